@@ -1,0 +1,79 @@
+/* core/config.c: the one table of BRIGADE_* environment variables.
+ * No other file calls getenv() for brigade's own settings (bootstrap reads
+ * the foreign launchers' variables RANK, OMPI_*, SLURM_* itself). */
+#include "brigade/core.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const bg_config_var_t bg__config[] = {
+    {"BRIGADE_LOG", "warn", "log level: error|warn|info|debug|trace"},
+    {"BRIGADE_NUM_THREADS", "0", "compute threads per process (0: OpenMP's default)"},
+    {"BRIGADE_BACKEND", "cpu", "kernel backend: cpu|cuda"},
+    {"BRIGADE_TIMEOUT", "60", "seconds before a pending operation on a silent peer fails"},
+    {"BRIGADE_HEARTBEAT_MS", "200", "liveness heartbeat period in milliseconds"},
+    {"BRIGADE_RANK", "", "this process's rank in the job"},
+    {"BRIGADE_WORLD_SIZE", "", "number of processes in the job"},
+    {"BRIGADE_LOCAL_RANK", "", "rank among the processes on this machine"},
+    {"BRIGADE_MASTER_ADDR", "127.0.0.1", "address of rank 0's rendezvous store"},
+    {"BRIGADE_MASTER_PORT", "29500", "port of rank 0's rendezvous store"},
+    {"BRIGADE_JOB_TOKEN", "", "shared secret every store client must present"},
+    {"BRIGADE_UCX_TLS", "", "UCX transports to use (passed as UCX_TLS when set)"},
+    {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},
+};
+
+const bg_config_var_t *bg_config_table(size_t *count_p)
+{
+    *count_p = sizeof(bg__config) / sizeof(bg__config[0]);
+    return bg__config;
+}
+
+static const bg_config_var_t *bg__find(const char *name)
+{
+    for (size_t i = 0; i < sizeof(bg__config) / sizeof(bg__config[0]); i++)
+        if (strcmp(bg__config[i].name, name) == 0)
+            return &bg__config[i];
+    return NULL;
+}
+
+const char *bg_config_str(const char *name)
+{
+    const bg_config_var_t *v = bg__find(name);
+    if (!v)
+        return NULL;
+    const char *e = getenv(name);
+    return (e && *e) ? e : v->dflt;
+}
+
+bg_status_t bg_config_int(const char *name, long long *value_p)
+{
+    const char *s = bg_config_str(name);
+    if (!s)
+        return bg_error(BG_ERR_INTERNAL, "configuration variable %s is not declared", name);
+    if (!*s)
+        return bg_error(BG_ERR_NOT_FOUND, "%s is not set", name);
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end)
+        return bg_error(BG_ERR_INVALID, "%s=\"%s\" is not an integer", name, s);
+    *value_p = v;
+    return BG_OK;
+}
+
+bg_status_t bg_config_double(const char *name, double *value_p)
+{
+    const char *s = bg_config_str(name);
+    if (!s)
+        return bg_error(BG_ERR_INTERNAL, "configuration variable %s is not declared", name);
+    if (!*s)
+        return bg_error(BG_ERR_NOT_FOUND, "%s is not set", name);
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end)
+        return bg_error(BG_ERR_INVALID, "%s=\"%s\" is not a number", name, s);
+    *value_p = v;
+    return BG_OK;
+}

@@ -1,0 +1,30 @@
+/* core/status.c: status strings and the per-thread last-error message. */
+#include "brigade/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char bg__last_error[1024];
+
+const char *bg_status_string(bg_status_t st)
+{
+    switch (st) {
+#define BG__STATUS_CASE(name, value, desc) case BG_##name: return desc;
+        BG_STATUS_MAP(BG__STATUS_CASE)
+#undef BG__STATUS_CASE
+    }
+    return "unknown status";
+}
+
+const char *bg_last_error(void) { return bg__last_error; }
+
+void bg_error_clear(void) { bg__last_error[0] = '\0'; }
+
+bg_status_t bg_error(bg_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(bg__last_error, sizeof(bg__last_error), fmt, ap);
+    va_end(ap);
+    return st;
+}

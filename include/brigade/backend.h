@@ -1,0 +1,195 @@
+/**
+ * @file backend.h
+ * @brief The kernel backend interface: a table of function pointers plus a context.
+ *
+ * Layers call kernels only through a bg_backend_t, so the CPU backend
+ * (OpenBLAS + C/OpenMP loops) and the CUDA backend (cuBLAS + CUDA kernels)
+ * are interchangeable. All tensors are float32, row-major, contiguous unless
+ * a leading dimension says otherwise; pointers are device pointers of the
+ * backend that allocated them.
+ *
+ * Conventions (llm.c order): outputs first, then inputs and weights, then
+ * sizes. Parameter gradients ACCUMULATE (+=); activation gradients are
+ * ASSIGNED (=). Every kernel reduces in a fixed order that does not depend on
+ * the number of threads, so results are bitwise reproducible.
+ *
+ * Memory: every byte allocated through bg_backend_alloc() is counted
+ * (current and peak) per backend instance; see bg_backend_memstats().
+ *
+ * Example:
+ * @code
+ *   bg_backend_t *be;
+ *   if (bg_backend_create("cpu", NULL, &be) != BG_OK) { puts(bg_last_error()); }
+ *   float *x = bg_backend_alloc(be, 1024 * sizeof(float), "x");
+ *   be->ops->fill(be, x, 1.0f, 1024);
+ *   bg_backend_free(be, x);
+ *   bg_backend_destroy(be);
+ * @endcode
+ */
+#ifndef BRIGADE_BACKEND_H
+#define BRIGADE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bg_backend bg_backend_t;
+
+/** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
+typedef struct bg_backend_ops {
+    const char *name; /**< "cpu", "cuda" */
+
+    void (*destroy)(bg_backend_t *be); /**< frees impl; may be NULL */
+
+    /* ---- memory (called through bg_backend_alloc/free, which count bytes) ---- */
+    void *(*alloc)(bg_backend_t *be, size_t bytes);  /**< 64-byte aligned; NULL on failure */
+    void (*free)(bg_backend_t *be, void *ptr);
+    void (*to_host)(bg_backend_t *be, void *dst_host, const void *src, size_t bytes);
+    void (*from_host)(bg_backend_t *be, void *dst, const void *src_host, size_t bytes);
+    void (*synchronize)(bg_backend_t *be); /**< wait for queued work (no-op on CPU) */
+
+    /* ---- elementwise ---- */
+    void (*fill)(bg_backend_t *be, float *x, float value, size_t n);
+    void (*copy)(bg_backend_t *be, float *dst, const float *src, size_t n);
+    void (*scale)(bg_backend_t *be, float *x, float alpha, size_t n);                  /**< x *= alpha */
+    void (*axpy)(bg_backend_t *be, float *y, float alpha, const float *x, size_t n);   /**< y += alpha*x */
+    void (*residual_forward)(bg_backend_t *be, float *out, const float *a, const float *b, size_t n); /**< out = a + b */
+
+    /* ---- GEMM, row-major: C(m,n) = alpha * op(A)(m,k) @ op(B)(k,n) + beta * C ----
+     * op(A) = A when trans_a == 0 (A is (m,k), lda >= k), A^T when 1 (A is (k,m), lda >= m). */
+    void (*gemm)(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+    /** batch independent GEMMs; matrix i starts at a + i*stride_a (etc.). */
+    void (*gemm_strided_batched)(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k,
+                                 float alpha, const float *a, int lda, long long stride_a,
+                                 const float *b, int ldb, long long stride_b, float beta, float *c,
+                                 int ldc, long long stride_c, int batch);
+
+    /* ---- bias ---- */
+    void (*bias_forward)(bg_backend_t *be, float *out /* (N,C) */, const float *bias /* (C) */, int N, int C); /**< out[n,c] += bias[c] */
+    void (*bias_backward)(bg_backend_t *be, float *dbias /* (C) */, const float *dout /* (N,C) */, int N, int C); /**< dbias += sum over n */
+
+    /* ---- activations (tanh-approximation GELU, as GPT-2) ---- */
+    void (*gelu_forward)(bg_backend_t *be, float *out, const float *in, size_t n);
+    void (*gelu_backward)(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n); /**< din = gelu'(in) * dout */
+    void (*relu_forward)(bg_backend_t *be, float *out, const float *in, size_t n);
+    void (*relu_backward)(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
+
+    /* ---- LayerNorm over the last dimension C, eps = 1e-5 ---- */
+    void (*layernorm_forward)(bg_backend_t *be, float *out /* (N,C) */, float *mean /* (N) */, float *rstd /* (N) */,
+                              const float *in /* (N,C) */, const float *weight /* (C) */, const float *bias /* (C) */, int N, int C);
+    void (*layernorm_backward_input)(bg_backend_t *be, float *din /* (N,C) */, const float *dout /* (N,C) */,
+                                     const float *in, const float *weight, const float *mean, const float *rstd, int N, int C);
+    void (*layernorm_backward_weight)(bg_backend_t *be, float *dweight /* (C) */, float *dbias /* (C) */,
+                                      const float *dout /* (N,C) */, const float *in, const float *mean,
+                                      const float *rstd, int N, int C);
+
+    /* ---- softmax (row-wise over C) ---- */
+    void (*softmax_forward)(bg_backend_t *be, float *out /* (N,C) */, const float *in /* (N,C) */, int N, int C);
+    void (*softmax_backward)(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C);
+    /** att[b,i,j] = softmax_j(scale * preatt[b,i,j]) over j <= i; att[b,i,j>i] = 0. */
+    void (*causal_softmax_forward)(bg_backend_t *be, float *att /* (BH,T,T) */, const float *preatt /* (BH,T,T) */,
+                                   float scale, int BH, int T);
+    /** dpreatt = d/dpreatt given datt (upper triangle of dpreatt set to 0). */
+    void (*causal_softmax_backward)(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
+                                    float scale, int BH, int T);
+
+    /* ---- fused softmax + cross-entropy ---- */
+    /** losses[n] = -log softmax(logits[n])[targets[n]]; probs = softmax(logits). */
+    void (*crossentropy_forward)(bg_backend_t *be, float *losses /* (N) */, float *probs /* (N,V) */,
+                                 const float *logits /* (N,V) */, const int32_t *targets /* (N) */, int N, int V);
+    /** dlogits = (probs - onehot(targets)) * dloss, assigned. */
+    void (*crossentropy_backward)(bg_backend_t *be, float *dlogits /* (N,V) */, const float *probs,
+                                  const int32_t *targets, float dloss, int N, int V);
+
+    /* ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (wpe may be NULL) ---- */
+    void (*embedding_forward)(bg_backend_t *be, float *out /* (B,T,C) */, const int32_t *tokens /* (B,T) */,
+                              const float *wte /* (V,C) */, const float *wpe /* (T,C) */, int B, int T, int C);
+    /** dwte, dwpe accumulate; rows summed in (b,t) order whatever the thread count. */
+    void (*embedding_backward)(bg_backend_t *be, float *dwte, float *dwpe, const float *dout /* (B,T,C) */,
+                               const int32_t *tokens, int B, int T, int C);
+
+    /* ---- attention layout changes (C = NH * hs) ---- */
+    /** qkv (B,T,3C) -> q, k, v each (B,NH,T,hs) */
+    void (*qkv_split)(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH, int hs);
+    /** dq, dk, dv (B,NH,T,hs) -> dqkv (B,T,3C), assigned */
+    void (*qkv_merge)(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T, int NH, int hs);
+    /** y (B,NH,T,hs) -> out (B,T,C) */
+    void (*heads_merge)(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs);
+    /** dout (B,T,C) -> dy (B,NH,T,hs) */
+    void (*heads_split)(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs);
+
+    /* ---- optimizers; t is the 1-based step ---- */
+    void (*adamw)(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+    /** mom = momentum*mom + grad + wd*param; param -= lr*mom */
+    void (*sgd_momentum)(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n,
+                         float lr, float momentum, float weight_decay);
+
+    /* ---- reductions to the host (deterministic, double accumulation) ---- */
+    double (*sum)(bg_backend_t *be, const float *x, size_t n);
+    double (*sumsq)(bg_backend_t *be, const float *x, size_t n);
+} bg_backend_ops_t;
+
+/** Counted memory of one backend instance, in bytes. */
+typedef struct bg_memstats {
+    size_t current; /**< bytes allocated now */
+    size_t peak;    /**< highest value of current since creation or the last reset */
+    size_t count;   /**< live allocations */
+} bg_memstats_t;
+
+/** Parameters of bg_backend_create(); grow by appending fields (size header). */
+typedef struct bg_backend_params {
+    size_t size;     /**< sizeof(bg_backend_params_t), set by BG_BACKEND_PARAMS_INIT */
+    int device;      /**< device ordinal (CUDA); ignored by the CPU backend */
+    int num_threads; /**< compute threads; 0 = BRIGADE_NUM_THREADS or OpenMP's default */
+} bg_backend_params_t;
+#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0}
+
+/** The instance. Backends put private state behind impl. */
+struct bg_backend {
+    const bg_backend_ops_t *ops;
+    void *impl;
+    int num_threads;
+    bg_memstats_t mem; /**< maintained by bg_backend_alloc/free only */
+    struct bg_backend_track *track; /**< allocation records (private) */
+};
+
+/** Create the backend named @p name ("cpu", "cuda"). params may be NULL. */
+bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p);
+void bg_backend_destroy(bg_backend_t *be);
+/** Names of the backends compiled in, NULL-terminated. */
+const char *const *bg_backend_names(void);
+
+/** Counted allocation; @p what names the buffer in the out-of-memory message. NULL on failure. */
+void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what);
+/** Free a buffer from bg_backend_alloc (NULL is a no-op). */
+void bg_backend_free(bg_backend_t *be, void *ptr);
+/** Current/peak counters. */
+bg_memstats_t bg_backend_memstats(const bg_backend_t *be);
+/** Set peak = current (to measure the peak of one phase). */
+void bg_backend_reset_peak(bg_backend_t *be);
+
+/**
+ * Causal multi-head self-attention built on the table's GEMM and softmax ops.
+ * Forward: out (B,T,C) from qkv (B,T,3C). The workspace @p ws must hold
+ * bg_attention_ws_floats(B,T,C,NH) floats and is kept for backward:
+ * q,k,v (3*B*T*C), att (B*NH*T*T), y (B*T*C).
+ */
+size_t bg_attention_ws_floats(int B, int T, int C, int NH);
+void bg_attention_forward(bg_backend_t *be, float *out, float *ws, const float *qkv, int B, int T, int C, int NH);
+/** Backward: dqkv (B,T,3C) assigned from dout (B,T,C) and the forward's ws.
+ *  @p scratch holds bg_attention_scratch_floats(B,T,C,NH) floats (temporary). */
+size_t bg_attention_scratch_floats(int B, int T, int C, int NH);
+void bg_attention_backward(bg_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *ws,
+                           int B, int T, int C, int NH);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_BACKEND_H */

@@ -1,0 +1,81 @@
+/**
+ * @file core.h
+ * @brief Logging, the BRIGADE_* configuration table, and the version.
+ *
+ * Configuration: every environment variable brigade reads is declared once in
+ * a table {name, default, help} (core/config.c) and read through
+ * bg_config_str()/bg_config_int()/bg_config_double(); `brigade info` prints it.
+ *
+ * Logging: BRIGADE_LOG=error|warn|info|debug|trace picks the level; each line
+ * is prefixed with the rank set by bg_log_set_rank() and the subsystem.
+ */
+#ifndef BRIGADE_CORE_H
+#define BRIGADE_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BRIGADE_VERSION_STRING "0.1.0"
+
+typedef enum bg_log_level {
+    BG_LOG_ERROR = 0,
+    BG_LOG_WARN = 1,
+    BG_LOG_INFO = 2,
+    BG_LOG_DEBUG = 3,
+    BG_LOG_TRACE = 4,
+} bg_log_level_t;
+
+/** Log a line at @p level for @p subsys ("kernels", "ucx", ...) to stderr. */
+void bg_log(bg_log_level_t level, const char *subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/** True when a message at @p level would be printed. */
+int bg_log_enabled(bg_log_level_t level);
+/** Rank shown in every log line (-1: none). */
+void bg_log_set_rank(int rank);
+
+/** One entry of the configuration table. */
+typedef struct bg_config_var {
+    const char *name;  /**< environment variable, always BRIGADE_... */
+    const char *dflt;  /**< default value as text ("" = unset) */
+    const char *help;  /**< one line */
+} bg_config_var_t;
+
+/** The table: *count_p entries. */
+const bg_config_var_t *bg_config_table(size_t *count_p);
+/** Value of a declared variable: the environment's, else the default.
+ *  Reading an undeclared name is a programming error and returns NULL. */
+const char *bg_config_str(const char *name);
+/** Integer value; a malformed value is an error naming the variable. */
+bg_status_t bg_config_int(const char *name, long long *value_p);
+/** Floating-point value; a malformed value is an error naming the variable. */
+bg_status_t bg_config_double(const char *name, double *value_p);
+
+/** Deterministic random numbers (xoshiro256**), a small value type. */
+typedef struct bg_rng {
+    uint64_t s[4];
+} bg_rng_t;
+
+/** Seed a generator; the same seed gives the same stream on every machine. */
+void bg_rng_seed(bg_rng_t *rng, uint64_t seed);
+/** Next 64 random bits. */
+uint64_t bg_rng_u64(bg_rng_t *rng);
+/** Uniform in [0, 1). */
+double bg_rng_uniform(bg_rng_t *rng);
+/** Standard normal (Box-Muller, no cached second value, so streams stay simple). */
+double bg_rng_normal(bg_rng_t *rng);
+/** Uniform integer in [0, n). n > 0. */
+uint64_t bg_rng_below(bg_rng_t *rng, uint64_t n);
+
+/** Monotonic wall clock in seconds. */
+double bg_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_CORE_H */

@@ -1,0 +1,1 @@
+/* kernels/attention.c: written next */

@@ -1,0 +1,155 @@
+/* kernels/backend.c: the backend registry and the counted allocator.
+ * Backends register in one static array; every allocation passes through
+ * bg_backend_alloc so the per-device current/peak counters are exact. */
+#include "brigade/backend.h"
+#include "brigade/core.h"
+#include "kernels/backend_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const bg_backend_entry_t bg__backends[] = {
+    {"cpu", bg_cpu_backend_init},
+#ifdef BG_HAVE_CUDA
+    {"cuda", bg_cuda_backend_init},
+#endif
+};
+
+const char *const *bg_backend_names(void)
+{
+    static const char *names[BG_ARRAY_LEN(bg__backends) + 1];
+    for (size_t i = 0; i < BG_ARRAY_LEN(bg__backends); i++)
+        names[i] = bg__backends[i].name;
+    names[BG_ARRAY_LEN(bg__backends)] = NULL;
+    return names;
+}
+
+bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p)
+{
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    if (params) {
+        size_t n = params->size < sizeof(p) ? params->size : sizeof(p);
+        memcpy(&p, params, n);
+        p.size = sizeof(p);
+    }
+    if (!name)
+        name = bg_config_str("BRIGADE_BACKEND");
+    for (size_t i = 0; i < BG_ARRAY_LEN(bg__backends); i++) {
+        if (strcmp(bg__backends[i].name, name) != 0)
+            continue;
+        bg_backend_t *be = calloc(1, sizeof(*be));
+        bg_backend_track_t *track = calloc(1, sizeof(*track));
+        if (!be || !track) {
+            free(be);
+            free(track);
+            return bg_error(BG_ERR_NOMEM, "cannot allocate backend %s", name);
+        }
+        pthread_mutex_init(&track->lock, NULL);
+        be->track = track;
+        if (p.num_threads <= 0) {
+            long long nt = 0;
+            if (bg_config_int("BRIGADE_NUM_THREADS", &nt) == BG_OK && nt > 0)
+                p.num_threads = (int)nt;
+        }
+        bg_status_t st = bg__backends[i].init(be, &p);
+        if (st != BG_OK) {
+            pthread_mutex_destroy(&track->lock);
+            free(track);
+            free(be);
+            return st;
+        }
+        *be_p = be;
+        return BG_OK;
+    }
+    char known[256] = "";
+    for (size_t i = 0; i < BG_ARRAY_LEN(bg__backends); i++) {
+        strncat(known, i ? ", " : "", sizeof(known) - strlen(known) - 1);
+        strncat(known, bg__backends[i].name, sizeof(known) - strlen(known) - 1);
+    }
+    return bg_error(BG_ERR_UNSUPPORTED, "unknown backend \"%s\" (compiled in: %s)", name, known);
+}
+
+void bg_backend_destroy(bg_backend_t *be)
+{
+    if (!be)
+        return;
+    if (be->mem.count)
+        bg_log(BG_LOG_WARN, "kernels", "backend %s destroyed with %zu live allocations (%zu bytes)",
+               be->ops->name, be->mem.count, be->mem.current);
+    if (be->ops->destroy)
+        be->ops->destroy(be);
+    pthread_mutex_destroy(&be->track->lock);
+    free(be->track->recs);
+    free(be->track);
+    free(be);
+}
+
+/* Sizes are tracked in a side table (not a header in front of the block) so
+ * device pointers (CUDA) are counted as well as host ones. */
+static bg_status_t bg__track(bg_backend_t *be, void *ptr, size_t bytes)
+{
+    bg_backend_track_t *t = be->track;
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 64;
+        void *r = realloc(t->recs, cap * sizeof(*t->recs));
+        if (!r)
+            return BG_ERR_NOMEM;
+        t->recs = r;
+        t->cap = cap;
+    }
+    t->recs[t->n].ptr = ptr;
+    t->recs[t->n].bytes = bytes;
+    t->n++;
+    return BG_OK;
+}
+
+void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
+{
+    if (bytes == 0)
+        bytes = 1;
+    void *p = be->ops->alloc(be, bytes);
+    if (!p) {
+        bg_error(BG_ERR_NOMEM, "%s backend cannot allocate %zu bytes for %s (%zu bytes in use)",
+                 be->ops->name, bytes, what ? what : "a buffer", be->mem.current);
+        return NULL;
+    }
+    pthread_mutex_lock(&be->track->lock);
+    if (bg__track(be, p, bytes) != BG_OK) {
+        pthread_mutex_unlock(&be->track->lock);
+        be->ops->free(be, p);
+        bg_error(BG_ERR_NOMEM, "cannot record an allocation of %zu bytes for %s", bytes, what);
+        return NULL;
+    }
+    be->mem.current += bytes;
+    be->mem.count++;
+    if (be->mem.current > be->mem.peak)
+        be->mem.peak = be->mem.current;
+    pthread_mutex_unlock(&be->track->lock);
+    return p;
+}
+
+void bg_backend_free(bg_backend_t *be, void *ptr)
+{
+    if (!ptr)
+        return;
+    pthread_mutex_lock(&be->track->lock);
+    bg_backend_track_t *t = be->track;
+    /* search from the end: stashes are freed in roughly LIFO order */
+    for (size_t i = t->n; i-- > 0;) {
+        if (t->recs[i].ptr == ptr) {
+            be->mem.current -= t->recs[i].bytes;
+            be->mem.count--;
+            t->recs[i] = t->recs[t->n - 1];
+            t->n--;
+            pthread_mutex_unlock(&be->track->lock);
+            be->ops->free(be, ptr);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&be->track->lock);
+    bg_log(BG_LOG_ERROR, "kernels", "free of a pointer %p not allocated by backend %s", ptr, be->ops->name);
+}
+
+bg_memstats_t bg_backend_memstats(const bg_backend_t *be) { return be->mem; }
+
+void bg_backend_reset_peak(bg_backend_t *be) { be->mem.peak = be->mem.current; }

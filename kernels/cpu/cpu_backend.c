@@ -1,0 +1,1 @@
+/* kernels/cpu/cpu_backend.c: written next */
