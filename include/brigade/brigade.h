@@ -22,5 +22,8 @@
 #include "brigade/status.h"
 #include "brigade/core.h"
 #include "brigade/backend.h"
+#include "brigade/layer.h"
+#include "brigade/model.h"
+#include "brigade/train.h"
 
 #endif

@@ -1,0 +1,157 @@
+/**
+ * @file layer.h
+ * @brief The layer interface: forward, backward-input and backward-weight.
+ *
+ * A layer maps an activation of shape (n, t, c) to another. It exposes three
+ * compute functions so zero-bubble schedules can run them apart:
+ *   - forward (F):          out = f(in), keeping what backward needs in its stash;
+ *   - backward_input (B):   din from dout, keeping what W needs in its wstash;
+ *   - backward_weight (W):  parameter gradients += from in, dout and the wstash.
+ * Full backward is B then W. Parameter gradients accumulate (+=), activation
+ * gradients are assigned (=). The caller (the stage, see model.h) owns every
+ * buffer: the input, the output, the stash (kept from F until the last of B/W),
+ * the wstash (kept from B to W) and a scratch area valid during one call. A
+ * layer reports their sizes so the partitioner and the memory model can count
+ * them before anything is allocated.
+ *
+ * A layer may be a composite: `seq` runs children in order, `residual` adds
+ * its input to its child's output. Composites split B and W exactly as leaves
+ * do, so a transformer block is a tree of leaves with no hand-written backward.
+ *
+ * Users add a layer type by filling a bg_layer_ops_t and calling
+ * bg_layer_create(); see docs/layers.md.
+ */
+#ifndef BRIGADE_LAYER_H
+#define BRIGADE_LAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/backend.h"
+#include "brigade/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Activation shape: n sequences of t positions of c channels. c = 0 means
+ *  the activation is t int32 tokens per sequence (the embedding's input). */
+typedef struct bg_shape {
+    int n; /**< sequences in the microbatch */
+    int t; /**< positions per sequence (1 for an MLP) */
+    int c; /**< channels; 0 = token ids */
+} bg_shape_t;
+
+static inline size_t bg_shape_numel(bg_shape_t s) { return (size_t)s.n * (size_t)s.t * (size_t)(s.c ? s.c : 1); }
+
+#define BG_PARAM_MAX_DIMS 4
+#define BG_NAME_MAX 96
+
+/** Parameter initialisation. */
+typedef enum bg_init_kind {
+    BG_INIT_NORMAL = 0, /**< normal(0, std) */
+    BG_INIT_CONST = 1,  /**< every element = value */
+} bg_init_kind_t;
+
+/** One parameter tensor of a layer. data/grad are views into the model's
+ *  flat buffers, set when the model binds its parameters. */
+typedef struct bg_param {
+    char name[BG_NAME_MAX];             /**< local name: "weight", "bias" */
+    int ndim;
+    int64_t shape[BG_PARAM_MAX_DIMS];
+    size_t numel;
+    bg_init_kind_t init;
+    float init_value;                   /**< std (NORMAL) or value (CONST) */
+    int decay;                          /**< 1: weight decay applies */
+    float *data;                        /**< (numel) on the backend */
+    float *grad;                        /**< (numel) on the backend */
+} bg_param_t;
+
+typedef struct bg_layer bg_layer_t;
+
+/** Per-call context. Buffers are on the backend. */
+typedef struct bg_layer_ctx {
+    bg_backend_t *be;
+    bg_shape_t in;            /**< shape of this call's input */
+    const int32_t *tokens;    /**< (n, t) input tokens of the microbatch (embedding) */
+    const int32_t *targets;   /**< (n, t) targets of the microbatch (loss layers) */
+    float loss_scale;         /**< d(objective)/d(each token's loss) (loss layers) */
+    void *stash;              /**< stash_bytes(in): kept from F until the last of B and W */
+    void *wstash;             /**< wstash_bytes(in): kept from B until W */
+    void *scratch;            /**< scratch_bytes(in): valid during one call only */
+} bg_layer_ctx_t;
+
+typedef struct bg_layer_ops {
+    const char *type; /**< "linear", "layernorm", ... */
+    /** Output shape for an input shape; BG_ERR_INVALID with a message if the shape is wrong. */
+    bg_status_t (*out_shape)(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
+    size_t (*stash_bytes)(const bg_layer_t *l, bg_shape_t in);   /**< may be NULL: 0 */
+    size_t (*wstash_bytes)(const bg_layer_t *l, bg_shape_t in);  /**< may be NULL: 0 */
+    size_t (*scratch_bytes)(const bg_layer_t *l, bg_shape_t in); /**< may be NULL: 0 */
+    double (*fwd_flops)(const bg_layer_t *l, bg_shape_t in);
+    double (*bwd_flops)(const bg_layer_t *l, bg_shape_t in); /**< B + W */
+    /** out = f(in). in is NULL for token inputs (use ctx->tokens). */
+    bg_status_t (*forward)(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out);
+    /** din = d/din given dout. din may be NULL (first layer of a model). dout is
+     *  NULL for loss layers, which use ctx->targets and ctx->loss_scale. */
+    bg_status_t (*backward_input)(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
+                                  const float *out, const float *dout, float *din);
+    /** grads += from in, dout and the wstash. May be NULL (no parameters). */
+    bg_status_t (*backward_weight)(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
+                                   const float *out, const float *dout);
+    /** Frees impl. May be NULL. */
+    void (*destroy)(bg_layer_t *l);
+} bg_layer_ops_t;
+
+struct bg_layer {
+    const bg_layer_ops_t *ops;
+    char name[BG_NAME_MAX]; /**< local name; the full name is the path from the model's root */
+    int nparams;
+    bg_param_t *params;     /**< nparams entries */
+    int nchildren;
+    bg_layer_t **children;  /**< composites only */
+    void *impl;             /**< the type's private state */
+};
+
+/** Create a layer of a user-defined type. params (nparams entries) are copied. */
+bg_status_t bg_layer_create(const bg_layer_ops_t *ops, const char *name, int nparams,
+                            const bg_param_t *params, void *impl, bg_layer_t **layer_p);
+/** Destroy a layer and its children. */
+void bg_layer_destroy(bg_layer_t *l);
+
+/* ---- sizes and costs of any layer (composites included) ---- */
+bg_status_t bg_layer_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
+size_t bg_layer_stash_bytes(const bg_layer_t *l, bg_shape_t in);
+size_t bg_layer_wstash_bytes(const bg_layer_t *l, bg_shape_t in);
+size_t bg_layer_scratch_bytes(const bg_layer_t *l, bg_shape_t in);
+size_t bg_layer_param_count(const bg_layer_t *l); /**< including children */
+double bg_layer_fwd_flops(const bg_layer_t *l, bg_shape_t in);
+double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+
+/* ---- built-in layers ---- */
+bg_status_t bg_layer_linear(const char *name, int c_in, int c_out, int bias, float init_std, bg_layer_t **layer_p);
+typedef enum bg_activation { BG_ACT_GELU = 0, BG_ACT_RELU = 1 } bg_activation_t;
+bg_status_t bg_layer_activation(const char *name, bg_activation_t kind, bg_layer_t **layer_p);
+bg_status_t bg_layer_layernorm(const char *name, int c, bg_layer_t **layer_p);
+/** token + position embedding: (n, t) tokens -> (n, t, c); t <= max_t. */
+bg_status_t bg_layer_embedding(const char *name, int vocab, int max_t, int c, float init_std, bg_layer_t **layer_p);
+/** causal multi-head attention core: (n, t, 3c) qkv -> (n, t, c); no parameters. */
+bg_status_t bg_layer_attention(const char *name, int c, int heads, bg_layer_t **layer_p);
+/** Linear c -> classes (bias optional) + softmax cross-entropy against ctx->targets:
+ *  output (n, t, 1) = per-position losses. */
+bg_status_t bg_layer_head(const char *name, int c, int classes, int bias, float init_std, bg_layer_t **layer_p);
+/** Composite: children in order (takes ownership of them, also on failure). */
+bg_status_t bg_layer_seq(const char *name, int n, bg_layer_t **children, bg_layer_t **layer_p);
+/** Composite: out = in + child(in) (takes ownership of child, also on failure). */
+bg_status_t bg_layer_residual(const char *name, bg_layer_t *child, bg_layer_t **layer_p);
+/** Pre-norm causal self-attention block: x + proj(attn(qkv(ln(x)))). */
+bg_status_t bg_layer_attention_block(const char *name, int c, int heads, float init_std, float proj_std, bg_layer_t **layer_p);
+/** Pre-norm MLP block: x + proj(gelu(fc(ln(x)))), hidden 4c. */
+bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float proj_std, bg_layer_t **layer_p);
+/** Transformer block: attention block then MLP block. */
+bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, bg_layer_t **layer_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_LAYER_H */

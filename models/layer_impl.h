@@ -1,0 +1,32 @@
+/* models/layer_impl.h: helpers shared by the layer implementations. */
+#ifndef BG_MODELS_LAYER_IMPL_H
+#define BG_MODELS_LAYER_IMPL_H
+
+#include <stdio.h>
+
+#include "brigade/layer.h"
+
+/* Round a byte count up to a multiple of 64 (every buffer piece is aligned). */
+size_t bg_align64(size_t bytes);
+/* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
+size_t bg_layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
+
+/* Fill a parameter descriptor. */
+static inline bg_param_t bg_param_make(const char *name, int ndim, const int64_t *shape, bg_init_kind_t init,
+                                       float value, int decay)
+{
+    bg_param_t p = {0};
+    snprintf(p.name, sizeof(p.name), "%s", name);
+    p.ndim = ndim;
+    p.numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        p.shape[i] = shape[i];
+        p.numel *= (size_t)shape[i];
+    }
+    p.init = init;
+    p.init_value = value;
+    p.decay = decay;
+    return p;
+}
+
+#endif

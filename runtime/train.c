@@ -1,0 +1,232 @@
+/* runtime/train.c: single-process training: data -> microbatches -> stage
+ * F and fused backward in microbatch order -> optimizer step, with metrics
+ * and the final weights as safetensors. The pipeline executor reproduces
+ * exactly this arithmetic across processes. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "brigade/train.h"
+#include "core/check.h"
+
+void bg_train_config_init(bg_train_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->size = sizeof(*cfg);
+    cfg->model = (bg_model_config_t)BG_MODEL_CONFIG_INIT;
+    cfg->optim = (bg_optim_config_t)BG_OPTIM_CONFIG_INIT;
+    cfg->batch = 8;
+    cfg->microbatches = 4;
+    cfg->steps = 20;
+    cfg->data_seed = 1;
+    cfg->backend = "cpu";
+}
+
+bg_status_t bg_check_writable_dir(const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT)
+            return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
+        if (mkdir(dir, 0755) != 0)
+            return bg_error(BG_ERR_IO, "cannot create directory %s: %s", dir, strerror(errno));
+    } else if (!S_ISDIR(st.st_mode)) {
+        return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
+    }
+    char probe[4096];
+    snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
+    FILE *f = fopen(probe, "wb");
+    if (!f)
+        return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
+    fclose(f);
+    unlink(probe);
+    return BG_OK;
+}
+
+bg_status_t bg_train_check(const bg_train_config_t *c)
+{
+    BG_CHECK(bg_model_config_check(&c->model));
+    if (c->batch < 1)
+        return bg_error(BG_ERR_INVALID, "batch must be >= 1 (got %d)", c->batch);
+    if (c->microbatches < 1)
+        return bg_error(BG_ERR_INVALID, "microbatches must be >= 1 (got %d)", c->microbatches);
+    if (c->batch % c->microbatches != 0)
+        return bg_error(BG_ERR_INVALID, "batch %d is not divisible into %d equal microbatches", c->batch,
+                        c->microbatches);
+    if (c->steps < 0)
+        return bg_error(BG_ERR_INVALID, "steps must be >= 0 (got %d)", c->steps);
+    if (c->model.kind == BG_MODEL_GPT) {
+        int t = c->seq ? c->seq : c->model.seq_len;
+        if (t < 1 || t > c->model.seq_len)
+            return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", t,
+                            c->model.seq_len);
+        if (!c->data_path || !*c->data_path)
+            return bg_error(BG_ERR_INVALID, "a GPT needs a text data file");
+    }
+    if (!(c->optim.lr > 0))
+        return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
+    return BG_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Model configuration as JSON text (safetensors metadata, checkpoints). */
+static void config_json(const bg_model_config_t *m, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "{\"model\":\"%s\",\"layers\":%d,\"d_model\":%d,\"heads\":%d,\"seq_len\":%d,\"vocab\":%d,"
+             "\"in_features\":%d,\"classes\":%d,\"seed\":%llu}",
+             m->kind == BG_MODEL_GPT ? "gpt" : "mlp", m->layers, m->d_model, m->heads, m->seq_len, m->vocab,
+             m->in_features, m->classes, (unsigned long long)m->seed);
+}
+
+bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
+{
+    bg_train_config_t c;
+    bg_train_config_init(&c);
+    memcpy(&c, cfg_in, cfg_in->size < sizeof(c) ? cfg_in->size : sizeof(c));
+    c.size = sizeof(c);
+    BG_CHECK(bg_train_check(&c));
+
+    bg_status_t st = BG_OK;
+    bg_backend_t *be = NULL;
+    bg_model_t *model = NULL;
+    bg_stage_t *stage = NULL;
+    bg_data_t *data = NULL;
+    FILE *metrics = NULL;
+    int32_t *tokens = NULL, *targets = NULL;
+    float *inputs = NULL, *losses = NULL;
+    double *times = NULL;
+    bg_train_result_t res = {0};
+
+    int gpt = c.model.kind == BG_MODEL_GPT;
+    int T = gpt ? (c.seq ? c.seq : c.model.seq_len) : 1;
+    int mbn = c.batch / c.microbatches; /* sequences per microbatch */
+    float loss_scale = 1.0f / ((float)c.batch * (float)T);
+
+    if (gpt)
+        BG_CHECK_GOTO(bg_data_open_text(c.data_path, T, c.data_seed, &data), st, out);
+    else
+        BG_CHECK_GOTO(bg_data_synthetic(c.model.in_features, c.model.classes, c.data_seed, &data), st, out);
+    if (c.save_dir)
+        BG_CHECK_GOTO(bg_check_writable_dir(c.save_dir), st, out);
+    if (c.metrics_path && !(metrics = fopen(c.metrics_path, "w"))) {
+        st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", c.metrics_path, strerror(errno));
+        goto out;
+    }
+
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bp.num_threads = c.threads;
+    BG_CHECK_GOTO(bg_backend_create(c.backend, &bp, &be), st, out);
+    BG_CHECK_GOTO(bg_model_create(&c.model, be, -1, -1, &model), st, out);
+    BG_CHECK_GOTO(bg_stage_create(model, c.microbatches, &stage), st, out);
+
+    size_t per = (size_t)mbn * (size_t)T;
+    tokens = malloc(per * sizeof(int32_t));
+    targets = malloc(per * sizeof(int32_t));
+    inputs = gpt ? NULL : malloc((size_t)mbn * (size_t)c.model.in_features * sizeof(float));
+    losses = malloc(per * sizeof(float));
+    times = calloc((size_t)(c.steps ? c.steps : 1), sizeof(double));
+    if (!tokens || !targets || (!gpt && !inputs) || !losses || !times) {
+        st = bg_error(BG_ERR_NOMEM, "training buffers");
+        goto out;
+    }
+
+    /* FLOPs and the memory prediction from what the layers report */
+    bg_shape_t in_shape = bg_model_input_shape(model, mbn, T);
+    {
+        int L = bg_model_total_layers(model);
+        bg_layer_profile_t *prof = calloc((size_t)L, sizeof(*prof));
+        int cnt;
+        if (!prof) {
+            st = BG_ERR_NOMEM;
+            goto out;
+        }
+        st = bg_model_profile(&c.model, mbn, T, prof, L, &cnt);
+        if (st != BG_OK) {
+            free(prof);
+            goto out;
+        }
+        double fl = 0;
+        for (int i = 0; i < cnt; i++)
+            fl += prof[i].fwd_flops + prof[i].bwd_flops;
+        free(prof);
+        res.flops_per_step = fl * c.microbatches;
+        bg_stage_mem_t mem;
+        BG_CHECK_GOTO(bg_stage_memory(stage, in_shape, &mem), st, out);
+        res.params = bg_model_param_count(model);
+        size_t p4 = res.params * sizeof(float);
+        /* params + grads + optimizer + one microbatch's activations (the
+         * fused backward runs right after each forward) + the scratch */
+        res.predicted_bytes = 2 * p4 + res.params * bg_optim_state_bytes(c.optim.kind) + mem.stash + mem.data +
+                              mem.dout + mem.fused_bw + mem.scratch;
+    }
+
+    for (int step = 0; step < c.steps; step++) {
+        double t0 = bg_now();
+        double loss = 0;
+        bg_model_zero_grads(model);
+        for (int mb = 0; mb < c.microbatches; mb++) {
+            BG_CHECK_GOTO(bg_data_batch(data, step, mb * mbn, mbn, T, tokens, inputs, targets), st, out);
+            float *in, *out, *din;
+            bg_shape_t out_shape;
+            BG_CHECK_GOTO(bg_stage_begin(stage, mb, in_shape, &in), st, out);
+            if (!gpt)
+                be->ops->from_host(be, in, inputs, (size_t)mbn * (size_t)c.model.in_features * sizeof(float));
+            BG_CHECK_GOTO(bg_stage_set_data(stage, mb, gpt ? tokens : NULL, targets, loss_scale), st, out);
+            BG_CHECK_GOTO(bg_stage_forward(stage, mb, &out, &out_shape), st, out);
+            loss += be->ops->sum(be, out, per) * (double)loss_scale;
+            BG_CHECK_GOTO(bg_stage_backward(stage, mb, &din), st, out);
+            bg_stage_end(stage, mb);
+        }
+        BG_CHECK_GOTO(bg_model_optim_step(model, &c.optim, step + 1), st, out);
+        be->ops->synchronize(be);
+        double dt = bg_now() - t0;
+        times[step] = dt;
+        if (step == 0)
+            res.first_loss = loss;
+        res.final_loss = loss;
+        bg_step_info_t info = {step + 1, c.steps, loss, dt * 1e3, (double)c.batch * T / dt};
+        if (metrics) {
+            fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f}\n", step + 1,
+                    loss, info.tokens_per_s, info.step_ms);
+            fflush(metrics);
+        }
+        if (c.on_step)
+            c.on_step(&info, c.on_step_arg);
+    }
+    if (c.steps > 0) {
+        qsort(times, (size_t)c.steps, sizeof(double), cmp_double);
+        double med = times[c.steps / 2];
+        res.median_step_ms = med * 1e3;
+        res.tokens_per_s = (double)c.batch * T / med;
+    }
+    res.peak_bytes = bg_backend_memstats(be).peak;
+    if (c.save_dir) {
+        char path[4096], meta[1024];
+        snprintf(path, sizeof(path), "%s/model.safetensors", c.save_dir);
+        config_json(&c.model, meta, sizeof(meta));
+        BG_CHECK_GOTO(bg_model_save_safetensors(model, path, meta), st, out);
+    }
+    *result_p = res;
+out:
+    if (metrics && fclose(metrics) != 0 && st == BG_OK)
+        st = bg_error(BG_ERR_IO, "closing metrics file %s: %s", c.metrics_path, strerror(errno));
+    free(tokens);
+    free(targets);
+    free(inputs);
+    free(losses);
+    free(times);
+    bg_stage_destroy(stage);
+    bg_model_destroy(model);
+    bg_backend_destroy(be);
+    bg_data_close(data);
+    return st;
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# scripts/deps.sh: install the Debian packages brigade needs to build and test,
+# only those that are missing. Safe to run again. Needs root (or sudo).
+set -euo pipefail
+PKGS=(cmake make gcc pkg-config libopenblas-dev libcmocka-dev libucx-dev ucx-utils
+      libnuma-dev libjansson-dev openmpi-bin libopenmpi-dev python3)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+echo "deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null

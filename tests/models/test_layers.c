@@ -1,0 +1,314 @@
+/* tests/models/test_layers.c: every layer's input and weight gradients
+ * against central finite differences of a double-precision objective;
+ * B + W against the fused backward; accumulation semantics; shape errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "brigade/brigade.h"
+
+static bg_backend_t *be;
+
+static int setup(void **state)
+{
+    (void)state;
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = 1;
+    return bg_backend_create("cpu", &p, &be) == BG_OK ? 0 : -1;
+}
+static int teardown(void **state)
+{
+    (void)state;
+    bg_backend_destroy(be);
+    return 0;
+}
+
+/* All parameters of a layer tree, in walk order. */
+typedef struct {
+    bg_param_t *p[64];
+    int n;
+} plist_t;
+static void walk(bg_layer_t *l, plist_t *pl)
+{
+    for (int i = 0; i < l->nparams; i++)
+        pl->p[pl->n++] = &l->params[i];
+    for (int i = 0; i < l->nchildren; i++)
+        walk(l->children[i], pl);
+}
+
+typedef struct {
+    bg_layer_t *l;
+    bg_shape_t in, out;
+    float *x;          /* input (NULL for tokens) */
+    int32_t *tokens, *targets;
+    float *y, *R;      /* output, objective weights */
+    void *stash, *wstash, *scratch;
+    plist_t pl;
+    int loss;          /* head: objective = loss_scale * sum(losses) */
+    float loss_scale;
+} rig_t;
+
+static float *falloc(size_t n) { return bg_backend_alloc(be, n * sizeof(float) + 64, "test"); }
+
+static void rig_init(rig_t *r, bg_layer_t *l, bg_shape_t in, int vocab, int classes, bg_rng_t *rng, float wscale)
+{
+    memset(r, 0, sizeof(*r));
+    r->l = l;
+    r->in = in;
+    assert_int_equal(bg_layer_out_shape(l, in, &r->out), BG_OK);
+    size_t nin = bg_shape_numel(in), nout = bg_shape_numel(r->out);
+    size_t rows = (size_t)in.n * in.t;
+    if (in.c) {
+        r->x = falloc(nin);
+        for (size_t i = 0; i < nin; i++) {
+            float v = (float)bg_rng_normal(rng);
+            if (fabsf(v) < 0.1f) /* keep away from ReLU's kink */
+                v = v < 0 ? -0.1f - v : 0.1f + v;
+            r->x[i] = v;
+        }
+    } else {
+        r->tokens = bg_backend_alloc(be, rows * sizeof(int32_t), "tokens");
+        for (size_t i = 0; i < rows; i++)
+            r->tokens[i] = (int32_t)bg_rng_below(rng, (uint64_t)vocab);
+    }
+    r->targets = bg_backend_alloc(be, rows * sizeof(int32_t), "targets");
+    for (size_t i = 0; i < rows; i++)
+        r->targets[i] = (int32_t)bg_rng_below(rng, (uint64_t)(classes > 1 ? classes : 2));
+    r->y = falloc(nout);
+    r->R = falloc(nout);
+    for (size_t i = 0; i < nout; i++)
+        r->R[i] = (float)bg_rng_normal(rng);
+    r->stash = bg_backend_alloc(be, bg_layer_stash_bytes(l, in) + 64, "stash");
+    r->wstash = bg_backend_alloc(be, bg_layer_wstash_bytes(l, in) + 64, "wstash");
+    r->scratch = bg_backend_alloc(be, bg_layer_scratch_bytes(l, in) + 64, "scratch");
+    walk(l, &r->pl);
+    for (int i = 0; i < r->pl.n; i++) {
+        bg_param_t *p = r->pl.p[i];
+        p->data = falloc(p->numel);
+        p->grad = falloc(p->numel);
+        for (size_t j = 0; j < p->numel; j++) {
+            double base = p->init == BG_INIT_CONST ? p->init_value : 0.0;
+            p->data[j] = (float)(base + wscale * bg_rng_normal(rng));
+            p->grad[j] = 0.0f;
+        }
+    }
+    r->loss = strcmp(l->ops->type, "head") == 0;
+    r->loss_scale = 1.0f / (float)rows;
+}
+
+static void rig_free(rig_t *r)
+{
+    for (int i = 0; i < r->pl.n; i++) {
+        bg_backend_free(be, r->pl.p[i]->data);
+        bg_backend_free(be, r->pl.p[i]->grad);
+    }
+    bg_backend_free(be, r->x);
+    bg_backend_free(be, r->tokens);
+    bg_backend_free(be, r->targets);
+    bg_backend_free(be, r->y);
+    bg_backend_free(be, r->R);
+    bg_backend_free(be, r->stash);
+    bg_backend_free(be, r->wstash);
+    bg_backend_free(be, r->scratch);
+    bg_layer_destroy(r->l);
+}
+
+static bg_layer_ctx_t rig_ctx(rig_t *r)
+{
+    bg_layer_ctx_t c = {be, r->in, r->tokens, r->targets, r->loss_scale, r->stash, r->wstash, r->scratch};
+    return c;
+}
+
+static double objective(rig_t *r)
+{
+    bg_layer_ctx_t c = rig_ctx(r);
+    assert_int_equal(r->l->ops->forward(r->l, &c, r->x, r->y), BG_OK);
+    size_t n = bg_shape_numel(r->out);
+    double j = 0;
+    for (size_t i = 0; i < n; i++)
+        j += r->loss ? (double)r->y[i] * r->loss_scale : (double)r->y[i] * r->R[i];
+    return j;
+}
+
+/* Analytic gradients: din and parameter grads (zeroed first). */
+static void analytic(rig_t *r, float *din)
+{
+    for (int i = 0; i < r->pl.n; i++)
+        memset(r->pl.p[i]->grad, 0, r->pl.p[i]->numel * sizeof(float));
+    objective(r);
+    bg_layer_ctx_t c = rig_ctx(r);
+    const float *dout = r->loss ? NULL : r->R;
+    assert_int_equal(r->l->ops->backward_input(r->l, &c, r->x, r->y, dout, din), BG_OK);
+    if (r->l->ops->backward_weight)
+        assert_int_equal(r->l->ops->backward_weight(r->l, &c, r->x, r->y, dout), BG_OK);
+}
+
+/* Compare analytic vs central differences on up to `probes` entries of v. */
+static double fd_error(rig_t *r, float *v, const float *g, size_t n, int probes, double eps, bg_rng_t *rng,
+                       const char *what)
+{
+    double maxerr = 0, maxg = 1e-3;
+    for (size_t i = 0; i < n; i++)
+        maxg = fmax(maxg, fabs(g[i]));
+    for (int k = 0; k < probes && k < (int)n; k++) {
+        size_t i = (int)n <= probes ? (size_t)k : (size_t)bg_rng_below(rng, n);
+        float save = v[i];
+        v[i] = (float)(save + eps);
+        double jp = objective(r);
+        v[i] = (float)(save - eps);
+        double jm = objective(r);
+        v[i] = save;
+        double fd = (jp - jm) / (2 * eps);
+        double err = fabs(fd - g[i]) / maxg;
+        if (err > maxerr)
+            maxerr = err;
+    }
+    if (getenv("BG_TEST_VERBOSE") || maxerr > 2e-3)
+        print_error("%s: layer %s: finite-difference error %.3g (max |grad| %.3g)\n", what, r->l->name, maxerr, maxg);
+    return maxerr;
+}
+
+static void check_layer(bg_layer_t *l, bg_shape_t in, int vocab, int classes, uint64_t seed, double eps)
+{
+    bg_rng_t rng;
+    bg_rng_seed(&rng, seed);
+    rig_t r;
+    rig_init(&r, l, in, vocab, classes, &rng, 0.3f);
+    size_t nin = bg_shape_numel(in);
+    float *din = in.c ? falloc(nin) : NULL;
+    analytic(&r, din);
+    /* copy the analytic gradients before FD (objective() does not touch them, but be safe) */
+    if (din) {
+        float *g = malloc(nin * sizeof(float));
+        memcpy(g, din, nin * sizeof(float));
+        assert_true(fd_error(&r, r.x, g, nin, 40, eps, &rng, "input") < 2e-3);
+        free(g);
+    }
+    for (int i = 0; i < r.pl.n; i++) {
+        bg_param_t *p = r.pl.p[i];
+        float *g = malloc(p->numel * sizeof(float));
+        memcpy(g, p->grad, p->numel * sizeof(float));
+        char what[128];
+        snprintf(what, sizeof(what), "param %s", p->name);
+        assert_true(fd_error(&r, p->data, g, p->numel, 25, eps, &rng, what) < 2e-3);
+        free(g);
+    }
+    /* W accumulates: a second backward_weight doubles every parameter gradient */
+    if (r.pl.n && l->ops->backward_weight) {
+        analytic(&r, din);
+        bg_param_t *p = r.pl.p[0];
+        float *g1 = malloc(p->numel * sizeof(float));
+        memcpy(g1, p->grad, p->numel * sizeof(float));
+        bg_layer_ctx_t c = rig_ctx(&r);
+        assert_int_equal(l->ops->backward_weight(l, &c, r.x, r.y, r.loss ? NULL : r.R), BG_OK);
+        for (size_t j = 0; j < p->numel; j++)
+            assert_float_equal(p->grad[j], 2.0f * g1[j], 1e-5f * (1.0f + fabsf(g1[j])));
+        free(g1);
+    }
+    bg_backend_free(be, din);
+    rig_free(&r);
+}
+
+static void test_linear(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_linear("lin", 7, 5, 1, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){3, 1, 7}, 0, 0, 1, 1e-2);
+    assert_int_equal(bg_layer_linear("lin", 13, 1, 0, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){1, 3, 13}, 0, 0, 2, 1e-2);
+}
+
+static void test_activations(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_activation("gelu", BG_ACT_GELU, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 11}, 0, 0, 3, 1e-3);
+    assert_int_equal(bg_layer_activation("relu", BG_ACT_RELU, &l), BG_OK);
+    check_layer(l, (bg_shape_t){5, 1, 7}, 0, 0, 4, 1e-3);
+}
+
+static void test_layernorm(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_layernorm("ln", 13, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 13}, 0, 0, 5, 1e-2);
+    assert_int_equal(bg_layer_layernorm("ln1", 1, &l), BG_OK); /* C = 1: output is the bias */
+    check_layer(l, (bg_shape_t){3, 1, 1}, 0, 0, 6, 1e-2);
+}
+
+static void test_embedding(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_embedding("emb", 11, 9, 6, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){3, 7, 0}, 11, 0, 7, 1e-2);
+}
+
+static void test_attention(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_attention("attn", 12, 3, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 5, 36}, 0, 0, 8, 1e-2);
+    assert_int_equal(bg_layer_attention("attn1", 4, 1, &l), BG_OK);
+    check_layer(l, (bg_shape_t){1, 1, 12}, 0, 0, 9, 1e-2); /* T = 1 */
+}
+
+static void test_head(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_head("head", 9, 7, 1, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){3, 2, 9}, 0, 7, 10, 1e-2);
+    assert_int_equal(bg_layer_head("head2", 5, 13, 0, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){1, 5, 5}, 0, 13, 11, 1e-2);
+}
+
+static void test_blocks(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_mlp_block("mlp", 8, 0.3f, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 8}, 0, 0, 12, 1e-2);
+    assert_int_equal(bg_layer_attention_block("attnb", 8, 2, 0.3f, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 5, 8}, 0, 0, 13, 1e-2);
+    assert_int_equal(bg_layer_transformer_block("block", 12, 3, 0.3f, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 4, 12}, 0, 0, 14, 1e-2);
+}
+
+static void test_bad_shapes(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    bg_shape_t o;
+    assert_int_equal(bg_layer_attention("a", 10, 3, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "heads (3) must divide d_model (10)"));
+    assert_int_equal(bg_layer_transformer_block("b", 10, 4, 0.02f, 0.02f, &l), BG_ERR_INVALID);
+    assert_int_equal(bg_layer_linear("lin", 4, 3, 1, 0.1f, &l), BG_OK);
+    assert_int_equal(bg_layer_out_shape(l, (bg_shape_t){2, 1, 5}, &o), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "lin"));
+    bg_layer_destroy(l);
+    assert_int_equal(bg_layer_embedding("e", 10, 8, 4, 0.1f, &l), BG_OK);
+    assert_int_equal(bg_layer_out_shape(l, (bg_shape_t){1, 9, 0}, &o), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "exceeds"));
+    bg_layer_destroy(l);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear),    cmocka_unit_test(test_activations), cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_embedding), cmocka_unit_test(test_attention),   cmocka_unit_test(test_head),
+        cmocka_unit_test(test_blocks),    cmocka_unit_test(test_bad_shapes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

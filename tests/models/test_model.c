@@ -1,0 +1,438 @@
+/* tests/models/test_model.c: models, stages, data, safetensors and training.
+ * The split tests are the single-process form of pipeline equivalence: a
+ * model cut into stages that pass activations and gradients by hand must
+ * give bitwise the gradients of the whole model. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <cmocka.h>
+
+#include "brigade/brigade.h"
+
+static bg_backend_t *be;
+
+static int setup(void **state)
+{
+    (void)state;
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = 1;
+    return bg_backend_create("cpu", &p, &be) == BG_OK ? 0 : -1;
+}
+static int teardown(void **state)
+{
+    (void)state;
+    bg_backend_destroy(be);
+    return 0;
+}
+
+static bg_model_config_t small_gpt(void)
+{
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.layers = 3;
+    c.d_model = 16;
+    c.heads = 2;
+    c.seq_len = 8;
+    c.vocab = 256;
+    c.seed = 7;
+    return c;
+}
+static bg_model_config_t small_mlp(void)
+{
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.kind = BG_MODEL_MLP;
+    c.layers = 3;
+    c.d_model = 24;
+    c.in_features = 10;
+    c.classes = 5;
+    c.seed = 3;
+    return c;
+}
+
+static void test_param_count(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    bg_model_t *m;
+    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+    size_t C = 16, V = 256, T = 8, L = 3;
+    size_t expect = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + V * C;
+    assert_int_equal(bg_model_param_count(m), expect);
+    assert_int_equal(bg_model_total_layers(m), 6);
+    assert_non_null(bg_model_find_tensor(m, "blocks.1.attn.qkv.weight"));
+    assert_non_null(bg_model_find_tensor(m, "blocks.2.mlp.proj.bias"));
+    assert_non_null(bg_model_find_tensor(m, "embed.wte"));
+    assert_non_null(bg_model_find_tensor(m, "head.weight"));
+    bg_layer_profile_t prof[16];
+    int n;
+    assert_int_equal(bg_model_profile(&c, 2, 8, prof, 16, &n), BG_OK);
+    assert_int_equal(n, 6);
+    size_t sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += prof[i].params;
+    assert_int_equal(sum, expect);
+    /* linear FLOPs of a block: 2 * rows * (3C*C + C*C + 4C*C + 4C*C) forward */
+    assert_true(prof[1].fwd_flops >= 2.0 * 16 * 12 * C * C);
+    assert_int_equal(prof[1].output_bytes, 2 * 8 * C * sizeof(float));
+    bg_model_destroy(m);
+    c.heads = 3;
+    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "heads (3) must divide d_model (16)"));
+}
+
+static void test_init_independent_of_range(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    bg_model_t *full, *part;
+    assert_int_equal(bg_model_create(&c, be, -1, -1, &full), BG_OK);
+    assert_int_equal(bg_model_create(&c, be, 2, 3, &part), BG_OK);
+    assert_true(bg_model_param_count(part) < bg_model_param_count(full));
+    for (int i = 0; i < bg_model_num_tensors(part); i++) {
+        bg_param_t *p = bg_model_tensor(part, i);
+        bg_param_t *q = bg_model_find_tensor(full, bg_model_tensor_name(part, i));
+        assert_non_null(q);
+        assert_int_equal(p->numel, q->numel);
+        assert_memory_equal(p->data, q->data, p->numel * sizeof(float));
+    }
+    bg_model_destroy(full);
+    bg_model_destroy(part);
+    assert_int_equal(bg_model_create(&c, be, 4, 9, &part), BG_ERR_INVALID);
+}
+
+/* Run M microbatches through stages [cuts] chained by hand; return the models. */
+static void run_split(const bg_model_config_t *c, int nst, const int *first, const int *last, int split_bw,
+                      bg_model_t **models)
+{
+    int gpt = c->kind == BG_MODEL_GPT;
+    int M = 3, n = 2, T = gpt ? c->seq_len : 1;
+    bg_data_t *data;
+    if (gpt) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+        assert_int_equal(bg_data_open_text(path, T, 1, &data), BG_OK);
+    } else {
+        assert_int_equal(bg_data_synthetic(c->in_features, c->classes, 1, &data), BG_OK);
+    }
+    bg_stage_t *st[8];
+    for (int k = 0; k < nst; k++) {
+        assert_int_equal(bg_model_create(c, be, first[k], last[k], &models[k]), BG_OK);
+        assert_int_equal(bg_stage_create(models[k], M, &st[k]), BG_OK);
+    }
+    int32_t tok[64], tgt[64];
+    float inp[64 * 16];
+    float scale = 1.0f / (float)(M * n * T);
+    for (int mb = 0; mb < M; mb++) {
+        assert_int_equal(bg_data_batch(data, 0, mb * n, n, T, tok, inp, tgt), BG_OK);
+        bg_shape_t shape = bg_model_input_shape(models[0], n, T);
+        float *prev = NULL;
+        for (int k = 0; k < nst; k++) {
+            float *in, *out;
+            bg_shape_t os;
+            assert_int_equal(bg_stage_begin(st[k], mb, shape, &in), BG_OK);
+            if (k == 0 && !gpt)
+                memcpy(in, inp, (size_t)n * c->in_features * sizeof(float));
+            if (k > 0)
+                memcpy(in, prev, bg_shape_numel(shape) * sizeof(float));
+            assert_int_equal(bg_stage_set_data(st[k], mb, k == 0 && gpt ? tok : NULL, k == nst - 1 ? tgt : NULL, scale),
+                             BG_OK);
+            assert_int_equal(bg_stage_forward(st[k], mb, &out, &os), BG_OK);
+            prev = out;
+            shape = os;
+        }
+    }
+    for (int mb = 0; mb < M; mb++) {
+        float *din = NULL, dbuf[4096];
+        for (int k = nst - 1; k >= 0; k--) {
+            if (k < nst - 1) {
+                float *dout;
+                assert_int_equal(bg_stage_grad_buffer(st[k], mb, &dout), BG_OK);
+                /* every stage boundary here carries (n, T, d_model) activations */
+                size_t bytes = (size_t)n * T * c->d_model * sizeof(float);
+                memcpy(dout, din, bytes);
+            }
+            float *d;
+            if (split_bw) {
+                assert_int_equal(bg_stage_backward_input(st[k], mb, &d), BG_OK);
+                if (k > 0)
+                    memcpy(din = dbuf, d, (size_t)n * T * c->d_model * sizeof(float));
+                assert_int_equal(bg_stage_backward_weight(st[k], mb), BG_OK);
+            } else {
+                assert_int_equal(bg_stage_backward(st[k], mb, &d), BG_OK);
+                if (k > 0)
+                    memcpy(din = dbuf, d, (size_t)n * T * c->d_model * sizeof(float));
+                bg_stage_end(st[k], mb);
+            }
+        }
+    }
+    for (int k = 0; k < nst; k++)
+        bg_stage_destroy(st[k]);
+    bg_data_close(data);
+}
+
+static void compare_grads(bg_model_t *ref, bg_model_t **parts, int nparts)
+{
+    int seen = 0;
+    for (int k = 0; k < nparts; k++)
+        for (int i = 0; i < bg_model_num_tensors(parts[k]); i++) {
+            bg_param_t *p = bg_model_tensor(parts[k], i);
+            bg_param_t *q = bg_model_find_tensor(ref, bg_model_tensor_name(parts[k], i));
+            assert_non_null(q);
+            if (memcmp(p->grad, q->grad, p->numel * sizeof(float)) != 0)
+                fail_msg("gradient of %s differs from the whole model's", bg_model_tensor_name(parts[k], i));
+            double ss = 0;
+            for (size_t j = 0; j < p->numel; j++)
+                ss += fabs(p->grad[j]);
+            if (strstr(bg_model_tensor_name(parts[k], i), "wpe") == NULL)
+                assert_true(ss > 0); /* gradients really flowed */
+            seen++;
+        }
+    assert_int_equal(seen, bg_model_num_tensors(ref));
+}
+
+static void check_splits(bg_model_config_t c)
+{
+    bg_model_t *whole[1], *parts[4];
+    int L = c.kind == BG_MODEL_GPT ? c.layers + 3 : 2 * c.layers + 1;
+    int f1[1] = {0}, l1[1] = {L - 1};
+    run_split(&c, 1, f1, l1, 0, whole);
+    /* three uneven stages, fused and split backward */
+    int f3[3] = {0, 1, 4}, l3[3] = {0, 3, L - 1};
+    for (int split = 0; split < 2; split++) {
+        run_split(&c, 3, f3, l3, split, parts);
+        compare_grads(whole[0], parts, 3);
+        for (int k = 0; k < 3; k++)
+            bg_model_destroy(parts[k]);
+    }
+    /* the whole model with B and W split */
+    run_split(&c, 1, f1, l1, 1, parts);
+    compare_grads(whole[0], parts, 1);
+    bg_model_destroy(parts[0]);
+    bg_model_destroy(whole[0]);
+}
+
+static void test_split_equivalence_gpt(void **s)
+{
+    (void)s;
+    check_splits(small_gpt());
+}
+static void test_split_equivalence_mlp(void **s)
+{
+    (void)s;
+    check_splits(small_mlp());
+}
+
+static void test_stage_misuse(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_mlp();
+    bg_model_t *m;
+    bg_stage_t *st;
+    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
+    float *out, *din;
+    bg_shape_t os;
+    assert_int_equal(bg_stage_forward(st, 0, &out, &os), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "microbatch 0"));
+    assert_int_equal(bg_stage_backward(st, 5, &din), BG_ERR_INVALID);
+    size_t before = bg_backend_memstats(be).current;
+    float *in;
+    assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){2, 1, 10}, &in), BG_OK);
+    assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){2, 1, 10}, &in), BG_ERR_INVALID);
+    bg_stage_end(st, 1);
+    assert_int_equal(bg_backend_memstats(be).current, before); /* nothing leaked */
+    assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 1, 11}, &in), BG_ERR_INVALID);
+    bg_stage_destroy(st);
+    bg_model_destroy(m);
+}
+
+static void test_data(void **s)
+{
+    (void)s;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    bg_data_t *d;
+    assert_int_equal(bg_data_open_text(path, 16, 5, &d), BG_OK);
+    int32_t a[8 * 16], b[8 * 16], ta[8 * 16], tb[8 * 16];
+    assert_int_equal(bg_data_batch(d, 3, 0, 8, 16, a, NULL, ta), BG_OK);
+    /* the same sequences fetched as two shards */
+    assert_int_equal(bg_data_batch(d, 3, 0, 3, 16, b, NULL, tb), BG_OK);
+    assert_int_equal(bg_data_batch(d, 3, 3, 5, 16, b + 3 * 16, NULL, tb + 3 * 16), BG_OK);
+    assert_memory_equal(a, b, sizeof(a));
+    assert_memory_equal(ta, tb, sizeof(ta));
+    for (int i = 0; i < 8 * 16; i++) {
+        assert_true(a[i] >= 0 && a[i] < 256);
+        if (i % 16 != 15)
+            assert_int_equal(ta[i], a[i + 1]); /* targets are the next byte */
+    }
+    assert_int_equal(bg_data_batch(d, 4, 0, 8, 16, b, NULL, tb), BG_OK);
+    assert_memory_not_equal(a, b, sizeof(a));
+    bg_data_close(d);
+    assert_int_equal(bg_data_open_text("/nonexistent/file.txt", 16, 1, &d), BG_ERR_IO);
+    assert_non_null(strstr(bg_last_error(), "/nonexistent/file.txt"));
+    char tmp[] = "/tmp/bg_empty_XXXXXX";
+    int fd = mkstemp(tmp);
+    close(fd);
+    assert_int_equal(bg_data_open_text(tmp, 16, 1, &d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "empty"));
+    unlink(tmp);
+}
+
+static void test_safetensors(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    bg_model_t *m, *m2;
+    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+    c.seed = 99;
+    assert_int_equal(bg_model_create(&c, be, -1, -1, &m2), BG_OK);
+    char dir[] = "/tmp/bg_st_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/m.safetensors", dir);
+    assert_int_equal(bg_model_save_safetensors(m, path, "{\"step\": 3}"), BG_OK);
+    assert_memory_not_equal(bg_model_params(m), bg_model_params(m2), 64);
+    assert_int_equal(bg_model_load_safetensors(m2, path), BG_OK);
+    assert_memory_equal(bg_model_params(m), bg_model_params(m2), bg_model_param_count(m) * sizeof(float));
+    /* the header is what other tools read: check the layout by hand */
+    FILE *f = fopen(path, "rb");
+    uint64_t hlen;
+    assert_int_equal(fread(&hlen, 8, 1, f), 1);
+    assert_int_equal(hlen % 8, 0);
+    char *h = calloc(1, hlen + 1);
+    assert_int_equal(fread(h, 1, hlen, f), hlen);
+    assert_non_null(strstr(h, "\"blocks.0.attn.qkv.weight\""));
+    assert_non_null(strstr(h, "\"F32\""));
+    fseek(f, 0, SEEK_END);
+    assert_int_equal((size_t)ftell(f), 8 + hlen + bg_model_param_count(m) * sizeof(float));
+    fclose(f);
+    free(h);
+    /* truncated file: refused, naming the file and tensor */
+    assert_int_equal(truncate(path, 8 + hlen + 100), 0);
+    assert_int_equal(bg_model_load_safetensors(m2, path), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "m.safetensors"));
+    /* a file of another model: shape mismatch */
+    bg_model_config_t c2 = small_gpt();
+    c2.d_model = 8;
+    bg_model_t *m3;
+    assert_int_equal(bg_model_create(&c2, be, -1, -1, &m3), BG_OK);
+    assert_int_equal(bg_model_save_safetensors(m3, path, NULL), BG_OK);
+    assert_int_equal(bg_model_load_safetensors(m2, path), BG_ERR_MISMATCH);
+    assert_non_null(strstr(bg_last_error(), "embed."));
+    /* an unwritable place: error, no file */
+    assert_int_equal(bg_model_save_safetensors(m, "/nonexistent-dir/x.safetensors", NULL), BG_ERR_IO);
+    unlink(path);
+    rmdir(dir);
+    bg_model_destroy(m);
+    bg_model_destroy(m2);
+    bg_model_destroy(m3);
+}
+
+static void test_train_mlp_learns(void **s)
+{
+    (void)s;
+    bg_train_config_t c;
+    bg_train_config_init(&c);
+    c.model = small_mlp();
+    c.batch = 32;
+    c.microbatches = 4;
+    c.steps = 60;
+    c.optim.lr = 3e-3f;
+    c.threads = 1;
+    bg_train_result_t r;
+    assert_int_equal(bg_train(&c, &r), BG_OK);
+    /* chance level is ln(5) = 1.609 */
+    assert_true(r.first_loss > 1.0);
+    assert_true(r.final_loss < 0.6 * r.first_loss);
+    /* peak within 10% of params + grads + optimizer + activations */
+    assert_true(fabs((double)r.peak_bytes - (double)r.predicted_bytes) <= 0.10 * (double)r.predicted_bytes);
+}
+
+static void test_train_gpt_learns(void **s)
+{
+    (void)s;
+    bg_train_config_t c;
+    bg_train_config_init(&c);
+    c.model = small_gpt();
+    c.model.d_model = 32;
+    c.model.seq_len = 32;
+    c.batch = 8;
+    c.microbatches = 2;
+    c.steps = 40;
+    c.optim.lr = 3e-3f;
+    c.threads = 1;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    c.data_path = path;
+    bg_train_result_t r;
+    assert_int_equal(bg_train(&c, &r), BG_OK);
+    assert_true(fabs(r.first_loss - log(256.0)) < 0.3); /* starts near uniform */
+    assert_true(r.final_loss < 3.5);
+    assert_true(fabs((double)r.peak_bytes - (double)r.predicted_bytes) <= 0.10 * (double)r.predicted_bytes);
+}
+
+static void test_train_microbatching_invariance(void **s)
+{
+    (void)s;
+    /* the same global batch split into 1 or 4 microbatches trains to nearly the same weights */
+    bg_train_config_t c;
+    bg_train_config_init(&c);
+    c.model = small_mlp();
+    c.batch = 8;
+    c.steps = 3;
+    c.threads = 1;
+    char d1[] = "/tmp/bg_mb1_XXXXXX", d4[] = "/tmp/bg_mb4_XXXXXX";
+    assert_non_null(mkdtemp(d1));
+    assert_non_null(mkdtemp(d4));
+    bg_train_result_t r;
+    c.microbatches = 1;
+    c.save_dir = d1;
+    assert_int_equal(bg_train(&c, &r), BG_OK);
+    c.microbatches = 4;
+    c.save_dir = d4;
+    assert_int_equal(bg_train(&c, &r), BG_OK);
+    bg_model_t *a, *b;
+    assert_int_equal(bg_model_create(&c.model, be, -1, -1, &a), BG_OK);
+    assert_int_equal(bg_model_create(&c.model, be, -1, -1, &b), BG_OK);
+    char p[256];
+    snprintf(p, sizeof(p), "%s/model.safetensors", d1);
+    assert_int_equal(bg_model_load_safetensors(a, p), BG_OK);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/model.safetensors", d4);
+    assert_int_equal(bg_model_load_safetensors(b, p), BG_OK);
+    unlink(p);
+    rmdir(d1);
+    rmdir(d4);
+    float *x = bg_model_params(a), *y = bg_model_params(b);
+    double maxd = 0, maxv = 0;
+    for (size_t i = 0; i < bg_model_param_count(a); i++) {
+        maxd = fmax(maxd, fabs(x[i] - y[i]));
+        maxv = fmax(maxv, fabs(x[i]));
+    }
+    assert_true(maxd <= 1e-4 * maxv);
+    bg_model_destroy(a);
+    bg_model_destroy(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_param_count),
+        cmocka_unit_test(test_init_independent_of_range),
+        cmocka_unit_test(test_split_equivalence_gpt),
+        cmocka_unit_test(test_split_equivalence_mlp),
+        cmocka_unit_test(test_stage_misuse),
+        cmocka_unit_test(test_data),
+        cmocka_unit_test(test_safetensors),
+        cmocka_unit_test(test_train_mlp_learns),
+        cmocka_unit_test(test_train_gpt_learns),
+        cmocka_unit_test(test_train_microbatching_invariance),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

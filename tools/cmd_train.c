@@ -1,0 +1,187 @@
+/* tools/cmd_train.c: `brigade train`: parse flags into a bg_train_config_t,
+ * print progress, and print the summary. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "brigade/train.h"
+#include "tools/cli.h"
+
+#ifndef BG_DEFAULT_DATA
+#define BG_DEFAULT_DATA "data/kjv.txt"
+#endif
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: brigade train [options]\n"
+            "\n"
+            "model:\n"
+            "  --model gpt|mlp        model family (default gpt)\n"
+            "  --layers N             GPT: transformer blocks; MLP: hidden layers (default 4)\n"
+            "  --d-model N            width (default 128)\n"
+            "  --heads N              GPT: attention heads, must divide d-model (default 4)\n"
+            "  --seq N                GPT: sequence length (default 64)\n"
+            "  --in-features N        MLP: input features (default 32)\n"
+            "  --classes N            MLP: classes of the synthetic task (default 8)\n"
+            "  --seed N               initialisation seed (default 1337)\n"
+            "training:\n"
+            "  --batch N              global batch in sequences per step (default 8)\n"
+            "  --microbatches N       microbatches per step, divides batch (default 4)\n"
+            "  --steps N              optimizer steps (default 20)\n"
+            "  --lr X                 learning rate (default 1e-3)\n"
+            "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
+            "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
+            "  --data FILE            GPT text corpus (default %s)\n"
+            "  --data-seed N          order of the data (default 1)\n"
+            "  --threads N            compute threads (default: BRIGADE_NUM_THREADS or all cores)\n"
+            "  --backend NAME         cpu|cuda (default cpu)\n"
+            "output:\n"
+            "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
+            "  --save DIR             final weights as DIR/model.safetensors\n"
+            "  --quiet                print only the summary\n",
+            BG_DEFAULT_DATA);
+}
+
+typedef struct {
+    int quiet, tty;
+} progress_t;
+
+static void on_step(const bg_step_info_t *i, void *arg)
+{
+    progress_t *p = arg;
+    if (p->quiet)
+        return;
+    if (p->tty) {
+        double eta = (i->steps - i->step) * i->step_ms / 1e3;
+        fprintf(stderr, "\rstep %d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  ETA %.0fs   ", i->step, i->steps,
+                i->loss, i->tokens_per_s, i->step_ms, eta);
+        if (i->step == i->steps)
+            fputc('\n', stderr);
+    } else {
+        int every = i->steps > 50 ? i->steps / 50 : 1;
+        if (i->step % every == 0 || i->step == i->steps || i->step == 1)
+            fprintf(stderr, "step %d/%d loss %.4f tokens/s %.0f step_ms %.1f\n", i->step, i->steps, i->loss,
+                    i->tokens_per_s, i->step_ms);
+    }
+}
+
+int bg_cmd_train(int argc, char **argv)
+{
+    const char *cmd = "train";
+    bg_train_config_t c;
+    bg_train_config_init(&c);
+    c.data_path = BG_DEFAULT_DATA;
+    progress_t prog = {0, isatty(2)};
+    enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
+        {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
+        {"seq", required_argument, 0, O_SEQ},         {"in-features", required_argument, 0, O_INF},
+        {"classes", required_argument, 0, O_CLASSES}, {"seed", required_argument, 0, O_SEED},
+        {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
+        {"steps", required_argument, 0, O_STEPS},     {"lr", required_argument, 0, O_LR},
+        {"optimizer", required_argument, 0, O_OPT},   {"weight-decay", required_argument, 0, O_WD},
+        {"data", required_argument, 0, O_DATA},       {"data-seed", required_argument, 0, O_DSEED},
+        {"threads", required_argument, 0, O_THREADS}, {"backend", required_argument, 0, O_BACKEND},
+        {"metrics", required_argument, 0, O_METRICS}, {"save", required_argument, 0, O_SAVE},
+        {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0}};
+    long long v;
+    double d;
+    int o;
+    optind = 1;
+    opterr = 0;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case O_MODEL:
+            if (!strcmp(optarg, "gpt"))
+                c.model.kind = BG_MODEL_GPT;
+            else if (!strcmp(optarg, "mlp"))
+                c.model.kind = BG_MODEL_MLP;
+            else
+                return bg_cli_fail(cmd, "--model must be gpt or mlp, got \"%s\"", optarg);
+            break;
+#define INT_FLAG(code, flag, lo, hi, dst)                                                                   \
+    case code:                                                                                              \
+        if (bg_cli_int(cmd, flag, optarg, lo, hi, &v))                                                      \
+            return 2;                                                                                       \
+        dst = (int)v;                                                                                       \
+        break;
+            INT_FLAG(O_LAYERS, "--layers", 1, 100000, c.model.layers)
+            INT_FLAG(O_DMODEL, "--d-model", 1, 1 << 16, c.model.d_model)
+            INT_FLAG(O_HEADS, "--heads", 1, 4096, c.model.heads)
+            INT_FLAG(O_INF, "--in-features", 1, 4096, c.model.in_features)
+            INT_FLAG(O_CLASSES, "--classes", 2, 1 << 20, c.model.classes)
+            INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, c.batch)
+            INT_FLAG(O_MB, "--microbatches", 1, 1 << 20, c.microbatches)
+            INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
+            INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
+#undef INT_FLAG
+        case O_SEQ:
+            if (bg_cli_int(cmd, "--seq", optarg, 1, 1 << 20, &v))
+                return 2;
+            c.model.seq_len = (int)v;
+            break;
+        case O_SEED:
+            if (bg_cli_int(cmd, "--seed", optarg, 0, INT64_MAX, &v))
+                return 2;
+            c.model.seed = (uint64_t)v;
+            break;
+        case O_DSEED:
+            if (bg_cli_int(cmd, "--data-seed", optarg, 0, INT64_MAX, &v))
+                return 2;
+            c.data_seed = (uint64_t)v;
+            break;
+        case O_LR:
+            if (bg_cli_double(cmd, "--lr", optarg, 1e-12, 100, &d))
+                return 2;
+            c.optim.lr = (float)d;
+            break;
+        case O_WD:
+            if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
+                return 2;
+            c.optim.weight_decay = (float)d;
+            break;
+        case O_OPT:
+            if (!strcmp(optarg, "adamw"))
+                c.optim.kind = BG_OPTIM_ADAMW;
+            else if (!strcmp(optarg, "sgd"))
+                c.optim.kind = BG_OPTIM_SGD;
+            else
+                return bg_cli_fail(cmd, "--optimizer must be adamw or sgd, got \"%s\"", optarg);
+            break;
+        case O_DATA: c.data_path = optarg; break;
+        case O_BACKEND: c.backend = optarg; break;
+        case O_METRICS: c.metrics_path = optarg; break;
+        case O_SAVE: c.save_dir = optarg; break;
+        case O_QUIET: prog.quiet = 1; break;
+        case 'h':
+        case O_HELP: usage(stdout); return 0;
+        case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);
+        default: return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade train --help)", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return bg_cli_fail(cmd, "unexpected argument \"%s\" (see brigade train --help)", argv[optind]);
+    c.on_step = on_step;
+    c.on_step_arg = &prog;
+    bg_status_t st = bg_train_check(&c);
+    if (st != BG_OK)
+        return bg_cli_fail(cmd, "%s", bg_last_error());
+    bg_train_result_t r;
+    st = bg_train(&c, &r);
+    if (st != BG_OK)
+        return bg_cli_status(cmd, st);
+    printf("trained %s: %zu parameters, %d steps, loss %.4f -> %.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp",
+           r.params, c.steps, r.first_loss, r.final_loss);
+    printf("median step %.1f ms, %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", r.median_step_ms, r.tokens_per_s,
+           r.median_step_ms > 0 ? r.flops_per_step / (r.median_step_ms * 1e6) : 0.0);
+    printf("peak memory %.2f MiB (predicted %.2f MiB from the layers' reports)\n", r.peak_bytes / 1048576.0,
+           r.predicted_bytes / 1048576.0);
+    if (c.save_dir)
+        printf("saved %s/model.safetensors\n", c.save_dir);
+    return 0;
+}
