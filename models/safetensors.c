@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,5 +240,206 @@ out:
     free(text);
     free(host);
     fclose(f);
+    return st;
+}
+
+/* ---------------------------------------------------------------- comparing */
+
+#include <dirent.h>
+
+typedef struct host_tensor {
+    char *name;
+    int ndim;
+    int64_t shape[8];
+    float *data;
+    size_t numel;
+} host_tensor_t;
+
+typedef struct host_set {
+    host_tensor_t *t;
+    size_t n, cap;
+} host_set_t;
+
+static void host_set_free(host_set_t *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->t[i].name);
+        free(s->t[i].data);
+    }
+    free(s->t);
+}
+
+static bg_status_t read_file_tensors(const char *path, host_set_t *set)
+{
+    bg_status_t st = BG_OK;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return bg_error(BG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    uint8_t len8[8];
+    uint64_t hlen = 0;
+    char *text = NULL;
+    json_t *hdr = NULL;
+    if (fread(len8, 1, 8, f) != 8) {
+        st = bg_error(BG_ERR_PARSE, "%s: truncated", path);
+        goto out;
+    }
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    fseek(f, 0, SEEK_END);
+    long fsize = ftell(f);
+    if (hlen > (uint64_t)fsize - 8) {
+        st = bg_error(BG_ERR_PARSE, "%s: header length exceeds the file", path);
+        goto out;
+    }
+    fseek(f, 8, SEEK_SET);
+    text = malloc(hlen + 1);
+    if (!text || fread(text, 1, hlen, f) != hlen) {
+        st = bg_error(BG_ERR_PARSE, "%s: truncated header", path);
+        goto out;
+    }
+    text[hlen] = 0;
+    json_error_t err;
+    hdr = json_loads(text, 0, &err);
+    if (!json_is_object(hdr)) {
+        st = bg_error(BG_ERR_PARSE, "%s: bad header: %s", path, err.text);
+        goto out;
+    }
+    const char *key;
+    json_t *e;
+    json_object_foreach(hdr, key, e)
+    {
+        if (!strcmp(key, "__metadata__"))
+            continue;
+        const char *dtype = json_string_value(json_object_get(e, "dtype"));
+        json_t *shape = json_object_get(e, "shape"), *offs = json_object_get(e, "data_offsets");
+        if (!dtype || strcmp(dtype, "F32") || !json_is_array(shape) || json_array_size(shape) > 8 ||
+            !json_is_array(offs)) {
+            st = bg_error(BG_ERR_PARSE, "%s: tensor %s is not an F32 tensor with shape and offsets", path, key);
+            goto out;
+        }
+        if (set->n == set->cap) {
+            size_t cap = set->cap ? 2 * set->cap : 64;
+            host_tensor_t *t = realloc(set->t, cap * sizeof(*t));
+            if (!t) {
+                st = BG_ERR_NOMEM;
+                goto out;
+            }
+            set->t = t;
+            set->cap = cap;
+        }
+        host_tensor_t *t = &set->t[set->n];
+        memset(t, 0, sizeof(*t));
+        t->ndim = (int)json_array_size(shape);
+        t->numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            t->shape[d] = json_integer_value(json_array_get(shape, (size_t)d));
+            t->numel *= (size_t)t->shape[d];
+        }
+        json_int_t a = json_integer_value(json_array_get(offs, 0)), b = json_integer_value(json_array_get(offs, 1));
+        if (b - a != (json_int_t)(t->numel * 4) || (uint64_t)b > (uint64_t)fsize - 8 - hlen) {
+            st = bg_error(BG_ERR_PARSE, "%s: tensor %s: bad data_offsets (truncated?)", path, key);
+            goto out;
+        }
+        t->name = strdup(key);
+        t->data = malloc(t->numel * sizeof(float) + 1);
+        if (!t->name || !t->data) {
+            free(t->name);
+            free(t->data);
+            st = BG_ERR_NOMEM;
+            goto out;
+        }
+        set->n++;
+        fseek(f, (long)(8 + hlen + (uint64_t)a), SEEK_SET);
+        if (fread(t->data, sizeof(float), t->numel, f) != t->numel) {
+            st = bg_error(BG_ERR_PARSE, "%s: tensor %s is truncated", path, key);
+            goto out;
+        }
+    }
+out:
+    json_decref(hdr);
+    free(text);
+    fclose(f);
+    return st;
+}
+
+static bg_status_t read_dir_tensors(const char *dir, host_set_t *set)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return bg_error(BG_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
+    struct dirent *de;
+    int files = 0;
+    bg_status_t st = BG_OK;
+    while (st == BG_OK && (de = readdir(d))) {
+        size_t L = strlen(de->d_name);
+        if (L < 12 || strcmp(de->d_name + L - 12, ".safetensors") != 0)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        st = read_file_tensors(path, set);
+        files++;
+    }
+    closedir(d);
+    if (st == BG_OK && files == 0)
+        st = bg_error(BG_ERR_NOT_FOUND, "no .safetensors files in %s", dir);
+    return st;
+}
+
+static host_tensor_t *find_host(host_set_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!strcmp(s->t[i].name, name))
+            return &s->t[i];
+    return NULL;
+}
+
+bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg_compare_result_t *result_p)
+{
+    host_set_t a = {0}, b = {0};
+    bg_compare_result_t r = {0};
+    bg_status_t st = read_dir_tensors(dir_a, &a);
+    if (st == BG_OK)
+        st = read_dir_tensors(dir_b, &b);
+    if (st != BG_OK)
+        goto out;
+    for (size_t i = 0; i < a.n; i++) {
+        host_tensor_t *x = &a.t[i], *y = find_host(&b, x->name);
+        if (!y) {
+            r.only_a++;
+            continue;
+        }
+        if (x->ndim != y->ndim || x->numel != y->numel ||
+            memcmp(x->shape, y->shape, (size_t)x->ndim * sizeof(int64_t)) != 0) {
+            r.shape_mismatch++;
+            continue;
+        }
+        r.tensors++;
+        if (memcmp(x->data, y->data, x->numel * sizeof(float)) == 0) {
+            r.identical++;
+            continue;
+        }
+        double maxabs = 0, maxv = 0;
+        for (size_t j = 0; j < x->numel; j++) {
+            double dd = fabs((double)x->data[j] - (double)y->data[j]);
+            if (dd > maxabs)
+                maxabs = dd;
+            if (fabs(x->data[j]) > maxv)
+                maxv = fabs(x->data[j]);
+        }
+        double rel = maxv > 0 ? maxabs / maxv : maxabs;
+        if (maxabs > r.max_abs)
+            r.max_abs = maxabs;
+        if (rel >= r.max_rel) {
+            r.max_rel = rel;
+            snprintf(r.worst, sizeof(r.worst), "%s", x->name);
+        }
+    }
+    for (size_t i = 0; i < b.n; i++)
+        if (!find_host(&a, b.t[i].name))
+            r.only_b++;
+    *result_p = r;
+out:
+    host_set_free(&a);
+    host_set_free(&b);
     return st;
 }

@@ -31,7 +31,8 @@ bg_status_t bg_check_writable_dir(const char *dir)
     if (stat(dir, &st) != 0) {
         if (errno != ENOENT)
             return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
-        if (mkdir(dir, 0755) != 0)
+        /* several ranks may create it at once: EEXIST is fine if it is a directory */
+        if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
             return bg_error(BG_ERR_IO, "cannot create directory %s: %s", dir, strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
         return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
@@ -68,7 +69,37 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     }
     if (!(c->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
+    if (c->pp < 0 || c->dp < 0)
+        return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", c->pp, c->dp);
+    int dp = c->dp ? c->dp : 1;
+    if (c->batch % (dp * c->microbatches) != 0)
+        return bg_error(BG_ERR_INVALID,
+                        "batch %d does not split into %d replicas x %d equal microbatches", c->batch, dp,
+                        c->microbatches);
+    if (c->seq_min < 0)
+        return bg_error(BG_ERR_INVALID, "seq_min must be >= 0 (got %d)", c->seq_min);
     return BG_OK;
+}
+
+int bg_train_seq_len(const bg_train_config_t *c, int64_t step, int mb)
+{
+    if (c->model.kind != BG_MODEL_GPT)
+        return 1;
+    int T = c->seq ? c->seq : c->model.seq_len;
+    if (c->seq_min <= 0 || c->seq_min >= T)
+        return T;
+    bg_rng_t r;
+    bg_rng_seed(&r, c->data_seed ^ ((uint64_t)step * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)mb << 40) ^ 0x5e9ULL);
+    return c->seq_min + (int)bg_rng_below(&r, (uint64_t)(T - c->seq_min + 1));
+}
+
+/* Tokens in one step's global batch (the loss is their mean). */
+double bg__train_step_tokens(const bg_train_config_t *c, int64_t step)
+{
+    double tokens = 0;
+    for (int mb = 0; mb < c->microbatches; mb++)
+        tokens += (double)(c->batch / c->microbatches) * bg_train_seq_len(c, step, mb);
+    return tokens;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -107,9 +138,10 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     bg_train_result_t res = {0};
 
     int gpt = c.model.kind == BG_MODEL_GPT;
+    if (c.pp > 1 || c.dp > 1)
+        return bg_train_parallel(&c, result_p);
     int T = gpt ? (c.seq ? c.seq : c.model.seq_len) : 1;
     int mbn = c.batch / c.microbatches; /* sequences per microbatch */
-    float loss_scale = 1.0f / ((float)c.batch * (float)T);
 
     if (gpt)
         BG_CHECK_GOTO(bg_data_open_text(c.data_path, T, c.data_seed, &data), st, out);
@@ -128,7 +160,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     BG_CHECK_GOTO(bg_model_create(&c.model, be, -1, -1, &model), st, out);
     BG_CHECK_GOTO(bg_stage_create(model, c.microbatches, &stage), st, out);
 
-    size_t per = (size_t)mbn * (size_t)T;
+    size_t per = (size_t)mbn * (size_t)T; /* the largest microbatch */
     tokens = malloc(per * sizeof(int32_t));
     targets = malloc(per * sizeof(int32_t));
     inputs = gpt ? NULL : malloc((size_t)mbn * (size_t)c.model.in_features * sizeof(float));
@@ -171,18 +203,21 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
 
     for (int step = 0; step < c.steps; step++) {
         double t0 = bg_now();
-        double loss = 0;
+        double loss = 0, step_tokens = bg__train_step_tokens(&c, step);
+        float loss_scale = (float)(1.0 / step_tokens);
         bg_model_zero_grads(model);
         for (int mb = 0; mb < c.microbatches; mb++) {
-            BG_CHECK_GOTO(bg_data_batch(data, step, mb * mbn, mbn, T, tokens, inputs, targets), st, out);
+            int Tm = bg_train_seq_len(&c, step, mb);
+            size_t ntok = (size_t)mbn * (size_t)Tm;
+            BG_CHECK_GOTO(bg_data_batch(data, step, mb * mbn, mbn, Tm, tokens, inputs, targets), st, out);
             float *in, *out, *din;
             bg_shape_t out_shape;
-            BG_CHECK_GOTO(bg_stage_begin(stage, mb, in_shape, &in), st, out);
+            BG_CHECK_GOTO(bg_stage_begin(stage, mb, bg_model_input_shape(model, mbn, Tm), &in), st, out);
             if (!gpt)
                 be->ops->from_host(be, in, inputs, (size_t)mbn * (size_t)c.model.in_features * sizeof(float));
             BG_CHECK_GOTO(bg_stage_set_data(stage, mb, gpt ? tokens : NULL, targets, loss_scale), st, out);
             BG_CHECK_GOTO(bg_stage_forward(stage, mb, &out, &out_shape), st, out);
-            loss += be->ops->sum(be, out, per) * (double)loss_scale;
+            loss += be->ops->sum(be, out, ntok) * (double)loss_scale;
             BG_CHECK_GOTO(bg_stage_backward(stage, mb, &din), st, out);
             bg_stage_end(stage, mb);
         }
@@ -193,7 +228,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         if (step == 0)
             res.first_loss = loss;
         res.final_loss = loss;
-        bg_step_info_t info = {step + 1, c.steps, loss, dt * 1e3, (double)c.batch * T / dt};
+        bg_step_info_t info = {step + 1, c.steps, loss, dt * 1e3, step_tokens / dt, 0};
         if (metrics) {
             fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f}\n", step + 1,
                     loss, info.tokens_per_s, info.step_ms);
@@ -206,7 +241,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         qsort(times, (size_t)c.steps, sizeof(double), cmp_double);
         double med = times[c.steps / 2];
         res.median_step_ms = med * 1e3;
-        res.tokens_per_s = (double)c.batch * T / med;
+        res.tokens_per_s = bg__train_step_tokens(&c, c.steps / 2) / med;
     }
     res.peak_bytes = bg_backend_memstats(be).peak;
     if (c.save_dir) {

@@ -37,6 +37,14 @@ static void usage(FILE *f)
             "  --data-seed N          order of the data (default 1)\n"
             "  --threads N            compute threads (default: BRIGADE_NUM_THREADS or all cores)\n"
             "  --backend NAME         cpu|cuda (default cpu)\n"
+            "parallel (run under brigade launch -n PP*DP, mpirun or srun):\n"
+            "  --pp N                 pipeline stages (default 1)\n"
+            "  --dp N                 data-parallel replicas (default 1)\n"
+            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv (default 1f1b)\n"
+            "  --chunks V             model chunks per pipeline rank (interleaved; default: the schedule's)\n"
+            "  --split A,B,...        layers per (virtual) stage; default: as even as possible\n"
+            "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
+            "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
             "  --save DIR             final weights as DIR/model.safetensors\n"
@@ -51,7 +59,7 @@ typedef struct {
 static void on_step(const bg_step_info_t *i, void *arg)
 {
     progress_t *p = arg;
-    if (p->quiet)
+    if (p->quiet || i->rank != 0)
         return;
     if (p->tty) {
         double eta = (i->steps - i->step) * i->step_ms / 1e3;
@@ -71,11 +79,12 @@ int bg_cmd_train(int argc, char **argv)
 {
     const char *cmd = "train";
     bg_train_config_t c;
+    static int split[4096];
     bg_train_config_init(&c);
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
     enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
         {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
@@ -88,6 +97,10 @@ int bg_cmd_train(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"backend", required_argument, 0, O_BACKEND},
         {"metrics", required_argument, 0, O_METRICS}, {"save", required_argument, 0, O_SAVE},
         {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
+        {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
+        {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
+        {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
+        {"trace", required_argument, 0, O_TRACE},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -119,6 +132,10 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_MB, "--microbatches", 1, 1 << 20, c.microbatches)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
+            INT_FLAG(O_PP, "--pp", 1, 4096, c.pp)
+            INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
+            INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
+            INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
 #undef INT_FLAG
         case O_SEQ:
             if (bg_cli_int(cmd, "--seq", optarg, 1, 1 << 20, &v))
@@ -154,6 +171,19 @@ int bg_cmd_train(int argc, char **argv)
                 return bg_cli_fail(cmd, "--optimizer must be adamw or sgd, got \"%s\"", optarg);
             break;
         case O_DATA: c.data_path = optarg; break;
+        case O_SCHED: c.schedule = optarg; break;
+        case O_TRACE: c.trace_path = optarg; break;
+        case O_SPLIT: {
+            long long tmp[4096];
+            int n;
+            if (bg_cli_int_list(cmd, "--split", optarg, tmp, 4096, &n))
+                return 2;
+            for (int k = 0; k < n; k++)
+                split[k] = (int)tmp[k];
+            c.split = split;
+            c.nsplit = n;
+            break;
+        }
         case O_BACKEND: c.backend = optarg; break;
         case O_METRICS: c.metrics_path = optarg; break;
         case O_SAVE: c.save_dir = optarg; break;
@@ -175,6 +205,23 @@ int bg_cmd_train(int argc, char **argv)
     st = bg_train(&c, &r);
     if (st != BG_OK)
         return bg_cli_status(cmd, st);
+    if (r.world > 1) {
+        /* every rank reports its own pipeline figures; rank 0 the job's */
+        if (!prog.quiet || r.rank == 0)
+            fprintf(stderr, "rank %d: %zu parameters, peak memory %.2f MiB (activations %.2f MiB, %d microbatches "
+                            "stashed), bubble %.1f%%\n",
+                    r.rank, r.params, r.peak_bytes / 1048576.0, r.peak_act_bytes / 1048576.0, r.peak_stashed,
+                    100 * r.bubble);
+        if (r.rank != 0)
+            return 0;
+        printf("trained %s on %d ranks (pp %d x dp %d, %s): loss %.4f -> %.4f\n",
+               c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1,
+               c.schedule ? c.schedule : "1f1b", r.first_loss, r.final_loss);
+        printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
+        if (c.save_dir)
+            printf("saved %s/model-stage*.safetensors\n", c.save_dir);
+        return 0;
+    }
     printf("trained %s: %zu parameters, %d steps, loss %.4f -> %.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp",
            r.params, c.steps, r.first_loss, r.final_loss);
     printf("median step %.1f ms, %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", r.median_step_ms, r.tokens_per_s,

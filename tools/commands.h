@@ -1,5 +1,9 @@
 /* tools/commands.h: the CLI's subcommands. One line per command:
  * BG_COMMAND(name, "one-line help"); the function is int bg_cmd_<name>(int argc, char **argv)
  * with argv[0] the subcommand name. Add a line and a tools/cmd_<name>.c file. */
+BG_COMMAND(train, "train a model (single process, or one rank of a pipeline/data-parallel job)")
+BG_COMMAND(compare, "compare two runs' saved weights tensor by tensor")
 BG_COMMAND(bench, "benchmarks: kernels, p2p, allreduce, schedule")
 BG_COMMAND(info, "print version, backends and the BRIGADE_* variables")
+BG_COMMAND(launch, "start N ranks of a job on this machine and supervise them")
+BG_COMMAND(schedule, "generate, validate and simulate pipeline schedules; text, JSON and SVG timelines")

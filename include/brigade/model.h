@@ -177,6 +177,20 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
 /** Load every tensor of this range from @p path (names and shapes must match). */
 bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path);
 
+/** Result of comparing two sets of safetensors files tensor by tensor. */
+typedef struct bg_compare_result {
+    int tensors;          /**< tensors compared (present in both) */
+    int identical;        /**< bitwise equal */
+    int only_a, only_b;   /**< names present on one side only */
+    int shape_mismatch;
+    double max_abs;       /**< largest |a - b| */
+    double max_rel;       /**< largest |a - b| / max|a| over a tensor */
+    char worst[2 * BG_NAME_MAX]; /**< tensor with max_rel */
+} bg_compare_result_t;
+/** Compare every *.safetensors file under dir_a with those under dir_b (the
+ *  union of each directory's files, so different splits compare directly). */
+bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg_compare_result_t *result_p);
+
 #ifdef __cplusplus
 }
 #endif

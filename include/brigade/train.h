@@ -23,6 +23,7 @@ typedef struct bg_step_info {
     double loss;         /**< mean loss of the step's batch */
     double step_ms;      /**< wall time of the step */
     double tokens_per_s; /**< batch tokens / step time */
+    int rank;            /**< rank reporting (0 in a single process) */
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
@@ -42,6 +43,15 @@ typedef struct bg_train_config {
     int threads;                 /**< compute threads; 0 = default */
     bg_step_fn on_step;
     void *on_step_arg;
+    /* ---- parallel training (runtime/executor.c); pp = dp = 1 is one process ---- */
+    int pp;                      /**< pipeline stages (ranks); 1 = none */
+    int dp;                      /**< data-parallel replicas; 1 = none */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv (default 1f1b) */
+    int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
+    const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
+    int nsplit;
+    int seq_min;                 /**< GPT: > 0 makes each microbatch's length vary in [seq_min, seq] */
+    const char *trace_path;      /**< Chrome trace-event JSON of every op on every rank; NULL = none */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
@@ -56,12 +66,23 @@ typedef struct bg_train_result {
     size_t params;
     size_t peak_bytes;        /**< the allocator's peak */
     size_t predicted_bytes;   /**< params + grads + optimizer + activations as layers report them */
+    int rank;                 /**< this process's rank (parallel runs) */
+    int world;                /**< ranks in the job */
+    double bubble;            /**< measured idle fraction of this rank's step (median step) */
+    size_t peak_act_bytes;    /**< peak of activation memory on this rank (allocator) */
+    int peak_stashed;         /**< peak microbatches stashed at once on this rank */
 } bg_train_result_t;
 
 /** Check the configuration (messages name the flag-level field) without running. */
 bg_status_t bg_train_check(const bg_train_config_t *cfg);
-/** Run single-process training. */
+/** Run training: single process when pp = dp = 1, else this rank's part of
+ *  a pipeline/data-parallel job (the world comes from the environment, see
+ *  transport.h; every rank calls bg_train with the same configuration). */
 bg_status_t bg_train(const bg_train_config_t *cfg, bg_train_result_t *result_p);
+/** The parallel path alone (also with pp = dp = 1: one rank walking a schedule). */
+bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *result_p);
+/** Sequence length of microbatch `mb` of step `step` (variable lengths). */
+int bg_train_seq_len(const bg_train_config_t *cfg, int64_t step, int mb);
 
 /** Check that a directory exists or can be created and is writable (before a run). */
 bg_status_t bg_check_writable_dir(const char *dir);

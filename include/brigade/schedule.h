@@ -1,0 +1,256 @@
+/**
+ * @file schedule.h
+ * @brief Pipeline schedules: the IR, generators, validator, JSON, simulator, SVG.
+ *
+ * A schedule is, per pipeline rank, an ordered list of instructions
+ * (bg_sched_op_t). The executor walks each rank's list in order; the
+ * simulator walks the very same lists. See docs/schedules.md.
+ *
+ * @code
+ *   bg_schedule_params_t p = BG_SCHEDULE_PARAMS_INIT;
+ *   p.kind = BG_SCHED_ZB_H1; p.stages = 4; p.microbatches = 8;
+ *   bg_schedule_t *s;
+ *   bg_sim_result_t *r;
+ *   bg_sim_params_t sp = BG_SIM_PARAMS_INIT;          // F = B = W = 1, free links
+ *   if (bg_schedule_generate(&p, &s) != BG_OK ||
+ *       bg_schedule_validate(s) != BG_OK ||
+ *       bg_schedule_simulate(s, &sp, &r) != BG_OK)
+ *       fprintf(stderr, "%s\n", bg_last_error());
+ *   printf("step %g bubble %g\n", bg_sim_step_time(r), bg_sim_bubble(r, -1));
+ *   bg_sim_result_free(r);
+ *   bg_schedule_free(s);
+ * @endcode
+ *
+ * Semantics of each instruction on rank R (stage S, microbatch I):
+ *  - FORWARD: run stage S's forward on microbatch I. Its input is the
+ *    activation received by the preceding RECV_ACT (or, when stage S-1 lives
+ *    on the same rank, the output of FORWARD(I, S-1) kept locally; stage 0
+ *    reads the data). Stashes what the backward needs.
+ *  - BACKWARD: full backward (input and weight gradients) of (I, S); frees
+ *    the stash. Its output gradient comes from the preceding RECV_GRAD (or
+ *    from the local BACKWARD/BACKWARD_INPUT of (I, S+1), or the loss on the
+ *    last stage). Weight gradients accumulate.
+ *  - BACKWARD_INPUT (B): input gradient only; keeps the stash for W.
+ *  - BACKWARD_WEIGHT (W): weight gradient of (I, S); frees the stash.
+ *  - SEND_ACT: non-blocking send of FORWARD(I, S)'s output to stage
+ *    peer_stage = S+1 on peer_rank. Issued after the FORWARD.
+ *  - RECV_ACT: stage S's input for microbatch I from peer_stage = S-1. The
+ *    executor may post the receive early; the instruction is the point where
+ *    the data must have arrived (it blocks until it has).
+ *  - SEND_GRAD: non-blocking send of the gradient w.r.t. stage S's input to
+ *    peer_stage = S-1, after the BACKWARD or BACKWARD_INPUT of (I, S).
+ *  - RECV_GRAD: gradient w.r.t. stage S's output from peer_stage = S+1.
+ *  - REDUCE_GRADS: all-reduce stage S's gradients over data parallelism
+ *    (microbatch = -1), after every backward piece of stage S.
+ *  - OPTIMIZER_STEP: update stage S's parameters (microbatch = -1), after
+ *    its REDUCE_GRADS.
+ * Between two consecutive stages on the same rank (the turn of a V-shaped
+ * schedule on the last rank) there is no send or receive.
+ */
+#ifndef BRIGADE_SCHEDULE_H
+#define BRIGADE_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** X(enum suffix, JSON name, text token) */
+#define BG_SCHED_OP_MAP(X)                                                      \
+    X(FORWARD, "forward", "F")                                                  \
+    X(BACKWARD, "backward", "B")                                                \
+    X(BACKWARD_INPUT, "backward_input", "b")                                    \
+    X(BACKWARD_WEIGHT, "backward_weight", "W")                                  \
+    X(SEND_ACT, "send_act", "sa")                                               \
+    X(RECV_ACT, "recv_act", "ra")                                               \
+    X(SEND_GRAD, "send_grad", "sg")                                             \
+    X(RECV_GRAD, "recv_grad", "rg")                                             \
+    X(REDUCE_GRADS, "reduce_grads", "R")                                        \
+    X(OPTIMIZER_STEP, "optimizer_step", "O")
+
+/** Kind of one instruction. */
+typedef enum bg_sched_op_kind {
+#define BG__SCHED_OP_ENUM(e, json, tok) BG_OP_##e,
+    BG_SCHED_OP_MAP(BG__SCHED_OP_ENUM)
+#undef BG__SCHED_OP_ENUM
+    BG_OP_KIND_COUNT
+} bg_sched_op_kind_t;
+
+/** One instruction of a rank's program (a small value type). */
+typedef struct bg_sched_op {
+    int32_t kind;       /**< bg_sched_op_kind_t */
+    int32_t microbatch; /**< 0..m-1; -1 for REDUCE_GRADS / OPTIMIZER_STEP */
+    int32_t chunk;      /**< model chunk on this rank, 0..v-1 */
+    int32_t stage;      /**< global (virtual) stage 0..p*v-1 that the chunk holds */
+    int32_t peer_stage; /**< communication ops: the other stage (S+1 or S-1); else -1 */
+    int32_t peer_rank;  /**< communication ops: the rank holding peer_stage; else -1 */
+} bg_sched_op_t;
+
+/** The generators. */
+typedef enum bg_schedule_kind {
+    BG_SCHED_GPIPE = 0,    /**< fill-drain: all forwards, then all backwards */
+    BG_SCHED_1F1B,         /**< PipeDream-Flush */
+    BG_SCHED_INTERLEAVED,  /**< interleaved 1F1B, v chunks per rank (Megatron) */
+    BG_SCHED_ZB_H1,        /**< zero bubble, 1F1B memory (Qi et al. 2024) */
+    BG_SCHED_ZB_H2,        /**< zero bubble, about twice 1F1B's memory */
+    BG_SCHED_ZBV,          /**< V-shape, 2 chunks per rank, B/W split */
+    BG_SCHED_CUSTOM,       /**< read from JSON or built by hand */
+    BG_SCHED_KIND_COUNT
+} bg_schedule_kind_t;
+
+/** Parameters of bg_schedule_generate(); start from BG_SCHEDULE_PARAMS_INIT. */
+typedef struct bg_schedule_params {
+    size_t size;             /**< sizeof(bg_schedule_params_t), for growth */
+    bg_schedule_kind_t kind; /**< which generator */
+    int stages;              /**< p: pipeline ranks, >= 1 */
+    int microbatches;        /**< m: microbatches per step, >= 1 */
+    int chunks;              /**< v: model chunks per rank; 0 = the kind's default
+                                  (2 for interleaved and zbv, 1 otherwise) */
+} bg_schedule_params_t;
+
+#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0}
+
+/** Opaque program set: one instruction list per rank. */
+typedef struct bg_schedule bg_schedule_t;
+
+/** Names: "forward"... (JSON), "F"... (text), "gpipe", "1f1b", "interleaved",
+ *  "zb-h1", "zb-h2", "zbv", "custom". NULL for an out-of-range value. */
+const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind);
+const char *bg_sched_op_kind_token(bg_sched_op_kind_t kind);
+const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
+/** Parse names; BG_ERR_NOT_FOUND with a message listing the valid names. */
+bg_status_t bg_sched_op_kind_parse(const char *name, bg_sched_op_kind_t *kind_p);
+bg_status_t bg_schedule_kind_parse(const char *name, bg_schedule_kind_t *kind_p);
+
+/** Build the programs of a generator. Errors: p or m < 1, or a chunk count
+ *  the schedule cannot use (a one-line message says why). */
+bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule_t **sched_p);
+
+/**
+ * An empty program set to fill by hand with bg_schedule_append().
+ * @param stage_of_chunk  [ranks * chunks]: stage of (rank r, chunk c) at
+ *        r*chunks + c, a permutation of 0..ranks*chunks-1; NULL = interleaved
+ *        (stage c*ranks + r).
+ */
+bg_status_t bg_schedule_create(const char *name, int ranks, int microbatches, int chunks,
+                               const int *stage_of_chunk, bg_schedule_t **sched_p);
+/** Append one instruction to @p rank's list (copied; no checks beyond the
+ *  rank index: bg_schedule_validate() judges the program). */
+bg_status_t bg_schedule_append(bg_schedule_t *sched, int rank, const bg_sched_op_t *op);
+void bg_schedule_free(bg_schedule_t *sched);
+
+bg_schedule_kind_t bg_schedule_kind(const bg_schedule_t *sched);
+const char *bg_schedule_name(const bg_schedule_t *sched);
+int bg_schedule_ranks(const bg_schedule_t *sched);        /**< p */
+int bg_schedule_microbatches(const bg_schedule_t *sched); /**< m */
+int bg_schedule_chunks(const bg_schedule_t *sched);       /**< v */
+int bg_schedule_stages(const bg_schedule_t *sched);       /**< p*v virtual stages */
+/** Rank and chunk holding virtual stage @p stage (-1 when out of range). */
+int bg_schedule_stage_rank(const bg_schedule_t *sched, int stage);
+int bg_schedule_stage_chunk(const bg_schedule_t *sched, int stage);
+/** Rank @p rank's instructions; valid until the schedule is freed or appended to. */
+const bg_sched_op_t *bg_schedule_rank_ops(const bg_schedule_t *sched, int rank, size_t *count_p);
+
+/**
+ * Prove the programs correct: indices in range, every (microbatch, stage)
+ * computed exactly once (F and either B+W or a full backward), forward before
+ * backward, B before W, each needed transfer sent once and received once,
+ * sends after their producer and receives before their consumer, reduce and
+ * optimizer step last, and no deadlock when every rank walks its list with
+ * buffered sends and blocking receives. BG_ERR_INVALID or BG_ERR_DEADLOCK
+ * with a message naming the first offending instruction (and the wait cycle).
+ */
+bg_status_t bg_schedule_validate(const bg_schedule_t *sched);
+
+/** Text: one row per rank ("rank 0 | F0 F1 B0 ..."). Chunk c>0 prints as "F3.1".
+ *  flags: BG_SCHED_TEXT_COMM adds communication ops. *text_p is malloc'ed. */
+#define BG_SCHED_TEXT_COMM 1u
+bg_status_t bg_schedule_format_text(const bg_schedule_t *sched, unsigned flags, char **text_p);
+
+/** JSON interchange format (docs/schedules.md). Strings are malloc'ed. */
+bg_status_t bg_schedule_to_json(const bg_schedule_t *sched, char **json_p);
+bg_status_t bg_schedule_to_json_file(const bg_schedule_t *sched, const char *path);
+/** Parse (and check ranges, not dependencies: call bg_schedule_validate()).
+ *  BG_ERR_PARSE with the JSON path of the offending field. */
+bg_status_t bg_schedule_from_json(const char *json, bg_schedule_t **sched_p);
+bg_status_t bg_schedule_from_json_file(const char *path, bg_schedule_t **sched_p);
+
+/* ------------------------------------------------------------------------ */
+/* Simulator                                                                */
+
+/** Simulator inputs; start from BG_SIM_PARAMS_INIT. Times in any unit
+ *  (seconds, or "F = 1"), bytes in bytes, bandwidth in bytes per time unit. */
+typedef struct bg_sim_params {
+    size_t size;               /**< sizeof(bg_sim_params_t) */
+    double f_cost;             /**< forward time of one chunk (every stage) */
+    double b_cost;             /**< backward-input time; full backward = b + w */
+    double w_cost;             /**< backward-weight time */
+    const double *f_costs;     /**< [p*v] per-stage overrides, or NULL */
+    const double *b_costs;     /**< [p*v] or NULL */
+    const double *w_costs;     /**< [p*v] or NULL */
+    double latency;            /**< per message */
+    double bandwidth;          /**< bytes per time unit; 0 = infinite */
+    double act_bytes;          /**< activation message per microbatch */
+    double grad_bytes;         /**< gradient message per microbatch */
+    double stash_bytes;        /**< held per stashed microbatch per stage */
+    const double *stash_bytes_per_stage; /**< [p*v] or NULL */
+    double reduce_cost;        /**< REDUCE_GRADS time per stage */
+    double optimizer_cost;     /**< OPTIMIZER_STEP time per stage */
+} bg_sim_params_t;
+
+#define BG_SIM_PARAMS_INIT                                                      \
+    {sizeof(bg_sim_params_t), 1.0, 1.0, 1.0, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0.0, NULL, 0.0, 0.0}
+
+/** One timeline event. Compute: on rank, [start, end). Sends: the transfer
+ *  from issue to arrival (rank = sender). Receives: the wait, if any. */
+typedef struct bg_sim_event {
+    int32_t rank;
+    int32_t kind;       /**< bg_sched_op_kind_t */
+    int32_t microbatch;
+    int32_t stage;
+    int32_t peer_stage; /**< communication: the other stage; else -1 */
+    double start, end;
+} bg_sim_event_t;
+
+typedef struct bg_sim_result bg_sim_result_t;
+
+/** Simulate (the programs must validate: it is checked first). */
+bg_status_t bg_schedule_simulate(const bg_schedule_t *sched, const bg_sim_params_t *params,
+                                 bg_sim_result_t **result_p);
+void bg_sim_result_free(bg_sim_result_t *res);
+
+/** Step time: the end of the last instruction on any rank (all ranks start at 0). */
+double bg_sim_step_time(const bg_sim_result_t *res);
+/** Busy (compute) time of a rank; idle = step time - busy. */
+double bg_sim_busy(const bg_sim_result_t *res, int rank);
+double bg_sim_idle(const bg_sim_result_t *res, int rank);
+/** Bubble fraction idle/step of @p rank; rank -1: overall (sum idle / (p * step)). */
+double bg_sim_bubble(const bg_sim_result_t *res, int rank);
+/** Steady-state bubble: idle inside the rank's own span (first compute start to
+ *  last compute end) / span; rank -1: sum over ranks / sum of spans. It is the
+ *  bubble left when steps run back to back (ZB-H2's "zero bubble"). */
+double bg_sim_span_bubble(const bg_sim_result_t *res, int rank);
+/** First compute start and last instruction end of a rank. */
+double bg_sim_rank_start(const bg_sim_result_t *res, int rank);
+double bg_sim_rank_end(const bg_sim_result_t *res, int rank);
+/** Peak number of microbatches stashed on a rank (from a FORWARD to its
+ *  last backward piece, summed over the rank's chunks) and peak stash bytes. */
+int bg_sim_peak_stash(const bg_sim_result_t *res, int rank);
+double bg_sim_peak_stash_bytes(const bg_sim_result_t *res, int rank);
+/** Timeline, sorted by rank then start time. */
+const bg_sim_event_t *bg_sim_events(const bg_sim_result_t *res, size_t *count_p);
+
+/** Write an SVG Gantt chart (one lane per rank) of a simulated schedule to
+ *  @p path (written whole or not at all). */
+bg_status_t bg_schedule_svg(const bg_schedule_t *sched, const bg_sim_result_t *res, const char *path);
+/** Same, to a malloc'ed string. */
+bg_status_t bg_schedule_svg_string(const bg_schedule_t *sched, const bg_sim_result_t *res, char **svg_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_SCHEDULE_H */

@@ -1,0 +1,199 @@
+/**
+ * @file transport.h
+ * @brief brigade's transport: bootstrap, rendezvous store, UCX point-to-point,
+ *        process groups and collectives, failure detection.
+ *
+ * Transport moves bytes; it knows nothing of tensors. Allreduce and
+ * reduce-scatter work on float32 arrays.
+ *
+ * @code
+ *   bg_comm_t *comm;
+ *   bg_comm_params_t p = BG_COMM_PARAMS_INIT;      // everything from the environment
+ *   if (bg_comm_create(&p, &comm) != BG_OK) { fprintf(stderr, "%s\n", bg_last_error()); return 1; }
+ *   int rank = bg_comm_rank(comm), world = bg_comm_size(comm);
+ *
+ *   bg_request_t *rq;                               // point-to-point
+ *   bg_irecv(comm, (rank + world - 1) % world, 7, in, n, &rq);
+ *   bg_isend(comm, (rank + 1) % world, 7, out, n, &sq);
+ *   ... compute while the communication thread moves the bytes ...
+ *   bg_wait(sq); bg_wait(rq); bg_request_free(sq); bg_request_free(rq);
+ *
+ *   int ranks[] = {0, 1};                           // collectives on a group
+ *   bg_group_t *g;
+ *   bg_group_create(comm, 2, ranks, &g);            // called by ranks 0 and 1 only
+ *   bg_group_allreduce(g, grad, count, BG_REDUCE_AVG);
+ *   bg_group_destroy(g);
+ *   bg_comm_destroy(comm);
+ * @endcode
+ *
+ * Thread safety: every function may be called from any thread, concurrently
+ * (calls are serialised on the UCX worker's lock). A given bg_request_t must
+ * be used by one thread at a time. Groups: collectives on one group must be
+ * started in the same order on all of its members (as in MPI); different
+ * groups are independent.
+ *
+ * Buffers: a buffer given to bg_isend/bg_irecv/bg_group_i* belongs to
+ * transport until the request completes (bg_test says done, or bg_wait
+ * returns) or is cancelled. A send that failed because its peer died may still
+ * be read by UCX: its buffer must stay valid until bg_comm_destroy() returns
+ * (the request itself may be freed at once). Blocking calls own their buffers
+ * only for the call.
+ *
+ * Failure: a peer that dies (or stops sending heartbeats for BRIGADE_TIMEOUT
+ * seconds) makes every pending operation that involves it fail with
+ * BG_ERR_PEER and a message naming the rank; an operation that does not
+ * complete within BRIGADE_TIMEOUT seconds fails with BG_ERR_TIMEOUT. See
+ * docs/transport.md.
+ */
+#ifndef BRIGADE_TRANSPORT_H
+#define BRIGADE_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bg_comm bg_comm_t;       /**< world communicator */
+typedef struct bg_request bg_request_t; /**< a non-blocking operation */
+typedef struct bg_group bg_group_t;     /**< a subset of the world's ranks */
+
+/** Parameters of bg_comm_create(). Zero / NULL fields come from the environment. */
+typedef struct bg_comm_params {
+    size_t size;             /**< sizeof(bg_comm_params_t), set by BG_COMM_PARAMS_INIT */
+    int rank;                /**< this process's rank; -1: from the environment */
+    int world_size;          /**< number of ranks; 0: from the environment */
+    int local_rank;          /**< rank on this machine; -1: from the environment */
+    const char *master_addr; /**< rank 0's store address; NULL: from the environment */
+    int master_port;         /**< rank 0's store port; 0: from the environment */
+    const char *token;       /**< job token; NULL: BRIGADE_JOB_TOKEN */
+    double timeout_s;        /**< deadline in seconds; 0: BRIGADE_TIMEOUT */
+    int heartbeat_ms;        /**< liveness period; 0: BRIGADE_HEARTBEAT_MS */
+} bg_comm_params_t;
+
+#define BG_COMM_PARAMS_INIT                                                     \
+    { .size = sizeof(bg_comm_params_t), .rank = -1, .world_size = 0,            \
+      .local_rank = -1, .master_addr = NULL, .master_port = 0, .token = NULL,  \
+      .timeout_s = 0, .heartbeat_ms = 0 }
+
+/**
+ * Join the job: find rank and world (BRIGADE_*, else torchrun's, Open MPI's,
+ * Slurm's variables; a world of one needs none), start the store on rank 0 or
+ * connect to it, start UCX and the communication thread, and wait until every
+ * rank has joined (at most the timeout). Collective over the world.
+ */
+bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p);
+/**
+ * Leave the job. When every rank is alive this is collective and graceful
+ * (barrier, close endpoints, barrier, destroy); after a peer failed it closes
+ * everything by force without waiting on anyone. Never hangs.
+ */
+bg_status_t bg_comm_destroy(bg_comm_t *comm);
+int bg_comm_rank(const bg_comm_t *comm);
+int bg_comm_size(const bg_comm_t *comm);
+int bg_comm_local_rank(const bg_comm_t *comm);
+/** Seconds an operation may wait before it fails with BG_ERR_TIMEOUT. */
+double bg_comm_timeout(const bg_comm_t *comm);
+/** BG_OK while every peer is alive, else BG_ERR_PEER with the first failure's message. */
+bg_status_t bg_comm_health(bg_comm_t *comm);
+
+/* ---- point-to-point: byte buffers, 32-bit tags ---------------------------- */
+
+/**
+ * Start sending @p bytes from @p buf to @p peer with @p tag. Messages from
+ * one peer with distinct tags may be received in any order; with equal tags
+ * they match in the order sent. @p buf must stay valid until the request
+ * completes (see the header comment for a failed send).
+ */
+bg_status_t bg_isend(bg_comm_t *comm, int peer, uint32_t tag, const void *buf,
+                     size_t bytes, bg_request_t **req_p);
+/**
+ * Start receiving into @p buf (capacity @p bytes) a message from @p peer with
+ * @p tag. A message larger than @p bytes fails the request (BG_ERR_TRANSPORT).
+ */
+bg_status_t bg_irecv(bg_comm_t *comm, int peer, uint32_t tag, void *buf,
+                     size_t bytes, bg_request_t **req_p);
+/** *done_p = 1 when complete; returns the operation's error if it failed. */
+bg_status_t bg_test(bg_request_t *req, int *done_p);
+/** Wait until complete: BG_OK, or the error (BG_ERR_PEER naming the rank,
+ *  BG_ERR_TIMEOUT after the comm's timeout, BG_ERR_CANCELED). */
+bg_status_t bg_wait(bg_request_t *req);
+/** Cancel a pending operation; it completes with BG_ERR_CANCELED (or BG_OK if
+ *  it had already completed). Wait or test it afterwards as usual. */
+bg_status_t bg_cancel(bg_request_t *req);
+/** Received size of a completed receive (bytes), else 0. */
+size_t bg_request_bytes(const bg_request_t *req);
+/** Free a request. A request still pending is cancelled first. NULL is a no-op. */
+void bg_request_free(bg_request_t *req);
+/** Blocking helpers: isend/irecv + wait + free. */
+bg_status_t bg_send(bg_comm_t *comm, int peer, uint32_t tag, const void *buf, size_t bytes);
+bg_status_t bg_recv(bg_comm_t *comm, int peer, uint32_t tag, void *buf, size_t bytes);
+
+/* ---- groups and collectives ------------------------------------------------- */
+
+typedef enum bg_reduce_op {
+    BG_REDUCE_SUM = 0, /**< elementwise float32 sum */
+    BG_REDUCE_AVG = 1, /**< sum divided by the group size */
+} bg_reduce_op_t;
+
+typedef enum bg_allreduce_algo {
+    BG_ALLREDUCE_AUTO = 0,      /**< by size (BRIGADE_ALLREDUCE_SMALL_BYTES) */
+    BG_ALLREDUCE_RING = 1,      /**< ring reduce-scatter + allgather */
+    BG_ALLREDUCE_RECURSIVE = 2, /**< recursive doubling */
+} bg_allreduce_algo_t;
+
+/**
+ * Make a group of @p n world ranks @p ranks (distinct, any order; the group
+ * rank of ranks[i] is i). Called by every member with the same list, in the
+ * same order relative to its other group creations; local, no communication.
+ */
+bg_status_t bg_group_create(bg_comm_t *comm, int n, const int *ranks, bg_group_t **group_p);
+void bg_group_destroy(bg_group_t *group);
+int bg_group_rank(const bg_group_t *group);  /**< this process's rank in the group, -1 if not a member */
+int bg_group_size(const bg_group_t *group);
+int bg_group_world_rank(const bg_group_t *group, int group_rank);
+
+bg_status_t bg_group_barrier(bg_group_t *group);
+/** Broadcast @p bytes of @p buf from group rank @p root. */
+bg_status_t bg_group_bcast(bg_group_t *group, void *buf, size_t bytes, int root);
+/** In-place allreduce of @p count float32 in @p buf. */
+bg_status_t bg_group_allreduce(bg_group_t *group, float *buf, size_t count, bg_reduce_op_t op);
+/** Non-blocking allreduce: progressed by the communication thread; @p buf
+ *  belongs to transport until the request completes. */
+bg_status_t bg_group_iallreduce(bg_group_t *group, float *buf, size_t count,
+                                bg_reduce_op_t op, bg_request_t **req_p);
+/** Same, with an explicit algorithm (benchmarks, tests). */
+bg_status_t bg_group_iallreduce_algo(bg_group_t *group, float *buf, size_t count,
+                                     bg_reduce_op_t op, bg_allreduce_algo_t algo,
+                                     bg_request_t **req_p);
+/** Gather @p bytes from every member: recvbuf holds size * bytes, member i's at i * bytes.
+ *  @p sendbuf may alias recvbuf + rank * bytes. */
+bg_status_t bg_group_allgather(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t bytes);
+/** Reduce size * @p count float32 of @p sendbuf; member i gets elements
+ *  [i*count, (i+1)*count) of the result in @p recvbuf (count floats). */
+bg_status_t bg_group_reduce_scatter(bg_group_t *group, const float *sendbuf, float *recvbuf,
+                                    size_t count, bg_reduce_op_t op);
+
+/* ---- the rendezvous store (small values, served by rank 0) ---------------- */
+
+#define BG_STORE_MAX_KEY 256           /**< bytes in a key */
+#define BG_STORE_MAX_VALUE (1u << 20)  /**< bytes in a value */
+
+bg_status_t bg_store_set(bg_comm_t *comm, const char *key, const void *value, size_t bytes);
+/** Value of @p key (BG_ERR_NOT_FOUND if unset); at most @p cap bytes copied,
+ *  *bytes_p is the full size. */
+bg_status_t bg_store_get(bg_comm_t *comm, const char *key, void *value, size_t cap, size_t *bytes_p);
+/** Wait until @p key is set (at most the comm's timeout), then get it. */
+bg_status_t bg_store_wait(bg_comm_t *comm, const char *key, void *value, size_t cap, size_t *bytes_p);
+/** Atomically add @p delta to the integer at @p key (0 if unset); *value_p = new value. */
+bg_status_t bg_store_add(bg_comm_t *comm, const char *key, int64_t delta, int64_t *value_p);
+/** Barrier over all world ranks through the store (slow path; no UCX). */
+bg_status_t bg_store_barrier(bg_comm_t *comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_TRANSPORT_H */

@@ -1,0 +1,60 @@
+/* kernels/cpu/cpu_impl.h: what the CPU backend's source files share.
+ * Owns the thread-count helper and the parallel thresholds; holds no state of
+ * its own (the backend instance carries num_threads). Must not be included
+ * outside kernels/cpu/. */
+#ifndef BG_KERNELS_CPU_IMPL_H
+#define BG_KERNELS_CPU_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/backend.h"
+
+/* Below these sizes an OpenMP region costs more than it saves. */
+#define BG_CPU_PAR_ELEMS ((size_t)1 << 15) /* elementwise ops: elements */
+#define BG_CPU_PAR_WORK ((size_t)1 << 14)  /* row ops: rows * cols */
+
+/* Column block of the column-parallel reductions (bias, LayerNorm weight,
+ * embedding backward). Each output column is summed serially over rows by
+ * exactly one thread, so the result never depends on the thread count. */
+#define BG_CPU_COL_BLOCK 64
+
+/* Block of the sum/sumsq reductions: each block is summed serially in double,
+ * then the block sums are added in block order. */
+#define BG_CPU_SUM_BLOCK 4096
+
+static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 0 ? be->num_threads : 1; }
+
+/* The neural-network kernels of cpu_nn.c; cpu_backend.c puts them in the table. */
+void bg__cpu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C);
+void bg__cpu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C);
+void bg__cpu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
+void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
+void bg__cpu_relu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
+void bg__cpu_relu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
+void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
+                               const float *weight, const float *bias, int N, int C);
+void bg__cpu_layernorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                      const float *weight, const float *mean, const float *rstd, int N, int C);
+void bg__cpu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *dbias, const float *dout,
+                                       const float *in, const float *mean, const float *rstd, int N, int C);
+void bg__cpu_softmax_forward(bg_backend_t *be, float *out, const float *in, int N, int C);
+void bg__cpu_softmax_backward(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C);
+void bg__cpu_causal_softmax_forward(bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T);
+void bg__cpu_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
+                                     float scale, int BH, int T);
+void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
+                                  const int32_t *targets, int N, int V);
+void bg__cpu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
+                                   float dloss, int N, int V);
+void bg__cpu_embedding_forward(bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,
+                               const float *wpe, int B, int T, int C);
+void bg__cpu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const float *dout,
+                                const int32_t *tokens, int B, int T, int C);
+void bg__cpu_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH, int hs);
+void bg__cpu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T,
+                       int NH, int hs);
+void bg__cpu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs);
+void bg__cpu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs);
+
+#endif

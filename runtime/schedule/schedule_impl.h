@@ -1,0 +1,48 @@
+/* runtime/schedule/schedule_impl.h: the body of bg_schedule_t and the
+ * simulator result, plus a growable string used by the text/SVG writers.
+ * Private to runtime/schedule; nothing outside this folder includes it. */
+#ifndef BG_RUNTIME_SCHEDULE_IMPL_H
+#define BG_RUNTIME_SCHEDULE_IMPL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include "brigade/schedule.h"
+
+struct bg_schedule {
+    bg_schedule_kind_t kind;
+    char name[32];
+    int p, m, v, nstages;   /* ranks, microbatches, chunks, p*v */
+    int *stage_rank;        /* [nstages] */
+    int *stage_chunk;       /* [nstages] */
+    int *chunk_stage;       /* [p*v]: stage of (r, c) at r*v + c */
+    bg_sched_op_t **ops;    /* [p] lists */
+    size_t *nops, *cap;     /* [p] */
+};
+
+struct bg_sim_result {
+    int p;
+    double step;
+    double *busy, *start, *end, *peak_bytes; /* [p] */
+    int *peak_stash;                          /* [p] */
+    bg_sim_event_t *events;
+    size_t nevents;
+};
+
+/* growable string */
+typedef struct bg__str {
+    char *buf;
+    size_t len, cap;
+    int oom;
+} bg__str_t;
+
+void bg__str_printf(bg__str_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void bg__str_free(bg__str_t *s);
+
+/* allocates the arrays of an empty schedule with the given stage map (NULL: interleaved) */
+bg_status_t bg__schedule_alloc(const char *name, bg_schedule_kind_t kind, int p, int m, int v,
+                               const int *chunk_stage, bg_schedule_t **sched_p);
+/* "rank 2 op 7 (B mb 3 stage 2)" */
+void bg__op_describe(char *buf, size_t n, int rank, size_t idx, const bg_sched_op_t *op);
+
+#endif

@@ -1,0 +1,1113 @@
+/* tests/kernels: every op of the CPU backend against a naive double-precision
+ * reference written here, gradients against central finite differences in
+ * double, attention against a naive causal attention, bitwise determinism
+ * across thread counts, the counted allocator, and the registry's errors.
+ *
+ * Buffers go through bg_backend_alloc + from_host/to_host, so the same checks
+ * can later run against another backend. Tolerances are on the normalised
+ * error max|got - ref| / (max|ref| + tiny). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <cmocka.h>
+
+#include "brigade/backend.h"
+#include "brigade/core.h"
+
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+#define TOL_EW 1e-5   /* elementwise and row ops */
+#define TOL_GEMM 1e-5 /* GEMM, attention */
+#define TOL_FD 1e-5   /* float kernel against double finite differences */
+
+/* ------------------------------------------------------------- helpers */
+
+static bg_backend_t *mkbe(int nt)
+{
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = nt;
+    bg_backend_t *be = NULL;
+    bg_status_t st = bg_backend_create("cpu", &p, &be);
+    if (st != BG_OK)
+        fail_msg("bg_backend_create(cpu): %s", bg_last_error());
+    assert_int_equal(be->num_threads, nt);
+    return be;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static float *hrandn(bg_rng_t *rng, size_t n, double scale)
+{
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        double r = bg_rng_normal(rng) * scale;
+        if (fabs(r) < 1e-3 * scale)
+            r = 1e-3 * scale; /* non-zero inputs */
+        x[i] = (float)r;
+    }
+    return x;
+}
+
+static double *dcopy(const float *x, size_t n)
+{
+    double *d = xmalloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+/* device copy of a host array */
+static float *up(bg_backend_t *be, const float *h, size_t n)
+{
+    float *d = bg_backend_alloc(be, n * sizeof(float), "test buffer");
+    assert_non_null(d);
+    if (h)
+        be->ops->from_host(be, d, h, n * sizeof(float));
+    return d;
+}
+
+static int32_t *upi(bg_backend_t *be, const int32_t *h, size_t n)
+{
+    int32_t *d = bg_backend_alloc(be, n * sizeof(int32_t), "test ints");
+    assert_non_null(d);
+    be->ops->from_host(be, d, h, n * sizeof(int32_t));
+    return d;
+}
+
+/* host copy of a device array (caller frees) */
+static float *down(bg_backend_t *be, const float *d, size_t n)
+{
+    float *h = xmalloc(n * sizeof(float));
+    be->ops->synchronize(be);
+    be->ops->to_host(be, h, d, n * sizeof(float));
+    return h;
+}
+
+static double nerr(const float *got, const double *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= md)) /* catches NaN */
+            md = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > mr)
+            mr = fabs(ref[i]);
+    }
+    return md / (mr + 1e-30);
+}
+
+#define CHECK_ERR(what, got, ref, n, tol)                                                          \
+    do {                                                                                           \
+        double e__ = nerr((got), (ref), (n));                                                      \
+        if (!(e__ <= (tol)))                                                                       \
+            fail_msg("%s: normalised error %.3g > %.3g (%s:%d)", (what), e__, (double)(tol),     \
+                     __FILE__, __LINE__);                                                          \
+    } while (0)
+
+/* ------------------------------------------------------------------ GEMM */
+
+/* C = alpha op(A) op(B) + beta C in double, row-major with leading dims */
+static void ref_gemm(int ta, int tb, int m, int n, int k, double alpha, const float *a, int lda, const float *b,
+                     int ldb, double beta, const float *c0, double *c, int ldc)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int p = 0; p < k; p++) {
+                double av = ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p];
+                double bv = tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j];
+                s += av * bv;
+            }
+            c[(size_t)i * ldc + j] = alpha * s + (beta == 0 ? 0 : beta * c0[(size_t)i * ldc + j]);
+        }
+}
+
+static void check_gemm_case(bg_backend_t *be, bg_rng_t *rng, int ta, int tb, int m, int n, int k, float beta, int pad,
+                            int batch)
+{
+    int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t arows = ta ? k : m, brows = tb ? n : k;
+    long long sa = (long long)arows * lda + 5, sb = (long long)brows * ldb + 3, sc = (long long)m * ldc + 7;
+    size_t na = (size_t)sa * batch, nb = (size_t)sb * batch, nc = (size_t)sc * batch;
+    float *a = hrandn(rng, na, 1.0), *b = hrandn(rng, nb, 1.0), *c0 = hrandn(rng, nc, 1.0);
+    const float SENT = 12345.0f;
+    /* padding (outside the m x n window of each C) must not be written */
+    for (size_t i = 0; i < nc; i++) {
+        size_t bi = i / (size_t)sc, r = i % (size_t)sc;
+        (void)bi;
+        if (r >= (size_t)m * ldc || (int)(r % ldc) >= n)
+            c0[i] = SENT;
+        else if (beta == 0.0f)
+            c0[i] = NAN; /* beta = 0 must not read C */
+    }
+    double *ref = xmalloc(nc * sizeof(double));
+    for (size_t i = 0; i < nc; i++)
+        ref[i] = c0[i];
+    float alpha = 0.75f;
+    for (int bi = 0; bi < batch; bi++)
+        ref_gemm(ta, tb, m, n, k, alpha, a + bi * sa, lda, b + bi * sb, ldb, beta, c0 + bi * sc, ref + bi * sc, ldc);
+    float *da = up(be, a, na), *db = up(be, b, nb), *dc = up(be, c0, nc);
+    if (batch == 1)
+        be->ops->gemm(be, ta, tb, m, n, k, alpha, da, lda, db, ldb, beta, dc, ldc);
+    else
+        be->ops->gemm_strided_batched(be, ta, tb, m, n, k, alpha, da, lda, sa, db, ldb, sb, beta, dc, ldc, sc, batch);
+    float *c = down(be, dc, nc);
+    char what[160];
+    snprintf(what, sizeof(what), "gemm ta=%d tb=%d m=%d n=%d k=%d beta=%g pad=%d batch=%d", ta, tb, m, n, k, beta,
+             pad, batch);
+    for (size_t i = 0; i < nc; i++)
+        if (ref[i] == SENT && c[i] != SENT)
+            fail_msg("%s: padding element %zu overwritten (%g)", what, i, c[i]);
+    CHECK_ERR(what, c, ref, nc, TOL_GEMM);
+    bg_backend_free(be, da);
+    bg_backend_free(be, db);
+    bg_backend_free(be, dc);
+    free(a), free(b), free(c0), free(c), free(ref);
+}
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 1);
+    static const int sizes[][3] = {{1, 1, 1}, {7, 13, 31}, {13, 1, 67}, {1, 31, 7}, {31, 67, 1}, {67, 7, 13},
+                                   {129, 257, 67}, {33, 17, 1031}, {300, 7, 13}, {261, 300, 5}};
+    for (size_t s = 0; s < NELEM(sizes); s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int bt = 0; bt < 2; bt++)
+                    check_gemm_case(be, &rng, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], bt ? 1.0f : 0.0f,
+                                    (int)(s % 3) * 3, 1);
+    /* k = 0: C = beta C */
+    check_gemm_case(be, &rng, 0, 0, 5, 7, 0, 1.0f, 2, 1);
+    check_gemm_case(be, &rng, 1, 1, 5, 7, 0, 0.0f, 0, 1);
+    bg_backend_destroy(be);
+}
+
+static void test_gemm_batched(void **state)
+{
+    (void)state;
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 2);
+    for (int nt = 1; nt <= 2; nt++) {
+        bg_backend_t *be = mkbe(nt);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                check_gemm_case(be, &rng, ta, tb, 7, 13, 5, 0.0f, 1, 3);    /* small: batch across threads */
+                check_gemm_case(be, &rng, ta, tb, 13, 7, 31, 1.0f, 0, 5);
+                check_gemm_case(be, &rng, ta, tb, 1, 1, 1, 1.0f, 0, 2);
+            }
+        check_gemm_case(be, &rng, 0, 1, 131, 129, 131, 1.0f, 2, 2); /* large: threads inside each GEMM */
+        check_gemm_case(be, &rng, 1, 0, 131, 129, 131, 0.0f, 0, 3);
+        bg_backend_destroy(be);
+    }
+}
+
+/* ----------------------------------------------------------- elementwise */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 3);
+    static const size_t ns[] = {1, 7, 67, 100003};
+    for (size_t s = 0; s < NELEM(ns); s++) {
+        size_t n = ns[s];
+        float *x = hrandn(&rng, n, 1.0), *y = hrandn(&rng, n, 1.0);
+        double *ref = xmalloc(n * sizeof(double));
+        float *dx = up(be, x, n), *dy = up(be, y, n), *dz = up(be, NULL, n), *h;
+
+        be->ops->fill(be, dz, -2.5f, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = -2.5;
+        CHECK_ERR("fill", h, ref, n, 0.0);
+        free(h);
+
+        be->ops->copy(be, dz, dx, n);
+        h = down(be, dz, n);
+        assert_memory_equal(h, x, n * sizeof(float));
+        free(h);
+
+        be->ops->scale(be, dz, 0.3f, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = 0.3 * x[i];
+        CHECK_ERR("scale", h, ref, n, TOL_EW);
+        free(h);
+
+        be->ops->axpy(be, dz, -1.7f, dy, n); /* z = 0.3x - 1.7y */
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = 0.3 * x[i] - 1.7 * y[i];
+        CHECK_ERR("axpy", h, ref, n, TOL_EW);
+        free(h);
+
+        be->ops->residual_forward(be, dz, dx, dy, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = (double)x[i] + y[i];
+        CHECK_ERR("residual_forward", h, ref, n, TOL_EW);
+        free(h);
+
+        bg_backend_free(be, dx), bg_backend_free(be, dy), bg_backend_free(be, dz);
+        free(x), free(y), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ------------------------------------------------------------------ bias */
+
+static void test_bias(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 4);
+    static const int sz[][2] = {{1, 1}, {7, 13}, {31, 1}, {129, 257}, {1, 67}};
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int N = sz[s][0], C = sz[s][1];
+        size_t nc = (size_t)N * C;
+        float *out = hrandn(&rng, nc, 1.0), *bias = hrandn(&rng, C, 1.0), *db0 = hrandn(&rng, C, 1.0);
+        double *ref = xmalloc(nc * sizeof(double));
+        float *dout = up(be, out, nc), *dbias = up(be, bias, C), *ddb = up(be, db0, C);
+        be->ops->bias_forward(be, dout, dbias, N, C);
+        float *h = down(be, dout, nc);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++)
+                ref[(size_t)n * C + c] = (double)out[(size_t)n * C + c] + bias[c];
+        CHECK_ERR("bias_forward", h, ref, nc, TOL_EW);
+        free(h);
+        /* backward accumulates onto db0, summing dout = out (the original values) */
+        be->ops->from_host(be, dout, out, nc * sizeof(float));
+        be->ops->bias_backward(be, ddb, dout, N, C);
+        h = down(be, ddb, C);
+        for (int c = 0; c < C; c++) {
+            double s2 = db0[c];
+            for (int n = 0; n < N; n++)
+                s2 += out[(size_t)n * C + c];
+            ref[c] = s2;
+        }
+        CHECK_ERR("bias_backward (accumulate)", h, ref, C, TOL_EW);
+        free(h);
+        bg_backend_free(be, dout), bg_backend_free(be, dbias), bg_backend_free(be, ddb);
+        free(out), free(bias), free(db0), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ----------------------------------------------------------- activations */
+
+static double ref_gelu(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static void test_activations(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 5);
+    static const size_t ns[] = {1, 13, 4099, 70001};
+    for (size_t s = 0; s < NELEM(ns); s++) {
+        size_t n = ns[s];
+        float *x = hrandn(&rng, n, 2.0), *g = hrandn(&rng, n, 1.0), *pre = hrandn(&rng, n, 1.0);
+        if (n > 2)
+            x[0] = 12.0f, x[1] = -12.0f; /* saturated tanh */
+        double *ref = xmalloc(n * sizeof(double));
+        float *dx = up(be, x, n), *dg = up(be, g, n), *dz = up(be, pre, n), *h;
+
+        be->ops->gelu_forward(be, dz, dx, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = ref_gelu(x[i]);
+        CHECK_ERR("gelu_forward", h, ref, n, TOL_EW);
+        free(h);
+
+        be->ops->from_host(be, dz, pre, n * sizeof(float)); /* assigned: pre-filled junk must vanish */
+        be->ops->gelu_backward(be, dz, dx, dg, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++) {
+            double e = 1e-5;
+            ref[i] = (ref_gelu(x[i] + e) - ref_gelu(x[i] - e)) / (2 * e) * g[i];
+        }
+        CHECK_ERR("gelu_backward vs finite differences", h, ref, n, 1e-5);
+        free(h);
+
+        be->ops->relu_forward(be, dz, dx, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = x[i] > 0 ? x[i] : 0;
+        CHECK_ERR("relu_forward", h, ref, n, 0.0);
+        free(h);
+
+        be->ops->from_host(be, dz, pre, n * sizeof(float));
+        be->ops->relu_backward(be, dz, dx, dg, n);
+        h = down(be, dz, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = x[i] > 0 ? g[i] : 0;
+        CHECK_ERR("relu_backward", h, ref, n, 0.0);
+        free(h);
+
+        bg_backend_free(be, dx), bg_backend_free(be, dg), bg_backend_free(be, dz);
+        free(x), free(g), free(pre), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ------------------------------------------------------------- LayerNorm */
+
+/* loss = sum(g * LN(x)) in double; also fills out/mean/rstd when non-NULL */
+static double ref_ln(const double *x, const double *w, const double *b, const double *g, int N, int C, double *out,
+                     double *mean, double *rstd)
+{
+    double loss = 0;
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C;
+        double mu = 0, var = 0;
+        for (int c = 0; c < C; c++)
+            mu += xr[c];
+        mu /= C;
+        for (int c = 0; c < C; c++)
+            var += (xr[c] - mu) * (xr[c] - mu);
+        var /= C;
+        double r = 1.0 / sqrt(var + 1e-5);
+        for (int c = 0; c < C; c++) {
+            double o = (xr[c] - mu) * r * w[c] + b[c];
+            if (out)
+                out[(size_t)n * C + c] = o;
+            if (g)
+                loss += g[(size_t)n * C + c] * o;
+        }
+        if (mean)
+            mean[n] = mu;
+        if (rstd)
+            rstd[n] = r;
+    }
+    return loss;
+}
+
+/* central difference of f over v[i], in double */
+#define FD(v, i, expr, out)                                                                        \
+    do {                                                                                           \
+        double s__ = (v)[i], e__ = 1e-6 * (fabs(s__) > 1 ? fabs(s__) : 1);                         \
+        (v)[i] = s__ + e__;                                                                        \
+        double p__ = (expr);                                                                       \
+        (v)[i] = s__ - e__;                                                                        \
+        double m__ = (expr);                                                                       \
+        (v)[i] = s__;                                                                              \
+        (out) = (p__ - m__) / (2 * e__);                                                           \
+    } while (0)
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 6);
+    static const int sz[][2] = {{1, 1}, {1, 7}, {7, 13}, {13, 129}, {3, 67}};
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int N = sz[s][0], C = sz[s][1];
+        size_t nc = (size_t)N * C;
+        float *x = hrandn(&rng, nc, 2.0), *w = hrandn(&rng, C, 1.0), *b = hrandn(&rng, C, 1.0);
+        float *g = hrandn(&rng, nc, 1.0), *junk = hrandn(&rng, nc, 1.0), *dw0 = hrandn(&rng, C, 1.0),
+              *db0 = hrandn(&rng, C, 1.0);
+        for (int c = 0; c < C; c++)
+            x[c] += 3.0f; /* a row with a large mean */
+        double *xd = dcopy(x, nc), *wd = dcopy(w, C), *bd = dcopy(b, C), *gd = dcopy(g, nc);
+        double *ro = xmalloc(nc * sizeof(double)), *rm = xmalloc(N * sizeof(double)),
+               *rr = xmalloc(N * sizeof(double));
+        ref_ln(xd, wd, bd, gd, N, C, ro, rm, rr);
+
+        float *dx = up(be, x, nc), *dw = up(be, w, C), *db = up(be, b, C), *dg = up(be, g, nc);
+        float *dout = up(be, junk, nc), *dmean = up(be, NULL, N), *drstd = up(be, NULL, N);
+        float *ddin = up(be, junk, nc), *ddw = up(be, dw0, C), *ddb = up(be, db0, C);
+        be->ops->layernorm_forward(be, dout, dmean, drstd, dx, dw, db, N, C);
+        float *h = down(be, dout, nc), *hm = down(be, dmean, N), *hr = down(be, drstd, N);
+        CHECK_ERR("layernorm_forward out", h, ro, nc, TOL_EW);
+        CHECK_ERR("layernorm_forward mean", hm, rm, N, TOL_EW);
+        CHECK_ERR("layernorm_forward rstd", hr, rr, N, TOL_EW);
+        free(h), free(hm), free(hr);
+
+        /* input gradient: assigned over junk; FD per element */
+        be->ops->layernorm_backward_input(be, ddin, dg, dx, dw, dmean, drstd, N, C);
+        h = down(be, ddin, nc);
+        double *ref = xmalloc(nc * sizeof(double));
+        for (size_t i = 0; i < nc; i++) {
+            size_t r0 = i / C * C;
+            FD(xd, i, ref_ln(xd + r0, wd, bd, gd + r0, 1, C, NULL, NULL, NULL), ref[i]);
+        }
+        CHECK_ERR("layernorm_backward_input vs finite differences", h, ref, nc, TOL_FD);
+        free(h);
+
+        /* weight/bias gradients accumulate onto dw0/db0 */
+        be->ops->layernorm_backward_weight(be, ddw, ddb, dg, dx, dmean, drstd, N, C);
+        h = down(be, ddw, C);
+        for (int c = 0; c < C; c++) {
+            FD(wd, c, ref_ln(xd, wd, bd, gd, N, C, NULL, NULL, NULL), ref[c]);
+            ref[c] += dw0[c];
+        }
+        CHECK_ERR("layernorm_backward_weight dweight (accumulate) vs FD", h, ref, C, TOL_FD);
+        free(h);
+        h = down(be, ddb, C);
+        for (int c = 0; c < C; c++) {
+            FD(bd, c, ref_ln(xd, wd, bd, gd, N, C, NULL, NULL, NULL), ref[c]);
+            ref[c] += db0[c];
+        }
+        CHECK_ERR("layernorm_backward_weight dbias (accumulate) vs FD", h, ref, C, TOL_FD);
+        free(h);
+
+        bg_backend_free(be, dx), bg_backend_free(be, dw), bg_backend_free(be, db), bg_backend_free(be, dg);
+        bg_backend_free(be, dout), bg_backend_free(be, dmean), bg_backend_free(be, drstd);
+        bg_backend_free(be, ddin), bg_backend_free(be, ddw), bg_backend_free(be, ddb);
+        free(x), free(w), free(b), free(g), free(junk), free(dw0), free(db0);
+        free(xd), free(wd), free(bd), free(gd), free(ro), free(rm), free(rr), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* --------------------------------------------------------------- softmax */
+
+/* loss = sum over rows of g . softmax(scale x) (causal: over j <= i of row i of each T x T block) */
+static double ref_softmax(const double *x, const double *g, double scale, int N, int C, int causal_T, int row0,
+                          double *out)
+{
+    double loss = 0;
+    for (int n = 0; n < N; n++) {
+        int len = causal_T ? ((row0 + n) % causal_T) + 1 : C;
+        const double *xr = x + (size_t)n * C;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < len; j++)
+            mx = fmax(mx, scale * xr[j]);
+        for (int j = 0; j < len; j++)
+            s += exp(scale * xr[j] - mx);
+        for (int j = 0; j < C; j++) {
+            double p = j < len ? exp(scale * xr[j] - mx) / s : 0.0;
+            if (out)
+                out[(size_t)n * C + j] = p;
+            if (g)
+                loss += g[(size_t)n * C + j] * p;
+        }
+    }
+    return loss;
+}
+
+static void test_softmax(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 7);
+    static const int sz[][2] = {{1, 1}, {7, 13}, {3, 257}, {67, 31}};
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int N = sz[s][0], C = sz[s][1];
+        size_t nc = (size_t)N * C;
+        float *x = hrandn(&rng, nc, 3.0), *g = hrandn(&rng, nc, 1.0), *junk = hrandn(&rng, nc, 1.0);
+        x[0] = 80.0f; /* exp overflows without max subtraction */
+        double *xd = dcopy(x, nc), *gd = dcopy(g, nc), *ref = xmalloc(nc * sizeof(double)),
+               *p = xmalloc(nc * sizeof(double));
+        ref_softmax(xd, NULL, 1.0, N, C, 0, 0, p);
+        float *dx = up(be, x, nc), *dg = up(be, g, nc), *dy = up(be, junk, nc), *dd = up(be, junk, nc);
+        be->ops->softmax_forward(be, dy, dx, N, C);
+        float *h = down(be, dy, nc);
+        CHECK_ERR("softmax_forward", h, p, nc, TOL_EW);
+        free(h);
+        be->ops->softmax_backward(be, dd, dg, dy, N, C);
+        h = down(be, dd, nc);
+        for (size_t i = 0; i < nc; i++) { /* row-local: only row i/C depends on x[i] */
+            size_t r0 = i / C * C;
+            FD(xd, i, ref_softmax(xd + r0, gd + r0, 1.0, 1, C, 0, 0, NULL), ref[i]);
+        }
+        CHECK_ERR("softmax_backward vs FD", h, ref, nc, TOL_FD);
+        free(h);
+        bg_backend_free(be, dx), bg_backend_free(be, dg), bg_backend_free(be, dy), bg_backend_free(be, dd);
+        free(x), free(g), free(junk), free(xd), free(gd), free(ref), free(p);
+    }
+    bg_backend_destroy(be);
+}
+
+static void test_causal_softmax(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 8);
+    static const int sz[][2] = {{1, 1}, {3, 7}, {2, 13}, {5, 31}, {1, 131}};
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int BH = sz[s][0], T = sz[s][1];
+        size_t n = (size_t)BH * T * T;
+        float scale = 0.37f;
+        float *x = hrandn(&rng, n, 3.0), *g = hrandn(&rng, n, 1.0), *junk = hrandn(&rng, n, 1.0);
+        double *xd = dcopy(x, n), *gd = dcopy(g, n), *ref = xmalloc(n * sizeof(double)),
+               *p = xmalloc(n * sizeof(double));
+        ref_softmax(xd, NULL, scale, BH * T, T, T, 0, p);
+        float *dx = up(be, x, n), *dg = up(be, g, n), *da = up(be, junk, n), *dd = up(be, junk, n);
+        be->ops->causal_softmax_forward(be, da, dx, scale, BH, T);
+        float *h = down(be, da, n);
+        CHECK_ERR("causal_softmax_forward", h, p, n, TOL_EW);
+        /* in place gives the same bits */
+        be->ops->causal_softmax_forward(be, dx, dx, scale, BH, T);
+        float *h2 = down(be, dx, n);
+        assert_memory_equal(h, h2, n * sizeof(float));
+        free(h), free(h2);
+
+        be->ops->causal_softmax_backward(be, dd, dg, da, scale, BH, T);
+        h = down(be, dd, n);
+        for (size_t i = 0; i < n; i++) {
+            size_t row = i / T;
+            FD(xd, i, ref_softmax(xd + row * T, gd + row * T, scale, 1, T, T, (int)row, NULL), ref[i]);
+        }
+        CHECK_ERR("causal_softmax_backward vs FD", h, ref, n, TOL_FD);
+        for (int r = 0; r < BH * T; r++)
+            for (int j = r % T + 1; j < T; j++)
+                assert_true(h[(size_t)r * T + j] == 0.0f);
+        /* in place */
+        be->ops->causal_softmax_backward(be, dg, dg, da, scale, BH, T);
+        h2 = down(be, dg, n);
+        assert_memory_equal(h, h2, n * sizeof(float));
+        free(h), free(h2);
+        bg_backend_free(be, dx), bg_backend_free(be, dg), bg_backend_free(be, da), bg_backend_free(be, dd);
+        free(x), free(g), free(junk), free(xd), free(gd), free(ref), free(p);
+    }
+    bg_backend_destroy(be);
+}
+
+/* --------------------------------------------------------- cross-entropy */
+
+static double ref_ce(const double *x, const int32_t *t, int N, int V, double *losses, double *probs)
+{
+    double total = 0;
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * V;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++)
+            mx = fmax(mx, xr[j]);
+        for (int j = 0; j < V; j++)
+            s += exp(xr[j] - mx);
+        double l = log(s) - (xr[t[n]] - mx);
+        if (losses)
+            losses[n] = l;
+        if (probs)
+            for (int j = 0; j < V; j++)
+                probs[(size_t)n * V + j] = exp(xr[j] - mx) / s;
+        total += l;
+    }
+    return total;
+}
+
+static void test_crossentropy(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 9);
+    static const int sz[][2] = {{1, 1}, {7, 13}, {31, 257}, {3, 1031}};
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int N = sz[s][0], V = sz[s][1];
+        size_t nv = (size_t)N * V;
+        float *x = hrandn(&rng, nv, 4.0), *junk = hrandn(&rng, nv, 1.0);
+        int32_t *t = xmalloc(N * sizeof(int32_t));
+        for (int n = 0; n < N; n++)
+            t[n] = (int32_t)bg_rng_below(&rng, (uint64_t)V);
+        if (V > 1) { /* target probability underflows in float: the loss must stay finite (about 200) */
+            x[0] = 100.0f;
+            t[0] = 1;
+            x[1] = -100.0f;
+        }
+        double *xd = dcopy(x, nv), *rl = xmalloc(N * sizeof(double)), *rp = xmalloc(nv * sizeof(double)),
+               *ref = xmalloc(nv * sizeof(double));
+        ref_ce(xd, t, N, V, rl, rp);
+        float *dx = up(be, x, nv), *dp = up(be, junk, nv), *dl = up(be, junk, N), *dd = up(be, junk, nv);
+        int32_t *dt = upi(be, t, N);
+        be->ops->crossentropy_forward(be, dl, dp, dx, dt, N, V);
+        float *hl = down(be, dl, N), *hp = down(be, dp, nv);
+        CHECK_ERR("crossentropy_forward losses", hl, rl, N, TOL_EW);
+        CHECK_ERR("crossentropy_forward probs", hp, rp, nv, TOL_EW);
+        free(hl), free(hp);
+        float dloss = 0.3f;
+        be->ops->crossentropy_backward(be, dd, dp, dt, dloss, N, V);
+        float *h = down(be, dd, nv);
+        for (size_t i = 0; i < nv; i++) {
+            size_t row = i / V;
+            FD(xd, i, ref_ce(xd + row * V, t + row, 1, V, NULL, NULL), ref[i]);
+            ref[i] *= dloss;
+        }
+        CHECK_ERR("crossentropy_backward vs FD", h, ref, nv, TOL_FD);
+        free(h);
+        bg_backend_free(be, dx), bg_backend_free(be, dp), bg_backend_free(be, dl), bg_backend_free(be, dd);
+        bg_backend_free(be, dt);
+        free(x), free(junk), free(t), free(xd), free(rl), free(rp), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ------------------------------------------------------------- embedding */
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 10);
+    static const int sz[][4] = {{1, 1, 1, 1}, {3, 13, 67, 5}, {2, 7, 129, 3}, {4, 31, 13, 97}}; /* B,T,C,V */
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int B = sz[s][0], T = sz[s][1], C = sz[s][2], V = sz[s][3];
+        size_t btc = (size_t)B * T * C;
+        int32_t *tok = xmalloc((size_t)B * T * sizeof(int32_t));
+        for (int i = 0; i < B * T; i++)
+            tok[i] = (int32_t)bg_rng_below(&rng, (uint64_t)V); /* repeats when V < B*T */
+        float *wte = hrandn(&rng, (size_t)V * C, 1.0), *wpe = hrandn(&rng, (size_t)T * C, 1.0);
+        float *g = hrandn(&rng, btc, 1.0), *junk = hrandn(&rng, btc, 1.0);
+        double *ref = xmalloc((btc + (size_t)V * C) * sizeof(double));
+        float *dwte = up(be, wte, (size_t)V * C), *dwpe = up(be, wpe, (size_t)T * C), *dout = up(be, junk, btc),
+              *dg = up(be, g, btc);
+        int32_t *dtok = upi(be, tok, (size_t)B * T);
+        for (int withpe = 0; withpe < 2; withpe++) {
+            be->ops->embedding_forward(be, dout, dtok, dwte, withpe ? dwpe : NULL, B, T, C);
+            float *h = down(be, dout, btc);
+            for (int r = 0; r < B * T; r++)
+                for (int c = 0; c < C; c++)
+                    ref[(size_t)r * C + c] =
+                        (double)wte[(size_t)tok[r] * C + c] + (withpe ? wpe[(size_t)(r % T) * C + c] : 0.0);
+            CHECK_ERR(withpe ? "embedding_forward" : "embedding_forward (no wpe)", h, ref, btc, TOL_EW);
+            free(h);
+        }
+        /* backward accumulates onto the current contents (wte, wpe values) */
+        be->ops->embedding_backward(be, dwte, dwpe, dg, dtok, B, T, C);
+        float *h = down(be, dwte, (size_t)V * C);
+        for (size_t i = 0; i < (size_t)V * C; i++)
+            ref[i] = wte[i];
+        for (int r = 0; r < B * T; r++)
+            for (int c = 0; c < C; c++)
+                ref[(size_t)tok[r] * C + c] += g[(size_t)r * C + c];
+        CHECK_ERR("embedding_backward dwte (accumulate)", h, ref, (size_t)V * C, TOL_EW);
+        free(h);
+        h = down(be, dwpe, (size_t)T * C);
+        for (size_t i = 0; i < (size_t)T * C; i++)
+            ref[i] = wpe[i];
+        for (int r = 0; r < B * T; r++)
+            for (int c = 0; c < C; c++)
+                ref[(size_t)(r % T) * C + c] += g[(size_t)r * C + c];
+        CHECK_ERR("embedding_backward dwpe (accumulate)", h, ref, (size_t)T * C, TOL_EW);
+        free(h);
+        bg_backend_free(be, dwte), bg_backend_free(be, dwpe), bg_backend_free(be, dout), bg_backend_free(be, dg);
+        bg_backend_free(be, dtok);
+        free(tok), free(wte), free(wpe), free(g), free(junk), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ----------------------------------------------------- attention layouts */
+
+static void test_layouts(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 11);
+    static const int sz[][4] = {{1, 1, 1, 1}, {2, 7, 3, 5}, {3, 13, 4, 16}}; /* B,T,NH,hs */
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int B = sz[s][0], T = sz[s][1], NH = sz[s][2], hs = sz[s][3], C = NH * hs;
+        size_t btc = (size_t)B * T * C;
+        float *qkv = hrandn(&rng, 3 * btc, 1.0), *junk = hrandn(&rng, 3 * btc, 1.0);
+        float *d = up(be, qkv, 3 * btc), *q = up(be, junk, btc), *k = up(be, junk, btc), *v = up(be, junk, btc),
+              *back = up(be, junk, 3 * btc), *m = up(be, junk, btc), *sp = up(be, junk, btc);
+        be->ops->qkv_split(be, q, k, v, d, B, T, NH, hs);
+        float *hq = down(be, q, btc), *hk = down(be, k, btc), *hv = down(be, v, btc);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++)
+                    for (int e = 0; e < hs; e++) {
+                        size_t src = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + e;
+                        size_t dst = (((size_t)b * NH + h) * T + t) * hs + e;
+                        assert_true(hq[dst] == qkv[src]);
+                        assert_true(hk[dst] == qkv[src + C]);
+                        assert_true(hv[dst] == qkv[src + 2 * C]);
+                    }
+        be->ops->qkv_merge(be, back, q, k, v, B, T, NH, hs);
+        float *hb = down(be, back, 3 * btc);
+        assert_memory_equal(hb, qkv, 3 * btc * sizeof(float));
+        /* heads_merge: out[b,t,h*hs+e] = y[b,h,t,e]; heads_split is its inverse */
+        be->ops->heads_merge(be, m, q, B, T, NH, hs);
+        float *hm = down(be, m, btc);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++)
+                    for (int e = 0; e < hs; e++)
+                        assert_true(hm[((size_t)b * T + t) * C + (size_t)h * hs + e] ==
+                                    hq[(((size_t)b * NH + h) * T + t) * hs + e]);
+        be->ops->heads_split(be, sp, m, B, T, NH, hs);
+        float *hs2 = down(be, sp, btc);
+        assert_memory_equal(hs2, hq, btc * sizeof(float));
+        free(hq), free(hk), free(hv), free(hb), free(hm), free(hs2);
+        bg_backend_free(be, d), bg_backend_free(be, q), bg_backend_free(be, k), bg_backend_free(be, v);
+        bg_backend_free(be, back), bg_backend_free(be, m), bg_backend_free(be, sp);
+        free(qkv), free(junk);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ------------------------------------------------------------ optimizers */
+
+static void test_optimizers(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 12);
+    static const size_t ns[] = {1, 31, 50001};
+    for (size_t s = 0; s < NELEM(ns); s++) {
+        size_t n = ns[s];
+        float *p = hrandn(&rng, n, 1.0), *m = hrandn(&rng, n, 0.1), *v = xmalloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            v[i] = (float)bg_rng_uniform(&rng) * 0.01f + 1e-4f;
+        double *rp = dcopy(p, n), *rm = dcopy(m, n), *rv = dcopy(v, n);
+        float *dp = up(be, p, n), *dm = up(be, m, n), *dv = up(be, v, n), *dgr = up(be, NULL, n);
+        const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+        for (int t = 1; t <= 3; t++) {
+            float *g = hrandn(&rng, n, 1.0);
+            be->ops->from_host(be, dgr, g, n * sizeof(float));
+            be->ops->adamw(be, dp, dgr, dm, dv, n, lr, b1, b2, eps, wd, t);
+            for (size_t i = 0; i < n; i++) {
+                rm[i] = (double)b1 * rm[i] + (1 - (double)b1) * g[i];
+                rv[i] = (double)b2 * rv[i] + (1 - (double)b2) * (double)g[i] * g[i];
+                double mh = rm[i] / (1 - pow(b1, t)), vh = rv[i] / (1 - pow(b2, t));
+                rp[i] -= lr * (mh / (sqrt(vh) + eps) + wd * rp[i]);
+            }
+            free(g);
+        }
+        float *h = down(be, dp, n);
+        CHECK_ERR("adamw param", h, rp, n, TOL_EW);
+        free(h);
+        h = down(be, dm, n);
+        CHECK_ERR("adamw m", h, rm, n, TOL_EW);
+        free(h);
+        h = down(be, dv, n);
+        CHECK_ERR("adamw v", h, rv, n, TOL_EW);
+        free(h);
+
+        /* SGD with momentum, mom starts at m */
+        be->ops->from_host(be, dp, p, n * sizeof(float));
+        be->ops->from_host(be, dm, m, n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            rp[i] = p[i], rm[i] = m[i];
+        for (int t = 1; t <= 3; t++) {
+            float *g = hrandn(&rng, n, 1.0);
+            be->ops->from_host(be, dgr, g, n * sizeof(float));
+            be->ops->sgd_momentum(be, dp, dgr, dm, n, 0.05f, 0.9f, 0.01f);
+            for (size_t i = 0; i < n; i++) {
+                rm[i] = 0.9 * rm[i] + g[i] + 0.01 * rp[i];
+                rp[i] -= 0.05 * rm[i];
+            }
+            free(g);
+        }
+        h = down(be, dp, n);
+        CHECK_ERR("sgd_momentum param", h, rp, n, TOL_EW);
+        free(h);
+        h = down(be, dm, n);
+        CHECK_ERR("sgd_momentum mom", h, rm, n, TOL_EW);
+        free(h);
+        bg_backend_free(be, dp), bg_backend_free(be, dm), bg_backend_free(be, dv), bg_backend_free(be, dgr);
+        free(p), free(m), free(v), free(rp), free(rm), free(rv);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ------------------------------------------------------------ reductions */
+
+static void test_reductions(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 13);
+    static const size_t ns[] = {1, 7, 4097, 1024 * 4096 + 4099}; /* last one spans two groups of blocks */
+    for (size_t s = 0; s < NELEM(ns); s++) {
+        size_t n = ns[s];
+        float *x = hrandn(&rng, n, 1.0);
+        for (size_t i = 0; i < n; i++)
+            x[i] += 0.25f; /* non-zero mean */
+        double rs = 0, rq = 0;
+        for (size_t i = 0; i < n; i++)
+            rs += x[i], rq += (double)x[i] * x[i];
+        float *d = up(be, x, n);
+        double gs = be->ops->sum(be, d, n), gq = be->ops->sumsq(be, d, n);
+        if (!(fabs(gs - rs) <= 1e-10 * (fabs(rs) + 1)))
+            fail_msg("sum n=%zu: %.17g vs %.17g", n, gs, rs);
+        if (!(fabs(gq - rq) <= 1e-10 * (fabs(rq) + 1)))
+            fail_msg("sumsq n=%zu: %.17g vs %.17g", n, gq, rq);
+        bg_backend_free(be, d);
+        free(x);
+    }
+    float *d = up(be, NULL, 1);
+    assert_true(be->ops->sum(be, d, 0) == 0.0);
+    bg_backend_free(be, d);
+    bg_backend_destroy(be);
+}
+
+/* ------------------------------------------------------------- attention */
+
+/* out (B,T,C) of naive causal attention on qkv (B,T,3C), in double; returns sum(g * out) */
+static double ref_attention(const double *qkv, const double *g, int B, int T, int C, int NH, double *out)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs), loss = 0;
+    double *w = xmalloc((size_t)T * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+                double mx = -INFINITY, s = 0;
+                for (int j = 0; j <= t; j++) {
+                    const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
+                    double d = 0;
+                    for (int e = 0; e < hs; e++)
+                        d += q[e] * k[e];
+                    w[j] = d * scale;
+                    mx = fmax(mx, w[j]);
+                }
+                for (int j = 0; j <= t; j++)
+                    s += (w[j] = exp(w[j] - mx));
+                for (int e = 0; e < hs; e++) {
+                    double y = 0;
+                    for (int j = 0; j <= t; j++)
+                        y += w[j] / s * qkv[((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * hs + e];
+                    size_t o = ((size_t)b * T + t) * C + (size_t)h * hs + e;
+                    if (out)
+                        out[o] = y;
+                    if (g)
+                        loss += g[o] * y;
+                }
+            }
+    free(w);
+    return loss;
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 14);
+    static const int sz[][4] = {{1, 1, 1, 1}, {2, 7, 12, 3}, {1, 13, 10, 2}, {3, 5, 8, 1}}; /* B,T,C,NH */
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        int B = sz[s][0], T = sz[s][1], C = sz[s][2], NH = sz[s][3];
+        size_t btc = (size_t)B * T * C;
+        float *qkv = hrandn(&rng, 3 * btc, 1.0), *g = hrandn(&rng, btc, 1.0), *junk = hrandn(&rng, 3 * btc, 1.0);
+        double *qd = dcopy(qkv, 3 * btc), *gd = dcopy(g, btc), *ro = xmalloc(btc * sizeof(double)),
+               *ref = xmalloc(3 * btc * sizeof(double));
+        ref_attention(qd, NULL, B, T, C, NH, ro);
+        size_t nws = bg_attention_ws_floats(B, T, C, NH), nsc = bg_attention_scratch_floats(B, T, C, NH);
+        assert_true(nws >= 4 * btc + (size_t)B * NH * T * T);
+        float *dq = up(be, qkv, 3 * btc), *dout = up(be, junk, btc), *ws = up(be, NULL, nws),
+              *sc = up(be, NULL, nsc), *dg = up(be, g, btc), *dd = up(be, junk, 3 * btc);
+        be->ops->fill(be, ws, NAN, nws); /* every workspace float must be written before it is read */
+        be->ops->fill(be, sc, NAN, nsc);
+        bg_attention_forward(be, dout, ws, dq, B, T, C, NH);
+        float *h = down(be, dout, btc);
+        CHECK_ERR("attention forward vs naive causal attention", h, ro, btc, TOL_GEMM);
+        free(h);
+        bg_attention_backward(be, dd, sc, dg, ws, B, T, C, NH);
+        h = down(be, dd, 3 * btc);
+        for (size_t i = 0; i < 3 * btc; i++)
+            FD(qd, i, ref_attention(qd, gd, B, T, C, NH, NULL), ref[i]);
+        CHECK_ERR("attention backward vs finite differences", h, ref, 3 * btc, TOL_FD);
+        free(h);
+        bg_backend_free(be, dq), bg_backend_free(be, dout), bg_backend_free(be, ws), bg_backend_free(be, sc);
+        bg_backend_free(be, dg), bg_backend_free(be, dd);
+        free(qkv), free(g), free(junk), free(qd), free(gd), free(ro), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
+/* ----------------------------------------------------------- determinism */
+
+/* Runs the reductions and the big row kernels at sizes that take the
+ * parallel paths; returns every output concatenated (host, caller frees). */
+static float *det_run(int nt, size_t *n_p)
+{
+    bg_backend_t *be = mkbe(nt);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 99);
+    const int N = 257, C = 301, B = 3, T = 67, V = 11, NV = 1031, NA = 67, GM = 270, GN = 260, GK = 280;
+    const int AB = 2, AT = 67, AC = 64, ANH = 4;
+    size_t nc = (size_t)N * C, btc = (size_t)B * T * C, abtc = (size_t)AB * AT * AC;
+    size_t total = 3 * C + nc + 2 + (size_t)V * C + (size_t)T * C + nc + 2 * N + (size_t)NA * NV + NA +
+                   (size_t)GM * GN + 8 * 32 * 32 + abtc + 3 * abtc + nc + nc + nc;
+    float *res = xmalloc(total * sizeof(float)), *w = res;
+#define TAKE(dptr, cnt)                                                                            \
+    do {                                                                                           \
+        float *h__ = down(be, (dptr), (cnt));                                                      \
+        memcpy(w, h__, (cnt) * sizeof(float));                                                     \
+        w += (cnt);                                                                                \
+        free(h__);                                                                                 \
+    } while (0)
+    float *x = hrandn(&rng, nc, 1.0), *g = hrandn(&rng, nc, 1.0), *p = hrandn(&rng, C, 1.0);
+    float *dx = up(be, x, nc), *dg = up(be, g, nc), *db = up(be, p, C), *dw = up(be, p, C), *dbb = up(be, p, C);
+    float *dmean = up(be, NULL, N), *drstd = up(be, NULL, N), *dy = up(be, NULL, nc), *dz = up(be, NULL, nc);
+    be->ops->bias_backward(be, db, dg, N, C);
+    TAKE(db, (size_t)C);
+    be->ops->layernorm_forward(be, dy, dmean, drstd, dx, dw, dbb, N, C);
+    TAKE(dy, nc);
+    be->ops->layernorm_backward_weight(be, dw, dbb, dg, dx, dmean, drstd, N, C);
+    TAKE(dw, (size_t)C);
+    TAKE(dbb, (size_t)C);
+    float s2[2] = {(float)be->ops->sum(be, dx, nc), (float)be->ops->sumsq(be, dx, nc)};
+    double ds = be->ops->sum(be, dx, nc), dq = be->ops->sumsq(be, dx, nc);
+    assert_true(ds == (double)be->ops->sum(be, dx, nc) && dq == be->ops->sumsq(be, dx, nc));
+    memcpy(w, s2, sizeof(s2));
+    w += 2;
+    /* embedding backward: B*T = 201 rows of dout taken from g, V = 11 so tokens repeat */
+    int32_t tok[4 * 67];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)bg_rng_below(&rng, (uint64_t)V);
+    int32_t *dtok = upi(be, tok, (size_t)B * T);
+    float *dwte = up(be, NULL, (size_t)V * C), *dwpe = up(be, NULL, (size_t)T * C);
+    be->ops->fill(be, dwte, 0.5f, (size_t)V * C);
+    be->ops->fill(be, dwpe, -0.5f, (size_t)T * C);
+    assert_true(btc <= nc);
+    be->ops->embedding_backward(be, dwte, dwpe, dg, dtok, B, T, C);
+    TAKE(dwte, (size_t)V * C);
+    TAKE(dwpe, (size_t)T * C);
+    be->ops->layernorm_backward_input(be, dz, dg, dx, dw, dmean, drstd, N, C);
+    TAKE(dz, nc);
+    TAKE(dmean, (size_t)N);
+    TAKE(drstd, (size_t)N);
+    /* cross-entropy on logits taken from x */
+    int32_t tgt[67];
+    for (int i = 0; i < NA; i++)
+        tgt[i] = (int32_t)bg_rng_below(&rng, (uint64_t)NV);
+    int32_t *dtgt = upi(be, tgt, NA);
+    float *dl = up(be, NULL, NA);
+    be->ops->crossentropy_forward(be, dl, dy, dx, dtgt, NA, NV);
+    TAKE(dy, (size_t)NA * NV);
+    TAKE(dl, (size_t)NA);
+    /* GEMM over several tiles, and a batch of small ones */
+    be->ops->gemm(be, 0, 1, GM, GN, GK, 1.0f, dx, GK, dg, GK, 0.0f, dy, GN); /* 2 x 2 tiles */
+    TAKE(dy, (size_t)GM * GN);
+    be->ops->gemm_strided_batched(be, 1, 0, 32, 32, 32, 1.0f, dx, 32, 1024, dg, 32, 1024, 0.0f, dy, 32, 1024, 8);
+    TAKE(dy, (size_t)8 * 32 * 32);
+    /* attention forward + backward */
+    float *ws = up(be, NULL, bg_attention_ws_floats(AB, AT, AC, ANH));
+    float *sc = up(be, NULL, bg_attention_scratch_floats(AB, AT, AC, ANH));
+    bg_attention_forward(be, dy, ws, dx, AB, AT, AC, ANH);
+    TAKE(dy, abtc);
+    bg_attention_backward(be, dz, sc, dg, ws, AB, AT, AC, ANH);
+    TAKE(dz, 3 * abtc);
+    /* elementwise with their own parallel split */
+    be->ops->gelu_backward(be, dy, dx, dg, nc);
+    TAKE(dy, nc);
+    be->ops->softmax_forward(be, dy, dx, N, C);
+    TAKE(dy, nc);
+    be->ops->adamw(be, dx, dg, dy, dz, nc, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2);
+    TAKE(dx, nc);
+#undef TAKE
+    assert_int_equal((size_t)(w - res), total);
+    bg_backend_free(be, dx), bg_backend_free(be, dg), bg_backend_free(be, db), bg_backend_free(be, dw);
+    bg_backend_free(be, dbb), bg_backend_free(be, dmean), bg_backend_free(be, drstd), bg_backend_free(be, dy);
+    bg_backend_free(be, dz), bg_backend_free(be, dtok), bg_backend_free(be, dwte), bg_backend_free(be, dwpe);
+    bg_backend_free(be, dtgt), bg_backend_free(be, dl), bg_backend_free(be, ws), bg_backend_free(be, sc);
+    assert_int_equal(bg_backend_memstats(be).count, 0);
+    bg_backend_destroy(be);
+    free(x), free(g), free(p);
+    *n_p = total;
+    return res;
+}
+
+static void test_determinism(void **state)
+{
+    (void)state;
+    size_t n1, n2, n3;
+    float *r1 = det_run(1, &n1), *r2 = det_run(2, &n2), *r3 = det_run(3, &n3);
+    assert_int_equal(n1, n2);
+    assert_int_equal(n1, n3);
+    for (size_t i = 0; i < n1; i++)
+        if (memcmp(&r1[i], &r2[i], sizeof(float)) || memcmp(&r1[i], &r3[i], sizeof(float)))
+            fail_msg("result %zu differs across thread counts: %.9g (1) %.9g (2) %.9g (3)", i, r1[i], r2[i], r3[i]);
+    free(r1), free(r2), free(r3);
+}
+
+/* ----------------------------------------------- memory and the registry */
+
+static void test_memstats(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(1);
+    bg_memstats_t m = bg_backend_memstats(be);
+    assert_int_equal(m.current, 0);
+    assert_int_equal(m.peak, 0);
+    assert_int_equal(m.count, 0);
+    float *a = bg_backend_alloc(be, 1000, "a"), *b = bg_backend_alloc(be, 24, "b"), *c = bg_backend_alloc(be, 4096, "c");
+    assert_non_null(a), assert_non_null(b), assert_non_null(c);
+    assert_true(((uintptr_t)a % 64) == 0 && ((uintptr_t)b % 64) == 0 && ((uintptr_t)c % 64) == 0);
+    m = bg_backend_memstats(be);
+    assert_int_equal(m.current, 1000 + 24 + 4096);
+    assert_int_equal(m.peak, 1000 + 24 + 4096);
+    assert_int_equal(m.count, 3);
+    bg_backend_free(be, b);
+    m = bg_backend_memstats(be);
+    assert_int_equal(m.current, 1000 + 4096);
+    assert_int_equal(m.peak, 1000 + 24 + 4096);
+    assert_int_equal(m.count, 2);
+    bg_backend_reset_peak(be);
+    assert_int_equal(bg_backend_memstats(be).peak, 1000 + 4096);
+    float *d = bg_backend_alloc(be, 10, "d");
+    assert_int_equal(bg_backend_memstats(be).peak, 1000 + 4096 + 10);
+    bg_backend_free(be, a), bg_backend_free(be, c), bg_backend_free(be, d);
+    bg_backend_free(be, NULL); /* no-op */
+    m = bg_backend_memstats(be);
+    assert_int_equal(m.current, 0);
+    assert_int_equal(m.count, 0);
+    assert_int_equal(m.peak, 1000 + 4096 + 10);
+    bg_backend_destroy(be);
+}
+
+static void test_registry(void **state)
+{
+    (void)state;
+    bg_backend_t *be = (bg_backend_t *)0x1;
+    assert_int_equal(bg_backend_create("nosuch", NULL, &be), BG_ERR_UNSUPPORTED);
+    assert_ptr_equal(be, (bg_backend_t *)0x1); /* output untouched on failure */
+    assert_non_null(strstr(bg_last_error(), "nosuch"));
+    assert_non_null(strstr(bg_last_error(), "cpu"));
+    const char *const *names = bg_backend_names();
+    assert_string_equal(names[0], "cpu");
+    /* default thread count: positive */
+    assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_OK);
+    assert_true(be->num_threads >= 1);
+    assert_string_equal(be->ops->name, "cpu");
+    /* every slot of the table is filled */
+    const void *const *slot = (const void *const *)(const void *)be->ops;
+    for (size_t i = 0; i < sizeof(bg_backend_ops_t) / sizeof(void *); i++)
+        if (!slot[i])
+            fail_msg("cpu backend: op slot %zu is NULL", i);
+    bg_backend_destroy(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_registry),     cmocka_unit_test(test_memstats),
+        cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_batched), cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_activations),  cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_softmax),      cmocka_unit_test(test_causal_softmax),
+        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_layouts),      cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_determinism),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

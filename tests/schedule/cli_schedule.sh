@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# tests/schedule/cli_schedule.sh: `brigade schedule` end to end: exit codes
+# and one-line messages on bad input, well-formed SVG, JSON round trip
+# through --from-json, a deadlocking user program, and --compare.
+set -u
+B=${BRIGADE:?BRIGADE must point to the brigade binary}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# expect_err "args..." exit-code-nonzero message-substring
+expect_err() {
+    local needle=$1; shift
+    "$B" schedule "$@" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ $rc -eq 0 ]; then fail "brigade schedule $* exited 0"; return; fi
+    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade schedule $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
+    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade schedule $*: error is not one line: $(cat "$T/err")"; fi
+}
+
+"$B" schedule --help >/dev/null || fail "--help"
+expect_err "--stages must be in [1," --schedule 1f1b --stages 0 --microbatches 4
+expect_err "--microbatches must be in [1," --schedule 1f1b --stages 4 --microbatches -2
+expect_err "--stages expects an integer" --schedule 1f1b --stages x --microbatches 4
+expect_err "1f1b places one chunk per rank, got 3" --schedule 1f1b --stages 4 --microbatches 4 --chunks 3
+expect_err "use 1f1b" --schedule interleaved --stages 4 --microbatches 4 --chunks 1
+expect_err "exactly 2 chunks" --schedule zbv --stages 4 --microbatches 4 --chunks 4
+expect_err "unknown schedule \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
+expect_err "--costs expects three numbers" --schedule 1f1b --stages 4 --microbatches 4 --costs 1,2
+expect_err "--stages P and --microbatches M are required" --schedule 1f1b
+expect_err "unknown argument \"--bogus\"" --bogus
+expect_err "cannot open schedule file" --from-json "$T/missing.json"
+expect_err "--f-costs has 3 values but the schedule has 2 stages" --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3,4
+expect_err "--b-costs expects comma-separated numbers" --schedule 1f1b --stages 2 --microbatches 2 --b-costs 1,-1
+
+# per-stage costs, by hand: 1F1B p=2 m=2, F = 1 and 3, backward 2: rank 0 ends at 13
+"$B" schedule --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3 >"$T/ps" 2>&1 || fail "per-stage costs run failed"
+grep -q "step time 13 " "$T/ps" || fail "per-stage costs: step time is not 13: $(cat "$T/ps")"
+
+# a run: table, bubble, SVG and JSON
+"$B" schedule --schedule zb-h1 --stages 4 --microbatches 8 --svg "$T/a.svg" --json "$T/a.json" >"$T/run" 2>&1 \
+    || fail "zb-h1 run failed: $(cat "$T/run")"
+grep -q "rank 3 | F0 b0 F1 b1" "$T/run" || fail "zb-h1 table missing: $(head -5 "$T/run")"
+grep -q "step time 27 " "$T/run" || fail "zb-h1 step time is not 3m+p-1 = 27"
+python3 -c "import sys, xml.dom.minidom as m; d = m.parse(sys.argv[1]); assert d.documentElement.tagName == 'svg'; \
+assert len(d.getElementsByTagName('rect')) > 4*8*3" "$T/a.svg" || fail "SVG is not well-formed XML"
+python3 -c "import json, sys; d = json.load(open(sys.argv[1])); assert d['stages'] == 4 and len(d['ranks']) == 4; \
+assert all(o['kind'] in ('forward','backward','backward_input','backward_weight','send_act','recv_act','send_grad','recv_grad','reduce_grads','optimizer_step') for r in d['ranks'] for o in r['ops'])" \
+    "$T/a.json" || fail "JSON output is not the documented format"
+"$B" schedule --from-json "$T/a.json" >"$T/back" 2>&1 || fail "--from-json of our own output failed: $(cat "$T/back")"
+grep -q "step time 27 " "$T/back" || fail "--from-json gives a different step time"
+
+# user programs with errors
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+d = json.load(open(t + "/a.json"))
+d["ranks"][1]["ops"][1]["kind"] = "fwd"
+json.dump(d, open(t + "/kind.json", "w"))
+d = json.load(open(t + "/a.json"))
+d["ranks"][2]["ops"][0]["microbatch"] = 99
+json.dump(d, open(t + "/range.json", "w"))
+d = json.load(open(t + "/a.json"))
+ops = d["ranks"][0]["ops"]          # rank 0 waits for a gradient before sending its first activation
+i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
+j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
+ops.insert(i, ops.pop(j))
+json.dump(d, open(t + "/dead.json", "w"))
+open(t + "/bad.json", "w").write('{"stages": 2, "ranks": [')
+PY
+expect_err 'unknown kind "fwd"' --from-json "$T/kind.json"
+expect_err "microbatch = 99 is out of range 0..7" --from-json "$T/range.json"
+expect_err "malformed JSON" --from-json "$T/bad.json"
+expect_err "cycle: rank 0 -> rank 1 -> rank 0" --from-json "$T/dead.json"
+
+# compare: every schedule, one row each, including m < p and m not a multiple of p
+for pm in "4 8" "4 3" "3 7" "1 1"; do
+    set -- $pm
+    "$B" schedule --compare --stages "$1" --microbatches "$2" >"$T/cmp" 2>&1 || fail "--compare p=$1 m=$2 failed: $(cat "$T/cmp")"
+    for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv; do
+        grep -q "^$s " "$T/cmp" || fail "--compare p=$1 m=$2 lacks $s"
+    done
+done
+
+if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "cli_schedule: all passed"

@@ -1,0 +1,319 @@
+/* tests/transport/test_transport_coll.c: groups and collectives on 2, 3 and
+ * 4 forked ranks. Allreduce (ring and recursive doubling, sum and average) of
+ * lengths that do not divide by the group size is compared bit for bit with
+ * a serial emulation of the documented summation order, within tolerance
+ * with a double-precision serial sum, exactly on integer data, and across two
+ * separate runs. Subset groups (unsorted), concurrent non-blocking allreduces
+ * on overlapping groups, broadcast, allgather, reduce-scatter, barrier. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "brigade/core.h"
+#include "brigade/transport.h"
+#include "ranks.h"
+
+static const char *const bgt_env[] = {"BRIGADE_TIMEOUT=30", NULL};
+
+/* input of group rank r, element i: random magnitudes so the order matters */
+static void fill(float *x, size_t n, int r, int integer, uint64_t salt)
+{
+    bg_rng_t g;
+    bg_rng_seed(&g, 1000 + (uint64_t)r * 7919 + salt);
+    for (size_t i = 0; i < n; i++) {
+        if (integer)
+            x[i] = (float)((int)bg_rng_below(&g, 2001) - 1000);
+        else
+            x[i] = (float)(bg_rng_normal(&g) * pow(10.0, bg_rng_uniform(&g) * 6 - 3));
+    }
+}
+
+static void chunk(size_t count, int n, int c, size_t *off, size_t *len)
+{
+    size_t q = count / (size_t)n, rem = count % (size_t)n;
+    *off = (size_t)c * q + ((size_t)c < rem ? (size_t)c : rem);
+    *len = q + ((size_t)c < rem);
+}
+
+/* Serial emulation of the documented orders. x[r] is group rank r's input. */
+static void ref_ring(float **x, int n, size_t count, int avg, float *out)
+{
+    for (int c = 0; c < n; c++) {
+        size_t off, len;
+        chunk(count, n, c, &off, &len);
+        for (size_t i = off; i < off + len; i++) {
+            float acc = x[(c + 1) % n][i];
+            for (int j = 2; j <= n; j++)
+                acc = acc + x[(c + j) % n][i];
+            out[i] = avg ? acc / (float)n : acc;
+        }
+    }
+}
+
+static void ref_rd(float **x, int n, size_t count, int avg, float *out)
+{
+    int p = 1;
+    while (p * 2 <= n)
+        p *= 2;
+    float *v = malloc((size_t)p * sizeof(float)), *w = malloc((size_t)p * sizeof(float));
+    for (size_t i = 0; i < count; i++) {
+        for (int r = 0; r < p; r++)
+            v[r] = r < n - p ? x[r][i] + x[r + p][i] : x[r][i];
+        for (int d = 1; d < p; d *= 2) {
+            for (int r = 0; r < p; r++) {
+                int q = r ^ d, lo = r < q ? r : q, hi = r < q ? q : r;
+                w[r] = v[lo] + v[hi];
+            }
+            memcpy(v, w, (size_t)p * sizeof(float));
+        }
+        out[i] = avg ? v[0] / (float)n : v[0];
+    }
+    free(v);
+    free(w);
+}
+
+static uint64_t hash_bytes(const void *p, size_t n, uint64_t h)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+typedef struct {
+    const char *hash_file; /* rank 0 writes the hash of every result here */
+} ar_arg_t;
+
+static int rank_allreduce(int rank, int world, void *argp)
+{
+    ar_arg_t *arg = argp;
+    bg_comm_t *c;
+    RK_OK(bg_comm_create(NULL, &c));
+    int all[16];
+    for (int i = 0; i < world; i++)
+        all[i] = i;
+    bg_group_t *g;
+    RK_OK(bg_group_create(c, world, all, &g));
+    const size_t counts[] = {0, 1, 3, 5, 17, 1000, 16411, 262147};
+    const bg_allreduce_algo_t algos[] = {BG_ALLREDUCE_AUTO, BG_ALLREDUCE_RING, BG_ALLREDUCE_RECURSIVE};
+    uint64_t h = 1469598103934665603ull;
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        size_t n = counts[k];
+        float **x = malloc((size_t)world * sizeof(float *));
+        float *ref = malloc(n * sizeof(float) + 4), *buf = malloc(n * sizeof(float) + 4);
+        for (int integer = 0; integer < 2; integer++) {
+            for (int r = 0; r < world; r++) {
+                x[r] = malloc(n * sizeof(float) + 4);
+                fill(x[r], n, r, integer, k);
+            }
+            for (int a = 0; a < 3; a++)
+                for (int avg = 0; avg < 2; avg++) {
+                    memcpy(buf, x[rank], n * sizeof(float));
+                    bg_request_t *rq;
+                    RK_OK(bg_group_iallreduce_algo(g, buf, n, avg ? BG_REDUCE_AVG : BG_REDUCE_SUM,
+                                                   algos[a], &rq));
+                    RK_OK(bg_wait(rq));
+                    bg_request_free(rq);
+                    int ring = algos[a] == BG_ALLREDUCE_RING ||
+                               (algos[a] == BG_ALLREDUCE_AUTO && n * 4 > 65536 && n >= (size_t)world);
+                    if (ring)
+                        ref_ring(x, world, n, avg, ref);
+                    else
+                        ref_rd(x, world, n, avg, ref);
+                    for (size_t i = 0; i < n; i++) {
+                        RK_CHECK(memcmp(&buf[i], &ref[i], 4) == 0,
+                                 "count %zu algo %d avg %d int %d: element %zu is %.9g, the documented "
+                                 "order gives %.9g", n, a, avg, integer, i, buf[i], ref[i]);
+                        double s = 0, sa = 0;
+                        for (int r = 0; r < world; r++) {
+                            s += x[r][i];
+                            sa += fabs(x[r][i]);
+                        }
+                        float exact = avg ? (float)s / (float)world : (float)s;
+                        if (avg) {
+                            s /= world;
+                            sa /= world;
+                        }
+                        if (integer)
+                            RK_CHECK(buf[i] == exact, "integer data: element %zu is %g, serial sum %g",
+                                     i, buf[i], (double)exact);
+                        else
+                            RK_CHECK(fabs(buf[i] - s) <= 4e-7 * sa * world + 1e-30,
+                                     "element %zu is %.9g, serial double sum %.9g", i, buf[i], s);
+                    }
+                    h = hash_bytes(buf, n * sizeof(float), h);
+                }
+            for (int r = 0; r < world; r++)
+                free(x[r]);
+        }
+        free(x);
+        free(ref);
+        free(buf);
+    }
+    if (rank == 0 && arg && arg->hash_file) {
+        FILE *f = fopen(arg->hash_file, "w");
+        RK_CHECK(f != NULL, "cannot write %s", arg->hash_file);
+        fprintf(f, "%016llx\n", (unsigned long long)h);
+        fclose(f);
+    }
+    bg_group_destroy(g);
+    RK_OK(bg_comm_destroy(c));
+    return 0;
+}
+
+static unsigned long long read_hash(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    unsigned long long h = 0;
+    assert_int_equal(fscanf(f, "%llx", &h), 1);
+    fclose(f);
+    remove(path);
+    return h;
+}
+
+static void run_allreduce(int world)
+{
+    char f1[64], f2[64];
+    snprintf(f1, sizeof(f1), "/tmp/bgt_ar_%d_%d_a", (int)getpid(), world);
+    snprintf(f2, sizeof(f2), "/tmp/bgt_ar_%d_%d_b", (int)getpid(), world);
+    ar_arg_t a1 = {f1}, a2 = {f2};
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(world, rank_allreduce, &a1, 60, bgt_env, -1, &r), 0);
+    assert_int_equal(bgt_run_ranks(world, rank_allreduce, &a2, 60, bgt_env, -1, &r), 0);
+    assert_true(read_hash(f1) == read_hash(f2)); /* the same bits in two separate runs */
+}
+
+static void test_allreduce_2(void **s) { (void)s; run_allreduce(2); }
+static void test_allreduce_3(void **s) { (void)s; run_allreduce(3); }
+static void test_allreduce_4(void **s) { (void)s; run_allreduce(4); }
+
+/* Subset groups on 4 ranks: B = {3, 0, 2} (unsorted), A = {1, 3}; concurrent
+ * non-blocking allreduces on overlapping groups; bcast, allgather,
+ * reduce-scatter, barrier; a non-member is refused. */
+static int rank_groups(int rank, int world, void *arg)
+{
+    (void)arg;
+    bg_comm_t *c;
+    RK_OK(bg_comm_create(NULL, &c));
+    const int bl[3] = {3, 0, 2}, al[2] = {1, 3}, wl[4] = {0, 1, 2, 3};
+    bg_group_t *A, *B, *W;
+    RK_OK(bg_group_create(c, 3, bl, &B));
+    RK_OK(bg_group_create(c, 2, al, &A));
+    RK_OK(bg_group_create(c, 4, wl, &W));
+    int gb = bg_group_rank(B);
+    RK_CHECK(gb == (rank == 3 ? 0 : rank == 0 ? 1 : rank == 2 ? 2 : -1), "group rank %d", gb);
+    if (gb < 0) {
+        float f = 1;
+        RK_CHECK(bg_group_allreduce(B, &f, 1, BG_REDUCE_SUM) == BG_ERR_INVALID, "non-member allowed");
+    } else {
+        /* allreduce on B, ring, 1001 floats */
+        size_t n = 1001;
+        float *x[3], *buf = malloc(n * 4), *ref = malloc(n * 4);
+        for (int r = 0; r < 3; r++) {
+            x[r] = malloc(n * 4);
+            fill(x[r], n, r, 0, 99);
+        }
+        memcpy(buf, x[gb], n * 4);
+        bg_request_t *rq;
+        RK_OK(bg_group_iallreduce_algo(B, buf, n, BG_REDUCE_SUM, BG_ALLREDUCE_RING, &rq));
+        RK_OK(bg_wait(rq));
+        bg_request_free(rq);
+        ref_ring(x, 3, n, 0, ref);
+        RK_CHECK(memcmp(buf, ref, n * 4) == 0, "subset group allreduce differs from the ring order");
+        /* broadcast from group rank 2 (world 2) */
+        char msg[100];
+        memset(msg, gb == 2 ? 'z' : 0, sizeof(msg));
+        RK_OK(bg_group_bcast(B, msg, sizeof(msg), 2));
+        for (size_t i = 0; i < sizeof(msg); i++)
+            RK_CHECK(msg[i] == 'z', "bcast byte %zu", i);
+        /* allgather of 5 odd-sized blocks */
+        char mine[5], all[15];
+        for (int i = 0; i < 5; i++)
+            mine[i] = (char)('a' + gb * 5 + i);
+        RK_OK(bg_group_allgather(B, mine, all, 5));
+        for (int i = 0; i < 15; i++)
+            RK_CHECK(all[i] == (char)('a' + i), "allgather byte %d is %c", i, all[i]);
+        /* reduce-scatter: 3 x 7 floats, average */
+        size_t cnt = 7;
+        float *in[3], out[7];
+        for (int r = 0; r < 3; r++) {
+            in[r] = malloc(cnt * 3 * 4);
+            fill(in[r], cnt * 3, r, 0, 5);
+        }
+        RK_OK(bg_group_reduce_scatter(B, in[gb], out, cnt, BG_REDUCE_AVG));
+        float *full = malloc(cnt * 3 * 4);
+        ref_ring(in, 3, cnt * 3, 1, full);
+        RK_CHECK(memcmp(out, full + (size_t)gb * cnt, cnt * 4) == 0, "reduce-scatter block %d", gb);
+        RK_OK(bg_group_barrier(B));
+        for (int r = 0; r < 3; r++) {
+            free(x[r]);
+            free(in[r]);
+        }
+        free(full);
+        free(buf);
+        free(ref);
+    }
+    /* concurrent: several buckets on W, plus one on A, all in flight at once */
+    enum { NB = 4 };
+    size_t n = 50000;
+    float *bk[NB], av[3] = {1, 2, 3};
+    bg_request_t *rq[NB], *ra = NULL;
+    for (int b = 0; b < NB; b++) {
+        bk[b] = malloc(n * 4);
+        for (size_t i = 0; i < n; i++)
+            bk[b][i] = (float)(rank * 1000 + b * 10) + (float)(i % 7);
+        RK_OK(bg_group_iallreduce(W, bk[b], n, BG_REDUCE_SUM, &rq[b]));
+    }
+    if (bg_group_rank(A) >= 0) {
+        av[0] = (float)rank;
+        RK_OK(bg_group_iallreduce(A, av, 3, BG_REDUCE_AVG, &ra));
+    }
+    for (int b = 0; b < NB; b++) {
+        RK_OK(bg_wait(rq[b]));
+        bg_request_free(rq[b]);
+        for (size_t i = 0; i < n; i++) {
+            float want = (float)((0 + 1 + 2 + 3) * 1000 + 4 * b * 10) + 4.0f * (float)(i % 7);
+            RK_CHECK(bk[b][i] == want, "bucket %d element %zu is %g, expected %g", b, i, bk[b][i], want);
+        }
+        free(bk[b]);
+    }
+    if (ra) {
+        RK_OK(bg_wait(ra));
+        bg_request_free(ra);
+        RK_CHECK(av[0] == 2.0f && av[1] == 2.0f && av[2] == 3.0f, "group A average %g %g %g", av[0], av[1],
+                 av[2]);
+    }
+    RK_OK(bg_group_barrier(W));
+    bg_group_destroy(A);
+    bg_group_destroy(B);
+    bg_group_destroy(W);
+    RK_OK(bg_comm_destroy(c));
+    return 0;
+}
+
+static void test_groups_4(void **s)
+{
+    (void)s;
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(4, rank_groups, NULL, 60, bgt_env, -1, &r), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_allreduce_2),
+        cmocka_unit_test(test_allreduce_3),
+        cmocka_unit_test(test_allreduce_4),
+        cmocka_unit_test(test_groups_4),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

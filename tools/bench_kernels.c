@@ -1,0 +1,322 @@
+/* tools/bench_kernels.c: `brigade bench kernels`: GEMM GFLOP/s through the
+ * backend next to cblas_sgemm called directly in the same run (OpenBLAS's own
+ * multi-threaded figure, the reference), and per-op throughput at GPT-like
+ * sizes. Uses the public API only; cblas is called directly as the
+ * reference. Every figure is the median of --repeat timed runs after one
+ * warm-up. The GPT-training FLOP/s section is a separate function
+ * (bg__bench_gpt_training) to be filled in once models exist. */
+#include <cblas.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/bench.h"
+#include "tools/cli.h"
+
+#define BG_BENCH_MAX_SIZES 16
+
+typedef struct {
+    bg_backend_t *be;
+    int repeat;
+    json_t *gemms, *ops;
+} bg__kb_t;
+
+static int bg__cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double bg__median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof(double), bg__cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static void bg__fill_random(bg_backend_t *be, float *dev, size_t n, uint64_t seed)
+{
+    float *h = malloc(n * sizeof(float));
+    if (!h)
+        return;
+    bg_rng_t rng;
+    bg_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(bg_rng_uniform(&rng) * 2.0 - 1.0);
+    be->ops->from_host(be, dev, h, n * sizeof(float));
+    free(h);
+}
+
+/* ------------------------------------------------------------------ GEMM */
+
+static int bg__bench_gemm(bg__kb_t *kb, const char *label, int ta, int tb, int m, int n, int k)
+{
+    bg_backend_t *be = kb->be;
+    float *a = bg_backend_alloc(be, (size_t)m * k * sizeof(float), "bench A");
+    float *b = bg_backend_alloc(be, (size_t)k * n * sizeof(float), "bench B");
+    float *c = bg_backend_alloc(be, (size_t)m * n * sizeof(float), "bench C");
+    if (!a || !b || !c) {
+        bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
+        return bg_cli_status("bench kernels", BG_ERR_NOMEM);
+    }
+    bg__fill_random(be, a, (size_t)m * k, 1);
+    bg__fill_random(be, b, (size_t)k * n, 2);
+    int lda = ta ? m : k, ldb = tb ? k : n;
+    /* backend and reference alternate run by run, so load from other
+     * processes on a shared machine hits both alike */
+    double *t = malloc(2 * (size_t)kb->repeat * sizeof(double)), *tr = t + kb->repeat;
+    double flop = 2.0 * m * n * k, gf[2];
+    for (int r = -1; r < kb->repeat; r++) {
+        for (int ref = 0; ref < 2; ref++) {
+            if (ref)
+                openblas_set_num_threads(be->num_threads); /* OpenBLAS's own threading */
+            double t0 = bg_now();
+            if (ref)
+                cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+                            1.0f, a, lda, b, ldb, 0.0f, c, n);
+            else
+                be->ops->gemm(be, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+            be->ops->synchronize(be);
+            if (r >= 0)
+                (ref ? tr : t)[r] = bg_now() - t0;
+        }
+    }
+    gf[0] = flop / bg__median(t, kb->repeat) * 1e-9;
+    gf[1] = flop / bg__median(tr, kb->repeat) * 1e-9;
+    printf("  %-10s %c%c %5d %5d %5d  %8.1f  %8.1f  %6.2f\n", label, ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, gf[0],
+           gf[1], gf[0] / gf[1]);
+    json_array_append_new(kb->gemms, json_pack("{s:s, s:b, s:b, s:i, s:i, s:i, s:f, s:f, s:f}", "label", label,
+                                               "trans_a", ta, "trans_b", tb, "m", m, "n", n, "k", k,
+                                               "backend_gflops", gf[0], "openblas_gflops", gf[1], "ratio",
+                                               gf[0] / gf[1]));
+    free(t);
+    bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
+    return 0;
+}
+
+/* ------------------------------------------------------------ other ops */
+
+typedef enum { BG_OP_LN, BG_OP_LN_BWD, BG_OP_GELU, BG_OP_GELU_BWD, BG_OP_SOFTMAX, BG_OP_CE, BG_OP_ATTN } bg__op_t;
+
+/* One op at one shape: median time; bytes = minimal memory traffic, flops
+ * only for attention (its GEMMs dominate). */
+static int bg__bench_op(bg__kb_t *kb, bg__op_t op, const char *name, int B, int T, int C, int NH, int V)
+{
+    bg_backend_t *be = kb->be;
+    const bg_backend_ops_t *o = be->ops;
+    size_t N = (size_t)B * T, nc = N * C, n4 = nc * 4;
+    size_t na = 0, nb = 0, nw = 0;
+    double bytes = 0, flops = 0;
+    char shape[96];
+    switch (op) {
+    case BG_OP_LN:
+    case BG_OP_LN_BWD:
+        na = nb = nc;
+        bytes = (op == BG_OP_LN ? 2.0 : 3.0) * nc * 4; /* in, out (, dout) */
+        snprintf(shape, sizeof(shape), "N=%zu C=%d", N, C);
+        break;
+    case BG_OP_GELU:
+    case BG_OP_GELU_BWD:
+        na = nb = n4;
+        bytes = (op == BG_OP_GELU ? 2.0 : 3.0) * n4 * 4;
+        snprintf(shape, sizeof(shape), "n=%zu", n4);
+        break;
+    case BG_OP_SOFTMAX:
+        na = nb = (size_t)B * NH * T * T;
+        bytes = 2.0 * na * 4;
+        snprintf(shape, sizeof(shape), "BH=%d T=%d (causal)", B * NH, T);
+        break;
+    case BG_OP_CE:
+        na = nb = N * V;
+        bytes = 2.0 * na * 4;
+        snprintf(shape, sizeof(shape), "N=%zu V=%d", N, V);
+        break;
+    case BG_OP_ATTN:
+        na = 3 * nc;                                   /* qkv, then dqkv */
+        nb = nc;                                       /* out, then dout */
+        nw = bg_attention_ws_floats(B, T, C, NH) + bg_attention_scratch_floats(B, T, C, NH);
+        flops = 3.0 * 4.0 * B * (double)T * T * C;     /* fwd 2 GEMMs, bwd 4 */
+        /* fwd: qkv in, out + workspace out; bwd: dout + workspace in, dqkv out */
+        bytes = (16.0 * nc + 2.0 * B * NH * (double)T * T) * 4;
+        snprintf(shape, sizeof(shape), "B=%d T=%d C=%d NH=%d", B, T, C, NH);
+        break;
+    }
+    float *a = bg_backend_alloc(be, na * sizeof(float), "bench in");
+    float *b = bg_backend_alloc(be, nb * sizeof(float), "bench out");
+    float *c = bg_backend_alloc(be, (nw ? nw : na) * sizeof(float), "bench aux");
+    float *w = bg_backend_alloc(be, (size_t)(C > V ? C : V) * 3 * sizeof(float), "bench weights");
+    float *stat = bg_backend_alloc(be, 2 * N * sizeof(float), "bench stats");
+    int32_t *tg = bg_backend_alloc(be, N * sizeof(int32_t), "bench targets");
+    if (!a || !b || !c || !w || !stat || !tg) {
+        bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
+        bg_backend_free(be, w), bg_backend_free(be, stat), bg_backend_free(be, tg);
+        return bg_cli_status("bench kernels", BG_ERR_NOMEM);
+    }
+    bg__fill_random(be, a, na, 3);
+    bg__fill_random(be, b, nb, 4);
+    bg__fill_random(be, w, (size_t)(C > V ? C : V) * 3, 5);
+    if (op == BG_OP_CE) {
+        int32_t *h = malloc(N * sizeof(int32_t));
+        for (size_t i = 0; h && i < N; i++)
+            h[i] = (int32_t)(i * 7919 % (size_t)V);
+        if (h)
+            o->from_host(be, tg, h, N * sizeof(int32_t));
+        free(h);
+    }
+    if (op == BG_OP_LN_BWD)
+        o->layernorm_forward(be, c, stat, stat + N, a, w, w + C, (int)N, C);
+    double *t = malloc((size_t)kb->repeat * sizeof(double));
+    for (int r = -1; r < kb->repeat; r++) {
+        double t0 = bg_now();
+        switch (op) {
+        case BG_OP_LN:
+            o->layernorm_forward(be, b, stat, stat + N, a, w, w + C, (int)N, C);
+            break;
+        case BG_OP_LN_BWD:
+            o->layernorm_backward_input(be, c, b, a, w, stat, stat + N, (int)N, C);
+            break;
+        case BG_OP_GELU:
+            o->gelu_forward(be, b, a, na);
+            break;
+        case BG_OP_GELU_BWD:
+            o->gelu_backward(be, c, a, b, na);
+            break;
+        case BG_OP_SOFTMAX:
+            o->causal_softmax_forward(be, b, a, 0.125f, B * NH, T);
+            break;
+        case BG_OP_CE:
+            o->crossentropy_forward(be, stat, b, a, tg, (int)N, V);
+            break;
+        case BG_OP_ATTN:
+            bg_attention_forward(be, b, c, a, B, T, C, NH);
+            bg_attention_backward(be, a, c + bg_attention_ws_floats(B, T, C, NH), b, c, B, T, C, NH);
+            break;
+        }
+        o->synchronize(be);
+        if (r >= 0)
+            t[r] = bg_now() - t0;
+    }
+    double med = bg__median(t, kb->repeat);
+    double gbps = bytes / med * 1e-9, gflops = flops / med * 1e-9;
+    if (flops > 0)
+        printf("  %-22s %-26s %9.3f ms  %7.2f GB/s  %7.1f GFLOP/s\n", name, shape, med * 1e3, gbps, gflops);
+    else
+        printf("  %-22s %-26s %9.3f ms  %7.2f GB/s\n", name, shape, med * 1e3, gbps);
+    json_t *j = json_pack("{s:s, s:s, s:f, s:f}", "op", name, "shape", shape, "ms", med * 1e3, "gbps", gbps);
+    if (flops > 0)
+        json_object_set_new(j, "gflops", json_real(gflops));
+    json_array_append_new(kb->ops, j);
+    free(t);
+    bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
+    bg_backend_free(be, w), bg_backend_free(be, stat), bg_backend_free(be, tg);
+    return 0;
+}
+
+/* GPT training FLOP/s (forward + backward + update of a small GPT through
+ * the model API): to be written by the lead once models exist. Returns 0
+ * and adds nothing until then. */
+static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
+{
+    (void)kb;
+    (void)root;
+    return 0;
+}
+
+static void bg__usage(FILE *f)
+{
+    fprintf(f, "usage: brigade bench kernels [--threads N] [--sizes 256,512,1024] [--repeat R] [--json FILE]\n"
+               "\n"
+               "  --threads N   compute threads of the cpu backend (default: BRIGADE_NUM_THREADS or OpenMP's)\n"
+               "  --sizes LIST  square GEMM sizes (default 256,512,1024)\n"
+               "  --repeat R    timed runs per figure; the median is reported (default 5)\n"
+               "  --json FILE   also write the figures as JSON\n"
+               "\n"
+               "Prints GEMM GFLOP/s through the backend next to cblas_sgemm called directly\n"
+               "with OpenBLAS's own threads (the reference) and their ratio, square and\n"
+               "GPT-shaped, then per-op throughput at GPT-like sizes.\n");
+}
+
+int bg_bench_kernels(int argc, char **argv)
+{
+    const char *cmd = "bench kernels";
+    long long threads = 0, repeat = 5, sizes[BG_BENCH_MAX_SIZES] = {256, 512, 1024};
+    int nsizes = 3;
+    const char *json_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            bg__usage(stdout);
+            return 0;
+        } else if (!strcmp(f, "--threads")) {
+            if (bg_cli_int(cmd, f, v, 0, 1024, &threads))
+                return 2;
+            i++;
+        } else if (!strcmp(f, "--repeat")) {
+            if (bg_cli_int(cmd, f, v, 1, 1000, &repeat))
+                return 2;
+            i++;
+        } else if (!strcmp(f, "--sizes")) {
+            if (bg_cli_int_list(cmd, f, v, sizes, BG_BENCH_MAX_SIZES, &nsizes))
+                return 2;
+            for (int s = 0; s < nsizes; s++)
+                if (sizes[s] < 1 || sizes[s] > 16384)
+                    return bg_cli_fail(cmd, "--sizes: each size must be in [1, 16384], got %lld", sizes[s]);
+            i++;
+        } else if (!strcmp(f, "--json")) {
+            if (!v)
+                return bg_cli_fail(cmd, "--json needs a file name");
+            json_path = v;
+            i++;
+        } else {
+            bg_cli_fail(cmd, "unknown option \"%s\"", f);
+            bg__usage(stderr);
+            return 2;
+        }
+    }
+
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = (int)threads;
+    bg_backend_t *be;
+    bg_status_t st = bg_backend_create("cpu", &p, &be);
+    if (st != BG_OK)
+        return bg_cli_status(cmd, st);
+    bg__kb_t kb = {be, (int)repeat, json_array(), json_array()};
+    int rc = 0;
+
+    printf("brigade bench kernels: backend %s, %d threads, median of %d runs\n\n", be->ops->name, be->num_threads,
+           kb.repeat);
+    printf("GEMM (GFLOP/s)          m     n     k   backend  OpenBLAS   ratio\n");
+    for (int s = 0; s < nsizes && !rc; s++)
+        rc = bg__bench_gemm(&kb, "square", 0, 0, (int)sizes[s], (int)sizes[s], (int)sizes[s]);
+    /* GPT shapes, B*T rows: qkv, fc, fc-proj forward; a weight gradient (A^T B) and an input gradient (A B^T) */
+    static const struct {
+        const char *label;
+        int ta, tb, m, n, k;
+    } gpt[] = {
+        {"gpt qkv", 0, 0, 1024, 1536, 512}, {"gpt fc", 0, 0, 1024, 2048, 512}, {"gpt proj", 0, 0, 1024, 512, 2048},
+        {"gpt fc", 0, 0, 4096, 2048, 512},  {"gpt dW", 1, 0, 512, 2048, 4096}, {"gpt dX", 0, 1, 4096, 512, 2048},
+    };
+    for (size_t g = 0; g < sizeof(gpt) / sizeof(gpt[0]) && !rc; g++)
+        rc = bg__bench_gemm(&kb, gpt[g].label, gpt[g].ta, gpt[g].tb, gpt[g].m, gpt[g].n, gpt[g].k);
+
+    printf("\nops (GPT-like sizes; GB/s = minimal bytes moved / time)\n");
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_LN, "layernorm_forward", 8, 512, 768, 12, 0);
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_LN_BWD, "layernorm_backward_in", 8, 512, 768, 12, 0);
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_GELU, "gelu_forward", 8, 512, 768, 12, 0);
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_GELU_BWD, "gelu_backward", 8, 512, 768, 12, 0);
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_SOFTMAX, "causal_softmax_forward", 4, 256, 768, 12, 0);
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_CE, "crossentropy_forward", 1, 256, 768, 12, 50257);
+    if (!rc) rc = bg__bench_op(&kb, BG_OP_ATTN, "attention fwd+bwd", 4, 256, 768, 12, 0);
+
+    json_t *root = json_pack("{s:s, s:i, s:i, s:o, s:o}", "backend", be->ops->name, "threads", be->num_threads,
+                             "repeat", kb.repeat, "gemm", kb.gemms, "ops", kb.ops);
+    if (!rc)
+        rc = bg__bench_gpt_training(&kb, root);
+    if (!rc && json_path && json_dump_file(root, json_path, JSON_INDENT(2)) != 0) {
+        bg_cli_fail(cmd, "cannot write JSON to %s", json_path);
+        rc = 1;
+    }
+    json_decref(root);
+    bg_backend_destroy(be);
+    return rc;
+}

@@ -1,0 +1,681 @@
+/* transport/coll.c: process groups and collectives. Every collective is
+ * compiled at start into a list of steps (at most one send and one receive
+ * each, then an optional local operation: add, divide, copy); a state machine
+ * advanced under the worker lock by whoever progresses (the communication
+ * thread, bg_test or bg_wait) posts each step when the previous one finished.
+ * Summation orders are fixed by the algorithm and the group size, never by
+ * timing (docs/transport.md states them). Must not know what the floats mean. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "transport/transport_impl.h"
+
+enum { BG__POST_NONE = 0, BG__POST_ADD, BG__POST_DIV, BG__POST_COPY };
+
+typedef struct bg__xfer {
+    int send;
+    int peer; /* world rank */
+    void *buf;
+    size_t bytes;
+} bg__xfer_t;
+
+typedef struct bg__step {
+    int nx;
+    bg__xfer_t x[2];
+    int post;
+    float *dst;    /* ADD: dst = a + b; DIV: dst /= div; COPY: dst = a */
+    const float *a, *b;
+    size_t n;
+    float div;
+    uint32_t tag;  /* 0..63, the same on every member for matching transfers */
+} bg__step_t;
+
+struct bg__coll {
+    bg_comm_t *comm;
+    int n, me;
+    int *ranks;
+    char desc[160];
+    uint32_t hi_base;
+    bg__step_t *steps;
+    int nsteps, cap, cur, posted;
+    bg_request_t *subs[2];
+    void *tmp, *work;
+    bg_request_t *req;
+    int done, abandoned;
+    bg__coll_t *prev, *next;
+};
+
+/* ---- groups ------------------------------------------------------------------ */
+
+bg_status_t bg_group_create(bg_comm_t *c, int n, const int *ranks, bg_group_t **group_p)
+{
+    if (!c || !ranks || !group_p || n < 1 || n > c->size)
+        return bg_error(BG_ERR_INVALID, "bg_group_create: need 1..%d ranks, got %d", c ? c->size : 0, n);
+    char *seen = calloc((size_t)c->size, 1);
+    BG_ALLOC_CHECK(seen, c->size, "group validation");
+    uint32_t h = 2166136261u;
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= c->size || seen[ranks[i]]) {
+            free(seen);
+            return bg_error(BG_ERR_INVALID, "bg_group_create: ranks[%d] = %d is %s (world of %d)", i,
+                            ranks[i], ranks[i] < 0 || ranks[i] >= c->size ? "out of range" : "repeated",
+                            c->size);
+        }
+        seen[ranks[i]] = 1;
+        if (ranks[i] == c->rank)
+            me = i;
+        h = (h ^ (uint32_t)ranks[i]) * 16777619u;
+    }
+    free(seen);
+    bg_group_t *g = calloc(1, sizeof(*g));
+    BG_ALLOC_CHECK(g, sizeof(*g), "a group");
+    g->ranks = malloc((size_t)n * sizeof(int));
+    if (!g->ranks) {
+        free(g);
+        return bg_error(BG_ERR_NOMEM, "cannot allocate a group of %d ranks", n);
+    }
+    memcpy(g->ranks, ranks, (size_t)n * sizeof(int));
+    g->comm = c;
+    g->n = n;
+    g->me = me;
+    /* id: hash of the member list, and how many groups with that list this process
+     * made before (members create groups in the same order) */
+    bg__lock(c);
+    int occ = 0, k;
+    for (k = 0; k < c->ngroup_ids; k++)
+        if (c->group_ids[k][0] == (int)h)
+            break;
+    if (k < c->ngroup_ids)
+        occ = c->group_ids[k][1]++;
+    else if (c->ngroup_ids < 64) {
+        c->group_ids[c->ngroup_ids][0] = (int)h;
+        c->group_ids[c->ngroup_ids++][1] = 1;
+    }
+    bg__unlock(c);
+    g->id = (uint16_t)((h ^ (h >> 16)) + (uint32_t)occ * 40503u);
+    *group_p = g;
+    return BG_OK;
+}
+
+void bg_group_destroy(bg_group_t *g)
+{
+    if (!g)
+        return;
+    free(g->ranks);
+    free(g);
+}
+
+int bg_group_rank(const bg_group_t *g) { return g->me; }
+int bg_group_size(const bg_group_t *g) { return g->n; }
+int bg_group_world_rank(const bg_group_t *g, int r) { return r >= 0 && r < g->n ? g->ranks[r] : -1; }
+
+/* ---- the step machine --------------------------------------------------------------- */
+
+static bg__step_t *bg__step(bg__coll_t *co)
+{
+    if (co->nsteps == co->cap) {
+        int cap = co->cap ? co->cap * 2 : 8;
+        bg__step_t *s = realloc(co->steps, (size_t)cap * sizeof(*s));
+        if (!s)
+            return NULL;
+        co->steps = s;
+        co->cap = cap;
+    }
+    bg__step_t *s = &co->steps[co->nsteps++];
+    memset(s, 0, sizeof(*s));
+    s->tag = (uint32_t)(co->nsteps - 1);
+    return s;
+}
+
+static void bg__xf(bg__step_t *s, int send, int peer, void *buf, size_t bytes)
+{
+    s->x[s->nx++] = (bg__xfer_t){.send = send, .peer = peer, .buf = buf, .bytes = bytes};
+}
+
+static void bg__list_del(bg__coll_t *co)
+{
+    bg_comm_t *c = co->comm;
+    if (co->prev)
+        co->prev->next = co->next;
+    else if (c->colls == co)
+        c->colls = co->next;
+    if (co->next)
+        co->next->prev = co->prev;
+    co->prev = co->next = NULL;
+}
+
+static void bg__release_subs(bg__coll_t *co)
+{
+    for (int i = 0; i < 2; i++) {
+        bg_request_t *s = co->subs[i];
+        if (!s)
+            continue;
+        s->parent = NULL;
+        if (s->ucx && s->kind == BG__RQ_SEND)
+            co->abandoned = 1; /* UCX may still read our buffers */
+        bg__request_release_locked(s);
+        co->subs[i] = NULL;
+    }
+}
+
+static void bg__coll_finish(bg__coll_t *co, bg_status_t st, const char *msg)
+{
+    if (co->done)
+        return;
+    co->done = 1;
+    bg_request_t *r = co->req;
+    r->status = st;
+    if (st < 0)
+        snprintf(r->msg, sizeof(r->msg), "%s", msg);
+    bg__list_del(co);
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+    atomic_fetch_sub(&co->comm->active, 1);
+}
+
+void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
+{
+    if (co->done)
+        return;
+    char m[256];
+    if (msg)
+        snprintf(m, sizeof(m), "%s during %s at step %d of %d", msg, co->desc, co->cur + 1, co->nsteps);
+    else
+        snprintf(m, sizeof(m), "%s did not complete within %.0f s (BRIGADE_TIMEOUT): stuck at step %d "
+                 "of %d", co->desc, co->comm->timeout_s, co->cur + 1, co->nsteps);
+    for (int i = 0; i < 2; i++)
+        if (co->subs[i]) {
+            co->subs[i]->parent = NULL;
+            bg__fail_locked(co->comm, co->subs[i], st, m);
+        }
+    bg__release_subs(co);
+    bg__coll_finish(co, st, m);
+}
+
+void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub)
+{
+    if (sub->status < 0 && !co->done) {
+        char m[256];
+        snprintf(m, sizeof(m), "%s", sub->msg);
+        bg__coll_fail_locked(co, sub->status, m);
+    }
+}
+
+static void bg__post_op(bg__step_t *s)
+{
+    switch (s->post) {
+    case BG__POST_ADD: {
+        float *restrict d = s->dst;
+        const float *a = s->a, *b = s->b;
+        for (size_t i = 0; i < s->n; i++)
+            d[i] = a[i] + b[i];
+        break;
+    }
+    case BG__POST_DIV:
+        for (size_t i = 0; i < s->n; i++)
+            s->dst[i] /= s->div;
+        break;
+    case BG__POST_COPY:
+        memmove(s->dst, s->a, s->n * sizeof(float));
+        break;
+    default:
+        break;
+    }
+}
+
+static void bg__coll_advance(bg__coll_t *co)
+{
+    bg_comm_t *c = co->comm;
+    while (!co->done) {
+        if (!co->posted) {
+            if (co->cur == co->nsteps) {
+                bg__coll_finish(co, BG_OK, NULL);
+                return;
+            }
+            bg__step_t *s = &co->steps[co->cur];
+            uint32_t hi = co->hi_base | (s->tag & 63u);
+            co->posted = 1;
+            /* receives first: a matching send may complete at once */
+            for (int pass = 0; pass < 2 && !co->done; pass++)
+                for (int i = 0; i < s->nx && !co->done; i++) {
+                    bg__xfer_t *x = &s->x[i];
+                    if (x->send != pass)
+                        continue;
+                    bg_request_t *sub = NULL;
+                    bg_status_t st = bg__post_locked(c, x->send ? BG__RQ_SEND : BG__RQ_RECV, x->peer, hi,
+                                                     1, x->buf, x->bytes, co, &sub);
+                    if (st != BG_OK) {
+                        char m[256];
+                        snprintf(m, sizeof(m), "%s", bg_last_error());
+                        bg__coll_fail_locked(co, st, m);
+                        return;
+                    }
+                    if (co->done) { /* it failed at once and failed the collective */
+                        sub->parent = NULL;
+                        bg__request_release_locked(sub);
+                        return;
+                    }
+                    co->subs[i] = sub;
+                }
+            if (co->done)
+                return;
+        }
+        for (int i = 0; i < 2; i++)
+            if (co->subs[i] && !atomic_load(&co->subs[i]->done))
+                return;
+        bg__release_subs(co);
+        bg__post_op(&co->steps[co->cur]);
+        co->cur++;
+        co->posted = 0;
+    }
+}
+
+void bg__colls_advance_locked(bg_comm_t *c)
+{
+    for (bg__coll_t *co = c->colls, *nx; co; co = nx) {
+        nx = co->next;
+        bg__coll_advance(co);
+    }
+}
+
+void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
+{
+    for (bg__coll_t *co = c->colls, *nx; co; co = nx) {
+        nx = co->next;
+        for (int i = 0; i < co->n; i++)
+            if (co->ranks[i] == rank) {
+                bg__coll_fail_locked(co, BG_ERR_PEER, why);
+                break;
+            }
+    }
+}
+
+void bg__colls_fail_all_locked(bg_comm_t *c, const char *why)
+{
+    while (c->colls)
+        bg__coll_fail_locked(c->colls, BG_ERR_PEER, why);
+}
+
+void bg__coll_free(bg__coll_t *co)
+{
+    if (!co)
+        return;
+    if (!co->done)
+        bg__coll_fail_locked(co, BG_ERR_CANCELED, "collective freed while pending");
+    if (co->abandoned) {
+        bg__leak_locked(co->comm, co->tmp);
+        bg__leak_locked(co->comm, co->work);
+    } else {
+        free(co->tmp);
+        free(co->work);
+    }
+    free(co->steps);
+    free(co->ranks);
+    free(co);
+}
+
+/* ---- building and starting ------------------------------------------------------------- */
+
+static bg_status_t bg__coll_new(bg_group_t *g, const char *what, bg__coll_t **co_p)
+{
+    if (!g)
+        return bg_error(BG_ERR_INVALID, "%s: NULL group", what);
+    if (g->me < 0)
+        return bg_error(BG_ERR_INVALID, "%s: rank %d is not a member of this group of %d ranks", what,
+                        g->comm->rank, g->n);
+    bg__coll_t *co = calloc(1, sizeof(*co));
+    BG_ALLOC_CHECK(co, sizeof(*co), "a collective");
+    co->ranks = malloc((size_t)g->n * sizeof(int));
+    if (!co->ranks) {
+        free(co);
+        return bg_error(BG_ERR_NOMEM, "cannot allocate a collective");
+    }
+    memcpy(co->ranks, g->ranks, (size_t)g->n * sizeof(int));
+    co->comm = g->comm;
+    co->n = g->n;
+    co->me = g->me;
+    co->hi_base = ((uint32_t)g->id << 16) | ((g->seq++ & 1023u) << 6);
+    *co_p = co;
+    return BG_OK;
+}
+
+static void bg__desc(bg__coll_t *co, const char *fmt, size_t x, const char *algo)
+{
+    int off = snprintf(co->desc, sizeof(co->desc), fmt, x, algo);
+    off += snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, " on a group of %d ranks [", co->n);
+    for (int i = 0; i < co->n && off < (int)sizeof(co->desc) - 8; i++)
+        off += snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, i ? " %d" : "%d", co->ranks[i]);
+    if (off < (int)sizeof(co->desc) - 2)
+        snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, "]");
+}
+
+/* Start: make endpoints, register, advance once. On error frees co. */
+static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
+{
+    bg_comm_t *c = co->comm;
+    bg_status_t st = BG_OK;
+    for (int i = 0; i < co->n && st == BG_OK; i++) {
+        st = bg__peer_status(c, co->ranks[i], co->desc);
+        if (st == BG_OK)
+            st = bg__ensure_ep(c, co->ranks[i]);
+    }
+    bg_request_t *r = st == BG_OK ? calloc(1, sizeof(*r)) : NULL;
+    if (st != BG_OK || !r) {
+        if (st == BG_OK)
+            st = bg_error(BG_ERR_NOMEM, "cannot allocate a request");
+        else {
+            char m[256];
+            snprintf(m, sizeof(m), "%s", bg_last_error());
+            st = bg_error(st, "%s during %s", m, co->desc);
+        }
+        free(co->tmp);
+        free(co->work);
+        free(co->steps);
+        free(co->ranks);
+        free(co);
+        return st;
+    }
+    r->comm = c;
+    r->kind = BG__RQ_COLL;
+    r->peer = -1;
+    r->coll = co;
+    r->t_start = bg_now();
+    co->req = r;
+    atomic_fetch_add(&c->demand, 1);
+    bg__lock(c);
+    atomic_fetch_add(&c->active, 1);
+    co->next = c->colls;
+    if (c->colls)
+        c->colls->prev = co;
+    c->colls = co;
+    bg__coll_advance(co);
+    bg__unlock(c);
+    atomic_fetch_sub(&c->demand, 1);
+    bg__kick(c);
+    *req_p = r;
+    return BG_OK;
+}
+
+static bg_status_t bg__run(bg__coll_t *co)
+{
+    bg_request_t *r;
+    BG_CHECK(bg__coll_start(co, &r));
+    bg_status_t st = bg_wait(r);
+    bg_request_free(r);
+    return st;
+}
+
+static void bg__chunk(size_t count, int n, int c, size_t *off, size_t *len)
+{
+    size_t q = count / (size_t)n, rem = count % (size_t)n;
+    *off = (size_t)c * q + ((size_t)c < rem ? (size_t)c : rem);
+    *len = q + ((size_t)c < rem);
+}
+
+#define BG__NOMEM(co) do { free(co->steps); free(co->tmp); free(co->work); free(co->ranks); free(co); \
+        return bg_error(BG_ERR_NOMEM, "out of memory building a collective"); } while (0)
+
+static int bg__mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Ring reduce-scatter on @p buf in place: afterwards group rank me holds the
+ * reduced chunk me (chunk c = fold over ranks c+1, c+2, ..., c in that order). */
+static int bg__build_ring_rs(bg__coll_t *co, float *buf, size_t count, float *tmp)
+{
+    int n = co->n, me = co->me;
+    int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
+    for (int s = 0; s < n - 1; s++) {
+        int sc = bg__mod(me - s - 1, n), rc = bg__mod(me - s - 2, n);
+        size_t so, sl, ro, rl;
+        bg__chunk(count, n, sc, &so, &sl);
+        bg__chunk(count, n, rc, &ro, &rl);
+        bg__step_t *st = bg__step(co);
+        if (!st)
+            return -1;
+        bg__xf(st, 0, left, tmp, rl * sizeof(float));
+        bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+        st->post = BG__POST_ADD;
+        st->dst = buf + ro;
+        st->a = tmp;       /* partial from the left: ranks rc+1 .. me-1 */
+        st->b = buf + ro;  /* then my own value */
+        st->n = rl;
+    }
+    return 0;
+}
+
+static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+                                       bg_allreduce_algo_t algo, bg__coll_t **co_p)
+{
+    if ((!buf && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG))
+        return bg_error(BG_ERR_INVALID, "allreduce: NULL buffer or unknown op %d", (int)op);
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "allreduce", &co));
+    int n = co->n, me = co->me;
+    if (algo == BG_ALLREDUCE_AUTO) {
+        long long small = 65536;
+        if (bg_config_int("BRIGADE_ALLREDUCE_SMALL_BYTES", &small) != BG_OK)
+            small = 65536;
+        algo = (count * sizeof(float) <= (size_t)small || count < (size_t)n) ? BG_ALLREDUCE_RECURSIVE
+                                                                            : BG_ALLREDUCE_RING;
+    }
+    bg__desc(co, "allreduce of %zu floats (%s)", count, algo == BG_ALLREDUCE_RING ? "ring" : "recursive doubling");
+    if (n == 1) {
+        /* nothing to exchange; AVG divides by one */
+    } else if (algo == BG_ALLREDUCE_RING) {
+        size_t maxc = count / (size_t)n + 1;
+        co->tmp = malloc(maxc * sizeof(float));
+        if (!co->tmp || bg__build_ring_rs(co, buf, count, co->tmp) != 0)
+            BG__NOMEM(co);
+        size_t mo, ml;
+        bg__chunk(count, n, me, &mo, &ml);
+        if (op == BG_REDUCE_AVG) {
+            bg__step_t *st = bg__step(co);
+            if (!st)
+                BG__NOMEM(co);
+            *st = (bg__step_t){.post = BG__POST_DIV, .dst = buf + mo, .n = ml, .div = (float)n};
+        }
+        int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
+        for (int s = 0; s < n - 1; s++) {
+            size_t so, sl, ro, rl;
+            bg__chunk(count, n, bg__mod(me - s, n), &so, &sl);
+            bg__chunk(count, n, bg__mod(me - s - 1, n), &ro, &rl);
+            bg__step_t *st = bg__step(co);
+            if (!st)
+                BG__NOMEM(co);
+            st->tag = (uint32_t)(n - 1 + s);
+            bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
+            bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+        }
+        *co_p = co;
+        return BG_OK;
+    } else {
+        int p = 1;
+        while (p * 2 <= n)
+            p *= 2;
+        int rem = n - p;
+        co->tmp = malloc(count * sizeof(float) + 1);
+        if (!co->tmp)
+            BG__NOMEM(co);
+        float *tmp = co->tmp;
+        size_t bytes = count * sizeof(float);
+        bg__step_t *st;
+        if (me >= p) {
+            if (!(st = bg__step(co)))
+                BG__NOMEM(co);
+            st->tag = 0;
+            bg__xf(st, 1, co->ranks[me - p], buf, bytes);
+            if (!(st = bg__step(co)))
+                BG__NOMEM(co);
+            st->tag = 40;
+            bg__xf(st, 0, co->ranks[me - p], buf, bytes);
+            *co_p = co;
+            return BG_OK;
+        }
+        if (me < rem) {
+            if (!(st = bg__step(co)))
+                BG__NOMEM(co);
+            st->tag = 0;
+            bg__xf(st, 0, co->ranks[me + p], tmp, bytes);
+            st->post = BG__POST_ADD;
+            st->dst = buf;
+            st->a = buf; /* lower rank first */
+            st->b = tmp;
+            st->n = count;
+        }
+        for (int d = 1, lg = 1; d < p; d *= 2, lg++) {
+            int partner = me ^ d;
+            if (!(st = bg__step(co)))
+                BG__NOMEM(co);
+            st->tag = (uint32_t)lg;
+            bg__xf(st, 0, co->ranks[partner], tmp, bytes);
+            bg__xf(st, 1, co->ranks[partner], buf, bytes);
+            st->post = BG__POST_ADD;
+            st->dst = buf;
+            st->a = me < partner ? buf : tmp;
+            st->b = me < partner ? tmp : buf;
+            st->n = count;
+        }
+        if (op == BG_REDUCE_AVG) {
+            if (!(st = bg__step(co)))
+                BG__NOMEM(co);
+            *st = (bg__step_t){.post = BG__POST_DIV, .dst = buf, .n = count, .div = (float)n};
+        }
+        if (me < rem) {
+            if (!(st = bg__step(co)))
+                BG__NOMEM(co);
+            st->tag = 40;
+            bg__xf(st, 1, co->ranks[me + p], buf, bytes);
+        }
+        *co_p = co;
+        return BG_OK;
+    }
+    *co_p = co;
+    return BG_OK;
+}
+
+bg_status_t bg_group_iallreduce_algo(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+                                     bg_allreduce_algo_t algo, bg_request_t **req_p)
+{
+    if (!req_p)
+        return bg_error(BG_ERR_INVALID, "bg_group_iallreduce: NULL request output");
+    bg__coll_t *co;
+    BG_CHECK(bg__build_allreduce(g, buf, count, op, algo, &co));
+    return bg__coll_start(co, req_p);
+}
+
+bg_status_t bg_group_iallreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+                                bg_request_t **req_p)
+{
+    return bg_group_iallreduce_algo(g, buf, count, op, BG_ALLREDUCE_AUTO, req_p);
+}
+
+bg_status_t bg_group_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op)
+{
+    bg__coll_t *co;
+    BG_CHECK(bg__build_allreduce(g, buf, count, op, BG_ALLREDUCE_AUTO, &co));
+    return bg__run(co);
+}
+
+bg_status_t bg_group_barrier(bg_group_t *g)
+{
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "barrier", &co));
+    snprintf(co->desc, sizeof(co->desc), "barrier on a group of %d ranks", co->n);
+    static char dummy[1];
+    for (int d = 1; d < co->n; d *= 2) {
+        bg__step_t *st = bg__step(co);
+        if (!st)
+            BG__NOMEM(co);
+        bg__xf(st, 0, co->ranks[bg__mod(co->me - d, co->n)], dummy, 0);
+        bg__xf(st, 1, co->ranks[(co->me + d) % co->n], dummy, 0);
+    }
+    return bg__run(co);
+}
+
+bg_status_t bg_group_bcast(bg_group_t *g, void *buf, size_t bytes, int root)
+{
+    if (!g || root < 0 || root >= g->n || (!buf && bytes))
+        return bg_error(BG_ERR_INVALID, "bg_group_bcast: root %d is not a rank of the group of %d, or "
+                        "NULL buffer", root, g ? g->n : 0);
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "broadcast", &co));
+    bg__desc(co, "broadcast of %zu bytes%s", bytes, "");
+    int n = co->n, vr = bg__mod(co->me - root, n);
+    int mask = 1, lg = 0;
+    while (mask < n) {
+        if (vr & mask) {
+            bg__step_t *st = bg__step(co);
+            if (!st)
+                BG__NOMEM(co);
+            st->tag = (uint32_t)lg;
+            bg__xf(st, 0, co->ranks[bg__mod(vr - mask + root, n)], buf, bytes);
+            break;
+        }
+        mask <<= 1;
+        lg++;
+    }
+    for (mask >>= 1, lg--; mask > 0; mask >>= 1, lg--) {
+        if (vr + mask < n) {
+            bg__step_t *st = bg__step(co);
+            if (!st)
+                BG__NOMEM(co);
+            st->tag = (uint32_t)lg;
+            bg__xf(st, 1, co->ranks[bg__mod(vr + mask + root, n)], buf, bytes);
+        }
+    }
+    return bg__run(co);
+}
+
+bg_status_t bg_group_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes)
+{
+    if (!g || ((!sendbuf || !recvbuf) && bytes))
+        return bg_error(BG_ERR_INVALID, "bg_group_allgather: NULL group or buffer");
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "allgather", &co));
+    bg__desc(co, "allgather of %zu bytes per rank%s", bytes, "");
+    int n = co->n, me = co->me;
+    uint8_t *out = recvbuf;
+    if (bytes && (const uint8_t *)sendbuf != out + (size_t)me * bytes)
+        memmove(out + (size_t)me * bytes, sendbuf, bytes);
+    int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
+    for (int s = 0; s < n - 1; s++) {
+        bg__step_t *st = bg__step(co);
+        if (!st)
+            BG__NOMEM(co);
+        bg__xf(st, 0, left, out + (size_t)bg__mod(me - s - 1, n) * bytes, bytes);
+        bg__xf(st, 1, right, out + (size_t)bg__mod(me - s, n) * bytes, bytes);
+    }
+    return bg__run(co);
+}
+
+bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
+                                    bg_reduce_op_t op)
+{
+    if (!g || ((!sendbuf || !recvbuf) && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG))
+        return bg_error(BG_ERR_INVALID, "bg_group_reduce_scatter: NULL group or buffer, or unknown op");
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "reduce-scatter", &co));
+    bg__desc(co, "reduce-scatter of %zu floats per rank (%s)", count, "ring");
+    int n = co->n, me = co->me;
+    size_t total = count * (size_t)n;
+    co->work = malloc(total * sizeof(float) + 1);
+    co->tmp = malloc(count * sizeof(float) + 1);
+    if (!co->work || !co->tmp)
+        BG__NOMEM(co);
+    if (total)
+        memcpy(co->work, sendbuf, total * sizeof(float));
+    if (bg__build_ring_rs(co, co->work, total, co->tmp) != 0)
+        BG__NOMEM(co);
+    bg__step_t *st = bg__step(co);
+    if (!st)
+        BG__NOMEM(co);
+    *st = (bg__step_t){.post = BG__POST_COPY, .dst = recvbuf, .a = (float *)co->work + (size_t)me * count,
+                       .n = count};
+    if (op == BG_REDUCE_AVG) {
+        if (!(st = bg__step(co)))
+            BG__NOMEM(co);
+        *st = (bg__step_t){.post = BG__POST_DIV, .dst = recvbuf, .n = count, .div = (float)n};
+    }
+    return bg__run(co);
+}

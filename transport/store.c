@@ -1,0 +1,840 @@
+/* transport/store.c: the rendezvous store. The server is one thread with a
+ * poll() loop over non-blocking sockets: a slow, silent or hostile client
+ * never blocks the others, and a malformed message drops only its own
+ * connection. It also keeps the liveness connections: it reports a rank
+ * whose connection closed (or went silent past the timeout) to every other
+ * rank. The client is blocking, with deadlines, and polls a check function
+ * so that a waiting call can be aborted when a peer died.
+ * This file must not know about UCX. */
+#include "transport/store.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "brigade/core.h"
+#include "core/check.h"
+
+#define BG__HDR sizeof(bg__store_hdr_t)
+#define BG__MAX_CONNS 1024
+#define BG__MAX_WBUF (8u << 20)
+
+_Static_assert(sizeof(bg__store_hdr_t) == 16, "store header is 16 bytes on the wire");
+
+/* ---- framing ---------------------------------------------------------------- */
+
+void bg__rd_free(bg__rd_t *rd)
+{
+    free(rd->buf);
+    rd->buf = NULL;
+    rd->len = rd->cap = 0;
+}
+
+static int bg__rd_reserve(bg__rd_t *rd, size_t need)
+{
+    if (rd->cap >= need)
+        return 0;
+    size_t cap = rd->cap ? rd->cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    uint8_t *b = realloc(rd->buf, cap);
+    if (!b)
+        return -1;
+    rd->buf = b;
+    rd->cap = cap;
+    return 0;
+}
+
+/* Bytes the front message needs in total (header included), 0 if unknown yet. */
+static size_t bg__rd_need(const bg__rd_t *rd)
+{
+    if (rd->len < BG__HDR)
+        return BG__HDR;
+    bg__store_hdr_t h;
+    memcpy(&h, rd->buf, BG__HDR);
+    if (h.key_len > BG_STORE_MAX_KEY || h.val_len > BG_STORE_MAX_VALUE)
+        return BG__HDR;
+    return BG__HDR + h.key_len + (size_t)h.val_len;
+}
+
+int bg__rd_fill(bg__rd_t *rd, int fd)
+{
+    size_t need = bg__rd_need(rd);
+    size_t want = need > rd->len ? need - rd->len : 0;
+    if (want < 4096)
+        want = 4096; /* read ahead a little: pipelined small messages */
+    if (bg__rd_reserve(rd, rd->len + want) != 0)
+        return -1;
+    ssize_t n = recv(fd, rd->buf + rd->len, want, MSG_DONTWAIT);
+    if (n == 0)
+        return -1;
+    if (n < 0)
+        return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+    rd->len += (size_t)n;
+    return 1;
+}
+
+int bg__rd_peek(bg__rd_t *rd, bg__store_hdr_t *hdr_p, const uint8_t **key_p, const uint8_t **val_p)
+{
+    if (rd->len < BG__HDR)
+        return 0;
+    bg__store_hdr_t h;
+    memcpy(&h, rd->buf, BG__HDR);
+    if (h.magic != BG__STORE_MAGIC || h.op == 0 || h.op > BG__OP_MAX ||
+        h.key_len > BG_STORE_MAX_KEY || h.val_len > BG_STORE_MAX_VALUE)
+        return -1;
+    size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
+    if (rd->len < total)
+        return 0;
+    *hdr_p = h;
+    *key_p = rd->buf + BG__HDR;
+    *val_p = rd->buf + BG__HDR + h.key_len;
+    return 1;
+}
+
+void bg__rd_pop(bg__rd_t *rd)
+{
+    bg__store_hdr_t h;
+    memcpy(&h, rd->buf, BG__HDR);
+    size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
+    memmove(rd->buf, rd->buf + total, rd->len - total);
+    rd->len -= total;
+}
+
+uint8_t *bg__msg_encode(uint8_t op, uint8_t status, uint32_t arg, const void *key, size_t klen,
+                        const void *val, size_t vlen, size_t *len_p)
+{
+    bg__store_hdr_t h = {.magic = BG__STORE_MAGIC, .op = op, .status = status,
+                         .key_len = (uint16_t)klen, .val_len = (uint32_t)vlen, .arg = arg};
+    uint8_t *m = malloc(BG__HDR + klen + vlen + 1);
+    if (!m)
+        return NULL;
+    memcpy(m, &h, BG__HDR);
+    if (klen)
+        memcpy(m + BG__HDR, key, klen);
+    if (vlen)
+        memcpy(m + BG__HDR + klen, val, vlen);
+    *len_p = BG__HDR + klen + vlen;
+    return m;
+}
+
+bg_status_t bg__write_all(int fd, const void *buf, size_t len, double deadline)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return bg_error(BG_ERR_IO, "store: send failed: %s", strerror(errno));
+        double left = deadline - bg_now();
+        if (left <= 0)
+            return bg_error(BG_ERR_TIMEOUT, "store: send did not finish before the deadline");
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        poll(&pfd, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
+    }
+    return BG_OK;
+}
+
+static void bg__set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL, 0);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static bg_status_t bg__resolve(const char *addr, int port, struct sockaddr_storage *ss, socklen_t *len)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port);
+    int rc = getaddrinfo(addr, ps, &hints, &res);
+    if (rc != 0 || !res)
+        return bg_error(BG_ERR_INVALID, "store: cannot resolve address \"%s\": %s", addr,
+                        gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return BG_OK;
+}
+
+/* ---- server ------------------------------------------------------------------- */
+
+typedef struct bg__kv {
+    char *key;
+    uint8_t *val;
+    size_t len;
+    struct bg__kv *next;
+} bg__kv_t;
+
+typedef struct bg__conn {
+    int fd;
+    bg__rd_t rd;
+    uint8_t *wbuf;
+    size_t wlen, wcap;
+    int hello, rank, role, bye;
+    double opened, last_heard;
+    /* one parked request at most (clients are request/reply) */
+    int parked;          /* 0, BG__OP_WAIT or BG__OP_BARRIER */
+    char pkey[BG_STORE_MAX_KEY + 1];
+    double pdeadline;
+    uint32_t pcount;
+} bg__conn_t;
+
+struct bg__store_server {
+    bg__store_server_params_t p;
+    char token[256];
+    char addr[256];
+    int lfd, port;
+    int wake[2];
+    pthread_t thread;
+    atomic_int stop;
+    double stop_deadline;
+    atomic_uint_fast64_t dropped;
+    bg__conn_t *conns[BG__MAX_CONNS];
+    int nconns;
+    bg__kv_t *kv;
+    char *dead;  /* per rank: reported dead already */
+    double last_hb;
+    double live_timeout; /* a liveness connection silent this long is dead */
+};
+
+static bg__kv_t *bg__kv_find(bg__store_server_t *s, const char *key)
+{
+    for (bg__kv_t *e = s->kv; e; e = e->next)
+        if (strcmp(e->key, key) == 0)
+            return e;
+    return NULL;
+}
+
+static int bg__queue(bg__conn_t *c, uint8_t op, uint8_t status, uint32_t arg, const void *key,
+                     size_t klen, const void *val, size_t vlen)
+{
+    size_t need = c->wlen + BG__HDR + klen + vlen;
+    if (need > BG__MAX_WBUF)
+        return -1;
+    if (need > c->wcap) {
+        size_t cap = c->wcap ? c->wcap : 4096;
+        while (cap < need)
+            cap *= 2;
+        uint8_t *b = realloc(c->wbuf, cap);
+        if (!b)
+            return -1;
+        c->wbuf = b;
+        c->wcap = cap;
+    }
+    bg__store_hdr_t h = {.magic = BG__STORE_MAGIC, .op = op, .status = status,
+                         .key_len = (uint16_t)klen, .val_len = (uint32_t)vlen, .arg = arg};
+    memcpy(c->wbuf + c->wlen, &h, BG__HDR);
+    if (klen)
+        memcpy(c->wbuf + c->wlen + BG__HDR, key, klen);
+    if (vlen)
+        memcpy(c->wbuf + c->wlen + BG__HDR + klen, val, vlen);
+    c->wlen = need;
+    return 0;
+}
+
+static int bg__reply(bg__conn_t *c, int status, const void *val, size_t vlen)
+{
+    return bg__queue(c, BG__OP_REPLY, (uint8_t)status, 0, NULL, 0, val, vlen);
+}
+
+static void bg__flush(bg__conn_t *c)
+{
+    while (c->wlen) {
+        ssize_t n = send(c->fd, c->wbuf, c->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n <= 0)
+            return;
+        memmove(c->wbuf, c->wbuf + n, c->wlen - (size_t)n);
+        c->wlen -= (size_t)n;
+    }
+}
+
+static void bg__announce_dead(bg__store_server_t *s, int rank, const char *why)
+{
+    if (rank < 0 || rank >= s->p.world_size || s->dead[rank])
+        return;
+    s->dead[rank] = 1;
+    bg_log(BG_LOG_WARN, "store", "rank %d failed: %s", rank, why);
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (c && c->role == BG__ROLE_LIVE && c->hello && c->rank != rank)
+            bg__queue(c, BG__OP_DEAD, 0, (uint32_t)rank, NULL, 0, why, strlen(why));
+    }
+}
+
+static void bg__drop(bg__store_server_t *s, int i, const char *why, int violation)
+{
+    bg__conn_t *c = s->conns[i];
+    if (violation)
+        atomic_fetch_add(&s->dropped, 1);
+    bg_log(violation ? BG_LOG_WARN : BG_LOG_DEBUG, "store", "dropping connection (rank %d): %s",
+           c->hello ? c->rank : -1, why);
+    if (c->hello && c->role == BG__ROLE_LIVE && !c->bye)
+        bg__announce_dead(s, c->rank, why);
+    close(c->fd);
+    bg__rd_free(&c->rd);
+    free(c->wbuf);
+    free(c);
+    s->conns[i] = s->conns[--s->nconns];
+    s->conns[s->nconns] = NULL;
+}
+
+/* Reply to every parked WAIT on @p key. */
+static void bg__wake_waiters(bg__store_server_t *s, const char *key, const bg__kv_t *e)
+{
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (c->parked == BG__OP_WAIT && strcmp(c->pkey, key) == 0) {
+            c->parked = 0;
+            bg__reply(c, BG__ST_OK, e->val, e->len);
+        }
+    }
+}
+
+static void bg__barrier_check(bg__store_server_t *s, const char *key, uint32_t count)
+{
+    uint32_t n = 0;
+    for (int i = 0; i < s->nconns; i++)
+        if (s->conns[i]->parked == BG__OP_BARRIER && strcmp(s->conns[i]->pkey, key) == 0)
+            n++;
+    if (n < count)
+        return;
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (c->parked == BG__OP_BARRIER && strcmp(c->pkey, key) == 0) {
+            c->parked = 0;
+            bg__reply(c, BG__ST_OK, NULL, 0);
+        }
+    }
+}
+
+/* The message a barrier that timed out sends back: who is missing. */
+static void bg__barrier_timeout(bg__store_server_t *s, bg__conn_t *me)
+{
+    char msg[512];
+    int w = s->p.world_size > 0 ? s->p.world_size : 0;
+    char *seen = calloc((size_t)w + 1, 1);
+    uint32_t n = 0;
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (c->parked == BG__OP_BARRIER && strcmp(c->pkey, me->pkey) == 0) {
+            n++;
+            if (seen && c->rank >= 0 && c->rank < w)
+                seen[c->rank] = 1;
+        }
+    }
+    int off = snprintf(msg, sizeof(msg), "%u of %u ranks arrived; missing:", n, me->pcount);
+    int listed = 0;
+    for (int r = 0; seen && r < w && off < (int)sizeof(msg) - 16; r++)
+        if (!seen[r]) {
+            off += snprintf(msg + off, sizeof(msg) - (size_t)off, "%s %d", listed ? "," : "", r);
+            listed++;
+        }
+    free(seen);
+    /* everyone waiting in this barrier gets the same answer now */
+    char key[BG_STORE_MAX_KEY + 1];
+    memcpy(key, me->pkey, sizeof(key));
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (c->parked == BG__OP_BARRIER && strcmp(c->pkey, key) == 0) {
+            c->parked = 0;
+            bg__reply(c, BG__ST_TIMEOUT, msg, strlen(msg));
+        }
+    }
+}
+
+/* Handle one message; -1 drops the connection as a protocol violation. */
+static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h,
+                      const uint8_t *key, const uint8_t *val)
+{
+    char k[BG_STORE_MAX_KEY + 1];
+    memcpy(k, key, h->key_len);
+    k[h->key_len] = '\0';
+    c->last_heard = bg_now();
+    if (!c->hello) {
+        if (h->op != BG__OP_HELLO)
+            return -1;
+        if (s->token[0] && (h->key_len != strlen(s->token) || memcmp(key, s->token, h->key_len))) {
+            bg__reply(c, BG__ST_ERR, "wrong job token", 15);
+            bg__flush(c);
+            return -1;
+        }
+        if (h->status > BG__ROLE_LIVE || (s->p.world_size > 0 && (int)h->arg >= s->p.world_size))
+            return -1;
+        c->hello = 1;
+        c->rank = (int)h->arg;
+        c->role = h->status;
+        return bg__reply(c, BG__ST_OK, NULL, 0);
+    }
+    if (c->parked)
+        return -1; /* request/reply protocol: nothing may come while parked */
+    switch (h->op) {
+    case BG__OP_SET: {
+        bg__kv_t *e = bg__kv_find(s, k);
+        uint8_t *v = malloc(h->val_len + 1);
+        if (!v)
+            return -1;
+        memcpy(v, val, h->val_len);
+        if (!e) {
+            e = calloc(1, sizeof(*e));
+            if (!e || !(e->key = strdup(k))) {
+                free(e);
+                free(v);
+                return -1;
+            }
+            e->next = s->kv;
+            s->kv = e;
+        } else {
+            free(e->val);
+        }
+        e->val = v;
+        e->len = h->val_len;
+        bg__wake_waiters(s, k, e);
+        return bg__reply(c, BG__ST_OK, NULL, 0);
+    }
+    case BG__OP_GET: {
+        bg__kv_t *e = bg__kv_find(s, k);
+        return e ? bg__reply(c, BG__ST_OK, e->val, e->len) : bg__reply(c, BG__ST_NOTFOUND, NULL, 0);
+    }
+    case BG__OP_WAIT: {
+        bg__kv_t *e = bg__kv_find(s, k);
+        if (e)
+            return bg__reply(c, BG__ST_OK, e->val, e->len);
+        c->parked = BG__OP_WAIT;
+        memcpy(c->pkey, k, h->key_len + 1);
+        c->pdeadline = bg_now() + h->arg / 1000.0;
+        return 0;
+    }
+    case BG__OP_ADD: {
+        if (h->val_len != 8)
+            return -1;
+        int64_t d, cur = 0;
+        memcpy(&d, val, 8);
+        bg__kv_t *e = bg__kv_find(s, k);
+        if (e && e->len == 8)
+            memcpy(&cur, e->val, 8);
+        cur += d;
+        if (!e) {
+            e = calloc(1, sizeof(*e));
+            if (!e || !(e->key = strdup(k))) {
+                free(e);
+                return -1;
+            }
+            e->next = s->kv;
+            s->kv = e;
+        }
+        if (e->len != 8) {
+            free(e->val);
+            e->val = malloc(8);
+            if (!e->val)
+                return -1;
+            e->len = 8;
+        }
+        memcpy(e->val, &cur, 8);
+        bg__wake_waiters(s, k, e);
+        return bg__reply(c, BG__ST_OK, &cur, 8);
+    }
+    case BG__OP_BARRIER: {
+        if (h->val_len != 4 || h->arg == 0)
+            return -1;
+        uint32_t ms;
+        memcpy(&ms, val, 4);
+        c->parked = BG__OP_BARRIER;
+        memcpy(c->pkey, k, h->key_len + 1);
+        c->pcount = h->arg;
+        c->pdeadline = bg_now() + ms / 1000.0;
+        bg__barrier_check(s, k, h->arg);
+        return 0;
+    }
+    case BG__OP_HB:
+        return 0;
+    case BG__OP_BYE:
+        c->bye = 1;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+static void bg__accept(bg__store_server_t *s)
+{
+    for (;;) {
+        int fd = accept(s->lfd, NULL, NULL);
+        if (fd < 0)
+            return;
+        if (s->nconns >= BG__MAX_CONNS) {
+            atomic_fetch_add(&s->dropped, 1);
+            close(fd);
+            continue;
+        }
+        bg__set_nonblock(fd);
+        bg__conn_t *c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->rank = -1;
+        c->opened = c->last_heard = bg_now();
+        s->conns[s->nconns++] = c;
+    }
+}
+
+static void *bg__server_main(void *arg)
+{
+    bg__store_server_t *s = arg;
+    struct pollfd *pfd = calloc(BG__MAX_CONNS + 2, sizeof(*pfd));
+    if (!pfd)
+        return NULL;
+    for (;;) {
+        double now = bg_now();
+        if (atomic_load(&s->stop)) {
+            int live = 0;
+            for (int i = 0; i < s->nconns; i++)
+                live += s->conns[i]->role == BG__ROLE_LIVE && s->conns[i]->hello;
+            if (live == 0 || now > s->stop_deadline)
+                break;
+        }
+        /* heartbeats out; silent liveness connections and timed-out requests */
+        int hb = now - s->last_hb >= s->p.heartbeat_ms / 1000.0;
+        if (hb)
+            s->last_hb = now;
+        for (int i = 0; i < s->nconns; i++) {
+            bg__conn_t *c = s->conns[i];
+            if (!c->hello && now - c->opened > s->p.hello_timeout_s) {
+                bg__drop(s, i--, "no hello before the deadline", 1);
+                continue;
+            }
+            if (c->hello && c->role == BG__ROLE_LIVE && !c->bye) {
+                if (now - c->last_heard > s->live_timeout) {
+                    char why[96];
+                    snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->last_heard);
+                    bg__drop(s, i--, why, 0);
+                    continue;
+                }
+                if (hb)
+                    bg__queue(c, BG__OP_HB, 0, 0, NULL, 0, NULL, 0);
+            }
+            if (c->parked && now > c->pdeadline) {
+                if (c->parked == BG__OP_WAIT) {
+                    c->parked = 0;
+                    bg__reply(c, BG__ST_TIMEOUT, "key was not set before the deadline", 35);
+                } else {
+                    bg__barrier_timeout(s, c);
+                }
+            }
+            bg__flush(c);
+        }
+        int n = 0;
+        pfd[n++] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
+        pfd[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        for (int i = 0; i < s->nconns; i++)
+            pfd[n++] = (struct pollfd){.fd = s->conns[i]->fd,
+                                       .events = (short)(POLLIN | (s->conns[i]->wlen ? POLLOUT : 0))};
+        int tmo = s->p.heartbeat_ms < 50 ? s->p.heartbeat_ms : 50;
+        if (poll(pfd, (nfds_t)n, tmo) < 0 && errno != EINTR)
+            break;
+        if (pfd[0].revents & POLLIN) {
+            char b[64];
+            while (read(s->wake[0], b, sizeof(b)) > 0) {
+            }
+        }
+        if (pfd[1].revents & POLLIN)
+            bg__accept(s);
+        /* connections: iterate over the ones polled (accepts appended new ones) */
+        int polled = n - 2;
+        for (int i = polled - 1; i >= 0; i--) {
+            short re = pfd[i + 2].revents;
+            if (i >= s->nconns || s->conns[i]->fd != pfd[i + 2].fd || !re)
+                continue;
+            bg__conn_t *c = s->conns[i];
+            if (re & POLLOUT)
+                bg__flush(c);
+            if (!(re & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            int r = bg__rd_fill(&c->rd, c->fd);
+            int bad = 0;
+            for (;;) {
+                bg__store_hdr_t h;
+                const uint8_t *k, *v;
+                int m = bg__rd_peek(&c->rd, &h, &k, &v);
+                if (m == 0)
+                    break;
+                if (m < 0 || bg__handle(s, c, &h, k, v) < 0) {
+                    bad = 1;
+                    break;
+                }
+                bg__rd_pop(&c->rd);
+            }
+            if (bad)
+                bg__drop(s, i, "malformed, oversized or unexpected message", 1);
+            else if (r < 0)
+                bg__drop(s, i, "connection closed", 0);
+            else
+                bg__flush(c);
+        }
+    }
+    for (int i = s->nconns - 1; i >= 0; i--)
+        bg__drop(s, i, "store shutting down", 0);
+    free(pfd);
+    return NULL;
+}
+
+bg_status_t bg__store_server_start(const bg__store_server_params_t *p, bg__store_server_t **srv_p)
+{
+    bg_status_t st;
+    bg__store_server_t *s = calloc(1, sizeof(*s));
+    BG_ALLOC_CHECK(s, sizeof(*s), "the store server");
+    s->p = *p;
+    snprintf(s->token, sizeof(s->token), "%s", p->token ? p->token : "");
+    snprintf(s->addr, sizeof(s->addr), "%s", p->addr ? p->addr : "127.0.0.1");
+    s->p.addr = s->addr;
+    if (s->p.heartbeat_ms <= 0)
+        s->p.heartbeat_ms = 200;
+    if (s->p.timeout_s <= 0)
+        s->p.timeout_s = 60;
+    s->live_timeout = s->p.timeout_s / 2;
+    if (s->live_timeout < 5 * s->p.heartbeat_ms / 1000.0)
+        s->live_timeout = 5 * s->p.heartbeat_ms / 1000.0;
+    if (s->p.hello_timeout_s <= 0)
+        s->p.hello_timeout_s = 10;
+    s->dead = calloc((size_t)(p->world_size > 0 ? p->world_size : 1), 1);
+    s->lfd = -1;
+    s->wake[0] = s->wake[1] = -1;
+    if (!s->dead) {
+        st = bg_error(BG_ERR_NOMEM, "store: out of memory");
+        goto err_free;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    BG_CHECK_GOTO(bg__resolve(s->addr, p->port, &ss, &sl), st, err_free);
+    s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&ss, sl) != 0 || listen(s->lfd, 128) != 0) {
+        st = bg_error(BG_ERR_IO, "store: cannot listen on %s:%d: %s (is the port in use?)", s->addr,
+                      p->port, strerror(errno));
+        goto err_close;
+    }
+    bg__set_nonblock(s->lfd);
+    sl = sizeof(ss);
+    getsockname(s->lfd, (struct sockaddr *)&ss, &sl);
+    s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                            : ((struct sockaddr_in6 *)&ss)->sin6_port);
+    if (pipe2(s->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
+        st = bg_error(BG_ERR_IO, "store: pipe: %s", strerror(errno));
+        goto err_close;
+    }
+    s->last_hb = bg_now();
+    if (pthread_create(&s->thread, NULL, bg__server_main, s) != 0) {
+        st = bg_error(BG_ERR_INTERNAL, "store: cannot start the server thread");
+        goto err_pipe;
+    }
+    bg_log(BG_LOG_DEBUG, "store", "serving on %s:%d", s->addr, s->port);
+    *srv_p = s;
+    return BG_OK;
+err_pipe:
+    close(s->wake[0]);
+    close(s->wake[1]);
+err_close:
+    if (s->lfd >= 0)
+        close(s->lfd);
+err_free:
+    free(s->dead);
+    free(s);
+    return st;
+}
+
+int bg__store_server_port(const bg__store_server_t *srv) { return srv->port; }
+
+uint64_t bg__store_server_dropped(const bg__store_server_t *srv)
+{
+    return atomic_load(&((bg__store_server_t *)srv)->dropped);
+}
+
+void bg__store_server_stop(bg__store_server_t *s, double wait_s)
+{
+    if (!s)
+        return;
+    s->stop_deadline = bg_now() + wait_s;
+    atomic_store(&s->stop, 1);
+    ssize_t w = write(s->wake[1], "x", 1);
+    (void)w;
+    pthread_join(s->thread, NULL);
+    close(s->lfd);
+    close(s->wake[0]);
+    close(s->wake[1]);
+    for (bg__kv_t *e = s->kv, *n; e; e = n) {
+        n = e->next;
+        free(e->key);
+        free(e->val);
+        free(e);
+    }
+    free(s->dead);
+    free(s);
+}
+
+/* ---- client ------------------------------------------------------------------- */
+
+/* Read one whole message with a deadline; polls c->check between slices. */
+static bg_status_t bg__client_read(bg__store_client_t *c, double deadline, bg__store_hdr_t *h_p,
+                                   uint8_t **val_p, size_t *vlen_p)
+{
+    for (;;) {
+        bg__store_hdr_t h;
+        const uint8_t *k, *v;
+        int m = bg__rd_peek(&c->rd, &h, &k, &v);
+        if (m < 0)
+            return bg_error(BG_ERR_PARSE, "store: malformed reply from the store");
+        if (m > 0) {
+            uint8_t *out = NULL;
+            if (val_p) {
+                out = malloc(h.val_len + 1);
+                BG_ALLOC_CHECK(out, h.val_len + 1, "a store reply");
+                memcpy(out, v, h.val_len);
+                out[h.val_len] = 0;
+                *val_p = out;
+            }
+            if (vlen_p)
+                *vlen_p = h.val_len;
+            *h_p = h;
+            bg__rd_pop(&c->rd);
+            return BG_OK;
+        }
+        if (c->check)
+            BG_CHECK(c->check(c->check_arg));
+        double left = deadline - bg_now();
+        if (left <= 0)
+            return bg_error(BG_ERR_TIMEOUT, "store: no reply from the store before the deadline");
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        int r = poll(&pfd, 1, left > 0.05 ? 50 : (int)(left * 1000) + 1);
+        if (r > 0 && bg__rd_fill(&c->rd, c->fd) < 0)
+            return bg_error(BG_ERR_PEER, "rank 0 died (store connection closed)");
+    }
+}
+
+bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
+                              double deadline, bg__store_client_t *c)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    BG_CHECK(bg__resolve(addr, port, &ss, &sl));
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    c->rank = rank;
+    double backoff = 0.01;
+    int err = 0;
+    for (;;) {
+        int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return bg_error(BG_ERR_IO, "store: socket: %s", strerror(errno));
+        if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
+            c->fd = fd;
+            break;
+        }
+        err = errno;
+        close(fd);
+        if (bg_now() + backoff > deadline)
+            return bg_error(BG_ERR_TIMEOUT,
+                            "rank %d could not reach the store at %s:%d before the deadline "
+                            "(last error: %s); is rank 0 running?",
+                            rank, addr, port, strerror(err));
+        struct timespec ts = {0, (long)(backoff * 1e9)};
+        nanosleep(&ts, NULL);
+        backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
+    }
+    bg__set_nonblock(c->fd);
+    const char *tok = token ? token : "";
+    size_t len;
+    uint8_t *m = bg__msg_encode(BG__OP_HELLO, (uint8_t)role, (uint32_t)rank, tok, strlen(tok), NULL, 0, &len);
+    bg_status_t st;
+    if (!m) {
+        st = bg_error(BG_ERR_NOMEM, "store: out of memory");
+        goto err_close;
+    }
+    st = bg__write_all(c->fd, m, len, deadline);
+    free(m);
+    if (st != BG_OK)
+        goto err_close;
+    bg__store_hdr_t h;
+    st = bg__client_read(c, deadline, &h, NULL, NULL);
+    if (st == BG_ERR_PEER)
+        st = bg_error(BG_ERR_PEER, "the store at %s:%d closed the connection during hello "
+                      "(wrong BRIGADE_JOB_TOKEN, or rank %d out of range?)", addr, port, rank);
+    if (st != BG_OK)
+        goto err_close;
+    if (h.op != BG__OP_REPLY || h.status != BG__ST_OK) {
+        st = bg_error(BG_ERR_PEER, "the store at %s:%d refused rank %d (wrong BRIGADE_JOB_TOKEN?)",
+                      addr, port, rank);
+        goto err_close;
+    }
+    return BG_OK;
+err_close:
+    bg__store_close(c);
+    return st;
+}
+
+void bg__store_close(bg__store_client_t *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    bg__rd_free(&c->rd);
+}
+
+bg_status_t bg__store_call(bg__store_client_t *c, uint8_t op, uint32_t arg, const char *key,
+                           const void *val, size_t vlen, double deadline, int *st_p,
+                           uint8_t **val_p, size_t *vlen_p)
+{
+    size_t klen = key ? strlen(key) : 0;
+    if (klen > BG_STORE_MAX_KEY)
+        return bg_error(BG_ERR_INVALID, "store: key \"%.32s...\" has %zu bytes, at most %d allowed",
+                        key, klen, BG_STORE_MAX_KEY);
+    if (vlen > BG_STORE_MAX_VALUE)
+        return bg_error(BG_ERR_INVALID, "store: value of %zu bytes for key \"%s\", at most %u allowed",
+                        vlen, key ? key : "", BG_STORE_MAX_VALUE);
+    if (c->fd < 0)
+        return bg_error(BG_ERR_IO, "store: not connected");
+    size_t len;
+    uint8_t *m = bg__msg_encode(op, 0, arg, key, klen, val, vlen, &len);
+    BG_ALLOC_CHECK(m, BG__HDR + klen + vlen, "a store request");
+    bg_status_t st = bg__write_all(c->fd, m, len, deadline);
+    free(m);
+    if (st != BG_OK) {
+        bg__store_close(c);
+        return st;
+    }
+    bg__store_hdr_t h;
+    st = bg__client_read(c, deadline, &h, val_p, vlen_p);
+    if (st != BG_OK) {
+        /* a reply may still come later: the stream is out of step, drop it */
+        bg__store_close(c);
+        return st;
+    }
+    if (h.op != BG__OP_REPLY) {
+        if (val_p)
+            free(*val_p);
+        bg__store_close(c);
+        return bg_error(BG_ERR_PARSE, "store: unexpected message (op %d) instead of a reply", h.op);
+    }
+    *st_p = h.status;
+    return BG_OK;
+}

@@ -1,0 +1,141 @@
+/* transport/transport_impl.h: the private bodies of bg_comm_t, bg_request_t
+ * and bg_group_t, shared by comm.c (bootstrap, UCX, progress, liveness),
+ * coll.c (groups and collectives) and bootstrap.c. Nothing outside
+ * transport/ may include it (tests excepted). */
+#ifndef BG_TRANSPORT_IMPL_H
+#define BG_TRANSPORT_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "brigade/core.h"
+#include "brigade/transport.h"
+#include "transport/store.h"
+
+/* 64-bit UCX tag layout:
+ *   bits 63..32  user tag (point-to-point) or group id (16) | sequence (10) | step (6)
+ *   bit  31      1 for collective traffic, 0 for user point-to-point
+ *   bits 30..8   source world rank (so receives match by source with a full mask)
+ *   bits  7..0   reserved (0) */
+#define BG__TAG_COLL (1ull << 31)
+#define BG__MAX_RANKS (1 << 23)
+static inline uint64_t bg__tag(uint32_t hi, int coll, int src)
+{
+    return ((uint64_t)hi << 32) | (coll ? BG__TAG_COLL : 0) | ((uint64_t)(uint32_t)src << 8);
+}
+
+typedef enum { BG__RQ_SEND = 0, BG__RQ_RECV = 1, BG__RQ_COLL = 2 } bg__rq_kind_t;
+
+typedef struct bg__coll bg__coll_t;
+
+struct bg_request {
+    bg_comm_t *comm;
+    bg__rq_kind_t kind;
+    int peer;              /* world rank (p2p) */
+    uint32_t tag;          /* user tag or collective tag's high word */
+    size_t bytes;          /* buffer size */
+    size_t recvd;          /* bytes received */
+    void *ucx;             /* UCX request while UCX still owns it */
+    atomic_int done;       /* 1 once complete (successfully or not) */
+    bg_status_t status;
+    char msg[256];         /* error message when status < 0 */
+    int user_freed;        /* freed by the user while UCX still owned it: free on callback */
+    int suspect;           /* UCX failed it like a dead peer would: wait for the liveness verdict */
+    double suspect_until;
+    ucs_status_t ucs_err;
+    double t_start;
+    ucp_tag_recv_info_t info;
+    bg__coll_t *parent;    /* collective this transfer belongs to */
+    bg__coll_t *coll;      /* for BG__RQ_COLL: the collective */
+    bg_request_t *prev, *next; /* comm's list of requests UCX owns */
+};
+
+struct bg_group {
+    bg_comm_t *comm;
+    int n;
+    int *ranks;            /* world rank of each group rank */
+    int me;                /* my group rank, -1 if not a member */
+    uint16_t id;
+    uint32_t seq;          /* collectives started on this group */
+};
+
+struct bg_comm {
+    int rank, size, local_rank;
+    char addr[256];
+    int port;
+    char token[256];
+    double timeout_s;
+    int heartbeat_ms;
+    const char *source;    /* which variables the bootstrap used */
+
+    bg__store_server_t *server; /* rank 0 */
+    bg__store_client_t kv;      /* request/reply store connection */
+    pthread_mutex_t kv_lock;
+    bg__store_client_t live;    /* liveness connection (communication thread) */
+
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_ep_h *eps;              /* per world rank, made on first use */
+    void *my_addr;
+    size_t my_addr_len;
+
+    pthread_mutex_t lock;       /* the worker, the request list, the collectives */
+    bg_request_t *pending;      /* requests UCX owns */
+    bg__coll_t *colls;          /* active collectives */
+    void **leaks;               /* buffers abandoned sends may still read; freed at destroy */
+    int nleaks, capleaks;
+
+    pthread_t thread;
+    atomic_int stop;
+    atomic_int active;          /* operations in flight */
+    atomic_int demand;          /* API threads wanting the lock or waiting */
+    atomic_int sleeping;
+    int wake_fd;                /* eventfd: wakes the communication thread */
+    double last_heard, last_sent;
+
+    int nsuspects;              /* requests waiting for a liveness verdict */
+    atomic_int failed;          /* a peer died or the store was lost */
+    char *dead;                 /* per rank: failed */
+    char fail_msg[256];         /* first failure */
+    int group_ids[64][2];       /* (hash, occurrences) for group ids */
+    int ngroup_ids;
+};
+
+/* comm.c */
+void bg__lock(bg_comm_t *c);
+void bg__unlock(bg_comm_t *c);
+/* Under the lock: progress UCX and advance collectives. Returns events. */
+unsigned bg__progress_locked(bg_comm_t *c);
+bg_status_t bg__ensure_ep(bg_comm_t *c, int peer);
+/* Under the lock: post a tagged transfer for a collective (or p2p when parent is NULL). */
+bg_status_t bg__post_locked(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t hi, int coll,
+                            void *buf, size_t bytes, bg__coll_t *parent, bg_request_t **req_p);
+/* Under the lock: fail an operation with @p st and @p msg (cancels or abandons UCX's part). */
+void bg__fail_locked(bg_comm_t *c, bg_request_t *r, bg_status_t st, const char *msg);
+void bg__request_release_locked(bg_request_t *r);
+void bg__leak_locked(bg_comm_t *c, void *p);
+void bg__kick(bg_comm_t *c);
+/* Error status for a peer that failed (message names it), BG_OK if alive. */
+bg_status_t bg__peer_status(bg_comm_t *c, int peer, const char *during);
+
+/* coll.c */
+void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub);
+void bg__colls_advance_locked(bg_comm_t *c);
+void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why);
+void bg__colls_fail_all_locked(bg_comm_t *c, const char *why);
+void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg);
+void bg__coll_free(bg__coll_t *co);
+
+/* bootstrap.c */
+typedef struct bg__boot {
+    int rank, size, local_rank;
+    char addr[256];
+    int port;
+    const char *source;
+} bg__boot_t;
+bg_status_t bg__bootstrap(const bg_comm_params_t *p, bg__boot_t *b);
+
+#endif
