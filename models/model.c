@@ -293,17 +293,7 @@ bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int
     if (opt->kind != BG_OPTIM_ADAMW && opt->kind != BG_OPTIM_SGD)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)opt->kind);
     if (!m->opt_m) {
-        m->opt_kind = opt->kind;
-        m->opt_m = bg_backend_alloc(be, m->nparams * sizeof(float), "optimizer state (first moment)");
-        if (!m->opt_m)
-            return BG_ERR_NOMEM;
-        be->ops->fill(be, m->opt_m, 0.0f, m->nparams);
-        if (opt->kind == BG_OPTIM_ADAMW) {
-            m->opt_v = bg_backend_alloc(be, m->nparams * sizeof(float), "optimizer state (second moment)");
-            if (!m->opt_v)
-                return BG_ERR_NOMEM;
-            be->ops->fill(be, m->opt_v, 0.0f, m->nparams);
-        }
+        BG_CHECK(bg_model_optim_init(m, opt->kind));
     } else if (opt->kind != m->opt_kind) {
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     }
@@ -320,5 +310,23 @@ bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int
     return BG_OK;
 }
 
-/* Accessors for the optimizer state (checkpoints); NULL before the first step. */
+bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind)
+{
+    bg_backend_t *be = m->be;
+    if (m->opt_m)
+        return kind == m->opt_kind ? BG_OK : bg_error(BG_ERR_INVALID, "optimizer state exists for another optimizer");
+    m->opt_kind = kind;
+    m->opt_m = bg_backend_alloc(be, m->nparams * sizeof(float), "optimizer state (first moment)");
+    if (!m->opt_m)
+        return BG_ERR_NOMEM;
+    be->ops->fill(be, m->opt_m, 0.0f, m->nparams);
+    if (kind == BG_OPTIM_ADAMW) {
+        m->opt_v = bg_backend_alloc(be, m->nparams * sizeof(float), "optimizer state (second moment)");
+        if (!m->opt_v)
+            return BG_ERR_NOMEM;
+        be->ops->fill(be, m->opt_v, 0.0f, m->nparams);
+    }
+    return BG_OK;
+}
+
 float *bg_model_optim_state(bg_model_t *m, int which) { return which == 0 ? m->opt_m : m->opt_v; }

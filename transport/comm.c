@@ -35,7 +35,7 @@ void bg__unlock(bg_comm_t *c) { pthread_mutex_unlock(&c->lock); }
 
 /* Wake the communication thread. Not used on the hot path: a wake-up costs a
  * syscall and a context switch per operation (measured: 8-byte ping-pong went
- * from ~3 to ~30 us with it on 2 vCPUs); the idle thread polls every
+ * from 0.7 to 34 us with it, on 2 vCPUs); the idle thread polls every
  * millisecond instead, so background progress starts at most 1 ms late. */
 void bg__kick(bg_comm_t *c)
 {

@@ -104,6 +104,12 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind);
 /** One optimizer step over the range's parameters (t is the 1-based step).
  *  Allocates the optimizer state on first use. */
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t);
+/** Allocate (zeroed) the optimizer state of @p kind if not yet there (before loading a checkpoint). */
+bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind);
+/** Optimizer state, flat like the parameters (tensor i's slice starts at
+ *  bg_model_tensor(m, i)->data - bg_model_params(m)): which 0 = first moment
+ *  (AdamW m, SGD momentum), 1 = second moment (AdamW v). NULL when absent. */
+float *bg_model_optim_state(bg_model_t *m, int which);
 
 /* ---------------------------------------------------------------- stages */
 

@@ -101,14 +101,16 @@ static void bg__cpu_residual_forward(bg_backend_t *be, float *out, const float *
 /* OpenBLAS's own threading is NOT bitwise reproducible across thread counts:
  * it splits M and N into per-thread ranges whose edges fall on different
  * micro-kernel paths (measured: 200x200x300 differs between 2 and 3 threads).
- * So every GEMM here is cut into fixed tiles of op(C) (BG_CPU_GEMM_TILE_M x
- * BG_CPU_GEMM_TILE_N, whatever the thread count), each tile is one
+ * So every GEMM here is cut into tiles of C whose size depends on the shape
+ * only (128 x 128 up to 512 x 512 elements of C, else 256 x 256), never on
+ * the thread count; each tile is one
  * single-threaded cblas_sgemm over the full K, and OpenMP spreads the tiles
  * (and the batch) over the threads. A C element is then always computed by
  * the same call with the same operands. Packing is repeated per tile, which
  * costs well under 1% at these tile sizes. */
-#define BG_CPU_GEMM_TILE_M 256
-#define BG_CPU_GEMM_TILE_N 256
+#define BG_CPU_GEMM_TILE_BIG 256
+#define BG_CPU_GEMM_TILE_SMALL 128
+#define BG_CPU_GEMM_SMALL_C (512LL * 512)
 /* below this many multiply-adds in total a parallel region does not pay */
 #define BG_CPU_GEMM_PAR ((long long)1 << 18)
 
@@ -142,17 +144,17 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
     }
     int nt = bg__cpu_nt(be);
     CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-    int tiles_m = (m + BG_CPU_GEMM_TILE_M - 1) / BG_CPU_GEMM_TILE_M;
-    int tiles_n = (n + BG_CPU_GEMM_TILE_N - 1) / BG_CPU_GEMM_TILE_N;
+    int tile = (long long)m * n <= BG_CPU_GEMM_SMALL_C ? BG_CPU_GEMM_TILE_SMALL : BG_CPU_GEMM_TILE_BIG;
+    int tiles_m = (m + tile - 1) / tile, tiles_n = (n + tile - 1) / tile;
     long long per = (long long)tiles_m * tiles_n, ntask = per * batch;
     long long work = (long long)m * n * k * batch;
     bg__cpu_blas_threads(1);
 #pragma omp parallel for num_threads(nt) if (ntask > 1 && work > BG_CPU_GEMM_PAR) schedule(dynamic, 1)
     for (long long task = 0; task < ntask; task++) {
         long long bi = task / per, r = task % per;
-        int i0 = (int)(r / tiles_n) * BG_CPU_GEMM_TILE_M, j0 = (int)(r % tiles_n) * BG_CPU_GEMM_TILE_N;
-        int mm = m - i0 < BG_CPU_GEMM_TILE_M ? m - i0 : BG_CPU_GEMM_TILE_M;
-        int nn = n - j0 < BG_CPU_GEMM_TILE_N ? n - j0 : BG_CPU_GEMM_TILE_N;
+        int i0 = (int)(r / tiles_n) * tile, j0 = (int)(r % tiles_n) * tile;
+        int mm = m - i0 < tile ? m - i0 : tile;
+        int nn = n - j0 < tile ? n - j0 : tile;
         /* rows i0.. of op(A): rows of A, or columns when transposed; likewise columns j0.. of op(B) */
         const float *ap = a + bi * stride_a + (trans_a ? (size_t)i0 : (size_t)i0 * lda);
         const float *bp = b + bi * stride_b + (trans_b ? (size_t)j0 * ldb : (size_t)j0);
