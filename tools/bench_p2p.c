@@ -22,7 +22,9 @@ static int bg__sizes(const char *cmd, const char *s, uint64_t *out, int *n_p)
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n == BG__MAX_SIZES)
             return bg_cli_fail(cmd, "--sizes: more than %d sizes", BG__MAX_SIZES), -1;
-        if (bg_cli_bytes(cmd, "--sizes", tok, &out[n]) != 0)
+        if (!strcmp(tok, "0"))
+            out[n] = 0; /* an empty message: latency only */
+        else if (bg_cli_bytes(cmd, "--sizes", tok, &out[n]) != 0)
             return -1;
         n++;
     }

@@ -92,10 +92,12 @@ typedef struct bg_backend_ops {
     /* ---- softmax (row-wise over C) ---- */
     void (*softmax_forward)(bg_backend_t *be, float *out /* (N,C) */, const float *in /* (N,C) */, int N, int C);
     void (*softmax_backward)(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C);
-    /** att[b,i,j] = softmax_j(scale * preatt[b,i,j]) over j <= i; att[b,i,j>i] = 0. */
+    /** att[b,i,j] = softmax_j(scale * preatt[b,i,j]) over j <= i; att[b,i,j>i] = 0.
+     *  Must work in place (att == preatt): attention relies on it. */
     void (*causal_softmax_forward)(bg_backend_t *be, float *att /* (BH,T,T) */, const float *preatt /* (BH,T,T) */,
                                    float scale, int BH, int T);
-    /** dpreatt = d/dpreatt given datt (upper triangle of dpreatt set to 0). */
+    /** dpreatt = d/dpreatt given datt (upper triangle of dpreatt set to 0).
+     *  Must work in place (dpreatt == datt). */
     void (*causal_softmax_backward)(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
                                     float scale, int BH, int T);
 
