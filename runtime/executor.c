@@ -104,8 +104,6 @@ static bg_status_t begin_slot(exec_t *x, chunk_t *ch, int mb, float **in_p)
     BG_CHECK(input_shape(x, ch, mb, &s));
     BG_CHECK(bg_stage_begin(ch->st, mb, s, in_p));
     ch->begun[mb] = 1;
-    if (++x->stashed > x->peak_stashed)
-        x->peak_stashed = x->stashed;
     return BG_OK;
 }
 
@@ -156,7 +154,6 @@ static bg_status_t end_slot(exec_t *x, chunk_t *ch, int mb, int split)
     ch->begun[mb] = 0;
     ch->has_dout[mb] = 0;
     ch->out[mb] = ch->din[mb] = NULL;
-    x->stashed--;
     return BG_OK;
 }
 
@@ -218,6 +215,9 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     if (!ch->is_first && !ch->prev_local)
         BG_CHECK(wait_free(&ch->act_recv[mb]));
     BG_CHECK(bg_stage_forward(ch->st, mb, &ch->out[mb], &ch->out_shape[mb]));
+    /* stashed from its forward to its last backward piece, as the simulator counts */
+    if (++x->stashed > x->peak_stashed)
+        x->peak_stashed = x->stashed;
     if (ch->is_last)
         x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
     if (!ch->is_last && ch->next_local) {
@@ -241,6 +241,8 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     else
         BG_CHECK(bg_stage_backward(ch->st, mb, &din));
     ch->din[mb] = din;
+    if (!split)
+        x->stashed--; /* its last backward piece is done (the memory may wait for a send) */
     if (!ch->is_first && ch->prev_local) {
         chunk_t *pv = chunk_of_stage(x, ch->stage - 1);
         float *dout;
@@ -259,6 +261,7 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(wait_free(&ch->grad_send[mb])); /* W frees din */
     BG_CHECK(wait_free(&ch->act_send[mb]));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
+    x->stashed--;
     return end_slot(x, ch, mb, 1);
 }
 
@@ -348,6 +351,54 @@ static bg_status_t layer_ranges(const bg_train_config_t *c, int total, int S, in
         at += n;
     }
     return BG_OK;
+}
+
+/* What the simulator predicts for this rank's activation memory: the peak of
+ * stashed microbatches (F to last backward piece) times each stage's stash
+ * (input, outputs, layer stashes, data, incoming gradient), plus what lives
+ * outside the stash: each stage's scratch, the receive buffers posted one
+ * microbatch ahead, and the largest backward temporary. */
+static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
+{
+    double *stash = calloc((size_t)x->S, sizeof(double));
+    BG_ALLOC_CHECK(stash, (size_t)x->S * sizeof(double), "stash sizes");
+    size_t extra = 0, maxbw = 0;
+    bg_status_t st = BG_OK;
+    for (int v = 0; v < x->V && st == BG_OK; v++) {
+        chunk_t *ch = &x->chunks[v];
+        bg_shape_t in;
+        bg_stage_mem_t mem;
+        int save = (int)x->step;
+        x->step = 0;
+        st = input_shape(x, ch, 0, &in);
+        x->step = save;
+        if (st == BG_OK)
+            st = bg_stage_memory(ch->st, in, &mem);
+        if (st != BG_OK)
+            break;
+        stash[ch->stage] = (double)(mem.stash + mem.data + mem.dout);
+        size_t bw = mem.fused_bw > mem.split_bw ? mem.fused_bw : mem.split_bw;
+        if (bw > maxbw)
+            maxbw = bw;
+        extra += mem.scratch; /* kept by the stage once allocated */
+        /* receives posted ahead: the next microbatch's input and gradient buffers */
+        if (!ch->is_first && !ch->prev_local)
+            extra += bg_shape_numel(in) * sizeof(float);
+        extra += mem.dout;
+    }
+    extra += maxbw;
+    bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+    sp.stash_bytes_per_stage = stash;
+    bg_sim_result_t *r = NULL;
+    if (st == BG_OK)
+        st = bg_schedule_simulate(x->sched, &sp, &r);
+    if (st == BG_OK) {
+        res->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
+        res->predicted_act_bytes = (size_t)bg_sim_peak_stash_bytes(r, x->pp_i) + extra;
+    }
+    bg_sim_result_free(r);
+    free(stash);
+    return st;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -509,6 +560,8 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         ch->next_rank = nr >= 0 ? nr * x->D + x->dp_i : -1;
         BG_CHECK_GOTO(bg_model_create(&cfg->model, x->be, ch->first, ch->last, &ch->model), st, out);
         BG_CHECK_GOTO(bg_stage_create(ch->model, x->M, &ch->st), st, out);
+        /* optimizer state now, so the activation peak measured below is activations only */
+        BG_CHECK_GOTO(bg_model_optim_init(ch->model, cfg->optim.kind), st, out);
         size_t M = (size_t)x->M;
         ch->act_recv = calloc(M, sizeof(void *));
         ch->grad_recv = calloc(M, sizeof(void *));
@@ -529,6 +582,7 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
     }
     if (cfg->trace_path)
         BG_CHECK_GOTO(bg_trace_create(x->comm, x->rank, &x->trace), st, out);
+    BG_CHECK_GOTO(predict_activations(x, &res), st, out);
 
     size_t nops;
     const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, x->pp_i, &nops);

@@ -208,10 +208,11 @@ int bg_cmd_train(int argc, char **argv)
     if (r.world > 1) {
         /* every rank reports its own pipeline figures; rank 0 the job's */
         if (!prog.quiet || r.rank == 0)
-            fprintf(stderr, "rank %d: %zu parameters, peak memory %.2f MiB (activations %.2f MiB, %d microbatches "
-                            "stashed), bubble %.1f%%\n",
-                    r.rank, r.params, r.peak_bytes / 1048576.0, r.peak_act_bytes / 1048576.0, r.peak_stashed,
-                    100 * r.bubble);
+            fprintf(stderr,
+                    "rank %d: %zu parameters, peak memory %.2f MiB; activations %.3f MiB (simulator %.3f MiB), "
+                    "%d microbatches stashed (simulator %d); bubble %.1f%%\n",
+                    r.rank, r.params, r.peak_bytes / 1048576.0, r.peak_act_bytes / 1048576.0,
+                    r.predicted_act_bytes / 1048576.0, r.peak_stashed, r.predicted_stashed, 100 * r.bubble);
         if (r.rank != 0)
             return 0;
         printf("trained %s on %d ranks (pp %d x dp %d, %s): loss %.4f -> %.4f\n",

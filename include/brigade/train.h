@@ -71,6 +71,8 @@ typedef struct bg_train_result {
     double bubble;            /**< measured idle fraction of this rank's step (median step) */
     size_t peak_act_bytes;    /**< peak of activation memory on this rank (allocator) */
     int peak_stashed;         /**< peak microbatches stashed at once on this rank */
+    int predicted_stashed;    /**< the simulator's peak for this rank and schedule */
+    size_t predicted_act_bytes; /**< the simulator's peak stash bytes + the stage's scratch and backward temporaries */
 } bg_train_result_t;
 
 /** Check the configuration (messages name the flag-level field) without running. */

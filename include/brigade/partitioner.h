@@ -1,0 +1,241 @@
+/**
+ * @file partitioner.h
+ * @brief Split a model into contiguous pipeline stages that fit each device's
+ *        memory, search pipeline x data-parallel layouts, write and read plans.
+ *
+ * Two levels:
+ *  - bg_partition(): the exact partitioner. Given per-layer costs and memory
+ *    and, per (virtual) stage, a device (speed, budget) and the slot counts
+ *    the schedule keeps on it, it finds contiguous layer ranges minimising the
+ *    slowest stage's time per microbatch (compute / speed + its boundary
+ *    transfers), subject to every stage fitting its budget, recomputing
+ *    activations on a stage only where that is needed to fit. Exact (a pruned
+ *    dynamic program, see docs/partitioner.md), not greedy.
+ *  - bg_plan_search(): for a model, a world size and devices, enumerate
+ *    pipeline x data-parallel layouts, microbatch counts and schedules,
+ *    partition each, simulate each with bg_schedule_simulate(), rank them by
+ *    predicted step time. A plan is saved as JSON (docs/partitioner.md) that
+ *    `brigade train --plan FILE` runs as is.
+ *
+ * @code
+ *   bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+ *   pp.model.layers = 48; pp.model.d_model = 2048; pp.model.heads = 16; pp.model.seq_len = 1024;
+ *   pp.world = 8; size_t mem = 24ull << 30; pp.mem = &mem; pp.nmem = 1;
+ *   pp.batch = 64; pp.microbatch_size = 1;
+ *   bg_plan_set_t *set;
+ *   if (bg_plan_search(&pp, &set) != BG_OK) fprintf(stderr, "%s\n", bg_last_error());
+ *   const bg_plan_t *best = bg_plan_set_get(set, 0);
+ *   bg_plan_save(best, "plan.json");
+ *   bg_plan_set_free(set);
+ * @endcode
+ */
+#ifndef BRIGADE_PARTITIONER_H
+#define BRIGADE_PARTITIONER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/model.h"
+#include "brigade/schedule.h"
+#include "brigade/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* The exact partitioner                                                    */
+
+/** One layer as the partitioner sees it (bytes as in bg_layer_profile_t). */
+typedef struct bg_part_layer {
+    size_t params;        /**< parameters (4 bytes each, plus gradient and optimizer state) */
+    size_t stash_bytes;   /**< kept per microbatch from F to the end of backward (incl. its output) */
+    size_t wstash_bytes;  /**< kept from B to W in a split backward (incl. its output gradient) */
+    size_t scratch_bytes; /**< temporary of one call */
+    size_t output_bytes;  /**< its output; sent to the next stage when it ends a stage */
+    double fwd_time;      /**< forward seconds per microbatch on a speed-1 device */
+    double bwd_time;      /**< backward (B + W) seconds per microbatch on a speed-1 device */
+} bg_part_layer_t;
+
+/** How many microbatch slots of a stage are, at one point of its rank's
+ *  program, begun (input buffer), forwarded (data + activations), holding an
+ *  output gradient, and inside a backward (its backward buffer). The stage's
+ *  activation memory is the largest of (begun x input + forwarded x (data +
+ *  act) + dout x output gradient + backward x backward buffer) over its points. */
+typedef struct bg_part_counts {
+    int begun, forwarded, dout, backward;
+} bg_part_counts_t;
+
+/** The device of one (virtual) stage and what the schedule keeps on it. */
+typedef struct bg_part_stage_spec {
+    double speed;                   /**< relative speed (> 0): compute time is divided by it */
+    size_t budget_bytes;            /**< memory this stage may use */
+    int split_backward;             /**< 1: B and W are separate (zero-bubble): the B..W buffer */
+    int ncounts;                    /**< entries of counts (>= 1) */
+    const bg_part_counts_t *counts; /**< slot counts at the program points that can be peaks */
+} bg_part_stage_spec_t;
+
+/** A partitioning problem; start from BG_PART_PROBLEM_INIT. Stages are in
+ *  pipeline order (virtual stage 0 holds layer 0). */
+typedef struct bg_part_problem {
+    size_t size;                        /**< sizeof(bg_part_problem_t) */
+    int nlayers;
+    const bg_part_layer_t *layers;      /**< [nlayers] */
+    int nstages;
+    const bg_part_stage_spec_t *stages; /**< [nstages] */
+    size_t bytes_per_param;             /**< parameters + gradients + optimizer state (4 + 4 + 8 for AdamW) */
+    size_t input_bytes;                 /**< model input per microbatch when it is floats (MLP); 0 for tokens */
+    size_t token_bytes;                 /**< tokens the first stage holds per microbatch (GPT) */
+    size_t target_bytes;                /**< targets the last stage holds per microbatch */
+    double link_latency;                /**< seconds per message */
+    double link_bandwidth;              /**< bytes per second; 0 = infinite */
+    int allow_recompute;                /**< a stage may keep only its input per microbatch and recompute */
+} bg_part_problem_t;
+#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0}
+
+/** One stage of a partition, or the evaluation of a layer range on a stage. */
+typedef struct bg_part_stage {
+    int first, last;        /**< layer range, inclusive */
+    int recompute;          /**< 1: activations recomputed in the backward */
+    int fits;               /**< mem_bytes <= the stage's budget */
+    double compute_time;    /**< seconds per microbatch: (F + B + W [+ F]) / speed */
+    double comm_time;       /**< its boundary transfers: output forward, input gradient backward */
+    double time;            /**< compute_time + comm_time */
+    size_t mem_bytes;       /**< predicted peak: static + scratch + activations */
+    size_t static_bytes;    /**< parameters, gradients and optimizer state */
+    size_t scratch_bytes;   /**< the stage's shared scratch */
+    size_t act_bytes;       /**< peak microbatch memory (the counts times the per-slot buffers) */
+    size_t stash_per_mb;    /**< input + data + activations kept per stashed microbatch */
+    size_t input_bytes;     /**< per slot: input buffer */
+    size_t data_bytes;      /**< per slot: tokens and targets */
+    size_t layer_act_bytes; /**< per slot: the layers' activations (as bg_stage_memory's stash minus input) */
+    size_t dout_bytes;      /**< per slot: incoming output gradient */
+    size_t bw_bytes;        /**< per slot: backward buffer (split or fused) */
+} bg_part_stage_t;
+
+/** Evaluate layers [first, last] on stage @p stage, with or without
+ *  recomputation (the same arithmetic the partitioner uses). */
+bg_status_t bg_part_stage_eval(const bg_part_problem_t *prob, int stage, int first, int last, int recompute,
+                               bg_part_stage_t *eval_p);
+
+/** Solve: out[nstages] gets the stages; *bottleneck_p the slowest stage's
+ *  time. BG_ERR_NO_FIT when no split fits (message: the culprit and the
+ *  shortfall, from bg_part_shortfall()); BG_ERR_INVALID for a bad problem. */
+bg_status_t bg_partition(const bg_part_problem_t *prob, bg_part_stage_t *out, double *bottleneck_p);
+
+/** Why a problem does not fit, and by how much. */
+typedef struct bg_part_shortfall {
+    size_t extra_bytes;     /**< smallest amount that, added to every stage's budget, makes it fit (0: fits) */
+    int stage;              /**< at that amount, the stage that needs it all */
+    int first, last;        /**< its layers */
+    size_t need_bytes;      /**< what that stage needs */
+    size_t budget_bytes;    /**< its budget */
+    int biggest_layer;      /**< the layer of that stage with most static + stash memory */
+} bg_part_shortfall_t;
+/** Compute the shortfall (exact: extra_bytes fits, extra_bytes - 1 does not). */
+bg_status_t bg_part_shortfall(const bg_part_problem_t *prob, bg_part_shortfall_t *sf_p);
+
+/** Slot counts of pipeline rank @p rank over its program, replaying the
+ *  executor's allocation order (receives posted up to the next two compute
+ *  instructions ahead, fused-backward slots ending after their gradient is
+ *  sent). *rows_p: *npoints_p rows of `chunks` entries each (entry c: chunk
+ *  c's counts at one program point; rows dominated by another are dropped).
+ *  malloc'ed; free() it. */
+bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_part_counts_t **rows_p,
+                                    int *npoints_p);
+
+/* ------------------------------------------------------------------------ */
+/* Plans                                                                    */
+
+/** Inputs of bg_plan_search(); start from BG_PLAN_PARAMS_INIT. */
+typedef struct bg_plan_params {
+    size_t size;                 /**< sizeof(bg_plan_params_t) */
+    bg_model_config_t model;
+    int seq;                     /**< GPT: training sequence length (0 = model.seq_len) */
+    int world;                   /**< devices */
+    const uint64_t *mem;         /**< budgets in bytes: 1 entry (all devices) or world entries */
+    int nmem;
+    const double *speed;         /**< relative speeds: NULL/0 entries (all 1), 1 or world entries */
+    int nspeed;
+    int batch;                   /**< global batch, sequences */
+    int microbatch_size;         /**< sequences per microbatch per replica; 0 = search */
+    int pp;                      /**< pipeline stages; 0 = search */
+    const char *schedules;       /**< comma-separated names, NULL = all */
+    int chunks;                  /**< 0 = the schedule's default */
+    bg_optim_kind_t optim;
+    int allow_recompute;
+    double flops;                /**< FLOP/s of a speed-1 device */
+    double link_latency;         /**< seconds */
+    double link_bandwidth;       /**< bytes per second, 0 = infinite */
+    const double *layer_fwd_s;   /**< measured forward seconds per layer per microbatch (speed 1), or NULL */
+    const double *layer_bwd_s;   /**< measured backward seconds, or NULL (both given or neither) */
+    int top;                     /**< how many plans to keep (0 = 5) */
+} bg_plan_params_t;
+#define BG_PLAN_PARAMS_INIT                                                                                        \
+    {sizeof(bg_plan_params_t), BG_MODEL_CONFIG_INIT, 0, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW,  \
+     0, 1e12, 5e-6, 10e9, NULL, NULL, 5}
+
+/** A plan's stage (virtual stage for interleaved/zbv). */
+typedef struct bg_plan_stage {
+    int rank;                    /**< pipeline rank holding it */
+    int chunk;                   /**< chunk on that rank */
+    int first_layer, last_layer; /**< inclusive */
+    size_t params;
+    uint64_t budget_bytes;       /**< the share of its rank's budget the partitioner gave it */
+    uint64_t predicted_peak_bytes;
+    int recompute;
+    double predicted_ms_per_microbatch;
+} bg_plan_stage_t;
+
+typedef struct bg_plan bg_plan_t;
+typedef struct bg_plan_set bg_plan_set_t;
+
+/** Search layouts. BG_ERR_NO_FIT (with the shortfall, the smallest budget
+ *  and device count that fit) when nothing fits; BG_ERR_INVALID for bad input. */
+bg_status_t bg_plan_search(const bg_plan_params_t *params, bg_plan_set_t **set_p);
+int bg_plan_set_count(const bg_plan_set_t *set);
+/** Candidates evaluated (fitting or not). */
+int bg_plan_set_evaluated(const bg_plan_set_t *set);
+const bg_plan_t *bg_plan_set_get(const bg_plan_set_t *set, int i); /**< best first */
+void bg_plan_set_free(bg_plan_set_t *set);
+
+/** Write / read the plan JSON (docs/partitioner.md). Load checks the schema
+ *  and that the stages cover the layers; BG_ERR_PARSE naming the field. */
+bg_status_t bg_plan_save(const bg_plan_t *plan, const char *path);
+bg_status_t bg_plan_to_json(const bg_plan_t *plan, char **json_p);
+bg_status_t bg_plan_load(const char *path, bg_plan_t **plan_p);
+bg_status_t bg_plan_from_json(const char *json, bg_plan_t **plan_p);
+bg_plan_t *bg_plan_copy(const bg_plan_t *plan);
+void bg_plan_free(bg_plan_t *plan);
+
+int bg_plan_world(const bg_plan_t *plan);
+int bg_plan_pp(const bg_plan_t *plan);
+int bg_plan_dp(const bg_plan_t *plan);
+int bg_plan_tp(const bg_plan_t *plan);
+int bg_plan_microbatches(const bg_plan_t *plan);
+int bg_plan_microbatch_size(const bg_plan_t *plan);
+int bg_plan_batch(const bg_plan_t *plan);
+int bg_plan_seq(const bg_plan_t *plan);
+const char *bg_plan_schedule(const bg_plan_t *plan);
+int bg_plan_chunks(const bg_plan_t *plan);
+double bg_plan_step_ms(const bg_plan_t *plan);
+double bg_plan_bubble(const bg_plan_t *plan);
+double bg_plan_tokens_per_s(const bg_plan_t *plan);
+int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
+/** The model configuration the plan was made for (check it against the run's). */
+const bg_model_config_t *bg_plan_model(const bg_plan_t *plan);
+/** Number of (virtual) stages: pp * chunks. */
+int bg_plan_num_stages(const bg_plan_t *plan);
+const bg_plan_stage_t *bg_plan_stage(const bg_plan_t *plan, int i);
+/** Layers per virtual stage, the executor's --split (bg_train_config_t.split). */
+int bg_plan_split(const bg_plan_t *plan, int *split, int max);
+/** Predicted peak bytes and budget of pipeline rank @p rank (all its chunks). */
+uint64_t bg_plan_rank_peak_bytes(const bg_plan_t *plan, int rank);
+uint64_t bg_plan_rank_budget_bytes(const bg_plan_t *plan, int rank);
+/** Check the plan against a training setup: model, batch, --pp/--dp/--schedule; BG_ERR_MISMATCH naming the field. */
+bg_status_t bg_plan_check_model(const bg_plan_t *plan, const bg_model_config_t *model);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_PARTITIONER_H */

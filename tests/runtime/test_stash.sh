@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tests/runtime/test_stash.sh: on every rank and for every schedule, the
+# executor's peak number of stashed microbatches (forward to last backward
+# piece, counted as it runs) equals the simulator's prediction for that
+# schedule, p = 4, m = 8 (and m = 3 < p).
+set -u
+B=${BRIGADE:?path of the brigade binary}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export BRIGADE_TIMEOUT=60
+pass=0; fails=0
+for m in 8 3; do
+  for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv; do
+    if ! timeout 120 "$B" launch -n 4 -- "$B" train --layers 6 --d-model 16 --heads 2 --seq 8 --batch $((2 * m)) \
+         --microbatches $m --steps 2 --threads 1 --pp 4 --schedule $s >"$T/o" 2>"$T/e"; then
+      echo "FAIL: $s m=$m did not run"; grep -v WARN "$T/e" | tail -3; fails=$((fails + 1)); continue
+    fi
+    got=$(grep -o "^rank [0-9]*:.*microbatches stashed (simulator [0-9]*)" "$T/e" | sort |
+          sed -E 's/^rank ([0-9]+):.* ([0-9]+) microbatches stashed \(simulator ([0-9]+)\)/\1:\2:\3/')
+    n=0; ok=1
+    for g in $got; do
+      IFS=: read -r r meas sim <<<"$g"; n=$((n + 1))
+      [ "$meas" = "$sim" ] || { ok=0; echo "FAIL: $s m=$m rank $r stashed $meas, simulator $sim"; }
+    done
+    if [ "$n" = 4 ] && [ "$ok" = 1 ]; then pass=$((pass + 1)); echo "ok   $s m=$m: $(echo $got | tr '\n' ' ')";
+    else fails=$((fails + 1)); [ "$n" = 4 ] || echo "FAIL: $s m=$m: $n rank lines"; fi
+  done
+done
+echo "$pass passed, $fails failed"
+[ "$fails" = 0 ]
