@@ -629,6 +629,8 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
         x->be->ops->synchronize(x->be);
         double dt = bg_now() - t0;
+        if (x->trace)
+            bg_trace_event(x->trace, "step", -1, -1, t0, t0 + dt, step + 1);
         /* the step's loss: the last stage of each replica holds its share */
         float lossf = (float)x->loss;
         if (x->world > 1)
@@ -669,8 +671,14 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
     res.rank = x->rank;
     res.world = x->world;
     BG_CHECK_GOTO(save_weights(x), st, fail);
-    if (x->trace)
-        BG_CHECK_GOTO(bg_trace_write(x->trace, cfg->trace_path), st, fail);
+    if (x->trace) {
+        char meta[512];
+        snprintf(meta, sizeof(meta),
+                 "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%d,"
+                 "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
+                 bg_schedule_name(x->sched), x->P, x->D, x->M, x->V, cfg->steps);
+        BG_CHECK_GOTO(bg_trace_write(x->trace, cfg->trace_path, meta), st, fail);
+    }
     *result_p = res;
     goto out;
 fail:

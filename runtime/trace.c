@@ -104,7 +104,7 @@ static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double ori
     }
 }
 
-bg_status_t bg_trace_write(bg_trace_t *t, const char *path)
+bg_status_t bg_trace_write(bg_trace_t *t, const char *path, const char *meta_json)
 {
     bg_status_t st = BG_OK;
     if (t->rank != 0) {
@@ -118,7 +118,7 @@ bg_status_t bg_trace_write(bg_trace_t *t, const char *path)
     if (!f)
         return bg_error(BG_ERR_IO, "cannot write trace %s: %s", tmp, strerror(errno));
     double origin = t->n ? t->ev[0].t0 : 0;
-    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":%s,\"traceEvents\":[\n", meta_json ? meta_json : "{}");
     int first = 1;
     write_events(f, 0, t->ev, t->n, origin, &first);
     for (int r = 1; r < t->world && st == BG_OK; r++) {

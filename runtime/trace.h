@@ -12,8 +12,9 @@ typedef struct bg_trace bg_trace_t;
 bg_status_t bg_trace_create(bg_comm_t *comm, int rank, bg_trace_t **trace_p);
 /* Record one op [t0, t1) (bg_now() seconds). */
 void bg_trace_event(bg_trace_t *t, const char *name, int microbatch, int stage, double t0, double t1, int step);
-/* Collective: rank 0 writes every rank's events to path (atomically). */
-bg_status_t bg_trace_write(bg_trace_t *t, const char *path);
+/* Collective: rank 0 writes every rank's events to path (atomically), with
+ * `meta_json` (a JSON object's text, or NULL) as the file's "otherData". */
+bg_status_t bg_trace_write(bg_trace_t *t, const char *path, const char *meta_json);
 void bg_trace_destroy(bg_trace_t *t);
 
 #endif

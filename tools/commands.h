@@ -3,6 +3,7 @@
  * with argv[0] the subcommand name. Add a line and a tools/cmd_<name>.c file. */
 BG_COMMAND(train, "train a model (single process, or one rank of a pipeline/data-parallel job)")
 BG_COMMAND(compare, "compare two runs' saved weights tensor by tensor")
+BG_COMMAND(simulate, "replay a training trace's measured op costs in the schedule simulator")
 BG_COMMAND(bench, "benchmarks: kernels, p2p, allreduce, schedule")
 BG_COMMAND(info, "print version, backends and the BRIGADE_* variables")
 BG_COMMAND(launch, "start N ranks of a job on this machine and supervise them")

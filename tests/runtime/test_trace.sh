@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# tests/runtime/test_trace.sh: --trace writes one Chrome trace-event file with
+# one track per rank and every compute op, send, receive and reduction with
+# its microbatch; `brigade simulate --from-trace` replays it; bad input fails.
+set -u
+B=${BRIGADE:?path of the brigade binary}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export BRIGADE_TIMEOUT=60
+pass=0; fails=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
+if timeout 120 "$B" launch -n 4 -- "$B" train --layers 4 --d-model 16 --heads 2 --seq 16 --batch 16 --microbatches 4 \
+     --steps 3 --threads 1 --pp 2 --dp 2 --schedule zb-h1 --trace "$T/t.json" --quiet >"$T/o" 2>"$T/e"; then ok "traced run"
+else bad "traced run failed"; cat "$T/e"; fi
+python3 - "$T/t.json" <<'PY' && ok "trace content" || bad "trace content"
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"]
+meta = d["otherData"]
+assert meta["schedule"] == "zb-h1" and meta["pp"] == 2 and meta["dp"] == 2 and meta["microbatches"] == 4
+tracks = {e["pid"] for e in ev}
+assert tracks == {0, 1, 2, 3}, tracks
+ops = {e["args"]["op"] for e in ev if "args" in e and "op" in e["args"]}
+for need in ["F", "B", "W", "send_act", "recv_act", "send_grad", "recv_grad", "reduce", "optimizer", "step"]:
+    assert need in ops, (need, ops)
+for e in ev:
+    if e.get("ph") == "X":
+        assert e["dur"] >= 0 and e["ts"] >= -1e6
+        if e["args"]["op"] in ("F", "B", "W"):
+            assert 0 <= e["args"]["microbatch"] < 4
+# every rank runs F for each of the 4 microbatches in each of 3 steps
+for r in range(4):
+    f = [e for e in ev if e["pid"] == r and e.get("args", {}).get("op") == "F"]
+    assert len(f) == 12, (r, len(f))
+PY
+if "$B" simulate --from-trace "$T/t.json" >"$T/s" 2>&1 && grep -q "simulated/measured" "$T/s"; then ok "$(tail -1 "$T/s")"; else bad "simulate"; cat "$T/s"; fi
+echo '{"traceEvents": []}' >"$T/bad.json"
+"$B" simulate --from-trace "$T/bad.json" 2>"$T/e2" && bad "simulate accepted a trace without metadata" || { grep -q "not a brigade executor trace" "$T/e2" && ok "metadata required" || bad "message: $(cat "$T/e2")"; }
+echo '{"traceEvents": [' >"$T/broken.json"
+"$B" simulate --from-trace "$T/broken.json" 2>"$T/e3" && bad "simulate accepted broken JSON" || { grep -q "line" "$T/e3" && ok "broken JSON names the line" || bad "message: $(cat "$T/e3")"; }
+echo "$pass passed, $fails failed"
+[ "$fails" = 0 ]
