@@ -41,6 +41,8 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
         if (c->vocab < 2)
             return bg_error(BG_ERR_INVALID, "vocab must be >= 2 (got %d)", c->vocab);
     } else if (c->kind == BG_MODEL_MLP) {
+        if (c->tie_embeddings)
+            return bg_error(BG_ERR_INVALID, "tied embeddings need a GPT (an MLP has no embedding)");
         if (c->in_features < 1)
             return bg_error(BG_ERR_INVALID, "in_features must be >= 1 (got %d)", c->in_features);
         if (c->classes < 2)
@@ -133,7 +135,11 @@ static bg_status_t init_params(bg_model_t *m)
     for (int i = 0; i < m->ntensors; i++) {
         bg_param_t *p = m->tensors[i].p;
         bg_rng_t rng;
-        bg_rng_seed(&rng, m->cfg.seed ^ fnv1a(m->tensors[i].name));
+        /* a tied head starts as a copy of the embedding */
+        const char *seed_name = m->tensors[i].name;
+        if (m->cfg.tie_embeddings && m->cfg.kind == BG_MODEL_GPT && !strcmp(seed_name, "head.weight"))
+            seed_name = "embed.wte";
+        bg_rng_seed(&rng, m->cfg.seed ^ fnv1a(seed_name));
         for (size_t j = 0; j < p->numel; j++)
             host[j] = p->init == BG_INIT_NORMAL ? (float)(p->init_value * bg_rng_normal(&rng)) : p->init_value;
         m->be->ops->from_host(m->be, p->data, host, p->numel * sizeof(float));
@@ -240,6 +246,17 @@ bg_param_t *bg_model_find_tensor(bg_model_t *m, const char *name)
         if (strcmp(m->tensors[i].name, name) == 0)
             return m->tensors[i].p;
     return NULL;
+}
+
+void bg_model_tie_grads_local(bg_model_t *m)
+{
+    if (!m->cfg.tie_embeddings || m->cfg.kind != BG_MODEL_GPT)
+        return;
+    bg_param_t *e = bg_model_find_tensor(m, "embed.wte"), *h = bg_model_find_tensor(m, "head.weight");
+    if (!e || !h)
+        return;
+    m->be->ops->residual_forward(m->be, e->grad, e->grad, h->grad, e->numel); /* e + h */
+    m->be->ops->copy(m->be, h->grad, e->grad, e->numel);
 }
 
 bg_shape_t bg_model_input_shape(const bg_model_t *m, int n, int t)

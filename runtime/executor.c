@@ -65,6 +65,8 @@ typedef struct exec {
     float *inputs;
     bg_trace_t *trace;
     int stashed, peak_stashed;
+    float *tie_buf;         /* the partner's tied-embedding gradient */
+    int64_t tie_step;       /* step whose tied gradients were summed locally */
     double busy;            /* compute seconds in the step */
 } exec_t;
 
@@ -265,6 +267,55 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     return end_slot(x, ch, mb, 1);
 }
 
+/* Tied embeddings: before the optimizer step of the chunk holding stage 0
+ * (embed.wte) or stage S-1 (head.weight), both gradients become embed + head
+ * (after the data-parallel sum), by a device add when one rank holds both,
+ * else by exchanging them with the partner rank (same replica). */
+static bg_status_t tie_grads(exec_t *x, chunk_t *ch)
+{
+    if (!x->c->model.tie_embeddings || x->c->model.kind != BG_MODEL_GPT || (!ch->is_first && !ch->is_last))
+        return BG_OK;
+    bg_backend_t *be = x->be;
+    if (ch->is_first && ch->is_last) {
+        bg_model_tie_grads_local(ch->model);
+        return BG_OK;
+    }
+    chunk_t *other = chunk_of_stage(x, ch->is_first ? x->S - 1 : 0);
+    if (other) { /* both on this rank (V-shape, or one pipeline rank) */
+        if (x->tie_step == x->step)
+            return BG_OK;
+        BG_CHECK(wait_free(&other->reduce));
+        chunk_t *fc = ch->is_first ? ch : other, *lc = ch->is_first ? other : ch;
+        bg_param_t *e = bg_model_find_tensor(fc->model, "embed.wte"), *h = bg_model_find_tensor(lc->model, "head.weight");
+        be->ops->residual_forward(be, e->grad, e->grad, h->grad, e->numel);
+        be->ops->copy(be, h->grad, e->grad, e->numel);
+        x->tie_step = x->step;
+        return BG_OK;
+    }
+    bg_param_t *mine = bg_model_find_tensor(ch->model, ch->is_first ? "embed.wte" : "head.weight");
+    if (!mine)
+        return bg_error(BG_ERR_INTERNAL, "rank %d: tied tensor missing on stage %d", x->rank, ch->stage);
+    if (!x->tie_buf && !(x->tie_buf = bg_backend_alloc(be, mine->numel * sizeof(float), "tied gradient")))
+        return BG_ERR_NOMEM;
+    int partner = bg_schedule_stage_rank(x->sched, ch->is_first ? x->S - 1 : 0) * x->D + x->dp_i;
+    uint32_t tag = tag_of(x, 1, 0x3fff, 0xffff);
+    bg_request_t *rr = NULL, *sr = NULL;
+    size_t bytes = mine->numel * sizeof(float);
+    bg_status_t st = bg_irecv(x->comm, partner, tag, x->tie_buf, bytes, &rr);
+    if (st == BG_OK)
+        st = bg_isend(x->comm, partner, tag, mine->grad, bytes, &sr);
+    bg_status_t st1 = wait_free(&rr), st2 = wait_free(&sr);
+    if (st == BG_OK)
+        st = st1 != BG_OK ? st1 : st2;
+    if (st != BG_OK)
+        return st;
+    if (ch->is_first)
+        be->ops->residual_forward(be, mine->grad, mine->grad, x->tie_buf, mine->numel); /* e + h */
+    else
+        be->ops->residual_forward(be, mine->grad, x->tie_buf, mine->grad, mine->numel); /* e + h */
+    return BG_OK;
+}
+
 static const char *op_label(int kind)
 {
     switch (kind) {
@@ -318,6 +369,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         return BG_OK;
     case BG_OP_OPTIMIZER_STEP:
         BG_CHECK(wait_free(&ch->reduce));
+        BG_CHECK(tie_grads(x, ch));
         return bg_model_optim_step(ch->model, &x->c->optim, (int)x->step + 1);
     }
     return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
@@ -457,6 +509,7 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
 {
     bg_status_t st = BG_OK;
     exec_t X = {0}, *x = &X;
+    X.tie_step = -1;
     x->c = cfg;
     bg_train_result_t res = {0};
     double *times = NULL, *busy = NULL;
@@ -686,6 +739,8 @@ fail:
 out:
     if (x->trace)
         bg_trace_destroy(x->trace);
+    if (x->be)
+        bg_backend_free(x->be, x->tie_buf);
     if (x->chunks)
         for (int v = 0; v < x->V; v++)
             free_chunk(&x->chunks[v]);

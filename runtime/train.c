@@ -113,9 +113,9 @@ static void config_json(const bg_model_config_t *m, char *buf, size_t n)
 {
     snprintf(buf, n,
              "{\"model\":\"%s\",\"layers\":%d,\"d_model\":%d,\"heads\":%d,\"seq_len\":%d,\"vocab\":%d,"
-             "\"in_features\":%d,\"classes\":%d,\"seed\":%llu}",
+             "\"in_features\":%d,\"classes\":%d,\"seed\":%llu,\"tie_embeddings\":%d}",
              m->kind == BG_MODEL_GPT ? "gpt" : "mlp", m->layers, m->d_model, m->heads, m->seq_len, m->vocab,
-             m->in_features, m->classes, (unsigned long long)m->seed);
+             m->in_features, m->classes, (unsigned long long)m->seed, m->tie_embeddings);
 }
 
 bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
@@ -221,6 +221,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             BG_CHECK_GOTO(bg_stage_backward(stage, mb, &din), st, out);
             bg_stage_end(stage, mb);
         }
+        bg_model_tie_grads_local(model);
         BG_CHECK_GOTO(bg_model_optim_step(model, &c.optim, step + 1), st, out);
         be->ops->synchronize(be);
         double dt = bg_now() - t0;

@@ -26,6 +26,7 @@ static void usage(FILE *f)
             "  --in-features N        MLP: input features (default 32)\n"
             "  --classes N            MLP: classes of the synthetic task (default 8)\n"
             "  --seed N               initialisation seed (default 1337)\n"
+            "  --tie-embeddings       GPT: tie the output head to the token embedding\n"
             "training:\n"
             "  --batch N              global batch in sequences per step (default 8)\n"
             "  --microbatches N       microbatches per step, divides batch (default 4)\n"
@@ -84,7 +85,7 @@ int bg_cmd_train(int argc, char **argv)
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
     enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
         {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
@@ -100,7 +101,7 @@ int bg_cmd_train(int argc, char **argv)
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
-        {"trace", required_argument, 0, O_TRACE},
+        {"trace", required_argument, 0, O_TRACE},     {"tie-embeddings", no_argument, 0, O_TIE},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -188,6 +189,7 @@ int bg_cmd_train(int argc, char **argv)
         case O_METRICS: c.metrics_path = optarg; break;
         case O_SAVE: c.save_dir = optarg; break;
         case O_QUIET: prog.quiet = 1; break;
+        case O_TIE: c.model.tie_embeddings = 1; break;
         case 'h':
         case O_HELP: usage(stdout); return 0;
         case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);

@@ -38,8 +38,10 @@ typedef struct bg_model_config {
     int in_features;      /**< MLP: input features */
     int classes;          /**< MLP: classes of the synthetic task */
     uint64_t seed;        /**< initialisation seed */
+    int tie_embeddings;   /**< GPT: the head's weight is tied to the token embedding (kept
+                               identical: same init, gradients summed before each update) */
 } bg_model_config_t;
-#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337}
+#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0}
 
 /** Check a configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
@@ -72,6 +74,12 @@ const char *bg_model_tensor_name(const bg_model_t *m, int i);
 bg_param_t *bg_model_tensor(bg_model_t *m, int i);
 /** Find a tensor by full name; NULL if this range does not hold it. */
 bg_param_t *bg_model_find_tensor(bg_model_t *m, const char *name);
+/** Tied embeddings: the two copies are "embed.wte" (first layer) and
+ *  "head.weight" (last layer). Each holds its own copy so that any split
+ *  keeps them identical the same way: before the optimizer step both
+ *  gradients become embed + head. This sums them when both are in @p m
+ *  (no-op otherwise, or when not tied). */
+void bg_model_tie_grads_local(bg_model_t *m);
 
 /** Per-layer profile of the FULL model for microbatches of n sequences of t positions. */
 typedef struct bg_layer_profile {

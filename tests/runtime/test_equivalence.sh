@@ -53,6 +53,20 @@ check gpt2 0 3 $GPT --microbatches 2 --pp 3 --schedule zb-h1
 ref gptvar $GPT --microbatches 4 --seq-min 5                          # variable lengths
 check gptvar 0 3 $GPT --microbatches 4 --seq-min 5 --pp 3 --schedule zb-h2
 
+# tied input embedding and output head: identical copies on the first and last stage
+ref gpttie $GPT --microbatches 4 --tie-embeddings
+python3 - "$T/gpttie/model.safetensors" <<'PY' && pass=$((pass + 1)) || bad "tied copies differ in the reference"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+def get(k):
+    a, b = h[k]["data_offsets"]; f.seek(8 + n + a); return f.read(b - a)
+assert get("embed.wte") == get("head.weight")
+PY
+check gpttie 0 2 $GPT --microbatches 4 --tie-embeddings --pp 2 --schedule 1f1b
+check gpttie 0 3 $GPT --microbatches 4 --tie-embeddings --pp 3 --schedule zb-h1
+check gpttie 0 2 $GPT --microbatches 4 --tie-embeddings --pp 2 --schedule zbv          # both on rank 0
+check gpttie 0 4 $GPT --microbatches 4 --tie-embeddings --pp 4 --schedule interleaved --chunks 2
+
 ref mlp4 $MLP --microbatches 4
 check mlp4 0 2 $MLP --microbatches 4 --pp 2
 check mlp4 0 3 $MLP --microbatches 4 --pp 3 --split 3,3,1 --schedule gpipe
@@ -63,6 +77,8 @@ check mlp4 0 4 $MLP --microbatches 4 --pp 4 --schedule zb-h1
 ref gptsgd $GPT --microbatches 2 --optimizer sgd --lr 0.05
 check gptsgd 1e-5 2 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --dp 2
 check gptsgd 1e-5 4 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --dp 2 --pp 2 --schedule zb-h1
+ref gptsgdtie $GPT --microbatches 2 --optimizer sgd --lr 0.05 --tie-embeddings
+check gptsgdtie 1e-5 4 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --tie-embeddings --dp 2 --pp 2
 ref mlpsgd $MLP --microbatches 2 --optimizer sgd --lr 0.05
 check mlpsgd 1e-5 4 $MLP --microbatches 2 --optimizer sgd --lr 0.05 --dp 4
 
