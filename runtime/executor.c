@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "brigade/checkpoint.h"
 #include "brigade/schedule.h"
 #include "brigade/train.h"
 #include "brigade/transport.h"
@@ -453,6 +454,60 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
     return st;
 }
 
+static bg_status_t save_checkpoint(exec_t *x, int64_t steps_done)
+{
+    const bg_train_config_t *c = x->c;
+    bg_model_t **models = malloc((size_t)x->V * sizeof(*models));
+    BG_ALLOC_CHECK(models, (size_t)x->V * sizeof(*models), "checkpoint model list");
+    for (int v = 0; v < x->V; v++)
+        models[v] = x->chunks[v].model;
+    char extra[512];
+    snprintf(extra, sizeof(extra),
+             "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":1,\"chunks\":%d,\"schedule\":\"%s\"},"
+             "\"optimizer\":\"%s\",\"lr\":%g,\"data_seed\":%llu,\"batch\":%d,\"microbatches\":%d}",
+             x->P, x->D, x->V, bg_schedule_name(x->sched), c->optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
+             (double)c->optim.lr, (unsigned long long)c->data_seed, c->batch, c->microbatches);
+    bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
+    p.root = c->checkpoint_dir;
+    p.step = steps_done;
+    p.models = models;
+    p.nmodels = x->V;
+    p.comm = x->comm;
+    p.writer = x->dp_i == 0;
+    p.extra_json = extra;
+    p.keep = c->keep;
+    bg_status_t st = bg_checkpoint_save(&p);
+    free(models);
+    return st;
+}
+
+static bg_status_t resume_checkpoint(exec_t *x, int *start_p)
+{
+    char dir[4096];
+    int64_t step = 0;
+    bg_status_t st = bg_checkpoint_latest(x->c->checkpoint_dir, dir, sizeof(dir), &step);
+    if (st == BG_ERR_NOT_FOUND) {
+        bg_error_clear();
+        *start_p = 0;
+        return BG_OK; /* nothing to resume from: start at step 0 */
+    }
+    BG_CHECK(st);
+    bg_model_t **models = malloc((size_t)x->V * sizeof(*models));
+    BG_ALLOC_CHECK(models, (size_t)x->V * sizeof(*models), "checkpoint model list");
+    for (int v = 0; v < x->V; v++)
+        models[v] = x->chunks[v].model;
+    bg_checkpoint_info_t info;
+    memset(&info, 0, sizeof(info));
+    st = bg_checkpoint_load(dir, models, x->V, &info);
+    free(models);
+    if (st == BG_OK) {
+        *start_p = (int)info.step;
+        bg_log(BG_LOG_INFO, "train", "resumed from %s (step %lld)", dir, (long long)info.step);
+    }
+    bg_checkpoint_info_clear(&info);
+    return st;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -465,7 +520,10 @@ static bg_status_t save_weights(exec_t *x)
         return BG_OK;
     for (int v = 0; v < x->V; v++) {
         char path[4096];
-        snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", x->c->save_dir, x->chunks[v].stage);
+        if (x->S == 1)
+            snprintf(path, sizeof(path), "%s/model.safetensors", x->c->save_dir);
+        else
+            snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", x->c->save_dir, x->chunks[v].stage);
         BG_CHECK(bg_model_save_safetensors(x->chunks[v].model, path, NULL));
     }
     return BG_OK;
@@ -645,9 +703,15 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         st = BG_ERR_NOMEM;
         goto out;
     }
+    int start = 0;
+    if (cfg->checkpoint_dir && cfg->resume)
+        BG_CHECK_GOTO(resume_checkpoint(x, &start), st, out);
+    res.start_step = start;
+    res.steps_done = start;
     size_t act_base = bg_backend_memstats(x->be).current;
     bg_backend_reset_peak(x->be);
-    for (int step = 0; step < cfg->steps; step++) {
+    int timed = 0;
+    for (int step = start; step < cfg->steps; step++) {
         x->step = step;
         double step_tokens = bg__train_step_tokens(cfg, step);
         x->loss_scale = (float)(1.0 / step_tokens);
@@ -684,13 +748,18 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         double dt = bg_now() - t0;
         if (x->trace)
             bg_trace_event(x->trace, "step", -1, -1, t0, t0 + dt, step + 1);
-        /* the step's loss: the last stage of each replica holds its share */
-        float lossf = (float)x->loss;
+        /* the step's loss (the last stage of each replica holds its share) and
+         * whether any rank was asked to stop: one allreduce, so all agree */
+        float red[2] = {(float)x->loss, cfg->stop_flag && *cfg->stop_flag ? 1.0f : 0.0f};
         if (x->world > 1)
-            BG_CHECK_GOTO(bg_group_allreduce(x->world_group, &lossf, 1, BG_REDUCE_SUM), st, fail);
-        times[step] = dt;
-        busy[step] = x->busy;
-        if (step == 0)
+            BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 2, BG_REDUCE_SUM), st, fail);
+        float lossf = red[0];
+        int stop = red[1] > 0;
+        times[timed] = dt;
+        busy[timed] = x->busy;
+        timed++;
+        res.steps_done = step + 1;
+        if (step == start)
             res.first_loss = lossf;
         res.final_loss = lossf;
         if (cfg->on_step) {
@@ -698,7 +767,7 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
             cfg->on_step(&info, cfg->on_step_arg);
         }
         if (cfg->metrics_path && x->rank == 0) {
-            FILE *f = fopen(cfg->metrics_path, step == 0 ? "w" : "a");
+            FILE *f = fopen(cfg->metrics_path, step == start && !start ? "w" : "a");
             if (!f) {
                 st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", cfg->metrics_path, strerror(errno));
                 goto fail;
@@ -707,13 +776,21 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
                     lossf, step_tokens / dt, dt * 1e3);
             fclose(f);
         }
+        int last = step + 1 == cfg->steps;
+        if (cfg->checkpoint_dir &&
+            (stop || last || (cfg->checkpoint_every && (step + 1) % cfg->checkpoint_every == 0)))
+            BG_CHECK_GOTO(save_checkpoint(x, step + 1), st, fail);
+        if (stop && !last) {
+            res.stopped = 1;
+            break;
+        }
     }
     res.peak_act_bytes = bg_backend_memstats(x->be).peak - act_base;
-    if (cfg->steps > 0) {
-        int mid = cfg->steps / 2;
+    if (timed > 0) {
+        int mid = timed / 2;
         double tmed[1];
-        qsort(times, (size_t)cfg->steps, sizeof(double), cmp_double);
-        qsort(busy, (size_t)cfg->steps, sizeof(double), cmp_double);
+        qsort(times, (size_t)timed, sizeof(double), cmp_double);
+        qsort(busy, (size_t)timed, sizeof(double), cmp_double);
         tmed[0] = times[mid];
         res.median_step_ms = tmed[0] * 1e3;
         res.tokens_per_s = bg__train_step_tokens(cfg, mid) / tmed[0];

@@ -78,6 +78,10 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
                         c->microbatches);
     if (c->seq_min < 0)
         return bg_error(BG_ERR_INVALID, "seq_min must be >= 0 (got %d)", c->seq_min);
+    if (c->checkpoint_every < 0 || c->keep < 0)
+        return bg_error(BG_ERR_INVALID, "checkpoint_every and keep must be >= 0");
+    if ((c->resume || c->checkpoint_every) && !c->checkpoint_dir)
+        return bg_error(BG_ERR_INVALID, "--resume and --checkpoint-every need --checkpoint-dir");
     return BG_OK;
 }
 
@@ -138,7 +142,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     bg_train_result_t res = {0};
 
     int gpt = c.model.kind == BG_MODEL_GPT;
-    if (c.pp > 1 || c.dp > 1)
+    if (c.pp > 1 || c.dp > 1 || c.checkpoint_dir)
         return bg_train_parallel(&c, result_p);
     int T = gpt ? (c.seq ? c.seq : c.model.seq_len) : 1;
     int mbn = c.batch / c.microbatches; /* sequences per microbatch */

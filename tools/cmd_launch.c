@@ -2,9 +2,11 @@
  * ranks of a job on this machine and supervises them.
  *
  * Owns: option parsing, the per-rank environment (BRIGADE_RANK, _WORLD_SIZE,
- * _LOCAL_RANK, _MASTER_ADDR, _MASTER_PORT, _JOB_TOKEN), fork + execvpe, the
- * supervision loop (reaping, failure propagation, signal forwarding, grace
- * period, job timeout) and --tag-output line forwarding.
+ * _LOCAL_RANK, _MASTER_ADDR, _MASTER_PORT, _JOB_TOKEN, _RESTART_COUNT), fork +
+ * execvpe, the supervision loop (reaping, failure propagation, signal
+ * forwarding, grace period, job timeout), --tag-output line forwarding, and
+ * --max-restarts (after a rank failure, stop everything and start the whole
+ * job again with a new token and port; a signal to the launcher never restarts).
  * Must not: talk to the ranks' rendezvous store or know anything of the
  * transport; it only sets variables the transport reads.
  *
@@ -57,6 +59,7 @@ typedef struct {
     bool verbose;           /* -v: one line per rank start and exit */
     double timeout_s;       /* 0: none */
     double grace_s;         /* seconds between SIGTERM and SIGKILL */
+    int max_restarts;       /* restart the whole job after a rank failure, at most this many times */
     char **cmd;             /* NULL-terminated */
 } launch_opts_t;
 
@@ -86,6 +89,7 @@ typedef struct {
     double kill_at;         /* when to send SIGKILL (monotonic s) */
     double linger_until;    /* 0 until every rank is reaped */
     int sfd;                /* signalfd */
+    bool interrupted;       /* a terminating signal arrived: never restart */
     char *obuf;             /* tagged output being assembled */
     size_t olen, ocap;
 } launch_t;
@@ -246,11 +250,15 @@ static void launch_usage(FILE *f)
             "  --tag-output          prefix each line of each rank's stdout/stderr with \"[rank R] \"\n"
             "  --timeout S           stop the whole job after S seconds (exit code 124)\n"
             "  --grace S             seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
+            "  --max-restarts K      after a rank fails, stop the job and start it again (new job\n"
+            "                        token and port, BRIGADE_RESTART_COUNT=1, 2, ...), at most K\n"
+            "                        times (default 0); the job resumes from its checkpoints itself\n"
             "  -v, --verbose         print a line when each rank starts and ends\n"
             "  -h, --help            this help\n"
             "\n"
             "exit code: 0 if every rank exits 0; else the first failing rank's exit code\n"
-            "(128+signal if it was killed); 124 on --timeout; 128+signal when the launcher\n"
+            "(128+signal if it was killed), of the last attempt with --max-restarts; 124 on\n"
+            "--timeout (which covers all attempts); 128+signal when the launcher\n"
             "is interrupted (130 for Ctrl-C, 143 for SIGTERM); 127 (126) when CMD is not\n"
             "found (not executable); 2 for bad usage. See docs/launch.md.\n",
             LAUNCH_MAX_RANKS);
@@ -327,6 +335,10 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
         } else if (!strcmp(name, "--timeout")) {
             if (bg_cli_double(cmd, name, val, 0.001, 1e9, &o->timeout_s))
                 return 2;
+        } else if (!strcmp(name, "--max-restarts")) {
+            if (bg_cli_int(cmd, name, val, 0, 1000000, &v))
+                return 2;
+            o->max_restarts = (int)v;
         } else if (!strcmp(name, "--grace")) {
             if (bg_cli_double(cmd, name, val, 0, 86400, &o->grace_s))
                 return 2;
@@ -524,6 +536,7 @@ static void launch_on_signal(launch_t *L, int sig)
     default:
         break;
     }
+    L->interrupted = true; /* Ctrl-C, kill, hang-up: the job ends, no restart */
     if (L->stop == STOP_NONE) {
         if (L->running > 0)
             fprintf(stderr, "brigade launch: received %s; stopping %d rank%s (SIGTERM, then SIGKILL after %g s)\n",
@@ -537,6 +550,27 @@ static void launch_on_signal(launch_t *L, int sig)
     }
 }
 
+/* Forget the ranks of a finished attempt (their pipes are closed). */
+static void launch_reset(launch_t *L)
+{
+    for (int r = 0; r < L->o.n; r++) {
+        launch_rank_t *rk = &L->ranks[r];
+        rk->pid = 0;
+        rk->running = false;
+        rk->status = 0;
+        for (int k = 0; k < 2; k++) {
+            rk->io[k].fd = -1;
+            rk->io[k].len = 0;
+        }
+    }
+    L->running = 0;
+    L->stop = STOP_NONE;
+    L->exit_code = 0;
+    L->killed = false;
+    L->kill_at = 0;
+    L->linger_until = 0;
+}
+
 /* ---------------------------------------------------------------- start */
 
 typedef struct {
@@ -546,7 +580,8 @@ typedef struct {
 } launch_saved_sig_t;
 
 static const char *const launch_set_vars[] = {"BRIGADE_RANK", "BRIGADE_WORLD_SIZE", "BRIGADE_LOCAL_RANK",
-                                              "BRIGADE_MASTER_ADDR", "BRIGADE_MASTER_PORT", "BRIGADE_JOB_TOKEN"};
+                                              "BRIGADE_MASTER_ADDR", "BRIGADE_MASTER_PORT", "BRIGADE_JOB_TOKEN",
+                                              "BRIGADE_RESTART_COUNT"};
 #define LAUNCH_NVARS (sizeof launch_set_vars / sizeof launch_set_vars[0])
 
 static bool launch_is_set_var(const char *kv)
@@ -682,7 +717,7 @@ int bg_cmd_launch(int argc, char **argv)
         return 1;
     }
 
-    /* the ranks' environment: ours minus the six variables, then those six */
+    /* the ranks' environment: ours minus the launcher's variables, then those */
     size_t nenv = 0;
     while (environ[nenv])
         nenv++;
@@ -705,6 +740,7 @@ int bg_cmd_launch(int argc, char **argv)
     snprintf(vars[3], sizeof vars[3], "BRIGADE_MASTER_ADDR=%s", L.o.addr);
     snprintf(vars[4], sizeof vars[4], "BRIGADE_MASTER_PORT=%d", port);
     snprintf(vars[5], sizeof vars[5], "BRIGADE_JOB_TOKEN=%s", token);
+    snprintf(vars[6], sizeof vars[6], "BRIGADE_RESTART_COUNT=0");
 
     for (int r = 0; r < L.o.n; r++)
         for (int k = 0; k < 2; k++)
@@ -770,111 +806,149 @@ int bg_cmd_launch(int argc, char **argv)
         goto out_signals;
     }
 
-    double t0 = launch_now();
-    if (L.o.verbose)
-        fprintf(stderr, "brigade launch: %d rank%s of '%s', master %s:%d\n", L.o.n, launch_plural(L.o.n), L.o.cmd[0],
-                L.o.addr, port);
-    for (int r = 0; r < L.o.n; r++) {
-        snprintf(vars[0], sizeof vars[0], "BRIGADE_RANK=%d", r);
-        snprintf(vars[2], sizeof vars[2], "BRIGADE_LOCAL_RANK=%d", r);
-        int code = launch_spawn(&L, r, envp, devnull, saved, nsaved, &oldmask);
-        if (code) {
-            launch_begin_stop(&L, STOP_START, code);
-            break;
-        }
-    }
-
     /* supervise */
     struct pollfd *pfd = calloc((size_t)(2 * L.o.n + 1), sizeof *pfd);
     int *pfd_rank = calloc((size_t)(2 * L.o.n + 1), sizeof *pfd_rank);
     if (!pfd || !pfd_rank) {
-        fprintf(stderr, "brigade launch: out of memory; stopping the job\n");
-        launch_kill_all(&L, SIGKILL);
+        fprintf(stderr, "brigade launch: out of memory\n");
         rc = 1;
         free(pfd);
         free(pfd_rank);
-        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
-            ;
         goto out_signals;
     }
-    for (;;) {
-        double now = launch_now();
-        if (L.running == 0 && L.linger_until == 0)
-            L.linger_until = now + LAUNCH_LINGER_S;
-        int nfd = 0;
-        pfd[nfd++] = (struct pollfd){.fd = L.sfd, .events = POLLIN};
-        for (int r = 0; r < L.o.n; r++)
-            for (int k = 0; k < 2; k++)
-                if (L.ranks[r].io[k].fd >= 0) {
-                    pfd_rank[nfd] = 2 * r + k;
-                    pfd[nfd++] = (struct pollfd){.fd = L.ranks[r].io[k].fd, .events = POLLIN};
-                }
-        if (L.running == 0 && (nfd == 1 || now >= L.linger_until))
-            break;
-
-        /* the nearest deadline */
-        double until = -1;
-        if (L.o.timeout_s > 0 && L.stop == STOP_NONE)
-            until = t0 + L.o.timeout_s;
-        if (L.stop != STOP_NONE && !L.killed && L.running > 0 && (until < 0 || L.kill_at < until))
-            until = L.kill_at;
-        if (L.running == 0 && (until < 0 || L.linger_until < until))
-            until = L.linger_until;
-        int ms = -1;
-        if (until >= 0) {
-            double d = (until - now) * 1000.0;
-            ms = d <= 0 ? 0 : d > 1e9 ? 1000000000 : (int)d + 1;
+    double t0 = launch_now(); /* --timeout covers every attempt */
+    for (int attempt = 0;; attempt++) {
+        if (attempt > 0) {
+            /* a fresh job: new rendezvous port and token, the restart count */
+            if (!L.o.port && launch_free_port(&port) != 0) {
+                fprintf(stderr, "brigade launch: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
+                rc = 1;
+                break;
+            }
+            if (launch_token(token, sizeof token) != 0) {
+                fprintf(stderr, "brigade launch: cannot read a job token from /dev/urandom: %s\n", strerror(errno));
+                rc = 1;
+                break;
+            }
+            snprintf(vars[4], sizeof vars[4], "BRIGADE_MASTER_PORT=%d", port);
+            snprintf(vars[5], sizeof vars[5], "BRIGADE_JOB_TOKEN=%s", token);
+            snprintf(vars[6], sizeof vars[6], "BRIGADE_RESTART_COUNT=%d", attempt);
+            launch_reset(&L);
         }
-        int np = poll(pfd, (nfds_t)nfd, ms);
-        if (np < 0 && errno != EINTR) {
-            /* cannot supervise any more: kill everything, reap, give up */
-            fprintf(stderr, "brigade launch: poll failed: %s; killing the job\n", strerror(errno));
-            launch_kill_all(&L, SIGKILL);
-            while (L.running > 0) {
-                pid_t pid = waitpid(-1, NULL, 0);
-                if (pid < 0 && errno != EINTR)
-                    break;
-                for (int r = 0; pid > 0 && r < L.o.n; r++)
-                    if (L.ranks[r].pid == pid && L.ranks[r].running) {
-                        L.ranks[r].running = false;
-                        L.running--;
+        if (L.o.verbose)
+            fprintf(stderr, "brigade launch: %d rank%s of '%s', master %s:%d\n", L.o.n, launch_plural(L.o.n), L.o.cmd[0],
+                    L.o.addr, port);
+        for (int r = 0; r < L.o.n; r++) {
+            snprintf(vars[0], sizeof vars[0], "BRIGADE_RANK=%d", r);
+            snprintf(vars[2], sizeof vars[2], "BRIGADE_LOCAL_RANK=%d", r);
+            int code = launch_spawn(&L, r, envp, devnull, saved, nsaved, &oldmask);
+            if (code) {
+                launch_begin_stop(&L, STOP_START, code);
+                break;
+            }
+        }
+
+        for (;;) {
+            double now = launch_now();
+            if (L.running == 0 && L.linger_until == 0)
+                L.linger_until = now + LAUNCH_LINGER_S;
+            int nfd = 0;
+            pfd[nfd++] = (struct pollfd){.fd = L.sfd, .events = POLLIN};
+            for (int r = 0; r < L.o.n; r++)
+                for (int k = 0; k < 2; k++)
+                    if (L.ranks[r].io[k].fd >= 0) {
+                        pfd_rank[nfd] = 2 * r + k;
+                        pfd[nfd++] = (struct pollfd){.fd = L.ranks[r].io[k].fd, .events = POLLIN};
+                    }
+            if (L.running == 0 && (nfd == 1 || now >= L.linger_until))
+                break;
+
+            /* the nearest deadline */
+            double until = -1;
+            if (L.o.timeout_s > 0 && L.stop == STOP_NONE)
+                until = t0 + L.o.timeout_s;
+            if (L.stop != STOP_NONE && !L.killed && L.running > 0 && (until < 0 || L.kill_at < until))
+                until = L.kill_at;
+            if (L.running == 0 && (until < 0 || L.linger_until < until))
+                until = L.linger_until;
+            int ms = -1;
+            if (until >= 0) {
+                double d = (until - now) * 1000.0;
+                ms = d <= 0 ? 0 : d > 1e9 ? 1000000000 : (int)d + 1;
+            }
+            int np = poll(pfd, (nfds_t)nfd, ms);
+            if (np < 0 && errno != EINTR) {
+                /* cannot supervise any more: kill everything, reap, give up */
+                fprintf(stderr, "brigade launch: poll failed: %s; killing the job\n", strerror(errno));
+                launch_kill_all(&L, SIGKILL);
+                while (L.running > 0) {
+                    pid_t pid = waitpid(-1, NULL, 0);
+                    if (pid < 0 && errno != EINTR)
+                        break;
+                    for (int r = 0; pid > 0 && r < L.o.n; r++)
+                        if (L.ranks[r].pid == pid && L.ranks[r].running) {
+                            L.ranks[r].running = false;
+                            L.running--;
+                        }
+                }
+                L.stop = STOP_SIGNAL;
+                L.exit_code = 1;
+                break;
+            }
+            if (np > 0) {
+                if (pfd[0].revents & POLLIN) {
+                    struct signalfd_siginfo si;
+                    while (read(L.sfd, &si, sizeof si) == (ssize_t)sizeof si)
+                        launch_on_signal(&L, (int)si.ssi_signo);
+                }
+                for (int i = 1; i < nfd; i++)
+                    if (pfd[i].revents) {
+                        launch_rank_t *rk = &L.ranks[pfd_rank[i] / 2];
+                        launch_read_stream(&L, pfd_rank[i] / 2, &rk->io[pfd_rank[i] % 2]);
                     }
             }
-            L.stop = STOP_SIGNAL;
-            L.exit_code = 1;
+            launch_reap(&L); /* SIGCHLD coalesces; reaping here too costs nothing */
+            now = launch_now();
+            if (L.stop == STOP_NONE && L.o.timeout_s > 0 && now >= t0 + L.o.timeout_s && L.running > 0) {
+                fprintf(stderr, "brigade launch: timeout: the job is still running after %g s (--timeout); stopping %d "
+                                "rank%s\n", L.o.timeout_s, L.running, launch_plural(L.running));
+                launch_begin_stop(&L, STOP_TIMEOUT, 124);
+            }
+            if (L.stop != STOP_NONE && !L.killed && L.running > 0 && now >= L.kill_at)
+                launch_escalate(&L);
+        }
+        /* pipes still open after the linger: something the rank started holds them */
+        for (int r = 0; r < L.o.n; r++)
+            for (int k = 0; k < 2; k++)
+                launch_close_stream(&L, r, &L.ranks[r].io[k]);
+        rc = L.stop == STOP_NONE ? 0 : L.exit_code;
+        if (L.o.verbose)
+            fprintf(stderr, "brigade launch: done in %.3f s, exit code %d\n", launch_now() - t0, rc);
+        if (L.stop != STOP_RANK || L.interrupted || attempt >= L.o.max_restarts) {
+            if (L.stop == STOP_RANK && !L.interrupted && L.o.max_restarts > 0)
+                fprintf(stderr, "brigade launch: the job failed after %d restart%s (--max-restarts %d); exit code %d\n",
+                        attempt, launch_plural(attempt), L.o.max_restarts, rc);
             break;
         }
-        if (np > 0) {
-            if (pfd[0].revents & POLLIN) {
-                struct signalfd_siginfo si;
-                while (read(L.sfd, &si, sizeof si) == (ssize_t)sizeof si)
-                    launch_on_signal(&L, (int)si.ssi_signo);
-            }
-            for (int i = 1; i < nfd; i++)
-                if (pfd[i].revents) {
-                    launch_rank_t *rk = &L.ranks[pfd_rank[i] / 2];
-                    launch_read_stream(&L, pfd_rank[i] / 2, &rk->io[pfd_rank[i] % 2]);
-                }
+        /* a signal that arrived while the failed attempt was being stopped ends the job */
+        struct signalfd_siginfo si;
+        int sig = 0;
+        while (read(L.sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+            launch_on_signal(&L, (int)si.ssi_signo);
+            if (L.interrupted && !sig)
+                sig = (int)si.ssi_signo;
         }
-        launch_reap(&L); /* SIGCHLD coalesces; reaping here too costs nothing */
-        now = launch_now();
-        if (L.stop == STOP_NONE && L.o.timeout_s > 0 && now >= t0 + L.o.timeout_s && L.running > 0) {
-            fprintf(stderr, "brigade launch: timeout: the job is still running after %g s (--timeout); stopping %d "
-                            "rank%s\n", L.o.timeout_s, L.running, launch_plural(L.running));
-            launch_begin_stop(&L, STOP_TIMEOUT, 124);
+        if (L.interrupted) {
+            fprintf(stderr, "brigade launch: received %s; not restarting\n", launch_signame(sig));
+            rc = 128 + sig;
+            break;
         }
-        if (L.stop != STOP_NONE && !L.killed && L.running > 0 && now >= L.kill_at)
-            launch_escalate(&L);
+        fprintf(stderr, "brigade launch: restart %d of %d: the job failed (exit code %d); starting %d rank%s again "
+                        "with BRIGADE_RESTART_COUNT=%d\n",
+                attempt + 1, L.o.max_restarts, rc, L.o.n, launch_plural(L.o.n), attempt + 1);
     }
-    /* pipes still open after the linger: something the rank started holds them */
-    for (int r = 0; r < L.o.n; r++)
-        for (int k = 0; k < 2; k++)
-            launch_close_stream(&L, r, &L.ranks[r].io[k]);
     free(pfd);
     free(pfd_rank);
-    rc = L.stop == STOP_NONE ? 0 : L.exit_code;
-    if (L.o.verbose)
-        fprintf(stderr, "brigade launch: done in %.3f s, exit code %d\n", launch_now() - t0, rc);
 
 out_signals:
     if (devnull >= 0)

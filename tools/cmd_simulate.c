@@ -38,13 +38,79 @@ static double median(samples_t *s)
 
 enum { K_F, K_B, K_W, K_BW, K_SA, K_SG, K_OPT, K_N };
 
+/* The measured timeline of one step as an SVG Gantt chart (one lane per rank). */
+static int write_measured_svg(const char *cmd, json_t *events, int step, const char *out)
+{
+    double t0 = 1e300, t1 = -1e300;
+    int ranks = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(events, i, e)
+    {
+        json_t *a = json_object_get(e, "args");
+        if (!a || json_integer_value(json_object_get(a, "step")) != step)
+            continue;
+        double ts = json_number_value(json_object_get(e, "ts")), du = json_number_value(json_object_get(e, "dur"));
+        if (ts < t0)
+            t0 = ts;
+        if (ts + du > t1)
+            t1 = ts + du;
+        int pid = (int)json_integer_value(json_object_get(e, "pid"));
+        if (pid + 1 > ranks)
+            ranks = pid + 1;
+    }
+    if (ranks == 0 || t1 <= t0)
+        return bg_cli_fail(cmd, "no events of step %d to draw", step);
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", out);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return bg_cli_fail(cmd, "cannot write %s", out);
+    double W = 1100, lane = 34, left = 70, scale = (W - left - 10) / (t1 - t0);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"10\">\n<text x=\"4\" y=\"14\">measured step %d: %.2f ms</text>\n",
+            W, 30 + lane * ranks + 10, step, (t1 - t0) / 1e3);
+    for (int r = 0; r < ranks; r++)
+        fprintf(f, "<text x=\"4\" y=\"%.0f\">rank %d</text>\n", 30 + lane * r + 20, r);
+    json_array_foreach(events, i, e)
+    {
+        json_t *a = json_object_get(e, "args");
+        if (!a || json_integer_value(json_object_get(a, "step")) != step)
+            continue;
+        const char *op = json_string_value(json_object_get(a, "op"));
+        if (!op || !strcmp(op, "step"))
+            continue;
+        int pid = (int)json_integer_value(json_object_get(e, "pid"));
+        int mb = (int)json_integer_value(json_object_get(a, "microbatch"));
+        double x = left + (json_number_value(json_object_get(e, "ts")) - t0) * scale;
+        double w = json_number_value(json_object_get(e, "dur")) * scale;
+        int comm = op[0] == 's' || op[0] == 'r';
+        const char *col = !strcmp(op, "F") ? "#4e79a7" : !strcmp(op, "B") ? "#f28e2b" : !strcmp(op, "W") ? "#59a14f"
+                        : !strcmp(op, "BW") ? "#e15759" : comm ? "#bab0ac" : "#b07aa1";
+        double y = 30 + lane * pid + (comm ? 24 : 4), h = comm ? 6 : 20;
+        fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" stroke=\"#fff\" "
+                   "stroke-width=\"0.3\"><title>%s mb %d</title></rect>\n",
+                x, y, w < 0.5 ? 0.5 : w, h, col, op, mb);
+        if (!comm && mb >= 0 && w > 12)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#fff\">%d</text>\n", x + 2, y + 14, mb);
+    }
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0 || rename(tmp, out) != 0) {
+        remove(tmp);
+        return bg_cli_fail(cmd, "cannot write %s", out);
+    }
+    printf("wrote %s (measured step %d)\n", out, step);
+    return 0;
+}
+
 int bg_cmd_simulate(int argc, char **argv)
 {
-    const char *cmd = "simulate", *path = NULL, *svg = NULL;
+    const char *cmd = "simulate", *path = NULL, *svg = NULL, *svg_measured = NULL;
     double latency = 0, bandwidth = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: brigade simulate --from-trace FILE [--svg OUT] [--link-latency S] [--link-bw BYTES_PER_S]\n"
+            printf("usage: brigade simulate --from-trace FILE [--svg OUT] [--svg-measured OUT] [--link-latency S]\n"
+                   "                        [--link-bw BYTES_PER_S]\n"
                    "  replays the schedule of a trace written by brigade train --trace with the per-stage\n"
                    "  F, B, W (or full backward) times measured in it (medians over steps 2..; the time a\n"
                    "  stage spends issuing its sends is charged to the compute op before it), free links\n"
@@ -56,6 +122,8 @@ int bg_cmd_simulate(int argc, char **argv)
             path = argv[++i];
         else if (!strcmp(argv[i], "--svg") && v)
             svg = argv[++i];
+        else if (!strcmp(argv[i], "--svg-measured") && v)
+            svg_measured = argv[++i];
         else if (!strcmp(argv[i], "--link-latency")) {
             if (bg_cli_double(cmd, "--link-latency", v, 0, 10, &latency))
                 return 2;
@@ -179,6 +247,8 @@ int bg_cmd_simulate(int argc, char **argv)
         else
             printf("wrote %s\n", svg);
     }
+    if (svg_measured && !rc)
+        rc = write_measured_svg(cmd, events, maxstep >= 2 ? 2 : 1, svg_measured);
 out:
     bg_sim_result_free(res);
     for (int s = 0; s < S * K_N; s++)

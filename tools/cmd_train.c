@@ -1,6 +1,7 @@
 /* tools/cmd_train.c: `brigade train`: parse flags into a bg_train_config_t,
  * print progress, and print the summary. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,6 +47,12 @@ static void usage(FILE *f)
             "  --split A,B,...        layers per (virtual) stage; default: as even as possible\n"
             "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
+            "checkpoints:\n"
+            "  --checkpoint-dir DIR   write checkpoints (weights, optimizer state, manifest) under DIR\n"
+            "  --checkpoint-every N   every N steps (and always after the last step)\n"
+            "  --keep K               keep the newest K complete checkpoints (default: all)\n"
+            "  --resume               continue from the newest complete checkpoint in DIR (any layout)\n"
+            "  SIGTERM or Ctrl-C writes a checkpoint at the next step boundary and exits cleanly.\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
             "  --save DIR             final weights as DIR/model.safetensors\n"
@@ -56,6 +63,14 @@ static void usage(FILE *f)
 typedef struct {
     int quiet, tty;
 } progress_t;
+
+/* SIGTERM (preemption) and SIGINT: checkpoint at the next step boundary and exit cleanly. */
+static volatile int bg__stop;
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    bg__stop = 1;
+}
 
 static void on_step(const bg_step_info_t *i, void *arg)
 {
@@ -85,7 +100,7 @@ int bg_cmd_train(int argc, char **argv)
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
     enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
         {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
@@ -102,6 +117,8 @@ int bg_cmd_train(int argc, char **argv)
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
         {"trace", required_argument, 0, O_TRACE},     {"tie-embeddings", no_argument, 0, O_TIE},
+        {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
+        {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -137,6 +154,8 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
+            INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
+            INT_FLAG(O_KEEP, "--keep", 1, 1 << 20, c.keep)
 #undef INT_FLAG
         case O_SEQ:
             if (bg_cli_int(cmd, "--seq", optarg, 1, 1 << 20, &v))
@@ -190,6 +209,8 @@ int bg_cmd_train(int argc, char **argv)
         case O_SAVE: c.save_dir = optarg; break;
         case O_QUIET: prog.quiet = 1; break;
         case O_TIE: c.model.tie_embeddings = 1; break;
+        case O_CKDIR: c.checkpoint_dir = optarg; break;
+        case O_RESUME: c.resume = 1; break;
         case 'h':
         case O_HELP: usage(stdout); return 0;
         case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);
@@ -200,6 +221,14 @@ int bg_cmd_train(int argc, char **argv)
         return bg_cli_fail(cmd, "unexpected argument \"%s\" (see brigade train --help)", argv[optind]);
     c.on_step = on_step;
     c.on_step_arg = &prog;
+    if (c.checkpoint_dir) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_stop_signal;
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        c.stop_flag = &bg__stop;
+    }
     bg_status_t st = bg_train_check(&c);
     if (st != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
@@ -207,6 +236,11 @@ int bg_cmd_train(int argc, char **argv)
     st = bg_train(&c, &r);
     if (st != BG_OK)
         return bg_cli_status(cmd, st);
+    if (r.stopped && (r.world <= 1 || r.rank == 0))
+        fprintf(stderr, "stopped after step %d on request; checkpoint written to %s\n", r.steps_done,
+                c.checkpoint_dir);
+    if (r.start_step > 0 && (r.world <= 1 || r.rank == 0))
+        fprintf(stderr, "resumed at step %d from %s\n", r.start_step, c.checkpoint_dir);
     if (r.world > 1) {
         /* every rank reports its own pipeline figures; rank 0 the job's */
         if (!prog.quiet || r.rank == 0)
@@ -229,8 +263,11 @@ int bg_cmd_train(int argc, char **argv)
            r.params, c.steps, r.first_loss, r.final_loss);
     printf("median step %.1f ms, %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", r.median_step_ms, r.tokens_per_s,
            r.median_step_ms > 0 ? r.flops_per_step / (r.median_step_ms * 1e6) : 0.0);
-    printf("peak memory %.2f MiB (predicted %.2f MiB from the layers' reports)\n", r.peak_bytes / 1048576.0,
-           r.predicted_bytes / 1048576.0);
+    if (r.predicted_bytes)
+        printf("peak memory %.2f MiB (predicted %.2f MiB from the layers' reports)\n", r.peak_bytes / 1048576.0,
+               r.predicted_bytes / 1048576.0);
+    else
+        printf("peak memory %.2f MiB\n", r.peak_bytes / 1048576.0);
     if (c.save_dir)
         printf("saved %s/model.safetensors\n", c.save_dir);
     return 0;

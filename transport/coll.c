@@ -41,7 +41,8 @@ struct bg__coll {
     bg__step_t *steps;
     int nsteps, cap, cur, posted;
     bg_request_t *subs[2];
-    void *tmp, *work;
+    void *tmp, *work;       /* scratch buffers from the comm's cache */
+    size_t tmp_bytes, work_bytes;
     bg_request_t *req;
     int done, abandoned;
     bg__coll_t *prev, *next;
@@ -308,8 +309,8 @@ void bg__coll_free(bg__coll_t *co)
         bg__leak_locked(co->comm, co->tmp);
         bg__leak_locked(co->comm, co->work);
     } else {
-        free(co->tmp);
-        free(co->work);
+        bg__scratch_put(co->comm, co->tmp, co->tmp_bytes);
+        bg__scratch_put(co->comm, co->work, co->work_bytes);
     }
     free(co->steps);
     free(co->ranks);
@@ -370,8 +371,8 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
             snprintf(m, sizeof(m), "%s", bg_last_error());
             st = bg_error(st, "%s during %s", m, co->desc);
         }
-        free(co->tmp);
-        free(co->work);
+        bg__scratch_put(c, co->tmp, co->tmp_bytes);
+        bg__scratch_put(c, co->work, co->work_bytes);
         free(co->steps);
         free(co->ranks);
         free(co);
@@ -392,6 +393,7 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
     c->colls = co;
     bg__coll_advance(co);
     bg__unlock(c);
+    atomic_store_explicit(&c->last_api_ns, (long long)(bg_now() * 1e9), memory_order_relaxed);
     atomic_fetch_sub(&c->demand, 1);
     bg__kick(c);
     *req_p = r;
@@ -414,7 +416,8 @@ static void bg__chunk(size_t count, int n, int c, size_t *off, size_t *len)
     *len = q + ((size_t)c < rem);
 }
 
-#define BG__NOMEM(co) do { free(co->steps); free(co->tmp); free(co->work); free(co->ranks); free(co); \
+#define BG__NOMEM(co) do { free(co->steps); bg__scratch_put(co->comm, co->tmp, co->tmp_bytes); \
+        bg__scratch_put(co->comm, co->work, co->work_bytes); free(co->ranks); free(co); \
         return bg_error(BG_ERR_NOMEM, "out of memory building a collective"); } while (0)
 
 static int bg__mod(int a, int n) { return ((a % n) + n) % n; }
@@ -464,7 +467,7 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
         /* nothing to exchange; AVG divides by one */
     } else if (algo == BG_ALLREDUCE_RING) {
         size_t maxc = count / (size_t)n + 1;
-        co->tmp = malloc(maxc * sizeof(float));
+        co->tmp = bg__scratch_get(co->comm, maxc * sizeof(float), &co->tmp_bytes);
         if (!co->tmp || bg__build_ring_rs(co, buf, count, co->tmp) != 0)
             BG__NOMEM(co);
         size_t mo, ml;
@@ -494,7 +497,7 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
         while (p * 2 <= n)
             p *= 2;
         int rem = n - p;
-        co->tmp = malloc(count * sizeof(float) + 1);
+        co->tmp = bg__scratch_get(co->comm, count * sizeof(float) + 1, &co->tmp_bytes);
         if (!co->tmp)
             BG__NOMEM(co);
         float *tmp = co->tmp;
@@ -659,8 +662,8 @@ bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *
     bg__desc(co, "reduce-scatter of %zu floats per rank (%s)", count, "ring");
     int n = co->n, me = co->me;
     size_t total = count * (size_t)n;
-    co->work = malloc(total * sizeof(float) + 1);
-    co->tmp = malloc(count * sizeof(float) + 1);
+    co->work = bg__scratch_get(co->comm, total * sizeof(float) + 1, &co->work_bytes);
+    co->tmp = bg__scratch_get(co->comm, count * sizeof(float) + 1, &co->tmp_bytes);
     if (!co->work || !co->tmp)
         BG__NOMEM(co);
     if (total)

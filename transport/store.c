@@ -379,6 +379,17 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
         }
         if (h->status > BG__ROLE_LIVE || (s->p.world_size > 0 && (int)h->arg >= s->p.world_size))
             return -1;
+        if (h->status == BG__ROLE_LIVE)
+            for (int i = 0; i < s->nconns; i++) {
+                bg__conn_t *o = s->conns[i];
+                if (o != c && o->hello && o->role == BG__ROLE_LIVE && !o->bye && o->rank == (int)h->arg) {
+                    bg_log(BG_LOG_ERROR, "store", "a second process claims rank %u: refused "
+                           "(two processes with the same rank variable?)", h->arg);
+                    bg__reply(c, BG__ST_ERR, "rank already taken", 18);
+                    bg__flush(c);
+                    return -1;
+                }
+            }
         c->hello = 1;
         c->rank = (int)h->arg;
         c->role = h->status;
@@ -775,17 +786,20 @@ bg_status_t bg__store_connect(const char *addr, int port, const char *token, int
     if (st != BG_OK)
         goto err_close;
     bg__store_hdr_t h;
-    st = bg__client_read(c, deadline, &h, NULL, NULL);
+    uint8_t *why = NULL;
+    st = bg__client_read(c, deadline, &h, &why, NULL);
     if (st == BG_ERR_PEER)
         st = bg_error(BG_ERR_PEER, "the store at %s:%d closed the connection during hello "
                       "(wrong BRIGADE_JOB_TOKEN, or rank %d out of range?)", addr, port, rank);
     if (st != BG_OK)
         goto err_close;
     if (h.op != BG__OP_REPLY || h.status != BG__ST_OK) {
-        st = bg_error(BG_ERR_PEER, "the store at %s:%d refused rank %d (wrong BRIGADE_JOB_TOKEN?)",
-                      addr, port, rank);
+        st = bg_error(BG_ERR_PEER, "the store at %s:%d refused rank %d: %s (check BRIGADE_JOB_TOKEN "
+                      "and BRIGADE_RANK)", addr, port, rank, why && *why ? (char *)why : "no reason given");
+        free(why);
         goto err_close;
     }
+    free(why);
     return BG_OK;
 err_close:
     bg__store_close(c);

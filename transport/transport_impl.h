@@ -93,6 +93,7 @@ struct bg_comm {
     atomic_int active;          /* operations in flight */
     atomic_int demand;          /* API threads wanting the lock or waiting */
     atomic_int sleeping;
+    atomic_llong last_api_ns;   /* when an API thread last touched the worker */
     int wake_fd;                /* eventfd: wakes the communication thread */
     double last_heard, last_sent;
 
@@ -100,6 +101,9 @@ struct bg_comm {
     atomic_int failed;          /* a peer died or the store was lost */
     char *dead;                 /* per rank: failed */
     char fail_msg[256];         /* first failure */
+    pthread_mutex_t scratch_lock; /* reusable collective buffers (no page faults per call) */
+    void *scratch[8];
+    size_t scratch_bytes[8];
     int group_ids[64][2];       /* (hash, occurrences) for group ids */
     int ngroup_ids;
 };
@@ -118,6 +122,9 @@ void bg__fail_locked(bg_comm_t *c, bg_request_t *r, bg_status_t st, const char *
 void bg__request_release_locked(bg_request_t *r);
 void bg__leak_locked(bg_comm_t *c, void *p);
 void bg__kick(bg_comm_t *c);
+/* A buffer of at least @p bytes from the comm's cache (or malloc); give it back with put. */
+void *bg__scratch_get(bg_comm_t *c, size_t bytes, size_t *got_p);
+void bg__scratch_put(bg_comm_t *c, void *p, size_t bytes);
 /* Error status for a peer that failed (message names it), BG_OK if alive. */
 bg_status_t bg__peer_status(bg_comm_t *c, int peer, const char *during);
 

@@ -52,6 +52,13 @@ typedef struct bg_train_config {
     int nsplit;
     int seq_min;                 /**< GPT: > 0 makes each microbatch's length vary in [seq_min, seq] */
     const char *trace_path;      /**< Chrome trace-event JSON of every op on every rank; NULL = none */
+    /* ---- checkpoints (runtime/checkpoint.c); any of them runs the executor ---- */
+    const char *checkpoint_dir;  /**< root of the checkpoints; NULL = none */
+    int checkpoint_every;        /**< save every N steps (0: only at the end and on a stop request) */
+    int keep;                    /**< keep the newest K complete checkpoints (0: all) */
+    int resume;                  /**< continue from the newest complete checkpoint, if any */
+    volatile int *stop_flag;     /**< set (e.g. by a SIGTERM handler) to checkpoint at the next step
+                                      boundary and return; every rank agrees on the step */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
@@ -73,6 +80,9 @@ typedef struct bg_train_result {
     int peak_stashed;         /**< peak microbatches stashed at once on this rank */
     int predicted_stashed;    /**< the simulator's peak for this rank and schedule */
     size_t predicted_act_bytes; /**< the simulator's peak stash bytes + the stage's scratch and backward temporaries */
+    int start_step;           /**< first step run (> 0 when resumed) */
+    int steps_done;           /**< steps completed when it returned */
+    int stopped;              /**< 1: returned early on a stop request (after checkpointing) */
 } bg_train_result_t;
 
 /** Check the configuration (messages name the flag-level field) without running. */

@@ -20,6 +20,8 @@
 #include "brigade/core.h"
 #include "brigade/transport.h"
 #include "ranks.h"
+#include "transport/transport_impl.h"
+#include <time.h>
 
 static const char *const bgt_env[] = {"BRIGADE_TIMEOUT=30", NULL};
 
@@ -307,6 +309,46 @@ static void test_groups_4(void **s)
     assert_int_equal(bgt_run_ranks(4, rank_groups, NULL, 60, bgt_env, -1, &r), 0);
 }
 
+/* A non-blocking allreduce completes while every rank sleeps (no transport
+ * call at all): the communication thread posts the steps and reduces. */
+static int rank_background(int rank, int world, void *arg)
+{
+    (void)arg;
+    bg_comm_t *c;
+    RK_OK(bg_comm_create(NULL, &c));
+    int all[3] = {0, 1, 2};
+    bg_group_t *g;
+    RK_OK(bg_group_create(c, world, all, &g));
+    size_t n = 1u << 20; /* 4 MiB: ring, 4 steps */
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(rank + 1);
+    bg_request_t *rq;
+    RK_OK(bg_group_iallreduce(g, x, n, BG_REDUCE_SUM, &rq));
+    int done = 0;
+    for (int i = 0; i < 200 && !done; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+        done = atomic_load(&rq->done); /* read without progressing anything */
+    }
+    RK_CHECK(done, "a 4 MiB allreduce did not finish in 2 s without test/wait calls");
+    RK_OK(bg_wait(rq));
+    bg_request_free(rq);
+    for (size_t i = 0; i < n; i++)
+        RK_CHECK(x[i] == 6.0f, "element %zu is %g", i, x[i]);
+    free(x);
+    bg_group_destroy(g);
+    RK_OK(bg_comm_destroy(c));
+    return 0;
+}
+
+static void test_background_3(void **s)
+{
+    (void)s;
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(3, rank_background, NULL, 60, bgt_env, -1, &r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_3),
         cmocka_unit_test(test_allreduce_4),
         cmocka_unit_test(test_groups_4),
+        cmocka_unit_test(test_background_3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

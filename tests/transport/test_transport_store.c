@@ -235,6 +235,11 @@ static void test_liveness(void **s)
     assert_int_equal(bg__store_connect("127.0.0.1", port, "", 0, BG__ROLE_LIVE, bg_now() + 5, &a), BG_OK);
     assert_int_equal(bg__store_connect("127.0.0.1", port, "", 1, BG__ROLE_LIVE, bg_now() + 5, &b), BG_OK);
     assert_int_equal(bg__store_connect("127.0.0.1", port, "", 2, BG__ROLE_LIVE, bg_now() + 5, &c), BG_OK);
+    /* a second process claiming rank 2 is refused, naming the reason */
+    bg__store_client_t dup;
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 2, BG__ROLE_LIVE, bg_now() + 5, &dup),
+                     BG_ERR_PEER);
+    assert_non_null(strstr(bg_last_error(), "rank already taken"));
     bg__store_close(&b); /* rank 1 "dies" */
     /* rank 0 must hear DEAD(1) quickly; rank 2 stays silent and is declared dead after 1 s */
     int got1 = 0, got2 = 0;

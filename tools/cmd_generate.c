@@ -1,0 +1,150 @@
+/* tools/cmd_generate.c: `brigade generate --checkpoint DIR --prompt TEXT ...`:
+ * load a GPT from a checkpoint (the newest complete one under DIR, a
+ * checkpoint directory itself, or a `train --save` directory) into a whole
+ * model built from the stored configuration, and print the prompt and its
+ * sampled continuation (bytes are tokens). */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "brigade/checkpoint.h"
+#include "tools/cli.h"
+
+static void generate_usage(FILE *f)
+{
+    fprintf(f, "usage: brigade generate --checkpoint DIR --prompt TEXT [options]\n"
+               "\n"
+               "Sample a continuation of TEXT from a GPT trained by brigade. DIR is a checkpoint\n"
+               "root (the newest complete checkpoint under it is used), one checkpoint directory\n"
+               "(step-00000050), or a `brigade train --save` directory (single-process runs).\n"
+               "\n"
+               "options:\n"
+               "  --tokens N         tokens to generate (default 200)\n"
+               "  --temperature T    0 = greedy; higher = more random (default 0.8)\n"
+               "  --top-k K          sample among the K most likely tokens, 0 = all (default 40)\n"
+               "  --seed S           random seed (default 1): same seed, same text\n"
+               "  --backend NAME     cpu (default) or cuda\n");
+}
+
+int bg_cmd_generate(int argc, char **argv)
+{
+    const char *cmd = "generate", *dir = NULL, *prompt = NULL, *backend = "cpu";
+    long long ntok = 200, top_k = 40, seed = 1;
+    double temp = 0.8;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            generate_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--checkpoint")) {
+            if (!v)
+                return bg_cli_fail(cmd, "--checkpoint needs a directory");
+            dir = v;
+        } else if (!strcmp(a, "--prompt")) {
+            if (!v)
+                return bg_cli_fail(cmd, "--prompt needs a text");
+            prompt = v;
+        } else if (!strcmp(a, "--backend")) {
+            if (!v)
+                return bg_cli_fail(cmd, "--backend needs a name");
+            backend = v;
+        } else if (!strcmp(a, "--tokens")) {
+            if (bg_cli_int(cmd, a, v, 0, 1000000, &ntok))
+                return 2;
+        } else if (!strcmp(a, "--top-k")) {
+            if (bg_cli_int(cmd, a, v, 0, 1 << 30, &top_k))
+                return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (bg_cli_int(cmd, a, v, 0, (long long)(~0ULL >> 1), &seed))
+                return 2;
+        } else if (!strcmp(a, "--temperature")) {
+            if (bg_cli_double(cmd, a, v, 0, 1000, &temp))
+                return 2;
+        } else {
+            return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade generate --help)", a);
+        }
+        i++;
+    }
+    if (!dir)
+        return bg_cli_fail(cmd, "missing --checkpoint DIR (see brigade generate --help)");
+    if (!prompt || !*prompt)
+        return bg_cli_fail(cmd, "missing --prompt TEXT (at least one character)");
+
+    /* which kind of directory */
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return bg_cli_fail(cmd, "--checkpoint %s is not a directory", dir);
+    char path[4096], mpath[4200];
+    int64_t step = -1;
+    int is_ckpt = 0;
+    bg_model_config_t cfg;
+    bg_status_t st;
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    if (stat(mpath, &sb) == 0) {
+        snprintf(path, sizeof path, "%s", dir);
+        is_ckpt = 1;
+    } else if ((st = bg_checkpoint_latest(dir, path, sizeof path, &step)) == BG_OK) {
+        is_ckpt = 1;
+    } else if (st != BG_ERR_NOT_FOUND) {
+        return bg_cli_status(cmd, st);
+    } else {
+        snprintf(path, sizeof path, "%s", dir);
+    }
+    if (is_ckpt) {
+        bg_checkpoint_info_t info;
+        if ((st = bg_checkpoint_read_info(path, &info)) != BG_OK)
+            return bg_cli_status(cmd, st);
+        cfg = info.model;
+        step = info.step;
+        bg_checkpoint_info_clear(&info);
+    } else if ((st = bg_safetensors_model_config(path, &cfg)) != BG_OK) {
+        fprintf(stderr, "brigade generate: %s has no complete checkpoint and no model configuration: %s\n", dir,
+                bg_last_error());
+        return 1;
+    }
+    if (cfg.kind != BG_MODEL_GPT)
+        return bg_cli_fail(cmd, "%s holds an MLP; generate needs a GPT", path);
+
+    bg_backend_t *be = NULL;
+    bg_model_t *m = NULL;
+    int32_t *tokens = NULL, *out = NULL;
+    int rc = 1;
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK ||
+        (st = bg_model_create(&cfg, be, -1, -1, &m)) != BG_OK) {
+        rc = bg_cli_status(cmd, st);
+        goto out;
+    }
+    st = is_ckpt ? bg_checkpoint_load(path, &m, 1, NULL) : bg_safetensors_load_dir(path, &m, 1);
+    if (st != BG_OK) {
+        rc = bg_cli_status(cmd, st);
+        goto out;
+    }
+    size_t n = strlen(prompt);
+    tokens = malloc(n * sizeof(int32_t));
+    out = malloc((size_t)(ntok ? ntok : 1) * sizeof(int32_t));
+    if (!tokens || !out) {
+        fprintf(stderr, "brigade generate: out of memory\n");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        tokens[i] = (uint8_t)prompt[i];
+    if ((st = bg_generate(m, tokens, (int)n, (int)ntok, (float)temp, (int)top_k, (uint64_t)seed, out)) != BG_OK) {
+        rc = bg_cli_status(cmd, st);
+        goto out;
+    }
+    if (step >= 0)
+        fprintf(stderr, "brigade generate: %s (step %lld), %d layers, d_model %d\n", path, (long long)step,
+                cfg.layers, cfg.d_model);
+    fwrite(prompt, 1, n, stdout);
+    for (long long i = 0; i < ntok; i++)
+        putchar(out[i] < 256 ? (int)out[i] : '?');
+    putchar('\n');
+    rc = 0;
+out:
+    free(tokens);
+    free(out);
+    bg_model_destroy(m);
+    bg_backend_destroy(be);
+    return rc;
+}
