@@ -31,6 +31,7 @@
 #include "runtime/trace.h"
 
 double bg__train_step_tokens(const bg_train_config_t *c, int64_t step);
+void bg__train_config_json(const bg_model_config_t *m, char *buf, size_t n);
 
 typedef struct chunk {
     int stage;              /* virtual stage */
@@ -518,13 +519,15 @@ static bg_status_t save_weights(exec_t *x)
 {
     if (!x->c->save_dir || x->dp_i != 0)
         return BG_OK;
+    char meta[1024];
+    bg__train_config_json(&x->c->model, meta, sizeof(meta));
     for (int v = 0; v < x->V; v++) {
         char path[4096];
         if (x->S == 1)
             snprintf(path, sizeof(path), "%s/model.safetensors", x->c->save_dir);
         else
             snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", x->c->save_dir, x->chunks[v].stage);
-        BG_CHECK(bg_model_save_safetensors(x->chunks[v].model, path, NULL));
+        BG_CHECK(bg_model_save_safetensors(x->chunks[v].model, path, meta));
     }
     return BG_OK;
 }

@@ -113,7 +113,7 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Model configuration as JSON text (safetensors metadata, checkpoints). */
-static void config_json(const bg_model_config_t *m, char *buf, size_t n)
+void bg__train_config_json(const bg_model_config_t *m, char *buf, size_t n)
 {
     snprintf(buf, n,
              "{\"model\":\"%s\",\"layers\":%d,\"d_model\":%d,\"heads\":%d,\"seq_len\":%d,\"vocab\":%d,"
@@ -252,7 +252,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     if (c.save_dir) {
         char path[4096], meta[1024];
         snprintf(path, sizeof(path), "%s/model.safetensors", c.save_dir);
-        config_json(&c.model, meta, sizeof(meta));
+        bg__train_config_json(&c.model, meta, sizeof(meta));
         BG_CHECK_GOTO(bg_model_save_safetensors(model, path, meta), st, out);
     }
     *result_p = res;
