@@ -13,7 +13,7 @@ OUT=${BRIGADE_DEMO_DIR:-demo-out}
 mkdir -p "$OUT"
 echo "brigade demo: GPT on data/kjv.txt, 2 pipeline stages x 2 replicas, 1F1B, 4 ranks on $(nproc) cores"
 "$B" launch -n 4 -- "$B" train --model gpt --layers 4 --d-model 128 --heads 4 --seq 64 \
-  --batch 16 --microbatches 4 --steps 300 --lr 3e-3 --threads 1 \
+  --batch 16 --microbatches 4 --steps 800 --lr 3e-3 --threads 1 \
   --pp 2 --dp 2 --split 3,4 --schedule 1f1b \
   --metrics "$OUT/metrics.jsonl" --save "$OUT/weights" "$@"
 if "$B" help 2>/dev/null | grep -q "^  generate"; then
