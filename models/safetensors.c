@@ -150,6 +150,42 @@ out:
     return st;
 }
 
+/* Read a safetensors file's header: *hdr_p the parsed JSON object, *hlen_p
+ * its length, *fsize_p the file's size. Errors name the file. */
+static bg_status_t read_header(FILE *f, const char *path, json_t **hdr_p, uint64_t *hlen_p, long *fsize_p)
+{
+    uint8_t len8[8];
+    if (fread(len8, 1, 8, f) != 8)
+        return bg_error(BG_ERR_PARSE, "%s: truncated (no header length)", path);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    fseek(f, 0, SEEK_END);
+    long fsize = ftell(f);
+    if (hlen > (uint64_t)fsize - 8 || hlen > (100u << 20))
+        return bg_error(BG_ERR_PARSE, "%s: header length %llu exceeds the file (%ld bytes)", path,
+                        (unsigned long long)hlen, fsize);
+    fseek(f, 8, SEEK_SET);
+    char *text = malloc(hlen + 1);
+    if (!text || fread(text, 1, hlen, f) != hlen) {
+        free(text);
+        return bg_error(BG_ERR_PARSE, "%s: truncated header", path);
+    }
+    text[hlen] = 0;
+    json_error_t err;
+    json_t *hdr = json_loads(text, 0, &err);
+    free(text);
+    if (!json_is_object(hdr)) {
+        json_decref(hdr);
+        return bg_error(BG_ERR_PARSE, "%s: header is not JSON (line %d column %d: %s)", path, err.line, err.column,
+                        err.text);
+    }
+    *hdr_p = hdr;
+    *hlen_p = hlen;
+    *fsize_p = fsize;
+    return BG_OK;
+}
+
 bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
 {
     bg_backend_t *be = bg_model_backend(m);
@@ -157,38 +193,11 @@ bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
     FILE *f = fopen(path, "rb");
     if (!f)
         return bg_error(BG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    uint8_t len8[8];
-    char *text = NULL;
     json_t *hdr = NULL;
     float *host = NULL;
-    if (fread(len8, 1, 8, f) != 8) {
-        st = bg_error(BG_ERR_PARSE, "%s: truncated (no header length)", path);
-        goto out;
-    }
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)len8[i] << (8 * i);
-    fseek(f, 0, SEEK_END);
-    long fsize = ftell(f);
-    if (hlen > (uint64_t)fsize - 8 || hlen > (100u << 20)) {
-        st = bg_error(BG_ERR_PARSE, "%s: header length %llu exceeds the file (%ld bytes)", path,
-                      (unsigned long long)hlen, fsize);
-        goto out;
-    }
-    fseek(f, 8, SEEK_SET);
-    text = malloc(hlen + 1);
-    if (!text || fread(text, 1, hlen, f) != hlen) {
-        st = bg_error(BG_ERR_PARSE, "%s: truncated header", path);
-        goto out;
-    }
-    text[hlen] = 0;
-    json_error_t err;
-    hdr = json_loads(text, 0, &err);
-    if (!json_is_object(hdr)) {
-        st = bg_error(BG_ERR_PARSE, "%s: header is not JSON (line %d column %d: %s)", path, err.line, err.column,
-                      err.text);
-        goto out;
-    }
+    uint64_t hlen;
+    long fsize;
+    BG_CHECK_GOTO(read_header(f, path, &hdr, &hlen, &fsize), st, out);
     size_t data_start = 8 + hlen, data_len = (size_t)fsize - data_start;
     host = malloc(65536 * sizeof(float));
     if (!host) {
@@ -237,7 +246,6 @@ bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
     }
 out:
     json_decref(hdr);
-    free(text);
     free(host);
     fclose(f);
     return st;
@@ -275,35 +283,10 @@ static bg_status_t read_file_tensors(const char *path, host_set_t *set)
     FILE *f = fopen(path, "rb");
     if (!f)
         return bg_error(BG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    uint8_t len8[8];
     uint64_t hlen = 0;
-    char *text = NULL;
+    long fsize = 0;
     json_t *hdr = NULL;
-    if (fread(len8, 1, 8, f) != 8) {
-        st = bg_error(BG_ERR_PARSE, "%s: truncated", path);
-        goto out;
-    }
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)len8[i] << (8 * i);
-    fseek(f, 0, SEEK_END);
-    long fsize = ftell(f);
-    if (hlen > (uint64_t)fsize - 8) {
-        st = bg_error(BG_ERR_PARSE, "%s: header length exceeds the file", path);
-        goto out;
-    }
-    fseek(f, 8, SEEK_SET);
-    text = malloc(hlen + 1);
-    if (!text || fread(text, 1, hlen, f) != hlen) {
-        st = bg_error(BG_ERR_PARSE, "%s: truncated header", path);
-        goto out;
-    }
-    text[hlen] = 0;
-    json_error_t err;
-    hdr = json_loads(text, 0, &err);
-    if (!json_is_object(hdr)) {
-        st = bg_error(BG_ERR_PARSE, "%s: bad header: %s", path, err.text);
-        goto out;
-    }
+    BG_CHECK_GOTO(read_header(f, path, &hdr, &hlen, &fsize), st, out);
     const char *key;
     json_t *e;
     json_object_foreach(hdr, key, e)
@@ -357,7 +340,6 @@ static bg_status_t read_file_tensors(const char *path, host_set_t *set)
     }
 out:
     json_decref(hdr);
-    free(text);
     fclose(f);
     return st;
 }

@@ -107,14 +107,16 @@ int bg_cmd_simulate(int argc, char **argv)
 {
     const char *cmd = "simulate", *path = NULL, *svg = NULL, *svg_measured = NULL;
     double latency = 0, bandwidth = 0;
+    int compute_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: brigade simulate --from-trace FILE [--svg OUT] [--svg-measured OUT] [--link-latency S]\n"
-                   "                        [--link-bw BYTES_PER_S]\n"
+                   "                        [--link-bw BYTES_PER_S] [--compute-only]\n"
                    "  replays the schedule of a trace written by brigade train --trace with the per-stage\n"
                    "  F, B, W (or full backward) times measured in it (medians over steps 2..; the time a\n"
                    "  stage spends issuing its sends is charged to the compute op before it), free links\n"
-                   "  unless given, and prints the predicted step time next to the measured one.\n");
+                   "  unless given, and prints the predicted step time next to the measured one.\n"
+                   "  --compute-only: charge nothing for sends (the compute-only critical path).\n");
             return 0;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -124,6 +126,8 @@ int bg_cmd_simulate(int argc, char **argv)
             svg = argv[++i];
         else if (!strcmp(argv[i], "--svg-measured") && v)
             svg_measured = argv[++i];
+        else if (!strcmp(argv[i], "--compute-only"))
+            compute_only = 1;
         else if (!strcmp(argv[i], "--link-latency")) {
             if (bg_cli_double(cmd, "--link-latency", v, 0, 10, &latency))
                 return 2;
@@ -209,12 +213,13 @@ int bg_cmd_simulate(int argc, char **argv)
     double opt = 0;
     for (int s = 0; s < S; s++) {
         samples_t *c = &cost[s * K_N];
-        f[s] = median(&c[K_F]) + median(&c[K_SA]);
+        double sa = compute_only ? 0 : median(&c[K_SA]), sg = compute_only ? 0 : median(&c[K_SG]);
+        f[s] = median(&c[K_F]) + sa;
         if (c[K_BW].n) {
-            b[s] = median(&c[K_BW]) + median(&c[K_SG]);
+            b[s] = median(&c[K_BW]) + sg;
             w[s] = 0;
         } else {
-            b[s] = median(&c[K_B]) + median(&c[K_SG]);
+            b[s] = median(&c[K_B]) + sg;
             w[s] = median(&c[K_W]);
         }
         double o = median(&c[K_OPT]);

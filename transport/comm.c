@@ -475,7 +475,13 @@ static void *bg__comm_thread(void *arg)
             bg__unlock(c);
             idle = n ? 0 : idle + 1;
         }
-        if (idle > 16)
+        if (idle > 64) {
+            /* Nothing moved for a while: sleep briefly instead of spinning, so
+             * the compute threads keep the cores (a thread waiting on a request
+             * drives progress itself, so this costs no latency there). */
+            struct timespec ts = {0, idle > 1024 ? 200000 : 20000};
+            nanosleep(&ts, NULL);
+        } else if (idle > 16)
             sched_yield();
         if (now - last_live > 0.002) {
             bg__live_poll(c);
@@ -620,6 +626,8 @@ bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p)
             goto err_free;
         c->heartbeat_ms = hb > 0 ? (int)hb : 200;
     }
+    if ((st = bg_config_int("BRIGADE_ALLREDUCE_SMALL_BYTES", &c->small_bytes)) != BG_OK)
+        goto err_free;
     c->kv.fd = c->live.fd = -1;
     c->wake_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
