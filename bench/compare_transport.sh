@@ -26,9 +26,23 @@ mkdir -p "$OUT"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+NCPU=$(nproc)
+# Pinning: Open MPI binds each rank to a core when ranks <= cores; brigade's ranks
+# get the same (taskset -c rank) so that both sides run under the same placement.
+# Oversubscribed (ranks > cores) both run unbound.
+pin() { # pin N CMD...
+  local n=$1; shift
+  if (( n <= NCPU )); then
+    printf '%s\n' "sh" "-c" 'exec taskset -c "$BRIGADE_RANK" "$0" "$@"' "$@"
+  else
+    printf '%s\n' "$@"
+  fi
+}
+
 # launch N CMD...: brigade launch when it exists, else the bootstrap variables by hand
 launch() {
   local n=$1; shift
+  local cmd; mapfile -t cmd < <(pin "$n" "$@"); set -- "${cmd[@]}"
   if "$BRIGADE" launch --help >/dev/null 2>&1; then
     "$BRIGADE" launch -n "$n" --timeout 900 -- "$@"
   else
@@ -47,11 +61,13 @@ launch() {
 # perftest TEST SIZE ITERS -> the "Final:" line's fields
 perftest() {
   local port; port=$(free_port)
-  ucx_perftest -p "$port" >/dev/null 2>&1 &
+  local c0="" c1=""
+  if (( NCPU >= 2 )); then c0="taskset -c 0"; c1="taskset -c 1"; fi
+  $c0 ucx_perftest -p "$port" >/dev/null 2>&1 &
   local srv=$!
   sleep 0.3
   local line
-  line=$(timeout 300 ucx_perftest 127.0.0.1 -p "$port" -t "$1" -s "$2" -n "$3" -w $(( $3 / 10 + 1 )) 2>/dev/null | grep Final || true)
+  line=$(timeout 300 $c1 ucx_perftest 127.0.0.1 -p "$port" -t "$1" -s "$2" -n "$3" -w $(( $3 / 10 + 1 )) 2>/dev/null | grep Final || true)
   wait "$srv" 2>/dev/null || true
   echo "$line"
 }

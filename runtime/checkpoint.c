@@ -812,7 +812,12 @@ static void prune(const char *root, int keep)
         char dir[CKPT_PATH_MAX];
         snprintf(dir, sizeof dir, "%s/%s", root, list[i].name);
         bg_log(BG_LOG_INFO, "checkpoint", "removing old checkpoint %s (keep %d)", dir, keep);
-        rm_rf(dir);
+        /* first out of sight (a .tmp name, atomically): a crash while deleting
+         * leaves a directory the next save removes, never a half checkpoint */
+        char gone[CKPT_PATH_MAX + 64], sfx[64];
+        snprintf(sfx, sizeof sfx, ".tmp-deleting-%d", (int)getpid());
+        pjoin(gone, sizeof gone, dir, "", sfx);
+        rm_rf(rename(dir, gone) == 0 ? gone : dir);
     }
     free(list);
     fsync_path(root, 1);
@@ -883,6 +888,8 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
     /* 1. every writer writes its file into the temporary directory */
     bg_status_t mine = BG_OK;
     if (p.writer || rank == 0) {
+        if (world == 1 && !p.comm)
+            rm_rf(tmpdir); /* a leftover of this process's failed save of the same step */
         mine = mkdir_p(p.root);
         if (mine == BG_OK && mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
             mine = bg_error(BG_ERR_IO, "cannot create %s: %s", tmpdir, strerror(errno));
@@ -1094,10 +1101,13 @@ static int model_optim(bg_model_t *m)
 /* Copy every need into the models (everything is verified by now). */
 static bg_status_t apply_needs(need_t *nd, int n, int optim)
 {
+    /* allocate missing optimizer state first: an allocation failure must not
+     * leave half-copied weights behind */
+    for (int i = 0; i < n; i++)
+        if (nd[i].which >= 0 && !bg_model_optim_state(nd[i].m, 0))
+            BG_CHECK(bg_model_optim_init(nd[i].m, optim == 2 ? BG_OPTIM_ADAMW : BG_OPTIM_SGD));
     for (int i = 0; i < n; i++) {
         bg_model_t *m = nd[i].m;
-        if (nd[i].which >= 0 && !bg_model_optim_state(m, 0))
-            BG_CHECK(bg_model_optim_init(m, optim == 2 ? BG_OPTIM_ADAMW : BG_OPTIM_SGD));
         float *dst = nd[i].which < 0 ? nd[i].dst : bg_model_optim_state(m, nd[i].which) + nd[i].off;
         bg_backend_t *be = bg_model_backend(m);
         be->ops->from_host(be, dst, nd[i].src, nd[i].p->numel * sizeof(float));
@@ -1351,7 +1361,7 @@ bg_status_t bg_safetensors_model_config(const char *dir, bg_model_config_t *cfg_
     closedir(d);
     if (st != BG_OK)
         st = bg_error(BG_ERR_NOT_FOUND,
-                      "no model configuration in the metadata of %s/*.safetensors (pipeline runs' --save files "
-                      "carry none: use a checkpoint)", dir);
+                      "no model configuration in the metadata of %s/*.safetensors (not written by brigade train "
+                      "--save?)", dir);
     return st;
 }

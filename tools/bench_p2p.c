@@ -103,9 +103,9 @@ int bg_bench_p2p(int argc, char **argv)
         return bg_cli_status(cmd, st);
     int rank = bg_comm_rank(c);
     if (bg_comm_size(c) != 2) {
+        int w = bg_comm_size(c);
         bg_comm_destroy(c);
-        return bg_cli_fail(cmd, "needs exactly 2 ranks, got %d (brigade launch -n 2 -- brigade bench p2p)",
-                           bg_comm_size(c));
+        return bg_cli_fail(cmd, "needs exactly 2 ranks, got %d (brigade launch -n 2 -- brigade bench p2p)", w);
     }
     enum { WIN = 16 };
     uint64_t maxs = 0;

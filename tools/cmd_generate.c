@@ -16,7 +16,7 @@ static void generate_usage(FILE *f)
                "\n"
                "Sample a continuation of TEXT from a GPT trained by brigade. DIR is a checkpoint\n"
                "root (the newest complete checkpoint under it is used), one checkpoint directory\n"
-               "(step-00000050), or a `brigade train --save` directory (single-process runs).\n"
+               "(step-00000050), or a `brigade train --save` directory.\n"
                "\n"
                "options:\n"
                "  --tokens N         tokens to generate (default 200)\n"

@@ -36,7 +36,9 @@ struct bg__coll {
     bg_comm_t *comm;
     int n, me;
     int *ranks;
-    char desc[160];
+    char desc[160];        /* built lazily (errors only): it costs a microsecond */
+    const char *dfmt, *dalgo;
+    size_t dx;
     uint32_t hi_base;
     bg__step_t *steps;
     int nsteps, cap, cur, posted;
@@ -47,6 +49,8 @@ struct bg__coll {
     int done, abandoned;
     bg__coll_t *prev, *next;
 };
+
+static const char *bg__coll_desc(bg__coll_t *co);
 
 /* ---- groups ------------------------------------------------------------------ */
 
@@ -182,10 +186,11 @@ void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
         return;
     char m[256];
     if (msg)
-        snprintf(m, sizeof(m), "%s during %s at step %d of %d", msg, co->desc, co->cur + 1, co->nsteps);
+        snprintf(m, sizeof(m), "%s during %s at step %d of %d", msg, bg__coll_desc(co), co->cur + 1,
+                 co->nsteps);
     else
         snprintf(m, sizeof(m), "%s did not complete within %.0f s (BRIGADE_TIMEOUT): stuck at step %d "
-                 "of %d", co->desc, co->comm->timeout_s, co->cur + 1, co->nsteps);
+                 "of %d", bg__coll_desc(co), co->comm->timeout_s, co->cur + 1, co->nsteps);
     for (int i = 0; i < 2; i++)
         if (co->subs[i]) {
             co->subs[i]->parent = NULL;
@@ -344,12 +349,22 @@ static bg_status_t bg__coll_new(bg_group_t *g, const char *what, bg__coll_t **co
 
 static void bg__desc(bg__coll_t *co, const char *fmt, size_t x, const char *algo)
 {
-    int off = snprintf(co->desc, sizeof(co->desc), fmt, x, algo);
+    co->dfmt = fmt;
+    co->dx = x;
+    co->dalgo = algo;
+}
+
+static const char *bg__coll_desc(bg__coll_t *co)
+{
+    if (co->desc[0] || !co->dfmt)
+        return co->desc;
+    int off = snprintf(co->desc, sizeof(co->desc), co->dfmt, co->dx, co->dalgo);
     off += snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, " on a group of %d ranks [", co->n);
     for (int i = 0; i < co->n && off < (int)sizeof(co->desc) - 8; i++)
         off += snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, i ? " %d" : "%d", co->ranks[i]);
     if (off < (int)sizeof(co->desc) - 2)
         snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, "]");
+    return co->desc;
 }
 
 /* Start: make endpoints, register, advance once. On error frees co. */
@@ -358,7 +373,7 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
     bg_comm_t *c = co->comm;
     bg_status_t st = BG_OK;
     for (int i = 0; i < co->n && st == BG_OK; i++) {
-        st = bg__peer_status(c, co->ranks[i], co->desc);
+        st = bg__peer_status(c, co->ranks[i], "collective");
         if (st == BG_OK)
             st = bg__ensure_ep(c, co->ranks[i]);
     }
@@ -369,7 +384,7 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
         else {
             char m[256];
             snprintf(m, sizeof(m), "%s", bg_last_error());
-            st = bg_error(st, "%s during %s", m, co->desc);
+            st = bg_error(st, "%s during %s", m, bg__coll_desc(co));
         }
         bg__scratch_put(c, co->tmp, co->tmp_bytes);
         bg__scratch_put(c, co->work, co->work_bytes);
@@ -456,9 +471,7 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
     BG_CHECK(bg__coll_new(g, "allreduce", &co));
     int n = co->n, me = co->me;
     if (algo == BG_ALLREDUCE_AUTO) {
-        long long small = 65536;
-        if (bg_config_int("BRIGADE_ALLREDUCE_SMALL_BYTES", &small) != BG_OK)
-            small = 65536;
+        long long small = co->comm->small_bytes;
         algo = (count * sizeof(float) <= (size_t)small || count < (size_t)n) ? BG_ALLREDUCE_RECURSIVE
                                                                             : BG_ALLREDUCE_RING;
     }
@@ -584,7 +597,7 @@ bg_status_t bg_group_barrier(bg_group_t *g)
 {
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "barrier", &co));
-    snprintf(co->desc, sizeof(co->desc), "barrier on a group of %d ranks", co->n);
+    bg__desc(co, "barrier%.0zu%s", 0, "");
     static char dummy[1];
     for (int d = 1; d < co->n; d *= 2) {
         bg__step_t *st = bg__step(co);

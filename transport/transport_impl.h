@@ -69,6 +69,7 @@ struct bg_comm {
     char token[256];
     double timeout_s;
     int heartbeat_ms;
+    long long small_bytes;     /* BRIGADE_ALLREDUCE_SMALL_BYTES */
     const char *source;    /* which variables the bootstrap used */
 
     bg__store_server_t *server; /* rank 0 */

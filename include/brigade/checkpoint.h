@@ -138,7 +138,7 @@ bg_status_t bg_checkpoint_verify(const char *path);
  */
 bg_status_t bg_safetensors_load_dir(const char *dir, bg_model_t *const *models, int nmodels);
 /** The model configuration stored in the safetensors metadata of a --save
- *  directory (single-process runs store it); BG_ERR_NOT_FOUND when absent. */
+ *  directory; BG_ERR_NOT_FOUND when absent. */
 bg_status_t bg_safetensors_model_config(const char *dir, bg_model_config_t *cfg_p);
 
 /* ---------------------------------------------------------------- sampling */

@@ -121,8 +121,10 @@ bg_status_t bg_test(bg_request_t *req, int *done_p);
 /** Wait until complete: BG_OK, or the error (BG_ERR_PEER naming the rank,
  *  BG_ERR_TIMEOUT after the comm's timeout, BG_ERR_CANCELED). */
 bg_status_t bg_wait(bg_request_t *req);
-/** Cancel a pending operation; it completes with BG_ERR_CANCELED (or BG_OK if
- *  it had already completed). Wait or test it afterwards as usual. */
+/** Cancel a pending operation; wait or test it afterwards as usual. A receive
+ *  or a collective completes with BG_ERR_CANCELED (or BG_OK if it had already
+ *  completed). A send already in flight may be impossible to cancel: it then
+ *  completes normally once delivered, and its buffer is in use until then. */
 bg_status_t bg_cancel(bg_request_t *req);
 /** Received size of a completed receive (bytes), else 0. */
 size_t bg_request_bytes(const bg_request_t *req);

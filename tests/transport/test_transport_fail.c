@@ -72,6 +72,11 @@ static int rank_kill_allreduce(int rank, int world, void *arg)
 
 static void check_survivors(const bgt_result_t *r, int world, int victim, double max_s)
 {
+    double last = 0;
+    for (int i = 0; i < world; i++)
+        if (i != victim && r->exit_s[i] > last)
+            last = r->exit_s[i];
+    print_message("survivors exited %.2f s after the start (bound %.0f s)\n", last, max_s);
     for (int i = 0; i < world; i++) {
         if (i == victim) {
             assert_true(r->status[i] == -1 || (WIFSIGNALED(r->status[i])));
@@ -186,6 +191,33 @@ static void test_never_joins(void **s)
     assert_int_equal(bgt_run_ranks(3, rank_never_joins, NULL, 30, env, 2, &r), 0);
 }
 
+/* A rank with the wrong job token is refused by the store, with a message
+ * that says so; the others then fail the join naming it. */
+static int rank_wrong_token(int rank, int world, void *arg)
+{
+    (void)arg;
+    (void)world;
+    if (rank == 1)
+        setenv("BRIGADE_JOB_TOKEN", "not-the-job-token", 1);
+    bg_comm_t *c;
+    bg_status_t st = bg_comm_create(NULL, &c);
+    if (rank == 1)
+        RK_CHECK(st == BG_ERR_PEER && strstr(bg_last_error(), "wrong job token"), "%s: %s",
+                 bg_status_string(st), bg_last_error());
+    else
+        RK_CHECK(st == BG_ERR_TIMEOUT && strstr(bg_last_error(), "missing: 1"), "%s: %s",
+                 bg_status_string(st), bg_last_error());
+    return 0;
+}
+
+static void test_wrong_token(void **s)
+{
+    (void)s;
+    const char *env[] = {"BRIGADE_TIMEOUT=2", NULL};
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(2, rank_wrong_token, NULL, 30, env, -1, &r), 0);
+}
+
 static int rank_hang(int rank, int world, void *arg)
 {
     (void)arg;
@@ -243,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_kill_in_allreduce), cmocka_unit_test(test_kill_in_large_send),
         cmocka_unit_test(test_kill_store_rank),   cmocka_unit_test(test_never_joins),
         cmocka_unit_test(test_hung_rank),         cmocka_unit_test(test_silent_peer_deadline),
+        cmocka_unit_test(test_wrong_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,605 @@
+/* partitioner/partition.c: the exact partitioner. Stage evaluation (the
+ * memory model: the same buffers bg_stage_memory() reports and the executor
+ * allocates, times the slot counts the schedule keeps), the pruned dynamic
+ * program over (stages, layers) that minimises the slowest stage, the
+ * shortfall when nothing fits, and the replay of a rank's program that gives
+ * the slot counts. Pure arithmetic on the profile: it must never create a
+ * model or touch a backend (a 1000-layer plan has to take milliseconds).
+ *
+ * The dynamic program: f[s][j] = smallest bottleneck placing layers 0..j-1 on
+ * stages 0..s-1; f[s+1][b+1] = min over a of max(f[s][a], T(s, a, b)).
+ * Exhaustive over all (a, b) it is O(S L^2). It is pruned with an upper bound
+ * U on the answer: a range whose compute alone exceeds U, or whose
+ * parameters alone exceed the budget, ends the extension of that start (both
+ * only grow with the range), so each start looks at about U / (mean layer
+ * time) ranges. U starts at the perfect-balance lower bound and doubles until
+ * the restricted program finds a split within U; that split is optimal
+ * because every range it skipped is slower than U. docs/partitioner.md. */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brigade/partitioner.h"
+#include "core/check.h"
+
+static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+typedef struct ctx {
+    const bg_part_problem_t *p;
+    int L, S;
+    double *pt;   /* prefix of fwd + bwd time */
+    double *pf;   /* prefix of fwd time */
+    size_t *pp;   /* prefix of params */
+    size_t *pa;   /* prefix of stash bytes */
+    size_t *pw;   /* prefix of wstash bytes */
+    size_t delta; /* added to every budget (shortfall search) */
+} ctx_t;
+
+static bg_status_t check_problem(const bg_part_problem_t *p)
+{
+    if (!p || p->size < sizeof(bg_part_problem_t))
+        return bg_error(BG_ERR_INVALID, "partition problem: NULL or size %zu (expected %zu: use BG_PART_PROBLEM_INIT)",
+                        p ? p->size : 0, sizeof(bg_part_problem_t));
+    if (p->nlayers < 1 || !p->layers)
+        return bg_error(BG_ERR_INVALID, "partition problem: %d layers (need at least 1)", p->nlayers);
+    if (p->nstages < 1 || !p->stages)
+        return bg_error(BG_ERR_INVALID, "partition problem: %d stages (need at least 1)", p->nstages);
+    if (p->nstages > p->nlayers)
+        return bg_error(BG_ERR_INVALID, "%d stages but only %d layers: every stage needs at least one layer",
+                        p->nstages, p->nlayers);
+    if (!(p->link_latency >= 0) || !(p->link_bandwidth >= 0) || !isfinite(p->link_latency))
+        return bg_error(BG_ERR_INVALID, "link latency %g and bandwidth %g must be >= 0", p->link_latency,
+                        p->link_bandwidth);
+    for (int s = 0; s < p->nstages; s++) {
+        const bg_part_stage_spec_t *sp = &p->stages[s];
+        if (!(sp->speed > 0) || !isfinite(sp->speed))
+            return bg_error(BG_ERR_INVALID, "stage %d: speed %g (must be > 0)", s, sp->speed);
+        if (sp->budget_bytes == 0)
+            return bg_error(BG_ERR_INVALID, "stage %d: memory budget is 0 (must be > 0)", s);
+        if (sp->ncounts < 1 || !sp->counts)
+            return bg_error(BG_ERR_INVALID, "stage %d: no slot counts (need at least one row)", s);
+        for (int k = 0; k < sp->ncounts; k++) {
+            const bg_part_counts_t *n = &sp->counts[k];
+            if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0)
+                return bg_error(BG_ERR_INVALID, "stage %d: negative slot count in row %d", s, k);
+        }
+    }
+    for (int i = 0; i < p->nlayers; i++)
+        if (!(p->layers[i].fwd_time >= 0) || !(p->layers[i].bwd_time >= 0) || !isfinite(p->layers[i].fwd_time) ||
+            !isfinite(p->layers[i].bwd_time))
+            return bg_error(BG_ERR_INVALID, "layer %d: times %g, %g must be finite and >= 0", i,
+                            p->layers[i].fwd_time, p->layers[i].bwd_time);
+    return BG_OK;
+}
+
+static void ctx_free(ctx_t *c)
+{
+    free(c->pt);
+    free(c->pf);
+    free(c->pp);
+    free(c->pa);
+    free(c->pw);
+}
+
+static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
+{
+    memset(c, 0, sizeof(*c));
+    c->p = p;
+    c->L = p->nlayers;
+    c->S = p->nstages;
+    size_t n = (size_t)c->L + 1;
+    c->pt = malloc(n * sizeof(double));
+    c->pf = malloc(n * sizeof(double));
+    c->pp = malloc(n * sizeof(size_t));
+    c->pa = malloc(n * sizeof(size_t));
+    c->pw = malloc(n * sizeof(size_t));
+    if (!c->pt || !c->pf || !c->pp || !c->pa || !c->pw) {
+        ctx_free(c);
+        return bg_error(BG_ERR_NOMEM, "partitioner prefix sums for %d layers", c->L);
+    }
+    c->pt[0] = c->pf[0] = 0;
+    c->pp[0] = c->pa[0] = c->pw[0] = 0;
+    for (int i = 0; i < c->L; i++) {
+        const bg_part_layer_t *l = &p->layers[i];
+        c->pt[i + 1] = c->pt[i] + (l->fwd_time + l->bwd_time);
+        c->pf[i + 1] = c->pf[i] + l->fwd_time;
+        c->pp[i + 1] = c->pp[i] + l->params;
+        c->pa[i + 1] = c->pa[i] + l->stash_bytes;
+        c->pw[i + 1] = c->pw[i] + l->wstash_bytes;
+    }
+    return BG_OK;
+}
+
+/* Running maxima over a range, updated as it grows by one layer. */
+typedef struct rmax {
+    size_t scratch, out, w;
+} rmax_t;
+
+static void rmax_add(rmax_t *m, const bg_part_layer_t *l)
+{
+    size_t o = al64(l->output_bytes);
+    size_t w = l->wstash_bytes > o ? l->wstash_bytes - o : 0;
+    if (l->scratch_bytes > m->scratch)
+        m->scratch = l->scratch_bytes;
+    if (o > m->out)
+        m->out = o;
+    if (w > m->w)
+        m->w = w;
+}
+
+static double link_time(const bg_part_problem_t *p, size_t bytes)
+{
+    return p->link_latency + (p->link_bandwidth > 0 ? (double)bytes / p->link_bandwidth : 0.0);
+}
+
+/* Layers [a, b] on stage s (maxima of the range in m). */
+static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t *m, bg_part_stage_t *e)
+{
+    const bg_part_problem_t *p = c->p;
+    const bg_part_layer_t *ly = p->layers;
+    const bg_part_stage_spec_t *sp = &p->stages[s];
+    int L = c->L;
+    int has_din = a > 0; /* the model's own input needs no gradient */
+    size_t in = a > 0 ? ly[a - 1].output_bytes : p->input_bytes;
+    size_t data = (a == 0 ? p->token_bytes : 0) + (b == L - 1 ? p->target_bytes : 0);
+    size_t act = c->pa[b + 1] - c->pa[a];
+    size_t dout = b < L - 1 ? ly[b].output_bytes : 0;
+    size_t wsum = c->pw[b + 1] - c->pw[a], alb = al64(ly[b].output_bytes);
+    size_t split = (wsum > alb ? wsum - alb : 0) + (has_din ? al64(in) : 0);
+    size_t maxact = m->out;
+    if (has_din && al64(in) > maxact)
+        maxact = al64(in);
+    size_t fused = 2 * maxact + m->w;
+    size_t bw = sp->split_backward ? split : fused;
+    size_t peak = 0;
+    for (int k = 0; k < sp->ncounts; k++) {
+        const bg_part_counts_t *n = &sp->counts[k];
+        size_t am = (size_t)n->forwarded;
+        if (rc)
+            am = n->forwarded > 0 ? (size_t)(n->backward > 1 ? n->backward : 1) : 0;
+        size_t v = (size_t)n->begun * in + (size_t)n->forwarded * data + am * act + (size_t)n->dout * dout +
+                   (size_t)n->backward * bw;
+        if (v > peak)
+            peak = v;
+    }
+    e->first = a;
+    e->last = b;
+    e->recompute = rc;
+    e->static_bytes = (c->pp[b + 1] - c->pp[a]) * p->bytes_per_param;
+    e->scratch_bytes = m->scratch;
+    e->act_bytes = peak;
+    e->mem_bytes = e->static_bytes + e->scratch_bytes + peak;
+    e->fits = e->mem_bytes <= sp->budget_bytes + c->delta;
+    e->input_bytes = in;
+    e->data_bytes = data;
+    e->layer_act_bytes = act;
+    e->dout_bytes = dout;
+    e->bw_bytes = bw;
+    e->stash_per_mb = in + data + (rc ? 0 : act);
+    e->compute_time = (c->pt[b + 1] - c->pt[a] + (rc ? c->pf[b + 1] - c->pf[a] : 0.0)) / sp->speed;
+    e->comm_time = (a > 0 ? link_time(p, in) : 0.0) + (b < L - 1 ? link_time(p, dout) : 0.0);
+    e->time = e->compute_time + e->comm_time;
+}
+
+/* The rule: no recomputation if it fits, else recomputation if allowed and
+ * it fits. Returns 1 with *e filled when the range fits one way. */
+static int eval_choose(const ctx_t *c, int s, int a, int b, const rmax_t *m, bg_part_stage_t *e)
+{
+    eval_core(c, s, a, b, 0, m, e);
+    if (e->fits)
+        return 1;
+    if (!c->p->allow_recompute)
+        return 0;
+    eval_core(c, s, a, b, 1, m, e);
+    return e->fits;
+}
+
+bg_status_t bg_part_stage_eval(const bg_part_problem_t *prob, int stage, int first, int last, int recompute,
+                               bg_part_stage_t *eval_p)
+{
+    BG_CHECK(check_problem(prob));
+    if (stage < 0 || stage >= prob->nstages || first < 0 || last < first || last >= prob->nlayers)
+        return bg_error(BG_ERR_INVALID, "stage %d, layers %d..%d: out of range (%d stages, %d layers)", stage,
+                        first, last, prob->nstages, prob->nlayers);
+    ctx_t c;
+    BG_CHECK(ctx_init(&c, prob));
+    rmax_t m = {0, 0, 0};
+    for (int i = first; i <= last; i++)
+        rmax_add(&m, &prob->layers[i]);
+    bg_part_stage_t e;
+    memset(&e, 0, sizeof(e));
+    eval_core(&c, stage, first, last, recompute ? 1 : 0, &m, &e);
+    ctx_free(&c);
+    *eval_p = e;
+    return BG_OK;
+}
+
+/* The restricted program with bound U (INFINITY: unrestricted). f and arg
+ * are (S+1) x (L+1). Returns the bottleneck (INFINITY: nothing fits within U). */
+static double dp_run(const ctx_t *c, double U, double *f, int *arg)
+{
+    int L = c->L, S = c->S;
+    const bg_part_problem_t *p = c->p;
+    size_t W = (size_t)L + 1;
+    for (size_t i = 0; i < (size_t)(S + 1) * W; i++)
+        f[i] = INFINITY;
+    f[0] = 0.0;
+    bg_part_stage_t e;
+    for (int s = 0; s < S; s++) {
+        const double *fs = f + (size_t)s * W;
+        double *fn = f + (size_t)(s + 1) * W;
+        int *an = arg + (size_t)(s + 1) * W;
+        const bg_part_stage_spec_t *sp = &p->stages[s];
+        size_t budget = sp->budget_bytes + c->delta;
+        int bmax = L - 1 - (S - 1 - s);
+        for (int a = s; a <= bmax; a++) {
+            if (fs[a] == INFINITY || !(fs[a] <= U))
+                continue;
+            rmax_t m = {0, 0, 0};
+            for (int b = a; b <= bmax; b++) {
+                rmax_add(&m, &p->layers[b]);
+                if ((c->pt[b + 1] - c->pt[a]) / sp->speed > U)
+                    break; /* compute only grows with b */
+                if ((c->pp[b + 1] - c->pp[a]) * p->bytes_per_param + m.scratch > budget)
+                    break; /* so does the static memory */
+                if (!eval_choose(c, s, a, b, &m, &e) || e.time > U)
+                    continue; /* boundary terms depend on b: a longer range may still fit */
+                double v = fs[a] > e.time ? fs[a] : e.time;
+                if (v < fn[b + 1]) {
+                    fn[b + 1] = v;
+                    an[b + 1] = a;
+                }
+            }
+        }
+    }
+    return f[(size_t)S * W + (size_t)L];
+}
+
+/* Solve with the doubling bound; fills out (if not NULL) from the arg table. */
+static double solve(const ctx_t *c, double *f, int *arg, bg_part_stage_t *out)
+{
+    const bg_part_problem_t *p = c->p;
+    int L = c->L, S = c->S;
+    double sum_speed = 0, min_speed = INFINITY;
+    size_t maxout = p->input_bytes;
+    for (int s = 0; s < S; s++) {
+        sum_speed += p->stages[s].speed;
+        if (p->stages[s].speed < min_speed)
+            min_speed = p->stages[s].speed;
+    }
+    for (int i = 0; i < L; i++)
+        if (p->layers[i].output_bytes > maxout)
+            maxout = p->layers[i].output_bytes;
+    /* every stage time is at most umax; the bottleneck at least lb */
+    double umax = (c->pt[L] + c->pf[L]) / min_speed + 2.0 * link_time(p, maxout);
+    double lb = c->pt[L] / sum_speed;
+    double U = lb > 0 ? lb * 1.25 : 0.0;
+    double best = INFINITY;
+    for (;;) {
+        if (!(U < umax))
+            U = INFINITY;
+        best = dp_run(c, U, f, arg);
+        if (best <= U || U == INFINITY)
+            break;
+        U = U > 0 ? U * 2.0 : (umax > 0 ? umax * 1e-6 : INFINITY);
+    }
+    if (best == INFINITY || !out)
+        return best;
+    size_t W = (size_t)L + 1;
+    int j = L;
+    for (int s = S - 1; s >= 0; s--) {
+        int a = arg[(size_t)(s + 1) * W + (size_t)j];
+        rmax_t m = {0, 0, 0};
+        for (int i = a; i < j; i++)
+            rmax_add(&m, &p->layers[i]);
+        eval_choose(c, s, a, j - 1, &m, &out[s]);
+        j = a;
+    }
+    return best;
+}
+
+static bg_status_t alloc_tables(const ctx_t *c, double **f_p, int **arg_p)
+{
+    size_t n = (size_t)(c->S + 1) * ((size_t)c->L + 1);
+    double *f = malloc(n * sizeof(double));
+    int *arg = malloc(n * sizeof(int));
+    if (!f || !arg) {
+        free(f);
+        free(arg);
+        return bg_error(BG_ERR_NOMEM, "partitioner tables (%d stages x %d layers)", c->S, c->L);
+    }
+    *f_p = f;
+    *arg_p = arg;
+    return BG_OK;
+}
+
+static bg_status_t shortfall(const ctx_t *c0, double *f, int *arg, bg_part_shortfall_t *sf)
+{
+    ctx_t c = *c0;
+    const bg_part_problem_t *p = c.p;
+    memset(sf, 0, sizeof(*sf));
+    c.delta = 0;
+    if (solve(&c, f, arg, NULL) < INFINITY)
+        return BG_OK;
+    size_t lo = 0, hi = (size_t)1 << 20;
+    for (;;) {
+        c.delta = hi;
+        if (dp_run(&c, INFINITY, f, arg) < INFINITY)
+            break;
+        lo = hi;
+        if (hi > ((size_t)1 << 62))
+            return bg_error(BG_ERR_INTERNAL, "partitioner: no budget makes this problem fit");
+        hi *= 2;
+    }
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        c.delta = mid;
+        if (dp_run(&c, INFINITY, f, arg) < INFINITY)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    c.delta = hi;
+    bg_part_stage_t *st = malloc((size_t)c.S * sizeof(*st));
+    BG_ALLOC_CHECK(st, (size_t)c.S * sizeof(*st), "shortfall stages");
+    solve(&c, f, arg, st);
+    int worst = 0;
+    long long wover = LLONG_MIN;
+    for (int s = 0; s < c.S; s++) {
+        long long over = (long long)st[s].mem_bytes - (long long)p->stages[s].budget_bytes;
+        if (over > wover) {
+            wover = over;
+            worst = s;
+        }
+    }
+    sf->extra_bytes = hi;
+    sf->stage = worst;
+    sf->first = st[worst].first;
+    sf->last = st[worst].last;
+    sf->need_bytes = st[worst].mem_bytes;
+    sf->budget_bytes = p->stages[worst].budget_bytes;
+    size_t big = 0;
+    sf->biggest_layer = sf->first;
+    for (int i = sf->first; i <= sf->last; i++) {
+        size_t b = p->layers[i].params * p->bytes_per_param + p->layers[i].stash_bytes;
+        if (b > big) {
+            big = b;
+            sf->biggest_layer = i;
+        }
+    }
+    free(st);
+    return BG_OK;
+}
+
+bg_status_t bg_part_shortfall(const bg_part_problem_t *prob, bg_part_shortfall_t *sf_p)
+{
+    BG_CHECK(check_problem(prob));
+    ctx_t c;
+    BG_CHECK(ctx_init(&c, prob));
+    double *f = NULL;
+    int *arg = NULL;
+    bg_status_t st = alloc_tables(&c, &f, &arg);
+    if (st == BG_OK) {
+        bg_part_shortfall_t sf;
+        st = shortfall(&c, f, arg, &sf);
+        if (st == BG_OK)
+            *sf_p = sf;
+        free(f);
+        free(arg);
+    }
+    ctx_free(&c);
+    return st;
+}
+
+bg_status_t bg_partition(const bg_part_problem_t *prob, bg_part_stage_t *out, double *bottleneck_p)
+{
+    BG_CHECK(check_problem(prob));
+    ctx_t c;
+    BG_CHECK(ctx_init(&c, prob));
+    double *f = NULL;
+    int *arg = NULL;
+    bg_part_stage_t *res = NULL;
+    bg_status_t st;
+    BG_CHECK_GOTO(alloc_tables(&c, &f, &arg), st, out);
+    res = malloc((size_t)c.S * sizeof(*res));
+    if (!res) {
+        st = bg_error(BG_ERR_NOMEM, "partition result");
+        goto out;
+    }
+    double best = solve(&c, f, arg, res);
+    if (best == INFINITY) {
+        bg_part_shortfall_t sf;
+        BG_CHECK_GOTO(shortfall(&c, f, arg, &sf), st, out);
+        st = bg_error(BG_ERR_NO_FIT,
+                      "no split of %d layers over %d stages fits: at best stage %d (layers %d..%d) needs %zu bytes "
+                      "but its budget is %zu (short by %zu; its biggest layer is %d); every budget needs %zu more "
+                      "bytes",
+                      c.L, c.S, sf.stage, sf.first, sf.last, sf.need_bytes, sf.budget_bytes,
+                      sf.need_bytes - sf.budget_bytes, sf.biggest_layer, sf.extra_bytes);
+        goto out;
+    }
+    memcpy(out, res, (size_t)c.S * sizeof(*res));
+    if (bottleneck_p)
+        *bottleneck_p = best;
+    st = BG_OK;
+out:
+    free(res);
+    free(f);
+    free(arg);
+    ctx_free(&c);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Replay of a rank's program: slot counts at every point                   */
+
+typedef struct slot {
+    unsigned char begun, fwd, dout, bw, pending;
+} slot_t;
+
+typedef struct replay {
+    int V, M;
+    slot_t *slots;           /* [V][M] */
+    bg_part_counts_t *cur;   /* [V] */
+    bg_part_counts_t *rows;  /* Pareto rows, [cap][V] */
+    int nrows, cap;
+} replay_t;
+
+static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V)
+{
+    for (int c = 0; c < V; c++)
+        if (a[c].begun < b[c].begun || a[c].forwarded < b[c].forwarded || a[c].dout < b[c].dout ||
+            a[c].backward < b[c].backward)
+            return 0;
+    return 1;
+}
+
+static bg_status_t record(replay_t *r)
+{
+    int V = r->V;
+    for (int i = 0; i < r->nrows; i++)
+        if (dominates(&r->rows[(size_t)i * V], r->cur, V))
+            return BG_OK;
+    int k = 0;
+    for (int i = 0; i < r->nrows; i++)
+        if (!dominates(r->cur, &r->rows[(size_t)i * V], V)) {
+            if (k != i)
+                memcpy(&r->rows[(size_t)k * V], &r->rows[(size_t)i * V], (size_t)V * sizeof(bg_part_counts_t));
+            k++;
+        }
+    r->nrows = k;
+    if (r->nrows == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 16;
+        bg_part_counts_t *n = realloc(r->rows, (size_t)cap * V * sizeof(*n));
+        BG_ALLOC_CHECK(n, (size_t)cap * V * sizeof(*n), "schedule count rows");
+        r->rows = n;
+        r->cap = cap;
+    }
+    memcpy(&r->rows[(size_t)r->nrows * V], r->cur, (size_t)V * sizeof(bg_part_counts_t));
+    r->nrows++;
+    return BG_OK;
+}
+
+static void rp_begin(replay_t *r, int c, int mb)
+{
+    slot_t *s = &r->slots[(size_t)c * r->M + mb];
+    if (!s->begun) {
+        s->begun = 1;
+        r->cur[c].begun++;
+    }
+}
+static void rp_dout(replay_t *r, int c, int mb)
+{
+    slot_t *s = &r->slots[(size_t)c * r->M + mb];
+    if (s->begun && !s->dout) {
+        s->dout = 1;
+        r->cur[c].dout++;
+    }
+}
+static void rp_end(replay_t *r, int c, int mb)
+{
+    slot_t *s = &r->slots[(size_t)c * r->M + mb];
+    if (s->begun)
+        r->cur[c].begun--;
+    if (s->fwd)
+        r->cur[c].forwarded--;
+    if (s->dout)
+        r->cur[c].dout--;
+    if (s->bw)
+        r->cur[c].backward--;
+    memset(s, 0, sizeof(*s));
+}
+
+bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_part_counts_t **rows_p, int *npoints_p)
+{
+    int P = bg_schedule_ranks(sched), V = bg_schedule_chunks(sched), M = bg_schedule_microbatches(sched);
+    int S = bg_schedule_stages(sched);
+    if (rank < 0 || rank >= P)
+        return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, P);
+    replay_t r = {V, M, NULL, NULL, NULL, 0, 0};
+    int *stage_of = malloc((size_t)V * sizeof(int));
+    r.slots = calloc((size_t)V * M, sizeof(slot_t));
+    r.cur = calloc((size_t)V, sizeof(bg_part_counts_t));
+    bg_status_t st = BG_OK;
+    if (!stage_of || !r.slots || !r.cur) {
+        st = bg_error(BG_ERR_NOMEM, "schedule replay");
+        goto out;
+    }
+    for (int s = 0; s < S; s++)
+        if (bg_schedule_stage_rank(sched, s) == rank)
+            stage_of[bg_schedule_stage_chunk(sched, s)] = s;
+    size_t n;
+    const bg_sched_op_t *ops = bg_schedule_rank_ops(sched, rank, &n);
+#define LOCAL(stage) ((stage) >= 0 && (stage) < S && bg_schedule_stage_rank(sched, (stage)) == rank)
+    for (size_t i = 0; i < n; i++) {
+        /* receives posted ahead, up to the second compute instruction */
+        int computes = 0;
+        for (size_t j = i; j < n && computes < 2; j++) {
+            const bg_sched_op_t *o = &ops[j];
+            if (o->kind == BG_OP_RECV_ACT)
+                rp_begin(&r, o->chunk, o->microbatch);
+            else if (o->kind == BG_OP_RECV_GRAD)
+                rp_dout(&r, o->chunk, o->microbatch);
+            else if (o->kind <= BG_OP_BACKWARD_WEIGHT)
+                computes++;
+        }
+        BG_CHECK_GOTO(record(&r), st, out);
+        const bg_sched_op_t *o = &ops[i];
+        int c = o->chunk, mb = o->microbatch, stage = o->stage;
+        slot_t *sl = mb >= 0 ? &r.slots[(size_t)c * M + mb] : NULL;
+        switch (o->kind) {
+        case BG_OP_FORWARD:
+            rp_begin(&r, c, mb);
+            sl->fwd = 1;
+            r.cur[c].forwarded++;
+            if (stage < S - 1 && LOCAL(stage + 1))
+                rp_begin(&r, bg_schedule_stage_chunk(sched, stage + 1), mb);
+            BG_CHECK_GOTO(record(&r), st, out);
+            break;
+        case BG_OP_BACKWARD:
+        case BG_OP_BACKWARD_INPUT:
+            sl->bw = 1;
+            r.cur[c].backward++;
+            if (stage > 0 && LOCAL(stage - 1))
+                rp_dout(&r, bg_schedule_stage_chunk(sched, stage - 1), mb);
+            BG_CHECK_GOTO(record(&r), st, out);
+            if (o->kind == BG_OP_BACKWARD) {
+                if (stage == 0 || LOCAL(stage - 1))
+                    rp_end(&r, c, mb);
+                else
+                    sl->pending = 1;
+            }
+            break;
+        case BG_OP_BACKWARD_WEIGHT:
+            rp_end(&r, c, mb);
+            break;
+        case BG_OP_SEND_GRAD:
+            /* a fused-backward slot ends once its gradient is on its way */
+            if (sl->pending)
+                rp_end(&r, c, mb);
+            break;
+        case BG_OP_RECV_ACT:
+            rp_begin(&r, c, mb);
+            break;
+        case BG_OP_RECV_GRAD:
+            rp_dout(&r, c, mb);
+            break;
+        default:
+            break;
+        }
+        BG_CHECK_GOTO(record(&r), st, out);
+    }
+#undef LOCAL
+    *rows_p = r.rows;
+    *npoints_p = r.nrows;
+    r.rows = NULL;
+out:
+    free(r.rows);
+    free(r.slots);
+    free(r.cur);
+    free(stage_of);
+    return st;
+}

@@ -1,0 +1,1175 @@
+/* partitioner/plan.c: the layout search (pipeline x data parallel x
+ * microbatches x schedule), each candidate partitioned exactly and simulated
+ * with bg_schedule_simulate(); the plan object, its JSON (docs/partitioner.md)
+ * and the checks `brigade train --plan` needs. No printing: the CLI prints.
+ *
+ * Devices: rank = pp_i * dp + dp_i (the executor's layout), so pipeline rank
+ * r is served by devices r*dp .. r*dp+dp-1; with heterogeneous devices a
+ * pipeline rank gets the smallest budget and the lowest speed of its replicas
+ * (every replica must fit, the slowest sets the pace). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "brigade/partitioner.h"
+#include "brigade/schedule.h"
+#include "core/check.h"
+
+#define PLAN_FORMAT "brigade-plan"
+#define PLAN_VERSION 1
+
+struct bg_plan {
+    bg_model_config_t model;
+    int seq, world, pp, dp, tp, microbatches, microbatch_size, batch, chunks;
+    char schedule[32];
+    int optim;
+    double step_ms, bubble, tokens_per_s;
+    double flops, link_latency, link_bandwidth;
+    int nlayers;
+    bg_layer_profile_t *layers;
+    int nstages;
+    bg_plan_stage_t *stages;
+    uint64_t *rank_peak, *rank_budget; /* [pp] */
+};
+
+struct bg_plan_set {
+    int count, evaluated;
+    bg_plan_t **plans;
+};
+
+void bg_plan_free(bg_plan_t *p)
+{
+    if (!p)
+        return;
+    free(p->layers);
+    free(p->stages);
+    free(p->rank_peak);
+    free(p->rank_budget);
+    free(p);
+}
+
+static bg_plan_t *plan_alloc(int nlayers, int nstages, int pp)
+{
+    bg_plan_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->nlayers = nlayers;
+    p->nstages = nstages;
+    p->layers = calloc((size_t)nlayers, sizeof(*p->layers));
+    p->stages = calloc((size_t)nstages, sizeof(*p->stages));
+    p->rank_peak = calloc((size_t)pp, sizeof(uint64_t));
+    p->rank_budget = calloc((size_t)pp, sizeof(uint64_t));
+    if (!p->layers || !p->stages || !p->rank_peak || !p->rank_budget) {
+        bg_plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+bg_plan_t *bg_plan_copy(const bg_plan_t *src)
+{
+    bg_plan_t *p = plan_alloc(src->nlayers, src->nstages, src->pp);
+    if (!p)
+        return NULL;
+    bg_layer_profile_t *l = p->layers;
+    bg_plan_stage_t *s = p->stages;
+    uint64_t *rp = p->rank_peak, *rb = p->rank_budget;
+    *p = *src;
+    p->layers = l, p->stages = s, p->rank_peak = rp, p->rank_budget = rb;
+    memcpy(l, src->layers, (size_t)src->nlayers * sizeof(*l));
+    memcpy(s, src->stages, (size_t)src->nstages * sizeof(*s));
+    memcpy(rp, src->rank_peak, (size_t)src->pp * sizeof(uint64_t));
+    memcpy(rb, src->rank_budget, (size_t)src->pp * sizeof(uint64_t));
+    return p;
+}
+
+/* ------------------------------------------------------------------------ */
+/* accessors                                                                */
+
+int bg_plan_world(const bg_plan_t *p) { return p->world; }
+int bg_plan_pp(const bg_plan_t *p) { return p->pp; }
+int bg_plan_dp(const bg_plan_t *p) { return p->dp; }
+int bg_plan_tp(const bg_plan_t *p) { return p->tp; }
+int bg_plan_microbatches(const bg_plan_t *p) { return p->microbatches; }
+int bg_plan_microbatch_size(const bg_plan_t *p) { return p->microbatch_size; }
+int bg_plan_batch(const bg_plan_t *p) { return p->batch; }
+int bg_plan_seq(const bg_plan_t *p) { return p->seq; }
+const char *bg_plan_schedule(const bg_plan_t *p) { return p->schedule; }
+int bg_plan_chunks(const bg_plan_t *p) { return p->chunks; }
+double bg_plan_step_ms(const bg_plan_t *p) { return p->step_ms; }
+double bg_plan_bubble(const bg_plan_t *p) { return p->bubble; }
+double bg_plan_tokens_per_s(const bg_plan_t *p) { return p->tokens_per_s; }
+const bg_model_config_t *bg_plan_model(const bg_plan_t *p) { return &p->model; }
+int bg_plan_num_stages(const bg_plan_t *p) { return p->nstages; }
+const bg_plan_stage_t *bg_plan_stage(const bg_plan_t *p, int i)
+{
+    return i >= 0 && i < p->nstages ? &p->stages[i] : NULL;
+}
+int bg_plan_recompute(const bg_plan_t *p)
+{
+    for (int i = 0; i < p->nstages; i++)
+        if (p->stages[i].recompute)
+            return 1;
+    return 0;
+}
+int bg_plan_split(const bg_plan_t *p, int *split, int max)
+{
+    for (int i = 0; i < p->nstages && i < max; i++)
+        split[i] = p->stages[i].last_layer - p->stages[i].first_layer + 1;
+    return p->nstages;
+}
+uint64_t bg_plan_rank_peak_bytes(const bg_plan_t *p, int r) { return r >= 0 && r < p->pp ? p->rank_peak[r] : 0; }
+uint64_t bg_plan_rank_budget_bytes(const bg_plan_t *p, int r) { return r >= 0 && r < p->pp ? p->rank_budget[r] : 0; }
+
+int bg_plan_set_count(const bg_plan_set_t *s) { return s->count; }
+int bg_plan_set_evaluated(const bg_plan_set_t *s) { return s->evaluated; }
+const bg_plan_t *bg_plan_set_get(const bg_plan_set_t *s, int i) { return i >= 0 && i < s->count ? s->plans[i] : NULL; }
+void bg_plan_set_free(bg_plan_set_t *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->count; i++)
+        bg_plan_free(s->plans[i]);
+    free(s->plans);
+    free(s);
+}
+
+bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_config_t *m)
+{
+    const bg_model_config_t *a = &p->model;
+#define FIELD(f, name)                                                                                             \
+    if (a->f != m->f)                                                                                              \
+        return bg_error(BG_ERR_MISMATCH, "the plan was made for %s %d but the model has %d", name, (int)a->f,     \
+                        (int)m->f);
+    FIELD(kind, "model kind")
+    FIELD(layers, "--layers")
+    FIELD(d_model, "--d-model")
+    if (a->kind == BG_MODEL_GPT) {
+        FIELD(heads, "--heads")
+        FIELD(seq_len, "--seq")
+        FIELD(vocab, "vocab")
+    } else {
+        FIELD(in_features, "--in-features")
+        FIELD(classes, "--classes")
+    }
+#undef FIELD
+    return BG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* search                                                                   */
+
+typedef struct search {
+    const bg_plan_params_t *pp;
+    int world, L, seq;
+    uint64_t *mem;  /* [world] */
+    double *speed;  /* [world] */
+    int homogeneous_mem;
+    int want_shortfall; /* compute shortfalls of non-fitting layouts (only once nothing fits: it costs) */
+    /* best no-fit seen */
+    int have_short;
+    uint64_t short_extra;       /* min over candidates of the extra per (chunk) budget */
+    uint64_t min_uniform_budget;/* smallest uniform per-device budget that fits some candidate (homogeneous) */
+    char short_msg[1024];
+    /* results */
+    bg_plan_t **plans;
+    int nplans, cap, evaluated;
+} search_t;
+
+static const char *sizestr(char *buf, size_t n, double b)
+{
+    if (b >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else if (b >= 1024.0 * 1024)
+        snprintf(buf, n, "%.2f MiB", b / (1024.0 * 1024));
+    else if (b >= 1024.0)
+        snprintf(buf, n, "%.2f KiB", b / 1024.0);
+    else
+        snprintf(buf, n, "%.0f B", b);
+    return buf;
+}
+
+static int cmp_plan(const void *x, const void *y)
+{
+    const bg_plan_t *a = *(bg_plan_t *const *)x, *b = *(bg_plan_t *const *)y;
+    if (a->step_ms != b->step_ms)
+        return a->step_ms < b->step_ms ? -1 : 1;
+    if (a->pp != b->pp)
+        return a->pp - b->pp;
+    return a->microbatches - b->microbatches;
+}
+
+static bg_status_t keep_plan(search_t *s, bg_plan_t *p)
+{
+    int top = s->pp->top > 0 ? s->pp->top : 5;
+    if (s->nplans == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        bg_plan_t **n = realloc(s->plans, (size_t)cap * sizeof(*n));
+        if (!n) {
+            bg_plan_free(p);
+            return bg_error(BG_ERR_NOMEM, "plan list");
+        }
+        s->plans = n;
+        s->cap = cap;
+    }
+    s->plans[s->nplans++] = p;
+    qsort(s->plans, (size_t)s->nplans, sizeof(*s->plans), cmp_plan);
+    while (s->nplans > top)
+        bg_plan_free(s->plans[--s->nplans]);
+    return BG_OK;
+}
+
+static int has_split_backward(const bg_schedule_t *sched, int rank)
+{
+    size_t n;
+    const bg_sched_op_t *ops = bg_schedule_rank_ops(sched, rank, &n);
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].kind == BG_OP_BACKWARD_INPUT)
+            return 1;
+    return 0;
+}
+
+/* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
+ * become the best shortfall. *fits_p (optional) says whether it fit. */
+static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
+                            bg_schedule_kind_t kind, int *fits_p)
+{
+    const bg_plan_params_t *pa = s->pp;
+    int L = s->L;
+    bg_status_t st = BG_OK;
+    bg_schedule_t *sched = NULL;
+    bg_sim_result_t *res = NULL;
+    bg_part_layer_t *layers = NULL;
+    bg_part_stage_spec_t *specs = NULL;
+    bg_part_counts_t **rows = NULL, **proj = NULL;
+    int *nrows = NULL;
+    bg_part_stage_t *out = NULL;
+    double *fc = NULL, *bc = NULL, *wc = NULL, *sb = NULL;
+    if (fits_p)
+        *fits_p = 0;
+
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = kind;
+    sp.stages = pp;
+    sp.microbatches = m;
+    sp.chunks = pa->chunks;
+    if (bg_schedule_generate(&sp, &sched) != BG_OK)
+        return BG_OK; /* this schedule cannot run this (p, m, v): not a candidate */
+    int V = bg_schedule_chunks(sched), S = bg_schedule_stages(sched);
+    if (S > L)
+        goto out;
+    s->evaluated++;
+
+    /* device of each pipeline rank: the weakest of its replicas */
+    double *rspeed = NULL;
+    uint64_t *rbudget = NULL;
+    rspeed = malloc((size_t)pp * sizeof(double));
+    rbudget = malloc((size_t)pp * sizeof(uint64_t));
+    layers = calloc((size_t)L, sizeof(*layers));
+    specs = calloc((size_t)S, sizeof(*specs));
+    rows = calloc((size_t)pp, sizeof(*rows));
+    nrows = calloc((size_t)pp, sizeof(int));
+    proj = calloc((size_t)S, sizeof(*proj));
+    out = calloc((size_t)S, sizeof(*out));
+    fc = calloc((size_t)S, sizeof(double));
+    bc = calloc((size_t)S, sizeof(double));
+    wc = calloc((size_t)S, sizeof(double));
+    sb = calloc((size_t)S, sizeof(double));
+    if (!rspeed || !rbudget || !layers || !specs || !rows || !nrows || !proj || !out || !fc || !bc || !wc || !sb) {
+        st = bg_error(BG_ERR_NOMEM, "plan candidate");
+        goto out_free;
+    }
+    for (int r = 0; r < pp; r++) {
+        rspeed[r] = INFINITY;
+        rbudget[r] = UINT64_MAX;
+        for (int d = 0; d < dp; d++) {
+            int dev = r * dp + d;
+            if (s->speed[dev] < rspeed[r])
+                rspeed[r] = s->speed[dev];
+            if (s->mem[dev] < rbudget[r])
+                rbudget[r] = s->mem[dev];
+        }
+        BG_CHECK_GOTO(bg_part_schedule_counts(sched, r, &rows[r], &nrows[r]), st, out_free);
+    }
+    for (int i = 0; i < L; i++) {
+        layers[i].params = prof[i].params;
+        layers[i].stash_bytes = prof[i].stash_bytes;
+        layers[i].wstash_bytes = prof[i].wstash_bytes;
+        layers[i].scratch_bytes = prof[i].scratch_bytes;
+        layers[i].output_bytes = prof[i].output_bytes;
+        if (pa->layer_fwd_s) {
+            layers[i].fwd_time = pa->layer_fwd_s[i];
+            layers[i].bwd_time = pa->layer_bwd_s[i];
+        } else {
+            layers[i].fwd_time = prof[i].fwd_flops / pa->flops;
+            layers[i].bwd_time = prof[i].bwd_flops / pa->flops;
+        }
+    }
+    for (int v = 0; v < S; v++) {
+        int r = bg_schedule_stage_rank(sched, v), c = bg_schedule_stage_chunk(sched, v);
+        proj[v] = malloc((size_t)nrows[r] * sizeof(bg_part_counts_t));
+        if (!proj[v]) {
+            st = bg_error(BG_ERR_NOMEM, "plan counts");
+            goto out_free;
+        }
+        int np = 0; /* chunk c's rows, dominated ones dropped */
+        for (int k = 0; k < nrows[r]; k++) {
+            bg_part_counts_t x = rows[r][(size_t)k * V + c];
+            int dominated = 0;
+            for (int q = 0; q < np && !dominated; q++)
+                dominated = proj[v][q].begun >= x.begun && proj[v][q].forwarded >= x.forwarded &&
+                            proj[v][q].dout >= x.dout && proj[v][q].backward >= x.backward;
+            if (dominated)
+                continue;
+            int w = 0;
+            for (int q = 0; q < np; q++)
+                if (!(x.begun >= proj[v][q].begun && x.forwarded >= proj[v][q].forwarded &&
+                      x.dout >= proj[v][q].dout && x.backward >= proj[v][q].backward))
+                    proj[v][w++] = proj[v][q];
+            np = w;
+            proj[v][np++] = x;
+        }
+        specs[v].speed = rspeed[r];
+        specs[v].budget_bytes = (size_t)(rbudget[r] / (uint64_t)V);
+        specs[v].split_backward = has_split_backward(sched, r);
+        specs[v].ncounts = np;
+        specs[v].counts = proj[v];
+    }
+    bg_part_problem_t prob = BG_PART_PROBLEM_INIT;
+    prob.nlayers = L;
+    prob.layers = layers;
+    prob.nstages = S;
+    prob.stages = specs;
+    prob.bytes_per_param = 8 + bg_optim_state_bytes(pa->optim);
+    int gpt = pa->model.kind == BG_MODEL_GPT;
+    size_t nt = (size_t)n * (size_t)(gpt ? s->seq : 1) * sizeof(int32_t);
+    prob.input_bytes = gpt ? 0 : (size_t)n * (size_t)pa->model.in_features * sizeof(float);
+    prob.token_bytes = gpt ? nt : 0;
+    prob.target_bytes = nt;
+    prob.link_latency = pa->link_latency;
+    prob.link_bandwidth = pa->link_bandwidth;
+    prob.allow_recompute = pa->allow_recompute;
+    double bottleneck;
+    st = bg_partition(&prob, out, &bottleneck);
+    if (st == BG_ERR_NO_FIT && !s->want_shortfall) {
+        st = BG_OK;
+        goto out_free;
+    }
+    if (st == BG_ERR_NO_FIT) {
+        bg_part_shortfall_t sf;
+        BG_CHECK_GOTO(bg_part_shortfall(&prob, &sf), st, out_free);
+        uint64_t need_uniform = (uint64_t)V * ((uint64_t)specs[0].budget_bytes + sf.extra_bytes);
+        if (!s->homogeneous_mem)
+            need_uniform = 0;
+        if (!s->have_short || sf.extra_bytes < s->short_extra) {
+            char a[32], b[32], c[32], d[32], e[32];
+            const bg_part_stage_t *ws = NULL;
+            bg_part_stage_t ev;
+            if (bg_part_stage_eval(&prob, sf.stage, sf.first, sf.last, pa->allow_recompute, &ev) == BG_OK)
+                ws = &ev;
+            int r = bg_schedule_stage_rank(sched, sf.stage);
+            snprintf(s->short_msg, sizeof(s->short_msg),
+                     "closest layout pp=%d dp=%d %s m=%d (microbatch %d): stage %d on pipeline rank %d "
+                     "(layers %d..%d, %s..%s) needs %s (parameters+gradients+optimizer %s, activations %s%s) but "
+                     "its budget is %s: short by %s; its biggest layer is %s",
+                     pp, dp, bg_schedule_kind_name(kind), m, n, sf.stage, r, sf.first, sf.last, prof[sf.first].name,
+                     prof[sf.last].name, sizestr(a, sizeof(a), (double)sf.need_bytes),
+                     sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
+                     sizestr(c, sizeof(c), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
+                     pa->allow_recompute ? ", with recomputation" : "", sizestr(d, sizeof(d), (double)sf.budget_bytes),
+                     sizestr(e, sizeof(e), (double)(sf.need_bytes - sf.budget_bytes)),
+                     prof[sf.biggest_layer].name);
+            s->short_extra = sf.extra_bytes;
+            s->have_short = 1;
+        }
+        if (need_uniform && (s->min_uniform_budget == 0 || need_uniform < s->min_uniform_budget))
+            s->min_uniform_budget = need_uniform;
+        st = BG_OK;
+        goto out_free;
+    }
+    if (st != BG_OK)
+        goto out_free;
+
+    /* simulate with the partition's per-stage costs (milliseconds) */
+    size_t act_msg = 0;
+    size_t maxparams = 0;
+    for (int v = 0; v < S; v++) {
+        double f = 0, bw = 0;
+        for (int i = out[v].first; i <= out[v].last; i++) {
+            f += layers[i].fwd_time;
+            bw += layers[i].bwd_time;
+        }
+        double spd = specs[v].speed;
+        fc[v] = 1e3 * f / spd;
+        bc[v] = 1e3 * (bw / 2 + (out[v].recompute ? f : 0)) / spd;
+        wc[v] = 1e3 * (bw / 2) / spd;
+        sb[v] = (double)out[v].stash_per_mb;
+        if (v < S - 1 && out[v].dout_bytes > act_msg)
+            act_msg = out[v].dout_bytes;
+        size_t np = out[v].static_bytes / prob.bytes_per_param;
+        if (np > maxparams)
+            maxparams = np;
+    }
+    bg_sim_params_t simp = BG_SIM_PARAMS_INIT;
+    simp.f_costs = fc;
+    simp.b_costs = bc;
+    simp.w_costs = wc;
+    simp.latency = 1e3 * pa->link_latency;
+    simp.bandwidth = pa->link_bandwidth / 1e3;
+    simp.act_bytes = simp.grad_bytes = (double)act_msg;
+    simp.stash_bytes_per_stage = sb;
+    double minspeed = INFINITY;
+    for (int r = 0; r < pp; r++)
+        if (rspeed[r] < minspeed)
+            minspeed = rspeed[r];
+    if (dp > 1) /* ring all-reduce of the largest stage's gradients */
+        simp.reduce_cost = 1e3 * (2.0 * (dp - 1) * pa->link_latency +
+                                  (pa->link_bandwidth > 0 ? 2.0 * (dp - 1) / dp * 4.0 * (double)maxparams /
+                                                                pa->link_bandwidth
+                                                          : 0.0));
+    simp.optimizer_cost = 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
+    BG_CHECK_GOTO(bg_schedule_simulate(sched, &simp, &res), st, out_free);
+
+    bg_plan_t *p = plan_alloc(L, S, pp);
+    if (!p) {
+        st = bg_error(BG_ERR_NOMEM, "plan");
+        goto out_free;
+    }
+    p->model = pa->model;
+    p->model.size = sizeof(p->model);
+    p->seq = s->seq;
+    p->world = pp * dp;
+    p->pp = pp;
+    p->dp = dp;
+    p->tp = 1;
+    p->microbatches = m;
+    p->microbatch_size = n;
+    p->batch = pa->batch;
+    p->chunks = V;
+    snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
+    p->optim = (int)pa->optim;
+    p->step_ms = bg_sim_step_time(res);
+    p->bubble = bg_sim_bubble(res, -1);
+    p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * (gpt ? s->seq : 1) / (p->step_ms / 1e3) : 0;
+    p->flops = pa->flops;
+    p->link_latency = pa->link_latency;
+    p->link_bandwidth = pa->link_bandwidth;
+    memcpy(p->layers, prof, (size_t)L * sizeof(*prof));
+    for (int v = 0; v < S; v++) {
+        bg_plan_stage_t *ps = &p->stages[v];
+        ps->rank = bg_schedule_stage_rank(sched, v);
+        ps->chunk = bg_schedule_stage_chunk(sched, v);
+        ps->first_layer = out[v].first;
+        ps->last_layer = out[v].last;
+        ps->params = out[v].static_bytes / prob.bytes_per_param;
+        ps->budget_bytes = specs[v].budget_bytes;
+        ps->predicted_peak_bytes = out[v].mem_bytes;
+        ps->recompute = out[v].recompute;
+        ps->predicted_ms_per_microbatch = 1e3 * out[v].time;
+    }
+    /* a rank's peak: its chunks' static memory plus the largest joint activation row */
+    for (int r = 0; r < pp; r++) {
+        uint64_t stat = 0, best = 0;
+        p->rank_budget[r] = rbudget[r];
+        if (V == 1) { /* one chunk: the partitioner's own evaluation is the rank's */
+            for (int v = 0; v < S; v++)
+                if (bg_schedule_stage_rank(sched, v) == r)
+                    p->rank_peak[r] = out[v].mem_bytes;
+            continue;
+        }
+        for (int v = 0; v < S; v++)
+            if (bg_schedule_stage_rank(sched, v) == r)
+                stat += out[v].static_bytes + out[v].scratch_bytes;
+        for (int k = 0; k < nrows[r]; k++) {
+            uint64_t sum = 0;
+            for (int v = 0; v < S; v++) {
+                if (bg_schedule_stage_rank(sched, v) != r)
+                    continue;
+                const bg_part_counts_t *n = &rows[r][(size_t)k * V + bg_schedule_stage_chunk(sched, v)];
+                const bg_part_stage_t *e = &out[v];
+                uint64_t am = (uint64_t)n->forwarded;
+                if (e->recompute) /* as the partitioner counts it: max(1, backward) microbatches' activations */
+                    am = n->forwarded > 0 ? (uint64_t)(n->backward > 1 ? n->backward : 1) : 0;
+                sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * e->data_bytes +
+                       am * e->layer_act_bytes + (uint64_t)n->dout * e->dout_bytes +
+                       (uint64_t)n->backward * e->bw_bytes;
+            }
+            if (sum > best)
+                best = sum;
+        }
+        p->rank_peak[r] = stat + best;
+        p->rank_budget[r] = rbudget[r];
+    }
+    if (fits_p)
+        *fits_p = 1;
+    st = keep_plan(s, p);
+out_free:
+    free(rspeed);
+    free(rbudget);
+out:
+    for (int r = 0; rows && r < pp; r++)
+        free(rows[r]);
+    for (int v = 0; proj && v < S; v++)
+        free(proj[v]);
+    free(rows);
+    free(nrows);
+    free(proj);
+    free(layers);
+    free(specs);
+    free(out);
+    free(fc);
+    free(bc);
+    free(wc);
+    free(sb);
+    bg_sim_result_free(res);
+    bg_schedule_free(sched);
+    return st;
+}
+
+static bg_status_t parse_schedules(const char *list, bg_schedule_kind_t *kinds, int *n_p)
+{
+    static const bg_schedule_kind_t all[] = {BG_SCHED_1F1B, BG_SCHED_GPIPE, BG_SCHED_INTERLEAVED,
+                                             BG_SCHED_ZB_H1, BG_SCHED_ZB_H2, BG_SCHED_ZBV};
+    int n = 0;
+    if (!list || !*list || !strcmp(list, "all")) {
+        for (size_t i = 0; i < BG_ARRAY_LEN(all); i++)
+            kinds[n++] = all[i];
+        *n_p = n;
+        return BG_OK;
+    }
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        bg_schedule_kind_t k;
+        BG_CHECK(bg_schedule_kind_parse(tok, &k));
+        if (k == BG_SCHED_CUSTOM)
+            return bg_error(BG_ERR_INVALID, "the planner cannot search a custom schedule");
+        if (n >= BG_SCHED_KIND_COUNT)
+            return bg_error(BG_ERR_INVALID, "too many schedules in \"%s\"", list);
+        kinds[n++] = k;
+    }
+    if (n == 0)
+        return bg_error(BG_ERR_INVALID, "empty schedule list \"%s\"", list);
+    *n_p = n;
+    return BG_OK;
+}
+
+static bg_status_t check_params(const bg_plan_params_t *p)
+{
+    if (!p || p->size < sizeof(bg_plan_params_t))
+        return bg_error(BG_ERR_INVALID, "plan params: NULL or size mismatch (use BG_PLAN_PARAMS_INIT)");
+    BG_CHECK(bg_model_config_check(&p->model));
+    if (p->world < 1)
+        return bg_error(BG_ERR_INVALID, "devices must be >= 1 (got %d)", p->world);
+    if (!p->mem || (p->nmem != 1 && p->nmem != p->world))
+        return bg_error(BG_ERR_INVALID, "%d memory budgets for %d devices (give one for all, or one per device)",
+                        p->nmem, p->world);
+    for (int i = 0; i < p->nmem; i++)
+        if (p->mem[i] == 0)
+            return bg_error(BG_ERR_INVALID, "memory budget %d is 0 (must be > 0)", i);
+    if (p->nspeed && p->nspeed != 1 && p->nspeed != p->world)
+        return bg_error(BG_ERR_INVALID, "%d speeds for %d devices (give one for all, or one per device)", p->nspeed,
+                        p->world);
+    for (int i = 0; i < p->nspeed; i++)
+        if (!(p->speed[i] > 0) || !isfinite(p->speed[i]))
+            return bg_error(BG_ERR_INVALID, "speed %d is %g (must be > 0)", i, p->speed[i]);
+    if (p->batch < 1)
+        return bg_error(BG_ERR_INVALID, "batch must be >= 1 (got %d)", p->batch);
+    if (p->microbatch_size < 0 || p->pp < 0 || p->chunks < 0)
+        return bg_error(BG_ERR_INVALID, "microbatch size, pp and chunks must be >= 0");
+    if (!(p->flops > 0) || !isfinite(p->flops))
+        return bg_error(BG_ERR_INVALID, "flops must be > 0 (got %g)", p->flops);
+    if (!(p->link_latency >= 0) || !(p->link_bandwidth >= 0) || !isfinite(p->link_latency) ||
+        !isfinite(p->link_bandwidth))
+        return bg_error(BG_ERR_INVALID, "link latency and bandwidth must be finite and >= 0");
+    if (!p->layer_fwd_s != !p->layer_bwd_s)
+        return bg_error(BG_ERR_INVALID, "measured layer times: give forward and backward times both");
+    if (p->layer_fwd_s && p->microbatch_size == 0)
+        return bg_error(BG_ERR_INVALID, "measured layer times are for one microbatch size: give the microbatch size");
+    int seq = p->seq ? p->seq : p->model.seq_len;
+    if (p->model.kind == BG_MODEL_GPT && (seq < 1 || seq > p->model.seq_len))
+        return bg_error(BG_ERR_INVALID, "training sequence length %d must be in [1, %d]", seq, p->model.seq_len);
+    return BG_OK;
+}
+
+/* Run the search for world devices (s->mem/speed sized >= world); pp_only > 0 restricts pp. */
+static bg_status_t search_world(search_t *s, const bg_schedule_kind_t *kinds, int nk, int world, int pp_only,
+                                int stop_at_first_fit, int *found_p)
+{
+    const bg_plan_params_t *pa = s->pp;
+    int gpt = pa->model.kind == BG_MODEL_GPT;
+    int T = gpt ? s->seq : 1;
+    bg_layer_profile_t *prof = NULL;
+    int cap = s->L;
+    prof = malloc((size_t)cap * sizeof(*prof));
+    BG_ALLOC_CHECK(prof, (size_t)cap * sizeof(*prof), "profile");
+    bg_status_t st = BG_OK;
+    *found_p = 0;
+    int last_n = -1;
+    for (int pp = 1; pp <= world; pp++) {
+        if (world % pp || pp > s->L || (pp_only && pp != pp_only) || (pa->pp && pp != pa->pp))
+            continue;
+        int dp = world / pp;
+        if (pa->batch % dp)
+            continue;
+        int per = pa->batch / dp; /* sequences per replica per step */
+        for (int m = 1; m <= per; m++) {
+            if (per % m)
+                continue;
+            int n = per / m;
+            if (pa->microbatch_size && n != pa->microbatch_size)
+                continue;
+            /* without a fixed microbatch size, keep the count near the pipeline depth */
+            if (!pa->microbatch_size && m > 4 * pp && m > 8)
+                continue;
+            if (n != last_n) {
+                int cnt;
+                BG_CHECK_GOTO(bg_model_profile(&pa->model, n, T, prof, cap, &cnt), st, out);
+                last_n = n;
+            }
+            for (int k = 0; k < nk; k++) {
+                if (pp == 1 && kinds[k] != BG_SCHED_1F1B && kinds[k] != BG_SCHED_GPIPE)
+                    continue; /* the others need p >= 2 to differ (and some refuse p = 1) */
+                int fits;
+                BG_CHECK_GOTO(evaluate(s, prof, pp, dp, m, n, kinds[k], &fits), st, out);
+                if (fits) {
+                    *found_p = 1;
+                    if (stop_at_first_fit)
+                        goto out;
+                }
+            }
+        }
+    }
+out:
+    free(prof);
+    return st;
+}
+
+bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
+{
+    BG_CHECK(check_params(pa));
+    bg_schedule_kind_t kinds[BG_SCHED_KIND_COUNT];
+    int nk = 0;
+    BG_CHECK(parse_schedules(pa->schedules, kinds, &nk));
+    search_t s;
+    memset(&s, 0, sizeof(s));
+    s.pp = pa;
+    s.world = pa->world;
+    s.seq = pa->model.kind == BG_MODEL_GPT ? (pa->seq ? pa->seq : pa->model.seq_len) : 1;
+    s.L = pa->model.kind == BG_MODEL_GPT ? pa->model.layers + 3 : 2 * pa->model.layers + 1;
+    if (pa->pp && (pa->world % pa->pp))
+        return bg_error(BG_ERR_INVALID, "--pp %d does not divide %d devices", pa->pp, pa->world);
+    if (pa->pp > s.L)
+        return bg_error(BG_ERR_INVALID, "--pp %d but the model has only %d layers", pa->pp, s.L);
+    if (pa->microbatch_size && pa->batch % pa->microbatch_size)
+        return bg_error(BG_ERR_INVALID, "batch %d is not a multiple of the microbatch size %d", pa->batch,
+                        pa->microbatch_size);
+    if (pa->layer_fwd_s) {
+        for (int i = 0; i < s.L; i++)
+            if (!(pa->layer_fwd_s[i] >= 0) || !(pa->layer_bwd_s[i] >= 0))
+                return bg_error(BG_ERR_INVALID, "measured time of layer %d is negative", i);
+    }
+    s.mem = malloc((size_t)pa->world * sizeof(uint64_t));
+    s.speed = malloc((size_t)pa->world * sizeof(double));
+    bg_status_t st = BG_OK;
+    if (!s.mem || !s.speed) {
+        st = bg_error(BG_ERR_NOMEM, "device table");
+        goto out;
+    }
+    s.homogeneous_mem = 1;
+    for (int i = 0; i < pa->world; i++) {
+        s.mem[i] = pa->mem[pa->nmem == 1 ? 0 : i];
+        s.speed[i] = pa->nspeed ? pa->speed[pa->nspeed == 1 ? 0 : i] : 1.0;
+        if (s.mem[i] != s.mem[0])
+            s.homogeneous_mem = 0;
+    }
+    int found;
+    BG_CHECK_GOTO(search_world(&s, kinds, nk, pa->world, 0, 0, &found), st, out);
+    if (s.nplans == 0 && s.evaluated > 0) {
+        /* nothing fits: again, now measuring by how much each layout misses */
+        s.want_shortfall = 1;
+        s.evaluated = 0;
+        BG_CHECK_GOTO(search_world(&s, kinds, nk, pa->world, 0, 0, &found), st, out);
+        s.want_shortfall = 0;
+    }
+    if (s.nplans == 0) {
+        char a[32], b[160] = "";
+        if (s.evaluated == 0) {
+            st = bg_error(BG_ERR_INVALID,
+                          "no layout to evaluate for %d devices, batch %d%s: pp must divide the devices, dp the "
+                          "batch, and the microbatch size the per-replica batch",
+                          pa->world, pa->batch, pa->microbatch_size ? " and the given microbatch size" : "");
+            goto out;
+        }
+        /* smallest device count (devices like the smallest given) that fits */
+        int min_dev = 0;
+        uint64_t minmem = s.mem[0];
+        for (int i = 0; i < pa->world; i++)
+            if (s.mem[i] < minmem)
+                minmem = s.mem[i];
+        {
+            search_t s2 = s;
+            s2.plans = NULL;
+            s2.nplans = s2.cap = 0;
+            uint64_t *mem2 = malloc((size_t)s.L * sizeof(uint64_t));
+            double *sp2 = malloc((size_t)s.L * sizeof(double));
+            if (!mem2 || !sp2) {
+                free(mem2);
+                free(sp2);
+                st = bg_error(BG_ERR_NOMEM, "device table");
+                goto out;
+            }
+            double maxspeed = 0;
+            for (int i = 0; i < pa->world; i++)
+                if (s.speed[i] > maxspeed)
+                    maxspeed = s.speed[i];
+            for (int i = 0; i < s.L; i++)
+                mem2[i] = minmem, sp2[i] = maxspeed;
+            s2.mem = mem2;
+            s2.speed = sp2;
+            bg_plan_params_t p2 = *pa;
+            p2.pp = 0;
+            s2.pp = &p2;
+            for (int w = pa->world + 1; w <= s.L && !min_dev; w++) {
+                int f2;
+                st = search_world(&s2, kinds, nk, w, w, 1, &f2);
+                if (st != BG_OK)
+                    break;
+                if (f2)
+                    min_dev = w;
+            }
+            for (int i = 0; i < s2.nplans; i++)
+                bg_plan_free(s2.plans[i]);
+            free(s2.plans);
+            free(mem2);
+            free(sp2);
+            if (st != BG_OK)
+                goto out;
+        }
+        if (min_dev)
+            snprintf(b, sizeof(b), "%d devices of %s", min_dev, sizestr(a, sizeof(a), (double)minmem));
+        else
+            snprintf(b, sizeof(b), "no device count up to %d (one layer per device) with %s each", s.L,
+                     sizestr(a, sizeof(a), (double)minmem));
+        if (s.homogeneous_mem && s.min_uniform_budget) {
+            char c[32];
+            st = bg_error(BG_ERR_NO_FIT,
+                          "does not fit on %d devices of %s: %s. Smallest budget that fits: %llu bytes (%s) per "
+                          "device; smallest device count that fits: %s",
+                          pa->world, sizestr(a, sizeof(a), (double)s.mem[0]), s.short_msg,
+                          (unsigned long long)s.min_uniform_budget,
+                          sizestr(c, sizeof(c), (double)s.min_uniform_budget), b);
+        } else {
+            char c[32];
+            st = bg_error(BG_ERR_NO_FIT,
+                          "does not fit on these %d devices: %s. Every device needs %s more (%llu bytes); smallest "
+                          "device count that fits: %s",
+                          pa->world, s.short_msg, sizestr(c, sizeof(c), (double)s.short_extra),
+                          (unsigned long long)s.short_extra, b);
+        }
+        goto out;
+    }
+    bg_plan_set_t *set = calloc(1, sizeof(*set));
+    if (!set) {
+        st = bg_error(BG_ERR_NOMEM, "plan set");
+        goto out;
+    }
+    set->plans = s.plans;
+    set->count = s.nplans;
+    set->evaluated = s.evaluated;
+    s.plans = NULL;
+    s.nplans = 0;
+    *set_p = set;
+out:
+    for (int i = 0; i < s.nplans; i++)
+        bg_plan_free(s.plans[i]);
+    free(s.plans);
+    free(s.mem);
+    free(s.speed);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* JSON                                                                     */
+
+static json_t *model_json(const bg_model_config_t *m)
+{
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b}", "kind",
+                     m->kind == BG_MODEL_GPT ? "gpt" : "mlp", "layers", m->layers, "d_model", m->d_model, "heads",
+                     m->heads, "seq_len", m->seq_len, "vocab", m->vocab, "in_features", m->in_features, "classes",
+                     m->classes, "seed", (json_int_t)m->seed, "tie_embeddings", m->tie_embeddings);
+}
+
+static json_t *plan_json(const bg_plan_t *p)
+{
+    json_t *root = json_object(), *layers = json_array(), *stages = json_array(), *ranks = json_array(),
+           *split = json_array();
+    if (!root || !layers || !stages || !ranks || !split) {
+        json_decref(root), json_decref(layers), json_decref(stages), json_decref(ranks), json_decref(split);
+        return NULL;
+    }
+    json_object_set_new(root, "format", json_string(PLAN_FORMAT));
+    json_object_set_new(root, "version", json_integer(PLAN_VERSION));
+    json_object_set_new(root, "world", json_integer(p->world));
+    json_object_set_new(root, "pp", json_integer(p->pp));
+    json_object_set_new(root, "dp", json_integer(p->dp));
+    json_object_set_new(root, "tp", json_integer(p->tp));
+    json_object_set_new(root, "microbatches", json_integer(p->microbatches));
+    json_object_set_new(root, "microbatch_size", json_integer(p->microbatch_size));
+    json_object_set_new(root, "batch", json_integer(p->batch));
+    json_object_set_new(root, "seq", json_integer(p->seq));
+    json_object_set_new(root, "schedule", json_string(p->schedule));
+    json_object_set_new(root, "chunks", json_integer(p->chunks));
+    json_object_set_new(root, "optimizer", json_string(p->optim == BG_OPTIM_SGD ? "sgd" : "adamw"));
+    json_object_set_new(root, "recompute", json_boolean(bg_plan_recompute(p)));
+    json_object_set_new(root, "predicted_step_ms", json_real(p->step_ms));
+    json_object_set_new(root, "predicted_bubble", json_real(p->bubble));
+    json_object_set_new(root, "predicted_tokens_per_s", json_real(p->tokens_per_s));
+    json_object_set_new(root, "devices", json_pack("{s:f, s:f, s:f}", "flops", p->flops, "link_latency_s",
+                                                   p->link_latency, "link_bandwidth", p->link_bandwidth));
+    json_object_set_new(root, "model", model_json(&p->model));
+    for (int i = 0; i < p->nstages; i++)
+        json_array_append_new(split, json_integer(p->stages[i].last_layer - p->stages[i].first_layer + 1));
+    json_object_set_new(root, "split", split);
+    for (int i = 0; i < p->nlayers; i++) {
+        const bg_layer_profile_t *l = &p->layers[i];
+        json_array_append_new(layers, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "name", l->name,
+                                                "params", (json_int_t)l->params, "stash_bytes",
+                                                (json_int_t)l->stash_bytes, "wstash_bytes",
+                                                (json_int_t)l->wstash_bytes, "scratch_bytes",
+                                                (json_int_t)l->scratch_bytes, "output_bytes",
+                                                (json_int_t)l->output_bytes, "fwd_flops", l->fwd_flops, "bwd_flops",
+                                                l->bwd_flops));
+    }
+    json_object_set_new(root, "layers", layers);
+    for (int i = 0; i < p->nstages; i++) {
+        const bg_plan_stage_t *s = &p->stages[i];
+        json_array_append_new(
+            stages, json_pack("{s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:b, s:f}", "stage", i, "rank", s->rank,
+                              "chunk", s->chunk, "first_layer", s->first_layer, "last_layer", s->last_layer,
+                              "params", (json_int_t)s->params, "budget_bytes", (json_int_t)s->budget_bytes,
+                              "predicted_peak_bytes", (json_int_t)s->predicted_peak_bytes, "recompute",
+                              s->recompute, "predicted_ms_per_microbatch", s->predicted_ms_per_microbatch));
+    }
+    json_object_set_new(root, "stages", stages);
+    for (int r = 0; r < p->pp; r++)
+        json_array_append_new(ranks, json_pack("{s:i, s:I, s:I}", "rank", r, "budget_bytes",
+                                               (json_int_t)p->rank_budget[r], "predicted_peak_bytes",
+                                               (json_int_t)p->rank_peak[r]));
+    json_object_set_new(root, "ranks", ranks);
+    return root;
+}
+
+bg_status_t bg_plan_to_json(const bg_plan_t *p, char **json_p)
+{
+    json_t *root = plan_json(p);
+    if (!root)
+        return bg_error(BG_ERR_NOMEM, "plan JSON");
+    char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    if (!s)
+        return bg_error(BG_ERR_NOMEM, "plan JSON text");
+    *json_p = s;
+    return BG_OK;
+}
+
+bg_status_t bg_plan_save(const bg_plan_t *p, const char *path)
+{
+    char *s;
+    BG_CHECK(bg_plan_to_json(p, &s));
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        free(s);
+        return bg_error(BG_ERR_IO, "cannot write plan %s", tmp);
+    }
+    int ok = fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (fclose(f) == 0) && ok;
+    free(s);
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return bg_error(BG_ERR_IO, "cannot write plan %s", path);
+    }
+    return BG_OK;
+}
+
+/* Field readers: BG_ERR_PARSE naming the JSON path. */
+static bg_status_t get_int(json_t *o, const char *where, const char *key, long long lo, long long hi, long long *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!x)
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s is missing", where, key);
+    if (!json_is_integer(x))
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s must be an integer", where, key);
+    long long y = json_integer_value(x);
+    if (y < lo || y > hi)
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s is %lld, expected %lld..%lld", where, key, y, lo, hi);
+    *v = y;
+    return BG_OK;
+}
+static bg_status_t get_num(json_t *o, const char *where, const char *key, double *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!x)
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s is missing", where, key);
+    if (!json_is_number(x))
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s must be a number", where, key);
+    *v = json_number_value(x);
+    return BG_OK;
+}
+static bg_status_t get_str(json_t *o, const char *where, const char *key, const char **v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!x || !json_is_string(x))
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s must be a string", where, key);
+    *v = json_string_value(x);
+    return BG_OK;
+}
+static bg_status_t get_bool(json_t *o, const char *where, const char *key, int *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!x || !json_is_boolean(x))
+        return bg_error(BG_ERR_PARSE, "plan: %s.%s must be true or false", where, key);
+    *v = json_is_true(x);
+    return BG_OK;
+}
+
+#define BIG 0x7fffffffffffffffLL
+static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
+{
+    if (!json_is_object(root))
+        return bg_error(BG_ERR_PARSE, "plan: the top level must be an object");
+    const char *fmt = NULL;
+    BG_CHECK(get_str(root, "$", "format", &fmt));
+    if (strcmp(fmt, PLAN_FORMAT))
+        return bg_error(BG_ERR_PARSE, "plan: $.format is \"%s\", expected \"%s\"", fmt, PLAN_FORMAT);
+    long long version = 0, world = 0, pp = 0, dp = 0, tp = 0, mbs = 0, mbsize = 0, batch = 0, seq = 0, chunks = 0;
+    BG_CHECK(get_int(root, "$", "version", PLAN_VERSION, PLAN_VERSION, &version));
+    BG_CHECK(get_int(root, "$", "world", 1, 1 << 20, &world));
+    BG_CHECK(get_int(root, "$", "pp", 1, 1 << 20, &pp));
+    BG_CHECK(get_int(root, "$", "dp", 1, 1 << 20, &dp));
+    BG_CHECK(get_int(root, "$", "tp", 1, 1, &tp));
+    if (pp * dp * tp != world)
+        return bg_error(BG_ERR_PARSE, "plan: pp %lld x dp %lld x tp %lld is not world %lld", pp, dp, tp, world);
+    BG_CHECK(get_int(root, "$", "microbatches", 1, 1 << 20, &mbs));
+    BG_CHECK(get_int(root, "$", "microbatch_size", 1, 1 << 30, &mbsize));
+    BG_CHECK(get_int(root, "$", "batch", 1, 1 << 30, &batch));
+    if (batch != dp * mbs * mbsize)
+        return bg_error(BG_ERR_PARSE, "plan: batch %lld is not dp %lld x microbatches %lld x microbatch_size %lld",
+                        batch, dp, mbs, mbsize);
+    BG_CHECK(get_int(root, "$", "seq", 1, 1 << 30, &seq));
+    BG_CHECK(get_int(root, "$", "chunks", 1, 1 << 10, &chunks));
+    const char *sched = NULL, *opt = NULL;
+    BG_CHECK(get_str(root, "$", "schedule", &sched));
+    bg_schedule_kind_t kind;
+    if (bg_schedule_kind_parse(sched, &kind) != BG_OK || kind == BG_SCHED_CUSTOM)
+        return bg_error(BG_ERR_PARSE, "plan: $.schedule \"%s\" is not a schedule the executor runs", sched);
+    BG_CHECK(get_str(root, "$", "optimizer", &opt));
+    if (strcmp(opt, "adamw") && strcmp(opt, "sgd"))
+        return bg_error(BG_ERR_PARSE, "plan: $.optimizer \"%s\" (expected adamw or sgd)", opt);
+    double step_ms = 0, bubble = 0, tps = 0;
+    BG_CHECK(get_num(root, "$", "predicted_step_ms", &step_ms));
+    if (json_object_get(root, "predicted_bubble"))
+        BG_CHECK(get_num(root, "$", "predicted_bubble", &bubble));
+    if (json_object_get(root, "predicted_tokens_per_s"))
+        BG_CHECK(get_num(root, "$", "predicted_tokens_per_s", &tps));
+
+    json_t *jm = json_object_get(root, "model");
+    if (!json_is_object(jm))
+        return bg_error(BG_ERR_PARSE, "plan: $.model must be an object");
+    bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+    const char *mk = NULL;
+    long long v = 0;
+    BG_CHECK(get_str(jm, "$.model", "kind", &mk));
+    if (!strcmp(mk, "gpt"))
+        mc.kind = BG_MODEL_GPT;
+    else if (!strcmp(mk, "mlp"))
+        mc.kind = BG_MODEL_MLP;
+    else
+        return bg_error(BG_ERR_PARSE, "plan: $.model.kind \"%s\" (expected gpt or mlp)", mk);
+#define MFIELD(f)                                                                                                  \
+    BG_CHECK(get_int(jm, "$.model", #f, 0, 1 << 30, &v));                                                          \
+    mc.f = (int)v;
+    MFIELD(layers)
+    MFIELD(d_model)
+    MFIELD(heads)
+    MFIELD(seq_len)
+    MFIELD(vocab)
+    MFIELD(in_features)
+    MFIELD(classes)
+#undef MFIELD
+    BG_CHECK(get_int(jm, "$.model", "seed", 0, BIG, &v));
+    mc.seed = (uint64_t)v;
+    if (json_object_get(jm, "tie_embeddings"))
+        BG_CHECK(get_bool(jm, "$.model", "tie_embeddings", &mc.tie_embeddings));
+    if (bg_model_config_check(&mc) != BG_OK)
+        return bg_error(BG_ERR_PARSE, "plan: $.model: %s", bg_last_error());
+    int L = mc.kind == BG_MODEL_GPT ? mc.layers + 3 : 2 * mc.layers + 1;
+
+    json_t *jl = json_object_get(root, "layers"), *js = json_object_get(root, "stages"),
+           *jr = json_object_get(root, "ranks");
+    if (!json_is_array(jl) || (int)json_array_size(jl) != L)
+        return bg_error(BG_ERR_PARSE, "plan: $.layers must be an array of %d layers (the model's)", L);
+    if (!json_is_array(js) || (long long)json_array_size(js) != pp * chunks)
+        return bg_error(BG_ERR_PARSE, "plan: $.stages must be an array of pp x chunks = %lld stages", pp * chunks);
+    if (pp * chunks > L)
+        return bg_error(BG_ERR_PARSE, "plan: %lld stages for %d layers", pp * chunks, L);
+    bg_plan_t *p = plan_alloc(L, (int)(pp * chunks), (int)pp);
+    if (!p)
+        return bg_error(BG_ERR_NOMEM, "plan");
+    bg_status_t st = BG_OK;
+    p->model = mc;
+    p->world = (int)world, p->pp = (int)pp, p->dp = (int)dp, p->tp = (int)tp;
+    p->microbatches = (int)mbs, p->microbatch_size = (int)mbsize, p->batch = (int)batch, p->seq = (int)seq;
+    p->chunks = (int)chunks;
+    snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
+    p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
+    p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
+    json_t *jd = json_object_get(root, "devices");
+    if (json_is_object(jd)) {
+        if (json_object_get(jd, "flops"))
+            BG_CHECK_GOTO(get_num(jd, "$.devices", "flops", &p->flops), st, err);
+        if (json_object_get(jd, "link_latency_s"))
+            BG_CHECK_GOTO(get_num(jd, "$.devices", "link_latency_s", &p->link_latency), st, err);
+        if (json_object_get(jd, "link_bandwidth"))
+            BG_CHECK_GOTO(get_num(jd, "$.devices", "link_bandwidth", &p->link_bandwidth), st, err);
+    }
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        char where[64];
+        snprintf(where, sizeof(where), "$.layers[%d]", i);
+        if (!json_is_object(e)) {
+            st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
+            goto err;
+        }
+        bg_layer_profile_t *l = &p->layers[i];
+        const char *name = NULL;
+        BG_CHECK_GOTO(get_str(e, where, "name", &name), st, err);
+        snprintf(l->name, sizeof(l->name), "%s", name);
+        BG_CHECK_GOTO(get_int(e, where, "params", 0, BIG, &v), st, err);
+        l->params = (size_t)v;
+        BG_CHECK_GOTO(get_int(e, where, "stash_bytes", 0, BIG, &v), st, err);
+        l->stash_bytes = (size_t)v;
+        BG_CHECK_GOTO(get_int(e, where, "output_bytes", 0, BIG, &v), st, err);
+        l->output_bytes = (size_t)v;
+        if (json_object_get(e, "wstash_bytes")) {
+            BG_CHECK_GOTO(get_int(e, where, "wstash_bytes", 0, BIG, &v), st, err);
+            l->wstash_bytes = (size_t)v;
+        }
+        if (json_object_get(e, "scratch_bytes")) {
+            BG_CHECK_GOTO(get_int(e, where, "scratch_bytes", 0, BIG, &v), st, err);
+            l->scratch_bytes = (size_t)v;
+        }
+        BG_CHECK_GOTO(get_num(e, where, "fwd_flops", &l->fwd_flops), st, err);
+        BG_CHECK_GOTO(get_num(e, where, "bwd_flops", &l->bwd_flops), st, err);
+    }
+    int next = 0;
+    for (int i = 0; i < p->nstages; i++) {
+        json_t *e = json_array_get(js, (size_t)i);
+        char where[64];
+        snprintf(where, sizeof(where), "$.stages[%d]", i);
+        if (!json_is_object(e)) {
+            st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
+            goto err;
+        }
+        bg_plan_stage_t *s = &p->stages[i];
+        long long a = 0, b = 0;
+        BG_CHECK_GOTO(get_int(e, where, "first_layer", 0, L - 1, &a), st, err);
+        BG_CHECK_GOTO(get_int(e, where, "last_layer", a, L - 1, &b), st, err);
+        if (a != next) {
+            st = bg_error(BG_ERR_PARSE, "plan: %s.first_layer is %lld but the previous stage ended at layer %d", where,
+                          a, next - 1);
+            goto err;
+        }
+        next = (int)b + 1;
+        s->first_layer = (int)a;
+        s->last_layer = (int)b;
+        BG_CHECK_GOTO(get_int(e, where, "budget_bytes", 0, BIG, &v), st, err);
+        s->budget_bytes = (uint64_t)v;
+        BG_CHECK_GOTO(get_int(e, where, "predicted_peak_bytes", 0, BIG, &v), st, err);
+        s->predicted_peak_bytes = (uint64_t)v;
+        BG_CHECK_GOTO(get_bool(e, where, "recompute", &s->recompute), st, err);
+        BG_CHECK_GOTO(get_num(e, where, "predicted_ms_per_microbatch", &s->predicted_ms_per_microbatch), st, err);
+        if (json_object_get(e, "rank")) {
+            BG_CHECK_GOTO(get_int(e, where, "rank", 0, pp - 1, &v), st, err);
+            s->rank = (int)v;
+        } else {
+            s->rank = i % (int)pp;
+        }
+        if (json_object_get(e, "chunk")) {
+            BG_CHECK_GOTO(get_int(e, where, "chunk", 0, chunks - 1, &v), st, err);
+            s->chunk = (int)v;
+        } else {
+            s->chunk = i / (int)pp;
+        }
+        size_t np = 0;
+        for (int k = s->first_layer; k <= s->last_layer; k++)
+            np += p->layers[k].params;
+        s->params = np;
+    }
+    if (next != L) {
+        st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
+        goto err;
+    }
+    for (int r = 0; r < p->pp; r++) {
+        p->rank_peak[r] = 0;
+        p->rank_budget[r] = 0;
+        for (int i = 0; i < p->nstages; i++)
+            if (p->stages[i].rank == r) {
+                p->rank_peak[r] += p->stages[i].predicted_peak_bytes;
+                p->rank_budget[r] += p->stages[i].budget_bytes;
+            }
+    }
+    if (json_is_array(jr)) {
+        if ((long long)json_array_size(jr) != pp) {
+            st = bg_error(BG_ERR_PARSE, "plan: $.ranks must have pp = %lld entries", pp);
+            goto err;
+        }
+        for (int r = 0; r < p->pp; r++) {
+            json_t *e = json_array_get(jr, (size_t)r);
+            char where[64];
+            snprintf(where, sizeof(where), "$.ranks[%d]", r);
+            if (!json_is_object(e)) {
+                st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
+                goto err;
+            }
+            BG_CHECK_GOTO(get_int(e, where, "predicted_peak_bytes", 0, BIG, &v), st, err);
+            p->rank_peak[r] = (uint64_t)v;
+            BG_CHECK_GOTO(get_int(e, where, "budget_bytes", 0, BIG, &v), st, err);
+            p->rank_budget[r] = (uint64_t)v;
+        }
+    }
+    *plan_p = p;
+    return BG_OK;
+err:
+    bg_plan_free(p);
+    return st;
+}
+
+bg_status_t bg_plan_from_json(const char *text, bg_plan_t **plan_p)
+{
+    json_error_t err;
+    json_t *root = json_loads(text, 0, &err);
+    if (!root)
+        return bg_error(BG_ERR_PARSE, "plan: line %d column %d: %s", err.line, err.column, err.text);
+    bg_status_t st = parse_plan(root, plan_p);
+    json_decref(root);
+    return st;
+}
+
+bg_status_t bg_plan_load(const char *path, bg_plan_t **plan_p)
+{
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root)
+        return bg_error(BG_ERR_PARSE, "plan %s: line %d column %d: %s", path, err.line, err.column, err.text);
+    bg_status_t st = parse_plan(root, plan_p);
+    json_decref(root);
+    if (st != BG_OK)
+        return bg_error(st, "%s: %s", path, bg_last_error());
+    return BG_OK;
+}

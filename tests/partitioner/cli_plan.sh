@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tests/partitioner/cli_plan.sh: `brigade plan` end to end: one-line messages
+# and non-zero exits on bad input, a heterogeneous device list, the no-fit
+# answer (its smallest budget fits and one byte less does not), and the plan
+# JSON's documented fields.
+set -u
+B=${BRIGADE:?BRIGADE must point to the brigade binary}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+M="--layers 6 --d-model 64 --heads 4 --seq 32 --batch 16 --microbatch-size 2"
+
+# expect_err message-substring args...
+expect_err() {
+    local needle=$1; shift
+    "$B" plan "$@" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ $rc -eq 0 ]; then fail "brigade plan $* exited 0"; return; fi
+    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade plan $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
+    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade plan $*: error is not one line: $(cat "$T/err")"; fi
+}
+
+"$B" plan --help >/dev/null || fail "--help"
+expect_err "--devices N is required" $M --mem 1G
+expect_err "--mem is required" $M --devices 4
+expect_err "a budget must be > 0" $M --devices 4 --mem 0
+expect_err "a budget must be > 0" $M --devices 4 --mem -1G
+expect_err "--mem has 2 entries but --devices is 4" $M --devices 4 --mem 1G,1G
+expect_err "empty entry 1" $M --devices 2 --mem 1G,,1G
+expect_err "expects a positive size" $M --devices 2 --mem 1G,abc
+expect_err "--speed has 3 entries but --devices is 4" $M --devices 4 --mem 1G --speed 1,1,1
+expect_err "speeds must be > 0" $M --devices 2 --mem 1G --speed 1,0
+expect_err "speeds must be > 0" $M --devices 2 --mem 1G --speed 1,-2
+expect_err "is not a number" $M --devices 2 --mem 1G --speed 1,x
+expect_err "--devices must be in [1," $M --devices 0 --mem 1G
+expect_err "unknown schedule" $M --devices 2 --mem 1G --schedule pipedream
+expect_err "--link-latency expects a time" $M --devices 2 --mem 1G --link-latency 5parsecs
+expect_err "--model must be gpt or mlp" --model rnn --devices 2 --mem 1G
+expect_err "does not divide" $M --devices 4 --mem 1G --pp 3
+expect_err "unexpected argument" $M --devices 2 --mem 1G extra
+
+# a heterogeneous list plans and writes the documented JSON
+"$B" plan $M --devices 4 --mem 64M,64M,32M,32M --speed 1,1,0.5,0.5 --json "$T/plan.json" >"$T/out" 2>"$T/err" \
+    || fail "heterogeneous plan failed: $(cat "$T/err")"
+grep -q "best plan: pp" "$T/out" || fail "no best plan line: $(cat "$T/out")"
+grep -q "top layouts" "$T/out" || fail "no top layouts"
+for k in '"world"' '"pp"' '"dp"' '"tp"' '"microbatches"' '"schedule"' '"predicted_step_ms"' '"layers"' '"stages"' \
+         '"first_layer"' '"last_layer"' '"budget_bytes"' '"predicted_peak_bytes"' '"recompute"' \
+         '"predicted_ms_per_microbatch"' '"model"' '"split"' '"stash_bytes"' '"fwd_flops"'; do
+    grep -q "$k" "$T/plan.json" || fail "plan JSON lacks $k"
+done
+
+# nothing fits: the answer names the stage and the layer and gives the smallest budget
+"$B" plan $M --devices 4 --mem 200000 >"$T/out" 2>"$T/err"
+rc=$?
+[ $rc -eq 1 ] || fail "no-fit exit code $rc (expected 1)"
+[ "$(wc -l <"$T/err")" -eq 1 ] || fail "no-fit error is not one line: $(cat "$T/err")"
+grep -q "short by" "$T/err" || fail "no-fit lacks the shortfall: $(cat "$T/err")"
+grep -q "biggest layer is" "$T/err" || fail "no-fit lacks the layer: $(cat "$T/err")"
+need=$(sed -n 's/.*Smallest budget that fits: \([0-9]*\) bytes.*/\1/p' "$T/err")
+if [ -z "$need" ]; then
+    fail "no smallest budget in: $(cat "$T/err")"
+else
+    "$B" plan $M --devices 4 --mem "$need" >/dev/null 2>"$T/err" || fail "--mem $need (the smallest budget) does not fit: $(cat "$T/err")"
+    "$B" plan $M --devices 4 --mem "$((need - 1))" >/dev/null 2>&1 && fail "--mem $((need - 1)) fits: $need is not the smallest"
+fi
+
+# recomputation is chosen only where needed
+"$B" plan $M --devices 2 --mem 4G --recompute >"$T/out" 2>&1 || fail "recompute plan failed"
+grep -q " yes$" "$T/out" && fail "recomputes although everything fits: $(cat "$T/out")"
+
+if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "all plan CLI checks passed"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# tests/runtime/test_restarts.sh: fault tolerance end to end. A 2-stage x
+# 2-replica job checkpointing every 3 steps runs under
+# `brigade launch --max-restarts 5`; a random rank is SIGKILLed at a random
+# moment, three times; the launcher restarts the job, which resumes from its
+# newest complete checkpoint. The final weights equal an uninterrupted run's.
+set -u
+B=${BRIGADE:?path of the brigade binary}
+T=$(mktemp -d)
+trap 'pkill -9 -f "$T" 2>/dev/null; rm -rf "$T"' EXIT
+export BRIGADE_TIMEOUT=30
+pass=0; fails=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
+GPT="--model gpt --layers 3 --d-model 32 --heads 2 --seq 32 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --quiet"
+STEPS=600
+timeout 200 "$B" launch -n 4 -- "$B" train $GPT --steps $STEPS --pp 2 --dp 2 --save "$T/ref" >/dev/null 2>&1 || bad "uninterrupted run"
+
+timeout 300 "$B" launch -n 4 --max-restarts 5 -- "$B" train $GPT --steps $STEPS --pp 2 --dp 2 \
+  --checkpoint-dir "$T/ckpt" --checkpoint-every 3 --keep 2 --resume --save "$T/out" >"$T/o" 2>"$T/e" &
+lpid=$!
+kills=0
+RANDOM=$$
+for k in 1 2 3; do
+  sleep "0.$((3 + RANDOM % 7))"
+  # the ranks of the current attempt: children of the launcher running train with our checkpoint dir
+  pids=($(pgrep -f -- "^$B train .*--checkpoint-dir $T/ckpt"))
+  [ ${#pids[@]} -gt 0 ] || { sleep 1; continue; }
+  victim=${pids[$((RANDOM % ${#pids[@]}))]}
+  kill -9 "$victim" 2>/dev/null && kills=$((kills + 1))
+  sleep 1   # let the launcher restart the job
+done
+wait $lpid; rc=$?
+[ "$rc" = 0 ] && ok "job finished after $kills kills (exit 0)" || { bad "job exit $rc after $kills kills"; tail -5 "$T/e"; }
+[ "$kills" -ge 2 ] && ok "$kills ranks killed" || bad "only $kills kills happened"
+n=$(grep -c "restart" "$T/e"); [ "$n" -ge 1 ] && ok "launcher restarted ($n lines)" || bad "no restart reported"
+v=$("$B" compare "$T/ref" "$T/out") && ok "final weights equal the uninterrupted run: $v" || bad "weights differ: $v"
+echo "$pass passed, $fails failed"
+[ "$fails" = 0 ]

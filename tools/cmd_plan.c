@@ -1,0 +1,476 @@
+/* tools/cmd_plan.c: `brigade plan`: how to split a model over devices, why,
+ * and what it will cost (or, when it cannot fit, by how much). Parses the
+ * flags, calls bg_plan_search() and prints the best plan's stages and the top
+ * layouts; --json writes the plan `brigade train --plan` runs. `--bench`
+ * times the partitioner and the search at scale. All logic lives in
+ * partitioner/ through include/brigade/partitioner.h. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brigade/partitioner.h"
+#include "tools/cli.h"
+
+#define CMD "plan"
+#define MAX_DEV 65536
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: brigade plan [model] --devices N --mem SIZE[,SIZE...] [--speed X[,X...]] [training] [options]\n\n"
+            "Splits the model into contiguous pipeline stages that fit each device (exact: minimises the slowest\n"
+            "stage), searches pipeline x data-parallel layouts, microbatch counts and schedules, simulates each\n"
+            "and prints the best plan's stages and the top layouts. When nothing fits it says which stage and\n"
+            "layer are too big, by how much, and the smallest budget and device count that fit.\n\n"
+            "model (as brigade train):\n"
+            "  --model gpt|mlp   --layers N   --d-model N   --heads N   --seq N   --vocab N\n"
+            "  --in-features N   --classes N\n"
+            "devices:\n"
+            "  --devices N        device count (the world size)\n"
+            "  --mem LIST         memory budget: one size for all (24G) or one per device (80G,80G,40G,40G)\n"
+            "  --speed LIST       relative speeds, one for all or one per device (default 1)\n"
+            "  --flops X          FLOP/s of a speed-1 device (default 1e12)\n"
+            "  --link-bw SIZE     link bandwidth in bytes per second (default 10G; 0 = infinite)\n"
+            "  --link-latency T   per message: 5us, 0.2ms, 1e-6 (seconds) (default 5us)\n"
+            "training:\n"
+            "  --batch B          global batch in sequences (default 8)\n"
+            "  --microbatch-size b  sequences per microbatch per replica (default: searched)\n"
+            "  --schedule LIST    schedules to consider, comma-separated, or all (default all)\n"
+            "  --pp N             fix the pipeline depth (default: searched)\n"
+            "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
+            "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
+            "  --recompute        allow activation recomputation where needed to fit\n"
+            "output:\n"
+            "  --top N            layouts to list (default 5)\n"
+            "  --json FILE        write the best plan (docs/partitioner.md) for brigade train --plan\n"
+            "  --bench            time the partitioner (1000 layers) and the search (1024 devices)\n");
+}
+
+static int parse_list_bytes(const char *s, uint64_t *out, int max, int *n_p)
+{
+    char buf[8192];
+    if (!s || !*s)
+        return bg_cli_fail(CMD, "--mem needs a value like 24G or 80G,40G"), -1;
+    if (strlen(s) >= sizeof(buf))
+        return bg_cli_fail(CMD, "--mem list too long"), -1;
+    snprintf(buf, sizeof(buf), "%s", s);
+    int n = 0;
+    char *p = buf;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = 0;
+        if (!*p)
+            return bg_cli_fail(CMD, "--mem: empty entry %d in \"%s\"", n, s), -1;
+        if (n >= max)
+            return bg_cli_fail(CMD, "--mem: more than %d entries", max), -1;
+        char *num_end;
+        double num = strtod(p, &num_end);
+        if (*p == '-' || (num_end != p && num <= 0))
+            return bg_cli_fail(CMD, "--mem entry %d is \"%s\": a budget must be > 0", n, p), -1;
+        if (bg_cli_bytes(CMD, "--mem", p, &out[n]))
+            return -1;
+        if (out[n] == 0)
+            return bg_cli_fail(CMD, "--mem entry %d is \"%s\": a budget must be > 0", n, p), -1;
+        n++;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    *n_p = n;
+    return 0;
+}
+
+static int parse_list_double(const char *flag, const char *s, double *out, int max, int *n_p)
+{
+    if (!s || !*s)
+        return bg_cli_fail(CMD, "%s needs a value", flag), -1;
+    int n = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        if (n >= max)
+            return bg_cli_fail(CMD, "%s: more than %d entries", flag, max), -1;
+        double v = strtod(p, &end);
+        if (errno || end == p || !isfinite(v) || (*end && *end != ','))
+            return bg_cli_fail(CMD, "%s: entry %d of \"%s\" is not a number", flag, n, s), -1;
+        if (!(v > 0))
+            return bg_cli_fail(CMD, "%s: entry %d is %g; speeds must be > 0", flag, n, v), -1;
+        out[n++] = v;
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    *n_p = n;
+    return 0;
+}
+
+/* "5us", "0.2ms", "1e-6", "2s" -> seconds */
+static int parse_time(const char *flag, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    if (!s)
+        return bg_cli_fail(CMD, "%s needs a value", flag), -1;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (!strcmp(end, "s") || !*end)
+        mul = 1;
+    else if (!strcmp(end, "ms"))
+        mul = 1e-3;
+    else if (!strcmp(end, "us"))
+        mul = 1e-6;
+    else if (!strcmp(end, "ns"))
+        mul = 1e-9;
+    else
+        mul = -1;
+    if (errno || end == s || mul < 0 || !isfinite(v) || v < 0)
+        return bg_cli_fail(CMD, "%s expects a time >= 0 like 5us, 0.2ms or 1e-6, got \"%s\"", flag, s), -1;
+    *out = v * mul;
+    return 0;
+}
+
+static const char *gib(char *buf, size_t n, double b)
+{
+    if (b >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, n, "%.1f MiB", b / (1024.0 * 1024));
+    return buf;
+}
+
+static void print_plan(const bg_plan_t *p)
+{
+    char a[32], b[32];
+    printf("best plan: pp %d x dp %d x tp %d = %d devices, schedule %s", bg_plan_pp(p), bg_plan_dp(p),
+           bg_plan_tp(p), bg_plan_world(p), bg_plan_schedule(p));
+    if (bg_plan_chunks(p) > 1)
+        printf(" (%d chunks per rank)", bg_plan_chunks(p));
+    printf(", %d microbatches of %d\n", bg_plan_microbatches(p), bg_plan_microbatch_size(p));
+    printf("predicted: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n\n", bg_plan_step_ms(p),
+           100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
+           bg_plan_recompute(p) ? "; recomputes activations on the stages marked (not yet run by the executor)"
+                                : "");
+    printf("%5s %4s %5s  %-34s %12s  %-25s %6s  %10s  %s\n", "stage", "rank", "chunk", "layers", "parameters",
+           "memory / budget", "use", "ms/microb", "recompute");
+    for (int i = 0; i < bg_plan_num_stages(p); i++) {
+        const bg_plan_stage_t *s = bg_plan_stage(p, i);
+        char layers[64], mem[96];
+        snprintf(layers, sizeof(layers), "%d..%d (%d)", s->first_layer, s->last_layer,
+                 s->last_layer - s->first_layer + 1);
+        snprintf(mem, sizeof(mem), "%s / %s", gib(a, sizeof(a), (double)s->predicted_peak_bytes),
+                 gib(b, sizeof(b), (double)s->budget_bytes));
+        printf("%5d %4d %5d  %-34s %12zu  %-25s %5.1f%%  %10.3f  %s\n", i, s->rank, s->chunk, layers, s->params, mem,
+               100.0 * (double)s->predicted_peak_bytes / (double)s->budget_bytes, s->predicted_ms_per_microbatch,
+               s->recompute ? "yes" : "no");
+    }
+    if (bg_plan_chunks(p) > 1) {
+        printf("\nper pipeline rank (all chunks):\n");
+        for (int r = 0; r < bg_plan_pp(p); r++)
+            printf("  rank %d: %s / %s\n", r, gib(a, sizeof(a), (double)bg_plan_rank_peak_bytes(p, r)),
+                   gib(b, sizeof(b), (double)bg_plan_rank_budget_bytes(p, r)));
+    }
+    int split[4096];
+    int n = bg_plan_split(p, split, 4096);
+    printf("\nrun it: brigade launch -n %d -- brigade train ... --pp %d --dp %d --schedule %s", bg_plan_world(p),
+           bg_plan_pp(p), bg_plan_dp(p), bg_plan_schedule(p));
+    if (bg_plan_chunks(p) > 1 && strcmp(bg_plan_schedule(p), "zbv"))
+        printf(" --chunks %d", bg_plan_chunks(p));
+    printf(" --batch %d --microbatches %d --split ", bg_plan_batch(p), bg_plan_microbatches(p));
+    for (int i = 0; i < n && i < 4096; i++)
+        printf("%s%d", i ? "," : "", split[i]);
+    printf("\n   (or brigade train --plan FILE with --json FILE)\n");
+}
+
+static void print_top(const bg_plan_set_t *set)
+{
+    char a[32], b[32];
+    printf("\ntop layouts (%d evaluated):\n", bg_plan_set_evaluated(set));
+    printf("%3s %4s %4s %-12s %5s %6s %12s %8s %14s  %s\n", "#", "pp", "dp", "schedule", "m", "mb", "step ms",
+           "bubble", "tokens/s", "max memory / budget");
+    for (int i = 0; i < bg_plan_set_count(set); i++) {
+        const bg_plan_t *p = bg_plan_set_get(set, i);
+        double worst = -1;
+        int wr = 0;
+        for (int r = 0; r < bg_plan_pp(p); r++) {
+            double u = (double)bg_plan_rank_peak_bytes(p, r) / (double)bg_plan_rank_budget_bytes(p, r);
+            if (u > worst)
+                worst = u, wr = r;
+        }
+        printf("%3d %4d %4d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
+               bg_plan_dp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
+               bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
+               gib(a, sizeof(a), (double)bg_plan_rank_peak_bytes(p, wr)),
+               gib(b, sizeof(b), (double)bg_plan_rank_budget_bytes(p, wr)), wr,
+               bg_plan_recompute(p) ? " recompute" : "");
+    }
+}
+
+/* ---------------------------------------------------------------- bench */
+
+static double now_s(void) { return bg_now(); }
+
+static int bench(void)
+{
+    printf("partitioner benchmark (exact pruned DP; wall time of one bg_partition call)\n");
+    printf("%7s %7s %-14s %10s %12s\n", "layers", "stages", "devices", "ms", "bottleneck");
+    int L = 1000;
+    bg_part_layer_t *ly = calloc((size_t)L, sizeof(*ly));
+    bg_part_stage_spec_t *sp = calloc(1024, sizeof(*sp));
+    bg_part_counts_t *cnt = calloc(1024, sizeof(*cnt));
+    bg_part_stage_t *out = calloc(1024, sizeof(*out));
+    if (!ly || !sp || !cnt || !out)
+        return bg_cli_fail(CMD, "out of memory");
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < L; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        double r = (double)(x % 1000) / 1000.0;
+        ly[i].params = 1000000 + (size_t)(r * 4e6);
+        ly[i].stash_bytes = 4000000 + (size_t)(r * 8e6);
+        ly[i].wstash_bytes = ly[i].stash_bytes / 2;
+        ly[i].output_bytes = 1 << 20;
+        ly[i].fwd_time = 1e-3 * (0.5 + r);
+        ly[i].bwd_time = 2e-3 * (0.5 + r);
+    }
+    int counts[] = {8, 64, 512, 1000};
+    for (int ci = 0; ci < 4; ci++) {
+        for (int het = 0; het < 2; het++) {
+            int S = counts[ci];
+            for (int s = 0; s < S; s++) {
+                cnt[s] = (bg_part_counts_t){S - s, S - s, S - s - 1 > 0 ? S - s - 1 : 0, 1};
+                sp[s].speed = het ? (s % 2 ? 0.5 : 1.0) : 1.0;
+                sp[s].budget_bytes = (size_t)(het && s % 2 ? 40.0 : 80.0) * (1ull << 30);
+                sp[s].ncounts = 1;
+                sp[s].counts = &cnt[s];
+            }
+            bg_part_problem_t p = BG_PART_PROBLEM_INIT;
+            p.nlayers = L;
+            p.layers = ly;
+            p.nstages = S;
+            p.stages = sp;
+            p.link_latency = 5e-6;
+            p.link_bandwidth = 10e9;
+            p.allow_recompute = 1;
+            double bn = 0, t0 = now_s();
+            bg_status_t st = bg_partition(&p, out, &bn);
+            double dt = now_s() - t0;
+            printf("%7d %7d %-14s %10.2f %12s\n", L, S, het ? "80G/1,40G/0.5" : "80G/1", dt * 1e3,
+                   st == BG_OK ? "ok" : bg_status_string(st));
+        }
+    }
+    free(ly);
+    free(sp);
+    free(cnt);
+    free(out);
+
+    printf("\nplan search benchmark: GPT with 997 blocks (1000 layers), 1024 devices of 80G, batch 1024, microbatch 1\n");
+    bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+    pp.model.layers = 997;
+    pp.model.d_model = 1024;
+    pp.model.heads = 16;
+    pp.model.seq_len = 512;
+    pp.world = 1024;
+    uint64_t mem = 80ull << 30;
+    pp.mem = &mem;
+    pp.nmem = 1;
+    pp.batch = 1024;
+    pp.microbatch_size = 1;
+    pp.schedules = "1f1b";
+    double t0 = now_s();
+    bg_plan_set_t *set = NULL;
+    bg_status_t st = bg_plan_search(&pp, &set);
+    double dt = now_s() - t0;
+    if (st != BG_OK)
+        return bg_cli_status(CMD, st);
+    const bg_plan_t *b = bg_plan_set_get(set, 0);
+    printf("  1f1b only: %d layouts evaluated in %.3f s; best pp %d dp %d m %d, step %.2f ms\n",
+           bg_plan_set_evaluated(set), dt, bg_plan_pp(b), bg_plan_dp(b), bg_plan_microbatches(b), bg_plan_step_ms(b));
+    bg_plan_set_free(set);
+    pp.schedules = NULL;
+    t0 = now_s();
+    st = bg_plan_search(&pp, &set);
+    dt = now_s() - t0;
+    if (st != BG_OK)
+        return bg_cli_status(CMD, st);
+    b = bg_plan_set_get(set, 0);
+    printf("  all schedules: %d layouts evaluated in %.3f s; best pp %d dp %d %s m %d, step %.2f ms\n",
+           bg_plan_set_evaluated(set), dt, bg_plan_pp(b), bg_plan_dp(b), bg_plan_schedule(b),
+           bg_plan_microbatches(b), bg_plan_step_ms(b));
+    bg_plan_set_free(set);
+    return 0;
+}
+
+int bg_cmd_plan(int argc, char **argv)
+{
+    bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+    static uint64_t mem[MAX_DEV];
+    static double speed[MAX_DEV];
+    int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0;
+    const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL;
+    enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_VOCAB, O_INF, O_CLASSES, O_DEVICES, O_MEM, O_SPEED,
+           O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
+           O_BENCH, O_HELP };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
+        {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
+        {"seq", required_argument, 0, O_SEQ},         {"vocab", required_argument, 0, O_VOCAB},
+        {"in-features", required_argument, 0, O_INF}, {"classes", required_argument, 0, O_CLASSES},
+        {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
+        {"speed", required_argument, 0, O_SPEED},     {"flops", required_argument, 0, O_FLOPS},
+        {"link-bw", required_argument, 0, O_LINKBW},  {"link-latency", required_argument, 0, O_LINKLAT},
+        {"batch", required_argument, 0, O_BATCH},     {"microbatch-size", required_argument, 0, O_MBS},
+        {"schedule", required_argument, 0, O_SCHED},  {"pp", required_argument, 0, O_PP},
+        {"chunks", required_argument, 0, O_CHUNKS},   {"optimizer", required_argument, 0, O_OPT},
+        {"recompute", no_argument, 0, O_RECOMP},      {"top", required_argument, 0, O_TOP},
+        {"json", required_argument, 0, O_JSON},       {"bench", no_argument, 0, O_BENCH},
+        {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
+    long long v;
+    double d;
+    int o;
+    optind = 1;
+    opterr = 0;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case O_MODEL:
+            if (!strcmp(optarg, "gpt"))
+                pp.model.kind = BG_MODEL_GPT;
+            else if (!strcmp(optarg, "mlp"))
+                pp.model.kind = BG_MODEL_MLP;
+            else
+                return bg_cli_fail(CMD, "--model must be gpt or mlp, got \"%s\"", optarg);
+            break;
+#define INT_FLAG(code, flag, lo, hi, dst)                                                                          \
+    case code:                                                                                                     \
+        if (bg_cli_int(CMD, flag, optarg, lo, hi, &v))                                                             \
+            return 2;                                                                                              \
+        dst = (int)v;                                                                                              \
+        break;
+            INT_FLAG(O_LAYERS, "--layers", 1, 100000, pp.model.layers)
+            INT_FLAG(O_DMODEL, "--d-model", 1, 1 << 20, pp.model.d_model)
+            INT_FLAG(O_HEADS, "--heads", 1, 4096, pp.model.heads)
+            INT_FLAG(O_SEQ, "--seq", 1, 1 << 24, pp.model.seq_len)
+            INT_FLAG(O_VOCAB, "--vocab", 2, 1 << 24, pp.model.vocab)
+            INT_FLAG(O_INF, "--in-features", 1, 1 << 20, pp.model.in_features)
+            INT_FLAG(O_CLASSES, "--classes", 2, 1 << 24, pp.model.classes)
+            INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, pp.batch)
+            INT_FLAG(O_MBS, "--microbatch-size", 1, 1 << 24, pp.microbatch_size)
+            INT_FLAG(O_PP, "--pp", 1, 1 << 16, pp.pp)
+            INT_FLAG(O_CHUNKS, "--chunks", 1, 64, pp.chunks)
+            INT_FLAG(O_TOP, "--top", 1, 1000, pp.top)
+#undef INT_FLAG
+        case O_DEVICES:
+            if (bg_cli_int(CMD, "--devices", optarg, 1, MAX_DEV, &v))
+                return 2;
+            pp.world = (int)v;
+            have_devices = 1;
+            break;
+        case O_MEM:
+            mem_arg = optarg;
+            break;
+        case O_SPEED:
+            speed_arg = optarg;
+            break;
+        case O_FLOPS:
+            if (bg_cli_double(CMD, "--flops", optarg, 1e-300, 1e300, &d))
+                return 2;
+            pp.flops = d;
+            break;
+        case O_LINKBW: {
+            if (optarg && !strcmp(optarg, "0")) {
+                pp.link_bandwidth = 0;
+                break;
+            }
+            uint64_t bw;
+            if (bg_cli_bytes(CMD, "--link-bw", optarg, &bw))
+                return 2;
+            pp.link_bandwidth = (double)bw;
+            break;
+        }
+        case O_LINKLAT:
+            if (parse_time("--link-latency", optarg, &pp.link_latency))
+                return 2;
+            break;
+        case O_SCHED:
+            pp.schedules = optarg;
+            break;
+        case O_OPT:
+            if (!strcmp(optarg, "adamw"))
+                pp.optim = BG_OPTIM_ADAMW;
+            else if (!strcmp(optarg, "sgd"))
+                pp.optim = BG_OPTIM_SGD;
+            else
+                return bg_cli_fail(CMD, "--optimizer must be adamw or sgd, got \"%s\"", optarg);
+            break;
+        case O_RECOMP:
+            pp.allow_recompute = 1;
+            break;
+        case O_JSON:
+            json_path = optarg;
+            break;
+        case O_BENCH:
+            do_bench = 1;
+            break;
+        case O_HELP:
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            if (optind - 1 < argc && optind >= 1)
+                return bg_cli_fail(CMD, "unknown or incomplete option \"%s\"", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc)
+        return bg_cli_fail(CMD, "unexpected argument \"%s\"", argv[optind]);
+    if (do_bench)
+        return bench();
+    if (!have_devices)
+        return bg_cli_fail(CMD, "--devices N is required (the number of devices to plan for)");
+    if (!mem_arg)
+        return bg_cli_fail(CMD, "--mem is required: one budget for all devices (24G) or one per device");
+    if (parse_list_bytes(mem_arg, mem, MAX_DEV, &nmem))
+        return 2;
+    if (nmem != 1 && nmem != pp.world)
+        return bg_cli_fail(CMD, "--mem has %d entries but --devices is %d (give one for all, or one per device)",
+                           nmem, pp.world);
+    if (speed_arg) {
+        if (parse_list_double("--speed", speed_arg, speed, MAX_DEV, &nspeed))
+            return 2;
+        if (nspeed != 1 && nspeed != pp.world)
+            return bg_cli_fail(CMD,
+                               "--speed has %d entries but --devices is %d (give one for all, or one per device)",
+                               nspeed, pp.world);
+    }
+    pp.mem = mem;
+    pp.nmem = nmem;
+    pp.speed = nspeed ? speed : NULL;
+    pp.nspeed = nspeed;
+    if (pp.top <= 0)
+        pp.top = 5;
+    bg_plan_set_t *set = NULL;
+    bg_status_t st = bg_plan_search(&pp, &set);
+    if (st == BG_ERR_NO_FIT)
+        return bg_cli_status(CMD, st);
+    if (st != BG_OK) {
+        bg_cli_status(CMD, st);
+        return 2;
+    }
+    const bg_plan_t *best = bg_plan_set_get(set, 0);
+    print_plan(best);
+    print_top(set);
+    if (json_path) {
+        st = bg_plan_save(best, json_path);
+        if (st != BG_OK) {
+            bg_plan_set_free(set);
+            return bg_cli_status(CMD, st);
+        }
+        printf("\nplan written to %s\n", json_path);
+    }
+    bg_plan_set_free(set);
+    return 0;
+}
