@@ -241,7 +241,8 @@ static void launch_usage(FILE *f)
             "  BRIGADE_RANK (0..N-1), BRIGADE_LOCAL_RANK (= rank), BRIGADE_WORLD_SIZE (N),\n"
             "  BRIGADE_MASTER_ADDR, BRIGADE_MASTER_PORT, BRIGADE_JOB_TOKEN (random, per launch),\n"
             "  BRIGADE_RESTART_COUNT (0, then 1, 2, ... with --max-restarts)\n"
-            "and the rest of the environment inherited. If a rank fails, the others are\n"
+            "and the rest of the environment inherited (OMP_NUM_THREADS, when unset, becomes\n"
+            "cores / N, at least 1). If a rank fails, the others are\n"
             "stopped and the launcher exits with that rank's status.\n"
             "\n"
             "options:\n"
@@ -716,6 +717,16 @@ int bg_cmd_launch(int argc, char **argv)
     if (launch_token(token, sizeof token) != 0) {
         fprintf(stderr, "brigade launch: cannot read a job token from /dev/urandom: %s\n", strerror(errno));
         return 1;
+    }
+
+    /* N ranks share this machine's cores: unless the user chose, each rank's
+     * OpenMP gets its share (torchrun does the same), so compute threads of
+     * different ranks do not oversubscribe the cores and spin against each other. */
+    if (!getenv("OMP_NUM_THREADS")) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        char nt[32];
+        snprintf(nt, sizeof nt, "%ld", ncpu > L.o.n ? ncpu / L.o.n : 1);
+        setenv("OMP_NUM_THREADS", nt, 1);
     }
 
     /* the ranks' environment: ours minus the launcher's variables, then those */

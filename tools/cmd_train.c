@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "brigade/partitioner.h"
 #include "brigade/train.h"
 #include "tools/cli.h"
 
@@ -47,6 +48,8 @@ static void usage(FILE *f)
             "  --split A,B,...        layers per (virtual) stage; default: as even as possible\n"
             "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
+            "  --plan FILE            run a plan from brigade plan --json: its model, layout, schedule,\n"
+            "                         batch, microbatches and split (other flags: data, steps, output)\n"
             "checkpoints:\n"
             "  --checkpoint-dir DIR   write checkpoints (weights, optimizer state, manifest) under DIR\n"
             "  --checkpoint-every N   every N steps (and always after the last step)\n"
@@ -96,11 +99,13 @@ int bg_cmd_train(int argc, char **argv)
     const char *cmd = "train";
     bg_train_config_t c;
     static int split[4096];
+    const char *plan_path = NULL;
+    bg_plan_t *plan = NULL;
     bg_train_config_init(&c);
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
     enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
         {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
@@ -119,6 +124,7 @@ int bg_cmd_train(int argc, char **argv)
         {"trace", required_argument, 0, O_TRACE},     {"tie-embeddings", no_argument, 0, O_TIE},
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
         {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
+        {"plan", required_argument, 0, O_PLAN},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -211,6 +217,7 @@ int bg_cmd_train(int argc, char **argv)
         case O_TIE: c.model.tie_embeddings = 1; break;
         case O_CKDIR: c.checkpoint_dir = optarg; break;
         case O_RESUME: c.resume = 1; break;
+        case O_PLAN: plan_path = optarg; break;
         case 'h':
         case O_HELP: usage(stdout); return 0;
         case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);
@@ -219,6 +226,31 @@ int bg_cmd_train(int argc, char **argv)
     }
     if (optind < argc)
         return bg_cli_fail(cmd, "unexpected argument \"%s\" (see brigade train --help)", argv[optind]);
+    if (plan_path) {
+        bg_status_t pst = bg_plan_load(plan_path, &plan);
+        if (pst != BG_OK)
+            return bg_cli_status(cmd, pst);
+        if (bg_plan_tp(plan) != 1) {
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "%s: tp %d: tensor parallelism is not implemented yet", plan_path, bg_plan_tp(plan));
+        }
+        c.model = *bg_plan_model(plan);
+        c.model.size = sizeof(c.model);
+        c.pp = bg_plan_pp(plan);
+        c.dp = bg_plan_dp(plan);
+        c.microbatches = bg_plan_microbatches(plan);
+        if (bg_plan_batch(plan) > 0)
+            c.batch = bg_plan_batch(plan);
+        if (bg_plan_seq(plan) > 0)
+            c.seq = bg_plan_seq(plan);
+        c.schedule = bg_plan_schedule(plan);
+        c.chunks = bg_plan_chunks(plan);
+        c.nsplit = bg_plan_split(plan, split, 4096);
+        c.split = split;
+        if (bg_plan_recompute(plan))
+            fprintf(stderr, "brigade train: warning: %s asks for activation recomputation, which the executor does not "
+                            "implement yet; running without it (more activation memory than planned)\n", plan_path);
+    }
     c.on_step = on_step;
     c.on_step_arg = &prog;
     if (c.checkpoint_dir) {
@@ -234,8 +266,16 @@ int bg_cmd_train(int argc, char **argv)
         return bg_cli_fail(cmd, "%s", bg_last_error());
     bg_train_result_t r;
     st = bg_train(&c, &r);
-    if (st != BG_OK)
+    if (st != BG_OK) {
+        bg_plan_free(plan);
         return bg_cli_status(cmd, st);
+    }
+    if (plan && (r.world <= 1 || r.rank == 0))
+        printf("plan %s: predicted step %.2f ms, measured %.2f ms (ratio %.2f); rank 0 peak %.2f MiB, predicted %.2f MiB\n",
+               plan_path, bg_plan_step_ms(plan), r.median_step_ms,
+               bg_plan_step_ms(plan) > 0 ? r.median_step_ms / bg_plan_step_ms(plan) : 0.0, r.peak_bytes / 1048576.0,
+               bg_plan_rank_peak_bytes(plan, 0) / 1048576.0);
+    bg_plan_free(plan);
     if (r.stopped && (r.world <= 1 || r.rank == 0))
         fprintf(stderr, "stopped after step %d on request; checkpoint written to %s\n", r.steps_done,
                 c.checkpoint_dir);
