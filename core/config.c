@@ -21,6 +21,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_JOB_TOKEN", "", "shared secret every store client must present"},
     {"BRIGADE_UCX_TLS", "", "UCX transports to use (passed as UCX_TLS when set)"},
     {"BRIGADE_ALLREDUCE_SMALL_BYTES", "65536", "allreduce: at most this many bytes use recursive doubling, more use the ring"},
+    {"BRIGADE_BUCKET_MB", "4", "data-parallel gradient bucket size in MiB (reduction starts per bucket)"},
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},
     {"BRIGADE_RESTART_COUNT", "0", "set by brigade launch --max-restarts: how many times the job was restarted (0 on the first attempt)"},
 };

@@ -45,7 +45,15 @@ struct bg_stage {
     slot_t *slots;
     void *scratch;
     size_t scratch_bytes;
+    bg_stage_layer_done_fn layer_done;
+    void *layer_done_arg;
 };
+
+void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg)
+{
+    s->layer_done = fn;
+    s->layer_done_arg = arg;
+}
 
 bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **stage_p)
 {
@@ -384,6 +392,8 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
         c.wstash = bw_wstash(s, sl, i);
         const float *x = i > 0 ? sl->out[i - 1] : sl->input;
         BG_CHECK(s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], bw_dout(s, sl, i)));
+        if (s->layer_done)
+            BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
     }
     slot_free(s, sl);
     return BG_OK;
@@ -415,6 +425,8 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
         BG_CHECK(s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx));
         if (s->layers[i]->ops->backward_weight)
             BG_CHECK(s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout));
+        if (s->layer_done)
+            BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
         dout = dx;
         which ^= 1;
     }

@@ -47,7 +47,15 @@ typedef struct chunk {
     float **din;            /* input gradient (valid until the slot ends) */
     int *begun, *has_dout, *pending_end;
     bg_shape_t *out_shape;
-    bg_request_t *reduce;
+    void *hook;             /* hook_arg_t of the layer-done callback */
+    /* gradient buckets: contiguous layer ranges, last layers first */
+    struct bucket {
+        int lo, hi;           /* layers */
+        size_t off, count;    /* floats of the flat gradient buffer */
+        bg_request_t *req;
+        int started;
+    } *buckets;
+    int nbuckets;
 } chunk_t;
 
 typedef struct exec {
@@ -269,6 +277,80 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     return end_slot(x, ch, mb, 1);
 }
 
+/* Start the data-parallel sum of every bucket whose layers are all >= layer. */
+static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
+{
+    for (int b = 0; b < ch->nbuckets; b++) {
+        struct bucket *bk = &ch->buckets[b];
+        if (bk->started || bk->lo < layer)
+            continue;
+        bk->started = 1;
+        if (x->D > 1 && bk->count)
+            BG_CHECK(bg_group_iallreduce(x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count, BG_REDUCE_SUM,
+                                         &bk->req));
+    }
+    return BG_OK;
+}
+
+static bg_status_t wait_buckets(chunk_t *ch)
+{
+    bg_status_t st = BG_OK;
+    for (int b = 0; b < ch->nbuckets; b++) {
+        bg_status_t s2 = wait_free(&ch->buckets[b].req);
+        if (st == BG_OK)
+            st = s2;
+        ch->buckets[b].started = 0;
+    }
+    return st;
+}
+
+typedef struct {
+    exec_t *x;
+    chunk_t *ch;
+} hook_arg_t;
+
+/* The stage calls this after each layer's weight gradient: once the last
+ * microbatch has finished a bucket's layers, its reduction starts, while the
+ * backward of the layers below (and the pipeline's drain) goes on. */
+static bg_status_t on_layer_done(int layer, int mb, void *arg)
+{
+    hook_arg_t *h = arg;
+    if (mb != h->x->M - 1 || h->x->D == 1)
+        return BG_OK;
+    return start_buckets(h->x, h->ch, layer);
+}
+
+/* Buckets of about BRIGADE_BUCKET_MB over the chunk's layers, from the last. */
+static bg_status_t make_buckets(chunk_t *ch)
+{
+    long long mb = 4;
+    if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
+        mb = 4;
+    size_t target = (size_t)mb * 1048576 / sizeof(float);
+    int n = ch->last - ch->first + 1;
+    size_t *off = calloc((size_t)n + 1, sizeof(size_t));
+    ch->buckets = calloc((size_t)n, sizeof(*ch->buckets));
+    if (!off || !ch->buckets) {
+        free(off);
+        return bg_error(BG_ERR_NOMEM, "gradient buckets");
+    }
+    for (int i = 0; i < n; i++)
+        off[i + 1] = off[i] + bg_layer_param_count(bg_model_layer(ch->model, ch->first + i));
+    int hi = n - 1;
+    for (int i = n - 1; i >= 0; i--) {
+        if (i == 0 || off[hi + 1] - off[i] >= target) {
+            struct bucket *bk = &ch->buckets[ch->nbuckets++];
+            bk->lo = ch->first + i;
+            bk->hi = ch->first + hi;
+            bk->off = off[i];
+            bk->count = off[hi + 1] - off[i];
+            hi = i - 1;
+        }
+    }
+    free(off);
+    return BG_OK;
+}
+
 /* Tied embeddings: before the optimizer step of the chunk holding stage 0
  * (embed.wte) or stage S-1 (head.weight), both gradients become embed + head
  * (after the data-parallel sum), by a device add when one rank holds both,
@@ -286,7 +368,7 @@ static bg_status_t tie_grads(exec_t *x, chunk_t *ch)
     if (other) { /* both on this rank (V-shape, or one pipeline rank) */
         if (x->tie_step == x->step)
             return BG_OK;
-        BG_CHECK(wait_free(&other->reduce));
+        BG_CHECK(wait_buckets(other));
         chunk_t *fc = ch->is_first ? ch : other, *lc = ch->is_first ? other : ch;
         bg_param_t *e = bg_model_find_tensor(fc->model, "embed.wte"), *h = bg_model_find_tensor(lc->model, "head.weight");
         be->ops->residual_forward(be, e->grad, e->grad, h->grad, e->numel);
@@ -365,12 +447,9 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
                             x->rank, mb, ch->stage);
         return wait_free(&ch->grad_recv[mb]);
     case BG_OP_REDUCE_GRADS:
-        if (x->D > 1)
-            return bg_group_iallreduce(x->dp_group, bg_model_grads(ch->model), bg_model_param_count(ch->model),
-                                       BG_REDUCE_SUM, &ch->reduce);
-        return BG_OK;
+        return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
-        BG_CHECK(wait_free(&ch->reduce));
+        BG_CHECK(wait_buckets(ch));
         BG_CHECK(tie_grads(x, ch));
         return bg_model_optim_step(ch->model, &x->c->optim, (int)x->step + 1);
     }
@@ -546,6 +625,8 @@ static void free_chunk(chunk_t *ch)
     free(ch->has_dout);
     free(ch->pending_end);
     free(ch->out_shape);
+    free(ch->buckets);
+    free(ch->hook);
 }
 
 static void cancel_all(exec_t *x)
@@ -561,8 +642,10 @@ static void cancel_all(exec_t *x)
             bg_request_free(ch->grad_send[mb]);
             ch->act_send[mb] = ch->grad_send[mb] = NULL;
         }
-        bg_request_free(ch->reduce);
-        ch->reduce = NULL;
+        for (int b = 0; b < ch->nbuckets; b++) {
+            bg_request_free(ch->buckets[b].req);
+            ch->buckets[b].req = NULL;
+        }
     }
 }
 
@@ -674,6 +757,16 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         ch->next_rank = nr >= 0 ? nr * x->D + x->dp_i : -1;
         BG_CHECK_GOTO(bg_model_create(&cfg->model, x->be, ch->first, ch->last, &ch->model), st, out);
         BG_CHECK_GOTO(bg_stage_create(ch->model, x->M, &ch->st), st, out);
+        BG_CHECK_GOTO(make_buckets(ch), st, out);
+        hook_arg_t *h = malloc(sizeof(*h));
+        if (!h) {
+            st = bg_error(BG_ERR_NOMEM, "backward hook");
+            goto out;
+        }
+        h->x = x;
+        h->ch = ch;
+        ch->hook = h;
+        bg_stage_set_layer_done(ch->st, on_layer_done, h);
         /* optimizer state now, so the activation peak measured below is activations only */
         BG_CHECK_GOTO(bg_model_optim_init(ch->model, cfg->optim.kind), st, out);
         size_t M = (size_t)x->M;

@@ -151,6 +151,12 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb);
 /** Fused backward: B then W layer by layer (less memory than B+W). *din_p is
  *  valid until bg_stage_end(). */
 bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p);
+/** Called after each layer's weight gradient of a microbatch is complete
+ *  (in W, or in the fused backward), with the layer's global index, the
+ *  microbatch, and `arg`. The executor uses it to start a gradient bucket's
+ *  reduction as soon as the last microbatch has finished that bucket's layers. */
+typedef bg_status_t (*bg_stage_layer_done_fn)(int layer, int mb, void *arg);
+void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg);
 /** Frees what is left of slot mb (after the fused backward). */
 void bg_stage_end(bg_stage_t *s, int mb);
 /** Memory of one microbatch of input shape `in` on this stage, in bytes, as
