@@ -19,7 +19,9 @@
  * Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
  * the receiving stage, bits 0..15 the microbatch. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,6 +80,7 @@ typedef struct exec {
     float *tie_buf;         /* the partner's tied-embedding gradient */
     int64_t tie_step;       /* step whose tied gradients were summed locally */
     double busy;            /* compute seconds in the step */
+    uint64_t bytes_sent;    /* point-to-point bytes sent in the step */
 } exec_t;
 
 static chunk_t *chunk_of_stage(exec_t *x, int stage)
@@ -388,6 +391,7 @@ static bg_status_t tie_grads(exec_t *x, chunk_t *ch)
     bg_status_t st = bg_irecv(x->comm, partner, tag, x->tie_buf, bytes, &rr);
     if (st == BG_OK)
         st = bg_isend(x->comm, partner, tag, mine->grad, bytes, &sr);
+    x->bytes_sent += bytes;
     bg_status_t st1 = wait_free(&rr), st2 = wait_free(&sr);
     if (st == BG_OK)
         st = st1 != BG_OK ? st1 : st2;
@@ -431,10 +435,12 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_BACKWARD_INPUT: return do_backward(x, ch, mb, 1);
     case BG_OP_BACKWARD_WEIGHT: return do_weight(x, ch, mb);
     case BG_OP_SEND_ACT:
+        x->bytes_sent += bg_shape_numel(ch->out_shape[mb]) * sizeof(float);
         return bg_isend(x->comm, ch->next_rank, tag_of(x, 0, ch->stage + 1, mb), ch->out[mb],
                         bg_shape_numel(ch->out_shape[mb]) * sizeof(float), &ch->act_send[mb]);
     case BG_OP_SEND_GRAD:
         BG_CHECK(input_shape(x, ch, mb, &s));
+        x->bytes_sent += bg_shape_numel(s) * sizeof(float);
         return bg_isend(x->comm, ch->prev_rank, tag_of(x, 1, ch->stage - 1, mb), ch->din[mb],
                         bg_shape_numel(s) * sizeof(float), &ch->grad_send[mb]);
     case BG_OP_RECV_ACT:
@@ -717,6 +723,25 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
             goto out;
     }
 
+    /* metrics: rank 0 starts the file (unless resuming), then all ranks append */
+    if (cfg->metrics_path) {
+        if (x->rank == 0 && !cfg->resume) {
+            int fd = open(cfg->metrics_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd < 0)
+                st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", cfg->metrics_path, strerror(errno));
+            else
+                close(fd);
+        }
+        /* every rank learns whether rank 0 could create it, and none writes before it did */
+        float okf = st == BG_OK ? 0.0f : 1.0f;
+        if (x->world > 1)
+            BG_CHECK_GOTO(bg_group_allreduce(x->world_group, &okf, 1, BG_REDUCE_SUM), st, out);
+        if (okf > 0) {
+            if (st == BG_OK)
+                st = bg_error(BG_ERR_IO, "rank 0 cannot write metrics file %s", cfg->metrics_path);
+            goto out;
+        }
+    }
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = cfg->threads;
     BG_CHECK_GOTO(bg_backend_create(cfg->backend, &bp, &x->be), st, out);
@@ -813,6 +838,7 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         x->loss_scale = (float)(1.0 / step_tokens);
         x->loss = 0;
         x->busy = 0;
+        x->bytes_sent = 0;
         for (int v = 0; v < x->V; v++)
             bg_model_zero_grads(x->chunks[v].model);
         double t0 = bg_now();
@@ -862,15 +888,22 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
             bg_step_info_t info = {step + 1, cfg->steps, lossf, dt * 1e3, step_tokens / dt, x->rank};
             cfg->on_step(&info, cfg->on_step_arg);
         }
-        if (cfg->metrics_path && x->rank == 0) {
-            FILE *f = fopen(cfg->metrics_path, step == start && !start ? "w" : "a");
-            if (!f) {
+        if (cfg->metrics_path) {
+            /* one line per rank and step, appended with one write (O_APPEND keeps lines whole) */
+            char line[512];
+            int len = snprintf(line, sizeof(line),
+                               "{\"rank\": %d, \"step\": %d, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
+                               "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu}\n",
+                               x->rank, step + 1, lossf, step_tokens / dt, dt * 1e3, dt > 0 ? 1.0 - x->busy / dt : 0.0,
+                               (unsigned long long)x->bytes_sent, bg_backend_memstats(x->be).peak);
+            int fd = open(cfg->metrics_path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+            if (fd < 0 || write(fd, line, (size_t)len) != len) {
                 st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", cfg->metrics_path, strerror(errno));
+                if (fd >= 0)
+                    close(fd);
                 goto fail;
             }
-            fprintf(f, "{\"step\": %d, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f}\n", step + 1,
-                    lossf, step_tokens / dt, dt * 1e3);
-            fclose(f);
+            close(fd);
         }
         int last = step + 1 == cfg->steps;
         if (cfg->checkpoint_dir &&

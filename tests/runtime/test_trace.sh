@@ -11,7 +11,7 @@ pass=0; fails=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
 if timeout 120 "$B" launch -n 4 -- "$B" train --layers 4 --d-model 16 --heads 2 --seq 16 --batch 16 --microbatches 4 \
-     --steps 3 --threads 1 --pp 2 --dp 2 --schedule zb-h1 --trace "$T/t.json" --quiet >"$T/o" 2>"$T/e"; then ok "traced run"
+     --steps 3 --threads 1 --pp 2 --dp 2 --schedule zb-h1 --trace "$T/t.json" --metrics "$T/m.jsonl" --quiet >"$T/o" 2>"$T/e"; then ok "traced run"
 else bad "traced run failed"; cat "$T/e"; fi
 python3 - "$T/t.json" <<'PY' && ok "trace content" || bad "trace content"
 import json, sys
@@ -39,5 +39,17 @@ echo '{"traceEvents": []}' >"$T/bad.json"
 "$B" simulate --from-trace "$T/bad.json" 2>"$T/e2" && bad "simulate accepted a trace without metadata" || { grep -q "not a brigade executor trace" "$T/e2" && ok "metadata required" || bad "message: $(cat "$T/e2")"; }
 echo '{"traceEvents": [' >"$T/broken.json"
 "$B" simulate --from-trace "$T/broken.json" 2>"$T/e3" && bad "simulate accepted broken JSON" || { grep -q "line" "$T/e3" && ok "broken JSON names the line" || bad "message: $(cat "$T/e3")"; }
+python3 - "$T/m.jsonl" <<'PY' && ok "metrics from every rank" || bad "metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 12, len(rows)
+assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in range(4) for s in (1, 2, 3)]
+for r in rows:
+    assert set(r) >= {"rank", "step", "loss", "tokens_per_s", "step_ms", "bubble", "bytes_sent", "peak_bytes"}
+    assert 0 <= r["bubble"] < 1 and r["bytes_sent"] > 0 and r["peak_bytes"] > 0
+losses = {s: {r["loss"] for r in rows if r["step"] == s} for s in (1, 2, 3)}
+assert all(len(v) == 1 for v in losses.values()), losses  # every rank reports the same mean loss
+PY
+"$B" plot "$T/m.jsonl" --out "$T/loss.svg" >/dev/null 2>&1 && python3 -c "import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])" "$T/loss.svg" && ok "plot" || bad "plot"
 echo "$pass passed, $fails failed"
 [ "$fails" = 0 ]
