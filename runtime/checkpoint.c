@@ -775,7 +775,9 @@ static bg_status_t list_complete(const char *root, int check_sizes, step_dir_t *
             list = q;
         }
         list[n].step = s;
-        snprintf(list[n].name, sizeof list[n].name, "%s", de->d_name);
+        /* step-NNNNNNNN names are short; a longer one is not ours */
+        if (snprintf(list[n].name, sizeof list[n].name, "%s", de->d_name) >= (int)sizeof list[n].name)
+            continue;
         n++;
     }
     closedir(d);
