@@ -28,7 +28,8 @@ typedef struct slot {
     float *input;
     int32_t *tokens, *targets;
     float loss_scale;
-    char *act;
+    char *act;          /* NULL between F and B when recomputing */
+    float *keep_out;    /* recompute: the stage's output, kept while act is dropped */
     float **out;        /* per layer output pointer (into act) */
     char **stash;       /* per layer stash pointer (into act) */
     float *dout_in;
@@ -47,7 +48,11 @@ struct bg_stage {
     size_t scratch_bytes;
     bg_stage_layer_done_fn layer_done;
     void *layer_done_arg;
+    int recompute;      /* keep only input and output between F and B; rerun F in B */
 };
+
+void bg_stage_set_recompute(bg_stage_t *s, int on) { s->recompute = on ? 1 : 0; }
+int bg_stage_recompute(const bg_stage_t *s) { return s->recompute; }
 
 void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg)
 {
@@ -87,6 +92,7 @@ static void slot_free(bg_stage_t *s, slot_t *sl)
     bg_backend_free(be, sl->tokens);
     bg_backend_free(be, sl->targets);
     bg_backend_free(be, sl->act);
+    bg_backend_free(be, sl->keep_out);
     bg_backend_free(be, sl->dout_in);
     bg_backend_free(be, sl->bw);
     free(sl->shapes);
@@ -209,6 +215,10 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
     }
     bg_stage_mem_t m = {0};
     m.stash = act_bytes(s, sh) + (in.c ? bg_shape_numel(in) * sizeof(float) : 0);
+    if (s->recompute) {
+        m.recompute = act_bytes(s, sh);
+        m.stash = (in.c ? bg_shape_numel(in) * sizeof(float) : 0) + bg_shape_numel(sh[s->nlayers]) * sizeof(float);
+    }
     size_t nt = (size_t)in.n * (size_t)in.t * sizeof(int32_t);
     m.data = (in.c == 0 ? nt : 0) + (is_last_stage(s) ? nt : 0);
     m.dout = is_last_stage(s) ? 0 : bg_shape_numel(sh[s->nlayers]) * sizeof(float);
@@ -280,10 +290,9 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
     return c;
 }
 
-bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *out_shape_p)
+/* Allocate the slot's activation arena and run the forward through it. */
+static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
 {
-    slot_t *sl = NULL;
-    BG_CHECK(get_slot(s, mb, SLOT_BEGUN, "forward", &sl));
     size_t total = act_bytes(s, sl->shapes);
     BG_CHECK(ensure_scratch(s, sl->shapes));
     sl->act = bg_backend_alloc(s->be, total, "activations");
@@ -307,8 +316,29 @@ bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *o
         }
         x = sl->out[i];
     }
+    return BG_OK;
+}
+
+bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *out_shape_p)
+{
+    slot_t *sl = NULL;
+    BG_CHECK(get_slot(s, mb, SLOT_BEGUN, "forward", &sl));
+    BG_CHECK(run_forward(s, sl));
+    float *out = sl->out[s->nlayers - 1];
+    if (s->recompute) {
+        /* keep the output (it is sent, or it is the loss), drop the rest: the
+         * backward recomputes it from the kept input */
+        size_t n = bg_shape_numel(sl->shapes[s->nlayers]);
+        sl->keep_out = bg_backend_alloc(s->be, n * sizeof(float), "stage output (recompute)");
+        if (!sl->keep_out)
+            return BG_ERR_NOMEM;
+        s->be->ops->copy(s->be, sl->keep_out, out, n);
+        bg_backend_free(s->be, sl->act);
+        sl->act = NULL;
+        out = sl->keep_out;
+    }
     sl->state = SLOT_FORWARD;
-    *out_p = sl->out[s->nlayers - 1];
+    *out_p = out;
     *out_shape_p = sl->shapes[s->nlayers];
     return BG_OK;
 }
@@ -362,6 +392,8 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward_input", &sl));
     BG_CHECK(check_dout(s, sl, mb));
+    if (!sl->act)
+        BG_CHECK(run_forward(s, sl)); /* recompute */
     int has_din = sl->shapes[0].c != 0 && s->first > 0; /* the model's own input needs no gradient */
     size_t din_off;
     size_t total = split_bytes(s, sl->shapes, &din_off);
@@ -404,6 +436,8 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward", &sl));
     BG_CHECK(check_dout(s, sl, mb));
+    if (!sl->act)
+        BG_CHECK(run_forward(s, sl)); /* recompute */
     size_t maxact = 0;
     for (int i = 0; i <= s->nlayers; i++) {
         size_t b = bg_align64(bg_shape_numel(sl->shapes[i]) * sizeof(float));

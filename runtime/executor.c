@@ -516,7 +516,7 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
         if (st != BG_OK)
             break;
         stash[ch->stage] = (double)(mem.stash + mem.data + mem.dout);
-        size_t bw = mem.fused_bw > mem.split_bw ? mem.fused_bw : mem.split_bw;
+        size_t bw = (mem.fused_bw > mem.split_bw ? mem.fused_bw : mem.split_bw) + mem.recompute;
         if (bw > maxbw)
             maxbw = bw;
         extra += mem.scratch; /* kept by the stage once allocated */
@@ -782,6 +782,8 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         ch->next_rank = nr >= 0 ? nr * x->D + x->dp_i : -1;
         BG_CHECK_GOTO(bg_model_create(&cfg->model, x->be, ch->first, ch->last, &ch->model), st, out);
         BG_CHECK_GOTO(bg_stage_create(ch->model, x->M, &ch->st), st, out);
+        if (cfg->recompute || (cfg->recompute_stages && stage < cfg->nrecompute_stages && cfg->recompute_stages[stage]))
+            bg_stage_set_recompute(ch->st, 1);
         BG_CHECK_GOTO(make_buckets(ch), st, out);
         hook_arg_t *h = malloc(sizeof(*h));
         if (!h) {

@@ -25,6 +25,25 @@ void bg_train_config_init(bg_train_config_t *cfg)
     cfg->backend = "cpu";
 }
 
+/* mkdir -p: create missing parents too. */
+static int mkdir_p(const char *dir)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s", dir) >= (int)sizeof(tmp)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755);
+}
+
 bg_status_t bg_check_writable_dir(const char *dir)
 {
     struct stat st;
@@ -32,7 +51,7 @@ bg_status_t bg_check_writable_dir(const char *dir)
         if (errno != ENOENT)
             return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
         /* several ranks may create it at once: EEXIST is fine if it is a directory */
-        if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
+        if (mkdir_p(dir) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
             return bg_error(BG_ERR_IO, "cannot create directory %s: %s", dir, strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
         return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
@@ -163,6 +182,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     BG_CHECK_GOTO(bg_backend_create(c.backend, &bp, &be), st, out);
     BG_CHECK_GOTO(bg_model_create(&c.model, be, -1, -1, &model), st, out);
     BG_CHECK_GOTO(bg_stage_create(model, c.microbatches, &stage), st, out);
+    if (c.recompute || (c.recompute_stages && c.nrecompute_stages > 0 && c.recompute_stages[0]))
+        bg_stage_set_recompute(stage, 1);
 
     size_t per = (size_t)mbn * (size_t)T; /* the largest microbatch */
     tokens = malloc(per * sizeof(int32_t));
@@ -202,7 +223,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         /* params + grads + optimizer + one microbatch's activations (the
          * fused backward runs right after each forward) + the scratch */
         res.predicted_bytes = 2 * p4 + res.params * bg_optim_state_bytes(c.optim.kind) + mem.stash + mem.data +
-                              mem.dout + mem.fused_bw + mem.scratch;
+                              mem.dout + mem.fused_bw + mem.scratch + mem.recompute;
     }
 
     for (int step = 0; step < c.steps; step++) {

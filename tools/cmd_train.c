@@ -39,6 +39,8 @@ static void usage(FILE *f)
             "  --data FILE            GPT text corpus (default %s)\n"
             "  --data-seed N          order of the data (default 1)\n"
             "  --threads N            compute threads (default: BRIGADE_NUM_THREADS or all cores)\n"
+            "  --recompute            keep only each stage's input and output per microbatch; recompute\n"
+            "                         the rest in the backward (less memory, one more forward)\n"
             "  --backend NAME         cpu|cuda (default cpu)\n"
             "parallel (run under brigade launch -n PP*DP, mpirun or srun):\n"
             "  --pp N                 pipeline stages (default 1)\n"
@@ -105,7 +107,7 @@ int bg_cmd_train(int argc, char **argv)
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
     enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
         {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
@@ -124,7 +126,7 @@ int bg_cmd_train(int argc, char **argv)
         {"trace", required_argument, 0, O_TRACE},     {"tie-embeddings", no_argument, 0, O_TIE},
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
         {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
-        {"plan", required_argument, 0, O_PLAN},
+        {"plan", required_argument, 0, O_PLAN},       {"recompute", no_argument, 0, O_RECOMP},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -218,6 +220,7 @@ int bg_cmd_train(int argc, char **argv)
         case O_CKDIR: c.checkpoint_dir = optarg; break;
         case O_RESUME: c.resume = 1; break;
         case O_PLAN: plan_path = optarg; break;
+        case O_RECOMP: c.recompute = 1; break;
         case 'h':
         case O_HELP: usage(stdout); return 0;
         case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);
@@ -247,9 +250,11 @@ int bg_cmd_train(int argc, char **argv)
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;
-        if (bg_plan_recompute(plan))
-            fprintf(stderr, "brigade train: warning: %s asks for activation recomputation, which the executor does not "
-                            "implement yet; running without it (more activation memory than planned)\n", plan_path);
+        static int recompute[4096];
+        for (int k = 0; k < bg_plan_num_stages(plan) && k < 4096; k++)
+            recompute[k] = bg_plan_stage(plan, k)->recompute;
+        c.recompute_stages = recompute;
+        c.nrecompute_stages = bg_plan_num_stages(plan);
     }
     c.on_step = on_step;
     c.on_step_arg = &prog;

@@ -157,6 +157,11 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p);
  *  reduction as soon as the last microbatch has finished that bucket's layers. */
 typedef bg_status_t (*bg_stage_layer_done_fn)(int layer, int mb, void *arg);
 void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg);
+/** Activation recomputation: between a microbatch's forward and its
+ *  backward keep only its input and output; the backward reruns the forward
+ *  (bitwise the same activations) before differentiating. */
+void bg_stage_set_recompute(bg_stage_t *s, int on);
+int bg_stage_recompute(const bg_stage_t *s);
 /** Frees what is left of slot mb (after the fused backward). */
 void bg_stage_end(bg_stage_t *s, int mb);
 /** Memory of one microbatch of input shape `in` on this stage, in bytes, as
@@ -168,6 +173,8 @@ typedef struct bg_stage_mem {
     size_t split_bw;      /**< kept from B to W: inner gradients, wstashes, din */
     size_t fused_bw;      /**< temporary of the fused backward */
     size_t scratch;       /**< the stage's shared scratch (once per stage) */
+    size_t recompute;     /**< with recomputation: the activations rebuilt during one microbatch's
+                               backward (stash then holds only the input and the output) */
 } bg_stage_mem_t;
 bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p);
 

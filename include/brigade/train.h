@@ -52,6 +52,9 @@ typedef struct bg_train_config {
     int nsplit;
     int seq_min;                 /**< GPT: > 0 makes each microbatch's length vary in [seq_min, seq] */
     const char *trace_path;      /**< Chrome trace-event JSON of every op on every rank; NULL = none */
+    int recompute;               /**< recompute activations in the backward on every stage */
+    const int *recompute_stages; /**< or per (virtual) stage: 1 = recompute (from a plan); NULL = none */
+    int nrecompute_stages;
     /* ---- checkpoints (runtime/checkpoint.c); any of them runs the executor ---- */
     const char *checkpoint_dir;  /**< root of the checkpoints; NULL = none */
     int checkpoint_every;        /**< save every N steps (0: only at the end and on a stop request) */

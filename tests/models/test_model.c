@@ -252,6 +252,54 @@ static void test_stage_misuse(void **s)
     bg_model_destroy(m);
 }
 
+/* Recomputation: the same gradients bitwise, less memory kept between F and
+ * B, and every byte returned when the slots end. */
+static void test_recompute(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    float *g[2];
+    size_t kept[2];
+    for (int rc = 0; rc < 2; rc++) {
+        bg_model_t *m;
+        bg_stage_t *st;
+        size_t base = bg_backend_memstats(be).current;
+        assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+        assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
+        bg_stage_set_recompute(st, rc);
+        int32_t tok[2 * 8], tgt[2 * 8];
+        for (int i = 0; i < 16; i++) {
+            tok[i] = (i * 37) % 256;
+            tgt[i] = (i * 11 + 5) % 256;
+        }
+        float *in, *out, *din;
+        bg_shape_t os;
+        size_t before = bg_backend_memstats(be).current;
+        assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 8, 0}, &in), BG_OK);
+        assert_int_equal(bg_stage_set_data(st, 0, tok, tgt, 1.0f / 16), BG_OK);
+        assert_int_equal(bg_stage_forward(st, 0, &out, &os), BG_OK);
+        kept[rc] = bg_backend_memstats(be).current - before;
+        assert_int_equal(bg_stage_backward(st, 0, &din), BG_OK);
+        bg_stage_end(st, 0);
+        g[rc] = malloc(bg_model_param_count(m) * sizeof(float));
+        memcpy(g[rc], bg_model_grads(m), bg_model_param_count(m) * sizeof(float));
+        bg_stage_mem_t mem;
+        assert_int_equal(bg_stage_memory(st, (bg_shape_t){2, 8, 0}, &mem), BG_OK);
+        assert_int_equal(rc ? mem.recompute > 0 : mem.recompute == 0, 1);
+        bg_stage_destroy(st);
+        bg_model_destroy(m);
+        assert_int_equal(bg_backend_memstats(be).current, base); /* nothing leaked */
+    }
+    bg_model_config_t c2 = small_gpt();
+    bg_model_t *m;
+    assert_int_equal(bg_model_create(&c2, be, -1, -1, &m), BG_OK);
+    assert_memory_equal(g[0], g[1], bg_model_param_count(m) * sizeof(float));
+    bg_model_destroy(m);
+    assert_true(kept[1] < kept[0] / 4); /* input + output instead of every activation */
+    free(g[0]);
+    free(g[1]);
+}
+
 static void test_data(void **s)
 {
     (void)s;
@@ -428,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_split_equivalence_gpt),
         cmocka_unit_test(test_split_equivalence_mlp),
         cmocka_unit_test(test_stage_misuse),
+        cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_train_mlp_learns),

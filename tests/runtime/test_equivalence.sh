@@ -23,6 +23,7 @@ check() {
   if ! timeout 120 "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$out" >"$out.log" 2>&1; then
     bad "launch -n $n train $*"; grep -v WARN "$out.log" | tail -5; return
   fi
+  if grep -q "live allocations" "$out.log"; then bad "n=$n $*: memory leaked: $(grep -m1 'live allocations' "$out.log")"; return; fi
   local verdict
   if [ "$rtol" = 0 ]; then verdict=$("$B" compare "$T/$r" "$out"); else verdict=$("$B" compare "$T/$r" "$out" --rtol "$rtol"); fi
   if [ $? = 0 ]; then
@@ -45,6 +46,11 @@ check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule interleaved --chunks 2
 check gpt4 0 4 $GPT --microbatches 4 --pp 4 --schedule interleaved --chunks 2
 check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule zbv
 check gpt4 0 3 $GPT --microbatches 4 --pp 3 --schedule zbv --split 1,1,1,2,2,1
+
+# activation recomputation changes memory, not arithmetic
+check gpt4 0 1 $GPT --microbatches 4 --recompute --checkpoint-dir "$T/rc1"
+check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule zb-h1 --recompute
+check gpt4 0 3 $GPT --microbatches 4 --pp 3 --schedule zbv --recompute
 
 ref gpt2 $GPT --microbatches 2
 check gpt2 0 4 $GPT --microbatches 2 --pp 4 --schedule 1f1b          # m < p
