@@ -2,6 +2,7 @@
  * costs measured in an executor trace (brigade train --trace) to the schedule
  * simulator and compare its step time with the measured one. */
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -252,8 +253,14 @@ int bg_cmd_simulate(int argc, char **argv)
         else
             printf("wrote %s\n", svg);
     }
-    if (svg_measured && !rc)
-        rc = write_measured_svg(cmd, events, maxstep >= 2 ? 2 : 1, svg_measured);
+    if (svg_measured && !rc) {
+        /* draw the step whose span is the median one */
+        int pick = maxstep >= 2 ? 2 : 1;
+        for (int k = pick; k <= maxstep; k++)
+            if (fabs(span[k] - meas) < fabs(span[pick] - meas))
+                pick = k;
+        rc = write_measured_svg(cmd, events, pick, svg_measured);
+    }
 out:
     bg_sim_result_free(res);
     for (int s = 0; s < S * K_N; s++)
