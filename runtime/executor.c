@@ -30,6 +30,7 @@
 #include "brigade/train.h"
 #include "brigade/transport.h"
 #include "core/check.h"
+#include "runtime/numa.h"
 #include "runtime/trace.h"
 
 double bg__train_step_tokens(const bg_train_config_t *c, int64_t step);
@@ -702,6 +703,11 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
                       "--pp %d x --dp %d = %d ranks, but the job has %d (start it with brigade launch -n %d)", x->P,
                       x->D, x->P * x->D, x->world, x->P * x->D);
         goto out;
+    }
+    {
+        int node;
+        BG_CHECK_GOTO(bg_numa_bind(bg_comm_local_rank(x->comm), &node), st, out);
+        res.numa_node = node;
     }
     x->pp_i = x->rank / x->D;
     x->dp_i = x->rank % x->D;

@@ -86,6 +86,7 @@ typedef struct bg_train_result {
     int start_step;           /**< first step run (> 0 when resumed) */
     int steps_done;           /**< steps completed when it returned */
     int stopped;              /**< 1: returned early on a stop request (after checkpointing) */
+    int numa_node;            /**< NUMA node this rank was bound to, -1 if none (BRIGADE_NUMA) */
 } bg_train_result_t;
 
 /** Check the configuration (messages name the flag-level field) without running. */
