@@ -85,6 +85,7 @@ check gptsgd 1e-5 2 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --dp 2
 check gptsgd 1e-5 4 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --dp 2 --pp 2 --schedule zb-h1
 ref gptsgdtie $GPT --microbatches 2 --optimizer sgd --lr 0.05 --tie-embeddings
 check gptsgdtie 1e-5 4 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --tie-embeddings --dp 2 --pp 2
+BRIGADE_BUCKET_MB=0 check gptsgd 1e-5 4 $GPT --microbatches 2 --optimizer sgd --lr 0.05 --dp 2 --pp 2   # one bucket per layer
 ref mlpsgd $MLP --microbatches 2 --optimizer sgd --lr 0.05
 check mlpsgd 1e-5 4 $MLP --microbatches 2 --optimizer sgd --lr 0.05 --dp 4
 
