@@ -16,6 +16,16 @@ static bg_status_t shape_err(const bg_layer_t *l, bg_shape_t in, const char *wan
                     in.n, in.t, in.c, want);
 }
 
+/* A float input of exactly c channels, n >= 1, t >= 1. */
+static bg_status_t want_channels(const bg_layer_t *l, bg_shape_t in, int c)
+{
+    if (in.c == c && in.n >= 1 && in.t >= 1)
+        return BG_OK;
+    char want[64];
+    snprintf(want, sizeof(want), "%d channels are expected", c);
+    return shape_err(l, in, want);
+}
+
 /* --------------------------------------------------------------- linear */
 
 typedef struct { int c_in, c_out, bias; } linear_t;
@@ -23,11 +33,7 @@ typedef struct { int c_in, c_out, bias; } linear_t;
 static bg_status_t linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const linear_t *p = l->impl;
-    if (in.c != p->c_in || in.n < 1 || in.t < 1) {
-        char want[64];
-        snprintf(want, sizeof(want), "%d input channels are expected", p->c_in);
-        return shape_err(l, in, want);
-    }
+    BG_CHECK(want_channels(l, in, p->c_in));
     *out_p = (bg_shape_t){in.n, in.t, p->c_out};
     return BG_OK;
 }
@@ -171,11 +177,7 @@ typedef struct { int c; } ln_t;
 static bg_status_t ln_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const ln_t *p = l->impl;
-    if (in.c != p->c || in.n < 1 || in.t < 1) {
-        char want[64];
-        snprintf(want, sizeof(want), "%d channels are expected", p->c);
-        return shape_err(l, in, want);
-    }
+    BG_CHECK(want_channels(l, in, p->c));
     *out_p = in;
     return BG_OK;
 }
@@ -309,11 +311,7 @@ typedef struct { int c, heads; } attn_t;
 static bg_status_t attn_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const attn_t *p = l->impl;
-    if (in.c != 3 * p->c || in.n < 1 || in.t < 1) {
-        char want[64];
-        snprintf(want, sizeof(want), "3*%d = %d channels (q, k, v) are expected", p->c, 3 * p->c);
-        return shape_err(l, in, want);
-    }
+    BG_CHECK(want_channels(l, in, 3 * p->c)); /* packed q, k, v */
     *out_p = (bg_shape_t){in.n, in.t, p->c};
     return BG_OK;
 }
@@ -378,11 +376,7 @@ typedef struct { int c, classes, bias; } head_t;
 static bg_status_t head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const head_t *p = l->impl;
-    if (in.c != p->c || in.n < 1 || in.t < 1) {
-        char want[64];
-        snprintf(want, sizeof(want), "%d channels are expected", p->c);
-        return shape_err(l, in, want);
-    }
+    BG_CHECK(want_channels(l, in, p->c));
     *out_p = (bg_shape_t){in.n, in.t, 1};
     return BG_OK;
 }
