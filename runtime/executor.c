@@ -500,8 +500,12 @@ static bg_status_t layer_ranges(const bg_train_config_t *c, int total, int S, in
  * microbatch ahead, and the largest backward temporary. */
 static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
 {
-    double *stash = calloc((size_t)x->S, sizeof(double));
-    BG_ALLOC_CHECK(stash, (size_t)x->S * sizeof(double), "stash sizes");
+    double *stash = calloc((size_t)x->S, sizeof(double)), *wstash = calloc((size_t)x->S, sizeof(double));
+    if (!stash || !wstash) {
+        free(stash);
+        free(wstash);
+        return bg_error(BG_ERR_NOMEM, "stash sizes");
+    }
     size_t extra = 0, maxbw = 0;
     bg_status_t st = BG_OK;
     for (int v = 0; v < x->V && st == BG_OK; v++) {
@@ -517,7 +521,13 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
         if (st != BG_OK)
             break;
         stash[ch->stage] = (double)(mem.stash + mem.data + mem.dout);
-        size_t bw = (mem.fused_bw > mem.split_bw ? mem.fused_bw : mem.split_bw) + mem.recompute;
+        bg_log(BG_LOG_DEBUG, "memory",
+               "stage %d per microbatch: stash %zu data %zu dout %zu; split_bw %zu fused_bw %zu recompute %zu scratch %zu",
+               ch->stage, mem.stash, mem.data, mem.dout, mem.split_bw, mem.fused_bw, mem.recompute, mem.scratch);
+        /* split schedules hold split_bw from B to W (the simulator counts it);
+         * a fused backward's temporary lives during one op */
+        wstash[ch->stage] = (double)mem.split_bw;
+        size_t bw = mem.fused_bw + mem.recompute;
         if (bw > maxbw)
             maxbw = bw;
         extra += mem.scratch; /* kept by the stage once allocated */
@@ -529,6 +539,7 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
     extra += maxbw;
     bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
     sp.stash_bytes_per_stage = stash;
+    sp.wstash_bytes_per_stage = wstash;
     bg_sim_result_t *r = NULL;
     if (st == BG_OK)
         st = bg_schedule_simulate(x->sched, &sp, &r);
@@ -538,6 +549,7 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
     }
     bg_sim_result_free(r);
     free(stash);
+    free(wstash);
     return st;
 }
 

@@ -200,10 +200,13 @@ typedef struct bg_sim_params {
     const double *stash_bytes_per_stage; /**< [p*v] or NULL */
     double reduce_cost;        /**< REDUCE_GRADS time per stage */
     double optimizer_cost;     /**< OPTIMIZER_STEP time per stage */
+    const double *wstash_bytes_per_stage; /**< [p*v] bytes a microbatch holds from its
+                                               BACKWARD_INPUT to its BACKWARD_WEIGHT, beyond its stash
+                                               (split schedules), counted in the peak bytes; or NULL */
 } bg_sim_params_t;
 
 #define BG_SIM_PARAMS_INIT                                                      \
-    {sizeof(bg_sim_params_t), 1.0, 1.0, 1.0, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0.0, NULL, 0.0, 0.0}
+    {sizeof(bg_sim_params_t), 1.0, 1.0, 1.0, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0.0, NULL, 0.0, 0.0, NULL}
 
 /** One timeline event. Compute: on rank, [start, end). Sends: the transfer
  *  from issue to arrival (rank = sender). Receives: the wait, if any. */

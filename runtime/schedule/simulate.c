@@ -68,6 +68,10 @@ bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *
     int *waiter = malloc(sizeof(int) * nmsg), *stack = malloc(sizeof(int) * (size_t)p);
     int *stash = calloc((size_t)p, sizeof(int));
     double *stash_b = calloc((size_t)p, sizeof(double));
+    /* a caller built against the smaller struct has no wstash field */
+    const double *wst = P->size >= offsetof(bg_sim_params_t, wstash_bytes_per_stage) + sizeof(const double *)
+                            ? P->wstash_bytes_per_stage
+                            : NULL;
     size_t *ptr = calloc((size_t)p, sizeof(size_t)), *nev = calloc((size_t)p, sizeof(size_t));
     size_t *evoff = calloc((size_t)p + 1, sizeof(size_t));
     int nl = 2 * v + 2;
@@ -119,6 +123,11 @@ bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *
                 cost = bg__pick(P->b_costs, P->b_cost, sg) + bg__pick(P->w_costs, P->w_cost, sg);
                 break;
             case BG_OP_BACKWARD_INPUT:
+                if (wst) { /* what W needs, held from B to W */
+                    stash_b[r] += wst[sg];
+                    if (stash_b[r] > res->peak_bytes[r])
+                        res->peak_bytes[r] = stash_b[r];
+                }
                 cost = bg__pick(P->b_costs, P->b_cost, sg);
                 break;
             case BG_OP_BACKWARD_WEIGHT:
@@ -183,6 +192,8 @@ bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *
             if (op->kind == BG_OP_BACKWARD || op->kind == BG_OP_BACKWARD_WEIGHT) {
                 stash[r]--;
                 stash_b[r] -= bg__pick(P->stash_bytes_per_stage, P->stash_bytes, sg);
+                if (op->kind == BG_OP_BACKWARD_WEIGHT && wst)
+                    stash_b[r] -= wst[sg];
             }
             if (record)
                 ev[evoff[r] + nev[r]++] = e;
