@@ -7,7 +7,8 @@
 # Each side runs RUNS times, interleaved; the tables show medians and ratios.
 #
 # usage: bench/compare_transport.sh [BUILD_DIR]
-#   env: RUNS (3), P2P_SIZES (bytes, comma list), AR_SIZES, RANKS ("2 4"), OUT (a folder for the raw JSON)
+#   env: RUNS (3), P2P_SIZES (bytes, comma list), AR_SIZES, RANKS ("2 4"), OUT (a folder for the raw JSON),
+#        PIN (0: nothing bound, mpirun --bind-to none; 1: every side's rank r on CPU r, mpirun --bind-to core)
 # Units: GB/s = 1e9 bytes/s everywhere (ucx_perftest's MB/s are MiB/s and are converted).
 set -euo pipefail
 
@@ -27,12 +28,14 @@ mkdir -p "$OUT"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 NCPU=$(nproc)
-# Pinning: Open MPI binds each rank to a core when ranks <= cores; brigade's ranks
-# get the same (taskset -c rank) so that both sides run under the same placement.
-# Oversubscribed (ranks > cores) both run unbound.
+PIN=${PIN:-0}
+# Placement is the same on both sides: PIN=0 binds nothing (mpirun --bind-to none),
+# PIN=1 puts rank r on CPU r everywhere (taskset; mpirun --bind-to core) when the
+# ranks fit on the CPUs. On a shared machine PIN=1 can hurt whichever side lands
+# on a CPU another job is using; compare ratios from one run, not absolute figures.
 pin() { # pin N CMD...
   local n=$1; shift
-  if (( n <= NCPU )); then
+  if [ "$PIN" = 1 ] && (( n <= NCPU )); then
     printf '%s\n' "sh" "-c" 'exec taskset -c "$BRIGADE_RANK" "$0" "$@"' "$@"
   else
     printf '%s\n' "$@"
@@ -62,7 +65,7 @@ launch() {
 perftest() {
   local port; port=$(free_port)
   local c0="" c1=""
-  if (( NCPU >= 2 )); then c0="taskset -c 0"; c1="taskset -c 1"; fi
+  if [ "$PIN" = 1 ] && (( NCPU >= 2 )); then c0="taskset -c 0"; c1="taskset -c 1"; fi
   $c0 ucx_perftest -p "$port" >/dev/null 2>&1 &
   local srv=$!
   sleep 0.3
@@ -74,7 +77,13 @@ perftest() {
 
 have_perftest=0; command -v ucx_perftest >/dev/null && have_perftest=1
 have_mpi=0; [ -x "$MPIBENCH" ] && command -v mpirun >/dev/null && have_mpi=1
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+mpirun_for() { # mpirun_for R: the mpirun command line with the same placement as pin()
+  if [ "$PIN" = 1 ] && (( $1 <= NCPU )); then
+    echo "mpirun --allow-run-as-root --oversubscribe --bind-to core"
+  else
+    echo "mpirun --allow-run-as-root --oversubscribe --bind-to none"
+  fi
+}
 
 echo "== p2p: $RUNS runs, sizes $P2P_SIZES (raw data in $OUT)"
 for ((run = 1; run <= RUNS; run++)); do
@@ -94,6 +103,7 @@ done
 if [ $have_mpi = 1 ]; then
   echo "== allreduce: $RUNS runs, ranks $RANKS, sizes $AR_SIZES"
   for R in $RANKS; do
+    MPIRUN=$(mpirun_for "$R")
     for ((run = 1; run <= RUNS; run++)); do
       launch "$R" "$BRIGADE" bench allreduce --sizes "$AR_SIZES" --algo auto --reps 3 \
         --json "$OUT/ar_brigade_${R}_$run.json" >/dev/null

@@ -20,6 +20,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_MASTER_PORT", "29500", "port of rank 0's rendezvous store"},
     {"BRIGADE_JOB_TOKEN", "", "shared secret every store client must present"},
     {"BRIGADE_UCX_TLS", "", "UCX transports to use (passed as UCX_TLS when set)"},
+    {"BRIGADE_UCX_RNDV_THRESH", "256K", "UCX rendezvous threshold (UCX_RNDV_THRESH wins when set; \"auto\" for multi-node InfiniBand)"},
     {"BRIGADE_ALLREDUCE_SMALL_BYTES", "65536", "allreduce: at most this many bytes use recursive doubling, more use the ring"},
     {"BRIGADE_BUCKET_MB", "4", "data-parallel gradient bucket size in MiB (reduction starts per bucket)"},
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},

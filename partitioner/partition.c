@@ -36,6 +36,7 @@ typedef struct ctx {
     size_t *pa;   /* prefix of stash bytes */
     size_t *pw;   /* prefix of wstash bytes */
     size_t delta; /* added to every budget (shortfall search) */
+    size_t *actmult; /* [S] activations every fitting variant keeps at least: a lower bound that grows with the range */
 } ctx_t;
 
 static bg_status_t check_problem(const bg_part_problem_t *p)
@@ -63,7 +64,7 @@ static bg_status_t check_problem(const bg_part_problem_t *p)
             return bg_error(BG_ERR_INVALID, "stage %d: no slot counts (need at least one row)", s);
         for (int k = 0; k < sp->ncounts; k++) {
             const bg_part_counts_t *n = &sp->counts[k];
-            if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0)
+            if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0 || n->recomputing < 0)
                 return bg_error(BG_ERR_INVALID, "stage %d: negative slot count in row %d", s, k);
         }
     }
@@ -82,6 +83,7 @@ static void ctx_free(ctx_t *c)
     free(c->pp);
     free(c->pa);
     free(c->pw);
+    free(c->actmult);
 }
 
 static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
@@ -96,7 +98,8 @@ static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
     c->pp = malloc(n * sizeof(size_t));
     c->pa = malloc(n * sizeof(size_t));
     c->pw = malloc(n * sizeof(size_t));
-    if (!c->pt || !c->pf || !c->pp || !c->pa || !c->pw) {
+    c->actmult = malloc((size_t)c->S * sizeof(size_t));
+    if (!c->pt || !c->pf || !c->pp || !c->pa || !c->pw || !c->actmult) {
         ctx_free(c);
         return bg_error(BG_ERR_NOMEM, "partitioner prefix sums for %d layers", c->L);
     }
@@ -109,6 +112,17 @@ static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
         c->pp[i + 1] = c->pp[i] + l->params;
         c->pa[i + 1] = c->pa[i] + l->stash_bytes;
         c->pw[i + 1] = c->pw[i] + l->wstash_bytes;
+    }
+    for (int s = 0; s < c->S; s++) {
+        size_t maxf = 0, maxr = 0;
+        for (int k = 0; k < p->stages[s].ncounts; k++) {
+            if ((size_t)p->stages[s].counts[k].forwarded > maxf)
+                maxf = (size_t)p->stages[s].counts[k].forwarded;
+            if ((size_t)p->stages[s].counts[k].recomputing > maxr)
+                maxr = (size_t)p->stages[s].counts[k].recomputing;
+        }
+        /* the activations every variant keeps at its peak row, at least */
+        c->actmult[s] = p->allow_recompute && maxr < maxf ? maxr : maxf;
     }
     return BG_OK;
 }
@@ -154,13 +168,13 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
         maxact = al64(in);
     size_t fused = 2 * maxact + m->w;
     size_t bw = sp->split_backward ? split : fused;
+    /* recomputation keeps the stage's output (it is sent, or it is the loss) */
+    size_t keep = rc ? ly[b].output_bytes : 0;
     size_t peak = 0;
     for (int k = 0; k < sp->ncounts; k++) {
         const bg_part_counts_t *n = &sp->counts[k];
-        size_t am = (size_t)n->forwarded;
-        if (rc)
-            am = n->forwarded > 0 ? (size_t)(n->backward > 1 ? n->backward : 1) : 0;
-        size_t v = (size_t)n->begun * in + (size_t)n->forwarded * data + am * act + (size_t)n->dout * dout +
+        size_t v = (size_t)n->begun * in + (size_t)n->forwarded * (data + keep) +
+                   (size_t)(rc ? n->recomputing : n->forwarded) * act + (size_t)n->dout * dout +
                    (size_t)n->backward * bw;
         if (v > peak)
             peak = v;
@@ -178,7 +192,8 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->layer_act_bytes = act;
     e->dout_bytes = dout;
     e->bw_bytes = bw;
-    e->stash_per_mb = in + data + (rc ? 0 : act);
+    e->keep_bytes = keep;
+    e->stash_per_mb = in + data + (rc ? keep : act);
     e->compute_time = (c->pt[b + 1] - c->pt[a] + (rc ? c->pf[b + 1] - c->pf[a] : 0.0)) / sp->speed;
     e->comm_time = (a > 0 ? link_time(p, in) : 0.0) + (b < L - 1 ? link_time(p, dout) : 0.0);
     e->time = e->compute_time + e->comm_time;
@@ -219,8 +234,10 @@ bg_status_t bg_part_stage_eval(const bg_part_problem_t *prob, int stage, int fir
 
 /* The restricted program with bound U (INFINITY: unrestricted). f and arg
  * are (S+1) x (L+1). Returns the bottleneck (INFINITY: nothing fits within U). */
-static double dp_run(const ctx_t *c, double U, double *f, int *arg)
+static double dp_run(const ctx_t *c, double U, double *f, int *arg, double *next_p, long long *work_p)
 {
+    double next = INFINITY; /* smallest stage time left out because it exceeded U */
+    long long work = 0;
     int L = c->L, S = c->S;
     const bg_part_problem_t *p = c->p;
     size_t W = (size_t)L + 1;
@@ -240,13 +257,25 @@ static double dp_run(const ctx_t *c, double U, double *f, int *arg)
                 continue;
             rmax_t m = {0, 0, 0};
             for (int b = a; b <= bmax; b++) {
+                work++;
                 rmax_add(&m, &p->layers[b]);
-                if ((c->pt[b + 1] - c->pt[a]) / sp->speed > U)
-                    break; /* compute only grows with b */
-                if ((c->pp[b + 1] - c->pp[a]) * p->bytes_per_param + m.scratch > budget)
-                    break; /* so does the static memory */
-                if (!eval_choose(c, s, a, b, &m, &e) || e.time > U)
+                if ((c->pp[b + 1] - c->pp[a]) * p->bytes_per_param + m.scratch +
+                        c->actmult[s] * (c->pa[b + 1] - c->pa[a]) >
+                    budget)
+                    break; /* a lower bound of the memory that only grows with b */
+                double lbt = (c->pt[b + 1] - c->pt[a]) / sp->speed;
+                if (lbt > U) {
+                    if (lbt < next)
+                        next = lbt;
+                    break; /* so does the compute */
+                }
+                if (!eval_choose(c, s, a, b, &m, &e))
                     continue; /* boundary terms depend on b: a longer range may still fit */
+                if (e.time > U) {
+                    if (e.time < next)
+                        next = e.time;
+                    continue;
+                }
                 double v = fs[a] > e.time ? fs[a] : e.time;
                 if (v < fn[b + 1]) {
                     fn[b + 1] = v;
@@ -255,8 +284,15 @@ static double dp_run(const ctx_t *c, double U, double *f, int *arg)
             }
         }
     }
+    if (next_p)
+        *next_p = next;
+    if (work_p)
+        *work_p = work;
     return f[(size_t)S * W + (size_t)L];
 }
+
+static long long dp_overflow(const ctx_t *c, long long U, long long *g, int *arg, long long max_work);
+#define OVERFLOW_ABORTED (LLONG_MIN + 1)
 
 /* Solve with the doubling bound; fills out (if not NULL) from the arg table. */
 static double solve(const ctx_t *c, double *f, int *arg, bg_part_stage_t *out)
@@ -278,13 +314,36 @@ static double solve(const ctx_t *c, double *f, int *arg, bg_part_stage_t *out)
     double lb = c->pt[L] / sum_speed;
     double U = lb > 0 ? lb * 1.25 : 0.0;
     double best = INFINITY;
+    int memory_fits = 0;
     for (;;) {
         if (!(U < umax))
             U = INFINITY;
-        best = dp_run(c, U, f, arg);
-        if (best <= U || U == INFINITY)
+        double next;
+        long long work;
+        best = dp_run(c, U, f, arg, &next, &work);
+        /* done when the answer is within U, or when nothing was left out for
+         * time (then the restricted program is the unrestricted one) */
+        if (best <= U || U == INFINITY || next == INFINITY)
             break;
+        if (!memory_fits) {
+            /* before raising U: does any split fit at all? A memory-only
+             * pass, given a few times the work of this pass so that raising
+             * U stays the cheaper road when memory is plentiful */
+            long long *g = malloc((size_t)(S + 1) * ((size_t)L + 1) * sizeof(long long));
+            if (g) {
+                long long ov = dp_overflow(c, (long long)c->delta, g, arg, 4 * work + 4096);
+                free(g);
+                if (ov != OVERFLOW_ABORTED && ov > (long long)c->delta) {
+                    best = INFINITY;
+                    break;
+                }
+                if (ov != OVERFLOW_ABORTED)
+                    memory_fits = 1;
+            }
+        }
         U = U > 0 ? U * 2.0 : (umax > 0 ? umax * 1e-6 : INFINITY);
+        if (next > U)
+            U = next;
     }
     if (best == INFINITY || !out)
         return best;
@@ -316,6 +375,60 @@ static bg_status_t alloc_tables(const ctx_t *c, double **f_p, int **arg_p)
     return BG_OK;
 }
 
+/* Smallest possible largest overflow (memory - budget) of a stage over all
+ * splits, each range taking its smaller variant. Ranges whose static memory
+ * alone overflows by more than U (an overflow some split achieves) are
+ * skipped, as in dp_run. g is (S+1) x (L+1). Exact integers: one pass, no
+ * bisection. */
+static long long dp_overflow(const ctx_t *c, long long U, long long *g, int *arg, long long max_work)
+{
+    long long work = 0;
+    int L = c->L, S = c->S;
+    const bg_part_problem_t *p = c->p;
+    size_t W = (size_t)L + 1;
+    for (size_t i = 0; i < (size_t)(S + 1) * W; i++)
+        g[i] = LLONG_MAX;
+    g[0] = LLONG_MIN;
+    bg_part_stage_t e;
+    for (int s = 0; s < S; s++) {
+        const long long *gs = g + (size_t)s * W;
+        long long *gn = g + (size_t)(s + 1) * W;
+        int *an = arg + (size_t)(s + 1) * W;
+        long long budget = (long long)p->stages[s].budget_bytes;
+        int bmax = L - 1 - (S - 1 - s);
+        for (int a = s; a <= bmax; a++) {
+            if (gs[a] == LLONG_MAX)
+                continue;
+            rmax_t m = {0, 0, 0};
+            for (int b = a; b <= bmax; b++) {
+                if (max_work > 0 && ++work > max_work)
+                    return OVERFLOW_ABORTED;
+                rmax_add(&m, &p->layers[b]);
+                if ((long long)((c->pp[b + 1] - c->pp[a]) * p->bytes_per_param + m.scratch +
+                                c->actmult[s] * (c->pa[b + 1] - c->pa[a])) -
+                        budget >
+                    U)
+                    break;
+                eval_core(c, s, a, b, 0, &m, &e);
+                long long ov = (long long)e.mem_bytes - budget;
+                if (p->allow_recompute) {
+                    eval_core(c, s, a, b, 1, &m, &e);
+                    if ((long long)e.mem_bytes - budget < ov)
+                        ov = (long long)e.mem_bytes - budget;
+                }
+                if (ov > U)
+                    continue;
+                long long v = gs[a] > ov ? gs[a] : ov;
+                if (v < gn[b + 1]) {
+                    gn[b + 1] = v;
+                    an[b + 1] = a;
+                }
+            }
+        }
+    }
+    return g[(size_t)S * W + (size_t)L];
+}
+
 static bg_status_t shortfall(const ctx_t *c0, double *f, int *arg, bg_part_shortfall_t *sf)
 {
     ctx_t c = *c0;
@@ -324,28 +437,45 @@ static bg_status_t shortfall(const ctx_t *c0, double *f, int *arg, bg_part_short
     c.delta = 0;
     if (solve(&c, f, arg, NULL) < INFINITY)
         return BG_OK;
-    size_t lo = 0, hi = (size_t)1 << 20;
-    for (;;) {
-        c.delta = hi;
-        if (dp_run(&c, INFINITY, f, arg) < INFINITY)
-            break;
-        lo = hi;
-        if (hi > ((size_t)1 << 62))
-            return bg_error(BG_ERR_INTERNAL, "partitioner: no budget makes this problem fit");
-        hi *= 2;
-    }
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        c.delta = mid;
-        if (dp_run(&c, INFINITY, f, arg) < INFINITY)
-            hi = mid;
-        else
-            lo = mid;
-    }
-    c.delta = hi;
+    /* an upper bound: the fastest split with unlimited memory overflows its
+     * budgets by at most hi */
+    long long hi = 0;
     bg_part_stage_t *st = malloc((size_t)c.S * sizeof(*st));
-    BG_ALLOC_CHECK(st, (size_t)c.S * sizeof(*st), "shortfall stages");
-    solve(&c, f, arg, st);
+    long long *g = malloc((size_t)(c.S + 1) * ((size_t)c.L + 1) * sizeof(long long));
+    if (!st || !g) {
+        free(st);
+        free(g);
+        return bg_error(BG_ERR_NOMEM, "shortfall tables");
+    }
+    c.delta = (size_t)1 << 62;
+    if (solve(&c, f, arg, st) == INFINITY) {
+        free(st);
+        free(g);
+        return bg_error(BG_ERR_INTERNAL, "partitioner: no budget makes this problem fit");
+    }
+    for (int s = 0; s < c.S; s++)
+        if ((long long)st[s].mem_bytes - (long long)p->stages[s].budget_bytes > hi)
+            hi = (long long)st[s].mem_bytes - (long long)p->stages[s].budget_bytes;
+    long long best = dp_overflow(&c, hi, g, arg, 0);
+    free(g);
+    if (best <= 0 || best == LLONG_MAX) {
+        free(st);
+        return bg_error(BG_ERR_INTERNAL, "partitioner: inconsistent shortfall %lld (bound %lld)", best, hi);
+    }
+    c.delta = (size_t)best;
+    {
+        size_t W = (size_t)c.L + 1;
+        int j = c.L;
+        for (int s = c.S - 1; s >= 0; s--) {
+            int a = arg[(size_t)(s + 1) * W + (size_t)j];
+            rmax_t m = {0, 0, 0};
+            for (int i = a; i < j; i++)
+                rmax_add(&m, &p->layers[i]);
+            eval_choose(&c, s, a, j - 1, &m, &st[s]);
+            j = a;
+        }
+    }
+    size_t hi_bytes = (size_t)best;
     int worst = 0;
     long long wover = LLONG_MIN;
     for (int s = 0; s < c.S; s++) {
@@ -355,7 +485,7 @@ static bg_status_t shortfall(const ctx_t *c0, double *f, int *arg, bg_part_short
             worst = s;
         }
     }
-    sf->extra_bytes = hi;
+    sf->extra_bytes = hi_bytes;
     sf->stage = worst;
     sf->first = st[worst].first;
     sf->last = st[worst].last;
@@ -410,6 +540,10 @@ bg_status_t bg_partition(const bg_part_problem_t *prob, bg_part_stage_t *out, do
         goto out;
     }
     double best = solve(&c, f, arg, res);
+    if (best == INFINITY && prob->quick_no_fit) {
+        st = bg_error(BG_ERR_NO_FIT, "no split of %d layers over %d stages fits", c.L, c.S);
+        goto out;
+    }
     if (best == INFINITY) {
         bg_part_shortfall_t sf;
         BG_CHECK_GOTO(shortfall(&c, f, arg, &sf), st, out);
@@ -437,8 +571,20 @@ out:
 /* Replay of a rank's program: slot counts at every point                   */
 
 typedef struct slot {
-    unsigned char begun, fwd, dout, bw, pending;
+    unsigned char begun, fwd, dout, bw, pending, left;
 } slot_t;
+
+/* Compute instructions a fused-backward slot outlives after its gradient's
+ * send is issued: the executor frees it when a test after an instruction
+ * finds the send complete. With the transport as it is (sends complete at
+ * once for these sizes) that is 0, and every measured peak matches (see
+ * docs/partitioner.md); a transport that completes rendezvous sends later
+ * needs 1 or 2 (measured with an earlier transport: 2 bounds 1F1B). */
+#define BG_PART_SEND_LINGER 0
+
+typedef struct pend {
+    int c, mb;
+} pend_t;
 
 typedef struct replay {
     int V, M;
@@ -446,13 +592,14 @@ typedef struct replay {
     bg_part_counts_t *cur;   /* [V] */
     bg_part_counts_t *rows;  /* Pareto rows, [cap][V] */
     int nrows, cap;
+    int dirty;               /* a count rose since the last row: only then can a new peak row appear */
 } replay_t;
 
 static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V)
 {
     for (int c = 0; c < V; c++)
         if (a[c].begun < b[c].begun || a[c].forwarded < b[c].forwarded || a[c].dout < b[c].dout ||
-            a[c].backward < b[c].backward)
+            a[c].backward < b[c].backward || a[c].recomputing < b[c].recomputing)
             return 0;
     return 1;
 }
@@ -460,6 +607,9 @@ static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V
 static bg_status_t record(replay_t *r)
 {
     int V = r->V;
+    if (!r->dirty)
+        return BG_OK; /* only counts that fell since the last row: dominated by it */
+    r->dirty = 0;
     for (int i = 0; i < r->nrows; i++)
         if (dominates(&r->rows[(size_t)i * V], r->cur, V))
             return BG_OK;
@@ -489,6 +639,7 @@ static void rp_begin(replay_t *r, int c, int mb)
     if (!s->begun) {
         s->begun = 1;
         r->cur[c].begun++;
+        r->dirty = 1;
     }
 }
 static void rp_dout(replay_t *r, int c, int mb)
@@ -497,6 +648,7 @@ static void rp_dout(replay_t *r, int c, int mb)
     if (s->begun && !s->dout) {
         s->dout = 1;
         r->cur[c].dout++;
+        r->dirty = 1;
     }
 }
 static void rp_end(replay_t *r, int c, int mb)
@@ -508,8 +660,10 @@ static void rp_end(replay_t *r, int c, int mb)
         r->cur[c].forwarded--;
     if (s->dout)
         r->cur[c].dout--;
-    if (s->bw)
+    if (s->bw) {
         r->cur[c].backward--;
+        r->cur[c].recomputing--;
+    }
     memset(s, 0, sizeof(*s));
 }
 
@@ -519,7 +673,9 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
     int S = bg_schedule_stages(sched);
     if (rank < 0 || rank >= P)
         return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, P);
-    replay_t r = {V, M, NULL, NULL, NULL, 0, 0};
+    replay_t r = {V, M, NULL, NULL, NULL, 0, 0, 0};
+    pend_t *pend = NULL; /* fused-backward slots waiting for their gradient send */
+    int npend = 0;
     int *stage_of = malloc((size_t)V * sizeof(int));
     r.slots = calloc((size_t)V * M, sizeof(slot_t));
     r.cur = calloc((size_t)V, sizeof(bg_part_counts_t));
@@ -533,6 +689,11 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
             stage_of[bg_schedule_stage_chunk(sched, s)] = s;
     size_t n;
     const bg_sched_op_t *ops = bg_schedule_rank_ops(sched, rank, &n);
+    pend = malloc((size_t)V * M * sizeof(*pend) + 1);
+    if (!pend) {
+        st = bg_error(BG_ERR_NOMEM, "schedule replay");
+        goto out;
+    }
 #define LOCAL(stage) ((stage) >= 0 && (stage) < S && bg_schedule_stage_rank(sched, (stage)) == rank)
     for (size_t i = 0; i < n; i++) {
         /* receives posted ahead, up to the second compute instruction */
@@ -555,31 +716,45 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
             rp_begin(&r, c, mb);
             sl->fwd = 1;
             r.cur[c].forwarded++;
+            r.cur[c].recomputing++; /* while it runs, the forward holds its full activations */
+            r.dirty = 1;
             if (stage < S - 1 && LOCAL(stage + 1))
                 rp_begin(&r, bg_schedule_stage_chunk(sched, stage + 1), mb);
             BG_CHECK_GOTO(record(&r), st, out);
+            r.cur[c].recomputing--;
             break;
         case BG_OP_BACKWARD:
         case BG_OP_BACKWARD_INPUT:
             sl->bw = 1;
             r.cur[c].backward++;
+            r.cur[c].recomputing++; /* a recomputing stage rebuilds them here, until the slot ends */
+            r.dirty = 1;
             if (stage > 0 && LOCAL(stage - 1))
                 rp_dout(&r, bg_schedule_stage_chunk(sched, stage - 1), mb);
             BG_CHECK_GOTO(record(&r), st, out);
             if (o->kind == BG_OP_BACKWARD) {
                 if (stage == 0 || LOCAL(stage - 1))
                     rp_end(&r, c, mb);
-                else
+                else {
                     sl->pending = 1;
+                    pend[npend].c = c;
+                    pend[npend].mb = mb;
+                    npend++;
+                }
             }
             break;
         case BG_OP_BACKWARD_WEIGHT:
             rp_end(&r, c, mb);
             break;
         case BG_OP_SEND_GRAD:
-            /* a fused-backward slot ends once its gradient is on its way */
-            if (sl->pending)
+            /* a fused-backward slot ends once its gradient has been sent;
+             * the executor tests that after each instruction, and a
+             * rendezvous send is seldom done before the next compute
+             * instruction has allocated: count it until that one is over */
+            if (sl->pending && BG_PART_SEND_LINGER == 0)
                 rp_end(&r, c, mb);
+            else if (sl->pending)
+                sl->pending = 2;
             break;
         case BG_OP_RECV_ACT:
             rp_begin(&r, c, mb);
@@ -590,6 +765,25 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
         default:
             break;
         }
+        if (o->kind <= BG_OP_BACKWARD_WEIGHT) {
+            /* a compute instruction is over: count it against the sent slots */
+            int w = 0;
+            for (int q = 0; q < npend; q++) {
+                slot_t *ps = &r.slots[(size_t)pend[q].c * M + pend[q].mb];
+                if (ps->pending == 3 && --ps->left == 0)
+                    rp_end(&r, pend[q].c, pend[q].mb);
+                if (ps->pending) /* still waiting (ended slots are all zero) */
+                    pend[w++] = pend[q];
+            }
+            npend = w;
+        }
+        for (int q = 0; q < npend && BG_PART_SEND_LINGER > 0; q++) {
+            slot_t *ps = &r.slots[(size_t)pend[q].c * M + pend[q].mb];
+            if (ps->pending == 2) {
+                ps->pending = 3;
+                ps->left = BG_PART_SEND_LINGER;
+            }
+        }
         BG_CHECK_GOTO(record(&r), st, out);
     }
 #undef LOCAL
@@ -597,6 +791,7 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
     *npoints_p = r.nrows;
     r.rows = NULL;
 out:
+    free(pend);
     free(r.rows);
     free(r.slots);
     free(r.cur);

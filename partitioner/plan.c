@@ -115,6 +115,7 @@ int bg_plan_recompute(const bg_plan_t *p)
             return 1;
     return 0;
 }
+bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)p->optim; }
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -171,7 +172,8 @@ typedef struct search {
     int want_shortfall; /* compute shortfalls of non-fitting layouts (only once nothing fits: it costs) */
     /* best no-fit seen */
     int have_short;
-    uint64_t short_extra;       /* min over candidates of the extra per (chunk) budget */
+    uint64_t short_extra;       /* the closest layout's extra bytes per device (chunk extra x chunks) */
+    uint64_t short_key;         /* what "closest" minimises */
     uint64_t min_uniform_budget;/* smallest uniform per-device budget that fits some candidate (homogeneous) */
     char short_msg[1024];
     /* results */
@@ -321,13 +323,15 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
             int dominated = 0;
             for (int q = 0; q < np && !dominated; q++)
                 dominated = proj[v][q].begun >= x.begun && proj[v][q].forwarded >= x.forwarded &&
-                            proj[v][q].dout >= x.dout && proj[v][q].backward >= x.backward;
+                            proj[v][q].dout >= x.dout && proj[v][q].backward >= x.backward &&
+                            proj[v][q].recomputing >= x.recomputing;
             if (dominated)
                 continue;
             int w = 0;
             for (int q = 0; q < np; q++)
                 if (!(x.begun >= proj[v][q].begun && x.forwarded >= proj[v][q].forwarded &&
-                      x.dout >= proj[v][q].dout && x.backward >= proj[v][q].backward))
+                      x.dout >= proj[v][q].dout && x.backward >= proj[v][q].backward &&
+                      x.recomputing >= proj[v][q].recomputing))
                     proj[v][w++] = proj[v][q];
             np = w;
             proj[v][np++] = x;
@@ -352,24 +356,34 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
     prob.link_latency = pa->link_latency;
     prob.link_bandwidth = pa->link_bandwidth;
     prob.allow_recompute = pa->allow_recompute;
+    prob.quick_no_fit = 1; /* the shortfall is measured below, only when it is wanted */
     double bottleneck;
-    st = bg_partition(&prob, out, &bottleneck);
+    bg_part_shortfall_t sf;
+    memset(&sf, 0, sizeof(sf));
+    if (s->want_shortfall) /* measures the miss, and says whether it fits, in one go */
+        BG_CHECK_GOTO(bg_part_shortfall(&prob, &sf), st, out_free);
+    st = sf.extra_bytes ? BG_ERR_NO_FIT : bg_partition(&prob, out, &bottleneck);
     if (st == BG_ERR_NO_FIT && !s->want_shortfall) {
         st = BG_OK;
         goto out_free;
     }
     if (st == BG_ERR_NO_FIT) {
-        bg_part_shortfall_t sf;
-        BG_CHECK_GOTO(bg_part_shortfall(&prob, &sf), st, out_free);
         uint64_t need_uniform = (uint64_t)V * ((uint64_t)specs[0].budget_bytes + sf.extra_bytes);
         if (!s->homogeneous_mem)
             need_uniform = 0;
-        if (!s->have_short || sf.extra_bytes < s->short_extra) {
+        /* the closest layout: the one needing the smallest budget per device */
+        uint64_t need_rank = (uint64_t)V * ((uint64_t)specs[0].budget_bytes + sf.extra_bytes);
+        uint64_t key = s->homogeneous_mem ? need_rank : (uint64_t)V * sf.extra_bytes;
+        if (!s->have_short || key < s->short_key) {
             char a[32], b[32], c[32], d[32], e[32];
             const bg_part_stage_t *ws = NULL;
             bg_part_stage_t ev;
-            if (bg_part_stage_eval(&prob, sf.stage, sf.first, sf.last, pa->allow_recompute, &ev) == BG_OK)
+            /* the variant the shortfall counted: without recomputation unless that is not what it needs */
+            if (bg_part_stage_eval(&prob, sf.stage, sf.first, sf.last, 0, &ev) == BG_OK)
                 ws = &ev;
+            if (ws && ev.mem_bytes != sf.need_bytes && pa->allow_recompute &&
+                bg_part_stage_eval(&prob, sf.stage, sf.first, sf.last, 1, &ev) != BG_OK)
+                ws = NULL;
             int r = bg_schedule_stage_rank(sched, sf.stage);
             snprintf(s->short_msg, sizeof(s->short_msg),
                      "closest layout pp=%d dp=%d %s m=%d (microbatch %d): stage %d on pipeline rank %d "
@@ -379,10 +393,11 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
                      prof[sf.last].name, sizestr(a, sizeof(a), (double)sf.need_bytes),
                      sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
                      sizestr(c, sizeof(c), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
-                     pa->allow_recompute ? ", with recomputation" : "", sizestr(d, sizeof(d), (double)sf.budget_bytes),
+                     ws && ws->recompute ? ", with recomputation" : "", sizestr(d, sizeof(d), (double)sf.budget_bytes),
                      sizestr(e, sizeof(e), (double)(sf.need_bytes - sf.budget_bytes)),
                      prof[sf.biggest_layer].name);
-            s->short_extra = sf.extra_bytes;
+            s->short_extra = (uint64_t)V * sf.extra_bytes;
+            s->short_key = key;
             s->have_short = 1;
         }
         if (need_uniform && (s->min_uniform_budget == 0 || need_uniform < s->min_uniform_budget))
@@ -490,10 +505,8 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
                     continue;
                 const bg_part_counts_t *n = &rows[r][(size_t)k * V + bg_schedule_stage_chunk(sched, v)];
                 const bg_part_stage_t *e = &out[v];
-                uint64_t am = (uint64_t)n->forwarded;
-                if (e->recompute) /* as the partitioner counts it: max(1, backward) microbatches' activations */
-                    am = n->forwarded > 0 ? (uint64_t)(n->backward > 1 ? n->backward : 1) : 0;
-                sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * e->data_bytes +
+                uint64_t am = (uint64_t)(e->recompute ? n->recomputing : n->forwarded);
+                sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
                        am * e->layer_act_bytes + (uint64_t)n->dout * e->dout_bytes +
                        (uint64_t)n->backward * e->bw_bytes;
             }
@@ -633,6 +646,8 @@ static bg_status_t search_world(search_t *s, const bg_schedule_kind_t *kinds, in
             for (int k = 0; k < nk; k++) {
                 if (pp == 1 && kinds[k] != BG_SCHED_1F1B && kinds[k] != BG_SCHED_GPIPE)
                     continue; /* the others need p >= 2 to differ (and some refuse p = 1) */
+                if (pp == 1 && dp == 1 && kinds[k] != BG_SCHED_1F1B)
+                    continue; /* one process trains microbatch after microbatch: 1F1B's memory */
                 int fits;
                 BG_CHECK_GOTO(evaluate(s, prof, pp, dp, m, n, kinds[k], &fits), st, out);
                 if (fits) {
@@ -714,8 +729,9 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
             search_t s2 = s;
             s2.plans = NULL;
             s2.nplans = s2.cap = 0;
-            uint64_t *mem2 = malloc((size_t)s.L * sizeof(uint64_t));
-            double *sp2 = malloc((size_t)s.L * sizeof(double));
+            int wmax = 4 * s.L; /* pipelines of up to L stages, times some data parallelism */
+            uint64_t *mem2 = malloc((size_t)wmax * sizeof(uint64_t));
+            double *sp2 = malloc((size_t)wmax * sizeof(double));
             if (!mem2 || !sp2) {
                 free(mem2);
                 free(sp2);
@@ -726,16 +742,16 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
             for (int i = 0; i < pa->world; i++)
                 if (s.speed[i] > maxspeed)
                     maxspeed = s.speed[i];
-            for (int i = 0; i < s.L; i++)
+            for (int i = 0; i < wmax; i++)
                 mem2[i] = minmem, sp2[i] = maxspeed;
             s2.mem = mem2;
             s2.speed = sp2;
             bg_plan_params_t p2 = *pa;
             p2.pp = 0;
             s2.pp = &p2;
-            for (int w = pa->world + 1; w <= s.L && !min_dev; w++) {
+            for (int w = pa->world + 1; w <= wmax && !min_dev; w++) {
                 int f2;
-                st = search_world(&s2, kinds, nk, w, w, 1, &f2);
+                st = search_world(&s2, kinds, nk, w, 0, 1, &f2);
                 if (st != BG_OK)
                     break;
                 if (f2)
@@ -752,12 +768,12 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         if (min_dev)
             snprintf(b, sizeof(b), "%d devices of %s", min_dev, sizestr(a, sizeof(a), (double)minmem));
         else
-            snprintf(b, sizeof(b), "no device count up to %d (one layer per device) with %s each", s.L,
-                     sizestr(a, sizeof(a), (double)minmem));
+            snprintf(b, sizeof(b), "none up to %d devices of %s%s", 4 * s.L, sizestr(a, sizeof(a), (double)minmem),
+                     pa->allow_recompute ? "" : " (recomputation may help: --recompute)");
         if (s.homogeneous_mem && s.min_uniform_budget) {
             char c[32];
             st = bg_error(BG_ERR_NO_FIT,
-                          "does not fit on %d devices of %s: %s. Smallest budget that fits: %llu bytes (%s) per "
+                          "no layout of %d devices of %s fits; %s. Smallest budget that fits: %llu bytes (%s) per "
                           "device; smallest device count that fits: %s",
                           pa->world, sizestr(a, sizeof(a), (double)s.mem[0]), s.short_msg,
                           (unsigned long long)s.min_uniform_budget,
@@ -765,7 +781,7 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         } else {
             char c[32];
             st = bg_error(BG_ERR_NO_FIT,
-                          "does not fit on these %d devices: %s. Every device needs %s more (%llu bytes); smallest "
+                          "no layout of these %d devices fits; %s. Every device needs %s more (%llu bytes); smallest "
                           "device count that fits: %s",
                           pa->world, s.short_msg, sizestr(c, sizeof(c), (double)s.short_extra),
                           (unsigned long long)s.short_extra, b);

@@ -9,7 +9,8 @@
     X(kernels, "GEMM GFLOP/s against OpenBLAS's own peak, per-op throughput, GPT training FLOP/s") \
     X(p2p, "point-to-point latency and bandwidth over message sizes (2 ranks, under brigade launch)") \
     X(allreduce, "allreduce bus bandwidth over sizes and algorithms (under brigade launch)")   \
-    X(schedule, "time to generate, validate and simulate large schedules")
+    X(schedule, "time to generate, validate and simulate large schedules")                     \
+    X(plan, "exact partitioner on 1000 layers over 8..1000 stages; layout search on 1024 devices")
 
 #define BG__BENCH_DECL(name, help) int bg_bench_##name(int argc, char **argv) __attribute__((weak));
 BG_BENCH_LIST(BG__BENCH_DECL)

@@ -46,6 +46,9 @@ static void usage(FILE *f)
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
             "  --json FILE        write the best plan (docs/partitioner.md) for brigade train --plan\n"
+            "  --measure          time every layer's forward and backward on this machine (--backend, default\n"
+            "                     cpu; --threads N as brigade train) for the microbatch size and plan with those\n"
+            "                     times (speed 1 = this machine)\n"
             "  --bench            time the partitioner (1000 layers) and the search (1024 devices)\n");
 }
 
@@ -210,6 +213,131 @@ static void print_top(const bg_plan_set_t *set)
     }
 }
 
+
+/* ---------------------------------------------------------------- measure */
+
+/* Fill a backend buffer of n floats with small pseudo-random values. */
+static void fill_random(bg_backend_t *be, float *dst, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    if (!h) {
+        be->ops->fill(be, dst, 0.01f, n);
+        return;
+    }
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        h[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    be->ops->from_host(be, dst, h, n * sizeof(float));
+    free(h);
+}
+
+/* Time each layer's forward and fused backward on one microbatch (best of
+ * reps after a warm-up), on this machine's backend. Layers with the same
+ * profile (the GPT's blocks) are measured once. Speed 1 = this machine. */
+static int measure_layers(const bg_plan_params_t *pp, const char *backend, int threads, double *fwd, double *bwd,
+                          int *L_p)
+{
+    const bg_model_config_t *cfg = &pp->model;
+    int gpt = cfg->kind == BG_MODEL_GPT;
+    int n = pp->microbatch_size, t = gpt ? (pp->seq ? pp->seq : cfg->seq_len) : 1;
+    static bg_layer_profile_t prof[4096];
+    int L = 0;
+    bg_status_t st = bg_model_profile(cfg, n, t, prof, 4096, &L);
+    if (st != BG_OK)
+        return bg_cli_status(CMD, st);
+    bg_backend_t *be = NULL;
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bp.num_threads = threads;
+    if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK)
+        return bg_cli_status(CMD, st);
+    int32_t *tok = malloc((size_t)n * (size_t)t * sizeof(int32_t));
+    if (!tok) {
+        bg_backend_destroy(be);
+        return bg_cli_fail(CMD, "out of memory");
+    }
+    for (int i = 0; i < n * t; i++)
+        tok[i] = gpt ? (int32_t)((i * 7919) % cfg->vocab) : (int32_t)(i % cfg->classes);
+    int rc = 0;
+    printf("measuring %d layers on the %s backend (microbatch %d)...\n", L, backend, n);
+    for (int i = 0; i < L && rc == 0; i++) {
+        int same = -1; /* an earlier inner layer with the same profile */
+        for (int j = 1; j < i && i < L - 1; j++)
+            if (prof[j].params == prof[i].params && prof[j].stash_bytes == prof[i].stash_bytes &&
+                prof[j].wstash_bytes == prof[i].wstash_bytes && prof[j].output_bytes == prof[i].output_bytes &&
+                prof[j].fwd_flops == prof[i].fwd_flops && prof[j].bwd_flops == prof[i].bwd_flops) {
+                same = j;
+                break;
+            }
+        if (same >= 0) {
+            fwd[i] = fwd[same];
+            bwd[i] = bwd[same];
+            continue;
+        }
+        bg_model_t *m = NULL;
+        bg_stage_t *stg = NULL;
+        if ((st = bg_model_create(cfg, be, i, i, &m)) != BG_OK || (st = bg_stage_create(m, 1, &stg)) != BG_OK) {
+            rc = bg_cli_status(CMD, st);
+            bg_model_destroy(m);
+            break;
+        }
+        bg_shape_t in = bg_model_input_shape(m, n, t);
+        for (int k = 0; k < i && st == BG_OK; k++)
+            st = bg_layer_out_shape(bg_model_layer(m, k), in, &in);
+        double bf = 1e300, bb = 1e300;
+        for (int r = 0; r < 4 && st == BG_OK; r++) {
+            float *inp = NULL, *out = NULL, *dout = NULL, *din = NULL;
+            bg_shape_t os;
+            if ((st = bg_stage_begin(stg, 0, in, &inp)) != BG_OK)
+                break;
+            if (inp)
+                fill_random(be, inp, bg_shape_numel(in));
+            if (i == 0 || i == L - 1)
+                st = bg_stage_set_data(stg, 0, i == 0 && gpt ? tok : NULL, i == L - 1 ? tok : NULL,
+                                       1.0f / (float)(n * t));
+            double t0 = bg_now();
+            if (st == BG_OK)
+                st = bg_stage_forward(stg, 0, &out, &os);
+            be->ops->synchronize(be);
+            double t1 = bg_now();
+            if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
+                fill_random(be, dout, bg_shape_numel(os));
+            double t2 = bg_now();
+            if (st == BG_OK)
+                st = bg_stage_backward(stg, 0, &din);
+            be->ops->synchronize(be);
+            double t3 = bg_now();
+            bg_stage_end(stg, 0);
+            if (r > 0) { /* the first is a warm-up */
+                if (t1 - t0 < bf)
+                    bf = t1 - t0;
+                if (t3 - t2 < bb)
+                    bb = t3 - t2;
+            }
+        }
+        if (st != BG_OK)
+            rc = bg_cli_status(CMD, st);
+        fwd[i] = bf;
+        bwd[i] = bb;
+        bg_stage_destroy(stg);
+        bg_model_destroy(m);
+    }
+    free(tok);
+    bg_backend_destroy(be);
+    if (rc == 0) {
+        double f = 0, b = 0, ff = 0, fb = 0;
+        for (int i = 0; i < L; i++) {
+            f += fwd[i], b += bwd[i];
+            ff += prof[i].fwd_flops, fb += prof[i].bwd_flops;
+        }
+        printf("measured per microbatch: forward %.3f ms, backward %.3f ms (%.2f and %.2f GFLOP/s)\n\n", 1e3 * f,
+               1e3 * b, f > 0 ? ff / f / 1e9 : 0.0, b > 0 ? fb / b / 1e9 : 0.0);
+    }
+    *L_p = L;
+    return rc;
+}
+
 /* ---------------------------------------------------------------- bench */
 
 static double now_s(void) { return bg_now(); }
@@ -241,7 +369,7 @@ static int bench(void)
         for (int het = 0; het < 2; het++) {
             int S = counts[ci];
             for (int s = 0; s < S; s++) {
-                cnt[s] = (bg_part_counts_t){S - s, S - s, S - s - 1 > 0 ? S - s - 1 : 0, 1};
+                cnt[s] = (bg_part_counts_t){S - s, S - s, S - s - 1 > 0 ? S - s - 1 : 0, 1, 2};
                 sp[s].speed = het ? (s % 2 ? 0.5 : 1.0) : 1.0;
                 sp[s].budget_bytes = (size_t)(het && s % 2 ? 40.0 : 80.0) * (1ull << 30);
                 sp[s].ncounts = 1;
@@ -309,11 +437,12 @@ int bg_cmd_plan(int argc, char **argv)
     bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
     static uint64_t mem[MAX_DEV];
     static double speed[MAX_DEV];
-    int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0;
-    const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL;
+    int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0;
+    const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
+    static double mfwd[4096], mbwd[4096];
     enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_VOCAB, O_INF, O_CLASSES, O_DEVICES, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
         {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
@@ -327,7 +456,9 @@ int bg_cmd_plan(int argc, char **argv)
         {"chunks", required_argument, 0, O_CHUNKS},   {"optimizer", required_argument, 0, O_OPT},
         {"recompute", no_argument, 0, O_RECOMP},      {"top", required_argument, 0, O_TOP},
         {"json", required_argument, 0, O_JSON},       {"bench", no_argument, 0, O_BENCH},
-        {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
+        {"help", no_argument, 0, O_HELP},             {"measure", no_argument, 0, O_MEASURE},
+        {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
+        {0, 0, 0, 0}};
     long long v;
     double d;
     int o;
@@ -414,6 +545,17 @@ int bg_cmd_plan(int argc, char **argv)
         case O_BENCH:
             do_bench = 1;
             break;
+        case O_MEASURE:
+            do_measure = 1;
+            break;
+        case O_BACKEND:
+            backend = optarg;
+            break;
+        case O_THREADS:
+            if (bg_cli_int(CMD, "--threads", optarg, 0, 4096, &v))
+                return 2;
+            threads = (int)v;
+            break;
         case O_HELP:
         case 'h':
             usage(stdout);
@@ -452,6 +594,15 @@ int bg_cmd_plan(int argc, char **argv)
     pp.nspeed = nspeed;
     if (pp.top <= 0)
         pp.top = 5;
+    if (do_measure) {
+        if (!pp.microbatch_size)
+            return bg_cli_fail(CMD, "--measure times one microbatch size: give --microbatch-size");
+        int L = 0;
+        if (measure_layers(&pp, backend, threads, mfwd, mbwd, &L))
+            return 1;
+        pp.layer_fwd_s = mfwd;
+        pp.layer_bwd_s = mbwd;
+    }
     bg_plan_set_t *set = NULL;
     bg_status_t st = bg_plan_search(&pp, &set);
     if (st == BG_ERR_NO_FIT)

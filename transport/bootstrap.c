@@ -30,13 +30,14 @@ static bg_status_t bg__int(const char *name, const char *s, long lo, long hi, in
 }
 
 /* Port derived from a launcher's job id, so that every rank agrees without
- * talking: 30000 + (FNV-1a(job id) mod 20000). */
+ * talking: 20000 + (FNV-1a(job id) mod 12000), below Linux's ephemeral range
+ * (32768-60999) so that it does not collide with outgoing connections. */
 static int bg__port_from_job(const char *job)
 {
     uint32_t h = 2166136261u;
     for (const char *p = job; *p; p++)
         h = (h ^ (uint8_t)*p) * 16777619u;
-    return 30000 + (int)(h % 20000u);
+    return 20000 + (int)(h % 12000u);
 }
 
 bg_status_t bg__bootstrap(const bg_comm_params_t *p, bg__boot_t *b)

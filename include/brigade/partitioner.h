@@ -59,11 +59,14 @@ typedef struct bg_part_layer {
 
 /** How many microbatch slots of a stage are, at one point of its rank's
  *  program, begun (input buffer), forwarded (data + activations), holding an
- *  output gradient, and inside a backward (its backward buffer). The stage's
- *  activation memory is the largest of (begun x input + forwarded x (data +
- *  act) + dout x output gradient + backward x backward buffer) over its points. */
+ *  output gradient, inside a backward (its backward buffer), and holding full
+ *  activations if the stage recomputes (the slots in a backward, plus the one
+ *  being forwarded). The stage's activation memory is the largest over its
+ *  points of begun x input + forwarded x (data + activations) + dout x output
+ *  gradient + backward x backward buffer; with recomputation forwarded x
+ *  (data + kept output) + recomputing x activations replaces the middle term. */
 typedef struct bg_part_counts {
-    int begun, forwarded, dout, backward;
+    int begun, forwarded, dout, backward, recomputing;
 } bg_part_counts_t;
 
 /** The device of one (virtual) stage and what the schedule keeps on it. */
@@ -90,8 +93,10 @@ typedef struct bg_part_problem {
     double link_latency;                /**< seconds per message */
     double link_bandwidth;              /**< bytes per second; 0 = infinite */
     int allow_recompute;                /**< a stage may keep only its input per microbatch and recompute */
+    int quick_no_fit;                   /**< 1: bg_partition() answers BG_ERR_NO_FIT without measuring the
+                                             shortfall for its message (a search that only needs yes/no) */
 } bg_part_problem_t;
-#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0}
+#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0}
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
@@ -105,12 +110,13 @@ typedef struct bg_part_stage {
     size_t static_bytes;    /**< parameters, gradients and optimizer state */
     size_t scratch_bytes;   /**< the stage's shared scratch */
     size_t act_bytes;       /**< peak microbatch memory (the counts times the per-slot buffers) */
-    size_t stash_per_mb;    /**< input + data + activations kept per stashed microbatch */
+    size_t stash_per_mb;    /**< input + data + activations (recomputation: + kept output) per stashed microbatch */
     size_t input_bytes;     /**< per slot: input buffer */
     size_t data_bytes;      /**< per slot: tokens and targets */
     size_t layer_act_bytes; /**< per slot: the layers' activations (as bg_stage_memory's stash minus input) */
     size_t dout_bytes;      /**< per slot: incoming output gradient */
     size_t bw_bytes;        /**< per slot: backward buffer (split or fused) */
+    size_t keep_bytes;      /**< per slot with recomputation: the stage's output, kept from F to the backward */
 } bg_part_stage_t;
 
 /** Evaluate layers [first, last] on stage @p stage, with or without
@@ -222,6 +228,7 @@ double bg_plan_step_ms(const bg_plan_t *plan);
 double bg_plan_bubble(const bg_plan_t *plan);
 double bg_plan_tokens_per_s(const bg_plan_t *plan);
 int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
+bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
 /** The model configuration the plan was made for (check it against the run's). */
 const bg_model_config_t *bg_plan_model(const bg_plan_t *plan);
 /** Number of (virtual) stages: pp * chunks. */

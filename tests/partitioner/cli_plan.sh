@@ -70,5 +70,11 @@ fi
 "$B" plan $M --devices 2 --mem 4G --recompute >"$T/out" 2>&1 || fail "recompute plan failed"
 grep -q " yes$" "$T/out" && fail "recomputes although everything fits: $(cat "$T/out")"
 
+# measured layer times: a tiny model, one thread
+expect_err "--measure times one microbatch size" --layers 2 --d-model 32 --heads 4 --seq 16 --devices 2 --mem 1G --measure
+"$B" plan --layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --microbatch-size 1 --devices 2 --mem 1G \
+    --measure --threads 1 >"$T/out" 2>&1 || fail "--measure failed: $(cat "$T/out")"
+grep -q "measured per microbatch: forward" "$T/out" || fail "--measure printed no times: $(cat "$T/out")"
+
 if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all plan CLI checks passed"

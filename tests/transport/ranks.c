@@ -32,20 +32,23 @@ static void bgt_crash(int sig)
     raise(sig);
 }
 
+/* A port outside the kernel's ephemeral range (so no outgoing connection can
+ * take it between this check and rank 0's bind), free right now. */
 static int bgt_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &l) != 0) {
+    static unsigned calls;
+    for (unsigned attempt = 0; attempt < 200; attempt++) {
+        int port = 20000 + (int)(((unsigned)getpid() * 131u + (calls++) * 977u + attempt * 7919u) % 12000u);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
         if (fd >= 0)
             close(fd);
-        return 29000 + (int)(getpid() % 1000);
+        if (ok)
+            return port;
     }
-    int port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+    return 29000 + (int)(getpid() % 1000);
 }
 
 int bgt_run_ranks(int world, bgt_rank_fn fn, void *arg, double timeout_s, const char *const *env,
