@@ -8,6 +8,7 @@
  * pipeline rank gets the smallest budget and the lowest speed of its replicas
  * (every replica must fit, the slowest sets the pace). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,16 +412,25 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
     /* simulate with the partition's per-stage costs (milliseconds) */
     size_t act_msg = 0;
     size_t maxparams = 0;
+    int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV;
+    int measured_bw = split_bw && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *) &&
+                      pa->layer_b_s && pa->layer_w_s;
     for (int v = 0; v < S; v++) {
-        double f = 0, bw = 0;
+        double f = 0, bw = 0, b = 0, w = 0;
         for (int i = out[v].first; i <= out[v].last; i++) {
             f += layers[i].fwd_time;
             bw += layers[i].bwd_time;
+            if (measured_bw) {
+                b += pa->layer_b_s[i];
+                w += pa->layer_w_s[i];
+            }
         }
+        if (!measured_bw) /* no measurement of the split: half and half */
+            b = w = bw / 2;
         double spd = specs[v].speed;
         fc[v] = 1e3 * f / spd;
-        bc[v] = 1e3 * (bw / 2 + (out[v].recompute ? f : 0)) / spd;
-        wc[v] = 1e3 * (bw / 2) / spd;
+        bc[v] = 1e3 * (b + (out[v].recompute ? f : 0)) / spd;
+        wc[v] = 1e3 * w / spd;
         sb[v] = (double)out[v].stash_per_mb;
         if (v < S - 1 && out[v].dout_bytes > act_msg)
             act_msg = out[v].dout_bytes;

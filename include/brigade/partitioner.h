@@ -176,10 +176,13 @@ typedef struct bg_plan_params {
     const double *layer_fwd_s;   /**< measured forward seconds per layer per microbatch (speed 1), or NULL */
     const double *layer_bwd_s;   /**< measured backward seconds, or NULL (both given or neither) */
     int top;                     /**< how many plans to keep (0 = 5) */
+    const double *layer_b_s;     /**< measured backward-input seconds per layer (split backward), or NULL */
+    const double *layer_w_s;     /**< measured backward-weight seconds per layer, or NULL (both or neither;
+                                      without them a split backward is B = W = backward / 2) */
 } bg_plan_params_t;
 #define BG_PLAN_PARAMS_INIT                                                                                        \
     {sizeof(bg_plan_params_t), BG_MODEL_CONFIG_INIT, 0, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW,  \
-     0, 1e12, 5e-6, 10e9, NULL, NULL, 5}
+     0, 1e12, 5e-6, 10e9, NULL, NULL, 5, NULL, NULL}
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
