@@ -129,3 +129,41 @@ int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long 
     *n_out = n;
     return 0;
 }
+
+int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_config_t *m)
+{
+    long long v;
+    const char *flag = NULL;
+    int *dst = NULL;
+    long long lo = 1, hi = 1 << 20;
+    switch (code) {
+    case BG_CLI_O_MODEL:
+        if (!strcmp(arg, "gpt"))
+            m->kind = BG_MODEL_GPT;
+        else if (!strcmp(arg, "mlp"))
+            m->kind = BG_MODEL_MLP;
+        else
+            return bg_cli_fail(cmd, "--model must be gpt or mlp, got \"%s\"", arg);
+        return 0;
+    case BG_CLI_O_TIE:
+        m->tie_embeddings = 1;
+        return 0;
+    case BG_CLI_O_SEED:
+        if (bg_cli_int(cmd, "--seed", arg, 0, INT64_MAX, &v))
+            return 2;
+        m->seed = (uint64_t)v;
+        return 0;
+    case BG_CLI_O_LAYERS: flag = "--layers", dst = &m->layers, hi = 100000; break;
+    case BG_CLI_O_DMODEL: flag = "--d-model", dst = &m->d_model; break;
+    case BG_CLI_O_HEADS: flag = "--heads", dst = &m->heads, hi = 4096; break;
+    case BG_CLI_O_SEQ: flag = "--seq", dst = &m->seq_len; break;
+    case BG_CLI_O_VOCAB: flag = "--vocab", dst = &m->vocab, lo = 2; break;
+    case BG_CLI_O_INF: flag = "--in-features", dst = &m->in_features, hi = 4096; break;
+    case BG_CLI_O_CLASSES: flag = "--classes", dst = &m->classes, lo = 2; break;
+    default: return bg_cli_fail(cmd, "internal: option code %d is not a model option", code);
+    }
+    if (bg_cli_int(cmd, flag, arg, lo, hi, &v))
+        return 2;
+    *dst = (int)v;
+    return 0;
+}

@@ -4,6 +4,7 @@
 #ifndef BG_TOOLS_CLI_H
 #define BG_TOOLS_CLI_H
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -25,5 +26,34 @@ int bg_cli_double(const char *cmd, const char *flag, const char *s, double lo, d
 int bg_cli_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out);
 /* Comma-separated integers: "3,2,2". *n_out entries written, at most max. */
 int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long *out, int max, int *n_out);
+
+/* The model flags `brigade train` and `brigade plan` share. Put
+ * BG_CLI_MODEL_OPTIONS in a getopt_long table and give every code >=
+ * BG_CLI_MODEL_FIRST to bg_cli_model_option(). */
+enum {
+    BG_CLI_MODEL_FIRST = 1000,
+    BG_CLI_O_MODEL = BG_CLI_MODEL_FIRST, BG_CLI_O_LAYERS, BG_CLI_O_DMODEL, BG_CLI_O_HEADS, BG_CLI_O_SEQ,
+    BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_MODEL_LAST
+};
+#define BG_CLI_MODEL_OPTIONS                                                                                   \
+    {"model", required_argument, 0, BG_CLI_O_MODEL}, {"layers", required_argument, 0, BG_CLI_O_LAYERS},        \
+    {"d-model", required_argument, 0, BG_CLI_O_DMODEL}, {"heads", required_argument, 0, BG_CLI_O_HEADS},       \
+    {"seq", required_argument, 0, BG_CLI_O_SEQ}, {"vocab", required_argument, 0, BG_CLI_O_VOCAB},              \
+    {"in-features", required_argument, 0, BG_CLI_O_INF}, {"classes", required_argument, 0, BG_CLI_O_CLASSES},  \
+    {"seed", required_argument, 0, BG_CLI_O_SEED}, {"tie-embeddings", no_argument, 0, BG_CLI_O_TIE}
+/* Apply one model flag to *m: 0 on success, else the message is printed and 2 returned. */
+int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_config_t *m);
+/* The model flags' help lines. */
+#define BG_CLI_MODEL_HELP                                                                                      \
+    "  --model gpt|mlp        model family (default gpt)\n"                                                    \
+    "  --layers N             GPT: transformer blocks; MLP: hidden layers (default 4)\n"                       \
+    "  --d-model N            width (default 128)\n"                                                           \
+    "  --heads N              GPT: attention heads, must divide d-model (default 4)\n"                         \
+    "  --seq N                GPT: sequence length (default 64)\n"                                             \
+    "  --vocab N              GPT: vocabulary (default 256: bytes)\n"                                          \
+    "  --in-features N        MLP: input features (default 32)\n"                                              \
+    "  --classes N            MLP: classes of the synthetic task (default 8)\n"                                \
+    "  --seed N               initialisation seed (default 1337)\n"                                            \
+    "  --tie-embeddings       GPT: tie the output head to the token embedding\n"
 
 #endif

@@ -28,9 +28,7 @@ static void usage(FILE *f)
             "stage), searches pipeline x data-parallel layouts, microbatch counts and schedules, simulates each\n"
             "and prints the best plan's stages and the top layouts. When nothing fits it says which stage and\n"
             "layer are too big, by how much, and the smallest budget and device count that fit.\n\n"
-            "model (as brigade train):\n"
-            "  --model gpt|mlp   --layers N   --d-model N   --heads N   --seq N   --vocab N\n"
-            "  --in-features N   --classes N\n"
+            "model (as brigade train):\n" BG_CLI_MODEL_HELP
             "devices:\n"
             "  --devices N        device count (the world size)\n"
             "  --mem LIST         memory budget: one size for all (24G) or one per device (80G,80G,40G,40G)\n"
@@ -487,14 +485,11 @@ int bg_cmd_plan(int argc, char **argv)
     int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0;
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
-    enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_VOCAB, O_INF, O_CLASSES, O_DEVICES, O_MEM, O_SPEED,
+    enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
            O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS };
     static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
-        {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
-        {"seq", required_argument, 0, O_SEQ},         {"vocab", required_argument, 0, O_VOCAB},
-        {"in-features", required_argument, 0, O_INF}, {"classes", required_argument, 0, O_CLASSES},
+        BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
         {"speed", required_argument, 0, O_SPEED},     {"flops", required_argument, 0, O_FLOPS},
         {"link-bw", required_argument, 0, O_LINKBW},  {"link-latency", required_argument, 0, O_LINKLAT},
@@ -513,27 +508,12 @@ int bg_cmd_plan(int argc, char **argv)
     opterr = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case O_MODEL:
-            if (!strcmp(optarg, "gpt"))
-                pp.model.kind = BG_MODEL_GPT;
-            else if (!strcmp(optarg, "mlp"))
-                pp.model.kind = BG_MODEL_MLP;
-            else
-                return bg_cli_fail(CMD, "--model must be gpt or mlp, got \"%s\"", optarg);
-            break;
 #define INT_FLAG(code, flag, lo, hi, dst)                                                                          \
     case code:                                                                                                     \
         if (bg_cli_int(CMD, flag, optarg, lo, hi, &v))                                                             \
             return 2;                                                                                              \
         dst = (int)v;                                                                                              \
         break;
-            INT_FLAG(O_LAYERS, "--layers", 1, 100000, pp.model.layers)
-            INT_FLAG(O_DMODEL, "--d-model", 1, 1 << 20, pp.model.d_model)
-            INT_FLAG(O_HEADS, "--heads", 1, 4096, pp.model.heads)
-            INT_FLAG(O_SEQ, "--seq", 1, 1 << 24, pp.model.seq_len)
-            INT_FLAG(O_VOCAB, "--vocab", 2, 1 << 24, pp.model.vocab)
-            INT_FLAG(O_INF, "--in-features", 1, 1 << 20, pp.model.in_features)
-            INT_FLAG(O_CLASSES, "--classes", 2, 1 << 24, pp.model.classes)
             INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, pp.batch)
             INT_FLAG(O_MBS, "--microbatch-size", 1, 1 << 24, pp.microbatch_size)
             INT_FLAG(O_PP, "--pp", 1, 1 << 16, pp.pp)
@@ -608,6 +588,11 @@ int bg_cmd_plan(int argc, char **argv)
             usage(stdout);
             return 0;
         default:
+            if (o >= BG_CLI_MODEL_FIRST && o < BG_CLI_MODEL_LAST) {
+                if (bg_cli_model_option(CMD, o, optarg, &pp.model))
+                    return 2;
+                break;
+            }
             usage(stderr);
             if (optind - 1 < argc && optind >= 1)
                 return bg_cli_fail(CMD, "unknown or incomplete option \"%s\"", argv[optind - 1]);

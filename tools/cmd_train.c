@@ -19,16 +19,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: brigade train [options]\n"
             "\n"
-            "model:\n"
-            "  --model gpt|mlp        model family (default gpt)\n"
-            "  --layers N             GPT: transformer blocks; MLP: hidden layers (default 4)\n"
-            "  --d-model N            width (default 128)\n"
-            "  --heads N              GPT: attention heads, must divide d-model (default 4)\n"
-            "  --seq N                GPT: sequence length (default 64)\n"
-            "  --in-features N        MLP: input features (default 32)\n"
-            "  --classes N            MLP: classes of the synthetic task (default 8)\n"
-            "  --seed N               initialisation seed (default 1337)\n"
-            "  --tie-embeddings       GPT: tie the output head to the token embedding\n"
+            "model:\n" BG_CLI_MODEL_HELP
             "training:\n"
             "  --batch N              global batch in sequences per step (default 8)\n"
             "  --microbatches N       microbatches per step, divides batch (default 4)\n"
@@ -106,13 +97,10 @@ int bg_cmd_train(int argc, char **argv)
     bg_train_config_init(&c);
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
-    enum { O_MODEL = 256, O_LAYERS, O_DMODEL, O_HEADS, O_SEQ, O_INF, O_CLASSES, O_SEED, O_BATCH, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_TIE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP };
+    enum { O_BATCH = 256, O_MB, O_STEPS,
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP };
     static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},     {"layers", required_argument, 0, O_LAYERS},
-        {"d-model", required_argument, 0, O_DMODEL},  {"heads", required_argument, 0, O_HEADS},
-        {"seq", required_argument, 0, O_SEQ},         {"in-features", required_argument, 0, O_INF},
-        {"classes", required_argument, 0, O_CLASSES}, {"seed", required_argument, 0, O_SEED},
+        BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
         {"steps", required_argument, 0, O_STEPS},     {"lr", required_argument, 0, O_LR},
         {"optimizer", required_argument, 0, O_OPT},   {"weight-decay", required_argument, 0, O_WD},
@@ -123,7 +111,7 @@ int bg_cmd_train(int argc, char **argv)
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
-        {"trace", required_argument, 0, O_TRACE},     {"tie-embeddings", no_argument, 0, O_TIE},
+        {"trace", required_argument, 0, O_TRACE},
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
         {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
         {"plan", required_argument, 0, O_PLAN},       {"recompute", no_argument, 0, O_RECOMP},
@@ -135,25 +123,13 @@ int bg_cmd_train(int argc, char **argv)
     opterr = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-        case O_MODEL:
-            if (!strcmp(optarg, "gpt"))
-                c.model.kind = BG_MODEL_GPT;
-            else if (!strcmp(optarg, "mlp"))
-                c.model.kind = BG_MODEL_MLP;
-            else
-                return bg_cli_fail(cmd, "--model must be gpt or mlp, got \"%s\"", optarg);
-            break;
+
 #define INT_FLAG(code, flag, lo, hi, dst)                                                                   \
     case code:                                                                                              \
         if (bg_cli_int(cmd, flag, optarg, lo, hi, &v))                                                      \
             return 2;                                                                                       \
         dst = (int)v;                                                                                       \
         break;
-            INT_FLAG(O_LAYERS, "--layers", 1, 100000, c.model.layers)
-            INT_FLAG(O_DMODEL, "--d-model", 1, 1 << 16, c.model.d_model)
-            INT_FLAG(O_HEADS, "--heads", 1, 4096, c.model.heads)
-            INT_FLAG(O_INF, "--in-features", 1, 4096, c.model.in_features)
-            INT_FLAG(O_CLASSES, "--classes", 2, 1 << 20, c.model.classes)
             INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, c.batch)
             INT_FLAG(O_MB, "--microbatches", 1, 1 << 20, c.microbatches)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
@@ -165,16 +141,7 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
             INT_FLAG(O_KEEP, "--keep", 1, 1 << 20, c.keep)
 #undef INT_FLAG
-        case O_SEQ:
-            if (bg_cli_int(cmd, "--seq", optarg, 1, 1 << 20, &v))
-                return 2;
-            c.model.seq_len = (int)v;
-            break;
-        case O_SEED:
-            if (bg_cli_int(cmd, "--seed", optarg, 0, INT64_MAX, &v))
-                return 2;
-            c.model.seed = (uint64_t)v;
-            break;
+
         case O_DSEED:
             if (bg_cli_int(cmd, "--data-seed", optarg, 0, INT64_MAX, &v))
                 return 2;
@@ -216,7 +183,6 @@ int bg_cmd_train(int argc, char **argv)
         case O_METRICS: c.metrics_path = optarg; break;
         case O_SAVE: c.save_dir = optarg; break;
         case O_QUIET: prog.quiet = 1; break;
-        case O_TIE: c.model.tie_embeddings = 1; break;
         case O_CKDIR: c.checkpoint_dir = optarg; break;
         case O_RESUME: c.resume = 1; break;
         case O_PLAN: plan_path = optarg; break;
@@ -224,7 +190,13 @@ int bg_cmd_train(int argc, char **argv)
         case 'h':
         case O_HELP: usage(stdout); return 0;
         case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);
-        default: return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade train --help)", argv[optind - 1]);
+        default:
+            if (o >= BG_CLI_MODEL_FIRST && o < BG_CLI_MODEL_LAST) {
+                if (bg_cli_model_option(cmd, o, optarg, &c.model))
+                    return 2;
+                break;
+            }
+            return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade train --help)", argv[optind - 1]);
         }
     }
     if (optind < argc)
