@@ -85,6 +85,9 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
                             c->model.seq_len);
         if (!c->data_path || !*c->data_path)
             return bg_error(BG_ERR_INVALID, "a GPT needs a text data file");
+        if (c->model.vocab < 256)
+            return bg_error(BG_ERR_INVALID, "vocab %d is too small: the corpus is read as bytes (0..255), so it must be "
+                                            ">= 256", c->model.vocab);
     }
     if (!(c->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
