@@ -25,5 +25,9 @@
 #include "brigade/layer.h"
 #include "brigade/model.h"
 #include "brigade/train.h"
+#include "brigade/schedule.h"
+#include "brigade/transport.h"
+#include "brigade/checkpoint.h"
+#include "brigade/partitioner.h"
 
 #endif
