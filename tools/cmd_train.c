@@ -94,6 +94,7 @@ int bg_cmd_train(int argc, char **argv)
     static int split[4096];
     const char *plan_path = NULL;
     bg_plan_t *plan = NULL;
+    int model_flags = 0; /* a model flag was given (checked against a plan's model) */
     bg_train_config_init(&c);
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {0, isatty(2)};
@@ -194,6 +195,7 @@ int bg_cmd_train(int argc, char **argv)
             if (o >= BG_CLI_MODEL_FIRST && o < BG_CLI_MODEL_LAST) {
                 if (bg_cli_model_option(cmd, o, optarg, &c.model))
                     return 2;
+                model_flags = 1;
                 break;
             }
             return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade train --help)", argv[optind - 1]);
@@ -205,6 +207,12 @@ int bg_cmd_train(int argc, char **argv)
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
+        if (model_flags && bg_plan_check_model(plan, &c.model) != BG_OK) {
+            fprintf(stderr, "brigade train: %s was made for another model than the flags describe: %s\n", plan_path,
+                    bg_last_error());
+            bg_plan_free(plan);
+            return 2;
+        }
         if (bg_plan_tp(plan) != 1) {
             bg_plan_free(plan);
             return bg_cli_fail(cmd, "%s: tp %d: tensor parallelism is not implemented yet", plan_path, bg_plan_tp(plan));
@@ -245,6 +253,9 @@ int bg_cmd_train(int argc, char **argv)
     bg_train_result_t r;
     st = bg_train(&c, &r);
     if (st != BG_OK) {
+        if (plan)
+            fprintf(stderr, "brigade train: (running %s: pp %d x dp %d = %d ranks, schedule %s)\n", plan_path,
+                    bg_plan_pp(plan), bg_plan_dp(plan), bg_plan_world(plan), bg_plan_schedule(plan));
         bg_plan_free(plan);
         return bg_cli_status(cmd, st);
     }

@@ -55,6 +55,10 @@ expect_fail "is not a directory" $TINY --steps 1 --save "$T/file"
 expect_fail "$T/file/sub: Not a directory\|directory $T/file/sub" $TINY --steps 1 --save "$T/file/sub"
 expect_fail "cannot write metrics file" $TINY --steps 1 --metrics "$T/nodir/m.jsonl"
 expect_fail "unexpected argument" $TINY stray
+# a plan for another model or another world size: the mismatch is named
+"$B" plan --model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --devices 2 --mem 1G --pp 2 --json "$T/plan.json" >/dev/null 2>&1 || bad "plan"
+expect_fail "was made for another model" --plan "$T/plan.json" --d-model 32 --steps 1
+expect_fail "pp 2 x dp 1 = 2 ranks" --plan "$T/plan.json" --steps 1
 # a failed run leaves no partial output behind
 expect_fail "is empty" $TINY --steps 1 --data "$T/empty.txt" --save "$T/save2"
 [ ! -e "$T/save2/model.safetensors" ] && ok || bad "a failed run wrote weights"
