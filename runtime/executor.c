@@ -695,6 +695,11 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
     BG_CHECK_GOTO(bg_schedule_validate(x->sched), st, out);
     x->V = bg_schedule_chunks(x->sched);
     x->S = bg_schedule_stages(x->sched);
+    if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
+        st = bg_error(BG_ERR_UNSUPPORTED, "%d microbatches on %d stages: at most 65534 microbatches and 16382 stages",
+                      x->M, x->S);
+        goto out;
+    }
 
     int total = cfg->model.kind == BG_MODEL_GPT ? cfg->model.layers + 3 : 2 * cfg->model.layers + 1;
     first = calloc((size_t)x->S, sizeof(int));
