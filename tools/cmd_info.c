@@ -20,7 +20,7 @@ int bg_cmd_info(int argc, char **argv)
     const bg_config_var_t *t = bg_config_table(&count);
     for (size_t i = 0; i < count; i++) {
         const char *v = getenv(t[i].name);
-        printf("  %-22s %-10s (default \"%s\")  %s\n", t[i].name, v ? v : "-", t[i].dflt, t[i].help);
+        printf("  %-30s %-8s (default \"%s\")  %s\n", t[i].name, v ? v : "-", t[i].dflt, t[i].help);
     }
     return 0;
 }

@@ -4,7 +4,7 @@
 BG_COMMAND(train, "train a model (single process, or one rank of a pipeline/data-parallel job)")
 BG_COMMAND(compare, "compare two runs' saved weights tensor by tensor")
 BG_COMMAND(simulate, "replay a training trace's measured op costs in the schedule simulator")
-BG_COMMAND(bench, "benchmarks: kernels, p2p, allreduce, schedule")
+BG_COMMAND(bench, "benchmarks: kernels, p2p, allreduce, schedule, plan")
 BG_COMMAND(info, "print version, backends and the BRIGADE_* variables")
 BG_COMMAND(launch, "start N ranks of a job on this machine and supervise them")
 BG_COMMAND(schedule, "generate, validate and simulate pipeline schedules; text, JSON and SVG timelines")
