@@ -89,6 +89,14 @@ BRIGADE_BUCKET_MB=0 check gptsgd 1e-5 4 $GPT --microbatches 2 --optimizer sgd --
 ref mlpsgd $MLP --microbatches 2 --optimizer sgd --lr 0.05
 check mlpsgd 1e-5 4 $MLP --microbatches 2 --optimizer sgd --lr 0.05 --dp 4
 
+# the thread count never changes a bit (kernels reduce in a fixed order)
+G64="--model gpt --layers 3 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 2 --steps 5 --lr 3e-3"
+ref thr1 $G64 --threads 1
+for n in 2 3; do
+  "$B" train $G64 --threads $n --quiet --save "$T/thr$n" >/dev/null 2>&1 || bad "threads $n run"
+  v=$("$B" compare "$T/thr1" "$T/thr$n") && { pass=$((pass + 1)); echo "ok   threads 1 vs $n: $v"; } || bad "threads 1 vs $n: $v"
+done
+
 # the comparison itself can fail: different microbatch counts are not bitwise equal
 if "$B" compare "$T/gpt4" "$T/gpt2" >"$T/cmp" 2>&1; then bad "compare said gpt4 == gpt2: $(cat "$T/cmp")"; else pass=$((pass + 1)); echo "ok   different runs differ: $(cat "$T/cmp")"; fi
 if "$B" compare "$T/gpt4" "$T/mlp4" >"$T/cmp" 2>&1; then bad "compare said gpt == mlp"; else pass=$((pass + 1)); echo "ok   different models differ"; fi
