@@ -13,7 +13,7 @@ pass=0; fails=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
 GPT="--model gpt --layers 3 --d-model 32 --heads 2 --seq 32 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --quiet"
-STEPS=600
+STEPS=1000
 timeout 200 "$B" launch -n 4 -- "$B" train $GPT --steps $STEPS --pp 2 --dp 2 --save "$T/ref" >/dev/null 2>&1 || bad "uninterrupted run"
 
 timeout 300 "$B" launch -n 4 --max-restarts 5 -- "$B" train $GPT --steps $STEPS --pp 2 --dp 2 \
@@ -21,14 +21,22 @@ timeout 300 "$B" launch -n 4 --max-restarts 5 -- "$B" train $GPT --steps $STEPS 
 lpid=$!
 kills=0
 RANDOM=$$
+prev=""
 for k in 1 2 3; do
-  sleep "0.$((3 + RANDOM % 7))"
-  # the ranks of the current attempt: children of the launcher running train with our checkpoint dir
-  pids=($(pgrep -f -- "^$B train .*--checkpoint-dir $T/ckpt"))
-  [ ${#pids[@]} -gt 0 ] || { sleep 1; continue; }
+  # wait for the ranks of the current attempt (a set of pids we have not killed from)
+  pids=()
+  for _ in $(seq 1 100); do
+    pids=($(pgrep -f -- "^$B train .*--checkpoint-dir $T/ckpt"))
+    [ ${#pids[@]} -eq 4 ] && [ "${pids[*]}" != "$prev" ] && break
+    kill -0 $lpid 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 $lpid 2>/dev/null || break
+  [ ${#pids[@]} -gt 0 ] || continue
+  sleep "0.$((2 + RANDOM % 6))"   # a random moment of this attempt
   victim=${pids[$((RANDOM % ${#pids[@]}))]}
   kill -9 "$victim" 2>/dev/null && kills=$((kills + 1))
-  sleep 1   # let the launcher restart the job
+  prev="${pids[*]}"
 done
 wait $lpid; rc=$?
 [ "$rc" = 0 ] && ok "job finished after $kills kills (exit 0)" || { bad "job exit $rc after $kills kills"; tail -5 "$T/e"; }
