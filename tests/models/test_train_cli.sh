@@ -59,6 +59,18 @@ expect_fail "unexpected argument" $TINY stray
 "$B" plan --model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --devices 2 --mem 1G --pp 2 --json "$T/plan.json" >/dev/null 2>&1 || bad "plan"
 expect_fail "was made for another model" --plan "$T/plan.json" --d-model 32 --steps 1
 expect_fail "pp 2 x dp 1 = 2 ranks" --plan "$T/plan.json" --steps 1
+# brigade profile: one row per layer with measured times, and its JSON
+if "$B" profile --layers 2 --d-model 16 --heads 2 --seq 16 --threads 1 --json "$T/prof.json" >"$T/prof" 2>&1; then
+  python3 - "$T/prof.json" <<'PY' && ok || bad "profile JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [l["name"] for l in d["layers"]]
+assert names == ["embed", "blocks.0", "blocks.1", "ln_f", "head"], names
+for l in d["layers"]:
+    assert l["fwd_s"] > 0 and l["bwd_s"] > 0 and l["bwd_input_s"] > 0 and l["params"] >= 0
+PY
+else bad "profile run"; cat "$T/prof"; fi
+if "$B" profile --microbatch-size 0 >/dev/null 2>"$T/e"; then bad "profile --microbatch-size 0 accepted"; else ok; fi
 # a failed run leaves no partial output behind
 expect_fail "is empty" $TINY --steps 1 --data "$T/empty.txt" --save "$T/save2"
 [ ! -e "$T/save2/model.safetensors" ] && ok || bad "a failed run wrote weights"
