@@ -48,7 +48,7 @@ typedef struct chunk {
     bg_request_t **act_recv, **grad_recv, **act_send, **grad_send;
     float **out;            /* forward output (valid until the slot ends) */
     float **din;            /* input gradient (valid until the slot ends) */
-    int *begun, *has_dout, *pending_end;
+    int *begun, *pending_end;
     bg_shape_t *out_shape;
     void *hook;             /* hook_arg_t of the layer-done callback */
     /* gradient buckets: contiguous layer ranges, last layers first */
@@ -168,7 +168,6 @@ static bg_status_t end_slot(exec_t *x, chunk_t *ch, int mb, int split)
     if (!split)
         bg_stage_end(ch->st, mb);
     ch->begun[mb] = 0;
-    ch->has_dout[mb] = 0;
     ch->out[mb] = ch->din[mb] = NULL;
     return BG_OK;
 }
@@ -641,7 +640,6 @@ static void free_chunk(chunk_t *ch)
     free(ch->out);
     free(ch->din);
     free(ch->begun);
-    free(ch->has_dout);
     free(ch->pending_end);
     free(ch->out_shape);
     free(ch->buckets);
@@ -827,11 +825,10 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         ch->out = calloc(M, sizeof(float *));
         ch->din = calloc(M, sizeof(float *));
         ch->begun = calloc(M, sizeof(int));
-        ch->has_dout = calloc(M, sizeof(int));
         ch->pending_end = calloc(M, sizeof(int));
         ch->out_shape = calloc(M, sizeof(bg_shape_t));
         if (!ch->act_recv || !ch->grad_recv || !ch->act_send || !ch->grad_send || !ch->out || !ch->din ||
-            !ch->begun || !ch->has_dout || !ch->pending_end || !ch->out_shape) {
+            !ch->begun || !ch->pending_end || !ch->out_shape) {
             st = bg_error(BG_ERR_NOMEM, "executor bookkeeping");
             goto out;
         }
