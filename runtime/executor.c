@@ -840,8 +840,10 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
 
     size_t nops;
     const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, x->pp_i, &nops);
-    times = calloc((size_t)(cfg->steps ? cfg->steps : 1), sizeof(double));
-    busy = calloc((size_t)(cfg->steps ? cfg->steps : 1), sizeof(double));
+    /* step times for the medians: the last BG_TIMED steps (a ring) */
+    enum { BG_TIMED = 4096 };
+    times = calloc(BG_TIMED, sizeof(double));
+    busy = calloc(BG_TIMED, sizeof(double));
     if (!times || !busy) {
         st = BG_ERR_NOMEM;
         goto out;
@@ -899,8 +901,8 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
             BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 2, BG_REDUCE_SUM), st, fail);
         float lossf = red[0];
         int stop = red[1] > 0;
-        times[timed] = dt;
-        busy[timed] = x->busy;
+        times[timed % BG_TIMED] = dt;
+        busy[timed % BG_TIMED] = x->busy;
         timed++;
         res.steps_done = step + 1;
         if (step == start)
@@ -937,6 +939,8 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
         }
     }
     res.peak_act_bytes = bg_backend_memstats(x->be).peak - act_base;
+    if (timed > BG_TIMED)
+        timed = BG_TIMED;
     if (timed > 0) {
         int mid = timed / 2;
         double tmed[1];

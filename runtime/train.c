@@ -193,7 +193,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     targets = malloc(per * sizeof(int32_t));
     inputs = gpt ? NULL : malloc((size_t)mbn * (size_t)c.model.in_features * sizeof(float));
     losses = malloc(per * sizeof(float));
-    times = calloc((size_t)(c.steps ? c.steps : 1), sizeof(double));
+    enum { BG_TIMED = 4096 }; /* the last BG_TIMED step times give the median */
+    times = calloc(BG_TIMED, sizeof(double));
     if (!tokens || !targets || (!gpt && !inputs) || !losses || !times) {
         st = bg_error(BG_ERR_NOMEM, "training buffers");
         goto out;
@@ -253,7 +254,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         BG_CHECK_GOTO(bg_model_optim_step(model, &c.optim, step + 1), st, out);
         be->ops->synchronize(be);
         double dt = bg_now() - t0;
-        times[step] = dt;
+        times[step % BG_TIMED] = dt;
         if (step == 0)
             res.first_loss = loss;
         res.final_loss = loss;
@@ -267,8 +268,9 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             c.on_step(&info, c.on_step_arg);
     }
     if (c.steps > 0) {
-        qsort(times, (size_t)c.steps, sizeof(double), cmp_double);
-        double med = times[c.steps / 2];
+        int n = c.steps < BG_TIMED ? c.steps : BG_TIMED;
+        qsort(times, (size_t)n, sizeof(double), cmp_double);
+        double med = times[n / 2];
         res.median_step_ms = med * 1e3;
         res.tokens_per_s = bg__train_step_tokens(&c, c.steps / 2) / med;
     }
