@@ -183,8 +183,12 @@ bg_status_t bg_model_create(const bg_model_config_t *cfg, bg_backend_t *be, int 
     for (int i = 0; i < m->ntensors; i++)
         m->nparams += m->tensors[i].p->numel;
     m->params = bg_backend_alloc(be, m->nparams * sizeof(float), "parameters");
+    if (!m->params) {
+        st = BG_ERR_NOMEM;
+        goto err_free_buffers;
+    }
     m->grads = bg_backend_alloc(be, m->nparams * sizeof(float), "gradients");
-    if (!m->params || !m->grads) {
+    if (!m->grads) {
         st = BG_ERR_NOMEM;
         goto err_free_buffers;
     }

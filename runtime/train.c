@@ -185,6 +185,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     BG_CHECK_GOTO(bg_backend_create(c.backend, &bp, &be), st, out);
     BG_CHECK_GOTO(bg_model_create(&c.model, be, -1, -1, &model), st, out);
     BG_CHECK_GOTO(bg_stage_create(model, c.microbatches, &stage), st, out);
+    BG_CHECK_GOTO(bg_model_optim_init(model, c.optim.kind), st, out); /* up front: the peak is the same every step */
     if (c.recompute || (c.recompute_stages && c.nrecompute_stages > 0 && c.recompute_stages[0]))
         bg_stage_set_recompute(stage, 1);
 
