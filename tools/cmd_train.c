@@ -32,7 +32,7 @@ static void usage(FILE *f)
             "  --threads N            compute threads (default: BRIGADE_NUM_THREADS or all cores)\n"
             "  --recompute            keep only each stage's input and output per microbatch; recompute\n"
             "                         the rest in the backward (less memory, one more forward)\n"
-            "  --backend NAME         cpu|cuda (default cpu)\n"
+            "  --backend NAME         kernel backend (default cpu; brigade info lists them)\n"
             "parallel (run under brigade launch -n PP*DP, mpirun or srun):\n"
             "  --pp N                 pipeline stages (default 1)\n"
             "  --dp N                 data-parallel replicas (default 1)\n"
