@@ -23,7 +23,7 @@ static void generate_usage(FILE *f)
                "  --temperature T    0 = greedy; higher = more random (default 0.8)\n"
                "  --top-k K          sample among the K most likely tokens, 0 = all (default 40)\n"
                "  --seed S           random seed (default 1): same seed, same text\n"
-               "  --backend NAME     cpu (default) or cuda\n");
+               "  --backend NAME     kernel backend (default cpu; brigade info lists them)\n");
 }
 
 int bg_cmd_generate(int argc, char **argv)

@@ -18,7 +18,7 @@ static void usage(FILE *f)
                "model:\n" BG_CLI_MODEL_HELP
                "  --microbatch-size N    sequences (rows) per microbatch (default 1)\n"
                "  --ranks R              ranks that will share this machine (default 1)\n"
-               "  --backend NAME         cpu (default) or cuda\n"
+               "  --backend NAME         kernel backend (default cpu; brigade info lists them)\n"
                "  --threads N            compute threads (default: all)\n"
                "  --json FILE            also write the table as JSON\n");
 }
