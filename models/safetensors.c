@@ -384,6 +384,7 @@ bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg
         st = read_dir_tensors(dir_b, &b);
     if (st != BG_OK)
         goto out;
+    double ss_diff = 0, ss_a = 0;
     for (size_t i = 0; i < a.n; i++) {
         host_tensor_t *x = &a.t[i], *y = find_host(&b, x->name);
         if (!y) {
@@ -396,6 +397,11 @@ bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg
             continue;
         }
         r.tensors++;
+        for (size_t j = 0; j < x->numel; j++) {
+            double dd = (double)x->data[j] - (double)y->data[j];
+            ss_diff += dd * dd;
+            ss_a += (double)x->data[j] * (double)x->data[j];
+        }
         if (memcmp(x->data, y->data, x->numel * sizeof(float)) == 0) {
             r.identical++;
             continue;
@@ -419,6 +425,7 @@ bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg
     for (size_t i = 0; i < b.n; i++)
         if (!find_host(&a, b.t[i].name))
             r.only_b++;
+    r.rel_l2 = ss_a > 0 ? sqrt(ss_diff / ss_a) : sqrt(ss_diff);
     *result_p = r;
 out:
     host_set_free(&a);

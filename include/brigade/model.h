@@ -213,6 +213,7 @@ typedef struct bg_compare_result {
     double max_abs;       /**< largest |a - b| */
     double max_rel;       /**< largest |a - b| / max|a| over a tensor */
     char worst[2 * BG_NAME_MAX]; /**< tensor with max_rel */
+    double rel_l2;        /**< ||a - b|| / ||a|| over all compared tensors together */
 } bg_compare_result_t;
 /** Compare every *.safetensors file under dir_a with those under dir_b (the
  *  union of each directory's files, so different splits compare directly). */
