@@ -288,18 +288,27 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
         if (bk->started || bk->lo < layer)
             continue;
         bk->started = 1;
-        if (x->D > 1 && bk->count)
+        if (x->D > 1 && bk->count) {
             BG_CHECK(bg_group_iallreduce(x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count, BG_REDUCE_SUM,
                                          &bk->req));
+            if (x->trace) { /* the moment the bucket's reduction starts (microbatch field: bucket index) */
+                double now = bg_now();
+                bg_trace_event(x->trace, "ar_start", b, ch->stage, now, now, (int)x->step + 1);
+            }
+        }
     }
     return BG_OK;
 }
 
-static bg_status_t wait_buckets(chunk_t *ch)
+static bg_status_t wait_buckets(exec_t *x, chunk_t *ch)
 {
     bg_status_t st = BG_OK;
     for (int b = 0; b < ch->nbuckets; b++) {
+        double t0 = bg_now();
+        int had = ch->buckets[b].req != NULL;
         bg_status_t s2 = wait_free(&ch->buckets[b].req);
+        if (x->trace && had) /* time spent waiting for the reduction after the backward */
+            bg_trace_event(x->trace, "ar_wait", b, ch->stage, t0, bg_now(), (int)x->step + 1);
         if (st == BG_OK)
             st = s2;
         ch->buckets[b].started = 0;
@@ -371,7 +380,7 @@ static bg_status_t tie_grads(exec_t *x, chunk_t *ch)
     if (other) { /* both on this rank (V-shape, or one pipeline rank) */
         if (x->tie_step == x->step)
             return BG_OK;
-        BG_CHECK(wait_buckets(other));
+        BG_CHECK(wait_buckets(x, other));
         chunk_t *fc = ch->is_first ? ch : other, *lc = ch->is_first ? other : ch;
         bg_param_t *e = bg_model_find_tensor(fc->model, "embed.wte"), *h = bg_model_find_tensor(lc->model, "head.weight");
         be->ops->residual_forward(be, e->grad, e->grad, h->grad, e->numel);
@@ -455,7 +464,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
-        BG_CHECK(wait_buckets(ch));
+        BG_CHECK(wait_buckets(x, ch));
         BG_CHECK(tie_grads(x, ch));
         return bg_model_optim_step(ch->model, &x->c->optim, (int)x->step + 1);
     }

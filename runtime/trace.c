@@ -94,7 +94,9 @@ static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double ori
             *first ? "" : ",\n", rank, rank);
     *first = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *cat = (ev[i].name[0] == 's' || ev[i].name[0] == 'r') ? "comm" : "compute";
+        const char *cat = (ev[i].name[0] == 's' || ev[i].name[0] == 'r' || !strncmp(ev[i].name, "ar_", 3)) ? "comm"
+                                                                                                    : "compute";
+        /* an instant (zero duration) is drawn as a marker */
         fprintf(f,
                 ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,"
                 "\"args\":{\"op\":\"%s\",\"microbatch\":%d,\"stage\":%d,\"step\":%d}}",

@@ -22,13 +22,22 @@ assert meta["schedule"] == "zb-h1" and meta["pp"] == 2 and meta["dp"] == 2 and m
 tracks = {e["pid"] for e in ev}
 assert tracks == {0, 1, 2, 3}, tracks
 ops = {e["args"]["op"] for e in ev if "args" in e and "op" in e["args"]}
-for need in ["F", "B", "W", "send_act", "recv_act", "send_grad", "recv_grad", "reduce", "optimizer", "step"]:
+for need in ["F", "B", "W", "send_act", "recv_act", "send_grad", "recv_grad", "reduce", "optimizer", "step",
+             "ar_start", "ar_wait"]:
     assert need in ops, (need, ops)
 for e in ev:
     if e.get("ph") == "X":
         assert e["dur"] >= 0 and e["ts"] >= -1e6
         if e["args"]["op"] in ("F", "B", "W"):
             assert 0 <= e["args"]["microbatch"] < 4
+# gradient buckets start their reduction inside the backward (before the step's last B/W ends)
+for r in range(4):
+    for step in (2, 3):
+        starts = [e["ts"] for e in ev
+                  if e.get("pid") == r and e.get("args", {}).get("op") == "ar_start" and e["args"]["step"] == step]
+        comp = [e["ts"] + e["dur"] for e in ev if e.get("pid") == r and e.get("args", {}).get("op") in ("B", "W") and e["args"]["step"] == step]
+        assert starts and comp, (r, step)
+        assert min(starts) < max(comp), ("no overlap", r, step)
 # every rank runs F for each of the 4 microbatches in each of 3 steps
 for r in range(4):
     f = [e for e in ev if e["pid"] == r and e.get("args", {}).get("op") == "F"]
