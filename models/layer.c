@@ -119,7 +119,10 @@ static bg_status_t seq_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t 
     return BG_OK;
 }
 
-static size_t seq_stash_bytes(const bg_layer_t *l, bg_shape_t in)
+/* The stash and the wstash have the same layout: for each child, the
+ * activation (or gradient) between it and the next, then its own part. */
+static size_t seq_arena_bytes(const bg_layer_t *l, bg_shape_t in,
+                              size_t (*child_bytes)(const bg_layer_t *, bg_shape_t))
 {
     bg_shape_t s[BG_SEQ_MAX + 1];
     if (seq_shapes(l, in, s) != BG_OK)
@@ -128,23 +131,14 @@ static size_t seq_stash_bytes(const bg_layer_t *l, bg_shape_t in)
     for (int i = 0; i < l->nchildren; i++) {
         if (i < l->nchildren - 1)
             total += bg_align64(bg_shape_numel(s[i + 1]) * sizeof(float));
-        total += bg_align64(bg_layer_stash_bytes(l->children[i], s[i]));
+        total += bg_align64(child_bytes(l->children[i], s[i]));
     }
     return total;
 }
-
+static size_t seq_stash_bytes(const bg_layer_t *l, bg_shape_t in) { return seq_arena_bytes(l, in, bg_layer_stash_bytes); }
 static size_t seq_wstash_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    bg_shape_t s[BG_SEQ_MAX + 1];
-    if (seq_shapes(l, in, s) != BG_OK)
-        return 0;
-    size_t total = 0;
-    for (int i = 0; i < l->nchildren; i++) {
-        if (i < l->nchildren - 1)
-            total += bg_align64(bg_shape_numel(s[i + 1]) * sizeof(float));
-        total += bg_align64(bg_layer_wstash_bytes(l->children[i], s[i]));
-    }
-    return total;
+    return seq_arena_bytes(l, in, bg_layer_wstash_bytes);
 }
 
 static size_t seq_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
