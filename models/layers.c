@@ -182,6 +182,11 @@ static bg_status_t ln_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *
     return BG_OK;
 }
 /* stash: mean (N) then rstd (N) */
+static float *ln_mean(const bg_layer_ctx_t *ctx) { return ctx->stash; }
+static float *ln_rstd(const bg_layer_ctx_t *ctx)
+{
+    return (float *)((char *)ctx->stash + bg_align64((size_t)ROWS(ctx->in) * sizeof(float)));
+}
 static size_t ln_stash_bytes(const bg_layer_t *l, bg_shape_t in) { return 2 * bg_align64((size_t)ROWS(in) * sizeof(float)); }
 static double ln_fwd_flops(const bg_layer_t *l, bg_shape_t in) { return 7.0 * (double)bg_shape_numel(in); }
 static double ln_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 12.0 * (double)bg_shape_numel(in); }
@@ -189,9 +194,7 @@ static double ln_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 12.0 * (
 static bg_status_t ln_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     int N = ROWS(ctx->in), C = ctx->in.c;
-    float *mean = ctx->stash;
-    float *rstd = (float *)((char *)ctx->stash + bg_align64((size_t)N * sizeof(float)));
-    ctx->be->ops->layernorm_forward(ctx->be, out, mean, rstd, in, l->params[0].data, l->params[1].data, N, C);
+    ctx->be->ops->layernorm_forward(ctx->be, out, ln_mean(ctx), ln_rstd(ctx), in, l->params[0].data, l->params[1].data, N, C);
     return BG_OK;
 }
 
@@ -199,10 +202,9 @@ static bg_status_t ln_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, c
                                      const float *out, const float *dout, float *din)
 {
     int N = ROWS(ctx->in), C = ctx->in.c;
-    const float *mean = ctx->stash;
-    const float *rstd = (const float *)((char *)ctx->stash + bg_align64((size_t)N * sizeof(float)));
     if (din)
-        ctx->be->ops->layernorm_backward_input(ctx->be, din, dout, in, l->params[0].data, mean, rstd, N, C);
+        ctx->be->ops->layernorm_backward_input(ctx->be, din, dout, in, l->params[0].data, ln_mean(ctx), ln_rstd(ctx),
+                                               N, C);
     return BG_OK;
 }
 
@@ -210,9 +212,8 @@ static bg_status_t ln_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
                                       const float *out, const float *dout)
 {
     int N = ROWS(ctx->in), C = ctx->in.c;
-    const float *mean = ctx->stash;
-    const float *rstd = (const float *)((char *)ctx->stash + bg_align64((size_t)N * sizeof(float)));
-    ctx->be->ops->layernorm_backward_weight(ctx->be, l->params[0].grad, l->params[1].grad, dout, in, mean, rstd, N, C);
+    ctx->be->ops->layernorm_backward_weight(ctx->be, l->params[0].grad, l->params[1].grad, dout, in, ln_mean(ctx),
+                                            ln_rstd(ctx), N, C);
     return BG_OK;
 }
 

@@ -258,6 +258,16 @@ err:
     return st;
 }
 
+bg_status_t bg_stage_slot_shapes(const bg_stage_t *s, int mb, bg_shape_t *in_p, bg_shape_t *out_p)
+{
+    if (mb < 0 || mb >= s->nslots || s->slots[mb].state == SLOT_FREE)
+        return bg_error(BG_ERR_INVALID, "stage (layers %d..%d): shapes of microbatch %d, which has not begun",
+                        s->first, s->first + s->nlayers - 1, mb);
+    *in_p = s->slots[mb].shapes[0];
+    *out_p = s->slots[mb].shapes[s->nlayers];
+    return BG_OK;
+}
+
 bg_status_t bg_stage_set_data(bg_stage_t *s, int mb, const int32_t *tokens, const int32_t *targets, float loss_scale)
 {
     slot_t *sl = NULL;

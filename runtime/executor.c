@@ -129,8 +129,8 @@ static bg_status_t post_act_recv(exec_t *x, chunk_t *ch, int mb)
         return BG_OK;
     float *in;
     BG_CHECK(begin_slot(x, ch, mb, &in));
-    bg_shape_t s;
-    BG_CHECK(input_shape(x, ch, mb, &s));
+    bg_shape_t s, o;
+    BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &o));
     return bg_irecv(x->comm, ch->prev_rank, tag_of(x, 0, ch->stage, mb), in, bg_shape_numel(s) * sizeof(float),
                     &ch->act_recv[mb]);
 }
@@ -141,11 +141,8 @@ static bg_status_t post_grad_recv(exec_t *x, chunk_t *ch, int mb)
         return BG_OK; /* posted when the slot exists */
     float *dout;
     BG_CHECK(bg_stage_grad_buffer(ch->st, mb, &dout));
-    bg_shape_t s;
-    BG_CHECK(input_shape(x, ch, mb, &s));
-    bg_shape_t o = s;
-    for (int i = ch->first; i <= ch->last; i++)
-        BG_CHECK(bg_layer_out_shape(bg_model_layer(ch->model, i), o, &o));
+    bg_shape_t s, o;
+    BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &o));
     return bg_irecv(x->comm, ch->next_rank, tag_of(x, 1, ch->stage, mb), dout, bg_shape_numel(o) * sizeof(float),
                     &ch->grad_recv[mb]);
 }
@@ -180,15 +177,16 @@ static bg_status_t reap_pending(exec_t *x, int force)
         for (int mb = 0; mb < x->M; mb++) {
             if (!ch->pending_end[mb])
                 continue;
-            int done = 1;
-            if (!ch->grad_send[mb] && !force)
-                continue; /* its SEND_GRAD is not issued yet */
-            if (ch->grad_send[mb] && !force)
+            if (!force) {
+                int done = 0;
+                if (!ch->grad_send[mb])
+                    continue; /* its SEND_GRAD is not issued yet */
                 BG_CHECK(bg_test(ch->grad_send[mb], &done));
-            if (done) {
-                ch->pending_end[mb] = 0;
-                BG_CHECK(end_slot(x, ch, mb, 0));
+                if (!done)
+                    continue;
             }
+            ch->pending_end[mb] = 0;
+            BG_CHECK(end_slot(x, ch, mb, 0)); /* waits for what is still in flight */
         }
     }
     return BG_OK;
@@ -437,7 +435,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         return bg_error(BG_ERR_INTERNAL, "rank %d: program names stage %d, which this rank does not hold", x->rank,
                         o->stage);
     int mb = o->microbatch;
-    bg_shape_t s;
+    bg_shape_t s, so;
     switch (o->kind) {
     case BG_OP_FORWARD: return do_forward(x, ch, mb);
     case BG_OP_BACKWARD: return do_backward(x, ch, mb, 0);
@@ -448,7 +446,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         return bg_isend(x->comm, ch->next_rank, tag_of(x, 0, ch->stage + 1, mb), ch->out[mb],
                         bg_shape_numel(ch->out_shape[mb]) * sizeof(float), &ch->act_send[mb]);
     case BG_OP_SEND_GRAD:
-        BG_CHECK(input_shape(x, ch, mb, &s));
+        BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &so));
         x->bytes_sent += bg_shape_numel(s) * sizeof(float);
         return bg_isend(x->comm, ch->prev_rank, tag_of(x, 1, ch->stage - 1, mb), ch->din[mb],
                         bg_shape_numel(s) * sizeof(float), &ch->grad_send[mb]);
@@ -613,12 +611,6 @@ static bg_status_t resume_checkpoint(exec_t *x, int *start_p)
     }
     bg_checkpoint_info_clear(&info);
     return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static bg_status_t save_weights(exec_t *x)
@@ -951,14 +943,10 @@ bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *r
     if (timed > BG_TIMED)
         timed = BG_TIMED;
     if (timed > 0) {
-        int mid = timed / 2;
-        double tmed[1];
-        qsort(times, (size_t)timed, sizeof(double), cmp_double);
-        qsort(busy, (size_t)timed, sizeof(double), cmp_double);
-        tmed[0] = times[mid];
-        res.median_step_ms = tmed[0] * 1e3;
-        res.tokens_per_s = bg__train_step_tokens(cfg, mid) / tmed[0];
-        res.bubble = 1.0 - busy[mid] / tmed[0];
+        double step_s = bg_median(times, (size_t)timed);
+        res.median_step_ms = step_s * 1e3;
+        res.tokens_per_s = bg__train_step_tokens(cfg, timed / 2) / step_s;
+        res.bubble = 1.0 - bg_median(busy, (size_t)timed) / step_s;
     }
     res.peak_bytes = bg_backend_memstats(x->be).peak;
     res.peak_stashed = x->peak_stashed;

@@ -128,12 +128,6 @@ double bg__train_step_tokens(const bg_train_config_t *c, int64_t step)
     return tokens;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Model configuration as JSON text (safetensors metadata, checkpoints). */
 void bg__train_config_json(const bg_model_config_t *m, char *buf, size_t n)
 {
@@ -159,7 +153,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     bg_data_t *data = NULL;
     FILE *metrics = NULL;
     int32_t *tokens = NULL, *targets = NULL;
-    float *inputs = NULL, *losses = NULL;
+    float *inputs = NULL;
     double *times = NULL;
     bg_train_result_t res = {0};
 
@@ -193,10 +187,9 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     tokens = malloc(per * sizeof(int32_t));
     targets = malloc(per * sizeof(int32_t));
     inputs = gpt ? NULL : malloc((size_t)mbn * (size_t)c.model.in_features * sizeof(float));
-    losses = malloc(per * sizeof(float));
     enum { BG_TIMED = 4096 }; /* the last BG_TIMED step times give the median */
     times = calloc(BG_TIMED, sizeof(double));
-    if (!tokens || !targets || (!gpt && !inputs) || !losses || !times) {
+    if (!tokens || !targets || (!gpt && !inputs) || !times) {
         st = bg_error(BG_ERR_NOMEM, "training buffers");
         goto out;
     }
@@ -270,8 +263,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     }
     if (c.steps > 0) {
         int n = c.steps < BG_TIMED ? c.steps : BG_TIMED;
-        qsort(times, (size_t)n, sizeof(double), cmp_double);
-        double med = times[n / 2];
+        double med = bg_median(times, (size_t)n);
         res.median_step_ms = med * 1e3;
         res.tokens_per_s = bg__train_step_tokens(&c, c.steps / 2) / med;
     }
@@ -289,7 +281,6 @@ out:
     free(tokens);
     free(targets);
     free(inputs);
-    free(losses);
     free(times);
     bg_stage_destroy(stage);
     bg_model_destroy(model);

@@ -22,18 +22,6 @@ typedef struct {
     json_t *gemms, *ops;
 } bg__kb_t;
 
-static int bg__cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double bg__median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof(double), bg__cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 static void bg__fill_random(bg_backend_t *be, float *dev, size_t n, uint64_t seed)
 {
     float *h = malloc(n * sizeof(float));
@@ -81,8 +69,8 @@ static int bg__bench_gemm(bg__kb_t *kb, const char *label, int ta, int tb, int m
                 (ref ? tr : t)[r] = bg_now() - t0;
         }
     }
-    gf[0] = flop / bg__median(t, kb->repeat) * 1e-9;
-    gf[1] = flop / bg__median(tr, kb->repeat) * 1e-9;
+    gf[0] = flop / bg_median(t, (size_t)(kb->repeat)) * 1e-9;
+    gf[1] = flop / bg_median(tr, (size_t)(kb->repeat)) * 1e-9;
     printf("  %-10s %c%c %5d %5d %5d  %8.1f  %8.1f  %6.2f\n", label, ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, gf[0],
            gf[1], gf[0] / gf[1]);
     json_array_append_new(kb->gemms, json_pack("{s:s, s:b, s:b, s:i, s:i, s:i, s:f, s:f, s:f}", "label", label,
@@ -196,7 +184,7 @@ static int bg__bench_op(bg__kb_t *kb, bg__op_t op, const char *name, int B, int 
         if (r >= 0)
             t[r] = bg_now() - t0;
     }
-    double med = bg__median(t, kb->repeat);
+    double med = bg_median(t, (size_t)(kb->repeat));
     double gbps = bytes / med * 1e-9, gflops = flops / med * 1e-9;
     if (flops > 0)
         printf("  %-22s %-26s %9.3f ms  %7.2f GB/s  %7.1f GFLOP/s\n", name, shape, med * 1e3, gbps, gflops);
@@ -243,7 +231,7 @@ static double bg__sgemm_peak_1t(int repeat)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
             t[i] = bg_now() - t0;
         }
-        double g = 2.0 * m * n * k / bg__median(t, r) / 1e9;
+        double g = 2.0 * m * n * k / bg_median(t, (size_t)(r)) / 1e9;
         if (g > best)
             best = g;
         free(a), free(b), free(c);
@@ -316,7 +304,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
         rc = bg_cli_status(cmd, s);
         goto out;
     }
-    double step = bg__median(t, r);
+    double step = bg_median(t, (size_t)(r));
     double gflops = flops / step / 1e9;
     double peak = bg__sgemm_peak_1t(kb->repeat);
     printf("\nGPT training, one thread: d_model 512, 2 blocks, 8 heads, seq 256, 4 sequences, AdamW\n");

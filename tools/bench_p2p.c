@@ -34,18 +34,6 @@ static int bg__sizes(const char *cmd, const char *s, uint64_t *out, int *n_p)
     return 0;
 }
 
-static int bg__cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double bg__median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), bg__cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 typedef struct {
     const char *sizes, *json, *algo;
     int reps;
@@ -181,7 +169,7 @@ int bg_bench_p2p(int argc, char **argv)
         if (st != BG_OK)
             break;
         if (rank == 0) {
-            double ml = bg__median(lat, reps), mb = bg__median(bw, reps);
+            double ml = bg_median(lat, (size_t)(reps)), mb = bg_median(bw, (size_t)(reps));
             printf("%12zu %14.2f %16.3f\n", n, ml, mb);
             if (js)
                 fprintf(js, "  {\"bytes\": %zu, \"latency_us\": %.3f, \"bandwidth_gbps\": %.4f}%s\n", n, ml,
@@ -284,7 +272,7 @@ int bg_bench_allreduce(int argc, char **argv)
             }
             if (st != BG_OK || rank != 0)
                 continue;
-            double tm = bg__median(t, reps);
+            double tm = bg_median(t, (size_t)(reps));
             double alg = (double)count * 4 / tm / 1e9, bus = alg * 2.0 * (R - 1) / R;
             printf("%12zu %6d %10s %12.3f %12.3f\n", count * 4, R, algos[a].name, alg, bus);
             fflush(stdout);

@@ -27,6 +27,15 @@ int bg_cli_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out
 /* Comma-separated integers: "3,2,2". *n_out entries written, at most max. */
 int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long *out, int max, int *n_out);
 
+/* A getopt_long case for an integer flag in [lo, hi] stored into dst; the
+ * caller declares `long long v`. A bad value prints the message and returns 2. */
+#define BG_CLI_INT_CASE(cmd, code, flag, lo, hi, dst)                                                        \
+    case code:                                                                                                 \
+        if (bg_cli_int(cmd, flag, optarg, lo, hi, &v))                                                         \
+            return 2;                                                                                          \
+        dst = (int)v;                                                                                          \
+        break;
+
 /* The model flags `brigade train` and `brigade plan` share. Put
  * BG_CLI_MODEL_OPTIONS in a getopt_long table and give every code >=
  * BG_CLI_MODEL_FIRST to bg_cli_model_option(). */

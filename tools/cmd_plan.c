@@ -339,12 +339,7 @@ int bg_cmd_plan(int argc, char **argv)
     opterr = 0;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
-#define INT_FLAG(code, flag, lo, hi, dst)                                                                          \
-    case code:                                                                                                     \
-        if (bg_cli_int(CMD, flag, optarg, lo, hi, &v))                                                             \
-            return 2;                                                                                              \
-        dst = (int)v;                                                                                              \
-        break;
+#define INT_FLAG(code, flag, lo, hi, dst) BG_CLI_INT_CASE(CMD, code, flag, lo, hi, dst)
             INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, pp.batch)
             INT_FLAG(O_MBS, "--microbatch-size", 1, 1 << 24, pp.microbatch_size)
             INT_FLAG(O_PP, "--pp", 1, 1 << 16, pp.pp)

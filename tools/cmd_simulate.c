@@ -9,12 +9,6 @@
 #include "brigade/schedule.h"
 #include "tools/cli.h"
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 typedef struct {
     double *v;
     int n, cap;
@@ -29,13 +23,7 @@ static void add(samples_t *s, double x)
     s->v[s->n++] = x;
 }
 
-static double median(samples_t *s)
-{
-    if (!s->n)
-        return 0;
-    qsort(s->v, (size_t)s->n, sizeof(double), cmp_double);
-    return s->v[s->n / 2];
-}
+static double median(samples_t *s) { return bg_median(s->v, (size_t)s->n); }
 
 enum { K_F, K_B, K_W, K_BW, K_SA, K_SG, K_OPT, K_N };
 

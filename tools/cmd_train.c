@@ -125,12 +125,7 @@ int bg_cmd_train(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
 
-#define INT_FLAG(code, flag, lo, hi, dst)                                                                   \
-    case code:                                                                                              \
-        if (bg_cli_int(cmd, flag, optarg, lo, hi, &v))                                                      \
-            return 2;                                                                                       \
-        dst = (int)v;                                                                                       \
-        break;
+#define INT_FLAG(code, flag, lo, hi, dst) BG_CLI_INT_CASE(cmd, code, flag, lo, hi, dst)
             INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, c.batch)
             INT_FLAG(O_MB, "--microbatches", 1, 1 << 20, c.microbatches)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)

@@ -68,11 +68,6 @@ static void evict_caches(void)
         buf[i] = (unsigned char)(buf[i] + 1);
 }
 
-static int cmp_dbl(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, int t, const char *backend, int threads,
                           double *fwd, double *bwd, double *bsplit, double *wsplit, int *L_p)
@@ -189,14 +184,10 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
         if (st != BG_OK)
             rc = bg_cli_status(CMD, st);
         /* medians: what a training step sees, not the luckiest run */
-        qsort(tf, (size_t)nr, sizeof(double), cmp_dbl);
-        qsort(tb, (size_t)nr, sizeof(double), cmp_dbl);
-        qsort(tsb, (size_t)nr, sizeof(double), cmp_dbl);
-        qsort(tsw, (size_t)nr, sizeof(double), cmp_dbl);
-        fwd[i] = nr ? tf[nr / 2] : 0;
-        bwd[i] = nr ? tb[nr / 2] : 0;
-        bsplit[i] = nr ? tsb[nr / 2] : 0;
-        wsplit[i] = nr ? tsw[nr / 2] : 0;
+        fwd[i] = bg_median(tf, (size_t)nr);
+        bwd[i] = bg_median(tb, (size_t)nr);
+        bsplit[i] = bg_median(tsb, (size_t)nr);
+        wsplit[i] = bg_median(tsw, (size_t)nr);
         bg_stage_destroy(stg);
         bg_model_destroy(m);
     }

@@ -74,6 +74,9 @@ uint64_t bg_rng_below(bg_rng_t *rng, uint64_t n);
 
 /** Monotonic wall clock in seconds. */
 double bg_now(void);
+/** Median of v[0..n) (sorts v in place; the mean of the two middle values
+ *  when n is even; 0 when n is 0). */
+double bg_median(double *v, size_t n);
 
 #ifdef __cplusplus
 }

@@ -136,6 +136,8 @@ void bg_stage_destroy(bg_stage_t *s);
  *  shape must be the model's input for the first stage or the previous stage's
  *  output). Returns where to put the input (floats; NULL for token input). */
 bg_status_t bg_stage_begin(bg_stage_t *s, int mb, bg_shape_t in, float **input_p);
+/** Input and output shapes of slot mb (from bg_stage_begin until the slot ends). */
+bg_status_t bg_stage_slot_shapes(const bg_stage_t *s, int mb, bg_shape_t *in_p, bg_shape_t *out_p);
 /** Give the microbatch's tokens/targets (host arrays of n*t; copied to the
  *  backend). tokens: first stage of a GPT; targets: last stage. */
 bg_status_t bg_stage_set_data(bg_stage_t *s, int mb, const int32_t *tokens, const int32_t *targets, float loss_scale);

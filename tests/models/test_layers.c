@@ -12,22 +12,7 @@
 #include <cmocka.h>
 
 #include "brigade/brigade.h"
-
-static bg_backend_t *be;
-
-static int setup(void **state)
-{
-    (void)state;
-    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
-    p.num_threads = 1;
-    return bg_backend_create("cpu", &p, &be) == BG_OK ? 0 : -1;
-}
-static int teardown(void **state)
-{
-    (void)state;
-    bg_backend_destroy(be);
-    return 0;
-}
+#include "bg_test_backend.h"
 
 /* All parameters of a layer tree, in walk order. */
 typedef struct {
