@@ -155,3 +155,18 @@ bg_status_t bg_data_batch(const bg_data_t *d, int64_t step, int first, int count
     }
     return BG_OK;
 }
+
+static bg_status_t data_source_batch(const bg_batch_request_t *rq, int32_t *tokens, float *features, int32_t *targets,
+                                     void *arg)
+{
+    const bg_data_t *d = arg;
+    if (!d->text && rq->in.c != d->features)
+        return bg_error(BG_ERR_INVALID, "synthetic data has %d features, the model takes %d", d->features, rq->in.c);
+    return bg_data_batch(d, rq->step, rq->first, rq->in.n, rq->in.t, tokens, features, targets);
+}
+
+bg_batch_source_t bg_data_source(bg_data_t *d)
+{
+    bg_batch_source_t s = {data_source_batch, NULL, d, 0};
+    return s;
+}

@@ -255,7 +255,11 @@ static bg_status_t seq_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
     return BG_OK;
 }
 
+/* A seq is a loss layer when its last child is one. */
+static int seq_loss_classes(const bg_layer_t *l) { return bg_layer_loss_classes(l->children[l->nchildren - 1]); }
+
 static const bg_layer_ops_t seq_ops = {
+    .loss_classes = seq_loss_classes,
     .type = "seq",
     .out_shape = seq_out_shape,
     .stash_bytes = seq_stash_bytes,
@@ -388,4 +392,9 @@ static const bg_layer_ops_t res_ops = {
 bg_status_t bg_layer_residual(const char *name, bg_layer_t *child, bg_layer_t **layer_p)
 {
     return composite(&res_ops, name, 1, &child, layer_p);
+}
+
+int bg_layer_loss_classes(const bg_layer_t *l)
+{
+    return l && l->ops->loss_classes ? l->ops->loss_classes(l) : 0;
 }

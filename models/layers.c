@@ -439,8 +439,11 @@ static bg_status_t head_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx
     return BG_OK;
 }
 
+static int head_classes(const bg_layer_t *l) { return ((const head_t *)l->impl)->classes; }
+
 static const bg_layer_ops_t head_ops = {
     .type = "head",
+    .loss_classes = head_classes,
     .out_shape = head_out_shape,
     .stash_bytes = head_probs_bytes,
     .wstash_bytes = head_probs_bytes,

@@ -166,6 +166,7 @@ bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_config_t *m)
 
 typedef struct search {
     const bg_plan_params_t *pp;
+    bg_model_desc_t *desc; /* the model, built from pp->model */
     int world, L, seq;
     uint64_t *mem;  /* [world] */
     double *speed;  /* [world] */
@@ -349,9 +350,10 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
     prob.nstages = S;
     prob.stages = specs;
     prob.bytes_per_param = 8 + bg_optim_state_bytes(pa->optim);
-    int gpt = pa->model.kind == BG_MODEL_GPT;
-    size_t nt = (size_t)n * (size_t)(gpt ? s->seq : 1) * sizeof(int32_t);
-    prob.input_bytes = gpt ? 0 : (size_t)n * (size_t)pa->model.in_features * sizeof(float);
+    const bg_model_desc_params_t *mp = bg_model_desc_params(s->desc);
+    int gpt = mp->input == BG_INPUT_TOKENS;
+    size_t nt = (size_t)n * (size_t)s->seq * sizeof(int32_t);
+    prob.input_bytes = gpt ? 0 : nt / sizeof(int32_t) * (size_t)mp->features * sizeof(float);
     prob.token_bytes = gpt ? nt : 0;
     prob.target_bytes = nt;
     prob.link_latency = pa->link_latency;
@@ -650,7 +652,7 @@ static bg_status_t search_world(search_t *s, const bg_schedule_kind_t *kinds, in
                 continue;
             if (n != last_n) {
                 int cnt;
-                BG_CHECK_GOTO(bg_model_profile(&pa->model, n, T, prof, cap, &cnt), st, out);
+                BG_CHECK_GOTO(bg_model_profile(s->desc, n, T, prof, cap, &cnt), st, out);
                 last_n = n;
             }
             for (int k = 0; k < nk; k++) {
@@ -683,23 +685,34 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     memset(&s, 0, sizeof(s));
     s.pp = pa;
     s.world = pa->world;
-    s.seq = pa->model.kind == BG_MODEL_GPT ? (pa->seq ? pa->seq : pa->model.seq_len) : 1;
-    s.L = pa->model.kind == BG_MODEL_GPT ? pa->model.layers + 3 : 2 * pa->model.layers + 1;
-    if (pa->pp && (pa->world % pa->pp))
-        return bg_error(BG_ERR_INVALID, "--pp %d does not divide %d devices", pa->pp, pa->world);
-    if (pa->pp > s.L)
-        return bg_error(BG_ERR_INVALID, "--pp %d but the model has only %d layers", pa->pp, s.L);
-    if (pa->microbatch_size && pa->batch % pa->microbatch_size)
-        return bg_error(BG_ERR_INVALID, "batch %d is not a multiple of the microbatch size %d", pa->batch,
-                        pa->microbatch_size);
+    BG_CHECK(bg_model_build(&pa->model, &s.desc));
+    const bg_model_desc_params_t *mp = bg_model_desc_params(s.desc);
+    s.seq = mp->input == BG_INPUT_TOKENS ? (pa->seq ? pa->seq : mp->seq_len) : mp->seq_len;
+    s.L = bg_model_desc_num_layers(s.desc);
+    bg_status_t st = BG_OK;
+    if (pa->pp && (pa->world % pa->pp)) {
+        st = bg_error(BG_ERR_INVALID, "--pp %d does not divide %d devices", pa->pp, pa->world);
+        goto out;
+    }
+    if (pa->pp > s.L) {
+        st = bg_error(BG_ERR_INVALID, "--pp %d but the model has only %d layers", pa->pp, s.L);
+        goto out;
+    }
+    if (pa->microbatch_size && pa->batch % pa->microbatch_size) {
+        st = bg_error(BG_ERR_INVALID, "batch %d is not a multiple of the microbatch size %d", pa->batch,
+                      pa->microbatch_size);
+        goto out;
+    }
     if (pa->layer_fwd_s) {
         for (int i = 0; i < s.L; i++)
-            if (!(pa->layer_fwd_s[i] >= 0) || !(pa->layer_bwd_s[i] >= 0))
-                return bg_error(BG_ERR_INVALID, "measured time of layer %d is negative", i);
+            if (!(pa->layer_fwd_s[i] >= 0) || !(pa->layer_bwd_s[i] >= 0)) {
+                st = bg_error(BG_ERR_INVALID, "measured time of layer %d is negative", i);
+                goto out;
+            }
     }
     s.mem = malloc((size_t)pa->world * sizeof(uint64_t));
     s.speed = malloc((size_t)pa->world * sizeof(double));
-    bg_status_t st = BG_OK;
+    st = BG_OK;
     if (!s.mem || !s.speed) {
         st = bg_error(BG_ERR_NOMEM, "device table");
         goto out;
@@ -815,6 +828,7 @@ out:
     free(s.plans);
     free(s.mem);
     free(s.speed);
+    bg_model_desc_destroy(s.desc);
     return st;
 }
 
@@ -1034,7 +1048,14 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         BG_CHECK(get_bool(jm, "$.model", "tie_embeddings", &mc.tie_embeddings));
     if (bg_model_config_check(&mc) != BG_OK)
         return bg_error(BG_ERR_PARSE, "plan: $.model: %s", bg_last_error());
-    int L = mc.kind == BG_MODEL_GPT ? mc.layers + 3 : 2 * mc.layers + 1;
+    int L;
+    {
+        bg_model_desc_t *d;
+        if (bg_model_build(&mc, &d) != BG_OK)
+            return bg_error(BG_ERR_PARSE, "plan: $.model: %s", bg_last_error());
+        L = bg_model_desc_num_layers(d);
+        bg_model_desc_destroy(d);
+    }
 
     json_t *jl = json_object_get(root, "layers"), *js = json_object_get(root, "stages"),
            *jr = json_object_get(root, "ranks");

@@ -232,86 +232,6 @@ static int64_t parse_step_name(const char *name)
     return v;
 }
 
-/* ---------------------------------------------------------------- model config as JSON */
-
-static json_t *config_to_json(const bg_model_config_t *m)
-{
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i}", "model",
-                     m->kind == BG_MODEL_GPT ? "gpt" : "mlp", "layers", m->layers, "d_model", m->d_model, "heads",
-                     m->heads, "seq_len", m->seq_len, "vocab", m->vocab, "in_features", m->in_features, "classes",
-                     m->classes, "seed", (json_int_t)m->seed, "tie_embeddings", m->tie_embeddings);
-}
-
-/* Values may be integers or strings (safetensors metadata holds strings). */
-static int json_int_field(json_t *o, const char *key, long long *v)
-{
-    json_t *x = json_object_get(o, key);
-    if (json_is_integer(x)) {
-        *v = json_integer_value(x);
-        return 0;
-    }
-    if (json_is_string(x)) {
-        char *end;
-        errno = 0;
-        *v = strtoll(json_string_value(x), &end, 10);
-        return errno || end == json_string_value(x) || *end ? -1 : 0;
-    }
-    return -1;
-}
-
-static bg_status_t config_from_json(json_t *o, const char *where, bg_model_config_t *cfg)
-{
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    const char *kind = json_string_value(json_object_get(o, "model"));
-    if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp")))
-        return bg_error(BG_ERR_PARSE, "%s: model configuration has no \"model\": \"gpt\"|\"mlp\"", where);
-    c.kind = !strcmp(kind, "gpt") ? BG_MODEL_GPT : BG_MODEL_MLP;
-    struct {
-        const char *k;
-        int *v;
-    } f[] = {{"layers", &c.layers}, {"d_model", &c.d_model}, {"heads", &c.heads}, {"seq_len", &c.seq_len},
-             {"vocab", &c.vocab}, {"in_features", &c.in_features}, {"classes", &c.classes}};
-    for (size_t i = 0; i < BG_ARRAY_LEN(f); i++) {
-        long long v;
-        if (json_int_field(o, f[i].k, &v) != 0 || v < 0 || v > 1 << 30)
-            return bg_error(BG_ERR_PARSE, "%s: model configuration field \"%s\" is missing or not an integer", where,
-                            f[i].k);
-        *f[i].v = (int)v;
-    }
-    long long seed, tie;
-    if (json_int_field(o, "seed", &seed) == 0)
-        c.seed = (uint64_t)seed;
-    if (json_int_field(o, "tie_embeddings", &tie) == 0) /* absent in older files: untied */
-        c.tie_embeddings = tie != 0;
-    *cfg = c;
-    return BG_OK;
-}
-
-/* The fields that shape the tensors must agree (the seed need not). */
-static bg_status_t config_compare(const bg_model_config_t *want, const bg_model_config_t *have, const char *where)
-{
-    const char *kn[] = {"gpt", "mlp"};
-    if (want->kind != have->kind)
-        return bg_error(BG_ERR_MISMATCH, "%s holds a %s model, the model to load is a %s", where, kn[have->kind],
-                        kn[want->kind]);
-    struct {
-        const char *k;
-        int a, b, gpt_only, mlp_only;
-    } f[] = {{"layers", want->layers, have->layers, 0, 0},     {"d_model", want->d_model, have->d_model, 0, 0},
-             {"heads", want->heads, have->heads, 1, 0},        {"seq_len", want->seq_len, have->seq_len, 1, 0},
-             {"vocab", want->vocab, have->vocab, 1, 0},        {"in_features", want->in_features, have->in_features, 0, 1},
-             {"classes", want->classes, have->classes, 0, 1},
-             {"tie_embeddings", want->tie_embeddings, have->tie_embeddings, 1, 0}};
-    for (size_t i = 0; i < BG_ARRAY_LEN(f); i++) {
-        if ((f[i].gpt_only && want->kind != BG_MODEL_GPT) || (f[i].mlp_only && want->kind != BG_MODEL_MLP))
-            continue;
-        if (f[i].a != f[i].b)
-            return bg_error(BG_ERR_MISMATCH, "%s is from another model configuration: %s = %d, the model to load has %d",
-                            where, f[i].k, f[i].b, f[i].a);
-    }
-    return BG_OK;
-}
-
 /* ---------------------------------------------------------------- writing a rank file */
 
 typedef struct wentry {
@@ -510,9 +430,9 @@ static bg_status_t manifest_read(const char *dir, json_t **m_p)
     }
     json_t *files = json_object_get(m, "files");
     if (!json_is_array(files) || !json_is_integer(json_object_get(m, "step")) ||
-        !json_is_object(json_object_get(m, "model_config"))) {
+        !json_is_object(json_object_get(m, "model"))) {
         json_decref(m);
-        return bg_error(BG_ERR_PARSE, "%s lacks step, model_config or files", path);
+        return bg_error(BG_ERR_PARSE, "%s lacks step, model or files", path);
     }
     size_t i;
     json_t *f;
@@ -533,7 +453,7 @@ static bg_status_t info_from_manifest(json_t *m, const char *dir, bg_checkpoint_
 {
     bg_checkpoint_info_t r;
     memset(&r, 0, sizeof r);
-    BG_CHECK(config_from_json(json_object_get(m, "model_config"), dir, &r.model));
+    (void)dir;
     r.step = json_integer_value(json_object_get(m, "step"));
     json_t *dp = json_object_get(m, "data_position");
     r.data_position = json_is_integer(dp) ? json_integer_value(dp) : r.step;
@@ -542,8 +462,12 @@ static bg_status_t info_from_manifest(json_t *m, const char *dir, bg_checkpoint_
     r.has_optim = (int)json_integer_value(json_object_get(m, "optim"));
     json_t *extra = json_object_get(m, "extra");
     r.extra_json = extra ? json_dumps(extra, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : strdup("{}");
-    if (!r.extra_json)
+    r.model_json = json_dumps(json_object_get(m, "model"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!r.extra_json || !r.model_json) {
+        free(r.extra_json);
+        free(r.model_json);
         return bg_error(BG_ERR_NOMEM, "checkpoint extra JSON");
+    }
     *info = r;
     return BG_OK;
 }
@@ -552,7 +476,9 @@ void bg_checkpoint_info_clear(bg_checkpoint_info_t *info)
 {
     if (info) {
         free(info->extra_json);
+        free(info->model_json);
         info->extra_json = NULL;
+        info->model_json = NULL;
     }
 }
 
@@ -656,7 +582,18 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
     json_object_set_new(man, "data_position", json_integer(p->data_position >= 0 ? p->data_position : p->step));
     json_object_set_new(man, "world", json_integer(world));
     json_object_set_new(man, "optim", json_integer(optim));
-    json_object_set_new(man, "model_config", config_to_json(bg_model_config(model0)));
+    {
+        char *desc = NULL;
+        json_t *mj = NULL;
+        if (bg_model_desc_to_json(bg_model_desc(model0), &desc) == BG_OK)
+            mj = json_loads(desc, 0, NULL);
+        free(desc);
+        if (!mj) {
+            st = bg_error(BG_ERR_NOMEM, "checkpoint manifest: model description");
+            goto out;
+        }
+        json_object_set_new(man, "model", mj);
+    }
     json_object_set_new(man, "created_unix", json_integer((json_int_t)time(NULL)));
     json_object_set(man, "files", files);
     if (p->extra_json) {
@@ -1184,12 +1121,15 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
 
     if (man) {
         optim = (int)json_integer_value(json_object_get(man, "optim"));
-        bg_model_config_t have;
-        BG_CHECK(config_from_json(json_object_get(man, "model_config"), dir, &have));
         char where[CKPT_PATH_MAX + 32];
         snprintf(where, sizeof where, "checkpoint %s", dir);
-        for (int k = 0; k < nmodels; k++)
-            BG_CHECK(config_compare(bg_model_config(models[k]), &have, where));
+        char *have = json_dumps(json_object_get(man, "model"), JSON_COMPACT);
+        if (!have)
+            return bg_error(BG_ERR_PARSE, "checkpoint %s: no model description in the manifest", dir);
+        for (int k = 0; k < nmodels && st == BG_OK; k++)
+            st = bg_model_desc_match_json(bg_model_desc(models[k]), have, where);
+        free(have);
+        BG_CHECK(st);
         for (int k = 0; k < nmodels; k++) {
             int mo = model_optim(models[k]);
             if (optim && mo && mo != optim)
@@ -1332,7 +1272,7 @@ bg_status_t bg_safetensors_load_dir(const char *dir, bg_model_t *const *models, 
     return load_common(dir, NULL, models, nmodels);
 }
 
-bg_status_t bg_safetensors_model_config(const char *dir, bg_model_config_t *cfg_p)
+bg_status_t bg_safetensors_model_json(const char *dir, char **json_p)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -1346,12 +1286,9 @@ bg_status_t bg_safetensors_model_config(const char *dir, bg_model_config_t *cfg_
         src_file_t s;
         memset(&s, 0, sizeof s);
         snprintf(s.path, sizeof s.path, "%s/%s", dir, de->d_name);
-        bg_model_config_t c;
         if (read_file(s.path, &s.buf, &s.size) == BG_OK && src_parse(&s) == BG_OK) {
-            json_t *meta = json_object_get(s.hdr, "__metadata__");
-            if (json_is_object(meta) && json_object_get(meta, "model") &&
-                config_from_json(meta, s.path, &c) == BG_OK) {
-                *cfg_p = c;
+            const char *text = json_string_value(json_object_get(json_object_get(s.hdr, "__metadata__"), "brigade_model"));
+            if (text && (*json_p = strdup(text)) != NULL) {
                 st = BG_OK;
                 bg_error_clear();
             }
@@ -1363,7 +1300,6 @@ bg_status_t bg_safetensors_model_config(const char *dir, bg_model_config_t *cfg_
     closedir(d);
     if (st != BG_OK)
         st = bg_error(BG_ERR_NOT_FOUND,
-                      "no model configuration in the metadata of %s/*.safetensors (not written by brigade train "
-                      "--save?)", dir);
+                      "no model description in the metadata of %s/*.safetensors (not written by brigade?)", dir);
     return st;
 }

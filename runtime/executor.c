@@ -1,40 +1,45 @@
-/* runtime/executor.c: pipeline- and data-parallel training. Each rank walks
- * its program from the schedule generator (the same program the simulator
- * runs): receives are posted ahead, sends never block, compute runs on the
- * rank's stages (one per model chunk), and each chunk's gradients are
- * all-reduced over its data-parallel group without blocking as soon as its
- * last backward piece is done, so the reduction overlaps the pipeline's drain.
+/* runtime/executor.c: the executor: trains any model description on a
+ * pipeline x data-parallel layout, one optimizer step per call of its host.
+ * Each rank walks its program from the schedule generator (the same program
+ * the simulator runs): receives are posted ahead, sends never block, compute
+ * runs on the rank's stages (one per model chunk), and each chunk's
+ * gradients are all-reduced over its data-parallel group without blocking as
+ * soon as its last backward piece is done, so the reduction overlaps the
+ * pipeline's drain. One process is the executor at pp = dp = 1.
  *
  * Layout (ARCHITECTURE.md): world = pp x dp (tp = 1 for now),
  * rank = pp_i * dp + dp_i. Data: replica d takes sequences
- * [d*B/D, (d+1)*B/D) of each step's global batch, in M microbatches.
- * The loss scale is 1 / (tokens of the global batch) on every replica and the
- * reduction is a sum, so the arithmetic of a stage's gradients is the one of
- * a single process for dp = 1 (bitwise), and within rounding for dp > 1.
+ * [d*B/D, (d+1)*B/D) of each step's global batch, in M microbatches, from
+ * the host's batch source. The loss scale is 1 / (positions of the global
+ * batch) on every replica and the reduction is a sum, so the arithmetic of a
+ * stage's gradients is the one of a single process for dp = 1 (bitwise), and
+ * within rounding for dp > 1.
  *
  * Shapes: a microbatch's sequence length is a pure function of (step, mb)
- * (bg_train_seq_len), so every rank knows every message's size without a
- * header: variable lengths cost nothing on the wire.
+ * (the batch source's seq_len), so every rank knows every message's size
+ * without a header: variable lengths cost nothing on the wire.
+ *
+ * Ties: before the first optimizer step of a step on a rank, every declared
+ * tie's two gradients become a + b (after the data-parallel sum): by a
+ * device add when this rank holds both tensors, else by exchanging them with
+ * the rank that holds the other (same replica), all exchanges posted before
+ * any is waited for.
  *
  * Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
- * the receiving stage, bits 0..15 the microbatch. */
-#include <errno.h>
-#include <fcntl.h>
+ * the receiving stage (0x3fff: ties), bits 0..15 the microbatch (tie index). */
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "brigade/checkpoint.h"
+#include "brigade/executor.h"
 #include "brigade/schedule.h"
 #include "brigade/train.h"
-#include "brigade/transport.h"
 #include "core/check.h"
 #include "runtime/numa.h"
 #include "runtime/trace.h"
-
-double bg__train_step_tokens(const bg_train_config_t *c, int64_t step);
-void bg__train_config_json(const bg_model_config_t *m, char *buf, size_t n);
 
 typedef struct chunk {
     int stage;              /* virtual stage */
@@ -61,28 +66,134 @@ typedef struct chunk {
     int nbuckets;
 } chunk_t;
 
-typedef struct exec {
-    const bg_train_config_t *c;
+/* A declared tie as this rank sees it. */
+typedef struct tie {
+    bg_param_t *a, *b;      /* the local tensors (NULL: held by another rank) */
+    int partner;            /* rank holding the other tensor when only one is here, else -1 */
+    float *buf;             /* the partner's gradient */
+    bg_request_t *rr, *sr;
+} tie_t;
+
+typedef struct bg_executor {
+    bg_executor_params_t p;
+    bg_model_desc_t *desc;
     bg_comm_t *comm;
+    int own_comm;
     bg_group_t *dp_group, *world_group;
     bg_backend_t *be;
     bg_schedule_t *sched;
+    const bg_sched_op_t *ops;
+    size_t nops;
     int rank, world, pp_i, dp_i, P, D, V, M, S;
     chunk_t *chunks;        /* V */
-    bg_data_t *data;
+    int *first, *last;      /* layer range of each virtual stage */
     int mbn;                /* sequences per microbatch per replica */
-    int64_t step;
+    int tokens_in;          /* the model takes token ids */
+    int classes, vocab, Tmax;
+    int64_t step;           /* steps done */
     float loss_scale;
     double loss;            /* this rank's share of the step's loss */
     int32_t *tokens, *targets;
-    float *inputs;
+    float *features;
+    size_t nfeatures;
+    int64_t fetched_step;   /* (step, mb) whose batch is in the buffers */
+    int fetched_mb;
     bg_trace_t *trace;
     int stashed, peak_stashed;
-    float *tie_buf;         /* the partner's tied-embedding gradient */
-    int64_t tie_step;       /* step whose tied gradients were summed locally */
+    tie_t *ties;
+    int nties;
+    int64_t tie_step;       /* step whose ties were summed */
     double busy;            /* compute seconds in the step */
     uint64_t bytes_sent;    /* point-to-point bytes sent in the step */
+    volatile sig_atomic_t stop_req;
+    int broken;             /* a step failed: the executor cannot step again */
+    size_t act_base;        /* allocator bytes before the first step (params, grads, optimizer) */
+    size_t params;
+    double flops_per_step;
+    size_t predicted_act_bytes;
+    int predicted_stashed;
+    int numa_node;
 } exec_t;
+
+/* Positions of microbatch mb of step `step`. */
+static bg_status_t seq_len(exec_t *x, int64_t step, int mb, int *t_p)
+{
+    if (!x->tokens_in) {
+        *t_p = x->Tmax; /* feature inputs have fixed positions */
+        return BG_OK;
+    }
+    const bg_batch_source_t *d = &x->p.data;
+    int t = d->seq_len ? d->seq_len(step, mb, d->arg) : (d->seq ? d->seq : x->Tmax);
+    if (t < 1 || t > x->Tmax)
+        return bg_error(BG_ERR_INVALID, "batch source: microbatch %d of step %lld has %d positions, outside [1, %d] "
+                                        "(the model's seq_len)", mb, (long long)step + 1, t, x->Tmax);
+    *t_p = t;
+    return BG_OK;
+}
+
+/* Positions in one step's global batch (the loss is their mean). */
+static bg_status_t step_tokens(exec_t *x, int64_t step, double *tokens_p)
+{
+    double tokens = 0;
+    for (int mb = 0; mb < x->M; mb++) {
+        int t = 0;
+        BG_CHECK(seq_len(x, step, mb, &t));
+        tokens += (double)x->mbn * x->D * t;
+    }
+    *tokens_p = tokens;
+    return BG_OK;
+}
+
+/* Ask the batch source for microbatch mb of this step and replica (what this
+ * rank needs: inputs on the first stage, targets on the last), then check
+ * what it wrote: every id in range, every feature finite. */
+static bg_status_t fetch_batch(exec_t *x, int mb)
+{
+    if (x->fetched_step == x->step && x->fetched_mb == mb)
+        return BG_OK;
+    int has_first = 0, has_last = 0;
+    for (int v = 0; v < x->V; v++) {
+        has_first |= x->chunks[v].is_first;
+        has_last |= x->chunks[v].is_last;
+    }
+    int T = 0;
+    BG_CHECK(seq_len(x, x->step, mb, &T));
+    bg_batch_request_t rq = {x->step, mb, x->dp_i, x->dp_i * (x->p.batch / x->D) + mb * x->mbn,
+                             bg_model_desc_input_shape(x->desc, x->mbn, T)};
+    size_t n = (size_t)x->mbn * (size_t)rq.in.t;
+    int32_t *tok = has_first && x->tokens_in ? x->tokens : NULL;
+    float *feat = has_first && !x->tokens_in ? x->features : NULL;
+    int32_t *tgt = has_last ? x->targets : NULL;
+    x->nfeatures = feat ? n * (size_t)rq.in.c : 0;
+    for (size_t i = 0; tok && i < n; i++)
+        tok[i] = -1;
+    for (size_t i = 0; tgt && i < n; i++)
+        tgt[i] = -1;
+    for (size_t i = 0; i < x->nfeatures; i++)
+        feat[i] = NAN;
+    char where[160];
+    snprintf(where, sizeof(where), "batch source, step %lld, microbatch %d, replica %d", (long long)x->step + 1, mb,
+             x->dp_i);
+    bg_status_t st = x->p.data.batch(&rq, tok, feat, tgt, x->p.data.arg);
+    if (st != BG_OK)
+        return bg_error(st, "%s: %s", where, bg_last_error());
+    for (size_t i = 0; tok && i < n; i++)
+        if (tok[i] < 0 || tok[i] >= x->vocab)
+            return bg_error(BG_ERR_INVALID, "%s: token %zu of %zu (sequence %zu, position %zu) is %d, outside the "
+                                            "vocabulary [0, %d)%s", where, i, n, i / (size_t)rq.in.t,
+                            i % (size_t)rq.in.t, tok[i], x->vocab, tok[i] == -1 ? " (not written?)" : "");
+    for (size_t i = 0; tgt && i < n; i++)
+        if (tgt[i] < 0 || tgt[i] >= x->classes)
+            return bg_error(BG_ERR_INVALID, "%s: target %zu of %zu is %d, outside the loss layer's classes [0, %d)%s",
+                            where, i, n, tgt[i], x->classes, tgt[i] == -1 ? " (not written?)" : "");
+    for (size_t i = 0; i < x->nfeatures; i++)
+        if (!isfinite(feat[i]))
+            return bg_error(BG_ERR_INVALID, "%s: feature %zu of %zu (shape %d x %d x %d) is %s", where, i,
+                            x->nfeatures, rq.in.n, rq.in.t, rq.in.c, isnan(feat[i]) ? "NaN (not written?)" : "infinite");
+    x->fetched_step = x->step;
+    x->fetched_mb = mb;
+    return BG_OK;
+}
 
 static chunk_t *chunk_of_stage(exec_t *x, int stage)
 {
@@ -101,7 +212,8 @@ static uint32_t tag_of(exec_t *x, int grad, int recv_stage, int mb)
 /* Shape of the input of stage `stage` for microbatch mb of this step. */
 static bg_status_t input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p)
 {
-    int T = bg_train_seq_len(x->c, x->step, mb);
+    int T = 0;
+    BG_CHECK(seq_len(x, x->step, mb, &T));
     bg_shape_t s = bg_model_input_shape(ch->model, x->mbn, T);
     /* walk the layers before this stage (descriptors of the full model) */
     for (int i = 0; i < ch->first; i++)
@@ -215,15 +327,12 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     bg_backend_t *be = x->be;
     float *in;
     BG_CHECK(begin_slot(x, ch, mb, &in));
-    int T = bg_train_seq_len(x->c, x->step, mb);
-    int first_seq = x->dp_i * (x->c->batch / x->D) + mb * x->mbn;
-    int gpt = x->c->model.kind == BG_MODEL_GPT;
     if (ch->is_first || ch->is_last)
-        BG_CHECK(bg_data_batch(x->data, x->step, first_seq, x->mbn, T, x->tokens, x->inputs, x->targets));
-    if (ch->is_first && !gpt)
-        be->ops->from_host(be, in, x->inputs, (size_t)x->mbn * x->c->model.in_features * sizeof(float));
+        BG_CHECK(fetch_batch(x, mb));
+    if (ch->is_first && x->features)
+        be->ops->from_host(be, in, x->features, x->nfeatures * sizeof(float));
     if (ch->is_first || ch->is_last)
-        BG_CHECK(bg_stage_set_data(ch->st, mb, ch->is_first && gpt ? x->tokens : NULL,
+        BG_CHECK(bg_stage_set_data(ch->st, mb, ch->is_first && x->tokens_in ? x->tokens : NULL,
                                    ch->is_last ? x->targets : NULL, x->loss_scale));
     if (!ch->is_first && !ch->prev_local)
         BG_CHECK(wait_free(&ch->act_recv[mb]));
@@ -361,53 +470,53 @@ static bg_status_t make_buckets(chunk_t *ch)
     return BG_OK;
 }
 
-/* Tied embeddings: before the optimizer step of the chunk holding stage 0
- * (embed.wte) or stage S-1 (head.weight), both gradients become embed + head
- * (after the data-parallel sum), by a device add when one rank holds both,
- * else by exchanging them with the partner rank (same replica). */
-static bg_status_t tie_grads(exec_t *x, chunk_t *ch)
+/* Every tie's gradients become a + b on both copies (see the top). Runs once
+ * per step, before the first optimizer step on this rank, when every
+ * backward on the rank is done: it first finishes every chunk's
+ * data-parallel reduction. */
+static bg_status_t sync_ties(exec_t *x)
 {
-    if (!x->c->model.tie_embeddings || x->c->model.kind != BG_MODEL_GPT || (!ch->is_first && !ch->is_last))
+    if (x->nties == 0 || x->tie_step == x->step)
         return BG_OK;
+    x->tie_step = x->step;
     bg_backend_t *be = x->be;
-    if (ch->is_first && ch->is_last) {
-        bg_model_tie_grads_local(ch->model);
-        return BG_OK;
+    for (int v = 0; v < x->V; v++)
+        BG_CHECK(start_buckets(x, &x->chunks[v], x->chunks[v].first));
+    for (int v = 0; v < x->V; v++)
+        BG_CHECK(wait_buckets(x, &x->chunks[v]));
+    bg_status_t st = BG_OK;
+    for (int t = 0; t < x->nties && st == BG_OK; t++) {
+        tie_t *ti = &x->ties[t];
+        if (ti->partner < 0)
+            continue;
+        bg_param_t *mine = ti->a ? ti->a : ti->b;
+        size_t bytes = mine->numel * sizeof(float);
+        if (!ti->buf && !(ti->buf = bg_backend_alloc(be, bytes, "tied gradient")))
+            return BG_ERR_NOMEM;
+        uint32_t tag = tag_of(x, 1, 0x3fff, t);
+        st = bg_irecv(x->comm, ti->partner, tag, ti->buf, bytes, &ti->rr);
+        if (st == BG_OK)
+            st = bg_isend(x->comm, ti->partner, tag, mine->grad, bytes, &ti->sr);
+        x->bytes_sent += bytes;
     }
-    chunk_t *other = chunk_of_stage(x, ch->is_first ? x->S - 1 : 0);
-    if (other) { /* both on this rank (V-shape, or one pipeline rank) */
-        if (x->tie_step == x->step)
-            return BG_OK;
-        BG_CHECK(wait_buckets(x, other));
-        chunk_t *fc = ch->is_first ? ch : other, *lc = ch->is_first ? other : ch;
-        bg_param_t *e = bg_model_find_tensor(fc->model, "embed.wte"), *h = bg_model_find_tensor(lc->model, "head.weight");
-        be->ops->residual_forward(be, e->grad, e->grad, h->grad, e->numel);
-        be->ops->copy(be, h->grad, e->grad, e->numel);
-        x->tie_step = x->step;
-        return BG_OK;
+    for (int t = 0; t < x->nties; t++) {
+        bg_status_t s1 = wait_free(&x->ties[t].rr), s2 = wait_free(&x->ties[t].sr);
+        if (st == BG_OK)
+            st = s1 != BG_OK ? s1 : s2;
     }
-    bg_param_t *mine = bg_model_find_tensor(ch->model, ch->is_first ? "embed.wte" : "head.weight");
-    if (!mine)
-        return bg_error(BG_ERR_INTERNAL, "rank %d: tied tensor missing on stage %d", x->rank, ch->stage);
-    if (!x->tie_buf && !(x->tie_buf = bg_backend_alloc(be, mine->numel * sizeof(float), "tied gradient")))
-        return BG_ERR_NOMEM;
-    int partner = bg_schedule_stage_rank(x->sched, ch->is_first ? x->S - 1 : 0) * x->D + x->dp_i;
-    uint32_t tag = tag_of(x, 1, 0x3fff, 0xffff);
-    bg_request_t *rr = NULL, *sr = NULL;
-    size_t bytes = mine->numel * sizeof(float);
-    bg_status_t st = bg_irecv(x->comm, partner, tag, x->tie_buf, bytes, &rr);
-    if (st == BG_OK)
-        st = bg_isend(x->comm, partner, tag, mine->grad, bytes, &sr);
-    x->bytes_sent += bytes;
-    bg_status_t st1 = wait_free(&rr), st2 = wait_free(&sr);
-    if (st == BG_OK)
-        st = st1 != BG_OK ? st1 : st2;
     if (st != BG_OK)
         return st;
-    if (ch->is_first)
-        be->ops->residual_forward(be, mine->grad, mine->grad, x->tie_buf, mine->numel); /* e + h */
-    else
-        be->ops->residual_forward(be, mine->grad, x->tie_buf, mine->grad, mine->numel); /* e + h */
+    for (int t = 0; t < x->nties; t++) {
+        tie_t *ti = &x->ties[t];
+        if (ti->a && ti->b) {
+            be->ops->residual_forward(be, ti->a->grad, ti->a->grad, ti->b->grad, ti->a->numel); /* a + b */
+            be->ops->copy(be, ti->b->grad, ti->a->grad, ti->a->numel);
+        } else if (ti->a) {
+            be->ops->residual_forward(be, ti->a->grad, ti->a->grad, ti->buf, ti->a->numel);
+        } else if (ti->b) {
+            be->ops->residual_forward(be, ti->b->grad, ti->buf, ti->b->grad, ti->b->numel);
+        }
+    }
     return BG_OK;
 }
 
@@ -462,15 +571,15 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
+        BG_CHECK(sync_ties(x));
         BG_CHECK(wait_buckets(x, ch));
-        BG_CHECK(tie_grads(x, ch));
-        return bg_model_optim_step(ch->model, &x->c->optim, (int)x->step + 1);
+        return bg_model_optim_step(ch->model, &x->p.optim, (int)x->step + 1);
     }
     return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
 }
 
 /* Layers per virtual stage: explicit split, or as even as possible. */
-static bg_status_t layer_ranges(const bg_train_config_t *c, int total, int S, int *first, int *last)
+static bg_status_t layer_ranges(const bg_executor_params_t *c, int total, int S, int *first, int *last)
 {
     if (c->split && c->nsplit) {
         if (c->nsplit != S)
@@ -504,7 +613,7 @@ static bg_status_t layer_ranges(const bg_train_config_t *c, int total, int S, in
  * (input, outputs, layer stashes, data, incoming gradient), plus what lives
  * outside the stash: each stage's scratch, the receive buffers posted one
  * microbatch ahead, and the largest backward temporary. */
-static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
+static bg_status_t predict_activations(exec_t *x)
 {
     double *stash = calloc((size_t)x->S, sizeof(double)), *wstash = calloc((size_t)x->S, sizeof(double));
     if (!stash || !wstash) {
@@ -518,7 +627,7 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
         chunk_t *ch = &x->chunks[v];
         bg_shape_t in;
         bg_stage_mem_t mem;
-        int save = (int)x->step;
+        int64_t save = x->step;
         x->step = 0;
         st = input_shape(x, ch, 0, &in);
         x->step = save;
@@ -550,8 +659,8 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
     if (st == BG_OK)
         st = bg_schedule_simulate(x->sched, &sp, &r);
     if (st == BG_OK) {
-        res->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
-        res->predicted_act_bytes = (size_t)bg_sim_peak_stash_bytes(r, x->pp_i) + extra;
+        x->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
+        x->predicted_act_bytes = (size_t)bg_sim_peak_stash_bytes(r, x->pp_i) + extra;
     }
     bg_sim_result_free(r);
     free(stash);
@@ -559,75 +668,105 @@ static bg_status_t predict_activations(exec_t *x, bg_train_result_t *res)
     return st;
 }
 
-static bg_status_t save_checkpoint(exec_t *x, int64_t steps_done)
+static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
 {
-    const bg_train_config_t *c = x->c;
     bg_model_t **models = malloc((size_t)x->V * sizeof(*models));
-    BG_ALLOC_CHECK(models, (size_t)x->V * sizeof(*models), "checkpoint model list");
+    BG_ALLOC_CHECK(models, (size_t)x->V * sizeof(*models), "model chunk list");
     for (int v = 0; v < x->V; v++)
         models[v] = x->chunks[v].model;
+    *models_p = models;
+    return BG_OK;
+}
+
+bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
+{
+    bg_model_t **models = NULL;
+    BG_CHECK(chunk_models(x, &models));
     char extra[512];
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":1,\"chunks\":%d,\"schedule\":\"%s\"},"
-             "\"optimizer\":\"%s\",\"lr\":%g,\"data_seed\":%llu,\"batch\":%d,\"microbatches\":%d}",
-             x->P, x->D, x->V, bg_schedule_name(x->sched), c->optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
-             (double)c->optim.lr, (unsigned long long)c->data_seed, c->batch, c->microbatches);
+             "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
+             x->P, x->D, x->V, bg_schedule_name(x->sched), x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
+             (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
-    p.root = c->checkpoint_dir;
-    p.step = steps_done;
+    p.root = root;
+    p.step = x->step;
     p.models = models;
     p.nmodels = x->V;
     p.comm = x->comm;
     p.writer = x->dp_i == 0;
     p.extra_json = extra;
-    p.keep = c->keep;
+    p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);
     free(models);
     return st;
 }
 
-static bg_status_t resume_checkpoint(exec_t *x, int *start_p)
+bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p)
 {
     char dir[4096];
     int64_t step = 0;
-    bg_status_t st = bg_checkpoint_latest(x->c->checkpoint_dir, dir, sizeof(dir), &step);
+    bg_status_t st = bg_checkpoint_latest(root, dir, sizeof(dir), &step);
     if (st == BG_ERR_NOT_FOUND) {
         bg_error_clear();
-        *start_p = 0;
-        return BG_OK; /* nothing to resume from: start at step 0 */
+        *found_p = 0;
+        return BG_OK; /* nothing to resume from */
     }
     BG_CHECK(st);
-    bg_model_t **models = malloc((size_t)x->V * sizeof(*models));
-    BG_ALLOC_CHECK(models, (size_t)x->V * sizeof(*models), "checkpoint model list");
-    for (int v = 0; v < x->V; v++)
-        models[v] = x->chunks[v].model;
+    bg_model_t **models = NULL;
+    BG_CHECK(chunk_models(x, &models));
     bg_checkpoint_info_t info;
     memset(&info, 0, sizeof(info));
     st = bg_checkpoint_load(dir, models, x->V, &info);
     free(models);
     if (st == BG_OK) {
-        *start_p = (int)info.step;
+        x->step = info.step;
+        *found_p = 1;
         bg_log(BG_LOG_INFO, "train", "resumed from %s (step %lld)", dir, (long long)info.step);
     }
     bg_checkpoint_info_clear(&info);
     return st;
 }
 
-static bg_status_t save_weights(exec_t *x)
+bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
 {
-    if (!x->c->save_dir || x->dp_i != 0)
+    BG_CHECK(bg_check_writable_dir(dir));
+    if (x->dp_i != 0)
         return BG_OK;
-    char meta[1024];
-    bg__train_config_json(&x->c->model, meta, sizeof(meta));
-    for (int v = 0; v < x->V; v++) {
+    char *meta;
+    BG_CHECK(bg_model_metadata_json(x->desc, &meta));
+    bg_status_t st = BG_OK;
+    for (int v = 0; v < x->V && st == BG_OK; v++) {
         char path[4096];
         if (x->S == 1)
-            snprintf(path, sizeof(path), "%s/model.safetensors", x->c->save_dir);
+            snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         else
-            snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", x->c->save_dir, x->chunks[v].stage);
-        BG_CHECK(bg_model_save_safetensors(x->chunks[v].model, path, meta));
+            snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", dir, x->chunks[v].stage);
+        st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
     }
-    return BG_OK;
+    free(meta);
+    return st;
+}
+
+bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir)
+{
+    bg_model_t **models = NULL;
+    BG_CHECK(chunk_models(x, &models));
+    bg_status_t st = bg_safetensors_load_dir(dir, models, x->V);
+    free(models);
+    return st;
+}
+
+bg_status_t bg_executor_write_trace(bg_executor_t *x)
+{
+    if (!x->trace)
+        return bg_error(BG_ERR_INVALID, "bg_executor_write_trace: the executor was created without a trace_path");
+    char meta[512];
+    snprintf(meta, sizeof(meta),
+             "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
+             "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
+             bg_schedule_name(x->sched), x->P, x->D, x->M, x->V, (long long)x->step);
+    return bg_trace_write(x->trace, x->p.trace_path, meta);
 }
 
 static void free_chunk(chunk_t *ch)
@@ -665,335 +804,389 @@ static void cancel_all(exec_t *x)
             ch->buckets[b].req = NULL;
         }
     }
+    for (int t = 0; x->ties && t < x->nties; t++) {
+        bg_request_free(x->ties[t].rr);
+        bg_request_free(x->ties[t].sr);
+        x->ties[t].rr = x->ties[t].sr = NULL;
+    }
 }
 
-bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *result_p)
+static void exec_free(exec_t *x)
 {
-    bg_status_t st = BG_OK;
-    exec_t X = {0}, *x = &X;
-    X.tie_step = -1;
-    x->c = cfg;
-    bg_train_result_t res = {0};
-    double *times = NULL, *busy = NULL;
-    int *first = NULL, *last = NULL;
-    BG_CHECK(bg_train_check(cfg));
-    x->P = cfg->pp > 0 ? cfg->pp : 1;
-    x->D = cfg->dp > 0 ? cfg->dp : 1;
-    x->M = cfg->microbatches;
-
-    /* the schedule first: a bad --schedule fails before anyone connects */
-    bg_schedule_kind_t kind = BG_SCHED_1F1B;
-    if (cfg->schedule)
-        BG_CHECK(bg_schedule_kind_parse(cfg->schedule, &kind));
-    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
-    sp.kind = kind;
-    sp.stages = x->P;
-    sp.microbatches = x->M;
-    sp.chunks = cfg->chunks;
-    BG_CHECK(bg_schedule_generate(&sp, &x->sched));
-    BG_CHECK_GOTO(bg_schedule_validate(x->sched), st, out);
-    x->V = bg_schedule_chunks(x->sched);
-    x->S = bg_schedule_stages(x->sched);
-    if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
-        st = bg_error(BG_ERR_UNSUPPORTED, "%d microbatches on %d stages: at most 65534 microbatches and 16382 stages",
-                      x->M, x->S);
-        goto out;
-    }
-
-    int total = cfg->model.kind == BG_MODEL_GPT ? cfg->model.layers + 3 : 2 * cfg->model.layers + 1;
-    first = calloc((size_t)x->S, sizeof(int));
-    last = calloc((size_t)x->S, sizeof(int));
-    if (!first || !last) {
-        st = bg_error(BG_ERR_NOMEM, "stage table");
-        goto out;
-    }
-    BG_CHECK_GOTO(layer_ranges(cfg, total, x->S, first, last), st, out);
-
-    bg_comm_params_t cp = BG_COMM_PARAMS_INIT;
-    BG_CHECK_GOTO(bg_comm_create(&cp, &x->comm), st, out);
-    x->rank = bg_comm_rank(x->comm);
-    x->world = bg_comm_size(x->comm);
-    bg_log_set_rank(x->rank);
-    if (x->world != x->P * x->D) {
-        st = bg_error(BG_ERR_INVALID,
-                      "--pp %d x --dp %d = %d ranks, but the job has %d (start it with brigade launch -n %d)", x->P,
-                      x->D, x->P * x->D, x->world, x->P * x->D);
-        goto out;
-    }
-    {
-        int node;
-        BG_CHECK_GOTO(bg_numa_bind(bg_comm_local_rank(x->comm), &node), st, out);
-        res.numa_node = node;
-    }
-    x->pp_i = x->rank / x->D;
-    x->dp_i = x->rank % x->D;
-    {
-        int *ranks = malloc((size_t)(x->world > x->D ? x->world : x->D) * sizeof(int));
-        if (!ranks) {
-            st = BG_ERR_NOMEM;
-            goto out;
-        }
-        for (int d = 0; d < x->D; d++)
-            ranks[d] = x->pp_i * x->D + d;
-        st = bg_group_create(x->comm, x->D, ranks, &x->dp_group);
-        for (int r = 0; st == BG_OK && r < x->world; r++)
-            ranks[r] = r;
-        if (st == BG_OK)
-            st = bg_group_create(x->comm, x->world, ranks, &x->world_group);
-        free(ranks);
-        if (st != BG_OK)
-            goto out;
-    }
-
-    /* metrics: rank 0 starts the file (unless resuming), then all ranks append */
-    if (cfg->metrics_path) {
-        if (x->rank == 0 && !cfg->resume) {
-            int fd = open(cfg->metrics_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            if (fd < 0)
-                st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", cfg->metrics_path, strerror(errno));
-            else
-                close(fd);
-        }
-        /* every rank learns whether rank 0 could create it, and none writes before it did */
-        float okf = st == BG_OK ? 0.0f : 1.0f;
-        if (x->world > 1)
-            BG_CHECK_GOTO(bg_group_allreduce(x->world_group, &okf, 1, BG_REDUCE_SUM), st, out);
-        if (okf > 0) {
-            if (st == BG_OK)
-                st = bg_error(BG_ERR_IO, "rank 0 cannot write metrics file %s", cfg->metrics_path);
-            goto out;
-        }
-    }
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
-    bp.num_threads = cfg->threads;
-    BG_CHECK_GOTO(bg_backend_create(cfg->backend, &bp, &x->be), st, out);
-    int gpt = cfg->model.kind == BG_MODEL_GPT;
-    x->mbn = cfg->batch / (x->D * x->M);
-    int Tmax = gpt ? (cfg->seq ? cfg->seq : cfg->model.seq_len) : 1;
-    if (gpt)
-        BG_CHECK_GOTO(bg_data_open_text(cfg->data_path, Tmax, cfg->data_seed, &x->data), st, out);
-    else
-        BG_CHECK_GOTO(bg_data_synthetic(cfg->model.in_features, cfg->model.classes, cfg->data_seed, &x->data), st,
-                      out);
-    if (cfg->save_dir)
-        BG_CHECK_GOTO(bg_check_writable_dir(cfg->save_dir), st, out);
-    x->tokens = malloc((size_t)x->mbn * Tmax * sizeof(int32_t));
-    x->targets = malloc((size_t)x->mbn * Tmax * sizeof(int32_t));
-    x->inputs = gpt ? NULL : malloc((size_t)x->mbn * cfg->model.in_features * sizeof(float));
-    x->chunks = calloc((size_t)x->V, sizeof(chunk_t));
-    if (!x->tokens || !x->targets || (!gpt && !x->inputs) || !x->chunks) {
-        st = bg_error(BG_ERR_NOMEM, "executor buffers");
-        goto out;
-    }
-    for (int v = 0; v < x->V; v++) {
-        chunk_t *ch = &x->chunks[v];
-        int stage = -1;
-        for (int s = 0; s < x->S; s++)
-            if (bg_schedule_stage_rank(x->sched, s) == x->pp_i && bg_schedule_stage_chunk(x->sched, s) == v)
-                stage = s;
-        ch->stage = stage;
-        ch->first = first[stage];
-        ch->last = last[stage];
-        ch->is_first = stage == 0;
-        ch->is_last = stage == x->S - 1;
-        int pr = stage > 0 ? bg_schedule_stage_rank(x->sched, stage - 1) : -1;
-        int nr = stage < x->S - 1 ? bg_schedule_stage_rank(x->sched, stage + 1) : -1;
-        ch->prev_local = pr == x->pp_i;
-        ch->next_local = nr == x->pp_i;
-        ch->prev_rank = pr >= 0 ? pr * x->D + x->dp_i : -1;
-        ch->next_rank = nr >= 0 ? nr * x->D + x->dp_i : -1;
-        BG_CHECK_GOTO(bg_model_create(&cfg->model, x->be, ch->first, ch->last, &ch->model), st, out);
-        BG_CHECK_GOTO(bg_stage_create(ch->model, x->M, &ch->st), st, out);
-        if (cfg->recompute || (cfg->recompute_stages && stage < cfg->nrecompute_stages && cfg->recompute_stages[stage]))
-            bg_stage_set_recompute(ch->st, 1);
-        BG_CHECK_GOTO(make_buckets(ch), st, out);
-        hook_arg_t *h = malloc(sizeof(*h));
-        if (!h) {
-            st = bg_error(BG_ERR_NOMEM, "backward hook");
-            goto out;
-        }
-        h->x = x;
-        h->ch = ch;
-        ch->hook = h;
-        bg_stage_set_layer_done(ch->st, on_layer_done, h);
-        /* optimizer state now, so the activation peak measured below is activations only */
-        BG_CHECK_GOTO(bg_model_optim_init(ch->model, cfg->optim.kind), st, out);
-        size_t M = (size_t)x->M;
-        ch->act_recv = calloc(M, sizeof(void *));
-        ch->grad_recv = calloc(M, sizeof(void *));
-        ch->act_send = calloc(M, sizeof(void *));
-        ch->grad_send = calloc(M, sizeof(void *));
-        ch->out = calloc(M, sizeof(float *));
-        ch->din = calloc(M, sizeof(float *));
-        ch->begun = calloc(M, sizeof(int));
-        ch->pending_end = calloc(M, sizeof(int));
-        ch->out_shape = calloc(M, sizeof(bg_shape_t));
-        if (!ch->act_recv || !ch->grad_recv || !ch->act_send || !ch->grad_send || !ch->out || !ch->din ||
-            !ch->begun || !ch->pending_end || !ch->out_shape) {
-            st = bg_error(BG_ERR_NOMEM, "executor bookkeeping");
-            goto out;
-        }
-        res.params += bg_model_param_count(ch->model);
-    }
-    if (cfg->trace_path)
-        BG_CHECK_GOTO(bg_trace_create(x->comm, x->rank, &x->trace), st, out);
-    BG_CHECK_GOTO(predict_activations(x, &res), st, out);
-
-    size_t nops;
-    const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, x->pp_i, &nops);
-    /* step times for the medians: the last BG_TIMED steps (a ring) */
-    enum { BG_TIMED = 4096 };
-    times = calloc(BG_TIMED, sizeof(double));
-    busy = calloc(BG_TIMED, sizeof(double));
-    if (!times || !busy) {
-        st = BG_ERR_NOMEM;
-        goto out;
-    }
-    int start = 0;
-    if (cfg->checkpoint_dir && cfg->resume)
-        BG_CHECK_GOTO(resume_checkpoint(x, &start), st, out);
-    res.start_step = start;
-    res.steps_done = start;
-    size_t act_base = bg_backend_memstats(x->be).current;
-    bg_backend_reset_peak(x->be);
-    int timed = 0;
-    for (int step = start; step < cfg->steps; step++) {
-        x->step = step;
-        double step_tokens = bg__train_step_tokens(cfg, step);
-        x->loss_scale = (float)(1.0 / step_tokens);
-        x->loss = 0;
-        x->busy = 0;
-        x->bytes_sent = 0;
-        for (int v = 0; v < x->V; v++)
-            bg_model_zero_grads(x->chunks[v].model);
-        double t0 = bg_now();
-        for (size_t i = 0; i < nops; i++) {
-            BG_CHECK_GOTO(post_ahead(x, ops, nops, i), st, fail);
-            int compute = ops[i].kind <= BG_OP_BACKWARD_WEIGHT || ops[i].kind == BG_OP_OPTIMIZER_STEP;
-            double a = bg_now();
-            st = run_op(x, &ops[i]);
-            double b = bg_now();
-            if (st != BG_OK) {
-                bg_status_t st2 = bg_comm_health(x->comm);
-                const char *what = op_label(ops[i].kind);
-                char msg[1024];
-                snprintf(msg, sizeof(msg), "%s", bg_last_error());
-                if (st2 != BG_OK && st != BG_ERR_PEER)
-                    st = st2, snprintf(msg, sizeof(msg), "%s", bg_last_error());
-                st = bg_error(st, "rank %d (stage %d) at step %d, %s of microbatch %d: %s", x->rank, ops[i].stage,
-                              step + 1, what, ops[i].microbatch, msg);
-                goto fail;
-            }
-            if (compute)
-                x->busy += b - a;
-            if (x->trace)
-                bg_trace_event(x->trace, op_label(ops[i].kind), ops[i].microbatch, ops[i].stage, a, b, step + 1);
-            BG_CHECK_GOTO(reap_pending(x, 0), st, fail);
-        }
-        BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
-        x->be->ops->synchronize(x->be);
-        double dt = bg_now() - t0;
-        if (x->trace)
-            bg_trace_event(x->trace, "step", -1, -1, t0, t0 + dt, step + 1);
-        /* the step's loss (the last stage of each replica holds its share) and
-         * whether any rank was asked to stop: one allreduce, so all agree */
-        float red[2] = {(float)x->loss, cfg->stop_flag && *cfg->stop_flag ? 1.0f : 0.0f};
-        if (x->world > 1)
-            BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 2, BG_REDUCE_SUM), st, fail);
-        float lossf = red[0];
-        int stop = red[1] > 0;
-        times[timed % BG_TIMED] = dt;
-        busy[timed % BG_TIMED] = x->busy;
-        timed++;
-        res.steps_done = step + 1;
-        if (step == start)
-            res.first_loss = lossf;
-        res.final_loss = lossf;
-        if (cfg->on_step) {
-            bg_step_info_t info = {step + 1, cfg->steps, lossf, dt * 1e3, step_tokens / dt, x->rank};
-            cfg->on_step(&info, cfg->on_step_arg);
-        }
-        if (cfg->metrics_path) {
-            /* one line per rank and step, appended with one write (O_APPEND keeps lines whole) */
-            char line[512];
-            int len = snprintf(line, sizeof(line),
-                               "{\"rank\": %d, \"step\": %d, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                               "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu}\n",
-                               x->rank, step + 1, lossf, step_tokens / dt, dt * 1e3, dt > 0 ? 1.0 - x->busy / dt : 0.0,
-                               (unsigned long long)x->bytes_sent, bg_backend_memstats(x->be).peak);
-            int fd = open(cfg->metrics_path, O_WRONLY | O_APPEND | O_CREAT, 0644);
-            if (fd < 0 || write(fd, line, (size_t)len) != len) {
-                st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", cfg->metrics_path, strerror(errno));
-                if (fd >= 0)
-                    close(fd);
-                goto fail;
-            }
-            close(fd);
-        }
-        int last = step + 1 == cfg->steps;
-        if (cfg->checkpoint_dir &&
-            (stop || last || (cfg->checkpoint_every && (step + 1) % cfg->checkpoint_every == 0)))
-            BG_CHECK_GOTO(save_checkpoint(x, step + 1), st, fail);
-        if (stop && !last) {
-            res.stopped = 1;
-            break;
-        }
-    }
-    res.peak_act_bytes = bg_backend_memstats(x->be).peak - act_base;
-    if (timed > BG_TIMED)
-        timed = BG_TIMED;
-    if (timed > 0) {
-        double step_s = bg_median(times, (size_t)timed);
-        res.median_step_ms = step_s * 1e3;
-        res.tokens_per_s = bg__train_step_tokens(cfg, timed / 2) / step_s;
-        res.bubble = 1.0 - bg_median(busy, (size_t)timed) / step_s;
-    }
-    res.peak_bytes = bg_backend_memstats(x->be).peak;
-    res.peak_stashed = x->peak_stashed;
-    res.rank = x->rank;
-    res.world = x->world;
-    BG_CHECK_GOTO(save_weights(x), st, fail);
-    if (x->trace) {
-        char meta[512];
-        snprintf(meta, sizeof(meta),
-                 "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%d,"
-                 "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-                 bg_schedule_name(x->sched), x->P, x->D, x->M, x->V, cfg->steps);
-        BG_CHECK_GOTO(bg_trace_write(x->trace, cfg->trace_path, meta), st, fail);
-    }
-    *result_p = res;
-    goto out;
-fail:
-    cancel_all(x);
-out:
     if (x->trace)
         bg_trace_destroy(x->trace);
-    if (x->be)
-        bg_backend_free(x->be, x->tie_buf);
+    for (int t = 0; x->ties && t < x->nties; t++)
+        bg_backend_free(x->be, x->ties[t].buf);
+    free(x->ties);
     if (x->chunks)
         for (int v = 0; v < x->V; v++)
             free_chunk(&x->chunks[v]);
     free(x->chunks);
     bg_group_destroy(x->dp_group);
     bg_group_destroy(x->world_group);
-    if (x->comm) {
-        char msg[1024];
-        snprintf(msg, sizeof(msg), "%s", bg_last_error());
-        bg_status_t st2 = bg_comm_destroy(x->comm);
-        if (st == BG_OK)
-            st = st2;
-        else
-            bg_error(st, "%s", msg); /* keep the first failure's message */
-    }
     bg_backend_destroy(x->be);
-    bg_data_close(x->data);
     bg_schedule_free(x->sched);
     free(x->tokens);
     free(x->targets);
-    free(x->inputs);
-    free(first);
-    free(last);
-    free(times);
-    free(busy);
+    free(x->features);
+    free(x->first);
+    free(x->last);
+}
+
+static bg_status_t check_params(const bg_executor_params_t *p)
+{
+    if (!p->model)
+        return bg_error(BG_ERR_INVALID, "executor: no model description");
+    BG_CHECK(bg_model_desc_check(p->model));
+    if (p->pp < 1 || p->dp < 1)
+        return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
+    if (p->tp != 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "tp = %d: tensor parallelism is not built yet (tp must be 1)", p->tp);
+    if (p->batch < 1 || p->microbatches < 1)
+        return bg_error(BG_ERR_INVALID, "batch (%d) and microbatches (%d) must be >= 1", p->batch, p->microbatches);
+    if (p->batch % (p->dp * p->microbatches) != 0)
+        return bg_error(BG_ERR_INVALID, "batch %d does not split into %d replicas x %d equal microbatches", p->batch,
+                        p->dp, p->microbatches);
+    if (!p->data.batch)
+        return bg_error(BG_ERR_INVALID, "executor: no batch source (params.data.batch is NULL)");
+    const bg_model_desc_params_t *mp = bg_model_desc_params(p->model);
+    if (p->data.seq < 0 || (mp->input == BG_INPUT_TOKENS && p->data.seq > mp->seq_len))
+        return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", p->data.seq,
+                        mp->seq_len);
+    if (!(p->optim.lr > 0))
+        return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)p->optim.lr);
+    if (p->optim.kind != BG_OPTIM_ADAMW && p->optim.kind != BG_OPTIM_SGD)
+        return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)p->optim.kind);
+    return BG_OK;
+}
+
+/* The job's groups: this rank's data-parallel group and the world. */
+static bg_status_t make_groups(exec_t *x)
+{
+    int *ranks = malloc((size_t)(x->world > x->D ? x->world : x->D) * sizeof(int));
+    BG_ALLOC_CHECK(ranks, (size_t)x->world * sizeof(int), "group ranks");
+    for (int d = 0; d < x->D; d++)
+        ranks[d] = x->pp_i * x->D + d;
+    bg_status_t st = bg_group_create(x->comm, x->D, ranks, &x->dp_group);
+    for (int r = 0; st == BG_OK && r < x->world; r++)
+        ranks[r] = r;
+    if (st == BG_OK)
+        st = bg_group_create(x->comm, x->world, ranks, &x->world_group);
+    free(ranks);
+    return st;
+}
+
+/* Model, stage, buckets and bookkeeping of virtual stage `stage` on this rank. */
+static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
+{
+    ch->stage = stage;
+    ch->first = x->first[stage];
+    ch->last = x->last[stage];
+    ch->is_first = stage == 0;
+    ch->is_last = stage == x->S - 1;
+    int pr = stage > 0 ? bg_schedule_stage_rank(x->sched, stage - 1) : -1;
+    int nr = stage < x->S - 1 ? bg_schedule_stage_rank(x->sched, stage + 1) : -1;
+    ch->prev_local = pr == x->pp_i;
+    ch->next_local = nr == x->pp_i;
+    ch->prev_rank = pr >= 0 ? pr * x->D + x->dp_i : -1;
+    ch->next_rank = nr >= 0 ? nr * x->D + x->dp_i : -1;
+    BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
+    BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
+    const bg_executor_params_t *p = &x->p;
+    if (p->recompute || (p->recompute_stages && stage < p->nrecompute_stages && p->recompute_stages[stage]))
+        bg_stage_set_recompute(ch->st, 1);
+    BG_CHECK(make_buckets(ch));
+    hook_arg_t *h = malloc(sizeof(*h));
+    BG_ALLOC_CHECK(h, sizeof(*h), "backward hook");
+    h->x = x;
+    h->ch = ch;
+    ch->hook = h;
+    bg_stage_set_layer_done(ch->st, on_layer_done, h);
+    /* optimizer state now, so the activation peak measured later is activations only */
+    BG_CHECK(bg_model_optim_init(ch->model, p->optim.kind));
+    size_t M = (size_t)x->M;
+    ch->act_recv = calloc(M, sizeof(void *));
+    ch->grad_recv = calloc(M, sizeof(void *));
+    ch->act_send = calloc(M, sizeof(void *));
+    ch->grad_send = calloc(M, sizeof(void *));
+    ch->out = calloc(M, sizeof(float *));
+    ch->din = calloc(M, sizeof(float *));
+    ch->begun = calloc(M, sizeof(int));
+    ch->pending_end = calloc(M, sizeof(int));
+    ch->out_shape = calloc(M, sizeof(bg_shape_t));
+    if (!ch->act_recv || !ch->grad_recv || !ch->act_send || !ch->grad_send || !ch->out || !ch->din || !ch->begun ||
+        !ch->pending_end || !ch->out_shape)
+        return bg_error(BG_ERR_NOMEM, "executor bookkeeping");
+    x->params += bg_model_param_count(ch->model);
+    return BG_OK;
+}
+
+/* Where each tie's tensors live: here, or on which rank of this replica. */
+static bg_status_t make_ties(exec_t *x)
+{
+    x->nties = bg_model_desc_num_ties(x->desc);
+    if (x->nties == 0)
+        return BG_OK;
+    if (x->nties > 0xffff)
+        return bg_error(BG_ERR_UNSUPPORTED, "%d ties: at most 65535", x->nties);
+    x->ties = calloc((size_t)x->nties, sizeof(*x->ties));
+    BG_ALLOC_CHECK(x->ties, (size_t)x->nties * sizeof(*x->ties), "ties");
+    for (int t = 0; t < x->nties; t++) {
+        tie_t *ti = &x->ties[t];
+        const char *na, *nb;
+        bg_model_desc_tie_names(x->desc, t, &na, &nb);
+        for (int v = 0; v < x->V; v++) {
+            if (!ti->a)
+                ti->a = bg_model_find_tensor(x->chunks[v].model, na);
+            if (!ti->b)
+                ti->b = bg_model_find_tensor(x->chunks[v].model, nb);
+        }
+        ti->partner = -1;
+        if (!!ti->a != !!ti->b) {
+            int layer = bg_model_desc_tensor_layer(x->desc, ti->a ? nb : na), stage = 0;
+            while (stage < x->S - 1 && x->last[stage] < layer)
+                stage++;
+            ti->partner = bg_schedule_stage_rank(x->sched, stage) * x->D + x->dp_i;
+        }
+    }
+    return BG_OK;
+}
+
+bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **x_p)
+{
+    if (!pin || pin->size < offsetof(bg_executor_params_t, numa_bind) + sizeof(int))
+        return bg_error(BG_ERR_INVALID, "bg_executor_create: params missing or older than this library (initialise "
+                                        "them with BG_EXECUTOR_PARAMS_INIT)");
+    BG_CHECK(check_params(pin));
+    exec_t *x = calloc(1, sizeof(*x));
+    BG_ALLOC_CHECK(x, sizeof(*x), "executor");
+    bg_status_t st = BG_OK;
+    memcpy(&x->p, pin, pin->size < sizeof(x->p) ? pin->size : sizeof(x->p));
+    x->p.size = sizeof(x->p);
+    x->desc = x->p.model;
+    x->tie_step = -1;
+    x->fetched_step = -1;
+    x->numa_node = -1;
+    x->P = x->p.pp;
+    x->D = x->p.dp;
+    x->M = x->p.microbatches;
+    const bg_model_desc_params_t *mp = bg_model_desc_params(x->desc);
+    x->tokens_in = mp->input == BG_INPUT_TOKENS;
+    x->vocab = mp->vocab;
+    x->Tmax = mp->seq_len;
+    x->classes = bg_model_desc_classes(x->desc);
+    x->mbn = x->p.batch / (x->D * x->M);
+
+    /* the schedule first: a bad schedule fails before anyone connects */
+    bg_schedule_kind_t kind = BG_SCHED_1F1B;
+    if (x->p.schedule)
+        BG_CHECK_GOTO(bg_schedule_kind_parse(x->p.schedule, &kind), st, err);
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = kind;
+    sp.stages = x->P;
+    sp.microbatches = x->M;
+    sp.chunks = x->p.chunks;
+    BG_CHECK_GOTO(bg_schedule_generate(&sp, &x->sched), st, err);
+    BG_CHECK_GOTO(bg_schedule_validate(x->sched), st, err);
+    x->V = bg_schedule_chunks(x->sched);
+    x->S = bg_schedule_stages(x->sched);
+    if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
+        st = bg_error(BG_ERR_UNSUPPORTED, "%d microbatches on %d stages: at most 65534 microbatches and 16382 stages",
+                      x->M, x->S);
+        goto err;
+    }
+    x->first = calloc((size_t)x->S, sizeof(int));
+    x->last = calloc((size_t)x->S, sizeof(int));
+    if (!x->first || !x->last) {
+        st = bg_error(BG_ERR_NOMEM, "stage table");
+        goto err;
+    }
+    BG_CHECK_GOTO(layer_ranges(&x->p, bg_model_desc_num_layers(x->desc), x->S, x->first, x->last), st, err);
+
+    if (x->p.comm) {
+        x->comm = x->p.comm;
+    } else {
+        bg_comm_params_t cp = BG_COMM_PARAMS_INIT;
+        BG_CHECK_GOTO(bg_comm_create(&cp, &x->comm), st, err);
+        x->own_comm = 1;
+    }
+    x->rank = bg_comm_rank(x->comm);
+    x->world = bg_comm_size(x->comm);
+    bg_log_set_rank(x->rank);
+    if (x->world != x->P * x->D) {
+        st = bg_error(BG_ERR_INVALID, "pp %d x dp %d = %d ranks, but the job has %d (start it with brigade launch -n %d)",
+                      x->P, x->D, x->P * x->D, x->world, x->P * x->D);
+        goto err;
+    }
+    if (x->p.numa_bind)
+        BG_CHECK_GOTO(bg_numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
+    x->pp_i = x->rank / x->D;
+    x->dp_i = x->rank % x->D;
+    BG_CHECK_GOTO(make_groups(x), st, err);
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bp.num_threads = x->p.threads;
+    BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
+    size_t per = (size_t)x->mbn * (size_t)x->Tmax;
+    x->tokens = malloc(per * sizeof(int32_t));
+    x->targets = malloc(per * sizeof(int32_t));
+    x->features = x->tokens_in ? NULL : malloc(per * (size_t)mp->features * sizeof(float));
+    x->chunks = calloc((size_t)x->V, sizeof(chunk_t));
+    if (!x->tokens || !x->targets || (!x->tokens_in && !x->features) || !x->chunks) {
+        st = bg_error(BG_ERR_NOMEM, "executor buffers");
+        goto err;
+    }
+    for (int v = 0; v < x->V; v++) {
+        int stage = -1;
+        for (int s = 0; s < x->S; s++)
+            if (bg_schedule_stage_rank(x->sched, s) == x->pp_i && bg_schedule_stage_chunk(x->sched, s) == v)
+                stage = s;
+        BG_CHECK_GOTO(make_chunk(x, &x->chunks[v], stage), st, err);
+    }
+    BG_CHECK_GOTO(make_ties(x), st, err);
+    if (x->p.trace_path)
+        BG_CHECK_GOTO(bg_trace_create(x->comm, x->rank, &x->trace), st, err);
+    BG_CHECK_GOTO(predict_activations(x), st, err);
+    {
+        int L = bg_model_desc_num_layers(x->desc), cnt;
+        bg_layer_profile_t *prof = calloc((size_t)L, sizeof(*prof));
+        if (!prof) {
+            st = bg_error(BG_ERR_NOMEM, "profile");
+            goto err;
+        }
+        int T0 = 0;
+        st = seq_len(x, 0, 0, &T0);
+        if (st == BG_OK)
+            st = bg_model_profile(x->desc, x->p.batch / x->M, T0, prof, L, &cnt);
+        for (int i = 0; st == BG_OK && i < cnt; i++)
+            x->flops_per_step += (prof[i].fwd_flops + prof[i].bwd_flops) * x->M;
+        free(prof);
+        if (st != BG_OK)
+            goto err;
+    }
+    x->ops = bg_schedule_rank_ops(x->sched, x->pp_i, &x->nops);
+    x->act_base = bg_backend_memstats(x->be).current;
+    bg_backend_reset_peak(x->be);
+    *x_p = x;
+    return BG_OK;
+err:
+    exec_free(x);
+    if (x->own_comm && x->comm) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", bg_last_error());
+        bg_comm_destroy(x->comm);
+        bg_error(st, "%s", msg); /* keep the first failure's message */
+    }
+    free(x);
+    return st;
+}
+
+bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
+{
+    if (x->broken)
+        return bg_error(BG_ERR_INVALID, "executor: an earlier step failed; destroy it and resume from a checkpoint");
+    bg_status_t st = BG_OK;
+    int64_t step = x->step;
+    double tokens;
+    BG_CHECK(step_tokens(x, step, &tokens));
+    x->loss_scale = (float)(1.0 / tokens);
+    x->loss = 0;
+    x->busy = 0;
+    x->bytes_sent = 0;
+    for (int v = 0; v < x->V; v++)
+        bg_model_zero_grads(x->chunks[v].model);
+    double t0 = bg_now();
+    for (size_t i = 0; i < x->nops; i++) {
+        const bg_sched_op_t *op = &x->ops[i];
+        BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, i), st, fail);
+        int compute = op->kind <= BG_OP_BACKWARD_WEIGHT || op->kind == BG_OP_OPTIMIZER_STEP;
+        double a = bg_now();
+        st = run_op(x, op);
+        double b = bg_now();
+        if (st != BG_OK) {
+            bg_status_t st2 = bg_comm_health(x->comm);
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", bg_last_error());
+            if (st2 != BG_OK && st != BG_ERR_PEER)
+                st = st2, snprintf(msg, sizeof(msg), "%s", bg_last_error());
+            st = bg_error(st, "rank %d (stage %d) at step %lld, %s of microbatch %d: %s", x->rank, op->stage,
+                          (long long)step + 1, op_label(op->kind), op->microbatch, msg);
+            goto fail;
+        }
+        if (compute)
+            x->busy += b - a;
+        if (x->trace)
+            bg_trace_event(x->trace, op_label(op->kind), op->microbatch, op->stage, a, b, (int)step + 1);
+        BG_CHECK_GOTO(reap_pending(x, 0), st, fail);
+    }
+    BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
+    x->be->ops->synchronize(x->be);
+    double dt = bg_now() - t0;
+    if (x->trace)
+        bg_trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
+    /* the step's loss (the last stage of each replica holds its share) and
+     * whether any rank was asked to stop: one allreduce, so all agree */
+    float red[2] = {(float)x->loss, x->stop_req ? 1.0f : 0.0f};
+    if (x->world > 1)
+        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 2, BG_REDUCE_SUM), st, fail);
+    x->step = step + 1;
+    bg_step_result_t r = {0};
+    r.step = x->step;
+    r.loss = red[0];
+    r.tokens = tokens;
+    r.step_ms = dt * 1e3;
+    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
+    r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
+    r.bytes_sent = x->bytes_sent;
+    r.peak_bytes = bg_backend_memstats(x->be).peak;
+    r.stop = red[1] > 0;
+    *result_p = r;
+    return BG_OK;
+fail:
+    cancel_all(x);
+    x->broken = 1;
+    return st;
+}
+
+void bg_executor_set_lr(bg_executor_t *x, float lr) { x->p.optim.lr = lr; }
+void bg_executor_request_stop(bg_executor_t *x) { x->stop_req = 1; }
+int64_t bg_executor_steps_done(const bg_executor_t *x) { return x->step; }
+int bg_executor_rank(const bg_executor_t *x) { return x->rank; }
+bg_comm_t *bg_executor_comm(bg_executor_t *x) { return x->comm; }
+
+void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
+{
+    bg_executor_info_t i;
+    memset(&i, 0, sizeof(i));
+    i.rank = x->rank;
+    i.world = x->world;
+    i.pp_rank = x->pp_i;
+    i.dp_rank = x->dp_i;
+    i.stages = x->S;
+    i.chunks = x->V;
+    i.params = x->params;
+    i.flops_per_step = x->flops_per_step;
+    i.predicted_act_bytes = x->predicted_act_bytes;
+    i.predicted_bytes = x->params * (2 * sizeof(float) + bg_optim_state_bytes(x->p.optim.kind)) +
+                        x->predicted_act_bytes;
+    i.predicted_stashed = x->predicted_stashed;
+    i.peak_stashed = x->peak_stashed;
+    size_t peak = bg_backend_memstats(x->be).peak;
+    i.peak_act_bytes = peak > x->act_base ? peak - x->act_base : 0;
+    i.numa_node = x->numa_node;
+    i.schedule = bg_schedule_name(x->sched);
+    *info_p = i;
+}
+
+bg_status_t bg_executor_destroy(bg_executor_t *x)
+{
+    if (!x)
+        return BG_OK;
+    if (x->broken)
+        cancel_all(x);
+    exec_free(x);
+    bg_status_t st = BG_OK;
+    if (x->own_comm)
+        st = bg_comm_destroy(x->comm);
+    free(x);
     return st;
 }

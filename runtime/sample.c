@@ -1,4 +1,4 @@
-/* runtime/sample.c: sampling tokens from a whole GPT (bg_generate).
+/* runtime/sample.c: sampling tokens from a whole token model (GPT) (bg_generate).
  *
  * Owns: running the model's trunk (every layer but the head) on the context,
  * the head's logits for the last position, greedy / temperature / top-k
@@ -57,10 +57,11 @@ bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntok
 {
     if (!full || !prompt || !out)
         return bg_error(BG_ERR_INVALID, "bg_generate: model, prompt and out must not be NULL");
-    const bg_model_config_t *cfg = bg_model_config(full);
+    const bg_model_desc_t *desc = bg_model_desc(full);
+    const bg_model_desc_params_t *mp = bg_model_desc_params(desc);
     int total = bg_model_total_layers(full);
-    if (cfg->kind != BG_MODEL_GPT)
-        return bg_error(BG_ERR_INVALID, "bg_generate needs a GPT model");
+    if (mp->input != BG_INPUT_TOKENS || total < 2)
+        return bg_error(BG_ERR_INVALID, "bg_generate needs a token model whose last layer is the output head");
     if (bg_model_first_layer(full) != 0 || bg_model_last_layer(full) != total - 1)
         return bg_error(BG_ERR_INVALID, "bg_generate needs the whole model (layers 0..%d), got layers %d..%d",
                         total - 1, bg_model_first_layer(full), bg_model_last_layer(full));
@@ -70,18 +71,23 @@ bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntok
     if (temperature < 0 || top_k < 0)
         return bg_error(BG_ERR_INVALID, "bg_generate: temperature (%g) and top_k (%d) must be >= 0",
                         (double)temperature, top_k);
-    int V = cfg->vocab, C = cfg->d_model, T = cfg->seq_len;
+    bg_layer_t *head = bg_model_layer(full, total - 1);
+    int V = bg_model_desc_classes(desc), T = mp->seq_len;
+    if (head->nparams < 1 || head->params[0].ndim != 2 || head->params[0].shape[0] != V)
+        return bg_error(BG_ERR_INVALID, "bg_generate: the loss layer %s has no (%d, d) weight as its first tensor",
+                        head->name, V);
+    int C = (int)head->params[0].shape[1];
     for (int i = 0; i < n; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return bg_error(BG_ERR_INVALID, "bg_generate: prompt token %d is %d, outside the vocabulary [0, %d)", i,
                             (int)prompt[i], V);
-    bg_param_t *hw = bg_model_find_tensor(full, "head.weight"), *hb = bg_model_find_tensor(full, "head.bias");
-    if (!hw || hw->numel != (size_t)V * (size_t)C)
-        return bg_error(BG_ERR_INTERNAL, "bg_generate: the model has no head.weight of %d x %d", V, C);
+    bg_param_t *hw = &head->params[0], *hb = head->nparams > 1 ? &head->params[1] : NULL;
 
     bg_status_t st = BG_OK;
     bg_backend_t *be = bg_model_backend(full);
     bg_model_t *trunk = NULL;
+    bg_model_desc_t *tdesc = NULL;
+    char *json = NULL;
     bg_stage_t *stage = NULL;
     float *W = malloc((size_t)V * (size_t)C * sizeof(float)), *B = malloc((size_t)V * sizeof(float));
     float *h = malloc((size_t)C * sizeof(float));
@@ -98,8 +104,11 @@ bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntok
     else
         memset(B, 0, (size_t)V * sizeof(float));
 
-    /* the trunk: every layer but the head, with the model's weights */
-    BG_CHECK_GOTO(bg_model_create(cfg, be, 0, total - 2, &trunk), st, out);
+    /* the trunk: every layer but the head, with the model's weights, in a
+     * description of its own (the full model's layers are bound to it) */
+    BG_CHECK_GOTO(bg_model_desc_to_json(desc, &json), st, out);
+    BG_CHECK_GOTO(bg_model_desc_from_json(json, &tdesc), st, out);
+    BG_CHECK_GOTO(bg_model_create(tdesc, be, 0, total - 2, &trunk), st, out);
     for (int i = 0; i < bg_model_num_tensors(trunk); i++) {
         bg_param_t *dst = bg_model_tensor(trunk, i), *src = bg_model_find_tensor(full, bg_model_tensor_name(trunk, i));
         if (!src || src->numel != dst->numel) {
@@ -142,6 +151,8 @@ bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntok
 out:
     bg_stage_destroy(stage);
     bg_model_destroy(trunk);
+    bg_model_desc_destroy(tdesc);
+    free(json);
     free(W);
     free(B);
     free(h);

@@ -1,14 +1,19 @@
-/* runtime/train.c: single-process training: data -> microbatches -> stage
- * F and fused backward in microbatch order -> optimizer step, with metrics
- * and the final weights as safetensors. The pipeline executor reproduces
- * exactly this arithmetic across processes. */
+/* runtime/train.c: the training job of the CLI: a host of the executor.
+ * It builds the model from the builder configuration, opens the data (the
+ * corpus or the synthetic task) as a batch source, creates the executor for
+ * the layout (one process is pp = dp = 1), and owns the loop: steps,
+ * progress, metrics (one JSON line per rank and step), checkpoints, stop
+ * requests, resume, the final weights and the trace. This is the only
+ * training loop. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "brigade/executor.h"
 #include "brigade/train.h"
 #include "core/check.h"
 
@@ -119,23 +124,76 @@ int bg_train_seq_len(const bg_train_config_t *c, int64_t step, int mb)
     return c->seq_min + (int)bg_rng_below(&r, (uint64_t)(T - c->seq_min + 1));
 }
 
-/* Tokens in one step's global batch (the loss is their mean). */
-double bg__train_step_tokens(const bg_train_config_t *c, int64_t step)
+/* The CLI's data: the corpus or the synthetic task, with variable lengths. */
+typedef struct train_source {
+    bg_batch_source_t data;
+    const bg_train_config_t *c;
+} train_source_t;
+
+static bg_status_t train_batch(const bg_batch_request_t *rq, int32_t *tokens, float *features, int32_t *targets,
+                               void *arg)
 {
-    double tokens = 0;
-    for (int mb = 0; mb < c->microbatches; mb++)
-        tokens += (double)(c->batch / c->microbatches) * bg_train_seq_len(c, step, mb);
-    return tokens;
+    const train_source_t *s = arg;
+    return s->data.batch(rq, tokens, features, targets, s->data.arg);
 }
 
-/* Model configuration as JSON text (safetensors metadata, checkpoints). */
-void bg__train_config_json(const bg_model_config_t *m, char *buf, size_t n)
+static int train_seq_len(int64_t step, int mb, void *arg)
 {
-    snprintf(buf, n,
-             "{\"model\":\"%s\",\"layers\":%d,\"d_model\":%d,\"heads\":%d,\"seq_len\":%d,\"vocab\":%d,"
-             "\"in_features\":%d,\"classes\":%d,\"seed\":%llu,\"tie_embeddings\":%d}",
-             m->kind == BG_MODEL_GPT ? "gpt" : "mlp", m->layers, m->d_model, m->heads, m->seq_len, m->vocab,
-             m->in_features, m->classes, (unsigned long long)m->seed, m->tie_embeddings);
+    return bg_train_seq_len(((const train_source_t *)arg)->c, step, mb);
+}
+
+/* Metrics: rank 0 starts the file (unless resuming); every rank learns
+ * whether it could, and none writes before it did. */
+static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
+{
+    bg_status_t st = BG_OK;
+    bg_comm_t *comm = bg_executor_comm(x);
+    if (bg_comm_rank(comm) == 0 && !c->resume) {
+        int fd = open(c->metrics_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", c->metrics_path, strerror(errno));
+        else
+            close(fd);
+    }
+    if (bg_comm_size(comm) == 1)
+        return st;
+    int world = bg_comm_size(comm);
+    int *ranks = malloc((size_t)world * sizeof(int));
+    BG_ALLOC_CHECK(ranks, (size_t)world * sizeof(int), "world ranks");
+    for (int r = 0; r < world; r++)
+        ranks[r] = r;
+    bg_group_t *g = NULL;
+    float bad = st == BG_OK ? 0.0f : 1.0f;
+    bg_status_t st2 = bg_group_create(comm, world, ranks, &g);
+    if (st2 == BG_OK)
+        st2 = bg_group_allreduce(g, &bad, 1, BG_REDUCE_SUM);
+    bg_group_destroy(g);
+    free(ranks);
+    if (st2 != BG_OK)
+        return st2;
+    if (bad > 0 && st == BG_OK)
+        st = bg_error(BG_ERR_IO, "rank 0 cannot write metrics file %s", c->metrics_path);
+    return st;
+}
+
+/* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
+static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r)
+{
+    char line[512];
+    int len = snprintf(line, sizeof(line),
+                       "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
+                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu}\n",
+                       rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
+                       (unsigned long long)r->bytes_sent, r->peak_bytes);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd < 0 || write(fd, line, (size_t)len) != len) {
+        bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    close(fd);
+    return BG_OK;
 }
 
 bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
@@ -145,146 +203,134 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     memcpy(&c, cfg_in, cfg_in->size < sizeof(c) ? cfg_in->size : sizeof(c));
     c.size = sizeof(c);
     BG_CHECK(bg_train_check(&c));
-
     bg_status_t st = BG_OK;
-    bg_backend_t *be = NULL;
-    bg_model_t *model = NULL;
-    bg_stage_t *stage = NULL;
+    bg_model_desc_t *desc = NULL;
     bg_data_t *data = NULL;
-    FILE *metrics = NULL;
-    int32_t *tokens = NULL, *targets = NULL;
-    float *inputs = NULL;
-    double *times = NULL;
+    bg_executor_t *x = NULL;
+    double *times = NULL, *busy = NULL;
     bg_train_result_t res = {0};
+    bg_executor_info_t info;
+    res.numa_node = -1;
+    int tokens_in = c.model.kind == BG_MODEL_GPT;
 
-    int gpt = c.model.kind == BG_MODEL_GPT;
-    if (c.pp > 1 || c.dp > 1 || c.checkpoint_dir)
-        return bg_train_parallel(&c, result_p);
-    int T = gpt ? (c.seq ? c.seq : c.model.seq_len) : 1;
-    int mbn = c.batch / c.microbatches; /* sequences per microbatch */
-
-    if (gpt)
+    BG_CHECK(bg_model_build(&c.model, &desc));
+    const bg_model_desc_params_t *mp = bg_model_desc_params(desc);
+    int T = tokens_in ? (c.seq ? c.seq : mp->seq_len) : 1;
+    if (tokens_in)
         BG_CHECK_GOTO(bg_data_open_text(c.data_path, T, c.data_seed, &data), st, out);
     else
-        BG_CHECK_GOTO(bg_data_synthetic(c.model.in_features, c.model.classes, c.data_seed, &data), st, out);
+        BG_CHECK_GOTO(bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data), st, out);
     if (c.save_dir)
         BG_CHECK_GOTO(bg_check_writable_dir(c.save_dir), st, out);
-    if (c.metrics_path && !(metrics = fopen(c.metrics_path, "w"))) {
-        st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", c.metrics_path, strerror(errno));
-        goto out;
+
+    bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
+    p.model = desc;
+    p.pp = c.pp > 0 ? c.pp : 1;
+    p.dp = c.dp > 0 ? c.dp : 1;
+    p.schedule = c.schedule;
+    p.chunks = c.chunks;
+    p.split = c.split;
+    p.nsplit = c.nsplit;
+    p.batch = c.batch;
+    p.microbatches = c.microbatches;
+    p.optim = c.optim;
+    train_source_t src = {bg_data_source(data), &c};
+    p.data.batch = train_batch;
+    p.data.seq_len = train_seq_len;
+    p.data.arg = &src;
+    p.backend = c.backend;
+    p.threads = c.threads;
+    p.recompute = c.recompute;
+    p.recompute_stages = c.recompute_stages;
+    p.nrecompute_stages = c.nrecompute_stages;
+    p.trace_path = c.trace_path;
+    p.numa_bind = 1;
+    BG_CHECK_GOTO(bg_executor_create(&p, &x), st, out);
+    bg_executor_info(x, &info);
+    res.rank = info.rank;
+    res.world = info.world;
+    res.numa_node = info.numa_node;
+    if (c.metrics_path)
+        BG_CHECK_GOTO(metrics_open(&c, x), st, out);
+    if (c.checkpoint_dir && c.resume) {
+        int found;
+        BG_CHECK_GOTO(bg_executor_resume(x, c.checkpoint_dir, &found), st, out);
     }
-
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
-    bp.num_threads = c.threads;
-    BG_CHECK_GOTO(bg_backend_create(c.backend, &bp, &be), st, out);
-    BG_CHECK_GOTO(bg_model_create(&c.model, be, -1, -1, &model), st, out);
-    BG_CHECK_GOTO(bg_stage_create(model, c.microbatches, &stage), st, out);
-    BG_CHECK_GOTO(bg_model_optim_init(model, c.optim.kind), st, out); /* up front: the peak is the same every step */
-    if (c.recompute || (c.recompute_stages && c.nrecompute_stages > 0 && c.recompute_stages[0]))
-        bg_stage_set_recompute(stage, 1);
-
-    size_t per = (size_t)mbn * (size_t)T; /* the largest microbatch */
-    tokens = malloc(per * sizeof(int32_t));
-    targets = malloc(per * sizeof(int32_t));
-    inputs = gpt ? NULL : malloc((size_t)mbn * (size_t)c.model.in_features * sizeof(float));
-    enum { BG_TIMED = 4096 }; /* the last BG_TIMED step times give the median */
+    int start = (int)bg_executor_steps_done(x);
+    res.start_step = start;
+    res.steps_done = start;
+    enum { BG_TIMED = 4096 }; /* the last BG_TIMED step times give the medians */
     times = calloc(BG_TIMED, sizeof(double));
-    if (!tokens || !targets || (!gpt && !inputs) || !times) {
-        st = bg_error(BG_ERR_NOMEM, "training buffers");
+    busy = calloc(BG_TIMED, sizeof(double));
+    if (!times || !busy) {
+        st = bg_error(BG_ERR_NOMEM, "step times");
         goto out;
     }
-
-    /* FLOPs and the memory prediction from what the layers report */
-    bg_shape_t in_shape = bg_model_input_shape(model, mbn, T);
-    {
-        int L = bg_model_total_layers(model);
-        bg_layer_profile_t *prof = calloc((size_t)L, sizeof(*prof));
-        int cnt;
-        if (!prof) {
-            st = BG_ERR_NOMEM;
-            goto out;
+    int timed = 0;
+    double tokens_mid = 0;
+    for (int step = start; step < c.steps; step++) {
+        if (c.stop_flag && *c.stop_flag)
+            bg_executor_request_stop(x);
+        bg_step_result_t r;
+        BG_CHECK_GOTO(bg_executor_step(x, &r), st, out);
+        times[timed % BG_TIMED] = r.step_ms / 1e3;
+        busy[timed % BG_TIMED] = (1.0 - r.bubble) * r.step_ms / 1e3;
+        timed++;
+        if (step == start + (c.steps - start) / 2)
+            tokens_mid = r.tokens;
+        res.steps_done = step + 1;
+        if (step == start)
+            res.first_loss = r.loss;
+        res.final_loss = r.loss;
+        res.peak_bytes = r.peak_bytes;
+        if (c.on_step) {
+            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank};
+            c.on_step(&si, c.on_step_arg);
         }
-        st = bg_model_profile(&c.model, mbn, T, prof, L, &cnt);
-        if (st != BG_OK) {
-            free(prof);
-            goto out;
+        if (c.metrics_path)
+            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r), st, out);
+        int last = step + 1 == c.steps;
+        if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
+            BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);
+        if (r.stop && !last) {
+            res.stopped = 1;
+            break;
         }
-        double fl = 0;
-        for (int i = 0; i < cnt; i++)
-            fl += prof[i].fwd_flops + prof[i].bwd_flops;
-        free(prof);
-        res.flops_per_step = fl * c.microbatches;
-        bg_stage_mem_t mem;
-        BG_CHECK_GOTO(bg_stage_memory(stage, in_shape, &mem), st, out);
-        res.params = bg_model_param_count(model);
-        size_t p4 = res.params * sizeof(float);
-        /* params + grads + optimizer + one microbatch's activations (the
-         * fused backward runs right after each forward) + the scratch */
-        res.predicted_bytes = 2 * p4 + res.params * bg_optim_state_bytes(c.optim.kind) + mem.stash + mem.data +
-                              mem.dout + mem.fused_bw + mem.scratch + mem.recompute;
     }
-
-    for (int step = 0; step < c.steps; step++) {
-        double t0 = bg_now();
-        double loss = 0, step_tokens = bg__train_step_tokens(&c, step);
-        float loss_scale = (float)(1.0 / step_tokens);
-        bg_model_zero_grads(model);
-        for (int mb = 0; mb < c.microbatches; mb++) {
-            int Tm = bg_train_seq_len(&c, step, mb);
-            size_t ntok = (size_t)mbn * (size_t)Tm;
-            BG_CHECK_GOTO(bg_data_batch(data, step, mb * mbn, mbn, Tm, tokens, inputs, targets), st, out);
-            float *in, *out, *din;
-            bg_shape_t out_shape;
-            BG_CHECK_GOTO(bg_stage_begin(stage, mb, bg_model_input_shape(model, mbn, Tm), &in), st, out);
-            if (!gpt)
-                be->ops->from_host(be, in, inputs, (size_t)mbn * (size_t)c.model.in_features * sizeof(float));
-            BG_CHECK_GOTO(bg_stage_set_data(stage, mb, gpt ? tokens : NULL, targets, loss_scale), st, out);
-            BG_CHECK_GOTO(bg_stage_forward(stage, mb, &out, &out_shape), st, out);
-            loss += be->ops->sum(be, out, ntok) * (double)loss_scale;
-            BG_CHECK_GOTO(bg_stage_backward(stage, mb, &din), st, out);
-            bg_stage_end(stage, mb);
-        }
-        bg_model_tie_grads_local(model);
-        BG_CHECK_GOTO(bg_model_optim_step(model, &c.optim, step + 1), st, out);
-        be->ops->synchronize(be);
-        double dt = bg_now() - t0;
-        times[step % BG_TIMED] = dt;
-        if (step == 0)
-            res.first_loss = loss;
-        res.final_loss = loss;
-        bg_step_info_t info = {step + 1, c.steps, loss, dt * 1e3, step_tokens / dt, 0};
-        if (metrics) {
-            fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f}\n", step + 1,
-                    loss, info.tokens_per_s, info.step_ms);
-            fflush(metrics);
-        }
-        if (c.on_step)
-            c.on_step(&info, c.on_step_arg);
+    if (timed > BG_TIMED)
+        timed = BG_TIMED;
+    if (timed > 0) {
+        double step_s = bg_median(times, (size_t)timed);
+        res.median_step_ms = step_s * 1e3;
+        res.tokens_per_s = tokens_mid / step_s;
+        res.bubble = 1.0 - bg_median(busy, (size_t)timed) / step_s;
     }
-    if (c.steps > 0) {
-        int n = c.steps < BG_TIMED ? c.steps : BG_TIMED;
-        double med = bg_median(times, (size_t)n);
-        res.median_step_ms = med * 1e3;
-        res.tokens_per_s = bg__train_step_tokens(&c, c.steps / 2) / med;
-    }
-    res.peak_bytes = bg_backend_memstats(be).peak;
-    if (c.save_dir) {
-        char path[4096], meta[1024];
-        snprintf(path, sizeof(path), "%s/model.safetensors", c.save_dir);
-        bg__train_config_json(&c.model, meta, sizeof(meta));
-        BG_CHECK_GOTO(bg_model_save_safetensors(model, path, meta), st, out);
-    }
+    bg_executor_info(x, &info);
+    res.params = info.params;
+    res.flops_per_step = info.flops_per_step;
+    res.predicted_bytes = info.predicted_bytes;
+    res.predicted_act_bytes = info.predicted_act_bytes;
+    res.predicted_stashed = info.predicted_stashed;
+    res.peak_stashed = info.peak_stashed;
+    res.peak_act_bytes = info.peak_act_bytes;
+    if (c.save_dir)
+        BG_CHECK_GOTO(bg_executor_save_weights(x, c.save_dir), st, out);
+    if (c.trace_path)
+        BG_CHECK_GOTO(bg_executor_write_trace(x), st, out);
     *result_p = res;
 out:
-    if (metrics && fclose(metrics) != 0 && st == BG_OK)
-        st = bg_error(BG_ERR_IO, "closing metrics file %s: %s", c.metrics_path, strerror(errno));
-    free(tokens);
-    free(targets);
-    free(inputs);
-    free(times);
-    bg_stage_destroy(stage);
-    bg_model_destroy(model);
-    bg_backend_destroy(be);
+    if (x) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", bg_last_error());
+        bg_status_t st2 = bg_executor_destroy(x);
+        if (st == BG_OK)
+            st = st2;
+        else
+            bg_error(st, "%s", msg); /* keep the first failure's message */
+    }
+    bg_model_desc_destroy(desc);
     bg_data_close(data);
+    free(times);
+    free(busy);
     return st;
 }

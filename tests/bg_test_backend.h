@@ -5,7 +5,7 @@
 
 #include "brigade/brigade.h"
 
-static bg_backend_t *be;
+static bg_backend_t *be __attribute__((unused));
 
 static int setup(void **state)
 {

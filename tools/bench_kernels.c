@@ -251,6 +251,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     cfg.heads = 8;
     cfg.seq_len = 256;
     int n = 4, T = 256, rc = 0;
+    bg_model_desc_t *desc = NULL;
     bg_model_t *m = NULL;
     bg_stage_t *st = NULL;
     int32_t *tok = malloc((size_t)n * T * sizeof(int32_t)), *tgt = malloc((size_t)n * T * sizeof(int32_t));
@@ -259,7 +260,9 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     if (s == BG_OK)
         s = bg_backend_create(kb->be->ops->name, &bp, &be);
     if (s == BG_OK)
-        s = bg_model_create(&cfg, be, -1, -1, &m);
+        s = bg_model_build(&cfg, &desc);
+    if (s == BG_OK)
+        s = bg_model_create(desc, be, -1, -1, &m);
     if (s == BG_OK)
         s = bg_stage_create(m, 1, &st);
     if (s != BG_OK) {
@@ -272,7 +275,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     }
     bg_layer_profile_t prof[8];
     int np = 0;
-    s = bg_model_profile(&cfg, n, T, prof, 8, &np);
+    s = bg_model_profile(desc, n, T, prof, 8, &np);
     double flops = 0, block_flops = 0;
     for (int i = 0; i < np; i++) {
         flops += prof[i].fwd_flops + prof[i].bwd_flops;
@@ -320,6 +323,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
 out:
     bg_stage_destroy(st);
     bg_model_destroy(m);
+    bg_model_desc_destroy(desc);
     bg_backend_destroy(be);
     free(tok);
     free(tgt);

@@ -77,7 +77,7 @@ int bg_cmd_generate(int argc, char **argv)
     char path[4096], mpath[4200];
     int64_t step = -1;
     int is_ckpt = 0;
-    bg_model_config_t cfg;
+    char *json = NULL;
     bg_status_t st;
     snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
     if (stat(mpath, &sb) == 0) {
@@ -94,24 +94,36 @@ int bg_cmd_generate(int argc, char **argv)
         bg_checkpoint_info_t info;
         if ((st = bg_checkpoint_read_info(path, &info)) != BG_OK)
             return bg_cli_status(cmd, st);
-        cfg = info.model;
+        json = info.model_json;
+        info.model_json = NULL;
         step = info.step;
         bg_checkpoint_info_clear(&info);
-    } else if ((st = bg_safetensors_model_config(path, &cfg)) != BG_OK) {
-        fprintf(stderr, "brigade generate: %s has no complete checkpoint and no model configuration: %s\n", dir,
+    } else if ((st = bg_safetensors_model_json(path, &json)) != BG_OK) {
+        fprintf(stderr, "brigade generate: %s has no complete checkpoint and no model description: %s\n", dir,
                 bg_last_error());
         return 1;
     }
-    if (cfg.kind != BG_MODEL_GPT)
-        return bg_cli_fail(cmd, "%s holds an MLP; generate needs a GPT", path);
 
     bg_backend_t *be = NULL;
+    bg_model_desc_t *desc = NULL;
     bg_model_t *m = NULL;
     int32_t *tokens = NULL, *out = NULL;
     int rc = 1;
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    st = bg_model_desc_from_json(json, &desc);
+    free(json);
+    if (st != BG_OK) {
+        rc = bg_cli_status(cmd, st);
+        goto out;
+    }
+    if (bg_model_desc_params(desc)->input != BG_INPUT_TOKENS || bg_model_desc_params(desc)->vocab < 256) {
+        rc = bg_cli_fail(cmd, "%s holds a %s model of %s; generate needs a byte-token model (vocab >= 256)", path,
+                         bg_model_desc_params(desc)->name,
+                         bg_model_desc_params(desc)->input == BG_INPUT_TOKENS ? "tokens" : "features");
+        goto out;
+    }
     if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK ||
-        (st = bg_model_create(&cfg, be, -1, -1, &m)) != BG_OK) {
+        (st = bg_model_create(desc, be, -1, -1, &m)) != BG_OK) {
         rc = bg_cli_status(cmd, st);
         goto out;
     }
@@ -134,8 +146,8 @@ int bg_cmd_generate(int argc, char **argv)
         goto out;
     }
     if (step >= 0)
-        fprintf(stderr, "brigade generate: %s (step %lld), %d layers, d_model %d\n", path, (long long)step,
-                cfg.layers, cfg.d_model);
+        fprintf(stderr, "brigade generate: %s (step %lld), %d layers, %zu parameters\n", path, (long long)step,
+                bg_model_desc_num_layers(desc), bg_model_desc_param_count(desc));
     fwrite(prompt, 1, n, stdout);
     for (long long i = 0; i < ntok; i++)
         putchar(out[i] < 256 ? (int)out[i] : '?');
@@ -145,6 +157,7 @@ out:
     free(tokens);
     free(out);
     bg_model_destroy(m);
+    bg_model_desc_destroy(desc);
     bg_backend_destroy(be);
     return rc;
 }

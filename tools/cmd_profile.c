@@ -76,11 +76,16 @@ int bg_cmd_profile(int argc, char **argv)
         return bg_cli_fail(cmd, "unexpected argument \"%s\"", argv[optind]);
     if (bg_model_config_check(&m) != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
-    int t = m.kind == BG_MODEL_GPT ? m.seq_len : 1;
     static bg_layer_profile_t prof[4096];
     static double f[4096], bw[4096], b[4096], w[4096];
-    int L = 0;
-    bg_status_t st = bg_model_profile(&m, n, t, prof, 4096, &L);
+    int L = 0, t = 1;
+    bg_model_desc_t *desc = NULL;
+    bg_status_t st = bg_model_build(&m, &desc);
+    if (st == BG_OK) {
+        t = bg_model_desc_params(desc)->seq_len;
+        st = bg_model_profile(desc, n, t, prof, 4096, &L);
+    }
+    bg_model_desc_destroy(desc);
     if (st != BG_OK)
         return bg_cli_status(cmd, st);
     if (bg_cli_measure_layers(cmd, &m, n, t, backend, threads, ranks, f, bw, b, w, &L))

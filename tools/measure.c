@@ -72,24 +72,34 @@ static void evict_caches(void)
 static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, int t, const char *backend, int threads,
                           double *fwd, double *bwd, double *bsplit, double *wsplit, int *L_p)
 {
-    int gpt = cfg->kind == BG_MODEL_GPT;
     static bg_layer_profile_t prof[4096];
     int L = 0;
-    bg_status_t st = bg_model_profile(cfg, n, t, prof, 4096, &L);
-    if (st != BG_OK)
+    bg_model_desc_t *desc = NULL;
+    bg_status_t st = bg_model_build(cfg, &desc);
+    if (st == BG_OK)
+        st = bg_model_profile(desc, n, t, prof, 4096, &L);
+    if (st != BG_OK) {
+        bg_model_desc_destroy(desc);
         return bg_cli_status(CMD, st);
+    }
+    const bg_model_desc_params_t *mp = bg_model_desc_params(desc);
+    int gpt = mp->input == BG_INPUT_TOKENS;
+    int classes = bg_model_desc_classes(desc), ids = gpt && mp->vocab < classes ? mp->vocab : classes;
     bg_backend_t *be = NULL;
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = threads;
-    if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK)
+    if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK) {
+        bg_model_desc_destroy(desc);
         return bg_cli_status(CMD, st);
+    }
     int32_t *tok = malloc((size_t)n * (size_t)t * sizeof(int32_t));
     if (!tok) {
         bg_backend_destroy(be);
+        bg_model_desc_destroy(desc);
         return bg_cli_fail(CMD, "out of memory");
     }
     for (int i = 0; i < n * t; i++)
-        tok[i] = gpt ? (int32_t)((i * 7919) % cfg->vocab) : (int32_t)(i % cfg->classes);
+        tok[i] = (int32_t)((i * 7919) % ids); /* token ids and targets alike */
     int rc = 0;
     if (!measure_quiet)
         printf("measuring %d layers on the %s backend (microbatch %d)...\n", L, backend, n);
@@ -111,7 +121,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
         }
         bg_model_t *m = NULL;
         bg_stage_t *stg = NULL;
-        if ((st = bg_model_create(cfg, be, i, i, &m)) != BG_OK || (st = bg_stage_create(m, 1, &stg)) != BG_OK) {
+        if ((st = bg_model_create(desc, be, i, i, &m)) != BG_OK || (st = bg_stage_create(m, 1, &stg)) != BG_OK) {
             rc = bg_cli_status(CMD, st);
             bg_model_destroy(m);
             break;
@@ -193,6 +203,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
     }
     free(tok);
     bg_backend_destroy(be);
+    bg_model_desc_destroy(desc);
     if (rc == 0 && !measure_quiet) {
         double f = 0, b = 0, ff = 0, fb = 0;
         for (int i = 0; i < L; i++) {

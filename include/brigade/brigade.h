@@ -28,6 +28,7 @@
 #include "brigade/schedule.h"
 #include "brigade/transport.h"
 #include "brigade/checkpoint.h"
+#include "brigade/executor.h"
 #include "brigade/partitioner.h"
 
 #endif

@@ -107,7 +107,7 @@ typedef struct bg_checkpoint_info {
     int world;                 /**< ranks of the job that saved it */
     int files;                 /**< rank files */
     int has_optim;             /**< 1: optimizer state is saved (AdamW: m and v; SGD: m) */
-    bg_model_config_t model;   /**< the model's configuration */
+    char *model_json;          /**< the model description (bg_model_desc_to_json); owned, see _clear */
     char *extra_json;          /**< the manifest's "extra" as JSON text ("{}" if none); owned, see _clear */
 } bg_checkpoint_info_t;
 /** Free what an info owns. */
@@ -137,9 +137,9 @@ bg_status_t bg_checkpoint_verify(const char *path);
  * have none). Models untouched on error.
  */
 bg_status_t bg_safetensors_load_dir(const char *dir, bg_model_t *const *models, int nmodels);
-/** The model configuration stored in the safetensors metadata of a --save
- *  directory; BG_ERR_NOT_FOUND when absent. */
-bg_status_t bg_safetensors_model_config(const char *dir, bg_model_config_t *cfg_p);
+/** The model description (JSON, malloc'ed) stored in the safetensors
+ *  metadata of a --save directory; BG_ERR_NOT_FOUND when absent. */
+bg_status_t bg_safetensors_model_json(const char *dir, char **json_p);
 
 /* ---------------------------------------------------------------- sampling */
 

@@ -101,6 +101,11 @@ typedef struct bg_layer_ops {
                                    const float *out, const float *dout);
     /** Frees impl. May be NULL. */
     void (*destroy)(bg_layer_t *l);
+    /** Loss layers only (NULL for every other layer): the number of target
+     *  classes; targets are ids in [0, classes). A loss layer's output is
+     *  (n, t, 1) per-position losses and its backward_input starts from
+     *  ctx->targets and ctx->loss_scale. A model's last layer must be one. */
+    int (*loss_classes)(const bg_layer_t *l);
 } bg_layer_ops_t;
 
 struct bg_layer {
@@ -127,6 +132,8 @@ size_t bg_layer_scratch_bytes(const bg_layer_t *l, bg_shape_t in);
 size_t bg_layer_param_count(const bg_layer_t *l); /**< including children */
 double bg_layer_fwd_flops(const bg_layer_t *l, bg_shape_t in);
 double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+/** Target classes of a loss layer (a seq whose last child is one counts); 0: not a loss layer. */
+int bg_layer_loss_classes(const bg_layer_t *l);
 
 /* ---- built-in layers ---- */
 bg_status_t bg_layer_linear(const char *name, int c_in, int c_out, int bias, float init_std, bg_layer_t **layer_p);

@@ -1,15 +1,34 @@
 /**
  * @file model.h
- * @brief Models (GPT, MLP) as lists of layers, their flat parameter buffers,
- *        stages that run F/B/W on microbatches, data, optimizers, safetensors.
+ * @brief Model descriptions (any list of layers: the user's own or the GPT
+ *        and MLP builders), their flat parameter buffers, stages that run
+ *        F/B/W on microbatches, data sources, optimizers, safetensors.
  *
- * A model is an ordered list of top-level layers: the units a pipeline splits
- * (GPT: embed, blocks.0 .. blocks.L-1, ln_f, head; MLP: fc.0, act.0, ...,
- * head). A bg_model_t may hold a contiguous range of them only (one pipeline
- * stage): it allocates parameters, gradients and optimizer state for that
- * range alone, in one flat buffer each, with the layers' parameters pointing
- * into them. Initialisation is seeded per tensor by its full name, so the
- * same seed gives the same weights however the model is split.
+ * A model description (bg_model_desc_t) is an ordered list of top-level
+ * layers, the units a pipeline splits (GPT: embed, blocks.0 .. blocks.L-1,
+ * ln_f, head), plus the input kind and shape, the loss (the last layer must
+ * be a loss layer) and the tied tensors. It holds no parameter memory. Every
+ * process of a job builds the same description (the same code or the same
+ * JSON); a bg_model_t then binds a contiguous range of its layers (one
+ * pipeline stage) to one flat buffer each of parameters, gradients and
+ * optimizer state. Initialisation is seeded per tensor by its full name, so
+ * the same seed gives the same weights however the model is split.
+ *
+ * @code
+ *   bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+ *   dp.input = BG_INPUT_FEATURES; dp.features = 16; dp.name = "tiny";
+ *   bg_model_desc_t *d;
+ *   bg_layer_t *fc, *act, *head;
+ *   if (bg_model_desc_create(&dp, &d) != BG_OK) return 1;
+ *   bg_layer_linear("fc", 16, 32, 1, 0.1f, &fc);
+ *   bg_layer_activation("act", BG_ACT_RELU, &act);
+ *   bg_layer_head("head", 32, 4, 1, 0.1f, &head);
+ *   bg_model_desc_add(d, fc);      // the description owns its layers
+ *   bg_model_desc_add(d, act);
+ *   bg_model_desc_add(d, head);    // the last layer is the loss
+ *   if (bg_model_desc_check(d) != BG_OK) puts(bg_last_error());
+ *   bg_model_desc_destroy(d);
+ * @endcode
  */
 #ifndef BRIGADE_MODEL_H
 #define BRIGADE_MODEL_H
@@ -24,9 +43,85 @@
 extern "C" {
 #endif
 
+/* ---------------------------------------------------------------- descriptions */
+
+/** What a model's first layer takes. */
+typedef enum bg_input_kind {
+    BG_INPUT_TOKENS = 0,   /**< (n, t) int32 token ids in [0, vocab) */
+    BG_INPUT_FEATURES = 1, /**< (n, t, features) floats */
+} bg_input_kind_t;
+
+/** Parameters of bg_model_desc_create() (grows by appending; size header). */
+typedef struct bg_model_desc_params {
+    size_t size;           /**< sizeof(bg_model_desc_params_t), set by BG_MODEL_DESC_PARAMS_INIT */
+    const char *name;      /**< the model's name, stored in saves and checkpoints ("gpt", "my-net") */
+    bg_input_kind_t input;
+    int vocab;             /**< TOKENS: ids are in [0, vocab) */
+    int seq_len;           /**< positions per sequence at most (TOKENS); FEATURES: positions (1: vectors) */
+    int features;          /**< FEATURES: channels per position */
+    uint64_t seed;         /**< initialisation seed */
+} bg_model_desc_params_t;
+#define BG_MODEL_DESC_PARAMS_INIT {sizeof(bg_model_desc_params_t), "model", BG_INPUT_FEATURES, 0, 1, 1, 1337}
+
+typedef struct bg_model_desc bg_model_desc_t;
+
+/** An empty description. */
+bg_status_t bg_model_desc_create(const bg_model_desc_params_t *p, bg_model_desc_t **desc_p);
+/** Destroys the description and its layers (no model may still use it). */
+void bg_model_desc_destroy(bg_model_desc_t *d);
+/** Append a top-level layer (built-in, composite or the user's). The
+ *  description owns it from now on, also on failure. Top-level names must
+ *  be unique and non-empty; tensor names are the path of layer names. */
+bg_status_t bg_model_desc_add(bg_model_desc_t *d, bg_layer_t *layer);
+/** Declare that tensor @p b is tied to tensor @p a (full names, e.g.
+ *  "embed.wte" and "head.weight"): b starts as a copy of a (it is initialised
+ *  from a's seed), and before every optimizer step both gradients become
+ *  a + b, so the two stay identical wherever the split puts them. The
+ *  shapes must match (checked by bg_model_desc_check). */
+bg_status_t bg_model_desc_tie(bg_model_desc_t *d, const char *a, const char *b);
+/** Check a complete description: at least one layer, the last layer a loss,
+ *  shapes that chain from the input, unique tensor names, ties between
+ *  existing tensors of one shape, no tensor in two ties. The message names
+ *  the layer or tensor. */
+bg_status_t bg_model_desc_check(const bg_model_desc_t *d);
+
+const bg_model_desc_params_t *bg_model_desc_params(const bg_model_desc_t *d);
+int bg_model_desc_num_layers(const bg_model_desc_t *d);
+bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i);
+/** Classes of the loss layer (targets are ids in [0, classes)); 0 if the last layer is no loss. */
+int bg_model_desc_classes(const bg_model_desc_t *d);
+int bg_model_desc_num_ties(const bg_model_desc_t *d);
+/** Tie i: *a_p is the source, *b_p the copy. */
+void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p);
+/** Shape of the model's input for n sequences of t positions (t is ignored
+ *  for FEATURES inputs, whose positions are fixed). */
+bg_shape_t bg_model_desc_input_shape(const bg_model_desc_t *d, int n, int t);
+/** Parameters of the whole model. */
+size_t bg_model_desc_param_count(const bg_model_desc_t *d);
+/** The top-level layer that holds tensor @p name (full name); -1 if none. */
+int bg_model_desc_tensor_layer(const bg_model_desc_t *d, const char *name);
+
+/**
+ * The description as JSON text (malloc'ed; free() it): name, input, seed,
+ * every top-level layer's name, type and parameter count, every tensor's
+ * name and shape, the ties, and for builder-made models the builder and
+ * its configuration. Stored in saves, checkpoints and plans.
+ */
+bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p);
+/** Rebuild a description from bg_model_desc_to_json() text. Only builder-
+ *  made models can be rebuilt (a user's layers are code, not data):
+ *  BG_ERR_UNSUPPORTED otherwise, naming the model. */
+bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p);
+/** Is @p json (from bg_model_desc_to_json) the same model as @p d? BG_OK
+ *  if so; else BG_ERR_INVALID naming the first difference, prefixed by
+ *  @p where (a file name). */
+bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json, const char *where);
+
+/* ---------------------------------------------------------------- builders */
+
 typedef enum bg_model_kind { BG_MODEL_GPT = 0, BG_MODEL_MLP = 1 } bg_model_kind_t;
 
-/** Model configuration (grows by appending; size header). */
+/** Configuration of the two built-in builders (grows by appending; size header). */
 typedef struct bg_model_config {
     size_t size;          /**< sizeof(bg_model_config_t) */
     bg_model_kind_t kind;
@@ -38,28 +133,36 @@ typedef struct bg_model_config {
     int in_features;      /**< MLP: input features */
     int classes;          /**< MLP: classes of the synthetic task */
     uint64_t seed;        /**< initialisation seed */
-    int tie_embeddings;   /**< GPT: the head's weight is tied to the token embedding (kept
-                               identical: same init, gradients summed before each update) */
+    int tie_embeddings;   /**< GPT: the head's weight is tied to the token embedding */
 } bg_model_config_t;
 #define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0}
 
-/** Check a configuration; BG_ERR_INVALID with a message naming the field. */
+/** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
+/** Build the description of a GPT (embed, blocks.i, ln_f, head; tie
+ *  "embed.wte" -> "head.weight" when tie_embeddings) or an MLP (fc.i, act.i,
+ *  head). The result is a plain description: nothing downstream knows
+ *  which builder made it, except its JSON, which can rebuild it. */
+bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_p);
+
+/* ---------------------------------------------------------------- models */
 
 typedef struct bg_model bg_model_t;
 
-/** Create the layers [first, last] (inclusive; -1, -1 = all) of a model and
- *  allocate their parameters, gradients (zeroed) and optimizer state lazily. */
-bg_status_t bg_model_create(const bg_model_config_t *cfg, bg_backend_t *be, int first, int last, bg_model_t **model_p);
+/** Bind the layers [first, last] (inclusive; -1, -1 = all) of a checked
+ *  description to new flat buffers: parameters (initialised), gradients
+ *  (zeroed); optimizer state lazily. A layer can be bound to one model at a
+ *  time; the description must outlive the model. */
+bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p);
 void bg_model_destroy(bg_model_t *m);
 
+const bg_model_desc_t *bg_model_desc(const bg_model_t *m);
 int bg_model_total_layers(const bg_model_t *m);      /**< layers of the full model */
 int bg_model_first_layer(const bg_model_t *m);
 int bg_model_last_layer(const bg_model_t *m);
-bg_layer_t *bg_model_layer(bg_model_t *m, int i);    /**< global index i in [first, last] */
-const bg_model_config_t *bg_model_config(const bg_model_t *m);
+bg_layer_t *bg_model_layer(bg_model_t *m, int i);    /**< global index i in [0, total) (descriptors) */
 bg_backend_t *bg_model_backend(const bg_model_t *m);
-/** Shape of the model's input for a microbatch of n sequences (GPT: tokens of length t). */
+/** Shape of the model's input for a microbatch of n sequences of t positions. */
 bg_shape_t bg_model_input_shape(const bg_model_t *m, int n, int t);
 
 /** Parameters held (this range only). */
@@ -74,14 +177,8 @@ const char *bg_model_tensor_name(const bg_model_t *m, int i);
 bg_param_t *bg_model_tensor(bg_model_t *m, int i);
 /** Find a tensor by full name; NULL if this range does not hold it. */
 bg_param_t *bg_model_find_tensor(bg_model_t *m, const char *name);
-/** Tied embeddings: the two copies are "embed.wte" (first layer) and
- *  "head.weight" (last layer). Each holds its own copy so that any split
- *  keeps them identical the same way: before the optimizer step both
- *  gradients become embed + head. This sums them when both are in @p m
- *  (no-op otherwise, or when not tied). */
-void bg_model_tie_grads_local(bg_model_t *m);
 
-/** Per-layer profile of the FULL model for microbatches of n sequences of t positions. */
+/** Per-layer profile of a model for microbatches of n sequences of t positions. */
 typedef struct bg_layer_profile {
     char name[BG_NAME_MAX];
     size_t params;        /**< parameters */
@@ -92,8 +189,8 @@ typedef struct bg_layer_profile {
     double fwd_flops;
     double bwd_flops;     /**< B + W */
 } bg_layer_profile_t;
-/** Fills profile[0 .. total_layers-1]; *count_p = total layers. */
-bg_status_t bg_model_profile(const bg_model_config_t *cfg, int n, int t, bg_layer_profile_t *profile, int max,
+/** Fills profile[0 .. layers-1] from what each layer reports; *count_p = layers. */
+bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_profile_t *profile, int max,
                              int *count_p);
 
 /* ---------------------------------------------------------------- optimizers */
@@ -182,6 +279,38 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
 
 /* ---------------------------------------------------------------- data */
 
+/** What the executor asks a batch source for: one microbatch of one replica. */
+typedef struct bg_batch_request {
+    int64_t step;          /**< 0-based optimizer step */
+    int microbatch;        /**< in [0, microbatches) */
+    int replica;           /**< data-parallel replica in [0, dp) */
+    int first;             /**< index of the first sequence within the step's global batch */
+    bg_shape_t in;         /**< the input's shape: n sequences, t positions, c channels (0: tokens) */
+} bg_batch_request_t;
+
+/**
+ * Fill one microbatch: @p tokens (n*t ids; non-NULL for TOKENS inputs on
+ * the first stage), @p features (n*t*c floats; non-NULL for FEATURES inputs
+ * on the first stage) and @p targets (n*t class ids; non-NULL on the last
+ * stage). A buffer that is NULL is not wanted on this rank. The result must
+ * depend only on the request (every rank that asks gets the same data).
+ * Return BG_OK, or an error (set a message with bg_error()): the step stops
+ * on every rank with it.
+ */
+typedef bg_status_t (*bg_batch_fn)(const bg_batch_request_t *rq, int32_t *tokens, float *features,
+                                   int32_t *targets, void *arg);
+/** Positions of microbatch mb of step `step` (variable sequence lengths; a
+ *  pure function: every rank must get the same answer). */
+typedef int (*bg_seq_len_fn)(int64_t step, int mb, void *arg);
+
+/** A source of training data. */
+typedef struct bg_batch_source {
+    bg_batch_fn batch;     /**< required */
+    bg_seq_len_fn seq_len; /**< NULL: every microbatch has `seq` positions */
+    void *arg;             /**< passed to both */
+    int seq;               /**< positions per sequence when seq_len is NULL (0: the model's seq_len) */
+} bg_batch_source_t;
+
 typedef struct bg_data bg_data_t;
 /** Text corpus (bytes are tokens). Refuses a missing, empty or too-short file. */
 bg_status_t bg_data_open_text(const char *path, int seq_len, uint64_t seed, bg_data_t **data_p);
@@ -195,11 +324,17 @@ size_t bg_data_size(const bg_data_t *d); /**< corpus bytes (text) or 0 */
  *  only, so any sharding of a step's batch sees the same data. */
 bg_status_t bg_data_batch(const bg_data_t *d, int64_t step, int first, int count, int t, int32_t *tokens,
                           float *inputs, int32_t *targets);
+/** The data set as a batch source (seq_len left NULL; the data must outlive the source's users). */
+bg_batch_source_t bg_data_source(bg_data_t *d);
 /** Read the whole corpus (for sampling prompts) */
 const uint8_t *bg_data_bytes(const bg_data_t *d);
 
 /* ---------------------------------------------------------------- safetensors */
 
+/** The safetensors `__metadata__` object for files of this model, as JSON
+ *  text (malloc'ed): {"format": "pt", "brigade_model": "<bg_model_desc_to_json text>"}
+ *  (safetensors metadata values are strings). */
+bg_status_t bg_model_metadata_json(const bg_model_desc_t *d, char **json_p);
 /** Write the range's tensors to @p path atomically (temporary file, fsync,
  *  rename): the file is complete or absent. metadata: JSON object text or NULL. */
 bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const char *metadata_json);

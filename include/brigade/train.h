@@ -1,6 +1,7 @@
 /**
  * @file train.h
- * @brief Training: the loop around stages, data, the optimizer, metrics and saving.
+ * @brief The CLI's training job: the built-in models and data, the step
+ *        loop, metrics, checkpoints and saving, over the executor.
  *
  * `batch` is the global batch (sequences per optimizer step), split into
  * `microbatches` equal microbatches whose gradients accumulate in microbatch
@@ -91,12 +92,13 @@ typedef struct bg_train_result {
 
 /** Check the configuration (messages name the flag-level field) without running. */
 bg_status_t bg_train_check(const bg_train_config_t *cfg);
-/** Run training: single process when pp = dp = 1, else this rank's part of
- *  a pipeline/data-parallel job (the world comes from the environment, see
- *  transport.h; every rank calls bg_train with the same configuration). */
+/** Run a whole training job of a built-in model (GPT on a corpus, MLP on
+ *  the synthetic task) to completion: this rank's part of a pipeline/data-
+ *  parallel job (the world comes from the environment, see transport.h;
+ *  every rank calls bg_train with the same configuration; one process is
+ *  pp = dp = 1). A host loop over the executor (executor.h), which is what
+ *  a framework drives directly for its own models and data. */
 bg_status_t bg_train(const bg_train_config_t *cfg, bg_train_result_t *result_p);
-/** The parallel path alone (also with pp = dp = 1: one rank walking a schedule). */
-bg_status_t bg_train_parallel(const bg_train_config_t *cfg, bg_train_result_t *result_p);
 /** Sequence length of microbatch `mb` of step `step` (variable lengths). */
 int bg_train_seq_len(const bg_train_config_t *cfg, int64_t step, int mb);
 

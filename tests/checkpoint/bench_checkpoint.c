@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "brigade/brigade.h"
+#include "bg_test_model.h"
 #include "brigade/checkpoint.h"
 
 int main(int argc, char **argv)
@@ -21,7 +22,7 @@ int main(int argc, char **argv)
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = 1;
     bg_model_t *m;
-    if (bg_backend_create("cpu", &bp, &be) != BG_OK || bg_model_create(&c, be, -1, -1, &m) != BG_OK ||
+    if (bg_backend_create("cpu", &bp, &be) != BG_OK || bg_test_model_create(&c, be, -1, -1, &m) != BG_OK ||
         bg_model_optim_init(m, BG_OPTIM_ADAMW) != BG_OK) {
         fprintf(stderr, "setup: %s\n", bg_last_error());
         return 1;
@@ -63,7 +64,7 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0)
         rc = 1;
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
     bg_backend_destroy(be);
     return rc;
 }

@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "brigade/brigade.h"
+#include "bg_test_model.h"
 #include "brigade/checkpoint.h"
 #include "brigade/transport.h"
 #include "transport/ranks.h"
@@ -74,7 +75,7 @@ static bg_model_t *make(int first, int last)
 {
     bg_model_config_t c = small_gpt();
     bg_model_t *m;
-    OK(bg_model_create(&c, be, first, last, &m));
+    OK(bg_test_model_create(&c, be, first, last, &m));
     return m;
 }
 
@@ -254,8 +255,18 @@ static void test_roundtrip(void **state)
     assert_int_equal(info.world, 1);
     assert_int_equal(info.files, 1);
     assert_int_equal(info.has_optim, 2);
-    assert_int_equal(info.model.d_model, 16);
-    assert_int_equal(info.model.layers, 3);
+    /* the manifest holds the model description: it matches the model, and names what differs for another */
+    assert_non_null(info.model_json);
+    OK(bg_model_desc_match_json(bg_model_desc(b), info.model_json, "manifest"));
+    {
+        bg_model_config_t other = small_gpt();
+        other.d_model = 32;
+        bg_model_desc_t *od;
+        OK(bg_model_build(&other, &od));
+        assert_int_equal(bg_model_desc_match_json(od, info.model_json, "manifest"), BG_ERR_MISMATCH);
+        assert_non_null(strstr(bg_last_error(), "manifest is from another model"));
+        bg_model_desc_destroy(od);
+    }
     json_t *x = json_loads(info.extra_json, 0, NULL);
     assert_non_null(x);
     assert_int_equal(json_integer_value(json_object_get(x, "seed")), 5);
@@ -284,8 +295,8 @@ static void test_roundtrip(void **state)
     OK(bg_checkpoint_load(dir, &b, 1, NULL));
     assert_int_equal(mismatches(b, 12, 1), 0);
     assert_int_equal(count_entries(root, NULL), 1);
-    bg_model_destroy(a);
-    bg_model_destroy(b);
+    bg_test_model_destroy(a);
+    bg_test_model_destroy(b);
 }
 
 /* GPT with 3 blocks = 6 top-level layers: embed, blocks.0-2, ln_f, head */
@@ -340,12 +351,12 @@ static void test_reshard(void **state)
         assert_int_equal(mismatches(three[r], 22, 1), 0);
     }
     for (int r = 0; r < 3; r++)
-        bg_model_destroy(three[r]);
+        bg_test_model_destroy(three[r]);
     for (int r = 0; r < 2; r++) {
-        bg_model_destroy(two[r]);
-        bg_model_destroy(chunks[r]);
+        bg_test_model_destroy(two[r]);
+        bg_test_model_destroy(chunks[r]);
     }
-    bg_model_destroy(whole);
+    bg_test_model_destroy(whole);
 }
 
 static void test_keep_and_latest(void **state)
@@ -390,7 +401,7 @@ static void test_keep_and_latest(void **state)
     snprintf(bad, sizeof bad, "%s/step-00000090", root);
     assert_int_equal(bg_checkpoint_load(bad, &m, 1, NULL), BG_ERR_MISMATCH);
     assert_non_null(strstr(bg_last_error(), "manifest.json is corrupted"));
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
 }
 
 /* flip one byte of tensor `name`'s data in a rank file */
@@ -462,7 +473,7 @@ static void test_refusals(void **state)
     bg_model_t *front = make(0, 2);
     OK(bg_checkpoint_load(bad, &front, 1, NULL));
     assert_int_equal(mismatches(front, 41, 1), 0);
-    bg_model_destroy(front);
+    bg_test_model_destroy(front);
 
     /* a missing tensor: only ranks 0 and 1 of the 3 wrote (rank 2, ln_f and head, never did) */
     char root2[512];
@@ -488,26 +499,26 @@ static void test_refusals(void **state)
     bg_model_config_t c = small_gpt();
     c.d_model = 24;
     bg_model_t *other;
-    OK(bg_model_create(&c, be, -1, -1, &other));
+    OK(bg_test_model_create(&c, be, -1, -1, &other));
     float *osnap = snapshot(other);
     assert_int_equal(bg_checkpoint_load(dir, &other, 1, NULL), BG_ERR_MISMATCH);
-    assert_non_null(strstr(bg_last_error(), "d_model = 16, the model to load has 24"));
+    assert_non_null(strstr(bg_last_error(), "is from another model: layers[0] {\"name\":\"embed\""));
     assert_true(same_as(other, osnap));
-    bg_model_destroy(other);
+    bg_test_model_destroy(other);
     free(osnap);
     c = small_gpt();
     c.kind = BG_MODEL_MLP;
-    OK(bg_model_create(&c, be, -1, -1, &other));
+    OK(bg_test_model_create(&c, be, -1, -1, &other));
     assert_int_equal(bg_checkpoint_load(dir, &other, 1, NULL), BG_ERR_MISMATCH);
-    assert_non_null(strstr(bg_last_error(), "holds a gpt model"));
-    bg_model_destroy(other);
+    assert_non_null(strstr(bg_last_error(), "is from another model: name \"gpt\" there, \"mlp\" here"));
+    bg_test_model_destroy(other);
 
     c = small_gpt();
     c.tie_embeddings = 1;
-    OK(bg_model_create(&c, be, -1, -1, &other));
+    OK(bg_test_model_create(&c, be, -1, -1, &other));
     assert_int_equal(bg_checkpoint_load(dir, &other, 1, NULL), BG_ERR_MISMATCH);
-    assert_non_null(strstr(bg_last_error(), "tie_embeddings = 0, the model to load has 1"));
-    bg_model_destroy(other);
+    assert_non_null(strstr(bg_last_error(), "ties [] there, [[\"embed.wte\",\"head.weight\"]] here"));
+    bg_test_model_destroy(other);
 
     /* an optimizer state of another kind */
     OK(bg_model_optim_init(whole, BG_OPTIM_SGD));
@@ -518,7 +529,7 @@ static void test_refusals(void **state)
     /* a shape mismatch (plain safetensors directory; no config to compare first) */
     c = small_gpt();
     c.vocab = 40;
-    OK(bg_model_create(&c, be, -1, -1, &other));
+    OK(bg_test_model_create(&c, be, -1, -1, &other));
     char sdir[600];
     snprintf(sdir, sizeof sdir, "%s/../plain", root);
     mkdir(sdir, 0755);
@@ -529,11 +540,11 @@ static void test_refusals(void **state)
     assert_non_null(strstr(e, "model.safetensors: tensor embed."));
     assert_non_null(strstr(e, "has shape [40,16], the model expects [32,16]"));
     assert_true(same_as(whole, snap));
-    bg_model_destroy(other);
+    bg_test_model_destroy(other);
 
     for (int r = 0; r < 3; r++)
-        bg_model_destroy(three[r]);
-    bg_model_destroy(whole);
+        bg_test_model_destroy(three[r]);
+    bg_test_model_destroy(whole);
     free(snap);
 }
 
@@ -573,7 +584,7 @@ static void test_full_disk(void **state)
         bg_model_t *b = make(-1, -1);
         OK(bg_checkpoint_load(dir, &b, 1, NULL));
         assert_int_equal(mismatches(b, 51, 1), 0);
-        bg_model_destroy(b);
+        bg_test_model_destroy(b);
     }
     assert_true(failures >= 8);
 
@@ -598,7 +609,7 @@ static void test_full_disk(void **state)
     p.extra_json = NULL;
     p.nmodels = 0;
     assert_int_equal(bg_checkpoint_save(&p), BG_ERR_INVALID);
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
 }
 
 /* ---------------------------------------------------------------- with a comm (forked ranks) */
@@ -626,7 +637,7 @@ static int comm_rank(int rank, int world, void *arg)
     bg_model_config_t cfg = small_gpt();
     int pp_i = rank / c->dp, dp_i = rank % c->dp;
     bg_model_t *m;
-    RK_OK(bg_model_create(&cfg, b2, pp_i == 0 ? 0 : 3, pp_i == 0 ? 2 : 5, &m));
+    RK_OK(bg_test_model_create(&cfg, b2, pp_i == 0 ? 0 : 3, pp_i == 0 ? 2 : 5, &m));
     bg_backend_t *saved = be;
     be = b2;
     fill(m, c->salt);
@@ -653,7 +664,7 @@ static int comm_rank(int rank, int world, void *arg)
     } else {
         RK_OK(st);
     }
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
     RK_OK(bg_comm_destroy(comm));
     bg_backend_destroy(b2);
     return 0;
@@ -696,7 +707,7 @@ static void test_comm(void **state)
     assert_int_equal(count_entries(root, NULL), 1);
     OK(bg_checkpoint_load(dir, &whole, 1, NULL));
     assert_int_equal(mismatches(whole, 61, 1), 0);
-    bg_model_destroy(whole);
+    bg_test_model_destroy(whole);
 }
 
 /* ---------------------------------------------------------------- generation */
@@ -705,7 +716,7 @@ static void test_comm(void **state)
  * cross-entropy at the last position when the target there is v. */
 static int argmax_by_loss(bg_model_t *m, const int32_t *ctx, int t)
 {
-    int V = bg_model_config(m)->vocab;
+    int V = bg_model_desc_params(bg_model_desc(m))->vocab;
     bg_stage_t *s;
     OK(bg_stage_create(m, 1, &s));
     int32_t *tok = malloc((size_t)V * (size_t)t * sizeof(int32_t)), *tgt = malloc((size_t)V * (size_t)t * sizeof(int32_t));
@@ -776,8 +787,8 @@ static void test_generate(void **state)
     assert_int_equal(bg_generate(m, prompt, 0, 1, 0.0f, 0, 0, k1), BG_ERR_INVALID);
     bg_model_t *part = make(0, 2);
     assert_int_equal(bg_generate(part, prompt, 1, 1, 0.0f, 0, 0, k1), BG_ERR_INVALID);
-    bg_model_destroy(part);
-    bg_model_destroy(m);
+    bg_test_model_destroy(part);
+    bg_test_model_destroy(m);
 }
 
 /* `brigade generate` prints the prompt and exactly bg_generate's tokens */
@@ -790,7 +801,7 @@ static void test_generate_cli(void **state)
     c.vocab = 256;
     c.layers = 1;
     bg_model_t *m;
-    OK(bg_model_create(&c, be, -1, -1, &m));
+    OK(bg_test_model_create(&c, be, -1, -1, &m));
     fill(m, 81);
     char root[512];
     dir_path(root, sizeof root, "gen");
@@ -821,7 +832,7 @@ static void test_generate_cli(void **state)
             assert_int_equal((uint8_t)out[6 + i], want[i]);
         assert_int_equal(out[21], '\n');
     }
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
 }
 
 int main(void)

@@ -96,7 +96,7 @@ expect_fail 2 "missing --checkpoint" generate --prompt hi
 expect_fail 2 "missing --prompt" generate --checkpoint "$T/save"
 expect_fail 2 "is not a directory" generate --checkpoint "$T/none" --prompt hi
 mkdir "$T/emptydir"
-expect_fail 1 "no complete checkpoint and no model configuration" generate --checkpoint "$T/emptydir" --prompt hi
+expect_fail 1 "no complete checkpoint and no model description" generate --checkpoint "$T/emptydir" --prompt hi
 expect_fail 2 "--temperature must be in" generate --checkpoint "$T/save" --prompt hi --temperature -1
 
 if [ $fails -gt 0 ]; then echo "$fails check(s) failed"; exit 1; fi

@@ -16,6 +16,7 @@
 
 #include "brigade/brigade.h"
 #include "bg_test_backend.h"
+#include "bg_test_model.h"
 
 static bg_model_config_t small_gpt(void)
 {
@@ -45,7 +46,7 @@ static void test_param_count(void **s)
     (void)s;
     bg_model_config_t c = small_gpt();
     bg_model_t *m;
-    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
     size_t C = 16, V = 256, T = 8, L = 3;
     size_t expect = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + V * C;
     assert_int_equal(bg_model_param_count(m), expect);
@@ -56,7 +57,7 @@ static void test_param_count(void **s)
     assert_non_null(bg_model_find_tensor(m, "head.weight"));
     bg_layer_profile_t prof[16];
     int n;
-    assert_int_equal(bg_model_profile(&c, 2, 8, prof, 16, &n), BG_OK);
+    assert_int_equal(bg_test_profile(&c, 2, 8, prof, 16, &n), BG_OK);
     assert_int_equal(n, 6);
     size_t sum = 0;
     for (int i = 0; i < n; i++)
@@ -65,9 +66,9 @@ static void test_param_count(void **s)
     /* linear FLOPs of a block: 2 * rows * (3C*C + C*C + 4C*C + 4C*C) forward */
     assert_true(prof[1].fwd_flops >= 2.0 * 16 * 12 * C * C);
     assert_int_equal(prof[1].output_bytes, 2 * 8 * C * sizeof(float));
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
     c.heads = 3;
-    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_ERR_INVALID);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_ERR_INVALID);
     assert_non_null(strstr(bg_last_error(), "heads (3) must divide d_model (16)"));
 }
 
@@ -76,8 +77,8 @@ static void test_init_independent_of_range(void **s)
     (void)s;
     bg_model_config_t c = small_gpt();
     bg_model_t *full, *part;
-    assert_int_equal(bg_model_create(&c, be, -1, -1, &full), BG_OK);
-    assert_int_equal(bg_model_create(&c, be, 2, 3, &part), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &full), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, 2, 3, &part), BG_OK);
     assert_true(bg_model_param_count(part) < bg_model_param_count(full));
     for (int i = 0; i < bg_model_num_tensors(part); i++) {
         bg_param_t *p = bg_model_tensor(part, i);
@@ -86,9 +87,9 @@ static void test_init_independent_of_range(void **s)
         assert_int_equal(p->numel, q->numel);
         assert_memory_equal(p->data, q->data, p->numel * sizeof(float));
     }
-    bg_model_destroy(full);
-    bg_model_destroy(part);
-    assert_int_equal(bg_model_create(&c, be, 4, 9, &part), BG_ERR_INVALID);
+    bg_test_model_destroy(full);
+    bg_test_model_destroy(part);
+    assert_int_equal(bg_test_model_create(&c, be, 4, 9, &part), BG_ERR_INVALID);
 }
 
 /* Run M microbatches through stages [cuts] chained by hand; return the models. */
@@ -107,7 +108,7 @@ static void run_split(const bg_model_config_t *c, int nst, const int *first, con
     }
     bg_stage_t *st[8];
     for (int k = 0; k < nst; k++) {
-        assert_int_equal(bg_model_create(c, be, first[k], last[k], &models[k]), BG_OK);
+        assert_int_equal(bg_test_model_create(c, be, first[k], last[k], &models[k]), BG_OK);
         assert_int_equal(bg_stage_create(models[k], M, &st[k]), BG_OK);
     }
     int32_t tok[64], tgt[64];
@@ -193,13 +194,13 @@ static void check_splits(bg_model_config_t c)
         run_split(&c, 3, f3, l3, split, parts);
         compare_grads(whole[0], parts, 3);
         for (int k = 0; k < 3; k++)
-            bg_model_destroy(parts[k]);
+            bg_test_model_destroy(parts[k]);
     }
     /* the whole model with B and W split */
     run_split(&c, 1, f1, l1, 1, parts);
     compare_grads(whole[0], parts, 1);
-    bg_model_destroy(parts[0]);
-    bg_model_destroy(whole[0]);
+    bg_test_model_destroy(parts[0]);
+    bg_test_model_destroy(whole[0]);
 }
 
 static void test_split_equivalence_gpt(void **s)
@@ -219,7 +220,7 @@ static void test_stage_misuse(void **s)
     bg_model_config_t c = small_mlp();
     bg_model_t *m;
     bg_stage_t *st;
-    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
     assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
     float *out, *din;
     bg_shape_t os;
@@ -234,7 +235,7 @@ static void test_stage_misuse(void **s)
     assert_int_equal(bg_backend_memstats(be).current, before); /* nothing leaked */
     assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 1, 11}, &in), BG_ERR_INVALID);
     bg_stage_destroy(st);
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
 }
 
 /* Recomputation: the same gradients bitwise, less memory kept between F and
@@ -249,7 +250,7 @@ static void test_recompute(void **s)
         bg_model_t *m;
         bg_stage_t *st;
         size_t base = bg_backend_memstats(be).current;
-        assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+        assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
         assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
         bg_stage_set_recompute(st, rc);
         int32_t tok[2 * 8], tgt[2 * 8];
@@ -272,14 +273,14 @@ static void test_recompute(void **s)
         assert_int_equal(bg_stage_memory(st, (bg_shape_t){2, 8, 0}, &mem), BG_OK);
         assert_int_equal(rc ? mem.recompute > 0 : mem.recompute == 0, 1);
         bg_stage_destroy(st);
-        bg_model_destroy(m);
+        bg_test_model_destroy(m);
         assert_int_equal(bg_backend_memstats(be).current, base); /* nothing leaked */
     }
     bg_model_config_t c2 = small_gpt();
     bg_model_t *m;
-    assert_int_equal(bg_model_create(&c2, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_test_model_create(&c2, be, -1, -1, &m), BG_OK);
     assert_memory_equal(g[0], g[1], bg_model_param_count(m) * sizeof(float));
-    bg_model_destroy(m);
+    bg_test_model_destroy(m);
     assert_true(kept[1] < kept[0] / 4); /* input + output instead of every activation */
     free(g[0]);
     free(g[1]);
@@ -322,9 +323,9 @@ static void test_safetensors(void **s)
     (void)s;
     bg_model_config_t c = small_gpt();
     bg_model_t *m, *m2;
-    assert_int_equal(bg_model_create(&c, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
     c.seed = 99;
-    assert_int_equal(bg_model_create(&c, be, -1, -1, &m2), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m2), BG_OK);
     char dir[] = "/tmp/bg_st_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char path[256];
@@ -354,7 +355,7 @@ static void test_safetensors(void **s)
     bg_model_config_t c2 = small_gpt();
     c2.d_model = 8;
     bg_model_t *m3;
-    assert_int_equal(bg_model_create(&c2, be, -1, -1, &m3), BG_OK);
+    assert_int_equal(bg_test_model_create(&c2, be, -1, -1, &m3), BG_OK);
     assert_int_equal(bg_model_save_safetensors(m3, path, NULL), BG_OK);
     assert_int_equal(bg_model_load_safetensors(m2, path), BG_ERR_MISMATCH);
     assert_non_null(strstr(bg_last_error(), "embed."));
@@ -362,9 +363,9 @@ static void test_safetensors(void **s)
     assert_int_equal(bg_model_save_safetensors(m, "/nonexistent-dir/x.safetensors", NULL), BG_ERR_IO);
     unlink(path);
     rmdir(dir);
-    bg_model_destroy(m);
-    bg_model_destroy(m2);
-    bg_model_destroy(m3);
+    bg_test_model_destroy(m);
+    bg_test_model_destroy(m2);
+    bg_test_model_destroy(m3);
 }
 
 static void test_train_mlp_learns(void **s)
@@ -431,8 +432,8 @@ static void test_train_microbatching_invariance(void **s)
     c.save_dir = d4;
     assert_int_equal(bg_train(&c, &r), BG_OK);
     bg_model_t *a, *b;
-    assert_int_equal(bg_model_create(&c.model, be, -1, -1, &a), BG_OK);
-    assert_int_equal(bg_model_create(&c.model, be, -1, -1, &b), BG_OK);
+    assert_int_equal(bg_test_model_create(&c.model, be, -1, -1, &a), BG_OK);
+    assert_int_equal(bg_test_model_create(&c.model, be, -1, -1, &b), BG_OK);
     char p[256];
     snprintf(p, sizeof(p), "%s/model.safetensors", d1);
     assert_int_equal(bg_model_load_safetensors(a, p), BG_OK);
@@ -449,8 +450,8 @@ static void test_train_microbatching_invariance(void **s)
         maxv = fmax(maxv, fabs(x[i]));
     }
     assert_true(maxd <= 1e-4 * maxv);
-    bg_model_destroy(a);
-    bg_model_destroy(b);
+    bg_test_model_destroy(a);
+    bg_test_model_destroy(b);
 }
 
 int main(void)

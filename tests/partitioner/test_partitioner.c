@@ -272,7 +272,9 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
     assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_OK);
     bg_layer_profile_t prof[64];
     int L = 0;
-    assert_int_equal(bg_model_profile(cfg, n, t, prof, 64, &L), BG_OK);
+    bg_model_desc_t *desc = NULL;
+    assert_int_equal(bg_model_build(cfg, &desc), BG_OK);
+    assert_int_equal(bg_model_profile(desc, n, t, prof, 64, &L), BG_OK);
     bg_part_layer_t ly[64];
     for (int i = 0; i < L; i++) {
         ly[i] = (bg_part_layer_t){prof[i].params,       prof[i].stash_bytes, prof[i].wstash_bytes,
@@ -291,7 +293,7 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
         for (int b = a; b < L; b++) {
             bg_model_t *m = NULL;
             bg_stage_t *stg = NULL;
-            assert_int_equal(bg_model_create(cfg, be, a, b, &m), BG_OK);
+            assert_int_equal(bg_model_create(desc, be, a, b, &m), BG_OK);
             assert_int_equal(bg_stage_create(m, 1, &stg), BG_OK);
             bg_shape_t in = bg_model_input_shape(m, n, t);
             for (int i = 0; i < a; i++)
@@ -320,6 +322,7 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
             bg_stage_destroy(stg);
             bg_model_destroy(m);
         }
+    bg_model_desc_destroy(desc);
     bg_backend_destroy(be);
 }
 

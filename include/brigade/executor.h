@@ -1,0 +1,167 @@
+/**
+ * @file executor.h
+ * @brief The executor: trains any model description on a pipeline x data-
+ *        parallel layout, one optimizer step per call, driven by its host.
+ *
+ * Every rank of the job creates the executor with the same parameters (the
+ * same model description, built by the same code), then calls
+ * bg_executor_step() once per optimizer step. The host owns the loop, the
+ * learning-rate schedule, evaluation and when to save. One process is the
+ * executor at pp = dp = 1: there is no other training loop.
+ *
+ * Each rank walks its program from the schedule generator (the same one the
+ * simulator runs); microbatch gradients accumulate in microbatch order on
+ * every stage, so for a fixed dp, microbatch count and seed every schedule
+ * and pipeline degree gives bitwise the weights of one process.
+ *
+ * @code
+ *   static bg_status_t my_batch(const bg_batch_request_t *rq, int32_t *tokens, float *features,
+ *                               int32_t *targets, void *arg)
+ *   {
+ *       (void)tokens; (void)arg;
+ *       size_t n = (size_t)rq->in.n * (size_t)rq->in.t;
+ *       for (size_t i = 0; features && i < n * (size_t)rq->in.c; i++)
+ *           features[i] = (float)((i + (size_t)rq->step) % 7) - 3.0f;
+ *       for (size_t i = 0; targets && i < n; i++)
+ *           targets[i] = (int32_t)(i % 4);
+ *       return BG_OK;
+ *   }
+ *
+ *   int train_my_model(bg_model_desc_t *desc)   // a checked description ending in a 4-class loss
+ *   {
+ *       bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
+ *       p.model = desc;
+ *       p.pp = 2;                        // run under: brigade launch -n 2 -- ./my_program
+ *       p.batch = 8; p.microbatches = 4;
+ *       p.data.batch = my_batch;
+ *       bg_executor_t *x;
+ *       if (bg_executor_create(&p, &x) != BG_OK) { fprintf(stderr, "%s\n", bg_last_error()); return 1; }
+ *       for (int s = 0; s < 100; s++) {
+ *           bg_step_result_t r;
+ *           bg_executor_set_lr(x, 1e-3f * (s < 10 ? (float)(s + 1) / 10 : 1.0f));   // the host's schedule
+ *           if (bg_executor_step(x, &r) != BG_OK) { fprintf(stderr, "%s\n", bg_last_error()); break; }
+ *           if (bg_executor_rank(x) == 0) printf("step %lld loss %.4f\n", (long long)r.step, r.loss);
+ *       }
+ *       bg_executor_save_weights(x, "out");
+ *       bg_executor_destroy(x);
+ *       return 0;
+ *   }
+ * @endcode
+ */
+#ifndef BRIGADE_EXECUTOR_H
+#define BRIGADE_EXECUTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/model.h"
+#include "brigade/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bg_executor bg_executor_t;
+
+/** Parameters of bg_executor_create() (grows by appending; size header). */
+typedef struct bg_executor_params {
+    size_t size;                 /**< sizeof(bg_executor_params_t), set by BG_EXECUTOR_PARAMS_INIT */
+    bg_model_desc_t *model;      /**< the model (checked); must outlive the executor */
+    int pp;                      /**< pipeline ranks (1: none) */
+    int dp;                      /**< data-parallel replicas (1: none) */
+    int tp;                      /**< tensor-parallel degree: 1 (tensor parallelism is not built yet) */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv; NULL: 1f1b */
+    int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
+    const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
+    int nsplit;
+    int batch;                   /**< global batch: sequences per optimizer step */
+    int microbatches;            /**< per step and replica; batch = dp * microbatches * sequences per microbatch */
+    bg_optim_config_t optim;     /**< the optimizer (its lr: see bg_executor_set_lr) */
+    bg_batch_source_t data;      /**< where microbatches come from (required) */
+    const char *backend;         /**< kernel backend; NULL: "cpu" */
+    int threads;                 /**< compute threads; 0: BRIGADE_NUM_THREADS or all cores */
+    bg_comm_t *comm;             /**< the job's communicator; NULL: one is created from the environment
+                                      (brigade launch, torchrun, Open MPI or Slurm variables) and owned */
+    int recompute;               /**< recompute activations in the backward on every stage */
+    const int *recompute_stages; /**< or per (virtual) stage: 1 = recompute; NULL = none */
+    int nrecompute_stages;
+    const char *trace_path;      /**< Chrome trace-event JSON of every op, written by bg_executor_write_trace */
+    int numa_bind;               /**< 1: bind this process to its local rank's NUMA node (process-wide) */
+} bg_executor_params_t;
+
+#define BG_EXECUTOR_PARAMS_INIT                                                                            \
+    { .size = sizeof(bg_executor_params_t), .model = NULL, .pp = 1, .dp = 1, .tp = 1, .schedule = NULL,      \
+      .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
+      .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
+      .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
+      .numa_bind = 0 }
+
+/** What one step did (the same on every rank except the per-rank fields). */
+typedef struct bg_step_result {
+    int64_t step;            /**< steps completed after this one (1-based number of this step) */
+    double loss;             /**< mean loss over the global batch's positions */
+    double tokens;           /**< positions in the global batch */
+    double step_ms;          /**< wall time on this rank */
+    double tokens_per_s;     /**< tokens / step time */
+    double bubble;           /**< per rank: idle fraction of the step (1 - compute time / step time) */
+    uint64_t bytes_sent;     /**< per rank: point-to-point bytes sent */
+    size_t peak_bytes;       /**< per rank: the allocator's peak so far */
+    int stop;                /**< 1: some rank called bg_executor_request_stop (all ranks agree) */
+} bg_step_result_t;
+
+/** What the executor holds and predicts on this rank. */
+typedef struct bg_executor_info {
+    int rank, world;             /**< this process and the job */
+    int pp_rank, dp_rank;        /**< this rank's pipeline position and replica */
+    int stages;                  /**< virtual stages of the pipeline */
+    int chunks;                  /**< model chunks on this rank */
+    size_t params;               /**< parameters held on this rank */
+    double flops_per_step;       /**< model FLOPs (forward + backward) of one step of the whole job */
+    size_t predicted_bytes;      /**< params + grads + optimizer + predicted activations on this rank */
+    size_t predicted_act_bytes;  /**< the simulator's peak stash bytes + scratch and backward temporaries */
+    int predicted_stashed;       /**< the simulator's peak of microbatches stashed on this rank */
+    int peak_stashed;            /**< measured peak so far */
+    size_t peak_act_bytes;       /**< measured peak of activation memory so far */
+    int numa_node;               /**< NUMA node this rank was bound to, -1 if none */
+    const char *schedule;        /**< the schedule's name */
+} bg_executor_info_t;
+
+/** Create this rank's part of the job: checks everything (messages name the
+ *  field), connects the ranks, builds and initialises this rank's stages. */
+bg_status_t bg_executor_create(const bg_executor_params_t *params, bg_executor_t **x_p);
+/** Run one optimizer step on every rank (collective). On an error the
+ *  message names the rank, stage, step, operation and microbatch; the
+ *  executor cannot step again (destroy it; resume from a checkpoint). */
+bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p);
+/** The learning rate of the next steps (the host's schedule; every rank must set the same). */
+void bg_executor_set_lr(bg_executor_t *x, float lr);
+/** Ask the job to stop: the next step's result has stop = 1 on every rank (signal-safe: sets a flag). */
+void bg_executor_request_stop(bg_executor_t *x);
+/** Steps completed (the next step's 0-based index). */
+int64_t bg_executor_steps_done(const bg_executor_t *x);
+int bg_executor_rank(const bg_executor_t *x);
+bg_comm_t *bg_executor_comm(bg_executor_t *x);
+void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p);
+
+/** Save a checkpoint (weights, optimizer state, the model description,
+ *  layout) of the steps done under @p root, keeping the newest @p keep
+ *  (0: all). Collective; atomic (see checkpoint.h). */
+bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep);
+/** Load the newest complete checkpoint under @p root (saved under any
+ *  layout): weights, optimizer state and the step count. *found_p = 0 (and
+ *  nothing changes) when there is none. */
+bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p);
+/** Write the weights as DIR/model.safetensors (one stage) or
+ *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes). */
+bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir);
+/** Load weights by name from a directory written by bg_executor_save_weights (any split). */
+bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir);
+/** Write the trace to params.trace_path (collective: rank 0 gathers every rank's events). */
+bg_status_t bg_executor_write_trace(bg_executor_t *x);
+/** Destroy this rank's part (collective when it owns the comm). */
+bg_status_t bg_executor_destroy(bg_executor_t *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_EXECUTOR_H */

@@ -1,0 +1,102 @@
+/* models/builders.c: the two built-in model builders, GPT and MLP. Each
+ * makes a plain model description; nothing downstream knows which builder
+ * made it (its JSON records the builder so that a file can rebuild it). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "models/model_impl.h"
+
+bg_status_t bg_model_config_check(const bg_model_config_t *c)
+{
+    if (c->layers < 1)
+        return bg_error(BG_ERR_INVALID, "layers must be >= 1 (got %d)", c->layers);
+    if (c->d_model < 1)
+        return bg_error(BG_ERR_INVALID, "d_model must be >= 1 (got %d)", c->d_model);
+    if (c->kind == BG_MODEL_GPT) {
+        if (c->heads < 1 || c->d_model % c->heads != 0)
+            return bg_error(BG_ERR_INVALID, "heads (%d) must divide d_model (%d)", c->heads, c->d_model);
+        if (c->seq_len < 1)
+            return bg_error(BG_ERR_INVALID, "seq_len must be >= 1 (got %d)", c->seq_len);
+        if (c->vocab < 2)
+            return bg_error(BG_ERR_INVALID, "vocab must be >= 2 (got %d)", c->vocab);
+    } else if (c->kind == BG_MODEL_MLP) {
+        if (c->tie_embeddings)
+            return bg_error(BG_ERR_INVALID, "tied embeddings need a GPT (an MLP has no embedding)");
+        if (c->in_features < 1)
+            return bg_error(BG_ERR_INVALID, "in_features must be >= 1 (got %d)", c->in_features);
+        if (c->classes < 2)
+            return bg_error(BG_ERR_INVALID, "classes must be >= 2 (got %d)", c->classes);
+    } else {
+        return bg_error(BG_ERR_INVALID, "unknown model kind %d", (int)c->kind);
+    }
+    return BG_OK;
+}
+
+static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
+{
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->layers);
+    char name[BG_NAME_MAX];
+    bg_layer_t *l;
+    BG_CHECK(bg_layer_embedding("embed", c->vocab, c->seq_len, c->d_model, std, &l));
+    BG_CHECK(bg_model_desc_add(d, l));
+    for (int i = 0; i < c->layers; i++) {
+        snprintf(name, sizeof(name), "blocks.%d", i);
+        BG_CHECK(bg_layer_transformer_block(name, c->d_model, c->heads, std, proj_std, &l));
+        BG_CHECK(bg_model_desc_add(d, l));
+    }
+    BG_CHECK(bg_layer_layernorm("ln_f", c->d_model, &l));
+    BG_CHECK(bg_model_desc_add(d, l));
+    BG_CHECK(bg_layer_head("head", c->d_model, c->vocab, 0, std, &l));
+    BG_CHECK(bg_model_desc_add(d, l));
+    if (c->tie_embeddings)
+        BG_CHECK(bg_model_desc_tie(d, "embed.wte", "head.weight"));
+    return BG_OK;
+}
+
+static bg_status_t build_mlp(const bg_model_config_t *c, bg_model_desc_t *d)
+{
+    char name[BG_NAME_MAX];
+    bg_layer_t *l;
+    int in = c->in_features;
+    for (int i = 0; i < c->layers; i++) {
+        snprintf(name, sizeof(name), "fc.%d", i);
+        BG_CHECK(bg_layer_linear(name, in, c->d_model, 1, sqrtf(2.0f / (float)in), &l));
+        BG_CHECK(bg_model_desc_add(d, l));
+        snprintf(name, sizeof(name), "act.%d", i);
+        BG_CHECK(bg_layer_activation(name, BG_ACT_RELU, &l));
+        BG_CHECK(bg_model_desc_add(d, l));
+        in = c->d_model;
+    }
+    BG_CHECK(bg_layer_head("head", in, c->classes, 1, sqrtf(1.0f / (float)in), &l));
+    return bg_model_desc_add(d, l);
+}
+
+bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_p)
+{
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    memcpy(&c, cfg, cfg->size < sizeof(c) ? cfg->size : sizeof(c));
+    c.size = sizeof(c);
+    BG_CHECK(bg_model_config_check(&c));
+    int gpt = c.kind == BG_MODEL_GPT;
+    bg_model_desc_params_t p = BG_MODEL_DESC_PARAMS_INIT;
+    p.name = gpt ? "gpt" : "mlp";
+    p.input = gpt ? BG_INPUT_TOKENS : BG_INPUT_FEATURES;
+    p.vocab = gpt ? c.vocab : 0;
+    p.seq_len = gpt ? c.seq_len : 1;
+    p.features = gpt ? 0 : c.in_features;
+    p.seed = c.seed;
+    bg_model_desc_t *d;
+    BG_CHECK(bg_model_desc_create(&p, &d));
+    bg_status_t st = gpt ? build_gpt(&c, d) : build_mlp(&c, d);
+    if (st == BG_OK)
+        st = bg_model_desc_check(d);
+    if (st != BG_OK) {
+        bg_model_desc_destroy(d);
+        return st;
+    }
+    bg__desc_set_builder(d, &c);
+    *desc_p = d;
+    return BG_OK;
+}

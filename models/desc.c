@@ -1,0 +1,540 @@
+/* models/desc.c: model descriptions: an ordered list of top-level layers
+ * (the units a pipeline splits), the input kind, the loss (the last layer)
+ * and declared ties between tensors; their one JSON form, used by saves,
+ * checkpoints and plans. Holds no parameter memory (see model.c). */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "models/layer_impl.h"
+#include "models/model_impl.h"
+
+#define DESC_FORMAT "brigade-model"
+#define DESC_VERSION 1
+
+typedef struct tie {
+    char a[2 * BG_NAME_MAX], b[2 * BG_NAME_MAX];
+} tie_t;
+
+struct bg_model_desc {
+    bg_model_desc_params_t p;
+    char name[BG_NAME_MAX];
+    bg_layer_t **layers;
+    unsigned char *bound; /* per layer: bound to a model */
+    int n, cap;
+    tie_t *ties;
+    int nties;
+    int has_builder;
+    bg_model_config_t builder;
+};
+
+uint64_t bg__fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ULL;
+    return h;
+}
+
+bg_status_t bg_model_desc_create(const bg_model_desc_params_t *p, bg_model_desc_t **desc_p)
+{
+    if (!p || p->size < offsetof(bg_model_desc_params_t, seed) + sizeof(uint64_t))
+        return bg_error(BG_ERR_INVALID, "bg_model_desc_create: params missing or older than this library "
+                                        "(initialise them with BG_MODEL_DESC_PARAMS_INIT)");
+    if (p->input != BG_INPUT_TOKENS && p->input != BG_INPUT_FEATURES)
+        return bg_error(BG_ERR_INVALID, "model input kind %d is neither tokens nor features", (int)p->input);
+    if (p->seq_len < 1)
+        return bg_error(BG_ERR_INVALID, "model input: seq_len must be >= 1 (got %d)", p->seq_len);
+    if (p->input == BG_INPUT_TOKENS && p->vocab < 2)
+        return bg_error(BG_ERR_INVALID, "model input: a token model needs vocab >= 2 (got %d)", p->vocab);
+    if (p->input == BG_INPUT_FEATURES && p->features < 1)
+        return bg_error(BG_ERR_INVALID, "model input: features must be >= 1 (got %d)", p->features);
+    bg_model_desc_t *d = calloc(1, sizeof(*d));
+    BG_ALLOC_CHECK(d, sizeof(*d), "model description");
+    d->p = *p;
+    d->p.size = sizeof(d->p);
+    snprintf(d->name, sizeof(d->name), "%s", p->name && *p->name ? p->name : "model");
+    d->p.name = d->name;
+    *desc_p = d;
+    return BG_OK;
+}
+
+void bg_model_desc_destroy(bg_model_desc_t *d)
+{
+    if (!d)
+        return;
+    for (int i = 0; i < d->n; i++)
+        bg_layer_destroy(d->layers[i]);
+    free(d->layers);
+    free(d->bound);
+    free(d->ties);
+    free(d);
+}
+
+bg_status_t bg_model_desc_add(bg_model_desc_t *d, bg_layer_t *layer)
+{
+    if (!layer)
+        return bg_error(BG_ERR_INVALID, "model %s: layer %d is NULL", d->name, d->n);
+    if (!layer->name[0]) {
+        bg_status_t st = bg_error(BG_ERR_INVALID, "model %s: top-level layer %d (type %s) has no name", d->name, d->n,
+                                  layer->ops->type ? layer->ops->type : "?");
+        bg_layer_destroy(layer);
+        return st;
+    }
+    for (int i = 0; i < d->n; i++) {
+        if (strcmp(d->layers[i]->name, layer->name) == 0) {
+            bg_status_t st = bg_error(BG_ERR_INVALID, "model %s: two top-level layers are named \"%s\" (%d and %d)",
+                                      d->name, layer->name, i, d->n);
+            bg_layer_destroy(layer);
+            return st;
+        }
+    }
+    if (d->n == d->cap) {
+        int cap = d->cap ? 2 * d->cap : 16;
+        bg_layer_t **ls = realloc(d->layers, (size_t)cap * sizeof(*ls));
+        unsigned char *b = ls ? realloc(d->bound, (size_t)cap) : NULL;
+        if (ls)
+            d->layers = ls;
+        if (!ls || !b) {
+            bg_layer_destroy(layer);
+            return bg_error(BG_ERR_NOMEM, "model %s: layer list of %d", d->name, cap);
+        }
+        d->bound = b;
+        d->cap = cap;
+    }
+    d->bound[d->n] = 0;
+    d->layers[d->n++] = layer;
+    return BG_OK;
+}
+
+bg_status_t bg_model_desc_tie(bg_model_desc_t *d, const char *a, const char *b)
+{
+    if (!a || !b || !*a || !*b || strlen(a) >= 2 * BG_NAME_MAX || strlen(b) >= 2 * BG_NAME_MAX)
+        return bg_error(BG_ERR_INVALID, "model %s: a tie needs two tensor names shorter than %d", d->name,
+                        2 * BG_NAME_MAX);
+    if (strcmp(a, b) == 0)
+        return bg_error(BG_ERR_INVALID, "model %s: tensor %s is tied to itself", d->name, a);
+    tie_t *t = realloc(d->ties, (size_t)(d->nties + 1) * sizeof(*t));
+    BG_ALLOC_CHECK(t, (size_t)(d->nties + 1) * sizeof(*t), "tie list");
+    d->ties = t;
+    snprintf(t[d->nties].a, sizeof(t->a), "%s", a);
+    snprintf(t[d->nties].b, sizeof(t->b), "%s", b);
+    d->nties++;
+    return BG_OK;
+}
+
+/* Walk a layer tree collecting (full name, param) pairs; refs may be NULL to count. */
+static void collect(bg_layer_t *l, const char *prefix, int layer, bg_tensor_ref_t *refs, int *n)
+{
+    char path[2 * BG_NAME_MAX];
+    int len;
+    if (l->name[0])
+        len = snprintf(path, sizeof(path), "%s%s%s", prefix, prefix[0] ? "." : "", l->name);
+    else
+        len = snprintf(path, sizeof(path), "%s", prefix);
+    if (len >= (int)sizeof(path))
+        bg_log(BG_LOG_WARN, "models", "tensor path %s... truncated", path);
+    for (int i = 0; i < l->nparams; i++) {
+        if (refs) {
+            len = snprintf(refs[*n].name, sizeof(refs[*n].name), "%s.%s", path, l->params[i].name);
+            if (len >= (int)sizeof(refs[*n].name))
+                bg_log(BG_LOG_WARN, "models", "tensor name %s truncated", refs[*n].name);
+            refs[*n].p = &l->params[i];
+            refs[*n].layer = layer;
+        }
+        (*n)++;
+    }
+    for (int i = 0; i < l->nchildren; i++)
+        collect(l->children[i], path, layer, refs, n);
+}
+
+void bg__desc_tensors(const bg_model_desc_t *d, int first, int last, bg_tensor_ref_t *refs, int *n_p)
+{
+    int n = 0;
+    for (int i = first; i <= last; i++)
+        collect(d->layers[i], "", i, refs, &n);
+    *n_p = n;
+}
+
+bg_status_t bg__desc_bind(bg_model_desc_t *d, int first, int last, int on)
+{
+    if (on)
+        for (int i = first; i <= last; i++)
+            if (d->bound[i])
+                return bg_error(BG_ERR_INVALID, "model %s: layer %s is already bound to another model (a "
+                                                "description's layer holds one model's parameters at a time)",
+                                d->name, d->layers[i]->name);
+    for (int i = first; i <= last; i++)
+        d->bound[i] = (unsigned char)(on ? 1 : 0);
+    return BG_OK;
+}
+
+const bg_model_config_t *bg__desc_builder(const bg_model_desc_t *d) { return d->has_builder ? &d->builder : NULL; }
+void bg__desc_set_builder(bg_model_desc_t *d, const bg_model_config_t *cfg)
+{
+    d->builder = *cfg;
+    d->builder.size = sizeof(d->builder);
+    d->has_builder = 1;
+}
+
+const bg_model_desc_params_t *bg_model_desc_params(const bg_model_desc_t *d) { return &d->p; }
+int bg_model_desc_num_layers(const bg_model_desc_t *d) { return d->n; }
+bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i) { return i >= 0 && i < d->n ? d->layers[i] : NULL; }
+int bg_model_desc_classes(const bg_model_desc_t *d) { return d->n ? bg_layer_loss_classes(d->layers[d->n - 1]) : 0; }
+int bg_model_desc_num_ties(const bg_model_desc_t *d) { return d->nties; }
+void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p)
+{
+    *a_p = d->ties[i].a;
+    *b_p = d->ties[i].b;
+}
+
+bg_shape_t bg_model_desc_input_shape(const bg_model_desc_t *d, int n, int t)
+{
+    if (d->p.input == BG_INPUT_TOKENS)
+        return (bg_shape_t){n, t, 0};
+    return (bg_shape_t){n, d->p.seq_len, d->p.features};
+}
+
+size_t bg_model_desc_param_count(const bg_model_desc_t *d)
+{
+    size_t n = 0;
+    for (int i = 0; i < d->n; i++)
+        n += bg_layer_param_count(d->layers[i]);
+    return n;
+}
+
+/* All tensors of the model (malloc'ed). */
+static bg_status_t all_tensors(const bg_model_desc_t *d, bg_tensor_ref_t **refs_p, int *n_p)
+{
+    int n = 0;
+    bg__desc_tensors(d, 0, d->n - 1, NULL, &n);
+    bg_tensor_ref_t *refs = calloc(n ? (size_t)n : 1, sizeof(*refs));
+    BG_ALLOC_CHECK(refs, (size_t)n * sizeof(*refs), "tensor list");
+    bg__desc_tensors(d, 0, d->n - 1, refs, &n);
+    *refs_p = refs;
+    *n_p = n;
+    return BG_OK;
+}
+
+static int find_ref(const bg_tensor_ref_t *refs, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(refs[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static int cmp_ref_name(const void *a, const void *b)
+{
+    return strcmp(((const bg_tensor_ref_t *)a)->name, ((const bg_tensor_ref_t *)b)->name);
+}
+
+bg_status_t bg_model_desc_check(const bg_model_desc_t *d)
+{
+    if (d->n == 0)
+        return bg_error(BG_ERR_INVALID, "model %s has no layers", d->name);
+    if (bg_model_desc_classes(d) < 1)
+        return bg_error(BG_ERR_INVALID, "model %s: its last layer %s (type %s) is not a loss layer; a model must end "
+                                        "in one (for instance bg_layer_head)", d->name, d->layers[d->n - 1]->name,
+                        d->layers[d->n - 1]->ops->type);
+    for (int i = 0; i < d->n - 1; i++)
+        if (bg_layer_loss_classes(d->layers[i]) > 0)
+            return bg_error(BG_ERR_INVALID, "model %s: layer %s (%d of %d) is a loss layer; only the last layer may be",
+                            d->name, d->layers[i]->name, i, d->n);
+    bg_shape_t s = bg_model_desc_input_shape(d, 1, d->p.seq_len);
+    for (int i = 0; i < d->n; i++) {
+        bg_shape_t o;
+        if (bg_layer_out_shape(d->layers[i], s, &o) != BG_OK)
+            return bg_error(BG_ERR_INVALID, "model %s: layer %s does not take the shape the layers before it give "
+                                            "(n %d, t %d, c %d): %s", d->name, d->layers[i]->name, s.n, s.t, s.c,
+                            bg_last_error());
+        s = o;
+    }
+    if (s.c != 1)
+        return bg_error(BG_ERR_INVALID, "model %s: the loss layer %s gives %d channels per position, not 1 (a loss)",
+                        d->name, d->layers[d->n - 1]->name, s.c);
+    bg_tensor_ref_t *refs = NULL;
+    int n = 0;
+    BG_CHECK(all_tensors(d, &refs, &n));
+    bg_status_t st = BG_OK;
+    for (int t = 0; t < d->nties && st == BG_OK; t++) {
+        int ia = find_ref(refs, n, d->ties[t].a), ib = find_ref(refs, n, d->ties[t].b);
+        if (ia < 0 || ib < 0) {
+            st = bg_error(BG_ERR_INVALID, "model %s: tie %s -> %s: the model has no tensor %s", d->name, d->ties[t].a,
+                          d->ties[t].b, ia < 0 ? d->ties[t].a : d->ties[t].b);
+            break;
+        }
+        const bg_param_t *a = refs[ia].p, *b = refs[ib].p;
+        int same = a->ndim == b->ndim;
+        for (int k = 0; same && k < a->ndim; k++)
+            same = a->shape[k] == b->shape[k];
+        if (!same) {
+            st = bg_error(BG_ERR_INVALID, "model %s: tie %s -> %s: shapes differ (%d dims, %lld elements vs %d dims, "
+                                          "%lld elements)", d->name, d->ties[t].a, d->ties[t].b, a->ndim,
+                          (long long)a->numel, b->ndim, (long long)b->numel);
+            break;
+        }
+        for (int u = 0; u < t; u++) {
+            const char *x[2] = {d->ties[u].a, d->ties[u].b}, *y[2] = {d->ties[t].a, d->ties[t].b};
+            for (int i = 0; i < 4; i++)
+                if (strcmp(x[i / 2], y[i % 2]) == 0) {
+                    st = bg_error(BG_ERR_INVALID, "model %s: tensor %s is in two ties (chain ties through one source "
+                                                  "instead)", d->name, y[i % 2]);
+                    i = 4;
+                }
+            if (st != BG_OK)
+                break;
+        }
+    }
+    if (st == BG_OK) {
+        qsort(refs, (size_t)n, sizeof(*refs), cmp_ref_name);
+        for (int i = 1; i < n; i++)
+            if (strcmp(refs[i - 1].name, refs[i].name) == 0) {
+                st = bg_error(BG_ERR_INVALID, "model %s: two tensors are named %s", d->name, refs[i].name);
+                break;
+            }
+    }
+    free(refs);
+    return st;
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+static json_t *builder_json(const bg_model_config_t *m)
+{
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b}", "name",
+                     m->kind == BG_MODEL_GPT ? "gpt" : "mlp", "layers", m->layers, "d_model", m->d_model, "heads",
+                     m->heads, "seq_len", m->seq_len, "vocab", m->vocab, "in_features", m->in_features, "classes",
+                     m->classes, "seed", (json_int_t)m->seed, "tie_embeddings", m->tie_embeddings);
+}
+
+bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p)
+{
+    json_t *root = json_object(), *layers = json_array(), *tensors = json_array(), *ties = json_array();
+    json_t *in = d->p.input == BG_INPUT_TOKENS
+                     ? json_pack("{s:s, s:i, s:i}", "kind", "tokens", "vocab", d->p.vocab, "seq_len", d->p.seq_len)
+                     : json_pack("{s:s, s:i, s:i}", "kind", "features", "seq_len", d->p.seq_len, "features",
+                                 d->p.features);
+    bg_tensor_ref_t *refs = NULL;
+    int n = 0;
+    bg_status_t st = all_tensors(d, &refs, &n);
+    if (st != BG_OK || !root || !layers || !tensors || !ties || !in) {
+        json_decref(root), json_decref(layers), json_decref(tensors), json_decref(ties), json_decref(in);
+        free(refs);
+        return st != BG_OK ? st : bg_error(BG_ERR_NOMEM, "model description JSON");
+    }
+    for (int i = 0; i < d->n; i++)
+        json_array_append_new(layers, json_pack("{s:s, s:s, s:I}", "name", d->layers[i]->name, "type",
+                                                d->layers[i]->ops->type ? d->layers[i]->ops->type : "?", "params",
+                                                (json_int_t)bg_layer_param_count(d->layers[i])));
+    for (int i = 0; i < n; i++) {
+        json_t *shape = json_array();
+        for (int k = 0; k < refs[i].p->ndim; k++)
+            json_array_append_new(shape, json_integer(refs[i].p->shape[k]));
+        json_array_append_new(tensors, json_pack("{s:s, s:o}", "name", refs[i].name, "shape", shape));
+    }
+    free(refs);
+    for (int t = 0; t < d->nties; t++)
+        json_array_append_new(ties, json_pack("[s, s]", d->ties[t].a, d->ties[t].b));
+    json_object_set_new(root, "format", json_string(DESC_FORMAT));
+    json_object_set_new(root, "version", json_integer(DESC_VERSION));
+    json_object_set_new(root, "name", json_string(d->name));
+    json_object_set_new(root, "input", in);
+    json_object_set_new(root, "classes", json_integer(bg_model_desc_classes(d)));
+    json_object_set_new(root, "seed", json_integer((json_int_t)d->p.seed));
+    json_object_set_new(root, "params", json_integer((json_int_t)bg_model_desc_param_count(d)));
+    json_object_set_new(root, "layers", layers);
+    json_object_set_new(root, "tensors", tensors);
+    json_object_set_new(root, "ties", ties);
+    if (d->has_builder)
+        json_object_set_new(root, "builder", builder_json(&d->builder));
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text)
+        return bg_error(BG_ERR_NOMEM, "model description JSON");
+    *json_p = text;
+    return BG_OK;
+}
+
+static bg_status_t parse(const char *json, const char *where, json_t **root_p)
+{
+    json_error_t e;
+    json_t *root = json_loads(json ? json : "", 0, &e);
+    if (!root)
+        return bg_error(BG_ERR_PARSE, "%s: model description is not JSON (line %d: %s)", where, e.line, e.text);
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    json_t *ver = json_object_get(root, "version");
+    if (!json_is_object(root) || !fmt || strcmp(fmt, DESC_FORMAT) != 0) {
+        json_decref(root);
+        return bg_error(BG_ERR_PARSE, "%s: not a brigade model description (no \"format\": \"%s\")", where,
+                        DESC_FORMAT);
+    }
+    if (!json_is_integer(ver) || json_integer_value(ver) != DESC_VERSION) {
+        json_decref(root);
+        return bg_error(BG_ERR_PARSE, "%s: model description version %s; this library reads version %d", where,
+                        json_is_integer(ver) ? "other" : "missing", DESC_VERSION);
+    }
+    *root_p = root;
+    return BG_OK;
+}
+
+static bg_status_t int_field(json_t *o, const char *key, const char *where, long long lo, long long hi, long long *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return bg_error(BG_ERR_PARSE, "%s: model description field \"%s\" is missing or not an integer in [%lld, %lld]",
+                        where, key, lo, hi);
+    *v = json_integer_value(x);
+    return BG_OK;
+}
+
+bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
+{
+    json_t *root;
+    BG_CHECK(parse(json, "model description", &root));
+    json_t *b = json_object_get(root, "builder");
+    bg_status_t st = BG_OK;
+    if (!json_is_object(b)) {
+        st = bg_error(BG_ERR_UNSUPPORTED, "model %s was built from the host's own layers, which a file cannot rebuild: "
+                                          "build the same description in code and pass it instead",
+                      json_string_value(json_object_get(root, "name")) ? json_string_value(json_object_get(root, "name"))
+                                                                        : "?");
+        json_decref(root);
+        return st;
+    }
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    const char *kind = json_string_value(json_object_get(b, "name"));
+    if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp"))) {
+        json_decref(root);
+        return bg_error(BG_ERR_PARSE, "model description: unknown builder \"%s\" (known: gpt, mlp)", kind ? kind : "");
+    }
+    c.kind = strcmp(kind, "gpt") == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
+    struct {
+        const char *k;
+        int *v;
+    } f[] = {{"layers", &c.layers}, {"d_model", &c.d_model}, {"heads", &c.heads}, {"seq_len", &c.seq_len},
+             {"vocab", &c.vocab}, {"in_features", &c.in_features}, {"classes", &c.classes}};
+    for (size_t i = 0; i < BG_ARRAY_LEN(f) && st == BG_OK; i++) {
+        long long v = 0;
+        st = int_field(b, f[i].k, "model description builder", 0, 1 << 30, &v);
+        *f[i].v = (int)v;
+    }
+    long long seed = 0;
+    if (st == BG_OK)
+        st = int_field(b, "seed", "model description builder", INT64_MIN, INT64_MAX, &seed);
+    c.seed = (uint64_t)seed;
+    json_t *tie = json_object_get(b, "tie_embeddings");
+    if (st == BG_OK && !json_is_boolean(tie))
+        st = bg_error(BG_ERR_PARSE, "model description builder: \"tie_embeddings\" is missing or not a boolean");
+    c.tie_embeddings = json_is_true(tie);
+    bg_model_desc_t *d = NULL;
+    if (st == BG_OK)
+        st = bg_model_build(&c, &d);
+    if (st == BG_OK && (st = bg_model_desc_match_json(d, json, "model description")) != BG_OK) {
+        bg_model_desc_destroy(d);
+        d = NULL;
+    }
+    json_decref(root);
+    if (st == BG_OK)
+        *desc_p = d;
+    return st;
+}
+
+bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json, const char *where)
+{
+    char *mine;
+    json_t *have;
+    BG_CHECK(parse(json, where, &have));
+    bg_status_t st = bg_model_desc_to_json(d, &mine);
+    json_t *want = st == BG_OK ? json_loads(mine, 0, NULL) : NULL;
+    free(mine);
+    if (!want) {
+        json_decref(have);
+        return st != BG_OK ? st : bg_error(BG_ERR_INTERNAL, "model description JSON does not parse back");
+    }
+    /* what shapes the tensors and their meaning must agree; the seed and the
+     * builder's seed need not (a load replaces the initial weights) */
+    static const char *keys[] = {"name", "input", "classes", "ties"};
+    for (size_t i = 0; i < BG_ARRAY_LEN(keys) && st == BG_OK; i++)
+        if (!json_equal(json_object_get(want, keys[i]), json_object_get(have, keys[i]))) {
+            char *a = json_dumps(json_object_get(want, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+            char *b = json_dumps(json_object_get(have, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+            st = bg_error(BG_ERR_MISMATCH, "%s is from another model: %s %.200s there, %.200s here", where, keys[i],
+                          b ? b : "(none)", a ? a : "(none)");
+            free(a);
+            free(b);
+        }
+    static const char *lists[] = {"layers", "tensors"};
+    for (size_t k = 0; k < BG_ARRAY_LEN(lists) && st == BG_OK; k++) {
+        json_t *wa = json_object_get(want, lists[k]), *ha = json_object_get(have, lists[k]);
+        size_t nw = json_array_size(wa), nh = json_array_size(ha);
+        for (size_t i = 0; i < (nw > nh ? nw : nh) && st == BG_OK; i++) {
+            json_t *x = json_array_get(wa, i), *y = json_array_get(ha, i);
+            if (x && y && json_equal(x, y))
+                continue;
+            char *a = x ? json_dumps(x, JSON_COMPACT) : NULL, *b = y ? json_dumps(y, JSON_COMPACT) : NULL;
+            st = bg_error(BG_ERR_MISMATCH, "%s is from another model: %s[%zu] %.200s there, %.200s here", where,
+                          lists[k], i, b ? b : "(none)", a ? a : "(none)");
+            free(a);
+            free(b);
+        }
+    }
+    json_decref(want);
+    json_decref(have);
+    return st;
+}
+
+int bg_model_desc_tensor_layer(const bg_model_desc_t *d, const char *name)
+{
+    bg_tensor_ref_t *refs = NULL;
+    int n = 0, layer = -1;
+    if (all_tensors(d, &refs, &n) != BG_OK)
+        return -1;
+    int i = find_ref(refs, n, name);
+    if (i >= 0)
+        layer = refs[i].layer;
+    free(refs);
+    return layer;
+}
+
+bg_status_t bg_model_metadata_json(const bg_model_desc_t *d, char **json_p)
+{
+    char *desc;
+    BG_CHECK(bg_model_desc_to_json(d, &desc));
+    json_t *o = json_pack("{s:s, s:s}", "format", "pt", "brigade_model", desc);
+    free(desc);
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(o);
+    if (!text)
+        return bg_error(BG_ERR_NOMEM, "safetensors metadata");
+    *json_p = text;
+    return BG_OK;
+}
+
+/* ---------------------------------------------------------------- profile */
+
+bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_profile_t *profile, int max,
+                             int *count_p)
+{
+    if (d->n > max)
+        return bg_error(BG_ERR_INVALID, "profile needs %d entries, %d given", d->n, max);
+    bg_shape_t s = bg_model_desc_input_shape(d, n, t);
+    for (int i = 0; i < d->n; i++) {
+        bg_layer_profile_t *p = &profile[i];
+        bg_shape_t o;
+        BG_CHECK(bg_layer_out_shape(d->layers[i], s, &o));
+        memset(p, 0, sizeof(*p));
+        snprintf(p->name, sizeof(p->name), "%s", d->layers[i]->name);
+        p->params = bg_layer_param_count(d->layers[i]);
+        p->output_bytes = bg_shape_numel(o) * sizeof(float);
+        p->stash_bytes = bg_align64(bg_layer_stash_bytes(d->layers[i], s)) + bg_align64(p->output_bytes);
+        p->wstash_bytes = bg_align64(bg_layer_wstash_bytes(d->layers[i], s)) + bg_align64(p->output_bytes);
+        p->scratch_bytes = bg_layer_scratch_bytes(d->layers[i], s);
+        p->fwd_flops = bg_layer_fwd_flops(d->layers[i], s);
+        p->bwd_flops = bg_layer_bwd_flops(d->layers[i], s);
+        s = o;
+    }
+    *count_p = d->n;
+    return BG_OK;
+}

@@ -1,0 +1,30 @@
+/* models/model_impl.h: what models/ shares between its files about model
+ * descriptions (never included above models/). */
+#ifndef BG_MODELS_MODEL_IMPL_H
+#define BG_MODELS_MODEL_IMPL_H
+
+#include "brigade/model.h"
+
+/* A tensor of a layer tree with its full name ("blocks.3.attn.qkv.weight"). */
+typedef struct bg_tensor_ref {
+    char name[2 * BG_NAME_MAX];
+    bg_param_t *p;
+    int layer; /* top-level layer index */
+} bg_tensor_ref_t;
+
+/* Tensors of top-level layers [first, last] in the fixed order (depth first,
+ * parameters before children). refs NULL: count only. */
+void bg__desc_tensors(const bg_model_desc_t *d, int first, int last, bg_tensor_ref_t *refs, int *n_p);
+
+/* Mark layers [first, last] bound to a model (on = 1) or free them (on = 0);
+ * binding fails naming the layer when one is bound already. */
+bg_status_t bg__desc_bind(bg_model_desc_t *d, int first, int last, int on);
+
+/* The builder that made the description (NULL if none). */
+const bg_model_config_t *bg__desc_builder(const bg_model_desc_t *d);
+void bg__desc_set_builder(bg_model_desc_t *d, const bg_model_config_t *cfg);
+
+/* FNV-1a of a string: the per-tensor initialisation seed is seed ^ fnv1a(name). */
+uint64_t bg__fnv1a(const char *s);
+
+#endif

@@ -1,0 +1,45 @@
+/* tests/bg_test_model.h: models of builder configurations for the cmocka
+ * programs (each model with a description of its own). */
+#ifndef BG_TEST_MODEL_H
+#define BG_TEST_MODEL_H
+
+#include "brigade/brigade.h"
+
+/* A model of a builder configuration, with a description of its own (so
+ * that several models of one configuration can live at once); destroy it
+ * with bg_test_model_destroy, which destroys the description too. */
+static inline bg_status_t bg_test_model_create(const bg_model_config_t *c, bg_backend_t *b, int first, int last,
+                                               bg_model_t **m_p)
+{
+    bg_model_desc_t *d;
+    bg_status_t st = bg_model_build(c, &d);
+    if (st != BG_OK)
+        return st;
+    st = bg_model_create(d, b, first, last, m_p);
+    if (st != BG_OK)
+        bg_model_desc_destroy(d);
+    return st;
+}
+
+static inline void bg_test_model_destroy(bg_model_t *m)
+{
+    if (!m)
+        return;
+    bg_model_desc_t *d = (bg_model_desc_t *)bg_model_desc(m);
+    bg_model_destroy(m);
+    bg_model_desc_destroy(d);
+}
+
+/* The per-layer profile of a builder configuration. */
+static inline bg_status_t bg_test_profile(const bg_model_config_t *c, int n, int t, bg_layer_profile_t *prof, int max,
+                                          int *count_p)
+{
+    bg_model_desc_t *d;
+    bg_status_t st = bg_model_build(c, &d);
+    if (st == BG_OK)
+        st = bg_model_profile(d, n, t, prof, max, count_p);
+    bg_model_desc_destroy(d);
+    return st;
+}
+
+#endif
