@@ -1142,6 +1142,13 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     *result_p = r;
     return BG_OK;
 fail:
+    /* an error of this rank (not a peer's): stop the others now, with the message */
+    if (st != BG_ERR_PEER && x->world > 1) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", bg_last_error());
+        bg_comm_abort(x->comm, msg);
+        bg_error(st, "%s", msg);
+    }
     cancel_all(x);
     x->broken = 1;
     return st;

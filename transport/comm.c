@@ -344,7 +344,9 @@ unsigned bg__progress_locked(bg_comm_t *c)
 static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
 {
     char msg[256];
-    if (rank >= 0)
+    if (rank >= 0 && strncmp(why, "stopped on an error", 19) == 0)
+        snprintf(msg, sizeof(msg), "rank %d %s", rank, why);
+    else if (rank >= 0)
         snprintf(msg, sizeof(msg), "rank %d died (%s)", rank, why);
     else
         snprintf(msg, sizeof(msg), "%s", why);
@@ -380,6 +382,31 @@ static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
     bg__unlock(c);
 }
 
+bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
+{
+    if (!c)
+        return BG_OK;
+    bg__lock(c);
+    if (!atomic_load(&c->failed))
+        snprintf(c->fail_msg, sizeof(c->fail_msg), "this rank stopped on an error: %s", why ? why : "");
+    atomic_store(&c->failed, 1);
+    int first = c->abort_msg[0] == '\0';
+    if (first)
+        snprintf(c->abort_msg, sizeof(c->abort_msg), "%s", why && *why ? why : "(no message)");
+    bg__unlock(c);
+    if (!first || c->size == 1 || c->live.fd < 0)
+        return BG_OK;
+    atomic_store(&c->abort_pending, 1);
+    bg__kick(c);
+    /* the host may exit right after this: wait (briefly) until it is sent */
+    double deadline = bg_now() + 2;
+    while (atomic_load(&c->abort_pending) && bg_now() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return BG_OK;
+}
+
 /* ---- the communication thread ---------------------------------------------------- */
 
 /* Silence after which the store (or a rank, on the store's side) counts as dead. */
@@ -393,6 +420,15 @@ static void bg__live_poll(bg_comm_t *c)
 {
     if (c->live.fd < 0)
         return;
+    if (atomic_load(&c->abort_pending)) { /* bg_comm_abort: tell the store, which tells the others */
+        size_t len;
+        uint8_t *m = bg__msg_encode(BG__OP_FAIL, 0, 0, NULL, 0, c->abort_msg, strlen(c->abort_msg), &len);
+        if (m) {
+            bg__write_all(c->live.fd, m, len, bg_now() + 1);
+            free(m);
+        }
+        atomic_store(&c->abort_pending, 0);
+    }
     double now = bg_now();
     if (now - c->last_sent >= c->heartbeat_ms / 1000.0) {
         size_t len;

@@ -480,6 +480,13 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
     case BG__OP_BYE:
         c->bye = 1;
         return 0;
+    case BG__OP_FAIL: {
+        char why[BG_STORE_ABORT_MAX + 32];
+        snprintf(why, sizeof(why), "stopped on an error: %.*s",
+                 (int)(h->val_len < BG_STORE_ABORT_MAX ? h->val_len : BG_STORE_ABORT_MAX), (const char *)val);
+        bg__announce_dead(s, c->rank, why);
+        return 0;
+    }
     default:
         return -1;
     }

@@ -29,7 +29,10 @@ enum {
     BG__OP_BYE = 8,     /* graceful leave on a liveness connection */
     BG__OP_DEAD = 9,    /* server -> clients: arg = rank, value = reason */
     BG__OP_REPLY = 10,  /* status = BG__ST_*, value = payload */
-    BG__OP_MAX = 10,
+    BG__OP_FAIL = 11,   /* client -> server on a liveness connection: this rank stopped on an error
+                           (value = the message); the server announces it to the others as DEAD */
+    BG__OP_MAX = 11,
+#define BG_STORE_ABORT_MAX 1024 /* bytes of a FAIL message kept */
 };
 
 enum { BG__ROLE_KV = 0, BG__ROLE_LIVE = 1 };

@@ -102,6 +102,8 @@ struct bg_comm {
     atomic_int failed;          /* a peer died or the store was lost */
     char *dead;                 /* per rank: failed */
     char fail_msg[256];         /* first failure */
+    char abort_msg[BG_STORE_ABORT_MAX]; /* bg_comm_abort's message, sent by the communication thread */
+    atomic_int abort_pending;
     pthread_mutex_t scratch_lock; /* reusable collective buffers (no page faults per call) */
     void *scratch[8];
     size_t scratch_bytes[8];

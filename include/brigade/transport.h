@@ -99,6 +99,12 @@ int bg_comm_local_rank(const bg_comm_t *comm);
 double bg_comm_timeout(const bg_comm_t *comm);
 /** BG_OK while every peer is alive, else BG_ERR_PEER with the first failure's message. */
 bg_status_t bg_comm_health(bg_comm_t *comm);
+/** This rank stopped on an error: tell every other rank (through the
+ *  store), whose operations involving this rank then fail at once with
+ *  "rank R stopped on an error: <why>" instead of waiting for a timeout.
+ *  This rank's comm counts as failed afterwards. The first call's message
+ *  is kept; later calls do nothing. */
+bg_status_t bg_comm_abort(bg_comm_t *comm, const char *why);
 
 /* ---- point-to-point: byte buffers, 32-bit tags ---------------------------- */
 

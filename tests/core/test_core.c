@@ -22,6 +22,18 @@ static void test_status_strings(void **state)
     assert_string_equal(bg_last_error(), "");
 }
 
+/* A message that quotes the previous one (the usual "%s: %s", where,
+ * bg_last_error() pattern) keeps it: the buffer is also an argument. */
+static void test_error_wraps_itself(void **state)
+{
+    (void)state;
+    bg_error(BG_ERR_IO, "disk full at %d", 42);
+    assert_int_equal(bg_error(BG_ERR_IO, "saving x.json: %s", bg_last_error()), BG_ERR_IO);
+    assert_string_equal(bg_last_error(), "saving x.json: disk full at 42");
+    bg_error(BG_ERR_IO, "%s; and %s", bg_last_error(), bg_last_error());
+    assert_string_equal(bg_last_error(), "saving x.json: disk full at 42; and saving x.json: disk full at 42");
+}
+
 static void test_config(void **state)
 {
     (void)state;
@@ -78,6 +90,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_error_wraps_itself),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_rng),
     };

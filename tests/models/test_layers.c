@@ -13,6 +13,7 @@
 
 #include "brigade/brigade.h"
 #include "bg_test_backend.h"
+#include "../../examples/byom/user_layers.h"
 
 /* All parameters of a layer tree, in walk order. */
 typedef struct {
@@ -83,7 +84,7 @@ static void rig_init(rig_t *r, bg_layer_t *l, bg_shape_t in, int vocab, int clas
             p->grad[j] = 0.0f;
         }
     }
-    r->loss = strcmp(l->ops->type, "head") == 0;
+    r->loss = bg_layer_loss_classes(l) > 0;
     r->loss_scale = 1.0f / (float)rows;
 }
 
@@ -270,6 +271,26 @@ static void test_blocks(void **s)
     check_layer(l, (bg_shape_t){2, 4, 12}, 0, 0, 14, 1e-2);
 }
 
+/* Layers defined outside brigade through the public interface (the byom
+ * example's RMSNorm, SwiGLU and a block of them with built-in linears)
+ * pass the same checks as the built-in ones. */
+static void test_user_layers(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(byom_rmsnorm("rms", 13, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 13}, 0, 0, 21, 1e-2);
+    assert_int_equal(byom_swiglu("gate", 6, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 12}, 0, 0, 22, 1e-3);
+    assert_int_equal(byom_ffn_block("ffn", 8, 12, 0.3f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 8}, 0, 0, 23, 1e-2);
+    bg_shape_t o;
+    assert_int_equal(byom_rmsnorm("rms", 13, &l), BG_OK);
+    assert_int_equal(bg_layer_out_shape(l, (bg_shape_t){2, 3, 12}, &o), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "rmsnorm rms: input has 12 channels, expected 13"));
+    bg_layer_destroy(l);
+}
+
 static void test_bad_shapes(void **s)
 {
     (void)s;
@@ -293,7 +314,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),    cmocka_unit_test(test_activations), cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_attention),   cmocka_unit_test(test_head),
-        cmocka_unit_test(test_blocks),    cmocka_unit_test(test_bad_shapes),
+        cmocka_unit_test(test_blocks),    cmocka_unit_test(test_user_layers), cmocka_unit_test(test_bad_shapes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

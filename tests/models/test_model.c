@@ -454,6 +454,230 @@ static void test_train_microbatching_invariance(void **s)
     bg_test_model_destroy(b);
 }
 
+/* ---------------------------------------------------------------- descriptions */
+
+static bg_model_desc_t *feature_desc(int features)
+{
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.name = "tiny";
+    dp.features = features;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    return d;
+}
+
+/* add(d, bg_layer_x(..., &l), &l): the layer is read after the call made it */
+static void add(bg_model_desc_t *d, bg_status_t st, bg_layer_t **l)
+{
+    assert_int_equal(st, BG_OK);
+    assert_int_equal(bg_model_desc_add(d, *l), BG_OK);
+}
+
+static void test_desc_errors(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    /* no layers; last layer not a loss */
+    bg_model_desc_t *d = feature_desc(6);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "model tiny has no layers"));
+    add(d, bg_layer_linear("fc", 6, 4, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "its last layer fc (type linear) is not a loss layer"));
+    bg_model_t *m = NULL;
+    assert_int_equal(bg_model_create(d, be, -1, -1, &m), BG_ERR_INVALID);
+    assert_null(m);
+    /* a loss in the middle */
+    add(d, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    assert_int_equal(bg_model_desc_classes(d), 3);
+    add(d, bg_layer_head("head2", 1, 3, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer head (1 of 3) is a loss layer; only the last layer may be"));
+    bg_model_desc_destroy(d);
+    /* shapes that do not chain */
+    d = feature_desc(6);
+    add(d, bg_layer_linear("fc", 5, 4, 1, 0.1f, &l), &l);
+    add(d, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer fc does not take the shape"));
+    bg_model_desc_destroy(d);
+    /* duplicate names; a tie of different shapes; a tie to a missing tensor; two ties on one tensor */
+    d = feature_desc(4);
+    add(d, bg_layer_linear("fc", 4, 4, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_layer_linear("fc", 4, 4, 1, 0.1f, &l), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "two top-level layers are named \"fc\""));
+    add(d, bg_layer_linear("fc2", 4, 4, 0, 0.1f, &l), &l);
+    add(d, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    assert_int_equal(bg_model_desc_tie(d, "fc.weight", "head.weight"), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "tie fc.weight -> head.weight: shapes differ"));
+    bg_model_desc_destroy(d);
+    d = feature_desc(4);
+    add(d, bg_layer_linear("fc", 4, 4, 1, 0.1f, &l), &l);
+    add(d, bg_layer_linear("fc2", 4, 4, 1, 0.1f, &l), &l);
+    add(d, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_tie(d, "fc.weight", "fc2.wieght"), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "the model has no tensor fc2.wieght"));
+    bg_model_desc_destroy(d);
+    d = feature_desc(4);
+    add(d, bg_layer_linear("fc", 4, 4, 1, 0.1f, &l), &l);
+    add(d, bg_layer_linear("fc2", 4, 4, 1, 0.1f, &l), &l);
+    add(d, bg_layer_linear("fc3", 4, 4, 1, 0.1f, &l), &l);
+    add(d, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
+    assert_int_equal(bg_model_desc_tie(d, "fc.weight", "fc2.weight"), BG_OK);
+    assert_int_equal(bg_model_desc_tie(d, "fc2.weight", "fc3.weight"), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "tensor fc2.weight is in two ties"));
+    bg_model_desc_destroy(d);
+    /* one model per layer at a time */
+    bg_model_config_t c = small_mlp();
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    bg_model_t *a, *b;
+    assert_int_equal(bg_model_create(d, be, 0, 2, &a), BG_OK);
+    assert_int_equal(bg_model_create(d, be, 2, 3, &b), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer fc.1 is already bound to another model"));
+    assert_int_equal(bg_model_create(d, be, 3, -1 + bg_model_desc_num_layers(d), &b), BG_OK);
+    bg_model_destroy(a);
+    bg_model_destroy(b);
+    assert_int_equal(bg_model_create(d, be, -1, -1, &a), BG_OK); /* free again after destroy */
+    bg_model_destroy(a);
+    bg_model_desc_destroy(d);
+}
+
+static void test_desc_json(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    c.tie_embeddings = 1;
+    bg_model_desc_t *d, *e;
+    char *j, *k;
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    assert_int_equal(bg_model_desc_to_json(d, &j), BG_OK);
+    assert_int_equal(bg_model_desc_from_json(j, &e), BG_OK);
+    assert_int_equal(bg_model_desc_to_json(e, &k), BG_OK);
+    assert_string_equal(j, k); /* the builder's JSON rebuilds the same description */
+    assert_int_equal(bg_model_desc_num_ties(e), 1);
+    assert_int_equal(bg_model_desc_tensor_layer(e, "head.weight"), bg_model_desc_num_layers(e) - 1);
+    assert_int_equal(bg_model_desc_tensor_layer(e, "blocks.1.mlp.fc.weight"), 2);
+    assert_int_equal(bg_model_desc_tensor_layer(e, "nope"), -1);
+    assert_int_equal(bg_model_desc_match_json(e, j, "f.json"), BG_OK);
+    free(k);
+    bg_model_desc_destroy(e);
+    c.layers = 4;
+    assert_int_equal(bg_model_build(&c, &e), BG_OK);
+    assert_int_equal(bg_model_desc_match_json(e, j, "f.json"), BG_ERR_MISMATCH);
+    assert_non_null(strstr(bg_last_error(), "f.json is from another model: layers[4] {\"name\":\"ln_f\""));
+    bg_model_desc_destroy(e);
+    /* a user model's JSON cannot rebuild it, and says so */
+    bg_model_desc_t *u = feature_desc(4);
+    bg_layer_t *l;
+    add(u, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
+    free(k = NULL);
+    assert_int_equal(bg_model_desc_to_json(u, &k), BG_OK);
+    assert_int_equal(bg_model_desc_from_json(k, &e), BG_ERR_UNSUPPORTED);
+    assert_non_null(strstr(bg_last_error(), "model tiny was built from the host's own layers"));
+    assert_int_equal(bg_model_desc_match_json(u, j, "g.json"), BG_ERR_MISMATCH);
+    assert_non_null(strstr(bg_last_error(), "g.json is from another model: name \"gpt\" there, \"tiny\" here"));
+    assert_int_equal(bg_model_desc_from_json("{\"format\": \"other\"}", &e), BG_ERR_PARSE);
+    assert_int_equal(bg_model_desc_from_json("not json", &e), BG_ERR_PARSE);
+    free(k);
+    free(j);
+    bg_model_desc_destroy(u);
+    bg_model_desc_destroy(d);
+}
+
+/* The GPT builder is nothing but public calls: the same layers added by hand
+ * (as a user would) train to bitwise the same weights on the executor. */
+static bg_status_t text_batch(const bg_batch_request_t *rq, int32_t *tokens, float *features, int32_t *targets,
+                              void *arg)
+{
+    (void)features;
+    bg_batch_source_t *src = arg;
+    return src->batch(rq, tokens, NULL, targets, src->arg);
+}
+
+static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, size_t n)
+{
+    bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
+    p.model = d;
+    p.batch = 4;
+    p.microbatches = 2;
+    p.threads = 1;
+    p.data.batch = text_batch;
+    p.data.arg = src;
+    bg_executor_t *x;
+    assert_int_equal(bg_executor_create(&p, &x), BG_OK);
+    for (int i = 0; i < 3; i++) {
+        bg_step_result_t r;
+        assert_int_equal(bg_executor_step(x, &r), BG_OK);
+        assert_int_equal(r.step, i + 1);
+        assert_true(isfinite(r.loss) && r.loss > 0);
+    }
+    char dir[] = "/tmp/bg-desc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(bg_executor_save_weights(x, dir), BG_OK);
+    assert_int_equal(bg_executor_destroy(x), BG_OK);
+    /* read the weights back through a fresh model of the same description */
+    bg_model_t *m;
+    assert_int_equal(bg_model_create(d, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_safetensors_load_dir(dir, &m, 1), BG_OK);
+    assert_int_equal(bg_model_param_count(m), n);
+    memcpy(out, bg_model_params(m), n * sizeof(float));
+    bg_model_destroy(m);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_builder_is_public_calls(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    c.tie_embeddings = 1;
+    bg_model_desc_t *built, *hand;
+    assert_int_equal(bg_model_build(&c, &built), BG_OK);
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.name = "gpt";
+    dp.input = BG_INPUT_TOKENS;
+    dp.vocab = c.vocab;
+    dp.seq_len = c.seq_len;
+    dp.seed = c.seed;
+    assert_int_equal(bg_model_desc_create(&dp, &hand), BG_OK);
+    bg_layer_t *l;
+    float std = 0.02f, proj = 0.02f / sqrtf(2.0f * (float)c.layers);
+    add(hand, bg_layer_embedding("embed", c.vocab, c.seq_len, c.d_model, std, &l), &l);
+    for (int i = 0; i < c.layers; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "blocks.%d", i);
+        add(hand, bg_layer_transformer_block(name, c.d_model, c.heads, std, proj, &l), &l);
+    }
+    add(hand, bg_layer_layernorm("ln_f", c.d_model, &l), &l);
+    add(hand, bg_layer_head("head", c.d_model, c.vocab, 0, std, &l), &l);
+    assert_int_equal(bg_model_desc_tie(hand, "embed.wte", "head.weight"), BG_OK);
+    assert_int_equal(bg_model_desc_check(hand), BG_OK);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    bg_data_t *data;
+    assert_int_equal(bg_data_open_text(path, c.seq_len, 1, &data), BG_OK);
+    bg_batch_source_t src = bg_data_source(data);
+    size_t n = bg_model_desc_param_count(built);
+    assert_int_equal(bg_model_desc_param_count(hand), n);
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    train_desc(built, &src, a, n);
+    train_desc(hand, &src, b, n);
+    assert_memory_equal(a, b, n * sizeof(float));
+    free(a);
+    free(b);
+    bg_data_close(data);
+    bg_model_desc_destroy(built);
+    bg_model_desc_destroy(hand);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +692,9 @@ int main(void)
         cmocka_unit_test(test_train_mlp_learns),
         cmocka_unit_test(test_train_gpt_learns),
         cmocka_unit_test(test_train_microbatching_invariance),
+        cmocka_unit_test(test_desc_errors),
+        cmocka_unit_test(test_desc_json),
+        cmocka_unit_test(test_builder_is_public_calls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
