@@ -86,7 +86,8 @@ typedef struct bg_executor_params {
     const int *recompute_stages; /**< or per (virtual) stage: 1 = recompute; NULL = none */
     int nrecompute_stages;
     const char *trace_path;      /**< Chrome trace-event JSON of every op, written by bg_executor_write_trace */
-    int numa_bind;               /**< 1: bind this process to its local rank's NUMA node (process-wide) */
+    int numa_bind;               /**< 1: bind this process to its local rank's NUMA node as BRIGADE_NUMA
+                                      says (a process-wide side effect; 0: leave the host's placement) */
 } bg_executor_params_t;
 
 #define BG_EXECUTOR_PARAMS_INIT                                                                            \
