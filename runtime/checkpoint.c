@@ -1,8 +1,9 @@
 /* runtime/checkpoint.c: checkpoints of a job's weights and optimizer state
  * (see include/brigade/checkpoint.h for the layout and protocol).
  *
- * Owns: the rank files (safetensors with weights and optim.m./optim.v.
- * tensors) and their sidecars, the manifest (sizes, CRC32C per file and per
+ * Owns: what the rank files hold (weights and optim.m./optim.v. tensors,
+ * written and read through models/safetensors.h, the one safetensors reader
+ * and writer) and their sidecars, the manifest (sizes, CRC32C per file and per
  * tensor, its own checksum), the atomic publish (tmp dir, fsync, barrier,
  * rename, fsync of the root), keep-K pruning, finding the newest complete
  * checkpoint, and verified by-name loading into any layer split.
@@ -14,7 +15,6 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,53 +24,12 @@
 
 #include "brigade/checkpoint.h"
 #include "core/check.h"
+#include "core/fileio.h"
+#include "models/safetensors.h"
 
 #define CKPT_FORMAT "brigade-checkpoint"
 #define CKPT_VERSION 1
 #define CKPT_PATH_MAX 4096
-#define CKPT_CHUNK_FLOATS 65536
-
-/* Test hook (internal): when >= 0, the number of bytes checkpoint writes may
- * still write; a write beyond it fails with ENOSPC (a full disk). Each write
- * decrements it. -1: off. */
-long long bg__checkpoint_fail_after_bytes = -1;
-
-/* ---------------------------------------------------------------- CRC32C */
-
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1; /* Castagnoli, reflected */
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int s = 1; s < 8; s++)
-            crc_table[s][i] = (crc_table[s - 1][i] >> 8) ^ crc_table[0][crc_table[s - 1][i] & 0xff];
-}
-
-/* Continue a CRC32C: crc = 0 to start; the result is final (no separate finish). */
-uint32_t bg__crc32c(uint32_t crc, const void *data, size_t n)
-{
-    pthread_once(&crc_once, crc_init);
-    const uint8_t *p = data;
-    crc = ~crc;
-    while (n >= 8) { /* slice-by-8 */
-        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
-              crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^
-              crc_table[0][p[7]];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
-    return ~crc;
-}
 
 /* ---------------------------------------------------------------- files */
 
@@ -83,53 +42,13 @@ static void pjoin(char *buf, size_t cap, const char *a, const char *sep, const c
         bg_log(BG_LOG_WARN, "checkpoint", "path %s%s... truncated to %zu bytes", a, sep, cap);
 }
 
-static bg_status_t ckpt_write_all(int fd, const void *buf, size_t n, const char *path)
-{
-    const char *p = buf;
-    while (n) {
-        size_t k = n;
-        ssize_t w;
-        if (bg__checkpoint_fail_after_bytes >= 0 && (long long)k > bg__checkpoint_fail_after_bytes)
-            k = (size_t)bg__checkpoint_fail_after_bytes;
-        if (k == 0) {
-            errno = ENOSPC;
-            w = -1;
-        } else {
-            w = write(fd, p, k);
-        }
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return bg_error(BG_ERR_IO, "writing %s: %s", path, strerror(errno));
-        }
-        if (bg__checkpoint_fail_after_bytes >= 0)
-            bg__checkpoint_fail_after_bytes -= w;
-        p += w;
-        n -= (size_t)w;
-    }
-    return BG_OK;
-}
-
-static bg_status_t fsync_path(const char *path, int dir)
-{
-    int fd = open(path, (dir ? O_DIRECTORY : 0) | O_RDONLY);
-    if (fd < 0)
-        return bg_error(BG_ERR_IO, "cannot open %s to sync it: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0 && e != EINVAL) /* some file systems cannot sync directories */
-        return bg_error(BG_ERR_IO, "fsync %s: %s", path, strerror(e));
-    return BG_OK;
-}
-
 /* Write a whole small file (fsync'ed). */
 static bg_status_t write_file(const char *path, const char *text, size_t n)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return bg_error(BG_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    bg_status_t st = ckpt_write_all(fd, text, n, path);
+    bg_status_t st = bg_fileio_write_all(fd, text, n, path);
     if (st == BG_OK && fsync(fd) != 0)
         st = bg_error(BG_ERR_IO, "fsync %s: %s", path, strerror(errno));
     if (close(fd) != 0 && st == BG_OK)
@@ -137,43 +56,6 @@ static bg_status_t write_file(const char *path, const char *text, size_t n)
     if (st != BG_OK)
         unlink(path);
     return st;
-}
-
-/* Read a whole file; *size_p bytes (a NUL is appended). */
-static bg_status_t read_file(const char *path, char **buf_p, size_t *size_p)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return bg_error(errno == ENOENT ? BG_ERR_NOT_FOUND : BG_ERR_IO, "cannot open %s: %s", path,
-                        strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        close(fd);
-        return bg_error(BG_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-    }
-    size_t n = (size_t)sb.st_size, got = 0;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return bg_error(BG_ERR_NOMEM, "cannot allocate %zu bytes to read %s", n + 1, path);
-    }
-    while (got < n) {
-        ssize_t k = read(fd, buf + got, n - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            int e = k < 0 ? errno : EIO;
-            free(buf);
-            close(fd);
-            return bg_error(BG_ERR_IO, "reading %s: %s", path, k < 0 ? strerror(e) : "file shrank while reading");
-        }
-        got += (size_t)k;
-    }
-    close(fd);
-    buf[n] = 0;
-    *buf_p = buf;
-    *size_p = n;
-    return BG_OK;
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -234,16 +116,15 @@ static int64_t parse_step_name(const char *name)
 
 /* ---------------------------------------------------------------- writing a rank file */
 
-typedef struct wentry {
-    char name[2 * BG_NAME_MAX + 16];
-    const bg_param_t *p;
-    const float *src; /* on the backend */
-    bg_backend_t *be;
-} wentry_t;
-
 static void rank_file_name(char *buf, size_t cap, int rank, const char *ext)
 {
     snprintf(buf, cap, "rank-%05d.%s", rank, ext);
+}
+
+/* Optimizer state the models have now: 0 none, 1 SGD (m), 2 AdamW (m, v). */
+static int model_optim(bg_model_t *m)
+{
+    return bg_model_optim_state(m, 0) ? (bg_model_optim_state(m, 1) ? 2 : 1) : 0;
 }
 
 /* Writes DIR/rank-R.safetensors and its sidecar DIR/rank-R.json. */
@@ -253,132 +134,64 @@ static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_m
     int n = 0, optim = 2;
     for (int k = 0; k < nmodels; k++) {
         n += 3 * bg_model_num_tensors(models[k]);
-        bg_model_t *m = models[k];
-        int have = bg_model_optim_state(m, 0) ? (bg_model_optim_state(m, 1) ? 2 : 1) : 0;
+        int have = model_optim(models[k]);
         if (have < optim)
             optim = have;
     }
-    wentry_t *e = calloc(n ? (size_t)n : 1, sizeof(*e));
-    float *host = malloc(CKPT_CHUNK_FLOATS * sizeof(float));
-    json_t *hdr = json_object(), *sidecar_tensors = json_object();
-    char *text = NULL, path[CKPT_PATH_MAX], side[CKPT_PATH_MAX], fname[64];
-    int fd = -1;
-    if (!e || !host || !hdr || !sidecar_tensors) {
+    bg_st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
+    char(*names)[BG_ST_NAME_MAX] = calloc(n ? (size_t)n : 1, sizeof(*names));
+    json_t *sidecar_tensors = json_object();
+    char path[CKPT_PATH_MAX], side[CKPT_PATH_MAX], fname[64];
+    if (!t || !names || !sidecar_tensors) {
         st = bg_error(BG_ERR_NOMEM, "checkpoint buffers for rank %d", rank);
         goto out;
     }
-    int ne = 0;
+    int nt = 0;
     for (int k = 0; k < nmodels; k++) {
         bg_model_t *m = models[k];
         float *params = bg_model_params(m);
         for (int i = 0; i < bg_model_num_tensors(m); i++) {
             const bg_param_t *p = bg_model_tensor(m, i);
-            const char *name = bg_model_tensor_name(m, i);
             size_t off = (size_t)(p->data - params);
-            for (int s = 0; s <= optim; s++) {
-                wentry_t *w = &e[ne++];
-                snprintf(w->name, sizeof w->name, "%s%s", s == 0 ? "" : s == 1 ? "optim.m." : "optim.v.", name);
-                w->p = p;
-                w->src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off;
-                w->be = bg_model_backend(m);
+            for (int s = 0; s <= optim; s++, nt++) {
+                snprintf(names[nt], sizeof names[nt], "%s%s", s == 0 ? "" : s == 1 ? "optim.m." : "optim.v.",
+                         bg_model_tensor_name(m, i));
+                t[nt] = (bg_st_wtensor_t){.name = names[nt], .ndim = p->ndim, .shape = p->shape,
+                                          .src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off,
+                                          .be = bg_model_backend(m)};
             }
         }
     }
-    size_t off = 0;
-    for (int i = 0; i < ne; i++) {
-        json_t *shape = json_array();
-        for (int d = 0; d < e[i].p->ndim; d++)
-            json_array_append_new(shape, json_integer(e[i].p->shape[d]));
-        size_t bytes = e[i].p->numel * sizeof(float);
-        if (json_object_get(hdr, e[i].name)) {
-            st = bg_error(BG_ERR_INVALID, "rank %d holds tensor %s twice (overlapping model chunks?)", rank, e[i].name);
-            json_decref(shape);
-            goto out;
-        }
-        json_object_set_new(hdr, e[i].name,
-                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape, "data_offsets",
-                                      (json_int_t)off, (json_int_t)(off + bytes)));
-        off += bytes;
-    }
-    char stepbuf[32], rankbuf[32];
-    snprintf(stepbuf, sizeof stepbuf, "%" PRId64, step);
-    snprintf(rankbuf, sizeof rankbuf, "%d", rank);
-    json_object_set_new(hdr, "__metadata__",
-                        json_pack("{s:s, s:s, s:s, s:s}", "format", "pt", "producer", "brigade " BRIGADE_VERSION_STRING,
-                                  "step", stepbuf, "rank", rankbuf));
-    text = json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!text) {
-        st = bg_error(BG_ERR_NOMEM, "safetensors header of rank %d", rank);
-        goto out;
-    }
-    size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7;
+    char meta[96];
+    snprintf(meta, sizeof meta, "{\"step\": \"%" PRId64 "\", \"rank\": \"%d\"}", step, rank);
     rank_file_name(fname, sizeof fname, rank, "safetensors");
     pjoin(path, sizeof path, dir, "/", fname);
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = bg_error(BG_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    uint64_t bytes;
+    uint32_t crc;
+    BG_CHECK_GOTO(bg_st_write(path, t, nt, meta, &bytes, &crc), st, out);
+    for (int i = 0; i < nt; i++)
+        json_object_set_new(sidecar_tensors, t[i].name, json_integer(t[i].crc32c));
+    json_t *sc = json_pack("{s:s, s:i, s:I, s:I, s:i, s:O}", "name", fname, "rank", rank, "bytes", (json_int_t)bytes,
+                           "crc32c", (json_int_t)crc, "optim", optim, "tensors", sidecar_tensors);
+    char *sct = sc ? json_dumps(sc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(sc);
+    if (!sct) {
+        st = bg_error(BG_ERR_NOMEM, "checkpoint sidecar of rank %d", rank);
+        goto err_unlink;
+    }
+    rank_file_name(side, sizeof side, rank, "json");
+    char sp[CKPT_PATH_MAX];
+    pjoin(sp, sizeof sp, dir, "/", side);
+    st = write_file(sp, sct, strlen(sct));
+    free(sct);
+    if (st == BG_OK)
         goto out;
-    }
-    uint8_t len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)(padded >> (8 * i));
-    uint32_t crc = bg__crc32c(0, len8, 8);
-    crc = bg__crc32c(crc, text, hlen);
-    crc = bg__crc32c(crc, "        ", padded - hlen);
-    BG_CHECK_GOTO(ckpt_write_all(fd, len8, 8, path), st, err_unlink);
-    BG_CHECK_GOTO(ckpt_write_all(fd, text, hlen, path), st, err_unlink);
-    BG_CHECK_GOTO(ckpt_write_all(fd, "        ", padded - hlen, path), st, err_unlink);
-    for (int i = 0; i < ne; i++) {
-        uint32_t tcrc = 0;
-        size_t numel = e[i].p->numel;
-        for (size_t j = 0; j < numel; j += CKPT_CHUNK_FLOATS) {
-            size_t k = numel - j < CKPT_CHUNK_FLOATS ? numel - j : CKPT_CHUNK_FLOATS;
-            e[i].be->ops->to_host(e[i].be, host, e[i].src + j, k * sizeof(float));
-            tcrc = bg__crc32c(tcrc, host, k * sizeof(float));
-            crc = bg__crc32c(crc, host, k * sizeof(float));
-            BG_CHECK_GOTO(ckpt_write_all(fd, host, k * sizeof(float), path), st, err_unlink);
-        }
-        json_object_set_new(sidecar_tensors, e[i].name, json_integer(tcrc));
-    }
-    if (fsync(fd) != 0) {
-        st = bg_error(BG_ERR_IO, "fsync %s: %s", path, strerror(errno));
-        goto err_unlink;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        st = bg_error(BG_ERR_IO, "closing %s: %s", path, strerror(errno));
-        goto err_unlink;
-    }
-    fd = -1;
-    {
-        json_t *sc = json_pack("{s:s, s:i, s:I, s:I, s:i, s:O}", "name", fname, "rank", rank, "bytes",
-                               (json_int_t)(8 + padded + off), "crc32c", (json_int_t)crc, "optim", optim, "tensors",
-                               sidecar_tensors);
-        char *sct = sc ? json_dumps(sc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-        json_decref(sc);
-        if (!sct) {
-            st = bg_error(BG_ERR_NOMEM, "checkpoint sidecar of rank %d", rank);
-            goto err_unlink;
-        }
-        rank_file_name(side, sizeof side, rank, "json");
-        char sp[CKPT_PATH_MAX];
-        pjoin(sp, sizeof sp, dir, "/", side);
-        st = write_file(sp, sct, strlen(sct));
-        free(sct);
-        if (st != BG_OK)
-            goto err_unlink;
-    }
-    goto out;
 err_unlink:
-    if (fd >= 0)
-        close(fd);
     unlink(path);
 out:
-    json_decref(hdr);
     json_decref(sidecar_tensors);
-    free(text);
-    free(host);
-    free(e);
+    free(names);
+    free(t);
     return st;
 }
 
@@ -405,7 +218,7 @@ static bg_status_t manifest_read(const char *dir, json_t **m_p)
     char path[CKPT_PATH_MAX], *text;
     size_t n;
     snprintf(path, sizeof path, "%s/manifest.json", dir);
-    BG_CHECK(read_file(path, &text, &n));
+    BG_CHECK(bg_fileio_read(path, &text, &n));
     json_error_t err;
     json_t *m = json_loadb(text, n, 0, &err);
     free(text);
@@ -513,53 +326,29 @@ static bg_status_t manifest_check_sizes(json_t *m, const char *dir)
 
 /* ---------------------------------------------------------------- save */
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 /* Rank 0: gather the sidecars into the manifest, publish the directory, prune. */
 static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0, int world, const char *tmpdir,
                             const char *final, const char *token)
 {
+    json_t *man = NULL, *files = NULL;
+    char **names;
+    int nn;
+    BG_CHECK(bg_fileio_list_dir(tmpdir, "rank-", ".json", &names, &nn));
     bg_status_t st = BG_OK;
-    json_t *man = NULL, *files = json_array();
-    char **names = NULL;
-    size_t nn = 0, cap = 0;
-    DIR *d = opendir(tmpdir);
-    if (!d)
-        return bg_error(BG_ERR_IO, "cannot open %s: %s", tmpdir, strerror(errno));
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        size_t L = strlen(de->d_name);
-        if (strncmp(de->d_name, "rank-", 5) != 0 || L < 6 || strcmp(de->d_name + L - 5, ".json") != 0)
-            continue;
-        if (nn == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **q = realloc(names, cap * sizeof(*q));
-            if (!q) {
-                st = bg_error(BG_ERR_NOMEM, "checkpoint file list");
-                break;
-            }
-            names = q;
-        }
-        if (!(names[nn] = strdup(de->d_name))) {
-            st = bg_error(BG_ERR_NOMEM, "checkpoint file list");
-            break;
-        }
-        nn++;
-    }
-    closedir(d);
-    if (st != BG_OK)
-        goto out;
     if (nn == 0) {
         st = bg_error(BG_ERR_NOT_FOUND, "%s: no rank wrote a file (is any rank a writer?)", tmpdir);
         goto out;
     }
-    qsort(names, nn, sizeof(*names), cmp_str);
+    if (!(files = json_array())) {
+        st = bg_error(BG_ERR_NOMEM, "checkpoint file list");
+        goto out;
+    }
     int optim = 2;
-    for (size_t i = 0; i < nn; i++) {
+    for (int i = 0; i < nn; i++) {
         char path[CKPT_PATH_MAX], *text;
         size_t n;
         pjoin(path, sizeof path, tmpdir, "/", names[i]);
-        BG_CHECK_GOTO(read_file(path, &text, &n), st, out);
+        BG_CHECK_GOTO(bg_fileio_read(path, &text, &n), st, out);
         json_error_t err;
         json_t *sc = json_loadb(text, n, 0, &err);
         free(text);
@@ -619,13 +408,13 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
     free(text);
     if (st != BG_OK)
         goto out;
-    for (size_t i = 0; i < nn; i++) { /* the sidecars are in the manifest now */
+    for (int i = 0; i < nn; i++) { /* the sidecars are in the manifest now */
         char path[CKPT_PATH_MAX];
         pjoin(path, sizeof path, tmpdir, "/", names[i]);
         unlink(path);
     }
     BG_CHECK_GOTO(manifest_check_sizes(man, tmpdir), st, out);
-    BG_CHECK_GOTO(fsync_path(tmpdir, 1), st, out);
+    BG_CHECK_GOTO(bg_fileio_fsync_path(tmpdir, 1), st, out);
 
     /* a directory with the final name already (an earlier run reached this
      * step): move it aside under a .tmp name, then replace it */
@@ -648,13 +437,11 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
             rename(aside, final);
         goto out;
     }
-    BG_CHECK_GOTO(fsync_path(p->root, 1), st, out);
+    BG_CHECK_GOTO(bg_fileio_fsync_path(p->root, 1), st, out);
     if (moved)
         rm_rf(aside);
 out:
-    for (size_t i = 0; i < nn; i++)
-        free(names[i]);
-    free(names);
+    bg_fileio_free_names(names, nn);
     json_decref(files);
     json_decref(man);
     return st;
@@ -759,7 +546,7 @@ static void prune(const char *root, int keep)
         rm_rf(rename(dir, gone) == 0 ? gone : dir);
     }
     free(list);
-    fsync_path(root, 1);
+    bg_fileio_fsync_path(root, 1);
 }
 
 static unsigned long save_seq; /* saves by this process: the store keys of one save */
@@ -914,89 +701,34 @@ bg_status_t bg_checkpoint_latest(const char *root, char *path_out, size_t cap, i
 
 /* ---------------------------------------------------------------- loading */
 
-/* A safetensors file read into memory. */
-typedef struct src_file {
-    char path[CKPT_PATH_MAX];
-    char *buf;
-    size_t size;
-    json_t *hdr;
-    size_t data_start;
-} src_file_t;
-
 /* A tensor to fill. */
 typedef struct need {
-    char name[2 * BG_NAME_MAX + 16];
+    char name[BG_ST_NAME_MAX];
     const bg_param_t *p;
-    float *dst;       /* on the backend; NULL for optimizer state not yet allocated (see which) */
+    float *dst;                /* on the backend; NULL for optimizer state not yet allocated (see which) */
     bg_model_t *m;
-    int which;        /* -1 weights, 0/1 optimizer state */
-    size_t off;       /* offset in the flat buffers */
-    const float *src; /* in a src_file's buffer, once found */
-    const char *src_path;
+    int which;                 /* -1 weights, 0/1 optimizer state */
+    size_t off;                /* offset in the flat buffers */
+    const bg_st_tensor_t *src; /* in one of the validated files, once found */
 } need_t;
 
-static void src_free(src_file_t *s)
-{
-    free(s->buf);
-    json_decref(s->hdr);
-    s->buf = NULL;
-    s->hdr = NULL;
-}
+/* The files a load reads: validated, and for a checkpoint checksummed
+ * first (bufs[i]: file i's bytes, NULL when files[i] owns them). */
+typedef struct src_set {
+    bg_st_file_t **files;
+    char **bufs;
+    int n;
+} src_set_t;
 
-/* Parse the header of a file in memory. */
-static bg_status_t src_parse(src_file_t *s)
+static void src_set_free(src_set_t *s)
 {
-    if (s->size < 8)
-        return bg_error(BG_ERR_PARSE, "%s: truncated (%zu bytes, no header)", s->path, s->size);
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)(uint8_t)s->buf[i] << (8 * i);
-    if (hlen > s->size - 8)
-        return bg_error(BG_ERR_PARSE, "%s: header length %llu exceeds the file (%zu bytes): truncated", s->path,
-                        (unsigned long long)hlen, s->size);
-    json_error_t err;
-    s->hdr = json_loadb(s->buf + 8, (size_t)hlen, 0, &err);
-    if (!json_is_object(s->hdr))
-        return bg_error(BG_ERR_PARSE, "%s: header is not JSON (%s)", s->path, err.text);
-    s->data_start = 8 + (size_t)hlen;
-    return BG_OK;
-}
-
-/* Point need->src at its data in s (checked dtype, shape, bounds); 0 if s lacks it. */
-static bg_status_t src_find(src_file_t *s, need_t *nd, int *found)
-{
-    json_t *e = json_object_get(s->hdr, nd->name);
-    *found = e != NULL;
-    if (!e)
-        return BG_OK;
-    const char *dtype = json_string_value(json_object_get(e, "dtype"));
-    if (!dtype || strcmp(dtype, "F32") != 0)
-        return bg_error(BG_ERR_MISMATCH, "%s: tensor %s has dtype %s, expected F32", s->path, nd->name,
-                        dtype ? dtype : "(none)");
-    json_t *shape = json_object_get(e, "shape"), *offs = json_object_get(e, "data_offsets");
-    int ok = json_is_array(shape) && json_array_size(shape) == (size_t)nd->p->ndim;
-    for (int d = 0; ok && d < nd->p->ndim; d++)
-        ok = json_integer_value(json_array_get(shape, (size_t)d)) == nd->p->shape[d];
-    if (!ok) {
-        char *txt = json_dumps(shape, JSON_COMPACT | JSON_ENCODE_ANY), want[128] = "[";
-        for (int d = 0; d < nd->p->ndim; d++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "",
-                     (long long)nd->p->shape[d]);
-        strcat(want, "]");
-        bg_status_t st = bg_error(BG_ERR_MISMATCH, "%s: tensor %s has shape %s, the model expects %s", s->path,
-                                  nd->name, txt ? txt : "?", want);
-        free(txt);
-        return st;
+    for (int i = 0; i < s->n; i++) {
+        bg_st_close(s->files[i]);
+        free(s->bufs ? s->bufs[i] : NULL);
     }
-    json_int_t a = json_integer_value(json_array_get(offs, 0)), b = json_integer_value(json_array_get(offs, 1));
-    if (!json_is_array(offs) || a < 0 || b - a != (json_int_t)(nd->p->numel * sizeof(float)) ||
-        (uint64_t)b > s->size - s->data_start || a % 4)
-        return bg_error(BG_ERR_PARSE, "%s: tensor %s: data_offsets [%lld, %lld] are outside the file's %zu data bytes "
-                                      "(truncated?)",
-                        s->path, nd->name, (long long)a, (long long)b, s->size - s->data_start);
-    nd->src = (const float *)(const void *)(s->buf + s->data_start + (size_t)a);
-    nd->src_path = s->path;
-    return BG_OK;
+    free(s->files);
+    free(s->bufs);
+    memset(s, 0, sizeof *s);
 }
 
 /* The needs of the models: weights, and optimizer state when `optim` (1: m, 2: m and v). */
@@ -1031,12 +763,6 @@ static bg_status_t make_needs(bg_model_t *const *models, int nmodels, int optim,
     return BG_OK;
 }
 
-/* Optimizer state the models have now: 0 none, 1 SGD (m), 2 AdamW (m, v). */
-static int model_optim(bg_model_t *m)
-{
-    return bg_model_optim_state(m, 0) ? (bg_model_optim_state(m, 1) ? 2 : 1) : 0;
-}
-
 /* Copy every need into the models (everything is verified by now). */
 static bg_status_t apply_needs(need_t *nd, int n, int optim)
 {
@@ -1048,64 +774,108 @@ static bg_status_t apply_needs(need_t *nd, int n, int optim)
     for (int i = 0; i < n; i++) {
         bg_model_t *m = nd[i].m;
         float *dst = nd[i].which < 0 ? nd[i].dst : bg_model_optim_state(m, nd[i].which) + nd[i].off;
-        bg_backend_t *be = bg_model_backend(m);
-        be->ops->from_host(be, dst, nd[i].src, nd[i].p->numel * sizeof(float));
+        bg_st_copy(nd[i].src, bg_model_backend(m), dst);
     }
     return BG_OK;
 }
 
-/* Which tensor of a file in memory does not match its CRC (for the message). */
-static void describe_corruption(src_file_t *s, json_t *tensors, char *out, size_t cap)
+/* What in a damaged file (buf, size bytes) differs from the manifest's
+ * per-tensor checksums, for the message: the reader's complaint when its
+ * header no longer passes, else the first tensor whose CRC differs. */
+static void describe_corruption(const char *path, const char *buf, size_t size, json_t *tensors, char *out,
+                                size_t cap)
 {
+    bg_st_file_t *f;
+    if (bg_st_parse(path, buf, size, &f) != BG_OK) {
+        const char *e = bg_last_error();
+        size_t L = strlen(path);
+        snprintf(out, cap, "%s", strncmp(e, path, L) == 0 && !strncmp(e + L, ": ", 2) ? e + L + 2 : e);
+        return;
+    }
     snprintf(out, cap, "its header");
-    json_t *hdr = NULL;
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8 && s->size >= 8; i++)
-        hlen |= (uint64_t)(uint8_t)s->buf[i] << (8 * i);
-    if (s->size < 8 || hlen > s->size - 8)
-        return;
-    hdr = json_loadb(s->buf + 8, (size_t)hlen, 0, NULL);
-    if (!json_is_object(hdr))
-        return;
     const char *name;
     json_t *want;
     json_object_foreach(tensors, name, want)
     {
-        json_t *offs = json_object_get(json_object_get(hdr, name), "data_offsets");
-        json_int_t a = json_integer_value(json_array_get(offs, 0)), b = json_integer_value(json_array_get(offs, 1));
-        if (!offs || a < 0 || b < a || (uint64_t)b > s->size - 8 - hlen) {
-            snprintf(out, cap, "tensor %s (its data lies outside the file: truncated)", name);
+        const bg_st_tensor_t *t = bg_st_find(f, name);
+        if (!t) {
+            snprintf(out, cap, "tensor %s (not in its header)", name);
             break;
         }
-        uint32_t c = bg__crc32c(0, s->buf + 8 + hlen + (size_t)a, (size_t)(b - a));
-        if (c != (uint32_t)json_integer_value(want)) {
+        if (bg__crc32c(0, t->data, t->end - t->begin) != (uint32_t)json_integer_value(want)) {
             snprintf(out, cap, "tensor %s", name);
             break;
         }
     }
-    json_decref(hdr);
+    bg_st_close(f);
 }
 
-/* Read and verify one manifest file entry. */
-static bg_status_t load_manifest_file(const char *dir, json_t *f, src_file_t *s)
+/* Read one manifest file entry, check its size and CRC32C, then validate it:
+ * *buf_p its bytes, *file_p the reader over them. */
+static bg_status_t load_manifest_file(const char *dir, json_t *fe, char **buf_p, bg_st_file_t **file_p)
 {
-    snprintf(s->path, sizeof s->path, "%s/%s", dir, json_string_value(json_object_get(f, "name")));
-    BG_CHECK(read_file(s->path, &s->buf, &s->size));
-    long long want = json_integer_value(json_object_get(f, "bytes"));
-    json_t *tensors = json_object_get(f, "tensors");
-    char what[2 * BG_NAME_MAX + 128];
-    if ((long long)s->size != want) {
-        describe_corruption(s, tensors, what, sizeof what);
-        return bg_error(BG_ERR_MISMATCH, "%s has %zu bytes, the manifest says %lld: truncated or damaged (first bad: %s)",
-                        s->path, s->size, want, what);
+    char path[CKPT_PATH_MAX], *buf, what[1024];
+    size_t size;
+    pjoin(path, sizeof path, dir, "/", json_string_value(json_object_get(fe, "name")));
+    BG_CHECK(bg_fileio_read(path, &buf, &size));
+    long long want = json_integer_value(json_object_get(fe, "bytes"));
+    json_t *tensors = json_object_get(fe, "tensors");
+    uint32_t crc = bg__crc32c(0, buf, size), wcrc = (uint32_t)json_integer_value(json_object_get(fe, "crc32c"));
+    bg_status_t st = BG_OK;
+    if ((long long)size != want) {
+        describe_corruption(path, buf, size, tensors, what, sizeof what);
+        st = bg_error(BG_ERR_MISMATCH, "%s has %zu bytes, the manifest says %lld: truncated or damaged (first bad: %s)",
+                      path, size, want, what);
+    } else if (crc != wcrc) {
+        describe_corruption(path, buf, size, tensors, what, sizeof what);
+        st = bg_error(BG_ERR_MISMATCH, "%s is corrupted: CRC32C 0x%08x, the manifest says 0x%08x; damaged: %s", path,
+                      crc, wcrc, what);
+    } else {
+        st = bg_st_parse(path, buf, size, file_p);
     }
-    uint32_t crc = bg__crc32c(0, s->buf, s->size), wcrc = (uint32_t)json_integer_value(json_object_get(f, "crc32c"));
-    if (crc != wcrc) {
-        describe_corruption(s, tensors, what, sizeof what);
-        return bg_error(BG_ERR_MISMATCH, "%s is corrupted: CRC32C 0x%08x, the manifest says 0x%08x; damaged: %s",
-                        s->path, crc, wcrc, what);
+    if (st != BG_OK) {
+        free(buf);
+        return st;
     }
-    return src_parse(s);
+    *buf_p = buf;
+    return BG_OK;
+}
+
+/* The files of a checkpoint that hold the needed tensors (by its manifest),
+ * each checked against the manifest before it is parsed. */
+static bg_status_t open_manifest_files(const char *dir, json_t *man, const need_t *nd, int n, src_set_t *s)
+{
+    json_t *files = json_object_get(man, "files");
+    size_t nf = json_array_size(files);
+    char *used = calloc(nf ? nf : 1, 1);
+    s->files = calloc(nf ? nf : 1, sizeof(*s->files));
+    s->bufs = calloc(nf ? nf : 1, sizeof(*s->bufs));
+    bg_status_t st = BG_OK;
+    if (!used || !s->files || !s->bufs) {
+        st = bg_error(BG_ERR_NOMEM, "checkpoint file list");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        size_t j;
+        for (j = 0; j < nf; j++)
+            if (json_object_get(json_object_get(json_array_get(files, j), "tensors"), nd[i].name))
+                break;
+        if (j == nf) {
+            st = bg_error(BG_ERR_NOT_FOUND, "checkpoint %s: tensor %s is in none of its %zu file(s)", dir, nd[i].name,
+                          nf);
+            goto out;
+        }
+        used[j] = 1;
+    }
+    for (size_t j = 0; j < nf; j++) {
+        if (!used[j])
+            continue;
+        BG_CHECK_GOTO(load_manifest_file(dir, json_array_get(files, j), &s->bufs[s->n], &s->files[s->n]), st, out);
+        s->n++;
+    }
+out:
+    free(used);
+    return st;
 }
 
 static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *models, int nmodels)
@@ -1113,8 +883,7 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
     bg_status_t st = BG_OK;
     need_t *nd = NULL;
     int n = 0;
-    src_file_t *srcs = NULL;
-    int nsrc = 0;
+    src_set_t srcs = {0};
     int optim = 0;
     if (nmodels < 1 || !models)
         return bg_error(BG_ERR_INVALID, "no models to load %s into", dir);
@@ -1139,93 +908,29 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
         }
     }
     BG_CHECK(make_needs(models, nmodels, optim, &nd, &n));
-
-    if (man) {
-        json_t *files = json_object_get(man, "files");
-        size_t nf = json_array_size(files);
-        char *used = calloc(nf ? nf : 1, 1);
-        srcs = calloc(nf ? nf : 1, sizeof(*srcs));
-        if (!used || !srcs) {
-            free(used);
-            st = bg_error(BG_ERR_NOMEM, "checkpoint file list");
-            goto out;
-        }
-        /* which file holds each needed tensor (by the manifest) */
-        for (int i = 0; i < n; i++) {
-            size_t j;
-            for (j = 0; j < nf; j++)
-                if (json_object_get(json_object_get(json_array_get(files, j), "tensors"), nd[i].name))
-                    break;
-            if (j == nf) {
-                free(used);
-                st = bg_error(BG_ERR_NOT_FOUND, "checkpoint %s: tensor %s is in none of its %zu file(s)", dir,
-                              nd[i].name, nf);
-                goto out;
-            }
-            used[j] = 1;
-        }
-        for (size_t j = 0; j < nf; j++) {
-            if (!used[j])
-                continue;
-            st = load_manifest_file(dir, json_array_get(files, j), &srcs[nsrc++]);
-            if (st != BG_OK) {
-                free(used);
-                goto out;
-            }
-        }
-        free(used);
-    } else {
-        DIR *d = opendir(dir);
-        if (!d)
-            return bg_error(BG_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
-        struct dirent *de;
-        int cap = 0;
-        while ((de = readdir(d))) {
-            size_t L = strlen(de->d_name);
-            if (L < 12 || strcmp(de->d_name + L - 12, ".safetensors") != 0)
-                continue;
-            if (nsrc == cap) {
-                cap = cap ? 2 * cap : 8;
-                src_file_t *q = realloc(srcs, (size_t)cap * sizeof(*q));
-                if (!q) {
-                    st = bg_error(BG_ERR_NOMEM, "file list");
-                    break;
-                }
-                srcs = q;
-            }
-            src_file_t *s = &srcs[nsrc++];
-            memset(s, 0, sizeof(*s));
-            snprintf(s->path, sizeof s->path, "%s/%s", dir, de->d_name);
-            st = read_file(s->path, &s->buf, &s->size);
-            if (st == BG_OK)
-                st = src_parse(s);
-            if (st != BG_OK)
-                break;
-        }
-        closedir(d);
-        if (st != BG_OK)
-            goto out;
-        if (nsrc == 0) {
-            st = bg_error(BG_ERR_NOT_FOUND, "no .safetensors files in %s", dir);
-            goto out;
-        }
-    }
+    if (man)
+        st = open_manifest_files(dir, man, nd, n, &srcs);
+    else
+        st = bg_st_open_dir(dir, &srcs.files, &srcs.n);
+    if (st != BG_OK)
+        goto out;
     for (int i = 0; i < n; i++) {
-        int found = 0;
-        for (int j = 0; j < nsrc && !found; j++)
-            BG_CHECK_GOTO(src_find(&srcs[j], &nd[i], &found), st, out);
-        if (!found) {
+        for (int j = 0; j < srcs.n && !nd[i].src; j++) {
+            const bg_st_tensor_t *t = bg_st_find(srcs.files[j], nd[i].name);
+            if (t)
+                BG_CHECK_GOTO(bg_st_check_shape(srcs.files[j], t, nd[i].p->ndim, nd[i].p->shape), st, out);
+            nd[i].src = t;
+        }
+        if (!nd[i].src) {
             st = bg_error(BG_ERR_NOT_FOUND, "%s: tensor %s is missing (looked in %d file(s)%s%s)", dir, nd[i].name,
-                          nsrc, nsrc ? ", e.g. " : "", nsrc ? srcs[0].path : "");
+                          srcs.n, srcs.n ? ", e.g. " : "", srcs.n ? bg_st_path(srcs.files[0]) : "");
             goto out;
         }
     }
     /* everything verified: now, and only now, modify the models */
     st = apply_needs(nd, n, optim);
 out:
-    for (int j = 0; j < nsrc; j++)
-        src_free(&srcs[j]);
-    free(srcs);
+    src_set_free(&srcs);
     free(nd);
     return st;
 }
@@ -1253,15 +958,16 @@ bg_status_t bg_checkpoint_verify(const char *path)
     BG_CHECK(manifest_read(path, &m));
     bg_status_t st = BG_OK;
     size_t i;
-    json_t *f;
-    json_array_foreach(json_object_get(m, "files"), i, f)
+    json_t *fe;
+    json_array_foreach(json_object_get(m, "files"), i, fe)
     {
-        src_file_t s;
-        memset(&s, 0, sizeof s);
-        st = load_manifest_file(path, f, &s);
-        src_free(&s);
+        char *buf;
+        bg_st_file_t *f;
+        st = load_manifest_file(path, fe, &buf, &f);
         if (st != BG_OK)
             break;
+        bg_st_close(f);
+        free(buf);
     }
     json_decref(m);
     return st;
@@ -1274,32 +980,23 @@ bg_status_t bg_safetensors_load_dir(const char *dir, bg_model_t *const *models, 
 
 bg_status_t bg_safetensors_model_json(const char *dir, char **json_p)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return bg_error(BG_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
-    struct dirent *de;
-    bg_status_t st = BG_ERR_NOT_FOUND;
-    while ((de = readdir(d))) {
-        size_t L = strlen(de->d_name);
-        if (L < 12 || strcmp(de->d_name + L - 12, ".safetensors") != 0)
-            continue;
-        src_file_t s;
-        memset(&s, 0, sizeof s);
-        snprintf(s.path, sizeof s.path, "%s/%s", dir, de->d_name);
-        if (read_file(s.path, &s.buf, &s.size) == BG_OK && src_parse(&s) == BG_OK) {
-            const char *text = json_string_value(json_object_get(json_object_get(s.hdr, "__metadata__"), "brigade_model"));
-            if (text && (*json_p = strdup(text)) != NULL) {
+    bg_st_file_t **files;
+    int n;
+    bg_status_t st = bg_st_open_dir(dir, &files, &n);
+    if (st != BG_OK && st != BG_ERR_NOT_FOUND)
+        return st; /* a file that does not pass the reader: say which and why */
+    if (st == BG_OK) {
+        st = BG_ERR_NOT_FOUND;
+        for (int i = 0; i < n && st != BG_OK; i++) {
+            const char *text = json_string_value(json_object_get(bg_st_metadata(files[i]), "brigade_model"));
+            if (text && (*json_p = strdup(text)) != NULL)
                 st = BG_OK;
-                bg_error_clear();
-            }
         }
-        src_free(&s);
-        if (st == BG_OK)
-            break;
+        bg_st_close_all(files, n);
     }
-    closedir(d);
     if (st != BG_OK)
-        st = bg_error(BG_ERR_NOT_FOUND,
-                      "no model description in the metadata of %s/*.safetensors (not written by brigade?)", dir);
-    return st;
+        return bg_error(BG_ERR_NOT_FOUND,
+                        "no model description in the metadata of %s/*.safetensors (not written by brigade?)", dir);
+    bg_error_clear();
+    return BG_OK;
 }

@@ -26,8 +26,8 @@
 #include "brigade/transport.h"
 #include "transport/ranks.h"
 
-/* internal hooks of runtime/checkpoint.c */
-extern long long bg__checkpoint_fail_after_bytes;
+/* internal hooks: core/fileio.c (full disk), models/safetensors.c (CRC32C) */
+extern long long bg__write_fail_after_bytes;
 uint32_t bg__crc32c(uint32_t crc, const void *data, size_t n);
 
 static bg_backend_t *be;
@@ -569,9 +569,9 @@ static void test_full_disk(void **state)
     long long limits[] = {0, 5, 100, fsz / 2, fsz - 1, fsz, fsz + 20, fsz + 2000, fsz + 6000, fsz + 9000};
     int failures = 0;
     for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
-        bg__checkpoint_fail_after_bytes = limits[i];
+        bg__write_fail_after_bytes = limits[i];
         bg_status_t st = save_ranks(root, 20, &m, 1, 1);
-        bg__checkpoint_fail_after_bytes = -1;
+        bg__write_fail_after_bytes = -1;
         if (st == BG_OK)
             break; /* enough room at last */
         failures++;
@@ -643,7 +643,7 @@ static int comm_rank(int rank, int world, void *arg)
     fill(m, c->salt);
     be = saved;
     if (rank == c->fail_rank)
-        bg__checkpoint_fail_after_bytes = 64;
+        bg__write_fail_after_bytes = 64;
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = c->root;
     p.step = c->step;

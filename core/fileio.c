@@ -1,0 +1,157 @@
+/* core/fileio.c: write-all, fsync by path, directory listings and whole-file reads (see
+ * core/fileio.h). Owns the full-disk test hook so that every durable write
+ * of the library can be made to fail the same way. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+
+long long bg__write_fail_after_bytes = -1;
+
+bg_status_t bg_fileio_write_all(int fd, const void *buf, size_t n, const char *path)
+{
+    const char *p = buf;
+    while (n) {
+        size_t k = n;
+        ssize_t w;
+        if (bg__write_fail_after_bytes >= 0 && (long long)k > bg__write_fail_after_bytes)
+            k = (size_t)bg__write_fail_after_bytes;
+        if (k == 0) {
+            errno = ENOSPC;
+            w = -1;
+        } else {
+            w = write(fd, p, k);
+        }
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return bg_error(BG_ERR_IO, "writing %s: %s", path, strerror(errno));
+        }
+        if (bg__write_fail_after_bytes >= 0)
+            bg__write_fail_after_bytes -= w;
+        p += w;
+        n -= (size_t)w;
+    }
+    return BG_OK;
+}
+
+bg_status_t bg_fileio_fsync_path(const char *path, int is_dir)
+{
+    int fd = open(path, (is_dir ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return bg_error(BG_ERR_IO, "cannot open %s to sync it: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL) /* some file systems cannot sync directories */
+        return bg_error(BG_ERR_IO, "fsync %s: %s", path, strerror(e));
+    return BG_OK;
+}
+
+bg_status_t bg_fileio_fsync_parent(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return bg_error(BG_ERR_NOMEM, "cannot copy the path %s", path);
+    bg_status_t st = bg_fileio_fsync_path(dirname(copy), 1);
+    free(copy);
+    return st;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void bg_fileio_free_names(char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+bg_status_t bg_fileio_list_dir(const char *dir, const char *prefix, const char *suffix, char ***names_p, int *n_p)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return bg_error(BG_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
+    char **names = NULL;
+    int n = 0, cap = 0;
+    size_t P = strlen(prefix), S = strlen(suffix);
+    bg_status_t st = BG_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t L = strlen(de->d_name);
+        if (L < P + S || strncmp(de->d_name, prefix, P) != 0 || strcmp(de->d_name + L - S, suffix) != 0 ||
+            !strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **q = realloc(names, (size_t)cap * sizeof(*q));
+            if (!q) {
+                st = bg_error(BG_ERR_NOMEM, "file list of %s", dir);
+                break;
+            }
+            names = q;
+        }
+        if (!(names[n] = strdup(de->d_name))) {
+            st = bg_error(BG_ERR_NOMEM, "file list of %s", dir);
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (st != BG_OK) {
+        bg_fileio_free_names(names, n);
+        return st;
+    }
+    if (n)
+        qsort(names, (size_t)n, sizeof(*names), cmp_str);
+    *names_p = names;
+    *n_p = n;
+    return BG_OK;
+}
+
+bg_status_t bg_fileio_read(const char *path, char **buf_p, size_t *size_p)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return bg_error(errno == ENOENT ? BG_ERR_NOT_FOUND : BG_ERR_IO, "cannot open %s: %s", path,
+                        strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return bg_error(BG_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        close(fd);
+        return bg_error(BG_ERR_IO, "cannot read %s: it is a directory", path);
+    }
+    size_t n = (size_t)sb.st_size, got = 0;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return bg_error(BG_ERR_NOMEM, "cannot allocate %zu bytes to read %s", n + 1, path);
+    }
+    while (got < n) {
+        ssize_t k = read(fd, buf + got, n - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : EIO;
+            free(buf);
+            close(fd);
+            return bg_error(BG_ERR_IO, "reading %s: %s", path, k < 0 ? strerror(e) : "file shrank while reading");
+        }
+        got += (size_t)k;
+    }
+    close(fd);
+    buf[n] = 0;
+    *buf_p = buf;
+    *size_p = n;
+    return BG_OK;
+}
