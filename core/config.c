@@ -1,4 +1,5 @@
-/* core/config.c: the one table of BRIGADE_* environment variables.
+/* core/config.c: the one table of BRIGADE_* environment variables, and the
+ * library's version (bg_version).
  * No other file calls getenv() for brigade's own settings (bootstrap reads
  * the foreign launchers' variables RANK, OMPI_*, SLURM_* itself). */
 #include "brigade/core.h"
@@ -26,6 +27,11 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},
     {"BRIGADE_RESTART_COUNT", "0", "set by brigade launch --max-restarts: how many times the job was restarted (0 on the first attempt)"},
 };
+
+const char *bg_version(void)
+{
+    return BRIGADE_VERSION_STRING;
+}
 
 const bg_config_var_t *bg_config_table(size_t *count_p)
 {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/deps.sh: install the Debian packages brigade needs to build and test,
+# scripts/deps.sh: install the Debian packages brigade needs to build and test
+# (g++: tests/package compiles the public headers as C++ too),
 # only those that are missing. Safe to run again. Needs root (or sudo).
 set -euo pipefail
-PKGS=(cmake make gcc pkg-config libopenblas-dev libcmocka-dev libucx-dev ucx-utils
+PKGS=(cmake make gcc g++ pkg-config libopenblas-dev libcmocka-dev libucx-dev ucx-utils
       libnuma-dev libjansson-dev openmpi-bin libopenmpi-dev python3)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -2,19 +2,32 @@
  * @file brigade.h
  * @brief Umbrella header of libbrigade.
  *
+ * Train a small GPT for 100 steps in one process:
+ *
  * @code
  *   #include <brigade/brigade.h>
+ *   #include <stdio.h>
  *
- *   bg_backend_t *be;
- *   bg_model_t *model;
- *   bg_model_config_t cfg = BG_MODEL_CONFIG_INIT;   // GPT defaults
- *   if (bg_backend_create("cpu", NULL, &be) != BG_OK ||
- *       bg_model_create(&cfg, be, &model) != BG_OK) {
- *       fprintf(stderr, "%s\n", bg_last_error());
- *       return 1;
+ *   int main(void)
+ *   {
+ *       bg_train_config_t cfg;
+ *       bg_train_config_init(&cfg);          // GPT defaults, AdamW, batch 8
+ *       cfg.data_path = "data/kjv.txt";      // GPT: any text file
+ *       cfg.steps = 100;
+ *       bg_train_result_t res;
+ *       if (bg_train(&cfg, &res) != BG_OK) { // pp = dp = 1: one process
+ *           fprintf(stderr, "%s\n", bg_last_error());
+ *           return 1;
+ *       }
+ *       printf("loss %.3f -> %.3f\n", res.first_loss, res.final_loss);
+ *       return 0;
  *   }
- *   // ... bg_trainer_* to train; see docs/
  * @endcode
+ *
+ * The same program with cfg.pp and cfg.dp set, started on every rank by
+ * `brigade launch`, trains one pipeline/data-parallel job. Build it with
+ * `cc app.c $(pkg-config --cflags --libs brigade)`, or find_package(brigade)
+ * and brigade::brigade in CMake (README.md, "Using brigade as a library").
  */
 #ifndef BRIGADE_BRIGADE_H
 #define BRIGADE_BRIGADE_H

@@ -26,20 +26,27 @@
  * are removed.
  *
  * @code
+ *   // given: this rank's model chunks (built for this run's layout), its place in the job
+ *   bg_model_t *chunks[2]; int V = 2;
+ *   bg_comm_t *comm = NULL; int dp_i = 0;           // NULL comm: one process
+ *   int64_t step = 100, start = 0;
+ *
  *   // every `every` steps, on every rank of the job (collective when comm != NULL):
  *   bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
  *   p.root = "ckpt"; p.step = step; p.models = chunks; p.nmodels = V;
  *   p.comm = comm; p.writer = (dp_i == 0); p.keep = 3;
  *   p.extra_json = "{\"layout\":{\"pp\":2,\"dp\":2}}";
- *   if (bg_checkpoint_save(&p) != BG_OK) ... bg_last_error() ...
+ *   if (bg_checkpoint_save(&p) != BG_OK)            // the same status on every rank
+ *       fprintf(stderr, "%s\n", bg_last_error());
  *
  *   // at start with --resume: build the models for this layout, then
- *   char dir[4096]; int64_t step;
- *   if (bg_checkpoint_latest("ckpt", dir, sizeof dir, &step) == BG_OK) {
+ *   char dir[4096]; int64_t latest;
+ *   if (bg_checkpoint_latest("ckpt", dir, sizeof dir, &latest) == BG_OK) {
  *       bg_checkpoint_info_t info;
- *       bg_checkpoint_load(dir, chunks, V, &info);  // verified; models untouched on error
- *       start = info.step;                           // the next step to run
- *       bg_checkpoint_info_clear(&info);
+ *       if (bg_checkpoint_load(dir, chunks, V, &info) == BG_OK) {  // verified; models untouched on error
+ *           start = info.step;                       // the next step to run
+ *           bg_checkpoint_info_clear(&info);
+ *       }
  *   }   // BG_ERR_NOT_FOUND: no complete checkpoint, start from scratch
  * @endcode
  */

@@ -21,7 +21,26 @@
 extern "C" {
 #endif
 
-#define BRIGADE_VERSION_STRING "0.1.0"
+/* The version: the one place it is written. CMakeLists.txt reads these three
+ * lines for project(VERSION), the shared library's SONAME (libbrigade.so.MAJOR)
+ * and the installed package's version files. */
+#define BRIGADE_VERSION_MAJOR 0
+#define BRIGADE_VERSION_MINOR 1
+#define BRIGADE_VERSION_PATCH 0
+
+#define BG__VERSION_STR_(x) #x
+#define BG__VERSION_STR(x) BG__VERSION_STR_(x)
+/** "MAJOR.MINOR.PATCH" of the headers, a string literal. */
+#define BRIGADE_VERSION_STRING                                                 \
+    BG__VERSION_STR(BRIGADE_VERSION_MAJOR) "." BG__VERSION_STR(BRIGADE_VERSION_MINOR) "." \
+    BG__VERSION_STR(BRIGADE_VERSION_PATCH)
+/** MAJOR * 10000 + MINOR * 100 + PATCH of the headers, for #if. */
+#define BRIGADE_VERSION                                                        \
+    (BRIGADE_VERSION_MAJOR * 10000 + BRIGADE_VERSION_MINOR * 100 + BRIGADE_VERSION_PATCH)
+
+/** Version of the library actually linked ("MAJOR.MINOR.PATCH"); compare with
+ *  BRIGADE_VERSION_STRING to catch headers and a shared library that differ. */
+const char *bg_version(void);
 
 typedef enum bg_log_level {
     BG_LOG_ERROR = 0,

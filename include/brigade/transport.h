@@ -7,21 +7,22 @@
  * reduce-scatter work on float32 arrays.
  *
  * @code
+ *   float out[256], in[256], grad[1024];            // this rank's buffers
  *   bg_comm_t *comm;
  *   bg_comm_params_t p = BG_COMM_PARAMS_INIT;      // everything from the environment
  *   if (bg_comm_create(&p, &comm) != BG_OK) { fprintf(stderr, "%s\n", bg_last_error()); return 1; }
  *   int rank = bg_comm_rank(comm), world = bg_comm_size(comm);
  *
- *   bg_request_t *rq;                               // point-to-point
- *   bg_irecv(comm, (rank + world - 1) % world, 7, in, n, &rq);
- *   bg_isend(comm, (rank + 1) % world, 7, out, n, &sq);
- *   ... compute while the communication thread moves the bytes ...
+ *   bg_request_t *rq, *sq;                          // point-to-point
+ *   bg_irecv(comm, (rank + world - 1) % world, 7, in, sizeof in, &rq);
+ *   bg_isend(comm, (rank + 1) % world, 7, out, sizeof out, &sq);
+ *   // ... compute while the communication thread moves the bytes ...
  *   bg_wait(sq); bg_wait(rq); bg_request_free(sq); bg_request_free(rq);
  *
  *   int ranks[] = {0, 1};                           // collectives on a group
  *   bg_group_t *g;
  *   bg_group_create(comm, 2, ranks, &g);            // called by ranks 0 and 1 only
- *   bg_group_allreduce(g, grad, count, BG_REDUCE_AVG);
+ *   bg_group_allreduce(g, grad, 1024, BG_REDUCE_AVG);
  *   bg_group_destroy(g);
  *   bg_comm_destroy(comm);
  * @endcode

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# test_install: install this build tree into a temporary prefix and use it
+# from outside, the way a consumer would:
+#   - the layout: versioned shared library with its SONAME, libbrigade.a,
+#     every public header, the CLI (which must find the library by RPATH),
+#     brigade.pc and the CMake package files;
+#   - consumer/ built with find_package(brigade) against brigade::brigade and
+#     brigade::brigade_static;
+#   - the same program built with `pkg-config --cflags --libs brigade` (shared)
+#     and `pkg-config --static --cflags --libs brigade` against libbrigade.a;
+# each program is run (it trains a tiny MLP for 2 steps and checks the loss).
+set -euo pipefail
+src=${BRIGADE_SOURCE_DIR:?}
+bin=${BRIGADE_BINARY_DIR:?}
+cc=${BG_CC:-cc}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+p=$tmp/prefix
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cmake --install "$bin" --prefix "$p" > "$tmp/install.log" || { cat "$tmp/install.log"; fail "cmake --install"; }
+
+# layout
+ver=$(sed -n 's/^#define BRIGADE_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$src/include/brigade/core.h" | paste -sd.)
+major=${ver%%.*}
+[ "$(readlink "$p/lib/libbrigade.so")" = "libbrigade.so.$major" ] || fail "lib/libbrigade.so is not a link to libbrigade.so.$major"
+[ "$(readlink "$p/lib/libbrigade.so.$major")" = "libbrigade.so.$ver" ] || fail "lib/libbrigade.so.$major is not a link to libbrigade.so.$ver"
+[ -f "$p/lib/libbrigade.so.$ver" ] || fail "no lib/libbrigade.so.$ver"
+soname=$(readelf -d "$p/lib/libbrigade.so.$ver" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
+[ "$soname" = "libbrigade.so.$major" ] || fail "SONAME is '$soname', expected libbrigade.so.$major"
+[ -f "$p/lib/libbrigade.a" ] || fail "no lib/libbrigade.a"
+for h in "$src"/include/brigade/*.h; do
+    cmp -s "$h" "$p/include/brigade/$(basename "$h")" || fail "include/brigade/$(basename "$h") not installed"
+done
+for f in lib/pkgconfig/brigade.pc lib/cmake/brigade/brigadeConfig.cmake \
+         lib/cmake/brigade/brigadeConfigVersion.cmake lib/cmake/brigade/brigadeTargets.cmake; do
+    [ -f "$p/$f" ] || fail "no $f"
+done
+"$p/bin/brigade" --version | grep -qx "brigade $ver" || fail "installed bin/brigade --version does not print 'brigade $ver'"
+
+# CMake consumer
+cmake -S "$src/tests/package/consumer" -B "$tmp/cmake" -DCMAKE_PREFIX_PATH="$p" \
+      -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Release > "$tmp/cmake.log" 2>&1 \
+    || { cat "$tmp/cmake.log"; fail "find_package(brigade) consumer: configure"; }
+cmake --build "$tmp/cmake" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "find_package(brigade) consumer: build"; }
+"$tmp/cmake/consumer_shared" || fail "consumer linked to brigade::brigade"
+"$tmp/cmake/consumer_static" || fail "consumer linked to brigade::brigade_static"
+if readelf -d "$tmp/cmake/consumer_static" | grep -q 'NEEDED.*libbrigade'; then
+    fail "consumer_static needs libbrigade.so"
+fi
+
+# pkg-config consumer
+export PKG_CONFIG_PATH=$p/lib/pkgconfig
+pkg-config --exists brigade || fail "pkg-config does not find brigade.pc"
+[ "$(pkg-config --modversion brigade)" = "$ver" ] || fail "brigade.pc says version $(pkg-config --modversion brigade)"
+# shellcheck disable=SC2046  # word splitting of the flags is intended
+"$cc" -o "$tmp/pc_shared" "$src/tests/package/consumer/consumer.c" $(pkg-config --cflags --libs brigade) -lm \
+    || fail "pkg-config --cflags --libs brigade: build"
+LD_LIBRARY_PATH=$p/lib "$tmp/pc_shared" || fail "consumer linked with pkg-config (shared)"
+# static: the same flags, with libbrigade.a named so the linker cannot pick the .so
+static_flags=$(pkg-config --static --cflags --libs brigade | sed 's/-lbrigade\b/-l:libbrigade.a/')
+# shellcheck disable=SC2086
+"$cc" -o "$tmp/pc_static" "$src/tests/package/consumer/consumer.c" $static_flags -lm \
+    || fail "pkg-config --static --cflags --libs brigade: build against libbrigade.a"
+if readelf -d "$tmp/pc_static" | grep -q 'NEEDED.*libbrigade'; then
+    fail "pc_static needs libbrigade.so"
+fi
+"$tmp/pc_static" || fail "consumer linked with pkg-config --static"
+echo "install layout, find_package (shared, static) and pkg-config (shared, static) consumers: ok"
