@@ -15,6 +15,9 @@
  * and pipeline degree gives bitwise the weights of one process.
  *
  * @code
+ *   #include <brigade/brigade.h>
+ *   #include <stdio.h>
+ *
  *   static bg_status_t my_batch(const bg_batch_request_t *rq, int32_t *tokens, float *features,
  *                               int32_t *targets, void *arg)
  *   {
@@ -43,9 +46,10 @@
  *           if (bg_executor_rank(x) == 0) printf("step %lld loss %.4f\n", (long long)r.step, r.loss);
  *       }
  *       bg_executor_save_weights(x, "out");
- *       bg_executor_destroy(x);
- *       return 0;
+ *       return bg_executor_destroy(x) == BG_OK ? 0 : 1;
  *   }
+ *
+ *   int main(void) { return 0; }   // see docs/byom.md for a whole program that builds its model
  * @endcode
  */
 #ifndef BRIGADE_EXECUTOR_H
