@@ -109,7 +109,7 @@ int bg_cmd_generate(int argc, char **argv)
     bg_model_t *m = NULL;
     int32_t *tokens = NULL, *out = NULL;
     int rc = 1;
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bg_backend_params_t bp = bg_cli_backend_params(0);
     if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK ||
         (st = bg_model_create(&cfg, be, -1, -1, &m)) != BG_OK) {
         rc = bg_cli_status(cmd, st);

@@ -79,8 +79,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
     if (st != BG_OK)
         return bg_cli_status(CMD, st);
     bg_backend_t *be = NULL;
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
-    bp.num_threads = threads;
+    bg_backend_params_t bp = bg_cli_backend_params(threads);
     if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK)
         return bg_cli_status(CMD, st);
     int32_t *tok = malloc((size_t)n * (size_t)t * sizeof(int32_t));
