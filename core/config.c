@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const bg_config_var_t bg__config[] = {
-    {"BRIGADE_LOG", "warn", "log level: error|warn|info|debug|trace"},
+    {"BRIGADE_LOG", "warn", "log level: error|warn|info|debug|trace (also what a host's log sink receives)"},
     {"BRIGADE_NUM_THREADS", "0", "compute threads per process (0: OpenMP's default)"},
     {"BRIGADE_BACKEND", "cpu", "kernel backend (brigade info lists the ones compiled in)"},
     {"BRIGADE_TIMEOUT", "60", "seconds before a pending operation on a silent peer fails"},

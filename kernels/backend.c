@@ -8,21 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const bg_backend_entry_t bg__backends[] = {
-    {"cpu", bg_cpu_backend_init},
+/* The compiled-in backends, X(name): the registry and the list of names are
+ * both constant, built from this one list. */
 #ifdef BG_HAVE_CUDA
-    {"cuda", bg_cuda_backend_init},
+#define BG__BACKEND_LIST(X) X(cpu) X(cuda)
+#else
+#define BG__BACKEND_LIST(X) X(cpu)
 #endif
-};
+#define BG__BACKEND_ENTRY(name) {#name, bg_##name##_backend_init},
+#define BG__BACKEND_NAME(name) #name,
 
-const char *const *bg_backend_names(void)
-{
-    static const char *names[BG_ARRAY_LEN(bg__backends) + 1];
-    for (size_t i = 0; i < BG_ARRAY_LEN(bg__backends); i++)
-        names[i] = bg__backends[i].name;
-    names[BG_ARRAY_LEN(bg__backends)] = NULL;
-    return names;
-}
+static const bg_backend_entry_t bg__backends[] = {BG__BACKEND_LIST(BG__BACKEND_ENTRY)};
+static const char *const bg__backend_names[] = {BG__BACKEND_LIST(BG__BACKEND_NAME) NULL};
+
+const char *const *bg_backend_names(void) { return bg__backend_names; }
 
 bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p)
 {

@@ -15,6 +15,8 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -549,18 +551,29 @@ static void prune(const char *root, int keep)
     bg_fileio_fsync_path(root, 1);
 }
 
-static unsigned long save_seq; /* saves by this process: the store keys of one save */
+/* Saves started by this process: names the store keys of one save. Every rank
+ * counts its own saves; they agree because a save is collective (every rank of
+ * the job calls it, in the same order). Atomic for saves on other threads. */
+static atomic_ulong save_seq;
+
+/* One token per process, made on first use: the temporary directory of a
+ * save, so that a test's calls for each rank agree and a later save of the
+ * same step by this process finds its own leftovers. */
+static char process_tok[40];
+static pthread_once_t process_tok_once = PTHREAD_ONCE_INIT;
+
+static void process_tok_init(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(process_tok, sizeof process_tok, "p%d-%llx", (int)getpid(),
+             (unsigned long long)((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) & 0xffffffffull);
+}
 
 static void process_token(char *buf, size_t cap)
 {
-    static char tok[40]; /* one per process: a test's calls for each rank agree */
-    if (!tok[0]) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        snprintf(tok, sizeof tok, "p%d-%llx", (int)getpid(),
-                 (unsigned long long)((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) & 0xffffffffull);
-    }
-    snprintf(buf, cap, "%s", tok);
+    pthread_once(&process_tok_once, process_tok_init);
+    snprintf(buf, cap, "%s", process_tok);
 }
 
 bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
@@ -588,7 +601,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
             return bg_error(BG_ERR_INVALID, "checkpoint extra_json is not a JSON object (%s)",
                             x ? "another JSON value" : err.text);
     }
-    unsigned long seq = ++save_seq;
+    unsigned long seq = atomic_fetch_add(&save_seq, 1) + 1;
 
     char token[128], key[BG_STORE_MAX_KEY];
     if (p.token) {

@@ -954,7 +954,7 @@ static bg_status_t make_ties(exec_t *x)
 
 bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **x_p)
 {
-    if (!pin || pin->size < offsetof(bg_executor_params_t, numa_bind) + sizeof(int))
+    if (!pin || pin->size < offsetof(bg_executor_params_t, process_wide) + sizeof(int))
         return bg_error(BG_ERR_INVALID, "bg_executor_create: params missing or older than this library (initialise "
                                         "them with BG_EXECUTOR_PARAMS_INIT)");
     BG_CHECK(check_params(pin));
@@ -1007,6 +1007,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         x->comm = x->p.comm;
     } else {
         bg_comm_params_t cp = BG_COMM_PARAMS_INIT;
+        cp.ucx_log_handler = x->p.process_wide;
         BG_CHECK_GOTO(bg_comm_create(&cp, &x->comm), st, err);
         x->own_comm = 1;
     }
@@ -1018,13 +1019,15 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
                       x->P, x->D, x->P * x->D, x->world, x->P * x->D);
         goto err;
     }
-    if (x->p.numa_bind)
+    if (x->p.process_wide)
         BG_CHECK_GOTO(bg_numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
     x->pp_i = x->rank / x->D;
     x->dp_i = x->rank % x->D;
     BG_CHECK_GOTO(make_groups(x), st, err);
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
+    bp.set_blas_threads = x->p.process_wide;
+    bp.tune_malloc = x->p.process_wide;
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
     size_t per = (size_t)x->mbn * (size_t)x->Tmax;
     x->tokens = malloc(per * sizeof(int32_t));

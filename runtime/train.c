@@ -244,7 +244,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     p.recompute_stages = c.recompute_stages;
     p.nrecompute_stages = c.nrecompute_stages;
     p.trace_path = c.trace_path;
-    p.numa_bind = c.numa_bind;
+    p.process_wide = c.process_wide;
     BG_CHECK_GOTO(bg_executor_create(&p, &x), st, out);
     bg_executor_info(x, &info);
     res.rank = info.rank;

@@ -243,8 +243,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
 {
     const char *cmd = "bench kernels";
     bg_backend_t *be = NULL;
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
-    bp.num_threads = 1;
+    bg_backend_params_t bp = bg_cli_backend_params(1);
     bg_model_config_t cfg = BG_MODEL_CONFIG_INIT;
     cfg.layers = 2;
     cfg.d_model = 512;
@@ -382,8 +381,7 @@ int bg_bench_kernels(int argc, char **argv)
         }
     }
 
-    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
-    p.num_threads = (int)threads;
+    bg_backend_params_t p = bg_cli_backend_params((int)threads);
     bg_backend_t *be;
     bg_status_t st = bg_backend_create("cpu", &p, &be);
     if (st != BG_OK)

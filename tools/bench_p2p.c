@@ -86,7 +86,8 @@ int bg_bench_p2p(int argc, char **argv)
     if (bg__sizes(cmd, o.sizes, sizes, &ns) != 0)
         return 2;
     bg_comm_t *c;
-    bg_status_t st = bg_comm_create(NULL, &c);
+    bg_comm_params_t cp = bg_cli_comm_params();
+    bg_status_t st = bg_comm_create(&cp, &c);
     if (st != BG_OK)
         return bg_cli_status(cmd, st);
     int rank = bg_comm_rank(c);
@@ -222,7 +223,8 @@ int bg_bench_allreduce(int argc, char **argv)
         a1 = a0 + 1;
     }
     bg_comm_t *c;
-    bg_status_t st = bg_comm_create(NULL, &c);
+    bg_comm_params_t cp = bg_cli_comm_params();
+    bg_status_t st = bg_comm_create(&cp, &c);
     if (st != BG_OK)
         return bg_cli_status(cmd, st);
     int rank = bg_comm_rank(c), R = bg_comm_size(c);

@@ -25,6 +25,22 @@ int bg_cli_status(const char *cmd, bg_status_t st)
     return 1;
 }
 
+bg_backend_params_t bg_cli_backend_params(int num_threads)
+{
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = num_threads;
+    p.set_blas_threads = 1;
+    p.tune_malloc = 1;
+    return p;
+}
+
+bg_comm_params_t bg_cli_comm_params(void)
+{
+    bg_comm_params_t p = BG_COMM_PARAMS_INIT;
+    p.ucx_log_handler = 1;
+    return p;
+}
+
 int bg_cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out)
 {
     char *end;

@@ -19,6 +19,14 @@ int bg_cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(pri
 /* Print the library's last error for a failed status; returns 1. */
 int bg_cli_status(const char *cmd, bg_status_t st);
 
+/* The CLI is the host program, so it takes the process-wide settings the
+ * library leaves alone by default: OpenBLAS single-threaded (the backend's
+ * tiles carry GEMM's parallelism), glibc's malloc thresholds raised, and UCX's
+ * log handler that keeps a peer's death in a shared-memory copy from aborting.
+ * Every subcommand that creates a backend or a communicator starts from these. */
+bg_backend_params_t bg_cli_backend_params(int num_threads);
+bg_comm_params_t bg_cli_comm_params(void);
+
 /* Parse helpers: 0 on success, else print a message naming the flag and return -1. */
 int bg_cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out);
 int bg_cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);

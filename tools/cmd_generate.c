@@ -109,7 +109,7 @@ int bg_cmd_generate(int argc, char **argv)
     bg_model_t *m = NULL;
     int32_t *tokens = NULL, *out = NULL;
     int rc = 1;
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bg_backend_params_t bp = bg_cli_backend_params(0);
     st = bg_model_desc_from_json(json, &desc);
     free(json);
     if (st != BG_OK) {

@@ -232,7 +232,7 @@ int bg_cmd_train(int argc, char **argv)
         c.recompute_stages = recompute;
         c.nrecompute_stages = bg_plan_num_stages(plan);
     }
-    c.numa_bind = 1; /* the CLI owns its process: place it (BRIGADE_NUMA) */
+    c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
     c.on_step_arg = &prog;
     if (c.checkpoint_dir) {

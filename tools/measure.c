@@ -86,8 +86,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
     int gpt = mp->input == BG_INPUT_TOKENS;
     int classes = bg_model_desc_classes(desc), ids = gpt && mp->vocab < classes ? mp->vocab : classes;
     bg_backend_t *be = NULL;
-    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
-    bp.num_threads = threads;
+    bg_backend_params_t bp = bg_cli_backend_params(threads);
     if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK) {
         bg_model_desc_destroy(desc);
         return bg_cli_status(CMD, st);

@@ -598,13 +598,14 @@ bg_status_t bg_group_barrier(bg_group_t *g)
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "barrier", &co));
     bg__desc(co, "barrier%.0zu%s", 0, "");
-    static char dummy[1];
+    /* zero-byte messages: any address that outlives the collective will do, and
+     * the collective itself does (no shared static buffer) */
     for (int d = 1; d < co->n; d *= 2) {
         bg__step_t *st = bg__step(co);
         if (!st)
             BG__NOMEM(co);
-        bg__xf(st, 0, co->ranks[bg__mod(co->me - d, co->n)], dummy, 0);
-        bg__xf(st, 1, co->ranks[(co->me + d) % co->n], dummy, 0);
+        bg__xf(st, 0, co->ranks[bg__mod(co->me - d, co->n)], co, 0);
+        bg__xf(st, 1, co->ranks[(co->me + d) % co->n], co, 0);
     }
     return bg__run(co);
 }

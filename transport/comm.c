@@ -533,7 +533,12 @@ static void *bg__comm_thread(void *arg)
  * to a peer that died (CMA, the shared-memory zero-copy path) into a fatal error
  * that aborts the survivor. That failure is exactly what our liveness channel
  * reports a moment later, so it is demoted: logged, and the transfer fails with
- * an I/O error (its request is then failed or cancelled by the liveness path). */
+ * an I/O error (its request is then failed or cancelled by the liveness path).
+ *
+ * UCX's log handlers are process-wide, so the handler is installed only when a
+ * caller asks for it (bg_comm_params_t.ucx_log_handler), once per process, and
+ * never popped: ucs_log_pop_handler removes the newest handler, which may be the
+ * host's. Both variables below are process-wide for that reason. */
 static atomic_int bg__ucs_quiet; /* > 0 while a forced teardown destroys a worker */
 
 static ucs_log_func_rc_t bg__ucs_log(const char *file, unsigned line, const char *function,
@@ -566,9 +571,10 @@ static bg_status_t bg__kv_check(void *arg)
     return bg__peer_status(c, -1, "store");
 }
 
-static bg_status_t bg__ucx_init(bg_comm_t *c)
+static bg_status_t bg__ucx_init(bg_comm_t *c, int log_handler)
 {
-    pthread_once(&bg__ucs_once, bg__ucs_install);
+    if (log_handler)
+        pthread_once(&bg__ucs_once, bg__ucs_install);
     ucp_config_t *cfg;
     BG__UCS_CHECK(ucp_config_read(NULL, NULL, &cfg), "ucp_config_read");
     const char *tls = bg_config_str("BRIGADE_UCX_TLS");
@@ -642,11 +648,17 @@ static void bg__store_barrier_named(bg_comm_t *c, const char *name, double tmo, 
 
 bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p)
 {
-    bg_comm_params_t dp = BG_COMM_PARAMS_INIT;
-    const bg_comm_params_t *p = params ? params : &dp;
-    if (p->size < offsetof(bg_comm_params_t, heartbeat_ms) + sizeof(int))
-        return bg_error(BG_ERR_INVALID, "bg_comm_create: params.size is %zu; use BG_COMM_PARAMS_INIT",
-                        p->size);
+    bg_comm_params_t pv = BG_COMM_PARAMS_INIT;
+    const bg_comm_params_t *p = &pv;
+    if (params) {
+        /* a caller built against an older header passes a shorter struct: the
+         * fields it lacks keep their defaults */
+        if (params->size < offsetof(bg_comm_params_t, heartbeat_ms) + sizeof(int))
+            return bg_error(BG_ERR_INVALID, "bg_comm_create: params.size is %zu; use BG_COMM_PARAMS_INIT",
+                            params->size);
+        memcpy(&pv, params, params->size < sizeof(pv) ? params->size : sizeof(pv));
+        pv.size = sizeof(pv);
+    }
     bg__boot_t b;
     BG_CHECK(bg__bootstrap(p, &b));
     bg_status_t st;
@@ -705,7 +717,7 @@ bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p)
         st = bg_error(BG_ERR_IO, "eventfd: %s", strerror(errno));
         goto err_live;
     }
-    BG_CHECK_GOTO(bg__ucx_init(c), st, err_efd);
+    BG_CHECK_GOTO(bg__ucx_init(c, p->ucx_log_handler), st, err_efd);
     char key[64];
     snprintf(key, sizeof(key), "bg/ucx/%d", c->rank);
     BG_CHECK_GOTO(bg_store_set(c, key, c->my_addr, c->my_addr_len), st, err_ucx);

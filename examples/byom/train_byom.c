@@ -164,6 +164,7 @@ int main(int argc, char **argv)
     p.recompute = o.recompute;
     p.data.batch = make_batch;
     p.data.arg = &o;
+    p.process_wide = 1; /* this program owns its process: NUMA, OpenBLAS threads, malloc, UCX log handler */
     bg_executor_t *x = NULL;
     if (bg_executor_create(&p, &x) != BG_OK) {
         fprintf(stderr, "train_byom: %s\n", bg_last_error());

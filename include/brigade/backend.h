@@ -150,8 +150,19 @@ typedef struct bg_backend_params {
     size_t size;     /**< sizeof(bg_backend_params_t), set by BG_BACKEND_PARAMS_INIT */
     int device;      /**< device ordinal (CUDA); ignored by the CPU backend */
     int num_threads; /**< compute threads; 0 = BRIGADE_NUM_THREADS or OpenMP's default */
+    /** CPU: 1 sets OpenBLAS's process-wide thread count to 1 at creation and
+     *  before every GEMM (the backend's own threads carry GEMM's parallelism);
+     *  a process-wide side effect. 0 leaves OpenBLAS's count to the host. Either
+     *  way results do not depend on num_threads; they are bitwise those of
+     *  set_blas_threads = 1 when OpenBLAS runs one thread (docs/kernels.md). */
+    int set_blas_threads;
+    /** CPU: 1 raises glibc's mmap and trim thresholds to 1 GiB (mallopt, a
+     *  process-wide side effect, never undone) so that large buffers freed and
+     *  re-allocated every microbatch are reused without page faults; 0 leaves
+     *  malloc alone. */
+    int tune_malloc;
 } bg_backend_params_t;
-#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0}
+#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0}
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {

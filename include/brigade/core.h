@@ -7,7 +7,14 @@
  * bg_config_str()/bg_config_int()/bg_config_double(); `brigade info` prints it.
  *
  * Logging: BRIGADE_LOG=error|warn|info|debug|trace picks the level; each line
- * is prefixed with the rank set by bg_log_set_rank() and the subsystem.
+ * is prefixed with the rank set by bg_log_set_rank() and the subsystem. A host
+ * program can take the messages instead (bg_log_set_sink); brigade then writes
+ * nothing to stderr or stdout.
+ *
+ * A guest in a host program: brigade changes no process-wide setting unless a
+ * params field asks for it (bg_backend_params_t.set_blas_threads and
+ * .tune_malloc, bg_comm_params_t.ucx_log_handler). docs/architecture.md,
+ * "Process-wide state", lists the state the library itself keeps.
  */
 #ifndef BRIGADE_CORE_H
 #define BRIGADE_CORE_H
@@ -50,13 +57,36 @@ typedef enum bg_log_level {
     BG_LOG_TRACE = 4,
 } bg_log_level_t;
 
-/** Log a line at @p level for @p subsys ("kernels", "ucx", ...) to stderr. */
+/** Log a line at @p level for @p subsys ("kernels", "ucx", ...): to the sink
+ *  when one is set, else to stderr. */
 void bg_log(bg_log_level_t level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/** True when a message at @p level would be printed. */
+/** True when a message at @p level would be logged (BRIGADE_LOG). */
 int bg_log_enabled(bg_log_level_t level);
-/** Rank shown in every log line (-1: none). */
+/** Rank shown in every log line and passed to the sink (-1: none). Process-wide;
+ *  bg_comm_create sets it to the communicator's rank. */
 void bg_log_set_rank(int rank);
+
+/**
+ * A log sink: receives each message that passes the level (BRIGADE_LOG).
+ * @p subsystem is "kernels", "transport", "ucx", ...; @p rank is the one set by
+ * bg_log_set_rank (-1: none); @p message is the formatted text without prefix
+ * or newline. Both strings are valid only during the call.
+ *
+ * Contract: the sink may be called from any thread that calls brigade and from
+ * brigade's own threads (a communicator's progress thread), but never by two
+ * threads at once (calls are serialised). It must not call back into brigade
+ * (any bg_* function, bg_log_set_sink included: that deadlocks) and should
+ * return quickly, since the calling thread, possibly the progress thread,
+ * waits for it.
+ */
+typedef void (*bg_log_fn)(bg_log_level_t level, const char *subsystem, int rank, const char *message,
+                          void *arg);
+/** Send log messages to @p fn with @p arg; NULL restores the default stderr
+ *  writer. While a sink is set brigade writes nothing to stderr or stdout.
+ *  Process-wide. When this returns no call to the previous sink is running,
+ *  so the previous @p arg may be freed. */
+void bg_log_set_sink(bg_log_fn fn, void *arg);
 
 /** One entry of the configuration table. */
 typedef struct bg_config_var {

@@ -90,8 +90,10 @@ typedef struct bg_executor_params {
     const int *recompute_stages; /**< or per (virtual) stage: 1 = recompute; NULL = none */
     int nrecompute_stages;
     const char *trace_path;      /**< Chrome trace-event JSON of every op, written by bg_executor_write_trace */
-    int numa_bind;               /**< 1: bind this process to its local rank's NUMA node as BRIGADE_NUMA
-                                      says (a process-wide side effect; 0: leave the host's placement) */
+    int process_wide;            /**< 1: the host gives brigade the process (the CLI does): bind it to its
+                                      local rank's NUMA node as BRIGADE_NUMA says, set OpenBLAS to one
+                                      thread, tune malloc, install the UCX log handler; 0: none of these
+                                      process-wide side effects (docs/architecture.md, "Process-wide state") */
 } bg_executor_params_t;
 
 #define BG_EXECUTOR_PARAMS_INIT                                                                            \
@@ -99,7 +101,7 @@ typedef struct bg_executor_params {
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
       .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
       .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .numa_bind = 0 }
+      .process_wide = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {

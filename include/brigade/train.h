@@ -61,8 +61,8 @@ typedef struct bg_train_config {
     int checkpoint_every;        /**< save every N steps (0: only at the end and on a stop request) */
     int keep;                    /**< keep the newest K complete checkpoints (0: all) */
     int resume;                  /**< continue from the newest complete checkpoint, if any */
-    int numa_bind;               /**< 1: bind each rank to its NUMA node as BRIGADE_NUMA says (process-wide;
-                                      the CLI sets it) */
+    int process_wide;            /**< 1: process-wide settings (NUMA binding, OpenBLAS threads, malloc,
+                                      UCX log handler; see executor.h); the CLI sets it */
     volatile int *stop_flag;     /**< set (e.g. by a SIGTERM handler) to checkpoint at the next step
                                       boundary and return; every rank agrees on the step */
 } bg_train_config_t;

@@ -73,12 +73,19 @@ typedef struct bg_comm_params {
     const char *token;       /**< job token; NULL: BRIGADE_JOB_TOKEN */
     double timeout_s;        /**< deadline in seconds; 0: BRIGADE_TIMEOUT */
     int heartbeat_ms;        /**< liveness period; 0: BRIGADE_HEARTBEAT_MS */
+    /** 1: install brigade's UCX log handler (ucs_log_push_handler, process-wide,
+     *  once per process and never removed). It turns UCX's fatal error for a
+     *  shared-memory (CMA) copy from a peer that died into a logged warning and
+     *  a failed transfer, and hides UCX's pool-leak warnings of a forced
+     *  teardown. Without it such a copy aborts the process, as UCX decides.
+     *  0: leave UCX's logging alone. */
+    int ucx_log_handler;
 } bg_comm_params_t;
 
 #define BG_COMM_PARAMS_INIT                                                     \
     { .size = sizeof(bg_comm_params_t), .rank = -1, .world_size = 0,            \
       .local_rank = -1, .master_addr = NULL, .master_port = 0, .token = NULL,  \
-      .timeout_s = 0, .heartbeat_ms = 0 }
+      .timeout_s = 0, .heartbeat_ms = 0, .ucx_log_handler = 0 }
 
 /**
  * Join the job: find rank and world (BRIGADE_*, else torchrun's, Open MPI's,

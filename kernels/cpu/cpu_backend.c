@@ -8,7 +8,9 @@
  * GEMM runs fixed tiles through single-threaded OpenBLAS (see below), which
  * test_kernels checks bitwise for 1, 2 and 3 threads.
  *
- * Must not print or exit; errors go through bg_error. */
+ * Changes no process-wide setting unless its params ask for it
+ * (set_blas_threads: OpenBLAS's thread count; tune_malloc: glibc's mmap and
+ * trim thresholds). Must not print or exit; errors go through bg_error. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -22,6 +24,7 @@
 
 typedef struct bg_cpu_impl {
     int num_threads;
+    int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
 } bg_cpu_impl_t;
 
 /* ---------------------------------------------------------------- memory */
@@ -115,12 +118,30 @@ static void bg__cpu_residual_forward(bg_backend_t *be, float *out, const float *
 /* below this many multiply-adds in total a parallel region does not pay */
 #define BG_CPU_GEMM_PAR ((long long)1 << 18)
 
-/* OpenBLAS's thread count is process-wide; the backend always runs it
- * single-threaded (the tiles carry the parallelism). Cheap when unchanged. */
-static void bg__cpu_blas_threads(int nt)
+/* OpenBLAS's thread count is process-wide, so it is the host's unless
+ * set_blas_threads asked the backend to own it. The tiles stay the same either
+ * way; what carries the parallelism depends on it:
+ * - OpenBLAS on one thread (set_blas_threads = 1 makes it so; cheap when it
+ *   already is): each tile is a single-threaded call and OpenMP spreads the
+ *   tiles over the backend's threads.
+ * - OpenBLAS on N > 1 threads (the host's choice): the tiles run one after the
+ *   other, each an N-threaded OpenBLAS call. Calling a threaded OpenBLAS from
+ *   several OpenMP threads would oversubscribe the cores (and some pthread
+ *   builds warn on stderr when called inside an OpenMP region; OpenMP builds
+ *   go single-threaded there only, so a tile's bits would depend on whether
+ *   the region is parallel); a serial loop keeps a tile's arithmetic
+ *   independent of num_threads. Its bits then depend on N (OpenBLAS's own
+ *   split), as they would for any OpenBLAS caller.
+ * Returns the number of OpenMP threads for the tile loop. */
+static int bg__cpu_gemm_threads(bg_backend_t *be)
 {
-    if (openblas_get_num_threads() != nt)
-        openblas_set_num_threads(nt);
+    const bg_cpu_impl_t *impl = be->impl;
+    int blas_nt = openblas_get_num_threads();
+    if (impl->set_blas_threads && blas_nt != 1) {
+        openblas_set_num_threads(1);
+        blas_nt = 1;
+    }
+    return blas_nt == 1 ? bg__cpu_nt(be) : 1;
 }
 
 /* C = beta*C (k == 0: BLAS would reject lda = 0, and there is no product). */
@@ -143,14 +164,13 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
             bg__cpu_scale_c(c + i * stride_c, m, n, ldc, beta);
         return;
     }
-    int nt = bg__cpu_nt(be);
+    int nt = bg__cpu_gemm_threads(be);
     CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
     int tile = (long long)m * n <= BG_CPU_GEMM_SMALL_C ? BG_CPU_GEMM_TILE_SMALL : BG_CPU_GEMM_TILE_BIG;
     int tiles_m = (m + tile - 1) / tile, tiles_n = (n + tile - 1) / tile;
     long long per = (long long)tiles_m * tiles_n, ntask = per * batch;
     long long work = (long long)m * n * k * batch;
-    bg__cpu_blas_threads(1);
-#pragma omp parallel for num_threads(nt) if (ntask > 1 && work > BG_CPU_GEMM_PAR) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nt) if (nt > 1 && ntask > 1 && work > BG_CPU_GEMM_PAR) schedule(dynamic, 1)
     for (long long task = 0; task < ntask; task++) {
         long long bi = task / per, r = task % per;
         int i0 = (int)(r / tiles_n) * tile, j0 = (int)(r % tiles_n) * tile;
@@ -295,17 +315,30 @@ bg_status_t bg_cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *par
     bg_cpu_impl_t *impl = calloc(1, sizeof(*impl));
     BG_ALLOC_CHECK(impl, sizeof(*impl), "the CPU backend");
     impl->num_threads = nt;
+    impl->set_blas_threads = params && params->set_blas_threads;
+    if (impl->set_blas_threads && openblas_get_num_threads() != 1)
+        openblas_set_num_threads(1);
     /* Training allocates and frees the same large activation buffers every
      * microbatch. glibc would serve them with fresh mmaps, and every page of a
      * fresh mapping faults and is zeroed on first touch (measured: a 6 MiB
      * stash cost 4 ms of page faults, 30% of a stage's forward). Keep large
      * blocks in the heap and do not trim it, so freed buffers are reused
-     * without faults. Process-wide, and harmless for the rest of the process. */
-    mallopt(M_MMAP_THRESHOLD, 1 << 30);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+     * without faults. Process-wide, so only when the caller asks. */
+    if (params && params->tune_malloc) {
+        mallopt(M_MMAP_THRESHOLD, 1 << 30);
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    }
     be->ops = &bg__cpu_ops;
     be->impl = impl;
     be->num_threads = nt;
-    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend: %d OpenMP threads (OpenBLAS single-threaded per tile)", nt);
+    int blas_nt = openblas_get_num_threads();
+    if (blas_nt == 1)
+        bg_log(BG_LOG_DEBUG, "kernels", "cpu backend: %d OpenMP threads, OpenBLAS single-threaded per GEMM tile%s",
+               nt, impl->set_blas_threads ? " (set by the backend)" : "");
+    else
+        bg_log(BG_LOG_INFO, "kernels",
+               "cpu backend: %d OpenMP threads; OpenBLAS runs %d threads (the host's setting), so GEMM tiles run "
+               "one at a time on OpenBLAS's threads and their bits depend on that count (set_blas_threads or "
+               "OPENBLAS_NUM_THREADS=1 for results independent of it)", nt, blas_nt);
     return BG_OK;
 }

@@ -1,4 +1,5 @@
-/* tests/core: status strings, error messages, configuration parsing, RNG. */
+/* tests/core: status strings, error messages, configuration parsing, RNG, and
+ * the log sink (a host program gets every message and brigade prints nothing). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 #include <cmocka.h>
 
 #include "brigade/core.h"
+#include "bg_test_capture.h"
 
 static void test_status_strings(void **state)
 {
@@ -86,13 +88,74 @@ static void test_rng(void **state)
         assert_true(abs(hist[i] - 10000) < 500);
 }
 
+static void *log_from_thread(void *arg)
+{
+    (void)arg;
+    bg_log(BG_LOG_ERROR, "transport", "from another thread: %s", "peer gone");
+    return NULL;
+}
+
+/* Every message that passes the level reaches the sink with its level,
+ * subsystem, rank and text, from any thread; nothing reaches fd 1 or 2 until
+ * the sink is removed, and then the default writer prints again. */
+static void test_log_sink(void **state)
+{
+    (void)state;
+    static bgt_sink_t sink, second; /* large: off the stack */
+    bgt_sink_init(&sink);
+    bgt_sink_init(&second);
+    char out[4096];
+    bgt_capture_t cap;
+    assert_int_equal(bgt_capture_begin(&cap), 0);
+    bg_log_set_rank(3);
+    bg_log_set_sink(bgt_sink, &sink);
+    bg_log(BG_LOG_WARN, "kernels", "backend %s has %d threads", "cpu", 2);
+    bg_log(BG_LOG_INFO, "runtime", "step %d", 7);
+    bg_log(BG_LOG_DEBUG, "runtime", "below BRIGADE_LOG=info: dropped");
+    pthread_t t;
+    int made = pthread_create(&t, NULL, log_from_thread, NULL) == 0;
+    if (made)
+        pthread_join(t, NULL);
+    bg_log_set_rank(-1);
+    bg_log_set_sink(bgt_sink, &second); /* a replacement gets what follows */
+    bg_log(BG_LOG_WARN, "ucx", "to the second sink");
+    bg_log_set_sink(NULL, NULL);
+    bg_log(BG_LOG_WARN, "core", "back on stderr");
+    long n = bgt_capture_end(&cap, out, sizeof(out));
+    assert_true(made);
+    /* only the line written after the sink was removed */
+    assert_int_equal(n, (long)strlen(out));
+    assert_string_equal(out, "[brigade WARN core] back on stderr\n");
+    assert_int_equal(sink.n, 3);
+    assert_int_equal(sink.m[0].level, BG_LOG_WARN);
+    assert_string_equal(sink.m[0].subsystem, "kernels");
+    assert_int_equal(sink.m[0].rank, 3);
+    assert_string_equal(sink.m[0].message, "backend cpu has 2 threads");
+    assert_int_equal(sink.m[1].level, BG_LOG_INFO);
+    assert_string_equal(sink.m[1].subsystem, "runtime");
+    assert_string_equal(sink.m[1].message, "step 7");
+    assert_int_equal(sink.m[2].level, BG_LOG_ERROR);
+    assert_string_equal(sink.m[2].subsystem, "transport");
+    assert_int_equal(sink.m[2].rank, 3);
+    assert_string_equal(sink.m[2].message, "from another thread: peer gone");
+    assert_true(pthread_equal(sink.m[2].thread, t));
+    assert_false(pthread_equal(sink.m[2].thread, pthread_self()));
+    assert_int_equal(second.n, 1);
+    assert_int_equal(second.m[0].rank, -1);
+    assert_string_equal(second.m[0].subsystem, "ucx");
+    assert_string_equal(second.m[0].message, "to the second sink");
+}
+
 int main(void)
 {
+    /* before the level is first resolved: info passes, debug does not */
+    setenv("BRIGADE_LOG", "info", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings),
         cmocka_unit_test(test_error_wraps_itself),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_log_sink),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

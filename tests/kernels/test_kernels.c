@@ -1,7 +1,9 @@
 /* tests/kernels: every op of the CPU backend against a naive double-precision
  * reference written here, gradients against central finite differences in
  * double, attention against a naive causal attention, bitwise determinism
- * across thread counts, the counted allocator, and the registry's errors.
+ * across thread counts, the counted allocator, the registry's errors, and the
+ * process-wide settings the backend changes only when asked (OpenBLAS's thread
+ * count, glibc's malloc thresholds).
  *
  * Buffers go through bg_backend_alloc + from_host/to_host, so the same checks
  * can later run against another backend. Tolerances are on the normalised
@@ -16,8 +18,12 @@
 #include <math.h>
 #include <cmocka.h>
 
+#include <cblas.h>
+#include <malloc.h>
+
 #include "brigade/backend.h"
 #include "brigade/core.h"
+#include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 #define TOL_EW 1e-5   /* elementwise and row ops */
@@ -26,10 +32,13 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static bg_backend_t *mkbe(int nt)
+/* set_blas_threads = 1: OpenBLAS single-threaded, the backend's threads over
+ * the tiles (the configuration of docs/kernels.md and of the CLI). */
+static bg_backend_t *mkbe_blas(int nt, int set_blas_threads)
 {
     bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
     p.num_threads = nt;
+    p.set_blas_threads = set_blas_threads;
     bg_backend_t *be = NULL;
     bg_status_t st = bg_backend_create("cpu", &p, &be);
     if (st != BG_OK)
@@ -37,6 +46,8 @@ static bg_backend_t *mkbe(int nt)
     assert_int_equal(be->num_threads, nt);
     return be;
 }
+
+static bg_backend_t *mkbe(int nt) { return mkbe_blas(nt, 1); }
 
 static void *xmalloc(size_t bytes)
 {
@@ -936,9 +947,9 @@ static void test_attention(void **state)
 
 /* Runs the reductions and the big row kernels at sizes that take the
  * parallel paths; returns every output concatenated (host, caller frees). */
-static float *det_run(int nt, size_t *n_p)
+static float *det_run(int nt, int set_blas_threads, size_t *n_p)
 {
-    bg_backend_t *be = mkbe(nt);
+    bg_backend_t *be = mkbe_blas(nt, set_blas_threads);
     bg_rng_t rng;
     bg_rng_seed(&rng, 99);
     const int N = 257, C = 301, B = 3, T = 67, V = 11, NV = 1031, NA = 67, GM = 270, GN = 260, GK = 280;
@@ -1030,13 +1041,95 @@ static void test_determinism(void **state)
 {
     (void)state;
     size_t n1, n2, n3;
-    float *r1 = det_run(1, &n1), *r2 = det_run(2, &n2), *r3 = det_run(3, &n3);
+    float *r1 = det_run(1, 1, &n1), *r2 = det_run(2, 1, &n2), *r3 = det_run(3, 1, &n3);
     assert_int_equal(n1, n2);
     assert_int_equal(n1, n3);
     for (size_t i = 0; i < n1; i++)
         if (memcmp(&r1[i], &r2[i], sizeof(float)) || memcmp(&r1[i], &r3[i], sizeof(float)))
             fail_msg("result %zu differs across thread counts: %.9g (1) %.9g (2) %.9g (3)", i, r1[i], r2[i], r3[i]);
     free(r1), free(r2), free(r3);
+}
+
+/* ------------------------------------------- process-wide settings (guest) */
+
+static void assert_same_bits(const char *what, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)))
+            fail_msg("%s: result %zu differs: %.9g vs %.9g", what, i, a[i], b[i]);
+}
+
+/* OpenBLAS's thread count belongs to the host unless set_blas_threads asks the
+ * backend to set it; either way results do not depend on the backend's thread
+ * count, and with OpenBLAS on one thread both give the same bits. */
+static void test_blas_threads(void **state)
+{
+    (void)state;
+    size_t n1, n2, n3, nr, n0;
+    /* the host runs OpenBLAS on 3 threads: left alone, GEMM still right and deterministic */
+    openblas_set_num_threads(3);
+    bg_backend_t *be = mkbe_blas(2, 0);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 5);
+    check_gemm_case(be, &rng, 0, 1, 261, 300, 67, 1.0f, 3, 1); /* several tiles */
+    check_gemm_case(be, &rng, 1, 0, 33, 40, 300, 0.0f, 0, 5); /* batched */
+    assert_int_equal(openblas_get_num_threads(), 3);
+    bg_backend_destroy(be);
+    char out[4096];
+    bgt_capture_t cap;
+    assert_int_equal(bgt_capture_begin(&cap), 0);
+    float *r1 = det_run(1, 0, &n1), *r2 = det_run(2, 0, &n2), *r3 = det_run(3, 0, &n3);
+    long printed = bgt_capture_end(&cap, out, sizeof(out));
+    /* nothing printed (some pthread builds of OpenBLAS warn on stderr when called inside an OpenMP region) */
+    assert_int_equal(printed, 0);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(n1, n2);
+    assert_int_equal(n1, n3);
+    assert_same_bits("OpenBLAS on 3 threads, backend 1 vs 2 threads", r1, r2, n1);
+    assert_same_bits("OpenBLAS on 3 threads, backend 1 vs 3 threads", r1, r3, n1);
+    free(r1), free(r2), free(r3);
+    /* OpenBLAS on one thread (the host's choice): the same bits as set_blas_threads */
+    openblas_set_num_threads(1);
+    float *r0 = det_run(2, 0, &n0), *rr = det_run(2, 1, &nr);
+    assert_int_equal(n0, nr);
+    assert_same_bits("set_blas_threads 0 vs 1 with OpenBLAS on one thread", r0, rr, n0);
+    free(r0), free(rr);
+    /* set_blas_threads = 1: one thread from creation on, and again before each GEMM */
+    openblas_set_num_threads(3);
+    be = mkbe_blas(2, 1);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    openblas_set_num_threads(3);
+    check_gemm_case(be, &rng, 0, 0, 129, 257, 67, 0.0f, 0, 1);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    bg_backend_destroy(be);
+}
+
+/* glibc's malloc thresholds stay as they are unless tune_malloc asks: a 64 MiB
+ * block is served by mmap (above glibc's largest dynamic threshold, 32 MiB)
+ * until the backend raised the threshold to 1 GiB. Process-wide and permanent,
+ * so tune_malloc = 0 is checked first. */
+static void test_tune_malloc(void **state)
+{
+    (void)state;
+    const size_t big = (size_t)64 << 20;
+    for (int tune = 0; tune < 2; tune++) {
+        bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+        p.num_threads = 1;
+        p.tune_malloc = tune;
+        bg_backend_t *be = NULL;
+        assert_int_equal(bg_backend_create("cpu", &p, &be), BG_OK);
+        size_t before = mallinfo2().hblks;
+        void *x = bg_backend_alloc(be, big, "big");
+        assert_non_null(x);
+        size_t during = mallinfo2().hblks;
+        bg_backend_free(be, x);
+        bg_backend_destroy(be);
+        if (tune)
+            assert_int_equal(during, before); /* from the heap */
+        else
+            assert_int_equal(during, before + 1); /* its own mapping */
+    }
 }
 
 /* ----------------------------------------------- memory and the registry */
@@ -1107,7 +1200,8 @@ int main(void)
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_layouts),      cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads),
+        cmocka_unit_test(test_tune_malloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,15 @@
 #include "brigade/transport.h"
 #include "ranks.h"
 
+/* With brigade's UCX log handler (docs/transport.md, failure detection, 4): a
+ * shared-memory copy from a rank killed mid-send must fail, not abort. */
+static bg_status_t comm_create(bg_comm_t **c)
+{
+    bg_comm_params_t p = BG_COMM_PARAMS_INIT;
+    p.ucx_log_handler = 1;
+    return bg_comm_create(&p, c);
+}
+
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -42,7 +51,7 @@ static int rank_kill_allreduce(int rank, int world, void *arg)
 {
     (void)arg;
     bg_comm_t *c;
-    RK_OK(bg_comm_create(NULL, &c));
+    RK_OK(comm_create(&c));
     int all[4] = {0, 1, 2, 3};
     bg_group_t *g;
     RK_OK(bg_group_create(c, world, all, &g));
@@ -105,7 +114,7 @@ static int rank_kill_send(int rank, int world, void *arg)
     (void)arg;
     (void)world;
     bg_comm_t *c;
-    RK_OK(bg_comm_create(NULL, &c));
+    RK_OK(comm_create(&c));
     size_t n = 64u << 20;
     char *buf = malloc(n);
     memset(buf, 1, n);
@@ -146,7 +155,7 @@ static int rank_kill_store(int rank, int world, void *arg)
     (void)arg;
     (void)world;
     bg_comm_t *c;
-    RK_OK(bg_comm_create(NULL, &c));
+    RK_OK(comm_create(&c));
     if (rank == 0) {
         sleep_s(0.2);
         kill(getpid(), SIGKILL);
@@ -175,7 +184,7 @@ static int rank_never_joins(int rank, int world, void *arg)
     (void)rank;
     bg_comm_t *c;
     double t0 = bg_now();
-    bg_status_t st = bg_comm_create(NULL, &c);
+    bg_status_t st = comm_create(&c);
     RK_CHECK(st == BG_ERR_TIMEOUT, "comm_create without rank 2: %s: %s", bg_status_string(st),
              bg_last_error());
     RK_CHECK(strstr(bg_last_error(), "missing: 2"), "the message names rank 2: %s", bg_last_error());
@@ -200,7 +209,7 @@ static int rank_wrong_token(int rank, int world, void *arg)
     if (rank == 1)
         setenv("BRIGADE_JOB_TOKEN", "not-the-job-token", 1);
     bg_comm_t *c;
-    bg_status_t st = bg_comm_create(NULL, &c);
+    bg_status_t st = comm_create(&c);
     if (rank == 1)
         RK_CHECK(st == BG_ERR_PEER && strstr(bg_last_error(), "wrong job token"), "%s: %s",
                  bg_status_string(st), bg_last_error());
@@ -223,7 +232,7 @@ static int rank_hang(int rank, int world, void *arg)
     (void)arg;
     (void)world;
     bg_comm_t *c;
-    RK_OK(bg_comm_create(NULL, &c));
+    RK_OK(comm_create(&c));
     if (rank == 1)
         kill(getpid(), SIGSTOP); /* hung: no heartbeats any more */
     char b[16];
@@ -248,7 +257,7 @@ static int rank_silent(int rank, int world, void *arg)
     (void)arg;
     (void)world;
     bg_comm_t *c;
-    RK_OK(bg_comm_create(NULL, &c));
+    RK_OK(comm_create(&c));
     if (rank == 0) {
         char b[16];
         double t0 = bg_now();

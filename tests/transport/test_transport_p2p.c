@@ -1,6 +1,7 @@
 /* tests/transport/test_transport_p2p.c: point-to-point over UCX between 2 and
  * 3 forked ranks: sizes 0, 1, odd, 256 MiB (once); out-of-order tags;
- * truncation; cancel; background progress; the store API across ranks. */
+ * truncation; cancel; background progress; the store API across ranks. A
+ * world of one (no variables needed) is in test_transport_guest.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -234,31 +235,11 @@ static void test_store(void **s)
     assert_int_equal(bgt_run_ranks(3, rank_store, NULL, 60, bgt_env, -1, &r), 0);
 }
 
-/* A world of one needs no variables at all. */
-static void test_world_of_one(void **s)
-{
-    (void)s;
-    unsetenv("BRIGADE_RANK");
-    unsetenv("BRIGADE_WORLD_SIZE");
-    bg_comm_t *c;
-    assert_int_equal(bg_comm_create(NULL, &c), BG_OK);
-    assert_int_equal(bg_comm_size(c), 1);
-    char a[5] = "abcd", b[5] = {0};
-    bg_request_t *rr;
-    assert_int_equal(bg_irecv(c, 0, 3, b, 5, &rr), BG_OK);
-    assert_int_equal(bg_send(c, 0, 3, a, 5), BG_OK);
-    assert_int_equal(bg_wait(rr), BG_OK);
-    bg_request_free(rr);
-    assert_string_equal(a, b);
-    assert_int_equal(bg_comm_destroy(c), BG_OK);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_world_of_one), cmocka_unit_test(test_sizes_2),
-        cmocka_unit_test(test_sizes_3),      cmocka_unit_test(test_tags),
-        cmocka_unit_test(test_store),        cmocka_unit_test(test_big),
+        cmocka_unit_test(test_sizes_2), cmocka_unit_test(test_sizes_3), cmocka_unit_test(test_tags),
+        cmocka_unit_test(test_store),   cmocka_unit_test(test_big),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
