@@ -144,6 +144,10 @@ bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
  *  head). The result is a plain description: nothing downstream knows
  *  which builder made it, except its JSON, which can rebuild it. */
 bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_p);
+/** The builder configuration of a description made by bg_model_build() (or
+ *  rebuilt by bg_model_desc_from_json()) into *cfg_p; BG_ERR_UNSUPPORTED,
+ *  naming the model, for a description of the host's own layers. */
+bg_status_t bg_model_desc_builder(const bg_model_desc_t *d, bg_model_config_t *cfg_p);
 
 /* ---------------------------------------------------------------- models */
 
