@@ -171,6 +171,14 @@ bg_status_t bg__desc_bind(bg_model_desc_t *d, int first, int last, int on)
 }
 
 const bg_model_config_t *bg__desc_builder(const bg_model_desc_t *d) { return d->has_builder ? &d->builder : NULL; }
+bg_status_t bg_model_desc_builder(const bg_model_desc_t *d, bg_model_config_t *cfg_p)
+{
+    if (!d->has_builder)
+        return bg_error(BG_ERR_UNSUPPORTED, "model %s was not made by a built-in builder (gpt, mlp): it has no "
+                                            "builder configuration", d->name);
+    *cfg_p = d->builder;
+    return BG_OK;
+}
 void bg__desc_set_builder(bg_model_desc_t *d, const bg_model_config_t *cfg)
 {
     d->builder = *cfg;

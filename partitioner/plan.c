@@ -3,6 +3,12 @@
  * with bg_schedule_simulate(); the plan object, its JSON (docs/partitioner.md)
  * and the checks `brigade train --plan` needs. No printing: the CLI prints.
  *
+ * The model is a description (model.h): the search reads only its input
+ * (kind, positions, features) and the sizes and FLOPs its layers report
+ * (bg_model_profile), so any list of layers plans the same way. A plan keeps
+ * the description's JSON (bg_model_desc_to_json) as it is; models/desc.c owns
+ * that format.
+ *
  * Devices: rank = pp_i * dp + dp_i (the executor's layout), so pipeline rank
  * r is served by devices r*dp .. r*dp+dp-1; with heterogeneous devices a
  * pipeline rank gets the smallest budget and the lowest speed of its replicas
@@ -20,10 +26,10 @@
 #include "core/check.h"
 
 #define PLAN_FORMAT "brigade-plan"
-#define PLAN_VERSION 1
+#define PLAN_VERSION 2 /* 2: "model" is the model's description (1: a GPT/MLP configuration) */
 
 struct bg_plan {
-    bg_model_config_t model;
+    char *model_json; /* bg_model_desc_to_json text of the model */
     int seq, world, pp, dp, tp, microbatches, microbatch_size, batch, chunks;
     char schedule[32];
     int optim;
@@ -45,6 +51,7 @@ void bg_plan_free(bg_plan_t *p)
 {
     if (!p)
         return;
+    free(p->model_json);
     free(p->layers);
     free(p->stages);
     free(p->rank_peak);
@@ -80,10 +87,15 @@ bg_plan_t *bg_plan_copy(const bg_plan_t *src)
     uint64_t *rp = p->rank_peak, *rb = p->rank_budget;
     *p = *src;
     p->layers = l, p->stages = s, p->rank_peak = rp, p->rank_budget = rb;
+    p->model_json = src->model_json ? strdup(src->model_json) : NULL;
     memcpy(l, src->layers, (size_t)src->nlayers * sizeof(*l));
     memcpy(s, src->stages, (size_t)src->nstages * sizeof(*s));
     memcpy(rp, src->rank_peak, (size_t)src->pp * sizeof(uint64_t));
     memcpy(rb, src->rank_budget, (size_t)src->pp * sizeof(uint64_t));
+    if (src->model_json && !p->model_json) {
+        bg_plan_free(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -103,7 +115,7 @@ int bg_plan_chunks(const bg_plan_t *p) { return p->chunks; }
 double bg_plan_step_ms(const bg_plan_t *p) { return p->step_ms; }
 double bg_plan_bubble(const bg_plan_t *p) { return p->bubble; }
 double bg_plan_tokens_per_s(const bg_plan_t *p) { return p->tokens_per_s; }
-const bg_model_config_t *bg_plan_model(const bg_plan_t *p) { return &p->model; }
+const char *bg_plan_model(const bg_plan_t *p) { return p->model_json; }
 int bg_plan_num_stages(const bg_plan_t *p) { return p->nstages; }
 const bg_plan_stage_t *bg_plan_stage(const bg_plan_t *p, int i)
 {
@@ -139,25 +151,58 @@ void bg_plan_set_free(bg_plan_set_t *s)
     free(s);
 }
 
-bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_config_t *m)
+/* The plan's layers against a description's: the count, the sequence length
+ * and every layer's profile at the plan's microbatch size (name, sizes and
+ * FLOPs as the layers report them), which also tells apart models whose
+ * description JSON is the same (attention heads, for one). diff[0] = 0 when
+ * they agree, else it names the first difference. */
+static bg_status_t layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, char *diff, size_t cap)
 {
-    const bg_model_config_t *a = &p->model;
-#define FIELD(f, name)                                                                                             \
-    if (a->f != m->f)                                                                                              \
-        return bg_error(BG_ERR_MISMATCH, "the plan was made for %s %d but the model has %d", name, (int)a->f,     \
-                        (int)m->f);
-    FIELD(kind, "model kind")
-    FIELD(layers, "--layers")
-    FIELD(d_model, "--d-model")
-    if (a->kind == BG_MODEL_GPT) {
-        FIELD(heads, "--heads")
-        FIELD(seq_len, "--seq")
-        FIELD(vocab, "vocab")
-    } else {
-        FIELD(in_features, "--in-features")
-        FIELD(classes, "--classes")
+    int L = bg_model_desc_num_layers(d), seq = bg_model_desc_params(d)->seq_len, n = 0;
+    diff[0] = 0;
+    if (p->nlayers != L) {
+        snprintf(diff, cap, "%d layers in the plan, %d in the model", p->nlayers, L);
+        return BG_OK;
     }
-#undef FIELD
+    if (p->seq != seq) {
+        snprintf(diff, cap, "sequence length %d in the plan, %d in the model", p->seq, seq);
+        return BG_OK;
+    }
+    bg_layer_profile_t *prof = malloc((size_t)L * sizeof(*prof));
+    BG_ALLOC_CHECK(prof, (size_t)L * sizeof(*prof), "profile");
+    bg_status_t st = bg_model_profile(d, p->microbatch_size, p->seq, prof, L, &n);
+    for (int i = 0; i < L && st == BG_OK && !diff[0]; i++) {
+        const bg_layer_profile_t *a = &p->layers[i], *b = &prof[i];
+        struct {
+            const char *field;
+            double x, y;
+        } f[] = {{"params", (double)a->params, (double)b->params},
+                 {"stash_bytes", (double)a->stash_bytes, (double)b->stash_bytes},
+                 {"wstash_bytes", (double)a->wstash_bytes, (double)b->wstash_bytes},
+                 {"scratch_bytes", (double)a->scratch_bytes, (double)b->scratch_bytes},
+                 {"output_bytes", (double)a->output_bytes, (double)b->output_bytes},
+                 {"fwd_flops", a->fwd_flops, b->fwd_flops},
+                 {"bwd_flops", a->bwd_flops, b->bwd_flops}};
+        if (strcmp(a->name, b->name) != 0) {
+            snprintf(diff, cap, "layer %d is \"%s\" in the plan, \"%s\" in the model", i, a->name, b->name);
+            break;
+        }
+        for (size_t k = 0; k < BG_ARRAY_LEN(f) && !diff[0]; k++)
+            if (!(fabs(f[k].x - f[k].y) <= 1e-12 * fabs(f[k].y))) /* sizes exactly; FLOPs as written */
+                snprintf(diff, cap, "layer %d (%s) has %s %.17g in the plan, %.17g in the model", i, a->name,
+                         f[k].field, f[k].x, f[k].y);
+    }
+    free(prof);
+    return st;
+}
+
+bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_desc_t *d)
+{
+    char diff[256];
+    BG_CHECK(bg_model_desc_match_json(d, p->model_json, "the plan"));
+    BG_CHECK(layers_diff(p, d, diff, sizeof(diff)));
+    if (diff[0])
+        return bg_error(BG_ERR_MISMATCH, "the plan is from another model: %s", diff);
     return BG_OK;
 }
 
@@ -166,8 +211,9 @@ bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_config_t *m)
 
 typedef struct search {
     const bg_plan_params_t *pp;
-    bg_model_desc_t *desc; /* the model, built from pp->model */
+    const bg_model_desc_t *desc; /* pp->model */
     int world, L, seq;
+    int tokens;     /* the model's input is token ids (else features: floats) */
     uint64_t *mem;  /* [world] */
     double *speed;  /* [world] */
     int homogeneous_mem;
@@ -182,6 +228,42 @@ typedef struct search {
     bg_plan_t **plans;
     int nplans, cap, evaluated;
 } search_t;
+
+/* One layout under evaluation: its schedule, the devices of its pipeline
+ * ranks, the partition problem and its solution. Phases of evaluate() fill
+ * it in order; candidate_free() undoes them all. */
+typedef struct candidate {
+    int pp, dp, m, n;             /* pipeline depth, replicas, microbatches, microbatch size */
+    bg_schedule_kind_t kind;
+    bg_schedule_t *sched;
+    int V, S;                     /* chunks per rank, virtual stages */
+    double *rspeed;               /* [pp] the slowest replica's speed */
+    uint64_t *rbudget;            /* [pp] the smallest replica's budget */
+    bg_part_counts_t **rows;      /* [pp] each rank's slot counts, nrows[r] rows of V entries */
+    int *nrows;                   /* [pp] */
+    bg_part_counts_t **proj;      /* [S] a stage's own rows, dominated ones dropped */
+    bg_part_layer_t *layers;      /* [L] */
+    bg_part_stage_spec_t *specs;  /* [S] */
+    bg_part_problem_t prob;
+    bg_part_stage_t *out;         /* [S] the partition */
+} candidate_t;
+
+static void candidate_free(candidate_t *c)
+{
+    for (int r = 0; c->rows && r < c->pp; r++)
+        free(c->rows[r]);
+    for (int v = 0; c->proj && v < c->S; v++)
+        free(c->proj[v]);
+    free(c->rows);
+    free(c->nrows);
+    free(c->proj);
+    free(c->rspeed);
+    free(c->rbudget);
+    free(c->layers);
+    free(c->specs);
+    free(c->out);
+    bg_schedule_free(c->sched);
+}
 
 static const char *sizestr(char *buf, size_t n, double b)
 {
@@ -236,192 +318,217 @@ static int has_split_backward(const bg_schedule_t *sched, int rank)
     return 0;
 }
 
-/* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
- * become the best shortfall. *fits_p (optional) says whether it fit. */
-static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
-                            bg_schedule_kind_t kind, int *fits_p)
+/* Phase 1: every pipeline rank's device (the weakest of its replicas) and the
+ * slot counts its program keeps (bg_part_schedule_counts). */
+static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
 {
-    const bg_plan_params_t *pa = s->pp;
-    int L = s->L;
-    bg_status_t st = BG_OK;
-    bg_schedule_t *sched = NULL;
-    bg_sim_result_t *res = NULL;
-    bg_part_layer_t *layers = NULL;
-    bg_part_stage_spec_t *specs = NULL;
-    bg_part_counts_t **rows = NULL, **proj = NULL;
-    int *nrows = NULL;
-    bg_part_stage_t *out = NULL;
-    double *fc = NULL, *bc = NULL, *wc = NULL, *sb = NULL;
-    if (fits_p)
-        *fits_p = 0;
-
-    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
-    sp.kind = kind;
-    sp.stages = pp;
-    sp.microbatches = m;
-    sp.chunks = pa->chunks;
-    if (bg_schedule_generate(&sp, &sched) != BG_OK)
-        return BG_OK; /* this schedule cannot run this (p, m, v): not a candidate */
-    int V = bg_schedule_chunks(sched), S = bg_schedule_stages(sched);
-    if (S > L)
-        goto out;
-    s->evaluated++;
-
-    /* device of each pipeline rank: the weakest of its replicas */
-    double *rspeed = NULL;
-    uint64_t *rbudget = NULL;
-    rspeed = malloc((size_t)pp * sizeof(double));
-    rbudget = malloc((size_t)pp * sizeof(uint64_t));
-    layers = calloc((size_t)L, sizeof(*layers));
-    specs = calloc((size_t)S, sizeof(*specs));
-    rows = calloc((size_t)pp, sizeof(*rows));
-    nrows = calloc((size_t)pp, sizeof(int));
-    proj = calloc((size_t)S, sizeof(*proj));
-    out = calloc((size_t)S, sizeof(*out));
-    fc = calloc((size_t)S, sizeof(double));
-    bc = calloc((size_t)S, sizeof(double));
-    wc = calloc((size_t)S, sizeof(double));
-    sb = calloc((size_t)S, sizeof(double));
-    if (!rspeed || !rbudget || !layers || !specs || !rows || !nrows || !proj || !out || !fc || !bc || !wc || !sb) {
-        st = bg_error(BG_ERR_NOMEM, "plan candidate");
-        goto out_free;
-    }
+    int pp = c->pp, dp = c->dp;
+    c->rspeed = malloc((size_t)pp * sizeof(double));
+    c->rbudget = malloc((size_t)pp * sizeof(uint64_t));
+    c->rows = calloc((size_t)pp, sizeof(*c->rows));
+    c->nrows = calloc((size_t)pp, sizeof(int));
+    if (!c->rspeed || !c->rbudget || !c->rows || !c->nrows)
+        return bg_error(BG_ERR_NOMEM, "plan candidate");
     for (int r = 0; r < pp; r++) {
-        rspeed[r] = INFINITY;
-        rbudget[r] = UINT64_MAX;
+        c->rspeed[r] = INFINITY;
+        c->rbudget[r] = UINT64_MAX;
         for (int d = 0; d < dp; d++) {
             int dev = r * dp + d;
-            if (s->speed[dev] < rspeed[r])
-                rspeed[r] = s->speed[dev];
-            if (s->mem[dev] < rbudget[r])
-                rbudget[r] = s->mem[dev];
+            if (s->speed[dev] < c->rspeed[r])
+                c->rspeed[r] = s->speed[dev];
+            if (s->mem[dev] < c->rbudget[r])
+                c->rbudget[r] = s->mem[dev];
         }
-        BG_CHECK_GOTO(bg_part_schedule_counts(sched, r, &rows[r], &nrows[r]), st, out_free);
+        BG_CHECK(bg_part_schedule_counts(c->sched, r, &c->rows[r], &c->nrows[r]));
     }
-    for (int i = 0; i < L; i++) {
-        layers[i].params = prof[i].params;
-        layers[i].stash_bytes = prof[i].stash_bytes;
-        layers[i].wstash_bytes = prof[i].wstash_bytes;
-        layers[i].scratch_bytes = prof[i].scratch_bytes;
-        layers[i].output_bytes = prof[i].output_bytes;
+    return BG_OK;
+}
+
+/* Phase 2: the layers as the partitioner sees them: the profile's bytes, and
+ * times from the FLOPs (or the measured times). */
+static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
+{
+    const bg_plan_params_t *pa = s->pp;
+    c->layers = calloc((size_t)s->L, sizeof(*c->layers));
+    if (!c->layers)
+        return bg_error(BG_ERR_NOMEM, "plan candidate");
+    for (int i = 0; i < s->L; i++) {
+        bg_part_layer_t *l = &c->layers[i];
+        l->params = prof[i].params;
+        l->stash_bytes = prof[i].stash_bytes;
+        l->wstash_bytes = prof[i].wstash_bytes;
+        l->scratch_bytes = prof[i].scratch_bytes;
+        l->output_bytes = prof[i].output_bytes;
         if (pa->layer_fwd_s) {
-            layers[i].fwd_time = pa->layer_fwd_s[i];
-            layers[i].bwd_time = pa->layer_bwd_s[i];
+            l->fwd_time = pa->layer_fwd_s[i];
+            l->bwd_time = pa->layer_bwd_s[i];
         } else {
-            layers[i].fwd_time = prof[i].fwd_flops / pa->flops;
-            layers[i].bwd_time = prof[i].bwd_flops / pa->flops;
+            l->fwd_time = prof[i].fwd_flops / pa->flops;
+            l->bwd_time = prof[i].bwd_flops / pa->flops;
         }
     }
-    for (int v = 0; v < S; v++) {
-        int r = bg_schedule_stage_rank(sched, v), c = bg_schedule_stage_chunk(sched, v);
-        proj[v] = malloc((size_t)nrows[r] * sizeof(bg_part_counts_t));
-        if (!proj[v]) {
-            st = bg_error(BG_ERR_NOMEM, "plan counts");
-            goto out_free;
-        }
-        int np = 0; /* chunk c's rows, dominated ones dropped */
-        for (int k = 0; k < nrows[r]; k++) {
-            bg_part_counts_t x = rows[r][(size_t)k * V + c];
+    return BG_OK;
+}
+
+static int counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
+{
+    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout &&
+           a->backward >= b->backward && a->recomputing >= b->recomputing;
+}
+
+/* Phase 3: each virtual stage's spec: its rank's device, 1/V of its budget,
+ * and its chunk's rows of the rank's slot counts, dominated rows dropped. */
+static bg_status_t candidate_stages(candidate_t *c)
+{
+    c->specs = calloc((size_t)c->S, sizeof(*c->specs));
+    c->proj = calloc((size_t)c->S, sizeof(*c->proj));
+    if (!c->specs || !c->proj)
+        return bg_error(BG_ERR_NOMEM, "plan candidate");
+    for (int v = 0; v < c->S; v++) {
+        int r = bg_schedule_stage_rank(c->sched, v), ch = bg_schedule_stage_chunk(c->sched, v);
+        bg_part_counts_t *proj = c->proj[v] = malloc((size_t)c->nrows[r] * sizeof(bg_part_counts_t));
+        if (!proj)
+            return bg_error(BG_ERR_NOMEM, "plan counts");
+        int np = 0;
+        for (int k = 0; k < c->nrows[r]; k++) {
+            bg_part_counts_t x = c->rows[r][(size_t)k * c->V + ch];
             int dominated = 0;
             for (int q = 0; q < np && !dominated; q++)
-                dominated = proj[v][q].begun >= x.begun && proj[v][q].forwarded >= x.forwarded &&
-                            proj[v][q].dout >= x.dout && proj[v][q].backward >= x.backward &&
-                            proj[v][q].recomputing >= x.recomputing;
+                dominated = counts_dominate(&proj[q], &x);
             if (dominated)
                 continue;
             int w = 0;
             for (int q = 0; q < np; q++)
-                if (!(x.begun >= proj[v][q].begun && x.forwarded >= proj[v][q].forwarded &&
-                      x.dout >= proj[v][q].dout && x.backward >= proj[v][q].backward &&
-                      x.recomputing >= proj[v][q].recomputing))
-                    proj[v][w++] = proj[v][q];
+                if (!counts_dominate(&x, &proj[q]))
+                    proj[w++] = proj[q];
             np = w;
-            proj[v][np++] = x;
+            proj[np++] = x;
         }
-        specs[v].speed = rspeed[r];
-        specs[v].budget_bytes = (size_t)(rbudget[r] / (uint64_t)V);
-        specs[v].split_backward = has_split_backward(sched, r);
-        specs[v].ncounts = np;
-        specs[v].counts = proj[v];
+        c->specs[v].speed = c->rspeed[r];
+        c->specs[v].budget_bytes = (size_t)(c->rbudget[r] / (uint64_t)c->V);
+        c->specs[v].split_backward = has_split_backward(c->sched, r);
+        c->specs[v].ncounts = np;
+        c->specs[v].counts = proj;
     }
+    return BG_OK;
+}
+
+/* Phases 1-4: the partition problem of a candidate whose schedule is made.
+ * The input and target bytes come from the model's input: n sequences of
+ * seq positions, token ids or `features` floats each. */
+static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
+{
+    const bg_plan_params_t *pa = s->pp;
+    BG_CHECK(candidate_devices(s, c));
+    BG_CHECK(candidate_layers(s, prof, c));
+    BG_CHECK(candidate_stages(c));
+    c->out = calloc((size_t)c->S, sizeof(*c->out));
+    if (!c->out)
+        return bg_error(BG_ERR_NOMEM, "plan candidate");
+    size_t positions = (size_t)c->n * (size_t)s->seq;
     bg_part_problem_t prob = BG_PART_PROBLEM_INIT;
-    prob.nlayers = L;
-    prob.layers = layers;
-    prob.nstages = S;
-    prob.stages = specs;
+    prob.nlayers = s->L;
+    prob.layers = c->layers;
+    prob.nstages = c->S;
+    prob.stages = c->specs;
     prob.bytes_per_param = 8 + bg_optim_state_bytes(pa->optim);
-    const bg_model_desc_params_t *mp = bg_model_desc_params(s->desc);
-    int gpt = mp->input == BG_INPUT_TOKENS;
-    size_t nt = (size_t)n * (size_t)s->seq * sizeof(int32_t);
-    prob.input_bytes = gpt ? 0 : nt / sizeof(int32_t) * (size_t)mp->features * sizeof(float);
-    prob.token_bytes = gpt ? nt : 0;
-    prob.target_bytes = nt;
+    prob.input_bytes =
+        s->tokens ? 0 : positions * (size_t)bg_model_desc_params(s->desc)->features * sizeof(float);
+    prob.token_bytes = s->tokens ? positions * sizeof(int32_t) : 0;
+    prob.target_bytes = positions * sizeof(int32_t);
     prob.link_latency = pa->link_latency;
     prob.link_bandwidth = pa->link_bandwidth;
     prob.allow_recompute = pa->allow_recompute;
-    prob.quick_no_fit = 1; /* the shortfall is measured below, only when it is wanted */
+    prob.quick_no_fit = 1; /* the shortfall is measured apart, only when it is wanted */
+    c->prob = prob;
+    return BG_OK;
+}
+
+/* A candidate that does not fit: keep its message if it is the closest yet
+ * (the one needing the smallest budget per device) and the smallest uniform
+ * budget any candidate needs. */
+static void record_shortfall(search_t *s, const bg_layer_profile_t *prof, const candidate_t *c,
+                             const bg_part_shortfall_t *sf)
+{
+    uint64_t V = (uint64_t)c->V, need = V * ((uint64_t)c->specs[0].budget_bytes + sf->extra_bytes);
+    uint64_t need_uniform = s->homogeneous_mem ? need : 0;
+    uint64_t key = s->homogeneous_mem ? need : V * sf->extra_bytes;
+    if (!s->have_short || key < s->short_key) {
+        char a[32], b[32], cc[32], d[32], e[32];
+        const bg_part_stage_t *ws = NULL;
+        bg_part_stage_t ev;
+        /* the variant the shortfall counted: without recomputation unless that is not what it needs */
+        if (bg_part_stage_eval(&c->prob, sf->stage, sf->first, sf->last, 0, &ev) == BG_OK)
+            ws = &ev;
+        if (ws && ev.mem_bytes != sf->need_bytes && s->pp->allow_recompute &&
+            bg_part_stage_eval(&c->prob, sf->stage, sf->first, sf->last, 1, &ev) != BG_OK)
+            ws = NULL;
+        int r = bg_schedule_stage_rank(c->sched, sf->stage);
+        snprintf(s->short_msg, sizeof(s->short_msg),
+                 "closest layout pp=%d dp=%d %s m=%d (microbatch %d): stage %d on pipeline rank %d "
+                 "(layers %d..%d, %s..%s) needs %s (parameters+gradients+optimizer %s, activations %s%s) but "
+                 "its budget is %s: short by %s; its biggest layer is %s",
+                 c->pp, c->dp, bg_schedule_kind_name(c->kind), c->m, c->n, sf->stage, r, sf->first, sf->last,
+                 prof[sf->first].name, prof[sf->last].name, sizestr(a, sizeof(a), (double)sf->need_bytes),
+                 sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
+                 sizestr(cc, sizeof(cc), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
+                 ws && ws->recompute ? ", with recomputation" : "", sizestr(d, sizeof(d), (double)sf->budget_bytes),
+                 sizestr(e, sizeof(e), (double)(sf->need_bytes - sf->budget_bytes)), prof[sf->biggest_layer].name);
+        s->short_extra = V * sf->extra_bytes;
+        s->short_key = key;
+        s->have_short = 1;
+    }
+    if (need_uniform && (s->min_uniform_budget == 0 || need_uniform < s->min_uniform_budget))
+        s->min_uniform_budget = need_uniform;
+}
+
+/* Phase 5: partition exactly. *fits_p = 0 when no split fits (with
+ * s->want_shortfall, after measuring by how much: record_shortfall). */
+static bg_status_t run_partition(search_t *s, const bg_layer_profile_t *prof, candidate_t *c, int *fits_p)
+{
     double bottleneck;
     bg_part_shortfall_t sf;
     memset(&sf, 0, sizeof(sf));
+    *fits_p = 0;
     if (s->want_shortfall) /* measures the miss, and says whether it fits, in one go */
-        BG_CHECK_GOTO(bg_part_shortfall(&prob, &sf), st, out_free);
-    st = sf.extra_bytes ? BG_ERR_NO_FIT : bg_partition(&prob, out, &bottleneck);
-    if (st == BG_ERR_NO_FIT && !s->want_shortfall) {
-        st = BG_OK;
-        goto out_free;
-    }
+        BG_CHECK(bg_part_shortfall(&c->prob, &sf));
+    bg_status_t st = sf.extra_bytes ? BG_ERR_NO_FIT : bg_partition(&c->prob, c->out, &bottleneck);
     if (st == BG_ERR_NO_FIT) {
-        uint64_t need_uniform = (uint64_t)V * ((uint64_t)specs[0].budget_bytes + sf.extra_bytes);
-        if (!s->homogeneous_mem)
-            need_uniform = 0;
-        /* the closest layout: the one needing the smallest budget per device */
-        uint64_t need_rank = (uint64_t)V * ((uint64_t)specs[0].budget_bytes + sf.extra_bytes);
-        uint64_t key = s->homogeneous_mem ? need_rank : (uint64_t)V * sf.extra_bytes;
-        if (!s->have_short || key < s->short_key) {
-            char a[32], b[32], c[32], d[32], e[32];
-            const bg_part_stage_t *ws = NULL;
-            bg_part_stage_t ev;
-            /* the variant the shortfall counted: without recomputation unless that is not what it needs */
-            if (bg_part_stage_eval(&prob, sf.stage, sf.first, sf.last, 0, &ev) == BG_OK)
-                ws = &ev;
-            if (ws && ev.mem_bytes != sf.need_bytes && pa->allow_recompute &&
-                bg_part_stage_eval(&prob, sf.stage, sf.first, sf.last, 1, &ev) != BG_OK)
-                ws = NULL;
-            int r = bg_schedule_stage_rank(sched, sf.stage);
-            snprintf(s->short_msg, sizeof(s->short_msg),
-                     "closest layout pp=%d dp=%d %s m=%d (microbatch %d): stage %d on pipeline rank %d "
-                     "(layers %d..%d, %s..%s) needs %s (parameters+gradients+optimizer %s, activations %s%s) but "
-                     "its budget is %s: short by %s; its biggest layer is %s",
-                     pp, dp, bg_schedule_kind_name(kind), m, n, sf.stage, r, sf.first, sf.last, prof[sf.first].name,
-                     prof[sf.last].name, sizestr(a, sizeof(a), (double)sf.need_bytes),
-                     sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
-                     sizestr(c, sizeof(c), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
-                     ws && ws->recompute ? ", with recomputation" : "", sizestr(d, sizeof(d), (double)sf.budget_bytes),
-                     sizestr(e, sizeof(e), (double)(sf.need_bytes - sf.budget_bytes)),
-                     prof[sf.biggest_layer].name);
-            s->short_extra = (uint64_t)V * sf.extra_bytes;
-            s->short_key = key;
-            s->have_short = 1;
-        }
-        if (need_uniform && (s->min_uniform_budget == 0 || need_uniform < s->min_uniform_budget))
-            s->min_uniform_budget = need_uniform;
-        st = BG_OK;
-        goto out_free;
+        if (s->want_shortfall)
+            record_shortfall(s, prof, c, &sf);
+        return BG_OK;
     }
-    if (st != BG_OK)
-        goto out_free;
+    if (st == BG_OK)
+        *fits_p = 1;
+    return st;
+}
 
-    /* simulate with the partition's per-stage costs (milliseconds) */
+/* Phase 6: simulate the schedule with the partition's per-stage costs
+ * (milliseconds), the largest boundary message, the gradient all-reduce
+ * (dp > 1) and the optimizer step. */
+static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_result_t **res_p)
+{
+    const bg_plan_params_t *pa = s->pp;
+    int S = c->S;
+    const bg_part_stage_t *out = c->out;
+    double *fc = calloc((size_t)S, sizeof(double)), *bc = calloc((size_t)S, sizeof(double));
+    double *wc = calloc((size_t)S, sizeof(double)), *sb = calloc((size_t)S, sizeof(double));
+    bg_status_t st = BG_OK;
+    if (!fc || !bc || !wc || !sb) {
+        st = bg_error(BG_ERR_NOMEM, "plan candidate");
+        goto out;
+    }
     size_t act_msg = 0;
     size_t maxparams = 0;
+    bg_schedule_kind_t kind = c->kind;
     int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV;
     int measured_bw = split_bw && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *) &&
                       pa->layer_b_s && pa->layer_w_s;
     for (int v = 0; v < S; v++) {
         double f = 0, bw = 0, b = 0, w = 0;
         for (int i = out[v].first; i <= out[v].last; i++) {
-            f += layers[i].fwd_time;
-            bw += layers[i].bwd_time;
+            f += c->layers[i].fwd_time;
+            bw += c->layers[i].bwd_time;
             if (measured_bw) {
                 b += pa->layer_b_s[i];
                 w += pa->layer_w_s[i];
@@ -429,14 +536,14 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
         }
         if (!measured_bw) /* no measurement of the split: half and half */
             b = w = bw / 2;
-        double spd = specs[v].speed;
+        double spd = c->specs[v].speed;
         fc[v] = 1e3 * f / spd;
         bc[v] = 1e3 * (b + (out[v].recompute ? f : 0)) / spd;
         wc[v] = 1e3 * w / spd;
         sb[v] = (double)out[v].stash_per_mb;
         if (v < S - 1 && out[v].dout_bytes > act_msg)
             act_msg = out[v].dout_bytes;
-        size_t np = out[v].static_bytes / prob.bytes_per_param;
+        size_t np = out[v].static_bytes / c->prob.bytes_per_param;
         if (np > maxparams)
             maxparams = np;
     }
@@ -449,73 +556,50 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
     simp.act_bytes = simp.grad_bytes = (double)act_msg;
     simp.stash_bytes_per_stage = sb;
     double minspeed = INFINITY;
-    for (int r = 0; r < pp; r++)
-        if (rspeed[r] < minspeed)
-            minspeed = rspeed[r];
+    for (int r = 0; r < c->pp; r++)
+        if (c->rspeed[r] < minspeed)
+            minspeed = c->rspeed[r];
+    int dp = c->dp;
     if (dp > 1) /* ring all-reduce of the largest stage's gradients */
         simp.reduce_cost = 1e3 * (2.0 * (dp - 1) * pa->link_latency +
                                   (pa->link_bandwidth > 0 ? 2.0 * (dp - 1) / dp * 4.0 * (double)maxparams /
                                                                 pa->link_bandwidth
                                                           : 0.0));
     simp.optimizer_cost = 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
-    BG_CHECK_GOTO(bg_schedule_simulate(sched, &simp, &res), st, out_free);
+    st = bg_schedule_simulate(c->sched, &simp, res_p);
+out:
+    free(fc);
+    free(bc);
+    free(wc);
+    free(sb);
+    return st;
+}
 
-    bg_plan_t *p = plan_alloc(L, S, pp);
-    if (!p) {
-        st = bg_error(BG_ERR_NOMEM, "plan");
-        goto out_free;
-    }
-    p->model = pa->model;
-    p->model.size = sizeof(p->model);
-    p->seq = s->seq;
-    p->world = pp * dp;
-    p->pp = pp;
-    p->dp = dp;
-    p->tp = 1;
-    p->microbatches = m;
-    p->microbatch_size = n;
-    p->batch = pa->batch;
-    p->chunks = V;
-    snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
-    p->optim = (int)pa->optim;
-    p->step_ms = bg_sim_step_time(res);
-    p->bubble = bg_sim_bubble(res, -1);
-    p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * (gpt ? s->seq : 1) / (p->step_ms / 1e3) : 0;
-    p->flops = pa->flops;
-    p->link_latency = pa->link_latency;
-    p->link_bandwidth = pa->link_bandwidth;
-    memcpy(p->layers, prof, (size_t)L * sizeof(*prof));
-    for (int v = 0; v < S; v++) {
-        bg_plan_stage_t *ps = &p->stages[v];
-        ps->rank = bg_schedule_stage_rank(sched, v);
-        ps->chunk = bg_schedule_stage_chunk(sched, v);
-        ps->first_layer = out[v].first;
-        ps->last_layer = out[v].last;
-        ps->params = out[v].static_bytes / prob.bytes_per_param;
-        ps->budget_bytes = specs[v].budget_bytes;
-        ps->predicted_peak_bytes = out[v].mem_bytes;
-        ps->recompute = out[v].recompute;
-        ps->predicted_ms_per_microbatch = 1e3 * out[v].time;
-    }
-    /* a rank's peak: its chunks' static memory plus the largest joint activation row */
-    for (int r = 0; r < pp; r++) {
+/* Phase 7: each pipeline rank's peak: with one chunk the partitioner's own
+ * evaluation; with several, their static memory plus the largest joint
+ * activation row (every chunk's counts at one program point). */
+static void rank_memory(const candidate_t *c, bg_plan_t *p)
+{
+    int S = c->S, V = c->V;
+    const bg_part_stage_t *out = c->out;
+    for (int r = 0; r < c->pp; r++) {
         uint64_t stat = 0, best = 0;
-        p->rank_budget[r] = rbudget[r];
+        p->rank_budget[r] = c->rbudget[r];
         if (V == 1) { /* one chunk: the partitioner's own evaluation is the rank's */
             for (int v = 0; v < S; v++)
-                if (bg_schedule_stage_rank(sched, v) == r)
+                if (bg_schedule_stage_rank(c->sched, v) == r)
                     p->rank_peak[r] = out[v].mem_bytes;
             continue;
         }
         for (int v = 0; v < S; v++)
-            if (bg_schedule_stage_rank(sched, v) == r)
+            if (bg_schedule_stage_rank(c->sched, v) == r)
                 stat += out[v].static_bytes + out[v].scratch_bytes;
-        for (int k = 0; k < nrows[r]; k++) {
+        for (int k = 0; k < c->nrows[r]; k++) {
             uint64_t sum = 0;
             for (int v = 0; v < S; v++) {
-                if (bg_schedule_stage_rank(sched, v) != r)
+                if (bg_schedule_stage_rank(c->sched, v) != r)
                     continue;
-                const bg_part_counts_t *n = &rows[r][(size_t)k * V + bg_schedule_stage_chunk(sched, v)];
+                const bg_part_counts_t *n = &c->rows[r][(size_t)k * V + bg_schedule_stage_chunk(c->sched, v)];
                 const bg_part_stage_t *e = &out[v];
                 uint64_t am = (uint64_t)(e->recompute ? n->recomputing : n->forwarded);
                 sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
@@ -526,31 +610,90 @@ static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp,
                 best = sum;
         }
         p->rank_peak[r] = stat + best;
-        p->rank_budget[r] = rbudget[r];
     }
+}
+
+/* Phase 8: the plan record of a fitting, simulated candidate (its model JSON
+ * is attached when the search keeps it, see bg_plan_search). */
+static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof, const candidate_t *c,
+                               const bg_sim_result_t *res, bg_plan_t **plan_p)
+{
+    const bg_plan_params_t *pa = s->pp;
+    bg_plan_t *p = plan_alloc(s->L, c->S, c->pp);
+    if (!p)
+        return bg_error(BG_ERR_NOMEM, "plan");
+    p->seq = s->seq;
+    p->world = c->pp * c->dp;
+    p->pp = c->pp;
+    p->dp = c->dp;
+    p->tp = 1;
+    p->microbatches = c->m;
+    p->microbatch_size = c->n;
+    p->batch = pa->batch;
+    p->chunks = c->V;
+    snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(c->kind));
+    p->optim = (int)pa->optim;
+    p->step_ms = bg_sim_step_time(res);
+    p->bubble = bg_sim_bubble(res, -1);
+    p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * s->seq / (p->step_ms / 1e3) : 0;
+    p->flops = pa->flops;
+    p->link_latency = pa->link_latency;
+    p->link_bandwidth = pa->link_bandwidth;
+    memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
+    for (int v = 0; v < c->S; v++) {
+        bg_plan_stage_t *ps = &p->stages[v];
+        const bg_part_stage_t *o = &c->out[v];
+        ps->rank = bg_schedule_stage_rank(c->sched, v);
+        ps->chunk = bg_schedule_stage_chunk(c->sched, v);
+        ps->first_layer = o->first;
+        ps->last_layer = o->last;
+        ps->params = o->static_bytes / c->prob.bytes_per_param;
+        ps->budget_bytes = c->specs[v].budget_bytes;
+        ps->predicted_peak_bytes = o->mem_bytes;
+        ps->recompute = o->recompute;
+        ps->predicted_ms_per_microbatch = 1e3 * o->time;
+    }
+    rank_memory(c, p);
+    *plan_p = p;
+    return BG_OK;
+}
+
+/* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
+ * become the best shortfall. *fits_p (optional) says whether it fit. */
+static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
+                            bg_schedule_kind_t kind, int *fits_p)
+{
+    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .kind = kind};
+    bg_sim_result_t *res = NULL;
+    bg_plan_t *p = NULL;
+    bg_status_t st = BG_OK;
+    int fits = 0;
+    if (fits_p)
+        *fits_p = 0;
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = kind;
+    sp.stages = pp;
+    sp.microbatches = m;
+    sp.chunks = s->pp->chunks;
+    if (bg_schedule_generate(&sp, &c.sched) != BG_OK)
+        return BG_OK; /* this schedule cannot run this (p, m, v): not a candidate */
+    c.V = bg_schedule_chunks(c.sched);
+    c.S = bg_schedule_stages(c.sched);
+    if (c.S > s->L)
+        goto out; /* more stages than layers: not a candidate */
+    s->evaluated++;
+    BG_CHECK_GOTO(build_problem(s, prof, &c), st, out);
+    BG_CHECK_GOTO(run_partition(s, prof, &c, &fits), st, out);
+    if (!fits)
+        goto out;
+    BG_CHECK_GOTO(simulate(s, &c, &res), st, out);
+    BG_CHECK_GOTO(plan_record(s, prof, &c, res, &p), st, out);
     if (fits_p)
         *fits_p = 1;
     st = keep_plan(s, p);
-out_free:
-    free(rspeed);
-    free(rbudget);
 out:
-    for (int r = 0; rows && r < pp; r++)
-        free(rows[r]);
-    for (int v = 0; proj && v < S; v++)
-        free(proj[v]);
-    free(rows);
-    free(nrows);
-    free(proj);
-    free(layers);
-    free(specs);
-    free(out);
-    free(fc);
-    free(bc);
-    free(wc);
-    free(sb);
     bg_sim_result_free(res);
-    bg_schedule_free(sched);
+    candidate_free(&c);
     return st;
 }
 
@@ -586,7 +729,9 @@ static bg_status_t check_params(const bg_plan_params_t *p)
 {
     if (!p || p->size < sizeof(bg_plan_params_t))
         return bg_error(BG_ERR_INVALID, "plan params: NULL or size mismatch (use BG_PLAN_PARAMS_INIT)");
-    BG_CHECK(bg_model_config_check(&p->model));
+    if (!p->model)
+        return bg_error(BG_ERR_INVALID, "plan params: no model (give a description, for instance from bg_model_build)");
+    BG_CHECK(bg_model_desc_check(p->model));
     if (p->world < 1)
         return bg_error(BG_ERR_INVALID, "devices must be >= 1 (got %d)", p->world);
     if (!p->mem || (p->nmem != 1 && p->nmem != p->world))
@@ -614,9 +759,6 @@ static bg_status_t check_params(const bg_plan_params_t *p)
         return bg_error(BG_ERR_INVALID, "measured layer times: give forward and backward times both");
     if (p->layer_fwd_s && p->microbatch_size == 0)
         return bg_error(BG_ERR_INVALID, "measured layer times are for one microbatch size: give the microbatch size");
-    int seq = p->seq ? p->seq : p->model.seq_len;
-    if (p->model.kind == BG_MODEL_GPT && (seq < 1 || seq > p->model.seq_len))
-        return bg_error(BG_ERR_INVALID, "training sequence length %d must be in [1, %d]", seq, p->model.seq_len);
     return BG_OK;
 }
 
@@ -625,8 +767,6 @@ static bg_status_t search_world(search_t *s, const bg_schedule_kind_t *kinds, in
                                 int stop_at_first_fit, int *found_p)
 {
     const bg_plan_params_t *pa = s->pp;
-    int gpt = pa->model.kind == BG_MODEL_GPT;
-    int T = gpt ? s->seq : 1;
     bg_layer_profile_t *prof = NULL;
     int cap = s->L;
     prof = malloc((size_t)cap * sizeof(*prof));
@@ -652,7 +792,7 @@ static bg_status_t search_world(search_t *s, const bg_schedule_kind_t *kinds, in
                 continue;
             if (n != last_n) {
                 int cnt;
-                BG_CHECK_GOTO(bg_model_profile(s->desc, n, T, prof, cap, &cnt), st, out);
+                BG_CHECK_GOTO(bg_model_profile(s->desc, n, s->seq, prof, cap, &cnt), st, out);
                 last_n = n;
             }
             for (int k = 0; k < nk; k++) {
@@ -685,34 +825,27 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     memset(&s, 0, sizeof(s));
     s.pp = pa;
     s.world = pa->world;
-    BG_CHECK(bg_model_build(&pa->model, &s.desc));
+    s.desc = pa->model;
     const bg_model_desc_params_t *mp = bg_model_desc_params(s.desc);
-    s.seq = mp->input == BG_INPUT_TOKENS ? (pa->seq ? pa->seq : mp->seq_len) : mp->seq_len;
+    s.tokens = mp->input == BG_INPUT_TOKENS;
+    s.seq = mp->seq_len; /* token models train at their sequence length; features have fixed positions */
     s.L = bg_model_desc_num_layers(s.desc);
-    bg_status_t st = BG_OK;
-    if (pa->pp && (pa->world % pa->pp)) {
-        st = bg_error(BG_ERR_INVALID, "--pp %d does not divide %d devices", pa->pp, pa->world);
-        goto out;
-    }
-    if (pa->pp > s.L) {
-        st = bg_error(BG_ERR_INVALID, "--pp %d but the model has only %d layers", pa->pp, s.L);
-        goto out;
-    }
-    if (pa->microbatch_size && pa->batch % pa->microbatch_size) {
-        st = bg_error(BG_ERR_INVALID, "batch %d is not a multiple of the microbatch size %d", pa->batch,
-                      pa->microbatch_size);
-        goto out;
-    }
+    if (pa->pp && (pa->world % pa->pp))
+        return bg_error(BG_ERR_INVALID, "--pp %d does not divide %d devices", pa->pp, pa->world);
+    if (pa->pp > s.L)
+        return bg_error(BG_ERR_INVALID, "--pp %d but the model has only %d layers", pa->pp, s.L);
+    if (pa->microbatch_size && pa->batch % pa->microbatch_size)
+        return bg_error(BG_ERR_INVALID, "batch %d is not a multiple of the microbatch size %d", pa->batch,
+                        pa->microbatch_size);
     if (pa->layer_fwd_s) {
         for (int i = 0; i < s.L; i++)
-            if (!(pa->layer_fwd_s[i] >= 0) || !(pa->layer_bwd_s[i] >= 0)) {
-                st = bg_error(BG_ERR_INVALID, "measured time of layer %d is negative", i);
-                goto out;
-            }
+            if (!(pa->layer_fwd_s[i] >= 0) || !(pa->layer_bwd_s[i] >= 0))
+                return bg_error(BG_ERR_INVALID, "measured time of layer %d is negative", i);
     }
+    char *model_json = NULL;
     s.mem = malloc((size_t)pa->world * sizeof(uint64_t));
     s.speed = malloc((size_t)pa->world * sizeof(double));
-    st = BG_OK;
+    bg_status_t st = BG_OK;
     if (!s.mem || !s.speed) {
         st = bg_error(BG_ERR_NOMEM, "device table");
         goto out;
@@ -811,6 +944,13 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         }
         goto out;
     }
+    /* the kept plans carry the model (the search's own candidates did not need it) */
+    BG_CHECK_GOTO(bg_model_desc_to_json(s.desc, &model_json), st, out);
+    for (int i = 0; i < s.nplans; i++)
+        if (!(s.plans[i]->model_json = strdup(model_json))) {
+            st = bg_error(BG_ERR_NOMEM, "plan model");
+            goto out;
+        }
     bg_plan_set_t *set = calloc(1, sizeof(*set));
     if (!set) {
         st = bg_error(BG_ERR_NOMEM, "plan set");
@@ -828,27 +968,20 @@ out:
     free(s.plans);
     free(s.mem);
     free(s.speed);
-    bg_model_desc_destroy(s.desc);
+    free(model_json);
     return st;
 }
 
 /* ------------------------------------------------------------------------ */
 /* JSON                                                                     */
 
-static json_t *model_json(const bg_model_config_t *m)
-{
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b}", "kind",
-                     m->kind == BG_MODEL_GPT ? "gpt" : "mlp", "layers", m->layers, "d_model", m->d_model, "heads",
-                     m->heads, "seq_len", m->seq_len, "vocab", m->vocab, "in_features", m->in_features, "classes",
-                     m->classes, "seed", (json_int_t)m->seed, "tie_embeddings", m->tie_embeddings);
-}
-
 static json_t *plan_json(const bg_plan_t *p)
 {
     json_t *root = json_object(), *layers = json_array(), *stages = json_array(), *ranks = json_array(),
-           *split = json_array();
-    if (!root || !layers || !stages || !ranks || !split) {
+           *split = json_array(), *model = p->model_json ? json_loads(p->model_json, 0, NULL) : NULL;
+    if (!root || !layers || !stages || !ranks || !split || !model) {
         json_decref(root), json_decref(layers), json_decref(stages), json_decref(ranks), json_decref(split);
+        json_decref(model);
         return NULL;
     }
     json_object_set_new(root, "format", json_string(PLAN_FORMAT));
@@ -870,7 +1003,7 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "predicted_tokens_per_s", json_real(p->tokens_per_s));
     json_object_set_new(root, "devices", json_pack("{s:f, s:f, s:f}", "flops", p->flops, "link_latency_s",
                                                    p->link_latency, "link_bandwidth", p->link_bandwidth));
-    json_object_set_new(root, "model", model_json(&p->model));
+    json_object_set_new(root, "model", model);
     for (int i = 0; i < p->nstages; i++)
         json_array_append_new(split, json_integer(p->stages[i].last_layer - p->stages[i].first_layer + 1));
     json_object_set_new(root, "split", split);
@@ -978,6 +1111,31 @@ static bg_status_t get_bool(json_t *o, const char *where, const char *key, int *
     return BG_OK;
 }
 
+/* $.model: the model's description (models/desc.c owns its format), kept as
+ * text. A builder-made model is rebuilt from it, which checks it whole, into
+ * *desc_p; a model of the host's own layers cannot be rebuilt from a file
+ * (*desc_p = NULL): bg_plan_check_model() checks it against the host's
+ * description. */
+static bg_status_t parse_model(json_t *root, char **json_p, bg_model_desc_t **desc_p)
+{
+    json_t *jm = json_object_get(root, "model");
+    if (!json_is_object(jm))
+        return bg_error(BG_ERR_PARSE, "plan: $.model must be an object (the model's description)");
+    char *text = json_dumps(jm, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text)
+        return bg_error(BG_ERR_NOMEM, "plan model");
+    bg_model_desc_t *d = NULL;
+    bg_status_t st = bg_model_desc_from_json(text, &d);
+    if (st != BG_OK && st != BG_ERR_UNSUPPORTED) {
+        st = bg_error(BG_ERR_PARSE, "plan: $.model: %s", bg_last_error());
+        free(text);
+        return st;
+    }
+    *json_p = text;
+    *desc_p = st == BG_OK ? d : NULL;
+    return BG_OK;
+}
+
 #define BIG 0x7fffffffffffffffLL
 static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
 {
@@ -988,7 +1146,11 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     if (strcmp(fmt, PLAN_FORMAT))
         return bg_error(BG_ERR_PARSE, "plan: $.format is \"%s\", expected \"%s\"", fmt, PLAN_FORMAT);
     long long version = 0, world = 0, pp = 0, dp = 0, tp = 0, mbs = 0, mbsize = 0, batch = 0, seq = 0, chunks = 0;
-    BG_CHECK(get_int(root, "$", "version", PLAN_VERSION, PLAN_VERSION, &version));
+    BG_CHECK(get_int(root, "$", "version", 1, PLAN_VERSION, &version));
+    if (version < PLAN_VERSION)
+        return bg_error(BG_ERR_PARSE, "plan: $.version is %lld, a plan from before model descriptions (its $.model "
+                                      "is a configuration); this brigade reads version %d: run brigade plan again",
+                        version, PLAN_VERSION);
     BG_CHECK(get_int(root, "$", "world", 1, 1 << 20, &world));
     BG_CHECK(get_int(root, "$", "pp", 1, 1 << 20, &pp));
     BG_CHECK(get_int(root, "$", "dp", 1, 1 << 20, &dp));
@@ -1018,58 +1180,34 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     if (json_object_get(root, "predicted_tokens_per_s"))
         BG_CHECK(get_num(root, "$", "predicted_tokens_per_s", &tps));
 
-    json_t *jm = json_object_get(root, "model");
-    if (!json_is_object(jm))
-        return bg_error(BG_ERR_PARSE, "plan: $.model must be an object");
-    bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
-    const char *mk = NULL;
+    char *model_json = NULL;
+    bg_model_desc_t *md = NULL; /* NULL: a model of the host's own layers */
+    BG_CHECK(parse_model(root, &model_json, &md));
     long long v = 0;
-    BG_CHECK(get_str(jm, "$.model", "kind", &mk));
-    if (!strcmp(mk, "gpt"))
-        mc.kind = BG_MODEL_GPT;
-    else if (!strcmp(mk, "mlp"))
-        mc.kind = BG_MODEL_MLP;
-    else
-        return bg_error(BG_ERR_PARSE, "plan: $.model.kind \"%s\" (expected gpt or mlp)", mk);
-#define MFIELD(f)                                                                                                  \
-    BG_CHECK(get_int(jm, "$.model", #f, 0, 1 << 30, &v));                                                          \
-    mc.f = (int)v;
-    MFIELD(layers)
-    MFIELD(d_model)
-    MFIELD(heads)
-    MFIELD(seq_len)
-    MFIELD(vocab)
-    MFIELD(in_features)
-    MFIELD(classes)
-#undef MFIELD
-    BG_CHECK(get_int(jm, "$.model", "seed", 0, BIG, &v));
-    mc.seed = (uint64_t)v;
-    if (json_object_get(jm, "tie_embeddings"))
-        BG_CHECK(get_bool(jm, "$.model", "tie_embeddings", &mc.tie_embeddings));
-    if (bg_model_config_check(&mc) != BG_OK)
-        return bg_error(BG_ERR_PARSE, "plan: $.model: %s", bg_last_error());
-    int L;
-    {
-        bg_model_desc_t *d;
-        if (bg_model_build(&mc, &d) != BG_OK)
-            return bg_error(BG_ERR_PARSE, "plan: $.model: %s", bg_last_error());
-        L = bg_model_desc_num_layers(d);
-        bg_model_desc_destroy(d);
-    }
-
+    bg_plan_t *p = NULL;
+    bg_status_t st = BG_OK;
     json_t *jl = json_object_get(root, "layers"), *js = json_object_get(root, "stages"),
            *jr = json_object_get(root, "ranks");
-    if (!json_is_array(jl) || (int)json_array_size(jl) != L)
-        return bg_error(BG_ERR_PARSE, "plan: $.layers must be an array of %d layers (the model's)", L);
-    if (!json_is_array(js) || (long long)json_array_size(js) != pp * chunks)
-        return bg_error(BG_ERR_PARSE, "plan: $.stages must be an array of pp x chunks = %lld stages", pp * chunks);
-    if (pp * chunks > L)
-        return bg_error(BG_ERR_PARSE, "plan: %lld stages for %d layers", pp * chunks, L);
-    bg_plan_t *p = plan_alloc(L, (int)(pp * chunks), (int)pp);
-    if (!p)
-        return bg_error(BG_ERR_NOMEM, "plan");
-    bg_status_t st = BG_OK;
-    p->model = mc;
+    int L = md ? bg_model_desc_num_layers(md) : json_is_array(jl) ? (int)json_array_size(jl) : 0;
+    if (!json_is_array(jl) || L < 1 || (int)json_array_size(jl) != L) {
+        st = md ? bg_error(BG_ERR_PARSE, "plan: $.layers must be an array of %d layers (the model's)", L)
+                : bg_error(BG_ERR_PARSE, "plan: $.layers must be a non-empty array (the model's layers)");
+        goto err;
+    }
+    if (!json_is_array(js) || (long long)json_array_size(js) != pp * chunks) {
+        st = bg_error(BG_ERR_PARSE, "plan: $.stages must be an array of pp x chunks = %lld stages", pp * chunks);
+        goto err;
+    }
+    if (pp * chunks > L) {
+        st = bg_error(BG_ERR_PARSE, "plan: %lld stages for %d layers", pp * chunks, L);
+        goto err;
+    }
+    if (!(p = plan_alloc(L, (int)(pp * chunks), (int)pp))) {
+        st = bg_error(BG_ERR_NOMEM, "plan");
+        goto err;
+    }
+    p->model_json = model_json;
+    model_json = NULL;
     p->world = (int)world, p->pp = (int)pp, p->dp = (int)dp, p->tp = (int)tp;
     p->microbatches = (int)mbs, p->microbatch_size = (int)mbsize, p->batch = (int)batch, p->seq = (int)seq;
     p->chunks = (int)chunks;
@@ -1162,6 +1300,14 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
         goto err;
     }
+    if (md) { /* a builder-made model: its layers must be the plan's */
+        char diff[256];
+        BG_CHECK_GOTO(layers_diff(p, md, diff, sizeof(diff)), st, err);
+        if (diff[0]) {
+            st = bg_error(BG_ERR_PARSE, "plan: $.layers and $.seq are not those of the model in $.model: %s", diff);
+            goto err;
+        }
+    }
     for (int r = 0; r < p->pp; r++) {
         p->rank_peak[r] = 0;
         p->rank_budget[r] = 0;
@@ -1190,10 +1336,13 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
             p->rank_budget[r] = (uint64_t)v;
         }
     }
+    bg_model_desc_destroy(md);
     *plan_p = p;
     return BG_OK;
 err:
     bg_plan_free(p);
+    free(model_json);
+    bg_model_desc_destroy(md);
     return st;
 }
 

@@ -272,11 +272,17 @@ static int bench(void)
     free(out);
 
     printf("\nplan search benchmark: GPT with 997 blocks (1000 layers), 1024 devices of 80G, batch 1024, microbatch 1\n");
+    bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+    mc.layers = 997;
+    mc.d_model = 1024;
+    mc.heads = 16;
+    mc.seq_len = 512;
+    bg_model_desc_t *desc = NULL;
+    bg_status_t st = bg_model_build(&mc, &desc);
+    if (st != BG_OK)
+        return bg_cli_status(CMD, st);
     bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
-    pp.model.layers = 997;
-    pp.model.d_model = 1024;
-    pp.model.heads = 16;
-    pp.model.seq_len = 512;
+    pp.model = desc;
     pp.world = 1024;
     uint64_t mem = 80ull << 30;
     pp.mem = &mem;
@@ -286,10 +292,12 @@ static int bench(void)
     pp.schedules = "1f1b";
     double t0 = now_s();
     bg_plan_set_t *set = NULL;
-    bg_status_t st = bg_plan_search(&pp, &set);
+    st = bg_plan_search(&pp, &set);
     double dt = now_s() - t0;
-    if (st != BG_OK)
+    if (st != BG_OK) {
+        bg_model_desc_destroy(desc);
         return bg_cli_status(CMD, st);
+    }
     const bg_plan_t *b = bg_plan_set_get(set, 0);
     printf("  1f1b only: %d layouts evaluated in %.3f s; best pp %d dp %d m %d, step %.2f ms\n",
            bg_plan_set_evaluated(set), dt, bg_plan_pp(b), bg_plan_dp(b), bg_plan_microbatches(b), bg_plan_step_ms(b));
@@ -298,6 +306,7 @@ static int bench(void)
     t0 = now_s();
     st = bg_plan_search(&pp, &set);
     dt = now_s() - t0;
+    bg_model_desc_destroy(desc);
     if (st != BG_OK)
         return bg_cli_status(CMD, st);
     b = bg_plan_set_get(set, 0);
@@ -311,6 +320,7 @@ static int bench(void)
 int bg_cmd_plan(int argc, char **argv)
 {
     bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+    bg_model_config_t mc = BG_MODEL_CONFIG_INIT; /* the model flags; the planner gets its description */
     static uint64_t mem[MAX_DEV];
     static double speed[MAX_DEV];
     int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0;
@@ -415,7 +425,7 @@ int bg_cmd_plan(int argc, char **argv)
             return 0;
         default:
             if (o >= BG_CLI_MODEL_FIRST && o < BG_CLI_MODEL_LAST) {
-                if (bg_cli_model_option(CMD, o, optarg, &pp.model))
+                if (bg_cli_model_option(CMD, o, optarg, &mc))
                     return 2;
                 break;
             }
@@ -452,27 +462,34 @@ int bg_cmd_plan(int argc, char **argv)
     pp.nspeed = nspeed;
     if (pp.top <= 0)
         pp.top = 5;
+    if (do_measure && !pp.microbatch_size)
+        return bg_cli_fail(CMD, "--measure times one microbatch size: give --microbatch-size");
+    bg_model_desc_t *desc = NULL;
+    bg_plan_set_t *set = NULL;
+    int rc = 0;
+    bg_status_t st = bg_model_build(&mc, &desc);
+    if (st != BG_OK) {
+        bg_cli_status(CMD, st);
+        return 2;
+    }
+    pp.model = desc;
     if (do_measure) {
-        if (!pp.microbatch_size)
-            return bg_cli_fail(CMD, "--measure times one microbatch size: give --microbatch-size");
         int L = 0;
-        int gpt = pp.model.kind == BG_MODEL_GPT;
-        int t = gpt ? (pp.seq ? pp.seq : pp.model.seq_len) : 1;
-        if (bg_cli_measure_layers(CMD, &pp.model, pp.microbatch_size, t, backend, threads, pp.world, mfwd, mbwd, mbs,
-                                  mws, &L))
-            return 1;
+        if (bg_cli_measure_layers(CMD, desc, pp.microbatch_size, bg_model_desc_params(desc)->seq_len, backend,
+                                  threads, pp.world, mfwd, mbwd, mbs, mws, &L)) {
+            rc = 1;
+            goto out;
+        }
         pp.layer_fwd_s = mfwd;
         pp.layer_bwd_s = mbwd;
         pp.layer_b_s = mbs;
         pp.layer_w_s = mws;
     }
-    bg_plan_set_t *set = NULL;
-    bg_status_t st = bg_plan_search(&pp, &set);
-    if (st == BG_ERR_NO_FIT)
-        return bg_cli_status(CMD, st);
+    st = bg_plan_search(&pp, &set);
     if (st != BG_OK) {
         bg_cli_status(CMD, st);
-        return 2;
+        rc = st == BG_ERR_NO_FIT ? 1 : 2;
+        goto out;
     }
     const bg_plan_t *best = bg_plan_set_get(set, 0);
     print_plan(best);
@@ -480,11 +497,13 @@ int bg_cmd_plan(int argc, char **argv)
     if (json_path) {
         st = bg_plan_save(best, json_path);
         if (st != BG_OK) {
-            bg_plan_set_free(set);
-            return bg_cli_status(CMD, st);
+            rc = bg_cli_status(CMD, st);
+            goto out;
         }
         printf("\nplan written to %s\n", json_path);
     }
+out:
     bg_plan_set_free(set);
-    return 0;
+    bg_model_desc_destroy(desc);
+    return rc;
 }

@@ -74,21 +74,20 @@ int bg_cmd_profile(int argc, char **argv)
     }
     if (optind < argc)
         return bg_cli_fail(cmd, "unexpected argument \"%s\"", argv[optind]);
-    if (bg_model_config_check(&m) != BG_OK)
+    bg_model_desc_t *desc = NULL;
+    if (bg_model_build(&m, &desc) != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
     static bg_layer_profile_t prof[4096];
     static double f[4096], bw[4096], b[4096], w[4096];
-    int L = 0, t = 1;
-    bg_model_desc_t *desc = NULL;
-    bg_status_t st = bg_model_build(&m, &desc);
-    if (st == BG_OK) {
-        t = bg_model_desc_params(desc)->seq_len;
-        st = bg_model_profile(desc, n, t, prof, 4096, &L);
-    }
-    bg_model_desc_destroy(desc);
-    if (st != BG_OK)
+    int L = 0, t = bg_model_desc_params(desc)->seq_len;
+    bg_status_t st = bg_model_profile(desc, n, t, prof, 4096, &L);
+    if (st != BG_OK) {
+        bg_model_desc_destroy(desc);
         return bg_cli_status(cmd, st);
-    if (bg_cli_measure_layers(cmd, &m, n, t, backend, threads, ranks, f, bw, b, w, &L))
+    }
+    int measured = bg_cli_measure_layers(cmd, desc, n, t, backend, threads, ranks, f, bw, b, w, &L);
+    bg_model_desc_destroy(desc);
+    if (measured)
         return 1;
     printf("%-12s %12s %10s %10s %9s %9s %8s %8s %8s %8s %8s\n", "layer", "params", "stash MiB", "out MiB",
            "fwd GFLOP", "bwd GFLOP", "F ms", "BW ms", "B ms", "W ms", "GFLOP/s");

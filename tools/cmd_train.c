@@ -87,6 +87,30 @@ static void on_step(const bg_step_info_t *i, void *arg)
     }
 }
 
+/* The model to train with a plan: the flags' model when model flags were
+ * given and it is the plan's (bg_plan_check_model names the difference),
+ * else the model the plan was made for, rebuilt from its description (only
+ * a built-in builder's model can be: brigade train runs no other). 0, or a
+ * message was printed. */
+static int plan_model(const char *cmd, const char *plan_path, const bg_plan_t *plan, int model_flags,
+                      bg_model_config_t *model)
+{
+    bg_model_desc_t *d = NULL;
+    bg_status_t st = model_flags ? bg_model_build(model, &d) : bg_model_desc_from_json(bg_plan_model(plan), &d);
+    if (st == BG_OK && model_flags && bg_plan_check_model(plan, d) != BG_OK) {
+        fprintf(stderr, "brigade train: %s was made for another model than the flags describe: %s\n", plan_path,
+                bg_last_error());
+        bg_model_desc_destroy(d);
+        return 2;
+    }
+    if (st == BG_OK && !model_flags)
+        st = bg_model_desc_builder(d, model);
+    bg_model_desc_destroy(d);
+    if (st != BG_OK)
+        return bg_cli_fail(cmd, "%s: %s", plan_path, bg_last_error());
+    return 0;
+}
+
 int bg_cmd_train(int argc, char **argv)
 {
     const char *cmd = "train";
@@ -202,9 +226,7 @@ int bg_cmd_train(int argc, char **argv)
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
-        if (model_flags && bg_plan_check_model(plan, &c.model) != BG_OK) {
-            fprintf(stderr, "brigade train: %s was made for another model than the flags describe: %s\n", plan_path,
-                    bg_last_error());
+        if (plan_model(cmd, plan_path, plan, model_flags, &c.model)) {
             bg_plan_free(plan);
             return 2;
         }
@@ -212,8 +234,6 @@ int bg_cmd_train(int argc, char **argv)
             bg_plan_free(plan);
             return bg_cli_fail(cmd, "%s: tp %d: tensor parallelism is not implemented yet", plan_path, bg_plan_tp(plan));
         }
-        c.model = *bg_plan_model(plan);
-        c.model.size = sizeof(c.model);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);
         c.microbatches = bg_plan_microbatches(plan);

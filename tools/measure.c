@@ -69,32 +69,24 @@ static void evict_caches(void)
 }
 
 
-static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, int t, const char *backend, int threads,
+static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
                           double *fwd, double *bwd, double *bsplit, double *wsplit, int *L_p)
 {
     static bg_layer_profile_t prof[4096];
     int L = 0;
-    bg_model_desc_t *desc = NULL;
-    bg_status_t st = bg_model_build(cfg, &desc);
-    if (st == BG_OK)
-        st = bg_model_profile(desc, n, t, prof, 4096, &L);
-    if (st != BG_OK) {
-        bg_model_desc_destroy(desc);
+    bg_status_t st = bg_model_profile(desc, n, t, prof, 4096, &L);
+    if (st != BG_OK)
         return bg_cli_status(CMD, st);
-    }
     const bg_model_desc_params_t *mp = bg_model_desc_params(desc);
-    int gpt = mp->input == BG_INPUT_TOKENS;
-    int classes = bg_model_desc_classes(desc), ids = gpt && mp->vocab < classes ? mp->vocab : classes;
+    int tokens = mp->input == BG_INPUT_TOKENS;
+    int classes = bg_model_desc_classes(desc), ids = tokens && mp->vocab < classes ? mp->vocab : classes;
     bg_backend_t *be = NULL;
     bg_backend_params_t bp = bg_cli_backend_params(threads);
-    if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK) {
-        bg_model_desc_destroy(desc);
+    if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK)
         return bg_cli_status(CMD, st);
-    }
     int32_t *tok = malloc((size_t)n * (size_t)t * sizeof(int32_t));
     if (!tok) {
         bg_backend_destroy(be);
-        bg_model_desc_destroy(desc);
         return bg_cli_fail(CMD, "out of memory");
     }
     for (int i = 0; i < n * t; i++)
@@ -139,7 +131,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
             if (inp)
                 fill_random(be, inp, bg_shape_numel(in));
             if (i == 0 || i == L - 1)
-                st = bg_stage_set_data(stg, 0, i == 0 && gpt ? tok : NULL, i == L - 1 ? tok : NULL,
+                st = bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL,
                                        1.0f / (float)(n * t));
             /* in training the other layers of the stage and of the other
              * microbatches run in between: start each rep with cold caches */
@@ -164,7 +156,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
                 if (inp)
                     fill_random(be, inp, bg_shape_numel(in));
                 if (i == 0 || i == L - 1)
-                    st = bg_stage_set_data(stg, 0, i == 0 && gpt ? tok : NULL, i == L - 1 ? tok : NULL,
+                    st = bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL,
                                            1.0f / (float)(n * t));
                 if (st == BG_OK)
                     st = bg_stage_forward(stg, 0, &out, &os);
@@ -202,7 +194,6 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
     }
     free(tok);
     bg_backend_destroy(be);
-    bg_model_desc_destroy(desc);
     if (rc == 0 && !measure_quiet) {
         double f = 0, b = 0, ff = 0, fb = 0;
         for (int i = 0; i < L; i++) {
@@ -219,7 +210,7 @@ static int measure_layers(const char *CMD, const bg_model_config_t *cfg, int n, 
 /* ---------------------------------------------------------------- bench */
 
 
-int bg_cli_measure_layers(const char *cmd, const bg_model_config_t *cfg, int n, int t, const char *backend, int threads,
+int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
                           int ranks, double *fwd, double *bwd, double *bsplit, double *wsplit, int *L_p)
 {
     /* the ranks of one machine compute at the same time and share its caches
@@ -237,7 +228,7 @@ int bg_cli_measure_layers(const char *cmd, const bg_model_config_t *cfg, int n, 
             int sl;
             measure_quiet = 1;
             for (;;)
-                if (measure_layers(cmd, cfg, n, t, backend, threads, sf, sb, sbs, sws, &sl))
+                if (measure_layers(cmd, desc, n, t, backend, threads, sf, sb, sbs, sws, &sl))
                     _exit(1);
         }
         if (pid > 0)
@@ -246,7 +237,7 @@ int bg_cli_measure_layers(const char *cmd, const bg_model_config_t *cfg, int n, 
     if (nk)
         printf("measuring with %d cop%s running beside (as many ranks share this machine's cores)\n", nk,
                nk == 1 ? "y" : "ies");
-    int rc = measure_layers(cmd, cfg, n, t, backend, threads, fwd, bwd, bsplit, wsplit, L_p);
+    int rc = measure_layers(cmd, desc, n, t, backend, threads, fwd, bwd, bsplit, wsplit, L_p);
     for (int k = 0; k < nk; k++) {
         kill(kids[k], SIGKILL);
         waitpid(kids[k], NULL, 0);

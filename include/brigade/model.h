@@ -113,7 +113,7 @@ bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p);
  *  BG_ERR_UNSUPPORTED otherwise, naming the model. */
 bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p);
 /** Is @p json (from bg_model_desc_to_json) the same model as @p d? BG_OK
- *  if so; else BG_ERR_INVALID naming the first difference, prefixed by
+ *  if so; else BG_ERR_MISMATCH naming the first difference, prefixed by
  *  @p where (a file name). */
 bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json, const char *where);
 
@@ -144,6 +144,10 @@ bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
  *  head). The result is a plain description: nothing downstream knows
  *  which builder made it, except its JSON, which can rebuild it. */
 bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_p);
+/** The builder configuration of a description made by bg_model_build() (or
+ *  rebuilt by bg_model_desc_from_json()) into *cfg_p; BG_ERR_UNSUPPORTED,
+ *  naming the model, for a description of the host's own layers. */
+bg_status_t bg_model_desc_builder(const bg_model_desc_t *d, bg_model_config_t *cfg_p);
 
 /* ---------------------------------------------------------------- models */
 

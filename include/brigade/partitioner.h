@@ -11,22 +11,33 @@
  *    transfers), subject to every stage fitting its budget, recomputing
  *    activations on a stage only where that is needed to fit. Exact (a pruned
  *    dynamic program, see docs/partitioner.md), not greedy.
- *  - bg_plan_search(): for a model, a world size and devices, enumerate
- *    pipeline x data-parallel layouts, microbatch counts and schedules,
- *    partition each, simulate each with bg_schedule_simulate(), rank them by
- *    predicted step time. A plan is saved as JSON (docs/partitioner.md) that
+ *  - bg_plan_search(): for a model description (any list of layers: a
+ *    builder's or the host's own; the planner reads only the sizes and FLOPs
+ *    its layers report, bg_model_profile()), a world size and devices,
+ *    enumerate pipeline x data-parallel layouts, microbatch counts and
+ *    schedules, partition each, simulate each with bg_schedule_simulate(),
+ *    rank them by predicted step time. A plan is saved as JSON
+ *    (docs/partitioner.md), with the model's description JSON in it, that
  *    `brigade train --plan FILE` runs as is.
  *
  * @code
+ *   bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+ *   mc.layers = 48; mc.d_model = 2048; mc.heads = 16; mc.seq_len = 1024;
+ *   bg_model_desc_t *desc;
+ *   if (bg_model_build(&mc, &desc) != BG_OK) return 1;   // or a description of your own layers
  *   bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
- *   pp.model.layers = 48; pp.model.d_model = 2048; pp.model.heads = 16; pp.model.seq_len = 1024;
- *   pp.world = 8; size_t mem = 24ull << 30; pp.mem = &mem; pp.nmem = 1;
+ *   pp.model = desc;
+ *   pp.world = 8; uint64_t mem = 24ull << 30; pp.mem = &mem; pp.nmem = 1;
  *   pp.batch = 64; pp.microbatch_size = 1;
  *   bg_plan_set_t *set;
- *   if (bg_plan_search(&pp, &set) != BG_OK) fprintf(stderr, "%s\n", bg_last_error());
- *   const bg_plan_t *best = bg_plan_set_get(set, 0);
- *   bg_plan_save(best, "plan.json");
- *   bg_plan_set_free(set);
+ *   if (bg_plan_search(&pp, &set) == BG_OK) {
+ *       const bg_plan_t *best = bg_plan_set_get(set, 0);
+ *       bg_plan_save(best, "plan.json");
+ *       bg_plan_set_free(set);
+ *   } else {
+ *       fprintf(stderr, "%s\n", bg_last_error());
+ *   }
+ *   bg_model_desc_destroy(desc);
  * @endcode
  */
 #ifndef BRIGADE_PARTITIONER_H
@@ -87,8 +98,8 @@ typedef struct bg_part_problem {
     int nstages;
     const bg_part_stage_spec_t *stages; /**< [nstages] */
     size_t bytes_per_param;             /**< parameters + gradients + optimizer state (4 + 4 + 8 for AdamW) */
-    size_t input_bytes;                 /**< model input per microbatch when it is floats (MLP); 0 for tokens */
-    size_t token_bytes;                 /**< tokens the first stage holds per microbatch (GPT) */
+    size_t input_bytes;                 /**< model input per microbatch when it is features (floats); 0 for tokens */
+    size_t token_bytes;                 /**< tokens the first stage holds per microbatch (token input) */
     size_t target_bytes;                /**< targets the last stage holds per microbatch */
     double link_latency;                /**< seconds per message */
     double link_bandwidth;              /**< bytes per second; 0 = infinite */
@@ -156,8 +167,9 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
 /** Inputs of bg_plan_search(); start from BG_PLAN_PARAMS_INIT. */
 typedef struct bg_plan_params {
     size_t size;                 /**< sizeof(bg_plan_params_t) */
-    bg_model_config_t model;
-    int seq;                     /**< GPT: training sequence length (0 = model.seq_len) */
+    const bg_model_desc_t *model;/**< the model (checked by bg_model_desc_check); the caller builds and
+                                      destroys it. Its input (bg_model_desc_params: kind, seq_len,
+                                      features) gives the sequence length and the input and target bytes */
     int world;                   /**< devices */
     const uint64_t *mem;         /**< budgets in bytes: 1 entry (all devices) or world entries */
     int nmem;
@@ -181,8 +193,8 @@ typedef struct bg_plan_params {
                                       without them a split backward is B = W = backward / 2) */
 } bg_plan_params_t;
 #define BG_PLAN_PARAMS_INIT                                                                                        \
-    {sizeof(bg_plan_params_t), BG_MODEL_CONFIG_INIT, 0, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW,  \
-     0, 1e12, 5e-6, 10e9, NULL, NULL, 5, NULL, NULL}
+    {sizeof(bg_plan_params_t), NULL, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW, 0, 1e12, 5e-6, 10e9,     \
+     NULL, NULL, 5, NULL, NULL}
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -209,7 +221,11 @@ const bg_plan_t *bg_plan_set_get(const bg_plan_set_t *set, int i); /**< best fir
 void bg_plan_set_free(bg_plan_set_t *set);
 
 /** Write / read the plan JSON (docs/partitioner.md). Load checks the schema
- *  and that the stages cover the layers; BG_ERR_PARSE naming the field. */
+ *  (every field, BG_ERR_PARSE naming its JSON path) and that the stages cover
+ *  the layers; it keeps the model's description JSON as it is. A builder-made
+ *  model is rebuilt from it and checked against the plan's layers; a model of
+ *  the host's own layers cannot be rebuilt from a file, and is checked when
+ *  the host gives its description to bg_plan_check_model(). */
 bg_status_t bg_plan_save(const bg_plan_t *plan, const char *path);
 bg_status_t bg_plan_to_json(const bg_plan_t *plan, char **json_p);
 bg_status_t bg_plan_load(const char *path, bg_plan_t **plan_p);
@@ -224,7 +240,7 @@ int bg_plan_tp(const bg_plan_t *plan);
 int bg_plan_microbatches(const bg_plan_t *plan);
 int bg_plan_microbatch_size(const bg_plan_t *plan);
 int bg_plan_batch(const bg_plan_t *plan);
-int bg_plan_seq(const bg_plan_t *plan);
+int bg_plan_seq(const bg_plan_t *plan);   /**< positions per sequence: the model's seq_len */
 const char *bg_plan_schedule(const bg_plan_t *plan);
 int bg_plan_chunks(const bg_plan_t *plan);
 double bg_plan_step_ms(const bg_plan_t *plan);
@@ -232,8 +248,10 @@ double bg_plan_bubble(const bg_plan_t *plan);
 double bg_plan_tokens_per_s(const bg_plan_t *plan);
 int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
-/** The model configuration the plan was made for (check it against the run's). */
-const bg_model_config_t *bg_plan_model(const bg_plan_t *plan);
+/** The model the plan was made for: its bg_model_desc_to_json() text, owned
+ *  by the plan. bg_model_desc_from_json() rebuilds a builder-made model from
+ *  it; check a description of your own with bg_plan_check_model(). */
+const char *bg_plan_model(const bg_plan_t *plan);
 /** Number of (virtual) stages: pp * chunks. */
 int bg_plan_num_stages(const bg_plan_t *plan);
 const bg_plan_stage_t *bg_plan_stage(const bg_plan_t *plan, int i);
@@ -242,8 +260,11 @@ int bg_plan_split(const bg_plan_t *plan, int *split, int max);
 /** Predicted peak bytes and budget of pipeline rank @p rank (all its chunks). */
 uint64_t bg_plan_rank_peak_bytes(const bg_plan_t *plan, int rank);
 uint64_t bg_plan_rank_budget_bytes(const bg_plan_t *plan, int rank);
-/** Check the plan against a training setup: model, batch, --pp/--dp/--schedule; BG_ERR_MISMATCH naming the field. */
-bg_status_t bg_plan_check_model(const bg_plan_t *plan, const bg_model_config_t *model);
+/** Is @p model the model the plan was made for? BG_OK if so; else
+ *  BG_ERR_MISMATCH naming the first difference (bg_model_desc_match_json():
+ *  name, input, classes, ties, a layer or a tensor), or a plan whose layers or
+ *  sequence length are not the model's. The initialisation seed may differ. */
+bg_status_t bg_plan_check_model(const bg_plan_t *plan, const bg_model_desc_t *model);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,10 @@ static void test_status_strings(void **state)
     assert_string_equal(bg_status_string((bg_status_t)-999), "unknown status");
     assert_int_equal(bg_error(BG_ERR_IO, "file %s: %d", "x.bin", 3), BG_ERR_IO);
     assert_string_equal(bg_last_error(), "file x.bin: 3");
+    /* wrapping the last message in a new one keeps it */
+    bg_error(BG_ERR_PARSE, "$.stages[2].first_layer is 9");
+    assert_int_equal(bg_error(BG_ERR_PARSE, "plan %s: %s", "p.json", bg_last_error()), BG_ERR_PARSE);
+    assert_string_equal(bg_last_error(), "plan p.json: $.stages[2].first_layer is 9");
     bg_error_clear();
     assert_string_equal(bg_last_error(), "");
 }

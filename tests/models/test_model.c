@@ -72,6 +72,41 @@ static void test_param_count(void **s)
     assert_non_null(strstr(bg_last_error(), "heads (3) must divide d_model (16)"));
 }
 
+/* A builder-made description gives its configuration back, also after a
+ * round trip through its JSON; a description of the host's own layers has none. */
+static void test_desc_builder(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt(), got;
+    c.tie_embeddings = 1;
+    bg_model_desc_t *d, *r;
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    char *json;
+    assert_int_equal(bg_model_desc_to_json(d, &json), BG_OK);
+    assert_int_equal(bg_model_desc_from_json(json, &r), BG_OK);
+    free(json);
+    assert_int_equal(bg_model_desc_builder(r, &got), BG_OK);
+    assert_int_equal(got.kind, c.kind);
+    assert_int_equal(got.layers, c.layers);
+    assert_int_equal(got.d_model, c.d_model);
+    assert_int_equal(got.heads, c.heads);
+    assert_int_equal(got.seq_len, c.seq_len);
+    assert_int_equal(got.vocab, c.vocab);
+    assert_int_equal(got.seed, c.seed);
+    assert_int_equal(got.tie_embeddings, 1);
+    bg_model_desc_destroy(r);
+    bg_model_desc_destroy(d);
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.features = 4, dp.name = "own";
+    bg_layer_t *head;
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    assert_int_equal(bg_layer_head("head", 4, 3, 1, 0.1f, &head), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, head), BG_OK);
+    assert_int_equal(bg_model_desc_builder(d, &got), BG_ERR_UNSUPPORTED);
+    assert_non_null(strstr(bg_last_error(), "model own"));
+    bg_model_desc_destroy(d);
+}
+
 static void test_init_independent_of_range(void **s)
 {
     (void)s;
@@ -682,6 +717,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_count),
+        cmocka_unit_test(test_desc_builder),
         cmocka_unit_test(test_init_independent_of_range),
         cmocka_unit_test(test_split_equivalence_gpt),
         cmocka_unit_test(test_split_equivalence_mlp),

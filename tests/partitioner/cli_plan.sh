@@ -51,6 +51,23 @@ for k in '"world"' '"pp"' '"dp"' '"tp"' '"microbatches"' '"schedule"' '"predicte
     grep -q "$k" "$T/plan.json" || fail "plan JSON lacks $k"
 done
 
+# the plan carries the model's description, which brigade train rebuilds and runs
+python3 - "$T/plan.json" <<'PY' || fail "plan JSON's model is not the description"
+import json, sys
+p = json.load(open(sys.argv[1]))
+m = p["model"]
+assert p["version"] == 2 and m["format"] == "brigade-model" and m["builder"]["name"] == "gpt", m
+assert [l["name"] for l in m["layers"]] == [l["name"] for l in p["layers"]], "layers differ"
+assert m["input"]["seq_len"] == p["seq"] == 32
+PY
+"$B" plan --model mlp --layers 2 --d-model 16 --in-features 8 --classes 4 --devices 2 --mem 1G --pp 2 --batch 4 \
+    --microbatch-size 1 --json "$T/mlp.json" >/dev/null 2>"$T/err" || fail "mlp plan failed: $(cat "$T/err")"
+"$B" train --plan "$T/mlp.json" --steps 1 >"$T/out" 2>&1 && fail "a pp 2 plan ran in one process"
+grep -q "pp 2 x dp 1 = 2 ranks" "$T/out" || fail "train --plan did not take the plan's layout: $(cat "$T/out")"
+"$B" train --plan "$T/mlp.json" --model mlp --layers 3 --steps 1 >"$T/out" 2>&1 && fail "another model's flags ran"
+grep -q "was made for another model than the flags describe: the plan is from another model" "$T/out" \
+    || fail "the mismatch is not named: $(cat "$T/out")"
+
 # nothing fits: the answer names the stage and the layer and gives the smallest budget
 "$B" plan $M --devices 4 --mem 200000 >"$T/out" 2>"$T/err"
 rc=$?

@@ -3,8 +3,10 @@
  * force finds nothing; the shortfall exact to the byte), the memory model
  * against bg_stage_memory() of real stages and against a hand computation,
  * the schedule replay against hand-counted 1F1B, the no-fit message, the
- * plan search's smallest budget (fits; one byte less does not), and the plan
- * JSON round trip and its parse errors. */
+ * plan search's smallest budget (fits; one byte less does not), the plan
+ * JSON round trip and its parse errors, plan searches against fixtures
+ * written by the planner before its model became a description, and a
+ * model of the test's own layers planned, saved, loaded and checked. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 #include <math.h>
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "brigade/backend.h"
 #include "brigade/partitioner.h"
@@ -408,10 +411,21 @@ static void test_no_fit_message(void **state)
     assert_int_equal(bg_partition(&p, out, &bn), BG_ERR_INVALID);
 }
 
-static bg_plan_params_t small_gpt(uint64_t *mem)
+static bg_model_config_t small_gpt_config(void)
 {
+    bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+    mc.layers = 6, mc.d_model = 64, mc.heads = 4, mc.seq_len = 32;
+    return mc;
+}
+
+/* Plan parameters for a small GPT (6 blocks of 64) on 4 devices; *desc_p is
+ * its description, which the caller destroys. */
+static bg_plan_params_t small_gpt(uint64_t *mem, bg_model_desc_t **desc_p)
+{
+    bg_model_config_t mc = small_gpt_config();
+    assert_int_equal(bg_model_build(&mc, desc_p), BG_OK);
     bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
-    pp.model.layers = 6, pp.model.d_model = 64, pp.model.heads = 4, pp.model.seq_len = 32;
+    pp.model = *desc_p;
     pp.world = 4;
     pp.mem = mem;
     pp.nmem = 1;
@@ -424,7 +438,8 @@ static void test_plan_smallest_budget(void **state)
 {
     (void)state;
     uint64_t mem = 200000;
-    bg_plan_params_t pp = small_gpt(&mem);
+    bg_model_desc_t *desc;
+    bg_plan_params_t pp = small_gpt(&mem, &desc);
     bg_plan_set_t *set = NULL;
     assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_NO_FIT);
     const char *msg = bg_last_error();
@@ -442,6 +457,19 @@ static void test_plan_smallest_budget(void **state)
     bg_plan_set_free(set);
     mem = need - 1;
     assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_NO_FIT);
+    bg_model_desc_destroy(desc);
+}
+
+/* bg_plan_check_model of plan @p b against the builder model @p oc: BG_OK
+ * when @p mismatch is NULL, else BG_ERR_MISMATCH with a message containing it. */
+static void check_against(const bg_plan_t *b, const bg_model_config_t *oc, const char *mismatch)
+{
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_build(oc, &d), BG_OK);
+    assert_int_equal(bg_plan_check_model(b, d), mismatch ? BG_ERR_MISMATCH : BG_OK);
+    if (mismatch && !strstr(bg_last_error(), mismatch))
+        fail_msg("\"%s\" lacks \"%s\"", bg_last_error(), mismatch);
+    bg_model_desc_destroy(d);
 }
 
 static void test_plan_roundtrip(void **state)
@@ -449,7 +477,9 @@ static void test_plan_roundtrip(void **state)
     (void)state;
     uint64_t mem[4] = {64u << 20, 64u << 20, 32u << 20, 32u << 20};
     double speed[4] = {1, 1, 0.5, 0.5};
-    bg_plan_params_t pp = small_gpt(mem);
+    bg_model_desc_t *desc;
+    bg_plan_params_t pp = small_gpt(mem, &desc);
+    bg_model_config_t mc = small_gpt_config();
     pp.nmem = 4;
     pp.speed = speed;
     pp.nspeed = 4;
@@ -479,7 +509,13 @@ static void test_plan_roundtrip(void **state)
         assert_int_equal(bg_plan_optimizer(b), BG_OPTIM_ADAMW);
         assert_true(bg_plan_step_ms(b) == bg_plan_step_ms(a));
         assert_int_equal(bg_plan_num_stages(b), bg_plan_num_stages(a));
-        assert_int_equal(bg_plan_check_model(b, &pp.model), BG_OK);
+        assert_int_equal(bg_plan_check_model(b, desc), BG_OK);
+        /* the model JSON is kept as it was written, and rebuilds the model */
+        assert_string_equal(bg_plan_model(b), bg_plan_model(a));
+        bg_model_desc_t *rebuilt;
+        assert_int_equal(bg_model_desc_from_json(bg_plan_model(b), &rebuilt), BG_OK);
+        assert_int_equal(bg_plan_check_model(b, rebuilt), BG_OK);
+        bg_model_desc_destroy(rebuilt);
         int sa[64], sb[64], total = 0;
         int na = bg_plan_split(a, sa, 64), nb = bg_plan_split(b, sb, 64);
         assert_int_equal(na, nb);
@@ -498,14 +534,20 @@ static void test_plan_roundtrip(void **state)
             assert_true(x->predicted_ms_per_microbatch == y->predicted_ms_per_microbatch);
             assert_true(x->predicted_peak_bytes <= x->budget_bytes);
         }
-        assert_int_equal(total, pp.model.layers + 3);
+        assert_int_equal(total, bg_model_desc_num_layers(desc));
         for (int r = 0; r < bg_plan_pp(a); r++) {
             assert_int_equal(bg_plan_rank_peak_bytes(a, r), bg_plan_rank_peak_bytes(b, r));
             assert_true(bg_plan_rank_peak_bytes(a, r) <= bg_plan_rank_budget_bytes(a, r));
         }
-        bg_model_config_t other = pp.model;
-        other.d_model = 128;
-        assert_int_equal(bg_plan_check_model(b, &other), BG_ERR_MISMATCH);
+        bg_model_config_t oc = mc;
+        oc.d_model = 128; /* another width: the description differs (a tensor's shape) */
+        check_against(b, &oc, "the plan is from another model: layers[0]");
+        oc = mc;
+        oc.heads = 2; /* other heads: the same description JSON, another profile (attention FLOPs) */
+        check_against(b, &oc, "the plan is from another model: layer 1 (blocks.0) has");
+        oc = mc;
+        oc.seed = 99; /* another seed is the same model */
+        check_against(b, &oc, NULL);
         bg_plan_free(b);
     }
     /* the slow half of the devices gets the smaller share of a pure pipeline */
@@ -517,7 +559,7 @@ static void test_plan_roundtrip(void **state)
     int fast = 0, slow = 0;
     for (int k = 0; k < 4; k++) {
         const bg_plan_stage_t *x = bg_plan_stage(a, k);
-        if (x->first_layer > 0 && x->last_layer < pp.model.layers + 2)
+        if (x->first_layer > 0 && x->last_layer < bg_model_desc_num_layers(desc) - 1)
         {
             if (x->rank < 2)
                 fast += x->last_layer - x->first_layer + 1;
@@ -532,10 +574,355 @@ static void test_plan_roundtrip(void **state)
     /* parse errors name the field */
     bg_plan_t *b = NULL;
     assert_int_equal(bg_plan_from_json("{", &b), BG_ERR_PARSE);
-    assert_int_equal(bg_plan_from_json("{\"format\": \"brigade-plan\", \"version\": 1}", &b), BG_ERR_PARSE);
+    assert_int_equal(bg_plan_from_json("{\"format\": \"brigade-plan\", \"version\": 2}", &b), BG_ERR_PARSE);
     assert_non_null(strstr(bg_last_error(), "$.world"));
+    assert_int_equal(bg_plan_from_json("{\"format\": \"brigade-plan\", \"version\": 1}", &b), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "before model descriptions"));
     assert_int_equal(bg_plan_from_json("{\"format\": \"other\"}", &b), BG_ERR_PARSE);
     assert_int_equal(bg_plan_load("/nonexistent/plan.json", &b), BG_ERR_PARSE);
+    bg_model_desc_destroy(desc);
+}
+
+/* ---------------------------------------------------------------- fixtures */
+
+/* Is `got` the fixture's `want`? Integers and strings exactly, reals within
+ * 1e-12 relative (the fixtures keep 17 digits; the margin only spares a
+ * compiler's different rounding of the same formula). On a difference,
+ * `path` (cap bytes, "$" to start) is left naming it as a JSON path. */
+static int json_same(json_t *want, json_t *got, char *path, size_t cap)
+{
+    size_t len = strlen(path);
+    if (json_is_object(want)) {
+        if (!json_is_object(got) || json_object_size(want) != json_object_size(got))
+            return 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(want, k, v) {
+            snprintf(path + len, cap - len, ".%s", k);
+            if (!json_same(v, json_object_get(got, k), path, cap))
+                return 0;
+        }
+    } else if (json_is_array(want)) {
+        if (!json_is_array(got) || json_array_size(want) != json_array_size(got))
+            return 0;
+        for (size_t i = 0; i < json_array_size(want); i++) {
+            snprintf(path + len, cap - len, "[%zu]", i);
+            if (!json_same(json_array_get(want, i), json_array_get(got, i), path, cap))
+                return 0;
+        }
+    } else if (json_is_real(want) || json_is_real(got)) {
+        if (!json_is_number(got) || !json_is_number(want))
+            return 0;
+        double a = json_number_value(want), b = json_number_value(got);
+        if (!(fabs(a - b) <= 1e-12 * fabs(a)))
+            return 0;
+    } else if (!json_equal(want, got)) {
+        return 0;
+    }
+    path[len] = 0;
+    return 1;
+}
+
+/* Search with `pp` (its model built from `mc`) and compare every plan of the
+ * set, or the no-fit message, with tests/partitioner/fixtures/NAME.json,
+ * which the planner of commit 4f03887 wrote (before plans stored model
+ * descriptions; its "model" is left out, and its "version" was 1). */
+static void check_fixture(const char *name, const bg_model_config_t *mc, bg_plan_params_t pp)
+{
+    char file[1024], path[512] = "$";
+    snprintf(file, sizeof(file), "%s/tests/partitioner/fixtures/%s.json", getenv("BRIGADE_SOURCE_DIR"), name);
+    json_error_t e;
+    json_t *want = json_load_file(file, 0, &e);
+    if (!want)
+        fail_msg("%s: %s", file, e.text);
+    bg_model_desc_t *desc;
+    assert_int_equal(bg_model_build(mc, &desc), BG_OK);
+    pp.model = desc;
+    bg_plan_set_t *set = NULL;
+    bg_status_t st = bg_plan_search(&pp, &set);
+    assert_string_equal(bg_status_string(st), json_string_value(json_object_get(want, "status")));
+    if (st != BG_OK) {
+        assert_string_equal(bg_last_error(), json_string_value(json_object_get(want, "error")));
+    } else {
+        json_t *plans = json_object_get(want, "plans");
+        assert_int_equal(bg_plan_set_evaluated(set), json_integer_value(json_object_get(want, "evaluated")));
+        assert_int_equal(bg_plan_set_count(set), json_array_size(plans));
+        for (int i = 0; i < bg_plan_set_count(set); i++) {
+            char *text;
+            assert_int_equal(bg_plan_to_json(bg_plan_set_get(set, i), &text), BG_OK);
+            json_t *got = json_loads(text, 0, NULL);
+            free(text);
+            assert_non_null(got);
+            assert_int_equal(json_integer_value(json_object_get(got, "version")), 2);
+            assert_true(json_is_object(json_object_get(got, "model")));
+            json_object_del(got, "model");
+            json_object_del(got, "version");
+            json_t *w = json_deep_copy(json_array_get(plans, (size_t)i));
+            json_object_del(w, "version");
+            snprintf(path, sizeof(path), "$");
+            if (!json_same(w, got, path, sizeof(path)))
+                fail_msg("%s: plan %d differs from the fixture at %s", name, i, path);
+            json_decref(w);
+            json_decref(got);
+        }
+        bg_plan_set_free(set);
+    }
+    bg_model_desc_destroy(desc);
+    json_decref(want);
+}
+
+/* The planner gives the plans it gave before (same layouts, splits, memory,
+ * times, recomputation; same no-fit messages) on GPTs and MLPs, uniform and
+ * mixed devices, every schedule, measured times and SGD. */
+static void test_plan_fixtures(void **state)
+{
+    (void)state;
+    { /* heterogeneous devices, every schedule */
+        bg_model_config_t mc = small_gpt_config();
+        static const uint64_t mem[] = {64u << 20, 64u << 20, 32u << 20, 32u << 20};
+        static const double speed[] = {1, 1, 0.5, 0.5};
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 4, pp.mem = mem, pp.nmem = 4, pp.speed = speed, pp.nspeed = 4;
+        pp.batch = 16, pp.microbatch_size = 2;
+        check_fixture("gpt_hetero", &mc, pp);
+    }
+    { /* a tight budget: recomputation on one stage */
+        bg_model_config_t mc = small_gpt_config();
+        static const uint64_t mem[] = {4600u << 10};
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 2, pp.mem = mem, pp.nmem = 1;
+        pp.batch = 16, pp.microbatch_size = 2, pp.allow_recompute = 1, pp.schedules = "1f1b,zb-h1";
+        check_fixture("gpt_recompute", &mc, pp);
+    }
+    { /* MLP, SGD, searched microbatch size, infinite bandwidth */
+        bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+        mc.kind = BG_MODEL_MLP, mc.layers = 4, mc.d_model = 256, mc.in_features = 32, mc.classes = 8;
+        static const uint64_t mem[] = {1u << 30};
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 4, pp.mem = mem, pp.nmem = 1, pp.batch = 32, pp.optim = BG_OPTIM_SGD, pp.link_bandwidth = 0;
+        pp.top = 8;
+        check_fixture("mlp_sgd", &mc, pp);
+    }
+    { /* tied embeddings, interleaved and zbv, dp 2 */
+        bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+        mc.layers = 8, mc.d_model = 64, mc.heads = 4, mc.seq_len = 16, mc.vocab = 128, mc.tie_embeddings = 1;
+        static const uint64_t mem[] = {1u << 30};
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 4, pp.mem = mem, pp.nmem = 1, pp.batch = 8, pp.microbatch_size = 1;
+        pp.schedules = "interleaved,zbv", pp.chunks = 2, pp.flops = 5e11, pp.link_latency = 1e-5;
+        pp.link_bandwidth = 1e9;
+        check_fixture("gpt_tied_interleaved", &mc, pp);
+    }
+    { /* measured layer times (synthetic), split B and W */
+        bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+        mc.layers = 4, mc.d_model = 32, mc.heads = 4, mc.seq_len = 16;
+        static const uint64_t mem[] = {1u << 30};
+        static double f[7], bw[7], b[7], w[7];
+        for (int i = 0; i < 7; i++)
+            f[i] = 1e-3 * (1 + i % 3), bw[i] = 2.5 * f[i], b[i] = 1.5 * f[i], w[i] = f[i];
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 2, pp.mem = mem, pp.nmem = 1, pp.batch = 8, pp.microbatch_size = 2;
+        pp.layer_fwd_s = f, pp.layer_bwd_s = bw, pp.layer_b_s = b, pp.layer_w_s = w;
+        check_fixture("gpt_measured", &mc, pp);
+    }
+    { /* nothing fits: uniform budgets */
+        bg_model_config_t mc = small_gpt_config();
+        static const uint64_t mem[] = {200000};
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 4, pp.mem = mem, pp.nmem = 1, pp.batch = 16, pp.microbatch_size = 2;
+        check_fixture("gpt_nofit", &mc, pp);
+    }
+    { /* nothing fits: heterogeneous budgets */
+        bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
+        mc.kind = BG_MODEL_MLP, mc.layers = 3, mc.d_model = 512, mc.in_features = 64;
+        static const uint64_t mem[] = {2u << 20, 3u << 20};
+        bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+        pp.world = 2, pp.mem = mem, pp.nmem = 2, pp.batch = 8, pp.allow_recompute = 1;
+        check_fixture("mlp_nofit_hetero", &mc, pp);
+    }
+}
+
+/* ---------------------------------------------------------------- a user's model */
+
+/* A layer type of the test's own: out = in + shift, one shift per channel. */
+static bg_status_t shift_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+{
+    if (in.c != (int)l->params[0].numel)
+        return bg_error(BG_ERR_INVALID, "shift %s: %d channels, expected %zu", l->name, in.c, l->params[0].numel);
+    *out_p = in;
+    return BG_OK;
+}
+static double shift_flops(const bg_layer_t *l, bg_shape_t in) { return (double)bg_shape_numel(in); }
+static bg_status_t shift_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    ctx->be->ops->copy(ctx->be, out, in, bg_shape_numel(ctx->in));
+    ctx->be->ops->bias_forward(ctx->be, out, l->params[0].data, ctx->in.n * ctx->in.t, ctx->in.c);
+    return BG_OK;
+}
+static bg_status_t shift_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                        const float *dout, float *din)
+{
+    if (din)
+        ctx->be->ops->copy(ctx->be, din, dout, bg_shape_numel(ctx->in));
+    return BG_OK;
+}
+static bg_status_t shift_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                         const float *dout)
+{
+    ctx->be->ops->bias_backward(ctx->be, l->params[0].grad, dout, ctx->in.n * ctx->in.t, ctx->in.c);
+    return BG_OK;
+}
+static const bg_layer_ops_t shift_ops = {
+    .type = "test-shift",
+    .out_shape = shift_out_shape,
+    .fwd_flops = shift_flops,
+    .bwd_flops = shift_flops,
+    .forward = shift_forward,
+    .backward_input = shift_backward_input,
+    .backward_weight = shift_backward_weight,
+};
+
+/* linear / relu / shift / linear / gelu / layernorm / linear / head over
+ * features of 3 positions: an order no builder makes, with a layer type no
+ * builder knows. `wide` is the width of the middle linear's output. */
+static bg_model_desc_t *user_model(int wide)
+{
+    enum { F = 24, H = 192 };
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.name = "user-net", dp.input = BG_INPUT_FEATURES, dp.features = F, dp.seq_len = 3;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    bg_param_t shift = {.name = "shift", .ndim = 1, .shape = {H}, .init = BG_INIT_CONST, .init_value = 0.0f};
+    bg_layer_t *l[8];
+    assert_int_equal(bg_layer_linear("in", F, H, 1, 0.1f, &l[0]), BG_OK);
+    assert_int_equal(bg_layer_activation("relu", BG_ACT_RELU, &l[1]), BG_OK);
+    assert_int_equal(bg_layer_create(&shift_ops, "shift", 1, &shift, NULL, &l[2]), BG_OK);
+    assert_int_equal(bg_layer_linear("mid", H, wide, 1, 0.1f, &l[3]), BG_OK);
+    assert_int_equal(bg_layer_activation("gelu", BG_ACT_GELU, &l[4]), BG_OK);
+    assert_int_equal(bg_layer_layernorm("norm", wide, &l[5]), BG_OK);
+    assert_int_equal(bg_layer_linear("out", wide, H, 1, 0.1f, &l[6]), BG_OK);
+    assert_int_equal(bg_layer_head("head", H, 10, 1, 0.1f, &l[7]), BG_OK);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    return d;
+}
+
+/* A model of the host's own layers is planned from what its layers report,
+ * under a budget that one device cannot meet; its plan round-trips through a
+ * file, and only the same description passes bg_plan_check_model. */
+static void test_plan_user_model(void **state)
+{
+    (void)state;
+    bg_model_desc_t *desc = user_model(256);
+    int L = bg_model_desc_num_layers(desc);
+    /* what one device needs for the whole model */
+    uint64_t mem = 1ull << 40;
+    bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+    pp.model = desc, pp.world = 1, pp.mem = &mem, pp.nmem = 1, pp.batch = 8, pp.microbatch_size = 2;
+    bg_plan_set_t *set = NULL;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    uint64_t whole = bg_plan_rank_peak_bytes(bg_plan_set_get(set, 0), 0);
+    assert_int_equal(bg_plan_seq(bg_plan_set_get(set, 0)), 3);
+    bg_plan_set_free(set);
+    /* two devices of 60% of that: only a pipeline fits */
+    mem = whole * 6 / 10;
+    pp.world = 2;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    const bg_plan_t *a = bg_plan_set_get(set, 0);
+    assert_int_equal(bg_plan_pp(a), 2);
+    for (int r = 0; r < bg_plan_pp(a); r++)
+        assert_true(bg_plan_rank_peak_bytes(a, r) <= mem);
+    int split[8], total = 0, ns = bg_plan_split(a, split, 8);
+    for (int k = 0; k < ns; k++)
+        total += split[k];
+    assert_int_equal(total, L);
+    /* the plan's layers are the description's profile */
+    bg_layer_profile_t prof[8];
+    int n;
+    assert_int_equal(bg_model_profile(desc, 2, 3, prof, 8, &n), BG_OK);
+    char *text;
+    assert_int_equal(bg_plan_to_json(a, &text), BG_OK);
+    json_t *root = json_loads(text, 0, NULL);
+    free(text);
+    json_t *jl = json_object_get(root, "layers");
+    assert_int_equal(json_array_size(jl), L);
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        assert_string_equal(json_string_value(json_object_get(e, "name")), prof[i].name);
+        assert_int_equal(json_integer_value(json_object_get(e, "stash_bytes")), prof[i].stash_bytes);
+        assert_true(json_number_value(json_object_get(e, "fwd_flops")) == prof[i].fwd_flops);
+    }
+    /* the features' bytes count on the first stage: 2 x 3 x 24 floats */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(root, "model"), "input"),
+                                                          "kind")),
+                        "features");
+    json_decref(root);
+    /* save and load */
+    char path[] = "/tmp/bg_plan_user_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(bg_plan_save(a, path), BG_OK);
+    bg_plan_t *b = NULL;
+    assert_int_equal(bg_plan_load(path, &b), BG_OK);
+    unlink(path);
+    assert_string_equal(bg_plan_model(b), bg_plan_model(a));
+    assert_int_equal(bg_plan_pp(b), 2);
+    assert_true(bg_plan_step_ms(b) == bg_plan_step_ms(a));
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(bg_plan_rank_peak_bytes(b, r), bg_plan_rank_peak_bytes(a, r));
+    for (int k = 0; k < bg_plan_num_stages(a); k++) {
+        assert_int_equal(bg_plan_stage(b, k)->first_layer, bg_plan_stage(a, k)->first_layer);
+        assert_int_equal(bg_plan_stage(b, k)->last_layer, bg_plan_stage(a, k)->last_layer);
+    }
+    /* a file cannot rebuild the host's layers: the host checks its own description */
+    bg_model_desc_t *rebuilt = NULL;
+    assert_int_equal(bg_model_desc_from_json(bg_plan_model(b), &rebuilt), BG_ERR_UNSUPPORTED);
+    bg_model_desc_t *same = user_model(256);
+    assert_int_equal(bg_plan_check_model(b, same), BG_OK);
+    bg_model_desc_destroy(same);
+    bg_model_desc_t *other = user_model(128);
+    assert_int_equal(bg_plan_check_model(b, other), BG_ERR_MISMATCH);
+    assert_non_null(strstr(bg_last_error(), "the plan is from another model"));
+    assert_non_null(strstr(bg_last_error(), "\"mid\""));
+    bg_model_desc_destroy(other);
+    bg_plan_free(b);
+    bg_plan_set_free(set);
+    bg_model_desc_destroy(desc);
+}
+
+/* A plan file whose layers are not its model's is refused on load (a
+ * builder-made model is rebuilt and profiled), naming the layer and field. */
+static void test_plan_load_checks_model(void **state)
+{
+    (void)state;
+    uint64_t mem = 1u << 30;
+    bg_model_desc_t *desc;
+    bg_plan_params_t pp = small_gpt(&mem, &desc);
+    bg_plan_set_t *set = NULL;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    char *text;
+    assert_int_equal(bg_plan_to_json(bg_plan_set_get(set, 0), &text), BG_OK);
+    json_t *root = json_loads(text, 0, NULL);
+    free(text);
+    json_t *l2 = json_array_get(json_object_get(root, "layers"), 2);
+    json_object_set_new(l2, "stash_bytes", json_integer(json_integer_value(json_object_get(l2, "stash_bytes")) + 64));
+    text = json_dumps(root, 0);
+    bg_plan_t *b = NULL;
+    assert_int_equal(bg_plan_from_json(text, &b), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "not those of the model in $.model"));
+    assert_non_null(strstr(bg_last_error(), "layer 2 (blocks.1) has stash_bytes"));
+    free(text);
+    /* a model that is not a description */
+    json_object_set_new(root, "model", json_pack("{s:s, s:i}", "kind", "gpt", "layers", 6));
+    text = json_dumps(root, 0);
+    assert_int_equal(bg_plan_from_json(text, &b), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "$.model"));
+    free(text);
+    json_decref(root);
+    bg_plan_set_free(set);
+    bg_model_desc_destroy(desc);
 }
 
 int main(void)
@@ -544,7 +931,8 @@ int main(void)
         cmocka_unit_test(test_exact_vs_brute_force), cmocka_unit_test(test_memory_closed_form),
         cmocka_unit_test(test_memory_matches_stages), cmocka_unit_test(test_replay_1f1b),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
-        cmocka_unit_test(test_plan_roundtrip),
+        cmocka_unit_test(test_plan_roundtrip),       cmocka_unit_test(test_plan_fixtures),
+        cmocka_unit_test(test_plan_user_model),      cmocka_unit_test(test_plan_load_checks_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
