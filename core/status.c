@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char bg__last_error[1024];
 
@@ -22,9 +23,14 @@ void bg_error_clear(void) { bg__last_error[0] = '\0'; }
 
 bg_status_t bg_error(bg_status_t st, const char *fmt, ...)
 {
+    /* Format into a local buffer first: callers wrap the current message
+     * (bg_error(st, "%s: %s", where, bg_last_error())), and vsnprintf must
+     * not write the buffer it is reading from. */
+    char msg[sizeof(bg__last_error)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(bg__last_error, sizeof(bg__last_error), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    memcpy(bg__last_error, msg, sizeof(msg));
     return st;
 }

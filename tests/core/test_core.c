@@ -22,6 +22,17 @@ static void test_status_strings(void **state)
     assert_string_equal(bg_last_error(), "");
 }
 
+/* Wrapping the current message in a new one (the executor's batch-source
+ * errors, plan loading) passes bg_last_error() as an argument of bg_error:
+ * the cause must survive, not be overwritten while it is being read. */
+static void test_error_wraps_last_error(void **state)
+{
+    (void)state;
+    bg_error(BG_ERR_INVALID, "the cause");
+    assert_int_equal(bg_error(BG_ERR_IO, "%s: %s", "where", bg_last_error()), BG_ERR_IO);
+    assert_string_equal(bg_last_error(), "where: the cause");
+}
+
 static void test_config(void **state)
 {
     (void)state;
@@ -78,6 +89,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_error_wraps_last_error),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_rng),
     };
