@@ -225,6 +225,16 @@ static bg_status_t all_tensors(const bg_model_desc_t *d, bg_tensor_ref_t **refs_
     return BG_OK;
 }
 
+/* "[32, 16]": a tensor's shape for messages. */
+static void shape_text(const bg_param_t *p, char *buf, size_t size)
+{
+    size_t len = (size_t)snprintf(buf, size, "[");
+    for (int k = 0; k < p->ndim && len < size; k++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%lld", k ? ", " : "", (long long)p->shape[k]);
+    if (len < size)
+        snprintf(buf + len, size - len, "]");
+}
+
 static int find_ref(const bg_tensor_ref_t *refs, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
@@ -278,9 +288,11 @@ bg_status_t bg_model_desc_check(const bg_model_desc_t *d)
         for (int k = 0; same && k < a->ndim; k++)
             same = a->shape[k] == b->shape[k];
         if (!same) {
-            st = bg_error(BG_ERR_INVALID, "model %s: tie %s -> %s: shapes differ (%d dims, %lld elements vs %d dims, "
-                                          "%lld elements)", d->name, d->ties[t].a, d->ties[t].b, a->ndim,
-                          (long long)a->numel, b->ndim, (long long)b->numel);
+            char sa[96], sb[96];
+            shape_text(a, sa, sizeof(sa));
+            shape_text(b, sb, sizeof(sb));
+            st = bg_error(BG_ERR_INVALID, "model %s: tie %s -> %s: shapes differ (%s vs %s)", d->name, d->ties[t].a,
+                          d->ties[t].b, sa, sb);
             break;
         }
         for (int u = 0; u < t; u++) {

@@ -4,7 +4,7 @@
 # only those that are missing. Safe to run again. Needs root (or sudo).
 set -euo pipefail
 PKGS=(cmake make gcc g++ pkg-config libopenblas-dev libcmocka-dev libucx-dev ucx-utils
-      libnuma-dev libjansson-dev openmpi-bin libopenmpi-dev python3)
+      libnuma-dev libjansson-dev openmpi-bin libopenmpi-dev python3 python3-numpy)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -273,6 +273,31 @@ static void test_stage_misuse(void **s)
     bg_test_model_destroy(m);
 }
 
+/* A tie between tensors of one size but different shapes (a 16 -> 32 and a
+ * 32 -> 16 linear) is refused with both shapes in the message. */
+static void test_tie_shape_message(void **s)
+{
+    (void)s;
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.features = 16;
+    bg_model_desc_t *d;
+    bg_layer_t *fc, *fc2, *head;
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    assert_int_equal(bg_layer_linear("fc", 16, 32, 1, 0.02f, &fc), BG_OK);
+    assert_int_equal(bg_layer_linear("fc2", 32, 16, 1, 0.02f, &fc2), BG_OK);
+    assert_int_equal(bg_layer_head("head", 16, 4, 1, 0.02f, &head), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, fc), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, fc2), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, head), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    assert_int_equal(bg_model_desc_tie(d, "fc.weight", "fc2.weight"), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_ERR_INVALID);
+    const char *e = bg_last_error();
+    assert_non_null(strstr(e, "fc.weight -> fc2.weight"));
+    assert_non_null(strstr(e, "[32, 16] vs [16, 32]"));
+    bg_model_desc_destroy(d);
+}
+
 /* Recomputation: the same gradients bitwise, less memory kept between F and
  * B, and every byte returned when the slots end. */
 static void test_recompute(void **s)
@@ -722,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_split_equivalence_gpt),
         cmocka_unit_test(test_split_equivalence_mlp),
         cmocka_unit_test(test_stage_misuse),
+        cmocka_unit_test(test_tie_shape_message),
         cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_safetensors),

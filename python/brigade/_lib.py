@@ -1,0 +1,289 @@
+"""brigade._lib: loads libbrigade.so and declares the C API to ctypes.
+
+Owns: finding the library, the ctypes mirrors of the public C structs (the
+exact layout of include/brigade/*.h, checked field by field against the C
+compiler by tests/python/test_binding.py), every function's argtypes and
+restype, the status enum and BrigadeError. It holds no Python-side state and
+no policy: model.py and executor.py build the API on it.
+"""
+import ctypes
+import ctypes.util
+import enum
+import os
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
+                    c_size_t, c_uint64, c_void_p)
+
+__all__ = ["lib", "BrigadeError", "Status", "check", "library_path"]
+
+# --------------------------------------------------------------------- statuses
+
+class Status(enum.IntEnum):
+    """bg_status_t (include/brigade/status.h: BG_STATUS_MAP)."""
+    OK = 0
+    ERR_INVALID = -1
+    ERR_NOMEM = -2
+    ERR_IO = -3
+    ERR_PARSE = -4
+    ERR_UNSUPPORTED = -5
+    ERR_NOT_FOUND = -6
+    ERR_TIMEOUT = -7
+    ERR_PEER = -8
+    ERR_TRANSPORT = -9
+    ERR_CANCELED = -10
+    ERR_NO_FIT = -11
+    ERR_DEADLOCK = -12
+    ERR_MISMATCH = -13
+    ERR_DEVICE = -14
+    ERR_INTERNAL = -15
+    IN_PROGRESS = 1
+
+
+class BrigadeError(Exception):
+    """A brigade call failed: `status` (a Status) and `message` (bg_last_error(),
+    which names the rank, stage, layer, tensor or step)."""
+
+    def __init__(self, status, message):
+        try:
+            status = Status(status)
+        except ValueError:
+            pass
+        self.status = status
+        self.message = message
+        super().__init__(status, message)
+
+    def __str__(self):
+        what = lib.bg_status_string(int(self.status)).decode() if lib is not None else str(self.status)
+        return "%s: %s" % (what, self.message) if self.message else what
+
+
+# --------------------------------------------------------------------- structs
+# Each mirrors the C struct of the same name field for field (x86-64 and
+# aarch64 Linux: ctypes applies the C alignment rules).
+
+BG_NAME_MAX = 96
+BG_PARAM_MAX_DIMS = 4
+
+
+class Shape(Structure):
+    """bg_shape_t: n sequences, t positions, c channels (0: token ids)."""
+    _fields_ = [("n", c_int), ("t", c_int), ("c", c_int)]
+
+
+class ModelDescParams(Structure):
+    """bg_model_desc_params_t."""
+    _fields_ = [("size", c_size_t), ("name", c_char_p), ("input", c_int), ("vocab", c_int), ("seq_len", c_int),
+                ("features", c_int), ("seed", c_uint64)]
+
+
+class ModelConfig(Structure):
+    """bg_model_config_t."""
+    _fields_ = [("size", c_size_t), ("kind", c_int), ("layers", c_int), ("d_model", c_int), ("heads", c_int),
+                ("seq_len", c_int), ("vocab", c_int), ("in_features", c_int), ("classes", c_int),
+                ("seed", c_uint64), ("tie_embeddings", c_int)]
+
+
+class OptimConfig(Structure):
+    """bg_optim_config_t."""
+    _fields_ = [("size", c_size_t), ("kind", c_int), ("lr", c_float), ("beta1", c_float), ("beta2", c_float),
+                ("eps", c_float), ("momentum", c_float), ("weight_decay", c_float)]
+
+
+class BatchRequest(Structure):
+    """bg_batch_request_t."""
+    _fields_ = [("step", c_int64), ("microbatch", c_int), ("replica", c_int), ("first", c_int), ("in_", Shape)]
+
+
+# bg_batch_fn and bg_seq_len_fn. The buffers are void pointers so that NULL
+# ("not wanted on this rank") arrives as None and the address as an int.
+BATCH_FN = CFUNCTYPE(c_int, POINTER(BatchRequest), c_void_p, c_void_p, c_void_p, c_void_p)
+SEQ_LEN_FN = CFUNCTYPE(c_int, c_int64, c_int, c_void_p)
+
+
+class BatchSource(Structure):
+    """bg_batch_source_t."""
+    _fields_ = [("batch", BATCH_FN), ("seq_len", SEQ_LEN_FN), ("arg", c_void_p), ("seq", c_int)]
+
+
+class ExecutorParams(Structure):
+    """bg_executor_params_t."""
+    _fields_ = [("size", c_size_t), ("model", c_void_p), ("pp", c_int), ("dp", c_int), ("tp", c_int),
+                ("schedule", c_char_p), ("chunks", c_int), ("split", POINTER(c_int)), ("nsplit", c_int),
+                ("batch", c_int), ("microbatches", c_int), ("optim", OptimConfig), ("data", BatchSource),
+                ("backend", c_char_p), ("threads", c_int), ("comm", c_void_p), ("recompute", c_int),
+                ("recompute_stages", POINTER(c_int)), ("nrecompute_stages", c_int), ("trace_path", c_char_p),
+                ("process_wide", c_int)]
+
+
+class StepResult(Structure):
+    """bg_step_result_t."""
+    _fields_ = [("step", c_int64), ("loss", c_double), ("tokens", c_double), ("step_ms", c_double),
+                ("tokens_per_s", c_double), ("bubble", c_double), ("bytes_sent", c_uint64), ("peak_bytes", c_size_t),
+                ("stop", c_int)]
+
+
+class ExecutorInfo(Structure):
+    """bg_executor_info_t."""
+    _fields_ = [("rank", c_int), ("world", c_int), ("pp_rank", c_int), ("dp_rank", c_int), ("stages", c_int),
+                ("chunks", c_int), ("params", c_size_t), ("flops_per_step", c_double), ("predicted_bytes", c_size_t),
+                ("predicted_act_bytes", c_size_t), ("predicted_stashed", c_int), ("peak_stashed", c_int),
+                ("peak_act_bytes", c_size_t), ("numa_node", c_int), ("schedule", c_char_p)]
+
+
+class CompareResult(Structure):
+    """bg_compare_result_t."""
+    _fields_ = [("tensors", c_int), ("identical", c_int), ("only_a", c_int), ("only_b", c_int),
+                ("shape_mismatch", c_int), ("max_abs", c_double), ("max_rel", c_double),
+                ("worst", c_char * (2 * BG_NAME_MAX)), ("rel_l2", c_double)]
+
+
+class Layer(Structure):
+    """struct bg_layer (public in layer.h); read only, for names."""
+    _fields_ = [("ops", c_void_p), ("name", c_char * BG_NAME_MAX), ("nparams", c_int), ("params", c_void_p),
+                ("nchildren", c_int), ("children", c_void_p), ("impl", c_void_p)]
+
+
+# The structs the layout test compares with the C compiler, by C name.
+STRUCTS = {
+    "bg_shape_t": Shape, "bg_model_desc_params_t": ModelDescParams, "bg_model_config_t": ModelConfig,
+    "bg_optim_config_t": OptimConfig, "bg_batch_request_t": BatchRequest, "bg_batch_source_t": BatchSource,
+    "bg_executor_params_t": ExecutorParams, "bg_step_result_t": StepResult, "bg_executor_info_t": ExecutorInfo,
+    "bg_compare_result_t": CompareResult, "bg_layer_t": Layer,
+}
+# C field names that are Python keywords.
+C_FIELD = {"in_": "in"}
+
+# --------------------------------------------------------------------- loading
+
+def _candidates():
+    env = os.environ.get("BRIGADE_LIB")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))  # python/brigade -> the source tree
+    c = [os.path.join(root, "build", "libbrigade.so")]
+    found = ctypes.util.find_library("brigade")
+    if found:
+        c.append(found)
+    c += ["libbrigade.so.0", "libbrigade.so"]
+    return c, False
+
+
+def _load():
+    cands, from_env = _candidates()
+    errors = []
+    for path in cands:
+        if "/" in path and not os.path.exists(path):
+            errors.append("%s: no such file" % path)
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append("%s: %s" % (path, e))
+    hint = "BRIGADE_LIB=%s cannot be loaded" % cands[0] if from_env else \
+        "set BRIGADE_LIB to the path of libbrigade.so (build/libbrigade.so after cmake --build build)"
+    raise ImportError("brigade: cannot load libbrigade (%s); tried: %s" % (hint, "; ".join(errors)))
+
+
+lib = None
+lib, library_path = _load()
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes = [c_void_p]
+_libc.free.restype = None
+
+# --------------------------------------------------------------------- functions
+
+def _decl(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+
+
+P = c_void_p  # opaque handles: bg_model_desc_t *, bg_layer_t *, bg_executor_t *
+PP = POINTER(c_void_p)
+st = c_int
+
+_decl("bg_status_string", c_char_p, c_int)
+_decl("bg_last_error", c_char_p)
+_decl("bg_error_clear", None)
+# bg_error is variadic; the binding only calls it as bg_error(st, "%s", msg):
+# integer-class arguments pass the same way to variadic functions on the
+# x86-64 and aarch64 Linux ABIs.
+_decl("bg_error", st, c_int, c_char_p, c_char_p)
+
+_decl("bg_model_desc_create", st, POINTER(ModelDescParams), PP)
+_decl("bg_model_desc_destroy", None, P)
+_decl("bg_model_desc_add", st, P, P)
+_decl("bg_model_desc_tie", st, P, c_char_p, c_char_p)
+_decl("bg_model_desc_check", st, P)
+_decl("bg_model_desc_params", POINTER(ModelDescParams), P)
+_decl("bg_model_desc_num_layers", c_int, P)
+_decl("bg_model_desc_layer", POINTER(Layer), P, c_int)
+_decl("bg_model_desc_classes", c_int, P)
+_decl("bg_model_desc_num_ties", c_int, P)
+_decl("bg_model_desc_tie_names", None, P, c_int, POINTER(c_char_p), POINTER(c_char_p))
+_decl("bg_model_desc_input_shape", Shape, P, c_int, c_int)
+_decl("bg_model_desc_param_count", c_size_t, P)
+_decl("bg_model_desc_tensor_layer", c_int, P, c_char_p)
+_decl("bg_model_desc_to_json", st, P, POINTER(c_void_p))
+_decl("bg_model_desc_from_json", st, c_char_p, PP)
+_decl("bg_model_config_check", st, POINTER(ModelConfig))
+_decl("bg_model_build", st, POINTER(ModelConfig), PP)
+_decl("bg_safetensors_compare_dirs", st, c_char_p, c_char_p, POINTER(CompareResult))
+
+_decl("bg_layer_destroy", None, P)
+_decl("bg_layer_param_count", c_size_t, P)
+_decl("bg_layer_loss_classes", c_int, P)
+_decl("bg_layer_linear", st, c_char_p, c_int, c_int, c_int, c_float, PP)
+_decl("bg_layer_activation", st, c_char_p, c_int, PP)
+_decl("bg_layer_layernorm", st, c_char_p, c_int, PP)
+_decl("bg_layer_embedding", st, c_char_p, c_int, c_int, c_int, c_float, PP)
+_decl("bg_layer_attention", st, c_char_p, c_int, c_int, PP)
+_decl("bg_layer_head", st, c_char_p, c_int, c_int, c_int, c_float, PP)
+_decl("bg_layer_seq", st, c_char_p, c_int, PP, PP)
+_decl("bg_layer_residual", st, c_char_p, P, PP)
+_decl("bg_layer_attention_block", st, c_char_p, c_int, c_int, c_float, c_float, PP)
+_decl("bg_layer_mlp_block", st, c_char_p, c_int, c_float, c_float, PP)
+_decl("bg_layer_transformer_block", st, c_char_p, c_int, c_int, c_float, c_float, PP)
+
+_decl("bg_executor_create", st, POINTER(ExecutorParams), PP)
+_decl("bg_executor_step", st, P, POINTER(StepResult))
+_decl("bg_executor_set_lr", None, P, c_float)
+_decl("bg_executor_request_stop", None, P)
+_decl("bg_executor_steps_done", c_int64, P)
+_decl("bg_executor_rank", c_int, P)
+_decl("bg_executor_info", None, P, POINTER(ExecutorInfo))
+_decl("bg_executor_save_checkpoint", st, P, c_char_p, c_int)
+_decl("bg_executor_resume", st, P, c_char_p, POINTER(c_int))
+_decl("bg_executor_save_weights", st, P, c_char_p)
+_decl("bg_executor_load_weights", st, P, c_char_p)
+_decl("bg_executor_write_trace", st, P)
+_decl("bg_executor_destroy", st, P)
+
+
+def check(status):
+    """Raise BrigadeError(status, bg_last_error()) unless status is OK."""
+    if status != 0:
+        raise BrigadeError(status, lib.bg_last_error().decode("utf-8", "replace"))
+
+
+def take_string(ptr):
+    """Copy a malloc'ed C string into a str and free() it."""
+    try:
+        return ctypes.string_at(ptr).decode("utf-8")
+    finally:
+        _libc.free(ptr)
+
+
+def encode(s, what):
+    """A str argument as the bytes C wants (None stays None)."""
+    if s is None:
+        return None
+    if isinstance(s, os.PathLike):
+        s = os.fspath(s)
+    if isinstance(s, bytes):
+        return s
+    if not isinstance(s, str):
+        raise TypeError("%s must be a str, got %s" % (what, type(s).__name__))
+    if "\0" in s:
+        raise ValueError("%s contains a NUL character" % what)
+    return s.encode("utf-8")

@@ -1,0 +1,73 @@
+/* tests/python/struct_layout.c: prints the size of every public struct the
+ * Python binding mirrors, and each field's offset and size, so that
+ * test_binding.py can compare them with the ctypes Structures. Headers only:
+ * it links nothing. Lines: "TYPE - SIZE" and "TYPE FIELD OFFSET SIZE". */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "brigade/executor.h"
+#include "brigade/model.h"
+
+#define S(T) printf("%s - %zu\n", #T, sizeof(T))
+#define F(T, f) printf("%s %s %zu %zu\n", #T, #f, offsetof(T, f), sizeof(((T *)0)->f))
+
+int main(void)
+{
+    S(bg_shape_t); F(bg_shape_t, n); F(bg_shape_t, t); F(bg_shape_t, c);
+
+    S(bg_model_desc_params_t);
+    F(bg_model_desc_params_t, size); F(bg_model_desc_params_t, name); F(bg_model_desc_params_t, input);
+    F(bg_model_desc_params_t, vocab); F(bg_model_desc_params_t, seq_len); F(bg_model_desc_params_t, features);
+    F(bg_model_desc_params_t, seed);
+
+    S(bg_model_config_t);
+    F(bg_model_config_t, size); F(bg_model_config_t, kind); F(bg_model_config_t, layers);
+    F(bg_model_config_t, d_model); F(bg_model_config_t, heads); F(bg_model_config_t, seq_len);
+    F(bg_model_config_t, vocab); F(bg_model_config_t, in_features); F(bg_model_config_t, classes);
+    F(bg_model_config_t, seed); F(bg_model_config_t, tie_embeddings);
+
+    S(bg_optim_config_t);
+    F(bg_optim_config_t, size); F(bg_optim_config_t, kind); F(bg_optim_config_t, lr); F(bg_optim_config_t, beta1);
+    F(bg_optim_config_t, beta2); F(bg_optim_config_t, eps); F(bg_optim_config_t, momentum);
+    F(bg_optim_config_t, weight_decay);
+
+    S(bg_batch_request_t);
+    F(bg_batch_request_t, step); F(bg_batch_request_t, microbatch); F(bg_batch_request_t, replica);
+    F(bg_batch_request_t, first); F(bg_batch_request_t, in);
+
+    S(bg_batch_source_t);
+    F(bg_batch_source_t, batch); F(bg_batch_source_t, seq_len); F(bg_batch_source_t, arg); F(bg_batch_source_t, seq);
+
+    S(bg_executor_params_t);
+    F(bg_executor_params_t, size); F(bg_executor_params_t, model); F(bg_executor_params_t, pp);
+    F(bg_executor_params_t, dp); F(bg_executor_params_t, tp); F(bg_executor_params_t, schedule);
+    F(bg_executor_params_t, chunks); F(bg_executor_params_t, split); F(bg_executor_params_t, nsplit);
+    F(bg_executor_params_t, batch); F(bg_executor_params_t, microbatches); F(bg_executor_params_t, optim);
+    F(bg_executor_params_t, data); F(bg_executor_params_t, backend); F(bg_executor_params_t, threads);
+    F(bg_executor_params_t, comm); F(bg_executor_params_t, recompute); F(bg_executor_params_t, recompute_stages);
+    F(bg_executor_params_t, nrecompute_stages); F(bg_executor_params_t, trace_path);
+    F(bg_executor_params_t, process_wide);
+
+    S(bg_step_result_t);
+    F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
+    F(bg_step_result_t, tokens_per_s); F(bg_step_result_t, bubble); F(bg_step_result_t, bytes_sent);
+    F(bg_step_result_t, peak_bytes); F(bg_step_result_t, stop);
+
+    S(bg_executor_info_t);
+    F(bg_executor_info_t, rank); F(bg_executor_info_t, world); F(bg_executor_info_t, pp_rank);
+    F(bg_executor_info_t, dp_rank); F(bg_executor_info_t, stages); F(bg_executor_info_t, chunks);
+    F(bg_executor_info_t, params); F(bg_executor_info_t, flops_per_step); F(bg_executor_info_t, predicted_bytes);
+    F(bg_executor_info_t, predicted_act_bytes); F(bg_executor_info_t, predicted_stashed);
+    F(bg_executor_info_t, peak_stashed); F(bg_executor_info_t, peak_act_bytes); F(bg_executor_info_t, numa_node);
+    F(bg_executor_info_t, schedule);
+
+    S(bg_compare_result_t);
+    F(bg_compare_result_t, tensors); F(bg_compare_result_t, identical); F(bg_compare_result_t, only_a);
+    F(bg_compare_result_t, only_b); F(bg_compare_result_t, shape_mismatch); F(bg_compare_result_t, max_abs);
+    F(bg_compare_result_t, max_rel); F(bg_compare_result_t, worst); F(bg_compare_result_t, rel_l2);
+
+    S(bg_layer_t);
+    F(bg_layer_t, ops); F(bg_layer_t, name); F(bg_layer_t, nparams); F(bg_layer_t, params);
+    F(bg_layer_t, nchildren); F(bg_layer_t, children); F(bg_layer_t, impl);
+    return 0;
+}
