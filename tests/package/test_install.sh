@@ -66,4 +66,22 @@ if readelf -d "$tmp/pc_static" | grep -q 'NEEDED.*libbrigade'; then
     fail "pc_static needs libbrigade.so"
 fi
 "$tmp/pc_static" || fail "consumer linked with pkg-config --static"
-echo "install layout, find_package (shared, static) and pkg-config (shared, static) consumers: ok"
+
+# the bring-your-own-model example, built out of tree against the install and
+# run on 2 pipeline stages with the installed launcher: bitwise one process's weights
+cmake -S "$src/examples/byom" -B "$tmp/byom" -DCMAKE_PREFIX_PATH="$p" -DCMAKE_C_COMPILER="$cc" \
+      -DCMAKE_BUILD_TYPE=Release > "$tmp/byom.log" 2>&1 || { cat "$tmp/byom.log"; fail "examples/byom: configure"; }
+cmake --build "$tmp/byom" > "$tmp/byom-build.log" 2>&1 || { cat "$tmp/byom-build.log"; fail "examples/byom: build"; }
+byom_args="--steps 20 --layers 1 --d-model 16 --heads 2 --seq 8 --vocab 32 --threads 1"
+"$tmp/byom/train_byom" $byom_args --save "$tmp/byom1" > "$tmp/byom1.log" 2>&1 \
+    || { cat "$tmp/byom1.log"; fail "examples/byom: one process"; }
+BRIGADE_TIMEOUT=60 timeout 120 "$p/bin/brigade" launch -n 2 -- "$tmp/byom/train_byom" $byom_args --pp 2 \
+    --save "$tmp/byom2" > "$tmp/byom2.log" 2>&1 || { cat "$tmp/byom2.log"; fail "examples/byom: 2 stages"; }
+grep -q "^trained byom" "$tmp/byom2.log" || fail "examples/byom: no summary line"
+awk '/^trained byom/ { split($0, a, "loss "); split(a[2], b, " -> "); exit !(b[2] < b[1]) }' "$tmp/byom2.log" \
+    || fail "examples/byom: the loss did not fall: $(grep '^trained' "$tmp/byom2.log")"
+verdict=$("$p/bin/brigade" compare "$tmp/byom1" "$tmp/byom2") || fail "examples/byom: $verdict"
+n=$(echo "$verdict" | sed -n 's/^\([0-9]*\) tensors compared: \([0-9]*\) bitwise identical.*/\1 \2/p')
+[ -n "$n" ] && [ "${n% *}" = "${n#* }" ] || fail "examples/byom: 2 stages differ from one process: $verdict"
+echo "examples/byom out of tree: $(grep '^trained' "$tmp/byom2.log"); $verdict"
+echo "install layout, find_package (shared, static) and pkg-config (shared, static) consumers, examples/byom: ok"
