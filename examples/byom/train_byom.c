@@ -23,7 +23,8 @@
 typedef struct options {
     int pp, dp, chunks, steps, layers, d_model, heads, seq, vocab, batch, microbatches, threads, recompute;
     float lr;
-    const char *schedule, *save;
+    const char *schedule, *save, *ckpt;
+    int ckpt_every, resume;
     long fail_at_step;      /* the batch callback fails at this step (testing errors), -1: never */
     long bad_target_step;   /* the batch callback writes a target out of range at this step, -1: never */
 } options_t;
@@ -110,18 +111,20 @@ static void usage(void)
             "usage: train_byom [--pp N] [--dp N] [--schedule NAME] [--chunks V] [--steps N] [--layers N]\n"
             "                  [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--microbatches N]\n"
             "                  [--lr X] [--threads N] [--recompute] [--save DIR]\n"
+            "                  [--checkpoint-dir DIR [--checkpoint-every N] [--resume]]\n"
             "                  [--fail-at-step K] [--bad-target-at-step K]   (error handling demos)\n");
 }
 
 int main(int argc, char **argv)
 {
-    options_t o = {1, 1, 0, 30, 2, 32, 4, 16, 64, 8, 4, 1, 0, 3e-3f, NULL, NULL, -1, -1};
+    options_t o = {1, 1, 0, 30, 2, 32, 4, 16, 64, 8, 4, 1, 0, 3e-3f, NULL, NULL, NULL, 0, 0, -1, -1};
     static const struct option opts[] = {
         {"pp", 1, 0, 'p'},          {"dp", 1, 0, 'd'},     {"schedule", 1, 0, 's'}, {"chunks", 1, 0, 'c'},
         {"steps", 1, 0, 'n'},       {"layers", 1, 0, 'l'}, {"d-model", 1, 0, 'm'},  {"heads", 1, 0, 'h'},
         {"seq", 1, 0, 't'},         {"vocab", 1, 0, 'v'},  {"batch", 1, 0, 'b'},    {"microbatches", 1, 0, 'M'},
         {"lr", 1, 0, 'r'},          {"threads", 1, 0, 'T'}, {"recompute", 0, 0, 'R'}, {"save", 1, 0, 'o'},
-        {"fail-at-step", 1, 0, 'F'}, {"bad-target-at-step", 1, 0, 'G'}, {0, 0, 0, 0}};
+        {"fail-at-step", 1, 0, 'F'}, {"bad-target-at-step", 1, 0, 'G'}, {"checkpoint-dir", 1, 0, 'C'},
+        {"checkpoint-every", 1, 0, 'E'}, {"resume", 0, 0, 'S'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -143,6 +146,9 @@ int main(int argc, char **argv)
         case 'o': o.save = optarg; break;
         case 'F': o.fail_at_step = atol(optarg) - 1; break;
         case 'G': o.bad_target_step = atol(optarg) - 1; break;
+        case 'C': o.ckpt = optarg; break;
+        case 'E': o.ckpt_every = atoi(optarg); break;
+        case 'S': o.resume = 1; break;
         default: usage(); return 2;
         }
     }
@@ -171,9 +177,16 @@ int main(int argc, char **argv)
         bg_model_desc_destroy(desc);
         return 1;
     }
-    int rank = bg_executor_rank(x), rc = 0;
+    int rank = bg_executor_rank(x), rc = 0, found = 0;
+    if (o.ckpt && o.resume && bg_executor_resume(x, o.ckpt, &found) != BG_OK) {
+        fprintf(stderr, "train_byom: rank %d: %s\n", rank, bg_last_error());
+        rc = 1;
+    }
+    int start = (int)bg_executor_steps_done(x); /* > 0 when resumed (under any layout) */
+    if (rc == 0 && found && rank == 0)
+        printf("resumed at step %d from %s\n", start, o.ckpt);
     double first = 0, last = 0;
-    for (int s = 0; s < o.steps; s++) {
+    for (int s = start; s < o.steps && rc == 0; s++) {
         /* the host owns the schedule: linear warm-up over the first 5 steps */
         bg_executor_set_lr(x, o.lr * (s < 5 ? (float)(s + 1) / 5.0f : 1.0f));
         bg_step_result_t r;
@@ -182,9 +195,14 @@ int main(int argc, char **argv)
             rc = 1;
             break;
         }
-        if (s == 0)
+        if (s == start)
             first = r.loss;
         last = r.loss;
+        if (o.ckpt && o.ckpt_every && (s + 1) % o.ckpt_every == 0 &&
+            bg_executor_save_checkpoint(x, o.ckpt, 2) != BG_OK) {
+            fprintf(stderr, "train_byom: rank %d: %s\n", rank, bg_last_error());
+            rc = 1;
+        }
         if (rank == 0 && (s % 10 == 0 || s + 1 == o.steps))
             printf("step %3lld  loss %.4f  %.0f tokens/s\n", (long long)r.step, r.loss, r.tokens_per_s);
     }

@@ -52,6 +52,19 @@ check 0 2 --pp 2 --schedule zb-h1 --recompute
 check l2:1e-5 2 --dp 2
 check l2:1e-5 4 --pp 2 --dp 2 --schedule 1f1b
 
+# checkpoints of the user's model by its tensor names: 4 steps on 2 stages,
+# then resumed on 3 stages with ZB-V to step 8 = 8 steps of one process
+if timeout 120 "$B" launch -n 2 -- "$E" ${ARGS/--steps 8/--steps 4} --pp 2 --checkpoint-dir "$T/ck" \
+     --checkpoint-every 4 > "$T/ck1.log" 2>&1 &&
+   timeout 120 "$B" launch -n 3 -- "$E" $ARGS --pp 3 --schedule zbv --checkpoint-dir "$T/ck" --resume \
+     --save "$T/resumed" > "$T/ck2.log" 2>&1; then
+  grep -q "resumed at step 4" "$T/ck2.log" || bad "resume: no 'resumed at step 4'"
+  verdict=$("$B" compare "$T/ref" "$T/resumed") && ok "checkpoint at pp 2, resumed at pp 3 zbv :: $verdict" \
+    || bad "resumed run differs :: $verdict"
+else
+  bad "checkpoint/resume runs failed"; tail -3 "$T/ck1.log" "$T/ck2.log"
+fi
+
 # errors in the host's data: every rank stops, names the step, nothing saved
 fail_case() { # NAME WANT_RANK0 WANT_RANK1 ARGS...
   local name=$1 w0=$2 w1=$3; shift 3
