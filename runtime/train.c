@@ -196,6 +196,46 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     return BG_OK;
 }
 
+/* The executor's parameters for the CLI's job. */
+static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_source_t *src,
+                       bg_executor_params_t *p_out)
+{
+    bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
+    p.model = desc;
+    p.pp = c->pp > 0 ? c->pp : 1;
+    p.dp = c->dp > 0 ? c->dp : 1;
+    p.schedule = c->schedule;
+    p.chunks = c->chunks;
+    p.split = c->split;
+    p.nsplit = c->nsplit;
+    p.batch = c->batch;
+    p.microbatches = c->microbatches;
+    p.optim = c->optim;
+    p.data.batch = train_batch;
+    p.data.seq_len = train_seq_len;
+    p.data.arg = src;
+    p.backend = c->backend;
+    p.threads = c->threads;
+    p.recompute = c->recompute;
+    p.recompute_stages = c->recompute_stages;
+    p.nrecompute_stages = c->nrecompute_stages;
+    p.trace_path = c->trace_path;
+    p.process_wide = c->process_wide;
+    *p_out = p;
+}
+
+/* What the executor holds and predicts, into the job's result. */
+static void result_from_info(const bg_executor_info_t *info, bg_train_result_t *res)
+{
+    res->params = info->params;
+    res->flops_per_step = info->flops_per_step;
+    res->predicted_bytes = info->predicted_bytes;
+    res->predicted_act_bytes = info->predicted_act_bytes;
+    res->predicted_stashed = info->predicted_stashed;
+    res->peak_stashed = info->peak_stashed;
+    res->peak_act_bytes = info->peak_act_bytes;
+}
+
 bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
 {
     bg_train_config_t c;
@@ -223,28 +263,9 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     if (c.save_dir)
         BG_CHECK_GOTO(bg_check_writable_dir(c.save_dir), st, out);
 
-    bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
-    p.model = desc;
-    p.pp = c.pp > 0 ? c.pp : 1;
-    p.dp = c.dp > 0 ? c.dp : 1;
-    p.schedule = c.schedule;
-    p.chunks = c.chunks;
-    p.split = c.split;
-    p.nsplit = c.nsplit;
-    p.batch = c.batch;
-    p.microbatches = c.microbatches;
-    p.optim = c.optim;
+    bg_executor_params_t p;
     train_source_t src = {bg_data_source(data), &c};
-    p.data.batch = train_batch;
-    p.data.seq_len = train_seq_len;
-    p.data.arg = &src;
-    p.backend = c.backend;
-    p.threads = c.threads;
-    p.recompute = c.recompute;
-    p.recompute_stages = c.recompute_stages;
-    p.nrecompute_stages = c.nrecompute_stages;
-    p.trace_path = c.trace_path;
-    p.process_wide = c.process_wide;
+    job_params(&c, desc, &src, &p);
     BG_CHECK_GOTO(bg_executor_create(&p, &x), st, out);
     bg_executor_info(x, &info);
     res.rank = info.rank;
@@ -306,13 +327,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.bubble = 1.0 - bg_median(busy, (size_t)timed) / step_s;
     }
     bg_executor_info(x, &info);
-    res.params = info.params;
-    res.flops_per_step = info.flops_per_step;
-    res.predicted_bytes = info.predicted_bytes;
-    res.predicted_act_bytes = info.predicted_act_bytes;
-    res.predicted_stashed = info.predicted_stashed;
-    res.peak_stashed = info.peak_stashed;
-    res.peak_act_bytes = info.peak_act_bytes;
+    result_from_info(&info, &res);
     if (c.save_dir)
         BG_CHECK_GOTO(bg_executor_save_weights(x, c.save_dir), st, out);
     if (c.trace_path)
