@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-typedef struct bg_backend bg_backend_t;
+typedef struct bg_backend bg_backend_t; /**< a backend instance (its body is below) */
 
 /** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
 typedef struct bg_backend_ops {
@@ -175,7 +175,7 @@ struct bg_backend {
 
 /** Create the backend named @p name ("cpu", "cuda"). params may be NULL. */
 bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p);
-void bg_backend_destroy(bg_backend_t *be);
+void bg_backend_destroy(bg_backend_t *be); /**< frees the instance and its context (NULL is a no-op) */
 /** Names of the backends compiled in, NULL-terminated. */
 const char *const *bg_backend_names(void);
 

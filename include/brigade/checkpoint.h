@@ -84,6 +84,7 @@ typedef struct bg_checkpoint_params {
                                     (shared through the comm's store), or per process when comm == NULL */
 } bg_checkpoint_params_t;
 
+/** Defaults of bg_checkpoint_params_t: one process that writes, keeping every checkpoint. */
 #define BG_CHECKPOINT_PARAMS_INIT                                                       \
     { .size = sizeof(bg_checkpoint_params_t), .root = NULL, .step = 0, .data_position = -1, \
       .models = NULL, .nmodels = 0, .comm = NULL, .rank = 0, .world = 1, .writer = 1,    \

@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-/* The version: the one place it is written. CMakeLists.txt reads these three
+/** The version: the one place it is written. CMakeLists.txt reads these three
  * lines for project(VERSION), the shared library's SONAME (libbrigade.so.MAJOR)
  * and the installed package's version files. */
 #define BRIGADE_VERSION_MAJOR 0
@@ -49,6 +49,7 @@ extern "C" {
  *  BRIGADE_VERSION_STRING to catch headers and a shared library that differ. */
 const char *bg_version(void);
 
+/** Log levels, from the most to the least severe (BRIGADE_LOG picks one). */
 typedef enum bg_log_level {
     BG_LOG_ERROR = 0,
     BG_LOG_WARN = 1,

@@ -65,7 +65,7 @@
 extern "C" {
 #endif
 
-typedef struct bg_executor bg_executor_t;
+typedef struct bg_executor bg_executor_t; /**< this rank's part of a job (opaque) */
 
 /** Parameters of bg_executor_create() (grows by appending; size header). */
 typedef struct bg_executor_params {
@@ -96,6 +96,7 @@ typedef struct bg_executor_params {
                                       process-wide side effects (docs/architecture.md, "Process-wide state") */
 } bg_executor_params_t;
 
+/** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
 #define BG_EXECUTOR_PARAMS_INIT                                                                            \
     { .size = sizeof(bg_executor_params_t), .model = NULL, .pp = 1, .dp = 1, .tp = 1, .schedule = NULL,      \
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
@@ -146,9 +147,9 @@ void bg_executor_set_lr(bg_executor_t *x, float lr);
 void bg_executor_request_stop(bg_executor_t *x);
 /** Steps completed (the next step's 0-based index). */
 int64_t bg_executor_steps_done(const bg_executor_t *x);
-int bg_executor_rank(const bg_executor_t *x);
-bg_comm_t *bg_executor_comm(bg_executor_t *x);
-void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p);
+int bg_executor_rank(const bg_executor_t *x); /**< this process's rank in the job */
+bg_comm_t *bg_executor_comm(bg_executor_t *x); /**< the job's communicator (the host's, or the one the executor created) */
+void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p); /**< what the executor holds and predicts on this rank */
 
 /** Save a checkpoint (weights, optimizer state, the model description,
  *  layout) of the steps done under @p root, keeping the newest @p keep

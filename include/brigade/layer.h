@@ -42,10 +42,11 @@ typedef struct bg_shape {
     int c; /**< channels; 0 = token ids */
 } bg_shape_t;
 
+/** Elements of an activation of shape @p s: n * t * c (n * t token ids when c = 0). */
 static inline size_t bg_shape_numel(bg_shape_t s) { return (size_t)s.n * (size_t)s.t * (size_t)(s.c ? s.c : 1); }
 
-#define BG_PARAM_MAX_DIMS 4
-#define BG_NAME_MAX 96
+#define BG_PARAM_MAX_DIMS 4 /**< dimensions of a parameter tensor at most (bg_param_t.shape) */
+#define BG_NAME_MAX 96 /**< bytes of a name buffer (a layer's or a parameter's local name), its NUL included */
 
 /** Parameter initialisation. */
 typedef enum bg_init_kind {
@@ -67,7 +68,7 @@ typedef struct bg_param {
     float *grad;                        /**< (numel) on the backend */
 } bg_param_t;
 
-typedef struct bg_layer bg_layer_t;
+typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
 
 /** Per-call context. Buffers are on the backend. */
 typedef struct bg_layer_ctx {
@@ -81,6 +82,7 @@ typedef struct bg_layer_ctx {
     void *scratch;            /**< scratch_bytes(in): valid during one call only */
 } bg_layer_ctx_t;
 
+/** A layer type: its functions (filled with designated initialisers; see docs/layers.md). */
 typedef struct bg_layer_ops {
     const char *type; /**< "linear", "layernorm", ... */
     /** Output shape for an input shape; BG_ERR_INVALID with a message if the shape is wrong. */
@@ -108,6 +110,7 @@ typedef struct bg_layer_ops {
     int (*loss_classes)(const bg_layer_t *l);
 } bg_layer_ops_t;
 
+/** A layer: its type, name, parameters and children. */
 struct bg_layer {
     const bg_layer_ops_t *ops;
     char name[BG_NAME_MAX]; /**< local name; the full name is the path from the model's root */
@@ -125,20 +128,23 @@ bg_status_t bg_layer_create(const bg_layer_ops_t *ops, const char *name, int npa
 void bg_layer_destroy(bg_layer_t *l);
 
 /* ---- sizes and costs of any layer (composites included) ---- */
-bg_status_t bg_layer_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
-size_t bg_layer_stash_bytes(const bg_layer_t *l, bg_shape_t in);
-size_t bg_layer_wstash_bytes(const bg_layer_t *l, bg_shape_t in);
-size_t bg_layer_scratch_bytes(const bg_layer_t *l, bg_shape_t in);
+bg_status_t bg_layer_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p); /**< output shape for input @p in; BG_ERR_INVALID with a message if @p in is wrong */
+size_t bg_layer_stash_bytes(const bg_layer_t *l, bg_shape_t in); /**< bytes kept per microbatch from F until the last of B and W */
+size_t bg_layer_wstash_bytes(const bg_layer_t *l, bg_shape_t in); /**< bytes kept from B until W */
+size_t bg_layer_scratch_bytes(const bg_layer_t *l, bg_shape_t in); /**< temporary bytes during one call */
 size_t bg_layer_param_count(const bg_layer_t *l); /**< including children */
-double bg_layer_fwd_flops(const bg_layer_t *l, bg_shape_t in);
-double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+double bg_layer_fwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the forward */
+double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the backward (B + W) */
 /** Target classes of a loss layer (a seq whose last child is one counts); 0: not a loss layer. */
 int bg_layer_loss_classes(const bg_layer_t *l);
 
 /* ---- built-in layers ---- */
+/** Fully connected: (n, t, c_in) -> (n, t, c_out); weight (c_out, c_in) from normal(0, init_std), bias (optional) zeros. */
 bg_status_t bg_layer_linear(const char *name, int c_in, int c_out, int bias, float init_std, bg_layer_t **layer_p);
-typedef enum bg_activation { BG_ACT_GELU = 0, BG_ACT_RELU = 1 } bg_activation_t;
+typedef enum bg_activation { BG_ACT_GELU = 0, BG_ACT_RELU = 1 } bg_activation_t; /**< the function of bg_layer_activation(); GELU is the tanh approximation (GPT-2) */
+/** Elementwise activation: (n, t, c) -> (n, t, c); no parameters. */
 bg_status_t bg_layer_activation(const char *name, bg_activation_t kind, bg_layer_t **layer_p);
+/** LayerNorm over the last dimension of c channels (eps 1e-5); weight starts at ones, bias at zeros. */
 bg_status_t bg_layer_layernorm(const char *name, int c, bg_layer_t **layer_p);
 /** token + position embedding: (n, t) tokens -> (n, t, c); t <= max_t. */
 bg_status_t bg_layer_embedding(const char *name, int vocab, int max_t, int c, float init_std, bg_layer_t **layer_p);

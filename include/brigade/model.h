@@ -63,7 +63,7 @@ typedef struct bg_model_desc_params {
 } bg_model_desc_params_t;
 #define BG_MODEL_DESC_PARAMS_INIT {sizeof(bg_model_desc_params_t), "model", BG_INPUT_FEATURES, 0, 1, 1, 1337}
 
-typedef struct bg_model_desc bg_model_desc_t;
+typedef struct bg_model_desc bg_model_desc_t; /**< a model description (opaque) */
 
 /** An empty description. */
 bg_status_t bg_model_desc_create(const bg_model_desc_params_t *p, bg_model_desc_t **desc_p);
@@ -85,12 +85,12 @@ bg_status_t bg_model_desc_tie(bg_model_desc_t *d, const char *a, const char *b);
  *  the layer or tensor. */
 bg_status_t bg_model_desc_check(const bg_model_desc_t *d);
 
-const bg_model_desc_params_t *bg_model_desc_params(const bg_model_desc_t *d);
-int bg_model_desc_num_layers(const bg_model_desc_t *d);
-bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i);
+const bg_model_desc_params_t *bg_model_desc_params(const bg_model_desc_t *d); /**< the parameters it was created with */
+int bg_model_desc_num_layers(const bg_model_desc_t *d); /**< top-level layers */
+bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i); /**< top-level layer @p i; NULL when out of range */
 /** Classes of the loss layer (targets are ids in [0, classes)); 0 if the last layer is no loss. */
 int bg_model_desc_classes(const bg_model_desc_t *d);
-int bg_model_desc_num_ties(const bg_model_desc_t *d);
+int bg_model_desc_num_ties(const bg_model_desc_t *d); /**< ties declared */
 /** Tie i: *a_p is the source, *b_p the copy. */
 void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p);
 /** Shape of the model's input for n sequences of t positions (t is ignored
@@ -119,7 +119,7 @@ bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json,
 
 /* ---------------------------------------------------------------- builders */
 
-typedef enum bg_model_kind { BG_MODEL_GPT = 0, BG_MODEL_MLP = 1 } bg_model_kind_t;
+typedef enum bg_model_kind { BG_MODEL_GPT = 0, BG_MODEL_MLP = 1 } bg_model_kind_t; /**< the built-in builders */
 
 /** Configuration of the two built-in builders (grows by appending; size header). */
 typedef struct bg_model_config {
@@ -151,21 +151,21 @@ bg_status_t bg_model_desc_builder(const bg_model_desc_t *d, bg_model_config_t *c
 
 /* ---------------------------------------------------------------- models */
 
-typedef struct bg_model bg_model_t;
+typedef struct bg_model bg_model_t; /**< a layer range bound to its buffers (opaque) */
 
 /** Bind the layers [first, last] (inclusive; -1, -1 = all) of a checked
  *  description to new flat buffers: parameters (initialised), gradients
  *  (zeroed); optimizer state lazily. A layer can be bound to one model at a
  *  time; the description must outlive the model. */
 bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p);
-void bg_model_destroy(bg_model_t *m);
+void bg_model_destroy(bg_model_t *m); /**< frees the model's buffers; the description stays (NULL is a no-op) */
 
-const bg_model_desc_t *bg_model_desc(const bg_model_t *m);
+const bg_model_desc_t *bg_model_desc(const bg_model_t *m); /**< the description the model binds */
 int bg_model_total_layers(const bg_model_t *m);      /**< layers of the full model */
-int bg_model_first_layer(const bg_model_t *m);
-int bg_model_last_layer(const bg_model_t *m);
+int bg_model_first_layer(const bg_model_t *m); /**< global index of the range's first layer */
+int bg_model_last_layer(const bg_model_t *m); /**< global index of the range's last layer (inclusive) */
 bg_layer_t *bg_model_layer(bg_model_t *m, int i);    /**< global index i in [0, total) (descriptors) */
-bg_backend_t *bg_model_backend(const bg_model_t *m);
+bg_backend_t *bg_model_backend(const bg_model_t *m); /**< the backend that holds the model's buffers */
 /** Shape of the model's input for a microbatch of n sequences of t positions. */
 bg_shape_t bg_model_input_shape(const bg_model_t *m, int n, int t);
 
@@ -173,7 +173,7 @@ bg_shape_t bg_model_input_shape(const bg_model_t *m, int n, int t);
 size_t bg_model_param_count(const bg_model_t *m);
 float *bg_model_params(bg_model_t *m);   /**< flat (param_count) */
 float *bg_model_grads(bg_model_t *m);    /**< flat (param_count) */
-void bg_model_zero_grads(bg_model_t *m);
+void bg_model_zero_grads(bg_model_t *m); /**< set the range's gradients to zero */
 
 /** Named tensors of this range, in a fixed order: "blocks.3.attn.qkv.weight". */
 int bg_model_num_tensors(const bg_model_t *m);
@@ -198,7 +198,8 @@ bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_pr
                              int *count_p);
 
 /* ---------------------------------------------------------------- optimizers */
-typedef enum bg_optim_kind { BG_OPTIM_ADAMW = 0, BG_OPTIM_SGD = 1 } bg_optim_kind_t;
+typedef enum bg_optim_kind { BG_OPTIM_ADAMW = 0, BG_OPTIM_SGD = 1 } bg_optim_kind_t; /**< the optimizers */
+/** An optimizer and its hyperparameters; start from BG_OPTIM_CONFIG_INIT. */
 typedef struct bg_optim_config {
     size_t size;
     bg_optim_kind_t kind;
@@ -230,8 +231,9 @@ float *bg_model_optim_state(bg_model_t *m, int which);
  */
 typedef struct bg_stage bg_stage_t;
 
+/** A stage running model @p m, with @p max_microbatches slots (microbatches in flight at once, >= 1). */
 bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **stage_p);
-void bg_stage_destroy(bg_stage_t *s);
+void bg_stage_destroy(bg_stage_t *s); /**< frees the stage and its slots (NULL is a no-op) */
 
 /** Prepare slot mb for input of shape @p in (allocates the input buffer; the
  *  shape must be the model's input for the first stage or the previous stage's
@@ -315,12 +317,12 @@ typedef struct bg_batch_source {
     int seq;               /**< positions per sequence when seq_len is NULL (0: the model's seq_len) */
 } bg_batch_source_t;
 
-typedef struct bg_data bg_data_t;
+typedef struct bg_data bg_data_t; /**< a built-in data set (opaque) */
 /** Text corpus (bytes are tokens). Refuses a missing, empty or too-short file. */
 bg_status_t bg_data_open_text(const char *path, int seq_len, uint64_t seed, bg_data_t **data_p);
 /** Synthetic classification: x ~ N(0,1)^features, label = argmax of a fixed random teacher. */
 bg_status_t bg_data_synthetic(int features, int classes, uint64_t seed, bg_data_t **data_p);
-void bg_data_close(bg_data_t *d);
+void bg_data_close(bg_data_t *d); /**< frees a data set (NULL is a no-op) */
 size_t bg_data_size(const bg_data_t *d); /**< corpus bytes (text) or 0 */
 /** Sequences [first, first+count) of global step `step`'s batch: tokens and
  *  targets (count*t each) for text; inputs (count*features) and targets

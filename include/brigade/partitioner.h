@@ -208,17 +208,17 @@ typedef struct bg_plan_stage {
     double predicted_ms_per_microbatch;
 } bg_plan_stage_t;
 
-typedef struct bg_plan bg_plan_t;
-typedef struct bg_plan_set bg_plan_set_t;
+typedef struct bg_plan bg_plan_t; /**< a plan (opaque) */
+typedef struct bg_plan_set bg_plan_set_t; /**< the plans of a search, best first (opaque) */
 
 /** Search layouts. BG_ERR_NO_FIT (with the shortfall, the smallest budget
  *  and device count that fit) when nothing fits; BG_ERR_INVALID for bad input. */
 bg_status_t bg_plan_search(const bg_plan_params_t *params, bg_plan_set_t **set_p);
-int bg_plan_set_count(const bg_plan_set_t *set);
+int bg_plan_set_count(const bg_plan_set_t *set); /**< plans kept (at most params.top) */
 /** Candidates evaluated (fitting or not). */
 int bg_plan_set_evaluated(const bg_plan_set_t *set);
 const bg_plan_t *bg_plan_set_get(const bg_plan_set_t *set, int i); /**< best first */
-void bg_plan_set_free(bg_plan_set_t *set);
+void bg_plan_set_free(bg_plan_set_t *set); /**< frees the set and its plans (NULL is a no-op) */
 
 /** Write / read the plan JSON (docs/partitioner.md). Load checks the schema
  *  (every field, BG_ERR_PARSE naming its JSON path) and that the stages cover
@@ -230,22 +230,22 @@ bg_status_t bg_plan_save(const bg_plan_t *plan, const char *path);
 bg_status_t bg_plan_to_json(const bg_plan_t *plan, char **json_p);
 bg_status_t bg_plan_load(const char *path, bg_plan_t **plan_p);
 bg_status_t bg_plan_from_json(const char *json, bg_plan_t **plan_p);
-bg_plan_t *bg_plan_copy(const bg_plan_t *plan);
-void bg_plan_free(bg_plan_t *plan);
+bg_plan_t *bg_plan_copy(const bg_plan_t *plan); /**< a deep copy; NULL when out of memory */
+void bg_plan_free(bg_plan_t *plan); /**< frees a plan (NULL is a no-op) */
 
-int bg_plan_world(const bg_plan_t *plan);
-int bg_plan_pp(const bg_plan_t *plan);
-int bg_plan_dp(const bg_plan_t *plan);
-int bg_plan_tp(const bg_plan_t *plan);
-int bg_plan_microbatches(const bg_plan_t *plan);
-int bg_plan_microbatch_size(const bg_plan_t *plan);
-int bg_plan_batch(const bg_plan_t *plan);
+int bg_plan_world(const bg_plan_t *plan); /**< devices */
+int bg_plan_pp(const bg_plan_t *plan); /**< pipeline ranks */
+int bg_plan_dp(const bg_plan_t *plan); /**< data-parallel replicas */
+int bg_plan_tp(const bg_plan_t *plan); /**< tensor-parallel degree (1) */
+int bg_plan_microbatches(const bg_plan_t *plan); /**< microbatches per step and replica */
+int bg_plan_microbatch_size(const bg_plan_t *plan); /**< sequences per microbatch */
+int bg_plan_batch(const bg_plan_t *plan); /**< global batch, sequences */
 int bg_plan_seq(const bg_plan_t *plan);   /**< positions per sequence: the model's seq_len */
-const char *bg_plan_schedule(const bg_plan_t *plan);
-int bg_plan_chunks(const bg_plan_t *plan);
-double bg_plan_step_ms(const bg_plan_t *plan);
-double bg_plan_bubble(const bg_plan_t *plan);
-double bg_plan_tokens_per_s(const bg_plan_t *plan);
+const char *bg_plan_schedule(const bg_plan_t *plan); /**< the schedule's name */
+int bg_plan_chunks(const bg_plan_t *plan); /**< model chunks per pipeline rank */
+double bg_plan_step_ms(const bg_plan_t *plan); /**< predicted step time, milliseconds */
+double bg_plan_bubble(const bg_plan_t *plan); /**< predicted bubble: idle fraction of the step */
+double bg_plan_tokens_per_s(const bg_plan_t *plan); /**< predicted throughput, tokens per second */
 int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
 /** The model the plan was made for: its bg_model_desc_to_json() text, owned
@@ -254,7 +254,7 @@ bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer who
 const char *bg_plan_model(const bg_plan_t *plan);
 /** Number of (virtual) stages: pp * chunks. */
 int bg_plan_num_stages(const bg_plan_t *plan);
-const bg_plan_stage_t *bg_plan_stage(const bg_plan_t *plan, int i);
+const bg_plan_stage_t *bg_plan_stage(const bg_plan_t *plan, int i); /**< stage @p i; NULL when out of range */
 /** Layers per virtual stage, the executor's --split (bg_train_config_t.split). */
 int bg_plan_split(const bg_plan_t *plan, int *split, int max);
 /** Predicted peak bytes and budget of pipeline rank @p rank (all its chunks). */

@@ -112,7 +112,7 @@ typedef struct bg_schedule_params {
                                   (2 for interleaved and zbv, 1 otherwise) */
 } bg_schedule_params_t;
 
-#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0}
+#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0} /**< 1F1B, one stage, one microbatch */
 
 /** Opaque program set: one instruction list per rank. */
 typedef struct bg_schedule bg_schedule_t;
@@ -141,10 +141,10 @@ bg_status_t bg_schedule_create(const char *name, int ranks, int microbatches, in
 /** Append one instruction to @p rank's list (copied; no checks beyond the
  *  rank index: bg_schedule_validate() judges the program). */
 bg_status_t bg_schedule_append(bg_schedule_t *sched, int rank, const bg_sched_op_t *op);
-void bg_schedule_free(bg_schedule_t *sched);
+void bg_schedule_free(bg_schedule_t *sched); /**< frees the program set (NULL is a no-op) */
 
-bg_schedule_kind_t bg_schedule_kind(const bg_schedule_t *sched);
-const char *bg_schedule_name(const bg_schedule_t *sched);
+bg_schedule_kind_t bg_schedule_kind(const bg_schedule_t *sched); /**< its generator; BG_SCHED_CUSTOM when built by hand or read from JSON */
+const char *bg_schedule_name(const bg_schedule_t *sched); /**< its name (the generator's, or the one it was created or read with) */
 int bg_schedule_ranks(const bg_schedule_t *sched);        /**< p */
 int bg_schedule_microbatches(const bg_schedule_t *sched); /**< m */
 int bg_schedule_chunks(const bg_schedule_t *sched);       /**< v */
@@ -205,6 +205,7 @@ typedef struct bg_sim_params {
                                                (split schedules), counted in the peak bytes; or NULL */
 } bg_sim_params_t;
 
+/** Defaults of bg_sim_params_t: F = B = W = 1, free communication, no memory. */
 #define BG_SIM_PARAMS_INIT                                                      \
     {sizeof(bg_sim_params_t), 1.0, 1.0, 1.0, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0.0, NULL, 0.0, 0.0, NULL}
 
@@ -219,12 +220,12 @@ typedef struct bg_sim_event {
     double start, end;
 } bg_sim_event_t;
 
-typedef struct bg_sim_result bg_sim_result_t;
+typedef struct bg_sim_result bg_sim_result_t; /**< a simulated timeline (opaque) */
 
 /** Simulate (the programs must validate: it is checked first). */
 bg_status_t bg_schedule_simulate(const bg_schedule_t *sched, const bg_sim_params_t *params,
                                  bg_sim_result_t **result_p);
-void bg_sim_result_free(bg_sim_result_t *res);
+void bg_sim_result_free(bg_sim_result_t *res); /**< frees a result (NULL is a no-op) */
 
 /** Step time: the end of the last instruction on any rank (all ranks start at 0). */
 double bg_sim_step_time(const bg_sim_result_t *res);

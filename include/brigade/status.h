@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-/* X(name, value, description): the enum and the strings come from this list. */
+/** X(name, value, description): the enum and the strings come from this list. */
 #define BG_STATUS_MAP(X)                                                        \
     X(OK,              0,  "ok")                                                \
     X(ERR_INVALID,    -1,  "invalid argument")                                  \
@@ -33,6 +33,7 @@ extern "C" {
     X(ERR_INTERNAL,   -15, "internal error")                                    \
     X(IN_PROGRESS,     1,  "in progress")
 
+/** The status every call returns: BG_OK (0), an error (< 0), or BG_IN_PROGRESS (1). */
 typedef enum bg_status {
 #define BG__STATUS_ENUM(name, value, desc) BG_##name = (value),
     BG_STATUS_MAP(BG__STATUS_ENUM)

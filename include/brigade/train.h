@@ -28,6 +28,7 @@ typedef struct bg_step_info {
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
+/** A training job of the CLI; start from bg_train_config_init(). */
 typedef struct bg_train_config {
     size_t size;                 /**< sizeof(bg_train_config_t) */
     bg_model_config_t model;
@@ -70,6 +71,7 @@ typedef struct bg_train_config {
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);
 
+/** What bg_train() did, on this rank. */
 typedef struct bg_train_result {
     double final_loss;        /**< loss of the last step */
     double first_loss;        /**< loss of the first step */

@@ -82,6 +82,7 @@ typedef struct bg_comm_params {
     int ucx_log_handler;
 } bg_comm_params_t;
 
+/** Defaults of bg_comm_params_t: everything from the environment. */
 #define BG_COMM_PARAMS_INIT                                                     \
     { .size = sizeof(bg_comm_params_t), .rank = -1, .world_size = 0,            \
       .local_rank = -1, .master_addr = NULL, .master_port = 0, .token = NULL,  \
@@ -100,9 +101,9 @@ bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p);
  * everything by force without waiting on anyone. Never hangs.
  */
 bg_status_t bg_comm_destroy(bg_comm_t *comm);
-int bg_comm_rank(const bg_comm_t *comm);
-int bg_comm_size(const bg_comm_t *comm);
-int bg_comm_local_rank(const bg_comm_t *comm);
+int bg_comm_rank(const bg_comm_t *comm); /**< this process's rank in the world */
+int bg_comm_size(const bg_comm_t *comm); /**< ranks in the world */
+int bg_comm_local_rank(const bg_comm_t *comm); /**< this process's rank on its machine */
 /** Seconds an operation may wait before it fails with BG_ERR_TIMEOUT. */
 double bg_comm_timeout(const bg_comm_t *comm);
 /** BG_OK while every peer is alive, else BG_ERR_PEER with the first failure's message. */
@@ -150,11 +151,13 @@ bg_status_t bg_recv(bg_comm_t *comm, int peer, uint32_t tag, void *buf, size_t b
 
 /* ---- groups and collectives ------------------------------------------------- */
 
+/** Reduction of the collectives. */
 typedef enum bg_reduce_op {
     BG_REDUCE_SUM = 0, /**< elementwise float32 sum */
     BG_REDUCE_AVG = 1, /**< sum divided by the group size */
 } bg_reduce_op_t;
 
+/** Allreduce algorithms. */
 typedef enum bg_allreduce_algo {
     BG_ALLREDUCE_AUTO = 0,      /**< by size (BRIGADE_ALLREDUCE_SMALL_BYTES) */
     BG_ALLREDUCE_RING = 1,      /**< ring reduce-scatter + allgather */
@@ -167,11 +170,12 @@ typedef enum bg_allreduce_algo {
  * same order relative to its other group creations; local, no communication.
  */
 bg_status_t bg_group_create(bg_comm_t *comm, int n, const int *ranks, bg_group_t **group_p);
-void bg_group_destroy(bg_group_t *group);
+void bg_group_destroy(bg_group_t *group); /**< frees the group (local; NULL is a no-op) */
 int bg_group_rank(const bg_group_t *group);  /**< this process's rank in the group, -1 if not a member */
-int bg_group_size(const bg_group_t *group);
-int bg_group_world_rank(const bg_group_t *group, int group_rank);
+int bg_group_size(const bg_group_t *group); /**< members */
+int bg_group_world_rank(const bg_group_t *group, int group_rank); /**< world rank of member @p group_rank; -1 when out of range */
 
+/** Return once every member has entered the barrier (collective over the group). */
 bg_status_t bg_group_barrier(bg_group_t *group);
 /** Broadcast @p bytes of @p buf from group rank @p root. */
 bg_status_t bg_group_bcast(bg_group_t *group, void *buf, size_t bytes, int root);
@@ -198,6 +202,8 @@ bg_status_t bg_group_reduce_scatter(bg_group_t *group, const float *sendbuf, flo
 #define BG_STORE_MAX_KEY 256           /**< bytes in a key */
 #define BG_STORE_MAX_VALUE (1u << 20)  /**< bytes in a value */
 
+/** Set @p key (at most BG_STORE_MAX_KEY bytes) to @p bytes of @p value (at most
+ *  BG_STORE_MAX_VALUE), replacing what it held. */
 bg_status_t bg_store_set(bg_comm_t *comm, const char *key, const void *value, size_t bytes);
 /** Value of @p key (BG_ERR_NOT_FOUND if unset); at most @p cap bytes copied,
  *  *bytes_p is the full size. */
