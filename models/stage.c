@@ -10,7 +10,17 @@
  *   dout_in incoming output gradient                   (recv .. end of backward)
  *   bw      split backward: [dout_i, i<k-1][wstash_i][din]   (B .. W)
  *           fused backward: [ping][pong][wstash max]         (.. bg_stage_end)
- * The stage's scratch buffer (temporaries of one call) is shared by all slots. */
+ * The stage's scratch buffer (temporaries of one call) is shared by all slots.
+ *
+ * Guard zones (BRIGADE_GUARD): every piece handed to a layer (outputs,
+ * stashes, wstashes, the inner and input gradients, the scratch) is followed
+ * by a zone from its reported size to GUARD_BYTES past its aligned end, filled
+ * with a pattern before each layer call and compared after it; a changed byte
+ * fails the call naming the layer and the buffer. Under AddressSanitizer the
+ * zones (and the rest of a shared piece past the call's size) are poisoned
+ * during the call, so a read past a reported size is reported too. The guards
+ * are debug overhead: bg_stage_memory counts what the layers report, and with
+ * guards off the stage allocates exactly that. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +28,26 @@
 #include "core/check.h"
 #include "models/layer_impl.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define BG__GUARD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BG__GUARD_ASAN 1
+#endif
+#endif
+#ifdef BG__GUARD_ASAN
+#include <sanitizer/asan_interface.h>
+#define GUARD_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define GUARD_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define GUARD_POISON(p, n) ((void)(p), (void)(n))
+#define GUARD_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define MAX_LAYERS_STAGE 4096
+/* Bytes of guard after each piece's 64-byte aligned end: a zone is
+ * [reported, align64(reported) + GUARD_BYTES), 64 to 127 bytes. */
+#define GUARD_BYTES 64
 
 typedef enum { SLOT_FREE = 0, SLOT_BEGUN, SLOT_FORWARD, SLOT_BINPUT, SLOT_DONE } slot_state_t;
 
@@ -49,7 +78,29 @@ struct bg_stage {
     bg_stage_layer_done_fn layer_done;
     void *layer_done_arg;
     int recompute;      /* keep only input and output between F and B; rerun F in B */
+    size_t gz;          /* guard bytes after each piece: GUARD_BYTES, or 0 with guards off */
+    int poison;         /* ASan build on a host backend: poison the zones during calls */
 };
+
+/* Whether stages guard their buffers: BRIGADE_GUARD=auto|on|off; auto is on
+ * in builds that define BG_GUARD_AUTO_ON (ASan or Debug, see models/CMakeLists.txt). */
+static bg_status_t guard_enabled(int *on_p)
+{
+    const char *v = bg_config_str("BRIGADE_GUARD");
+    if (strcmp(v, "on") == 0)
+        *on_p = 1;
+    else if (strcmp(v, "off") == 0)
+        *on_p = 0;
+    else if (strcmp(v, "auto") == 0) {
+#ifdef BG_GUARD_AUTO_ON
+        *on_p = 1;
+#else
+        *on_p = 0;
+#endif
+    } else
+        return bg_error(BG_ERR_INVALID, "BRIGADE_GUARD=\"%s\": expected auto, on or off", v);
+    return BG_OK;
+}
 
 void bg_stage_set_recompute(bg_stage_t *s, int on) { s->recompute = on ? 1 : 0; }
 int bg_stage_recompute(const bg_stage_t *s) { return s->recompute; }
@@ -64,6 +115,8 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
 {
     if (max_microbatches < 1)
         return bg_error(BG_ERR_INVALID, "a stage needs at least one microbatch slot (got %d)", max_microbatches);
+    int guard = 0;
+    BG_CHECK(guard_enabled(&guard));
     bg_stage_t *s = calloc(1, sizeof(*s));
     BG_ALLOC_CHECK(s, sizeof(*s), "stage");
     s->model = m;
@@ -81,6 +134,10 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     }
     for (int i = 0; i < s->nlayers; i++)
         s->layers[i] = bg_model_layer(m, s->first + i);
+    s->gz = guard ? GUARD_BYTES : 0;
+#ifdef BG__GUARD_ASAN
+    s->poison = guard && strcmp(s->be->ops->name, "cpu") == 0; /* shadow memory covers host memory only */
+#endif
     *stage_p = s;
     return BG_OK;
 }
@@ -129,13 +186,20 @@ static bg_status_t get_slot(bg_stage_t *s, int mb, slot_state_t want, const char
 
 static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh);
 
+/* Bytes the stage sets aside for a piece the layer reports as `bytes`: its
+ * aligned size, plus its guard zone when guards are on (gz > 0). */
+static size_t piece(size_t bytes, size_t gz) { return bg_align64(bytes) + gz; }
+
+/* Bytes of an activation (or its gradient) of shape sh. */
+static size_t act_size(bg_shape_t sh) { return bg_shape_numel(sh) * sizeof(float); }
+
 static bg_status_t ensure_scratch(bg_stage_t *s, const bg_shape_t *shapes)
 {
     size_t need = scratch_need(s, shapes);
-    if (need <= s->scratch_bytes)
+    if (need <= s->scratch_bytes && (s->scratch || !s->gz))
         return BG_OK;
     bg_backend_free(s->be, s->scratch);
-    s->scratch = bg_backend_alloc(s->be, need, "stage scratch");
+    s->scratch = bg_backend_alloc(s->be, s->gz ? piece(need, s->gz) : need, "stage scratch");
     s->scratch_bytes = s->scratch ? need : 0;
     return s->scratch ? BG_OK : BG_ERR_NOMEM;
 }
@@ -153,43 +217,55 @@ static int is_last_stage(const bg_stage_t *s)
     return bg_model_last_layer(s->model) == bg_model_total_layers(s->model) - 1;
 }
 
-/* Bytes of the fused backward's temporary: two ping-pong gradients and one wstash. */
-static size_t fused_bytes(const bg_stage_t *s, const bg_shape_t *sh)
+/* The largest gradient the fused backward's ping-pong buffers hold (aligned). */
+static size_t fused_maxact(const bg_stage_t *s, const bg_shape_t *sh)
 {
-    size_t maxact = 0, maxw = 0;
+    size_t maxact = 0;
     for (int i = 0; i <= s->nlayers; i++) {
-        size_t b = bg_align64(bg_shape_numel(sh[i]) * sizeof(float));
+        size_t b = bg_align64(act_size(sh[i]));
         if ((i > 0 || (sh[0].c && s->first > 0)) && b > maxact)
             maxact = b;
     }
+    return maxact;
+}
+
+/* The largest wstash of the stage's layers (aligned). */
+static size_t fused_maxw(const bg_stage_t *s, const bg_shape_t *sh)
+{
+    size_t maxw = 0;
     for (int i = 0; i < s->nlayers; i++) {
         size_t b = bg_align64(bg_layer_wstash_bytes(s->layers[i], sh[i]));
         if (b > maxw)
             maxw = b;
     }
-    return 2 * maxact + maxw;
+    return maxw;
+}
+
+/* Bytes of the fused backward's temporary: two ping-pong gradients and one wstash. */
+static size_t fused_bytes(const bg_stage_t *s, const bg_shape_t *sh, size_t gz)
+{
+    return 2 * (fused_maxact(s, sh) + gz) + fused_maxw(s, sh) + gz;
 }
 
 /* Bytes of the split backward's arena: [dout_i, i<k-1][wstash_i][din]. */
-static size_t split_bytes(const bg_stage_t *s, const bg_shape_t *sh, size_t *din_off_p)
+static size_t split_bytes(const bg_stage_t *s, const bg_shape_t *sh, size_t gz, size_t *din_off_p)
 {
     size_t total = 0;
     for (int i = 0; i < s->nlayers; i++)
-        total += (i < s->nlayers - 1 ? bg_align64(bg_shape_numel(sh[i + 1]) * sizeof(float)) : 0) +
-                 bg_align64(bg_layer_wstash_bytes(s->layers[i], sh[i]));
+        total += (i < s->nlayers - 1 ? piece(act_size(sh[i + 1]), gz) : 0) +
+                 piece(bg_layer_wstash_bytes(s->layers[i], sh[i]), gz);
     if (din_off_p)
         *din_off_p = total;
     if (sh[0].c != 0 && s->first > 0) /* the model's own input needs no gradient */
-        total += bg_align64(bg_shape_numel(sh[0]) * sizeof(float));
+        total += piece(act_size(sh[0]), gz);
     return total;
 }
 
-static size_t act_bytes(const bg_stage_t *s, const bg_shape_t *sh)
+static size_t act_bytes(const bg_stage_t *s, const bg_shape_t *sh, size_t gz)
 {
     size_t total = 0;
     for (int i = 0; i < s->nlayers; i++)
-        total += bg_align64(bg_shape_numel(sh[i + 1]) * sizeof(float)) +
-                 bg_align64(bg_layer_stash_bytes(s->layers[i], sh[i]));
+        total += piece(act_size(sh[i + 1]), gz) + piece(bg_layer_stash_bytes(s->layers[i], sh[i]), gz);
     return total;
 }
 
@@ -204,6 +280,7 @@ static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh)
     return need;
 }
 
+/* What the layers report; the guards (debug overhead) are not counted. */
 bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
 {
     bg_shape_t *sh = malloc((size_t)(s->nlayers + 1) * sizeof(*sh));
@@ -214,20 +291,138 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
         return st;
     }
     bg_stage_mem_t m = {0};
-    m.stash = act_bytes(s, sh) + (in.c ? bg_shape_numel(in) * sizeof(float) : 0);
+    m.stash = act_bytes(s, sh, 0) + (in.c ? bg_shape_numel(in) * sizeof(float) : 0);
     if (s->recompute) {
-        m.recompute = act_bytes(s, sh);
+        m.recompute = act_bytes(s, sh, 0);
         m.stash = (in.c ? bg_shape_numel(in) * sizeof(float) : 0) + bg_shape_numel(sh[s->nlayers]) * sizeof(float);
     }
     size_t nt = (size_t)in.n * (size_t)in.t * sizeof(int32_t);
     m.data = (in.c == 0 ? nt : 0) + (is_last_stage(s) ? nt : 0);
     m.dout = is_last_stage(s) ? 0 : bg_shape_numel(sh[s->nlayers]) * sizeof(float);
-    m.split_bw = split_bytes(s, sh, NULL);
-    m.fused_bw = fused_bytes(s, sh);
+    m.split_bw = split_bytes(s, sh, 0, NULL);
+    m.fused_bw = fused_bytes(s, sh, 0);
     m.scratch = scratch_need(s, sh);
     free(sh);
     *mem_p = m;
     return BG_OK;
+}
+
+/* ---- guard zones ---- */
+
+typedef enum { G_OUT, G_STASH, G_WSTASH, G_DIN, G_SCRATCH, G_IN, G_DOUT } guard_kind_t;
+
+/* One piece a layer call gets: `bytes` reported, `cap` bytes set aside from p
+ * (a shared piece, the scratch or a fused buffer, may hold more than this
+ * call's size; ASan poisons all of [bytes, cap) during the call). */
+typedef struct guard_piece {
+    guard_kind_t kind;
+    char *p;
+    size_t bytes, cap;
+} guard_piece_t;
+
+#define GUARD_MAX_PIECES 8
+
+typedef struct guard_call {
+    int n;
+    guard_piece_t g[GUARD_MAX_PIECES];
+} guard_call_t;
+
+/* Add a piece (NULL pointers, and buffers the stage does not guard, are skipped). */
+static void guard_add(guard_call_t *gc, guard_kind_t kind, const void *p, size_t bytes, size_t cap)
+{
+    if (p && gc->n < GUARD_MAX_PIECES)
+        gc->g[gc->n++] = (guard_piece_t){kind, (char *)p, bytes, cap};
+}
+
+/* The pattern byte at offset k of a zone: not a value a float store makes by chance. */
+static unsigned char guard_byte(size_t k) { return (unsigned char)(0xA5u ^ (unsigned)(k * 0x3Bu)); }
+
+/* Fill every zone with the pattern, then poison [bytes, cap) (ASan, host backends). */
+static void guards_arm(bg_stage_t *s, guard_call_t *gc)
+{
+    unsigned char pat[2 * GUARD_BYTES];
+    for (size_t k = 0; k < sizeof(pat); k++)
+        pat[k] = guard_byte(k);
+    for (int j = 0; j < gc->n; j++) {
+        guard_piece_t *g = &gc->g[j];
+        size_t zone = piece(g->bytes, s->gz) - g->bytes;
+        s->be->ops->from_host(s->be, g->p + g->bytes, pat, zone);
+        if (s->poison)
+            GUARD_POISON(g->p + g->bytes, g->cap - g->bytes);
+    }
+}
+
+static const char *shape_str(char *buf, size_t n, bg_shape_t sh)
+{
+    snprintf(buf, n, "(n %d, t %d, c %d)", sh.n, sh.t, sh.c);
+    return buf;
+}
+
+/* Unpoison, then (when the call succeeded) compare every zone with the
+ * pattern; a changed byte fails the call naming the layer and the buffer. */
+static bg_status_t guards_check(bg_stage_t *s, guard_call_t *gc, bg_status_t st, int i, const bg_shape_t *sh,
+                                const char *call)
+{
+    for (int j = 0; j < gc->n; j++)
+        if (s->poison)
+            GUARD_UNPOISON(gc->g[j].p + gc->g[j].bytes, gc->g[j].cap - gc->g[j].bytes);
+    if (st != BG_OK)
+        return st; /* the layer's own error says more */
+    unsigned char zone[2 * GUARD_BYTES];
+    for (int j = 0; j < gc->n; j++) {
+        const guard_piece_t *g = &gc->g[j];
+        size_t len = piece(g->bytes, s->gz) - g->bytes, k = 0;
+        s->be->ops->to_host(s->be, zone, g->p + g->bytes, len);
+        while (k < len && zone[k] == guard_byte(k))
+            k++;
+        if (k == len)
+            continue;
+        const bg_layer_t *l = s->layers[i];
+        char in[64], out[64], what[192];
+        shape_str(in, sizeof(in), sh[i]);
+        shape_str(out, sizeof(out), sh[i + 1]);
+        static const char *const names[] = {[G_OUT] = "output",     [G_STASH] = "stash",
+                                            [G_WSTASH] = "wstash",  [G_DIN] = "input gradient",
+                                            [G_SCRATCH] = "scratch", [G_IN] = "input",
+                                            [G_DOUT] = "output gradient"};
+        switch (g->kind) {
+        case G_STASH:
+        case G_WSTASH:
+        case G_SCRATCH:
+            snprintf(what, sizeof(what), "it reports %s_bytes = %zu for input %s", names[g->kind], g->bytes, in);
+            break;
+        case G_OUT:
+        case G_DOUT:
+            snprintf(what, sizeof(what), "its out_shape for input %s is %s = %zu bytes", in, out, g->bytes);
+            break;
+        default: /* G_IN, G_DIN */
+            snprintf(what, sizeof(what), "its input %s is %zu bytes", in, g->bytes);
+            break;
+        }
+        return bg_error(BG_ERR_INVALID,
+                        "layer %s (type %s, model layer %d) wrote past its %s in %s: %s, but bytes after that "
+                        "changed (guard at offset %zu)",
+                        l->name, l->ops->type ? l->ops->type : "?", s->first + i, names[g->kind], call, what,
+                        g->bytes + k);
+    }
+    return BG_OK;
+}
+
+/* The pieces of layer i's call that every call shares: its input (the
+ * previous layer's output), output, stash and the scratch. */
+static void guard_common(bg_stage_t *s, const bg_shape_t *sh, int i, const float *x, const float *out,
+                         const bg_layer_ctx_t *c, guard_call_t *gc)
+{
+    gc->n = 0;
+    if (!s->gz)
+        return;
+    size_t ob = act_size(sh[i + 1]), sb = bg_layer_stash_bytes(s->layers[i], sh[i]);
+    size_t cb = bg_layer_scratch_bytes(s->layers[i], sh[i]);
+    guard_add(gc, G_OUT, out, ob, piece(ob, s->gz));
+    guard_add(gc, G_STASH, c->stash, sb, piece(sb, s->gz));
+    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes, s->gz));
+    if (i > 0) /* the stage's own input buffer has no guard */
+        guard_add(gc, G_IN, x, act_size(sh[i]), piece(act_size(sh[i]), s->gz));
 }
 
 bg_status_t bg_stage_begin(bg_stage_t *s, int mb, bg_shape_t in, float **input_p)
@@ -303,7 +498,7 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
 /* Allocate the slot's activation arena and run the forward through it. */
 static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
 {
-    size_t total = act_bytes(s, sl->shapes);
+    size_t total = act_bytes(s, sl->shapes, s->gz);
     BG_CHECK(ensure_scratch(s, sl->shapes));
     sl->act = bg_backend_alloc(s->be, total, "activations");
     if (!sl->act)
@@ -311,14 +506,18 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
     char *p = sl->act;
     for (int i = 0; i < s->nlayers; i++) {
         sl->out[i] = (float *)p;
-        p += bg_align64(bg_shape_numel(sl->shapes[i + 1]) * sizeof(float));
+        p += piece(act_size(sl->shapes[i + 1]), s->gz);
         sl->stash[i] = p;
-        p += bg_align64(bg_layer_stash_bytes(s->layers[i], sl->shapes[i]));
+        p += piece(bg_layer_stash_bytes(s->layers[i], sl->shapes[i]), s->gz);
     }
     const float *x = sl->input;
     for (int i = 0; i < s->nlayers; i++) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
+        guard_call_t gc;
+        guard_common(s, sl->shapes, i, x, sl->out[i], &c, &gc);
+        guards_arm(s, &gc);
         bg_status_t st = s->layers[i]->ops->forward(s->layers[i], &c, x, sl->out[i]);
+        st = guards_check(s, &gc, st, i, sl->shapes, "forward");
         if (st != BG_OK) {
             bg_backend_free(s->be, sl->act);
             sl->act = NULL;
@@ -376,17 +575,34 @@ static float *bw_dout(bg_stage_t *s, slot_t *sl, int i)
         return sl->dout_in; /* NULL on the last stage: the loss layer needs none */
     char *p = sl->bw;
     for (int j = 0; j < i; j++)
-        p += bg_align64(bg_shape_numel(sl->shapes[j + 1]) * sizeof(float));
+        p += piece(act_size(sl->shapes[j + 1]), s->gz);
     return (float *)p;
 }
 static char *bw_wstash(bg_stage_t *s, slot_t *sl, int i)
 {
     char *p = sl->bw;
     for (int j = 0; j < s->nlayers - 1; j++)
-        p += bg_align64(bg_shape_numel(sl->shapes[j + 1]) * sizeof(float));
+        p += piece(act_size(sl->shapes[j + 1]), s->gz);
     for (int j = 0; j < i; j++)
-        p += bg_align64(bg_layer_wstash_bytes(s->layers[j], sl->shapes[j]));
+        p += piece(bg_layer_wstash_bytes(s->layers[j], sl->shapes[j]), s->gz);
     return p;
+}
+
+/* The pieces of a backward call of layer i: the common ones, the wstash
+ * (`wcap` bytes set aside), the output gradient dout and the input gradient
+ * dx (`acap` bytes set aside for each; the incoming gradient of the stage's
+ * last layer has no guard). */
+static void guard_backward(bg_stage_t *s, slot_t *sl, int i, const float *x, const bg_layer_ctx_t *c, size_t wcap,
+                           const float *dout, const float *dx, size_t acap, guard_call_t *gc)
+{
+    const bg_shape_t *sh = sl->shapes;
+    guard_common(s, sh, i, x, sl->out[i], c, gc);
+    if (!s->gz)
+        return;
+    guard_add(gc, G_WSTASH, c->wstash, bg_layer_wstash_bytes(s->layers[i], sh[i]), wcap);
+    guard_add(gc, G_DIN, dx, act_size(sh[i]), acap ? acap : piece(act_size(sh[i]), s->gz));
+    if (dout != sl->dout_in)
+        guard_add(gc, G_DOUT, dout, act_size(sh[i + 1]), acap ? acap : piece(act_size(sh[i + 1]), s->gz));
 }
 
 static bg_status_t check_dout(bg_stage_t *s, slot_t *sl, int mb)
@@ -406,7 +622,7 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
         BG_CHECK(run_forward(s, sl)); /* recompute */
     int has_din = sl->shapes[0].c != 0 && s->first > 0; /* the model's own input needs no gradient */
     size_t din_off;
-    size_t total = split_bytes(s, sl->shapes, &din_off);
+    size_t total = split_bytes(s, sl->shapes, s->gz, &din_off);
     sl->bw = bg_backend_alloc(s->be, total, "backward (B to W)");
     if (!sl->bw)
         return BG_ERR_NOMEM;
@@ -415,8 +631,13 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = bw_wstash(s, sl, i);
         const float *x = i > 0 ? sl->out[i - 1] : sl->input;
-        float *dx = i > 0 ? bw_dout(s, sl, i - 1) : sl->din;
-        BG_CHECK(s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], bw_dout(s, sl, i), dx));
+        float *dx = i > 0 ? bw_dout(s, sl, i - 1) : sl->din, *dout = bw_dout(s, sl, i);
+        guard_call_t gc;
+        guard_backward(s, sl, i, x, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout, dx,
+                       0, &gc);
+        guards_arm(s, &gc);
+        bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx);
+        BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
     }
     sl->state = SLOT_BINPUT;
     *din_p = sl->din;
@@ -433,7 +654,13 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = bw_wstash(s, sl, i);
         const float *x = i > 0 ? sl->out[i - 1] : sl->input;
-        BG_CHECK(s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], bw_dout(s, sl, i)));
+        float *dout = bw_dout(s, sl, i);
+        guard_call_t gc;
+        guard_backward(s, sl, i, x, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout,
+                       NULL, 0, &gc);
+        guards_arm(s, &gc);
+        bg_status_t st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout);
+        BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
         if (s->layer_done)
             BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
     }
@@ -448,17 +675,12 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     BG_CHECK(check_dout(s, sl, mb));
     if (!sl->act)
         BG_CHECK(run_forward(s, sl)); /* recompute */
-    size_t maxact = 0;
-    for (int i = 0; i <= s->nlayers; i++) {
-        size_t b = bg_align64(bg_shape_numel(sl->shapes[i]) * sizeof(float));
-        if ((i > 0 || (sl->shapes[0].c && s->first > 0)) && b > maxact)
-            maxact = b;
-    }
-    sl->bw = bg_backend_alloc(s->be, fused_bytes(s, sl->shapes), "backward");
+    size_t acap = fused_maxact(s, sl->shapes) + s->gz, wcap = fused_maxw(s, sl->shapes) + s->gz;
+    sl->bw = bg_backend_alloc(s->be, fused_bytes(s, sl->shapes, s->gz), "backward");
     if (!sl->bw)
         return BG_ERR_NOMEM;
-    float *buf[2] = {(float *)sl->bw, (float *)(sl->bw + maxact)};
-    char *wst = sl->bw + 2 * maxact;
+    float *buf[2] = {(float *)sl->bw, (float *)(sl->bw + acap)};
+    char *wst = sl->bw + 2 * acap;
     const float *dout = sl->dout_in;
     int which = 0;
     for (int i = s->nlayers - 1; i >= 0; i--) {
@@ -466,9 +688,17 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
         c.wstash = wst;
         const float *x = i > 0 ? sl->out[i - 1] : sl->input;
         float *dx = (i > 0 || (sl->shapes[0].c && s->first > 0)) ? buf[which] : NULL;
-        BG_CHECK(s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx));
-        if (s->layers[i]->ops->backward_weight)
-            BG_CHECK(s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout));
+        guard_call_t gc;
+        guard_backward(s, sl, i, x, &c, wcap, dout, dx, acap, &gc);
+        guards_arm(s, &gc);
+        bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx);
+        BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
+        if (s->layers[i]->ops->backward_weight) {
+            guard_backward(s, sl, i, x, &c, wcap, dout, NULL, acap, &gc);
+            guards_arm(s, &gc);
+            st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout);
+            BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
+        }
         if (s->layer_done)
             BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
         dout = dx;

@@ -227,7 +227,10 @@ float *bg_model_optim_state(bg_model_t *m, int which);
  * A stage runs the model's layer range on microbatches: F, then B and W
  * (split for zero-bubble schedules) or the fused backward, keeping each
  * microbatch's activations in a slot from F until its last backward piece.
- * All buffers are counted by the backend's allocator.
+ * All buffers are counted by the backend's allocator. With guard zones on
+ * (BRIGADE_GUARD, read at bg_stage_create), a layer call that writes past a
+ * size its layer reports fails with BG_ERR_INVALID naming the layer and the
+ * buffer (docs/layers.md).
  */
 typedef struct bg_stage bg_stage_t;
 
@@ -270,7 +273,9 @@ int bg_stage_recompute(const bg_stage_t *s);
 /** Frees what is left of slot mb (after the fused backward). */
 void bg_stage_end(bg_stage_t *s, int mb);
 /** Memory of one microbatch of input shape `in` on this stage, in bytes, as
- *  the layers report it; the stage allocates exactly these amounts. */
+ *  the layers report it; the stage allocates exactly these amounts (with
+ *  BRIGADE_GUARD on, plus a guard zone of 64 to 127 bytes after every piece,
+ *  which is not counted here). */
 typedef struct bg_stage_mem {
     size_t stash;         /**< kept from F to the end of the backward: input, outputs, layer stashes */
     size_t data;          /**< tokens and targets */
