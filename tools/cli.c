@@ -306,13 +306,14 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     long long lo = 1, hi = 1 << 20;
     switch (code) {
     case BG_CLI_O_MODEL:
-        if (!strcmp(arg, "gpt"))
-            m->kind = BG_MODEL_GPT;
-        else if (!strcmp(arg, "mlp"))
-            m->kind = BG_MODEL_MLP;
-        else
-            return bg_cli_fail(cmd, "--model must be gpt or mlp, got \"%s\"", arg);
+    {
+        static const char *const kinds[] = {"gpt", "mlp", NULL};
+        int k = bg_cli_choice(cmd, "--model", arg, kinds);
+        if (k < 0)
+            return 2;
+        m->kind = k == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
         return 0;
+    }
     case BG_CLI_O_TIE:
         m->tie_embeddings = 1;
         return 0;

@@ -176,9 +176,9 @@ static void print_plan(const bg_plan_t *p, int calibrated)
            bg_plan_recompute(p) ? "; recomputes activations on the stages marked (not yet run by the executor)"
                                 : "");
     if (!calibrated)
-        printf("  times assume 1e12 FLOP/s per speed-1 device, not a measurement: the split and the ranking hold,\n"
-               "  the milliseconds do not. --measure --microbatch-size N times this machine's layers (seconds);\n"
-               "  --flops X sets the devices' speed.\n");
+        printf("  times assume 1e12 FLOP/s per speed-1 device, not a measurement of this machine, so the\n"
+               "  milliseconds (and the balance of compute against the links) may be far off.\n"
+               "  --measure --microbatch-size N times this machine's layers (seconds); --flops X sets the speed.\n");
     printf("\n");
     printf("%5s %4s %5s  %-34s %12s  %-25s %6s  %10s  %s\n", "stage", "rank", "chunk", "layers", "parameters",
            "memory / budget", "use", "ms/microb", "recompute");

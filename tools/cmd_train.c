@@ -196,7 +196,7 @@ static int split_check(const char *cmd, const bg_train_config_t *c, char *buf, s
     if (!(max > 1.5 * total / S))
         goto out;
     int w = snprintf(buf, n,
-                     "brigade train: warning: the %s split ", c->nsplit ? "--split" : "default (even in layers)");
+                     "brigade train: warning: the %s ", c->nsplit ? "--split" : "default split (even in layers)");
     for (int k = 0; k < S && w > 0 && (size_t)w < n; k++)
         w += snprintf(buf + w, n - (size_t)w, "%s%d", k ? "," : "", split[k]);
     if (w > 0 && (size_t)w < n)
