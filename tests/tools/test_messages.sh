@@ -3,13 +3,7 @@
 # 2 and one line that says what was wrong (with "did you mean" for a near
 # miss); a JSON input it cannot use names the file and the reason (exit 1);
 # the help claims only what is built.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # expect CODE LITERAL-MESSAGE ARGS...: `brigade ARGS` exits CODE and stderr contains the message
 expect() {
@@ -86,5 +80,4 @@ grep -qF "Backends compiled in: $backends" "$T/help" && ok "--help lists backend
 "$B" train --help | grep -q "model-stageNNN.safetensors" && ok "--save help names the per-stage files" || bad "--save help lacks model-stageNNN"
 "$B" train --help | grep -q "ln_f and the head count as one layer" && ok "--split help says how layers count" || bad "--split help"
 
-if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "all checks passed"
+finish

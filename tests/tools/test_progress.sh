@@ -3,13 +3,7 @@
 # a terminal: a line every --log-every steps (and the first and last) with
 # loss, learning rate, throughput, elapsed time and ETA; a pipeline split
 # that is unbalanced in FLOPs is warned about once per job, not per rank.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+source "$(dirname "$0")/lib.sh"
 TINY="--layers 1 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --threads 1"
 
 timeout 120 "$B" train $TINY --steps 7 --lr 2e-3 --log-every 3 >"$T/out" 2>"$T/err" || bad "train failed: $(cat "$T/err")"
@@ -31,5 +25,4 @@ grep -q "brigade plan --devices 2 --mem SIZE --pp 2" "$T/err" && ok "warning poi
 timeout 120 "$B" launch -n 2 -- "$B" train $MID --steps 1 --pp 2 --split 2,3 >"$T/out" 2>"$T/err" || bad "pp 2 --split 2,3 failed: $(cat "$T/err")"
 grep -q "unbalanced" "$T/err" && bad "balanced --split 2,3 warned: $(cat "$T/err")" || ok "a balanced --split is not warned about"
 
-if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "all checks passed"
+finish
