@@ -412,8 +412,8 @@ int bg_cmd_train(int argc, char **argv)
         /* a parallel layout started as one process: say how to start its ranks */
         bg_plan_free(plan);
         return bg_cli_fail(cmd,
-                           "pp %d x dp %d needs %d processes, one per rank, but this is a single process. "
-                           "Start them with a launcher:\n"
+                           "pp %d x dp %d = %d ranks, but this is a single process; start one process per "
+                           "rank with a launcher:\n"
                            "  brigade launch -n %d -- brigade train ...\n"
                            "  torchrun --nproc-per-node %d --no-python brigade train ...\n"
                            "  mpirun -n %d brigade train ...",

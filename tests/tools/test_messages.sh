@@ -50,7 +50,7 @@ expect 2 'brigade train: --split sums to 18 layers but the model has 7 (brigade 
 expect 2 'brigade train: --split has 1 entries but there are 2 pipeline stages' train --pp 2 --split 7
 
 # a parallel layout started as one process says how to launch it
-expect 2 'pp 2 x dp 2 needs 4 processes' train --pp 2 --dp 2 --steps 1 --layers 1 --d-model 16 --heads 2 --seq 16
+expect 2 'pp 2 x dp 2 = 4 ranks, but this is a single process; start one process per rank with a launcher:' train --pp 2 --dp 2 --steps 1 --layers 1 --d-model 16 --heads 2 --seq 16
 for l in 'brigade launch -n 4 -- brigade train' 'torchrun --nproc-per-node 4' 'mpirun -n 4 brigade train'; do
     grep -qF -- "$l" "$T/err" && ok "launch hint names: $l" || bad "launch hint lacks '$l': $(cat "$T/err")"
 done
