@@ -5,19 +5,6 @@
 # the help claims only what is built.
 source "$(dirname "$0")/lib.sh"
 
-# expect CODE LITERAL-MESSAGE ARGS...: `brigade ARGS` exits CODE and stderr contains the message
-expect() {
-    local code=$1 msg=$2
-    shift 2
-    timeout -s KILL 60 "$B" "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ "$rc" = "$code" ] && grep -qF -- "$msg" "$T/err"; then
-        ok "brigade $* -> $rc"
-    else
-        bad "brigade $*: expected exit $code and '$msg', got $rc and: $(cat "$T/err")"
-    fi
-}
-
 # misspelled flags, values, commands: exit 2 and a suggestion
 expect 2 'brigade train: unknown option "--stpes" (did you mean --steps?)' train --stpes 3
 expect 2 'unknown option "--stpes" (did you mean --steps?)' train --stpes=3
