@@ -375,9 +375,8 @@ int bg_bench_kernels(int argc, char **argv)
             json_path = v;
             i++;
         } else {
-            bg_cli_fail(cmd, "unknown option \"%s\"", f);
-            bg__usage(stderr);
-            return 2;
+            static const char *const known[] = {"--threads", "--repeat", "--sizes", "--json", "--help", NULL};
+            return bg_cli_unknown_option(cmd, f, known);
         }
     }
 

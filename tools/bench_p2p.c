@@ -58,7 +58,13 @@ static int bg__parse(const char *cmd, int argc, char **argv, bg__bench_opts_t *o
                 return -1;
             o->reps = (int)v;
         } else {
-            bg_cli_fail(cmd, "unknown or incomplete option \"%s\" (try --help)", a);
+            static const char *const known[] = {"--sizes", "--json", "--algo", "--reps", "--help", NULL};
+            for (int k = 0; known[k]; k++)
+                if (!strcmp(a, known[k])) {
+                    bg_cli_fail(cmd, "%s needs a value", a);
+                    return -1;
+                }
+            bg_cli_unknown_option(cmd, a, known);
             return -1;
         }
     }

@@ -36,7 +36,8 @@ int bg_bench_schedule(int argc, char **argv)
                 return 2;
             i++;
         } else {
-            return bg_cli_fail(CMD, "unknown argument \"%s\"", a);
+            static const char *const known[] = {"--stages", "--microbatches", "--repeat", "--help", NULL};
+            return bg_cli_unknown_option(CMD, a, known);
         }
     }
     printf("schedule bench: p=%lld m=%lld, best of %lld runs, times in ms\n", p, m, reps);

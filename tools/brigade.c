@@ -21,8 +21,11 @@ static const bg_command_t bg__commands[] = {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: brigade <command> [options]   (brigade <command> --help for its options)\n\n"
-               "brigade " BRIGADE_VERSION_STRING ": pipeline-, data- and tensor-parallel training in C.\n\n"
-               "commands:\n");
+               "brigade " BRIGADE_VERSION_STRING ": pipeline- and data-parallel training in C (tensor parallelism\n"
+               "is not built yet). Backends compiled in:");
+    for (const char *const *n = bg_backend_names(); *n; n++)
+        fprintf(f, " %s", *n);
+    fprintf(f, "\n\ncommands:\n");
     for (size_t i = 0; i < sizeof(bg__commands) / sizeof(bg__commands[0]); i++)
         fprintf(f, "  %-10s %s\n", bg__commands[i].name, bg__commands[i].help);
 }
@@ -44,6 +47,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(bg__commands) / sizeof(bg__commands[0]); i++)
         if (!strcmp(argv[1], bg__commands[i].name))
             return bg__commands[i].fn(argc - 1, argv + 1);
+    const char *names[sizeof(bg__commands) / sizeof(bg__commands[0]) + 1] = {0};
+    for (size_t i = 0; i < sizeof(bg__commands) / sizeof(bg__commands[0]); i++)
+        names[i] = bg__commands[i].name;
+    const char *near = bg_cli_nearest(argv[1], names);
+    if (near) {
+        fprintf(stderr, "brigade: unknown command \"%s\" (did you mean %s?)\n", argv[1], near);
+        return 2;
+    }
     fprintf(stderr, "brigade: unknown command \"%s\"\n\n", argv[1]);
     usage(stderr);
     return 2;

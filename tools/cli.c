@@ -1,11 +1,15 @@
 /* tools/cli.c: argument-parsing helpers for the brigade CLI. */
 #include "tools/cli.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "brigade/schedule.h"
 
 int bg_cli_fail(const char *cmd, const char *fmt, ...)
 {
@@ -23,6 +27,154 @@ int bg_cli_status(const char *cmd, bg_status_t st)
     const char *msg = bg_last_error();
     fprintf(stderr, "brigade %s: %s%s%s\n", cmd, bg_status_string(st), *msg ? ": " : "", msg);
     return 1;
+}
+
+/* Optimal string alignment distance, case-insensitive; stops early past max. */
+static int edit_distance(const char *a, const char *b, int max)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 64 || m > 64)
+        return max + 1;
+    int d[65][65];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            int best = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) && tolower((unsigned char)a[i - 2]) == cb &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+const char *bg_cli_nearest(const char *got, const char *const *names)
+{
+    size_t len = strlen(got);
+    int max = len / 3 > 2 ? (int)(len / 3) : 2, best = max + 1;
+    const char *hit = NULL;
+    for (; *names; names++) {
+        int e = edit_distance(got, *names, max);
+        if (e < best)
+            best = e, hit = *names;
+    }
+    return hit;
+}
+
+int bg_cli_unknown_option(const char *cmd, const char *arg, const char *const *names)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%.*s", (int)strcspn(arg, "="), arg); /* --stpes=3 -> --stpes */
+    const char *near = bg_cli_nearest(key, names);
+    if (near)
+        return bg_cli_fail(cmd, "unknown option \"%s\" (did you mean %s?)", key, near);
+    return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade %s --help)", key, cmd);
+}
+
+int bg_cli_getopt_error(const char *cmd, char **argv, int optind_now, const struct option *opts)
+{
+    const char *arg = optind_now >= 1 ? argv[optind_now - 1] : "";
+    size_t nopts = 0;
+    for (const struct option *o = opts; o->name; o++)
+        nopts++;
+    if (arg[0] == '-' && arg[1] == '-') {
+        const char *name = arg + 2;
+        size_t len = strcspn(name, "=");
+        const struct option *hit = NULL;
+        int nhit = 0;
+        char amb[512] = "";
+        for (const struct option *o = opts; o->name; o++) {
+            if (strncmp(o->name, name, len))
+                continue;
+            if (strlen(o->name) == len) { /* exact: a value problem */
+                hit = o, nhit = 1;
+                break;
+            }
+            hit = o, nhit++;
+            size_t used = strlen(amb);
+            snprintf(amb + used, sizeof amb - used, "%s--%s", used ? ", " : "", o->name);
+        }
+        if (nhit == 1 && hit->has_arg == required_argument && !name[len])
+            return bg_cli_fail(cmd, "--%s needs a value", hit->name);
+        if (nhit == 1 && hit->has_arg == no_argument && name[len] == '=')
+            return bg_cli_fail(cmd, "--%s takes no value", hit->name);
+        if (nhit > 1)
+            return bg_cli_fail(cmd, "option \"%.*s\" is ambiguous: %s", (int)(len + 2), arg, amb);
+    }
+    const char **names = calloc(nopts + 1, sizeof(*names));
+    char *buf = malloc(nopts * 64 + 1);
+    if (!names || !buf) {
+        free(names), free(buf);
+        return bg_cli_fail(cmd, "unknown option \"%s\"", arg);
+    }
+    for (size_t i = 0; i < nopts; i++) {
+        snprintf(buf + i * 64, 64, "--%s", opts[i].name);
+        names[i] = buf + i * 64;
+    }
+    int rc = bg_cli_unknown_option(cmd, arg, names);
+    free(names);
+    free(buf);
+    return rc;
+}
+
+int bg_cli_choice(const char *cmd, const char *flag, const char *val, const char *const *choices)
+{
+    char list[512] = "";
+    int n = 0;
+    for (; choices[n]; n++)
+        if (val && !strcmp(val, choices[n]))
+            return n;
+    for (int i = 0; i < n; i++) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
+    }
+    const char *near = val ? bg_cli_nearest(val, choices) : NULL;
+    if (near)
+        bg_cli_fail(cmd, "%s must be %s%s, got \"%s\" (did you mean %s?)", flag, n > 2 ? "one of " : "", list, val,
+                    near);
+    else
+        bg_cli_fail(cmd, "%s must be %s%s, got \"%s\"", flag, n > 2 ? "one of " : "", list, val ? val : "");
+    return -1;
+}
+
+const char *const *bg_cli_schedule_names(void)
+{
+    static const char *names[BG_SCHED_CUSTOM + 1];
+    for (int k = 0; k < BG_SCHED_CUSTOM; k++)
+        names[k] = bg_schedule_kind_name((bg_schedule_kind_t)k);
+    return names;
+}
+
+int bg_cli_check_json_object(const char *cmd, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "brigade %s: cannot open %s: %s\n", cmd, path, strerror(errno));
+        return 1;
+    }
+    json_error_t err;
+    json_t *root = json_loadf(f, 0, &err);
+    fclose(f);
+    if (!root) {
+        fprintf(stderr, "brigade %s: %s: line %d column %d: %s\n", cmd, path, err.line, err.column, err.text);
+        return 1;
+    }
+    int ok = json_is_object(root);
+    const char *found = json_is_array(root) ? "an array" : json_is_string(root) ? "a string" : "a number or literal";
+    json_decref(root);
+    if (!ok) {
+        fprintf(stderr, "brigade %s: %s: expected a JSON object, found %s\n", cmd, path, found);
+        return 1;
+    }
+    return 0;
 }
 
 bg_backend_params_t bg_cli_backend_params(int num_threads)
@@ -154,13 +306,14 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     long long lo = 1, hi = 1 << 20;
     switch (code) {
     case BG_CLI_O_MODEL:
-        if (!strcmp(arg, "gpt"))
-            m->kind = BG_MODEL_GPT;
-        else if (!strcmp(arg, "mlp"))
-            m->kind = BG_MODEL_MLP;
-        else
-            return bg_cli_fail(cmd, "--model must be gpt or mlp, got \"%s\"", arg);
+    {
+        static const char *const kinds[] = {"gpt", "mlp", NULL};
+        int k = bg_cli_choice(cmd, "--model", arg, kinds);
+        if (k < 0)
+            return 2;
+        m->kind = k == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
         return 0;
+    }
     case BG_CLI_O_TIE:
         m->tie_embeddings = 1;
         return 0;

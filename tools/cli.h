@@ -27,6 +27,29 @@ int bg_cli_status(const char *cmd, bg_status_t st);
 bg_backend_params_t bg_cli_backend_params(int num_threads);
 bg_comm_params_t bg_cli_comm_params(void);
 
+/* Misspellings. The entry of `names` (NULL-terminated) nearest to `got` by
+ * edit distance (an insertion, deletion, substitution or swap of two
+ * neighbours counts 1), or NULL when none is within max(2, len/3) edits. */
+const char *bg_cli_nearest(const char *got, const char *const *names);
+/* An argument that is not one of the command's flags `names` (each with its
+ * dashes): prints `unknown option "--stpes" (did you mean --steps?)` and
+ * returns 2. */
+int bg_cli_unknown_option(const char *cmd, const char *arg, const char *const *names);
+/* getopt_long (opterr = 0) returned '?' or ':' for argv[optind - 1]: says
+ * whether the flag needs a value, is ambiguous or is unknown (with the
+ * nearest of opts); returns 2. */
+int bg_cli_getopt_error(const char *cmd, char **argv, int optind_now, const struct option *opts);
+/* A value that must be one of `choices` (NULL-terminated): its index, or -1
+ * after `--flag must be one of a, b or c, got "x" (did you mean b?)`. */
+int bg_cli_choice(const char *cmd, const char *flag, const char *val, const char *const *choices);
+/* The schedule names (gpipe ... zbv), NULL-terminated, for bg_cli_choice. */
+const char *const *bg_cli_schedule_names(void);
+/* Before the library reads a JSON file the CLI was given: 0 when it opens
+ * and parses to a JSON object, else 1 after "cannot open FILE: <errno
+ * text>", "FILE: line L column C: <parser's text>" or "FILE: expected a
+ * JSON object, found an array". */
+int bg_cli_check_json_object(const char *cmd, const char *path);
+
 /* Parse helpers: 0 on success, else print a message naming the flag and return -1. */
 int bg_cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out);
 int bg_cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);

@@ -31,5 +31,11 @@ int bg_cmd_bench(int argc, char **argv)
             return bg_cli_fail("bench", "benchmark \"%s\" is not built into this binary", argv[1]);
         return table[i].fn(argc - 1, argv + 1);
     }
+    const char *names[sizeof(table) / sizeof(table[0]) + 1] = {0};
+    for (size_t i = 0; i < n; i++)
+        names[i] = table[i].name;
+    const char *near = bg_cli_nearest(argv[1], names);
+    if (near)
+        return bg_cli_fail("bench", "unknown benchmark \"%s\" (did you mean %s?)", argv[1], near);
     return bg_cli_fail("bench", "unknown benchmark \"%s\" (try brigade bench --help)", argv[1]);
 }

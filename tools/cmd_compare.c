@@ -32,8 +32,10 @@ int bg_cmd_compare(int argc, char **argv)
             i++;
             continue;
         }
-        if (argv[i][0] == '-')
-            return bg_cli_fail(cmd, "unknown option \"%s\"", argv[i]);
+        if (argv[i][0] == '-') {
+            static const char *const known[] = {"--rtol", "--rel-l2", "--help", NULL};
+            return bg_cli_unknown_option(cmd, argv[i], known);
+        }
         if (nd == 2)
             return bg_cli_fail(cmd, "expects two directories, got a third: \"%s\"", argv[i]);
         dirs[nd++] = argv[i];

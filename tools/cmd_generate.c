@@ -61,7 +61,9 @@ int bg_cmd_generate(int argc, char **argv)
             if (bg_cli_double(cmd, a, v, 0, 1000, &temp))
                 return 2;
         } else {
-            return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade generate --help)", a);
+            static const char *const known[] = {"--checkpoint", "--prompt", "--backend", "--tokens", "--top-k",
+                                                "--seed", "--temperature", "--help", NULL};
+            return bg_cli_unknown_option(cmd, a, known);
         }
         i++;
     }

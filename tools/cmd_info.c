@@ -11,7 +11,7 @@ int bg_cmd_info(int argc, char **argv)
         return 0;
     }
     if (argc > 1)
-        return bg_cli_fail("info", "unknown argument \"%s\"", argv[1]);
+        return bg_cli_fail("info", "takes no arguments, got \"%s\"", argv[1]);
     printf("brigade %s\nbackends:", BRIGADE_VERSION_STRING);
     for (const char *const *n = bg_backend_names(); *n; n++)
         printf(" %s", *n);

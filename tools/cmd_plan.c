@@ -34,7 +34,8 @@ static void usage(FILE *f)
             "  --devices N        device count (the world size)\n"
             "  --mem LIST         memory budget: one size for all (24G) or one per device (80G,80G,40G,40G)\n"
             "  --speed LIST       relative speeds, one for all or one per device (default 1)\n"
-            "  --flops X          FLOP/s of a speed-1 device (default 1e12)\n"
+            "  --flops X          FLOP/s of a speed-1 device (default 1e12: a guess, not this machine; without\n"
+            "                     --flops or --measure the predicted times are uncalibrated and say so)\n"
             "  --link-bw SIZE     link bandwidth in bytes per second (default 10G; 0 = infinite)\n"
             "  --link-latency T   per message: 5us, 0.2ms, 1e-6 (seconds) (default 5us)\n"
             "training:\n"
@@ -139,6 +140,19 @@ static int parse_time(const char *flag, const char *s, double *out)
     return 0;
 }
 
+/* --schedule all, or a comma-separated list of schedule names: 0, or 2 after a message */
+static int check_schedules(const char *s)
+{
+    char buf[256];
+    if (!strcmp(s, "all"))
+        return 0;
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
+        if (bg_cli_choice(CMD, "--schedule", tok, bg_cli_schedule_names()) < 0)
+            return 2;
+    return 0;
+}
+
 static const char *gib(char *buf, size_t n, double b)
 {
     if (b >= 1024.0 * 1024 * 1024)
@@ -148,7 +162,8 @@ static const char *gib(char *buf, size_t n, double b)
     return buf;
 }
 
-static void print_plan(const bg_plan_t *p)
+/* calibrated: the layer times were measured (--measure) or the device speed given (--flops) */
+static void print_plan(const bg_plan_t *p, int calibrated)
 {
     char a[32], b[32];
     printf("best plan: pp %d x dp %d x tp %d = %d devices, schedule %s", bg_plan_pp(p), bg_plan_dp(p),
@@ -156,10 +171,15 @@ static void print_plan(const bg_plan_t *p)
     if (bg_plan_chunks(p) > 1)
         printf(" (%d chunks per rank)", bg_plan_chunks(p));
     printf(", %d microbatches of %d\n", bg_plan_microbatches(p), bg_plan_microbatch_size(p));
-    printf("predicted: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n\n", bg_plan_step_ms(p),
-           100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
+    printf("predicted%s: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n", calibrated ? "" : " (UNCALIBRATED)",
+           bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
            bg_plan_recompute(p) ? "; recomputes activations on the stages marked (not yet run by the executor)"
                                 : "");
+    if (!calibrated)
+        printf("  times assume 1e12 FLOP/s per speed-1 device, not a measurement of this machine, so the\n"
+               "  milliseconds (and the balance of compute against the links) may be far off.\n"
+               "  --measure --microbatch-size N times this machine's layers (seconds); --flops X sets the speed.\n");
+    printf("\n");
     printf("%5s %4s %5s  %-34s %12s  %-25s %6s  %10s  %s\n", "stage", "rank", "chunk", "layers", "parameters",
            "memory / budget", "use", "ms/microb", "recompute");
     for (int i = 0; i < bg_plan_num_stages(p); i++) {
@@ -323,7 +343,7 @@ int bg_cmd_plan(int argc, char **argv)
     bg_model_config_t mc = BG_MODEL_CONFIG_INIT; /* the model flags; the planner gets its description */
     static uint64_t mem[MAX_DEV];
     static double speed[MAX_DEV];
-    int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0;
+    int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0, have_flops = 0;
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
@@ -372,6 +392,7 @@ int bg_cmd_plan(int argc, char **argv)
             if (bg_cli_double(CMD, "--flops", optarg, 1e-300, 1e300, &d))
                 return 2;
             pp.flops = d;
+            have_flops = 1;
             break;
         case O_LINKBW: {
             if (optarg && !strcmp(optarg, "0")) {
@@ -389,16 +410,18 @@ int bg_cmd_plan(int argc, char **argv)
                 return 2;
             break;
         case O_SCHED:
+            if (check_schedules(optarg))
+                return 2;
             pp.schedules = optarg;
             break;
-        case O_OPT:
-            if (!strcmp(optarg, "adamw"))
-                pp.optim = BG_OPTIM_ADAMW;
-            else if (!strcmp(optarg, "sgd"))
-                pp.optim = BG_OPTIM_SGD;
-            else
-                return bg_cli_fail(CMD, "--optimizer must be adamw or sgd, got \"%s\"", optarg);
+        case O_OPT: {
+            static const char *const optims[] = {"adamw", "sgd", NULL};
+            int k = bg_cli_choice(CMD, "--optimizer", optarg, optims);
+            if (k < 0)
+                return 2;
+            pp.optim = k == 0 ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
             break;
+        }
         case O_RECOMP:
             pp.allow_recompute = 1;
             break;
@@ -429,10 +452,7 @@ int bg_cmd_plan(int argc, char **argv)
                     return 2;
                 break;
             }
-            usage(stderr);
-            if (optind - 1 < argc && optind >= 1)
-                return bg_cli_fail(CMD, "unknown or incomplete option \"%s\"", argv[optind - 1]);
-            return 2;
+            return bg_cli_getopt_error(CMD, argv, optind, opts);
         }
     }
     if (optind < argc)
@@ -492,7 +512,10 @@ int bg_cmd_plan(int argc, char **argv)
         goto out;
     }
     const bg_plan_t *best = bg_plan_set_get(set, 0);
-    print_plan(best);
+    if (!do_measure && !have_flops)
+        fprintf(stderr, "brigade plan: warning: uncalibrated: the predicted times assume 1e12 FLOP/s per device "
+                        "(use --measure or --flops)\n");
+    print_plan(best, do_measure || have_flops);
     print_top(set);
     if (json_path) {
         st = bg_plan_save(best, json_path);

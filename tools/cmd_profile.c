@@ -68,8 +68,7 @@ int bg_cmd_profile(int argc, char **argv)
                     return 2;
                 break;
             }
-            return bg_cli_fail(cmd, "unknown or incomplete option \"%s\" (see brigade profile --help)",
-                               argv[optind - 1]);
+            return bg_cli_getopt_error(cmd, argv, optind, opts);
         }
     }
     if (optind < argc)

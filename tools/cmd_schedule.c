@@ -293,8 +293,12 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         } else if (!strcmp(a, "--no-text")) {
             text = 0;
         } else {
-            bg_cli_fail(CMD, "unknown argument \"%s\" (try brigade schedule --help)", a);
-            return 2;
+            static const char *const known[] = {"--schedule", "--stages", "--microbatches", "--chunks", "--costs",
+                                                "--f-costs", "--b-costs", "--w-costs", "--latency", "--bandwidth",
+                                                "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--svg",
+                                                "--from-json", "--compare", "--comm", "--text", "--no-text",
+                                                "--help", NULL};
+            return bg_cli_unknown_option(CMD, a, known);
         }
     }
     if (from) {
@@ -302,6 +306,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             return bg_cli_fail(CMD, "--from-json takes the schedule, stages, microbatches and chunks from the file; "
                                     "drop --schedule/--compare/--stages/--microbatches/--chunks");
         bg_schedule_t *s;
+        if (bg_cli_check_json_object(CMD, from))
+            return 1;
         bg_status_t st = bg_schedule_from_json_file(from, &s);
         if (st != BG_OK)
             return bg_cli_status(CMD, st);
@@ -322,14 +328,17 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv), "
                                 "or use --compare or --from-json");
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
-    bg_status_t st = bg_schedule_kind_parse(kind_s, &gp.kind);
-    if (st != BG_OK)
-        return bg_cli_status(CMD, st);
+    int k = bg_cli_choice(CMD, "--schedule", kind_s, bg_cli_schedule_names());
+    if (k < 0)
+        return 2;
+    gp.kind = (bg_schedule_kind_t)k;
     gp.stages = (int)p, gp.microbatches = (int)m, gp.chunks = (int)v;
     bg_schedule_t *s;
-    st = bg_schedule_generate(&gp, &s);
-    if (st != BG_OK)
-        return bg_cli_status(CMD, st);
+    bg_status_t st = bg_schedule_generate(&gp, &s);
+    if (st != BG_OK) { /* the flags ask for a schedule that cannot exist: a usage error */
+        bg_cli_status(CMD, st);
+        return 2;
+    }
     int rc = run_one(s, spp, text, tflags, json_out, svg_out);
     bg_schedule_free(s);
     return rc;

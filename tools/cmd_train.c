@@ -38,7 +38,10 @@ static void usage(FILE *f)
             "  --dp N                 data-parallel replicas (default 1)\n"
             "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved; default: the schedule's)\n"
-            "  --split A,B,...        layers per (virtual) stage; default: as even as possible\n"
+            "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
+            "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
+            "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
+            "                         brigade plan finds a balanced split\n"
             "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
             "  --plan FILE            run a plan from brigade plan --json: its model, layout, schedule,\n"
@@ -51,14 +54,34 @@ static void usage(FILE *f)
             "  SIGTERM or Ctrl-C writes a checkpoint at the next step boundary and exits cleanly.\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
-            "  --save DIR             final weights as DIR/model.safetensors\n"
+            "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
+            "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
+            "                         and generate read either form)\n"
+            "  --log-every N          progress line every N steps when stderr is not a terminal\n"
+            "                         (default: about 50 lines per run); a terminal gets one updating line\n"
             "  --quiet                print only the summary\n",
             BG_DEFAULT_DATA);
 }
 
 typedef struct {
-    int quiet, tty;
+    int quiet, tty, log_every;
+    double lr;          /* constant: bg_train has no learning-rate schedule */
+    double t_start;     /* bg_now() when the job started (setup included) */
+    double t_first;     /* start of the first step this run took, 0 before it */
+    int first_step;     /* number of that step */
+    const char *warning; /* printed by rank 0 with its first step (one line per job, not per rank) */
 } progress_t;
+
+/* h:mm:ss, or m:ss under an hour */
+static const char *hms(char *buf, size_t n, double s)
+{
+    long t = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+    return buf;
+}
 
 /* SIGTERM (preemption) and SIGINT: checkpoint at the next step boundary and exit cleanly. */
 static volatile int bg__stop;
@@ -71,20 +94,122 @@ static void on_stop_signal(int sig)
 static void on_step(const bg_step_info_t *i, void *arg)
 {
     progress_t *p = arg;
-    if (p->quiet || i->rank != 0)
+    if (i->rank != 0)
         return;
+    double now = bg_now();
+    if (!p->t_first) {
+        p->t_first = now - i->step_ms / 1e3;
+        p->first_step = i->step;
+        if (p->warning)
+            fprintf(stderr, "%s\n", p->warning);
+    }
+    if (p->quiet)
+        return;
+    /* ETA from the mean step time of this run so far (a single step's time jitters) */
+    double mean_s = (now - p->t_first) / (i->step - p->first_step + 1);
+    char el[32], eta[32];
+    hms(el, sizeof el, now - p->t_start);
+    hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
+    /* grad norm: not reported by the executor yet (bg_step_result_t has no such field) */
     if (p->tty) {
-        double eta = (i->steps - i->step) * i->step_ms / 1e3;
-        fprintf(stderr, "\rstep %d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  ETA %.0fs   ", i->step, i->steps,
-                i->loss, i->tokens_per_s, i->step_ms, eta);
+        fprintf(stderr, "\rstep %d/%d  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
+                i->steps, i->loss, p->lr, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
-        int every = i->steps > 50 ? i->steps / 50 : 1;
-        if (i->step % every == 0 || i->step == i->steps || i->step == 1)
-            fprintf(stderr, "step %d/%d loss %.4f tokens/s %.0f step_ms %.1f\n", i->step, i->steps, i->loss,
-                    i->tokens_per_s, i->step_ms);
+        int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
+        if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
+            fprintf(stderr, "step %d/%d loss %.4f lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
+                    i->steps, i->loss, p->lr, i->tokens_per_s, i->step_ms, el, eta);
     }
+}
+
+/* The split against the model's layers. A --split that does not fit the
+ * model is a usage error (2, message printed; the executor would say the
+ * same, once per rank). A split far from balanced in FLOPs (the layers' own
+ * counts; a GPT's ln_f and head are much lighter than a block) makes the
+ * other stages wait for the heaviest: a warning line in buf when the
+ * heaviest virtual stage does more than 1.5x the mean, else buf[0] = 0.
+ * Silent on other invalid configurations: bg_train reports those. */
+static int split_check(const char *cmd, const bg_train_config_t *c, char *buf, size_t n)
+{
+    buf[0] = 0;
+    int pp = c->pp > 0 ? c->pp : 1, chunks = 1, rc = 0;
+    if (pp == 1)
+        return 0;
+    bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
+    bg_schedule_t *sched = NULL;
+    if (bg_schedule_kind_parse(c->schedule ? c->schedule : "1f1b", &gp.kind) == BG_OK) {
+        gp.stages = pp, gp.microbatches = c->microbatches, gp.chunks = c->chunks;
+        if (bg_schedule_generate(&gp, &sched) == BG_OK)
+            chunks = bg_schedule_chunks(sched);
+    }
+    if (!sched) { /* the schedule's own error comes from bg_train */
+        bg_error_clear();
+        return 0;
+    }
+    bg_schedule_free(sched);
+    bg_model_desc_t *d = NULL;
+    bg_layer_profile_t *prof = NULL;
+    int L = 0, S = pp * chunks;
+    if (bg_model_build(&c->model, &d) != BG_OK)
+        goto out;
+    L = bg_model_desc_num_layers(d);
+    if (c->nsplit && c->nsplit != S) {
+        rc = bg_cli_fail(cmd, "--split has %d entries but there are %d pipeline stages (pp %d x %d chunks)", c->nsplit,
+                         S, pp, chunks);
+        goto out;
+    }
+    long long sum = 0;
+    for (int k = 0; k < c->nsplit; k++) {
+        if (c->split[k] < 1) {
+            rc = bg_cli_fail(cmd, "--split entry %d is %d; every stage needs at least one layer", k, c->split[k]);
+            goto out;
+        }
+        sum += c->split[k];
+    }
+    if (c->nsplit && sum != L) {
+        rc = bg_cli_fail(cmd, "--split sums to %lld layers but the model has %d (brigade profile lists them)", sum, L);
+        goto out;
+    }
+    if (S > L) {
+        rc = bg_cli_fail(cmd, "%d pipeline stages but the model has only %d layers", S, L);
+        goto out;
+    }
+    prof = calloc((size_t)L, sizeof(*prof));
+    if (!prof || bg_model_profile(d, 1, c->seq > 0 ? c->seq : c->model.seq_len, prof, L, &L) != BG_OK)
+        goto out;
+    double total = 0, max = 0, fl[4096];
+    int split[4096], at = 0, heavy = 0;
+    if (S > 4096)
+        goto out;
+    for (int k = 0; k < S; k++) {
+        split[k] = c->nsplit ? c->split[k] : L / S + (k < L % S);
+        fl[k] = 0;
+        for (int l = at; l < at + split[k] && l < L; l++)
+            fl[k] += prof[l].fwd_flops + prof[l].bwd_flops;
+        at += split[k];
+        total += fl[k];
+        if (fl[k] > max)
+            max = fl[k], heavy = k;
+    }
+    if (!(max > 1.5 * total / S))
+        goto out;
+    int w = snprintf(buf, n,
+                     "brigade train: warning: the %s ", c->nsplit ? "--split" : "default split (even in layers)");
+    for (int k = 0; k < S && w > 0 && (size_t)w < n; k++)
+        w += snprintf(buf + w, n - (size_t)w, "%s%d", k ? "," : "", split[k]);
+    if (w > 0 && (size_t)w < n)
+        snprintf(buf + w, n - (size_t)w,
+                 " is unbalanced in FLOPs: stage %d does %.1fx the mean of the %d stages and the others wait for "
+                 "it. Embedding, blocks, ln_f and head are one layer each; brigade plan --devices %d --mem SIZE "
+                 "--pp %d (with the same model flags) prints a balanced --split.",
+                 heavy, max / (total / S), S, pp * (c->dp > 0 ? c->dp : 1), pp);
+out:
+    free(prof);
+    bg_model_desc_destroy(d);
+    bg_error_clear();
+    return rc;
 }
 
 /* The model to train with a plan: the flags' model when model flags were
@@ -121,9 +246,10 @@ int bg_cmd_train(int argc, char **argv)
     int model_flags = 0; /* a model flag was given (checked against a plan's model) */
     bg_train_config_init(&c);
     c.data_path = BG_DEFAULT_DATA;
-    progress_t prog = {0, isatty(2)};
+    progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
+    char warning[1024];
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -140,6 +266,7 @@ int bg_cmd_train(int argc, char **argv)
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
         {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
         {"plan", required_argument, 0, O_PLAN},       {"recompute", no_argument, 0, O_RECOMP},
+        {"log-every", required_argument, 0, O_LOGEVERY},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -160,6 +287,7 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
             INT_FLAG(O_KEEP, "--keep", 1, 1 << 20, c.keep)
+            INT_FLAG(O_LOGEVERY, "--log-every", 1, 1 << 30, prog.log_every)
 #undef INT_FLAG
 
         case O_DSEED:
@@ -177,16 +305,20 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             c.optim.weight_decay = (float)d;
             break;
-        case O_OPT:
-            if (!strcmp(optarg, "adamw"))
-                c.optim.kind = BG_OPTIM_ADAMW;
-            else if (!strcmp(optarg, "sgd"))
-                c.optim.kind = BG_OPTIM_SGD;
-            else
-                return bg_cli_fail(cmd, "--optimizer must be adamw or sgd, got \"%s\"", optarg);
+        case O_OPT: {
+            static const char *const optims[] = {"adamw", "sgd", NULL};
+            int k = bg_cli_choice(cmd, "--optimizer", optarg, optims);
+            if (k < 0)
+                return 2;
+            c.optim.kind = k == 0 ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
             break;
+        }
         case O_DATA: c.data_path = optarg; break;
-        case O_SCHED: c.schedule = optarg; break;
+        case O_SCHED:
+            if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
+                return 2;
+            c.schedule = optarg;
+            break;
         case O_TRACE: c.trace_path = optarg; break;
         case O_SPLIT: {
             long long tmp[4096];
@@ -209,7 +341,6 @@ int bg_cmd_train(int argc, char **argv)
         case O_RECOMP: c.recompute = 1; break;
         case 'h':
         case O_HELP: usage(stdout); return 0;
-        case ':': return bg_cli_fail(cmd, "%s needs a value", argv[optind - 1]);
         default:
             if (o >= BG_CLI_MODEL_FIRST && o < BG_CLI_MODEL_LAST) {
                 if (bg_cli_model_option(cmd, o, optarg, &c.model))
@@ -217,12 +348,14 @@ int bg_cmd_train(int argc, char **argv)
                 model_flags = 1;
                 break;
             }
-            return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade train --help)", argv[optind - 1]);
+            return bg_cli_getopt_error(cmd, argv, optind, opts);
         }
     }
     if (optind < argc)
         return bg_cli_fail(cmd, "unexpected argument \"%s\" (see brigade train --help)", argv[optind]);
     if (plan_path) {
+        if (bg_cli_check_json_object(cmd, plan_path))
+            return 1;
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
@@ -266,8 +399,26 @@ int bg_cmd_train(int argc, char **argv)
     bg_status_t st = bg_train_check(&c);
     if (st != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
+    prog.lr = c.optim.lr; /* bg_train runs a constant learning rate */
+    if (!plan) {
+        if (split_check(cmd, &c, warning, sizeof warning))
+            return 2;
+        prog.warning = warning[0] ? warning : NULL;
+    }
     bg_train_result_t r;
     st = bg_train(&c, &r);
+    int ranks = (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1);
+    if (st == BG_ERR_INVALID && ranks > 1 && strstr(bg_last_error(), "but the job has 1 ")) {
+        /* a parallel layout started as one process: say how to start its ranks */
+        bg_plan_free(plan);
+        return bg_cli_fail(cmd,
+                           "pp %d x dp %d = %d ranks, but this is a single process; start one process per "
+                           "rank with a launcher:\n"
+                           "  brigade launch -n %d -- brigade train ...\n"
+                           "  torchrun --nproc-per-node %d --no-python brigade train ...\n"
+                           "  mpirun -n %d brigade train ...",
+                           c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1, ranks, ranks, ranks, ranks);
+    }
     if (st != BG_OK) {
         if (plan)
             fprintf(stderr, "brigade train: (running %s: pp %d x dp %d = %d ranks, schedule %s)\n", plan_path,

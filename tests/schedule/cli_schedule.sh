@@ -26,11 +26,11 @@ expect_err "--stages expects an integer" --schedule 1f1b --stages x --microbatch
 expect_err "1f1b places one chunk per rank, got 3" --schedule 1f1b --stages 4 --microbatches 4 --chunks 3
 expect_err "use 1f1b" --schedule interleaved --stages 4 --microbatches 4 --chunks 1
 expect_err "exactly 2 chunks" --schedule zbv --stages 4 --microbatches 4 --chunks 4
-expect_err "unknown schedule \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
+expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
 expect_err "--costs expects three numbers" --schedule 1f1b --stages 4 --microbatches 4 --costs 1,2
 expect_err "--stages P and --microbatches M are required" --schedule 1f1b
-expect_err "unknown argument \"--bogus\"" --bogus
-expect_err "cannot open schedule file" --from-json "$T/missing.json"
+expect_err "unknown option \"--bogus\"" --bogus
+expect_err "cannot open $T/missing.json: No such file or directory" --from-json "$T/missing.json"
 expect_err "--f-costs has 3 values but the schedule has 2 stages" --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3,4
 expect_err "--b-costs expects comma-separated numbers" --schedule 1f1b --stages 2 --microbatches 2 --b-costs 1,-1
 
@@ -71,7 +71,7 @@ open(t + "/bad.json", "w").write('{"stages": 2, "ranks": [')
 PY
 expect_err 'unknown kind "fwd"' --from-json "$T/kind.json"
 expect_err "microbatch = 99 is out of range 0..7" --from-json "$T/range.json"
-expect_err "malformed JSON" --from-json "$T/bad.json"
+expect_err "bad.json: line 1 column" --from-json "$T/bad.json"
 expect_err "cycle: rank 0 -> rank 1 -> rank 0" --from-json "$T/dead.json"
 
 # compare: every schedule, one row each, including m < p and m not a multiple of p
