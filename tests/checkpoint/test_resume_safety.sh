@@ -10,12 +10,7 @@
 set -u
 B=${BRIGADE:?path of the brigade binary}
 D=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$T"' EXIT
-export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
+. "$D/tests/lib/checks.sh"
 G="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --threads 1 --quiet --data $D/data/kjv.txt"
 has() { grep -q -- "$2" "$1" && ok "$3" || { bad "$3: no \"$2\" in:"; cat "$1"; }; }
 same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
@@ -135,5 +130,4 @@ ms=$(( (t1 - t0) / 1000000 ))
   || bad "rank 1 exited $rc after $ms ms"
 has "$T/e13" "rank 0 died" "rank 1 names rank 0"
 unset BRIGADE_WORLD_SIZE BRIGADE_MASTER_ADDR BRIGADE_MASTER_PORT BRIGADE_JOB_TOKEN
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish
