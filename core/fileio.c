@@ -1,10 +1,11 @@
-/* core/fileio.c: write-all, fsync by path, directory listings and whole-file reads (see
+/* core/fileio.c: write-all, fsync by path, mkdir -p, directory listings and whole-file reads (see
  * core/fileio.h). Owns the full-disk test hook so that every durable write
  * of the library can be made to fail the same way. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -153,5 +154,29 @@ bg_status_t bg_fileio_read(const char *path, char **buf_p, size_t *size_p)
     buf[n] = 0;
     *buf_p = buf;
     *size_p = n;
+    return BG_OK;
+}
+
+bg_status_t bg_fileio_mkdir_p(const char *dir)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)
+        return bg_error(BG_ERR_INVALID, "path too long: %s", dir);
+    for (char *s = tmp + 1;; s++) {
+        if (*s == '/' || !*s) {
+            char c = *s;
+            *s = 0;
+            struct stat sb;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return bg_error(BG_ERR_IO, "cannot create directory %s: %s", tmp, strerror(errno));
+            if (stat(tmp, &sb) != 0)
+                return bg_error(BG_ERR_IO, "cannot use %s as a directory: %s", tmp, strerror(errno));
+            if (!S_ISDIR(sb.st_mode))
+                return bg_error(BG_ERR_IO, "cannot use %s as a directory: it is not one", tmp);
+            *s = c;
+            if (!c)
+                break;
+        }
+    }
     return BG_OK;
 }

@@ -30,6 +30,10 @@ bg_status_t bg_fileio_fsync_parent(const char *path);
 bg_status_t bg_fileio_list_dir(const char *dir, const char *prefix, const char *suffix, char ***names_p, int *n_p);
 void bg_fileio_free_names(char **names, int n);
 
+/* mkdir -p: create dir and its missing parents (several processes may
+ * race: an existing directory is fine; an existing non-directory is not). */
+bg_status_t bg_fileio_mkdir_p(const char *dir);
+
 /* Read a whole file: *buf_p (malloc'ed, NUL appended) of *size_p bytes.
  * A missing file is BG_ERR_NOT_FOUND. */
 bg_status_t bg_fileio_read(const char *path, char **buf_p, size_t *size_p);

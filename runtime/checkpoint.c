@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "brigade/checkpoint.h"
+#include "runtime/checkpoint_impl.h"
 #include "core/check.h"
 #include "core/fileio.h"
 #include "models/safetensors.h"
@@ -72,31 +73,6 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 static void rm_rf(const char *path)
 {
     nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* mkdir -p */
-static bg_status_t mkdir_p(const char *dir)
-{
-    char tmp[CKPT_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)
-        return bg_error(BG_ERR_INVALID, "checkpoint path too long: %s", dir);
-    for (char *s = tmp + 1;; s++) {
-        if (*s == '/' || !*s) {
-            char c = *s;
-            *s = 0;
-            struct stat sb;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                return bg_error(BG_ERR_IO, "cannot create directory %s: %s", tmp, strerror(errno));
-            if (stat(tmp, &sb) != 0)
-                return bg_error(BG_ERR_IO, "cannot use %s as a directory: %s", tmp, strerror(errno));
-            if (!S_ISDIR(sb.st_mode))
-                return bg_error(BG_ERR_IO, "cannot use %s as a directory: it is not one", tmp);
-            *s = c;
-            if (!c)
-                break;
-        }
-    }
-    return BG_OK;
 }
 
 /* "step-00000050" (exactly, no suffix) -> 50; -1 if not that form */
@@ -239,9 +215,28 @@ static bg_status_t manifest_read(const char *dir, json_t **m_p)
     char *body = json_dumps(m, MANIFEST_FLAGS);
     uint32_t have = body ? bg__crc32c(0, body, strlen(body)) : 0;
     free(body);
+    json_t *ver = json_object_get(m, "version");
     if (have != want) {
         json_decref(m);
+        if (json_is_integer(ver) && json_integer_value(ver) != CKPT_VERSION)
+            return bg_error(BG_ERR_MISMATCH, "%s is corrupted or of another format version (it says version %lld, "
+                            "this brigade reads version %d): its checksum is 0x%08x, it says 0x%08x", path,
+                            (long long)json_integer_value(ver), CKPT_VERSION, have, want);
         return bg_error(BG_ERR_MISMATCH, "%s is corrupted: its checksum is 0x%08x, it says 0x%08x", path, have, want);
+    }
+    /* the checksum holds: the version is what the writer meant */
+    if (!json_is_integer(ver) || json_integer_value(ver) != CKPT_VERSION) {
+        const char *prod = json_string_value(json_object_get(m, "producer"));
+        char v[32];
+        if (json_is_integer(ver))
+            snprintf(v, sizeof v, "%lld", (long long)json_integer_value(ver));
+        else
+            snprintf(v, sizeof v, "%s", ver ? "not an integer" : "missing");
+        bg_status_t e = bg_error(BG_ERR_UNSUPPORTED, "%s: checkpoint format version %s%s%s%s is not supported: this "
+                                 "brigade (" BRIGADE_VERSION_STRING ") reads version %d", path, v,
+                                 prod ? " (written by " : "", prod ? prod : "", prod ? ")" : "", CKPT_VERSION);
+        json_decref(m);
+        return e;
     }
     json_t *files = json_object_get(m, "files");
     if (!json_is_array(files) || !json_is_integer(json_object_get(m, "step")) ||
@@ -449,50 +444,29 @@ out:
     return st;
 }
 
-typedef struct step_dir {
-    int64_t step;
-    char name[64];
-} step_dir_t;
-
 static int cmp_step_desc(const void *a, const void *b)
 {
-    int64_t x = ((const step_dir_t *)a)->step, y = ((const step_dir_t *)b)->step;
+    int64_t x = ((const bg__ckpt_dir_t *)a)->step, y = ((const bg__ckpt_dir_t *)b)->step;
     return (x < y) - (x > y);
 }
 
-/* Complete checkpoints under root, newest first (*n_p of them; caller frees). */
-static bg_status_t list_complete(const char *root, int check_sizes, step_dir_t **list_p, size_t *n_p)
+bg_status_t bg__checkpoint_dirs(const char *root, bg__ckpt_dir_t **list_p, size_t *n_p)
 {
     DIR *d = opendir(root);
     if (!d)
         return bg_error(errno == ENOENT ? BG_ERR_NOT_FOUND : BG_ERR_IO, "cannot open checkpoint root %s: %s", root,
                         strerror(errno));
-    step_dir_t *list = NULL;
+    bg__ckpt_dir_t *list = NULL;
     size_t n = 0, cap = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         int64_t s = parse_step_name(de->d_name);
+        /* step-NNNNNNNN names are short; a longer one is not ours */
         if (s < 0 || strlen(de->d_name) >= sizeof list->name)
             continue;
-        char dir[CKPT_PATH_MAX];
-        snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
-        json_t *m;
-        if (manifest_read(dir, &m) != BG_OK) {
-            bg_log(BG_LOG_INFO, "checkpoint", "skipping %s: %s", dir, bg_last_error());
-            continue;
-        }
-        bg_status_t ok = check_sizes ? manifest_check_sizes(m, dir) : BG_OK;
-        if (ok == BG_OK && json_integer_value(json_object_get(m, "step")) != s)
-            ok = bg_error(BG_ERR_MISMATCH, "%s: manifest step %lld does not match the name", dir,
-                          (long long)json_integer_value(json_object_get(m, "step")));
-        json_decref(m);
-        if (ok != BG_OK) {
-            bg_log(BG_LOG_INFO, "checkpoint", "skipping %s: %s", dir, bg_last_error());
-            continue;
-        }
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
-            step_dir_t *q = realloc(list, cap * sizeof(*q));
+            bg__ckpt_dir_t *q = realloc(list, cap * sizeof(*q));
             if (!q) {
                 free(list);
                 closedir(d);
@@ -501,9 +475,7 @@ static bg_status_t list_complete(const char *root, int check_sizes, step_dir_t *
             list = q;
         }
         list[n].step = s;
-        /* step-NNNNNNNN names are short; a longer one is not ours */
-        if (snprintf(list[n].name, sizeof list[n].name, "%s", de->d_name) >= (int)sizeof list[n].name)
-            continue;
+        snprintf(list[n].name, sizeof list[n].name, "%s", de->d_name);
         n++;
     }
     closedir(d);
@@ -511,6 +483,40 @@ static bg_status_t list_complete(const char *root, int check_sizes, step_dir_t *
         qsort(list, n, sizeof(*list), cmp_step_desc);
     *list_p = list;
     *n_p = n;
+    return BG_OK;
+}
+
+/* A complete checkpoint: its manifest reads, its step is its name's, and
+ * (check_sizes) its files have the sizes it lists. */
+static bg_status_t check_complete(const char *dir, int64_t step, int check_sizes)
+{
+    json_t *m;
+    BG_CHECK(manifest_read(dir, &m));
+    bg_status_t st = check_sizes ? manifest_check_sizes(m, dir) : BG_OK;
+    if (st == BG_OK && json_integer_value(json_object_get(m, "step")) != step)
+        st = bg_error(BG_ERR_MISMATCH, "%s: manifest step %lld does not match the name", dir,
+                      (long long)json_integer_value(json_object_get(m, "step")));
+    json_decref(m);
+    return st;
+}
+
+/* Complete checkpoints under root, newest first (*n_p of them; caller frees). */
+static bg_status_t list_complete(const char *root, int check_sizes, bg__ckpt_dir_t **list_p, size_t *n_p)
+{
+    bg__ckpt_dir_t *list;
+    size_t n, k = 0;
+    BG_CHECK(bg__checkpoint_dirs(root, &list, &n));
+    for (size_t i = 0; i < n; i++) {
+        char dir[CKPT_PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%s", root, list[i].name);
+        if (check_complete(dir, list[i].step, check_sizes) != BG_OK) {
+            bg_log(BG_LOG_INFO, "checkpoint", "skipping %s: %s", dir, bg_last_error());
+            continue;
+        }
+        list[k++] = list[i];
+    }
+    *list_p = list;
+    *n_p = k;
     return BG_OK;
 }
 
@@ -532,7 +538,7 @@ static void prune(const char *root, int keep)
     }
     if (keep <= 0)
         return;
-    step_dir_t *list;
+    bg__ckpt_dir_t *list;
     size_t n;
     if (list_complete(root, 0, &list, &n) != BG_OK)
         return;
@@ -576,6 +582,15 @@ static void process_token(char *buf, size_t cap)
     snprintf(buf, cap, "%s", process_tok);
 }
 
+/* A save's store operation: a failure (rank 0, which serves the store, died
+ * or stopped) ends the save on this rank at once, saying which save. */
+#define SAVE_STORE(call)                                                                                     \
+    do {                                                                                                     \
+        bg_status_t st_ = (call);                                                                            \
+        if (st_ != BG_OK)                                                                                    \
+            return bg_error(st_, "checkpoint of step %lld not saved: %s", (long long)p.step, bg_last_error()); \
+    } while (0)
+
 bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
 {
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
@@ -610,10 +625,10 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
         snprintf(key, sizeof key, "bg.ckpt.%lu.token", seq);
         if (rank == 0) {
             process_token(token, sizeof token);
-            BG_CHECK(bg_store_set(p.comm, key, token, strlen(token) + 1));
+            SAVE_STORE(bg_store_set(p.comm, key, token, strlen(token) + 1));
         } else {
             size_t got;
-            BG_CHECK(bg_store_wait(p.comm, key, token, sizeof token, &got));
+            SAVE_STORE(bg_store_wait(p.comm, key, token, sizeof token, &got));
             token[sizeof token - 1] = 0;
         }
     } else {
@@ -629,7 +644,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
     if (p.writer || rank == 0) {
         if (world == 1 && !p.comm)
             rm_rf(tmpdir); /* a leftover of this process's failed save of the same step */
-        mine = mkdir_p(p.root);
+        mine = bg_fileio_mkdir_p(p.root);
         if (mine == BG_OK && mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
             mine = bg_error(BG_ERR_IO, "cannot create %s: %s", tmpdir, strerror(errno));
         if (mine == BG_OK && p.writer)
@@ -644,10 +659,10 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
     int64_t failed = mine != BG_OK;
     if (p.comm) {
         snprintf(key, sizeof key, "bg.ckpt.%lu.failed", seq);
-        BG_CHECK(bg_store_add(p.comm, key, failed, &failed));
-        BG_CHECK(bg_store_barrier(p.comm));
+        SAVE_STORE(bg_store_add(p.comm, key, failed, &failed));
+        SAVE_STORE(bg_store_barrier(p.comm));
         if (rank == 0)
-            BG_CHECK(bg_store_add(p.comm, key, 0, &failed));
+            SAVE_STORE(bg_store_add(p.comm, key, 0, &failed));
     } else if (rank != 0) {
         return mine; /* rank 0's call (the last) publishes */
     }
@@ -682,7 +697,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
     char res[1100];
     size_t got;
     snprintf(key, sizeof key, "bg.ckpt.%lu.result", seq);
-    BG_CHECK(bg_store_wait(p.comm, key, res, sizeof res, &got));
+    SAVE_STORE(bg_store_wait(p.comm, key, res, sizeof res, &got));
     res[sizeof res - 1] = 0;
     int code = atoi(res);
     if (mine != BG_OK) /* this rank's own failure says more than rank 0's summary */
@@ -696,7 +711,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
 
 bg_status_t bg_checkpoint_latest(const char *root, char *path_out, size_t cap, int64_t *step_p)
 {
-    step_dir_t *list;
+    bg__ckpt_dir_t *list;
     size_t n;
     BG_CHECK(list_complete(root, 1, &list, &n));
     if (n == 0) {
@@ -891,8 +906,16 @@ out:
     return st;
 }
 
-static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *models, int nmodels)
+/* *damaged_p (may be NULL) on failure: 1 when the files are damaged (a
+ * fallback to an older checkpoint may help), 0 when the checkpoint is of
+ * another model or optimizer (none will). */
+static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *models, int nmodels,
+                               int *damaged_p, int apply)
 {
+    int ignored;
+    if (!damaged_p)
+        damaged_p = &ignored;
+    *damaged_p = 0;
     bg_status_t st = BG_OK;
     need_t *nd = NULL;
     int n = 0;
@@ -921,6 +944,7 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
         }
     }
     BG_CHECK(make_needs(models, nmodels, optim, &nd, &n));
+    *damaged_p = 1; /* from here on, what fails is the files */
     if (man)
         st = open_manifest_files(dir, man, nd, n, &srcs);
     else
@@ -941,21 +965,41 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
         }
     }
     /* everything verified: now, and only now, modify the models */
-    st = apply_needs(nd, n, optim);
+    if (apply)
+        st = apply_needs(nd, n, optim);
 out:
     src_set_free(&srcs);
     free(nd);
     return st;
 }
 
-bg_status_t bg_checkpoint_load(const char *path, bg_model_t *const *models, int nmodels, bg_checkpoint_info_t *info_p)
+bg_status_t bg__checkpoint_load(const char *path, bg_model_t *const *models, int nmodels,
+                                bg_checkpoint_info_t *info_p, int *damaged_p, int apply)
 {
     json_t *m;
-    BG_CHECK(manifest_read(path, &m));
+    int ignored;
+    if (!damaged_p)
+        damaged_p = &ignored;
+    *damaged_p = 1;
+    bg_status_t st = manifest_read(path, &m);
+    if (st != BG_OK) {
+        *damaged_p = st != BG_ERR_UNSUPPORTED; /* another format version is no damage */
+        return st;
+    }
+    /* a step-N directory holds step N (a manifest copied or renamed is not it) */
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    int64_t named = parse_step_name(base);
+    if (named >= 0 && json_integer_value(json_object_get(m, "step")) != named) {
+        st = bg_error(BG_ERR_MISMATCH, "%s: its manifest says step %lld, its name step %lld", path,
+                      (long long)json_integer_value(json_object_get(m, "step")), (long long)named);
+        json_decref(m);
+        return st;
+    }
     bg_checkpoint_info_t info;
-    bg_status_t st = info_from_manifest(m, path, &info);
+    st = info_from_manifest(m, path, &info);
     if (st == BG_OK) {
-        st = load_common(path, m, models, nmodels);
+        st = load_common(path, m, models, nmodels, damaged_p, apply);
         if (st == BG_OK && info_p)
             *info_p = info;
         else
@@ -963,6 +1007,11 @@ bg_status_t bg_checkpoint_load(const char *path, bg_model_t *const *models, int 
     }
     json_decref(m);
     return st;
+}
+
+bg_status_t bg_checkpoint_load(const char *path, bg_model_t *const *models, int nmodels, bg_checkpoint_info_t *info_p)
+{
+    return bg__checkpoint_load(path, models, nmodels, info_p, NULL, 1);
 }
 
 bg_status_t bg_checkpoint_verify(const char *path)
@@ -988,7 +1037,7 @@ bg_status_t bg_checkpoint_verify(const char *path)
 
 bg_status_t bg_safetensors_load_dir(const char *dir, bg_model_t *const *models, int nmodels)
 {
-    return load_common(dir, NULL, models, nmodels);
+    return load_common(dir, NULL, models, nmodels, NULL, 1);
 }
 
 bg_status_t bg_safetensors_model_json(const char *dir, char **json_p)

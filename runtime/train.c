@@ -30,44 +30,48 @@ void bg_train_config_init(bg_train_config_t *cfg)
     cfg->backend = "cpu";
 }
 
-/* mkdir -p: create missing parents too. */
-static int mkdir_p(const char *dir)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof(tmp), "%s", dir) >= (int)sizeof(tmp)) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0755);
-}
-
 bg_status_t bg_check_writable_dir(const char *dir)
 {
     struct stat st;
-    if (stat(dir, &st) != 0) {
-        if (errno != ENOENT)
-            return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
-        /* several ranks may create it at once: EEXIST is fine if it is a directory */
-        if (mkdir_p(dir) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))
-            return bg_error(BG_ERR_IO, "cannot create directory %s: %s", dir, strerror(errno));
-    } else if (!S_ISDIR(st.st_mode)) {
-        return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
+        char probe[4096];
+        snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
+        FILE *f = fopen(probe, "wb");
+        if (!f)
+            return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
+        fclose(f);
+        unlink(probe);
+        return BG_OK;
     }
-    char probe[4096];
-    snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
-    FILE *f = fopen(probe, "wb");
-    if (!f)
-        return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
-    fclose(f);
-    unlink(probe);
+    if (errno != ENOENT)
+        return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
+    /* missing: it will be created (when there is something to put in it)
+     * under its nearest existing ancestor, which must be a writable directory */
+    char up[4096];
+    if (snprintf(up, sizeof(up), "%s", dir) >= (int)sizeof(up))
+        return bg_error(BG_ERR_INVALID, "path too long: %s", dir);
+    for (;;) {
+        size_t n = strlen(up);
+        while (n > 1 && up[n - 1] == '/')
+            up[--n] = 0;
+        char *slash = strrchr(up, '/');
+        if (!slash)
+            snprintf(up, sizeof(up), ".");
+        else if (slash == up)
+            up[1] = 0;
+        else
+            *slash = 0;
+        if (stat(up, &st) == 0)
+            break;
+        if (errno != ENOENT || !strcmp(up, ".") || !strcmp(up, "/"))
+            return bg_error(BG_ERR_IO, "cannot create directory %s: %s: %s", dir, up, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not a directory", dir, up);
+    if (access(up, W_OK | X_OK) != 0)
+        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not writable: %s", dir, up, strerror(errno));
     return BG_OK;
 }
 
@@ -109,6 +113,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         return bg_error(BG_ERR_INVALID, "checkpoint_every and keep must be >= 0");
     if ((c->resume || c->checkpoint_every) && !c->checkpoint_dir)
         return bg_error(BG_ERR_INVALID, "--resume and --checkpoint-every need --checkpoint-dir");
+    if (c->resume_strict && !c->resume && !c->resume_from)
+        return bg_error(BG_ERR_INVALID, "--resume-strict goes with --resume");
     return BG_OK;
 }
 
@@ -273,9 +279,22 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     res.numa_node = info.numa_node;
     if (c.metrics_path)
         BG_CHECK_GOTO(metrics_open(&c, x), st, out);
-    if (c.checkpoint_dir && c.resume) {
-        int found;
-        BG_CHECK_GOTO(bg_executor_resume(x, c.checkpoint_dir, &found), st, out);
+    if (c.resume_from || (c.checkpoint_dir && c.resume)) {
+        bg_resume_params_t rp = BG_RESUME_PARAMS_INIT;
+        rp.root = c.checkpoint_dir;
+        rp.path = c.resume_from;
+        rp.strict = c.resume_strict;
+        bg_resume_result_t *rr = malloc(sizeof(*rr));
+        if (!rr) {
+            st = bg_error(BG_ERR_NOMEM, "resume result");
+            goto out;
+        }
+        st = bg_executor_resume_with(x, &rp, rr);
+        if (st == BG_OK && c.on_resume)
+            c.on_resume(rr, c.resume_from ? c.resume_from : c.checkpoint_dir, info.rank, c.on_step_arg);
+        free(rr);
+        if (st != BG_OK)
+            goto out;
     }
     int start = (int)bg_executor_steps_done(x);
     res.start_step = start;
@@ -297,7 +316,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         times[timed % BG_TIMED] = r.step_ms / 1e3;
         busy[timed % BG_TIMED] = (1.0 - r.bubble) * r.step_ms / 1e3;
         timed++;
-        if (step == start + (c.steps - start) / 2)
+        if (step == start + (c.steps - start) / 2 || tokens_mid == 0) /* the first until the middle (a stop) */
             tokens_mid = r.tokens;
         res.steps_done = step + 1;
         if (step == start)
@@ -328,7 +347,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     }
     bg_executor_info(x, &info);
     result_from_info(&info, &res);
-    if (c.save_dir)
+    if (c.save_dir && !res.stopped) /* a stopped run's weights are in its checkpoint, if any */
         BG_CHECK_GOTO(bg_executor_save_weights(x, c.save_dir), st, out);
     if (c.trace_path)
         BG_CHECK_GOTO(bg_executor_write_trace(x), st, out);

@@ -50,8 +50,14 @@ static void usage(FILE *f)
             "  --checkpoint-dir DIR   write checkpoints (weights, optimizer state, manifest) under DIR\n"
             "  --checkpoint-every N   every N steps (and always after the last step)\n"
             "  --keep K               keep the newest K complete checkpoints (default: all)\n"
-            "  --resume               continue from the newest complete checkpoint in DIR (any layout)\n"
-            "  SIGTERM or Ctrl-C writes a checkpoint at the next step boundary and exits cleanly.\n"
+            "  --resume               continue from the newest valid checkpoint in DIR (any layout); an\n"
+            "                         invalid newer one (corrupt, partial) is reported and skipped; none:\n"
+            "                         start at step 0 (said on stderr)\n"
+            "  --resume-strict        with --resume: fail if the newest checkpoint is invalid, or none is valid\n"
+            "  --resume-from PATH     continue from this checkpoint directory (DIR/step-N); it must be valid\n"
+            "  SIGTERM or Ctrl-C stops at the next step boundary: with --checkpoint-dir it writes a\n"
+            "  checkpoint first; the exit status is 143 or 130 (0 only for a finished run); --save is\n"
+            "  written only by a finished run. A second Ctrl-C stops at once.\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
@@ -83,12 +89,40 @@ static const char *hms(char *buf, size_t n, double s)
     return buf;
 }
 
-/* SIGTERM (preemption) and SIGINT: checkpoint at the next step boundary and exit cleanly. */
+/* SIGTERM (preemption) and SIGINT: stop at the next step boundary (after a
+ * checkpoint when there is a checkpoint directory) and exit 128 + the
+ * signal; a second signal ends the process at once, as it would have. */
 static volatile int bg__stop;
+static volatile sig_atomic_t bg__stop_sig;
 static void on_stop_signal(int sig)
 {
-    (void)sig;
+    if (bg__stop) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    bg__stop_sig = sig;
     bg__stop = 1;
+}
+
+/* What --resume did, said once (rank 0) before the first step. */
+static void on_resume(const bg_resume_result_t *r, const char *where, int rank, void *arg)
+{
+    (void)arg;
+    if (rank != 0)
+        return;
+    if (r->invalid && r->found)
+        fprintf(stderr, "brigade train: skipped %d invalid checkpoint%s newer than %s; the newest: %s\n", r->invalid,
+                r->invalid == 1 ? "" : "s", r->path, r->invalid_what);
+    if (r->found && r->pp > 0)
+        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d)\n", r->path, r->pp, r->dp ? r->dp : 1);
+    else if (r->found)
+        fprintf(stderr, "resuming from %s (written by %d rank%s)\n", r->path, r->world, r->world == 1 ? "" : "s");
+    else if (r->invalid)
+        fprintf(stderr, "brigade train: warning: no valid checkpoint in %s (%d invalid; the newest: %s): starting at "
+                "step 0 (--resume-strict refuses instead)\n", where, r->invalid, r->invalid_what);
+    else
+        fprintf(stderr, "no checkpoint in %s: starting at step 0\n", where);
 }
 
 static void on_step(const bg_step_info_t *i, void *arg)
@@ -249,7 +283,7 @@ int bg_cmd_train(int argc, char **argv)
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -267,6 +301,7 @@ int bg_cmd_train(int argc, char **argv)
         {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
         {"plan", required_argument, 0, O_PLAN},       {"recompute", no_argument, 0, O_RECOMP},
         {"log-every", required_argument, 0, O_LOGEVERY},
+        {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -337,6 +372,8 @@ int bg_cmd_train(int argc, char **argv)
         case O_QUIET: prog.quiet = 1; break;
         case O_CKDIR: c.checkpoint_dir = optarg; break;
         case O_RESUME: c.resume = 1; break;
+        case O_RESUME_STRICT: c.resume_strict = 1; break;
+        case O_RESUME_FROM: c.resume_from = optarg; break;
         case O_PLAN: plan_path = optarg; break;
         case O_RECOMP: c.recompute = 1; break;
         case 'h':
@@ -388,14 +425,13 @@ int bg_cmd_train(int argc, char **argv)
     c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
     c.on_step_arg = &prog;
-    if (c.checkpoint_dir) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_stop_signal;
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
-        c.stop_flag = &bg__stop;
-    }
+    c.on_resume = on_resume;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    c.stop_flag = &bg__stop;
     bg_status_t st = bg_train_check(&c);
     if (st != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
@@ -432,11 +468,26 @@ int bg_cmd_train(int argc, char **argv)
                bg_plan_step_ms(plan) > 0 ? r.median_step_ms / bg_plan_step_ms(plan) : 0.0, r.peak_bytes / 1048576.0,
                bg_plan_rank_peak_bytes(plan, 0) / 1048576.0);
     bg_plan_free(plan);
-    if (r.stopped && (r.world <= 1 || r.rank == 0))
-        fprintf(stderr, "stopped after step %d on request; checkpoint written to %s\n", r.steps_done,
-                c.checkpoint_dir);
-    if (r.start_step > 0 && (r.world <= 1 || r.rank == 0))
-        fprintf(stderr, "resumed at step %d from %s\n", r.start_step, c.checkpoint_dir);
+    int lead = r.world <= 1 || r.rank == 0;
+    int ran = r.steps_done - r.start_step; /* steps this run did */
+    /* 128 + the signal when stopped (the shell's convention for a signal); 0 only for a finished run */
+    int rc = r.stopped ? 128 + (bg__stop_sig ? (int)bg__stop_sig : SIGTERM) : 0;
+    if (r.stopped && lead) {
+        if (c.checkpoint_dir)
+            fprintf(stderr, "stopped after step %d on request; checkpoint written to %s\n", r.steps_done,
+                    c.checkpoint_dir);
+        else
+            fprintf(stderr, "interrupted at step %d, nothing saved\n", r.steps_done);
+    }
+    /* what the run did: steps run, and where they started and ended when that is not 0 -> --steps */
+    char did[160];
+    if (ran == 0)
+        snprintf(did, sizeof did, "no steps run (at step %d of %d)", r.steps_done, c.steps);
+    else if (r.start_step > 0 || r.stopped)
+        snprintf(did, sizeof did, "%d step%s (steps %d -> %d of %d%s)", ran, ran == 1 ? "" : "s", r.start_step,
+                 r.steps_done, c.steps, r.stopped ? ", stopped" : "");
+    else
+        snprintf(did, sizeof did, "%d step%s", ran, ran == 1 ? "" : "s");
     if (r.world > 1) {
         /* every rank reports its own pipeline figures; rank 0 the job's */
         if (!prog.quiet || r.rank == 0)
@@ -446,25 +497,35 @@ int bg_cmd_train(int argc, char **argv)
                     r.rank, r.params, r.peak_bytes / 1048576.0, r.peak_act_bytes / 1048576.0,
                     r.predicted_act_bytes / 1048576.0, r.peak_stashed, r.predicted_stashed, 100 * r.bubble);
         if (r.rank != 0)
-            return 0;
-        printf("trained %s on %d ranks (pp %d x dp %d, %s): loss %.4f -> %.4f\n",
-               c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1,
-               c.schedule ? c.schedule : "1f1b", r.first_loss, r.final_loss);
-        printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
-        if (c.save_dir)
+            return rc;
+        if (ran > 0)
+            printf("trained %s on %d ranks (pp %d x dp %d, %s): %s, loss %.4f -> %.4f\n",
+                   c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1,
+                   c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
+        else
+            printf("%s on %d ranks: %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, did);
+        if (ran > 0)
+            printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
+        if (c.save_dir && !r.stopped)
             printf("saved %s/model-stage*.safetensors\n", c.save_dir);
-        return 0;
+        return rc;
     }
-    printf("trained %s: %zu parameters, %d steps, loss %.4f -> %.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp",
-           r.params, c.steps, r.first_loss, r.final_loss);
-    printf("median step %.1f ms, %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", r.median_step_ms, r.tokens_per_s,
-           r.median_step_ms > 0 ? r.flops_per_step / (r.median_step_ms * 1e6) : 0.0);
-    if (r.predicted_bytes)
+    if (ran > 0) {
+        printf("trained %s: %zu parameters, %s, loss %.4f -> %.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp",
+               r.params, did, r.first_loss, r.final_loss);
+        printf("median step %.1f ms, %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", r.median_step_ms, r.tokens_per_s,
+               r.median_step_ms > 0 ? r.flops_per_step / (r.median_step_ms * 1e6) : 0.0);
+    } else {
+        printf("%s: %zu parameters, %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.params, did);
+    }
+    if (ran == 0)
+        printf("predicted memory %.2f MiB from the layers' reports\n", r.predicted_bytes / 1048576.0);
+    else if (r.predicted_bytes)
         printf("peak memory %.2f MiB (predicted %.2f MiB from the layers' reports)\n", r.peak_bytes / 1048576.0,
                r.predicted_bytes / 1048576.0);
     else
         printf("peak memory %.2f MiB\n", r.peak_bytes / 1048576.0);
-    if (c.save_dir)
+    if (c.save_dir && !r.stopped)
         printf("saved %s/model.safetensors\n", c.save_dir);
-    return 0;
+    return rc;
 }

@@ -181,6 +181,7 @@ static void bg__ucx_done(bg_request_t *r, void *ucx_req, ucs_status_t us)
 {
     bg_comm_t *c = r->comm;
     r->ucx = NULL;
+    r->ucx_released = 1;
     ucp_request_free(ucx_req);
     if ((us == UCS_ERR_IO_ERROR || us == UCS_ERR_CONNECTION_RESET || us == UCS_ERR_ENDPOINT_TIMEOUT ||
          us == UCS_ERR_UNREACHABLE) && !atomic_load(&r->done) && !r->user_freed) {
@@ -303,6 +304,17 @@ bg_status_t bg__post_locked(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t
                  kind == BG__RQ_SEND ? "send to" : "receive from", peer, bytes,
                  ucs_status_string(UCS_PTR_STATUS(ur)));
         bg__complete_locked(r, BG_ERR_TRANSPORT, m);
+        return BG_OK;
+    }
+    /* A receive that finds its message already here completes inside
+     * ucp_tag_recv_nbx (NO_IMM_CMPL): the callback has run and freed `ur`.
+     * Keeping `ur` would leave the request on the pending list for the
+     * communicator's lifetime (one per such receive: the heap grew by a
+     * request per step) holding a freed UCX request. Only a suspect (a
+     * failure awaiting the liveness verdict) stays listed, without `ur`. */
+    if (r->ucx_released) {
+        if (r->suspect)
+            bg__list_add(c, r);
         return BG_OK;
     }
     r->ucx = ur;

@@ -39,6 +39,7 @@ struct bg_request {
     size_t bytes;          /* buffer size */
     size_t recvd;          /* bytes received */
     void *ucx;             /* UCX request while UCX still owns it */
+    int ucx_released;      /* UCX's callback ran (it may run inside the posting call) */
     atomic_int done;       /* 1 once complete (successfully or not) */
     bg_status_t status;
     char msg[256];         /* error message when status < 0 */

@@ -155,10 +155,46 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p); /**< what t
  *  layout) of the steps done under @p root, keeping the newest @p keep
  *  (0: all). Collective; atomic (see checkpoint.h). */
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep);
-/** Load the newest complete checkpoint under @p root (saved under any
- *  layout): weights, optimizer state and the step count. *found_p = 0 (and
- *  nothing changes) when there is none. */
+/** Load the newest valid checkpoint under @p root (saved under any layout):
+ *  weights, optimizer state and the step count; an invalid newer one is
+ *  skipped with a warning in the log. *found_p = 0 (and nothing changes)
+ *  when there is none. bg_executor_resume_with() says more and can refuse. */
 bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p);
+
+/** Where bg_executor_resume_with() looks (grows by appending; size header). */
+typedef struct bg_resume_params {
+    size_t size;          /**< sizeof(bg_resume_params_t), set by BG_RESUME_PARAMS_INIT */
+    const char *root;     /**< a checkpoint root: its newest valid checkpoint */
+    const char *path;     /**< or exactly this checkpoint directory (wins over root); it must be valid */
+    int strict;           /**< 1: with root, fail when the newest checkpoint is invalid instead of
+                               falling back to the previous complete one */
+} bg_resume_params_t;
+
+#define BG_RESUME_PARAMS_INIT { .size = sizeof(bg_resume_params_t), .root = NULL, .path = NULL, .strict = 0 }
+
+/** What bg_executor_resume_with() did (the same on every rank). */
+typedef struct bg_resume_result {
+    int found;             /**< 1: a checkpoint was loaded; 0: none (nothing changed) */
+    int64_t step;          /**< its step: the steps done now */
+    char path[4096];       /**< its directory */
+    int pp, dp;            /**< the layout that wrote it (its manifest's "extra"; 0: not recorded) */
+    int world;             /**< ranks of the job that wrote it */
+    int invalid;           /**< step-N directories skipped as invalid (newer than the one loaded, or all
+                                of them when found = 0) */
+    char invalid_what[1024]; /**< the newest invalid one and what is wrong with it (one line), or "" */
+} bg_resume_result_t;
+
+/** Resume from a checkpoint, as @p params say (collective: every rank
+ *  loads its tensors and all agree on the checkpoint). With a root, the
+ *  newest step-N directory that every rank loads whole is used; a damaged
+ *  newer one (unreadable or corrupt manifest, a missing, truncated or
+ *  corrupt file) is skipped and described in result->invalid_what, or with
+ *  strict is an error. No step-N directory at all: found = 0, BG_OK. Every
+ *  one invalid: found = 0 and BG_OK (strict: an error); the caller should
+ *  say so. A checkpoint of another model, optimizer or format version is an
+ *  error, never skipped. On error nothing changed. */
+bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *params,
+                                    bg_resume_result_t *result_p);
 /** Write the weights as DIR/model.safetensors (one stage) or
  *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes). */
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir);

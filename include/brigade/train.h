@@ -11,6 +11,7 @@
 #ifndef BRIGADE_TRAIN_H
 #define BRIGADE_TRAIN_H
 
+#include "brigade/executor.h"
 #include "brigade/model.h"
 
 #ifdef __cplusplus
@@ -64,8 +65,15 @@ typedef struct bg_train_config {
     int resume;                  /**< continue from the newest complete checkpoint, if any */
     int process_wide;            /**< 1: process-wide settings (NUMA binding, OpenBLAS threads, malloc,
                                       UCX log handler; see executor.h); the CLI sets it */
-    volatile int *stop_flag;     /**< set (e.g. by a SIGTERM handler) to checkpoint at the next step
-                                      boundary and return; every rank agrees on the step */
+    volatile int *stop_flag;     /**< set (e.g. by a SIGTERM handler) to stop at the next step boundary
+                                      (checkpointing when checkpoint_dir is set) and return; every rank
+                                      agrees on the step */
+    /* ---- resume (bg_executor_resume_with) ---- */
+    const char *resume_from;     /**< resume from exactly this checkpoint directory (implies resume) */
+    int resume_strict;           /**< with resume: an invalid newest checkpoint is an error, not skipped */
+    void (*on_resume)(const bg_resume_result_t *r, const char *where, int rank, void *arg);
+                                 /**< what resume did (where: resume_from or checkpoint_dir), called on
+                                      every rank before the first step; arg: on_step_arg */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
@@ -90,7 +98,8 @@ typedef struct bg_train_result {
     size_t predicted_act_bytes; /**< the simulator's peak stash bytes + the stage's scratch and backward temporaries */
     int start_step;           /**< first step run (> 0 when resumed) */
     int steps_done;           /**< steps completed when it returned */
-    int stopped;              /**< 1: returned early on a stop request (after checkpointing) */
+    int stopped;              /**< 1: returned early on a stop request (after checkpointing when
+                                   checkpoint_dir is set; the final weights are not saved) */
     int numa_node;            /**< NUMA node this rank was bound to, -1 if none (BRIGADE_NUMA) */
 } bg_train_result_t;
 
@@ -106,7 +115,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg, bg_train_result_t *result_p);
 /** Sequence length of microbatch `mb` of step `step` (variable lengths). */
 int bg_train_seq_len(const bg_train_config_t *cfg, int64_t step, int mb);
 
-/** Check that a directory exists or can be created and is writable (before a run). */
+/** Check that a directory is writable, or can be created (its nearest existing ancestor is a
+ *  writable directory), before a run; creates nothing. */
 bg_status_t bg_check_writable_dir(const char *dir);
 
 #ifdef __cplusplus

@@ -41,7 +41,7 @@ grep -q '^brigade launch: rank 1 (pid [0-9]*) exited with status 137' "$T/err" &
 grep -q '^brigade launch: restart 1 of 2: ' "$T/err" && ok "restart 1 of 2" || bad "no restart line"
 grep -q 'restart 2 of 2' "$T/err" && bad "a second restart" || ok "one restart was enough"
 [ "$(grep -c 'attempt 1' "$T/attempts")" = 2 ] && ok "both ranks ran again" || bad "attempts: $(cat "$T/attempts")"
-grep -q "resumed at step" "$T/err" && ok "the trainers resumed: $(grep -m1 'resumed at step' "$T/err")" || bad "no resume"
+grep -q "resuming from " "$T/err" && ok "the trainers resumed: $(grep -m1 'resuming from ' "$T/err")" || bad "no resume"
 v=$("$B" compare "$T/ref" "$T/out") && ok "final weights bitwise equal to the uninterrupted run: $v" || bad "weights differ: $v"
 ls "$T/ckpt" | grep -q tmp && bad "a .tmp directory is left: $(ls "$T/ckpt")" || ok "no .tmp left: $(ls "$T/ckpt" | tr '\n' ' ')"
 [ $fails = 0 ] || { echo "$fails check(s) failed"; exit 1; }
