@@ -552,10 +552,12 @@ static void launch_note_stop(launch_t *L, int r, int st)
 static void launch_poll_stops(launch_t *L, int except)
 {
     for (int r = 0; r < L->o.n; r++) {
-        int st;
+        /* WSTOPPED alone: consumes a stop report only, never an exit (the reap loop's) */
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
         if (r != except && L->ranks[r].running && !L->ranks[r].stop_sig &&
-            waitpid(L->ranks[r].pid, &st, WNOHANG | WUNTRACED) == L->ranks[r].pid && WIFSTOPPED(st))
-            launch_note_stop(L, r, st);
+            waitid(P_PID, (id_t)L->ranks[r].pid, &si, WSTOPPED | WNOHANG) == 0 && si.si_pid == L->ranks[r].pid)
+            launch_note_stop(L, r, W_STOPCODE(si.si_status));
     }
 }
 

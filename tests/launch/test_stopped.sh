@@ -40,4 +40,22 @@ check "the first line names the stopped rank 2" bash -c "head -n 1 '$T/err' | gr
 check "the failure line says rank 2 is stopped" grep -qE '^brigade launch: rank 0 \(pid [0-9]+\) exited with status 1 while rank 2 \(pid [0-9]+\) is stopped \(SIGSTOP\); stopping the other 3 ranks$' "$T/err"
 check "the stopped rank is stopped promptly (SIGTERM + SIGCONT), not after the grace ($ms ms)" [ "$ms" -lt 1900 ]
 check "every rank is gone" all_dead pid 2
+
+# a failure while another rank's exit is pending too (the launcher is stopped
+# while both exit): both are accounted for and the launcher ends. (The hang
+# that looking for stopped ranks with waitpid(pid, WUNTRACED) caused, by
+# reaping an exit and losing it, showed in tests/runtime/test_numa.sh under
+# load: a rank killed by SIGPIPE while the other one exited.)
+timeout -s KILL 15 "$BRIGADE" launch -n 2 -- bash -c \
+    'if [ $BRIGADE_RANK = 1 ]; then sleep 0.5; exit 3; fi; sleep 0.7; exit 0' 2>"$T/err" &
+LPID=$!
+sleep 0.2
+pkill -STOP -P $LPID -x brigade
+sleep 1.2
+pkill -CONT -P $LPID -x brigade
+wait $LPID
+rc=$?
+LPID=
+cat "$T/err"
+check "two exits pending at once: the failing rank's status 3 (got $rc)" [ $rc = 3 ]
 finish
