@@ -6,7 +6,11 @@
  * execvpe, the supervision loop (reaping, failure propagation, signal
  * forwarding, grace period, job timeout), --tag-output line forwarding, and
  * --max-restarts (after a rank failure, stop everything and start the whole
- * job again with a new token and port; a signal to the launcher never restarts).
+ * job again with a new token and port; a signal to the launcher never restarts),
+ * and the exit deadline: once any rank has exited, the others must exit within
+ * --exit-timeout (from BRIGADE_TIMEOUT) or are killed, so a rank that hangs or
+ * was stopped (SIGSTOP, reported through WUNTRACED) never makes the launcher
+ * wait forever.
  * Must not: talk to the ranks' rendezvous store or know anything of the
  * transport; it only sets variables the transport reads.
  *
@@ -60,6 +64,7 @@ typedef struct {
     double timeout_s;       /* 0: none */
     double grace_s;         /* seconds between SIGTERM and SIGKILL */
     int max_restarts;       /* restart the whole job after a rank failure, at most this many times */
+    double exit_wait_s;     /* after a rank exits, the others must within this; 0: no limit */
     char **cmd;             /* NULL-terminated */
 } launch_opts_t;
 
@@ -74,6 +79,7 @@ typedef struct {
     pid_t pid;              /* 0: never started */
     bool running;           /* started and not reaped yet */
     int status;             /* wait status once reaped */
+    int stop_sig;           /* the signal that stopped it while it is stopped (WUNTRACED), else 0 */
     launch_stream_t io[2];  /* stdout, stderr (with --tag-output) */
 } launch_rank_t;
 
@@ -90,6 +96,9 @@ typedef struct {
     double linger_until;    /* 0 until every rank is reaped */
     int sfd;                /* signalfd */
     bool interrupted;       /* a terminating signal arrived: never restart */
+    bool tstp_forwarded;    /* the launcher stopped the ranks itself (Ctrl-Z): not worth a line */
+    double exit_deadline;   /* 0 until a rank exits; then the others must exit by this time */
+    int first_exit;         /* the rank whose exit started the deadline */
     char *obuf;             /* tagged output being assembled */
     size_t olen, ocap;
 } launch_t;
@@ -252,6 +261,8 @@ static void launch_usage(FILE *f)
             "  --tag-output          prefix each line of each rank's stdout/stderr with \"[rank R] \"\n"
             "  --timeout S           stop the whole job after S seconds (exit code 124)\n"
             "  --grace S             seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
+            "  --exit-timeout S      once a rank has exited, kill the ranks still running S seconds\n"
+            "                        later (0: never; default min(BRIGADE_TIMEOUT, 30) = 30)\n"
             "  --max-restarts K      after a rank fails, stop the job and start it again (new job\n"
             "                        token and port, BRIGADE_RESTART_COUNT=1, 2, ...), at most K\n"
             "                        times (default 0); the job resumes from its checkpoints itself\n"
@@ -274,6 +285,7 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
     bool have_n = false;
     o->addr = "127.0.0.1";
     o->grace_s = 5.0;
+    o->exit_wait_s = -1; /* from BRIGADE_TIMEOUT below */
     o->cmd = NULL;
     int i = 1;
     for (; i < argc; i++) {
@@ -341,6 +353,9 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
             if (bg_cli_int(cmd, name, val, 0, 1000000, &v))
                 return 2;
             o->max_restarts = (int)v;
+        } else if (!strcmp(name, "--exit-timeout")) {
+            if (bg_cli_double(cmd, name, val, 0, 1e9, &o->exit_wait_s))
+                return 2;
         } else if (!strcmp(name, "--grace")) {
             if (bg_cli_double(cmd, name, val, 0, 86400, &o->grace_s))
                 return 2;
@@ -355,6 +370,14 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
     if (!argv[i][0])
         return bg_cli_fail(cmd, "the command to run is an empty string");
     o->cmd = argv + i;
+    if (o->exit_wait_s < 0) {
+        /* the ranks' teardown barriers wait min(BRIGADE_TIMEOUT, 30 s): past that, a rank
+         * still running after another one exited is hung (or stopped) */
+        double t = 60;
+        if (bg_config_double("BRIGADE_TIMEOUT", &t) != BG_OK)
+            return bg_cli_fail(cmd, "%s", bg_last_error());
+        o->exit_wait_s = t > 0 && t < 30 ? t : 30;
+    }
     return 0;
 }
 
@@ -472,6 +495,7 @@ static void launch_begin_stop(launch_t *L, launch_stop_t why, int exit_code)
     L->stop = why;
     L->exit_code = exit_code;
     launch_kill_all(L, SIGTERM);
+    launch_kill_all(L, SIGCONT); /* a stopped rank would sit on its SIGTERM until SIGKILL */
     L->kill_at = launch_now() + L->o.grace_s;
 }
 
@@ -488,11 +512,60 @@ static void launch_escalate(launch_t *L)
     L->killed = true;
 }
 
+/* The name of a signal that stops a process. */
+static const char *launch_stopname(int sig, char *buf, size_t cap)
+{
+    switch (sig) {
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
+    default: snprintf(buf, cap, "signal %d", sig); return buf;
+    }
+}
+
+/* " while rank 3 (pid N) is stopped (SIGSTOP)", or "" */
+static void launch_stopped_note(const launch_t *L, int except, char *out, size_t cap)
+{
+    out[0] = 0;
+    for (int r = 0; r < L->o.n; r++)
+        if (r != except && L->ranks[r].running && L->ranks[r].stop_sig) {
+            char b[32];
+            snprintf(out, cap, " while rank %d (pid %d) is stopped (%s)", r, (int)L->ranks[r].pid,
+                     launch_stopname(L->ranks[r].stop_sig, b, sizeof b));
+            return;
+        }
+}
+
+static void launch_note_stop(launch_t *L, int r, int st)
+{
+    launch_rank_t *rk = &L->ranks[r];
+    char b[32];
+    rk->stop_sig = WSTOPSIG(st);
+    if (L->stop == STOP_NONE && !L->tstp_forwarded)
+        fprintf(stderr, "brigade launch: rank %d (pid %d) was stopped by %s; the other ranks may fail "
+                "waiting for it\n", r, (int)rk->pid, launch_stopname(rk->stop_sig, b, sizeof b));
+}
+
+/* Before blaming a failing rank: a stop of another rank not reaped yet (waitpid
+ * may report the exit first when both are pending) is reported first. */
+static void launch_poll_stops(launch_t *L, int except)
+{
+    for (int r = 0; r < L->o.n; r++) {
+        /* WSTOPPED alone: consumes a stop report only, never an exit (the reap loop's) */
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (r != except && L->ranks[r].running && !L->ranks[r].stop_sig &&
+            waitid(P_PID, (id_t)L->ranks[r].pid, &si, WSTOPPED | WNOHANG) == 0 && si.si_pid == L->ranks[r].pid)
+            launch_note_stop(L, r, W_STOPCODE(si.si_status));
+    }
+}
+
 static void launch_reap(launch_t *L)
 {
     for (;;) {
         int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
+        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
         if (pid < 0 && errno == EINTR)
             continue;
         if (pid <= 0)
@@ -503,16 +576,34 @@ static void launch_reap(launch_t *L)
         if (r == L->o.n || !L->ranks[r].running)
             continue;
         launch_rank_t *rk = &L->ranks[r];
+        if (WIFSTOPPED(st)) {
+            /* a stopped rank holds up the others (they time out waiting for it): say
+             * so first, so that the first line names it rather than a survivor */
+            launch_note_stop(L, r, st);
+            continue;
+        }
+        if (WIFCONTINUED(st)) {
+            rk->stop_sig = 0;
+            continue;
+        }
         rk->running = false;
+        rk->stop_sig = 0;
         rk->status = st;
         L->running--;
-        char what[128];
-        launch_describe(st, what, sizeof what);
+        char what[128], note[160];
         bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (!ok && L->stop == STOP_NONE)
+            launch_poll_stops(L, r);
+        launch_describe(st, what, sizeof what);
+        launch_stopped_note(L, r, note, sizeof note);
+        if (ok && L->stop == STOP_NONE && L->running > 0 && L->exit_deadline == 0 && L->o.exit_wait_s > 0) {
+            L->exit_deadline = launch_now() + L->o.exit_wait_s;
+            L->first_exit = r;
+        }
         if (!ok && L->stop == STOP_NONE) {
             if (L->running > 0)
-                fprintf(stderr, "brigade launch: rank %d (pid %d) %s; stopping the other %d rank%s\n", r, (int)pid, what,
-                        L->running, launch_plural(L->running));
+                fprintf(stderr, "brigade launch: rank %d (pid %d) %s%s; stopping the other %d rank%s\n", r, (int)pid,
+                        what, note, L->running, launch_plural(L->running));
             else
                 fprintf(stderr, "brigade launch: rank %d (pid %d) %s\n", r, (int)pid, what);
             launch_begin_stop(L, STOP_RANK, launch_status_code(st));
@@ -522,6 +613,26 @@ static void launch_reap(launch_t *L)
     }
 }
 
+/* The exit deadline passed: every rank still running is hung or stopped. Kill
+ * them at once (a stopped one would not act on SIGTERM), naming each. */
+static void launch_exit_deadline(launch_t *L)
+{
+    for (int r = 0; r < L->o.n; r++) {
+        launch_rank_t *rk = &L->ranks[r];
+        if (!rk->running)
+            continue;
+        char how[64] = "", b[32];
+        if (rk->stop_sig)
+            snprintf(how, sizeof how, " (stopped by %s)", launch_stopname(rk->stop_sig, b, sizeof b));
+        fprintf(stderr, "brigade launch: rank %d (pid %d)%s did not exit within %g s after rank %d finished; killed\n",
+                r, (int)rk->pid, how, L->o.exit_wait_s, L->first_exit);
+        launch_signal_rank(rk, SIGKILL);
+    }
+    L->stop = STOP_RANK; /* a failure of the job: --max-restarts may run it again */
+    L->exit_code = 124;
+    L->killed = true;
+}
+
 static void launch_on_signal(launch_t *L, int sig)
 {
     switch (sig) {
@@ -529,11 +640,13 @@ static void launch_on_signal(launch_t *L, int sig)
         launch_reap(L);
         return;
     case SIGTSTP: /* Ctrl-Z: stop the ranks, then ourselves; SIGCONT resumes them */
+        L->tstp_forwarded = true;
         launch_kill_all(L, SIGTSTP);
         kill(getpid(), SIGSTOP);
         return;
     case SIGCONT:
         launch_kill_all(L, SIGCONT);
+        L->tstp_forwarded = false;
         return;
     default:
         break;
@@ -571,6 +684,7 @@ static void launch_reset(launch_t *L)
     L->killed = false;
     L->kill_at = 0;
     L->linger_until = 0;
+    L->exit_deadline = 0;
 }
 
 /* ---------------------------------------------------------------- start */
@@ -883,6 +997,8 @@ int bg_cmd_launch(int argc, char **argv)
                 until = L.kill_at;
             if (L.running == 0 && (until < 0 || L.linger_until < until))
                 until = L.linger_until;
+            if (L.stop == STOP_NONE && L.exit_deadline > 0 && L.running > 0 && (until < 0 || L.exit_deadline < until))
+                until = L.exit_deadline;
             int ms = -1;
             if (until >= 0) {
                 double d = (until - now) * 1000.0;
@@ -926,6 +1042,8 @@ int bg_cmd_launch(int argc, char **argv)
                                 "rank%s\n", L.o.timeout_s, L.running, launch_plural(L.running));
                 launch_begin_stop(&L, STOP_TIMEOUT, 124);
             }
+            if (L.stop == STOP_NONE && L.exit_deadline > 0 && L.running > 0 && now >= L.exit_deadline)
+                launch_exit_deadline(&L);
             if (L.stop != STOP_NONE && !L.killed && L.running > 0 && now >= L.kill_at)
                 launch_escalate(&L);
         }

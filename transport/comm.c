@@ -122,10 +122,10 @@ bg_status_t bg__peer_status(bg_comm_t *c, int peer, const char *during)
 {
     if (!atomic_load(&c->failed))
         return BG_OK;
-    if (peer >= 0 && peer < c->size && c->dead[peer])
+    if (peer < 0 || (peer < c->size && c->dead[peer])) {
+        atomic_store(&c->fail_told, 1);
         return bg_error(BG_ERR_PEER, "%s", c->fail_msg);
-    if (peer < 0)
-        return bg_error(BG_ERR_PEER, "%s", c->fail_msg);
+    }
     return BG_OK;
 }
 
@@ -804,10 +804,21 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
         return BG_OK;
     bg_status_t st = BG_OK;
     int graceful = !atomic_load(&c->failed);
+    /* a failure the caller has not been told of yet (a rank died after the last
+     * operation, or dies during this teardown) is this call's error: a rank
+     * must not report a clean finish of a job whose peer died */
+    int entered_clean = graceful;
+    int untold = !graceful && !atomic_load(&c->fail_told);
+    char result[512] = "";
     double grace = c->timeout_s < 30 ? c->timeout_s : 30;
     if (graceful) {
         bg__store_barrier_named(c, "bg/leave1", grace, &st);
         graceful = st == BG_OK && !atomic_load(&c->failed);
+        /* a barrier that merely timed out (ranks arriving far apart) is no failure */
+        if (st == BG_ERR_PEER) {
+            snprintf(result, sizeof(result), "%s", bg_last_error());
+            untold = 1;
+        }
     }
     /* close endpoints: flush when everyone is alive, by force otherwise */
     void **closing = calloc((size_t)c->size, sizeof(void *));
@@ -830,6 +841,10 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     if (graceful) {
         bg__store_barrier_named(c, "bg/leave2", grace, &st);
         graceful = st == BG_OK;
+        if (st == BG_ERR_PEER && !untold) {
+            snprintf(result, sizeof(result), "%s", bg_last_error());
+            untold = 1;
+        }
     }
     /* stop the communication thread, say goodbye on the liveness connection */
     if (c->wake_fd >= 0) {
@@ -840,6 +855,12 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
         if (c->thread)
             pthread_join(c->thread, NULL);
     }
+    /* a death announced before the thread stopped counts; after its bye nothing is reported */
+    if (entered_clean && atomic_load(&c->failed))
+        untold = 1;
+    if (untold && !result[0])
+        snprintf(result, sizeof(result), "%s", c->fail_msg[0] ? c->fail_msg : "a peer failed");
+    int me = c->rank;
     if (c->live.fd >= 0) {
         size_t len;
         uint8_t *m = bg__msg_encode(BG__OP_BYE, 0, 0, NULL, 0, NULL, 0, &len);
@@ -896,6 +917,9 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->kv_lock);
     free(c);
+    if (untold)
+        return bg_error(BG_ERR_PEER, "rank %d: the job did not end cleanly: %s (seen while leaving the job)", me,
+                        result);
     return BG_OK;
 }
 
@@ -943,8 +967,10 @@ bg_status_t bg_irecv(bg_comm_t *c, int peer, uint32_t tag, void *buf, size_t byt
 
 static bg_status_t bg__result(bg_request_t *r)
 {
-    if (r->status < 0)
+    if (r->status < 0) {
+        atomic_store(&r->comm->fail_told, 1);
         return bg_error(r->status, "%s", r->msg);
+    }
     return BG_OK;
 }
 

@@ -5,6 +5,15 @@
  * whose connection closed (or went silent past the timeout) to every other
  * rank. The client is blocking, with deadlines, and polls a check function
  * so that a waiting call can be aborted when a peer died.
+ *
+ * Hostile clients: until a connection has said hello with the job's token it
+ * may send one HELLO frame of at most BG__PREAUTH_FRAME bytes (anything else
+ * drops it once its 16-byte header is read), so an unauthenticated client
+ * never makes the server buffer more than that. Connections waiting for hello
+ * are capped per source address and in total; a new one beyond a cap evicts
+ * the oldest unauthenticated one (never a rank's), so idle or slow hostile
+ * connections cannot make the server refuse a real rank. Their drops are
+ * logged as one summary line per interval, not one line each.
  * This file must not know about UCX. */
 #include "transport/store.h"
 
@@ -20,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,8 +38,12 @@
 #include "core/check.h"
 
 #define BG__HDR sizeof(bg__store_hdr_t)
-#define BG__MAX_CONNS 1024
 #define BG__MAX_WBUF (8u << 20)
+#define BG__MAX_PREAUTH 512          /* connections waiting for hello, all addresses together */
+#define BG__MAX_PREAUTH_PER_ADDR 128 /* ... from one source address */
+#define BG__ACCEPT_BATCH 32          /* accepts per loop round: a rank's hello, read the next round,
+                                      * is always younger than the per-address cap of evictions */
+#define BG__DROP_LOG_S 5.0           /* at most one summary line of dropped connections per this */
 
 _Static_assert(sizeof(bg__store_hdr_t) == 16, "store header is 16 bytes on the wire");
 
@@ -46,7 +60,7 @@ static int bg__rd_reserve(bg__rd_t *rd, size_t need)
 {
     if (rd->cap >= need)
         return 0;
-    size_t cap = rd->cap ? rd->cap : 4096;
+    size_t cap = rd->cap ? rd->cap : rd->max_frame ? rd->max_frame : 4096;
     while (cap < need)
         cap *= 2;
     uint8_t *b = realloc(rd->buf, cap);
@@ -66,15 +80,22 @@ static size_t bg__rd_need(const bg__rd_t *rd)
     memcpy(&h, rd->buf, BG__HDR);
     if (h.key_len > BG_STORE_MAX_KEY || h.val_len > BG_STORE_MAX_VALUE)
         return BG__HDR;
-    return BG__HDR + h.key_len + (size_t)h.val_len;
+    size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
+    if (rd->max_frame && total > rd->max_frame)
+        return BG__HDR; /* refused by bg__rd_peek: read nothing of it */
+    return total;
 }
 
 int bg__rd_fill(bg__rd_t *rd, int fd)
 {
     size_t need = bg__rd_need(rd);
     size_t want = need > rd->len ? need - rd->len : 0;
-    if (want < 4096)
+    if (rd->max_frame) /* before hello: never past the one frame allowed */
+        want = rd->max_frame > rd->len ? rd->max_frame - rd->len : 0;
+    else if (want < 4096)
         want = 4096; /* read ahead a little: pipelined small messages */
+    if (want == 0)
+        return 0;
     if (bg__rd_reserve(rd, rd->len + want) != 0)
         return -1;
     ssize_t n = recv(fd, rd->buf + rd->len, want, MSG_DONTWAIT);
@@ -96,6 +117,8 @@ int bg__rd_peek(bg__rd_t *rd, bg__store_hdr_t *hdr_p, const uint8_t **key_p, con
         h.key_len > BG_STORE_MAX_KEY || h.val_len > BG_STORE_MAX_VALUE)
         return -1;
     size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
+    if (rd->max_frame && total > rd->max_frame)
+        return -1;
     if (rd->len < total)
         return 0;
     *hdr_p = h;
@@ -186,6 +209,7 @@ typedef struct bg__kv {
 
 typedef struct bg__conn {
     int fd;
+    char peer[64];       /* source address (numeric), for the per-address cap and logs */
     bg__rd_t rd;
     uint8_t *wbuf;
     size_t wlen, wcap;
@@ -201,6 +225,7 @@ typedef struct bg__conn {
 struct bg__store_server {
     bg__store_server_params_t p;
     char token[256];
+    size_t token_len;
     char addr[256];
     int lfd, port;
     int wake[2];
@@ -208,8 +233,14 @@ struct bg__store_server {
     atomic_int stop;
     double stop_deadline;
     atomic_uint_fast64_t dropped;
-    bg__conn_t *conns[BG__MAX_CONNS];
-    int nconns;
+    bg__conn_t **conns;
+    int nconns, max_conns;   /* max_conns: ranks' connections + max_preauth */
+    int max_preauth, max_preauth_addr;
+    double accept_paused_until; /* out of file descriptors: stop accepting until then */
+    atomic_int stat_open, stat_preauth;
+    /* unauthenticated connections dropped since the last summary line, by cause */
+    unsigned ndrop[5];
+    double drop_since, drop_log_next;
     bg__kv_t *kv;
     char *dead;  /* per rank: reported dead already */
     double last_hb;
@@ -280,13 +311,65 @@ static void bg__announce_dead(bg__store_server_t *s, int rank, const char *why)
     }
 }
 
-static void bg__drop(bg__store_server_t *s, int i, const char *why, int violation)
+/* Why an unauthenticated connection was dropped or refused (counted, summarised). */
+enum { BG__DROP_BAD, BG__DROP_TOKEN, BG__DROP_NOHELLO, BG__DROP_EVICTED, BG__DROP_FULL, BG__DROP_N };
+static const char *const bg__drop_what[BG__DROP_N] = {
+    "malformed, oversized or not a hello", "wrong job token", "closed or silent before hello",
+    "evicted for newer ones (too many waiting for hello)", "refused (no room)"};
+
+/* One WARN line for the unauthenticated connections dropped since the last
+ * one: at once after a quiet interval, then at most every BG__DROP_LOG_S. */
+static void bg__drop_log(bg__store_server_t *s, double now, int force)
+{
+    unsigned total = 0;
+    for (int k = 0; k < BG__DROP_N; k++)
+        total += s->ndrop[k];
+    if (!total || (!force && now < s->drop_log_next))
+        return;
+    char what[384];
+    int off = 0;
+    for (int k = 0; k < BG__DROP_N; k++)
+        if (s->ndrop[k] && off < (int)sizeof(what))
+            off += snprintf(what + off, sizeof(what) - (size_t)off, "%s%u %s", off ? ", " : "", s->ndrop[k],
+                            bg__drop_what[k]);
+    int pre = 0;
+    for (int i = 0; i < s->nconns; i++)
+        pre += !s->conns[i]->hello;
+    bg_log(BG_LOG_WARN, "store", "dropped %u unauthenticated connection%s in the last %.1f s (%s); "
+           "%d connection%s open, %d waiting for hello", total, total == 1 ? "" : "s",
+           now - s->drop_since, what, s->nconns, s->nconns == 1 ? "" : "s", pre);
+    memset(s->ndrop, 0, sizeof(s->ndrop));
+    s->drop_since = now;
+    s->drop_log_next = now + BG__DROP_LOG_S;
+}
+
+static void bg__count_drop(bg__store_server_t *s, int kind)
+{
+    double now = bg_now();
+    unsigned total = 0;
+    for (int k = 0; k < BG__DROP_N; k++)
+        total += s->ndrop[k];
+    if (!total && now >= s->drop_log_next)
+        s->drop_since = now;
+    s->ndrop[kind]++;
+    atomic_fetch_add(&s->dropped, 1);
+}
+
+/* Drop connection i. kind: a BG__DROP_* for an unauthenticated connection
+ * (counted and summarised); -1: an ordinary close (debug line); -2: a rank's
+ * connection that broke the protocol (WARN line of its own). */
+static void bg__drop(bg__store_server_t *s, int i, const char *why, int kind)
 {
     bg__conn_t *c = s->conns[i];
-    if (violation)
-        atomic_fetch_add(&s->dropped, 1);
-    bg_log(violation ? BG_LOG_WARN : BG_LOG_DEBUG, "store", "dropping connection (rank %d): %s",
-           c->hello ? c->rank : -1, why);
+    if (kind >= 0 && !c->hello) {
+        bg__count_drop(s, kind);
+        bg_log(BG_LOG_DEBUG, "store", "dropping unauthenticated connection from %s: %s", c->peer, why);
+    } else {
+        if (kind != -1)
+            atomic_fetch_add(&s->dropped, 1);
+        bg_log(kind != -1 ? BG_LOG_WARN : BG_LOG_DEBUG, "store", "dropping connection (rank %d, %s): %s",
+               c->hello ? c->rank : -1, c->peer, why);
+    }
     if (c->hello && c->role == BG__ROLE_LIVE && !c->bye)
         bg__announce_dead(s, c->rank, why);
     close(c->fd);
@@ -361,24 +444,44 @@ static void bg__barrier_timeout(bg__store_server_t *s, bg__conn_t *me)
     }
 }
 
-/* Handle one message; -1 drops the connection as a protocol violation. */
+/* Whether @p key equals the job's token, in time that depends only on the
+ * token's length: how many leading bytes matched must not show in the reply's delay. */
+static int bg__token_equal(const bg__store_server_t *s, const uint8_t *key, size_t klen)
+{
+    volatile uint8_t diff = (uint8_t)(klen != s->token_len);
+    for (size_t i = 0; i < s->token_len; i++)
+        diff |= (uint8_t)((uint8_t)s->token[i] ^ (i < klen ? key[i] : 0u));
+    return diff == 0;
+}
+
+/* Handle one message; -1 drops the connection (a protocol violation, or a
+ * refused hello, with *drop_p set to its BG__DROP_* cause). */
 static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h,
-                      const uint8_t *key, const uint8_t *val)
+                      const uint8_t *key, const uint8_t *val, int *drop_p)
 {
     char k[BG_STORE_MAX_KEY + 1];
     memcpy(k, key, h->key_len);
     k[h->key_len] = '\0';
     c->last_heard = bg_now();
     if (!c->hello) {
-        if (h->op != BG__OP_HELLO)
+        *drop_p = BG__DROP_BAD;
+        if (h->op != BG__OP_HELLO || h->val_len != 0 || h->status > BG__ROLE_LIVE)
             return -1;
-        if (s->token[0] && (h->key_len != strlen(s->token) || memcmp(key, s->token, h->key_len))) {
+        if (s->token_len && !bg__token_equal(s, key, h->key_len)) {
+            *drop_p = BG__DROP_TOKEN;
             bg__reply(c, BG__ST_ERR, "wrong job token", 15);
             bg__flush(c);
             return -1;
         }
-        if (h->status > BG__ROLE_LIVE || (s->p.world_size > 0 && (int)h->arg >= s->p.world_size))
+        *drop_p = -1; /* the token is right: a refusal below is logged on its own line */
+        if (s->p.world_size > 0 && h->arg >= (uint32_t)s->p.world_size) {
+            char m[96];
+            int n = snprintf(m, sizeof(m), "rank %u out of range for a world of %d", h->arg, s->p.world_size);
+            bg_log(BG_LOG_ERROR, "store", "refused a client: %s", m);
+            bg__reply(c, BG__ST_ERR, m, (size_t)n);
+            bg__flush(c);
             return -1;
+        }
         if (h->status == BG__ROLE_LIVE)
             for (int i = 0; i < s->nconns; i++) {
                 bg__conn_t *o = s->conns[i];
@@ -391,8 +494,10 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
                 }
             }
         c->hello = 1;
+        c->rd.max_frame = 0; /* authenticated: the protocol's own limits from now on */
         c->rank = (int)h->arg;
         c->role = h->status;
+        *drop_p = -2;
         return bg__reply(c, BG__ST_OK, NULL, 0);
     }
     if (c->parked)
@@ -492,26 +597,67 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
     }
 }
 
-static void bg__accept(bg__store_server_t *s)
+/* Drop the oldest connection still waiting for hello (from @p peer only when
+ * given). 1 if one was dropped. */
+static int bg__evict_oldest(bg__store_server_t *s, const char *peer)
 {
-    for (;;) {
-        int fd = accept(s->lfd, NULL, NULL);
-        if (fd < 0)
+    int best = -1;
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (!c->hello && (!peer || strcmp(c->peer, peer) == 0) &&
+            (best < 0 || c->opened < s->conns[best]->opened))
+            best = i;
+    }
+    if (best < 0)
+        return 0;
+    bg__drop(s, best, "evicted: too many connections waiting for hello", BG__DROP_EVICTED);
+    return 1;
+}
+
+static void bg__accept(bg__store_server_t *s, double now)
+{
+    for (int k = 0; k < BG__ACCEPT_BATCH; k++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EMFILE && errno != ENFILE)
+                return; /* EAGAIN: none left */
+            /* out of descriptors: make room from the unauthenticated, else pause */
+            if (bg__evict_oldest(s, NULL))
+                continue;
+            s->accept_paused_until = now + 0.1;
             return;
-        if (s->nconns >= BG__MAX_CONNS) {
-            atomic_fetch_add(&s->dropped, 1);
-            close(fd);
-            continue;
         }
-        bg__set_nonblock(fd);
-        bg__conn_t *c = calloc(1, sizeof(*c));
+        char peer[64] = "?";
+        if (ss.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, peer, sizeof(peer));
+        else if (ss.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, peer, sizeof(peer));
+        int pre = 0, pre_addr = 0;
+        for (int i = 0; i < s->nconns; i++)
+            if (!s->conns[i]->hello) {
+                pre++;
+                pre_addr += strcmp(s->conns[i]->peer, peer) == 0;
+            }
+        /* the caps hold the unauthenticated: the newcomer replaces the oldest of them */
+        if (pre_addr >= s->max_preauth_addr)
+            bg__evict_oldest(s, peer);
+        else if (pre >= s->max_preauth)
+            bg__evict_oldest(s, NULL);
+        bg__conn_t *c = s->nconns < s->max_conns || bg__evict_oldest(s, NULL) ? calloc(1, sizeof(*c)) : NULL;
         if (!c) {
+            bg__count_drop(s, BG__DROP_FULL); /* the client retries until its deadline */
             close(fd);
             continue;
         }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         c->fd = fd;
+        snprintf(c->peer, sizeof(c->peer), "%s", peer);
+        c->rd.max_frame = BG__PREAUTH_FRAME;
         c->rank = -1;
-        c->opened = c->last_heard = bg_now();
+        c->opened = c->last_heard = now;
         s->conns[s->nconns++] = c;
     }
 }
@@ -519,7 +665,7 @@ static void bg__accept(bg__store_server_t *s)
 static void *bg__server_main(void *arg)
 {
     bg__store_server_t *s = arg;
-    struct pollfd *pfd = calloc(BG__MAX_CONNS + 2, sizeof(*pfd));
+    struct pollfd *pfd = calloc((size_t)s->max_conns + 2, sizeof(*pfd));
     if (!pfd)
         return NULL;
     for (;;) {
@@ -538,14 +684,14 @@ static void *bg__server_main(void *arg)
         for (int i = 0; i < s->nconns; i++) {
             bg__conn_t *c = s->conns[i];
             if (!c->hello && now - c->opened > s->p.hello_timeout_s) {
-                bg__drop(s, i--, "no hello before the deadline", 1);
+                bg__drop(s, i--, "no hello before the deadline", BG__DROP_NOHELLO);
                 continue;
             }
             if (c->hello && c->role == BG__ROLE_LIVE && !c->bye) {
                 if (now - c->last_heard > s->live_timeout) {
                     char why[96];
                     snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->last_heard);
-                    bg__drop(s, i--, why, 0);
+                    bg__drop(s, i--, why, -1);
                     continue;
                 }
                 if (hb)
@@ -563,7 +709,7 @@ static void *bg__server_main(void *arg)
         }
         int n = 0;
         pfd[n++] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pfd[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        pfd[n++] = (struct pollfd){.fd = now < s->accept_paused_until ? -1 : s->lfd, .events = POLLIN};
         for (int i = 0; i < s->nconns; i++)
             pfd[n++] = (struct pollfd){.fd = s->conns[i]->fd,
                                        .events = (short)(POLLIN | (s->conns[i]->wlen ? POLLOUT : 0))};
@@ -576,7 +722,7 @@ static void *bg__server_main(void *arg)
             }
         }
         if (pfd[1].revents & POLLIN)
-            bg__accept(s);
+            bg__accept(s, bg_now());
         /* connections: iterate over the ones polled (accepts appended new ones) */
         int polled = n - 2;
         for (int i = polled - 1; i >= 0; i--) {
@@ -589,29 +735,39 @@ static void *bg__server_main(void *arg)
             if (!(re & (POLLIN | POLLHUP | POLLERR)))
                 continue;
             int r = bg__rd_fill(&c->rd, c->fd);
-            int bad = 0;
+            int bad = 0, kind = -2;
             for (;;) {
                 bg__store_hdr_t h;
                 const uint8_t *k, *v;
                 int m = bg__rd_peek(&c->rd, &h, &k, &v);
                 if (m == 0)
                     break;
-                if (m < 0 || bg__handle(s, c, &h, k, v) < 0) {
+                kind = c->hello ? -2 : BG__DROP_BAD;
+                if (m < 0 || bg__handle(s, c, &h, k, v, &kind) < 0) {
                     bad = 1;
                     break;
                 }
                 bg__rd_pop(&c->rd);
             }
             if (bad)
-                bg__drop(s, i, "malformed, oversized or unexpected message", 1);
+                bg__drop(s, i, kind == BG__DROP_TOKEN ? "wrong job token"
+                               : "malformed, oversized or unexpected message", kind);
             else if (r < 0)
-                bg__drop(s, i, "connection closed", 0);
+                bg__drop(s, i, "connection closed", c->hello ? -1 : BG__DROP_NOHELLO);
             else
                 bg__flush(c);
         }
+        now = bg_now();
+        bg__drop_log(s, now, 0);
+        int pre = 0;
+        for (int i = 0; i < s->nconns; i++)
+            pre += !s->conns[i]->hello;
+        atomic_store(&s->stat_open, s->nconns);
+        atomic_store(&s->stat_preauth, pre);
     }
     for (int i = s->nconns - 1; i >= 0; i--)
-        bg__drop(s, i, "store shutting down", 0);
+        bg__drop(s, i, "store shutting down", -1);
+    bg__drop_log(s, bg_now(), 1);
     free(pfd);
     return NULL;
 }
@@ -623,6 +779,7 @@ bg_status_t bg__store_server_start(const bg__store_server_params_t *p, bg__store
     BG_ALLOC_CHECK(s, sizeof(*s), "the store server");
     s->p = *p;
     snprintf(s->token, sizeof(s->token), "%s", p->token ? p->token : "");
+    s->token_len = strlen(s->token);
     snprintf(s->addr, sizeof(s->addr), "%s", p->addr ? p->addr : "127.0.0.1");
     s->p.addr = s->addr;
     if (s->p.heartbeat_ms <= 0)
@@ -634,10 +791,21 @@ bg_status_t bg__store_server_start(const bg__store_server_params_t *p, bg__store
         s->live_timeout = 5 * s->p.heartbeat_ms / 1000.0;
     if (s->p.hello_timeout_s <= 0)
         s->p.hello_timeout_s = 10;
+    /* caps: every rank's two connections (and reconnections) always fit; the
+     * unauthenticated share at most a quarter of the descriptors this process may open */
+    s->max_preauth = BG__MAX_PREAUTH;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < (rlim_t)s->max_preauth)
+        s->max_preauth = rl.rlim_cur / 4 > 8 ? (int)(rl.rlim_cur / 4) : 8;
+    s->max_preauth_addr = s->max_preauth / 4 > BG__MAX_PREAUTH_PER_ADDR ? s->max_preauth / 4 : BG__MAX_PREAUTH_PER_ADDR;
+    if (s->max_preauth_addr > s->max_preauth)
+        s->max_preauth_addr = s->max_preauth;
+    s->max_conns = (p->world_size > 0 ? 4 * p->world_size + 64 : 1024) + s->max_preauth;
+    s->conns = calloc((size_t)s->max_conns, sizeof(*s->conns));
     s->dead = calloc((size_t)(p->world_size > 0 ? p->world_size : 1), 1);
     s->lfd = -1;
     s->wake[0] = s->wake[1] = -1;
-    if (!s->dead) {
+    if (!s->dead || !s->conns) {
         st = bg_error(BG_ERR_NOMEM, "store: out of memory");
         goto err_free;
     }
@@ -647,7 +815,7 @@ bg_status_t bg__store_server_start(const bg__store_server_params_t *p, bg__store
     s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&ss, sl) != 0 || listen(s->lfd, 128) != 0) {
+    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&ss, sl) != 0 || listen(s->lfd, 4096) != 0) {
         st = bg_error(BG_ERR_IO, "store: cannot listen on %s:%d: %s (is the port in use?)", s->addr,
                       p->port, strerror(errno));
         goto err_close;
@@ -676,6 +844,7 @@ err_close:
     if (s->lfd >= 0)
         close(s->lfd);
 err_free:
+    free(s->conns);
     free(s->dead);
     free(s);
     return st;
@@ -686,6 +855,12 @@ int bg__store_server_port(const bg__store_server_t *srv) { return srv->port; }
 uint64_t bg__store_server_dropped(const bg__store_server_t *srv)
 {
     return atomic_load(&((bg__store_server_t *)srv)->dropped);
+}
+
+void bg__store_server_conns(bg__store_server_t *srv, int *open_p, int *preauth_p)
+{
+    *open_p = atomic_load(&srv->stat_open);
+    *preauth_p = atomic_load(&srv->stat_preauth);
 }
 
 void bg__store_server_stop(bg__store_server_t *s, double wait_s)
@@ -706,6 +881,7 @@ void bg__store_server_stop(bg__store_server_t *s, double wait_s)
         free(e->val);
         free(e);
     }
+    free(s->conns);
     free(s->dead);
     free(s);
 }
@@ -749,58 +925,50 @@ static bg_status_t bg__client_read(bg__store_client_t *c, double deadline, bg__s
     }
 }
 
-bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
-                              double deadline, bg__store_client_t *c)
+/* One try of connect + hello. *transient_p: the failure is worth retrying
+ * (unreachable, or closed before answering the hello); *reached_p: connected. */
+static bg_status_t bg__connect_once(const struct sockaddr_storage *ss, socklen_t sl, const char *addr, int port,
+                                    const char *token, int rank, int role, double deadline,
+                                    bg__store_client_t *c, int *transient_p, int *reached_p)
 {
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    BG_CHECK(bg__resolve(addr, port, &ss, &sl));
-    memset(c, 0, sizeof(*c));
-    c->fd = -1;
-    c->rank = rank;
-    double backoff = 0.01;
-    int err = 0;
-    for (;;) {
-        int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            return bg_error(BG_ERR_IO, "store: socket: %s", strerror(errno));
-        if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
-            c->fd = fd;
-            break;
-        }
-        err = errno;
-        close(fd);
-        if (bg_now() + backoff > deadline)
-            return bg_error(BG_ERR_TIMEOUT,
-                            "rank %d could not reach the store at %s:%d before the deadline "
-                            "(last error: %s); is rank 0 running?",
-                            rank, addr, port, strerror(err));
-        struct timespec ts = {0, (long)(backoff * 1e9)};
-        nanosleep(&ts, NULL);
-        backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
+    *transient_p = 1;
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *transient_p = 0;
+        return bg_error(BG_ERR_IO, "store: socket: %s", strerror(errno));
     }
+    if (connect(fd, (const struct sockaddr *)ss, sl) != 0) {
+        int e = errno;
+        close(fd);
+        return bg_error(BG_ERR_IO, "%s", strerror(e));
+    }
+    *reached_p = 1;
+    c->fd = fd;
     bg__set_nonblock(c->fd);
     const char *tok = token ? token : "";
     size_t len;
     uint8_t *m = bg__msg_encode(BG__OP_HELLO, (uint8_t)role, (uint32_t)rank, tok, strlen(tok), NULL, 0, &len);
     bg_status_t st;
     if (!m) {
+        *transient_p = 0;
         st = bg_error(BG_ERR_NOMEM, "store: out of memory");
         goto err_close;
     }
-    st = bg__write_all(c->fd, m, len, deadline);
+    /* a reply comes at once from a store that is up; one that never comes is retried */
+    double try_deadline = bg_now() + 2.0 < deadline ? bg_now() + 2.0 : deadline;
+    st = bg__write_all(c->fd, m, len, try_deadline);
     free(m);
     if (st != BG_OK)
         goto err_close;
     bg__store_hdr_t h;
     uint8_t *why = NULL;
-    st = bg__client_read(c, deadline, &h, &why, NULL);
+    st = bg__client_read(c, try_deadline, &h, &why, NULL);
     if (st == BG_ERR_PEER)
-        st = bg_error(BG_ERR_PEER, "the store at %s:%d closed the connection during hello "
-                      "(wrong BRIGADE_JOB_TOKEN, or rank %d out of range?)", addr, port, rank);
+        st = bg_error(BG_ERR_PEER, "closed the connection during hello");
     if (st != BG_OK)
         goto err_close;
     if (h.op != BG__OP_REPLY || h.status != BG__ST_OK) {
+        *transient_p = 0;
         st = bg_error(BG_ERR_PEER, "the store at %s:%d refused rank %d: %s (check BRIGADE_JOB_TOKEN "
                       "and BRIGADE_RANK)", addr, port, rank, why && *why ? (char *)why : "no reason given");
         free(why);
@@ -811,6 +979,48 @@ bg_status_t bg__store_connect(const char *addr, int port, const char *token, int
 err_close:
     bg__store_close(c);
     return st;
+}
+
+bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
+                              double deadline, bg__store_client_t *c)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    BG_CHECK(bg__resolve(addr, port, &ss, &sl));
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    c->rank = rank;
+    double backoff = 0.01;
+    int tries = 0, reached = 0;
+    for (;;) {
+        int transient = 0, got_in = 0;
+        tries++;
+        bg_status_t st = bg__connect_once(&ss, sl, addr, port, token, rank, role, deadline, c, &transient, &got_in);
+        if (st == BG_OK) {
+            if (tries > 1)
+                bg_log(BG_LOG_DEBUG, "store", "rank %d reached the store at %s:%d after %d tries", rank, addr,
+                       port, tries);
+            return BG_OK;
+        }
+        if (!transient)
+            return st;
+        reached |= got_in;
+        if (bg_now() + backoff > deadline) {
+            char last[256];
+            snprintf(last, sizeof(last), "%s", bg_last_error());
+            if (!reached)
+                return bg_error(BG_ERR_TIMEOUT,
+                                "rank %d could not reach the store at %s:%d before the deadline "
+                                "(last error: %s); is rank 0 running?", rank, addr, port, last);
+            return bg_error(BG_ERR_TIMEOUT,
+                            "rank %d reached the store at %s:%d but got no answer to its hello in %d "
+                            "tries before the deadline (last: %s); the store is full or flooded by other "
+                            "clients", rank, addr, port, tries, last);
+        }
+        struct timespec ts = {0, (long)(backoff * 1e9)};
+        nanosleep(&ts, NULL);
+        backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
+    }
 }
 
 void bg__store_close(bg__store_client_t *c)

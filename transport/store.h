@@ -51,7 +51,13 @@ typedef struct bg__store_hdr {
 typedef struct bg__rd {
     uint8_t *buf;
     size_t len, cap;
+    size_t max_frame; /* 0: the protocol's limits; else the largest message (header included)
+                       * accepted: the server sets BG__PREAUTH_FRAME until the hello, so an
+                       * unauthenticated client can never make it buffer more than that */
 } bg__rd_t;
+
+/* Before hello, only a HELLO frame of at most this size is accepted (a token <= 256 bytes, no value). */
+#define BG__PREAUTH_FRAME (16 + BG_STORE_MAX_KEY)
 
 void bg__rd_free(bg__rd_t *rd);
 /* Read what is available: 1 read something, 0 nothing (EAGAIN), -1 EOF or error. */
@@ -83,8 +89,11 @@ typedef struct bg__store_server_params {
 
 bg_status_t bg__store_server_start(const bg__store_server_params_t *p, bg__store_server_t **srv_p);
 int bg__store_server_port(const bg__store_server_t *srv);
-/* Number of connections dropped for protocol violations (tests). */
+/* Number of connections dropped or refused: protocol violations, wrong tokens,
+ * no hello in time, evicted or refused for the caps (tests). */
 uint64_t bg__store_server_dropped(const bg__store_server_t *srv);
+/* Connections open now, and how many of them have not said hello (tests). */
+void bg__store_server_conns(bg__store_server_t *srv, int *open_p, int *preauth_p);
 /* Wait (at most @p wait_s) until every liveness connection has left, then stop. */
 void bg__store_server_stop(bg__store_server_t *srv, double wait_s);
 
@@ -100,7 +109,11 @@ typedef struct bg__store_client {
     void *check_arg;
 } bg__store_client_t;
 
-/* Connect with retries until @p deadline (bg_now() seconds), then say hello. */
+/* Connect and say hello, retrying with backoff (10 ms doubling to 500 ms) until
+ * @p deadline (bg_now() seconds) while the store is unreachable, or closes the
+ * connection before answering the hello (full, or evicting under a flood of
+ * unauthenticated connections). An explicit refusal (wrong token, rank out of
+ * range or taken) fails at once. */
 bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
                               double deadline, bg__store_client_t *c);
 void bg__store_close(bg__store_client_t *c);

@@ -101,6 +101,7 @@ struct bg_comm {
 
     int nsuspects;              /* requests waiting for a liveness verdict */
     atomic_int failed;          /* a peer died or the store was lost */
+    atomic_int fail_told;       /* the caller got an error from an operation after the failure */
     char *dead;                 /* per rank: failed */
     char fail_msg[256];         /* first failure */
     char abort_msg[BG_STORE_ABORT_MAX]; /* bg_comm_abort's message, sent by the communication thread */

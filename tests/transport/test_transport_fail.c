@@ -278,13 +278,44 @@ static void test_silent_peer_deadline(void **s)
     assert_int_equal(bgt_run_ranks(2, rank_silent, NULL, 30, env, -1, &r), 0);
 }
 
+/* Rank 0 dies while the others leave the job (after their last operation
+ * succeeded): their bg_comm_destroy must fail naming it, so that a CLI or host
+ * never reports a clean finish of such a job (it used to return BG_OK). */
+static int rank_die_in_teardown(int rank, int world, void *arg)
+{
+    (void)arg;
+    (void)world;
+    bg_comm_t *c;
+    RK_OK(comm_create(&c));
+    RK_OK(bg_store_barrier(c));
+    if (rank == 0) {
+        sleep_s(0.05);
+        kill(getpid(), SIGKILL);
+    }
+    sleep_s(rank == 1 ? 0 : 0.5); /* rank 1 is in the teardown barrier, rank 2 after the notice */
+    bg_status_t st = bg_comm_destroy(c);
+    RK_PEER_ERROR(st, 0);
+    RK_CHECK(strstr(bg_last_error(), "did not end cleanly"), "%s", bg_last_error());
+    return 0;
+}
+
+static void test_death_during_teardown(void **s)
+{
+    (void)s;
+    const char *env[] = {"BRIGADE_TIMEOUT=20", NULL};
+    bgt_result_t r;
+    bgt_run_ranks(3, rank_die_in_teardown, NULL, 30, env, -1, &r);
+    assert_false(r.timed_out);
+    check_survivors(&r, 3, 0, 10);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_in_allreduce), cmocka_unit_test(test_kill_in_large_send),
         cmocka_unit_test(test_kill_store_rank),   cmocka_unit_test(test_never_joins),
         cmocka_unit_test(test_hung_rank),         cmocka_unit_test(test_silent_peer_deadline),
-        cmocka_unit_test(test_wrong_token),
+        cmocka_unit_test(test_wrong_token),       cmocka_unit_test(test_death_during_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
