@@ -452,6 +452,11 @@ static void test_json_errors(void **state)
     expect_parse_error("{\"stages\":0,\"microbatches\":2,\"ranks\":[]}", "$.stages = 0 is out of range");
     expect_parse_error("{\"stages\":2,\"microbatches\":2,\"ranks\":[{\"rank\":0,\"ops\":[]}]}",
                        "$.ranks has 1 entries but stages = 2");
+    /* found by fuzz_schedule: an op naming only a stage the map gives to another
+     * rank was accepted, and written back as JSON the reader refused */
+    expect_parse_error("{\"stages\":2,\"microbatches\":1,\"chunks\":2,\"ranks\":[{\"rank\":0,\"ops\":[]},"
+                       "{\"rank\":1,\"ops\":[{\"kind\":\"forward\",\"microbatch\":0,\"stage\":2}]}]}",
+                       "$.ranks[1].ops[0]: stage 2 is chunk 1 of rank 0, not chunk 1 of rank 1");
     expect_parse_error("[1,2]", "top level must be an object");
     expect_parse_error("{\"microbatches\":2,\"ranks\":[]}", "$.stages is missing");
     bg_schedule_t *s;
