@@ -391,9 +391,16 @@ static bg_status_t parse(const char *json, const char *where, json_t **root_p)
                         DESC_FORMAT);
     }
     if (!json_is_integer(ver) || json_integer_value(ver) != DESC_VERSION) {
+        /* format the message before the decref: ver belongs to root */
+        char got[32];
+        if (json_is_integer(ver))
+            snprintf(got, sizeof got, "%" JSON_INTEGER_FORMAT, json_integer_value(ver));
+        else
+            snprintf(got, sizeof got, "%s", ver ? "not an integer" : "missing");
+        bg_status_t st = bg_error(BG_ERR_PARSE, "%s: model description version %s; this library reads version %d",
+                                  where, got, DESC_VERSION);
         json_decref(root);
-        return bg_error(BG_ERR_PARSE, "%s: model description version %s; this library reads version %d", where,
-                        json_is_integer(ver) ? "other" : "missing", DESC_VERSION);
+        return st;
     }
     *root_p = root;
     return BG_OK;
@@ -426,8 +433,10 @@ bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
     const char *kind = json_string_value(json_object_get(b, "name"));
     if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp"))) {
+        /* kind belongs to root: the message first */
+        st = bg_error(BG_ERR_PARSE, "model description: unknown builder \"%.64s\" (known: gpt, mlp)", kind ? kind : "");
         json_decref(root);
-        return bg_error(BG_ERR_PARSE, "model description: unknown builder \"%s\" (known: gpt, mlp)", kind ? kind : "");
+        return st;
     }
     c.kind = strcmp(kind, "gpt") == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
     struct {

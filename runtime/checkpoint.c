@@ -29,6 +29,7 @@
 #include "core/check.h"
 #include "core/fileio.h"
 #include "models/safetensors.h"
+#include "runtime/checkpoint_impl.h"
 
 #define CKPT_FORMAT "brigade-checkpoint"
 #define CKPT_VERSION 1
@@ -190,16 +191,12 @@ static char *manifest_text(json_t *m)
     return json_dumps(m, MANIFEST_FLAGS);
 }
 
-/* Parse and check DIR/manifest.json: *m_p is the object (caller decrefs). */
-static bg_status_t manifest_read(const char *dir, json_t **m_p)
+/* Parse and check a manifest's text (n bytes; path names it in messages):
+ * *m_p is the object (caller decrefs). */
+bg_status_t bg__manifest_parse(const char *path, const char *text, size_t n, json_t **m_p)
 {
-    char path[CKPT_PATH_MAX], *text;
-    size_t n;
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    BG_CHECK(bg_fileio_read(path, &text, &n));
     json_error_t err;
     json_t *m = json_loadb(text, n, 0, &err);
-    free(text);
     if (!json_is_object(m)) {
         json_decref(m);
         return bg_error(BG_ERR_PARSE, "%s is not a JSON object (line %d: %s): corrupted", path, err.line, err.text);
@@ -259,6 +256,18 @@ static bg_status_t manifest_read(const char *dir, json_t **m_p)
     return BG_OK;
 }
 
+/* Parse and check DIR/manifest.json: *m_p is the object (caller decrefs). */
+static bg_status_t manifest_read(const char *dir, json_t **m_p)
+{
+    char path[CKPT_PATH_MAX], *text;
+    size_t n;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    BG_CHECK(bg_fileio_read(path, &text, &n));
+    bg_status_t st = bg__manifest_parse(path, text, n, m_p);
+    free(text);
+    return st;
+}
+
 static bg_status_t info_from_manifest(json_t *m, const char *dir, bg_checkpoint_info_t *info)
 {
     bg_checkpoint_info_t r;
@@ -290,6 +299,15 @@ void bg_checkpoint_info_clear(bg_checkpoint_info_t *info)
         info->extra_json = NULL;
         info->model_json = NULL;
     }
+}
+
+bg_status_t bg__checkpoint_info_parse(const char *path, const char *text, size_t n, bg_checkpoint_info_t *info_p)
+{
+    json_t *m;
+    BG_CHECK(bg__manifest_parse(path, text, n, &m));
+    bg_status_t st = info_from_manifest(m, path, info_p);
+    json_decref(m);
+    return st;
 }
 
 bg_status_t bg_checkpoint_read_info(const char *path, bg_checkpoint_info_t *info_p)

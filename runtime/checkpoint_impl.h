@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "brigade/checkpoint.h"
 
 /* A directory named step-NNNNNNNN under a checkpoint root. */
@@ -24,5 +26,16 @@ bg_status_t bg__checkpoint_dirs(const char *root, bg__ckpt_dir_t **list_p, size_
  * apply = 0 verifies everything the load would read and changes nothing. */
 bg_status_t bg__checkpoint_load(const char *path, bg_model_t *const *models, int nmodels,
                                 bg_checkpoint_info_t *info_p, int *damaged_p, int apply);
+
+/* The manifest reader's entry points on bytes rather than a directory, for
+ * the fuzzers (fuzz/) and tests. Parse and check a manifest's text (n bytes,
+ * need not be NUL-terminated; path names it in messages): JSON object,
+ * format, its own CRC32C, step, model and every files[] entry. *m_p is the
+ * object (the caller decrefs). */
+
+bg_status_t bg__manifest_parse(const char *path, const char *text, size_t n, json_t **m_p);
+/* bg__manifest_parse, then what bg_checkpoint_read_info() reports from it
+ * (*info_p: free with bg_checkpoint_info_clear). */
+bg_status_t bg__checkpoint_info_parse(const char *path, const char *text, size_t n, bg_checkpoint_info_t *info_p);
 
 #endif

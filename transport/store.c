@@ -863,6 +863,20 @@ void bg__store_server_conns(bg__store_server_t *srv, int *open_p, int *preauth_p
     *preauth_p = atomic_load(&srv->stat_preauth);
 }
 
+/* What a stopped server still holds: the key-value list and its tables. */
+static void bg__server_free(bg__store_server_t *s)
+{
+    for (bg__kv_t *e = s->kv, *n; e; e = n) {
+        n = e->next;
+        free(e->key);
+        free(e->val);
+        free(e);
+    }
+    free(s->conns);
+    free(s->dead);
+    free(s);
+}
+
 void bg__store_server_stop(bg__store_server_t *s, double wait_s)
 {
     if (!s)
@@ -875,15 +889,7 @@ void bg__store_server_stop(bg__store_server_t *s, double wait_s)
     close(s->lfd);
     close(s->wake[0]);
     close(s->wake[1]);
-    for (bg__kv_t *e = s->kv, *n; e; e = n) {
-        n = e->next;
-        free(e->key);
-        free(e->val);
-        free(e);
-    }
-    free(s->conns);
-    free(s->dead);
-    free(s);
+    bg__server_free(s);
 }
 
 /* ---- client ------------------------------------------------------------------- */
@@ -1068,4 +1074,96 @@ bg_status_t bg__store_call(bg__store_client_t *c, uint8_t op, uint32_t arg, cons
     }
     *st_p = h.status;
     return BG_OK;
+}
+
+/* ---- the server's read path without sockets (fuzzing, tests) ------------------- */
+
+/* These mirror what bg__server_main does for a readable connection (decode,
+ * handle, drop on a violation) and for an expired request, on bytes handed
+ * in instead of read from a socket. They are kept apart from the poll loop
+ * so that the loop stays as it is: a change to one belongs in the other. */
+
+bg__store_server_t *bg__store_fake_create(const bg__store_server_params_t *p)
+{
+    bg__store_server_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->p = *p;
+    snprintf(s->token, sizeof(s->token), "%s", p->token ? p->token : "");
+    s->p.token = s->token;
+    s->p.addr = s->addr;
+    s->lfd = s->wake[0] = s->wake[1] = -1;
+    s->max_preauth = BG__MAX_PREAUTH;
+    s->max_preauth_addr = BG__MAX_PREAUTH_PER_ADDR;
+    s->max_conns = (p->world_size > 0 ? 4 * p->world_size + 64 : 1024) + s->max_preauth;
+    s->conns = calloc((size_t)s->max_conns, sizeof(*s->conns));
+    s->dead = calloc((size_t)(p->world_size > 0 ? p->world_size : 1), 1);
+    if (!s->dead || !s->conns) {
+        free(s->conns);
+        free(s->dead);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+int bg__store_fake_feed(bg__store_server_t *s, int conn, const void *bytes, size_t n)
+{
+    if (conn < 0 || conn > s->nconns || conn >= s->max_conns)
+        return -1;
+    if (conn == s->nconns) {
+        bg__conn_t *c = calloc(1, sizeof(*c));
+        if (!c)
+            return -1;
+        c->fd = -1;
+        c->rank = -1;
+        c->rd.max_frame = BG__PREAUTH_FRAME;
+        snprintf(c->peer, sizeof(c->peer), "fake");
+        c->opened = c->last_heard = bg_now();
+        s->conns[s->nconns++] = c;
+    }
+    bg__conn_t *c = s->conns[conn];
+    if (bg__rd_reserve(&c->rd, c->rd.len + n + 1) != 0)
+        return -1;
+    if (n)
+        memcpy(c->rd.buf + c->rd.len, bytes, n);
+    c->rd.len += n;
+    for (;;) {
+        bg__store_hdr_t h;
+        const uint8_t *k, *v;
+        int m = bg__rd_peek(&c->rd, &h, &k, &v);
+        if (m == 0)
+            break;
+        int drop = BG__DROP_BAD;
+        if (m < 0 || bg__handle(s, c, &h, k, v, &drop) < 0) {
+            bg__drop(s, conn, "malformed, oversized or unexpected message", c->hello ? -2 : drop);
+            return -1;
+        }
+        bg__rd_pop(&c->rd);
+    }
+    c->wlen = 0; /* the client read the replies */
+    return 0;
+}
+
+void bg__store_fake_expire(bg__store_server_t *s)
+{
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *c = s->conns[i];
+        if (c->parked == BG__OP_WAIT) {
+            c->parked = 0;
+            bg__reply(c, BG__ST_TIMEOUT, "key was not set before the deadline", 35);
+        } else if (c->parked) {
+            bg__barrier_timeout(s, c);
+        }
+        c->wlen = 0;
+    }
+}
+
+void bg__store_fake_destroy(bg__store_server_t *s)
+{
+    if (!s)
+        return;
+    for (int i = s->nconns - 1; i >= 0; i--)
+        bg__drop(s, i, "store shutting down", -1);
+    bg__server_free(s);
 }

@@ -97,6 +97,19 @@ void bg__store_server_conns(bg__store_server_t *srv, int *open_p, int *preauth_p
 /* Wait (at most @p wait_s) until every liveness connection has left, then stop. */
 void bg__store_server_stop(bg__store_server_t *srv, double wait_s);
 
+/* ---- the server's read path without sockets (fuzz/, tests) ---------------------
+ * A server that never listens and runs no thread: bytes handed to
+ * bg__store_fake_feed go through the same decoder and request handler as a
+ * socket's, as connection @p conn (0 .. connections open; that count opens a
+ * new one). Replies are discarded as if the client read them. */
+bg__store_server_t *bg__store_fake_create(const bg__store_server_params_t *p);
+/* 0: every complete message handled; -1: the connection was dropped (a
+ * violation; the last connection takes its index) or conn is out of range. */
+int bg__store_fake_feed(bg__store_server_t *s, int conn, const void *bytes, size_t n);
+/* Every parked WAIT or BARRIER answered as if its deadline passed. */
+void bg__store_fake_expire(bg__store_server_t *s);
+void bg__store_fake_destroy(bg__store_server_t *s);
+
 /* ---- blocking client ------------------------------------------------------------ */
 /* check(): called while waiting; a non-OK status aborts the wait with it. */
 typedef bg_status_t (*bg__store_check_fn)(void *arg);

@@ -254,6 +254,36 @@ bg_status_t bg_schedule_svg(const bg_schedule_t *sched, const bg_sim_result_t *r
 /** Same, to a malloc'ed string. */
 bg_status_t bg_schedule_svg_string(const bg_schedule_t *sched, const bg_sim_result_t *res, char **svg_p);
 
+/* ------------------------------------------------------------------------ */
+/* Executor traces                                                          */
+
+/** What an executor trace (brigade train --trace, bg_executor_write_trace())
+ *  measured, read back for the simulator: the schedule the run used, per
+ *  virtual stage the medians over steps 2.. (all steps when there are fewer)
+ *  of its F, B, W (or full backward), send and optimizer times, and the
+ *  measured step time (per step the longest rank's span; the median). */
+typedef struct bg_trace_costs bg_trace_costs_t;
+
+/** Parse a trace's text (@p len bytes, need not be NUL-terminated; @p where
+ *  names it in messages, e.g. its path). Every field used is checked:
+ *  BG_ERR_PARSE naming the event (traceEvents[i]) and the field. Memory is
+ *  proportional to the number of events, whatever numbers they hold. */
+bg_status_t bg_trace_costs_parse(const char *text, size_t len, const char *where, bg_trace_costs_t **costs_p);
+/** bg_trace_costs_parse() of the file at @p path. */
+bg_status_t bg_trace_costs_load(const char *path, bg_trace_costs_t **costs_p);
+void bg_trace_costs_free(bg_trace_costs_t *costs);
+/** The schedule the trace ran: kind, stages (pp), microbatches, chunks into @p sp. */
+void bg_trace_costs_schedule(const bg_trace_costs_t *costs, bg_schedule_params_t *sp);
+/** Per-stage costs in seconds into @p sp: f_costs, b_costs, w_costs (valid
+ *  while @p costs lives) and optimizer_cost. The time a stage spends issuing
+ *  its sends is charged to the compute op before it, unless @p compute_only. */
+void bg_trace_costs_sim(const bg_trace_costs_t *costs, int compute_only, bg_sim_params_t *sp);
+/** Measured step time in seconds; *steps_p (may be NULL): the number of steps it is the median of. */
+double bg_trace_costs_step_time(const bg_trace_costs_t *costs, int *steps_p);
+/** Draw the measured step nearest the median as an SVG Gantt chart at @p path
+ *  (one lane per rank; written atomically); *step_p (may be NULL): that step. */
+bg_status_t bg_trace_costs_svg(const bg_trace_costs_t *costs, const char *path, int *step_p);
+
 #ifdef __cplusplus
 }
 #endif

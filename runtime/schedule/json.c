@@ -199,6 +199,12 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
                     sg = pass ? s->chunk_stage[ri * v + c] : -1;
                 if (c < 0 && pass)
                     c = s->stage_chunk[sg];
+                if (pass && (s->stage_rank[sg] != ri || s->stage_chunk[sg] != c)) {
+                    /* an op naming only its stage, of a stage the map gave to another (rank, chunk) */
+                    st = bg_error(BG_ERR_PARSE, "schedule JSON: %s: stage %d is chunk %d of rank %d, not chunk %d of "
+                                  "rank %d", where, sg, s->stage_chunk[sg], s->stage_rank[sg], c, ri);
+                    goto out;
+                }
                 if (pass == 0) {
                     if (c >= 0 && sg >= 0) {
                         int *slot = &map[ri * v + c];

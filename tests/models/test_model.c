@@ -644,6 +644,17 @@ static void test_desc_json(void **s)
     assert_non_null(strstr(bg_last_error(), "g.json is from another model: name \"gpt\" there, \"tiny\" here"));
     assert_int_equal(bg_model_desc_from_json("{\"format\": \"other\"}", &e), BG_ERR_PARSE);
     assert_int_equal(bg_model_desc_from_json("not json", &e), BG_ERR_PARSE);
+    /* found by fuzz_model_desc: the messages of a wrong version and an unknown
+     * builder read the parsed JSON after it was freed */
+    assert_int_equal(bg_model_desc_from_json("{\"format\":\"brigade-model\",\"version\":2}", &e), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "model description version 2; this library reads version 1"));
+    assert_int_equal(bg_model_desc_match_json(u, "{\"format\":\"brigade-model\",\"version\":[]}", "m.json"),
+                     BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "m.json: model description version not an integer"));
+    assert_int_equal(bg_model_desc_from_json("{\"format\":\"brigade-model\",\"version\":1,\"builder\":"
+                                             "{\"name\":\"resnet\"}}", &e),
+                     BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "unknown builder \"resnet\" (known: gpt, mlp)"));
     free(k);
     free(j);
     bg_model_desc_destroy(u);

@@ -46,6 +46,14 @@ PY
 if "$B" simulate --from-trace "$T/t.json" >"$T/s" 2>&1 && grep -q "simulated/measured" "$T/s"; then ok "$(tail -1 "$T/s")"; else bad "simulate"; cat "$T/s"; fi
 echo '{"traceEvents": []}' >"$T/bad.json"
 "$B" simulate --from-trace "$T/bad.json" 2>"$T/e2" && bad "simulate accepted a trace without metadata" || { grep -q "not a brigade executor trace" "$T/e2" && ok "metadata required" || bad "message: $(cat "$T/e2")"; }
+# issue 16: a step out of range is refused with the event and field named (it wrote out of bounds)
+python3 - "$T/t.json" "$T/negstep.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["traceEvents"].append({"ph": "X", "pid": 0, "ts": 0, "dur": 1, "args": {"op": "step", "step": -3}})
+json.dump(d, open(sys.argv[2], "w"))
+PY
+timeout 20 "$B" simulate --from-trace "$T/negstep.json" 2>"$T/e4" && bad "simulate accepted step -3" || { grep -q "traceEvents\[[0-9]*\].args.step is -3" "$T/e4" && ok "negative step refused: $(cat "$T/e4")" || bad "message: $(cat "$T/e4")"; }
 echo '{"traceEvents": [' >"$T/broken.json"
 "$B" simulate --from-trace "$T/broken.json" 2>"$T/e3" && bad "simulate accepted broken JSON" || { grep -q "line" "$T/e3" && ok "broken JSON names the line" || bad "message: $(cat "$T/e3")"; }
 python3 - "$T/m.jsonl" <<'PY' && ok "metrics from every rank" || bad "metrics"

@@ -452,11 +452,124 @@ static void test_json_errors(void **state)
     expect_parse_error("{\"stages\":0,\"microbatches\":2,\"ranks\":[]}", "$.stages = 0 is out of range");
     expect_parse_error("{\"stages\":2,\"microbatches\":2,\"ranks\":[{\"rank\":0,\"ops\":[]}]}",
                        "$.ranks has 1 entries but stages = 2");
+    /* found by fuzz_schedule: an op naming only a stage the map gives to another
+     * rank was accepted, and written back as JSON the reader refused */
+    expect_parse_error("{\"stages\":2,\"microbatches\":1,\"chunks\":2,\"ranks\":[{\"rank\":0,\"ops\":[]},"
+                       "{\"rank\":1,\"ops\":[{\"kind\":\"forward\",\"microbatch\":0,\"stage\":2}]}]}",
+                       "$.ranks[1].ops[0]: stage 2 is chunk 1 of rank 0, not chunk 1 of rank 1");
     expect_parse_error("[1,2]", "top level must be an object");
     expect_parse_error("{\"microbatches\":2,\"ranks\":[]}", "$.stages is missing");
     bg_schedule_t *s;
     assert_int_equal(bg_schedule_from_json_file("/nonexistent/sched.json", &s), BG_ERR_IO);
     assert_non_null(strstr(bg_last_error(), "/nonexistent/sched.json"));
+}
+
+/* ---------------- executor traces ---------------- */
+
+/* A trace of 1F1B p = 2, m = 1 with steps 1..3 (step 1 is warm-up): stage s
+ * runs F in (s + 1) ms, B in 2 ms, W in 1 ms on steps 2 and 3 (10x slower on
+ * step 1), and `extra` (may be "") appended as the last events. */
+static char *trace_text(const char *extra)
+{
+    size_t cap = 16384, off = 0;
+    char *t = malloc(cap);
+    off += (size_t)snprintf(t + off, cap - off,
+                            "{\"otherData\":{\"schedule\":\"1f1b\",\"pp\":2,\"dp\":1,\"microbatches\":1,\"chunks\":1},"
+                            "\"traceEvents\":[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"r\"}}");
+    for (int step = 1; step <= 3; step++)
+        for (int st = 0; st < 2; st++) {
+            double k = step == 1 ? 10 : 1;
+            const char *op[] = {"F", "B", "W"};
+            double dur[] = {1000.0 * (st + 1), 2000, 1000};
+            for (int o = 0; o < 3; o++)
+                off += (size_t)snprintf(t + off, cap - off,
+                                        ",{\"ph\":\"X\",\"pid\":%d,\"ts\":%d,\"dur\":%g,\"args\":{\"op\":\"%s\","
+                                        "\"microbatch\":0,\"stage\":%d,\"step\":%d}}",
+                                        st, step * 100000 + o * 3000, k * dur[o], op[o], st, step);
+            off += (size_t)snprintf(t + off, cap - off,
+                                    ",{\"ph\":\"X\",\"pid\":%d,\"ts\":%d,\"dur\":%d,\"args\":{\"op\":\"step\","
+                                    "\"microbatch\":-1,\"stage\":-1,\"step\":%d}}",
+                                    st, step * 100000, 9000 + 1000 * step + st, step);
+        }
+    snprintf(t + off, cap - off, "%s]}", extra);
+    return t;
+}
+
+static void test_trace_costs(void **state)
+{
+    (void)state;
+    char *t = trace_text("");
+    bg_trace_costs_t *c = NULL;
+    assert_int_equal(bg_trace_costs_parse(t, strlen(t), "t.json", &c), BG_OK);
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    bg_trace_costs_schedule(c, &sp);
+    assert_int_equal(sp.kind, BG_SCHED_1F1B);
+    assert_int_equal(sp.stages, 2);
+    assert_int_equal(sp.microbatches, 1);
+    bg_sim_params_t simp = BG_SIM_PARAMS_INIT;
+    bg_trace_costs_sim(c, 1, &simp);
+    assert_true(NEAR(simp.f_costs[0], 1e-3) && NEAR(simp.f_costs[1], 2e-3));
+    assert_true(NEAR(simp.b_costs[1], 2e-3) && NEAR(simp.w_costs[0], 1e-3));
+    int n;
+    /* steps 2 and 3: the longest rank's spans 11.001 and 12.001 ms */
+    assert_true(NEAR(bg_trace_costs_step_time(c, &n), 11.501e-3));
+    assert_int_equal(n, 2);
+    bg_trace_costs_free(c);
+    free(t);
+}
+
+static void expect_trace_error(const char *extra, const char *msg)
+{
+    char *t = trace_text(extra);
+    bg_trace_costs_t *c = NULL;
+    bg_status_t st = bg_trace_costs_parse(t, strlen(t), "t.json", &c);
+    if (st != BG_ERR_PARSE || !strstr(bg_last_error(), msg))
+        fail_msg("trace with %s: status %d, message \"%s\"; expected one containing \"%s\"", extra, st,
+                 bg_last_error(), msg);
+    assert_null(c);
+    free(t);
+}
+
+#define TEV(step, stage, pid, dur)                                                                                     \
+    ",{\"ph\":\"X\",\"pid\":" pid ",\"ts\":0,\"dur\":" dur ",\"args\":{\"op\":\"F\",\"microbatch\":0,\"stage\":" stage \
+    ",\"step\":" step "}}"
+
+/* Issue 16: a negative step, one >= 2^31, or a huge one wrote out of bounds or
+ * allocated gigabytes; stages, ranks and durations out of range. Each error
+ * names the event (the 26th: the metadata event, 24 ops, then this) and field. */
+static void test_trace_errors(void **state)
+{
+    (void)state;
+    expect_trace_error(TEV("-1", "0", "0", "1"), "traceEvents[25].args.step is -1: expected an integer in [0, 2147483647]");
+    expect_trace_error(TEV("2147483648", "0", "0", "1"), "traceEvents[25].args.step is 2147483648");
+    expect_trace_error(TEV("1.5", "0", "0", "1"), "traceEvents[25].args.step is not an integer");
+    expect_trace_error(TEV("2", "2", "0", "1"), "traceEvents[25].args.stage is 2: the trace's schedule has stages 0..1");
+    expect_trace_error(TEV("2", "0", "2", "1"), "traceEvents[25].pid is 2: expected an integer in [0, 1]");
+    expect_trace_error(TEV("2", "0", "0", "-1"), "traceEvents[25].dur is out of range or not a number");
+    expect_trace_error(",7", "traceEvents[25] is not an object");
+    /* the largest step is fine, and cheap: memory follows the events, not the numbers */
+    char *t = trace_text(",{\"ph\":\"X\",\"pid\":0,\"ts\":0,\"dur\":5000,\"args\":{\"op\":\"step\",\"step\":2147483647}}");
+    bg_trace_costs_t *c = NULL;
+    assert_int_equal(bg_trace_costs_parse(t, strlen(t), "t.json", &c), BG_OK);
+    int n;
+    bg_trace_costs_step_time(c, &n);
+    assert_int_equal(n, 3);
+    bg_trace_costs_free(c);
+    free(t);
+    const char *meta[] = {"{\"otherData\":{\"schedule\":\"1f1b\",\"pp\":4294967298,\"microbatches\":1,\"chunks\":1},"
+                          "\"traceEvents\":[]}",
+                          "{\"otherData\":{\"schedule\":\"nope\",\"pp\":1,\"microbatches\":1,\"chunks\":1},"
+                          "\"traceEvents\":[]}",
+                          "{\"traceEvents\":[]}", "{\"otherData\":{\"schedule\":\"1f1b\"", ""};
+    const char *want[] = {"otherData.pp is 4294967298", "otherData.schedule \"nope\"", "not a brigade executor trace",
+                          "t.json: line 1", "t.json: line"};
+    for (size_t i = 0; i < sizeof meta / sizeof *meta; i++) {
+        c = NULL;
+        assert_int_equal(bg_trace_costs_parse(meta[i], strlen(meta[i]), "t.json", &c), BG_ERR_PARSE);
+        if (!strstr(bg_last_error(), want[i]))
+            fail_msg("%s: message \"%s\", expected \"%s\"", meta[i], bg_last_error(), want[i]);
+        assert_null(c);
+    }
 }
 
 /* ---------------- simulator ---------------- */
@@ -624,6 +737,8 @@ int main(void)
         cmocka_unit_test(test_validator_chain_into_cycle),
         cmocka_unit_test(test_validator_long_chain_message),
         cmocka_unit_test(test_json_errors),
+        cmocka_unit_test(test_trace_costs),
+        cmocka_unit_test(test_trace_errors),
         cmocka_unit_test(test_simulator_link_model),
         cmocka_unit_test(test_simulator_timeline_consistent),
         cmocka_unit_test(test_bad_params),
