@@ -207,9 +207,10 @@ static int bg__bench_op(bg__kb_t *kb, bg__op_t op, const char *name, int B, int 
 
 /* The theoretical fp32 peak of one core = clock x FMA units x lanes x 2.
  * - lanes: the widest fp32 FMA vector the CPU and OS support (CPUID).
- * - clock: a chain of dependent integer adds retires one add per cycle on
- *   every x86 core since the P6, so adds / second = cycles / second. The best
- *   of several 20 ms runs (load from other processes only slows it down).
+ * - clock: a chain of dependent register-register integer adds retires one
+ *   add per cycle on every x86 core since the P6, so adds / second = cycles
+ *   / second. The best of 40 samples of about 1 ms (load from other
+ *   processes only slows a sample down).
  * - FMA units per core are not in CPUID: 12 independent FMA chains at that
  *   width are timed, and FMAs per cycle (at the measured clock) rounded to
  *   the nearest whole number is the unit count (2 on Skylake-SP Gold and
@@ -226,21 +227,16 @@ typedef struct {
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-static double bg__clock_ghz(void)
+/* One clock sample: 2^20 dependent register-register adds (an add of an
+ * immediate would not do: Golden Cove and later fold immediate adds at
+ * rename, two per cycle). Returns GHz. */
+static double bg__clock_sample(void)
 {
-    double best = 0;
-    for (int r = 0; r < 7; r++) {
-        unsigned long long x = 0, n = 0;
-        double t0 = bg_now(), t;
-        do {
-            for (int i = 0; i < 4096; i++)
-                __asm__ volatile(".rept 64\n\taddq $1, %0\n\t.endr" : "+r"(x));
-            n += 4096ULL * 64;
-        } while ((t = bg_now() - t0) < 0.02);
-        if (n / t * 1e-9 > best)
-            best = n / t * 1e-9;
-    }
-    return best;
+    unsigned long long x = 0, y = 1;
+    double t0 = bg_now();
+    for (int i = 0; i < 1 << 14; i++)
+        __asm__ volatile(".rept 64\n\taddq %1, %0\n\t.endr" : "+r"(x) : "r"(y));
+    return (double)(1 << 20) / (bg_now() - t0) * 1e-9;
 }
 
 #define BG__FMA_CHAINS 12
@@ -286,18 +282,21 @@ static bg__peak_t bg__machine_peak(void)
     if (!cpu.avx2_fma)
         return p; /* no FMA: not estimated */
     p.bits = cpu.vector_bits;
+    /* short samples (about 0.3 ms), clock and FMA alternately, the best of
+     * each: on a shared machine some samples run without preemption, and
+     * both see the same (turbo) clock */
     float sink = 0;
-    long iters = 2000000;
+    long iters = 50000;
     double best = 1e30;
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < 200; r++) {
         double t = p.bits == 512 ? bg__fma512(iters, &sink) : bg__fma256(iters, &sink);
         best = t < best ? t : best;
+        double g = bg__clock_sample();
+        p.ghz = g > p.ghz ? g : p.ghz;
     }
-    p.ghz = bg__clock_ghz();
     p.fma_per_cycle = (double)iters * BG__FMA_CHAINS / best / (p.ghz * 1e9);
     p.units = (int)(p.fma_per_cycle + 0.5);
-    if (p.units < 1)
-        p.units = 1;
+    p.units = p.units < 1 ? 1 : p.units > 2 ? 2 : p.units; /* no x86 core has more than 2 FMA ports */
     p.peak = p.ghz * p.units * (p.bits / 32) * 2 + 0.0 * sink;
     return p;
 }
