@@ -240,38 +240,33 @@ static double bg__clock_sample(void)
 }
 
 #define BG__FMA_CHAINS 12
+/* The body of the FMA throughput loop at one vector type: BG__FMA_CHAINS
+ * independent accumulators (more than latency x ports), timed; the sum goes
+ * to *sink so the loop is not removed. */
+#define BG__FMA_BODY(VT, SET1, FMADD, ADD, STORE, LANES)                                                       \
+    VT acc[BG__FMA_CHAINS], m = SET1(0.9999999f), a = SET1(1e-7f);                                             \
+    for (int j = 0; j < BG__FMA_CHAINS; j++)                                                                  \
+        acc[j] = SET1((float)j);                                                                              \
+    double t0 = bg_now();                                                                                     \
+    for (long i = 0; i < iters; i++)                                                                          \
+        for (int j = 0; j < BG__FMA_CHAINS; j++)                                                              \
+            acc[j] = FMADD(acc[j], m, a);                                                                     \
+    double t = bg_now() - t0;                                                                                 \
+    float f[LANES];                                                                                           \
+    for (int j = 1; j < BG__FMA_CHAINS; j++)                                                                  \
+        acc[0] = ADD(acc[0], acc[j]);                                                                         \
+    STORE(f, acc[0]);                                                                                         \
+    *sink += f[0];                                                                                            \
+    return t
+
 __attribute__((target("avx512f"))) static double bg__fma512(long iters, float *sink)
 {
-    __m512 acc[BG__FMA_CHAINS], m = _mm512_set1_ps(0.9999999f), a = _mm512_set1_ps(1e-7f);
-    for (int j = 0; j < BG__FMA_CHAINS; j++)
-        acc[j] = _mm512_set1_ps((float)j);
-    double t0 = bg_now();
-    for (long i = 0; i < iters; i++)
-        for (int j = 0; j < BG__FMA_CHAINS; j++)
-            acc[j] = _mm512_fmadd_ps(acc[j], m, a);
-    double t = bg_now() - t0;
-    for (int j = 1; j < BG__FMA_CHAINS; j++)
-        acc[0] = _mm512_add_ps(acc[0], acc[j]);
-    *sink += _mm512_reduce_add_ps(acc[0]);
-    return t;
+    BG__FMA_BODY(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, 16);
 }
 
 __attribute__((target("avx2,fma"))) static double bg__fma256(long iters, float *sink)
 {
-    __m256 acc[BG__FMA_CHAINS], m = _mm256_set1_ps(0.9999999f), a = _mm256_set1_ps(1e-7f);
-    for (int j = 0; j < BG__FMA_CHAINS; j++)
-        acc[j] = _mm256_set1_ps((float)j);
-    double t0 = bg_now();
-    for (long i = 0; i < iters; i++)
-        for (int j = 0; j < BG__FMA_CHAINS; j++)
-            acc[j] = _mm256_fmadd_ps(acc[j], m, a);
-    double t = bg_now() - t0;
-    float f[8];
-    for (int j = 1; j < BG__FMA_CHAINS; j++)
-        acc[0] = _mm256_add_ps(acc[0], acc[j]);
-    _mm256_storeu_ps(f, acc[0]);
-    *sink += f[0];
-    return t;
+    BG__FMA_BODY(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, 8);
 }
 
 static bg__peak_t bg__machine_peak(void)
