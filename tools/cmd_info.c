@@ -1,4 +1,6 @@
-/* tools/cmd_info.c: `brigade info`: version, backends, configuration table. */
+/* tools/cmd_info.c: `brigade info`: version, backends, the CPU and the BLAS
+ * in use (with a warning when its kernels are below the CPU), configuration
+ * table. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,7 +9,8 @@
 int bg_cmd_info(int argc, char **argv)
 {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: brigade info\n  prints the version, the compiled-in backends and every BRIGADE_* variable\n");
+        printf("usage: brigade info\n  prints the version, the compiled-in backends, the CPU, the BLAS and its kernels,\n"
+               "  and every BRIGADE_* variable\n");
         return 0;
     }
     if (argc > 1)
@@ -15,7 +18,25 @@ int bg_cmd_info(int argc, char **argv)
     printf("brigade %s\nbackends:", BRIGADE_VERSION_STRING);
     for (const char *const *n = bg_backend_names(); *n; n++)
         printf(" %s", *n);
-    printf("\n\nenvironment variables (current value, default, meaning):\n");
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    printf("\ncpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,
+           cpu.model, cpu.brand, cpu.avx ? " avx" : "", cpu.avx2_fma ? " avx2 fma" : "",
+           cpu.avx512 ? " avx512(f,bw,dq,vl)" : "", cpu.amx ? " amx" : "", cpu.vector_bits);
+    bg_blas_info_t b;
+    if (bg_blas_info(&b) != BG_OK) {
+        printf("blas: none: %s\n", bg_last_error());
+    } else {
+        printf("blas: %s, %s\n      version: %s\n      kernels: core %s (chosen by %s)\n", b.library, b.path,
+               b.version, b.core, b.chosen_by);
+        if (b.fallback)
+            printf("warning: OpenBLAS's \"%s\" kernels are a fallback below this CPU (%s): GEMM runs at a "
+                   "fraction of its speed; unset OPENBLAS_CORETYPE and BRIGADE_BLAS_CORE, or set "
+                   "OPENBLAS_CORETYPE=%s\n",
+                   b.core, cpu.avx512 ? "AVX-512" : cpu.avx2_fma ? "AVX2" : "AVX",
+                   cpu.avx512 ? "SkylakeX" : cpu.avx2_fma ? "Haswell (Zen on AMD)" : "Sandybridge");
+    }
+    printf("\nenvironment variables (current value, default, meaning):\n");
     size_t count;
     const bg_config_var_t *t = bg_config_table(&count);
     for (size_t i = 0; i < count; i++) {

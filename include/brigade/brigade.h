@@ -35,6 +35,7 @@
 #include "brigade/status.h"
 #include "brigade/core.h"
 #include "brigade/backend.h"
+#include "brigade/cpu.h"
 #include "brigade/layer.h"
 #include "brigade/model.h"
 #include "brigade/train.h"

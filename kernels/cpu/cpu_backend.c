@@ -11,7 +11,6 @@
  * Changes no process-wide setting unless its params ask for it
  * (set_blas_threads: OpenBLAS's thread count; tune_malloc: glibc's mmap and
  * trim thresholds). Must not print or exit; errors go through bg_error. */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <malloc.h>
@@ -23,6 +22,7 @@
 #include "kernels/cpu/cpu_impl.h"
 
 typedef struct bg_cpu_impl {
+    const bg_blas_info_t *blas; /* OpenBLAS, loaded by cpu_blas.c */
     int num_threads;
     int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
 } bg_cpu_impl_t;
@@ -106,17 +106,41 @@ static void bg__cpu_residual_forward(bg_backend_t *be, float *out, const float *
  * it splits M and N into per-thread ranges whose edges fall on different
  * micro-kernel paths (measured: 200x200x300 differs between 2 and 3 threads).
  * So every GEMM here is cut into tiles of C whose size depends on the shape
- * only (128 x 128 up to 512 x 512 elements of C, else 256 x 256), never on
- * the thread count; each tile is one single-threaded cblas_sgemm over the
- * full K, and OpenMP spreads the tiles (and the batch) over the threads. A C
- * element is then always computed by the same call with the same operands.
- * Packing is repeated per tile, which costs a few percent at most (bench:
- * 0.95-1.10 of OpenBLAS on one thread). */
-#define BG_CPU_GEMM_TILE_BIG 256
-#define BG_CPU_GEMM_TILE_SMALL 128
-#define BG_CPU_GEMM_SMALL_C (512LL * 512)
+ * only (bg__cpu_gemm_tiles), never on the thread count; each tile is one
+ * single-threaded sgemm over the full K, and OpenMP spreads the tiles (and the
+ * batch) over the threads. A C element is then always computed by the same
+ * call with the same operands. Each tile packs its panels of A and B again,
+ * so tiles are as large as parallelism allows: 256 x 256, halved (larger edge
+ * first, never below 128) until there are at least BG_CPU_GEMM_MIN_TASKS
+ * tiles in the whole (batched) product. Measured on Emerald Rapids with
+ * OpenBLAS's SkylakeX kernels, one thread, median of 11: 256 x 256 tiles run
+ * at 0.95-1.0 of a direct call at this model's shapes, 128 x 128 at
+ * 0.78-0.85 (docs/kernels.md). */
+#define BG_CPU_GEMM_TILE_MAX 256
+#define BG_CPU_GEMM_TILE_MIN 128
+#define BG_CPU_GEMM_MIN_TASKS 4
 /* below this many multiply-adds in total a parallel region does not pay */
 #define BG_CPU_GEMM_PAR ((long long)1 << 18)
+
+static int bg__cdiv(int a, int b) { return (a + b - 1) / b; }
+
+/* Tile edges for an m x n product repeated batch times: a function of the
+ * shape only (determinism). */
+static void bg__cpu_gemm_tiles(int m, int n, int batch, int *tm_p, int *tn_p)
+{
+    int tm = m < BG_CPU_GEMM_TILE_MAX ? m : BG_CPU_GEMM_TILE_MAX;
+    int tn = n < BG_CPU_GEMM_TILE_MAX ? n : BG_CPU_GEMM_TILE_MAX;
+    while ((long long)bg__cdiv(m, tm) * bg__cdiv(n, tn) * batch < BG_CPU_GEMM_MIN_TASKS) {
+        int *e = tn >= tm ? &tn : &tm;
+        if (*e < 2 * BG_CPU_GEMM_TILE_MIN)
+            e = e == &tn ? &tm : &tn; /* the larger edge cannot be halved: try the other */
+        if (*e < 2 * BG_CPU_GEMM_TILE_MIN)
+            break;
+        *e = (*e / 2 + 15) & ~15; /* a multiple of 16: whole micro-kernel panels */
+    }
+    *tm_p = tm;
+    *tn_p = tn;
+}
 
 /* OpenBLAS's thread count is process-wide, so it is the host's unless
  * set_blas_threads asked the backend to own it. The tiles stay the same either
@@ -136,9 +160,9 @@ static void bg__cpu_residual_forward(bg_backend_t *be, float *out, const float *
 static int bg__cpu_gemm_threads(bg_backend_t *be)
 {
     const bg_cpu_impl_t *impl = be->impl;
-    int blas_nt = openblas_get_num_threads();
+    int blas_nt = impl->blas->get_num_threads();
     if (impl->set_blas_threads && blas_nt != 1) {
-        openblas_set_num_threads(1);
+        impl->blas->set_num_threads(1);
         blas_nt = 1;
     }
     return blas_nt == 1 ? bg__cpu_nt(be) : 1;
@@ -165,22 +189,24 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
         return;
     }
     int nt = bg__cpu_gemm_threads(be);
-    CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-    int tile = (long long)m * n <= BG_CPU_GEMM_SMALL_C ? BG_CPU_GEMM_TILE_SMALL : BG_CPU_GEMM_TILE_BIG;
-    int tiles_m = (m + tile - 1) / tile, tiles_n = (n + tile - 1) / tile;
+    const bg_blas_info_t *blas = ((const bg_cpu_impl_t *)be->impl)->blas;
+    int ta = trans_a ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS, tb = trans_b ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS;
+    int tm, tn;
+    bg__cpu_gemm_tiles(m, n, batch, &tm, &tn);
+    int tiles_m = bg__cdiv(m, tm), tiles_n = bg__cdiv(n, tn);
     long long per = (long long)tiles_m * tiles_n, ntask = per * batch;
     long long work = (long long)m * n * k * batch;
 #pragma omp parallel for num_threads(nt) if (nt > 1 && ntask > 1 && work > BG_CPU_GEMM_PAR) schedule(dynamic, 1)
     for (long long task = 0; task < ntask; task++) {
         long long bi = task / per, r = task % per;
-        int i0 = (int)(r / tiles_n) * tile, j0 = (int)(r % tiles_n) * tile;
-        int mm = m - i0 < tile ? m - i0 : tile;
-        int nn = n - j0 < tile ? n - j0 : tile;
+        int i0 = (int)(r / tiles_n) * tm, j0 = (int)(r % tiles_n) * tn;
+        int mm = m - i0 < tm ? m - i0 : tm;
+        int nn = n - j0 < tn ? n - j0 : tn;
         /* rows i0.. of op(A): rows of A, or columns when transposed; likewise columns j0.. of op(B) */
         const float *ap = a + bi * stride_a + (trans_a ? (size_t)i0 : (size_t)i0 * lda);
         const float *bp = b + bi * stride_b + (trans_b ? (size_t)j0 * ldb : (size_t)j0);
         float *cp = c + bi * stride_c + (size_t)i0 * ldc + j0;
-        cblas_sgemm(CblasRowMajor, ta, tb, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
+        blas->sgemm(BG_CBLAS_ROW_MAJOR, ta, tb, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
     }
 }
 
@@ -312,12 +338,15 @@ bg_status_t bg_cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *par
         nt = omp_get_max_threads();
     if (nt <= 0)
         nt = 1;
+    bg_blas_info_t blas; /* loads OpenBLAS on first use (cpu_blas.c) */
+    BG_CHECK(bg_blas_info(&blas));
     bg_cpu_impl_t *impl = calloc(1, sizeof(*impl));
     BG_ALLOC_CHECK(impl, sizeof(*impl), "the CPU backend");
+    impl->blas = bg__cpu_blas();
     impl->num_threads = nt;
     impl->set_blas_threads = params && params->set_blas_threads;
-    if (impl->set_blas_threads && openblas_get_num_threads() != 1)
-        openblas_set_num_threads(1);
+    if (impl->set_blas_threads && impl->blas->get_num_threads() != 1)
+        impl->blas->set_num_threads(1);
     /* Training allocates and frees the same large activation buffers every
      * microbatch. glibc would serve them with fresh mmaps, and every page of a
      * fresh mapping faults and is zeroed on first touch (measured: a 6 MiB
@@ -331,7 +360,7 @@ bg_status_t bg_cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *par
     be->ops = &bg__cpu_ops;
     be->impl = impl;
     be->num_threads = nt;
-    int blas_nt = openblas_get_num_threads();
+    int blas_nt = impl->blas->get_num_threads();
     if (blas_nt == 1)
         bg_log(BG_LOG_DEBUG, "kernels", "cpu backend: %d OpenMP threads, OpenBLAS single-threaded per GEMM tile%s",
                nt, impl->set_blas_threads ? " (set by the backend)" : "");

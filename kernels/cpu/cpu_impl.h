@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "brigade/backend.h"
+#include "brigade/cpu.h"
 
 /* Below these sizes an OpenMP region costs more than it saves. */
 #define BG_CPU_PAR_ELEMS ((size_t)1 << 15) /* elementwise ops: elements */
@@ -22,6 +23,10 @@
 /* Block of the sum/sumsq reductions: each block is summed serially in double,
  * then the block sums are added in block order. */
 #define BG_CPU_SUM_BLOCK 4096
+
+/* The loaded BLAS (cpu_blas.c): NULL when it cannot be loaded (bg_blas_info
+ * says why). Loads it on first use. */
+const bg_blas_info_t *bg__cpu_blas(void);
 
 static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 0 ? be->num_threads : 1; }
 

@@ -18,11 +18,11 @@
 #include <math.h>
 #include <cmocka.h>
 
-#include <cblas.h>
 #include <malloc.h>
 
 #include "brigade/backend.h"
 #include "brigade/core.h"
+#include "brigade/cpu.h"
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -1059,6 +1059,45 @@ static void assert_same_bits(const char *what, const float *a, const float *b, s
             fail_msg("%s: result %zu differs: %.9g vs %.9g", what, i, a[i], b[i]);
 }
 
+/* The OpenBLAS the CPU backend loaded (the test does not link OpenBLAS: the
+ * backend loads it itself, with a core chosen from CPUID). */
+static const bg_blas_info_t *blas(void)
+{
+    static bg_blas_info_t b;
+    if (!b.sgemm && bg_blas_info(&b) != BG_OK)
+        fail_msg("%s", bg_last_error());
+    return &b;
+}
+static void blas_set_threads(int n) { blas()->set_num_threads(n); }
+static int blas_threads(void) { return blas()->get_num_threads(); }
+
+/* The BLAS in use is not a generic fallback (issue 11: Debian's OpenBLAS
+ * 0.3.21 runs SSE3 "Prescott" kernels on Emerald Rapids unless brigade picks
+ * the core): on a CPU with AVX2, its kernels use at least AVX2. Fails with
+ * BRIGADE_BLAS_CORE=openblas on such a CPU (checked by hand). */
+static void test_blas_not_fallback(void **state)
+{
+    (void)state;
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    const bg_blas_info_t *b = blas();
+    print_message("cpu: %s family %d model %d \"%s\", vector %d bits; BLAS %s: core %s (chosen by %s)\n",
+                  cpu.vendor, cpu.family, cpu.model, cpu.brand, cpu.vector_bits, b->version, b->core, b->chosen_by);
+    if (!cpu.avx2_fma) {
+        print_message("skipped: this CPU has no AVX2+FMA, any OpenBLAS core will do\n");
+        skip();
+    }
+    if (b->fallback)
+        fail_msg("OpenBLAS runs its \"%s\" kernels on a CPU with %s (chosen by %s)", b->core,
+                 cpu.avx512 ? "AVX-512" : "AVX2", b->chosen_by);
+    /* and the cores named by the table are the ones the features ask for */
+    if (!strcmp(b->chosen_by, "cpuid"))
+        assert_string_equal(b->core, cpu.avx512 ? "SkylakeX"
+                                     : (!strcmp(cpu.vendor, "AuthenticAMD") || !strcmp(cpu.vendor, "HygonGenuine"))
+                                         ? "Zen"
+                                         : "Haswell");
+}
+
 /* OpenBLAS's thread count belongs to the host unless set_blas_threads asks the
  * backend to set it; either way results do not depend on the backend's thread
  * count, and with OpenBLAS on one thread both give the same bits. */
@@ -1067,14 +1106,14 @@ static void test_blas_threads(void **state)
     (void)state;
     size_t n1, n2, n3, nr, n0;
     /* the host runs OpenBLAS on 3 threads: left alone, GEMM still right and deterministic */
-    openblas_set_num_threads(3);
+    blas_set_threads(3);
     bg_backend_t *be = mkbe_blas(2, 0);
-    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(blas_threads(), 3);
     bg_rng_t rng;
     bg_rng_seed(&rng, 5);
     check_gemm_case(be, &rng, 0, 1, 261, 300, 67, 1.0f, 3, 1); /* several tiles */
     check_gemm_case(be, &rng, 1, 0, 33, 40, 300, 0.0f, 0, 5); /* batched */
-    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(blas_threads(), 3);
     bg_backend_destroy(be);
     char out[4096];
     bgt_capture_t cap;
@@ -1083,25 +1122,25 @@ static void test_blas_threads(void **state)
     long printed = bgt_capture_end(&cap, out, sizeof(out));
     /* nothing printed (some pthread builds of OpenBLAS warn on stderr when called inside an OpenMP region) */
     assert_int_equal(printed, 0);
-    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(blas_threads(), 3);
     assert_int_equal(n1, n2);
     assert_int_equal(n1, n3);
     assert_same_bits("OpenBLAS on 3 threads, backend 1 vs 2 threads", r1, r2, n1);
     assert_same_bits("OpenBLAS on 3 threads, backend 1 vs 3 threads", r1, r3, n1);
     free(r1), free(r2), free(r3);
     /* OpenBLAS on one thread (the host's choice): the same bits as set_blas_threads */
-    openblas_set_num_threads(1);
+    blas_set_threads(1);
     float *r0 = det_run(2, 0, &n0), *rr = det_run(2, 1, &nr);
     assert_int_equal(n0, nr);
     assert_same_bits("set_blas_threads 0 vs 1 with OpenBLAS on one thread", r0, rr, n0);
     free(r0), free(rr);
     /* set_blas_threads = 1: one thread from creation on, and again before each GEMM */
-    openblas_set_num_threads(3);
+    blas_set_threads(3);
     be = mkbe_blas(2, 1);
-    assert_int_equal(openblas_get_num_threads(), 1);
-    openblas_set_num_threads(3);
+    assert_int_equal(blas_threads(), 1);
+    blas_set_threads(3);
     check_gemm_case(be, &rng, 0, 0, 129, 257, 67, 0.0f, 0, 1);
-    assert_int_equal(openblas_get_num_threads(), 1);
+    assert_int_equal(blas_threads(), 1);
     bg_backend_destroy(be);
 }
 
@@ -1213,7 +1252,7 @@ int main(void)
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_layouts),      cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads),
+        cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

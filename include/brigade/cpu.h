@@ -1,0 +1,86 @@
+/**
+ * @file cpu.h
+ * @brief The machine's CPU (CPUID features) and the CPU backend's BLAS.
+ *
+ * The CPU backend loads OpenBLAS itself (dlopen) the first time a "cpu"
+ * backend is created or bg_blas_info() is called, after choosing OpenBLAS's
+ * kernel set ("core") from the CPU's features: OpenBLAS picks its core in its
+ * constructor at load time, by CPU model, and falls back to generic SSE3
+ * kernels on models it does not know (a third of the speed on a recent
+ * Xeon). How the core is chosen, first match wins:
+ *   1. OpenBLAS is already loaded in the process (the host linked or loaded
+ *      it first): it is used as it is; bg_blas_info_t.fallback says whether
+ *      its core is below the CPU (then set OPENBLAS_CORETYPE before the
+ *      process starts, or create the backend before loading OpenBLAS).
+ *   2. OPENBLAS_CORETYPE is set: OpenBLAS obeys it.
+ *   3. BRIGADE_BLAS_CORE=openblas: OpenBLAS's own detection.
+ *   4. BRIGADE_BLAS_CORE=NAME: that core; "auto" (the default): the core
+ *      for the widest vector ISA the CPU and the OS support (AVX-512:
+ *      SkylakeX; AVX2+FMA: Haswell, Zen on AMD; AVX: Sandybridge).
+ * For 4, OPENBLAS_CORETYPE is set in the environment for the duration of the
+ * dlopen only (setenv, then unsetenv): a process-wide change for a moment,
+ * so no other thread should read or write the environment meanwhile.
+ *
+ * Example:
+ * @code
+ *   bg_blas_info_t b;
+ *   if (bg_blas_info(&b) == BG_OK)
+ *       printf("%s, core %s%s\n", b.version, b.core, b.fallback ? " (below this CPU)" : "");
+ * @endcode
+ */
+#ifndef BRIGADE_CPU_H
+#define BRIGADE_CPU_H
+
+#include "brigade/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What CPUID (and XGETBV: the OS saves the registers) says about this CPU.
+ *  All zero on a non-x86 machine. */
+typedef struct bg_cpu_info {
+    char vendor[16]; /**< "GenuineIntel", "AuthenticAMD", ... */
+    char brand[64];  /**< the brand string, trimmed */
+    int family;      /**< display family (base + extended) */
+    int model;       /**< display model (base + extended) */
+    int avx;         /**< AVX usable */
+    int avx2_fma;    /**< AVX2 and FMA3 usable */
+    int avx512;      /**< AVX-512 F, BW, DQ and VL usable */
+    int amx;         /**< AMX tiles usable (bf16/int8 only; brigade's fp32 does not use them) */
+    int vector_bits; /**< widest usable fp32 FMA vector: 512, 256, 128 (no FMA: SSE), 0 unknown */
+} bg_cpu_info_t;
+
+/** Fill @p info_p from CPUID. Never fails; cheap (a few CPUID instructions). */
+void bg_cpu_info(bg_cpu_info_t *info_p);
+
+/** The CBLAS constants bg_blas_sgemm_fn takes (the values of every cblas.h). */
+enum { BG_CBLAS_ROW_MAJOR = 101, BG_CBLAS_COL_MAJOR = 102, BG_CBLAS_NO_TRANS = 111, BG_CBLAS_TRANS = 112 };
+
+/** CBLAS sgemm: order, transposes as above. */
+typedef void (*bg_blas_sgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
+/** The BLAS the CPU backend uses, once loaded. Strings live as long as the process. */
+typedef struct bg_blas_info {
+    const char *library;  /**< "OpenBLAS" */
+    const char *path;     /**< the file loaded (dlopen's name for it) */
+    const char *version;  /**< the library's own build string (openblas_get_config) */
+    const char *core;     /**< kernel set in use (openblas_get_corename) */
+    const char *chosen_by; /**< "preloaded", "OPENBLAS_CORETYPE", "openblas" (its own detection),
+                                "BRIGADE_BLAS_CORE" or "cpuid" (brigade, from the CPU's features) */
+    int fallback;         /**< 1: the core uses a narrower vector ISA than the CPU supports */
+    bg_blas_sgemm_fn sgemm;           /**< cblas_sgemm of that library */
+    void (*set_num_threads)(int n);   /**< openblas_set_num_threads (process-wide) */
+    int (*get_num_threads)(void);     /**< openblas_get_num_threads */
+} bg_blas_info_t;
+
+/** Load the BLAS if not yet loaded (once per process, thread-safe) and
+ *  describe it. Fails with BG_ERR_NOT_FOUND naming the library when it
+ *  cannot be loaded. */
+bg_status_t bg_blas_info(bg_blas_info_t *info_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIGADE_CPU_H */

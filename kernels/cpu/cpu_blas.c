@@ -1,0 +1,227 @@
+/* kernels/cpu/cpu_blas.c: the CPU's features (CPUID) and the loading of
+ * OpenBLAS with a kernel set ("core") fit for them (include/brigade/cpu.h).
+ *
+ * Why brigade loads OpenBLAS itself: OpenBLAS (DYNAMIC_ARCH builds, Debian's)
+ * chooses its core in its constructor, at load time, from a table of CPU
+ * models; a model newer than the library gets generic SSE3 kernels
+ * ("Prescott": 17-31 GFLOP/s instead of 140 on an Emerald Rapids core). The
+ * only way to choose is OPENBLAS_CORETYPE, read by that constructor, so it
+ * must be set before the library is loaded: libbrigade does not link
+ * OpenBLAS, and loads it here with dlopen once the core is chosen from CPUID
+ * features (a CPU model never seen still has the features).
+ *
+ * State: one process-wide table (bg__blas), filled once under pthread_once
+ * and read-only afterwards. Setting OPENBLAS_CORETYPE around the dlopen is a
+ * momentary process-wide change (documented in cpu.h). Must not print. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr */
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "brigade/core.h"
+#include "brigade/cpu.h"
+#include "kernels/cpu/cpu_impl.h"
+
+/* ------------------------------------------------------------------ CPUID */
+
+#if defined(__x86_64__) || defined(__i386__)
+static unsigned long long bg__xgetbv0(void)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+void bg_cpu_info(bg_cpu_info_t *info_p)
+{
+    bg_cpu_info_t c;
+    memset(&c, 0, sizeof(c));
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, cx = 0, d = 0, max = 0;
+    if (!__get_cpuid(0, &max, &b, &cx, &d)) {
+        *info_p = c;
+        return;
+    }
+    memcpy(c.vendor, &b, 4), memcpy(c.vendor + 4, &d, 4), memcpy(c.vendor + 8, &cx, 4);
+    __get_cpuid(1, &a, &b, &cx, &d);
+    int fam = (int)((a >> 8) & 0xf), mod = (int)((a >> 4) & 0xf);
+    c.family = fam == 0xf ? fam + (int)((a >> 20) & 0xff) : fam;
+    c.model = (fam == 0x6 || fam == 0xf) ? mod + (int)(((a >> 16) & 0xf) << 4) : mod;
+    int osxsave = (cx >> 27) & 1, avx = (cx >> 28) & 1, fma = (cx >> 12) & 1;
+    unsigned long long xcr0 = osxsave ? bg__xgetbv0() : 0;
+    int ymm_os = (xcr0 & 0x6) == 0x6;            /* XMM and YMM state */
+    int zmm_os = ymm_os && (xcr0 & 0xe0) == 0xe0; /* opmask, ZMM_Hi256, Hi16_ZMM */
+    int amx_os = (xcr0 & 0x60000) == 0x60000;     /* XTILECFG, XTILEDATA */
+    unsigned b7 = 0, d7 = 0;
+    if (max >= 7)
+        __get_cpuid_count(7, 0, &a, &b7, &cx, &d7);
+    c.avx = avx && ymm_os;
+    c.avx2_fma = c.avx && fma && ((b7 >> 5) & 1);
+    /* F (16), DQ (17), BW (30), VL (31) */
+    c.avx512 = c.avx2_fma && zmm_os && (b7 & 0xc0030000u) == 0xc0030000u;
+    c.amx = amx_os && ((d7 >> 24) & 1);
+    c.vector_bits = c.avx512 ? 512 : c.avx2_fma ? 256 : 128;
+    unsigned ext = 0;
+    __get_cpuid(0x80000000, &ext, &b, &cx, &d);
+    if (ext >= 0x80000004) {
+        unsigned r[12];
+        for (unsigned i = 0; i < 3; i++)
+            __get_cpuid(0x80000002 + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+        char s[49];
+        memcpy(s, r, 48);
+        s[48] = 0;
+        const char *p = s;
+        while (*p == ' ')
+            p++;
+        snprintf(c.brand, sizeof(c.brand), "%s", p);
+        for (size_t n = strlen(c.brand); n > 0 && c.brand[n - 1] == ' '; n--)
+            c.brand[n - 1] = 0;
+    }
+#endif
+    *info_p = c;
+}
+
+/* ------------------------------------------------------------- the cores */
+
+/* Vector level of an OpenBLAS x86 core: 3 AVX-512, 2 AVX2+FMA, 1 AVX, 0
+ * SSE-only (Prescott, Core2, Nehalem, Atom, Barcelona, ...: the generic
+ * fallbacks) or a name this table does not know. */
+static int bg__core_level(const char *core)
+{
+    static const char *const l3[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    static const char *const l2[] = {"haswell", "zen", "skylake", "broadwell", "excavator", "alderlake"};
+    static const char *const l1[] = {"sandybridge", "bulldozer", "piledriver", "steamroller"};
+    for (size_t i = 0; i < sizeof(l3) / sizeof(l3[0]); i++)
+        if (!strcasecmp(core, l3[i]))
+            return 3;
+    for (size_t i = 0; i < sizeof(l2) / sizeof(l2[0]); i++)
+        if (!strcasecmp(core, l2[i]))
+            return 2;
+    for (size_t i = 0; i < sizeof(l1) / sizeof(l1[0]); i++)
+        if (!strcasecmp(core, l1[i]))
+            return 1;
+    return 0;
+}
+
+static int bg__cpu_level(const bg_cpu_info_t *c) { return c->avx512 ? 3 : c->avx2_fma ? 2 : c->avx ? 1 : 0; }
+
+/* The OpenBLAS core for the widest vector ISA the CPU supports; NULL below
+ * AVX (OpenBLAS's own detection is as good as anything then). */
+static const char *bg__core_for(const bg_cpu_info_t *c)
+{
+    int amd = !strcmp(c->vendor, "AuthenticAMD") || !strcmp(c->vendor, "HygonGenuine");
+    switch (bg__cpu_level(c)) {
+    case 3: return "SkylakeX";
+    case 2: return amd ? "Zen" : "Haswell";
+    case 1: return "Sandybridge";
+    default: return NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- loading */
+
+#ifndef BG_OPENBLAS_LIBDIR
+#define BG_OPENBLAS_LIBDIR ""
+#endif
+
+static struct {
+    pthread_once_t once;
+    bg_status_t status;
+    char error[1200];
+    char path[512];
+    char chosen_by[32];
+    bg_blas_info_t info;
+} bg__blas = {.once = PTHREAD_ONCE_INIT};
+
+static void bg__blas_load_once(void)
+{
+    static const char soname[] = "libopenblas.so.0";
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    const char *chosen_by = "openblas", *core = NULL;
+    /* the soname (LD_LIBRARY_PATH, the system's alternative), then the
+     * library found at configure time */
+    char configured[512];
+    snprintf(configured, sizeof(configured), "%s%s%s", BG_OPENBLAS_LIBDIR, *BG_OPENBLAS_LIBDIR ? "/" : "", soname);
+    const char *names[2] = {soname, configured};
+    void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+    if (h) {
+        chosen_by = "preloaded";
+    } else {
+        const char *user = getenv("OPENBLAS_CORETYPE");
+        const char *mode = bg_config_str("BRIGADE_BLAS_CORE");
+        if (user && *user)
+            chosen_by = "OPENBLAS_CORETYPE";
+        else if (mode && !strcmp(mode, "auto"))
+            core = bg__core_for(&cpu), chosen_by = core ? "cpuid" : "openblas";
+        else if (mode && strcmp(mode, "openblas") != 0)
+            core = mode, chosen_by = "BRIGADE_BLAS_CORE";
+        if (core)
+            setenv("OPENBLAS_CORETYPE", core, 1);
+        for (int i = 0; i < 2 && !h; i++)
+            h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (core)
+            unsetenv("OPENBLAS_CORETYPE");
+    }
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(bg__blas.error, sizeof(bg__blas.error), "cannot load OpenBLAS (%s, then %s): %s", soname,
+                 configured, e ? e : "?");
+        bg__blas.status = BG_ERR_NOT_FOUND;
+        return;
+    }
+    bg_blas_info_t *b = &bg__blas.info;
+    b->sgemm = (bg_blas_sgemm_fn)dlsym(h, "cblas_sgemm");
+    *(void **)&b->set_num_threads = dlsym(h, "openblas_set_num_threads");
+    *(void **)&b->get_num_threads = dlsym(h, "openblas_get_num_threads");
+    char *(*corename)(void), *(*config)(void);
+    *(void **)&corename = dlsym(h, "openblas_get_corename");
+    *(void **)&config = dlsym(h, "openblas_get_config");
+    if (!b->sgemm || !b->set_num_threads || !b->get_num_threads || !corename || !config) {
+        snprintf(bg__blas.error, sizeof(bg__blas.error),
+                 "%s lacks cblas_sgemm or openblas_{set,get}_num_threads/get_corename/get_config: not OpenBLAS?",
+                 soname);
+        bg__blas.status = BG_ERR_NOT_FOUND;
+        return;
+    }
+    Dl_info di;
+    const char *path = dladdr(*(void **)&b->sgemm, &di) && di.dli_fname ? di.dli_fname : soname;
+    snprintf(bg__blas.path, sizeof(bg__blas.path), "%s", path);
+    snprintf(bg__blas.chosen_by, sizeof(bg__blas.chosen_by), "%s", chosen_by);
+    b->library = "OpenBLAS";
+    b->path = bg__blas.path;
+    b->version = config();
+    b->core = corename();
+    b->chosen_by = bg__blas.chosen_by;
+    b->fallback = bg__core_level(b->core) < bg__cpu_level(&cpu);
+    bg__blas.status = BG_OK;
+    if (b->fallback)
+        bg_log(BG_LOG_WARN, "kernels",
+               "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
+               "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
+    else
+        bg_log(BG_LOG_DEBUG, "kernels", "OpenBLAS core %s (chosen by: %s), %s", b->core, b->chosen_by, b->path);
+}
+
+bg_status_t bg_blas_info(bg_blas_info_t *info_p)
+{
+    pthread_once(&bg__blas.once, bg__blas_load_once);
+    if (bg__blas.status != BG_OK)
+        return bg_error(bg__blas.status, "%s", bg__blas.error);
+    *info_p = bg__blas.info;
+    return BG_OK;
+}
+
+const bg_blas_info_t *bg__cpu_blas(void)
+{
+    pthread_once(&bg__blas.once, bg__blas_load_once);
+    return bg__blas.status == BG_OK ? &bg__blas.info : NULL;
+}
