@@ -126,19 +126,41 @@ BG_CPU_CLONES static void bg__att_fwd_head(float *o, float *lse, const float *q,
     }
 }
 
+/* The shapes both entry points share: rows of qkv are ld = 3C apart, of out
+ * ldo = C; (batch, head) pair bh starts at qoff(bh) in qkv and ooff(bh) in
+ * out; par says whether the heads are worth an OpenMP region. */
+typedef struct {
+    size_t ld, ldo;
+    int NH, hs, T, BH, par;
+    float scale;
+} bg__att_dims_t;
+
+static bg__att_dims_t bg__att_dims(int B, int T, int NH, int hs)
+{
+    bg__att_dims_t d = {(size_t)3 * NH * hs, (size_t)NH * hs, NH, hs, T, B * NH, 0, 1.0f / sqrtf((float)hs)};
+    d.par = d.BH > 1 && (size_t)d.BH * T * T * hs > BG_CPU_PAR_WORK;
+    return d;
+}
+static size_t bg__att_qoff(const bg__att_dims_t *d, int bh)
+{
+    return (size_t)(bh / d->NH) * d->T * d->ld + (size_t)(bh % d->NH) * d->hs;
+}
+static size_t bg__att_ooff(const bg__att_dims_t *d, int bh)
+{
+    return (size_t)(bh / d->NH) * d->T * d->ldo + (size_t)(bh % d->NH) * d->hs;
+}
+
 void bg__cpu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
                                int hs)
 {
     int nt = bg__cpu_nt(be);
-    int C = NH * hs, BH = B * NH;
-    size_t ld = (size_t)3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for num_threads(nt) if (BH > 1 && (size_t)BH * T * T * hs > BG_CPU_PAR_WORK) schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs;
-        bg__att_fwd_head(out + (size_t)b * T * C + (size_t)h * hs, lse + (size_t)bh * T, q, q + C, q + 2 * C, ld,
-                         (size_t)C, T, hs, scale);
+    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
+    size_t C = d.ldo;
+#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    for (int bh = 0; bh < d.BH; bh++) {
+        const float *q = qkv + bg__att_qoff(&d, bh);
+        bg__att_fwd_head(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs,
+                         d.scale);
     }
 }
 
@@ -193,16 +215,14 @@ void bg__cpu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, cons
                                 const float *out, const float *lse, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
-    int C = NH * hs, BH = B * NH;
-    size_t ld = (size_t)3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for num_threads(nt) if (BH > 1 && (size_t)BH * T * T * hs > BG_CPU_PAR_WORK) schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        size_t qoff = (size_t)b * T * ld + (size_t)h * hs, ooff = (size_t)b * T * C + (size_t)h * hs;
+    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
+    size_t C = d.ldo;
+#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    for (int bh = 0; bh < d.BH; bh++) {
+        size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
         const float *q = qkv + qoff;
         float *dq = dqkv + qoff;
         bg__att_bwd_head(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff, lse + (size_t)bh * T,
-                         q, q + C, q + 2 * C, ld, (size_t)C, T, hs, scale);
+                         q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
     }
 }

@@ -26,9 +26,13 @@
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
-#define TOL_EW 1e-5   /* elementwise and row ops */
-#define TOL_GEMM 1e-5 /* GEMM, attention */
-#define TOL_FD 1e-5   /* float kernel against double finite differences */
+/* Observed with the vectorised kernels (Xeon, AVX-512 path): elementwise and
+ * row ops <= 1.6e-7, attention 1.5e-7 forward and 2.9e-7 against finite
+ * differences (BRIGADE_TEST_VERBOSE=1 prints every error). */
+#define TOL_EW 1e-6   /* elementwise and row ops */
+#define TOL_GEMM 1e-5 /* GEMM */
+#define TOL_ATT 1e-6  /* fused attention forward */
+#define TOL_FD 2e-6   /* float kernel against double finite differences */
 
 /* ------------------------------------------------------------- helpers */
 
@@ -119,6 +123,8 @@ static double nerr(const float *got, const double *ref, size_t n)
 #define CHECK_ERR(what, got, ref, n, tol)                                                          \
     do {                                                                                           \
         double e__ = nerr((got), (ref), (n));                                                      \
+        if (getenv("BRIGADE_TEST_VERBOSE"))                                                        \
+            printf("  %-50s normalised error %.3g (tolerance %.3g)\n", (what), e__, (double)(tol)); \
         if (!(e__ <= (tol)))                                                                       \
             fail_msg("%s: normalised error %.3g > %.3g (%s:%d)", (what), e__, (double)(tol),     \
                      __FILE__, __LINE__);                                                          \
@@ -930,7 +936,7 @@ static void test_attention(void **state)
         be->ops->fill(be, sc, NAN, nsc);
         bg_attention_forward(be, dout, ws, dq, B, T, C, NH);
         float *h = down(be, dout, btc);
-        CHECK_ERR("attention forward vs naive causal attention", h, ro, btc, TOL_GEMM);
+        CHECK_ERR("attention forward vs naive causal attention", h, ro, btc, TOL_ATT);
         free(h);
         bg_attention_backward(be, dd, sc, dg, dq, dout, ws, B, T, C, NH);
         h = down(be, dd, 3 * btc);
