@@ -326,13 +326,21 @@ static size_t attn_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
     const attn_t *p = l->impl;
     return bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
 }
-/* Q K^T and att V over full T x T (the GEMMs do not skip the masked half). */
+/* The fused kernel visits the T(T+1)/2 causal (query, key) pairs per head:
+ * forward q.k and p v (2 hs multiply-adds) and about 5 flops of softmax per
+ * pair; backward recomputes q.k, then do.v, dq, dk and dv (5 hs
+ * multiply-adds) and about 8 flops per pair. */
+static double attn_pairs(const attn_t *p, bg_shape_t in) { return (double)in.n * p->heads * in.t * (in.t + 1.0) / 2.0; }
 static double attn_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const attn_t *p = l->impl;
-    return 4.0 * in.n * (double)in.t * in.t * p->c + 5.0 * in.n * p->heads * (double)in.t * in.t;
+    return attn_pairs(p, in) * (4.0 * (p->c / p->heads) + 5.0);
 }
-static double attn_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * attn_fwd_flops(l, in); }
+static double attn_bwd_flops(const bg_layer_t *l, bg_shape_t in)
+{
+    const attn_t *p = l->impl;
+    return attn_pairs(p, in) * (10.0 * (p->c / p->heads) + 8.0);
+}
 
 static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
@@ -346,7 +354,8 @@ static bg_status_t attn_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
 {
     const attn_t *p = l->impl;
     if (din)
-        bg_attention_backward(ctx->be, din, ctx->scratch, dout, ctx->stash, ctx->in.n, ctx->in.t, p->c, p->heads);
+        bg_attention_backward(ctx->be, din, ctx->scratch, dout, in, out, ctx->stash, ctx->in.n, ctx->in.t, p->c,
+                              p->heads);
     return BG_OK;
 }
 

@@ -125,10 +125,12 @@ static int bg__bench_op(bg__kb_t *kb, bg__op_t op, const char *name, int B, int 
     case BG_OP_ATTN:
         na = 3 * nc;                                   /* qkv, then dqkv */
         nb = nc;                                       /* out, then dout */
-        nw = bg_attention_ws_floats(B, T, C, NH) + bg_attention_scratch_floats(B, T, C, NH);
-        flops = 3.0 * 4.0 * B * (double)T * T * C;     /* fwd 2 GEMMs, bwd 4 */
-        /* fwd: qkv in, out + workspace out; bwd: dout + workspace in, dqkv out */
-        bytes = (16.0 * nc + 2.0 * B * NH * (double)T * T) * 4;
+        /* aux: workspace, scratch, dqkv */
+        nw = bg_attention_ws_floats(B, T, C, NH) + bg_attention_scratch_floats(B, T, C, NH) + 3 * nc;
+        /* the fused kernel's causal pairs: fwd 2 products, bwd 5, of hs multiply-adds */
+        flops = 7.0 * 2.0 * B * (T * (T + 1.0) / 2.0) * C;
+        /* fwd: qkv in, out out; bwd: qkv, out, dout in, dqkv out */
+        bytes = (13.0 * nc) * 4;
         snprintf(shape, sizeof(shape), "B=%d T=%d C=%d NH=%d", B, T, C, NH);
         break;
     }
@@ -180,7 +182,8 @@ static int bg__bench_op(bg__kb_t *kb, bg__op_t op, const char *name, int B, int 
             break;
         case BG_OP_ATTN:
             bg_attention_forward(be, b, c, a, B, T, C, NH);
-            bg_attention_backward(be, a, c + bg_attention_ws_floats(B, T, C, NH), b, c, B, T, C, NH);
+            bg_attention_backward(be, c + nw - 3 * nc, c + bg_attention_ws_floats(B, T, C, NH), b, a, b, c, B, T, C,
+                                  NH);
             break;
         }
         o->synchronize(be);

@@ -136,6 +136,20 @@ typedef struct bg_backend_ops {
     /* ---- reductions to the host (deterministic, double accumulation) ---- */
     double (*sum)(bg_backend_t *be, const float *x, size_t n);
     double (*sumsq)(bg_backend_t *be, const float *x, size_t n);
+
+    /* ---- fused causal attention (C = NH * hs, scale = 1/sqrt(hs)); appended
+     *      last so the slots above keep their offsets ---- */
+    /** out (B,T,C) = softmax_causal(scale q k^T) v per head, q/k/v read from qkv
+     *  (B,T,3C); lse (B,NH,T) = the log of each row's softmax denominator
+     *  (scaled scores), kept for the backward. No T x T buffer. */
+    void (*attention_forward)(bg_backend_t *be, float *out /* (B,T,C) */, float *lse /* (B,NH,T) */,
+                              const float *qkv /* (B,T,3C) */, int B, int T, int NH, int hs);
+    /** dqkv (B,T,3C) assigned from dout and the forward's qkv, out and lse;
+     *  dvec (B,NH,T) is scratch. */
+    void (*attention_backward)(bg_backend_t *be, float *dqkv /* (B,T,3C) */, float *dvec /* (B,NH,T) */,
+                               const float *dout /* (B,T,C) */, const float *qkv /* (B,T,3C) */,
+                               const float *out /* (B,T,C) */, const float *lse /* (B,NH,T) */, int B, int T,
+                               int NH, int hs);
 } bg_backend_ops_t;
 
 /** Counted memory of one backend instance, in bytes. */
@@ -189,18 +203,19 @@ bg_memstats_t bg_backend_memstats(const bg_backend_t *be);
 void bg_backend_reset_peak(bg_backend_t *be);
 
 /**
- * Causal multi-head self-attention built on the table's GEMM and softmax ops.
+ * Causal multi-head self-attention (the backend's fused attention ops).
  * Forward: out (B,T,C) from qkv (B,T,3C). The workspace @p ws must hold
- * bg_attention_ws_floats(B,T,C,NH) floats and is kept for backward:
- * q,k,v (3*B*T*C), att (B*NH*T*T), y (B*T*C).
+ * bg_attention_ws_floats(B,T,C,NH) floats (the per-row logsumexp, B*NH*T)
+ * and is kept for backward, as are qkv and out.
  */
 size_t bg_attention_ws_floats(int B, int T, int C, int NH);
 void bg_attention_forward(bg_backend_t *be, float *out, float *ws, const float *qkv, int B, int T, int C, int NH);
-/** Backward: dqkv (B,T,3C) assigned from dout (B,T,C) and the forward's ws.
- *  @p scratch holds bg_attention_scratch_floats(B,T,C,NH) floats (temporary). */
+/** Backward: dqkv (B,T,3C) assigned from dout (B,T,C), the forward's input
+ *  qkv, its output out and its ws. @p scratch holds
+ *  bg_attention_scratch_floats(B,T,C,NH) floats (temporary, B*NH*T). */
 size_t bg_attention_scratch_floats(int B, int T, int C, int NH);
-void bg_attention_backward(bg_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *ws,
-                           int B, int T, int C, int NH);
+void bg_attention_backward(bg_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *qkv,
+                           const float *out, const float *ws, int B, int T, int C, int NH);
 
 #ifdef __cplusplus
 }

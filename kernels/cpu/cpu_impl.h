@@ -61,5 +61,9 @@ void bg__cpu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const flo
                        int NH, int hs);
 void bg__cpu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs);
 void bg__cpu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs);
+void bg__cpu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
+                               int hs);
+void bg__cpu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,
+                                const float *out, const float *lse, int B, int T, int NH, int hs);
 
 #endif

@@ -1,6 +1,8 @@
 /* kernels/cpu/cpu_nn.c: the CPU backend's neural-network kernels: bias, GELU,
  * ReLU, LayerNorm, softmax (plain, causal, fused with cross-entropy),
- * embedding and the attention layout changes. Plain C loops + OpenMP.
+ * embedding and the attention layout changes. C loops written for GCC's
+ * vectoriser (cpu_vec.h: fixed-lane sums, a vectorisable expf, AVX-512 /
+ * AVX2 / baseline clones picked at load time) + OpenMP over rows or chunks.
  *
  * Determinism rule: row-wise kernels give each row to one thread; the
  * reductions over rows (bias_backward, layernorm_backward_weight,
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 #define BG_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define BG_LN_EPS 1e-5
@@ -57,36 +60,59 @@ void bg__cpu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, in
 
 /* ----------------------------------------------------------- activations */
 
-/* tanh(a) = 1 - 2/(e^{2a} + 1) through expf: glibc's tanhf costs about 13 ns
- * here against 2.5 ns for expf. The absolute error stays ~1e-7 (GELU adds
- * tanh to 1, so absolute error is what matters); overflow of e^{2a} gives
- * exactly +-1. sech^2(a) = 4 / (e^a + e^-a)^2 is 0 in both overflow limits. */
-static inline float bg__tanh_from_exp(float e2a) { return 1.0f - 2.0f / (e2a + 1.0f); }
+/* GELU (tanh form) through one exponential: with e = e^{2a},
+ * a = sqrt(2/pi) (x + 0.044715 x^3), s = e / (e + 1) = (1 + tanh a) / 2, so
+ *   gelu(x)  = x s
+ *   gelu'(x) = s + x * 2 s (1 - s) * sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+ * with 1 - s = 1 / (e + 1) and 2 s (1 - s) = sech^2(a) / 2. bg__expf is
+ * vectorisable and saturates (finite at the top, 0 at the bottom), so both
+ * tails give s = 1 or 0 and a zero derivative term without inf/inf. */
+#define BG_GELU_CHUNK 4096
+
+BG_CPU_CLONES static void bg__gelu_fwd_chunk(float *restrict out, const float *restrict in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        float a = BG_GELU_SCALE * (x + 0.044715f * x * x * x);
+        float e = bg__expf(2.0f * a);
+        float r = 1.0f / (e + 1.0f);
+        out[i] = x * (e * r);
+    }
+}
+
+BG_CPU_CLONES static void bg__gelu_bwd_chunk(float *restrict din, const float *restrict in,
+                                             const float *restrict dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = in[i];
+        float a = BG_GELU_SCALE * (x + 0.044715f * x * x * x);
+        float e = bg__expf(2.0f * a);
+        float r = 1.0f / (e + 1.0f);
+        float s = e * r;
+        float grad = s + x * (2.0f * s * r) * BG_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        din[i] = grad * dout[i];
+    }
+}
 
 void bg__cpu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n)
 {
     int nt = bg__cpu_nt(be);
+    size_t nch = (n + BG_GELU_CHUNK - 1) / BG_GELU_CHUNK;
 #pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS / 8) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = in[i];
-        float arg = BG_GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + bg__tanh_from_exp(expf(2.0f * arg)));
+    for (size_t ch = 0; ch < nch; ch++) {
+        size_t lo = ch * BG_GELU_CHUNK, len = n - lo < BG_GELU_CHUNK ? n - lo : BG_GELU_CHUNK;
+        bg__gelu_fwd_chunk(out + lo, in + lo, len);
     }
 }
 
 void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n)
 {
     int nt = bg__cpu_nt(be);
+    size_t nch = (n + BG_GELU_CHUNK - 1) / BG_GELU_CHUNK;
 #pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS / 8) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = in[i];
-        float arg = BG_GELU_SCALE * (x + 0.044715f * x * x * x);
-        float e = expf(arg);
-        float th = bg__tanh_from_exp(e * e);
-        float ch2 = e + 1.0f / e; /* 2 cosh(arg) */
-        float sech2 = 4.0f / (ch2 * ch2);
-        float grad = 0.5f * (1.0f + th) + x * 0.5f * sech2 * BG_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        din[i] = grad * dout[i];
+    for (size_t ch = 0; ch < nch; ch++) {
+        size_t lo = ch * BG_GELU_CHUNK, len = n - lo < BG_GELU_CHUNK ? n - lo : BG_GELU_CHUNK;
+        bg__gelu_bwd_chunk(din + lo, in + lo, dout + lo, len);
     }
 }
 
@@ -108,31 +134,58 @@ void bg__cpu_relu_backward(bg_backend_t *be, float *din, const float *in, const 
 
 /* ------------------------------------------------------------- LayerNorm */
 
+/* One row: mean and variance (two passes) in double over fixed lanes
+ * (cpu_vec.h), the normalisation in float. */
+BG_CPU_CLONES static void bg__ln_fwd_row(float *restrict o, float *mean, float *rstd, const float *restrict x,
+                                         const float *restrict w, const float *restrict b, int C)
+{
+    double mu = bg__sum_f(x, C) / C;
+    double v = bg__sumsq_dev_f(x, mu, C);
+    float m = (float)mu;
+    float r = (float)(1.0 / sqrt(v / C + BG_LN_EPS));
+    for (int c = 0; c < C; c++)
+        o[c] = (x[c] - m) * r * w[c] + b[c];
+    if (mean)
+        *mean = m;
+    if (rstd)
+        *rstd = r;
+}
+
 void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
                                const float *weight, const float *bias, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = in + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        double s = 0.0;
-        for (int c = 0; c < C; c++)
-            s += x[c];
-        double mu = s / C;
-        double v = 0.0;
-        for (int c = 0; c < C; c++) {
-            double d = x[c] - mu;
-            v += d * d;
+    for (int n = 0; n < N; n++)
+        bg__ln_fwd_row(out + (size_t)n * C, mean ? mean + n : NULL, rstd ? rstd + n : NULL, in + (size_t)n * C,
+                       weight, bias, C);
+}
+
+/* One row of the input gradient; dnorm = w * dy and norm = (x - m) r are
+ * formed in float, their sums in double lanes. */
+BG_CPU_CLONES static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const float *restrict x,
+                                         const float *restrict w, float m, float r, int C)
+{
+    double a1[BG_VEC_LANES] = {0}, a2[BG_VEC_LANES] = {0};
+    int c = 0;
+    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES)
+        for (int j = 0; j < BG_VEC_LANES; j++) {
+            float norm = (x[c + j] - m) * r;
+            float dnorm = w[c + j] * dy[c + j];
+            a1[j] += (double)dnorm;
+            a2[j] += (double)dnorm * (double)norm;
         }
-        float m = (float)mu;
-        float r = (float)(1.0 / sqrt(v / C + BG_LN_EPS));
-        for (int c = 0; c < C; c++)
-            o[c] = (x[c] - m) * r * weight[c] + bias[c];
-        if (mean)
-            mean[n] = m;
-        if (rstd)
-            rstd[n] = r;
+    for (int j = 0; c + j < C; j++) {
+        float norm = (x[c + j] - m) * r;
+        float dnorm = w[c + j] * dy[c + j];
+        a1[j] += (double)dnorm;
+        a2[j] += (double)dnorm * (double)norm;
+    }
+    float dmean = (float)(bg__lanes_total(a1) / C), dnm = (float)(bg__lanes_total(a2) / C);
+    for (c = 0; c < C; c++) {
+        float norm = (x[c] - m) * r;
+        float dnorm = w[c] * dy[c];
+        dx[c] = (dnorm - dmean - norm * dnm) * r;
     }
 }
 
@@ -141,22 +194,23 @@ void bg__cpu_layernorm_backward_input(bg_backend_t *be, float *din, const float 
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
+    for (int n = 0; n < N; n++)
+        bg__ln_bwd_row(din + (size_t)n * C, dout + (size_t)n * C, in + (size_t)n * C, weight, mean[n], rstd[n], C);
+}
+
+/* One column block of the weight gradient: rows in order, per-column double
+ * accumulators (vectorised across the block's columns). */
+BG_CPU_CLONES static void bg__ln_wgrad_block(double *restrict aw, double *restrict ab, const float *dout,
+                                             const float *in, const float *mean, const float *rstd, int N, int C,
+                                             int c0, int cn)
+{
     for (int n = 0; n < N; n++) {
-        const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = din + (size_t)n * C;
+        const float *restrict x = in + (size_t)n * C + c0, *restrict dy = dout + (size_t)n * C + c0;
         float m = mean[n], r = rstd[n];
-        double s1 = 0.0, s2 = 0.0;
-        for (int c = 0; c < C; c++) {
+        for (int c = 0; c < cn; c++) {
             float norm = (x[c] - m) * r;
-            float dnorm = weight[c] * dy[c];
-            s1 += dnorm;
-            s2 += (double)dnorm * norm;
-        }
-        float dmean = (float)(s1 / C), dnm = (float)(s2 / C);
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * r;
-            float dnorm = weight[c] * dy[c];
-            dx[c] = (dnorm - dmean - norm * dnm) * r;
+            aw[c] += (double)(dy[c] * norm);
+            ab[c] += (double)dy[c];
         }
     }
 }
@@ -171,15 +225,7 @@ void bg__cpu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *
         int c0 = blk * BG_CPU_COL_BLOCK;
         int cn = C - c0 < BG_CPU_COL_BLOCK ? C - c0 : BG_CPU_COL_BLOCK;
         double aw[BG_CPU_COL_BLOCK] = {0}, ab[BG_CPU_COL_BLOCK] = {0};
-        for (int n = 0; n < N; n++) {
-            const float *x = in + (size_t)n * C + c0, *dy = dout + (size_t)n * C + c0;
-            float m = mean[n], r = rstd[n];
-            for (int c = 0; c < cn; c++) {
-                float norm = (x[c] - m) * r;
-                aw[c] += (double)(dy[c] * norm);
-                ab[c] += dy[c];
-            }
-        }
+        bg__ln_wgrad_block(aw, ab, dout, in, mean, rstd, N, C, c0, cn);
         for (int c = 0; c < cn; c++) {
             if (dweight)
                 dweight[c0 + c] += (float)aw[c];
@@ -191,21 +237,27 @@ void bg__cpu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *
 
 /* --------------------------------------------------------------- softmax */
 
-/* Numerically stable softmax of x[0..n) * scale into y (y may equal x). */
-static inline void bg__softmax_row(float *y, const float *x, float scale, int n)
+/* Numerically stable softmax of x[0..n) * scale into y (y may equal x); the
+ * sum of the exponentials in double lanes. Returns that sum and, when mx_p is
+ * not NULL, the maximum subtracted. */
+BG_CPU_CLONES static double bg__softmax_row(float *y, float *mx_p, const float *x, float scale, int n)
 {
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++)
-        mx = fmaxf(mx, scale * x[j]);
-    double s = 0.0;
-    for (int j = 0; j < n; j++) {
-        float e = expf(scale * x[j] - mx);
-        y[j] = e;
-        s += e;
-    }
+    float mx = bg__max_scaled_f(x, scale, n);
+    if (mx_p)
+        *mx_p = mx;
+    double s = bg__exp_shift_sum(y, x, scale, mx, n);
     float inv = (float)(1.0 / s);
     for (int j = 0; j < n; j++)
         y[j] *= inv;
+    return s;
+}
+
+/* y[j] = scale * a[j] * (da[j] - sum_k a[k] da[k]) (dy may equal da) */
+BG_CPU_CLONES static void bg__softmax_bwd_row(float *dy, const float *da, const float *a, float scale, int n)
+{
+    float d = (float)bg__dot_f(a, da, n);
+    for (int j = 0; j < n; j++)
+        dy[j] = scale * a[j] * (da[j] - d);
 }
 
 void bg__cpu_softmax_forward(bg_backend_t *be, float *out, const float *in, int N, int C)
@@ -213,26 +265,19 @@ void bg__cpu_softmax_forward(bg_backend_t *be, float *out, const float *in, int 
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
     for (int n = 0; n < N; n++)
-        bg__softmax_row(out + (size_t)n * C, in + (size_t)n * C, 1.0f, C);
+        bg__softmax_row(out + (size_t)n * C, NULL, in + (size_t)n * C, 1.0f, C);
 }
 
 void bg__cpu_softmax_backward(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *y = out + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = din + (size_t)n * C;
-        double dot = 0.0;
-        for (int c = 0; c < C; c++)
-            dot += (double)y[c] * dy[c];
-        float d = (float)dot;
-        for (int c = 0; c < C; c++)
-            dx[c] = y[c] * (dy[c] - d);
-    }
+    for (int n = 0; n < N; n++)
+        bg__softmax_bwd_row(din + (size_t)n * C, dout + (size_t)n * C, out + (size_t)n * C, 1.0f, C);
 }
 
-/* In place (att == preatt) is allowed: attention.c relies on it. */
+/* In place (att == preatt) is allowed: the causal softmax ops are kept for
+ * backends and tests (attention itself is the fused kernel of cpu_attention.c). */
 void bg__cpu_causal_softmax_forward(bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T)
 {
     int nt = bg__cpu_nt(be);
@@ -240,11 +285,9 @@ void bg__cpu_causal_softmax_forward(bg_backend_t *be, float *att, const float *p
 #pragma omp parallel for num_threads(nt) if (rows > 1 && (size_t)rows * T > BG_CPU_PAR_WORK) schedule(static)
     for (long long r = 0; r < rows; r++) {
         int i = (int)(r % T);
-        const float *x = preatt + (size_t)r * T;
         float *y = att + (size_t)r * T;
-        bg__softmax_row(y, x, scale, i + 1);
-        for (int j = i + 1; j < T; j++)
-            y[j] = 0.0f;
+        bg__softmax_row(y, NULL, preatt + (size_t)r * T, scale, i + 1);
+        memset(y + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
     }
 }
 
@@ -257,20 +300,19 @@ void bg__cpu_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const flo
 #pragma omp parallel for num_threads(nt) if (rows > 1 && (size_t)rows * T > BG_CPU_PAR_WORK) schedule(static)
     for (long long r = 0; r < rows; r++) {
         int i = (int)(r % T);
-        const float *a = att + (size_t)r * T, *da = datt + (size_t)r * T;
         float *dp = dpreatt + (size_t)r * T;
-        double dot = 0.0;
-        for (int j = 0; j <= i; j++)
-            dot += (double)a[j] * da[j];
-        float d = (float)dot;
-        for (int j = 0; j <= i; j++)
-            dp[j] = scale * a[j] * (da[j] - d);
-        for (int j = i + 1; j < T; j++)
-            dp[j] = 0.0f;
+        bg__softmax_bwd_row(dp, datt + (size_t)r * T, att + (size_t)r * T, scale, i + 1);
+        memset(dp + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
     }
 }
 
 /* --------------------------------------------------------- cross-entropy */
+
+BG_CPU_CLONES static void bg__scale_row(float *restrict d, const float *restrict p, float s, int n)
+{
+    for (int j = 0; j < n; j++)
+        d[j] = p[j] * s;
+}
 
 void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
                                   const int32_t *targets, int N, int V)
@@ -279,19 +321,8 @@ void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs,
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, V)) schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * V;
-        float *p = probs + (size_t)n * V;
-        float mx = -INFINITY;
-        for (int j = 0; j < V; j++)
-            mx = fmaxf(mx, x[j]);
-        double s = 0.0;
-        for (int j = 0; j < V; j++) {
-            float e = expf(x[j] - mx);
-            p[j] = e;
-            s += e;
-        }
-        float inv = (float)(1.0 / s);
-        for (int j = 0; j < V; j++)
-            p[j] *= inv;
+        float mx;
+        double s = bg__softmax_row(probs + (size_t)n * V, &mx, x, 1.0f, V);
         int32_t t = targets[n];
         assert(t >= 0 && t < V && "crossentropy target out of [0, V): the layer validates tokens");
         /* log-sum-exp form: finite even when the target's probability underflows */
@@ -299,6 +330,8 @@ void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs,
     }
 }
 
+/* dlogits = probs * dloss, then the target's entry (p - 1) * dloss: the same
+ * bits as (p - onehot) * dloss. */
 void bg__cpu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
                                    float dloss, int N, int V)
 {
@@ -307,9 +340,10 @@ void bg__cpu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float
     for (int n = 0; n < N; n++) {
         const float *p = probs + (size_t)n * V;
         float *d = dlogits + (size_t)n * V;
+        bg__scale_row(d, p, dloss, V);
         int32_t t = targets[n];
-        for (int j = 0; j < V; j++)
-            d[j] = (p[j] - (j == t ? 1.0f : 0.0f)) * dloss;
+        if (t >= 0 && t < V)
+            d[t] = (p[t] - 1.0f) * dloss;
     }
 }
 

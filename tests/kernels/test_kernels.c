@@ -26,9 +26,13 @@
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
-#define TOL_EW 1e-5   /* elementwise and row ops */
-#define TOL_GEMM 1e-5 /* GEMM, attention */
-#define TOL_FD 1e-5   /* float kernel against double finite differences */
+/* Observed with the vectorised kernels (Xeon, AVX-512 path): elementwise and
+ * row ops <= 1.6e-7, attention 1.5e-7 forward and 2.9e-7 against finite
+ * differences (BRIGADE_TEST_VERBOSE=1 prints every error). */
+#define TOL_EW 1e-6   /* elementwise and row ops */
+#define TOL_GEMM 1e-5 /* GEMM */
+#define TOL_ATT 1e-6  /* fused attention forward */
+#define TOL_FD 2e-6   /* float kernel against double finite differences */
 
 /* ------------------------------------------------------------- helpers */
 
@@ -119,6 +123,8 @@ static double nerr(const float *got, const double *ref, size_t n)
 #define CHECK_ERR(what, got, ref, n, tol)                                                          \
     do {                                                                                           \
         double e__ = nerr((got), (ref), (n));                                                      \
+        if (getenv("BRIGADE_TEST_VERBOSE"))                                                        \
+            printf("  %-50s normalised error %.3g (tolerance %.3g)\n", (what), e__, (double)(tol)); \
         if (!(e__ <= (tol)))                                                                       \
             fail_msg("%s: normalised error %.3g > %.3g (%s:%d)", (what), e__, (double)(tol),     \
                      __FILE__, __LINE__);                                                          \
@@ -912,7 +918,9 @@ static void test_attention(void **state)
     bg_backend_t *be = mkbe(2);
     bg_rng_t rng;
     bg_rng_seed(&rng, 14);
-    static const int sz[][4] = {{1, 1, 1, 1}, {2, 7, 12, 3}, {1, 13, 10, 2}, {3, 5, 8, 1}}; /* B,T,C,NH */
+    /* B,T,C,NH: T = 70 spans 3 key tiles and 2 query tiles of the fused kernel;
+     * C = 600, NH = 2 (head size 300) takes its large-head path */
+    static const int sz[][4] = {{1, 1, 1, 1}, {2, 7, 12, 3}, {1, 13, 10, 2}, {3, 5, 8, 1}, {2, 70, 12, 2}, {1, 5, 600, 2}};
     for (size_t s = 0; s < NELEM(sz); s++) {
         int B = sz[s][0], T = sz[s][1], C = sz[s][2], NH = sz[s][3];
         size_t btc = (size_t)B * T * C;
@@ -921,16 +929,16 @@ static void test_attention(void **state)
                *ref = xmalloc(3 * btc * sizeof(double));
         ref_attention(qd, NULL, B, T, C, NH, ro);
         size_t nws = bg_attention_ws_floats(B, T, C, NH), nsc = bg_attention_scratch_floats(B, T, C, NH);
-        assert_true(nws >= 4 * btc + (size_t)B * NH * T * T);
+        assert_true(nws == (size_t)B * NH * T && nsc == (size_t)B * NH * T); /* no T x T buffer */
         float *dq = up(be, qkv, 3 * btc), *dout = up(be, junk, btc), *ws = up(be, NULL, nws),
               *sc = up(be, NULL, nsc), *dg = up(be, g, btc), *dd = up(be, junk, 3 * btc);
         be->ops->fill(be, ws, NAN, nws); /* every workspace float must be written before it is read */
         be->ops->fill(be, sc, NAN, nsc);
         bg_attention_forward(be, dout, ws, dq, B, T, C, NH);
         float *h = down(be, dout, btc);
-        CHECK_ERR("attention forward vs naive causal attention", h, ro, btc, TOL_GEMM);
+        CHECK_ERR("attention forward vs naive causal attention", h, ro, btc, TOL_ATT);
         free(h);
-        bg_attention_backward(be, dd, sc, dg, ws, B, T, C, NH);
+        bg_attention_backward(be, dd, sc, dg, dq, dout, ws, B, T, C, NH);
         h = down(be, dd, 3 * btc);
         for (size_t i = 0; i < 3 * btc; i++)
             FD(qd, i, ref_attention(qd, gd, B, T, C, NH, NULL), ref[i]);
@@ -1015,7 +1023,7 @@ static float *det_run(int nt, int set_blas_threads, size_t *n_p)
     float *sc = up(be, NULL, bg_attention_scratch_floats(AB, AT, AC, ANH));
     bg_attention_forward(be, dy, ws, dx, AB, AT, AC, ANH);
     TAKE(dy, abtc);
-    bg_attention_backward(be, dz, sc, dg, ws, AB, AT, AC, ANH);
+    bg_attention_backward(be, dz, sc, dg, dx, dy, ws, AB, AT, AC, ANH);
     TAKE(dz, 3 * abtc);
     /* elementwise with their own parallel split */
     be->ops->gelu_backward(be, dy, dx, dg, nc);

@@ -1,0 +1,165 @@
+/* kernels/cpu/cpu_vec.h: the CPU kernels' vector building blocks: the
+ * run-time ISA dispatch attribute, a vectorisable expf, and fixed-order
+ * lane sums and maxima. Holds no state. Must not be included outside
+ * kernels/cpu/.
+ *
+ * Dispatch: a function marked BG_CPU_CLONES is compiled three times (AVX-512,
+ * AVX2, the build's baseline) and the dynamic loader picks one per process
+ * from CPUID (GCC target_clones, an ifunc). Only plain loops go in such
+ * functions; OpenMP regions stay outside (their outlined bodies would not be
+ * cloned), so the parallel kernels call a cloned worker per row or per chunk.
+ *
+ * Bits: C11 mode compiles with -ffp-contract=off (no FMA contraction), and
+ * every sum below is written with explicit lanes whose order the source fixes,
+ * so the AVX-512, AVX2 and scalar paths give the same bits, and no result
+ * depends on the thread count (threads only choose who computes a row). */
+#ifndef BG_KERNELS_CPU_VEC_H
+#define BG_KERNELS_CPU_VEC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define BG_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BG_CPU_CLONES
+#endif
+
+/* Lanes of the fixed-order sums: 8 doubles (one AVX-512 register, two AVX2). */
+#define BG_VEC_LANES 8
+
+static inline float bg__f_from_bits(int32_t i)
+{
+    float f;
+    memcpy(&f, &i, sizeof(f));
+    return f;
+}
+
+static inline int32_t bg__bits_from_f(float f)
+{
+    int32_t i;
+    memcpy(&i, &f, sizeof(i));
+    return i;
+}
+
+/* e^x in float (Cephes expf: 2^n * p(r), r = x - n ln2 split in two parts,
+ * degree-6 polynomial), written so that GCC vectorises it: no calls, no
+ * branches, rounding by the 1.5 * 2^23 trick (round to nearest even), 2^n
+ * built in the exponent bits. Relative error about 2 ulp (test_kernels
+ * compares every kernel using it against double references). x below
+ * ln(FLT_MIN) gives 0 (so -inf gives 0), x above 88.376 gives about 2^127
+ * (finite), NaN gives NaN. */
+static inline float bg__expf(float x)
+{
+    const float hi = 88.3762626647949f, lo = -87.3365447505531f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23 */
+    float t = xc * 1.44269504088896341f + shifter;
+    float n = t - shifter;
+    int32_t ni = bg__bits_from_f(t) - bg__bits_from_f(shifter);
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * (r * r) + r + 1.0f;
+    y = y * bg__f_from_bits((ni + 127) << 23);
+    return x < lo ? 0.0f : (x != x ? x : y);
+}
+
+/* Sums in double over BG_VEC_LANES lanes: lane j takes elements j, j+8, ...;
+ * the lanes are then added in a fixed tree. */
+static inline double bg__lanes_total(const double *acc)
+{
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+static inline double bg__sum_f(const float *restrict x, int n)
+{
+    double acc[BG_VEC_LANES] = {0};
+    int i = 0;
+    for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
+        for (int j = 0; j < BG_VEC_LANES; j++)
+            acc[j] += (double)x[i + j];
+    for (int j = 0; i + j < n; j++)
+        acc[j] += (double)x[i + j];
+    return bg__lanes_total(acc);
+}
+
+/* sum of (x - mu)^2 */
+static inline double bg__sumsq_dev_f(const float *restrict x, double mu, int n)
+{
+    double acc[BG_VEC_LANES] = {0};
+    int i = 0;
+    for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
+        for (int j = 0; j < BG_VEC_LANES; j++) {
+            double d = (double)x[i + j] - mu;
+            acc[j] += d * d;
+        }
+    for (int j = 0; i + j < n; j++) {
+        double d = (double)x[i + j] - mu;
+        acc[j] += d * d;
+    }
+    return bg__lanes_total(acc);
+}
+
+/* sum of a*b, products in double */
+static inline double bg__dot_f(const float *restrict a, const float *restrict b, int n)
+{
+    double acc[BG_VEC_LANES] = {0};
+    int i = 0;
+    for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
+        for (int j = 0; j < BG_VEC_LANES; j++)
+            acc[j] += (double)a[i + j] * (double)b[i + j];
+    for (int j = 0; i + j < n; j++)
+        acc[j] += (double)a[i + j] * (double)b[i + j];
+    return bg__lanes_total(acc);
+}
+
+/* max of scale * x[0..n), n >= 1 (max is exact, so lanes change no bits) */
+static inline float bg__max_scaled_f(const float *restrict x, float scale, int n)
+{
+    float m[16];
+    for (int j = 0; j < 16; j++)
+        m[j] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) {
+            float v = scale * x[i + j];
+            m[j] = v > m[j] ? v : m[j];
+        }
+    for (int j = 0; i + j < n; j++) {
+        float v = scale * x[i + j];
+        m[j] = v > m[j] ? v : m[j];
+    }
+    float mx = m[0];
+    for (int j = 1; j < 16; j++)
+        mx = m[j] > mx ? m[j] : mx;
+    return mx;
+}
+
+/* y[j] = e^(scale * x[j] - mx); returns the sum of y in double lanes (y may equal x) */
+static inline double bg__exp_shift_sum(float *y, const float *x, float scale, float mx, int n)
+{
+    double acc[BG_VEC_LANES] = {0};
+    int i = 0;
+    for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
+        for (int j = 0; j < BG_VEC_LANES; j++) {
+            float e = bg__expf(scale * x[i + j] - mx);
+            y[i + j] = e;
+            acc[j] += (double)e;
+        }
+    for (int j = 0; i + j < n; j++) {
+        float e = bg__expf(scale * x[i + j] - mx);
+        y[i + j] = e;
+        acc[j] += (double)e;
+    }
+    return bg__lanes_total(acc);
+}
+
+#endif
