@@ -214,11 +214,13 @@ bg_status_t bg__manifest_parse(const char *path, const char *text, size_t n, jso
     free(body);
     json_t *ver = json_object_get(m, "version");
     if (have != want) {
-        json_decref(m);
-        if (json_is_integer(ver) && json_integer_value(ver) != CKPT_VERSION)
+        int other = json_is_integer(ver) && json_integer_value(ver) != CKPT_VERSION;
+        long long v = other ? (long long)json_integer_value(ver) : 0;
+        json_decref(m); /* ver goes with it */
+        if (other)
             return bg_error(BG_ERR_MISMATCH, "%s is corrupted or of another format version (it says version %lld, "
                             "this brigade reads version %d): its checksum is 0x%08x, it says 0x%08x", path,
-                            (long long)json_integer_value(ver), CKPT_VERSION, have, want);
+                            v, CKPT_VERSION, have, want);
         return bg_error(BG_ERR_MISMATCH, "%s is corrupted: its checksum is 0x%08x, it says 0x%08x", path, have, want);
     }
     /* the checksum holds: the version is what the writer meant */
