@@ -495,7 +495,7 @@ bg_status_t bg__checkpoint_dirs(const char *root, bg__ckpt_dir_t **list_p, size_
             list = q;
         }
         list[n].step = s;
-        snprintf(list[n].name, sizeof list[n].name, "%s", de->d_name);
+        memcpy(list[n].name, de->d_name, strlen(de->d_name) + 1); /* fits: checked above */
         n++;
     }
     closedir(d);
