@@ -7,6 +7,7 @@
  * training loop. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,12 +186,14 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
 static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r)
 {
-    char line[512];
+    char line[512], gnorm[32] = "null"; /* JSON has no NaN or infinity */
+    if (isfinite(r->grad_norm))
+        snprintf(gnorm, sizeof(gnorm), "%.9g", r->grad_norm);
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu}\n",
+                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"grad_norm\": %s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, gnorm);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -324,7 +327,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
         if (c.on_step) {
-            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank};
+            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm};
             c.on_step(&si, c.on_step_arg);
         }
         if (c.metrics_path)

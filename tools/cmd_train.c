@@ -59,7 +59,8 @@ static void usage(FILE *f)
             "  checkpoint first; the exit status is 143 or 130 (0 only for a finished run); --save is\n"
             "  written only by a finished run. A second Ctrl-C stops at once.\n"
             "output:\n"
-            "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
+            "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms,\n"
+            "                         bubble, bytes_sent, peak_bytes, grad_norm\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
             "                         and generate read either form)\n"
@@ -144,17 +145,16 @@ static void on_step(const bg_step_info_t *i, void *arg)
     char el[32], eta[32];
     hms(el, sizeof el, now - p->t_start);
     hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
-    /* grad norm: not reported by the executor yet (bg_step_result_t has no such field) */
     if (p->tty) {
-        fprintf(stderr, "\rstep %d/%d  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
-                i->steps, i->loss, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+        fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
+                i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
         int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
         if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
-            fprintf(stderr, "step %d/%d loss %.4f lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
-                    i->steps, i->loss, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+            fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
+                    i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
     }
 }
 

@@ -26,6 +26,7 @@ typedef struct bg_step_info {
     double step_ms;      /**< wall time of the step */
     double tokens_per_s; /**< batch tokens / step time */
     int rank;            /**< rank reporting (0 in a single process) */
+    double grad_norm;    /**< global L2 norm of the gradients before the optimizer step (bg_step_result_t) */
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
