@@ -671,7 +671,8 @@ static bg_status_t text_batch(const bg_batch_request_t *rq, int32_t *tokens, flo
     return src->batch(rq, tokens, NULL, targets, src->arg);
 }
 
-static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, size_t n)
+/* One process, 4 sequences in 2 microbatches, one thread, from src. */
+static bg_executor_params_t small_params(bg_model_desc_t *d, bg_batch_source_t *src)
 {
     bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
     p.model = d;
@@ -680,6 +681,12 @@ static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, s
     p.threads = 1;
     p.data.batch = text_batch;
     p.data.arg = src;
+    return p;
+}
+
+static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, size_t n)
+{
+    bg_executor_params_t p = small_params(d, src);
     bg_executor_t *x;
     assert_int_equal(bg_executor_create(&p, &x), BG_OK);
     for (int i = 0; i < 3; i++) {
@@ -775,13 +782,7 @@ static void test_grad_norm(void **s)
     assert_non_null(w0);
     memcpy(w0, bg_model_params(m), n * sizeof(float));
     bg_model_destroy(m);
-    bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
-    p.model = d;
-    p.batch = 4;
-    p.microbatches = 2;
-    p.threads = 1;
-    p.data.batch = text_batch;
-    p.data.arg = &src;
+    bg_executor_params_t p = small_params(d, &src);
     p.optim.kind = BG_OPTIM_SGD;
     p.optim.lr = 1024.0f;
     p.optim.momentum = 0.0f;
