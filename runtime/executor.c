@@ -27,6 +27,7 @@
  *
  * Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
  * the receiving stage (0x3fff: ties), bits 0..15 the microbatch (tie index). */
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -67,6 +68,7 @@ typedef struct chunk {
         int started;
     } *buckets;
     int nbuckets;
+    double gsq;             /* sum of squares of the chunk's reduced gradients this step (grad_sumsq) */
 } chunk_t;
 
 /* A declared tie as this rank sees it. */
@@ -523,6 +525,25 @@ static bg_status_t sync_ties(exec_t *x)
     return BG_OK;
 }
 
+/* Sum of squares of a chunk's gradients (after the data-parallel sum and the
+ * tie sync, before its optimizer step), tensor by tensor in the chunk's fixed
+ * order, in double. The second tensor of every tie is left out: both copies
+ * hold a + b, and the model's norm counts a tied tensor once. Summed over the
+ * pipeline (one replica) it is the square of the model's gradient norm. */
+static double grad_sumsq(exec_t *x, chunk_t *ch)
+{
+    double s = 0;
+    for (int i = 0; i < bg_model_num_tensors(ch->model); i++) {
+        bg_param_t *p = bg_model_tensor(ch->model, i);
+        int second = 0;
+        for (int t = 0; t < x->nties && !second; t++)
+            second = x->ties[t].b == p;
+        if (!second && p->numel)
+            s += x->be->ops->sumsq(x->be, p->grad, p->numel);
+    }
+    return s;
+}
+
 static const char *op_label(int kind)
 {
     switch (kind) {
@@ -576,6 +597,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_OPTIMIZER_STEP:
         BG_CHECK(sync_ties(x));
         BG_CHECK(wait_buckets(x, ch));
+        ch->gsq = grad_sumsq(x, ch);
         return bg_model_optim_step(ch->model, &x->p.optim, (int)x->step + 1);
     }
     return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
@@ -1240,8 +1262,10 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     x->loss = 0;
     x->busy = 0;
     x->bytes_sent = 0;
-    for (int v = 0; v < x->V; v++)
+    for (int v = 0; v < x->V; v++) {
         bg_model_zero_grads(x->chunks[v].model);
+        x->chunks[v].gsq = 0;
+    }
     double t0 = bg_now();
     for (size_t i = 0; i < x->nops; i++) {
         const bg_sched_op_t *op = &x->ops[i];
@@ -1271,11 +1295,22 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     double dt = bg_now() - t0;
     if (x->trace)
         bg_trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
-    /* the step's loss (the last stage of each replica holds its share) and
-     * whether any rank was asked to stop: one allreduce, so all agree */
-    float red[2] = {(float)x->loss, x->stop_req ? 1.0f : 0.0f};
-    if (x->world > 1)
-        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 2, BG_REDUCE_SUM), st, fail);
+    /* the step's loss (the last stage of each replica holds its share), the
+     * squared gradient norm (each rank's chunks, in chunk order; replica 0
+     * only, as every replica holds the same reduced gradients) and whether
+     * any rank was asked to stop: one allreduce, so all agree. The transport
+     * sums float32, so the double sum of squares travels as hi + lo floats:
+     * exact for one contributing rank, within ~1e-7 relative for several. */
+    double gsq = 0;
+    for (int v = 0; x->dp_i == 0 && v < x->V; v++)
+        gsq += x->chunks[v].gsq;
+    float hi = gsq > FLT_MAX ? INFINITY : (float)gsq;
+    float lo = isfinite(hi) ? (float)(gsq - (double)hi) : 0.0f;
+    float red[4] = {(float)x->loss, x->stop_req ? 1.0f : 0.0f, hi, lo};
+    if (x->world > 1) {
+        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 4, BG_REDUCE_SUM), st, fail);
+        gsq = (double)red[2] + (double)red[3];
+    }
     x->step = step + 1;
     bg_step_result_t r = {0};
     r.step = x->step;
@@ -1287,6 +1322,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     r.bytes_sent = x->bytes_sent;
     r.peak_bytes = bg_backend_memstats(x->be).peak;
     r.stop = red[1] > 0;
+    r.grad_norm = sqrt(gsq);
     *result_p = r;
     return BG_OK;
 fail:

@@ -7,6 +7,7 @@
  * training loop. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,19 @@ static int train_seq_len(int64_t step, int mb, void *arg)
     return bg_train_seq_len(((const train_source_t *)arg)->c, step, mb);
 }
 
+/* A group of every rank of the job's communicator. */
+static bg_status_t world_group(bg_comm_t *comm, bg_group_t **g_p)
+{
+    int world = bg_comm_size(comm);
+    int *ranks = malloc((size_t)world * sizeof(int));
+    BG_ALLOC_CHECK(ranks, (size_t)world * sizeof(int), "world ranks");
+    for (int r = 0; r < world; r++)
+        ranks[r] = r;
+    bg_status_t st = bg_group_create(comm, world, ranks, g_p);
+    free(ranks);
+    return st;
+}
+
 /* Metrics: rank 0 starts the file (unless resuming); every rank learns
  * whether it could, and none writes before it did. */
 static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
@@ -163,18 +177,12 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
     }
     if (bg_comm_size(comm) == 1)
         return st;
-    int world = bg_comm_size(comm);
-    int *ranks = malloc((size_t)world * sizeof(int));
-    BG_ALLOC_CHECK(ranks, (size_t)world * sizeof(int), "world ranks");
-    for (int r = 0; r < world; r++)
-        ranks[r] = r;
     bg_group_t *g = NULL;
     float bad = st == BG_OK ? 0.0f : 1.0f;
-    bg_status_t st2 = bg_group_create(comm, world, ranks, &g);
+    bg_status_t st2 = world_group(comm, &g);
     if (st2 == BG_OK)
         st2 = bg_group_allreduce(g, &bad, 1, BG_REDUCE_SUM);
     bg_group_destroy(g);
-    free(ranks);
     if (st2 != BG_OK)
         return st2;
     if (bad > 0 && st == BG_OK)
@@ -185,12 +193,14 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
 static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r)
 {
-    char line[512];
+    char line[512], gnorm[32] = "null"; /* JSON has no NaN or infinity */
+    if (isfinite(r->grad_norm))
+        snprintf(gnorm, sizeof(gnorm), "%.9g", r->grad_norm);
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu}\n",
+                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"grad_norm\": %s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, gnorm);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -242,6 +252,81 @@ static void result_from_info(const bg_executor_info_t *info, bg_train_result_t *
     res->peak_act_bytes = info->peak_act_bytes;
 }
 
+/* Whether every rank's setup worked: BG_OK everywhere, else the lowest
+ * failing rank keeps its own error (it reports it) and every other rank gets
+ * BG_ERR_PEER, "rank Q stopped on an error (...)", the form of a peer's abort
+ * mid-step, so a host prints the cause once. Collective. */
+static bg_status_t agree(bg_executor_t *x, bg_status_t mine)
+{
+    bg_comm_t *comm = bg_executor_comm(x);
+    int world = bg_comm_size(comm), me = bg_comm_rank(comm);
+    if (world == 1)
+        return mine;
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", mine != BG_OK ? bg_last_error() : "");
+    int *failed = calloc((size_t)world, sizeof(int));
+    BG_ALLOC_CHECK(failed, (size_t)world * sizeof(int), "setup agreement");
+    int f = mine != BG_OK;
+    bg_group_t *g = NULL;
+    bg_status_t st = world_group(comm, &g);
+    if (st == BG_OK)
+        st = bg_group_allgather(g, &f, failed, sizeof(int));
+    bg_group_destroy(g);
+    int first = -1;
+    for (int r = 0; st == BG_OK && r < world && first < 0; r++)
+        if (failed[r])
+            first = r;
+    free(failed);
+    if (st != BG_OK)
+        return mine != BG_OK ? bg_error(mine, "%s", msg) : st;
+    if (first < 0 || first == me)
+        return mine != BG_OK ? bg_error(mine, "%s", msg) : BG_OK;
+    return bg_error(BG_ERR_PEER, "rank %d stopped on an error (reported by that rank)%s", first,
+                    mine != BG_OK ? "; this rank failed the same way or otherwise" : "");
+}
+
+/* Every rank's figures, in rank order, into res->ranks: one allgather over
+ * the job (collective: every rank calls it at the same point). */
+static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info, bg_train_result_t *res)
+{
+    bg_train_rank_t me;
+    memset(&me, 0, sizeof(me)); /* padding too: the bytes travel */
+    me.rank = info->rank;
+    me.pp_rank = info->pp_rank;
+    me.dp_rank = info->dp_rank;
+    me.params = res->params;
+    me.peak_bytes = res->peak_bytes;
+    me.peak_act_bytes = res->peak_act_bytes;
+    me.predicted_act_bytes = res->predicted_act_bytes;
+    me.peak_stashed = res->peak_stashed;
+    me.predicted_stashed = res->predicted_stashed;
+    me.bubble = res->bubble;
+    me.numa_node = res->numa_node;
+    int world = info->world > 1 ? info->world : 1;
+    res->ranks = calloc((size_t)world, sizeof(bg_train_rank_t));
+    BG_ALLOC_CHECK(res->ranks, (size_t)world * sizeof(bg_train_rank_t), "per-rank results");
+    res->nranks = world;
+    if (world == 1) {
+        res->ranks[0] = me;
+        return BG_OK;
+    }
+    bg_group_t *g = NULL;
+    bg_status_t st = world_group(bg_executor_comm(x), &g);
+    if (st == BG_OK)
+        st = bg_group_allgather(g, &me, res->ranks, sizeof(me));
+    bg_group_destroy(g);
+    return st;
+}
+
+void bg_train_result_free(bg_train_result_t *r)
+{
+    if (!r)
+        return;
+    free(r->ranks);
+    r->ranks = NULL;
+    r->nranks = 0;
+}
+
 bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
 {
     bg_train_config_t c;
@@ -262,17 +347,22 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     BG_CHECK(bg_model_build(&c.model, &desc));
     const bg_model_desc_params_t *mp = bg_model_desc_params(desc);
     int T = tokens_in ? (c.seq ? c.seq : mp->seq_len) : 1;
-    if (tokens_in)
-        BG_CHECK_GOTO(bg_data_open_text(c.data_path, T, c.data_seed, &data), st, out);
-    else
-        BG_CHECK_GOTO(bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data), st, out);
-    if (c.save_dir)
-        BG_CHECK_GOTO(bg_check_writable_dir(c.save_dir), st, out);
-
     bg_executor_params_t p;
-    train_source_t src = {bg_data_source(data), &c};
+    train_source_t src = {{0}, &c}; /* the data: once the job is connected (below) */
     job_params(&c, desc, &src, &p);
     BG_CHECK_GOTO(bg_executor_create(&p, &x), st, out);
+    /* the job's files, on every rank: a failure every rank finds (a bad data
+     * file) is reported by the lowest rank that finds it, the others stop
+     * with a peer's error naming that rank */
+    bg_status_t fst;
+    if (tokens_in)
+        fst = bg_data_open_text(c.data_path, T, c.data_seed, &data);
+    else
+        fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);
+    if (fst == BG_OK && c.save_dir)
+        fst = bg_check_writable_dir(c.save_dir);
+    BG_CHECK_GOTO(agree(x, fst), st, out);
+    src.data = bg_data_source(data);
     bg_executor_info(x, &info);
     res.rank = info.rank;
     res.world = info.world;
@@ -324,7 +414,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
         if (c.on_step) {
-            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank};
+            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm};
             c.on_step(&si, c.on_step_arg);
         }
         if (c.metrics_path)
@@ -347,12 +437,15 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     }
     bg_executor_info(x, &info);
     result_from_info(&info, &res);
+    BG_CHECK_GOTO(gather_ranks(x, &info, &res), st, out);
     if (c.save_dir && !res.stopped) /* a stopped run's weights are in its checkpoint, if any */
-        BG_CHECK_GOTO(bg_executor_save_weights(x, c.save_dir), st, out);
+        BG_CHECK_GOTO(agree(x, bg_executor_save_weights(x, c.save_dir)), st, out); /* said once */
     if (c.trace_path)
         BG_CHECK_GOTO(bg_executor_write_trace(x), st, out);
     *result_p = res;
+    res.ranks = NULL; /* the caller's now */
 out:
+    bg_train_result_free(&res);
     if (x) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "%s", bg_last_error());

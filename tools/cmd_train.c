@@ -1,5 +1,6 @@
 /* tools/cmd_train.c: `brigade train`: parse flags into a bg_train_config_t,
  * print progress, and print the summary. */
+#include <ctype.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -59,7 +60,8 @@ static void usage(FILE *f)
             "  checkpoint first; the exit status is 143 or 130 (0 only for a finished run); --save is\n"
             "  written only by a finished run. A second Ctrl-C stops at once.\n"
             "output:\n"
-            "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms\n"
+            "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms,\n"
+            "                         bubble, bytes_sent, peak_bytes, grad_norm\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
             "                         and generate read either form)\n"
@@ -125,6 +127,36 @@ static void on_resume(const bg_resume_result_t *r, const char *where, int rank, 
         fprintf(stderr, "no checkpoint in %s: starting at step 0\n", where);
 }
 
+/* Whether an error is a peer's abort ("rank Q stopped on an error", the
+ * executor's and bg_train's form): *peer_p = Q. A peer that died (no message
+ * of its own) is not one: its survivors report it. */
+static int peer_failed(const char *msg, int *peer_p)
+{
+    const char *p = strstr(msg, " stopped on an error");
+    if (!p)
+        return 0;
+    const char *q = p;
+    while (q > msg && isdigit((unsigned char)q[-1]))
+        q--;
+    if (q == p || q - msg < 5 || strncmp(q - 5, "rank ", 5) != 0)
+        return 0;
+    *peer_p = atoi(q);
+    return 1;
+}
+
+/* The ranks' figures of a parallel run as one table, in rank order (stderr, like the progress):
+ * activation memory and stashed microbatches measured, and as the simulator predicts them ("sim"). */
+static void print_ranks(const bg_train_result_t *r)
+{
+    fprintf(stderr, "rank  pp  dp      params  peak MiB   act MiB  act sim  stashed  stash sim  bubble\n");
+    for (int i = 0; i < r->nranks; i++) {
+        const bg_train_rank_t *k = &r->ranks[i];
+        fprintf(stderr, "%4d %3d %3d %11zu %9.2f %9.3f %8.3f %8d %10d %6.1f%%\n", k->rank, k->pp_rank, k->dp_rank,
+                k->params, k->peak_bytes / 1048576.0, k->peak_act_bytes / 1048576.0,
+                k->predicted_act_bytes / 1048576.0, k->peak_stashed, k->predicted_stashed, 100 * k->bubble);
+    }
+}
+
 static void on_step(const bg_step_info_t *i, void *arg)
 {
     progress_t *p = arg;
@@ -144,17 +176,16 @@ static void on_step(const bg_step_info_t *i, void *arg)
     char el[32], eta[32];
     hms(el, sizeof el, now - p->t_start);
     hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
-    /* grad norm: not reported by the executor yet (bg_step_result_t has no such field) */
     if (p->tty) {
-        fprintf(stderr, "\rstep %d/%d  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
-                i->steps, i->loss, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+        fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
+                i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
         int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
         if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
-            fprintf(stderr, "step %d/%d loss %.4f lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
-                    i->steps, i->loss, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+            fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
+                    i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
     }
 }
 
@@ -455,6 +486,13 @@ int bg_cmd_train(int argc, char **argv)
                            "  mpirun -n %d brigade train ...",
                            c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1, ranks, ranks, ranks, ranks);
     }
+    int peer;
+    if (st == BG_ERR_PEER && peer_failed(bg_last_error(), &peer)) {
+        /* a peer stopped on its own error and prints it: one line here, not its message again */
+        fprintf(stderr, "brigade train: stopped because rank %d failed\n", peer);
+        bg_plan_free(plan);
+        return 1;
+    }
     if (st != BG_OK) {
         if (plan)
             fprintf(stderr, "brigade train: (running %s: pp %d x dp %d = %d ranks, schedule %s)\n", plan_path,
@@ -489,14 +527,12 @@ int bg_cmd_train(int argc, char **argv)
     else
         snprintf(did, sizeof did, "%d step%s", ran, ran == 1 ? "" : "s");
     if (r.world > 1) {
-        /* every rank reports its own pipeline figures; rank 0 the job's */
-        if (!prog.quiet || r.rank == 0)
-            fprintf(stderr,
-                    "rank %d: %zu parameters, peak memory %.2f MiB; activations %.3f MiB (simulator %.3f MiB), "
-                    "%d microbatches stashed (simulator %d); bubble %.1f%%\n",
-                    r.rank, r.params, r.peak_bytes / 1048576.0, r.peak_act_bytes / 1048576.0,
-                    r.predicted_act_bytes / 1048576.0, r.peak_stashed, r.predicted_stashed, 100 * r.bubble);
-        if (r.rank != 0)
+        /* every rank's pipeline figures, gathered by bg_train: one table, in rank order, from rank 0 */
+        if (r.rank == 0)
+            print_ranks(&r);
+        int rank = r.rank;
+        bg_train_result_free(&r);
+        if (rank != 0)
             return rc;
         if (ran > 0)
             printf("trained %s on %d ranks (pp %d x dp %d, %s): %s, loss %.4f -> %.4f\n",
@@ -527,5 +563,6 @@ int bg_cmd_train(int argc, char **argv)
         printf("peak memory %.2f MiB\n", r.peak_bytes / 1048576.0);
     if (c.save_dir && !r.stopped)
         printf("saved %s/model.safetensors\n", c.save_dir);
+    bg_train_result_free(&r);
     return rc;
 }

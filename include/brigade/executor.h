@@ -115,6 +115,9 @@ typedef struct bg_step_result {
     uint64_t bytes_sent;     /**< per rank: point-to-point bytes sent */
     size_t peak_bytes;       /**< per rank: the allocator's peak so far */
     int stop;                /**< 1: some rank called bg_executor_request_stop (all ranks agree) */
+    double grad_norm;        /**< global L2 norm of the whole model's gradients (all stages, after the
+                                  data-parallel sum, before the optimizer step; a tied tensor counted
+                                  once); the same on every rank; within 1e-6 relative across layouts */
 } bg_step_result_t;
 
 /** What the executor holds and predicts on this rank. */

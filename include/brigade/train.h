@@ -26,6 +26,7 @@ typedef struct bg_step_info {
     double step_ms;      /**< wall time of the step */
     double tokens_per_s; /**< batch tokens / step time */
     int rank;            /**< rank reporting (0 in a single process) */
+    double grad_norm;    /**< global L2 norm of the gradients before the optimizer step (bg_step_result_t) */
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
@@ -79,6 +80,20 @@ typedef struct bg_train_config {
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);
 
+/** One rank's figures at the end of bg_train() (bg_train_result_t.ranks). */
+typedef struct bg_train_rank {
+    int rank;                   /**< rank in the job */
+    int pp_rank, dp_rank;       /**< its pipeline position and replica */
+    size_t params;              /**< parameters it holds */
+    size_t peak_bytes;          /**< the allocator's peak */
+    size_t peak_act_bytes;      /**< peak of activation memory (allocator) */
+    size_t predicted_act_bytes; /**< the simulator's prediction of it */
+    int peak_stashed;           /**< peak microbatches stashed at once */
+    int predicted_stashed;      /**< the simulator's peak */
+    double bubble;              /**< measured idle fraction of its median step */
+    int numa_node;              /**< NUMA node it was bound to, -1 if none */
+} bg_train_rank_t;
+
 /** What bg_train() did, on this rank. */
 typedef struct bg_train_result {
     double final_loss;        /**< loss of the last step */
@@ -101,7 +116,14 @@ typedef struct bg_train_result {
     int stopped;              /**< 1: returned early on a stop request (after checkpointing when
                                    checkpoint_dir is set; the final weights are not saved) */
     int numa_node;            /**< NUMA node this rank was bound to, -1 if none (BRIGADE_NUMA) */
+    bg_train_rank_t *ranks;   /**< every rank's figures in rank order (nranks = world entries, gathered
+                                   over the job's communicator before the executor goes; the same on every
+                                   rank); owned by the result: bg_train_result_free() */
+    int nranks;
 } bg_train_result_t;
+
+/** Free what a bg_train() result owns (ranks); the struct itself is the caller's. NULL is a no-op. */
+void bg_train_result_free(bg_train_result_t *r);
 
 /** Check the configuration (messages name the flag-level field) without running. */
 bg_status_t bg_train_check(const bg_train_config_t *cfg);

@@ -118,7 +118,7 @@ class StepResult(Structure):
     """bg_step_result_t."""
     _fields_ = [("step", c_int64), ("loss", c_double), ("tokens", c_double), ("step_ms", c_double),
                 ("tokens_per_s", c_double), ("bubble", c_double), ("bytes_sent", c_uint64), ("peak_bytes", c_size_t),
-                ("stop", c_int)]
+                ("stop", c_int), ("grad_norm", c_double)]
 
 
 class ExecutorInfo(Structure):

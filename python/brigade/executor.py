@@ -67,6 +67,7 @@ class StepResult:
     bytes_sent: int
     peak_bytes: int
     stop: bool
+    grad_norm: float  # global L2 norm of the model's gradients before the optimizer step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,7 +329,7 @@ class Executor:
         r = _lib.StepResult()
         self._call(lib.bg_executor_step(self._live(), ctypes.byref(r)))
         return StepResult(r.step, r.loss, r.tokens, r.step_ms, r.tokens_per_s, r.bubble, r.bytes_sent, r.peak_bytes,
-                          bool(r.stop))
+                          bool(r.stop), r.grad_norm)
 
     def set_lr(self, lr):
         """Learning rate of the next steps (every rank must set the same)."""

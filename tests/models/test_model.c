@@ -671,7 +671,8 @@ static bg_status_t text_batch(const bg_batch_request_t *rq, int32_t *tokens, flo
     return src->batch(rq, tokens, NULL, targets, src->arg);
 }
 
-static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, size_t n)
+/* One process, 4 sequences in 2 microbatches, one thread, from src. */
+static bg_executor_params_t small_params(bg_model_desc_t *d, bg_batch_source_t *src)
 {
     bg_executor_params_t p = BG_EXECUTOR_PARAMS_INIT;
     p.model = d;
@@ -680,6 +681,12 @@ static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, s
     p.threads = 1;
     p.data.batch = text_batch;
     p.data.arg = src;
+    return p;
+}
+
+static void train_desc(bg_model_desc_t *d, bg_batch_source_t *src, float *out, size_t n)
+{
+    bg_executor_params_t p = small_params(d, src);
     bg_executor_t *x;
     assert_int_equal(bg_executor_create(&p, &x), BG_OK);
     for (int i = 0; i < 3; i++) {
@@ -749,6 +756,75 @@ static void test_builder_is_public_calls(void **s)
     bg_model_desc_destroy(hand);
 }
 
+/* grad_norm of the step result against the gradients the optimizer applied:
+ * with SGD (no momentum, no decay) and a power-of-two learning rate the first
+ * step moves each weight by exactly lr * grad, so the gradients come back
+ * from the weights before and after (within float rounding of the
+ * difference: 1e-6 relative for the norm). The tied copy (head.weight holds
+ * the same a + b as embed.wte) is counted once. */
+static void test_grad_norm(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    c.tie_embeddings = 1;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    bg_data_t *data;
+    assert_int_equal(bg_data_open_text(path, c.seq_len, 1, &data), BG_OK);
+    bg_batch_source_t src = bg_data_source(data);
+    /* the initial weights (a description's layers bind one model at a time) */
+    bg_model_t *m;
+    assert_int_equal(bg_model_create(d, be, -1, -1, &m), BG_OK);
+    size_t n = bg_model_param_count(m);
+    float *w0 = malloc(n * sizeof(float));
+    assert_non_null(w0);
+    memcpy(w0, bg_model_params(m), n * sizeof(float));
+    bg_model_destroy(m);
+    bg_executor_params_t p = small_params(d, &src);
+    p.optim.kind = BG_OPTIM_SGD;
+    p.optim.lr = 1024.0f;
+    p.optim.momentum = 0.0f;
+    p.optim.weight_decay = 0.0f;
+    bg_executor_t *x;
+    assert_int_equal(bg_executor_create(&p, &x), BG_OK);
+    bg_step_result_t r;
+    assert_int_equal(bg_executor_step(x, &r), BG_OK);
+    char dir[] = "/tmp/bg-gnorm-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(bg_executor_save_weights(x, dir), BG_OK);
+    assert_int_equal(bg_executor_destroy(x), BG_OK);
+    assert_int_equal(bg_model_create(d, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_safetensors_load_dir(dir, &m, 1), BG_OK);
+    double once = 0, twice = 0;
+    for (int i = 0; i < bg_model_num_tensors(m); i++) {
+        bg_param_t *b = bg_model_tensor(m, i);
+        const float *a = w0 + (b->data - bg_model_params(m));
+        double ss = 0;
+        for (size_t j = 0; j < b->numel; j++) {
+            double g = ((double)a[j] - (double)b->data[j]) / 1024.0;
+            ss += g * g;
+        }
+        twice += ss;
+        if (strcmp(bg_model_tensor_name(m, i), "head.weight") != 0)
+            once += ss;
+    }
+    double ref = sqrt(once);
+    assert_true(isfinite(r.grad_norm) && r.grad_norm > 0);
+    if (fabs(r.grad_norm - ref) > 1e-6 * ref)
+        fail_msg("grad_norm %.9g, from the applied gradients %.9g", r.grad_norm, ref);
+    assert_true(sqrt(twice) > ref * 1.0001); /* the tie really is left out once */
+    char f[600];
+    snprintf(f, sizeof(f), "%s/model.safetensors", dir);
+    unlink(f);
+    rmdir(dir);
+    bg_model_destroy(m);
+    free(w0);
+    bg_data_close(data);
+    bg_model_desc_destroy(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -768,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_desc_errors),
         cmocka_unit_test(test_desc_json),
         cmocka_unit_test(test_builder_is_public_calls),
+        cmocka_unit_test(test_grad_norm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -52,6 +52,7 @@ int main(void)
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
     F(bg_step_result_t, tokens_per_s); F(bg_step_result_t, bubble); F(bg_step_result_t, bytes_sent);
     F(bg_step_result_t, peak_bytes); F(bg_step_result_t, stop);
+    F(bg_step_result_t, grad_norm);
 
     S(bg_executor_info_t);
     F(bg_executor_info_t, rank); F(bg_executor_info_t, world); F(bg_executor_info_t, pp_rank);

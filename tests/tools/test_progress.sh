@@ -9,9 +9,9 @@ TINY="--layers 1 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --th
 timeout 120 "$B" train $TINY --steps 7 --lr 2e-3 --log-every 3 >"$T/out" 2>"$T/err" || bad "train failed: $(cat "$T/err")"
 steps=$(sed -n 's|^step \([0-9]*\)/7 .*|\1|p' "$T/err" | tr '\n' ' ')
 [ "$steps" = "1 3 6 7 " ] && ok "--log-every 3 prints steps 1 3 6 7" || bad "--log-every 3 printed steps '$steps': $(cat "$T/err")"
-re='^step [0-9]+/7 loss [0-9.]+ lr 2\.00e-03 tokens/s [0-9]+ step_ms [0-9.]+ elapsed [0-9]+:[0-9]{2} eta [0-9]+:[0-9]{2}$'
+re='^step [0-9]+/7 loss [0-9.]+ gnorm [0-9.e+-]+ lr 2\.00e-03 tokens/s [0-9]+ step_ms [0-9.]+ elapsed [0-9]+:[0-9]{2} eta [0-9]+:[0-9]{2}$'
 n=$(grep -cE "$re" "$T/err")
-[ "$n" = 4 ] && ok "progress lines carry loss, lr, tokens/s, step_ms, elapsed, eta" || bad "progress format ($n of 4 match): $(cat "$T/err")"
+[ "$n" = 4 ] && ok "progress lines carry loss, gnorm, lr, tokens/s, step_ms, elapsed, eta" || bad "progress format ($n of 4 match): $(cat "$T/err")"
 timeout 120 "$B" train $TINY --steps 3 --quiet >"$T/out" 2>"$T/err" || bad "quiet train failed"
 [ -s "$T/err" ] && bad "--quiet printed progress: $(cat "$T/err")" || ok "--quiet prints no progress"
 
