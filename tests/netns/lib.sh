@@ -15,6 +15,10 @@
 # network namespace is ours: the ones this test started), then delete the
 # namespaces, which removes their veth pairs and the bridge.
 # Skips (exit 77) when not root or when `ip netns` does not work here.
+# Never hangs: a watchdog sends the test SIGTERM (exit 143, cleanup runs)
+# after NETNS_LIMIT seconds (set it below the CTest TIMEOUT, which kills
+# without cleanup), and namespaces left by a run that was SIGKILLed anyway
+# (its pid gone) are removed by the next run.
 set -u
 : "${BRIGADE:?BRIGADE must be the path of the brigade binary}"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,6 +29,7 @@ H=()
 ADDR=()
 SW=
 FAILS=0
+WATCHDOG=
 
 skip() { echo "SKIP: $*"; rm -rf "$T"; exit 77; }
 ok() { echo "ok: $*"; }
@@ -56,6 +61,7 @@ netns_cleanup() {
         ip netns del "$ns" 2>/dev/null
     done
     NS_ALL=()
+    [ -n "$WATCHDOG" ] && kill "$WATCHDOG" 2>/dev/null
     rm -rf "$T"
 }
 trap netns_cleanup EXIT
@@ -66,6 +72,18 @@ trap 'exit 143' TERM
 command -v ip >/dev/null || skip "iproute2 (ip) not installed"
 ip netns add "${NS_PREFIX}probe" 2>/dev/null || skip "ip netns unavailable here (no CAP_SYS_ADMIN or no netns support)"
 ip netns del "${NS_PREFIX}probe"
+for ns in $(ip netns list | sed -n 's/^\(bgN[0-9]*r[0-9]*[a-z0-9]*\).*/\1/p'); do
+    pid=${ns#bgN}
+    pid=${pid%%r*}
+    [ -d "/proc/$pid" ] && continue
+    echo "removing namespace $ns left by a run that died (pid $pid)"
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+done
+# (only while the test is still its parent: never a recycled pid)
+(me=$BASHPID && sleep "${NETNS_LIMIT:-80}" && [ "$(cut -d' ' -f4 "/proc/$me/stat")" = $$ ] &&
+    echo "netns: test still running after ${NETNS_LIMIT:-80} s; stopping it" >&2 && kill -TERM $$) &
+WATCHDOG=$!
 
 newns() {
     ip netns add "$1" || { echo "cannot create namespace $1" >&2; exit 1; }

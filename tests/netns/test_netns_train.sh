@@ -4,6 +4,7 @@
 # (UCX_TLS=tcp, UCX_NET_DEVICES=eth0), the store on host 0's 10.77.0.1: the
 # saved weights equal the one-host run's (brigade launch -n 4, shared memory)
 # bitwise.
+NETNS_LIMIT=80
 source "$(dirname "$0")/lib.sh"
 ARGS=(--layers 2 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 5 --threads 1
       --pp 2 --dp 2 --quiet)
