@@ -81,8 +81,16 @@ for ns in $(ip netns list | sed -n 's/^\(bgN[0-9]*r[0-9]*[a-z0-9]*\).*/\1/p'); d
     ip netns del "$ns" 2>/dev/null
 done
 # (only while the test is still its parent: never a recycled pid)
-(me=$BASHPID && sleep "${NETNS_LIMIT:-80}" && [ "$(cut -d' ' -f4 "/proc/$me/stat")" = $$ ] &&
-    echo "netns: test still running after ${NETNS_LIMIT:-80} s; stopping it" >&2 && kill -TERM $$) &
+# (its sleep holds no output pipe and dies with it: CTest waits for the pipes' last writer)
+(
+    me=$BASHPID
+    sleep "${NETNS_LIMIT:-80}" </dev/null >/dev/null 2>&1 &
+    sp=$!
+    trap 'kill $sp 2>/dev/null; exit 0' TERM
+    wait $sp
+    [ "$(cut -d' ' -f4 "/proc/$me/stat")" = $$ ] &&
+        echo "netns: test still running after ${NETNS_LIMIT:-80} s; stopping it" >&2 && kill -TERM $$
+) &
 WATCHDOG=$!
 
 newns() {
