@@ -28,25 +28,10 @@ NS_ALL=()
 H=()
 ADDR=()
 SW=
-FAILS=0
 WATCHDOG=
 
 skip() { echo "SKIP: $*"; rm -rf "$T"; exit 77; }
-ok() { echo "ok: $*"; }
-fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
-check() {
-    local desc=$1
-    shift
-    if "$@"; then ok "$desc"; else fail "$desc"; fi
-}
-finish() {
-    if [ "$FAILS" -gt 0 ]; then
-        echo "$FAILS check(s) failed" >&2
-        exit 1
-    fi
-    echo "all checks passed"
-    exit 0
-}
+source "$HERE/../lib/check.sh"
 
 netns_cleanup() {
     local ns p round
@@ -197,6 +182,18 @@ wait_checkpoint() {
 
 # UCX over TCP on the veth interface only (no shared memory: these are "hosts")
 export UCX_TLS=tcp UCX_NET_DEVICES=eth0 BRIGADE_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+# ref_run DIR ARGS...: the one-host reference, `brigade launch -n 4` with UCX's
+# default transports (shared memory), saving to DIR; a check of its own
+ref_run() {
+    local dir=$1 rc
+    shift
+    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$BRIGADE" launch -n 4 --timeout 50 -- \
+        "$BRIGADE" train "$@" --save "$dir" >"$dir.log" 2>&1
+    rc=$?
+    check "one-host reference run (rc $rc)" [ $rc = 0 ]
+    [ $rc = 0 ] || cat "$dir.log"
+}
 
 # now_us / ms_since: microseconds since the epoch; milliseconds since one
 now_us() { echo "${EPOCHREALTIME/./}"; }

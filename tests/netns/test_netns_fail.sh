@@ -17,11 +17,7 @@ LIMIT_MS=$((BRIGADE_TIMEOUT * 1000))
 
 netns_hosts 2
 
-env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$BRIGADE" launch -n 4 --timeout 50 -- \
-    "$BRIGADE" train "${ARGS[@]}" --save "$T/ref" >"$T/ref.log" 2>&1
-rc=$?
-check "uninterrupted one-host run (rc $rc)" [ $rc = 0 ]
-[ $rc = 0 ] || cat "$T/ref.log"
+ref_run "$T/ref" "${ARGS[@]}"
 
 for how in link kill; do
     ck=$T/ck-$how

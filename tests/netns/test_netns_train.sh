@@ -12,12 +12,7 @@ export BRIGADE_TIMEOUT=10
 
 netns_hosts 4
 
-# the reference: one host, brigade launch, UCX's default transports
-env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$BRIGADE" launch -n 4 --timeout 50 -- \
-    "$BRIGADE" train "${ARGS[@]}" --save "$T/ref" >"$T/ref.log" 2>&1
-rc=$?
-check "one-host reference run (rc $rc)" [ $rc = 0 ]
-[ $rc = 0 ] || cat "$T/ref.log"
+ref_run "$T/ref" "${ARGS[@]}"
 
 for layout in "0 0 1 1" "0 1 2 3"; do
     name="hosts $(echo "$layout" | tr -d ' ')"
