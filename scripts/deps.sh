@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # scripts/deps.sh: install the Debian packages brigade needs to build and test
 # (g++: tests/package compiles the public headers as C++ too; clang with its
-# libFuzzer runtime and OpenMP: the fuzzing build, fuzz/ and docs/fuzzing.md),
+# libFuzzer runtime and OpenMP: the fuzzing build, fuzz/ and docs/fuzzing.md;
+# iproute2: tests/netns makes hosts of network namespaces),
 # only those that are missing. Safe to run again. Needs root (or sudo).
 set -euo pipefail
 PKGS=(cmake make gcc g++ pkg-config libopenblas-dev libcmocka-dev libucx-dev ucx-utils
       libnuma-dev libjansson-dev openmpi-bin libopenmpi-dev python3 python3-numpy
-      clang libclang-rt-14-dev libomp-14-dev)
+      clang libclang-rt-14-dev libomp-14-dev iproute2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

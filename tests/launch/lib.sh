@@ -6,7 +6,6 @@ set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 T=$(mktemp -d "${TMPDIR:-/tmp}/bg-launch.XXXXXX")
 LPID=
-FAILS=0
 
 cleanup() {
     local f
@@ -20,22 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { echo "ok: $*"; }
-fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
-# check "description" command args...: the command's status decides
-check() {
-    local desc=$1
-    shift
-    if "$@"; then ok "$desc"; else fail "$desc"; fi
-}
-finish() {
-    if [ "$FAILS" -gt 0 ]; then
-        echo "$FAILS check(s) failed" >&2
-        exit 1
-    fi
-    echo "all checks passed"
-    exit 0
-}
+source "$HERE/../lib/check.sh"
 
 # microseconds since the epoch, and milliseconds since a start in microseconds
 now_us() { echo "${EPOCHREALTIME/./}"; }
