@@ -148,7 +148,7 @@ for i in $(seq 1 "$N"); do
     note=""
     if [ "$killed" = 0 ]; then
         nokill=$((nokill + 1))
-        note="no kill (rank $victim gone at ${at_ms} ms, or nothing to close)"
+        note="; no kill (rank $victim gone at ${at_ms} ms, or nothing to close)"
     fi
     # the launcher's first failure line: time to detect, whom it names
     first=$(grep -m1 -E ' brigade launch: rank [0-9]+ \(pid [0-9]+\)( \(stopped by [A-Z]+\))? (exited with status [1-9]|was killed|did not exit within)' "$d/err")
