@@ -9,8 +9,9 @@
 # with a manifest) and .tmp- directories.
 # After warm-up (WARM steps, default S / 10) it fits a least-squares slope per
 # step per rank to each series (target 0) and checks:
-#   RssAnon and VmRSS slopes <= MAX_B bytes/step (default 2), peak_bytes slope 0,
-#   open fds: no growth (max - min <= 2 after warm-up),
+#   RssAnon slope <= MAX_B bytes/step (default 2; VmRSS, which adds file-backed
+#   pages the kernel drops and maps back, is reported only), peak_bytes slope 0,
+#   open fds: the fitted growth over the run <= 2 (the ranks close theirs as they exit),
 #   the checkpoint directory: never more than KEEP + 1 complete checkpoints
 #   (the new one is complete a moment before the oldest is pruned) and at
 #   most one .tmp- directory being written (plus one .tmp-deleting- being
@@ -99,7 +100,7 @@ for r in 0 1 2 3; do
     END {
         if (n < 3) { printf "FAIL: rank %d: only %d samples after warm-up\n", r, n; exit 1 }
         v = fit(3); a = fit(4); f = fit(5); p = fit(6)
-        bad = (a > maxb || v > maxb || fmax - fmin > 2 || p != 0)
+        bad = (a > maxb || f * (s1 - s0) > 2 || p != 0) # VmRSS adds file-backed pages: reported, not judged
         printf "%s rank %d: %d samples, steps %d -> %d: RssAnon %.3f B/step (%d -> %d), VmRSS %.3f B/step, fds %.2e/step (%d..%d), peak_bytes %.3f B/step (%d)\n", \
             bad ? "FAIL:" : "ok  ", r, n, s0, s1, a, a0, a1, v, f, fmin, fmax, p, y[n, 6]
         exit bad
