@@ -681,8 +681,19 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
         snprintf(key, sizeof key, "bg.ckpt.%lu.failed", seq);
         SAVE_STORE(bg_store_add(p.comm, key, failed, &failed));
         SAVE_STORE(bg_store_barrier(p.comm));
-        if (rank == 0)
+        if (rank == 0) {
             SAVE_STORE(bg_store_add(p.comm, key, 0, &failed));
+            /* past the barrier every rank has read this save's token and the
+             * previous save's result: forget them, or rank 0's store grows by a
+             * few hundred bytes per checkpoint for the whole job */
+            bg_store_delete(p.comm, key);
+            if (!p.token) {
+                snprintf(key, sizeof key, "bg.ckpt.%lu.token", seq);
+                bg_store_delete(p.comm, key);
+            }
+            snprintf(key, sizeof key, "bg.ckpt.%lu.result", seq - 1);
+            bg_store_delete(p.comm, key);
+        }
     } else if (rank != 0) {
         return mine; /* rank 0's call (the last) publishes */
     }

@@ -1129,6 +1129,17 @@ bg_status_t bg_store_set(bg_comm_t *c, const char *key, const void *value, size_
     return s == BG__ST_OK ? BG_OK : bg_error(BG_ERR_TRANSPORT, "store: set \"%s\" refused", key);
 }
 
+bg_status_t bg_store_delete(bg_comm_t *c, const char *key)
+{
+    int s;
+    uint8_t *out = NULL;
+    BG_CHECK(bg__kv(c, BG__OP_DEL, 0, key, NULL, 0, c->timeout_s, &s, &out, NULL));
+    free(out);
+    if (s == BG__ST_NOTFOUND)
+        return bg_error(BG_ERR_NOT_FOUND, "store: key \"%s\" is not set", key);
+    return s == BG__ST_OK ? BG_OK : bg_error(BG_ERR_TRANSPORT, "store: delete \"%s\" refused", key);
+}
+
 static bg_status_t bg__get(bg_comm_t *c, uint8_t op, const char *key, void *value, size_t cap,
                            size_t *bytes_p)
 {

@@ -580,6 +580,19 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
         bg__barrier_check(s, k, h->arg);
         return 0;
     }
+    case BG__OP_DEL: {
+        for (bg__kv_t **pp = &s->kv; *pp; pp = &(*pp)->next) {
+            if (strcmp((*pp)->key, k) == 0) {
+                bg__kv_t *e = *pp;
+                *pp = e->next;
+                free(e->key);
+                free(e->val);
+                free(e);
+                return bg__reply(c, BG__ST_OK, NULL, 0);
+            }
+        }
+        return bg__reply(c, BG__ST_NOTFOUND, NULL, 0);
+    }
     case BG__OP_HB:
         return 0;
     case BG__OP_BYE:

@@ -31,7 +31,8 @@ enum {
     BG__OP_REPLY = 10,  /* status = BG__ST_*, value = payload */
     BG__OP_FAIL = 11,   /* client -> server on a liveness connection: this rank stopped on an error
                            (value = the message); the server announces it to the others as DEAD */
-    BG__OP_MAX = 11,
+    BG__OP_DEL = 12,    /* key: forget it (a key per checkpoint would otherwise stay for the whole job) */
+    BG__OP_MAX = 12,
 #define BG_STORE_ABORT_MAX 1024 /* bytes of a FAIL message kept */
 };
 

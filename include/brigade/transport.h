@@ -212,6 +212,9 @@ bg_status_t bg_store_get(bg_comm_t *comm, const char *key, void *value, size_t c
 bg_status_t bg_store_wait(bg_comm_t *comm, const char *key, void *value, size_t cap, size_t *bytes_p);
 /** Atomically add @p delta to the integer at @p key (0 if unset); *value_p = new value. */
 bg_status_t bg_store_add(bg_comm_t *comm, const char *key, int64_t delta, int64_t *value_p);
+/** Forget @p key (BG_ERR_NOT_FOUND if unset): keys set once per event (a
+ *  checkpoint) would otherwise hold rank 0's memory for the whole job. */
+bg_status_t bg_store_delete(bg_comm_t *comm, const char *key);
 /** Barrier over all world ranks through the store (slow path; no UCX). */
 bg_status_t bg_store_barrier(bg_comm_t *comm);
 
