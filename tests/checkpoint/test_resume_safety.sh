@@ -121,7 +121,9 @@ BRIGADE_RANK=0 BRIGADE_LOCAL_RANK=0 timeout 120 "$B" train $A >/dev/null 2>&1 &
 r0=$!
 BRIGADE_RANK=1 BRIGADE_LOCAL_RANK=1 timeout 120 "$B" train $A >/dev/null 2>"$T/e13" &
 r1=$!
-for i in $(seq 1 1000); do ls "$T/c13" 2>/dev/null | grep -q '\.tmp-' && break; sleep 0.01; done
+# wait for a save in progress (the job may take a while to start on a loaded machine)
+for i in $(seq 1 6000); do ls "$T/c13" 2>/dev/null | grep -q '\.tmp-' && break; sleep 0.01; done
+ls "$T/c13" 2>/dev/null | grep -q '\.tmp-' || bad "no save started within 60 s (rank 0 did not start?)"
 kill -9 $(pgrep -P $r0) $r0 2>/dev/null
 t0=$(date +%s%N); wait $r1; rc=$?; t1=$(date +%s%N)
 wait $r0 2>/dev/null

@@ -38,9 +38,11 @@ done
 
 # a line longer than the launcher's 64 KiB line buffer arrives in prefixed pieces
 L -n 1 --tag-output -- bash -c 'head -c 150000 /dev/zero | tr "\0" x; echo; echo next' >"$T/out"
-check "tagged long line: 3 pieces + 1 line" [ "$(wc -l <"$T/out")" = 4 ]
-check "tagged long line: every piece prefixed" [ "$(grep -c '^\[rank 0\] ' "$T/out")" = 4 ]
-check "tagged long line: the pieces make up the line" [ "$(head -n 3 "$T/out" | sed 's/^\[rank 0\] //' | tr -d '\n' | wc -c)" = 150000 ]
+# (at least 3 pieces: a slow pipe may deliver the line in more, smaller reads)
+n=$(wc -l <"$T/out")
+check "tagged long line: at least 3 pieces + 1 line (got $n)" [ "$n" -ge 4 ]
+check "tagged long line: every piece prefixed" [ "$(grep -c '^\[rank 0\] ' "$T/out")" = "$n" ]
+check "tagged long line: the pieces make up the line" [ "$(head -n $((n - 1)) "$T/out" | sed 's/^\[rank 0\] //' | tr -d '\n' | wc -c)" = 150000 ]
 check "tagged long line: the next line follows" [ "$(tail -n 1 "$T/out")" = "[rank 0] next" ]
 
 # a failing rank's last words are not lost with --tag-output
