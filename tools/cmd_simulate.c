@@ -78,7 +78,8 @@ int bg_cmd_simulate(int argc, char **argv)
     bg_svg_params_t gp = BG_SVG_PARAMS_INIT;
     gp.time_scale = 1e3;
     gp.unit = "ms";
-    gp.x_max = 1.06 * (pred > meas ? pred : meas) * 1e3;
+    double drawn = bg_trace_costs_drawn_span(tc), longest = pred > drawn ? pred : drawn;
+    gp.x_max = 1.04 * (longest > meas ? longest : meas) * 1e3;
     char title[160];
     snprintf(title, sizeof title, "simulated %s: p=%d m=%d v=%d, step %.4g ms, bubble %.1f%%",
              bg_schedule_kind_name(sp.kind), sp.stages, sp.microbatches, bg_schedule_chunks(sched), pred * 1e3,

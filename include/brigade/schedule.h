@@ -303,7 +303,10 @@ double bg_trace_costs_step_time(const bg_trace_costs_t *costs, int *steps_p);
 /** Draw the measured step nearest the median as an SVG Gantt chart at @p path
  *  (one lane per rank; written atomically); *step_p (may be NULL): that step. */
 bg_status_t bg_trace_costs_svg(const bg_trace_costs_t *costs, const char *path, int *step_p);
-/** Same, drawn by the simulator's drawer in ms with @p params' x_max and
+/** Seconds from the first to the last event (over all ranks) of the step
+ *  bg_trace_costs_svg() draws: its axis' end unless told a longer one. */
+double bg_trace_costs_drawn_span(const bg_trace_costs_t *costs);
+/** Same as bg_trace_costs_svg(), drawn by the simulator's drawer in ms with @p params' x_max and
  *  title (time_scale and unit are ignored; NULL: the defaults). */
 bg_status_t bg_trace_costs_svg_with(const bg_trace_costs_t *costs, const bg_svg_params_t *params, const char *path,
                                     int *step_p);

@@ -410,21 +410,18 @@ static int ir_kind(const tev_t *e)
     return -1;
 }
 
-bg_status_t bg_trace_costs_svg_with(const bg_trace_costs_t *c, const bg_svg_params_t *params, const char *path,
-                                    int *step_p)
+/* The drawn step's window: its first and last event over all ranks (us), the
+ * ranks, and the number of its events. */
+static size_t pick_window(const bg_trace_costs_t *c, double *t0_p, double *t1_p, int *ranks_p)
 {
-    bg_svg_params_t prm = BG_SVG_PARAMS_INIT;
-    if (params)
-        memcpy(&prm, params, params->size < sizeof prm ? params->size : sizeof prm);
-    int step = c->pick;
     double t0 = 1e300, t1 = -1e300;
     int ranks = 0;
-    size_t nbox = 0;
+    size_t n = 0;
     for (size_t i = 0; i < c->nev; i++) {
         const tev_t *e = &c->ev[i];
-        if (e->step != step)
+        if (e->step != c->pick)
             continue;
-        nbox++;
+        n++;
         if (e->ts < t0)
             t0 = e->ts;
         if (e->ts + e->dur > t1)
@@ -432,6 +429,29 @@ bg_status_t bg_trace_costs_svg_with(const bg_trace_costs_t *c, const bg_svg_para
         if (e->pid + 1 > ranks)
             ranks = e->pid + 1;
     }
+    *t0_p = t0;
+    *t1_p = t1;
+    *ranks_p = ranks;
+    return n;
+}
+
+double bg_trace_costs_drawn_span(const bg_trace_costs_t *c)
+{
+    double t0, t1;
+    int ranks;
+    pick_window(c, &t0, &t1, &ranks);
+    return c->pick >= 0 && ranks > 0 && t1 > t0 ? (t1 - t0) * 1e-6 : 0.0;
+}
+
+bg_status_t bg_trace_costs_svg_with(const bg_trace_costs_t *c, const bg_svg_params_t *params, const char *path,
+                                    int *step_p)
+{
+    bg_svg_params_t prm = BG_SVG_PARAMS_INIT;
+    if (params)
+        memcpy(&prm, params, params->size < sizeof prm ? params->size : sizeof prm);
+    int step = c->pick, ranks;
+    double t0, t1;
+    size_t nbox = pick_window(c, &t0, &t1, &ranks);
     if (step < 0 || ranks == 0 || !(t1 > t0))
         return bg_error(BG_ERR_INVALID, "the trace has no events of a measured step to draw");
     bg__tl_box_t *box = malloc(nbox * sizeof *box);
