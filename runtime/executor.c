@@ -544,21 +544,14 @@ static double grad_sumsq(exec_t *x, chunk_t *ch)
     return s;
 }
 
+/* The schedule IR's names: the text tokens of compute ops (F, B, b, W), the
+ * JSON names of the rest (send_act, ..., reduce_grads, optimizer_step). */
 static const char *op_label(int kind)
 {
-    switch (kind) {
-    case BG_OP_FORWARD: return "F";
-    case BG_OP_BACKWARD: return "BW";
-    case BG_OP_BACKWARD_INPUT: return "B";
-    case BG_OP_BACKWARD_WEIGHT: return "W";
-    case BG_OP_SEND_ACT: return "send_act";
-    case BG_OP_RECV_ACT: return "recv_act";
-    case BG_OP_SEND_GRAD: return "send_grad";
-    case BG_OP_RECV_GRAD: return "recv_grad";
-    case BG_OP_REDUCE_GRADS: return "reduce";
-    case BG_OP_OPTIMIZER_STEP: return "optimizer";
-    }
-    return "?";
+    const char *n = kind >= BG_OP_FORWARD && kind <= BG_OP_BACKWARD_WEIGHT
+                        ? bg_sched_op_kind_token((bg_sched_op_kind_t)kind)
+                        : bg_sched_op_kind_name((bg_sched_op_kind_t)kind);
+    return n ? n : "?";
 }
 
 static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)

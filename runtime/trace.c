@@ -12,7 +12,7 @@
 #define TRACE_TAG 0x7fffff00u
 
 typedef struct ev {
-    char name[12];
+    char name[16];
     int32_t mb, stage, step, pad;
     double t0, t1;
 } ev_t;
@@ -90,17 +90,23 @@ void bg_trace_event(bg_trace_t *t, const char *name, int microbatch, int stage, 
 
 static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double origin, int *first)
 {
-    fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}",
-            *first ? "" : ",\n", rank, rank);
+    /* one process per rank, two tracks in it: compute (tid 0), communication (tid 1) */
+    fprintf(f,
+            "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}},\n"
+            "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n"
+            "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}}",
+            *first ? "" : ",\n", rank, rank, rank, rank);
     *first = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *cat = (ev[i].name[0] == 's' || ev[i].name[0] == 'r' || !strncmp(ev[i].name, "ar_", 3)) ? "comm"
-                                                                                                    : "compute";
+        /* sends, receives and all-reduces ("reduce_grads" included) are communication; "step" spans the compute track */
+        int comm = (ev[i].name[0] == 's' && strcmp(ev[i].name, "step")) || ev[i].name[0] == 'r' ||
+                   !strncmp(ev[i].name, "ar_", 3);
+        const char *cat = comm ? "comm" : "compute";
         /* an instant (zero duration) is drawn as a marker */
         fprintf(f,
-                ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,"
+                ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
                 "\"args\":{\"op\":\"%s\",\"microbatch\":%d,\"stage\":%d,\"step\":%d}}",
-                ev[i].name, ev[i].mb >= 0 ? " mb" : "", ev[i].mb >= 0 ? ev[i].mb : ev[i].stage, cat, rank,
+                ev[i].name, ev[i].mb >= 0 ? " mb" : "", ev[i].mb >= 0 ? ev[i].mb : ev[i].stage, cat, rank, comm,
                 (ev[i].t0 - origin) * 1e6, (ev[i].t1 - ev[i].t0) * 1e6, ev[i].name, ev[i].mb, ev[i].stage,
                 ev[i].step);
     }

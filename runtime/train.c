@@ -162,6 +162,19 @@ static bg_status_t world_group(bg_comm_t *comm, bg_group_t **g_p)
     return st;
 }
 
+/* The metrics file's first line: what ran (brigade plot titles its chart with it). */
+static void metrics_header(int fd, const bg_train_config_t *c)
+{
+    char line[256];
+    int len = snprintf(line, sizeof line,
+                       "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
+                       "\"schedule\": \"%s\"}}\n",
+                       c->model.kind == BG_MODEL_MLP ? "mlp" : "gpt", c->model.layers, c->model.d_model,
+                       c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1, c->schedule ? c->schedule : "1f1b");
+    if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
+        len = 0; /* a lost header only loses plot's title */
+}
+
 /* Metrics: rank 0 starts the file (unless resuming); every rank learns
  * whether it could, and none writes before it did. */
 static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
@@ -173,7 +186,7 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
         if (fd < 0)
             st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", c->metrics_path, strerror(errno));
         else
-            close(fd);
+            metrics_header(fd, c), close(fd);
     }
     if (bg_comm_size(comm) == 1)
         return st;

@@ -14,17 +14,23 @@
 typedef struct {
     long long step;
     double loss, tps; /* tps < 0: absent */
+    double ms;        /* step_ms, < 0: absent */
     int rank;
 } plot_pt_t;
 
 static void plot_usage(FILE *f)
 {
-    fprintf(f, "usage: brigade plot METRICS.jsonl --out FILE.svg [--rank R] [--title TEXT]\n"
+    fprintf(f, "usage: brigade plot METRICS.jsonl --out FILE.svg [--rank R] [--title TEXT] [--smooth N]\n"
+               "                   [--x step|time]\n"
                "\n"
                "Draw the loss and the throughput (tokens/s) against the step from a metrics\n"
                "file (brigade train --metrics). Lines with a \"rank\" field: rank R's (default:\n"
                "the lowest rank present). A step that appears twice (a resumed run) is drawn\n"
-               "with its last line.\n");
+               "with its last line. The title names the run (model, layout, schedule) from the\n"
+               "file's header line (brigade train writes it), unless --title is given.\n"
+               "  --smooth N    also draw the loss averaged over the last N steps (raw loss faint)\n"
+               "  --x time      the x-axis is the training time (the sum of step_ms, in s); with\n"
+               "                --x step (the default) that time is a second axis over the loss\n");
 }
 
 static int cmp_pt(const void *a, const void *b)
@@ -68,18 +74,18 @@ static void fmt_num(char *buf, size_t cap, double v)
         snprintf(buf, cap, "%.4g", v);
 }
 
-/* One panel at (x0, y0) of size w x h: y values of pts (which: 0 loss, 1 tps). */
-static void panel(FILE *f, const plot_pt_t *p, size_t n, int which, double x0, double y0, double w, double h,
-                  const char *label, const char *color)
+/* One panel at (x0, y0) of size w x h: points (xv[i], yv[i]) (NaN y: absent),
+ * and a smoothed line sv (or NULL) over a faint raw one. */
+static void panel(FILE *f, const double *xv, const double *yv, const double *sv, size_t n, double x0, double y0,
+                  double w, double h, const char *label, const char *color, int ymin0)
 {
-    double xmin = (double)p[0].step, xmax = (double)p[n - 1].step, ymin = INFINITY, ymax = -INFINITY;
+    double xmin = xv[0], xmax = xv[n - 1], ymin = INFINITY, ymax = -INFINITY;
     size_t used = 0;
     for (size_t i = 0; i < n; i++) {
-        double v = which ? p[i].tps : p[i].loss;
-        if (which && v < 0)
+        if (isnan(yv[i]))
             continue;
-        ymin = fmin(ymin, v);
-        ymax = fmax(ymax, v);
+        ymin = fmin(ymin, yv[i]);
+        ymax = fmax(ymax, yv[i]);
         used++;
     }
     if (xmax == xmin)
@@ -91,7 +97,7 @@ static void panel(FILE *f, const plot_pt_t *p, size_t n, int which, double x0, d
     double ys = nice_step(ymax - ymin, 5), xs = nice_step(xmax - xmin, 8);
     ymin = floor(ymin / ys) * ys;
     ymax = ceil(ymax / ys) * ys;
-    if (which && ymin < 0)
+    if (ymin0 && ymin < 0)
         ymin = 0;
 #define PX(x) (x0 + ((x) - xmin) / (xmax - xmin) * w)
 #define PY(y) (y0 + h - ((y) - ymin) / (ymax - ymin) * h)
@@ -107,35 +113,63 @@ static void panel(FILE *f, const plot_pt_t *p, size_t n, int which, double x0, d
     for (double x = ceil(xmin / xs) * xs; x <= xmax + xs * 1e-6; x += xs) {
         fmt_num(buf, sizeof buf, x);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>"
-                   "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
+                   "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
                 PX(x), y0, PX(x), y0 + h, PX(x), y0 + h + 15, buf);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" transform=\"rotate(-90 %.1f %.1f)\" "
+    fprintf(f, "<text class=\"axis-label\" x=\"%.1f\" y=\"%.1f\" font-size=\"13\" transform=\"rotate(-90 %.1f %.1f)\" "
                "text-anchor=\"middle\">%s</text>\n", x0 - 52, y0 + h / 2, x0 - 52, y0 + h / 2, label);
-    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
-    for (size_t i = 0; i < n; i++) {
-        double v = which ? p[i].tps : p[i].loss;
-        if (which && v < 0)
-            continue;
-        fprintf(f, "%.1f,%.1f ", PX((double)p[i].step), PY(v));
+    for (int pass = sv ? 0 : 1; pass < 2; pass++) {
+        const double *v = pass ? (sv ? sv : yv) : yv;
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", color,
+                pass ? "1.6" : "1", pass || !sv ? "" : " stroke-opacity=\"0.3\"");
+        for (size_t i = 0; i < n; i++)
+            if (!isnan(v[i]))
+                fprintf(f, "%.1f,%.1f ", PX(xv[i]), PY(v[i]));
+        fprintf(f, "\"/>\n");
     }
-    fprintf(f, "\"/>\n");
-    if (used <= 60)
-        for (size_t i = 0; i < n; i++) {
-            double v = which ? p[i].tps : p[i].loss;
-            if (!(which && v < 0))
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX((double)p[i].step), PY(v),
-                        color);
-        }
+    if (used <= 60 && !sv)
+        for (size_t i = 0; i < n; i++)
+            if (!isnan(yv[i]))
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(xv[i]), PY(yv[i]), color);
     fprintf(f, "</g>\n");
 #undef PX
 #undef PY
 }
 
+/* A second x-axis over a panel: tick labels of tv (increasing with xv) placed by
+ * linear interpolation between the points. */
+static void top_axis(FILE *f, const double *xv, const double *tv, size_t n, double x0, double y0, double w,
+                     const char *label)
+{
+    double xmin = xv[0], xmax = xv[n - 1] > xv[0] ? xv[n - 1] : xv[0] + 1, ts = nice_step(tv[n - 1] - tv[0], 6);
+    char buf[64];
+    size_t j = 0;
+    double last = -1e9;
+    for (double t = ceil(tv[0] / ts) * ts; t <= tv[n - 1] + ts * 1e-6; t += ts) {
+        while (j + 1 < n && tv[j + 1] < t)
+            j++;
+        double x = j + 1 < n && tv[j + 1] > tv[j] ? xv[j] + (t - tv[j]) / (tv[j + 1] - tv[j]) * (xv[j + 1] - xv[j])
+                                                  : xv[j];
+        double px = x0 + (x - xmin) / (xmax - xmin) * w;
+        if (px < last + 34) /* time is not linear in steps: skip a label that would overlap */
+            continue;
+        last = px;
+        fmt_num(buf, sizeof buf, t);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\"/>"
+                   "<text class=\"tick2\" x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#555\" "
+                   "text-anchor=\"middle\">%s</text>\n",
+                px, y0, px, y0 - 4, px, y0 - 7, buf);
+    }
+    fprintf(f, "<text class=\"axis-label\" x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#555\" "
+               "text-anchor=\"end\">%s</text>\n", x0 + w, y0 - 20, label);
+}
+
 int bg_cmd_plot(int argc, char **argv)
 {
     const char *cmd = "plot", *in = NULL, *out = NULL, *title = NULL;
-    long long want_rank = -1;
+    long long want_rank = -1, smooth = 0;
+    int x_time = 0;
+    char run[200] = ""; /* from the header line */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -150,6 +184,15 @@ int bg_cmd_plot(int argc, char **argv)
             if (!v)
                 return bg_cli_fail(cmd, "--title needs a text");
             title = v;
+            i++;
+        } else if (!strcmp(a, "--smooth")) {
+            if (bg_cli_int(cmd, a, v, 1, 1 << 20, &smooth))
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--x")) {
+            if (!v || (strcmp(v, "step") && strcmp(v, "time")))
+                return bg_cli_fail(cmd, "--x expects step or time, got \"%s\"", v ? v : "");
+            x_time = !strcmp(v, "time");
             i++;
         } else if (!strcmp(a, "--rank")) {
             if (bg_cli_int(cmd, a, v, 0, 1 << 30, &want_rank))
@@ -194,8 +237,20 @@ int bg_cmd_plot(int argc, char **argv)
             json_decref(o);
             goto out;
         }
+        json_t *hdr = json_object_get(o, "run");
+        if (json_is_object(hdr) && !json_object_get(o, "step")) { /* the header: what ran */
+            const char *model = json_string_value(json_object_get(hdr, "model")),
+                       *sched = json_string_value(json_object_get(hdr, "schedule"));
+            json_t *L = json_object_get(hdr, "layers"), *D = json_object_get(hdr, "d_model"),
+                   *pp = json_object_get(hdr, "pp"), *dp = json_object_get(hdr, "dp");
+            snprintf(run, sizeof run, "%.20s %lld x %lld, pp %lld x dp %lld, %.20s", model ? model : "model",
+                     (long long)json_integer_value(L), (long long)json_integer_value(D),
+                     (long long)json_integer_value(pp), (long long)json_integer_value(dp), sched ? sched : "?");
+            json_decref(o);
+            continue;
+        }
         json_t *s = json_object_get(o, "step"), *l = json_object_get(o, "loss"), *t = json_object_get(o, "tokens_per_s"),
-               *r = json_object_get(o, "rank");
+               *r = json_object_get(o, "rank"), *ms = json_object_get(o, "step_ms");
         const char *bad = !json_is_integer(s) ? "\"step\" (an integer)"
                           : !json_is_number(l) ? "\"loss\" (a number)"
                           : t && !json_is_number(t) ? "\"tokens_per_s\" as a number"
@@ -219,6 +274,7 @@ int bg_cmd_plot(int argc, char **argv)
         pts[n].loss = json_number_value(l);
         pts[n].tps = t ? json_number_value(t) : -1;
         pts[n].rank = r ? (int)json_integer_value(r) : 0;
+        pts[n].ms = json_is_number(ms) && json_number_value(ms) >= 0 ? json_number_value(ms) : -1;
         if (min_rank < 0 || pts[n].rank < min_rank)
             min_rank = pts[n].rank;
         n++;
@@ -250,33 +306,65 @@ int bg_cmd_plot(int argc, char **argv)
         }
         pts[m++] = pts[i];
     }
-    int have_tps = 0;
-    for (size_t i = 0; i < m; i++)
+    int have_tps = 0, have_ms = 1;
+    for (size_t i = 0; i < m; i++) {
         have_tps |= pts[i].tps >= 0;
+        have_ms &= pts[i].ms >= 0;
+    }
+    if (x_time && !have_ms) {
+        fprintf(stderr, "brigade plot: --x time needs \"step_ms\" on every line of %s\n", in);
+        goto out;
+    }
+    /* x values, the training time (s), the loss (and its moving average), tokens/s */
+    double *xs = malloc(5 * m * sizeof(double));
+    if (!xs) {
+        fprintf(stderr, "brigade plot: out of memory\n");
+        goto out;
+    }
+    double *tv = xs + m, *lv = tv + m, *sv = lv + m, *pv = sv + m, acc = 0, t = 0;
+    for (size_t i = 0; i < m; i++) {
+        t += have_ms ? pts[i].ms / 1e3 : 0;
+        tv[i] = t;
+        lv[i] = pts[i].loss;
+        pv[i] = pts[i].tps >= 0 ? pts[i].tps : NAN;
+        acc += lv[i];
+        if (smooth > 0 && i >= (size_t)smooth)
+            acc -= lv[i - (size_t)smooth];
+        sv[i] = acc / (double)(smooth > 0 && i + 1 > (size_t)smooth ? (size_t)smooth : i + 1);
+        xs[i] = x_time ? t : (double)pts[i].step;
+    }
 
     FILE *o = fopen(out, "w");
     if (!o) {
         fprintf(stderr, "brigade plot: cannot write %s: %s\n", out, strerror(errno));
+        free(xs);
         goto out;
     }
-    double W = 820, ph = 240, top = 40, gap = 60;
+    double W = 820, ph = 240, top = have_ms && !x_time ? 80 : 50, gap = 60;
     double H = top + ph + 40 + (have_tps ? gap + ph : 0);
     fprintf(o, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
                "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fafafa\"/>\n",
             W, H, W, H);
-    fprintf(o, "<text x=\"%.0f\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
-    xml_text(o, title ? title : in);
+    fprintf(o, "<text class=\"title\" x=\"%.0f\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
+    xml_text(o, title ? title : run[0] ? run : in);
     fprintf(o, " (rank %d, %zu steps)</text>\n", rank, m);
-    panel(o, pts, m, 0, 80, top, W - 110, ph, "loss", "#1f77b4");
-    if (have_tps) {
-        panel(o, pts, m, 1, 80, top + ph + gap, W - 110, ph, "tokens/s", "#d62728");
-        fprintf(o, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\">step</text>\n", W / 2,
-                top + 2 * ph + gap + 32);
-    } else {
-        fprintf(o, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\">step</text>\n", W / 2,
-                top + ph + 32);
+    if (smooth > 0) {
+        char lg[96];
+        snprintf(lg, sizeof lg, "loss, mean of the last %lld steps (raw: faint)", smooth);
+        fprintf(o, "<g class=\"legend-item\"><line x1=\"%.0f\" y1=\"40\" x2=\"%.0f\" y2=\"40\" stroke=\"#1f77b4\" "
+                   "stroke-width=\"2\"/><text x=\"%.0f\" y=\"44\" font-size=\"11\">%s</text></g>\n",
+                W - 330, W - 310, W - 305, lg);
     }
+    panel(o, xs, lv, smooth > 0 ? sv : NULL, m, 80, top, W - 110, ph, "loss", "#1f77b4", 0);
+    if (have_ms && !x_time)
+        top_axis(o, xs, tv, m, 80, top, W - 110, "training time (s)");
+    const char *xl = x_time ? "training time (s)" : "step";
+    if (have_tps)
+        panel(o, xs, pv, NULL, m, 80, top + ph + gap, W - 110, ph, "tokens/s", "#d62728", 1);
+    fprintf(o, "<text class=\"axis-label\" x=\"%.0f\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
+            W / 2, top + (have_tps ? 2 * ph + gap : ph) + 32, xl);
+    free(xs);
     fprintf(o, "</svg>\n");
     if (fclose(o) != 0) {
         fprintf(stderr, "brigade plot: writing %s: %s\n", out, strerror(errno));

@@ -248,11 +248,31 @@ double bg_sim_peak_stash_bytes(const bg_sim_result_t *res, int rank);
 /** Timeline, sorted by rank then start time. */
 const bg_sim_event_t *bg_sim_events(const bg_sim_result_t *res, size_t *count_p);
 
+/** How a timeline is drawn; start from BG_SVG_PARAMS_INIT. Two pictures
+ *  given the same x_max and unit share scale and ticks (brigade simulate
+ *  draws the simulated and the measured step this way). */
+typedef struct bg_svg_params {
+    size_t size;       /**< sizeof(bg_svg_params_t), for growth */
+    double time_scale; /**< simulator times are multiplied by it for the axis (1e3: seconds to ms); 0 = 1 */
+    const char *unit;  /**< the axis unit; NULL: "unit costs" (simulator), "ms" (trace) */
+    double x_max;      /**< the axis' end in axis units; 0 (or less than the step): the step */
+    const char *title; /**< NULL: one made from the schedule and the step */
+} bg_svg_params_t;
+#define BG_SVG_PARAMS_INIT {sizeof(bg_svg_params_t), 1.0, NULL, 0.0, NULL} /**< unit costs, the step's width */
+
 /** Write an SVG Gantt chart (one lane per rank) of a simulated schedule to
- *  @p path (written whole or not at all). */
+ *  @p path (written whole or not at all): compute boxes by kind (chunks > 0
+ *  hatched), transfers and receive waits under each lane, idle time as the
+ *  grey lane, a time axis in unit costs, a legend of the kinds drawn. */
 bg_status_t bg_schedule_svg(const bg_schedule_t *sched, const bg_sim_result_t *res, const char *path);
 /** Same, to a malloc'ed string. */
 bg_status_t bg_schedule_svg_string(const bg_schedule_t *sched, const bg_sim_result_t *res, char **svg_p);
+/** bg_schedule_svg() and bg_schedule_svg_string() with units, scale and title
+ *  from @p params (NULL: the defaults). */
+bg_status_t bg_schedule_svg_with(const bg_schedule_t *sched, const bg_sim_result_t *res,
+                                 const bg_svg_params_t *params, const char *path);
+bg_status_t bg_schedule_svg_string_with(const bg_schedule_t *sched, const bg_sim_result_t *res,
+                                        const bg_svg_params_t *params, char **svg_p);
 
 /* ------------------------------------------------------------------------ */
 /* Executor traces                                                          */
@@ -283,6 +303,13 @@ double bg_trace_costs_step_time(const bg_trace_costs_t *costs, int *steps_p);
 /** Draw the measured step nearest the median as an SVG Gantt chart at @p path
  *  (one lane per rank; written atomically); *step_p (may be NULL): that step. */
 bg_status_t bg_trace_costs_svg(const bg_trace_costs_t *costs, const char *path, int *step_p);
+/** Seconds from the first to the last event (over all ranks) of the step
+ *  bg_trace_costs_svg() draws: its axis' end unless told a longer one. */
+double bg_trace_costs_drawn_span(const bg_trace_costs_t *costs);
+/** Same as bg_trace_costs_svg(), drawn by the simulator's drawer in ms with @p params' x_max and
+ *  title (time_scale and unit are ignored; NULL: the defaults). */
+bg_status_t bg_trace_costs_svg_with(const bg_trace_costs_t *costs, const bg_svg_params_t *params, const char *path,
+                                    int *step_p);
 
 #ifdef __cplusplus
 }

@@ -45,4 +45,29 @@ bg_status_t bg__schedule_alloc(const char *name, bg_schedule_kind_t kind, int p,
 /* "rank 2 op 7 (B mb 3 stage 2)" */
 void bg__op_describe(char *buf, size_t n, int rank, size_t idx, const bg_sched_op_t *op);
 
+/* The timeline drawer shared by the simulator's picture (svg.c) and the
+ * trace's measured step (trace_costs.c), so that the two have one layout,
+ * scale, legend and axis. */
+typedef struct bg__tl_box {
+    int32_t rank, kind, chunk, mb; /* kind: bg_sched_op_kind_t, or -1 (another op) */
+    double t0, t1;                 /* axis units */
+    const char *what;              /* tooltip: the op's name */
+    int32_t stage, peer;           /* tooltip: stage and (transfers) the other stage, or -1 */
+} bg__tl_box_t;
+
+typedef struct bg__tl {
+    const char *title;
+    int ranks;
+    const bg__tl_box_t *box;
+    size_t nbox;
+    double step;            /* where the step ends (axis units) */
+    double x_max;           /* axis end (axis units), >= step */
+    const char *unit;       /* "ms", "unit costs" */
+    const char (*note)[64]; /* [ranks] text right of each lane, or NULL */
+} bg__tl_t;
+
+bg_status_t bg__timeline_svg(const bg__tl_t *tl, char **svg_p);
+/* writes text to path through path.tmp and a rename */
+bg_status_t bg__write_atomic(const char *path, const char *text);
+
 #endif

@@ -17,7 +17,11 @@
 #include "brigade/schedule.h"
 #include "core/check.h"
 #include "core/fileio.h"
+#include "runtime/schedule/schedule_impl.h"
 
+/* K_B: backward-input ("b"), K_BW: full backward ("B"). Traces before the
+ * executor used the IR's names called these "B" and "BW": read_trace tells
+ * the two apart (an old split trace has "W" but no "b"). */
 enum { K_F, K_B, K_W, K_BW, K_SA, K_SG, K_OPT, K_N, K_STEP = K_N };
 
 /* Largest pp, microbatches, chunks and ranks a trace may declare: far above
@@ -117,10 +121,15 @@ static bg_status_t num_field(json_t *o, const char *key, double lo, const char *
 
 static int op_kind(const char *op)
 {
-    static const char *names[K_N] = {"F", "B", "W", "BW", "send_act", "send_grad", "optimizer"};
-    for (int k = 0; k < K_N; k++)
-        if (!strcmp(op, names[k]))
-            return k;
+    static const struct {
+        const char *name;
+        int kind;
+    } names[] = {{"F", K_F},         {"b", K_B},           {"W", K_W},         {"B", K_BW},
+                 {"BW", K_BW},       {"send_act", K_SA},   {"send_grad", K_SG}, {"optimizer_step", K_OPT},
+                 {"optimizer", K_OPT}};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (!strcmp(op, names[k].name))
+            return names[k].kind;
     return -1;
 }
 
@@ -303,6 +312,16 @@ static bg_status_t read_trace(json_t *root, const char *where, bg_trace_costs_t 
             maxstep = c->ev[c->nev].step;
         c->nev += (size_t)is_op;
     }
+    /* an old trace's "B" is the backward-input: it has "W" and no "b" */
+    int has_w = 0, has_b = 0;
+    for (size_t j = 0; j < c->nev; j++) {
+        has_w |= c->ev[j].kind == K_W;
+        has_b |= !strcmp(c->ev[j].op, "b");
+    }
+    if (has_w && !has_b)
+        for (size_t j = 0; j < c->nev; j++)
+            if (!strcmp(c->ev[j].op, "B"))
+                c->ev[j].kind = K_B;
     /* costs: medians over steps 2.. (step 1 is warm-up) unless there are fewer */
     int32_t first = maxstep >= 2 ? 2 : 1;
     sample_t *s = malloc(cap * sizeof *s);
@@ -375,15 +394,34 @@ double bg_trace_costs_step_time(const bg_trace_costs_t *c, int *steps_p)
     return c->step_time;
 }
 
-bg_status_t bg_trace_costs_svg(const bg_trace_costs_t *c, const char *path, int *step_p)
+/* The IR's kind of a trace event (-1: another op) */
+static int ir_kind(const tev_t *e)
 {
-    int step = c->pick;
+    static const int map[K_N] = {BG_OP_FORWARD,  BG_OP_BACKWARD_INPUT, BG_OP_BACKWARD_WEIGHT, BG_OP_BACKWARD,
+                                 BG_OP_SEND_ACT, BG_OP_SEND_GRAD,      BG_OP_OPTIMIZER_STEP};
+    if (e->kind >= 0 && e->kind < K_N)
+        return map[e->kind];
+    if (!strcmp(e->op, "recv_act"))
+        return BG_OP_RECV_ACT;
+    if (!strcmp(e->op, "recv_grad"))
+        return BG_OP_RECV_GRAD;
+    if (!strcmp(e->op, "reduce_grads") || !strcmp(e->op, "reduce") || !strcmp(e->op, "ar_wait"))
+        return BG_OP_REDUCE_GRADS;
+    return -1;
+}
+
+/* The drawn step's window: its first and last event over all ranks (us), the
+ * ranks, and the number of its events. */
+static size_t pick_window(const bg_trace_costs_t *c, double *t0_p, double *t1_p, int *ranks_p)
+{
     double t0 = 1e300, t1 = -1e300;
     int ranks = 0;
+    size_t n = 0;
     for (size_t i = 0; i < c->nev; i++) {
         const tev_t *e = &c->ev[i];
-        if (e->step != step)
+        if (e->step != c->pick)
             continue;
+        n++;
         if (e->ts < t0)
             t0 = e->ts;
         if (e->ts + e->dur > t1)
@@ -391,50 +429,85 @@ bg_status_t bg_trace_costs_svg(const bg_trace_costs_t *c, const char *path, int 
         if (e->pid + 1 > ranks)
             ranks = e->pid + 1;
     }
+    *t0_p = t0;
+    *t1_p = t1;
+    *ranks_p = ranks;
+    return n;
+}
+
+double bg_trace_costs_drawn_span(const bg_trace_costs_t *c)
+{
+    double t0, t1;
+    int ranks;
+    pick_window(c, &t0, &t1, &ranks);
+    return c->pick >= 0 && ranks > 0 && t1 > t0 ? (t1 - t0) * 1e-6 : 0.0;
+}
+
+bg_status_t bg_trace_costs_svg_with(const bg_trace_costs_t *c, const bg_svg_params_t *params, const char *path,
+                                    int *step_p)
+{
+    bg_svg_params_t prm = BG_SVG_PARAMS_INIT;
+    if (params)
+        memcpy(&prm, params, params->size < sizeof prm ? params->size : sizeof prm);
+    int step = c->pick, ranks;
+    double t0, t1;
+    size_t nbox = pick_window(c, &t0, &t1, &ranks);
     if (step < 0 || ranks == 0 || !(t1 > t0))
         return bg_error(BG_ERR_INVALID, "the trace has no events of a measured step to draw");
-    char tmp[4096];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof tmp)
-        return bg_error(BG_ERR_INVALID, "path too long: %s", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return bg_error(BG_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    double W = 1100, lane = 34, left = 70, scale = (W - left - 10) / (t1 - t0);
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"10\">\n<text x=\"4\" y=\"14\">measured step %d: %.2f ms</text>\n",
-            W, 30 + lane * ranks + 10, step, (t1 - t0) / 1e3);
-    for (int r = 0; r < ranks; r++)
-        fprintf(f, "<text x=\"4\" y=\"%.0f\">rank %d</text>\n", 30 + lane * r + 20, r);
+    bg__tl_box_t *box = malloc(nbox * sizeof *box);
+    char(*name)[sizeof c->ev[0].op] = malloc(nbox * sizeof *name);
+    char(*note)[64] = calloc((size_t)ranks, sizeof *note);
+    double *busy = calloc((size_t)ranks, sizeof *busy);
+    if (!box || !name || !note || !busy) {
+        free(box);
+        free(name);
+        free(note);
+        free(busy);
+        return bg_error(BG_ERR_NOMEM, "cannot build the SVG");
+    }
+    size_t n = 0;
     for (size_t i = 0; i < c->nev; i++) {
         const tev_t *e = &c->ev[i];
         if (e->step != step || e->kind == K_STEP)
             continue;
-        const char *op = e->op;
-        double x = left + (e->ts - t0) * scale, w = e->dur * scale;
-        int comm = op[0] == 's' || op[0] == 'r';
-        const char *col = !strcmp(op, "F") ? "#4e79a7" : !strcmp(op, "B") ? "#f28e2b" : !strcmp(op, "W") ? "#59a14f"
-                        : !strcmp(op, "BW") ? "#e15759" : comm ? "#bab0ac" : "#b07aa1";
-        double y = 30 + lane * e->pid + (comm ? 24 : 4), h = comm ? 6 : 20;
         /* op names come from the file: only [A-Za-z0-9_] reach the SVG */
-        char name[sizeof e->op];
-        size_t n = 0;
-        for (const char *p = op; *p && n + 1 < sizeof name; p++)
+        size_t m = 0;
+        for (const char *p = e->op; *p && m + 1 < sizeof name[n]; p++)
             if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')
-                name[n++] = *p;
-        name[n] = 0;
-        fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" stroke=\"#fff\" "
-                   "stroke-width=\"0.3\"><title>%s mb %d</title></rect>\n",
-                x, y, w < 0.5 ? 0.5 : w, h, col, name, e->mb);
-        if (!comm && e->mb >= 0 && w > 12)
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#fff\">%d</text>\n", x + 2, y + 14, e->mb);
+                name[n][m++] = *p;
+        name[n][m] = 0;
+        int k = ir_kind(e);
+        box[n] = (bg__tl_box_t){e->pid, k, e->stage >= 0 ? e->stage / c->pp : 0, e->mb, (e->ts - t0) / 1e3,
+                                (e->ts + e->dur - t0) / 1e3, name[n], e->stage, -1};
+        if (k >= 0 && k != BG_OP_SEND_ACT && k != BG_OP_SEND_GRAD && k != BG_OP_RECV_ACT && k != BG_OP_RECV_GRAD)
+            busy[e->pid] += e->dur / 1e3;
+        n++;
     }
-    fprintf(f, "</svg>\n");
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        bg_status_t st = bg_error(BG_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-        return st;
-    }
-    if (step_p)
+    double span = (t1 - t0) / 1e3;
+    for (int r = 0; r < ranks; r++)
+        snprintf(note[r], sizeof note[r], "idle %.1f%%", span > 0 ? 100 * (1 - busy[r] / span) : 0.0);
+    char title[256];
+    if (prm.title)
+        snprintf(title, sizeof title, "%s", prm.title);
+    else
+        snprintf(title, sizeof title, "measured %s: p=%d m=%d v=%d, step %d: %.4g ms", bg_schedule_kind_name(c->kind),
+                 c->pp, c->microbatches, c->chunks, step, span);
+    bg__tl_t tl = {title, ranks, box, n, span, prm.x_max, "ms", (const char(*)[64])note};
+    char *svg = NULL;
+    bg_status_t st = bg__timeline_svg(&tl, &svg);
+    if (st == BG_OK)
+        st = bg__write_atomic(path, svg);
+    free(svg);
+    free(box);
+    free(name);
+    free(note);
+    free(busy);
+    if (st == BG_OK && step_p)
         *step_p = step;
-    return BG_OK;
+    return st;
+}
+
+bg_status_t bg_trace_costs_svg(const bg_trace_costs_t *c, const char *path, int *step_p)
+{
+    return bg_trace_costs_svg_with(c, NULL, path, step_p);
 }

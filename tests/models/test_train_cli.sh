@@ -24,10 +24,12 @@ TINY="--layers 1 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --th
 
 # a real run
 if "$B" train $TINY --steps 5 --metrics "$T/m.jsonl" --save "$T/save" --quiet >"$T/out" 2>"$T/err"; then ok; else bad "tiny run failed"; cat "$T/err"; fi
-[ "$(wc -l <"$T/m.jsonl")" = 5 ] && ok || bad "metrics has $(wc -l <"$T/m.jsonl") lines, expected 5"
+[ "$(wc -l <"$T/m.jsonl")" = 6 ] && ok || bad "metrics has $(wc -l <"$T/m.jsonl") lines, expected a header and 5 steps"
 python3 - "$T/m.jsonl" <<'PY' && ok || bad "metrics lines are not the expected JSON"
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines[0]["run"]["model"] == "gpt" and lines[0]["run"]["pp"] == 1, lines[0]  # issue 15: what ran
+rows = lines[1:]
 assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
 for r in rows:
     assert set(r) >= {"step", "loss", "tokens_per_s", "step_ms"}

@@ -19,6 +19,8 @@ def load(p):
     d = {}
     for line in open(p):
         o = json.loads(line)
+        if "step" not in o:
+            continue  # the header line: {"run": {...}}
         d.setdefault(o["step"], []).append(o["grad_norm"])
     return d
 ref, run = load(sys.argv[1]), load(sys.argv[2])
