@@ -8,12 +8,7 @@
 set -u
 B=${BRIGADE:?path of the brigade binary}
 E=${BYOM:?path of train_byom}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 ARGS="--steps 8 --layers 2 --d-model 16 --heads 2 --seq 8 --vocab 32 --batch 8 --microbatches 4 --threads 1"
 
 "$E" $ARGS --save "$T/ref" > "$T/ref.log" 2>&1 || { bad "one process"; cat "$T/ref.log"; }
@@ -84,5 +79,4 @@ fail_case callback "step 3, microbatch 0, replica 0: my data loader could not re
 fail_case target "rank 1 stopped on an error: .*target 0 of 16 is 39, outside the loss layer's classes \[0, 32)" \
   "step 2, microbatch 0, replica 0: target 0 of 16 is 39" --bad-target-at-step 2
 
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish
