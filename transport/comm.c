@@ -791,8 +791,19 @@ static void bg__drain(bg_comm_t *c, void **reqs, int n, double deadline)
                 left++;
             }
         }
+        if (left && bg_now() > deadline) {
+            /* past the deadline: release what is still in flight (UCX frees it
+             * when it completes or with the worker; an unreleased request makes
+             * ucp_worker_destroy abort on an assertion) */
+            for (int i = 0; i < n; i++)
+                if (reqs[i] && !UCS_PTR_IS_ERR(reqs[i])) {
+                    ucp_request_free(reqs[i]);
+                    reqs[i] = NULL;
+                }
+            left = 0;
+        }
         bg__unlock(c);
-        if (!left || bg_now() > deadline)
+        if (!left)
             return;
         sched_yield();
     }
@@ -839,7 +850,13 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
         free(closing);
     }
     if (graceful) {
+        /* keep this worker progressing while waiting for the others: a peer
+         * still flushing its endpoint to us needs our acknowledgements (over
+         * TCP a flush otherwise waits for the whole grace period) */
+        atomic_fetch_add(&c->active, 1);
+        bg__kick(c);
         bg__store_barrier_named(c, "bg/leave2", grace, &st);
+        atomic_fetch_sub(&c->active, 1);
         graceful = st == BG_OK;
         if (st == BG_ERR_PEER && !untold) {
             snprintf(result, sizeof(result), "%s", bg_last_error());
