@@ -38,5 +38,6 @@ int main(void)
     }
     printf("consumer: brigade %s, mlp %zu parameters, loss %.4f -> %.4f\n", bg_version(), r.params,
            r.first_loss, r.final_loss);
+    bg_train_result_free(&r);
     return 0;
 }
