@@ -94,6 +94,7 @@ typedef struct bg_executor {
     int *first, *last;      /* layer range of each virtual stage */
     int mbn;                /* sequences per microbatch per replica */
     int tokens_in;          /* the model takes token ids */
+    int has_first, has_last; /* this rank holds the pipeline's first / last stage */
     int classes, vocab, Tmax;
     int64_t step;           /* steps done */
     float loss_scale;
@@ -156,11 +157,7 @@ static bg_status_t fetch_batch(exec_t *x, int mb)
 {
     if (x->fetched_step == x->step && x->fetched_mb == mb)
         return BG_OK;
-    int has_first = 0, has_last = 0;
-    for (int v = 0; v < x->V; v++) {
-        has_first |= x->chunks[v].is_first;
-        has_last |= x->chunks[v].is_last;
-    }
+    int has_first = x->has_first, has_last = x->has_last;
     int T = 0;
     BG_CHECK(seq_len(x, x->step, mb, &T));
     bg_batch_request_t rq = {x->step, mb, x->dp_i, x->dp_i * (x->p.batch / x->D) + mb * x->mbn,
@@ -1204,6 +1201,8 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
             if (bg_schedule_stage_rank(x->sched, s) == x->pp_i && bg_schedule_stage_chunk(x->sched, s) == v)
                 stage = s;
         BG_CHECK_GOTO(make_chunk(x, &x->chunks[v], stage), st, err);
+        x->has_first |= x->chunks[v].is_first;
+        x->has_last |= x->chunks[v].is_last;
     }
     BG_CHECK_GOTO(make_ties(x), st, err);
     if (x->p.trace_path)
