@@ -17,14 +17,15 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv --stages P --microbatches M\n"
+            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved\n"
+            "                        --stages P --microbatches M\n"
             "                        [--chunks V] [--costs F,B,W] [--latency T] [--bandwidth BYTES_PER_T]\n"
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--svg OUT]\n"
             "                        [--comm] [--text | --no-text]\n"
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
             "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n\n"
-            "Generates the per-rank programs, proves them correct (validator), simulates them and prints\n"
-            "the program table, the step time, the bubble fraction and the peak stash per rank.\n"
+            "Generates the per-rank programs for the given costs, proves them correct (validator), simulates\n"
+            "them and prints the program table, the step time, the bubble fraction and the peak stash per rank.\n"
             "  --costs F,B,W   forward, backward-input and backward-weight time of one chunk (default 1,1,1;\n"
             "                  a full backward costs B+W)\n"
             "  --f-costs a,b,..  --b-costs ..  --w-costs ..  per-stage costs, one per virtual stage (p x v)\n"
@@ -122,14 +123,21 @@ static void print_result(const bg_schedule_t *s, const bg_sim_result_t *r, const
 
 static int stage_costs_n[3]; /* entries given with --f-costs, --b-costs, --w-costs (0 = none) */
 
-static int run_one(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
-                   const char *json_out, const char *svg_out)
+static int check_stage_costs(const bg_schedule_t *s)
 {
     static const char *const flags[3] = {"--f-costs", "--b-costs", "--w-costs"};
     for (int k = 0; k < 3; k++)
         if (stage_costs_n[k] && stage_costs_n[k] != bg_schedule_stages(s))
             return bg_cli_fail(CMD, "%s has %d values but the schedule has %d stages (p x v)", flags[k],
                                stage_costs_n[k], bg_schedule_stages(s));
+    return 0;
+}
+
+static int run_one(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
+                   const char *json_out, const char *svg_out)
+{
+    if (check_stage_costs(s))
+        return 2;
     bg_status_t st = bg_schedule_validate(s);
     if (st != BG_OK)
         return bg_cli_status(CMD, st);
@@ -190,7 +198,7 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
         bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
         gp.kind = (bg_schedule_kind_t)k;
         gp.stages = p, gp.microbatches = m;
-        gp.chunks = k == BG_SCHED_INTERLEAVED ? v : 0;
+        gp.chunks = k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED ? v : 0;
         bg_schedule_t *s;
         bg_sim_result_t *r;
         const char *name = bg_schedule_kind_name(gp.kind);
@@ -201,6 +209,12 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
         bg_sim_params_t spc = *sp0;
         int vv = bg_schedule_chunks(s);
         spc.f_cost /= vv, spc.b_cost /= vv, spc.w_cost /= vv, spc.stash_bytes /= vv;
+        bg_schedule_free(s); /* again, built for the per-chunk costs */
+        gp.costs = &spc;
+        if (bg_schedule_generate(&gp, &s) != BG_OK) {
+            printf("%-12s cannot apply: %s\n", name, bg_last_error());
+            continue;
+        }
         bg_status_t st = bg_schedule_simulate(s, &spc, &r);
         if (st != BG_OK) {
             printf("%-12s invalid: %s\n", name, bg_last_error());
@@ -233,7 +247,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             return 0;
         } else if (!strcmp(a, "--schedule")) {
             if (!val)
-                return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv)");
+                return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved)");
             kind_s = val, i++;
         } else if (!strcmp(a, "--stages")) {
             if (bg_cli_int(CMD, a, val, 1, 65536, &p))
@@ -325,7 +339,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         return run_compare((int)p, (int)m, (int)v, spp);
     }
     if (!kind_s)
-        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv), "
+        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv or zb-interleaved), "
                                 "or use --compare or --from-json");
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
     int k = bg_cli_choice(CMD, "--schedule", kind_s, bg_cli_schedule_names());
@@ -334,7 +348,17 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
     gp.kind = (bg_schedule_kind_t)k;
     gp.stages = (int)p, gp.microbatches = (int)m, gp.chunks = (int)v;
     bg_schedule_t *s;
+    /* the program is built for the costs it will be simulated with; the
+     * per-stage lists must match its stage count first */
     bg_status_t st = bg_schedule_generate(&gp, &s);
+    if (st == BG_OK) {
+        int rc = check_stage_costs(s);
+        bg_schedule_free(s);
+        if (rc)
+            return rc;
+        gp.costs = spp;
+        st = bg_schedule_generate(&gp, &s);
+    }
     if (st != BG_OK) { /* the flags ask for a schedule that cannot exist: a usage error */
         bg_cli_status(CMD, st);
         return 2;

@@ -98,9 +98,12 @@ typedef enum bg_schedule_kind {
     BG_SCHED_ZB_H1,        /**< zero bubble, 1F1B memory (Qi et al. 2024) */
     BG_SCHED_ZB_H2,        /**< zero bubble, about twice 1F1B's memory */
     BG_SCHED_ZBV,          /**< V-shape, 2 chunks per rank, B/W split */
+    BG_SCHED_ZB_INTERLEAVED, /**< interleaved zero bubble (ZB1P), v >= 2 chunks per rank, B/W split */
     BG_SCHED_CUSTOM,       /**< read from JSON or built by hand */
     BG_SCHED_KIND_COUNT
 } bg_schedule_kind_t;
+
+struct bg_sim_params;
 
 /** Parameters of bg_schedule_generate(); start from BG_SCHEDULE_PARAMS_INIT. */
 typedef struct bg_schedule_params {
@@ -109,16 +112,19 @@ typedef struct bg_schedule_params {
     int stages;              /**< p: pipeline ranks, >= 1 */
     int microbatches;        /**< m: microbatches per step, >= 1 */
     int chunks;              /**< v: model chunks per rank; 0 = the kind's default
-                                  (2 for interleaved and zbv, 1 otherwise) */
+                                  (2 for interleaved, zbv and zb-interleaved, 1 otherwise) */
+    const struct bg_sim_params *costs; /**< the costs to build the program for: per-stage F, B, W
+                                            (f_costs.. or the scalars, per chunk) and the link
+                                            (latency + bytes / bandwidth); NULL: unit costs, free links */
 } bg_schedule_params_t;
 
-#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0} /**< 1F1B, one stage, one microbatch */
+#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0, NULL} /**< 1F1B, one stage, one microbatch, unit costs */
 
 /** Opaque program set: one instruction list per rank. */
 typedef struct bg_schedule bg_schedule_t;
 
 /** Names: "forward"... (JSON), "F"... (text), "gpipe", "1f1b", "interleaved",
- *  "zb-h1", "zb-h2", "zbv", "custom". NULL for an out-of-range value. */
+ *  "zb-h1", "zb-h2", "zbv", "zb-interleaved", "custom". NULL for an out-of-range value. */
 const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind);
 const char *bg_sched_op_kind_token(bg_sched_op_kind_t kind);
 const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
@@ -126,8 +132,11 @@ const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
 bg_status_t bg_sched_op_kind_parse(const char *name, bg_sched_op_kind_t *kind_p);
 bg_status_t bg_schedule_kind_parse(const char *name, bg_schedule_kind_t *kind_p);
 
-/** Build the programs of a generator. Errors: p or m < 1, or a chunk count
- *  the schedule cannot use (a one-line message says why). */
+/** Build the programs of a generator for the costs in params->costs: each
+ *  generator tries the orders of its family (its fixed order and list-scheduler
+ *  policies) within the family's stash bound and keeps the fastest for those
+ *  costs. Errors: p or m < 1, or a chunk count the schedule cannot use (a
+ *  one-line message says why). */
 bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule_t **sched_p);
 
 /**
