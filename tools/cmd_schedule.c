@@ -191,7 +191,7 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
 {
     printf("p=%d m=%d  costs per rank F=%g B=%g W=%g (with v chunks per rank each chunk costs 1/v of them)\n", p, m,
            sp0->f_cost, sp0->b_cost, sp0->w_cost);
-    printf("%-12s %3s %12s %9s %9s %11s %14s\n", "schedule", "v", "step", "bubble", "steady", "peak-stash",
+    printf("%-14s %3s %12s %9s %9s %11s %14s\n", "schedule", "v", "step", "bubble", "steady", "peak-stash",
            "(rank of peak)");
     int rc = 0;
     for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
@@ -203,7 +203,7 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
         bg_sim_result_t *r;
         const char *name = bg_schedule_kind_name(gp.kind);
         if (bg_schedule_generate(&gp, &s) != BG_OK) {
-            printf("%-12s cannot apply: %s\n", name, bg_last_error());
+            printf("%-14s cannot apply: %s\n", name, bg_last_error());
             continue;
         }
         bg_sim_params_t spc = *sp0;
@@ -212,17 +212,17 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
         bg_schedule_free(s); /* again, built for the per-chunk costs */
         gp.costs = &spc;
         if (bg_schedule_generate(&gp, &s) != BG_OK) {
-            printf("%-12s cannot apply: %s\n", name, bg_last_error());
+            printf("%-14s cannot apply: %s\n", name, bg_last_error());
             continue;
         }
         bg_status_t st = bg_schedule_simulate(s, &spc, &r);
         if (st != BG_OK) {
-            printf("%-12s invalid: %s\n", name, bg_last_error());
+            printf("%-14s invalid: %s\n", name, bg_last_error());
             rc = 1;
         } else {
             int at;
             int peak = (int)max_stash(r, p, &at);
-            printf("%-12s %3d %12.6g %8.2f%% %8.2f%% %11d %14d\n", name, bg_schedule_chunks(s), bg_sim_step_time(r),
+            printf("%-14s %3d %12.6g %8.2f%% %8.2f%% %11d %14d\n", name, bg_schedule_chunks(s), bg_sim_step_time(r),
                    100 * bg_sim_bubble(r, -1), 100 * bg_sim_span_bubble(r, -1), peak, at);
             bg_sim_result_free(r);
         }

@@ -26,7 +26,7 @@ expect_err "--stages expects an integer" --schedule 1f1b --stages x --microbatch
 expect_err "1f1b places one chunk per rank, got 3" --schedule 1f1b --stages 4 --microbatches 4 --chunks 3
 expect_err "use 1f1b" --schedule interleaved --stages 4 --microbatches 4 --chunks 1
 expect_err "exactly 2 chunks" --schedule zbv --stages 4 --microbatches 4 --chunks 4
-expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
+expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv or zb-interleaved, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
 expect_err "--costs expects three numbers" --schedule 1f1b --stages 4 --microbatches 4 --costs 1,2
 expect_err "--stages P and --microbatches M are required" --schedule 1f1b
 expect_err "unknown option \"--bogus\"" --bogus
@@ -37,6 +37,12 @@ expect_err "--b-costs expects comma-separated numbers" --schedule 1f1b --stages 
 # per-stage costs, by hand: 1F1B p=2 m=2, F = 1 and 3, backward 2: rank 0 ends at 13
 "$B" schedule --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3 >"$T/ps" 2>&1 || fail "per-stage costs run failed"
 grep -q "step time 13 " "$T/ps" || fail "per-stage costs: step time is not 13: $(cat "$T/ps")"
+
+# the program is built for --costs: ZB-V at F=1 B=2 W=1, p=4 m=16 takes torch's 134 with 2p = 8 stashes
+"$B" schedule --schedule zbv --stages 4 --microbatches 16 --costs 1,2,1 --no-text >"$T/zc" 2>&1 || fail "zbv --costs failed"
+grep -q "step time 134 " "$T/zc" || fail "zbv --costs 1,2,1: step time is not 134: $(cat "$T/zc")"
+[ "$(awk '$1 ~ /^[0-9]+$/ && $6 > 8' "$T/zc" | wc -l)" = 0 ] || fail "zbv --costs 1,2,1: a rank stashes more than 8: $(cat "$T/zc")"
+expect_err "zb-interleaved needs 2..64 chunks per rank, got 1 (with one chunk per rank use zb-h1)" --schedule zb-interleaved --stages 4 --microbatches 4 --chunks 1
 
 # a run: table, bubble, SVG and JSON
 "$B" schedule --schedule zb-h1 --stages 4 --microbatches 8 --svg "$T/a.svg" --json "$T/a.json" >"$T/run" 2>&1 \
@@ -78,7 +84,7 @@ expect_err "cycle: rank 0 -> rank 1 -> rank 0" --from-json "$T/dead.json"
 for pm in "4 8" "4 3" "3 7" "1 1"; do
     set -- $pm
     "$B" schedule --compare --stages "$1" --microbatches "$2" >"$T/cmp" 2>&1 || fail "--compare p=$1 m=$2 failed: $(cat "$T/cmp")"
-    for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv; do
+    for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved; do
         grep -q "^$s " "$T/cmp" || fail "--compare p=$1 m=$2 lacks $s"
     done
 done

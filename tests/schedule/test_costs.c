@@ -1,0 +1,193 @@
+/* tests/schedule/test_costs.c: generators built for the costs they are given,
+ * over the grid of F:B:W ratios of issue 17 (1:1:1, 1:2:1, 1:1.5:0.5, 2:2:1)
+ * and uneven per-stage costs. References: torch.distributed.pipelining's
+ * ZB-V step times at F=1, B=2, W=1 (134 at p=4 m=16, 270 at p=8 m=32), the
+ * closed-form bound v m (F+B+W) + (p-1)(F + max(B-W, 0)) for ZB-V and the
+ * interleaved zero-bubble schedule (equal to the lower bound v m (F+B+W) +
+ * (p-1)F at unit costs, so exact there), each family's stash bound, and the same
+ * generator built for unit costs (a program built for the costs must never
+ * simulate slower under them). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <cmocka.h>
+
+#include "brigade/schedule.h"
+
+static const double ratios[4][3] = {{1, 1, 1}, {1, 2, 1}, {1, 1.5, 0.5}, {2, 2, 1}};
+
+static bg_schedule_t *gen(bg_schedule_kind_t kind, int p, int m, int v, const bg_sim_params_t *costs)
+{
+    bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
+    gp.kind = kind, gp.stages = p, gp.microbatches = m, gp.chunks = v, gp.costs = costs;
+    bg_schedule_t *s = NULL;
+    if (bg_schedule_generate(&gp, &s) != BG_OK)
+        fail_msg("generate %s p=%d m=%d v=%d: %s", bg_schedule_kind_name(kind), p, m, v, bg_last_error());
+    if (bg_schedule_validate(s) != BG_OK)
+        fail_msg("%s p=%d m=%d v=%d does not validate: %s", bg_schedule_kind_name(kind), p, m, v, bg_last_error());
+    return s;
+}
+
+/* step time and largest peak stash (chunk-microbatches) of s under costs */
+static double sim(const bg_schedule_t *s, const bg_sim_params_t *sp, int *stash_p)
+{
+    bg_sim_result_t *r = NULL;
+    if (bg_schedule_simulate(s, sp, &r) != BG_OK)
+        fail_msg("simulate %s: %s", bg_schedule_name(s), bg_last_error());
+    double t = bg_sim_step_time(r);
+    int peak = 0;
+    for (int k = 0; k < bg_schedule_ranks(s); k++)
+        if (bg_sim_peak_stash(r, k) > peak)
+            peak = bg_sim_peak_stash(r, k);
+    *stash_p = peak;
+    bg_sim_result_free(r);
+    return t;
+}
+
+/* the family's stash bound on rank r (docs/schedules.md §4) */
+static int bound(bg_schedule_kind_t k, int p, int m, int v, int r)
+{
+    int big = v * m;
+    switch (k) {
+    case BG_SCHED_GPIPE: return m;
+    case BG_SCHED_1F1B: return p - r < m ? p - r : m;
+    case BG_SCHED_INTERLEAVED: return 2 * (p - r - 1) + (v - 1) * p + 1 < big ? 2 * (p - r - 1) + (v - 1) * p + 1 : big;
+    case BG_SCHED_ZB_H1: return p < m ? p : m;
+    case BG_SCHED_ZB_H2: return 2 * p - 1 < m ? 2 * p - 1 : m;
+    case BG_SCHED_ZBV: return 2 * p < big ? 2 * p : big;
+    default: return v * p < big ? v * p : big;
+    }
+}
+
+static void test_zbv_torch_anchors(void **state)
+{
+    (void)state;
+    bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+    sp.f_cost = 1, sp.b_cost = 2, sp.w_cost = 1;
+    static const int cases[2][3] = {{4, 16, 134}, {8, 32, 270}};
+    for (int i = 0; i < 2; i++) {
+        int p = cases[i][0], m = cases[i][1], stash;
+        bg_schedule_t *s = gen(BG_SCHED_ZBV, p, m, 0, &sp);
+        double t = sim(s, &sp, &stash);
+        if (t > cases[i][2] || stash > 2 * p)
+            fail_msg("zbv p=%d m=%d at F=1 B=2 W=1: step %g stash %d, torch's ZB-V: %d with 2p = %d", p, m, t, stash,
+                     cases[i][2], 2 * p);
+        bg_schedule_free(s);
+    }
+}
+
+static void test_cost_grid(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int c = 0; c < 4; c++) {
+        bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+        sp.f_cost = ratios[c][0], sp.b_cost = ratios[c][1], sp.w_cost = ratios[c][2];
+        double F = sp.f_cost, B = sp.b_cost, W = sp.w_cost;
+        for (int p = 1; p <= 8; p++)
+            for (int m = p; m <= 4 * p; m += p)
+                for (int k = 0; k < BG_SCHED_CUSTOM; k++)
+                    for (int v = 2; v <= (k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED ? 4 : 2); v++) {
+                        int vv = k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED ? v : 0, st_c, st_u;
+                        bg_schedule_t *sc = gen((bg_schedule_kind_t)k, p, m, vv, &sp);
+                        bg_schedule_t *su = gen((bg_schedule_kind_t)k, p, m, vv, NULL);
+                        int nv = bg_schedule_chunks(sc);
+                        double tc = sim(sc, &sp, &st_c), tu = sim(su, &sp, &st_u);
+                        const char *name = bg_schedule_kind_name((bg_schedule_kind_t)k);
+                        if (tc > tu + 1e-9)
+                            fail_msg("%s p=%d m=%d v=%d F:B:W=%g:%g:%g: built for the costs %g, slower than built "
+                                     "for unit costs %g", name, p, m, nv, F, B, W, tc, tu);
+                        bg_sim_result_t *r;
+                        assert_int_equal(bg_schedule_simulate(sc, &sp, &r), BG_OK);
+                        for (int rk = 0; rk < p; rk++)
+                            if (bg_sim_peak_stash(r, rk) > bound((bg_schedule_kind_t)k, p, m, nv, rk))
+                                fail_msg("%s p=%d m=%d v=%d F:B:W=%g:%g:%g rank %d: stash %d > the family's %d", name,
+                                         p, m, nv, F, B, W, rk, bg_sim_peak_stash(r, rk),
+                                         bound((bg_schedule_kind_t)k, p, m, nv, rk));
+                        bg_sim_result_free(r);
+                        /* lower bound: the last rank waits (p-1)F for its first input, then works v m (F+B+W) */
+                        double low = nv * m * (F + B + W) + (p - 1) * F;
+                        if (tc < low - 1e-9)
+                            fail_msg("%s p=%d m=%d v=%d F:B:W=%g:%g:%g: step %g below the lower bound %g", name, p, m,
+                                     nv, F, B, W, tc, low);
+                        int zb = k == BG_SCHED_ZBV || k == BG_SCHED_ZB_INTERLEAVED;
+                        if (zb && m >= (k == BG_SCHED_ZBV ? 2 * p : p)) {
+                            double want = nv * m * (F + B + W) + (p - 1) * (F + (B > W ? B - W : 0));
+                            if (tc > want + 1e-9)
+                                fail_msg("%s p=%d m=%d v=%d F:B:W=%g:%g:%g: step %g > v m (F+B+W) + (p-1)(F + "
+                                         "max(B-W, 0)) = %g", name, p, m, nv, F, B, W, tc, want);
+                        }
+                        checked++;
+                        bg_schedule_free(sc), bg_schedule_free(su);
+                    }
+    }
+    assert_true(checked > 1000);
+}
+
+/* uneven per-stage costs and a slow link: still valid, within the stash
+ * bound, and never slower than the program built for unit costs */
+static void test_uneven_costs(void **state)
+{
+    (void)state;
+    unsigned seed = 17;
+    for (int trial = 0; trial < 60; trial++) {
+        int p = 2 + trial % 6, m = p * (1 + trial % 3) + trial % 2;
+        for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
+            int v = k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED || k == BG_SCHED_ZBV ? 2 : 1;
+            int S = p * v;
+            double f[16], b[16], w[16];
+            for (int i = 0; i < S; i++) {
+                seed = seed * 1103515245u + 12345u;
+                f[i] = 0.5 + (seed >> 16) % 100 / 50.0;
+                b[i] = f[i] * (1 + (seed >> 8) % 3 * 0.5);
+                w[i] = f[i] * (0.5 + (seed >> 4) % 2 * 0.5);
+            }
+            bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+            sp.f_costs = f, sp.b_costs = b, sp.w_costs = w;
+            sp.latency = trial % 3 == 0 ? 0.3 : 0;
+            int st_c, st_u;
+            bg_schedule_t *sc = gen((bg_schedule_kind_t)k, p, m, 0, &sp), *su = gen((bg_schedule_kind_t)k, p, m, 0, NULL);
+            double tc = sim(sc, &sp, &st_c), tu = sim(su, &sp, &st_u);
+            int nv = bg_schedule_chunks(sc), lim = 0;
+            for (int rk = 0; rk < p; rk++)
+                if (bound((bg_schedule_kind_t)k, p, m, nv, rk) > lim)
+                    lim = bound((bg_schedule_kind_t)k, p, m, nv, rk);
+            if (tc > tu + 1e-9 || st_c > lim)
+                fail_msg("%s p=%d m=%d trial %d: built for the costs %g (stash %d), for unit costs %g (bound %d)",
+                         bg_schedule_kind_name((bg_schedule_kind_t)k), p, m, trial, tc, st_c, tu, lim);
+            bg_schedule_free(sc), bg_schedule_free(su);
+        }
+    }
+}
+
+static void test_bad_costs(void **state)
+{
+    (void)state;
+    bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+    sp.b_cost = -1;
+    bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
+    gp.kind = BG_SCHED_ZBV, gp.stages = 2, gp.microbatches = 4, gp.costs = &sp;
+    bg_schedule_t *s = NULL;
+    assert_int_equal(bg_schedule_generate(&gp, &s), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "stage 0 has a cost of -1"));
+    sp.b_cost = 1, sp.latency = NAN;
+    assert_int_equal(bg_schedule_generate(&gp, &s), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "link delay"));
+    assert_null(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zbv_torch_anchors),
+        cmocka_unit_test(test_cost_grid),
+        cmocka_unit_test(test_uneven_costs),
+        cmocka_unit_test(test_bad_costs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
