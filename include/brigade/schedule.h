@@ -187,6 +187,14 @@ bg_status_t bg_schedule_to_json_file(const bg_schedule_t *sched, const char *pat
  *  BG_ERR_PARSE with the JSON path of the offending field. */
 bg_status_t bg_schedule_from_json(const char *json, bg_schedule_t **sched_p);
 bg_status_t bg_schedule_from_json_file(const char *path, bg_schedule_t **sched_p);
+/** A program to run: read @p path (bg_schedule_from_json_file), prove it
+ *  correct (bg_schedule_validate) and check it is for @p ranks pipeline
+ *  ranks and @p microbatches microbatches, and, when @p chunks > 0, that many
+ *  chunks per rank. Errors name the file: the reader's or the validator's
+ *  message (first offending instruction, or the wait cycle), or
+ *  BG_ERR_INVALID "FILE is a program for p=4 pipeline ranks, but the job has 2". */
+bg_status_t bg_schedule_load_program(const char *path, int ranks, int microbatches, int chunks,
+                                     bg_schedule_t **sched_p);
 
 /* ------------------------------------------------------------------------ */
 /* Simulator                                                                */

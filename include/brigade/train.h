@@ -75,6 +75,9 @@ typedef struct bg_train_config {
     void (*on_resume)(const bg_resume_result_t *r, const char *where, int rank, void *arg);
                                  /**< what resume did (where: resume_from or checkpoint_dir), called on
                                       every rank before the first step; arg: on_step_arg */
+    /* ---- a program to run instead of a generated schedule ---- */
+    const char *schedule_json;   /**< JSON program (brigade schedule --json) run instead of `schedule`;
+                                      NULL: generate (see bg_executor_params_t.schedule_json) */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
