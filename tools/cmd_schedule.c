@@ -11,6 +11,7 @@
 
 #include "brigade/schedule.h"
 #include "tools/cli.h"
+#include "tools/schedule_auto.h"
 
 #define CMD "schedule"
 
@@ -23,7 +24,9 @@ static void usage(FILE *f)
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--svg OUT]\n"
             "                        [--comm] [--text | --no-text]\n"
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
-            "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n\n"
+            "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n"
+            "       brigade schedule --auto --profile PROFILE.json --stages P --microbatches M [--mem-limit BYTES]\n"
+            "                        [--split A,B,..] [--latency T] [--bandwidth BYTES_PER_S] [--json OUT] [--svg OUT]\n\n"
             "Generates the per-rank programs for the given costs, proves them correct (validator), simulates\n"
             "them and prints the program table, the step time, the bubble fraction and the peak stash per rank.\n"
             "  --costs F,B,W   forward, backward-input and backward-weight time of one chunk (default 1,1,1;\n"
@@ -36,7 +39,13 @@ static void usage(FILE *f)
             "  --json OUT      write the programs in the JSON interchange format (docs/schedules.md)\n"
             "  --svg OUT       write an SVG Gantt chart of the simulated step\n"
             "  --compare       run every schedule for this p and m and print them side by side\n"
-            "  --from-json F   validate and simulate your own programs\n");
+            "  --from-json F   validate and simulate your own programs\n"
+            "  --auto          search the program with the smallest simulated step whose peak stash fits\n"
+            "                  --mem-limit on every rank, over every layout (one stage per rank, interleaved\n"
+            "                  v=2..4, V), with per-stage F, B, W and stash bytes from --profile (brigade profile\n"
+            "                  --json; layers split evenly, or by --split); prints the lower bound and the gap,\n"
+            "                  every fixed generator at the same limit, and the smallest limit that works when\n"
+            "                  none fits (times in seconds; the link: --latency s, --bandwidth bytes/s)\n");
 }
 
 static int parse_costs(const char *s, double *f, double *b, double *w)
@@ -133,8 +142,8 @@ static int check_stage_costs(const bg_schedule_t *s)
     return 0;
 }
 
-static int run_one(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
-                   const char *json_out, const char *svg_out)
+int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
+                        const char *json_out, const char *svg_out)
 {
     if (check_stage_costs(s))
         return 2;
@@ -147,8 +156,12 @@ static int run_one(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, 
         snprintf(bw, sizeof bw, "%g", sp->bandwidth);
     else
         snprintf(bw, sizeof bw, "inf");
-    printf("schedule %s: p=%d m=%d v=%d  costs per chunk F=%g B=%g W=%g  link latency %g bandwidth %s  (valid)\n",
-           bg_schedule_name(s), p, m, v, sp->f_cost, sp->b_cost, sp->w_cost, sp->latency, bw);
+    if (sp->f_costs || sp->b_costs || sp->w_costs)
+        printf("schedule %s: p=%d m=%d v=%d  per-stage costs  link latency %g bandwidth %s  (valid)\n",
+               bg_schedule_name(s), p, m, v, sp->latency, bw);
+    else
+        printf("schedule %s: p=%d m=%d v=%d  costs per chunk F=%g B=%g W=%g  link latency %g bandwidth %s  (valid)\n",
+               bg_schedule_name(s), p, m, v, sp->f_cost, sp->b_cost, sp->w_cost, sp->latency, bw);
     if (text < 0)
         text = p <= 32 && (long long)m * v <= 64;
     if (text) {
@@ -235,9 +248,11 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
 
 static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
 {
-    const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL;
+    const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL, *profile = NULL;
     long long p = 0, m = 0, v = 0;
-    int have_p = 0, have_m = 0, compare = 0, text = -1;
+    int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0;
+    static int split[4096];
+    double mem_limit = 0;
     unsigned tflags = 0;
     uint64_t bytes;
     for (int i = 1; i < argc; i++) {
@@ -300,6 +315,26 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             from = val, i++;
         } else if (!strcmp(a, "--compare")) {
             compare = 1;
+        } else if (!strcmp(a, "--auto")) {
+            autos = 1;
+        } else if (!strcmp(a, "--profile")) {
+            if (!val)
+                return bg_cli_fail(CMD, "--profile needs a file (brigade profile --json FILE writes one)");
+            profile = val, i++;
+        } else if (!strcmp(a, "--mem-limit")) {
+            if (bg_cli_bytes(CMD, a, val, &bytes))
+                return 2;
+            mem_limit = (double)bytes, have_limit = 1, i++;
+        } else if (!strcmp(a, "--split")) {
+            long long tmp[4096];
+            if (bg_cli_int_list(CMD, a, val, tmp, 4096, &nsplit))
+                return 2;
+            for (int k = 0; k < nsplit; k++) {
+                if (tmp[k] < 1 || tmp[k] > 1 << 20)
+                    return bg_cli_fail(CMD, "--split entry %d is %lld; every stage needs at least one layer", k, tmp[k]);
+                split[k] = (int)tmp[k];
+            }
+            i++;
         } else if (!strcmp(a, "--comm")) {
             tflags |= BG_SCHED_TEXT_COMM;
         } else if (!strcmp(a, "--text")) {
@@ -311,9 +346,26 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
                                                 "--f-costs", "--b-costs", "--w-costs", "--latency", "--bandwidth",
                                                 "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--svg",
                                                 "--from-json", "--compare", "--comm", "--text", "--no-text",
-                                                "--help", NULL};
+                                                "--auto", "--profile", "--mem-limit", "--split", "--help", NULL};
             return bg_cli_unknown_option(CMD, a, known);
         }
+    }
+    if (autos || profile || have_limit || nsplit) {
+        if (!autos)
+            return bg_cli_fail(CMD, "%s belongs to --auto (the schedule search)",
+                               profile ? "--profile" : have_limit ? "--mem-limit" : "--split");
+        if (!profile)
+            return bg_cli_fail(CMD, "--auto needs --profile PROFILE.json (brigade profile --json FILE writes one)");
+        if (kind_s || compare || from || v || stage_costs_n[0] || stage_costs_n[1] || stage_costs_n[2] ||
+            spp->f_cost != 1 || spp->b_cost != 1 || spp->w_cost != 1)
+            return bg_cli_fail(CMD, "--auto searches every schedule with the profile's costs: drop --schedule, "
+                                    "--compare, --from-json, --chunks and --costs/--f-costs/--b-costs/--w-costs");
+        if (!have_p || !have_m)
+            return bg_cli_fail(CMD, "--stages P and --microbatches M are required (try brigade schedule --help)");
+        bg_auto_args_t aa = {.profile = profile, .p = (int)p, .m = (int)m, .mem_limit = mem_limit,
+                             .split = nsplit ? split : NULL, .nsplit = nsplit, .link = spp,
+                             .json_out = json_out, .svg_out = svg_out, .text = text};
+        return bg_schedule_auto(&aa);
     }
     if (from) {
         if (kind_s || compare || have_p || have_m || v)
@@ -325,7 +377,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         bg_status_t st = bg_schedule_from_json_file(from, &s);
         if (st != BG_OK)
             return bg_cli_status(CMD, st);
-        int rc = run_one(s, spp, text, tflags, json_out, svg_out);
+        int rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
         bg_schedule_free(s);
         return rc;
     }
@@ -363,7 +415,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         bg_cli_status(CMD, st);
         return 2;
     }
-    int rc = run_one(s, spp, text, tflags, json_out, svg_out);
+    int rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
     bg_schedule_free(s);
     return rc;
 }

@@ -132,6 +132,46 @@ const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
 bg_status_t bg_sched_op_kind_parse(const char *name, bg_sched_op_kind_t *kind_p);
 bg_status_t bg_schedule_kind_parse(const char *name, bg_schedule_kind_t *kind_p);
 
+/** What bg_schedule_search() looks among; start from BG_SCHEDULE_SEARCH_PARAMS_INIT. */
+typedef struct bg_schedule_search_params {
+    size_t size;        /**< sizeof(bg_schedule_search_params_t), for growth */
+    int stages;         /**< p: pipeline ranks, >= 1 */
+    int microbatches;   /**< m, >= 1 */
+    int chunks;         /**< v: 1 (one stage per rank) or 2..64 (interleaved layout, or a V with vshape) */
+    int vshape;         /**< 1: the V layout of zbv (chunks must be 2) */
+    const struct bg_sim_params *costs; /**< per-stage F, B, W, the link, and stash bytes per stage
+                                            (stash_bytes_per_stage or stash_bytes; both 0: one unit per
+                                            chunk-microbatch); NULL: unit costs and units */
+    double mem_limit;   /**< peak stash per rank, in the bytes (or units) above, as the simulator
+                             counts it; 0: no limit */
+} bg_schedule_search_params_t;
+#define BG_SCHEDULE_SEARCH_PARAMS_INIT {sizeof(bg_schedule_search_params_t), 1, 1, 1, 0, NULL, 0.0} /**< p = m = v = 1, unit costs, no limit */
+
+/** What bg_schedule_search() found (filled also when nothing fits). */
+typedef struct bg_schedule_search_result {
+    double step;        /**< simulated step time of the program returned (0 when none fits) */
+    double peak;        /**< its largest peak stash over ranks (bytes or units) */
+    double lower_bound; /**< no program of this layout can be faster: max over ranks of (time before
+                             its first input can arrive + its busy time) */
+    double min_limit;   /**< the smallest largest-peak-stash among the programs tried: the limit to ask for
+                             when nothing fits */
+    int tried;          /**< programs simulated */
+    char from[64];      /**< the order that won: a generator's name, or "list w=.. split|full .." */
+} bg_schedule_search_result_t;
+
+/**
+ * The program with the smallest simulated step time under params->costs
+ * whose peak stash fits params->mem_limit on every rank, among the orders of
+ * one layout: every generator of the layout built for the costs, and list
+ * schedules over windows of forwards in flight, B/W split or full backward,
+ * and W or F first, each capped at the limit. Heuristic, not exhaustive:
+ * result->lower_bound says how far from optimal it can be. BG_ERR_NOT_FOUND
+ * when no program tried fits (result->min_limit: the smallest limit that
+ * works); @p sched_p is set only on success.
+ */
+bg_status_t bg_schedule_search(const bg_schedule_search_params_t *params, bg_schedule_search_result_t *result,
+                               bg_schedule_t **sched_p);
+
 /** Build the programs of a generator for the costs in params->costs: each
  *  generator tries the orders of its family (its fixed order and list-scheduler
  *  policies) within the family's stash bound and keeps the fastest for those
