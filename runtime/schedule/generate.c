@@ -784,8 +784,10 @@ typedef struct {
     bg_schedule_t *best;
 } bg__search_t;
 
-/* simulate a candidate and keep it when it fits and is the fastest so far (takes s) */
-static bg_status_t bg__consider(bg__search_t *q, bg_schedule_t *s, const char *label)
+/* simulate a candidate and keep it when it fits and is the fastest so far
+ * (takes s); indep: the program does not depend on the limit, so its peak is
+ * a limit that works whatever limit was asked for */
+static bg_status_t bg__consider(bg__search_t *q, bg_schedule_t *s, const char *label, int indep)
 {
     bg_sim_result_t *r = NULL;
     bg_status_t st = bg_schedule_simulate(s, q->sim, &r);
@@ -799,7 +801,7 @@ static bg_status_t bg__consider(bg__search_t *q, bg_schedule_t *s, const char *l
             peak = bg_sim_peak_stash_bytes(r, k);
     bg_sim_result_free(r);
     q->res->tried++;
-    if (peak < q->res->min_limit)
+    if (indep && peak < q->res->min_limit)
         q->res->min_limit = peak;
     double lim = q->sp->mem_limit;
     if ((lim <= 0 || peak <= lim * (1 + 1e-12)) && (!q->best || step < q->res->step)) {
@@ -892,11 +894,12 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
         gp.kind = kinds[k], gp.stages = p, gp.microbatches = m, gp.chunks = v, gp.costs = &sim;
         bg_schedule_t *s;
         BG_CHECK_GOTO(bg_schedule_generate(&gp, &s), st, out);
-        BG_CHECK_GOTO(bg__consider(&q, s, bg_schedule_kind_name(kinds[k])), st, out);
+        BG_CHECK_GOTO(bg__consider(&q, s, bg_schedule_kind_name(kinds[k]), 1), st, out);
     }
-    /* 2: list schedules capped at the limit: windows of forwards in flight
-     * (the same on every rank, or staggered like 1F1B's), B/W split or full
-     * backward, W or F first after B */
+    /* 2: list schedules, uncapped and capped at the limit: windows of
+     * forwards in flight (the same on every rank, or staggered like 1F1B's),
+     * B/W split or full backward, W or F first after B */
+    for (int capped = 0; capped <= (sp->mem_limit > 0); capped++)
     for (int split = 1; split >= 0; split--)
         for (int wf = 0; wf <= split; wf++)
             for (int w = 0; w < 6; w++) {
@@ -908,7 +911,7 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
                             : (v - 1) * p + (w - 3) * (p - r);
                     pol.window[r] = bg__imin(win < 1 ? 1 : win, big);
                     pol.cap[r] = big;
-                    pol.capb[r] = sp->mem_limit > 0 ? sp->mem_limit : INFINITY;
+                    pol.capb[r] = capped ? sp->mem_limit : INFINITY;
                 }
                 bg_schedule_t *s;
                 BG_CHECK_GOTO(bg__schedule_alloc("search", BG_SCHED_CUSTOM, p, m, v, map, &s), st, out);
@@ -918,11 +921,11 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
                     goto out;
                 }
                 char label[64];
-                snprintf(label, sizeof label, "list %s%s, window %s", split ? "B/W split" : "full backward",
-                         wf ? ", W first" : "",
+                snprintf(label, sizeof label, "list %s%s%s, window %s", split ? "B/W split" : "full backward",
+                         wf ? ", W first" : "", capped ? ", capped" : "",
                          w == 0 ? "1" : w == 1 ? "p" : w == 2 ? "2p" : w == 3 ? "all" : w == 4 ? "(v-1)p+p-r"
                                                                                             : "(v-1)p+2(p-r)");
-                BG_CHECK_GOTO(bg__consider(&q, s, label), st, out);
+                BG_CHECK_GOTO(bg__consider(&q, s, label, !capped), st, out);
             }
     if (!q.best) {
         st = bg_error(BG_ERR_NOT_FOUND, "no program of %d tried keeps its peak stash within %g on every rank; the "

@@ -80,6 +80,32 @@ expect_err "microbatch = 99 is out of range 0..7" --from-json "$T/range.json"
 expect_err "bad.json: line 1 column" --from-json "$T/bad.json"
 expect_err "cycle: rank 0 -> rank 1 -> rank 0" --from-json "$T/dead.json"
 
+# --auto: a hand-made profile (7 layers, uneven), the search under memory limits
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+layers = [{"name": "l%d" % i, "fwd_s": f, "bwd_input_s": b, "bwd_weight_s": w, "stash_bytes": sb, "output_bytes": 1000}
+          for i, (f, b, w, sb) in enumerate([(1, 1, .5, 3000), (2, 3, 2, 6000), (2, 3, 2, 6000), (1, 2, 1, 4000),
+                                             (1, 2, 1, 4000), (3, 4, 3, 9000), (.5, .5, .5, 1000)])]
+json.dump({"backend": "cpu", "microbatch_size": 1, "seq": 16, "layers": layers}, open(t + "/prof.json", "w"))
+open(t + "/badprof.json", "w").write('{"layers": [{"fwd_s": -1}]}')
+PY
+"$B" schedule --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --mem-limit 40000 --json "$T/auto.json" >"$T/auto" 2>&1 ||
+    fail "--auto failed: $(cat "$T/auto")"
+grep -q "^searched program: .* lower bound .* (gap " "$T/auto" || fail "--auto: no searched program line: $(cat "$T/auto")"
+"$B" schedule --from-json "$T/auto.json" >/dev/null 2>&1 || fail "--auto: its JSON does not validate"
+"$B" schedule --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --mem-limit 1000 >"$T/tiny" 2>"$T/tinyerr"
+[ $? = 1 ] || fail "--auto with a limit nothing meets did not exit 1"
+need=$(sed -n 's/.*the smallest limit that works is \([0-9]*\) bytes.*/\1/p' "$T/tinyerr")
+[ -n "$need" ] || fail "--auto: no smallest limit in: $(cat "$T/tinyerr")"
+"$B" schedule --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --mem-limit "$need" >/dev/null 2>&1 ||
+    fail "--auto: the smallest limit that works ($need) does not work"
+expect_err "--auto needs --profile PROFILE.json" --auto --stages 3 --microbatches 6
+expect_err "--mem-limit belongs to --auto" --schedule 1f1b --stages 3 --microbatches 6 --mem-limit 1M
+expect_err "layers[0].fwd_s must be a number >= 0" --auto --profile "$T/badprof.json" --stages 1 --microbatches 2
+expect_err "prof.json has 7 layers: too few for 8 pipeline ranks" --auto --profile "$T/prof.json" --stages 8 --microbatches 8
+expect_err "--split sums to 6 layers but" --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --split 2,2,2
+
 # compare: every schedule, one row each, including m < p and m not a multiple of p
 for pm in "4 8" "4 3" "3 7" "1 1"; do
     set -- $pm

@@ -165,6 +165,132 @@ static void test_uneven_costs(void **state)
     }
 }
 
+/* the largest peak stash (bytes as sp counts them) over ranks */
+static double peak_bytes(const bg_schedule_t *s, const bg_sim_params_t *sp)
+{
+    bg_sim_result_t *r = NULL;
+    assert_int_equal(bg_schedule_simulate(s, sp, &r), BG_OK);
+    double peak = 0;
+    for (int k = 0; k < bg_schedule_ranks(s); k++)
+        if (bg_sim_peak_stash_bytes(r, k) > peak)
+            peak = bg_sim_peak_stash_bytes(r, k);
+    bg_sim_result_free(r);
+    return peak;
+}
+
+/* the search under a limit against every fixed generator of the same layout
+ * at the same limit: never slower, always valid, within the limit, not below
+ * its own lower bound; when nothing fits, no generator fits either and the
+ * smallest limit it reports does work */
+static void test_search_vs_generators(void **state)
+{
+    (void)state;
+    unsigned seed = 5;
+    int checked = 0;
+    for (int trial = 0; trial < 24; trial++) {
+        int p = 2 + trial % 4, m = trial % 3 == 0 ? p : trial % 3 == 1 ? 2 * p : 3 * p + 1;
+        for (int layout = 0; layout < 3; layout++) { /* one stage per rank, V, interleaved v = 2 */
+            int v = layout == 0 ? 1 : 2, S = p * v;
+            double f[16], b[16], w[16], sb[16];
+            const double *ra = ratios[trial % 4];
+            for (int i = 0; i < S; i++) {
+                seed = seed * 1103515245u + 12345u;
+                double scale = trial % 2 ? 0.5 + (seed >> 16) % 100 / 50.0 : 1; /* uneven on odd trials */
+                f[i] = ra[0] * scale, b[i] = ra[1] * scale, w[i] = ra[2] * scale;
+                sb[i] = 1000 + (trial % 2 ? (seed >> 8) % 1000 : 0);
+            }
+            bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+            sp.f_costs = f, sp.b_costs = b, sp.w_costs = w, sp.stash_bytes_per_stage = sb;
+            static const bg_schedule_kind_t one[] = {BG_SCHED_GPIPE, BG_SCHED_1F1B, BG_SCHED_ZB_H1, BG_SCHED_ZB_H2};
+            static const bg_schedule_kind_t vee[] = {BG_SCHED_ZBV};
+            static const bg_schedule_kind_t inter[] = {BG_SCHED_INTERLEAVED, BG_SCHED_ZB_INTERLEAVED};
+            const bg_schedule_kind_t *kinds = layout == 0 ? one : layout == 1 ? vee : inter;
+            int nk = layout == 0 ? 4 : layout == 1 ? 1 : 2;
+            double gstep[4], gpeak[4];
+            for (int k = 0; k < nk; k++) {
+                int st;
+                bg_schedule_t *g = gen(kinds[k], p, m, v, &sp);
+                gstep[k] = sim(g, &sp, &st);
+                gpeak[k] = peak_bytes(g, &sp);
+                bg_schedule_free(g);
+            }
+            /* limits: each generator's peak, half the smallest, and none */
+            for (int l = 0; l <= nk + 1; l++) {
+                double lim = l < nk ? gpeak[l] : l == nk ? gpeak[0] / 2 : 0;
+                for (int k = 0; k < nk; k++)
+                    lim = l == nk && gpeak[k] / 2 < lim ? gpeak[k] / 2 : lim;
+                bg_schedule_search_params_t q = BG_SCHEDULE_SEARCH_PARAMS_INIT;
+                q.stages = p, q.microbatches = m, q.chunks = v, q.vshape = layout == 1, q.costs = &sp, q.mem_limit = lim;
+                bg_schedule_search_result_t res;
+                bg_schedule_t *s = NULL;
+                bg_status_t st = bg_schedule_search(&q, &res, &s);
+                double best_fixed = INFINITY, min_fixed = INFINITY;
+                for (int k = 0; k < nk; k++) {
+                    if (lim == 0 || gpeak[k] <= lim)
+                        best_fixed = gstep[k] < best_fixed ? gstep[k] : best_fixed;
+                    min_fixed = gpeak[k] < min_fixed ? gpeak[k] : min_fixed;
+                }
+                if (st == BG_ERR_NOT_FOUND) {
+                    if (best_fixed < INFINITY)
+                        fail_msg("search p=%d m=%d layout %d limit %g: nothing found, but a generator fits", p, m,
+                                 layout, lim);
+                    if (!(res.min_limit <= min_fixed))
+                        fail_msg("search p=%d m=%d layout %d: smallest limit %g > a generator's peak %g", p, m, layout,
+                                 res.min_limit, min_fixed);
+                    q.mem_limit = res.min_limit;
+                    assert_int_equal(bg_schedule_search(&q, &res, &s), BG_OK); /* the smallest limit works */
+                }
+                assert_int_equal(bg_schedule_validate(s), BG_OK);
+                int stash;
+                double t = sim(s, &sp, &stash), pk = peak_bytes(s, &sp);
+                if (t > best_fixed + 1e-9 || (q.mem_limit > 0 && pk > q.mem_limit * (1 + 1e-12)) ||
+                    t < res.lower_bound - 1e-9 || fabs(t - res.step) > 1e-9 * (1 + t))
+                    fail_msg("search p=%d m=%d layout %d limit %g: step %g (reported %g, lower bound %g) peak %g, "
+                             "best fixed generator within the limit %g", p, m, layout, q.mem_limit, t, res.step,
+                             res.lower_bound, pk, best_fixed);
+                bg_schedule_free(s);
+                checked++;
+            }
+        }
+    }
+    assert_true(checked > 100);
+}
+
+/* the search within a zero-bubble generator's own stash bound (in chunk
+ * units, the same on every rank for these families) finds nothing faster
+ * than the generator: the generators are not beaten by their own family */
+static void test_generators_not_beaten_in_family(void **state)
+{
+    (void)state;
+    static const bg_schedule_kind_t kinds[] = {BG_SCHED_ZB_H1, BG_SCHED_ZB_H2, BG_SCHED_ZBV, BG_SCHED_ZB_INTERLEAVED};
+    int checked = 0;
+    for (int c = 0; c < 4; c++) {
+        bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+        sp.f_cost = ratios[c][0], sp.b_cost = ratios[c][1], sp.w_cost = ratios[c][2];
+        for (int p = 2; p <= 6; p++)
+            for (int m = p; m <= 3 * p; m += p)
+                for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+                    int st;
+                    bg_schedule_t *g = gen(kinds[k], p, m, 0, &sp);
+                    int v = bg_schedule_chunks(g);
+                    double tg = sim(g, &sp, &st);
+                    bg_schedule_search_params_t q = BG_SCHEDULE_SEARCH_PARAMS_INIT;
+                    q.stages = p, q.microbatches = m, q.chunks = v, q.vshape = kinds[k] == BG_SCHED_ZBV, q.costs = &sp;
+                    q.mem_limit = bound(kinds[k], p, m, v, 0); /* the same on every rank for these families */
+                    bg_schedule_search_result_t res;
+                    bg_schedule_t *s = NULL;
+                    assert_int_equal(bg_schedule_search(&q, &res, &s), BG_OK);
+                    if (res.step < tg - 1e-9)
+                        fail_msg("%s p=%d m=%d F:B:W=%g:%g:%g: the search finds %g (%s) within the family's stash "
+                                 "bound %g, the generator %g", bg_schedule_kind_name(kinds[k]), p, m, sp.f_cost,
+                                 sp.b_cost, sp.w_cost, res.step, res.from, q.mem_limit, tg);
+                    bg_schedule_free(s), bg_schedule_free(g);
+                    checked++;
+                }
+    }
+    assert_true(checked >= 100);
+}
+
 static void test_bad_costs(void **state)
 {
     (void)state;
@@ -187,6 +313,8 @@ int main(void)
         cmocka_unit_test(test_zbv_torch_anchors),
         cmocka_unit_test(test_cost_grid),
         cmocka_unit_test(test_uneven_costs),
+        cmocka_unit_test(test_search_vs_generators),
+        cmocka_unit_test(test_generators_not_beaten_in_family),
         cmocka_unit_test(test_bad_costs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
