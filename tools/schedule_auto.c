@@ -136,7 +136,7 @@ int bg_schedule_auto(const bg_auto_args_t *a)
         mib(lim, sizeof lim, a->mem_limit);
     printf("search: p=%d m=%d, costs from %s (%d layers), peak stash limit per rank %s\n", a->p, a->m, a->profile,
            pr.n, lim);
-    printf("%-22s %-28s %12s %14s %10s\n", "layout", "best program", "step ms", "peak stash", "fits");
+    printf("%-20s %-46s %10s %12s %5s\n", "layout", "best program", "step ms", "peak stash", "fits");
     bg_schedule_t *best = NULL;
     int best_l = -1;
     double best_step = INFINITY, lower = INFINITY, min_limit = INFINITY;
@@ -160,7 +160,7 @@ int bg_schedule_auto(const bg_auto_args_t *a)
         layout_name(&lay[k], buf, sizeof buf);
         if (st == BG_OK) {
             mib(b2, sizeof b2, res.peak);
-            printf("%-22s %-28s %12.4f %14s %10s\n", buf, res.from, res.step * 1e3, b2, "yes");
+            printf("%-20s %-46s %10.4f %12s %5s\n", buf, res.from, res.step * 1e3, b2, "yes");
             if (res.step < best_step) {
                 bg_schedule_free(best);
                 best = s, best_step = res.step, best_l = k;
@@ -169,7 +169,7 @@ int bg_schedule_auto(const bg_auto_args_t *a)
             }
         } else {
             mib(b2, sizeof b2, res.min_limit);
-            printf("%-22s %-28s %12s %14s %10s\n", buf, "(none fits)", "-", b2, "no");
+            printf("%-20s %-46s %10s %12s %5s\n", buf, "(none fits)", "-", b2, "no");
         }
     }
     /* every fixed generator at the same limit, on its own layout */
