@@ -18,7 +18,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved\n"
+            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
             "                        --stages P --microbatches M\n"
             "                        [--chunks V] [--costs F,B,W] [--latency T] [--bandwidth BYTES_PER_T]\n"
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--svg OUT]\n"
@@ -262,7 +262,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             return 0;
         } else if (!strcmp(a, "--schedule")) {
             if (!val)
-                return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved)");
+                return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, "
+                                        "dualpipev)");
             kind_s = val, i++;
         } else if (!strcmp(a, "--stages")) {
             if (bg_cli_int(CMD, a, val, 1, 65536, &p))
@@ -391,7 +392,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         return run_compare((int)p, (int)m, (int)v, spp);
     }
     if (!kind_s)
-        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv or zb-interleaved), "
+        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or "
+                                "dualpipev), "
                                 "or use --compare or --from-json");
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
     int k = bg_cli_choice(CMD, "--schedule", kind_s, bg_cli_schedule_names());

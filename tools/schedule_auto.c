@@ -176,8 +176,8 @@ int bg_schedule_auto(const bg_auto_args_t *a)
     printf("\nfixed generators (built for the same costs):\n%-16s %12s %14s %6s\n", "schedule", "step ms", "peak stash",
            "fits");
     for (int kind = 0; kind < BG_SCHED_CUSTOM; kind++) {
-        int v = kind == BG_SCHED_INTERLEAVED || kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_ZBV ? 2 : 1;
-        int vshape = kind == BG_SCHED_ZBV;
+        int vshape = kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV;
+        int v = kind == BG_SCHED_INTERLEAVED || kind == BG_SCHED_ZB_INTERLEAVED || vshape ? 2 : 1;
         int k = 0;
         while (k < nl && !(lay[k].v == v && lay[k].vshape == vshape))
             k++;
@@ -186,8 +186,10 @@ int bg_schedule_auto(const bg_auto_args_t *a)
         bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
         gp.kind = (bg_schedule_kind_t)kind, gp.stages = a->p, gp.microbatches = a->m, gp.chunks = v;
         gp.costs = &lay[k].sim;
-        bg_schedule_t *s;
+        bg_schedule_t *s = NULL;
         bg_sim_result_t *r;
+        if (kind == BG_SCHED_DUALPIPEV && a->m < 2 * a->p)
+            continue; /* needs m >= 2p */
         bg_status_t st = bg_schedule_generate(&gp, &s);
         if (st != BG_OK || (st = bg_schedule_simulate(s, &lay[k].sim, &r)) != BG_OK) {
             if (st != BG_OK && s)

@@ -74,7 +74,7 @@ typedef struct bg_executor_params {
     int pp;                      /**< pipeline ranks (1: none) */
     int dp;                      /**< data-parallel replicas (1: none) */
     int tp;                      /**< tensor-parallel degree: 1 (tensor parallelism is not built yet) */
-    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved; NULL: 1f1b */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev; NULL: 1f1b */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
     int nsplit;

@@ -99,6 +99,8 @@ typedef enum bg_schedule_kind {
     BG_SCHED_ZB_H2,        /**< zero bubble, about twice 1F1B's memory */
     BG_SCHED_ZBV,          /**< V-shape, 2 chunks per rank, B/W split */
     BG_SCHED_ZB_INTERLEAVED, /**< interleaved zero bubble (ZB1P), v >= 2 chunks per rank, B/W split */
+    BG_SCHED_DUALPIPEV,    /**< DualPipeV (DeepSeek): V-shape, 2 chunks per rank, F and B of different
+                                microbatches paired; m >= 2p */
     BG_SCHED_CUSTOM,       /**< read from JSON or built by hand */
     BG_SCHED_KIND_COUNT
 } bg_schedule_kind_t;
@@ -112,7 +114,7 @@ typedef struct bg_schedule_params {
     int stages;              /**< p: pipeline ranks, >= 1 */
     int microbatches;        /**< m: microbatches per step, >= 1 */
     int chunks;              /**< v: model chunks per rank; 0 = the kind's default
-                                  (2 for interleaved, zbv and zb-interleaved, 1 otherwise) */
+                                  (2 for interleaved, zbv, zb-interleaved and dualpipev, 1 otherwise) */
     const struct bg_sim_params *costs; /**< the costs to build the program for: per-stage F, B, W
                                             (f_costs.. or the scalars, per chunk) and the link
                                             (latency + bytes / bandwidth); NULL: unit costs, free links */
@@ -124,7 +126,7 @@ typedef struct bg_schedule_params {
 typedef struct bg_schedule bg_schedule_t;
 
 /** Names: "forward"... (JSON), "F"... (text), "gpipe", "1f1b", "interleaved",
- *  "zb-h1", "zb-h2", "zbv", "zb-interleaved", "custom". NULL for an out-of-range value. */
+ *  "zb-h1", "zb-h2", "zbv", "zb-interleaved", "dualpipev", "custom". NULL for an out-of-range value. */
 const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind);
 const char *bg_sched_op_kind_token(bg_sched_op_kind_t kind);
 const char *bg_schedule_kind_name(bg_schedule_kind_t kind);

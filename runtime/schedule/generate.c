@@ -123,16 +123,28 @@ static long long bg__key(const bg__gen_t *g, const bg__policy_t *pol, int st, in
     return (long long)mb * g->S + (g->S - 1 - st);
 }
 
-static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st)
+/* BG__PAIRED on a forward of a fixed order: it and the full backward after
+ * it are a pair (DualPipe's F&B) that starts once both inputs are there: the
+ * backward's recv_grad is placed before the forward */
+#define BG__PAIRED 0x100
+
+static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st, const int *pair, unsigned char *rg_done)
 {
     int S = s->nstages;
     int c = s->stage_chunk[st];
     bg_sched_op_t op = {kind, mb, c, st, -1, -1};
+    if (pair && pair[1] < S - 1 && s->stage_rank[pair[1] + 1] != r) { /* the pair's gradient first */
+        bg_sched_op_t rc = {BG_OP_RECV_GRAD, pair[2], s->stage_chunk[pair[1]], pair[1], pair[1] + 1,
+                            s->stage_rank[pair[1] + 1]};
+        BG_CHECK(bg_schedule_append(s, r, &rc));
+        rg_done[(size_t)pair[1] * s->m + pair[2]] = 1;
+    }
     if (kind == BG_OP_FORWARD && st > 0 && s->stage_rank[st - 1] != r) {
         bg_sched_op_t rc = {BG_OP_RECV_ACT, mb, c, st, st - 1, s->stage_rank[st - 1]};
         BG_CHECK(bg_schedule_append(s, r, &rc));
     }
-    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && st < S - 1 && s->stage_rank[st + 1] != r) {
+    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && st < S - 1 && s->stage_rank[st + 1] != r &&
+        !rg_done[(size_t)st * s->m + mb]) {
         bg_sched_op_t rc = {BG_OP_RECV_GRAD, mb, c, st, st + 1, s->stage_rank[st + 1]};
         BG_CHECK(bg_schedule_append(s, r, &rc));
     }
@@ -165,13 +177,19 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
     int *stash = calloc((size_t)p, sizeof(int));
     int *seqk = calloc((size_t)p, sizeof(int));
     double *stash_b = calloc((size_t)p, sizeof(double));
-    if (!seqk || !stash_b || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone || !inflight || !stash) {
+    unsigned char *rg_done = calloc((size_t)S * M, 1);
+    if (!seqk || !stash_b || !rg_done || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone || !inflight || !stash) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate the generator's state for %d stages x %d microbatches", S, M);
         goto out;
     }
     for (int r = 0; r < p; r++)
         pol->peak[r] = 0;
     long long remaining = (long long)S * M * (pol->split ? 3 : 2);
+    if (pol->seq) { /* a fixed order may mix full and split backwards */
+        remaining = 0;
+        for (int r = 0; r < p; r++)
+            remaining += pol->seqlen[r];
+    }
     double t = 0;
     int relax = 0;
     while (remaining > 0) {
@@ -180,14 +198,17 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
             if (!BG__LE(busy[r], t))
                 continue;
             int kind = -1, sg = -1;
+            const int *pair = NULL;
             if (pol->seq) {
                 if (seqk[r] >= pol->seqlen[r])
                     continue;
                 const int *q = &pol->seq[r][3 * seqk[r]];
                 int ok = 0, want;
-                if (q[0] == BG_OP_FORWARD)
+                if ((q[0] & ~BG__PAIRED) == BG_OP_FORWARD) {
                     ok = bg__f_ready(&g, q[1], t), want = g.nf[q[1]];
-                else if (q[0] == BG_OP_BACKWARD_WEIGHT)
+                    if (q[0] & BG__PAIRED) /* and the backward after it can start too */
+                        pair = q + 3, ok = ok && bg__b_ready(&g, pair[1], t) && g.nb[pair[1]] == pair[2];
+                } else if (q[0] == BG_OP_BACKWARD_WEIGHT)
                     ok = bg__w_ready(&g, q[1], t), want = g.nw[q[1]];
                 else
                     ok = bg__b_ready(&g, q[1], t), want = g.nb[q[1]];
@@ -198,7 +219,7 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
                 }
                 if (!ok)
                     continue;
-                kind = q[0], sg = q[1];
+                kind = q[0] & ~BG__PAIRED, sg = q[1];
                 seqk[r]++;
                 goto start;
             }
@@ -261,13 +282,13 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
                 dur = kind == BG_OP_BACKWARD ? cost->b[sg] + cost->w[sg] : cost->b[sg];
                 g.b_end[at] = t + dur;
                 inflight[r]--;
-                if (kind == BG_OP_BACKWARD)
-                    stash[r]--, stash_b[r] -= pol->sb ? pol->sb[sg] : 0;
+                if (kind == BG_OP_BACKWARD) /* its weight gradient is done too */
+                    stash[r]--, stash_b[r] -= pol->sb ? pol->sb[sg] : 0, g.nw[sg]++;
             }
             busy[r] = t + dur;
             remaining--;
             started = 1;
-            BG_CHECK_GOTO(bg__emit(s, r, kind, mb, sg), st, out);
+            BG_CHECK_GOTO(bg__emit(s, r, kind, mb, sg, pair, rg_done), st, out);
         }
         /* next event: the earliest end of a running op or arrival of a message */
         double next = INFINITY;
@@ -322,7 +343,7 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
     }
 out:
     free(g.nf), free(g.nb), free(g.nw), free(g.f_end), free(g.b_end);
-    free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b);
+    free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b), free(rg_done);
     return st;
 }
 
@@ -474,6 +495,71 @@ static void bg__seq_zbi(const bg_schedule_t *s, int r, int *q, int *n)
     }
 }
 
+/* DualPipeV's W queue: the W of the next b (from *wp on) in q, if any */
+static void bg__dpv_w(int *q, int *n, int *wp)
+{
+    while (*wp < *n && q[3 * *wp] != BG_OP_BACKWARD_INPUT)
+        (*wp)++;
+    if (*wp < *n) {
+        bg__push(q, n, BG_OP_BACKWARD_WEIGHT, q[3 * *wp + 1], q[3 * *wp + 2]);
+        (*wp)++;
+    }
+}
+
+/* DualPipeV (DeepSeek-V3's DualPipe cut in half, as torch.distributed.
+ * pipelining's ScheduleDualPipeV orders it) on rank r, V layout: 2(p-r-1)
+ * chunk-0 forwards; r+1 pairs of F0 F1; p-r-1 of b1 W F1; then m-2p+r+1
+ * rounds of the paired "F&B" (F0 with the full B of chunk 1, F1 with the
+ * full B of chunk 0; run one after the other here); p-r-1 of B1 then F1&B0;
+ * r+1 of B1 B0 (the second half split into b, W deferred); p-r-1 of W b0;
+ * the deferred W's. Needs m >= 2p. */
+static void bg__seq_dualpipev(const bg_schedule_t *s, int r, int *q, int *n)
+{
+    int p = s->p, m = s->m, st[2] = {s->chunk_stage[r * 2], s->chunk_stage[r * 2 + 1]};
+    int f[2] = {0, 0}, b[2] = {0, 0}, zb = 0, wp = *n;
+    /* the W queue is the order of the b's already in q: wp scans for the next one */
+#define BG__F(c) bg__push(q, n, BG_OP_FORWARD, st[c], f[c]++)
+#define BG__B(c, split) bg__push(q, n, (split) ? BG_OP_BACKWARD_INPUT : BG_OP_BACKWARD, st[c], b[c]++)
+#define BG__W() bg__dpv_w(q, n, &wp)
+    for (int i = 0; i < 2 * (p - r - 1); i++)
+        BG__F(0);
+    for (int i = 0; i < r + 1; i++)
+        BG__F(0), BG__F(1);
+    for (int i = 0; i < p - r - 1; i++) {
+        BG__B(1, 1);
+        BG__W();
+        BG__F(1);
+    }
+    for (int i = 0; i < m - 2 * p + r + 1; i++) {
+        BG__F(0);
+        if (!(i == 0 && r == p - 1)) /* rank p-1's first F0, B1 are not paired */
+            q[3 * (*n - 1)] |= BG__PAIRED;
+        BG__B(1, 0);
+        BG__F(1), q[3 * (*n - 1)] |= BG__PAIRED, BG__B(0, 0);
+    }
+    for (int i = 0; i < p - r - 1; i++) {
+        BG__B(1, 0);
+        BG__F(1), q[3 * (*n - 1)] |= BG__PAIRED, BG__B(0, 0);
+    }
+    for (int i = 0, half = (r + 1) / 2; i < r + 1; i++) {
+        if (i == half && r % 2 == 1)
+            zb = 1;
+        BG__B(1, zb);
+        if (i == half && r % 2 == 0)
+            zb = 1;
+        BG__B(0, zb);
+    }
+    for (int i = 0; i < p - r - 1; i++) {
+        BG__W();
+        BG__B(0, zb);
+    }
+    while (wp < *n) /* the W's still queued */
+        BG__W();
+#undef BG__F
+#undef BG__B
+#undef BG__W
+}
+
 typedef void (*bg__seq_fn)(const bg_schedule_t *, int, int *, int *);
 
 /* the compute order of rank r of another program (to re-time it under the costs) */
@@ -545,6 +631,7 @@ static int bg__bound(bg_schedule_kind_t kind, int p, int m, int v, int r)
     case BG_SCHED_ZB_H2: return bg__imin(2 * p - 1, m);
     case BG_SCHED_ZBV: return bg__imin(2 * p, big);
     case BG_SCHED_ZB_INTERLEAVED: return bg__imin(v * p, big);
+    case BG_SCHED_DUALPIPEV: return bg__imin(2 * p + 1, big);
     default: return big;
     }
 }
@@ -607,6 +694,13 @@ static int bg__candidate(bg_schedule_kind_t kind, int p, int m, int v, int k, bg
         }
         return 1;
     }
+    case BG_SCHED_DUALPIPEV: /* its published order only */
+        if (k > 0)
+            return 0;
+        *seq = bg__seq_dualpipev;
+        for (int r = 0; r < p; r++)
+            pol->window[r] = big;
+        return 1;
     default:
         return 0;
     }
@@ -656,7 +750,7 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
         params->size >= offsetof(bg_schedule_params_t, costs) + sizeof(params->costs) ? params->costs : NULL;
     if (!name || kind == BG_SCHED_CUSTOM)
         return bg_error(BG_ERR_INVALID, "unknown schedule kind %d (expected gpipe, 1f1b, interleaved, zb-h1, "
-                                        "zb-h2, zbv or zb-interleaved)", (int)kind);
+                                        "zb-h2, zbv, zb-interleaved or dualpipev)", (int)kind);
     if (p < 1)
         return bg_error(BG_ERR_INVALID, "%s: stages must be >= 1, got %d", name, p);
     if (m < 1)
@@ -671,11 +765,14 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
             return bg_error(BG_ERR_INVALID, "%s needs 2..64 chunks per rank, got %d%s", name, v,
                             v == 1 ? (kind == BG_SCHED_INTERLEAVED ? " (with one chunk per rank use 1f1b)"
                                                                    : " (with one chunk per rank use zb-h1)") : "");
-    } else if (kind == BG_SCHED_ZBV) {
+    } else if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV) {
         if (v == 0)
             v = 2;
         if (v != 2)
-            return bg_error(BG_ERR_INVALID, "zbv places exactly 2 chunks per rank (a V), got %d chunks", v);
+            return bg_error(BG_ERR_INVALID, "%s places exactly 2 chunks per rank (a V), got %d chunks", name, v);
+        if (kind == BG_SCHED_DUALPIPEV && m < 2 * p)
+            return bg_error(BG_ERR_INVALID, "dualpipev needs at least 2p = %d microbatches (one per virtual stage), "
+                                            "got %d", 2 * p, m);
     } else {
         if (v == 0)
             v = 1;
@@ -690,7 +787,7 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
         return bg_error(BG_ERR_INVALID, "bg_schedule_generate: costs not initialised with BG_SIM_PARAMS_INIT");
 
     int *map = NULL;
-    if (kind == BG_SCHED_ZBV) {
+    if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV) {
         map = malloc(sizeof(int) * (size_t)p * 2);
         BG_ALLOC_CHECK(map, sizeof(int) * (size_t)p * 2, "stage map");
         for (int r = 0; r < p; r++)
@@ -886,9 +983,9 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
     /* 1: every generator of the layout, built for the costs */
     static const bg_schedule_kind_t one[] = {BG_SCHED_GPIPE, BG_SCHED_1F1B, BG_SCHED_ZB_H1, BG_SCHED_ZB_H2};
     static const bg_schedule_kind_t inter[] = {BG_SCHED_INTERLEAVED, BG_SCHED_ZB_INTERLEAVED};
-    static const bg_schedule_kind_t vee[] = {BG_SCHED_ZBV};
+    static const bg_schedule_kind_t vee[] = {BG_SCHED_ZBV, BG_SCHED_DUALPIPEV};
     const bg_schedule_kind_t *kinds = v == 1 ? one : sp->vshape ? vee : inter;
-    int nk = v == 1 ? 4 : sp->vshape ? 1 : 2;
+    int nk = v == 1 ? 4 : sp->vshape ? (m >= 2 * p ? 2 : 1) : 2; /* dualpipev needs m >= 2p */
     for (int k = 0; k < nk; k++) {
         bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
         gp.kind = kinds[k], gp.stages = p, gp.microbatches = m, gp.chunks = v, gp.costs = &sim;

@@ -49,6 +49,7 @@ rand gpt "$GPT" interleaved 2 2 5
 rand gpt "$GPT" zb-interleaved 2 3 6
 rand mlp "$MLP" zbv 2 0 7
 rand mlp "$MLP" zb-h2 2 0 8
+rand gpt "$GPT" dualpipev 2 0 9
 
 # expect RC NEEDLE ARGS...: brigade train ARGS fails with RC and one line holding NEEDLE, training nothing
 expect() {

@@ -26,7 +26,7 @@ expect_err "--stages expects an integer" --schedule 1f1b --stages x --microbatch
 expect_err "1f1b places one chunk per rank, got 3" --schedule 1f1b --stages 4 --microbatches 4 --chunks 3
 expect_err "use 1f1b" --schedule interleaved --stages 4 --microbatches 4 --chunks 1
 expect_err "exactly 2 chunks" --schedule zbv --stages 4 --microbatches 4 --chunks 4
-expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv or zb-interleaved, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
+expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
 expect_err "--costs expects three numbers" --schedule 1f1b --stages 4 --microbatches 4 --costs 1,2
 expect_err "--stages P and --microbatches M are required" --schedule 1f1b
 expect_err "unknown option \"--bogus\"" --bogus
