@@ -379,10 +379,13 @@ static void bg__interleaved_mb(int k, int p, int v, int m, int backward, int *mb
         *c = v - 1 - *c;
 }
 
-static void bg__seq_interleaved(const bg_schedule_t *s, int r, int *q, int *n)
+/* Megatron's chunk order on rank r after `warm` forwards: F and backward in
+ * turn; zb: the backward split, each b followed by the W of the backward r
+ * steps earlier (the last r W's close the step) */
+static void bg__seq_megatron(const bg_schedule_t *s, int r, int warm, int zb, int *q, int *n)
 {
-    int p = s->p, v = s->v, m = s->m, total = v * m, mb, c;
-    int warm = bg__imin((p - r - 1) * 2 + (v - 1) * p, total);
+    int p = s->p, v = s->v, m = s->m, total = v * m, mb, c, nw = 0;
+    warm = bg__imin(warm, total);
     for (int k = 0; k < warm; k++) {
         bg__interleaved_mb(k, p, v, m, 0, &mb, &c);
         bg__push(q, n, BG_OP_FORWARD, s->chunk_stage[r * v + c], mb);
@@ -393,8 +396,21 @@ static void bg__seq_interleaved(const bg_schedule_t *s, int r, int *q, int *n)
             bg__push(q, n, BG_OP_FORWARD, s->chunk_stage[r * v + c], mb);
         }
         bg__interleaved_mb(k, p, v, m, 1, &mb, &c);
-        bg__push(q, n, BG_OP_BACKWARD, s->chunk_stage[r * v + c], mb);
+        bg__push(q, n, zb ? BG_OP_BACKWARD_INPUT : BG_OP_BACKWARD, s->chunk_stage[r * v + c], mb);
+        if (zb && k >= r) {
+            bg__interleaved_mb(nw++, p, v, m, 1, &mb, &c);
+            bg__push(q, n, BG_OP_BACKWARD_WEIGHT, s->chunk_stage[r * v + c], mb);
+        }
     }
+    while (zb && nw < total) {
+        bg__interleaved_mb(nw++, p, v, m, 1, &mb, &c);
+        bg__push(q, n, BG_OP_BACKWARD_WEIGHT, s->chunk_stage[r * v + c], mb);
+    }
+}
+
+static void bg__seq_interleaved(const bg_schedule_t *s, int r, int *q, int *n)
+{
+    bg__seq_megatron(s, r, (s->p - r - 1) * 2 + (s->v - 1) * s->p, 0, q, n);
 }
 
 /* ZB-H1 on rank r: 1F1B's warm-up and F/B rhythm, with each W(i) issued
@@ -469,30 +485,8 @@ static void bg__seq_zbv(const bg_schedule_t *s, int r, int *q, int *n)
  * close the step. */
 static void bg__seq_zbi(const bg_schedule_t *s, int r, int *q, int *n)
 {
-    int p = s->p, v = s->v, m = s->m, total = v * m, mb, c;
-    int g = m < p ? m : p;
-    int warm = bg__imin((v - 1) * g + p - 1 - r, total);
-    int nw = 0;
-    for (int k = 0; k < warm; k++) {
-        bg__interleaved_mb(k, p, v, m, 0, &mb, &c);
-        bg__push(q, n, BG_OP_FORWARD, s->chunk_stage[r * v + c], mb);
-    }
-    for (int k = 0; k < total; k++) {
-        if (k + warm < total) {
-            bg__interleaved_mb(k + warm, p, v, m, 0, &mb, &c);
-            bg__push(q, n, BG_OP_FORWARD, s->chunk_stage[r * v + c], mb);
-        }
-        bg__interleaved_mb(k, p, v, m, 1, &mb, &c);
-        bg__push(q, n, BG_OP_BACKWARD_INPUT, s->chunk_stage[r * v + c], mb);
-        if (k >= r) {
-            bg__interleaved_mb(nw++, p, v, m, 1, &mb, &c);
-            bg__push(q, n, BG_OP_BACKWARD_WEIGHT, s->chunk_stage[r * v + c], mb);
-        }
-    }
-    while (nw < total) {
-        bg__interleaved_mb(nw++, p, v, m, 1, &mb, &c);
-        bg__push(q, n, BG_OP_BACKWARD_WEIGHT, s->chunk_stage[r * v + c], mb);
-    }
+    int g = s->m < s->p ? s->m : s->p;
+    bg__seq_megatron(s, r, (s->v - 1) * g + s->p - 1 - r, 1, q, n);
 }
 
 /* DualPipeV's W queue: the W of the next b (from *wp on) in q, if any */

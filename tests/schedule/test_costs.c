@@ -33,20 +33,28 @@ static bg_schedule_t *gen(bg_schedule_kind_t kind, int p, int m, int v, const bg
     return s;
 }
 
-/* step time and largest peak stash (chunk-microbatches) of s under costs */
-static double sim(const bg_schedule_t *s, const bg_sim_params_t *sp, int *stash_p)
+/* step time, largest peak stash (chunk-microbatches) and largest peak stash bytes of s under costs */
+static double sim_all(const bg_schedule_t *s, const bg_sim_params_t *sp, int *stash_p, double *bytes_p)
 {
     bg_sim_result_t *r = NULL;
     if (bg_schedule_simulate(s, sp, &r) != BG_OK)
         fail_msg("simulate %s: %s", bg_schedule_name(s), bg_last_error());
-    double t = bg_sim_step_time(r);
+    double t = bg_sim_step_time(r), bytes = 0;
     int peak = 0;
-    for (int k = 0; k < bg_schedule_ranks(s); k++)
-        if (bg_sim_peak_stash(r, k) > peak)
-            peak = bg_sim_peak_stash(r, k);
+    for (int k = 0; k < bg_schedule_ranks(s); k++) {
+        peak = bg_sim_peak_stash(r, k) > peak ? bg_sim_peak_stash(r, k) : peak;
+        bytes = bg_sim_peak_stash_bytes(r, k) > bytes ? bg_sim_peak_stash_bytes(r, k) : bytes;
+    }
     *stash_p = peak;
+    *bytes_p = bytes;
     bg_sim_result_free(r);
     return t;
+}
+
+static double sim(const bg_schedule_t *s, const bg_sim_params_t *sp, int *stash_p)
+{
+    double bytes;
+    return sim_all(s, sp, stash_p, &bytes);
 }
 
 /* the family's stash bound on rank r (docs/schedules.md §4) */
@@ -171,17 +179,13 @@ static void test_uneven_costs(void **state)
     }
 }
 
-/* the largest peak stash (bytes as sp counts them) over ranks */
+/* the largest peak stash in bytes (as sp counts them) over ranks */
 static double peak_bytes(const bg_schedule_t *s, const bg_sim_params_t *sp)
 {
-    bg_sim_result_t *r = NULL;
-    assert_int_equal(bg_schedule_simulate(s, sp, &r), BG_OK);
-    double peak = 0;
-    for (int k = 0; k < bg_schedule_ranks(s); k++)
-        if (bg_sim_peak_stash_bytes(r, k) > peak)
-            peak = bg_sim_peak_stash_bytes(r, k);
-    bg_sim_result_free(r);
-    return peak;
+    double bytes;
+    int stash;
+    sim_all(s, sp, &stash, &bytes);
+    return bytes;
 }
 
 /* the search under a limit against every fixed generator of the same layout
