@@ -128,9 +128,11 @@ int bg_schedule_auto(const bg_auto_args_t *a)
     nl += make_layout(&pr, a, 2, 1, &lay[nl]);
     for (int v = 2; v <= 4; v++)
         nl += make_layout(&pr, a, v, 0, &lay[nl]);
+    if (nl == 0 && a->split)
+        return bg_cli_fail(CMD, "--split has %d entries, but the layouts of %d ranks have %d, %d, %d or %d stages",
+                           a->nsplit, a->p, a->p, 2 * a->p, 3 * a->p, 4 * a->p);
     if (nl == 0)
-        return bg_cli_fail(CMD, "%s has %d layers: too few for %d pipeline ranks%s", a->profile, pr.n, a->p,
-                           a->split ? " with this --split" : "");
+        return bg_cli_fail(CMD, "%s has %d layers: too few for %d pipeline ranks", a->profile, pr.n, a->p);
     char lim[32] = "none", buf[64], b2[32];
     if (a->mem_limit > 0)
         mib(lim, sizeof lim, a->mem_limit);

@@ -14,7 +14,10 @@
  * (also m < p, or m not a multiple of p); the validator checks it anyway.
  * Communication ops are inserted around each compute op: the receive just
  * before its consumer, the send just after its producer. The link model here
- * is a fixed delay per message (no queueing); the simulator stays the judge. */
+ * is a fixed delay per message (no queueing); the simulator stays the judge.
+ * bg_schedule_search() (at the end) runs the same machinery over every
+ * generator and list-scheduler policy of a layout under a memory limit and
+ * lets the simulator pick. */
 #include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -178,7 +181,8 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
     int *seqk = calloc((size_t)p, sizeof(int));
     double *stash_b = calloc((size_t)p, sizeof(double));
     unsigned char *rg_done = calloc((size_t)S * M, 1);
-    if (!seqk || !stash_b || !rg_done || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone || !inflight || !stash) {
+    if (!seqk || !stash_b || !rg_done || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone ||
+        !inflight || !stash) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate the generator's state for %d stages x %d microbatches", S, M);
         goto out;
     }
@@ -711,7 +715,9 @@ static bg_status_t bg__costs_init(bg__costs_t *c, const bg_sim_params_t *sp, int
         c->b[i] = !sp ? 1 : sp->b_costs ? sp->b_costs[i] : sp->b_cost;
         c->w[i] = !sp ? 1 : sp->w_costs ? sp->w_costs[i] : sp->w_cost;
         if (!(c->f[i] >= 0 && c->b[i] >= 0 && c->w[i] >= 0 && isfinite(c->f[i] + c->b[i] + c->w[i]))) {
-            double bad = !(c->f[i] >= 0) || !isfinite(c->f[i]) ? c->f[i] : !(c->b[i] >= 0) || !isfinite(c->b[i]) ? c->b[i] : c->w[i];
+            double bad = !(c->f[i] >= 0) || !isfinite(c->f[i])   ? c->f[i]
+                         : !(c->b[i] >= 0) || !isfinite(c->b[i]) ? c->b[i]
+                                                                 : c->w[i];
             free(c->f);
             return bg_error(BG_ERR_INVALID, "schedule costs: stage %d has a cost of %g (costs must be finite and >= 0)",
                             i, bad);
