@@ -8,12 +8,7 @@
 set -u
 B=${BRIGADE:?path of the brigade binary}
 HERE=$(cd "$(dirname "$0")" && pwd)
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 
 GPT="--model gpt --layers 6 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 4 --d-model 24 --in-features 12 --classes 6 --batch 16 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
@@ -99,5 +94,4 @@ elif ! grep -q "dead.json does not validate: deadlock: cycle: rank 0 -> rank 1 -
   bad "launch with a deadlocking program: $(cat "$T/l.out" "$T/l.err")"
 else ok "launch -n 2 with a deadlocking program: refused with the wait cycle"; fi
 
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish
