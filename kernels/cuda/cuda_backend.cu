@@ -1,0 +1,430 @@
+/* kernels/cuda/cuda_backend.cu: the CUDA backend's table, its memory (the
+ * caching pool of cuda_pool.c over cudaMalloc, pinned staging for host copies),
+ * the elementwise ops, GEMM (cuBLAS, fp32), the optimizers and the host
+ * reductions. The neural-network kernels and attention live in cuda_nn.cu.
+ *
+ * One stream per instance carries every kernel, cuBLAS call and copy, so ops
+ * run in the order they are called, as on the CPU. to_host, sum and sumsq wait
+ * for the stream; from_host returns once the data are in pinned memory.
+ *
+ * Determinism: no kernel here uses atomics; sum/sumsq reduce a fixed grid in
+ * double, then the partials in order. cuBLAS runs in its default (fp32, no
+ * TF32) math mode; its results are run-to-run reproducible on one GPU model
+ * and cuBLAS version but not bitwise equal to OpenBLAS's.
+ *
+ * Compiled and linked in CI; NOT yet run on a GPU (docs/kernels.md). Must not
+ * print or exit; errors go through bg_error / bg_log. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "brigade/core.h"
+#include "kernels/backend_impl.h"
+}
+#include "kernels/cuda/cuda_impl.h"
+
+/* --------------------------------------------------------------- errors */
+
+void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return;
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (impl->first_error == cudaSuccess) {
+        impl->first_error = e;
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: %s failed: %s (%s); later results are undefined", what,
+               cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+}
+
+static void bg__cublas_check(bg_backend_t *be, cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return;
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (impl->first_error == cudaSuccess) {
+        impl->first_error = cudaErrorUnknown;
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: %s failed: %s", what, cublasGetStatusString(s));
+    }
+}
+
+/* --------------------------------------------------------------- memory */
+
+static void *bg__cu_raw_alloc(void *ctx, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError(); /* an out-of-memory is not sticky: clear it */
+        return NULL;
+    }
+    return p;
+}
+
+static void bg__cu_raw_free(void *ctx, void *ptr) { cudaFree(ptr); }
+
+static void *bg__cu_alloc(bg_backend_t *be, size_t bytes) { return bg__pool_alloc(&bg__cu(be)->pool, bytes); }
+
+static void bg__cu_free(bg_backend_t *be, void *ptr)
+{
+    if (bg__pool_free(&bg__cu(be)->pool, ptr) != 0)
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: free of %p, not a block of its pool", ptr);
+}
+
+/* Bytes the device could still give this backend: free device memory plus
+ * the pool's cached blocks (released and retried on a failed allocation). */
+static size_t bg__cu_device_free(bg_backend_t *be)
+{
+    size_t fr = 0, total = 0;
+    if (cudaMemGetInfo(&fr, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fr = 0;
+    }
+    return fr + bg__pool_stats(&bg__cu(be)->pool).cached;
+}
+
+static void bg__cu_synchronize(bg_backend_t *be)
+{
+    bg__cu_check(be, cudaStreamSynchronize(bg__cu_stream(be)), "cudaStreamSynchronize");
+}
+
+/* device -> host through the pinned chunks: each chunk's copy is queued, then
+ * waited for and copied out of pinned memory (synchronous, as the CPU's). */
+static void bg__cu_to_host(bg_backend_t *be, void *dst_host, const void *src, size_t bytes)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    for (size_t off = 0; off < bytes; off += BG_CUDA_STAGE_BYTES) {
+        size_t len = bytes - off < BG_CUDA_STAGE_BYTES ? bytes - off : BG_CUDA_STAGE_BYTES;
+        int s = impl->stage_next;
+        impl->stage_next ^= 1;
+        bg__cu_check(be, cudaEventSynchronize(impl->stage_ev[s]), "staging wait");
+        bg__cu_check(be, cudaMemcpyAsync(impl->stage[s], (const char *)src + off, len, cudaMemcpyDeviceToHost,
+                                         impl->stream), "cudaMemcpyAsync D2H");
+        bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (D2H)");
+        memcpy((char *)dst_host + off, impl->stage[s], len);
+    }
+}
+
+/* host -> device through the pinned chunks: a chunk is copied into pinned
+ * memory while the previous chunk's transfer runs; returns once the last
+ * chunk is queued (the caller may reuse its buffer at once). */
+static void bg__cu_from_host(bg_backend_t *be, void *dst, const void *src_host, size_t bytes)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    for (size_t off = 0; off < bytes; off += BG_CUDA_STAGE_BYTES) {
+        size_t len = bytes - off < BG_CUDA_STAGE_BYTES ? bytes - off : BG_CUDA_STAGE_BYTES;
+        int s = impl->stage_next;
+        impl->stage_next ^= 1;
+        bg__cu_check(be, cudaEventSynchronize(impl->stage_ev[s]), "staging wait");
+        memcpy(impl->stage[s], (const char *)src_host + off, len);
+        bg__cu_check(be, cudaMemcpyAsync((char *)dst + off, impl->stage[s], len, cudaMemcpyHostToDevice,
+                                         impl->stream), "cudaMemcpyAsync H2D");
+        bg__cu_check(be, cudaEventRecord(impl->stage_ev[s], impl->stream), "cudaEventRecord");
+    }
+}
+
+/* ----------------------------------------------------------- elementwise */
+
+#define BG_CU_FOR(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
+                             i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void bg__k_fill(float *x, float v, size_t n) { BG_CU_FOR(i, n) x[i] = v; }
+__global__ void bg__k_scale(float *x, float a, size_t n) { BG_CU_FOR(i, n) x[i] *= a; }
+__global__ void bg__k_axpy(float *y, float a, const float *x, size_t n) { BG_CU_FOR(i, n) y[i] += a * x[i]; }
+__global__ void bg__k_add(float *o, const float *a, const float *b, size_t n) { BG_CU_FOR(i, n) o[i] = a[i] + b[i]; }
+
+#define BG_CU_LAUNCH1(kernel, n, ...)                                                              \
+    do {                                                                                           \
+        if ((n) == 0)                                                                              \
+            return;                                                                                \
+        kernel<<<bg__cu_grid(n), BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(__VA_ARGS__);            \
+        BG_CU_LAUNCHED(be, #kernel);                                                               \
+    } while (0)
+
+static void bg__cu_fill(bg_backend_t *be, float *x, float v, size_t n) { BG_CU_LAUNCH1(bg__k_fill, n, x, v, n); }
+static void bg__cu_scale(bg_backend_t *be, float *x, float a, size_t n) { BG_CU_LAUNCH1(bg__k_scale, n, x, a, n); }
+static void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n)
+{
+    BG_CU_LAUNCH1(bg__k_axpy, n, y, a, x, n);
+}
+static void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n)
+{
+    BG_CU_LAUNCH1(bg__k_add, n, out, a, b, n);
+}
+static void bg__cu_copy(bg_backend_t *be, float *dst, const float *src, size_t n)
+{
+    if (n && dst != src)
+        bg__cu_check(be, cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, bg__cu_stream(be)),
+                     "cudaMemcpyAsync D2D");
+}
+
+/* ------------------------------------------------------------------ GEMM */
+
+/* C(i,j) = beta * C(i,j) for each matrix (k == 0: there is no product, and
+ * cuBLAS would reject lda = 0); beta == 0 writes zeros, as BLAS does. */
+__global__ void bg__k_scale_c(float *c, int m, int n, int ldc, long long stride_c, float beta, int batch)
+{
+    size_t total = (size_t)m * n * batch;
+    BG_CU_FOR(idx, total)
+    {
+        size_t bi = idx / ((size_t)m * n), r = idx % ((size_t)m * n);
+        float *p = c + bi * stride_c + (r / n) * (size_t)ldc + r % n;
+        *p = beta == 0.0f ? 0.0f : beta * *p;
+    }
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS is
+ * called with the operands swapped and m, n exchanged. */
+static void bg__cu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                                        const float *a, int lda, long long stride_a, const float *b, int ldb,
+                                        long long stride_b, float beta, float *c, int ldc, long long stride_c,
+                                        int batch)
+{
+    if (m <= 0 || n <= 0 || batch <= 0)
+        return;
+    if (k <= 0) {
+        size_t total = (size_t)m * n * batch;
+        BG_CU_LAUNCH1(bg__k_scale_c, total, c, m, n, ldc, stride_c, beta, batch);
+        return;
+    }
+    cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasHandle_t h = bg__cu(be)->blas;
+    if (batch == 1)
+        bg__cublas_check(be, cublasSgemm(h, tb, ta, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc), "cublasSgemm");
+    else
+        bg__cublas_check(be,
+                         cublasSgemmStridedBatched(h, tb, ta, n, m, k, &alpha, b, ldb, stride_b, a, lda, stride_a,
+                                                   &beta, c, ldc, stride_c, batch),
+                         "cublasSgemmStridedBatched");
+}
+
+static void bg__cu_gemm(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                        int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    bg__cu_gemm_strided_batched(be, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+}
+
+/* ------------------------------------------------------------ optimizers */
+
+__global__ void bg__k_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                            float beta2, float eps, float wd, float bc1, float bc2)
+{
+    BG_CU_FOR(i, n)
+    {
+        float g = grad[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * param[i]);
+    }
+}
+
+__global__ void bg__k_sgd(float *param, const float *grad, float *mom, size_t n, float lr, float momentum, float wd)
+{
+    BG_CU_FOR(i, n)
+    {
+        float mi = momentum * mom[i] + grad[i] + wd * param[i];
+        mom[i] = mi;
+        param[i] -= lr * mi;
+    }
+}
+
+static void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int t)
+{
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    BG_CU_LAUNCH1(bg__k_adamw, n, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+}
+
+static void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
+                                float momentum, float weight_decay)
+{
+    BG_CU_LAUNCH1(bg__k_sgd, n, param, grad, mom, n, lr, momentum, weight_decay);
+}
+
+/* ------------------------------------------------------------ reductions */
+
+/* Block b sums elements b*T+t, stepping by the whole grid, per thread in
+ * order, then the block's threads in a fixed tree: a fixed grid, so the
+ * result depends on n only. */
+__global__ void bg__k_reduce_part(double *part, const float *x, size_t n, int sq)
+{
+    __shared__ double sh[BG_CUDA_THREADS];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)BG_CUDA_THREADS + threadIdx.x; i < n;
+         i += (size_t)BG_CUDA_RED_BLOCKS * BG_CUDA_THREADS) {
+        double v = x[i];
+        s += sq ? v * v : v;
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = BG_CUDA_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = sh[0];
+}
+
+__global__ void bg__k_reduce_final(double *total, const double *part)
+{
+    double s = 0.0;
+    for (int i = 0; i < BG_CUDA_RED_BLOCKS; i++)
+        s += part[i];
+    *total = s;
+}
+
+static double bg__cu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (n == 0)
+        return 0.0;
+    bg__k_reduce_part<<<BG_CUDA_RED_BLOCKS, BG_CUDA_THREADS, 0, impl->stream>>>(impl->red, x, n, sq);
+    BG_CU_LAUNCHED(be, "bg__k_reduce_part");
+    bg__k_reduce_final<<<1, 1, 0, impl->stream>>>(impl->red + BG_CUDA_RED_BLOCKS, impl->red);
+    BG_CU_LAUNCHED(be, "bg__k_reduce_final");
+    bg__cu_check(be, cudaMemcpyAsync(impl->red_host, impl->red + BG_CUDA_RED_BLOCKS, sizeof(double),
+                                     cudaMemcpyDeviceToHost, impl->stream), "cudaMemcpyAsync (sum)");
+    bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (sum)");
+    return *impl->red_host;
+}
+
+static double bg__cu_sum(bg_backend_t *be, const float *x, size_t n) { return bg__cu_reduce(be, x, n, 0); }
+static double bg__cu_sumsq(bg_backend_t *be, const float *x, size_t n) { return bg__cu_reduce(be, x, n, 1); }
+
+/* ----------------------------------------------------------------- table */
+
+static void bg__cu_destroy(bg_backend_t *be)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (!impl)
+        return;
+    if (impl->stream)
+        cudaStreamSynchronize(impl->stream);
+    bg__pool_destroy(&impl->pool);
+    for (int i = 0; i < 2; i++) {
+        if (impl->stage[i])
+            cudaFreeHost(impl->stage[i]);
+        if (impl->stage_ev[i])
+            cudaEventDestroy(impl->stage_ev[i]);
+    }
+    if (impl->red)
+        cudaFree(impl->red);
+    if (impl->red_host)
+        cudaFreeHost(impl->red_host);
+    if (impl->blas)
+        cublasDestroy(impl->blas);
+    if (impl->stream)
+        cudaStreamDestroy(impl->stream);
+    free(impl);
+    be->impl = NULL;
+}
+
+static bg_backend_ops_t bg__cu_make_ops(void)
+{
+    bg_backend_ops_t o;
+    memset(&o, 0, sizeof(o));
+    o.name = "cuda";
+    o.destroy = bg__cu_destroy;
+    o.alloc = bg__cu_alloc;
+    o.free = bg__cu_free;
+    o.to_host = bg__cu_to_host;
+    o.from_host = bg__cu_from_host;
+    o.synchronize = bg__cu_synchronize;
+    o.fill = bg__cu_fill;
+    o.copy = bg__cu_copy;
+    o.scale = bg__cu_scale;
+    o.axpy = bg__cu_axpy;
+    o.residual_forward = bg__cu_residual_forward;
+    o.gemm = bg__cu_gemm;
+    o.gemm_strided_batched = bg__cu_gemm_strided_batched;
+    o.bias_forward = bg__cu_bias_forward;
+    o.bias_backward = bg__cu_bias_backward;
+    o.gelu_forward = bg__cu_gelu_forward;
+    o.gelu_backward = bg__cu_gelu_backward;
+    o.relu_forward = bg__cu_relu_forward;
+    o.relu_backward = bg__cu_relu_backward;
+    o.layernorm_forward = bg__cu_layernorm_forward;
+    o.layernorm_backward_input = bg__cu_layernorm_backward_input;
+    o.layernorm_backward_weight = bg__cu_layernorm_backward_weight;
+    o.softmax_forward = bg__cu_softmax_forward;
+    o.softmax_backward = bg__cu_softmax_backward;
+    o.causal_softmax_forward = bg__cu_causal_softmax_forward;
+    o.causal_softmax_backward = bg__cu_causal_softmax_backward;
+    o.crossentropy_forward = bg__cu_crossentropy_forward;
+    o.crossentropy_backward = bg__cu_crossentropy_backward;
+    o.embedding_forward = bg__cu_embedding_forward;
+    o.embedding_backward = bg__cu_embedding_backward;
+    o.qkv_split = bg__cu_qkv_split;
+    o.qkv_merge = bg__cu_qkv_merge;
+    o.heads_merge = bg__cu_heads_merge;
+    o.heads_split = bg__cu_heads_split;
+    o.adamw = bg__cu_adamw;
+    o.sgd_momentum = bg__cu_sgd_momentum;
+    o.sum = bg__cu_sum;
+    o.sumsq = bg__cu_sumsq;
+    o.attention_forward = bg__cu_attention_forward;
+    o.attention_backward = bg__cu_attention_backward;
+    o.device_free = bg__cu_device_free;
+    return o;
+}
+
+static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
+
+#define BG_CU_INIT(call, what)                                                                             \
+    do {                                                                                                   \
+        cudaError_t e_ = (call);                                                                           \
+        if (e_ != cudaSuccess) {                                                                           \
+            bg__cu_destroy(be);                                                                            \
+            return bg_error(BG_ERR_UNSUPPORTED, "cuda backend, device %d: %s failed: %s", dev, what,      \
+                            cudaGetErrorString(e_));                                                       \
+        }                                                                                                  \
+    } while (0)
+
+extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
+{
+    int dev = params ? params->device : 0, count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        return bg_error(BG_ERR_UNSUPPORTED, "cuda backend: no CUDA device (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+    }
+    if (dev < 0 || dev >= count)
+        return bg_error(BG_ERR_INVALID, "cuda backend: device %d does not exist (%d device%s)", dev, count,
+                        count == 1 ? "" : "s");
+    bg_cuda_impl_t *impl = (bg_cuda_impl_t *)calloc(1, sizeof(*impl));
+    BG_ALLOC_CHECK(impl, sizeof(*impl), "the CUDA backend");
+    impl->device = dev;
+    be->impl = impl;
+    be->ops = &bg__cu_ops;
+    be->num_threads = 1;
+    bg__pool_init(&impl->pool, bg__cu_raw_alloc, bg__cu_raw_free, impl);
+    BG_CU_INIT(cudaSetDevice(dev), "cudaSetDevice");
+    cudaDeviceProp prop;
+    BG_CU_INIT(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+    snprintf(impl->name, sizeof(impl->name), "%s", prop.name);
+    impl->total_mem = prop.totalGlobalMem;
+    BG_CU_INIT(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (int i = 0; i < 2; i++) {
+        BG_CU_INIT(cudaMallocHost(&impl->stage[i], BG_CUDA_STAGE_BYTES), "cudaMallocHost (staging)");
+        BG_CU_INIT(cudaEventCreateWithFlags(&impl->stage_ev[i], cudaEventDisableTiming), "cudaEventCreate");
+    }
+    BG_CU_INIT(cudaMalloc((void **)&impl->red, (BG_CUDA_RED_BLOCKS + 1) * sizeof(double)), "cudaMalloc (sum)");
+    BG_CU_INIT(cudaMallocHost((void **)&impl->red_host, sizeof(double)), "cudaMallocHost (sum)");
+    cublasStatus_t bs = cublasCreate(&impl->blas);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        impl->blas = NULL;
+        bg__cu_destroy(be);
+        return bg_error(BG_ERR_UNSUPPORTED, "cuda backend, device %d: cublasCreate failed: %s", dev,
+                        cublasGetStatusString(bs));
+    }
+    cublasSetStream(impl->blas, impl->stream);
+    bg_log(BG_LOG_INFO, "kernels", "cuda backend: device %d \"%s\" (sm_%d%d, %.1f GiB)", dev, impl->name, prop.major,
+           prop.minor, (double)impl->total_mem / (1 << 30));
+    return BG_OK;
+}
