@@ -113,13 +113,9 @@ void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
         bytes = 1;
     void *p = be->ops->alloc(be, bytes);
     if (!p) {
-        if (be->ops->device_free)
-            bg_error(BG_ERR_NOMEM, "%s backend: out of device memory: %zu bytes asked for %s, %zu bytes free "
-                     "(%zu bytes in use by this backend)", be->ops->name, bytes, what ? what : "a buffer",
-                     be->ops->device_free(be), be->mem.current);
-        else
-            bg_error(BG_ERR_NOMEM, "%s backend cannot allocate %zu bytes for %s (%zu bytes in use)",
-                     be->ops->name, bytes, what ? what : "a buffer", be->mem.current);
+        bg_error(BG_ERR_NOMEM, "%s backend out of memory: %zu bytes asked for %s, %zu bytes free (%zu bytes in use "
+                 "by this backend)", be->ops->name, bytes, what ? what : "a buffer", be->ops->device_free(be),
+                 be->mem.current);
         return NULL;
     }
     pthread_mutex_lock(&be->track->lock);

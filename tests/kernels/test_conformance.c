@@ -630,6 +630,17 @@ int main(int argc, char **argv)
     /* the CPU promises bitwise results for any thread count: tolerance 0 */
     int failed = conform(ref, cand, is_cpu ? 0.0 : 1.0, seed, verbose, NULL);
     printf("%s against cpu: %d of %zu cases failed\n", name, failed, NCASES);
+    /* out of memory: NULL, and the message names the buffer, the bytes asked and the bytes free */
+    size_t huge = (size_t)1 << 50;
+    char want[128];
+    snprintf(want, sizeof(want), "%zu bytes asked for oom probe, ", huge);
+    if (bg_backend_alloc(cand, huge, "oom probe") != NULL || !strstr(bg_last_error(), want) ||
+        !strstr(bg_last_error(), " bytes free")) {
+        printf("out-of-memory message lacks \"%s\" or \"bytes free\": %s\n", want, bg_last_error());
+        failed++;
+    } else {
+        printf("out of memory: %s\n", bg_last_error());
+    }
     bg_backend_destroy(cand);
     bg_backend_destroy(ref);
     return failed ? 1 : 0;
