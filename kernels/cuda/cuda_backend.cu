@@ -8,9 +8,11 @@
  * for the stream; from_host returns once the data are in pinned memory.
  *
  * Determinism: no kernel here uses atomics; sum/sumsq reduce a fixed grid in
- * double, then the partials in order. cuBLAS runs in its default (fp32, no
- * TF32) math mode; its results are run-to-run reproducible on one GPU model
- * and cuBLAS version but not bitwise equal to OpenBLAS's.
+ * double, then the partials in order. GEMM is cublasSgemm (exact fp32, no
+ * TF32) unless BRIGADE_CUDA_GEMM asks for tf32 or bf16 tensor cores
+ * (cublasGemmEx on the same fp32 buffers, fp32 accumulation); cuBLAS results
+ * are run-to-run reproducible on one GPU model and cuBLAS version but not
+ * bitwise equal to OpenBLAS's.
  *
  * Compiled and linked in CI; NOT yet run on a GPU (docs/kernels.md). Must not
  * print or exit; errors go through bg_error / bg_log. */
@@ -189,14 +191,26 @@ static void bg__cu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans
         return;
     }
     cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasHandle_t h = bg__cu(be)->blas;
-    if (batch == 1)
+    bg_cuda_impl_t *impl = bg__cu(be);
+    cublasHandle_t h = impl->blas;
+    if (!impl->gemm_math && batch == 1)
         bg__cublas_check(be, cublasSgemm(h, tb, ta, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc), "cublasSgemm");
-    else
+    else if (!impl->gemm_math)
         bg__cublas_check(be,
                          cublasSgemmStridedBatched(h, tb, ta, n, m, k, &alpha, b, ldb, stride_b, a, lda, stride_a,
                                                    &beta, c, ldc, stride_c, batch),
                          "cublasSgemmStridedBatched");
+    else if (batch == 1) /* tf32 / bf16 tensor cores on fp32 data, fp32 accumulation */
+        bg__cublas_check(be,
+                         cublasGemmEx(h, tb, ta, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+                                      CUDA_R_32F, ldc, impl->gemm_compute, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmEx");
+    else
+        bg__cublas_check(be,
+                         cublasGemmStridedBatchedEx(h, tb, ta, n, m, k, &alpha, b, CUDA_R_32F, ldb, stride_b, a,
+                                                    CUDA_R_32F, lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c,
+                                                    batch, impl->gemm_compute, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmStridedBatchedEx");
 }
 
 static void bg__cu_gemm(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
@@ -387,7 +401,16 @@ static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
 
 extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
-    int dev = params ? params->device : 0, count = 0;
+    int dev = params ? params->device : 0, count = 0, math = 0;
+    const char *gm = bg_config_str("BRIGADE_CUDA_GEMM");
+    if (!strcmp(gm, "fp32"))
+        math = 0;
+    else if (!strcmp(gm, "tf32"))
+        math = 1;
+    else if (!strcmp(gm, "bf16"))
+        math = 2;
+    else
+        return bg_error(BG_ERR_INVALID, "BRIGADE_CUDA_GEMM must be fp32, tf32 or bf16, got \"%s\"", gm);
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
@@ -400,6 +423,8 @@ extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_p
     bg_cuda_impl_t *impl = (bg_cuda_impl_t *)calloc(1, sizeof(*impl));
     BG_ALLOC_CHECK(impl, sizeof(*impl), "the CUDA backend");
     impl->device = dev;
+    impl->gemm_math = math;
+    impl->gemm_compute = math == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_FAST_16BF;
     be->impl = impl;
     be->ops = &bg__cu_ops;
     be->num_threads = 1;
@@ -424,7 +449,7 @@ extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_p
                         cublasGetStatusString(bs));
     }
     cublasSetStream(impl->blas, impl->stream);
-    bg_log(BG_LOG_INFO, "kernels", "cuda backend: device %d \"%s\" (sm_%d%d, %.1f GiB)", dev, impl->name, prop.major,
-           prop.minor, (double)impl->total_mem / (1 << 30));
+    bg_log(BG_LOG_INFO, "kernels", "cuda backend: device %d \"%s\" (sm_%d%d, %.1f GiB), GEMM %s", dev, impl->name,
+           prop.major, prop.minor, (double)impl->total_mem / (1 << 30), gm);
     return BG_OK;
 }

@@ -22,6 +22,8 @@ typedef struct bg_cuda_impl {
     int device;
     cudaStream_t stream;  /* every kernel, cuBLAS call and copy of the backend */
     cublasHandle_t blas;
+    int gemm_math;        /* BRIGADE_CUDA_GEMM: 0 fp32 (cublasSgemm), else the compute type below */
+    cublasComputeType_t gemm_compute;
     bg_pool_t pool;
     void *stage[2];       /* pinned host staging buffers */
     cudaEvent_t stage_ev[2];

@@ -530,18 +530,18 @@ __device__ __forceinline__ float bg__att_dot(const float *a, const float *b, int
     return s;
 }
 
-/* Forward: block (query tile of BG_ATT_W rows, bh); warp w owns row i; lane
+/* Forward: block (bh, query tile of BG_ATT_W rows); warp w owns row i; lane
  * j scores key j0+j; lane owns output dims lane + 32 r. */
 template <int R>
 __global__ void bg__k_att_fwd(float *out, float *lse, const float *qkv, int T, int NH, int hs, float scale)
 {
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = Ks + BG_ATT_BK * (hs + 1), *Qs = Vs + BG_ATT_BK * (hs + 1);
-    int C = NH * hs, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     size_t ld = 3 * (size_t)C;
     const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int i = blockIdx.x * BG_ATT_W + w, last = min(T - 1, (int)blockIdx.x * BG_ATT_W + BG_ATT_W - 1);
+    int i = blockIdx.y * BG_ATT_W + w, last = min(T - 1, (int)blockIdx.y * BG_ATT_W + BG_ATT_W - 1);
     float *qw = Qs + w * hs;
     for (int d = lane; d < hs; d += 32)
         qw[d] = i < T ? q[(size_t)i * ld + d] : 0.0f;
@@ -600,12 +600,12 @@ __global__ void bg__k_att_bwd_dq(float *dqkv, float *dvec, const float *dout, co
 {
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = Ks + BG_ATT_BK * (hs + 1), *Qs = Vs + BG_ATT_BK * (hs + 1), *Ds = Qs + BG_ATT_W * hs;
-    int C = NH * hs, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     size_t ld = 3 * (size_t)C;
     const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
     const float *dob = dout + (size_t)b * T * C + (size_t)h * hs, *ob = out + (size_t)b * T * C + (size_t)h * hs;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int i = blockIdx.x * BG_ATT_W + w, last = min(T - 1, (int)blockIdx.x * BG_ATT_W + BG_ATT_W - 1);
+    int i = blockIdx.y * BG_ATT_W + w, last = min(T - 1, (int)blockIdx.y * BG_ATT_W + BG_ATT_W - 1);
     float *qw = Qs + w * hs, *dow = Ds + w * hs;
     float dd = 0.0f;
     for (int d = lane; d < hs; d += 32) {
@@ -667,12 +667,12 @@ __global__ void bg__k_att_bwd_dkv(float *dqkv, const float *dvec, const float *d
     extern __shared__ float sm[];
     float *Qt = sm, *Dt = Qt + BG_ATT_BK * (hs + 1), *Kw = Dt + BG_ATT_BK * (hs + 1), *Vw = Kw + BG_ATT_W * hs;
     float *lt = Vw + BG_ATT_W * hs, *dt = lt + BG_ATT_BK;
-    int C = NH * hs, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     size_t ld = 3 * (size_t)C;
     const float *q = qkv + (size_t)b * T * ld + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
     const float *dob = dout + (size_t)b * T * C + (size_t)h * hs;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int j = blockIdx.x * BG_ATT_W + w, first = blockIdx.x * BG_ATT_W;
+    int j = blockIdx.y * BG_ATT_W + w, first = blockIdx.y * BG_ATT_W;
     float *kw = Kw + w * hs, *vw = Vw + w * hs;
     for (int d = lane; d < hs; d += 32) {
         kw[d] = j < T ? k[(size_t)j * ld + d] : 0.0f;
@@ -743,7 +743,7 @@ static void bg__att_launch(bg_backend_t *be, K kern, const char *what, int T, in
 {
     if (smem > 48 * 1024)
         bg__cu_check(be, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), what);
-    dim3 grid((T + BG_ATT_W - 1) / BG_ATT_W, BH);
+    dim3 grid(BH, (T + BG_ATT_W - 1) / BG_ATT_W); /* (batch, head) on x: no 65535 limit */
     kern<<<grid, BG_ATT_W * 32, smem, bg__cu_stream(be)>>>(args...);
     BG_CU_LAUNCHED(be, what);
 }

@@ -3,7 +3,8 @@
  * against double-precision formulas and finite differences.
  *
  *   test_conformance cuda        the CUDA backend against the CPU (fp32
- *                                tolerances); exit 77 (CTest: skipped) with
+ *                                tolerances; GEMM again with tf32 and bf16
+ *                                tensor cores, looser); exit 77 (CTest: skipped) with
  *                                the reason on stdout when it is not compiled
  *                                in or no device is present
  *   test_conformance cpu         the CPU backend on 2 threads against 1 thread:
@@ -642,6 +643,23 @@ int main(int argc, char **argv)
         printf("out of memory: %s\n", bg_last_error());
     }
     bg_backend_destroy(cand);
+    if (!is_cpu) {
+        /* tf32 and bf16 tensor-core GEMMs (BRIGADE_CUDA_GEMM): looser, by
+         * their unit roundoff (2^-11, 2^-8) against fp32's */
+        static const struct {
+            const char *math;
+            double scale;
+        } modes[] = {{"tf32", 300.0}, {"bf16", 2000.0}};
+        for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+            setenv("BRIGADE_CUDA_GEMM", modes[i].math, 1);
+            bg_backend_t *m = make(name, 0, 0);
+            int f = conform(ref, m, modes[i].scale, seed, verbose, "gemm");
+            printf("%s GEMM %s against cpu: %d failed\n", name, modes[i].math, f);
+            failed += f;
+            bg_backend_destroy(m);
+        }
+        unsetenv("BRIGADE_CUDA_GEMM");
+    }
     bg_backend_destroy(ref);
     return failed ? 1 : 0;
 }
