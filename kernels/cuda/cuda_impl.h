@@ -5,9 +5,16 @@
 #ifndef BG_KERNELS_CUDA_IMPL_H
 #define BG_KERNELS_CUDA_IMPL_H
 
+#include <stdint.h>
+#ifdef BG_CUDA_EMU /* the kernels compiled as C++ for the CPU (tests/bg_cuda_emu.h) */
+#include "bg_cuda_emu.h"
+#else
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
-#include <stdint.h>
+#define BG_CU_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define BG_CU_DYN_SMEM(name) extern __shared__ float name[]
+#define BG_CU_STREAM(be) bg__cu_stream(be)
+#endif
 
 #include "brigade/backend.h"
 #include "kernels/cuda/cuda_pool.h"

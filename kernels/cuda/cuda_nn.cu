@@ -15,7 +15,12 @@
  * kernels (dQ by query rows, then dK and dV by key rows) so that every output
  * has one owner and no atomics are needed. Head sizes up to 256.
  *
- * Compiled and linked in CI; NOT yet run on a GPU (docs/kernels.md). */
+ * Compiled and linked in CI; NOT yet run on a GPU (docs/kernels.md). The
+ * same source also compiles as C++ against tests/bg_cuda_emu.h, which runs
+ * the kernels on the CPU (fibers for threads, barriers for __syncthreads and
+ * warp shuffles) so that test_conformance_emu checks their indexing and
+ * arithmetic without a GPU: launches go through BG_CU_LAUNCH, dynamic shared
+ * memory through BG_CU_DYN_SMEM, and the stream through BG_CU_STREAM. */
 #include <math.h>
 
 extern "C" {
@@ -33,7 +38,7 @@ extern "C" {
     do {                                                                                           \
         if ((n) == 0)                                                                              \
             return;                                                                                \
-        kernel<<<bg__cu_grid(n), BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(__VA_ARGS__);            \
+        BG_CU_LAUNCH(kernel, bg__cu_grid(n), BG_CUDA_THREADS, 0, BG_CU_STREAM(be), __VA_ARGS__);    \
         BG_CU_LAUNCHED(be, #kernel);                                                               \
     } while (0)
 /* one block per row */
@@ -41,7 +46,7 @@ extern "C" {
     do {                                                                                           \
         if ((rows) <= 0)                                                                           \
             return;                                                                                \
-        kernel<<<(unsigned)(rows), BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(__VA_ARGS__);          \
+        BG_CU_LAUNCH(kernel, (unsigned)(rows), BG_CUDA_THREADS, 0, BG_CU_STREAM(be), __VA_ARGS__);  \
         BG_CU_LAUNCHED(be, #kernel);                                                               \
     } while (0)
 
@@ -114,8 +119,8 @@ void bg__cu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int
 {
     if (C <= 0)
         return;
-    bg__k_colsum<<<(C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(dbias, dout,
-                                                                                                       N, C);
+    BG_CU_LAUNCH(bg__k_colsum, (C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
+                 dbias, dout, N, C);
     BG_CU_LAUNCHED(be, "bg__k_colsum");
 }
 
@@ -252,8 +257,8 @@ void bg__cu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *d
 {
     if (C <= 0)
         return;
-    bg__k_ln_bwd_w<<<(C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(
-        dweight, dbias, dout, in, mean, rstd, N, C);
+    BG_CU_LAUNCH(bg__k_ln_bwd_w, (C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
+                 dweight, dbias, dout, in, mean, rstd, N, C);
     BG_CU_LAUNCHED(be, "bg__k_ln_bwd_w");
 }
 
@@ -425,7 +430,7 @@ void bg__cu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const
         return;
     if (dwte) {
         dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_BUCKETS);
-        bg__k_emb_bwd_wte<<<grid, BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(dwte, dout, tokens, B * T, C);
+        BG_CU_LAUNCH(bg__k_emb_bwd_wte, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens, B * T, C);
         BG_CU_LAUNCHED(be, "bg__k_emb_bwd_wte");
     }
     if (dwpe) {
@@ -535,7 +540,7 @@ __device__ __forceinline__ float bg__att_dot(const float *a, const float *b, int
 template <int R>
 __global__ void bg__k_att_fwd(float *out, float *lse, const float *qkv, int T, int NH, int hs, float scale)
 {
-    extern __shared__ float sm[];
+    BG_CU_DYN_SMEM(sm);
     float *Ks = sm, *Vs = Ks + BG_ATT_BK * (hs + 1), *Qs = Vs + BG_ATT_BK * (hs + 1);
     int C = NH * hs, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     size_t ld = 3 * (size_t)C;
@@ -598,7 +603,7 @@ template <int R>
 __global__ void bg__k_att_bwd_dq(float *dqkv, float *dvec, const float *dout, const float *qkv, const float *out,
                                  const float *lse, int T, int NH, int hs, float scale)
 {
-    extern __shared__ float sm[];
+    BG_CU_DYN_SMEM(sm);
     float *Ks = sm, *Vs = Ks + BG_ATT_BK * (hs + 1), *Qs = Vs + BG_ATT_BK * (hs + 1), *Ds = Qs + BG_ATT_W * hs;
     int C = NH * hs, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     size_t ld = 3 * (size_t)C;
@@ -664,7 +669,7 @@ template <int R>
 __global__ void bg__k_att_bwd_dkv(float *dqkv, const float *dvec, const float *dout, const float *qkv,
                                   const float *lse, int T, int NH, int hs, float scale)
 {
-    extern __shared__ float sm[];
+    BG_CU_DYN_SMEM(sm);
     float *Qt = sm, *Dt = Qt + BG_ATT_BK * (hs + 1), *Kw = Dt + BG_ATT_BK * (hs + 1), *Vw = Kw + BG_ATT_W * hs;
     float *lt = Vw + BG_ATT_W * hs, *dt = lt + BG_ATT_BK;
     int C = NH * hs, bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -744,7 +749,7 @@ static void bg__att_launch(bg_backend_t *be, K kern, const char *what, int T, in
     if (smem > 48 * 1024)
         bg__cu_check(be, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), what);
     dim3 grid(BH, (T + BG_ATT_W - 1) / BG_ATT_W); /* (batch, head) on x: no 65535 limit */
-    kern<<<grid, BG_ATT_W * 32, smem, bg__cu_stream(be)>>>(args...);
+    BG_CU_LAUNCH(kern, grid, BG_ATT_W * 32, smem, BG_CU_STREAM(be), args...);
     BG_CU_LAUNCHED(be, what);
 }
 

@@ -9,6 +9,10 @@
  *                                in or no device is present
  *   test_conformance cpu         the CPU backend on 2 threads against 1 thread:
  *                                bitwise (the CPU's promise), then
+ *   test_conformance cuda-emu    (test_conformance_emu only) the CUDA kernels of
+ *                                kernels/cuda/cuda_nn.cu run on the CPU by
+ *                                tests/bg_cuda_emu.h, against the CPU backend
+ *                                (fp32 tolerances): no GPU needed
  *   test_conformance --selftest  the harness against deliberately broken ops:
  *                                an unwritten element, an assignment where the
  *                                op accumulates, a 1e-4 error in GEMM must each
@@ -35,6 +39,10 @@
 #define SKIP 77
 #define MAXOUT 6
 #define MAXBUF 16
+
+/* tests/kernels/cuda_emu_backend.cc, linked into test_conformance_emu only */
+bg_backend_t *bg_test_cuda_emu_backend(void) __attribute__((weak));
+int bg_test_cuda_emu_errors(void) __attribute__((weak));
 
 /* ------------------------------------------------------------- one run */
 
@@ -613,6 +621,20 @@ int main(int argc, char **argv)
         int f = selftest(seed, verbose);
         printf("selftest: %s\n", f ? "FAILED" : "the harness catches every broken op");
         return f ? 1 : 0;
+    }
+    if (!strcmp(name, "cuda-emu")) { /* cuda_nn.cu's kernels on the CPU (tests/bg_cuda_emu.h) */
+        if (!bg_test_cuda_emu_backend) {
+            printf("SKIP: this program was built without the CUDA emulation (no C++ compiler)\n");
+            return SKIP;
+        }
+        bg_backend_t *emu = bg_test_cuda_emu_backend(), *ref = make("cpu", 1, 0);
+        if (!emu)
+            die("%s", bg_last_error());
+        int failed = conform(ref, emu, 1.0, seed, verbose, NULL) + bg_test_cuda_emu_errors();
+        printf("cuda kernels (emulated on the CPU) against cpu: %d failed\n", failed);
+        bg_backend_destroy(emu);
+        bg_backend_destroy(ref);
+        return failed ? 1 : 0;
     }
     int compiled = 0;
     for (const char *const *n = bg_backend_names(); *n; n++)

@@ -1,0 +1,70 @@
+/* tests/kernels/cuda_emu_backend.cc: the CUDA backend's kernels of
+ * kernels/cuda/cuda_nn.cu compiled as C++ against tests/bg_cuda_emu.h and
+ * run on the CPU, behind a backend table: the CPU backend's table (host
+ * memory, GEMM, elementwise ops, optimizers, reductions) with every slot that
+ * cuda_nn.cu implements replaced by its CUDA version. test_conformance
+ * (`cuda-emu`) then checks those kernels against the CPU backend on machines
+ * without a GPU. Not a backend anyone can select: tests only. */
+#define BG_CUDA_EMU 1
+/* every header first, so that the namespace below wraps only cuda_nn.cu's
+ * own definitions (a CUDA build links the real ones into the same program) */
+#include <math.h>
+#include <stdint.h>
+extern "C" {
+#include "brigade/core.h"
+}
+#include "kernels/cuda/cuda_impl.h"
+namespace bg_emu_ns {
+#include "kernels/cuda/cuda_nn.cu"
+}
+
+
+static int bg__emu_errors;
+
+void bg_emu_check(bg_backend_t *be, cudaError_t e, const char *what) /* bg__cu_check, renamed by bg_cuda_emu.h */
+{
+    if (e != cudaSuccess) {
+        bg__emu_errors++;
+        fprintf(stderr, "cuda emulation: %s failed (%d)\n", what, e);
+    }
+}
+
+extern "C" int bg_test_cuda_emu_errors(void) { return bg__emu_errors; }
+
+/* the CPU backend's table with cuda_nn.cu's kernels; its name says so */
+extern "C" bg_backend_t *bg_test_cuda_emu_backend(void)
+{
+    static bg_backend_ops_t ops;
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = 1;
+    bg_backend_t *be = NULL;
+    if (bg_backend_create("cpu", &p, &be) != BG_OK)
+        return NULL;
+    ops = *be->ops;
+    ops.name = "cuda-emu";
+    ops.bias_forward = bg_emu_ns::bg__cu_bias_forward;
+    ops.bias_backward = bg_emu_ns::bg__cu_bias_backward;
+    ops.gelu_forward = bg_emu_ns::bg__cu_gelu_forward;
+    ops.gelu_backward = bg_emu_ns::bg__cu_gelu_backward;
+    ops.relu_forward = bg_emu_ns::bg__cu_relu_forward;
+    ops.relu_backward = bg_emu_ns::bg__cu_relu_backward;
+    ops.layernorm_forward = bg_emu_ns::bg__cu_layernorm_forward;
+    ops.layernorm_backward_input = bg_emu_ns::bg__cu_layernorm_backward_input;
+    ops.layernorm_backward_weight = bg_emu_ns::bg__cu_layernorm_backward_weight;
+    ops.softmax_forward = bg_emu_ns::bg__cu_softmax_forward;
+    ops.softmax_backward = bg_emu_ns::bg__cu_softmax_backward;
+    ops.causal_softmax_forward = bg_emu_ns::bg__cu_causal_softmax_forward;
+    ops.causal_softmax_backward = bg_emu_ns::bg__cu_causal_softmax_backward;
+    ops.crossentropy_forward = bg_emu_ns::bg__cu_crossentropy_forward;
+    ops.crossentropy_backward = bg_emu_ns::bg__cu_crossentropy_backward;
+    ops.embedding_forward = bg_emu_ns::bg__cu_embedding_forward;
+    ops.embedding_backward = bg_emu_ns::bg__cu_embedding_backward;
+    ops.qkv_split = bg_emu_ns::bg__cu_qkv_split;
+    ops.qkv_merge = bg_emu_ns::bg__cu_qkv_merge;
+    ops.heads_merge = bg_emu_ns::bg__cu_heads_merge;
+    ops.heads_split = bg_emu_ns::bg__cu_heads_split;
+    ops.attention_forward = bg_emu_ns::bg__cu_attention_forward;
+    ops.attention_backward = bg_emu_ns::bg__cu_attention_backward;
+    be->ops = &ops;
+    return be;
+}
