@@ -1,4 +1,4 @@
-/* tests/bg_cuda_emu.h: just enough of CUDA to run kernels/cuda/cuda_nn.cu on
+/* tests/bg_cuda_emu.h: just enough of CUDA to run kernels/cuda/cuda_kernels.cu on
  * the CPU, compiled as C++ (tests/kernels/cuda_emu_backend.cc). A block's
  * threads are fibers on one OS thread (ucontext to start, _setjmp/_longjmp to
  * switch); __syncthreads is a barrier of the block's fibers and a warp
@@ -9,7 +9,7 @@
  * reaches aborts with a message (a real GPU would hang or misbehave).
  *
  * What it cannot check: timing, memory coalescing, races between blocks, the
- * device's expf/logf (glibc's here), and anything outside cuda_nn.cu (cuBLAS,
+ * device's expf/logf (glibc's here), and anything outside cuda_kernels.cu (cuBLAS,
  * the pool over cudaMalloc, streams). Include only from one C++ file. */
 #ifndef BG_CUDA_EMU_H
 #define BG_CUDA_EMU_H

@@ -1,14 +1,13 @@
 /* kernels/cuda/cuda_backend.cu: the CUDA backend's table, its memory (the
  * caching pool of cuda_pool.c over cudaMalloc, pinned staging for host copies),
- * the elementwise ops, GEMM (cuBLAS, fp32), the optimizers and the host
- * reductions. The neural-network kernels and attention live in cuda_nn.cu.
+ * GEMM (cuBLAS) and the host side of sum/sumsq; every kernel and its launch
+ * live in cuda_kernels.cu.
  *
  * One stream per instance carries every kernel, cuBLAS call and copy, so ops
  * run in the order they are called, as on the CPU. to_host, sum and sumsq wait
  * for the stream; from_host returns once the data are in pinned memory.
  *
- * Determinism: no kernel here uses atomics; sum/sumsq reduce a fixed grid in
- * double, then the partials in order. GEMM is cublasSgemm (exact fp32, no
+ * Determinism: GEMM is cublasSgemm (exact fp32, no
  * TF32) unless BRIGADE_CUDA_GEMM asks for tf32 or bf16 tensor cores
  * (cublasGemmEx on the same fp32 buffers, fp32 accumulation); cuBLAS results
  * are run-to-run reproducible on one GPU model and cuBLAS version but not
@@ -128,32 +127,6 @@ static void bg__cu_from_host(bg_backend_t *be, void *dst, const void *src_host, 
 
 /* ----------------------------------------------------------- elementwise */
 
-#define BG_CU_FOR(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
-                             i += (size_t)gridDim.x * blockDim.x)
-
-__global__ void bg__k_fill(float *x, float v, size_t n) { BG_CU_FOR(i, n) x[i] = v; }
-__global__ void bg__k_scale(float *x, float a, size_t n) { BG_CU_FOR(i, n) x[i] *= a; }
-__global__ void bg__k_axpy(float *y, float a, const float *x, size_t n) { BG_CU_FOR(i, n) y[i] += a * x[i]; }
-__global__ void bg__k_add(float *o, const float *a, const float *b, size_t n) { BG_CU_FOR(i, n) o[i] = a[i] + b[i]; }
-
-#define BG_CU_LAUNCH1(kernel, n, ...)                                                              \
-    do {                                                                                           \
-        if ((n) == 0)                                                                              \
-            return;                                                                                \
-        kernel<<<bg__cu_grid(n), BG_CUDA_THREADS, 0, bg__cu_stream(be)>>>(__VA_ARGS__);            \
-        BG_CU_LAUNCHED(be, #kernel);                                                               \
-    } while (0)
-
-static void bg__cu_fill(bg_backend_t *be, float *x, float v, size_t n) { BG_CU_LAUNCH1(bg__k_fill, n, x, v, n); }
-static void bg__cu_scale(bg_backend_t *be, float *x, float a, size_t n) { BG_CU_LAUNCH1(bg__k_scale, n, x, a, n); }
-static void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n)
-{
-    BG_CU_LAUNCH1(bg__k_axpy, n, y, a, x, n);
-}
-static void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n)
-{
-    BG_CU_LAUNCH1(bg__k_add, n, out, a, b, n);
-}
 static void bg__cu_copy(bg_backend_t *be, float *dst, const float *src, size_t n)
 {
     if (n && dst != src)
@@ -162,19 +135,6 @@ static void bg__cu_copy(bg_backend_t *be, float *dst, const float *src, size_t n
 }
 
 /* ------------------------------------------------------------------ GEMM */
-
-/* C(i,j) = beta * C(i,j) for each matrix (k == 0: there is no product, and
- * cuBLAS would reject lda = 0); beta == 0 writes zeros, as BLAS does. */
-__global__ void bg__k_scale_c(float *c, int m, int n, int ldc, long long stride_c, float beta, int batch)
-{
-    size_t total = (size_t)m * n * batch;
-    BG_CU_FOR(idx, total)
-    {
-        size_t bi = idx / ((size_t)m * n), r = idx % ((size_t)m * n);
-        float *p = c + bi * stride_c + (r / n) * (size_t)ldc + r % n;
-        *p = beta == 0.0f ? 0.0f : beta * *p;
-    }
-}
 
 /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS is
  * called with the operands swapped and m, n exchanged. */
@@ -186,8 +146,7 @@ static void bg__cu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans
     if (m <= 0 || n <= 0 || batch <= 0)
         return;
     if (k <= 0) {
-        size_t total = (size_t)m * n * batch;
-        BG_CU_LAUNCH1(bg__k_scale_c, total, c, m, n, ldc, stride_c, beta, batch);
+        bg__cu_gemm_scale_c(be, c, m, n, ldc, stride_c, beta, batch);
         return;
     }
     cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -219,88 +178,14 @@ static void bg__cu_gemm(bg_backend_t *be, int trans_a, int trans_b, int m, int n
     bg__cu_gemm_strided_batched(be, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
-/* ------------------------------------------------------------ optimizers */
-
-__global__ void bg__k_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-                            float beta2, float eps, float wd, float bc1, float bc2)
-{
-    BG_CU_FOR(i, n)
-    {
-        float g = grad[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * param[i]);
-    }
-}
-
-__global__ void bg__k_sgd(float *param, const float *grad, float *mom, size_t n, float lr, float momentum, float wd)
-{
-    BG_CU_FOR(i, n)
-    {
-        float mi = momentum * mom[i] + grad[i] + wd * param[i];
-        mom[i] = mi;
-        param[i] -= lr * mi;
-    }
-}
-
-static void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int t)
-{
-    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
-    BG_CU_LAUNCH1(bg__k_adamw, n, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-}
-
-static void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
-                                float momentum, float weight_decay)
-{
-    BG_CU_LAUNCH1(bg__k_sgd, n, param, grad, mom, n, lr, momentum, weight_decay);
-}
-
 /* ------------------------------------------------------------ reductions */
-
-/* Block b sums elements b*T+t, stepping by the whole grid, per thread in
- * order, then the block's threads in a fixed tree: a fixed grid, so the
- * result depends on n only. */
-__global__ void bg__k_reduce_part(double *part, const float *x, size_t n, int sq)
-{
-    __shared__ double sh[BG_CUDA_THREADS];
-    double s = 0.0;
-    for (size_t i = blockIdx.x * (size_t)BG_CUDA_THREADS + threadIdx.x; i < n;
-         i += (size_t)BG_CUDA_RED_BLOCKS * BG_CUDA_THREADS) {
-        double v = x[i];
-        s += sq ? v * v : v;
-    }
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = BG_CUDA_THREADS / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            sh[threadIdx.x] += sh[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        part[blockIdx.x] = sh[0];
-}
-
-__global__ void bg__k_reduce_final(double *total, const double *part)
-{
-    double s = 0.0;
-    for (int i = 0; i < BG_CUDA_RED_BLOCKS; i++)
-        s += part[i];
-    *total = s;
-}
 
 static double bg__cu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 {
     bg_cuda_impl_t *impl = bg__cu(be);
     if (n == 0)
         return 0.0;
-    bg__k_reduce_part<<<BG_CUDA_RED_BLOCKS, BG_CUDA_THREADS, 0, impl->stream>>>(impl->red, x, n, sq);
-    BG_CU_LAUNCHED(be, "bg__k_reduce_part");
-    bg__k_reduce_final<<<1, 1, 0, impl->stream>>>(impl->red + BG_CUDA_RED_BLOCKS, impl->red);
-    BG_CU_LAUNCHED(be, "bg__k_reduce_final");
+    bg__cu_reduce_launch(be, impl->red, x, n, sq);
     bg__cu_check(be, cudaMemcpyAsync(impl->red_host, impl->red + BG_CUDA_RED_BLOCKS, sizeof(double),
                                      cudaMemcpyDeviceToHost, impl->stream), "cudaMemcpyAsync (sum)");
     bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (sum)");

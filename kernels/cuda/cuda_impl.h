@@ -1,6 +1,6 @@
 /* kernels/cuda/cuda_impl.h: what the CUDA backend's source files share: the
  * instance state, the launch helpers and the neural-network kernels of
- * cuda_nn.cu that cuda_backend.cu puts in the table. Must not be included
+ * cuda_kernels.cu that cuda_backend.cu puts in the table. Must not be included
  * outside kernels/cuda/. */
 #ifndef BG_KERNELS_CUDA_IMPL_H
 #define BG_KERNELS_CUDA_IMPL_H
@@ -58,7 +58,17 @@ static inline unsigned bg__cu_grid(size_t n)
     return g > 65535u * 16u ? 65535u * 16u : (unsigned)g;
 }
 
-/* the kernels of cuda_nn.cu */
+/* the kernels of cuda_kernels.cu */
+void bg__cu_fill(bg_backend_t *be, float *x, float v, size_t n);
+void bg__cu_scale(bg_backend_t *be, float *x, float a, size_t n);
+void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n);
+void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n);
+void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t);
+void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
+                         float momentum, float weight_decay);
+void bg__cu_reduce_launch(bg_backend_t *be, double *red, const float *x, size_t n, int sq);
+void bg__cu_gemm_scale_c(bg_backend_t *be, float *c, int m, int n, int ldc, long long stride_c, float beta, int batch);
 void bg__cu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C);
 void bg__cu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C);
 void bg__cu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n);

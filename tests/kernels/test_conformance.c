@@ -10,7 +10,7 @@
  *   test_conformance cpu         the CPU backend on 2 threads against 1 thread:
  *                                bitwise (the CPU's promise), then
  *   test_conformance cuda-emu    (test_conformance_emu only) the CUDA kernels of
- *                                kernels/cuda/cuda_nn.cu run on the CPU by
+ *                                kernels/cuda/cuda_kernels.cu run on the CPU by
  *                                tests/bg_cuda_emu.h, against the CPU backend
  *                                (fp32 tolerances): no GPU needed
  *   test_conformance --selftest  the harness against deliberately broken ops:
@@ -622,7 +622,7 @@ int main(int argc, char **argv)
         printf("selftest: %s\n", f ? "FAILED" : "the harness catches every broken op");
         return f ? 1 : 0;
     }
-    if (!strcmp(name, "cuda-emu")) { /* cuda_nn.cu's kernels on the CPU (tests/bg_cuda_emu.h) */
+    if (!strcmp(name, "cuda-emu")) { /* cuda_kernels.cu's kernels on the CPU (tests/bg_cuda_emu.h) */
         if (!bg_test_cuda_emu_backend) {
             printf("SKIP: this program was built without the CUDA emulation (no C++ compiler)\n");
             return SKIP;

@@ -1,6 +1,9 @@
-/* kernels/cuda/cuda_nn.cu: the CUDA backend's neural-network kernels: bias,
- * GELU, ReLU, LayerNorm, softmax (plain, causal, fused with cross-entropy),
- * embedding, the attention layout changes and the fused causal attention.
+/* kernels/cuda/cuda_kernels.cu: every CUDA kernel of the CUDA backend and its
+ * launch: elementwise ops, AdamW/SGD, the sum/sumsq reduction, GEMM's k = 0
+ * case, bias, GELU, ReLU, LayerNorm, softmax (plain, causal, fused with
+ * cross-entropy), embedding, the attention layout changes and the fused
+ * causal attention. cuda_backend.cu owns the runtime calls (memory, copies,
+ * streams, cuBLAS) and the table.
  *
  * Row ops give one row to one block (256 threads, block reductions in a fixed
  * tree); reductions over rows (bias_backward, layernorm_backward_weight,
@@ -8,6 +11,9 @@
  * rows in row order (in double for bias and LayerNorm, as the CPU does). No
  * kernel uses atomics, so results are run-to-run reproducible; they are not
  * bitwise those of the CPU backend (float reductions in another order).
+ * sum/sumsq: a fixed grid of BG_CUDA_RED_BLOCKS blocks, each summing its
+ * grid-strided elements per thread in double and then its threads in a fixed
+ * tree; one thread adds the block partials in order.
  * Parameter gradients accumulate (+=), activation gradients are assigned (=).
  *
  * Attention is flash-style: one warp per query row, key/value tiles of 32 in
@@ -50,7 +56,7 @@ extern "C" {
         BG_CU_LAUNCHED(be, #kernel);                                                               \
     } while (0)
 
-/* ------------------------------------------------------------ reductions */
+/* ------------------------------------------------------- block reductions */
 
 __device__ __forceinline__ float bg__warp_sum(float v)
 {
@@ -88,6 +94,128 @@ __device__ float bg__block_max(float v)
     __syncthreads();
     v = lane < (int)(blockDim.x >> 5) ? sh[lane] : -INFINITY;
     return bg__warp_max(v);
+}
+
+/* ------------------------------------------------ elementwise, optimizers */
+
+__global__ void bg__k_fill(float *x, float v, size_t n) { BG_CU_FOR(i, n) x[i] = v; }
+__global__ void bg__k_scale(float *x, float a, size_t n) { BG_CU_FOR(i, n) x[i] *= a; }
+__global__ void bg__k_axpy(float *y, float a, const float *x, size_t n) { BG_CU_FOR(i, n) y[i] += a * x[i]; }
+__global__ void bg__k_add(float *o, const float *a, const float *b, size_t n) { BG_CU_FOR(i, n) o[i] = a[i] + b[i]; }
+
+void bg__cu_fill(bg_backend_t *be, float *x, float v, size_t n) { BG_CU_LAUNCH1(bg__k_fill, n, x, v, n); }
+void bg__cu_scale(bg_backend_t *be, float *x, float a, size_t n) { BG_CU_LAUNCH1(bg__k_scale, n, x, a, n); }
+void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n)
+{
+    BG_CU_LAUNCH1(bg__k_axpy, n, y, a, x, n);
+}
+void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n)
+{
+    BG_CU_LAUNCH1(bg__k_add, n, out, a, b, n);
+}
+
+__global__ void bg__k_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                            float beta2, float eps, float wd, float bc1, float bc2)
+{
+    BG_CU_FOR(i, n)
+    {
+        float g = grad[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * param[i]);
+    }
+}
+
+__global__ void bg__k_sgd(float *param, const float *grad, float *mom, size_t n, float lr, float momentum, float wd)
+{
+    BG_CU_FOR(i, n)
+    {
+        float mi = momentum * mom[i] + grad[i] + wd * param[i];
+        mom[i] = mi;
+        param[i] -= lr * mi;
+    }
+}
+
+void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int t)
+{
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    BG_CU_LAUNCH1(bg__k_adamw, n, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+}
+
+void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
+                                float momentum, float weight_decay)
+{
+    BG_CU_LAUNCH1(bg__k_sgd, n, param, grad, mom, n, lr, momentum, weight_decay);
+}
+
+/* ------------------------------------------------------------ reductions */
+
+/* Block b sums elements b*T+t, stepping by the whole grid, per thread in
+ * order, then the block's threads in a fixed tree: a fixed grid, so the
+ * result depends on n only. */
+__global__ void bg__k_reduce_part(double *part, const float *x, size_t n, int sq)
+{
+    __shared__ double sh[BG_CUDA_THREADS];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)BG_CUDA_THREADS + threadIdx.x; i < n;
+         i += (size_t)BG_CUDA_RED_BLOCKS * BG_CUDA_THREADS) {
+        double v = x[i];
+        s += sq ? v * v : v;
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = BG_CUDA_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = sh[0];
+}
+
+__global__ void bg__k_reduce_final(double *total, const double *part) /* one warp, thread 0 works */
+{
+    if (threadIdx.x != 0)
+        return;
+    double s = 0.0;
+    for (int i = 0; i < BG_CUDA_RED_BLOCKS; i++)
+        s += part[i];
+    *total = s;
+}
+
+/* red[0..BG_CUDA_RED_BLOCKS) the block partials, red[BG_CUDA_RED_BLOCKS] the
+ * total (device memory; cuda_backend.cu copies it to the host) */
+void bg__cu_reduce_launch(bg_backend_t *be, double *red, const float *x, size_t n, int sq)
+{
+    BG_CU_LAUNCH(bg__k_reduce_part, BG_CUDA_RED_BLOCKS, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), red, x, n, sq);
+    BG_CU_LAUNCHED(be, "bg__k_reduce_part");
+    BG_CU_LAUNCH(bg__k_reduce_final, 1, 32, 0, BG_CU_STREAM(be), red + BG_CUDA_RED_BLOCKS, red);
+    BG_CU_LAUNCHED(be, "bg__k_reduce_final");
+}
+
+/* ------------------------------------------------------------ GEMM, k = 0 */
+
+/* C(i,j) = beta * C(i,j) for each matrix (k == 0: there is no product, and
+ * cuBLAS would reject lda = 0); beta == 0 writes zeros, as BLAS does. */
+__global__ void bg__k_scale_c(float *c, int m, int n, int ldc, long long stride_c, float beta, int batch)
+{
+    size_t total = (size_t)m * n * batch;
+    BG_CU_FOR(idx, total)
+    {
+        size_t bi = idx / ((size_t)m * n), r = idx % ((size_t)m * n);
+        float *p = c + bi * stride_c + (r / n) * (size_t)ldc + r % n;
+        *p = beta == 0.0f ? 0.0f : beta * *p;
+    }
+}
+
+void bg__cu_gemm_scale_c(bg_backend_t *be, float *c, int m, int n, int ldc, long long stride_c, float beta, int batch)
+{
+    size_t total = (size_t)m * n * batch;
+    BG_CU_LAUNCH1(bg__k_scale_c, total, c, m, n, ldc, stride_c, beta, batch);
 }
 
 /* ------------------------------------------------------------------ bias */
