@@ -90,9 +90,13 @@ static void bg__cu_synchronize(bg_backend_t *be)
     bg__cu_check(be, cudaStreamSynchronize(bg__cu_stream(be)), "cudaStreamSynchronize");
 }
 
-/* device -> host through the pinned chunks: each chunk's copy is queued, then
- * waited for and copied out of pinned memory (synchronous, as the CPU's). */
-static void bg__cu_to_host(bg_backend_t *be, void *dst_host, const void *src, size_t bytes)
+/* Host copies through the two pinned chunks, taken in turn; a chunk is reused
+ * once its last transfer's event completed.
+ * to_host: each chunk's copy is queued, waited for and copied out of pinned
+ * memory (synchronous, as the CPU's). from_host: a chunk is copied into pinned
+ * memory while the previous chunk's transfer runs; returns once the last chunk
+ * is queued (the caller may reuse its buffer at once). */
+static void bg__cu_staged_copy(bg_backend_t *be, char *dst, const char *src, size_t bytes, int to_host)
 {
     bg_cuda_impl_t *impl = bg__cu(be);
     for (size_t off = 0; off < bytes; off += BG_CUDA_STAGE_BYTES) {
@@ -100,29 +104,28 @@ static void bg__cu_to_host(bg_backend_t *be, void *dst_host, const void *src, si
         int s = impl->stage_next;
         impl->stage_next ^= 1;
         bg__cu_check(be, cudaEventSynchronize(impl->stage_ev[s]), "staging wait");
-        bg__cu_check(be, cudaMemcpyAsync(impl->stage[s], (const char *)src + off, len, cudaMemcpyDeviceToHost,
-                                         impl->stream), "cudaMemcpyAsync D2H");
-        bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (D2H)");
-        memcpy((char *)dst_host + off, impl->stage[s], len);
+        if (to_host) {
+            bg__cu_check(be, cudaMemcpyAsync(impl->stage[s], src + off, len, cudaMemcpyDeviceToHost, impl->stream),
+                         "cudaMemcpyAsync D2H");
+            bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (D2H)");
+            memcpy(dst + off, impl->stage[s], len);
+        } else {
+            memcpy(impl->stage[s], src + off, len);
+            bg__cu_check(be, cudaMemcpyAsync(dst + off, impl->stage[s], len, cudaMemcpyHostToDevice, impl->stream),
+                         "cudaMemcpyAsync H2D");
+            bg__cu_check(be, cudaEventRecord(impl->stage_ev[s], impl->stream), "cudaEventRecord");
+        }
     }
 }
 
-/* host -> device through the pinned chunks: a chunk is copied into pinned
- * memory while the previous chunk's transfer runs; returns once the last
- * chunk is queued (the caller may reuse its buffer at once). */
+static void bg__cu_to_host(bg_backend_t *be, void *dst_host, const void *src, size_t bytes)
+{
+    bg__cu_staged_copy(be, (char *)dst_host, (const char *)src, bytes, 1);
+}
+
 static void bg__cu_from_host(bg_backend_t *be, void *dst, const void *src_host, size_t bytes)
 {
-    bg_cuda_impl_t *impl = bg__cu(be);
-    for (size_t off = 0; off < bytes; off += BG_CUDA_STAGE_BYTES) {
-        size_t len = bytes - off < BG_CUDA_STAGE_BYTES ? bytes - off : BG_CUDA_STAGE_BYTES;
-        int s = impl->stage_next;
-        impl->stage_next ^= 1;
-        bg__cu_check(be, cudaEventSynchronize(impl->stage_ev[s]), "staging wait");
-        memcpy(impl->stage[s], (const char *)src_host + off, len);
-        bg__cu_check(be, cudaMemcpyAsync((char *)dst + off, impl->stage[s], len, cudaMemcpyHostToDevice,
-                                         impl->stream), "cudaMemcpyAsync H2D");
-        bg__cu_check(be, cudaEventRecord(impl->stage_ev[s], impl->stream), "cudaEventRecord");
-    }
+    bg__cu_staged_copy(be, (char *)dst, (const char *)src_host, bytes, 0);
 }
 
 /* ----------------------------------------------------------- elementwise */

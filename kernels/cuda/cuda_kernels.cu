@@ -58,43 +58,34 @@ extern "C" {
 
 /* ------------------------------------------------------- block reductions */
 
-__device__ __forceinline__ float bg__warp_sum(float v)
+/* sum (is_max 0) or max over the warp, returned to every lane (a fixed tree) */
+__device__ __forceinline__ float bg__warp_reduce(float v, int is_max)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(BG_CU_FULL, v, o);
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(BG_CU_FULL, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
     return v;
 }
-__device__ __forceinline__ float bg__warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(BG_CU_FULL, v, o));
-    return v;
-}
-/* sum / max over the block, returned to every thread (a fixed tree) */
-__device__ float bg__block_sum(float v)
+__device__ __forceinline__ float bg__warp_sum(float v) { return bg__warp_reduce(v, 0); }
+__device__ __forceinline__ float bg__warp_max(float v) { return bg__warp_reduce(v, 1); }
+
+/* sum or max over the block, returned to every thread: the warps' results,
+ * then one warp over them */
+__device__ float bg__block_reduce(float v, int is_max)
 {
     __shared__ float sh[32];
-    v = bg__warp_sum(v);
+    v = bg__warp_reduce(v, is_max);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     __syncthreads();
     if (lane == 0)
         sh[w] = v;
     __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
-    return bg__warp_sum(v);
+    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : is_max ? -INFINITY : 0.0f;
+    return bg__warp_reduce(v, is_max);
 }
-__device__ float bg__block_max(float v)
-{
-    __shared__ float sh[32];
-    v = bg__warp_max(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : -INFINITY;
-    return bg__warp_max(v);
-}
+__device__ float bg__block_sum(float v) { return bg__block_reduce(v, 0); }
+__device__ float bg__block_max(float v) { return bg__block_reduce(v, 1); }
 
 /* ------------------------------------------------ elementwise, optimizers */
 
@@ -655,12 +646,50 @@ __device__ void bg__att_load_tile(float *dst, const float *src, size_t ld, int j
     }
 }
 
+/* the key and value tiles of keys j0.., between two block barriers */
+__device__ void bg__att_load_kv(float *Ks, float *Vs, const float *k, const float *v, size_t ld, int j0, int T, int hs)
+{
+    __syncthreads();
+    bg__att_load_tile(Ks, k, ld, j0, T, hs);
+    bg__att_load_tile(Vs, v, ld, j0, T, hs);
+    __syncthreads();
+}
+
 __device__ __forceinline__ float bg__att_dot(const float *a, const float *b, int hs)
 {
     float s = 0.0f;
     for (int d = 0; d < hs; d++)
         s += a[d] * b[d];
     return s;
+}
+
+/* acc[r] (dims lane + 32 r) += sum over lanes jj in [lo, hi) of w_jj * tile row
+ * jj (rows hs + 1 apart): w is one value per lane, broadcast by shuffles */
+template <int R>
+__device__ __forceinline__ void bg__att_accumulate(float *acc, float w, const float *tile, int lo, int hi, int hs,
+                                                   int lane)
+{
+    for (int jj = lo; jj < hi; jj++) {
+        float wj = __shfl_sync(BG_CU_FULL, w, jj);
+        const float *row = tile + jj * (hs + 1);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int d = lane + 32 * r;
+            if (d < hs)
+                acc[r] += wj * row[d];
+        }
+    }
+}
+
+/* dst[lane + 32 r] = acc[r] * mul */
+template <int R> __device__ __forceinline__ void bg__att_store(float *dst, const float *acc, float mul, int hs, int lane)
+{
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int d = lane + 32 * r;
+        if (d < hs)
+            dst[d] = acc[r] * mul;
+    }
 }
 
 /* Forward: block (bh, query tile of BG_ATT_W rows); warp w owns row i; lane
@@ -678,15 +707,9 @@ __global__ void bg__k_att_fwd(float *out, float *lse, const float *qkv, int T, i
     float *qw = Qs + w * hs;
     for (int d = lane; d < hs; d += 32)
         qw[d] = i < T ? q[(size_t)i * ld + d] : 0.0f;
-    float m = -INFINITY, l = 0.0f, acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
+    float m = -INFINITY, l = 0.0f, acc[R] = {};
     for (int j0 = 0; j0 <= last; j0 += BG_ATT_BK) {
-        __syncthreads();
-        bg__att_load_tile(Ks, k, ld, j0, T, hs);
-        bg__att_load_tile(Vs, v, ld, j0, T, hs);
-        __syncthreads();
+        bg__att_load_kv(Ks, Vs, k, v, ld, j0, T, hs);
         if (i >= T || j0 > i)
             continue;
         int nv = min(BG_ATT_BK, i - j0 + 1);
@@ -699,27 +722,11 @@ __global__ void bg__k_att_fwd(float *out, float *lse, const float *qkv, int T, i
 #pragma unroll
         for (int r = 0; r < R; r++)
             acc[r] *= corr;
-        for (int jj = 0; jj < nv; jj++) {
-            float pj = __shfl_sync(BG_CU_FULL, p, jj);
-            const float *vr = Vs + jj * (hs + 1);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int d = lane + 32 * r;
-                if (d < hs)
-                    acc[r] += pj * vr[d];
-            }
-        }
+        bg__att_accumulate<R>(acc, p, Vs, 0, nv, hs, lane);
     }
     if (i >= T)
         return;
-    float *o = out + ((size_t)b * T + i) * C + (size_t)h * hs;
-    float inv = 1.0f / l;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int d = lane + 32 * r;
-        if (d < hs)
-            o[d] = acc[r] * inv;
-    }
+    bg__att_store<R>(out + ((size_t)b * T + i) * C + (size_t)h * hs, acc, 1.0f / l, hs, lane);
     if (lane == 0)
         lse[(size_t)bh * T + i] = m + logf(l);
 }
@@ -750,15 +757,9 @@ __global__ void bg__k_att_bwd_dq(float *dqkv, float *dvec, const float *dout, co
     float Di = bg__warp_sum(dd), li = i < T ? lse[(size_t)bh * T + i] : 0.0f;
     if (i < T && lane == 0)
         dvec[(size_t)bh * T + i] = Di;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
+    float acc[R] = {};
     for (int j0 = 0; j0 <= last; j0 += BG_ATT_BK) {
-        __syncthreads();
-        bg__att_load_tile(Ks, k, ld, j0, T, hs);
-        bg__att_load_tile(Vs, v, ld, j0, T, hs);
-        __syncthreads();
+        bg__att_load_kv(Ks, Vs, k, v, ld, j0, T, hs);
         if (i >= T || j0 > i)
             continue;
         int nv = min(BG_ATT_BK, i - j0 + 1);
@@ -768,26 +769,11 @@ __global__ void bg__k_att_bwd_dq(float *dqkv, float *dvec, const float *dout, co
             float dp = bg__att_dot(dow, Vs + lane * (hs + 1), hs);
             ds = p * (dp - Di) * scale;
         }
-        for (int jj = 0; jj < nv; jj++) {
-            float dsj = __shfl_sync(BG_CU_FULL, ds, jj);
-            const float *kr = Ks + jj * (hs + 1);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int d = lane + 32 * r;
-                if (d < hs)
-                    acc[r] += dsj * kr[d];
-            }
-        }
+        bg__att_accumulate<R>(acc, ds, Ks, 0, nv, hs, lane);
     }
     if (i >= T)
         return;
-    float *dq = dqkv + ((size_t)b * T + i) * ld + (size_t)h * hs;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int d = lane + 32 * r;
-        if (d < hs)
-            dq[d] = acc[r];
-    }
+    bg__att_store<R>(dqkv + ((size_t)b * T + i) * ld + (size_t)h * hs, acc, 1.0f, hs, lane);
 }
 
 /* Backward, dK and dV: warp per key row j, query tiles from the one holding
@@ -811,10 +797,7 @@ __global__ void bg__k_att_bwd_dkv(float *dqkv, const float *dvec, const float *d
         kw[d] = j < T ? k[(size_t)j * ld + d] : 0.0f;
         vw[d] = j < T ? v[(size_t)j * ld + d] : 0.0f;
     }
-    float dk[R], dv[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        dk[r] = dv[r] = 0.0f;
+    float dk[R] = {}, dv[R] = {};
     for (int i0 = first / BG_ATT_BK * BG_ATT_BK; i0 < T; i0 += BG_ATT_BK) {
         __syncthreads();
         bg__att_load_tile(Qt, q, ld, i0, T, hs);
@@ -836,30 +819,14 @@ __global__ void bg__k_att_bwd_dkv(float *dqkv, const float *dvec, const float *d
             float dp = bg__att_dot(Dt + lane * (hs + 1), vw, hs);
             ds = p * (dp - dt[lane]) * scale;
         }
-        for (int ii = lo; ii < hi; ii++) {
-            float pi = __shfl_sync(BG_CU_FULL, p, ii), dsi = __shfl_sync(BG_CU_FULL, ds, ii);
-            const float *qr = Qt + ii * (hs + 1), *gr = Dt + ii * (hs + 1);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int d = lane + 32 * r;
-                if (d < hs) {
-                    dv[r] += pi * gr[d];
-                    dk[r] += dsi * qr[d];
-                }
-            }
-        }
+        bg__att_accumulate<R>(dv, p, Dt, lo, hi, hs, lane);
+        bg__att_accumulate<R>(dk, ds, Qt, lo, hi, hs, lane);
     }
     if (j >= T)
         return;
     float *dkr = dqkv + ((size_t)b * T + j) * ld + (size_t)h * hs + C;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int d = lane + 32 * r;
-        if (d < hs) {
-            dkr[d] = dk[r];
-            dkr[d + C] = dv[r];
-        }
-    }
+    bg__att_store<R>(dkr, dk, 1.0f, hs, lane);
+    bg__att_store<R>(dkr + C, dv, 1.0f, hs, lane);
 }
 
 static size_t bg__att_smem_fwd(int hs) { return (2 * BG_ATT_BK * (size_t)(hs + 1) + BG_ATT_W * (size_t)hs) * 4; }
