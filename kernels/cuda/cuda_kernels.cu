@@ -6,9 +6,10 @@
  * streams, cuBLAS) and the table.
  *
  * Row ops give one row to one block (256 threads, block reductions in a fixed
- * tree); reductions over rows (bias_backward, layernorm_backward_weight,
- * embedding_backward) give each output column to one thread, which sums over
- * rows in row order (in double for bias and LayerNorm, as the CPU does). No
+ * tree); reductions over rows: bias_backward and layernorm_backward_weight
+ * give 32 columns to a block whose 8 warps sum interleaved rows in double and
+ * then add up in warp order; embedding_backward gives each output element one
+ * thread adding rows in (b,t) order, as the CPU does. No
  * kernel uses atomics, so results are run-to-run reproducible; they are not
  * bitwise those of the CPU backend (float reductions in another order).
  * sum/sumsq: a fixed grid of BG_CUDA_RED_BLOCKS blocks, each summing its
@@ -130,7 +131,7 @@ __global__ void bg__k_sgd(float *param, const float *grad, float *mom, size_t n,
 }
 
 void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int t)
+                  float beta1, float beta2, float eps, float weight_decay, int t)
 {
     float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
@@ -138,7 +139,7 @@ void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, f
 }
 
 void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
-                                float momentum, float weight_decay)
+                         float momentum, float weight_decay)
 {
     BG_CU_LAUNCH1(bg__k_sgd, n, param, grad, mom, n, lr, momentum, weight_decay);
 }
@@ -216,16 +217,38 @@ __global__ void bg__k_bias_fwd(float *out, const float *bias, int N, int C)
     BG_CU_FOR(i, (size_t)N * C) out[i] += bias[i % C];
 }
 
-/* one thread per column, rows in order, in double */
+/* Reductions over rows: one block per 32 columns, lane = column; warp w sums
+ * rows w, w + 8, w + 16, ... in double, then warp 0 adds the 8 warps' sums in
+ * warp order: a fixed order that depends on N only. */
+#define BG_COL_WARPS (BG_CUDA_THREADS / 32)
+#define BG_COL_GRID(C) (((C) + 31) / 32)
+
+/* the block's total of v for this lane's column, valid in warp 0; sh holds
+ * BG_CUDA_THREADS doubles and may be reused after the call */
+__device__ double bg__col_combine(double v, double *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    sh[w * 32 + lane] = v;
+    __syncthreads();
+    double t = 0.0;
+    if (w == 0)
+        for (int k = 0; k < BG_COL_WARPS; k++)
+            t += sh[k * 32 + lane];
+    __syncthreads();
+    return t;
+}
+
 __global__ void bg__k_colsum(float *dst, const float *src, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
+    __shared__ double sh[BG_CUDA_THREADS];
+    int c = blockIdx.x * 32 + (threadIdx.x & 31);
     double s = 0.0;
-    for (int n = 0; n < N; n++)
-        s += src[(size_t)n * C + c];
-    dst[c] += (float)s;
+    if (c < C)
+        for (int n = threadIdx.x >> 5; n < N; n += BG_COL_WARPS)
+            s += src[(size_t)n * C + c];
+    s = bg__col_combine(s, sh);
+    if (threadIdx.x < 32 && c < C)
+        dst[c] += (float)s;
 }
 
 void bg__cu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C)
@@ -238,7 +261,7 @@ void bg__cu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int
 {
     if (C <= 0)
         return;
-    BG_CU_LAUNCH(bg__k_colsum, (C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
+    BG_CU_LAUNCH(bg__k_colsum, BG_COL_GRID(C), BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
                  dbias, dout, N, C);
     BG_CU_LAUNCHED(be, "bg__k_colsum");
 }
@@ -345,16 +368,20 @@ __global__ void bg__k_ln_bwd_in(float *din, const float *dout, const float *in, 
 __global__ void bg__k_ln_bwd_w(float *dw, float *db, const float *dout, const float *in, const float *mean,
                                const float *rstd, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
+    __shared__ double sh[BG_CUDA_THREADS];
+    int c = blockIdx.x * 32 + (threadIdx.x & 31);
     double aw = 0.0, ab = 0.0;
-    for (int n = 0; n < N; n++) {
-        float dy = dout[(size_t)n * C + c];
-        float norm = (in[(size_t)n * C + c] - mean[n]) * rstd[n];
-        aw += (double)(dy * norm);
-        ab += (double)dy;
-    }
+    if (c < C)
+        for (int n = threadIdx.x >> 5; n < N; n += BG_COL_WARPS) {
+            float dy = dout[(size_t)n * C + c];
+            float norm = (in[(size_t)n * C + c] - mean[n]) * rstd[n];
+            aw += (double)(dy * norm);
+            ab += (double)dy;
+        }
+    aw = bg__col_combine(aw, sh);
+    ab = bg__col_combine(ab, sh);
+    if (threadIdx.x >= 32 || c >= C)
+        return;
     if (dw)
         dw[c] += (float)aw;
     if (db)
@@ -376,7 +403,7 @@ void bg__cu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *d
 {
     if (C <= 0)
         return;
-    BG_CU_LAUNCH(bg__k_ln_bwd_w, (C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
+    BG_CU_LAUNCH(bg__k_ln_bwd_w, BG_COL_GRID(C), BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
                  dweight, dbias, dout, in, mean, rstd, N, C);
     BG_CU_LAUNCHED(be, "bg__k_ln_bwd_w");
 }
