@@ -40,6 +40,11 @@
 #define MAXOUT 6
 #define MAXBUF 16
 
+/* Under AddressSanitizer the out-of-memory probe must get NULL, as it does
+ * from the real allocators, instead of ASan's abort. */
+const char *__asan_default_options(void) __attribute__((used));
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 /* tests/kernels/cuda_emu_backend.cc, linked into test_conformance_emu only */
 bg_backend_t *bg_test_cuda_emu_backend(void) __attribute__((weak));
 int bg_test_cuda_emu_errors(void) __attribute__((weak));
