@@ -1190,6 +1190,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     bp.set_blas_threads = x->p.process_wide;
     bp.tune_malloc = x->p.process_wide;
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
+    if (x->world > 1 && strcmp(x->be->ops->name, "cpu") != 0) { /* device buffers: host transport only today */
+        st = bg_error(BG_ERR_UNSUPPORTED, "the %s backend runs one process only: ranks exchange host buffers "
+                      "and device buffers are not sent between ranks yet (%d ranks asked)", x->be->ops->name, x->world);
+        goto err;
+    }
     size_t per = (size_t)x->mbn * (size_t)x->Tmax;
     x->tokens = malloc(per * sizeof(int32_t));
     x->targets = malloc(per * sizeof(int32_t));
