@@ -37,6 +37,8 @@ static void usage(FILE *f)
             "parallel (run under brigade launch -n PP*DP, mpirun or srun):\n"
             "  --pp N                 pipeline stages (default 1)\n"
             "  --dp N                 data-parallel replicas (default 1)\n"
+            "  --zero 0|1|2           shard across the dp replicas: 1 the optimizer state, 2 also the gradient\n"
+            "                         buffer between steps (docs/data_parallel.md; default 0: none)\n"
             "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved; default: the schedule's)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
@@ -148,12 +150,13 @@ static int peer_failed(const char *msg, int *peer_p)
  * activation memory and stashed microbatches measured, and as the simulator predicts them ("sim"). */
 static void print_ranks(const bg_train_result_t *r)
 {
-    fprintf(stderr, "rank  pp  dp      params  peak MiB   act MiB  act sim  stashed  stash sim  bubble\n");
+    fprintf(stderr, "rank  pp  dp      params  peak MiB   act MiB  act sim  stashed  stash sim  bubble  mem sim\n");
     for (int i = 0; i < r->nranks; i++) {
         const bg_train_rank_t *k = &r->ranks[i];
-        fprintf(stderr, "%4d %3d %3d %11zu %9.2f %9.3f %8.3f %8d %10d %6.1f%%\n", k->rank, k->pp_rank, k->dp_rank,
-                k->params, k->peak_bytes / 1048576.0, k->peak_act_bytes / 1048576.0,
-                k->predicted_act_bytes / 1048576.0, k->peak_stashed, k->predicted_stashed, 100 * k->bubble);
+        fprintf(stderr, "%4d %3d %3d %11zu %9.2f %9.3f %8.3f %8d %10d %6.1f%% %8.2f\n", k->rank, k->pp_rank,
+                k->dp_rank, k->params, k->peak_bytes / 1048576.0, k->peak_act_bytes / 1048576.0,
+                k->predicted_act_bytes / 1048576.0, k->peak_stashed, k->predicted_stashed, 100 * k->bubble,
+                k->predicted_bytes / 1048576.0);
     }
 }
 
@@ -314,7 +317,7 @@ int bg_cmd_train(int argc, char **argv)
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_ZERO };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -333,6 +336,7 @@ int bg_cmd_train(int argc, char **argv)
         {"plan", required_argument, 0, O_PLAN},       {"recompute", no_argument, 0, O_RECOMP},
         {"log-every", required_argument, 0, O_LOGEVERY},
         {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
+        {"zero", required_argument, 0, O_ZERO},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -349,6 +353,7 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
             INT_FLAG(O_PP, "--pp", 1, 4096, c.pp)
             INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
+            INT_FLAG(O_ZERO, "--zero", 0, 2, c.zero)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)

@@ -94,6 +94,9 @@ typedef struct bg_executor_params {
                                       local rank's NUMA node as BRIGADE_NUMA says, set OpenBLAS to one
                                       thread, tune malloc, install the UCX log handler; 0: none of these
                                       process-wide side effects (docs/architecture.md, "Process-wide state") */
+    int zero;                    /**< sharding across the dp replicas of a stage (docs/data_parallel.md): 0 none;
+                                      1 optimizer state (1/dp each); 2 also the gradient buffer, held only from the
+                                      step's first backward to its optimizer step. dp = 1: changes nothing */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -102,7 +105,7 @@ typedef struct bg_executor_params {
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
       .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
       .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .process_wide = 0 }
+      .process_wide = 0, .zero = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -128,13 +131,14 @@ typedef struct bg_executor_info {
     int chunks;                  /**< model chunks on this rank */
     size_t params;               /**< parameters held on this rank */
     double flops_per_step;       /**< model FLOPs (forward + backward) of one step of the whole job */
-    size_t predicted_bytes;      /**< params + grads + optimizer + predicted activations on this rank */
+    size_t predicted_bytes;      /**< params + grads + optimizer (the shard with zero) + predicted activations */
     size_t predicted_act_bytes;  /**< the simulator's peak stash bytes + scratch and backward temporaries */
     int predicted_stashed;       /**< the simulator's peak of microbatches stashed on this rank */
     int peak_stashed;            /**< measured peak so far */
     size_t peak_act_bytes;       /**< measured peak of activation memory so far */
     int numa_node;               /**< NUMA node this rank was bound to, -1 if none */
     const char *schedule;        /**< the schedule's name */
+    int zero;                    /**< the sharding stage in effect (0 when dp = 1) */
 } bg_executor_info_t;
 
 /** Create this rank's part of the job: checks everything (messages name the

@@ -75,6 +75,7 @@ typedef struct bg_train_config {
     void (*on_resume)(const bg_resume_result_t *r, const char *where, int rank, void *arg);
                                  /**< what resume did (where: resume_from or checkpoint_dir), called on
                                       every rank before the first step; arg: on_step_arg */
+    int zero;                    /**< sharding across the dp replicas (executor.h: bg_executor_params_t.zero) */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
@@ -92,6 +93,7 @@ typedef struct bg_train_rank {
     int predicted_stashed;      /**< the simulator's peak */
     double bubble;              /**< measured idle fraction of its median step */
     int numa_node;              /**< NUMA node it was bound to, -1 if none */
+    size_t predicted_bytes;     /**< params + grads + optimizer (its shard with zero) + predicted activations */
 } bg_train_rank_t;
 
 /** What bg_train() did, on this rank. */
