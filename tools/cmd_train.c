@@ -477,6 +477,12 @@ int bg_cmd_train(int argc, char **argv)
             return 2;
         prog.warning = warning[0] ? warning : NULL;
     }
+    if (c.zero && (c.dp > 0 ? c.dp : 1) == 1) { /* said once, by rank 0, with the first step */
+        size_t at = prog.warning ? strlen(warning) : 0;
+        snprintf(warning + at, sizeof warning - at, "%snote: --zero %d with dp = 1 changes nothing (one replica "
+                 "holds everything)", at ? "\n" : "", c.zero);
+        prog.warning = warning;
+    }
     bg_train_result_t r;
     st = bg_train(&c, &r);
     int ranks = (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1);
