@@ -364,6 +364,8 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     if (!ch->is_last && !ch->next_local)
         BG_CHECK(wait_free(&ch->grad_recv[mb]));
     float *din;
+    if (!split && ch->zero)
+        BG_CHECK(bg__zero_prepare(ch->zero, ch->last)); /* --zero 2: where the weight gradients go */
     if (split)
         BG_CHECK(bg_stage_backward_input(ch->st, mb, &din));
     else
@@ -388,6 +390,8 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
 {
     BG_CHECK(wait_free(&ch->grad_send[mb])); /* W frees din */
     BG_CHECK(wait_free(&ch->act_send[mb]));
+    if (ch->zero)
+        BG_CHECK(bg__zero_prepare(ch->zero, ch->last));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
     x->stashed--;
     return end_slot(x, ch, mb, 1);
@@ -443,6 +447,8 @@ typedef struct {
 static bg_status_t on_layer_done(int layer, int mb, void *arg)
 {
     hook_arg_t *h = arg;
+    if (h->ch->zero)
+        BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
     if (mb != h->x->M - 1 || h->x->D == 1)
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
@@ -961,6 +967,7 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
 
 static void free_chunk(chunk_t *ch)
 {
+    bg__zero_destroy(ch->zero); /* first: it aims the model's gradient pointers */
     bg_stage_destroy(ch->st);
     bg_model_destroy(ch->model);
     free(ch->act_recv);
@@ -974,7 +981,6 @@ static void free_chunk(chunk_t *ch)
     free(ch->out_shape);
     free(ch->buckets);
     free(ch->hook);
-    bg__zero_destroy(ch->zero);
 }
 
 static void cancel_all(exec_t *x)
@@ -1407,11 +1413,13 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
     i.params = x->params;
     i.flops_per_step = x->flops_per_step;
     i.predicted_act_bytes = x->predicted_act_bytes;
-    size_t optim = x->params; /* elements whose optimizer state this rank holds */
+    size_t optim = x->params, grads = x->params * sizeof(float); /* optimizer elements, gradient bytes */
     if (x->p.zero)
-        for (int v = optim = 0; v < x->V; v++)
+        for (int v = optim = grads = 0; v < x->V; v++) {
             optim += bg__zero_owned(x->chunks[v].zero);
-    i.predicted_bytes = x->params * 2 * sizeof(float) + optim * bg_optim_state_bytes(x->p.optim.kind) +
+            grads += bg__zero_grad_bytes(x->chunks[v].zero);
+        }
+    i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
                         x->predicted_act_bytes;
     i.zero = x->p.zero;
     i.predicted_stashed = x->predicted_stashed;

@@ -6,11 +6,24 @@
  * those of --zero 0); each replica updates its owned parameters with the
  * optimizer state it alone holds (1/D of it); the parameters are then
  * all-gathered bucket by bucket without blocking, and waited for before the
- * chunk's next forward. Level 2 also gives the gradient buffer back between
- * the optimizer step and the next step's backward.
+ * chunk's next forward.
+ *
+ * Level 2 also shards the gradients: there is no flat gradient buffer. Each
+ * microbatch's backward writes a bucket's gradients into a buffer of that
+ * bucket alone (allocated zeroed before the bucket's first layer, the
+ * layers' grad pointers aimed at it), which is reduce-scattered as soon as
+ * the bucket's last layer is done; once it completes, the owned chunk is
+ * added to the replica's gradient shard (1/D) and the buffer is freed. So
+ * only the buckets in flight are whole, at the price of one reduce-scatter
+ * per microbatch instead of one per step; the shard sums replicas first,
+ * then microbatches in the order their backwards ran (deterministic, within
+ * rounding of --zero 0). A bucket holding a tied tensor keeps a whole buffer
+ * for the step and is all-reduced once, as at level 1 (the executor adds the
+ * tie's two gradients).
  *
  * Owns: the shard's optimizer state and the all-gather requests. Must not
  * know schedules or pipelines (the executor calls it per chunk). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +32,7 @@
 
 typedef struct piece {
     int tensor;      /* index in the model */
+    int bucket;
     size_t off, len; /* floats of the flat buffers */
     size_t soff;     /* floats of the shard's optimizer state */
 } piece_t;
@@ -32,6 +46,13 @@ struct bg__zero {
     bg__zero_bucket_t *buckets;
     int *whole;      /* per bucket: all-reduced (holds a tied tensor) */
     bg_request_t **ag; /* per bucket: the parameters' all-gather in flight */
+    /* level 2 */
+    float **buf;       /* per bucket: its gradients (NULL: none now) */
+    bg_request_t **rs; /* per bucket: the reduce-scatter of a microbatch's gradients in flight */
+    size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
+    int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
+    int64_t seq;
+    float *sg;         /* the reduced gradient shard (owned floats) */
     int nbuckets;
     piece_t *pieces;
     int npieces;
@@ -61,6 +82,7 @@ static bg_status_t make_pieces(bg__zero_t *z)
     BG_ALLOC_CHECK(z->pieces, sizeof(piece_t), "shard pieces");
     for (int b = 0; b < z->nbuckets; b++) {
         size_t co, cl;
+        z->soff[b] = z->owned;
         bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
         size_t lo = z->buckets[b].off + co, hi = lo + cl;
         for (int i = 0; i < nt && lo < hi; i++) {
@@ -69,10 +91,133 @@ static bg_status_t make_pieces(bg__zero_t *z)
             size_t a = lo > to ? lo : to, e = hi < te ? hi : te;
             if (a >= e)
                 continue;
-            z->pieces[z->npieces++] = (piece_t){.tensor = i, .off = a, .len = e - a, .soff = z->owned};
+            z->pieces[z->npieces++] = (piece_t){.tensor = i, .bucket = b, .off = a, .len = e - a, .soff = z->owned};
             z->owned += e - a;
         }
     }
+    return BG_OK;
+}
+
+/* Aim the grad pointers of bucket b's tensors at buf (NULL: none). */
+static void aim(bg__zero_t *z, int b, float *buf)
+{
+    const float *base = bg_model_params(z->m);
+    size_t lo = z->buckets[b].off, hi = lo + z->buckets[b].count;
+    for (int i = 0; i < bg_model_num_tensors(z->m); i++) {
+        bg_param_t *p = bg_model_tensor(z->m, i);
+        size_t o = (size_t)(p->data - base);
+        if (o >= lo && o < hi)
+            p->grad = buf ? buf + (o - lo) : NULL;
+    }
+}
+
+static bg_status_t fold(bg__zero_t *z, int b);
+
+/* A zeroed buffer for bucket b's gradients. Level 2 keeps at most two
+ * buckets' buffers besides the whole ones (one being written, one being
+ * reduced): first it waits for the oldest reduce-scatter (every replica
+ * started it before getting here, so it completes). */
+static bg_status_t bucket_buffer(bg__zero_t *z, int b)
+{
+    for (;;) {
+        int live = 0, oldest = -1;
+        for (int k = 0; k < z->nbuckets; k++) {
+            if (z->whole[k] || !z->buf[k])
+                continue;
+            live++;
+            if (z->rs[k] && (oldest < 0 || z->rs_seq[k] < z->rs_seq[oldest]))
+                oldest = k;
+        }
+        if (z->whole[b] || live < 2 || oldest < 0)
+            break;
+        BG_CHECK(fold(z, oldest));
+    }
+    z->buf[b] = bg_backend_alloc(z->be, z->buckets[b].count * sizeof(float), "gradient bucket");
+    if (!z->buf[b])
+        return BG_ERR_NOMEM;
+    z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);
+    aim(z, b, z->buf[b]);
+    return BG_OK;
+}
+
+/* Bucket b's reduce-scatter is done (or is waited for): its owned chunk into the shard, its buffer freed. */
+static bg_status_t fold(bg__zero_t *z, int b)
+{
+    bg_status_t st = bg_wait(z->rs[b]);
+    bg_request_free(z->rs[b]);
+    z->rs[b] = NULL;
+    if (st != BG_OK)
+        return st;
+    size_t co, cl;
+    bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
+    z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
+    aim(z, b, NULL);
+    bg_backend_free(z->be, z->buf[b]);
+    z->buf[b] = NULL;
+    return BG_OK;
+}
+
+/* Fold every bucket whose reduce-scatter has completed. */
+static bg_status_t reap(bg__zero_t *z)
+{
+    for (int b = 0; b < z->nbuckets; b++) {
+        int done = 0;
+        if (z->rs[b]) {
+            BG_CHECK(bg_test(z->rs[b], &done));
+            if (done)
+                BG_CHECK(fold(z, b));
+        }
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__zero_prepare(bg__zero_t *z, int layer)
+{
+    if (z->level < 2)
+        return BG_OK;
+    for (int b = 0; b < z->nbuckets; b++) {
+        if (layer < z->buckets[b].lo || layer > z->buckets[b].hi)
+            continue;
+        if (z->whole[b] || !z->buckets[b].count)
+            return BG_OK;
+        if (z->rs[b]) /* the previous microbatch's: wait, so that the shard adds microbatches in order */
+            BG_CHECK(fold(z, b));
+        return z->buf[b] ? BG_OK : bucket_buffer(z, b);
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer)
+{
+    if (z->level < 2)
+        return BG_OK;
+    for (int b = 0; b < z->nbuckets; b++) {
+        if (z->buckets[b].lo != layer || z->whole[b] || !z->buf[b])
+            continue;
+        BG_CHECK(bg_group_ireduce_scatter_inplace(z->dp, z->buf[b], z->buckets[b].count, BG_REDUCE_SUM, &z->rs[b]));
+        z->rs_seq[b] = z->seq++;
+    }
+    BG_CHECK(reap(z));
+    return layer > bg_model_first_layer(z->m) ? bg__zero_prepare(z, layer - 1) : BG_OK;
+}
+
+/* Where piece k's reduced gradient is. */
+static const float *piece_grad(bg__zero_t *z, int k)
+{
+    const piece_t *pc = &z->pieces[k];
+    if (z->level < 2)
+        return bg_model_grads(z->m) + pc->off;
+    if (z->whole[pc->bucket])
+        return z->buf[pc->bucket] + (pc->off - z->buckets[pc->bucket].off);
+    return z->sg + pc->soff;
+}
+
+/* Level 2: every microbatch's reduce-scatter folded into the shard. */
+static bg_status_t finish(bg__zero_t *z)
+{
+    for (int b = 0; z->level >= 2 && b < z->nbuckets; b++)
+        if (z->rs[b])
+            BG_CHECK(fold(z, b));
     return BG_OK;
 }
 
@@ -95,7 +240,11 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
     z->buckets = calloc((size_t)nbuckets + 1, sizeof(*z->buckets));
     z->whole = calloc((size_t)nbuckets + 1, sizeof(int));
     z->ag = calloc((size_t)nbuckets + 1, sizeof(*z->ag));
-    if (!z->buckets || !z->whole || !z->ag) {
+    z->buf = calloc((size_t)nbuckets + 1, sizeof(*z->buf));
+    z->rs = calloc((size_t)nbuckets + 1, sizeof(*z->rs));
+    z->soff = calloc((size_t)nbuckets + 1, sizeof(*z->soff));
+    z->rs_seq = calloc((size_t)nbuckets + 1, sizeof(*z->rs_seq));
+    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq) {
         st = bg_error(BG_ERR_NOMEM, "zero buckets");
         goto err;
     }
@@ -118,6 +267,17 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
         }
         z->be->ops->fill(z->be, z->sv, 0.0f, n);
     }
+    if (level >= 2) {
+        z->sg = bg_backend_alloc(z->be, n * sizeof(float), "gradient shard");
+        if (!z->sg) {
+            st = BG_ERR_NOMEM;
+            goto err;
+        }
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err);
+        for (int b = 0; b < nbuckets; b++)
+            if (z->whole[b] && buckets[b].count)
+                BG_CHECK_GOTO(bucket_buffer(z, b), st, err);
+    }
     *z_p = z;
     return BG_OK;
 err:
@@ -129,7 +289,8 @@ void bg__zero_cancel(bg__zero_t *z)
 {
     for (int b = 0; z && b < z->nbuckets; b++) {
         bg_request_free(z->ag[b]);
-        z->ag[b] = NULL;
+        bg_request_free(z->rs[b]);
+        z->ag[b] = z->rs[b] = NULL;
     }
 }
 
@@ -140,6 +301,16 @@ void bg__zero_destroy(bg__zero_t *z)
     bg__zero_cancel(z);
     bg_backend_free(z->be, z->sm);
     bg_backend_free(z->be, z->sv);
+    bg_backend_free(z->be, z->sg);
+    for (int b = 0; z->buf && b < z->nbuckets; b++)
+        if (z->buf[b]) {
+            aim(z, b, NULL);
+            bg_backend_free(z->be, z->buf[b]);
+        }
+    free(z->buf);
+    free(z->rs);
+    free(z->soff);
+    free(z->rs_seq);
     free(z->buckets);
     free(z->whole);
     free(z->ag);
@@ -149,9 +320,35 @@ void bg__zero_destroy(bg__zero_t *z)
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
 
+size_t bg__zero_grad_bytes(const bg__zero_t *z)
+{
+    if (z->level < 2)
+        return bg_model_param_count(z->m) * sizeof(float);
+    size_t whole = 0, big[2] = {0, 0};
+    for (int b = 0; b < z->nbuckets; b++) {
+        size_t c = z->buckets[b].count;
+        if (z->whole[b])
+            whole += c;
+        else if (c > big[0])
+            big[1] = big[0], big[0] = c;
+        else if (c > big[1])
+            big[1] = c;
+    }
+    /* the shard, the whole buckets, and at most two buckets in flight: one written, the one below reducing */
+    return (z->owned + whole + big[0] + big[1]) * sizeof(float);
+}
+
 bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
 {
-    float *buf = bg_model_grads(z->m) + z->buckets[b].off;
+    if (z->level >= 2 && !z->whole[b]) {
+        *req_p = NULL; /* reduced microbatch by microbatch (bg__zero_layer_done) */
+        return BG_OK;
+    }
+    float *buf = z->level >= 2 ? z->buf[b] : bg_model_grads(z->m) + z->buckets[b].off;
+    if (!buf) {
+        *req_p = NULL;
+        return BG_OK;
+    }
     if (z->whole[b])
         return bg_group_iallreduce(z->dp, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
     return bg_group_ireduce_scatter_inplace(z->dp, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
@@ -159,16 +356,23 @@ bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
 
 bg_status_t bg__zero_begin_step(bg__zero_t *z)
 {
-    return z->level >= 2 ? bg_model_grads_hold(z->m, 1) : BG_OK;
+    if (z->level < 2)
+        return BG_OK;
+    z->be->ops->fill(z->be, z->sg, 0.0f, z->owned ? z->owned : 1);
+    for (int b = 0; b < z->nbuckets; b++)
+        if (z->whole[b] && z->buf[b])
+            z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);
+    return BG_OK;
 }
 
 double bg__zero_tensor_sumsq(bg__zero_t *z, int i)
 {
-    const float *g = bg_model_grads(z->m);
     double s = 0;
-    for (int k = 0; g && k < z->npieces; k++)
+    if (finish(z) != BG_OK)
+        return NAN; /* the step fails at its optimizer step, which folds again */
+    for (int k = 0; k < z->npieces; k++)
         if (z->pieces[k].tensor == i)
-            s += z->be->ops->sumsq(z->be, g + z->pieces[k].off, z->pieces[k].len);
+            s += z->be->ops->sumsq(z->be, piece_grad(z, k), z->pieces[k].len);
     return s;
 }
 
@@ -185,22 +389,20 @@ bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t)
     if (opt->kind != z->kind)
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     bg_backend_t *be = z->be;
-    float *params = bg_model_params(z->m), *grads = bg_model_grads(z->m);
-    if (!grads)
-        return bg_error(BG_ERR_INTERNAL, "zero: optimizer step without gradients");
+    float *params = bg_model_params(z->m);
+    BG_CHECK(finish(z));
     for (int k = 0; k < z->npieces; k++) {
         const piece_t *pc = &z->pieces[k];
+        const float *g = piece_grad(z, k);
         float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
         if (z->kind == BG_OPTIM_ADAMW)
-            be->ops->adamw(be, params + pc->off, grads + pc->off, z->sm + pc->soff, z->sv + pc->soff, pc->len,
+            be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len,
                            opt->lr, opt->beta1, opt->beta2, opt->eps, wd, t);
         else
-            be->ops->sgd_momentum(be, params + pc->off, grads + pc->off, z->sm + pc->soff, pc->len, opt->lr,
+            be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr,
                                   opt->momentum, wd);
     }
     be->ops->synchronize(be); /* the gathers read what the update wrote */
-    if (z->level >= 2)
-        BG_CHECK(bg_model_grads_hold(z->m, 0));
     return start_gathers(z, params);
 }
 

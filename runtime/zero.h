@@ -27,12 +27,21 @@ void bg__zero_destroy(bg__zero_t *z);
  * reduced gradient). Either way the sums are those of the all-reduce of
  * --zero 0, bit for bit. */
 bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p);
-/* Before the step's first backward (level 2: the gradient buffer comes back). */
+/* At the start of a step (level 2: the shard and whole buckets zeroed). */
 bg_status_t bg__zero_begin_step(bg__zero_t *z);
+/* Level 2: before a backward that writes weight gradients, from @p layer
+ * (the chunk's last) down: a buffer for the bucket holding it. */
+bg_status_t bg__zero_prepare(bg__zero_t *z, int layer);
+/* Level 2, after each layer's weight gradients of a microbatch: reduce-scatter
+ * the bucket it closes, fold finished ones, prepare the next layer's bucket. */
+bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer);
+/* Bytes of gradients this level holds at its peak (level 2: the shard, whole
+ * buckets and two buckets in flight; else the flat buffer). */
+size_t bg__zero_grad_bytes(const bg__zero_t *z);
 /* Sum of squares of the owned part of tensor i's reduced gradient. */
 double bg__zero_tensor_sumsq(bg__zero_t *z, int i);
-/* Update the owned elements, then start the all-gathers of the parameters
- * (level 2: the gradient buffer is freed). */
+/* Update the owned elements (level 2: once every microbatch's reduction is
+ * folded in), then start the all-gathers of the parameters. */
 bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t);
 /* Wait for the parameters' all-gathers (every replica's parameters whole). */
 bg_status_t bg__zero_settle(bg__zero_t *z);
