@@ -376,11 +376,17 @@ double bg__zero_tensor_sumsq(bg__zero_t *z, int i)
     return s;
 }
 
+static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
+{
+    if (!z->buckets[b].count || z->D == 1)
+        return BG_OK;
+    return bg_group_iallgather_chunks(z->dp, flat + z->buckets[b].off, z->buckets[b].count, &z->ag[b]);
+}
+
 static bg_status_t start_gathers(bg__zero_t *z, float *flat)
 {
     for (int b = 0; b < z->nbuckets; b++)
-        if (z->buckets[b].count && z->D > 1)
-            BG_CHECK(bg_group_iallgather_chunks(z->dp, flat + z->buckets[b].off, z->buckets[b].count, &z->ag[b]));
+        BG_CHECK(start_gather(z, b, flat));
     return BG_OK;
 }
 
@@ -391,19 +397,23 @@ bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t)
     bg_backend_t *be = z->be;
     float *params = bg_model_params(z->m);
     BG_CHECK(finish(z));
-    for (int k = 0; k < z->npieces; k++) {
-        const piece_t *pc = &z->pieces[k];
-        const float *g = piece_grad(z, k);
-        float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
-        if (z->kind == BG_OPTIM_ADAMW)
-            be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len,
-                           opt->lr, opt->beta1, opt->beta2, opt->eps, wd, t);
-        else
-            be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr,
-                                  opt->momentum, wd);
+    /* bucket by bucket: the update of the next overlaps the all-gather of the last */
+    for (int b = 0, k = 0; b < z->nbuckets; b++) {
+        for (; k < z->npieces && z->pieces[k].bucket == b; k++) {
+            const piece_t *pc = &z->pieces[k];
+            const float *g = piece_grad(z, k);
+            float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
+            if (z->kind == BG_OPTIM_ADAMW)
+                be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr,
+                               opt->beta1, opt->beta2, opt->eps, wd, t);
+            else
+                be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum,
+                                      wd);
+        }
+        be->ops->synchronize(be); /* the gather reads what the update wrote */
+        BG_CHECK(start_gather(z, b, params));
     }
-    be->ops->synchronize(be); /* the gathers read what the update wrote */
-    return start_gathers(z, params);
+    return BG_OK;
 }
 
 bg_status_t bg__zero_settle(bg__zero_t *z)
