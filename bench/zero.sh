@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # bench/zero.sh: sharded data parallelism (--zero 0|1|2) at dp 2 and 4 on a
-# GPT (4 blocks, d_model 256): rank 0's allocator peak next to the
+# GPT (8 blocks, d_model 192): rank 0's allocator peak next to the
 # executor's prediction, the step time (median over the steps of a run, then
 # median of R runs; the three stages alternate within each repeat so that
 # they share the machine's noise) and its ratio to --zero 0. Buckets of
-# BRIGADE_BUCKET_MB = 1 MiB by default: the model's gradients are 13 MiB, and
+# BRIGADE_BUCKET_MB = 1 MiB by default: the model's gradients are 15 MiB (1.7 MiB a block), and
 # --zero 2 holds two buckets whole (one written, one reduced) besides its
 # shard, which pays when a bucket is a small part of the gradients.
 # Usage: [BRIGADE_BUCKET_MB=N] bench/zero.sh [BUILD_DIR] [REPEATS]
@@ -13,7 +13,7 @@ export BRIGADE_BUCKET_MB=${BRIGADE_BUCKET_MB:-1}
 BUILD=${1:-build}; R=${2:-3}
 B="$BUILD/brigade"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-MODEL="--model gpt --layers 4 --d-model 256 --heads 4 --seq 64 --steps 12 --threads 1"
+MODEL="--model gpt --layers 8 --d-model 192 --heads 4 --seq 64 --steps 12 --threads 1"
 med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; buckets of $BRIGADE_BUCKET_MB MiB"
 printf "%3s %5s %10s %10s %12s %8s\n" dp zero "peak MiB" "pred MiB" "step ms" "vs 0"

@@ -18,6 +18,7 @@
 #   the gradients counted as their shards plus two buckets in flight);
 #   --zero 1 lowers it by at least 0.9x the optimizer bytes it saves, and
 #   --zero 2 lowers it below --zero 1.
+# - grad_norm within 1e-6 relative of --zero 0's at every step.
 # - --zero with dp = 1 says it changes nothing; --zero 3 is refused.
 set -u
 B=${BRIGADE:?path of the brigade binary}
@@ -66,6 +67,24 @@ RING="$GPT --d-model 64 --heads 4 --dp 2 --schedule zb-h1 $SGD"
 BRIGADE_BUCKET_MB=0 run ring0 2 $RING && BRIGADE_BUCKET_MB=0 run ring1 2 $RING --zero 1 &&
   same "$T/ring0" "$T/ring1" "ring buckets, zb-h1, dp 2: --zero 1" &&
   BRIGADE_BUCKET_MB=0 run ring2 2 $RING --zero 2 && near "$T/ring0" "$T/ring2" "ring buckets, zb-h1, dp 2: --zero 2" --rtol 1e-5
+
+# the gradient norm (each replica's chunks, summed over the job) within 1e-6 of --zero 0's, every step
+for z in 0 1 2; do
+  timeout 120 "$B" launch -n 4 -- "$B" train $GPT --pp 2 --dp 2 --zero $z --quiet --metrics "$T/gn$z.jsonl" >/dev/null 2>&1 ||
+    bad "grad norm run --zero $z"
+done
+for z in 1 2; do
+  v=$(python3 - "$T/gn0.jsonl" "$T/gn$z.jsonl" <<'PY'
+import json, sys
+def norms(f):
+    return [d["grad_norm"] for d in map(json.loads, open(f)) if d.get("rank") == 0]
+a, b = norms(sys.argv[1]), norms(sys.argv[2])
+worst = max(abs(x - y) / x for x, y in zip(a, b)) if a and len(a) == len(b) else 1
+print("%d steps, worst relative difference %.2g" % (len(a), worst))
+sys.exit(0 if worst <= 1e-6 and len(a) == 10 else 1)
+PY
+) && ok "grad_norm --zero $z vs 0: $v" || bad "grad_norm --zero $z vs 0: $v"
+done
 
 # checkpoints: full named tensors whatever the sharding; resume under another layout and stage
 CK="$GPT --checkpoint-dir"
