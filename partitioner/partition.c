@@ -182,7 +182,8 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->first = a;
     e->last = b;
     e->recompute = rc;
-    e->static_bytes = (c->pp[b + 1] - c->pp[a]) * p->bytes_per_param;
+    size_t np = c->pp[b + 1] - c->pp[a], inflight = 2 * p->bucket_bytes; /* --zero 2: two buckets whole */
+    e->static_bytes = np * p->bytes_per_param + (inflight < 4 * np ? inflight : 4 * np);
     e->scratch_bytes = m->scratch;
     e->act_bytes = peak;
     e->mem_bytes = e->static_bytes + e->scratch_bytes + peak;

@@ -449,6 +449,7 @@ int bg_cmd_train(int argc, char **argv)
             c.seq = bg_plan_seq(plan);
         c.schedule = bg_plan_schedule(plan);
         c.optim.kind = bg_plan_optimizer(plan); /* the plan's memory assumed its optimizer's state */
+        c.zero = bg_plan_zero(plan);            /* and its sharding */
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;

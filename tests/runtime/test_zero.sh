@@ -19,6 +19,9 @@
 #   --zero 1 lowers it by at least 0.9x the optimizer bytes it saves, and
 #   --zero 2 lowers it below --zero 1.
 # - grad_norm within 1e-6 relative of --zero 0's at every step.
+# - The planner counts sharded bytes: a budget nothing fits at --zero 0 gets
+#   a plan at --zero 1 (auto), and --zero 2 a plan too; brigade train --plan
+#   measures rank 0's peak within 10% of the plan's prediction.
 # - --zero with dp = 1 says it changes nothing; --zero 3 is refused.
 set -u
 B=${BRIGADE:?path of the brigade binary}
@@ -132,6 +135,29 @@ for dp in 2 4; do
     'BEGIN { saved = 8 * n * (1 - 1 / d) / 1048576; exit !(n > 0 && a - b >= 0.9 * saved && c < b) }' &&
     ok "dp $dp: peak MiB --zero 0 $p0, 1 $p1, 2 $p2" || bad "dp $dp: peak MiB --zero 0 $p0, 1 $p1, 2 $p2 ($params params)"
 done
+
+# the planner counts the sharded bytes: with 3 MiB per device nothing fits at --zero 0; auto picks the
+# lowest stage that fits, and brigade train --plan runs it with the predicted peak (within 10%)
+PM="--model gpt --layers 4 --d-model 64 --heads 4 --seq 16 --devices 4 --mem 3M --batch 8 --pp 1"
+if "$B" plan $PM >/dev/null 2>"$T/p0.e"; then bad "plan at --zero 0 fits 3 MiB"
+else grep -q "does not fit in memory" "$T/p0.e" && ok "plan --zero 0: does not fit" || { bad "plan --zero 0"; cat "$T/p0.e"; }; fi
+for z in auto 2; do
+  if "$B" plan $PM --zero $z --json "$T/p$z.json" >"$T/p$z.o" 2>&1; then
+    want=$([ $z = auto ] && echo 1 || echo 2)
+    grep -q "\"zero\": $want" "$T/p$z.json" || bad "plan --zero $z: the plan does not record zero $want"
+    timeout 120 "$B" launch -n 4 -- "$B" train --plan "$T/p$z.json" --steps 3 --threads 1 --quiet >"$T/t$z.o" 2>&1 ||
+      { bad "train --plan (zero $z)"; tail -3 "$T/t$z.o"; continue; }
+    line=$(grep "rank 0 peak" "$T/t$z.o")
+    mp=$(echo "$line" | sed -nE 's/.*rank 0 peak ([0-9.]+) MiB, predicted ([0-9.]+) MiB.*/\1 \2/p')
+    echo "${mp:-0 0}" | awk '{ exit !($1 > 0 && $2 > 0 && $1 <= 1.1 * $2 && $1 >= 0.9 * $2) }' &&
+      ok "plan --zero $z -> zero $want: $line" || bad "plan --zero $z: $line"
+  else
+    bad "plan --zero $z"; cat "$T/p$z.o"
+  fi
+done
+sed 's/"zero": 1/"zero": 3/' "$T/pauto.json" >"$T/pbad.json"
+if "$B" train --plan "$T/pbad.json" --steps 1 >/dev/null 2>"$T/pbad.e"; then bad "a plan with zero 3 accepted"
+else grep -q 'zero' "$T/pbad.e" && ok "plan with zero 3 refused: $(cat "$T/pbad.e")" || { bad "zero 3 message"; cat "$T/pbad.e"; }; fi
 
 # bad input
 "$B" train --model mlp --steps 1 --zero 1 >/dev/null 2>"$T/e1" && grep -q "note: --zero 1 with dp = 1 changes nothing" "$T/e1" &&
