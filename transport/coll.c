@@ -464,6 +464,26 @@ static int bg__build_ring_rs(bg__coll_t *co, float *buf, size_t count, float *tm
 
 /* rs_only: stop after the ring's reduce-scatter (a buffer that goes by
  * recursive doubling is still reduced whole): bg_group_ireduce_scatter_inplace. */
+/* Ring allgather of the chunks of @p buf in place (group rank c holds chunk
+ * c): the second half of the ring allreduce; step tags from @p tag0. */
+static int bg__build_ring_ag(bg__coll_t *co, float *buf, size_t count, uint32_t tag0)
+{
+    int n = co->n, me = co->me;
+    int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
+    for (int s = 0; s < n - 1; s++) {
+        size_t so, sl, ro, rl;
+        bg__chunk(count, n, bg__mod(me - s, n), &so, &sl);
+        bg__chunk(count, n, bg__mod(me - s - 1, n), &ro, &rl);
+        bg__step_t *st = bg__step(co);
+        if (!st)
+            return -1;
+        st->tag = tag0 + (uint32_t)s;
+        bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
+        bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+    }
+    return 0;
+}
+
 static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
                                        bg_allreduce_algo_t algo, int rs_only, bg__coll_t **co_p)
 {
@@ -497,18 +517,8 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
             *co_p = co;
             return BG_OK;
         }
-        int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
-        for (int s = 0; s < n - 1; s++) {
-            size_t so, sl, ro, rl;
-            bg__chunk(count, n, bg__mod(me - s, n), &so, &sl);
-            bg__chunk(count, n, bg__mod(me - s - 1, n), &ro, &rl);
-            bg__step_t *st = bg__step(co);
-            if (!st)
-                BG__NOMEM(co);
-            st->tag = (uint32_t)(n - 1 + s);
-            bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
-            bg__xf(st, 1, right, buf + so, sl * sizeof(float));
-        }
+        if (bg__build_ring_ag(co, buf, count, (uint32_t)(n - 1)) != 0)
+            BG__NOMEM(co);
         *co_p = co;
         return BG_OK;
     } else {
@@ -729,17 +739,7 @@ bg_status_t bg_group_iallgather_chunks(bg_group_t *g, float *buf, size_t count, 
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "allgather", &co));
     bg__desc(co, "allgather of %zu floats in chunks%s", count, "");
-    int n = co->n, me = co->me;
-    int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
-    for (int s = 0; s < n - 1; s++) { /* the second half of the ring allreduce */
-        size_t so, sl, ro, rl;
-        bg__chunk(count, n, bg__mod(me - s, n), &so, &sl);
-        bg__chunk(count, n, bg__mod(me - s - 1, n), &ro, &rl);
-        bg__step_t *st = bg__step(co);
-        if (!st)
-            BG__NOMEM(co);
-        bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
-        bg__xf(st, 1, right, buf + so, sl * sizeof(float));
-    }
+    if (bg__build_ring_ag(co, buf, count, 0) != 0)
+        BG__NOMEM(co);
     return bg__coll_start(co, req_p);
 }

@@ -25,12 +25,7 @@
 # - --zero with dp = 1 says it changes nothing; --zero 3 is refused.
 set -u
 B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 
 # run NAME N ARGS...: N ranks, weights saved to $T/NAME
@@ -164,5 +159,4 @@ else grep -q 'zero' "$T/pbad.e" && ok "plan with zero 3 refused: $(cat "$T/pbad.
   ok "dp 1: $(grep note "$T/e1")" || { bad "dp 1 note"; cat "$T/e1"; }
 if "$B" train --model mlp --steps 1 --zero 3 >/dev/null 2>"$T/e2"; then bad "--zero 3 accepted"
 else [ "$(wc -l <"$T/e2")" = 1 ] && ok "--zero 3: $(cat "$T/e2")" || { bad "--zero 3 message"; cat "$T/e2"; }; fi
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish
