@@ -320,10 +320,9 @@ void bg__zero_destroy(bg__zero_t *z)
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
 
-size_t bg__zero_grad_bytes(const bg__zero_t *z)
+/* Level 2: the whole buckets' floats, and the two largest other buckets'. */
+static void bucket_sizes(const bg__zero_t *z, size_t *whole_p, size_t *inflight_p)
 {
-    if (z->level < 2)
-        return bg_model_param_count(z->m) * sizeof(float);
     size_t whole = 0, big[2] = {0, 0};
     for (int b = 0; b < z->nbuckets; b++) {
         size_t c = z->buckets[b].count;
@@ -334,8 +333,27 @@ size_t bg__zero_grad_bytes(const bg__zero_t *z)
         else if (c > big[1])
             big[1] = c;
     }
+    *whole_p = whole;
+    *inflight_p = big[0] + big[1];
+}
+
+size_t bg__zero_grad_bytes(const bg__zero_t *z)
+{
+    if (z->level < 2)
+        return bg_model_param_count(z->m) * sizeof(float);
+    size_t whole, inflight;
+    bucket_sizes(z, &whole, &inflight);
     /* the shard, the whole buckets, and at most two buckets in flight: one written, the one below reducing */
-    return (z->owned + whole + big[0] + big[1]) * sizeof(float);
+    return (z->owned + whole + inflight) * sizeof(float);
+}
+
+size_t bg__zero_inflight_bytes(const bg__zero_t *z)
+{
+    size_t whole, inflight;
+    if (z->level < 2)
+        return 0;
+    bucket_sizes(z, &whole, &inflight);
+    return inflight * sizeof(float);
 }
 
 bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
