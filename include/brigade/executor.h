@@ -95,8 +95,9 @@ typedef struct bg_executor_params {
                                       thread, tune malloc, install the UCX log handler; 0: none of these
                                       process-wide side effects (docs/architecture.md, "Process-wide state") */
     int zero;                    /**< sharding across the dp replicas of a stage (docs/data_parallel.md): 0 none;
-                                      1 optimizer state (1/dp each); 2 also the gradient buffer, held only from the
-                                      step's first backward to its optimizer step. dp = 1: changes nothing */
+                                      1 the optimizer state (1/dp each, the weights of 0 bitwise); 2 also the
+                                      reduced gradients (each microbatch's buckets reduce-scattered; within
+                                      rounding of 0). dp = 1: changes nothing */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
