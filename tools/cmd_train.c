@@ -316,6 +316,7 @@ int bg_cmd_train(int argc, char **argv)
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
+    int zero_flag = 0; /* --zero given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_ZERO };
     static const struct option opts[] = {
@@ -353,7 +354,6 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
             INT_FLAG(O_PP, "--pp", 1, 4096, c.pp)
             INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
-            INT_FLAG(O_ZERO, "--zero", 0, 2, c.zero)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
@@ -361,6 +361,12 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_LOGEVERY, "--log-every", 1, 1 << 30, prog.log_every)
 #undef INT_FLAG
 
+        case O_ZERO:
+            if (bg_cli_int(cmd, "--zero", optarg, 0, 2, &v))
+                return 2;
+            c.zero = (int)v;
+            zero_flag = 1;
+            break;
         case O_DSEED:
             if (bg_cli_int(cmd, "--data-seed", optarg, 0, INT64_MAX, &v))
                 return 2;
@@ -449,7 +455,13 @@ int bg_cmd_train(int argc, char **argv)
             c.seq = bg_plan_seq(plan);
         c.schedule = bg_plan_schedule(plan);
         c.optim.kind = bg_plan_optimizer(plan); /* the plan's memory assumed its optimizer's state */
-        c.zero = bg_plan_zero(plan);            /* and its sharding */
+        if (zero_flag && c.zero != bg_plan_zero(plan)) {
+            int pz = bg_plan_zero(plan);
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "--zero %d, but %s counted the memory of --zero %d: leave --zero out, or plan again "
+                                    "with brigade plan --zero %d", c.zero, plan_path, pz, c.zero);
+        }
+        c.zero = bg_plan_zero(plan); /* and its sharding */
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;

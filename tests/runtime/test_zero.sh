@@ -23,7 +23,8 @@
 # - The planner counts sharded bytes: a budget nothing fits at --zero 0 gets
 #   a plan at --zero 1 (auto), and --zero 2 a plan too; brigade train --plan
 #   measures rank 0's peak within 10% of the plan's prediction.
-# - --zero with dp = 1 says it changes nothing; --zero 3 is refused.
+# - --zero with dp = 1 says it changes nothing; --zero 3, a plan's zero 3 and
+#   a --zero other than the plan's are refused in one line.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
@@ -153,6 +154,9 @@ for z in auto 2; do
     bad "plan --zero $z"; cat "$T/p$z.o"
   fi
 done
+if "$B" train --plan "$T/pauto.json" --zero 2 --steps 1 >/dev/null 2>"$T/pz.e"; then bad "--zero 2 against a --zero 1 plan accepted"
+else [ "$(wc -l <"$T/pz.e")" = 1 ] && grep -q "counted the memory of --zero 1" "$T/pz.e" && ok "--zero against the plan's: $(cat "$T/pz.e")" ||
+  { bad "--zero against the plan's"; cat "$T/pz.e"; }; fi
 sed 's/"zero": 1/"zero": 3/' "$T/pauto.json" >"$T/pbad.json"
 if "$B" train --plan "$T/pbad.json" --steps 1 >/dev/null 2>"$T/pbad.e"; then bad "a plan with zero 3 accepted"
 else grep -q 'zero' "$T/pbad.e" && ok "plan with zero 3 refused: $(cat "$T/pbad.e")" || { bad "zero 3 message"; cat "$T/pbad.e"; }; fi
