@@ -453,7 +453,9 @@ int bg_cmd_train(int argc, char **argv)
             c.batch = bg_plan_batch(plan);
         if (bg_plan_seq(plan) > 0)
             c.seq = bg_plan_seq(plan);
-        c.schedule = bg_plan_schedule(plan);
+        static char plan_schedule[32]; /* the plan is freed before the summary prints the name */
+        snprintf(plan_schedule, sizeof plan_schedule, "%s", bg_plan_schedule(plan));
+        c.schedule = plan_schedule;
         c.optim.kind = bg_plan_optimizer(plan); /* the plan's memory assumed its optimizer's state */
         if (zero_flag && c.zero != bg_plan_zero(plan)) {
             int pz = bg_plan_zero(plan);
