@@ -1289,9 +1289,6 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     }
     x->ops = bg_schedule_rank_ops(x->sched, x->pp_i, &x->nops);
     x->act_base = bg_backend_memstats(x->be).current;
-    for (int v = 0; v < x->V; v++) /* --zero 2: its gradient buckets are not activations */
-        if (x->chunks[v].zero)
-            x->act_base += bg__zero_inflight_bytes(x->chunks[v].zero);
     bg_backend_reset_peak(x->be);
     *x_p = x;
     return BG_OK;

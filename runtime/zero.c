@@ -9,12 +9,12 @@
  * chunk's next forward.
  *
  * Level 2 also shards the gradients: there is no flat gradient buffer. Each
- * microbatch's backward writes a bucket's gradients into a buffer of that
- * bucket alone (allocated zeroed before the bucket's first layer, the
+ * microbatch's backward writes a bucket's gradients into one of two buffers
+ * of the largest bucket's size (zeroed before the bucket's first layer, the
  * layers' grad pointers aimed at it), which is reduce-scattered as soon as
  * the bucket's last layer is done; once it completes, the owned chunk is
- * added to the replica's gradient shard (1/D) and the buffer is freed. So
- * only the buckets in flight are whole, at the price of one reduce-scatter
+ * added to the replica's gradient shard (1/D) and the buffer is free for
+ * the next bucket. So only two buckets are whole, at the price of one reduce-scatter
  * per microbatch instead of one per step; the shard sums replicas first,
  * then microbatches in the order their backwards ran (deterministic, within
  * rounding of --zero 0). A bucket holding a tied tensor keeps a whole buffer
@@ -52,6 +52,10 @@ struct bg__zero {
     size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
     int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
     int64_t seq;
+    float *pool[2];    /* the buffers the buckets take turns in (the largest bucket's size each) */
+    int *slot;         /* per bucket: the pool buffer it holds, -1 none (a whole bucket has its own) */
+    size_t pool_count; /* floats of each pool buffer */
+    int npool;         /* 2, or 1 when one bucket takes turns with itself */
     float *sg;         /* the reduced gradient shard (owned floats) */
     int nbuckets;
     piece_t *pieces;
@@ -113,28 +117,35 @@ static void aim(bg__zero_t *z, int b, float *buf)
 
 static bg_status_t fold(bg__zero_t *z, int b);
 
-/* A zeroed buffer for bucket b's gradients. Level 2 keeps at most two
- * buckets' buffers besides the whole ones (one being written, one being
- * reduced): first it waits for the oldest reduce-scatter (every replica
- * started it before getting here, so it completes). */
+/* A zeroed buffer for bucket b's gradients: a whole bucket's own, or one of
+ * the two pool buffers (one being written, one being reduced). When both are
+ * taken it first waits for the oldest reduce-scatter (every replica started
+ * it before getting here, so it completes). */
 static bg_status_t bucket_buffer(bg__zero_t *z, int b)
 {
-    for (;;) {
-        int live = 0, oldest = -1;
-        for (int k = 0; k < z->nbuckets; k++) {
-            if (z->whole[k] || !z->buf[k])
-                continue;
-            live++;
-            if (z->rs[k] && (oldest < 0 || z->rs_seq[k] < z->rs_seq[oldest]))
-                oldest = k;
+    if (z->whole[b]) {
+        z->buf[b] = bg_backend_alloc(z->be, z->buckets[b].count * sizeof(float), "gradient bucket (tied)");
+        if (!z->buf[b])
+            return BG_ERR_NOMEM;
+    } else {
+        int k = -1;
+        while (k < 0) {
+            int used[2] = {0, 0}, oldest = -1;
+            for (int q = 0; q < z->nbuckets; q++) {
+                if (z->slot[q] >= 0)
+                    used[z->slot[q]] = 1;
+                if (z->rs[q] && (oldest < 0 || z->rs_seq[q] < z->rs_seq[oldest]))
+                    oldest = q;
+            }
+            k = !used[0] ? 0 : !used[1] && z->npool > 1 ? 1 : -1;
+            if (k < 0 && oldest < 0)
+                return bg_error(BG_ERR_INTERNAL, "zero: both gradient buffers taken and no reduction in flight");
+            if (k < 0)
+                BG_CHECK(fold(z, oldest));
         }
-        if (z->whole[b] || live < 2 || oldest < 0)
-            break;
-        BG_CHECK(fold(z, oldest));
+        z->slot[b] = k;
+        z->buf[b] = z->pool[k];
     }
-    z->buf[b] = bg_backend_alloc(z->be, z->buckets[b].count * sizeof(float), "gradient bucket");
-    if (!z->buf[b])
-        return BG_ERR_NOMEM;
     z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);
     aim(z, b, z->buf[b]);
     return BG_OK;
@@ -152,7 +163,7 @@ static bg_status_t fold(bg__zero_t *z, int b)
     bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
     z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
     aim(z, b, NULL);
-    bg_backend_free(z->be, z->buf[b]);
+    z->slot[b] = -1; /* its pool buffer is free again */
     z->buf[b] = NULL;
     return BG_OK;
 }
@@ -244,13 +255,19 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
     z->rs = calloc((size_t)nbuckets + 1, sizeof(*z->rs));
     z->soff = calloc((size_t)nbuckets + 1, sizeof(*z->soff));
     z->rs_seq = calloc((size_t)nbuckets + 1, sizeof(*z->rs_seq));
-    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq) {
+    z->slot = malloc(((size_t)nbuckets + 1) * sizeof(*z->slot));
+    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq || !z->slot) {
         st = bg_error(BG_ERR_NOMEM, "zero buckets");
         goto err;
     }
     memcpy(z->buckets, buckets, (size_t)nbuckets * sizeof(*buckets));
-    for (int b = 0; b < nbuckets; b++)
+    for (int b = 0; b < nbuckets; b++) {
         z->whole[b] = holds_tie(bg_model_desc(m), buckets[b].lo, buckets[b].hi);
+        z->slot[b] = -1;
+        if (!z->whole[b] && buckets[b].count > z->pool_count)
+            z->pool_count = buckets[b].count;
+        z->npool += !z->whole[b] && buckets[b].count && z->npool < 2;
+    }
     BG_CHECK_GOTO(make_pieces(z), st, err);
     size_t n = z->owned ? z->owned : 1;
     z->sm = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (first moment)");
@@ -273,6 +290,11 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
             st = BG_ERR_NOMEM;
             goto err;
         }
+        for (int k = 0; k < z->npool; k++)
+            if (!(z->pool[k] = bg_backend_alloc(z->be, z->pool_count * sizeof(float), "gradient bucket"))) {
+                st = BG_ERR_NOMEM;
+                goto err;
+            }
         BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err);
         for (int b = 0; b < nbuckets; b++)
             if (z->whole[b] && buckets[b].count)
@@ -305,8 +327,12 @@ void bg__zero_destroy(bg__zero_t *z)
     for (int b = 0; z->buf && b < z->nbuckets; b++)
         if (z->buf[b]) {
             aim(z, b, NULL);
-            bg_backend_free(z->be, z->buf[b]);
+            if (z->whole && z->whole[b])
+                bg_backend_free(z->be, z->buf[b]);
         }
+    bg_backend_free(z->be, z->pool[0]);
+    bg_backend_free(z->be, z->pool[1]);
+    free(z->slot);
     free(z->buf);
     free(z->rs);
     free(z->soff);
@@ -320,21 +346,15 @@ void bg__zero_destroy(bg__zero_t *z)
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
 
-/* Level 2: the whole buckets' floats, and the two largest other buckets'. */
+/* Level 2: the whole buckets' floats, and the pool's. */
 static void bucket_sizes(const bg__zero_t *z, size_t *whole_p, size_t *inflight_p)
 {
-    size_t whole = 0, big[2] = {0, 0};
-    for (int b = 0; b < z->nbuckets; b++) {
-        size_t c = z->buckets[b].count;
+    size_t whole = 0;
+    for (int b = 0; b < z->nbuckets; b++)
         if (z->whole[b])
-            whole += c;
-        else if (c > big[0])
-            big[1] = big[0], big[0] = c;
-        else if (c > big[1])
-            big[1] = c;
-    }
+            whole += z->buckets[b].count;
     *whole_p = whole;
-    *inflight_p = big[0] + big[1];
+    *inflight_p = (size_t)z->npool * z->pool_count;
 }
 
 size_t bg__zero_grad_bytes(const bg__zero_t *z)
@@ -343,17 +363,8 @@ size_t bg__zero_grad_bytes(const bg__zero_t *z)
         return bg_model_param_count(z->m) * sizeof(float);
     size_t whole, inflight;
     bucket_sizes(z, &whole, &inflight);
-    /* the shard, the whole buckets, and at most two buckets in flight: one written, the one below reducing */
+    /* the shard, the whole buckets, and the two bucket buffers: one written, one being reduced */
     return (z->owned + whole + inflight) * sizeof(float);
-}
-
-size_t bg__zero_inflight_bytes(const bg__zero_t *z)
-{
-    size_t whole, inflight;
-    if (z->level < 2)
-        return 0;
-    bucket_sizes(z, &whole, &inflight);
-    return inflight * sizeof(float);
 }
 
 bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)

@@ -35,12 +35,9 @@ bg_status_t bg__zero_prepare(bg__zero_t *z, int layer);
 /* Level 2, after each layer's weight gradients of a microbatch: reduce-scatter
  * the bucket it closes, fold finished ones, prepare the next layer's bucket. */
 bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer);
-/* Bytes of gradients this level holds at its peak (level 2: the shard, whole
- * buckets and two buckets in flight; else the flat buffer). */
+/* Bytes of gradients this level holds (level 2: the shard, whole buckets
+ * and the two bucket buffers; else the flat buffer). */
 size_t bg__zero_grad_bytes(const bg__zero_t *z);
-/* Of those, the bytes of the buckets in flight (allocated during the
- * backward: not activations, though they come and go like them). */
-size_t bg__zero_inflight_bytes(const bg__zero_t *z);
 /* Sum of squares of the owned part of tensor i's reduced gradient. */
 double bg__zero_tensor_sumsq(bg__zero_t *z, int i);
 /* Update the owned elements (level 2: once every microbatch's reduction is
