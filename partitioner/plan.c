@@ -458,11 +458,14 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     prob.nstages = c->S;
     prob.stages = c->specs;
     prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero);
-    if (c->zero == 2 && c->dp > 1) { /* the executor's buckets (docs/executor.md) */
-        long long mb = 4;
+    if (c->zero == 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
+        long long mb = 4, nbuf = 3;
         if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
             mb = 4;
+        if (bg_config_int("BRIGADE_ZERO_BUFFERS", &nbuf) != BG_OK)
+            nbuf = 3;
         prob.bucket_bytes = (size_t)mb * 1048576;
+        prob.bucket_buffers = nbuf < 2 ? 2 : nbuf > 16 ? 16 : (int)nbuf;
     }
     prob.input_bytes =
         s->tokens ? 0 : positions * (size_t)bg_model_desc_params(s->desc)->features * sizeof(float);

@@ -9,12 +9,12 @@
  * chunk's next forward.
  *
  * Level 2 also shards the gradients: there is no flat gradient buffer. Each
- * microbatch's backward writes a bucket's gradients into one of two buffers
- * of the largest bucket's size (zeroed before the bucket's first layer, the
+ * microbatch's backward writes a bucket's gradients into one of a few
+ * (BRIGADE_ZERO_BUFFERS) buffers of the largest bucket's size (zeroed before the bucket's first layer, the
  * layers' grad pointers aimed at it), which is reduce-scattered as soon as
  * the bucket's last layer is done; once it completes, the owned chunk is
  * added to the replica's gradient shard (1/D) and the buffer is free for
- * the next bucket. So only two buckets are whole, at the price of one reduce-scatter
+ * the next bucket. So only those buckets are whole, at the price of one reduce-scatter
  * per microbatch instead of one per step; the shard sums replicas first,
  * then microbatches in the order their backwards ran (deterministic, within
  * rounding of --zero 0). A bucket holding a tied tensor keeps a whole buffer
@@ -29,6 +29,9 @@
 
 #include "core/check.h"
 #include "runtime/zero.h"
+
+/* Level 2: at most this many bucket buffers (BRIGADE_ZERO_BUFFERS). */
+#define POOL 16
 
 typedef struct piece {
     int tensor;      /* index in the model */
@@ -52,10 +55,10 @@ struct bg__zero {
     size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
     int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
     int64_t seq;
-    float *pool[2];    /* the buffers the buckets take turns in (the largest bucket's size each) */
+    float *pool[POOL]; /* the buffers the buckets take turns in (the largest bucket's size each) */
     int *slot;         /* per bucket: the pool buffer it holds, -1 none (a whole bucket has its own) */
     size_t pool_count; /* floats of each pool buffer */
-    int npool;         /* 2, or 1 when one bucket takes turns with itself */
+    int npool;         /* BRIGADE_ZERO_BUFFERS, or fewer when there are fewer buckets */
     float *sg;         /* the reduced gradient shard (owned floats) */
     int nbuckets;
     piece_t *pieces;
@@ -118,7 +121,7 @@ static void aim(bg__zero_t *z, int b, float *buf)
 static bg_status_t fold(bg__zero_t *z, int b);
 
 /* A zeroed buffer for bucket b's gradients: a whole bucket's own, or one of
- * the two pool buffers (one being written, one being reduced). When both are
+ * the pool's (one being written, the others being reduced). When all are
  * taken it first waits for the oldest reduce-scatter (every replica started
  * it before getting here, so it completes). */
 static bg_status_t bucket_buffer(bg__zero_t *z, int b)
@@ -130,14 +133,16 @@ static bg_status_t bucket_buffer(bg__zero_t *z, int b)
     } else {
         int k = -1;
         while (k < 0) {
-            int used[2] = {0, 0}, oldest = -1;
+            int used[POOL] = {0}, oldest = -1;
             for (int q = 0; q < z->nbuckets; q++) {
                 if (z->slot[q] >= 0)
                     used[z->slot[q]] = 1;
                 if (z->rs[q] && (oldest < 0 || z->rs_seq[q] < z->rs_seq[oldest]))
                     oldest = q;
             }
-            k = !used[0] ? 0 : !used[1] && z->npool > 1 ? 1 : -1;
+            for (int q = 0; q < z->npool && k < 0; q++)
+                if (!used[q])
+                    k = q;
             if (k < 0 && oldest < 0)
                 return bg_error(BG_ERR_INTERNAL, "zero: both gradient buffers taken and no reduction in flight");
             if (k < 0)
@@ -261,12 +266,13 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
         goto err;
     }
     memcpy(z->buckets, buckets, (size_t)nbuckets * sizeof(*buckets));
+    int want = bg__zero_buffers();
     for (int b = 0; b < nbuckets; b++) {
         z->whole[b] = holds_tie(bg_model_desc(m), buckets[b].lo, buckets[b].hi);
         z->slot[b] = -1;
         if (!z->whole[b] && buckets[b].count > z->pool_count)
             z->pool_count = buckets[b].count;
-        z->npool += !z->whole[b] && buckets[b].count && z->npool < 2;
+        z->npool += !z->whole[b] && buckets[b].count && z->npool < want;
     }
     BG_CHECK_GOTO(make_pieces(z), st, err);
     size_t n = z->owned ? z->owned : 1;
@@ -330,8 +336,8 @@ void bg__zero_destroy(bg__zero_t *z)
             if (z->whole && z->whole[b])
                 bg_backend_free(z->be, z->buf[b]);
         }
-    bg_backend_free(z->be, z->pool[0]);
-    bg_backend_free(z->be, z->pool[1]);
+    for (int k = 0; k < POOL; k++)
+        bg_backend_free(z->be, z->pool[k]);
     free(z->slot);
     free(z->buf);
     free(z->rs);
@@ -345,6 +351,14 @@ void bg__zero_destroy(bg__zero_t *z)
 }
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
+
+int bg__zero_buffers(void)
+{
+    long long n = 3;
+    if (bg_config_int("BRIGADE_ZERO_BUFFERS", &n) != BG_OK)
+        n = 3;
+    return n < 2 ? 2 : n > POOL ? POOL : (int)n;
+}
 
 /* Level 2: the whole buckets' floats, and the pool's. */
 static void bucket_sizes(const bg__zero_t *z, size_t *whole_p, size_t *inflight_p)
@@ -363,7 +377,7 @@ size_t bg__zero_grad_bytes(const bg__zero_t *z)
         return bg_model_param_count(z->m) * sizeof(float);
     size_t whole, inflight;
     bucket_sizes(z, &whole, &inflight);
-    /* the shard, the whole buckets, and the two bucket buffers: one written, one being reduced */
+    /* the shard, the whole buckets, and the bucket buffers: one written, the others being reduced */
     return (z->owned + whole + inflight) * sizeof(float);
 }
 

@@ -35,8 +35,10 @@ bg_status_t bg__zero_prepare(bg__zero_t *z, int layer);
 /* Level 2, after each layer's weight gradients of a microbatch: reduce-scatter
  * the bucket it closes, fold finished ones, prepare the next layer's bucket. */
 bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer);
+/* Bucket buffers of level 2 (BRIGADE_ZERO_BUFFERS, 2..16; default 3). */
+int bg__zero_buffers(void);
 /* Bytes of gradients this level holds (level 2: the shard, whole buckets
- * and the two bucket buffers; else the flat buffer). */
+ * and the bucket buffers; else the flat buffer). */
 size_t bg__zero_grad_bytes(const bg__zero_t *z);
 /* Sum of squares of the owned part of tensor i's reduced gradient. */
 double bg__zero_tensor_sumsq(bg__zero_t *z, int i);

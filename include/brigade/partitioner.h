@@ -106,11 +106,12 @@ typedef struct bg_part_problem {
     int allow_recompute;                /**< a stage may keep only its input per microbatch and recompute */
     int quick_no_fit;                   /**< 1: bg_partition() answers BG_ERR_NO_FIT without measuring the
                                              shortfall for its message (a search that only needs yes/no) */
-    size_t bucket_bytes;                /**< --zero 2: bytes of a gradient bucket, of which a stage holds two
-                                             whole besides bytes_per_param (at most its gradients: 4 per
-                                             parameter); 0: none */
+    size_t bucket_bytes;                /**< --zero 2: bytes of a gradient bucket; 0: none */
+    int bucket_buffers;                 /**< --zero 2: buffers of bucket_bytes a stage holds besides
+                                             bytes_per_param (BRIGADE_ZERO_BUFFERS; at most as many as
+                                             its gradients fill, and at most its gradients' bytes) */
 } bg_part_problem_t;
-#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0}
+#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0}
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
