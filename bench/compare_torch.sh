@@ -84,9 +84,13 @@ for c in $CASES; do
   done
 done
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-28s %11s %10s %10s %7s   %s\n" case parameters brigade PyTorch ratio "runs (brigade | PyTorch, tokens/s)"
+# ratio: of the medians; pairs: median of the ratios of runs made one after the other
+# (robust when the machine's load changes during the run)
+printf "%-28s %11s %10s %10s %6s %6s   %s\n" case parameters brigade PyTorch ratio pairs \
+  "runs (brigade | PyTorch, tokens/s)"
 for c in $CASES; do
   b=$(med <"$T/$c.b"); t=$(med <"$T/$c.t")
-  printf "%-28s %11s %10.0f %10.0f %7.2f   %s| %s\n" "$(label "$c")" "$(cat "$T/$c.params")" "$b" "$t" \
-    "$(awk -v a="$b" -v b="$t" 'BEGIN{print a/b}')" "$(tr '\n' ' ' <"$T/$c.b")" "$(tr '\n' ' ' <"$T/$c.t")"
+  pr=$(paste "$T/$c.b" "$T/$c.t" | awk '{print $1 / $2}' | med)
+  printf "%-28s %11s %10.0f %10.0f %6.2f %6.2f   %s| %s\n" "$(label "$c")" "$(cat "$T/$c.params")" "$b" "$t" \
+    "$(awk -v a="$b" -v b="$t" 'BEGIN{print a/b}')" "$pr" "$(tr '\n' ' ' <"$T/$c.b")" "$(tr '\n' ' ' <"$T/$c.t")"
 done
