@@ -126,6 +126,204 @@ BG_CPU_CLONES static void bg__att_fwd_head(float *o, float *lse, const float *q,
     }
 }
 
+/* ------------------------------------------------ register-blocked path */
+
+/* Head sizes up to BG_ATT_BLK_HS (GPT's 64-128) take this path: BG_ATT_RB query
+ * rows at a time against a key tile, in explicit 16-float vectors (GCC vector
+ * extensions: one AVX-512 register, two AVX2 ones), so each loaded key or value
+ * vector feeds BG_ATT_RB multiply-adds and dK/dV/O accumulate in small local
+ * tiles instead of one rank-1 update per row. Rows of V, K, Q and dO are copied
+ * into tiles padded to HP = hs rounded up to 32 floats (two vectors), zeros in
+ * the padding. */
+#define BG_ATT_BLK_HS 128
+#define BG_ATT_RB 4
+typedef float bg__v16 __attribute__((vector_size(64), aligned(4), may_alias));
+#define BG_V16(p) (*(bg__v16 *)(p))
+
+static int bg__att_hp(int hs) { return (hs + 31) & ~31; }
+
+/* s[r][0..BK) = q_r . k_j for 4 rows (q_r rows ld apart; rows past nr repeat
+ * the last), kt (hs, BK) the transposed key tile */
+static inline __attribute__((always_inline)) void bg__att_s4(float s[BG_ATT_RB][BG_ATT_BK], const float *q,
+                                                              size_t ld, int nr, const float *kt, int hs)
+{
+    const float *q0 = q, *q1 = q + (nr > 1 ? ld : 0), *q2 = q + (nr > 2 ? 2 * ld : 0),
+                *q3 = q + (nr > 3 ? 3 * ld : 0);
+    bg__v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+    for (int d = 0; d < hs; d++) {
+        bg__v16 k0 = BG_V16(kt + (size_t)d * BG_ATT_BK), k1 = BG_V16(kt + (size_t)d * BG_ATT_BK + 16);
+        float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
+        a00 += x0 * k0, a01 += x0 * k1, a10 += x1 * k0, a11 += x1 * k1;
+        a20 += x2 * k0, a21 += x2 * k1, a30 += x3 * k0, a31 += x3 * k1;
+    }
+    BG_V16(s[0]) = a00, BG_V16(s[0] + 16) = a01, BG_V16(s[1]) = a10, BG_V16(s[1] + 16) = a11;
+    BG_V16(s[2]) = a20, BG_V16(s[2] + 16) = a21, BG_V16(s[3]) = a30, BG_V16(s[3] + 16) = a31;
+}
+
+/* acc[r][0..HP) += sum_{j < nk} p[r][j] * x[j][0..HP) for 4 rows (acc rows HP
+ * apart, x (BK, HP)) */
+static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const float p[BG_ATT_RB][BG_ATT_BK],
+                                                               const float *x, int nk, int HP)
+{
+    for (int c = 0; c < HP; c += 32) {
+        float *r0 = acc + c, *r1 = r0 + HP, *r2 = r1 + HP, *r3 = r2 + HP;
+        bg__v16 a00 = BG_V16(r0), a01 = BG_V16(r0 + 16), a10 = BG_V16(r1), a11 = BG_V16(r1 + 16);
+        bg__v16 a20 = BG_V16(r2), a21 = BG_V16(r2 + 16), a30 = BG_V16(r3), a31 = BG_V16(r3 + 16);
+        for (int j = 0; j < nk; j++) {
+            bg__v16 x0 = BG_V16(x + (size_t)j * HP + c), x1 = BG_V16(x + (size_t)j * HP + c + 16);
+            float p0 = p[0][j], p1 = p[1][j], p2 = p[2][j], p3 = p[3][j];
+            a00 += p0 * x0, a01 += p0 * x1, a10 += p1 * x0, a11 += p1 * x1;
+            a20 += p2 * x0, a21 += p2 * x1, a30 += p3 * x0, a31 += p3 * x1;
+        }
+        BG_V16(r0) = a00, BG_V16(r0 + 16) = a01, BG_V16(r1) = a10, BG_V16(r1 + 16) = a11;
+        BG_V16(r2) = a20, BG_V16(r2 + 16) = a21, BG_V16(r3) = a30, BG_V16(r3 + 16) = a31;
+    }
+}
+
+/* acc[j][0..HP) += sum_r w[r][j] * x[r][0..HP) for j < nk (acc (BK, HP), x 4
+ * rows HP apart): the transposed product of bg__att_pv4, for dK and dV */
+static inline __attribute__((always_inline)) void bg__att_tv4(float *acc, const float w[BG_ATT_RB][BG_ATT_BK],
+                                                               const float *x, int nk, int HP)
+{
+    for (int c = 0; c < HP; c += 32) {
+        const float *x0 = x + c, *x1 = x0 + HP, *x2 = x1 + HP, *x3 = x2 + HP;
+        bg__v16 b00 = BG_V16(x0), b01 = BG_V16(x0 + 16), b10 = BG_V16(x1), b11 = BG_V16(x1 + 16);
+        bg__v16 b20 = BG_V16(x2), b21 = BG_V16(x2 + 16), b30 = BG_V16(x3), b31 = BG_V16(x3 + 16);
+        for (int j = 0; j < nk; j++) {
+            float *a = acc + (size_t)j * HP + c;
+            float w0 = w[0][j], w1 = w[1][j], w2 = w[2][j], w3 = w[3][j];
+            BG_V16(a) = BG_V16(a) + ((w0 * b00 + w1 * b10) + (w2 * b20 + w3 * b30));
+            BG_V16(a + 16) = BG_V16(a + 16) + ((w0 * b01 + w1 * b11) + (w2 * b21 + w3 * b31));
+        }
+    }
+}
+
+/* dst (nk, HP) = rows j0.. of x (ld apart), padded with zeros (rows to BK, columns to HP) */
+static void bg__att_pad_rows(float *restrict dst, const float *restrict x, size_t ld, int nk, int hs, int HP)
+{
+    for (int j = 0; j < BG_ATT_BK; j++)
+        for (int d = 0; d < HP; d++)
+            dst[(size_t)j * HP + d] = j < nk && d < hs ? x[(size_t)j * ld + d] : 0.0f;
+}
+
+BG_CPU_CLONES static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const float *k, const float *v,
+                                               size_t ld, size_t ldo, int T, int hs, float scale)
+{
+    const int HP = bg__att_hp(hs);
+    float kt[BG_ATT_BLK_HS * BG_ATT_BK], vp[BG_ATT_BK * BG_ATT_BLK_HS], oacc[BG_ATT_BQ * BG_ATT_BLK_HS];
+    float s[BG_ATT_RB][BG_ATT_BK], m[BG_ATT_BQ], l[BG_ATT_BQ];
+    for (int i0 = 0; i0 < T; i0 += BG_ATT_BQ) {
+        int nq = T - i0 < BG_ATT_BQ ? T - i0 : BG_ATT_BQ;
+        /* whole blocks of 4 rows; rows past nq are computed on copies of the last and dropped */
+        memset(oacc, 0, (size_t)((nq + BG_ATT_RB - 1) / BG_ATT_RB * BG_ATT_RB) * HP * sizeof(float));
+        for (int i = 0; i < BG_ATT_BQ; i++)
+            m[i] = -INFINITY, l[i] = 0.0f;
+        for (int j0 = 0; j0 < i0 + nq; j0 += BG_ATT_BK) {
+            int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
+            bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
+            bg__att_pad_rows(vp, v + (size_t)j0 * ld, ld, nk, hs, HP);
+            for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
+                int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
+                if (j0 > i0 + r0 + nr - 1)
+                    continue; /* the whole tile is above these rows' diagonal */
+                bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs);
+                float *acc = oacc + (size_t)r0 * HP;
+                for (int r = 0; r < BG_ATT_RB; r++) {
+                    int ti = i0 + r0 + (r < nr ? r : nr - 1), i = r0 + r;
+                    int nv = ti - j0 + 1 < nk ? ti - j0 + 1 : nk; /* keys j0..j0+nv-1 are visible */
+                    if (r >= nr || nv <= 0) {
+                        for (int j = 0; j < BG_ATT_BK; j++)
+                            s[r][j] = 0.0f;
+                        continue;
+                    }
+                    float mx = m[i];
+                    for (int j = 0; j < nv; j++) {
+                        float x = scale * s[r][j];
+                        mx = x > mx ? x : mx;
+                    }
+                    float corr = bg__expf(m[i] - mx); /* 0 on the first tile (m = -inf) */
+                    float psum = 0.0f;
+                    for (int j = 0; j < BG_ATT_BK; j++) {
+                        float pj = j < nv ? bg__expf(scale * s[r][j] - mx) : 0.0f;
+                        s[r][j] = pj;
+                        psum += pj;
+                    }
+                    m[i] = mx;
+                    l[i] = l[i] * corr + psum;
+                    for (int d = 0; d < HP; d++)
+                        acc[(size_t)r * HP + d] *= corr;
+                }
+                bg__att_pv4(acc, (const float(*)[BG_ATT_BK])s, vp, nk, HP);
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            float inv = 1.0f / l[i];
+            float *orow = o + (size_t)(i0 + i) * ldo;
+            for (int d = 0; d < hs; d++)
+                orow[d] = oacc[(size_t)i * HP + d] * inv;
+            lse[i0 + i] = m[i] + logf(l[i]);
+        }
+    }
+}
+
+/* The backward of bg__att_bwd_head in blocks of 4 query rows: per key tile,
+ * dK and dV of the tile accumulate in local tiles (rows in order, 4 at a
+ * time) and are written once; each block's dQ contribution from the tile is
+ * summed locally and added to its dQ rows (key tiles in order). */
+BG_CPU_CLONES static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, const float *dout,
+                                               const float *o, const float *lse, const float *q, const float *k,
+                                               const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+{
+    const int HP = bg__att_hp(hs);
+    float kt[BG_ATT_BLK_HS * BG_ATT_BK], vt[BG_ATT_BLK_HS * BG_ATT_BK], kp[BG_ATT_BK * BG_ATT_BLK_HS];
+    float dka[BG_ATT_BK * BG_ATT_BLK_HS], dva[BG_ATT_BK * BG_ATT_BLK_HS];
+    float qp[BG_ATT_RB * BG_ATT_BLK_HS], dop[BG_ATT_RB * BG_ATT_BLK_HS], dqa[BG_ATT_RB * BG_ATT_BLK_HS];
+    float p[BG_ATT_RB][BG_ATT_BK], dp[BG_ATT_RB][BG_ATT_BK];
+    for (int i = 0; i < T; i++) {
+        dvec[i] = (float)bg__dot_f(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
+        memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
+    }
+    for (int j0 = 0; j0 < T; j0 += BG_ATT_BK) {
+        int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
+        bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
+        bg__att_transpose(vt, v + (size_t)j0 * ld, ld, nk, hs);
+        bg__att_pad_rows(kp, k + (size_t)j0 * ld, ld, nk, hs, HP);
+        memset(dka, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
+        memset(dva, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
+        for (int r0 = j0; r0 < T; r0 += BG_ATT_RB) {
+            int nr = T - r0 < BG_ATT_RB ? T - r0 : BG_ATT_RB;
+            const float *qrow = q + (size_t)r0 * ld, *dorow = dout + (size_t)r0 * ldo;
+            bg__att_s4(p, qrow, ld, nr, kt, hs);
+            bg__att_s4(dp, dorow, ldo, nr, vt, hs);
+            for (int r = 0; r < BG_ATT_RB; r++) {
+                int ti = r0 + r, nv = ti - j0 + 1 < nk ? ti - j0 + 1 : nk;
+                nv = r < nr ? nv : 0; /* rows past T contribute nothing */
+                float li = r < nr ? lse[ti] : 0.0f, di = r < nr ? dvec[ti] : 0.0f;
+                for (int j = 0; j < BG_ATT_BK; j++) {
+                    float pj = j < nv ? bg__expf(scale * p[r][j] - li) : 0.0f;
+                    p[r][j] = pj;
+                    dp[r][j] = pj * (dp[r][j] - di) * scale; /* scale dS */
+                }
+                for (int d = 0; d < HP; d++) {
+                    qp[r * HP + d] = r < nr && d < hs ? qrow[(size_t)r * ld + d] : 0.0f;
+                    dop[r * HP + d] = r < nr && d < hs ? dorow[(size_t)r * ldo + d] : 0.0f;
+                    dqa[r * HP + d] = 0.0f;
+                }
+            }
+            bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kp, nk, HP);
+            bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, qp, nk, HP);
+            bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, dop, nk, HP);
+            for (int r = 0; r < nr; r++)
+                for (int d = 0; d < hs; d++)
+                    dq[(size_t)(r0 + r) * ld + d] += dqa[r * HP + d];
+        }
+        for (int j = 0; j < nk; j++) {
+            memcpy(dk + (size_t)(j0 + j) * ld, dka + (size_t)j * HP, (size_t)hs * sizeof(float));
+            memcpy(dv + (size_t)(j0 + j) * ld, dva + (size_t)j * HP, (size_t)hs * sizeof(float));
+        }
+    }
+}
+
 /* The shapes both entry points share: rows of qkv are ld = 3C apart, of out
  * ldo = C; (batch, head) pair bh starts at qoff(bh) in qkv and ooff(bh) in
  * out; par says whether the heads are worth an OpenMP region. */
@@ -159,8 +357,8 @@ void bg__cpu_attention_forward(bg_backend_t *be, float *out, float *lse, const f
 #pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
     for (int bh = 0; bh < d.BH; bh++) {
         const float *q = qkv + bg__att_qoff(&d, bh);
-        bg__att_fwd_head(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs,
-                         d.scale);
+        (hs <= BG_ATT_BLK_HS ? bg__att_fwd_head_blk : bg__att_fwd_head)(
+            out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
     }
 }
 
@@ -222,7 +420,8 @@ void bg__cpu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, cons
         size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
         const float *q = qkv + qoff;
         float *dq = dqkv + qoff;
-        bg__att_bwd_head(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff, lse + (size_t)bh * T,
-                         q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
+        (hs <= BG_ATT_BLK_HS ? bg__att_bwd_head_blk : bg__att_bwd_head)(
+            dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff, lse + (size_t)bh * T, q, q + C,
+            q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
     }
 }

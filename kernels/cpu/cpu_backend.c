@@ -118,33 +118,47 @@ static void bg__cpu_residual_forward(bg_backend_t *be, float *out, const float *
  * single-threaded sgemm over the full K, and OpenMP spreads the tiles (and the
  * batch) over the threads. A C element is then always computed by the same
  * call with the same operands. Each tile packs its panels of A and B again,
- * so tiles are as large as parallelism allows: 256 x 256, halved (larger edge
- * first, never below 128) until there are at least BG_CPU_GEMM_MIN_TASKS
- * tiles in the whole (batched) product. Measured on Emerald Rapids with
- * OpenBLAS's SkylakeX kernels, one thread, median of 11: 256 x 256 tiles run
- * at 0.95-1.0 of a direct call at this model's shapes, 128 x 128 at
- * 0.78-0.85 (docs/kernels.md). */
-#define BG_CPU_GEMM_TILE_MAX 256
+ * so tiles are as large as parallelism allows: each edge cut into equal parts
+ * of at most BG_CPU_GEMM_TILE_MAX (multiples of 16: whole micro-kernel
+ * panels), then the larger tile edge cut into one more part (never below
+ * BG_CPU_GEMM_TILE_MIN) until the whole (batched) product has at least
+ * BG_CPU_GEMM_MIN_TASKS tiles: two equal halves keep two threads equally busy.
+ * Measured on Emerald Rapids with OpenBLAS's SkylakeX kernels, one thread, the
+ * 12 GEMMs of one transformer block and microbatch of the issue-11 GPT (256
+ * rows, d_model 256), best of 30: 0.91 of direct calls with the former rule
+ * (256 x 256 tiles, at least 4), 0.99-1.0 with this one (docs/kernels.md). */
+#define BG_CPU_GEMM_TILE_MAX 1024
 #define BG_CPU_GEMM_TILE_MIN 128
-#define BG_CPU_GEMM_MIN_TASKS 4
+#define BG_CPU_GEMM_MIN_TASKS 2
 /* below this many multiply-adds in total a parallel region does not pay */
 #define BG_CPU_GEMM_PAR ((long long)1 << 18)
 
 static int bg__cdiv(int a, int b) { return (a + b - 1) / b; }
 
+/* edge e cut into p equal parts, rounded up to a multiple of 16 (or e itself) */
+static int bg__cpu_tile_edge(int e, int p)
+{
+    int t = (bg__cdiv(e, p) + 15) & ~15;
+    return t < e ? t : e;
+}
+
 /* Tile edges for an m x n product repeated batch times: a function of the
  * shape only (determinism). */
 static void bg__cpu_gemm_tiles(int m, int n, int batch, int *tm_p, int *tn_p)
 {
-    int tm = m < BG_CPU_GEMM_TILE_MAX ? m : BG_CPU_GEMM_TILE_MAX;
-    int tn = n < BG_CPU_GEMM_TILE_MAX ? n : BG_CPU_GEMM_TILE_MAX;
+    int pm = bg__cdiv(m, BG_CPU_GEMM_TILE_MAX), pn = bg__cdiv(n, BG_CPU_GEMM_TILE_MAX);
+    int tm = bg__cpu_tile_edge(m, pm), tn = bg__cpu_tile_edge(n, pn);
     while ((long long)bg__cdiv(m, tm) * bg__cdiv(n, tn) * batch < BG_CPU_GEMM_MIN_TASKS) {
-        int *e = tn >= tm ? &tn : &tm;
-        if (*e < 2 * BG_CPU_GEMM_TILE_MIN)
-            e = e == &tn ? &tm : &tn; /* the larger edge cannot be halved: try the other */
-        if (*e < 2 * BG_CPU_GEMM_TILE_MIN)
+        /* cut the larger tile edge again, or the other when it would fall below the minimum */
+        int cut_n = tn >= tm;
+        if ((cut_n ? tn : tm) < 2 * BG_CPU_GEMM_TILE_MIN)
+            cut_n = !cut_n;
+        if ((cut_n ? tn : tm) < 2 * BG_CPU_GEMM_TILE_MIN)
             break;
-        *e = (*e / 2 + 15) & ~15; /* a multiple of 16: whole micro-kernel panels */
+        if (cut_n)
+            tn = bg__cpu_tile_edge(n, ++pn);
+        else
+            tm = bg__cpu_tile_edge(m, ++pm);
     }
     *tm_p = tm;
     *tn_p = tn;

@@ -198,7 +198,7 @@ static void test_gemm(void **state)
     bg_rng_t rng;
     bg_rng_seed(&rng, 1);
     static const int sizes[][3] = {{1, 1, 1}, {7, 13, 31}, {13, 1, 67}, {1, 31, 7}, {31, 67, 1}, {67, 7, 13},
-                                   {129, 257, 67}, {33, 17, 1031}, {300, 7, 13}, {261, 300, 5}};
+                                   {129, 257, 67}, {33, 17, 1031}, {300, 7, 13}, {261, 300, 5}, {1100, 1040, 9}};
     for (size_t s = 0; s < NELEM(sizes); s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
@@ -919,8 +919,10 @@ static void test_attention(void **state)
     bg_rng_t rng;
     bg_rng_seed(&rng, 14);
     /* B,T,C,NH: T = 70 spans 3 key tiles and 2 query tiles of the fused kernel;
-     * C = 600, NH = 2 (head size 300) takes its large-head path */
-    static const int sz[][4] = {{1, 1, 1, 1}, {2, 7, 12, 3}, {1, 13, 10, 2}, {3, 5, 8, 1}, {2, 70, 12, 2}, {1, 5, 600, 2}};
+     * C = 600, NH = 2 (head size 300) takes its large-head path; head size 72 spans three
+     * 32-float column chunks of the blocked path with padding, T = 38 a partial row block */
+    static const int sz[][4] = {{1, 1, 1, 1},  {2, 7, 12, 3}, {1, 13, 10, 2}, {3, 5, 8, 1},
+                                {2, 70, 12, 2}, {1, 5, 600, 2}, {1, 38, 72, 1}};
     for (size_t s = 0; s < NELEM(sz); s++) {
         int B = sz[s][0], T = sz[s][1], C = sz[s][2], NH = sz[s][3];
         size_t btc = (size_t)B * T * C;
@@ -960,7 +962,7 @@ static float *det_run(int nt, int set_blas_threads, size_t *n_p)
     bg_backend_t *be = mkbe_blas(nt, set_blas_threads);
     bg_rng_t rng;
     bg_rng_seed(&rng, 99);
-    const int N = 257, C = 301, B = 3, T = 67, V = 11, NV = 1031, NA = 67, GM = 270, GN = 260, GK = 280;
+    const int N = 257, C = 301, B = 3, T = 67, V = 11, NV = 1031, NA = 67, GM = 1100, GN = 1040, GK = 24;
     const int AB = 2, AT = 67, AC = 64, ANH = 4;
     size_t nc = (size_t)N * C, btc = (size_t)B * T * C, abtc = (size_t)AB * AT * AC;
     size_t total = 3 * C + nc + 2 + (size_t)V * C + (size_t)T * C + nc + 2 * N + (size_t)NA * NV + NA +
@@ -1013,9 +1015,11 @@ static float *det_run(int nt, int set_blas_threads, size_t *n_p)
     be->ops->crossentropy_forward(be, dl, dy, dx, dtgt, NA, NV);
     TAKE(dy, (size_t)NA * NV);
     TAKE(dl, (size_t)NA);
-    /* GEMM over several tiles, and a batch of small ones */
-    be->ops->gemm(be, 0, 1, GM, GN, GK, 1.0f, dx, GK, dg, GK, 0.0f, dy, GN); /* 2 x 2 tiles */
-    TAKE(dy, (size_t)GM * GN);
+    /* GEMM over several tiles (edges above the 1024 tile limit: 2 x 2), and a batch of small ones */
+    float *dc = up(be, NULL, (size_t)GM * GN);
+    be->ops->gemm(be, 0, 1, GM, GN, GK, 1.0f, dx, GK, dg, GK, 0.0f, dc, GN);
+    TAKE(dc, (size_t)GM * GN);
+    bg_backend_free(be, dc);
     be->ops->gemm_strided_batched(be, 1, 0, 32, 32, 32, 1.0f, dx, 32, 1024, dg, 32, 1024, 0.0f, dy, 32, 1024, 8);
     TAKE(dy, (size_t)8 * 32 * 32);
     /* attention forward + backward */
