@@ -1183,9 +1183,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->world = bg_comm_size(x->comm);
     bg_log_set_rank(x->rank);
     if (x->world != x->P * x->D * x->T) {
-        st = bg_error(BG_ERR_INVALID, "pp %d x dp %d x tp %d = %d ranks, but the job has %d (start it with brigade "
-                                      "launch -n %d)", x->P, x->D, x->T, x->P * x->D * x->T, x->world,
-                      x->P * x->D * x->T);
+        char tp[32] = "";
+        if (x->T > 1)
+            snprintf(tp, sizeof tp, " x tp %d", x->T);
+        st = bg_error(BG_ERR_INVALID, "pp %d x dp %d%s = %d ranks, but the job has %d (start it with brigade launch "
+                                      "-n %d)", x->P, x->D, tp, x->P * x->D * x->T, x->world, x->P * x->D * x->T);
         goto err;
     }
     if (x->p.process_wide)

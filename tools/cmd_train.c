@@ -481,16 +481,19 @@ int bg_cmd_train(int argc, char **argv)
     st = bg_train(&c, &r);
     int tp = c.model.tp > 0 ? c.model.tp : 1;
     int ranks = (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1) * tp;
+    char tp_text[32] = "";
+    if (tp > 1)
+        snprintf(tp_text, sizeof tp_text, " x tp %d", tp);
     if (st == BG_ERR_INVALID && ranks > 1 && strstr(bg_last_error(), "but the job has 1 ")) {
         /* a parallel layout started as one process: say how to start its ranks */
         bg_plan_free(plan);
         return bg_cli_fail(cmd,
-                           "pp %d x dp %d x tp %d = %d ranks, but this is a single process; start one process per "
+                           "pp %d x dp %d%s = %d ranks, but this is a single process; start one process per "
                            "rank with a launcher:\n"
                            "  brigade launch -n %d -- brigade train ...\n"
                            "  torchrun --nproc-per-node %d --no-python brigade train ...\n"
                            "  mpirun -n %d brigade train ...",
-                           c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1, tp, ranks, ranks, ranks, ranks);
+                           c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1, tp_text, ranks, ranks, ranks, ranks);
     }
     int peer;
     if (st == BG_ERR_PEER && peer_failed(bg_last_error(), &peer)) {
