@@ -625,6 +625,7 @@ bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_pr
         p->scratch_bytes = bg_layer_scratch_bytes(d->layers[i], s);
         p->fwd_flops = bg_layer_fwd_flops(d->layers[i], s);
         p->bwd_flops = bg_layer_bwd_flops(d->layers[i], s);
+        bg_layer_tp_cost(d->layers[i], s, &p->tp);
         s = o;
     }
     *count_p = d->n;

@@ -242,6 +242,20 @@ static bg_status_t plin_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx
     return BG_OK;
 }
 
+static void plin_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const plin_t *p = l->impl;
+    if (p->tp < 2)
+        return;
+    if (p->row) { /* the output's sum forward */
+        cost->fwd_calls += 1;
+        cost->fwd_bytes += (double)ROWS(in) * p->c_out * sizeof(float);
+    } else { /* the input gradient's sum backward */
+        cost->bwd_calls += 1;
+        cost->bwd_bytes += (double)ROWS(in) * p->c_in * sizeof(float);
+    }
+}
+
 static const bg_layer_ops_t column_ops = {
     .type = "column_linear",
     .out_shape = plin_out_shape,
@@ -251,6 +265,7 @@ static const bg_layer_ops_t column_ops = {
     .backward_input = plin_backward_input,
     .backward_weight = plin_backward_weight,
     .destroy = free_impl,
+    .tp_cost = plin_tp_cost,
 };
 
 static const bg_layer_ops_t row_ops = {
@@ -262,6 +277,7 @@ static const bg_layer_ops_t row_ops = {
     .backward_input = plin_backward_input,
     .backward_weight = plin_backward_weight,
     .destroy = free_impl,
+    .tp_cost = plin_tp_cost,
 };
 
 bg_status_t bg_layer_column_linear(const char *name, int c_in, int c_out, int blocks, int bias, float init_std, int tp,
@@ -365,6 +381,15 @@ static bg_status_t vemb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx
     return BG_OK;
 }
 
+static void vemb_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const vemb_t *p = l->impl;
+    if (p->tp < 2)
+        return;
+    cost->fwd_calls += 1;
+    cost->fwd_bytes += (double)ROWS(in) * p->c * sizeof(float);
+}
+
 static const bg_layer_ops_t vemb_ops = {
     .type = "vocab_embedding",
     .out_shape = vemb_out_shape,
@@ -374,6 +399,7 @@ static const bg_layer_ops_t vemb_ops = {
     .backward_input = vemb_backward_input,
     .backward_weight = vemb_backward_weight,
     .destroy = free_impl,
+    .tp_cost = vemb_tp_cost,
 };
 
 bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
@@ -533,6 +559,17 @@ static int vhead_classes(const bg_layer_t *l)
     return p->classes * p->tp;
 }
 
+static void vhead_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const vhead_t *p = l->impl;
+    if (p->tp < 2)
+        return;
+    cost->fwd_calls += 1; /* the gather of 3 floats per position */
+    cost->fwd_bytes += 3.0 * ROWS(in) * sizeof(float);
+    cost->bwd_calls += 1;
+    cost->bwd_bytes += (double)ROWS(in) * p->c * sizeof(float);
+}
+
 static const bg_layer_ops_t vhead_ops = {
     .type = "vocab_head",
     .loss_classes = vhead_classes,
@@ -546,6 +583,7 @@ static const bg_layer_ops_t vhead_ops = {
     .backward_input = vhead_backward_input,
     .backward_weight = vhead_backward_weight,
     .destroy = free_impl,
+    .tp_cost = vhead_tp_cost,
 };
 
 bg_status_t bg_layer_vocab_head(const char *name, int c, int classes, int bias, float init_std, int tp,

@@ -436,10 +436,7 @@ int bg_cmd_train(int argc, char **argv)
             bg_plan_free(plan);
             return 2;
         }
-        if (bg_plan_tp(plan) != 1) {
-            bg_plan_free(plan);
-            return bg_cli_fail(cmd, "%s: tp %d: tensor parallelism is not implemented yet", plan_path, bg_plan_tp(plan));
-        }
+        c.model.tp = bg_plan_tp(plan);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);
         c.microbatches = bg_plan_microbatches(plan);

@@ -91,6 +91,12 @@ typedef struct bg_tp_comm {
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
 
+/** The tensor-parallel group collectives of one call (the planner's cost model). */
+typedef struct bg_tp_cost {
+    double fwd_calls, fwd_bytes; /**< forward: collectives, and bytes each member puts in them */
+    double bwd_calls, bwd_bytes; /**< backward (B + W) */
+} bg_tp_cost_t;
+
 /** Per-call context. Buffers are on the backend. */
 typedef struct bg_layer_ctx {
     bg_backend_t *be;
@@ -130,6 +136,9 @@ typedef struct bg_layer_ops {
      *  (n, t, 1) per-position losses and its backward_input starts from
      *  ctx->targets and ctx->loss_scale. A model's last layer must be one. */
     int (*loss_classes)(const bg_layer_t *l);
+    /** Tensor-parallel layers only (NULL: none): adds the group collectives of one forward and one
+     *  backward for input @p in to *cost. */
+    void (*tp_cost)(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost);
 } bg_layer_ops_t;
 
 /** A layer: its type, name, parameters and children. */
@@ -157,6 +166,8 @@ size_t bg_layer_scratch_bytes(const bg_layer_t *l, bg_shape_t in); /**< temporar
 size_t bg_layer_param_count(const bg_layer_t *l); /**< including children */
 double bg_layer_fwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the forward */
 double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the backward (B + W) */
+/** Adds the tensor-parallel collectives of one F and one B of @p l (composites: their children's) to *cost. */
+void bg_layer_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost);
 /** Target classes of a loss layer (a seq whose last child is one counts); 0: not a loss layer. */
 int bg_layer_loss_classes(const bg_layer_t *l);
 

@@ -205,6 +205,7 @@ typedef struct bg_layer_profile {
     size_t output_bytes;  /**< bytes of its output (sent to the next stage at a boundary) */
     double fwd_flops;
     double bwd_flops;     /**< B + W */
+    bg_tp_cost_t tp;      /**< its tensor-parallel group collectives (tensor-parallel layers; else 0) */
 } bg_layer_profile_t;
 /** Fills profile[0 .. layers-1] from what each layer reports; *count_p = layers. */
 bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_profile_t *profile, int max,
