@@ -926,9 +926,9 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
         return bg_error(BG_ERR_INVALID, "bg_executor_write_trace: the executor was created without a trace_path");
     char meta[512];
     snprintf(meta, sizeof(meta),
-             "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
+             "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-             bg_schedule_name(x->sched), x->P, x->D, x->M, x->V, (long long)x->step);
+             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, x->V, (long long)x->step);
     return bg_trace_write(x->trace, x->p.trace_path, meta);
 }
 
@@ -1223,6 +1223,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     BG_CHECK_GOTO(make_ties(x), st, err);
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg_trace_create(x->comm, x->rank, &x->trace), st, err);
+    bg__tp_set_trace(x->tp, x->trace, &x->step);
     BG_CHECK_GOTO(predict_activations(x), st, err);
     {
         int L = bg_model_desc_num_layers(x->desc), cnt;

@@ -12,17 +12,43 @@
 struct bg__tp {
     bg_tp_comm_t c;
     bg_group_t *g;
+    bg_trace_t *trace;   /* NULL: no trace events */
+    const int64_t *step; /* steps done (the events' step is the next) */
 };
+
+/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather". */
+static void account(bg__tp_t *t, const char *what, double t0)
+{
+    if (t->trace)
+        bg_trace_event(t->trace, what, -1, -1, t0, bg_now(), (int)*t->step + 1);
+}
 
 static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
 {
-    return bg_group_allreduce(arg, buf, count, BG_REDUCE_SUM);
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_group_allreduce(t->g, buf, count, BG_REDUCE_SUM);
+    account(t, "tp_allreduce", t0);
+    return st;
 }
 
 static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_t count)
 {
-    return bg_group_allgather(arg, send, recv, count * sizeof(float));
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_group_allgather(t->g, send, recv, count * sizeof(float));
+    account(t, "tp_allgather", t0);
+    return st;
 }
+
+void bg__tp_set_trace(bg__tp_t *t, bg_trace_t *trace, const int64_t *step)
+{
+    if (t) {
+        t->trace = trace;
+        t->step = step;
+    }
+}
+
 
 bg_status_t bg__tp_check_params(const bg_model_desc_t *desc, int tp)
 {
@@ -58,7 +84,7 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     free(ranks);
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
-                              .allgather = tp_allgather, .arg = t->g};
+                              .allgather = tp_allgather, .arg = t};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {
