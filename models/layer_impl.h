@@ -11,6 +11,11 @@ size_t bg_align64(size_t bytes);
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
 size_t bg_layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
 
+/* A leaf with a copy of impl (impl_size bytes), freed by bg__free_impl. */
+bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,
+                          const void *impl, size_t impl_size, bg_layer_t **layer_p);
+void bg__free_impl(bg_layer_t *l);
+
 /* Fill a parameter descriptor. */
 static inline bg_param_t bg_param_make(const char *name, int ndim, const int64_t *shape, bg_init_kind_t init,
                                        float value, int decay)

@@ -156,20 +156,6 @@ static bg_status_t want_channels(const bg_layer_t *l, bg_shape_t in, int c)
                     l->ops->type, in.n, in.t, in.c, c);
 }
 
-static void free_impl(bg_layer_t *l) { free(l->impl); }
-
-static bg_status_t make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,
-                             const void *impl, size_t impl_size, bg_layer_t **layer_p)
-{
-    void *copy = malloc(impl_size);
-    if (!copy)
-        return bg_error(BG_ERR_NOMEM, "layer %s", name);
-    memcpy(copy, impl, impl_size);
-    bg_status_t st = bg_layer_create(ops, name, np, params, copy, layer_p);
-    if (st != BG_OK)
-        free(copy);
-    return st;
-}
 
 /* Host copy of n int32 from the backend (tokens, targets). */
 static int32_t *host_ids(bg_backend_t *be, const int32_t *src, size_t n)
@@ -264,7 +250,7 @@ static const bg_layer_ops_t column_ops = {
     .forward = plin_forward,
     .backward_input = plin_backward_input,
     .backward_weight = plin_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
     .tp_cost = plin_tp_cost,
 };
 
@@ -276,7 +262,7 @@ static const bg_layer_ops_t row_ops = {
     .forward = plin_forward,
     .backward_input = plin_backward_input,
     .backward_weight = plin_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
     .tp_cost = plin_tp_cost,
 };
 
@@ -293,7 +279,7 @@ bg_status_t bg_layer_column_linear(const char *name, int c_in, int c_out, int bl
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){c_out / tp, c_in}, BG_INIT_NORMAL, init_std, 1, 0, tp, blocks);
     params[1] = shard_param("bias", 1, (int64_t[]){c_out / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, blocks);
-    return make_leaf(&column_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&column_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
 }
 
 bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias, float init_std, int tp,
@@ -306,7 +292,7 @@ bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias,
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){c_out, c_in / tp}, BG_INIT_NORMAL, init_std, 1, 1, tp, 1);
     params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
-    return make_leaf(&row_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&row_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
 }
 
 /* ------------------------------------------------- vocabulary embedding */
@@ -398,7 +384,7 @@ static const bg_layer_ops_t vemb_ops = {
     .forward = vemb_forward,
     .backward_input = vemb_backward_input,
     .backward_weight = vemb_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
     .tp_cost = vemb_tp_cost,
 };
 
@@ -413,7 +399,7 @@ bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int
     bg_param_t params[2];
     params[0] = shard_param("wte", 2, (int64_t[]){vocab / tp, c}, BG_INIT_NORMAL, init_std, 1, 0, tp, 1);
     params[1] = bg_param_make("wpe", 2, (int64_t[]){max_t, c}, BG_INIT_NORMAL, init_std * 0.5f, 1);
-    return make_leaf(&vemb_ops, name, 2, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&vemb_ops, name, 2, params, &p, sizeof(p), layer_p);
 }
 
 /* ----------------------------------------------------- vocabulary head */
@@ -582,7 +568,7 @@ static const bg_layer_ops_t vhead_ops = {
     .forward = vhead_forward,
     .backward_input = vhead_backward_input,
     .backward_weight = vhead_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
     .tp_cost = vhead_tp_cost,
 };
 
@@ -597,13 +583,24 @@ bg_status_t bg_layer_vocab_head(const char *name, int c, int classes, int bias, 
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){classes / tp, c}, BG_INIT_NORMAL, init_std, 1, 0, tp, 1);
     params[1] = shard_param("bias", 1, (int64_t[]){classes / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, 1);
-    return make_leaf(&vhead_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&vhead_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
 }
 
 /* ---------------------------------------------------------------- blocks */
 
-/* The same names and tensors as the whole blocks (models/layers.c), so that
- * a save of either loads into the other. */
+/* The blocks: tp = 1 gives the plain blocks (bg_layer_attention_block ...
+ * are these), tp > 1 the same names and full tensors split, so that a save
+ * of either loads into the other. */
+static bg_status_t col_or_linear(const char *name, int c_in, int c_out, int blocks, float std, int tp, bg_layer_t **l)
+{
+    return tp > 1 ? bg_layer_column_linear(name, c_in, c_out, blocks, 1, std, tp, l)
+                  : bg_layer_linear(name, c_in, c_out, 1, std, l);
+}
+static bg_status_t row_or_linear(const char *name, int c_in, int c_out, float std, int tp, bg_layer_t **l)
+{
+    return tp > 1 ? bg_layer_row_linear(name, c_in, c_out, 1, std, tp, l) : bg_layer_linear(name, c_in, c_out, 1, std, l);
+}
+
 bg_status_t bg_layer_tp_attention_block(const char *name, int c, int heads, float init_std, float proj_std, int tp,
                                         bg_layer_t **layer_p)
 {
@@ -613,9 +610,9 @@ bg_status_t bg_layer_tp_attention_block(const char *name, int c, int heads, floa
     bg_layer_t *ch[4] = {0}, *inner = NULL;
     bg_status_t st;
     BG_CHECK_GOTO(bg_layer_layernorm("ln", c, &ch[0]), st, err);
-    BG_CHECK_GOTO(bg_layer_column_linear("qkv", c, 3 * c, 3, 1, init_std, tp, &ch[1]), st, err);
+    BG_CHECK_GOTO(col_or_linear("qkv", c, 3 * c, 3, init_std, tp, &ch[1]), st, err);
     BG_CHECK_GOTO(bg_layer_attention("attn", c / tp, heads / tp, &ch[2]), st, err);
-    BG_CHECK_GOTO(bg_layer_row_linear("proj", c, c, 1, proj_std, tp, &ch[3]), st, err);
+    BG_CHECK_GOTO(row_or_linear("proj", c, c, proj_std, tp, &ch[3]), st, err);
     BG_CHECK(bg_layer_seq("", 4, ch, &inner));
     return bg_layer_residual(name, inner, layer_p);
 err:
@@ -630,9 +627,9 @@ bg_status_t bg_layer_tp_mlp_block(const char *name, int c, float init_std, float
     bg_layer_t *ch[4] = {0}, *inner = NULL;
     bg_status_t st;
     BG_CHECK_GOTO(bg_layer_layernorm("ln", c, &ch[0]), st, err);
-    BG_CHECK_GOTO(bg_layer_column_linear("fc", c, 4 * c, 1, 1, init_std, tp, &ch[1]), st, err);
+    BG_CHECK_GOTO(col_or_linear("fc", c, 4 * c, 1, init_std, tp, &ch[1]), st, err);
     BG_CHECK_GOTO(bg_layer_activation("gelu", BG_ACT_GELU, &ch[2]), st, err);
-    BG_CHECK_GOTO(bg_layer_row_linear("proj", 4 * c, c, 1, proj_std, tp, &ch[3]), st, err);
+    BG_CHECK_GOTO(row_or_linear("proj", 4 * c, c, proj_std, tp, &ch[3]), st, err);
     BG_CHECK(bg_layer_seq("", 4, ch, &inner));
     return bg_layer_residual(name, inner, layer_p);
 err:
