@@ -51,7 +51,7 @@ PY
 "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --metrics "$T/m2.jsonl" >"$T/o2" 2>&1
 p1=$(grep -o "[0-9]* parameters" "$T/o1" | awk '{print $1}')
 p2=$(awk '$1 == 0 && $2 == 0 {print $4}' "$T/o2")
-peak() { python3 -c "import json,sys; print(max(json.loads(l)['peak_bytes'] for l in open(sys.argv[1]) if json.loads(l).get('rank', 0) == 0))" "$1"; }
+peak() { python3 -c "import json,sys; d=[json.loads(l) for l in open(sys.argv[1])]; print(max(x['peak_bytes'] for x in d if 'peak_bytes' in x and x.get('rank', 0) == 0))" "$1"; }
 k1=$(peak "$T/m1.jsonl"); k2=$(peak "$T/m2.jsonl")
 echo "parameters per device: tp 1 $p1, tp 2 $p2 (ratio $(awk -v a="$p2" -v b="$p1" 'BEGIN{printf "%.3f", a/b}'))"
 echo "peak bytes per device: tp 1 $k1, tp 2 $k2 (ratio $(awk -v a="$k2" -v b="$k1" 'BEGIN{printf "%.3f", a/b}'))"
