@@ -16,6 +16,15 @@ bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, c
                           const void *impl, size_t impl_size, bg_layer_t **layer_p);
 void bg__free_impl(bg_layer_t *l);
 
+/* The head's sizes and costs, shared with the vocabulary-parallel head
+ * (models/tp_layers.c), whose impl starts with a bg__head_t of its shard's
+ * classes. */
+typedef struct { int c, classes, bias; } bg__head_t;
+bg_status_t bg__head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
+size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in); /* probs, dlogits, logits: (N, classes) each */
+double bg__head_fwd_flops(const bg_layer_t *l, bg_shape_t in);
+double bg__head_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+
 /* Fill a parameter descriptor. */
 static inline bg_param_t bg_param_make(const char *name, int ndim, const int64_t *shape, bg_init_kind_t init,
                                        float value, int decay)

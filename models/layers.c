@@ -381,26 +381,26 @@ bg_status_t bg_layer_attention(const char *name, int c, int heads, bg_layer_t **
 
 /* ----------------------------------------------------------------- head */
 
-typedef struct { int c, classes, bias; } head_t;
+typedef bg__head_t head_t;
 
-static bg_status_t head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+bg_status_t bg__head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const head_t *p = l->impl;
     BG_CHECK(want_channels(l, in, p->c));
     *out_p = (bg_shape_t){in.n, in.t, 1};
     return BG_OK;
 }
-static size_t head_probs_bytes(const bg_layer_t *l, bg_shape_t in)
+size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in)
 {
     return bg_align64((size_t)ROWS(in) * (size_t)((head_t *)l->impl)->classes * sizeof(float));
 }
 /* stash: probs (N, V); wstash: dlogits (N, V); scratch: logits (N, V) */
-static double head_fwd_flops(const bg_layer_t *l, bg_shape_t in)
+double bg__head_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const head_t *p = l->impl;
     return 2.0 * ROWS(in) * (double)p->c * p->classes + 5.0 * ROWS(in) * (double)p->classes;
 }
-static double head_bwd_flops(const bg_layer_t *l, bg_shape_t in)
+double bg__head_bwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const head_t *p = l->impl;
     return 4.0 * ROWS(in) * (double)p->c * p->classes + 2.0 * ROWS(in) * (double)p->classes;
@@ -453,12 +453,12 @@ static int head_classes(const bg_layer_t *l) { return ((const head_t *)l->impl)-
 static const bg_layer_ops_t head_ops = {
     .type = "head",
     .loss_classes = head_classes,
-    .out_shape = head_out_shape,
-    .stash_bytes = head_probs_bytes,
-    .wstash_bytes = head_probs_bytes,
-    .scratch_bytes = head_probs_bytes,
-    .fwd_flops = head_fwd_flops,
-    .bwd_flops = head_bwd_flops,
+    .out_shape = bg__head_out_shape,
+    .stash_bytes = bg__head_probs_bytes,
+    .wstash_bytes = bg__head_probs_bytes,
+    .scratch_bytes = bg__head_probs_bytes,
+    .fwd_flops = bg__head_fwd_flops,
+    .bwd_flops = bg__head_bwd_flops,
     .forward = head_forward,
     .backward_input = head_backward_input,
     .backward_weight = head_backward_weight,

@@ -404,30 +404,9 @@ bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int
 
 /* ----------------------------------------------------- vocabulary head */
 
-typedef struct { int c, classes, bias, tp; } vhead_t; /* classes: this rank's */
-
-static bg_status_t vhead_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
-{
-    const vhead_t *p = l->impl;
-    BG_CHECK(want_channels(l, in, p->c));
-    *out_p = (bg_shape_t){in.n, in.t, 1};
-    return BG_OK;
-}
-/* stash: probs (N, V/T); wstash: dlogits (N, V/T); scratch: logits (N, V/T) */
-static size_t vhead_probs_bytes(const bg_layer_t *l, bg_shape_t in)
-{
-    return bg_align64((size_t)ROWS(in) * (size_t)((vhead_t *)l->impl)->classes * sizeof(float));
-}
-static double vhead_fwd_flops(const bg_layer_t *l, bg_shape_t in)
-{
-    const vhead_t *p = l->impl;
-    return 2.0 * ROWS(in) * (double)p->c * p->classes + 5.0 * ROWS(in) * (double)p->classes;
-}
-static double vhead_bwd_flops(const bg_layer_t *l, bg_shape_t in)
-{
-    const vhead_t *p = l->impl;
-    return 4.0 * ROWS(in) * (double)p->c * p->classes + 2.0 * ROWS(in) * (double)p->classes;
-}
+/* h: the shard's head (classes: this rank's); stash: probs (N, V/T);
+ * wstash: dlogits (N, V/T); scratch: logits (N, V/T), as the whole head */
+typedef struct { bg__head_t h; int tp; } vhead_t;
 
 /* Per position, each rank's (max logit, sum of exp(logit - max), target
  * logit or 0) is gathered: 3 floats per position instead of the logits. */
@@ -439,10 +418,10 @@ static bg_status_t vhead_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const
     if (!ctx->targets)
         return bg_error(BG_ERR_INVALID, "layer %s: no targets for the loss", l->name);
     bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in), V = p->classes, tp = p->tp, me = g ? g->rank : 0, lo = me * V;
+    int N = ROWS(ctx->in), V = p->h.classes, tp = p->tp, me = g ? g->rank : 0, lo = me * V;
     float *logits = ctx->scratch, *probs = ctx->stash;
-    be->ops->gemm(be, 0, 1, N, V, p->c, 1.0f, in, p->c, l->params[0].data, p->c, 0.0f, logits, V);
-    if (p->bias)
+    be->ops->gemm(be, 0, 1, N, V, p->h.c, 1.0f, in, p->h.c, l->params[0].data, p->h.c, 0.0f, logits, V);
+    if (p->h.bias)
         be->ops->bias_forward(be, logits, l->params[1].data, N, V);
     size_t nl = (size_t)N * V;
     float *host = malloc(nl * sizeof(float)), *mine = malloc((size_t)N * 3 * sizeof(float));
@@ -503,7 +482,7 @@ static bg_status_t vhead_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx
     const bg_tp_comm_t *g = NULL;
     BG_CHECK(group(l, ctx, p->tp, &g));
     bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in), V = p->classes, lo = (g ? g->rank : 0) * V;
+    int N = ROWS(ctx->in), V = p->h.classes, lo = (g ? g->rank : 0) * V;
     float *dlogits = ctx->wstash;
     int32_t *tgt = host_ids(be, ctx->targets, (size_t)N);
     BG_ALLOC_CHECK(tgt, (size_t)N * sizeof(int32_t), "head targets");
@@ -520,8 +499,8 @@ static bg_status_t vhead_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx
     }
     free(tgt);
     if (din) {
-        be->ops->gemm(be, 0, 0, N, p->c, V, 1.0f, dlogits, V, l->params[0].data, p->c, 0.0f, din, p->c);
-        BG_CHECK(allreduce(g, din, (size_t)N * p->c));
+        be->ops->gemm(be, 0, 0, N, p->h.c, V, 1.0f, dlogits, V, l->params[0].data, p->h.c, 0.0f, din, p->h.c);
+        BG_CHECK(allreduce(g, din, (size_t)N * p->h.c));
     }
     return BG_OK;
 }
@@ -531,10 +510,10 @@ static bg_status_t vhead_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ct
 {
     const vhead_t *p = l->impl;
     bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in), V = p->classes;
+    int N = ROWS(ctx->in), V = p->h.classes;
     const float *dlogits = ctx->wstash;
-    be->ops->gemm(be, 1, 0, V, p->c, N, 1.0f, dlogits, V, in, p->c, 1.0f, l->params[0].grad, p->c);
-    if (p->bias)
+    be->ops->gemm(be, 1, 0, V, p->h.c, N, 1.0f, dlogits, V, in, p->h.c, 1.0f, l->params[0].grad, p->h.c);
+    if (p->h.bias)
         be->ops->bias_backward(be, l->params[1].grad, dlogits, N, V);
     return BG_OK;
 }
@@ -542,7 +521,7 @@ static bg_status_t vhead_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ct
 static int vhead_classes(const bg_layer_t *l)
 {
     const vhead_t *p = l->impl;
-    return p->classes * p->tp;
+    return p->h.classes * p->tp;
 }
 
 static void vhead_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
@@ -553,18 +532,18 @@ static void vhead_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost
     cost->fwd_calls += 1; /* the gather of 3 floats per position */
     cost->fwd_bytes += 3.0 * ROWS(in) * sizeof(float);
     cost->bwd_calls += 1;
-    cost->bwd_bytes += (double)ROWS(in) * p->c * sizeof(float);
+    cost->bwd_bytes += (double)ROWS(in) * p->h.c * sizeof(float);
 }
 
 static const bg_layer_ops_t vhead_ops = {
     .type = "vocab_head",
     .loss_classes = vhead_classes,
-    .out_shape = vhead_out_shape,
-    .stash_bytes = vhead_probs_bytes,
-    .wstash_bytes = vhead_probs_bytes,
-    .scratch_bytes = vhead_probs_bytes,
-    .fwd_flops = vhead_fwd_flops,
-    .bwd_flops = vhead_bwd_flops,
+    .out_shape = bg__head_out_shape,
+    .stash_bytes = bg__head_probs_bytes,
+    .wstash_bytes = bg__head_probs_bytes,
+    .scratch_bytes = bg__head_probs_bytes,
+    .fwd_flops = bg__head_fwd_flops,
+    .bwd_flops = bg__head_bwd_flops,
     .forward = vhead_forward,
     .backward_input = vhead_backward_input,
     .backward_weight = vhead_backward_weight,
@@ -579,7 +558,7 @@ bg_status_t bg_layer_vocab_head(const char *name, int c, int classes, int bias, 
         return bg_error(BG_ERR_INVALID, "vocab_head %s: %d channels, %d classes (need >= 1 and >= 2)", name, c,
                         classes);
     BG_CHECK(divides("vocab_head", name, "classes (vocabulary)", classes, tp));
-    vhead_t p = {c, classes / tp, bias ? 1 : 0, tp};
+    vhead_t p = {{c, classes / tp, bias ? 1 : 0}, tp};
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){classes / tp, c}, BG_INIT_NORMAL, init_std, 1, 0, tp, 1);
     params[1] = shard_param("bias", 1, (int64_t[]){classes / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, 1);

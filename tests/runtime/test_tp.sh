@@ -9,12 +9,7 @@
 # same weights. Sizes tp cannot divide fail with one line naming the layer.
 set -u
 B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 
 # run NAME N ARGS...: N ranks (1: one process), weights to $T/NAME, losses to $T/NAME.loss
 run() {
@@ -97,5 +92,4 @@ expect_error "layers embed and head have a vocabulary of 258, which tp 4 does no
 expect_error "layer fc.0 has 26 output features (d_model), which tp 4 does not divide" ${MLP/--d-model 24/--d-model 26} --tp 4
 expect_error "layer head has 6 classes, which tp 4 does not divide" ${MLP/--classes 8/--classes 6} --tp 4
 
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish
