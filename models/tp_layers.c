@@ -148,6 +148,36 @@ static bg_status_t allreduce(const bg_tp_comm_t *g, float *buf, size_t n)
     return g && g->size > 1 ? g->allreduce(g->arg, buf, n) : BG_OK;
 }
 
+/* out (N, n) = a (N, k) x w^T (w: (n, k), trans_b) or a x w (w: (k, n)),
+ * then, when `sum`, summed over the group. With a non-blocking sum the rows
+ * go in two halves and the first half's sum runs (on the transport's
+ * thread) while the second half computes: the reduction overlaps the
+ * layer's own independent compute. */
+static bg_status_t gemm_sum(const bg_tp_comm_t *g, bg_backend_t *be, int sum, int trans_b, int N, int n, int k,
+                            const float *a, const float *w, float *out)
+{
+    int split = sum && g && g->size > 1 && g->iallreduce && g->wait && N >= 2;
+    int cut[3] = {0, split ? N / 2 : N, N};
+    void *req[2] = {NULL, NULL};
+    bg_status_t st = BG_OK;
+    for (int h = 0; h < (split ? 2 : 1); h++) {
+        int r0 = cut[h], rows = (split ? cut[h + 1] : N) - r0;
+        be->ops->gemm(be, 0, trans_b, rows, n, k, 1.0f, a + (size_t)r0 * k, k, w, trans_b ? k : n, 0.0f,
+                      out + (size_t)r0 * n, n);
+        if (split && st == BG_OK)
+            st = g->iallreduce(g->arg, out + (size_t)r0 * n, (size_t)rows * n, &req[h]);
+    }
+    for (int h = 0; h < 2; h++) /* every started sum is waited for, also after a failure */
+        if (req[h]) {
+            bg_status_t ws = g->wait(g->arg, req[h]);
+            if (st == BG_OK)
+                st = ws;
+        }
+    if (!split && sum)
+        st = allreduce(g, out, (size_t)N * n);
+    return st;
+}
+
 static bg_status_t want_channels(const bg_layer_t *l, bg_shape_t in, int c)
 {
     if (in.c == c && in.n >= 1 && in.t >= 1)
@@ -192,9 +222,8 @@ static bg_status_t plin_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     BG_CHECK(group(l, ctx, p->tp, &g));
     bg_backend_t *be = ctx->be;
     int N = ROWS(ctx->in);
-    be->ops->gemm(be, 0, 1, N, p->c_out, p->c_in, 1.0f, in, p->c_in, l->params[0].data, p->c_in, 0.0f, out, p->c_out);
-    if (p->row)
-        BG_CHECK(allreduce(g, out, (size_t)N * p->c_out)); /* partial sums over the split input features */
+    /* row-parallel: partial sums over the split input features */
+    BG_CHECK(gemm_sum(g, be, p->row, 1, N, p->c_out, p->c_in, in, l->params[0].data, out));
     if (p->bias)
         be->ops->bias_forward(be, out, l->params[1].data, N, p->c_out);
     return BG_OK;
@@ -209,10 +238,8 @@ static bg_status_t plin_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
     if (!din)
         return BG_OK;
     int N = ROWS(ctx->in);
-    ctx->be->ops->gemm(ctx->be, 0, 0, N, p->c_in, p->c_out, 1.0f, dout, p->c_out, l->params[0].data, p->c_in, 0.0f,
-                       din, p->c_in);
-    if (!p->row)
-        BG_CHECK(allreduce(g, din, (size_t)N * p->c_in)); /* every rank's output features contribute */
+    /* column-parallel: every rank's output features contribute */
+    BG_CHECK(gemm_sum(g, ctx->be, !p->row, 0, N, p->c_in, p->c_out, dout, l->params[0].data, din));
     return BG_OK;
 }
 
@@ -499,8 +526,7 @@ static bg_status_t vhead_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx
     }
     free(tgt);
     if (din) {
-        be->ops->gemm(be, 0, 0, N, p->h.c, V, 1.0f, dlogits, V, l->params[0].data, p->h.c, 0.0f, din, p->h.c);
-        BG_CHECK(allreduce(g, din, (size_t)N * p->h.c));
+        BG_CHECK(gemm_sum(g, be, 1, 0, N, p->h.c, V, dlogits, l->params[0].data, din));
     }
     return BG_OK;
 }

@@ -41,6 +41,26 @@ static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_
     return st;
 }
 
+static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req_p)
+{
+    bg__tp_t *t = arg;
+    bg_request_t *r;
+    BG_CHECK(bg_group_iallreduce(t->g, buf, count, BG_REDUCE_SUM, &r));
+    *req_p = r;
+    return BG_OK;
+}
+
+/* The exposed part of a non-blocking sum: "tp_wait" in the trace. */
+static bg_status_t tp_wait(void *arg, void *req)
+{
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_wait(req);
+    bg_request_free(req);
+    account(t, "tp_wait", t0);
+    return st;
+}
+
 void bg__tp_set_trace(bg__tp_t *t, bg_trace_t *trace, const int64_t *step)
 {
     if (t) {
@@ -84,7 +104,7 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     free(ranks);
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
-                              .allgather = tp_allgather, .arg = t};
+                              .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {

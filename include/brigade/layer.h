@@ -87,6 +87,11 @@ typedef struct bg_tp_comm {
     /** Every member's @p count floats: recv holds size * count, member i's at i * count. */
     bg_status_t (*allgather)(void *arg, const float *send, float *recv, size_t count);
     void *arg; /**< passed to the functions */
+    /** Optional (NULL: the layers use allreduce): start the in-place sum of @p count floats, progressed
+     *  while the caller computes; @p buf belongs to the group until wait returns. */
+    bg_status_t (*iallreduce)(void *arg, float *buf, size_t count, void **req_p);
+    /** With iallreduce: wait for a sum it started, and free its request. */
+    bg_status_t (*wait)(void *arg, void *req);
 } bg_tp_comm_t;
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */

@@ -64,6 +64,19 @@ static bg_status_t fake_allgather(void *arg, const float *send, float *recv, siz
     return BG_OK;
 }
 
+/* The non-blocking form, done at once (the layers' split path: rows in
+ * halves, each half summed on its own). */
+static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p)
+{
+    *req_p = buf;
+    return fake_allreduce(arg, buf, n);
+}
+static bg_status_t fake_wait(void *arg, void *req)
+{
+    (void)arg;
+    return req ? BG_OK : BG_ERR_INVALID;
+}
+
 /* ------------------------------------------------ the models */
 
 enum { NB = 2, NT = 4, FEAT = 6, HID = 8, CLS = 8, VOC = 16, C = 8, HEADS = 4 };
@@ -212,8 +225,9 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-/* Run `build` whole and over T threads; compare. */
-static void check_equivalent(bg_model_desc_t *(*build)(int), int T)
+/* Run `build` whole and over T threads (with the non-blocking sums or
+ * without); compare. */
+static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
 {
     result_t whole = {0}, parts[MAXT];
     memset(parts, 0, sizeof parts);
@@ -226,7 +240,8 @@ static void check_equivalent(bg_model_desc_t *(*build)(int), int T)
     job_t jobs[MAXT];
     pthread_t th[MAXT];
     for (int r = 0; r < T; r++) {
-        mem[r] = (member_t){&sh, r, {T, r, fake_allreduce, fake_allgather, &mem[r]}};
+        mem[r] = (member_t){&sh, r, {T, r, fake_allreduce, fake_allgather, &mem[r], nb ? fake_iallreduce : NULL,
+                                      nb ? fake_wait : NULL}};
         jobs[r] = (job_t){build, T, &mem[r], &parts[r]};
         assert_int_equal(pthread_create(&th[r], NULL, thread_main, &jobs[r]), 0);
     }
@@ -256,6 +271,12 @@ static void check_equivalent(bg_model_desc_t *(*build)(int), int T)
     for (int r = 0; r < T; r++)
         free(parts[r].grads);
     free(whole.grads);
+}
+
+static void check_equivalent(bg_model_desc_t *(*build)(int), int T)
+{
+    check_equivalent_nb(build, T, 0);
+    check_equivalent_nb(build, T, 1);
 }
 
 static void test_user_mlp_tp2(void **s) { (void)s; check_equivalent(user_mlp, 2); }
@@ -324,7 +345,7 @@ static void test_json_layout_independent(void **s)
     bg_model_t *m;
     assert_int_not_equal(bg_model_create(d4, be, -1, -1, &m), BG_OK);
     assert_non_null(strstr(bg_last_error(), "tensor-parallel group"));
-    bg_tp_comm_t two = {2, 0, fake_allreduce, fake_allgather, NULL};
+    bg_tp_comm_t two = {2, 0, fake_allreduce, fake_allgather, NULL, NULL, NULL};
     assert_int_equal(bg_model_desc_set_tp(d4, &two), BG_ERR_INVALID);
     assert_non_null(strstr(bg_last_error(), "degree 4"));
     bg_model_desc_destroy(d1);
