@@ -8,7 +8,8 @@
  * group's collectives come through ctx->tp (filled by runtime/tp.c): this
  * file never sends a byte itself. Replicated tensors (layernorms, the row-
  * parallel bias, wpe) get the same gradient bits on every member because
- * every collective's result is bitwise equal on all members. */
+ * every collective's result is bitwise equal on all members. A sum that
+ * follows a GEMM overlaps the second half of its rows (gemm_sum). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
