@@ -12,6 +12,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_LOG", "warn", "log level: error|warn|info|debug|trace (also what a host's log sink receives)"},
     {"BRIGADE_NUM_THREADS", "0", "compute threads per process (0: OpenMP's default)"},
     {"BRIGADE_BACKEND", "cpu", "kernel backend (brigade info lists the ones compiled in)"},
+    {"BRIGADE_CUDA_GEMM", "fp32", "cuda backend GEMM arithmetic: fp32 (exact fp32)|tf32|bf16 (tensor cores: inputs rounded to tf32/bf16, fp32 accumulation, fp32 storage)"},
     {"BRIGADE_BLAS_CORE", "auto", "OpenBLAS kernels (when OPENBLAS_CORETYPE is unset): auto (from CPUID features)|openblas (its own detection)|a core name (SkylakeX, Haswell, Zen...)"},
     {"BRIGADE_TIMEOUT", "60", "seconds before a pending operation on a silent peer fails"},
     {"BRIGADE_HEARTBEAT_MS", "200", "liveness heartbeat period in milliseconds"},

@@ -65,6 +65,11 @@ bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *param
         strncat(known, i ? ", " : "", sizeof(known) - strlen(known) - 1);
         strncat(known, bg__backends[i].name, sizeof(known) - strlen(known) - 1);
     }
+#ifndef BG_HAVE_CUDA
+    if (strcmp(name, "cuda") == 0)
+        return bg_error(BG_ERR_UNSUPPORTED, "backend \"cuda\" is not compiled in: this build found no CUDA "
+                        "toolkit or was configured with -DBG_CUDA=OFF (compiled in: %s)", known);
+#endif
     return bg_error(BG_ERR_UNSUPPORTED, "unknown backend \"%s\" (compiled in: %s)", name, known);
 }
 
@@ -108,8 +113,9 @@ void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
         bytes = 1;
     void *p = be->ops->alloc(be, bytes);
     if (!p) {
-        bg_error(BG_ERR_NOMEM, "%s backend cannot allocate %zu bytes for %s (%zu bytes in use)",
-                 be->ops->name, bytes, what ? what : "a buffer", be->mem.current);
+        bg_error(BG_ERR_NOMEM, "%s backend out of memory: %zu bytes asked for %s, %zu bytes free (%zu bytes in use "
+                 "by this backend)", be->ops->name, bytes, what ? what : "a buffer", be->ops->device_free(be),
+                 be->mem.current);
         return NULL;
     }
     pthread_mutex_lock(&be->track->lock);

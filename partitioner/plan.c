@@ -558,7 +558,8 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
     size_t act_msg = 0;
     size_t maxparams = 0;
     bg_schedule_kind_t kind = c->kind;
-    int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV;
+    int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV ||
+                   kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_DUALPIPEV; /* dualpipev: partly */
     int measured_bw = s->tp == 1 && split_bw && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *) &&
                       pa->layer_b_s && pa->layer_w_s;
     for (int v = 0; v < S; v++) {

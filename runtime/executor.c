@@ -1146,16 +1146,20 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->mbn = x->p.batch / (x->D * x->M);
 
     /* the schedule first: a bad schedule fails before anyone connects */
-    bg_schedule_kind_t kind = BG_SCHED_1F1B;
-    if (x->p.schedule)
-        BG_CHECK_GOTO(bg_schedule_kind_parse(x->p.schedule, &kind), st, err);
-    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
-    sp.kind = kind;
-    sp.stages = x->P;
-    sp.microbatches = x->M;
-    sp.chunks = x->p.chunks;
-    BG_CHECK_GOTO(bg_schedule_generate(&sp, &x->sched), st, err);
-    BG_CHECK_GOTO(bg_schedule_validate(x->sched), st, err);
+    if (x->p.schedule_json) { /* the user's program (zero when pin is older than the field) */
+        BG_CHECK_GOTO(bg_schedule_load_program(x->p.schedule_json, x->P, x->M, x->p.chunks, &x->sched), st, err);
+    } else {
+        bg_schedule_kind_t kind = BG_SCHED_1F1B;
+        if (x->p.schedule)
+            BG_CHECK_GOTO(bg_schedule_kind_parse(x->p.schedule, &kind), st, err);
+        bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+        sp.kind = kind;
+        sp.stages = x->P;
+        sp.microbatches = x->M;
+        sp.chunks = x->p.chunks;
+        BG_CHECK_GOTO(bg_schedule_generate(&sp, &x->sched), st, err);
+        BG_CHECK_GOTO(bg_schedule_validate(x->sched), st, err);
+    }
     x->V = bg_schedule_chunks(x->sched);
     x->S = bg_schedule_stages(x->sched);
     if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
@@ -1202,6 +1206,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     bp.set_blas_threads = x->p.process_wide;
     bp.tune_malloc = x->p.process_wide;
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
+    if (x->world > 1 && strcmp(x->be->ops->name, "cpu") != 0) { /* device buffers: host transport only today */
+        st = bg_error(BG_ERR_UNSUPPORTED, "the %s backend runs one process only: ranks exchange host buffers "
+                      "and device buffers are not sent between ranks yet (%d ranks asked)", x->be->ops->name, x->world);
+        goto err;
+    }
     size_t per = (size_t)x->mbn * (size_t)x->Tmax;
     x->tokens = malloc(per * sizeof(int32_t));
     x->targets = malloc(per * sizeof(int32_t));

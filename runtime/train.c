@@ -170,7 +170,8 @@ static void metrics_header(int fd, const bg_train_config_t *c)
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
                        "\"schedule\": \"%s\"}}\n",
                        c->model.kind == BG_MODEL_MLP ? "mlp" : "gpt", c->model.layers, c->model.d_model,
-                       c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1, c->schedule ? c->schedule : "1f1b");
+                       c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1,
+                       c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b");
     if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
         len = 0; /* a lost header only loses plot's title */
 }
@@ -251,6 +252,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.nrecompute_stages = c->nrecompute_stages;
     p.trace_path = c->trace_path;
     p.process_wide = c->process_wide;
+    p.schedule_json = c->schedule_json;
     *p_out = p;
 }
 

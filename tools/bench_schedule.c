@@ -41,7 +41,7 @@ int bg_bench_schedule(int argc, char **argv)
         }
     }
     printf("schedule bench: p=%lld m=%lld, best of %lld runs, times in ms\n", p, m, reps);
-    printf("%-12s %3s %10s %9s %9s %9s %9s %9s %8s\n", "schedule", "v", "ops", "generate", "validate", "simulate",
+    printf("%-14s %3s %10s %9s %9s %9s %9s %9s %8s\n", "schedule", "v", "ops", "generate", "validate", "simulate",
            "total", "copy-ref", "ns/op");
     int rc = 0;
     for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
@@ -93,7 +93,7 @@ int bg_bench_schedule(int argc, char **argv)
             bg_schedule_free(s);
         }
         double tot = tg + tv + ts;
-        printf("%-12s %3d %10zu %9.1f %9.1f %9.1f %9.1f %9.2f %8.1f\n", bg_schedule_kind_name((bg_schedule_kind_t)k),
+        printf("%-14s %3d %10zu %9.1f %9.1f %9.1f %9.1f %9.2f %8.1f\n", bg_schedule_kind_name((bg_schedule_kind_t)k),
                v, nops, 1e3 * tg, 1e3 * tv, 1e3 * ts, 1e3 * tot, 1e3 * tc, 1e9 * tot / (double)nops);
         if (tot >= 1.0)
             rc = 1;

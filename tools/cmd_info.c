@@ -9,7 +9,8 @@
 int bg_cmd_info(int argc, char **argv)
 {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: brigade info\n  prints the version, the compiled-in backends, the CPU, the BLAS and its kernels,\n"
+        printf("usage: brigade info\n  prints the version, the compiled-in backends (whether each device backend\n"
+               "  can start here), the CPU, the BLAS and its kernels,\n"
                "  and every BRIGADE_* variable\n");
         return 0;
     }
@@ -18,9 +19,22 @@ int bg_cmd_info(int argc, char **argv)
     printf("brigade %s\nbackends:", BRIGADE_VERSION_STRING);
     for (const char *const *n = bg_backend_names(); *n; n++)
         printf(" %s", *n);
+    printf("\n");
+    for (const char *const *n = bg_backend_names(); *n; n++) { /* can the device backends start here? */
+        if (!strcmp(*n, "cpu"))
+            continue;
+        bg_backend_t *dbe = NULL;
+        if (bg_backend_create(*n, NULL, &dbe) == BG_OK) {
+            printf("%s: device 0 usable (one process only: device buffers are not sent between ranks)", *n);
+            bg_backend_destroy(dbe);
+        } else {
+            printf("%s: compiled in, not usable here: %s", *n, bg_last_error());
+        }
+        printf("\n");
+    }
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);
-    printf("\ncpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,
+    printf("cpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,
            cpu.model, cpu.brand, cpu.avx ? " avx" : "", cpu.avx2_fma ? " avx2 fma" : "",
            cpu.avx512 ? " avx512(f,bw,dq,vl)" : "", cpu.amx ? " amx" : "", cpu.vector_bits);
     bg_blas_info_t b;

@@ -11,20 +11,24 @@
 
 #include "brigade/schedule.h"
 #include "tools/cli.h"
+#include "tools/schedule_auto.h"
 
 #define CMD "schedule"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv --stages P --microbatches M\n"
+            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
+            "                        --stages P --microbatches M\n"
             "                        [--chunks V] [--costs F,B,W] [--latency T] [--bandwidth BYTES_PER_T]\n"
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--svg OUT]\n"
             "                        [--comm] [--text | --no-text]\n"
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
-            "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n\n"
-            "Generates the per-rank programs, proves them correct (validator), simulates them and prints\n"
-            "the program table, the step time, the bubble fraction and the peak stash per rank.\n"
+            "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n"
+            "       brigade schedule --auto --profile PROFILE.json --stages P --microbatches M [--mem-limit BYTES]\n"
+            "                        [--split A,B,..] [--latency T] [--bandwidth BYTES_PER_S] [--json OUT] [--svg OUT]\n\n"
+            "Generates the per-rank programs for the given costs, proves them correct (validator), simulates\n"
+            "them and prints the program table, the step time, the bubble fraction and the peak stash per rank.\n"
             "  --costs F,B,W   forward, backward-input and backward-weight time of one chunk (default 1,1,1;\n"
             "                  a full backward costs B+W)\n"
             "  --f-costs a,b,..  --b-costs ..  --w-costs ..  per-stage costs, one per virtual stage (p x v)\n"
@@ -35,7 +39,13 @@ static void usage(FILE *f)
             "  --json OUT      write the programs in the JSON interchange format (docs/schedules.md)\n"
             "  --svg OUT       write an SVG Gantt chart of the simulated step\n"
             "  --compare       run every schedule for this p and m and print them side by side\n"
-            "  --from-json F   validate and simulate your own programs\n");
+            "  --from-json F   validate and simulate your own programs\n"
+            "  --auto          search the program with the smallest simulated step whose peak stash fits\n"
+            "                  --mem-limit on every rank, over every layout (one stage per rank, interleaved\n"
+            "                  v=2..4, V), with per-stage F, B, W and stash bytes from --profile (brigade profile\n"
+            "                  --json; layers split evenly, or by --split); prints the lower bound and the gap,\n"
+            "                  every fixed generator at the same limit, and the smallest limit that works when\n"
+            "                  none fits (times in seconds; the link: --latency s, --bandwidth bytes/s)\n");
 }
 
 static int parse_costs(const char *s, double *f, double *b, double *w)
@@ -122,14 +132,21 @@ static void print_result(const bg_schedule_t *s, const bg_sim_result_t *r, const
 
 static int stage_costs_n[3]; /* entries given with --f-costs, --b-costs, --w-costs (0 = none) */
 
-static int run_one(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
-                   const char *json_out, const char *svg_out)
+static int check_stage_costs(const bg_schedule_t *s)
 {
     static const char *const flags[3] = {"--f-costs", "--b-costs", "--w-costs"};
     for (int k = 0; k < 3; k++)
         if (stage_costs_n[k] && stage_costs_n[k] != bg_schedule_stages(s))
             return bg_cli_fail(CMD, "%s has %d values but the schedule has %d stages (p x v)", flags[k],
                                stage_costs_n[k], bg_schedule_stages(s));
+    return 0;
+}
+
+int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
+                        const char *json_out, const char *svg_out)
+{
+    if (check_stage_costs(s))
+        return 2;
     bg_status_t st = bg_schedule_validate(s);
     if (st != BG_OK)
         return bg_cli_status(CMD, st);
@@ -139,8 +156,12 @@ static int run_one(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, 
         snprintf(bw, sizeof bw, "%g", sp->bandwidth);
     else
         snprintf(bw, sizeof bw, "inf");
-    printf("schedule %s: p=%d m=%d v=%d  costs per chunk F=%g B=%g W=%g  link latency %g bandwidth %s  (valid)\n",
-           bg_schedule_name(s), p, m, v, sp->f_cost, sp->b_cost, sp->w_cost, sp->latency, bw);
+    if (sp->f_costs || sp->b_costs || sp->w_costs)
+        printf("schedule %s: p=%d m=%d v=%d  per-stage costs  link latency %g bandwidth %s  (valid)\n",
+               bg_schedule_name(s), p, m, v, sp->latency, bw);
+    else
+        printf("schedule %s: p=%d m=%d v=%d  costs per chunk F=%g B=%g W=%g  link latency %g bandwidth %s  (valid)\n",
+               bg_schedule_name(s), p, m, v, sp->f_cost, sp->b_cost, sp->w_cost, sp->latency, bw);
     if (text < 0)
         text = p <= 32 && (long long)m * v <= 64;
     if (text) {
@@ -183,32 +204,38 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
 {
     printf("p=%d m=%d  costs per rank F=%g B=%g W=%g (with v chunks per rank each chunk costs 1/v of them)\n", p, m,
            sp0->f_cost, sp0->b_cost, sp0->w_cost);
-    printf("%-12s %3s %12s %9s %9s %11s %14s\n", "schedule", "v", "step", "bubble", "steady", "peak-stash",
+    printf("%-14s %3s %12s %9s %9s %11s %14s\n", "schedule", "v", "step", "bubble", "steady", "peak-stash",
            "(rank of peak)");
     int rc = 0;
     for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
         bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
         gp.kind = (bg_schedule_kind_t)k;
         gp.stages = p, gp.microbatches = m;
-        gp.chunks = k == BG_SCHED_INTERLEAVED ? v : 0;
+        gp.chunks = k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED ? v : 0;
         bg_schedule_t *s;
         bg_sim_result_t *r;
         const char *name = bg_schedule_kind_name(gp.kind);
         if (bg_schedule_generate(&gp, &s) != BG_OK) {
-            printf("%-12s cannot apply: %s\n", name, bg_last_error());
+            printf("%-14s cannot apply: %s\n", name, bg_last_error());
             continue;
         }
         bg_sim_params_t spc = *sp0;
         int vv = bg_schedule_chunks(s);
         spc.f_cost /= vv, spc.b_cost /= vv, spc.w_cost /= vv, spc.stash_bytes /= vv;
+        bg_schedule_free(s); /* again, built for the per-chunk costs */
+        gp.costs = &spc;
+        if (bg_schedule_generate(&gp, &s) != BG_OK) {
+            printf("%-14s cannot apply: %s\n", name, bg_last_error());
+            continue;
+        }
         bg_status_t st = bg_schedule_simulate(s, &spc, &r);
         if (st != BG_OK) {
-            printf("%-12s invalid: %s\n", name, bg_last_error());
+            printf("%-14s invalid: %s\n", name, bg_last_error());
             rc = 1;
         } else {
             int at;
             int peak = (int)max_stash(r, p, &at);
-            printf("%-12s %3d %12.6g %8.2f%% %8.2f%% %11d %14d\n", name, bg_schedule_chunks(s), bg_sim_step_time(r),
+            printf("%-14s %3d %12.6g %8.2f%% %8.2f%% %11d %14d\n", name, bg_schedule_chunks(s), bg_sim_step_time(r),
                    100 * bg_sim_bubble(r, -1), 100 * bg_sim_span_bubble(r, -1), peak, at);
             bg_sim_result_free(r);
         }
@@ -221,9 +248,11 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
 
 static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
 {
-    const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL;
+    const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL, *profile = NULL;
     long long p = 0, m = 0, v = 0;
-    int have_p = 0, have_m = 0, compare = 0, text = -1;
+    int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0;
+    static int split[4096];
+    double mem_limit = 0;
     unsigned tflags = 0;
     uint64_t bytes;
     for (int i = 1; i < argc; i++) {
@@ -233,7 +262,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             return 0;
         } else if (!strcmp(a, "--schedule")) {
             if (!val)
-                return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv)");
+                return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, "
+                                        "dualpipev)");
             kind_s = val, i++;
         } else if (!strcmp(a, "--stages")) {
             if (bg_cli_int(CMD, a, val, 1, 65536, &p))
@@ -286,6 +316,26 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             from = val, i++;
         } else if (!strcmp(a, "--compare")) {
             compare = 1;
+        } else if (!strcmp(a, "--auto")) {
+            autos = 1;
+        } else if (!strcmp(a, "--profile")) {
+            if (!val)
+                return bg_cli_fail(CMD, "--profile needs a file (brigade profile --json FILE writes one)");
+            profile = val, i++;
+        } else if (!strcmp(a, "--mem-limit")) {
+            if (bg_cli_bytes(CMD, a, val, &bytes))
+                return 2;
+            mem_limit = (double)bytes, have_limit = 1, i++;
+        } else if (!strcmp(a, "--split")) {
+            long long tmp[4096];
+            if (bg_cli_int_list(CMD, a, val, tmp, 4096, &nsplit))
+                return 2;
+            for (int k = 0; k < nsplit; k++) {
+                if (tmp[k] < 1 || tmp[k] > 1 << 20)
+                    return bg_cli_fail(CMD, "--split entry %d is %lld; every stage needs at least one layer", k, tmp[k]);
+                split[k] = (int)tmp[k];
+            }
+            i++;
         } else if (!strcmp(a, "--comm")) {
             tflags |= BG_SCHED_TEXT_COMM;
         } else if (!strcmp(a, "--text")) {
@@ -297,9 +347,26 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
                                                 "--f-costs", "--b-costs", "--w-costs", "--latency", "--bandwidth",
                                                 "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--svg",
                                                 "--from-json", "--compare", "--comm", "--text", "--no-text",
-                                                "--help", NULL};
+                                                "--auto", "--profile", "--mem-limit", "--split", "--help", NULL};
             return bg_cli_unknown_option(CMD, a, known);
         }
+    }
+    if (autos || profile || have_limit || nsplit) {
+        if (!autos)
+            return bg_cli_fail(CMD, "%s belongs to --auto (the schedule search)",
+                               profile ? "--profile" : have_limit ? "--mem-limit" : "--split");
+        if (!profile)
+            return bg_cli_fail(CMD, "--auto needs --profile PROFILE.json (brigade profile --json FILE writes one)");
+        if (kind_s || compare || from || v || stage_costs_n[0] || stage_costs_n[1] || stage_costs_n[2] ||
+            spp->f_cost != 1 || spp->b_cost != 1 || spp->w_cost != 1)
+            return bg_cli_fail(CMD, "--auto searches every schedule with the profile's costs: drop --schedule, "
+                                    "--compare, --from-json, --chunks and --costs/--f-costs/--b-costs/--w-costs");
+        if (!have_p || !have_m)
+            return bg_cli_fail(CMD, "--stages P and --microbatches M are required (try brigade schedule --help)");
+        bg_auto_args_t aa = {.profile = profile, .p = (int)p, .m = (int)m, .mem_limit = mem_limit,
+                             .split = nsplit ? split : NULL, .nsplit = nsplit, .link = spp,
+                             .json_out = json_out, .svg_out = svg_out, .text = text};
+        return bg_schedule_auto(&aa);
     }
     if (from) {
         if (kind_s || compare || have_p || have_m || v)
@@ -311,7 +378,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         bg_status_t st = bg_schedule_from_json_file(from, &s);
         if (st != BG_OK)
             return bg_cli_status(CMD, st);
-        int rc = run_one(s, spp, text, tflags, json_out, svg_out);
+        int rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
         bg_schedule_free(s);
         return rc;
     }
@@ -325,7 +392,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         return run_compare((int)p, (int)m, (int)v, spp);
     }
     if (!kind_s)
-        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv), "
+        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or "
+                                "dualpipev), "
                                 "or use --compare or --from-json");
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
     int k = bg_cli_choice(CMD, "--schedule", kind_s, bg_cli_schedule_names());
@@ -334,12 +402,22 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
     gp.kind = (bg_schedule_kind_t)k;
     gp.stages = (int)p, gp.microbatches = (int)m, gp.chunks = (int)v;
     bg_schedule_t *s;
+    /* the program is built for the costs it will be simulated with; the
+     * per-stage lists must match its stage count first */
     bg_status_t st = bg_schedule_generate(&gp, &s);
+    if (st == BG_OK) {
+        int rc = check_stage_costs(s);
+        bg_schedule_free(s);
+        if (rc)
+            return rc;
+        gp.costs = spp;
+        st = bg_schedule_generate(&gp, &s);
+    }
     if (st != BG_OK) { /* the flags ask for a schedule that cannot exist: a usage error */
         bg_cli_status(CMD, st);
         return 2;
     }
-    int rc = run_one(s, spp, text, tflags, json_out, svg_out);
+    int rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
     bg_schedule_free(s);
     return rc;
 }

@@ -40,8 +40,13 @@ static void usage(FILE *f)
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
-            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv (default 1f1b)\n"
-            "  --chunks V             model chunks per pipeline rank (interleaved; default: the schedule's)\n"
+            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
+            "                         (default 1f1b)\n"
+            "  --chunks V             model chunks per pipeline rank (interleaved, zb-interleaved;\n"
+            "                         default: the schedule's)\n"
+            "  --schedule-json FILE   run this program instead of a generated schedule: any program the\n"
+            "                         validator accepts, in the JSON of brigade schedule --json, for --pp\n"
+            "                         ranks and --microbatches (docs/schedules.md)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -207,12 +212,14 @@ static int split_check(const char *cmd, const bg_train_config_t *c, char *buf, s
         return 0;
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
     bg_schedule_t *sched = NULL;
-    if (bg_schedule_kind_parse(c->schedule ? c->schedule : "1f1b", &gp.kind) == BG_OK) {
+    if (c->schedule_json) { /* checked by the caller; chunks came from the file */
+        chunks = c->chunks;
+    } else if (bg_schedule_kind_parse(c->schedule ? c->schedule : "1f1b", &gp.kind) == BG_OK) {
         gp.stages = pp, gp.microbatches = c->microbatches, gp.chunks = c->chunks;
         if (bg_schedule_generate(&gp, &sched) == BG_OK)
             chunks = bg_schedule_chunks(sched);
     }
-    if (!sched) { /* the schedule's own error comes from bg_train */
+    if (!sched && !c->schedule_json) { /* the schedule's own error comes from bg_train */
         bg_error_clear();
         return 0;
     }
@@ -241,7 +248,11 @@ static int split_check(const char *cmd, const bg_train_config_t *c, char *buf, s
         goto out;
     }
     if (S > L) {
-        rc = bg_cli_fail(cmd, "%d pipeline stages but the model has only %d layers", S, L);
+        if (c->schedule_json)
+            rc = bg_cli_fail(cmd, "%s is a program for %d pipeline stages (p %d x %d chunks) but the model has only %d "
+                                  "layers", c->schedule_json, S, pp, chunks, L);
+        else
+            rc = bg_cli_fail(cmd, "%d pipeline stages but the model has only %d layers", S, L);
         goto out;
     }
     prof = calloc((size_t)L, sizeof(*prof));
@@ -317,7 +328,7 @@ int bg_cmd_train(int argc, char **argv)
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_TP };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_TP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -330,6 +341,7 @@ int bg_cmd_train(int argc, char **argv)
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
         {"tp", required_argument, 0, O_TP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
+        {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
         {"trace", required_argument, 0, O_TRACE},
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
@@ -390,6 +402,7 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             c.schedule = optarg;
             break;
+        case O_SCHED_JSON: c.schedule_json = optarg; break;
         case O_TRACE: c.trace_path = optarg; break;
         case O_SPLIT: {
             long long tmp[4096];
@@ -454,6 +467,19 @@ int bg_cmd_train(int argc, char **argv)
             recompute[k] = bg_plan_stage(plan, k)->recompute;
         c.recompute_stages = recompute;
         c.nrecompute_stages = bg_plan_num_stages(plan);
+    }
+    if (c.schedule_json) {
+        if (c.schedule || plan_path || c.chunks)
+            return bg_cli_fail(cmd, "--schedule-json takes the schedule and its chunks from %s: drop %s", c.schedule_json,
+                               c.schedule ? "--schedule" : plan_path ? "--plan" : "--chunks");
+        if (bg_cli_check_json_object(cmd, c.schedule_json))
+            return 1;
+        bg_schedule_t *js = NULL; /* proved and checked here, before this rank connects to any other */
+        bg_status_t jst = bg_schedule_load_program(c.schedule_json, c.pp > 0 ? c.pp : 1, c.microbatches, 0, &js);
+        if (jst != BG_OK)
+            return bg_cli_status(cmd, jst);
+        c.chunks = bg_schedule_chunks(js);
+        bg_schedule_free(js);
     }
     c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
@@ -543,7 +569,7 @@ int bg_cmd_train(int argc, char **argv)
         if (ran > 0)
             printf("trained %s on %d ranks (pp %d x dp %d x tp %d, %s): %s, loss %.4f -> %.4f\n",
                    c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
-                   c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
+                   c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
         else
             printf("%s on %d ranks: %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, did);
         if (ran > 0)

@@ -150,6 +150,11 @@ typedef struct bg_backend_ops {
                                const float *dout /* (B,T,C) */, const float *qkv /* (B,T,3C) */,
                                const float *out /* (B,T,C) */, const float *lse /* (B,NH,T) */, int B, int T,
                                int NH, int hs);
+
+    /** Bytes the backend's memory can still give, for out-of-memory messages:
+     *  CUDA, free device memory plus the backend's cached blocks; CPU, the
+     *  host's free physical memory. Appended last, as the attention slots. */
+    size_t (*device_free)(bg_backend_t *be);
 } bg_backend_ops_t;
 
 /** Counted memory of one backend instance, in bytes. */

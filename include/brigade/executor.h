@@ -75,7 +75,7 @@ typedef struct bg_executor_params {
     int dp;                      /**< data-parallel replicas (1: none) */
     int tp;                      /**< tensor-parallel degree: the model's tensor-parallel layers are of this
                                       degree (1: none); world = pp * dp * tp, tp fastest */
-    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv; NULL: 1f1b */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev; NULL: 1f1b */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
     int nsplit;
@@ -95,6 +95,10 @@ typedef struct bg_executor_params {
                                       local rank's NUMA node as BRIGADE_NUMA says, set OpenBLAS to one
                                       thread, tune malloc, install the UCX log handler; 0: none of these
                                       process-wide side effects (docs/architecture.md, "Process-wide state") */
+    const char *schedule_json;   /**< run this program (the JSON of brigade schedule --json, any program
+                                      bg_schedule_validate accepts) instead of generating `schedule`;
+                                      it must be for pp ranks and `microbatches` (and `chunks` when set);
+                                      NULL: generate */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -103,7 +107,7 @@ typedef struct bg_executor_params {
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
       .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
       .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .process_wide = 0 }
+      .process_wide = 0, .schedule_json = NULL }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {

@@ -98,9 +98,14 @@ typedef enum bg_schedule_kind {
     BG_SCHED_ZB_H1,        /**< zero bubble, 1F1B memory (Qi et al. 2024) */
     BG_SCHED_ZB_H2,        /**< zero bubble, about twice 1F1B's memory */
     BG_SCHED_ZBV,          /**< V-shape, 2 chunks per rank, B/W split */
+    BG_SCHED_ZB_INTERLEAVED, /**< interleaved zero bubble (ZB1P), v >= 2 chunks per rank, B/W split */
+    BG_SCHED_DUALPIPEV,    /**< DualPipeV (DeepSeek): V-shape, 2 chunks per rank, F and B of different
+                                microbatches paired; m >= 2p */
     BG_SCHED_CUSTOM,       /**< read from JSON or built by hand */
     BG_SCHED_KIND_COUNT
 } bg_schedule_kind_t;
+
+struct bg_sim_params;
 
 /** Parameters of bg_schedule_generate(); start from BG_SCHEDULE_PARAMS_INIT. */
 typedef struct bg_schedule_params {
@@ -109,16 +114,19 @@ typedef struct bg_schedule_params {
     int stages;              /**< p: pipeline ranks, >= 1 */
     int microbatches;        /**< m: microbatches per step, >= 1 */
     int chunks;              /**< v: model chunks per rank; 0 = the kind's default
-                                  (2 for interleaved and zbv, 1 otherwise) */
+                                  (2 for interleaved, zbv, zb-interleaved and dualpipev, 1 otherwise) */
+    const struct bg_sim_params *costs; /**< the costs to build the program for: per-stage F, B, W
+                                            (f_costs.. or the scalars, per chunk) and the link
+                                            (latency + bytes / bandwidth); NULL: unit costs, free links */
 } bg_schedule_params_t;
 
-#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0} /**< 1F1B, one stage, one microbatch */
+#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0, NULL} /**< 1F1B, one stage, one microbatch, unit costs */
 
 /** Opaque program set: one instruction list per rank. */
 typedef struct bg_schedule bg_schedule_t;
 
 /** Names: "forward"... (JSON), "F"... (text), "gpipe", "1f1b", "interleaved",
- *  "zb-h1", "zb-h2", "zbv", "custom". NULL for an out-of-range value. */
+ *  "zb-h1", "zb-h2", "zbv", "zb-interleaved", "dualpipev", "custom". NULL for an out-of-range value. */
 const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind);
 const char *bg_sched_op_kind_token(bg_sched_op_kind_t kind);
 const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
@@ -126,8 +134,51 @@ const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
 bg_status_t bg_sched_op_kind_parse(const char *name, bg_sched_op_kind_t *kind_p);
 bg_status_t bg_schedule_kind_parse(const char *name, bg_schedule_kind_t *kind_p);
 
-/** Build the programs of a generator. Errors: p or m < 1, or a chunk count
- *  the schedule cannot use (a one-line message says why). */
+/** What bg_schedule_search() looks among; start from BG_SCHEDULE_SEARCH_PARAMS_INIT. */
+typedef struct bg_schedule_search_params {
+    size_t size;        /**< sizeof(bg_schedule_search_params_t), for growth */
+    int stages;         /**< p: pipeline ranks, >= 1 */
+    int microbatches;   /**< m, >= 1 */
+    int chunks;         /**< v: 1 (one stage per rank) or 2..64 (interleaved layout, or a V with vshape) */
+    int vshape;         /**< 1: the V layout of zbv (chunks must be 2) */
+    const struct bg_sim_params *costs; /**< per-stage F, B, W, the link, and stash bytes per stage
+                                            (stash_bytes_per_stage or stash_bytes; both 0: one unit per
+                                            chunk-microbatch); NULL: unit costs and units */
+    double mem_limit;   /**< peak stash per rank, in the bytes (or units) above, as the simulator
+                             counts it; 0: no limit */
+} bg_schedule_search_params_t;
+#define BG_SCHEDULE_SEARCH_PARAMS_INIT {sizeof(bg_schedule_search_params_t), 1, 1, 1, 0, NULL, 0.0} /**< p = m = v = 1, unit costs, no limit */
+
+/** What bg_schedule_search() found (filled also when nothing fits). */
+typedef struct bg_schedule_search_result {
+    double step;        /**< simulated step time of the program returned (0 when none fits) */
+    double peak;        /**< its largest peak stash over ranks (bytes or units) */
+    double lower_bound; /**< no program of this layout can be faster: max over ranks of (time before
+                             its first input can arrive + its busy time) */
+    double min_limit;   /**< the smallest largest-peak-stash among the programs tried: the limit to ask for
+                             when nothing fits */
+    int tried;          /**< programs simulated */
+    char from[64];      /**< the order that won: a generator's name, or "list w=.. split|full .." */
+} bg_schedule_search_result_t;
+
+/**
+ * The program with the smallest simulated step time under params->costs
+ * whose peak stash fits params->mem_limit on every rank, among the orders of
+ * one layout: every generator of the layout built for the costs, and list
+ * schedules over windows of forwards in flight, B/W split or full backward,
+ * and W or F first, each capped at the limit. Heuristic, not exhaustive:
+ * result->lower_bound says how far from optimal it can be. BG_ERR_NOT_FOUND
+ * when no program tried fits (result->min_limit: the smallest limit that
+ * works); @p sched_p is set only on success.
+ */
+bg_status_t bg_schedule_search(const bg_schedule_search_params_t *params, bg_schedule_search_result_t *result,
+                               bg_schedule_t **sched_p);
+
+/** Build the programs of a generator for the costs in params->costs: each
+ *  generator tries the orders of its family (its fixed order and list-scheduler
+ *  policies) within the family's stash bound and keeps the fastest for those
+ *  costs. Errors: p or m < 1, or a chunk count the schedule cannot use (a
+ *  one-line message says why). */
 bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule_t **sched_p);
 
 /**
@@ -178,6 +229,14 @@ bg_status_t bg_schedule_to_json_file(const bg_schedule_t *sched, const char *pat
  *  BG_ERR_PARSE with the JSON path of the offending field. */
 bg_status_t bg_schedule_from_json(const char *json, bg_schedule_t **sched_p);
 bg_status_t bg_schedule_from_json_file(const char *path, bg_schedule_t **sched_p);
+/** A program to run: read @p path (bg_schedule_from_json_file), prove it
+ *  correct (bg_schedule_validate) and check it is for @p ranks pipeline
+ *  ranks and @p microbatches microbatches, and, when @p chunks > 0, that many
+ *  chunks per rank. Errors name the file: the reader's or the validator's
+ *  message (first offending instruction, or the wait cycle), or
+ *  BG_ERR_INVALID "FILE is a program for p=4 pipeline ranks, but the job has 2". */
+bg_status_t bg_schedule_load_program(const char *path, int ranks, int microbatches, int chunks,
+                                     bg_schedule_t **sched_p);
 
 /* ------------------------------------------------------------------------ */
 /* Simulator                                                                */

@@ -50,7 +50,7 @@ typedef struct bg_train_config {
     /* ---- parallel training (runtime/executor.c); pp = dp = 1 is one process ---- */
     int pp;                      /**< pipeline stages (ranks); 1 = none */
     int dp;                      /**< data-parallel replicas; 1 = none */
-    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv (default 1f1b) */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev (default 1f1b) */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
     int nsplit;
@@ -75,6 +75,9 @@ typedef struct bg_train_config {
     void (*on_resume)(const bg_resume_result_t *r, const char *where, int rank, void *arg);
                                  /**< what resume did (where: resume_from or checkpoint_dir), called on
                                       every rank before the first step; arg: on_step_arg */
+    /* ---- a program to run instead of a generated schedule ---- */
+    const char *schedule_json;   /**< JSON program (brigade schedule --json) run instead of `schedule`;
+                                      NULL: generate (see bg_executor_params_t.schedule_json) */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */

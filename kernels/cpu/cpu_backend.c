@@ -16,6 +16,7 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "brigade/core.h"
 #include "kernels/backend_impl.h"
@@ -59,6 +60,13 @@ static void bg__cpu_from_host(bg_backend_t *be, void *dst, const void *src_host,
 }
 
 static void bg__cpu_synchronize(bg_backend_t *be) {}
+
+/* the host's free physical memory (for out-of-memory messages) */
+static size_t bg__cpu_device_free(bg_backend_t *be)
+{
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+}
 
 /* ----------------------------------------------------------- elementwise */
 
@@ -331,6 +339,7 @@ static const bg_backend_ops_t bg__cpu_ops = {
     .sgd_momentum = bg__cpu_sgd_momentum,
     .sum = bg__cpu_sum,
     .sumsq = bg__cpu_sumsq,
+    .device_free = bg__cpu_device_free,
 };
 
 bg_status_t bg_cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params)

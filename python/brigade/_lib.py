@@ -111,7 +111,7 @@ class ExecutorParams(Structure):
                 ("batch", c_int), ("microbatches", c_int), ("optim", OptimConfig), ("data", BatchSource),
                 ("backend", c_char_p), ("threads", c_int), ("comm", c_void_p), ("recompute", c_int),
                 ("recompute_stages", POINTER(c_int)), ("nrecompute_stages", c_int), ("trace_path", c_char_p),
-                ("process_wide", c_int)]
+                ("process_wide", c_int), ("schedule_json", c_char_p)]
 
 
 class StepResult(Structure):

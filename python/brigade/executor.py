@@ -250,7 +250,7 @@ class Executor:
     def __init__(self, model, *, batches, pp=1, dp=1, schedule="1f1b", batch=8, microbatches=4, optimizer="adamw",
                  lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, momentum=0.9, seq=0, seq_len=None,
                  threads=0, backend=None, chunks=0, split=None, recompute=False, recompute_stages=None, trace=None,
-                 process_wide=False):
+                 process_wide=False, schedule_json=None):
         self._handle = None
         if not isinstance(model, Model):
             raise TypeError("Executor: model must be a brigade.Model, got %s" % type(model).__name__)
@@ -270,6 +270,7 @@ class Executor:
         self._schedule = encode(schedule, "schedule")
         self._backend = encode(backend, "backend")
         self._trace = encode(trace, "trace path")
+        self._schedule_json = encode(schedule_json, "schedule_json")
         self._split, nsplit = _int_array(split, "split")
         self._recompute_stages, nrs = _int_array(recompute_stages, "recompute_stages")
 
@@ -297,6 +298,7 @@ class Executor:
         p.nrecompute_stages = nrs
         p.trace_path = self._trace
         p.process_wide = int(bool(process_wide))
+        p.schedule_json = self._schedule_json
         x = ctypes.c_void_p()
         st = lib.bg_executor_create(ctypes.byref(p), ctypes.byref(x))
         if st != 0:

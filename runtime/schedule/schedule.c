@@ -20,7 +20,7 @@ static const char *const bg__op_tokens[] = {
 #undef BG__T
 };
 static const char *const bg__sched_names[] = {"gpipe", "1f1b", "interleaved", "zb-h1",
-                                              "zb-h2", "zbv", "custom"};
+                                              "zb-h2", "zbv", "zb-interleaved", "dualpipev", "custom"};
 
 const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind)
 {
@@ -58,7 +58,7 @@ bg_status_t bg_schedule_kind_parse(const char *name, bg_schedule_kind_t *kind_p)
             return BG_OK;
         }
     return bg_error(BG_ERR_NOT_FOUND,
-                    "unknown schedule \"%s\" (expected gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv)",
+                    "unknown schedule \"%s\" (expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev)",
                     name ? name : "(null)");
 }
 

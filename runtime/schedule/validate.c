@@ -105,12 +105,23 @@ static int bg__bpos(const bg__val_t *V, size_t at)
     return V->pos[P_BW][at] >= 0 ? V->pos[P_BW][at] : V->pos[P_B][at];
 }
 
+/* position of the piece of (mb, stage) that adds its weight gradient: full backward or W */
+static int bg__wpos(const bg__val_t *V, size_t at)
+{
+    return V->pos[P_BW][at] >= 0 ? V->pos[P_BW][at] : V->pos[P_W][at];
+}
+
 /* pass 2: per-instruction order and matching */
 static bg_status_t bg__pass_order(bg__val_t *V)
 {
     const bg_schedule_t *s = V->s;
     int S = V->S, M = V->M;
-    for (int r = 0; r < s->p; r++)
+    for (int r = 0; r < s->p; r++) {
+        /* the rank's last compute or communication instruction: optimizer steps come after it */
+        size_t work = 0;
+        for (size_t i = 0; i < s->nops[r]; i++)
+            if (s->ops[r][i].kind != BG_OP_REDUCE_GRADS && s->ops[r][i].kind != BG_OP_OPTIMIZER_STEP)
+                work = i + 1;
         for (size_t i = 0; i < s->nops[r]; i++) {
             const bg_sched_op_t *op = &s->ops[r][i];
             int st = op->stage, mb = op->microbatch, ix = (int)i;
@@ -141,6 +152,9 @@ static bg_status_t bg__pass_order(bg__val_t *V)
                 if (st < S - 1 && !local_next && !(V->pos[P_RG][at] >= 0 && V->pos[P_RG][at] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "needs recv_grad of mb %d from stage %d before it%s", mb,
                              st + 1, V->pos[P_RG][at] < 0 ? ", which is missing" : "");
+                if (op->kind == BG_OP_BACKWARD && mb > 0 && !(bg__wpos(V, at - 1) >= 0 && bg__wpos(V, at - 1) < ix))
+                    BG__FAIL(BG_ERR_INVALID, r, i, op, "weight gradients add up in microbatch order: the weight "
+                             "gradient of mb %d stage %d must come before it", mb - 1, st);
                 break;
             case BG_OP_BACKWARD_WEIGHT:
                 if (V->pos[P_BW][at] >= 0)
@@ -149,6 +163,12 @@ static bg_status_t bg__pass_order(bg__val_t *V)
                 if (!(V->pos[P_B][at] >= 0 && V->pos[P_B][at] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "W before its B (%s)",
                              V->pos[P_B][at] < 0 ? "backward_input missing" : "backward_input comes later");
+                if (mb > 0 && !(bg__wpos(V, at - 1) >= 0 && bg__wpos(V, at - 1) < ix))
+                    BG__FAIL(BG_ERR_INVALID, r, i, op, "weight gradients add up in microbatch order: the weight "
+                             "gradient of mb %d stage %d must come before it", mb - 1, st);
+                if (V->pos[P_SG][at] > ix)
+                    BG__FAIL(BG_ERR_INVALID, r, i, op, "frees the input gradient that send_grad (op %d) sends "
+                             "later: send it before the W", V->pos[P_SG][at]);
                 break;
             case BG_OP_SEND_ACT:
                 if (!(V->pos[P_F][at] >= 0 && V->pos[P_F][at] < ix))
@@ -191,9 +211,13 @@ static bg_status_t bg__pass_order(bg__val_t *V)
                 if (!(V->red[st] >= 0 && V->red[st] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "optimizer step before reduce_grads of stage %d (%s)", st,
                              V->red[st] < 0 ? "missing" : "comes later");
+                if (i < work)
+                    BG__FAIL(BG_ERR_INVALID, r, i, op, "optimizer step before the rank's compute and communication "
+                             "are done (op %zu comes later): steps close the rank's program", work - 1);
                 break;
             }
         }
+    }
     /* completeness */
     for (int st = 0; st < S; st++) {
         int r = s->stage_rank[st];

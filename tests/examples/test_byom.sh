@@ -20,9 +20,10 @@ else
   bad "loss does not fall: $(tail -1 "$T/long.log")"
 fi
 
+runs=0
 check() { # RTOL N ARGS...
   local rtol=$1 n=$2; shift 2
-  local out="$T/run$((pass + fails))"
+  local out="$T/run$((++runs))"
   if ! timeout 120 "$B" launch -n "$n" -- "$E" $ARGS "$@" --save "$out" > "$out.log" 2>&1; then
     bad "launch -n $n train_byom $*"; tail -5 "$out.log"; return
   fi

@@ -1,9 +1,10 @@
-# tests/lib/check.sh: ok / fail / check / finish for the shell tests whose
-# helpers own their own scratch directory and cleanup (tests/launch/lib.sh,
-# tests/netns/lib.sh). Sourced.
-FAILS=0
-ok() { echo "ok: $*"; }
-fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
+# tests/lib/check.sh: ok / fail / check / finish for the shell tests, with
+# the counters pass and fails. Sourced (checks.sh adds a scratch directory;
+# tests/launch/lib.sh and tests/netns/lib.sh own theirs).
+pass=0
+fails=0
+ok() { pass=$((pass + 1)); echo "ok: $*"; }
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 # check "description" command args...: the command's status decides
 check() {
     local desc=$1
@@ -11,10 +12,7 @@ check() {
     if "$@"; then ok "$desc"; else fail "$desc"; fi
 }
 finish() {
-    if [ "$FAILS" -gt 0 ]; then
-        echo "$FAILS check(s) failed" >&2
-        exit 1
-    fi
-    echo "all checks passed"
+    echo "$pass passed, $fails failed"
+    [ "$fails" -eq 0 ] || exit 1
     exit 0
 }

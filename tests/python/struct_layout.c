@@ -47,6 +47,7 @@ int main(void)
     F(bg_executor_params_t, comm); F(bg_executor_params_t, recompute); F(bg_executor_params_t, recompute_stages);
     F(bg_executor_params_t, nrecompute_stages); F(bg_executor_params_t, trace_path);
     F(bg_executor_params_t, process_wide);
+    F(bg_executor_params_t, schedule_json);
 
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);

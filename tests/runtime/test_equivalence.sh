@@ -48,6 +48,9 @@ check gpt4 0 3 $GPT --microbatches 4 --pp 3 --schedule zb-h1 --split 1,5,2
 check gpt4 0 4 $GPT --microbatches 4 --pp 4 --schedule zb-h2
 check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule interleaved --chunks 2
 check gpt4 0 4 $GPT --microbatches 4 --pp 4 --schedule interleaved --chunks 2
+check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule zb-interleaved --chunks 2
+check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule zb-interleaved --chunks 3 --split 1,1,1,1,2,2
+check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule dualpipev
 check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule zbv
 check gpt4 0 3 $GPT --microbatches 4 --pp 3 --schedule zbv --split 1,1,1,2,2,1
 

@@ -26,7 +26,7 @@ expect_err "--stages expects an integer" --schedule 1f1b --stages x --microbatch
 expect_err "1f1b places one chunk per rank, got 3" --schedule 1f1b --stages 4 --microbatches 4 --chunks 3
 expect_err "use 1f1b" --schedule interleaved --stages 4 --microbatches 4 --chunks 1
 expect_err "exactly 2 chunks" --schedule zbv --stages 4 --microbatches 4 --chunks 4
-expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zbv, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
+expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev, got \"pipedream\"" --schedule pipedream --stages 4 --microbatches 4
 expect_err "--costs expects three numbers" --schedule 1f1b --stages 4 --microbatches 4 --costs 1,2
 expect_err "--stages P and --microbatches M are required" --schedule 1f1b
 expect_err "unknown option \"--bogus\"" --bogus
@@ -37,6 +37,12 @@ expect_err "--b-costs expects comma-separated numbers" --schedule 1f1b --stages 
 # per-stage costs, by hand: 1F1B p=2 m=2, F = 1 and 3, backward 2: rank 0 ends at 13
 "$B" schedule --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3 >"$T/ps" 2>&1 || fail "per-stage costs run failed"
 grep -q "step time 13 " "$T/ps" || fail "per-stage costs: step time is not 13: $(cat "$T/ps")"
+
+# the program is built for --costs: ZB-V at F=1 B=2 W=1, p=4 m=16 takes torch's 134 with 2p = 8 stashes
+"$B" schedule --schedule zbv --stages 4 --microbatches 16 --costs 1,2,1 --no-text >"$T/zc" 2>&1 || fail "zbv --costs failed"
+grep -q "step time 134 " "$T/zc" || fail "zbv --costs 1,2,1: step time is not 134: $(cat "$T/zc")"
+[ "$(awk '$1 ~ /^[0-9]+$/ && $6 > 8' "$T/zc" | wc -l)" = 0 ] || fail "zbv --costs 1,2,1: a rank stashes more than 8: $(cat "$T/zc")"
+expect_err "zb-interleaved needs 2..64 chunks per rank, got 1 (with one chunk per rank use zb-h1)" --schedule zb-interleaved --stages 4 --microbatches 4 --chunks 1
 
 # a run: table, bubble, SVG and JSON
 "$B" schedule --schedule zb-h1 --stages 4 --microbatches 8 --svg "$T/a.svg" --json "$T/a.json" >"$T/run" 2>&1 \
@@ -74,11 +80,37 @@ expect_err "microbatch = 99 is out of range 0..7" --from-json "$T/range.json"
 expect_err "bad.json: line 1 column" --from-json "$T/bad.json"
 expect_err "cycle: rank 0 -> rank 1 -> rank 0" --from-json "$T/dead.json"
 
+# --auto: a hand-made profile (7 layers, uneven), the search under memory limits
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+layers = [{"name": "l%d" % i, "fwd_s": f, "bwd_input_s": b, "bwd_weight_s": w, "stash_bytes": sb, "output_bytes": 1000}
+          for i, (f, b, w, sb) in enumerate([(1, 1, .5, 3000), (2, 3, 2, 6000), (2, 3, 2, 6000), (1, 2, 1, 4000),
+                                             (1, 2, 1, 4000), (3, 4, 3, 9000), (.5, .5, .5, 1000)])]
+json.dump({"backend": "cpu", "microbatch_size": 1, "seq": 16, "layers": layers}, open(t + "/prof.json", "w"))
+open(t + "/badprof.json", "w").write('{"layers": [{"fwd_s": -1}]}')
+PY
+"$B" schedule --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --mem-limit 40000 --json "$T/auto.json" >"$T/auto" 2>&1 ||
+    fail "--auto failed: $(cat "$T/auto")"
+grep -q "^searched program: .* lower bound .* (gap " "$T/auto" || fail "--auto: no searched program line: $(cat "$T/auto")"
+"$B" schedule --from-json "$T/auto.json" >/dev/null 2>&1 || fail "--auto: its JSON does not validate"
+"$B" schedule --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --mem-limit 1000 >"$T/tiny" 2>"$T/tinyerr"
+[ $? = 1 ] || fail "--auto with a limit nothing meets did not exit 1"
+need=$(sed -n 's/.*the smallest limit that works is \([0-9]*\) bytes.*/\1/p' "$T/tinyerr")
+[ -n "$need" ] || fail "--auto: no smallest limit in: $(cat "$T/tinyerr")"
+"$B" schedule --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --mem-limit "$need" >/dev/null 2>&1 ||
+    fail "--auto: the smallest limit that works ($need) does not work"
+expect_err "--auto needs --profile PROFILE.json" --auto --stages 3 --microbatches 6
+expect_err "--mem-limit belongs to --auto" --schedule 1f1b --stages 3 --microbatches 6 --mem-limit 1M
+expect_err "layers[0].fwd_s must be a number >= 0" --auto --profile "$T/badprof.json" --stages 1 --microbatches 2
+expect_err "prof.json has 7 layers: too few for 8 pipeline ranks" --auto --profile "$T/prof.json" --stages 8 --microbatches 8
+expect_err "--split sums to 6 layers but" --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --split 2,2,2
+
 # compare: every schedule, one row each, including m < p and m not a multiple of p
 for pm in "4 8" "4 3" "3 7" "1 1"; do
     set -- $pm
     "$B" schedule --compare --stages "$1" --microbatches "$2" >"$T/cmp" 2>&1 || fail "--compare p=$1 m=$2 failed: $(cat "$T/cmp")"
-    for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv; do
+    for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved; do
         grep -q "^$s " "$T/cmp" || fail "--compare p=$1 m=$2 lacks $s"
     done
 done

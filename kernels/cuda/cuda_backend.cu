@@ -1,0 +1,343 @@
+/* kernels/cuda/cuda_backend.cu: the CUDA backend's table, its memory (the
+ * caching pool of cuda_pool.c over cudaMalloc, pinned staging for host copies),
+ * GEMM (cuBLAS) and the host side of sum/sumsq; every kernel and its launch
+ * live in cuda_kernels.cu.
+ *
+ * One stream per instance carries every kernel, cuBLAS call and copy, so ops
+ * run in the order they are called, as on the CPU. to_host, sum and sumsq wait
+ * for the stream; from_host returns once the data are in pinned memory.
+ *
+ * Determinism: GEMM is cublasSgemm (exact fp32, no
+ * TF32) unless BRIGADE_CUDA_GEMM asks for tf32 or bf16 tensor cores
+ * (cublasGemmEx on the same fp32 buffers, fp32 accumulation); cuBLAS results
+ * are run-to-run reproducible on one GPU model and cuBLAS version but not
+ * bitwise equal to OpenBLAS's.
+ *
+ * Compiled and linked in CI; NOT yet run on a GPU (docs/kernels.md). Must not
+ * print or exit; errors go through bg_error / bg_log. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "brigade/core.h"
+#include "kernels/backend_impl.h"
+}
+#include "kernels/cuda/cuda_impl.h"
+
+/* --------------------------------------------------------------- errors */
+
+void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return;
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (impl->first_error == cudaSuccess) {
+        impl->first_error = e;
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: %s failed: %s (%s); later results are undefined", what,
+               cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+}
+
+static void bg__cublas_check(bg_backend_t *be, cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return;
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (impl->first_error == cudaSuccess) {
+        impl->first_error = cudaErrorUnknown;
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: %s failed: %s", what, cublasGetStatusString(s));
+    }
+}
+
+/* --------------------------------------------------------------- memory */
+
+static void *bg__cu_raw_alloc(void *ctx, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError(); /* an out-of-memory is not sticky: clear it */
+        return NULL;
+    }
+    return p;
+}
+
+static void bg__cu_raw_free(void *ctx, void *ptr) { cudaFree(ptr); }
+
+static void *bg__cu_alloc(bg_backend_t *be, size_t bytes) { return bg__pool_alloc(&bg__cu(be)->pool, bytes); }
+
+static void bg__cu_free(bg_backend_t *be, void *ptr)
+{
+    if (bg__pool_free(&bg__cu(be)->pool, ptr) != 0)
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: free of %p, not a block of its pool", ptr);
+}
+
+/* Bytes the device could still give this backend: free device memory plus
+ * the pool's cached blocks (released and retried on a failed allocation). */
+static size_t bg__cu_device_free(bg_backend_t *be)
+{
+    size_t fr = 0, total = 0;
+    if (cudaMemGetInfo(&fr, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fr = 0;
+    }
+    return fr + bg__pool_stats(&bg__cu(be)->pool).cached;
+}
+
+static void bg__cu_synchronize(bg_backend_t *be)
+{
+    bg__cu_check(be, cudaStreamSynchronize(bg__cu_stream(be)), "cudaStreamSynchronize");
+}
+
+/* Host copies through the two pinned chunks, taken in turn; a chunk is reused
+ * once its last transfer's event completed.
+ * to_host: each chunk's copy is queued, waited for and copied out of pinned
+ * memory (synchronous, as the CPU's). from_host: a chunk is copied into pinned
+ * memory while the previous chunk's transfer runs; returns once the last chunk
+ * is queued (the caller may reuse its buffer at once). */
+static void bg__cu_staged_copy(bg_backend_t *be, char *dst, const char *src, size_t bytes, int to_host)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    for (size_t off = 0; off < bytes; off += BG_CUDA_STAGE_BYTES) {
+        size_t len = bytes - off < BG_CUDA_STAGE_BYTES ? bytes - off : BG_CUDA_STAGE_BYTES;
+        int s = impl->stage_next;
+        impl->stage_next ^= 1;
+        bg__cu_check(be, cudaEventSynchronize(impl->stage_ev[s]), "staging wait");
+        if (to_host) {
+            bg__cu_check(be, cudaMemcpyAsync(impl->stage[s], src + off, len, cudaMemcpyDeviceToHost, impl->stream),
+                         "cudaMemcpyAsync D2H");
+            bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (D2H)");
+            memcpy(dst + off, impl->stage[s], len);
+        } else {
+            memcpy(impl->stage[s], src + off, len);
+            bg__cu_check(be, cudaMemcpyAsync(dst + off, impl->stage[s], len, cudaMemcpyHostToDevice, impl->stream),
+                         "cudaMemcpyAsync H2D");
+            bg__cu_check(be, cudaEventRecord(impl->stage_ev[s], impl->stream), "cudaEventRecord");
+        }
+    }
+}
+
+static void bg__cu_to_host(bg_backend_t *be, void *dst_host, const void *src, size_t bytes)
+{
+    bg__cu_staged_copy(be, (char *)dst_host, (const char *)src, bytes, 1);
+}
+
+static void bg__cu_from_host(bg_backend_t *be, void *dst, const void *src_host, size_t bytes)
+{
+    bg__cu_staged_copy(be, (char *)dst, (const char *)src_host, bytes, 0);
+}
+
+/* ----------------------------------------------------------- elementwise */
+
+static void bg__cu_copy(bg_backend_t *be, float *dst, const float *src, size_t n)
+{
+    if (n && dst != src)
+        bg__cu_check(be, cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, bg__cu_stream(be)),
+                     "cudaMemcpyAsync D2D");
+}
+
+/* ------------------------------------------------------------------ GEMM */
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS is
+ * called with the operands swapped and m, n exchanged. */
+static void bg__cu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                                        const float *a, int lda, long long stride_a, const float *b, int ldb,
+                                        long long stride_b, float beta, float *c, int ldc, long long stride_c,
+                                        int batch)
+{
+    if (m <= 0 || n <= 0 || batch <= 0)
+        return;
+    if (k <= 0) {
+        bg__cu_gemm_scale_c(be, c, m, n, ldc, stride_c, beta, batch);
+        return;
+    }
+    cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    bg_cuda_impl_t *impl = bg__cu(be);
+    cublasHandle_t h = impl->blas;
+    if (!impl->gemm_math && batch == 1)
+        bg__cublas_check(be, cublasSgemm(h, tb, ta, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc), "cublasSgemm");
+    else if (!impl->gemm_math)
+        bg__cublas_check(be,
+                         cublasSgemmStridedBatched(h, tb, ta, n, m, k, &alpha, b, ldb, stride_b, a, lda, stride_a,
+                                                   &beta, c, ldc, stride_c, batch),
+                         "cublasSgemmStridedBatched");
+    else if (batch == 1) /* tf32 / bf16 tensor cores on fp32 data, fp32 accumulation */
+        bg__cublas_check(be,
+                         cublasGemmEx(h, tb, ta, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+                                      CUDA_R_32F, ldc, impl->gemm_compute, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmEx");
+    else
+        bg__cublas_check(be,
+                         cublasGemmStridedBatchedEx(h, tb, ta, n, m, k, &alpha, b, CUDA_R_32F, ldb, stride_b, a,
+                                                    CUDA_R_32F, lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c,
+                                                    batch, impl->gemm_compute, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmStridedBatchedEx");
+}
+
+static void bg__cu_gemm(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                        int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    bg__cu_gemm_strided_batched(be, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+}
+
+/* ------------------------------------------------------------ reductions */
+
+static double bg__cu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (n == 0)
+        return 0.0;
+    bg__cu_reduce_launch(be, impl->red, x, n, sq);
+    bg__cu_check(be, cudaMemcpyAsync(impl->red_host, impl->red + BG_CUDA_RED_BLOCKS, sizeof(double),
+                                     cudaMemcpyDeviceToHost, impl->stream), "cudaMemcpyAsync (sum)");
+    bg__cu_check(be, cudaStreamSynchronize(impl->stream), "cudaStreamSynchronize (sum)");
+    return *impl->red_host;
+}
+
+static double bg__cu_sum(bg_backend_t *be, const float *x, size_t n) { return bg__cu_reduce(be, x, n, 0); }
+static double bg__cu_sumsq(bg_backend_t *be, const float *x, size_t n) { return bg__cu_reduce(be, x, n, 1); }
+
+/* ----------------------------------------------------------------- table */
+
+static void bg__cu_destroy(bg_backend_t *be)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (!impl)
+        return;
+    if (impl->stream)
+        cudaStreamSynchronize(impl->stream);
+    bg__pool_destroy(&impl->pool);
+    for (int i = 0; i < 2; i++) {
+        if (impl->stage[i])
+            cudaFreeHost(impl->stage[i]);
+        if (impl->stage_ev[i])
+            cudaEventDestroy(impl->stage_ev[i]);
+    }
+    if (impl->red)
+        cudaFree(impl->red);
+    if (impl->red_host)
+        cudaFreeHost(impl->red_host);
+    if (impl->blas)
+        cublasDestroy(impl->blas);
+    if (impl->stream)
+        cudaStreamDestroy(impl->stream);
+    free(impl);
+    be->impl = NULL;
+}
+
+static bg_backend_ops_t bg__cu_make_ops(void)
+{
+    bg_backend_ops_t o;
+    memset(&o, 0, sizeof(o));
+    o.name = "cuda";
+    o.destroy = bg__cu_destroy;
+    o.alloc = bg__cu_alloc;
+    o.free = bg__cu_free;
+    o.to_host = bg__cu_to_host;
+    o.from_host = bg__cu_from_host;
+    o.synchronize = bg__cu_synchronize;
+    o.fill = bg__cu_fill;
+    o.copy = bg__cu_copy;
+    o.scale = bg__cu_scale;
+    o.axpy = bg__cu_axpy;
+    o.residual_forward = bg__cu_residual_forward;
+    o.gemm = bg__cu_gemm;
+    o.gemm_strided_batched = bg__cu_gemm_strided_batched;
+    o.bias_forward = bg__cu_bias_forward;
+    o.bias_backward = bg__cu_bias_backward;
+    o.gelu_forward = bg__cu_gelu_forward;
+    o.gelu_backward = bg__cu_gelu_backward;
+    o.relu_forward = bg__cu_relu_forward;
+    o.relu_backward = bg__cu_relu_backward;
+    o.layernorm_forward = bg__cu_layernorm_forward;
+    o.layernorm_backward_input = bg__cu_layernorm_backward_input;
+    o.layernorm_backward_weight = bg__cu_layernorm_backward_weight;
+    o.softmax_forward = bg__cu_softmax_forward;
+    o.softmax_backward = bg__cu_softmax_backward;
+    o.causal_softmax_forward = bg__cu_causal_softmax_forward;
+    o.causal_softmax_backward = bg__cu_causal_softmax_backward;
+    o.crossentropy_forward = bg__cu_crossentropy_forward;
+    o.crossentropy_backward = bg__cu_crossentropy_backward;
+    o.embedding_forward = bg__cu_embedding_forward;
+    o.embedding_backward = bg__cu_embedding_backward;
+    o.qkv_split = bg__cu_qkv_split;
+    o.qkv_merge = bg__cu_qkv_merge;
+    o.heads_merge = bg__cu_heads_merge;
+    o.heads_split = bg__cu_heads_split;
+    o.adamw = bg__cu_adamw;
+    o.sgd_momentum = bg__cu_sgd_momentum;
+    o.sum = bg__cu_sum;
+    o.sumsq = bg__cu_sumsq;
+    o.attention_forward = bg__cu_attention_forward;
+    o.attention_backward = bg__cu_attention_backward;
+    o.device_free = bg__cu_device_free;
+    return o;
+}
+
+static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
+
+#define BG_CU_INIT(call, what)                                                                             \
+    do {                                                                                                   \
+        cudaError_t e_ = (call);                                                                           \
+        if (e_ != cudaSuccess) {                                                                           \
+            bg__cu_destroy(be);                                                                            \
+            return bg_error(BG_ERR_UNSUPPORTED, "cuda backend, device %d: %s failed: %s", dev, what,      \
+                            cudaGetErrorString(e_));                                                       \
+        }                                                                                                  \
+    } while (0)
+
+extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
+{
+    int dev = params ? params->device : 0, count = 0, math = 0;
+    const char *gm = bg_config_str("BRIGADE_CUDA_GEMM");
+    if (!strcmp(gm, "fp32"))
+        math = 0;
+    else if (!strcmp(gm, "tf32"))
+        math = 1;
+    else if (!strcmp(gm, "bf16"))
+        math = 2;
+    else
+        return bg_error(BG_ERR_INVALID, "BRIGADE_CUDA_GEMM must be fp32, tf32 or bf16, got \"%s\"", gm);
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        return bg_error(BG_ERR_UNSUPPORTED, "cuda backend: no CUDA device (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+    }
+    if (dev < 0 || dev >= count)
+        return bg_error(BG_ERR_INVALID, "cuda backend: device %d does not exist (%d device%s)", dev, count,
+                        count == 1 ? "" : "s");
+    bg_cuda_impl_t *impl = (bg_cuda_impl_t *)calloc(1, sizeof(*impl));
+    BG_ALLOC_CHECK(impl, sizeof(*impl), "the CUDA backend");
+    impl->device = dev;
+    impl->gemm_math = math;
+    impl->gemm_compute = math == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_FAST_16BF;
+    be->impl = impl;
+    be->ops = &bg__cu_ops;
+    be->num_threads = 1;
+    bg__pool_init(&impl->pool, bg__cu_raw_alloc, bg__cu_raw_free, impl);
+    BG_CU_INIT(cudaSetDevice(dev), "cudaSetDevice");
+    cudaDeviceProp prop;
+    BG_CU_INIT(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+    snprintf(impl->name, sizeof(impl->name), "%s", prop.name);
+    impl->total_mem = prop.totalGlobalMem;
+    BG_CU_INIT(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (int i = 0; i < 2; i++) {
+        BG_CU_INIT(cudaMallocHost(&impl->stage[i], BG_CUDA_STAGE_BYTES), "cudaMallocHost (staging)");
+        BG_CU_INIT(cudaEventCreateWithFlags(&impl->stage_ev[i], cudaEventDisableTiming), "cudaEventCreate");
+    }
+    BG_CU_INIT(cudaMalloc((void **)&impl->red, (BG_CUDA_RED_BLOCKS + 1) * sizeof(double)), "cudaMalloc (sum)");
+    BG_CU_INIT(cudaMallocHost((void **)&impl->red_host, sizeof(double)), "cudaMallocHost (sum)");
+    cublasStatus_t bs = cublasCreate(&impl->blas);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        impl->blas = NULL;
+        bg__cu_destroy(be);
+        return bg_error(BG_ERR_UNSUPPORTED, "cuda backend, device %d: cublasCreate failed: %s", dev,
+                        cublasGetStatusString(bs));
+    }
+    cublasSetStream(impl->blas, impl->stream);
+    bg_log(BG_LOG_INFO, "kernels", "cuda backend: device %d \"%s\" (sm_%d%d, %.1f GiB), GEMM %s", dev, impl->name,
+           prop.major, prop.minor, (double)impl->total_mem / (1 << 30), gm);
+    return BG_OK;
+}

@@ -1,0 +1,107 @@
+/* kernels/cuda/cuda_impl.h: what the CUDA backend's source files share: the
+ * instance state, the launch helpers and the neural-network kernels of
+ * cuda_kernels.cu that cuda_backend.cu puts in the table. Must not be included
+ * outside kernels/cuda/. */
+#ifndef BG_KERNELS_CUDA_IMPL_H
+#define BG_KERNELS_CUDA_IMPL_H
+
+#include <stdint.h>
+#ifdef BG_CUDA_EMU /* the kernels compiled as C++ for the CPU (tests/bg_cuda_emu.h) */
+#include "bg_cuda_emu.h"
+#else
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#define BG_CU_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define BG_CU_DYN_SMEM(name) extern __shared__ float name[]
+#define BG_CU_STREAM(be) bg__cu_stream(be)
+#endif
+
+#include "brigade/backend.h"
+#include "kernels/cuda/cuda_pool.h"
+
+/* pinned staging chunk of host<->device copies (two of them, alternating) */
+#define BG_CUDA_STAGE_BYTES ((size_t)4 << 20)
+/* blocks of the deterministic sum/sumsq reduction (a fixed grid) */
+#define BG_CUDA_RED_BLOCKS 256
+#define BG_CUDA_THREADS 256
+
+typedef struct bg_cuda_impl {
+    int device;
+    cudaStream_t stream;  /* every kernel, cuBLAS call and copy of the backend */
+    cublasHandle_t blas;
+    int gemm_math;        /* BRIGADE_CUDA_GEMM: 0 fp32 (cublasSgemm), else the compute type below */
+    cublasComputeType_t gemm_compute;
+    bg_pool_t pool;
+    void *stage[2];       /* pinned host staging buffers */
+    cudaEvent_t stage_ev[2];
+    int stage_next;
+    double *red;          /* device: BG_CUDA_RED_BLOCKS partial sums + the total */
+    double *red_host;     /* pinned: the total */
+    cudaError_t first_error; /* the first error seen (reported once) */
+    char name[256];
+    size_t total_mem;
+} bg_cuda_impl_t;
+
+static inline bg_cuda_impl_t *bg__cu(bg_backend_t *be) { return (bg_cuda_impl_t *)be->impl; }
+static inline cudaStream_t bg__cu_stream(bg_backend_t *be) { return bg__cu(be)->stream; }
+
+/* Records (and logs, the first time) a failed CUDA call or launch. */
+void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what);
+#define BG_CU_LAUNCHED(be, what) bg__cu_check((be), cudaGetLastError(), (what))
+
+/* grid for n elements, grid-stride loops beyond it */
+static inline unsigned bg__cu_grid(size_t n)
+{
+    size_t g = (n + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS;
+    if (g == 0)
+        g = 1;
+    return g > 65535u * 16u ? 65535u * 16u : (unsigned)g;
+}
+
+/* the kernels of cuda_kernels.cu */
+void bg__cu_fill(bg_backend_t *be, float *x, float v, size_t n);
+void bg__cu_scale(bg_backend_t *be, float *x, float a, size_t n);
+void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n);
+void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n);
+void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t);
+void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
+                         float momentum, float weight_decay);
+void bg__cu_reduce_launch(bg_backend_t *be, double *red, const float *x, size_t n, int sq);
+void bg__cu_gemm_scale_c(bg_backend_t *be, float *c, int m, int n, int ldc, long long stride_c, float beta, int batch);
+void bg__cu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C);
+void bg__cu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C);
+void bg__cu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
+void bg__cu_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
+void bg__cu_relu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
+void bg__cu_relu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
+void bg__cu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
+                              const float *weight, const float *bias, int N, int C);
+void bg__cu_layernorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                     const float *weight, const float *mean, const float *rstd, int N, int C);
+void bg__cu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *dbias, const float *dout,
+                                      const float *in, const float *mean, const float *rstd, int N, int C);
+void bg__cu_softmax_forward(bg_backend_t *be, float *out, const float *in, int N, int C);
+void bg__cu_softmax_backward(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C);
+void bg__cu_causal_softmax_forward(bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T);
+void bg__cu_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
+                                    float scale, int BH, int T);
+void bg__cu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
+                                 const int32_t *targets, int N, int V);
+void bg__cu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
+                                  float dloss, int N, int V);
+void bg__cu_embedding_forward(bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,
+                              const float *wpe, int B, int T, int C);
+void bg__cu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int B, int T, int C);
+void bg__cu_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH, int hs);
+void bg__cu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T,
+                      int NH, int hs);
+void bg__cu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs);
+void bg__cu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs);
+void bg__cu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
+                              int hs);
+void bg__cu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,
+                               const float *out, const float *lse, int B, int T, int NH, int hs);
+
+#endif

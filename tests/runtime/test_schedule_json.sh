@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# tests/runtime/test_schedule_json.sh: brigade train --schedule-json runs any
+# program the validator accepts. Random valid programs (random topological
+# orders of a generated program's instructions, tests/runtime/random_program.py,
+# judged by brigade's validator) train bitwise equal to one process, at pp = 2
+# and 4, GPT and MLP. Bad programs (not valid, another p, m or layer count)
+# end with one clear line before the rank starts.
+set -u
+B=${BRIGADE:?path of the brigade binary}
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+
+GPT="--model gpt --layers 6 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
+MLP="--model mlp --layers 4 --d-model 24 --in-features 12 --classes 6 --batch 16 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
+"$B" train $GPT --quiet --save "$T/gpt" >"$T/gpt.log" 2>&1 || { bad "gpt reference"; cat "$T/gpt.log"; }
+"$B" train $MLP --quiet --save "$T/mlp" >"$T/mlp.log" 2>&1 || { bad "mlp reference"; cat "$T/mlp.log"; }
+
+# rand REF "MODEL FLAGS" SCHEDULE PP CHUNKS SEED: a random order of SCHEDULE's program, trained at PP ranks
+rand() {
+  local ref=$1 model=$2 sched=$3 pp=$4 chunks=$5 seed=$6 n=$((pass + fails))
+  local gen="$T/gen$n.json" prog="$T/prog$n.json" out="$T/out$n" ch=""
+  [ "$chunks" != 0 ] && ch="--chunks $chunks"
+  "$B" schedule --schedule "$sched" --stages "$pp" --microbatches 4 $ch --json "$gen" --no-text >/dev/null ||
+    { bad "brigade schedule $sched"; return; }
+  python3 "$HERE/random_program.py" "$gen" "$prog" "$seed" || { bad "random order of $sched"; return; }
+  local v
+  v=$("$B" schedule --from-json "$prog" --text 2>&1) || { bad "$sched seed $seed: the validator rejects the random order: $v"; return; }
+  if [ "$("$B" schedule --from-json "$gen" --text | sed 1d | head -"$pp")" = "$(echo "$v" | sed 1d | head -"$pp")" ]; then
+    bad "$sched seed $seed: the random order is the generated one"; return
+  fi
+  if ! timeout 120 "$B" launch -n "$pp" -- "$B" train $model --pp "$pp" --schedule-json "$prog" --quiet --save "$out" \
+      >"$out.log" 2>&1; then
+    bad "$sched pp $pp seed $seed: training failed"; grep -v WARN "$out.log" | tail -5; return
+  fi
+  local verdict
+  if verdict=$("$B" compare "$T/$ref" "$out"); then ok "$ref $sched pp $pp seed $seed :: $verdict"
+  else bad "$ref $sched pp $pp seed $seed :: $verdict"; fi
+}
+rand gpt "$GPT" zbv 2 0 1
+rand gpt "$GPT" zbv 2 0 2
+rand gpt "$GPT" zb-h1 4 0 3
+rand gpt "$GPT" 1f1b 4 0 4
+rand gpt "$GPT" interleaved 2 2 5
+rand gpt "$GPT" zb-interleaved 2 3 6
+rand mlp "$MLP" zbv 2 0 7
+rand mlp "$MLP" zb-h2 2 0 8
+rand gpt "$GPT" dualpipev 2 0 9
+
+# expect RC NEEDLE ARGS...: brigade train ARGS fails with RC and one line holding NEEDLE, training nothing
+expect() {
+  local rc=$1 needle=$2; shift 2
+  "$B" train "$@" >"$T/o" 2>"$T/e"
+  local got=$?
+  if [ $got != "$rc" ]; then bad "train $* exited $got, want $rc: $(cat "$T/e")"
+  elif ! grep -qF -- "$needle" "$T/e"; then bad "train $*: stderr lacks \"$needle\": $(cat "$T/e")"
+  elif [ "$(wc -l <"$T/e")" != 1 ]; then bad "train $*: not one line: $(cat "$T/e")"
+  elif [ -s "$T/o" ]; then bad "train $*: trained: $(cat "$T/o")"
+  else ok "$needle"; fi
+}
+"$B" schedule --schedule zbv --stages 2 --microbatches 4 --json "$T/zbv2.json" --no-text >/dev/null
+"$B" schedule --schedule zb-h1 --stages 4 --microbatches 4 --json "$T/zbh1.json" --no-text >/dev/null
+"$B" schedule --schedule zbv --stages 4 --microbatches 4 --json "$T/zbv4.json" --no-text >/dev/null
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+d = json.load(open(t + "/zbv2.json"))
+ops = d["ranks"][1]["ops"]          # rank 1: a W moved before the send_grad of its gradient
+i = next(k for k, o in enumerate(ops) if o["kind"] == "send_grad")
+j = next(k for k, o in enumerate(ops) if o["kind"] == "backward_weight" and o["microbatch"] == ops[i]["microbatch"]
+         and o["stage"] == ops[i]["stage"])
+ops.insert(i, ops.pop(j))
+json.dump(d, open(t + "/late_send.json", "w"))
+d = json.load(open(t + "/zbv2.json"))
+ops = d["ranks"][0]["ops"]          # rank 0 waits for a gradient before sending its first activation
+i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
+j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
+ops.insert(i, ops.pop(j))
+json.dump(d, open(t + "/dead.json", "w"))
+PY
+expect 1 "late_send.json does not validate: invalid schedule: rank 1 op" $GPT --pp 2 --schedule-json "$T/late_send.json"
+expect 1 "frees the input gradient that send_grad" $GPT --pp 2 --schedule-json "$T/late_send.json"
+expect 1 "dead.json does not validate: deadlock" $GPT --pp 2 --schedule-json "$T/dead.json"
+expect 1 "zbh1.json is a program for p=4 pipeline ranks, but the job has 2 (--pp)" $GPT --pp 2 --schedule-json "$T/zbh1.json"
+expect 1 "zbv2.json is a program for m=4 microbatches, but the job runs 8 (--microbatches)" $GPT --pp 2 --microbatches 8 --schedule-json "$T/zbv2.json"
+expect 2 "zbv4.json is a program for 8 pipeline stages (p 4 x 2 chunks) but the model has only 7 layers" \
+  --model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --pp 4 --schedule-json "$T/zbv4.json"
+expect 2 "--schedule-json takes the schedule and its chunks from" $GPT --pp 2 --schedule zbv --schedule-json "$T/zbv2.json"
+expect 1 "cannot open $T/none.json" $GPT --pp 2 --schedule-json "$T/none.json"
+# under the launcher the ranks stop with the validator's line before connecting (the launcher
+# stops the others when the first exits)
+if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --pp 2 --schedule-json "$T/dead.json" >"$T/l.out" 2>"$T/l.err"; then
+  bad "launch with a deadlocking program exited 0"
+elif ! grep -q "dead.json does not validate: deadlock: cycle: rank 0 -> rank 1 -> rank 0" "$T/l.err" || [ -s "$T/l.out" ]; then
+  bad "launch with a deadlocking program: $(cat "$T/l.out" "$T/l.err")"
+else ok "launch -n 2 with a deadlocking program: refused with the wait cycle"; fi
+
+finish
