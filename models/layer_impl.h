@@ -16,6 +16,16 @@ bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, c
                           const void *impl, size_t impl_size, bg_layer_t **layer_p);
 void bg__free_impl(bg_layer_t *l);
 
+/* The linear layer's shape, costs and weight gradient, shared with the
+ * column- and row-parallel ones, whose impl starts with a bg__linear_t of
+ * their shard's sizes. */
+typedef struct { int c_in, c_out, bias; } bg__linear_t;
+bg_status_t bg__linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
+double bg__linear_fwd_flops(const bg_layer_t *l, bg_shape_t in);
+double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                      const float *dout);
+
 /* The head's sizes and costs, shared with the vocabulary-parallel head
  * (models/tp_layers.c), whose impl starts with a bg__head_t of its shard's
  * classes. */

@@ -28,21 +28,21 @@ static bg_status_t want_channels(const bg_layer_t *l, bg_shape_t in, int c)
 
 /* --------------------------------------------------------------- linear */
 
-typedef struct { int c_in, c_out, bias; } linear_t;
+typedef bg__linear_t linear_t;
 
-static bg_status_t linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+bg_status_t bg__linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const linear_t *p = l->impl;
     BG_CHECK(want_channels(l, in, p->c_in));
     *out_p = (bg_shape_t){in.n, in.t, p->c_out};
     return BG_OK;
 }
-static double linear_fwd_flops(const bg_layer_t *l, bg_shape_t in)
+double bg__linear_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const linear_t *p = l->impl;
     return 2.0 * ROWS(in) * p->c_in * p->c_out;
 }
-static double linear_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * linear_fwd_flops(l, in); }
+double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * bg__linear_fwd_flops(l, in); }
 
 static bg_status_t linear_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
@@ -65,8 +65,8 @@ static bg_status_t linear_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ct
     return BG_OK;
 }
 
-static bg_status_t linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
-                                          const float *out, const float *dout)
+bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                      const float *dout)
 {
     const linear_t *p = l->impl;
     bg_backend_t *be = ctx->be;
@@ -81,12 +81,12 @@ void bg__free_impl(bg_layer_t *l) { free(l->impl); }
 
 static const bg_layer_ops_t linear_ops = {
     .type = "linear",
-    .out_shape = linear_out_shape,
-    .fwd_flops = linear_fwd_flops,
-    .bwd_flops = linear_bwd_flops,
+    .out_shape = bg__linear_out_shape,
+    .fwd_flops = bg__linear_fwd_flops,
+    .bwd_flops = bg__linear_bwd_flops,
     .forward = linear_forward,
     .backward_input = linear_backward_input,
-    .backward_weight = linear_backward_weight,
+    .backward_weight = bg__linear_backward_weight,
     .destroy = bg__free_impl,
 };
 

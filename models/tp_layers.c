@@ -179,15 +179,6 @@ static bg_status_t gemm_sum(const bg_tp_comm_t *g, bg_backend_t *be, int sum, in
     return st;
 }
 
-static bg_status_t want_channels(const bg_layer_t *l, bg_shape_t in, int c)
-{
-    if (in.c == c && in.n >= 1 && in.t >= 1)
-        return BG_OK;
-    return bg_error(BG_ERR_INVALID, "layer %s (%s): input shape (%d,%d,%d) but %d channels are expected", l->name,
-                    l->ops->type, in.n, in.t, in.c, c);
-}
-
-
 /* Host copy of n int32 from the backend (tokens, targets). */
 static int32_t *host_ids(bg_backend_t *be, const int32_t *src, size_t n)
 {
@@ -200,21 +191,7 @@ static int32_t *host_ids(bg_backend_t *be, const int32_t *src, size_t n)
 /* ------------------------------------------------------ parallel linear */
 
 /* c_in, c_out: the local sizes of the matrix (c_out x c_in) */
-typedef struct { int c_in, c_out, bias, tp, row; } plin_t;
-
-static bg_status_t plin_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
-{
-    const plin_t *p = l->impl;
-    BG_CHECK(want_channels(l, in, p->c_in));
-    *out_p = (bg_shape_t){in.n, in.t, p->c_out};
-    return BG_OK;
-}
-static double plin_fwd_flops(const bg_layer_t *l, bg_shape_t in)
-{
-    const plin_t *p = l->impl;
-    return 2.0 * ROWS(in) * p->c_in * p->c_out;
-}
-static double plin_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * plin_fwd_flops(l, in); }
+typedef struct { bg__linear_t lin; int tp, row; } plin_t;
 
 static bg_status_t plin_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
@@ -224,9 +201,9 @@ static bg_status_t plin_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     bg_backend_t *be = ctx->be;
     int N = ROWS(ctx->in);
     /* row-parallel: partial sums over the split input features */
-    BG_CHECK(gemm_sum(g, be, p->row, 1, N, p->c_out, p->c_in, in, l->params[0].data, out));
-    if (p->bias)
-        be->ops->bias_forward(be, out, l->params[1].data, N, p->c_out);
+    BG_CHECK(gemm_sum(g, be, p->row, 1, N, p->lin.c_out, p->lin.c_in, in, l->params[0].data, out));
+    if (p->lin.bias)
+        be->ops->bias_forward(be, out, l->params[1].data, N, p->lin.c_out);
     return BG_OK;
 }
 
@@ -240,19 +217,7 @@ static bg_status_t plin_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
         return BG_OK;
     int N = ROWS(ctx->in);
     /* column-parallel: every rank's output features contribute */
-    BG_CHECK(gemm_sum(g, ctx->be, !p->row, 0, N, p->c_in, p->c_out, dout, l->params[0].data, din));
-    return BG_OK;
-}
-
-static bg_status_t plin_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
-                                        const float *dout)
-{
-    const plin_t *p = l->impl;
-    bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in);
-    be->ops->gemm(be, 1, 0, p->c_out, p->c_in, N, 1.0f, dout, p->c_out, in, p->c_in, 1.0f, l->params[0].grad, p->c_in);
-    if (p->bias)
-        be->ops->bias_backward(be, l->params[1].grad, dout, N, p->c_out);
+    BG_CHECK(gemm_sum(g, ctx->be, !p->row, 0, N, p->lin.c_in, p->lin.c_out, dout, l->params[0].data, din));
     return BG_OK;
 }
 
@@ -263,33 +228,33 @@ static void plin_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
         return;
     if (p->row) { /* the output's sum forward */
         cost->fwd_calls += 1;
-        cost->fwd_bytes += (double)ROWS(in) * p->c_out * sizeof(float);
+        cost->fwd_bytes += (double)ROWS(in) * p->lin.c_out * sizeof(float);
     } else { /* the input gradient's sum backward */
         cost->bwd_calls += 1;
-        cost->bwd_bytes += (double)ROWS(in) * p->c_in * sizeof(float);
+        cost->bwd_bytes += (double)ROWS(in) * p->lin.c_in * sizeof(float);
     }
 }
 
 static const bg_layer_ops_t column_ops = {
     .type = "column_linear",
-    .out_shape = plin_out_shape,
-    .fwd_flops = plin_fwd_flops,
-    .bwd_flops = plin_bwd_flops,
+    .out_shape = bg__linear_out_shape,
+    .fwd_flops = bg__linear_fwd_flops,
+    .bwd_flops = bg__linear_bwd_flops,
     .forward = plin_forward,
     .backward_input = plin_backward_input,
-    .backward_weight = plin_backward_weight,
+    .backward_weight = bg__linear_backward_weight,
     .destroy = bg__free_impl,
     .tp_cost = plin_tp_cost,
 };
 
 static const bg_layer_ops_t row_ops = {
     .type = "row_linear",
-    .out_shape = plin_out_shape,
-    .fwd_flops = plin_fwd_flops,
-    .bwd_flops = plin_bwd_flops,
+    .out_shape = bg__linear_out_shape,
+    .fwd_flops = bg__linear_fwd_flops,
+    .bwd_flops = bg__linear_bwd_flops,
     .forward = plin_forward,
     .backward_input = plin_backward_input,
-    .backward_weight = plin_backward_weight,
+    .backward_weight = bg__linear_backward_weight,
     .destroy = bg__free_impl,
     .tp_cost = plin_tp_cost,
 };
@@ -303,7 +268,7 @@ bg_status_t bg_layer_column_linear(const char *name, int c_in, int c_out, int bl
         return bg_error(BG_ERR_INVALID, "column_linear %s: sizes %d -> %d (in %d blocks) must be positive", name, c_in,
                         c_out, blocks);
     BG_CHECK(divides("column_linear", name, blocks > 1 ? "output block size" : "output features", c_out / blocks, tp));
-    plin_t p = {c_in, c_out / tp, bias ? 1 : 0, tp, 0};
+    plin_t p = {{c_in, c_out / tp, bias ? 1 : 0}, tp, 0};
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){c_out / tp, c_in}, BG_INIT_NORMAL, init_std, 1, 0, tp, blocks);
     params[1] = shard_param("bias", 1, (int64_t[]){c_out / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, blocks);
@@ -316,7 +281,7 @@ bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias,
     if (c_in < 1 || c_out < 1)
         return bg_error(BG_ERR_INVALID, "row_linear %s: sizes %d -> %d must be positive", name, c_in, c_out);
     BG_CHECK(divides("row_linear", name, "input features", c_in, tp));
-    plin_t p = {c_in / tp, c_out, bias ? 1 : 0, tp, 1};
+    plin_t p = {{c_in / tp, c_out, bias ? 1 : 0}, tp, 1};
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){c_out, c_in / tp}, BG_INIT_NORMAL, init_std, 1, 1, tp, 1);
     params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
