@@ -156,7 +156,34 @@ bg_backend_t *bg_model_backend(const bg_model_t *m) { return m->be; }
 size_t bg_model_param_count(const bg_model_t *m) { return m->nparams; }
 float *bg_model_params(bg_model_t *m) { return m->params; }
 float *bg_model_grads(bg_model_t *m) { return m->grads; }
-void bg_model_zero_grads(bg_model_t *m) { m->be->ops->fill(m->be, m->grads, 0.0f, m->nparams); }
+void bg_model_zero_grads(bg_model_t *m)
+{
+    if (m->grads)
+        m->be->ops->fill(m->be, m->grads, 0.0f, m->nparams);
+}
+
+bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
+{
+    if (!hold) {
+        for (int i = 0; i < m->ntensors; i++)
+            m->tensors[i].p->grad = NULL;
+        bg_backend_free(m->be, m->grads);
+        m->grads = NULL;
+        return BG_OK;
+    }
+    if (m->grads)
+        return BG_OK;
+    m->grads = bg_backend_alloc(m->be, m->nparams * sizeof(float), "gradients");
+    if (!m->grads)
+        return BG_ERR_NOMEM;
+    size_t off = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        m->tensors[i].p->grad = m->grads + off;
+        off += m->tensors[i].p->numel;
+    }
+    bg_model_zero_grads(m);
+    return BG_OK;
+}
 int bg_model_num_tensors(const bg_model_t *m) { return m->ntensors; }
 const char *bg_model_tensor_name(const bg_model_t *m, int i) { return m->tensors[i].name; }
 bg_param_t *bg_model_tensor(bg_model_t *m, int i) { return m->tensors[i].p; }
@@ -216,3 +243,10 @@ bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind)
 }
 
 float *bg_model_optim_state(bg_model_t *m, int which) { return which == 0 ? m->opt_m : m->opt_v; }
+
+void bg_model_optim_free(bg_model_t *m)
+{
+    bg_backend_free(m->be, m->opt_m);
+    bg_backend_free(m->be, m->opt_v);
+    m->opt_m = m->opt_v = NULL;
+}

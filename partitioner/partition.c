@@ -182,7 +182,10 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->first = a;
     e->last = b;
     e->recompute = rc;
-    e->static_bytes = (c->pp[b + 1] - c->pp[a]) * p->bytes_per_param;
+    /* --zero 2: its bucket buffers (no more than its buckets) */
+    size_t np = c->pp[b + 1] - c->pp[a], nb = p->bucket_bytes ? (4 * np + p->bucket_bytes - 1) / p->bucket_bytes : 0;
+    size_t inflight = (nb < (size_t)p->bucket_buffers ? nb : (size_t)p->bucket_buffers) * p->bucket_bytes;
+    e->static_bytes = np * p->bytes_per_param + (inflight < 4 * np ? inflight : 4 * np);
     e->scratch_bytes = m->scratch;
     e->act_bytes = peak;
     e->mem_bytes = e->static_bytes + e->scratch_bytes + peak;

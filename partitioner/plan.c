@@ -33,6 +33,7 @@ struct bg_plan {
     int seq, world, pp, dp, tp, microbatches, microbatch_size, batch, chunks;
     char schedule[32];
     int optim;
+    int zero; /* sharding stage counted (docs/data_parallel.md) */
     double step_ms, bubble, tokens_per_s;
     double flops, link_latency, link_bandwidth;
     int nlayers;
@@ -130,6 +131,7 @@ int bg_plan_recompute(const bg_plan_t *p)
     return 0;
 }
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)p->optim; }
+int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -251,6 +253,7 @@ typedef struct search {
  * it in order; candidate_free() undoes them all. */
 typedef struct candidate {
     int pp, dp, m, n;             /* pipeline depth, replicas, microbatches, microbatch size */
+    int zero;                     /* sharding stage (0 when dp = 1) */
     bg_schedule_kind_t kind;
     bg_schedule_t *sched;
     int V, S;                     /* chunks per rank, virtual stages */
@@ -446,6 +449,29 @@ static bg_status_t candidate_stages(candidate_t *c)
     return BG_OK;
 }
 
+/* Parameters of layers [first, last] of a candidate. */
+static size_t range_params(const candidate_t *c, int first, int last)
+{
+    size_t n = 0;
+    for (int i = first; i <= last; i++)
+        n += c->layers[i].params;
+    return n;
+}
+
+/* Bytes per parameter held by a replica: parameters, gradients and optimizer
+ * state, the sharded ones 1/dp each (--zero 1: the state; 2: also the
+ * gradients), rounded up to whole bytes (the partitioner counts integers).
+ * Stage 2 also holds two buckets whole (bg_part_problem_t.bucket_bytes). */
+static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
+{
+    size_t st = bg_optim_state_bytes(optim), d = (size_t)(dp > 1 ? dp : 1);
+    if (zero == 1 && d > 1)
+        return 8 + (st + d - 1) / d;
+    if (zero == 2 && d > 1)
+        return 4 + (4 + st + d - 1) / d;
+    return 8 + st;
+}
+
 /* Phases 1-4: the partition problem of a candidate whose schedule is made.
  * The input and target bytes come from the model's input: n sequences of
  * seq positions, token ids or `features` floats each. */
@@ -464,7 +490,16 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     prob.layers = c->layers;
     prob.nstages = c->S;
     prob.stages = c->specs;
-    prob.bytes_per_param = 8 + bg_optim_state_bytes(pa->optim);
+    prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero);
+    if (c->zero == 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
+        long long mb = 4, nbuf = 3;
+        if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
+            mb = 4;
+        if (bg_config_int("BRIGADE_ZERO_BUFFERS", &nbuf) != BG_OK)
+            nbuf = 3;
+        prob.bucket_bytes = (size_t)mb * 1048576;
+        prob.bucket_buffers = nbuf < 2 ? 2 : nbuf > 16 ? 16 : (int)nbuf;
+    }
     prob.input_bytes =
         s->tokens ? 0 : positions * (size_t)bg_model_desc_params(s->desc)->features * sizeof(float);
     prob.token_bytes = s->tokens ? positions * sizeof(int32_t) : 0;
@@ -581,7 +616,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
         sb[v] = (double)out[v].stash_per_mb;
         if (v < S - 1 && out[v].dout_bytes > act_msg)
             act_msg = out[v].dout_bytes;
-        size_t np = out[v].static_bytes / c->prob.bytes_per_param;
+        size_t np = range_params(c, out[v].first, out[v].last);
         if (np > maxparams)
             maxparams = np;
     }
@@ -598,11 +633,12 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
         if (c->rspeed[r] < minspeed)
             minspeed = c->rspeed[r];
     int dp = c->dp;
-    if (dp > 1) /* ring all-reduce of the largest stage's gradients */
-        simp.reduce_cost = 1e3 * (2.0 * (dp - 1) * pa->link_latency +
-                                  (pa->link_bandwidth > 0 ? 2.0 * (dp - 1) / dp * 4.0 * (double)maxparams /
-                                                                pa->link_bandwidth
-                                                          : 0.0));
+    if (dp > 1) /* ring all-reduce of the largest stage's gradients (--zero 2: (m+1)/2 of it) */
+        simp.reduce_cost = 1e3 * (c->zero == 2 ? (c->m + 1) / 2.0 : 1.0) *
+                           (2.0 * (dp - 1) * pa->link_latency +
+                            (pa->link_bandwidth > 0 ? 2.0 * (dp - 1) / dp * 4.0 * (double)maxparams /
+                                                          pa->link_bandwidth
+                                                    : 0.0));
     simp.optimizer_cost = 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
     st = bg_schedule_simulate(c->sched, &simp, res_p);
 out:
@@ -671,6 +707,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->chunks = c->V;
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(c->kind));
     p->optim = (int)pa->optim;
+    p->zero = c->zero;
     p->step_ms = bg_sim_step_time(res);
     p->bubble = bg_sim_bubble(res, -1);
     p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * s->seq / (p->step_ms / 1e3) : 0;
@@ -685,7 +722,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
         ps->chunk = bg_schedule_stage_chunk(c->sched, v);
         ps->first_layer = o->first;
         ps->last_layer = o->last;
-        ps->params = o->static_bytes / c->prob.bytes_per_param;
+        ps->params = range_params(c, o->first, o->last);
         ps->budget_bytes = c->specs[v].budget_bytes;
         ps->predicted_peak_bytes = o->mem_bytes;
         ps->recompute = o->recompute;
@@ -698,10 +735,10 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
 
 /* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
  * become the best shortfall. *fits_p (optional) says whether it fit. */
-static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
-                            bg_schedule_kind_t kind, int *fits_p)
+static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
+                                 bg_schedule_kind_t kind, int zero, int *fits_p)
 {
-    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .kind = kind};
+    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp > 1 ? zero : 0, .kind = kind};
     bg_sim_result_t *res = NULL;
     bg_plan_t *p = NULL;
     bg_status_t st = BG_OK;
@@ -733,6 +770,22 @@ out:
     bg_sim_result_free(res);
     candidate_free(&c);
     return st;
+}
+
+/* A layout at the sharding stage asked for, or (BG_PLAN_ZERO_AUTO) at the
+ * lowest that fits: 0, else 1, else 2 (dp > 1). */
+static bg_status_t evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
+                            bg_schedule_kind_t kind, int *fits_p)
+{
+    int want = s->pp->zero;
+    if (want != BG_PLAN_ZERO_AUTO)
+        return evaluate_zero(s, prof, pp, dp, m, n, kind, want, fits_p);
+    int fits = 0;
+    for (int z = 0; z <= (dp > 1 ? 2 : 0) && !fits; z++)
+        BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, &fits));
+    if (fits_p)
+        *fits_p = fits;
+    return BG_OK;
 }
 
 static bg_status_t parse_schedules(const char *list, bg_schedule_kind_t *kinds, int *n_p)
@@ -786,6 +839,8 @@ static bg_status_t check_params(const bg_plan_params_t *p)
             return bg_error(BG_ERR_INVALID, "speed %d is %g (must be > 0)", i, p->speed[i]);
     if (p->batch < 1)
         return bg_error(BG_ERR_INVALID, "batch must be >= 1 (got %d)", p->batch);
+    if (p->zero != BG_PLAN_ZERO_AUTO && (p->zero < 0 || p->zero > 2))
+        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2 or auto", p->zero);
     if (p->microbatch_size < 0 || p->pp < 0 || p->chunks < 0)
         return bg_error(BG_ERR_INVALID, "microbatch size, pp and chunks must be >= 0");
     if (!(p->flops > 0) || !isfinite(p->flops))
@@ -1112,6 +1167,8 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "schedule", json_string(p->schedule));
     json_object_set_new(root, "chunks", json_integer(p->chunks));
     json_object_set_new(root, "optimizer", json_string(p->optim == BG_OPTIM_SGD ? "sgd" : "adamw"));
+    if (p->zero)
+        json_object_set_new(root, "zero", json_integer(p->zero));
     json_object_set_new(root, "recompute", json_boolean(bg_plan_recompute(p)));
     json_object_set_new(root, "predicted_step_ms", json_real(p->step_ms));
     json_object_set_new(root, "predicted_bubble", json_real(p->bubble));
@@ -1288,6 +1345,9 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     BG_CHECK(get_str(root, "$", "optimizer", &opt));
     if (strcmp(opt, "adamw") && strcmp(opt, "sgd"))
         return bg_error(BG_ERR_PARSE, "plan: $.optimizer \"%s\" (expected adamw or sgd)", opt);
+    long long zero = 0;
+    if (json_object_get(root, "zero"))
+        BG_CHECK(get_int(root, "$", "zero", 0, 2, &zero));
     double step_ms = 0, bubble = 0, tps = 0;
     BG_CHECK(get_num(root, "$", "predicted_step_ms", &step_ms));
     if (json_object_get(root, "predicted_bubble"))
@@ -1328,6 +1388,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     p->chunks = (int)chunks;
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
+    p->zero = (int)zero;
     p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
     json_t *jd = json_object_get(root, "devices");
     if (json_is_object(jd)) {

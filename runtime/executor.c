@@ -46,6 +46,7 @@
 #include "runtime/tp.h"
 #include "runtime/numa.h"
 #include "runtime/trace.h"
+#include "runtime/zero.h"
 
 typedef struct chunk {
     int stage;              /* virtual stage */
@@ -71,6 +72,7 @@ typedef struct chunk {
     } *buckets;
     int nbuckets;
     double gsq;             /* sum of squares of the chunk's reduced gradients this step (grad_sumsq) */
+    bg__zero_t *zero;       /* --zero 1|2: the sharded optimizer state (runtime/zero.c), else NULL */
 } chunk_t;
 
 /* A declared tie as this rank sees it. */
@@ -333,6 +335,8 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     bg_backend_t *be = x->be;
     float *in;
     BG_CHECK(begin_slot(x, ch, mb, &in));
+    if (ch->zero)
+        BG_CHECK(bg__zero_settle(ch->zero)); /* the parameters' all-gathers of the last step */
     if (ch->is_first || ch->is_last)
         BG_CHECK(fetch_batch(x, mb));
     if (ch->is_first && x->features)
@@ -365,6 +369,8 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     if (!ch->is_last && !ch->next_local)
         BG_CHECK(wait_free(&ch->grad_recv[mb]));
     float *din;
+    if (!split && ch->zero)
+        BG_CHECK(bg__zero_prepare(ch->zero, ch->last)); /* --zero 2: where the weight gradients go */
     if (split)
         BG_CHECK(bg_stage_backward_input(ch->st, mb, &din));
     else
@@ -389,6 +395,8 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
 {
     BG_CHECK(wait_free(&ch->grad_send[mb])); /* W frees din */
     BG_CHECK(wait_free(&ch->act_send[mb]));
+    if (ch->zero)
+        BG_CHECK(bg__zero_prepare(ch->zero, ch->last));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
     x->stashed--;
     return end_slot(x, ch, mb, 1);
@@ -403,8 +411,11 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
             continue;
         bk->started = 1;
         if (x->D > 1 && bk->count) {
-            BG_CHECK(bg_group_iallreduce(x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count, BG_REDUCE_SUM,
-                                         &bk->req));
+            if (ch->zero)
+                BG_CHECK(bg__zero_reduce(ch->zero, b, &bk->req));
+            else
+                BG_CHECK(bg_group_iallreduce(x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count,
+                                             BG_REDUCE_SUM, &bk->req));
             if (x->trace) { /* the moment the bucket's reduction starts (microbatch field: bucket index) */
                 double now = bg_now();
                 bg_trace_event(x->trace, "ar_start", b, ch->stage, now, now, (int)x->step + 1);
@@ -441,6 +452,8 @@ typedef struct {
 static bg_status_t on_layer_done(int layer, int mb, void *arg)
 {
     hook_arg_t *h = arg;
+    if (h->ch->zero)
+        BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
     if (mb != h->x->M - 1 || h->x->D == 1)
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
@@ -542,7 +555,7 @@ static double grad_sumsq(exec_t *x, chunk_t *ch)
             second = x->ties[t].b == p;
         /* a tensor replicated over the tensor group counts once (member 0) */
         if (!second && p->numel && (x->tp_i == 0 || bg_param_is_shard(p)))
-            s += x->be->ops->sumsq(x->be, p->grad, p->numel);
+            s += ch->zero ? bg__zero_tensor_sumsq(ch->zero, i) : x->be->ops->sumsq(x->be, p->grad, p->numel);
     }
     return s;
 }
@@ -594,6 +607,8 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         BG_CHECK(sync_ties(x));
         BG_CHECK(wait_buckets(x, ch));
         ch->gsq = grad_sumsq(x, ch);
+        if (ch->zero)
+            return bg__zero_step(ch->zero, &x->p.optim, (int)x->step + 1);
         return bg_model_optim_step(ch->model, &x->p.optim, (int)x->step + 1);
     }
     return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
@@ -689,6 +704,15 @@ static bg_status_t predict_activations(exec_t *x)
     return st;
 }
 
+/* Every chunk's parameters whole (the all-gathers of --zero done). */
+static bg_status_t zero_settle(exec_t *x)
+{
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].zero)
+            BG_CHECK(bg__zero_settle(x->chunks[v].zero));
+    return BG_OK;
+}
+
 static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
 {
     bg_model_t **models = malloc((size_t)x->V * sizeof(*models));
@@ -702,6 +726,9 @@ static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
 {
     bg_model_t **models = NULL;
+    for (int v = 0; v < x->V; v++) /* --zero: the full state while saving (full named tensors) */
+        if (x->chunks[v].zero)
+            BG_CHECK(bg__zero_gather_state(x->chunks[v].zero));
     BG_CHECK(chunk_models(x, &models));
     char extra[512];
     snprintf(extra, sizeof(extra),
@@ -720,6 +747,9 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);
     free(models);
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].zero)
+            bg_model_optim_free(x->chunks[v].model);
     return st;
 }
 
@@ -823,6 +853,10 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
     bg_resume_result_t r;
     memset(&r, 0, sizeof r);
     bg_model_t **models = NULL;
+    BG_CHECK(zero_settle(x));
+    for (int v = 0; v < x->V; v++) /* --zero: load the full state, then keep the shard */
+        if (x->chunks[v].zero)
+            BG_CHECK(bg__zero_expand_state(x->chunks[v].zero));
     BG_CHECK(chunk_models(x, &models));
     bg_checkpoint_info_t info;
     int damaged;
@@ -869,6 +903,9 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
                       r.invalid_what);
 out:
     free(models);
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].zero)
+            bg__zero_take_state(x->chunks[v].zero);
     if (st == BG_OK)
         *result_p = r;
     return st;
@@ -892,6 +929,7 @@ bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p)
 
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
 {
+    BG_CHECK(zero_settle(x));
     if (x->dp_i != 0)
         return BG_OK;
     BG_CHECK(bg_fileio_mkdir_p(dir));
@@ -914,6 +952,7 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
 bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir)
 {
     bg_model_t **models = NULL;
+    BG_CHECK(zero_settle(x));
     BG_CHECK(chunk_models(x, &models));
     bg_status_t st = bg_safetensors_load_dir(dir, models, x->V);
     free(models);
@@ -934,6 +973,7 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
 
 static void free_chunk(chunk_t *ch)
 {
+    bg__zero_destroy(ch->zero); /* first: it aims the model's gradient pointers */
     bg_stage_destroy(ch->st);
     bg_model_destroy(ch->model);
     free(ch->act_recv);
@@ -966,6 +1006,7 @@ static void cancel_all(exec_t *x)
             bg_request_free(ch->buckets[b].req);
             ch->buckets[b].req = NULL;
         }
+        bg__zero_cancel(ch->zero);
     }
     for (int t = 0; x->ties && t < x->nties; t++) {
         bg_request_free(x->ties[t].rr);
@@ -1002,6 +1043,8 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (!p->model)
         return bg_error(BG_ERR_INVALID, "executor: no model description");
     BG_CHECK(bg_model_desc_check(p->model));
+    if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && (p->zero < 0 || p->zero > 2))
+        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1 or 2", p->zero);
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
     BG_CHECK(bg__tp_check_params(p->model, p->tp));
@@ -1043,6 +1086,18 @@ static bg_status_t make_groups(exec_t *x)
     return st;
 }
 
+/* --zero 1|2: the chunk's sharded optimizer state over its buckets. */
+static bg_status_t make_zero(exec_t *x, chunk_t *ch)
+{
+    bg__zero_bucket_t *zb = calloc((size_t)ch->nbuckets + 1, sizeof(*zb));
+    BG_ALLOC_CHECK(zb, sizeof(*zb), "zero buckets");
+    for (int b = 0; b < ch->nbuckets; b++)
+        zb[b] = (bg__zero_bucket_t){ch->buckets[b].lo, ch->buckets[b].hi, ch->buckets[b].off, ch->buckets[b].count};
+    bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_group, zb, ch->nbuckets, x->p.optim.kind, &ch->zero);
+    free(zb);
+    return st;
+}
+
 /* Model, stage, buckets and bookkeeping of virtual stage `stage` on this rank. */
 static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
 {
@@ -1070,7 +1125,10 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     ch->hook = h;
     bg_stage_set_layer_done(ch->st, on_layer_done, h);
     /* optimizer state now, so the activation peak measured later is activations only */
-    BG_CHECK(bg_model_optim_init(ch->model, p->optim.kind));
+    if (p->zero)
+        BG_CHECK(make_zero(x, ch));
+    else
+        BG_CHECK(bg_model_optim_init(ch->model, p->optim.kind));
     size_t M = (size_t)x->M;
     ch->act_recv = calloc(M, sizeof(void *));
     ch->grad_recv = calloc(M, sizeof(void *));
@@ -1137,6 +1195,10 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->P = x->p.pp;
     x->D = x->p.dp;
     x->T = x->p.tp;
+    if (x->p.zero && x->D == 1) {
+        bg_log(BG_LOG_INFO, "train", "--zero %d with dp = 1 changes nothing (one replica holds everything)", x->p.zero);
+        x->p.zero = 0;
+    }
     x->M = x->p.microbatches;
     const bg_model_desc_params_t *mp = bg_model_desc_params(x->desc);
     x->tokens_in = mp->input == BG_INPUT_TOKENS;
@@ -1281,6 +1343,8 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     x->busy = 0;
     x->bytes_sent = 0;
     for (int v = 0; v < x->V; v++) {
+        if (x->chunks[v].zero)
+            BG_CHECK(bg__zero_begin_step(x->chunks[v].zero));
         bg_model_zero_grads(x->chunks[v].model);
         x->chunks[v].gsq = 0;
     }
@@ -1320,7 +1384,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
      * sums float32, so the double sum of squares travels as hi + lo floats:
      * exact for one contributing rank, within ~1e-7 relative for several. */
     double gsq = 0;
-    for (int v = 0; x->dp_i == 0 && v < x->V; v++)
+    for (int v = 0; (x->dp_i == 0 || x->p.zero) && v < x->V; v++) /* --zero: each replica its shard */
         gsq += x->chunks[v].gsq;
     float hi = gsq > FLT_MAX ? INFINITY : (float)gsq;
     float lo = isfinite(hi) ? (float)(gsq - (double)hi) : 0.0f;
@@ -1375,8 +1439,15 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
     i.params = x->params;
     i.flops_per_step = x->flops_per_step;
     i.predicted_act_bytes = x->predicted_act_bytes;
-    i.predicted_bytes = x->params * (2 * sizeof(float) + bg_optim_state_bytes(x->p.optim.kind)) +
+    size_t optim = x->params, grads = x->params * sizeof(float); /* optimizer elements, gradient bytes */
+    if (x->p.zero)
+        for (int v = optim = grads = 0; v < x->V; v++) {
+            optim += bg__zero_owned(x->chunks[v].zero);
+            grads += bg__zero_grad_bytes(x->chunks[v].zero);
+        }
+    i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
                         x->predicted_act_bytes;
+    i.zero = x->p.zero;
     i.predicted_stashed = x->predicted_stashed;
     i.peak_stashed = x->peak_stashed;
     size_t peak = bg_backend_memstats(x->be).peak;
@@ -1391,6 +1462,8 @@ bg_status_t bg_executor_destroy(bg_executor_t *x)
     if (!x)
         return BG_OK;
     if (x->broken)
+        cancel_all(x);
+    else if (zero_settle(x) != BG_OK)
         cancel_all(x);
     exec_free(x);
     bg_status_t st = BG_OK;

@@ -101,6 +101,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     }
     if (!(c->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
+    if (c->zero < 0 || c->zero > 2)
+        return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
     if (c->pp < 0 || c->dp < 0)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", c->pp, c->dp);
     int dp = c->dp ? c->dp : 1;
@@ -253,6 +255,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.trace_path = c->trace_path;
     p.process_wide = c->process_wide;
     p.schedule_json = c->schedule_json;
+    p.zero = c->zero;
     *p_out = p;
 }
 
@@ -318,6 +321,7 @@ static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info
     me.predicted_stashed = res->predicted_stashed;
     me.bubble = res->bubble;
     me.numa_node = res->numa_node;
+    me.predicted_bytes = res->predicted_bytes;
     int world = info->world > 1 ? info->world : 1;
     res->ranks = calloc((size_t)world, sizeof(bg_train_rank_t));
     BG_ALLOC_CHECK(res->ranks, (size_t)world * sizeof(bg_train_rank_t), "per-rank results");

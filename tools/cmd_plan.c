@@ -48,6 +48,8 @@ static void usage(FILE *f)
             "                     fits, said so)\n"
             "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
+            "  --zero 0|1|2|auto  count optimizer state (1) and gradients (2) sharded 1/dp (brigade train\n"
+            "                     --zero); auto: per layout the lowest stage that fits (default 0)\n"
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
@@ -173,7 +175,10 @@ static void print_plan(const bg_plan_t *p, int calibrated)
            bg_plan_tp(p), bg_plan_world(p), bg_plan_schedule(p));
     if (bg_plan_chunks(p) > 1)
         printf(" (%d chunks per rank)", bg_plan_chunks(p));
-    printf(", %d microbatches of %d\n", bg_plan_microbatches(p), bg_plan_microbatch_size(p));
+    printf(", %d microbatches of %d", bg_plan_microbatches(p), bg_plan_microbatch_size(p));
+    if (bg_plan_zero(p))
+        printf(", --zero %d", bg_plan_zero(p));
+    printf("\n");
     printf("predicted%s: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n", calibrated ? "" : " (UNCALIBRATED)",
            bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
            bg_plan_recompute(p) ? "; recomputes activations on the stages marked (not yet run by the executor)"
@@ -210,6 +215,8 @@ static void print_plan(const bg_plan_t *p, int calibrated)
         printf(" --tp %d", bg_plan_tp(p));
     if (bg_plan_chunks(p) > 1 && strcmp(bg_plan_schedule(p), "zbv"))
         printf(" --chunks %d", bg_plan_chunks(p));
+    if (bg_plan_zero(p))
+        printf(" --zero %d", bg_plan_zero(p));
     printf(" --batch %d --microbatches %d --split ", bg_plan_batch(p), bg_plan_microbatches(p));
     for (int i = 0; i < n && i < 4096; i++)
         printf("%s%d", i ? "," : "", split[i]);
@@ -353,7 +360,7 @@ int bg_cmd_plan(int argc, char **argv)
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -366,6 +373,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"json", required_argument, 0, O_JSON},       {"bench", no_argument, 0, O_BENCH},
         {"help", no_argument, 0, O_HELP},             {"measure", no_argument, 0, O_MEASURE},
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
+        {"zero", required_argument, 0, O_ZERO},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -439,6 +447,14 @@ int bg_cmd_plan(int argc, char **argv)
         case O_RECOMP:
             pp.allow_recompute = 1;
             break;
+        case O_ZERO: {
+            static const char *const zeros[] = {"0", "1", "2", "auto", NULL};
+            int k = bg_cli_choice(CMD, "--zero", optarg, zeros);
+            if (k < 0)
+                return 2;
+            pp.zero = k == 3 ? BG_PLAN_ZERO_AUTO : k;
+            break;
+        }
         case O_JSON:
             json_path = optarg;
             break;

@@ -47,6 +47,8 @@ static void usage(FILE *f)
             "  --schedule-json FILE   run this program instead of a generated schedule: any program the\n"
             "                         validator accepts, in the JSON of brigade schedule --json, for --pp\n"
             "                         ranks and --microbatches (docs/schedules.md)\n"
+            "  --zero 0|1|2           shard across the dp replicas of a stage: 1 the optimizer state, 2 also the\n"
+            "                         gradients (docs/data_parallel.md; default 0: none)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -156,12 +158,13 @@ static int peer_failed(const char *msg, int *peer_p)
  * activation memory and stashed microbatches measured, and as the simulator predicts them ("sim"). */
 static void print_ranks(const bg_train_result_t *r)
 {
-    fprintf(stderr, "rank  pp  dp      params  peak MiB   act MiB  act sim  stashed  stash sim  bubble\n");
+    fprintf(stderr, "rank  pp  dp      params  peak MiB   act MiB  act sim  stashed  stash sim  bubble  mem sim\n");
     for (int i = 0; i < r->nranks; i++) {
         const bg_train_rank_t *k = &r->ranks[i];
-        fprintf(stderr, "%4d %3d %3d %11zu %9.2f %9.3f %8.3f %8d %10d %6.1f%%\n", k->rank, k->pp_rank, k->dp_rank,
-                k->params, k->peak_bytes / 1048576.0, k->peak_act_bytes / 1048576.0,
-                k->predicted_act_bytes / 1048576.0, k->peak_stashed, k->predicted_stashed, 100 * k->bubble);
+        fprintf(stderr, "%4d %3d %3d %11zu %9.2f %9.3f %8.3f %8d %10d %6.1f%% %8.2f\n", k->rank, k->pp_rank,
+                k->dp_rank, k->params, k->peak_bytes / 1048576.0, k->peak_act_bytes / 1048576.0,
+                k->predicted_act_bytes / 1048576.0, k->peak_stashed, k->predicted_stashed, 100 * k->bubble,
+                k->predicted_bytes / 1048576.0);
     }
 }
 
@@ -327,8 +330,9 @@ int bg_cmd_train(int argc, char **argv)
     c.data_path = BG_DEFAULT_DATA;
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
+    int zero_flag = 0; /* --zero given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_TP };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -349,6 +353,7 @@ int bg_cmd_train(int argc, char **argv)
         {"plan", required_argument, 0, O_PLAN},       {"recompute", no_argument, 0, O_RECOMP},
         {"log-every", required_argument, 0, O_LOGEVERY},
         {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
+        {"zero", required_argument, 0, O_ZERO},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -373,6 +378,12 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_LOGEVERY, "--log-every", 1, 1 << 30, prog.log_every)
 #undef INT_FLAG
 
+        case O_ZERO:
+            if (bg_cli_int(cmd, "--zero", optarg, 0, 2, &v))
+                return 2;
+            c.zero = (int)v;
+            zero_flag = 1;
+            break;
         case O_DSEED:
             if (bg_cli_int(cmd, "--data-seed", optarg, 0, INT64_MAX, &v))
                 return 2;
@@ -457,8 +468,17 @@ int bg_cmd_train(int argc, char **argv)
             c.batch = bg_plan_batch(plan);
         if (bg_plan_seq(plan) > 0)
             c.seq = bg_plan_seq(plan);
-        c.schedule = bg_plan_schedule(plan);
+        static char plan_schedule[32]; /* the plan is freed before the summary prints the name */
+        snprintf(plan_schedule, sizeof plan_schedule, "%s", bg_plan_schedule(plan));
+        c.schedule = plan_schedule;
         c.optim.kind = bg_plan_optimizer(plan); /* the plan's memory assumed its optimizer's state */
+        if (zero_flag && c.zero != bg_plan_zero(plan)) {
+            int pz = bg_plan_zero(plan);
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "--zero %d, but %s counted the memory of --zero %d: leave --zero out, or plan again "
+                                    "with brigade plan --zero %d", c.zero, plan_path, pz, c.zero);
+        }
+        c.zero = bg_plan_zero(plan); /* and its sharding */
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;
@@ -499,6 +519,12 @@ int bg_cmd_train(int argc, char **argv)
         if (split_check(cmd, &c, warning, sizeof warning))
             return 2;
         prog.warning = warning[0] ? warning : NULL;
+    }
+    if (c.zero && (c.dp > 0 ? c.dp : 1) == 1) { /* said once, by rank 0, with the first step */
+        size_t at = prog.warning ? strlen(warning) : 0;
+        snprintf(warning + at, sizeof warning - at, "%snote: --zero %d with dp = 1 changes nothing (one replica "
+                 "holds everything)", at ? "\n" : "", c.zero);
+        prog.warning = warning;
     }
     bg_train_result_t r;
     st = bg_train(&c, &r);

@@ -462,8 +462,30 @@ static int bg__build_ring_rs(bg__coll_t *co, float *buf, size_t count, float *tm
     return 0;
 }
 
+/* rs_only: stop after the ring's reduce-scatter (a buffer that goes by
+ * recursive doubling is still reduced whole): bg_group_ireduce_scatter_inplace. */
+/* Ring allgather of the chunks of @p buf in place (group rank c holds chunk
+ * c): the second half of the ring allreduce; step tags from @p tag0. */
+static int bg__build_ring_ag(bg__coll_t *co, float *buf, size_t count, uint32_t tag0)
+{
+    int n = co->n, me = co->me;
+    int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
+    for (int s = 0; s < n - 1; s++) {
+        size_t so, sl, ro, rl;
+        bg__chunk(count, n, bg__mod(me - s, n), &so, &sl);
+        bg__chunk(count, n, bg__mod(me - s - 1, n), &ro, &rl);
+        bg__step_t *st = bg__step(co);
+        if (!st)
+            return -1;
+        st->tag = tag0 + (uint32_t)s;
+        bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
+        bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+    }
+    return 0;
+}
+
 static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
-                                       bg_allreduce_algo_t algo, bg__coll_t **co_p)
+                                       bg_allreduce_algo_t algo, int rs_only, bg__coll_t **co_p)
 {
     if ((!buf && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG))
         return bg_error(BG_ERR_INVALID, "allreduce: NULL buffer or unknown op %d", (int)op);
@@ -491,18 +513,12 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
                 BG__NOMEM(co);
             *st = (bg__step_t){.post = BG__POST_DIV, .dst = buf + mo, .n = ml, .div = (float)n};
         }
-        int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
-        for (int s = 0; s < n - 1; s++) {
-            size_t so, sl, ro, rl;
-            bg__chunk(count, n, bg__mod(me - s, n), &so, &sl);
-            bg__chunk(count, n, bg__mod(me - s - 1, n), &ro, &rl);
-            bg__step_t *st = bg__step(co);
-            if (!st)
-                BG__NOMEM(co);
-            st->tag = (uint32_t)(n - 1 + s);
-            bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
-            bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+        if (rs_only) {
+            *co_p = co;
+            return BG_OK;
         }
+        if (bg__build_ring_ag(co, buf, count, (uint32_t)(n - 1)) != 0)
+            BG__NOMEM(co);
         *co_p = co;
         return BG_OK;
     } else {
@@ -576,7 +592,7 @@ bg_status_t bg_group_iallreduce_algo(bg_group_t *g, float *buf, size_t count, bg
     if (!req_p)
         return bg_error(BG_ERR_INVALID, "bg_group_iallreduce: NULL request output");
     bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, op, algo, &co));
+    BG_CHECK(bg__build_allreduce(g, buf, count, op, algo, 0, &co));
     return bg__coll_start(co, req_p);
 }
 
@@ -589,7 +605,7 @@ bg_status_t bg_group_iallreduce(bg_group_t *g, float *buf, size_t count, bg_redu
 bg_status_t bg_group_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op)
 {
     bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, op, BG_ALLREDUCE_AUTO, &co));
+    BG_CHECK(bg__build_allreduce(g, buf, count, op, BG_ALLREDUCE_AUTO, 0, &co));
     return bg__run(co);
 }
 
@@ -695,4 +711,35 @@ bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *
         *st = (bg__step_t){.post = BG__POST_DIV, .dst = recvbuf, .n = count, .div = (float)n};
     }
     return bg__run(co);
+}
+
+void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p)
+{
+    if (n < 1 || i < 0 || i >= n) {
+        *off_p = *len_p = 0;
+        return;
+    }
+    bg__chunk(count, n, i, off_p, len_p);
+}
+
+bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+                                             bg_request_t **req_p)
+{
+    if (!req_p)
+        return bg_error(BG_ERR_INVALID, "bg_group_ireduce_scatter_inplace: NULL request output");
+    bg__coll_t *co;
+    BG_CHECK(bg__build_allreduce(g, buf, count, op, BG_ALLREDUCE_AUTO, 1, &co));
+    return bg__coll_start(co, req_p);
+}
+
+bg_status_t bg_group_iallgather_chunks(bg_group_t *g, float *buf, size_t count, bg_request_t **req_p)
+{
+    if (!req_p || (!buf && count))
+        return bg_error(BG_ERR_INVALID, "bg_group_iallgather_chunks: NULL buffer or request output");
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "allgather", &co));
+    bg__desc(co, "allgather of %zu floats in chunks%s", count, "");
+    if (bg__build_ring_ag(co, buf, count, 0) != 0)
+        BG__NOMEM(co);
+    return bg__coll_start(co, req_p);
 }

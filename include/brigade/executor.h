@@ -99,6 +99,10 @@ typedef struct bg_executor_params {
                                       bg_schedule_validate accepts) instead of generating `schedule`;
                                       it must be for pp ranks and `microbatches` (and `chunks` when set);
                                       NULL: generate */
+    int zero;                    /**< sharding across the dp replicas of a stage (docs/data_parallel.md): 0 none;
+                                      1 the optimizer state (1/dp each, the weights of 0 bitwise); 2 also the
+                                      reduced gradients (each microbatch's buckets reduce-scattered; within
+                                      rounding of 0). dp = 1: changes nothing */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -107,7 +111,7 @@ typedef struct bg_executor_params {
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
       .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
       .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .process_wide = 0, .schedule_json = NULL }
+      .process_wide = 0, .schedule_json = NULL, .zero = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -133,13 +137,14 @@ typedef struct bg_executor_info {
     int chunks;                  /**< model chunks on this rank */
     size_t params;               /**< parameters held on this rank */
     double flops_per_step;       /**< model FLOPs (forward + backward) of one step of the whole job */
-    size_t predicted_bytes;      /**< params + grads + optimizer + predicted activations on this rank */
+    size_t predicted_bytes;      /**< params + grads + optimizer (the shard with zero) + predicted activations */
     size_t predicted_act_bytes;  /**< the simulator's peak stash bytes + scratch and backward temporaries */
     int predicted_stashed;       /**< the simulator's peak of microbatches stashed on this rank */
     int peak_stashed;            /**< measured peak so far */
     size_t peak_act_bytes;       /**< measured peak of activation memory so far */
     int numa_node;               /**< NUMA node this rank was bound to, -1 if none */
     const char *schedule;        /**< the schedule's name */
+    int zero;                    /**< the sharding stage in effect (0 when dp = 1) */
 } bg_executor_info_t;
 
 /** Create this rank's part of the job: checks everything (messages name the

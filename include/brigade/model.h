@@ -234,6 +234,12 @@ bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind);
  *  bg_model_tensor(m, i)->data - bg_model_params(m)): which 0 = first moment
  *  (AdamW m, SGD momentum), 1 = second moment (AdamW v). NULL when absent. */
 float *bg_model_optim_state(bg_model_t *m, int which);
+/** Free the optimizer state (the executor's sharded modes keep their own
+ *  shard and hold the full state only while saving or loading a checkpoint). */
+void bg_model_optim_free(bg_model_t *m);
+/** @p hold = 0: free the flat gradient buffer (every tensor's grad becomes
+ *  NULL, bg_model_grads returns NULL); 1: allocate it zeroed if absent. */
+bg_status_t bg_model_grads_hold(bg_model_t *m, int hold);
 
 /* ---------------------------------------------------------------- stages */
 

@@ -106,8 +106,12 @@ typedef struct bg_part_problem {
     int allow_recompute;                /**< a stage may keep only its input per microbatch and recompute */
     int quick_no_fit;                   /**< 1: bg_partition() answers BG_ERR_NO_FIT without measuring the
                                              shortfall for its message (a search that only needs yes/no) */
+    size_t bucket_bytes;                /**< --zero 2: bytes of a gradient bucket; 0: none */
+    int bucket_buffers;                 /**< --zero 2: buffers of bucket_bytes a stage holds besides
+                                             bytes_per_param (BRIGADE_ZERO_BUFFERS; at most as many as
+                                             its gradients fill, and at most its gradients' bytes) */
 } bg_part_problem_t;
-#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0}
+#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0}
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
@@ -191,16 +195,19 @@ typedef struct bg_plan_params {
     const double *layer_b_s;     /**< measured backward-input seconds per layer (split backward), or NULL */
     const double *layer_w_s;     /**< measured backward-weight seconds per layer, or NULL (both or neither;
                                       without them a split backward is B = W = backward / 2) */
+    int zero;                    /**< sharding across the dp replicas (docs/data_parallel.md): 0, 1 or 2, or
+                                      BG_PLAN_ZERO_AUTO: per layout, the lowest stage that fits */
     int tp;                      /**< tensor-parallel degree: 0 (default) = 1, unless no layout fits at 1
                                       (then the smallest degree that fits, said in bg_plan_set_note); N >= 1 =
                                       only N; BG_PLAN_TP_ALL = every degree dividing the devices. Degrees > 1
                                       need a builder-made model (rebuilt with that tp) or one of
                                       tensor-parallel layers */
 } bg_plan_params_t;
+#define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
     {sizeof(bg_plan_params_t), NULL, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW, 0, 1e12, 5e-6, 10e9,     \
-     NULL, NULL, 5, NULL, NULL, 0}
+     NULL, NULL, 5, NULL, NULL, 0, 0}
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -257,6 +264,7 @@ double bg_plan_bubble(const bg_plan_t *plan); /**< predicted bubble: idle fracti
 double bg_plan_tokens_per_s(const bg_plan_t *plan); /**< predicted throughput, tokens per second */
 int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
+int bg_plan_zero(const bg_plan_t *plan); /**< the sharding stage the plan counted (--zero; 0: none) */
 /** The model the plan was made for: its bg_model_desc_to_json() text, owned
  *  by the plan. bg_model_desc_from_json() rebuilds a builder-made model from
  *  it; check a description of your own with bg_plan_check_model(). */

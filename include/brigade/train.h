@@ -78,6 +78,7 @@ typedef struct bg_train_config {
     /* ---- a program to run instead of a generated schedule ---- */
     const char *schedule_json;   /**< JSON program (brigade schedule --json) run instead of `schedule`;
                                       NULL: generate (see bg_executor_params_t.schedule_json) */
+    int zero;                    /**< sharding across the dp replicas (executor.h: bg_executor_params_t.zero) */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
@@ -95,6 +96,7 @@ typedef struct bg_train_rank {
     int predicted_stashed;      /**< the simulator's peak */
     double bubble;              /**< measured idle fraction of its median step */
     int numa_node;              /**< NUMA node it was bound to, -1 if none */
+    size_t predicted_bytes;     /**< params + grads + optimizer (its shard with zero) + predicted activations */
 } bg_train_rank_t;
 
 /** What bg_train() did, on this rank. */

@@ -196,6 +196,19 @@ bg_status_t bg_group_allgather(bg_group_t *group, const void *sendbuf, void *rec
  *  [i*count, (i+1)*count) of the result in @p recvbuf (count floats). */
 bg_status_t bg_group_reduce_scatter(bg_group_t *group, const float *sendbuf, float *recvbuf,
                                     size_t count, bg_reduce_op_t op);
+/** Chunk @p i of @p n of a buffer of @p count elements, as the ring
+ *  collectives cut it: the first count % n chunks have one element more. */
+void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p);
+/** Non-blocking in-place reduce-scatter of @p count float32 in @p buf: member
+ *  i then holds chunk i (bg_group_chunk) of the reduced buffer, summed in the
+ *  order bg_group_iallreduce sums it, bit for bit (a buffer the all-reduce
+ *  reduces by recursive doubling is reduced whole); the other chunks hold
+ *  partial sums. @p buf belongs to transport until the request completes. */
+bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *group, float *buf, size_t count, bg_reduce_op_t op,
+                                             bg_request_t **req_p);
+/** Non-blocking in-place allgather: member i contributes chunk i
+ *  (bg_group_chunk) of @p buf; afterwards every member holds all chunks. */
+bg_status_t bg_group_iallgather_chunks(bg_group_t *group, float *buf, size_t count, bg_request_t **req_p);
 
 /* ---- the rendezvous store (small values, served by rank 0) ---------------- */
 

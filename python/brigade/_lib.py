@@ -111,7 +111,7 @@ class ExecutorParams(Structure):
                 ("batch", c_int), ("microbatches", c_int), ("optim", OptimConfig), ("data", BatchSource),
                 ("backend", c_char_p), ("threads", c_int), ("comm", c_void_p), ("recompute", c_int),
                 ("recompute_stages", POINTER(c_int)), ("nrecompute_stages", c_int), ("trace_path", c_char_p),
-                ("process_wide", c_int), ("schedule_json", c_char_p)]
+                ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int)]
 
 
 class StepResult(Structure):
@@ -126,7 +126,8 @@ class ExecutorInfo(Structure):
     _fields_ = [("rank", c_int), ("world", c_int), ("pp_rank", c_int), ("dp_rank", c_int), ("stages", c_int),
                 ("chunks", c_int), ("params", c_size_t), ("flops_per_step", c_double), ("predicted_bytes", c_size_t),
                 ("predicted_act_bytes", c_size_t), ("predicted_stashed", c_int), ("peak_stashed", c_int),
-                ("peak_act_bytes", c_size_t), ("numa_node", c_int), ("schedule", c_char_p)]
+                ("peak_act_bytes", c_size_t), ("numa_node", c_int), ("schedule", c_char_p),
+                ("zero", c_int)]
 
 
 class CompareResult(Structure):

@@ -48,6 +48,7 @@ int main(void)
     F(bg_executor_params_t, nrecompute_stages); F(bg_executor_params_t, trace_path);
     F(bg_executor_params_t, process_wide);
     F(bg_executor_params_t, schedule_json);
+    F(bg_executor_params_t, process_wide); F(bg_executor_params_t, zero);
 
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
@@ -61,7 +62,7 @@ int main(void)
     F(bg_executor_info_t, params); F(bg_executor_info_t, flops_per_step); F(bg_executor_info_t, predicted_bytes);
     F(bg_executor_info_t, predicted_act_bytes); F(bg_executor_info_t, predicted_stashed);
     F(bg_executor_info_t, peak_stashed); F(bg_executor_info_t, peak_act_bytes); F(bg_executor_info_t, numa_node);
-    F(bg_executor_info_t, schedule);
+    F(bg_executor_info_t, schedule); F(bg_executor_info_t, zero);
 
     S(bg_compare_result_t);
     F(bg_compare_result_t, tensors); F(bg_compare_result_t, identical); F(bg_compare_result_t, only_a);

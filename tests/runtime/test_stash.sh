@@ -21,7 +21,7 @@ for m in 8 3; do
       echo "FAIL: $s m=$m did not run"; grep -v WARN "$T/e" | tail -3; fails=$((fails + 1)); continue
     fi
     # the rank table of rank 0: rank pp dp params peak act act_sim stashed stash_sim bubble
-    rows=$(awk '$1 ~ /^[0-9]+$/ && NF == 10 && $10 ~ /%$/' "$T/e")
+    rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 10 && $10 ~ /%$/' "$T/e")
     got=$(echo "$rows" | awk '{print $1 ":" $8 ":" $9}')
     n=0; ok=1
     for g in $got; do

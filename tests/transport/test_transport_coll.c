@@ -255,6 +255,40 @@ static int rank_groups(int rank, int world, void *arg)
         float *full = malloc(cnt * 3 * 4);
         ref_ring(in, 3, cnt * 3, 1, full);
         RK_CHECK(memcmp(out, full + (size_t)gb * cnt, cnt * 4) == 0, "reduce-scatter block %d", gb);
+        /* in-place reduce-scatter (--zero): each member's chunk bit for bit the
+         * allreduce's, ring-sized (1001 x 4 B with a small-buffer threshold of
+         * 64 KiB is below it: recursive doubling, whole) and 20011 floats (ring);
+         * then the chunk allgather gives every member the whole allreduce */
+        size_t lens[2] = {1001, 20011};
+        for (int li = 0; li < 2; li++) {
+            size_t len = lens[li];
+            float *y[3], *got = malloc(len * 4), *want = malloc(len * 4);
+            for (int r = 0; r < 3; r++) {
+                y[r] = malloc(len * 4);
+                fill(y[r], len, r, 0, 50 + (uint64_t)li);
+            }
+            memcpy(want, y[gb], len * 4);
+            RK_OK(bg_group_allreduce(B, want, len, BG_REDUCE_SUM));
+            memcpy(got, y[gb], len * 4);
+            RK_OK(bg_group_ireduce_scatter_inplace(B, got, len, BG_REDUCE_SUM, &rq));
+            RK_OK(bg_wait(rq));
+            bg_request_free(rq);
+            size_t co, cl;
+            bg_group_chunk(len, 3, gb, &co, &cl);
+            RK_CHECK(cl == len / 3 + ((size_t)gb < len % 3), "chunk %d of %zu has %zu", gb, len, cl);
+            RK_CHECK(memcmp(got + co, want + co, cl * 4) == 0, "in-place reduce-scatter chunk %d of %zu", gb, len);
+            for (size_t i = 0; i < len; i++) /* others' chunks: garbage the gather must overwrite */
+                if (i < co || i >= co + cl)
+                    got[i] = -1e30f;
+            RK_OK(bg_group_iallgather_chunks(B, got, len, &rq));
+            RK_OK(bg_wait(rq));
+            bg_request_free(rq);
+            RK_CHECK(memcmp(got, want, len * 4) == 0, "chunk allgather of %zu differs from the allreduce", len);
+            for (int r = 0; r < 3; r++)
+                free(y[r]);
+            free(got);
+            free(want);
+        }
         RK_OK(bg_group_barrier(B));
         for (int r = 0; r < 3; r++) {
             free(x[r]);

@@ -1,0 +1,517 @@
+/* runtime/zero.c: sharded data parallelism for one model chunk (ZeRO stages
+ * 1 and 2, docs/data_parallel.md). The D replicas of a stage cut every
+ * gradient bucket the way the ring collectives do (bg_group_chunk): replica
+ * d owns chunk d of each bucket. A bucket's gradients are reduce-scattered
+ * (the first half of the ring all-reduce, so the owned sums are bit for bit
+ * those of --zero 0); each replica updates its owned parameters with the
+ * optimizer state it alone holds (1/D of it); the parameters are then
+ * all-gathered bucket by bucket without blocking, and waited for before the
+ * chunk's next forward.
+ *
+ * Level 2 also shards the gradients: there is no flat gradient buffer. Each
+ * microbatch's backward writes a bucket's gradients into one of a few
+ * (BRIGADE_ZERO_BUFFERS) buffers of the largest bucket's size (zeroed before the bucket's first layer, the
+ * layers' grad pointers aimed at it), which is reduce-scattered as soon as
+ * the bucket's last layer is done; once it completes, the owned chunk is
+ * added to the replica's gradient shard (1/D) and the buffer is free for
+ * the next bucket. So only those buckets are whole, at the price of one reduce-scatter
+ * per microbatch instead of one per step; the shard sums replicas first,
+ * then microbatches in the order their backwards ran (deterministic, within
+ * rounding of --zero 0). A bucket holding a tied tensor keeps a whole buffer
+ * for the step and is all-reduced once, as at level 1 (the executor adds the
+ * tie's two gradients).
+ *
+ * Owns: the shard's optimizer state and the all-gather requests. Must not
+ * know schedules or pipelines (the executor calls it per chunk). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "runtime/zero.h"
+
+/* Level 2: at most this many bucket buffers (BRIGADE_ZERO_BUFFERS). */
+#define POOL 16
+
+typedef struct piece {
+    int tensor;      /* index in the model */
+    int bucket;
+    size_t off, len; /* floats of the flat buffers */
+    size_t soff;     /* floats of the shard's optimizer state */
+} piece_t;
+
+struct bg__zero {
+    int level;
+    bg_model_t *m;
+    bg_backend_t *be;
+    bg_group_t *dp;
+    int D, me;
+    bg__zero_bucket_t *buckets;
+    int *whole;      /* per bucket: all-reduced (holds a tied tensor) */
+    bg_request_t **ag; /* per bucket: the parameters' all-gather in flight */
+    /* level 2 */
+    float **buf;       /* per bucket: its gradients (NULL: none now) */
+    bg_request_t **rs; /* per bucket: the reduce-scatter of a microbatch's gradients in flight */
+    size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
+    int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
+    int64_t seq;
+    float *pool[POOL]; /* the buffers the buckets take turns in (the largest bucket's size each) */
+    int *slot;         /* per bucket: the pool buffer it holds, -1 none (a whole bucket has its own) */
+    size_t pool_count; /* floats of each pool buffer */
+    int npool;         /* BRIGADE_ZERO_BUFFERS, or fewer when there are fewer buckets */
+    float *sg;         /* the reduced gradient shard (owned floats) */
+    int nbuckets;
+    piece_t *pieces;
+    int npieces;
+    size_t owned;
+    bg_optim_kind_t kind;
+    float *sm, *sv;  /* the shard's optimizer state (owned floats each; sv: AdamW only) */
+};
+
+static int holds_tie(const bg_model_desc_t *d, int lo, int hi)
+{
+    for (int t = 0; t < bg_model_desc_num_ties(d); t++) {
+        const char *a, *b;
+        bg_model_desc_tie_names(d, t, &a, &b);
+        int la = bg_model_desc_tensor_layer(d, a), lb = bg_model_desc_tensor_layer(d, b);
+        if ((la >= lo && la <= hi) || (lb >= lo && lb <= hi))
+            return 1;
+    }
+    return 0;
+}
+
+/* The owned range of every bucket cut at tensor boundaries (weight decay is per tensor). */
+static bg_status_t make_pieces(bg__zero_t *z)
+{
+    int nt = bg_model_num_tensors(z->m);
+    const float *base = bg_model_params(z->m);
+    z->pieces = calloc((size_t)(z->nbuckets * (nt + 1) + 1), sizeof(piece_t));
+    BG_ALLOC_CHECK(z->pieces, sizeof(piece_t), "shard pieces");
+    for (int b = 0; b < z->nbuckets; b++) {
+        size_t co, cl;
+        z->soff[b] = z->owned;
+        bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
+        size_t lo = z->buckets[b].off + co, hi = lo + cl;
+        for (int i = 0; i < nt && lo < hi; i++) {
+            bg_param_t *p = bg_model_tensor(z->m, i);
+            size_t to = (size_t)(p->data - base), te = to + p->numel;
+            size_t a = lo > to ? lo : to, e = hi < te ? hi : te;
+            if (a >= e)
+                continue;
+            z->pieces[z->npieces++] = (piece_t){.tensor = i, .bucket = b, .off = a, .len = e - a, .soff = z->owned};
+            z->owned += e - a;
+        }
+    }
+    return BG_OK;
+}
+
+/* Aim the grad pointers of bucket b's tensors at buf (NULL: none). */
+static void aim(bg__zero_t *z, int b, float *buf)
+{
+    const float *base = bg_model_params(z->m);
+    size_t lo = z->buckets[b].off, hi = lo + z->buckets[b].count;
+    for (int i = 0; i < bg_model_num_tensors(z->m); i++) {
+        bg_param_t *p = bg_model_tensor(z->m, i);
+        size_t o = (size_t)(p->data - base);
+        if (o >= lo && o < hi)
+            p->grad = buf ? buf + (o - lo) : NULL;
+    }
+}
+
+static bg_status_t fold(bg__zero_t *z, int b);
+
+/* A zeroed buffer for bucket b's gradients: a whole bucket's own, or one of
+ * the pool's (one being written, the others being reduced). When all are
+ * taken it first waits for the oldest reduce-scatter (every replica started
+ * it before getting here, so it completes). */
+static bg_status_t bucket_buffer(bg__zero_t *z, int b)
+{
+    if (z->whole[b]) {
+        z->buf[b] = bg_backend_alloc(z->be, z->buckets[b].count * sizeof(float), "gradient bucket (tied)");
+        if (!z->buf[b])
+            return BG_ERR_NOMEM;
+    } else {
+        int k = -1;
+        while (k < 0) {
+            int used[POOL] = {0}, oldest = -1;
+            for (int q = 0; q < z->nbuckets; q++) {
+                if (z->slot[q] >= 0)
+                    used[z->slot[q]] = 1;
+                if (z->rs[q] && (oldest < 0 || z->rs_seq[q] < z->rs_seq[oldest]))
+                    oldest = q;
+            }
+            for (int q = 0; q < z->npool && k < 0; q++)
+                if (!used[q])
+                    k = q;
+            if (k < 0 && oldest < 0)
+                return bg_error(BG_ERR_INTERNAL, "zero: both gradient buffers taken and no reduction in flight");
+            if (k < 0)
+                BG_CHECK(fold(z, oldest));
+        }
+        z->slot[b] = k;
+        z->buf[b] = z->pool[k];
+    }
+    z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);
+    aim(z, b, z->buf[b]);
+    return BG_OK;
+}
+
+/* Bucket b's reduce-scatter is done (or is waited for): its owned chunk into the shard, its buffer freed. */
+static bg_status_t fold(bg__zero_t *z, int b)
+{
+    bg_status_t st = bg_wait(z->rs[b]);
+    bg_request_free(z->rs[b]);
+    z->rs[b] = NULL;
+    if (st != BG_OK)
+        return st;
+    size_t co, cl;
+    bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
+    z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
+    aim(z, b, NULL);
+    z->slot[b] = -1; /* its pool buffer is free again */
+    z->buf[b] = NULL;
+    return BG_OK;
+}
+
+/* Fold every bucket whose reduce-scatter has completed. */
+static bg_status_t reap(bg__zero_t *z)
+{
+    for (int b = 0; b < z->nbuckets; b++) {
+        int done = 0;
+        if (z->rs[b]) {
+            BG_CHECK(bg_test(z->rs[b], &done));
+            if (done)
+                BG_CHECK(fold(z, b));
+        }
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__zero_prepare(bg__zero_t *z, int layer)
+{
+    if (z->level < 2)
+        return BG_OK;
+    for (int b = 0; b < z->nbuckets; b++) {
+        if (layer < z->buckets[b].lo || layer > z->buckets[b].hi)
+            continue;
+        if (z->whole[b] || !z->buckets[b].count)
+            return BG_OK;
+        if (z->rs[b]) /* the previous microbatch's: wait, so that the shard adds microbatches in order */
+            BG_CHECK(fold(z, b));
+        return z->buf[b] ? BG_OK : bucket_buffer(z, b);
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer)
+{
+    if (z->level < 2)
+        return BG_OK;
+    for (int b = 0; b < z->nbuckets; b++) {
+        if (z->buckets[b].lo != layer || z->whole[b] || !z->buf[b])
+            continue;
+        BG_CHECK(bg_group_ireduce_scatter_inplace(z->dp, z->buf[b], z->buckets[b].count, BG_REDUCE_SUM, &z->rs[b]));
+        z->rs_seq[b] = z->seq++;
+    }
+    BG_CHECK(reap(z));
+    return layer > bg_model_first_layer(z->m) ? bg__zero_prepare(z, layer - 1) : BG_OK;
+}
+
+/* Where piece k's reduced gradient is. */
+static const float *piece_grad(bg__zero_t *z, int k)
+{
+    const piece_t *pc = &z->pieces[k];
+    if (z->level < 2)
+        return bg_model_grads(z->m) + pc->off;
+    if (z->whole[pc->bucket])
+        return z->buf[pc->bucket] + (pc->off - z->buckets[pc->bucket].off);
+    return z->sg + pc->soff;
+}
+
+/* Level 2: every microbatch's reduce-scatter folded into the shard. */
+static bg_status_t finish(bg__zero_t *z)
+{
+    for (int b = 0; z->level >= 2 && b < z->nbuckets; b++)
+        if (z->rs[b])
+            BG_CHECK(fold(z, b));
+    return BG_OK;
+}
+
+bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
+                            bg_optim_kind_t kind, bg__zero_t **z_p)
+{
+    if (bg_model_optim_state(m, 0))
+        return bg_error(BG_ERR_INTERNAL, "zero: the model already holds its full optimizer state");
+    bg__zero_t *z = calloc(1, sizeof(*z));
+    BG_ALLOC_CHECK(z, sizeof(*z), "zero state");
+    bg_status_t st = BG_OK;
+    z->level = level;
+    z->m = m;
+    z->be = bg_model_backend(m);
+    z->dp = dp;
+    z->D = bg_group_size(dp);
+    z->me = bg_group_rank(dp);
+    z->kind = kind;
+    z->nbuckets = nbuckets;
+    z->buckets = calloc((size_t)nbuckets + 1, sizeof(*z->buckets));
+    z->whole = calloc((size_t)nbuckets + 1, sizeof(int));
+    z->ag = calloc((size_t)nbuckets + 1, sizeof(*z->ag));
+    z->buf = calloc((size_t)nbuckets + 1, sizeof(*z->buf));
+    z->rs = calloc((size_t)nbuckets + 1, sizeof(*z->rs));
+    z->soff = calloc((size_t)nbuckets + 1, sizeof(*z->soff));
+    z->rs_seq = calloc((size_t)nbuckets + 1, sizeof(*z->rs_seq));
+    z->slot = malloc(((size_t)nbuckets + 1) * sizeof(*z->slot));
+    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq || !z->slot) {
+        st = bg_error(BG_ERR_NOMEM, "zero buckets");
+        goto err;
+    }
+    memcpy(z->buckets, buckets, (size_t)nbuckets * sizeof(*buckets));
+    int want = bg__zero_buffers();
+    for (int b = 0; b < nbuckets; b++) {
+        z->whole[b] = holds_tie(bg_model_desc(m), buckets[b].lo, buckets[b].hi);
+        z->slot[b] = -1;
+        if (!z->whole[b] && buckets[b].count > z->pool_count)
+            z->pool_count = buckets[b].count;
+        z->npool += !z->whole[b] && buckets[b].count && z->npool < want;
+    }
+    BG_CHECK_GOTO(make_pieces(z), st, err);
+    size_t n = z->owned ? z->owned : 1;
+    z->sm = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (first moment)");
+    if (!z->sm) {
+        st = BG_ERR_NOMEM;
+        goto err;
+    }
+    z->be->ops->fill(z->be, z->sm, 0.0f, n);
+    if (kind == BG_OPTIM_ADAMW) {
+        z->sv = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (second moment)");
+        if (!z->sv) {
+            st = BG_ERR_NOMEM;
+            goto err;
+        }
+        z->be->ops->fill(z->be, z->sv, 0.0f, n);
+    }
+    if (level >= 2) {
+        z->sg = bg_backend_alloc(z->be, n * sizeof(float), "gradient shard");
+        if (!z->sg) {
+            st = BG_ERR_NOMEM;
+            goto err;
+        }
+        for (int k = 0; k < z->npool; k++)
+            if (!(z->pool[k] = bg_backend_alloc(z->be, z->pool_count * sizeof(float), "gradient bucket"))) {
+                st = BG_ERR_NOMEM;
+                goto err;
+            }
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err);
+        for (int b = 0; b < nbuckets; b++)
+            if (z->whole[b] && buckets[b].count)
+                BG_CHECK_GOTO(bucket_buffer(z, b), st, err);
+    }
+    *z_p = z;
+    return BG_OK;
+err:
+    bg__zero_destroy(z);
+    return st;
+}
+
+void bg__zero_cancel(bg__zero_t *z)
+{
+    for (int b = 0; z && b < z->nbuckets; b++) {
+        bg_request_free(z->ag[b]);
+        bg_request_free(z->rs[b]);
+        z->ag[b] = z->rs[b] = NULL;
+    }
+}
+
+void bg__zero_destroy(bg__zero_t *z)
+{
+    if (!z)
+        return;
+    bg__zero_cancel(z);
+    bg_backend_free(z->be, z->sm);
+    bg_backend_free(z->be, z->sv);
+    bg_backend_free(z->be, z->sg);
+    for (int b = 0; z->buf && b < z->nbuckets; b++)
+        if (z->buf[b]) {
+            aim(z, b, NULL);
+            if (z->whole && z->whole[b])
+                bg_backend_free(z->be, z->buf[b]);
+        }
+    for (int k = 0; k < POOL; k++)
+        bg_backend_free(z->be, z->pool[k]);
+    free(z->slot);
+    free(z->buf);
+    free(z->rs);
+    free(z->soff);
+    free(z->rs_seq);
+    free(z->buckets);
+    free(z->whole);
+    free(z->ag);
+    free(z->pieces);
+    free(z);
+}
+
+size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
+
+int bg__zero_buffers(void)
+{
+    long long n = 3;
+    if (bg_config_int("BRIGADE_ZERO_BUFFERS", &n) != BG_OK)
+        n = 3;
+    return n < 2 ? 2 : n > POOL ? POOL : (int)n;
+}
+
+/* Level 2: the whole buckets' floats, and the pool's. */
+static void bucket_sizes(const bg__zero_t *z, size_t *whole_p, size_t *inflight_p)
+{
+    size_t whole = 0;
+    for (int b = 0; b < z->nbuckets; b++)
+        if (z->whole[b])
+            whole += z->buckets[b].count;
+    *whole_p = whole;
+    *inflight_p = (size_t)z->npool * z->pool_count;
+}
+
+size_t bg__zero_grad_bytes(const bg__zero_t *z)
+{
+    if (z->level < 2)
+        return bg_model_param_count(z->m) * sizeof(float);
+    size_t whole, inflight;
+    bucket_sizes(z, &whole, &inflight);
+    /* the shard, the whole buckets, and the bucket buffers: one written, the others being reduced */
+    return (z->owned + whole + inflight) * sizeof(float);
+}
+
+bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
+{
+    if (z->level >= 2 && !z->whole[b]) {
+        *req_p = NULL; /* reduced microbatch by microbatch (bg__zero_layer_done) */
+        return BG_OK;
+    }
+    float *buf = z->level >= 2 ? z->buf[b] : bg_model_grads(z->m) + z->buckets[b].off;
+    if (!buf) {
+        *req_p = NULL;
+        return BG_OK;
+    }
+    if (z->whole[b])
+        return bg_group_iallreduce(z->dp, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
+    return bg_group_ireduce_scatter_inplace(z->dp, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
+}
+
+bg_status_t bg__zero_begin_step(bg__zero_t *z)
+{
+    if (z->level < 2)
+        return BG_OK;
+    z->be->ops->fill(z->be, z->sg, 0.0f, z->owned ? z->owned : 1);
+    for (int b = 0; b < z->nbuckets; b++)
+        if (z->whole[b] && z->buf[b])
+            z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);
+    return BG_OK;
+}
+
+double bg__zero_tensor_sumsq(bg__zero_t *z, int i)
+{
+    double s = 0;
+    if (finish(z) != BG_OK)
+        return NAN; /* the step fails at its optimizer step, which folds again */
+    for (int k = 0; k < z->npieces; k++)
+        if (z->pieces[k].tensor == i)
+            s += z->be->ops->sumsq(z->be, piece_grad(z, k), z->pieces[k].len);
+    return s;
+}
+
+static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
+{
+    if (!z->buckets[b].count || z->D == 1)
+        return BG_OK;
+    return bg_group_iallgather_chunks(z->dp, flat + z->buckets[b].off, z->buckets[b].count, &z->ag[b]);
+}
+
+static bg_status_t start_gathers(bg__zero_t *z, float *flat)
+{
+    for (int b = 0; b < z->nbuckets; b++)
+        BG_CHECK(start_gather(z, b, flat));
+    return BG_OK;
+}
+
+bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t)
+{
+    if (opt->kind != z->kind)
+        return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
+    bg_backend_t *be = z->be;
+    float *params = bg_model_params(z->m);
+    BG_CHECK(finish(z));
+    /* bucket by bucket: the update of the next overlaps the all-gather of the last */
+    for (int b = 0, k = 0; b < z->nbuckets; b++) {
+        for (; k < z->npieces && z->pieces[k].bucket == b; k++) {
+            const piece_t *pc = &z->pieces[k];
+            const float *g = piece_grad(z, k);
+            float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
+            if (z->kind == BG_OPTIM_ADAMW)
+                be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr,
+                               opt->beta1, opt->beta2, opt->eps, wd, t);
+            else
+                be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum,
+                                      wd);
+        }
+        be->ops->synchronize(be); /* the gather reads what the update wrote */
+        BG_CHECK(start_gather(z, b, params));
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__zero_settle(bg__zero_t *z)
+{
+    bg_status_t st = BG_OK;
+    for (int b = 0; b < z->nbuckets; b++) {
+        if (!z->ag[b])
+            continue;
+        bg_status_t s2 = bg_wait(z->ag[b]);
+        bg_request_free(z->ag[b]);
+        z->ag[b] = NULL;
+        if (st == BG_OK)
+            st = s2;
+    }
+    return st;
+}
+
+/* Copy between the shard's compact state and the model's flat state. */
+static void move_state(bg__zero_t *z, int to_model)
+{
+    for (int which = 0; which < (z->kind == BG_OPTIM_ADAMW ? 2 : 1); which++) {
+        float *full = bg_model_optim_state(z->m, which), *sh = which ? z->sv : z->sm;
+        for (int k = 0; k < z->npieces; k++) {
+            const piece_t *pc = &z->pieces[k];
+            if (to_model)
+                z->be->ops->copy(z->be, full + pc->off, sh + pc->soff, pc->len);
+            else
+                z->be->ops->copy(z->be, sh + pc->soff, full + pc->off, pc->len);
+        }
+    }
+    z->be->ops->synchronize(z->be);
+}
+
+bg_status_t bg__zero_expand_state(bg__zero_t *z)
+{
+    BG_CHECK(bg_model_optim_init(z->m, z->kind));
+    move_state(z, 1);
+    return BG_OK;
+}
+
+bg_status_t bg__zero_gather_state(bg__zero_t *z)
+{
+    BG_CHECK(bg__zero_settle(z));
+    BG_CHECK(bg__zero_expand_state(z));
+    for (int which = 0; which < (z->kind == BG_OPTIM_ADAMW ? 2 : 1); which++) {
+        BG_CHECK(start_gathers(z, bg_model_optim_state(z->m, which)));
+        BG_CHECK(bg__zero_settle(z));
+    }
+    return BG_OK;
+}
+
+void bg__zero_take_state(bg__zero_t *z)
+{
+    if (!bg_model_optim_state(z->m, 0))
+        return;
+    move_state(z, 0);
+    bg_model_optim_free(z->m);
+}
