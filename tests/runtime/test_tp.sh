@@ -46,6 +46,8 @@ run gpt_tp4 4 $GPT --steps 10 --tp 4 && same gpt gpt_tp4 1e-5
 run gpt_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 && same gpt gpt_3d 1e-5
 # split backward (B and W apart) and recomputation: the group's sums happen in B and in the rerun forward
 run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same gpt gpt_zb 1e-5
+# ZeRO 2 over each tensor member's data-parallel group
+run gpt_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 && same gpt gpt_zero 1e-5
 run mlp 1 $MLP --steps 10
 run mlp_tp2 2 $MLP --steps 10 --tp 2 && same mlp mlp_tp2 1e-5
 run mlp_tp4 4 $MLP --steps 10 --tp 4 && same mlp mlp_tp4 1e-5
