@@ -8,6 +8,33 @@
 #include "core/check.h"
 #include "models/model_impl.h"
 
+/* What the tensor-parallel degree must divide, named by layer, before any
+ * rank allocates. */
+static bg_status_t tp_check(const bg_model_config_t *c)
+{
+    int tp = c->tp ? c->tp : 1; /* 0: a config filled without BG_MODEL_CONFIG_INIT */
+    if (tp < 1)
+        return bg_error(BG_ERR_INVALID, "tp must be >= 1 (got %d)", tp);
+    if (tp == 1)
+        return BG_OK;
+    if (c->kind == BG_MODEL_GPT) {
+        if (c->heads % tp != 0)
+            return bg_error(BG_ERR_INVALID, "tp %d: layer blocks.0.attn has %d heads, which tp %d does not divide", tp,
+                            c->heads, tp);
+        if (c->vocab % tp != 0)
+            return bg_error(BG_ERR_INVALID, "tp %d: layers embed and head have a vocabulary of %d, which tp %d does "
+                                            "not divide", tp, c->vocab, tp);
+    } else {
+        if (c->layers > 1 && c->d_model % tp != 0)
+            return bg_error(BG_ERR_INVALID, "tp %d: layer fc.0 has %d output features (d_model), which tp %d does not "
+                                            "divide", tp, c->d_model, tp);
+        if (c->classes % tp != 0)
+            return bg_error(BG_ERR_INVALID, "tp %d: layer head has %d classes, which tp %d does not divide", tp,
+                            c->classes, tp);
+    }
+    return BG_OK;
+}
+
 bg_status_t bg_model_config_check(const bg_model_config_t *c)
 {
     if (c->layers < 1)
@@ -31,7 +58,7 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
     } else {
         return bg_error(BG_ERR_INVALID, "unknown model kind %d", (int)c->kind);
     }
-    return BG_OK;
+    return tp_check(c);
 }
 
 static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
@@ -39,16 +66,26 @@ static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->layers);
     char name[BG_NAME_MAX];
     bg_layer_t *l;
-    BG_CHECK(bg_layer_embedding("embed", c->vocab, c->seq_len, c->d_model, std, &l));
+    int tp = c->tp;
+    if (tp > 1)
+        BG_CHECK(bg_layer_vocab_embedding("embed", c->vocab, c->seq_len, c->d_model, std, tp, &l));
+    else
+        BG_CHECK(bg_layer_embedding("embed", c->vocab, c->seq_len, c->d_model, std, &l));
     BG_CHECK(bg_model_desc_add(d, l));
     for (int i = 0; i < c->layers; i++) {
         snprintf(name, sizeof(name), "blocks.%d", i);
-        BG_CHECK(bg_layer_transformer_block(name, c->d_model, c->heads, std, proj_std, &l));
+        if (tp > 1)
+            BG_CHECK(bg_layer_tp_transformer_block(name, c->d_model, c->heads, std, proj_std, tp, &l));
+        else
+            BG_CHECK(bg_layer_transformer_block(name, c->d_model, c->heads, std, proj_std, &l));
         BG_CHECK(bg_model_desc_add(d, l));
     }
     BG_CHECK(bg_layer_layernorm("ln_f", c->d_model, &l));
     BG_CHECK(bg_model_desc_add(d, l));
-    BG_CHECK(bg_layer_head("head", c->d_model, c->vocab, 0, std, &l));
+    if (tp > 1)
+        BG_CHECK(bg_layer_vocab_head("head", c->d_model, c->vocab, 0, std, tp, &l));
+    else
+        BG_CHECK(bg_layer_head("head", c->d_model, c->vocab, 0, std, &l));
     BG_CHECK(bg_model_desc_add(d, l));
     if (c->tie_embeddings)
         BG_CHECK(bg_model_desc_tie(d, "embed.wte", "head.weight"));
@@ -62,14 +99,25 @@ static bg_status_t build_mlp(const bg_model_config_t *c, bg_model_desc_t *d)
     int in = c->in_features;
     for (int i = 0; i < c->layers; i++) {
         snprintf(name, sizeof(name), "fc.%d", i);
-        BG_CHECK(bg_layer_linear(name, in, c->d_model, 1, sqrtf(2.0f / (float)in), &l));
+        float std = sqrtf(2.0f / (float)in);
+        /* tp > 1: pairs of column- then row-parallel layers (one sum forward,
+         * one backward per pair); a last unpaired layer is replicated */
+        if (c->tp > 1 && i % 2 == 0 && i + 1 < c->layers)
+            BG_CHECK(bg_layer_column_linear(name, in, c->d_model, 1, 1, std, c->tp, &l));
+        else if (c->tp > 1 && i % 2 == 1)
+            BG_CHECK(bg_layer_row_linear(name, in, c->d_model, 1, std, c->tp, &l));
+        else
+            BG_CHECK(bg_layer_linear(name, in, c->d_model, 1, std, &l));
         BG_CHECK(bg_model_desc_add(d, l));
         snprintf(name, sizeof(name), "act.%d", i);
         BG_CHECK(bg_layer_activation(name, BG_ACT_RELU, &l));
         BG_CHECK(bg_model_desc_add(d, l));
         in = c->d_model;
     }
-    BG_CHECK(bg_layer_head("head", in, c->classes, 1, sqrtf(1.0f / (float)in), &l));
+    if (c->tp > 1)
+        BG_CHECK(bg_layer_vocab_head("head", in, c->classes, 1, sqrtf(1.0f / (float)in), c->tp, &l));
+    else
+        BG_CHECK(bg_layer_head("head", in, c->classes, 1, sqrtf(1.0f / (float)in), &l));
     return bg_model_desc_add(d, l);
 }
 
@@ -78,6 +126,8 @@ bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
     memcpy(&c, cfg, cfg->size < sizeof(c) ? cfg->size : sizeof(c));
     c.size = sizeof(c);
+    if (c.tp == 0)
+        c.tp = 1;
     BG_CHECK(bg_model_config_check(&c));
     int gpt = c.kind == BG_MODEL_GPT;
     bg_model_desc_params_t p = BG_MODEL_DESC_PARAMS_INIT;

@@ -27,6 +27,7 @@ struct bg_model_desc {
     int nties;
     int has_builder;
     bg_model_config_t builder;
+    const bg_tp_comm_t *tp; /* the tensor-parallel group the model runs in (NULL: none) */
 };
 
 uint64_t bg__fnv1a(const char *s)
@@ -204,6 +205,58 @@ bg_shape_t bg_model_desc_input_shape(const bg_model_desc_t *d, int n, int t)
     return (bg_shape_t){n, d->p.seq_len, d->p.features};
 }
 
+/* Shards' degree: what every split tensor of the tree agrees on (1: none); -1 on disagreement. */
+static int layer_tp_degree(const bg_layer_t *l, int deg)
+{
+    for (int i = 0; i < l->nparams && deg >= 0; i++)
+        if (bg_param_is_shard(&l->params[i]))
+            deg = deg == 1 || deg == l->params[i].split_parts ? l->params[i].split_parts : -1;
+    for (int i = 0; i < l->nchildren && deg >= 0; i++)
+        deg = layer_tp_degree(l->children[i], deg);
+    return deg;
+}
+
+int bg_model_desc_tp_degree(const bg_model_desc_t *d)
+{
+    int deg = 1;
+    for (int i = 0; i < d->n && deg >= 0; i++)
+        deg = layer_tp_degree(d->layers[i], deg);
+    return deg;
+}
+
+bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
+{
+    if (!tp) { /* unbinding always works; binding models checks the degree */
+        d->tp = NULL;
+        return BG_OK;
+    }
+    int deg = bg_model_desc_tp_degree(d), have = tp ? tp->size : 1;
+    if (deg < 0)
+        return bg_error(BG_ERR_INVALID, "model %s: its tensor-parallel layers are split over different degrees", d->name);
+    if (deg != have)
+        return bg_error(BG_ERR_INVALID, "model %s has tensor-parallel layers of degree %d but runs in a tensor-parallel "
+                                        "group of %d (tp must be %d)", d->name, deg, have, deg);
+    if (tp && (tp->rank < 0 || tp->rank >= tp->size || (tp->size > 1 && (!tp->allreduce || !tp->allgather))))
+        return bg_error(BG_ERR_INVALID, "model %s: tensor-parallel group rank %d of %d without its collectives",
+                        d->name, tp->rank, tp->size);
+    d->tp = tp && tp->size > 1 ? tp : NULL;
+    return BG_OK;
+}
+
+const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d) { return d->tp; }
+
+/* Parameters of the full tensors of a layer tree (shards count whole). */
+static size_t layer_full_params(const bg_layer_t *l)
+{
+    int64_t shape[BG_PARAM_MAX_DIMS];
+    size_t n = 0;
+    for (int i = 0; i < l->nparams; i++)
+        n += bg_param_full_shape(&l->params[i], shape);
+    for (int i = 0; i < l->nchildren; i++)
+        n += layer_full_params(l->children[i]);
+    return n;
+}
+
 size_t bg_model_desc_param_count(const bg_model_desc_t *d)
 {
     size_t n = 0;
@@ -347,11 +400,13 @@ bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p)
     for (int i = 0; i < d->n; i++)
         json_array_append_new(layers, json_pack("{s:s, s:s, s:I}", "name", d->layers[i]->name, "type",
                                                 d->layers[i]->ops->type ? d->layers[i]->ops->type : "?", "params",
-                                                (json_int_t)bg_layer_param_count(d->layers[i])));
+                                                (json_int_t)layer_full_params(d->layers[i])));
     for (int i = 0; i < n; i++) {
         json_t *shape = json_array();
+        int64_t full[BG_PARAM_MAX_DIMS];
+        bg_param_full_shape(refs[i].p, full);
         for (int k = 0; k < refs[i].p->ndim; k++)
-            json_array_append_new(shape, json_integer(refs[i].p->shape[k]));
+            json_array_append_new(shape, json_integer(full[k]));
         json_array_append_new(tensors, json_pack("{s:s, s:o}", "name", refs[i].name, "shape", shape));
     }
     free(refs);
@@ -363,7 +418,10 @@ bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p)
     json_object_set_new(root, "input", in);
     json_object_set_new(root, "classes", json_integer(bg_model_desc_classes(d)));
     json_object_set_new(root, "seed", json_integer((json_int_t)d->p.seed));
-    json_object_set_new(root, "params", json_integer((json_int_t)bg_model_desc_param_count(d)));
+    size_t total = 0;
+    for (int i = 0; i < d->n; i++)
+        total += layer_full_params(d->layers[i]);
+    json_object_set_new(root, "params", json_integer((json_int_t)total));
     json_object_set_new(root, "layers", layers);
     json_object_set_new(root, "tensors", tensors);
     json_object_set_new(root, "ties", ties);
@@ -502,6 +560,11 @@ bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json,
             json_t *x = json_array_get(wa, i), *y = json_array_get(ha, i);
             if (x && y && json_equal(x, y))
                 continue;
+            /* a layer and its tensor-parallel form hold the same full tensors:
+             * layers agree when their names and parameter counts do */
+            if (k == 0 && x && y && json_equal(json_object_get(x, "name"), json_object_get(y, "name")) &&
+                json_equal(json_object_get(x, "params"), json_object_get(y, "params")))
+                continue;
             char *a = x ? json_dumps(x, JSON_COMPACT) : NULL, *b = y ? json_dumps(y, JSON_COMPACT) : NULL;
             st = bg_error(BG_ERR_MISMATCH, "%s is from another model: %s[%zu] %.200s there, %.200s here", where,
                           lists[k], i, b ? b : "(none)", a ? a : "(none)");
@@ -562,6 +625,7 @@ bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_pr
         p->scratch_bytes = bg_layer_scratch_bytes(d->layers[i], s);
         p->fwd_flops = bg_layer_fwd_flops(d->layers[i], s);
         p->bwd_flops = bg_layer_bwd_flops(d->layers[i], s);
+        bg_layer_tp_cost(d->layers[i], s, &p->tp);
         s = o;
     }
     *count_p = d->n;

@@ -255,6 +255,15 @@ static bg_status_t seq_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
     return BG_OK;
 }
 
+static void seq_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    bg_shape_t s[BG_SEQ_MAX + 1];
+    if (seq_shapes(l, in, s) != BG_OK)
+        return;
+    for (int i = 0; i < l->nchildren; i++)
+        bg_layer_tp_cost(l->children[i], s[i], cost);
+}
+
 /* A seq is a loss layer when its last child is one. */
 static int seq_loss_classes(const bg_layer_t *l) { return bg_layer_loss_classes(l->children[l->nchildren - 1]); }
 
@@ -270,6 +279,7 @@ static const bg_layer_ops_t seq_ops = {
     .forward = seq_forward,
     .backward_input = seq_backward_input,
     .backward_weight = seq_backward_weight,
+    .tp_cost = seq_tp_cost,
 };
 
 static bg_status_t composite(const bg_layer_ops_t *ops, const char *name, int n, bg_layer_t **children,
@@ -376,6 +386,11 @@ static bg_status_t res_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
     return l->children[0]->ops->backward_weight(l->children[0], &c, in, ctx->stash, dout);
 }
 
+static void res_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    bg_layer_tp_cost(l->children[0], in, cost);
+}
+
 static const bg_layer_ops_t res_ops = {
     .type = "residual",
     .out_shape = res_out_shape,
@@ -387,11 +402,18 @@ static const bg_layer_ops_t res_ops = {
     .forward = res_forward,
     .backward_input = res_backward_input,
     .backward_weight = res_backward_weight,
+    .tp_cost = res_tp_cost,
 };
 
 bg_status_t bg_layer_residual(const char *name, bg_layer_t *child, bg_layer_t **layer_p)
 {
     return composite(&res_ops, name, 1, &child, layer_p);
+}
+
+void bg_layer_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    if (l->ops->tp_cost)
+        l->ops->tp_cost(l, in, cost);
 }
 
 int bg_layer_loss_classes(const bg_layer_t *l)

@@ -11,6 +11,30 @@ size_t bg_align64(size_t bytes);
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
 size_t bg_layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
 
+/* A leaf with a copy of impl (impl_size bytes), freed by bg__free_impl. */
+bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,
+                          const void *impl, size_t impl_size, bg_layer_t **layer_p);
+void bg__free_impl(bg_layer_t *l);
+
+/* The linear layer's shape, costs and weight gradient, shared with the
+ * column- and row-parallel ones, whose impl starts with a bg__linear_t of
+ * their shard's sizes. */
+typedef struct { int c_in, c_out, bias; } bg__linear_t;
+bg_status_t bg__linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
+double bg__linear_fwd_flops(const bg_layer_t *l, bg_shape_t in);
+double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                      const float *dout);
+
+/* The head's sizes and costs, shared with the vocabulary-parallel head
+ * (models/tp_layers.c), whose impl starts with a bg__head_t of its shard's
+ * classes. */
+typedef struct { int c, classes, bias; } bg__head_t;
+bg_status_t bg__head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
+size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in); /* probs, dlogits, logits: (N, classes) each */
+double bg__head_fwd_flops(const bg_layer_t *l, bg_shape_t in);
+double bg__head_bwd_flops(const bg_layer_t *l, bg_shape_t in);
+
 /* Fill a parameter descriptor. */
 static inline bg_param_t bg_param_make(const char *name, int ndim, const int64_t *shape, bg_init_kind_t init,
                                        float value, int decay)

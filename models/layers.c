@@ -28,21 +28,21 @@ static bg_status_t want_channels(const bg_layer_t *l, bg_shape_t in, int c)
 
 /* --------------------------------------------------------------- linear */
 
-typedef struct { int c_in, c_out, bias; } linear_t;
+typedef bg__linear_t linear_t;
 
-static bg_status_t linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+bg_status_t bg__linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const linear_t *p = l->impl;
     BG_CHECK(want_channels(l, in, p->c_in));
     *out_p = (bg_shape_t){in.n, in.t, p->c_out};
     return BG_OK;
 }
-static double linear_fwd_flops(const bg_layer_t *l, bg_shape_t in)
+double bg__linear_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const linear_t *p = l->impl;
     return 2.0 * ROWS(in) * p->c_in * p->c_out;
 }
-static double linear_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * linear_fwd_flops(l, in); }
+double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * bg__linear_fwd_flops(l, in); }
 
 static bg_status_t linear_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
@@ -65,8 +65,8 @@ static bg_status_t linear_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ct
     return BG_OK;
 }
 
-static bg_status_t linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
-                                          const float *out, const float *dout)
+bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                      const float *dout)
 {
     const linear_t *p = l->impl;
     bg_backend_t *be = ctx->be;
@@ -77,21 +77,21 @@ static bg_status_t linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *c
     return BG_OK;
 }
 
-static void free_impl(bg_layer_t *l) { free(l->impl); }
+void bg__free_impl(bg_layer_t *l) { free(l->impl); }
 
 static const bg_layer_ops_t linear_ops = {
     .type = "linear",
-    .out_shape = linear_out_shape,
-    .fwd_flops = linear_fwd_flops,
-    .bwd_flops = linear_bwd_flops,
+    .out_shape = bg__linear_out_shape,
+    .fwd_flops = bg__linear_fwd_flops,
+    .bwd_flops = bg__linear_bwd_flops,
     .forward = linear_forward,
     .backward_input = linear_backward_input,
-    .backward_weight = linear_backward_weight,
-    .destroy = free_impl,
+    .backward_weight = bg__linear_backward_weight,
+    .destroy = bg__free_impl,
 };
 
-static bg_status_t make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,
-                             void *impl, size_t impl_size, bg_layer_t **layer_p)
+bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,
+                          const void *impl, size_t impl_size, bg_layer_t **layer_p)
 {
     void *copy = malloc(impl_size);
     if (!copy)
@@ -111,7 +111,7 @@ bg_status_t bg_layer_linear(const char *name, int c_in, int c_out, int bias, flo
     bg_param_t params[2];
     params[0] = bg_param_make("weight", 2, (int64_t[]){c_out, c_in}, BG_INIT_NORMAL, init_std, 1);
     params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
-    return make_leaf(&linear_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&linear_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
 }
 
 /* ----------------------------------------------------------- activation */
@@ -159,7 +159,7 @@ static const bg_layer_ops_t act_ops = {
     .bwd_flops = act_flops,
     .forward = act_forward,
     .backward_input = act_backward_input,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
 };
 
 bg_status_t bg_layer_activation(const char *name, bg_activation_t kind, bg_layer_t **layer_p)
@@ -167,7 +167,7 @@ bg_status_t bg_layer_activation(const char *name, bg_activation_t kind, bg_layer
     if (kind != BG_ACT_GELU && kind != BG_ACT_RELU)
         return bg_error(BG_ERR_INVALID, "activation %s: unknown kind %d", name, (int)kind);
     act_t p = {kind};
-    return make_leaf(&act_ops, name, 0, NULL, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&act_ops, name, 0, NULL, &p, sizeof(p), layer_p);
 }
 
 /* ------------------------------------------------------------ layernorm */
@@ -226,7 +226,7 @@ static const bg_layer_ops_t ln_ops = {
     .forward = ln_forward,
     .backward_input = ln_backward_input,
     .backward_weight = ln_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
 };
 
 bg_status_t bg_layer_layernorm(const char *name, int c, bg_layer_t **layer_p)
@@ -237,7 +237,7 @@ bg_status_t bg_layer_layernorm(const char *name, int c, bg_layer_t **layer_p)
     bg_param_t params[2];
     params[0] = bg_param_make("weight", 1, (int64_t[]){c}, BG_INIT_CONST, 1.0f, 0);
     params[1] = bg_param_make("bias", 1, (int64_t[]){c}, BG_INIT_CONST, 0.0f, 0);
-    return make_leaf(&ln_ops, name, 2, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&ln_ops, name, 2, params, &p, sizeof(p), layer_p);
 }
 
 /* ------------------------------------------------------------ embedding */
@@ -290,7 +290,7 @@ static const bg_layer_ops_t emb_ops = {
     .forward = emb_forward,
     .backward_input = emb_backward_input,
     .backward_weight = emb_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
 };
 
 bg_status_t bg_layer_embedding(const char *name, int vocab, int max_t, int c, float init_std, bg_layer_t **layer_p)
@@ -302,7 +302,7 @@ bg_status_t bg_layer_embedding(const char *name, int vocab, int max_t, int c, fl
     bg_param_t params[2];
     params[0] = bg_param_make("wte", 2, (int64_t[]){vocab, c}, BG_INIT_NORMAL, init_std, 1);
     params[1] = bg_param_make("wpe", 2, (int64_t[]){max_t, c}, BG_INIT_NORMAL, init_std * 0.5f, 1);
-    return make_leaf(&emb_ops, name, 2, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&emb_ops, name, 2, params, &p, sizeof(p), layer_p);
 }
 
 /* ------------------------------------------------------ attention core */
@@ -368,7 +368,7 @@ static const bg_layer_ops_t attn_ops = {
     .bwd_flops = attn_bwd_flops,
     .forward = attn_forward,
     .backward_input = attn_backward_input,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
 };
 
 bg_status_t bg_layer_attention(const char *name, int c, int heads, bg_layer_t **layer_p)
@@ -376,31 +376,31 @@ bg_status_t bg_layer_attention(const char *name, int c, int heads, bg_layer_t **
     if (c < 1 || heads < 1 || c % heads != 0)
         return bg_error(BG_ERR_INVALID, "attention %s: heads (%d) must divide d_model (%d)", name, heads, c);
     attn_t p = {c, heads};
-    return make_leaf(&attn_ops, name, 0, NULL, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&attn_ops, name, 0, NULL, &p, sizeof(p), layer_p);
 }
 
 /* ----------------------------------------------------------------- head */
 
-typedef struct { int c, classes, bias; } head_t;
+typedef bg__head_t head_t;
 
-static bg_status_t head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+bg_status_t bg__head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
     const head_t *p = l->impl;
     BG_CHECK(want_channels(l, in, p->c));
     *out_p = (bg_shape_t){in.n, in.t, 1};
     return BG_OK;
 }
-static size_t head_probs_bytes(const bg_layer_t *l, bg_shape_t in)
+size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in)
 {
     return bg_align64((size_t)ROWS(in) * (size_t)((head_t *)l->impl)->classes * sizeof(float));
 }
 /* stash: probs (N, V); wstash: dlogits (N, V); scratch: logits (N, V) */
-static double head_fwd_flops(const bg_layer_t *l, bg_shape_t in)
+double bg__head_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const head_t *p = l->impl;
     return 2.0 * ROWS(in) * (double)p->c * p->classes + 5.0 * ROWS(in) * (double)p->classes;
 }
-static double head_bwd_flops(const bg_layer_t *l, bg_shape_t in)
+double bg__head_bwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
     const head_t *p = l->impl;
     return 4.0 * ROWS(in) * (double)p->c * p->classes + 2.0 * ROWS(in) * (double)p->classes;
@@ -453,16 +453,16 @@ static int head_classes(const bg_layer_t *l) { return ((const head_t *)l->impl)-
 static const bg_layer_ops_t head_ops = {
     .type = "head",
     .loss_classes = head_classes,
-    .out_shape = head_out_shape,
-    .stash_bytes = head_probs_bytes,
-    .wstash_bytes = head_probs_bytes,
-    .scratch_bytes = head_probs_bytes,
-    .fwd_flops = head_fwd_flops,
-    .bwd_flops = head_bwd_flops,
+    .out_shape = bg__head_out_shape,
+    .stash_bytes = bg__head_probs_bytes,
+    .wstash_bytes = bg__head_probs_bytes,
+    .scratch_bytes = bg__head_probs_bytes,
+    .fwd_flops = bg__head_fwd_flops,
+    .bwd_flops = bg__head_bwd_flops,
     .forward = head_forward,
     .backward_input = head_backward_input,
     .backward_weight = head_backward_weight,
-    .destroy = free_impl,
+    .destroy = bg__free_impl,
 };
 
 bg_status_t bg_layer_head(const char *name, int c, int classes, int bias, float init_std, bg_layer_t **layer_p)
@@ -473,56 +473,26 @@ bg_status_t bg_layer_head(const char *name, int c, int classes, int bias, float 
     bg_param_t params[2];
     params[0] = bg_param_make("weight", 2, (int64_t[]){classes, c}, BG_INIT_NORMAL, init_std, 1);
     params[1] = bg_param_make("bias", 1, (int64_t[]){classes}, BG_INIT_CONST, 0.0f, 0);
-    return make_leaf(&head_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&head_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
 }
 
 /* --------------------------------------------------------------- blocks */
 
+/* The blocks are the tensor-parallel blocks of degree 1 (models/tp_layers.c):
+ * one construction, plain linear layers where tp = 1. */
 bg_status_t bg_layer_attention_block(const char *name, int c, int heads, float init_std, float proj_std,
                                      bg_layer_t **layer_p)
 {
-    if (c < 1 || heads < 1 || c % heads != 0)
-        return bg_error(BG_ERR_INVALID, "attention block %s: heads (%d) must divide d_model (%d)", name, heads, c);
-    bg_layer_t *ch[4] = {0}, *inner = NULL;
-    bg_status_t st;
-    BG_CHECK_GOTO(bg_layer_layernorm("ln", c, &ch[0]), st, err);
-    BG_CHECK_GOTO(bg_layer_linear("qkv", c, 3 * c, 1, init_std, &ch[1]), st, err);
-    BG_CHECK_GOTO(bg_layer_attention("attn", c, heads, &ch[2]), st, err);
-    BG_CHECK_GOTO(bg_layer_linear("proj", c, c, 1, proj_std, &ch[3]), st, err);
-    BG_CHECK(bg_layer_seq("", 4, ch, &inner));
-    return bg_layer_residual(name, inner, layer_p);
-err:
-    for (int i = 0; i < 4; i++)
-        bg_layer_destroy(ch[i]);
-    return st;
+    return bg_layer_tp_attention_block(name, c, heads, init_std, proj_std, 1, layer_p);
 }
 
 bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float proj_std, bg_layer_t **layer_p)
 {
-    bg_layer_t *ch[4] = {0}, *inner = NULL;
-    bg_status_t st;
-    BG_CHECK_GOTO(bg_layer_layernorm("ln", c, &ch[0]), st, err);
-    BG_CHECK_GOTO(bg_layer_linear("fc", c, 4 * c, 1, init_std, &ch[1]), st, err);
-    BG_CHECK_GOTO(bg_layer_activation("gelu", BG_ACT_GELU, &ch[2]), st, err);
-    BG_CHECK_GOTO(bg_layer_linear("proj", 4 * c, c, 1, proj_std, &ch[3]), st, err);
-    BG_CHECK(bg_layer_seq("", 4, ch, &inner));
-    return bg_layer_residual(name, inner, layer_p);
-err:
-    for (int i = 0; i < 4; i++)
-        bg_layer_destroy(ch[i]);
-    return st;
+    return bg_layer_tp_mlp_block(name, c, init_std, proj_std, 1, layer_p);
 }
 
 bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std,
                                        bg_layer_t **layer_p)
 {
-    bg_layer_t *ch[2] = {0};
-    bg_status_t st;
-    BG_CHECK_GOTO(bg_layer_attention_block("attn", c, heads, init_std, proj_std, &ch[0]), st, err);
-    BG_CHECK_GOTO(bg_layer_mlp_block("mlp", c, init_std, proj_std, &ch[1]), st, err);
-    return bg_layer_seq(name, 2, ch, layer_p);
-err:
-    bg_layer_destroy(ch[0]);
-    bg_layer_destroy(ch[1]);
-    return st;
+    return bg_layer_tp_transformer_block(name, c, heads, init_std, proj_std, 1, layer_p);
 }

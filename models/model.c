@@ -27,12 +27,21 @@ struct bg_model {
 static bg_status_t init_params(bg_model_t *m)
 {
     const bg_model_desc_t *d = m->desc;
+    const bg_tp_comm_t *tp = bg_model_desc_tp(d);
     size_t maxn = 0;
-    for (int i = 0; i < m->ntensors; i++)
-        if (m->tensors[i].p->numel > maxn)
-            maxn = m->tensors[i].p->numel;
-    float *host = malloc(maxn * sizeof(float));
-    BG_ALLOC_CHECK(host, maxn * sizeof(float), "parameter initialisation");
+    int64_t full[BG_PARAM_MAX_DIMS];
+    for (int i = 0; i < m->ntensors; i++) {
+        size_t n = bg_param_full_shape(m->tensors[i].p, full);
+        if (bg_param_is_shard(m->tensors[i].p) && (!tp || tp->size != m->tensors[i].p->split_parts))
+            return bg_error(BG_ERR_INVALID, "tensor %s is a shard of %d but the model runs in no tensor-parallel group "
+                                            "of that size (bg_model_desc_set_tp)", m->tensors[i].name,
+                            m->tensors[i].p->split_parts);
+        if (n > maxn)
+            maxn = n;
+    }
+    /* a shard is a slice of its full tensor, drawn whole: the same weights under any tp */
+    float *host = malloc(2 * maxn * sizeof(float));
+    BG_ALLOC_CHECK(host, 2 * maxn * sizeof(float), "parameter initialisation");
     for (int i = 0; i < m->ntensors; i++) {
         bg_param_t *p = m->tensors[i].p;
         bg_rng_t rng;
@@ -44,9 +53,15 @@ static bg_status_t init_params(bg_model_t *m)
                 seed_name = a;
         }
         bg_rng_seed(&rng, bg_model_desc_params(d)->seed ^ bg__fnv1a(seed_name));
-        for (size_t j = 0; j < p->numel; j++)
+        size_t n = bg_param_full_shape(p, full);
+        float *src = host;
+        for (size_t j = 0; j < n; j++)
             host[j] = p->init == BG_INIT_NORMAL ? (float)(p->init_value * bg_rng_normal(&rng)) : p->init_value;
-        m->be->ops->from_host(m->be, p->data, host, p->numel * sizeof(float));
+        if (bg_param_is_shard(p)) {
+            src = host + maxn;
+            bg_param_shard_from_full(p, tp->rank, host, src);
+        }
+        m->be->ops->from_host(m->be, p->data, src, p->numel * sizeof(float));
     }
     free(host);
     return BG_OK;

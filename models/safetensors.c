@@ -533,6 +533,37 @@ void bg_st_copy(const bg_st_tensor_t *t, bg_backend_t *be, float *dst)
         memcpy(dst, t->data, t->numel * sizeof(float));
 }
 
+bg_status_t bg_st_check_param(const bg_st_file_t *f, const bg_st_tensor_t *t, const bg_param_t *p)
+{
+    int64_t full[BG_PARAM_MAX_DIMS];
+    bg_param_full_shape(p, full);
+    return bg_st_check_shape(f, t, p->ndim, full);
+}
+
+bg_status_t bg_st_copy_param(const bg_st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst)
+{
+    if (!bg_param_is_shard(p)) {
+        bg_st_copy(t, be, dst);
+        return BG_OK;
+    }
+    float *host = malloc(p->numel * sizeof(float));
+    BG_ALLOC_CHECK(host, p->numel * sizeof(float), "tensor shard");
+    bg_param_shard_from_full(p, part, t->data, host);
+    if (be)
+        be->ops->from_host(be, dst, host, p->numel * sizeof(float));
+    else
+        memcpy(dst, host, p->numel * sizeof(float));
+    free(host);
+    return BG_OK;
+}
+
+/* The part of a model's tensor-parallel group this process holds (0: none). */
+static int tp_part(bg_model_t *m)
+{
+    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
+    return tp ? tp->rank : 0;
+}
+
 /* ---------------------------------------------------------------- a model range */
 
 bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const char *metadata_json)
@@ -541,12 +572,32 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
     bg_st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
     if (!t)
         return bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
-    for (int i = 0; i < n; i++) {
+    /* shards of a tensor-parallel model: gathered whole (a collective of
+     * the group), written by its member 0 */
+    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
+    float **full = calloc(n ? (size_t)n : 1, sizeof(*full));
+    int64_t(*shapes)[BG_PARAM_MAX_DIMS] = calloc(n ? (size_t)n : 1, sizeof(*shapes));
+    bg_status_t st = full && shapes ? BG_OK : bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
+    for (int i = 0; i < n && st == BG_OK; i++) {
         const bg_param_t *p = bg_model_tensor(m, i);
         t[i] = (bg_st_wtensor_t){.name = bg_model_tensor_name(m, i), .ndim = p->ndim, .shape = p->shape,
                                  .src = p->data, .be = bg_model_backend(m)};
+        if (!bg_param_is_shard(p))
+            continue;
+        size_t numel = bg_param_full_shape(p, shapes[i]);
+        full[i] = malloc(numel * sizeof(float));
+        st = full[i] ? bg_param_gather_full(tp, bg_model_backend(m), p, p->data, full[i])
+                     : bg_error(BG_ERR_NOMEM, "%s: gathering %s", path, t[i].name);
+        t[i].shape = shapes[i];
+        t[i].src = full[i];
+        t[i].be = NULL;
     }
-    bg_status_t st = bg_st_write(path, t, n, metadata_json, NULL, NULL);
+    if (st == BG_OK && (!tp || tp->rank == 0))
+        st = bg_st_write(path, t, n, metadata_json, NULL, NULL);
+    for (int i = 0; full && i < n; i++)
+        free(full[i]);
+    free(full);
+    free(shapes);
     free(t);
     return st;
 }
@@ -569,10 +620,10 @@ bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
             st = bg_error(BG_ERR_NOT_FOUND, "%s: tensor %s is missing", path, name);
             goto out;
         }
-        BG_CHECK_GOTO(bg_st_check_shape(f, src[i], p->ndim, p->shape), st, out);
+        BG_CHECK_GOTO(bg_st_check_param(f, src[i], p), st, out);
     }
-    for (int i = 0; i < n; i++)
-        bg_st_copy(src[i], bg_model_backend(m), bg_model_tensor(m, i)->data);
+    for (int i = 0; i < n && st == BG_OK; i++)
+        st = bg_st_copy_param(src[i], bg_model_tensor(m, i), tp_part(m), bg_model_backend(m), bg_model_tensor(m, i)->data);
 out:
     free(src);
     bg_st_close(f);

@@ -95,5 +95,11 @@ json_t *bg_st_metadata(const bg_st_file_t *f);
 bg_status_t bg_st_check_shape(const bg_st_file_t *f, const bg_st_tensor_t *t, int ndim, const int64_t *shape);
 /* Copy t's values into dst: host memory when be is NULL, else on be. */
 void bg_st_copy(const bg_st_tensor_t *t, bg_backend_t *be, float *dst);
+/* The file holds tensor t whole for parameter p (its full shape when p is a
+ * tensor-parallel shard): BG_ERR_MISMATCH naming both shapes otherwise. */
+bg_status_t bg_st_check_param(const bg_st_file_t *f, const bg_st_tensor_t *t, const bg_param_t *p);
+/* Copy member `part`'s shard of t (all of t for a whole tensor) to dst
+ * (p->numel floats on be, or host memory when be is NULL). */
+bg_status_t bg_st_copy_param(const bg_st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst);
 
 #endif

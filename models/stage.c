@@ -492,6 +492,7 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
     c.loss_scale = sl->loss_scale;
     c.stash = sl->stash[i];
     c.scratch = s->scratch;
+    c.tp = bg_model_desc_tp(bg_model_desc(s->model));
     return c;
 }
 

@@ -46,6 +46,7 @@ struct bg_plan {
 struct bg_plan_set {
     int count, evaluated;
     bg_plan_t **plans;
+    char note[1400]; /* what the search had to do to fit (tensor parallelism), or empty */
 };
 
 void bg_plan_free(bg_plan_t *p)
@@ -142,6 +143,7 @@ uint64_t bg_plan_rank_budget_bytes(const bg_plan_t *p, int r) { return r >= 0 &&
 
 int bg_plan_set_count(const bg_plan_set_t *s) { return s->count; }
 int bg_plan_set_evaluated(const bg_plan_set_t *s) { return s->evaluated; }
+const char *bg_plan_set_note(const bg_plan_set_t *s) { return s->note; }
 const bg_plan_t *bg_plan_set_get(const bg_plan_set_t *s, int i) { return i >= 0 && i < s->count ? s->plans[i] : NULL; }
 void bg_plan_set_free(bg_plan_set_t *s)
 {
@@ -158,6 +160,9 @@ void bg_plan_set_free(bg_plan_set_t *s)
  * FLOPs as the layers report them), which also tells apart models whose
  * description JSON is the same (attention heads, for one). diff[0] = 0 when
  * they agree, else it names the first difference. */
+static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, const bg_model_desc_t **d_p,
+                                bg_model_desc_t **own_p);
+
 static bg_status_t layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, char *diff, size_t cap)
 {
     int L = bg_model_desc_num_layers(d), seq = bg_model_desc_params(d)->seq_len, n = 0;
@@ -170,9 +175,20 @@ static bg_status_t layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, cha
         snprintf(diff, cap, "sequence length %d in the plan, %d in the model", p->seq, seq);
         return BG_OK;
     }
+    bg_model_desc_t *own; /* a tensor-parallel plan's layers are the tp build's, per device */
+    const bg_model_desc_t *dt;
+    BG_CHECK(model_for_tp(d, p->tp, &dt, &own));
+    if (!dt) {
+        snprintf(diff, cap, "the plan is for tp %d, which the model has no build for", p->tp);
+        return BG_OK;
+    }
     bg_layer_profile_t *prof = malloc((size_t)L * sizeof(*prof));
-    BG_ALLOC_CHECK(prof, (size_t)L * sizeof(*prof), "profile");
-    bg_status_t st = bg_model_profile(d, p->microbatch_size, p->seq, prof, L, &n);
+    if (!prof) {
+        bg_model_desc_destroy(own);
+        return bg_error(BG_ERR_NOMEM, "profile");
+    }
+    bg_status_t st = bg_model_profile(dt, p->microbatch_size, p->seq, prof, L, &n);
+    bg_model_desc_destroy(own);
     for (int i = 0; i < L && st == BG_OK && !diff[0]; i++) {
         const bg_layer_profile_t *a = &p->layers[i], *b = &prof[i];
         struct {
@@ -213,7 +229,8 @@ bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_desc_t *d)
 
 typedef struct search {
     const bg_plan_params_t *pp;
-    const bg_model_desc_t *desc; /* pp->model */
+    const bg_model_desc_t *desc; /* pp->model, or its build for tensor-parallel degree tp */
+    int tp;                      /* tensor-parallel degree of this pass: pp x dp groups of tp devices */
     int world, L, seq;
     int tokens;     /* the model's input is token ids (else features: floats) */
     uint64_t *mem;  /* [world] */
@@ -335,8 +352,8 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     for (int r = 0; r < pp; r++) {
         c->rspeed[r] = INFINITY;
         c->rbudget[r] = UINT64_MAX;
-        for (int d = 0; d < dp; d++) {
-            int dev = r * dp + d;
+        for (int d = 0; d < dp * s->tp; d++) { /* every replica's tensor group: tp devices each */
+            int dev = r * dp * s->tp + d;
             if (s->speed[dev] < c->rspeed[r])
                 c->rspeed[r] = s->speed[dev];
             if (s->mem[dev] < c->rbudget[r])
@@ -347,8 +364,21 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     return BG_OK;
 }
 
-/* Phase 2: the layers as the partitioner sees them: the profile's bytes, and
- * times from the FLOPs (or the measured times). */
+/* Seconds of `calls` collectives over a tensor group of tp members putting
+ * in `bytes` in all, each costed as a ring all-reduce: 2 (tp - 1) messages
+ * of latency and 2 (tp - 1) / tp of the bytes through each link (a gather
+ * moves less: an upper bound there). */
+static double tp_time(const bg_plan_params_t *pa, int tp, double calls, double bytes)
+{
+    if (tp < 2 || calls <= 0)
+        return 0;
+    return calls * 2.0 * (tp - 1) * pa->link_latency +
+           (pa->link_bandwidth > 0 ? 2.0 * (tp - 1) / tp * bytes / pa->link_bandwidth : 0.0);
+}
+
+/* Phase 2: the layers as the partitioner sees them: the profile's bytes
+ * (per device: a tensor-parallel build reports its shards), and times from
+ * the FLOPs (or the measured times) plus the tensor group's collectives. */
 static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
 {
     const bg_plan_params_t *pa = s->pp;
@@ -362,13 +392,16 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
         l->wstash_bytes = prof[i].wstash_bytes;
         l->scratch_bytes = prof[i].scratch_bytes;
         l->output_bytes = prof[i].output_bytes;
-        if (pa->layer_fwd_s) {
-            l->fwd_time = pa->layer_fwd_s[i];
-            l->bwd_time = pa->layer_bwd_s[i];
+        if (pa->layer_fwd_s) { /* measured whole: a tensor group divides them (replicated parts do not) */
+            l->fwd_time = pa->layer_fwd_s[i] / s->tp;
+            l->bwd_time = pa->layer_bwd_s[i] / s->tp;
         } else {
             l->fwd_time = prof[i].fwd_flops / pa->flops;
             l->bwd_time = prof[i].bwd_flops / pa->flops;
         }
+        /* the tensor group's collectives are blocking: on the layer's path */
+        l->fwd_time += tp_time(pa, s->tp, prof[i].tp.fwd_calls, prof[i].tp.fwd_bytes);
+        l->bwd_time += tp_time(pa, s->tp, prof[i].tp.bwd_calls, prof[i].tp.bwd_bytes);
     }
     return BG_OK;
 }
@@ -499,11 +532,15 @@ static void record_shortfall(search_t *s, const bg_layer_profile_t *prof, const 
             bg_part_stage_eval(&c->prob, sf->stage, sf->first, sf->last, 1, &ev) != BG_OK)
             ws = NULL;
         int r = bg_schedule_stage_rank(c->sched, sf->stage);
+        char tpb[24] = "";
+        if (s->tp > 1)
+            snprintf(tpb, sizeof tpb, " tp=%d", s->tp);
         snprintf(s->short_msg, sizeof(s->short_msg),
-                 "closest layout pp=%d dp=%d %s m=%d (microbatch %d): stage %d on pipeline rank %d "
+                 "closest layout pp=%d dp=%d%s %s m=%d (microbatch %d): stage %d on pipeline rank %d "
                  "(layers %d..%d, %s..%s) needs %s (parameters+gradients+optimizer %s, activations %s%s) but "
                  "its budget is %s: short by %s; its biggest layer is %s",
-                 c->pp, c->dp, bg_schedule_kind_name(c->kind), c->m, c->n, sf->stage, r, sf->first, sf->last,
+                 c->pp, c->dp, tpb, bg_schedule_kind_name(c->kind), c->m, c->n, sf->stage, r,
+                 sf->first, sf->last,
                  prof[sf->first].name, prof[sf->last].name, sizestr(a, sizeof(a), (double)sf->need_bytes),
                  sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
                  sizestr(cc, sizeof(cc), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
@@ -558,7 +595,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
     bg_schedule_kind_t kind = c->kind;
     int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV ||
                    kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_DUALPIPEV; /* dualpipev: partly */
-    int measured_bw = split_bw && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *) &&
+    int measured_bw = s->tp == 1 && split_bw && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *) &&
                       pa->layer_b_s && pa->layer_w_s;
     for (int v = 0; v < S; v++) {
         double f = 0, bw = 0, b = 0, w = 0;
@@ -660,10 +697,10 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     if (!p)
         return bg_error(BG_ERR_NOMEM, "plan");
     p->seq = s->seq;
-    p->world = c->pp * c->dp;
+    p->world = c->pp * c->dp * s->tp;
     p->pp = c->pp;
     p->dp = c->dp;
-    p->tp = 1;
+    p->tp = s->tp;
     p->microbatches = c->m;
     p->microbatch_size = c->n;
     p->batch = pa->batch;
@@ -871,6 +908,49 @@ out:
     return st;
 }
 
+/* The model built for tensor-parallel degree tp: the given description when
+ * it is of that degree, else its builder's configuration with tp (*own_p:
+ * the caller destroys it). *d_p = NULL when there is none (a host's own
+ * layers, or sizes tp does not divide). */
+static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, const bg_model_desc_t **d_p, bg_model_desc_t **own_p)
+{
+    bg_model_config_t c;
+    *own_p = NULL;
+    *d_p = NULL;
+    int deg = bg_model_desc_tp_degree(d);
+    if (deg == tp) {
+        *d_p = d;
+        return BG_OK;
+    }
+    if (deg != 1 || bg_model_desc_builder(d, &c) != BG_OK)
+        return BG_OK;
+    c.tp = tp;
+    if (bg_model_config_check(&c) != BG_OK)
+        return BG_OK;
+    BG_CHECK(bg_model_build(&c, own_p));
+    *d_p = *own_p;
+    return BG_OK;
+}
+
+/* One pass of the search at tensor-parallel degree tp: pp x dp = world / tp
+ * groups of tp devices. Nothing to do when the model has no build for tp. */
+static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int *found_p)
+{
+    bg_model_desc_t *own;
+    const bg_model_desc_t *d;
+    *found_p = 0;
+    BG_CHECK(model_for_tp(s->pp->model, tp, &d, &own));
+    if (!d)
+        return BG_OK;
+    s->tp = tp;
+    s->desc = d;
+    bg_status_t st = search_world(s, kinds, nk, s->world / tp, 0, 0, found_p);
+    s->tp = 1;
+    s->desc = s->pp->model;
+    bg_model_desc_destroy(own);
+    return st;
+}
+
 bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
 {
     BG_CHECK(check_params(pa));
@@ -882,6 +962,19 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     s.pp = pa;
     s.world = pa->world;
     s.desc = pa->model;
+    s.tp = 1;
+    /* tp_req: 0 every degree; N only N; auto: 1, then the smallest degree that fits */
+    int tp_req = pa->size >= offsetof(bg_plan_params_t, tp) + sizeof(int) ? pa->tp : 0, tp_auto = tp_req == 0;
+    int deg = bg_model_desc_tp_degree(pa->model);
+    if (tp_req < BG_PLAN_TP_ALL || (tp_req > 0 && pa->world % tp_req))
+        return bg_error(BG_ERR_INVALID, "tp %d does not divide %d devices", tp_req, pa->world);
+    if (deg > 1 && tp_req > 0 && tp_req != deg)
+        return bg_error(BG_ERR_INVALID, "tp %d but the model's layers are split for tp %d", tp_req, deg);
+    tp_req = tp_req == BG_PLAN_TP_ALL ? 0 : tp_req == 0 ? 1 : tp_req;
+    if (deg > 1) { /* a description of tensor-parallel layers runs at their degree only */
+        tp_req = deg;
+        tp_auto = 0;
+    }
     const bg_model_desc_params_t *mp = bg_model_desc_params(s.desc);
     s.tokens = mp->input == BG_INPUT_TOKENS;
     s.seq = mp->seq_len; /* token models train at their sequence length; features have fixed positions */
@@ -914,13 +1007,32 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
             s.homogeneous_mem = 0;
     }
     int found;
-    BG_CHECK_GOTO(search_world(&s, kinds, nk, pa->world, 0, 0, &found), st, out);
+    char note[1400] = "";
+    if (tp_req == 0) { /* every degree that divides the devices */
+        for (int t = 1; t <= pa->world; t++)
+            if (pa->world % t == 0)
+                BG_CHECK_GOTO(search_tp(&s, kinds, nk, t, &found), st, out);
+    } else {
+        BG_CHECK_GOTO(search_tp(&s, kinds, nk, tp_req, &found), st, out);
+    }
     if (s.nplans == 0 && s.evaluated > 0) {
         /* nothing fits: again, now measuring by how much each layout misses */
         s.want_shortfall = 1;
         s.evaluated = 0;
-        BG_CHECK_GOTO(search_world(&s, kinds, nk, pa->world, 0, 0, &found), st, out);
+        BG_CHECK_GOTO(search_tp(&s, kinds, nk, tp_req ? tp_req : 1, &found), st, out);
         s.want_shortfall = 0;
+        if (tp_auto) {
+            /* a layer too big for one device: the smallest tensor-parallel degree that fits, said so */
+            int evaluated = s.evaluated, t;
+            for (t = 2; t <= pa->world && s.nplans == 0; t++)
+                if (pa->world % t == 0)
+                    BG_CHECK_GOTO(search_tp(&s, kinds, nk, t, &found), st, out);
+            if (s.nplans > 0)
+                snprintf(note, sizeof note, "nothing fits at tp = 1 (%s); tp = %d is the smallest tensor-parallel "
+                                            "degree that fits", s.short_msg, s.plans[0]->tp);
+            else
+                s.evaluated = evaluated;
+        }
     }
     if (s.nplans == 0) {
         char a[32], b[160] = "";
@@ -1000,8 +1112,9 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         }
         goto out;
     }
-    /* the kept plans carry the model (the search's own candidates did not need it) */
-    BG_CHECK_GOTO(bg_model_desc_to_json(s.desc, &model_json), st, out);
+    /* the kept plans carry the model (the search's own candidates did not
+     * need it); its JSON is the same under any tensor-parallel degree */
+    BG_CHECK_GOTO(bg_model_desc_to_json(pa->model, &model_json), st, out);
     for (int i = 0; i < s.nplans; i++)
         if (!(s.plans[i]->model_json = strdup(model_json))) {
             st = bg_error(BG_ERR_NOMEM, "plan model");
@@ -1015,6 +1128,7 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     set->plans = s.plans;
     set->count = s.nplans;
     set->evaluated = s.evaluated;
+    snprintf(set->note, sizeof set->note, "%s", note);
     s.plans = NULL;
     s.nplans = 0;
     *set_p = set;
@@ -1212,7 +1326,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     BG_CHECK(get_int(root, "$", "world", 1, 1 << 20, &world));
     BG_CHECK(get_int(root, "$", "pp", 1, 1 << 20, &pp));
     BG_CHECK(get_int(root, "$", "dp", 1, 1 << 20, &dp));
-    BG_CHECK(get_int(root, "$", "tp", 1, 1, &tp));
+    BG_CHECK(get_int(root, "$", "tp", 1, 4096, &tp));
     if (pp * dp * tp != world)
         return bg_error(BG_ERR_PARSE, "plan: pp %lld x dp %lld x tp %lld is not world %lld", pp, dp, tp, world);
     BG_CHECK(get_int(root, "$", "microbatches", 1, 1 << 20, &mbs));

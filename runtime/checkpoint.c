@@ -107,16 +107,84 @@ static int model_optim(bg_model_t *m)
 }
 
 /* Writes DIR/rank-R.safetensors and its sidecar DIR/rank-R.json. */
-static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_model_t *const *models, int nmodels)
+/* Optimizer state every model has (the least of them). */
+static int models_optim(bg_model_t *const *models, int nmodels)
 {
-    bg_status_t st = BG_OK;
-    int n = 0, optim = 2;
+    int optim = 2;
     for (int k = 0; k < nmodels; k++) {
-        n += 3 * bg_model_num_tensors(models[k]);
         int have = model_optim(models[k]);
         if (have < optim)
             optim = have;
     }
+    return optim;
+}
+
+/* Tensor-parallel shards gathered whole before a save (a collective of each
+ * tensor group): full[i] is the i-th tensor write_rank_file writes, in its
+ * order (NULL: a whole tensor, written from the model). */
+typedef struct gathered {
+    float **full;
+    int64_t (*shape)[BG_PARAM_MAX_DIMS];
+    int n;
+} gathered_t;
+
+static void gathered_free(gathered_t *g)
+{
+    for (int i = 0; g->full && i < g->n; i++)
+        free(g->full[i]);
+    free(g->full);
+    free(g->shape);
+    memset(g, 0, sizeof *g);
+}
+
+static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathered_t *g)
+{
+    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(models[0]));
+    memset(g, 0, sizeof *g);
+    if (!tp)
+        return BG_OK;
+    int optim = models_optim(models, nmodels), n = 0;
+    for (int k = 0; k < nmodels; k++)
+        n += (1 + optim) * bg_model_num_tensors(models[k]);
+    g->n = n;
+    g->full = calloc(n ? (size_t)n : 1, sizeof(*g->full));
+    g->shape = calloc(n ? (size_t)n : 1, sizeof(*g->shape));
+    if (!g->full || !g->shape) {
+        gathered_free(g);
+        return bg_error(BG_ERR_NOMEM, "checkpoint: gathering tensor-parallel shards");
+    }
+    bg_status_t st = BG_OK;
+    int i = 0;
+    for (int k = 0; k < nmodels; k++) {
+        bg_model_t *m = models[k];
+        for (int t = 0; t < bg_model_num_tensors(m); t++) {
+            const bg_param_t *p = bg_model_tensor(m, t);
+            size_t off = (size_t)(p->data - bg_model_params(m));
+            for (int s = 0; s <= optim; s++, i++) {
+                if (!bg_param_is_shard(p))
+                    continue;
+                size_t numel = bg_param_full_shape(p, g->shape[i]);
+                g->full[i] = malloc(numel * sizeof(float));
+                if (!g->full[i]) /* the other members time out in the gather, naming this rank */
+                    st = bg_error(BG_ERR_NOMEM, "checkpoint: gathering %s", bg_model_tensor_name(m, t));
+                const float *src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off;
+                if (st == BG_OK)
+                    st = bg_param_gather_full(tp, bg_model_backend(m), p, src, g->full[i]);
+            }
+        }
+    }
+    if (st != BG_OK)
+        gathered_free(g);
+    return st;
+}
+
+static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_model_t *const *models, int nmodels,
+                                   const gathered_t *g)
+{
+    bg_status_t st = BG_OK;
+    int n = 0, optim = models_optim(models, nmodels);
+    for (int k = 0; k < nmodels; k++)
+        n += 3 * bg_model_num_tensors(models[k]);
     bg_st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
     char(*names)[BG_ST_NAME_MAX] = calloc(n ? (size_t)n : 1, sizeof(*names));
     json_t *sidecar_tensors = json_object();
@@ -138,6 +206,11 @@ static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_m
                 t[nt] = (bg_st_wtensor_t){.name = names[nt], .ndim = p->ndim, .shape = p->shape,
                                           .src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off,
                                           .be = bg_model_backend(m)};
+                if (g->full && g->full[nt]) {
+                    t[nt].shape = g->shape[nt];
+                    t[nt].src = g->full[nt];
+                    t[nt].be = NULL;
+                }
             }
         }
     }
@@ -659,8 +732,10 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
         snprintf(tmpdir, sizeof tmpdir, "%s.tmp-%s", final, token) >= (int)sizeof tmpdir)
         return bg_error(BG_ERR_INVALID, "checkpoint path too long: %s", p.root);
 
-    /* 1. every writer writes its file into the temporary directory */
-    bg_status_t mine = BG_OK;
+    /* 1. every writer writes its file into the temporary directory (the
+     * members of a tensor-parallel group gather their shards first) */
+    gathered_t gathered;
+    bg_status_t mine = gather_shards(p.models, p.nmodels, &gathered);
     if (p.writer || rank == 0) {
         if (world == 1 && !p.comm)
             rm_rf(tmpdir); /* a leftover of this process's failed save of the same step */
@@ -668,10 +743,11 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
         if (mine == BG_OK && mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
             mine = bg_error(BG_ERR_IO, "cannot create %s: %s", tmpdir, strerror(errno));
         if (mine == BG_OK && p.writer)
-            mine = write_rank_file(tmpdir, rank, p.step, p.models, p.nmodels);
+            mine = write_rank_file(tmpdir, rank, p.step, p.models, p.nmodels, &gathered);
         if (mine != BG_OK)
             bg_log(BG_LOG_ERROR, "checkpoint", "rank %d: %s", rank, bg_last_error());
     }
+    gathered_free(&gathered);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", mine != BG_OK ? bg_last_error() : "");
 
@@ -833,7 +909,8 @@ static bg_status_t apply_needs(need_t *nd, int n, int optim)
     for (int i = 0; i < n; i++) {
         bg_model_t *m = nd[i].m;
         float *dst = nd[i].which < 0 ? nd[i].dst : bg_model_optim_state(m, nd[i].which) + nd[i].off;
-        bg_st_copy(nd[i].src, bg_model_backend(m), dst);
+        const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
+        BG_CHECK(bg_st_copy_param(nd[i].src, nd[i].p, tp ? tp->rank : 0, bg_model_backend(m), dst));
     }
     return BG_OK;
 }
@@ -986,7 +1063,7 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
         for (int j = 0; j < srcs.n && !nd[i].src; j++) {
             const bg_st_tensor_t *t = bg_st_find(srcs.files[j], nd[i].name);
             if (t)
-                BG_CHECK_GOTO(bg_st_check_shape(srcs.files[j], t, nd[i].p->ndim, nd[i].p->shape), st, out);
+                BG_CHECK_GOTO(bg_st_check_param(srcs.files[j], t, nd[i].p), st, out);
             nd[i].src = t;
         }
         if (!nd[i].src) {

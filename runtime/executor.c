@@ -7,8 +7,9 @@
  * soon as its last backward piece is done, so the reduction overlaps the
  * pipeline's drain. One process is the executor at pp = dp = 1.
  *
- * Layout (ARCHITECTURE.md): world = pp x dp (tp = 1 for now),
- * rank = pp_i * dp + dp_i. Data: replica d takes sequences
+ * Layout (ARCHITECTURE.md): world = pp x dp x tp,
+ * rank = (pp_i * dp + dp_i) * tp + tp_i; the members of a tensor group run
+ * the same program on their shards (runtime/tp.c). Data: replica d takes sequences
  * [d*B/D, (d+1)*B/D) of each step's global batch, in M microbatches, from
  * the host's batch source. The loss scale is 1 / (positions of the global
  * batch) on every replica and the reduction is a sum, so the arithmetic of a
@@ -42,6 +43,7 @@
 #include "core/check.h"
 #include "core/fileio.h"
 #include "runtime/checkpoint_impl.h"
+#include "runtime/tp.h"
 #include "runtime/numa.h"
 #include "runtime/trace.h"
 #include "runtime/zero.h"
@@ -87,6 +89,8 @@ typedef struct bg_executor {
     bg_comm_t *comm;
     int own_comm;
     bg_group_t *dp_group, *world_group;
+    bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
+    int T, tp_i;            /* tensor-parallel degree and this rank's member index */
     bg_backend_t *be;
     bg_schedule_t *sched;
     const bg_sched_op_t *ops;
@@ -347,7 +351,8 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     if (++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
     if (ch->is_last)
-        x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
+        if (x->tp_i == 0) /* every member of a tensor group computes the same losses */
+            x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
     if (!ch->is_last && ch->next_local) {
         /* the next stage is ours: hand the output over now */
         chunk_t *nx = chunk_of_stage(x, ch->stage + 1);
@@ -548,7 +553,8 @@ static double grad_sumsq(exec_t *x, chunk_t *ch)
         int second = 0;
         for (int t = 0; t < x->nties && !second; t++)
             second = x->ties[t].b == p;
-        if (!second && p->numel)
+        /* a tensor replicated over the tensor group counts once (member 0) */
+        if (!second && p->numel && (x->tp_i == 0 || bg_param_is_shard(p)))
             s += ch->zero ? bg__zero_tensor_sumsq(ch->zero, i) : x->be->ops->sumsq(x->be, p->grad, p->numel);
     }
     return s;
@@ -726,9 +732,9 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     BG_CHECK(chunk_models(x, &models));
     char extra[512];
     snprintf(extra, sizeof(extra),
-             "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":1,\"chunks\":%d,\"schedule\":\"%s\"},"
+             "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":%d,\"chunks\":%d,\"schedule\":\"%s\"},"
              "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
-             x->P, x->D, x->V, bg_schedule_name(x->sched), x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
+             x->P, x->D, x->T, x->V, bg_schedule_name(x->sched), x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
              (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
@@ -736,7 +742,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.models = models;
     p.nmodels = x->V;
     p.comm = x->comm;
-    p.writer = x->dp_i == 0;
+    p.writer = x->dp_i == 0 && x->tp_i == 0; /* member 0 writes the tensor group's gathered tensors */
     p.extra_json = extra;
     p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);
@@ -959,9 +965,9 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
         return bg_error(BG_ERR_INVALID, "bg_executor_write_trace: the executor was created without a trace_path");
     char meta[512];
     snprintf(meta, sizeof(meta),
-             "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
+             "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-             bg_schedule_name(x->sched), x->P, x->D, x->M, x->V, (long long)x->step);
+             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, x->V, (long long)x->step);
     return bg_trace_write(x->trace, x->p.trace_path, meta);
 }
 
@@ -1022,6 +1028,7 @@ static void exec_free(exec_t *x)
     free(x->chunks);
     bg_group_destroy(x->dp_group);
     bg_group_destroy(x->world_group);
+    bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
     free(x->tokens);
@@ -1040,8 +1047,7 @@ static bg_status_t check_params(const bg_executor_params_t *p)
         return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1 or 2", p->zero);
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
-    if (p->tp != 1)
-        return bg_error(BG_ERR_UNSUPPORTED, "tp = %d: tensor parallelism is not built yet (tp must be 1)", p->tp);
+    BG_CHECK(bg__tp_check_params(p->model, p->tp));
     if (p->batch < 1 || p->microbatches < 1)
         return bg_error(BG_ERR_INVALID, "batch (%d) and microbatches (%d) must be >= 1", p->batch, p->microbatches);
     if (p->batch % (p->dp * p->microbatches) != 0)
@@ -1060,13 +1066,17 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     return BG_OK;
 }
 
+/* World rank of pipeline rank pp, replica dp, this rank's tensor member:
+ * tp varies fastest, then dp, then pp (ARCHITECTURE.md). */
+static int world_rank(const exec_t *x, int pp, int dp) { return (pp * x->D + dp) * x->T + x->tp_i; }
+
 /* The job's groups: this rank's data-parallel group and the world. */
 static bg_status_t make_groups(exec_t *x)
 {
     int *ranks = malloc((size_t)(x->world > x->D ? x->world : x->D) * sizeof(int));
     BG_ALLOC_CHECK(ranks, (size_t)x->world * sizeof(int), "group ranks");
     for (int d = 0; d < x->D; d++)
-        ranks[d] = x->pp_i * x->D + d;
+        ranks[d] = world_rank(x, x->pp_i, d);
     bg_status_t st = bg_group_create(x->comm, x->D, ranks, &x->dp_group);
     for (int r = 0; st == BG_OK && r < x->world; r++)
         ranks[r] = r;
@@ -1100,8 +1110,8 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     int nr = stage < x->S - 1 ? bg_schedule_stage_rank(x->sched, stage + 1) : -1;
     ch->prev_local = pr == x->pp_i;
     ch->next_local = nr == x->pp_i;
-    ch->prev_rank = pr >= 0 ? pr * x->D + x->dp_i : -1;
-    ch->next_rank = nr >= 0 ? nr * x->D + x->dp_i : -1;
+    ch->prev_rank = pr >= 0 ? world_rank(x, pr, x->dp_i) : -1;
+    ch->next_rank = nr >= 0 ? world_rank(x, nr, x->dp_i) : -1;
     BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
     BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
     const bg_executor_params_t *p = &x->p;
@@ -1161,7 +1171,7 @@ static bg_status_t make_ties(exec_t *x)
             int layer = bg_model_desc_tensor_layer(x->desc, ti->a ? nb : na), stage = 0;
             while (stage < x->S - 1 && x->last[stage] < layer)
                 stage++;
-            ti->partner = bg_schedule_stage_rank(x->sched, stage) * x->D + x->dp_i;
+            ti->partner = world_rank(x, bg_schedule_stage_rank(x->sched, stage), x->dp_i);
         }
     }
     return BG_OK;
@@ -1184,6 +1194,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->numa_node = -1;
     x->P = x->p.pp;
     x->D = x->p.dp;
+    x->T = x->p.tp;
     if (x->p.zero && x->D == 1) {
         bg_log(BG_LOG_INFO, "train", "--zero %d with dp = 1 changes nothing (one replica holds everything)", x->p.zero);
         x->p.zero = 0;
@@ -1237,16 +1248,21 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->rank = bg_comm_rank(x->comm);
     x->world = bg_comm_size(x->comm);
     bg_log_set_rank(x->rank);
-    if (x->world != x->P * x->D) {
-        st = bg_error(BG_ERR_INVALID, "pp %d x dp %d = %d ranks, but the job has %d (start it with brigade launch -n %d)",
-                      x->P, x->D, x->P * x->D, x->world, x->P * x->D);
+    if (x->world != x->P * x->D * x->T) {
+        char tp[32] = "";
+        if (x->T > 1)
+            snprintf(tp, sizeof tp, " x tp %d", x->T);
+        st = bg_error(BG_ERR_INVALID, "pp %d x dp %d%s = %d ranks, but the job has %d (start it with brigade launch "
+                                      "-n %d)", x->P, x->D, tp, x->P * x->D * x->T, x->world, x->P * x->D * x->T);
         goto err;
     }
     if (x->p.process_wide)
         BG_CHECK_GOTO(bg_numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
-    x->pp_i = x->rank / x->D;
-    x->dp_i = x->rank % x->D;
+    x->pp_i = x->rank / (x->D * x->T);
+    x->dp_i = x->rank / x->T % x->D;
+    x->tp_i = x->rank % x->T;
     BG_CHECK_GOTO(make_groups(x), st, err);
+    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->T, (x->pp_i * x->D + x->dp_i) * x->T, &x->tp), st, err);
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
@@ -1278,6 +1294,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     BG_CHECK_GOTO(make_ties(x), st, err);
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg_trace_create(x->comm, x->rank, &x->trace), st, err);
+    bg__tp_set_trace(x->tp, x->trace, &x->step);
     BG_CHECK_GOTO(predict_activations(x), st, err);
     {
         int L = bg_model_desc_num_layers(x->desc), cnt;

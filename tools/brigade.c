@@ -21,8 +21,8 @@ static const bg_command_t bg__commands[] = {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: brigade <command> [options]   (brigade <command> --help for its options)\n\n"
-               "brigade " BRIGADE_VERSION_STRING ": pipeline- and data-parallel training in C (tensor parallelism\n"
-               "is not built yet). Backends compiled in:");
+               "brigade " BRIGADE_VERSION_STRING ": pipeline-, data- and tensor-parallel training in C.\n"
+               "Backends compiled in:");
     for (const char *const *n = bg_backend_names(); *n; n++)
         fprintf(f, " %s", *n);
     fprintf(f, "\n\ncommands:\n");

@@ -43,6 +43,9 @@ static void usage(FILE *f)
             "  --microbatch-size b  sequences per microbatch per replica (default: searched)\n"
             "  --schedule LIST    schedules to consider, comma-separated, or all (default all)\n"
             "  --pp N             fix the pipeline depth (default: searched)\n"
+            "  --tp N|all         tensor-parallel degree: N only, or every degree dividing the devices\n"
+            "                     (default: 1, and when no layout fits at 1 the smallest degree that\n"
+            "                     fits, said so)\n"
             "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
             "  --zero 0|1|2|auto  count optimizer state (1) and gradients (2) sharded 1/dp (brigade train\n"
@@ -208,6 +211,8 @@ static void print_plan(const bg_plan_t *p, int calibrated)
     int n = bg_plan_split(p, split, 4096);
     printf("\nrun it: brigade launch -n %d -- brigade train ... --pp %d --dp %d --schedule %s", bg_plan_world(p),
            bg_plan_pp(p), bg_plan_dp(p), bg_plan_schedule(p));
+    if (bg_plan_tp(p) > 1)
+        printf(" --tp %d", bg_plan_tp(p));
     if (bg_plan_chunks(p) > 1 && strcmp(bg_plan_schedule(p), "zbv"))
         printf(" --chunks %d", bg_plan_chunks(p));
     if (bg_plan_zero(p))
@@ -222,7 +227,7 @@ static void print_top(const bg_plan_set_t *set)
 {
     char a[32], b[32];
     printf("\ntop layouts (%d evaluated):\n", bg_plan_set_evaluated(set));
-    printf("%3s %4s %4s %-12s %5s %6s %12s %8s %14s  %s\n", "#", "pp", "dp", "schedule", "m", "mb", "step ms",
+    printf("%3s %4s %4s %3s %-12s %5s %6s %12s %8s %14s  %s\n", "#", "pp", "dp", "tp", "schedule", "m", "mb", "step ms",
            "bubble", "tokens/s", "max memory / budget");
     for (int i = 0; i < bg_plan_set_count(set); i++) {
         const bg_plan_t *p = bg_plan_set_get(set, i);
@@ -233,8 +238,8 @@ static void print_top(const bg_plan_set_t *set)
             if (u > worst)
                 worst = u, wr = r;
         }
-        printf("%3d %4d %4d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
-               bg_plan_dp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
+        printf("%3d %4d %4d %3d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
+               bg_plan_dp(p), bg_plan_tp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
                bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
                gib(a, sizeof(a), (double)bg_plan_rank_peak_bytes(p, wr)),
                gib(b, sizeof(b), (double)bg_plan_rank_budget_bytes(p, wr)), wr,
@@ -354,7 +359,7 @@ int bg_cmd_plan(int argc, char **argv)
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
-           O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
+           O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
            O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
@@ -362,7 +367,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"speed", required_argument, 0, O_SPEED},     {"flops", required_argument, 0, O_FLOPS},
         {"link-bw", required_argument, 0, O_LINKBW},  {"link-latency", required_argument, 0, O_LINKLAT},
         {"batch", required_argument, 0, O_BATCH},     {"microbatch-size", required_argument, 0, O_MBS},
-        {"schedule", required_argument, 0, O_SCHED},  {"pp", required_argument, 0, O_PP},
+        {"schedule", required_argument, 0, O_SCHED},  {"pp", required_argument, 0, O_PP}, {"tp", required_argument, 0, O_TP},
         {"chunks", required_argument, 0, O_CHUNKS},   {"optimizer", required_argument, 0, O_OPT},
         {"recompute", no_argument, 0, O_RECOMP},      {"top", required_argument, 0, O_TOP},
         {"json", required_argument, 0, O_JSON},       {"bench", no_argument, 0, O_BENCH},
@@ -381,6 +386,15 @@ int bg_cmd_plan(int argc, char **argv)
             INT_FLAG(O_BATCH, "--batch", 1, 1 << 24, pp.batch)
             INT_FLAG(O_MBS, "--microbatch-size", 1, 1 << 24, pp.microbatch_size)
             INT_FLAG(O_PP, "--pp", 1, 1 << 16, pp.pp)
+        case O_TP:
+            if (strcmp(optarg, "all") == 0) {
+                pp.tp = BG_PLAN_TP_ALL;
+                break;
+            }
+            if (bg_cli_int(CMD, "--tp", optarg, 1, 4096, &v))
+                return 2;
+            pp.tp = (int)v;
+            break;
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, pp.chunks)
             INT_FLAG(O_TOP, "--top", 1, 1000, pp.top)
 #undef INT_FLAG
@@ -531,6 +545,8 @@ int bg_cmd_plan(int argc, char **argv)
     if (!do_measure && !have_flops)
         fprintf(stderr, "brigade plan: warning: uncalibrated: the predicted times assume 1e12 FLOP/s per device "
                         "(use --measure or --flops)\n");
+    if (bg_plan_set_note(set)[0])
+        printf("%s\n\n", bg_plan_set_note(set));
     print_plan(best, do_measure || have_flops);
     print_top(set);
     if (json_path) {

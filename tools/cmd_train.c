@@ -34,9 +34,12 @@ static void usage(FILE *f)
             "  --recompute            keep only each stage's input and output per microbatch; recompute\n"
             "                         the rest in the backward (less memory, one more forward)\n"
             "  --backend NAME         kernel backend (default cpu; brigade info lists them)\n"
-            "parallel (run under brigade launch -n PP*DP, mpirun or srun):\n"
+            "parallel (run under brigade launch -n PP*DP*TP, mpirun or srun):\n"
             "  --pp N                 pipeline stages (default 1)\n"
             "  --dp N                 data-parallel replicas (default 1)\n"
+            "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
+            "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
+            "                         laid out tp fastest, then dp, then pp\n"
             "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
             "                         (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved, zb-interleaved;\n"
@@ -329,7 +332,7 @@ int bg_cmd_train(int argc, char **argv)
     char warning[1024];
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -340,6 +343,7 @@ int bg_cmd_train(int argc, char **argv)
         {"metrics", required_argument, 0, O_METRICS}, {"save", required_argument, 0, O_SAVE},
         {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
+        {"tp", required_argument, 0, O_TP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
@@ -366,6 +370,7 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
             INT_FLAG(O_PP, "--pp", 1, 4096, c.pp)
             INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
+            INT_FLAG(O_TP, "--tp", 1, 4096, c.model.tp)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
@@ -455,10 +460,7 @@ int bg_cmd_train(int argc, char **argv)
             bg_plan_free(plan);
             return 2;
         }
-        if (bg_plan_tp(plan) != 1) {
-            bg_plan_free(plan);
-            return bg_cli_fail(cmd, "%s: tp %d: tensor parallelism is not implemented yet", plan_path, bg_plan_tp(plan));
-        }
+        c.model.tp = bg_plan_tp(plan);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);
         c.microbatches = bg_plan_microbatches(plan);
@@ -526,17 +528,21 @@ int bg_cmd_train(int argc, char **argv)
     }
     bg_train_result_t r;
     st = bg_train(&c, &r);
-    int ranks = (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1);
+    int tp = c.model.tp > 0 ? c.model.tp : 1;
+    int ranks = (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1) * tp;
+    char tp_text[32] = "";
+    if (tp > 1)
+        snprintf(tp_text, sizeof tp_text, " x tp %d", tp);
     if (st == BG_ERR_INVALID && ranks > 1 && strstr(bg_last_error(), "but the job has 1 ")) {
         /* a parallel layout started as one process: say how to start its ranks */
         bg_plan_free(plan);
         return bg_cli_fail(cmd,
-                           "pp %d x dp %d = %d ranks, but this is a single process; start one process per "
+                           "pp %d x dp %d%s = %d ranks, but this is a single process; start one process per "
                            "rank with a launcher:\n"
                            "  brigade launch -n %d -- brigade train ...\n"
                            "  torchrun --nproc-per-node %d --no-python brigade train ...\n"
                            "  mpirun -n %d brigade train ...",
-                           c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1, ranks, ranks, ranks, ranks);
+                           c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1, tp_text, ranks, ranks, ranks, ranks);
     }
     int peer;
     if (st == BG_ERR_PEER && peer_failed(bg_last_error(), &peer)) {
@@ -587,8 +593,8 @@ int bg_cmd_train(int argc, char **argv)
         if (rank != 0)
             return rc;
         if (ran > 0)
-            printf("trained %s on %d ranks (pp %d x dp %d, %s): %s, loss %.4f -> %.4f\n",
-                   c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1,
+            printf("trained %s on %d ranks (pp %d x dp %d x tp %d, %s): %s, loss %.4f -> %.4f\n",
+                   c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
                    c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
         else
             printf("%s on %d ranks: %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, did);

@@ -5,7 +5,11 @@
  * time, on any pipeline x data-parallel layout:
  *
  *     brigade launch -n 2 -- ./train_byom --pp 2 --steps 30 --save out
+ *     brigade launch -n 2 -- ./train_byom --tp 2 --steps 30 --save out
  *
+ * With --tp T brigade's layers are its tensor-parallel ones (vocabulary-
+ * parallel embedding and head, attention heads split over T ranks) while
+ * the user's own layers stay replicated on every member: same weights. *
  * The model: token embedding, N x (attention block, SwiGLU block), RMSNorm,
  * and an output head whose weight is tied to the embedding. The data: a
  * synthetic language whose next token is a fixed function of the current
@@ -21,7 +25,7 @@
 #include "user_layers.h"
 
 typedef struct options {
-    int pp, dp, chunks, steps, layers, d_model, heads, seq, vocab, batch, microbatches, threads, recompute;
+    int pp, dp, tp, chunks, steps, layers, d_model, heads, seq, vocab, batch, microbatches, threads, recompute;
     float lr;
     const char *schedule, *save, *ckpt;
     int ckpt_every, resume;
@@ -71,12 +75,15 @@ static bg_status_t build_model(const options_t *o, bg_model_desc_t **desc_p)
         return st;
     bg_layer_t *l;
     char name[64];
-    st = bg_layer_embedding("embed", o->vocab, o->seq, o->d_model, 0.02f, &l);
+    if (o->tp > 1)
+        st = bg_layer_vocab_embedding("embed", o->vocab, o->seq, o->d_model, 0.02f, o->tp, &l);
+    else
+        st = bg_layer_embedding("embed", o->vocab, o->seq, o->d_model, 0.02f, &l);
     if (st == BG_OK)
         st = bg_model_desc_add(d, l);
     for (int i = 0; i < o->layers && st == BG_OK; i++) {
         snprintf(name, sizeof(name), "attn.%d", i);
-        st = bg_layer_attention_block(name, o->d_model, o->heads, 0.02f, 0.01f, &l);
+        st = bg_layer_tp_attention_block(name, o->d_model, o->heads, 0.02f, 0.01f, o->tp, &l); /* tp 1: plain */
         if (st == BG_OK)
             st = bg_model_desc_add(d, l);
         snprintf(name, sizeof(name), "ffn.%d", i);
@@ -90,7 +97,8 @@ static bg_status_t build_model(const options_t *o, bg_model_desc_t **desc_p)
     if (st == BG_OK)
         st = bg_model_desc_add(d, l);
     if (st == BG_OK)
-        st = bg_layer_head("head", o->d_model, o->vocab, 0, 0.02f, &l);
+        st = o->tp > 1 ? bg_layer_vocab_head("head", o->d_model, o->vocab, 0, 0.02f, o->tp, &l)
+                       : bg_layer_head("head", o->d_model, o->vocab, 0, 0.02f, &l);
     if (st == BG_OK)
         st = bg_model_desc_add(d, l);
     if (st == BG_OK)
@@ -108,7 +116,7 @@ static bg_status_t build_model(const options_t *o, bg_model_desc_t **desc_p)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: train_byom [--pp N] [--dp N] [--schedule NAME] [--chunks V] [--steps N] [--layers N]\n"
+            "usage: train_byom [--pp N] [--dp N] [--tp N] [--schedule NAME] [--chunks V] [--steps N] [--layers N]\n"
             "                  [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--microbatches N]\n"
             "                  [--lr X] [--threads N] [--recompute] [--save DIR]\n"
             "                  [--checkpoint-dir DIR [--checkpoint-every N] [--resume]]\n"
@@ -117,19 +125,20 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    options_t o = {1, 1, 0, 30, 2, 32, 4, 16, 64, 8, 4, 1, 0, 3e-3f, NULL, NULL, NULL, 0, 0, -1, -1};
+    options_t o = {1, 1, 1, 0, 30, 2, 32, 4, 16, 64, 8, 4, 1, 0, 3e-3f, NULL, NULL, NULL, 0, 0, -1, -1};
     static const struct option opts[] = {
         {"pp", 1, 0, 'p'},          {"dp", 1, 0, 'd'},     {"schedule", 1, 0, 's'}, {"chunks", 1, 0, 'c'},
         {"steps", 1, 0, 'n'},       {"layers", 1, 0, 'l'}, {"d-model", 1, 0, 'm'},  {"heads", 1, 0, 'h'},
         {"seq", 1, 0, 't'},         {"vocab", 1, 0, 'v'},  {"batch", 1, 0, 'b'},    {"microbatches", 1, 0, 'M'},
         {"lr", 1, 0, 'r'},          {"threads", 1, 0, 'T'}, {"recompute", 0, 0, 'R'}, {"save", 1, 0, 'o'},
         {"fail-at-step", 1, 0, 'F'}, {"bad-target-at-step", 1, 0, 'G'}, {"checkpoint-dir", 1, 0, 'C'},
-        {"checkpoint-every", 1, 0, 'E'}, {"resume", 0, 0, 'S'}, {0, 0, 0, 0}};
+        {"checkpoint-every", 1, 0, 'E'}, {"resume", 0, 0, 'S'}, {"tp", 1, 0, 'P'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'p': o.pp = atoi(optarg); break;
         case 'd': o.dp = atoi(optarg); break;
+        case 'P': o.tp = atoi(optarg); break;
         case 's': o.schedule = optarg; break;
         case 'c': o.chunks = atoi(optarg); break;
         case 'n': o.steps = atoi(optarg); break;
@@ -161,6 +170,7 @@ int main(int argc, char **argv)
     p.model = desc;
     p.pp = o.pp;
     p.dp = o.dp;
+    p.tp = o.tp;
     p.schedule = o.schedule;
     p.chunks = o.chunks;
     p.batch = o.batch;

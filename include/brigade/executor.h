@@ -73,7 +73,8 @@ typedef struct bg_executor_params {
     bg_model_desc_t *model;      /**< the model (checked); must outlive the executor */
     int pp;                      /**< pipeline ranks (1: none) */
     int dp;                      /**< data-parallel replicas (1: none) */
-    int tp;                      /**< tensor-parallel degree: 1 (tensor parallelism is not built yet) */
+    int tp;                      /**< tensor-parallel degree: the model's tensor-parallel layers are of this
+                                      degree (1: none); world = pp * dp * tp, tp fastest */
     const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev; NULL: 1f1b */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */

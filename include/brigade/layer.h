@@ -66,9 +66,41 @@ typedef struct bg_param {
     int decay;                          /**< 1: weight decay applies */
     float *data;                        /**< (numel) on the backend */
     float *grad;                        /**< (numel) on the backend */
+    /* tensor parallelism (docs/layers.md): a shard of a larger named tensor */
+    int split_dim;                      /**< dimension split across the tensor-parallel group */
+    int split_parts;                    /**< 0 or 1: the whole tensor; T: this is one of T equal shards */
+    int split_blocks;                   /**< 0 or 1: one contiguous piece of split_dim; k: split_dim is k
+                                             equal blocks (q, k, v) and the shard holds a piece of each */
 } bg_param_t;
 
+/**
+ * A tensor-parallel group as layers see it (filled by the runtime over its
+ * transport; models/ never sends a byte itself). Buffers are the backend's.
+ * Results must be bitwise equal on every member, so replicated computation
+ * stays replicated.
+ */
+typedef struct bg_tp_comm {
+    int size; /**< members (the tensor-parallel degree T) */
+    int rank; /**< this process's index in the group, 0 .. size-1 */
+    /** In-place sum of @p count floats over the group. */
+    bg_status_t (*allreduce)(void *arg, float *buf, size_t count);
+    /** Every member's @p count floats: recv holds size * count, member i's at i * count. */
+    bg_status_t (*allgather)(void *arg, const float *send, float *recv, size_t count);
+    void *arg; /**< passed to the functions */
+    /** Optional (NULL: the layers use allreduce): start the in-place sum of @p count floats, progressed
+     *  while the caller computes; @p buf belongs to the group until wait returns. */
+    bg_status_t (*iallreduce)(void *arg, float *buf, size_t count, void **req_p);
+    /** With iallreduce: wait for a sum it started, and free its request. */
+    bg_status_t (*wait)(void *arg, void *req);
+} bg_tp_comm_t;
+
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
+
+/** The tensor-parallel group collectives of one call (the planner's cost model). */
+typedef struct bg_tp_cost {
+    double fwd_calls, fwd_bytes; /**< forward: collectives, and bytes each member puts in them */
+    double bwd_calls, bwd_bytes; /**< backward (B + W) */
+} bg_tp_cost_t;
 
 /** Per-call context. Buffers are on the backend. */
 typedef struct bg_layer_ctx {
@@ -80,6 +112,7 @@ typedef struct bg_layer_ctx {
     void *stash;              /**< stash_bytes(in): kept from F until the last of B and W */
     void *wstash;             /**< wstash_bytes(in): kept from B until W */
     void *scratch;            /**< scratch_bytes(in): valid during one call only */
+    const bg_tp_comm_t *tp;   /**< the tensor-parallel group (NULL: none, T = 1) */
 } bg_layer_ctx_t;
 
 /** A layer type: its functions (filled with designated initialisers; see docs/layers.md). */
@@ -108,6 +141,9 @@ typedef struct bg_layer_ops {
      *  (n, t, 1) per-position losses and its backward_input starts from
      *  ctx->targets and ctx->loss_scale. A model's last layer must be one. */
     int (*loss_classes)(const bg_layer_t *l);
+    /** Tensor-parallel layers only (NULL: none): adds the group collectives of one forward and one
+     *  backward for input @p in to *cost. */
+    void (*tp_cost)(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost);
 } bg_layer_ops_t;
 
 /** A layer: its type, name, parameters and children. */
@@ -135,6 +171,8 @@ size_t bg_layer_scratch_bytes(const bg_layer_t *l, bg_shape_t in); /**< temporar
 size_t bg_layer_param_count(const bg_layer_t *l); /**< including children */
 double bg_layer_fwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the forward */
 double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the backward (B + W) */
+/** Adds the tensor-parallel collectives of one F and one B of @p l (composites: their children's) to *cost. */
+void bg_layer_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost);
 /** Target classes of a loss layer (a seq whose last child is one counts); 0: not a loss layer. */
 int bg_layer_loss_classes(const bg_layer_t *l);
 
@@ -163,6 +201,54 @@ bg_status_t bg_layer_attention_block(const char *name, int c, int heads, float i
 bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float proj_std, bg_layer_t **layer_p);
 /** Transformer block: attention block then MLP block. */
 bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, bg_layer_t **layer_p);
+
+/* ---- tensor-parallel layers (Megatron-style; docs/layers.md) ----
+ * Each takes the tensor-parallel degree @p tp and holds this rank's shard of
+ * full named tensors (saved and loaded whole). They need the model bound to a
+ * group of tp ranks (bg_model_desc_set_tp; the executor does it). Sizes that
+ * tp does not divide fail with a message naming the layer and the sizes. */
+/** Column-parallel linear: (n, t, c_in) -> (n, t, c_out / tp), output features split; no communication
+ *  forward, a sum of the input gradient backward. blocks > 1: the output is blocks equal groups (packed
+ *  q, k, v: 3) and each rank holds a slice of every group. */
+bg_status_t bg_layer_column_linear(const char *name, int c_in, int c_out, int blocks, int bias, float init_std, int tp,
+                                   bg_layer_t **layer_p);
+/** Row-parallel linear: (n, t, c_in / tp) -> (n, t, c_out), input features split; one sum of the output
+ *  forward (the bias, replicated, is added after it), none backward. */
+bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias, float init_std, int tp,
+                                bg_layer_t **layer_p);
+/** Vocabulary-parallel token + position embedding: (n, t) tokens -> (n, t, c); each rank holds vocab / tp
+ *  rows of "wte" (wpe is replicated); one sum forward. */
+bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
+                                     bg_layer_t **layer_p);
+/** Vocabulary-parallel head: linear c -> classes / tp per rank and a softmax cross-entropy that never
+ *  gathers the logits (one allgather of 3 floats per position forward, one sum of the input gradient
+ *  backward). Output (n, t, 1) per-position losses, as bg_layer_head. */
+bg_status_t bg_layer_vocab_head(const char *name, int c, int classes, int bias, float init_std, int tp,
+                                bg_layer_t **layer_p);
+/** Tensor-parallel attention block: x + proj(attn(qkv(ln(x)))) with qkv column-parallel (heads / tp heads
+ *  per rank), proj row-parallel: one sum forward, one backward. */
+bg_status_t bg_layer_tp_attention_block(const char *name, int c, int heads, float init_std, float proj_std, int tp,
+                                        bg_layer_t **layer_p);
+/** Tensor-parallel MLP block: x + proj(gelu(fc(ln(x)))), fc column-parallel, proj row-parallel. */
+bg_status_t bg_layer_tp_mlp_block(const char *name, int c, float init_std, float proj_std, int tp,
+                                  bg_layer_t **layer_p);
+/** Tensor-parallel transformer block: the two blocks above. */
+bg_status_t bg_layer_tp_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, int tp,
+                                          bg_layer_t **layer_p);
+
+/* ---- shards of tensor-parallel parameters ---- */
+/** Is @p p a shard (split_parts > 1)? */
+static inline int bg_param_is_shard(const bg_param_t *p) { return p->split_parts > 1; }
+/** The full tensor's shape and elements (the shard's own for a whole tensor). */
+size_t bg_param_full_shape(const bg_param_t *p, int64_t *shape /* (BG_PARAM_MAX_DIMS) */);
+/** Host copy of member @p part's shard out of the full tensor @p full. */
+void bg_param_shard_from_full(const bg_param_t *p, int part, const float *full, float *shard);
+/** Host copy of the full tensor from every member's shard, concatenated in member order. */
+void bg_param_full_from_shards(const bg_param_t *p, const float *shards, float *full);
+/** Collective over @p tp: the full tensor (host, bg_param_full_shape elements) from every member's
+ *  shard @p src (on @p be, p->numel floats: the weights or a slice of optimizer state shaped like them). */
+bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const bg_param_t *p, const float *src,
+                                 float *full);
 
 #ifdef __cplusplus
 }

@@ -96,8 +96,19 @@ void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, 
 /** Shape of the model's input for n sequences of t positions (t is ignored
  *  for FEATURES inputs, whose positions are fixed). */
 bg_shape_t bg_model_desc_input_shape(const bg_model_desc_t *d, int n, int t);
-/** Parameters of the whole model. */
+/** Parameters of the whole model (this member's shards where layers are split). */
 size_t bg_model_desc_param_count(const bg_model_desc_t *d);
+/** The tensor-parallel degree of the description's split tensors (1: none;
+ *  -1: layers split over different degrees). */
+int bg_model_desc_tp_degree(const bg_model_desc_t *d);
+/** Run the description in tensor-parallel group @p tp (NULL: none): its
+ *  shards are this member's (initialisation slices the full tensors, saves
+ *  gather them) and its layers use the group's collectives. The group must
+ *  outlive the models bound to the description; its size must equal
+ *  bg_model_desc_tp_degree() (BG_ERR_INVALID naming both). The executor
+ *  calls it; a host only when it binds models itself. */
+bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp);
+const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d); /**< the group of bg_model_desc_set_tp (NULL: none) */
 /** The top-level layer that holds tensor @p name (full name); -1 if none. */
 int bg_model_desc_tensor_layer(const bg_model_desc_t *d, const char *name);
 
@@ -134,8 +145,10 @@ typedef struct bg_model_config {
     int classes;          /**< MLP: classes of the synthetic task */
     uint64_t seed;        /**< initialisation seed */
     int tie_embeddings;   /**< GPT: the head's weight is tied to the token embedding */
+    int tp;               /**< tensor-parallel degree of the layers built (1: plain layers); not part of
+                               the model's identity (its JSON): saves load under any tp */
 } bg_model_config_t;
-#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0}
+#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0, 1}
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
@@ -192,6 +205,7 @@ typedef struct bg_layer_profile {
     size_t output_bytes;  /**< bytes of its output (sent to the next stage at a boundary) */
     double fwd_flops;
     double bwd_flops;     /**< B + W */
+    bg_tp_cost_t tp;      /**< its tensor-parallel group collectives (tensor-parallel layers; else 0) */
 } bg_layer_profile_t;
 /** Fills profile[0 .. layers-1] from what each layer reports; *count_p = layers. */
 bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_profile_t *profile, int max,

@@ -197,11 +197,17 @@ typedef struct bg_plan_params {
                                       without them a split backward is B = W = backward / 2) */
     int zero;                    /**< sharding across the dp replicas (docs/data_parallel.md): 0, 1 or 2, or
                                       BG_PLAN_ZERO_AUTO: per layout, the lowest stage that fits */
+    int tp;                      /**< tensor-parallel degree: 0 (default) = 1, unless no layout fits at 1
+                                      (then the smallest degree that fits, said in bg_plan_set_note); N >= 1 =
+                                      only N; BG_PLAN_TP_ALL = every degree dividing the devices. Degrees > 1
+                                      need a builder-made model (rebuilt with that tp) or one of
+                                      tensor-parallel layers */
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
+#define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
     {sizeof(bg_plan_params_t), NULL, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW, 0, 1e12, 5e-6, 10e9,     \
-     NULL, NULL, 5, NULL, NULL, 0}
+     NULL, NULL, 5, NULL, NULL, 0, 0}
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -224,6 +230,9 @@ bg_status_t bg_plan_search(const bg_plan_params_t *params, bg_plan_set_t **set_p
 int bg_plan_set_count(const bg_plan_set_t *set); /**< plans kept (at most params.top) */
 /** Candidates evaluated (fitting or not). */
 int bg_plan_set_evaluated(const bg_plan_set_t *set);
+/** What the search had to do to find a fit, for the user ("nothing fits at tp = 1 (...); tp = 2 is the
+ *  smallest tensor-parallel degree that fits"); empty when nothing was needed. */
+const char *bg_plan_set_note(const bg_plan_set_t *set);
 const bg_plan_t *bg_plan_set_get(const bg_plan_set_t *set, int i); /**< best first */
 void bg_plan_set_free(bg_plan_set_t *set); /**< frees the set and its plans (NULL is a no-op) */
 

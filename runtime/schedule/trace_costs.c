@@ -141,14 +141,16 @@ static bg_status_t read_meta(json_t *root, const char *where, bg_trace_costs_t *
         return bg_error(BG_ERR_PARSE,
                         "%s: not a brigade executor trace (no otherData.schedule/pp/microbatches/chunks or traceEvents)",
                         where);
-    long long pp, m, v, dp;
+    long long pp, m, v, dp, tp;
     BG_CHECK(int_field(meta, "pp", 1, TRACE_MAX_DIM, 1, 0, where, "otherData", &pp));
     BG_CHECK(int_field(meta, "microbatches", 1, TRACE_MAX_DIM, 1, 0, where, "otherData", &m));
     BG_CHECK(int_field(meta, "chunks", 1, TRACE_MAX_DIM, 1, 0, where, "otherData", &v));
     BG_CHECK(int_field(meta, "dp", 1, TRACE_MAX_DIM, 0, 1, where, "otherData", &dp));
+    BG_CHECK(int_field(meta, "tp", 1, TRACE_MAX_DIM, 0, 1, where, "otherData", &tp)); /* members run alike */
     if (bg_schedule_kind_parse(sname, &c->kind) != BG_OK)
         return bg_error(BG_ERR_PARSE, "%s: otherData.schedule \"%.64s\" is not a schedule this library knows", where,
                         sname);
+    dp *= tp; /* a tensor group's members run their replica's program: ranks like replicas */
     if (pp * v > TRACE_MAX_DIM || pp * dp > TRACE_MAX_DIM)
         return bg_error(BG_ERR_PARSE, "%s: otherData: pp %lld x chunks %lld x dp %lld is more than %d", where, pp, v,
                         dp, TRACE_MAX_DIM);

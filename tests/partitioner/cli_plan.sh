@@ -69,7 +69,8 @@ grep -q "was made for another model than the flags describe: the plan is from an
     || fail "the mismatch is not named: $(cat "$T/out")"
 
 # nothing fits: the answer names the stage and the layer and gives the smallest budget
-"$B" plan $M --devices 4 --mem 200000 >"$T/out" 2>"$T/err"
+# (at tp = 1: by default a model that does not fit falls back to the smallest tp that fits, tested below)
+"$B" plan $M --devices 4 --mem 200000 --tp 1 >"$T/out" 2>"$T/err"
 rc=$?
 [ $rc -eq 1 ] || fail "no-fit exit code $rc (expected 1)"
 [ "$(wc -l <"$T/err")" -eq 1 ] || fail "no-fit error is not one line: $(cat "$T/err")"
@@ -79,9 +80,23 @@ need=$(sed -n 's/.*Smallest budget that fits: \([0-9]*\) bytes.*/\1/p' "$T/err")
 if [ -z "$need" ]; then
     fail "no smallest budget in: $(cat "$T/err")"
 else
-    "$B" plan $M --devices 4 --mem "$need" >/dev/null 2>"$T/err" || fail "--mem $need (the smallest budget) does not fit: $(cat "$T/err")"
-    "$B" plan $M --devices 4 --mem "$((need - 1))" >/dev/null 2>&1 && fail "--mem $((need - 1)) fits: $need is not the smallest"
+    "$B" plan $M --devices 4 --mem "$need" --tp 1 >/dev/null 2>"$T/err" || fail "--mem $need (the smallest budget) does not fit: $(cat "$T/err")"
+    "$B" plan $M --devices 4 --mem "$((need - 1))" --tp 1 >/dev/null 2>&1 && fail "--mem $((need - 1)) fits: $need is not the smallest"
 fi
+
+# a layer too big for one device at tp = 1: the smallest tp that fits, said so; its plan runs
+G="--model gpt --layers 2 --d-model 512 --heads 8 --seq 64 --vocab 32768 --batch 8"
+"$B" plan $G --devices 4 --mem 200M --tp 1 >/dev/null 2>&1 && fail "the big head fits at tp 1 in 200M"
+"$B" plan $G --devices 4 --mem 200M --json "$T/tp.json" >"$T/out" 2>"$T/err" || fail "no tp fallback: $(cat "$T/err")"
+grep -q "nothing fits at tp = 1 (.*biggest layer is head); tp = 2 is the smallest tensor-parallel degree that fits" "$T/out" \
+    || fail "the fallback is not said: $(head -3 "$T/out")"
+grep -q "best plan: pp [0-9]* x dp [0-9]* x tp 2 = 4 devices" "$T/out" || fail "best plan is not tp 2: $(cat "$T/out")"
+python3 -c "import json,sys; p=json.load(open(sys.argv[1])); assert p['tp'] == 2 and p['pp'] * p['dp'] * 2 == 4" "$T/tp.json" \
+    || fail "plan JSON lacks tp 2"
+"$B" plan $G --devices 4 --mem 200M --tp all >"$T/out" 2>&1 || fail "--tp all failed"
+grep -q "x tp [24] = 4 devices" "$T/out" || fail "--tp all did not choose tp > 1: $(cat "$T/out")"
+"$B" plan $G --devices 4 --mem 200M --tp 3 >"$T/out" 2>&1 && fail "--tp 3 of 4 devices accepted"
+grep -q "tp 3 does not divide 4 devices" "$T/out" || fail "--tp 3 message: $(cat "$T/out")"
 
 # recomputation is chosen only where needed
 "$B" plan $M --devices 2 --mem 4G --recompute >"$T/out" 2>&1 || fail "recompute plan failed"

@@ -440,6 +440,7 @@ static void test_plan_smallest_budget(void **state)
     uint64_t mem = 200000;
     bg_model_desc_t *desc;
     bg_plan_params_t pp = small_gpt(&mem, &desc);
+    pp.tp = 1; /* the smallest budget at tp = 1 (by default the search would fall back to tp > 1) */
     bg_plan_set_t *set = NULL;
     assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_NO_FIT);
     const char *msg = bg_last_error();
@@ -458,6 +459,70 @@ static void test_plan_smallest_budget(void **state)
     mem = need - 1;
     assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_NO_FIT);
     bg_model_desc_destroy(desc);
+}
+
+/* Tensor parallelism in the memory model: a tp = 2 build's per-device
+ * profile divides what tp divides and keeps what it replicates (closed
+ * forms), the cost carries the group's sums; a head too big for one device
+ * at tp = 1 makes the search fall back to the smallest tp that fits, and say so. */
+static void test_plan_tp(void **state)
+{
+    (void)state;
+    bg_model_config_t mc = small_gpt_config();
+    const size_t C = 64, V = 256, T = 32, n = 2;
+    bg_model_desc_t *d1, *d2;
+    assert_int_equal(bg_model_build(&mc, &d1), BG_OK);
+    mc.tp = 2;
+    assert_int_equal(bg_model_build(&mc, &d2), BG_OK);
+    bg_layer_profile_t p1[16], p2[16];
+    int c1, c2;
+    assert_int_equal(bg_model_profile(d1, (int)n, (int)T, p1, 16, &c1), BG_OK);
+    assert_int_equal(bg_model_profile(d2, (int)n, (int)T, p2, 16, &c2), BG_OK);
+    assert_int_equal(c1, c2);
+    /* block: divided qkv (3C^2 + 3C), proj weight (C^2), fc (4C^2 + 4C), proj weight (4C^2); replicated: two
+     * layernorms (4C) and the two row-parallel biases (2C) */
+    assert_int_equal(p1[1].params, 12 * C * C + 13 * C);
+    assert_int_equal(p2[1].params, (12 * C * C + 7 * C) / 2 + 6 * C);
+    assert_int_equal(p2[0].params, V * C / 2 + T * C); /* wte divided, wpe replicated */
+    assert_int_equal(p2[c2 - 1].params, V * C / 2);   /* head */
+    assert_true(p2[1].stash_bytes < p1[1].stash_bytes); /* qkv, attention, the 4C hidden: halved */
+    assert_true(p2[1].stash_bytes > p1[1].stash_bytes / 2); /* the residual stream and layernorms are not */
+    /* two sums forward, two backward, of (n, T, C) each */
+    assert_float_equal(p2[1].tp.fwd_calls, 2, 0);
+    assert_float_equal(p2[1].tp.bwd_bytes, 2.0 * n * T * C * 4, 0);
+    assert_float_equal(p1[1].tp.fwd_calls, 0, 0);
+    bg_model_desc_destroy(d2);
+
+    /* fallback: the head (V x C with AdamW) exceeds the budget at tp = 1 */
+    bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+    mc.tp = 1;
+    mc.vocab = 8192;
+    bg_model_desc_t *big;
+    assert_int_equal(bg_model_build(&mc, &big), BG_OK);
+    uint64_t mem = (uint64_t)8192 * C * 16 * 9 / 10; /* 90% of the head's static bytes */
+    pp.model = big;
+    pp.world = 4;
+    pp.mem = &mem;
+    pp.nmem = 1;
+    pp.batch = 8;
+    pp.microbatch_size = 1;
+    pp.tp = 1;
+    bg_plan_set_t *set = NULL;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_NO_FIT);
+    pp.tp = 0;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    const bg_plan_t *b = bg_plan_set_get(set, 0);
+    assert_int_equal(bg_plan_tp(b), 2);
+    assert_int_equal(bg_plan_pp(b) * bg_plan_dp(b) * 2, 4);
+    assert_non_null(strstr(bg_plan_set_note(set), "tp = 2 is the smallest tensor-parallel degree that fits"));
+    assert_non_null(strstr(bg_plan_set_note(set), "biggest layer is head"));
+    for (int r = 0; r < bg_plan_pp(b); r++)
+        assert_true(bg_plan_rank_peak_bytes(b, r) <= mem);
+    /* the plan's model is the whole one (layout-independent) and checks against it */
+    assert_int_equal(bg_plan_check_model(b, big), BG_OK);
+    bg_plan_set_free(set);
+    bg_model_desc_destroy(big);
+    bg_model_desc_destroy(d1);
 }
 
 /* bg_plan_check_model of plan @p b against the builder model @p oc: BG_OK
@@ -954,6 +1019,7 @@ int main(void)
         cmocka_unit_test(test_exact_vs_brute_force), cmocka_unit_test(test_memory_closed_form),
         cmocka_unit_test(test_memory_matches_stages), cmocka_unit_test(test_replay_1f1b),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
+        cmocka_unit_test(test_plan_tp),
         cmocka_unit_test(test_plan_roundtrip),       cmocka_unit_test(test_plan_fixtures),
         cmocka_unit_test(test_plan_user_model),      cmocka_unit_test(test_plan_load_checks_model),
     };

@@ -59,9 +59,9 @@ grep -q "warning: uncalibrated" "$T/err" && ok "plan warns on stderr" || bad "pl
 "$B" plan --devices 2 --mem 1G --flops 5e10 >"$T/out" 2>"$T/err" || bad "plan --flops failed"
 grep -q "UNCALIBRATED\|uncalibrated" "$T/out" "$T/err" && bad "plan --flops still says uncalibrated" || ok "plan --flops is calibrated"
 
-# claims: the help names no tensor parallelism and lists the backends brigade info reports
+# claims: the help names tensor-parallel training (brigade train --tp) and lists the backends brigade info reports
 "$B" --help >"$T/help"
-grep -qi "tensor-parallel training" "$T/help" && bad "--help claims tensor-parallel training" || ok "--help: no tensor-parallel claim"
+grep -qi "tensor-parallel training" "$T/help" && "$B" train --help | grep -q -- "--tp N" && ok "--help: tensor-parallel training, train --tp" || bad "--help lacks tensor-parallel training or train --tp"
 backends=$("$B" info | sed -n 's/^backends: *//p')
 grep -qF "Backends compiled in: $backends" "$T/help" && ok "--help lists backends: $backends" || bad "--help backends differ from info ($backends): $(cat "$T/help")"
 "$B" train --help | grep -q "model-stageNNN.safetensors" && ok "--save help names the per-stage files" || bad "--save help lacks model-stageNNN"

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench/tp_bench.sh: tensor parallelism on this machine, for a GPT of 2 blocks
+# (d_model 256, 8 heads, seq 64): step time at tp = 2 (2 processes x 1
+# thread) against tp = 1 (1 process x 1 thread, and 1 x 2 threads: the same
+# cores), alternating, medians of R repeats; the share of the step spent in
+# the tensor group's collectives, from a trace; per-device parameters and
+# peak bytes at tp = 1 and 2; the planner's predicted step for the tp = 2
+# plan (layers measured here) against the measured one.
+# Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
+set -euo pipefail
+BUILD=${1:-build}; R=${2:-3}
+B="$BUILD/brigade"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export BRIGADE_TIMEOUT=120
+M="--model gpt --layers 2 --d-model 256 --heads 8 --seq 64"
+RUN="$M --batch 8 --microbatches 2 --steps 12 --quiet"
+med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+ms() { grep -o "median step [0-9.]* ms" | awk '{print $3}'; }
+for i in $(seq 1 "$R"); do
+  "$B" train $RUN --threads 1 2>/dev/null | ms >>"$T/t1"
+  "$B" train $RUN --threads 2 2>/dev/null | ms >>"$T/t1x2"
+  "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 2>/dev/null | ms >>"$T/t2"
+done
+t1=$(med <"$T/t1"); t1x2=$(med <"$T/t1x2"); t2=$(med <"$T/t2")
+echo "step time tp 1 (1 thread)  : $t1 ms (runs: $(tr '\n' ' ' <"$T/t1"))"
+echo "step time tp 1 (2 threads) : $t1x2 ms (runs: $(tr '\n' ' ' <"$T/t1x2"))"
+echo "step time tp 2 (2 x 1)     : $t2 ms (runs: $(tr '\n' ' ' <"$T/t2"))"
+echo "speedup tp 2 vs tp 1 x 1 thread: $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.2f", a/b}');" \
+     "vs tp 1 x 2 threads: $(awk -v a="$t1x2" -v b="$t2" 'BEGIN{printf "%.2f", a/b}')"
+
+# the collectives' share of the step, from the trace (steps 3.., every rank)
+"$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --trace "$T/tr.json" >/dev/null 2>&1
+python3 - "$T/tr.json" <<'PY'
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+step, coll, n = {}, {}, {}
+for e in ev:
+    a = e.get("args", {}); op = a.get("op"); s = a.get("step", 0)
+    if op is None or s < 3: continue
+    k = e["pid"]
+    if op == "step": step[k] = step.get(k, 0) + e["dur"]
+    if op.startswith("tp_"): coll[k] = coll.get(k, 0) + e["dur"]; n[k] = n.get(k, 0) + 1
+steps = len({e["args"]["step"] for e in ev if e.get("args", {}).get("op") == "step" and e["args"]["step"] >= 3})
+for k in sorted(step):
+    print(f"rank {k}: {coll.get(k, 0) / step[k] * 100:.1f}% of the step in the tensor group's collectives "
+          f"({n.get(k, 0) / steps:.0f} per step, {coll.get(k, 0) / steps / 1e3:.2f} of {step[k] / steps / 1e3:.2f} ms)")
+PY
+
+# per-device parameters and peak bytes
+"$B" train $RUN --threads 1 --metrics "$T/m1.jsonl" >"$T/o1" 2>&1
+"$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --metrics "$T/m2.jsonl" >"$T/o2" 2>&1
+p1=$(grep -o "[0-9]* parameters" "$T/o1" | awk '{print $1}')
+p2=$(awk '$1 == 0 && $2 == 0 {print $4}' "$T/o2")
+peak() { python3 -c "import json,sys; d=[json.loads(l) for l in open(sys.argv[1])]; print(max(x['peak_bytes'] for x in d if 'peak_bytes' in x and x.get('rank', 0) == 0))" "$1"; }
+k1=$(peak "$T/m1.jsonl"); k2=$(peak "$T/m2.jsonl")
+echo "parameters per device: tp 1 $p1, tp 2 $p2 (ratio $(awk -v a="$p2" -v b="$p1" 'BEGIN{printf "%.3f", a/b}'))"
+echo "peak bytes per device: tp 1 $k1, tp 2 $k2 (ratio $(awk -v a="$k2" -v b="$k1" 'BEGIN{printf "%.3f", a/b}'))"
+grep -A3 "^rank" "$T/o2" | head -3
+
+# the planner's prediction of the tp = 2 plan, against the run
+"$B" plan $M --devices 2 --mem 1G --batch 8 --tp 2 --microbatch-size 4 --schedule 1f1b --measure --threads 1 \
+    --json "$T/plan.json" 2>/dev/null | grep "best plan\|predicted"
+"$B" launch -n 2 -- "$B" train --plan "$T/plan.json" --steps 12 --threads 1 --quiet 2>/dev/null | grep "^plan"

@@ -1,0 +1,624 @@
+/* models/tp_layers.c: the tensor-parallel (Megatron-style) layers: column-
+ * and row-parallel linear, the vocabulary-parallel embedding and head (a
+ * cross-entropy that never gathers the logits), the tensor-parallel blocks,
+ * and the shard layout of their parameters (docs/layers.md).
+ *
+ * Each rank holds one shard of every split tensor; the full named tensor is
+ * what is initialised (models/model.c slices it), saved and loaded. The
+ * group's collectives come through ctx->tp (filled by runtime/tp.c): this
+ * file never sends a byte itself. Replicated tensors (layernorms, the row-
+ * parallel bias, wpe) get the same gradient bits on every member because
+ * every collective's result is bitwise equal on all members. A sum that
+ * follows a GEMM overlaps the second half of its rows (gemm_sum). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "models/layer_impl.h"
+
+#define ROWS(s) ((s).n * (s).t)
+
+/* ----------------------------------------------------------- shard layout */
+
+/* Elements before and after the split dimension, and its full size. */
+static void shard_geometry(const bg_param_t *p, size_t *outer, size_t *inner, int64_t *full_d)
+{
+    *outer = *inner = 1;
+    for (int d = 0; d < p->split_dim; d++)
+        *outer *= (size_t)p->shape[d];
+    for (int d = p->split_dim + 1; d < p->ndim; d++)
+        *inner *= (size_t)p->shape[d];
+    *full_d = p->shape[p->split_dim] * (bg_param_is_shard(p) ? p->split_parts : 1);
+}
+
+size_t bg_param_full_shape(const bg_param_t *p, int64_t *shape)
+{
+    size_t n = 1;
+    for (int d = 0; d < p->ndim; d++) {
+        shape[d] = p->shape[d] * (bg_param_is_shard(p) && d == p->split_dim ? p->split_parts : 1);
+        n *= (size_t)shape[d];
+    }
+    return n;
+}
+
+/* The copies between the full tensor and member `part`'s shard: along the
+ * split dimension the full tensor is `blocks` blocks, each cut into `parts`
+ * pieces; the shard is piece `part` of every block, in block order. */
+static void shard_copy(const bg_param_t *p, int part, float *full, float *shard, int to_shard)
+{
+    size_t outer, inner;
+    int64_t F;
+    shard_geometry(p, &outer, &inner, &F);
+    int k = p->split_blocks > 1 ? p->split_blocks : 1;
+    size_t local = (size_t)p->shape[p->split_dim], piece = local / (size_t)k, block = (size_t)F / (size_t)k;
+    for (size_t o = 0; o < outer; o++)
+        for (int j = 0; j < k; j++) {
+            float *f = full + (o * (size_t)F + (size_t)j * block + (size_t)part * piece) * inner;
+            float *s = shard + (o * local + (size_t)j * piece) * inner;
+            if (to_shard)
+                memcpy(s, f, piece * inner * sizeof(float));
+            else
+                memcpy(f, s, piece * inner * sizeof(float));
+        }
+}
+
+void bg_param_shard_from_full(const bg_param_t *p, int part, const float *full, float *shard)
+{
+    if (!bg_param_is_shard(p)) {
+        memcpy(shard, full, p->numel * sizeof(float));
+        return;
+    }
+    shard_copy(p, part, (float *)full, shard, 1);
+}
+
+void bg_param_full_from_shards(const bg_param_t *p, const float *shards, float *full)
+{
+    if (!bg_param_is_shard(p)) {
+        memcpy(full, shards, p->numel * sizeof(float));
+        return;
+    }
+    for (int r = 0; r < p->split_parts; r++)
+        shard_copy(p, r, full, (float *)shards + (size_t)r * p->numel, 0);
+}
+
+bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const bg_param_t *p, const float *src,
+                                 float *full)
+{
+    if (!bg_param_is_shard(p)) {
+        be->ops->to_host(be, full, src, p->numel * sizeof(float));
+        return BG_OK;
+    }
+    if (!tp || tp->size != p->split_parts)
+        return bg_error(BG_ERR_INVALID, "tensor %s: a shard of %d without its tensor-parallel group", p->name,
+                        p->split_parts);
+    size_t n = p->numel;
+    float *mine = malloc(n * sizeof(float)), *all = malloc(n * (size_t)tp->size * sizeof(float));
+    bg_status_t st = BG_OK;
+    if (!mine || !all) {
+        st = bg_error(BG_ERR_NOMEM, "gathering tensor %s", p->name);
+    } else {
+        be->ops->to_host(be, mine, src, n * sizeof(float));
+        st = tp->allgather(tp->arg, mine, all, n);
+        if (st == BG_OK)
+            bg_param_full_from_shards(p, all, full);
+    }
+    free(mine);
+    free(all);
+    return st;
+}
+
+static bg_param_t shard_param(const char *name, int ndim, const int64_t *shape, bg_init_kind_t init, float value,
+                              int decay, int dim, int parts, int blocks)
+{
+    bg_param_t p = bg_param_make(name, ndim, shape, init, value, decay);
+    if (parts > 1) {
+        p.split_dim = dim;
+        p.split_parts = parts;
+        p.split_blocks = blocks > 1 ? blocks : 1;
+    }
+    return p;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static bg_status_t divides(const char *what, const char *name, const char *size_name, int size, int tp)
+{
+    if (tp < 1)
+        return bg_error(BG_ERR_INVALID, "%s %s: tensor-parallel degree %d must be >= 1", what, name, tp);
+    if (size < 1 || size % tp != 0)
+        return bg_error(BG_ERR_INVALID, "%s %s: %s %d is not divisible by the tensor-parallel degree %d", what, name,
+                        size_name, size, tp);
+    return BG_OK;
+}
+
+/* The group of ctx, checked against the layer's degree. */
+static bg_status_t group(const bg_layer_t *l, const bg_layer_ctx_t *ctx, int tp, const bg_tp_comm_t **g_p)
+{
+    const bg_tp_comm_t *g = ctx->tp;
+    int have = g ? g->size : 1;
+    if (have != tp)
+        return bg_error(BG_ERR_INVALID, "layer %s (%s) is split over %d ranks but runs in a tensor-parallel group of %d",
+                        l->name, l->ops->type, tp, have);
+    *g_p = g;
+    return BG_OK;
+}
+
+static bg_status_t allreduce(const bg_tp_comm_t *g, float *buf, size_t n)
+{
+    return g && g->size > 1 ? g->allreduce(g->arg, buf, n) : BG_OK;
+}
+
+/* out (N, n) = a (N, k) x w^T (w: (n, k), trans_b) or a x w (w: (k, n)),
+ * then, when `sum`, summed over the group. With a non-blocking sum the rows
+ * go in two halves and the first half's sum runs (on the transport's
+ * thread) while the second half computes: the reduction overlaps the
+ * layer's own independent compute. */
+static bg_status_t gemm_sum(const bg_tp_comm_t *g, bg_backend_t *be, int sum, int trans_b, int N, int n, int k,
+                            const float *a, const float *w, float *out)
+{
+    int split = sum && g && g->size > 1 && g->iallreduce && g->wait && N >= 2;
+    int cut[3] = {0, split ? N / 2 : N, N};
+    void *req[2] = {NULL, NULL};
+    bg_status_t st = BG_OK;
+    for (int h = 0; h < (split ? 2 : 1); h++) {
+        int r0 = cut[h], rows = (split ? cut[h + 1] : N) - r0;
+        be->ops->gemm(be, 0, trans_b, rows, n, k, 1.0f, a + (size_t)r0 * k, k, w, trans_b ? k : n, 0.0f,
+                      out + (size_t)r0 * n, n);
+        if (split && st == BG_OK)
+            st = g->iallreduce(g->arg, out + (size_t)r0 * n, (size_t)rows * n, &req[h]);
+    }
+    for (int h = 0; h < 2; h++) /* every started sum is waited for, also after a failure */
+        if (req[h]) {
+            bg_status_t ws = g->wait(g->arg, req[h]);
+            if (st == BG_OK)
+                st = ws;
+        }
+    if (!split && sum)
+        st = allreduce(g, out, (size_t)N * n);
+    return st;
+}
+
+/* Host copy of n int32 from the backend (tokens, targets). */
+static int32_t *host_ids(bg_backend_t *be, const int32_t *src, size_t n)
+{
+    int32_t *h = malloc(n ? n * sizeof(int32_t) : 1);
+    if (h)
+        be->ops->to_host(be, h, src, n * sizeof(int32_t));
+    return h;
+}
+
+/* ------------------------------------------------------ parallel linear */
+
+/* c_in, c_out: the local sizes of the matrix (c_out x c_in) */
+typedef struct { bg__linear_t lin; int tp, row; } plin_t;
+
+static bg_status_t plin_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    const plin_t *p = l->impl;
+    const bg_tp_comm_t *g = NULL;
+    BG_CHECK(group(l, ctx, p->tp, &g));
+    bg_backend_t *be = ctx->be;
+    int N = ROWS(ctx->in);
+    /* row-parallel: partial sums over the split input features */
+    BG_CHECK(gemm_sum(g, be, p->row, 1, N, p->lin.c_out, p->lin.c_in, in, l->params[0].data, out));
+    if (p->lin.bias)
+        be->ops->bias_forward(be, out, l->params[1].data, N, p->lin.c_out);
+    return BG_OK;
+}
+
+static bg_status_t plin_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                       const float *dout, float *din)
+{
+    const plin_t *p = l->impl;
+    const bg_tp_comm_t *g = NULL;
+    BG_CHECK(group(l, ctx, p->tp, &g));
+    if (!din)
+        return BG_OK;
+    int N = ROWS(ctx->in);
+    /* column-parallel: every rank's output features contribute */
+    BG_CHECK(gemm_sum(g, ctx->be, !p->row, 0, N, p->lin.c_in, p->lin.c_out, dout, l->params[0].data, din));
+    return BG_OK;
+}
+
+static void plin_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const plin_t *p = l->impl;
+    if (p->tp < 2)
+        return;
+    if (p->row) { /* the output's sum forward */
+        cost->fwd_calls += 1;
+        cost->fwd_bytes += (double)ROWS(in) * p->lin.c_out * sizeof(float);
+    } else { /* the input gradient's sum backward */
+        cost->bwd_calls += 1;
+        cost->bwd_bytes += (double)ROWS(in) * p->lin.c_in * sizeof(float);
+    }
+}
+
+static const bg_layer_ops_t column_ops = {
+    .type = "column_linear",
+    .out_shape = bg__linear_out_shape,
+    .fwd_flops = bg__linear_fwd_flops,
+    .bwd_flops = bg__linear_bwd_flops,
+    .forward = plin_forward,
+    .backward_input = plin_backward_input,
+    .backward_weight = bg__linear_backward_weight,
+    .destroy = bg__free_impl,
+    .tp_cost = plin_tp_cost,
+};
+
+static const bg_layer_ops_t row_ops = {
+    .type = "row_linear",
+    .out_shape = bg__linear_out_shape,
+    .fwd_flops = bg__linear_fwd_flops,
+    .bwd_flops = bg__linear_bwd_flops,
+    .forward = plin_forward,
+    .backward_input = plin_backward_input,
+    .backward_weight = bg__linear_backward_weight,
+    .destroy = bg__free_impl,
+    .tp_cost = plin_tp_cost,
+};
+
+bg_status_t bg_layer_column_linear(const char *name, int c_in, int c_out, int blocks, int bias, float init_std, int tp,
+                                   bg_layer_t **layer_p)
+{
+    if (blocks < 1)
+        blocks = 1;
+    if (c_in < 1 || c_out < 1 || c_out % blocks != 0)
+        return bg_error(BG_ERR_INVALID, "column_linear %s: sizes %d -> %d (in %d blocks) must be positive", name, c_in,
+                        c_out, blocks);
+    BG_CHECK(divides("column_linear", name, blocks > 1 ? "output block size" : "output features", c_out / blocks, tp));
+    plin_t p = {{c_in, c_out / tp, bias ? 1 : 0}, tp, 0};
+    bg_param_t params[2];
+    params[0] = shard_param("weight", 2, (int64_t[]){c_out / tp, c_in}, BG_INIT_NORMAL, init_std, 1, 0, tp, blocks);
+    params[1] = shard_param("bias", 1, (int64_t[]){c_out / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, blocks);
+    return bg__make_leaf(&column_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+}
+
+bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias, float init_std, int tp,
+                                bg_layer_t **layer_p)
+{
+    if (c_in < 1 || c_out < 1)
+        return bg_error(BG_ERR_INVALID, "row_linear %s: sizes %d -> %d must be positive", name, c_in, c_out);
+    BG_CHECK(divides("row_linear", name, "input features", c_in, tp));
+    plin_t p = {{c_in / tp, c_out, bias ? 1 : 0}, tp, 1};
+    bg_param_t params[2];
+    params[0] = shard_param("weight", 2, (int64_t[]){c_out, c_in / tp}, BG_INIT_NORMAL, init_std, 1, 1, tp, 1);
+    params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
+    return bg__make_leaf(&row_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+}
+
+/* ------------------------------------------------- vocabulary embedding */
+
+typedef struct { int vocab, max_t, c, tp; } vemb_t; /* vocab: this rank's rows */
+
+static bg_status_t vemb_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+{
+    const vemb_t *p = l->impl;
+    if (in.c != 0 || in.n < 1 || in.t < 1)
+        return bg_error(BG_ERR_INVALID, "layer %s (%s): input shape (%d,%d,%d) but token ids (c = 0) are expected",
+                        l->name, l->ops->type, in.n, in.t, in.c);
+    if (in.t > p->max_t)
+        return bg_error(BG_ERR_INVALID, "layer %s: sequence length %d exceeds the model's maximum %d", l->name, in.t,
+                        p->max_t);
+    *out_p = (bg_shape_t){in.n, in.t, p->c};
+    return BG_OK;
+}
+static double vemb_flops(const bg_layer_t *l, bg_shape_t in) { return (double)ROWS(in) * ((vemb_t *)l->impl)->c; }
+
+/* out = the rows of this rank's vocabulary slice (zero for other tokens),
+ * summed over the group, then + wpe: the bits of wte[tok] + wpe[t]. */
+static bg_status_t vemb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    const vemb_t *p = l->impl;
+    const bg_tp_comm_t *g = NULL;
+    BG_CHECK(group(l, ctx, p->tp, &g));
+    if (!ctx->tokens)
+        return bg_error(BG_ERR_INVALID, "layer %s: no input tokens", l->name);
+    bg_backend_t *be = ctx->be;
+    int B = ctx->in.n, T = ctx->in.t, C = p->c, lo = (g ? g->rank : 0) * p->vocab;
+    int32_t *tok = host_ids(be, ctx->tokens, (size_t)B * T);
+    BG_ALLOC_CHECK(tok, (size_t)B * T * sizeof(int32_t), "embedding tokens");
+    for (int r = 0; r < B * T; r++) {
+        float *o = out + (size_t)r * C;
+        int id = tok[r] - lo;
+        if (id >= 0 && id < p->vocab)
+            be->ops->copy(be, o, l->params[0].data + (size_t)id * C, (size_t)C);
+        else
+            be->ops->fill(be, o, 0.0f, (size_t)C);
+    }
+    free(tok);
+    BG_CHECK(allreduce(g, out, (size_t)B * T * C));
+    for (int b = 0; b < B; b++)
+        be->ops->axpy(be, out + (size_t)b * T * C, 1.0f, l->params[1].data, (size_t)T * C);
+    return BG_OK;
+}
+
+static bg_status_t vemb_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                       const float *dout, float *din)
+{
+    return BG_OK; /* tokens have no gradient */
+}
+
+static bg_status_t vemb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                        const float *dout)
+{
+    const vemb_t *p = l->impl;
+    bg_backend_t *be = ctx->be;
+    int B = ctx->in.n, T = ctx->in.t, C = p->c;
+    int lo = (ctx->tp ? ctx->tp->rank : 0) * p->vocab;
+    int32_t *tok = host_ids(be, ctx->tokens, (size_t)B * T);
+    BG_ALLOC_CHECK(tok, (size_t)B * T * sizeof(int32_t), "embedding tokens");
+    for (int r = 0; r < B * T; r++) { /* (b, t) order, as the whole embedding's kernel */
+        int id = tok[r] - lo;
+        if (id >= 0 && id < p->vocab)
+            be->ops->axpy(be, l->params[0].grad + (size_t)id * C, 1.0f, dout + (size_t)r * C, (size_t)C);
+    }
+    free(tok);
+    for (int b = 0; b < B; b++)
+        be->ops->axpy(be, l->params[1].grad, 1.0f, dout + (size_t)b * T * C, (size_t)T * C);
+    return BG_OK;
+}
+
+static void vemb_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const vemb_t *p = l->impl;
+    if (p->tp < 2)
+        return;
+    cost->fwd_calls += 1;
+    cost->fwd_bytes += (double)ROWS(in) * p->c * sizeof(float);
+}
+
+static const bg_layer_ops_t vemb_ops = {
+    .type = "vocab_embedding",
+    .out_shape = vemb_out_shape,
+    .fwd_flops = vemb_flops,
+    .bwd_flops = vemb_flops,
+    .forward = vemb_forward,
+    .backward_input = vemb_backward_input,
+    .backward_weight = vemb_backward_weight,
+    .destroy = bg__free_impl,
+    .tp_cost = vemb_tp_cost,
+};
+
+bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
+                                     bg_layer_t **layer_p)
+{
+    if (vocab < 1 || max_t < 1 || c < 1)
+        return bg_error(BG_ERR_INVALID, "vocab_embedding %s: vocab %d, max_t %d, c %d must be positive", name, vocab,
+                        max_t, c);
+    BG_CHECK(divides("vocab_embedding", name, "vocabulary", vocab, tp));
+    vemb_t p = {vocab / tp, max_t, c, tp};
+    bg_param_t params[2];
+    params[0] = shard_param("wte", 2, (int64_t[]){vocab / tp, c}, BG_INIT_NORMAL, init_std, 1, 0, tp, 1);
+    params[1] = bg_param_make("wpe", 2, (int64_t[]){max_t, c}, BG_INIT_NORMAL, init_std * 0.5f, 1);
+    return bg__make_leaf(&vemb_ops, name, 2, params, &p, sizeof(p), layer_p);
+}
+
+/* ----------------------------------------------------- vocabulary head */
+
+/* h: the shard's head (classes: this rank's); stash: probs (N, V/T);
+ * wstash: dlogits (N, V/T); scratch: logits (N, V/T), as the whole head */
+typedef struct { bg__head_t h; int tp; } vhead_t;
+
+/* Per position, each rank's (max logit, sum of exp(logit - max), target
+ * logit or 0) is gathered: 3 floats per position instead of the logits. */
+static bg_status_t vhead_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    const vhead_t *p = l->impl;
+    const bg_tp_comm_t *g = NULL;
+    BG_CHECK(group(l, ctx, p->tp, &g));
+    if (!ctx->targets)
+        return bg_error(BG_ERR_INVALID, "layer %s: no targets for the loss", l->name);
+    bg_backend_t *be = ctx->be;
+    int N = ROWS(ctx->in), V = p->h.classes, tp = p->tp, me = g ? g->rank : 0, lo = me * V;
+    float *logits = ctx->scratch, *probs = ctx->stash;
+    be->ops->gemm(be, 0, 1, N, V, p->h.c, 1.0f, in, p->h.c, l->params[0].data, p->h.c, 0.0f, logits, V);
+    if (p->h.bias)
+        be->ops->bias_forward(be, logits, l->params[1].data, N, V);
+    size_t nl = (size_t)N * V;
+    float *host = malloc(nl * sizeof(float)), *mine = malloc((size_t)N * 3 * sizeof(float));
+    float *all = malloc((size_t)N * 3 * tp * sizeof(float)), *loss = malloc((size_t)N * sizeof(float));
+    int32_t *tgt = host_ids(be, ctx->targets, (size_t)N);
+    bg_status_t st = BG_OK;
+    if (!host || !mine || !all || !loss || !tgt) {
+        st = bg_error(BG_ERR_NOMEM, "layer %s: cross-entropy buffers", l->name);
+        goto out;
+    }
+    be->ops->to_host(be, host, logits, nl * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        const float *x = host + (size_t)n * V;
+        float mx = x[0];
+        for (int v = 1; v < V; v++)
+            mx = x[v] > mx ? x[v] : mx;
+        double s = 0;
+        for (int v = 0; v < V; v++)
+            s += exp((double)(x[v] - mx));
+        int t = tgt[n] - lo;
+        mine[3 * n] = mx;
+        mine[3 * n + 1] = (float)s;
+        mine[3 * n + 2] = t >= 0 && t < V ? x[t] : 0.0f;
+    }
+    if (g && tp > 1)
+        BG_CHECK_GOTO(g->allgather(g->arg, mine, all, (size_t)N * 3), st, out);
+    else
+        memcpy(all, mine, (size_t)N * 3 * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        float mx = all[3 * n];
+        for (int r = 1; r < tp; r++)
+            mx = all[(size_t)r * N * 3 + 3 * n] > mx ? all[(size_t)r * N * 3 + 3 * n] : mx;
+        double s = 0;
+        for (int r = 0; r < tp; r++)
+            s += (double)all[(size_t)r * N * 3 + 3 * n + 1] * exp((double)(all[(size_t)r * N * 3 + 3 * n] - mx));
+        int owner = tgt[n] / V;
+        if (tgt[n] < 0 || owner >= tp) {
+            st = bg_error(BG_ERR_INVALID, "layer %s: target %d outside [0, %d)", l->name, tgt[n], V * tp);
+            goto out;
+        }
+        float xt = all[(size_t)owner * N * 3 + 3 * n + 2];
+        loss[n] = (float)(log(s) - (double)(xt - mx));
+        float *pr = host + (size_t)n * V;
+        for (int v = 0; v < V; v++)
+            pr[v] = (float)(exp((double)(pr[v] - mx)) / s);
+    }
+    be->ops->from_host(be, probs, host, nl * sizeof(float));
+    be->ops->from_host(be, out, loss, (size_t)N * sizeof(float));
+out:
+    free(host), free(mine), free(all), free(loss), free(tgt);
+    return st;
+}
+
+static bg_status_t vhead_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                        const float *dout, float *din)
+{
+    const vhead_t *p = l->impl;
+    const bg_tp_comm_t *g = NULL;
+    BG_CHECK(group(l, ctx, p->tp, &g));
+    bg_backend_t *be = ctx->be;
+    int N = ROWS(ctx->in), V = p->h.classes, lo = (g ? g->rank : 0) * V;
+    float *dlogits = ctx->wstash;
+    int32_t *tgt = host_ids(be, ctx->targets, (size_t)N);
+    BG_ALLOC_CHECK(tgt, (size_t)N * sizeof(int32_t), "head targets");
+    be->ops->copy(be, dlogits, ctx->stash, (size_t)N * V);
+    be->ops->scale(be, dlogits, ctx->loss_scale, (size_t)N * V);
+    for (int n = 0; n < N; n++) { /* (p - 1) * dloss at the target, as the whole head */
+        int t = tgt[n] - lo;
+        if (t >= 0 && t < V) {
+            float pt, d;
+            be->ops->to_host(be, &pt, (const float *)ctx->stash + (size_t)n * V + t, sizeof(float));
+            d = (pt - 1.0f) * ctx->loss_scale;
+            be->ops->from_host(be, dlogits + (size_t)n * V + t, &d, sizeof(float));
+        }
+    }
+    free(tgt);
+    if (din) {
+        BG_CHECK(gemm_sum(g, be, 1, 0, N, p->h.c, V, dlogits, l->params[0].data, din));
+    }
+    return BG_OK;
+}
+
+static bg_status_t vhead_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                         const float *dout)
+{
+    const vhead_t *p = l->impl;
+    bg_backend_t *be = ctx->be;
+    int N = ROWS(ctx->in), V = p->h.classes;
+    const float *dlogits = ctx->wstash;
+    be->ops->gemm(be, 1, 0, V, p->h.c, N, 1.0f, dlogits, V, in, p->h.c, 1.0f, l->params[0].grad, p->h.c);
+    if (p->h.bias)
+        be->ops->bias_backward(be, l->params[1].grad, dlogits, N, V);
+    return BG_OK;
+}
+
+static int vhead_classes(const bg_layer_t *l)
+{
+    const vhead_t *p = l->impl;
+    return p->h.classes * p->tp;
+}
+
+static void vhead_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const vhead_t *p = l->impl;
+    if (p->tp < 2)
+        return;
+    cost->fwd_calls += 1; /* the gather of 3 floats per position */
+    cost->fwd_bytes += 3.0 * ROWS(in) * sizeof(float);
+    cost->bwd_calls += 1;
+    cost->bwd_bytes += (double)ROWS(in) * p->h.c * sizeof(float);
+}
+
+static const bg_layer_ops_t vhead_ops = {
+    .type = "vocab_head",
+    .loss_classes = vhead_classes,
+    .out_shape = bg__head_out_shape,
+    .stash_bytes = bg__head_probs_bytes,
+    .wstash_bytes = bg__head_probs_bytes,
+    .scratch_bytes = bg__head_probs_bytes,
+    .fwd_flops = bg__head_fwd_flops,
+    .bwd_flops = bg__head_bwd_flops,
+    .forward = vhead_forward,
+    .backward_input = vhead_backward_input,
+    .backward_weight = vhead_backward_weight,
+    .destroy = bg__free_impl,
+    .tp_cost = vhead_tp_cost,
+};
+
+bg_status_t bg_layer_vocab_head(const char *name, int c, int classes, int bias, float init_std, int tp,
+                                bg_layer_t **layer_p)
+{
+    if (c < 1 || classes < 2)
+        return bg_error(BG_ERR_INVALID, "vocab_head %s: %d channels, %d classes (need >= 1 and >= 2)", name, c,
+                        classes);
+    BG_CHECK(divides("vocab_head", name, "classes (vocabulary)", classes, tp));
+    vhead_t p = {{c, classes / tp, bias ? 1 : 0}, tp};
+    bg_param_t params[2];
+    params[0] = shard_param("weight", 2, (int64_t[]){classes / tp, c}, BG_INIT_NORMAL, init_std, 1, 0, tp, 1);
+    params[1] = shard_param("bias", 1, (int64_t[]){classes / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, 1);
+    return bg__make_leaf(&vhead_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+}
+
+/* ---------------------------------------------------------------- blocks */
+
+/* The blocks: tp = 1 gives the plain blocks (bg_layer_attention_block ...
+ * are these), tp > 1 the same names and full tensors split, so that a save
+ * of either loads into the other. */
+static bg_status_t col_or_linear(const char *name, int c_in, int c_out, int blocks, float std, int tp, bg_layer_t **l)
+{
+    return tp > 1 ? bg_layer_column_linear(name, c_in, c_out, blocks, 1, std, tp, l)
+                  : bg_layer_linear(name, c_in, c_out, 1, std, l);
+}
+static bg_status_t row_or_linear(const char *name, int c_in, int c_out, float std, int tp, bg_layer_t **l)
+{
+    return tp > 1 ? bg_layer_row_linear(name, c_in, c_out, 1, std, tp, l) : bg_layer_linear(name, c_in, c_out, 1, std, l);
+}
+
+bg_status_t bg_layer_tp_attention_block(const char *name, int c, int heads, float init_std, float proj_std, int tp,
+                                        bg_layer_t **layer_p)
+{
+    if (c < 1 || heads < 1 || c % heads != 0)
+        return bg_error(BG_ERR_INVALID, "attention block %s: heads (%d) must divide d_model (%d)", name, heads, c);
+    BG_CHECK(divides("attention block", name, "heads", heads, tp));
+    bg_layer_t *ch[4] = {0}, *inner = NULL;
+    bg_status_t st;
+    BG_CHECK_GOTO(bg_layer_layernorm("ln", c, &ch[0]), st, err);
+    BG_CHECK_GOTO(col_or_linear("qkv", c, 3 * c, 3, init_std, tp, &ch[1]), st, err);
+    BG_CHECK_GOTO(bg_layer_attention("attn", c / tp, heads / tp, &ch[2]), st, err);
+    BG_CHECK_GOTO(row_or_linear("proj", c, c, proj_std, tp, &ch[3]), st, err);
+    BG_CHECK(bg_layer_seq("", 4, ch, &inner));
+    return bg_layer_residual(name, inner, layer_p);
+err:
+    for (int i = 0; i < 4; i++)
+        bg_layer_destroy(ch[i]);
+    return st;
+}
+
+bg_status_t bg_layer_tp_mlp_block(const char *name, int c, float init_std, float proj_std, int tp,
+                                  bg_layer_t **layer_p)
+{
+    bg_layer_t *ch[4] = {0}, *inner = NULL;
+    bg_status_t st;
+    BG_CHECK_GOTO(bg_layer_layernorm("ln", c, &ch[0]), st, err);
+    BG_CHECK_GOTO(col_or_linear("fc", c, 4 * c, 1, init_std, tp, &ch[1]), st, err);
+    BG_CHECK_GOTO(bg_layer_activation("gelu", BG_ACT_GELU, &ch[2]), st, err);
+    BG_CHECK_GOTO(row_or_linear("proj", 4 * c, c, proj_std, tp, &ch[3]), st, err);
+    BG_CHECK(bg_layer_seq("", 4, ch, &inner));
+    return bg_layer_residual(name, inner, layer_p);
+err:
+    for (int i = 0; i < 4; i++)
+        bg_layer_destroy(ch[i]);
+    return st;
+}
+
+bg_status_t bg_layer_tp_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, int tp,
+                                          bg_layer_t **layer_p)
+{
+    bg_layer_t *ch[2] = {0};
+    bg_status_t st;
+    BG_CHECK_GOTO(bg_layer_tp_attention_block("attn", c, heads, init_std, proj_std, tp, &ch[0]), st, err);
+    BG_CHECK_GOTO(bg_layer_tp_mlp_block("mlp", c, init_std, proj_std, tp, &ch[1]), st, err);
+    return bg_layer_seq(name, 2, ch, layer_p);
+err:
+    bg_layer_destroy(ch[0]);
+    bg_layer_destroy(ch[1]);
+    return st;
+}

@@ -1,0 +1,127 @@
+/* runtime/tp.c: tensor parallelism's runtime side: the tensor-parallel
+ * group of a rank (tp consecutive world ranks: tp varies fastest in the
+ * layout) as the bg_tp_comm_t its model's layers call. Its sums and gathers
+ * are the transport's group collectives, whose results are bitwise equal on
+ * every member (docs/transport.md), so replicated tensors stay replicated.
+ * The layers themselves live in models/tp_layers.c. */
+#include <stdlib.h>
+
+#include "core/check.h"
+#include "runtime/tp.h"
+
+struct bg__tp {
+    bg_tp_comm_t c;
+    bg_group_t *g;
+    bg_trace_t *trace;   /* NULL: no trace events */
+    const int64_t *step; /* steps done (the events' step is the next) */
+};
+
+/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather". */
+static void account(bg__tp_t *t, const char *what, double t0)
+{
+    if (t->trace)
+        bg_trace_event(t->trace, what, -1, -1, t0, bg_now(), (int)*t->step + 1);
+}
+
+static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
+{
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_group_allreduce(t->g, buf, count, BG_REDUCE_SUM);
+    account(t, "tp_allreduce", t0);
+    return st;
+}
+
+static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_t count)
+{
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_group_allgather(t->g, send, recv, count * sizeof(float));
+    account(t, "tp_allgather", t0);
+    return st;
+}
+
+static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req_p)
+{
+    bg__tp_t *t = arg;
+    bg_request_t *r;
+    BG_CHECK(bg_group_iallreduce(t->g, buf, count, BG_REDUCE_SUM, &r));
+    *req_p = r;
+    return BG_OK;
+}
+
+/* The exposed part of a non-blocking sum: "tp_wait" in the trace. */
+static bg_status_t tp_wait(void *arg, void *req)
+{
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_wait(req);
+    bg_request_free(req);
+    account(t, "tp_wait", t0);
+    return st;
+}
+
+void bg__tp_set_trace(bg__tp_t *t, bg_trace_t *trace, const int64_t *step)
+{
+    if (t) {
+        t->trace = trace;
+        t->step = step;
+    }
+}
+
+
+bg_status_t bg__tp_check_params(const bg_model_desc_t *desc, int tp)
+{
+    if (tp < 1)
+        return bg_error(BG_ERR_INVALID, "tp must be >= 1 (got %d)", tp);
+    int deg = bg_model_desc_tp_degree(desc);
+    if (deg < 0)
+        return bg_error(BG_ERR_INVALID, "model %s: its tensor-parallel layers are split over different degrees",
+                        bg_model_desc_params(desc)->name);
+    if (deg != tp)
+        return bg_error(BG_ERR_INVALID, "tp = %d but model %s has %s (build it for tp = %d: bg_model_config_t.tp, or "
+                                        "tensor-parallel layers of that degree; docs/layers.md)",
+                        tp, bg_model_desc_params(desc)->name,
+                        deg == 1 ? "no tensor-parallel layers" : "tensor-parallel layers of another degree", tp);
+    return BG_OK;
+}
+
+bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int first, bg__tp_t **tp_p)
+{
+    *tp_p = NULL;
+    if (tp == 1)
+        return bg_model_desc_set_tp(desc, NULL);
+    bg__tp_t *t = calloc(1, sizeof(*t));
+    int *ranks = malloc((size_t)tp * sizeof(int));
+    if (!t || !ranks) {
+        free(t);
+        free(ranks);
+        return bg_error(BG_ERR_NOMEM, "tensor-parallel group");
+    }
+    for (int i = 0; i < tp; i++)
+        ranks[i] = first + i;
+    bg_status_t st = bg_group_create(comm, tp, ranks, &t->g);
+    free(ranks);
+    if (st == BG_OK) {
+        t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
+                              .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait};
+        st = bg_model_desc_set_tp(desc, &t->c);
+    }
+    if (st != BG_OK) {
+        bg_group_destroy(t->g);
+        free(t);
+        return st;
+    }
+    *tp_p = t;
+    return BG_OK;
+}
+
+void bg__tp_destroy(bg__tp_t *t, bg_model_desc_t *desc)
+{
+    if (!t)
+        return;
+    if (bg_model_desc_tp(desc) == &t->c)
+        bg_model_desc_set_tp(desc, NULL);
+    bg_group_destroy(t->g);
+    free(t);
+}

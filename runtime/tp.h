@@ -1,0 +1,25 @@
+/* runtime/tp.h: the runtime side of tensor parallelism (runtime/ only; not
+ * installed): a model description's tensor group over the transport. */
+#ifndef BRIGADE_RUNTIME_TP_H
+#define BRIGADE_RUNTIME_TP_H
+
+#include "brigade/model.h"
+#include "brigade/transport.h"
+#include "runtime/trace.h"
+
+typedef struct bg__tp bg__tp_t;
+
+/* Check before anything is allocated or connected: tp >= 1 and the
+ * description's split layers are of degree tp (or it has none and tp = 1:
+ * tensor parallelism needs tensor-parallel layers). The message names both. */
+bg_status_t bg__tp_check_params(const bg_model_desc_t *desc, int tp);
+
+/* The tensor group of world ranks [first, first + tp) and bind @p desc to it
+ * (bg_model_desc_set_tp). tp = 1: *tp_p = NULL, nothing bound. */
+bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int first, bg__tp_t **tp_p);
+/* Record every collective of the group in @p trace (NULL: none) at step *step + 1. */
+void bg__tp_set_trace(bg__tp_t *tp, bg_trace_t *trace, const int64_t *step);
+/* Unbind desc and free the group (NULL is a no-op). */
+void bg__tp_destroy(bg__tp_t *tp, bg_model_desc_t *desc);
+
+#endif

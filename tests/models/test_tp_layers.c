@@ -1,0 +1,387 @@
+/* tests/models/test_tp_layers.c: the tensor-parallel layers in one process.
+ * T threads play the members of a tensor group (a bg_tp_comm_t whose sums
+ * and gathers go through shared memory in member order), each running one
+ * microbatch of a user-style description built from the public layer calls;
+ * the losses, the input gradient and every gathered full gradient must match
+ * the same model built from the plain layers, run whole. Also: the shard
+ * layout (q, k, v blocks), the layout-independent JSON, and the errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "brigade/brigade.h"
+#include "bg_test_backend.h"
+
+#define MAXT 4
+
+/* ------------------------------------------------ a group of threads */
+
+typedef struct shared {
+    int T;
+    pthread_barrier_t bar;
+    const float *bufs[MAXT];
+} shared_t;
+
+typedef struct member {
+    shared_t *sh;
+    int rank;
+    bg_tp_comm_t comm;
+} member_t;
+
+static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
+{
+    member_t *m = arg;
+    shared_t *sh = m->sh;
+    float *sum = calloc(n ? n : 1, sizeof(float));
+    sh->bufs[m->rank] = buf;
+    pthread_barrier_wait(&sh->bar);
+    for (int r = 0; r < sh->T; r++) /* member order: the same bits on every member */
+        for (size_t i = 0; i < n; i++)
+            sum[i] += sh->bufs[r][i];
+    pthread_barrier_wait(&sh->bar);
+    memcpy(buf, sum, n * sizeof(float));
+    pthread_barrier_wait(&sh->bar);
+    free(sum);
+    return BG_OK;
+}
+
+static bg_status_t fake_allgather(void *arg, const float *send, float *recv, size_t n)
+{
+    member_t *m = arg;
+    shared_t *sh = m->sh;
+    sh->bufs[m->rank] = send;
+    pthread_barrier_wait(&sh->bar);
+    for (int r = 0; r < sh->T; r++)
+        memcpy(recv + (size_t)r * n, sh->bufs[r], n * sizeof(float));
+    pthread_barrier_wait(&sh->bar);
+    return BG_OK;
+}
+
+/* The non-blocking form, done at once (the layers' split path: rows in
+ * halves, each half summed on its own). */
+static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p)
+{
+    *req_p = buf;
+    return fake_allreduce(arg, buf, n);
+}
+static bg_status_t fake_wait(void *arg, void *req)
+{
+    (void)arg;
+    return req ? BG_OK : BG_ERR_INVALID;
+}
+
+/* ------------------------------------------------ the models */
+
+enum { NB = 2, NT = 4, FEAT = 6, HID = 8, CLS = 8, VOC = 16, C = 8, HEADS = 4 };
+
+/* A user's MLP: column -> gelu -> row -> vocabulary-parallel head (tp > 0),
+ * or the same from plain layers (tp = 0). */
+static bg_model_desc_t *user_mlp(int tp)
+{
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.input = BG_INPUT_FEATURES;
+    dp.features = FEAT;
+    dp.seq_len = NT;
+    dp.name = "user-mlp";
+    bg_model_desc_t *d;
+    bg_layer_t *l[4];
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    if (tp) {
+        assert_int_equal(bg_layer_column_linear("up", FEAT, HID, 1, 1, 0.3f, tp, &l[0]), BG_OK);
+        assert_int_equal(bg_layer_activation("act", BG_ACT_GELU, &l[1]), BG_OK);
+        assert_int_equal(bg_layer_row_linear("down", HID, C, 1, 0.3f, tp, &l[2]), BG_OK);
+        assert_int_equal(bg_layer_vocab_head("head", C, CLS, 1, 0.3f, tp, &l[3]), BG_OK);
+    } else {
+        assert_int_equal(bg_layer_linear("up", FEAT, HID, 1, 0.3f, &l[0]), BG_OK);
+        assert_int_equal(bg_layer_activation("act", BG_ACT_GELU, &l[1]), BG_OK);
+        assert_int_equal(bg_layer_linear("down", HID, C, 1, 0.3f, &l[2]), BG_OK);
+        assert_int_equal(bg_layer_head("head", C, CLS, 1, 0.3f, &l[3]), BG_OK);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    return d;
+}
+
+/* A one-block transformer: embedding, block, ln_f, head. */
+static bg_model_desc_t *user_gpt(int tp)
+{
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.input = BG_INPUT_TOKENS;
+    dp.vocab = VOC;
+    dp.seq_len = NT;
+    dp.name = "user-gpt";
+    bg_model_desc_t *d;
+    bg_layer_t *l[4];
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    if (tp) {
+        assert_int_equal(bg_layer_vocab_embedding("embed", VOC, NT, C, 0.3f, tp, &l[0]), BG_OK);
+        assert_int_equal(bg_layer_tp_transformer_block("block", C, HEADS, 0.3f, 0.2f, tp, &l[1]), BG_OK);
+    } else {
+        assert_int_equal(bg_layer_embedding("embed", VOC, NT, C, 0.3f, &l[0]), BG_OK);
+        assert_int_equal(bg_layer_transformer_block("block", C, HEADS, 0.3f, 0.2f, &l[1]), BG_OK);
+    }
+    assert_int_equal(bg_layer_layernorm("ln_f", C, &l[2]), BG_OK);
+    if (tp)
+        assert_int_equal(bg_layer_vocab_head("head", C, VOC, 0, 0.3f, tp, &l[3]), BG_OK);
+    else
+        assert_int_equal(bg_layer_head("head", C, VOC, 0, 0.3f, &l[3]), BG_OK);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    return d;
+}
+
+/* One microbatch's forward and backward: losses (NB*NT) and full gradients
+ * (host, in tensor order, concatenated; gathered from the group). */
+typedef struct result {
+    float loss[NB * NT];
+    float *grads;
+    size_t ngrads;
+    bg_status_t st;
+} result_t;
+
+typedef struct job {
+    bg_model_desc_t *(*build)(int tp);
+    int tp;
+    member_t *me; /* NULL: whole */
+    result_t *out;
+} job_t;
+
+static void run_one(job_t *j)
+{
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bp.num_threads = 1;
+    bg_backend_t *b;
+    bg_model_desc_t *d = j->build(j->tp);
+    result_t *r = j->out;
+    r->st = bg_backend_create("cpu", &bp, &b);
+    if (r->st != BG_OK)
+        return;
+    if (j->me)
+        r->st = bg_model_desc_set_tp(d, &j->me->comm);
+    bg_model_t *m = NULL;
+    bg_stage_t *s = NULL;
+    if (r->st == BG_OK)
+        r->st = bg_model_create(d, b, -1, -1, &m);
+    if (r->st == BG_OK)
+        r->st = bg_stage_create(m, 1, &s);
+    int32_t tokens[NB * NT], targets[NB * NT];
+    for (int i = 0; i < NB * NT; i++) {
+        tokens[i] = (i * 7 + 3) % VOC;
+        targets[i] = (i * 5 + 1) % CLS;
+    }
+    const bg_model_desc_params_t *mp = bg_model_desc_params(d);
+    bg_shape_t in = bg_model_desc_input_shape(d, NB, NT);
+    float *x = NULL, *out;
+    bg_shape_t os;
+    if (r->st == BG_OK)
+        r->st = bg_stage_begin(s, 0, in, &x);
+    if (r->st == BG_OK && mp->input == BG_INPUT_FEATURES) {
+        float h[NB * NT * FEAT];
+        for (int i = 0; i < NB * NT * FEAT; i++)
+            h[i] = sinf(0.7f * (float)i);
+        b->ops->from_host(b, x, h, sizeof h);
+    }
+    if (r->st == BG_OK)
+        r->st = bg_stage_set_data(s, 0, mp->input == BG_INPUT_TOKENS ? tokens : NULL, targets, 1.0f / (NB * NT));
+    if (r->st == BG_OK)
+        r->st = bg_stage_forward(s, 0, &out, &os);
+    if (r->st == BG_OK)
+        b->ops->to_host(b, r->loss, out, sizeof r->loss);
+    float *din = NULL;
+    if (r->st == BG_OK)
+        r->st = bg_stage_backward(s, 0, &din);
+    if (r->st == BG_OK)
+        bg_stage_end(s, 0);
+    size_t total = 0;
+    int64_t shape[BG_PARAM_MAX_DIMS];
+    for (int i = 0; r->st == BG_OK && i < bg_model_num_tensors(m); i++)
+        total += bg_param_full_shape(bg_model_tensor(m, i), shape);
+    r->grads = calloc(total ? total : 1, sizeof(float));
+    r->ngrads = total;
+    size_t off = 0;
+    for (int i = 0; r->st == BG_OK && i < bg_model_num_tensors(m); i++) {
+        bg_param_t *p = bg_model_tensor(m, i);
+        r->st = bg_param_gather_full(bg_model_desc_tp(d), b, p, p->grad, r->grads + off);
+        off += bg_param_full_shape(p, shape);
+    }
+    bg_stage_destroy(s);
+    bg_model_destroy(m);
+    bg_model_desc_destroy(d);
+    bg_backend_destroy(b);
+}
+
+static void *thread_main(void *arg)
+{
+    run_one(arg);
+    return NULL;
+}
+
+/* Run `build` whole and over T threads (with the non-blocking sums or
+ * without); compare. */
+static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
+{
+    result_t whole = {0}, parts[MAXT];
+    memset(parts, 0, sizeof parts);
+    job_t wj = {build, 0, NULL, &whole};
+    run_one(&wj);
+    assert_int_equal(whole.st, BG_OK);
+    shared_t sh = {.T = T};
+    pthread_barrier_init(&sh.bar, NULL, (unsigned)T);
+    member_t mem[MAXT];
+    job_t jobs[MAXT];
+    pthread_t th[MAXT];
+    for (int r = 0; r < T; r++) {
+        mem[r] = (member_t){&sh, r, {T, r, fake_allreduce, fake_allgather, &mem[r], nb ? fake_iallreduce : NULL,
+                                      nb ? fake_wait : NULL}};
+        jobs[r] = (job_t){build, T, &mem[r], &parts[r]};
+        assert_int_equal(pthread_create(&th[r], NULL, thread_main, &jobs[r]), 0);
+    }
+    for (int r = 0; r < T; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&sh.bar);
+    for (int r = 0; r < T; r++) {
+        assert_int_equal(parts[r].st, BG_OK);
+        for (int i = 0; i < NB * NT; i++) /* every member: the whole model's losses */
+            assert_float_equal(parts[r].loss[i], whole.loss[i], 1e-5 * fabsf(whole.loss[i]) + 1e-6);
+        assert_int_equal(parts[r].ngrads, whole.ngrads);
+        double num = 0, den = 0, maxd = 0;
+        for (size_t i = 0; i < whole.ngrads; i++) {
+            double dd = fabs((double)parts[r].grads[i] - whole.grads[i]);
+            num += dd * dd;
+            den += (double)whole.grads[i] * whole.grads[i];
+            maxd = dd > maxd ? dd : maxd;
+        }
+        assert_true(den > 0);
+        if (sqrt(num / den) > 1e-5)
+            fail_msg("tp %d member %d: gradients differ by %g relative (max abs %g)", T, r, sqrt(num / den), maxd);
+        for (size_t i = 0; i < whole.ngrads; i++)
+            if (parts[r].grads[i] != parts[0].grads[i])
+                fail_msg("tp %d: member %d's gathered gradient %zu is %.9g, member 0's %.9g", T, r, i,
+                         (double)parts[r].grads[i], (double)parts[0].grads[i]);
+    }
+    for (int r = 0; r < T; r++)
+        free(parts[r].grads);
+    free(whole.grads);
+}
+
+static void check_equivalent(bg_model_desc_t *(*build)(int), int T)
+{
+    check_equivalent_nb(build, T, 0);
+    check_equivalent_nb(build, T, 1);
+}
+
+static void test_user_mlp_tp2(void **s) { (void)s; check_equivalent(user_mlp, 2); }
+static void test_user_mlp_tp4(void **s) { (void)s; check_equivalent(user_mlp, 4); }
+static void test_user_gpt_tp2(void **s) { (void)s; check_equivalent(user_gpt, 2); }
+static void test_user_gpt_tp4(void **s) { (void)s; check_equivalent(user_gpt, 4); }
+
+/* The q, k, v blocks: member r holds rows [r*c/T, (r+1)*c/T) of each. */
+static void test_shard_layout(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_column_linear("qkv", 2, 12, 3, 1, 0.1f, 2, &l), BG_OK);
+    bg_param_t *w = &l->params[0];
+    int64_t shape[BG_PARAM_MAX_DIMS];
+    assert_int_equal(bg_param_full_shape(w, shape), 24);
+    assert_int_equal(shape[0], 12);
+    assert_int_equal(shape[1], 2);
+    assert_int_equal(w->shape[0], 6);
+    float full[24], shard[12], back[24], both[24];
+    for (int i = 0; i < 24; i++)
+        full[i] = (float)i;
+    bg_param_shard_from_full(w, 1, full, shard);
+    /* member 1: rows 2, 3 (q), 6, 7 (k), 10, 11 (v) */
+    const int rows[6] = {2, 3, 6, 7, 10, 11};
+    for (int i = 0; i < 6; i++) {
+        assert_float_equal(shard[2 * i], (float)(2 * rows[i]), 0);
+        assert_float_equal(shard[2 * i + 1], (float)(2 * rows[i] + 1), 0);
+    }
+    bg_param_shard_from_full(w, 0, full, both);
+    bg_param_shard_from_full(w, 1, full, both + 12);
+    bg_param_full_from_shards(w, both, back);
+    assert_memory_equal(back, full, sizeof full);
+    bg_layer_destroy(l);
+}
+
+/* A description's JSON names full tensors: a tp build matches the plain one. */
+static void test_json_layout_independent(void **s)
+{
+    (void)s;
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.layers = 2;
+    c.d_model = 16;
+    c.heads = 4;
+    c.seq_len = 8;
+    bg_model_desc_t *d1, *d4;
+    assert_int_equal(bg_model_build(&c, &d1), BG_OK);
+    c.tp = 4;
+    assert_int_equal(bg_model_build(&c, &d4), BG_OK);
+    assert_int_equal(bg_model_desc_tp_degree(d1), 1);
+    assert_int_equal(bg_model_desc_tp_degree(d4), 4);
+    char *j1, *j4;
+    assert_int_equal(bg_model_desc_to_json(d1, &j1), BG_OK);
+    assert_int_equal(bg_model_desc_to_json(d4, &j4), BG_OK);
+    assert_int_equal(bg_model_desc_match_json(d4, j1, "tp1"), BG_OK);
+    assert_int_equal(bg_model_desc_match_json(d1, j4, "tp4"), BG_OK);
+    assert_non_null(strstr(j4, "\"blocks.0.attn.qkv.weight\",\"shape\":[48,16]"));
+    /* a file rebuilds the plain model */
+    bg_model_desc_t *r;
+    assert_int_equal(bg_model_desc_from_json(j4, &r), BG_OK);
+    assert_int_equal(bg_model_desc_tp_degree(r), 1);
+    bg_model_desc_destroy(r);
+    free(j1);
+    free(j4);
+    /* a split model binds only in a group of its degree */
+    bg_model_t *m;
+    assert_int_not_equal(bg_model_create(d4, be, -1, -1, &m), BG_OK);
+    assert_non_null(strstr(bg_last_error(), "tensor-parallel group"));
+    bg_tp_comm_t two = {2, 0, fake_allreduce, fake_allgather, NULL, NULL, NULL};
+    assert_int_equal(bg_model_desc_set_tp(d4, &two), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "degree 4"));
+    bg_model_desc_destroy(d1);
+    bg_model_desc_destroy(d4);
+}
+
+static void test_bad_sizes(void **s)
+{
+    (void)s;
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_column_linear("fc", 4, 10, 1, 1, 0.1f, 4, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "column_linear fc: output features 10 is not divisible by the "
+                                            "tensor-parallel degree 4"));
+    assert_int_equal(bg_layer_row_linear("proj", 6, 4, 1, 0.1f, 4, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "row_linear proj: input features 6"));
+    assert_int_equal(bg_layer_vocab_embedding("embed", 30, 8, 4, 0.1f, 4, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "vocabulary 30"));
+    assert_int_equal(bg_layer_tp_attention_block("attn", 12, 6, 0.1f, 0.1f, 4, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "heads 6"));
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.tp = 3;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_build(&c, &d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer blocks.0.attn has 4 heads, which tp 3 does not divide"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_user_mlp_tp2),
+        cmocka_unit_test(test_user_mlp_tp4),
+        cmocka_unit_test(test_user_gpt_tp2),
+        cmocka_unit_test(test_user_gpt_tp4),
+        cmocka_unit_test(test_shard_layout),
+        cmocka_unit_test(test_json_layout_independent),
+        cmocka_unit_test(test_bad_sizes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
