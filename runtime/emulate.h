@@ -1,0 +1,29 @@
+/* runtime/emulate.h: emulated compute for brigade train --emulate (internal). */
+#ifndef BG_RUNTIME_EMULATE_H
+#define BG_RUNTIME_EMULATE_H
+
+#include "brigade/core.h"
+#include "brigade/transport.h"
+
+/* Per virtual stage F, b, W seconds (already scaled) from a layer profile. */
+typedef struct bg__emulate {
+    int S;
+    double *f, *b, *w;
+} bg__emulate_t;
+
+/* Read PROFILE (brigade profile --json: layers[].fwd_s, bwd_input_s,
+ * bwd_weight_s) for a model of `nlayers` layers, sum each stage's layers
+ * [first[s], last[s]] and multiply by `scale` (> 0). One clear error naming
+ * the file and field on bad input. */
+bg_status_t bg__emulate_load(const char *path, double scale, int nlayers, const int *first, const int *last, int S,
+                             bg__emulate_t **em_p);
+void bg__emulate_free(bg__emulate_t *em);
+/* Stand in for `seconds` of compute: sleep (never spin) until that much time
+ * has passed since the call. The first load sets this process's timer slack
+ * to 1 ns, so sleeps end on time. */
+void bg__emulate_wait(double seconds);
+/* Wait (up to 10 s) for rq to complete by testing and sleeping, not spinning;
+ * the caller then bg_wait()s it (instant, or with the transport's timeout). */
+void bg__emulate_idle(bg_request_t *rq);
+
+#endif
