@@ -2,9 +2,9 @@
 # bench/emulate.sh: emulated scale against the simulator. For each pipeline
 # degree P and schedule, `brigade train --emulate` runs the real executor and
 # transport at P ranks on this machine, every compute instruction a sleep of
-# its stage's profiled time; the same program (brigade schedule --json, unit
-# costs, as the executor builds it) is simulated with the same per-stage
-# costs and the message time measured by brigade bench p2p. Prints one row
+# its stage's profiled time; the same program (brigade schedule --json built
+# for the same per-stage costs, as the executor builds it) is simulated with
+# those costs and the message latency measured by brigade bench p2p. Prints one row
 # per run: emulated and simulated step time (median over steps, the slowest
 # rank of each step) and bubble (idle / (P x step)), and their ratio.
 #
@@ -64,7 +64,9 @@ PY
     SPLIT=$(sed -n 1p "$T/costs") FC=$(sed -n 2p "$T/costs") BC=$(sed -n 3p "$T/costs") WC=$(sed -n 4p "$T/costs")
     CH=""
     [ "$S" = interleaved ] || [ "$S" = zb-interleaved ] && CH="--chunks 2"
-    "$B" schedule --schedule "$S" --stages "$P" --microbatches "$M" $CH --json "$T/prog.json" --no-text >/dev/null ||
+    # the program the executor runs: generated for the emulated per-stage costs
+    "$B" schedule --schedule "$S" --stages "$P" --microbatches "$M" $CH --f-costs "$FC" --b-costs "$BC" \
+      --w-costs "$WC" --json "$T/prog.json" --no-text >/dev/null ||
       { echo "$S p=$P: brigade schedule failed" >&2; exit 1; }
     SIM=$("$B" schedule --from-json "$T/prog.json" --f-costs "$FC" --b-costs "$BC" --w-costs "$WC" --latency "$LAT" \
       --no-text | sed -n 2p)

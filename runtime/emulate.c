@@ -115,3 +115,25 @@ void bg__emulate_idle(bg_request_t *rq)
         nanosleep(&t, NULL);
     }
 }
+
+bg_status_t bg__emulate_regenerate(const bg__emulate_t *em, bg_schedule_t **sched)
+{
+    bg_sim_params_t c = BG_SIM_PARAMS_INIT;
+    c.f_costs = em->f, c.b_costs = em->b, c.w_costs = em->w;
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = bg_schedule_kind(*sched);
+    sp.stages = bg_schedule_ranks(*sched);
+    sp.microbatches = bg_schedule_microbatches(*sched);
+    sp.chunks = bg_schedule_chunks(*sched);
+    sp.costs = &c;
+    bg_schedule_t *s = NULL;
+    BG_CHECK(bg_schedule_generate(&sp, &s));
+    bg_status_t st = bg_schedule_validate(s);
+    if (st != BG_OK) {
+        bg_schedule_free(s);
+        return st;
+    }
+    bg_schedule_free(*sched);
+    *sched = s;
+    return BG_OK;
+}

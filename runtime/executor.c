@@ -1179,10 +1179,13 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         goto err;
     }
     BG_CHECK_GOTO(layer_ranges(&x->p, bg_model_desc_num_layers(x->desc), x->S, x->first, x->last), st, err);
-    if (x->p.emulate)
+    if (x->p.emulate) {
         BG_CHECK_GOTO(bg__emulate_load(x->p.emulate, x->p.emulate_scale > 0 ? x->p.emulate_scale : 1.0,
                                        bg_model_desc_num_layers(x->desc), x->first, x->last, x->S, &x->em),
                       st, err);
+        if (!x->p.schedule_json) /* a generated program is built for the emulated costs */
+            BG_CHECK_GOTO(bg__emulate_regenerate(x->em, &x->sched), st, err);
+    }
 
     if (x->p.comm) {
         x->comm = x->p.comm;
