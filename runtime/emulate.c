@@ -89,17 +89,29 @@ out:
     return BG_OK;
 }
 
-void bg__emulate_wait(double seconds)
+static void sleep_until(double t)
 {
-    if (!(seconds > 0))
+    double dt = t - bg_now();
+    if (!(dt > 0))
         return;
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    double ns = (double)t.tv_nsec + seconds * 1e9;
-    t.tv_sec += (time_t)(ns / 1e9);
-    t.tv_nsec = (long)fmod(ns, 1e9);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double ns = (double)now.tv_nsec + dt * 1e9;
+    now.tv_sec += (time_t)(ns / 1e9);
+    now.tv_nsec = (long)fmod(ns, 1e9);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &now, NULL) == EINTR) {
     }
+}
+
+void bg__emulate_wait(bg__emulate_t *em, double seconds)
+{
+    double t0 = bg_now();
+    if (t0 - em->last_end > 1e-4)
+        em->late = 0; /* it waited for something: nothing to make up */
+    double end = t0 + seconds - em->late; /* the end on the profile's pace */
+    sleep_until(end);
+    em->last_end = bg_now();
+    em->late = em->last_end > end ? em->last_end - end : 0;
 }
 
 /* Wait for a request without spinning: test, sleep 20 us, test ... (a rank

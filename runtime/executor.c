@@ -342,7 +342,7 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
         BG_CHECK(wait_free(&ch->act_recv[mb]));
     BG_CHECK(bg_stage_forward(ch->st, mb, &ch->out[mb], &ch->out_shape[mb]));
     if (x->em)
-        bg__emulate_wait(x->em->f[ch->stage]);
+        bg__emulate_wait(x->em, x->em->f[ch->stage]);
     /* stashed from its forward to its last backward piece, as the simulator counts */
     if (++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
@@ -369,7 +369,7 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     else
         BG_CHECK(bg_stage_backward(ch->st, mb, &din));
     if (x->em)
-        bg__emulate_wait(x->em->b[ch->stage] + (split ? 0 : x->em->w[ch->stage]));
+        bg__emulate_wait(x->em, x->em->b[ch->stage] + (split ? 0 : x->em->w[ch->stage]));
     ch->din[mb] = din;
     if (!split)
         x->stashed--; /* its last backward piece is done (the memory may wait for a send) */
@@ -392,7 +392,7 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(wait_free(&ch->act_send[mb]));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
     if (x->em)
-        bg__emulate_wait(x->em->w[ch->stage]);
+        bg__emulate_wait(x->em, x->em->w[ch->stage]);
     x->stashed--;
     return end_slot(x, ch, mb, 1);
 }
