@@ -80,6 +80,7 @@ struct bg_stage {
     int recompute;      /* keep only input and output between F and B; rerun F in B */
     size_t gz;          /* guard bytes after each piece: GUARD_BYTES, or 0 with guards off */
     int poison;         /* ASan build on a host backend: poison the zones during calls */
+    int emulate;        /* allocate every buffer, run no layer (bg_stage_set_emulate) */
 };
 
 /* Whether stages guard their buffers: BRIGADE_GUARD=auto|on|off; auto is on
@@ -104,6 +105,7 @@ static bg_status_t guard_enabled(int *on_p)
 
 void bg_stage_set_recompute(bg_stage_t *s, int on) { s->recompute = on ? 1 : 0; }
 int bg_stage_recompute(const bg_stage_t *s) { return s->recompute; }
+void bg_stage_set_emulate(bg_stage_t *s, int on) { s->emulate = on ? 1 : 0; }
 
 void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg)
 {
@@ -512,7 +514,7 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
         p += piece(bg_layer_stash_bytes(s->layers[i], sl->shapes[i]), s->gz);
     }
     const float *x = sl->input;
-    for (int i = 0; i < s->nlayers; i++) {
+    for (int i = 0; i < s->nlayers && !s->emulate; i++) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         guard_call_t gc;
         guard_common(s, sl->shapes, i, x, sl->out[i], &c, &gc);
@@ -628,7 +630,7 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
     if (!sl->bw)
         return BG_ERR_NOMEM;
     sl->din = has_din ? (float *)(sl->bw + din_off) : NULL;
-    for (int i = s->nlayers - 1; i >= 0; i--) {
+    for (int i = s->nlayers - 1; i >= 0 && !s->emulate; i--) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = bw_wstash(s, sl, i);
         const float *x = i > 0 ? sl->out[i - 1] : sl->input;
@@ -650,7 +652,9 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_BINPUT, "backward_weight", &sl));
     for (int i = s->nlayers - 1; i >= 0; i--) {
-        if (!s->layers[i]->ops->backward_weight)
+        if (s->emulate && s->layer_done)
+            BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
+        if (s->emulate || !s->layers[i]->ops->backward_weight)
             continue;
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = bw_wstash(s, sl, i);
@@ -689,6 +693,12 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
         c.wstash = wst;
         const float *x = i > 0 ? sl->out[i - 1] : sl->input;
         float *dx = (i > 0 || (sl->shapes[0].c && s->first > 0)) ? buf[which] : NULL;
+        if (s->emulate) {
+            if (s->layer_done)
+                BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
+            dout = dx, which ^= 1;
+            continue;
+        }
         guard_call_t gc;
         guard_backward(s, sl, i, x, &c, wcap, dout, dx, acap, &gc);
         guards_arm(s, &gc);

@@ -44,6 +44,7 @@
 #include "core/fileio.h"
 #include "runtime/checkpoint_impl.h"
 #include "runtime/tp.h"
+#include "runtime/emulate.h"
 #include "runtime/numa.h"
 #include "runtime/trace.h"
 #include "runtime/zero.h"
@@ -125,6 +126,7 @@ typedef struct bg_executor {
     size_t predicted_act_bytes;
     int predicted_stashed;
     int numa_node;
+    bg__emulate_t *em;      /* --emulate: per-stage sleeps instead of compute; NULL: compute */
 } exec_t;
 
 /* Positions of microbatch mb of step `step`. */
@@ -347,10 +349,12 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     if (!ch->is_first && !ch->prev_local)
         BG_CHECK(wait_free(&ch->act_recv[mb]));
     BG_CHECK(bg_stage_forward(ch->st, mb, &ch->out[mb], &ch->out_shape[mb]));
+    if (x->em)
+        bg__emulate_wait(x->em, x->em->f[ch->stage]);
     /* stashed from its forward to its last backward piece, as the simulator counts */
     if (++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
-    if (ch->is_last)
+    if (ch->is_last && !x->em)
         if (x->tp_i == 0) /* every member of a tensor group computes the same losses */
             x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
     if (!ch->is_last && ch->next_local) {
@@ -375,6 +379,8 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
         BG_CHECK(bg_stage_backward_input(ch->st, mb, &din));
     else
         BG_CHECK(bg_stage_backward(ch->st, mb, &din));
+    if (x->em)
+        bg__emulate_wait(x->em, x->em->b[ch->stage] + (split ? 0 : x->em->w[ch->stage]));
     ch->din[mb] = din;
     if (!split)
         x->stashed--; /* its last backward piece is done (the memory may wait for a send) */
@@ -398,6 +404,8 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     if (ch->zero)
         BG_CHECK(bg__zero_prepare(ch->zero, ch->last));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
+    if (x->em)
+        bg__emulate_wait(x->em, x->em->w[ch->stage]);
     x->stashed--;
     return end_slot(x, ch, mb, 1);
 }
@@ -594,12 +602,16 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
                         bg_shape_numel(s) * sizeof(float), &ch->grad_send[mb]);
     case BG_OP_RECV_ACT:
         BG_CHECK(post_act_recv(x, ch, mb));
+        if (x->em)
+            bg__emulate_idle(ch->act_recv[mb]);
         return wait_free(&ch->act_recv[mb]);
     case BG_OP_RECV_GRAD:
         BG_CHECK(post_grad_recv(x, ch, mb));
         if (!ch->grad_recv[mb])
             return bg_error(BG_ERR_INTERNAL, "rank %d: gradient of microbatch %d for stage %d before its forward",
                             x->rank, mb, ch->stage);
+        if (x->em)
+            bg__emulate_idle(ch->grad_recv[mb]);
         return wait_free(&ch->grad_recv[mb]);
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
@@ -607,6 +619,8 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         BG_CHECK(sync_ties(x));
         BG_CHECK(wait_buckets(x, ch));
         ch->gsq = grad_sumsq(x, ch);
+        if (x->em)
+            return BG_OK; /* emulated: no update (the simulator's optimizer costs nothing) */
         if (ch->zero)
             return bg__zero_step(ch->zero, &x->p.optim, (int)x->step + 1);
         return bg_model_optim_step(ch->model, &x->p.optim, (int)x->step + 1);
@@ -1036,6 +1050,7 @@ static void exec_free(exec_t *x)
     free(x->features);
     free(x->first);
     free(x->last);
+    bg__emulate_free(x->em);
 }
 
 static bg_status_t check_params(const bg_executor_params_t *p)
@@ -1117,6 +1132,7 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     const bg_executor_params_t *p = &x->p;
     if (p->recompute || (p->recompute_stages && stage < p->nrecompute_stages && p->recompute_stages[stage]))
         bg_stage_set_recompute(ch->st, 1);
+    bg_stage_set_emulate(ch->st, x->em != NULL);
     BG_CHECK(make_buckets(ch));
     hook_arg_t *h = malloc(sizeof(*h));
     BG_ALLOC_CHECK(h, sizeof(*h), "backward hook");
@@ -1236,6 +1252,13 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         goto err;
     }
     BG_CHECK_GOTO(layer_ranges(&x->p, bg_model_desc_num_layers(x->desc), x->S, x->first, x->last), st, err);
+    if (x->p.emulate) {
+        BG_CHECK_GOTO(bg__emulate_load(x->p.emulate, x->p.emulate_scale > 0 ? x->p.emulate_scale : 1.0,
+                                       bg_model_desc_num_layers(x->desc), x->first, x->last, x->S, &x->em),
+                      st, err);
+        if (!x->p.schedule_json) /* a generated program is built for the emulated costs */
+            BG_CHECK_GOTO(bg__emulate_regenerate(x->em, &x->sched), st, err);
+    }
 
     if (x->p.comm) {
         x->comm = x->p.comm;

@@ -256,6 +256,8 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.process_wide = c->process_wide;
     p.schedule_json = c->schedule_json;
     p.zero = c->zero;
+    p.emulate = c->emulate;
+    p.emulate_scale = c->emulate_scale;
     *p_out = p;
 }
 

@@ -57,6 +57,10 @@ static void usage(FILE *f)
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
             "  --plan FILE            run a plan from brigade plan --json: its model, layout, schedule,\n"
             "                         batch, microbatches and split (other flags: data, steps, output)\n"
+            "  --emulate PROFILE      emulated scale: each compute instruction sleeps its stages' time in\n"
+            "                         PROFILE (brigade profile --json, the same model) instead of running;\n"
+            "                         real executor, transport and message sizes; the weights do not change\n"
+            "  --emulate-scale X      multiply the profiled times by X (default 1)\n"
             "checkpoints:\n"
             "  --checkpoint-dir DIR   write checkpoints (weights, optimizer state, manifest) under DIR\n"
             "  --checkpoint-every N   every N steps (and always after the last step)\n"
@@ -332,7 +336,7 @@ int bg_cmd_train(int argc, char **argv)
     char warning[1024];
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -346,6 +350,7 @@ int bg_cmd_train(int argc, char **argv)
         {"tp", required_argument, 0, O_TP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
+        {"emulate", required_argument, 0, O_EMULATE}, {"emulate-scale", required_argument, 0, O_EMULATE_SCALE},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
         {"trace", required_argument, 0, O_TRACE},
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
@@ -414,6 +419,16 @@ int bg_cmd_train(int argc, char **argv)
             c.schedule = optarg;
             break;
         case O_SCHED_JSON: c.schedule_json = optarg; break;
+        case O_EMULATE:
+            if (bg_cli_check_json_object(cmd, optarg))
+                return 2;
+            c.emulate = optarg;
+            break;
+        case O_EMULATE_SCALE:
+            if (bg_cli_double(cmd, "--emulate-scale", optarg, 1e-9, 1e9, &d))
+                return 2;
+            c.emulate_scale = d;
+            break;
         case O_TRACE: c.trace_path = optarg; break;
         case O_SPLIT: {
             long long tmp[4096];

@@ -103,6 +103,11 @@ typedef struct bg_executor_params {
                                       1 the optimizer state (1/dp each, the weights of 0 bitwise); 2 also the
                                       reduced gradients (each microbatch's buckets reduce-scattered; within
                                       rounding of 0). dp = 1: changes nothing */
+    const char *emulate;         /**< emulated scale: a layer profile (brigade profile --json); each compute
+                                      instruction sleeps its stages' profiled time x emulate_scale instead of
+                                      running (buffers and messages of the real sizes, no arithmetic, no
+                                      optimizer update: the weights do not change); NULL: compute */
+    double emulate_scale;        /**< factor on the profiled times (0: 1) */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -111,7 +116,7 @@ typedef struct bg_executor_params {
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
       .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
       .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .process_wide = 0, .schedule_json = NULL, .zero = 0 }
+      .process_wide = 0, .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {

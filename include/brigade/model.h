@@ -290,6 +290,10 @@ void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg
  *  (bitwise the same activations) before differentiating. */
 void bg_stage_set_recompute(bg_stage_t *s, int on);
 int bg_stage_recompute(const bg_stage_t *s);
+/** Emulation (brigade train --emulate): every call allocates the buffers it
+ *  would, with the shapes it would, but runs no layer (their contents are
+ *  undefined); the layer-done callback still fires. */
+void bg_stage_set_emulate(bg_stage_t *s, int on);
 /** Frees what is left of slot mb (after the fused backward). */
 void bg_stage_end(bg_stage_t *s, int mb);
 /** Memory of one microbatch of input shape `in` on this stage, in bytes, as

@@ -79,6 +79,8 @@ typedef struct bg_train_config {
     const char *schedule_json;   /**< JSON program (brigade schedule --json) run instead of `schedule`;
                                       NULL: generate (see bg_executor_params_t.schedule_json) */
     int zero;                    /**< sharding across the dp replicas (executor.h: bg_executor_params_t.zero) */
+    const char *emulate;         /**< emulated compute from this layer profile (bg_executor_params_t.emulate) */
+    double emulate_scale;        /**< its factor (0: 1) */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */

@@ -46,17 +46,6 @@ rand mlp "$MLP" zbv 2 0 7
 rand mlp "$MLP" zb-h2 2 0 8
 rand gpt "$GPT" dualpipev 2 0 9
 
-# expect RC NEEDLE ARGS...: brigade train ARGS fails with RC and one line holding NEEDLE, training nothing
-expect() {
-  local rc=$1 needle=$2; shift 2
-  "$B" train "$@" >"$T/o" 2>"$T/e"
-  local got=$?
-  if [ $got != "$rc" ]; then bad "train $* exited $got, want $rc: $(cat "$T/e")"
-  elif ! grep -qF -- "$needle" "$T/e"; then bad "train $*: stderr lacks \"$needle\": $(cat "$T/e")"
-  elif [ "$(wc -l <"$T/e")" != 1 ]; then bad "train $*: not one line: $(cat "$T/e")"
-  elif [ -s "$T/o" ]; then bad "train $*: trained: $(cat "$T/o")"
-  else ok "$needle"; fi
-}
 "$B" schedule --schedule zbv --stages 2 --microbatches 4 --json "$T/zbv2.json" --no-text >/dev/null
 "$B" schedule --schedule zb-h1 --stages 4 --microbatches 4 --json "$T/zbh1.json" --no-text >/dev/null
 "$B" schedule --schedule zbv --stages 4 --microbatches 4 --json "$T/zbv4.json" --no-text >/dev/null
@@ -77,15 +66,15 @@ j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
 ops.insert(i, ops.pop(j))
 json.dump(d, open(t + "/dead.json", "w"))
 PY
-expect 1 "late_send.json does not validate: invalid schedule: rank 1 op" $GPT --pp 2 --schedule-json "$T/late_send.json"
-expect 1 "frees the input gradient that send_grad" $GPT --pp 2 --schedule-json "$T/late_send.json"
-expect 1 "dead.json does not validate: deadlock" $GPT --pp 2 --schedule-json "$T/dead.json"
-expect 1 "zbh1.json is a program for p=4 pipeline ranks, but the job has 2 (--pp)" $GPT --pp 2 --schedule-json "$T/zbh1.json"
-expect 1 "zbv2.json is a program for m=4 microbatches, but the job runs 8 (--microbatches)" $GPT --pp 2 --microbatches 8 --schedule-json "$T/zbv2.json"
-expect 2 "zbv4.json is a program for 8 pipeline stages (p 4 x 2 chunks) but the model has only 7 layers" \
+expect_train 1 "late_send.json does not validate: invalid schedule: rank 1 op" $GPT --pp 2 --schedule-json "$T/late_send.json"
+expect_train 1 "frees the input gradient that send_grad" $GPT --pp 2 --schedule-json "$T/late_send.json"
+expect_train 1 "dead.json does not validate: deadlock" $GPT --pp 2 --schedule-json "$T/dead.json"
+expect_train 1 "zbh1.json is a program for p=4 pipeline ranks, but the job has 2 (--pp)" $GPT --pp 2 --schedule-json "$T/zbh1.json"
+expect_train 1 "zbv2.json is a program for m=4 microbatches, but the job runs 8 (--microbatches)" $GPT --pp 2 --microbatches 8 --schedule-json "$T/zbv2.json"
+expect_train 2 "zbv4.json is a program for 8 pipeline stages (p 4 x 2 chunks) but the model has only 7 layers" \
   --model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --pp 4 --schedule-json "$T/zbv4.json"
-expect 2 "--schedule-json takes the schedule and its chunks from" $GPT --pp 2 --schedule zbv --schedule-json "$T/zbv2.json"
-expect 1 "cannot open $T/none.json" $GPT --pp 2 --schedule-json "$T/none.json"
+expect_train 2 "--schedule-json takes the schedule and its chunks from" $GPT --pp 2 --schedule zbv --schedule-json "$T/zbv2.json"
+expect_train 1 "cannot open $T/none.json" $GPT --pp 2 --schedule-json "$T/none.json"
 # under the launcher the ranks stop with the validator's line before connecting (the launcher
 # stops the others when the first exits)
 if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --pp 2 --schedule-json "$T/dead.json" >"$T/l.out" 2>"$T/l.err"; then
