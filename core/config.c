@@ -27,6 +27,8 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_ALLREDUCE_SMALL_BYTES", "65536", "allreduce: at most this many bytes use recursive doubling, more use the ring"},
     {"BRIGADE_BUCKET_MB", "4", "data-parallel gradient bucket size in MiB (reduction starts per bucket)"},
     {"BRIGADE_ZERO_BUFFERS", "3", "--zero 2: gradient bucket buffers per stage (one written, the others being reduced), 2..16: more overlap, more memory"},
+    {"BRIGADE_STAGING", "auto", "transfers of backend buffers between ranks: auto (staged through host memory when the backend's buffers are device memory)|always (host buffers too: tests the staged path on the CPU)"},
+    {"BRIGADE_STAGE_CHUNK_KB", "4096", "staged point-to-point transfers: KiB per chunk (the device copy of one chunk overlaps the sending of the previous)"},
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},
     {"BRIGADE_GUARD", "auto", "guard zones after every buffer a stage hands a layer, checked after each layer call: a layer writing past its reported sizes fails naming the layer and buffer (poisoned under ASan): auto|on|off; auto = on in ASan and Debug builds"},
     {"BRIGADE_RESTART_COUNT", "0", "set by brigade launch --max-restarts: how many times the job was restarted (0 on the first attempt)"},

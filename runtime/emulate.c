@@ -118,11 +118,11 @@ void bg__emulate_wait(bg__emulate_t *em, double seconds)
  * that spins in a receive takes the core a rank emulating compute needs when
  * its sleep ends). After 10 s the caller's bg_wait takes over, with the
  * transport's timeout and failure detection. */
-void bg__emulate_idle(bg_request_t *rq)
+void bg__emulate_idle(bg__xfer_t *rq)
 {
     int done = 0;
     double t0 = bg_now();
-    while (rq && bg_test(rq, &done) == BG_OK && !done && bg_now() - t0 < 10.0) {
+    while (rq && bg__xtest(rq, &done) == BG_OK && !done && bg_now() - t0 < 10.0) {
         struct timespec t = {0, 20000};
         nanosleep(&t, NULL);
     }

@@ -5,6 +5,7 @@
 #include "brigade/core.h"
 #include "brigade/schedule.h"
 #include "brigade/transport.h"
+#include "runtime/staging.h"
 
 /* Per virtual stage F, b, W seconds (already scaled) from a layer profile. */
 typedef struct bg__emulate {
@@ -30,7 +31,7 @@ void bg__emulate_free(bg__emulate_t *em);
 void bg__emulate_wait(bg__emulate_t *em, double seconds);
 /* Wait (up to 10 s) for rq to complete by testing and sleeping, not spinning;
  * the caller then bg_wait()s it (instant, or with the transport's timeout). */
-void bg__emulate_idle(bg_request_t *rq);
+void bg__emulate_idle(bg__xfer_t *rq);
 /* Rebuild *sched (a generated program: its kind, p, m, v) for the emulated
  * per-stage costs, as brigade schedule --f-costs/--b-costs/--w-costs does. */
 bg_status_t bg__emulate_regenerate(const bg__emulate_t *em, bg_schedule_t **sched);

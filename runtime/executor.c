@@ -46,6 +46,7 @@
 #include "runtime/tp.h"
 #include "runtime/emulate.h"
 #include "runtime/numa.h"
+#include "runtime/staging.h"
 #include "runtime/trace.h"
 #include "runtime/zero.h"
 
@@ -58,7 +59,7 @@ typedef struct chunk {
     int prev_local, next_local; /* stage-1 / stage+1 live on this rank */
     int prev_rank, next_rank;   /* ranks of the neighbouring stages */
     /* per microbatch */
-    bg_request_t **act_recv, **grad_recv, **act_send, **grad_send;
+    bg__xfer_t **act_recv, **grad_recv, **act_send, **grad_send;
     float **out;            /* forward output (valid until the slot ends) */
     float **din;            /* input gradient (valid until the slot ends) */
     int *begun, *pending_end;
@@ -68,7 +69,7 @@ typedef struct chunk {
     struct bucket {
         int lo, hi;           /* layers */
         size_t off, count;    /* floats of the flat gradient buffer */
-        bg_request_t *req;
+        bg__xfer_t *req;
         int started;
     } *buckets;
     int nbuckets;
@@ -81,7 +82,7 @@ typedef struct tie {
     bg_param_t *a, *b;      /* the local tensors (NULL: held by another rank) */
     int partner;            /* rank holding the other tensor when only one is here, else -1 */
     float *buf;             /* the partner's gradient */
-    bg_request_t *rr, *sr;
+    bg__xfer_t *rr, *sr;
 } tie_t;
 
 typedef struct bg_executor {
@@ -93,6 +94,7 @@ typedef struct bg_executor {
     bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
     int T, tp_i;            /* tensor-parallel degree and this rank's member index */
     bg_backend_t *be;
+    bg__staging_t stg;      /* transfers of backend buffers between ranks */
     bg_schedule_t *sched;
     const bg_sched_op_t *ops;
     size_t nops;
@@ -253,8 +255,8 @@ static bg_status_t post_act_recv(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(begin_slot(x, ch, mb, &in));
     bg_shape_t s, o;
     BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &o));
-    return bg_irecv(x->comm, ch->prev_rank, tag_of(x, 0, ch->stage, mb), in, bg_shape_numel(s) * sizeof(float),
-                    &ch->act_recv[mb]);
+    return bg__xrecv(&x->stg, x->comm, ch->prev_rank, tag_of(x, 0, ch->stage, mb), in,
+                     bg_shape_numel(s) * sizeof(float), &ch->act_recv[mb]);
 }
 
 static bg_status_t post_grad_recv(exec_t *x, chunk_t *ch, int mb)
@@ -265,16 +267,16 @@ static bg_status_t post_grad_recv(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(bg_stage_grad_buffer(ch->st, mb, &dout));
     bg_shape_t s, o;
     BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &o));
-    return bg_irecv(x->comm, ch->next_rank, tag_of(x, 1, ch->stage, mb), dout, bg_shape_numel(o) * sizeof(float),
-                    &ch->grad_recv[mb]);
+    return bg__xrecv(&x->stg, x->comm, ch->next_rank, tag_of(x, 1, ch->stage, mb), dout,
+                     bg_shape_numel(o) * sizeof(float), &ch->grad_recv[mb]);
 }
 
-static bg_status_t wait_free(bg_request_t **rq)
+static bg_status_t wait_free(bg__xfer_t **rq)
 {
     if (!*rq)
         return BG_OK;
-    bg_status_t st = bg_wait(*rq);
-    bg_request_free(*rq);
+    bg_status_t st = bg__xwait(*rq);
+    bg__xfree(*rq);
     *rq = NULL;
     return st;
 }
@@ -303,7 +305,7 @@ static bg_status_t reap_pending(exec_t *x, int force)
                 int done = 0;
                 if (!ch->grad_send[mb])
                     continue; /* its SEND_GRAD is not issued yet */
-                BG_CHECK(bg_test(ch->grad_send[mb], &done));
+                BG_CHECK(bg__xtest(ch->grad_send[mb], &done));
                 if (!done)
                     continue;
             }
@@ -419,11 +421,14 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
             continue;
         bk->started = 1;
         if (x->D > 1 && bk->count) {
-            if (ch->zero)
-                BG_CHECK(bg__zero_reduce(ch->zero, b, &bk->req));
-            else
-                BG_CHECK(bg_group_iallreduce(x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count,
-                                             BG_REDUCE_SUM, &bk->req));
+            if (ch->zero) { /* host buffers only (refused with staging at create) */
+                bg_request_t *rq = NULL;
+                BG_CHECK(bg__zero_reduce(ch->zero, b, &rq));
+                BG_CHECK(bg__xwrap(&x->stg, rq, &bk->req));
+            } else {
+                BG_CHECK(bg__xallreduce(&x->stg, x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count,
+                                        BG_REDUCE_SUM, &bk->req));
+            }
             if (x->trace) { /* the moment the bucket's reduction starts (microbatch field: bucket index) */
                 double now = bg_now();
                 bg_trace_event(x->trace, "ar_start", b, ch->stage, now, now, (int)x->step + 1);
@@ -522,9 +527,9 @@ static bg_status_t sync_ties(exec_t *x)
         if (!ti->buf && !(ti->buf = bg_backend_alloc(be, bytes, "tied gradient")))
             return BG_ERR_NOMEM;
         uint32_t tag = tag_of(x, 1, 0x3fff, t);
-        st = bg_irecv(x->comm, ti->partner, tag, ti->buf, bytes, &ti->rr);
+        st = bg__xrecv(&x->stg, x->comm, ti->partner, tag, ti->buf, bytes, &ti->rr);
         if (st == BG_OK)
-            st = bg_isend(x->comm, ti->partner, tag, mine->grad, bytes, &ti->sr);
+            st = bg__xsend(&x->stg, x->comm, ti->partner, tag, mine->grad, bytes, &ti->sr);
         x->bytes_sent += bytes;
     }
     for (int t = 0; t < x->nties; t++) {
@@ -593,13 +598,13 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_BACKWARD_WEIGHT: return do_weight(x, ch, mb);
     case BG_OP_SEND_ACT:
         x->bytes_sent += bg_shape_numel(ch->out_shape[mb]) * sizeof(float);
-        return bg_isend(x->comm, ch->next_rank, tag_of(x, 0, ch->stage + 1, mb), ch->out[mb],
-                        bg_shape_numel(ch->out_shape[mb]) * sizeof(float), &ch->act_send[mb]);
+        return bg__xsend(&x->stg, x->comm, ch->next_rank, tag_of(x, 0, ch->stage + 1, mb), ch->out[mb],
+                         bg_shape_numel(ch->out_shape[mb]) * sizeof(float), &ch->act_send[mb]);
     case BG_OP_SEND_GRAD:
         BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &so));
         x->bytes_sent += bg_shape_numel(s) * sizeof(float);
-        return bg_isend(x->comm, ch->prev_rank, tag_of(x, 1, ch->stage - 1, mb), ch->din[mb],
-                        bg_shape_numel(s) * sizeof(float), &ch->grad_send[mb]);
+        return bg__xsend(&x->stg, x->comm, ch->prev_rank, tag_of(x, 1, ch->stage - 1, mb), ch->din[mb],
+                         bg_shape_numel(s) * sizeof(float), &ch->grad_send[mb]);
     case BG_OP_RECV_ACT:
         BG_CHECK(post_act_recv(x, ch, mb));
         if (x->em)
@@ -1008,23 +1013,23 @@ static void cancel_all(exec_t *x)
     for (int v = 0; x->chunks && v < x->V; v++) {
         chunk_t *ch = &x->chunks[v];
         for (int mb = 0; ch->act_recv && mb < x->M; mb++) {
-            bg_request_free(ch->act_recv[mb]);
-            bg_request_free(ch->grad_recv[mb]);
+            bg__xfree(ch->act_recv[mb]);
+            bg__xfree(ch->grad_recv[mb]);
             ch->act_recv[mb] = ch->grad_recv[mb] = NULL;
             /* sends to a dead peer: their buffers stay until the comm is destroyed */
-            bg_request_free(ch->act_send[mb]);
-            bg_request_free(ch->grad_send[mb]);
+            bg__xfree(ch->act_send[mb]);
+            bg__xfree(ch->grad_send[mb]);
             ch->act_send[mb] = ch->grad_send[mb] = NULL;
         }
         for (int b = 0; b < ch->nbuckets; b++) {
-            bg_request_free(ch->buckets[b].req);
+            bg__xfree(ch->buckets[b].req);
             ch->buckets[b].req = NULL;
         }
         bg__zero_cancel(ch->zero);
     }
     for (int t = 0; x->ties && t < x->nties; t++) {
-        bg_request_free(x->ties[t].rr);
-        bg_request_free(x->ties[t].sr);
+        bg__xfree(x->ties[t].rr);
+        bg__xfree(x->ties[t].sr);
         x->ties[t].rr = x->ties[t].sr = NULL;
     }
 }
@@ -1042,6 +1047,10 @@ static void exec_free(exec_t *x)
     free(x->chunks);
     bg_group_destroy(x->dp_group);
     bg_group_destroy(x->world_group);
+    if (x->stg.transfers)
+        bg_log(BG_LOG_INFO, "executor", "rank %d: staged %zu transfers (%zu chunks, %zu bytes) through %zu bytes of "
+               "host memory", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak);
+    bg__staging_fini(&x->stg);
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
@@ -1290,10 +1299,16 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
     bp.tune_malloc = x->p.process_wide;
+    bp.device = bg_comm_local_rank(x->comm) < 0 ? 0 : bg_comm_local_rank(x->comm);
+    bp.device_wrap = 1; /* ranks share a machine's GPUs round-robin */
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
-    if (x->world > 1 && strcmp(x->be->ops->name, "cpu") != 0) { /* device buffers: host transport only today */
-        st = bg_error(BG_ERR_UNSUPPORTED, "the %s backend runs one process only: ranks exchange host buffers "
-                      "and device buffers are not sent between ranks yet (%d ranks asked)", x->be->ops->name, x->world);
+    BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
+    if (x->stg.on && x->world > 1)
+        bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg__staging_transport());
+    if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1))) {
+        st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
+                      "(the tensor group's sums and ZeRO's collectives take host buffers only)",
+                      x->p.backend ? x->p.backend : "cpu", x->p.tp > 1 ? "--tp > 1" : "--zero > 0");
         goto err;
     }
     size_t per = (size_t)x->mbn * (size_t)x->Tmax;

@@ -4,13 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/staging.h"
 #include "tools/cli.h"
 
 int bg_cmd_info(int argc, char **argv)
 {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: brigade info\n  prints the version, the compiled-in backends (whether each device backend\n"
-               "  can start here), the CPU, the BLAS and its kernels,\n"
+               "  can start here, how its buffers travel between ranks), the CPU, the BLAS and its kernels,\n"
                "  and every BRIGADE_* variable\n");
         return 0;
     }
@@ -25,12 +26,12 @@ int bg_cmd_info(int argc, char **argv)
             continue;
         bg_backend_t *dbe = NULL;
         if (bg_backend_create(*n, NULL, &dbe) == BG_OK) {
-            printf("%s: device 0 usable (one process only: device buffers are not sent between ranks)", *n);
+            printf("%s: device 0 usable", *n);
             bg_backend_destroy(dbe);
         } else {
             printf("%s: compiled in, not usable here: %s", *n, bg_last_error());
         }
-        printf("\n");
+        printf("\n%s: device buffers between ranks: %s\n", *n, bg__staging_transport());
     }
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);

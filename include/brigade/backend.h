@@ -155,6 +155,17 @@ typedef struct bg_backend_ops {
      *  CUDA, free device memory plus the backend's cached blocks; CPU, the
      *  host's free physical memory. Appended last, as the attention slots. */
     size_t (*device_free)(bg_backend_t *be);
+
+    /* ---- transfers between ranks (appended last, as the slots above) ---- */
+    /** 1: buffers are device memory that the transport cannot read; the
+     *  executor stages sends, receives and reductions through host memory
+     *  (runtime/staging.c). 0 (CPU): the transport reads buffers in place. */
+    int device_buffers;
+    /** Host memory for staging, page-locked where the backend can (CUDA:
+     *  cudaMallocHost) so to_host/from_host copy it by DMA. NULL slots:
+     *  aligned malloc/free. */
+    void *(*host_alloc)(bg_backend_t *be, size_t bytes);
+    void (*host_free)(bg_backend_t *be, void *ptr);
 } bg_backend_ops_t;
 
 /** Counted memory of one backend instance, in bytes. */
@@ -180,8 +191,12 @@ typedef struct bg_backend_params {
      *  re-allocated every microbatch are reused without page faults; 0 leaves
      *  malloc alone. */
     int tune_malloc;
+    /** CUDA: 1 takes device (device % the device count), so that ranks given
+     *  their local rank share a machine's GPUs round-robin; 0: a device that
+     *  does not exist is an error. Ignored by the CPU backend. */
+    int device_wrap;
 } bg_backend_params_t;
-#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0}
+#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0, 0}
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {

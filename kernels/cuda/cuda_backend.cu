@@ -118,14 +118,56 @@ static void bg__cu_staged_copy(bg_backend_t *be, char *dst, const char *src, siz
     }
 }
 
+/* 1 when p is page-locked host memory (host_alloc's): copied by DMA directly. */
+static int bg__cu_pinned(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
+/* Pinned host memory (the executor's staging of transfers between ranks):
+ * one copy, waited for, both ways (the caller may reuse the buffer at once). */
+static void bg__cu_direct_copy(bg_backend_t *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    bg__cu_check(be, cudaMemcpyAsync(dst, src, bytes, kind, bg__cu_stream(be)), "cudaMemcpyAsync (pinned)");
+    bg__cu_check(be, cudaStreamSynchronize(bg__cu_stream(be)), "cudaStreamSynchronize (pinned copy)");
+}
+
 static void bg__cu_to_host(bg_backend_t *be, void *dst_host, const void *src, size_t bytes)
 {
-    bg__cu_staged_copy(be, (char *)dst_host, (const char *)src, bytes, 1);
+    if (bytes && bg__cu_pinned(dst_host))
+        bg__cu_direct_copy(be, dst_host, src, bytes, cudaMemcpyDeviceToHost);
+    else
+        bg__cu_staged_copy(be, (char *)dst_host, (const char *)src, bytes, 1);
 }
 
 static void bg__cu_from_host(bg_backend_t *be, void *dst, const void *src_host, size_t bytes)
 {
-    bg__cu_staged_copy(be, (char *)dst, (const char *)src_host, bytes, 0);
+    if (bytes && bg__cu_pinned(src_host))
+        bg__cu_direct_copy(be, dst, src_host, bytes, cudaMemcpyHostToDevice);
+    else
+        bg__cu_staged_copy(be, (char *)dst, (const char *)src_host, bytes, 0);
+}
+
+static void *bg__cu_host_alloc(bg_backend_t *be, size_t bytes)
+{
+    void *p = NULL;
+    (void)be;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void bg__cu_host_free(bg_backend_t *be, void *ptr)
+{
+    if (ptr)
+        bg__cu_check(be, cudaFreeHost(ptr), "cudaFreeHost");
 }
 
 /* ----------------------------------------------------------- elementwise */
@@ -272,6 +314,9 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     o.attention_forward = bg__cu_attention_forward;
     o.attention_backward = bg__cu_attention_backward;
     o.device_free = bg__cu_device_free;
+    o.device_buffers = 1;
+    o.host_alloc = bg__cu_host_alloc;
+    o.host_free = bg__cu_host_free;
     return o;
 }
 
@@ -305,6 +350,8 @@ extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_p
         return bg_error(BG_ERR_UNSUPPORTED, "cuda backend: no CUDA device (%s)",
                         e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
     }
+    if (params && params->device_wrap && dev >= 0)
+        dev %= count;
     if (dev < 0 || dev >= count)
         return bg_error(BG_ERR_INVALID, "cuda backend: device %d does not exist (%d device%s)", dev, count,
                         count == 1 ? "" : "s");

@@ -17,4 +17,8 @@ else
     expect 1 'brigade train: not supported: cuda backend: no CUDA device' train --backend cuda "${small[@]}"
     [ "$(wc -l <"$T/err")" -eq 1 ] && ok "one line" || bad "more than one line: $(cat "$T/err")"
 fi
+if "$B" info | grep -q '^backends:.* cuda'; then
+    "$B" info | grep -q '^cuda: device buffers between ranks: staged through pinned host memory' &&
+        ok "info says how device buffers travel between ranks" || bad "info: $("$B" info | grep '^cuda')"
+fi
 finish

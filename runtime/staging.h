@@ -1,0 +1,63 @@
+/* runtime/staging.h: the executor's transfers between ranks (sends, receives,
+ * data-parallel reductions) of backend buffers. Where the backend's buffers
+ * are host memory the transport reads them in place; where they are device
+ * memory (ops->device_buffers) every transfer is staged through host memory
+ * from ops->host_alloc (pinned on CUDA): a send copies chunk i to the host and
+ * starts sending it before it copies chunk i+1; a receive posts one receive
+ * per chunk (equal tags match in order) and copies each chunk to the device as
+ * it lands; a reduction copies the buffer out, reduces it on the host and
+ * copies it back. BRIGADE_STAGING=always sends host buffers through the same
+ * path (tests); BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise
+ * those of the direct path: the bytes and the reduction are the same. */
+#ifndef BG_RUNTIME_STAGING_H
+#define BG_RUNTIME_STAGING_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "brigade/backend.h"
+#include "brigade/transport.h"
+
+typedef struct bg__xfer bg__xfer_t; /* a transfer: one transport request, or a staged set of them */
+
+/* Host staging of one executor: the decision and a cache of host blocks (so
+ * that steady-state steps allocate no pinned memory). */
+typedef struct bg__staging {
+    bg_backend_t *be;
+    int on;               /* 1: transfers are staged */
+    size_t chunk;         /* bytes per staged point-to-point message */
+    pthread_mutex_t lock; /* the block cache */
+    struct bg__stage_block {
+        void *p;
+        size_t bytes;
+    } *free_blocks;
+    int nfree, capfree;
+    size_t transfers, chunks, bytes; /* staged so far (brigade's info log) */
+    size_t host_bytes, host_peak;    /* staging memory held now / at most */
+} bg__staging_t;
+
+/* Reads BRIGADE_STAGING and BRIGADE_STAGE_CHUNK_KB; *sg is ready for the calls below. */
+bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be);
+/* Frees the cached host blocks (every transfer freed first). */
+void bg__staging_fini(bg__staging_t *sg);
+/* How device buffers reach other ranks, for `brigade info` and the log. */
+const char *bg__staging_transport(void);
+
+/* As bg_isend / bg_irecv / bg_group_iallreduce, on a backend buffer. */
+bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, const void *buf, size_t bytes,
+                      bg__xfer_t **x_p);
+bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, void *buf, size_t bytes,
+                      bg__xfer_t **x_p);
+bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+                           bg__xfer_t **x_p);
+/* A transfer of a request started elsewhere on a host buffer (NULL: *x_p = NULL). */
+bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p);
+/* *done_p = 1 once complete (a receive's or reduction's data are in buf). */
+bg_status_t bg__xtest(bg__xfer_t *x, int *done_p);
+bg_status_t bg__xwait(bg__xfer_t *x);
+/* Cancels what is pending and frees (NULL is a no-op). A staged send that did
+ * not complete keeps its host block (the transport may still read it). */
+void bg__xfree(bg__xfer_t *x);
+
+#endif
