@@ -15,7 +15,7 @@
 
 long long bg__write_fail_after_bytes = -1;
 
-bg_status_t bg_fileio_write_all(int fd, const void *buf, size_t n, const char *path)
+bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path)
 {
     const char *p = buf;
     while (n) {
@@ -42,7 +42,7 @@ bg_status_t bg_fileio_write_all(int fd, const void *buf, size_t n, const char *p
     return BG_OK;
 }
 
-bg_status_t bg_fileio_fsync_path(const char *path, int is_dir)
+bg_status_t bg__fileio_fsync_path(const char *path, int is_dir)
 {
     int fd = open(path, (is_dir ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -55,26 +55,26 @@ bg_status_t bg_fileio_fsync_path(const char *path, int is_dir)
     return BG_OK;
 }
 
-bg_status_t bg_fileio_fsync_parent(const char *path)
+bg_status_t bg__fileio_fsync_parent(const char *path)
 {
     char *copy = strdup(path);
     if (!copy)
         return bg_error(BG_ERR_NOMEM, "cannot copy the path %s", path);
-    bg_status_t st = bg_fileio_fsync_path(dirname(copy), 1);
+    bg_status_t st = bg__fileio_fsync_path(dirname(copy), 1);
     free(copy);
     return st;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-void bg_fileio_free_names(char **names, int n)
+void bg__fileio_free_names(char **names, int n)
 {
     for (int i = 0; i < n; i++)
         free(names[i]);
     free(names);
 }
 
-bg_status_t bg_fileio_list_dir(const char *dir, const char *prefix, const char *suffix, char ***names_p, int *n_p)
+bg_status_t bg__fileio_list_dir(const char *dir, const char *prefix, const char *suffix, char ***names_p, int *n_p)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -106,7 +106,7 @@ bg_status_t bg_fileio_list_dir(const char *dir, const char *prefix, const char *
     }
     closedir(d);
     if (st != BG_OK) {
-        bg_fileio_free_names(names, n);
+        bg__fileio_free_names(names, n);
         return st;
     }
     if (n)
@@ -116,7 +116,7 @@ bg_status_t bg_fileio_list_dir(const char *dir, const char *prefix, const char *
     return BG_OK;
 }
 
-bg_status_t bg_fileio_read(const char *path, char **buf_p, size_t *size_p)
+bg_status_t bg__fileio_read(const char *path, char **buf_p, size_t *size_p)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -157,7 +157,7 @@ bg_status_t bg_fileio_read(const char *path, char **buf_p, size_t *size_p)
     return BG_OK;
 }
 
-bg_status_t bg_fileio_mkdir_p(const char *dir)
+bg_status_t bg__fileio_mkdir_p(const char *dir)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)

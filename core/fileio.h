@@ -9,33 +9,33 @@
 
 #include "brigade/status.h"
 
-/* Test hook: when >= 0, the number of bytes bg_fileio_write_all may still
+/* Test hook: when >= 0, the number of bytes bg__fileio_write_all may still
  * write; a write beyond it fails with ENOSPC (a full disk). Each write
  * decrements it. -1 (the default): off. */
 extern long long bg__write_fail_after_bytes;
 
 /* Write all n bytes of buf to fd (retrying short writes and EINTR). */
-bg_status_t bg_fileio_write_all(int fd, const void *buf, size_t n, const char *path);
+bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path);
 
 /* fsync a file or (is_dir) a directory by path. A file system that cannot
  * sync directories (EINVAL) is not an error. */
-bg_status_t bg_fileio_fsync_path(const char *path, int is_dir);
+bg_status_t bg__fileio_fsync_path(const char *path, int is_dir);
 
 /* fsync the directory that holds path (after a rename into it). */
-bg_status_t bg_fileio_fsync_parent(const char *path);
+bg_status_t bg__fileio_fsync_parent(const char *path);
 
 /* The names of dir's entries that start with prefix and end with suffix
  * ("" matches anything), sorted (strcmp): *names_p, *n_p of them (possibly
- * 0); free with bg_fileio_free_names. */
-bg_status_t bg_fileio_list_dir(const char *dir, const char *prefix, const char *suffix, char ***names_p, int *n_p);
-void bg_fileio_free_names(char **names, int n);
+ * 0); free with bg__fileio_free_names. */
+bg_status_t bg__fileio_list_dir(const char *dir, const char *prefix, const char *suffix, char ***names_p, int *n_p);
+void bg__fileio_free_names(char **names, int n);
 
 /* mkdir -p: create dir and its missing parents (several processes may
  * race: an existing directory is fine; an existing non-directory is not). */
-bg_status_t bg_fileio_mkdir_p(const char *dir);
+bg_status_t bg__fileio_mkdir_p(const char *dir);
 
 /* Read a whole file: *buf_p (malloc'ed, NUL appended) of *size_p bytes.
  * A missing file is BG_ERR_NOT_FOUND. */
-bg_status_t bg_fileio_read(const char *path, char **buf_p, size_t *size_p);
+bg_status_t bg__fileio_read(const char *path, char **buf_p, size_t *size_p);
 
 #endif

@@ -15,7 +15,7 @@
 #else
 #define BG__BACKEND_LIST(X) X(cpu)
 #endif
-#define BG__BACKEND_ENTRY(name) {#name, bg_##name##_backend_init},
+#define BG__BACKEND_ENTRY(name) {#name, bg__##name##_backend_init},
 #define BG__BACKEND_NAME(name) #name,
 
 static const bg_backend_entry_t bg__backends[] = {BG__BACKEND_LIST(BG__BACKEND_ENTRY)};

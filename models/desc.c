@@ -620,8 +620,8 @@ bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_pr
         snprintf(p->name, sizeof(p->name), "%s", d->layers[i]->name);
         p->params = bg_layer_param_count(d->layers[i]);
         p->output_bytes = bg_shape_numel(o) * sizeof(float);
-        p->stash_bytes = bg_align64(bg_layer_stash_bytes(d->layers[i], s)) + bg_align64(p->output_bytes);
-        p->wstash_bytes = bg_align64(bg_layer_wstash_bytes(d->layers[i], s)) + bg_align64(p->output_bytes);
+        p->stash_bytes = bg__align64(bg_layer_stash_bytes(d->layers[i], s)) + bg__align64(p->output_bytes);
+        p->wstash_bytes = bg__align64(bg_layer_wstash_bytes(d->layers[i], s)) + bg__align64(p->output_bytes);
         p->scratch_bytes = bg_layer_scratch_bytes(d->layers[i], s);
         p->fwd_flops = bg_layer_fwd_flops(d->layers[i], s);
         p->bwd_flops = bg_layer_bwd_flops(d->layers[i], s);

@@ -15,7 +15,7 @@
 #include "core/check.h"
 #include "models/layer_impl.h"
 
-size_t bg_align64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+size_t bg__align64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 bg_status_t bg_layer_create(const bg_layer_ops_t *ops, const char *name, int nparams,
                             const bg_param_t *params, void *impl, bg_layer_t **layer_p)
@@ -86,12 +86,12 @@ size_t bg_layer_param_count(const bg_layer_t *l)
     return n;
 }
 
-size_t bg_layer_out_bytes(const bg_layer_t *l, bg_shape_t in)
+size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in)
 {
     bg_shape_t out;
     if (bg_layer_out_shape(l, in, &out) != BG_OK)
         return 0;
-    return bg_align64(bg_shape_numel(out) * sizeof(float));
+    return bg__align64(bg_shape_numel(out) * sizeof(float));
 }
 
 /* ------------------------------------------------------------------ seq */
@@ -130,8 +130,8 @@ static size_t seq_arena_bytes(const bg_layer_t *l, bg_shape_t in,
     size_t total = 0;
     for (int i = 0; i < l->nchildren; i++) {
         if (i < l->nchildren - 1)
-            total += bg_align64(bg_shape_numel(s[i + 1]) * sizeof(float));
-        total += bg_align64(child_bytes(l->children[i], s[i]));
+            total += bg__align64(bg_shape_numel(s[i + 1]) * sizeof(float));
+        total += bg__align64(child_bytes(l->children[i], s[i]));
     }
     return total;
 }
@@ -184,7 +184,7 @@ static bg_status_t seq_frame(const bg_layer_t *l, const bg_layer_ctx_t *ctx, flo
     char *sp = ctx->stash, *wp = ctx->wstash;
     int k = l->nchildren;
     for (int i = 0; i < k; i++) {
-        size_t ob = bg_align64(bg_shape_numel(f->shape[i + 1]) * sizeof(float));
+        size_t ob = bg__align64(bg_shape_numel(f->shape[i + 1]) * sizeof(float));
         if (i < k - 1) {
             f->out[i] = (float *)sp;
             sp += ob;
@@ -196,10 +196,10 @@ static bg_status_t seq_frame(const bg_layer_t *l, const bg_layer_ctx_t *ctx, flo
             f->dout[i] = (float *)dout;
         }
         f->stash[i] = sp;
-        sp += bg_align64(bg_layer_stash_bytes(l->children[i], f->shape[i]));
+        sp += bg__align64(bg_layer_stash_bytes(l->children[i], f->shape[i]));
         f->wstash[i] = wp;
         if (wp)
-            wp += bg_align64(bg_layer_wstash_bytes(l->children[i], f->shape[i]));
+            wp += bg__align64(bg_layer_wstash_bytes(l->children[i], f->shape[i]));
     }
     return BG_OK;
 }
@@ -331,15 +331,15 @@ static bg_status_t res_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t 
     return BG_OK;
 }
 
-static size_t res_act_bytes(bg_shape_t in) { return bg_align64(bg_shape_numel(in) * sizeof(float)); }
+static size_t res_act_bytes(bg_shape_t in) { return bg__align64(bg_shape_numel(in) * sizeof(float)); }
 static size_t res_stash_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    return res_act_bytes(in) + bg_align64(bg_layer_stash_bytes(l->children[0], in));
+    return res_act_bytes(in) + bg__align64(bg_layer_stash_bytes(l->children[0], in));
 }
 static size_t res_wstash_bytes(const bg_layer_t *l, bg_shape_t in) { return bg_layer_wstash_bytes(l->children[0], in); }
 static size_t res_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    return res_act_bytes(in) + bg_align64(bg_layer_scratch_bytes(l->children[0], in));
+    return res_act_bytes(in) + bg__align64(bg_layer_scratch_bytes(l->children[0], in));
 }
 static double res_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {

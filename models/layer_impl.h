@@ -7,9 +7,9 @@
 #include "brigade/layer.h"
 
 /* Round a byte count up to a multiple of 64 (every buffer piece is aligned). */
-size_t bg_align64(size_t bytes);
+size_t bg__align64(size_t bytes);
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
-size_t bg_layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
+size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
 
 /* A leaf with a copy of impl (impl_size bytes), freed by bg__free_impl. */
 bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,

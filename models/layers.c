@@ -185,9 +185,9 @@ static bg_status_t ln_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *
 static float *ln_mean(const bg_layer_ctx_t *ctx) { return ctx->stash; }
 static float *ln_rstd(const bg_layer_ctx_t *ctx)
 {
-    return (float *)((char *)ctx->stash + bg_align64((size_t)ROWS(ctx->in) * sizeof(float)));
+    return (float *)((char *)ctx->stash + bg__align64((size_t)ROWS(ctx->in) * sizeof(float)));
 }
-static size_t ln_stash_bytes(const bg_layer_t *l, bg_shape_t in) { return 2 * bg_align64((size_t)ROWS(in) * sizeof(float)); }
+static size_t ln_stash_bytes(const bg_layer_t *l, bg_shape_t in) { return 2 * bg__align64((size_t)ROWS(in) * sizeof(float)); }
 static double ln_fwd_flops(const bg_layer_t *l, bg_shape_t in) { return 7.0 * (double)bg_shape_numel(in); }
 static double ln_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 12.0 * (double)bg_shape_numel(in); }
 
@@ -392,7 +392,7 @@ bg_status_t bg__head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *o
 }
 size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    return bg_align64((size_t)ROWS(in) * (size_t)((head_t *)l->impl)->classes * sizeof(float));
+    return bg__align64((size_t)ROWS(in) * (size_t)((head_t *)l->impl)->classes * sizeof(float));
 }
 /* stash: probs (N, V); wstash: dlogits (N, V); scratch: logits (N, V) */
 double bg__head_fwd_flops(const bg_layer_t *l, bg_shape_t in)

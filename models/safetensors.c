@@ -124,7 +124,7 @@ static bg_status_t make_metadata(const char *path, const char *metadata_json, js
 
 /* The header's text: tensors at consecutive offsets in the given order;
  * *data_bytes_p the size of the data section. */
-static bg_status_t make_header(const char *path, const bg_st_wtensor_t *t, int n, const char *metadata_json,
+static bg_status_t make_header(const char *path, const bg__st_wtensor_t *t, int n, const char *metadata_json,
                                char **text_p, uint64_t *data_bytes_p)
 {
     json_t *hdr = json_object(), *meta = NULL;
@@ -171,7 +171,7 @@ out:
 }
 
 /* Append a tensor's bytes to fd (through host when it lives on a backend). */
-static bg_status_t write_tensor(int fd, const char *path, bg_st_wtensor_t *t, float *host, uint32_t *file_crc,
+static bg_status_t write_tensor(int fd, const char *path, bg__st_wtensor_t *t, float *host, uint32_t *file_crc,
                                 int want_crc)
 {
     uint64_t numel = 0, bytes = 0;
@@ -188,13 +188,13 @@ static bg_status_t write_tensor(int fd, const char *path, bg_st_wtensor_t *t, fl
             crc = bg__crc32c(crc, p, k * sizeof(float));
             *file_crc = bg__crc32c(*file_crc, p, k * sizeof(float));
         }
-        BG_CHECK(bg_fileio_write_all(fd, p, k * sizeof(float), path));
+        BG_CHECK(bg__fileio_write_all(fd, p, k * sizeof(float), path));
     }
     t->crc32c = crc;
     return BG_OK;
 }
 
-bg_status_t bg_st_write(const char *path, bg_st_wtensor_t *t, int n, const char *metadata_json, uint64_t *bytes_p,
+bg_status_t bg__st_write(const char *path, bg__st_wtensor_t *t, int n, const char *metadata_json, uint64_t *bytes_p,
                         uint32_t *crc_p)
 {
     bg_status_t st = BG_OK;
@@ -226,9 +226,9 @@ bg_status_t bg_st_write(const char *path, bg_st_wtensor_t *t, int n, const char 
         crc = bg__crc32c(crc, text, hlen);
         crc = bg__crc32c(crc, "        ", padded - hlen);
     }
-    BG_CHECK_GOTO(bg_fileio_write_all(fd, len8, 8, tmp), st, err_unlink);
-    BG_CHECK_GOTO(bg_fileio_write_all(fd, text, hlen, tmp), st, err_unlink);
-    BG_CHECK_GOTO(bg_fileio_write_all(fd, "        ", padded - hlen, tmp), st, err_unlink);
+    BG_CHECK_GOTO(bg__fileio_write_all(fd, len8, 8, tmp), st, err_unlink);
+    BG_CHECK_GOTO(bg__fileio_write_all(fd, text, hlen, tmp), st, err_unlink);
+    BG_CHECK_GOTO(bg__fileio_write_all(fd, "        ", padded - hlen, tmp), st, err_unlink);
     for (int i = 0; i < n; i++)
         BG_CHECK_GOTO(write_tensor(fd, tmp, &t[i], host, &crc, crc_p != NULL), st, err_unlink);
     if (fsync(fd) != 0) {
@@ -245,7 +245,7 @@ bg_status_t bg_st_write(const char *path, bg_st_wtensor_t *t, int n, const char 
         st = bg_error(BG_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
         goto err_unlink;
     }
-    BG_CHECK_GOTO(bg_fileio_fsync_parent(path), st, out);
+    BG_CHECK_GOTO(bg__fileio_fsync_parent(path), st, out);
     if (bytes_p)
         *bytes_p = 8 + padded + data_bytes;
     if (crc_p)
@@ -264,20 +264,20 @@ out:
 
 /* ---------------------------------------------------------------- reading */
 
-struct bg_st_file {
+struct bg__st_file {
     char *path;
     const unsigned char *buf; /* the whole file */
     size_t size;
-    char *owned;          /* buf, when bg_st_open read it */
+    char *owned;          /* buf, when bg__st_open read it */
     json_t *hdr;          /* the names point into it */
     json_t *meta;         /* borrowed from hdr */
-    bg_st_tensor_t *t;    /* (n) by name */
+    bg__st_tensor_t *t;    /* (n) by name */
     int n;
 };
 
 static int cmp_offsets(const void *a, const void *b)
 {
-    const bg_st_tensor_t *x = a, *y = b;
+    const bg__st_tensor_t *x = a, *y = b;
     if (x->begin != y->begin)
         return x->begin < y->begin ? -1 : 1;
     return (x->end > y->end) - (x->end < y->end);
@@ -285,12 +285,12 @@ static int cmp_offsets(const void *a, const void *b)
 
 static int cmp_names(const void *a, const void *b)
 {
-    return strcmp(((const bg_st_tensor_t *)a)->name, ((const bg_st_tensor_t *)b)->name);
+    return strcmp(((const bg__st_tensor_t *)a)->name, ((const bg__st_tensor_t *)b)->name);
 }
 
 /* Check one header entry and fill *t. data_size: bytes after the header. */
-static bg_status_t parse_tensor(bg_st_file_t *f, const char *name, json_t *e, uint64_t data_start,
-                                uint64_t data_size, bg_st_tensor_t *t)
+static bg_status_t parse_tensor(bg__st_file_t *f, const char *name, json_t *e, uint64_t data_start,
+                                uint64_t data_size, bg__st_tensor_t *t)
 {
     const char *path = f->path;
     size_t len = strlen(name);
@@ -355,12 +355,12 @@ static bg_status_t parse_tensor(bg_st_file_t *f, const char *name, json_t *e, ui
 }
 
 /* No two tensors with data share a byte (sorts f->t by offsets). */
-static bg_status_t check_overlaps(bg_st_file_t *f)
+static bg_status_t check_overlaps(bg__st_file_t *f)
 {
     qsort(f->t, (size_t)f->n, sizeof(*f->t), cmp_offsets);
-    const bg_st_tensor_t *last = NULL; /* the non-empty tensor that ends last so far */
+    const bg__st_tensor_t *last = NULL; /* the non-empty tensor that ends last so far */
     for (int i = 0; i < f->n; i++) {
-        const bg_st_tensor_t *t = &f->t[i];
+        const bg__st_tensor_t *t = &f->t[i];
         if (t->end == t->begin)
             continue;
         if (last && t->begin < last->end)
@@ -373,7 +373,7 @@ static bg_status_t check_overlaps(bg_st_file_t *f)
     return BG_OK;
 }
 
-static bg_status_t parse_file(bg_st_file_t *f)
+static bg_status_t parse_file(bg__st_file_t *f)
 {
     const char *path = f->path;
     if (f->size < 8)
@@ -413,9 +413,9 @@ static bg_status_t parse_file(bg_st_file_t *f)
     return BG_OK;
 }
 
-bg_status_t bg_st_parse(const char *path, const void *buf, size_t size, bg_st_file_t **f_p)
+bg_status_t bg__st_parse(const char *path, const void *buf, size_t size, bg__st_file_t **f_p)
 {
-    bg_st_file_t *f = calloc(1, sizeof(*f));
+    bg__st_file_t *f = calloc(1, sizeof(*f));
     if (!f || !(f->path = strdup(path))) {
         free(f);
         return bg_error(BG_ERR_NOMEM, "%s: reader", path);
@@ -424,19 +424,19 @@ bg_status_t bg_st_parse(const char *path, const void *buf, size_t size, bg_st_fi
     f->size = size;
     bg_status_t st = parse_file(f);
     if (st != BG_OK) {
-        bg_st_close(f);
+        bg__st_close(f);
         return st;
     }
     *f_p = f;
     return BG_OK;
 }
 
-bg_status_t bg_st_open(const char *path, bg_st_file_t **f_p)
+bg_status_t bg__st_open(const char *path, bg__st_file_t **f_p)
 {
     char *buf;
     size_t size;
-    BG_CHECK(bg_fileio_read(path, &buf, &size));
-    bg_status_t st = bg_st_parse(path, buf, size, f_p);
+    BG_CHECK(bg__fileio_read(path, &buf, &size));
+    bg_status_t st = bg__st_parse(path, buf, size, f_p);
     if (st != BG_OK) {
         free(buf);
         return st;
@@ -445,7 +445,7 @@ bg_status_t bg_st_open(const char *path, bg_st_file_t **f_p)
     return BG_OK;
 }
 
-void bg_st_close(bg_st_file_t *f)
+void bg__st_close(bg__st_file_t *f)
 {
     if (!f)
         return;
@@ -456,20 +456,20 @@ void bg_st_close(bg_st_file_t *f)
     free(f);
 }
 
-void bg_st_close_all(bg_st_file_t **files, int n)
+void bg__st_close_all(bg__st_file_t **files, int n)
 {
     for (int i = 0; i < n; i++)
-        bg_st_close(files[i]);
+        bg__st_close(files[i]);
     free(files);
 }
 
-bg_status_t bg_st_open_dir(const char *dir, bg_st_file_t ***files_p, int *n_p)
+bg_status_t bg__st_open_dir(const char *dir, bg__st_file_t ***files_p, int *n_p)
 {
     char **names;
     int n, opened = 0;
-    BG_CHECK(bg_fileio_list_dir(dir, "", ST_SUFFIX, &names, &n));
+    BG_CHECK(bg__fileio_list_dir(dir, "", ST_SUFFIX, &names, &n));
     bg_status_t st = BG_OK;
-    bg_st_file_t **files = NULL;
+    bg__st_file_t **files = NULL;
     if (n == 0) {
         st = bg_error(BG_ERR_NOT_FOUND, "no .safetensors files in %s", dir);
         goto out;
@@ -487,35 +487,35 @@ bg_status_t bg_st_open_dir(const char *dir, bg_st_file_t ***files_p, int *n_p)
             break;
         }
         snprintf(path, plen, "%s/%s", dir, names[opened]);
-        st = bg_st_open(path, &files[opened]);
+        st = bg__st_open(path, &files[opened]);
         free(path);
         if (st != BG_OK)
             break;
     }
     if (st != BG_OK) {
-        bg_st_close_all(files, opened);
+        bg__st_close_all(files, opened);
         goto out;
     }
     *files_p = files;
     *n_p = n;
 out:
-    bg_fileio_free_names(names, n);
+    bg__fileio_free_names(names, n);
     return st;
 }
 
-const char *bg_st_path(const bg_st_file_t *f) { return f->path; }
-int bg_st_count(const bg_st_file_t *f) { return f->n; }
-const bg_st_tensor_t *bg_st_tensor(const bg_st_file_t *f, int i) { return &f->t[i]; }
-json_t *bg_st_metadata(const bg_st_file_t *f) { return f->meta; }
+const char *bg__st_path(const bg__st_file_t *f) { return f->path; }
+int bg__st_count(const bg__st_file_t *f) { return f->n; }
+const bg__st_tensor_t *bg__st_tensor(const bg__st_file_t *f, int i) { return &f->t[i]; }
+json_t *bg__st_metadata(const bg__st_file_t *f) { return f->meta; }
 
-static int cmp_key(const void *key, const void *t) { return strcmp(key, ((const bg_st_tensor_t *)t)->name); }
+static int cmp_key(const void *key, const void *t) { return strcmp(key, ((const bg__st_tensor_t *)t)->name); }
 
-const bg_st_tensor_t *bg_st_find(const bg_st_file_t *f, const char *name)
+const bg__st_tensor_t *bg__st_find(const bg__st_file_t *f, const char *name)
 {
     return f->n ? bsearch(name, f->t, (size_t)f->n, sizeof(*f->t), cmp_key) : NULL;
 }
 
-bg_status_t bg_st_check_shape(const bg_st_file_t *f, const bg_st_tensor_t *t, int ndim, const int64_t *shape)
+bg_status_t bg__st_check_shape(const bg__st_file_t *f, const bg__st_tensor_t *t, int ndim, const int64_t *shape)
 {
     if (t->ndim == ndim && memcmp(t->shape, shape, (size_t)ndim * sizeof(*shape)) == 0)
         return BG_OK;
@@ -525,7 +525,7 @@ bg_status_t bg_st_check_shape(const bg_st_file_t *f, const bg_st_tensor_t *t, in
     return bg_error(BG_ERR_MISMATCH, "%s: tensor %s has shape %s, the model expects %s", f->path, t->name, have, want);
 }
 
-void bg_st_copy(const bg_st_tensor_t *t, bg_backend_t *be, float *dst)
+void bg__st_copy(const bg__st_tensor_t *t, bg_backend_t *be, float *dst)
 {
     if (be)
         be->ops->from_host(be, dst, t->data, t->numel * sizeof(float));
@@ -533,17 +533,17 @@ void bg_st_copy(const bg_st_tensor_t *t, bg_backend_t *be, float *dst)
         memcpy(dst, t->data, t->numel * sizeof(float));
 }
 
-bg_status_t bg_st_check_param(const bg_st_file_t *f, const bg_st_tensor_t *t, const bg_param_t *p)
+bg_status_t bg__st_check_param(const bg__st_file_t *f, const bg__st_tensor_t *t, const bg_param_t *p)
 {
     int64_t full[BG_PARAM_MAX_DIMS];
     bg_param_full_shape(p, full);
-    return bg_st_check_shape(f, t, p->ndim, full);
+    return bg__st_check_shape(f, t, p->ndim, full);
 }
 
-bg_status_t bg_st_copy_param(const bg_st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst)
+bg_status_t bg__st_copy_param(const bg__st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst)
 {
     if (!bg_param_is_shard(p)) {
-        bg_st_copy(t, be, dst);
+        bg__st_copy(t, be, dst);
         return BG_OK;
     }
     float *host = malloc(p->numel * sizeof(float));
@@ -569,7 +569,7 @@ static int tp_part(bg_model_t *m)
 bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const char *metadata_json)
 {
     int n = bg_model_num_tensors(m);
-    bg_st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
+    bg__st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
     if (!t)
         return bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
     /* shards of a tensor-parallel model: gathered whole (a collective of
@@ -580,7 +580,7 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
     bg_status_t st = full && shapes ? BG_OK : bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
     for (int i = 0; i < n && st == BG_OK; i++) {
         const bg_param_t *p = bg_model_tensor(m, i);
-        t[i] = (bg_st_wtensor_t){.name = bg_model_tensor_name(m, i), .ndim = p->ndim, .shape = p->shape,
+        t[i] = (bg__st_wtensor_t){.name = bg_model_tensor_name(m, i), .ndim = p->ndim, .shape = p->shape,
                                  .src = p->data, .be = bg_model_backend(m)};
         if (!bg_param_is_shard(p))
             continue;
@@ -593,7 +593,7 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
         t[i].be = NULL;
     }
     if (st == BG_OK && (!tp || tp->rank == 0))
-        st = bg_st_write(path, t, n, metadata_json, NULL, NULL);
+        st = bg__st_write(path, t, n, metadata_json, NULL, NULL);
     for (int i = 0; full && i < n; i++)
         free(full[i]);
     free(full);
@@ -604,11 +604,11 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
 
 bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
 {
-    bg_st_file_t *f;
-    BG_CHECK(bg_st_open(path, &f));
+    bg__st_file_t *f;
+    BG_CHECK(bg__st_open(path, &f));
     bg_status_t st = BG_OK;
     int n = bg_model_num_tensors(m);
-    const bg_st_tensor_t **src = calloc(n ? (size_t)n : 1, sizeof(*src));
+    const bg__st_tensor_t **src = calloc(n ? (size_t)n : 1, sizeof(*src));
     if (!src) {
         st = bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
         goto out;
@@ -616,27 +616,27 @@ bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
     for (int i = 0; i < n; i++) { /* everything checked before the model changes */
         const bg_param_t *p = bg_model_tensor(m, i);
         const char *name = bg_model_tensor_name(m, i);
-        if (!(src[i] = bg_st_find(f, name))) {
+        if (!(src[i] = bg__st_find(f, name))) {
             st = bg_error(BG_ERR_NOT_FOUND, "%s: tensor %s is missing", path, name);
             goto out;
         }
-        BG_CHECK_GOTO(bg_st_check_param(f, src[i], p), st, out);
+        BG_CHECK_GOTO(bg__st_check_param(f, src[i], p), st, out);
     }
     for (int i = 0; i < n && st == BG_OK; i++)
-        st = bg_st_copy_param(src[i], bg_model_tensor(m, i), tp_part(m), bg_model_backend(m), bg_model_tensor(m, i)->data);
+        st = bg__st_copy_param(src[i], bg_model_tensor(m, i), tp_part(m), bg_model_backend(m), bg_model_tensor(m, i)->data);
 out:
     free(src);
-    bg_st_close(f);
+    bg__st_close(f);
     return st;
 }
 
 /* ---------------------------------------------------------------- comparing */
 
 /* The first tensor called name among a directory's files. */
-static const bg_st_tensor_t *dir_find(bg_st_file_t **files, int n, const char *name)
+static const bg__st_tensor_t *dir_find(bg__st_file_t **files, int n, const char *name)
 {
     for (int i = 0; i < n; i++) {
-        const bg_st_tensor_t *t = bg_st_find(files[i], name);
+        const bg__st_tensor_t *t = bg__st_find(files[i], name);
         if (t)
             return t;
     }
@@ -644,7 +644,7 @@ static const bg_st_tensor_t *dir_find(bg_st_file_t **files, int n, const char *n
 }
 
 /* element j of a tensor (its bytes may be unaligned) */
-static double value_at(const bg_st_tensor_t *t, size_t j)
+static double value_at(const bg__st_tensor_t *t, size_t j)
 {
     float v;
     memcpy(&v, (const char *)t->data + j * sizeof(float), sizeof v);
@@ -653,21 +653,21 @@ static double value_at(const bg_st_tensor_t *t, size_t j)
 
 bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg_compare_result_t *result_p)
 {
-    bg_st_file_t **a = NULL, **b = NULL;
+    bg__st_file_t **a = NULL, **b = NULL;
     int na = 0, nb = 0;
     bg_compare_result_t r = {0};
-    bg_status_t st = bg_st_open_dir(dir_a, &a, &na);
+    bg_status_t st = bg__st_open_dir(dir_a, &a, &na);
     if (st == BG_OK)
-        st = bg_st_open_dir(dir_b, &b, &nb);
+        st = bg__st_open_dir(dir_b, &b, &nb);
     if (st != BG_OK)
         goto out;
     double ss_diff = 0, ss_a = 0;
     for (int fi = 0; fi < na; fi++) {
-        for (int ti = 0; ti < bg_st_count(a[fi]); ti++) {
-            const bg_st_tensor_t *x = bg_st_tensor(a[fi], ti);
+        for (int ti = 0; ti < bg__st_count(a[fi]); ti++) {
+            const bg__st_tensor_t *x = bg__st_tensor(a[fi], ti);
             if (dir_find(a, na, x->name) != x)
                 continue; /* a name repeated in a later file: the first counts */
-            const bg_st_tensor_t *y = dir_find(b, nb, x->name);
+            const bg__st_tensor_t *y = dir_find(b, nb, x->name);
             if (!y) {
                 r.only_a++;
                 continue;
@@ -701,15 +701,15 @@ bg_status_t bg_safetensors_compare_dirs(const char *dir_a, const char *dir_b, bg
         }
     }
     for (int fi = 0; fi < nb; fi++)
-        for (int ti = 0; ti < bg_st_count(b[fi]); ti++) {
-            const bg_st_tensor_t *y = bg_st_tensor(b[fi], ti);
+        for (int ti = 0; ti < bg__st_count(b[fi]); ti++) {
+            const bg__st_tensor_t *y = bg__st_tensor(b[fi], ti);
             if (dir_find(b, nb, y->name) == y && !dir_find(a, na, y->name))
                 r.only_b++;
         }
     r.rel_l2 = ss_a > 0 ? sqrt(ss_diff / ss_a) : sqrt(ss_diff);
     *result_p = r;
 out:
-    bg_st_close_all(a, na);
-    bg_st_close_all(b, nb);
+    bg__st_close_all(a, na);
+    bg__st_close_all(b, nb);
     return st;
 }

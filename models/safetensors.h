@@ -35,14 +35,14 @@ uint32_t bg__crc32c(uint32_t crc, const void *data, size_t n);
 /* ---------------------------------------------------------------- writing */
 
 /* One tensor to write. */
-typedef struct bg_st_wtensor {
+typedef struct bg__st_wtensor {
     const char *name;     /* unique in the file, shorter than BG_ST_NAME_MAX */
     int ndim;             /* 0 .. BG_ST_MAX_DIMS */
     const int64_t *shape; /* (ndim) */
     const float *src;     /* (product of shape) the values */
     bg_backend_t *be;     /* NULL: src is host memory; else src is on be (copied with to_host) */
     uint32_t crc32c;      /* out: CRC32C of the tensor's bytes, when the writer is asked for checksums */
-} bg_st_wtensor_t;
+} bg__st_wtensor_t;
 
 /*
  * Write the n tensors, in this order, to path: into PATH.tmp.PID, fsync,
@@ -53,53 +53,53 @@ typedef struct bg_st_wtensor {
  * are added unless given. bytes_p (may be NULL): the file's size. crc_p (may
  * be NULL): the file's CRC32C, and each tensor's in its crc32c.
  */
-bg_status_t bg_st_write(const char *path, bg_st_wtensor_t *t, int n, const char *metadata_json, uint64_t *bytes_p,
+bg_status_t bg__st_write(const char *path, bg__st_wtensor_t *t, int n, const char *metadata_json, uint64_t *bytes_p,
                         uint32_t *crc_p);
 
 /* ---------------------------------------------------------------- reading */
 
 /* A validated tensor of an open file. */
-typedef struct bg_st_tensor {
+typedef struct bg__st_tensor {
     const char *name;
     int ndim;
     int64_t shape[BG_ST_MAX_DIMS];
     size_t numel;
     uint64_t begin, end; /* byte offsets in the data section */
     const void *data;    /* (numel) little-endian F32 in memory; may be unaligned: copy, don't cast */
-} bg_st_tensor_t;
+} bg__st_tensor_t;
 
-typedef struct bg_st_file bg_st_file_t;
+typedef struct bg__st_file bg__st_file_t;
 
 /* Read the whole file at path into memory and validate it. */
-bg_status_t bg_st_open(const char *path, bg_st_file_t **f_p);
+bg_status_t bg__st_open(const char *path, bg__st_file_t **f_p);
 /* Validate a file's image already in memory (buf, size bytes; path for the
  * messages). buf stays the caller's and must outlive the file. */
-bg_status_t bg_st_parse(const char *path, const void *buf, size_t size, bg_st_file_t **f_p);
+bg_status_t bg__st_parse(const char *path, const void *buf, size_t size, bg__st_file_t **f_p);
 /* Every *.safetensors file of dir, opened and validated, in name order
- * (*files_p: *n_p >= 1 files; free with bg_st_close_all). None is an error
+ * (*files_p: *n_p >= 1 files; free with bg__st_close_all). None is an error
  * (BG_ERR_NOT_FOUND). */
-bg_status_t bg_st_open_dir(const char *dir, bg_st_file_t ***files_p, int *n_p);
-void bg_st_close(bg_st_file_t *f);
-void bg_st_close_all(bg_st_file_t **files, int n);
+bg_status_t bg__st_open_dir(const char *dir, bg__st_file_t ***files_p, int *n_p);
+void bg__st_close(bg__st_file_t *f);
+void bg__st_close_all(bg__st_file_t **files, int n);
 
-const char *bg_st_path(const bg_st_file_t *f);
-/* Tensors in name order: i in 0 .. bg_st_count - 1. */
-int bg_st_count(const bg_st_file_t *f);
-const bg_st_tensor_t *bg_st_tensor(const bg_st_file_t *f, int i);
+const char *bg__st_path(const bg__st_file_t *f);
+/* Tensors in name order: i in 0 .. bg__st_count - 1. */
+int bg__st_count(const bg__st_file_t *f);
+const bg__st_tensor_t *bg__st_tensor(const bg__st_file_t *f, int i);
 /* The tensor called name; NULL when the file has none. */
-const bg_st_tensor_t *bg_st_find(const bg_st_file_t *f, const char *name);
+const bg__st_tensor_t *bg__st_find(const bg__st_file_t *f, const char *name);
 /* __metadata__ (borrowed, valid while f is open); NULL when absent. */
-json_t *bg_st_metadata(const bg_st_file_t *f);
+json_t *bg__st_metadata(const bg__st_file_t *f);
 
 /* BG_ERR_MISMATCH naming the file and tensor unless t has this shape. */
-bg_status_t bg_st_check_shape(const bg_st_file_t *f, const bg_st_tensor_t *t, int ndim, const int64_t *shape);
+bg_status_t bg__st_check_shape(const bg__st_file_t *f, const bg__st_tensor_t *t, int ndim, const int64_t *shape);
 /* Copy t's values into dst: host memory when be is NULL, else on be. */
-void bg_st_copy(const bg_st_tensor_t *t, bg_backend_t *be, float *dst);
+void bg__st_copy(const bg__st_tensor_t *t, bg_backend_t *be, float *dst);
 /* The file holds tensor t whole for parameter p (its full shape when p is a
  * tensor-parallel shard): BG_ERR_MISMATCH naming both shapes otherwise. */
-bg_status_t bg_st_check_param(const bg_st_file_t *f, const bg_st_tensor_t *t, const bg_param_t *p);
+bg_status_t bg__st_check_param(const bg__st_file_t *f, const bg__st_tensor_t *t, const bg_param_t *p);
 /* Copy member `part`'s shard of t (all of t for a whole tensor) to dst
  * (p->numel floats on be, or host memory when be is NULL). */
-bg_status_t bg_st_copy_param(const bg_st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst);
+bg_status_t bg__st_copy_param(const bg__st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst);
 
 #endif

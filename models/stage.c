@@ -190,7 +190,7 @@ static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh);
 
 /* Bytes the stage sets aside for a piece the layer reports as `bytes`: its
  * aligned size, plus its guard zone when guards are on (gz > 0). */
-static size_t piece(size_t bytes, size_t gz) { return bg_align64(bytes) + gz; }
+static size_t piece(size_t bytes, size_t gz) { return bg__align64(bytes) + gz; }
 
 /* Bytes of an activation (or its gradient) of shape sh. */
 static size_t act_size(bg_shape_t sh) { return bg_shape_numel(sh) * sizeof(float); }
@@ -224,7 +224,7 @@ static size_t fused_maxact(const bg_stage_t *s, const bg_shape_t *sh)
 {
     size_t maxact = 0;
     for (int i = 0; i <= s->nlayers; i++) {
-        size_t b = bg_align64(act_size(sh[i]));
+        size_t b = bg__align64(act_size(sh[i]));
         if ((i > 0 || (sh[0].c && s->first > 0)) && b > maxact)
             maxact = b;
     }
@@ -236,7 +236,7 @@ static size_t fused_maxw(const bg_stage_t *s, const bg_shape_t *sh)
 {
     size_t maxw = 0;
     for (int i = 0; i < s->nlayers; i++) {
-        size_t b = bg_align64(bg_layer_wstash_bytes(s->layers[i], sh[i]));
+        size_t b = bg__align64(bg_layer_wstash_bytes(s->layers[i], sh[i]));
         if (b > maxw)
             maxw = b;
     }

@@ -52,7 +52,7 @@ static bg_status_t write_file(const char *path, const char *text, size_t n)
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return bg_error(BG_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    bg_status_t st = bg_fileio_write_all(fd, text, n, path);
+    bg_status_t st = bg__fileio_write_all(fd, text, n, path);
     if (st == BG_OK && fsync(fd) != 0)
         st = bg_error(BG_ERR_IO, "fsync %s: %s", path, strerror(errno));
     if (close(fd) != 0 && st == BG_OK)
@@ -185,7 +185,7 @@ static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_m
     int n = 0, optim = models_optim(models, nmodels);
     for (int k = 0; k < nmodels; k++)
         n += 3 * bg_model_num_tensors(models[k]);
-    bg_st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
+    bg__st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
     char(*names)[BG_ST_NAME_MAX] = calloc(n ? (size_t)n : 1, sizeof(*names));
     json_t *sidecar_tensors = json_object();
     char path[CKPT_PATH_MAX], side[CKPT_PATH_MAX], fname[64];
@@ -203,7 +203,7 @@ static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_m
             for (int s = 0; s <= optim; s++, nt++) {
                 snprintf(names[nt], sizeof names[nt], "%s%s", s == 0 ? "" : s == 1 ? "optim.m." : "optim.v.",
                          bg_model_tensor_name(m, i));
-                t[nt] = (bg_st_wtensor_t){.name = names[nt], .ndim = p->ndim, .shape = p->shape,
+                t[nt] = (bg__st_wtensor_t){.name = names[nt], .ndim = p->ndim, .shape = p->shape,
                                           .src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off,
                                           .be = bg_model_backend(m)};
                 if (g->full && g->full[nt]) {
@@ -220,7 +220,7 @@ static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_m
     pjoin(path, sizeof path, dir, "/", fname);
     uint64_t bytes;
     uint32_t crc;
-    BG_CHECK_GOTO(bg_st_write(path, t, nt, meta, &bytes, &crc), st, out);
+    BG_CHECK_GOTO(bg__st_write(path, t, nt, meta, &bytes, &crc), st, out);
     for (int i = 0; i < nt; i++)
         json_object_set_new(sidecar_tensors, t[i].name, json_integer(t[i].crc32c));
     json_t *sc = json_pack("{s:s, s:i, s:I, s:I, s:i, s:O}", "name", fname, "rank", rank, "bytes", (json_int_t)bytes,
@@ -337,7 +337,7 @@ static bg_status_t manifest_read(const char *dir, json_t **m_p)
     char path[CKPT_PATH_MAX], *text;
     size_t n;
     snprintf(path, sizeof path, "%s/manifest.json", dir);
-    BG_CHECK(bg_fileio_read(path, &text, &n));
+    BG_CHECK(bg__fileio_read(path, &text, &n));
     bg_status_t st = bg__manifest_parse(path, text, n, m_p);
     free(text);
     return st;
@@ -423,7 +423,7 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
     json_t *man = NULL, *files = NULL;
     char **names;
     int nn;
-    BG_CHECK(bg_fileio_list_dir(tmpdir, "rank-", ".json", &names, &nn));
+    BG_CHECK(bg__fileio_list_dir(tmpdir, "rank-", ".json", &names, &nn));
     bg_status_t st = BG_OK;
     if (nn == 0) {
         st = bg_error(BG_ERR_NOT_FOUND, "%s: no rank wrote a file (is any rank a writer?)", tmpdir);
@@ -438,7 +438,7 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
         char path[CKPT_PATH_MAX], *text;
         size_t n;
         pjoin(path, sizeof path, tmpdir, "/", names[i]);
-        BG_CHECK_GOTO(bg_fileio_read(path, &text, &n), st, out);
+        BG_CHECK_GOTO(bg__fileio_read(path, &text, &n), st, out);
         json_error_t err;
         json_t *sc = json_loadb(text, n, 0, &err);
         free(text);
@@ -504,7 +504,7 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
         unlink(path);
     }
     BG_CHECK_GOTO(manifest_check_sizes(man, tmpdir), st, out);
-    BG_CHECK_GOTO(bg_fileio_fsync_path(tmpdir, 1), st, out);
+    BG_CHECK_GOTO(bg__fileio_fsync_path(tmpdir, 1), st, out);
 
     /* a directory with the final name already (an earlier run reached this
      * step): move it aside under a .tmp name, then replace it */
@@ -527,11 +527,11 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
             rename(aside, final);
         goto out;
     }
-    BG_CHECK_GOTO(bg_fileio_fsync_path(p->root, 1), st, out);
+    BG_CHECK_GOTO(bg__fileio_fsync_path(p->root, 1), st, out);
     if (moved)
         rm_rf(aside);
 out:
-    bg_fileio_free_names(names, nn);
+    bg__fileio_free_names(names, nn);
     json_decref(files);
     json_decref(man);
     return st;
@@ -647,7 +647,7 @@ static void prune(const char *root, int keep)
         rm_rf(rename(dir, gone) == 0 ? gone : dir);
     }
     free(list);
-    bg_fileio_fsync_path(root, 1);
+    bg__fileio_fsync_path(root, 1);
 }
 
 /* Saves started by this process: names the store keys of one save. Every rank
@@ -739,7 +739,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
     if (p.writer || rank == 0) {
         if (world == 1 && !p.comm)
             rm_rf(tmpdir); /* a leftover of this process's failed save of the same step */
-        mine = bg_fileio_mkdir_p(p.root);
+        mine = bg__fileio_mkdir_p(p.root);
         if (mine == BG_OK && mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
             mine = bg_error(BG_ERR_IO, "cannot create %s: %s", tmpdir, strerror(errno));
         if (mine == BG_OK && p.writer)
@@ -844,13 +844,13 @@ typedef struct need {
     bg_model_t *m;
     int which;                 /* -1 weights, 0/1 optimizer state */
     size_t off;                /* offset in the flat buffers */
-    const bg_st_tensor_t *src; /* in one of the validated files, once found */
+    const bg__st_tensor_t *src; /* in one of the validated files, once found */
 } need_t;
 
 /* The files a load reads: validated, and for a checkpoint checksummed
  * first (bufs[i]: file i's bytes, NULL when files[i] owns them). */
 typedef struct src_set {
-    bg_st_file_t **files;
+    bg__st_file_t **files;
     char **bufs;
     int n;
 } src_set_t;
@@ -858,7 +858,7 @@ typedef struct src_set {
 static void src_set_free(src_set_t *s)
 {
     for (int i = 0; i < s->n; i++) {
-        bg_st_close(s->files[i]);
+        bg__st_close(s->files[i]);
         free(s->bufs ? s->bufs[i] : NULL);
     }
     free(s->files);
@@ -910,7 +910,7 @@ static bg_status_t apply_needs(need_t *nd, int n, int optim)
         bg_model_t *m = nd[i].m;
         float *dst = nd[i].which < 0 ? nd[i].dst : bg_model_optim_state(m, nd[i].which) + nd[i].off;
         const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
-        BG_CHECK(bg_st_copy_param(nd[i].src, nd[i].p, tp ? tp->rank : 0, bg_model_backend(m), dst));
+        BG_CHECK(bg__st_copy_param(nd[i].src, nd[i].p, tp ? tp->rank : 0, bg_model_backend(m), dst));
     }
     return BG_OK;
 }
@@ -921,8 +921,8 @@ static bg_status_t apply_needs(need_t *nd, int n, int optim)
 static void describe_corruption(const char *path, const char *buf, size_t size, json_t *tensors, char *out,
                                 size_t cap)
 {
-    bg_st_file_t *f;
-    if (bg_st_parse(path, buf, size, &f) != BG_OK) {
+    bg__st_file_t *f;
+    if (bg__st_parse(path, buf, size, &f) != BG_OK) {
         const char *e = bg_last_error();
         size_t L = strlen(path);
         snprintf(out, cap, "%s", strncmp(e, path, L) == 0 && !strncmp(e + L, ": ", 2) ? e + L + 2 : e);
@@ -933,7 +933,7 @@ static void describe_corruption(const char *path, const char *buf, size_t size, 
     json_t *want;
     json_object_foreach(tensors, name, want)
     {
-        const bg_st_tensor_t *t = bg_st_find(f, name);
+        const bg__st_tensor_t *t = bg__st_find(f, name);
         if (!t) {
             snprintf(out, cap, "tensor %s (not in its header)", name);
             break;
@@ -943,17 +943,17 @@ static void describe_corruption(const char *path, const char *buf, size_t size, 
             break;
         }
     }
-    bg_st_close(f);
+    bg__st_close(f);
 }
 
 /* Read one manifest file entry, check its size and CRC32C, then validate it:
  * *buf_p its bytes, *file_p the reader over them. */
-static bg_status_t load_manifest_file(const char *dir, json_t *fe, char **buf_p, bg_st_file_t **file_p)
+static bg_status_t load_manifest_file(const char *dir, json_t *fe, char **buf_p, bg__st_file_t **file_p)
 {
     char path[CKPT_PATH_MAX], *buf, what[1024];
     size_t size;
     pjoin(path, sizeof path, dir, "/", json_string_value(json_object_get(fe, "name")));
-    BG_CHECK(bg_fileio_read(path, &buf, &size));
+    BG_CHECK(bg__fileio_read(path, &buf, &size));
     long long want = json_integer_value(json_object_get(fe, "bytes"));
     json_t *tensors = json_object_get(fe, "tensors");
     uint32_t crc = bg__crc32c(0, buf, size), wcrc = (uint32_t)json_integer_value(json_object_get(fe, "crc32c"));
@@ -967,7 +967,7 @@ static bg_status_t load_manifest_file(const char *dir, json_t *fe, char **buf_p,
         st = bg_error(BG_ERR_MISMATCH, "%s is corrupted: CRC32C 0x%08x, the manifest says 0x%08x; damaged: %s", path,
                       crc, wcrc, what);
     } else {
-        st = bg_st_parse(path, buf, size, file_p);
+        st = bg__st_parse(path, buf, size, file_p);
     }
     if (st != BG_OK) {
         free(buf);
@@ -1056,19 +1056,19 @@ static bg_status_t load_common(const char *dir, json_t *man, bg_model_t *const *
     if (man)
         st = open_manifest_files(dir, man, nd, n, &srcs);
     else
-        st = bg_st_open_dir(dir, &srcs.files, &srcs.n);
+        st = bg__st_open_dir(dir, &srcs.files, &srcs.n);
     if (st != BG_OK)
         goto out;
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < srcs.n && !nd[i].src; j++) {
-            const bg_st_tensor_t *t = bg_st_find(srcs.files[j], nd[i].name);
+            const bg__st_tensor_t *t = bg__st_find(srcs.files[j], nd[i].name);
             if (t)
-                BG_CHECK_GOTO(bg_st_check_param(srcs.files[j], t, nd[i].p), st, out);
+                BG_CHECK_GOTO(bg__st_check_param(srcs.files[j], t, nd[i].p), st, out);
             nd[i].src = t;
         }
         if (!nd[i].src) {
             st = bg_error(BG_ERR_NOT_FOUND, "%s: tensor %s is missing (looked in %d file(s)%s%s)", dir, nd[i].name,
-                          srcs.n, srcs.n ? ", e.g. " : "", srcs.n ? bg_st_path(srcs.files[0]) : "");
+                          srcs.n, srcs.n ? ", e.g. " : "", srcs.n ? bg__st_path(srcs.files[0]) : "");
             goto out;
         }
     }
@@ -1132,11 +1132,11 @@ bg_status_t bg_checkpoint_verify(const char *path)
     json_array_foreach(json_object_get(m, "files"), i, fe)
     {
         char *buf;
-        bg_st_file_t *f;
+        bg__st_file_t *f;
         st = load_manifest_file(path, fe, &buf, &f);
         if (st != BG_OK)
             break;
-        bg_st_close(f);
+        bg__st_close(f);
         free(buf);
     }
     json_decref(m);
@@ -1150,19 +1150,19 @@ bg_status_t bg_safetensors_load_dir(const char *dir, bg_model_t *const *models, 
 
 bg_status_t bg_safetensors_model_json(const char *dir, char **json_p)
 {
-    bg_st_file_t **files;
+    bg__st_file_t **files;
     int n;
-    bg_status_t st = bg_st_open_dir(dir, &files, &n);
+    bg_status_t st = bg__st_open_dir(dir, &files, &n);
     if (st != BG_OK && st != BG_ERR_NOT_FOUND)
         return st; /* a file that does not pass the reader: say which and why */
     if (st == BG_OK) {
         st = BG_ERR_NOT_FOUND;
         for (int i = 0; i < n && st != BG_OK; i++) {
-            const char *text = json_string_value(json_object_get(bg_st_metadata(files[i]), "brigade_model"));
+            const char *text = json_string_value(json_object_get(bg__st_metadata(files[i]), "brigade_model"));
             if (text && (*json_p = strdup(text)) != NULL)
                 st = BG_OK;
         }
-        bg_st_close_all(files, n);
+        bg__st_close_all(files, n);
     }
     if (st != BG_OK)
         return bg_error(BG_ERR_NOT_FOUND,

@@ -431,7 +431,7 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
             }
             if (x->trace) { /* the moment the bucket's reduction starts (microbatch field: bucket index) */
                 double now = bg_now();
-                bg_trace_event(x->trace, "ar_start", b, ch->stage, now, now, (int)x->step + 1);
+                bg__trace_event(x->trace, "ar_start", b, ch->stage, now, now, (int)x->step + 1);
             }
         }
     }
@@ -446,7 +446,7 @@ static bg_status_t wait_buckets(exec_t *x, chunk_t *ch)
         int had = ch->buckets[b].req != NULL;
         bg_status_t s2 = wait_free(&ch->buckets[b].req);
         if (x->trace && had) /* time spent waiting for the reduction after the backward */
-            bg_trace_event(x->trace, "ar_wait", b, ch->stage, t0, bg_now(), (int)x->step + 1);
+            bg__trace_event(x->trace, "ar_wait", b, ch->stage, t0, bg_now(), (int)x->step + 1);
         if (st == BG_OK)
             st = s2;
         ch->buckets[b].started = 0;
@@ -951,7 +951,7 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
     BG_CHECK(zero_settle(x));
     if (x->dp_i != 0)
         return BG_OK;
-    BG_CHECK(bg_fileio_mkdir_p(dir));
+    BG_CHECK(bg__fileio_mkdir_p(dir));
     BG_CHECK(bg_check_writable_dir(dir));
     char *meta;
     BG_CHECK(bg_model_metadata_json(x->desc, &meta));
@@ -987,7 +987,7 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
              "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
              bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, x->V, (long long)x->step);
-    return bg_trace_write(x->trace, x->p.trace_path, meta);
+    return bg__trace_write(x->trace, x->p.trace_path, meta);
 }
 
 static void free_chunk(chunk_t *ch)
@@ -1037,7 +1037,7 @@ static void cancel_all(exec_t *x)
 static void exec_free(exec_t *x)
 {
     if (x->trace)
-        bg_trace_destroy(x->trace);
+        bg__trace_destroy(x->trace);
     for (int t = 0; x->ties && t < x->nties; t++)
         bg_backend_free(x->be, x->ties[t].buf);
     free(x->ties);
@@ -1289,7 +1289,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         goto err;
     }
     if (x->p.process_wide)
-        BG_CHECK_GOTO(bg_numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
+        BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
     x->pp_i = x->rank / (x->D * x->T);
     x->dp_i = x->rank / x->T % x->D;
     x->tp_i = x->rank % x->T;
@@ -1304,7 +1304,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
     if (x->stg.on && x->world > 1)
-        bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg__staging_transport());
+        bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
     if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1))) {
         st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
                       "(the tensor group's sums and ZeRO's collectives take host buffers only)",
@@ -1331,7 +1331,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     }
     BG_CHECK_GOTO(make_ties(x), st, err);
     if (x->p.trace_path)
-        BG_CHECK_GOTO(bg_trace_create(x->comm, x->rank, &x->trace), st, err);
+        BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
     bg__tp_set_trace(x->tp, x->trace, &x->step);
     BG_CHECK_GOTO(predict_activations(x), st, err);
     {
@@ -1407,14 +1407,14 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         if (compute)
             x->busy += b - a;
         if (x->trace)
-            bg_trace_event(x->trace, op_label(op->kind), op->microbatch, op->stage, a, b, (int)step + 1);
+            bg__trace_event(x->trace, op_label(op->kind), op->microbatch, op->stage, a, b, (int)step + 1);
         BG_CHECK_GOTO(reap_pending(x, 0), st, fail);
     }
     BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
     x->be->ops->synchronize(x->be);
     double dt = bg_now() - t0;
     if (x->trace)
-        bg_trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
+        bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
     /* the step's loss (the last stage of each replica holds its share), the
      * squared gradient norm (each rank's chunks, in chunk order; replica 0
      * only, as every replica holds the same reduced gradients) and whether

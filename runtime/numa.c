@@ -9,7 +9,7 @@
 #include "core/check.h"
 #include "runtime/numa.h"
 
-bg_status_t bg_numa_bind(int local_rank, int *node_p)
+bg_status_t bg__numa_bind(int local_rank, int *node_p)
 {
     const char *mode = bg_config_str("BRIGADE_NUMA");
     *node_p = -1;

@@ -4,5 +4,5 @@
 #include "brigade/status.h"
 /* *node_p: the node bound to, or -1 when nothing was bound (off, one node
  * under auto, or NUMA unavailable). */
-bg_status_t bg_numa_bind(int local_rank, int *node_p);
+bg_status_t bg__numa_bind(int local_rank, int *node_p);
 #endif

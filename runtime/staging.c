@@ -22,7 +22,7 @@ struct bg__xfer {
     bg_request_t *rq[]; /* n */
 };
 
-const char *bg__staging_transport(void)
+const char *bg_executor_device_transport(void)
 {
 #ifdef BG_UCX_CUDA_DIR
     return "staged through pinned host memory in pipelined chunks (CUDA-aware UCX found at " BG_UCX_CUDA_DIR

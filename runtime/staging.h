@@ -42,7 +42,7 @@ bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be);
 /* Frees the cached host blocks (every transfer freed first). */
 void bg__staging_fini(bg__staging_t *sg);
 /* How device buffers reach other ranks, for `brigade info` and the log. */
-const char *bg__staging_transport(void);
+const char *bg_executor_device_transport(void);
 
 /* As bg_isend / bg_irecv / bg_group_iallreduce, on a backend buffer. */
 bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, const void *buf, size_t bytes,

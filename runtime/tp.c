@@ -20,7 +20,7 @@ struct bg__tp {
 static void account(bg__tp_t *t, const char *what, double t0)
 {
     if (t->trace)
-        bg_trace_event(t->trace, what, -1, -1, t0, bg_now(), (int)*t->step + 1);
+        bg__trace_event(t->trace, what, -1, -1, t0, bg_now(), (int)*t->step + 1);
 }
 
 static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)

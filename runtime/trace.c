@@ -26,7 +26,7 @@ struct bg_trace {
     size_t n, cap;
 };
 
-bg_status_t bg_trace_create(bg_comm_t *comm, int rank, bg_trace_t **trace_p)
+bg_status_t bg__trace_create(bg_comm_t *comm, int rank, bg_trace_t **trace_p)
 {
     bg_trace_t *t = calloc(1, sizeof(*t));
     BG_ALLOC_CHECK(t, sizeof(*t), "trace");
@@ -68,7 +68,7 @@ bg_status_t bg_trace_create(bg_comm_t *comm, int rank, bg_trace_t **trace_p)
     return BG_OK;
 }
 
-void bg_trace_event(bg_trace_t *t, const char *name, int microbatch, int stage, double t0, double t1, int step)
+void bg__trace_event(bg_trace_t *t, const char *name, int microbatch, int stage, double t0, double t1, int step)
 {
     if (t->n == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 1024;
@@ -112,7 +112,7 @@ static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double ori
     }
 }
 
-bg_status_t bg_trace_write(bg_trace_t *t, const char *path, const char *meta_json)
+bg_status_t bg__trace_write(bg_trace_t *t, const char *path, const char *meta_json)
 {
     bg_status_t st = BG_OK;
     if (t->rank != 0) {
@@ -151,7 +151,7 @@ bg_status_t bg_trace_write(bg_trace_t *t, const char *path, const char *meta_jso
     return st;
 }
 
-void bg_trace_destroy(bg_trace_t *t)
+void bg__trace_destroy(bg_trace_t *t)
 {
     if (!t)
         return;

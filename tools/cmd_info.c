@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/staging.h"
 #include "tools/cli.h"
 
 int bg_cmd_info(int argc, char **argv)
@@ -31,7 +30,7 @@ int bg_cmd_info(int argc, char **argv)
         } else {
             printf("%s: compiled in, not usable here: %s", *n, bg_last_error());
         }
-        printf("\n%s: device buffers between ranks: %s\n", *n, bg__staging_transport());
+        printf("\n%s: device buffers between ranks: %s\n", *n, bg_executor_device_transport());
     }
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);

@@ -223,6 +223,11 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x);
 /** Destroy this rank's part (collective when it owns the comm). */
 bg_status_t bg_executor_destroy(bg_executor_t *x);
 
+/** How the executor moves a device backend's buffers between ranks (one
+ *  line, for brigade info): staged through pinned host memory in chunks, and
+ *  whether a CUDA-aware UCX was found at configure time. */
+const char *bg_executor_device_transport(void);
+
 #ifdef __cplusplus
 }
 #endif

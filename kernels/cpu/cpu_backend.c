@@ -356,7 +356,7 @@ static const bg_backend_ops_t bg__cpu_ops = {
     .device_free = bg__cpu_device_free,
 };
 
-bg_status_t bg_cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
+bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
     int nt = params ? params->num_threads : 0;
     if (nt <= 0)

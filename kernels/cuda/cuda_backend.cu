@@ -332,7 +332,7 @@ static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
         }                                                                                                  \
     } while (0)
 
-extern "C" bg_status_t bg_cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
+extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
     int dev = params ? params->device : 0, count = 0, math = 0;
     const char *gm = bg_config_str("BRIGADE_CUDA_GEMM");

@@ -367,7 +367,7 @@ bg_status_t bg_trace_costs_load(const char *path, bg_trace_costs_t **costs_p)
 {
     char *text;
     size_t n;
-    BG_CHECK(bg_fileio_read(path, &text, &n));
+    BG_CHECK(bg__fileio_read(path, &text, &n));
     bg_status_t st = bg_trace_costs_parse(text, n, path, costs_p);
     free(text);
     return st;

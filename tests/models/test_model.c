@@ -386,7 +386,7 @@ static void test_safetensors(void **s)
     assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
     c.seed = 99;
     assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m2), BG_OK);
-    char dir[] = "/tmp/bg_st_XXXXXX";
+    char dir[] = "/tmp/bg__st_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char path[256];
     snprintf(path, sizeof(path), "%s/m.safetensors", dir);

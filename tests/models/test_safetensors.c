@@ -170,9 +170,9 @@ static void test_hostile_files(void **state)
     mkdir_in(good, sizeof good, "good");
     snprintf(path, sizeof path, "%s/w.safetensors", good);
     write_raw(path, strlen(W2("[0,8]")), W2("[0,8]"), 8);
-    bg_st_file_t *f;
-    OK(bg_st_open(path, &f)); /* the well-formed twin of the cases */
-    bg_st_close(f);
+    bg__st_file_t *f;
+    OK(bg__st_open(path, &f)); /* the well-formed twin of the cases */
+    bg__st_close(f);
 
     bg_model_t *m = small_mlp(1);
     size_t bytes = bg_model_param_count(m) * sizeof(float);
@@ -187,7 +187,7 @@ static void test_hostile_files(void **state)
         write_raw(path, h->hlen ? h->hlen : strlen(h->header), h->header, h->data);
         print_message("case %zu: %s\n", i, h->what);
 
-        refused(bg_st_open(path, &f), path, h);
+        refused(bg__st_open(path, &f), path, h);
         bg_compare_result_t r;
         refused(bg_safetensors_compare_dirs(dir, good, &r), path, h);
         refused(bg_safetensors_compare_dirs(good, dir, &r), path, h);
@@ -204,7 +204,7 @@ static void test_hostile_files(void **state)
     FILE *s = fopen(path, "wb");
     fputs("abc", s);
     fclose(s);
-    assert_int_equal(bg_st_open(path, &f), BG_ERR_PARSE);
+    assert_int_equal(bg__st_open(path, &f), BG_ERR_PARSE);
     assert_has(bg_last_error(), "short.safetensors: truncated: 3 bytes");
     /* a name too long for any tensor of ours */
     char big[BG_ST_NAME_MAX + 128];
@@ -214,7 +214,7 @@ static void test_hostile_files(void **state)
     snprintf(big + n, sizeof big - (size_t)n, "\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}");
     snprintf(path, sizeof path, "%s/long.safetensors", tmp);
     write_raw(path, strlen(big), big, 8);
-    assert_int_equal(bg_st_open(path, &f), BG_ERR_PARSE);
+    assert_int_equal(bg__st_open(path, &f), BG_ERR_PARSE);
     assert_has(bg_last_error(), "long.safetensors: tensor xxxx");
     assert_has(bg_last_error(), "longer than the");
     bg_test_model_destroy(m);
@@ -344,20 +344,20 @@ static void test_round_trip(void **state)
     snprintf(path, sizeof path, "%s/x.safetensors", dir);
     float a[6] = {1, -2, 3.5f, 0, 1e-30f, -7}, s = 42;
     int64_t sa[2] = {2, 3}, se[1] = {0};
-    bg_st_wtensor_t t[3] = {
+    bg__st_wtensor_t t[3] = {
         {.name = "a.weight", .ndim = 2, .shape = sa, .src = a},
         {.name = "scalar", .ndim = 0, .shape = NULL, .src = &s},
         {.name = "empty", .ndim = 1, .shape = se, .src = NULL},
     };
     uint64_t bytes;
     uint32_t crc;
-    OK(bg_st_write(path, t, 3, "{\"step\": 3, \"note\": \"hi\", \"list\": [1, 2]}", &bytes, &crc));
+    OK(bg__st_write(path, t, 3, "{\"step\": 3, \"note\": \"hi\", \"list\": [1, 2]}", &bytes, &crc));
     assert_int_equal(t[0].crc32c, bg__crc32c(0, a, sizeof a));
     assert_int_equal(t[1].crc32c, bg__crc32c(0, &s, sizeof s));
     assert_int_equal(count_files(dir), 1); /* no temporary file left */
 
-    bg_st_file_t *f;
-    OK(bg_st_open(path, &f));
+    bg__st_file_t *f;
+    OK(bg__st_open(path, &f));
     FILE *fp = fopen(path, "rb");
     char raw[4096];
     size_t got = fread(raw, 1, sizeof raw, fp);
@@ -369,8 +369,8 @@ static void test_round_trip(void **state)
     assert_int_equal(hlen % 8, 0); /* the data section starts aligned */
     assert_int_equal(bytes, 8 + hlen + sizeof a + sizeof s);
 
-    assert_int_equal(bg_st_count(f), 3);
-    const bg_st_tensor_t *x = bg_st_find(f, "a.weight");
+    assert_int_equal(bg__st_count(f), 3);
+    const bg__st_tensor_t *x = bg__st_find(f, "a.weight");
     assert_non_null(x);
     assert_int_equal(x->ndim, 2);
     assert_int_equal(x->shape[0], 2);
@@ -379,48 +379,48 @@ static void test_round_trip(void **state)
     assert_int_equal(x->begin, 0);
     assert_memory_equal(x->data, a, sizeof a);
     float back[6];
-    bg_st_copy(x, NULL, back);
+    bg__st_copy(x, NULL, back);
     assert_memory_equal(back, a, sizeof a);
-    OK(bg_st_check_shape(f, x, 2, sa));
+    OK(bg__st_check_shape(f, x, 2, sa));
     int64_t wrong[2] = {3, 2};
-    assert_int_equal(bg_st_check_shape(f, x, 2, wrong), BG_ERR_MISMATCH);
+    assert_int_equal(bg__st_check_shape(f, x, 2, wrong), BG_ERR_MISMATCH);
     assert_has(bg_last_error(), "x.safetensors: tensor a.weight has shape [2,3], the model expects [3,2]");
-    x = bg_st_find(f, "scalar");
+    x = bg__st_find(f, "scalar");
     assert_non_null(x);
     assert_int_equal(x->ndim, 0);
     assert_int_equal(x->numel, 1);
     assert_memory_equal(x->data, &s, sizeof s);
-    x = bg_st_find(f, "empty");
+    x = bg__st_find(f, "empty");
     assert_non_null(x);
     assert_int_equal(x->numel, 0);
-    assert_null(bg_st_find(f, "nope"));
-    json_t *meta = bg_st_metadata(f);
+    assert_null(bg__st_find(f, "nope"));
+    json_t *meta = bg__st_metadata(f);
     assert_string_equal(json_string_value(json_object_get(meta, "step")), "3");
     assert_string_equal(json_string_value(json_object_get(meta, "note")), "hi");
     assert_string_equal(json_string_value(json_object_get(meta, "list")), "[1,2]");
     assert_string_equal(json_string_value(json_object_get(meta, "format")), "pt");
     assert_non_null(strstr(json_string_value(json_object_get(meta, "producer")), "brigade"));
-    bg_st_close(f);
+    bg__st_close(f);
 
     /* failures leave the old file as it was and no temporary file */
     struct stat before, after;
     assert_int_equal(stat(path, &before), 0);
-    bg_st_wtensor_t dup[2] = {t[0], t[0]};
-    assert_int_equal(bg_st_write(path, dup, 2, NULL, NULL, NULL), BG_ERR_INVALID);
+    bg__st_wtensor_t dup[2] = {t[0], t[0]};
+    assert_int_equal(bg__st_write(path, dup, 2, NULL, NULL, NULL), BG_ERR_INVALID);
     assert_has(bg_last_error(), "tensor a.weight is given twice");
-    assert_int_equal(bg_st_write(path, t, 1, "[1]", NULL, NULL), BG_ERR_INVALID);
+    assert_int_equal(bg__st_write(path, t, 1, "[1]", NULL, NULL), BG_ERR_INVALID);
     assert_has(bg_last_error(), "not a JSON object");
     bg__write_fail_after_bytes = 20; /* the disk fills inside the header */
-    assert_int_equal(bg_st_write(path, t, 3, NULL, NULL, NULL), BG_ERR_IO);
+    assert_int_equal(bg__st_write(path, t, 3, NULL, NULL, NULL), BG_ERR_IO);
     bg__write_fail_after_bytes = -1;
     assert_has(bg_last_error(), "No space left on device");
     assert_int_equal(stat(path, &after), 0);
     assert_int_equal(after.st_size, before.st_size);
     assert_int_equal(count_files(dir), 1);
-    OK(bg_st_open(path, &f));
-    bg_st_close(f);
+    OK(bg__st_open(path, &f));
+    bg__st_close(f);
     snprintf(path, sizeof path, "%s/none/x.safetensors", dir);
-    assert_int_equal(bg_st_write(path, t, 1, NULL, NULL, NULL), BG_ERR_IO);
+    assert_int_equal(bg__st_write(path, t, 1, NULL, NULL, NULL), BG_ERR_IO);
     assert_has(bg_last_error(), "none/x.safetensors");
 }
 
