@@ -442,13 +442,17 @@ static bg_status_t wait_buckets(exec_t *x, chunk_t *ch)
 {
     bg_status_t st = BG_OK;
     for (int b = 0; b < ch->nbuckets; b++) {
+        /* once one reduction failed the step is lost: the others are freed by
+         * cancel_all, not waited for (one with a rank that left the job would
+         * otherwise hold this rank until BRIGADE_TIMEOUT) */
+        if (st != BG_OK)
+            break;
         double t0 = bg_now();
         int had = ch->buckets[b].req != NULL;
         bg_status_t s2 = wait_free(&ch->buckets[b].req);
         if (x->trace && had) /* time spent waiting for the reduction after the backward */
             bg__trace_event(x->trace, "ar_wait", b, ch->stage, t0, bg_now(), (int)x->step + 1);
-        if (st == BG_OK)
-            st = s2;
+        st = s2;
         ch->buckets[b].started = 0;
     }
     return st;

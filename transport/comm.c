@@ -878,6 +878,19 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     if (untold && !result[0])
         snprintf(result, sizeof(result), "%s", c->fail_msg[0] ? c->fail_msg : "a peer failed");
     int me = c->rank;
+    if (c->live.fd >= 0 && !entered_clean && !c->abort_msg[0] && c->size > 1) {
+        /* leaving a failed job without bg_comm_abort (a peer's failure ended
+         * it here): say so, or a rank still waiting on a transfer with this
+         * one would learn it only from BRIGADE_TIMEOUT (a bye is a clean exit) */
+        char why[BG_STORE_ABORT_MAX];
+        snprintf(why, sizeof(why), "left after: %s", c->fail_msg[0] ? c->fail_msg : "a peer failed");
+        size_t len;
+        uint8_t *m = bg__msg_encode(BG__OP_FAIL, 0, 0, NULL, 0, why, strlen(why), &len);
+        if (m) {
+            bg__write_all(c->live.fd, m, len, bg_now() + 1);
+            free(m);
+        }
+    }
     if (c->live.fd >= 0) {
         size_t len;
         uint8_t *m = bg__msg_encode(BG__OP_BYE, 0, 0, NULL, 0, NULL, 0, &len);

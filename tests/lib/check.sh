@@ -9,7 +9,7 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 check() {
     local desc=$1
     shift
-    if "$@"; then ok "$desc"; else fail "$desc"; fi
+    if "$@"; then ok "$desc"; else fail "$desc"; return 1; fi
 }
 finish() {
     echo "$pass passed, $fails failed"

@@ -37,7 +37,9 @@ for how in link kill; do
         rc=$(cat "$T/$how.rc.$r")
         ms=$((($(cat "$T/$how.end.$r") - t0) / 1000))
         check "$how: survivor rank $r exits non-zero (rc $rc)" [ "$rc" != 0 ]
-        check "$how: survivor rank $r exits within BRIGADE_TIMEOUT ($ms ms)" [ "$ms" -le "$LIMIT_MS" ]
+        if ! check "$how: survivor rank $r exits within BRIGADE_TIMEOUT ($ms ms)" [ "$ms" -le "$LIMIT_MS" ]; then
+            echo "--- the last lines rank $r wrote:"; tail -n 15 "$T/$how.log.$r"; echo "---"
+        fi
         check "$how: survivor rank $r names a lost rank" grep -qE 'rank [23] ' "$T/$how.log.$r"
         grep -m1 -E 'rank [23] ' "$T/$how.log.$r"
     done
