@@ -203,8 +203,14 @@ static void bg__blas_load_once(void)
     b->chosen_by = bg__blas.chosen_by;
     b->fallback = bg__core_level(b->core) < bg__cpu_level(&cpu);
     bg__blas.status = BG_OK;
+    /* A warning in every process when the kernels are narrower than the CPU,
+     * unless a person named an AVX2 (or wider) core on purpose: then one INFO
+     * line (brigade info still says it, with the advice). A generic core
+     * (below AVX2) on an AVX2 CPU is warned about whoever chose it. */
+    int level = bg__core_level(b->core), asked = !strcmp(chosen_by, "OPENBLAS_CORETYPE") ||
+                                                 !strcmp(chosen_by, "BRIGADE_BLAS_CORE");
     if (b->fallback)
-        bg_log(BG_LOG_WARN, "kernels",
+        bg_log(asked && level >= 2 ? BG_LOG_INFO : BG_LOG_WARN, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
                "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
     else
