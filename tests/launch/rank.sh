@@ -59,13 +59,14 @@ stop-at)    # stop-at RANK: once all are ready, that rank stops itself (SIGSTOP)
     all_ready
     if [ "$r" = "$1" ]; then kill -STOP $$; exec sleep 30; fi
     sleep 0.3
+    echo "${EPOCHREALTIME/./}" >"$dir/end.$r"   # when this rank exits (us)
     exit 0 ;;
 stop-fail)  # stop-fail RANK FAILER: RANK stops itself after 0.2 s; FAILER exits 1 after 0.6 s (as a survivor
             # that timed out waiting for it would); the others sleep 30 s
     ready
     all_ready
     if [ "$r" = "$1" ]; then sleep 0.2; kill -STOP $$; exec sleep 30; fi
-    if [ "$r" = "$2" ]; then sleep 0.6; exit 1; fi
+    if [ "$r" = "$2" ]; then sleep 0.6; echo "${EPOCHREALTIME/./}" >"$dir/end.$r"; exit 1; fi
     exec sleep 30 ;;
 ignore-term)  # ignore SIGTERM and sleep
     trap '' TERM
