@@ -547,7 +547,8 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
         bg__kv_t *e = bg__kv_find(s, k);
         if (e && e->len == 8)
             memcpy(&cur, e->val, 8);
-        cur += d;
+        if (__builtin_add_overflow(cur, d, &cur))
+            return -1; /* no counter of ours gets near 2^63: a hostile or broken client */
         if (!e) {
             e = calloc(1, sizeof(*e));
             if (!e || !(e->key = strdup(k))) {
