@@ -806,6 +806,10 @@ static bg_status_t parse_schedules(const char *list, bg_schedule_kind_t *kinds, 
         BG_CHECK(bg_schedule_kind_parse(tok, &k));
         if (k == BG_SCHED_CUSTOM)
             return bg_error(BG_ERR_INVALID, "the planner cannot search a custom schedule");
+        if (k == BG_SCHED_DUALPIPE) /* its memory is two copies of the parameters, which plan_candidate
+                                       does not model: refused rather than predicted wrong */
+            return bg_error(BG_ERR_UNSUPPORTED, "the planner does not model dualpipe's two copies of the model "
+                                                "(parameters 2x) yet: simulate it with brigade schedule");
         if (n >= BG_SCHED_KIND_COUNT)
             return bg_error(BG_ERR_INVALID, "too many schedules in \"%s\"", list);
         kinds[n++] = k;
@@ -1340,7 +1344,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     const char *sched = NULL, *opt = NULL;
     BG_CHECK(get_str(root, "$", "schedule", &sched));
     bg_schedule_kind_t kind;
-    if (bg_schedule_kind_parse(sched, &kind) != BG_OK || kind == BG_SCHED_CUSTOM)
+    if (bg_schedule_kind_parse(sched, &kind) != BG_OK || kind == BG_SCHED_CUSTOM || kind == BG_SCHED_DUALPIPE)
         return bg_error(BG_ERR_PARSE, "plan: $.schedule \"%s\" is not a schedule the executor runs", sched);
     BG_CHECK(get_str(root, "$", "optimizer", &opt));
     if (strcmp(opt, "adamw") && strcmp(opt, "sgd"))

@@ -1251,6 +1251,12 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         BG_CHECK_GOTO(bg_schedule_generate(&sp, &x->sched), st, err);
         BG_CHECK_GOTO(bg_schedule_validate(x->sched), st, err);
     }
+    if (bg_schedule_copies(x->sched) > 1) {
+        st = bg_error(BG_ERR_UNSUPPORTED, "schedule %s holds %d copies of the model (DualPipe): the executor does not "
+                      "run it yet (brigade schedule simulates it; docs/schedules.md section 9)",
+                      bg_schedule_name(x->sched), bg_schedule_copies(x->sched));
+        goto err;
+    }
     x->V = bg_schedule_chunks(x->sched);
     x->S = bg_schedule_stages(x->sched);
     if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */

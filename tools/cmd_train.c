@@ -40,7 +40,7 @@ static void usage(FILE *f)
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
-            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
+            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe\n"
             "                         (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved, zb-interleaved;\n"
             "                         default: the schedule's)\n"

@@ -75,7 +75,7 @@ typedef struct bg_executor_params {
     int dp;                      /**< data-parallel replicas (1: none) */
     int tp;                      /**< tensor-parallel degree: the model's tensor-parallel layers are of this
                                       degree (1: none); world = pp * dp * tp, tp fastest */
-    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev; NULL: 1f1b */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe; NULL: 1f1b */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
     int nsplit;
