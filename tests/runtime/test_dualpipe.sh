@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# tests/runtime/test_dualpipe.sh: brigade train --schedule dualpipe (two copies
+# of the model, the first m/2 microbatches entering at rank 0 through copy 0,
+# the other m/2 at rank p-1 through copy 1, the copies' gradients summed
+# before the optimizer step).
+#
+# Reference, bitwise: data parallelism over two replicas of m/2 microbatches
+# each (brigade train --dp 2 --microbatches m/2, one pipeline stage). Its
+# arithmetic is DualPipe's: each replica accumulates the same microbatches
+# in the same order as one copy, the replicas' sums are added once (a + b,
+# the same bits in either order), then the ties. One process accumulates
+# all m microbatches in one sum, whose rounding differs: against it the
+# weights agree within the data-parallel tolerance of test_equivalence.sh
+# (relative L2 1e-5 over all tensors), not bitwise.
+#
+# Also: parameters 2x (the ranks hold twice 1F1B's parameters in all), the
+# stash each rank measures equals the simulator's (PP + 1 = p + 1), and bad
+# input ends in one line before any rank connects.
+set -u
+B=${BRIGADE:?path of the brigade binary}
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+
+GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --steps 5 --threads 1 --lr 3e-3"
+MLP="--model mlp --layers 3 --d-model 24 --in-features 12 --classes 6 --batch 16 --steps 5 --threads 1 --lr 3e-3"
+
+# run NAME N ARGS...: brigade train on N ranks (launch when N > 1), weights saved to $T/NAME
+run() {
+  local name=$1 n=$2; shift 2
+  if [ "$n" = 1 ]; then timeout 120 "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1
+  else timeout 120 "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1; fi
+  local rc=$?
+  [ $rc = 0 ] || { bad "$name: train on $n ranks exited $rc: $(grep -v WARN "$T/$name.log" | tail -3)"; return 1; }
+  if grep -q "live allocations" "$T/$name.log"; then bad "$name: memory leaked"; return 1; fi
+}
+# same REF OUT [COMPARE FLAGS]: brigade compare says yes
+same() {
+  local ref=$1 out=$2 v; shift 2
+  [ -d "$T/$ref" ] && [ -d "$T/$out" ] || { bad "$out vs $ref: a run is missing"; return; }
+  if v=$("$B" compare "$T/$ref" "$T/$out" "$@"); then ok "$out vs $ref ${*:-bitwise} :: $v"
+  else bad "$out vs $ref ${*:-bitwise} :: $v"; fi
+}
+
+# GPT, p = 2 (m = 4) and p = 4 (m = 8)
+run one4 1 $GPT --microbatches 4
+run one8 1 $GPT --microbatches 8
+run dp2m2 2 $GPT --microbatches 2 --dp 2
+run dp2m4 2 $GPT --microbatches 4 --dp 2
+run dual2 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe
+run dual4 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe
+same dp2m2 dual2
+same dp2m4 dual4
+same one4 dual2 --rel-l2 1e-5
+same one8 dual4 --rel-l2 1e-5
+# the copies stay identical: if copy 1 drifted, its gradients (summed into
+# copy 0's from step 2 on) would move copy 0 off the reference above
+
+# tied embedding and head: with two copies ranks 0 and p-1 hold both tensors
+run dp2tie 2 $GPT --microbatches 2 --dp 2 --tie-embeddings
+run dual2tie 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --tie-embeddings
+run dp2tie4 2 $GPT --microbatches 4 --dp 2 --tie-embeddings
+run dual4tie 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe --tie-embeddings
+same dp2tie dual2tie
+same dp2tie4 dual4tie
+
+# MLP, and DualPipe under data parallelism (pp 2 x dp 2)
+run mdp2 2 $MLP --microbatches 2 --dp 2
+run mdual2 2 $MLP --microbatches 4 --pp 2 --schedule dualpipe
+same mdp2 mdual2
+run dualdp 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe
+same one4 dualdp --rel-l2 1e-5
+
+# parameters 2x, stash as simulated: the rank table (rank pp dp params peak act act_sim stashed stash_sim ...)
+table() { timeout 120 "$B" launch -n 4 -- "$B" train --layers 6 --d-model 16 --heads 2 --seq 8 --batch 16 \
+            --microbatches 8 --steps 2 --threads 1 --pp 4 --schedule "$1" 2>&1 >/dev/null |
+            awk '$1 ~ /^[0-9]+$/ && NF >= 10 && $10 ~ /%$/'; }
+tdual=$(table dualpipe) tone=$(table 1f1b)
+pd=$(echo "$tdual" | awk '{s += $4} END {print s + 0}') p1=$(echo "$tone" | awk '{s += $4} END {print s + 0}')
+if [ "$(echo "$tdual" | wc -l)" = 4 ] && [ "$p1" -gt 0 ] && [ "$pd" = $((2 * p1)) ]; then
+  ok "parameters: dualpipe holds $pd on 4 ranks, 1f1b $p1 (2x)"
+else bad "parameters: dualpipe $pd, 1f1b $p1 (want 2x): $tdual"; fi
+st=$(echo "$tdual" | awk '$8 != 5 || $9 != 5 {print "rank " $1 ": stashed " $8 ", simulated " $9}')
+[ -z "$st" ] && [ -n "$tdual" ] && ok "stash: 5 = PP + 1 on every rank, measured and simulated" || bad "stash: $st"
+
+# bad input: one line, nothing trained
+expect_train 1 "dualpipe needs an even number of pipeline ranks (its two halves mirror each other), got 3" \
+  $GPT --microbatches 6 --batch 6 --pp 3 --schedule dualpipe
+expect_train 1 "dualpipe needs an even number of microbatches, at least 2p = 8 (m/2 enter from each end, at least p each), got 4" \
+  $GPT --microbatches 4 --pp 4 --schedule dualpipe
+expect_train 1 "dualpipe: 2 copies of the model with --zero is not supported" \
+  $GPT --microbatches 4 --pp 2 --dp 2 --zero 1 --schedule dualpipe
+finish
