@@ -802,13 +802,14 @@ static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
 {
     bg_model_t **models = NULL;
-    if (x->copies > 1)
-        return bg_error(BG_ERR_UNSUPPORTED, "checkpoints of %s (two copies of the model) are not supported yet; "
-                        "--save writes its weights", bg_schedule_name(x->sched));
     for (int v = 0; v < x->V; v++) /* --zero: the full state while saving (full named tensors) */
         if (x->chunks[v].zero)
             BG_CHECK(bg__zero_gather_state(x->chunks[v].zero));
     BG_CHECK(chunk_models(x, &models));
+    int nmodels = 0; /* copies > 1: copy 0 is the model (the copies are identical); loading fills every copy */
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].copy == 0)
+            models[nmodels++] = x->chunks[v].model;
     char extra[512];
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":%d,\"chunks\":%d,\"schedule\":\"%s\"},"
@@ -819,7 +820,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.root = root;
     p.step = x->step;
     p.models = models;
-    p.nmodels = x->V;
+    p.nmodels = nmodels;
     p.comm = x->comm;
     p.writer = x->dp_i == 0 && x->tp_i == 0; /* member 0 writes the tensor group's gathered tensors */
     p.extra_json = extra;
@@ -929,9 +930,6 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
     memcpy(&p, pin, pin->size < sizeof p ? pin->size : sizeof p);
     if (!(p.path && *p.path) && !(p.root && *p.root))
         return bg_error(BG_ERR_INVALID, "bg_executor_resume_with: neither a checkpoint root nor a path");
-    if (x->copies > 1)
-        return bg_error(BG_ERR_UNSUPPORTED, "checkpoints of %s (two copies of the model) are not supported yet",
-                        bg_schedule_name(x->sched));
     bg_resume_result_t r;
     memset(&r, 0, sizeof r);
     bg_model_t **models = NULL;

@@ -13,7 +13,7 @@
 # weights agree within the data-parallel tolerance of test_equivalence.sh
 # (relative L2 1e-5 over all tensors), not bitwise.
 #
-# Also: parameters 2x (the ranks hold twice 1F1B's parameters in all), the
+# Also: checkpoints (resumed bitwise), parameters 2x (the ranks hold twice 1F1B's parameters in all), the
 # stash each rank measures equals the simulator's (PP + 1 = p + 1), and bad
 # input ends in one line before any rank connects.
 set -u
@@ -68,6 +68,17 @@ run mdual2 2 $MLP --microbatches 4 --pp 2 --schedule dualpipe
 same mdp2 mdual2
 run dualdp 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe
 same one4 dualdp --rel-l2 1e-5
+
+# checkpoints: copy 0 is written, loading fills both copies; resumed at step 3 of 5 it
+# equals the uninterrupted run, and a dp 2 checkpoint resumes as dualpipe bitwise too
+run ck1 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --steps 3 --checkpoint-dir "$T/ckd"
+run ckr 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --checkpoint-dir "$T/ckd" --resume
+grep -q "resuming from $T/ckd/step-00000003 (written by pp=2 dp=1)" "$T/ckr.log" && ok "dualpipe resumes its checkpoint" ||
+  bad "no resume message: $(tail -3 "$T/ckr.log")"
+same dual2 ckr
+run ck2 2 $GPT --microbatches 2 --dp 2 --steps 3 --checkpoint-dir "$T/ckdp"
+run ckr2 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --checkpoint-dir "$T/ckdp" --resume
+same dp2m2 ckr2
 
 # parameters 2x, stash as simulated: the rank table (rank pp dp params peak act act_sim stashed stash_sim ...)
 table() { timeout 120 "$B" launch -n 4 -- "$B" train --layers 6 --d-model 16 --heads 2 --seq 8 --batch 16 \
