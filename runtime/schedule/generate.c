@@ -1,5 +1,8 @@
 /* runtime/schedule/generate.c: the schedule generators (GPipe, 1F1B,
- * interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, interleaved zero bubble).
+ * interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, interleaved zero bubble, DualPipeV,
+ * and DualPipe, whose two model copies are two chains of stages, each
+ * microbatch running through one: bg__chain_first/last and bg__mb_first in
+ * schedule_impl.h give every dependency below its chain).
  *
  * Every generator is a family of orders run by one list scheduler under the
  * costs it is given (per-stage F, B, W and the link delay; unit costs and

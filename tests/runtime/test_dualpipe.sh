@@ -54,6 +54,10 @@ same one8 dual4 --rel-l2 1e-5
 # the copies stay identical: if copy 1 drifted, its gradients (summed into
 # copy 0's from step 2 on) would move copy 0 off the reference above
 
+# --split names the p model stages (each held by two ranks)
+run dual2split 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --split 3,5
+same dp2m2 dual2split
+
 # tied embedding and head: with two copies ranks 0 and p-1 hold both tensors
 run dp2tie 2 $GPT --microbatches 2 --dp 2 --tie-embeddings
 run dual2tie 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --tie-embeddings
@@ -97,6 +101,8 @@ expect_train 1 "dualpipe needs an even number of pipeline ranks (its two halves 
   $GPT --microbatches 6 --batch 6 --pp 3 --schedule dualpipe
 expect_train 1 "dualpipe needs an even number of microbatches, at least 2p = 8 (m/2 enter from each end, at least p each), got 4" \
   $GPT --microbatches 4 --pp 4 --schedule dualpipe
+expect_train 2 "--split has 4 entries but there are 2 model stages (pp 2 x 2 chunks hold 2 copies of each)" \
+  $GPT --microbatches 4 --pp 2 --schedule dualpipe --split 2,2,2,2
 expect_train 1 "dualpipe: 2 copies of the model with --zero is not supported" \
   $GPT --microbatches 4 --pp 2 --dp 2 --zero 1 --schedule dualpipe
 finish
