@@ -1212,7 +1212,8 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
     BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
     const bg_executor_params_t *p = &x->p;
-    if (p->recompute || (p->recompute_stages && stage < p->nrecompute_stages && p->recompute_stages[stage]))
+    int ms = stage % x->L; /* a plan lists each model stage once (dualpipe: both copies recompute alike) */
+    if (p->recompute || (p->recompute_stages && ms < p->nrecompute_stages && p->recompute_stages[ms]))
         bg_stage_set_recompute(ch->st, 1);
     bg_stage_set_emulate(ch->st, x->em != NULL);
     BG_CHECK(make_buckets(ch));

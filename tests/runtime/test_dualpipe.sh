@@ -13,7 +13,7 @@
 # weights agree within the data-parallel tolerance of test_equivalence.sh
 # (relative L2 1e-5 over all tensors), not bitwise.
 #
-# Also: checkpoints (resumed bitwise), parameters 2x (the ranks hold twice 1F1B's parameters in all), the
+# Also: checkpoints (resumed bitwise), the planner's memory (measured within 5%), parameters 2x (the ranks hold twice 1F1B's parameters in all), the
 # stash each rank measures equals the simulator's (PP + 1 = p + 1), and bad
 # input ends in one line before any rank connects.
 set -u
@@ -95,6 +95,28 @@ if [ "$(echo "$tdual" | wc -l)" = 4 ] && [ "$p1" -gt 0 ] && [ "$pd" = $((2 * p1)
 else bad "parameters: dualpipe $pd, 1f1b $p1 (want 2x): $tdual"; fi
 st=$(echo "$tdual" | awk '$8 != 5 || $9 != 5 {print "rank " $1 ": stashed " $8 ", simulated " $9}')
 [ -z "$st" ] && [ -n "$tdual" ] && ok "stash: 5 = PP + 1 on every rank, measured and simulated" || bad "stash: $st"
+
+# the planner: dualpipe's plan lists the p model stages once, predicts each rank's memory with both
+# copies (parameters, gradients, optimizer state, the other copy's gradient) and brigade train --plan
+# measures rank 0 within 5% of it; 1F1B's plan of the same model predicts less than 2/3 of it
+PM="--model gpt --layers 5 --d-model 32 --heads 2 --seq 16 --devices 4 --mem 1G --batch 8 --pp 4 --microbatch-size 1"
+if "$B" plan $PM --schedule dualpipe --json "$T/dplan.json" >"$T/dplan.o" 2>&1 &&
+   "$B" plan $PM --schedule 1f1b --json "$T/fplan.json" >/dev/null 2>&1; then
+  python3 - "$T/dplan.json" "$T/fplan.json" <<'PY' && ok "plan: dualpipe's 4 model stages, rank memory vs 1f1b's" || bad "plan JSON: $(cat "$T/dplan.o")"
+import json, sys
+d, f = (json.load(open(x)) for x in sys.argv[1:3])
+assert d["schedule"] == "dualpipe" and d["chunks"] == 2 and len(d["stages"]) == 4, d["stages"]
+assert [s["rank"] for s in d["stages"]] == [0, 1, 2, 3]
+dm, fm = (max(r["predicted_peak_bytes"] for r in x["ranks"]) for x in (d, f))
+assert fm < 2 / 3 * dm, (dm, fm)
+PY
+  timeout 120 "$B" launch -n 4 -- "$B" train --plan "$T/dplan.json" --steps 3 --threads 1 --quiet >"$T/dtp.o" 2>&1 ||
+    bad "train --plan dualpipe: $(tail -3 "$T/dtp.o")"
+  line=$(grep "rank 0 peak" "$T/dtp.o")
+  mp=$(echo "$line" | sed -nE 's/.*rank 0 peak ([0-9.]+) MiB, predicted ([0-9.]+) MiB.*/\1 \2/p')
+  echo "${mp:-0 0}" | awk '{ exit !($1 > 0 && $2 > 0 && $1 <= 1.05 * $2 && $1 >= 0.95 * $2) }' &&
+    ok "train --plan dualpipe: $line" || bad "train --plan dualpipe: $line"
+else bad "plan --schedule dualpipe: $(cat "$T/dplan.o")"; fi
 
 # bad input: one line, nothing trained
 expect_train 1 "dualpipe needs an even number of pipeline ranks (its two halves mirror each other), got 3" \

@@ -20,7 +20,6 @@ expect 2 'brigade schedule: --schedule must be one of gpipe, 1f1b, interleaved, 
     schedule --schedule zbh1 --stages 4 --microbatches 8
 expect 2 'zbv places exactly 2 chunks per rank' schedule --schedule zbv --stages 4 --microbatches 4 --chunks 3
 expect 2 'brigade schedule: invalid argument: dualpipe needs an even number of pipeline ranks (its two halves mirror each other), got 3' schedule --schedule dualpipe --stages 3 --microbatches 8
-expect 2 'brigade plan: not supported: the planner does not model dualpipe' plan --devices 2 --mem 1G --schedule dualpipe
 expect 1 'brigade train: invalid argument: dualpipe needs an even number of microbatches, at least 2p = 4 (m/2 enter from each end, at least p each), got 2' train --pp 2 --microbatches 2 --schedule dualpipe
 expect 2 'brigade schedule: unknown option "--stage" (did you mean --stages?)' schedule --stage 4
 expect 2 'brigade plan: unknown option "--devics" (did you mean --devices?)' plan --devics 2
