@@ -66,6 +66,17 @@ run dual4tie 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe --tie-embeddings
 same dp2tie dual2tie
 same dp2tie4 dual4tie
 
+# loss and gradient norm per step (one copy counted, the tie's second tensor left out) as the reference's
+norms() { python3 -c "import json,sys; print(' '.join('%d:%.6g:%.6g' % (r['step'], r['loss'], r['grad_norm']) for r in map(json.loads, open(sys.argv[1])) if r.get('rank') == 0))" "$1"; }
+for t in "" "--tie-embeddings"; do
+  timeout 120 "$B" launch -n 2 -- "$B" train $GPT --microbatches 2 --dp 2 $t --quiet --metrics "$T/nref.json" >/dev/null 2>&1 &&
+  timeout 120 "$B" launch -n 2 -- "$B" train $GPT --microbatches 4 --pp 2 --schedule dualpipe $t --quiet --metrics "$T/ndual.json" \
+    >/dev/null 2>&1 || { bad "metrics runs ${t:-untied}"; continue; }
+  a=$(norms "$T/nref.json") b=$(norms "$T/ndual.json")
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "loss and gradient norm ${t:-untied} (step:loss:norm): $b" ||
+    bad "loss and gradient norm ${t:-untied}: dp 2 $a, dualpipe $b"
+done
+
 # MLP, and DualPipe under data parallelism (pp 2 x dp 2)
 run mdp2 2 $MLP --microbatches 2 --dp 2
 run mdual2 2 $MLP --microbatches 4 --pp 2 --schedule dualpipe
