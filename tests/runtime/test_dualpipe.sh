@@ -66,6 +66,13 @@ run dual4tie 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe --tie-embeddings
 same dp2tie dual2tie
 same dp2tie4 dual4tie
 
+# tensor parallelism inside each stage (pp 2 x tp 2): each tensor-group member sums its shard with
+# the same member of the other copy's group; bitwise equal to tp 2 x dp 2
+GTP="--model gpt --layers 4 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 4 --threads 1 --lr 3e-3 --tie-embeddings"
+run tpdp 4 $GTP --microbatches 2 --dp 2 --tp 2
+run tpdual 4 $GTP --microbatches 4 --pp 2 --tp 2 --schedule dualpipe
+same tpdp tpdual
+
 # loss and gradient norm per step (one copy counted, the tie's second tensor left out) as the reference's
 norms() { python3 -c "import json,sys; print(' '.join('%d:%.6g:%.6g' % (r['step'], r['loss'], r['grad_norm']) for r in map(json.loads, open(sys.argv[1])) if r.get('rank') == 0))" "$1"; }
 for t in "" "--tie-embeddings"; do
