@@ -1336,9 +1336,9 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->S = bg_schedule_stages(x->sched);
     x->copies = bg_schedule_copies(x->sched);
     x->L = x->S / x->copies;
-    if (x->copies > 2 || (x->copies > 1 && x->p.zero)) {
+    if (x->copies > 2 || (x->copies > 1 && x->p.zero == 2)) { /* level 2 has no whole gradient buffer */
         st = bg_error(BG_ERR_UNSUPPORTED, "%s: %d copies of the model%s", bg_schedule_name(x->sched), x->copies,
-                      x->copies > 2 ? " (the executor sums two)" : " with --zero is not supported");
+                      x->copies > 2 ? " (the executor sums two)" : " with --zero 2 is not supported (--zero 1 is)");
         goto err;
     }
     if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
