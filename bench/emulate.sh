@@ -16,7 +16,7 @@
 set -u
 B=${BRIGADE:-brigade}
 PS="8 16 32"
-SCHEDS="gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved dualpipev"
+SCHEDS="gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved dualpipev dualpipe"
 MS=1 FBW=1,2,1 STEPS=4 CHECK=""
 while [ $# -gt 0 ]; do
   case $1 in
@@ -44,14 +44,16 @@ worst=0
 for P in $PS; do
   M=$((2 * P))
   for S in $SCHEDS; do
-    V=1
-    case $S in interleaved | zb-interleaved | zbv | dualpipev) V=2 ;; esac
-    L=$((2 * P + 1)) NS=$((P * V))
+    V=1 C=1
+    case $S in interleaved | zb-interleaved | zbv | dualpipev | dualpipe) V=2 ;; esac
+    [ "$S" = dualpipe ] && C=2   # two copies of the model: P model stages, each on two ranks
+    L=$((2 * P + 1)) NS=$((P * V / C))
     MODEL="--model mlp --layers $P --d-model $D --in-features 8 --classes 4 --batch $((MBN * M)) --microbatches $M"
     # the profile (every layer the same), the split (even by count), per-stage costs
-    python3 - "$L" "$NS" "$MS" "$FBW" "$T/prof.json" "$T/costs" <<'PY'
+    python3 - "$L" "$NS" "$MS" "$FBW" "$T/prof.json" "$T/costs" "$C" <<'PY'
 import json, sys
 L, S, ms, fbw, prof, costs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+copies = int(sys.argv[7])  # per-stage costs name every virtual stage: each copy's stages again
 f, b, w = (float(x) * ms * 1e-3 for x in fbw.split(","))
 json.dump({"layers": [{"name": "l%d" % i, "fwd_s": f, "bwd_input_s": b, "bwd_weight_s": w, "bwd_s": b + w}
                       for i in range(L)]}, open(prof, "w"))
@@ -59,7 +61,7 @@ n = [L // S + (1 if i < L % S else 0) for i in range(S)]
 with open(costs, "w") as o:
     o.write(",".join(map(str, n)) + "\n")
     for c in (f, b, w):
-        o.write(",".join("%.9g" % (k * c) for k in n) + "\n")
+        o.write(",".join("%.9g" % (k * c) for k in n * copies) + "\n")
 PY
     SPLIT=$(sed -n 1p "$T/costs") FC=$(sed -n 2p "$T/costs") BC=$(sed -n 3p "$T/costs") WC=$(sed -n 4p "$T/costs")
     CH=""

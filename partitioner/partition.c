@@ -674,6 +674,7 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
 {
     int P = bg_schedule_ranks(sched), V = bg_schedule_chunks(sched), M = bg_schedule_microbatches(sched);
     int S = bg_schedule_stages(sched);
+    int L = S / bg_schedule_copies(sched); /* a chain of stages per model copy (dualpipe: 2) */
     if (rank < 0 || rank >= P)
         return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, P);
     replay_t r = {V, M, NULL, NULL, NULL, 0, 0, 0};
@@ -721,7 +722,7 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
             r.cur[c].forwarded++;
             r.cur[c].recomputing++; /* while it runs, the forward holds its full activations */
             r.dirty = 1;
-            if (stage < S - 1 && LOCAL(stage + 1))
+            if (stage % L < L - 1 && LOCAL(stage + 1))
                 rp_begin(&r, bg_schedule_stage_chunk(sched, stage + 1), mb);
             BG_CHECK_GOTO(record(&r), st, out);
             r.cur[c].recomputing--;
@@ -732,11 +733,11 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
             r.cur[c].backward++;
             r.cur[c].recomputing++; /* a recomputing stage rebuilds them here, until the slot ends */
             r.dirty = 1;
-            if (stage > 0 && LOCAL(stage - 1))
+            if (stage % L > 0 && LOCAL(stage - 1))
                 rp_dout(&r, bg_schedule_stage_chunk(sched, stage - 1), mb);
             BG_CHECK_GOTO(record(&r), st, out);
             if (o->kind == BG_OP_BACKWARD) {
-                if (stage == 0 || LOCAL(stage - 1))
+                if (stage % L == 0 || LOCAL(stage - 1))
                     rp_end(&r, c, mb);
                 else {
                     sl->pending = 1;

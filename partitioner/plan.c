@@ -257,6 +257,9 @@ typedef struct candidate {
     bg_schedule_kind_t kind;
     bg_schedule_t *sched;
     int V, S;                     /* chunks per rank, virtual stages */
+    int copies, Lm;               /* model copies (dualpipe 2) and model stages S / copies: the partition's */
+    bg_part_stage_spec_t *mspecs; /* [Lm] copies > 1: a model stage's spec, every copy's constraints */
+    bg_part_counts_t **mcounts;   /* [Lm] their rows */
     double *rspeed;               /* [pp] the slowest replica's speed */
     uint64_t *rbudget;            /* [pp] the smallest replica's budget */
     bg_part_counts_t **rows;      /* [pp] each rank's slot counts, nrows[r] rows of V entries */
@@ -281,6 +284,10 @@ static void candidate_free(candidate_t *c)
     free(c->rbudget);
     free(c->layers);
     free(c->specs);
+    for (int k = 0; c->mcounts && k < c->Lm; k++)
+        free(c->mcounts[k]);
+    free(c->mcounts);
+    free(c->mspecs);
     free(c->out);
     bg_schedule_free(c->sched);
 }
@@ -449,6 +456,42 @@ static bg_status_t candidate_stages(candidate_t *c)
     return BG_OK;
 }
 
+/* Copies > 1 (dualpipe): the partition is of the Lm model stages, each held
+ * by `copies` virtual stages on different ranks (model stage k: virtual
+ * stages k, k + Lm, ..). A model stage's spec must satisfy every copy: the
+ * slowest of their devices, the smallest of their budgets (1/V of the rank's,
+ * as for every chunk), and all their rows of slot counts. */
+static bg_status_t candidate_copies(candidate_t *c)
+{
+    c->mspecs = calloc((size_t)c->Lm, sizeof(*c->mspecs));
+    c->mcounts = calloc((size_t)c->Lm, sizeof(*c->mcounts));
+    if (!c->mspecs || !c->mcounts)
+        return bg_error(BG_ERR_NOMEM, "plan candidate");
+    for (int k = 0; k < c->Lm; k++) {
+        int n = 0;
+        for (int v = k; v < c->S; v += c->Lm)
+            n += c->specs[v].ncounts;
+        bg_part_counts_t *rows = c->mcounts[k] = malloc((size_t)n * sizeof(*rows));
+        if (!rows)
+            return bg_error(BG_ERR_NOMEM, "plan counts");
+        bg_part_stage_spec_t *m = &c->mspecs[k];
+        *m = c->specs[k];
+        m->ncounts = 0;
+        for (int v = k; v < c->S; v += c->Lm) {
+            const bg_part_stage_spec_t *e = &c->specs[v];
+            if (e->speed < m->speed)
+                m->speed = e->speed;
+            if (e->budget_bytes < m->budget_bytes)
+                m->budget_bytes = e->budget_bytes;
+            m->split_backward |= e->split_backward;
+            memcpy(rows + m->ncounts, e->counts, (size_t)e->ncounts * sizeof(*rows));
+            m->ncounts += e->ncounts;
+        }
+        m->counts = rows;
+    }
+    return BG_OK;
+}
+
 /* Parameters of layers [first, last] of a candidate. */
 static size_t range_params(const candidate_t *c, int first, int last)
 {
@@ -481,6 +524,8 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     BG_CHECK(candidate_devices(s, c));
     BG_CHECK(candidate_layers(s, prof, c));
     BG_CHECK(candidate_stages(c));
+    if (c->copies > 1)
+        BG_CHECK(candidate_copies(c));
     c->out = calloc((size_t)c->S, sizeof(*c->out));
     if (!c->out)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
@@ -488,9 +533,11 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     bg_part_problem_t prob = BG_PART_PROBLEM_INIT;
     prob.nlayers = s->L;
     prob.layers = c->layers;
-    prob.nstages = c->S;
-    prob.stages = c->specs;
+    prob.nstages = c->copies > 1 ? c->Lm : c->S; /* copies: the model stages */
+    prob.stages = c->copies > 1 ? c->mspecs : c->specs;
     prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero);
+    if (c->copies > 1) /* the executor's buffer for the other copy's gradient, summed before the step */
+        prob.bytes_per_param += sizeof(float);
     if (c->zero == 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
         long long mb = 4, nbuf = 3;
         if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
@@ -570,8 +617,11 @@ static bg_status_t run_partition(search_t *s, const bg_layer_profile_t *prof, ca
             record_shortfall(s, prof, c, &sf);
         return BG_OK;
     }
-    if (st == BG_OK)
+    if (st == BG_OK) {
         *fits_p = 1;
+        for (int v = c->Lm; v < c->S; v++) /* every copy of a model stage: the same layers */
+            c->out[v] = c->out[v % c->Lm];
+    }
     return st;
 }
 
@@ -693,7 +743,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
                                const bg_sim_result_t *res, bg_plan_t **plan_p)
 {
     const bg_plan_params_t *pa = s->pp;
-    bg_plan_t *p = plan_alloc(s->L, c->S, c->pp);
+    bg_plan_t *p = plan_alloc(s->L, c->Lm, c->pp); /* copies > 1: the model stages (copy 0's) */
     if (!p)
         return bg_error(BG_ERR_NOMEM, "plan");
     p->seq = s->seq;
@@ -715,7 +765,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->link_latency = pa->link_latency;
     p->link_bandwidth = pa->link_bandwidth;
     memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
-    for (int v = 0; v < c->S; v++) {
+    for (int v = 0; v < c->Lm; v++) {
         bg_plan_stage_t *ps = &p->stages[v];
         const bg_part_stage_t *o = &c->out[v];
         ps->rank = bg_schedule_stage_rank(c->sched, v);
@@ -754,7 +804,9 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
         return BG_OK; /* this schedule cannot run this (p, m, v): not a candidate */
     c.V = bg_schedule_chunks(c.sched);
     c.S = bg_schedule_stages(c.sched);
-    if (c.S > s->L)
+    c.copies = bg_schedule_copies(c.sched);
+    c.Lm = c.S / c.copies;
+    if (c.Lm > s->L)
         goto out; /* more stages than layers: not a candidate */
     s->evaluated++;
     BG_CHECK_GOTO(build_problem(s, prof, &c), st, out);
@@ -1369,15 +1421,20 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
                 : bg_error(BG_ERR_PARSE, "plan: $.layers must be a non-empty array (the model's layers)");
         goto err;
     }
-    if (!json_is_array(js) || (long long)json_array_size(js) != pp * chunks) {
-        st = bg_error(BG_ERR_PARSE, "plan: $.stages must be an array of pp x chunks = %lld stages", pp * chunks);
+    /* dualpipe: its two copies hold the same model stages, listed once */
+    long long nst = kind == BG_SCHED_DUALPIPE ? pp * chunks / 2 : pp * chunks;
+    if (!json_is_array(js) || (long long)json_array_size(js) != nst) {
+        st = kind == BG_SCHED_DUALPIPE
+                 ? bg_error(BG_ERR_PARSE, "plan: $.stages must be an array of the pp x chunks / 2 copies = %lld model "
+                            "stages of dualpipe", nst)
+                 : bg_error(BG_ERR_PARSE, "plan: $.stages must be an array of pp x chunks = %lld stages", nst);
         goto err;
     }
-    if (pp * chunks > L) {
-        st = bg_error(BG_ERR_PARSE, "plan: %lld stages for %d layers", pp * chunks, L);
+    if (nst > L) {
+        st = bg_error(BG_ERR_PARSE, "plan: %lld stages for %d layers", nst, L);
         goto err;
     }
-    if (!(p = plan_alloc(L, (int)(pp * chunks), (int)pp))) {
+    if (!(p = plan_alloc(L, (int)nst, (int)pp))) {
         st = bg_error(BG_ERR_NOMEM, "plan");
         goto err;
     }

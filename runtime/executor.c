@@ -26,8 +26,17 @@
  * the rank that holds the other (same replica), all exchanges posted before
  * any is waited for.
  *
+ * Copies (DualPipe: bg_schedule_copies() = 2): each copy of a model stage is
+ * a chunk of its own, built from the same layers (so initialised the same);
+ * microbatch i runs through copy i / (M/2) only. Before the ties, every
+ * chunk's gradient (after the data-parallel sum) becomes g0 + g1 by
+ * exchanging it with the rank holding the other copy, so the copies take the
+ * same optimizer step and stay identical; the arithmetic is the one of two
+ * data-parallel replicas of M/2 microbatches each.
+ *
  * Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
- * the receiving stage (0x3fff: ties), bits 0..15 the microbatch (tie index). */
+ * the receiving stage (0x3fff: ties, 0x3ffe: copy sums), bits 0..15 the
+ * microbatch (tie index; model stage for copy sums). */
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -55,7 +64,11 @@ typedef struct chunk {
     int first, last;        /* layer range */
     bg_model_t *model;
     bg_stage_t *st;
-    int is_first, is_last;  /* first / last stage of the whole pipeline */
+    int is_first, is_last;  /* first / last stage of the whole pipeline (of its copy's chain) */
+    int copy, mb_last;      /* model copy (0: one copy) and the last microbatch through it */
+    int copy_partner;       /* copies > 1: world rank of the other copy of this model stage */
+    float *copy_buf;        /* copies > 1: the other copy's gradient */
+    bg__xfer_t *copy_rr, *copy_sr;
     int prev_local, next_local; /* stage-1 / stage+1 live on this rank */
     int prev_rank, next_rank;   /* ranks of the neighbouring stages */
     /* per microbatch */
@@ -99,6 +112,7 @@ typedef struct bg_executor {
     const bg_sched_op_t *ops;
     size_t nops;
     int rank, world, pp_i, dp_i, P, D, V, M, S;
+    int copies, L;          /* model copies (bg_schedule_copies) and model stages S / copies */
     chunk_t *chunks;        /* V */
     int *first, *last;      /* layer range of each virtual stage */
     int mbn;                /* sequences per microbatch per replica */
@@ -471,7 +485,7 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
     hook_arg_t *h = arg;
     if (h->ch->zero)
         BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
-    if (mb != h->x->M - 1 || h->x->D == 1)
+    if (mb != h->ch->mb_last || h->x->D == 1)
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
 }
@@ -507,13 +521,50 @@ static bg_status_t make_buckets(chunk_t *ch)
     return BG_OK;
 }
 
-/* Every tie's gradients become a + b on both copies (see the top). Runs once
- * per step, before the first optimizer step on this rank, when every
- * backward on the rank is done: it first finishes every chunk's
- * data-parallel reduction. */
-static bg_status_t sync_ties(exec_t *x)
+/* Copies > 1: every chunk's gradient becomes g0 + g1, the sum of its model
+ * stage's two copies (see the top), all exchanges posted before any is
+ * waited for. Both ranks add the same two buffers (IEEE addition is
+ * commutative), so both copies hold the same bits. */
+static bg_status_t sync_copies(exec_t *x)
 {
-    if (x->nties == 0 || x->tie_step == x->step)
+    bg_backend_t *be = x->be;
+    bg_status_t st = BG_OK;
+    for (int v = 0; v < x->V && st == BG_OK; v++) {
+        chunk_t *ch = &x->chunks[v];
+        size_t bytes = bg_model_param_count(ch->model) * sizeof(float);
+        uint32_t tag = tag_of(x, 1, 0x3ffe, ch->stage % x->L);
+        st = bg__xrecv(&x->stg, x->comm, ch->copy_partner, tag, ch->copy_buf, bytes, &ch->copy_rr);
+        if (st == BG_OK)
+            st = bg__xsend(&x->stg, x->comm, ch->copy_partner, tag, bg_model_grads(ch->model), bytes, &ch->copy_sr);
+        x->bytes_sent += bytes;
+    }
+    for (int v = 0; v < x->V; v++) {
+        bg_status_t s1 = wait_free(&x->chunks[v].copy_rr), s2 = wait_free(&x->chunks[v].copy_sr);
+        if (st == BG_OK)
+            st = s1 != BG_OK ? s1 : s2;
+    }
+    if (st != BG_OK)
+        return st;
+    for (int v = 0; v < x->V; v++) {
+        chunk_t *ch = &x->chunks[v];
+        float *g = bg_model_grads(ch->model);
+        size_t n = bg_model_param_count(ch->model);
+        if (ch->copy == 0) /* g0 + g1 on both sides */
+            be->ops->residual_forward(be, g, g, ch->copy_buf, n);
+        else
+            be->ops->residual_forward(be, g, ch->copy_buf, g, n);
+    }
+    return BG_OK;
+}
+
+/* What the copies and the ties share (see the top). Runs once per step,
+ * before the first optimizer step on this rank, when every backward on the
+ * rank is done: it finishes every chunk's data-parallel reduction, sums the
+ * copies' gradients (copies > 1), then makes every tie's gradients a + b on
+ * both tensors. */
+static bg_status_t sync_shared(exec_t *x)
+{
+    if ((x->nties == 0 && x->copies == 1) || x->tie_step == x->step)
         return BG_OK;
     x->tie_step = x->step;
     bg_backend_t *be = x->be;
@@ -521,6 +572,8 @@ static bg_status_t sync_ties(exec_t *x)
         BG_CHECK(start_buckets(x, &x->chunks[v], x->chunks[v].first));
     for (int v = 0; v < x->V; v++)
         BG_CHECK(wait_buckets(x, &x->chunks[v]));
+    if (x->copies > 1)
+        BG_CHECK(sync_copies(x));
     bg_status_t st = BG_OK;
     for (int t = 0; t < x->nties && st == BG_OK; t++) {
         tie_t *ti = &x->ties[t];
@@ -625,9 +678,9 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
-        BG_CHECK(sync_ties(x));
+        BG_CHECK(sync_shared(x));
         BG_CHECK(wait_buckets(x, ch));
-        ch->gsq = grad_sumsq(x, ch);
+        ch->gsq = ch->copy == 0 ? grad_sumsq(x, ch) : 0; /* the model's norm counts one copy */
         if (x->em)
             return BG_OK; /* emulated: no update (the simulator's optimizer costs nothing) */
         if (ch->zero)
@@ -753,6 +806,10 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
         if (x->chunks[v].zero)
             BG_CHECK(bg__zero_gather_state(x->chunks[v].zero));
     BG_CHECK(chunk_models(x, &models));
+    int nmodels = 0; /* copies > 1: copy 0 is the model (the copies are identical); loading fills every copy */
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].copy == 0)
+            models[nmodels++] = x->chunks[v].model;
     char extra[512];
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":%d,\"chunks\":%d,\"schedule\":\"%s\"},"
@@ -763,7 +820,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.root = root;
     p.step = x->step;
     p.models = models;
-    p.nmodels = x->V;
+    p.nmodels = nmodels;
     p.comm = x->comm;
     p.writer = x->dp_i == 0 && x->tp_i == 0; /* member 0 writes the tensor group's gathered tensors */
     p.extra_json = extra;
@@ -962,6 +1019,8 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
     bg_status_t st = BG_OK;
     for (int v = 0; v < x->V && st == BG_OK; v++) {
         char path[4096];
+        if (x->chunks[v].copy > 0)
+            continue; /* the copies are identical: copy 0 is the model (its stage = the model stage) */
         if (x->S == 1)
             snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         else
@@ -1030,6 +1089,9 @@ static void cancel_all(exec_t *x)
             ch->buckets[b].req = NULL;
         }
         bg__zero_cancel(ch->zero);
+        bg__xfree(ch->copy_rr);
+        bg__xfree(ch->copy_sr);
+        ch->copy_rr = ch->copy_sr = NULL;
     }
     for (int t = 0; x->ties && t < x->nties; t++) {
         bg__xfree(x->ties[t].rr);
@@ -1046,8 +1108,10 @@ static void exec_free(exec_t *x)
         bg_backend_free(x->be, x->ties[t].buf);
     free(x->ties);
     if (x->chunks)
-        for (int v = 0; v < x->V; v++)
+        for (int v = 0; v < x->V; v++) {
+            bg_backend_free(x->be, x->chunks[v].copy_buf);
             free_chunk(&x->chunks[v]);
+        }
     free(x->chunks);
     bg_group_destroy(x->dp_group);
     bg_group_destroy(x->world_group);
@@ -1132,10 +1196,15 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     ch->stage = stage;
     ch->first = x->first[stage];
     ch->last = x->last[stage];
-    ch->is_first = stage == 0;
-    ch->is_last = stage == x->S - 1;
-    int pr = stage > 0 ? bg_schedule_stage_rank(x->sched, stage - 1) : -1;
-    int nr = stage < x->S - 1 ? bg_schedule_stage_rank(x->sched, stage + 1) : -1;
+    ch->is_first = stage % x->L == 0;
+    ch->is_last = stage % x->L == x->L - 1;
+    ch->copy = stage / x->L;
+    ch->mb_last = (ch->copy + 1) * (x->M / x->copies) - 1;
+    ch->copy_partner = -1;
+    if (x->copies == 2)
+        ch->copy_partner = world_rank(x, bg_schedule_stage_rank(x->sched, (stage + x->L) % x->S), x->dp_i);
+    int pr = !ch->is_first ? bg_schedule_stage_rank(x->sched, stage - 1) : -1;
+    int nr = !ch->is_last ? bg_schedule_stage_rank(x->sched, stage + 1) : -1;
     ch->prev_local = pr == x->pp_i;
     ch->next_local = nr == x->pp_i;
     ch->prev_rank = pr >= 0 ? world_rank(x, pr, x->dp_i) : -1;
@@ -1143,7 +1212,8 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
     BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
     const bg_executor_params_t *p = &x->p;
-    if (p->recompute || (p->recompute_stages && stage < p->nrecompute_stages && p->recompute_stages[stage]))
+    int ms = stage % x->L; /* a plan lists each model stage once (dualpipe: both copies recompute alike) */
+    if (p->recompute || (p->recompute_stages && ms < p->nrecompute_stages && p->recompute_stages[ms]))
         bg_stage_set_recompute(ch->st, 1);
     bg_stage_set_emulate(ch->st, x->em != NULL);
     BG_CHECK(make_buckets(ch));
@@ -1172,6 +1242,12 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
         !ch->pending_end || !ch->out_shape)
         return bg_error(BG_ERR_NOMEM, "executor bookkeeping");
     x->params += bg_model_param_count(ch->model);
+    if (x->copies > 1) { /* the other copy's gradient: allocated with the parameters, not in the step */
+        size_t bytes = bg_model_param_count(ch->model) * sizeof(float);
+        ch->copy_buf = bg_backend_alloc(x->be, bytes ? bytes : sizeof(float), "copy gradient");
+        if (!ch->copy_buf)
+            return bg_error(BG_ERR_NOMEM, "the other copy's gradient of stage %d (%zu bytes)", stage, bytes);
+    }
     return BG_OK;
 }
 
@@ -1196,6 +1272,11 @@ static bg_status_t make_ties(exec_t *x)
                 ti->b = bg_model_find_tensor(x->chunks[v].model, nb);
         }
         ti->partner = -1;
+        if (x->copies > 1 && !!ti->a != !!ti->b) /* the copies' partner ranks are not worked out */
+            return bg_error(BG_ERR_UNSUPPORTED, "dualpipe: tie %s = %s has one tensor on pipeline rank %d and the "
+                            "other elsewhere; only ties whose tensors share a rank (as the input embedding and "
+                            "output head do: ranks 0 and p-1 hold the first and last stage) are summed", na, nb,
+                            x->pp_i);
         if (!!ti->a != !!ti->b) {
             int layer = bg_model_desc_tensor_layer(x->desc, ti->a ? nb : na), stage = 0;
             while (stage < x->S - 1 && x->last[stage] < layer)
@@ -1253,6 +1334,13 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     }
     x->V = bg_schedule_chunks(x->sched);
     x->S = bg_schedule_stages(x->sched);
+    x->copies = bg_schedule_copies(x->sched);
+    x->L = x->S / x->copies;
+    if (x->copies > 2 || (x->copies > 1 && x->p.zero == 2)) { /* level 2 has no whole gradient buffer */
+        st = bg_error(BG_ERR_UNSUPPORTED, "%s: %d copies of the model%s", bg_schedule_name(x->sched), x->copies,
+                      x->copies > 2 ? " (the executor sums two)" : " with --zero 2 is not supported (--zero 1 is)");
+        goto err;
+    }
     if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
         st = bg_error(BG_ERR_UNSUPPORTED, "%d microbatches on %d stages: at most 65534 microbatches and 16382 stages",
                       x->M, x->S);
@@ -1264,7 +1352,10 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         st = bg_error(BG_ERR_NOMEM, "stage table");
         goto err;
     }
-    BG_CHECK_GOTO(layer_ranges(&x->p, bg_model_desc_num_layers(x->desc), x->S, x->first, x->last), st, err);
+    /* layers per model stage; every copy of a stage holds the same layers */
+    BG_CHECK_GOTO(layer_ranges(&x->p, bg_model_desc_num_layers(x->desc), x->L, x->first, x->last), st, err);
+    for (int s = x->L; s < x->S; s++)
+        x->first[s] = x->first[s % x->L], x->last[s] = x->last[s % x->L];
     if (x->p.emulate) {
         BG_CHECK_GOTO(bg__emulate_load(x->p.emulate, x->p.emulate_scale > 0 ? x->p.emulate_scale : 1.0,
                                        bg_model_desc_num_layers(x->desc), x->first, x->last, x->S, &x->em),
@@ -1487,6 +1578,8 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
             optim += bg__zero_owned(x->chunks[v].zero);
             grads += bg__zero_grad_bytes(x->chunks[v].zero);
         }
+    if (x->copies > 1) /* the other copy's gradient, received before the optimizer step */
+        grads += x->params * sizeof(float);
     i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
                         x->predicted_act_bytes;
     i.zero = x->p.zero;

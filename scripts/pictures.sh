@@ -13,7 +13,7 @@ mkdir -p "$IMG"
 say() { echo "pictures: $*"; }
 
 # schedule timelines, p = 4, m = 8, unit costs (docs/schedules.md)
-for k in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved dualpipev; do
+for k in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved dualpipev dualpipe; do
   "$B" schedule --schedule "$k" --stages 4 --microbatches 8 --svg "$IMG/${k}_p4_m8.svg" >/dev/null
   say "$IMG/${k}_p4_m8.svg"
 done

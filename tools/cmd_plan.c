@@ -201,6 +201,9 @@ static void print_plan(const bg_plan_t *p, int calibrated)
                100.0 * (double)s->predicted_peak_bytes / (double)s->budget_bytes, s->predicted_ms_per_microbatch,
                s->recompute ? "yes" : "no");
     }
+    if (!strcmp(bg_plan_schedule(p), "dualpipe"))
+        printf("(dualpipe: two copies of the model; stage k above is copy 0's, chunk 0 of rank k; copy 1's is\n"
+               " chunk 1 of rank %d-k: the per-rank memory below counts both)\n", bg_plan_pp(p) - 1);
     if (bg_plan_chunks(p) > 1) {
         printf("\nper pipeline rank (all chunks):\n");
         for (int r = 0; r < bg_plan_pp(p); r++)

@@ -18,7 +18,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
+            "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe\n"
             "                        --stages P --microbatches M\n"
             "                        [--chunks V] [--costs F,B,W] [--latency T] [--bandwidth BYTES_PER_T]\n"
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--svg OUT]\n"
@@ -220,7 +220,7 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
             continue;
         }
         bg_sim_params_t spc = *sp0;
-        int vv = bg_schedule_chunks(s);
+        int vv = bg_schedule_chunks(s) / bg_schedule_copies(s); /* dualpipe: each chunk is a whole stage */
         spc.f_cost /= vv, spc.b_cost /= vv, spc.w_cost /= vv, spc.stash_bytes /= vv;
         bg_schedule_free(s); /* again, built for the per-chunk costs */
         gp.costs = &spc;
@@ -242,7 +242,8 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
         bg_schedule_free(s);
     }
     printf("(peak stash: chunk-microbatches held from a forward to their last backward piece; with v chunks\n"
-           " per rank each holds 1/v of the rank's activations, so divide by v to compare with v = 1)\n");
+           " per rank each holds 1/v of the rank's activations, so divide by v to compare with v = 1;\n"
+           " dualpipe's 2 chunks are whole stages, one of each of its 2 model copies: do not divide)\n");
     return rc;
 }
 
@@ -263,7 +264,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         } else if (!strcmp(a, "--schedule")) {
             if (!val)
                 return bg_cli_fail(CMD, "--schedule needs a value (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, "
-                                        "dualpipev)");
+                                        "dualpipev, dualpipe)");
             kind_s = val, i++;
         } else if (!strcmp(a, "--stages")) {
             if (bg_cli_int(CMD, a, val, 1, 65536, &p))
@@ -392,8 +393,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         return run_compare((int)p, (int)m, (int)v, spp);
     }
     if (!kind_s)
-        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or "
-                                "dualpipev), "
+        return bg_cli_fail(CMD, "--schedule is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, "
+                                "dualpipev or dualpipe), "
                                 "or use --compare or --from-json");
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
     int k = bg_cli_choice(CMD, "--schedule", kind_s, bg_cli_schedule_names());

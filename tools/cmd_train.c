@@ -40,7 +40,7 @@ static void usage(FILE *f)
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
-            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
+            "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe\n"
             "                         (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved, zb-interleaved;\n"
             "                         default: the schedule's)\n"
@@ -214,17 +214,19 @@ static void on_step(const bg_step_info_t *i, void *arg)
 static int split_check(const char *cmd, const bg_train_config_t *c, char *buf, size_t n)
 {
     buf[0] = 0;
-    int pp = c->pp > 0 ? c->pp : 1, chunks = 1, rc = 0;
+    int pp = c->pp > 0 ? c->pp : 1, chunks = 1, copies = 1, rc = 0;
     if (pp == 1)
         return 0;
     bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
     bg_schedule_t *sched = NULL;
     if (c->schedule_json) { /* checked by the caller; chunks came from the file */
         chunks = c->chunks;
+        if (bg_schedule_from_json_file(c->schedule_json, &sched) == BG_OK) /* and its model copies */
+            copies = bg_schedule_copies(sched);
     } else if (bg_schedule_kind_parse(c->schedule ? c->schedule : "1f1b", &gp.kind) == BG_OK) {
         gp.stages = pp, gp.microbatches = c->microbatches, gp.chunks = c->chunks;
         if (bg_schedule_generate(&gp, &sched) == BG_OK)
-            chunks = bg_schedule_chunks(sched);
+            chunks = bg_schedule_chunks(sched), copies = bg_schedule_copies(sched);
     }
     if (!sched && !c->schedule_json) { /* the schedule's own error comes from bg_train */
         bg_error_clear();
@@ -233,13 +235,17 @@ static int split_check(const char *cmd, const bg_train_config_t *c, char *buf, s
     bg_schedule_free(sched);
     bg_model_desc_t *d = NULL;
     bg_layer_profile_t *prof = NULL;
-    int L = 0, S = pp * chunks;
+    int L = 0, S = pp * chunks / copies; /* stages of the model (dualpipe: each held by two ranks) */
     if (bg_model_build(&c->model, &d) != BG_OK)
         goto out;
     L = bg_model_desc_num_layers(d);
     if (c->nsplit && c->nsplit != S) {
-        rc = bg_cli_fail(cmd, "--split has %d entries but there are %d pipeline stages (pp %d x %d chunks)", c->nsplit,
-                         S, pp, chunks);
+        if (copies > 1)
+            rc = bg_cli_fail(cmd, "--split has %d entries but there are %d model stages (pp %d x %d chunks hold %d "
+                                  "copies of each)", c->nsplit, S, pp, chunks, copies);
+        else
+            rc = bg_cli_fail(cmd, "--split has %d entries but there are %d pipeline stages (pp %d x %d chunks)",
+                             c->nsplit, S, pp, chunks);
         goto out;
     }
     long long sum = 0;

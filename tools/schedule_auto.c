@@ -178,6 +178,8 @@ int bg_schedule_auto(const bg_auto_args_t *a)
     printf("\nfixed generators (built for the same costs):\n%-16s %12s %14s %6s\n", "schedule", "step ms", "peak stash",
            "fits");
     for (int kind = 0; kind < BG_SCHED_CUSTOM; kind++) {
+        if (kind == BG_SCHED_DUALPIPE)
+            continue; /* two model copies: not one of the layouts searched here */
         int vshape = kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV;
         int v = kind == BG_SCHED_INTERLEAVED || kind == BG_SCHED_ZB_INTERLEAVED || vshape ? 2 : 1;
         int k = 0;

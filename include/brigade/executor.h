@@ -75,7 +75,7 @@ typedef struct bg_executor_params {
     int dp;                      /**< data-parallel replicas (1: none) */
     int tp;                      /**< tensor-parallel degree: the model's tensor-parallel layers are of this
                                       degree (1: none); world = pp * dp * tp, tp fastest */
-    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev; NULL: 1f1b */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe; NULL: 1f1b */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
     int nsplit;
@@ -140,9 +140,10 @@ typedef struct bg_executor_info {
     int pp_rank, dp_rank;        /**< this rank's pipeline position and replica */
     int stages;                  /**< virtual stages of the pipeline */
     int chunks;                  /**< model chunks on this rank */
-    size_t params;               /**< parameters held on this rank */
+    size_t params;               /**< parameters held on this rank (dualpipe: both copies' stages, so 2x) */
     double flops_per_step;       /**< model FLOPs (forward + backward) of one step of the whole job */
-    size_t predicted_bytes;      /**< params + grads + optimizer (the shard with zero) + predicted activations */
+    size_t predicted_bytes;      /**< params + grads + optimizer (the shard with zero) + predicted activations
+                                      (+ the other copy's gradient with dualpipe) */
     size_t predicted_act_bytes;  /**< the simulator's peak stash bytes + scratch and backward temporaries */
     int predicted_stashed;       /**< the simulator's peak of microbatches stashed on this rank */
     int peak_stashed;            /**< measured peak so far */

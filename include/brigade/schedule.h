@@ -101,6 +101,9 @@ typedef enum bg_schedule_kind {
     BG_SCHED_ZB_INTERLEAVED, /**< interleaved zero bubble (ZB1P), v >= 2 chunks per rank, B/W split */
     BG_SCHED_DUALPIPEV,    /**< DualPipeV (DeepSeek): V-shape, 2 chunks per rank, F and B of different
                                 microbatches paired; m >= 2p */
+    BG_SCHED_DUALPIPE,     /**< DualPipe (DeepSeek-V3): two copies of the model (2 copies, parameters 2x), rank r
+                                holds stage r of copy 0 and stage p-1-r of copy 1; the first m/2 microbatches
+                                enter at rank 0, the others at rank p-1; F and B paired; p even, m even, m >= 2p */
     BG_SCHED_CUSTOM,       /**< read from JSON or built by hand */
     BG_SCHED_KIND_COUNT
 } bg_schedule_kind_t;
@@ -114,7 +117,7 @@ typedef struct bg_schedule_params {
     int stages;              /**< p: pipeline ranks, >= 1 */
     int microbatches;        /**< m: microbatches per step, >= 1 */
     int chunks;              /**< v: model chunks per rank; 0 = the kind's default
-                                  (2 for interleaved, zbv, zb-interleaved and dualpipev, 1 otherwise) */
+                                  (2 for interleaved, zbv, zb-interleaved, dualpipev and dualpipe, 1 otherwise) */
     const struct bg_sim_params *costs; /**< the costs to build the program for: per-stage F, B, W
                                             (f_costs.. or the scalars, per chunk) and the link
                                             (latency + bytes / bandwidth); NULL: unit costs, free links */
@@ -126,7 +129,7 @@ typedef struct bg_schedule_params {
 typedef struct bg_schedule bg_schedule_t;
 
 /** Names: "forward"... (JSON), "F"... (text), "gpipe", "1f1b", "interleaved",
- *  "zb-h1", "zb-h2", "zbv", "zb-interleaved", "dualpipev", "custom". NULL for an out-of-range value. */
+ *  "zb-h1", "zb-h2", "zbv", "zb-interleaved", "dualpipev", "dualpipe", "custom". NULL for an out-of-range value. */
 const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind);
 const char *bg_sched_op_kind_token(bg_sched_op_kind_t kind);
 const char *bg_schedule_kind_name(bg_schedule_kind_t kind);
@@ -200,6 +203,22 @@ int bg_schedule_ranks(const bg_schedule_t *sched);        /**< p */
 int bg_schedule_microbatches(const bg_schedule_t *sched); /**< m */
 int bg_schedule_chunks(const bg_schedule_t *sched);       /**< v */
 int bg_schedule_stages(const bg_schedule_t *sched);       /**< p*v virtual stages */
+/** Copies of the model the virtual stages hold (1; DualPipe 2). With c copies
+ *  the p*v virtual stages form c chains of L = p*v/c stages: virtual stage s
+ *  is stage s % L of copy s / L (its layers are those of model stage s % L),
+ *  and microbatch i goes through copy i / (m/c) only (the first m/c
+ *  microbatches through copy 0, ...). Each copy's first stage reads the data,
+ *  its last computes the loss; no message crosses copies. Before the
+ *  optimizer step the gradients of the c copies of each stage are summed. */
+int bg_schedule_copies(const bg_schedule_t *sched);
+/** Make a hand-built program set (bg_schedule_create) hold @p copies copies:
+ *  copies must divide both p*v and m. Call it before validating. */
+bg_status_t bg_schedule_set_copies(bg_schedule_t *sched, int copies);
+/** Copy of virtual stage @p stage, and the model stage (0..p*v/copies-1) it holds; -1 when out of range. */
+int bg_schedule_stage_copy(const bg_schedule_t *sched, int stage);
+int bg_schedule_model_stage(const bg_schedule_t *sched, int stage);
+/** Copy microbatch @p microbatch goes through (-1 when out of range). */
+int bg_schedule_microbatch_copy(const bg_schedule_t *sched, int microbatch);
 /** Rank and chunk holding virtual stage @p stage (-1 when out of range). */
 int bg_schedule_stage_rank(const bg_schedule_t *sched, int stage);
 int bg_schedule_stage_chunk(const bg_schedule_t *sched, int stage);

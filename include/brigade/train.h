@@ -50,7 +50,7 @@ typedef struct bg_train_config {
     /* ---- parallel training (runtime/executor.c); pp = dp = 1 is one process ---- */
     int pp;                      /**< pipeline stages (ranks); 1 = none */
     int dp;                      /**< data-parallel replicas; 1 = none */
-    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev (default 1f1b) */
+    const char *schedule;        /**< gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe (default 1f1b) */
     int chunks;                  /**< model chunks per pipeline rank (0: the schedule's default) */
     const int *split;            /**< layers per virtual stage (pp*chunks entries), or NULL: even */
     int nsplit;

@@ -1,5 +1,8 @@
 /* runtime/schedule/generate.c: the schedule generators (GPipe, 1F1B,
- * interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, interleaved zero bubble).
+ * interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, interleaved zero bubble, DualPipeV,
+ * and DualPipe, whose two model copies are two chains of stages, each
+ * microbatch running through one: bg__chain_first/last and bg__mb_first in
+ * schedule_impl.h give every dependency below its chain).
  *
  * Every generator is a family of orders run by one list scheduler under the
  * costs it is given (per-stage F, B, W and the link delay; unit costs and
@@ -67,9 +70,9 @@ typedef struct {
 static double bg__f_at(const bg__gen_t *g, int st)
 {
     int i = g->nf[st];
-    if (i >= g->M)
+    if (i >= bg__mb_first(g->s, st) + bg__mb_count(g->s))
         return -1;
-    if (st == 0)
+    if (bg__chain_first(g->s, st))
         return 0;
     if (g->nf[st - 1] <= i)
         return -1;
@@ -81,10 +84,10 @@ static double bg__f_at(const bg__gen_t *g, int st)
 static double bg__b_at(const bg__gen_t *g, int st)
 {
     int i = g->nb[st];
-    if (i >= g->M || g->nf[st] <= i)
+    if (i >= bg__mb_first(g->s, st) + bg__mb_count(g->s) || g->nf[st] <= i)
         return -1;
     double own = g->f_end[(size_t)st * g->M + i];
-    if (st == g->S - 1)
+    if (bg__chain_last(g->s, st))
         return own;
     if (g->nb[st + 1] <= i)
         return -1;
@@ -133,30 +136,30 @@ static long long bg__key(const bg__gen_t *g, const bg__policy_t *pol, int st, in
 
 static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st, const int *pair, unsigned char *rg_done)
 {
-    int S = s->nstages;
     int c = s->stage_chunk[st];
+    int has_prev = !bg__chain_first(s, st), has_next = !bg__chain_last(s, st);
     bg_sched_op_t op = {kind, mb, c, st, -1, -1};
-    if (pair && pair[1] < S - 1 && s->stage_rank[pair[1] + 1] != r) { /* the pair's gradient first */
+    if (pair && !bg__chain_last(s, pair[1]) && s->stage_rank[pair[1] + 1] != r) { /* the pair's gradient first */
         bg_sched_op_t rc = {BG_OP_RECV_GRAD, pair[2], s->stage_chunk[pair[1]], pair[1], pair[1] + 1,
                             s->stage_rank[pair[1] + 1]};
         BG_CHECK(bg_schedule_append(s, r, &rc));
         rg_done[(size_t)pair[1] * s->m + pair[2]] = 1;
     }
-    if (kind == BG_OP_FORWARD && st > 0 && s->stage_rank[st - 1] != r) {
+    if (kind == BG_OP_FORWARD && has_prev && s->stage_rank[st - 1] != r) {
         bg_sched_op_t rc = {BG_OP_RECV_ACT, mb, c, st, st - 1, s->stage_rank[st - 1]};
         BG_CHECK(bg_schedule_append(s, r, &rc));
     }
-    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && st < S - 1 && s->stage_rank[st + 1] != r &&
+    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && has_next && s->stage_rank[st + 1] != r &&
         !rg_done[(size_t)st * s->m + mb]) {
         bg_sched_op_t rc = {BG_OP_RECV_GRAD, mb, c, st, st + 1, s->stage_rank[st + 1]};
         BG_CHECK(bg_schedule_append(s, r, &rc));
     }
     BG_CHECK(bg_schedule_append(s, r, &op));
-    if (kind == BG_OP_FORWARD && st < S - 1 && s->stage_rank[st + 1] != r) {
+    if (kind == BG_OP_FORWARD && has_next && s->stage_rank[st + 1] != r) {
         bg_sched_op_t sd = {BG_OP_SEND_ACT, mb, c, st, st + 1, s->stage_rank[st + 1]};
         BG_CHECK(bg_schedule_append(s, r, &sd));
     }
-    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && st > 0 && s->stage_rank[st - 1] != r) {
+    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && has_prev && s->stage_rank[st - 1] != r) {
         bg_sched_op_t sd = {BG_OP_SEND_GRAD, mb, c, st, st - 1, s->stage_rank[st - 1]};
         BG_CHECK(bg_schedule_append(s, r, &sd));
     }
@@ -188,7 +191,10 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
     }
     for (int r = 0; r < p; r++)
         pol->peak[r] = 0;
-    long long remaining = (long long)S * M * (pol->split ? 3 : 2);
+    for (int i = 0; i < S; i++) /* each stage from the first microbatch of its copy */
+        g.nf[i] = g.nb[i] = g.nw[i] = bg__mb_first(s, i);
+    int Mc = bg__mb_count(s); /* microbatches through each stage */
+    long long remaining = (long long)S * Mc * (pol->split ? 3 : 2);
     if (pol->seq) { /* a fixed order may mix full and split backwards */
         remaining = 0;
         for (int r = 0; r < p; r++)
@@ -249,7 +255,7 @@ static bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_
             }
             int f_ok = bf >= 0 && (relax || (inflight[r] < pol->window[r] && stash[r] < pol->cap[r] &&
                                              (!pol->sb || BG__LE(stash_b[r] + pol->sb[bf], pol->capb[r]))));
-            int b_ok = bb >= 0 && (relax || !pol->gpipe || fdone[r] == v * M);
+            int b_ok = bb >= 0 && (relax || !pol->gpipe || fdone[r] == v * Mc);
             if (pol->fwd_first && f_ok)
                 kind = BG_OP_FORWARD, sg = bf;
             else if (b_ok)
@@ -504,17 +510,18 @@ static void bg__dpv_w(int *q, int *n, int *wp)
     }
 }
 
-/* DualPipeV (DeepSeek-V3's DualPipe cut in half, as torch.distributed.
- * pipelining's ScheduleDualPipeV orders it) on rank r, V layout: 2(p-r-1)
- * chunk-0 forwards; r+1 pairs of F0 F1; p-r-1 of b1 W F1; then m-2p+r+1
- * rounds of the paired "F&B" (F0 with the full B of chunk 1, F1 with the
- * full B of chunk 0; run one after the other here); p-r-1 of B1 then F1&B0;
- * r+1 of B1 B0 (the second half split into b, W deferred); p-r-1 of W b0;
- * the deferred W's. Needs m >= 2p. */
-static void bg__seq_dualpipev(const bg_schedule_t *s, int r, int *q, int *n)
+/* DeepSeek's DualPipe order (dualpipe.py; DualPipeV is its half, as
+ * torch.distributed.pipelining's ScheduleDualPipeV orders it) on "half
+ * rank" r of p: local chunk 0 (stage st[0], its microbatches from mb0[0]) is
+ * the one whose data enters nearer, chunk 1 the other. 2(p-r-1) chunk-0
+ * forwards; r+1 pairs of F0 F1; p-r-1 of b1 W F1; then m-2p+r+1 rounds of
+ * the paired "F&B" (F0 with the full B of chunk 1, F1 with the full B of
+ * chunk 0; run one after the other here); p-r-1 of B1 then F1&B0; r+1 of
+ * B1 B0 (the second half split into b, W deferred); p-r-1 of W b0; the
+ * deferred W's. m microbatches per chunk, m >= 2p. */
+static void bg__seq_dual(int p, int m, int r, const int st[2], const int mb0[2], int *q, int *n)
 {
-    int p = s->p, m = s->m, st[2] = {s->chunk_stage[r * 2], s->chunk_stage[r * 2 + 1]};
-    int f[2] = {0, 0}, b[2] = {0, 0}, zb = 0, wp = *n;
+    int f[2] = {mb0[0], mb0[1]}, b[2] = {mb0[0], mb0[1]}, zb = 0, wp = *n;
     /* the W queue is the order of the b's already in q: wp scans for the next one */
 #define BG__F(c) bg__push(q, n, BG_OP_FORWARD, st[c], f[c]++)
 #define BG__B(c, split) bg__push(q, n, (split) ? BG_OP_BACKWARD_INPUT : BG_OP_BACKWARD, st[c], b[c]++)
@@ -556,6 +563,25 @@ static void bg__seq_dualpipev(const bg_schedule_t *s, int r, int *q, int *n)
 #undef BG__F
 #undef BG__B
 #undef BG__W
+}
+
+/* DualPipeV on rank r of the V layout: chunk 0 is stage r, every microbatch */
+static void bg__seq_dualpipev(const bg_schedule_t *s, int r, int *q, int *n)
+{
+    int st[2] = {s->chunk_stage[r * 2], s->chunk_stage[r * 2 + 1]}, mb0[2] = {0, 0};
+    bg__seq_dual(s->p, s->m, r, st, mb0, q, n);
+}
+
+/* DualPipe on rank r: DualPipe's order on half rank min(r, p-1-r) of p/2,
+ * m/2 microbatches per copy; a rank of the first half takes copy 0 (data
+ * entering at rank 0) as its near chunk, one of the second half copy 1 (data
+ * entering at rank p-1), so the two halves run mirror images of one order */
+static void bg__seq_dualpipe(const bg_schedule_t *s, int r, int *q, int *n)
+{
+    int near = r >= s->p / 2, h = near ? s->p - 1 - r : r, half = s->m / 2;
+    int st[2] = {s->chunk_stage[r * 2 + near], s->chunk_stage[r * 2 + !near]};
+    int mb0[2] = {near * half, !near * half};
+    bg__seq_dual(s->p / 2, half, h, st, mb0, q, n);
 }
 
 typedef void (*bg__seq_fn)(const bg_schedule_t *, int, int *, int *);
@@ -630,6 +656,7 @@ static int bg__bound(bg_schedule_kind_t kind, int p, int m, int v, int r)
     case BG_SCHED_ZBV: return bg__imin(2 * p, big);
     case BG_SCHED_ZB_INTERLEAVED: return bg__imin(v * p, big);
     case BG_SCHED_DUALPIPEV: return bg__imin(2 * p + 1, big);
+    case BG_SCHED_DUALPIPE: return bg__imin(p + 1, m); /* v * m/2 chunk-microbatches per rank */
     default: return big;
     }
 }
@@ -693,9 +720,10 @@ static int bg__candidate(bg_schedule_kind_t kind, int p, int m, int v, int k, bg
         return 1;
     }
     case BG_SCHED_DUALPIPEV: /* its published order only */
+    case BG_SCHED_DUALPIPE:
         if (k > 0)
             return 0;
-        *seq = bg__seq_dualpipev;
+        *seq = kind == BG_SCHED_DUALPIPE ? bg__seq_dualpipe : bg__seq_dualpipev;
         for (int r = 0; r < p; r++)
             pol->window[r] = big;
         return 1;
@@ -750,7 +778,7 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
         params->size >= offsetof(bg_schedule_params_t, costs) + sizeof(params->costs) ? params->costs : NULL;
     if (!name || kind == BG_SCHED_CUSTOM)
         return bg_error(BG_ERR_INVALID, "unknown schedule kind %d (expected gpipe, 1f1b, interleaved, zb-h1, "
-                                        "zb-h2, zbv, zb-interleaved or dualpipev)", (int)kind);
+                                        "zb-h2, zbv, zb-interleaved, dualpipev or dualpipe)", (int)kind);
     if (p < 1)
         return bg_error(BG_ERR_INVALID, "%s: stages must be >= 1, got %d", name, p);
     if (m < 1)
@@ -765,14 +793,21 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
             return bg_error(BG_ERR_INVALID, "%s needs 2..64 chunks per rank, got %d%s", name, v,
                             v == 1 ? (kind == BG_SCHED_INTERLEAVED ? " (with one chunk per rank use 1f1b)"
                                                                    : " (with one chunk per rank use zb-h1)") : "");
-    } else if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV) {
+    } else if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV || kind == BG_SCHED_DUALPIPE) {
         if (v == 0)
             v = 2;
         if (v != 2)
-            return bg_error(BG_ERR_INVALID, "%s places exactly 2 chunks per rank (a V), got %d chunks", name, v);
+            return bg_error(BG_ERR_INVALID, "%s places exactly 2 chunks per rank (%s), got %d chunks", name,
+                            kind == BG_SCHED_DUALPIPE ? "one stage of each model copy" : "a V", v);
         if (kind == BG_SCHED_DUALPIPEV && m < 2 * p)
             return bg_error(BG_ERR_INVALID, "dualpipev needs at least 2p = %d microbatches (one per virtual stage), "
                                             "got %d", 2 * p, m);
+        if (kind == BG_SCHED_DUALPIPE && p % 2)
+            return bg_error(BG_ERR_INVALID, "dualpipe needs an even number of pipeline ranks (its two halves mirror "
+                                            "each other), got %d", p);
+        if (kind == BG_SCHED_DUALPIPE && (m % 2 || m < 2 * p))
+            return bg_error(BG_ERR_INVALID, "dualpipe needs an even number of microbatches, at least 2p = %d (m/2 "
+                                            "enter from each end, at least p each), got %d", 2 * p, m);
     } else {
         if (v == 0)
             v = 1;
@@ -786,8 +821,9 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
     if (sp && sp->size < offsetof(bg_sim_params_t, grad_bytes) + sizeof(double))
         return bg_error(BG_ERR_INVALID, "bg_schedule_generate: costs not initialised with BG_SIM_PARAMS_INIT");
 
-    int *map = NULL;
-    if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV) {
+    int *map = NULL, copies = kind == BG_SCHED_DUALPIPE ? 2 : 1;
+    if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV || kind == BG_SCHED_DUALPIPE) {
+        /* the V layout; for dualpipe chunk 1 of rank r, stage 2p-1-r, is stage p-1-r of copy 1 */
         map = malloc(sizeof(int) * (size_t)p * 2);
         BG_ALLOC_CHECK(map, sizeof(int) * (size_t)p * 2, "stage map");
         for (int r = 0; r < p; r++)
@@ -823,8 +859,11 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
              k += !pass) {
         bg_schedule_t *s, *u = NULL;
         BG_CHECK_GOTO(bg__schedule_alloc(name, kind, p, m, v, map, &s), st, out);
+        s->copies = copies;
         if (pass) {
             st = bg__schedule_alloc(name, kind, p, m, v, map, &u);
+            if (st == BG_OK)
+                u->copies = copies;
             if (st == BG_OK)
                 st = bg__run(u, &pol, &unitc);
             if (st == BG_OK)

@@ -23,6 +23,8 @@ static json_t *bg__to_json(const bg_schedule_t *s)
     json_object_set_new(root, "stages", json_integer(s->p));
     json_object_set_new(root, "microbatches", json_integer(s->m));
     json_object_set_new(root, "chunks", json_integer(s->v));
+    if (s->copies > 1) /* absent: one copy */
+        json_object_set_new(root, "copies", json_integer(s->copies));
     json_t *map = json_array();
     for (int st = 0; st < s->nstages; st++)
         json_array_append_new(map, json_pack("{s:i,s:i,s:i}", "stage", st, "rank", s->stage_rank[st], "chunk",
@@ -123,6 +125,11 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
     BG_CHECK(bg__int(root, "stages", "$", 1, 0, 1, 65536, &p));
     BG_CHECK(bg__int(root, "microbatches", "$", 1, 0, 1, 1 << 22, &m));
     BG_CHECK(bg__int(root, "chunks", "$", 0, 1, 1, 64, &v));
+    int copies = 1;
+    BG_CHECK(bg__int(root, "copies", "$", 0, 1, 1, 65536 * 64, &copies));
+    if ((p * v) % copies || m % copies)
+        return bg_error(BG_ERR_PARSE, "schedule JSON: $.copies = %d must divide both the %d stages x %d chunks and "
+                        "the %d microbatches", copies, p, v, m);
     json_t *jname = json_object_get(root, "schedule");
     if (jname && !json_is_string(jname))
         return bg_error(BG_ERR_PARSE, "schedule JSON: $.schedule must be a string");
@@ -261,6 +268,7 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
                 }
             free(used);
             BG_CHECK_GOTO(bg__schedule_alloc(name, BG_SCHED_CUSTOM, p, m, v, map, &s), st, out);
+            s->copies = copies;
         }
     }
     /* a known generator's name is kept as its kind */

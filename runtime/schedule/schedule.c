@@ -20,7 +20,7 @@ static const char *const bg__op_tokens[] = {
 #undef BG__T
 };
 static const char *const bg__sched_names[] = {"gpipe", "1f1b", "interleaved", "zb-h1",
-                                              "zb-h2", "zbv", "zb-interleaved", "dualpipev", "custom"};
+                                              "zb-h2", "zbv", "zb-interleaved", "dualpipev", "dualpipe", "custom"};
 
 const char *bg_sched_op_kind_name(bg_sched_op_kind_t kind)
 {
@@ -58,7 +58,8 @@ bg_status_t bg_schedule_kind_parse(const char *name, bg_schedule_kind_t *kind_p)
             return BG_OK;
         }
     return bg_error(BG_ERR_NOT_FOUND,
-                    "unknown schedule \"%s\" (expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev)",
+                    "unknown schedule \"%s\" (expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, "
+                    "dualpipev or dualpipe)",
                     name ? name : "(null)");
 }
 
@@ -116,7 +117,7 @@ bg_status_t bg__schedule_alloc(const char *name, bg_schedule_kind_t kind, int p,
     BG_ALLOC_CHECK(s, sizeof(*s), "schedule");
     s->kind = kind;
     snprintf(s->name, sizeof(s->name), "%s", name ? name : "custom");
-    s->p = p, s->m = m, s->v = v, s->nstages = n;
+    s->p = p, s->m = m, s->v = v, s->nstages = n, s->copies = 1;
     s->stage_rank = malloc(sizeof(int) * (size_t)n);
     s->stage_chunk = malloc(sizeof(int) * (size_t)n);
     s->chunk_stage = malloc(sizeof(int) * (size_t)n);
@@ -189,6 +190,34 @@ int bg_schedule_ranks(const bg_schedule_t *s) { return s->p; }
 int bg_schedule_microbatches(const bg_schedule_t *s) { return s->m; }
 int bg_schedule_chunks(const bg_schedule_t *s) { return s->v; }
 int bg_schedule_stages(const bg_schedule_t *s) { return s->nstages; }
+
+int bg_schedule_copies(const bg_schedule_t *s) { return s->copies; }
+
+bg_status_t bg_schedule_set_copies(bg_schedule_t *s, int copies)
+{
+    if (!s)
+        return bg_error(BG_ERR_INVALID, "bg_schedule_set_copies: NULL schedule");
+    if (copies < 1 || s->nstages % copies || s->m % copies)
+        return bg_error(BG_ERR_INVALID, "%d model copies must divide both the %d virtual stages and the %d "
+                                        "microbatches", copies, s->nstages, s->m);
+    s->copies = copies;
+    return BG_OK;
+}
+
+int bg_schedule_stage_copy(const bg_schedule_t *s, int stage)
+{
+    return stage >= 0 && stage < s->nstages ? stage / (s->nstages / s->copies) : -1;
+}
+
+int bg_schedule_model_stage(const bg_schedule_t *s, int stage)
+{
+    return stage >= 0 && stage < s->nstages ? stage % (s->nstages / s->copies) : -1;
+}
+
+int bg_schedule_microbatch_copy(const bg_schedule_t *s, int microbatch)
+{
+    return microbatch >= 0 && microbatch < s->m ? microbatch / (s->m / s->copies) : -1;
+}
 
 int bg_schedule_stage_rank(const bg_schedule_t *s, int stage)
 {

@@ -13,6 +13,7 @@ struct bg_schedule {
     bg_schedule_kind_t kind;
     char name[32];
     int p, m, v, nstages;   /* ranks, microbatches, chunks, p*v */
+    int copies;             /* model copies (DualPipe 2): nstages/copies stages per chain (bg_schedule_copies) */
     int *stage_rank;        /* [nstages] */
     int *stage_chunk;       /* [nstages] */
     int *chunk_stage;       /* [p*v]: stage of (r, c) at r*v + c */
@@ -38,6 +39,24 @@ typedef struct bg__str {
 
 void bg__str_printf(bg__str_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void bg__str_free(bg__str_t *s);
+
+/* The chains of stages (one per model copy; see bg_schedule_copies):
+ * whether a stage begins or ends its chain, and the microbatches
+ * [first, first + count) that go through it. With one copy: stage 0, stage
+ * S-1 and every microbatch. */
+static inline int bg__chain_first(const bg_schedule_t *s, int st) { return st % (s->nstages / s->copies) == 0; }
+static inline int bg__chain_last(const bg_schedule_t *s, int st)
+{
+    int L = s->nstages / s->copies;
+    return st % L == L - 1;
+}
+static inline int bg__mb_first(const bg_schedule_t *s, int st) { return st / (s->nstages / s->copies) * (s->m / s->copies); }
+static inline int bg__mb_count(const bg_schedule_t *s) { return s->m / s->copies; }
+/* microbatch mb goes through stage st */
+static inline int bg__mb_on(const bg_schedule_t *s, int st, int mb)
+{
+    return mb / (s->m / s->copies) == st / (s->nstages / s->copies);
+}
 
 /* allocates the arrays of an empty schedule with the given stage map (NULL: interleaved) */
 bg_status_t bg__schedule_alloc(const char *name, bg_schedule_kind_t kind, int p, int m, int v,

@@ -73,13 +73,18 @@ static bg_status_t bg__pass_ranges(bg__val_t *V)
             }
             if (op->microbatch < 0 || op->microbatch >= V->M)
                 BG__FAIL(BG_ERR_INVALID, r, i, op, "microbatch %d out of range 0..%d", op->microbatch, V->M - 1);
+            if (!bg__mb_on(s, op->stage, op->microbatch))
+                BG__FAIL(BG_ERR_INVALID, r, i, op, "microbatch %d goes through copy %d of the model, but stage %d "
+                         "belongs to copy %d", op->microbatch, bg_schedule_microbatch_copy(s, op->microbatch),
+                         op->stage, bg_schedule_stage_copy(s, op->stage));
             int comm = op->kind >= BG_OP_SEND_ACT && op->kind <= BG_OP_RECV_GRAD;
             if (comm) {
-                int want = (op->kind == BG_OP_SEND_ACT || op->kind == BG_OP_RECV_GRAD) ? op->stage + 1
-                                                                                      : op->stage - 1;
-                if (want < 0 || want >= V->S)
-                    BG__FAIL(BG_ERR_INVALID, r, i, op, "stage %d has no %s neighbour to talk to", op->stage,
-                             want < 0 ? "previous" : "next");
+                int up = op->kind == BG_OP_SEND_ACT || op->kind == BG_OP_RECV_GRAD;
+                int want = up ? op->stage + 1 : op->stage - 1;
+                if (up ? bg__chain_last(s, op->stage) : bg__chain_first(s, op->stage))
+                    BG__FAIL(BG_ERR_INVALID, r, i, op, "stage %d has no %s neighbour to talk to%s", op->stage,
+                             up ? "next" : "previous",
+                             s->copies > 1 ? " (it ends its copy's chain of stages)" : "");
                 if (op->peer_stage != want)
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "peer stage must be %d, got %d", want, op->peer_stage);
                 if (op->peer_rank >= 0 && op->peer_rank != s->stage_rank[want])
@@ -127,14 +132,16 @@ static bg_status_t bg__pass_order(bg__val_t *V)
             int st = op->stage, mb = op->microbatch, ix = (int)i;
             size_t at = (size_t)st * M + (mb < 0 ? 0 : mb);
             size_t prv = at - (size_t)M, nxt = at + (size_t)M;
-            int local_prev = st > 0 && s->stage_rank[st - 1] == r;
-            int local_next = st < S - 1 && s->stage_rank[st + 1] == r;
+            int has_prev = !bg__chain_first(s, st), has_next = !bg__chain_last(s, st);
+            int local_prev = has_prev && s->stage_rank[st - 1] == r;
+            int local_next = has_next && s->stage_rank[st + 1] == r;
+            int mb0 = bg__mb_first(s, st); /* the first microbatch through st */
             switch (op->kind) {
             case BG_OP_FORWARD:
                 if (local_prev && !(V->pos[P_F][prv] >= 0 && V->pos[P_F][prv] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "needs forward of mb %d stage %d (same rank) before it%s",
                              mb, st - 1, V->pos[P_F][prv] < 0 ? ", which is missing" : "");
-                if (st > 0 && !local_prev && !(V->pos[P_RA][at] >= 0 && V->pos[P_RA][at] < ix))
+                if (has_prev && !local_prev && !(V->pos[P_RA][at] >= 0 && V->pos[P_RA][at] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "needs recv_act of mb %d from stage %d before it%s", mb,
                              st - 1, V->pos[P_RA][at] < 0 ? ", which is missing" : "");
                 break;
@@ -149,10 +156,10 @@ static bg_status_t bg__pass_order(bg__val_t *V)
                 if (local_next && !(bg__bpos(V, nxt) >= 0 && bg__bpos(V, nxt) < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "needs the backward of mb %d stage %d (same rank) before it",
                              mb, st + 1);
-                if (st < S - 1 && !local_next && !(V->pos[P_RG][at] >= 0 && V->pos[P_RG][at] < ix))
+                if (has_next && !local_next && !(V->pos[P_RG][at] >= 0 && V->pos[P_RG][at] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "needs recv_grad of mb %d from stage %d before it%s", mb,
                              st + 1, V->pos[P_RG][at] < 0 ? ", which is missing" : "");
-                if (op->kind == BG_OP_BACKWARD && mb > 0 && !(bg__wpos(V, at - 1) >= 0 && bg__wpos(V, at - 1) < ix))
+                if (op->kind == BG_OP_BACKWARD && mb > mb0 && !(bg__wpos(V, at - 1) >= 0 && bg__wpos(V, at - 1) < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "weight gradients add up in microbatch order: the weight "
                              "gradient of mb %d stage %d must come before it", mb - 1, st);
                 break;
@@ -163,7 +170,7 @@ static bg_status_t bg__pass_order(bg__val_t *V)
                 if (!(V->pos[P_B][at] >= 0 && V->pos[P_B][at] < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "W before its B (%s)",
                              V->pos[P_B][at] < 0 ? "backward_input missing" : "backward_input comes later");
-                if (mb > 0 && !(bg__wpos(V, at - 1) >= 0 && bg__wpos(V, at - 1) < ix))
+                if (mb > mb0 && !(bg__wpos(V, at - 1) >= 0 && bg__wpos(V, at - 1) < ix))
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "weight gradients add up in microbatch order: the weight "
                              "gradient of mb %d stage %d must come before it", mb - 1, st);
                 if (V->pos[P_SG][at] > ix)
@@ -199,7 +206,7 @@ static bg_status_t bg__pass_order(bg__val_t *V)
                     BG__FAIL(BG_ERR_INVALID, r, i, op, "no backward of mb %d stage %d after it to consume it", mb, st);
                 break;
             case BG_OP_REDUCE_GRADS:
-                for (int k = 0; k < M; k++) {
+                for (int k = mb0; k < mb0 + bg__mb_count(s); k++) {
                     size_t a = (size_t)st * M + k;
                     int last = V->pos[P_BW][a] >= 0 ? V->pos[P_BW][a] : V->pos[P_W][a];
                     if (!(last >= 0 && last < ix))
@@ -221,7 +228,7 @@ static bg_status_t bg__pass_order(bg__val_t *V)
     /* completeness */
     for (int st = 0; st < S; st++) {
         int r = s->stage_rank[st];
-        for (int mb = 0; mb < M; mb++) {
+        for (int mb = bg__mb_first(s, st); mb < bg__mb_first(s, st) + bg__mb_count(s); mb++) {
             size_t at = (size_t)st * M + mb;
             if (V->pos[P_F][at] < 0)
                 return bg_error(BG_ERR_INVALID, "invalid schedule: rank %d has no forward of mb %d stage %d", r, mb, st);

@@ -26,11 +26,17 @@ for r, rk in enumerate(d["ranks"]):
         nodes.append((r, op))
 stage_rank = {op["stage"]: r for r, op in nodes}
 S = max(stage_rank) + 1
+# model copies (dualpipe: 2): chains of L stages, microbatch mb through copy mb // (M // copies)
+copies, M = d.get("copies", 1), d["microbatches"]
+L = S // copies
+first = lambda s: s % L == 0
+last = lambda s: s % L == L - 1
+mb0 = lambda s: s // L * (M // copies)
 deps = [[] for _ in nodes]
 for i, (r, op) in enumerate(nodes):
     k, mb, s = op["kind"], op.get("microbatch", -1), op["stage"]
     need = []
-    if k == "forward" and s > 0:
+    if k == "forward" and not first(s):
         need.append(("recv_act", mb, s) if stage_rank[s - 1] != r else ("forward", mb, s - 1))
     elif k == "send_act":
         need.append(("forward", mb, s))
@@ -38,7 +44,7 @@ for i, (r, op) in enumerate(nodes):
         need.append(("send_act", mb, s - 1))
     elif k in ("backward", "backward_input"):
         need.append(("forward", mb, s))
-        if s < S - 1:
+        if not last(s):
             need.append(("recv_grad", mb, s) if stage_rank[s + 1] != r else ("bwd", mb, s + 1))
     elif k == "backward_weight":
         need.append(("bwd", mb, s))
@@ -54,7 +60,7 @@ for i, (r, op) in enumerate(nodes):
         need.append(("reduce_grads", -1, s))
         need += [key for key, j in where.items() if nodes[j][0] == r and key[0] not in ("reduce_grads", "optimizer_step")]
     if k == "backward" or k == "backward_weight":  # weight gradients add up in microbatch order
-        if mb > 0:
+        if mb > mb0(s):
             need.append(("backward_weight", mb - 1, s) if ("backward_weight", mb - 1, s) in where else ("bwd", mb - 1, s))
     deps[i] = [where[n] for n in need]
 users = [[] for _ in nodes]

@@ -14,7 +14,7 @@ S=${BRIGADE_SOURCE_DIR:?}
 
 # 1. emulated vs simulated, p = 8, a one-chunk and a V schedule
 for try in 1 2; do
-  if out=$(BRIGADE=$B timeout 120 "$S/bench/emulate.sh" --stages 8 --schedules "1f1b zbv" --ms 4 --steps 4 --check 0.10 2>&1)
+  if out=$(BRIGADE=$B timeout 120 "$S/bench/emulate.sh" --stages 8 --schedules "1f1b zbv dualpipe" --ms 4 --steps 4 --check 0.10 2>&1)
   then ok "emulation at p = 8 within 10% of the simulator (try $try):"; echo "$out"; break; fi
   echo "$out"
   [ $try = 2 ] && bad "emulation at p = 8 is off from the simulator by more than 10% twice"

@@ -44,7 +44,7 @@ expect_all() {
 SMALL="--layers 2 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 1 --threads 1"
 expect_all "pp 2 x dp 2 = 4 ranks, but the job has 2" 2 $SMALL --pp 2 --dp 2
 expect_all "pipeline stages but the model has only 5 layers" 2 $SMALL --pp 2 --chunks 3 --schedule interleaved
-expect_all '--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev, got "nosuch"' 2 $SMALL --pp 2 --schedule nosuch
+expect_all '--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got "nosuch"' 2 $SMALL --pp 2 --schedule nosuch
 expect_all "split sums to 4 layers but the model has 5" 2 $SMALL --pp 2 --split 2,2
 # single process: the same checks without a launcher
 if "$B" train $SMALL --pp 2 >"$T/o" 2>"$T/e"; then bad "--pp 2 in a world of one succeeded"; else

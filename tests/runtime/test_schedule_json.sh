@@ -45,6 +45,10 @@ rand gpt "$GPT" zb-interleaved 2 3 6
 rand mlp "$MLP" zbv 2 0 7
 rand mlp "$MLP" zb-h2 2 0 8
 rand gpt "$GPT" dualpipev 2 0 9
+# two model copies: the reference is two data-parallel replicas of m/2 (test_dualpipe.sh says why)
+timeout 120 "$B" launch -n 2 -- "$B" train ${GPT/--microbatches 4/--microbatches 2} --dp 2 --quiet --save "$T/gptdp" \
+  >"$T/gptdp.log" 2>&1 || { bad "gpt dp 2 reference"; cat "$T/gptdp.log"; }
+rand gptdp "$GPT" dualpipe 2 0 10
 
 "$B" schedule --schedule zbv --stages 2 --microbatches 4 --json "$T/zbv2.json" --no-text >/dev/null
 "$B" schedule --schedule zb-h1 --stages 4 --microbatches 4 --json "$T/zbh1.json" --no-text >/dev/null

@@ -2,7 +2,7 @@
 # tests/runtime/test_stash.sh: on every rank and for every schedule, the
 # executor's peak number of stashed microbatches (forward to last backward
 # piece, counted as it runs) equals the simulator's prediction for that
-# schedule, p = 4, m = 8 (and m = 3 < p, but for dualpipev, which needs m >= 2p);
+# schedule, p = 4, m = 8 (and m = 3 < p, but for dualpipev and dualpipe, which need m >= 2p);
 # and its peak activation bytes (the
 # allocator's counters) are within 20% of the simulator's byte prediction
 # (25% below it: the simulator over-counts zbv with m = 3 < p, rank 1:
@@ -15,7 +15,7 @@ trap 'rm -rf "$T"' EXIT
 export BRIGADE_TIMEOUT=60
 pass=0; fails=0
 for m in 8 3; do
-  for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved $([ $m -ge 8 ] && echo dualpipev); do
+  for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved $([ $m -ge 8 ] && echo dualpipev dualpipe); do
     if ! timeout 120 "$B" launch -n 4 -- "$B" train --layers 6 --d-model 16 --heads 2 --seq 8 --batch $((2 * m)) \
          --microbatches $m --steps 2 --threads 1 --pp 4 --schedule $s >"$T/o" 2>"$T/e"; then
       echo "FAIL: $s m=$m did not run"; grep -v WARN "$T/e" | tail -3; fails=$((fails + 1)); continue

@@ -69,8 +69,19 @@ static int bound(bg_schedule_kind_t k, int p, int m, int v, int r)
     case BG_SCHED_ZB_H2: return 2 * p - 1 < m ? 2 * p - 1 : m;
     case BG_SCHED_ZBV: return 2 * p < big ? 2 * p : big;
     case BG_SCHED_DUALPIPEV: return 2 * p + 1; /* DualPipe's published PP + 1, PP = 2p virtual stages */
+    case BG_SCHED_DUALPIPE: return p + 1;      /* DualPipe's published PP + 1, PP = p */
     default: return v * p < big ? v * p : big;
     }
+}
+
+/* the generator applies to p ranks and m microbatches */
+static int applies(int k, int p, int m)
+{
+    if (k == BG_SCHED_DUALPIPEV)
+        return m >= 2 * p;
+    if (k == BG_SCHED_DUALPIPE)
+        return p % 2 == 0 && m % 2 == 0 && m >= 2 * p;
+    return 1;
 }
 
 static void test_zbv_torch_anchors(void **state)
@@ -103,11 +114,11 @@ static void test_cost_grid(void **state)
                 for (int k = 0; k < BG_SCHED_CUSTOM; k++)
                     for (int v = 2; v <= (k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED ? 4 : 2); v++) {
                         int vv = k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED ? v : 0, st_c, st_u;
-                        if (k == BG_SCHED_DUALPIPEV && m < 2 * p)
-                            continue; /* needs m >= 2p */
+                        if (!applies(k, p, m))
+                            continue; /* dualpipev: m >= 2p; dualpipe: p, m even, m >= 2p */
                         bg_schedule_t *sc = gen((bg_schedule_kind_t)k, p, m, vv, &sp);
                         bg_schedule_t *su = gen((bg_schedule_kind_t)k, p, m, vv, NULL);
-                        int nv = bg_schedule_chunks(sc);
+                        int nv = bg_schedule_chunks(sc), cp = bg_schedule_copies(sc);
                         double tc = sim(sc, &sp, &st_c), tu = sim(su, &sp, &st_u);
                         const char *name = bg_schedule_kind_name((bg_schedule_kind_t)k);
                         if (tc > tu + 1e-9)
@@ -121,8 +132,10 @@ static void test_cost_grid(void **state)
                                          p, m, nv, F, B, W, rk, bg_sim_peak_stash(r, rk),
                                          bound((bg_schedule_kind_t)k, p, m, nv, rk));
                         bg_sim_result_free(r);
-                        /* lower bound: the last rank waits (p-1)F for its first input, then works v m (F+B+W) */
-                        double low = nv * m * (F + B + W) + (p - 1) * F;
+                        /* lower bound: the last rank waits (p-1)F for its first input, then works v m (F+B+W);
+                         * with two copies fed from both ends, a middle rank waits (p/2-1)F and each chunk
+                         * sees m/2 microbatches */
+                        double low = nv * m / cp * (F + B + W) + (cp == 2 ? p / 2 - 1 : p - 1) * F;
                         if (tc < low - 1e-9)
                             fail_msg("%s p=%d m=%d v=%d F:B:W=%g:%g:%g: step %g below the lower bound %g", name, p, m,
                                      nv, F, B, W, tc, low);
@@ -149,10 +162,10 @@ static void test_uneven_costs(void **state)
     for (int trial = 0; trial < 60; trial++) {
         int p = 2 + trial % 6, m = p * (1 + trial % 3) + trial % 2;
         for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
-            if (k == BG_SCHED_DUALPIPEV && m < 2 * p)
-                continue; /* needs m >= 2p */
+            if (!applies(k, p, m))
+                continue; /* dualpipev: m >= 2p; dualpipe: p, m even, m >= 2p */
             int v = k == BG_SCHED_INTERLEAVED || k == BG_SCHED_ZB_INTERLEAVED || k == BG_SCHED_ZBV ||
-                            k == BG_SCHED_DUALPIPEV ? 2 : 1;
+                            k == BG_SCHED_DUALPIPEV || k == BG_SCHED_DUALPIPE ? 2 : 1;
             int S = p * v;
             double f[16], b[16], w[16];
             for (int i = 0; i < S; i++) {
@@ -347,6 +360,99 @@ static void test_dualpipev_closed_forms(void **state)
     assert_non_null(strstr(bg_last_error(), "dualpipev needs at least 2p = 8 microbatches"));
 }
 
+/* DualPipe (two model copies fed from both ends) against the same published
+ * closed forms, now with PP = p ranks: idle (PP/2 - 1)(F&B + B - 3W) on every
+ * rank (F = b), activations PP + 1 chunk-microbatches on every rank,
+ * parameters 2x (every model stage held by two ranks, every rank holding two
+ * model stages). Independently of the formulas, a rank of DualPipe on p ranks
+ * and m microbatches runs the order of DualPipeV on p/2 ranks and m/2
+ * microbatches (its halves mirror each other), so their step times match
+ * for every cost ratio. */
+static void test_dualpipe_closed_forms(void **state)
+{
+    (void)state;
+    static const double fb[][3] = {{1, 1, 1}, {2, 2, 1}, {1, 1, 0.5}, {2, 2, 2}, {1.5, 1.5, 0.25}, /* F = b */
+                                   {1, 2, 1}, {1, 1.5, 0.5}, {2, 1, 1}};
+    int checked = 0;
+    for (size_t c = 0; c < sizeof fb / sizeof *fb; c++) {
+        bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+        double F = fb[c][0], b = fb[c][1], W = fb[c][2], B = b + W;
+        sp.f_cost = F, sp.b_cost = b, sp.w_cost = W;
+        for (int p = 2; p <= 10; p += 2)
+            for (int m = 2 * p; m <= 4 * p + 2; m += 2) {
+                bg_schedule_t *s = gen(BG_SCHED_DUALPIPE, p, m, 0, &sp);
+                assert_int_equal(bg_schedule_copies(s), 2);
+                assert_int_equal(bg_schedule_stages(s), 2 * p);
+                bg_sim_result_t *r;
+                assert_int_equal(bg_schedule_simulate(s, &sp, &r), BG_OK);
+                int PP = p, held[16] = {0};
+                double bubble = (PP / 2 - 1) * ((F + B) + B - 3 * W), busy = 0;
+                for (int k = 0; k < p; k++) {
+                    if (bg_sim_peak_stash(r, k) != PP + 1)
+                        fail_msg("dualpipe p=%d m=%d F:b:W=%g:%g:%g rank %d: stash %d, want PP + 1 = %d", p, m, F, b,
+                                 W, k, bg_sim_peak_stash(r, k), PP + 1);
+                    if (F == b && fabs(bg_sim_idle(r, k) - bubble) > 1e-9)
+                        fail_msg("dualpipe p=%d m=%d F:b:W=%g:%g:%g rank %d: idle %g, want (PP/2-1)(F&B+B-3W) = %g",
+                                 p, m, F, b, W, k, bg_sim_idle(r, k), bubble);
+                    busy += bg_sim_busy(r, k);
+                    /* two chunks: one stage of each copy, of two different model stages (r and p-1-r) */
+                    int s0 = -1, s1 = -1;
+                    for (int st = 0; st < 2 * p; st++)
+                        if (bg_schedule_stage_rank(s, st) == k)
+                            *(s0 < 0 ? &s0 : &s1) = st;
+                    assert_int_equal(bg_schedule_stage_copy(s, s0), 0);
+                    assert_int_equal(bg_schedule_stage_copy(s, s1), 1);
+                    assert_int_equal(bg_schedule_model_stage(s, s0), k);
+                    assert_int_equal(bg_schedule_model_stage(s, s1), p - 1 - k);
+                    held[bg_schedule_model_stage(s, s0)]++, held[bg_schedule_model_stage(s, s1)]++;
+                    /* the data enters at rank 0 (copy 0, the first m/2) and at rank p-1 (copy 1) */
+                    size_t n;
+                    const bg_sched_op_t *ops = bg_schedule_rank_ops(s, k, &n);
+                    if (k == 0 || k == p - 1) {
+                        assert_int_equal(ops[0].kind, BG_OP_FORWARD);
+                        assert_int_equal(ops[0].microbatch, k == 0 ? 0 : m / 2);
+                        assert_int_equal(bg_schedule_microbatch_copy(s, ops[0].microbatch), k == 0 ? 0 : 1);
+                    }
+                }
+                for (int st = 0; st < p; st++)
+                    assert_int_equal(held[st], 2); /* parameters 2x */
+                /* every rank computes m/2 microbatches on each of its two chunks */
+                assert_true(fabs(busy - p * m * (F + b + W)) < 1e-9);
+                /* the same step as DualPipeV on half the ranks and half the microbatches */
+                bg_schedule_t *hv = gen(BG_SCHED_DUALPIPEV, p / 2, m / 2, 0, &sp);
+                bg_sim_result_t *rv;
+                assert_int_equal(bg_schedule_simulate(hv, &sp, &rv), BG_OK);
+                if (fabs(bg_sim_step_time(r) - bg_sim_step_time(rv)) > 1e-9)
+                    fail_msg("dualpipe p=%d m=%d F:b:W=%g:%g:%g: step %g, dualpipev p=%d m=%d: %g", p, m, F, b, W,
+                             bg_sim_step_time(r), p / 2, m / 2, bg_sim_step_time(rv));
+                bg_sim_result_free(rv);
+                bg_schedule_free(hv);
+                bg_sim_result_free(r);
+                bg_schedule_free(s);
+                checked++;
+            }
+    }
+    assert_true(checked > 200);
+    /* what DualPipe cannot take: one line each */
+    static const struct { int p, m, v; const char *msg; } bad[] = {
+        {3, 8, 0, "dualpipe needs an even number of pipeline ranks (its two halves mirror each other), got 3"},
+        {4, 9, 0, "dualpipe needs an even number of microbatches, at least 2p = 8 (m/2 enter from each end, at least "
+                  "p each), got 9"},
+        {4, 6, 0, "dualpipe needs an even number of microbatches, at least 2p = 8"},
+        {4, 8, 3, "dualpipe places exactly 2 chunks per rank (one stage of each model copy), got 3 chunks"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
+        gp.kind = BG_SCHED_DUALPIPE, gp.stages = bad[i].p, gp.microbatches = bad[i].m, gp.chunks = bad[i].v;
+        bg_schedule_t *s = NULL;
+        assert_int_equal(bg_schedule_generate(&gp, &s), BG_ERR_INVALID);
+        if (!strstr(bg_last_error(), bad[i].msg) || strchr(bg_last_error(), '\n'))
+            fail_msg("dualpipe p=%d m=%d v=%d: \"%s\", want \"%s\"", bad[i].p, bad[i].m, bad[i].v, bg_last_error(),
+                     bad[i].msg);
+        assert_null(s);
+    }
+}
+
 static void test_bad_costs(void **state)
 {
     (void)state;
@@ -372,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_search_vs_generators),
         cmocka_unit_test(test_generators_not_beaten_in_family),
         cmocka_unit_test(test_dualpipev_closed_forms),
+        cmocka_unit_test(test_dualpipe_closed_forms),
         cmocka_unit_test(test_bad_costs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

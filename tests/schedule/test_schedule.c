@@ -168,6 +168,7 @@ static int naive_walk_ok(const bg_schedule_t *s)
 static int same_programs(const bg_schedule_t *a, const bg_schedule_t *b)
 {
     if (bg_schedule_ranks(a) != bg_schedule_ranks(b) || bg_schedule_chunks(a) != bg_schedule_chunks(b) ||
+        bg_schedule_copies(a) != bg_schedule_copies(b) ||
         bg_schedule_microbatches(a) != bg_schedule_microbatches(b) || strcmp(bg_schedule_name(a), bg_schedule_name(b)))
         return 0;
     for (int st = 0; st < bg_schedule_stages(a); st++)
@@ -196,6 +197,8 @@ static void test_validate_all_generated(void **state)
                         vv = 4;
                     if (k == BG_SCHED_DUALPIPEV && m < 2 * p)
                         continue; /* needs m >= 2p (test_bad_params) */
+                    if (k == BG_SCHED_DUALPIPE && (p % 2 || m % 2 || m < 2 * p))
+                        continue; /* needs p even, m even, m >= 2p (test_costs.c) */
                     bg_schedule_t *s = gen((bg_schedule_kind_t)k, p, m, vv);
                     if (bg_schedule_validate(s) != BG_OK)
                         fail_msg("%s p=%d m=%d v=%d does not validate: %s", bg_schedule_name(s), p, m, vv,
@@ -211,7 +214,8 @@ static void test_validate_all_generated(void **state)
                         /* programs end with reduce_grads then optimizer_step per chunk */
                         assert_int_equal(ops[no - 1].kind, BG_OP_OPTIMIZER_STEP);
                     }
-                    assert_int_equal(cnt, (size_t)m * bg_schedule_stages(s));
+                    /* each copy's stages see the microbatches of its copy (one copy: all) */
+                    assert_int_equal(cnt, (size_t)m * bg_schedule_stages(s) / bg_schedule_copies(s));
                     /* JSON round trip: write, read, equal */
                     char *js;
                     bg_schedule_t *back;
@@ -450,6 +454,51 @@ static void test_validator_split_and_vshape(void **state)
         if (ops[i].peer_stage >= 0)
             assert_true(ops[i].peer_rank != 2);
     bg_schedule_free(s);
+}
+
+/* two model copies (DualPipe's IR): one rank, two stages, each its own copy's
+ * chain; mb 0 goes through copy 0 (stage 0), mb 1 through copy 1 (stage 1) */
+#define DUAL_HEAD "{\"stages\":1,\"microbatches\":2,\"chunks\":2,\"copies\":2,\"ranks\":[{\"rank\":0,\"ops\":["
+static void test_validator_copies(void **state)
+{
+    (void)state;
+    const char *ok = DUAL_HEAD OP("forward", 0, 0) "," OP("forward", 1, 1) "," OP("backward", 1, 1) ","
+        OP("backward", 0, 0) "," TAIL(0) "," TAIL(1) "]}]}";
+    bg_schedule_t *s;
+    assert_int_equal(bg_schedule_from_json(ok, &s), BG_OK);
+    assert_int_equal(bg_schedule_copies(s), 2);
+    assert_int_equal(bg_schedule_validate(s), BG_OK);
+    assert_int_equal(bg_schedule_microbatch_copy(s, 1), 1);
+    assert_int_equal(bg_schedule_model_stage(s, 1), 0);
+    /* the JSON keeps the copies */
+    char *js;
+    bg_schedule_t *back;
+    assert_int_equal(bg_schedule_to_json(s, &js), BG_OK);
+    assert_non_null(strstr(js, "\"copies\":2"));
+    assert_int_equal(bg_schedule_from_json(js, &back), BG_OK);
+    assert_true(same_programs(s, back));
+    free(js);
+    bg_schedule_free(back);
+    /* the same ops as one copy: stage 1 follows stage 0, so each stage misses a microbatch */
+    assert_int_equal(bg_schedule_set_copies(s, 1), BG_OK);
+    assert_int_equal(bg_schedule_validate(s), BG_ERR_INVALID);
+    assert_int_equal(bg_schedule_set_copies(s, 3), BG_ERR_INVALID); /* 3 does not divide 2 stages */
+    bg_schedule_free(s);
+    /* a microbatch on the other copy's stage */
+    const char *cross = DUAL_HEAD OP("forward", 0, 0) "," OP("forward", 0, 1) "," OP("forward", 1, 1) ","
+        OP("backward", 1, 1) "," OP("backward", 0, 0) "," TAIL(0) "," TAIL(1) "]}]}";
+    expect_invalid(cross, BG_ERR_INVALID, "rank 0 op 1 (forward mb 0 stage 1)",
+                   "microbatch 0 goes through copy 0 of the model, but stage 1 belongs to copy 1");
+    /* nothing flows from one copy's last stage into the other's first */
+    const char *two = "{\"stages\":2,\"microbatches\":2,\"copies\":2,\"ranks\":[{\"rank\":0,\"ops\":["
+        OP("forward", 0, 0) "," OP("send_act", 0, 0) "," OP("backward", 0, 0) "," TAIL(0) "]},{\"rank\":1,\"ops\":["
+        OP("forward", 1, 1) "," OP("backward", 1, 1) "," TAIL(1) "]}]}";
+    expect_invalid(two, BG_ERR_INVALID, "rank 0 op 1 (send_act mb 0 stage 0 -> stage 1)",
+                   "stage 0 has no next neighbour to talk to (it ends its copy's chain of stages)");
+    /* copies that do not divide the stages or the microbatches */
+    const char *odd = "{\"stages\":1,\"microbatches\":3,\"chunks\":2,\"copies\":2,\"ranks\":[{\"ops\":[]}]}";
+    assert_int_equal(bg_schedule_from_json(odd, &s), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "$.copies = 2 must divide both"));
 }
 
 /* a wait chain into a 2-rank cycle, built with the C API: rank 1 waits for
@@ -720,6 +769,8 @@ static void test_simulator_timeline_consistent(void **state)
 {
     (void)state;
     for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
+        if (k == BG_SCHED_DUALPIPE)
+            continue; /* needs p even: test_costs.c's test_dualpipe_closed_forms checks its timeline */
         bg_schedule_t *s = gen((bg_schedule_kind_t)k, 5, 11, 0);
         bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
         sp.f_cost = 1.3, sp.b_cost = 1.7, sp.w_cost = 0.6, sp.latency = 0.05;
@@ -827,6 +878,7 @@ int main(void)
         cmocka_unit_test(test_validate_all_generated),
         cmocka_unit_test(test_validator_rejects_wrong_programs),
         cmocka_unit_test(test_validator_split_and_vshape),
+        cmocka_unit_test(test_validator_copies),
         cmocka_unit_test(test_validator_executor_contract),
         cmocka_unit_test(test_validator_chain_into_cycle),
         cmocka_unit_test(test_validator_long_chain_message),

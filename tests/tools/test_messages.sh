@@ -11,17 +11,19 @@ expect 2 'unknown option "--stpes" (did you mean --steps?)' train --stpes=3
 expect 2 'brigade train: --steps needs a value' train --steps
 expect 2 'brigade train: --quiet takes no value' train --quiet=1
 expect 2 'brigade train: option "--s" is ambiguous: --seq, --seed, --steps' train --s 3
-expect 2 'brigade train: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev, got "zbh1" (did you mean zb-h1?)' train --schedule zbh1
+expect 2 'brigade train: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got "zbh1" (did you mean zb-h1?)' train --schedule zbh1
 expect 2 'brigade train: --optimizer must be adamw or sgd, got "adam" (did you mean adamw?)' train --optimizer adam
 expect 2 'brigade train: --model must be gpt or mlp, got "gtp" (did you mean gpt?)' train --model gtp
 expect 2 'brigade train: unknown option "--frobnicate" (see brigade train --help)' train --frobnicate
 expect 2 'brigade: unknown command "trian" (did you mean train?)' trian
-expect 2 'brigade schedule: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev, got "zbh1" (did you mean zb-h1?)' \
+expect 2 'brigade schedule: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got "zbh1" (did you mean zb-h1?)' \
     schedule --schedule zbh1 --stages 4 --microbatches 8
 expect 2 'zbv places exactly 2 chunks per rank' schedule --schedule zbv --stages 4 --microbatches 4 --chunks 3
+expect 2 'brigade schedule: invalid argument: dualpipe needs an even number of pipeline ranks (its two halves mirror each other), got 3' schedule --schedule dualpipe --stages 3 --microbatches 8
+expect 1 'brigade train: invalid argument: dualpipe needs an even number of microbatches, at least 2p = 4 (m/2 enter from each end, at least p each), got 2' train --pp 2 --microbatches 2 --schedule dualpipe
 expect 2 'brigade schedule: unknown option "--stage" (did you mean --stages?)' schedule --stage 4
 expect 2 'brigade plan: unknown option "--devics" (did you mean --devices?)' plan --devics 2
-expect 2 'brigade plan: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved or dualpipev, got "zbh2" (did you mean zb-h2?)' \
+expect 2 'brigade plan: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got "zbh2" (did you mean zb-h2?)' \
     plan --devices 2 --mem 1G --schedule 1f1b,zbh2
 expect 2 'brigade profile: unknown option "--microbatchsize" (did you mean --microbatch-size?)' profile --microbatchsize 2
 expect 2 'brigade compare: unknown option "--rtl" (did you mean --rtol?)' compare --rtl 1 a b
