@@ -17,10 +17,17 @@ port=$((20000 + RANDOM % 20000))
 # three ranks started by hand (no launcher to clean up after the victim)
 for r in 0 1 2; do
   BRIGADE_RANK=$r BRIGADE_WORLD_SIZE=3 BRIGADE_MASTER_PORT=$port BRIGADE_TIMEOUT=10 BRIGADE_JOB_TOKEN=t$port \
-    "$B" train $GPT --pp 3 >"$T/r$r.out" 2>"$T/r$r.err" &
+    "$B" train $GPT --pp 3 --metrics "$T/m$r.jsonl" >"$T/r$r.out" 2>"$T/r$r.err" &
   pids+=($!)
 done
-sleep 4
+# mid-step: once every rank has finished a step (not at a fixed time: under
+# load the ranks may still be connecting after seconds)
+for _ in $(seq 1 600); do
+  n=0; for r in 0 1 2; do [ -s "$T/m$r.jsonl" ] && n=$((n + 1)); done
+  [ $n = 3 ] && break; sleep 0.1
+done
+[ $n = 3 ] || bad "the ranks did not finish a step within 60 s"
+sleep 0.3
 kill -9 "${pids[1]}"
 t0=$(date +%s)
 for r in 0 2; do
