@@ -471,7 +471,12 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
     hook_arg_t *h = arg;
     if (h->ch->zero)
         BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
-    if (mb != h->x->M - 1 || h->x->D == 1)
+    if (mb != h->x->M - 1)
+        return BG_OK;
+    /* sequence parallelism: the layer's replicated tensors saw this member's
+     * rows only; their sums over the tensor group come before the replicas' */
+    BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
+    if (h->x->D == 1)
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
 }
@@ -1066,6 +1071,25 @@ static void exec_free(exec_t *x)
     bg__emulate_free(x->em);
 }
 
+/* Does a tensor of the tree get partial gradients (sequence parallelism)? */
+static int layer_has_partial(const bg_layer_t *l)
+{
+    for (int i = 0; i < l->nparams; i++)
+        if (l->params[i].tp_partial)
+            return 1;
+    for (int i = 0; i < l->nchildren; i++)
+        if (layer_has_partial(l->children[i]))
+            return 1;
+    return 0;
+}
+static int has_partial_grads(const bg_model_desc_t *d)
+{
+    for (int i = 0; i < bg_model_desc_num_layers(d); i++)
+        if (layer_has_partial(bg_model_desc_layer(d, i)))
+            return 1;
+    return 0;
+}
+
 static bg_status_t check_params(const bg_executor_params_t *p)
 {
     if (!p->model)
@@ -1087,6 +1111,16 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (p->data.seq < 0 || (mp->input == BG_INPUT_TOKENS && p->data.seq > mp->seq_len))
         return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", p->data.seq,
                         mp->seq_len);
+    if (p->tp > 1 && has_partial_grads(p->model)) { /* sequence parallelism */
+        int seq = mp->input == BG_INPUT_TOKENS && p->data.seq ? p->data.seq : mp->seq_len;
+        if (seq % p->tp != 0)
+            return bg_error(BG_ERR_INVALID, "sequence parallelism: the sequence length %d is not divisible by tp %d",
+                            seq, p->tp);
+        if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && p->zero == 2 && p->dp > 1)
+            return bg_error(BG_ERR_UNSUPPORTED, "sequence parallelism with --zero 2 is not built yet (its layernorm "
+                                                "gradients are summed over the tensor group in the flat gradient "
+                                                "buffer, which --zero 2 does not keep): use --zero 1");
+    }
     if (!(p->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)p->optim.lr);
     if (p->optim.kind != BG_OPTIM_ADAMW && p->optim.kind != BG_OPTIM_SGD)

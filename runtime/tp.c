@@ -16,7 +16,8 @@ struct bg__tp {
     const int64_t *step; /* steps done (the events' step is the next) */
 };
 
-/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather". */
+/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather" /
+ * "tp_reduce_scatter" (sequence parallelism). */
 static void account(bg__tp_t *t, const char *what, double t0)
 {
     if (t->trace)
@@ -38,6 +39,15 @@ static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_
     double t0 = bg_now();
     bg_status_t st = bg_group_allgather(t->g, send, recv, count * sizeof(float));
     account(t, "tp_allgather", t0);
+    return st;
+}
+
+static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, size_t count)
+{
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_group_reduce_scatter(t->g, send, recv, count, BG_REDUCE_SUM);
+    account(t, "tp_reduce_scatter", t0);
     return st;
 }
 
@@ -104,7 +114,8 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     free(ranks);
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
-                              .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait};
+                              .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
+                              .reduce_scatter = tp_reduce_scatter};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {

@@ -40,6 +40,10 @@ static void usage(FILE *f)
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
+            "  --sequence-parallel    GPT with --tp > 1: split the layernorms, residuals and activations\n"
+            "                         between blocks along the sequence (--seq divisible by --tp): less\n"
+            "                         activation memory, a gather and a reduce-scatter per block half\n"
+            "                         instead of one sum (docs/layers.md)\n"
             "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev\n"
             "                         (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved, zb-interleaved;\n"
@@ -335,8 +339,9 @@ int bg_cmd_train(int argc, char **argv)
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
     int zero_flag = 0; /* --zero given (checked against a plan's) */
+    int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -347,7 +352,7 @@ int bg_cmd_train(int argc, char **argv)
         {"metrics", required_argument, 0, O_METRICS}, {"save", required_argument, 0, O_SAVE},
         {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
-        {"tp", required_argument, 0, O_TP},
+        {"tp", required_argument, 0, O_TP},           {"sequence-parallel", no_argument, 0, O_SP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"emulate", required_argument, 0, O_EMULATE}, {"emulate-scale", required_argument, 0, O_EMULATE_SCALE},
@@ -412,6 +417,7 @@ int bg_cmd_train(int argc, char **argv)
             c.optim.kind = k == 0 ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
             break;
         }
+        case O_SP: sequence_parallel = 1; break;
         case O_DATA: c.data_path = optarg; break;
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
@@ -465,6 +471,7 @@ int bg_cmd_train(int argc, char **argv)
     }
     if (optind < argc)
         return bg_cli_fail(cmd, "unexpected argument \"%s\" (see brigade train --help)", argv[optind]);
+    c.model.sequence_parallel = sequence_parallel;
     if (plan_path) {
         if (bg_cli_check_json_object(cmd, plan_path))
             return 1;
@@ -476,6 +483,7 @@ int bg_cmd_train(int argc, char **argv)
             return 2;
         }
         c.model.tp = bg_plan_tp(plan);
+        c.model.sequence_parallel = sequence_parallel;
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);
         c.microbatches = bg_plan_microbatches(plan);
