@@ -1071,25 +1071,6 @@ static void exec_free(exec_t *x)
     bg__emulate_free(x->em);
 }
 
-/* Does a tensor of the tree get partial gradients (sequence parallelism)? */
-static int layer_has_partial(const bg_layer_t *l)
-{
-    for (int i = 0; i < l->nparams; i++)
-        if (l->params[i].tp_partial)
-            return 1;
-    for (int i = 0; i < l->nchildren; i++)
-        if (layer_has_partial(l->children[i]))
-            return 1;
-    return 0;
-}
-static int has_partial_grads(const bg_model_desc_t *d)
-{
-    for (int i = 0; i < bg_model_desc_num_layers(d); i++)
-        if (layer_has_partial(bg_model_desc_layer(d, i)))
-            return 1;
-    return 0;
-}
-
 static bg_status_t check_params(const bg_executor_params_t *p)
 {
     if (!p->model)
@@ -1111,7 +1092,7 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (p->data.seq < 0 || (mp->input == BG_INPUT_TOKENS && p->data.seq > mp->seq_len))
         return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", p->data.seq,
                         mp->seq_len);
-    if (p->tp > 1 && has_partial_grads(p->model)) { /* sequence parallelism */
+    if (p->tp > 1 && bg_model_desc_sequence_parallel(p->model)) { /* sequence parallelism */
         int seq = mp->input == BG_INPUT_TOKENS && p->data.seq ? p->data.seq : mp->seq_len;
         if (seq % p->tp != 0)
             return bg_error(BG_ERR_INVALID, "sequence parallelism: the sequence length %d is not divisible by tp %d",

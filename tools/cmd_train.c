@@ -59,8 +59,9 @@ static void usage(FILE *f)
             "                         brigade plan finds a balanced split\n"
             "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
-            "  --plan FILE            run a plan from brigade plan --json: its model, layout, schedule,\n"
-            "                         batch, microbatches and split (other flags: data, steps, output)\n"
+            "  --plan FILE            run a plan from brigade plan --json: its model, layout (sequence\n"
+            "                         parallelism included), schedule, batch, microbatches and split\n"
+            "                         (other flags: data, steps, output)\n"
             "  --emulate PROFILE      emulated scale: each compute instruction sleeps its stages' time in\n"
             "                         PROFILE (brigade profile --json, the same model) instead of running;\n"
             "                         real executor, transport and message sizes; the weights do not change\n"
@@ -478,12 +479,18 @@ int bg_cmd_train(int argc, char **argv)
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
+        if (sequence_parallel && !bg_plan_sequence_parallel(plan)) {
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "%s counted the memory without sequence parallelism: plan with brigade plan "
+                               "--sequence-parallel, or run it without --sequence-parallel", plan_path);
+        }
+        c.model.sequence_parallel = bg_plan_sequence_parallel(plan); /* the flags' model is checked as planned */
         if (plan_model(cmd, plan_path, plan, model_flags, &c.model)) {
             bg_plan_free(plan);
             return 2;
         }
         c.model.tp = bg_plan_tp(plan);
-        c.model.sequence_parallel = sequence_parallel;
+        c.model.sequence_parallel = bg_plan_sequence_parallel(plan);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);
         c.microbatches = bg_plan_microbatches(plan);

@@ -101,6 +101,9 @@ size_t bg_model_desc_param_count(const bg_model_desc_t *d);
 /** The tensor-parallel degree of the description's split tensors (1: none;
  *  -1: layers split over different degrees). */
 int bg_model_desc_tp_degree(const bg_model_desc_t *d);
+/** 1 when a tensor of the description gets partial gradients (bg_param_t.tp_partial: a tree switched
+ *  to sequence parallelism by bg_layer_sequence_parallel), else 0. */
+int bg_model_desc_sequence_parallel(const bg_model_desc_t *d);
 /** Run the description in tensor-parallel group @p tp (NULL: none): its
  *  shards are this member's (initialisation slices the full tensors, saves
  *  gather them) and its layers use the group's collectives. The group must

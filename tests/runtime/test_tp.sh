@@ -135,6 +135,28 @@ for pp in 1 2; do
   awk -v a="${a:-0}" -v s="${s:-0}" 'BEGIN { exit !(s > 0 && s < a) }' &&
     ok "pp $pp x tp 2: rank 0 activations $a MiB, $s MiB with $SP" || bad "pp $pp x tp 2: activations ${a:-?} MiB, ${s:-?} with $SP"
 done
+# the planner counts SP's split activations: brigade plan --sequence-parallel records it in the plan,
+# train --plan runs it with rank 0's peak as predicted (the printed MiB equal), below the plan without SP
+PM="--model gpt --layers 2 --d-model 64 --heads 4 --seq 32 --devices 2 --mem 1G --batch 8 --tp 2 --microbatch-size 4 --schedule 1f1b"
+for sp in "" "$SP"; do
+  name=plan${sp:+_sp}
+  if "$B" plan $PM $sp --json "$T/$name.json" >"$T/$name.o" 2>&1 &&
+     timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/$name.json" --steps 2 --threads 1 --quiet >"$T/$name.t" 2>&1; then
+    line=$(grep "rank 0 peak" "$T/$name.t")
+    echo "$line" | sed -nE 's/.*rank 0 peak ([0-9.]+) MiB, predicted ([0-9.]+) MiB.*/\1 \2/p' >"$T/$name.mp"
+    awk '{ exit !($1 > 0 && $1 == $2) }' "$T/$name.mp" && ok "$name: $line" || bad "$name: $line"
+  else
+    bad "$name: $(tail -3 "$T/$name.o" "$T/$name.t" 2>/dev/null)"
+  fi
+done
+grep -q '"sequence_parallel": true' "$T/plan_sp.json" && ! grep -q sequence_parallel "$T/plan.json" &&
+  ok "the plan JSON records sequence parallelism" || bad "the plan JSON does not record sequence parallelism"
+awk 'NR == FNR { a = $1; next } { exit !($1 < a) }' "$T/plan.mp" "$T/plan_sp.mp" 2>/dev/null &&
+  ok "planned peak with SP $(cut -d' ' -f1 "$T/plan_sp.mp") MiB < $(cut -d' ' -f1 "$T/plan.mp") MiB without" ||
+  bad "planned peak with SP not below without"
+out=$("$B" train --plan "$T/plan.json" $SP --steps 1 2>&1) && bad "--sequence-parallel against a plan without it ran" ||
+  { [ "$(wc -l <<<"$out")" = 1 ] && grep -q "counted the memory without sequence parallelism" <<<"$out" &&
+    ok "SP against a plan without it: $out" || bad "SP against a plan without it: $out"; }
 
 # bad sizes: one line naming the layer and the sizes, non-zero, no rank started
 expect_error() {
