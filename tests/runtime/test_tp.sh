@@ -176,6 +176,7 @@ expect_error "layer fc.0 has 26 output features (d_model), which tp 4 does not d
 expect_error "layer head has 6 classes, which tp 4 does not divide" ${MLP/--classes 8/--classes 6} --tp 4
 expect_error "sequence parallelism: the sequence length 18 is not divisible by tp 4" ${GPT/--seq 16/--seq 18} --tp 4 $SP
 expect_error "sequence parallelism needs a GPT" $MLP --tp 2 $SP
+expect_error "seq-min 5 with --sequence-parallel" $GPT --tp 2 $SP --seq-min 5
 expect_error "sequence parallelism with --zero 2 is not built yet" $GPT --tp 2 --dp 2 --zero 2 $SP
 
 finish
