@@ -578,8 +578,6 @@ bg_status_t bg_layer_vocab_head(const char *name, int c, int classes, int bias, 
  * between the split and the full activation with the group's gather and
  * reduce-scatter. Their scratch is [full activation][member-order copy]. */
 
-#define SP_ALIGN(b) bg__align64(b)
-
 /* full (n, T tl, c) from every member's local (n, tl, c): the group's gather
  * (member-major) into tmp, then each member's rows to their positions. */
 static bg_status_t sp_gather(const bg_tp_comm_t *g, bg_backend_t *be, const float *local, float *full, float *tmp,
@@ -639,7 +637,7 @@ static bg_status_t sp_split(const bg_layer_t *l, int t, int tp, int *tl_p)
 }
 
 /* Bytes of a full activation of n sequences of t positions of c channels. */
-static size_t sp_bytes(int n, int t, int c) { return SP_ALIGN((size_t)n * t * c * sizeof(float)); }
+static size_t sp_bytes(int n, int t, int c) { return bg__align64((size_t)n * t * c * sizeof(float)); }
 
 /* The collectives' bytes for the planner, which costs each call as an
  * all-reduce: a gather or a reduce-scatter moves half of one. */

@@ -91,6 +91,9 @@ run gpt_sp_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 $SP && same gpt gpt_sp_3d 1
 run gpt_sp_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute $SP && same gpt gpt_sp_zb 1e-5
 run gpt_sp_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 1 $SP && same gpt gpt_sp_zero 1e-5
 run adam_sp2 2 $ADAM --steps 10 --tp 2 $SP && same adam adam_sp2 l2:1e-5
+# one sequence per microbatch: the members' gathered rows are already in sequence order
+run gpt_n1 1 ${GPT/--microbatches 2/--microbatches 8} --steps 10
+run gpt_n1_sp2 2 ${GPT/--microbatches 2/--microbatches 8} --steps 10 --tp 2 $SP && same gpt_n1 gpt_n1_sp2 1e-5
 # the pipeline carries this member's part of the sequence: half the bytes of tp 2 without it
 run gpt_pp2_tp2 4 $GPT --steps 10 --tp 2 --pp 2
 b0=$(grep '"rank": 0,' "$T/gpt_pp2_tp2.jsonl" | head -1 | sed 's/.*"bytes_sent": \([0-9]*\).*/\1/')
