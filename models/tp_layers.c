@@ -625,6 +625,48 @@ static bg_status_t sp_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *be, fl
     return BG_OK;
 }
 
+/* local (n, tl, c_out) = this member's positions of a (n, T tl, k) x w
+ * (trans_b as gemm_sum) summed over the group. With a non-blocking
+ * reduce-scatter the sequences go in two halves, as gemm_sum's rows: the
+ * first half's reduce-scatter runs while the second half's GEMM computes.
+ * full and tmp: n T tl c_out floats each, clobbered. */
+static bg_status_t sp_gemm_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *be, int trans_b, int n, int tl,
+                                          int c_out, int k, const float *a, const float *w, float *full, float *tmp,
+                                          float *local)
+{
+    int T = g ? g->size : 1;
+    if (T == 1 || n < 2 || !g->ireduce_scatter || !g->wait) {
+        BG_CHECK(gemm_sum(g, be, 0, trans_b, n * T * tl, c_out, k, a, w, full));
+        return sp_reduce_scatter(g, be, full, local, tmp, n, tl, c_out);
+    }
+    size_t piece = (size_t)tl * c_out, seq = (size_t)T * piece;
+    int cut[3] = {0, n / 2, n};
+    void *req[2] = {NULL, NULL};
+    bg_status_t st = BG_OK;
+    for (int h = 0; h < 2 && st == BG_OK; h++) {
+        int b0 = cut[h], nb = cut[h + 1] - b0, rows = nb * T * tl;
+        const float *ah = a + (size_t)b0 * T * tl * k;
+        float *fh = full + (size_t)b0 * seq, *th = tmp + (size_t)b0 * seq; /* this half's sequences */
+        be->ops->gemm(be, 0, trans_b, rows, c_out, k, 1.0f, ah, k, w, trans_b ? k : c_out, 0.0f, fh, c_out);
+        for (int r = 0; r < T; r++) /* member-major: member r's positions of the half's sequences */
+            for (int b = 0; b < nb; b++)
+                be->ops->copy(be, th + ((size_t)r * nb + b) * piece, fh + (size_t)b * seq + (size_t)r * piece, piece);
+        st = g->ireduce_scatter(g->arg, th, (size_t)nb * piece, &req[h]);
+    }
+    for (int h = 0; h < 2; h++) /* every started one is waited for, also after a failure */
+        if (req[h]) {
+            bg_status_t ws = g->wait(g->arg, req[h]);
+            if (st == BG_OK)
+                st = ws;
+        }
+    for (int h = 0; h < 2 && st == BG_OK; h++) {
+        int b0 = cut[h], nb = cut[h + 1] - b0;
+        be->ops->copy(be, local + (size_t)b0 * piece, tmp + (size_t)b0 * seq + (size_t)g->rank * nb * piece,
+                      (size_t)nb * piece);
+    }
+    return st;
+}
+
 /* The local length of a full sequence of t positions split over tp members. */
 static bg_status_t sp_split(const bg_layer_t *l, int t, int tp, int *tl_p)
 {
@@ -697,8 +739,8 @@ static bg_status_t col_sp_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ct
         return BG_OK;
     bg_shape_t f = col_full(p, ctx->in);
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(f.n, f.t, f.c));
-    BG_CHECK(gemm_sum(g, ctx->be, 0, 0, ROWS(f), p->lin.c_in, p->lin.c_out, dout, l->params[0].data, full));
-    return sp_reduce_scatter(g, ctx->be, full, din, tmp, ctx->in.n, ctx->in.t, p->lin.c_in);
+    return sp_gemm_reduce_scatter(g, ctx->be, 0, f.n, ctx->in.t, p->lin.c_in, p->lin.c_out, dout, l->params[0].data,
+                                  full, tmp, din);
 }
 
 /* The input is gathered again (the stash keeps the local rows only). */
@@ -759,8 +801,8 @@ static bg_status_t row_sp_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, cons
     bg_backend_t *be = ctx->be;
     int N = ROWS(ctx->in), tl = ctx->in.t / p->tp;
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(ctx->in.n, ctx->in.t, p->lin.c_out));
-    BG_CHECK(gemm_sum(g, be, 0, 1, N, p->lin.c_out, p->lin.c_in, in, l->params[0].data, full));
-    BG_CHECK(sp_reduce_scatter(g, be, full, out, tmp, ctx->in.n, tl, p->lin.c_out));
+    BG_CHECK(sp_gemm_reduce_scatter(g, be, 1, ctx->in.n, tl, p->lin.c_out, p->lin.c_in, in, l->params[0].data, full,
+                                    tmp, out));
     if (p->lin.bias) /* replicated: added once, after the sum */
         be->ops->bias_forward(be, out, l->params[1].data, N / p->tp, p->lin.c_out);
     return BG_OK;
@@ -952,10 +994,11 @@ static bg_status_t vhead_sp_backward_input(bg_layer_t *l, const bg_layer_ctx_t *
     BG_CHECK(group(l, ctx, p->tp, &g));
     float *full, *tmp;
     bg_layer_ctx_t c = vhead_sp_ctx(p, ctx, &full, &tmp);
-    BG_CHECK(vhead_bwd(l, &c, g, 0, din ? full : NULL)); /* no sum: the reduce-scatter below is it */
+    BG_CHECK(vhead_bwd(l, &c, g, 0, NULL)); /* dlogits (the wstash) */
     if (!din)
         return BG_OK;
-    return sp_reduce_scatter(g, ctx->be, full, din, tmp, ctx->in.n, ctx->in.t, p->h.c);
+    return sp_gemm_reduce_scatter(g, ctx->be, 0, ctx->in.n, ctx->in.t, p->h.c, p->h.classes, c.wstash,
+                                  l->params[0].data, full, tmp, din);
 }
 
 static bg_status_t vhead_sp_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,

@@ -51,6 +51,16 @@ static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, 
     return st;
 }
 
+static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void **req_p)
+{
+    bg__tp_t *t = arg;
+    bg_request_t *r;
+    /* count divides into size equal chunks: member i's is [i count, (i+1) count) (bg_group_chunk) */
+    BG_CHECK(bg_group_ireduce_scatter_inplace(t->g, buf, count * (size_t)t->c.size, BG_REDUCE_SUM, &r));
+    *req_p = r;
+    return BG_OK;
+}
+
 static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req_p)
 {
     bg__tp_t *t = arg;
@@ -115,7 +125,7 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
                               .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
-                              .reduce_scatter = tp_reduce_scatter};
+                              .reduce_scatter = tp_reduce_scatter, .ireduce_scatter = tp_ireduce_scatter};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {

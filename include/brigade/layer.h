@@ -100,6 +100,11 @@ typedef struct bg_tp_comm {
      *  member i gets in @p recv (count floats) the sum over the group of elements [i*count, (i+1)*count).
      *  Sequence-parallel layers use it. */
     bg_status_t (*reduce_scatter)(void *arg, const float *send, float *recv, size_t count);
+    /** Optional, with wait (NULL: reduce_scatter): start the in-place reduce-scatter of @p buf, size *
+     *  @p count floats, progressed while the caller computes; when wait returns, elements [rank*count,
+     *  (rank+1)*count) hold their sum over the group (the rest: undefined). @p buf belongs to the group
+     *  until then. */
+    bg_status_t (*ireduce_scatter)(void *arg, float *buf, size_t count, void **req_p);
 } bg_tp_comm_t;
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */

@@ -84,15 +84,37 @@ static bg_status_t fake_reduce_scatter(void *arg, const float *send, float *recv
     return BG_OK;
 }
 
+/* The non-blocking in-place form, done at once: this member's chunk of buf gets the sum */
+static bg_status_t fake_ireduce_scatter(void *arg, float *buf, size_t n, void **req_p)
+{
+    member_t *m = arg;
+    float *mine = malloc(n ? n * sizeof(float) : 1);
+    if (!mine)
+        return BG_ERR_NOMEM;
+    bg_status_t st = fake_reduce_scatter(arg, buf, mine, n); /* ends with a barrier: every member has read */
+    memcpy(buf + (size_t)m->rank * n, mine, n * sizeof(float));
+    free(mine);
+    *req_p = buf;
+    return st;
+}
+
 static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p);
 static bg_status_t fake_wait(void *arg, void *req);
 
 /* The group of member r of T; nb: with the optional functions (the non-blocking
- * sums and the reduce-scatter), else without (the layers' fallbacks). */
+ * sums, the reduce-scatter and its non-blocking form), else without (the
+ * layers' fallbacks). */
 static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
 {
-    return (bg_tp_comm_t){T, r, fake_allreduce, fake_allgather, m, nb ? fake_iallreduce : NULL, nb ? fake_wait : NULL,
-                          nb ? fake_reduce_scatter : NULL};
+    return (bg_tp_comm_t){T,
+                          r,
+                          fake_allreduce,
+                          fake_allgather,
+                          m,
+                          nb ? fake_iallreduce : NULL,
+                          nb ? fake_wait : NULL,
+                          nb ? fake_reduce_scatter : NULL,
+                          nb ? fake_ireduce_scatter : NULL};
 }
 
 /* The non-blocking form, done at once (the layers' split path: rows in
