@@ -16,6 +16,7 @@ struct bg_model {
     int total, first, last;
     bg_tensor_ref_t *tensors;
     int ntensors;
+    int npartial; /* tensors marked tp_partial (sequence parallelism) */
     size_t nparams;
     float *params, *grads; /* flat (nparams) */
     float *opt_m, *opt_v;  /* optimizer state, allocated on the first step */
@@ -97,8 +98,10 @@ bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, 
         goto err_free_model;
     }
     bg__desc_tensors(desc, first, last, m->tensors, &m->ntensors);
-    for (int i = 0; i < m->ntensors; i++)
+    for (int i = 0; i < m->ntensors; i++) {
         m->nparams += m->tensors[i].p->numel;
+        m->npartial += m->tensors[i].p->tp_partial != 0;
+    }
     m->params = bg_backend_alloc(be, m->nparams * sizeof(float), "parameters");
     if (!m->params) {
         st = BG_ERR_NOMEM;
@@ -188,7 +191,7 @@ bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
 bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer)
 {
     const bg_tp_comm_t *tp = bg_model_desc_tp(m->desc);
-    if (!tp || tp->size < 2 || !m->grads)
+    if (!tp || tp->size < 2 || !m->grads || !m->npartial)
         return BG_OK;
     /* neighbours in the flat buffer (a layernorm's weight and bias) go in one sum */
     for (int i = 0; i < m->ntensors;) {
