@@ -699,10 +699,12 @@ static bg_status_t col_sp_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape
     out_p->t *= p->tp;
     return BG_OK;
 }
+/* [full input][member-order copy of the input, or (forward) of the output] */
 static size_t col_sp_scratch(const bg_layer_t *l, bg_shape_t in)
 {
     const plin_t *p = l->impl;
-    return 2 * sp_bytes(in.n, in.t * p->tp, p->lin.c_in);
+    size_t a = sp_bytes(in.n, in.t * p->tp, p->lin.c_in), o = sp_bytes(in.n, in.t * p->tp, p->lin.c_out);
+    return a + (o > a ? o : a);
 }
 static double col_sp_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
@@ -721,8 +723,35 @@ static bg_status_t col_sp_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, cons
     bg_backend_t *be = ctx->be;
     bg_shape_t f = col_full(p, ctx->in);
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(f.n, f.t, f.c));
-    BG_CHECK(sp_gather(g, be, in, full, tmp, ctx->in.n, ctx->in.t, p->lin.c_in));
-    BG_CHECK(gemm_sum(g, be, 0, 1, ROWS(f), p->lin.c_out, p->lin.c_in, full, l->params[0].data, out));
+    int n = ctx->in.n, tl = ctx->in.t, T = p->tp, ci = p->lin.c_in, co = p->lin.c_out;
+    const float *w = l->params[0].data;
+    if (T > 1 && g->iallgather && g->wait) {
+        /* the group's gather (member-major, into full) runs while this member's own rows compute; the
+         * output is member-major (in tmp) until the others' rows are done, then put in sequence order */
+        int me = g->rank, rows = n * tl;
+        size_t each = (size_t)rows * ci, eo = (size_t)rows * co, piece = (size_t)tl * co;
+        void *req = NULL;
+        be->ops->copy(be, full + (size_t)me * each, in, each);
+        bg_status_t st = g->iallgather(g->arg, full, each, &req);
+        if (st == BG_OK)
+            be->ops->gemm(be, 0, 1, rows, co, ci, 1.0f, in, ci, w, ci, 0.0f, tmp + (size_t)me * eo, co);
+        if (req) {
+            bg_status_t ws = g->wait(g->arg, req);
+            st = st == BG_OK ? ws : st;
+        }
+        BG_CHECK(st);
+        if (me > 0) /* members [0, me), then (me, T): contiguous rows of the member-major input */
+            be->ops->gemm(be, 0, 1, me * rows, co, ci, 1.0f, full, ci, w, ci, 0.0f, tmp, co);
+        if (me < T - 1)
+            be->ops->gemm(be, 0, 1, (T - 1 - me) * rows, co, ci, 1.0f, full + (size_t)(me + 1) * each, ci, w, ci,
+                          0.0f, tmp + (size_t)(me + 1) * eo, co);
+        for (int r = 0; r < T; r++)
+            for (int b = 0; b < n; b++)
+                be->ops->copy(be, out + ((size_t)b * T + r) * piece, tmp + ((size_t)r * n + b) * piece, piece);
+    } else {
+        BG_CHECK(sp_gather(g, be, in, full, tmp, n, tl, ci));
+        BG_CHECK(gemm_sum(g, be, 0, 1, ROWS(f), co, ci, full, w, out));
+    }
     if (p->lin.bias)
         be->ops->bias_forward(be, out, l->params[1].data, ROWS(f), p->lin.c_out);
     return BG_OK;

@@ -61,6 +61,15 @@ static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void 
     return BG_OK;
 }
 
+static bg_status_t tp_iallgather(void *arg, float *buf, size_t count, void **req_p)
+{
+    bg__tp_t *t = arg;
+    bg_request_t *r;
+    BG_CHECK(bg_group_iallgather_chunks(t->g, buf, count * (size_t)t->c.size, &r));
+    *req_p = r;
+    return BG_OK;
+}
+
 static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req_p)
 {
     bg__tp_t *t = arg;
@@ -125,7 +134,8 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
                               .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
-                              .reduce_scatter = tp_reduce_scatter, .ireduce_scatter = tp_ireduce_scatter};
+                              .reduce_scatter = tp_reduce_scatter, .ireduce_scatter = tp_ireduce_scatter,
+                              .iallgather = tp_iallgather};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {

@@ -105,6 +105,9 @@ typedef struct bg_tp_comm {
      *  (rank+1)*count) hold their sum over the group (the rest: undefined). @p buf belongs to the group
      *  until then. */
     bg_status_t (*ireduce_scatter)(void *arg, float *buf, size_t count, void **req_p);
+    /** Optional, with wait (NULL: allgather): start the in-place gather of @p buf, size * @p count
+     *  floats, this member's at [rank*count, (rank+1)*count); when wait returns, every member's. */
+    bg_status_t (*iallgather)(void *arg, float *buf, size_t count, void **req_p);
 } bg_tp_comm_t;
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */

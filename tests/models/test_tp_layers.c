@@ -98,11 +98,26 @@ static bg_status_t fake_ireduce_scatter(void *arg, float *buf, size_t n, void **
     return st;
 }
 
+/* The non-blocking in-place gather, done at once: member r's chunk from member r's buf */
+static bg_status_t fake_iallgather(void *arg, float *buf, size_t n, void **req_p)
+{
+    member_t *m = arg;
+    shared_t *sh = m->sh;
+    sh->bufs[m->rank] = buf;
+    pthread_barrier_wait(&sh->bar);
+    for (int r = 0; r < sh->T; r++)
+        if (r != m->rank)
+            memcpy(buf + (size_t)r * n, sh->bufs[r] + (size_t)r * n, n * sizeof(float));
+    pthread_barrier_wait(&sh->bar);
+    *req_p = buf;
+    return BG_OK;
+}
+
 static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p);
 static bg_status_t fake_wait(void *arg, void *req);
 
 /* The group of member r of T; nb: with the optional functions (the non-blocking
- * sums, the reduce-scatter and its non-blocking form), else without (the
+ * sums, the reduce-scatter, the non-blocking reduce-scatter and gather), else without (the
  * layers' fallbacks). */
 static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
 {
@@ -114,7 +129,8 @@ static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
                           nb ? fake_iallreduce : NULL,
                           nb ? fake_wait : NULL,
                           nb ? fake_reduce_scatter : NULL,
-                          nb ? fake_ireduce_scatter : NULL};
+                          nb ? fake_ireduce_scatter : NULL,
+                          nb ? fake_iallgather : NULL};
 }
 
 /* The non-blocking form, done at once (the layers' split path: rows in
