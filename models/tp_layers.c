@@ -667,6 +667,42 @@ static bg_status_t sp_gemm_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *b
     return st;
 }
 
+/* out (n, T tl, c_out) = gather(local (n, tl, k)) x w (trans_b as gemm_sum).
+ * With a non-blocking gather it runs (member-major, into full) while this
+ * member's own rows compute; the output is member-major (in tmp) until the
+ * others' rows are done, then put in sequence order. full: n T tl k floats,
+ * tmp: n T tl c_out (without the non-blocking gather: n T tl k). */
+static bg_status_t sp_gather_gemm(const bg_tp_comm_t *g, bg_backend_t *be, int trans_b, int n, int tl, int k,
+                                  int c_out, const float *local, const float *w, float *full, float *tmp, float *out)
+{
+    int T = g ? g->size : 1, ldw = trans_b ? k : c_out;
+    if (T == 1 || !g->iallgather || !g->wait) {
+        BG_CHECK(sp_gather(g, be, local, full, tmp, n, tl, k));
+        return gemm_sum(g, be, 0, trans_b, n * T * tl, c_out, k, full, w, out);
+    }
+    int me = g->rank, rows = n * tl;
+    size_t each = (size_t)rows * k, eo = (size_t)rows * c_out, piece = (size_t)tl * c_out;
+    void *req = NULL;
+    be->ops->copy(be, full + (size_t)me * each, local, each);
+    bg_status_t st = g->iallgather(g->arg, full, each, &req);
+    if (st == BG_OK)
+        be->ops->gemm(be, 0, trans_b, rows, c_out, k, 1.0f, local, k, w, ldw, 0.0f, tmp + (size_t)me * eo, c_out);
+    if (req) {
+        bg_status_t ws = g->wait(g->arg, req);
+        st = st == BG_OK ? ws : st;
+    }
+    BG_CHECK(st);
+    if (me > 0) /* members [0, me), then (me, T): contiguous rows of the member-major input */
+        be->ops->gemm(be, 0, trans_b, me * rows, c_out, k, 1.0f, full, k, w, ldw, 0.0f, tmp, c_out);
+    if (me < T - 1)
+        be->ops->gemm(be, 0, trans_b, (T - 1 - me) * rows, c_out, k, 1.0f, full + (size_t)(me + 1) * each, k, w, ldw,
+                      0.0f, tmp + (size_t)(me + 1) * eo, c_out);
+    for (int r = 0; r < T; r++)
+        for (int b = 0; b < n; b++)
+            be->ops->copy(be, out + ((size_t)b * T + r) * piece, tmp + ((size_t)r * n + b) * piece, piece);
+    return BG_OK;
+}
+
 /* The local length of a full sequence of t positions split over tp members. */
 static bg_status_t sp_split(const bg_layer_t *l, int t, int tp, int *tl_p)
 {
@@ -723,35 +759,8 @@ static bg_status_t col_sp_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, cons
     bg_backend_t *be = ctx->be;
     bg_shape_t f = col_full(p, ctx->in);
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(f.n, f.t, f.c));
-    int n = ctx->in.n, tl = ctx->in.t, T = p->tp, ci = p->lin.c_in, co = p->lin.c_out;
-    const float *w = l->params[0].data;
-    if (T > 1 && g->iallgather && g->wait) {
-        /* the group's gather (member-major, into full) runs while this member's own rows compute; the
-         * output is member-major (in tmp) until the others' rows are done, then put in sequence order */
-        int me = g->rank, rows = n * tl;
-        size_t each = (size_t)rows * ci, eo = (size_t)rows * co, piece = (size_t)tl * co;
-        void *req = NULL;
-        be->ops->copy(be, full + (size_t)me * each, in, each);
-        bg_status_t st = g->iallgather(g->arg, full, each, &req);
-        if (st == BG_OK)
-            be->ops->gemm(be, 0, 1, rows, co, ci, 1.0f, in, ci, w, ci, 0.0f, tmp + (size_t)me * eo, co);
-        if (req) {
-            bg_status_t ws = g->wait(g->arg, req);
-            st = st == BG_OK ? ws : st;
-        }
-        BG_CHECK(st);
-        if (me > 0) /* members [0, me), then (me, T): contiguous rows of the member-major input */
-            be->ops->gemm(be, 0, 1, me * rows, co, ci, 1.0f, full, ci, w, ci, 0.0f, tmp, co);
-        if (me < T - 1)
-            be->ops->gemm(be, 0, 1, (T - 1 - me) * rows, co, ci, 1.0f, full + (size_t)(me + 1) * each, ci, w, ci,
-                          0.0f, tmp + (size_t)(me + 1) * eo, co);
-        for (int r = 0; r < T; r++)
-            for (int b = 0; b < n; b++)
-                be->ops->copy(be, out + ((size_t)b * T + r) * piece, tmp + ((size_t)r * n + b) * piece, piece);
-    } else {
-        BG_CHECK(sp_gather(g, be, in, full, tmp, n, tl, ci));
-        BG_CHECK(gemm_sum(g, be, 0, 1, ROWS(f), co, ci, full, w, out));
-    }
+    BG_CHECK(sp_gather_gemm(g, be, 1, ctx->in.n, ctx->in.t, p->lin.c_in, p->lin.c_out, in, l->params[0].data, full,
+                            tmp, out));
     if (p->lin.bias)
         be->ops->bias_forward(be, out, l->params[1].data, ROWS(f), p->lin.c_out);
     return BG_OK;
@@ -816,10 +825,12 @@ static bg_status_t row_sp_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape
     BG_CHECK(bg__linear_out_shape(l, in, out_p));
     return sp_split(l, in.t, p->tp, &out_p->t);
 }
+/* [full output (gradient)][member-order copy of it, or (B) of the input gradient] */
 static size_t row_sp_scratch(const bg_layer_t *l, bg_shape_t in)
 {
     const plin_t *p = l->impl;
-    return 2 * sp_bytes(in.n, in.t, p->lin.c_out);
+    size_t a = sp_bytes(in.n, in.t, p->lin.c_out), d = sp_bytes(in.n, in.t, p->lin.c_in);
+    return a + (d > a ? d : a);
 }
 
 static bg_status_t row_sp_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
@@ -846,8 +857,9 @@ static bg_status_t row_sp_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ct
     if (!din)
         return BG_OK;
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(ctx->in.n, ctx->in.t, p->lin.c_out));
-    BG_CHECK(sp_gather(g, ctx->be, dout, full, tmp, ctx->in.n, ctx->in.t / p->tp, p->lin.c_out));
-    return plin_backward_input(l, ctx, in, out, full, din); /* row-parallel: no sum */
+    /* din = gathered dout x weight (row-parallel: no sum) */
+    return sp_gather_gemm(g, ctx->be, 0, ctx->in.n, ctx->in.t / p->tp, p->lin.c_out, p->lin.c_in, dout,
+                          l->params[0].data, full, tmp, din);
 }
 
 /* The output gradient is gathered again: the weight's and the bias's
