@@ -703,6 +703,52 @@ static bg_status_t sp_gather_gemm(const bg_tp_comm_t *g, bg_backend_t *be, int t
     return BG_OK;
 }
 
+/* dw (ka x kb) += A^T B over every position, A and B (n, T tl, ka / kb) in
+ * sequence order, one of them given as this member's local part (n, tl, k)
+ * to gather (gather_a: A). With a non-blocking gather the member's own rows
+ * compute while it runs; the sum over positions then goes member by member
+ * (member-major: the full operand is copied so, into tmp). *full_p: the
+ * gathered operand, member-major (with the non-blocking gather) or in
+ * sequence order (without: sp_gather, then one GEMM). full: n T tl k_gathered
+ * floats; tmp: n T tl k_other (without the non-blocking gather: k_gathered). */
+static bg_status_t sp_gather_weight_grad(const bg_tp_comm_t *g, bg_backend_t *be, int gather_a, int n, int tl, int ka,
+                                         int kb, const float *a, const float *b, float *full, float *tmp, float *dw)
+{
+    int T = g ? g->size : 1, kg = gather_a ? ka : kb, kf = gather_a ? kb : ka, N = n * T * tl;
+    const float *local = gather_a ? a : b, *other = gather_a ? b : a;
+    if (T == 1 || !g->iallgather || !g->wait) {
+        BG_CHECK(sp_gather(g, be, local, full, tmp, n, tl, kg));
+        be->ops->gemm(be, 1, 0, ka, kb, N, 1.0f, gather_a ? full : a, ka, gather_a ? b : full, kb, 1.0f, dw, kb);
+        return BG_OK;
+    }
+    int me = g->rank, rows = n * tl;
+    size_t eg = (size_t)rows * kg, ef = (size_t)rows * kf, piece = (size_t)tl * kf;
+    for (int r = 0; r < T; r++) /* the full operand member-major */
+        for (int q = 0; q < n; q++)
+            be->ops->copy(be, tmp + ((size_t)r * n + q) * piece, other + ((size_t)q * T + r) * piece, piece);
+    void *req = NULL;
+    be->ops->copy(be, full + (size_t)me * eg, local, eg);
+    bg_status_t st = g->iallgather(g->arg, full, eg, &req);
+    /* member r's rows: A_r^T B_r */
+#define SP_WG(r0, cnt)                                                                                              \
+    be->ops->gemm(be, 1, 0, ka, kb, (cnt) * rows, 1.0f,                                                            \
+                  gather_a ? full + (size_t)(r0) * eg : tmp + (size_t)(r0) * ef, ka,                                 \
+                  gather_a ? tmp + (size_t)(r0) * ef : full + (size_t)(r0) * eg, kb, 1.0f, dw, kb)
+    if (st == BG_OK)
+        SP_WG(me, 1);
+    if (req) {
+        bg_status_t ws = g->wait(g->arg, req);
+        st = st == BG_OK ? ws : st;
+    }
+    BG_CHECK(st);
+    if (me > 0)
+        SP_WG(0, me);
+    if (me < T - 1)
+        SP_WG(me + 1, T - 1 - me);
+#undef SP_WG
+    return BG_OK;
+}
+
 /* The local length of a full sequence of t positions split over tp members. */
 static bg_status_t sp_split(const bg_layer_t *l, int t, int tp, int *tl_p)
 {
@@ -788,11 +834,14 @@ static bg_status_t col_sp_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *c
     const plin_t *p = l->impl;
     const bg_tp_comm_t *g = NULL;
     BG_CHECK(group(l, ctx, p->tp, &g));
-    bg_layer_ctx_t c = *ctx;
-    c.in = col_full(p, ctx->in);
-    float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(c.in.n, c.in.t, c.in.c));
-    BG_CHECK(sp_gather(g, ctx->be, in, full, tmp, ctx->in.n, ctx->in.t, p->lin.c_in));
-    return bg__linear_backward_weight(l, &c, full, out, dout);
+    bg_shape_t f = col_full(p, ctx->in);
+    float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(f.n, f.t, f.c));
+    /* weight (c_out, c_in) += dout^T x gathered input */
+    BG_CHECK(sp_gather_weight_grad(g, ctx->be, 0, f.n, ctx->in.t, p->lin.c_out, p->lin.c_in, dout, in, full, tmp,
+                                   l->params[0].grad));
+    if (p->lin.bias) /* dout: every position already */
+        ctx->be->ops->bias_backward(ctx->be, l->params[1].grad, dout, ROWS(f), p->lin.c_out);
+    return BG_OK;
 }
 
 static void col_sp_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
@@ -872,8 +921,12 @@ static bg_status_t row_sp_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *c
     const bg_tp_comm_t *g = NULL;
     BG_CHECK(group(l, ctx, p->tp, &g));
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(ctx->in.n, ctx->in.t, p->lin.c_out));
-    BG_CHECK(sp_gather(g, ctx->be, dout, full, tmp, ctx->in.n, ctx->in.t / p->tp, p->lin.c_out));
-    return bg__linear_backward_weight(l, ctx, in, out, full);
+    /* weight (c_out, c_in/T) += gathered dout^T x input */
+    BG_CHECK(sp_gather_weight_grad(g, ctx->be, 1, ctx->in.n, ctx->in.t / p->tp, p->lin.c_out, p->lin.c_in, dout, in,
+                                   full, tmp, l->params[0].grad));
+    if (p->lin.bias) /* every position's, gathered: the same bits on every member */
+        ctx->be->ops->bias_backward(ctx->be, l->params[1].grad, full, ROWS(ctx->in), p->lin.c_out);
+    return BG_OK;
 }
 
 static void row_sp_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
