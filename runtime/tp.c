@@ -17,7 +17,7 @@ struct bg__tp {
 };
 
 /* Time one collective; into the trace as "tp_allreduce" / "tp_allgather" /
- * "tp_reduce_scatter" (sequence parallelism). */
+ * "tp_red_scatter" (sequence parallelism; trace names fit 15 characters). */
 static void account(bg__tp_t *t, const char *what, double t0)
 {
     if (t->trace)
@@ -47,7 +47,7 @@ static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, 
     bg__tp_t *t = arg;
     double t0 = bg_now();
     bg_status_t st = bg_group_reduce_scatter(t->g, send, recv, count, BG_REDUCE_SUM);
-    account(t, "tp_reduce_scatter", t0);
+    account(t, "tp_red_scatter", t0);
     return st;
 }
 

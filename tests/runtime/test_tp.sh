@@ -100,6 +100,14 @@ b0=$(grep '"rank": 0,' "$T/gpt_pp2_tp2.jsonl" | head -1 | sed 's/.*"bytes_sent":
 b1=$(grep '"rank": 0,' "$T/gpt_sp_pp2.jsonl" | head -1 | sed 's/.*"bytes_sent": \([0-9]*\).*/\1/')
 [ -n "$b0" ] && [ -n "$b1" ] && [ "$((2 * b1))" = "$b0" ] && ok "pp 2 x tp 2: rank 0 sends $b0 bytes a step, $b1 with $SP" ||
   bad "pp 2 x tp 2: rank 0 sends ${b0:-?} bytes a step, ${b1:-?} with $SP (expected half)"
+# the trace names SP's collectives: gathers, reduce-scatters (blocking ones and the waits of the overlapped)
+if timeout 120 "$B" launch -n 2 -- "$B" train $GPT --steps 2 --tp 2 $SP --quiet --trace "$T/sp_trace.json" >"$T/sp_trace.log" 2>&1; then
+  names=$(grep -o '"op": *"tp_[a-z_]*"' "$T/sp_trace.json" | sed 's/.*"\(tp_[a-z_]*\)"/\1/' | sort | uniq -c | tr '\n' ' ')
+  grep -q '"tp_red_scatter"' "$T/sp_trace.json" && grep -q '"tp_allgather"' "$T/sp_trace.json" && grep -q '"tp_wait"' "$T/sp_trace.json" &&
+    ok "SP trace: $names" || bad "SP trace lacks its collectives: $names"
+else
+  bad "SP trace run: $(tail -3 "$T/sp_trace.log")"
+fi
 # an SP checkpoint (full tensors) resumes at tp 1; a tp 2 one resumes under SP at tp 4
 timeout 120 "$B" launch -n 2 -- "$B" train $GPT --steps 5 --tp 2 $SP --quiet --checkpoint-dir "$T/cksp" >"$T/cksp.log" 2>&1 ||
   bad "SP checkpoint run: $(tail -3 "$T/cksp.log")"
