@@ -191,19 +191,19 @@ bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
 bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer)
 {
     const bg_tp_comm_t *tp = bg_model_desc_tp(m->desc);
-    if (!tp || tp->size < 2 || !m->grads || !m->npartial)
+    if (!tp || tp->size < 2 || !m->npartial)
         return BG_OK;
     /* neighbours in the flat buffer (a layernorm's weight and bias) go in one sum */
     for (int i = 0; i < m->ntensors;) {
         const bg_tensor_ref_t *t = &m->tensors[i];
-        if (!t->p->tp_partial || (layer >= 0 && t->layer != layer)) {
+        if (!t->p->tp_partial || !t->p->grad || (layer >= 0 && t->layer != layer)) {
             i++;
             continue;
         }
         float *start = t->p->grad;
         size_t n = 0;
         while (i < m->ntensors && m->tensors[i].p->tp_partial && (layer < 0 || m->tensors[i].layer == layer) &&
-               m->tensors[i].p->grad == start + n)
+               m->tensors[i].p->grad && m->tensors[i].p->grad == start + n)
             n += m->tensors[i++].p->numel;
         BG_CHECK(tp->allreduce(tp->arg, start, n));
     }

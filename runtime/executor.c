@@ -469,13 +469,17 @@ typedef struct {
 static bg_status_t on_layer_done(int layer, int mb, void *arg)
 {
     hook_arg_t *h = arg;
+    int last = mb == h->x->M - 1;
+    /* sequence parallelism: the layer's replicated tensors saw this member's
+     * rows only; their sums over the tensor group come before the replicas':
+     * once a step, or with --zero 2 every microbatch whose gradients are
+     * reduce-scattered now */
+    if (last || (h->ch->zero && bg__zero_per_microbatch(h->ch->zero, layer)))
+        BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
     if (h->ch->zero)
         BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
-    if (mb != h->x->M - 1)
+    if (!last)
         return BG_OK;
-    /* sequence parallelism: the layer's replicated tensors saw this member's
-     * rows only; their sums over the tensor group come before the replicas' */
-    BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
     if (h->x->D == 1)
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
@@ -1097,10 +1101,6 @@ static bg_status_t check_params(const bg_executor_params_t *p)
         if (seq % p->tp != 0)
             return bg_error(BG_ERR_INVALID, "sequence parallelism: the sequence length %d is not divisible by tp %d",
                             seq, p->tp);
-        if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && p->zero == 2 && p->dp > 1)
-            return bg_error(BG_ERR_UNSUPPORTED, "sequence parallelism with --zero 2 is not built yet (its layernorm "
-                                                "gradients are summed over the tensor group in the flat gradient "
-                                                "buffer, which --zero 2 does not keep): use --zero 1");
     }
     if (!(p->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)p->optim.lr);

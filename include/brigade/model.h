@@ -249,7 +249,8 @@ bg_status_t bg_model_grads_hold(bg_model_t *m, int hold);
 /** Sequence parallelism: sum over the description's tensor group (bg_model_desc_set_tp) the gradients
  *  of the tensors marked tp_partial in top-level layer @p layer (-1: every layer of the range), in
  *  place; a group collective, so every member calls it alike. The executor calls it once a step's last
- *  microbatch has finished the layer; a host driving stages itself calls it before the optimizer step.
+ *  microbatch has finished the layer (with --zero 2, every microbatch whose gradients of the layer
+ *  are reduce-scattered at once); a host driving stages itself calls it before the optimizer step.
  *  No group, or no such tensor: nothing. */
 bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer);
 
