@@ -5,7 +5,9 @@
 # cores), alternating, medians of R repeats; the share of the step spent in
 # the tensor group's collectives, from a trace; per-device parameters and
 # peak bytes at tp = 1 and 2; the planner's predicted step for the tp = 2
-# plan (layers measured here) against the measured one.
+# plan (layers measured here) against the measured one. Sequence parallelism
+# (--sequence-parallel) beside tp = 2: its step time, collectives and per-device
+# activation and peak bytes.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
 set -euo pipefail
 BUILD=${1:-build}; R=${2:-3}
@@ -20,16 +22,20 @@ for i in $(seq 1 "$R"); do
   "$B" train $RUN --threads 1 2>/dev/null | ms >>"$T/t1"
   "$B" train $RUN --threads 2 2>/dev/null | ms >>"$T/t1x2"
   "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 2>/dev/null | ms >>"$T/t2"
+  "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --sequence-parallel 2>/dev/null | ms >>"$T/t2sp"
 done
-t1=$(med <"$T/t1"); t1x2=$(med <"$T/t1x2"); t2=$(med <"$T/t2")
+t1=$(med <"$T/t1"); t1x2=$(med <"$T/t1x2"); t2=$(med <"$T/t2"); t2sp=$(med <"$T/t2sp")
 echo "step time tp 1 (1 thread)  : $t1 ms (runs: $(tr '\n' ' ' <"$T/t1"))"
 echo "step time tp 1 (2 threads) : $t1x2 ms (runs: $(tr '\n' ' ' <"$T/t1x2"))"
 echo "step time tp 2 (2 x 1)     : $t2 ms (runs: $(tr '\n' ' ' <"$T/t2"))"
+echo "step time tp 2 + SP (2 x 1): $t2sp ms (runs: $(tr '\n' ' ' <"$T/t2sp"))"
 echo "speedup tp 2 vs tp 1 x 1 thread: $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.2f", a/b}');" \
      "vs tp 1 x 2 threads: $(awk -v a="$t1x2" -v b="$t2" 'BEGIN{printf "%.2f", a/b}')"
 
-# the collectives' share of the step, from the trace (steps 3.., every rank)
-"$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --trace "$T/tr.json" >/dev/null 2>&1
+# the collectives' share of the step, from the trace (steps 3.., every rank), without and with SP
+for sp in "" --sequence-parallel; do
+echo "tp 2${sp:+ $sp}:"
+"$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 $sp --trace "$T/tr.json" >/dev/null 2>&1
 python3 - "$T/tr.json" <<'PY'
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
@@ -45,6 +51,7 @@ for k in sorted(step):
     print(f"rank {k}: {coll.get(k, 0) / step[k] * 100:.1f}% of the step in the tensor group's collectives "
           f"({n.get(k, 0) / steps:.0f} per step, {coll.get(k, 0) / steps / 1e3:.2f} of {step[k] / steps / 1e3:.2f} ms)")
 PY
+done
 
 # per-device parameters and peak bytes
 "$B" train $RUN --threads 1 --metrics "$T/m1.jsonl" >"$T/o1" 2>&1
@@ -56,6 +63,14 @@ k1=$(peak "$T/m1.jsonl"); k2=$(peak "$T/m2.jsonl")
 echo "parameters per device: tp 1 $p1, tp 2 $p2 (ratio $(awk -v a="$p2" -v b="$p1" 'BEGIN{printf "%.3f", a/b}'))"
 echo "peak bytes per device: tp 1 $k1, tp 2 $k2 (ratio $(awk -v a="$k2" -v b="$k1" 'BEGIN{printf "%.3f", a/b}'))"
 grep -A3 "^rank" "$T/o2" | head -3
+# with SP: the same parameters; the activations between the blocks, the layernorms' and the residuals'
+# split along the sequence (activations = peak - 16 bytes per parameter: weights, gradients, AdamW)
+"$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --sequence-parallel --metrics "$T/m3.jsonl" >"$T/o3" 2>&1
+k3=$(peak "$T/m3.jsonl")
+echo "peak bytes per device: tp 2 + SP $k3 (ratio to tp 2 $(awk -v a="$k3" -v b="$k2" 'BEGIN{printf "%.3f", a/b}'))"
+echo "activations and scratch per device: tp 2 $((k2 - 16 * p2)), tp 2 + SP $((k3 - 16 * p2))" \
+     "(ratio $(awk -v a="$((k3 - 16 * p2))" -v b="$((k2 - 16 * p2))" 'BEGIN{printf "%.3f", a/b}'))"
+grep -A3 "^rank" "$T/o3" | head -3
 
 # the planner's prediction of the tp = 2 plan, against the run
 "$B" plan $M --devices 2 --mem 1G --batch 8 --tp 2 --microbatch-size 4 --schedule 1f1b --measure --threads 1 \

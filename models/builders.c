@@ -17,6 +17,11 @@ static bg_status_t tp_check(const bg_model_config_t *c)
         return bg_error(BG_ERR_INVALID, "tp must be >= 1 (got %d)", tp);
     if (tp == 1)
         return BG_OK;
+    if (c->sequence_parallel && c->kind != BG_MODEL_GPT)
+        return bg_error(BG_ERR_INVALID, "sequence parallelism needs a GPT (an MLP has no sequence to split)");
+    if (c->sequence_parallel && c->seq_len % tp != 0)
+        return bg_error(BG_ERR_INVALID, "sequence parallelism: the sequence length %d is not divisible by tp %d", c->seq_len,
+                        tp);
     if (c->kind == BG_MODEL_GPT) {
         if (c->heads % tp != 0)
             return bg_error(BG_ERR_INVALID, "tp %d: layer blocks.0.attn has %d heads, which tp %d does not divide", tp,
@@ -61,8 +66,20 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
     return tp_check(c);
 }
 
+/* Add l to d, switched to sequence parallelism when sp. */
+static bg_status_t add(bg_model_desc_t *d, bg_layer_t *l, int sp)
+{
+    bg_status_t st = sp ? bg_layer_sequence_parallel(l) : BG_OK;
+    if (st != BG_OK) {
+        bg_layer_destroy(l);
+        return st;
+    }
+    return bg_model_desc_add(d, l);
+}
+
 static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
 {
+    int sp = c->tp > 1 && c->sequence_parallel;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->layers);
     char name[BG_NAME_MAX];
     bg_layer_t *l;
@@ -71,22 +88,22 @@ static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
         BG_CHECK(bg_layer_vocab_embedding("embed", c->vocab, c->seq_len, c->d_model, std, tp, &l));
     else
         BG_CHECK(bg_layer_embedding("embed", c->vocab, c->seq_len, c->d_model, std, &l));
-    BG_CHECK(bg_model_desc_add(d, l));
+    BG_CHECK(add(d, l, sp));
     for (int i = 0; i < c->layers; i++) {
         snprintf(name, sizeof(name), "blocks.%d", i);
         if (tp > 1)
             BG_CHECK(bg_layer_tp_transformer_block(name, c->d_model, c->heads, std, proj_std, tp, &l));
         else
             BG_CHECK(bg_layer_transformer_block(name, c->d_model, c->heads, std, proj_std, &l));
-        BG_CHECK(bg_model_desc_add(d, l));
+        BG_CHECK(add(d, l, sp));
     }
     BG_CHECK(bg_layer_layernorm("ln_f", c->d_model, &l));
-    BG_CHECK(bg_model_desc_add(d, l));
+    BG_CHECK(add(d, l, sp));
     if (tp > 1)
         BG_CHECK(bg_layer_vocab_head("head", c->d_model, c->vocab, 0, std, tp, &l));
     else
         BG_CHECK(bg_layer_head("head", c->d_model, c->vocab, 0, std, &l));
-    BG_CHECK(bg_model_desc_add(d, l));
+    BG_CHECK(add(d, l, sp));
     if (c->tie_embeddings)
         BG_CHECK(bg_model_desc_tie(d, "embed.wte", "head.weight"));
     return BG_OK;

@@ -224,6 +224,25 @@ int bg_model_desc_tp_degree(const bg_model_desc_t *d)
     return deg;
 }
 
+static int layer_has_partial(const bg_layer_t *l)
+{
+    for (int i = 0; i < l->nparams; i++)
+        if (l->params[i].tp_partial)
+            return 1;
+    for (int i = 0; i < l->nchildren; i++)
+        if (layer_has_partial(l->children[i]))
+            return 1;
+    return 0;
+}
+
+int bg_model_desc_sequence_parallel(const bg_model_desc_t *d)
+{
+    for (int i = 0; i < d->n; i++)
+        if (layer_has_partial(d->layers[i]))
+            return 1;
+    return 0;
+}
+
 bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
 {
     if (!tp) { /* unbinding always works; binding models checks the degree */

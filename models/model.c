@@ -16,6 +16,7 @@ struct bg_model {
     int total, first, last;
     bg_tensor_ref_t *tensors;
     int ntensors;
+    int npartial; /* tensors marked tp_partial (sequence parallelism) */
     size_t nparams;
     float *params, *grads; /* flat (nparams) */
     float *opt_m, *opt_v;  /* optimizer state, allocated on the first step */
@@ -97,8 +98,10 @@ bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, 
         goto err_free_model;
     }
     bg__desc_tensors(desc, first, last, m->tensors, &m->ntensors);
-    for (int i = 0; i < m->ntensors; i++)
+    for (int i = 0; i < m->ntensors; i++) {
         m->nparams += m->tensors[i].p->numel;
+        m->npartial += m->tensors[i].p->tp_partial != 0;
+    }
     m->params = bg_backend_alloc(be, m->nparams * sizeof(float), "parameters");
     if (!m->params) {
         st = BG_ERR_NOMEM;
@@ -184,6 +187,29 @@ bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
     bg_model_zero_grads(m);
     return BG_OK;
 }
+
+bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer)
+{
+    const bg_tp_comm_t *tp = bg_model_desc_tp(m->desc);
+    if (!tp || tp->size < 2 || !m->npartial)
+        return BG_OK;
+    /* neighbours in the flat buffer (a layernorm's weight and bias) go in one sum */
+    for (int i = 0; i < m->ntensors;) {
+        const bg_tensor_ref_t *t = &m->tensors[i];
+        if (!t->p->tp_partial || !t->p->grad || (layer >= 0 && t->layer != layer)) {
+            i++;
+            continue;
+        }
+        float *start = t->p->grad;
+        size_t n = 0;
+        while (i < m->ntensors && m->tensors[i].p->tp_partial && (layer < 0 || m->tensors[i].layer == layer) &&
+               m->tensors[i].p->grad && m->tensors[i].p->grad == start + n)
+            n += m->tensors[i++].p->numel;
+        BG_CHECK(tp->allreduce(tp->arg, start, n));
+    }
+    return BG_OK;
+}
+
 int bg_model_num_tensors(const bg_model_t *m) { return m->ntensors; }
 const char *bg_model_tensor_name(const bg_model_t *m, int i) { return m->tensors[i].name; }
 bg_param_t *bg_model_tensor(bg_model_t *m, int i) { return m->tensors[i].p; }

@@ -5,7 +5,7 @@
  *
  * Slot memory:
  *   input   (n,t,c) floats, when the stage's input is an activation
- *   tokens, targets (n*t int32 each) when given
+ *   tokens (n*t int32), when given; targets (one int32 per loss: the last output's n*t), when given
  *   act     for each layer i: [out_i][stash_i]        (F .. end of backward)
  *   dout_in incoming output gradient                   (recv .. end of backward)
  *   bw      split backward: [dout_i, i<k-1][wstash_i][din]   (B .. W)
@@ -299,7 +299,8 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
         m.stash = (in.c ? bg_shape_numel(in) * sizeof(float) : 0) + bg_shape_numel(sh[s->nlayers]) * sizeof(float);
     }
     size_t nt = (size_t)in.n * (size_t)in.t * sizeof(int32_t);
-    m.data = (in.c == 0 ? nt : 0) + (is_last_stage(s) ? nt : 0);
+    size_t nl = (size_t)sh[s->nlayers].n * (size_t)sh[s->nlayers].t * sizeof(int32_t); /* targets: one per loss */
+    m.data = (in.c == 0 ? nt : 0) + (is_last_stage(s) ? nl : 0);
     m.dout = is_last_stage(s) ? 0 : bg_shape_numel(sh[s->nlayers]) * sizeof(float);
     m.split_bw = split_bytes(s, sh, 0, NULL);
     m.fused_bw = fused_bytes(s, sh, 0);
@@ -470,15 +471,18 @@ bg_status_t bg_stage_set_data(bg_stage_t *s, int mb, const int32_t *tokens, cons
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_BEGUN, "set_data", &sl));
     size_t n = (size_t)sl->shapes[0].n * (size_t)sl->shapes[0].t;
+    /* a target per loss: the positions of the last output (under sequence
+     * parallelism the input of a later stage holds a part of them) */
+    size_t nt = (size_t)sl->shapes[s->nlayers].n * (size_t)sl->shapes[s->nlayers].t;
     if (tokens) {
         if (!sl->tokens && !(sl->tokens = bg_backend_alloc(s->be, n * sizeof(int32_t), "tokens")))
             return BG_ERR_NOMEM;
         s->be->ops->from_host(s->be, sl->tokens, tokens, n * sizeof(int32_t));
     }
     if (targets) {
-        if (!sl->targets && !(sl->targets = bg_backend_alloc(s->be, n * sizeof(int32_t), "targets")))
+        if (!sl->targets && !(sl->targets = bg_backend_alloc(s->be, nt * sizeof(int32_t), "targets")))
             return BG_ERR_NOMEM;
-        s->be->ops->from_host(s->be, sl->targets, targets, n * sizeof(int32_t));
+        s->be->ops->from_host(s->be, sl->targets, targets, nt * sizeof(int32_t));
     }
     sl->loss_scale = loss_scale;
     return BG_OK;

@@ -34,6 +34,7 @@ struct bg_plan {
     char schedule[32];
     int optim;
     int zero; /* sharding stage counted (docs/data_parallel.md) */
+    int sp;   /* sequence parallelism: the tp build's layers are split along the sequence */
     double step_ms, bubble, tokens_per_s;
     double flops, link_latency, link_bandwidth;
     int nlayers;
@@ -132,6 +133,7 @@ int bg_plan_recompute(const bg_plan_t *p)
 }
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)p->optim; }
 int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
+int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -160,7 +162,7 @@ void bg_plan_set_free(bg_plan_set_t *s)
  * FLOPs as the layers report them), which also tells apart models whose
  * description JSON is the same (attention heads, for one). diff[0] = 0 when
  * they agree, else it names the first difference. */
-static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, const bg_model_desc_t **d_p,
+static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, int sp, const bg_model_desc_t **d_p,
                                 bg_model_desc_t **own_p);
 
 static bg_status_t layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, char *diff, size_t cap)
@@ -177,7 +179,7 @@ static bg_status_t layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, cha
     }
     bg_model_desc_t *own; /* a tensor-parallel plan's layers are the tp build's, per device */
     const bg_model_desc_t *dt;
-    BG_CHECK(model_for_tp(d, p->tp, &dt, &own));
+    BG_CHECK(model_for_tp(d, p->tp, p->sp, &dt, &own));
     if (!dt) {
         snprintf(diff, cap, "the plan is for tp %d, which the model has no build for", p->tp);
         return BG_OK;
@@ -758,6 +760,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(c->kind));
     p->optim = (int)pa->optim;
     p->zero = c->zero;
+    p->sp = s->tp > 1 && bg_model_desc_sequence_parallel(s->desc);
     p->step_ms = bg_sim_step_time(res);
     p->bubble = bg_sim_bubble(res, -1);
     p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * s->seq / (p->step_ms / 1e3) : 0;
@@ -961,10 +964,12 @@ out:
 }
 
 /* The model built for tensor-parallel degree tp: the given description when
- * it is of that degree, else its builder's configuration with tp (*own_p:
+ * it is of that degree, else its builder's configuration with tp (and, sp >=
+ * 0, sequence parallelism on or off; -1: the builder's) (*own_p:
  * the caller destroys it). *d_p = NULL when there is none (a host's own
  * layers, or sizes tp does not divide). */
-static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, const bg_model_desc_t **d_p, bg_model_desc_t **own_p)
+static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, int sp, const bg_model_desc_t **d_p,
+                                bg_model_desc_t **own_p)
 {
     bg_model_config_t c;
     *own_p = NULL;
@@ -977,6 +982,8 @@ static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, const bg_model
     if (deg != 1 || bg_model_desc_builder(d, &c) != BG_OK)
         return BG_OK;
     c.tp = tp;
+    if (sp >= 0)
+        c.sequence_parallel = sp;
     if (bg_model_config_check(&c) != BG_OK)
         return BG_OK;
     BG_CHECK(bg_model_build(&c, own_p));
@@ -991,7 +998,7 @@ static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int n
     bg_model_desc_t *own;
     const bg_model_desc_t *d;
     *found_p = 0;
-    BG_CHECK(model_for_tp(s->pp->model, tp, &d, &own));
+    BG_CHECK(model_for_tp(s->pp->model, tp, -1, &d, &own));
     if (!d)
         return BG_OK;
     s->tp = tp;
@@ -1221,6 +1228,8 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "optimizer", json_string(p->optim == BG_OPTIM_SGD ? "sgd" : "adamw"));
     if (p->zero)
         json_object_set_new(root, "zero", json_integer(p->zero));
+    if (p->sp)
+        json_object_set_new(root, "sequence_parallel", json_true());
     json_object_set_new(root, "recompute", json_boolean(bg_plan_recompute(p)));
     json_object_set_new(root, "predicted_step_ms", json_real(p->step_ms));
     json_object_set_new(root, "predicted_bubble", json_real(p->bubble));
@@ -1400,6 +1409,9 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     long long zero = 0;
     if (json_object_get(root, "zero"))
         BG_CHECK(get_int(root, "$", "zero", 0, 2, &zero));
+    json_t *jsp = json_object_get(root, "sequence_parallel");
+    if (jsp && !json_is_boolean(jsp))
+        return bg_error(BG_ERR_PARSE, "plan: $.sequence_parallel must be true or false");
     double step_ms = 0, bubble = 0, tps = 0;
     BG_CHECK(get_num(root, "$", "predicted_step_ms", &step_ms));
     if (json_object_get(root, "predicted_bubble"))
@@ -1446,6 +1458,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
     p->zero = (int)zero;
+    p->sp = tp > 1 && json_is_true(jsp);
     p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
     json_t *jd = json_object_get(root, "devices");
     if (json_is_object(jd)) {

@@ -483,9 +483,16 @@ typedef struct {
 static bg_status_t on_layer_done(int layer, int mb, void *arg)
 {
     hook_arg_t *h = arg;
+    int last = mb == h->ch->mb_last; /* the chunk's last microbatch (DualPipe: of its copy) */
+    /* sequence parallelism: the layer's replicated tensors saw this member's
+     * rows only; their sums over the tensor group come before the replicas':
+     * once a step, or with --zero 2 every microbatch whose gradients are
+     * reduce-scattered now */
+    if (last || (h->ch->zero && bg__zero_per_microbatch(h->ch->zero, layer)))
+        BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
     if (h->ch->zero)
         BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
-    if (mb != h->ch->mb_last || h->x->D == 1)
+    if (!last || h->x->D == 1)
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
 }
@@ -1151,6 +1158,12 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (p->data.seq < 0 || (mp->input == BG_INPUT_TOKENS && p->data.seq > mp->seq_len))
         return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", p->data.seq,
                         mp->seq_len);
+    if (p->tp > 1 && bg_model_desc_sequence_parallel(p->model)) { /* sequence parallelism */
+        int seq = mp->input == BG_INPUT_TOKENS && p->data.seq ? p->data.seq : mp->seq_len;
+        if (seq % p->tp != 0)
+            return bg_error(BG_ERR_INVALID, "sequence parallelism: the sequence length %d is not divisible by tp %d",
+                            seq, p->tp);
+    }
     if (!(p->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)p->optim.lr);
     if (p->optim.kind != BG_OPTIM_ADAMW && p->optim.kind != BG_OPTIM_SGD)

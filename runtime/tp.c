@@ -16,7 +16,8 @@ struct bg__tp {
     const int64_t *step; /* steps done (the events' step is the next) */
 };
 
-/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather". */
+/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather" /
+ * "tp_red_scatter" (sequence parallelism; trace names fit 15 characters). */
 static void account(bg__tp_t *t, const char *what, double t0)
 {
     if (t->trace)
@@ -39,6 +40,34 @@ static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_
     bg_status_t st = bg_group_allgather(t->g, send, recv, count * sizeof(float));
     account(t, "tp_allgather", t0);
     return st;
+}
+
+static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, size_t count)
+{
+    bg__tp_t *t = arg;
+    double t0 = bg_now();
+    bg_status_t st = bg_group_reduce_scatter(t->g, send, recv, count, BG_REDUCE_SUM);
+    account(t, "tp_red_scatter", t0);
+    return st;
+}
+
+static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void **req_p)
+{
+    bg__tp_t *t = arg;
+    bg_request_t *r;
+    /* count divides into size equal chunks: member i's is [i count, (i+1) count) (bg_group_chunk) */
+    BG_CHECK(bg_group_ireduce_scatter_inplace(t->g, buf, count * (size_t)t->c.size, BG_REDUCE_SUM, &r));
+    *req_p = r;
+    return BG_OK;
+}
+
+static bg_status_t tp_iallgather(void *arg, float *buf, size_t count, void **req_p)
+{
+    bg__tp_t *t = arg;
+    bg_request_t *r;
+    BG_CHECK(bg_group_iallgather_chunks(t->g, buf, count * (size_t)t->c.size, &r));
+    *req_p = r;
+    return BG_OK;
 }
 
 static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req_p)
@@ -104,7 +133,9 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     free(ranks);
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
-                              .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait};
+                              .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
+                              .reduce_scatter = tp_reduce_scatter, .ireduce_scatter = tp_ireduce_scatter,
+                              .iallgather = tp_iallgather};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {

@@ -112,6 +112,11 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
                         c->microbatches);
     if (c->seq_min < 0)
         return bg_error(BG_ERR_INVALID, "seq_min must be >= 0 (got %d)", c->seq_min);
+    int T = c->seq ? c->seq : c->model.seq_len;
+    if (c->model.tp > 1 && c->model.sequence_parallel && c->seq_min > 0 && c->seq_min < T)
+        return bg_error(BG_ERR_INVALID, "--seq-min %d with --sequence-parallel: every length must be a multiple of "
+                                        "tp %d, and variable lengths are not built for sequence parallelism",
+                        c->seq_min, c->model.tp);
     if (c->checkpoint_every < 0 || c->keep < 0)
         return bg_error(BG_ERR_INVALID, "checkpoint_every and keep must be >= 0");
     if ((c->resume || c->checkpoint_every) && !c->checkpoint_dir)

@@ -203,6 +203,16 @@ bg_status_t bg__zero_prepare(bg__zero_t *z, int layer)
     return BG_OK;
 }
 
+int bg__zero_per_microbatch(const bg__zero_t *z, int layer)
+{
+    if (z->level < 2)
+        return 0;
+    for (int b = 0; b < z->nbuckets; b++)
+        if (layer >= z->buckets[b].lo && layer <= z->buckets[b].hi)
+            return !z->whole[b];
+    return 0;
+}
+
 bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer)
 {
     if (z->level < 2)

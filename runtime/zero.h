@@ -35,6 +35,9 @@ bg_status_t bg__zero_prepare(bg__zero_t *z, int layer);
 /* Level 2, after each layer's weight gradients of a microbatch: reduce-scatter
  * the bucket it closes, fold finished ones, prepare the next layer's bucket. */
 bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer);
+/* Level 2: are @p layer's weight gradients one microbatch's only (its bucket
+ * is reduce-scattered every microbatch, not a whole bucket kept for the step)? */
+int bg__zero_per_microbatch(const bg__zero_t *z, int layer);
 /* Bucket buffers of level 2 (BRIGADE_ZERO_BUFFERS, 2..16; default 3). */
 int bg__zero_buffers(void);
 /* Bytes of gradients this level holds (level 2: the shard, whole buckets

@@ -46,6 +46,8 @@ static void usage(FILE *f)
             "  --tp N|all         tensor-parallel degree: N only, or every degree dividing the devices\n"
             "                     (default: 1, and when no layout fits at 1 the smallest degree that\n"
             "                     fits, said so)\n"
+            "  --sequence-parallel  GPT: plan tp > 1 with sequence parallelism (brigade train\n"
+            "                     --sequence-parallel): activations between blocks split along the sequence\n"
             "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
             "  --zero 0|1|2|auto  count optimizer state (1) and gradients (2) sharded 1/dp (brigade train\n"
@@ -215,7 +217,7 @@ static void print_plan(const bg_plan_t *p, int calibrated)
     printf("\nrun it: brigade launch -n %d -- brigade train ... --pp %d --dp %d --schedule %s", bg_plan_world(p),
            bg_plan_pp(p), bg_plan_dp(p), bg_plan_schedule(p));
     if (bg_plan_tp(p) > 1)
-        printf(" --tp %d", bg_plan_tp(p));
+        printf(" --tp %d%s", bg_plan_tp(p), bg_plan_sequence_parallel(p) ? " --sequence-parallel" : "");
     if (bg_plan_chunks(p) > 1 && strcmp(bg_plan_schedule(p), "zbv"))
         printf(" --chunks %d", bg_plan_chunks(p));
     if (bg_plan_zero(p))
@@ -363,7 +365,7 @@ int bg_cmd_plan(int argc, char **argv)
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -376,7 +378,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"json", required_argument, 0, O_JSON},       {"bench", no_argument, 0, O_BENCH},
         {"help", no_argument, 0, O_HELP},             {"measure", no_argument, 0, O_MEASURE},
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
-        {"zero", required_argument, 0, O_ZERO},
+        {"zero", required_argument, 0, O_ZERO},        {"sequence-parallel", no_argument, 0, O_SP},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -475,6 +477,7 @@ int bg_cmd_plan(int argc, char **argv)
                 return 2;
             threads = (int)v;
             break;
+        case O_SP: mc.sequence_parallel = 1; break;
         case O_HELP:
         case 'h':
             usage(stdout);

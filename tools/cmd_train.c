@@ -40,6 +40,10 @@ static void usage(FILE *f)
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
+            "  --sequence-parallel    GPT with --tp > 1: split the layernorms, residuals and activations\n"
+            "                         between blocks along the sequence (--seq divisible by --tp): less\n"
+            "                         activation memory, a gather and a reduce-scatter per block half\n"
+            "                         instead of one sum (docs/layers.md)\n"
             "  --schedule NAME        gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe\n"
             "                         (default 1f1b)\n"
             "  --chunks V             model chunks per pipeline rank (interleaved, zb-interleaved;\n"
@@ -55,8 +59,9 @@ static void usage(FILE *f)
             "                         brigade plan finds a balanced split\n"
             "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
-            "  --plan FILE            run a plan from brigade plan --json: its model, layout, schedule,\n"
-            "                         batch, microbatches and split (other flags: data, steps, output)\n"
+            "  --plan FILE            run a plan from brigade plan --json: its model, layout (sequence\n"
+            "                         parallelism included), schedule, batch, microbatches and split\n"
+            "                         (other flags: data, steps, output)\n"
             "  --emulate PROFILE      emulated scale: each compute instruction sleeps its stages' time in\n"
             "                         PROFILE (brigade profile --json, the same model) instead of running;\n"
             "                         real executor, transport and message sizes; the weights do not change\n"
@@ -341,8 +346,9 @@ int bg_cmd_train(int argc, char **argv)
     progress_t prog = {.tty = isatty(2), .t_start = bg_now()};
     char warning[1024];
     int zero_flag = 0; /* --zero given (checked against a plan's) */
+    int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -353,7 +359,7 @@ int bg_cmd_train(int argc, char **argv)
         {"metrics", required_argument, 0, O_METRICS}, {"save", required_argument, 0, O_SAVE},
         {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
-        {"tp", required_argument, 0, O_TP},
+        {"tp", required_argument, 0, O_TP},           {"sequence-parallel", no_argument, 0, O_SP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"emulate", required_argument, 0, O_EMULATE}, {"emulate-scale", required_argument, 0, O_EMULATE_SCALE},
@@ -418,6 +424,7 @@ int bg_cmd_train(int argc, char **argv)
             c.optim.kind = k == 0 ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
             break;
         }
+        case O_SP: sequence_parallel = 1; break;
         case O_DATA: c.data_path = optarg; break;
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
@@ -471,17 +478,25 @@ int bg_cmd_train(int argc, char **argv)
     }
     if (optind < argc)
         return bg_cli_fail(cmd, "unexpected argument \"%s\" (see brigade train --help)", argv[optind]);
+    c.model.sequence_parallel = sequence_parallel;
     if (plan_path) {
         if (bg_cli_check_json_object(cmd, plan_path))
             return 1;
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
+        if (sequence_parallel && !bg_plan_sequence_parallel(plan)) {
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "%s counted the memory without sequence parallelism: plan with brigade plan "
+                               "--sequence-parallel, or run it without --sequence-parallel", plan_path);
+        }
+        c.model.sequence_parallel = bg_plan_sequence_parallel(plan); /* the flags' model is checked as planned */
         if (plan_model(cmd, plan_path, plan, model_flags, &c.model)) {
             bg_plan_free(plan);
             return 2;
         }
         c.model.tp = bg_plan_tp(plan);
+        c.model.sequence_parallel = bg_plan_sequence_parallel(plan);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);
         c.microbatches = bg_plan_microbatches(plan);

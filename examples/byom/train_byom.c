@@ -6,10 +6,15 @@
  *
  *     brigade launch -n 2 -- ./train_byom --pp 2 --steps 30 --save out
  *     brigade launch -n 2 -- ./train_byom --tp 2 --steps 30 --save out
+ *     brigade launch -n 2 -- ./train_byom --tp 2 --sequence-parallel --steps 30
  *
  * With --tp T brigade's layers are its tensor-parallel ones (vocabulary-
  * parallel embedding and head, attention heads split over T ranks) while
- * the user's own layers stay replicated on every member: same weights. *
+ * the user's own layers stay replicated on every member: same weights. With
+ * --sequence-parallel too, every layer is switched by bg_layer_sequence_parallel:
+ * between brigade's tensor-parallel regions each member holds its part of
+ * the sequence, the user's layers run on it and their weights' gradients are
+ * summed over the group by the executor (they are marked tp_partial). *
  * The model: token embedding, N x (attention block, SwiGLU block), RMSNorm,
  * and an output head whose weight is tied to the embedding. The data: a
  * synthetic language whose next token is a fixed function of the current
@@ -31,7 +36,19 @@ typedef struct options {
     int ckpt_every, resume;
     long fail_at_step;      /* the batch callback fails at this step (testing errors), -1: never */
     long bad_target_step;   /* the batch callback writes a target out of range at this step, -1: never */
+    int sp;                 /* --sequence-parallel (with --tp > 1) */
 } options_t;
+
+/* Add l to d, switched to sequence parallelism when asked (tp > 1). */
+static bg_status_t add_layer(const options_t *o, bg_model_desc_t *d, bg_layer_t *l)
+{
+    bg_status_t st = o->sp && o->tp > 1 ? bg_layer_sequence_parallel(l) : BG_OK;
+    if (st != BG_OK) {
+        bg_layer_destroy(l);
+        return st;
+    }
+    return bg_model_desc_add(d, l);
+}
 
 /* The host's data: a deterministic function of the request only, as the
  * executor requires (every rank that asks for a microbatch gets the same). */
@@ -80,27 +97,27 @@ static bg_status_t build_model(const options_t *o, bg_model_desc_t **desc_p)
     else
         st = bg_layer_embedding("embed", o->vocab, o->seq, o->d_model, 0.02f, &l);
     if (st == BG_OK)
-        st = bg_model_desc_add(d, l);
+        st = add_layer(o, d, l);
     for (int i = 0; i < o->layers && st == BG_OK; i++) {
         snprintf(name, sizeof(name), "attn.%d", i);
         st = bg_layer_tp_attention_block(name, o->d_model, o->heads, 0.02f, 0.01f, o->tp, &l); /* tp 1: plain */
         if (st == BG_OK)
-            st = bg_model_desc_add(d, l);
+            st = add_layer(o, d, l);
         snprintf(name, sizeof(name), "ffn.%d", i);
         if (st == BG_OK)
             st = byom_ffn_block(name, o->d_model, 2 * o->d_model, 0.02f, &l);
         if (st == BG_OK)
-            st = bg_model_desc_add(d, l);
+            st = add_layer(o, d, l);
     }
     if (st == BG_OK)
         st = byom_rmsnorm("norm_f", o->d_model, &l);
     if (st == BG_OK)
-        st = bg_model_desc_add(d, l);
+        st = add_layer(o, d, l);
     if (st == BG_OK)
         st = o->tp > 1 ? bg_layer_vocab_head("head", o->d_model, o->vocab, 0, 0.02f, o->tp, &l)
                        : bg_layer_head("head", o->d_model, o->vocab, 0, 0.02f, &l);
     if (st == BG_OK)
-        st = bg_model_desc_add(d, l);
+        st = add_layer(o, d, l);
     if (st == BG_OK)
         st = bg_model_desc_tie(d, "embed.wte", "head.weight");
     if (st == BG_OK)
@@ -116,7 +133,7 @@ static bg_status_t build_model(const options_t *o, bg_model_desc_t **desc_p)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: train_byom [--pp N] [--dp N] [--tp N] [--schedule NAME] [--chunks V] [--steps N] [--layers N]\n"
+            "usage: train_byom [--pp N] [--dp N] [--tp N [--sequence-parallel]] [--schedule NAME] [--chunks V] [--steps N] [--layers N]\n"
             "                  [--d-model N] [--heads N] [--seq N] [--vocab N] [--batch N] [--microbatches N]\n"
             "                  [--lr X] [--threads N] [--recompute] [--save DIR]\n"
             "                  [--checkpoint-dir DIR [--checkpoint-every N] [--resume]]\n"
@@ -125,20 +142,22 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    options_t o = {1, 1, 1, 0, 30, 2, 32, 4, 16, 64, 8, 4, 1, 0, 3e-3f, NULL, NULL, NULL, 0, 0, -1, -1};
+    options_t o = {1, 1, 1, 0, 30, 2, 32, 4, 16, 64, 8, 4, 1, 0, 3e-3f, NULL, NULL, NULL, 0, 0, -1, -1, 0};
     static const struct option opts[] = {
         {"pp", 1, 0, 'p'},          {"dp", 1, 0, 'd'},     {"schedule", 1, 0, 's'}, {"chunks", 1, 0, 'c'},
         {"steps", 1, 0, 'n'},       {"layers", 1, 0, 'l'}, {"d-model", 1, 0, 'm'},  {"heads", 1, 0, 'h'},
         {"seq", 1, 0, 't'},         {"vocab", 1, 0, 'v'},  {"batch", 1, 0, 'b'},    {"microbatches", 1, 0, 'M'},
         {"lr", 1, 0, 'r'},          {"threads", 1, 0, 'T'}, {"recompute", 0, 0, 'R'}, {"save", 1, 0, 'o'},
         {"fail-at-step", 1, 0, 'F'}, {"bad-target-at-step", 1, 0, 'G'}, {"checkpoint-dir", 1, 0, 'C'},
-        {"checkpoint-every", 1, 0, 'E'}, {"resume", 0, 0, 'S'}, {"tp", 1, 0, 'P'}, {0, 0, 0, 0}};
+        {"checkpoint-every", 1, 0, 'E'}, {"resume", 0, 0, 'S'}, {"tp", 1, 0, 'P'},
+        {"sequence-parallel", 0, 0, 'Q'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'p': o.pp = atoi(optarg); break;
         case 'd': o.dp = atoi(optarg); break;
         case 'P': o.tp = atoi(optarg); break;
+        case 'Q': o.sp = 1; break;
         case 's': o.schedule = optarg; break;
         case 'c': o.chunks = atoi(optarg); break;
         case 'n': o.steps = atoi(optarg); break;

@@ -71,6 +71,10 @@ typedef struct bg_param {
     int split_parts;                    /**< 0 or 1: the whole tensor; T: this is one of T equal shards */
     int split_blocks;                   /**< 0 or 1: one contiguous piece of split_dim; k: split_dim is k
                                              equal blocks (q, k, v) and the shard holds a piece of each */
+    int tp_partial;                     /**< 1: a replicated tensor whose gradient each member of the tensor
+                                             group computes from its own rows only (sequence parallelism,
+                                             bg_layer_sequence_parallel): summed over the group before the
+                                             optimizer (bg_model_tp_sum_grads) */
 } bg_param_t;
 
 /**
@@ -92,6 +96,18 @@ typedef struct bg_tp_comm {
     bg_status_t (*iallreduce)(void *arg, float *buf, size_t count, void **req_p);
     /** With iallreduce: wait for a sum it started, and free its request. */
     bg_status_t (*wait)(void *arg, void *req);
+    /** Optional (NULL: the layers use allreduce and keep their part): @p send holds size * @p count floats;
+     *  member i gets in @p recv (count floats) the sum over the group of elements [i*count, (i+1)*count).
+     *  Sequence-parallel layers use it. */
+    bg_status_t (*reduce_scatter)(void *arg, const float *send, float *recv, size_t count);
+    /** Optional, with wait (NULL: reduce_scatter): start the in-place reduce-scatter of @p buf, size *
+     *  @p count floats, progressed while the caller computes; when wait returns, elements [rank*count,
+     *  (rank+1)*count) hold their sum over the group (the rest: undefined). @p buf belongs to the group
+     *  until then. */
+    bg_status_t (*ireduce_scatter)(void *arg, float *buf, size_t count, void **req_p);
+    /** Optional, with wait (NULL: allgather): start the in-place gather of @p buf, size * @p count
+     *  floats, this member's at [rank*count, (rank+1)*count); when wait returns, every member's. */
+    bg_status_t (*iallgather)(void *arg, float *buf, size_t count, void **req_p);
 } bg_tp_comm_t;
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
@@ -235,6 +251,16 @@ bg_status_t bg_layer_tp_mlp_block(const char *name, int c, float init_std, float
 /** Tensor-parallel transformer block: the two blocks above. */
 bg_status_t bg_layer_tp_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, int tp,
                                           bg_layer_t **layer_p);
+/** Sequence parallelism (Megatron-LM, Korthikanti et al. 2022; docs/layers.md) on the tree of @p l:
+ *  between the tensor-parallel regions the activation (n, t, c) is split along t, member r holding
+ *  positions [r t/T, (r+1) t/T) of every sequence, (n, t/T, c). A column-parallel linear then gathers
+ *  its input along the sequence (a reduce-scatter of its input gradient backward), a row-parallel one
+ *  reduce-scatters its output instead of summing it (a gather of its output gradient backward); the
+ *  vocabulary-parallel embedding reduce-scatters its output, the vocabulary-parallel head gathers its
+ *  input (its output: the losses of every position). Every other leaf (layernorm, ...) runs on the local
+ *  rows and its tensors become tp_partial. t must be a multiple of T. A plain embedding or loss layer
+ *  in the tree: BG_ERR_INVALID naming it. Call it before the description is checked. */
+bg_status_t bg_layer_sequence_parallel(bg_layer_t *l);
 
 /* ---- shards of tensor-parallel parameters ---- */
 /** Is @p p a shard (split_parts > 1)? */

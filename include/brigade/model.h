@@ -101,6 +101,9 @@ size_t bg_model_desc_param_count(const bg_model_desc_t *d);
 /** The tensor-parallel degree of the description's split tensors (1: none;
  *  -1: layers split over different degrees). */
 int bg_model_desc_tp_degree(const bg_model_desc_t *d);
+/** 1 when a tensor of the description gets partial gradients (bg_param_t.tp_partial: a tree switched
+ *  to sequence parallelism by bg_layer_sequence_parallel), else 0. */
+int bg_model_desc_sequence_parallel(const bg_model_desc_t *d);
 /** Run the description in tensor-parallel group @p tp (NULL: none): its
  *  shards are this member's (initialisation slices the full tensors, saves
  *  gather them) and its layers use the group's collectives. The group must
@@ -147,8 +150,11 @@ typedef struct bg_model_config {
     int tie_embeddings;   /**< GPT: the head's weight is tied to the token embedding */
     int tp;               /**< tensor-parallel degree of the layers built (1: plain layers); not part of
                                the model's identity (its JSON): saves load under any tp */
+    int sequence_parallel; /**< GPT, tp > 1: sequence parallelism (bg_layer_sequence_parallel): layernorms,
+                               residuals and the activations between blocks split along the sequence
+                               (seq_len a multiple of tp); tp = 1: no effect. Not part of the model's identity */
 } bg_model_config_t;
-#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0, 1}
+#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0, 1, 0}
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
@@ -240,6 +246,13 @@ void bg_model_optim_free(bg_model_t *m);
 /** @p hold = 0: free the flat gradient buffer (every tensor's grad becomes
  *  NULL, bg_model_grads returns NULL); 1: allocate it zeroed if absent. */
 bg_status_t bg_model_grads_hold(bg_model_t *m, int hold);
+/** Sequence parallelism: sum over the description's tensor group (bg_model_desc_set_tp) the gradients
+ *  of the tensors marked tp_partial in top-level layer @p layer (-1: every layer of the range), in
+ *  place; a group collective, so every member calls it alike. The executor calls it once a step's last
+ *  microbatch has finished the layer (with --zero 2, every microbatch whose gradients of the layer
+ *  are reduce-scattered at once); a host driving stages itself calls it before the optimizer step.
+ *  No group, or no such tensor: nothing. */
+bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer);
 
 /* ---------------------------------------------------------------- stages */
 

@@ -265,6 +265,9 @@ double bg_plan_tokens_per_s(const bg_plan_t *plan); /**< predicted throughput, t
 int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
 int bg_plan_zero(const bg_plan_t *plan); /**< the sharding stage the plan counted (--zero; 0: none) */
+/** 1: the plan's tp > 1 model is built with sequence parallelism (bg_model_config_t.sequence_parallel,
+ *  its builder's; the plan JSON's "sequence_parallel"), so its activations are counted split */
+int bg_plan_sequence_parallel(const bg_plan_t *plan);
 /** The model the plan was made for: its bg_model_desc_to_json() text, owned
  *  by the plan. bg_model_desc_from_json() rebuilds a builder-made model from
  *  it; check a description of your own with bg_plan_check_model(). */

@@ -3,7 +3,7 @@
 # its own RMSNorm and SwiGLU layers, brigade's attention blocks, a tied
 # embedding/head, its own data callback), trained by the executor on 2 and 3
 # pipeline stages with every schedule, gives bitwise the weights of one
-# process; data and tensor parallelism within 1e-5; errors in the user's data stop every
+# process; data and tensor parallelism (sequence parallelism too) within 1e-5; errors in the user's data stop every
 # rank with the message and the step, and nothing is saved.
 set -u
 B=${BRIGADE:?path of the brigade binary}
@@ -50,6 +50,10 @@ check l2:1e-5 4 --pp 2 --dp 2 --schedule 1f1b
 # tensor parallelism: brigade's layers split over 2 ranks, the user's replicated (AdamW: relative L2)
 check l2:1e-5 2 --tp 2
 check l2:1e-5 4 --pp 2 --tp 2 --schedule zb-h1
+# sequence parallelism: the user's RMSNorm and SwiGLU run on each member's part of the sequence, their
+# gradients summed over the tensor group
+check l2:1e-5 2 --tp 2 --sequence-parallel
+check l2:1e-5 4 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1
 
 # checkpoints of the user's model by its tensor names: 4 steps on 2 stages,
 # then resumed on 3 stages with ZB-V to step 8 = 8 steps of one process

@@ -4,7 +4,10 @@
  * microbatch of a user-style description built from the public layer calls;
  * the losses, the input gradient and every gathered full gradient must match
  * the same model built from the plain layers, run whole. Also: the shard
- * layout (q, k, v blocks), the layout-independent JSON, and the errors. */
+ * layout (q, k, v blocks), the layout-independent JSON, and the errors.
+ * Sequence parallelism: the same GPT switched to it, and its regions (a
+ * block split along the sequence) layer by layer: forward, backward-input
+ * and backward-weight against the unsplit block. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,6 +65,72 @@ static bg_status_t fake_allgather(void *arg, const float *send, float *recv, siz
         memcpy(recv + (size_t)r * n, sh->bufs[r], n * sizeof(float));
     pthread_barrier_wait(&sh->bar);
     return BG_OK;
+}
+
+/* member i gets the sum of elements [i n, (i+1) n) of every member's send, in member order */
+static bg_status_t fake_reduce_scatter(void *arg, const float *send, float *recv, size_t n)
+{
+    member_t *m = arg;
+    shared_t *sh = m->sh;
+    sh->bufs[m->rank] = send;
+    pthread_barrier_wait(&sh->bar);
+    for (size_t i = 0; i < n; i++) {
+        float sum = 0;
+        for (int r = 0; r < sh->T; r++)
+            sum += sh->bufs[r][(size_t)m->rank * n + i];
+        recv[i] = sum;
+    }
+    pthread_barrier_wait(&sh->bar);
+    return BG_OK;
+}
+
+/* The non-blocking in-place form, done at once: this member's chunk of buf gets the sum */
+static bg_status_t fake_ireduce_scatter(void *arg, float *buf, size_t n, void **req_p)
+{
+    member_t *m = arg;
+    float *mine = malloc(n ? n * sizeof(float) : 1);
+    if (!mine)
+        return BG_ERR_NOMEM;
+    bg_status_t st = fake_reduce_scatter(arg, buf, mine, n); /* ends with a barrier: every member has read */
+    memcpy(buf + (size_t)m->rank * n, mine, n * sizeof(float));
+    free(mine);
+    *req_p = buf;
+    return st;
+}
+
+/* The non-blocking in-place gather, done at once: member r's chunk from member r's buf */
+static bg_status_t fake_iallgather(void *arg, float *buf, size_t n, void **req_p)
+{
+    member_t *m = arg;
+    shared_t *sh = m->sh;
+    sh->bufs[m->rank] = buf;
+    pthread_barrier_wait(&sh->bar);
+    for (int r = 0; r < sh->T; r++)
+        if (r != m->rank)
+            memcpy(buf + (size_t)r * n, sh->bufs[r] + (size_t)r * n, n * sizeof(float));
+    pthread_barrier_wait(&sh->bar);
+    *req_p = buf;
+    return BG_OK;
+}
+
+static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p);
+static bg_status_t fake_wait(void *arg, void *req);
+
+/* The group of member r of T; nb: with the optional functions (the non-blocking
+ * sums, the reduce-scatter, the non-blocking reduce-scatter and gather), else without (the
+ * layers' fallbacks). */
+static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
+{
+    return (bg_tp_comm_t){T,
+                          r,
+                          fake_allreduce,
+                          fake_allgather,
+                          m,
+                          nb ? fake_iallreduce : NULL,
+                          nb ? fake_wait : NULL,
+                          nb ? fake_reduce_scatter : NULL,
+                          nb ? fake_ireduce_scatter : NULL,
+                          nb ? fake_iallgather : NULL};
 }
 
 /* The non-blocking form, done at once (the layers' split path: rows in
@@ -139,6 +208,15 @@ static bg_model_desc_t *user_gpt(int tp)
     return d;
 }
 
+/* The same GPT under sequence parallelism (tp > 0). */
+static bg_model_desc_t *user_gpt_sp(int tp)
+{
+    bg_model_desc_t *d = user_gpt(tp);
+    for (int i = 0; tp && i < bg_model_desc_num_layers(d); i++)
+        assert_int_equal(bg_layer_sequence_parallel(bg_model_desc_layer(d, i)), BG_OK);
+    return d;
+}
+
 /* One microbatch's forward and backward: losses (NB*NT) and full gradients
  * (host, in tensor order, concatenated; gathered from the group). */
 typedef struct result {
@@ -199,6 +277,8 @@ static void run_one(job_t *j)
     float *din = NULL;
     if (r->st == BG_OK)
         r->st = bg_stage_backward(s, 0, &din);
+    if (r->st == BG_OK) /* sequence parallelism: the layernorms' parts (else nothing) */
+        r->st = bg_model_tp_sum_grads(m, -1);
     if (r->st == BG_OK)
         bg_stage_end(s, 0);
     size_t total = 0;
@@ -240,8 +320,8 @@ static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
     job_t jobs[MAXT];
     pthread_t th[MAXT];
     for (int r = 0; r < T; r++) {
-        mem[r] = (member_t){&sh, r, {T, r, fake_allreduce, fake_allgather, &mem[r], nb ? fake_iallreduce : NULL,
-                                      nb ? fake_wait : NULL}};
+        mem[r] = (member_t){&sh, r, {0}};
+        mem[r].comm = fake_comm(&mem[r], T, r, nb);
         jobs[r] = (job_t){build, T, &mem[r], &parts[r]};
         assert_int_equal(pthread_create(&th[r], NULL, thread_main, &jobs[r]), 0);
     }
@@ -283,6 +363,235 @@ static void test_user_mlp_tp2(void **s) { (void)s; check_equivalent(user_mlp, 2)
 static void test_user_mlp_tp4(void **s) { (void)s; check_equivalent(user_mlp, 4); }
 static void test_user_gpt_tp2(void **s) { (void)s; check_equivalent(user_gpt, 2); }
 static void test_user_gpt_tp4(void **s) { (void)s; check_equivalent(user_gpt, 4); }
+static void test_user_gpt_sp2(void **s) { (void)s; check_equivalent(user_gpt_sp, 2); }
+static void test_user_gpt_sp4(void **s) { (void)s; check_equivalent(user_gpt_sp, 4); }
+
+/* ------------------------------------------------ sequence-parallel regions */
+
+/* An activation, a block (attention or MLP), a head: the block alone is
+ * the region tested (layers [1, 1]: a stage that is neither the first nor
+ * the last takes an output gradient and gives an input gradient). tp > 0: the tensor-parallel block switched to sequence
+ * parallelism; 0: the plain block. */
+static bg_model_desc_t *region_desc(int tp, int attn)
+{
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.input = BG_INPUT_FEATURES;
+    dp.features = C;
+    dp.seq_len = NT;
+    dp.name = "region";
+    bg_model_desc_t *d;
+    bg_layer_t *l[3];
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    assert_int_equal(bg_layer_activation("act", BG_ACT_GELU, &l[2]), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, l[2]), BG_OK);
+    if (tp) {
+        assert_int_equal(attn ? bg_layer_tp_attention_block("blk", C, HEADS, 0.3f, 0.2f, tp, &l[0])
+                              : bg_layer_tp_mlp_block("blk", C, 0.3f, 0.2f, tp, &l[0]), BG_OK);
+        assert_int_equal(bg_layer_vocab_head("head", C, CLS, 0, 0.3f, tp, &l[1]), BG_OK);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(bg_layer_sequence_parallel(l[i]), BG_OK);
+    } else {
+        assert_int_equal(attn ? bg_layer_attention_block("blk", C, HEADS, 0.3f, 0.2f, &l[0])
+                              : bg_layer_mlp_block("blk", C, 0.3f, 0.2f, &l[0]), BG_OK);
+        assert_int_equal(bg_layer_head("head", C, CLS, 0, 0.3f, &l[1]), BG_OK);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    return d;
+}
+
+typedef struct region_job {
+    int tp, attn;
+    member_t *me;              /* NULL: whole */
+    float out[NB * NT * C];    /* at the positions this member holds (all: whole) */
+    float din[NB * NT * C];
+    float *grads;              /* full, gathered, after the group's sum */
+    size_t ngrads;
+    bg_status_t st;
+} region_job_t;
+
+static float region_x(int i) { return sinf(0.37f * (float)i + 0.1f); }
+static float region_dy(int i) { return 0.05f * cosf(0.23f * (float)i); }
+
+/* F, B and W (apart) of the block on this member's positions (n, NT/T, C) of
+ * one activation and output gradient. */
+static void *region_run(void *arg)
+{
+    region_job_t *j = arg;
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bp.num_threads = 1;
+    bg_backend_t *b;
+    bg_model_desc_t *d = region_desc(j->tp, j->attn);
+    if ((j->st = bg_backend_create("cpu", &bp, &b)) != BG_OK)
+        return NULL;
+    int T = j->me ? j->tp : 1, r = j->me ? j->me->rank : 0, tl = NT / T;
+    if (j->me)
+        j->st = bg_model_desc_set_tp(d, &j->me->comm);
+    bg_model_t *m = NULL;
+    bg_stage_t *s = NULL;
+    if (j->st == BG_OK)
+        j->st = bg_model_create(d, b, 1, 1, &m);
+    if (j->st == BG_OK)
+        j->st = bg_stage_create(m, 1, &s);
+    float x[NB * NT * C], h[NB * NT * C], *in = NULL, *out = NULL, *dout = NULL, *din = NULL;
+    size_t rows = (size_t)tl * C;
+    for (int q = 0; q < NB; q++) /* this member's positions [r tl, (r+1) tl) of sequence q */
+        for (size_t k = 0; k < rows; k++)
+            x[q * rows + k] = region_x((int)((size_t)q * NT * C + (size_t)r * rows + k));
+    bg_shape_t os;
+    if (j->st == BG_OK)
+        j->st = bg_stage_begin(s, 0, (bg_shape_t){NB, tl, C}, &in);
+    if (j->st == BG_OK) {
+        b->ops->from_host(b, in, x, (size_t)NB * rows * sizeof(float));
+        j->st = bg_stage_forward(s, 0, &out, &os);
+    }
+    if (j->st == BG_OK && (os.n != NB || os.t != tl || os.c != C))
+        j->st = bg_error(BG_ERR_INVALID, "region output (%d,%d,%d)", os.n, os.t, os.c);
+    if (j->st == BG_OK)
+        j->st = bg_stage_grad_buffer(s, 0, &dout);
+    if (j->st == BG_OK) {
+        b->ops->to_host(b, h, out, (size_t)NB * rows * sizeof(float));
+        for (int q = 0; q < NB; q++)
+            for (size_t k = 0; k < rows; k++) {
+                size_t g = (size_t)q * NT * C + (size_t)r * rows + k;
+                j->out[g] = h[q * rows + k];
+                x[q * rows + k] = region_dy((int)g);
+            }
+        b->ops->from_host(b, dout, x, (size_t)NB * rows * sizeof(float));
+        j->st = bg_stage_backward_input(s, 0, &din);
+    }
+    if (j->st == BG_OK && !din)
+        j->st = bg_error(BG_ERR_INVALID, "no input gradient");
+    if (j->st == BG_OK) {
+        b->ops->to_host(b, h, din, (size_t)NB * rows * sizeof(float));
+        for (int q = 0; q < NB; q++)
+            for (size_t k = 0; k < rows; k++)
+                j->din[(size_t)q * NT * C + (size_t)r * rows + k] = h[q * rows + k];
+    }
+    if (j->st == BG_OK)
+        j->st = bg_stage_backward_weight(s, 0);
+    if (j->st == BG_OK)
+        j->st = bg_model_tp_sum_grads(m, -1);
+    int64_t shape[BG_PARAM_MAX_DIMS];
+    size_t total = 0;
+    for (int i = 0; j->st == BG_OK && i < bg_model_num_tensors(m); i++)
+        total += bg_param_full_shape(bg_model_tensor(m, i), shape);
+    j->grads = calloc(total ? total : 1, sizeof(float));
+    j->ngrads = total;
+    for (size_t i = 0, off = 0; j->st == BG_OK && i < (size_t)bg_model_num_tensors(m); i++) {
+        bg_param_t *p = bg_model_tensor(m, (int)i);
+        j->st = bg_param_gather_full(bg_model_desc_tp(d), b, p, p->grad, j->grads + off);
+        off += bg_param_full_shape(p, shape);
+    }
+    bg_stage_destroy(s);
+    bg_model_destroy(m);
+    bg_model_desc_destroy(d);
+    bg_backend_destroy(b);
+    return NULL;
+}
+
+/* ||a - b|| / ||b|| */
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : INFINITY;
+}
+
+static void check_region(int attn, int T, int nb)
+{
+    static region_job_t whole, parts[MAXT]; /* large: off the stack */
+    memset(&whole, 0, sizeof whole);
+    memset(parts, 0, sizeof parts);
+    whole.attn = attn;
+    region_run(&whole);
+    assert_int_equal(whole.st, BG_OK);
+    shared_t sh = {.T = T};
+    pthread_barrier_init(&sh.bar, NULL, (unsigned)T);
+    member_t mem[MAXT];
+    pthread_t th[MAXT];
+    for (int r = 0; r < T; r++) {
+        mem[r] = (member_t){&sh, r, {0}};
+        mem[r].comm = fake_comm(&mem[r], T, r, nb);
+        parts[r].tp = T;
+        parts[r].attn = attn;
+        parts[r].me = &mem[r];
+        assert_int_equal(pthread_create(&th[r], NULL, region_run, &parts[r]), 0);
+    }
+    for (int r = 0; r < T; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&sh.bar);
+    float out[NB * NT * C] = {0}, din[NB * NT * C] = {0};
+    for (int r = 0; r < T; r++) { /* each member's positions into one activation */
+        assert_int_equal(parts[r].st, BG_OK);
+        for (int i = 0; i < NB * NT * C; i++) {
+            out[i] += parts[r].out[i];
+            din[i] += parts[r].din[i];
+        }
+    }
+    const char *what = attn ? "attention" : "mlp";
+    double e_out = rel_l2(out, whole.out, NB * NT * C), e_din = rel_l2(din, whole.din, NB * NT * C);
+    if (e_out > 1e-5 || e_din > 1e-5)
+        fail_msg("sp %s block, tp %d: output differs by %g, input gradient by %g (relative L2)", what, T, e_out, e_din);
+    for (int r = 0; r < T; r++) {
+        assert_int_equal(parts[r].ngrads, whole.ngrads);
+        double e = rel_l2(parts[r].grads, whole.grads, whole.ngrads);
+        if (e > 1e-5)
+            fail_msg("sp %s block, tp %d member %d: weight gradients differ by %g (relative L2)", what, T, r, e);
+        for (size_t i = 0; i < whole.ngrads; i++) /* replicated tensors stay replicated */
+            if (parts[r].grads[i] != parts[0].grads[i])
+                fail_msg("sp %s block, tp %d: member %d's gradient %zu is %.9g, member 0's %.9g", what, T, r, i,
+                         (double)parts[r].grads[i], (double)parts[0].grads[i]);
+    }
+    for (int r = 0; r < T; r++)
+        free(parts[r].grads);
+    free(whole.grads);
+}
+
+static void test_sp_regions(void **s)
+{
+    (void)s;
+    for (int attn = 0; attn < 2; attn++)
+        for (int T = 2; T <= 4; T += 2)
+            for (int nb = 0; nb < 2; nb++) /* with the group's reduce-scatter, and without (its fallback) */
+                check_region(attn, T, nb);
+}
+
+/* A sequence the group cannot split, a plain loss layer: one message naming the sizes or the layer. */
+static void test_sp_errors(void **s)
+{
+    (void)s;
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.tp = 4;
+    c.seq_len = 18;
+    c.sequence_parallel = 1;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_build(&c, &d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "the sequence length 18 is not divisible by tp 4"));
+    c.kind = BG_MODEL_MLP;
+    c.seq_len = 16;
+    assert_int_equal(bg_model_build(&c, &d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "sequence parallelism needs a GPT"));
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_head("head", 4, 8, 0, 0.1f, &l), BG_OK);
+    assert_int_equal(bg_layer_sequence_parallel(l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer head (head): sequence parallelism needs the vocabulary-parallel head"));
+    bg_layer_destroy(l);
+    /* a row-parallel layer fed a sequence its degree does not divide */
+    assert_int_equal(bg_layer_row_linear("proj", 8, 4, 1, 0.1f, 4, &l), BG_OK);
+    assert_int_equal(bg_layer_sequence_parallel(l), BG_OK);
+    bg_shape_t o;
+    assert_int_equal(bg_layer_out_shape(l, (bg_shape_t){2, 6, 2}, &o), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer proj (row_linear): sequence length 6 is not divisible by the "
+                                            "tensor-parallel degree 4"));
+    assert_int_equal(bg_layer_out_shape(l, (bg_shape_t){2, 8, 2}, &o), BG_OK);
+    assert_true(o.n == 2 && o.t == 2 && o.c == 4);
+    bg_layer_destroy(l);
+}
 
 /* The q, k, v blocks: member r holds rows [r*c/T, (r+1)*c/T) of each. */
 static void test_shard_layout(void **s)
@@ -345,7 +654,7 @@ static void test_json_layout_independent(void **s)
     bg_model_t *m;
     assert_int_not_equal(bg_model_create(d4, be, -1, -1, &m), BG_OK);
     assert_non_null(strstr(bg_last_error(), "tensor-parallel group"));
-    bg_tp_comm_t two = {2, 0, fake_allreduce, fake_allgather, NULL, NULL, NULL};
+    bg_tp_comm_t two = fake_comm(NULL, 2, 0, 0);
     assert_int_equal(bg_model_desc_set_tp(d4, &two), BG_ERR_INVALID);
     assert_non_null(strstr(bg_last_error(), "degree 4"));
     bg_model_desc_destroy(d1);
@@ -379,6 +688,10 @@ int main(void)
         cmocka_unit_test(test_user_mlp_tp4),
         cmocka_unit_test(test_user_gpt_tp2),
         cmocka_unit_test(test_user_gpt_tp4),
+        cmocka_unit_test(test_user_gpt_sp2),
+        cmocka_unit_test(test_user_gpt_sp4),
+        cmocka_unit_test(test_sp_regions),
+        cmocka_unit_test(test_sp_errors),
         cmocka_unit_test(test_shard_layout),
         cmocka_unit_test(test_json_layout_independent),
         cmocka_unit_test(test_bad_sizes),

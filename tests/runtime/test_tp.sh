@@ -7,6 +7,10 @@
 # m/sqrt(v) turns last-bit gradient differences of near-zero biases into
 # visible steps. A tp = 2 checkpoint resumes at tp = 1 and tp = 4 onto the
 # same weights. Sizes tp cannot divide fail with one line naming the layer.
+# Sequence parallelism (--sequence-parallel) the same: tp 2, 4, with pp, dp,
+# zb-h1 + recompute, ZeRO 1 and 2 and AdamW with tied embeddings; half the pipeline
+# bytes of tp 2; its checkpoint resumes at tp 1 (and a tp 2 one under SP at
+# tp 4); the memory it predicts is what it allocates, less than tp alone.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
@@ -77,6 +81,98 @@ for t in 1 4; do
   fi
 done
 
+# sequence parallelism: layernorms, residuals and the activations between blocks split along the
+# sequence; the same tolerances against one process
+SP="--sequence-parallel"
+run gpt_sp2 2 $GPT --steps 10 --tp 2 $SP && same gpt gpt_sp2 1e-5
+run gpt_sp4 4 $GPT --steps 10 --tp 4 $SP && same gpt gpt_sp4 1e-5
+run gpt_sp_pp2 4 $GPT --steps 10 --tp 2 --pp 2 $SP && same gpt gpt_sp_pp2 1e-5
+run gpt_sp_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 $SP && same gpt gpt_sp_3d 1e-5
+run gpt_sp_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute $SP && same gpt gpt_sp_zb 1e-5
+run gpt_sp_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 1 $SP && same gpt gpt_sp_zero 1e-5
+# --zero 2 reduce-scatters every microbatch's buckets (one per layer here): the tensor group sums each
+# microbatch's layernorm gradients first; a tied (whole) bucket once a step
+BRIGADE_BUCKET_MB=0 run gpt_sp_zero2 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 $SP && same gpt gpt_sp_zero2 1e-5
+run adam_sp2 2 $ADAM --steps 10 --tp 2 $SP && same adam adam_sp2 l2:1e-5
+BRIGADE_BUCKET_MB=0 run adam_sp_4d 8 $ADAM --steps 10 --tp 2 --dp 2 --pp 2 --zero 2 $SP && same adam adam_sp_4d l2:1e-5
+# one sequence per microbatch: the members' gathered rows are already in sequence order
+run gpt_n1 1 ${GPT/--microbatches 2/--microbatches 8} --steps 10
+run gpt_n1_sp2 2 ${GPT/--microbatches 2/--microbatches 8} --steps 10 --tp 2 $SP && same gpt_n1 gpt_n1_sp2 1e-5
+# the pipeline carries this member's part of the sequence: half the bytes of tp 2 without it
+run gpt_pp2_tp2 4 $GPT --steps 10 --tp 2 --pp 2
+b0=$(grep '"rank": 0,' "$T/gpt_pp2_tp2.jsonl" | head -1 | sed 's/.*"bytes_sent": \([0-9]*\).*/\1/')
+b1=$(grep '"rank": 0,' "$T/gpt_sp_pp2.jsonl" | head -1 | sed 's/.*"bytes_sent": \([0-9]*\).*/\1/')
+[ -n "$b0" ] && [ -n "$b1" ] && [ "$((2 * b1))" = "$b0" ] && ok "pp 2 x tp 2: rank 0 sends $b0 bytes a step, $b1 with $SP" ||
+  bad "pp 2 x tp 2: rank 0 sends ${b0:-?} bytes a step, ${b1:-?} with $SP (expected half)"
+# the trace names SP's collectives: gathers, reduce-scatters (blocking ones and the waits of the overlapped)
+if timeout 120 "$B" launch -n 2 -- "$B" train $GPT --steps 2 --tp 2 $SP --quiet --trace "$T/sp_trace.json" >"$T/sp_trace.log" 2>&1; then
+  names=$(grep -o '"op": *"tp_[a-z_]*"' "$T/sp_trace.json" | sed 's/.*"\(tp_[a-z_]*\)"/\1/' | sort | uniq -c | tr '\n' ' ')
+  grep -q '"tp_red_scatter"' "$T/sp_trace.json" && grep -q '"tp_allgather"' "$T/sp_trace.json" && grep -q '"tp_wait"' "$T/sp_trace.json" &&
+    ok "SP trace: $names" || bad "SP trace lacks its collectives: $names"
+else
+  bad "SP trace run: $(tail -3 "$T/sp_trace.log")"
+fi
+# an SP checkpoint (full tensors) resumes at tp 1; a tp 2 one resumes under SP at tp 4
+timeout 120 "$B" launch -n 2 -- "$B" train $GPT --steps 5 --tp 2 $SP --quiet --checkpoint-dir "$T/cksp" >"$T/cksp.log" 2>&1 ||
+  bad "SP checkpoint run: $(tail -3 "$T/cksp.log")"
+for v in "1 cksp" "4 ck"; do
+  set -- $v
+  rm -rf "$T/$2_$1" && cp -r "$T/$2" "$T/$2_$1"
+  cmd=("$B" train $GPT --steps 10 --tp $1 --quiet --checkpoint-dir "$T/$2_$1" --resume --save "$T/res_$2_$1")
+  [ $1 -gt 1 ] && cmd=("$B" launch -n $1 -- "${cmd[@]}" $SP)
+  if timeout 120 "${cmd[@]}" >"$T/res_$2_$1.log" 2>&1 && grep -q "resuming from .*step-00000005" "$T/res_$2_$1.log"; then
+    v=$("$B" compare "$T/gpt" "$T/res_$2_$1" --rtol 1e-5) && ok "$2 checkpoint resumed at tp $1: $v" || bad "$2 at tp $1: $v"
+  else
+    bad "$2 checkpoint at tp $1: $(tail -3 "$T/res_$2_$1.log")"
+  fi
+done
+# memory: per rank, the measured activation peak and peak equal the predictions (the rank table's
+# act / act sim and peak / mem sim, as printed), and SP holds fewer activation bytes than tp alone
+MEM="--model gpt --layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 2 --steps 3 --threads 1"
+for sp in "" "$SP"; do
+  for pp in 1 2; do
+    name=mem_${pp}${sp:+_sp}
+    if ! timeout 120 "$B" launch -n $((2 * pp)) -- "$B" train $MEM --tp 2 --pp $pp $sp --quiet >"$T/$name.o" 2>"$T/$name.e"; then
+      bad "$name did not run: $(grep -v WARN "$T/$name.e" | tail -3)"; continue
+    fi
+    # rank peak act act_sim mem_sim
+    awk '$1 ~ /^[0-9]+$/ && NF >= 11 {print $1, $5, $6, $7, $11}' "$T/$name.e" >"$T/$name.m"
+    if [ "$(wc -l <"$T/$name.m")" = $((2 * pp)) ] &&
+       awk -v pp=$pp '{ if (pp == 1 && ($3 != $4 || $2 != $5)) exit 1; if ($2 > 1.10 * $5 || $2 < 0.90 * $5 || $3 > 1.05 * $4 || $3 < 0.95 * $4) exit 1 }' "$T/$name.m"; then
+      ok "$name: per rank peak/predicted, activations/predicted MiB: $(awk '{printf "%s/%s %s/%s; ", $2, $5, $3, $4}' "$T/$name.m")"
+    else
+      bad "$name: peak vs prediction: $(tr '\n' ';' <"$T/$name.m")"
+    fi
+  done
+done
+for pp in 1 2; do
+  a=$(awk 'NR == 1 {print $3}' "$T/mem_$pp.m" 2>/dev/null); s=$(awk 'NR == 1 {print $3}' "$T/mem_${pp}_sp.m" 2>/dev/null)
+  awk -v a="${a:-0}" -v s="${s:-0}" 'BEGIN { exit !(s > 0 && s < a) }' &&
+    ok "pp $pp x tp 2: rank 0 activations $a MiB, $s MiB with $SP" || bad "pp $pp x tp 2: activations ${a:-?} MiB, ${s:-?} with $SP"
+done
+# the planner counts SP's split activations: brigade plan --sequence-parallel records it in the plan,
+# train --plan runs it with rank 0's peak as predicted (the printed MiB equal), below the plan without SP
+PM="--model gpt --layers 2 --d-model 64 --heads 4 --seq 32 --devices 2 --mem 1G --batch 8 --tp 2 --microbatch-size 4 --schedule 1f1b"
+for sp in "" "$SP"; do
+  name=plan${sp:+_sp}
+  if "$B" plan $PM $sp --json "$T/$name.json" >"$T/$name.o" 2>&1 &&
+     timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/$name.json" --steps 2 --threads 1 --quiet >"$T/$name.t" 2>&1; then
+    line=$(grep "rank 0 peak" "$T/$name.t")
+    echo "$line" | sed -nE 's/.*rank 0 peak ([0-9.]+) MiB, predicted ([0-9.]+) MiB.*/\1 \2/p' >"$T/$name.mp"
+    awk '{ exit !($1 > 0 && $1 == $2) }' "$T/$name.mp" && ok "$name: $line" || bad "$name: $line"
+  else
+    bad "$name: $(tail -3 "$T/$name.o" "$T/$name.t" 2>/dev/null)"
+  fi
+done
+grep -q '"sequence_parallel": true' "$T/plan_sp.json" && ! grep -q sequence_parallel "$T/plan.json" &&
+  ok "the plan JSON records sequence parallelism" || bad "the plan JSON does not record sequence parallelism"
+awk 'NR == FNR { a = $1; next } { exit !($1 < a) }' "$T/plan.mp" "$T/plan_sp.mp" 2>/dev/null &&
+  ok "planned peak with SP $(cut -d' ' -f1 "$T/plan_sp.mp") MiB < $(cut -d' ' -f1 "$T/plan.mp") MiB without" ||
+  bad "planned peak with SP not below without"
+out=$("$B" train --plan "$T/plan.json" $SP --steps 1 2>&1) && bad "--sequence-parallel against a plan without it ran" ||
+  { [ "$(wc -l <<<"$out")" = 1 ] && grep -q "counted the memory without sequence parallelism" <<<"$out" &&
+    ok "SP against a plan without it: $out" || bad "SP against a plan without it: $out"; }
+
 # bad sizes: one line naming the layer and the sizes, non-zero, no rank started
 expect_error() {
   local want=$1; shift
@@ -93,5 +189,8 @@ expect_error "layers embed and head have a vocabulary of 258, which tp 4 does no
   ${GPT/--seq 16/--seq 16 --vocab 258} --tp 4
 expect_error "layer fc.0 has 26 output features (d_model), which tp 4 does not divide" ${MLP/--d-model 24/--d-model 26} --tp 4
 expect_error "layer head has 6 classes, which tp 4 does not divide" ${MLP/--classes 8/--classes 6} --tp 4
+expect_error "sequence parallelism: the sequence length 18 is not divisible by tp 4" ${GPT/--seq 16/--seq 18} --tp 4 $SP
+expect_error "sequence parallelism needs a GPT" $MLP --tp 2 $SP
+expect_error "seq-min 5 with --sequence-parallel" $GPT --tp 2 $SP --seq-min 5
 
 finish
