@@ -265,6 +265,14 @@ size_t bg_model_desc_param_count(const bg_model_desc_t *d)
     return n;
 }
 
+int bg_model_desc_num_tensors(const bg_model_desc_t *d)
+{
+    int n = 0;
+    if (d->n > 0)
+        bg__desc_tensors(d, 0, d->n - 1, NULL, &n);
+    return n;
+}
+
 /* All tensors of the model (malloc'ed). */
 static bg_status_t all_tensors(const bg_model_desc_t *d, bg_tensor_ref_t **refs_p, int *n_p)
 {

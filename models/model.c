@@ -202,6 +202,11 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind) { return kind == BG_OPTIM_ADAM
 
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t)
 {
+    return bg_model_optim_step_tensors(m, opt, t, NULL);
+}
+
+bg_status_t bg_model_optim_step_tensors(bg_model_t *m, const bg_optim_config_t *opt, int t, const unsigned char *which)
+{
     bg_backend_t *be = m->be;
     if (opt->kind != BG_OPTIM_ADAMW && opt->kind != BG_OPTIM_SGD)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)opt->kind);
@@ -211,6 +216,8 @@ bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     }
     for (int i = 0; i < m->ntensors; i++) {
+        if (which && !which[i])
+            continue;
         bg_param_t *p = m->tensors[i].p;
         size_t off = (size_t)(p->data - m->params);
         float wd = p->decay ? opt->weight_decay : 0.0f;

@@ -959,6 +959,24 @@ int bg_comm_local_rank(const bg_comm_t *c) { return c->local_rank; }
 double bg_comm_timeout(const bg_comm_t *c) { return c->timeout_s; }
 bg_status_t bg_comm_health(bg_comm_t *c) { return bg__peer_status(c, -1, "health"); }
 
+int bg_comm_peer_alive(bg_comm_t *c, int peer)
+{
+    if (peer < 0 || peer >= c->size)
+        return 0;
+    if (!atomic_load(&c->failed))
+        return 1;
+    bg__lock(c);
+    int alive = !c->dead[peer];
+    bg__unlock(c);
+    return alive;
+}
+
+void bg_comm_acknowledge_failures(bg_comm_t *c)
+{
+    if (atomic_load(&c->failed))
+        atomic_store(&c->fail_told, 1);
+}
+
 /* ---- point-to-point API ----------------------------------------------------------------- */
 
 static bg_status_t bg__p2p(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t tag, void *buf,

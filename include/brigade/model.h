@@ -91,6 +91,7 @@ bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i); /**< top-level
 /** Classes of the loss layer (targets are ids in [0, classes)); 0 if the last layer is no loss. */
 int bg_model_desc_classes(const bg_model_desc_t *d);
 int bg_model_desc_num_ties(const bg_model_desc_t *d); /**< ties declared */
+int bg_model_desc_num_tensors(const bg_model_desc_t *d); /**< named parameter tensors of the whole model */
 /** Tie i: *a_p is the source, *b_p the copy. */
 void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p);
 /** Shape of the model's input for n sequences of t positions (t is ignored
@@ -228,6 +229,9 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind);
 /** One optimizer step over the range's parameters (t is the 1-based step).
  *  Allocates the optimizer state on first use. */
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t);
+/** The same step over the tensors i with @p which[i] != 0 only (bg_model_tensor
+ *  order; NULL: every tensor): a parameter server updates the tensors it holds. */
+bg_status_t bg_model_optim_step_tensors(bg_model_t *m, const bg_optim_config_t *opt, int t, const unsigned char *which);
 /** Allocate (zeroed) the optimizer state of @p kind if not yet there (before loading a checkpoint). */
 bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind);
 /** Optimizer state, flat like the parameters (tensor i's slice starts at

@@ -1,0 +1,612 @@
+/* runtime/ps.c: parameter servers and their workers (issue 14;
+ * docs/parameter_server.md). Ranks 0 .. S-1 are servers, S .. N-1 workers;
+ * every tensor belongs whole to one server (largest first, to the least
+ * loaded, ties to the lower index: every rank computes the same map from the
+ * model). A worker is a whole replica run by the executor; where data
+ * parallelism all-reduces a gradient bucket it pushes the bucket's tensors to
+ * their servers, and it pulls new parameters after its step. A server sums
+ * the pushes of a step in worker order once all have arrived (never in
+ * arrival order: the bits must not depend on timing), rescales the sum when
+ * workers died, applies the model's optimizer step to its tensors and sends
+ * the new version to every live worker.
+ *
+ * Staleness K: a worker computes step t on parameters of a version >= t - K.
+ * K = 0 receives the new parameters straight into the model at the end of
+ * the step; K > 0 receives them into a second buffer, copied in at the start
+ * of a step, so a step never sees a half-updated model. A server keeps K + 1
+ * steps of receives posted so workers can push ahead.
+ *
+ * Messages are matched by tag and by order (equal tags from one peer match
+ * in the order sent), so they carry no step number. Tags: bits 16..29 hold
+ * 0x3ffe, a stage number the executor never uses; bits 30..31 the kind
+ * (push, pull, gather); bits 0..15 the tensor (0xffff: the step's loss and
+ * stop flag).
+ *
+ * Owns: the tensor map, the servers' receive buffers, the workers' second
+ * parameter buffer, the requests. Must not: run compute (the executor does),
+ * touch the model's layout. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "runtime/ps.h"
+
+enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2 };
+#define PS_META 0xffff
+
+static uint32_t ps_tag(int kind, int idx)
+{
+    return ((uint32_t)kind << 30) | (0x3ffeu << 16) | ((uint32_t)idx & 0xffffu);
+}
+
+struct bg__ps {
+    bg_comm_t *comm;
+    bg_backend_t *be;
+    bg_model_t *m;
+    int S, W, K;            /* servers, workers (at the start), staleness bound */
+    int rank, server;       /* this rank; 1: a server */
+    int n;                  /* tensors */
+    int *owner;             /* per tensor: its server */
+    size_t *off, *numel;    /* per tensor: floats into the flat buffers, size */
+    int64_t version;        /* worker: version of the parameters in the model */
+    /* ---- worker */
+    unsigned char *pushed;  /* per tensor, this step */
+    bg_request_t **push_rq; /* per tensor */
+    bg_request_t **meta_rq; /* per server: the step's loss share and stop flag */
+    float meta[2];
+    float *back;            /* K > 0: the version being received */
+    bg_request_t **pull_rq; /* per tensor */
+    bg_request_t *reply_rq; /* server 0's loss and stop */
+    float reply[2];
+    int64_t pulling;        /* version being received, 0: none */
+    uint64_t bytes_recv;
+    /* ---- server */
+    int nown;               /* tensors it holds */
+    int *own;               /* their indices */
+    size_t *own_off;        /* floats into one worker's receive buffer */
+    size_t own_floats;
+    unsigned char *mask;    /* per tensor: 1 = held here (the optimizer's) */
+    int R;                  /* receive sets: K + 1 */
+    int next_set;           /* the set of the next step */
+    float *recv;            /* R x W x own_floats */
+    float *recv_meta;       /* R x W x 2 */
+    bg_request_t **rrq;     /* R x W x (nown + 1) */
+    bg_request_t **srq;     /* W x (nown + 1): the version sent, and server 0's reply */
+    float sreply[2];
+    int *live;              /* per worker */
+    int nlive;
+};
+
+static int worker_rank(const bg__ps_t *ps, int w) { return ps->S + w; }
+
+/* Largest first, to the least loaded server (bytes), ties to the lower index. */
+static void tensor_map(bg__ps_t *ps)
+{
+    int *order = malloc((size_t)ps->n * sizeof(int));
+    size_t *load = calloc((size_t)ps->S, sizeof(size_t));
+    for (int i = 0; order && i < ps->n; i++)
+        order[i] = i;
+    for (int i = 1; order && i < ps->n; i++) { /* stable insertion sort by size, descending */
+        int k = order[i], j = i;
+        while (j > 0 && ps->numel[order[j - 1]] < ps->numel[k]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = k;
+    }
+    for (int a = 0; order && load && a < ps->n; a++) {
+        int i = order[a], best = 0;
+        for (int s = 1; s < ps->S; s++)
+            if (load[s] < load[best])
+                best = s;
+        ps->owner[i] = best;
+        load[best] += ps->numel[i];
+    }
+    free(order);
+    free(load);
+}
+
+bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
+{
+    if (p->ps < 0)
+        return bg_error(BG_ERR_INVALID, "--ps %d: the number of parameter servers must be >= 1", p->ps);
+    if (p->staleness < 0)
+        return bg_error(BG_ERR_INVALID, "--staleness %d: the staleness bound must be >= 0", p->staleness);
+    if (p->ps == 0)
+        return p->staleness > 0 ? bg_error(BG_ERR_INVALID, "--staleness %d needs --ps (parameter servers)",
+                                           p->staleness)
+                                : BG_OK;
+    if (p->pp > 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --pp %d: a worker is a whole replica (pp = 1); pipelined "
+                        "workers are not built", p->pp);
+    if (p->tp > 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --tp %d: a worker is a whole replica (tp = 1); tensor-parallel "
+                        "workers are not built", p->tp);
+    if (p->zero)
+        return bg_error(BG_ERR_INVALID, "--ps with --zero %d: the servers already shard the optimizer state (by "
+                        "tensor); leave --zero out", p->zero);
+    if (p->emulate)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --emulate is not built");
+    int n = bg_model_desc_num_tensors(p->model);
+    if (p->ps > n)
+        return bg_error(BG_ERR_INVALID, "--ps %d: more servers than the model's %d tensors (a server holds whole "
+                        "tensors)", p->ps, n);
+    if (n >= PS_META)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps: the model has %d tensors; the parameter server handles at most %d",
+                        n, PS_META - 1);
+    return BG_OK;
+}
+
+int bg__ps_is_server(const bg__ps_t *ps) { return ps->server; }
+int bg__ps_owner(const bg__ps_t *ps, int i) { return ps->owner[i]; }
+void bg__ps_set_version(bg__ps_t *ps, int64_t step) { ps->version = step; }
+
+/* Receive set `set` of worker w: its requests and buffers. */
+static bg_request_t **set_rq(bg__ps_t *ps, int set, int w) { return ps->rrq + ((size_t)set * ps->W + w) * (ps->nown + 1); }
+static float *set_buf(bg__ps_t *ps, int set, int w) { return ps->recv + ((size_t)set * ps->W + w) * ps->own_floats; }
+static float *set_meta(bg__ps_t *ps, int set, int w) { return ps->recv_meta + ((size_t)set * ps->W + w) * 2; }
+
+static bg_status_t post_set(bg__ps_t *ps, int set, int w)
+{
+    bg_request_t **rq = set_rq(ps, set, w);
+    float *buf = set_buf(ps, set, w);
+    int wr = worker_rank(ps, w);
+    for (int j = 0; j < ps->nown; j++)
+        BG_CHECK(bg_irecv(ps->comm, wr, ps_tag(PS_PUSH, ps->own[j]), buf + ps->own_off[j],
+                          ps->numel[ps->own[j]] * sizeof(float), &rq[j]));
+    return bg_irecv(ps->comm, wr, ps_tag(PS_PUSH, PS_META), set_meta(ps, set, w), 2 * sizeof(float), &rq[ps->nown]);
+}
+
+static void free_reqs(bg_request_t **rq, size_t n)
+{
+    for (size_t i = 0; rq && i < n; i++) {
+        bg_request_free(rq[i]);
+        rq[i] = NULL;
+    }
+}
+
+bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int servers, int staleness,
+                          bg__ps_t **ps_p)
+{
+    bg__ps_t *ps = calloc(1, sizeof(*ps));
+    BG_ALLOC_CHECK(ps, sizeof(*ps), "parameter server");
+    bg_status_t st = BG_OK;
+    ps->comm = comm;
+    ps->be = be;
+    ps->m = m;
+    ps->S = servers;
+    ps->W = bg_comm_size(comm) - servers;
+    ps->K = staleness;
+    ps->rank = bg_comm_rank(comm);
+    ps->server = ps->rank < servers;
+    ps->n = bg_model_num_tensors(m);
+    ps->owner = calloc((size_t)ps->n + 1, sizeof(int));
+    ps->off = calloc((size_t)ps->n + 1, sizeof(size_t));
+    ps->numel = calloc((size_t)ps->n + 1, sizeof(size_t));
+    if (!ps->owner || !ps->off || !ps->numel) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+        goto err;
+    }
+    for (int i = 0; i < ps->n; i++) {
+        bg_param_t *p = bg_model_tensor(m, i);
+        ps->off[i] = (size_t)(p->data - bg_model_params(m));
+        ps->numel[i] = p->numel;
+    }
+    tensor_map(ps);
+    if (!ps->server) {
+        size_t nt = (size_t)ps->n + 1;
+        ps->pushed = calloc(nt, 1);
+        ps->push_rq = calloc(nt, sizeof(void *));
+        ps->pull_rq = calloc(nt, sizeof(void *));
+        ps->meta_rq = calloc((size_t)ps->S, sizeof(void *));
+        if (!ps->pushed || !ps->push_rq || !ps->pull_rq || !ps->meta_rq) {
+            st = bg_error(BG_ERR_NOMEM, "parameter server worker requests");
+            goto err;
+        }
+        if (ps->K > 0) {
+            size_t np = bg_model_param_count(m);
+            ps->back = bg_backend_alloc(be, (np ? np : 1) * sizeof(float), "parameters being pulled (--staleness)");
+            if (!ps->back) {
+                st = BG_ERR_NOMEM;
+                goto err;
+            }
+        }
+        *ps_p = ps;
+        return BG_OK;
+    }
+    ps->mask = calloc((size_t)ps->n + 1, 1);
+    ps->own = calloc((size_t)ps->n + 1, sizeof(int));
+    ps->own_off = calloc((size_t)ps->n + 1, sizeof(size_t));
+    ps->live = calloc((size_t)ps->W, sizeof(int));
+    if (!ps->mask || !ps->own || !ps->own_off || !ps->live) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server tables");
+        goto err;
+    }
+    for (int i = 0; i < ps->n; i++)
+        if (ps->owner[i] == ps->rank) {
+            ps->mask[i] = 1;
+            ps->own_off[ps->nown] = ps->own_floats;
+            ps->own[ps->nown++] = i;
+            ps->own_floats += ps->numel[i];
+        }
+    for (int w = 0; w < ps->W; w++)
+        ps->live[w] = 1;
+    ps->nlive = ps->W;
+    ps->R = ps->K + 1;
+    size_t sets = (size_t)ps->R * ps->W;
+    ps->recv = bg_backend_alloc(be, (sets * ps->own_floats + 1) * sizeof(float), "pushed gradients (parameter server)");
+    ps->recv_meta = calloc(sets * 2, sizeof(float));
+    ps->rrq = calloc(sets * (ps->nown + 1), sizeof(void *));
+    ps->srq = calloc((size_t)ps->W * (ps->nown + 1), sizeof(void *));
+    if (!ps->recv || !ps->recv_meta || !ps->rrq || !ps->srq) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server receive buffers (%d steps x %d workers x %zu floats)", ps->R,
+                      ps->W, ps->own_floats);
+        goto err;
+    }
+    for (int s = 0; s < ps->R; s++)
+        for (int w = 0; w < ps->W; w++)
+            BG_CHECK_GOTO(post_set(ps, s, w), st, err);
+    *ps_p = ps;
+    return BG_OK;
+err:
+    bg__ps_destroy(ps);
+    return st;
+}
+
+void bg__ps_destroy(bg__ps_t *ps)
+{
+    if (!ps)
+        return;
+    /* pending requests are cancelled (a send already in flight keeps its
+     * buffer until the comm goes: the model and these buffers are freed
+     * after the comm only when the executor owns it; a send to a live peer
+     * that never posted its receive is never read) */
+    free_reqs(ps->push_rq, (size_t)ps->n + 1);
+    free_reqs(ps->pull_rq, (size_t)ps->n + 1);
+    free_reqs(ps->meta_rq, (size_t)ps->S);
+    bg_request_free(ps->reply_rq);
+    if (ps->rrq)
+        free_reqs(ps->rrq, (size_t)ps->R * ps->W * (ps->nown + 1));
+    if (ps->srq)
+        free_reqs(ps->srq, (size_t)ps->W * (ps->nown + 1));
+    bg_backend_free(ps->be, ps->back);
+    bg_backend_free(ps->be, ps->recv);
+    free(ps->recv_meta);
+    free(ps->rrq);
+    free(ps->srq);
+    free(ps->pushed);
+    free(ps->push_rq);
+    free(ps->pull_rq);
+    free(ps->meta_rq);
+    free(ps->mask);
+    free(ps->own);
+    free(ps->own_off);
+    free(ps->live);
+    free(ps->owner);
+    free(ps->off);
+    free(ps->numel);
+    free(ps);
+}
+
+/* ------------------------------------------------------------------ servers */
+
+/* A failure while talking to worker w: a dead server stops the job (its
+ * tensors are gone), a dead worker is dropped; anything else is an error. */
+static bg_status_t worker_failed(bg__ps_t *ps, int w, int64_t step, bg_status_t st)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", bg_last_error());
+    for (int s = 0; s < ps->S; s++)
+        if (s != ps->rank && !bg_comm_peer_alive(ps->comm, s))
+            return bg_error(BG_ERR_PEER, "parameter server %d (rank %d) died; its tensors are gone: stopping (%s)", s,
+                            s, why);
+    int wr = worker_rank(ps, w);
+    if (st != BG_ERR_PEER || bg_comm_peer_alive(ps->comm, wr))
+        return bg_error(st, "worker %d (rank %d): %s", w, wr, why);
+    ps->live[w] = 0;
+    ps->nlive--;
+    for (int s = 0; s < ps->R; s++)
+        free_reqs(set_rq(ps, s, w), (size_t)ps->nown + 1);
+    free_reqs(ps->srq + (size_t)w * (ps->nown + 1), (size_t)ps->nown + 1);
+    bg_log(BG_LOG_WARN, "ps", "worker %d (rank %d) died at step %lld; %d worker%s left (%s)", w, wr, (long long)step + 1,
+           ps->nlive, ps->nlive == 1 ? "" : "s", why);
+    if (ps->nlive == 0)
+        return bg_error(BG_ERR_PEER, "parameter server %d: every worker died (the last: worker %d, rank %d: %s)",
+                        ps->rank, w, wr, why);
+    return BG_OK;
+}
+
+/* Wait for the sends of the last version to worker w (they read the parameters). */
+static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
+{
+    bg_request_t **rq = ps->srq + (size_t)w * (ps->nown + 1);
+    for (int j = 0; j <= ps->nown && ps->live[w]; j++) {
+        if (!rq[j])
+            continue;
+        bg_status_t st = bg_wait(rq[j]);
+        bg_request_free(rq[j]);
+        rq[j] = NULL;
+        if (st != BG_OK)
+            BG_CHECK(worker_failed(ps, w, step, st));
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, int stop_req,
+                               bg__ps_stats_t *stats)
+{
+    bg_backend_t *be = ps->be;
+    memset(stats, 0, sizeof(*stats));
+    int set = ps->next_set;
+    double t0 = bg_now();
+    /* every live worker's pushes of this step, in worker order */
+    for (int w = 0; w < ps->W; w++) {
+        bg_request_t **rq = set_rq(ps, set, w);
+        for (int j = 0; j <= ps->nown && ps->live[w]; j++) {
+            bg_status_t st = bg_wait(rq[j]);
+            if (st != BG_OK)
+                BG_CHECK(worker_failed(ps, w, step, st));
+        }
+    }
+    double t1 = bg_now();
+    for (int w = 0; w < ps->W; w++)
+        BG_CHECK(wait_sends(ps, w, step));
+    /* the sum in worker order, rescaled to a mean over the sequences computed */
+    float *grads = bg_model_grads(ps->m);
+    double loss = 0;
+    int first = 1;
+    for (int w = 0; w < ps->W; w++) {
+        if (!ps->live[w])
+            continue;
+        float *buf = set_buf(ps, set, w);
+        for (int j = 0; j < ps->nown; j++) {
+            int i = ps->own[j];
+            if (first)
+                be->ops->copy(be, grads + ps->off[i], buf + ps->own_off[j], ps->numel[i]);
+            else
+                be->ops->residual_forward(be, grads + ps->off[i], grads + ps->off[i], buf + ps->own_off[j],
+                                          ps->numel[i]);
+        }
+        float *meta = set_meta(ps, set, w);
+        loss += meta[0];
+        stop_req |= meta[1] > 0;
+        first = 0;
+        stats->bytes_recv += ps->own_floats * sizeof(float) + 2 * sizeof(float);
+    }
+    if (ps->nlive < ps->W) {
+        float k = (float)ps->W / (float)ps->nlive;
+        for (int j = 0; j < ps->nown; j++)
+            be->ops->scale(be, grads + ps->off[ps->own[j]], k, ps->numel[ps->own[j]]);
+        loss *= (double)ps->W / ps->nlive;
+    }
+    for (int j = 0; j < ps->nown; j++)
+        stats->grad_sumsq += be->ops->sumsq(be, grads + ps->off[ps->own[j]], ps->numel[ps->own[j]]);
+    BG_CHECK(bg_model_optim_step_tensors(ps->m, opt, (int)step + 1, ps->mask));
+    be->ops->synchronize(be);
+    double t2 = bg_now();
+    /* version step + 1 to every live worker; this step's receives posted again for step + R */
+    ps->sreply[0] = (float)loss;
+    ps->sreply[1] = stop_req ? 1.0f : 0.0f;
+    float *params = bg_model_params(ps->m);
+    for (int w = 0; w < ps->W; w++) {
+        if (!ps->live[w])
+            continue;
+        int wr = worker_rank(ps, w);
+        bg_request_t **rq = ps->srq + (size_t)w * (ps->nown + 1);
+        bg_status_t st = BG_OK;
+        for (int j = 0; j < ps->nown && st == BG_OK; j++) {
+            int i = ps->own[j];
+            st = bg_isend(ps->comm, wr, ps_tag(PS_PULL, i), params + ps->off[i], ps->numel[i] * sizeof(float), &rq[j]);
+        }
+        if (st == BG_OK && ps->rank == 0)
+            st = bg_isend(ps->comm, wr, ps_tag(PS_PULL, PS_META), ps->sreply, sizeof ps->sreply, &rq[ps->nown]);
+        if (st == BG_OK) {
+            free_reqs(set_rq(ps, set, w), (size_t)ps->nown + 1);
+            st = post_set(ps, set, w);
+        }
+        if (st != BG_OK)
+            BG_CHECK(worker_failed(ps, w, step, st));
+        if (ps->live[w])
+            stats->bytes_sent += ps->own_floats * sizeof(float);
+    }
+    ps->next_set = (set + 1) % ps->R;
+    stats->loss = loss;
+    stats->stop = stop_req;
+    stats->idle_ms = (t1 - t0) * 1e3;
+    stats->optim_ms = (t2 - t1) * 1e3;
+    stats->live = ps->nlive;
+    return BG_OK;
+}
+
+/* ------------------------------------------------------------------ workers */
+
+static bg_status_t server_error(bg__ps_t *ps, int s, bg_status_t st, const char *what)
+{
+    return bg_error(st, "%s parameter server %d (rank %d)%s: %s", what, s, s,
+                    bg_comm_peer_alive(ps->comm, s) ? "" : " (it died; its tensors are gone)", bg_last_error());
+}
+
+/* Start receiving version ps->version + 1 (K = 0: into the model). */
+static bg_status_t post_pull(bg__ps_t *ps)
+{
+    float *dst = ps->back ? ps->back : bg_model_params(ps->m);
+    ps->pulling = ps->version + 1;
+    for (int i = 0; i < ps->n; i++) {
+        bg_status_t st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst + ps->off[i],
+                                  ps->numel[i] * sizeof(float), &ps->pull_rq[i]);
+        if (st != BG_OK)
+            return server_error(ps, ps->owner[i], st, "pulling from");
+    }
+    bg_status_t st = bg_irecv(ps->comm, 0, ps_tag(PS_PULL, PS_META), ps->reply, sizeof ps->reply, &ps->reply_rq);
+    return st == BG_OK ? BG_OK : server_error(ps, 0, st, "pulling from");
+}
+
+/* The pull in flight: *done_p = 1 once every tensor has arrived (wait: block). */
+static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
+{
+    *done_p = 0;
+    for (int i = 0; i <= ps->n; i++) {
+        bg_request_t **rq = i < ps->n ? &ps->pull_rq[i] : &ps->reply_rq;
+        if (!*rq)
+            continue;
+        int done = 1;
+        bg_status_t st = wait ? bg_wait(*rq) : bg_test(*rq, &done);
+        if (st != BG_OK)
+            return server_error(ps, i < ps->n ? ps->owner[i] : 0, st, "pulling from");
+        if (!done)
+            return BG_OK;
+        bg_request_free(*rq);
+        *rq = NULL;
+    }
+    /* every piece is in: the new version */
+    if (ps->back)
+        ps->be->ops->copy(ps->be, bg_model_params(ps->m), ps->back, bg_model_param_count(ps->m));
+    ps->version = ps->pulling;
+    ps->pulling = 0;
+    ps->bytes_recv += bg_model_param_count(ps->m) * sizeof(float);
+    *done_p = 1;
+    return BG_OK;
+}
+
+static bg_status_t wait_pushes(bg__ps_t *ps)
+{
+    for (int i = 0; i < ps->n; i++)
+        if (ps->push_rq[i]) {
+            bg_status_t st = bg_wait(ps->push_rq[i]);
+            bg_request_free(ps->push_rq[i]);
+            ps->push_rq[i] = NULL;
+            if (st != BG_OK)
+                return server_error(ps, ps->owner[i], st, "pushing to");
+        }
+    for (int s = 0; s < ps->S; s++)
+        if (ps->meta_rq[s]) {
+            bg_status_t st = bg_wait(ps->meta_rq[s]);
+            bg_request_free(ps->meta_rq[s]);
+            ps->meta_rq[s] = NULL;
+            if (st != BG_OK)
+                return server_error(ps, s, st, "pushing to");
+        }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
+{
+    /* the last step's pushes read the gradients, which this step zeroes */
+    BG_CHECK(wait_pushes(ps));
+    for (;;) {
+        int done = 0;
+        if (!ps->pulling && ps->version < step)
+            BG_CHECK(post_pull(ps));
+        if (!ps->pulling)
+            break;
+        /* take what has arrived; wait only when too stale */
+        BG_CHECK(pull_done(ps, ps->version < step - ps->K, &done));
+        if (!done)
+            break;
+    }
+    memset(ps->pushed, 0, (size_t)ps->n);
+    return BG_OK;
+}
+
+bg_status_t bg__ps_push_range(bg__ps_t *ps, size_t off, size_t count)
+{
+    float *grads = bg_model_grads(ps->m);
+    for (int i = 0; i < ps->n; i++) {
+        if (ps->pushed[i] || ps->off[i] < off || ps->off[i] + ps->numel[i] > off + count)
+            continue;
+        ps->pushed[i] = 1;
+        bg_status_t st = bg_isend(ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), grads + ps->off[i],
+                                  ps->numel[i] * sizeof(float), &ps->push_rq[i]);
+        if (st != BG_OK)
+            return server_error(ps, ps->owner[i], st, "pushing to");
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int stop_req, bg__ps_stats_t *stats)
+{
+    memset(stats, 0, sizeof(*stats));
+    stats->staleness = (int)(step - ps->version);
+    ps->be->ops->synchronize(ps->be);
+    BG_CHECK(bg__ps_push_range(ps, 0, bg_model_param_count(ps->m)));
+    ps->meta[0] = (float)loss_share;
+    ps->meta[1] = stop_req ? 1.0f : 0.0f;
+    for (int s = 0; s < ps->S; s++) {
+        bg_status_t st = bg_isend(ps->comm, s, ps_tag(PS_PUSH, PS_META), ps->meta, sizeof ps->meta, &ps->meta_rq[s]);
+        if (st != BG_OK)
+            return server_error(ps, s, st, "pushing to");
+    }
+    stats->bytes_sent = bg_model_param_count(ps->m) * sizeof(float);
+    if (ps->K == 0) { /* synchronous: version step + 1 before the next step (and its loss) */
+        int done = 0;
+        BG_CHECK(post_pull(ps));
+        BG_CHECK(pull_done(ps, 1, &done));
+        stats->loss = ps->reply[0];
+        stats->stop = ps->reply[1] > 0;
+    } else {
+        if (!ps->pulling)
+            BG_CHECK(post_pull(ps));
+        stats->loss = NAN; /* the executor reports the worker's own */
+        stats->stop = ps->reply[1] > 0;
+    }
+    stats->bytes_recv = ps->bytes_recv; /* since the last step's end */
+    ps->bytes_recv = 0;
+    return BG_OK;
+}
+
+bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
+{
+    if (ps->server) {
+        for (int w = 0; w < ps->W; w++)
+            BG_CHECK(wait_sends(ps, w, steps - 1));
+        return BG_OK;
+    }
+    BG_CHECK(wait_pushes(ps));
+    while (ps->version < steps) {
+        int done = 0;
+        if (!ps->pulling)
+            BG_CHECK(post_pull(ps));
+        BG_CHECK(pull_done(ps, 1, &done));
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_gather(bg__ps_t *ps)
+{
+    if (!ps->server || ps->S == 1)
+        return BG_OK;
+    int nstate = bg_model_optim_state(ps->m, 1) ? 2 : bg_model_optim_state(ps->m, 0) ? 1 : 0;
+    float *bufs[3] = {bg_model_params(ps->m), bg_model_optim_state(ps->m, 0), bg_model_optim_state(ps->m, 1)};
+    size_t nrq = (size_t)ps->n * 3;
+    bg_request_t **rq = calloc(nrq, sizeof(void *));
+    BG_ALLOC_CHECK(rq, nrq * sizeof(void *), "parameter server gather");
+    bg_status_t st = BG_OK;
+    for (int i = 0; i < ps->n && st == BG_OK; i++) {
+        int mine = ps->owner[i] == ps->rank;
+        if (ps->rank != 0 && !mine)
+            continue;
+        if (ps->rank == 0 && mine)
+            continue;
+        for (int k = 0; k <= nstate && st == BG_OK; k++) {
+            float *p = bufs[k] + ps->off[i];
+            size_t bytes = ps->numel[i] * sizeof(float);
+            if (ps->rank == 0)
+                st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_GATHER, i), p, bytes, &rq[(size_t)i * 3 + k]);
+            else
+                st = bg_isend(ps->comm, 0, ps_tag(PS_GATHER, i), p, bytes, &rq[(size_t)i * 3 + k]);
+        }
+    }
+    for (size_t r = 0; r < nrq; r++) {
+        if (!rq[r])
+            continue;
+        bg_status_t s2 = bg_wait(rq[r]);
+        if (st == BG_OK && s2 != BG_OK)
+            st = bg_error(s2, "parameter server %d: gathering the tensors on server 0: %s", ps->rank,
+                          bg_last_error());
+    }
+    free_reqs(rq, nrq);
+    free(rq);
+    return st;
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# tests/runtime/test_ps.sh: the parameter-server mode (--ps S --staleness K;
+# docs/parameter_server.md), against data parallelism as the reference.
+# - K = 0 is synchronous data parallelism with a different reduction: after
+#   10 steps --ps 1 and --ps 2 give the weights of --dp W, bitwise for W = 2
+#   (a + b either way) and within the data-parallel tolerance of
+#   test_equivalence for W = 3 (relative L2 1e-5: the servers sum in worker
+#   order, the all-reduce in ring order), GPT and MLP (MLP with SGD and weight
+#   decay too, so a tensor's decay flag reaches its server).
+# - The metrics: every worker's line has its staleness (0 at K = 0), every
+#   server's its bytes received, optimizer milliseconds and idle fraction.
+# - Bad input: --ps 0, --ps >= the ranks, more servers than tensors, --ps
+#   with --pp > 1, --tp > 1 or --zero, --staleness without --ps: one line
+#   each, a non-zero exit, nothing trained.
+set -u
+B=${BRIGADE:?path of the brigade binary}
+. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+GPT="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
+MLP="--model mlp --layers 3 --d-model 32 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
+
+# run NAME N ARGS...: N ranks, weights saved to $T/NAME
+run() {
+  local name=$1 n=$2; shift 2
+  timeout 60 "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1 ||
+    { bad "$name: launch -n $n train $*"; grep -v WARN "$T/$name.log" | tail -3; return 1; }
+}
+same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
+near() { local a=$1 b=$2 w=$3 v; shift 3; v=$("$B" compare "$a" "$b" ${@:---rel-l2 1e-5}) && ok "$w: $v" || bad "$w: $v"; }
+
+for m in GPT MLP; do
+  args=${!m}
+  # W = 2 workers: bitwise
+  run "${m}_dp2" 2 $args --batch 8 --dp 2 || continue
+  for s in 1 2; do
+    run "${m}_ps${s}_w2" $((s + 2)) $args --batch 8 --ps $s &&
+      same "$T/${m}_dp2" "$T/${m}_ps${s}_w2" "$m: --ps $s with 2 workers = --dp 2 (bitwise)"
+  done
+  # W = 3 workers: within the data-parallel tolerance
+  run "${m}_dp3" 3 $args --batch 12 --dp 3 || continue
+  for s in 1 2; do
+    run "${m}_ps${s}_w3" $((s + 3)) $args --batch 12 --ps $s &&
+      near "$T/${m}_dp3" "$T/${m}_ps${s}_w3" "$m: --ps $s with 3 workers = --dp 3 (relative L2 1e-5)"
+  done
+done
+SGD="--optimizer sgd --lr 0.05 --weight-decay 0.1"
+run sgd_dp2 2 $MLP $SGD --batch 8 --dp 2 && run sgd_ps2 4 $MLP $SGD --batch 8 --ps 2 &&
+  same "$T/sgd_dp2" "$T/sgd_ps2" "MLP, SGD + weight decay: --ps 2 with 2 workers = --dp 2 (bitwise)"
+# a model that would not reach the reference unless it learns: the weights moved
+v=$("$B" compare "$T/GPT_dp2" "$T/GPT_ps1_w3" 2>&1) && bad "the 2- and 3-worker runs should differ: $v" ||
+  ok "different batches give different weights (the comparison can fail)"
+
+# metrics: staleness per worker, bytes / optimizer ms / idle per server
+timeout 60 "$B" launch -n 4 -- "$B" train $GPT --batch 8 --ps 2 --quiet --metrics "$T/m.jsonl" >"$T/m.log" 2>&1 ||
+  bad "metrics run: $(tail -2 "$T/m.log")"
+v=$(python3 - "$T/m.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert lines[0]["run"]["ps"] == 2, lines[0]
+rows = [l for l in lines[1:]]
+srv = [r for r in rows if r.get("role") == "server"]
+wrk = [r for r in rows if r.get("role") == "worker"]
+assert sorted({r["rank"] for r in srv}) == [0, 1], "servers are ranks 0, 1"
+assert sorted({r["rank"] for r in wrk}) == [2, 3], "workers are ranks 2, 3"
+assert len(srv) == 20 and len(wrk) == 20, (len(srv), len(wrk))
+assert all(r["staleness"] == 0 for r in wrk), "K = 0: staleness 0"
+assert all(r["bytes_recv"] > 0 and r["optim_ms"] >= 0 and 0 <= r["idle"] <= 1 and r["live_workers"] == 2 for r in srv)
+# both servers together receive each worker's whole gradient every step
+for step in range(1, 11):
+    got = sum(r["bytes_recv"] for r in srv if r["step"] == step)
+    sent = sum(r["bytes_sent"] for r in wrk if r["step"] == step)
+    assert got == sent + 2 * 2 * 8, (step, got, sent)   # + each worker's loss/stop pair to each server
+# every rank reports the same global loss at K = 0
+for step in range(1, 11):
+    ls = {round(r["loss"], 5) for r in rows if r["step"] == step}
+    assert len(ls) == 1, (step, ls)
+print("ok")
+PY
+)
+[ "$v" = ok ] && ok "metrics: per-worker staleness, per-server bytes/optimizer ms/idle" || bad "metrics: $v"
+
+# bad input: one line each
+G1="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --steps 1 --threads 1"
+expect_train 2 "--ps must be in [1, 4095], got 0" $G1 --ps 0
+expect_train 1 "1 server but the job has 1 rank, so no worker is left" $G1 --ps 1
+expect_train 1 "more servers than the model's 29 tensors" $G1 --ps 40
+expect_train 2 "--ps with --pp 2" $G1 --ps 1 --pp 2
+expect_train 2 "--ps with --tp 2" $G1 --ps 1 --tp 2
+expect_train 2 "--ps with --zero 1" $G1 --ps 1 --zero 1
+expect_train 2 "--staleness 2 needs --ps" $G1 --staleness 2
+# under the launcher: more servers than ranks stops every rank (no hang)
+timeout 60 "$B" launch -n 2 -- "$B" train $G1 --ps 2 >"$T/o" 2>"$T/e"
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "no worker is left" "$T/e" && ok "--ps 2 on 2 ranks refused (exit $rc)" ||
+  bad "--ps 2 on 2 ranks: exit $rc: $(cat "$T/e")"
+finish
