@@ -112,8 +112,9 @@ bg_status_t bg_comm_health(bg_comm_t *comm);
 int bg_comm_peer_alive(bg_comm_t *comm, int peer);
 /** The host handled every failure reported so far (it carries on without the
  *  ranks that died, as the parameter server does with workers): the
- *  bg_comm_destroy() of this rank no longer reports them as an unclean end.
- *  Operations with the dead ranks still fail. */
+ *  bg_comm_destroy() of this rank no longer reports them as an unclean end,
+ *  and it leaves with a clean bye (call it only once this rank's transfers
+ *  are done). Operations with the dead ranks still fail. */
 void bg_comm_acknowledge_failures(bg_comm_t *comm);
 /** This rank stopped on an error: tell every other rank (through the
  *  store), whose operations involving this rank then fail at once with
