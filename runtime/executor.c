@@ -1530,7 +1530,7 @@ static bg_status_t ps_server_step(exec_t *x, double tokens, bg_step_result_t *re
     int64_t step = x->step;
     bg__ps_stats_t ps;
     double t0 = bg_now();
-    bg_status_t st = bg__ps_server_step(x->ps, &x->p.optim, step, x->stop_req, &ps);
+    bg_status_t st = bg__ps_server_step(x->ps, &x->p.optim, step, &ps);
     if (st != BG_OK) {
         st = bg_error(st, "parameter server %d (rank %d) at step %lld: %s", x->rank, x->rank, (long long)step + 1,
                       bg_last_error());

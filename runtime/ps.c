@@ -26,6 +26,7 @@
  * parameter buffer, the requests. Must not: run compute (the executor does),
  * touch the model's layout. */
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,7 @@ struct bg__ps {
     bg_request_t *reply_rq; /* server 0's loss and stop */
     float reply[2];
     int64_t pulling;        /* version being received, 0: none */
+    int64_t last;           /* the servers' last version (they stopped after it), -1: not known */
     uint64_t bytes_recv;
     /* ---- server */
     int nown;               /* tensors it holds */
@@ -181,6 +183,7 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
     ps->K = staleness;
     ps->rank = bg_comm_rank(comm);
     ps->server = ps->rank < servers;
+    ps->last = -1;
     ps->n = bg_model_num_tensors(m);
     ps->owner = calloc((size_t)ps->n + 1, sizeof(int));
     ps->off = calloc((size_t)ps->n + 1, sizeof(size_t));
@@ -334,9 +337,9 @@ static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
     return BG_OK;
 }
 
-bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, int stop_req,
-                               bg__ps_stats_t *stats)
+bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, bg__ps_stats_t *stats)
 {
+    int stop_req = 0;
     bg_backend_t *be = ps->be;
     memset(stats, 0, sizeof(*stats));
     int set = ps->next_set;
@@ -465,6 +468,8 @@ static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
         ps->be->ops->copy(ps->be, bg_model_params(ps->m), ps->back, bg_model_param_count(ps->m));
     ps->version = ps->pulling;
     ps->pulling = 0;
+    if (ps->reply[1] > 0) /* the servers stop after this version */
+        ps->last = ps->version;
     ps->bytes_recv += bg_model_param_count(ps->m) * sizeof(float);
     *done_p = 1;
     return BG_OK;
@@ -491,20 +496,57 @@ static bg_status_t wait_pushes(bg__ps_t *ps)
     return BG_OK;
 }
 
+/* *done_p = 1 once the last step's pushes are sent (failures name the server). */
+static bg_status_t test_pushes(bg__ps_t *ps, int *done_p)
+{
+    *done_p = 1;
+    for (int i = 0; i < ps->n + ps->S; i++) {
+        bg_request_t **rq = i < ps->n ? &ps->push_rq[i] : &ps->meta_rq[i - ps->n];
+        if (!*rq)
+            continue;
+        int done = 0;
+        bg_status_t st = bg_test(*rq, &done);
+        if (st != BG_OK)
+            return server_error(ps, i < ps->n ? ps->owner[i] : i - ps->n, st, "pushing to");
+        if (!done) {
+            *done_p = 0;
+            continue;
+        }
+        bg_request_free(*rq);
+        *rq = NULL;
+    }
+    return BG_OK;
+}
+
 bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
 {
-    /* the last step's pushes read the gradients, which this step zeroes */
-    BG_CHECK(wait_pushes(ps));
+    /* The last step's pushes must be sent (they read the gradients, which
+     * this step zeroes) and the parameters be recent enough. Pulls that have
+     * arrived are taken meanwhile: a pull may say the servers stopped, and
+     * then pushes they will never receive are not waited for. */
+    double deadline = bg_now() + bg_comm_timeout(ps->comm);
     for (;;) {
-        int done = 0;
-        if (!ps->pulling && ps->version < step)
+        int done = 0, pushed = 0;
+        if (!ps->pulling && ps->version < step && ps->last < 0)
             BG_CHECK(post_pull(ps));
-        if (!ps->pulling)
+        if (ps->pulling) {
+            BG_CHECK(pull_done(ps, 0, &done));
+            if (done)
+                continue;
+        }
+        if (ps->last >= 0)
             break;
-        /* take what has arrived; wait only when too stale */
-        BG_CHECK(pull_done(ps, ps->version < step - ps->K, &done));
-        if (!done)
+        BG_CHECK(test_pushes(ps, &pushed));
+        if (pushed && ps->version >= step - ps->K)
             break;
+        if (pushed) { /* too stale: wait for the version in flight */
+            BG_CHECK(pull_done(ps, 1, &done));
+            continue;
+        }
+        if (bg_now() > deadline)
+            return bg_error(BG_ERR_TIMEOUT, "worker (rank %d): the pushes of step %lld were not received within %g s "
+                            "(BRIGADE_TIMEOUT)", ps->rank, (long long)step, bg_comm_timeout(ps->comm));
+        sched_yield();
     }
     memset(ps->pushed, 0, (size_t)ps->n);
     return BG_OK;
@@ -546,10 +588,10 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
         stats->loss = ps->reply[0];
         stats->stop = ps->reply[1] > 0;
     } else {
-        if (!ps->pulling)
+        if (!ps->pulling && ps->last < 0)
             BG_CHECK(post_pull(ps));
         stats->loss = NAN; /* the executor reports the worker's own */
-        stats->stop = ps->reply[1] > 0;
+        stats->stop = ps->last >= 0;
     }
     stats->bytes_recv = ps->bytes_recv; /* since the last step's end */
     ps->bytes_recv = 0;
@@ -561,6 +603,14 @@ bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
     if (ps->server) {
         for (int w = 0; w < ps->W; w++)
             BG_CHECK(wait_sends(ps, w, steps - 1));
+        return BG_OK;
+    }
+    if (ps->last >= 0) { /* stopped: pushes beyond the servers' last step are never received */
+        free_reqs(ps->push_rq, (size_t)ps->n);
+        free_reqs(ps->meta_rq, (size_t)ps->S);
+        free_reqs(ps->pull_rq, (size_t)ps->n);
+        bg_request_free(ps->reply_rq);
+        ps->reply_rq = NULL;
         return BG_OK;
     }
     BG_CHECK(wait_pushes(ps));

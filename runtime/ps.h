@@ -48,9 +48,11 @@ void bg__ps_set_version(bg__ps_t *ps, int64_t step);
 
 /* Server: step @p step: the pushes of every live worker (in worker order),
  * the update of this server's tensors, their new version sent to every
- * live worker. A dead worker is dropped (logged, counted). */
-bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, int stop_req,
-                               bg__ps_stats_t *stats);
+ * live worker. A dead worker is dropped (logged, counted). The step stops
+ * the job when a live worker's push says so (every server sees the same
+ * pushes, so all agree; a server's own stop request is not consulted), and
+ * the workers learn it with the new version. */
+bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, bg__ps_stats_t *stats);
 /* Worker, before step @p step: parameters of version >= step - K in place. */
 bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step);
 /* Worker: push the tensors within floats [off, off + count) of the flat

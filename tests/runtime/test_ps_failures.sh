@@ -8,6 +8,10 @@
 #   code is the dead worker's (137), not 0.
 # - A server SIGKILLed mid-run: every rank stops within seconds, the launcher
 #   names the server and the workers say which server's tensors are gone.
+# - SIGTERM to the launcher (a stop request on every rank), K = 0 and 2:
+#   every rank stops at a step the servers agree on (the workers' pushes
+#   carry the request), server 0 writes the checkpoint of that step, exit 143,
+#   no rank killed.
 # - A checkpoint written by the servers (full named tensors) resumes under
 #   --dp: the K = 0 run resumed with --dp 2 ends bitwise where the
 #   uninterrupted --dp 2 run ends, and the other way round.
@@ -103,6 +107,22 @@ fi
   ok "the launcher names the server and stops the others (exit $rc)" || bad "exit $rc: $(grep launch "$T/sd.log")"
 grep -q "parameter server 1 (rank 1) (it died; its tensors are gone)" "$T/sd.log" &&
   ok "the workers name the server" || bad "workers: $(grep -v OpenBLAS "$T/sd.log" | tail -4)"
+
+# ---- a stop request (SIGTERM to the launcher, forwarded to every rank)
+for k in 0 2; do
+  PS_MARK=$MARK timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --staleness $k --quiet \
+    --checkpoint-dir "$T/st$k" --metrics "$T/st$k.jsonl" >"$T/st$k.log" 2>&1 &
+  job=$!
+  for i in $(seq 300); do [ -s "$T/st$k.jsonl" ] && [ "$(grep -c '"role": "server"' "$T/st$k.jsonl")" -ge 100 ] && break; sleep 0.1; done
+  lp=$(pgrep -P "$job" -f "launch -n 5" | head -1)
+  [ -n "$lp" ] && kill -TERM "$lp"
+  wait $job
+  rc=$?
+  n=$(ls "$T/st$k" 2>/dev/null | grep -c '^step-')
+  [ $rc = 143 ] && [ "$n" = 1 ] && grep -q "stopped after step [0-9]* on request; checkpoint written" "$T/st$k.log" &&
+    ! grep -q "sending SIGKILL" "$T/st$k.log" && ok "--staleness $k: SIGTERM: stopped at $(ls "$T/st$k"), exit 143" ||
+    bad "--staleness $k: SIGTERM: exit $rc, $n checkpoints: $(grep -v 'OpenBLAS\|UCX' "$T/st$k.log" | tail -4)"
+done
 
 # ---- checkpoints from the servers resume under any layout (and PS resumes a --dp checkpoint)
 C="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --quiet"
