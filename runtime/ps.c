@@ -19,8 +19,13 @@
  * Messages are matched by tag and by order (equal tags from one peer match
  * in the order sent), so they carry no step number. Tags: bits 16..29 hold
  * 0x3ffe, a stage number the executor never uses; bits 30..31 the kind
- * (push, pull, gather); bits 0..15 the tensor (0xffff: the step's loss and
- * stop flag).
+ * (push, pull, gather, bye); bits 0..15 the tensor (0xffff: the step's loss
+ * and stop flag).
+ *
+ * After a stop with K > 0 a worker may have pushed up to K + 1 steps the
+ * servers will not run; it tells every server how many steps it pushed (bye)
+ * and the servers receive them before leaving, so no send is left in flight
+ * and no message unmatched.
  *
  * Owns: the tensor map, the servers' receive buffers, the workers' second
  * parameter buffer, the requests. Must not: run compute (the executor does),
@@ -34,7 +39,7 @@
 #include "core/check.h"
 #include "runtime/ps.h"
 
-enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2 };
+enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2, PS_BYE = 3 };
 #define PS_META 0xffff
 
 static uint32_t ps_tag(int kind, int idx)
@@ -63,6 +68,8 @@ struct bg__ps {
     float reply[2];
     int64_t pulling;        /* version being received, 0: none */
     int64_t last;           /* the servers' last version (they stopped after it), -1: not known */
+    int64_t pushed_steps;   /* steps whose gradients were pushed */
+    int64_t bye;            /* after a stop: pushed_steps, told every server */
     uint64_t bytes_recv;
     /* ---- server */
     int nown;               /* tensors it holds */
@@ -79,6 +86,7 @@ struct bg__ps {
     float sreply[2];
     int *live;              /* per worker */
     int nlive;
+    int stopped;            /* the last step stopped the job */
 };
 
 static int worker_rank(const bg__ps_t *ps, int w) { return ps->S + w; }
@@ -143,7 +151,11 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
 
 int bg__ps_is_server(const bg__ps_t *ps) { return ps->server; }
 int bg__ps_owner(const bg__ps_t *ps, int i) { return ps->owner[i]; }
-void bg__ps_set_version(bg__ps_t *ps, int64_t step) { ps->version = step; }
+void bg__ps_set_version(bg__ps_t *ps, int64_t step)
+{
+    ps->version = step;
+    ps->pushed_steps = step;
+}
 
 /* Receive set `set` of worker w: its requests and buffers. */
 static bg_request_t **set_rq(bg__ps_t *ps, int set, int w) { return ps->rrq + ((size_t)set * ps->W + w) * (ps->nown + 1); }
@@ -415,6 +427,7 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
             stats->bytes_sent += ps->own_floats * sizeof(float);
     }
     ps->next_set = (set + 1) % ps->R;
+    ps->stopped = stop_req;
     stats->loss = loss;
     stats->stop = stop_req;
     stats->idle_ms = (t1 - t0) * 1e3;
@@ -581,6 +594,7 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
             return server_error(ps, s, st, "pushing to");
     }
     stats->bytes_sent = bg_model_param_count(ps->m) * sizeof(float);
+    ps->pushed_steps = step + 1;
     if (ps->K == 0) { /* synchronous: version step + 1 before the next step (and its loss) */
         int done = 0;
         BG_CHECK(post_pull(ps));
@@ -601,17 +615,44 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
 bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
 {
     if (ps->server) {
-        for (int w = 0; w < ps->W; w++)
+        for (int w = 0; w < ps->W; w++) {
             BG_CHECK(wait_sends(ps, w, steps - 1));
+            if (!ps->stopped || !ps->live[w])
+                continue;
+            /* the worker's pushes beyond the last step: received, dropped */
+            int64_t pushed = 0;
+            bg_status_t st = bg_recv(ps->comm, worker_rank(ps, w), ps_tag(PS_BYE, 0), &pushed, sizeof pushed);
+            if (st != BG_OK) {
+                BG_CHECK(worker_failed(ps, w, steps - 1, st));
+                continue;
+            }
+            for (int64_t k = 0; k < pushed - steps && k < ps->R && ps->live[w]; k++) {
+                bg_request_t **rq = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
+                for (int j = 0; j <= ps->nown && ps->live[w]; j++)
+                    if ((st = bg_wait(rq[j])) != BG_OK)
+                        BG_CHECK(worker_failed(ps, w, steps - 1, st));
+            }
+        }
         return BG_OK;
     }
-    if (ps->last >= 0) { /* stopped: pushes beyond the servers' last step are never received */
-        free_reqs(ps->push_rq, (size_t)ps->n);
-        free_reqs(ps->meta_rq, (size_t)ps->S);
-        free_reqs(ps->pull_rq, (size_t)ps->n);
-        bg_request_free(ps->reply_rq);
-        ps->reply_rq = NULL;
-        return BG_OK;
+    if (ps->last >= 0) { /* stopped: tell the servers what to drain, then the pushes complete */
+        ps->bye = ps->pushed_steps;
+        bg_request_t **rq = calloc((size_t)ps->S, sizeof(void *));
+        BG_ALLOC_CHECK(rq, (size_t)ps->S * sizeof(void *), "parameter server bye");
+        bg_status_t st = BG_OK;
+        for (int s = 0; s < ps->S && st == BG_OK; s++)
+            if ((st = bg_isend(ps->comm, s, ps_tag(PS_BYE, 0), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
+                st = server_error(ps, s, st, "leaving");
+        if (st == BG_OK)
+            st = wait_pushes(ps);
+        for (int s = 0; s < ps->S; s++) {
+            bg_status_t s2 = rq[s] ? bg_wait(rq[s]) : BG_OK;
+            if (st == BG_OK && s2 != BG_OK)
+                st = server_error(ps, s, s2, "leaving");
+        }
+        free_reqs(rq, (size_t)ps->S);
+        free(rq);
+        return st;
     }
     BG_CHECK(wait_pushes(ps));
     while (ps->version < steps) {
