@@ -177,13 +177,15 @@ static bg_status_t world_group(bg_comm_t *comm, bg_group_t **g_p)
 /* The metrics file's first line: what ran (brigade plot titles its chart with it). */
 static void metrics_header(int fd, const bg_train_config_t *c)
 {
-    char line[256];
+    char line[256], ps[64] = "";
+    if (c->ps > 0) /* parameter servers: only then, so other headers stay as they were */
+        snprintf(ps, sizeof ps, ", \"ps\": %d, \"staleness\": %d", c->ps, c->staleness);
     int len = snprintf(line, sizeof line,
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
-                       "\"schedule\": \"%s\", \"ps\": %d, \"staleness\": %d}}\n",
+                       "\"schedule\": \"%s\"%s}}\n",
                        c->model.kind == BG_MODEL_MLP ? "mlp" : "gpt", c->model.layers, c->model.d_model,
                        c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1,
-                       c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b", c->ps, c->staleness);
+                       c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b", ps);
     if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
         len = 0; /* a lost header only loses plot's title */
 }
