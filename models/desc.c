@@ -273,6 +273,20 @@ int bg_model_desc_num_tensors(const bg_model_desc_t *d)
     return n;
 }
 
+size_t bg_model_desc_tensor_numel(const bg_model_desc_t *d, int i)
+{
+    int n = bg_model_desc_num_tensors(d);
+    if (i < 0 || i >= n)
+        return 0;
+    bg_tensor_ref_t *refs = calloc((size_t)n, sizeof(*refs));
+    if (!refs)
+        return 0;
+    bg__desc_tensors(d, 0, d->n - 1, refs, &n);
+    size_t numel = refs[i].p->numel;
+    free(refs);
+    return numel;
+}
+
 /* All tensors of the model (malloc'ed). */
 static bg_status_t all_tensors(const bg_model_desc_t *d, bg_tensor_ref_t **refs_p, int *n_p)
 {

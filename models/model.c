@@ -67,7 +67,26 @@ static bg_status_t init_params(bg_model_t *m)
     return BG_OK;
 }
 
+static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
+                                const unsigned char *which, bg_model_t **model_p);
+
 bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p)
+{
+    return model_create(desc, be, first, last, NULL, model_p);
+}
+
+bg_status_t bg_model_create_tensors(bg_model_desc_t *desc, bg_backend_t *be, const unsigned char *which,
+                                    bg_model_t **model_p)
+{
+    if (!which)
+        return bg_error(BG_ERR_INVALID, "bg_model_create_tensors: no tensor selection");
+    return model_create(desc, be, -1, -1, which, model_p);
+}
+
+/* Layers [first, last] (both < 0: all); with `which`, only the tensors i
+ * (whole-model order) with which[i] != 0 get buffers. */
+static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
+                                const unsigned char *which, bg_model_t **model_p)
 {
     bg_status_t st;
     BG_CHECK(bg_model_desc_check(desc));
@@ -97,6 +116,13 @@ bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, 
         goto err_free_model;
     }
     bg__desc_tensors(desc, first, last, m->tensors, &m->ntensors);
+    if (which) { /* keep the selected tensors, in order */
+        int k = 0;
+        for (int i = 0; i < m->ntensors; i++)
+            if (which[i])
+                m->tensors[k++] = m->tensors[i];
+        m->ntensors = k;
+    }
     for (int i = 0; i < m->ntensors; i++)
         m->nparams += m->tensors[i].p->numel;
     m->params = bg_backend_alloc(be, m->nparams * sizeof(float), "parameters");
@@ -202,11 +228,6 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind) { return kind == BG_OPTIM_ADAM
 
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t)
 {
-    return bg_model_optim_step_tensors(m, opt, t, NULL);
-}
-
-bg_status_t bg_model_optim_step_tensors(bg_model_t *m, const bg_optim_config_t *opt, int t, const unsigned char *which)
-{
     bg_backend_t *be = m->be;
     if (opt->kind != BG_OPTIM_ADAMW && opt->kind != BG_OPTIM_SGD)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)opt->kind);
@@ -216,8 +237,6 @@ bg_status_t bg_model_optim_step_tensors(bg_model_t *m, const bg_optim_config_t *
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     }
     for (int i = 0; i < m->ntensors; i++) {
-        if (which && !which[i])
-            continue;
         bg_param_t *p = m->tensors[i].p;
         size_t off = (size_t)(p->data - m->params);
         float wd = p->decay ? opt->weight_decay : 0.0f;

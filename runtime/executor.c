@@ -756,15 +756,12 @@ static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
     return BG_OK;
 }
 
-/* --ps: the servers gather every tensor (weights and optimizer state) on
- * server 0, which writes the checkpoint of a one-process job: full named
- * tensors, the files of any layout. Workers hold nothing to save. */
+/* --ps: every server writes its tensors (weights and optimizer state) as a
+ * rank of a job of S ranks, server 0 last: full named tensors, the files of
+ * any layout. Workers hold nothing to save. */
 static bg_status_t ps_save_checkpoint(exec_t *x, const char *root, int keep)
 {
     if (!x->server)
-        return BG_OK;
-    BG_CHECK(bg__ps_gather(x->ps));
-    if (x->rank != 0)
         return BG_OK;
     char extra[512];
     snprintf(extra, sizeof(extra),
@@ -775,11 +772,9 @@ static bg_status_t ps_save_checkpoint(exec_t *x, const char *root, int keep)
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
     p.step = x->step;
-    p.models = &x->chunks[0].model;
-    p.nmodels = 1;
     p.extra_json = extra;
     p.keep = keep;
-    return bg_checkpoint_save(&p);
+    return bg__ps_save_checkpoint(x->ps, &p);
 }
 
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
@@ -996,13 +991,9 @@ bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p)
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
 {
     BG_CHECK(zero_settle(x));
-    if (x->ps) { /* server 0 writes, once the servers gathered their tensors */
-        if (!x->server)
-            return BG_OK;
-        BG_CHECK(bg__ps_gather(x->ps));
-        if (x->rank != 0)
-            return BG_OK;
-    } else if (x->dp_i != 0) {
+    if (x->ps && !x->server) { /* the servers write: each its tensors, one file each */
+        return BG_OK;
+    } else if (!x->ps && x->dp_i != 0) {
         return BG_OK;
     }
     BG_CHECK(bg__fileio_mkdir_p(dir));
@@ -1012,7 +1003,9 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
     bg_status_t st = BG_OK;
     for (int v = 0; v < x->V && st == BG_OK; v++) {
         char path[4096];
-        if (x->S == 1)
+        if (x->ps && x->nservers > 1)
+            snprintf(path, sizeof(path), "%s/model-ps%03d.safetensors", dir, x->rank);
+        else if (x->S == 1)
             snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         else
             snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", dir, x->chunks[v].stage);
@@ -1198,11 +1191,16 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     ch->next_local = nr == x->pp_i;
     ch->prev_rank = pr >= 0 ? world_rank(x, pr, x->dp_i) : -1;
     ch->next_rank = nr >= 0 ? world_rank(x, nr, x->dp_i) : -1;
-    BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
-    if (x->server) { /* the parameters and (for its tensors) the optimizer state: no stage */
+    if (x->server) { /* its tensors' parameters and optimizer state: no stage */
+        unsigned char *which = NULL;
+        BG_CHECK(bg__ps_owned(x->desc, x->nservers, x->rank, &which));
+        bg_status_t st = bg_model_create_tensors(x->desc, x->be, which, &ch->model);
+        free(which);
+        BG_CHECK(st);
         x->params += bg_model_param_count(ch->model);
         return bg_model_optim_init(ch->model, x->p.optim.kind);
     }
+    BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
     BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
     const bg_executor_params_t *p = &x->p;
     if (p->recompute || (p->recompute_stages && stage < p->nrecompute_stages && p->recompute_stages[stage]))

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "runtime/ps.h"
@@ -76,7 +77,6 @@ struct bg__ps {
     int *own;               /* their indices */
     size_t *own_off;        /* floats into one worker's receive buffer */
     size_t own_floats;
-    unsigned char *mask;    /* per tensor: 1 = held here (the optimizer's) */
     int R;                  /* receive sets: K + 1 */
     int next_set;           /* the set of the next step */
     float *recv;            /* R x W x own_floats */
@@ -91,31 +91,60 @@ struct bg__ps {
 
 static int worker_rank(const bg__ps_t *ps, int w) { return ps->S + w; }
 
-/* Largest first, to the least loaded server (bytes), ties to the lower index. */
-static void tensor_map(bg__ps_t *ps)
+/* The tensors' sizes from the description, and their servers: largest
+ * first, to the least loaded server (elements), ties to the lower index. */
+static bg_status_t tensor_map(const bg_model_desc_t *d, int S, int n, size_t *numel, int *owner)
 {
-    int *order = malloc((size_t)ps->n * sizeof(int));
-    size_t *load = calloc((size_t)ps->S, sizeof(size_t));
-    for (int i = 0; order && i < ps->n; i++)
+    int *order = malloc(((size_t)n + 1) * sizeof(int));
+    size_t *load = calloc((size_t)S, sizeof(size_t));
+    if (!order || !load) {
+        free(order);
+        free(load);
+        return bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+    }
+    for (int i = 0; i < n; i++) {
         order[i] = i;
-    for (int i = 1; order && i < ps->n; i++) { /* stable insertion sort by size, descending */
+        numel[i] = bg_model_desc_tensor_numel(d, i);
+    }
+    for (int i = 1; i < n; i++) { /* stable insertion sort by size, descending */
         int k = order[i], j = i;
-        while (j > 0 && ps->numel[order[j - 1]] < ps->numel[k]) {
+        while (j > 0 && numel[order[j - 1]] < numel[k]) {
             order[j] = order[j - 1];
             j--;
         }
         order[j] = k;
     }
-    for (int a = 0; order && load && a < ps->n; a++) {
+    for (int a = 0; a < n; a++) {
         int i = order[a], best = 0;
-        for (int s = 1; s < ps->S; s++)
+        for (int s = 1; s < S; s++)
             if (load[s] < load[best])
                 best = s;
-        ps->owner[i] = best;
-        load[best] += ps->numel[i];
+        owner[i] = best;
+        load[best] += numel[i];
     }
     free(order);
     free(load);
+    return BG_OK;
+}
+
+bg_status_t bg__ps_owned(const bg_model_desc_t *d, int servers, int server, unsigned char **which_p)
+{
+    int n = bg_model_desc_num_tensors(d);
+    size_t *numel = calloc((size_t)n + 1, sizeof(size_t));
+    int *owner = calloc((size_t)n + 1, sizeof(int));
+    unsigned char *which = calloc((size_t)n + 1, 1);
+    bg_status_t st = numel && owner && which ? tensor_map(d, servers, n, numel, owner)
+                                             : bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+    for (int i = 0; st == BG_OK && i < n; i++)
+        which[i] = owner[i] == server;
+    free(numel);
+    free(owner);
+    if (st != BG_OK) {
+        free(which);
+        return st;
+    }
+    *which_p = which;
+    return BG_OK;
 }
 
 bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
@@ -196,7 +225,8 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
     ps->rank = bg_comm_rank(comm);
     ps->server = ps->rank < servers;
     ps->last = -1;
-    ps->n = bg_model_num_tensors(m);
+    const bg_model_desc_t *d = bg_model_desc(m);
+    ps->n = bg_model_desc_num_tensors(d);
     ps->owner = calloc((size_t)ps->n + 1, sizeof(int));
     ps->off = calloc((size_t)ps->n + 1, sizeof(size_t));
     ps->numel = calloc((size_t)ps->n + 1, sizeof(size_t));
@@ -204,12 +234,21 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
         st = bg_error(BG_ERR_NOMEM, "parameter server tensor map");
         goto err;
     }
-    for (int i = 0; i < ps->n; i++) {
-        bg_param_t *p = bg_model_tensor(m, i);
+    BG_CHECK_GOTO(tensor_map(d, servers, ps->n, ps->numel, ps->owner), st, err);
+    /* where each tensor lives in this rank's model: a worker's holds every
+     * tensor, a server's its own (bg_model_create_tensors), in the same order */
+    for (int i = 0, k = 0; i < ps->n; i++) {
+        if (ps->rank < servers && ps->owner[i] != ps->rank)
+            continue;
+        bg_param_t *p = k < bg_model_num_tensors(m) ? bg_model_tensor(m, k) : NULL;
+        if (!p || p->numel != ps->numel[i]) {
+            st = bg_error(BG_ERR_INTERNAL, "parameter server: rank %d's model does not hold tensor %d (%s) as the map "
+                          "says", ps->rank, i, p ? bg_model_tensor_name(m, k) : "none");
+            goto err;
+        }
         ps->off[i] = (size_t)(p->data - bg_model_params(m));
-        ps->numel[i] = p->numel;
+        k++;
     }
-    tensor_map(ps);
     if (!ps->server) {
         size_t nt = (size_t)ps->n + 1;
         ps->pushed = calloc(nt, 1);
@@ -231,17 +270,15 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
         *ps_p = ps;
         return BG_OK;
     }
-    ps->mask = calloc((size_t)ps->n + 1, 1);
     ps->own = calloc((size_t)ps->n + 1, sizeof(int));
     ps->own_off = calloc((size_t)ps->n + 1, sizeof(size_t));
     ps->live = calloc((size_t)ps->W, sizeof(int));
-    if (!ps->mask || !ps->own || !ps->own_off || !ps->live) {
+    if (!ps->own || !ps->own_off || !ps->live) {
         st = bg_error(BG_ERR_NOMEM, "parameter server tables");
         goto err;
     }
     for (int i = 0; i < ps->n; i++)
         if (ps->owner[i] == ps->rank) {
-            ps->mask[i] = 1;
             ps->own_off[ps->nown] = ps->own_floats;
             ps->own[ps->nown++] = i;
             ps->own_floats += ps->numel[i];
@@ -295,7 +332,6 @@ void bg__ps_destroy(bg__ps_t *ps)
     free(ps->push_rq);
     free(ps->pull_rq);
     free(ps->meta_rq);
-    free(ps->mask);
     free(ps->own);
     free(ps->own_off);
     free(ps->live);
@@ -398,7 +434,7 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     }
     for (int j = 0; j < ps->nown; j++)
         stats->grad_sumsq += be->ops->sumsq(be, grads + ps->off[ps->own[j]], ps->numel[ps->own[j]]);
-    BG_CHECK(bg_model_optim_step_tensors(ps->m, opt, (int)step + 1, ps->mask));
+    BG_CHECK(bg_model_optim_step(ps->m, opt, (int)step + 1)); /* the model holds this server's tensors */
     be->ops->synchronize(be);
     double t2 = bg_now();
     /* version step + 1 to every live worker; this step's receives posted again for step + R */
@@ -664,40 +700,43 @@ bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
     return BG_OK;
 }
 
-bg_status_t bg__ps_gather(bg__ps_t *ps)
+bg_status_t bg__ps_save_checkpoint(bg__ps_t *ps, const bg_checkpoint_params_t *base)
 {
-    if (!ps->server || ps->S == 1)
+    if (!ps->server)
         return BG_OK;
-    int nstate = bg_model_optim_state(ps->m, 1) ? 2 : bg_model_optim_state(ps->m, 0) ? 1 : 0;
-    float *bufs[3] = {bg_model_params(ps->m), bg_model_optim_state(ps->m, 0), bg_model_optim_state(ps->m, 1)};
-    size_t nrq = (size_t)ps->n * 3;
-    bg_request_t **rq = calloc(nrq, sizeof(void *));
-    BG_ALLOC_CHECK(rq, nrq * sizeof(void *), "parameter server gather");
-    bg_status_t st = BG_OK;
-    for (int i = 0; i < ps->n && st == BG_OK; i++) {
-        int mine = ps->owner[i] == ps->rank;
-        if (ps->rank != 0 && !mine)
-            continue;
-        if (ps->rank == 0 && mine)
-            continue;
-        for (int k = 0; k <= nstate && st == BG_OK; k++) {
-            float *p = bufs[k] + ps->off[i];
-            size_t bytes = ps->numel[i] * sizeof(float);
-            if (ps->rank == 0)
-                st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_GATHER, i), p, bytes, &rq[(size_t)i * 3 + k]);
-            else
-                st = bg_isend(ps->comm, 0, ps_tag(PS_GATHER, i), p, bytes, &rq[(size_t)i * 3 + k]);
+    bg_checkpoint_params_t p = *base;
+    char token[64] = "";
+    p.comm = NULL; /* the servers alone: a worker may have died */
+    p.rank = ps->rank;
+    p.world = ps->S;
+    p.writer = 1;
+    p.models = &ps->m;
+    p.nmodels = 1;
+    if (ps->S == 1)
+        return bg_checkpoint_save(&p);
+    p.token = token;
+    if (ps->rank == 0) { /* server 0 names the directory, the others write, then server 0 writes and publishes */
+        snprintf(token, sizeof token, "ps-%d-%lld", (int)getpid(), (long long)(bg_now() * 1e6));
+        for (int s = 1; s < ps->S; s++)
+            BG_CHECK(bg_send(ps->comm, s, ps_tag(PS_GATHER, 0), token, sizeof token));
+        int bad = -1;
+        for (int s = 1; s < ps->S; s++) {
+            int32_t r = 0;
+            BG_CHECK(bg_recv(ps->comm, s, ps_tag(PS_GATHER, 1), &r, sizeof r));
+            if (r != BG_OK && bad < 0)
+                bad = s;
         }
+        if (bad >= 0)
+            return bg_error(BG_ERR_IO, "checkpoint of step %lld not saved: parameter server %d could not write its "
+                            "file (it says why)", (long long)p.step, bad);
+        return bg_checkpoint_save(&p);
     }
-    for (size_t r = 0; r < nrq; r++) {
-        if (!rq[r])
-            continue;
-        bg_status_t s2 = bg_wait(rq[r]);
-        if (st == BG_OK && s2 != BG_OK)
-            st = bg_error(s2, "parameter server %d: gathering the tensors on server 0: %s", ps->rank,
-                          bg_last_error());
-    }
-    free_reqs(rq, nrq);
-    free(rq);
-    return st;
+    BG_CHECK(bg_recv(ps->comm, 0, ps_tag(PS_GATHER, 0), token, sizeof token));
+    token[sizeof token - 1] = 0;
+    bg_status_t st = bg_checkpoint_save(&p);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st != BG_OK ? bg_last_error() : "");
+    int32_t r = st;
+    bg_status_t s2 = bg_send(ps->comm, 0, ps_tag(PS_GATHER, 1), &r, sizeof r);
+    return st != BG_OK ? bg_error(st, "%s", msg) : s2;
 }

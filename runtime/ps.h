@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "brigade/backend.h"
+#include "brigade/checkpoint.h"
 #include "brigade/executor.h"
 #include "brigade/model.h"
 #include "brigade/transport.h"
@@ -32,9 +33,9 @@ typedef struct bg__ps_stats {
 bg_status_t bg__ps_check_params(const bg_executor_params_t *p);
 
 /* This rank's part: ranks 0 .. servers-1 are servers, the others workers.
- * @p m is the rank's model of every layer (a worker computes with it; a
- * server holds the parameters and, for its tensors, the optimizer state:
- * servers' models must have their optimizer state allocated). Every rank
+ * @p m is the rank's model: a worker's of every layer (it computes with it), a
+ * server's of its tensors only, with their optimizer state allocated:
+ * bg__ps_owned, bg_model_create_tensors). Every rank
  * computes the same tensor map (largest first, to the least loaded server).
  * A server posts the receives of its first K + 1 steps. */
 bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int servers, int staleness,
@@ -64,8 +65,13 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
 /* Worker: receive every version up to @p steps (the servers have sent them);
  * server: wait for its sends. Before saving, at the end. */
 bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps);
-/* Servers only (collective over them): server 0's model then holds every
- * tensor's parameters and optimizer state (a checkpoint, --save). */
-bg_status_t bg__ps_gather(bg__ps_t *ps);
+/* Servers only (collective over them; workers: nothing): every server
+ * writes its tensors (weights and optimizer state) as rank `server` of a
+ * job of S ranks, server 0 last, which publishes the checkpoint (full named
+ * tensors, loadable under any layout). @p base: root, step, extra, keep. */
+bg_status_t bg__ps_save_checkpoint(bg__ps_t *ps, const bg_checkpoint_params_t *base);
+/* The tensors server @p server of @p servers holds (1 per tensor of the
+ * description, malloc'ed): for bg_model_create_tensors. */
+bg_status_t bg__ps_owned(const bg_model_desc_t *d, int servers, int server, unsigned char **which_p);
 
 #endif

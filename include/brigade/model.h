@@ -92,6 +92,9 @@ bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i); /**< top-level
 int bg_model_desc_classes(const bg_model_desc_t *d);
 int bg_model_desc_num_ties(const bg_model_desc_t *d); /**< ties declared */
 int bg_model_desc_num_tensors(const bg_model_desc_t *d); /**< named parameter tensors of the whole model */
+/** Elements of tensor @p i of the whole model (bg_model_desc_num_tensors order;
+ *  0 when out of range): a tensor's size without building a model. */
+size_t bg_model_desc_tensor_numel(const bg_model_desc_t *d, int i);
 /** Tie i: *a_p is the source, *b_p the copy. */
 void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p);
 /** Shape of the model's input for n sequences of t positions (t is ignored
@@ -172,6 +175,13 @@ typedef struct bg_model bg_model_t; /**< a layer range bound to its buffers (opa
  *  (zeroed); optimizer state lazily. A layer can be bound to one model at a
  *  time; the description must outlive the model. */
 bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p);
+/** A model of some of the description's tensors: those i (whole-model order,
+ *  bg_model_desc_num_tensors of them) with @p which[i] != 0, with buffers,
+ *  initialisation and optimizer state for them only (a parameter server's
+ *  share). Binds every layer; its layers cannot run (the other tensors have
+ *  no buffers): for holding, updating and saving tensors. */
+bg_status_t bg_model_create_tensors(bg_model_desc_t *desc, bg_backend_t *be, const unsigned char *which,
+                                    bg_model_t **model_p);
 void bg_model_destroy(bg_model_t *m); /**< frees the model's buffers; the description stays (NULL is a no-op) */
 
 const bg_model_desc_t *bg_model_desc(const bg_model_t *m); /**< the description the model binds */
@@ -229,9 +239,6 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind);
 /** One optimizer step over the range's parameters (t is the 1-based step).
  *  Allocates the optimizer state on first use. */
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t);
-/** The same step over the tensors i with @p which[i] != 0 only (bg_model_tensor
- *  order; NULL: every tensor): a parameter server updates the tensors it holds. */
-bg_status_t bg_model_optim_step_tensors(bg_model_t *m, const bg_optim_config_t *opt, int t, const unsigned char *which);
 /** Allocate (zeroed) the optimizer state of @p kind if not yet there (before loading a checkpoint). */
 bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind);
 /** Optimizer state, flat like the parameters (tensor i's slice starts at

@@ -7,6 +7,8 @@
 #   test_equivalence for W = 3 (relative L2 1e-5: the servers sum in worker
 #   order, the all-reduce in ring order), GPT and MLP (MLP with SGD and weight
 #   decay too, so a tensor's decay flag reaches its server).
+# - A server holds its share: with --ps 2, server 0 has about half the
+#   parameters (40-60%; the map is largest first to the least loaded).
 # - The metrics: every worker's line has its staleness (0 at K = 0), every
 #   server's its bytes received, optimizer milliseconds and idle fraction.
 # - K = 1, 2 (workers run ahead on parameters at most K steps old): after 300
@@ -61,6 +63,11 @@ for m in GPT MLP; do
       near "$T/${m}_dp3" "$T/${m}_ps${s}_w3" "$m: --ps $s with 3 workers = --dp 3 (relative L2 1e-5)"
   done
 done
+# a server holds its share: parameters (and so gradients and optimizer state) of its tensors only
+p1=$(grep -A1 "^rank  pp" "$T/GPT_ps1_w2.log" | awk 'NR == 2 {print $4}')
+p2=$(grep -A1 "^rank  pp" "$T/GPT_ps2_w2.log" | awk 'NR == 2 {print $4}')
+[ -n "$p1" ] && [ -n "$p2" ] && [ $((p2 * 10)) -le $((p1 * 6)) ] && [ $((p2 * 10)) -ge $((p1 * 4)) ] &&
+  ok "server 0 holds $p2 of $p1 parameters with --ps 2" || bad "server 0's parameters: --ps 1 $p1, --ps 2 $p2"
 SGD="--optimizer sgd --lr 0.05 --weight-decay 0.1"
 run sgd_dp2 2 $MLP $SGD --batch 8 --dp 2 && run sgd_ps2 4 $MLP $SGD --batch 8 --ps 2 &&
   same "$T/sgd_dp2" "$T/sgd_ps2" "MLP, SGD + weight decay: --ps 2 with 2 workers = --dp 2 (bitwise)"

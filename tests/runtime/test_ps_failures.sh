@@ -7,7 +7,7 @@
 #   step, the launcher says it tolerated it, no survivor fails, and the exit
 #   code is the dead worker's (137), not 0.
 # - A server SIGKILLed mid-run: every rank stops within seconds, the launcher
-#   names the server and the workers say which server's tensors are gone.
+#   names the server and so do the ranks that saw it die.
 # - SIGTERM to the launcher (a stop request on every rank), K = 0 and 2:
 #   every rank stops at a step the servers agree on (the workers' pushes
 #   carry the request), server 0 writes the checkpoint of that step, exit 143,
@@ -40,18 +40,20 @@ kill_at_step() {
   p=$(rank_pid "$1")
   [ -n "$p" ] && kill -KILL "$p" && date +%s.%N
 }
-# finite FILE: every float of a safetensors file is finite
+# finite DIR: every float of every safetensors file in DIR is finite (one file per server)
 finite() {
   python3 - "$1" <<'PY'
-import array, json, math, struct, sys
-with open(sys.argv[1], "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    json.loads(f.read(n))
-    data = f.read()
+import array, glob, json, math, struct, sys
+files = sorted(glob.glob(sys.argv[1] + "/*.safetensors"))
 a = array.array("f")
-a.frombytes(data[: len(data) // 4 * 4])
+for name in files:
+    with open(name, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        json.loads(f.read(n))
+        data = f.read()
+    a.frombytes(data[: len(data) // 4 * 4])
 bad = sum(1 for x in a if not math.isfinite(x))
-print(f"{len(a)} weights, {bad} not finite")
+print(f"{len(files)} files, {len(a)} weights, {bad} not finite")
 sys.exit(1 if bad or not a else 0)
 PY
 }
@@ -87,7 +89,7 @@ print(f"ok: rank 3's last step {w3}, live workers 3 -> 2, final loss {srv[-1]['l
 PY
 )
 case $v in ok:*) ok "metrics: ${v#ok: }";; *) bad "metrics: $v";; esac
-v=$(finite "$T/wd/model.safetensors") && ok "weights after the death: $v" || bad "weights: $v"
+v=$(finite "$T/wd") && ok "weights after the death: $v" || bad "weights: $v"
 
 # ---- a server dies: everyone stops, naming it
 PS_MARK=$MARK timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
@@ -106,8 +108,11 @@ else
 fi
 [ $rc = 137 ] && grep -q "rank 1 (pid [0-9]*) was killed by signal 9 (Killed); stopping the other 4 ranks" "$T/sd.log" &&
   ok "the launcher names the server and stops the others (exit $rc)" || bad "exit $rc: $(grep launch "$T/sd.log")"
-grep -q "parameter server 1 (rank 1) (it died; its tensors are gone)" "$T/sd.log" &&
-  ok "the workers name the server" || bad "workers: $(grep -v OpenBLAS "$T/sd.log" | tail -4)"
+# the ranks that saw it name it (a worker's pull: "parameter server 1 (rank 1) (it died; its tensors are
+# gone)"; a push or a server: "rank 1 died"); the others report the rank that stopped on it
+grep "^brigade train:" "$T/sd.log" | grep -q "parameter server 1 (rank 1)\|rank 1 died" &&
+  ok "the ranks name the server: $(grep "^brigade train:" "$T/sd.log" | grep -o "parameter server 1 (rank 1)[^:]*\|rank 1 died[^:]*" | head -1)" ||
+  bad "no rank names the server: $(grep -v OpenBLAS "$T/sd.log" | tail -4)"
 
 # ---- a stop request (SIGTERM to the launcher, forwarded to every rank)
 for k in 0 2; do
@@ -131,8 +136,8 @@ ck() { timeout 60 "$B" launch -n "$1" -- "$B" train $C "${@:2}" >"$T/ck.log" 2>&
 same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
 ck 2 --dp 2 --steps 10 --save "$T/full"
 ck 4 --ps 2 --steps 5 --checkpoint-dir "$T/c1"
-[ "$(ls "$T/c1/step-00000005")" = "$(printf 'manifest.json\nrank-00000.safetensors')" ] &&
-  ok "server 0 wrote the checkpoint of a one-process job" || bad "checkpoint files: $(ls "$T/c1/step-00000005")"
+[ "$(ls "$T/c1/step-00000005")" = "$(printf 'manifest.json\nrank-00000.safetensors\nrank-00001.safetensors')" ] &&
+  ok "each server wrote its tensors, server 0 the manifest" || bad "checkpoint files: $(ls "$T/c1/step-00000005")"
 ck 2 --dp 2 --steps 10 --checkpoint-dir "$T/c1" --resume --save "$T/r1"
 same "$T/full" "$T/r1" "--ps 2 checkpoint at step 5 resumed with --dp 2 = --dp 2 throughout"
 ck 2 --dp 2 --steps 5 --checkpoint-dir "$T/c2"
