@@ -273,18 +273,20 @@ int bg_model_desc_num_tensors(const bg_model_desc_t *d)
     return n;
 }
 
-size_t bg_model_desc_tensor_numel(const bg_model_desc_t *d, int i)
+bg_status_t bg_model_desc_tensor(const bg_model_desc_t *d, int i, char *name, size_t cap, size_t *numel_p)
 {
     int n = bg_model_desc_num_tensors(d);
     if (i < 0 || i >= n)
-        return 0;
+        return bg_error(BG_ERR_INVALID, "tensor %d of model %s: it has %d", i, d->name, n);
     bg_tensor_ref_t *refs = calloc((size_t)n, sizeof(*refs));
-    if (!refs)
-        return 0;
+    BG_ALLOC_CHECK(refs, (size_t)n * sizeof(*refs), "tensor list");
     bg__desc_tensors(d, 0, d->n - 1, refs, &n);
-    size_t numel = refs[i].p->numel;
+    if (name && cap)
+        snprintf(name, cap, "%s", refs[i].name);
+    if (numel_p)
+        *numel_p = refs[i].p->numel;
     free(refs);
-    return numel;
+    return BG_OK;
 }
 
 /* All tensors of the model (malloc'ed). */

@@ -425,8 +425,8 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
         if (bk->started || bk->lo < layer)
             continue;
         bk->started = 1;
-        if (x->ps) { /* push instead of all-reduce (with ties: all at once, after their sum) */
-            if (x->nties == 0 && bk->count)
+        if (x->ps) { /* push instead of all-reduce (a tie's a + b is the server's) */
+            if (bk->count)
                 BG_CHECK(bg__ps_push_range(x->ps, bk->off, bk->count));
         } else if (x->D > 1 && bk->count) {
             if (ch->zero) { /* host buffers only (refused with staging at create) */
@@ -633,7 +633,8 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
-        BG_CHECK(sync_ties(x));
+        if (!x->ps) /* --ps: the server of a tie adds a + b after the workers' sum */
+            BG_CHECK(sync_ties(x));
         BG_CHECK(wait_buckets(x, ch));
         if (x->ps)
             return BG_OK; /* the servers update (bg__ps_worker_end pushes what is left) */

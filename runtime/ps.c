@@ -87,24 +87,51 @@ struct bg__ps {
     int *live;              /* per worker */
     int nlive;
     int stopped;            /* the last step stopped the job */
+    bg_param_t **tie_a, **tie_b; /* each tie this server holds (both tensors) */
+    int nties;
 };
 
 static int worker_rank(const bg__ps_t *ps, int w) { return ps->S + w; }
 
+/* Index of the tensor named @p name, -1 if none. */
+static int tensor_index(char (*names)[2 * BG_NAME_MAX], int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return -1;
+}
+
 /* The tensors' sizes from the description, and their servers: largest
- * first, to the least loaded server (elements), ties to the lower index. */
+ * first, to the least loaded server (elements), equal loads to the lower
+ * server; the two tensors of a tie go to one server (it adds their
+ * gradients after the workers' sum, as data parallelism does). */
 static bg_status_t tensor_map(const bg_model_desc_t *d, int S, int n, size_t *numel, int *owner)
 {
     int *order = malloc(((size_t)n + 1) * sizeof(int));
+    int *partner = malloc(((size_t)n + 1) * sizeof(int));
     size_t *load = calloc((size_t)S, sizeof(size_t));
-    if (!order || !load) {
-        free(order);
-        free(load);
-        return bg_error(BG_ERR_NOMEM, "parameter server tensor map");
-    }
-    for (int i = 0; i < n; i++) {
+    char(*names)[2 * BG_NAME_MAX] = calloc((size_t)n + 1, sizeof(*names));
+    bg_status_t st = order && partner && load && names ? BG_OK : bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+    for (int i = 0; st == BG_OK && i < n; i++) {
         order[i] = i;
-        numel[i] = bg_model_desc_tensor_numel(d, i);
+        partner[i] = -1;
+        owner[i] = -1;
+        st = bg_model_desc_tensor(d, i, names[i], sizeof names[i], &numel[i]);
+    }
+    for (int t = 0; st == BG_OK && t < bg_model_desc_num_ties(d); t++) {
+        const char *a, *b;
+        bg_model_desc_tie_names(d, t, &a, &b);
+        int ia = tensor_index(names, n, a), ib = tensor_index(names, n, b);
+        if (ia >= 0 && ib >= 0)
+            partner[ia] = ib, partner[ib] = ia;
+    }
+    free(names);
+    if (st != BG_OK) {
+        free(order);
+        free(partner);
+        free(load);
+        return st;
     }
     for (int i = 1; i < n; i++) { /* stable insertion sort by size, descending */
         int k = order[i], j = i;
@@ -119,10 +146,13 @@ static bg_status_t tensor_map(const bg_model_desc_t *d, int S, int n, size_t *nu
         for (int s = 1; s < S; s++)
             if (load[s] < load[best])
                 best = s;
+        if (partner[i] >= 0 && owner[partner[i]] >= 0)
+            best = owner[partner[i]];
         owner[i] = best;
         load[best] += numel[i];
     }
     free(order);
+    free(partner);
     free(load);
     return BG_OK;
 }
@@ -168,10 +198,10 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
                         "tensor); leave --zero out", p->zero);
     if (p->emulate)
         return bg_error(BG_ERR_UNSUPPORTED, "--ps with --emulate is not built");
-    int n = bg_model_desc_num_tensors(p->model);
-    if (p->ps > n)
+    int n = bg_model_desc_num_tensors(p->model), ties = bg_model_desc_num_ties(p->model);
+    if (p->ps > n - ties)
         return bg_error(BG_ERR_INVALID, "--ps %d: more servers than the model's %d tensors (a server holds whole "
-                        "tensors)", p->ps, n);
+                        "tensors%s)", p->ps, n - ties, ties ? "; tied tensors count once" : "");
     if (n >= PS_META)
         return bg_error(BG_ERR_UNSUPPORTED, "--ps: the model has %d tensors; the parameter server handles at most %d",
                         n, PS_META - 1);
@@ -286,6 +316,27 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
     for (int w = 0; w < ps->W; w++)
         ps->live[w] = 1;
     ps->nlive = ps->W;
+    int nt = bg_model_desc_num_ties(d);
+    ps->tie_a = calloc((size_t)nt + 1, sizeof(bg_param_t *));
+    ps->tie_b = calloc((size_t)nt + 1, sizeof(bg_param_t *));
+    if (!ps->tie_a || !ps->tie_b) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server ties");
+        goto err;
+    }
+    for (int t = 0; t < nt; t++) {
+        const char *a, *b;
+        bg_model_desc_tie_names(d, t, &a, &b);
+        bg_param_t *pa = bg_model_find_tensor(m, a), *pb = bg_model_find_tensor(m, b);
+        if (!!pa != !!pb) {
+            st = bg_error(BG_ERR_INTERNAL, "parameter server %d holds %s but not %s, tied to it", ps->rank,
+                          pa ? a : b, pa ? b : a);
+            goto err;
+        }
+        if (pa) {
+            ps->tie_a[ps->nties] = pa;
+            ps->tie_b[ps->nties++] = pb;
+        }
+    }
     ps->R = ps->K + 1;
     size_t sets = (size_t)ps->R * ps->W;
     ps->recv = bg_backend_alloc(be, (sets * ps->own_floats + 1) * sizeof(float), "pushed gradients (parameter server)");
@@ -335,6 +386,8 @@ void bg__ps_destroy(bg__ps_t *ps)
     free(ps->own);
     free(ps->own_off);
     free(ps->live);
+    free(ps->tie_a);
+    free(ps->tie_b);
     free(ps->owner);
     free(ps->off);
     free(ps->numel);
@@ -432,8 +485,20 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
             be->ops->scale(be, grads + ps->off[ps->own[j]], k, ps->numel[ps->own[j]]);
         loss *= (double)ps->W / ps->nlive;
     }
-    for (int j = 0; j < ps->nown; j++)
-        stats->grad_sumsq += be->ops->sumsq(be, grads + ps->off[ps->own[j]], ps->numel[ps->own[j]]);
+    /* ties: both copies get a + b of the summed gradients (as the executor's sync_ties) */
+    for (int t = 0; t < ps->nties; t++) {
+        bg_param_t *a = ps->tie_a[t], *b = ps->tie_b[t];
+        be->ops->residual_forward(be, a->grad, a->grad, b->grad, a->numel);
+        be->ops->copy(be, b->grad, a->grad, a->numel);
+    }
+    for (int j = 0; j < ps->nown; j++) { /* a tied tensor counted once, as the model's norm does */
+        float *g = grads + ps->off[ps->own[j]];
+        int second = 0;
+        for (int t = 0; t < ps->nties; t++)
+            second |= g == ps->tie_b[t]->grad;
+        if (!second)
+            stats->grad_sumsq += be->ops->sumsq(be, g, ps->numel[ps->own[j]]);
+    }
     BG_CHECK(bg_model_optim_step(ps->m, opt, (int)step + 1)); /* the model holds this server's tensors */
     be->ops->synchronize(be);
     double t2 = bg_now();

@@ -92,9 +92,10 @@ bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i); /**< top-level
 int bg_model_desc_classes(const bg_model_desc_t *d);
 int bg_model_desc_num_ties(const bg_model_desc_t *d); /**< ties declared */
 int bg_model_desc_num_tensors(const bg_model_desc_t *d); /**< named parameter tensors of the whole model */
-/** Elements of tensor @p i of the whole model (bg_model_desc_num_tensors order;
- *  0 when out of range): a tensor's size without building a model. */
-size_t bg_model_desc_tensor_numel(const bg_model_desc_t *d, int i);
+/** Full name (at most @p cap bytes with its NUL; @p name may be NULL) and
+ *  elements (@p numel_p may be NULL) of tensor @p i of the whole model, in
+ *  bg_model_desc_num_tensors order: a tensor without building a model. */
+bg_status_t bg_model_desc_tensor(const bg_model_desc_t *d, int i, char *name, size_t cap, size_t *numel_p);
 /** Tie i: *a_p is the source, *b_p the copy. */
 void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p);
 /** Shape of the model's input for n sequences of t positions (t is ignored

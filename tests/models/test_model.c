@@ -145,9 +145,13 @@ static void test_model_of_tensors(void **s)
     for (int i = 0; i < n; i++) {
         which[i] = i % 3 == 1;
         want += which[i] ? bg_model_tensor(full, i)->numel : 0;
-        assert_int_equal(bg_model_desc_tensor_numel(d, i), bg_model_tensor(full, i)->numel);
+        char name[2 * BG_NAME_MAX];
+        size_t numel = 0;
+        assert_int_equal(bg_model_desc_tensor(d, i, name, sizeof name, &numel), BG_OK);
+        assert_int_equal(numel, bg_model_tensor(full, i)->numel);
+        assert_string_equal(name, bg_model_tensor_name(full, i));
     }
-    assert_int_equal(bg_model_desc_tensor_numel(d, n), 0);
+    assert_int_equal(bg_model_desc_tensor(d, n, NULL, 0, NULL), BG_ERR_INVALID);
     assert_int_equal(bg_model_create_tensors(d, be, which, &some), BG_OK);
     assert_int_equal(bg_model_param_count(some), want);
     for (int i = 0, k = 0; i < n; i++) {

@@ -6,7 +6,8 @@
 #   (a + b either way) and within the data-parallel tolerance of
 #   test_equivalence for W = 3 (relative L2 1e-5: the servers sum in worker
 #   order, the all-reduce in ring order), GPT and MLP (MLP with SGD and weight
-#   decay too, so a tensor's decay flag reaches its server).
+#   decay too, so a tensor's decay flag reaches its server; GPT with tied
+#   embeddings and zb-h1, bitwise: the tie's server adds a + b after the sum).
 # - A server holds its share: with --ps 2, server 0 has about half the
 #   parameters (40-60%; the map is largest first to the least loaded).
 # - The metrics: every worker's line has its staleness (0 at K = 0), every
@@ -71,6 +72,12 @@ p2=$(grep -A1 "^rank  pp" "$T/GPT_ps2_w2.log" | awk 'NR == 2 {print $4}')
 SGD="--optimizer sgd --lr 0.05 --weight-decay 0.1"
 run sgd_dp2 2 $MLP $SGD --batch 8 --dp 2 && run sgd_ps2 4 $MLP $SGD --batch 8 --ps 2 &&
   same "$T/sgd_dp2" "$T/sgd_ps2" "MLP, SGD + weight decay: --ps 2 with 2 workers = --dp 2 (bitwise)"
+# tied embeddings (the tie's two tensors on one server, which adds a + b after the workers' sum, as dp
+# does after its all-reduce), weight decay, a zero-bubble schedule
+TIE="$GPT --batch 8 --tie-embeddings --weight-decay 0.1 --schedule zb-h1"
+run tie_dp2 2 $TIE --dp 2 && for s in 1 2; do
+  run "tie_ps$s" $((s + 2)) $TIE --ps $s && same "$T/tie_dp2" "$T/tie_ps$s" "tied embeddings, zb-h1: --ps $s = --dp 2 (bitwise)"
+done
 # a model that would not reach the reference unless it learns: the weights moved
 v=$("$B" compare "$T/GPT_dp2" "$T/GPT_ps1_w3" 2>&1) && bad "the 2- and 3-worker runs should differ: $v" ||
   ok "different batches give different weights (the comparison can fail)"
