@@ -208,8 +208,6 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
     return BG_OK;
 }
 
-int bg__ps_is_server(const bg__ps_t *ps) { return ps->server; }
-int bg__ps_owner(const bg__ps_t *ps, int i) { return ps->owner[i]; }
 void bg__ps_set_version(bg__ps_t *ps, int64_t step)
 {
     ps->version = step;

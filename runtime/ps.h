@@ -41,9 +41,6 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p);
 bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int servers, int staleness,
                           bg__ps_t **ps_p);
 void bg__ps_destroy(bg__ps_t *ps);
-int bg__ps_is_server(const bg__ps_t *ps);
-/* The server of tensor i (bg_model_tensor order). */
-int bg__ps_owner(const bg__ps_t *ps, int i);
 /* After a resume: the parameters are version @p step everywhere. */
 void bg__ps_set_version(bg__ps_t *ps, int64_t step);
 
