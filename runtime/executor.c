@@ -1496,13 +1496,18 @@ static bg_status_t ps_worker_end(exec_t *x, double t0, double tokens, bg_step_re
 {
     int64_t step = x->step;
     bg__ps_stats_t ps;
+    double a = bg_now();
     bg_status_t st = bg__ps_worker_end(x->ps, step, x->loss, x->stop_req, &ps);
+    if (x->trace) /* the last pushes and, at K = 0, the wait for the next version */
+        bg__trace_event(x->trace, "push_pull", -1, 0, a, bg_now(), (int)step + 1);
     if (st != BG_OK) {
         st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->dp_i, x->rank, (long long)step + 1,
                       bg_last_error());
         return step_failed(x, st);
     }
     double dt = bg_now() - t0;
+    if (x->trace)
+        bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
     x->step = step + 1;
     bg_step_result_t r = {0};
     r.step = x->step;
@@ -1536,6 +1541,12 @@ static bg_status_t ps_server_step(exec_t *x, double tokens, bg_step_result_t *re
         return step_failed(x, st);
     }
     double dt = bg_now() - t0;
+    if (x->trace) { /* waiting for the workers' pushes, then the sum and the update */
+        double w = t0 + ps.idle_ms / 1e3;
+        bg__trace_event(x->trace, "push_wait", -1, -1, t0, w, (int)step + 1);
+        bg__trace_event(x->trace, "update", -1, -1, w, w + ps.optim_ms / 1e3, (int)step + 1);
+        bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
+    }
     x->step = step + 1;
     bg_step_result_t r = {0};
     r.step = x->step;
@@ -1577,6 +1588,8 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
                       bg_last_error());
         goto fail;
     }
+    if (x->ps && x->trace) /* waiting for parameters recent enough (and for the last pushes to leave) */
+        bg__trace_event(x->trace, "pull_wait", -1, 0, t0, bg_now(), (int)step + 1);
     for (int v = 0; v < x->V; v++) {
         if (x->chunks[v].zero)
             BG_CHECK(bg__zero_begin_step(x->chunks[v].zero));

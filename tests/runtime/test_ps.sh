@@ -111,6 +111,25 @@ PY
 )
 [ "$v" = ok ] && ok "metrics: per-worker staleness, per-server bytes/optimizer ms/idle" || bad "metrics: $v"
 
+# the trace: workers' waits for parameters and pushes, servers' waits for pushes and updates, every step
+timeout 60 "$B" launch -n 4 -- "$B" train $GPT --batch 8 --ps 2 --staleness 1 --quiet --trace "$T/t.json" >"$T/t.log" 2>&1 ||
+  bad "trace run: $(tail -2 "$T/t.log")"
+v=$(python3 - "$T/t.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"] if isinstance(d, dict) else d
+def count(name, pids):
+    return {p: sum(1 for e in ev if e.get("ph") != "M" and e.get("name", "").startswith(name) and e.get("pid") == p)
+            for p in pids}
+for name, pids in (("pull_wait", [2, 3]), ("push_pull", [2, 3]), ("push_wait", [0, 1]), ("update", [0, 1]),
+                   ("step", [0, 1, 2, 3])):
+    c = count(name, pids)
+    assert all(v == 10 for v in c.values()), (name, c)
+print("ok")
+PY
+)
+[ "$v" = ok ] && ok "trace: pull_wait/push_pull on workers, push_wait/update on servers, 10 steps each" || bad "trace: $v"
+
 # K > 0: converges like synchronous training, staleness bounded by K
 SMALL="--model gpt --layers 2 --d-model 32 --heads 2 --seq 32 --batch 8 --microbatches 1 --steps 300 --threads 1 --lr 1e-3"
 for k in 0 1 2; do
