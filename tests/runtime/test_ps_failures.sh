@@ -20,24 +20,24 @@ set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 G="--model gpt --layers 2 --d-model 32 --heads 2 --seq 32 --batch 12 --microbatches 1 --threads 1 --lr 1e-3"
-MARK="ps_failures_$$"
 
-# rank_pid R: the pid of rank R of this script's job (its environment holds both)
+# rank_pid JOB R: the pid of rank R of the job started as JOB (timeout -> launcher -> ranks)
 rank_pid() {
-  local e p
-  for e in /proc/[0-9]*/environ; do
-    { tr '\0' '\n' <"$e" | grep -qx "PS_MARK=$MARK" && tr '\0' '\n' <"$e" | grep -qx "BRIGADE_RANK=$1" &&
-      { p=${e#/proc/}; echo "${p%/environ}"; }; } 2>/dev/null
+  local lp p
+  for lp in $(pgrep -P "$1"); do
+    for p in $(pgrep -P "$lp"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "BRIGADE_RANK=$2" && echo "$p"
+    done
   done
 }
-# kill_at_step R STEP METRICS: SIGKILL rank R once the metrics reach STEP (at most 30 s)
+# kill_at_step JOB R STEP METRICS: SIGKILL rank R of JOB once the metrics reach STEP (at most 30 s)
 kill_at_step() {
   local i p
   for i in $(seq 300); do
-    [ -s "$3" ] && [ "$(grep -c '"role": "server"' "$3")" -ge "$2" ] && break
+    [ -s "$4" ] && [ "$(grep -c '"role": "server"' "$4")" -ge "$3" ] && break
     sleep 0.1
   done
-  p=$(rank_pid "$1")
+  p=$(rank_pid "$1" "$2")
   [ -n "$p" ] && kill -KILL "$p" && date +%s.%N
 }
 # finite DIR: every float of every safetensors file in DIR is finite (one file per server)
@@ -59,11 +59,11 @@ PY
 }
 
 # ---- a worker dies: the job goes on
-STEPS=3000
-PS_MARK=$MARK timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
+STEPS=5000
+timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
   --save "$T/wd" --metrics "$T/wd.jsonl" >"$T/wd.log" 2>&1 &
 job=$!
-killed=$(kill_at_step 3 100 "$T/wd.jsonl")
+killed=$(kill_at_step $job 3 100 "$T/wd.jsonl")
 wait $job
 rc=$?
 [ -n "$killed" ] && ok "worker (rank 3) killed mid-run" || bad "could not kill rank 3: $(tail -3 "$T/wd.log")"
@@ -92,10 +92,10 @@ case $v in ok:*) ok "metrics: ${v#ok: }";; *) bad "metrics: $v";; esac
 v=$(finite "$T/wd") && ok "weights after the death: $v" || bad "weights: $v"
 
 # ---- a server dies: everyone stops, naming it
-PS_MARK=$MARK timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
+timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
   --metrics "$T/sd.jsonl" >"$T/sd.log" 2>&1 &
 job=$!
-killed=$(kill_at_step 1 100 "$T/sd.jsonl")
+killed=$(kill_at_step $job 1 100 "$T/sd.jsonl")
 wait $job
 rc=$?
 done_at=$(date +%s.%N)
@@ -116,7 +116,7 @@ grep "^brigade train:" "$T/sd.log" | grep -q "parameter server 1 (rank 1)\|rank 
 
 # ---- a stop request (SIGTERM to the launcher, forwarded to every rank)
 for k in 0 2; do
-  PS_MARK=$MARK timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --staleness $k --quiet \
+  timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --staleness $k --quiet \
     --checkpoint-dir "$T/st$k" --metrics "$T/st$k.jsonl" >"$T/st$k.log" 2>&1 &
   job=$!
   for i in $(seq 300); do [ -s "$T/st$k.jsonl" ] && [ "$(grep -c '"role": "server"' "$T/st$k.jsonl")" -ge 100 ] && break; sleep 0.1; done
