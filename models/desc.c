@@ -284,6 +284,30 @@ size_t bg_model_desc_param_count(const bg_model_desc_t *d)
     return n;
 }
 
+int bg_model_desc_num_tensors(const bg_model_desc_t *d)
+{
+    int n = 0;
+    if (d->n > 0)
+        bg__desc_tensors(d, 0, d->n - 1, NULL, &n);
+    return n;
+}
+
+bg_status_t bg_model_desc_tensor(const bg_model_desc_t *d, int i, char *name, size_t cap, size_t *numel_p)
+{
+    int n = bg_model_desc_num_tensors(d);
+    if (i < 0 || i >= n)
+        return bg_error(BG_ERR_INVALID, "tensor %d of model %s: it has %d", i, d->name, n);
+    bg_tensor_ref_t *refs = calloc((size_t)n, sizeof(*refs));
+    BG_ALLOC_CHECK(refs, (size_t)n * sizeof(*refs), "tensor list");
+    bg__desc_tensors(d, 0, d->n - 1, refs, &n);
+    if (name && cap)
+        snprintf(name, cap, "%s", refs[i].name);
+    if (numel_p)
+        *numel_p = refs[i].p->numel;
+    free(refs);
+    return BG_OK;
+}
+
 /* All tensors of the model (malloc'ed). */
 static bg_status_t all_tensors(const bg_model_desc_t *d, bg_tensor_ref_t **refs_p, int *n_p)
 {

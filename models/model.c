@@ -68,7 +68,26 @@ static bg_status_t init_params(bg_model_t *m)
     return BG_OK;
 }
 
+static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
+                                const unsigned char *which, bg_model_t **model_p);
+
 bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p)
+{
+    return model_create(desc, be, first, last, NULL, model_p);
+}
+
+bg_status_t bg_model_create_tensors(bg_model_desc_t *desc, bg_backend_t *be, const unsigned char *which,
+                                    bg_model_t **model_p)
+{
+    if (!which)
+        return bg_error(BG_ERR_INVALID, "bg_model_create_tensors: no tensor selection");
+    return model_create(desc, be, -1, -1, which, model_p);
+}
+
+/* Layers [first, last] (both < 0: all); with `which`, only the tensors i
+ * (whole-model order) with which[i] != 0 get buffers. */
+static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
+                                const unsigned char *which, bg_model_t **model_p)
 {
     bg_status_t st;
     BG_CHECK(bg_model_desc_check(desc));
@@ -98,6 +117,13 @@ bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, 
         goto err_free_model;
     }
     bg__desc_tensors(desc, first, last, m->tensors, &m->ntensors);
+    if (which) { /* keep the selected tensors, in order */
+        int k = 0;
+        for (int i = 0; i < m->ntensors; i++)
+            if (which[i])
+                m->tensors[k++] = m->tensors[i];
+        m->ntensors = k;
+    }
     for (int i = 0; i < m->ntensors; i++) {
         m->nparams += m->tensors[i].p->numel;
         m->npartial += m->tensors[i].p->tp_partial != 0;

@@ -55,6 +55,7 @@
 #include "runtime/tp.h"
 #include "runtime/emulate.h"
 #include "runtime/numa.h"
+#include "runtime/ps.h"
 #include "runtime/staging.h"
 #include "runtime/trace.h"
 #include "runtime/zero.h"
@@ -143,6 +144,10 @@ typedef struct bg_executor {
     int predicted_stashed;
     int numa_node;
     bg__emulate_t *em;      /* --emulate: per-stage sleeps instead of compute; NULL: compute */
+    bg__ps_t *ps;           /* --ps: this rank's part of the parameter-server mode (runtime/ps.c), else NULL */
+    int nservers;           /* --ps S: ranks 0 .. S-1 are servers, the executor's ranks are offset by S */
+    int server;             /* 1: this rank is a server (it runs no program) */
+    int ps_mode;            /* params.ps > 0 */
 } exec_t;
 
 /* Positions of microbatch mb of step `step`. */
@@ -434,7 +439,10 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
         if (bk->started || bk->lo < layer)
             continue;
         bk->started = 1;
-        if (x->D > 1 && bk->count) {
+        if (x->ps) { /* push instead of all-reduce (a tie's a + b is the server's) */
+            if (bk->count)
+                BG_CHECK(bg__ps_push_range(x->ps, bk->off, bk->count));
+        } else if (x->D > 1 && bk->count) {
             if (ch->zero) { /* host buffers only (refused with staging at create) */
                 bg_request_t *rq = NULL;
                 BG_CHECK(bg__zero_reduce(ch->zero, b, &rq));
@@ -492,7 +500,7 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
         BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
     if (h->ch->zero)
         BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
-    if (!last || h->x->D == 1)
+    if (!last || (h->x->D == 1 && !h->x->ps))
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
 }
@@ -685,8 +693,11 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
-        BG_CHECK(sync_shared(x));
+        if (!x->ps) /* --ps: the server of a tie adds a + b after the workers' sum */
+            BG_CHECK(sync_shared(x));
         BG_CHECK(wait_buckets(x, ch));
+        if (x->ps)
+            return BG_OK; /* the servers update (bg__ps_worker_end pushes what is left) */
         ch->gsq = ch->copy == 0 ? grad_sumsq(x, ch) : 0; /* the model's norm counts one copy */
         if (x->em)
             return BG_OK; /* emulated: no update (the simulator's optimizer costs nothing) */
@@ -806,8 +817,31 @@ static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
     return BG_OK;
 }
 
+/* --ps: every server writes its tensors (weights and optimizer state) as a
+ * rank of a job of S ranks, server 0 last: full named tensors, the files of
+ * any layout. Workers hold nothing to save. */
+static bg_status_t ps_save_checkpoint(exec_t *x, const char *root, int keep)
+{
+    if (!x->server)
+        return BG_OK;
+    char extra[512];
+    snprintf(extra, sizeof(extra),
+             "{\"layout\":{\"pp\":1,\"dp\":%d,\"tp\":1,\"chunks\":1,\"schedule\":\"%s\",\"ps\":%d,\"staleness\":%d},"
+             "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
+             x->D, bg_schedule_name(x->sched), x->nservers, x->p.staleness,
+             x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd", (double)x->p.optim.lr, x->p.batch, x->M);
+    bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
+    p.root = root;
+    p.step = x->step;
+    p.extra_json = extra;
+    p.keep = keep;
+    return bg__ps_save_checkpoint(x->ps, &p);
+}
+
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
 {
+    if (x->ps)
+        return ps_save_checkpoint(x, root, keep);
     bg_model_t **models = NULL;
     for (int v = 0; v < x->V; v++) /* --zero: the full state while saving (full named tensors) */
         if (x->chunks[v].zero)
@@ -993,6 +1027,11 @@ out:
     for (int v = 0; v < x->V; v++)
         if (x->chunks[v].zero)
             bg__zero_take_state(x->chunks[v].zero);
+    if (x->ps && st == BG_OK) {
+        if (!x->server) /* a worker holds no optimizer state (the loader allocated it) */
+            bg_model_optim_free(x->chunks[0].model);
+        bg__ps_set_version(x->ps, x->step);
+    }
     if (st == BG_OK)
         *result_p = r;
     return st;
@@ -1017,8 +1056,11 @@ bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p)
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
 {
     BG_CHECK(zero_settle(x));
-    if (x->dp_i != 0)
+    if (x->ps && !x->server) { /* the servers write: each its tensors, one file each */
         return BG_OK;
+    } else if (!x->ps && x->dp_i != 0) {
+        return BG_OK;
+    }
     BG_CHECK(bg__fileio_mkdir_p(dir));
     BG_CHECK(bg_check_writable_dir(dir));
     char *meta;
@@ -1028,7 +1070,9 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
         char path[4096];
         if (x->chunks[v].copy > 0)
             continue; /* the copies are identical: copy 0 is the model (its stage = the model stage) */
-        if (x->S == 1)
+        if (x->ps && x->nservers > 1)
+            snprintf(path, sizeof(path), "%s/model-ps%03d.safetensors", dir, x->rank);
+        else if (x->S == 1)
             snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         else
             snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", dir, x->chunks[v].stage);
@@ -1062,6 +1106,10 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
 
 static void free_chunk(chunk_t *ch)
 {
+    if (!ch->st) { /* a parameter server's model only */
+        bg_model_destroy(ch->model);
+        return;
+    }
     bg__zero_destroy(ch->zero); /* first: it aims the model's gradient pointers */
     bg_stage_destroy(ch->st);
     bg_model_destroy(ch->model);
@@ -1109,6 +1157,7 @@ static void cancel_all(exec_t *x)
 
 static void exec_free(exec_t *x)
 {
+    bg__ps_destroy(x->ps); /* first: its requests point into the model */
     if (x->trace)
         bg__trace_destroy(x->trace);
     for (int t = 0; x->ties && t < x->nties; t++)
@@ -1168,12 +1217,14 @@ static bg_status_t check_params(const bg_executor_params_t *p)
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)p->optim.lr);
     if (p->optim.kind != BG_OPTIM_ADAMW && p->optim.kind != BG_OPTIM_SGD)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)p->optim.kind);
+    if (p->size >= offsetof(bg_executor_params_t, staleness) + sizeof(int))
+        BG_CHECK(bg__ps_check_params(p));
     return BG_OK;
 }
 
 /* World rank of pipeline rank pp, replica dp, this rank's tensor member:
  * tp varies fastest, then dp, then pp (ARCHITECTURE.md). */
-static int world_rank(const exec_t *x, int pp, int dp) { return (pp * x->D + dp) * x->T + x->tp_i; }
+static int world_rank(const exec_t *x, int pp, int dp) { return x->nservers + (pp * x->D + dp) * x->T + x->tp_i; }
 
 /* The job's groups: this rank's data-parallel group and the world. */
 static bg_status_t make_groups(exec_t *x)
@@ -1182,7 +1233,8 @@ static bg_status_t make_groups(exec_t *x)
     BG_ALLOC_CHECK(ranks, (size_t)x->world * sizeof(int), "group ranks");
     for (int d = 0; d < x->D; d++)
         ranks[d] = world_rank(x, x->pp_i, d);
-    bg_status_t st = bg_group_create(x->comm, x->D, ranks, &x->dp_group);
+    /* --ps: the workers do not reduce among themselves */
+    bg_status_t st = x->ps_mode ? BG_OK : bg_group_create(x->comm, x->D, ranks, &x->dp_group);
     for (int r = 0; st == BG_OK && r < x->world; r++)
         ranks[r] = r;
     if (st == BG_OK)
@@ -1222,6 +1274,15 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     ch->next_local = nr == x->pp_i;
     ch->prev_rank = pr >= 0 ? world_rank(x, pr, x->dp_i) : -1;
     ch->next_rank = nr >= 0 ? world_rank(x, nr, x->dp_i) : -1;
+    if (x->server) { /* its tensors' parameters and optimizer state: no stage */
+        unsigned char *which = NULL;
+        BG_CHECK(bg__ps_owned(x->desc, x->nservers, x->rank, &which));
+        bg_status_t st = bg_model_create_tensors(x->desc, x->be, which, &ch->model);
+        free(which);
+        BG_CHECK(st);
+        x->params += bg_model_param_count(ch->model);
+        return bg_model_optim_init(ch->model, x->p.optim.kind);
+    }
     BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
     BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
     const bg_executor_params_t *p = &x->p;
@@ -1239,7 +1300,7 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     /* optimizer state now, so the activation peak measured later is activations only */
     if (p->zero)
         BG_CHECK(make_zero(x, ch));
-    else
+    else if (!x->ps_mode) /* a parameter server's worker holds no optimizer state */
         BG_CHECK(bg_model_optim_init(ch->model, p->optim.kind));
     size_t M = (size_t)x->M;
     ch->act_recv = calloc(M, sizeof(void *));
@@ -1300,6 +1361,30 @@ static bg_status_t make_ties(exec_t *x)
     return BG_OK;
 }
 
+/* --ps S: the job's N ranks are S servers and N - S workers, each worker a
+ * whole replica (dp = N - S). */
+static bg_status_t ps_layout(exec_t *x)
+{
+    int S = x->nservers, W = x->world - S;
+    if (W < 1)
+        return bg_error(BG_ERR_INVALID, "--ps %d: %d server%s but the job has %d rank%s, so no worker is left (start "
+                        "it with brigade launch -n %d or more)", S, S, S == 1 ? "" : "s", x->world,
+                        x->world == 1 ? "" : "s", S + 1);
+    if (x->p.dp != 1 && x->p.dp != W)
+        return bg_error(BG_ERR_INVALID, "--ps %d with --dp %d: the %d workers of a %d-rank job are the replicas "
+                        "(leave --dp out, or start %d ranks)", S, x->p.dp, W, x->world, S + x->p.dp);
+    if (x->p.batch % (W * x->M) != 0)
+        return bg_error(BG_ERR_INVALID, "batch %d does not split into %d workers x %d equal microbatches",
+                        x->p.batch, W, x->M);
+    if (x->V != 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps: a worker runs one model chunk, the schedule has %d (leave --chunks "
+                        "out)", x->V);
+    x->D = W;
+    x->mbn = x->p.batch / (W * x->M);
+    x->server = x->rank < S;
+    return BG_OK;
+}
+
 bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **x_p)
 {
     if (!pin || pin->size < offsetof(bg_executor_params_t, process_wide) + sizeof(int))
@@ -1318,6 +1403,8 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->P = x->p.pp;
     x->D = x->p.dp;
     x->T = x->p.tp;
+    x->ps_mode = x->p.ps > 0;
+    x->nservers = x->p.ps;
     if (x->p.zero && x->D == 1) {
         bg_log(BG_LOG_INFO, "train", "--zero %d with dp = 1 changes nothing (one replica holds everything)", x->p.zero);
         x->p.zero = 0;
@@ -1388,7 +1475,9 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->rank = bg_comm_rank(x->comm);
     x->world = bg_comm_size(x->comm);
     bg_log_set_rank(x->rank);
-    if (x->world != x->P * x->D * x->T) {
+    if (x->ps_mode) {
+        BG_CHECK_GOTO(ps_layout(x), st, err);
+    } else if (x->world != x->P * x->D * x->T) {
         char tp[32] = "";
         if (x->T > 1)
             snprintf(tp, sizeof tp, " x tp %d", x->T);
@@ -1401,8 +1490,12 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->pp_i = x->rank / (x->D * x->T);
     x->dp_i = x->rank / x->T % x->D;
     x->tp_i = x->rank % x->T;
+    if (x->ps_mode) { /* pp = tp = 1: a worker is replica rank - S; a server no replica */
+        x->pp_i = x->tp_i = 0;
+        x->dp_i = x->server ? -1 : x->rank - x->nservers;
+    }
     BG_CHECK_GOTO(make_groups(x), st, err);
-    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->T, (x->pp_i * x->D + x->dp_i) * x->T, &x->tp), st, err);
+    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->T, x->nservers + (x->pp_i * x->D + x->dp_i) * x->T, &x->tp), st, err);
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
@@ -1413,6 +1506,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
     if (x->stg.on && x->world > 1)
         bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
+    if (x->stg.on && x->ps_mode) {
+        st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ps with buffers staged through the host is not built yet (the "
+                      "pushes and pulls take host buffers only)", x->p.backend ? x->p.backend : "cpu");
+        goto err;
+    }
     if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1))) {
         st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
                       "(the tensor group's sums and ZeRO's collectives take host buffers only)",
@@ -1438,10 +1536,13 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         x->has_last |= x->chunks[v].is_last;
     }
     BG_CHECK_GOTO(make_ties(x), st, err);
+    if (x->ps_mode)
+        BG_CHECK_GOTO(bg__ps_create(x->comm, x->be, x->chunks[0].model, x->nservers, x->p.staleness, &x->ps), st, err);
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
     bg__tp_set_trace(x->tp, x->trace, &x->step);
-    BG_CHECK_GOTO(predict_activations(x), st, err);
+    if (!x->server)
+        BG_CHECK_GOTO(predict_activations(x), st, err);
     {
         int L = bg_model_desc_num_layers(x->desc), cnt;
         bg_layer_profile_t *prof = calloc((size_t)L, sizeof(*prof));
@@ -1460,6 +1561,8 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
             goto err;
     }
     x->ops = bg_schedule_rank_ops(x->sched, x->pp_i, &x->nops);
+    if (x->server)
+        x->nops = 0; /* a server runs bg__ps_server_step instead of a program */
     x->act_base = bg_backend_memstats(x->be).current;
     bg_backend_reset_peak(x->be);
     *x_p = x;
@@ -1476,6 +1579,99 @@ err:
     return st;
 }
 
+/* A failed step: an error of this rank (not a peer's) stops the others at
+ * once, with its message; what is in flight is cancelled. */
+static bg_status_t step_failed(exec_t *x, bg_status_t st)
+{
+    if (st != BG_ERR_PEER && x->world > 1) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", bg_last_error());
+        bg_comm_abort(x->comm, msg);
+        bg_error(st, "%s", msg);
+    }
+    cancel_all(x);
+    x->broken = 1;
+    return st;
+}
+
+/* --ps, a worker, after its program: push what is left and the loss share;
+ * K = 0: receive the next version (and the step's loss) first. */
+static bg_status_t ps_worker_end(exec_t *x, double t0, double tokens, bg_step_result_t *result_p)
+{
+    int64_t step = x->step;
+    bg__ps_stats_t ps;
+    double a = bg_now();
+    bg_status_t st = bg__ps_worker_end(x->ps, step, x->loss, x->stop_req, &ps);
+    if (x->trace) /* the last pushes and, at K = 0, the wait for the next version */
+        bg__trace_event(x->trace, "push_pull", -1, 0, a, bg_now(), (int)step + 1);
+    if (st != BG_OK) {
+        st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->dp_i, x->rank, (long long)step + 1,
+                      bg_last_error());
+        return step_failed(x, st);
+    }
+    double dt = bg_now() - t0;
+    if (x->trace)
+        bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
+    x->step = step + 1;
+    bg_step_result_t r = {0};
+    r.step = x->step;
+    /* K = 0: the global loss (server 0's sum); K > 0: this worker's own batch */
+    r.loss = isnan(ps.loss) ? x->loss * x->D : ps.loss;
+    r.tokens = tokens;
+    r.step_ms = dt * 1e3;
+    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
+    r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
+    r.bytes_sent = ps.bytes_sent;
+    r.peak_bytes = bg_backend_memstats(x->be).peak;
+    r.stop = ps.stop;
+    r.grad_norm = NAN;
+    r.ps_role = 2;
+    r.staleness = ps.staleness;
+    r.bytes_recv = ps.bytes_recv;
+    *result_p = r;
+    return BG_OK;
+}
+
+/* --ps, a server: the workers' pushes of this step, the update of its tensors, the new version sent. */
+static bg_status_t ps_server_step(exec_t *x, double tokens, bg_step_result_t *result_p)
+{
+    int64_t step = x->step;
+    bg__ps_stats_t ps;
+    double t0 = bg_now();
+    bg_status_t st = bg__ps_server_step(x->ps, &x->p.optim, step, &ps);
+    if (st != BG_OK) {
+        st = bg_error(st, "parameter server %d (rank %d) at step %lld: %s", x->rank, x->rank, (long long)step + 1,
+                      bg_last_error());
+        return step_failed(x, st);
+    }
+    double dt = bg_now() - t0;
+    if (x->trace) { /* waiting for the workers' pushes, then the sum and the update */
+        double w = t0 + ps.idle_ms / 1e3;
+        bg__trace_event(x->trace, "push_wait", -1, -1, t0, w, (int)step + 1);
+        bg__trace_event(x->trace, "update", -1, -1, w, w + ps.optim_ms / 1e3, (int)step + 1);
+        bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
+    }
+    x->step = step + 1;
+    bg_step_result_t r = {0};
+    r.step = x->step;
+    r.loss = ps.loss;
+    r.tokens = tokens;
+    r.step_ms = dt * 1e3;
+    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
+    r.bubble = dt > 0 ? ps.idle_ms / 1e3 / dt : 0;
+    r.bytes_sent = ps.bytes_sent;
+    r.peak_bytes = bg_backend_memstats(x->be).peak;
+    r.stop = ps.stop;
+    r.grad_norm = sqrt(ps.grad_sumsq);
+    r.ps_role = 1;
+    r.bytes_recv = ps.bytes_recv;
+    r.optim_ms = ps.optim_ms;
+    r.idle = r.bubble;
+    r.live_workers = ps.live;
+    *result_p = r;
+    return BG_OK;
+}
+
 bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
 {
     if (x->broken)
@@ -1484,17 +1680,26 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     int64_t step = x->step;
     double tokens;
     BG_CHECK(step_tokens(x, step, &tokens));
+    if (x->server)
+        return ps_server_step(x, tokens, result_p);
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
     x->busy = 0;
     x->bytes_sent = 0;
+    double t0 = bg_now();
+    if (x->ps && (st = bg__ps_worker_begin(x->ps, step)) != BG_OK) {
+        st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->dp_i, x->rank, (long long)step + 1,
+                      bg_last_error());
+        goto fail;
+    }
+    if (x->ps && x->trace) /* waiting for parameters recent enough (and for the last pushes to leave) */
+        bg__trace_event(x->trace, "pull_wait", -1, 0, t0, bg_now(), (int)step + 1);
     for (int v = 0; v < x->V; v++) {
         if (x->chunks[v].zero)
             BG_CHECK(bg__zero_begin_step(x->chunks[v].zero));
         bg_model_zero_grads(x->chunks[v].model);
         x->chunks[v].gsq = 0;
     }
-    double t0 = bg_now();
     for (size_t i = 0; i < x->nops; i++) {
         const bg_sched_op_t *op = &x->ops[i];
         BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, i), st, fail);
@@ -1520,6 +1725,8 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     }
     BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
     x->be->ops->synchronize(x->be);
+    if (x->ps)
+        return ps_worker_end(x, t0, tokens, result_p);
     double dt = bg_now() - t0;
     if (x->trace)
         bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
@@ -1554,16 +1761,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     *result_p = r;
     return BG_OK;
 fail:
-    /* an error of this rank (not a peer's): stop the others now, with the message */
-    if (st != BG_ERR_PEER && x->world > 1) {
-        char msg[1024];
-        snprintf(msg, sizeof(msg), "%s", bg_last_error());
-        bg_comm_abort(x->comm, msg);
-        bg_error(st, "%s", msg);
-    }
-    cancel_all(x);
-    x->broken = 1;
-    return st;
+    return step_failed(x, st);
 }
 
 void bg_executor_set_lr(bg_executor_t *x, float lr) { x->p.optim.lr = lr; }
@@ -1613,6 +1811,17 @@ bg_status_t bg_executor_destroy(bg_executor_t *x)
         cancel_all(x);
     else if (zero_settle(x) != BG_OK)
         cancel_all(x);
+    if (x->ps) {
+        /* the last versions are delivered; workers that died are the mode's
+         * business, not an unclean end (a server's death still is) */
+        if (!x->broken && bg__ps_settle(x->ps, x->step) != BG_OK)
+            bg_log(BG_LOG_WARN, "ps", "rank %d: %s", x->rank, bg_last_error());
+        int servers_alive = 1;
+        for (int s = 0; s < x->nservers; s++)
+            servers_alive &= s == x->rank || bg_comm_peer_alive(x->comm, s);
+        if (servers_alive)
+            bg_comm_acknowledge_failures(x->comm);
+    }
     exec_free(x);
     bg_status_t st = BG_OK;
     if (x->own_comm)

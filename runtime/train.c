@@ -103,6 +103,16 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
     if (c->zero < 0 || c->zero > 2)
         return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
+    if (c->ps < 0 || c->staleness < 0)
+        return bg_error(BG_ERR_INVALID, "--ps %d --staleness %d: both must be >= 0", c->ps, c->staleness);
+    if (c->staleness > 0 && c->ps == 0)
+        return bg_error(BG_ERR_INVALID, "--staleness %d needs --ps (parameter servers)", c->staleness);
+    if (c->ps > 0 && (c->pp > 1 || c->model.tp > 1 || c->zero))
+        return bg_error(c->zero ? BG_ERR_INVALID : BG_ERR_UNSUPPORTED,
+                        "--ps with %s %d: a worker is a whole replica (pp = 1, tp = 1) and the servers already shard "
+                        "the optimizer state; %s", c->pp > 1 ? "--pp" : c->model.tp > 1 ? "--tp" : "--zero",
+                        c->pp > 1 ? c->pp : c->model.tp > 1 ? c->model.tp : c->zero,
+                        c->zero ? "leave --zero out" : "pipelined and tensor-parallel workers are not built");
     if (c->pp < 0 || c->dp < 0)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", c->pp, c->dp);
     int dp = c->dp ? c->dp : 1;
@@ -172,13 +182,15 @@ static bg_status_t world_group(bg_comm_t *comm, bg_group_t **g_p)
 /* The metrics file's first line: what ran (brigade plot titles its chart with it). */
 static void metrics_header(int fd, const bg_train_config_t *c)
 {
-    char line[256];
+    char line[256], ps[64] = "";
+    if (c->ps > 0) /* parameter servers: only then, so other headers stay as they were */
+        snprintf(ps, sizeof ps, ", \"ps\": %d, \"staleness\": %d", c->ps, c->staleness);
     int len = snprintf(line, sizeof line,
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
-                       "\"schedule\": \"%s\"}}\n",
+                       "\"schedule\": \"%s\"%s}}\n",
                        c->model.kind == BG_MODEL_MLP ? "mlp" : "gpt", c->model.layers, c->model.d_model,
                        c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1,
-                       c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b");
+                       c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b", ps);
     if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
         len = 0; /* a lost header only loses plot's title */
 }
@@ -214,14 +226,20 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
 static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r)
 {
-    char line[512], gnorm[32] = "null"; /* JSON has no NaN or infinity */
+    char line[768], gnorm[32] = "null", ps[256] = ""; /* JSON has no NaN or infinity */
     if (isfinite(r->grad_norm))
         snprintf(gnorm, sizeof(gnorm), "%.9g", r->grad_norm);
+    if (r->ps_role == 1)
+        snprintf(ps, sizeof ps, ", \"role\": \"server\", \"bytes_recv\": %llu, \"optim_ms\": %.3f, \"idle\": %.4f, "
+                 "\"live_workers\": %d", (unsigned long long)r->bytes_recv, r->optim_ms, r->idle, r->live_workers);
+    else if (r->ps_role == 2)
+        snprintf(ps, sizeof ps, ", \"role\": \"worker\", \"staleness\": %d, \"bytes_recv\": %llu", r->staleness,
+                 (unsigned long long)r->bytes_recv);
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"grad_norm\": %s}\n",
+                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"grad_norm\": %s%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, gnorm);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, gnorm, ps);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -263,6 +281,8 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.zero = c->zero;
     p.emulate = c->emulate;
     p.emulate_scale = c->emulate_scale;
+    p.ps = c->ps;
+    p.staleness = c->staleness;
     *p_out = p;
 }
 
@@ -313,7 +333,7 @@ static bg_status_t agree(bg_executor_t *x, bg_status_t mine)
 
 /* Every rank's figures, in rank order, into res->ranks: one allgather over
  * the job (collective: every rank calls it at the same point). */
-static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info, bg_train_result_t *res)
+static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info, bg_train_result_t *res, int ps)
 {
     bg_train_rank_t me;
     memset(&me, 0, sizeof(me)); /* padding too: the bytes travel */
@@ -329,7 +349,7 @@ static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info
     me.bubble = res->bubble;
     me.numa_node = res->numa_node;
     me.predicted_bytes = res->predicted_bytes;
-    int world = info->world > 1 ? info->world : 1;
+    int world = info->world > 1 && !ps ? info->world : 1; /* --ps: workers may have died; this rank's own */
     res->ranks = calloc((size_t)world, sizeof(bg_train_rank_t));
     BG_ALLOC_CHECK(res->ranks, (size_t)world * sizeof(bg_train_rank_t), "per-rank results");
     res->nranks = world;
@@ -464,8 +484,10 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     }
     bg_executor_info(x, &info);
     result_from_info(&info, &res);
-    BG_CHECK_GOTO(gather_ranks(x, &info, &res), st, out);
-    if (c.save_dir && !res.stopped) /* a stopped run's weights are in its checkpoint, if any */
+    BG_CHECK_GOTO(gather_ranks(x, &info, &res, c.ps > 0), st, out);
+    if (c.save_dir && !res.stopped && c.ps > 0) /* the servers write; workers may have died */
+        BG_CHECK_GOTO(bg_executor_save_weights(x, c.save_dir), st, out);
+    else if (c.save_dir && !res.stopped) /* a stopped run's weights are in its checkpoint, if any */
         BG_CHECK_GOTO(agree(x, bg_executor_save_weights(x, c.save_dir)), st, out); /* said once */
     if (c.trace_path)
         BG_CHECK_GOTO(bg_executor_write_trace(x), st, out);

@@ -65,6 +65,8 @@ typedef struct {
     double grace_s;         /* seconds between SIGTERM and SIGKILL */
     int max_restarts;       /* restart the whole job after a rank failure, at most this many times */
     double exit_wait_s;     /* after a rank exits, the others must within this; 0: no limit */
+    const char *tolerate;   /* --tolerate-ranks LIST, or NULL */
+    bool *tolerated;        /* per rank: its failure is reported and the others go on (from tolerate) */
     char **cmd;             /* NULL-terminated */
 } launch_opts_t;
 
@@ -99,6 +101,8 @@ typedef struct {
     bool tstp_forwarded;    /* the launcher stopped the ranks itself (Ctrl-Z): not worth a line */
     double exit_deadline;   /* 0 until a rank exits; then the others must exit by this time */
     int first_exit;         /* the rank whose exit started the deadline */
+    int tolerated_code;     /* exit code of the first tolerated rank that failed, 0: none */
+    int tolerated_failed;   /* tolerated ranks that failed */
     char *obuf;             /* tagged output being assembled */
     size_t olen, ocap;
 } launch_t;
@@ -266,10 +270,14 @@ static void launch_usage(FILE *f)
             "  --max-restarts K      after a rank fails, stop the job and start it again (new job\n"
             "                        token and port, BRIGADE_RESTART_COUNT=1, 2, ...), at most K\n"
             "                        times (default 0); the job resumes from its checkpoints itself\n"
+            "  --tolerate-ranks L    ranks whose failure does not stop the others (A..B or A, comma-\n"
+            "                        separated: the workers of brigade train --ps S are S..N-1); the\n"
+            "                        failure is reported in one line and the exit code is still its\n"
             "  -v, --verbose         print a line when each rank starts and ends\n"
             "  -h, --help            this help\n"
             "\n"
-            "exit code: 0 if every rank exits 0; else the first failing rank's exit code\n"
+            "exit code: 0 if every rank exits 0; else the first failing rank's exit code (a\n"
+            "tolerated rank's when the others finish)\n"
             "(128+signal if it was killed), of the last attempt with --max-restarts; 124 on\n"
             "--timeout (which covers all attempts); 128+signal when the launcher\n"
             "is interrupted (130 for Ctrl-C, 143 for SIGTERM); 127 (126) when CMD is not\n"
@@ -356,6 +364,10 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
         } else if (!strcmp(name, "--exit-timeout")) {
             if (bg_cli_double(cmd, name, val, 0, 1e9, &o->exit_wait_s))
                 return 2;
+        } else if (!strcmp(name, "--tolerate-ranks")) {
+            if (!val || !*val)
+                return bg_cli_fail(cmd, "--tolerate-ranks needs a list of ranks, e.g. 2..7 or 1,3");
+            o->tolerate = val;
         } else if (!strcmp(name, "--grace")) {
             if (bg_cli_double(cmd, name, val, 0, 86400, &o->grace_s))
                 return 2;
@@ -370,6 +382,38 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
     if (!argv[i][0])
         return bg_cli_fail(cmd, "the command to run is an empty string");
     o->cmd = argv + i;
+    if (o->tolerate) {
+        o->tolerated = calloc((size_t)o->n, sizeof(bool));
+        if (!o->tolerated)
+            return bg_cli_fail(cmd, "out of memory");
+        for (const char *p = o->tolerate; *p;) {
+            char *end;
+            long a = strtol(p, &end, 10), b = a;
+            if (end == p || a < 0)
+                return bg_cli_fail(cmd, "--tolerate-ranks \"%s\": expected ranks A..B or A, comma-separated",
+                                   o->tolerate);
+            p = end;
+            if (p[0] == '.' && p[1] == '.') {
+                b = strtol(p + 2, &end, 10);
+                if (end == p + 2 || b < a)
+                    return bg_cli_fail(cmd, "--tolerate-ranks \"%s\": expected ranks A..B with A <= B", o->tolerate);
+                p = end;
+            }
+            if (b >= o->n)
+                return bg_cli_fail(cmd, "--tolerate-ranks \"%s\": rank %ld is not one of the %d ranks (0..%d)",
+                                   o->tolerate, b, o->n, o->n - 1);
+            for (long r = a; r <= b; r++)
+                o->tolerated[r] = true;
+            if (*p == ',')
+                p++;
+            else if (*p)
+                return bg_cli_fail(cmd, "--tolerate-ranks \"%s\": expected ranks A..B or A, comma-separated",
+                                   o->tolerate);
+        }
+        if (o->tolerated[0])
+            return bg_cli_fail(cmd, "--tolerate-ranks \"%s\": rank 0 serves the job's rendezvous store; its failure "
+                               "ends the job", o->tolerate);
+    }
     if (o->exit_wait_s < 0) {
         /* the ranks' teardown barriers wait min(BRIGADE_TIMEOUT, 30 s): past that, a rank
          * still running after another one exited is hung (or stopped) */
@@ -600,7 +644,13 @@ static void launch_reap(launch_t *L)
             L->exit_deadline = launch_now() + L->o.exit_wait_s;
             L->first_exit = r;
         }
-        if (!ok && L->stop == STOP_NONE) {
+        if (!ok && L->stop == STOP_NONE && L->o.tolerated && L->o.tolerated[r] && L->running > 0) {
+            /* a rank the job can lose (a parameter server's worker): the others go on */
+            fprintf(stderr, "brigade launch: rank %d (pid %d) %s; tolerated (--tolerate-ranks %s): the other %d rank%s "
+                    "go on\n", r, (int)pid, what, L->o.tolerate, L->running, launch_plural(L->running));
+            if (L->tolerated_failed++ == 0)
+                L->tolerated_code = launch_status_code(st);
+        } else if (!ok && L->stop == STOP_NONE) {
             if (L->running > 0)
                 fprintf(stderr, "brigade launch: rank %d (pid %d) %s%s; stopping the other %d rank%s\n", r, (int)pid,
                         what, note, L->running, launch_plural(L->running));
@@ -685,6 +735,8 @@ static void launch_reset(launch_t *L)
     L->kill_at = 0;
     L->linger_until = 0;
     L->exit_deadline = 0;
+    L->tolerated_code = 0;
+    L->tolerated_failed = 0;
 }
 
 /* ---------------------------------------------------------------- start */
@@ -811,8 +863,10 @@ int bg_cmd_launch(int argc, char **argv)
     memset(&L, 0, sizeof L);
     L.sfd = -1;
     int rc = launch_parse(argc, argv, &L.o);
-    if (rc != 0)
+    if (rc != 0) {
+        free(L.o.tolerated);
         return rc < 0 ? 0 : rc;
+    }
 
     /* a closed stdin/stdout/stderr would be reused by our pipes: fill it */
     for (int fd = 0; fd <= 2; fd++)
@@ -1051,7 +1105,10 @@ int bg_cmd_launch(int argc, char **argv)
         for (int r = 0; r < L.o.n; r++)
             for (int k = 0; k < 2; k++)
                 launch_close_stream(&L, r, &L.ranks[r].io[k]);
-        rc = L.stop == STOP_NONE ? 0 : L.exit_code;
+        rc = L.stop == STOP_NONE ? L.tolerated_code : L.exit_code;
+        if (L.stop == STOP_NONE && L.tolerated_failed)
+            fprintf(stderr, "brigade launch: the job finished without %d tolerated rank%s; exit code %d\n",
+                    L.tolerated_failed, launch_plural(L.tolerated_failed), rc);
         if (L.o.verbose)
             fprintf(stderr, "brigade launch: done in %.3f s, exit code %d\n", launch_now() - t0, rc);
         if (L.stop != STOP_RANK || L.interrupted || attempt >= L.o.max_restarts) {
@@ -1094,6 +1151,7 @@ out_free:
         for (int k = 0; k < 2; k++)
             free(L.ranks[r].io[k].buf);
     free(L.ranks);
+    free(L.o.tolerated);
     free(L.obuf);
     free(envp);
     return rc;

@@ -53,6 +53,12 @@ static void usage(FILE *f)
             "                         ranks and --microbatches (docs/schedules.md)\n"
             "  --zero 0|1|2           shard across the dp replicas of a stage: 1 the optimizer state, 2 also the\n"
             "                         gradients (docs/data_parallel.md; default 0: none)\n"
+            "  --ps S                 parameter servers: ranks 0..S-1 hold the parameters and optimizer state\n"
+            "                         (whole tensors each), the other ranks are workers, each a whole replica\n"
+            "                         (pp = tp = 1); run under brigade launch --tolerate-ranks S..N-1 to go on\n"
+            "                         when a worker dies (docs/parameter_server.md)\n"
+            "  --staleness K          with --ps: a worker may compute step t on parameters of step t-K\n"
+            "                         (default 0: synchronous, the weights of --dp N-S)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -348,7 +354,7 @@ int bg_cmd_train(int argc, char **argv)
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -371,6 +377,7 @@ int bg_cmd_train(int argc, char **argv)
         {"log-every", required_argument, 0, O_LOGEVERY},
         {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
         {"zero", required_argument, 0, O_ZERO},
+        {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -393,6 +400,8 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
             INT_FLAG(O_KEEP, "--keep", 1, 1 << 20, c.keep)
             INT_FLAG(O_LOGEVERY, "--log-every", 1, 1 << 30, prog.log_every)
+            INT_FLAG(O_PS, "--ps", 1, 4095, c.ps)
+            INT_FLAG(O_STALENESS, "--staleness", 0, 1 << 20, c.staleness)
 #undef INT_FLAG
 
         case O_ZERO:
@@ -628,7 +637,11 @@ int bg_cmd_train(int argc, char **argv)
         bg_train_result_free(&r);
         if (rank != 0)
             return rc;
-        if (ran > 0)
+        if (ran > 0 && c.ps > 0)
+            printf("trained %s on %d ranks (%d parameter server%s + %d workers, staleness %d): %s, loss %.4f -> "
+                   "%.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.ps, c.ps == 1 ? "" : "s",
+                   r.world - c.ps, c.staleness, did, r.first_loss, r.final_loss);
+        else if (ran > 0)
             printf("trained %s on %d ranks (pp %d x dp %d x tp %d, %s): %s, loss %.4f -> %.4f\n",
                    c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
                    c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
@@ -637,7 +650,7 @@ int bg_cmd_train(int argc, char **argv)
         if (ran > 0)
             printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
         if (c.save_dir && !r.stopped)
-            printf("saved %s/model-stage*.safetensors\n", c.save_dir);
+            printf(c.ps > 0 ? "saved %s/model.safetensors\n" : "saved %s/model-stage*.safetensors\n", c.save_dir);
         return rc;
     }
     if (ran > 0) {

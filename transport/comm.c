@@ -878,7 +878,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     if (untold && !result[0])
         snprintf(result, sizeof(result), "%s", c->fail_msg[0] ? c->fail_msg : "a peer failed");
     int me = c->rank;
-    if (c->live.fd >= 0 && !entered_clean && !c->abort_msg[0] && c->size > 1) {
+    if (c->live.fd >= 0 && !entered_clean && !c->abort_msg[0] && c->size > 1 && !atomic_load(&c->fail_acked)) {
         /* leaving a failed job without bg_comm_abort (a peer's failure ended
          * it here): say so, or a rank still waiting on a transfer with this
          * one would learn it only from BRIGADE_TIMEOUT (a bye is a clean exit) */
@@ -958,6 +958,26 @@ int bg_comm_size(const bg_comm_t *c) { return c->size; }
 int bg_comm_local_rank(const bg_comm_t *c) { return c->local_rank; }
 double bg_comm_timeout(const bg_comm_t *c) { return c->timeout_s; }
 bg_status_t bg_comm_health(bg_comm_t *c) { return bg__peer_status(c, -1, "health"); }
+
+int bg_comm_peer_alive(bg_comm_t *c, int peer)
+{
+    if (peer < 0 || peer >= c->size)
+        return 0;
+    if (!atomic_load(&c->failed))
+        return 1;
+    bg__lock(c);
+    int alive = !c->dead[peer];
+    bg__unlock(c);
+    return alive;
+}
+
+void bg_comm_acknowledge_failures(bg_comm_t *c)
+{
+    if (atomic_load(&c->failed)) {
+        atomic_store(&c->fail_told, 1);
+        atomic_store(&c->fail_acked, 1);
+    }
+}
 
 /* ---- point-to-point API ----------------------------------------------------------------- */
 

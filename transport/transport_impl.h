@@ -102,6 +102,8 @@ struct bg_comm {
     int nsuspects;              /* requests waiting for a liveness verdict */
     atomic_int failed;          /* a peer died or the store was lost */
     atomic_int fail_told;       /* the caller got an error from an operation after the failure */
+    atomic_int fail_acked;      /* the host carries on without the failed ranks (bg_comm_acknowledge_failures):
+                                   leaving is a clean exit (bye), not "left after" a failure */
     char *dead;                 /* per rank: failed */
     char fail_msg[256];         /* first failure */
     char abort_msg[BG_STORE_ABORT_MAX]; /* bg_comm_abort's message, sent by the communication thread */

@@ -108,6 +108,12 @@ typedef struct bg_executor_params {
                                       running (buffers and messages of the real sizes, no arithmetic, no
                                       optimizer update: the weights do not change); NULL: compute */
     double emulate_scale;        /**< factor on the profiled times (0: 1) */
+    int ps;                      /**< parameter servers (docs/parameter_server.md): ranks 0 .. ps-1 hold the
+                                      parameters and optimizer state, sharded by whole tensors; the other
+                                      world - ps ranks are workers, each a whole replica (pp = tp = 1, no
+                                      zero; dp: 1 or world - ps); 0: none */
+    int staleness;               /**< with ps: a worker computes step t on parameters of a version >= t - K
+                                      (0: synchronous, the weights of dp = world - ps) */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -116,7 +122,8 @@ typedef struct bg_executor_params {
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
       .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
       .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .process_wide = 0, .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0 }
+      .process_wide = 0, .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0, .ps = 0,       \
+      .staleness = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -131,7 +138,15 @@ typedef struct bg_step_result {
     int stop;                /**< 1: some rank called bg_executor_request_stop (all ranks agree) */
     double grad_norm;        /**< global L2 norm of the whole model's gradients (all stages, after the
                                   data-parallel sum, before the optimizer step; a tied tensor counted
-                                  once); the same on every rank; within 1e-6 relative across layouts */
+                                  once); the same on every rank; within 1e-6 relative across layouts.
+                                  --ps: a server's own tensors; NaN on a worker */
+    /* ---- parameter-server mode (bg_executor_params_t.ps); zero otherwise ---- */
+    int ps_role;             /**< 1: a server, 2: a worker */
+    int staleness;           /**< worker: this step minus the version of the parameters it computed on */
+    uint64_t bytes_recv;     /**< point-to-point bytes received: pushed gradients (server), parameters (worker) */
+    double optim_ms;         /**< server: summing the pushes and the optimizer step */
+    double idle;             /**< server: fraction of the step spent waiting for the workers' pushes */
+    int live_workers;        /**< server: workers alive after this step */
 } bg_step_result_t;
 
 /** What the executor holds and predicts on this rank. */

@@ -91,6 +91,11 @@ bg_layer_t *bg_model_desc_layer(const bg_model_desc_t *d, int i); /**< top-level
 /** Classes of the loss layer (targets are ids in [0, classes)); 0 if the last layer is no loss. */
 int bg_model_desc_classes(const bg_model_desc_t *d);
 int bg_model_desc_num_ties(const bg_model_desc_t *d); /**< ties declared */
+int bg_model_desc_num_tensors(const bg_model_desc_t *d); /**< named parameter tensors of the whole model */
+/** Full name (at most @p cap bytes with its NUL; @p name may be NULL) and
+ *  elements (@p numel_p may be NULL) of tensor @p i of the whole model, in
+ *  bg_model_desc_num_tensors order: a tensor without building a model. */
+bg_status_t bg_model_desc_tensor(const bg_model_desc_t *d, int i, char *name, size_t cap, size_t *numel_p);
 /** Tie i: *a_p is the source, *b_p the copy. */
 void bg_model_desc_tie_names(const bg_model_desc_t *d, int i, const char **a_p, const char **b_p);
 /** Shape of the model's input for n sequences of t positions (t is ignored
@@ -177,6 +182,13 @@ typedef struct bg_model bg_model_t; /**< a layer range bound to its buffers (opa
  *  (zeroed); optimizer state lazily. A layer can be bound to one model at a
  *  time; the description must outlive the model. */
 bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p);
+/** A model of some of the description's tensors: those i (whole-model order,
+ *  bg_model_desc_num_tensors of them) with @p which[i] != 0, with buffers,
+ *  initialisation and optimizer state for them only (a parameter server's
+ *  share). Binds every layer; its layers cannot run (the other tensors have
+ *  no buffers): for holding, updating and saving tensors. */
+bg_status_t bg_model_create_tensors(bg_model_desc_t *desc, bg_backend_t *be, const unsigned char *which,
+                                    bg_model_t **model_p);
 void bg_model_destroy(bg_model_t *m); /**< frees the model's buffers; the description stays (NULL is a no-op) */
 
 const bg_model_desc_t *bg_model_desc(const bg_model_t *m); /**< the description the model binds */

@@ -81,6 +81,9 @@ typedef struct bg_train_config {
     int zero;                    /**< sharding across the dp replicas (executor.h: bg_executor_params_t.zero) */
     const char *emulate;         /**< emulated compute from this layer profile (bg_executor_params_t.emulate) */
     double emulate_scale;        /**< its factor (0: 1) */
+    /* ---- parameter servers (bg_executor_params_t.ps; docs/parameter_server.md) ---- */
+    int ps;                      /**< servers: ranks 0 .. ps-1; the other ranks are workers; 0: none */
+    int staleness;               /**< with ps: the staleness bound K (0: synchronous) */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */

@@ -108,6 +108,14 @@ int bg_comm_local_rank(const bg_comm_t *comm); /**< this process's rank on its m
 double bg_comm_timeout(const bg_comm_t *comm);
 /** BG_OK while every peer is alive, else BG_ERR_PEER with the first failure's message. */
 bg_status_t bg_comm_health(bg_comm_t *comm);
+/** 1 while rank @p peer is alive (no death or abort of it reported), else 0. */
+int bg_comm_peer_alive(bg_comm_t *comm, int peer);
+/** The host handled every failure reported so far (it carries on without the
+ *  ranks that died, as the parameter server does with workers): the
+ *  bg_comm_destroy() of this rank no longer reports them as an unclean end,
+ *  and it leaves with a clean bye (call it only once this rank's transfers
+ *  are done). Operations with the dead ranks still fail. */
+void bg_comm_acknowledge_failures(bg_comm_t *comm);
 /** This rank stopped on an error: tell every other rank (through the
  *  store), whose operations involving this rank then fail at once with
  *  "rank R stopped on an error: <why>" instead of waiting for a timeout.

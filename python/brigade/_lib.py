@@ -113,14 +113,15 @@ class ExecutorParams(Structure):
                 ("backend", c_char_p), ("threads", c_int), ("comm", c_void_p), ("recompute", c_int),
                 ("recompute_stages", POINTER(c_int)), ("nrecompute_stages", c_int), ("trace_path", c_char_p),
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
-                ("emulate", c_char_p), ("emulate_scale", c_double)]
+                ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int)]
 
 
 class StepResult(Structure):
     """bg_step_result_t."""
     _fields_ = [("step", c_int64), ("loss", c_double), ("tokens", c_double), ("step_ms", c_double),
                 ("tokens_per_s", c_double), ("bubble", c_double), ("bytes_sent", c_uint64), ("peak_bytes", c_size_t),
-                ("stop", c_int), ("grad_norm", c_double)]
+                ("stop", c_int), ("grad_norm", c_double), ("ps_role", c_int), ("staleness", c_int),
+                ("bytes_recv", c_uint64), ("optim_ms", c_double), ("idle", c_double), ("live_workers", c_int)]
 
 
 class ExecutorInfo(Structure):

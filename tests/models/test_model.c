@@ -127,6 +127,51 @@ static void test_init_independent_of_range(void **s)
     assert_int_equal(bg_test_model_create(&c, be, 4, 9, &part), BG_ERR_INVALID);
 }
 
+/* A model of some tensors (a parameter server's share): those tensors only,
+ * in the description's order, initialised as in the whole model, with an
+ * optimizer step of their own; a bad selection is refused. */
+static void test_model_of_tensors(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    bg_model_t *full, *some;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &full), BG_OK);
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    int n = bg_model_desc_num_tensors(d);
+    assert_int_equal(n, bg_model_num_tensors(full));
+    unsigned char *which = calloc((size_t)n, 1);
+    size_t want = 0;
+    for (int i = 0; i < n; i++) {
+        which[i] = i % 3 == 1;
+        want += which[i] ? bg_model_tensor(full, i)->numel : 0;
+        char name[2 * BG_NAME_MAX];
+        size_t numel = 0;
+        assert_int_equal(bg_model_desc_tensor(d, i, name, sizeof name, &numel), BG_OK);
+        assert_int_equal(numel, bg_model_tensor(full, i)->numel);
+        assert_string_equal(name, bg_model_tensor_name(full, i));
+    }
+    assert_int_equal(bg_model_desc_tensor(d, n, NULL, 0, NULL), BG_ERR_INVALID);
+    assert_int_equal(bg_model_create_tensors(d, be, which, &some), BG_OK);
+    assert_int_equal(bg_model_param_count(some), want);
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!which[i])
+            continue;
+        assert_string_equal(bg_model_tensor_name(some, k), bg_model_tensor_name(full, i));
+        bg_param_t *p = bg_model_tensor(some, k++), *q = bg_model_tensor(full, i);
+        assert_memory_equal(p->data, q->data, p->numel * sizeof(float));
+    }
+    assert_null(bg_model_find_tensor(some, bg_model_tensor_name(full, 0)));
+    bg_optim_config_t o = BG_OPTIM_CONFIG_INIT;
+    assert_int_equal(bg_model_optim_step(some, &o, 1), BG_OK);
+    assert_non_null(bg_model_optim_state(some, 1));
+    assert_int_equal(bg_model_create_tensors(d, be, NULL, &some), BG_ERR_INVALID);
+    bg_model_destroy(some);
+    bg_model_desc_destroy(d);
+    bg_test_model_destroy(full);
+    free(which);
+}
+
 /* Run M microbatches through stages [cuts] chained by hand; return the models. */
 static void run_split(const bg_model_config_t *c, int nst, const int *first, const int *last, int split_bw,
                       bg_model_t **models)
@@ -849,6 +894,7 @@ int main(void)
         cmocka_unit_test(test_desc_json),
         cmocka_unit_test(test_builder_is_public_calls),
         cmocka_unit_test(test_grad_norm),
+        cmocka_unit_test(test_model_of_tensors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -51,12 +51,15 @@ int main(void)
     F(bg_executor_params_t, schedule_json);
     F(bg_executor_params_t, process_wide); F(bg_executor_params_t, zero);
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
+    F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
 
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
     F(bg_step_result_t, tokens_per_s); F(bg_step_result_t, bubble); F(bg_step_result_t, bytes_sent);
     F(bg_step_result_t, peak_bytes); F(bg_step_result_t, stop);
-    F(bg_step_result_t, grad_norm);
+    F(bg_step_result_t, grad_norm); F(bg_step_result_t, ps_role); F(bg_step_result_t, staleness);
+    F(bg_step_result_t, bytes_recv); F(bg_step_result_t, optim_ms); F(bg_step_result_t, idle);
+    F(bg_step_result_t, live_workers);
 
     S(bg_executor_info_t);
     F(bg_executor_info_t, rank); F(bg_executor_info_t, world); F(bg_executor_info_t, pp_rank);

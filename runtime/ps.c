@@ -1,0 +1,805 @@
+/* runtime/ps.c: parameter servers and their workers (issue 14;
+ * docs/parameter_server.md). Ranks 0 .. S-1 are servers, S .. N-1 workers;
+ * every tensor belongs whole to one server (largest first, to the least
+ * loaded, ties to the lower index: every rank computes the same map from the
+ * model). A worker is a whole replica run by the executor; where data
+ * parallelism all-reduces a gradient bucket it pushes the bucket's tensors to
+ * their servers, and it pulls new parameters after its step. A server sums
+ * the pushes of a step in worker order once all have arrived (never in
+ * arrival order: the bits must not depend on timing), rescales the sum when
+ * workers died, applies the model's optimizer step to its tensors and sends
+ * the new version to every live worker.
+ *
+ * Staleness K: a worker computes step t on parameters of a version >= t - K.
+ * K = 0 receives the new parameters straight into the model at the end of
+ * the step; K > 0 receives them into a second buffer, copied in at the start
+ * of a step, so a step never sees a half-updated model. A server keeps K + 1
+ * steps of receives posted so workers can push ahead.
+ *
+ * Messages are matched by tag and by order (equal tags from one peer match
+ * in the order sent), so they carry no step number. Tags: bits 16..29 hold
+ * 0x3ffe, a stage number the executor never uses; bits 30..31 the kind
+ * (push, pull, gather, bye); bits 0..15 the tensor (0xffff: the step's loss
+ * and stop flag).
+ *
+ * After a stop with K > 0 a worker may have pushed up to K + 1 steps the
+ * servers will not run; it tells every server how many steps it pushed (bye)
+ * and the servers receive them before leaving, so no send is left in flight
+ * and no message unmatched.
+ *
+ * Owns: the tensor map, the servers' receive buffers, the workers' second
+ * parameter buffer, the requests. Must not: run compute (the executor does),
+ * touch the model's layout. */
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "runtime/ps.h"
+
+enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2, PS_BYE = 3 };
+#define PS_META 0xffff
+
+static uint32_t ps_tag(int kind, int idx)
+{
+    return ((uint32_t)kind << 30) | (0x3ffeu << 16) | ((uint32_t)idx & 0xffffu);
+}
+
+struct bg__ps {
+    bg_comm_t *comm;
+    bg_backend_t *be;
+    bg_model_t *m;
+    int S, W, K;            /* servers, workers (at the start), staleness bound */
+    int rank, server;       /* this rank; 1: a server */
+    int n;                  /* tensors */
+    int *owner;             /* per tensor: its server */
+    size_t *off, *numel;    /* per tensor: floats into the flat buffers, size */
+    int64_t version;        /* worker: version of the parameters in the model */
+    /* ---- worker */
+    unsigned char *pushed;  /* per tensor, this step */
+    bg_request_t **push_rq; /* per tensor */
+    bg_request_t **meta_rq; /* per server: the step's loss share and stop flag */
+    float meta[2];
+    float *back;            /* K > 0: the version being received */
+    bg_request_t **pull_rq; /* per tensor */
+    bg_request_t *reply_rq; /* server 0's loss and stop */
+    float reply[2];
+    int64_t pulling;        /* version being received, 0: none */
+    int64_t last;           /* the servers' last version (they stopped after it), -1: not known */
+    int64_t pushed_steps;   /* steps whose gradients were pushed */
+    int64_t bye;            /* after a stop: pushed_steps, told every server */
+    uint64_t bytes_recv;
+    /* ---- server */
+    int nown;               /* tensors it holds */
+    int *own;               /* their indices */
+    size_t *own_off;        /* floats into one worker's receive buffer */
+    size_t own_floats;
+    int R;                  /* receive sets: K + 1 */
+    int next_set;           /* the set of the next step */
+    float *recv;            /* R x W x own_floats */
+    float *recv_meta;       /* R x W x 2 */
+    bg_request_t **rrq;     /* R x W x (nown + 1) */
+    bg_request_t **srq;     /* W x (nown + 1): the version sent, and server 0's reply */
+    float sreply[2];
+    int *live;              /* per worker */
+    int nlive;
+    int stopped;            /* the last step stopped the job */
+    bg_param_t **tie_a, **tie_b; /* each tie this server holds (both tensors) */
+    int nties;
+};
+
+static int worker_rank(const bg__ps_t *ps, int w) { return ps->S + w; }
+
+/* Index of the tensor named @p name, -1 if none. */
+static int tensor_index(char (*names)[2 * BG_NAME_MAX], int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* The tensors' sizes from the description, and their servers: largest
+ * first, to the least loaded server (elements), equal loads to the lower
+ * server; the two tensors of a tie go to one server (it adds their
+ * gradients after the workers' sum, as data parallelism does). */
+static bg_status_t tensor_map(const bg_model_desc_t *d, int S, int n, size_t *numel, int *owner)
+{
+    int *order = malloc(((size_t)n + 1) * sizeof(int));
+    int *partner = malloc(((size_t)n + 1) * sizeof(int));
+    size_t *load = calloc((size_t)S, sizeof(size_t));
+    char(*names)[2 * BG_NAME_MAX] = calloc((size_t)n + 1, sizeof(*names));
+    bg_status_t st = order && partner && load && names ? BG_OK : bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+    for (int i = 0; st == BG_OK && i < n; i++) {
+        order[i] = i;
+        partner[i] = -1;
+        owner[i] = -1;
+        st = bg_model_desc_tensor(d, i, names[i], sizeof names[i], &numel[i]);
+    }
+    for (int t = 0; st == BG_OK && t < bg_model_desc_num_ties(d); t++) {
+        const char *a, *b;
+        bg_model_desc_tie_names(d, t, &a, &b);
+        int ia = tensor_index(names, n, a), ib = tensor_index(names, n, b);
+        if (ia >= 0 && ib >= 0)
+            partner[ia] = ib, partner[ib] = ia;
+    }
+    free(names);
+    if (st != BG_OK) {
+        free(order);
+        free(partner);
+        free(load);
+        return st;
+    }
+    for (int i = 1; i < n; i++) { /* stable insertion sort by size, descending */
+        int k = order[i], j = i;
+        while (j > 0 && numel[order[j - 1]] < numel[k]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = k;
+    }
+    for (int a = 0; a < n; a++) {
+        int i = order[a], best = 0;
+        for (int s = 1; s < S; s++)
+            if (load[s] < load[best])
+                best = s;
+        if (partner[i] >= 0 && owner[partner[i]] >= 0)
+            best = owner[partner[i]];
+        owner[i] = best;
+        load[best] += numel[i];
+    }
+    free(order);
+    free(partner);
+    free(load);
+    return BG_OK;
+}
+
+bg_status_t bg__ps_owned(const bg_model_desc_t *d, int servers, int server, unsigned char **which_p)
+{
+    int n = bg_model_desc_num_tensors(d);
+    size_t *numel = calloc((size_t)n + 1, sizeof(size_t));
+    int *owner = calloc((size_t)n + 1, sizeof(int));
+    unsigned char *which = calloc((size_t)n + 1, 1);
+    bg_status_t st = numel && owner && which ? tensor_map(d, servers, n, numel, owner)
+                                             : bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+    for (int i = 0; st == BG_OK && i < n; i++)
+        which[i] = owner[i] == server;
+    free(numel);
+    free(owner);
+    if (st != BG_OK) {
+        free(which);
+        return st;
+    }
+    *which_p = which;
+    return BG_OK;
+}
+
+bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
+{
+    if (p->ps < 0)
+        return bg_error(BG_ERR_INVALID, "--ps %d: the number of parameter servers must be >= 1", p->ps);
+    if (p->staleness < 0)
+        return bg_error(BG_ERR_INVALID, "--staleness %d: the staleness bound must be >= 0", p->staleness);
+    if (p->ps == 0)
+        return p->staleness > 0 ? bg_error(BG_ERR_INVALID, "--staleness %d needs --ps (parameter servers)",
+                                           p->staleness)
+                                : BG_OK;
+    if (p->pp > 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --pp %d: a worker is a whole replica (pp = 1); pipelined "
+                        "workers are not built", p->pp);
+    if (p->tp > 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --tp %d: a worker is a whole replica (tp = 1); tensor-parallel "
+                        "workers are not built", p->tp);
+    if (p->zero)
+        return bg_error(BG_ERR_INVALID, "--ps with --zero %d: the servers already shard the optimizer state (by "
+                        "tensor); leave --zero out", p->zero);
+    if (p->emulate)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --emulate is not built");
+    int n = bg_model_desc_num_tensors(p->model), ties = bg_model_desc_num_ties(p->model);
+    if (p->ps > n - ties)
+        return bg_error(BG_ERR_INVALID, "--ps %d: more servers than the model's %d tensors (a server holds whole "
+                        "tensors%s)", p->ps, n - ties, ties ? "; tied tensors count once" : "");
+    if (n >= PS_META)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps: the model has %d tensors; the parameter server handles at most %d",
+                        n, PS_META - 1);
+    return BG_OK;
+}
+
+void bg__ps_set_version(bg__ps_t *ps, int64_t step)
+{
+    ps->version = step;
+    ps->pushed_steps = step;
+}
+
+/* Receive set `set` of worker w: its requests and buffers. */
+static bg_request_t **set_rq(bg__ps_t *ps, int set, int w) { return ps->rrq + ((size_t)set * ps->W + w) * (ps->nown + 1); }
+static float *set_buf(bg__ps_t *ps, int set, int w) { return ps->recv + ((size_t)set * ps->W + w) * ps->own_floats; }
+static float *set_meta(bg__ps_t *ps, int set, int w) { return ps->recv_meta + ((size_t)set * ps->W + w) * 2; }
+
+static bg_status_t post_set(bg__ps_t *ps, int set, int w)
+{
+    bg_request_t **rq = set_rq(ps, set, w);
+    float *buf = set_buf(ps, set, w);
+    int wr = worker_rank(ps, w);
+    for (int j = 0; j < ps->nown; j++)
+        BG_CHECK(bg_irecv(ps->comm, wr, ps_tag(PS_PUSH, ps->own[j]), buf + ps->own_off[j],
+                          ps->numel[ps->own[j]] * sizeof(float), &rq[j]));
+    return bg_irecv(ps->comm, wr, ps_tag(PS_PUSH, PS_META), set_meta(ps, set, w), 2 * sizeof(float), &rq[ps->nown]);
+}
+
+static void free_reqs(bg_request_t **rq, size_t n)
+{
+    for (size_t i = 0; rq && i < n; i++) {
+        bg_request_free(rq[i]);
+        rq[i] = NULL;
+    }
+}
+
+bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int servers, int staleness,
+                          bg__ps_t **ps_p)
+{
+    bg__ps_t *ps = calloc(1, sizeof(*ps));
+    BG_ALLOC_CHECK(ps, sizeof(*ps), "parameter server");
+    bg_status_t st = BG_OK;
+    ps->comm = comm;
+    ps->be = be;
+    ps->m = m;
+    ps->S = servers;
+    ps->W = bg_comm_size(comm) - servers;
+    ps->K = staleness;
+    ps->rank = bg_comm_rank(comm);
+    ps->server = ps->rank < servers;
+    ps->last = -1;
+    const bg_model_desc_t *d = bg_model_desc(m);
+    ps->n = bg_model_desc_num_tensors(d);
+    ps->owner = calloc((size_t)ps->n + 1, sizeof(int));
+    ps->off = calloc((size_t)ps->n + 1, sizeof(size_t));
+    ps->numel = calloc((size_t)ps->n + 1, sizeof(size_t));
+    if (!ps->owner || !ps->off || !ps->numel) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server tensor map");
+        goto err;
+    }
+    BG_CHECK_GOTO(tensor_map(d, servers, ps->n, ps->numel, ps->owner), st, err);
+    /* where each tensor lives in this rank's model: a worker's holds every
+     * tensor, a server's its own (bg_model_create_tensors), in the same order */
+    for (int i = 0, k = 0; i < ps->n; i++) {
+        if (ps->rank < servers && ps->owner[i] != ps->rank)
+            continue;
+        bg_param_t *p = k < bg_model_num_tensors(m) ? bg_model_tensor(m, k) : NULL;
+        if (!p || p->numel != ps->numel[i]) {
+            st = bg_error(BG_ERR_INTERNAL, "parameter server: rank %d's model does not hold tensor %d (%s) as the map "
+                          "says", ps->rank, i, p ? bg_model_tensor_name(m, k) : "none");
+            goto err;
+        }
+        ps->off[i] = (size_t)(p->data - bg_model_params(m));
+        k++;
+    }
+    if (!ps->server) {
+        size_t nt = (size_t)ps->n + 1;
+        ps->pushed = calloc(nt, 1);
+        ps->push_rq = calloc(nt, sizeof(void *));
+        ps->pull_rq = calloc(nt, sizeof(void *));
+        ps->meta_rq = calloc((size_t)ps->S, sizeof(void *));
+        if (!ps->pushed || !ps->push_rq || !ps->pull_rq || !ps->meta_rq) {
+            st = bg_error(BG_ERR_NOMEM, "parameter server worker requests");
+            goto err;
+        }
+        if (ps->K > 0) {
+            size_t np = bg_model_param_count(m);
+            ps->back = bg_backend_alloc(be, (np ? np : 1) * sizeof(float), "parameters being pulled (--staleness)");
+            if (!ps->back) {
+                st = BG_ERR_NOMEM;
+                goto err;
+            }
+        }
+        *ps_p = ps;
+        return BG_OK;
+    }
+    ps->own = calloc((size_t)ps->n + 1, sizeof(int));
+    ps->own_off = calloc((size_t)ps->n + 1, sizeof(size_t));
+    ps->live = calloc((size_t)ps->W, sizeof(int));
+    if (!ps->own || !ps->own_off || !ps->live) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server tables");
+        goto err;
+    }
+    for (int i = 0; i < ps->n; i++)
+        if (ps->owner[i] == ps->rank) {
+            ps->own_off[ps->nown] = ps->own_floats;
+            ps->own[ps->nown++] = i;
+            ps->own_floats += ps->numel[i];
+        }
+    for (int w = 0; w < ps->W; w++)
+        ps->live[w] = 1;
+    ps->nlive = ps->W;
+    int nt = bg_model_desc_num_ties(d);
+    ps->tie_a = calloc((size_t)nt + 1, sizeof(bg_param_t *));
+    ps->tie_b = calloc((size_t)nt + 1, sizeof(bg_param_t *));
+    if (!ps->tie_a || !ps->tie_b) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server ties");
+        goto err;
+    }
+    for (int t = 0; t < nt; t++) {
+        const char *a, *b;
+        bg_model_desc_tie_names(d, t, &a, &b);
+        bg_param_t *pa = bg_model_find_tensor(m, a), *pb = bg_model_find_tensor(m, b);
+        if (!!pa != !!pb) {
+            st = bg_error(BG_ERR_INTERNAL, "parameter server %d holds %s but not %s, tied to it", ps->rank,
+                          pa ? a : b, pa ? b : a);
+            goto err;
+        }
+        if (pa) {
+            ps->tie_a[ps->nties] = pa;
+            ps->tie_b[ps->nties++] = pb;
+        }
+    }
+    ps->R = ps->K + 1;
+    size_t sets = (size_t)ps->R * ps->W;
+    ps->recv = bg_backend_alloc(be, (sets * ps->own_floats + 1) * sizeof(float), "pushed gradients (parameter server)");
+    ps->recv_meta = calloc(sets * 2, sizeof(float));
+    ps->rrq = calloc(sets * (ps->nown + 1), sizeof(void *));
+    ps->srq = calloc((size_t)ps->W * (ps->nown + 1), sizeof(void *));
+    if (!ps->recv || !ps->recv_meta || !ps->rrq || !ps->srq) {
+        st = bg_error(BG_ERR_NOMEM, "parameter server receive buffers (%d steps x %d workers x %zu floats)", ps->R,
+                      ps->W, ps->own_floats);
+        goto err;
+    }
+    for (int s = 0; s < ps->R; s++)
+        for (int w = 0; w < ps->W; w++)
+            BG_CHECK_GOTO(post_set(ps, s, w), st, err);
+    *ps_p = ps;
+    return BG_OK;
+err:
+    bg__ps_destroy(ps);
+    return st;
+}
+
+void bg__ps_destroy(bg__ps_t *ps)
+{
+    if (!ps)
+        return;
+    /* pending requests are cancelled (a send already in flight keeps its
+     * buffer until the comm goes: the model and these buffers are freed
+     * after the comm only when the executor owns it; a send to a live peer
+     * that never posted its receive is never read) */
+    free_reqs(ps->push_rq, (size_t)ps->n + 1);
+    free_reqs(ps->pull_rq, (size_t)ps->n + 1);
+    free_reqs(ps->meta_rq, (size_t)ps->S);
+    bg_request_free(ps->reply_rq);
+    if (ps->rrq)
+        free_reqs(ps->rrq, (size_t)ps->R * ps->W * (ps->nown + 1));
+    if (ps->srq)
+        free_reqs(ps->srq, (size_t)ps->W * (ps->nown + 1));
+    bg_backend_free(ps->be, ps->back);
+    bg_backend_free(ps->be, ps->recv);
+    free(ps->recv_meta);
+    free(ps->rrq);
+    free(ps->srq);
+    free(ps->pushed);
+    free(ps->push_rq);
+    free(ps->pull_rq);
+    free(ps->meta_rq);
+    free(ps->own);
+    free(ps->own_off);
+    free(ps->live);
+    free(ps->tie_a);
+    free(ps->tie_b);
+    free(ps->owner);
+    free(ps->off);
+    free(ps->numel);
+    free(ps);
+}
+
+/* ------------------------------------------------------------------ servers */
+
+/* A failure while talking to worker w: a dead server stops the job (its
+ * tensors are gone), a dead worker is dropped; anything else is an error. */
+static bg_status_t worker_failed(bg__ps_t *ps, int w, int64_t step, bg_status_t st)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", bg_last_error());
+    for (int s = 0; s < ps->S; s++)
+        if (s != ps->rank && !bg_comm_peer_alive(ps->comm, s))
+            return bg_error(BG_ERR_PEER, "parameter server %d (rank %d) died; its tensors are gone: stopping (%s)", s,
+                            s, why);
+    int wr = worker_rank(ps, w);
+    if (st != BG_ERR_PEER || bg_comm_peer_alive(ps->comm, wr))
+        return bg_error(st, "worker %d (rank %d): %s", w, wr, why);
+    ps->live[w] = 0;
+    ps->nlive--;
+    for (int s = 0; s < ps->R; s++)
+        free_reqs(set_rq(ps, s, w), (size_t)ps->nown + 1);
+    free_reqs(ps->srq + (size_t)w * (ps->nown + 1), (size_t)ps->nown + 1);
+    bg_log(BG_LOG_WARN, "ps", "worker %d (rank %d) died at step %lld; %d worker%s left (%s)", w, wr, (long long)step + 1,
+           ps->nlive, ps->nlive == 1 ? "" : "s", why);
+    if (ps->nlive == 0)
+        return bg_error(BG_ERR_PEER, "parameter server %d: every worker died (the last: worker %d, rank %d: %s)",
+                        ps->rank, w, wr, why);
+    return BG_OK;
+}
+
+/* Wait for the sends of the last version to worker w (they read the parameters). */
+static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
+{
+    bg_request_t **rq = ps->srq + (size_t)w * (ps->nown + 1);
+    for (int j = 0; j <= ps->nown && ps->live[w]; j++) {
+        if (!rq[j])
+            continue;
+        bg_status_t st = bg_wait(rq[j]);
+        bg_request_free(rq[j]);
+        rq[j] = NULL;
+        if (st != BG_OK)
+            BG_CHECK(worker_failed(ps, w, step, st));
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, bg__ps_stats_t *stats)
+{
+    int stop_req = 0;
+    bg_backend_t *be = ps->be;
+    memset(stats, 0, sizeof(*stats));
+    int set = ps->next_set;
+    double t0 = bg_now();
+    /* every live worker's pushes of this step, in worker order */
+    for (int w = 0; w < ps->W; w++) {
+        bg_request_t **rq = set_rq(ps, set, w);
+        for (int j = 0; j <= ps->nown && ps->live[w]; j++) {
+            bg_status_t st = bg_wait(rq[j]);
+            if (st != BG_OK)
+                BG_CHECK(worker_failed(ps, w, step, st));
+        }
+    }
+    double t1 = bg_now();
+    for (int w = 0; w < ps->W; w++)
+        BG_CHECK(wait_sends(ps, w, step));
+    /* the sum in worker order, rescaled to a mean over the sequences computed */
+    float *grads = bg_model_grads(ps->m);
+    double loss = 0;
+    int first = 1;
+    for (int w = 0; w < ps->W; w++) {
+        if (!ps->live[w])
+            continue;
+        float *buf = set_buf(ps, set, w);
+        for (int j = 0; j < ps->nown; j++) {
+            int i = ps->own[j];
+            if (first)
+                be->ops->copy(be, grads + ps->off[i], buf + ps->own_off[j], ps->numel[i]);
+            else
+                be->ops->residual_forward(be, grads + ps->off[i], grads + ps->off[i], buf + ps->own_off[j],
+                                          ps->numel[i]);
+        }
+        float *meta = set_meta(ps, set, w);
+        loss += meta[0];
+        stop_req |= meta[1] > 0;
+        first = 0;
+        stats->bytes_recv += ps->own_floats * sizeof(float) + 2 * sizeof(float);
+    }
+    if (ps->nlive < ps->W) {
+        float k = (float)ps->W / (float)ps->nlive;
+        for (int j = 0; j < ps->nown; j++)
+            be->ops->scale(be, grads + ps->off[ps->own[j]], k, ps->numel[ps->own[j]]);
+        loss *= (double)ps->W / ps->nlive;
+    }
+    /* ties: both copies get a + b of the summed gradients (as the executor's sync_ties) */
+    for (int t = 0; t < ps->nties; t++) {
+        bg_param_t *a = ps->tie_a[t], *b = ps->tie_b[t];
+        be->ops->residual_forward(be, a->grad, a->grad, b->grad, a->numel);
+        be->ops->copy(be, b->grad, a->grad, a->numel);
+    }
+    for (int j = 0; j < ps->nown; j++) { /* a tied tensor counted once, as the model's norm does */
+        float *g = grads + ps->off[ps->own[j]];
+        int second = 0;
+        for (int t = 0; t < ps->nties; t++)
+            second |= g == ps->tie_b[t]->grad;
+        if (!second)
+            stats->grad_sumsq += be->ops->sumsq(be, g, ps->numel[ps->own[j]]);
+    }
+    BG_CHECK(bg_model_optim_step(ps->m, opt, (int)step + 1)); /* the model holds this server's tensors */
+    be->ops->synchronize(be);
+    double t2 = bg_now();
+    /* version step + 1 to every live worker; this step's receives posted again for step + R */
+    ps->sreply[0] = (float)loss;
+    ps->sreply[1] = stop_req ? 1.0f : 0.0f;
+    float *params = bg_model_params(ps->m);
+    for (int w = 0; w < ps->W; w++) {
+        if (!ps->live[w])
+            continue;
+        int wr = worker_rank(ps, w);
+        bg_request_t **rq = ps->srq + (size_t)w * (ps->nown + 1);
+        bg_status_t st = BG_OK;
+        for (int j = 0; j < ps->nown && st == BG_OK; j++) {
+            int i = ps->own[j];
+            st = bg_isend(ps->comm, wr, ps_tag(PS_PULL, i), params + ps->off[i], ps->numel[i] * sizeof(float), &rq[j]);
+        }
+        if (st == BG_OK && ps->rank == 0)
+            st = bg_isend(ps->comm, wr, ps_tag(PS_PULL, PS_META), ps->sreply, sizeof ps->sreply, &rq[ps->nown]);
+        if (st == BG_OK) {
+            free_reqs(set_rq(ps, set, w), (size_t)ps->nown + 1);
+            st = post_set(ps, set, w);
+        }
+        if (st != BG_OK)
+            BG_CHECK(worker_failed(ps, w, step, st));
+        if (ps->live[w])
+            stats->bytes_sent += ps->own_floats * sizeof(float);
+    }
+    ps->next_set = (set + 1) % ps->R;
+    ps->stopped = stop_req;
+    stats->loss = loss;
+    stats->stop = stop_req;
+    stats->idle_ms = (t1 - t0) * 1e3;
+    stats->optim_ms = (t2 - t1) * 1e3;
+    stats->live = ps->nlive;
+    return BG_OK;
+}
+
+/* ------------------------------------------------------------------ workers */
+
+static bg_status_t server_error(bg__ps_t *ps, int s, bg_status_t st, const char *what)
+{
+    return bg_error(st, "%s parameter server %d (rank %d)%s: %s", what, s, s,
+                    bg_comm_peer_alive(ps->comm, s) ? "" : " (it died; its tensors are gone)", bg_last_error());
+}
+
+/* Start receiving version ps->version + 1 (K = 0: into the model). */
+static bg_status_t post_pull(bg__ps_t *ps)
+{
+    float *dst = ps->back ? ps->back : bg_model_params(ps->m);
+    ps->pulling = ps->version + 1;
+    for (int i = 0; i < ps->n; i++) {
+        bg_status_t st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst + ps->off[i],
+                                  ps->numel[i] * sizeof(float), &ps->pull_rq[i]);
+        if (st != BG_OK)
+            return server_error(ps, ps->owner[i], st, "pulling from");
+    }
+    bg_status_t st = bg_irecv(ps->comm, 0, ps_tag(PS_PULL, PS_META), ps->reply, sizeof ps->reply, &ps->reply_rq);
+    return st == BG_OK ? BG_OK : server_error(ps, 0, st, "pulling from");
+}
+
+/* The pull in flight: *done_p = 1 once every tensor has arrived (wait: block). */
+static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
+{
+    *done_p = 0;
+    for (int i = 0; i <= ps->n; i++) {
+        bg_request_t **rq = i < ps->n ? &ps->pull_rq[i] : &ps->reply_rq;
+        if (!*rq)
+            continue;
+        int done = 1;
+        bg_status_t st = wait ? bg_wait(*rq) : bg_test(*rq, &done);
+        if (st != BG_OK)
+            return server_error(ps, i < ps->n ? ps->owner[i] : 0, st, "pulling from");
+        if (!done)
+            return BG_OK;
+        bg_request_free(*rq);
+        *rq = NULL;
+    }
+    /* every piece is in: the new version */
+    if (ps->back)
+        ps->be->ops->copy(ps->be, bg_model_params(ps->m), ps->back, bg_model_param_count(ps->m));
+    ps->version = ps->pulling;
+    ps->pulling = 0;
+    if (ps->reply[1] > 0) /* the servers stop after this version */
+        ps->last = ps->version;
+    ps->bytes_recv += bg_model_param_count(ps->m) * sizeof(float);
+    *done_p = 1;
+    return BG_OK;
+}
+
+static bg_status_t wait_pushes(bg__ps_t *ps)
+{
+    for (int i = 0; i < ps->n; i++)
+        if (ps->push_rq[i]) {
+            bg_status_t st = bg_wait(ps->push_rq[i]);
+            bg_request_free(ps->push_rq[i]);
+            ps->push_rq[i] = NULL;
+            if (st != BG_OK)
+                return server_error(ps, ps->owner[i], st, "pushing to");
+        }
+    for (int s = 0; s < ps->S; s++)
+        if (ps->meta_rq[s]) {
+            bg_status_t st = bg_wait(ps->meta_rq[s]);
+            bg_request_free(ps->meta_rq[s]);
+            ps->meta_rq[s] = NULL;
+            if (st != BG_OK)
+                return server_error(ps, s, st, "pushing to");
+        }
+    return BG_OK;
+}
+
+/* *done_p = 1 once the last step's pushes are sent (failures name the server). */
+static bg_status_t test_pushes(bg__ps_t *ps, int *done_p)
+{
+    *done_p = 1;
+    for (int i = 0; i < ps->n + ps->S; i++) {
+        bg_request_t **rq = i < ps->n ? &ps->push_rq[i] : &ps->meta_rq[i - ps->n];
+        if (!*rq)
+            continue;
+        int done = 0;
+        bg_status_t st = bg_test(*rq, &done);
+        if (st != BG_OK)
+            return server_error(ps, i < ps->n ? ps->owner[i] : i - ps->n, st, "pushing to");
+        if (!done) {
+            *done_p = 0;
+            continue;
+        }
+        bg_request_free(*rq);
+        *rq = NULL;
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
+{
+    /* The last step's pushes must be sent (they read the gradients, which
+     * this step zeroes) and the parameters be recent enough. Pulls that have
+     * arrived are taken meanwhile: a pull may say the servers stopped, and
+     * then pushes they will never receive are not waited for. */
+    double deadline = bg_now() + bg_comm_timeout(ps->comm);
+    for (;;) {
+        int done = 0, pushed = 0;
+        if (!ps->pulling && ps->version < step && ps->last < 0)
+            BG_CHECK(post_pull(ps));
+        if (ps->pulling) {
+            BG_CHECK(pull_done(ps, 0, &done));
+            if (done)
+                continue;
+        }
+        if (ps->last >= 0)
+            break;
+        BG_CHECK(test_pushes(ps, &pushed));
+        if (pushed && ps->version >= step - ps->K)
+            break;
+        if (pushed) { /* too stale: wait for the version in flight */
+            BG_CHECK(pull_done(ps, 1, &done));
+            continue;
+        }
+        if (bg_now() > deadline)
+            return bg_error(BG_ERR_TIMEOUT, "worker (rank %d): the pushes of step %lld were not received within %g s "
+                            "(BRIGADE_TIMEOUT)", ps->rank, (long long)step, bg_comm_timeout(ps->comm));
+        sched_yield();
+    }
+    memset(ps->pushed, 0, (size_t)ps->n);
+    return BG_OK;
+}
+
+bg_status_t bg__ps_push_range(bg__ps_t *ps, size_t off, size_t count)
+{
+    float *grads = bg_model_grads(ps->m);
+    for (int i = 0; i < ps->n; i++) {
+        if (ps->pushed[i] || ps->off[i] < off || ps->off[i] + ps->numel[i] > off + count)
+            continue;
+        ps->pushed[i] = 1;
+        bg_status_t st = bg_isend(ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), grads + ps->off[i],
+                                  ps->numel[i] * sizeof(float), &ps->push_rq[i]);
+        if (st != BG_OK)
+            return server_error(ps, ps->owner[i], st, "pushing to");
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int stop_req, bg__ps_stats_t *stats)
+{
+    memset(stats, 0, sizeof(*stats));
+    stats->staleness = (int)(step - ps->version);
+    ps->be->ops->synchronize(ps->be);
+    BG_CHECK(bg__ps_push_range(ps, 0, bg_model_param_count(ps->m)));
+    ps->meta[0] = (float)loss_share;
+    ps->meta[1] = stop_req ? 1.0f : 0.0f;
+    for (int s = 0; s < ps->S; s++) {
+        bg_status_t st = bg_isend(ps->comm, s, ps_tag(PS_PUSH, PS_META), ps->meta, sizeof ps->meta, &ps->meta_rq[s]);
+        if (st != BG_OK)
+            return server_error(ps, s, st, "pushing to");
+    }
+    stats->bytes_sent = bg_model_param_count(ps->m) * sizeof(float);
+    ps->pushed_steps = step + 1;
+    if (ps->K == 0) { /* synchronous: version step + 1 before the next step (and its loss) */
+        int done = 0;
+        BG_CHECK(post_pull(ps));
+        BG_CHECK(pull_done(ps, 1, &done));
+        stats->loss = ps->reply[0];
+        stats->stop = ps->reply[1] > 0;
+    } else {
+        if (!ps->pulling && ps->last < 0)
+            BG_CHECK(post_pull(ps));
+        stats->loss = NAN; /* the executor reports the worker's own */
+        stats->stop = ps->last >= 0;
+    }
+    stats->bytes_recv = ps->bytes_recv; /* since the last step's end */
+    ps->bytes_recv = 0;
+    return BG_OK;
+}
+
+bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
+{
+    if (ps->server) {
+        for (int w = 0; w < ps->W; w++) {
+            BG_CHECK(wait_sends(ps, w, steps - 1));
+            if (!ps->stopped || !ps->live[w])
+                continue;
+            /* the worker's pushes beyond the last step: received, dropped */
+            int64_t pushed = 0;
+            bg_status_t st = bg_recv(ps->comm, worker_rank(ps, w), ps_tag(PS_BYE, 0), &pushed, sizeof pushed);
+            if (st != BG_OK) {
+                BG_CHECK(worker_failed(ps, w, steps - 1, st));
+                continue;
+            }
+            for (int64_t k = 0; k < pushed - steps && k < ps->R && ps->live[w]; k++) {
+                bg_request_t **rq = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
+                for (int j = 0; j <= ps->nown && ps->live[w]; j++)
+                    if ((st = bg_wait(rq[j])) != BG_OK)
+                        BG_CHECK(worker_failed(ps, w, steps - 1, st));
+            }
+        }
+        return BG_OK;
+    }
+    if (ps->last >= 0) { /* stopped: tell the servers what to drain, then the pushes complete */
+        ps->bye = ps->pushed_steps;
+        bg_request_t **rq = calloc((size_t)ps->S, sizeof(void *));
+        BG_ALLOC_CHECK(rq, (size_t)ps->S * sizeof(void *), "parameter server bye");
+        bg_status_t st = BG_OK;
+        for (int s = 0; s < ps->S && st == BG_OK; s++)
+            if ((st = bg_isend(ps->comm, s, ps_tag(PS_BYE, 0), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
+                st = server_error(ps, s, st, "leaving");
+        if (st == BG_OK)
+            st = wait_pushes(ps);
+        for (int s = 0; s < ps->S; s++) {
+            bg_status_t s2 = rq[s] ? bg_wait(rq[s]) : BG_OK;
+            if (st == BG_OK && s2 != BG_OK)
+                st = server_error(ps, s, s2, "leaving");
+        }
+        free_reqs(rq, (size_t)ps->S);
+        free(rq);
+        return st;
+    }
+    BG_CHECK(wait_pushes(ps));
+    while (ps->version < steps) {
+        int done = 0;
+        if (!ps->pulling)
+            BG_CHECK(post_pull(ps));
+        BG_CHECK(pull_done(ps, 1, &done));
+    }
+    return BG_OK;
+}
+
+bg_status_t bg__ps_save_checkpoint(bg__ps_t *ps, const bg_checkpoint_params_t *base)
+{
+    if (!ps->server)
+        return BG_OK;
+    bg_checkpoint_params_t p = *base;
+    char token[64] = "";
+    p.comm = NULL; /* the servers alone: a worker may have died */
+    p.rank = ps->rank;
+    p.world = ps->S;
+    p.writer = 1;
+    p.models = &ps->m;
+    p.nmodels = 1;
+    if (ps->S == 1)
+        return bg_checkpoint_save(&p);
+    p.token = token;
+    if (ps->rank == 0) { /* server 0 names the directory, the others write, then server 0 writes and publishes */
+        snprintf(token, sizeof token, "ps-%d-%lld", (int)getpid(), (long long)(bg_now() * 1e6));
+        for (int s = 1; s < ps->S; s++)
+            BG_CHECK(bg_send(ps->comm, s, ps_tag(PS_GATHER, 0), token, sizeof token));
+        int bad = -1;
+        for (int s = 1; s < ps->S; s++) {
+            int32_t r = 0;
+            BG_CHECK(bg_recv(ps->comm, s, ps_tag(PS_GATHER, 1), &r, sizeof r));
+            if (r != BG_OK && bad < 0)
+                bad = s;
+        }
+        if (bad >= 0)
+            return bg_error(BG_ERR_IO, "checkpoint of step %lld not saved: parameter server %d could not write its "
+                            "file (it says why)", (long long)p.step, bad);
+        return bg_checkpoint_save(&p);
+    }
+    BG_CHECK(bg_recv(ps->comm, 0, ps_tag(PS_GATHER, 0), token, sizeof token));
+    token[sizeof token - 1] = 0;
+    bg_status_t st = bg_checkpoint_save(&p);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st != BG_OK ? bg_last_error() : "");
+    int32_t r = st;
+    bg_status_t s2 = bg_send(ps->comm, 0, ps_tag(PS_GATHER, 1), &r, sizeof r);
+    return st != BG_OK ? bg_error(st, "%s", msg) : s2;
+}
