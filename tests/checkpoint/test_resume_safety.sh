@@ -13,7 +13,6 @@ D=$(cd "$(dirname "$0")/../.." && pwd)
 . "$D/tests/lib/checks.sh"
 G="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --threads 1 --quiet --data $D/data/kjv.txt"
 has() { grep -q -- "$2" "$1" && ok "$3" || { bad "$3: no \"$2\" in:"; cat "$1"; }; }
-same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
 run() { timeout 120 "$B" train $G "$@"; }
 
 # nothing to resume from: said

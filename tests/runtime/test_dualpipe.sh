@@ -23,55 +23,38 @@ B=${BRIGADE:?path of the brigade binary}
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --steps 5 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 3 --d-model 24 --in-features 12 --classes 6 --batch 16 --steps 5 --threads 1 --lr 3e-3"
 
-# run NAME N ARGS...: brigade train on N ranks (launch when N > 1), weights saved to $T/NAME
-run() {
-  local name=$1 n=$2; shift 2
-  if [ "$n" = 1 ]; then timeout 120 "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1
-  else timeout 120 "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1; fi
-  local rc=$?
-  [ $rc = 0 ] || { bad "$name: train on $n ranks exited $rc: $(grep -v WARN "$T/$name.log" | tail -3)"; return 1; }
-  if grep -q "live allocations" "$T/$name.log"; then bad "$name: memory leaked"; return 1; fi
-}
-# same REF OUT [COMPARE FLAGS]: brigade compare says yes
-same() {
-  local ref=$1 out=$2 v; shift 2
-  [ -d "$T/$ref" ] && [ -d "$T/$out" ] || { bad "$out vs $ref: a run is missing"; return; }
-  if v=$("$B" compare "$T/$ref" "$T/$out" "$@"); then ok "$out vs $ref ${*:-bitwise} :: $v"
-  else bad "$out vs $ref ${*:-bitwise} :: $v"; fi
-}
-
 # GPT, p = 2 (m = 4) and p = 4 (m = 8)
-run one4 1 $GPT --microbatches 4
-run one8 1 $GPT --microbatches 8
-run dp2m2 2 $GPT --microbatches 2 --dp 2
-run dp2m4 2 $GPT --microbatches 4 --dp 2
-run dual2 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe
-run dual4 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe
-same dp2m2 dual2
-same dp2m4 dual4
-same one4 dual2 --rel-l2 1e-5
-same one8 dual4 --rel-l2 1e-5
+train_save one4 1 $GPT --microbatches 4
+train_save one8 1 $GPT --microbatches 8
+train_save dp2m2 2 $GPT --microbatches 2 --dp 2
+train_save dp2m4 2 $GPT --microbatches 4 --dp 2
+train_save dual2 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe
+train_save dual4 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe
+same "$T/dp2m2" "$T/dual2" "dual2 vs dp2m2"
+same "$T/dp2m4" "$T/dual4" "dual4 vs dp2m4"
+same "$T/one4" "$T/dual2" "dual2 vs one4" --rel-l2 1e-5
+same "$T/one8" "$T/dual4" "dual4 vs one8" --rel-l2 1e-5
 # the copies stay identical: if copy 1 drifted, its gradients (summed into
 # copy 0's from step 2 on) would move copy 0 off the reference above
 
 # --split names the p model stages (each held by two ranks)
-run dual2split 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --split 3,5
-same dp2m2 dual2split
+train_save dual2split 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --split 3,5
+same "$T/dp2m2" "$T/dual2split" "dual2split vs dp2m2"
 
 # tied embedding and head: with two copies ranks 0 and p-1 hold both tensors
-run dp2tie 2 $GPT --microbatches 2 --dp 2 --tie-embeddings
-run dual2tie 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --tie-embeddings
-run dp2tie4 2 $GPT --microbatches 4 --dp 2 --tie-embeddings
-run dual4tie 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe --tie-embeddings
-same dp2tie dual2tie
-same dp2tie4 dual4tie
+train_save dp2tie 2 $GPT --microbatches 2 --dp 2 --tie-embeddings
+train_save dual2tie 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --tie-embeddings
+train_save dp2tie4 2 $GPT --microbatches 4 --dp 2 --tie-embeddings
+train_save dual4tie 4 $GPT --microbatches 8 --pp 4 --schedule dualpipe --tie-embeddings
+same "$T/dp2tie" "$T/dual2tie" "dual2tie vs dp2tie"
+same "$T/dp2tie4" "$T/dual4tie" "dual4tie vs dp2tie4"
 
 # tensor parallelism inside each stage (pp 2 x tp 2): each tensor-group member sums its shard with
 # the same member of the other copy's group; bitwise equal to tp 2 x dp 2
 GTP="--model gpt --layers 4 --d-model 32 --heads 4 --seq 16 --batch 8 --steps 4 --threads 1 --lr 3e-3 --tie-embeddings"
-run tpdp 4 $GTP --microbatches 2 --dp 2 --tp 2
-run tpdual 4 $GTP --microbatches 4 --pp 2 --tp 2 --schedule dualpipe
-same tpdp tpdual
+train_save tpdp 4 $GTP --microbatches 2 --dp 2 --tp 2
+train_save tpdual 4 $GTP --microbatches 4 --pp 2 --tp 2 --schedule dualpipe
+same "$T/tpdp" "$T/tpdual" "tpdual vs tpdp"
 
 # loss and gradient norm per step (one copy counted, the tie's second tensor left out) as the reference's
 norms() { python3 -c "import json,sys; print(' '.join('%d:%.6g:%.6g' % (r['step'], r['loss'], r['grad_norm']) for r in map(json.loads, open(sys.argv[1])) if r.get('rank') == 0))" "$1"; }
@@ -85,27 +68,27 @@ for t in "" "--tie-embeddings"; do
 done
 
 # MLP, and DualPipe under data parallelism (pp 2 x dp 2)
-run mdp2 2 $MLP --microbatches 2 --dp 2
-run mdual2 2 $MLP --microbatches 4 --pp 2 --schedule dualpipe
-same mdp2 mdual2
-run dualdp 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe
-same one4 dualdp --rel-l2 1e-5
+train_save mdp2 2 $MLP --microbatches 2 --dp 2
+train_save mdual2 2 $MLP --microbatches 4 --pp 2 --schedule dualpipe
+same "$T/mdp2" "$T/mdual2" "mdual2 vs mdp2"
+train_save dualdp 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe
+same "$T/one4" "$T/dualdp" "dualdp vs one4" --rel-l2 1e-5
 # --zero 1 (the optimizer state sharded over the two replicas; each replica's copies sum the whole
 # gradient buffer, of which it updates its own shard): bitwise equal to --zero 0
-run dualz1 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe --zero 1 --tie-embeddings
-run dualz0 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe --tie-embeddings
-same dualz0 dualz1
+train_save dualz1 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe --zero 1 --tie-embeddings
+train_save dualz0 4 $GPT --microbatches 4 --pp 2 --dp 2 --schedule dualpipe --tie-embeddings
+same "$T/dualz0" "$T/dualz1" "dualz1 vs dualz0"
 
 # checkpoints: copy 0 is written, loading fills both copies; resumed at step 3 of 5 it
 # equals the uninterrupted run, and a dp 2 checkpoint resumes as dualpipe bitwise too
-run ck1 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --steps 3 --checkpoint-dir "$T/ckd"
-run ckr 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --checkpoint-dir "$T/ckd" --resume
+train_save ck1 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --steps 3 --checkpoint-dir "$T/ckd"
+train_save ckr 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --checkpoint-dir "$T/ckd" --resume
 grep -q "resuming from $T/ckd/step-00000003 (written by pp=2 dp=1)" "$T/ckr.log" && ok "dualpipe resumes its checkpoint" ||
   bad "no resume message: $(tail -3 "$T/ckr.log")"
-same dual2 ckr
-run ck2 2 $GPT --microbatches 2 --dp 2 --steps 3 --checkpoint-dir "$T/ckdp"
-run ckr2 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --checkpoint-dir "$T/ckdp" --resume
-same dp2m2 ckr2
+same "$T/dual2" "$T/ckr" "ckr vs dual2"
+train_save ck2 2 $GPT --microbatches 2 --dp 2 --steps 3 --checkpoint-dir "$T/ckdp"
+train_save ckr2 2 $GPT --microbatches 4 --pp 2 --schedule dualpipe --checkpoint-dir "$T/ckdp" --resume
+same "$T/dp2m2" "$T/ckr2" "ckr2 vs dp2m2"
 
 # parameters 2x, stash as simulated: the rank table (rank pp dp params peak act act_sim stashed stash_sim ...)
 table() { timeout 120 "$B" launch -n 4 -- "$B" train --layers 6 --d-model 16 --heads 2 --seq 8 --batch 16 \

@@ -25,13 +25,7 @@ B=${BRIGADE:?path of the brigade binary}
 GPT="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 3 --d-model 32 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 
-# run NAME N ARGS...: N ranks, weights saved to $T/NAME
-run() {
-  local name=$1 n=$2; shift 2
-  timeout 60 "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1 ||
-    { bad "$name: launch -n $n train $*"; grep -v WARN "$T/$name.log" | tail -3; return 1; }
-}
-same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
+TRAIN_TIMEOUT=60
 # finite FILE: every float of a safetensors file is finite (and there are some)
 finite() {
   python3 - "$1" <<'PY'
@@ -52,15 +46,15 @@ near() { local a=$1 b=$2 w=$3 v; shift 3; v=$("$B" compare "$a" "$b" ${@:---rel-
 for m in GPT MLP; do
   args=${!m}
   # W = 2 workers: bitwise
-  run "${m}_dp2" 2 $args --batch 8 --dp 2 || continue
+  train_save "${m}_dp2" 2 $args --batch 8 --dp 2 || continue
   for s in 1 2; do
-    run "${m}_ps${s}_w2" $((s + 2)) $args --batch 8 --ps $s &&
+    train_save "${m}_ps${s}_w2" $((s + 2)) $args --batch 8 --ps $s &&
       same "$T/${m}_dp2" "$T/${m}_ps${s}_w2" "$m: --ps $s with 2 workers = --dp 2 (bitwise)"
   done
   # W = 3 workers: within the data-parallel tolerance
-  run "${m}_dp3" 3 $args --batch 12 --dp 3 || continue
+  train_save "${m}_dp3" 3 $args --batch 12 --dp 3 || continue
   for s in 1 2; do
-    run "${m}_ps${s}_w3" $((s + 3)) $args --batch 12 --ps $s &&
+    train_save "${m}_ps${s}_w3" $((s + 3)) $args --batch 12 --ps $s &&
       near "$T/${m}_dp3" "$T/${m}_ps${s}_w3" "$m: --ps $s with 3 workers = --dp 3 (relative L2 1e-5)"
   done
 done
@@ -70,13 +64,13 @@ p2=$(grep -A1 "^rank  pp" "$T/GPT_ps2_w2.log" | awk 'NR == 2 {print $4}')
 [ -n "$p1" ] && [ -n "$p2" ] && [ $((p2 * 10)) -le $((p1 * 6)) ] && [ $((p2 * 10)) -ge $((p1 * 4)) ] &&
   ok "server 0 holds $p2 of $p1 parameters with --ps 2" || bad "server 0's parameters: --ps 1 $p1, --ps 2 $p2"
 SGD="--optimizer sgd --lr 0.05 --weight-decay 0.1"
-run sgd_dp2 2 $MLP $SGD --batch 8 --dp 2 && run sgd_ps2 4 $MLP $SGD --batch 8 --ps 2 &&
+train_save sgd_dp2 2 $MLP $SGD --batch 8 --dp 2 && train_save sgd_ps2 4 $MLP $SGD --batch 8 --ps 2 &&
   same "$T/sgd_dp2" "$T/sgd_ps2" "MLP, SGD + weight decay: --ps 2 with 2 workers = --dp 2 (bitwise)"
 # tied embeddings (the tie's two tensors on one server, which adds a + b after the workers' sum, as dp
 # does after its all-reduce), weight decay, a zero-bubble schedule
 TIE="$GPT --batch 8 --tie-embeddings --weight-decay 0.1 --schedule zb-h1"
-run tie_dp2 2 $TIE --dp 2 && for s in 1 2; do
-  run "tie_ps$s" $((s + 2)) $TIE --ps $s && same "$T/tie_dp2" "$T/tie_ps$s" "tied embeddings, zb-h1: --ps $s = --dp 2 (bitwise)"
+train_save tie_dp2 2 $TIE --dp 2 && for s in 1 2; do
+  train_save "tie_ps$s" $((s + 2)) $TIE --ps $s && same "$T/tie_dp2" "$T/tie_ps$s" "tied embeddings, zb-h1: --ps $s = --dp 2 (bitwise)"
 done
 # a model that would not reach the reference unless it learns: the weights moved
 v=$("$B" compare "$T/GPT_dp2" "$T/GPT_ps1_w3" 2>&1) && bad "the 2- and 3-worker runs should differ: $v" ||

@@ -133,7 +133,6 @@ done
 # ---- checkpoints from the servers resume under any layout (and PS resumes a --dp checkpoint)
 C="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --quiet"
 ck() { timeout 60 "$B" launch -n "$1" -- "$B" train $C "${@:2}" >"$T/ck.log" 2>&1 || bad "launch -n $1 train ${*:2}: $(tail -2 "$T/ck.log")"; }
-same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
 ck 2 --dp 2 --steps 10 --save "$T/full"
 ck 4 --ps 2 --steps 5 --checkpoint-dir "$T/c1"
 [ "$(ls "$T/c1/step-00000005")" = "$(printf 'manifest.json\nrank-00000.safetensors\nrank-00001.safetensors')" ] &&

@@ -31,43 +31,34 @@ B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 
-# run NAME N ARGS...: N ranks, weights saved to $T/NAME
-run() {
-  local name=$1 n=$2; shift 2
-  timeout 120 "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1 ||
-    { bad "$name: launch -n $n train $*"; grep -v WARN "$T/$name.log" | tail -3; return 1; }
-}
-same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
-# near A B WHAT [compare flags]: within the data-parallel tolerance (default: AdamW's relative L2 1e-5)
-near() { local a=$1 b=$2 w=$3 v; shift 3; v=$("$B" compare "$a" "$b" ${@:---rel-l2 1e-5}) && ok "$w: $v" || bad "$w: $v"; }
 # cmp_z Z A B WHAT: --zero 1 bitwise, --zero 2 within the tolerance
 cmp_z() { if [ "$1" = 1 ]; then same "$2" "$3" "$4"; else near "$2" "$3" "$4"; fi; }
 
 for pp in 1 2; do
   for dp in 2 4; do
     n=$((pp * dp))
-    run "z0_${pp}_${dp}" $n $GPT --pp $pp --dp $dp || continue
+    train_save "z0_${pp}_${dp}" $n $GPT --pp $pp --dp $dp || continue
     for z in 1 2; do
-      run "z${z}_${pp}_${dp}" $n $GPT --pp $pp --dp $dp --zero $z &&
+      train_save "z${z}_${pp}_${dp}" $n $GPT --pp $pp --dp $dp --zero $z &&
         cmp_z $z "$T/z0_${pp}_${dp}" "$T/z${z}_${pp}_${dp}" "pp $pp dp $dp: --zero $z = --zero 0"
     done
   done
 done
 # SGD with weight decay (per-tensor decay inside a shard), tied embeddings across stages, interleaved, ZB-H1
 SGD="--optimizer sgd --lr 0.05 --weight-decay 0.1"
-run sgd0 4 $GPT --dp 4 $SGD && run sgd1 4 $GPT --dp 4 $SGD --zero 1 && same "$T/sgd0" "$T/sgd1" "SGD + decay, dp 4: --zero 1" &&
-  run sgd2 4 $GPT --dp 4 $SGD --zero 2 && near "$T/sgd0" "$T/sgd2" "SGD + decay, dp 4: --zero 2" --rtol 1e-5
-run tie0 4 $GPT --pp 2 --dp 2 --tie-embeddings --weight-decay 0.1 &&
-  run tie1 4 $GPT --pp 2 --dp 2 --tie-embeddings --weight-decay 0.1 --zero 1 && same "$T/tie0" "$T/tie1" "tied, pp 2 dp 2: --zero 1" &&
-  run tie2 4 $GPT --pp 2 --dp 2 --tie-embeddings --weight-decay 0.1 --zero 2 && near "$T/tie0" "$T/tie2" "tied, pp 2 dp 2: --zero 2"
-run il0 4 $GPT --pp 2 --dp 2 --schedule interleaved --chunks 2 --microbatches 4 &&
-  run il2 4 $GPT --pp 2 --dp 2 --schedule interleaved --chunks 2 --microbatches 4 --zero 2 &&
+train_save sgd0 4 $GPT --dp 4 $SGD && train_save sgd1 4 $GPT --dp 4 $SGD --zero 1 && same "$T/sgd0" "$T/sgd1" "SGD + decay, dp 4: --zero 1" &&
+  train_save sgd2 4 $GPT --dp 4 $SGD --zero 2 && near "$T/sgd0" "$T/sgd2" "SGD + decay, dp 4: --zero 2" --rtol 1e-5
+train_save tie0 4 $GPT --pp 2 --dp 2 --tie-embeddings --weight-decay 0.1 &&
+  train_save tie1 4 $GPT --pp 2 --dp 2 --tie-embeddings --weight-decay 0.1 --zero 1 && same "$T/tie0" "$T/tie1" "tied, pp 2 dp 2: --zero 1" &&
+  train_save tie2 4 $GPT --pp 2 --dp 2 --tie-embeddings --weight-decay 0.1 --zero 2 && near "$T/tie0" "$T/tie2" "tied, pp 2 dp 2: --zero 2"
+train_save il0 4 $GPT --pp 2 --dp 2 --schedule interleaved --chunks 2 --microbatches 4 &&
+  train_save il2 4 $GPT --pp 2 --dp 2 --schedule interleaved --chunks 2 --microbatches 4 --zero 2 &&
   near "$T/il0" "$T/il2" "interleaved, pp 2 dp 2: --zero 2"
 # one bucket per layer, ring-sized buckets (reduce-scatter proper, not the small-buffer all-reduce), split backward
 RING="$GPT --d-model 64 --heads 4 --dp 2 --schedule zb-h1 $SGD"
-BRIGADE_BUCKET_MB=0 run ring0 2 $RING && BRIGADE_BUCKET_MB=0 run ring1 2 $RING --zero 1 &&
+BRIGADE_BUCKET_MB=0 train_save ring0 2 $RING && BRIGADE_BUCKET_MB=0 train_save ring1 2 $RING --zero 1 &&
   same "$T/ring0" "$T/ring1" "ring buckets, zb-h1, dp 2: --zero 1" &&
-  BRIGADE_BUCKET_MB=0 run ring2 2 $RING --zero 2 && near "$T/ring0" "$T/ring2" "ring buckets, zb-h1, dp 2: --zero 2" --rtol 1e-5
+  BRIGADE_BUCKET_MB=0 train_save ring2 2 $RING --zero 2 && near "$T/ring0" "$T/ring2" "ring buckets, zb-h1, dp 2: --zero 2" --rtol 1e-5
 
 # the gradient norm (each replica's chunks, summed over the job) within 1e-6 of --zero 0's, every step
 for z in 0 1 2; do
@@ -89,9 +80,9 @@ done
 
 # checkpoints: full named tensors whatever the sharding; resume under another layout and stage
 CK="$GPT --checkpoint-dir"
-run ck0 4 $CK "$T/c0" --dp 4 && run ck1 4 $CK "$T/c1" --dp 4 --zero 1 &&
+train_save ck0 4 $CK "$T/c0" --dp 4 && train_save ck1 4 $CK "$T/c1" --dp 4 --zero 1 &&
   same "$T/c0/step-00000010" "$T/c1/step-00000010" "step-10 checkpoints of --zero 0 and --zero 1 (dp 4), optimizer state included"
-run ck2 4 $CK "$T/c2" --dp 4 --zero 2
+train_save ck2 4 $CK "$T/c2" --dp 4 --zero 2
 if [ -d "$T/c2/step-00000010" ]; then
   n=$(python3 - "$T/c2/step-00000010" <<'PY'
 import glob, json, struct, sys
@@ -104,11 +95,11 @@ PY
   [ "${n:-0}" -gt 0 ] && ok "the --zero 2 checkpoint holds $n full optim.v tensors" || bad "no optimizer state in the --zero 2 checkpoint"
 fi
 G20=${GPT/--steps 10/--steps 20}
-run rs0 2 $G20 --dp 2 --checkpoint-dir "$T/c0" --resume && run rs1 2 $G20 --dp 2 --checkpoint-dir "$T/c1" --resume &&
+train_save rs0 2 $G20 --dp 2 --checkpoint-dir "$T/c0" --resume && train_save rs1 2 $G20 --dp 2 --checkpoint-dir "$T/c1" --resume &&
   same "$T/rs0" "$T/rs1" "--zero 1 dp 4 checkpoint resumed with --zero 0 dp 2" &&
-  run rs2 2 $G20 --dp 2 --checkpoint-dir "$T/c2" --resume && near "$T/rs0" "$T/rs2" "--zero 2 dp 4 checkpoint resumed with --zero 0 dp 2"
-run ck3 2 $CK "$T/c3" --dp 2 && run rt0 4 $G20 --dp 4 --checkpoint-dir "$T/c3" --resume-from "$T/c3/step-00000010" &&
-  run rt1 4 $G20 --dp 4 --zero 1 --checkpoint-dir "$T/c3" --resume-from "$T/c3/step-00000010" &&
+  train_save rs2 2 $G20 --dp 2 --checkpoint-dir "$T/c2" --resume && near "$T/rs0" "$T/rs2" "--zero 2 dp 4 checkpoint resumed with --zero 0 dp 2"
+train_save ck3 2 $CK "$T/c3" --dp 2 && train_save rt0 4 $G20 --dp 4 --checkpoint-dir "$T/c3" --resume-from "$T/c3/step-00000010" &&
+  train_save rt1 4 $G20 --dp 4 --zero 1 --checkpoint-dir "$T/c3" --resume-from "$T/c3/step-00000010" &&
   same "$T/rt0" "$T/rt1" "--zero 0 dp 2 checkpoint resumed with --zero 1 dp 4"
 
 # memory: the allocator's peak per rank against the prediction (rank table: $5 peak MiB, $11 predicted MiB)
