@@ -66,6 +66,7 @@ typedef struct {
     int max_restarts;       /* restart the whole job after a rank failure, at most this many times */
     double exit_wait_s;     /* after a rank exits, the others must within this; 0: no limit */
     const char *tolerate;   /* --tolerate-ranks LIST, or NULL */
+    long ps_auto;           /* > 0: tolerate was set from brigade train --ps S (S) */
     bool *tolerated;        /* per rank: its failure is reported and the others go on (from tolerate) */
     char **cmd;             /* NULL-terminated */
 } launch_opts_t;
@@ -271,8 +272,9 @@ static void launch_usage(FILE *f)
             "                        token and port, BRIGADE_RESTART_COUNT=1, 2, ...), at most K\n"
             "                        times (default 0); the job resumes from its checkpoints itself\n"
             "  --tolerate-ranks L    ranks whose failure does not stop the others (A..B or A, comma-\n"
-            "                        separated: the workers of brigade train --ps S are S..N-1); the\n"
-            "                        failure is reported in one line and the exit code is still its\n"
+            "                        separated; default for brigade train --ps S: its workers,\n"
+            "                        S..N-1); the failure is reported in one line, and the exit\n"
+            "                        code is still the failed rank's\n"
             "  -v, --verbose         print a line when each rank starts and ends\n"
             "  -h, --help            this help\n"
             "\n"
@@ -286,6 +288,28 @@ static void launch_usage(FILE *f)
 }
 
 /* 0: run; otherwise the exit code to return (0 after --help). */
+/* CMD is `brigade train ...` (the program's name is brigade, the first argument train) */
+static bool launch_is_brigade_train(char **cmd)
+{
+    const char *base = strrchr(cmd[0], '/');
+    base = base ? base + 1 : cmd[0];
+    return !strcmp(base, "brigade") && cmd[1] && !strcmp(cmd[1], "train");
+}
+
+/* S of `--ps S` (or --ps=S) in CMD; 0 when absent or not a number */
+static long launch_ps_servers(char **cmd)
+{
+    for (int k = 2; cmd[k]; k++) {
+        const char *v = !strcmp(cmd[k], "--ps") ? cmd[k + 1] : !strncmp(cmd[k], "--ps=", 5) ? cmd[k] + 5 : NULL;
+        if (!v)
+            continue;
+        char *end;
+        long s = strtol(v, &end, 10);
+        return end != v && !*end ? s : 0;
+    }
+    return 0;
+}
+
 static int launch_parse(int argc, char **argv, launch_opts_t *o)
 {
     const char *cmd = "launch";
@@ -382,6 +406,17 @@ static int launch_parse(int argc, char **argv, launch_opts_t *o)
     if (!argv[i][0])
         return bg_cli_fail(cmd, "the command to run is an empty string");
     o->cmd = argv + i;
+    /* brigade train --ps S: its workers (ranks S..N-1) are tolerated unless
+     * --tolerate-ranks says otherwise (the mode exists for them) */
+    static char ps_tolerate[32];
+    if (!o->tolerate && launch_is_brigade_train(o->cmd)) {
+        long ps = launch_ps_servers(o->cmd);
+        if (ps > 0 && ps < o->n) {
+            snprintf(ps_tolerate, sizeof(ps_tolerate), "%ld..%d", ps, o->n - 1);
+            o->tolerate = ps_tolerate;
+            o->ps_auto = ps;
+        }
+    }
     if (o->tolerate) {
         o->tolerated = calloc((size_t)o->n, sizeof(bool));
         if (!o->tolerated)
@@ -646,8 +681,9 @@ static void launch_reap(launch_t *L)
         }
         if (!ok && L->stop == STOP_NONE && L->o.tolerated && L->o.tolerated[r] && L->running > 0) {
             /* a rank the job can lose (a parameter server's worker): the others go on */
-            fprintf(stderr, "brigade launch: rank %d (pid %d) %s; tolerated (--tolerate-ranks %s): the other %d rank%s "
-                    "go on\n", r, (int)pid, what, L->o.tolerate, L->running, launch_plural(L->running));
+            fprintf(stderr, "brigade launch: rank %d (pid %d) %s; tolerated (--tolerate-ranks %s%s): the other %d "
+                    "rank%s go on\n", r, (int)pid, what, L->o.tolerate,
+                    L->o.ps_auto ? ", the workers of --ps: the default" : "", L->running, launch_plural(L->running));
             if (L->tolerated_failed++ == 0)
                 L->tolerated_code = launch_status_code(st);
         } else if (!ok && L->stop == STOP_NONE) {
@@ -1015,9 +1051,13 @@ int bg_cmd_launch(int argc, char **argv)
             snprintf(vars[6], sizeof vars[6], "BRIGADE_RESTART_COUNT=%d", attempt);
             launch_reset(&L);
         }
-        if (L.o.verbose)
+        if (L.o.verbose) {
             fprintf(stderr, "brigade launch: %d rank%s of '%s', master %s:%d\n", L.o.n, launch_plural(L.o.n), L.o.cmd[0],
                     L.o.addr, port);
+            if (L.o.tolerate)
+                fprintf(stderr, "brigade launch: tolerating the failure of ranks %s%s\n", L.o.tolerate,
+                        L.o.ps_auto ? " (the workers of --ps, by default)" : "");
+        }
         for (int r = 0; r < L.o.n; r++) {
             snprintf(vars[0], sizeof vars[0], "BRIGADE_RANK=%d", r);
             snprintf(vars[2], sizeof vars[2], "BRIGADE_LOCAL_RANK=%d", r);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/runtime/test_ps_failures.sh: failures in the parameter-server mode
 # (docs/parameter_server.md, "Failures").
-# - A worker SIGKILLed mid-run under brigade launch --tolerate-ranks: the
+# - A worker SIGKILLed mid-run under brigade launch (which tolerates the
+#   workers of brigade train --ps S by itself, with no --tolerate-ranks): the
 #   servers go on with the live workers (the sum rescaled), the job runs all
 #   its steps, the weights are finite, server 0 names the dead worker and the
 #   step, the launcher says it tolerated it, no survivor fails, and the exit
@@ -60,7 +61,7 @@ PY
 
 # ---- a worker dies: the job goes on
 STEPS=5000
-timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
+timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
   --save "$T/wd" --metrics "$T/wd.jsonl" >"$T/wd.log" 2>&1 &
 job=$!
 killed=$(kill_at_step $job 3 100 "$T/wd.jsonl")
@@ -68,7 +69,7 @@ wait $job
 rc=$?
 [ -n "$killed" ] && ok "worker (rank 3) killed mid-run" || bad "could not kill rank 3: $(tail -3 "$T/wd.log")"
 [ $rc = 137 ] && ok "exit code 137 (the dead worker's), not 0" || bad "exit code $rc, want 137: $(tail -3 "$T/wd.log")"
-grep -q "rank 3 (pid [0-9]*) was killed by signal 9 (Killed); tolerated (--tolerate-ranks 2..4)" "$T/wd.log" &&
+grep -q "rank 3 (pid [0-9]*) was killed by signal 9 (Killed); tolerated (--tolerate-ranks 2..4, the workers of --ps: the default)" "$T/wd.log" &&
   ok "the launcher tolerated it" || bad "no tolerated line: $(grep launch "$T/wd.log")"
 grep -q "stopping the other" "$T/wd.log" && bad "a survivor failed: $(grep -v OpenBLAS "$T/wd.log" | tail -5)" ||
   ok "no survivor failed"
@@ -92,7 +93,7 @@ case $v in ok:*) ok "metrics: ${v#ok: }";; *) bad "metrics: $v";; esac
 v=$(finite "$T/wd") && ok "weights after the death: $v" || bad "weights: $v"
 
 # ---- a server dies: everyone stops, naming it
-timeout 120 "$B" launch -n 5 --tolerate-ranks 2..4 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
+timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
   --metrics "$T/sd.jsonl" >"$T/sd.log" 2>&1 &
 job=$!
 killed=$(kill_at_step $job 1 100 "$T/sd.jsonl")
