@@ -203,14 +203,14 @@ static void bg__blas_load_once(void)
     b->chosen_by = bg__blas.chosen_by;
     b->fallback = bg__core_level(b->core) < bg__cpu_level(&cpu);
     bg__blas.status = BG_OK;
-    /* A warning in every process when the kernels are narrower than the CPU,
-     * unless a person named an AVX2 (or wider) core on purpose: then one INFO
-     * line (brigade info still says it, with the advice). A generic core
-     * (below AVX2) on an AVX2 CPU is warned about whoever chose it. */
-    int level = bg__core_level(b->core), asked = !strcmp(chosen_by, "OPENBLAS_CORETYPE") ||
-                                                 !strcmp(chosen_by, "BRIGADE_BLAS_CORE");
+    /* Kernels narrower than the CPU (a generic core, or OPENBLAS_CORETYPE=
+     * Haswell on AVX-512: half the GEMM speed on Zen 5) are warned about
+     * once per job: by a process that is rank 0 or has no rank; the other
+     * ranks log it at INFO (brigade info says it too, with the advice). */
+    const char *rank = getenv("BRIGADE_RANK");
+    int first = !rank || !*rank || !strcmp(rank, "0");
     if (b->fallback)
-        bg_log(asked && level >= 2 ? BG_LOG_INFO : BG_LOG_WARN, "kernels",
+        bg_log(first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
                "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
     else

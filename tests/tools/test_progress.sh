@@ -13,7 +13,8 @@ re='^step [0-9]+/7 loss [0-9.]+ gnorm [0-9.e+-]+ lr 2\.00e-03 tokens/s [0-9]+ st
 n=$(grep -cE "$re" "$T/err")
 [ "$n" = 4 ] && ok "progress lines carry loss, gnorm, lr, tokens/s, step_ms, elapsed, eta" || bad "progress format ($n of 4 match): $(cat "$T/err")"
 timeout 120 "$B" train $TINY --steps 3 --quiet >"$T/out" 2>"$T/err" || bad "quiet train failed"
-[ -s "$T/err" ] && bad "--quiet printed progress: $(cat "$T/err")" || ok "--quiet prints no progress"
+# (a warning, such as OpenBLAS kernels narrower than the CPU, may still be said)
+grep -qvE '^\[brigade .*(WARN|INFO)' "$T/err" && bad "--quiet printed progress: $(cat "$T/err")" || ok "--quiet prints no progress"
 
 # the default even split of a 2-block GPT over 2 stages (embedding + 2 blocks | ln_f + head)
 # leaves stage 0 with most of the FLOPs: warned once, by rank 0
