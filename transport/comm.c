@@ -1155,9 +1155,20 @@ static bg_status_t bg__kv(bg_comm_t *c, uint8_t op, uint32_t arg, const char *ke
     pthread_mutex_lock(&c->kv_lock);
     bg_status_t st;
     if (c->kv.fd < 0) {
-        /* the stream was dropped after a timeout: reconnect */
-        st = bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_KV, bg_now() + c->timeout_s,
-                               &c->kv);
+        /* the stream was dropped (a timeout, or the store went away): reconnect,
+         * in slices of half a second between which a death of rank 0 (the
+         * store) seen by the liveness channel ends the wait; a refused
+         * connection is retried as transient and would otherwise hold this
+         * rank for BRIGADE_TIMEOUT */
+        double end = bg_now() + c->timeout_s;
+        for (;;) {
+            if ((st = bg__peer_status(c, 0, "store")) != BG_OK)
+                break;
+            double dl = bg_now() + 0.5 < end ? bg_now() + 0.5 : end;
+            st = bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_KV, dl, &c->kv);
+            if (st != BG_ERR_TIMEOUT || bg_now() >= end)
+                break;
+        }
         c->kv.check = bg__kv_check;
         c->kv.check_arg = c;
         if (st != BG_OK) {
