@@ -147,7 +147,6 @@ typedef struct bg_executor {
     bg__ps_t *ps;           /* --ps: this rank's part of the parameter-server mode (runtime/ps.c), else NULL */
     int nservers;           /* --ps S: ranks 0 .. S-1 are servers, the executor's ranks are offset by S */
     int server;             /* 1: this rank is a server (it runs no program) */
-    int ps_mode;            /* params.ps > 0 */
 } exec_t;
 
 /* Positions of microbatch mb of step `step`. */
@@ -564,10 +563,7 @@ static bg_status_t sync_copies(exec_t *x)
         chunk_t *ch = &x->chunks[v];
         float *g = bg_model_grads(ch->model);
         size_t n = bg_model_param_count(ch->model);
-        if (ch->copy == 0) /* g0 + g1 on both sides */
-            be->ops->residual_forward(be, g, g, ch->copy_buf, n);
-        else
-            be->ops->residual_forward(be, g, ch->copy_buf, g, n);
+        be->ops->residual_forward(be, g, g, ch->copy_buf, n); /* g0 + g1 = g1 + g0, bit for bit */
     }
     return BG_OK;
 }
@@ -1234,7 +1230,7 @@ static bg_status_t make_groups(exec_t *x)
     for (int d = 0; d < x->D; d++)
         ranks[d] = world_rank(x, x->pp_i, d);
     /* --ps: the workers do not reduce among themselves */
-    bg_status_t st = x->ps_mode ? BG_OK : bg_group_create(x->comm, x->D, ranks, &x->dp_group);
+    bg_status_t st = x->nservers > 0 ? BG_OK : bg_group_create(x->comm, x->D, ranks, &x->dp_group);
     for (int r = 0; st == BG_OK && r < x->world; r++)
         ranks[r] = r;
     if (st == BG_OK)
@@ -1300,7 +1296,7 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     /* optimizer state now, so the activation peak measured later is activations only */
     if (p->zero)
         BG_CHECK(make_zero(x, ch));
-    else if (!x->ps_mode) /* a parameter server's worker holds no optimizer state */
+    else if (x->nservers == 0) /* a parameter server's worker holds no optimizer state */
         BG_CHECK(bg_model_optim_init(ch->model, p->optim.kind));
     size_t M = (size_t)x->M;
     ch->act_recv = calloc(M, sizeof(void *));
@@ -1403,7 +1399,6 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->P = x->p.pp;
     x->D = x->p.dp;
     x->T = x->p.tp;
-    x->ps_mode = x->p.ps > 0;
     x->nservers = x->p.ps;
     if (x->p.zero && x->D == 1) {
         bg_log(BG_LOG_INFO, "train", "--zero %d with dp = 1 changes nothing (one replica holds everything)", x->p.zero);
@@ -1475,7 +1470,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->rank = bg_comm_rank(x->comm);
     x->world = bg_comm_size(x->comm);
     bg_log_set_rank(x->rank);
-    if (x->ps_mode) {
+    if (x->nservers > 0) {
         BG_CHECK_GOTO(ps_layout(x), st, err);
     } else if (x->world != x->P * x->D * x->T) {
         char tp[32] = "";
@@ -1490,7 +1485,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->pp_i = x->rank / (x->D * x->T);
     x->dp_i = x->rank / x->T % x->D;
     x->tp_i = x->rank % x->T;
-    if (x->ps_mode) { /* pp = tp = 1: a worker is replica rank - S; a server no replica */
+    if (x->nservers > 0) { /* pp = tp = 1: a worker is replica rank - S; a server no replica */
         x->pp_i = x->tp_i = 0;
         x->dp_i = x->server ? -1 : x->rank - x->nservers;
     }
@@ -1506,7 +1501,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
     if (x->stg.on && x->world > 1)
         bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
-    if (x->stg.on && x->ps_mode) {
+    if (x->stg.on && x->nservers > 0) {
         st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ps with buffers staged through the host is not built yet (the "
                       "pushes and pulls take host buffers only)", x->p.backend ? x->p.backend : "cpu");
         goto err;
@@ -1536,7 +1531,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         x->has_last |= x->chunks[v].is_last;
     }
     BG_CHECK_GOTO(make_ties(x), st, err);
-    if (x->ps_mode)
+    if (x->nservers > 0)
         BG_CHECK_GOTO(bg__ps_create(x->comm, x->be, x->chunks[0].model, x->nservers, x->p.staleness, &x->ps), st, err);
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
@@ -1594,6 +1589,18 @@ static bg_status_t step_failed(exec_t *x, bg_status_t st)
     return st;
 }
 
+/* The fields every step's result has: the step done, its tokens and time. */
+static bg_step_result_t step_result(const exec_t *x, double tokens, double dt)
+{
+    bg_step_result_t r = {0};
+    r.step = x->step;
+    r.tokens = tokens;
+    r.step_ms = dt * 1e3;
+    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
+    r.peak_bytes = bg_backend_memstats(x->be).peak;
+    return r;
+}
+
 /* --ps, a worker, after its program: push what is left and the loss share;
  * K = 0: receive the next version (and the step's loss) first. */
 static bg_status_t ps_worker_end(exec_t *x, double t0, double tokens, bg_step_result_t *result_p)
@@ -1613,16 +1620,11 @@ static bg_status_t ps_worker_end(exec_t *x, double t0, double tokens, bg_step_re
     if (x->trace)
         bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
     x->step = step + 1;
-    bg_step_result_t r = {0};
-    r.step = x->step;
+    bg_step_result_t r = step_result(x, tokens, dt);
     /* K = 0: the global loss (server 0's sum); K > 0: this worker's own batch */
     r.loss = isnan(ps.loss) ? x->loss * x->D : ps.loss;
-    r.tokens = tokens;
-    r.step_ms = dt * 1e3;
-    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
     r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
     r.bytes_sent = ps.bytes_sent;
-    r.peak_bytes = bg_backend_memstats(x->be).peak;
     r.stop = ps.stop;
     r.grad_norm = NAN;
     r.ps_role = 2;
@@ -1652,15 +1654,10 @@ static bg_status_t ps_server_step(exec_t *x, double tokens, bg_step_result_t *re
         bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
     }
     x->step = step + 1;
-    bg_step_result_t r = {0};
-    r.step = x->step;
+    bg_step_result_t r = step_result(x, tokens, dt);
     r.loss = ps.loss;
-    r.tokens = tokens;
-    r.step_ms = dt * 1e3;
-    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
     r.bubble = dt > 0 ? ps.idle_ms / 1e3 / dt : 0;
     r.bytes_sent = ps.bytes_sent;
-    r.peak_bytes = bg_backend_memstats(x->be).peak;
     r.stop = ps.stop;
     r.grad_norm = sqrt(ps.grad_sumsq);
     r.ps_role = 1;
@@ -1747,15 +1744,10 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         gsq = (double)red[2] + (double)red[3];
     }
     x->step = step + 1;
-    bg_step_result_t r = {0};
-    r.step = x->step;
+    bg_step_result_t r = step_result(x, tokens, dt);
     r.loss = red[0];
-    r.tokens = tokens;
-    r.step_ms = dt * 1e3;
-    r.tokens_per_s = dt > 0 ? tokens / dt : 0;
     r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
     r.bytes_sent = x->bytes_sent;
-    r.peak_bytes = bg_backend_memstats(x->be).peak;
     r.stop = red[1] > 0;
     r.grad_norm = sqrt(gsq);
     *result_p = r;

@@ -583,6 +583,14 @@ static bg_status_t bg__kv_check(void *arg)
     return bg__peer_status(c, -1, "store");
 }
 
+/* A reconnect to the store gives up once rank 0 (the store) is known dead:
+ * a refused connection then means it is gone, not busy. */
+static bg_status_t bg__store_alive_check(void *arg)
+{
+    bg_comm_t *c = arg;
+    return bg__peer_status(c, 0, "store");
+}
+
 static bg_status_t bg__ucx_init(bg_comm_t *c, int log_handler)
 {
     if (log_handler)
@@ -717,11 +725,10 @@ bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p)
         BG_CHECK_GOTO(bg__store_server_start(&sp, &c->server), st, err_free);
         c->port = bg__store_server_port(c->server);
     }
-    BG_CHECK_GOTO(bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_KV, deadline, &c->kv),
+    BG_CHECK_GOTO(bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_KV, deadline, bg__kv_check, c,
+                                    &c->kv),
                   st, err_server);
-    c->kv.check = bg__kv_check;
-    c->kv.check_arg = c;
-    BG_CHECK_GOTO(bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_LIVE, deadline,
+    BG_CHECK_GOTO(bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_LIVE, deadline, NULL, NULL,
                                     &c->live), st, err_kv);
     c->last_heard = c->last_sent = bg_now();
     c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1156,19 +1163,9 @@ static bg_status_t bg__kv(bg_comm_t *c, uint8_t op, uint32_t arg, const char *ke
     bg_status_t st;
     if (c->kv.fd < 0) {
         /* the stream was dropped (a timeout, or the store went away): reconnect,
-         * in slices of half a second between which a death of rank 0 (the
-         * store) seen by the liveness channel ends the wait; a refused
-         * connection is retried as transient and would otherwise hold this
-         * rank for BRIGADE_TIMEOUT */
-        double end = bg_now() + c->timeout_s;
-        for (;;) {
-            if ((st = bg__peer_status(c, 0, "store")) != BG_OK)
-                break;
-            double dl = bg_now() + 0.5 < end ? bg_now() + 0.5 : end;
-            st = bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_KV, dl, &c->kv);
-            if (st != BG_ERR_TIMEOUT || bg_now() >= end)
-                break;
-        }
+         * unless rank 0 (the store) is known dead */
+        st = bg__store_connect(c->addr, c->port, c->token, c->rank, BG__ROLE_KV, bg_now() + c->timeout_s,
+                               bg__store_alive_check, c, &c->kv);
         c->kv.check = bg__kv_check;
         c->kv.check_arg = c;
         if (st != BG_OK) {

@@ -1002,7 +1002,7 @@ err_close:
 }
 
 bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
-                              double deadline, bg__store_client_t *c)
+                              double deadline, bg__store_check_fn check, void *check_arg, bg__store_client_t *c)
 {
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -1010,6 +1010,8 @@ bg_status_t bg__store_connect(const char *addr, int port, const char *token, int
     memset(c, 0, sizeof(*c));
     c->fd = -1;
     c->rank = rank;
+    c->check = check;
+    c->check_arg = check_arg;
     double backoff = 0.01;
     int tries = 0, reached = 0;
     for (;;) {
@@ -1024,6 +1026,8 @@ bg_status_t bg__store_connect(const char *addr, int port, const char *token, int
         }
         if (!transient)
             return st;
+        if (check)
+            BG_CHECK(check(check_arg));
         reached |= got_in;
         if (bg_now() + backoff > deadline) {
             char last[256];

@@ -127,9 +127,11 @@ typedef struct bg__store_client {
  * @p deadline (bg_now() seconds) while the store is unreachable, or closes the
  * connection before answering the hello (full, or evicting under a flood of
  * unauthenticated connections). An explicit refusal (wrong token, rank out of
- * range or taken) fails at once. */
+ * range or taken) fails at once. @p check (may be NULL) is asked before each
+ * retry; a non-OK status ends the retries with it (a reconnect after the join
+ * gives up once the store is known dead). c->check is set to it. */
 bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
-                              double deadline, bg__store_client_t *c);
+                              double deadline, bg__store_check_fn check, void *check_arg, bg__store_client_t *c);
 void bg__store_close(bg__store_client_t *c);
 /* One request and its reply. On BG_OK *st_p is the server's BG__ST_*, and the
  * reply's value (malloc'd, NUL-terminated, may be NULL when empty) is in *val_p. */

@@ -45,7 +45,7 @@ static void *good_client(void *argp)
     client_arg_t *a = argp;
     bg__store_client_t c;
     double dl = bg_now() + 20;
-    if (bg__store_connect("127.0.0.1", a->port, "secret", a->id, BG__ROLE_KV, dl, &c) != BG_OK) {
+    if (bg__store_connect("127.0.0.1", a->port, "secret", a->id, BG__ROLE_KV, dl, NULL, NULL, &c) != BG_OK) {
         snprintf(a->err, sizeof(a->err), "connect: %s", bg_last_error());
         return NULL;
     }
@@ -148,7 +148,7 @@ static void test_concurrent_and_bad_clients(void **s)
     free(m);
     /* a hello'd client that then sends an oversized SET */
     bg__store_client_t evil;
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "secret", 0, BG__ROLE_KV, bg_now() + 5, &evil),
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "secret", 0, BG__ROLE_KV, bg_now() + 5, NULL, NULL, &evil),
                      BG_OK);
     bg__store_hdr_t h2 = {.magic = BG__STORE_MAGIC, .op = BG__OP_SET, .key_len = BG_STORE_MAX_KEY + 1,
                           .val_len = 1, .arg = 0};
@@ -173,11 +173,11 @@ static void test_concurrent_and_bad_clients(void **s)
     assert_true(bg__store_server_dropped(srv) >= 5);
     /* the client API refuses a wrong token with a clear error */
     bg__store_client_t c;
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "nope", 1, BG__ROLE_KV, bg_now() + 5, &c),
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "nope", 1, BG__ROLE_KV, bg_now() + 5, NULL, NULL, &c),
                      BG_ERR_PEER);
     assert_non_null(strstr(bg_last_error(), "TOKEN"));
     /* and still serves the good ones */
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "secret", 1, BG__ROLE_KV, bg_now() + 5, &c),
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "secret", 1, BG__ROLE_KV, bg_now() + 5, NULL, NULL, &c),
                      BG_OK);
     int st;
     uint8_t *v;
@@ -212,7 +212,7 @@ static void test_barrier_timeout_names_missing(void **s)
     bg__store_server_t *srv = start("", 3, 30);
     int port = bg__store_server_port(srv);
     bg__store_client_t c;
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 1, BG__ROLE_KV, bg_now() + 5, &c), BG_OK);
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 1, BG__ROLE_KV, bg_now() + 5, NULL, NULL, &c), BG_OK);
     uint32_t ms = 200;
     int st;
     uint8_t *v;
@@ -232,12 +232,12 @@ static void test_liveness(void **s)
     bg__store_server_t *srv = start("", 3, 1.0);
     int port = bg__store_server_port(srv);
     bg__store_client_t a, b, c;
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 0, BG__ROLE_LIVE, bg_now() + 5, &a), BG_OK);
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 1, BG__ROLE_LIVE, bg_now() + 5, &b), BG_OK);
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 2, BG__ROLE_LIVE, bg_now() + 5, &c), BG_OK);
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 0, BG__ROLE_LIVE, bg_now() + 5, NULL, NULL, &a), BG_OK);
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 1, BG__ROLE_LIVE, bg_now() + 5, NULL, NULL, &b), BG_OK);
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 2, BG__ROLE_LIVE, bg_now() + 5, NULL, NULL, &c), BG_OK);
     /* a second process claiming rank 2 is refused, naming the reason */
     bg__store_client_t dup;
-    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 2, BG__ROLE_LIVE, bg_now() + 5, &dup),
+    assert_int_equal(bg__store_connect("127.0.0.1", port, "", 2, BG__ROLE_LIVE, bg_now() + 5, NULL, NULL, &dup),
                      BG_ERR_PEER);
     assert_non_null(strstr(bg_last_error(), "rank already taken"));
     bg__store_close(&b); /* rank 1 "dies" */
@@ -281,7 +281,7 @@ static void test_bind_given_address_only(void **s)
     bg__store_server_t *srv = start("", 0, 30);
     int port = bg__store_server_port(srv);
     bg__store_client_t c;
-    bg_status_t st = bg__store_connect("127.0.0.2", port, "", 0, BG__ROLE_KV, bg_now() + 0.3, &c);
+    bg_status_t st = bg__store_connect("127.0.0.2", port, "", 0, BG__ROLE_KV, bg_now() + 0.3, NULL, NULL, &c);
     assert_int_equal(st, BG_ERR_TIMEOUT);
     assert_non_null(strstr(bg_last_error(), "could not reach the store"));
     bg__store_server_stop(srv, 0);
