@@ -161,6 +161,10 @@ static bg_status_t seq_len(exec_t *x, int64_t step, int mb, int *t_p)
     if (t < 1 || t > x->Tmax)
         return bg_error(BG_ERR_INVALID, "batch source: microbatch %d of step %lld has %d positions, outside [1, %d] "
                                         "(the model's seq_len)", mb, (long long)step + 1, t, x->Tmax);
+    if (x->p.tp > 1 && bg_model_desc_sequence_parallel(x->p.model) && t % x->p.tp != 0)
+        return bg_error(BG_ERR_INVALID, "batch source: microbatch %d of step %lld has %d positions, which sequence "
+                                        "parallelism over tp %d cannot split (a multiple of tp is needed)",
+                        mb, (long long)step + 1, t, x->p.tp);
     *t_p = t;
     return BG_OK;
 }

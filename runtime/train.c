@@ -76,6 +76,15 @@ bg_status_t bg_check_writable_dir(const char *dir)
     return BG_OK;
 }
 
+/* What lengths are rounded up to a multiple of: --seq-multiple, or under
+ * sequence parallelism tp (each member holds t / tp positions). */
+static int seq_multiple(const bg_train_config_t *c)
+{
+    if (c->seq_multiple > 0)
+        return c->seq_multiple;
+    return c->model.tp > 1 && c->model.sequence_parallel ? c->model.tp : 1;
+}
+
 bg_status_t bg_train_check(const bg_train_config_t *c)
 {
     BG_CHECK(bg_model_config_check(&c->model));
@@ -123,10 +132,15 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     if (c->seq_min < 0)
         return bg_error(BG_ERR_INVALID, "seq_min must be >= 0 (got %d)", c->seq_min);
     int T = c->seq ? c->seq : c->model.seq_len;
-    if (c->model.tp > 1 && c->model.sequence_parallel && c->seq_min > 0 && c->seq_min < T)
-        return bg_error(BG_ERR_INVALID, "--seq-min %d with --sequence-parallel: every length must be a multiple of "
-                                        "tp %d, and variable lengths are not built for sequence parallelism",
-                        c->seq_min, c->model.tp);
+    if (c->seq_multiple < 0)
+        return bg_error(BG_ERR_INVALID, "seq_multiple must be >= 0 (got %d)", c->seq_multiple);
+    int q = c->seq_multiple;
+    if (q > 1 && T % q != 0)
+        return bg_error(BG_ERR_INVALID, "--seq-multiple %d does not divide the sequence length %d", q, T);
+    if (q > 0 && c->model.tp > 1 && c->model.sequence_parallel && q % c->model.tp != 0)
+        return bg_error(BG_ERR_INVALID, "--seq-multiple %d with --sequence-parallel: every length must be a multiple "
+                                        "of tp %d",
+                        q, c->model.tp);
     if (c->checkpoint_every < 0 || c->keep < 0)
         return bg_error(BG_ERR_INVALID, "checkpoint_every and keep must be >= 0");
     if ((c->resume || c->checkpoint_every) && !c->checkpoint_dir)
@@ -145,7 +159,10 @@ int bg_train_seq_len(const bg_train_config_t *c, int64_t step, int mb)
         return T;
     bg_rng_t r;
     bg_rng_seed(&r, c->data_seed ^ ((uint64_t)step * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)mb << 40) ^ 0x5e9ULL);
-    return c->seq_min + (int)bg_rng_below(&r, (uint64_t)(T - c->seq_min + 1));
+    int t = c->seq_min + (int)bg_rng_below(&r, (uint64_t)(T - c->seq_min + 1));
+    int q = seq_multiple(c);
+    t = (t + q - 1) / q * q;
+    return t < T ? t : T;
 }
 
 /* The CLI's data: the corpus or the synthetic task, with variable lengths. */

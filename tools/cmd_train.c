@@ -64,6 +64,8 @@ static void usage(FILE *f)
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
             "                         brigade plan finds a balanced split\n"
             "  --seq-min N            GPT: vary each microbatch's length in [N, --seq]\n"
+            "  --seq-multiple Q       with --seq-min: round each length up to a multiple of Q (Q divides --seq;\n"
+            "                         default 1, or tp under --sequence-parallel)\n"
             "  --trace FILE           Chrome/Perfetto trace of every op on every rank\n"
             "  --plan FILE            run a plan from brigade plan --json: its model, layout (sequence\n"
             "                         parallelism included), schedule, batch, microbatches and split\n"
@@ -354,7 +356,7 @@ int bg_cmd_train(int argc, char **argv)
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -370,6 +372,7 @@ int bg_cmd_train(int argc, char **argv)
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"emulate", required_argument, 0, O_EMULATE}, {"emulate-scale", required_argument, 0, O_EMULATE_SCALE},
         {"split", required_argument, 0, O_SPLIT},     {"seq-min", required_argument, 0, O_SEQMIN},
+        {"seq-multiple", required_argument, 0, O_SEQMULT},
         {"trace", required_argument, 0, O_TRACE},
         {"checkpoint-dir", required_argument, 0, O_CKDIR}, {"checkpoint-every", required_argument, 0, O_CKEVERY},
         {"keep", required_argument, 0, O_KEEP},       {"resume", no_argument, 0, O_RESUME},
@@ -397,6 +400,7 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_TP, "--tp", 1, 4096, c.model.tp)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
+            INT_FLAG(O_SEQMULT, "--seq-multiple", 1, 1 << 20, c.seq_multiple)
             INT_FLAG(O_CKEVERY, "--checkpoint-every", 1, 1 << 30, c.checkpoint_every)
             INT_FLAG(O_KEEP, "--keep", 1, 1 << 20, c.keep)
             INT_FLAG(O_LOGEVERY, "--log-every", 1, 1 << 30, prog.log_every)

@@ -84,6 +84,8 @@ typedef struct bg_train_config {
     /* ---- parameter servers (bg_executor_params_t.ps; docs/parameter_server.md) ---- */
     int ps;                      /**< servers: ranks 0 .. ps-1; the other ranks are workers; 0: none */
     int staleness;               /**< with ps: the staleness bound K (0: synchronous) */
+    int seq_multiple;            /**< GPT with seq_min: lengths rounded up to a multiple of this (it divides
+                                      seq); 0: 1, or tp under sequence parallelism */
 } bg_train_config_t;
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */

@@ -10,7 +10,8 @@
 # Sequence parallelism (--sequence-parallel) the same: tp 2, 4, with pp, dp,
 # zb-h1 + recompute, ZeRO 1 and 2 and AdamW with tied embeddings; half the pipeline
 # bytes of tp 2; its checkpoint resumes at tp 1 (and a tp 2 one under SP at
-# tp 4); the memory it predicts is what it allocates, less than tp alone.
+# tp 4); the memory it predicts is what it allocates, less than tp alone;
+# variable lengths (--seq-min, rounded to a multiple of tp) match one process.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
@@ -98,6 +99,9 @@ BRIGADE_BUCKET_MB=0 run adam_sp_4d 8 $ADAM --steps 10 --tp 2 --dp 2 --pp 2 --zer
 # one sequence per microbatch: the members' gathered rows are already in sequence order
 run gpt_n1 1 ${GPT/--microbatches 2/--microbatches 8} --steps 10
 run gpt_n1_sp2 2 ${GPT/--microbatches 2/--microbatches 8} --steps 10 --tp 2 $SP && same gpt_n1 gpt_n1_sp2 1e-5
+# variable lengths (--seq-min) under SP are rounded up to a multiple of tp: one process with the same lengths
+run gpt_var 1 $GPT --steps 10 --seq-min 5 --seq-multiple 2
+run gpt_var_sp 4 $GPT --steps 10 --seq-min 5 --tp 2 --pp 2 $SP && same gpt_var gpt_var_sp 1e-5
 # the pipeline carries this member's part of the sequence: half the bytes of tp 2 without it
 run gpt_pp2_tp2 4 $GPT --steps 10 --tp 2 --pp 2
 b0=$(grep '"rank": 0,' "$T/gpt_pp2_tp2.jsonl" | head -1 | sed 's/.*"bytes_sent": \([0-9]*\).*/\1/')
@@ -191,6 +195,8 @@ expect_error "layer fc.0 has 26 output features (d_model), which tp 4 does not d
 expect_error "layer head has 6 classes, which tp 4 does not divide" ${MLP/--classes 8/--classes 6} --tp 4
 expect_error "sequence parallelism: the sequence length 18 is not divisible by tp 4" ${GPT/--seq 16/--seq 18} --tp 4 $SP
 expect_error "sequence parallelism needs a GPT" $MLP --tp 2 $SP
-expect_error "seq-min 5 with --sequence-parallel" $GPT --tp 2 $SP --seq-min 5
+expect_error "seq-multiple 3 does not divide the sequence length 16" $GPT --seq-min 5 --seq-multiple 3
+expect_error "seq-multiple 2 with --sequence-parallel: every length must be a multiple of tp 4" $GPT --tp 4 $SP \
+  --seq-min 5 --seq-multiple 2
 
 finish
