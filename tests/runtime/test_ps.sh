@@ -22,11 +22,13 @@
 #   --ps 1 (5 processes) and --ps 2 (6), GPT with tied embeddings (the
 #   embedding on stage 0, the head on stage 1: the tie's server adds a + b as
 #   the executor does across stages) and MLP, under 1f1b, zb-h1 and
-#   interleaved / zbv with 2 chunks per rank; a K = 1 run (300 steps) ends
+#   interleaved / zbv with 2 chunks per rank; a K = 1 run (100 steps) ends
 #   with finite weights, staleness within [0, 1] on every rank, and the two
 #   ranks of each pipeline report the same loss every step (the last stage
 #   tells the first its loss and when to stop); the metrics add up (the
-#   servers receive what the stage ranks push).
+#   servers receive what the stage ranks push). Also --pp 3 with a middle
+#   stage that holds no tensor (bitwise), and 3 worker pipelines against
+#   --pp 2 --dp 3 within the data-parallel tolerance.
 # - Bad input: --ps 0, --ps >= the ranks, more servers than tensors, --ps
 #   with --tp > 1, --zero or dualpipe, --staleness without --ps, a worker
 #   count that is not a multiple of --pp: one line each, a non-zero exit,
@@ -148,23 +150,31 @@ for c in "PTIE 1f1b" "PMLP 1f1b" "PTIE interleaved --chunks 2" "PMLP zb-h1" "PTI
       same "$T/pp_dp_$tag" "$T/pp_ps${s}_$tag" "${m#P} --pp 2, $sch: --ps $s with 2 worker pipelines = --pp 2 --dp 2 (bitwise)"
   done
 done
+# three stages, the middle one holding no tensor (an activation alone): bitwise
+train_save pp3_dp 6 $MLP --batch 8 --pp 3 --dp 2 --split 1,1,5 &&
+  train_save pp3_ps 7 $MLP --batch 8 --pp 3 --ps 1 --split 1,1,5 &&
+  same "$T/pp3_dp" "$T/pp3_ps" "MLP --pp 3 --split 1,1,5 (a stage without tensors): --ps 1 = --pp 3 --dp 2 (bitwise)"
+# three worker pipelines: within the data-parallel tolerance (the servers sum in worker order)
+train_save pp_dp3 6 $PTIE --batch 12 --pp 2 --dp 3 &&
+  train_save pp_ps_w3 7 $PTIE --batch 12 --pp 2 --ps 1 &&
+  near "$T/pp_dp3" "$T/pp_ps_w3" "GPT --pp 2: --ps 1 with 3 worker pipelines = --pp 2 --dp 3 (relative L2 1e-5)"
 # K = 1 with pipelined workers: finite weights, staleness within [0, 1], one loss per pipeline and step,
 # the servers' bytes = the stage ranks' pushes + each rank's loss/stop pair
-timeout 60 "$B" launch -n 5 -- "$B" train $GPT --batch 8 --microbatches 4 --steps 300 --pp 2 --ps 1 --staleness 1 \
+timeout 60 "$B" launch -n 5 -- "$B" train $GPT --batch 8 --microbatches 4 --steps 100 --pp 2 --ps 1 --staleness 1 \
   --quiet --save "$T/ppk1" --metrics "$T/ppk1.jsonl" >"$T/ppk1.log" 2>&1 || bad "--pp 2 --staleness 1: $(tail -2 "$T/ppk1.log")"
 v=$(python3 - "$T/ppk1.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]
 wrk = [r for r in rows if r.get("role") == "worker"]
 srv = [r for r in rows if r.get("role") == "server"]
-assert sorted({r["rank"] for r in wrk}) == [1, 2, 3, 4] and len(wrk) == 1200 and len(srv) == 300, (len(wrk), len(srv))
+assert sorted({r["rank"] for r in wrk}) == [1, 2, 3, 4] and len(wrk) == 400 and len(srv) == 100, (len(wrk), len(srv))
 st = [r["staleness"] for r in wrk]
 assert min(st) >= 0 and max(st) <= 1 and max(st) == 1, (min(st), max(st))
 loss = {}
 for r in wrk:
     loss.setdefault((r["step"], (r["rank"] - 1) // 2), set()).add(r["loss"])
 assert all(len(v) == 1 for v in loss.values()), "the ranks of a pipeline disagree on a step's loss"
-for step in range(1, 301):
+for step in range(1, 101):
     got = sum(r["bytes_recv"] for r in srv if r["step"] == step)
     sent = sum(r["bytes_sent"] for r in wrk if r["step"] == step)
     assert got == sent + 4 * 8, (step, got, sent)
