@@ -1097,7 +1097,7 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
     snprintf(meta, sizeof(meta),
              "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, x->V, (long long)x->step);
+             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, bg_schedule_chunks(x->sched), (long long)x->step);
     return bg__trace_write(x->trace, x->p.trace_path, meta);
 }
 
