@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/ps.sh: the parameter-server mode (--ps S --staleness K) against
 # synchronous data parallelism (--dp W) with the same W = 2 workers and
-# global batch: S = 1 and 2 servers, K = 0 and 1. Throughput is the global
+# global batch: S = 1 and 2 servers, K = 0 and 1; and pipelined workers
+# (--ps 1 --pp 2, K = 0 and 1) against --pp 2 --dp 2 (the "vs sync" column
+# compares each row with the synchronous layout of the same workers). Throughput is the global
 # batch's tokens over rank 0's mean step after the first 5 (a --dp replica;
 # a --ps server, whose step is the job's: it runs once per step of every
 # worker; a mean, not a median: with K > 0 a server's steps alternate long
@@ -21,7 +23,8 @@ MODEL="--model gpt --layers 4 --d-model 128 --heads 4 --seq 64 --batch 8 --micro
 TOKENS=$((8 * 64))
 med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 # name ranks flags
-CONFIGS=("dp2 2 --dp 2" "ps1_k0 3 --ps 1" "ps1_k1 3 --ps 1 --staleness 1" "ps2_k0 4 --ps 2" "ps2_k1 4 --ps 2 --staleness 1")
+CONFIGS=("dp2 2 --dp 2" "ps1_k0 3 --ps 1" "ps1_k1 3 --ps 1 --staleness 1" "ps2_k0 4 --ps 2" "ps2_k1 4 --ps 2 --staleness 1"
+  "pp2dp2 4 --pp 2 --dp 2" "ps1pp2_k0 5 --ps 1 --pp 2" "ps1pp2_k1 5 --ps 1 --pp 2 --staleness 1")
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; GPT 4 x 128, seq 64, batch 8, $STEPS steps, $R runs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$R"); do
   for c in "${CONFIGS[@]}"; do
@@ -42,12 +45,14 @@ with open(sys.argv[3], "a") as f:
 PY
   done
 done
-base=$(med <"$T/ms_dp2")
+base=$(med <"$T/ms_dp2") base_pp=$(med <"$T/ms_pp2dp2")
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-8s %6s %10s %12s %8s %10s %10s\n" config ranks "step ms" "tokens/s" "vs dp" "wall s" "srv idle"
+printf "%-10s %6s %10s %12s %8s %10s %10s\n" config ranks "step ms" "tokens/s" "vs sync" "wall s" "srv idle"
 for c in "${CONFIGS[@]}"; do
   read -r name n flags <<<"$c"
   ms=$(med <"$T/ms_$name")
-  printf "%-8s %6d %10.1f %12.0f %8s %10.2f %10s\n" "$name" "$n" "$ms" "$(echo "$TOKENS * 1000 / $ms" | bc -l)" \
-    "$(awk -v a="$ms" -v b="$base" 'BEGIN{printf "%.3f", b/a}')" "$(med <"$T/wall_$name")" "$(med <"$T/idle_$name")"
+  ref=$base
+  case $name in *pp2*) ref=$base_pp;; esac
+  printf "%-10s %6d %10.1f %12.0f %8s %10.2f %10s\n" "$name" "$n" "$ms" "$(echo "$TOKENS * 1000 / $ms" | bc -l)" \
+    "$(awk -v a="$ms" -v b="$ref" 'BEGIN{printf "%.3f", b/a}')" "$(med <"$T/wall_$name")" "$(med <"$T/idle_$name")"
 done

@@ -147,6 +147,7 @@ typedef struct bg_executor {
     bg__ps_t *ps;           /* --ps: this rank's part of the parameter-server mode (runtime/ps.c), else NULL */
     int nservers;           /* --ps S: ranks 0 .. S-1 are servers, the executor's ranks are offset by S */
     int server;             /* 1: this rank is a server (it runs no program) */
+    bg_model_t **ps_models; /* --ps: the chunks' models, as the parameter-server part sees them */
 } exec_t;
 
 /* Positions of microbatch mb of step `step`. */
@@ -444,7 +445,7 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
         bk->started = 1;
         if (x->ps) { /* push instead of all-reduce (a tie's a + b is the server's) */
             if (bk->count)
-                BG_CHECK(bg__ps_push_range(x->ps, bk->off, bk->count));
+                BG_CHECK(bg__ps_push_range(x->ps, (int)(ch - x->chunks), bk->off, bk->count));
         } else if (x->D > 1 && bk->count) {
             if (ch->zero) { /* host buffers only (refused with staging at create) */
                 bg_request_t *rq = NULL;
@@ -826,9 +827,9 @@ static bg_status_t ps_save_checkpoint(exec_t *x, const char *root, int keep)
         return BG_OK;
     char extra[512];
     snprintf(extra, sizeof(extra),
-             "{\"layout\":{\"pp\":1,\"dp\":%d,\"tp\":1,\"chunks\":1,\"schedule\":\"%s\",\"ps\":%d,\"staleness\":%d},"
-             "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
-             x->D, bg_schedule_name(x->sched), x->nservers, x->p.staleness,
+             "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":1,\"chunks\":%d,\"schedule\":\"%s\",\"ps\":%d,"
+             "\"staleness\":%d},\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
+             x->P, x->D, bg_schedule_chunks(x->sched), bg_schedule_name(x->sched), x->nservers, x->p.staleness,
              x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd", (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
@@ -1028,8 +1029,8 @@ out:
         if (x->chunks[v].zero)
             bg__zero_take_state(x->chunks[v].zero);
     if (x->ps && st == BG_OK) {
-        if (!x->server) /* a worker holds no optimizer state (the loader allocated it) */
-            bg_model_optim_free(x->chunks[0].model);
+        for (int v = 0; !x->server && v < x->V; v++) /* a worker holds no optimizer state (the loader allocated it) */
+            bg_model_optim_free(x->chunks[v].model);
         bg__ps_set_version(x->ps, x->step);
     }
     if (st == BG_OK)
@@ -1072,7 +1073,7 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
             continue; /* the copies are identical: copy 0 is the model (its stage = the model stage) */
         if (x->ps && x->nservers > 1)
             snprintf(path, sizeof(path), "%s/model-ps%03d.safetensors", dir, x->rank);
-        else if (x->S == 1)
+        else if (x->S == 1 || x->ps) /* one server: the whole model, however the workers are split */
             snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         else
             snprintf(path, sizeof(path), "%s/model-stage%03d.safetensors", dir, x->chunks[v].stage);
@@ -1100,7 +1101,7 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
     snprintf(meta, sizeof(meta),
              "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, x->V, (long long)x->step);
+             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, bg_schedule_chunks(x->sched), (long long)x->step);
     return bg__trace_write(x->trace, x->p.trace_path, meta);
 }
 
@@ -1158,6 +1159,7 @@ static void cancel_all(exec_t *x)
 static void exec_free(exec_t *x)
 {
     bg__ps_destroy(x->ps); /* first: its requests point into the model */
+    free(x->ps_models);
     if (x->trace)
         bg__trace_destroy(x->trace);
     for (int t = 0; x->ties && t < x->nties; t++)
@@ -1223,8 +1225,15 @@ static bg_status_t check_params(const bg_executor_params_t *p)
 }
 
 /* World rank of pipeline rank pp, replica dp, this rank's tensor member:
- * tp varies fastest, then dp, then pp (ARCHITECTURE.md). */
-static int world_rank(const exec_t *x, int pp, int dp) { return x->nservers + (pp * x->D + dp) * x->T + x->tp_i; }
+ * tp varies fastest, then dp, then pp (ARCHITECTURE.md). --ps S: the
+ * servers first, then each worker's pipeline on consecutive ranks (pp
+ * varies fastest: worker w is ranks S + w*P .. S + w*P + P - 1). */
+static int world_rank(const exec_t *x, int pp, int dp)
+{
+    if (x->nservers > 0)
+        return x->nservers + (dp * x->P + pp) * x->T + x->tp_i;
+    return (pp * x->D + dp) * x->T + x->tp_i;
+}
 
 /* The job's groups: this rank's data-parallel group and the world. */
 static bg_status_t make_groups(exec_t *x)
@@ -1362,27 +1371,61 @@ static bg_status_t make_ties(exec_t *x)
 }
 
 /* --ps S: the job's N ranks are S servers and N - S workers, each worker a
- * whole replica (dp = N - S). */
+ * replica (dp = (N - S) / pp): one rank, or a pipeline of pp ranks. */
 static bg_status_t ps_layout(exec_t *x)
 {
-    int S = x->nservers, W = x->world - S;
-    if (W < 1)
+    int S = x->nservers, W = (x->world - S) / x->P;
+    if (x->world - S < 1)
         return bg_error(BG_ERR_INVALID, "--ps %d: %d server%s but the job has %d rank%s, so no worker is left (start "
                         "it with brigade launch -n %d or more)", S, S, S == 1 ? "" : "s", x->world,
-                        x->world == 1 ? "" : "s", S + 1);
+                        x->world == 1 ? "" : "s", S + x->P);
+    if ((x->world - S) % x->P != 0)
+        return bg_error(BG_ERR_INVALID, "--ps %d with --pp %d: the job's %d ranks leave %d for the workers, not a "
+                        "multiple of the %d ranks of a worker's pipeline (start %d or %d ranks)", S, x->P, x->world,
+                        x->world - S, x->P, S + W * x->P, S + (W + 1) * x->P);
     if (x->p.dp != 1 && x->p.dp != W)
         return bg_error(BG_ERR_INVALID, "--ps %d with --dp %d: the %d workers of a %d-rank job are the replicas "
-                        "(leave --dp out, or start %d ranks)", S, x->p.dp, W, x->world, S + x->p.dp);
+                        "(leave --dp out, or start %d ranks)", S, x->p.dp, W, x->world, S + x->p.dp * x->P);
     if (x->p.batch % (W * x->M) != 0)
         return bg_error(BG_ERR_INVALID, "batch %d does not split into %d workers x %d equal microbatches",
                         x->p.batch, W, x->M);
-    if (x->V != 1)
-        return bg_error(BG_ERR_UNSUPPORTED, "--ps: a worker runs one model chunk, the schedule has %d (leave --chunks "
-                        "out)", x->V);
     x->D = W;
     x->mbn = x->p.batch / (W * x->M);
     x->server = x->rank < S;
+    if (x->server)
+        x->V = 1; /* one model of its tensors, whatever the workers' chunks */
     return BG_OK;
+}
+
+/* --ps: this rank's part, with the pipeline rank holding each tensor (from
+ * the schedule's stage placement: every rank computes the same). */
+static bg_status_t make_ps(exec_t *x)
+{
+    int n = bg_model_desc_num_tensors(x->desc);
+    int *holder = calloc((size_t)n + 1, sizeof(int));
+    bg_model_t **models = NULL;
+    BG_ALLOC_CHECK(holder, ((size_t)n + 1) * sizeof(int), "parameter server tensor placement");
+    bg_status_t st = chunk_models(x, &models);
+    for (int i = 0; st == BG_OK && i < n; i++) {
+        char name[2 * BG_NAME_MAX];
+        size_t numel;
+        st = bg_model_desc_tensor(x->desc, i, name, sizeof name, &numel);
+        int layer = st == BG_OK ? bg_model_desc_tensor_layer(x->desc, name) : 0, stage = 0;
+        while (stage < x->S - 1 && x->last[stage] < layer)
+            stage++;
+        holder[i] = bg_schedule_stage_rank(x->sched, stage);
+    }
+    bg__ps_params_t pp = {.comm = x->comm, .be = x->be, .desc = x->desc, .models = models, .nmodels = x->V,
+                          .servers = x->nservers, .staleness = x->p.staleness, .pp = x->P, .holder = holder,
+                          .loss_rank = bg_schedule_stage_rank(x->sched, x->S - 1)};
+    if (st == BG_OK)
+        st = bg__ps_create(&pp, &x->ps);
+    free(holder);
+    if (st != BG_OK)
+        free(models);
+    else
+        x->ps_models = models;
+    return st;
 }
 
 bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **x_p)
@@ -1440,6 +1483,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
                       x->copies > 2 ? " (the executor sums two)" : " with --zero 2 is not supported (--zero 1 is)");
         goto err;
     }
+    if (x->nservers > 0 && x->copies > 1) {
+        st = bg_error(BG_ERR_UNSUPPORTED, "--ps with %s: its two copies of each stage would push every tensor twice; "
+                      "not built (every other schedule is)", bg_schedule_name(x->sched));
+        goto err;
+    }
     if (x->M > 0xfffe || x->S > 0x3ffe) { /* the message tags' fields */
         st = bg_error(BG_ERR_UNSUPPORTED, "%d microbatches on %d stages: at most 65534 microbatches and 16382 stages",
                       x->M, x->S);
@@ -1489,12 +1537,14 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->pp_i = x->rank / (x->D * x->T);
     x->dp_i = x->rank / x->T % x->D;
     x->tp_i = x->rank % x->T;
-    if (x->nservers > 0) { /* pp = tp = 1: a worker is replica rank - S; a server no replica */
-        x->pp_i = x->tp_i = 0;
-        x->dp_i = x->server ? -1 : x->rank - x->nservers;
+    if (x->nservers > 0) { /* tp = 1: a worker's rank is pipeline rank pp_i of replica dp_i; a server no replica */
+        int r = x->rank - x->nservers;
+        x->tp_i = 0;
+        x->pp_i = x->server ? 0 : r % x->P;
+        x->dp_i = x->server ? -1 : r / x->P;
     }
     BG_CHECK_GOTO(make_groups(x), st, err);
-    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->T, x->nservers + (x->pp_i * x->D + x->dp_i) * x->T, &x->tp), st, err);
+    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->T, world_rank(x, x->pp_i, x->dp_i) - x->tp_i, &x->tp), st, err);
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
@@ -1536,7 +1586,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     }
     BG_CHECK_GOTO(make_ties(x), st, err);
     if (x->nservers > 0)
-        BG_CHECK_GOTO(bg__ps_create(x->comm, x->be, x->chunks[0].model, x->nservers, x->p.staleness, &x->ps), st, err);
+        BG_CHECK_GOTO(make_ps(x), st, err);
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
     bg__tp_set_trace(x->tp, x->trace, &x->step);
@@ -1625,8 +1675,7 @@ static bg_status_t ps_worker_end(exec_t *x, double t0, double tokens, bg_step_re
         bg__trace_event(x->trace, "step", -1, -1, t0, t0 + dt, (int)step + 1);
     x->step = step + 1;
     bg_step_result_t r = step_result(x, tokens, dt);
-    /* K = 0: the global loss (server 0's sum); K > 0: this worker's own batch */
-    r.loss = isnan(ps.loss) ? x->loss * x->D : ps.loss;
+    r.loss = ps.loss; /* K = 0: the global loss (server 0's sum); K > 0: this worker's own batch */
     r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
     r.bytes_sent = ps.bytes_sent;
     r.stop = ps.stop;
@@ -1815,7 +1864,9 @@ bg_status_t bg_executor_destroy(bg_executor_t *x)
         int servers_alive = 1;
         for (int s = 0; s < x->nservers; s++)
             servers_alive &= s == x->rank || bg_comm_peer_alive(x->comm, s);
-        if (servers_alive)
+        /* a broken worker (a rank of its pipeline died) leaves as failed, so
+         * the rest of its pipeline learns it at once (a bye would not tell them) */
+        if (servers_alive && !x->broken)
             bg_comm_acknowledge_failures(x->comm);
     }
     exec_free(x);

@@ -2,25 +2,33 @@
  * docs/parameter_server.md). Ranks 0 .. S-1 are servers, S .. N-1 workers;
  * every tensor belongs whole to one server (largest first, to the least
  * loaded, ties to the lower index: every rank computes the same map from the
- * model). A worker is a whole replica run by the executor; where data
- * parallelism all-reduces a gradient bucket it pushes the bucket's tensors to
- * their servers, and it pulls new parameters after its step. A server sums
+ * model). A worker is a replica run by the executor: one rank, or a pipeline
+ * of pp ranks (worker w: ranks S + w*pp .. S + w*pp + pp - 1), each rank
+ * holding its stages' tensors. Where data parallelism all-reduces a gradient
+ * bucket, a worker rank pushes the bucket's tensors to their servers, and it
+ * pulls back exactly its tensors after its step. A server expects from each
+ * worker one push per tensor, from the pipeline rank holding it, and the
+ * step's loss share and stop flag from every rank of the pipeline. It sums
  * the pushes of a step in worker order once all have arrived (never in
  * arrival order: the bits must not depend on timing), rescales the sum when
  * workers died, applies the model's optimizer step to its tensors and sends
- * the new version to every live worker.
+ * the new version to every live worker. A worker whose rank died is dropped
+ * whole; the rest of its pipeline stops (its waits watch the pipeline).
  *
  * Staleness K: a worker computes step t on parameters of a version >= t - K.
  * K = 0 receives the new parameters straight into the model at the end of
  * the step; K > 0 receives them into a second buffer, copied in at the start
  * of a step, so a step never sees a half-updated model. A server keeps K + 1
- * steps of receives posted so workers can push ahead.
+ * steps of receives posted so workers can push ahead. The ranks of a
+ * pipeline each run on their own tensors' version (each within [t - K, t]);
+ * with K > 0 the loss rank decides when the pipeline stops and tells the
+ * others, so all run the same steps.
  *
  * Messages are matched by tag and by order (equal tags from one peer match
  * in the order sent), so they carry no step number. Tags: bits 16..29 hold
  * 0x3ffe, a stage number the executor never uses; bits 30..31 the kind
- * (push, pull, gather, bye); bits 0..15 the tensor (0xffff: the step's loss
- * and stop flag).
+ * (push, pull, gather, control); bits 0..15 the tensor (0xffff: the step's
+ * loss and stop flag; control: 0 the bye, 1 a pipeline's loss and stop).
  *
  * After a stop with K > 0 a worker may have pushed up to K + 1 steps the
  * servers will not run; it tells every server how many steps it pushed (bye)
@@ -40,7 +48,8 @@
 #include "core/check.h"
 #include "runtime/ps.h"
 
-enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2, PS_BYE = 3 };
+enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2, PS_CTRL = 3 };
+enum { PS_BYE = 0, PS_PIPE = 1 }; /* PS_CTRL messages */
 #define PS_META 0xffff
 
 static uint32_t ps_tag(int kind, int idx)
@@ -51,14 +60,21 @@ static uint32_t ps_tag(int kind, int idx)
 struct bg__ps {
     bg_comm_t *comm;
     bg_backend_t *be;
-    bg_model_t *m;
-    int S, W, K;            /* servers, workers (at the start), staleness bound */
+    bg_model_t **models;    /* worker: its chunks; server: models[0], its tensors */
+    int nmodels;
+    int S, W, K, P;         /* servers, workers (at the start), staleness bound, ranks per worker */
     int rank, server;       /* this rank; 1: a server */
+    int wk, pk;             /* worker: its index and its rank in the pipeline */
+    int loss_rank;          /* the pipeline rank holding the loss */
     int n;                  /* tensors */
     int *owner;             /* per tensor: its server */
-    size_t *off, *numel;    /* per tensor: floats into the flat buffers, size */
+    int *holder;            /* per tensor: the pipeline rank holding it */
+    size_t *off, *numel;    /* per tensor: floats into the flat buffers (worker: of its chunk), size */
     int64_t version;        /* worker: version of the parameters in the model */
     /* ---- worker */
+    int *chunk;             /* per tensor: the chunk holding it here, -1: another rank's */
+    size_t *back_off;       /* per tensor held here: floats into back */
+    size_t local_floats;    /* the tensors held here */
     unsigned char *pushed;  /* per tensor, this step */
     bg_request_t **push_rq; /* per tensor */
     bg_request_t **meta_rq; /* per server: the step's loss share and stop flag */
@@ -67,12 +83,15 @@ struct bg__ps {
     bg_request_t **pull_rq; /* per tensor */
     bg_request_t *reply_rq; /* server 0's loss and stop */
     float reply[2];
+    double pipe[2];         /* K > 0: the loss rank's loss and stop, for the pipeline */
     int64_t pulling;        /* version being received, 0: none */
     int64_t last;           /* the servers' last version (they stopped after it), -1: not known */
+    int pipe_stop;          /* K > 0: the loss rank said the pipeline stops */
     int64_t pushed_steps;   /* steps whose gradients were pushed */
     int64_t bye;            /* after a stop: pushed_steps, told every server */
     uint64_t bytes_recv;
     /* ---- server */
+    bg_model_t *m;          /* its tensors */
     int nown;               /* tensors it holds */
     int *own;               /* their indices */
     size_t *own_off;        /* floats into one worker's receive buffer */
@@ -80,9 +99,9 @@ struct bg__ps {
     int R;                  /* receive sets: K + 1 */
     int next_set;           /* the set of the next step */
     float *recv;            /* R x W x own_floats */
-    float *recv_meta;       /* R x W x 2 */
-    bg_request_t **rrq;     /* R x W x (nown + 1) */
-    bg_request_t **srq;     /* W x (nown + 1): the version sent, and server 0's reply */
+    float *recv_meta;       /* R x W x P x 2 */
+    bg_request_t **rrq;     /* R x W x (nown + P): its tensors, then each pipeline rank's loss and stop */
+    bg_request_t **srq;     /* W x (nown + P): the version sent, and server 0's reply to each pipeline rank */
     float sreply[2];
     int *live;              /* per worker */
     int nlive;
@@ -91,7 +110,12 @@ struct bg__ps {
     int nties;
 };
 
-static int worker_rank(const bg__ps_t *ps, int w) { return ps->S + w; }
+/* World rank of pipeline rank k of worker w. */
+static int worker_rank(const bg__ps_t *ps, int w, int k) { return ps->S + w * ps->P + k; }
+/* A server's requests per worker and step: its tensors, then each pipeline rank's loss and stop. */
+static int entries(const bg__ps_t *ps) { return ps->nown + ps->P; }
+/* The pipeline rank that sends entry j of a worker's requests. */
+static int entry_rank(const bg__ps_t *ps, int j) { return j < ps->nown ? ps->holder[ps->own[j]] : j - ps->nown; }
 
 /* Index of the tensor named @p name, -1 if none. */
 static int tensor_index(char (*names)[2 * BG_NAME_MAX], int n, const char *name)
@@ -187,12 +211,9 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
         return p->staleness > 0 ? bg_error(BG_ERR_INVALID, "--staleness %d needs --ps (parameter servers)",
                                            p->staleness)
                                 : BG_OK;
-    if (p->pp > 1)
-        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --pp %d: a worker is a whole replica (pp = 1); pipelined "
-                        "workers are not built", p->pp);
     if (p->tp > 1)
-        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --tp %d: a worker is a whole replica (tp = 1); tensor-parallel "
-                        "workers are not built", p->tp);
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --tp %d: the servers hold whole tensors and a tensor-parallel "
+                        "worker holds slices of them; pushing and pulling slices is not built (--pp is)", p->tp);
     if (p->zero)
         return bg_error(BG_ERR_INVALID, "--ps with --zero %d: the servers already shard the optimizer state (by "
                         "tensor); leave --zero out", p->zero);
@@ -215,19 +236,25 @@ void bg__ps_set_version(bg__ps_t *ps, int64_t step)
 }
 
 /* Receive set `set` of worker w: its requests and buffers. */
-static bg_request_t **set_rq(bg__ps_t *ps, int set, int w) { return ps->rrq + ((size_t)set * ps->W + w) * (ps->nown + 1); }
+static bg_request_t **set_rq(bg__ps_t *ps, int set, int w)
+{
+    return ps->rrq + ((size_t)set * ps->W + w) * (size_t)entries(ps);
+}
 static float *set_buf(bg__ps_t *ps, int set, int w) { return ps->recv + ((size_t)set * ps->W + w) * ps->own_floats; }
-static float *set_meta(bg__ps_t *ps, int set, int w) { return ps->recv_meta + ((size_t)set * ps->W + w) * 2; }
+static float *set_meta(bg__ps_t *ps, int set, int w) { return ps->recv_meta + ((size_t)set * ps->W + w) * ps->P * 2; }
+static bg_request_t **send_rq(bg__ps_t *ps, int w) { return ps->srq + (size_t)w * (size_t)entries(ps); }
 
 static bg_status_t post_set(bg__ps_t *ps, int set, int w)
 {
     bg_request_t **rq = set_rq(ps, set, w);
-    float *buf = set_buf(ps, set, w);
-    int wr = worker_rank(ps, w);
+    float *buf = set_buf(ps, set, w), *meta = set_meta(ps, set, w);
     for (int j = 0; j < ps->nown; j++)
-        BG_CHECK(bg_irecv(ps->comm, wr, ps_tag(PS_PUSH, ps->own[j]), buf + ps->own_off[j],
-                          ps->numel[ps->own[j]] * sizeof(float), &rq[j]));
-    return bg_irecv(ps->comm, wr, ps_tag(PS_PUSH, PS_META), set_meta(ps, set, w), 2 * sizeof(float), &rq[ps->nown]);
+        BG_CHECK(bg_irecv(ps->comm, worker_rank(ps, w, entry_rank(ps, j)), ps_tag(PS_PUSH, ps->own[j]),
+                          buf + ps->own_off[j], ps->numel[ps->own[j]] * sizeof(float), &rq[j]));
+    for (int k = 0; k < ps->P; k++)
+        BG_CHECK(bg_irecv(ps->comm, worker_rank(ps, w, k), ps_tag(PS_PUSH, PS_META), meta + 2 * k, 2 * sizeof(float),
+                          &rq[ps->nown + k]));
+    return BG_OK;
 }
 
 static void free_reqs(bg_request_t **rq, size_t n)
@@ -238,47 +265,74 @@ static void free_reqs(bg_request_t **rq, size_t n)
     }
 }
 
-bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int servers, int staleness,
-                          bg__ps_t **ps_p)
+bg_status_t bg__ps_create(const bg__ps_params_t *pp, bg__ps_t **ps_p)
 {
     bg__ps_t *ps = calloc(1, sizeof(*ps));
     BG_ALLOC_CHECK(ps, sizeof(*ps), "parameter server");
     bg_status_t st = BG_OK;
-    ps->comm = comm;
-    ps->be = be;
-    ps->m = m;
-    ps->S = servers;
-    ps->W = bg_comm_size(comm) - servers;
-    ps->K = staleness;
-    ps->rank = bg_comm_rank(comm);
-    ps->server = ps->rank < servers;
+    const bg_model_desc_t *d = pp->desc;
+    ps->comm = pp->comm;
+    ps->be = pp->be;
+    ps->models = pp->models;
+    ps->nmodels = pp->nmodels;
+    ps->S = pp->servers;
+    ps->P = pp->pp > 1 ? pp->pp : 1;
+    ps->W = (bg_comm_size(pp->comm) - pp->servers) / ps->P;
+    ps->K = pp->staleness;
+    ps->rank = bg_comm_rank(pp->comm);
+    ps->server = ps->rank < pp->servers;
+    ps->wk = ps->server ? -1 : (ps->rank - ps->S) / ps->P;
+    ps->pk = ps->server ? -1 : (ps->rank - ps->S) % ps->P;
+    ps->loss_rank = pp->loss_rank;
     ps->last = -1;
-    const bg_model_desc_t *d = bg_model_desc(m);
+    ps->m = ps->server ? pp->models[0] : NULL;
     ps->n = bg_model_desc_num_tensors(d);
-    ps->owner = calloc((size_t)ps->n + 1, sizeof(int));
-    ps->off = calloc((size_t)ps->n + 1, sizeof(size_t));
-    ps->numel = calloc((size_t)ps->n + 1, sizeof(size_t));
-    if (!ps->owner || !ps->off || !ps->numel) {
+    size_t nt = (size_t)ps->n + 1;
+    ps->owner = calloc(nt, sizeof(int));
+    ps->holder = calloc(nt, sizeof(int));
+    ps->off = calloc(nt, sizeof(size_t));
+    ps->numel = calloc(nt, sizeof(size_t));
+    ps->chunk = calloc(nt, sizeof(int));
+    ps->back_off = calloc(nt, sizeof(size_t));
+    if (!ps->owner || !ps->holder || !ps->off || !ps->numel || !ps->chunk || !ps->back_off) {
         st = bg_error(BG_ERR_NOMEM, "parameter server tensor map");
         goto err;
     }
-    BG_CHECK_GOTO(tensor_map(d, servers, ps->n, ps->numel, ps->owner), st, err);
-    /* where each tensor lives in this rank's model: a worker's holds every
-     * tensor, a server's its own (bg_model_create_tensors), in the same order */
+    BG_CHECK_GOTO(tensor_map(d, ps->S, ps->n, ps->numel, ps->owner), st, err);
+    for (int i = 0; i < ps->n; i++) {
+        ps->holder[i] = pp->holder ? pp->holder[i] : 0;
+        ps->chunk[i] = -1;
+    }
+    /* where each tensor lives on this rank: a server's model holds its own
+     * (bg_model_create_tensors), in map order; a worker's chunks its stages' */
     for (int i = 0, k = 0; i < ps->n; i++) {
-        if (ps->rank < servers && ps->owner[i] != ps->rank)
+        char name[2 * BG_NAME_MAX];
+        size_t numel = 0;
+        BG_CHECK_GOTO(bg_model_desc_tensor(d, i, name, sizeof name, &numel), st, err);
+        bg_param_t *p = NULL;
+        if (ps->server && ps->owner[i] == ps->rank) {
+            p = k < bg_model_num_tensors(ps->m) ? bg_model_tensor(ps->m, k) : NULL;
+            k++;
+            if (p)
+                ps->off[i] = (size_t)(p->data - bg_model_params(ps->m));
+        } else if (!ps->server && ps->holder[i] == ps->pk) {
+            for (int v = 0; v < ps->nmodels && !p; v++)
+                if ((p = bg_model_find_tensor(ps->models[v], name)) != NULL) {
+                    ps->chunk[i] = v;
+                    ps->off[i] = (size_t)(p->data - bg_model_params(ps->models[v]));
+                }
+            ps->back_off[i] = ps->local_floats;
+            ps->local_floats += numel;
+        } else {
             continue;
-        bg_param_t *p = k < bg_model_num_tensors(m) ? bg_model_tensor(m, k) : NULL;
+        }
         if (!p || p->numel != ps->numel[i]) {
-            st = bg_error(BG_ERR_INTERNAL, "parameter server: rank %d's model does not hold tensor %d (%s) as the map "
-                          "says", ps->rank, i, p ? bg_model_tensor_name(m, k) : "none");
+            st = bg_error(BG_ERR_INTERNAL, "parameter server: rank %d does not hold tensor %d (%s) as the map says",
+                          ps->rank, i, name);
             goto err;
         }
-        ps->off[i] = (size_t)(p->data - bg_model_params(m));
-        k++;
     }
     if (!ps->server) {
-        size_t nt = (size_t)ps->n + 1;
         ps->pushed = calloc(nt, 1);
         ps->push_rq = calloc(nt, sizeof(void *));
         ps->pull_rq = calloc(nt, sizeof(void *));
@@ -288,8 +342,8 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
             goto err;
         }
         if (ps->K > 0) {
-            size_t np = bg_model_param_count(m);
-            ps->back = bg_backend_alloc(be, (np ? np : 1) * sizeof(float), "parameters being pulled (--staleness)");
+            size_t np = ps->local_floats;
+            ps->back = bg_backend_alloc(ps->be, (np ? np : 1) * sizeof(float), "parameters being pulled (--staleness)");
             if (!ps->back) {
                 st = BG_ERR_NOMEM;
                 goto err;
@@ -314,17 +368,17 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
     for (int w = 0; w < ps->W; w++)
         ps->live[w] = 1;
     ps->nlive = ps->W;
-    int nt = bg_model_desc_num_ties(d);
-    ps->tie_a = calloc((size_t)nt + 1, sizeof(bg_param_t *));
-    ps->tie_b = calloc((size_t)nt + 1, sizeof(bg_param_t *));
+    int ndties = bg_model_desc_num_ties(d);
+    ps->tie_a = calloc((size_t)ndties + 1, sizeof(bg_param_t *));
+    ps->tie_b = calloc((size_t)ndties + 1, sizeof(bg_param_t *));
     if (!ps->tie_a || !ps->tie_b) {
         st = bg_error(BG_ERR_NOMEM, "parameter server ties");
         goto err;
     }
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < ndties; t++) {
         const char *a, *b;
         bg_model_desc_tie_names(d, t, &a, &b);
-        bg_param_t *pa = bg_model_find_tensor(m, a), *pb = bg_model_find_tensor(m, b);
+        bg_param_t *pa = bg_model_find_tensor(ps->m, a), *pb = bg_model_find_tensor(ps->m, b);
         if (!!pa != !!pb) {
             st = bg_error(BG_ERR_INTERNAL, "parameter server %d holds %s but not %s, tied to it", ps->rank,
                           pa ? a : b, pa ? b : a);
@@ -337,10 +391,11 @@ bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int 
     }
     ps->R = ps->K + 1;
     size_t sets = (size_t)ps->R * ps->W;
-    ps->recv = bg_backend_alloc(be, (sets * ps->own_floats + 1) * sizeof(float), "pushed gradients (parameter server)");
-    ps->recv_meta = calloc(sets * 2, sizeof(float));
-    ps->rrq = calloc(sets * (ps->nown + 1), sizeof(void *));
-    ps->srq = calloc((size_t)ps->W * (ps->nown + 1), sizeof(void *));
+    ps->recv = bg_backend_alloc(ps->be, (sets * ps->own_floats + 1) * sizeof(float),
+                                "pushed gradients (parameter server)");
+    ps->recv_meta = calloc(sets * ps->P * 2, sizeof(float));
+    ps->rrq = calloc(sets * (size_t)entries(ps), sizeof(void *));
+    ps->srq = calloc((size_t)ps->W * (size_t)entries(ps), sizeof(void *));
     if (!ps->recv || !ps->recv_meta || !ps->rrq || !ps->srq) {
         st = bg_error(BG_ERR_NOMEM, "parameter server receive buffers (%d steps x %d workers x %zu floats)", ps->R,
                       ps->W, ps->own_floats);
@@ -369,9 +424,9 @@ void bg__ps_destroy(bg__ps_t *ps)
     free_reqs(ps->meta_rq, (size_t)ps->S);
     bg_request_free(ps->reply_rq);
     if (ps->rrq)
-        free_reqs(ps->rrq, (size_t)ps->R * ps->W * (ps->nown + 1));
+        free_reqs(ps->rrq, (size_t)ps->R * ps->W * (size_t)entries(ps));
     if (ps->srq)
-        free_reqs(ps->srq, (size_t)ps->W * (ps->nown + 1));
+        free_reqs(ps->srq, (size_t)ps->W * (size_t)entries(ps));
     bg_backend_free(ps->be, ps->back);
     bg_backend_free(ps->be, ps->recv);
     free(ps->recv_meta);
@@ -387,6 +442,9 @@ void bg__ps_destroy(bg__ps_t *ps)
     free(ps->tie_a);
     free(ps->tie_b);
     free(ps->owner);
+    free(ps->holder);
+    free(ps->chunk);
+    free(ps->back_off);
     free(ps->off);
     free(ps->numel);
     free(ps);
@@ -394,40 +452,98 @@ void bg__ps_destroy(bg__ps_t *ps)
 
 /* ------------------------------------------------------------------ servers */
 
+/* "worker 1 (rank 3)", or with pipelines "worker 1 (ranks 3..4)". */
+static const char *worker_name(const bg__ps_t *ps, int w, char *buf, size_t cap)
+{
+    if (ps->P == 1)
+        snprintf(buf, cap, "worker %d (rank %d)", w, worker_rank(ps, w, 0));
+    else
+        snprintf(buf, cap, "worker %d (ranks %d..%d)", w, worker_rank(ps, w, 0), worker_rank(ps, w, ps->P - 1));
+    return buf;
+}
+
+/* The first rank of worker w's pipeline known dead, -1: none. */
+static int dead_rank(bg__ps_t *ps, int w)
+{
+    for (int k = 0; k < ps->P; k++)
+        if (!bg_comm_peer_alive(ps->comm, worker_rank(ps, w, k)))
+            return worker_rank(ps, w, k);
+    return -1;
+}
+
+/* Wait for a request with a rank of worker w. A pipelined worker is watched
+ * whole: once one of its ranks died, a transfer with another may never
+ * complete (that rank stops, or waits for versions no server sends it any
+ * more), so the wait ends with BG_ERR_PEER naming the dead rank. One rank
+ * per worker: bg_wait, which fails when that rank dies. */
+static bg_status_t ps_wait(bg__ps_t *ps, bg_request_t *rq, int w)
+{
+    if (ps->P == 1)
+        return bg_wait(rq);
+    double deadline = bg_now() + bg_comm_timeout(ps->comm);
+    for (;;) {
+        int done = 0;
+        bg_status_t st = bg_test(rq, &done);
+        if (st != BG_OK || done)
+            return st;
+        int dr = dead_rank(ps, w);
+        if (dr >= 0) {
+            char name[64];
+            return bg_error(BG_ERR_PEER, "rank %d of %s died", dr, worker_name(ps, w, name, sizeof name));
+        }
+        if (bg_now() > deadline)
+            return bg_error(BG_ERR_TIMEOUT, "a transfer with a rank of worker %d did not complete within %g s "
+                            "(BRIGADE_TIMEOUT)", w, bg_comm_timeout(ps->comm));
+        sched_yield();
+    }
+}
+
 /* A failure while talking to worker w: a dead server stops the job (its
- * tensors are gone), a dead worker is dropped; anything else is an error. */
+ * tensors are gone), a worker with a dead rank is dropped whole (the rest of
+ * its pipeline stops on its own); anything else is an error. */
 static bg_status_t worker_failed(bg__ps_t *ps, int w, int64_t step, bg_status_t st)
 {
-    char why[512];
+    char why[512], name[128];
     snprintf(why, sizeof why, "%s", bg_last_error());
     for (int s = 0; s < ps->S; s++)
         if (s != ps->rank && !bg_comm_peer_alive(ps->comm, s))
             return bg_error(BG_ERR_PEER, "parameter server %d (rank %d) died; its tensors are gone: stopping (%s)", s,
                             s, why);
-    int wr = worker_rank(ps, w);
-    if (st != BG_ERR_PEER || bg_comm_peer_alive(ps->comm, wr))
-        return bg_error(st, "worker %d (rank %d): %s", w, wr, why);
+    int dr = dead_rank(ps, w);
+    if (st != BG_ERR_PEER || dr < 0)
+        return bg_error(st, "%s: %s", worker_name(ps, w, name, sizeof name), why);
     ps->live[w] = 0;
     ps->nlive--;
     for (int s = 0; s < ps->R; s++)
-        free_reqs(set_rq(ps, s, w), (size_t)ps->nown + 1);
-    free_reqs(ps->srq + (size_t)w * (ps->nown + 1), (size_t)ps->nown + 1);
-    bg_log(BG_LOG_WARN, "ps", "worker %d (rank %d) died at step %lld; %d worker%s left (%s)", w, wr, (long long)step + 1,
-           ps->nlive, ps->nlive == 1 ? "" : "s", why);
+        free_reqs(set_rq(ps, s, w), (size_t)entries(ps));
+    free_reqs(send_rq(ps, w), (size_t)entries(ps));
+    if (ps->P == 1) {
+        snprintf(name, sizeof name, "worker %d (rank %d)", w, dr);
+    } else { /* every rank of it gone by now (the first to die is named in the reason) */
+        int at = snprintf(name, sizeof name, "worker %d (ranks %d..%d; gone:", w, worker_rank(ps, w, 0),
+                          worker_rank(ps, w, ps->P - 1));
+        for (int k = 0; k < ps->P && at > 0 && (size_t)at < sizeof name; k++)
+            if (!bg_comm_peer_alive(ps->comm, worker_rank(ps, w, k)))
+                at += snprintf(name + at, sizeof name - (size_t)at, " %d", worker_rank(ps, w, k));
+        if (at > 0 && (size_t)at < sizeof name)
+            snprintf(name + at, sizeof name - (size_t)at, ")");
+    }
+    bg_log(BG_LOG_WARN, "ps", "%s died at step %lld; %d worker%s left (%s)", name, (long long)step + 1, ps->nlive,
+           ps->nlive == 1 ? "" : "s", why);
     if (ps->nlive == 0)
-        return bg_error(BG_ERR_PEER, "parameter server %d: every worker died (the last: worker %d, rank %d: %s)",
-                        ps->rank, w, wr, why);
+        return bg_error(BG_ERR_PEER, "parameter server %d: every worker died (the last: %s: %s)", ps->rank, name,
+                        why);
     return BG_OK;
 }
 
 /* Wait for the sends of the last version to worker w (they read the parameters). */
 static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
 {
-    bg_request_t **rq = ps->srq + (size_t)w * (ps->nown + 1);
-    for (int j = 0; j <= ps->nown && ps->live[w]; j++) {
+    bg_request_t **rq = send_rq(ps, w);
+    for (int j = 0; j < entries(ps) && ps->live[w]; j++) {
         if (!rq[j])
             continue;
-        bg_status_t st = bg_wait(rq[j]);
+        bg_status_t st = ps_wait(ps, rq[j], w);
         bg_request_free(rq[j]);
         rq[j] = NULL;
         if (st != BG_OK)
@@ -446,8 +562,8 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     /* every live worker's pushes of this step, in worker order */
     for (int w = 0; w < ps->W; w++) {
         bg_request_t **rq = set_rq(ps, set, w);
-        for (int j = 0; j <= ps->nown && ps->live[w]; j++) {
-            bg_status_t st = bg_wait(rq[j]);
+        for (int j = 0; j < entries(ps) && ps->live[w]; j++) {
+            bg_status_t st = ps_wait(ps, rq[j], w);
             if (st != BG_OK)
                 BG_CHECK(worker_failed(ps, w, step, st));
         }
@@ -472,10 +588,12 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
                                           ps->numel[i]);
         }
         float *meta = set_meta(ps, set, w);
-        loss += meta[0];
-        stop_req |= meta[1] > 0;
+        for (int k = 0; k < ps->P; k++) { /* the loss rank's share, the others' 0 */
+            loss += meta[2 * k];
+            stop_req |= meta[2 * k + 1] > 0;
+        }
         first = 0;
-        stats->bytes_recv += ps->own_floats * sizeof(float) + 2 * sizeof(float);
+        stats->bytes_recv += ps->own_floats * sizeof(float) + (size_t)ps->P * 2 * sizeof(float);
     }
     if (ps->nlive < ps->W) {
         float k = (float)ps->W / (float)ps->nlive;
@@ -507,17 +625,18 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     for (int w = 0; w < ps->W; w++) {
         if (!ps->live[w])
             continue;
-        int wr = worker_rank(ps, w);
-        bg_request_t **rq = ps->srq + (size_t)w * (ps->nown + 1);
+        bg_request_t **rq = send_rq(ps, w);
         bg_status_t st = BG_OK;
         for (int j = 0; j < ps->nown && st == BG_OK; j++) {
             int i = ps->own[j];
-            st = bg_isend(ps->comm, wr, ps_tag(PS_PULL, i), params + ps->off[i], ps->numel[i] * sizeof(float), &rq[j]);
+            st = bg_isend(ps->comm, worker_rank(ps, w, entry_rank(ps, j)), ps_tag(PS_PULL, i), params + ps->off[i],
+                          ps->numel[i] * sizeof(float), &rq[j]);
         }
-        if (st == BG_OK && ps->rank == 0)
-            st = bg_isend(ps->comm, wr, ps_tag(PS_PULL, PS_META), ps->sreply, sizeof ps->sreply, &rq[ps->nown]);
+        for (int k = 0; k < ps->P && st == BG_OK && ps->rank == 0; k++)
+            st = bg_isend(ps->comm, worker_rank(ps, w, k), ps_tag(PS_PULL, PS_META), ps->sreply, sizeof ps->sreply,
+                          &rq[ps->nown + k]);
         if (st == BG_OK) {
-            free_reqs(set_rq(ps, set, w), (size_t)ps->nown + 1);
+            free_reqs(set_rq(ps, set, w), (size_t)entries(ps));
             st = post_set(ps, set, w);
         }
         if (st != BG_OK)
@@ -543,14 +662,21 @@ static bg_status_t server_error(bg__ps_t *ps, int s, bg_status_t st, const char 
                     bg_comm_peer_alive(ps->comm, s) ? "" : " (it died; its tensors are gone)", bg_last_error());
 }
 
-/* Start receiving version ps->version + 1 (K = 0: into the model). */
+/* Tensor i held here: its parameters and gradient. */
+static float *local_param(bg__ps_t *ps, int i) { return bg_model_params(ps->models[ps->chunk[i]]) + ps->off[i]; }
+static float *local_grad(bg__ps_t *ps, int i) { return bg_model_grads(ps->models[ps->chunk[i]]) + ps->off[i]; }
+
+/* Start receiving version ps->version + 1 of the tensors held here (K = 0:
+ * into the model) and server 0's loss and stop. */
 static bg_status_t post_pull(bg__ps_t *ps)
 {
-    float *dst = ps->back ? ps->back : bg_model_params(ps->m);
     ps->pulling = ps->version + 1;
     for (int i = 0; i < ps->n; i++) {
-        bg_status_t st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst + ps->off[i],
-                                  ps->numel[i] * sizeof(float), &ps->pull_rq[i]);
+        if (ps->chunk[i] < 0)
+            continue;
+        float *dst = ps->back ? ps->back + ps->back_off[i] : local_param(ps, i);
+        bg_status_t st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst, ps->numel[i] * sizeof(float),
+                                  &ps->pull_rq[i]);
         if (st != BG_OK)
             return server_error(ps, ps->owner[i], st, "pulling from");
     }
@@ -567,7 +693,7 @@ static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
         if (!*rq)
             continue;
         int done = 1;
-        bg_status_t st = wait ? bg_wait(*rq) : bg_test(*rq, &done);
+        bg_status_t st = wait ? ps_wait(ps, *rq, ps->wk) : bg_test(*rq, &done);
         if (st != BG_OK)
             return server_error(ps, i < ps->n ? ps->owner[i] : 0, st, "pulling from");
         if (!done)
@@ -576,13 +702,14 @@ static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
         *rq = NULL;
     }
     /* every piece is in: the new version */
-    if (ps->back)
-        ps->be->ops->copy(ps->be, bg_model_params(ps->m), ps->back, bg_model_param_count(ps->m));
+    for (int i = 0; ps->back && i < ps->n; i++)
+        if (ps->chunk[i] >= 0)
+            ps->be->ops->copy(ps->be, local_param(ps, i), ps->back + ps->back_off[i], ps->numel[i]);
     ps->version = ps->pulling;
     ps->pulling = 0;
     if (ps->reply[1] > 0) /* the servers stop after this version */
         ps->last = ps->version;
-    ps->bytes_recv += bg_model_param_count(ps->m) * sizeof(float);
+    ps->bytes_recv += ps->local_floats * sizeof(float);
     *done_p = 1;
     return BG_OK;
 }
@@ -591,7 +718,7 @@ static bg_status_t wait_pushes(bg__ps_t *ps)
 {
     for (int i = 0; i < ps->n; i++)
         if (ps->push_rq[i]) {
-            bg_status_t st = bg_wait(ps->push_rq[i]);
+            bg_status_t st = ps_wait(ps, ps->push_rq[i], ps->wk);
             bg_request_free(ps->push_rq[i]);
             ps->push_rq[i] = NULL;
             if (st != BG_OK)
@@ -599,7 +726,7 @@ static bg_status_t wait_pushes(bg__ps_t *ps)
         }
     for (int s = 0; s < ps->S; s++)
         if (ps->meta_rq[s]) {
-            bg_status_t st = bg_wait(ps->meta_rq[s]);
+            bg_status_t st = ps_wait(ps, ps->meta_rq[s], ps->wk);
             bg_request_free(ps->meta_rq[s]);
             ps->meta_rq[s] = NULL;
             if (st != BG_OK)
@@ -634,8 +761,10 @@ bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
 {
     /* The last step's pushes must be sent (they read the gradients, which
      * this step zeroes) and the parameters be recent enough. Pulls that have
-     * arrived are taken meanwhile: a pull may say the servers stopped, and
-     * then pushes they will never receive are not waited for. */
+     * arrived are taken meanwhile: once one says the servers stopped, no
+     * newer version comes, and the pushes of this worker still have
+     * receives posted (a worker runs at most K steps past the servers' last
+     * version, they keep K + 1 steps posted), so they are waited for. */
     double deadline = bg_now() + bg_comm_timeout(ps->comm);
     for (;;) {
         int done = 0, pushed = 0;
@@ -646,8 +775,10 @@ bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
             if (done)
                 continue;
         }
-        if (ps->last >= 0)
+        if (ps->last >= 0) {
+            BG_CHECK(wait_pushes(ps));
             break;
+        }
         BG_CHECK(test_pushes(ps, &pushed));
         if (pushed && ps->version >= step - ps->K)
             break;
@@ -655,6 +786,9 @@ bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
             BG_CHECK(pull_done(ps, 1, &done));
             continue;
         }
+        int dr = ps->P > 1 ? dead_rank(ps, ps->wk) : -1;
+        if (dr >= 0)
+            return bg_error(BG_ERR_PEER, "rank %d of this worker's pipeline died", dr);
         if (bg_now() > deadline)
             return bg_error(BG_ERR_TIMEOUT, "worker (rank %d): the pushes of step %lld were not received within %g s "
                             "(BRIGADE_TIMEOUT)", ps->rank, (long long)step, bg_comm_timeout(ps->comm));
@@ -664,18 +798,45 @@ bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
     return BG_OK;
 }
 
-bg_status_t bg__ps_push_range(bg__ps_t *ps, size_t off, size_t count)
+bg_status_t bg__ps_push_range(bg__ps_t *ps, int chunk, size_t off, size_t count)
 {
-    float *grads = bg_model_grads(ps->m);
     for (int i = 0; i < ps->n; i++) {
-        if (ps->pushed[i] || ps->off[i] < off || ps->off[i] + ps->numel[i] > off + count)
+        if (ps->pushed[i] || ps->chunk[i] != chunk || ps->off[i] < off || ps->off[i] + ps->numel[i] > off + count)
             continue;
         ps->pushed[i] = 1;
-        bg_status_t st = bg_isend(ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), grads + ps->off[i],
+        bg_status_t st = bg_isend(ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), local_grad(ps, i),
                                   ps->numel[i] * sizeof(float), &ps->push_rq[i]);
         if (st != BG_OK)
             return server_error(ps, ps->owner[i], st, "pushing to");
     }
+    return BG_OK;
+}
+
+/* K > 0, a pipelined worker: the loss rank tells the others its loss share
+ * and whether the pipeline stops after this step (it saw the servers' last
+ * version), so every rank of the pipeline runs the same steps. */
+static bg_status_t pipe_agree(bg__ps_t *ps, double *loss_p, int *stop_p)
+{
+    uint32_t tag = ps_tag(PS_CTRL, PS_PIPE);
+    int lr = worker_rank(ps, ps->wk, ps->loss_rank);
+    if (ps->pk == ps->loss_rank) {
+        ps->pipe[0] = *loss_p;
+        ps->pipe[1] = *stop_p;
+        for (int k = 0; k < ps->P; k++) {
+            bg_status_t st = k == ps->pk ? BG_OK : bg_send(ps->comm, worker_rank(ps, ps->wk, k), tag, ps->pipe,
+                                                           sizeof ps->pipe);
+            if (st != BG_OK)
+                return bg_error(st, "telling rank %d of this worker's pipeline the step's loss: %s",
+                                worker_rank(ps, ps->wk, k), bg_last_error());
+        }
+    } else {
+        bg_status_t st = bg_recv(ps->comm, lr, tag, ps->pipe, sizeof ps->pipe);
+        if (st != BG_OK)
+            return bg_error(st, "the step's loss from rank %d (this worker's last stage): %s", lr, bg_last_error());
+        *loss_p = ps->pipe[0];
+        *stop_p = ps->pipe[1] > 0;
+    }
+    ps->pipe_stop = *stop_p;
     return BG_OK;
 }
 
@@ -684,15 +845,16 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
     memset(stats, 0, sizeof(*stats));
     stats->staleness = (int)(step - ps->version);
     ps->be->ops->synchronize(ps->be);
-    BG_CHECK(bg__ps_push_range(ps, 0, bg_model_param_count(ps->m)));
-    ps->meta[0] = (float)loss_share;
+    for (int v = 0; v < ps->nmodels; v++)
+        BG_CHECK(bg__ps_push_range(ps, v, 0, bg_model_param_count(ps->models[v])));
+    ps->meta[0] = (float)loss_share; /* 0 but on the loss rank */
     ps->meta[1] = stop_req ? 1.0f : 0.0f;
     for (int s = 0; s < ps->S; s++) {
         bg_status_t st = bg_isend(ps->comm, s, ps_tag(PS_PUSH, PS_META), ps->meta, sizeof ps->meta, &ps->meta_rq[s]);
         if (st != BG_OK)
             return server_error(ps, s, st, "pushing to");
     }
-    stats->bytes_sent = bg_model_param_count(ps->m) * sizeof(float);
+    stats->bytes_sent = ps->local_floats * sizeof(float);
     ps->pushed_steps = step + 1;
     if (ps->K == 0) { /* synchronous: version step + 1 before the next step (and its loss) */
         int done = 0;
@@ -703,12 +865,43 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
     } else {
         if (!ps->pulling && ps->last < 0)
             BG_CHECK(post_pull(ps));
-        stats->loss = NAN; /* the executor reports the worker's own */
-        stats->stop = ps->last >= 0;
+        int stop = ps->last >= 0;
+        if (ps->P > 1)
+            BG_CHECK(pipe_agree(ps, &loss_share, &stop));
+        stats->loss = loss_share * ps->W; /* this worker's own sequences */
+        stats->stop = stop;
     }
     stats->bytes_recv = ps->bytes_recv; /* since the last step's end */
     ps->bytes_recv = 0;
     return BG_OK;
+}
+
+/* Server, after a stop: the byes of worker w's ranks (how many steps each
+ * pushed), and the pushes beyond the last step received and dropped. */
+static bg_status_t drain_worker(bg__ps_t *ps, int w, int64_t steps)
+{
+    int64_t *pushed = calloc((size_t)ps->P, sizeof(int64_t));
+    bg_request_t **rq = calloc((size_t)ps->P, sizeof(void *));
+    bg_status_t st = pushed && rq ? BG_OK : bg_error(BG_ERR_NOMEM, "parameter server byes");
+    for (int k = 0; k < ps->P && st == BG_OK; k++)
+        st = bg_irecv(ps->comm, worker_rank(ps, w, k), ps_tag(PS_CTRL, PS_BYE), &pushed[k], sizeof pushed[k], &rq[k]);
+    for (int k = 0; k < ps->P && st == BG_OK; k++)
+        st = ps_wait(ps, rq[k], w);
+    free_reqs(rq, rq ? (size_t)ps->P : 0);
+    free(rq);
+    if (st != BG_OK && pushed) {
+        free(pushed);
+        return worker_failed(ps, w, steps - 1, st);
+    }
+    for (int j = 0; st == BG_OK && j < entries(ps) && ps->live[w]; j++)
+        for (int64_t k = 0; k < pushed[entry_rank(ps, j)] - steps && k < ps->R && ps->live[w]; k++) {
+            bg_request_t **set = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
+            bg_status_t s2 = ps_wait(ps, set[j], w);
+            if (s2 != BG_OK)
+                st = worker_failed(ps, w, steps - 1, s2);
+        }
+    free(pushed);
+    return st;
 }
 
 bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
@@ -716,23 +909,17 @@ bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
     if (ps->server) {
         for (int w = 0; w < ps->W; w++) {
             BG_CHECK(wait_sends(ps, w, steps - 1));
-            if (!ps->stopped || !ps->live[w])
-                continue;
-            /* the worker's pushes beyond the last step: received, dropped */
-            int64_t pushed = 0;
-            bg_status_t st = bg_recv(ps->comm, worker_rank(ps, w), ps_tag(PS_BYE, 0), &pushed, sizeof pushed);
-            if (st != BG_OK) {
-                BG_CHECK(worker_failed(ps, w, steps - 1, st));
-                continue;
-            }
-            for (int64_t k = 0; k < pushed - steps && k < ps->R && ps->live[w]; k++) {
-                bg_request_t **rq = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
-                for (int j = 0; j <= ps->nown && ps->live[w]; j++)
-                    if ((st = bg_wait(rq[j])) != BG_OK)
-                        BG_CHECK(worker_failed(ps, w, steps - 1, st));
-            }
+            if (ps->stopped && ps->live[w])
+                BG_CHECK(drain_worker(ps, w, steps));
         }
         return BG_OK;
+    }
+    /* K > 0: the loss rank saw the servers' last version first; it comes here too */
+    while (ps->pipe_stop && ps->last < 0) {
+        int done = 0;
+        if (!ps->pulling)
+            BG_CHECK(post_pull(ps));
+        BG_CHECK(pull_done(ps, 1, &done));
     }
     if (ps->last >= 0) { /* stopped: tell the servers what to drain, then the pushes complete */
         ps->bye = ps->pushed_steps;
@@ -740,12 +927,12 @@ bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
         BG_ALLOC_CHECK(rq, (size_t)ps->S * sizeof(void *), "parameter server bye");
         bg_status_t st = BG_OK;
         for (int s = 0; s < ps->S && st == BG_OK; s++)
-            if ((st = bg_isend(ps->comm, s, ps_tag(PS_BYE, 0), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
+            if ((st = bg_isend(ps->comm, s, ps_tag(PS_CTRL, PS_BYE), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
                 st = server_error(ps, s, st, "leaving");
         if (st == BG_OK)
             st = wait_pushes(ps);
         for (int s = 0; s < ps->S; s++) {
-            bg_status_t s2 = rq[s] ? bg_wait(rq[s]) : BG_OK;
+            bg_status_t s2 = rq[s] ? ps_wait(ps, rq[s], ps->wk) : BG_OK;
             if (st == BG_OK && s2 != BG_OK)
                 st = server_error(ps, s, s2, "leaving");
         }

@@ -32,14 +32,28 @@ typedef struct bg__ps_stats {
  * line naming the flags. */
 bg_status_t bg__ps_check_params(const bg_executor_params_t *p);
 
+/* What bg__ps_create needs. Worker w of W is the pipeline of ranks
+ * servers + w*pp .. servers + w*pp + pp - 1 (pipeline rank k: servers +
+ * w*pp + k). */
+typedef struct bg__ps_params {
+    bg_comm_t *comm;
+    bg_backend_t *be;
+    const bg_model_desc_t *desc;
+    bg_model_t **models;  /* this rank's: a worker's chunks (its stages), a server's one model of
+                             its tensors, with their optimizer state (bg__ps_owned,
+                             bg_model_create_tensors) */
+    int nmodels;
+    int servers, staleness;
+    int pp;               /* ranks per worker pipeline (1: a worker is one rank) */
+    const int *holder;    /* per tensor of desc: the pipeline rank that holds it (every rank
+                             computes the same from the schedule); NULL: pp = 1 */
+    int loss_rank;        /* the pipeline rank holding the loss layer (the last stage) */
+} bg__ps_params_t;
+
 /* This rank's part: ranks 0 .. servers-1 are servers, the others workers.
- * @p m is the rank's model: a worker's of every layer (it computes with it), a
- * server's of its tensors only, with their optimizer state allocated:
- * bg__ps_owned, bg_model_create_tensors). Every rank
- * computes the same tensor map (largest first, to the least loaded server).
- * A server posts the receives of its first K + 1 steps. */
-bg_status_t bg__ps_create(bg_comm_t *comm, bg_backend_t *be, bg_model_t *m, int servers, int staleness,
-                          bg__ps_t **ps_p);
+ * Every rank computes the same tensor map (largest first, to the least
+ * loaded server). A server posts the receives of its first K + 1 steps. */
+bg_status_t bg__ps_create(const bg__ps_params_t *p, bg__ps_t **ps_p);
 void bg__ps_destroy(bg__ps_t *ps);
 /* After a resume: the parameters are version @p step everywhere. */
 void bg__ps_set_version(bg__ps_t *ps, int64_t step);
@@ -53,11 +67,17 @@ void bg__ps_set_version(bg__ps_t *ps, int64_t step);
 bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, bg__ps_stats_t *stats);
 /* Worker, before step @p step: parameters of version >= step - K in place. */
 bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step);
-/* Worker: push the tensors within floats [off, off + count) of the flat
- * gradient buffer that are not pushed yet this step. */
-bg_status_t bg__ps_push_range(bg__ps_t *ps, size_t off, size_t count);
+/* Worker: push the tensors within floats [off, off + count) of chunk @p
+ * chunk's flat gradient buffer (models[chunk]) that are not pushed yet this
+ * step. */
+bg_status_t bg__ps_push_range(bg__ps_t *ps, int chunk, size_t off, size_t count);
 /* Worker, after the backward of step @p step: push what is left and the
- * step's loss share and stop flag; K = 0: receive version step + 1. */
+ * step's loss share and stop flag (every rank of the pipeline: the loss
+ * rank's share, the others' 0); K = 0: receive version step + 1 and server
+ * 0's global loss and stop decision; K > 0: the loss rank tells the other
+ * ranks of its pipeline its loss and whether the pipeline stops, so they
+ * all stop after the same step. stats->loss: the global batch's mean (K =
+ * 0) or the worker's own sequences' mean (K > 0). */
 bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int stop_req, bg__ps_stats_t *stats);
 /* Worker: receive every version up to @p steps (the servers have sent them);
  * server: wait for its sends. Before saving, at the end. */

@@ -116,12 +116,12 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         return bg_error(BG_ERR_INVALID, "--ps %d --staleness %d: both must be >= 0", c->ps, c->staleness);
     if (c->staleness > 0 && c->ps == 0)
         return bg_error(BG_ERR_INVALID, "--staleness %d needs --ps (parameter servers)", c->staleness);
-    if (c->ps > 0 && (c->pp > 1 || c->model.tp > 1 || c->zero))
-        return bg_error(c->zero ? BG_ERR_INVALID : BG_ERR_UNSUPPORTED,
-                        "--ps with %s %d: a worker is a whole replica (pp = 1, tp = 1) and the servers already shard "
-                        "the optimizer state; %s", c->pp > 1 ? "--pp" : c->model.tp > 1 ? "--tp" : "--zero",
-                        c->pp > 1 ? c->pp : c->model.tp > 1 ? c->model.tp : c->zero,
-                        c->zero ? "leave --zero out" : "pipelined and tensor-parallel workers are not built");
+    if (c->ps > 0 && c->model.tp > 1)
+        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --tp %d: the servers hold whole tensors and a tensor-parallel "
+                        "worker holds slices of them; pushing and pulling slices is not built (--pp is)", c->model.tp);
+    if (c->ps > 0 && c->zero)
+        return bg_error(BG_ERR_INVALID, "--ps with --zero %d: the servers already shard the optimizer state (by "
+                        "tensor); leave --zero out", c->zero);
     if (c->pp < 0 || c->dp < 0)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", c->pp, c->dp);
     int dp = c->dp ? c->dp : 1;

@@ -54,11 +54,12 @@ static void usage(FILE *f)
             "  --zero 0|1|2           shard across the dp replicas of a stage: 1 the optimizer state, 2 also the\n"
             "                         gradients (docs/data_parallel.md; default 0: none)\n"
             "  --ps S                 parameter servers: ranks 0..S-1 hold the parameters and optimizer state\n"
-            "                         (whole tensors each), the other ranks are workers, each a whole replica\n"
-            "                         (pp = tp = 1); run under brigade launch --tolerate-ranks S..N-1 to go on\n"
-            "                         when a worker dies (docs/parameter_server.md)\n"
+            "                         (whole tensors each), the other ranks are workers, each a replica: one\n"
+            "                         rank, or with --pp P a pipeline of P consecutive ranks (N-S a multiple\n"
+            "                         of P; not dualpipe, not --tp); brigade launch goes on when a worker\n"
+            "                         dies (it tolerates ranks S..N-1; docs/parameter_server.md)\n"
             "  --staleness K          with --ps: a worker may compute step t on parameters of step t-K\n"
-            "                         (default 0: synchronous, the weights of --dp N-S)\n"
+            "                         (default 0: synchronous, the weights of --dp (N-S)/P)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -641,16 +642,22 @@ int bg_cmd_train(int argc, char **argv)
         bg_train_result_free(&r);
         if (rank != 0)
             return rc;
-        if (ran > 0 && c.ps > 0)
-            printf("trained %s on %d ranks (%d parameter server%s + %d workers, staleness %d): %s, loss %.4f -> "
+        if (ran > 0 && c.ps > 0) {
+            int pp = c.pp > 0 ? c.pp : 1;
+            char stages[48] = ""; /* pipelined workers: how many ranks each */
+            if (pp > 1)
+                snprintf(stages, sizeof stages, " of pp %d (%s)",
+                         pp, c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b");
+            printf("trained %s on %d ranks (%d parameter server%s + %d workers%s, staleness %d): %s, loss %.4f -> "
                    "%.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.ps, c.ps == 1 ? "" : "s",
-                   r.world - c.ps, c.staleness, did, r.first_loss, r.final_loss);
-        else if (ran > 0)
+                   (r.world - c.ps) / pp, stages, c.staleness, did, r.first_loss, r.final_loss);
+        } else if (ran > 0) {
             printf("trained %s on %d ranks (pp %d x dp %d x tp %d, %s): %s, loss %.4f -> %.4f\n",
                    c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
                    c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
-        else
+        } else {
             printf("%s on %d ranks: %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, did);
+        }
         if (ran > 0)
             printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
         if (c.save_dir && !r.stopped)

@@ -110,10 +110,11 @@ typedef struct bg_executor_params {
     double emulate_scale;        /**< factor on the profiled times (0: 1) */
     int ps;                      /**< parameter servers (docs/parameter_server.md): ranks 0 .. ps-1 hold the
                                       parameters and optimizer state, sharded by whole tensors; the other
-                                      world - ps ranks are workers, each a whole replica (pp = tp = 1, no
-                                      zero; dp: 1 or world - ps); 0: none */
+                                      world - ps ranks are workers, each a replica: one rank, or a pipeline
+                                      of pp consecutive ranks (world - ps a multiple of pp; tp = 1, no zero,
+                                      not dualpipe; dp: 1 or (world - ps) / pp); 0: none */
     int staleness;               /**< with ps: a worker computes step t on parameters of a version >= t - K
-                                      (0: synchronous, the weights of dp = world - ps) */
+                                      (0: synchronous, the weights of dp = (world - ps) / pp) */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */

@@ -16,9 +16,23 @@
 #   steps on the bundled corpus the loss (mean of the last 10 steps, as the
 #   servers sum it) is within 5% of K = 0's; every worker's staleness is
 #   within [0, K] and some step used stale parameters; weights finite.
+# - Pipelined workers (--ps S --pp 2: worker w is ranks S + 2w, S + 2w + 1,
+#   each stage rank pushing and pulling its own tensors): K = 0 with 2
+#   worker pipelines equals --pp 2 --dp 2 with the same schedule bitwise,
+#   --ps 1 (5 processes) and --ps 2 (6), GPT with tied embeddings (the
+#   embedding on stage 0, the head on stage 1: the tie's server adds a + b as
+#   the executor does across stages) and MLP, under 1f1b, zb-h1 and
+#   interleaved / zbv with 2 chunks per rank; a K = 1 run (100 steps) ends
+#   with finite weights, staleness within [0, 1] on every rank, and the two
+#   ranks of each pipeline report the same loss every step (the last stage
+#   tells the first its loss and when to stop); the metrics add up (the
+#   servers receive what the stage ranks push). Also --pp 3 with a middle
+#   stage that holds no tensor (bitwise), and 3 worker pipelines against
+#   --pp 2 --dp 3 within the data-parallel tolerance.
 # - Bad input: --ps 0, --ps >= the ranks, more servers than tensors, --ps
-#   with --pp > 1, --tp > 1 or --zero, --staleness without --ps: one line
-#   each, a non-zero exit, nothing trained.
+#   with --tp > 1, --zero or dualpipe, --staleness without --ps, a worker
+#   count that is not a multiple of --pp: one line each, a non-zero exit,
+#   nothing trained.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
@@ -124,6 +138,52 @@ PY
 )
 [ "$v" = ok ] && ok "trace: pull_wait/push_pull on workers, push_wait/update on servers, 10 steps each" || bad "trace: $v"
 
+# pipelined workers: --ps S --pp 2 with 2 worker pipelines = --pp 2 --dp 2, same schedule, bitwise
+PTIE="$GPT --batch 8 --microbatches 4 --tie-embeddings --weight-decay 0.1"
+PMLP="$MLP --batch 8 --microbatches 4"
+for c in "PTIE 1f1b" "PMLP 1f1b" "PTIE interleaved --chunks 2" "PMLP zb-h1" "PTIE zbv --chunks 2"; do
+  m=${c%% *} sch=${c#* } tag=$(echo "$c" | tr ' ' _)
+  train_save "pp_dp_$tag" 4 ${!m} --pp 2 --dp 2 --schedule $sch || continue
+  for s in 1 2; do
+    case "$c" in *interleaved* | *zbv*) [ $s = 2 ] && continue;; esac # one server count each, for time
+    train_save "pp_ps${s}_$tag" $((s + 4)) ${!m} --pp 2 --ps $s --schedule $sch &&
+      same "$T/pp_dp_$tag" "$T/pp_ps${s}_$tag" "${m#P} --pp 2, $sch: --ps $s with 2 worker pipelines = --pp 2 --dp 2 (bitwise)"
+  done
+done
+# three stages, the middle one holding no tensor (an activation alone): bitwise
+train_save pp3_dp 6 $MLP --batch 8 --pp 3 --dp 2 --split 1,1,5 &&
+  train_save pp3_ps 7 $MLP --batch 8 --pp 3 --ps 1 --split 1,1,5 &&
+  same "$T/pp3_dp" "$T/pp3_ps" "MLP --pp 3 --split 1,1,5 (a stage without tensors): --ps 1 = --pp 3 --dp 2 (bitwise)"
+# three worker pipelines: within the data-parallel tolerance (the servers sum in worker order)
+train_save pp_dp3 6 $PTIE --batch 12 --pp 2 --dp 3 &&
+  train_save pp_ps_w3 7 $PTIE --batch 12 --pp 2 --ps 1 &&
+  near "$T/pp_dp3" "$T/pp_ps_w3" "GPT --pp 2: --ps 1 with 3 worker pipelines = --pp 2 --dp 3 (relative L2 1e-5)"
+# K = 1 with pipelined workers: finite weights, staleness within [0, 1], one loss per pipeline and step,
+# the servers' bytes = the stage ranks' pushes + each rank's loss/stop pair
+timeout 60 "$B" launch -n 5 -- "$B" train $GPT --batch 8 --microbatches 4 --steps 100 --pp 2 --ps 1 --staleness 1 \
+  --quiet --save "$T/ppk1" --metrics "$T/ppk1.jsonl" >"$T/ppk1.log" 2>&1 || bad "--pp 2 --staleness 1: $(tail -2 "$T/ppk1.log")"
+v=$(python3 - "$T/ppk1.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]
+wrk = [r for r in rows if r.get("role") == "worker"]
+srv = [r for r in rows if r.get("role") == "server"]
+assert sorted({r["rank"] for r in wrk}) == [1, 2, 3, 4] and len(wrk) == 400 and len(srv) == 100, (len(wrk), len(srv))
+st = [r["staleness"] for r in wrk]
+assert min(st) >= 0 and max(st) <= 1 and max(st) == 1, (min(st), max(st))
+loss = {}
+for r in wrk:
+    loss.setdefault((r["step"], (r["rank"] - 1) // 2), set()).add(r["loss"])
+assert all(len(v) == 1 for v in loss.values()), "the ranks of a pipeline disagree on a step's loss"
+for step in range(1, 101):
+    got = sum(r["bytes_recv"] for r in srv if r["step"] == step)
+    sent = sum(r["bytes_sent"] for r in wrk if r["step"] == step)
+    assert got == sent + 4 * 8, (step, got, sent)
+print(f"ok: staleness mean {sum(st) / len(st):.2f} max {max(st)}, one loss per pipeline and step")
+PY
+)
+case $v in ok:*) ok "--pp 2 --staleness 1: ${v#ok: }";; *) bad "--pp 2 --staleness 1: $v";; esac
+v=$(finite "$T/ppk1/model.safetensors") && ok "--pp 2 --staleness 1: $v" || bad "--pp 2 --staleness 1: $v"
+
 # K > 0: converges like synchronous training, staleness bounded by K
 SMALL="--model gpt --layers 2 --d-model 32 --heads 2 --seq 32 --batch 8 --microbatches 1 --steps 300 --threads 1 --lr 1e-3"
 for k in 0 1 2; do
@@ -156,8 +216,8 @@ G1="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --steps 1 --threads 1
 expect_train 2 "--ps must be in [1, 4095], got 0" $G1 --ps 0
 expect_train 1 "1 server but the job has 1 rank, so no worker is left" $G1 --ps 1
 expect_train 1 "more servers than the model's 29 tensors" $G1 --ps 40
-expect_train 2 "--ps with --pp 2" $G1 --ps 1 --pp 2
-expect_train 2 "--ps with --tp 2" $G1 --ps 1 --tp 2
+expect_train 2 "--ps with --tp 2: the servers hold whole tensors" $G1 --ps 1 --tp 2
+expect_train 1 "--ps with dualpipe: its two copies of each stage" $G1 --ps 1 --pp 2 --schedule dualpipe
 expect_train 2 "--ps with --zero 1" $G1 --ps 1 --zero 1
 expect_train 2 "--staleness 2 needs --ps" $G1 --staleness 2
 # under the launcher: more servers than ranks stops every rank (no hang)
@@ -165,4 +225,9 @@ timeout 60 "$B" launch -n 2 -- "$B" train $G1 --ps 2 >"$T/o" 2>"$T/e"
 rc=$?
 [ $rc != 0 ] && [ $rc != 124 ] && grep -q "no worker is left" "$T/e" && ok "--ps 2 on 2 ranks refused (exit $rc)" ||
   bad "--ps 2 on 2 ranks: exit $rc: $(cat "$T/e")"
+# workers that do not fill whole pipelines: every rank says so, nobody hangs
+timeout 60 "$B" launch -n 4 -- "$B" train $G1 --ps 1 --pp 2 >"$T/o" 2>"$T/e"
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "leave 3 for the workers, not a multiple of the 2 ranks" "$T/e" &&
+  ok "--ps 1 --pp 2 on 4 ranks refused (exit $rc)" || bad "--ps 1 --pp 2 on 4 ranks: exit $rc: $(cat "$T/e")"
 finish

@@ -7,16 +7,25 @@
 #   its steps, the weights are finite, server 0 names the dead worker and the
 #   step, the launcher says it tolerated it, no survivor fails, and the exit
 #   code is the dead worker's (137), not 0.
+# - One rank of a pipelined worker SIGKILLed (--ps 1 --pp 2, 3 worker
+#   pipelines on 7 ranks; rank 4, the last stage of worker 1): the rest of
+#   that pipeline stops (rank 3 fails naming rank 4, and the launcher
+#   tolerates it too), the servers drop worker 1 whole and go on with 2
+#   workers, all steps run, weights finite, exit 137.
 # - A server SIGKILLed mid-run: every rank stops within seconds, the launcher
 #   names the server and so do the ranks that saw it die.
 # - SIGTERM to the launcher (a stop request on every rank), K = 0 and 2:
 #   every rank stops at a step the servers agree on (the workers' pushes
 #   carry the request), server 0 writes the checkpoint of that step, exit 143,
 #   no rank killed, and no push left unreceived (UCX would warn of unmatched
-#   messages at teardown).
+#   messages at teardown); also with pipelined workers at K = 2 (the last
+#   stage tells the first when its pipeline stops).
 # - A checkpoint written by the servers (full named tensors) resumes under
 #   --dp: the K = 0 run resumed with --dp 2 ends bitwise where the
-#   uninterrupted --dp 2 run ends, and the other way round.
+#   uninterrupted --dp 2 run ends, and the other way round; one written by
+#   --ps 1 --pp 2 resumes under --pp 2 --dp 2 and under --dp 2, each ending
+#   bitwise where its uninterrupted run ends, and --ps 1 --pp 2 resumes a
+#   --dp 2 checkpoint.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
@@ -92,6 +101,43 @@ PY
 case $v in ok:*) ok "metrics: ${v#ok: }";; *) bad "metrics: $v";; esac
 v=$(finite "$T/wd") && ok "weights after the death: $v" || bad "weights: $v"
 
+# ---- one rank of a pipelined worker dies: the rest of its pipeline stops, the job goes on
+PSTEPS=1000
+timeout 120 "$B" launch -n 7 -- "$B" train $G --microbatches 2 --steps $PSTEPS --ps 1 --pp 2 --quiet \
+  --save "$T/pd" --metrics "$T/pd.jsonl" >"$T/pd.log" 2>&1 &
+job=$!
+killed=$(kill_at_step $job 4 100 "$T/pd.jsonl")
+wait $job
+rc=$?
+[ -n "$killed" ] && ok "rank 4 (worker 1's last stage) killed mid-run" || bad "could not kill rank 4: $(tail -3 "$T/pd.log")"
+[ $rc = 137 ] && ok "pipelined: exit code 137 (the dead rank's)" || bad "pipelined: exit code $rc, want 137: $(tail -3 "$T/pd.log")"
+grep -q "rank 4 (pid [0-9]*) was killed by signal 9 (Killed); tolerated" "$T/pd.log" &&
+  grep -q "rank 3 (pid [0-9]*) exited with status 1; tolerated" "$T/pd.log" &&
+  ok "the launcher tolerated rank 4 and its pipeline's rank 3" || bad "tolerated lines: $(grep launch "$T/pd.log")"
+grep "^brigade train:" "$T/pd.log" | grep -q "rank 4 died\|rank 4 of worker 1 (ranks 3..4) died" &&
+  ok "rank 3 stops naming rank 4: $(grep "^brigade train:.*rank 4" "$T/pd.log" | head -1 | cut -c1-160)" ||
+  bad "rank 3's error: $(grep "^brigade train:" "$T/pd.log")"
+grep -q "stopping the other" "$T/pd.log" && bad "pipelined: a rank outside worker 1 failed: $(grep -v OpenBLAS "$T/pd.log" | tail -5)" ||
+  ok "pipelined: no rank outside worker 1 failed"
+grep -q "r0 WARN ps\] worker 1 (ranks 3..4; gone: [0-9 ]*4[0-9 ]*) died at step [0-9]*; 2 workers left" "$T/pd.log" &&
+  ok "server 0 drops the worker: $(grep -o 'worker 1 (ranks 3..4; gone:[^)]*) died at step [0-9]*; 2 workers left' "$T/pd.log" | head -1)" ||
+  bad "server 0 does not name worker 1: $(grep "WARN ps" "$T/pd.log" | head -3)"
+grep -q "trained gpt on 7 ranks (1 parameter server + 3 workers of pp 2 (1f1b), staleness 0): $PSTEPS steps" "$T/pd.log" &&
+  ok "pipelined: all $PSTEPS steps ran" || bad "pipelined: not finished: $(grep -v OpenBLAS "$T/pd.log" | tail -3)"
+v=$(python3 - "$T/pd.jsonl" $PSTEPS <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]
+n = int(sys.argv[2])
+srv = [r for r in rows if r.get("role") == "server"]
+assert srv[-1]["step"] == n and srv[0]["live_workers"] == 3 and srv[-1]["live_workers"] == 2, (srv[0], srv[-1])
+last = {k: max(r["step"] for r in rows if r["rank"] == k) for k in range(1, 7)}
+assert last[3] < n and last[4] < n and all(last[k] == n for k in (1, 2, 5, 6)), last
+print(f"ok: worker 1's ranks stopped at steps {last[3]}, {last[4]}; live workers 3 -> 2")
+PY
+)
+case $v in ok:*) ok "pipelined metrics: ${v#ok: }";; *) bad "pipelined metrics: $v";; esac
+v=$(finite "$T/pd") && ok "pipelined: weights after the death: $v" || bad "pipelined: weights: $v"
+
 # ---- a server dies: everyone stops, naming it
 timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
   --metrics "$T/sd.jsonl" >"$T/sd.log" 2>&1 &
@@ -116,8 +162,10 @@ grep "^brigade train:" "$T/sd.log" | grep -q "parameter server 1 (rank 1)\|rank 
   bad "no rank names the server: $(grep -v OpenBLAS "$T/sd.log" | tail -4)"
 
 # ---- a stop request (SIGTERM to the launcher, forwarded to every rank)
-for k in 0 2; do
-  timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --staleness $k --quiet \
+for k in 0 2 2p; do
+  lay="--ps 2"
+  [ $k = 2p ] && lay="--ps 1 --pp 2 --microbatches 2" # 2 worker pipelines of 2 ranks
+  timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS $lay --staleness ${k%p} --quiet \
     --checkpoint-dir "$T/st$k" --metrics "$T/st$k.jsonl" >"$T/st$k.log" 2>&1 &
   job=$!
   for i in $(seq 300); do [ -s "$T/st$k.jsonl" ] && [ "$(grep -c '"role": "server"' "$T/st$k.jsonl")" -ge 100 ] && break; sleep 0.1; done
@@ -129,6 +177,16 @@ for k in 0 2; do
   [ $rc = 143 ] && [ "$n" = 1 ] && grep -q "stopped after step [0-9]* on request; checkpoint written" "$T/st$k.log" &&
     ! grep -q "sending SIGKILL" "$T/st$k.log" && ! grep -q "was not matched" "$T/st$k.log" && ok "--staleness $k: SIGTERM: stopped at $(ls "$T/st$k"), exit 143" ||
     bad "--staleness $k: SIGTERM: exit $rc, $n checkpoints: $(grep -v 'OpenBLAS\|UCX' "$T/st$k.log" | tail -4)"
+  [ $k = 2p ] || continue
+  v=$(python3 - "$T/st$k.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]
+last = {k: max(r["step"] for r in rows if r["rank"] == k) for k in range(1, 5)}
+assert last[1] == last[2] and last[3] == last[4], last
+print(f"ok: each pipeline's ranks ran the same steps {last}")
+PY
+)
+  case $v in ok:*) ok "--staleness 2p: ${v#ok: }";; *) bad "--staleness 2p: the ranks of a pipeline stopped apart: $v";; esac
 done
 
 # ---- checkpoints from the servers resume under any layout (and PS resumes a --dp checkpoint)
@@ -141,8 +199,23 @@ ck 4 --ps 2 --steps 5 --checkpoint-dir "$T/c1"
 ck 2 --dp 2 --steps 10 --checkpoint-dir "$T/c1" --resume --save "$T/r1"
 same "$T/full" "$T/r1" "--ps 2 checkpoint at step 5 resumed with --dp 2 = --dp 2 throughout"
 ck 2 --dp 2 --steps 5 --checkpoint-dir "$T/c2"
+cp -r "$T/c2" "$T/c5" # for --ps 1 --pp 2 below (resuming writes step 10 here)
 ck 4 --ps 2 --steps 10 --checkpoint-dir "$T/c2" --resume --save "$T/r2"
 grep -q "resuming from .*step-00000005" "$T/ck.log" && ok "--ps resumed the --dp checkpoint" || bad "no resume: $(cat "$T/ck.log")"
 same "$T/full" "$T/r2" "--dp 2 checkpoint at step 5 resumed with --ps 2 = --dp 2 throughout"
+# pipelined workers' checkpoints (written by the server) resume under --pp 2 --dp 2 and under --dp 2
+ck 4 --pp 2 --dp 2 --steps 10 --save "$T/fullpp"
+ck 5 --ps 1 --pp 2 --steps 5 --checkpoint-dir "$T/c3"
+v=$(python3 -c 'import json, sys; l = json.load(open(sys.argv[1]))["extra"]["layout"]; print(l["pp"], l["dp"], l["ps"])' \
+  "$T/c3/step-00000005/manifest.json" 2>&1)
+[ "$v" = "2 2 1" ] && ok "the manifest records the pipelined workers' layout (pp dp ps: $v)" || bad "manifest layout: $v"
+cp -r "$T/c3" "$T/c4"
+ck 4 --pp 2 --dp 2 --steps 10 --checkpoint-dir "$T/c3" --resume --save "$T/r3"
+same "$T/fullpp" "$T/r3" "--ps 1 --pp 2 checkpoint at step 5 resumed with --pp 2 --dp 2 = --pp 2 --dp 2 throughout"
+ck 2 --dp 2 --steps 10 --checkpoint-dir "$T/c4" --resume --save "$T/r4"
+same "$T/full" "$T/r4" "--ps 1 --pp 2 checkpoint at step 5 resumed with --dp 2 = --dp 2 throughout"
+ck 5 --ps 1 --pp 2 --steps 10 --checkpoint-dir "$T/c5" --resume --save "$T/r5"
+grep -q "resuming from .*step-00000005" "$T/ck.log" && same "$T/full" "$T/r5" "--dp 2 checkpoint at step 5 resumed with --ps 1 --pp 2 = --dp 2 throughout" ||
+  bad "--ps 1 --pp 2 did not resume the --dp 2 checkpoint: $(cat "$T/ck.log")"
 
 finish
