@@ -11,7 +11,7 @@ int bg_cmd_info(int argc, char **argv)
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: brigade info\n  prints the version, the compiled-in backends (whether each device backend\n"
                "  can start here, how its buffers travel between ranks), the CPU, the BLAS and its kernels,\n"
-               "  and every BRIGADE_* variable\n");
+               "  which library (OpenBLAS or oneDNN) runs each GEMM layout, and every BRIGADE_* variable\n");
         return 0;
     }
     if (argc > 1)
@@ -50,6 +50,12 @@ int bg_cmd_info(int argc, char **argv)
                    b.core, cpu.avx512 ? "AVX-512" : cpu.avx2_fma ? "AVX2" : "AVX",
                    cpu.avx512 ? "SkylakeX" : cpu.avx2_fma ? "Haswell (Zen on AMD)" : "Sandybridge");
     }
+    bg_gemm_info_t g;
+    if (bg_gemm_info(&g) != BG_OK)
+        printf("gemm: %s\n", bg_last_error());
+    else
+        printf("gemm: A B %s, A B^T %s, A^T B %s (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn, g.mode,
+               g.onednn ? g.onednn_version : "not used: ", g.onednn ? ", " : "", g.onednn ? g.onednn_path : g.onednn_why);
     printf("\nenvironment variables (current value, default, meaning):\n");
     size_t count;
     const bg_config_var_t *t = bg_config_table(&count);

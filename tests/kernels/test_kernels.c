@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <omp.h>
 #include <cmocka.h>
 
 #include <malloc.h>
@@ -1256,6 +1257,62 @@ static void test_registry(void **state)
     bg_backend_destroy(be);
 }
 
+/* ------------------------------------------------ GEMM libraries (BRIGADE_GEMM) */
+
+/* Each GEMM library on its own (BRIGADE_GEMM read when a backend is created):
+ * every layout against the double reference, bits independent of the thread
+ * count, and the caller's OpenMP thread count left alone (the oneDNN tiles
+ * hold their own OpenMP tasks to one thread). oneDNN is optional: skipped
+ * with a message where libdnnl.so.2 is not installed or not usable. */
+static void gemm_library(const char *mode, const char *name)
+{
+    setenv("BRIGADE_GEMM", mode, 1);
+    bg_gemm_info_t g;
+    if (bg_gemm_info(&g) != BG_OK) {
+        print_message("skipped: %s\n", bg_last_error());
+        skip();
+    }
+    print_message("BRIGADE_GEMM=%s: A B %s, A B^T %s, A^T B %s\n", g.mode, g.nn, g.nt, g.tn);
+    assert_string_equal(g.nn, name);
+    assert_string_equal(g.nt, name);
+    assert_string_equal(g.tn, name);
+    int before = omp_get_max_threads();
+    test_gemm(NULL);
+    test_gemm_batched(NULL);
+    test_determinism(NULL);
+    assert_int_equal(omp_get_max_threads(), before);
+}
+
+static void test_gemm_openblas(void **state)
+{
+    (void)state;
+    gemm_library("openblas", "OpenBLAS");
+}
+
+static void test_gemm_onednn(void **state)
+{
+    (void)state;
+    gemm_library("onednn", "oneDNN");
+}
+
+/* a BRIGADE_GEMM that names no library: the backend is not created, and says why */
+static void test_gemm_bad_mode(void **state)
+{
+    (void)state;
+    setenv("BRIGADE_GEMM", "mkl", 1);
+    bg_backend_t *be = NULL;
+    assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_ERR_INVALID);
+    assert_null(be);
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_GEMM=\"mkl\""));
+}
+
+static int unset_gemm(void **state)
+{
+    (void)state;
+    unsetenv("BRIGADE_GEMM");
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1269,6 +1326,9 @@ int main(void)
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),
+        cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
+        cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
+        cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
