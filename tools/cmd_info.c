@@ -43,7 +43,13 @@ int bg_cmd_info(int argc, char **argv)
     } else {
         printf("blas: %s, %s\n      version: %s\n      kernels: core %s (chosen by %s)\n", b.library, b.path,
                b.version, b.core, b.chosen_by);
-        if (b.fallback)
+        bg_gemm_info_t gi;
+        int dnnl_all = bg_gemm_info(&gi) == BG_OK && !strcmp(gi.nn, "oneDNN") && !strcmp(gi.nt, "oneDNN") &&
+                       !strcmp(gi.tn, "oneDNN");
+        if (b.fallback && dnnl_all)
+            printf("note: OpenBLAS's \"%s\" kernels are a fallback below this CPU, but every GEMM runs on oneDNN\n",
+                   b.core);
+        else if (b.fallback)
             printf("warning: OpenBLAS's \"%s\" kernels are a fallback below this CPU (%s): GEMM runs at a "
                    "fraction of its speed; unset OPENBLAS_CORETYPE and BRIGADE_BLAS_CORE, or set "
                    "OPENBLAS_CORETYPE=%s\n",

@@ -152,6 +152,8 @@ static struct {
     bg_blas_info_t info;
 } bg__blas = {.once = PTHREAD_ONCE_INIT};
 
+static int bg__dnnl_takes_over(void);
+
 static void bg__blas_load_once(void)
 {
     static const char soname[] = "libopenblas.so.0";
@@ -220,7 +222,11 @@ static void bg__blas_load_once(void)
      * ranks log it at INFO (brigade info says it too, with the advice). */
     const char *rank = getenv("BRIGADE_RANK");
     int first = !rank || !*rank || !strcmp(rank, "0");
-    if (b->fallback)
+    if (b->fallback && bg__dnnl_takes_over())
+        bg_log(BG_LOG_INFO, "kernels",
+               "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors; every GEMM "
+               "runs on oneDNN instead (BRIGADE_GEMM=auto)", b->core, b->chosen_by);
+    else if (b->fallback)
         bg_log(first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
                "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
@@ -300,6 +306,18 @@ static void bg__dnnl_load_once(void)
     snprintf(bg__dnnl.path, sizeof(bg__dnnl.path), "%s", path);
     snprintf(bg__dnnl.version, sizeof(bg__dnnl.version), "%d.%d.%d", v->major, v->minor, v->patch);
     bg__dnnl.ok = 1;
+}
+
+/* With BRIGADE_GEMM=auto or onednn and oneDNN usable, oneDNN runs every
+ * GEMM when OpenBLAS's core is a fallback (bg_gemm_info): the fallback's
+ * warning would be wrong then. */
+static int bg__dnnl_takes_over(void)
+{
+    const char *mode = bg_config_str("BRIGADE_GEMM");
+    if (!mode || (strcmp(mode, "auto") && strcmp(mode, "onednn")))
+        return 0;
+    pthread_once(&bg__dnnl.once, bg__dnnl_load_once);
+    return bg__dnnl.ok;
 }
 
 /* oneDNN's sgemm on the calling thread only: outside an active parallel
