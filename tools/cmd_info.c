@@ -45,7 +45,7 @@ int bg_cmd_info(int argc, char **argv)
                b.version, b.core, b.chosen_by);
         bg_gemm_info_t gi;
         int dnnl_all = bg_gemm_info(&gi) == BG_OK && !strcmp(gi.nn, "oneDNN") && !strcmp(gi.nt, "oneDNN") &&
-                       !strcmp(gi.tn, "oneDNN");
+                       !strcmp(gi.tn, "oneDNN") && !strcmp(gi.tn_tall, "oneDNN");
         if (b.fallback && dnnl_all)
             printf("note: OpenBLAS's \"%s\" kernels are a fallback below this CPU, but every GEMM runs on oneDNN\n",
                    b.core);
@@ -60,7 +60,8 @@ int bg_cmd_info(int argc, char **argv)
     if (bg_gemm_info(&g) != BG_OK)
         printf("gemm: %s\n", bg_last_error());
     else
-        printf("gemm: A B %s, A B^T %s, A^T B %s (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn, g.mode,
+        printf("gemm: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn,
+               g.tn_tall, g.mode,
                g.onednn ? g.onednn_version : "not used: ", g.onednn ? ", " : "", g.onednn ? g.onednn_path : g.onednn_why);
     printf("\nenvironment variables (current value, default, meaning):\n");
     size_t count;

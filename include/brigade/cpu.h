@@ -102,7 +102,8 @@ typedef struct bg_gemm_info {
     const char *onednn_why;     /**< when not onednn: why (not installed, its threading runtime, ...) */
     const char *nn;             /**< C = A B: "oneDNN" or "OpenBLAS" */
     const char *nt;             /**< C = A B^T (forward of a linear layer) */
-    const char *tn;             /**< C = A^T B and A^T B^T (weight gradients) */
+    const char *tn;             /**< C = A^T B and A^T B^T (weight gradients), m <= n */
+    const char *tn_tall;        /**< the same with m > n (more rows than columns) */
     bg_dnnl_sgemm_fn dnnl_sgemm; /**< when onednn: oneDNN's sgemm on the calling thread only (the
                                       backend's own calls skip this wrapper); else NULL */
 } bg_gemm_info_t;

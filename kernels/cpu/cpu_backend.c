@@ -26,8 +26,9 @@
 typedef struct bg_cpu_impl {
     const bg_blas_info_t *blas; /* OpenBLAS, loaded by cpu_blas.c */
     /* oneDNN's sgemm per operand layout (bg_gemm_info when the backend was
-     * created): [0] A B, [1] A B^T, [2] A^T B and A^T B^T; NULL: OpenBLAS */
-    bg_dnnl_sgemm_fn dnnl[3];
+     * created): [0] A B, [1] A B^T, [2] A^T B and A^T B^T with m <= n,
+     * [3] the same with m > n; NULL: OpenBLAS */
+    bg_dnnl_sgemm_fn dnnl[4];
     int num_threads;
     int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
 } bg_cpu_impl_t;
@@ -216,7 +217,7 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
     }
     const bg_cpu_impl_t *impl = be->impl;
     const bg_blas_info_t *blas = impl->blas;
-    bg_dnnl_sgemm_fn dnnl = impl->dnnl[trans_a ? 2 : trans_b ? 1 : 0];
+    bg_dnnl_sgemm_fn dnnl = impl->dnnl[trans_a ? (m > n ? 3 : 2) : trans_b ? 1 : 0];
     /* OpenBLAS's count is checked (and reset when owned) before every GEMM;
      * oneDNN tiles run on the backend's threads, one thread each */
     int nt = bg__cpu_gemm_threads(be);
@@ -395,6 +396,7 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     impl->dnnl[0] = strcmp(gemm.nn, "oneDNN") ? NULL : dnnl;
     impl->dnnl[1] = strcmp(gemm.nt, "oneDNN") ? NULL : dnnl;
     impl->dnnl[2] = strcmp(gemm.tn, "oneDNN") ? NULL : dnnl;
+    impl->dnnl[3] = strcmp(gemm.tn_tall, "oneDNN") ? NULL : dnnl;
     impl->num_threads = nt;
     impl->set_blas_threads = params && params->set_blas_threads;
     if (impl->set_blas_threads && impl->blas->get_num_threads() != 1)
@@ -412,8 +414,9 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     be->ops = &bg__cpu_ops;
     be->impl = impl;
     be->num_threads = nt;
-    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend GEMM: A B %s, A B^T %s, A^T B %s (BRIGADE_GEMM=%s%s%s)", gemm.nn,
-           gemm.nt, gemm.tn, gemm.mode, gemm.onednn ? "" : "; oneDNN: ", gemm.onednn ? "" : gemm.onednn_why);
+    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend GEMM: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s%s%s)",
+           gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall, gemm.mode, gemm.onednn ? "" : "; oneDNN: ",
+           gemm.onednn ? "" : gemm.onednn_why);
     int blas_nt = impl->blas->get_num_threads();
     if (blas_nt == 1)
         bg_log(BG_LOG_DEBUG, "kernels", "cpu backend: %d OpenMP threads, OpenBLAS single-threaded per GEMM tile%s",

@@ -367,16 +367,17 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
     } else if (!g.onednn_why) {
         g.onednn_why = bg__dnnl.why;
     }
-    /* auto: oneDNN where it was measured ahead (docs/benchmarks.md: A B and
-     * A B^T on AVX-512; A^T B with m > n was behind, 0.8 of OpenBLAS's
-     * SkylakeX kernels), and everywhere OpenBLAS runs kernels narrower than
-     * the CPU. Elsewhere (AVX2 CPUs: not measured) OpenBLAS. */
+    /* auto: oneDNN where it was measured ahead (docs/kernels.md: A B, A B^T
+     * and A^T B with m <= n on AVX-512; A^T B with m > n was even at 3 rows
+     * per column and behind at 4, 0.86 of OpenBLAS's SkylakeX kernels), and
+     * everywhere OpenBLAS runs kernels narrower than the CPU. Elsewhere (AVX2
+     * CPUs: not measured) OpenBLAS. */
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);
     int ahead = g.onednn && (m_dnnl || (cpu.avx512 || blas.fallback));
-    int ahead_tn = g.onednn && (m_dnnl || blas.fallback);
-    g.nn = g.nt = ahead ? "oneDNN" : "OpenBLAS";
-    g.tn = ahead_tn ? "oneDNN" : "OpenBLAS";
+    int ahead_tall = g.onednn && (m_dnnl || blas.fallback);
+    g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
+    g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
     *info_p = g;
     return BG_OK;
 }

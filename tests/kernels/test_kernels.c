@@ -1311,10 +1311,11 @@ static void gemm_library(const char *mode, const char *name)
         print_message("skipped: %s\n", bg_last_error());
         skip();
     }
-    print_message("BRIGADE_GEMM=%s: A B %s, A B^T %s, A^T B %s\n", g.mode, g.nn, g.nt, g.tn);
+    print_message("BRIGADE_GEMM=%s: A B %s, A B^T %s, A^T B %s (m > n: %s)\n", g.mode, g.nn, g.nt, g.tn, g.tn_tall);
     assert_string_equal(g.nn, name);
     assert_string_equal(g.nt, name);
     assert_string_equal(g.tn, name);
+    assert_string_equal(g.tn_tall, name);
     int before = omp_get_max_threads();
     gemm_on_one_thread();
     test_gemm(NULL);
