@@ -37,15 +37,18 @@ int bg_cmd_info(int argc, char **argv)
     printf("cpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,
            cpu.model, cpu.brand, cpu.avx ? " avx" : "", cpu.avx2_fma ? " avx2 fma" : "",
            cpu.avx512 ? " avx512(f,bw,dq,vl)" : "", cpu.amx ? " amx" : "", cpu.vector_bits);
+    bg_gemm_info_t g;
+    int gemm_ok = bg_gemm_info(&g) == BG_OK;
+    int dnnl_all = gemm_ok && !strcmp(g.nn, "oneDNN") && !strcmp(g.nt, "oneDNN") && !strcmp(g.tn, "oneDNN") &&
+                   !strcmp(g.tn_tall, "oneDNN");
+    char gemm_error[512];
+    snprintf(gemm_error, sizeof(gemm_error), "%s", gemm_ok ? "" : bg_last_error());
     bg_blas_info_t b;
     if (bg_blas_info(&b) != BG_OK) {
         printf("blas: none: %s\n", bg_last_error());
     } else {
         printf("blas: %s, %s\n      version: %s\n      kernels: core %s (chosen by %s)\n", b.library, b.path,
                b.version, b.core, b.chosen_by);
-        bg_gemm_info_t gi;
-        int dnnl_all = bg_gemm_info(&gi) == BG_OK && !strcmp(gi.nn, "oneDNN") && !strcmp(gi.nt, "oneDNN") &&
-                       !strcmp(gi.tn, "oneDNN") && !strcmp(gi.tn_tall, "oneDNN");
         if (b.fallback && dnnl_all)
             printf("note: OpenBLAS's \"%s\" kernels are a fallback below this CPU, but every GEMM runs on oneDNN\n",
                    b.core);
@@ -56,9 +59,8 @@ int bg_cmd_info(int argc, char **argv)
                    b.core, cpu.avx512 ? "AVX-512" : cpu.avx2_fma ? "AVX2" : "AVX",
                    cpu.avx512 ? "SkylakeX" : cpu.avx2_fma ? "Haswell (Zen on AMD)" : "Sandybridge");
     }
-    bg_gemm_info_t g;
-    if (bg_gemm_info(&g) != BG_OK)
-        printf("gemm: %s\n", bg_last_error());
+    if (!gemm_ok)
+        printf("gemm: %s\n", gemm_error);
     else
         printf("gemm: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn,
                g.tn_tall, g.mode,

@@ -20,8 +20,9 @@
  * task's thread count to 1, which a different OpenMP runtime would not see.
  *
  * State: process-wide tables (bg__blas, bg__dnnl), each filled once under
- * pthread_once and read-only afterwards. Setting OPENBLAS_CORETYPE around the dlopen is a
- * momentary process-wide change (documented in cpu.h). Must not print. */
+ * pthread_once and read-only afterwards. Setting OPENBLAS_CORETYPE around the
+ * dlopen is a momentary process-wide change (documented in cpu.h). Must not
+ * print. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* dladdr */
 #endif
@@ -225,7 +226,7 @@ static void bg__blas_load_once(void)
     if (b->fallback && bg__dnnl_takes_over())
         bg_log(BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors; every GEMM "
-               "runs on oneDNN instead (BRIGADE_GEMM=auto)", b->core, b->chosen_by);
+               "runs on oneDNN instead (BRIGADE_GEMM)", b->core, b->chosen_by);
     else if (b->fallback)
         bg_log(first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
