@@ -11,7 +11,7 @@ int bg_cmd_info(int argc, char **argv)
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: brigade info\n  prints the version, the compiled-in backends (whether each device backend\n"
                "  can start here, how its buffers travel between ranks), the CPU, the BLAS and its kernels,\n"
-               "  and every BRIGADE_* variable\n");
+               "  which library (OpenBLAS or oneDNN) runs each GEMM layout, and every BRIGADE_* variable\n");
         return 0;
     }
     if (argc > 1)
@@ -37,19 +37,34 @@ int bg_cmd_info(int argc, char **argv)
     printf("cpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,
            cpu.model, cpu.brand, cpu.avx ? " avx" : "", cpu.avx2_fma ? " avx2 fma" : "",
            cpu.avx512 ? " avx512(f,bw,dq,vl)" : "", cpu.amx ? " amx" : "", cpu.vector_bits);
+    bg_gemm_info_t g;
+    int gemm_ok = bg_gemm_info(&g) == BG_OK;
+    int dnnl_all = gemm_ok && !strcmp(g.nn, "oneDNN") && !strcmp(g.nt, "oneDNN") && !strcmp(g.tn, "oneDNN") &&
+                   !strcmp(g.tn_tall, "oneDNN");
+    char gemm_error[512];
+    snprintf(gemm_error, sizeof(gemm_error), "%s", gemm_ok ? "" : bg_last_error());
     bg_blas_info_t b;
     if (bg_blas_info(&b) != BG_OK) {
         printf("blas: none: %s\n", bg_last_error());
     } else {
         printf("blas: %s, %s\n      version: %s\n      kernels: core %s (chosen by %s)\n", b.library, b.path,
                b.version, b.core, b.chosen_by);
-        if (b.fallback)
+        if (b.fallback && dnnl_all)
+            printf("note: OpenBLAS's \"%s\" kernels are a fallback below this CPU, but every GEMM runs on oneDNN\n",
+                   b.core);
+        else if (b.fallback)
             printf("warning: OpenBLAS's \"%s\" kernels are a fallback below this CPU (%s): GEMM runs at a "
                    "fraction of its speed; unset OPENBLAS_CORETYPE and BRIGADE_BLAS_CORE, or set "
                    "OPENBLAS_CORETYPE=%s\n",
                    b.core, cpu.avx512 ? "AVX-512" : cpu.avx2_fma ? "AVX2" : "AVX",
                    cpu.avx512 ? "SkylakeX" : cpu.avx2_fma ? "Haswell (Zen on AMD)" : "Sandybridge");
     }
+    if (!gemm_ok)
+        printf("gemm: %s\n", gemm_error);
+    else
+        printf("gemm: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn,
+               g.tn_tall, g.mode,
+               g.onednn ? g.onednn_version : "not used: ", g.onednn ? ", " : "", g.onednn ? g.onednn_path : g.onednn_why);
     printf("\nenvironment variables (current value, default, meaning):\n");
     size_t count;
     const bg_config_var_t *t = bg_config_table(&count);

@@ -21,6 +21,11 @@
  * dlopen only (setenv, then unsetenv): a process-wide change for a moment,
  * so no other thread should read or write the environment meanwhile.
  *
+ * The backend may also run GEMMs through oneDNN's sgemm (libdnnl.so.2,
+ * Debian's libdnnl2, loaded with dlopen when present: optional), chosen per
+ * operand layout by BRIGADE_GEMM; bg_gemm_info() says which library runs
+ * which layout, and why oneDNN is not used when it is not.
+ *
  * Example:
  * @code
  *   bg_blas_info_t b;
@@ -79,6 +84,35 @@ typedef struct bg_blas_info {
  *  describe it. Fails with BG_ERR_NOT_FOUND naming the library when it
  *  cannot be loaded. */
 bg_status_t bg_blas_info(bg_blas_info_t *info_p);
+
+/** oneDNN's dnnl_sgemm: row-major, transposes 'N' or 'T', 64-bit sizes;
+ *  returns 0 (dnnl_success) or a oneDNN error status. */
+typedef int (*bg_dnnl_sgemm_fn)(char transa, char transb, long long m, long long n, long long k, float alpha,
+                                const float *a, long long lda, const float *b, long long ldb, float beta, float *c,
+                                long long ldc);
+
+/** Which library runs the CPU backend's GEMMs, per operand layout, under the
+ *  current BRIGADE_GEMM (read at each call; a backend reads it when
+ *  created). Strings live as long as the process. */
+typedef struct bg_gemm_info {
+    const char *mode;           /**< BRIGADE_GEMM: "auto", "openblas" or "onednn" */
+    int onednn;                 /**< 1: oneDNN is loaded and usable */
+    const char *onednn_version; /**< "2.6.3" when onednn, else NULL */
+    const char *onednn_path;    /**< the file loaded when onednn, else NULL */
+    const char *onednn_why;     /**< when not onednn: why (not installed, its threading runtime, ...) */
+    const char *nn;             /**< C = A B: "oneDNN" or "OpenBLAS" */
+    const char *nt;             /**< C = A B^T (forward of a linear layer) */
+    const char *tn;             /**< C = A^T B and A^T B^T (weight gradients), m <= n */
+    const char *tn_tall;        /**< the same with m > n (more rows than columns) */
+    bg_dnnl_sgemm_fn dnnl_sgemm; /**< when onednn: oneDNN's sgemm on the calling thread only (the
+                                      backend's own calls skip this wrapper); else NULL */
+} bg_gemm_info_t;
+
+/** Load OpenBLAS and (when present) oneDNN, once per process, and say which
+ *  runs which GEMM layout. Fails with BG_ERR_INVALID for an unknown
+ *  BRIGADE_GEMM, and BG_ERR_NOT_FOUND when BRIGADE_GEMM=onednn and oneDNN
+ *  cannot be used (or OpenBLAS cannot be loaded). */
+bg_status_t bg_gemm_info(bg_gemm_info_t *info_p);
 
 #ifdef __cplusplus
 }

@@ -1,12 +1,13 @@
 /* kernels/cpu/cpu_backend.c: the CPU backend's table, its memory ops, the
- * elementwise ops, GEMM (OpenBLAS cblas_sgemm, row-major), the optimizers and
+ * elementwise ops, GEMM (OpenBLAS cblas_sgemm or oneDNN's dnnl_sgemm per
+ * operand layout, row-major), the optimizers and
  * the host reductions. The neural-network kernels live in cpu_nn.c.
  *
  * Determinism: elementwise ops compute each element independently; sum and
  * sumsq add fixed-size blocks (BG_CPU_SUM_BLOCK) serially in double and then
  * the block sums in block order, so no result depends on the thread count.
- * GEMM runs fixed tiles through single-threaded OpenBLAS (see below), which
- * test_kernels checks bitwise for 1, 2 and 3 threads.
+ * GEMM runs fixed tiles through single-threaded OpenBLAS or oneDNN (see
+ * below), which test_kernels checks bitwise for 1, 2 and 3 threads.
  *
  * Changes no process-wide setting unless its params ask for it
  * (set_blas_threads: OpenBLAS's thread count; tune_malloc: glibc's mmap and
@@ -24,6 +25,10 @@
 
 typedef struct bg_cpu_impl {
     const bg_blas_info_t *blas; /* OpenBLAS, loaded by cpu_blas.c */
+    /* oneDNN's sgemm per operand layout (bg_gemm_info when the backend was
+     * created): [0] A B, [1] A B^T, [2] A^T B and A^T B^T with m <= n,
+     * [3] the same with m > n; NULL: OpenBLAS */
+    bg_dnnl_sgemm_fn dnnl[4];
     int num_threads;
     int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
 } bg_cpu_impl_t;
@@ -210,25 +215,44 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
             bg__cpu_scale_c(c + i * stride_c, m, n, ldc, beta);
         return;
     }
+    const bg_cpu_impl_t *impl = be->impl;
+    const bg_blas_info_t *blas = impl->blas;
+    bg_dnnl_sgemm_fn dnnl = impl->dnnl[trans_a ? (m > n ? 3 : 2) : trans_b ? 1 : 0];
+    /* OpenBLAS's count is checked (and reset when owned) before every GEMM;
+     * oneDNN tiles run on the backend's threads, one thread each */
     int nt = bg__cpu_gemm_threads(be);
-    const bg_blas_info_t *blas = ((const bg_cpu_impl_t *)be->impl)->blas;
+    if (dnnl)
+        nt = bg__cpu_nt(be);
     int ta = trans_a ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS, tb = trans_b ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS;
     int tm, tn;
     bg__cpu_gemm_tiles(m, n, batch, &tm, &tn);
     int tiles_m = bg__cdiv(m, tm), tiles_n = bg__cdiv(n, tn);
     long long per = (long long)tiles_m * tiles_n, ntask = per * batch;
     long long work = (long long)m * n * k * batch;
-#pragma omp parallel for num_threads(nt) if (nt > 1 && ntask > 1 && work > BG_CPU_GEMM_PAR) schedule(dynamic, 1)
-    for (long long task = 0; task < ntask; task++) {
-        long long bi = task / per, r = task % per;
-        int i0 = (int)(r / tiles_n) * tm, j0 = (int)(r % tiles_n) * tn;
-        int mm = m - i0 < tm ? m - i0 : tm;
-        int nn = n - j0 < tn ? n - j0 : tn;
-        /* rows i0.. of op(A): rows of A, or columns when transposed; likewise columns j0.. of op(B) */
-        const float *ap = a + bi * stride_a + (trans_a ? (size_t)i0 : (size_t)i0 * lda);
-        const float *bp = b + bi * stride_b + (trans_b ? (size_t)j0 * ldb : (size_t)j0);
-        float *cp = c + bi * stride_c + (size_t)i0 * ldc + j0;
-        blas->sgemm(BG_CBLAS_ROW_MAJOR, ta, tb, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
+#pragma omp parallel num_threads(nt) if (nt > 1 && ntask > 1 && work > BG_CPU_GEMM_PAR)
+    {
+        /* oneDNN (OpenMP build) would run a tile on omp_get_max_threads()
+         * threads outside an active parallel region: hold this region's
+         * implicit tasks to one. The setting belongs to these tasks (OpenMP's
+         * nthreads-var is per task) and ends with the region. */
+        if (dnnl)
+            omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
+        for (long long task = 0; task < ntask; task++) {
+            long long bi = task / per, r = task % per;
+            int i0 = (int)(r / tiles_n) * tm, j0 = (int)(r % tiles_n) * tn;
+            int mm = m - i0 < tm ? m - i0 : tm;
+            int nn = n - j0 < tn ? n - j0 : tn;
+            /* rows i0.. of op(A): rows of A, or columns when transposed; likewise columns j0.. of op(B) */
+            const float *ap = a + bi * stride_a + (trans_a ? (size_t)i0 : (size_t)i0 * lda);
+            const float *bp = b + bi * stride_b + (trans_b ? (size_t)j0 * ldb : (size_t)j0);
+            float *cp = c + bi * stride_c + (size_t)i0 * ldc + j0;
+            /* a oneDNN error (none is expected: the arguments are BLAS's)
+             * falls back to OpenBLAS for the tile, the same for a given shape */
+            if (!dnnl || dnnl(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp,
+                              ldc) != 0)
+                blas->sgemm(BG_CBLAS_ROW_MAJOR, ta, tb, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
+        }
     }
 }
 
@@ -363,11 +387,16 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
         nt = omp_get_max_threads();
     if (nt <= 0)
         nt = 1;
-    bg_blas_info_t blas; /* loads OpenBLAS on first use (cpu_blas.c) */
-    BG_CHECK(bg_blas_info(&blas));
+    bg_gemm_info_t gemm; /* loads OpenBLAS (and oneDNN) on first use (cpu_blas.c) */
+    BG_CHECK(bg_gemm_info(&gemm));
     bg_cpu_impl_t *impl = calloc(1, sizeof(*impl));
     BG_ALLOC_CHECK(impl, sizeof(*impl), "the CPU backend");
     impl->blas = bg__cpu_blas();
+    bg_dnnl_sgemm_fn dnnl = bg__cpu_dnnl_sgemm();
+    impl->dnnl[0] = strcmp(gemm.nn, "oneDNN") ? NULL : dnnl;
+    impl->dnnl[1] = strcmp(gemm.nt, "oneDNN") ? NULL : dnnl;
+    impl->dnnl[2] = strcmp(gemm.tn, "oneDNN") ? NULL : dnnl;
+    impl->dnnl[3] = strcmp(gemm.tn_tall, "oneDNN") ? NULL : dnnl;
     impl->num_threads = nt;
     impl->set_blas_threads = params && params->set_blas_threads;
     if (impl->set_blas_threads && impl->blas->get_num_threads() != 1)
@@ -385,6 +414,9 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     be->ops = &bg__cpu_ops;
     be->impl = impl;
     be->num_threads = nt;
+    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend GEMM: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s%s%s)",
+           gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall, gemm.mode, gemm.onednn ? "" : "; oneDNN: ",
+           gemm.onednn ? "" : gemm.onednn_why);
     int blas_nt = impl->blas->get_num_threads();
     if (blas_nt == 1)
         bg_log(BG_LOG_DEBUG, "kernels", "cpu backend: %d OpenMP threads, OpenBLAS single-threaded per GEMM tile%s",

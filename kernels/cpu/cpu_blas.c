@@ -1,5 +1,7 @@
-/* kernels/cpu/cpu_blas.c: the CPU's features (CPUID) and the loading of
- * OpenBLAS with a kernel set ("core") fit for them (include/brigade/cpu.h).
+/* kernels/cpu/cpu_blas.c: the CPU's features (CPUID), the loading of
+ * OpenBLAS with a kernel set ("core") fit for them, and of oneDNN's sgemm
+ * when it is installed, and which of the two runs which GEMM layout
+ * (include/brigade/cpu.h).
  *
  * Why brigade loads OpenBLAS itself: OpenBLAS (DYNAMIC_ARCH builds, Debian's)
  * chooses its core in its constructor, at load time, from a table of CPU
@@ -10,13 +12,22 @@
  * OpenBLAS, and loads it here with dlopen once the core is chosen from CPUID
  * features (a CPU model never seen still has the features).
  *
- * State: one process-wide table (bg__blas), filled once under pthread_once
- * and read-only afterwards. Setting OPENBLAS_CORETYPE around the dlopen is a
- * momentary process-wide change (documented in cpu.h). Must not print. */
+ * oneDNN (libdnnl.so.2, optional): its JIT sgemm dispatches on ISA features
+ * and was ahead of OpenBLAS's SkylakeX kernels at the GPT's forward and
+ * input-gradient shapes on Zen 5 (docs/benchmarks.md). It is used only when
+ * its threading runtime is brigade's own OpenMP (libgomp) or sequential: the
+ * backend runs it on one thread per GEMM tile by setting the calling OpenMP
+ * task's thread count to 1, which a different OpenMP runtime would not see.
+ *
+ * State: process-wide tables (bg__blas, bg__dnnl), each filled once under
+ * pthread_once and read-only afterwards. Setting OPENBLAS_CORETYPE around the
+ * dlopen is a momentary process-wide change (documented in cpu.h). Must not
+ * print. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* dladdr */
 #endif
 #include <dlfcn.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +38,7 @@
 
 #include "brigade/core.h"
 #include "brigade/cpu.h"
+#include "core/check.h"
 #include "kernels/cpu/cpu_impl.h"
 
 /* ------------------------------------------------------------------ CPUID */
@@ -141,6 +153,8 @@ static struct {
     bg_blas_info_t info;
 } bg__blas = {.once = PTHREAD_ONCE_INIT};
 
+static int bg__dnnl_takes_over(void);
+
 static void bg__blas_load_once(void)
 {
     static const char soname[] = "libopenblas.so.0";
@@ -209,7 +223,11 @@ static void bg__blas_load_once(void)
      * ranks log it at INFO (brigade info says it too, with the advice). */
     const char *rank = getenv("BRIGADE_RANK");
     int first = !rank || !*rank || !strcmp(rank, "0");
-    if (b->fallback)
+    if (b->fallback && bg__dnnl_takes_over())
+        bg_log(BG_LOG_INFO, "kernels",
+               "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors; every GEMM "
+               "runs on oneDNN instead (BRIGADE_GEMM)", b->core, b->chosen_by);
+    else if (b->fallback)
         bg_log(first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
                "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
@@ -230,4 +248,137 @@ const bg_blas_info_t *bg__cpu_blas(void)
 {
     pthread_once(&bg__blas.once, bg__blas_load_once);
     return bg__blas.status == BG_OK ? &bg__blas.info : NULL;
+}
+
+/* ----------------------------------------------------------------- oneDNN */
+
+/* dnnl_version()'s result (dnnl_types.h) and its runtime values */
+typedef struct {
+    int major, minor, patch;
+    const char *hash;
+    unsigned cpu_runtime, gpu_runtime;
+} bg__dnnl_version_t;
+enum { BG__DNNL_RUNTIME_SEQ = 1, BG__DNNL_RUNTIME_OMP = 2 };
+
+static struct {
+    pthread_once_t once;
+    int ok;
+    char version[32];
+    char path[512];
+    char why[600];
+    bg_dnnl_sgemm_fn sgemm;
+} bg__dnnl = {.once = PTHREAD_ONCE_INIT};
+
+static void bg__dnnl_load_once(void)
+{
+    static const char soname[] = "libdnnl.so.2";
+    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(bg__dnnl.why, sizeof(bg__dnnl.why), "not installed (%s; Debian package libdnnl2)", e ? e : soname);
+        return;
+    }
+    const bg__dnnl_version_t *(*version)(void);
+    *(void **)&version = dlsym(h, "dnnl_version");
+    *(void **)&bg__dnnl.sgemm = dlsym(h, "dnnl_sgemm");
+    if (!version || !bg__dnnl.sgemm) {
+        snprintf(bg__dnnl.why, sizeof(bg__dnnl.why), "%s lacks dnnl_version or dnnl_sgemm", soname);
+        bg__dnnl.sgemm = NULL;
+        return; /* left loaded: unloading a C++ library is not worth the risk */
+    }
+    const bg__dnnl_version_t *v = version();
+    void *its_omp = dlsym(h, "omp_set_num_threads");
+    if (v->cpu_runtime == BG__DNNL_RUNTIME_OMP && its_omp != (void *)&omp_set_num_threads) {
+        snprintf(bg__dnnl.why, sizeof(bg__dnnl.why),
+                 "%s %d.%d.%d runs on another OpenMP runtime than brigade's (its threads could not be held to one "
+                 "per GEMM tile)", soname, v->major, v->minor, v->patch);
+        bg__dnnl.sgemm = NULL;
+        return;
+    }
+    if (v->cpu_runtime != BG__DNNL_RUNTIME_OMP && v->cpu_runtime != BG__DNNL_RUNTIME_SEQ) {
+        snprintf(bg__dnnl.why, sizeof(bg__dnnl.why),
+                 "%s %d.%d.%d is built for a threading runtime other than OpenMP or sequential (%u)", soname,
+                 v->major, v->minor, v->patch, v->cpu_runtime);
+        bg__dnnl.sgemm = NULL;
+        return;
+    }
+    Dl_info di;
+    const char *path = dladdr(*(void **)&bg__dnnl.sgemm, &di) && di.dli_fname ? di.dli_fname : soname;
+    snprintf(bg__dnnl.path, sizeof(bg__dnnl.path), "%s", path);
+    snprintf(bg__dnnl.version, sizeof(bg__dnnl.version), "%d.%d.%d", v->major, v->minor, v->patch);
+    bg__dnnl.ok = 1;
+}
+
+/* With BRIGADE_GEMM=auto or onednn and oneDNN usable, oneDNN runs every
+ * GEMM when OpenBLAS's core is a fallback (bg_gemm_info): the fallback's
+ * warning would be wrong then. */
+static int bg__dnnl_takes_over(void)
+{
+    const char *mode = bg_config_str("BRIGADE_GEMM");
+    if (!mode || (strcmp(mode, "auto") && strcmp(mode, "onednn")))
+        return 0;
+    pthread_once(&bg__dnnl.once, bg__dnnl_load_once);
+    return bg__dnnl.ok;
+}
+
+/* oneDNN's sgemm on the calling thread only: outside an active parallel
+ * region it would take omp_get_max_threads() threads; this task's count is 1
+ * inside the (inactive) region and ends with it. */
+static int bg__dnnl_sgemm_1t(char ta, char tb, long long m, long long n, long long k, float alpha, const float *a,
+                             long long lda, const float *b, long long ldb, float beta, float *c, long long ldc)
+{
+    int st = 0;
+#pragma omp parallel num_threads(1)
+    {
+        omp_set_num_threads(1);
+        st = bg__dnnl.sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    return st;
+}
+
+bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
+{
+    pthread_once(&bg__dnnl.once, bg__dnnl_load_once);
+    return bg__dnnl.ok ? bg__dnnl.sgemm : NULL;
+}
+
+bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
+{
+    bg_blas_info_t blas;
+    BG_CHECK(bg_blas_info(&blas));
+    const char *mode = bg_config_str("BRIGADE_GEMM");
+    int m_auto = !strcmp(mode, "auto"), m_dnnl = !strcmp(mode, "onednn");
+    if (!m_auto && !m_dnnl && strcmp(mode, "openblas") != 0)
+        return bg_error(BG_ERR_INVALID, "BRIGADE_GEMM=\"%s\": expected auto, openblas or onednn", mode);
+    bg_gemm_info_t g;
+    memset(&g, 0, sizeof(g));
+    g.mode = m_auto ? "auto" : m_dnnl ? "onednn" : "openblas";
+    if (m_auto || m_dnnl) {
+        pthread_once(&bg__dnnl.once, bg__dnnl_load_once);
+        if (!bg__dnnl.ok && m_dnnl)
+            return bg_error(BG_ERR_NOT_FOUND, "BRIGADE_GEMM=onednn, but oneDNN cannot be used: %s", bg__dnnl.why);
+    } else {
+        g.onednn_why = "BRIGADE_GEMM=openblas";
+    }
+    if (bg__dnnl.ok && (m_auto || m_dnnl)) {
+        g.onednn = 1;
+        g.onednn_version = bg__dnnl.version;
+        g.onednn_path = bg__dnnl.path;
+        g.dnnl_sgemm = bg__dnnl_sgemm_1t;
+    } else if (!g.onednn_why) {
+        g.onednn_why = bg__dnnl.why;
+    }
+    /* auto: oneDNN where it was measured ahead (docs/kernels.md: A B, A B^T
+     * and A^T B with m <= n on AVX-512; A^T B with m > n was even at 3 rows
+     * per column and behind at 4, 0.86 of OpenBLAS's SkylakeX kernels), and
+     * everywhere OpenBLAS runs kernels narrower than the CPU. Elsewhere (AVX2
+     * CPUs: not measured) OpenBLAS. */
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    int ahead = g.onednn && (m_dnnl || (cpu.avx512 || blas.fallback));
+    int ahead_tall = g.onednn && (m_dnnl || blas.fallback);
+    g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
+    g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
+    *info_p = g;
+    return BG_OK;
 }

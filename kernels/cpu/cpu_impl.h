@@ -28,6 +28,10 @@
  * says why). Loads it on first use. */
 const bg_blas_info_t *bg__cpu_blas(void);
 
+/* oneDNN's dnnl_sgemm itself (cpu_blas.c; NULL when it cannot be used):
+ * called from the GEMM tiles, whose OpenMP tasks are held to one thread. */
+bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void);
+
 static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 0 ? be->num_threads : 1; }
 
 /* The neural-network kernels of cpu_nn.c; cpu_backend.c puts them in the table. */

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <math.h>
+#include <omp.h>
 #include <cmocka.h>
 
 #include <malloc.h>
@@ -1256,6 +1258,102 @@ static void test_registry(void **state)
     bg_backend_destroy(be);
 }
 
+/* ------------------------------------------------ GEMM libraries (BRIGADE_GEMM) */
+
+/* Each GEMM library on its own (BRIGADE_GEMM read when a backend is created):
+ * every layout against the double reference, bits independent of the thread
+ * count, and the caller's OpenMP thread count left alone (the oneDNN tiles
+ * hold their own OpenMP tasks to one thread). oneDNN is optional: skipped
+ * with a message where libdnnl.so.2 is not installed or not usable. */
+static double cpu_seconds(clockid_t clk)
+{
+    struct timespec ts;
+    clock_gettime(clk, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A backend on one thread computes its GEMMs on the calling thread alone:
+ * the process's CPU time during them is this thread's (another thread
+ * working, as oneDNN would outside a parallel region with OpenMP's default
+ * count, would double it). Idle OpenMP threads of earlier tests stop
+ * spinning within milliseconds, hence the pause. */
+static void gemm_on_one_thread(void)
+{
+    if (omp_get_max_threads() < 2) {
+        print_message("one-thread check skipped: OpenMP's default is one thread here\n");
+        return;
+    }
+    bg_backend_t *be = mkbe(1);
+    const int n = 384;
+    float *a = up(be, NULL, (size_t)n * n), *c = up(be, NULL, (size_t)n * n);
+    be->ops->fill(be, a, 0.5f, (size_t)n * n);
+    be->ops->gemm(be, 0, 0, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n); /* warm-up (oneDNN's JIT) */
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    double p0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID), t0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    for (int i = 0; i < 40; i++)
+        for (int ta = 0; ta < 2; ta++)
+            be->ops->gemm(be, ta, !ta, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n);
+    double dp = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - p0, dt = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - t0;
+    print_message("GEMMs on one backend thread: process CPU %.1f ms, this thread %.1f ms\n", dp * 1e3, dt * 1e3);
+    if (dp > 1.3 * dt + 0.005)
+        fail_msg("a one-thread backend's GEMMs used other threads: process CPU %.1f ms, calling thread %.1f ms",
+                 dp * 1e3, dt * 1e3);
+    bg_backend_free(be, a), bg_backend_free(be, c);
+    bg_backend_destroy(be);
+}
+
+static void gemm_library(const char *mode, const char *name)
+{
+    setenv("BRIGADE_GEMM", mode, 1);
+    bg_gemm_info_t g;
+    if (bg_gemm_info(&g) != BG_OK) {
+        print_message("skipped: %s\n", bg_last_error());
+        skip();
+    }
+    print_message("BRIGADE_GEMM=%s: A B %s, A B^T %s, A^T B %s (m > n: %s)\n", g.mode, g.nn, g.nt, g.tn, g.tn_tall);
+    assert_string_equal(g.nn, name);
+    assert_string_equal(g.nt, name);
+    assert_string_equal(g.tn, name);
+    assert_string_equal(g.tn_tall, name);
+    int before = omp_get_max_threads();
+    gemm_on_one_thread();
+    test_gemm(NULL);
+    test_gemm_batched(NULL);
+    test_determinism(NULL);
+    assert_int_equal(omp_get_max_threads(), before);
+}
+
+static void test_gemm_openblas(void **state)
+{
+    (void)state;
+    gemm_library("openblas", "OpenBLAS");
+}
+
+static void test_gemm_onednn(void **state)
+{
+    (void)state;
+    gemm_library("onednn", "oneDNN");
+}
+
+/* a BRIGADE_GEMM that names no library: the backend is not created, and says why */
+static void test_gemm_bad_mode(void **state)
+{
+    (void)state;
+    setenv("BRIGADE_GEMM", "mkl", 1);
+    bg_backend_t *be = NULL;
+    assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_ERR_INVALID);
+    assert_null(be);
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_GEMM=\"mkl\""));
+}
+
+static int unset_gemm(void **state)
+{
+    (void)state;
+    unsetenv("BRIGADE_GEMM");
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1269,6 +1367,9 @@ int main(void)
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),
+        cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
+        cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
+        cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
