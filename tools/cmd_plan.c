@@ -58,7 +58,8 @@ static void usage(FILE *f)
             "  --json FILE        write the best plan (docs/partitioner.md) for brigade train --plan\n"
             "  --measure          time every layer's forward and backward on this machine (--backend, default\n"
             "                     cpu; --threads N as brigade train) for the microbatch size and plan with those\n"
-            "                     times (speed 1 = this machine)\n"
+            "                     times (speed 1 = this machine); for tp > 1 the tp build's layers on a group of\n"
+            "                     tp processes with their collectives (the degrees the search takes)\n"
             "  --bench            time the partitioner (1000 layers) and the search (1024 devices)\n");
 }
 
