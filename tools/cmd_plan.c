@@ -606,13 +606,14 @@ int bg_cmd_plan(int argc, char **argv)
         }
     }
     st = bg_plan_search(&pp, &set);
-    /* by default a degree > 1 is searched only when nothing fits at 1: measure it, and search again */
-    for (int again = 0; do_measure && st == BG_OK && again < 4; again++) {
-        int tp = bg_plan_tp(bg_plan_set_get(set, 0));
-        if (tp == 1 || measured_at(tp_times, ntp, tp) || ntp == MAX_TP_TIMES)
-            break;
-        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp, &tp_times[ntp], &tp_bufs[ntp]);
+    /* by default a degree > 1 is searched only when nothing fits at 1: measure the one it took, search again */
+    int tp_found = st == BG_OK ? bg_plan_tp(bg_plan_set_get(set, 0)) : 1;
+    if (do_measure && tp_found > 1 && !measured_at(tp_times, ntp, tp_found) && ntp < MAX_TP_TIMES) {
+        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp_found, &tp_times[ntp],
+                           &tp_bufs[ntp]);
         if (r) {
+            if (r < 0)
+                bg_cli_fail(CMD, "cannot build the model for tp %d to measure it: %s", tp_found, bg_last_error());
             rc = 1;
             goto out;
         }

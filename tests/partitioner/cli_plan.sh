@@ -132,6 +132,11 @@ PY
 else
   fail "--measure --tp 2 failed: $(cat "$T/out")"
 fi
+# by default (tp 1, and the smallest degree that fits when nothing does): the degree found is measured too
+timeout 120 "$B" plan --layers 1 --d-model 64 --heads 2 --seq 8 --vocab 16384 --batch 4 --microbatch-size 1 \
+    --devices 4 --mem 12M --measure --threads 1 --json "$T/tpa.json" >"$T/out" 2>&1 || fail "--measure, tp found: $(cat "$T/out")"
+grep -q "tp = 2 is the smallest" "$T/out" && grep -q '"layer_times": "measured_tp"' "$T/tpa.json" ||
+  fail "--measure did not measure the degree it fell back to: $(cat "$T/out")"
 
 if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all plan CLI checks passed"
