@@ -314,11 +314,13 @@ static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const c
         int *all = malloc((size_t)tp * sizeof(int));
         for (int k = 0; all && k < tp; k++)
             all[k] = k;
-        if (!all || (st = bg_comm_create(&cp, &comm)) != BG_OK ||
+        if (!all)
+            st = bg_error(BG_ERR_NOMEM, "measurement group");
+        if (st != BG_OK || (st = bg_comm_create(&cp, &comm)) != BG_OK ||
             (st = bg_tp_group_create(comm, desc, tp, 0, &tg)) != BG_OK || (st = time_collectives(desc)) != BG_OK ||
             (st = bg_group_create(comm, tp, all, &measure_barrier)) != BG_OK) {
             free(all);
-            bg_cli_status(cmd, all ? st : BG_ERR_NOMEM);
+            bg_cli_status(cmd, st);
             goto out;
         }
         free(all);
