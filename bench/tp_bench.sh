@@ -5,7 +5,8 @@
 # cores), alternating, medians of R repeats; the share of the step spent in
 # the tensor group's collectives, from a trace; per-device parameters and
 # peak bytes at tp = 1 and 2; the planner's predicted step for the tp = 2
-# plan (layers measured here) against the measured one. Sequence parallelism
+# plan and a tp = 2 x pp = 2 plan (layers measured here on a tensor group)
+# against the measured one: predicted / measured, medians of R. Sequence parallelism
 # (--sequence-parallel) beside tp = 2: its step time, collectives and per-device
 # activation and peak bytes.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
@@ -72,7 +73,27 @@ echo "activations and scratch per device: tp 2 $((k2 - 16 * p2)), tp 2 + SP $((k
      "(ratio $(awk -v a="$((k3 - 16 * p2))" -v b="$((k2 - 16 * p2))" 'BEGIN{printf "%.3f", a/b}'))"
 grep -A3 "^rank" "$T/o3" | head -3
 
-# the planner's prediction of the tp = 2 plan, against the run
-"$B" plan $M --devices 2 --mem 1G --batch 8 --tp 2 --microbatch-size 4 --schedule 1f1b --measure --threads 1 \
-    --json "$T/plan.json" 2>/dev/null | grep "best plan\|predicted"
-"$B" launch -n 2 -- "$B" train --plan "$T/plan.json" --steps 12 --threads 1 --quiet 2>/dev/null | grep "^plan"
+# the planner's prediction of the tp = 2 plan (and of a tp = 2 x pp = 2 plan, 4 processes), against the
+# run: plan --measure (the tp 2 build's layers timed on a group of 2 processes with their collectives),
+# then train --plan, R times alternating; medians of the predicted and measured steps and of the ratio
+# predicted / measured (the target: within 10%)
+plan_vs_run() { # name, devices, plan flags...
+  local name=$1 n=$2; shift 2
+  "$B" plan $M --devices "$n" --mem 1G --batch 8 --tp 2 "$@" --schedule 1f1b --measure --threads 1 \
+      --json "$T/$name.json" >"$T/$name.plan" 2>/dev/null || { echo "plan $name failed"; return; }
+  "$B" launch -n "$n" -- "$B" train --plan "$T/$name.json" --steps 12 --threads 1 --quiet 2>/dev/null |
+    awk '/^plan / {for (i = 1; i <= NF; i++) {if ($i == "step") p = $(i + 1); if ($i == "measured") m = $(i + 1)}
+                    print p, m, p / m}' >>"$T/$name.pm"
+}
+for i in $(seq 1 "$R"); do
+  plan_vs_run tp2 2 --microbatch-size 4
+  plan_vs_run tp2pp2 4 --microbatch-size 2 --pp 2
+done
+for name in tp2 tp2pp2; do
+  [ -s "$T/$name.pm" ] || { echo "$name: no run"; continue; }
+  grep "best plan" "$T/$name.plan"
+  echo "$name: predicted $(cut -d' ' -f1 "$T/$name.pm" | med) ms, measured $(cut -d' ' -f2 "$T/$name.pm" | med) ms," \
+       "predicted/measured $(cut -d' ' -f3 "$T/$name.pm" | med) (median of $(wc -l <"$T/$name.pm");" \
+       "ratios: $(awk '{printf "%.3f ", $3}' "$T/$name.pm"))"
+done
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -39,10 +39,15 @@ struct bg_plan {
     double flops, link_latency, link_bandwidth;
     int nlayers;
     bg_layer_profile_t *layers;
+    double *cost_ms;  /* [nlayers][3]: the cost model's forward, backward and collectives (of both) per microbatch */
+    int times;        /* where the layer times came from: TIMES_FLOPS, TIMES_MEASURED or TIMES_MEASURED_TP */
     int nstages;
     bg_plan_stage_t *stages;
     uint64_t *rank_peak, *rank_budget; /* [pp] */
 };
+
+enum { TIMES_FLOPS, TIMES_MEASURED, TIMES_MEASURED_TP };
+static const char *const times_names[] = {"flops", "measured", "measured_tp", NULL};
 
 struct bg_plan_set {
     int count, evaluated;
@@ -56,6 +61,7 @@ void bg_plan_free(bg_plan_t *p)
         return;
     free(p->model_json);
     free(p->layers);
+    free(p->cost_ms);
     free(p->stages);
     free(p->rank_peak);
     free(p->rank_budget);
@@ -70,10 +76,11 @@ static bg_plan_t *plan_alloc(int nlayers, int nstages, int pp)
     p->nlayers = nlayers;
     p->nstages = nstages;
     p->layers = calloc((size_t)nlayers, sizeof(*p->layers));
+    p->cost_ms = calloc((size_t)nlayers * 3, sizeof(double));
     p->stages = calloc((size_t)nstages, sizeof(*p->stages));
     p->rank_peak = calloc((size_t)pp, sizeof(uint64_t));
     p->rank_budget = calloc((size_t)pp, sizeof(uint64_t));
-    if (!p->layers || !p->stages || !p->rank_peak || !p->rank_budget) {
+    if (!p->layers || !p->cost_ms || !p->stages || !p->rank_peak || !p->rank_budget) {
         bg_plan_free(p);
         return NULL;
     }
@@ -86,10 +93,12 @@ bg_plan_t *bg_plan_copy(const bg_plan_t *src)
     if (!p)
         return NULL;
     bg_layer_profile_t *l = p->layers;
+    double *cm = p->cost_ms;
     bg_plan_stage_t *s = p->stages;
     uint64_t *rp = p->rank_peak, *rb = p->rank_budget;
     *p = *src;
-    p->layers = l, p->stages = s, p->rank_peak = rp, p->rank_budget = rb;
+    p->layers = l, p->cost_ms = cm, p->stages = s, p->rank_peak = rp, p->rank_budget = rb;
+    memcpy(cm, src->cost_ms, (size_t)src->nlayers * 3 * sizeof(double));
     p->model_json = src->model_json ? strdup(src->model_json) : NULL;
     memcpy(l, src->layers, (size_t)src->nlayers * sizeof(*l));
     memcpy(s, src->stages, (size_t)src->nstages * sizeof(*s));
@@ -233,6 +242,7 @@ typedef struct search {
     const bg_plan_params_t *pp;
     const bg_model_desc_t *desc; /* pp->model, or its build for tensor-parallel degree tp */
     int tp;                      /* tensor-parallel degree of this pass: pp x dp groups of tp devices */
+    const bg_plan_layer_times_t *times; /* the times measured at degree tp (pp->tp_times), or NULL */
     int world, L, seq;
     int tokens;     /* the model's input is token ids (else features: floats) */
     uint64_t *mem;  /* [world] */
@@ -268,6 +278,7 @@ typedef struct candidate {
     int *nrows;                   /* [pp] */
     bg_part_counts_t **proj;      /* [S] a stage's own rows, dominated ones dropped */
     bg_part_layer_t *layers;      /* [L] */
+    double *coll;                 /* [L] seconds of each layer's tensor-group collectives within its times */
     bg_part_stage_spec_t *specs;  /* [S] */
     bg_part_problem_t prob;
     bg_part_stage_t *out;         /* [S] the partition */
@@ -285,6 +296,7 @@ static void candidate_free(candidate_t *c)
     free(c->rspeed);
     free(c->rbudget);
     free(c->layers);
+    free(c->coll);
     free(c->specs);
     for (int k = 0; c->mcounts && k < c->Lm; k++)
         free(c->mcounts[k]);
@@ -386,13 +398,16 @@ static double tp_time(const bg_plan_params_t *pa, int tp, double calls, double b
 }
 
 /* Phase 2: the layers as the partitioner sees them: the profile's bytes
- * (per device: a tensor-parallel build reports its shards), and times from
- * the FLOPs (or the measured times) plus the tensor group's collectives. */
+ * (per device: a tensor-parallel build reports its shards), and times: as
+ * measured on a tensor group of this degree (collectives included), else
+ * from the FLOPs (or the times measured in one process, divided by tp) plus
+ * the tensor group's collectives at the link's cost. */
 static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
 {
     const bg_plan_params_t *pa = s->pp;
     c->layers = calloc((size_t)s->L, sizeof(*c->layers));
-    if (!c->layers)
+    c->coll = calloc((size_t)s->L, sizeof(double));
+    if (!c->layers || !c->coll)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
     for (int i = 0; i < s->L; i++) {
         bg_part_layer_t *l = &c->layers[i];
@@ -401,6 +416,12 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
         l->wstash_bytes = prof[i].wstash_bytes;
         l->scratch_bytes = prof[i].scratch_bytes;
         l->output_bytes = prof[i].output_bytes;
+        if (s->times) { /* measured as the plan runs them: the split layers and their collectives */
+            l->fwd_time = s->times->fwd_s[i];
+            l->bwd_time = s->times->bwd_s[i];
+            c->coll[i] = s->times->tp_s ? s->times->tp_s[i] : 0.0;
+            continue;
+        }
         if (pa->layer_fwd_s) { /* measured whole: a tensor group divides them (replicated parts do not) */
             l->fwd_time = pa->layer_fwd_s[i] / s->tp;
             l->bwd_time = pa->layer_bwd_s[i] / s->tp;
@@ -409,8 +430,11 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
             l->bwd_time = prof[i].bwd_flops / pa->flops;
         }
         /* the tensor group's collectives are blocking: on the layer's path */
-        l->fwd_time += tp_time(pa, s->tp, prof[i].tp.fwd_calls, prof[i].tp.fwd_bytes);
-        l->bwd_time += tp_time(pa, s->tp, prof[i].tp.bwd_calls, prof[i].tp.bwd_bytes);
+        double cf = tp_time(pa, s->tp, prof[i].tp.fwd_calls, prof[i].tp.fwd_bytes);
+        double cb = tp_time(pa, s->tp, prof[i].tp.bwd_calls, prof[i].tp.bwd_bytes);
+        l->fwd_time += cf;
+        l->bwd_time += cb;
+        c->coll[i] = cf + cb;
     }
     return BG_OK;
 }
@@ -647,16 +671,19 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
     bg_schedule_kind_t kind = c->kind;
     int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV ||
                    kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_DUALPIPEV; /* dualpipev: partly */
-    int measured_bw = s->tp == 1 && split_bw && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *) &&
-                      pa->layer_b_s && pa->layer_w_s;
+    /* B and W measured apart: on a tensor group of this degree, or (tp = 1) in one process */
+    const double *mb = s->times ? s->times->b_s : NULL, *mw = s->times ? s->times->w_s : NULL;
+    if (!s->times && s->tp == 1 && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *))
+        mb = pa->layer_b_s, mw = pa->layer_w_s;
+    int measured_bw = split_bw && mb && mw;
     for (int v = 0; v < S; v++) {
         double f = 0, bw = 0, b = 0, w = 0;
         for (int i = out[v].first; i <= out[v].last; i++) {
             f += c->layers[i].fwd_time;
             bw += c->layers[i].bwd_time;
             if (measured_bw) {
-                b += pa->layer_b_s[i];
-                w += pa->layer_w_s[i];
+                b += mb[i];
+                w += mw[i];
             }
         }
         if (!measured_bw) /* no measurement of the split: half and half */
@@ -768,6 +795,12 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->link_latency = pa->link_latency;
     p->link_bandwidth = pa->link_bandwidth;
     memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
+    p->times = s->times ? TIMES_MEASURED_TP : pa->layer_fwd_s ? TIMES_MEASURED : TIMES_FLOPS;
+    for (int i = 0; i < s->L; i++) {
+        p->cost_ms[3 * i] = 1e3 * c->layers[i].fwd_time;
+        p->cost_ms[3 * i + 1] = 1e3 * c->layers[i].bwd_time;
+        p->cost_ms[3 * i + 2] = 1e3 * c->coll[i];
+    }
     for (int v = 0; v < c->Lm; v++) {
         bg_plan_stage_t *ps = &p->stages[v];
         const bg_part_stage_t *o = &c->out[v];
@@ -907,6 +940,26 @@ static bg_status_t check_params(const bg_plan_params_t *p)
         return bg_error(BG_ERR_INVALID, "measured layer times: give forward and backward times both");
     if (p->layer_fwd_s && p->microbatch_size == 0)
         return bg_error(BG_ERR_INVALID, "measured layer times are for one microbatch size: give the microbatch size");
+    int nt = p->size >= offsetof(bg_plan_params_t, ntp_times) + sizeof(int) && p->tp_times ? p->ntp_times : 0;
+    for (int k = 0; k < nt; k++) {
+        const bg_plan_layer_times_t *t = &p->tp_times[k];
+        if (t->tp < 1 || t->tp > 4096)
+            return bg_error(BG_ERR_INVALID, "tp_times[%d]: tp %d (must be 1..4096)", k, t->tp);
+        if (!t->fwd_s || !t->bwd_s || !t->b_s != !t->w_s)
+            return bg_error(BG_ERR_INVALID, "tp_times[%d] (tp %d): give forward and backward times (and B and W both "
+                            "or neither)", k, t->tp);
+        if (p->microbatch_size == 0)
+            return bg_error(BG_ERR_INVALID, "measured layer times are for one microbatch size: give the microbatch "
+                                            "size");
+        for (int j = 0; j < k; j++)
+            if (p->tp_times[j].tp == t->tp)
+                return bg_error(BG_ERR_INVALID, "tp_times[%d] and [%d] are both for tp %d", j, k, t->tp);
+        for (int i = 0; i < bg_model_desc_num_layers(p->model); i++)
+            if (!(t->fwd_s[i] >= 0) || !(t->bwd_s[i] >= 0) || (t->b_s && !(t->b_s[i] >= 0 && t->w_s[i] >= 0)) ||
+                (t->tp_s && !(t->tp_s[i] >= 0)))
+                return bg_error(BG_ERR_INVALID, "tp_times[%d] (tp %d): measured time of layer %d is negative", k,
+                                t->tp, i);
+    }
     return BG_OK;
 }
 
@@ -991,6 +1044,17 @@ static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, int sp, const 
     return BG_OK;
 }
 
+/* The layer times measured at degree tp (bg_plan_params_t.tp_times), or NULL. */
+static const bg_plan_layer_times_t *times_for(const bg_plan_params_t *pa, int tp)
+{
+    if (pa->size < offsetof(bg_plan_params_t, ntp_times) + sizeof(int))
+        return NULL;
+    for (int k = 0; pa->tp_times && k < pa->ntp_times; k++)
+        if (pa->tp_times[k].tp == tp)
+            return &pa->tp_times[k];
+    return NULL;
+}
+
 /* One pass of the search at tensor-parallel degree tp: pp x dp = world / tp
  * groups of tp devices. Nothing to do when the model has no build for tp. */
 static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int *found_p)
@@ -1003,8 +1067,10 @@ static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int n
         return BG_OK;
     s->tp = tp;
     s->desc = d;
+    s->times = times_for(s->pp, tp);
     bg_status_t st = search_world(s, kinds, nk, s->world / tp, 0, 0, found_p);
     s->tp = 1;
+    s->times = NULL;
     s->desc = s->pp->model;
     bg_model_desc_destroy(own);
     return st;
@@ -1236,19 +1302,21 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "predicted_tokens_per_s", json_real(p->tokens_per_s));
     json_object_set_new(root, "devices", json_pack("{s:f, s:f, s:f}", "flops", p->flops, "link_latency_s",
                                                    p->link_latency, "link_bandwidth", p->link_bandwidth));
+    json_object_set_new(root, "layer_times", json_string(times_names[p->times]));
     json_object_set_new(root, "model", model);
     for (int i = 0; i < p->nstages; i++)
         json_array_append_new(split, json_integer(p->stages[i].last_layer - p->stages[i].first_layer + 1));
     json_object_set_new(root, "split", split);
     for (int i = 0; i < p->nlayers; i++) {
         const bg_layer_profile_t *l = &p->layers[i];
-        json_array_append_new(layers, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "name", l->name,
-                                                "params", (json_int_t)l->params, "stash_bytes",
+        const double *cm = &p->cost_ms[3 * i];
+        json_array_append_new(layers, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f}", "name",
+                                                l->name, "params", (json_int_t)l->params, "stash_bytes",
                                                 (json_int_t)l->stash_bytes, "wstash_bytes",
                                                 (json_int_t)l->wstash_bytes, "scratch_bytes",
                                                 (json_int_t)l->scratch_bytes, "output_bytes",
                                                 (json_int_t)l->output_bytes, "fwd_flops", l->fwd_flops, "bwd_flops",
-                                                l->bwd_flops));
+                                                l->bwd_flops, "fwd_ms", cm[0], "bwd_ms", cm[1], "tp_ms", cm[2]));
     }
     json_object_set_new(root, "layers", layers);
     for (int i = 0; i < p->nstages; i++) {
@@ -1460,6 +1528,17 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     p->zero = (int)zero;
     p->sp = tp > 1 && json_is_true(jsp);
     p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
+    json_t *jt = json_object_get(root, "layer_times");
+    if (jt) {
+        int k = 0;
+        while (times_names[k] && !(json_is_string(jt) && !strcmp(json_string_value(jt), times_names[k])))
+            k++;
+        if (!times_names[k]) {
+            st = bg_error(BG_ERR_PARSE, "plan: $.layer_times must be \"flops\", \"measured\" or \"measured_tp\"");
+            goto err;
+        }
+        p->times = k;
+    }
     json_t *jd = json_object_get(root, "devices");
     if (json_is_object(jd)) {
         if (json_object_get(jd, "flops"))
@@ -1497,6 +1576,16 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         }
         BG_CHECK_GOTO(get_num(e, where, "fwd_flops", &l->fwd_flops), st, err);
         BG_CHECK_GOTO(get_num(e, where, "bwd_flops", &l->bwd_flops), st, err);
+        static const char *const cost_keys[] = {"fwd_ms", "bwd_ms", "tp_ms"}; /* optional (older plans) */
+        for (int k = 0; k < 3; k++)
+            if (json_object_get(e, cost_keys[k])) {
+                BG_CHECK_GOTO(get_num(e, where, cost_keys[k], &p->cost_ms[3 * i + k]), st, err);
+                if (!(p->cost_ms[3 * i + k] >= 0)) {
+                    st = bg_error(BG_ERR_PARSE, "plan: %s.%s is %g (a time must be >= 0)", where, cost_keys[k],
+                                  p->cost_ms[3 * i + k]);
+                    goto err;
+                }
+            }
     }
     int next = 0;
     for (int i = 0; i < p->nstages; i++) {

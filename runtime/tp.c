@@ -7,9 +7,10 @@
 #include <stdlib.h>
 
 #include "core/check.h"
+#include "brigade/executor.h"
 #include "runtime/tp.h"
 
-struct bg__tp {
+struct bg_tp_group {
     bg_tp_comm_t c;
     bg_group_t *g;
     bg_trace_t *trace;   /* NULL: no trace events */
@@ -156,3 +157,14 @@ void bg__tp_destroy(bg__tp_t *t, bg_model_desc_t *desc)
     bg_group_destroy(t->g);
     free(t);
 }
+
+bg_status_t bg_tp_group_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int first, bg_tp_group_t **group_p)
+{
+    BG_CHECK(bg__tp_check_params(desc, tp));
+    bg__tp_t *t;
+    BG_CHECK(bg__tp_create(comm, desc, tp, first, &t));
+    *group_p = t;
+    return BG_OK;
+}
+
+void bg_tp_group_destroy(bg_tp_group_t *group, bg_model_desc_t *desc) { bg__tp_destroy(group, desc); }

@@ -7,7 +7,7 @@
 #include "brigade/transport.h"
 #include "runtime/trace.h"
 
-typedef struct bg__tp bg__tp_t;
+typedef struct bg_tp_group bg__tp_t; /* the public bg_tp_group_t (executor.h) */
 
 /* Check before anything is allocated or connected: tp >= 1 and the
  * description's split layers are of degree tp (or it has none and tp = 1:

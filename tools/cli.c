@@ -2,12 +2,17 @@
 #include "tools/cli.h"
 
 #include <ctype.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "brigade/schedule.h"
 
@@ -334,5 +339,52 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     if (bg_cli_int(cmd, flag, arg, lo, hi, &v))
         return 2;
     *dst = (int)v;
+    return 0;
+}
+
+/* A port that was free on 127.0.0.1 a moment ago (binding port 0 and releasing it). */
+int bg_cli_free_port(int *port_p)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &len) != 0) {
+        int e = errno;
+        close(s);
+        errno = e;
+        return -1;
+    }
+    close(s);
+    *port_p = ntohs(a.sin_port);
+    return 0;
+}
+
+int bg_cli_job_token(char *hex, size_t cap)
+{
+    unsigned char raw[BG_CLI_TOKEN_CHARS / 2];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t k = read(fd, raw + got, sizeof raw - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : EIO;
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        got += (size_t)k;
+    }
+    close(fd);
+    if (cap < 2 * sizeof raw + 1)
+        return -1;
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
     return 0;
 }

@@ -96,4 +96,11 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "  --seed N               initialisation seed (default 1337)\n"                                            \
     "  --tie-embeddings       GPT: tie the output head to the token embedding\n"
 
+/* A port that was free on 127.0.0.1 a moment ago (binding port 0 and releasing it): 0, or -1 and errno. */
+int bg_cli_free_port(int *port_p);
+/* A job token for the rendezvous store: BG_CLI_TOKEN_CHARS hex characters from /dev/urandom into hex
+ * (cap >= BG_CLI_TOKEN_CHARS + 1): 0, or -1 and errno. */
+#define BG_CLI_TOKEN_CHARS 32
+int bg_cli_job_token(char *hex, size_t cap);
+
 #endif

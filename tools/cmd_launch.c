@@ -50,7 +50,6 @@
 extern char **environ;
 
 #define LAUNCH_MAX_RANKS 4096
-#define LAUNCH_TOKEN_BYTES 16      /* 32 hex characters */
 #define LAUNCH_LINE_MAX 65536      /* a longer line is forwarded in pieces */
 #define LAUNCH_READ_CHUNK 65536
 #define LAUNCH_LINGER_S 0.5        /* after the last rank exits, wait this long for its pipes' EOF */
@@ -195,53 +194,6 @@ static void launch_write_all(int fd, const char *p, size_t n)
         p += k;
         n -= (size_t)k;
     }
-}
-
-/* A port that was free on 127.0.0.1 a moment ago (binding port 0 and releasing it). */
-static int launch_free_port(int *port_p)
-{
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &len) != 0) {
-        int e = errno;
-        close(s);
-        errno = e;
-        return -1;
-    }
-    close(s);
-    *port_p = ntohs(a.sin_port);
-    return 0;
-}
-
-static int launch_token(char *hex, size_t cap)
-{
-    unsigned char raw[LAUNCH_TOKEN_BYTES];
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t k = read(fd, raw + got, sizeof raw - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            int e = k < 0 ? errno : EIO;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-        got += (size_t)k;
-    }
-    close(fd);
-    if (cap < 2 * sizeof raw + 1)
-        return -1;
-    for (size_t i = 0; i < sizeof raw; i++)
-        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-    return 0;
 }
 
 /* ---------------------------------------------------------------- options */
@@ -912,13 +864,13 @@ int bg_cmd_launch(int argc, char **argv)
         }
 
     int port = L.o.port;
-    if (!port && launch_free_port(&port) != 0) {
+    if (!port && bg_cli_free_port(&port) != 0) {
         fprintf(stderr, "brigade launch: cannot find a free port on 127.0.0.1: %s (give one with --master-port)\n",
                 strerror(errno));
         return 1;
     }
-    char token[2 * LAUNCH_TOKEN_BYTES + 1];
-    if (launch_token(token, sizeof token) != 0) {
+    char token[BG_CLI_TOKEN_CHARS + 1];
+    if (bg_cli_job_token(token, sizeof token) != 0) {
         fprintf(stderr, "brigade launch: cannot read a job token from /dev/urandom: %s\n", strerror(errno));
         return 1;
     }
@@ -1036,12 +988,12 @@ int bg_cmd_launch(int argc, char **argv)
     for (int attempt = 0;; attempt++) {
         if (attempt > 0) {
             /* a fresh job: new rendezvous port and token, the restart count */
-            if (!L.o.port && launch_free_port(&port) != 0) {
+            if (!L.o.port && bg_cli_free_port(&port) != 0) {
                 fprintf(stderr, "brigade launch: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
                 rc = 1;
                 break;
             }
-            if (launch_token(token, sizeof token) != 0) {
+            if (bg_cli_job_token(token, sizeof token) != 0) {
                 fprintf(stderr, "brigade launch: cannot read a job token from /dev/urandom: %s\n", strerror(errno));
                 rc = 1;
                 break;

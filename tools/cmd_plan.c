@@ -58,7 +58,8 @@ static void usage(FILE *f)
             "  --json FILE        write the best plan (docs/partitioner.md) for brigade train --plan\n"
             "  --measure          time every layer's forward and backward on this machine (--backend, default\n"
             "                     cpu; --threads N as brigade train) for the microbatch size and plan with those\n"
-            "                     times (speed 1 = this machine)\n"
+            "                     times (speed 1 = this machine); for tp > 1 the tp build's layers on a group of\n"
+            "                     tp processes with their collectives (the degrees the search takes)\n"
             "  --bench            time the partitioner (1000 layers) and the search (1024 devices)\n");
 }
 
@@ -255,6 +256,47 @@ static void print_top(const bg_plan_set_t *set)
 
 static double now_s(void) { return bg_now(); }
 
+/* --measure at tensor-parallel degree tp > 1: the model of `mc` built for tp,
+ * its layers timed on a group of tp processes (tools/measure.c), into times
+ * entry *e, whose arrays come from one malloc (*buf_p). 0; 1 after a message;
+ * -1 when the model has no build for tp (sizes tp does not divide: the search
+ * skips that degree too). */
+static int measure_tp(const bg_model_config_t *mc, int n, const char *backend, int threads, int ranks, int tp,
+                      bg_plan_layer_times_t *e, double **buf_p)
+{
+    bg_model_config_t c = *mc;
+    c.tp = tp;
+    bg_model_desc_t *d = NULL;
+    if (bg_model_build(&c, &d) != BG_OK)
+        return -1;
+    int L = bg_model_desc_num_layers(d);
+    double *buf = malloc((size_t)L * 5 * sizeof(double));
+    if (!buf) {
+        bg_model_desc_destroy(d);
+        return bg_cli_fail(CMD, "out of memory");
+    }
+    int rc = bg_cli_measure_layers(CMD, d, n, bg_model_desc_params(d)->seq_len, backend, threads, ranks, tp, buf,
+                                   buf + L, buf + 2 * L, buf + 3 * L, buf + 4 * L, &L);
+    bg_model_desc_destroy(d);
+    if (rc) {
+        free(buf);
+        return 1;
+    }
+    *e = (bg_plan_layer_times_t){.tp = tp, .fwd_s = buf, .bwd_s = buf + L, .b_s = buf + 2 * L, .w_s = buf + 3 * L,
+                                 .tp_s = buf + 4 * L};
+    *buf_p = buf;
+    return 0;
+}
+
+/* Has degree tp been measured (an entry of times)? */
+static int measured_at(const bg_plan_layer_times_t *times, int n, int tp)
+{
+    for (int k = 0; k < n; k++)
+        if (times[k].tp == tp)
+            return 1;
+    return 0;
+}
+
 static int bench(void)
 {
     printf("partitioner benchmark (exact pruned DP; wall time of one bg_partition call)\n");
@@ -363,6 +405,10 @@ int bg_cmd_plan(int argc, char **argv)
     int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0, have_flops = 0;
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
+    enum { MAX_TP_TIMES = 16 };
+    bg_plan_layer_times_t tp_times[MAX_TP_TIMES];
+    double *tp_bufs[MAX_TP_TIMES];
+    int ntp = 0;
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
            O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP };
@@ -529,19 +575,53 @@ int bg_cmd_plan(int argc, char **argv)
         return 2;
     }
     pp.model = desc;
+    pp.tp_times = tp_times;
     if (do_measure) {
-        int L = 0;
-        if (bg_cli_measure_layers(CMD, desc, pp.microbatch_size, bg_model_desc_params(desc)->seq_len, backend,
-                                  threads, pp.world, mfwd, mbwd, mbs, mws, &L)) {
+        /* tp 1: the layers whole, in one process; tp > 1: the tp build's, on a group of tp processes with
+         * their collectives (docs/partitioner.md). The degrees the search takes: --tp N, every divisor for
+         * --tp all, and 1 by default (then the degree it falls back to, below) */
+        for (int tp = 1; tp <= pp.world && tp <= 64 && ntp < MAX_TP_TIMES; tp++) {
+            if (pp.tp > 0 ? tp != pp.tp : pp.tp == 0 ? tp != 1 : pp.world % tp != 0)
+                continue;
+            if (tp == 1) {
+                int L = 0;
+                if (bg_cli_measure_layers(CMD, desc, pp.microbatch_size, bg_model_desc_params(desc)->seq_len,
+                                          backend, threads, pp.world, 1, mfwd, mbwd, mbs, mws, NULL, &L)) {
+                    rc = 1;
+                    goto out;
+                }
+                pp.layer_fwd_s = mfwd;
+                pp.layer_bwd_s = mbwd;
+                pp.layer_b_s = mbs;
+                pp.layer_w_s = mws;
+                continue;
+            }
+            int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp, &tp_times[ntp], &tp_bufs[ntp]);
+            if (r > 0) {
+                rc = 1;
+                goto out;
+            }
+            if (r == 0)
+                pp.ntp_times = ++ntp;
+        }
+    }
+    st = bg_plan_search(&pp, &set);
+    /* by default a degree > 1 is searched only when nothing fits at 1: measure the one it took, search again */
+    int tp_found = st == BG_OK ? bg_plan_tp(bg_plan_set_get(set, 0)) : 1;
+    if (do_measure && tp_found > 1 && !measured_at(tp_times, ntp, tp_found) && ntp < MAX_TP_TIMES) {
+        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp_found, &tp_times[ntp],
+                           &tp_bufs[ntp]);
+        if (r) {
+            if (r < 0)
+                bg_cli_fail(CMD, "cannot build the model for tp %d to measure it: %s", tp_found, bg_last_error());
             rc = 1;
             goto out;
         }
-        pp.layer_fwd_s = mfwd;
-        pp.layer_bwd_s = mbwd;
-        pp.layer_b_s = mbs;
-        pp.layer_w_s = mws;
+        pp.ntp_times = ++ntp;
+        bg_plan_set_free(set);
+        set = NULL;
+        st = bg_plan_search(&pp, &set);
     }
-    st = bg_plan_search(&pp, &set);
     if (st != BG_OK) {
         bg_cli_status(CMD, st);
         rc = st == BG_ERR_NO_FIT ? 1 : 2;
@@ -566,5 +646,7 @@ int bg_cmd_plan(int argc, char **argv)
 out:
     bg_plan_set_free(set);
     bg_model_desc_destroy(desc);
+    for (int k = 0; k < ntp; k++)
+        free(tp_bufs[k]);
     return rc;
 }

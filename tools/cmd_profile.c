@@ -84,7 +84,7 @@ int bg_cmd_profile(int argc, char **argv)
         bg_model_desc_destroy(desc);
         return bg_cli_status(cmd, st);
     }
-    int measured = bg_cli_measure_layers(cmd, desc, n, t, backend, threads, ranks, f, bw, b, w, &L);
+    int measured = bg_cli_measure_layers(cmd, desc, n, t, backend, threads, ranks, 1, f, bw, b, w, NULL, &L);
     bg_model_desc_destroy(desc);
     if (measured)
         return 1;

@@ -1,12 +1,19 @@
 /* tools/measure.c: time every layer of a model on this machine's backend
  * (`brigade plan --measure`, `brigade profile`): forward, fused backward, and
  * the split B and W, medians of 8, each timed call starting with half the
- * last-level cache evicted, with copies of the measurement running beside it
- * for the other ranks that will share this machine's cores. */
+ * last-level cache evicted. The layers are measured the way the plan runs
+ * them: a model built for tensor-parallel degree T by a group of T processes
+ * with the group's real collectives (over the transport, on this machine),
+ * and with copies of the measurement (whole groups) running beside it for
+ * the other ranks that will share this machine's cores. Every measurement
+ * runs in child processes; this one only collects their figures. */
+#include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,7 +41,6 @@ static void fill_random(bg_backend_t *be, float *dst, size_t n)
 /* Time each layer's forward and fused backward on one microbatch (best of
  * reps after a warm-up), on this machine's backend. Layers with the same
  * profile (the GPT's blocks) are measured once. Speed 1 = this machine. */
-static int measure_quiet; /* the load copies print nothing */
 
 /* The last-level cache size (sysfs), or 32 MiB when it cannot be read. */
 static size_t llc_bytes(void)
@@ -69,8 +75,87 @@ static void evict_caches(void)
 }
 
 
+/* The tensor group as the layers see it, wrapped to time its collectives:
+ * the blocking ones and the waits of the non-blocking ones (what a trace
+ * shows as tp_*). `spent` sums their seconds. */
+static struct {
+    bg_tp_comm_t c;
+    const bg_tp_comm_t *in;
+    double spent;
+} timed;
+static bg_group_t *measure_barrier; /* the group's members start each timed call together (NULL: one process) */
+
+static bg_status_t timed_allreduce(void *arg, float *buf, size_t count)
+{
+    (void)arg;
+    double t0 = bg_now();
+    bg_status_t st = timed.in->allreduce(timed.in->arg, buf, count);
+    timed.spent += bg_now() - t0;
+    return st;
+}
+static bg_status_t timed_allgather(void *arg, const float *send, float *recv, size_t count)
+{
+    (void)arg;
+    double t0 = bg_now();
+    bg_status_t st = timed.in->allgather(timed.in->arg, send, recv, count);
+    timed.spent += bg_now() - t0;
+    return st;
+}
+static bg_status_t timed_reduce_scatter(void *arg, const float *send, float *recv, size_t count)
+{
+    (void)arg;
+    double t0 = bg_now();
+    bg_status_t st = timed.in->reduce_scatter(timed.in->arg, send, recv, count);
+    timed.spent += bg_now() - t0;
+    return st;
+}
+static bg_status_t timed_iallreduce(void *arg, float *buf, size_t count, void **req_p)
+{
+    (void)arg;
+    return timed.in->iallreduce(timed.in->arg, buf, count, req_p);
+}
+static bg_status_t timed_ireduce_scatter(void *arg, float *buf, size_t count, void **req_p)
+{
+    (void)arg;
+    return timed.in->ireduce_scatter(timed.in->arg, buf, count, req_p);
+}
+static bg_status_t timed_iallgather(void *arg, float *buf, size_t count, void **req_p)
+{
+    (void)arg;
+    return timed.in->iallgather(timed.in->arg, buf, count, req_p);
+}
+static bg_status_t timed_wait(void *arg, void *req)
+{
+    (void)arg;
+    double t0 = bg_now();
+    bg_status_t st = timed.in->wait(timed.in->arg, req);
+    timed.spent += bg_now() - t0;
+    return st;
+}
+
+/* Bind desc to the timing wrapper of the group it is bound to (same slots present). */
+static bg_status_t time_collectives(bg_model_desc_t *desc)
+{
+    const bg_tp_comm_t *in = bg_model_desc_tp(desc);
+    timed.in = in;
+    timed.c = (bg_tp_comm_t){
+        .size = in->size, .rank = in->rank, .allreduce = timed_allreduce, .allgather = timed_allgather,
+        .arg = &timed, .iallreduce = in->iallreduce ? timed_iallreduce : NULL, .wait = in->wait ? timed_wait : NULL,
+        .reduce_scatter = in->reduce_scatter ? timed_reduce_scatter : NULL,
+        .ireduce_scatter = in->ireduce_scatter ? timed_ireduce_scatter : NULL,
+        .iallgather = in->iallgather ? timed_iallgather : NULL};
+    return bg_model_desc_set_tp(desc, &timed.c);
+}
+
+/* Wait for the other members of the group (none: at once). */
+static bg_status_t together(void) { return measure_barrier ? bg_group_barrier(measure_barrier) : BG_OK; }
+
+/* One member's figures per layer: forward, fused backward, B, W (seconds) and
+ * the collectives' share of the forward and the fused backward. */
+enum { FIG_F, FIG_BW, FIG_B, FIG_W, FIG_CF, FIG_CB, NFIG };
+
 static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
-                          double *fwd, double *bwd, double *bsplit, double *wsplit, int *L_p)
+                          double (*fig)[NFIG], int *L_p)
 {
     static bg_layer_profile_t prof[4096];
     int L = 0;
@@ -92,8 +177,6 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
     for (int i = 0; i < n * t; i++)
         tok[i] = (int32_t)((i * 7919) % ids); /* token ids and targets alike */
     int rc = 0;
-    if (!measure_quiet)
-        printf("measuring %d layers on the %s backend (microbatch %d)...\n", L, backend, n);
     for (int i = 0; i < L && rc == 0; i++) {
         int same = -1; /* an earlier inner layer with the same profile */
         for (int j = 1; j < i && i < L - 1; j++)
@@ -104,10 +187,7 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
                 break;
             }
         if (same >= 0) {
-            fwd[i] = fwd[same];
-            bwd[i] = bwd[same];
-            bsplit[i] = bsplit[same];
-            wsplit[i] = wsplit[same];
+            memcpy(fig[i], fig[same], sizeof(fig[i]));
             continue;
         }
         bg_model_t *m = NULL;
@@ -121,7 +201,7 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
         for (int k = 0; k < i && st == BG_OK; k++)
             st = bg_layer_out_shape(bg_model_layer(m, k), in, &in);
         enum { REPS = 8 };
-        double tf[REPS], tb[REPS], tsb[REPS], tsw[REPS];
+        double tf[REPS], tb[REPS], tsb[REPS], tsw[REPS], tcf[REPS], tcb[REPS];
         int nr = 0;
         for (int r = 0; r < REPS + 1 && st == BG_OK; r++) {
             float *inp = NULL, *out = NULL, *dout = NULL, *din = NULL;
@@ -136,19 +216,23 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
             /* in training the other layers of the stage and of the other
              * microbatches run in between: start each rep with cold caches */
             evict_caches();
-            double t0 = bg_now();
+            if (st == BG_OK)
+                st = together();
+            double c0 = timed.spent, t0 = bg_now();
             if (st == BG_OK)
                 st = bg_stage_forward(stg, 0, &out, &os);
             be->ops->synchronize(be);
-            double t1 = bg_now();
+            double t1 = bg_now(), c1 = timed.spent;
             if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
                 fill_random(be, dout, bg_shape_numel(os));
             evict_caches();
-            double t2 = bg_now();
+            if (st == BG_OK)
+                st = together();
+            double c2 = timed.spent, t2 = bg_now();
             if (st == BG_OK)
                 st = bg_stage_backward(stg, 0, &din);
             be->ops->synchronize(be);
-            double t3 = bg_now();
+            double t3 = bg_now(), c3 = timed.spent;
             bg_stage_end(stg, 0);
             /* the same microbatch again with the backward split into B and W */
             double t4 = 0, t5 = 0, t6 = 0;
@@ -163,6 +247,8 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
                 if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
                     fill_random(be, dout, bg_shape_numel(os));
                 evict_caches();
+                if (st == BG_OK)
+                    st = together();
                 t4 = bg_now();
                 if (st == BG_OK)
                     st = bg_stage_backward_input(stg, 0, &din);
@@ -179,68 +265,201 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
                 tf[nr] = t1 - t0;
                 tb[nr] = t3 - t2;
                 tsb[nr] = t5 - t4;
-                tsw[nr++] = t6 - t5;
+                tsw[nr] = t6 - t5;
+                tcf[nr] = c1 - c0;
+                tcb[nr++] = c3 - c2;
             }
         }
         if (st != BG_OK)
             rc = bg_cli_status(CMD, st);
         /* medians: what a training step sees, not the luckiest run */
-        fwd[i] = bg_median(tf, (size_t)nr);
-        bwd[i] = bg_median(tb, (size_t)nr);
-        bsplit[i] = bg_median(tsb, (size_t)nr);
-        wsplit[i] = bg_median(tsw, (size_t)nr);
+        fig[i][FIG_F] = bg_median(tf, (size_t)nr);
+        fig[i][FIG_BW] = bg_median(tb, (size_t)nr);
+        fig[i][FIG_B] = bg_median(tsb, (size_t)nr);
+        fig[i][FIG_W] = bg_median(tsw, (size_t)nr);
+        fig[i][FIG_CF] = bg_median(tcf, (size_t)nr);
+        fig[i][FIG_CB] = bg_median(tcb, (size_t)nr);
         bg_stage_destroy(stg);
         bg_model_destroy(m);
     }
     free(tok);
     bg_backend_destroy(be);
-    if (rc == 0 && !measure_quiet) {
-        double f = 0, b = 0, ff = 0, fb = 0;
-        for (int i = 0; i < L; i++) {
-            f += fwd[i], b += bwd[i];
-            ff += prof[i].fwd_flops, fb += prof[i].bwd_flops;
-        }
-        printf("measured per microbatch: forward %.3f ms, backward %.3f ms (%.2f and %.2f GFLOP/s)\n\n", 1e3 * f,
-               1e3 * b, f > 0 ? ff / f / 1e9 : 0.0, b > 0 ? fb / b / 1e9 : 0.0);
-    }
     *L_p = L;
     return rc;
 }
 
-/* ---------------------------------------------------------------- bench */
+/* ---------------------------------------------------------------- processes */
 
+
+/* One process of a measurement: member `rank` of a group of tp (tp > 1: its
+ * own world of tp processes on 127.0.0.1:port, the description bound to the
+ * tensor group). loop: a copy running beside, measuring until it is killed;
+ * else the figures go to out and the process ends. Never returns. */
+static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads, int tp,
+                   int rank, int port, const char *token, int loop, double (*out)[NFIG], int *L_out)
+{
+    static double fig[4096][NFIG];
+    bg_comm_t *comm = NULL;
+    bg_tp_group_t *tg = NULL;
+    bg_status_t st = BG_OK;
+    int rc = 1, L = 0;
+    if (tp > 1) {
+        bg_comm_params_t cp = BG_COMM_PARAMS_INIT;
+        cp.rank = rank;
+        cp.world_size = tp;
+        cp.local_rank = rank;
+        cp.master_addr = "127.0.0.1";
+        cp.master_port = port;
+        cp.token = token;
+        int *all = malloc((size_t)tp * sizeof(int));
+        for (int k = 0; all && k < tp; k++)
+            all[k] = k;
+        if (!all)
+            st = bg_error(BG_ERR_NOMEM, "measurement group");
+        if (st != BG_OK || (st = bg_comm_create(&cp, &comm)) != BG_OK ||
+            (st = bg_tp_group_create(comm, desc, tp, 0, &tg)) != BG_OK || (st = time_collectives(desc)) != BG_OK ||
+            (st = bg_group_create(comm, tp, all, &measure_barrier)) != BG_OK) {
+            free(all);
+            bg_cli_status(cmd, st);
+            goto out;
+        }
+        free(all);
+    }
+    do
+        rc = measure_layers(cmd, desc, n, t, backend, threads, fig, &L);
+    while (loop && rc == 0);
+    if (rc == 0) {
+        memcpy(out, fig, (size_t)L * sizeof(fig[0]));
+        *L_out = L;
+    }
+out:
+    fflush(stdout);
+    fflush(stderr);
+    if (measure_barrier)
+        bg_group_destroy(measure_barrier);
+    bg_tp_group_destroy(tg, desc);
+    if (comm)
+        bg_comm_destroy(comm);
+    _exit(rc);
+}
+
+/* Shared with the members: each one's layer count (-1 until it is done) and figures. */
+typedef struct {
+    int L;
+    double fig[4096][NFIG];
+} member_out_t;
 
 int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
-                          int ranks, double *fwd, double *bwd, double *bsplit, double *wsplit, int *L_p)
+                          int ranks, int tp, double *fwd, double *bwd, double *bsplit, double *wsplit, double *coll,
+                          int *L_p)
 {
+    static bg_layer_profile_t prof[4096];
+    int L = 0;
+    bg_status_t st = bg_model_profile(desc, n, t, prof, 4096, &L);
+    if (st != BG_OK)
+        return bg_cli_status(cmd, st);
     /* the ranks of one machine compute at the same time and share its caches
      * and memory bandwidth: measure under that load, with copies of the same
-     * measurement running beside this one (one per other rank on the cores) */
+     * measurement (whole groups) running beside this one, up to the cores */
+    if (tp < 1 || tp > 64)
+        return bg_cli_fail(cmd, "cannot measure a tensor group of %d processes on one machine (1..64)", tp);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int copies = (int)((ranks < ncpu ? ranks : ncpu) - 1);
-    pid_t kids[64];
-    int nk = 0;
+    int busy = (int)(ranks < ncpu ? ranks : ncpu), groups = 1 + (busy > tp ? (busy - tp + tp - 1) / tp : 0);
+    if (groups * tp > 64)
+        groups = 64 / tp > 1 ? 64 / tp : 1;
+    member_out_t *res = mmap(NULL, (size_t)tp * sizeof(member_out_t), PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (res == MAP_FAILED)
+        return bg_cli_fail(cmd, "cannot map the measurement's results: %s", strerror(errno));
+    if (tp > 1)
+        printf("measuring %d layers on the %s backend (microbatch %d) on a tensor group of %d processes: the tp %d "
+               "build's layers with their collectives\n", L, backend, n, tp, tp);
+    else
+        printf("measuring %d layers on the %s backend (microbatch %d)...\n", L, backend, n);
+    if (groups > 1)
+        printf("measuring with %d cop%s running beside (as many ranks share this machine's cores)\n", groups - 1,
+               groups == 2 ? "y" : "ies");
     fflush(stdout);
-    for (int k = 0; k < copies && k < 64; k++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            static double sf[4096], sb[4096], sbs[4096], sws[4096];
-            int sl;
-            measure_quiet = 1;
-            for (;;)
-                if (measure_layers(cmd, desc, n, t, backend, threads, sf, sb, sbs, sws, &sl))
-                    _exit(1);
+    fflush(stderr);
+    pid_t kids[64];
+    int nk = 0, rc = 0;
+    for (int g = 0; g < groups && rc == 0; g++) {
+        int port = 0;
+        char token[BG_CLI_TOKEN_CHARS + 1] = "";
+        if (tp > 1 && (bg_cli_free_port(&port) != 0 || bg_cli_job_token(token, sizeof token) != 0)) {
+            rc = bg_cli_fail(cmd, "cannot set up the measurement's tensor group (port, token): %s", strerror(errno));
+            break;
         }
-        if (pid > 0)
+        for (int k = 0; k < tp; k++) {
+            if (g == 0)
+                res[k].L = -1;
+            pid_t pid = fork();
+            if (pid == 0)
+                member(cmd, desc, n, t, backend, threads, tp, k, port, token, g > 0, res[k].fig, &res[k].L);
+            if (pid < 0) {
+                rc = bg_cli_fail(cmd, "cannot start a measuring process: %s", strerror(errno));
+                break;
+            }
             kids[nk++] = pid;
+        }
     }
-    if (nk)
-        printf("measuring with %d cop%s running beside (as many ranks share this machine's cores)\n", nk,
-               nk == 1 ? "y" : "ies");
-    int rc = measure_layers(cmd, desc, n, t, backend, threads, fwd, bwd, bsplit, wsplit, L_p);
-    for (int k = 0; k < nk; k++) {
+    /* the measuring group (the first tp children): wait for all; one that fails ends the others */
+    int left = rc == 0 ? tp : 0, failed = rc != 0;
+    int done[64] = {0};
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            break;
+        for (int k = 0; k < tp; k++)
+            if (kids[k] == pid && !done[k]) {
+                done[k] = 1;
+                left--;
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || res[k].L != L) {
+                    if (!failed)
+                        fprintf(stderr, "brigade %s: measuring process %d of %d failed (%s %d)\n", cmd, k, tp,
+                                WIFEXITED(status) ? "exit code" : "signal",
+                                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                    failed = 1;
+                    for (int j = 0; j < tp; j++)
+                        if (!done[j])
+                            kill(kids[j], SIGKILL);
+                }
+            }
+    }
+    for (int k = tp; k < nk; k++) { /* the copies running beside */
         kill(kids[k], SIGKILL);
         waitpid(kids[k], NULL, 0);
     }
-    return rc;
+    if (failed) {
+        munmap(res, (size_t)tp * sizeof(member_out_t));
+        return 1;
+    }
+    /* the group moves at the pace of its slowest member: the largest time of
+     * each kind; its collectives' share, the mean over the members */
+    double f = 0, b = 0, ff = 0, fb = 0, c = 0;
+    for (int i = 0; i < L; i++) {
+        double m[NFIG] = {0};
+        for (int k = 0; k < tp; k++)
+            for (int j = 0; j < NFIG; j++)
+                m[j] = j >= FIG_CF ? m[j] + res[k].fig[i][j] / tp : fmax(m[j], res[k].fig[i][j]);
+        fwd[i] = m[FIG_F];
+        bwd[i] = m[FIG_BW];
+        bsplit[i] = m[FIG_B];
+        wsplit[i] = m[FIG_W];
+        if (coll)
+            coll[i] = m[FIG_CF] + m[FIG_CB];
+        f += fwd[i], b += bwd[i], c += m[FIG_CF] + m[FIG_CB];
+        ff += prof[i].fwd_flops, fb += prof[i].bwd_flops;
+    }
+    munmap(res, (size_t)tp * sizeof(member_out_t));
+    printf("measured per microbatch: forward %.3f ms, backward %.3f ms (%.2f and %.2f GFLOP/s", 1e3 * f, 1e3 * b,
+           f > 0 ? ff / f / 1e9 : 0.0, b > 0 ? fb / b / 1e9 : 0.0);
+    if (tp > 1)
+        printf(" per member; %.3f ms of it in the group's collectives", 1e3 * c);
+    printf(")\n\n");
+    *L_p = L;
+    return 0;
 }

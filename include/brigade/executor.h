@@ -240,6 +240,17 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x);
 /** Destroy this rank's part (collective when it owns the comm). */
 bg_status_t bg_executor_destroy(bg_executor_t *x);
 
+/** A tensor-parallel group over the transport, for hosts that drive models
+ *  and stages themselves (the executor makes its own): what the layers'
+ *  ctx->tp calls (bg_tp_comm_t) as the transport's group collectives. */
+typedef struct bg_tp_group bg_tp_group_t;
+/** The tensor group of world ranks [@p first, @p first + @p tp) (called by those ranks only, collective
+ *  over them), bound to @p desc (bg_model_desc_set_tp), whose tensor-parallel layers must be of degree
+ *  @p tp (BG_ERR_INVALID naming both). tp = 1: *group_p = NULL, nothing bound. */
+bg_status_t bg_tp_group_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int first, bg_tp_group_t **group_p);
+/** Unbind @p desc from the group and free it (NULL: nothing). Models built from desc must be gone. */
+void bg_tp_group_destroy(bg_tp_group_t *group, bg_model_desc_t *desc);
+
 /** How the executor moves a device backend's buffers between ranks (one
  *  line, for brigade info): staged through pinned host memory in chunks, and
  *  whether a CUDA-aware UCX was found at configure time. */

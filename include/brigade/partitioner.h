@@ -168,6 +168,19 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
 /* ------------------------------------------------------------------------ */
 /* Plans                                                                    */
 
+/** Layer times measured the way a tensor-parallel plan runs them (brigade plan --measure, tools/measure.c):
+ *  the layers of the model built for degree @p tp, run by a group of tp processes with the group's real
+ *  collectives, every member busy. Seconds per microbatch, per layer of that build, speed 1. */
+typedef struct bg_plan_layer_times {
+    int tp;              /**< the degree they were measured at (>= 1) */
+    const double *fwd_s; /**< forward, collectives included */
+    const double *bwd_s; /**< fused backward, collectives included */
+    const double *b_s;   /**< backward-input of the split backward, or NULL (then B = W = bwd_s / 2) */
+    const double *w_s;   /**< backward-weight, or NULL (both or neither) */
+    const double *tp_s;  /**< the share of fwd_s + bwd_s spent in the group's collectives (waits included),
+                              recorded in the plan, or NULL */
+} bg_plan_layer_times_t;
+
 /** Inputs of bg_plan_search(); start from BG_PLAN_PARAMS_INIT. */
 typedef struct bg_plan_params {
     size_t size;                 /**< sizeof(bg_plan_params_t) */
@@ -202,12 +215,17 @@ typedef struct bg_plan_params {
                                       only N; BG_PLAN_TP_ALL = every degree dividing the devices. Degrees > 1
                                       need a builder-made model (rebuilt with that tp) or one of
                                       tensor-parallel layers */
+    const bg_plan_layer_times_t *tp_times; /**< measured per tensor-parallel degree (ntp_times entries, at
+                                      most one per degree; NULL: none): a layout of degree T with an entry
+                                      uses its times as they are; without one, layer_fwd_s.. / T plus each
+                                      collective's link cost (docs/partitioner.md) or the FLOPs */
+    int ntp_times;
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
     {sizeof(bg_plan_params_t), NULL, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW, 0, 1e12, 5e-6, 10e9,     \
-     NULL, NULL, 5, NULL, NULL, 0, 0}
+     NULL, NULL, 5, NULL, NULL, 0, 0, NULL, 0}
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {

@@ -108,5 +108,35 @@ expect_err "--measure times one microbatch size" --layers 2 --d-model 32 --heads
     --measure --threads 1 >"$T/out" 2>&1 || fail "--measure failed: $(cat "$T/out")"
 grep -q "measured per microbatch: forward" "$T/out" || fail "--measure printed no times: $(cat "$T/out")"
 
+# --measure --tp 2: the tp 2 build's layers timed on a group of 2 processes with their collectives; the
+# plan's per-layer costs are those measurements (layer_times measured_tp), the collectives' share
+# measured: present in the blocks and the head, none in ln_f (a layernorm sums nothing); the JSON loads
+# (brigade train --plan checks it against the model before running)
+export BRIGADE_TIMEOUT=${BRIGADE_TIMEOUT:-60}
+if timeout 120 "$B" plan --layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --microbatch-size 2 --devices 2 \
+     --mem 1G --tp 2 --measure --threads 1 --json "$T/tpm.json" >"$T/out" 2>&1; then
+  grep -q "on a tensor group of 2 processes" "$T/out" || fail "--measure --tp 2 did not say it measured a group: $(cat "$T/out")"
+  python3 - "$T/tpm.json" <<'PY' || fail "--measure --tp 2 plan JSON: see above"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["tp"] == 2 and p["layer_times"] == "measured_tp", (p["tp"], p.get("layer_times"))
+L = {l["name"]: l for l in p["layers"]}
+for l in p["layers"]:
+    assert l["fwd_ms"] > 0 and l["bwd_ms"] > 0 and l["tp_ms"] >= 0, l
+assert L["blocks.0"]["tp_ms"] > 0 and L["head"]["tp_ms"] > 0, (L["blocks.0"], L["head"])
+assert L["ln_f"]["tp_ms"] == 0, L["ln_f"]
+assert abs(p["stages"][0]["predicted_ms_per_microbatch"] - sum(l["fwd_ms"] + l["bwd_ms"] for l in p["layers"])) < 1e-6
+PY
+  timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/tpm.json" --steps 1 --threads 1 --quiet >"$T/run" 2>&1 \
+    || fail "train --plan of the measured tp 2 plan: $(cat "$T/run")"
+else
+  fail "--measure --tp 2 failed: $(cat "$T/out")"
+fi
+# by default (tp 1, and the smallest degree that fits when nothing does): the degree found is measured too
+timeout 120 "$B" plan --layers 1 --d-model 64 --heads 2 --seq 8 --vocab 16384 --batch 4 --microbatch-size 1 \
+    --devices 4 --mem 12M --measure --threads 1 --json "$T/tpa.json" >"$T/out" 2>&1 || fail "--measure, tp found: $(cat "$T/out")"
+grep -q "tp = 2 is the smallest" "$T/out" && grep -q '"layer_times": "measured_tp"' "$T/tpa.json" ||
+  fail "--measure did not measure the degree it fell back to: $(cat "$T/out")"
+
 if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all plan CLI checks passed"

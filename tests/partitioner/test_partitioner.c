@@ -525,6 +525,144 @@ static void test_plan_tp(void **state)
     bg_model_desc_destroy(d1);
 }
 
+/* The plan JSON's layers as the plan wrote them: their cost fields and the source of the times. */
+static json_t *plan_layers_json(const bg_plan_t *b, const char *want_times)
+{
+    char *text;
+    assert_int_equal(bg_plan_to_json(b, &text), BG_OK);
+    json_t *root = json_loads(text, 0, NULL);
+    free(text);
+    assert_non_null(root);
+    assert_string_equal(json_string_value(json_object_get(root, "layer_times")), want_times);
+    json_t *l = json_incref(json_object_get(root, "layers"));
+    json_decref(root);
+    return l;
+}
+
+/* Layer times measured on a tensor group (bg_plan_params_t.tp_times) are the
+ * cost model's times at their degree as they are: not divided by tp, no link
+ * cost added for the collectives (the measurement includes them), B and W as
+ * measured; the plan records them per layer ("fwd_ms", "bwd_ms", "tp_ms",
+ * "layer_times": "measured_tp") and a save loads back with them. Without an
+ * entry for the degree, one-process times are divided by tp and each layer's
+ * collectives costed on the link (the closed form below). */
+static void test_plan_tp_measured(void **state)
+{
+    (void)state;
+    bg_model_config_t mc = small_gpt_config();
+    bg_model_desc_t *d1, *d2;
+    assert_int_equal(bg_model_build(&mc, &d1), BG_OK);
+    mc.tp = 2;
+    assert_int_equal(bg_model_build(&mc, &d2), BG_OK);
+    enum { N = 2, MAXL = 16 };
+    bg_layer_profile_t p2[MAXL];
+    int L;
+    assert_int_equal(bg_model_profile(d2, N, mc.seq_len, p2, MAXL, &L), BG_OK);
+    double one[MAXL], f[MAXL], bw[MAXL], b[MAXL], w[MAXL], c[MAXL];
+    for (int i = 0; i < L; i++) {
+        one[i] = 4e-3 * (i + 1);
+        f[i] = 1e-3 * (i + 1) + 1.5e-4, bw[i] = 2e-3 * (i + 1), b[i] = 1.2e-3 * (i + 1), w[i] = bw[i] - b[i];
+        c[i] = 1e-4 * (i % 3);
+    }
+    uint64_t mem = 1ull << 30;
+    bg_plan_params_t pp = BG_PLAN_PARAMS_INIT;
+    pp.model = d1;
+    pp.world = 2;
+    pp.mem = &mem;
+    pp.nmem = 1;
+    pp.batch = 8;
+    pp.microbatch_size = N;
+    pp.pp = 1;
+    pp.tp = 2;
+    pp.schedules = "1f1b";
+    pp.flops = 1e10;
+    pp.link_latency = 2e-5;
+    pp.link_bandwidth = 1e9;
+    pp.layer_fwd_s = one;
+    pp.layer_bwd_s = one;
+
+    /* one-process times: / tp, plus the ring's cost of each layer's collectives */
+    bg_plan_set_t *set = NULL;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    json_t *jl = plan_layers_json(bg_plan_set_get(set, 0), "measured");
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        double cf = p2[i].tp.fwd_calls * 2 * pp.link_latency + p2[i].tp.fwd_bytes / pp.link_bandwidth;
+        double cb = p2[i].tp.bwd_calls * 2 * pp.link_latency + p2[i].tp.bwd_bytes / pp.link_bandwidth;
+        assert_float_equal(json_real_value(json_object_get(e, "fwd_ms")), 1e3 * (one[i] / 2 + cf), 1e-12);
+        assert_float_equal(json_real_value(json_object_get(e, "bwd_ms")), 1e3 * (one[i] / 2 + cb), 1e-12);
+        assert_float_equal(json_real_value(json_object_get(e, "tp_ms")), 1e3 * (cf + cb), 1e-12);
+    }
+    assert_true(p2[1].tp.fwd_calls > 0); /* the blocks' sums were costed */
+    json_decref(jl);
+    bg_plan_set_free(set);
+
+    /* measured on a group of another degree: not used at tp 2 */
+    bg_plan_layer_times_t tt[2] = {{.tp = 4, .fwd_s = f, .bwd_s = bw}, {.tp = 2, .fwd_s = f, .bwd_s = bw}};
+    pp.tp_times = tt;
+    pp.ntp_times = 1;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    json_decref(plan_layers_json(bg_plan_set_get(set, 0), "measured"));
+    bg_plan_set_free(set);
+
+    /* measured at tp 2: as they are; the stage's time per microbatch is their sum */
+    pp.ntp_times = 2;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    const bg_plan_t *best = bg_plan_set_get(set, 0);
+    jl = plan_layers_json(best, "measured_tp");
+    double sum = 0;
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        assert_float_equal(json_real_value(json_object_get(e, "fwd_ms")), 1e3 * f[i], 1e-12);
+        assert_float_equal(json_real_value(json_object_get(e, "bwd_ms")), 1e3 * bw[i], 1e-12);
+        assert_float_equal(json_real_value(json_object_get(e, "tp_ms")), 0, 0); /* not given */
+        sum += 1e3 * (f[i] + bw[i]);
+    }
+    json_decref(jl);
+    assert_int_equal(bg_plan_num_stages(best), 1);
+    assert_float_equal(bg_plan_stage(best, 0)->predicted_ms_per_microbatch, sum, 1e-9);
+    bg_plan_set_free(set);
+
+    /* with the collectives' share and B, W: recorded; saved and loaded with the plan */
+    tt[1].b_s = b, tt[1].w_s = w, tt[1].tp_s = c;
+    pp.schedules = "zb-h1"; /* pp 2 x tp 2 */
+    pp.world = 4;
+    pp.pp = 2;
+    pp.batch = 16;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    best = bg_plan_set_get(set, 0);
+    char path[] = "/tmp/bg_plan_tpm_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(bg_plan_save(best, path), BG_OK);
+    bg_plan_t *loaded = NULL;
+    assert_int_equal(bg_plan_load(path, &loaded), BG_OK);
+    unlink(path);
+    assert_int_equal(bg_plan_tp(loaded), 2);
+    assert_int_equal(bg_plan_check_model(loaded, d1), BG_OK);
+    jl = plan_layers_json(loaded, "measured_tp");
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        assert_float_equal(json_real_value(json_object_get(e, "fwd_ms")), 1e3 * f[i], 1e-12);
+        assert_float_equal(json_real_value(json_object_get(e, "tp_ms")), 1e3 * c[i], 1e-12);
+    }
+    json_decref(jl);
+    bg_plan_free(loaded);
+    bg_plan_set_free(set);
+
+    /* bad input */
+    tt[0].tp = 2;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "both for tp 2"));
+    tt[0].tp = 4;
+    c[1] = -1;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "layer 1 is negative"));
+    bg_model_desc_destroy(d2);
+    bg_model_desc_destroy(d1);
+}
+
 /* bg_plan_check_model of plan @p b against the builder model @p oc: BG_OK
  * when @p mismatch is NULL, else BG_ERR_MISMATCH with a message containing it. */
 static void check_against(const bg_plan_t *b, const bg_model_config_t *oc, const char *mismatch)
@@ -1019,7 +1157,7 @@ int main(void)
         cmocka_unit_test(test_exact_vs_brute_force), cmocka_unit_test(test_memory_closed_form),
         cmocka_unit_test(test_memory_matches_stages), cmocka_unit_test(test_replay_1f1b),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
-        cmocka_unit_test(test_plan_tp),
+        cmocka_unit_test(test_plan_tp),              cmocka_unit_test(test_plan_tp_measured),
         cmocka_unit_test(test_plan_roundtrip),       cmocka_unit_test(test_plan_fixtures),
         cmocka_unit_test(test_plan_user_model),      cmocka_unit_test(test_plan_load_checks_model),
     };
