@@ -605,9 +605,10 @@ static void record_shortfall(search_t *s, const bg_layer_profile_t *prof, const 
             bg_part_stage_eval(&c->prob, sf->stage, sf->first, sf->last, 1, &ev) != BG_OK)
             ws = NULL;
         int r = bg_schedule_stage_rank(c->sched, sf->stage);
-        char tpb[24] = "";
+        char tpb[48] = "";
         if (s->tp > 1)
-            snprintf(tpb, sizeof tpb, " tp=%d", s->tp);
+            snprintf(tpb, sizeof tpb, " tp=%d%s", s->tp,
+                     bg_model_desc_sequence_parallel(s->desc) ? " (sequence-parallel)" : "");
         snprintf(s->short_msg, sizeof(s->short_msg),
                  "closest layout pp=%d dp=%d%s %s m=%d (microbatch %d): stage %d on pipeline rank %d "
                  "(layers %d..%d, %s..%s) needs %s (parameters+gradients+optimizer %s, activations %s%s) but "
@@ -952,8 +953,9 @@ static bg_status_t check_params(const bg_plan_params_t *p)
             return bg_error(BG_ERR_INVALID, "measured layer times are for one microbatch size: give the microbatch "
                                             "size");
         for (int j = 0; j < k; j++)
-            if (p->tp_times[j].tp == t->tp)
-                return bg_error(BG_ERR_INVALID, "tp_times[%d] and [%d] are both for tp %d", j, k, t->tp);
+            if (p->tp_times[j].tp == t->tp && !p->tp_times[j].sequence_parallel == !t->sequence_parallel)
+                return bg_error(BG_ERR_INVALID, "tp_times[%d] and [%d] are both for tp %d%s", j, k, t->tp,
+                                t->sequence_parallel ? " with sequence parallelism" : "");
         for (int i = 0; i < bg_model_desc_num_layers(p->model); i++)
             if (!(t->fwd_s[i] >= 0) || !(t->bwd_s[i] >= 0) || (t->b_s && !(t->b_s[i] >= 0 && t->w_s[i] >= 0)) ||
                 (t->tp_s && !(t->tp_s[i] >= 0)))
@@ -1044,36 +1046,56 @@ static bg_status_t model_for_tp(const bg_model_desc_t *d, int tp, int sp, const 
     return BG_OK;
 }
 
-/* The layer times measured at degree tp (bg_plan_params_t.tp_times), or NULL. */
-static const bg_plan_layer_times_t *times_for(const bg_plan_params_t *pa, int tp)
+/* The layer times measured at degree tp for a build with (sp = 1) or without
+ * sequence parallelism (bg_plan_params_t.tp_times), or NULL. */
+static const bg_plan_layer_times_t *times_for(const bg_plan_params_t *pa, int tp, int sp)
 {
     if (pa->size < offsetof(bg_plan_params_t, ntp_times) + sizeof(int))
         return NULL;
     for (int k = 0; pa->tp_times && k < pa->ntp_times; k++)
-        if (pa->tp_times[k].tp == tp)
+        if (pa->tp_times[k].tp == tp && !!pa->tp_times[k].sequence_parallel == sp)
             return &pa->tp_times[k];
     return NULL;
 }
 
 /* One pass of the search at tensor-parallel degree tp: pp x dp = world / tp
- * groups of tp devices. Nothing to do when the model has no build for tp. */
-static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int *found_p)
+ * groups of tp devices, with sequence parallelism on or off (sp; -1: as the
+ * model's builder says). Nothing to do when the model has no build for tp. */
+static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int sp, int *found_p)
 {
     bg_model_desc_t *own;
     const bg_model_desc_t *d;
     *found_p = 0;
-    BG_CHECK(model_for_tp(s->pp->model, tp, -1, &d, &own));
+    BG_CHECK(model_for_tp(s->pp->model, tp, sp, &d, &own));
     if (!d)
         return BG_OK;
     s->tp = tp;
     s->desc = d;
-    s->times = times_for(s->pp, tp);
+    s->times = times_for(s->pp, tp, tp > 1 && bg_model_desc_sequence_parallel(d));
     bg_status_t st = search_world(s, kinds, nk, s->world / tp, 0, 0, found_p);
     s->tp = 1;
     s->times = NULL;
     s->desc = s->pp->model;
     bg_model_desc_destroy(own);
     return st;
+}
+
+/* search_tp at degree tp as the builder says, and when no layout of that
+ * degree fits and its sequence parallelism is off, again with it on: it
+ * splits the layernorms', the residuals' and the pipeline's activations by tp
+ * (a GPT builder's; docs/partitioner.md). *sp_p = 1 when only that fit. */
+static bg_status_t search_tp_fit(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int *sp_p)
+{
+    int before = s->nplans, found;
+    bg_model_config_t c;
+    *sp_p = 0;
+    BG_CHECK(search_tp(s, kinds, nk, tp, -1, &found));
+    if (s->nplans > before || tp == 1 || bg_model_desc_tp_degree(s->pp->model) != 1 ||
+        bg_model_desc_builder(s->pp->model, &c) != BG_OK || c.kind != BG_MODEL_GPT || c.sequence_parallel)
+        return BG_OK;
+    BG_CHECK(search_tp(s, kinds, nk, tp, 1, &found));
+    *sp_p = s->nplans > before;
+    return BG_OK;
 }
 
 bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
@@ -1131,33 +1153,37 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         if (s.mem[i] != s.mem[0])
             s.homogeneous_mem = 0;
     }
-    int found;
+    int sp_only = 0;
     char note[1400] = "";
     if (tp_req == 0) { /* every degree that divides the devices */
         for (int t = 1; t <= pa->world; t++)
             if (pa->world % t == 0)
-                BG_CHECK_GOTO(search_tp(&s, kinds, nk, t, &found), st, out);
+                BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, t, &sp_only), st, out);
     } else {
-        BG_CHECK_GOTO(search_tp(&s, kinds, nk, tp_req, &found), st, out);
+        BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, tp_req, &sp_only), st, out);
     }
     if (s.nplans == 0 && s.evaluated > 0) {
         /* nothing fits: again, now measuring by how much each layout misses */
         s.want_shortfall = 1;
         s.evaluated = 0;
-        BG_CHECK_GOTO(search_tp(&s, kinds, nk, tp_req ? tp_req : 1, &found), st, out);
+        BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, tp_req ? tp_req : 1, &sp_only), st, out);
         s.want_shortfall = 0;
         if (tp_auto) {
             /* a layer too big for one device: the smallest tensor-parallel degree that fits, said so */
             int evaluated = s.evaluated, t;
             for (t = 2; t <= pa->world && s.nplans == 0; t++)
                 if (pa->world % t == 0)
-                    BG_CHECK_GOTO(search_tp(&s, kinds, nk, t, &found), st, out);
+                    BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, t, &sp_only), st, out);
             if (s.nplans > 0)
-                snprintf(note, sizeof note, "nothing fits at tp = 1 (%s); tp = %d is the smallest tensor-parallel "
-                                            "degree that fits", s.short_msg, s.plans[0]->tp);
+                snprintf(note, sizeof note, "nothing fits at tp = 1 (%s); tp = %d%s is the smallest tensor-parallel "
+                                            "degree that fits", s.short_msg, s.plans[0]->tp,
+                         sp_only && s.plans[0]->sp ? " with sequence parallelism" : "");
             else
                 s.evaluated = evaluated;
         }
+    } else if (sp_only && s.nplans > 0 && s.plans[0]->sp) {
+        snprintf(note, sizeof note, "tp = %d fits only with sequence parallelism (the activations between blocks "
+                                    "split along the sequence)", s.plans[0]->tp);
     }
     if (s.nplans == 0) {
         char a[32], b[160] = "";

@@ -47,7 +47,8 @@ static void usage(FILE *f)
             "                     (default: 1, and when no layout fits at 1 the smallest degree that\n"
             "                     fits, said so)\n"
             "  --sequence-parallel  GPT: plan tp > 1 with sequence parallelism (brigade train\n"
-            "                     --sequence-parallel): activations between blocks split along the sequence\n"
+            "                     --sequence-parallel): activations between blocks split along the sequence;\n"
+            "                     without it, SP is used only where a degree does not fit otherwise\n"
             "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
             "  --zero 0|1|2|auto  count optimizer state (1) and gradients (2) sharded 1/dp (brigade train\n"
@@ -261,11 +262,12 @@ static double now_s(void) { return bg_now(); }
  * entry *e, whose arrays come from one malloc (*buf_p). 0; 1 after a message;
  * -1 when the model has no build for tp (sizes tp does not divide: the search
  * skips that degree too). */
-static int measure_tp(const bg_model_config_t *mc, int n, const char *backend, int threads, int ranks, int tp,
+static int measure_tp(const bg_model_config_t *mc, int n, const char *backend, int threads, int ranks, int tp, int sp,
                       bg_plan_layer_times_t *e, double **buf_p)
 {
     bg_model_config_t c = *mc;
     c.tp = tp;
+    c.sequence_parallel = sp;
     bg_model_desc_t *d = NULL;
     if (bg_model_build(&c, &d) != BG_OK)
         return -1;
@@ -283,16 +285,16 @@ static int measure_tp(const bg_model_config_t *mc, int n, const char *backend, i
         return 1;
     }
     *e = (bg_plan_layer_times_t){.tp = tp, .fwd_s = buf, .bwd_s = buf + L, .b_s = buf + 2 * L, .w_s = buf + 3 * L,
-                                 .tp_s = buf + 4 * L};
+                                 .tp_s = buf + 4 * L, .sequence_parallel = sp};
     *buf_p = buf;
     return 0;
 }
 
-/* Has degree tp been measured (an entry of times)? */
-static int measured_at(const bg_plan_layer_times_t *times, int n, int tp)
+/* Has degree tp, with sequence parallelism sp or without, been measured (an entry of times)? */
+static int measured_at(const bg_plan_layer_times_t *times, int n, int tp, int sp)
 {
     for (int k = 0; k < n; k++)
-        if (times[k].tp == tp)
+        if (times[k].tp == tp && times[k].sequence_parallel == sp)
             return 1;
     return 0;
 }
@@ -596,7 +598,8 @@ int bg_cmd_plan(int argc, char **argv)
                 pp.layer_w_s = mws;
                 continue;
             }
-            int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp, &tp_times[ntp], &tp_bufs[ntp]);
+            int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp, mc.sequence_parallel,
+                               &tp_times[ntp], &tp_bufs[ntp]);
             if (r > 0) {
                 rc = 1;
                 goto out;
@@ -606,10 +609,12 @@ int bg_cmd_plan(int argc, char **argv)
         }
     }
     st = bg_plan_search(&pp, &set);
-    /* by default a degree > 1 is searched only when nothing fits at 1: measure the one it took, search again */
+    /* by default a degree > 1 is searched only when nothing fits at 1, and sequence parallelism tried only
+     * when nothing fits without it: measure the build the best plan took, search again */
     int tp_found = st == BG_OK ? bg_plan_tp(bg_plan_set_get(set, 0)) : 1;
-    if (do_measure && tp_found > 1 && !measured_at(tp_times, ntp, tp_found) && ntp < MAX_TP_TIMES) {
-        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp_found, &tp_times[ntp],
+    int sp_found = st == BG_OK && bg_plan_sequence_parallel(bg_plan_set_get(set, 0));
+    if (do_measure && tp_found > 1 && !measured_at(tp_times, ntp, tp_found, sp_found) && ntp < MAX_TP_TIMES) {
+        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp_found, sp_found, &tp_times[ntp],
                            &tp_bufs[ntp]);
         if (r) {
             if (r < 0)

@@ -179,6 +179,8 @@ typedef struct bg_plan_layer_times {
     const double *w_s;   /**< backward-weight, or NULL (both or neither) */
     const double *tp_s;  /**< the share of fwd_s + bwd_s spent in the group's collectives (waits included),
                               recorded in the plan, or NULL */
+    int sequence_parallel; /**< the build measured had sequence parallelism (its times serve only such
+                              layouts, and the others only layouts without it) */
 } bg_plan_layer_times_t;
 
 /** Inputs of bg_plan_search(); start from BG_PLAN_PARAMS_INIT. */
