@@ -861,6 +861,18 @@ bg_status_t bg__ps_push_range(bg__ps_t *ps, int chunk, size_t off, size_t count)
 /* K > 0, a pipelined worker: the loss rank tells the others its loss share
  * and whether the pipeline stops after this step (it saw the servers' last
  * version), so every rank of the pipeline runs the same steps. */
+/* A blocking send (send = 1) or receive of host memory with another rank of
+ * this worker's pipeline, waited for as every wait of the mode (watching the
+ * pipeline; sleeping when emulated). */
+static bg_status_t pipe_xfer(bg__ps_t *ps, int send, int peer, uint32_t tag, void *buf, size_t bytes)
+{
+    bg__xfer_t *x = NULL;
+    BG_CHECK(send ? host_isend(ps, peer, tag, buf, bytes, &x) : host_irecv(ps, peer, tag, buf, bytes, &x));
+    bg_status_t st = ps_wait(ps, x, ps->wk);
+    bg__xfree(x);
+    return st;
+}
+
 static bg_status_t pipe_agree(bg__ps_t *ps, double *loss_p, int *stop_p)
 {
     uint32_t tag = ps_tag(PS_CTRL, PS_PIPE);
@@ -869,14 +881,14 @@ static bg_status_t pipe_agree(bg__ps_t *ps, double *loss_p, int *stop_p)
         ps->pipe[0] = *loss_p;
         ps->pipe[1] = *stop_p;
         for (int k = 0; k < ps->P; k++) {
-            bg_status_t st = k == ps->pk ? BG_OK : bg_send(ps->comm, worker_rank(ps, ps->wk, k), tag, ps->pipe,
-                                                           sizeof ps->pipe);
+            bg_status_t st = k == ps->pk ? BG_OK : pipe_xfer(ps, 1, worker_rank(ps, ps->wk, k), tag, ps->pipe,
+                                                             sizeof ps->pipe);
             if (st != BG_OK)
                 return bg_error(st, "telling rank %d of this worker's pipeline the step's loss: %s",
                                 worker_rank(ps, ps->wk, k), bg_last_error());
         }
     } else {
-        bg_status_t st = bg_recv(ps->comm, lr, tag, ps->pipe, sizeof ps->pipe);
+        bg_status_t st = pipe_xfer(ps, 0, lr, tag, ps->pipe, sizeof ps->pipe);
         if (st != BG_OK)
             return bg_error(st, "the step's loss from rank %d (this worker's last stage): %s", lr, bg_last_error());
         *loss_p = ps->pipe[0];
