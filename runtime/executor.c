@@ -1415,9 +1415,9 @@ static bg_status_t make_ps(exec_t *x)
             stage++;
         holder[i] = bg_schedule_stage_rank(x->sched, stage);
     }
-    bg__ps_params_t pp = {.comm = x->comm, .be = x->be, .desc = x->desc, .models = models, .nmodels = x->V,
-                          .servers = x->nservers, .staleness = x->p.staleness, .pp = x->P, .holder = holder,
-                          .loss_rank = bg_schedule_stage_rank(x->sched, x->S - 1)};
+    bg__ps_params_t pp = {.comm = x->comm, .be = x->be, .stg = &x->stg, .emulate = x->em != NULL, .desc = x->desc,
+                          .models = models, .nmodels = x->V, .servers = x->nservers, .staleness = x->p.staleness,
+                          .pp = x->P, .holder = holder, .loss_rank = bg_schedule_stage_rank(x->sched, x->S - 1)};
     if (st == BG_OK)
         st = bg__ps_create(&pp, &x->ps);
     free(holder);
@@ -1555,11 +1555,6 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
     if (x->stg.on && x->world > 1)
         bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
-    if (x->stg.on && x->nservers > 0) {
-        st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ps with buffers staged through the host is not built yet (the "
-                      "pushes and pulls take host buffers only)", x->p.backend ? x->p.backend : "cpu");
-        goto err;
-    }
     if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1))) {
         st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
                       "(the tensor group's sums and ZeRO's collectives take host buffers only)",

@@ -35,6 +35,17 @@
  * and the servers receive them before leaving, so no send is left in flight
  * and no message unmatched.
  *
+ * Every transfer of backend memory (pushes, pulls, the servers' receive sets
+ * and sends) goes through the executor's staging layer (runtime/staging.h):
+ * direct where buffers are host memory, through host blocks in chunks where
+ * they are device memory (or BRIGADE_STAGING=always); the servers' sum,
+ * rescaling and ties are the backend's ops on backend memory. The loss and
+ * stop flags and the byes are host memory, sent directly.
+ *
+ * --emulate: waits sleep instead of spinning, a server's update is free (no
+ * sum, no optimizer: the emulated executor's update is too); the transfers
+ * are real.
+ *
  * Owns: the tensor map, the servers' receive buffers, the workers' second
  * parameter buffer, the requests. Must not: run compute (the executor does),
  * touch the model's layout. */
@@ -43,9 +54,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/check.h"
+#include "runtime/emulate.h"
 #include "runtime/ps.h"
 
 enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2, PS_CTRL = 3 };
@@ -60,6 +73,8 @@ static uint32_t ps_tag(int kind, int idx)
 struct bg__ps {
     bg_comm_t *comm;
     bg_backend_t *be;
+    bg__staging_t *stg;     /* every transfer goes through it (staged where buffers are device memory) */
+    int emulate;            /* --emulate: waits sleep; a server's update is free (no sum, no optimizer) */
     bg_model_t **models;    /* worker: its chunks; server: models[0], its tensors */
     int nmodels;
     int S, W, K, P;         /* servers, workers (at the start), staleness bound, ranks per worker */
@@ -76,12 +91,12 @@ struct bg__ps {
     size_t *back_off;       /* per tensor held here: floats into back */
     size_t local_floats;    /* the tensors held here */
     unsigned char *pushed;  /* per tensor, this step */
-    bg_request_t **push_rq; /* per tensor */
-    bg_request_t **meta_rq; /* per server: the step's loss share and stop flag */
+    bg__xfer_t **push_rq;   /* per tensor */
+    bg__xfer_t **meta_rq;   /* per server: the step's loss share and stop flag */
     float meta[2];
     float *back;            /* K > 0: the version being received */
-    bg_request_t **pull_rq; /* per tensor */
-    bg_request_t *reply_rq; /* server 0's loss and stop */
+    bg__xfer_t **pull_rq;   /* per tensor */
+    bg__xfer_t *reply_rq;   /* server 0's loss and stop */
     float reply[2];
     double pipe[2];         /* K > 0: the loss rank's loss and stop, for the pipeline */
     int64_t pulling;        /* version being received, 0: none */
@@ -100,8 +115,8 @@ struct bg__ps {
     int next_set;           /* the set of the next step */
     float *recv;            /* R x W x own_floats */
     float *recv_meta;       /* R x W x P x 2 */
-    bg_request_t **rrq;     /* R x W x (nown + P): its tensors, then each pipeline rank's loss and stop */
-    bg_request_t **srq;     /* W x (nown + P): the version sent, and server 0's reply to each pipeline rank */
+    bg__xfer_t **rrq;       /* R x W x (nown + P): its tensors, then each pipeline rank's loss and stop */
+    bg__xfer_t **srq;       /* W x (nown + P): the version sent, and server 0's reply to each pipeline rank */
     float sreply[2];
     int *live;              /* per worker */
     int nlive;
@@ -217,8 +232,6 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p)
     if (p->zero)
         return bg_error(BG_ERR_INVALID, "--ps with --zero %d: the servers already shard the optimizer state (by "
                         "tensor); leave --zero out", p->zero);
-    if (p->emulate)
-        return bg_error(BG_ERR_UNSUPPORTED, "--ps with --emulate is not built");
     int n = bg_model_desc_num_tensors(p->model), ties = bg_model_desc_num_ties(p->model);
     if (p->ps > n - ties)
         return bg_error(BG_ERR_INVALID, "--ps %d: more servers than the model's %d tensors (a server holds whole "
@@ -236,31 +249,49 @@ void bg__ps_set_version(bg__ps_t *ps, int64_t step)
 }
 
 /* Receive set `set` of worker w: its requests and buffers. */
-static bg_request_t **set_rq(bg__ps_t *ps, int set, int w)
+static bg__xfer_t **set_rq(bg__ps_t *ps, int set, int w)
 {
     return ps->rrq + ((size_t)set * ps->W + w) * (size_t)entries(ps);
 }
 static float *set_buf(bg__ps_t *ps, int set, int w) { return ps->recv + ((size_t)set * ps->W + w) * ps->own_floats; }
 static float *set_meta(bg__ps_t *ps, int set, int w) { return ps->recv_meta + ((size_t)set * ps->W + w) * ps->P * 2; }
-static bg_request_t **send_rq(bg__ps_t *ps, int w) { return ps->srq + (size_t)w * (size_t)entries(ps); }
+static bg__xfer_t **send_rq(bg__ps_t *ps, int w) { return ps->srq + (size_t)w * (size_t)entries(ps); }
 
+/* Transfers of host memory (the loss and stop flags, the byes): the
+ * transport's request, wrapped so that every wait below takes one kind. */
+static bg_status_t host_isend(bg__ps_t *ps, int peer, uint32_t tag, const void *buf, size_t bytes, bg__xfer_t **x_p)
+{
+    bg_request_t *rq = NULL;
+    BG_CHECK(bg_isend(ps->comm, peer, tag, buf, bytes, &rq));
+    return bg__xwrap(ps->stg, rq, x_p);
+}
+static bg_status_t host_irecv(bg__ps_t *ps, int peer, uint32_t tag, void *buf, size_t bytes, bg__xfer_t **x_p)
+{
+    bg_request_t *rq = NULL;
+    BG_CHECK(bg_irecv(ps->comm, peer, tag, buf, bytes, &rq));
+    return bg__xwrap(ps->stg, rq, x_p);
+}
+
+/* A server's receives of worker w's pushes for one step: its tensors into
+ * the receive set (backend memory: through the staging layer), the loss and
+ * stop flags into host memory. */
 static bg_status_t post_set(bg__ps_t *ps, int set, int w)
 {
-    bg_request_t **rq = set_rq(ps, set, w);
+    bg__xfer_t **rq = set_rq(ps, set, w);
     float *buf = set_buf(ps, set, w), *meta = set_meta(ps, set, w);
     for (int j = 0; j < ps->nown; j++)
-        BG_CHECK(bg_irecv(ps->comm, worker_rank(ps, w, entry_rank(ps, j)), ps_tag(PS_PUSH, ps->own[j]),
-                          buf + ps->own_off[j], ps->numel[ps->own[j]] * sizeof(float), &rq[j]));
+        BG_CHECK(bg__xrecv(ps->stg, ps->comm, worker_rank(ps, w, entry_rank(ps, j)), ps_tag(PS_PUSH, ps->own[j]),
+                           buf + ps->own_off[j], ps->numel[ps->own[j]] * sizeof(float), &rq[j]));
     for (int k = 0; k < ps->P; k++)
-        BG_CHECK(bg_irecv(ps->comm, worker_rank(ps, w, k), ps_tag(PS_PUSH, PS_META), meta + 2 * k, 2 * sizeof(float),
-                          &rq[ps->nown + k]));
+        BG_CHECK(host_irecv(ps, worker_rank(ps, w, k), ps_tag(PS_PUSH, PS_META), meta + 2 * k, 2 * sizeof(float),
+                            &rq[ps->nown + k]));
     return BG_OK;
 }
 
-static void free_reqs(bg_request_t **rq, size_t n)
+static void free_reqs(bg__xfer_t **rq, size_t n)
 {
     for (size_t i = 0; rq && i < n; i++) {
-        bg_request_free(rq[i]);
+        bg__xfree(rq[i]);
         rq[i] = NULL;
     }
 }
@@ -273,6 +304,8 @@ bg_status_t bg__ps_create(const bg__ps_params_t *pp, bg__ps_t **ps_p)
     const bg_model_desc_t *d = pp->desc;
     ps->comm = pp->comm;
     ps->be = pp->be;
+    ps->stg = pp->stg;
+    ps->emulate = pp->emulate;
     ps->models = pp->models;
     ps->nmodels = pp->nmodels;
     ps->S = pp->servers;
@@ -422,7 +455,7 @@ void bg__ps_destroy(bg__ps_t *ps)
     free_reqs(ps->push_rq, (size_t)ps->n + 1);
     free_reqs(ps->pull_rq, (size_t)ps->n + 1);
     free_reqs(ps->meta_rq, (size_t)ps->S);
-    bg_request_free(ps->reply_rq);
+    bg__xfree(ps->reply_rq);
     if (ps->rrq)
         free_reqs(ps->rrq, (size_t)ps->R * ps->W * (size_t)entries(ps));
     if (ps->srq)
@@ -476,14 +509,16 @@ static int dead_rank(bg__ps_t *ps, int w)
  * complete (that rank stops, or waits for versions no server sends it any
  * more), so the wait ends with BG_ERR_PEER naming the dead rank. One rank
  * per worker: bg_wait, which fails when that rank dies. */
-static bg_status_t ps_wait(bg__ps_t *ps, bg_request_t *rq, int w)
+static bg_status_t ps_wait(bg__ps_t *ps, bg__xfer_t *rq, int w)
 {
+    if (ps->emulate) /* sleep, not spin: the ranks outnumber the cores */
+        bg__emulate_idle(rq);
     if (ps->P == 1)
-        return bg_wait(rq);
+        return bg__xwait(rq);
     double deadline = bg_now() + bg_comm_timeout(ps->comm);
     for (;;) {
         int done = 0;
-        bg_status_t st = bg_test(rq, &done);
+        bg_status_t st = bg__xtest(rq, &done);
         if (st != BG_OK || done)
             return st;
         int dr = dead_rank(ps, w);
@@ -494,7 +529,12 @@ static bg_status_t ps_wait(bg__ps_t *ps, bg_request_t *rq, int w)
         if (bg_now() > deadline)
             return bg_error(BG_ERR_TIMEOUT, "a transfer with a rank of worker %d did not complete within %g s "
                             "(BRIGADE_TIMEOUT)", w, bg_comm_timeout(ps->comm));
-        sched_yield();
+        if (ps->emulate) {
+            struct timespec t = {0, 20000};
+            nanosleep(&t, NULL);
+        } else {
+            sched_yield();
+        }
     }
 }
 
@@ -539,12 +579,12 @@ static bg_status_t worker_failed(bg__ps_t *ps, int w, int64_t step, bg_status_t 
 /* Wait for the sends of the last version to worker w (they read the parameters). */
 static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
 {
-    bg_request_t **rq = send_rq(ps, w);
+    bg__xfer_t **rq = send_rq(ps, w);
     for (int j = 0; j < entries(ps) && ps->live[w]; j++) {
         if (!rq[j])
             continue;
         bg_status_t st = ps_wait(ps, rq[j], w);
-        bg_request_free(rq[j]);
+        bg__xfree(rq[j]);
         rq[j] = NULL;
         if (st != BG_OK)
             BG_CHECK(worker_failed(ps, w, step, st));
@@ -561,7 +601,7 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     double t0 = bg_now();
     /* every live worker's pushes of this step, in worker order */
     for (int w = 0; w < ps->W; w++) {
-        bg_request_t **rq = set_rq(ps, set, w);
+        bg__xfer_t **rq = set_rq(ps, set, w);
         for (int j = 0; j < entries(ps) && ps->live[w]; j++) {
             bg_status_t st = ps_wait(ps, rq[j], w);
             if (st != BG_OK)
@@ -579,7 +619,7 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
         if (!ps->live[w])
             continue;
         float *buf = set_buf(ps, set, w);
-        for (int j = 0; j < ps->nown; j++) {
+        for (int j = 0; j < ps->nown && !ps->emulate; j++) {
             int i = ps->own[j];
             if (first)
                 be->ops->copy(be, grads + ps->off[i], buf + ps->own_off[j], ps->numel[i]);
@@ -597,17 +637,17 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     }
     if (ps->nlive < ps->W) {
         float k = (float)ps->W / (float)ps->nlive;
-        for (int j = 0; j < ps->nown; j++)
+        for (int j = 0; j < ps->nown && !ps->emulate; j++)
             be->ops->scale(be, grads + ps->off[ps->own[j]], k, ps->numel[ps->own[j]]);
         loss *= (double)ps->W / ps->nlive;
     }
     /* ties: both copies get a + b of the summed gradients (as the executor's sync_ties) */
-    for (int t = 0; t < ps->nties; t++) {
+    for (int t = 0; t < ps->nties && !ps->emulate; t++) {
         bg_param_t *a = ps->tie_a[t], *b = ps->tie_b[t];
         be->ops->residual_forward(be, a->grad, a->grad, b->grad, a->numel);
         be->ops->copy(be, b->grad, a->grad, a->numel);
     }
-    for (int j = 0; j < ps->nown; j++) { /* a tied tensor counted once, as the model's norm does */
+    for (int j = 0; j < ps->nown && !ps->emulate; j++) { /* a tied tensor counted once, as the model's norm does */
         float *g = grads + ps->off[ps->own[j]];
         int second = 0;
         for (int t = 0; t < ps->nties; t++)
@@ -615,7 +655,8 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
         if (!second)
             stats->grad_sumsq += be->ops->sumsq(be, g, ps->numel[ps->own[j]]);
     }
-    BG_CHECK(bg_model_optim_step(ps->m, opt, (int)step + 1)); /* the model holds this server's tensors */
+    if (!ps->emulate) /* emulated: the update is free, as the executor's (the weights stay as they are) */
+        BG_CHECK(bg_model_optim_step(ps->m, opt, (int)step + 1)); /* the model holds this server's tensors */
     be->ops->synchronize(be);
     double t2 = bg_now();
     /* version step + 1 to every live worker; this step's receives posted again for step + R */
@@ -625,16 +666,16 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     for (int w = 0; w < ps->W; w++) {
         if (!ps->live[w])
             continue;
-        bg_request_t **rq = send_rq(ps, w);
+        bg__xfer_t **rq = send_rq(ps, w);
         bg_status_t st = BG_OK;
         for (int j = 0; j < ps->nown && st == BG_OK; j++) {
             int i = ps->own[j];
-            st = bg_isend(ps->comm, worker_rank(ps, w, entry_rank(ps, j)), ps_tag(PS_PULL, i), params + ps->off[i],
-                          ps->numel[i] * sizeof(float), &rq[j]);
+            st = bg__xsend(ps->stg, ps->comm, worker_rank(ps, w, entry_rank(ps, j)), ps_tag(PS_PULL, i),
+                           params + ps->off[i], ps->numel[i] * sizeof(float), &rq[j]);
         }
         for (int k = 0; k < ps->P && st == BG_OK && ps->rank == 0; k++)
-            st = bg_isend(ps->comm, worker_rank(ps, w, k), ps_tag(PS_PULL, PS_META), ps->sreply, sizeof ps->sreply,
-                          &rq[ps->nown + k]);
+            st = host_isend(ps, worker_rank(ps, w, k), ps_tag(PS_PULL, PS_META), ps->sreply, sizeof ps->sreply,
+                            &rq[ps->nown + k]);
         if (st == BG_OK) {
             free_reqs(set_rq(ps, set, w), (size_t)entries(ps));
             st = post_set(ps, set, w);
@@ -675,12 +716,12 @@ static bg_status_t post_pull(bg__ps_t *ps)
         if (ps->chunk[i] < 0)
             continue;
         float *dst = ps->back ? ps->back + ps->back_off[i] : local_param(ps, i);
-        bg_status_t st = bg_irecv(ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst, ps->numel[i] * sizeof(float),
-                                  &ps->pull_rq[i]);
+        bg_status_t st = bg__xrecv(ps->stg, ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst,
+                                   ps->numel[i] * sizeof(float), &ps->pull_rq[i]);
         if (st != BG_OK)
             return server_error(ps, ps->owner[i], st, "pulling from");
     }
-    bg_status_t st = bg_irecv(ps->comm, 0, ps_tag(PS_PULL, PS_META), ps->reply, sizeof ps->reply, &ps->reply_rq);
+    bg_status_t st = host_irecv(ps, 0, ps_tag(PS_PULL, PS_META), ps->reply, sizeof ps->reply, &ps->reply_rq);
     return st == BG_OK ? BG_OK : server_error(ps, 0, st, "pulling from");
 }
 
@@ -689,16 +730,16 @@ static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
 {
     *done_p = 0;
     for (int i = 0; i <= ps->n; i++) {
-        bg_request_t **rq = i < ps->n ? &ps->pull_rq[i] : &ps->reply_rq;
+        bg__xfer_t **rq = i < ps->n ? &ps->pull_rq[i] : &ps->reply_rq;
         if (!*rq)
             continue;
         int done = 1;
-        bg_status_t st = wait ? ps_wait(ps, *rq, ps->wk) : bg_test(*rq, &done);
+        bg_status_t st = wait ? ps_wait(ps, *rq, ps->wk) : bg__xtest(*rq, &done);
         if (st != BG_OK)
             return server_error(ps, i < ps->n ? ps->owner[i] : 0, st, "pulling from");
         if (!done)
             return BG_OK;
-        bg_request_free(*rq);
+        bg__xfree(*rq);
         *rq = NULL;
     }
     /* every piece is in: the new version */
@@ -719,7 +760,7 @@ static bg_status_t wait_pushes(bg__ps_t *ps)
     for (int i = 0; i < ps->n; i++)
         if (ps->push_rq[i]) {
             bg_status_t st = ps_wait(ps, ps->push_rq[i], ps->wk);
-            bg_request_free(ps->push_rq[i]);
+            bg__xfree(ps->push_rq[i]);
             ps->push_rq[i] = NULL;
             if (st != BG_OK)
                 return server_error(ps, ps->owner[i], st, "pushing to");
@@ -727,7 +768,7 @@ static bg_status_t wait_pushes(bg__ps_t *ps)
     for (int s = 0; s < ps->S; s++)
         if (ps->meta_rq[s]) {
             bg_status_t st = ps_wait(ps, ps->meta_rq[s], ps->wk);
-            bg_request_free(ps->meta_rq[s]);
+            bg__xfree(ps->meta_rq[s]);
             ps->meta_rq[s] = NULL;
             if (st != BG_OK)
                 return server_error(ps, s, st, "pushing to");
@@ -740,18 +781,18 @@ static bg_status_t test_pushes(bg__ps_t *ps, int *done_p)
 {
     *done_p = 1;
     for (int i = 0; i < ps->n + ps->S; i++) {
-        bg_request_t **rq = i < ps->n ? &ps->push_rq[i] : &ps->meta_rq[i - ps->n];
+        bg__xfer_t **rq = i < ps->n ? &ps->push_rq[i] : &ps->meta_rq[i - ps->n];
         if (!*rq)
             continue;
         int done = 0;
-        bg_status_t st = bg_test(*rq, &done);
+        bg_status_t st = bg__xtest(*rq, &done);
         if (st != BG_OK)
             return server_error(ps, i < ps->n ? ps->owner[i] : i - ps->n, st, "pushing to");
         if (!done) {
             *done_p = 0;
             continue;
         }
-        bg_request_free(*rq);
+        bg__xfree(*rq);
         *rq = NULL;
     }
     return BG_OK;
@@ -792,7 +833,12 @@ bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
         if (bg_now() > deadline)
             return bg_error(BG_ERR_TIMEOUT, "worker (rank %d): the pushes of step %lld were not received within %g s "
                             "(BRIGADE_TIMEOUT)", ps->rank, (long long)step, bg_comm_timeout(ps->comm));
-        sched_yield();
+        if (ps->emulate) { /* sleep, not spin: the ranks outnumber the cores */
+            struct timespec t = {0, 20000};
+            nanosleep(&t, NULL);
+        } else {
+            sched_yield();
+        }
     }
     memset(ps->pushed, 0, (size_t)ps->n);
     return BG_OK;
@@ -804,8 +850,8 @@ bg_status_t bg__ps_push_range(bg__ps_t *ps, int chunk, size_t off, size_t count)
         if (ps->pushed[i] || ps->chunk[i] != chunk || ps->off[i] < off || ps->off[i] + ps->numel[i] > off + count)
             continue;
         ps->pushed[i] = 1;
-        bg_status_t st = bg_isend(ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), local_grad(ps, i),
-                                  ps->numel[i] * sizeof(float), &ps->push_rq[i]);
+        bg_status_t st = bg__xsend(ps->stg, ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), local_grad(ps, i),
+                                   ps->numel[i] * sizeof(float), &ps->push_rq[i]);
         if (st != BG_OK)
             return server_error(ps, ps->owner[i], st, "pushing to");
     }
@@ -815,6 +861,18 @@ bg_status_t bg__ps_push_range(bg__ps_t *ps, int chunk, size_t off, size_t count)
 /* K > 0, a pipelined worker: the loss rank tells the others its loss share
  * and whether the pipeline stops after this step (it saw the servers' last
  * version), so every rank of the pipeline runs the same steps. */
+/* A blocking send (send = 1) or receive of host memory with another rank of
+ * this worker's pipeline, waited for as every wait of the mode (watching the
+ * pipeline; sleeping when emulated). */
+static bg_status_t pipe_xfer(bg__ps_t *ps, int send, int peer, uint32_t tag, void *buf, size_t bytes)
+{
+    bg__xfer_t *x = NULL;
+    BG_CHECK(send ? host_isend(ps, peer, tag, buf, bytes, &x) : host_irecv(ps, peer, tag, buf, bytes, &x));
+    bg_status_t st = ps_wait(ps, x, ps->wk);
+    bg__xfree(x);
+    return st;
+}
+
 static bg_status_t pipe_agree(bg__ps_t *ps, double *loss_p, int *stop_p)
 {
     uint32_t tag = ps_tag(PS_CTRL, PS_PIPE);
@@ -823,14 +881,14 @@ static bg_status_t pipe_agree(bg__ps_t *ps, double *loss_p, int *stop_p)
         ps->pipe[0] = *loss_p;
         ps->pipe[1] = *stop_p;
         for (int k = 0; k < ps->P; k++) {
-            bg_status_t st = k == ps->pk ? BG_OK : bg_send(ps->comm, worker_rank(ps, ps->wk, k), tag, ps->pipe,
-                                                           sizeof ps->pipe);
+            bg_status_t st = k == ps->pk ? BG_OK : pipe_xfer(ps, 1, worker_rank(ps, ps->wk, k), tag, ps->pipe,
+                                                             sizeof ps->pipe);
             if (st != BG_OK)
                 return bg_error(st, "telling rank %d of this worker's pipeline the step's loss: %s",
                                 worker_rank(ps, ps->wk, k), bg_last_error());
         }
     } else {
-        bg_status_t st = bg_recv(ps->comm, lr, tag, ps->pipe, sizeof ps->pipe);
+        bg_status_t st = pipe_xfer(ps, 0, lr, tag, ps->pipe, sizeof ps->pipe);
         if (st != BG_OK)
             return bg_error(st, "the step's loss from rank %d (this worker's last stage): %s", lr, bg_last_error());
         *loss_p = ps->pipe[0];
@@ -850,7 +908,7 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
     ps->meta[0] = (float)loss_share; /* 0 but on the loss rank */
     ps->meta[1] = stop_req ? 1.0f : 0.0f;
     for (int s = 0; s < ps->S; s++) {
-        bg_status_t st = bg_isend(ps->comm, s, ps_tag(PS_PUSH, PS_META), ps->meta, sizeof ps->meta, &ps->meta_rq[s]);
+        bg_status_t st = host_isend(ps, s, ps_tag(PS_PUSH, PS_META), ps->meta, sizeof ps->meta, &ps->meta_rq[s]);
         if (st != BG_OK)
             return server_error(ps, s, st, "pushing to");
     }
@@ -881,10 +939,10 @@ bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int
 static bg_status_t drain_worker(bg__ps_t *ps, int w, int64_t steps)
 {
     int64_t *pushed = calloc((size_t)ps->P, sizeof(int64_t));
-    bg_request_t **rq = calloc((size_t)ps->P, sizeof(void *));
+    bg__xfer_t **rq = calloc((size_t)ps->P, sizeof(void *));
     bg_status_t st = pushed && rq ? BG_OK : bg_error(BG_ERR_NOMEM, "parameter server byes");
     for (int k = 0; k < ps->P && st == BG_OK; k++)
-        st = bg_irecv(ps->comm, worker_rank(ps, w, k), ps_tag(PS_CTRL, PS_BYE), &pushed[k], sizeof pushed[k], &rq[k]);
+        st = host_irecv(ps, worker_rank(ps, w, k), ps_tag(PS_CTRL, PS_BYE), &pushed[k], sizeof pushed[k], &rq[k]);
     for (int k = 0; k < ps->P && st == BG_OK; k++)
         st = ps_wait(ps, rq[k], w);
     free_reqs(rq, rq ? (size_t)ps->P : 0);
@@ -895,7 +953,7 @@ static bg_status_t drain_worker(bg__ps_t *ps, int w, int64_t steps)
     }
     for (int j = 0; st == BG_OK && j < entries(ps) && ps->live[w]; j++)
         for (int64_t k = 0; k < pushed[entry_rank(ps, j)] - steps && k < ps->R && ps->live[w]; k++) {
-            bg_request_t **set = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
+            bg__xfer_t **set = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
             bg_status_t s2 = ps_wait(ps, set[j], w);
             if (s2 != BG_OK)
                 st = worker_failed(ps, w, steps - 1, s2);
@@ -923,11 +981,11 @@ bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
     }
     if (ps->last >= 0) { /* stopped: tell the servers what to drain, then the pushes complete */
         ps->bye = ps->pushed_steps;
-        bg_request_t **rq = calloc((size_t)ps->S, sizeof(void *));
+        bg__xfer_t **rq = calloc((size_t)ps->S, sizeof(void *));
         BG_ALLOC_CHECK(rq, (size_t)ps->S * sizeof(void *), "parameter server bye");
         bg_status_t st = BG_OK;
         for (int s = 0; s < ps->S && st == BG_OK; s++)
-            if ((st = bg_isend(ps->comm, s, ps_tag(PS_CTRL, PS_BYE), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
+            if ((st = host_isend(ps, s, ps_tag(PS_CTRL, PS_BYE), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
                 st = server_error(ps, s, st, "leaving");
         if (st == BG_OK)
             st = wait_pushes(ps);

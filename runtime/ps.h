@@ -11,6 +11,7 @@
 #include "brigade/executor.h"
 #include "brigade/model.h"
 #include "brigade/transport.h"
+#include "runtime/staging.h"
 
 typedef struct bg__ps bg__ps_t;
 
@@ -38,6 +39,8 @@ bg_status_t bg__ps_check_params(const bg_executor_params_t *p);
 typedef struct bg__ps_params {
     bg_comm_t *comm;
     bg_backend_t *be;
+    bg__staging_t *stg;   /* the executor's: every transfer of backend memory goes through it */
+    int emulate;          /* --emulate: waits sleep, a server's update is free */
     const bg_model_desc_t *desc;
     bg_model_t **models;  /* this rank's: a worker's chunks (its stages), a server's one model of
                              its tensors, with their optimizer state (bg__ps_owned,

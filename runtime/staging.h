@@ -1,9 +1,10 @@
 /* runtime/staging.h: the executor's transfers between ranks (sends, receives,
- * data-parallel reductions) of backend buffers. Where the backend's buffers
- * are host memory the transport reads them in place; where they are device
- * memory (ops->device_buffers) every transfer is staged through host memory
- * from ops->host_alloc (pinned on CUDA): a send copies chunk i to the host and
- * starts sending it before it copies chunk i+1; a receive posts one receive
+ * data-parallel reductions, the parameter servers' pushes and pulls) of
+ * backend buffers. Where the backend's buffers are host memory the transport
+ * reads them in place; where they are device memory (ops->device_buffers)
+ * every transfer is staged through host memory from ops->host_alloc (pinned
+ * on CUDA): a send copies chunk i to the host and starts sending it before it
+ * copies chunk i+1; a receive posts one receive
  * per chunk (equal tags match in order) and copies each chunk to the device as
  * it lands; a reduction copies the buffer out, reduces it on the host and
  * copies it back. BRIGADE_STAGING=always sends host buffers through the same

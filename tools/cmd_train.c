@@ -74,6 +74,7 @@ static void usage(FILE *f)
             "  --emulate PROFILE      emulated scale: each compute instruction sleeps its stages' time in\n"
             "                         PROFILE (brigade profile --json, the same model) instead of running;\n"
             "                         real executor, transport and message sizes; the weights do not change\n"
+            "                         (with --ps the servers' update is free too; the pushes and pulls are real)\n"
             "  --emulate-scale X      multiply the profiled times by X (default 1)\n"
             "checkpoints:\n"
             "  --checkpoint-dir DIR   write checkpoints (weights, optimizer state, manifest) under DIR\n"

@@ -6,7 +6,12 @@
 # one retry, as other jobs on a loaded machine only ever slow the emulation
 # down). The messages have the real sizes: an emulated run sends the bytes
 # a computing run sends, per rank. The program is the one brigade schedule
-# builds for the same per-stage costs. Bad profiles end with one line.
+# builds for the same per-stage costs. Parameter servers (--ps 1 --pp 2,
+# workers emulated, the servers' update free, transfers real): K = 0 and K =
+# 1 runs complete, every worker rank reports its staleness (0 at K = 0,
+# within [0, 1] at K = 1 and 1 on some step), and the bytes pushed and
+# pulled per rank and step are a computing run's. Bad profiles end with one
+# line.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 S=${BRIGADE_SOURCE_DIR:?}
@@ -34,6 +39,30 @@ bytes() { python3 -c "import json,sys; print(sorted((r['rank'], r['step'], r['by
 if [ "$(bytes "$T/real.json")" = "$(bytes "$T/emu.json")" ] && [ -n "$(bytes "$T/emu.json")" ]; then
   ok "emulated messages have the real sizes: $(bytes "$T/emu.json")"
 else bad "bytes sent differ: real $(bytes "$T/real.json") emulated $(bytes "$T/emu.json")"; fi
+
+# 2b. parameter servers: emulated workers, real pushes and pulls
+for mode in real emu0 emu1; do
+  e="--staleness ${mode#emu}"
+  [ $mode = real ] && e=""
+  case $mode in emu*) e="$e --emulate $T/prof.json --emulate-scale 10";; esac
+  timeout 120 "$B" launch -n 5 -- "$B" train $MLP --steps 6 --pp 2 --ps 1 $e --metrics "$T/ps_$mode.json" --quiet \
+    >"$T/ps_$mode.log" 2>&1 || { bad "--ps 1 --pp 2 $mode run failed"; tail -3 "$T/ps_$mode.log"; }
+done
+v=$(python3 - "$T/ps_real.json" "$T/ps_emu0.json" "$T/ps_emu1.json" <<'PY'
+import json, sys
+def rows(f): return [json.loads(l) for l in open(f) if l.strip()][1:]
+def moved(f): return sorted((r["rank"], r["step"], r["bytes_sent"], r["bytes_recv"]) for r in rows(f))
+real, emu0, emu1 = (rows(f) for f in sys.argv[1:])
+assert moved(sys.argv[1]) == moved(sys.argv[2]) and len(real) == 30, "bytes pushed / pulled differ from a computing run"
+for k, rs in ((0, emu0), (1, emu1)):
+    st = [r["staleness"] for r in rs if r.get("role") == "worker"]
+    assert len(st) == 24 and min(st) >= 0 and max(st) == k, (k, len(st), min(st) if st else None, max(st) if st else None)
+    assert len([r for r in rs if r.get("role") == "server"]) == 6
+print("ok: K = 1 staleness mean %.2f" % (sum(r["staleness"] for r in emu1 if r.get("role") == "worker") / 24))
+PY
+)
+case $v in ok:*) ok "emulated --ps 1 --pp 2: real bytes per rank and step, per-worker staleness (${v#ok: })";;
+  *) bad "emulated --ps 1 --pp 2: $v";; esac
 
 # 3. the executor runs the program brigade schedule builds for the same
 # per-stage costs (not the unit-cost one): the compute order of every rank
