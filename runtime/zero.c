@@ -238,15 +238,6 @@ static const float *piece_grad(bg__zero_t *z, int k)
     return z->sg + pc->soff;
 }
 
-/* Level 2: every microbatch's reduce-scatter folded into the shard. */
-static bg_status_t finish(bg__zero_t *z)
-{
-    for (int b = 0; z->level >= 2 && b < z->nbuckets; b++)
-        if (z->rs[b])
-            BG_CHECK(fold(z, b));
-    return BG_OK;
-}
-
 bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
                             bg_optim_kind_t kind, bg__zero_t **z_p)
 {
@@ -418,15 +409,14 @@ bg_status_t bg__zero_begin_step(bg__zero_t *z)
     return BG_OK;
 }
 
-double bg__zero_tensor_sumsq(bg__zero_t *z, int i)
+bg_status_t bg__zero_bucket_done(bg__zero_t *z, int b, double *tsq)
 {
-    double s = 0;
-    if (finish(z) != BG_OK)
-        return NAN; /* the step fails at its optimizer step, which folds again */
-    for (int k = 0; k < z->npieces; k++)
-        if (z->pieces[k].tensor == i)
-            s += z->be->ops->sumsq(z->be, piece_grad(z, k), z->pieces[k].len);
-    return s;
+    if (z->level >= 2 && z->rs[b])
+        BG_CHECK(fold(z, b)); /* the last microbatch's reduce-scatter */
+    for (int k = 0; tsq && k < z->npieces; k++)
+        if (z->pieces[k].bucket == b)
+            tsq[z->pieces[k].tensor] += z->be->ops->sumsq(z->be, piece_grad(z, k), z->pieces[k].len);
+    return BG_OK;
 }
 
 static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
@@ -443,30 +433,26 @@ static bg_status_t start_gathers(bg__zero_t *z, float *flat)
     return BG_OK;
 }
 
-bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t)
+bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *opt, int t)
 {
     if (opt->kind != z->kind)
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     bg_backend_t *be = z->be;
     float *params = bg_model_params(z->m);
-    BG_CHECK(finish(z));
-    /* bucket by bucket: the update of the next overlaps the all-gather of the last */
-    for (int b = 0, k = 0; b < z->nbuckets; b++) {
-        for (; k < z->npieces && z->pieces[k].bucket == b; k++) {
-            const piece_t *pc = &z->pieces[k];
-            const float *g = piece_grad(z, k);
-            float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
-            if (z->kind == BG_OPTIM_ADAMW)
-                be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr,
-                               opt->beta1, opt->beta2, opt->eps, wd, t);
-            else
-                be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum,
-                                      wd);
-        }
-        be->ops->synchronize(be); /* the gather reads what the update wrote */
-        BG_CHECK(start_gather(z, b, params));
+    for (int k = 0; k < z->npieces; k++) {
+        const piece_t *pc = &z->pieces[k];
+        if (pc->bucket != b)
+            continue;
+        const float *g = piece_grad(z, k);
+        float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
+        if (z->kind == BG_OPTIM_ADAMW)
+            be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr, opt->beta1,
+                           opt->beta2, opt->eps, wd, t);
+        else
+            be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum, wd);
     }
-    return BG_OK;
+    be->ops->synchronize(be); /* the gather reads what the update wrote */
+    return start_gather(z, b, params);
 }
 
 bg_status_t bg__zero_settle(bg__zero_t *z)
