@@ -353,13 +353,31 @@ static bg_status_t post_ahead(exec_t *x, const bg_sched_op_t *ops, size_t n, siz
     return BG_OK;
 }
 
+/* --zero: the calls into the chunk's sharding around the compute; one that
+ * blocked on a collective shows in the trace for its duration, as ag_wait (the
+ * parameters' all-gathers of the last step, before a forward) or rs_wait
+ * (--zero 2: the backward waiting for a bucket's reduce-scatter). */
+enum { ZERO_SETTLE, ZERO_PREPARE, ZERO_LAYER_DONE };
+static bg_status_t zero_call(exec_t *x, chunk_t *ch, int mb, int what, int layer)
+{
+    int64_t w0 = bg__zero_waits(ch->zero);
+    double t0 = x->trace ? bg_now() : 0;
+    BG_CHECK(what == ZERO_SETTLE    ? bg__zero_settle(ch->zero)
+             : what == ZERO_PREPARE ? bg__zero_prepare(ch->zero, layer)
+                                    : bg__zero_layer_done(ch->zero, layer));
+    if (x->trace && bg__zero_waits(ch->zero) != w0)
+        bg__trace_event(x->trace, what == ZERO_SETTLE ? "ag_wait" : "rs_wait", mb, ch->stage, t0, bg_now(),
+                        (int)x->step + 1);
+    return BG_OK;
+}
+
 static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
 {
     bg_backend_t *be = x->be;
     float *in;
     BG_CHECK(begin_slot(x, ch, mb, &in));
-    if (ch->zero)
-        BG_CHECK(bg__zero_settle(ch->zero)); /* the parameters' all-gathers of the last step */
+    if (ch->zero) /* the parameters' all-gathers of the last step */
+        BG_CHECK(zero_call(x, ch, mb, ZERO_SETTLE, 0));
     if (ch->is_first || ch->is_last)
         BG_CHECK(fetch_batch(x, mb));
     if (ch->is_first && x->features)
@@ -394,8 +412,8 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     if (!ch->is_last && !ch->next_local)
         BG_CHECK(wait_free(&ch->grad_recv[mb]));
     float *din;
-    if (!split && ch->zero)
-        BG_CHECK(bg__zero_prepare(ch->zero, ch->last)); /* --zero 2: where the weight gradients go */
+    if (!split && ch->zero) /* --zero 2: where the weight gradients go */
+        BG_CHECK(zero_call(x, ch, mb, ZERO_PREPARE, ch->last));
     if (split)
         BG_CHECK(bg_stage_backward_input(ch->st, mb, &din));
     else
@@ -423,7 +441,7 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(wait_free(&ch->grad_send[mb])); /* W frees din */
     BG_CHECK(wait_free(&ch->act_send[mb]));
     if (ch->zero)
-        BG_CHECK(bg__zero_prepare(ch->zero, ch->last));
+        BG_CHECK(zero_call(x, ch, mb, ZERO_PREPARE, ch->last));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
     if (x->em)
         bg__emulate_wait(x->em, x->em->w[ch->stage]);
@@ -499,8 +517,8 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
      * reduce-scattered now */
     if (last || (h->ch->zero && bg__zero_per_microbatch(h->ch->zero, layer)))
         BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
-    if (h->ch->zero)
-        BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
+    if (h->ch->zero) /* --zero 2: every microbatch's buckets */
+        BG_CHECK(zero_call(h->x, h->ch, mb, ZERO_LAYER_DONE, layer));
     if (!last || (h->x->D == 1 && !h->x->ps))
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);

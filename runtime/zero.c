@@ -55,6 +55,7 @@ struct bg__zero {
     size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
     int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
     int64_t seq;
+    int64_t waits;     /* blocking waits so far (bg__zero_waits) */
     float *pool[POOL]; /* the buffers the buckets take turns in (the largest bucket's size each) */
     int *slot;         /* per bucket: the pool buffer it holds, -1 none (a whole bucket has its own) */
     size_t pool_count; /* floats of each pool buffer */
@@ -159,7 +160,12 @@ static bg_status_t bucket_buffer(bg__zero_t *z, int b)
 /* Bucket b's reduce-scatter is done (or is waited for): its owned chunk into the shard, its buffer freed. */
 static bg_status_t fold(bg__zero_t *z, int b)
 {
-    bg_status_t st = bg_wait(z->rs[b]);
+    int done = 0;
+    bg_status_t st = bg_test(z->rs[b], &done);
+    if (st == BG_OK && !done) {
+        z->waits++;
+        st = bg_wait(z->rs[b]);
+    }
     bg_request_free(z->rs[b]);
     z->rs[b] = NULL;
     if (st != BG_OK)
@@ -353,6 +359,8 @@ void bg__zero_destroy(bg__zero_t *z)
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
 
+int64_t bg__zero_waits(const bg__zero_t *z) { return z->waits; }
+
 int bg__zero_buffers(void)
 {
     long long n = 3;
@@ -461,7 +469,12 @@ bg_status_t bg__zero_settle(bg__zero_t *z)
     for (int b = 0; b < z->nbuckets; b++) {
         if (!z->ag[b])
             continue;
-        bg_status_t s2 = bg_wait(z->ag[b]);
+        int done = 0;
+        bg_status_t s2 = bg_test(z->ag[b], &done);
+        if (s2 == BG_OK && !done) {
+            z->waits++;
+            s2 = bg_wait(z->ag[b]);
+        }
         bg_request_free(z->ag[b]);
         z->ag[b] = NULL;
         if (st == BG_OK)

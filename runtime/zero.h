@@ -55,6 +55,10 @@ bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *
 bg_status_t bg__zero_settle(bg__zero_t *z);
 /* Cancel what is in flight (after a failed step). */
 void bg__zero_cancel(bg__zero_t *z);
+/* How many times this chunk's sharding has blocked so far (a reduce-scatter
+ * or an all-gather not yet complete when needed): the executor's trace marks
+ * the calls that waited (rs_wait, ag_wait). */
+int64_t bg__zero_waits(const bg__zero_t *z);
 /* Elements whose optimizer state this replica holds. */
 size_t bg__zero_owned(const bg__zero_t *z);
 /* Collective over the group: the full optimizer state into the model (for a
