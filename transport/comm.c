@@ -41,15 +41,17 @@ static inline void bg__api_touch(bg_comm_t *c)
 }
 
 /* Wake the communication thread when it is in its deep sleep (sleeping == 2:
- * nothing in flight for BG__DEEP_IDLE_S). Not on the hot path: a wake-up per
- * operation costs a syscall and a context switch (measured: 8-byte ping-pong
- * went from 0.7 to 34 us with it, on 2 vCPUs), so while operations come and
- * go the idle thread polls every millisecond instead (sleeping == 1) and
- * background progress starts at most 1 ms late; only the first post after a
- * quiet spell pays a wake-up. */
-void bg__kick(bg_comm_t *c)
+ * nothing in flight for BG__DEEP_IDLE_S), or, @p large, from any sleep. Not
+ * on the hot path: a wake-up per operation costs a syscall and a context
+ * switch (measured: 8-byte ping-pong went from 0.7 to 34 us with it, on 2
+ * vCPUs), so while operations come and go the idle thread polls every
+ * millisecond instead (sleeping == 1) and background progress starts at most
+ * 1 ms late; only the first post after a quiet spell pays a wake-up, and a
+ * collective that moves large messages (bg__coll_start), whose rendezvous
+ * needs this side's progress while the caller computes. */
+void bg__kick(bg_comm_t *c, int large)
 {
-    if (atomic_load(&c->sleeping) > 1) {
+    if (atomic_load(&c->sleeping) > (large ? 0 : 1)) {
         uint64_t one = 1;
         ssize_t w = write(c->wake_fd, &one, sizeof(one));
         (void)w;
@@ -412,7 +414,7 @@ bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
     if (!first || c->size == 1 || c->live.fd < 0)
         return BG_OK;
     atomic_store(&c->abort_pending, 1);
-    bg__kick(c);
+    bg__kick(c, 0);
     /* the host may exit right after this: wait (briefly) until it is sent */
     double deadline = bg_now() + 2;
     while (atomic_load(&c->abort_pending) && bg_now() < deadline) {
@@ -881,7 +883,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
          * still flushing its endpoint to us needs our acknowledgements (over
          * TCP a flush otherwise waits for the whole grace period) */
         atomic_fetch_add(&c->active, 1);
-        bg__kick(c);
+        bg__kick(c, 0);
         bg__store_barrier_named(c, "bg/leave2", grace, &st);
         atomic_fetch_sub(&c->active, 1);
         graceful = st == BG_OK;
@@ -1026,7 +1028,7 @@ static bg_status_t bg__p2p(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t 
     bg__unlock(c);
     bg__api_touch(c);
     atomic_fetch_sub(&c->demand, 1);
-    bg__kick(c);
+    bg__kick(c, 0);
     return st;
 }
 
