@@ -54,6 +54,7 @@ struct bg__zero {
     bg_request_t **rs; /* per bucket: the reduce-scatter of a microbatch's gradients in flight */
     size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
     int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
+    char *folded;      /* per bucket: its shard chunk holds this step's sum so far (else: the next fold copies) */
     int64_t seq;
     int64_t waits;     /* blocking waits so far (bg__zero_waits) */
     float *pool[POOL]; /* the buffers the buckets take turns in (the largest bucket's size each) */
@@ -172,7 +173,11 @@ static bg_status_t fold(bg__zero_t *z, int b)
         return st;
     size_t co, cl;
     bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
-    z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
+    if (z->folded[b]) /* the shard adds the microbatches in the order their backwards ran */
+        z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
+    else /* the step's first: a copy, not an addition to zeros (one pass fewer, and no zeroing of the shard) */
+        z->be->ops->copy(z->be, z->sg + z->soff[b], z->buf[b] + co, cl);
+    z->folded[b] = 1;
     aim(z, b, NULL);
     z->slot[b] = -1; /* its pool buffer is free again */
     z->buf[b] = NULL;
@@ -267,8 +272,9 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
     z->rs = calloc((size_t)nbuckets + 1, sizeof(*z->rs));
     z->soff = calloc((size_t)nbuckets + 1, sizeof(*z->soff));
     z->rs_seq = calloc((size_t)nbuckets + 1, sizeof(*z->rs_seq));
+    z->folded = calloc((size_t)nbuckets + 1, 1);
     z->slot = malloc(((size_t)nbuckets + 1) * sizeof(*z->slot));
-    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq || !z->slot) {
+    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq || !z->folded || !z->slot) {
         st = bg_error(BG_ERR_NOMEM, "zero buckets");
         goto err;
     }
@@ -350,6 +356,7 @@ void bg__zero_destroy(bg__zero_t *z)
     free(z->rs);
     free(z->soff);
     free(z->rs_seq);
+    free(z->folded);
     free(z->buckets);
     free(z->whole);
     free(z->ag);
@@ -410,7 +417,7 @@ bg_status_t bg__zero_begin_step(bg__zero_t *z)
 {
     if (z->level < 2)
         return BG_OK;
-    z->be->ops->fill(z->be, z->sg, 0.0f, z->owned ? z->owned : 1);
+    memset(z->folded, 0, (size_t)z->nbuckets); /* the shard: each bucket's first fold of the step copies */
     for (int b = 0; b < z->nbuckets; b++)
         if (z->whole[b] && z->buf[b])
             z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);

@@ -514,8 +514,8 @@ static void *bg__comm_thread(void *arg)
             struct pollfd pfd[2] = {{.fd = c->wake_fd, .events = POLLIN},
                                     {.fd = c->live.fd, .events = POLLIN}};
             int tmo = 1, deep = active == 0 && now - busy > BG__DEEP_IDLE_S;
-            if (deep) { /* until the next heartbeat is due */
-                double due = c->last_sent + c->heartbeat_ms / 1000.0 - now;
+            if (deep) { /* until the next heartbeat is due (no liveness connection: one period) */
+                double due = c->live.fd < 0 ? c->heartbeat_ms / 1000.0 : c->last_sent + c->heartbeat_ms / 1000.0 - now;
                 tmo = due > 0.001 ? (int)(due * 1000) : 1;
             }
             /* sleeping before active is read again and a post's active++ before
