@@ -52,11 +52,6 @@ struct bg__coll {
 
 static const char *bg__coll_desc(bg__coll_t *co);
 
-/* A collective with a message of at least this many bytes wakes the communication
- * thread at once (bg__kick): UCX's default rendezvous threshold here (BRIGADE_UCX_RNDV_THRESH),
- * above which a transfer needs the receiver's progress while the caller computes. */
-#define BG__KICK_BYTES (256 << 10)
-
 /* ---- groups ------------------------------------------------------------------ */
 
 bg_status_t bg_group_create(bg_comm_t *c, int n, const int *ranks, bg_group_t **group_p)
@@ -404,10 +399,6 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
     r->coll = co;
     r->t_start = bg_now();
     co->req = r;
-    size_t most = 0; /* the largest message (read now: once posted, the collective may finish anywhere) */
-    for (int i = 0; i < co->nsteps; i++)
-        for (int k = 0; k < co->steps[i].nx; k++)
-            most = co->steps[i].x[k].bytes > most ? co->steps[i].x[k].bytes : most;
     atomic_fetch_add(&c->demand, 1);
     bg__lock(c);
     atomic_fetch_add(&c->active, 1);
@@ -419,7 +410,7 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
     bg__unlock(c);
     atomic_store_explicit(&c->last_api_ns, (long long)(bg_now() * 1e9), memory_order_relaxed);
     atomic_fetch_sub(&c->demand, 1);
-    bg__kick(c, most >= BG__KICK_BYTES);
+    bg__kick(c);
     *req_p = r;
     return BG_OK;
 }

@@ -40,18 +40,13 @@ static inline void bg__api_touch(bg_comm_t *c)
     atomic_store_explicit(&c->last_api_ns, (long long)(bg_now() * 1e9), memory_order_relaxed);
 }
 
-/* Wake the communication thread when it is in its deep sleep (sleeping == 2:
- * nothing in flight for BG__DEEP_IDLE_S), or, @p large, from any sleep. Not
- * on the hot path: a wake-up per operation costs a syscall and a context
- * switch (measured: 8-byte ping-pong went from 0.7 to 34 us with it, on 2
- * vCPUs), so while operations come and go the idle thread polls every
- * millisecond instead (sleeping == 1) and background progress starts at most
- * 1 ms late; only the first post after a quiet spell pays a wake-up, and a
- * collective that moves large messages (bg__coll_start), whose rendezvous
- * needs this side's progress while the caller computes. */
-void bg__kick(bg_comm_t *c, int large)
+/* Wake the communication thread. Not used on the hot path: a wake-up costs a
+ * syscall and a context switch per operation (measured: 8-byte ping-pong went
+ * from 0.7 to 34 us with it, on 2 vCPUs); the idle thread polls every
+ * millisecond instead, so background progress starts at most 1 ms late. */
+void bg__kick(bg_comm_t *c)
 {
-    if (atomic_load(&c->sleeping) > (large ? 0 : 1)) {
+    if (atomic_load(&c->sleeping) > 1) {
         uint64_t one = 1;
         ssize_t w = write(c->wake_fd, &one, sizeof(one));
         (void)w;
@@ -414,7 +409,7 @@ bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
     if (!first || c->size == 1 || c->live.fd < 0)
         return BG_OK;
     atomic_store(&c->abort_pending, 1);
-    bg__kick(c, 0);
+    bg__kick(c);
     /* the host may exit right after this: wait (briefly) until it is sent */
     double deadline = bg_now() + 2;
     while (atomic_load(&c->abort_pending) && bg_now() < deadline) {
@@ -490,38 +485,21 @@ static void bg__live_poll(bg_comm_t *c)
     }
 }
 
-/* After this long with nothing in flight the communication thread sleeps
- * until a post wakes it (bg__kick) or the next heartbeat is due, instead of
- * waking every millisecond: on a core that a compute thread keeps busy, each
- * of those wake-ups cost about 15 us (a data-parallel rank spends most of its
- * step with nothing in flight: 1.5% of its core; docs/transport.md). */
-#define BG__DEEP_IDLE_S 0.004
-
 static void *bg__comm_thread(void *arg)
 {
     bg_comm_t *c = arg;
-    double last_live = 0, busy = bg_now(); /* busy: when something was last in flight */
+    double last_live = 0;
     int idle = 0;
     while (!atomic_load(&c->stop)) {
         double now = bg_now();
         int active = atomic_load(&c->active);
-        if (active > 0)
-            busy = now;
         if (atomic_load(&c->demand) > 0 || active == 0) {
             /* Someone waiting drives progress itself; or nothing to do: sleep on
-             * the liveness socket and the wake-up eventfd (deeply when nothing
-             * has been in flight for a while: a post then kicks). */
+             * the liveness socket and the wake-up eventfd. */
             struct pollfd pfd[2] = {{.fd = c->wake_fd, .events = POLLIN},
                                     {.fd = c->live.fd, .events = POLLIN}};
-            int tmo = 1, deep = active == 0 && now - busy > BG__DEEP_IDLE_S;
-            if (deep) { /* until the next heartbeat is due (no liveness connection: one period) */
-                double due = c->live.fd < 0 ? c->heartbeat_ms / 1000.0 : c->last_sent + c->heartbeat_ms / 1000.0 - now;
-                tmo = due > 0.001 ? (int)(due * 1000) : 1;
-            }
-            /* sleeping before active is read again and a post's active++ before
-             * its read of sleeping (both sequentially consistent): either this
-             * thread sees the post, or the post sees the deep sleep and kicks */
-            atomic_store(&c->sleeping, deep ? 2 : 1);
+            int tmo = 1;
+            atomic_store(&c->sleeping, 1);
             if (atomic_load(&c->active) == active)
                 poll(pfd, c->live.fd >= 0 ? 2 : 1, tmo);
             atomic_store(&c->sleeping, 0);
@@ -883,7 +861,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
          * still flushing its endpoint to us needs our acknowledgements (over
          * TCP a flush otherwise waits for the whole grace period) */
         atomic_fetch_add(&c->active, 1);
-        bg__kick(c, 0);
+        bg__kick(c);
         bg__store_barrier_named(c, "bg/leave2", grace, &st);
         atomic_fetch_sub(&c->active, 1);
         graceful = st == BG_OK;
@@ -1028,7 +1006,7 @@ static bg_status_t bg__p2p(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t 
     bg__unlock(c);
     bg__api_touch(c);
     atomic_fetch_sub(&c->demand, 1);
-    bg__kick(c, 0);
+    bg__kick(c);
     return st;
 }
 

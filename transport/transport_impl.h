@@ -128,7 +128,7 @@ bg_status_t bg__post_locked(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t
 void bg__fail_locked(bg_comm_t *c, bg_request_t *r, bg_status_t st, const char *msg);
 void bg__request_release_locked(bg_request_t *r);
 void bg__leak_locked(bg_comm_t *c, void *p);
-void bg__kick(bg_comm_t *c, int large);
+void bg__kick(bg_comm_t *c);
 /* A buffer of at least @p bytes from the comm's cache (or malloc); give it back with put. */
 void *bg__scratch_get(bg_comm_t *c, size_t bytes, size_t *got_p);
 void bg__scratch_put(bg_comm_t *c, void *p, size_t bytes);
