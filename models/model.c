@@ -254,6 +254,11 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind) { return kind == BG_OPTIM_ADAM
 
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t)
 {
+    return bg_model_optim_step_range(m, opt, t, 0, m->nparams);
+}
+
+bg_status_t bg_model_optim_step_range(bg_model_t *m, const bg_optim_config_t *opt, int t, size_t lo, size_t count)
+{
     bg_backend_t *be = m->be;
     if (opt->kind != BG_OPTIM_ADAMW && opt->kind != BG_OPTIM_SGD)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)opt->kind);
@@ -265,6 +270,8 @@ bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int
     for (int i = 0; i < m->ntensors; i++) {
         bg_param_t *p = m->tensors[i].p;
         size_t off = (size_t)(p->data - m->params);
+        if (off < lo || off - lo >= count)
+            continue;
         float wd = p->decay ? opt->weight_decay : 0.0f;
         if (opt->kind == BG_OPTIM_ADAMW)
             be->ops->adamw(be, p->data, p->grad, m->opt_m + off, m->opt_v + off, p->numel, opt->lr, opt->beta1,

@@ -88,6 +88,7 @@ typedef struct chunk {
     } *buckets;
     int nbuckets;
     double gsq;             /* sum of squares of the chunk's reduced gradients this step (grad_sumsq) */
+    double *tsq;            /* per tensor: the sum of squares of its reduced gradient this step */
     bg__zero_t *zero;       /* --zero 1|2: the sharded optimizer state (runtime/zero.c), else NULL */
 } chunk_t;
 
@@ -357,13 +358,31 @@ static bg_status_t post_ahead(exec_t *x, const bg_sched_op_t *ops, size_t n, siz
     return BG_OK;
 }
 
+/* --zero: the calls into the chunk's sharding around the compute; one that
+ * blocked on a collective shows in the trace for its duration, as ag_wait (the
+ * parameters' all-gathers of the last step, before a forward) or rs_wait
+ * (--zero 2: the backward waiting for a bucket's reduce-scatter). */
+enum { ZERO_SETTLE, ZERO_PREPARE, ZERO_LAYER_DONE };
+static bg_status_t zero_call(exec_t *x, chunk_t *ch, int mb, int what, int layer)
+{
+    int64_t w0 = bg__zero_waits(ch->zero);
+    double t0 = x->trace ? bg_now() : 0;
+    BG_CHECK(what == ZERO_SETTLE    ? bg__zero_settle(ch->zero)
+             : what == ZERO_PREPARE ? bg__zero_prepare(ch->zero, layer)
+                                    : bg__zero_layer_done(ch->zero, layer));
+    if (x->trace && bg__zero_waits(ch->zero) != w0)
+        bg__trace_event(x->trace, what == ZERO_SETTLE ? "ag_wait" : "rs_wait", mb, ch->stage, t0, bg_now(),
+                        (int)x->step + 1);
+    return BG_OK;
+}
+
 static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
 {
     bg_backend_t *be = x->be;
     float *in;
     BG_CHECK(begin_slot(x, ch, mb, &in));
-    if (ch->zero)
-        BG_CHECK(bg__zero_settle(ch->zero)); /* the parameters' all-gathers of the last step */
+    if (ch->zero) /* the parameters' all-gathers of the last step */
+        BG_CHECK(zero_call(x, ch, mb, ZERO_SETTLE, 0));
     if (ch->is_first || ch->is_last)
         BG_CHECK(fetch_batch(x, mb));
     if (ch->is_first && x->features)
@@ -398,8 +417,8 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     if (!ch->is_last && !ch->next_local)
         BG_CHECK(wait_free(&ch->grad_recv[mb]));
     float *din;
-    if (!split && ch->zero)
-        BG_CHECK(bg__zero_prepare(ch->zero, ch->last)); /* --zero 2: where the weight gradients go */
+    if (!split && ch->zero) /* --zero 2: where the weight gradients go */
+        BG_CHECK(zero_call(x, ch, mb, ZERO_PREPARE, ch->last));
     if (split)
         BG_CHECK(bg_stage_backward_input(ch->st, mb, &din));
     else
@@ -427,7 +446,7 @@ static bg_status_t do_weight(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(wait_free(&ch->grad_send[mb])); /* W frees din */
     BG_CHECK(wait_free(&ch->act_send[mb]));
     if (ch->zero)
-        BG_CHECK(bg__zero_prepare(ch->zero, ch->last));
+        BG_CHECK(zero_call(x, ch, mb, ZERO_PREPARE, ch->last));
     BG_CHECK(bg_stage_backward_weight(ch->st, mb));
     if (x->em)
         bg__emulate_wait(x->em, x->em->w[ch->stage]);
@@ -464,24 +483,25 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
     return BG_OK;
 }
 
+static bg_status_t wait_bucket(exec_t *x, chunk_t *ch, int b)
+{
+    double t0 = bg_now();
+    int had = ch->buckets[b].req != NULL;
+    bg_status_t st = wait_free(&ch->buckets[b].req);
+    if (x->trace && had) /* time spent waiting for the reduction after the backward */
+        bg__trace_event(x->trace, "ar_wait", b, ch->stage, t0, bg_now(), (int)x->step + 1);
+    ch->buckets[b].started = 0;
+    return st;
+}
+
 static bg_status_t wait_buckets(exec_t *x, chunk_t *ch)
 {
-    bg_status_t st = BG_OK;
-    for (int b = 0; b < ch->nbuckets; b++) {
-        /* once one reduction failed the step is lost: the others are freed by
-         * cancel_all, not waited for (one with a rank that left the job would
-         * otherwise hold this rank until BRIGADE_TIMEOUT) */
-        if (st != BG_OK)
-            break;
-        double t0 = bg_now();
-        int had = ch->buckets[b].req != NULL;
-        bg_status_t s2 = wait_free(&ch->buckets[b].req);
-        if (x->trace && had) /* time spent waiting for the reduction after the backward */
-            bg__trace_event(x->trace, "ar_wait", b, ch->stage, t0, bg_now(), (int)x->step + 1);
-        st = s2;
-        ch->buckets[b].started = 0;
-    }
-    return st;
+    /* once one reduction failed the step is lost: the others are freed by
+     * cancel_all, not waited for (one with a rank that left the job would
+     * otherwise hold this rank until BRIGADE_TIMEOUT) */
+    for (int b = 0; b < ch->nbuckets; b++)
+        BG_CHECK(wait_bucket(x, ch, b));
+    return BG_OK;
 }
 
 typedef struct {
@@ -502,8 +522,8 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
      * reduce-scattered now */
     if (last || (h->ch->zero && bg__zero_per_microbatch(h->ch->zero, layer)))
         BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
-    if (h->ch->zero)
-        BG_CHECK(bg__zero_layer_done(h->ch->zero, layer)); /* --zero 2: every microbatch's buckets */
+    if (h->ch->zero) /* --zero 2: every microbatch's buckets */
+        BG_CHECK(zero_call(h->x, h->ch, mb, ZERO_LAYER_DONE, layer));
     if (!last || (h->x->D == 1 && !h->x->ps))
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
@@ -626,24 +646,69 @@ static bg_status_t sync_shared(exec_t *x)
     return BG_OK;
 }
 
-/* Sum of squares of a chunk's gradients (after the data-parallel sum and the
- * tie sync, before its optimizer step), tensor by tensor in the chunk's fixed
- * order, in double. The second tensor of every tie is left out: both copies
- * hold a + b, and the model's norm counts a tied tensor once. Summed over the
- * pipeline (one replica) it is the square of the model's gradient norm. */
+/* Does tensor i count in the model's gradient norm? The second tensor of
+ * every tie is left out (both copies hold a + b, and the model's norm counts
+ * a tied tensor once), and a tensor replicated over the tensor group counts
+ * once (member 0). */
+static int in_norm(exec_t *x, chunk_t *ch, int i)
+{
+    bg_param_t *p = bg_model_tensor(ch->model, i);
+    for (int t = 0; t < x->nties; t++)
+        if (x->ties[t].b == p)
+            return 0;
+    return p->numel && (x->tp_i == 0 || bg_param_is_shard(p));
+}
+
+/* Sum of squares of a chunk's reduced gradients from the per-tensor sums
+ * (ch->tsq, in double, filled bucket by bucket by optimizer_step), added
+ * tensor by tensor in the chunk's fixed order whatever order the buckets
+ * finished in. Summed over the pipeline (one replica) it is the square of
+ * the model's gradient norm. */
 static double grad_sumsq(exec_t *x, chunk_t *ch)
 {
     double s = 0;
-    for (int i = 0; i < bg_model_num_tensors(ch->model); i++) {
-        bg_param_t *p = bg_model_tensor(ch->model, i);
-        int second = 0;
-        for (int t = 0; t < x->nties && !second; t++)
-            second = x->ties[t].b == p;
-        /* a tensor replicated over the tensor group counts once (member 0) */
-        if (!second && p->numel && (x->tp_i == 0 || bg_param_is_shard(p)))
-            s += ch->zero ? bg__zero_tensor_sumsq(ch->zero, i) : x->be->ops->sumsq(x->be, p->grad, p->numel);
-    }
+    for (int i = 0; i < bg_model_num_tensors(ch->model); i++)
+        if (in_norm(x, ch, i))
+            s += ch->tsq[i];
     return s;
+}
+
+/* The chunk's optimizer step, bucket by bucket in the order their reductions
+ * started (the last layers first): each bucket is waited for, its squares
+ * summed (the gradient norm) and its parameters updated (--zero: its owned
+ * elements, then its parameters' all-gather starts), so the reductions still
+ * in flight, the last bucket's above all, overlap the updates of the buckets
+ * before them. The update is elementwise: the same bits as one step over the
+ * chunk after every reduction. */
+static bg_status_t optimizer_step(exec_t *x, chunk_t *ch)
+{
+    int norm = ch->copy == 0; /* the model's norm counts one copy */
+    int nt = bg_model_num_tensors(ch->model), t = (int)x->step + 1;
+    const float *base = bg_model_params(ch->model);
+    for (int i = 0; i < nt; i++)
+        ch->tsq[i] = 0;
+    for (int b = 0; b < ch->nbuckets; b++) {
+        struct bucket *bk = &ch->buckets[b];
+        BG_CHECK(wait_bucket(x, ch, b));
+        if (ch->zero) {
+            BG_CHECK(bg__zero_bucket_done(ch->zero, b, norm ? ch->tsq : NULL));
+        } else {
+            for (int i = 0; norm && i < nt; i++) {
+                bg_param_t *p = bg_model_tensor(ch->model, i);
+                size_t o = (size_t)(p->data - base);
+                if (o >= bk->off && o - bk->off < bk->count && in_norm(x, ch, i))
+                    ch->tsq[i] = x->be->ops->sumsq(x->be, p->grad, p->numel);
+            }
+        }
+        if (x->em)
+            continue; /* emulated: no update (the simulator's optimizer costs nothing) */
+        if (ch->zero)
+            BG_CHECK(bg__zero_bucket_step(ch->zero, b, &x->p.optim, t));
+        else
+            BG_CHECK(bg_model_optim_step_range(ch->model, &x->p.optim, t, bk->off, bk->count));
+    }
+    ch->gsq = norm ? grad_sumsq(x, ch) : 0;
+    return BG_OK;
 }
 
 /* The schedule IR's names: the text tokens of compute ops (F, B, b, W), the
@@ -694,17 +759,10 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_REDUCE_GRADS:
         return start_buckets(x, ch, ch->first); /* whatever the backward hook did not start */
     case BG_OP_OPTIMIZER_STEP:
-        if (!x->ps) /* --ps: the server of a tie adds a + b after the workers' sum */
-            BG_CHECK(sync_shared(x));
-        BG_CHECK(wait_buckets(x, ch));
-        if (x->ps)
-            return BG_OK; /* the servers update (bg__ps_worker_end pushes what is left) */
-        ch->gsq = ch->copy == 0 ? grad_sumsq(x, ch) : 0; /* the model's norm counts one copy */
-        if (x->em)
-            return BG_OK; /* emulated: no update (the simulator's optimizer costs nothing) */
-        if (ch->zero)
-            return bg__zero_step(ch->zero, &x->p.optim, (int)x->step + 1);
-        return bg_model_optim_step(ch->model, &x->p.optim, (int)x->step + 1);
+        if (x->ps) /* the servers update (bg__ps_worker_end pushes what is left); a tie's a + b is theirs */
+            return wait_buckets(x, ch);
+        BG_CHECK(sync_shared(x));
+        return optimizer_step(x, ch);
     }
     return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
 }
@@ -1124,6 +1182,7 @@ static void free_chunk(chunk_t *ch)
     free(ch->pending_end);
     free(ch->out_shape);
     free(ch->buckets);
+    free(ch->tsq);
     free(ch->hook);
 }
 
@@ -1300,6 +1359,8 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
         bg_stage_set_recompute(ch->st, 1);
     bg_stage_set_emulate(ch->st, x->em != NULL);
     BG_CHECK(make_buckets(ch));
+    ch->tsq = calloc((size_t)bg_model_num_tensors(ch->model) + 1, sizeof(double));
+    BG_ALLOC_CHECK(ch->tsq, sizeof(double), "per-tensor gradient norms");
     hook_arg_t *h = malloc(sizeof(*h));
     BG_ALLOC_CHECK(h, sizeof(*h), "backward hook");
     h->x = x;

@@ -98,9 +98,10 @@ static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double ori
             *first ? "" : ",\n", rank, rank, rank, rank);
     *first = 0;
     for (size_t i = 0; i < n; i++) {
-        /* sends, receives and all-reduces ("reduce_grads" included) are communication; "step" spans the compute track */
+        /* sends, receives, all-reduces ("reduce_grads" included) and --zero's waits (rs_wait, ag_wait) are
+         * communication; "step" spans the compute track */
         int comm = (ev[i].name[0] == 's' && strcmp(ev[i].name, "step")) || ev[i].name[0] == 'r' ||
-                   !strncmp(ev[i].name, "ar_", 3);
+                   !strncmp(ev[i].name, "ar_", 3) || !strncmp(ev[i].name, "ag_", 3);
         const char *cat = comm ? "comm" : "compute";
         /* an instant (zero duration) is drawn as a marker */
         fprintf(f,

@@ -54,7 +54,9 @@ struct bg__zero {
     bg_request_t **rs; /* per bucket: the reduce-scatter of a microbatch's gradients in flight */
     size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
     int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
+    char *folded;      /* per bucket: its shard chunk holds this step's sum so far (else: the next fold copies) */
     int64_t seq;
+    int64_t waits;     /* blocking waits so far (bg__zero_waits) */
     float *pool[POOL]; /* the buffers the buckets take turns in (the largest bucket's size each) */
     int *slot;         /* per bucket: the pool buffer it holds, -1 none (a whole bucket has its own) */
     size_t pool_count; /* floats of each pool buffer */
@@ -159,14 +161,23 @@ static bg_status_t bucket_buffer(bg__zero_t *z, int b)
 /* Bucket b's reduce-scatter is done (or is waited for): its owned chunk into the shard, its buffer freed. */
 static bg_status_t fold(bg__zero_t *z, int b)
 {
-    bg_status_t st = bg_wait(z->rs[b]);
+    int done = 0;
+    bg_status_t st = bg_test(z->rs[b], &done);
+    if (st == BG_OK && !done) {
+        z->waits++;
+        st = bg_wait(z->rs[b]);
+    }
     bg_request_free(z->rs[b]);
     z->rs[b] = NULL;
     if (st != BG_OK)
         return st;
     size_t co, cl;
     bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
-    z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
+    if (z->folded[b]) /* the shard adds the microbatches in the order their backwards ran */
+        z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
+    else /* the step's first: a copy, not an addition to zeros (one pass fewer, and no zeroing of the shard) */
+        z->be->ops->copy(z->be, z->sg + z->soff[b], z->buf[b] + co, cl);
+    z->folded[b] = 1;
     aim(z, b, NULL);
     z->slot[b] = -1; /* its pool buffer is free again */
     z->buf[b] = NULL;
@@ -238,15 +249,6 @@ static const float *piece_grad(bg__zero_t *z, int k)
     return z->sg + pc->soff;
 }
 
-/* Level 2: every microbatch's reduce-scatter folded into the shard. */
-static bg_status_t finish(bg__zero_t *z)
-{
-    for (int b = 0; z->level >= 2 && b < z->nbuckets; b++)
-        if (z->rs[b])
-            BG_CHECK(fold(z, b));
-    return BG_OK;
-}
-
 bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
                             bg_optim_kind_t kind, bg__zero_t **z_p)
 {
@@ -270,8 +272,9 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
     z->rs = calloc((size_t)nbuckets + 1, sizeof(*z->rs));
     z->soff = calloc((size_t)nbuckets + 1, sizeof(*z->soff));
     z->rs_seq = calloc((size_t)nbuckets + 1, sizeof(*z->rs_seq));
+    z->folded = calloc((size_t)nbuckets + 1, 1);
     z->slot = malloc(((size_t)nbuckets + 1) * sizeof(*z->slot));
-    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq || !z->slot) {
+    if (!z->buckets || !z->whole || !z->ag || !z->buf || !z->rs || !z->soff || !z->rs_seq || !z->folded || !z->slot) {
         st = bg_error(BG_ERR_NOMEM, "zero buckets");
         goto err;
     }
@@ -353,6 +356,7 @@ void bg__zero_destroy(bg__zero_t *z)
     free(z->rs);
     free(z->soff);
     free(z->rs_seq);
+    free(z->folded);
     free(z->buckets);
     free(z->whole);
     free(z->ag);
@@ -361,6 +365,8 @@ void bg__zero_destroy(bg__zero_t *z)
 }
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
+
+int64_t bg__zero_waits(const bg__zero_t *z) { return z->waits; }
 
 int bg__zero_buffers(void)
 {
@@ -411,22 +417,21 @@ bg_status_t bg__zero_begin_step(bg__zero_t *z)
 {
     if (z->level < 2)
         return BG_OK;
-    z->be->ops->fill(z->be, z->sg, 0.0f, z->owned ? z->owned : 1);
+    memset(z->folded, 0, (size_t)z->nbuckets); /* the shard: each bucket's first fold of the step copies */
     for (int b = 0; b < z->nbuckets; b++)
         if (z->whole[b] && z->buf[b])
             z->be->ops->fill(z->be, z->buf[b], 0.0f, z->buckets[b].count);
     return BG_OK;
 }
 
-double bg__zero_tensor_sumsq(bg__zero_t *z, int i)
+bg_status_t bg__zero_bucket_done(bg__zero_t *z, int b, double *tsq)
 {
-    double s = 0;
-    if (finish(z) != BG_OK)
-        return NAN; /* the step fails at its optimizer step, which folds again */
-    for (int k = 0; k < z->npieces; k++)
-        if (z->pieces[k].tensor == i)
-            s += z->be->ops->sumsq(z->be, piece_grad(z, k), z->pieces[k].len);
-    return s;
+    if (z->level >= 2 && z->rs[b])
+        BG_CHECK(fold(z, b)); /* the last microbatch's reduce-scatter */
+    for (int k = 0; tsq && k < z->npieces; k++)
+        if (z->pieces[k].bucket == b)
+            tsq[z->pieces[k].tensor] += z->be->ops->sumsq(z->be, piece_grad(z, k), z->pieces[k].len);
+    return BG_OK;
 }
 
 static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
@@ -443,30 +448,26 @@ static bg_status_t start_gathers(bg__zero_t *z, float *flat)
     return BG_OK;
 }
 
-bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t)
+bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *opt, int t)
 {
     if (opt->kind != z->kind)
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     bg_backend_t *be = z->be;
     float *params = bg_model_params(z->m);
-    BG_CHECK(finish(z));
-    /* bucket by bucket: the update of the next overlaps the all-gather of the last */
-    for (int b = 0, k = 0; b < z->nbuckets; b++) {
-        for (; k < z->npieces && z->pieces[k].bucket == b; k++) {
-            const piece_t *pc = &z->pieces[k];
-            const float *g = piece_grad(z, k);
-            float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
-            if (z->kind == BG_OPTIM_ADAMW)
-                be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr,
-                               opt->beta1, opt->beta2, opt->eps, wd, t);
-            else
-                be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum,
-                                      wd);
-        }
-        be->ops->synchronize(be); /* the gather reads what the update wrote */
-        BG_CHECK(start_gather(z, b, params));
+    for (int k = 0; k < z->npieces; k++) {
+        const piece_t *pc = &z->pieces[k];
+        if (pc->bucket != b)
+            continue;
+        const float *g = piece_grad(z, k);
+        float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
+        if (z->kind == BG_OPTIM_ADAMW)
+            be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr, opt->beta1,
+                           opt->beta2, opt->eps, wd, t);
+        else
+            be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum, wd);
     }
-    return BG_OK;
+    be->ops->synchronize(be); /* the gather reads what the update wrote */
+    return start_gather(z, b, params);
 }
 
 bg_status_t bg__zero_settle(bg__zero_t *z)
@@ -475,7 +476,12 @@ bg_status_t bg__zero_settle(bg__zero_t *z)
     for (int b = 0; b < z->nbuckets; b++) {
         if (!z->ag[b])
             continue;
-        bg_status_t s2 = bg_wait(z->ag[b]);
+        int done = 0;
+        bg_status_t s2 = bg_test(z->ag[b], &done);
+        if (s2 == BG_OK && !done) {
+            z->waits++;
+            s2 = bg_wait(z->ag[b]);
+        }
         bg_request_free(z->ag[b]);
         z->ag[b] = NULL;
         if (st == BG_OK)

@@ -43,15 +43,22 @@ int bg__zero_buffers(void);
 /* Bytes of gradients this level holds (level 2: the shard, whole buckets
  * and the bucket buffers; else the flat buffer). */
 size_t bg__zero_grad_bytes(const bg__zero_t *z);
-/* Sum of squares of the owned part of tensor i's reduced gradient. */
-double bg__zero_tensor_sumsq(bg__zero_t *z, int i);
-/* Update the owned elements (level 2: once every microbatch's reduction is
- * folded in), then start the all-gathers of the parameters. */
-bg_status_t bg__zero_step(bg__zero_t *z, const bg_optim_config_t *opt, int t);
+/* Bucket b's reduction is complete (the executor waited for what
+ * bg__zero_reduce started; level 2: the last microbatch's reduce-scatter is
+ * waited for and folded here). tsq != NULL: adds to tsq[i] the sum of squares
+ * of the owned part of each tensor i of the bucket, piece by piece in order. */
+bg_status_t bg__zero_bucket_done(bg__zero_t *z, int b, double *tsq);
+/* Update the owned elements of bucket b (after bg__zero_bucket_done), then
+ * start the all-gather of its parameters. */
+bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *opt, int t);
 /* Wait for the parameters' all-gathers (every replica's parameters whole). */
 bg_status_t bg__zero_settle(bg__zero_t *z);
 /* Cancel what is in flight (after a failed step). */
 void bg__zero_cancel(bg__zero_t *z);
+/* How many times this chunk's sharding has blocked so far (a reduce-scatter
+ * or an all-gather not yet complete when needed): the executor's trace marks
+ * the calls that waited (rs_wait, ag_wait). */
+int64_t bg__zero_waits(const bg__zero_t *z);
 /* Elements whose optimizer state this replica holds. */
 size_t bg__zero_owned(const bg__zero_t *z);
 /* Collective over the group: the full optimizer state into the model (for a

@@ -246,6 +246,11 @@ size_t bg_optim_state_bytes(bg_optim_kind_t kind);
 /** One optimizer step over the range's parameters (t is the 1-based step).
  *  Allocates the optimizer state on first use. */
 bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int t);
+/** The same step for the tensors whose parameters start in floats [off, off + count) of the
+ *  flat buffer only (a gradient bucket: the executor updates each as soon as its reduction is
+ *  done). The update is elementwise, so any split into ranges gives the bits of one call. */
+bg_status_t bg_model_optim_step_range(bg_model_t *m, const bg_optim_config_t *opt, int t, size_t off,
+                                      size_t count);
 /** Allocate (zeroed) the optimizer state of @p kind if not yet there (before loading a checkpoint). */
 bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind);
 /** Optimizer state, flat like the parameters (tensor i's slice starts at

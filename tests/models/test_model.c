@@ -172,6 +172,42 @@ static void test_model_of_tensors(void **s)
     free(which);
 }
 
+/* bg_model_optim_step_range over a split of the flat buffer at tensor
+ * boundaries (the executor's buckets, in any order) gives the bits of one
+ * bg_model_optim_step; a range updates its tensors only. */
+static void test_optim_step_range(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    bg_model_t *a, *b;
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &a), BG_OK);
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &b), BG_OK);
+    size_t n = bg_model_param_count(a);
+    bg_rng_t r;
+    bg_rng_seed(&r, 7);
+    for (size_t i = 0; i < n; i++)
+        bg_model_grads(a)[i] = bg_model_grads(b)[i] = (float)bg_rng_normal(&r);
+    bg_optim_config_t o = BG_OPTIM_CONFIG_INIT;
+    o.weight_decay = 0.1f;
+    int nt = bg_model_num_tensors(a), cut = nt / 2;
+    size_t mid = (size_t)(bg_model_tensor(b, cut)->data - bg_model_params(b));
+    float *before = malloc(n * sizeof(float));
+    memcpy(before, bg_model_params(b), n * sizeof(float));
+    for (int t = 1; t <= 3; t++) {
+        assert_int_equal(bg_model_optim_step(a, &o, t), BG_OK);
+        assert_int_equal(bg_model_optim_step_range(b, &o, t, mid, n - mid), BG_OK); /* the last layers first */
+        if (t == 1) /* the first range alone: the tensors before it untouched */
+            assert_memory_equal(bg_model_params(b), before, mid * sizeof(float));
+        assert_int_equal(bg_model_optim_step_range(b, &o, t, 0, mid), BG_OK);
+    }
+    assert_memory_equal(bg_model_params(a), bg_model_params(b), n * sizeof(float));
+    assert_memory_equal(bg_model_optim_state(a, 0), bg_model_optim_state(b, 0), n * sizeof(float));
+    assert_memory_equal(bg_model_optim_state(a, 1), bg_model_optim_state(b, 1), n * sizeof(float));
+    free(before);
+    bg_test_model_destroy(a);
+    bg_test_model_destroy(b);
+}
+
 /* Run M microbatches through stages [cuts] chained by hand; return the models. */
 static void run_split(const bg_model_config_t *c, int nst, const int *first, const int *last, int split_bw,
                       bg_model_t **models)
@@ -895,6 +931,7 @@ int main(void)
         cmocka_unit_test(test_builder_is_public_calls),
         cmocka_unit_test(test_grad_norm),
         cmocka_unit_test(test_model_of_tensors),
+        cmocka_unit_test(test_optim_step_range),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
