@@ -158,15 +158,22 @@ static bg_status_t bucket_buffer(bg__zero_t *z, int b)
     return BG_OK;
 }
 
+/* Wait for rq, counting it in z->waits when it was not complete yet (bg__zero_waits). */
+static bg_status_t counted_wait(bg__zero_t *z, bg_request_t *rq)
+{
+    int done = 0;
+    bg_status_t st = bg_test(rq, &done);
+    if (st == BG_OK && !done) {
+        z->waits++;
+        st = bg_wait(rq);
+    }
+    return st;
+}
+
 /* Bucket b's reduce-scatter is done (or is waited for): its owned chunk into the shard, its buffer freed. */
 static bg_status_t fold(bg__zero_t *z, int b)
 {
-    int done = 0;
-    bg_status_t st = bg_test(z->rs[b], &done);
-    if (st == BG_OK && !done) {
-        z->waits++;
-        st = bg_wait(z->rs[b]);
-    }
+    bg_status_t st = counted_wait(z, z->rs[b]);
     bg_request_free(z->rs[b]);
     z->rs[b] = NULL;
     if (st != BG_OK)
@@ -476,12 +483,7 @@ bg_status_t bg__zero_settle(bg__zero_t *z)
     for (int b = 0; b < z->nbuckets; b++) {
         if (!z->ag[b])
             continue;
-        int done = 0;
-        bg_status_t s2 = bg_test(z->ag[b], &done);
-        if (s2 == BG_OK && !done) {
-            z->waits++;
-            s2 = bg_wait(z->ag[b]);
-        }
+        bg_status_t s2 = counted_wait(z, z->ag[b]);
         bg_request_free(z->ag[b]);
         z->ag[b] = NULL;
         if (st == BG_OK)
