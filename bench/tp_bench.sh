@@ -8,7 +8,10 @@
 # plan and a tp = 2 x pp = 2 plan (layers measured here on a tensor group)
 # against the measured one: predicted / measured, medians of R. Sequence parallelism
 # (--sequence-parallel) beside tp = 2: its step time, collectives and per-device
-# activation and peak bytes.
+# activation and peak bytes. The fused backward's overlap of the
+# input-gradient sums with the weight gradients (BRIGADE_TP_OVERLAP=weight,
+# the default) against waiting inside the layer (=layer): step time and the
+# exposed collective time.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
 set -euo pipefail
 BUILD=${1:-build}; R=${2:-3}
@@ -24,19 +27,24 @@ for i in $(seq 1 "$R"); do
   "$B" train $RUN --threads 2 2>/dev/null | ms >>"$T/t1x2"
   "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 2>/dev/null | ms >>"$T/t2"
   "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 --sequence-parallel 2>/dev/null | ms >>"$T/t2sp"
+  BRIGADE_TP_OVERLAP=layer "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 2>/dev/null | ms >>"$T/t2l"
 done
+t2l=$(med <"$T/t2l")
 t1=$(med <"$T/t1"); t1x2=$(med <"$T/t1x2"); t2=$(med <"$T/t2"); t2sp=$(med <"$T/t2sp")
 echo "step time tp 1 (1 thread)  : $t1 ms (runs: $(tr '\n' ' ' <"$T/t1"))"
 echo "step time tp 1 (2 threads) : $t1x2 ms (runs: $(tr '\n' ' ' <"$T/t1x2"))"
 echo "step time tp 2 (2 x 1)     : $t2 ms (runs: $(tr '\n' ' ' <"$T/t2"))"
 echo "step time tp 2 + SP (2 x 1): $t2sp ms (runs: $(tr '\n' ' ' <"$T/t2sp"))"
+echo "step time tp 2, sums waited for inside the layer (BRIGADE_TP_OVERLAP=layer): $t2l ms (runs: $(tr '\n' ' ' <"$T/t2l"));" \
+     "weight / layer $(awk -v a="$t2" -v b="$t2l" 'BEGIN{printf "%.3f", a/b}')"
 echo "speedup tp 2 vs tp 1 x 1 thread: $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.2f", a/b}');" \
      "vs tp 1 x 2 threads: $(awk -v a="$t1x2" -v b="$t2" 'BEGIN{printf "%.2f", a/b}')"
 
 # the collectives' share of the step, from the trace (steps 3.., every rank), without and with SP
-for sp in "" --sequence-parallel; do
-echo "tp 2${sp:+ $sp}:"
-"$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 $sp --trace "$T/tr.json" >/dev/null 2>&1
+for sp in "" --sequence-parallel layer; do
+ov=weight; [ "$sp" = layer ] && { ov=layer; sp=; }
+echo "tp 2${sp:+ $sp} (BRIGADE_TP_OVERLAP=$ov):"
+BRIGADE_TP_OVERLAP=$ov "$B" launch -n 2 -- "$B" train $RUN --threads 1 --tp 2 $sp --trace "$T/tr.json" >/dev/null 2>&1
 python3 - "$T/tr.json" <<'PY'
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]

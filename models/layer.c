@@ -230,9 +230,29 @@ static bg_status_t seq_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
         c.in = f.shape[i];
         c.stash = f.stash[i];
         c.wstash = f.wstash[i];
+        c.deferred = NULL; /* child i - 1 reads dx at once */
         const float *x = i > 0 ? f.out[i - 1] : in;
         float *dx = i > 0 ? f.dout[i - 1] : din;
         BG_CHECK(l->children[i]->ops->backward_input(l->children[i], &c, x, f.out[i], f.dout[i], dx));
+    }
+    return BG_OK;
+}
+
+/* Each child's input and weight gradients in turn, last child first: the
+ * children's weight gradients in the order seq_backward_weight runs them. */
+static bg_status_t seq_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                const float *dout, float *din)
+{
+    seq_frame_t f;
+    BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
+    for (int i = l->nchildren - 1; i >= 0; i--) {
+        bg_layer_ctx_t c = *ctx;
+        c.in = f.shape[i];
+        c.stash = f.stash[i];
+        c.wstash = f.wstash[i];
+        const float *x = i > 0 ? f.out[i - 1] : in;
+        float *dx = i > 0 ? f.dout[i - 1] : din;
+        BG_CHECK(bg_layer_backward(l->children[i], &c, x, f.out[i], f.dout[i], dx));
     }
     return BG_OK;
 }
@@ -280,6 +300,7 @@ static const bg_layer_ops_t seq_ops = {
     .backward_input = seq_backward_input,
     .backward_weight = seq_backward_weight,
     .tp_cost = seq_tp_cost,
+    .backward = seq_backward,
 };
 
 static bg_status_t composite(const bg_layer_ops_t *ops, const char *name, int n, bg_layer_t **children,
@@ -369,7 +390,23 @@ static bg_status_t res_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
     bg_layer_ctx_t c = *ctx;
     c.stash = (char *)ctx->stash + res_act_bytes(ctx->in);
     c.scratch = (char *)ctx->scratch + res_act_bytes(ctx->in);
+    c.deferred = NULL; /* dfin is read at once */
     BG_CHECK(l->children[0]->ops->backward_input(l->children[0], &c, in, fout, dout, din ? dfin : NULL));
+    if (din)
+        ctx->be->ops->residual_forward(ctx->be, din, dout, dfin, bg_shape_numel(ctx->in));
+    return BG_OK;
+}
+
+static bg_status_t res_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                const float *dout, float *din)
+{
+    (void)out;
+    float *fout = ctx->stash;
+    float *dfin = ctx->scratch;
+    bg_layer_ctx_t c = *ctx;
+    c.stash = (char *)ctx->stash + res_act_bytes(ctx->in);
+    c.scratch = (char *)ctx->scratch + res_act_bytes(ctx->in);
+    BG_CHECK(bg_layer_backward(l->children[0], &c, in, fout, dout, din ? dfin : NULL));
     if (din)
         ctx->be->ops->residual_forward(ctx->be, din, dout, dfin, bg_shape_numel(ctx->in));
     return BG_OK;
@@ -403,11 +440,46 @@ static const bg_layer_ops_t res_ops = {
     .backward_input = res_backward_input,
     .backward_weight = res_backward_weight,
     .tp_cost = res_tp_cost,
+    .backward = res_backward,
 };
 
 bg_status_t bg_layer_residual(const char *name, bg_layer_t *child, bg_layer_t **layer_p)
 {
     return composite(&res_ops, name, 1, &child, layer_p);
+}
+
+bg_tp_deferred_t *bg__layer_deferral(const bg_layer_t *l, const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d)
+{
+    const bg_tp_comm_t *g = ctx->tp;
+    d->n = 0;
+    /* leaves only: a composite without ops->backward runs its children's input gradients back to back */
+    return l->nchildren == 0 && l->ops->backward_weight && g && g->size > 1 && g->iallreduce && g->wait ? d : NULL;
+}
+
+bg_status_t bg__layer_wait_deferred(const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d, bg_status_t st)
+{
+    for (int i = 0; d && i < d->n; i++) { /* every started sum, also after a failure */
+        bg_status_t ws = ctx->tp->wait(ctx->tp->arg, d->req[i]);
+        if (st == BG_OK)
+            st = ws;
+    }
+    return st;
+}
+
+bg_status_t bg_layer_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                              const float *dout, float *din)
+{
+    if (l->ops->backward)
+        return l->ops->backward(l, ctx, in, out, dout, din);
+    bg_tp_deferred_t d, *dp = bg__layer_deferral(l, ctx, &d);
+    bg_layer_ctx_t c = *ctx;
+    c.deferred = dp;
+    bg_status_t st = l->ops->backward_input(l, &c, in, out, dout, din);
+    if (st == BG_OK && l->ops->backward_weight) {
+        c.deferred = NULL;
+        st = l->ops->backward_weight(l, &c, in, out, dout);
+    }
+    return bg__layer_wait_deferred(ctx, dp, st);
 }
 
 void bg_layer_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)

@@ -11,6 +11,13 @@ size_t bg__align64(size_t bytes);
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
 size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
 
+/* The fused backward's deferral (bg_layer_backward): &d when leaf @p l may
+ * leave din's group sums running during its backward_weight (it has one, and
+ * ctx's group has iallreduce and wait), else NULL. d->n = 0. */
+bg_tp_deferred_t *bg__layer_deferral(const bg_layer_t *l, const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d);
+/* Wait for every request in @p d (NULL: none); the first failure of st and the waits. */
+bg_status_t bg__layer_wait_deferred(const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d, bg_status_t st);
+
 /* A leaf with a copy of impl (impl_size bytes), freed by bg__free_impl. */
 bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, const bg_param_t *params,
                           const void *impl, size_t impl_size, bg_layer_t **layer_p);

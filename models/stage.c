@@ -81,6 +81,7 @@ struct bg_stage {
     size_t gz;          /* guard bytes after each piece: GUARD_BYTES, or 0 with guards off */
     int poison;         /* ASan build on a host backend: poison the zones during calls */
     int emulate;        /* allocate every buffer, run no layer (bg_stage_set_emulate) */
+    int tp_weight;      /* BRIGADE_TP_OVERLAP=weight: the fused backward runs bg_layer_backward */
 };
 
 /* Whether stages guard their buffers: BRIGADE_GUARD=auto|on|off; auto is on
@@ -119,6 +120,9 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
         return bg_error(BG_ERR_INVALID, "a stage needs at least one microbatch slot (got %d)", max_microbatches);
     int guard = 0;
     BG_CHECK(guard_enabled(&guard));
+    const char *ov = bg_config_str("BRIGADE_TP_OVERLAP");
+    if (strcmp(ov, "weight") && strcmp(ov, "layer"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_TP_OVERLAP=\"%s\": expected weight or layer", ov);
     bg_stage_t *s = calloc(1, sizeof(*s));
     BG_ALLOC_CHECK(s, sizeof(*s), "stage");
     s->model = m;
@@ -137,6 +141,7 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     for (int i = 0; i < s->nlayers; i++)
         s->layers[i] = bg_model_layer(m, s->first + i);
     s->gz = guard ? GUARD_BYTES : 0;
+    s->tp_weight = strcmp(ov, "weight") == 0;
 #ifdef BG__GUARD_ASAN
     s->poison = guard && strcmp(s->be->ops->name, "cpu") == 0; /* shadow memory covers host memory only */
 #endif
@@ -706,13 +711,28 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
         guard_call_t gc;
         guard_backward(s, sl, i, x, &c, wcap, dout, dx, acap, &gc);
         guards_arm(s, &gc);
-        bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx);
-        BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
-        if (s->layers[i]->ops->backward_weight) {
-            guard_backward(s, sl, i, x, &c, wcap, dout, NULL, acap, &gc);
-            guards_arm(s, &gc);
-            st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout);
-            BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
+        bg_status_t st;
+        if (s->tp_weight && s->layers[i]->ops->backward) { /* a composite: each child's W right after its B */
+            st = bg_layer_backward(s->layers[i], &c, x, sl->out[i], dout, dx);
+            BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward"));
+        } else { /* a leaf: bg_layer_backward's order, its two calls guarded apart */
+            bg_tp_deferred_t d, *dp = s->tp_weight ? bg__layer_deferral(s->layers[i], &c, &d) : NULL;
+            c.deferred = dp;
+            st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx);
+            c.deferred = NULL;
+            if (st == BG_OK && s->layers[i]->ops->backward_weight) {
+                st = guards_check(s, &gc, st, i, sl->shapes, "backward_input");
+                if (st == BG_OK) {
+                    guard_backward(s, sl, i, x, &c, wcap, dout, NULL, acap, &gc);
+                    guards_arm(s, &gc);
+                    st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout);
+                }
+                st = bg__layer_wait_deferred(&c, dp, st);
+                BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
+            } else {
+                st = bg__layer_wait_deferred(&c, dp, st);
+                BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
+            }
         }
         if (s->layer_done)
             BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));

@@ -157,9 +157,12 @@ static bg_status_t allreduce(const bg_tp_comm_t *g, float *buf, size_t n)
  * then, when `sum`, summed over the group. With a non-blocking sum the rows
  * go in two halves and the first half's sum runs (on the transport's
  * thread) while the second half computes: the reduction overlaps the
- * layer's own independent compute. */
+ * layer's own independent compute. With `defer` (bg_layer_ctx_t.deferred:
+ * a fused backward's input gradient) the two sums are left running there,
+ * to overlap the layer's weight gradient too; the same collectives on the
+ * same rows, so the same bits. */
 static bg_status_t gemm_sum(const bg_tp_comm_t *g, bg_backend_t *be, int sum, int trans_b, int N, int n, int k,
-                            const float *a, const float *w, float *out)
+                            const float *a, const float *w, float *out, bg_tp_deferred_t *defer)
 {
     int split = sum && g && g->size > 1 && g->iallreduce && g->wait && N >= 2;
     int cut[3] = {0, split ? N / 2 : N, N};
@@ -171,6 +174,11 @@ static bg_status_t gemm_sum(const bg_tp_comm_t *g, bg_backend_t *be, int sum, in
                       out + (size_t)r0 * n, n);
         if (split && st == BG_OK)
             st = g->iallreduce(g->arg, out + (size_t)r0 * n, (size_t)rows * n, &req[h]);
+    }
+    if (split && st == BG_OK && defer && defer->n + 2 <= BG_TP_DEFER_MAX) {
+        defer->req[defer->n++] = req[0];
+        defer->req[defer->n++] = req[1];
+        return BG_OK;
     }
     for (int h = 0; h < 2; h++) /* every started sum is waited for, also after a failure */
         if (req[h]) {
@@ -205,7 +213,7 @@ static bg_status_t plin_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     bg_backend_t *be = ctx->be;
     int N = ROWS(ctx->in);
     /* row-parallel: partial sums over the split input features */
-    BG_CHECK(gemm_sum(g, be, p->row, 1, N, p->lin.c_out, p->lin.c_in, in, l->params[0].data, out));
+    BG_CHECK(gemm_sum(g, be, p->row, 1, N, p->lin.c_out, p->lin.c_in, in, l->params[0].data, out, NULL));
     if (p->lin.bias)
         be->ops->bias_forward(be, out, l->params[1].data, N, p->lin.c_out);
     return BG_OK;
@@ -221,7 +229,8 @@ static bg_status_t plin_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
         return BG_OK;
     int N = ROWS(ctx->in);
     /* column-parallel: every rank's output features contribute */
-    BG_CHECK(gemm_sum(g, ctx->be, !p->row, 0, N, p->lin.c_in, p->lin.c_out, dout, l->params[0].data, din));
+    BG_CHECK(gemm_sum(g, ctx->be, !p->row, 0, N, p->lin.c_in, p->lin.c_out, dout, l->params[0].data, din,
+                      ctx->deferred));
     return BG_OK;
 }
 
@@ -495,7 +504,7 @@ static bg_status_t vhead_bwd(bg_layer_t *l, const bg_layer_ctx_t *ctx, const bg_
     }
     free(tgt);
     if (din) {
-        BG_CHECK(gemm_sum(g, be, sum, 0, N, p->h.c, V, dlogits, l->params[0].data, din));
+        BG_CHECK(gemm_sum(g, be, sum, 0, N, p->h.c, V, dlogits, l->params[0].data, din, ctx->deferred));
     }
     return BG_OK;
 }
@@ -636,7 +645,7 @@ static bg_status_t sp_gemm_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *b
 {
     int T = g ? g->size : 1;
     if (T == 1 || n < 2 || !g->ireduce_scatter || !g->wait) {
-        BG_CHECK(gemm_sum(g, be, 0, trans_b, n * T * tl, c_out, k, a, w, full));
+        BG_CHECK(gemm_sum(g, be, 0, trans_b, n * T * tl, c_out, k, a, w, full, NULL));
         return sp_reduce_scatter(g, be, full, local, tmp, n, tl, c_out);
     }
     size_t piece = (size_t)tl * c_out, seq = (size_t)T * piece;
@@ -678,7 +687,7 @@ static bg_status_t sp_gather_gemm(const bg_tp_comm_t *g, bg_backend_t *be, int t
     int T = g ? g->size : 1, ldw = trans_b ? k : c_out;
     if (T == 1 || !g->iallgather || !g->wait) {
         BG_CHECK(sp_gather(g, be, local, full, tmp, n, tl, k));
-        return gemm_sum(g, be, 0, trans_b, n * T * tl, c_out, k, full, w, out);
+        return gemm_sum(g, be, 0, trans_b, n * T * tl, c_out, k, full, w, out, NULL);
     }
     int me = g->rank, rows = n * tl;
     size_t each = (size_t)rows * k, eo = (size_t)rows * c_out, piece = (size_t)tl * c_out;

@@ -118,6 +118,14 @@ typedef struct bg_tp_cost {
     double bwd_calls, bwd_bytes; /**< backward (B + W) */
 } bg_tp_cost_t;
 
+/** Group sums a layer's backward_input started and left running (bg_layer_backward): at most
+ *  BG_TP_DEFER_MAX requests of the group's iallreduce, waited for with its wait. */
+#define BG_TP_DEFER_MAX 4
+typedef struct bg_tp_deferred {
+    void *req[BG_TP_DEFER_MAX];
+    int n;
+} bg_tp_deferred_t;
+
 /** Per-call context. Buffers are on the backend. */
 typedef struct bg_layer_ctx {
     bg_backend_t *be;
@@ -129,6 +137,11 @@ typedef struct bg_layer_ctx {
     void *wstash;             /**< wstash_bytes(in): kept from B until W */
     void *scratch;            /**< scratch_bytes(in): valid during one call only */
     const bg_tp_comm_t *tp;   /**< the tensor-parallel group (NULL: none, T = 1) */
+    /** backward_input only, NULL otherwise: the caller runs this layer's backward_weight next and reads din
+     *  only after waiting (tp->wait) for the requests left here, so a tensor-parallel layer may start
+     *  din's group sum (tp->iallreduce), add the request (while n < BG_TP_DEFER_MAX) and return: the sum
+     *  then overlaps the weight gradient. bg_layer_backward sets it. */
+    bg_tp_deferred_t *deferred;
 } bg_layer_ctx_t;
 
 /** A layer type: its functions (filled with designated initialisers; see docs/layers.md). */
@@ -160,6 +173,11 @@ typedef struct bg_layer_ops {
     /** Tensor-parallel layers only (NULL: none): adds the group collectives of one forward and one
      *  backward for input @p in to *cost. */
     void (*tp_cost)(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost);
+    /** Optional (NULL: bg_layer_backward runs backward_input, then backward_weight): backward_input and
+     *  backward_weight in one call, for composites, which run bg_layer_backward on each child so that
+     *  a child's weight gradient follows its input gradient (and overlaps its deferred sums). */
+    bg_status_t (*backward)(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                            const float *dout, float *din);
 } bg_layer_ops_t;
 
 /** A layer: its type, name, parameters and children. */
@@ -191,6 +209,12 @@ double bg_layer_bwd_flops(const bg_layer_t *l, bg_shape_t in); /**< FLOPs of the
 void bg_layer_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost);
 /** Target classes of a loss layer (a seq whose last child is one counts); 0: not a loss layer. */
 int bg_layer_loss_classes(const bg_layer_t *l);
+/** The fused backward of @p l (backward_input, then backward_weight; ops->backward for composites):
+ *  din and the gradients as the two calls give them, bitwise. With a tensor group that has iallreduce and
+ *  wait, a layer with a weight gradient may leave din's group sum running during its backward_weight
+ *  (bg_layer_ctx_t.deferred); every such sum has been waited for when this returns, also on failure. */
+bg_status_t bg_layer_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                              const float *dout, float *din);
 
 /* ---- built-in layers ---- */
 /** Fully connected: (n, t, c_in) -> (n, t, c_out); weight (c_out, c_in) from normal(0, init_std), bias (optional) zeros. */

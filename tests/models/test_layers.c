@@ -107,7 +107,7 @@ static void rig_free(rig_t *r)
 
 static bg_layer_ctx_t rig_ctx(rig_t *r)
 {
-    bg_layer_ctx_t c = {be, r->in, r->tokens, r->targets, r->loss_scale, r->stash, r->wstash, r->scratch, NULL};
+    bg_layer_ctx_t c = {be, r->in, r->tokens, r->targets, r->loss_scale, r->stash, r->wstash, r->scratch, NULL, NULL};
     return c;
 }
 

@@ -36,7 +36,15 @@ typedef struct member {
     shared_t *sh;
     int rank;
     bg_tp_comm_t comm;
+    char log[4096]; /* lazy mode: S (a sum started), X (waited for), W (a GEMM accumulating, beta 1) */
+    int nlog;
 } member_t;
+
+static void log_event(member_t *m, char e)
+{
+    if (m->nlog < (int)sizeof(m->log) - 1)
+        m->log[m->nlog++] = e;
+}
 
 static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
 {
@@ -116,9 +124,34 @@ static bg_status_t fake_iallgather(void *arg, float *buf, size_t n, void **req_p
 static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p);
 static bg_status_t fake_wait(void *arg, void *req);
 
-/* The group of member r of T; nb: with the optional functions (the non-blocking
- * sums, the reduce-scatter, the non-blocking reduce-scatter and gather), else without (the
- * layers' fallbacks). */
+/* The lazy non-blocking sum: nothing moves until wait, which sums (every
+ * member waits for its sums in the order it started them). Logged. */
+typedef struct lazy_req {
+    float *buf;
+    size_t n;
+} lazy_req_t;
+static bg_status_t lazy_iallreduce(void *arg, float *buf, size_t n, void **req_p)
+{
+    lazy_req_t *q = malloc(sizeof(*q));
+    if (!q)
+        return BG_ERR_NOMEM;
+    *q = (lazy_req_t){buf, n};
+    log_event(arg, 'S');
+    *req_p = q;
+    return BG_OK;
+}
+static bg_status_t lazy_wait(void *arg, void *req)
+{
+    lazy_req_t *q = req;
+    log_event(arg, 'X');
+    bg_status_t st = fake_allreduce(arg, q->buf, q->n);
+    free(q);
+    return st;
+}
+
+/* The group of member r of T; nb: 0 without the optional functions (the
+ * layers' fallbacks), 1 with them (the non-blocking sums, the reduce-scatter,
+ * the non-blocking reduce-scatter and gather), 2 with them and the lazy sums. */
 static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
 {
     return (bg_tp_comm_t){T,
@@ -126,11 +159,24 @@ static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
                           fake_allreduce,
                           fake_allgather,
                           m,
-                          nb ? fake_iallreduce : NULL,
-                          nb ? fake_wait : NULL,
+                          nb == 2 ? lazy_iallreduce : nb ? fake_iallreduce : NULL,
+                          nb == 2 ? lazy_wait : nb ? fake_wait : NULL,
                           nb ? fake_reduce_scatter : NULL,
                           nb ? fake_ireduce_scatter : NULL,
                           nb ? fake_iallgather : NULL};
+}
+
+/* The lazy mode's backend: the CPU's table with the GEMMs that accumulate
+ * (beta 1: weight gradients) logged to the calling thread's member. */
+static __thread member_t *log_member;
+static __thread bg_backend_ops_t logged_ops;
+static __thread const bg_backend_ops_t *real_ops;
+static void logged_gemm(bg_backend_t *b, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                        const float *bm, int ldb, float beta, float *c, int ldc)
+{
+    if (beta == 1.0f && log_member)
+        log_event(log_member, 'W');
+    real_ops->gemm(b, ta, tb, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc);
 }
 
 /* The non-blocking form, done at once (the layers' split path: rows in
@@ -243,6 +289,13 @@ static void run_one(job_t *j)
     r->st = bg_backend_create("cpu", &bp, &b);
     if (r->st != BG_OK)
         return;
+    if (j->me && j->me->comm.iallreduce == lazy_iallreduce) {
+        log_member = j->me;
+        real_ops = b->ops;
+        logged_ops = *b->ops;
+        logged_ops.gemm = logged_gemm;
+        b->ops = &logged_ops;
+    }
     if (j->me)
         r->st = bg_model_desc_set_tp(d, &j->me->comm);
     bg_model_t *m = NULL;
@@ -296,6 +349,8 @@ static void run_one(job_t *j)
     bg_stage_destroy(s);
     bg_model_destroy(m);
     bg_model_desc_destroy(d);
+    if (b->ops == &logged_ops)
+        b->ops = real_ops;
     bg_backend_destroy(b);
 }
 
@@ -305,9 +360,14 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-/* Run `build` whole and over T threads (with the non-blocking sums or
- * without); compare. */
-static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
+/* Run `build` whole and over T threads (nb as fake_comm); compare. With
+ * keep: member 0's log and gathered gradients (to free) there. */
+typedef struct kept {
+    char log[4096];
+    float *grads;
+    size_t ngrads;
+} kept_t;
+static void check_equivalent_keep(bg_model_desc_t *(*build)(int), int T, int nb, kept_t *keep)
 {
     result_t whole = {0}, parts[MAXT];
     memset(parts, 0, sizeof parts);
@@ -320,7 +380,7 @@ static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
     job_t jobs[MAXT];
     pthread_t th[MAXT];
     for (int r = 0; r < T; r++) {
-        mem[r] = (member_t){&sh, r, {0}};
+        mem[r] = (member_t){.sh = &sh, .rank = r};
         mem[r].comm = fake_comm(&mem[r], T, r, nb);
         jobs[r] = (job_t){build, T, &mem[r], &parts[r]};
         assert_int_equal(pthread_create(&th[r], NULL, thread_main, &jobs[r]), 0);
@@ -348,15 +408,89 @@ static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
                 fail_msg("tp %d: member %d's gathered gradient %zu is %.9g, member 0's %.9g", T, r, i,
                          (double)parts[r].grads[i], (double)parts[0].grads[i]);
     }
+    if (keep) {
+        memcpy(keep->log, mem[0].log, (size_t)mem[0].nlog);
+        keep->log[mem[0].nlog] = 0;
+        keep->grads = parts[0].grads;
+        keep->ngrads = parts[0].ngrads;
+        parts[0].grads = NULL;
+    }
     for (int r = 0; r < T; r++)
         free(parts[r].grads);
     free(whole.grads);
+}
+
+static void check_equivalent_nb(bg_model_desc_t *(*build)(int), int T, int nb)
+{
+    check_equivalent_keep(build, T, nb, NULL);
 }
 
 static void check_equivalent(bg_model_desc_t *(*build)(int), int T)
 {
     check_equivalent_nb(build, T, 0);
     check_equivalent_nb(build, T, 1);
+}
+
+/* Whether a GEMM that accumulates (a weight gradient) ran while a sum was
+ * started and not yet waited for. */
+static int weight_grad_overlaps_sum(const char *log)
+{
+    int open = 0, seen = 0;
+    for (const char *c = log; *c; c++) {
+        open += *c == 'S' ? 1 : *c == 'X' ? -1 : 0;
+        seen |= *c == 'W' && open > 0;
+    }
+    assert_int_equal(open, 0); /* every sum waited for */
+    return seen;
+}
+
+/* The fused backward (BRIGADE_TP_OVERLAP=weight, the default) leaves the
+ * column-parallel and head layers' input-gradient sums running during their
+ * weight gradients; =layer waits inside the layer. Lazy sums (nothing moves
+ * before wait) make the order observable, and a sum read before its wait
+ * would be wrong: both must equal the whole model, and each other bitwise. */
+static void test_overlap_weight_grad(void **s)
+{
+    (void)s;
+    bg_model_desc_t *(*builds[])(int) = {user_mlp, user_gpt};
+    for (int b = 0; b < 2; b++) {
+        kept_t weight = {0}, layer = {0};
+        assert_int_equal(unsetenv("BRIGADE_TP_OVERLAP"), 0);
+        check_equivalent_keep(builds[b], 2, 2, &weight);
+        assert_int_equal(setenv("BRIGADE_TP_OVERLAP", "layer", 1), 0);
+        check_equivalent_keep(builds[b], 2, 2, &layer);
+        assert_int_equal(unsetenv("BRIGADE_TP_OVERLAP"), 0);
+        if (!strchr(weight.log, 'S') || !strchr(weight.log, 'W'))
+            fail_msg("model %d: no non-blocking sum or weight gradient logged: %s", b, weight.log);
+        if (!weight_grad_overlaps_sum(weight.log))
+            fail_msg("model %d, weight: no weight gradient ran while a sum was in flight: %s", b, weight.log);
+        if (weight_grad_overlaps_sum(layer.log))
+            fail_msg("model %d, layer: a weight gradient ran while a sum was in flight: %s", b, layer.log);
+        assert_int_equal(weight.ngrads, layer.ngrads);
+        assert_memory_equal(weight.grads, layer.grads, weight.ngrads * sizeof(float));
+        free(weight.grads);
+        free(layer.grads);
+    }
+}
+
+static void test_overlap_bad_setting(void **s)
+{
+    (void)s;
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bp.num_threads = 1;
+    bg_backend_t *b;
+    bg_model_desc_t *d = user_mlp(0);
+    bg_model_t *m = NULL;
+    bg_stage_t *st = NULL;
+    assert_int_equal(bg_backend_create("cpu", &bp, &b), BG_OK);
+    assert_int_equal(bg_model_create(d, b, -1, -1, &m), BG_OK);
+    assert_int_equal(setenv("BRIGADE_TP_OVERLAP", "always", 1), 0);
+    assert_int_equal(bg_stage_create(m, 1, &st), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_TP_OVERLAP=\"always\": expected weight or layer"));
+    assert_int_equal(unsetenv("BRIGADE_TP_OVERLAP"), 0);
+    bg_model_destroy(m);
+    bg_model_desc_destroy(d);
+    bg_backend_destroy(b);
 }
 
 static void test_user_mlp_tp2(void **s) { (void)s; check_equivalent(user_mlp, 2); }
@@ -515,7 +649,7 @@ static void check_region(int attn, int T, int nb)
     member_t mem[MAXT];
     pthread_t th[MAXT];
     for (int r = 0; r < T; r++) {
-        mem[r] = (member_t){&sh, r, {0}};
+        mem[r] = (member_t){.sh = &sh, .rank = r};
         mem[r].comm = fake_comm(&mem[r], T, r, nb);
         parts[r].tp = T;
         parts[r].attn = attn;
@@ -690,6 +824,8 @@ int main(void)
         cmocka_unit_test(test_user_gpt_tp4),
         cmocka_unit_test(test_user_gpt_sp2),
         cmocka_unit_test(test_user_gpt_sp4),
+        cmocka_unit_test(test_overlap_weight_grad),
+        cmocka_unit_test(test_overlap_bad_setting),
         cmocka_unit_test(test_sp_regions),
         cmocka_unit_test(test_sp_errors),
         cmocka_unit_test(test_shard_layout),

@@ -48,6 +48,10 @@ MLP="--model mlp --layers 3 --d-model 24 --in-features 12 --classes 8 --batch 16
 run gpt 1 $GPT --steps 10
 run gpt_tp2 2 $GPT --steps 10 --tp 2 && same gpt gpt_tp2 1e-5
 run gpt_tp4 4 $GPT --steps 10 --tp 4 && same gpt gpt_tp4 1e-5
+# the input-gradient sums waited for inside the layer instead of during the weight gradient: the same bits
+BRIGADE_TP_OVERLAP=layer run gpt_tp2_layer 2 $GPT --steps 10 --tp 2 &&
+  { v=$("$B" compare "$T/gpt_tp2" "$T/gpt_tp2_layer") && ok "BRIGADE_TP_OVERLAP=layer = weight, bitwise: $v" ||
+      bad "BRIGADE_TP_OVERLAP=layer differs from weight: $v"; }
 run gpt_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 && same gpt gpt_3d 1e-5
 # split backward (B and W apart) and recomputation: the group's sums happen in B and in the rerun forward
 run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same gpt gpt_zb 1e-5
