@@ -401,6 +401,11 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     if (ch->is_last && !x->em)
         if (x->tp_i == 0) /* every member of a tensor group computes the same losses */
             x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
+    /* The output gradient's buffer is counted with the stash from here (bg_stage_memory's dout): receive
+     * into it now, so that the next stage's send completes when it is made and frees the next stage's
+     * backward buffers (a rendezvous send would otherwise hold them until this stage's backward) */
+    if (!ch->is_last && !ch->next_local)
+        BG_CHECK(post_grad_recv(x, ch, mb));
     if (!ch->is_last && ch->next_local) {
         /* the next stage is ours: hand the output over now */
         chunk_t *nx = chunk_of_stage(x, ch->stage + 1);
