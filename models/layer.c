@@ -220,59 +220,57 @@ static bg_status_t seq_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     return BG_OK;
 }
 
-static bg_status_t seq_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
-                                      const float *out, const float *dout, float *din)
+/* Child i's backward context in frame f: its shape, stash and wstash; no deferral (the callers that allow
+ * one set it). */
+static bg_layer_ctx_t seq_child_ctx(const bg_layer_ctx_t *ctx, const seq_frame_t *f, int i)
+{
+    bg_layer_ctx_t c = *ctx;
+    c.in = f->shape[i];
+    c.stash = f->stash[i];
+    c.wstash = f->wstash[i];
+    c.deferred = NULL;
+    return c;
+}
+
+/* The backward of every child, last first: B only (weight = 0), W only (input = 0), or each child's B then
+ * its W (both: bg_layer_backward, so a child's deferred sums overlap its W). The children's weight gradients
+ * run in the same order whichever way. */
+static bg_status_t seq_backward_pass(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                     const float *dout, float *din, int input, int weight)
 {
     seq_frame_t f;
     BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
     for (int i = l->nchildren - 1; i >= 0; i--) {
-        bg_layer_ctx_t c = *ctx;
-        c.in = f.shape[i];
-        c.stash = f.stash[i];
-        c.wstash = f.wstash[i];
-        c.deferred = NULL; /* child i - 1 reads dx at once */
+        bg_layer_t *ch = l->children[i];
+        bg_layer_ctx_t c = seq_child_ctx(ctx, &f, i);
         const float *x = i > 0 ? f.out[i - 1] : in;
         float *dx = i > 0 ? f.dout[i - 1] : din;
-        BG_CHECK(l->children[i]->ops->backward_input(l->children[i], &c, x, f.out[i], f.dout[i], dx));
+        if (input && weight)
+            BG_CHECK(bg_layer_backward(ch, &c, x, f.out[i], f.dout[i], dx));
+        else if (input)
+            BG_CHECK(ch->ops->backward_input(ch, &c, x, f.out[i], f.dout[i], dx));
+        else if (ch->ops->backward_weight)
+            BG_CHECK(ch->ops->backward_weight(ch, &c, x, f.out[i], f.dout[i]));
     }
     return BG_OK;
 }
 
-/* Each child's input and weight gradients in turn, last child first: the
- * children's weight gradients in the order seq_backward_weight runs them. */
+static bg_status_t seq_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
+                                      const float *out, const float *dout, float *din)
+{
+    return seq_backward_pass(l, ctx, in, out, dout, din, 1, 0);
+}
+
 static bg_status_t seq_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
                                 const float *dout, float *din)
 {
-    seq_frame_t f;
-    BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
-    for (int i = l->nchildren - 1; i >= 0; i--) {
-        bg_layer_ctx_t c = *ctx;
-        c.in = f.shape[i];
-        c.stash = f.stash[i];
-        c.wstash = f.wstash[i];
-        const float *x = i > 0 ? f.out[i - 1] : in;
-        float *dx = i > 0 ? f.dout[i - 1] : din;
-        BG_CHECK(bg_layer_backward(l->children[i], &c, x, f.out[i], f.dout[i], dx));
-    }
-    return BG_OK;
+    return seq_backward_pass(l, ctx, in, out, dout, din, 1, 1);
 }
 
 static bg_status_t seq_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
                                        const float *out, const float *dout)
 {
-    seq_frame_t f;
-    BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
-    for (int i = l->nchildren - 1; i >= 0; i--) {
-        if (!l->children[i]->ops->backward_weight)
-            continue;
-        bg_layer_ctx_t c = *ctx;
-        c.in = f.shape[i];
-        c.stash = f.stash[i];
-        c.wstash = f.wstash[i];
-        const float *x = i > 0 ? f.out[i - 1] : in;
-        BG_CHECK(l->children[i]->ops->backward_weight(l->children[i], &c, x, f.out[i], f.dout[i]));
-    }
-    return BG_OK;
+    return seq_backward_pass(l, ctx, in, out, dout, NULL, 0, 1);
 }
 
 static void seq_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
