@@ -9,14 +9,15 @@
 #               created with `python3 -m venv` and `pip install torch` (from PyPI) if torch
 #               does not import there. The wheel pulls its CUDA runtime wheels (several GiB)
 #               even on a machine without a GPU; only its CPU path is used.
-#   CASES       which cases to run (default: "one1 one2 pp dp small")
+#   CASES       which cases to run (default: "one1 one2 pp dp small ppzb ppzbv"; ppzb and ppzbv: brigade
+#               only, its zero-bubble schedules on the pipeline case)
 set -euo pipefail
 BUILD=${1:-build}; R=${2:-3}; STEPS=${3:-8}
 B="$BUILD/brigade"
 HERE=$(cd "$(dirname "$0")" && pwd)
 DATA="$HERE/../data/kjv.txt"
 VENV=${TORCH_VENV:-$HOME/.cache/brigade/torch-venv}
-CASES=${CASES:-one1 one2 pp dp small}
+CASES=${CASES:-one1 one2 pp dp small ppzb ppzbv}
 [ -x "$B" ] || { echo "compare_torch.sh: $B not found (build brigade first, or pass BUILD_DIR)" >&2; exit 1; }
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "installing PyTorch from PyPI into $VENV (several GiB, minutes)" >&2
@@ -35,6 +36,9 @@ brig() {  # case
     one1)  $base $BIG --microbatches 16 --threads 1 ;;
     one2)  $base $BIG --microbatches 16 --threads 2 ;;
     pp)    $B launch -n 2 -- $base $BIG --microbatches 16 --threads 1 --pp 2 --split 5,6 --schedule 1f1b ;;
+    # brigade only (PyTorch's pipelining runs 1F1B above): its zero-bubble schedules on the same 2 stages
+    ppzb)  $B launch -n 2 -- $base $BIG --microbatches 16 --threads 1 --pp 2 --split 5,6 --schedule zb-h1 ;;
+    ppzbv) $B launch -n 2 -- $base $BIG --microbatches 16 --threads 1 --pp 2 --schedule zbv ;;
     # --microbatches is per replica: 8 of 2 sequences each, as the single process's
     dp)    $B launch -n 2 -- $base $BIG --microbatches 8 --threads 1 --dp 2 ;;
     small) $base $SMALL --microbatches 8 --threads 1 ;;
@@ -54,6 +58,7 @@ label() {
   case $1 in
     one1) echo "one process, 1 thread" ;; one2) echo "one process, 2 threads" ;;
     pp) echo "pipeline, 2 stages, 1F1B" ;; dp) echo "data parallel, 2 replicas" ;;
+    ppzb) echo "pipeline, 2 stages, ZB-H1" ;; ppzbv) echo "pipeline, 2 ranks, ZBV" ;;
     small) echo "small config, 1 thread" ;;
   esac
 }
@@ -76,11 +81,13 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average at start: $(cut -d' ' -f1
 for c in $CASES; do
   for i in $(seq 1 "$R"); do
     brig "$c" >"$T/b.out" 2>&1 || { echo "brigade failed in case $c:" >&2; tail -5 "$T/b.out" >&2; exit 1; }
+    tps <"$T/b.out" >>"$T/$c.b"
+    case $c in ppzb*) continue ;; esac # brigade only
     torch_run "$c" >"$T/t.out" 2>&1 || { echo "PyTorch failed in case $c:" >&2; tail -5 "$T/t.out" >&2; exit 1; }
     pb=$(params <"$T/b.out"); pt=$(params <"$T/t.out")
     [ "$pb" = "$pt" ] || { echo "case $c: brigade has $pb parameters, PyTorch $pt" >&2; exit 1; }
     echo "$pb" >"$T/$c.params"
-    tps <"$T/b.out" >>"$T/$c.b"; tps <"$T/t.out" >>"$T/$c.t"
+    tps <"$T/t.out" >>"$T/$c.t"
   done
 done
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -89,8 +96,19 @@ echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-28s %11s %10s %10s %6s %6s   %s\n" case parameters brigade PyTorch ratio pairs \
   "runs (brigade | PyTorch, tokens/s)"
 for c in $CASES; do
+  [ -s "$T/$c.t" ] || continue # brigade only: below
   b=$(med <"$T/$c.b"); t=$(med <"$T/$c.t")
   pr=$(paste "$T/$c.b" "$T/$c.t" | awk '{print $1 / $2}' | med)
   printf "%-28s %11s %10.0f %10.0f %6.2f %6.2f   %s| %s\n" "$(label "$c")" "$(cat "$T/$c.params")" "$b" "$t" \
     "$(awk -v a="$b" -v b="$t" 'BEGIN{print a/b}')" "$pr" "$(tr '\n' ' ' <"$T/$c.b")" "$(tr '\n' ' ' <"$T/$c.t")"
 done
+# brigade's own speedups over one process on 1 thread, medians of this run (the issue's targets: pipeline
+# 1.7, data parallel 1.8); the zero-bubble cases are brigade's alone
+if [ -s "$T/one1.b" ]; then
+  one=$(med <"$T/one1.b")
+  for c in $CASES; do
+    case $c in pp | ppzb | ppzbv | dp) ;; *) continue ;; esac
+    echo "brigade speedup, $(label "$c") / one process 1 thread: $(awk -v a="$(med <"$T/$c.b")" -v b="$one" 'BEGIN{printf "%.2f", a/b}')" \
+         "($(med <"$T/$c.b") / $one tokens/s; runs: $(tr '\n' ' ' <"$T/$c.b"))"
+  done
+fi
