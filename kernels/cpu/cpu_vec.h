@@ -49,7 +49,7 @@ static inline int32_t bg__bits_from_f(float f)
  * built in the exponent bits. Relative error about 2 ulp (test_kernels
  * compares every kernel using it against double references). x below
  * ln(FLT_MIN) gives 0 (so -inf gives 0), x above 88.376 gives about 2^127
- * (finite), NaN gives NaN. */
+ * (finite), NaN gives NaN (it passes the clamps and poisons y). */
 static inline float bg__expf(float x)
 {
     const float hi = 88.3762626647949f, lo = -87.3365447505531f;
@@ -69,7 +69,7 @@ static inline float bg__expf(float x)
     p = p * r + 5.0000001201e-1f;
     float y = p * (r * r) + r + 1.0f;
     y = y * bg__f_from_bits((ni + 127) << 23);
-    return x < lo ? 0.0f : (x != x ? x : y);
+    return x < lo ? 0.0f : y; /* NaN: the clamps keep it, so y is NaN */
 }
 
 /* Sums in double over BG_VEC_LANES lanes: lane j takes elements j, j+8, ...;
