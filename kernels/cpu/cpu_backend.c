@@ -303,22 +303,7 @@ static void bg__cpu_sgd_momentum(bg_backend_t *be, float *param, const float *gr
  * on the vector width. */
 BG_CPU_CLONES static double bg__reduce_block(const float *restrict x, size_t n, int sq)
 {
-    double acc[BG_VEC_LANES] = {0};
-    size_t i = 0;
-    if (sq) {
-        for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
-            for (int j = 0; j < BG_VEC_LANES; j++)
-                acc[j] += (double)x[i + j] * (double)x[i + j];
-        for (int j = 0; i + j < n; j++)
-            acc[j] += (double)x[i + j] * (double)x[i + j];
-    } else {
-        for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
-            for (int j = 0; j < BG_VEC_LANES; j++)
-                acc[j] += (double)x[i + j];
-        for (int j = 0; i + j < n; j++)
-            acc[j] += (double)x[i + j];
-    }
-    return bg__lanes_total(acc);
+    return sq ? bg__dot_f(x, x, (int)n) : bg__sum_f(x, (int)n);
 }
 
 /* Sum (squares when sq) of x[0..n) in double: blocks of BG_CPU_SUM_BLOCK
