@@ -20,7 +20,7 @@
 /* Key tile (columns of a score row): 32 floats are two AVX-512 or four AVX2
  * registers. Query rows are processed one at a time against a transposed key
  * tile that BG_ATT_BQ rows share. */
-#define BG_ATT_BK 32
+#define BG_ATT_BK 32 /* bg__att_sum_bk and bg__att_max_bk assume 32 */
 #define BG_ATT_BQ 64
 /* The transposed tiles live on the stack: hs * BG_ATT_BK floats each, for
  * head sizes up to BG_ATT_MAX_HS (GPT's are 64-128). Larger heads take a
@@ -28,17 +28,121 @@
 #define BG_ATT_MAX_HS 256
 #define BG_ATT_MAX_TILE (BG_ATT_MAX_HS * BG_ATT_BK)
 
+typedef float bg__v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int bg__v8i __attribute__((vector_size(32)));
+
 /* kt (hs, BK) = k rows j0..j0+nk of one head, transposed, zero past nk.
- * k rows are ld apart. */
-static void bg__att_transpose(float *restrict kt, const float *restrict k, size_t ld, int nk, int hs)
+ * k rows are ld apart. Whole 8 x 8 blocks go through registers (GCC's
+ * generic shuffles: unpack, shufps and a 128-bit lane swap on AVX2 and
+ * AVX-512); a scalar loop takes the columns past the last multiple of 8. */
+static inline __attribute__((always_inline)) void bg__att_transpose(float *restrict kt, const float *restrict k,
+                                                                    size_t ld, int nk, int hs)
 {
-    for (int d = 0; d < hs; d++) {
+    int d8 = hs & ~7;
+    for (int d0 = 0; d0 < d8; d0 += 8)
+        for (int j0 = 0; j0 < BG_ATT_BK; j0 += 8) {
+            bg__v8 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = j0 + i < nk ? *(const bg__v8 *)(k + (size_t)(j0 + i) * ld + d0) : (bg__v8){0};
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = __builtin_shuffle(r[i], r[i + 1], (bg__v8i){0, 8, 1, 9, 4, 12, 5, 13});
+                t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (bg__v8i){2, 10, 3, 11, 6, 14, 7, 15});
+            }
+            for (int i = 0; i < 8; i += 4)
+                for (int h = 0; h < 2; h++) {
+                    u[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], (bg__v8i){0, 1, 8, 9, 4, 5, 12, 13});
+                    u[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2], (bg__v8i){2, 3, 10, 11, 6, 7, 14, 15});
+                }
+            /* u[0..3] hold columns 0, 2, 1, 3 (low lanes) and 4, 6, 5, 7 (high) of rows 0-3, u[4..7] of rows 4-7 */
+            static const int col[4] = {0, 2, 1, 3};
+            for (int i = 0; i < 4; i++) {
+                *(bg__v8 *)(kt + (size_t)(d0 + col[i]) * BG_ATT_BK + j0) =
+                    __builtin_shuffle(u[i], u[i + 4], (bg__v8i){0, 1, 2, 3, 8, 9, 10, 11});
+                *(bg__v8 *)(kt + (size_t)(d0 + col[i] + 4) * BG_ATT_BK + j0) =
+                    __builtin_shuffle(u[i], u[i + 4], (bg__v8i){4, 5, 6, 7, 12, 13, 14, 15});
+            }
+        }
+    for (int d = d8; d < hs; d++) {
         float *row = kt + (size_t)d * BG_ATT_BK;
         for (int j = 0; j < nk; j++)
             row[j] = k[(size_t)j * ld + d];
         for (int j = nk; j < BG_ATT_BK; j++)
             row[j] = 0.0f;
     }
+}
+
+/* sum of a*b in float over 16 lanes (lane j takes elements j, j+16, ...),
+ * added in a fixed tree: D = rowsum(dO o O) of the backward */
+static inline __attribute__((always_inline)) float bg__att_dot(const float *restrict a, const float *restrict b, int n)
+{
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i + j < n; j++)
+        acc[j] += a[i + j] * b[i + j];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            acc[j] = acc[j] + acc[j + w];
+    return acc[0];
+}
+
+/* Sum and maximum of a tile row of BG_ATT_BK = 32 floats in a fixed tree
+ * (halves added lane by lane: 16, 8, 4 lanes, then (0 + 2) + (1 + 3)), in
+ * registers: a serial chain over the row would cost its latency 32 times. */
+typedef float bg__v16r __attribute__((vector_size(64)));
+typedef int bg__v16i __attribute__((vector_size(64)));
+typedef float bg__v8r __attribute__((vector_size(32)));
+typedef int bg__v8ri __attribute__((vector_size(32)));
+typedef float bg__v4r __attribute__((vector_size(16)));
+typedef int bg__v4ri __attribute__((vector_size(16)));
+#define BG_VMAX(a, b, ti) ((__typeof__(a))((((ti)((a) > (b))) & (ti)(a)) | (~((ti)((a) > (b))) & (ti)(b))))
+static inline __attribute__((always_inline)) float bg__att_sum_bk(const float *x)
+{
+    bg__v16r h16a, h16b;
+    memcpy(&h16a, x, 64), memcpy(&h16b, x + 16, 64);
+    bg__v16r a = h16a + h16b;
+    bg__v8r lo8, hi8;
+    memcpy(&lo8, &a, 32), memcpy(&hi8, (const char *)&a + 32, 32);
+    bg__v8r b = lo8 + hi8;
+    bg__v4r lo4, hi4;
+    memcpy(&lo4, &b, 16), memcpy(&hi4, (const char *)&b + 16, 16);
+    bg__v4r c = lo4 + hi4;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+static inline __attribute__((always_inline)) float bg__att_max_bk(const float *x)
+{
+    bg__v16r h16a, h16b;
+    memcpy(&h16a, x, 64), memcpy(&h16b, x + 16, 64);
+    bg__v16r a = BG_VMAX(h16a, h16b, bg__v16i);
+    bg__v8r lo8, hi8;
+    memcpy(&lo8, &a, 32), memcpy(&hi8, (const char *)&a + 32, 32);
+    bg__v8r b = BG_VMAX(lo8, hi8, bg__v8ri);
+    bg__v4r lo4, hi4;
+    memcpy(&lo4, &b, 16), memcpy(&hi4, (const char *)&b + 16, 16);
+    bg__v4r c = BG_VMAX(lo4, hi4, bg__v4ri);
+    float m02 = c[0] > c[2] ? c[0] : c[2], m13 = c[1] > c[3] ? c[1] : c[3];
+    return m02 > m13 ? m02 : m13;
+}
+
+/* One row's online-softmax step on a key tile: s[0..BK) holds the raw
+ * scores, keys j < nv are visible (nv >= 1). Folds the tile into the running
+ * max *m and sum *l, turns s into the probabilities (0 past nv) and returns
+ * the factor the row's output accumulated so far must be scaled by. */
+static inline __attribute__((always_inline)) float bg__att_online(float *s, float *m, float *l, int nv, float scale)
+{
+    float x[BG_ATT_BK];
+    for (int j = 0; j < BG_ATT_BK; j++)
+        x[j] = j < nv ? scale * s[j] : -INFINITY;
+    float mx = bg__att_max_bk(x);
+    mx = mx > *m ? mx : *m;
+    float corr = bg__expf(*m - mx); /* 0 on the first tile (m = -inf) */
+    for (int j = 0; j < BG_ATT_BK; j++)
+        s[j] = j < nv ? bg__expf(x[j] - mx) : 0.0f;
+    *m = mx;
+    *l = *l * corr + bg__att_sum_bk(s);
+    return corr;
 }
 
 /* s[0..BK) = q . k_j for the tile's keys (0 past nk): with kt (hs, BK) the
@@ -95,20 +199,7 @@ BG_CPU_CLONES static void bg__att_fwd_head(float *o, float *lse, const float *q,
                     continue;
                 int nv = ti - j0 + 1 < nk ? ti - j0 + 1 : nk; /* keys j0..j0+nv-1 are visible */
                 bg__att_scores(s, q + (size_t)ti * ld, kt, k + (size_t)j0 * ld, ld, nk, hs);
-                float mx = m[i];
-                for (int j = 0; j < nv; j++) {
-                    float x = scale * s[j];
-                    mx = x > mx ? x : mx;
-                }
-                float corr = bg__expf(m[i] - mx); /* 0 on the first tile (m = -inf) */
-                float psum = 0.0f;
-                for (int j = 0; j < BG_ATT_BK; j++) {
-                    float p = j < nv ? bg__expf(scale * s[j] - mx) : 0.0f;
-                    s[j] = p;
-                    psum += p;
-                }
-                m[i] = mx;
-                l[i] = l[i] * corr + psum;
+                float corr = bg__att_online(s, &m[i], &l[i], nv, scale);
                 float *orow = o + (size_t)ti * ldo;
                 for (int d = 0; d < hs; d++)
                     orow[d] *= corr;
@@ -161,16 +252,16 @@ static inline __attribute__((always_inline)) void bg__att_s4(float s[BG_ATT_RB][
 }
 
 /* acc[r][0..HP) += sum_{j < nk} p[r][j] * x[j][0..HP) for 4 rows (acc rows HP
- * apart, x (BK, HP)) */
+ * apart, x rows ldx apart, HP floats readable in each) */
 static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const float p[BG_ATT_RB][BG_ATT_BK],
-                                                               const float *x, int nk, int HP)
+                                                               const float *x, size_t ldx, int nk, int HP)
 {
     for (int c = 0; c < HP; c += 32) {
         float *r0 = acc + c, *r1 = r0 + HP, *r2 = r1 + HP, *r3 = r2 + HP;
         bg__v16 a00 = BG_V16(r0), a01 = BG_V16(r0 + 16), a10 = BG_V16(r1), a11 = BG_V16(r1 + 16);
         bg__v16 a20 = BG_V16(r2), a21 = BG_V16(r2 + 16), a30 = BG_V16(r3), a31 = BG_V16(r3 + 16);
         for (int j = 0; j < nk; j++) {
-            bg__v16 x0 = BG_V16(x + (size_t)j * HP + c), x1 = BG_V16(x + (size_t)j * HP + c + 16);
+            bg__v16 x0 = BG_V16(x + (size_t)j * ldx + c), x1 = BG_V16(x + (size_t)j * ldx + c + 16);
             float p0 = p[0][j], p1 = p[1][j], p2 = p[2][j], p3 = p[3][j];
             a00 += p0 * x0, a01 += p0 * x1, a10 += p1 * x0, a11 += p1 * x1;
             a20 += p2 * x0, a21 += p2 * x1, a30 += p3 * x0, a31 += p3 * x1;
@@ -180,20 +271,24 @@ static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const 
     }
 }
 
-/* acc[j][0..HP) += sum_r w[r][j] * x[r][0..HP) for j < nk (acc (BK, HP), x 4
- * rows HP apart): the transposed product of bg__att_pv4, for dK and dV */
+/* acc[j][0..HP) += sum_r w[r][j] * x_r[0..HP) for j < nk (acc (BK, HP), x_r
+ * the 4 rows, HP floats readable in each): the transposed product of
+ * bg__att_pv4, for dK and dV */
 static inline __attribute__((always_inline)) void bg__att_tv4(float *acc, const float w[BG_ATT_RB][BG_ATT_BK],
-                                                               const float *x, int nk, int HP)
+                                                               const float *const x[BG_ATT_RB], int nk, int HP)
 {
     for (int c = 0; c < HP; c += 32) {
-        const float *x0 = x + c, *x1 = x0 + HP, *x2 = x1 + HP, *x3 = x2 + HP;
+        const float *x0 = x[0] + c, *x1 = x[1] + c, *x2 = x[2] + c, *x3 = x[3] + c;
         bg__v16 b00 = BG_V16(x0), b01 = BG_V16(x0 + 16), b10 = BG_V16(x1), b11 = BG_V16(x1 + 16);
         bg__v16 b20 = BG_V16(x2), b21 = BG_V16(x2 + 16), b30 = BG_V16(x3), b31 = BG_V16(x3 + 16);
         for (int j = 0; j < nk; j++) {
             float *a = acc + (size_t)j * HP + c;
             float w0 = w[0][j], w1 = w[1][j], w2 = w[2][j], w3 = w[3][j];
-            BG_V16(a) = BG_V16(a) + ((w0 * b00 + w1 * b10) + (w2 * b20 + w3 * b30));
-            BG_V16(a + 16) = BG_V16(a + 16) + ((w0 * b01 + w1 * b11) + (w2 * b21 + w3 * b31));
+            /* four multiply-adds in row order into the loaded accumulator */
+            bg__v16 s0 = BG_V16(a), s1 = BG_V16(a + 16);
+            s0 += w0 * b00, s1 += w0 * b01, s0 += w1 * b10, s1 += w1 * b11;
+            s0 += w2 * b20, s1 += w2 * b21, s0 += w3 * b30, s1 += w3 * b31;
+            BG_V16(a) = s0, BG_V16(a + 16) = s1;
         }
     }
 }
@@ -221,7 +316,11 @@ BG_CPU_CLONES static void bg__att_fwd_head_blk(float *o, float *lse, const float
         for (int j0 = 0; j0 < i0 + nq; j0 += BG_ATT_BK) {
             int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
             bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
-            bg__att_pad_rows(vp, v + (size_t)j0 * ld, ld, nk, hs, HP);
+            /* V's rows are read in place when the head size needs no padding */
+            const float *vx = v + (size_t)j0 * ld;
+            size_t ldv = ld;
+            if (HP != hs)
+                bg__att_pad_rows(vp, vx, ld, nk, hs, HP), vx = vp, ldv = HP;
             for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
                 int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
                 if (j0 > i0 + r0 + nr - 1)
@@ -236,24 +335,11 @@ BG_CPU_CLONES static void bg__att_fwd_head_blk(float *o, float *lse, const float
                             s[r][j] = 0.0f;
                         continue;
                     }
-                    float mx = m[i];
-                    for (int j = 0; j < nv; j++) {
-                        float x = scale * s[r][j];
-                        mx = x > mx ? x : mx;
-                    }
-                    float corr = bg__expf(m[i] - mx); /* 0 on the first tile (m = -inf) */
-                    float psum = 0.0f;
-                    for (int j = 0; j < BG_ATT_BK; j++) {
-                        float pj = j < nv ? bg__expf(scale * s[r][j] - mx) : 0.0f;
-                        s[r][j] = pj;
-                        psum += pj;
-                    }
-                    m[i] = mx;
-                    l[i] = l[i] * corr + psum;
+                    float corr = bg__att_online(s[r], &m[i], &l[i], nv, scale);
                     for (int d = 0; d < HP; d++)
                         acc[(size_t)r * HP + d] *= corr;
                 }
-                bg__att_pv4(acc, (const float(*)[BG_ATT_BK])s, vp, nk, HP);
+                bg__att_pv4(acc, (const float(*)[BG_ATT_BK])s, vx, ldv, nk, HP);
             }
         }
         for (int i = 0; i < nq; i++) {
@@ -279,15 +365,22 @@ BG_CPU_CLONES static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, 
     float dka[BG_ATT_BK * BG_ATT_BLK_HS], dva[BG_ATT_BK * BG_ATT_BLK_HS];
     float qp[BG_ATT_RB * BG_ATT_BLK_HS], dop[BG_ATT_RB * BG_ATT_BLK_HS], dqa[BG_ATT_RB * BG_ATT_BLK_HS];
     float p[BG_ATT_RB][BG_ATT_BK], dp[BG_ATT_RB][BG_ATT_BK];
+    const float *xq[BG_ATT_RB], *xdo[BG_ATT_RB];
+    /* with a head size of whole 32-float chunks, rows of k, q and dO are read
+     * in place instead of padded copies */
+    const int direct = HP == hs;
     for (int i = 0; i < T; i++) {
-        dvec[i] = (float)bg__dot_f(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
+        dvec[i] = bg__att_dot(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
         memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
     }
     for (int j0 = 0; j0 < T; j0 += BG_ATT_BK) {
         int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
         bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
         bg__att_transpose(vt, v + (size_t)j0 * ld, ld, nk, hs);
-        bg__att_pad_rows(kp, k + (size_t)j0 * ld, ld, nk, hs, HP);
+        const float *kx = k + (size_t)j0 * ld;
+        size_t ldk = ld;
+        if (!direct)
+            bg__att_pad_rows(kp, kx, ld, nk, hs, HP), kx = kp, ldk = HP;
         memset(dka, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
         memset(dva, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
         for (int r0 = j0; r0 < T; r0 += BG_ATT_RB) {
@@ -304,15 +397,22 @@ BG_CPU_CLONES static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, 
                     p[r][j] = pj;
                     dp[r][j] = pj * (dp[r][j] - di) * scale; /* scale dS */
                 }
-                for (int d = 0; d < HP; d++) {
-                    qp[r * HP + d] = r < nr && d < hs ? qrow[(size_t)r * ld + d] : 0.0f;
-                    dop[r * HP + d] = r < nr && d < hs ? dorow[(size_t)r * ldo + d] : 0.0f;
-                    dqa[r * HP + d] = 0.0f;
+                if (direct) {
+                    /* rows past T have weights 0: read row r0 (in bounds) */
+                    xq[r] = qrow + (size_t)(r < nr ? r : 0) * ld;
+                    xdo[r] = dorow + (size_t)(r < nr ? r : 0) * ldo;
+                } else {
+                    for (int d = 0; d < HP; d++) {
+                        qp[r * HP + d] = r < nr && d < hs ? qrow[(size_t)r * ld + d] : 0.0f;
+                        dop[r * HP + d] = r < nr && d < hs ? dorow[(size_t)r * ldo + d] : 0.0f;
+                    }
+                    xq[r] = qp + r * HP, xdo[r] = dop + r * HP;
                 }
             }
-            bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kp, nk, HP);
-            bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, qp, nk, HP);
-            bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, dop, nk, HP);
+            memset(dqa, 0, (size_t)BG_ATT_RB * HP * sizeof(float));
+            bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kx, ldk, nk, HP);
+            bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, xq, nk, HP);
+            bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, xdo, nk, HP);
             for (int r = 0; r < nr; r++)
                 for (int d = 0; d < hs; d++)
                     dq[(size_t)(r0 + r) * ld + d] += dqa[r * HP + d];
@@ -377,7 +477,7 @@ BG_CPU_CLONES static void bg__att_bwd_head(float *dq, float *dk, float *dv, floa
     float *kt = hs <= BG_ATT_MAX_HS ? ktile : NULL, *vt = kt ? vtile : NULL;
     float p[BG_ATT_BK], dp[BG_ATT_BK];
     for (int i = 0; i < T; i++) {
-        dvec[i] = (float)bg__dot_f(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
+        dvec[i] = bg__att_dot(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
         memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
         memset(dk + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
         memset(dv + (size_t)i * ld, 0, (size_t)hs * sizeof(float));

@@ -22,6 +22,7 @@
 #include "brigade/core.h"
 #include "kernels/backend_impl.h"
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 typedef struct bg_cpu_impl {
     const bg_blas_info_t *blas; /* OpenBLAS, loaded by cpu_blas.c */
@@ -297,10 +298,18 @@ static void bg__cpu_sgd_momentum(bg_backend_t *be, float *param, const float *gr
 
 /* ------------------------------------------------------------ reductions */
 
+/* One block of bg__cpu_reduce: the sum (of squares when sq) in double over
+ * the fixed lanes of cpu_vec.h, so it vectorises and its bits do not depend
+ * on the vector width. */
+BG_CPU_CLONES static double bg__reduce_block(const float *restrict x, size_t n, int sq)
+{
+    return sq ? bg__dot_f(x, x, (int)n) : bg__sum_f(x, (int)n);
+}
+
 /* Sum (squares when sq) of x[0..n) in double: blocks of BG_CPU_SUM_BLOCK
- * elements are summed serially in index order (in parallel across blocks),
- * then the block sums are added serially in block order. Partial sums are
- * kept in a stack array of GROUP blocks at a time. */
+ * elements are summed over fixed lanes (in parallel across blocks), then the
+ * block sums are added serially in block order. Partial sums are kept in a
+ * stack array of GROUP blocks at a time. */
 static double bg__cpu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 {
     enum { GROUP = 1024 };
@@ -313,16 +322,7 @@ static double bg__cpu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 #pragma omp parallel for num_threads(nt) if (gn > 4) schedule(static)
         for (size_t bi = 0; bi < gn; bi++) {
             size_t lo = (g0 + bi) * BG_CPU_SUM_BLOCK;
-            size_t hi = lo + BG_CPU_SUM_BLOCK < n ? lo + BG_CPU_SUM_BLOCK : n;
-            double s = 0.0;
-            if (sq) {
-                for (size_t i = lo; i < hi; i++)
-                    s += (double)x[i] * (double)x[i];
-            } else {
-                for (size_t i = lo; i < hi; i++)
-                    s += (double)x[i];
-            }
-            part[bi] = s;
+            part[bi] = bg__reduce_block(x + lo, lo + BG_CPU_SUM_BLOCK < n ? BG_CPU_SUM_BLOCK : n - lo, sq);
         }
         for (size_t bi = 0; bi < gn; bi++)
             total += part[bi];

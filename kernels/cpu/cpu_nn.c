@@ -166,15 +166,17 @@ void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float 
 BG_CPU_CLONES static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const float *restrict x,
                                          const float *restrict w, float m, float r, int C)
 {
-    double a1[BG_VEC_LANES] = {0}, a2[BG_VEC_LANES] = {0};
+    double a1[BG_VEC_LANES], a2[BG_VEC_LANES];
+    bg__d8 v1 = {0}, v2 = {0};
     int c = 0;
-    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES)
-        for (int j = 0; j < BG_VEC_LANES; j++) {
-            float norm = (x[c + j] - m) * r;
-            float dnorm = w[c + j] * dy[c + j];
-            a1[j] += (double)dnorm;
-            a2[j] += (double)dnorm * (double)norm;
-        }
+    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES) {
+        bg__f8 norm = (*(const bg__f8 *)(x + c) - m) * r;
+        bg__f8 dnorm = *(const bg__f8 *)(w + c) * *(const bg__f8 *)(dy + c);
+        bg__d8 dn = __builtin_convertvector(dnorm, bg__d8);
+        v1 += dn;
+        v2 += dn * __builtin_convertvector(norm, bg__d8);
+    }
+    bg__d8_store(a1, v1), bg__d8_store(a2, v2);
     for (int j = 0; c + j < C; j++) {
         float norm = (x[c + j] - m) * r;
         float dnorm = w[c + j] * dy[c + j];

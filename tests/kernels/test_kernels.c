@@ -922,9 +922,10 @@ static void test_attention(void **state)
     bg_rng_seed(&rng, 14);
     /* B,T,C,NH: T = 70 spans 3 key tiles and 2 query tiles of the fused kernel;
      * C = 600, NH = 2 (head size 300) takes its large-head path; head size 72 spans three
-     * 32-float column chunks of the blocked path with padding, T = 38 a partial row block */
-    static const int sz[][4] = {{1, 1, 1, 1},  {2, 7, 12, 3}, {1, 13, 10, 2}, {3, 5, 8, 1},
-                                {2, 70, 12, 2}, {1, 5, 600, 2}, {1, 38, 72, 1}};
+     * 32-float column chunks of the blocked path with padding, T = 38 a partial row block;
+     * head sizes 64 and 32 (whole 32-float chunks) read q, k, v and dO rows in place */
+    static const int sz[][4] = {{1, 1, 1, 1},   {2, 7, 12, 3},  {1, 13, 10, 2}, {3, 5, 8, 1},   {2, 70, 12, 2},
+                                {1, 5, 600, 2}, {1, 38, 72, 1}, {1, 38, 64, 1}, {1, 70, 64, 2}};
     for (size_t s = 0; s < NELEM(sz); s++) {
         int B = sz[s][0], T = sz[s][1], C = sz[s][2], NH = sz[s][3];
         size_t btc = (size_t)B * T * C;
