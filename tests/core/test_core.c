@@ -11,6 +11,7 @@
 
 #include "brigade/core.h"
 #include "bg_test_capture.h"
+#include "core/cpu_floor.h"
 
 static void test_status_strings(void **state)
 {
@@ -150,6 +151,23 @@ static void test_log_sink(void **state)
     assert_string_equal(second.m[0].message, "to the second sink");
 }
 
+/* The floor check's verdict: the first missing x86-64-v3 feature, or none. */
+static void test_cpu_floor(void **state)
+{
+    (void)state;
+    assert_null(bg__cpu_floor_missing(1, 1, 1, 1, 1));
+    assert_string_equal(bg__cpu_floor_missing(0, 0, 0, 0, 0), "AVX");
+    assert_string_equal(bg__cpu_floor_missing(1, 0, 1, 1, 1), "AVX2"); /* Sandy Bridge */
+    assert_string_equal(bg__cpu_floor_missing(1, 1, 0, 1, 1), "FMA");
+    assert_string_equal(bg__cpu_floor_missing(1, 1, 1, 1, 0), "BMI2");
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init(); /* this machine runs the build, so it has what the check asks for */
+    if (__builtin_cpu_supports("avx2"))
+        assert_null(bg__cpu_floor_missing(__builtin_cpu_supports("avx"), 1, __builtin_cpu_supports("fma"),
+                                          __builtin_cpu_supports("bmi"), __builtin_cpu_supports("bmi2")));
+#endif
+}
+
 int main(void)
 {
     /* before the level is first resolved: info passes, debug does not */
@@ -160,6 +178,7 @@ int main(void)
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_rng),
         cmocka_unit_test(test_log_sink),
+        cmocka_unit_test(test_cpu_floor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
