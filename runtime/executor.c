@@ -515,6 +515,7 @@ typedef struct {
 static bg_status_t on_layer_done(int layer, int mb, void *arg)
 {
     hook_arg_t *h = arg;
+    bg__staging_progress(&h->x->stg); /* during the backward too */
     int last = mb == h->ch->mb_last; /* the chunk's last microbatch (DualPipe: of its copy) */
     /* sequence parallelism: the layer's replicated tensors saw this member's
      * rows only; their sums over the tensor group come before the replicas':
@@ -1234,7 +1235,11 @@ static void exec_free(exec_t *x)
     bg_group_destroy(x->world_group);
     if (x->stg.transfers)
         bg_log(BG_LOG_INFO, "executor", "rank %d: staged %zu transfers (%zu chunks, %zu bytes) through %zu bytes of "
-               "host memory", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak);
+               "host memory%s", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak,
+               x->stg.async ? " (copies on the backend's copy stream)" : "");
+    if (x->stg.async)
+        bg_log(BG_LOG_INFO, "executor", "rank %d: %zu sends and reductions left after their copies completed, "
+               "%zu of them later than queued", x->rank, x->stg.queued, x->stg.deferred);
     bg__staging_fini(&x->stg);
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
@@ -1808,6 +1813,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     }
     for (size_t i = 0; i < x->nops; i++) {
         const bg_sched_op_t *op = &x->ops[i];
+        bg__staging_progress(&x->stg); /* sends and reductions whose copies completed leave now */
         BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, i), st, fail);
         int compute = op->kind <= BG_OP_BACKWARD_WEIGHT || op->kind == BG_OP_OPTIMIZER_STEP;
         double a = bg_now();
