@@ -1598,8 +1598,6 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
                                       "-n %d)", x->P, x->D, tp, x->P * x->D * x->T, x->world, x->P * x->D * x->T);
         goto err;
     }
-    if (x->p.process_wide)
-        BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
     x->pp_i = x->rank / (x->D * x->T);
     x->dp_i = x->rank / x->T % x->D;
     x->tp_i = x->rank % x->T;
@@ -1618,6 +1616,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     bp.device = bg_comm_local_rank(x->comm) < 0 ? 0 : bg_comm_local_rank(x->comm);
     bp.device_wrap = 1; /* ranks share a machine's GPUs round-robin */
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
+    if (x->p.process_wide) { /* after the backend (its device's node), before the buffers */
+        char bus[64];
+        int dev_node = bg__numa_device_node(x->be, "/sys", bus, sizeof(bus));
+        BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), dev_node, bus, &x->numa_node), st, err);
+    }
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
     if (x->stg.on && x->world > 1)
         bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
