@@ -87,6 +87,8 @@ streams async_dp2 2 $GPT --dp 2
 streams async_pp2dp2 4 $GPT --pp 2 --dp 2 --schedule zb-h1
 streams async_pp2tie 2 $GPT --pp 2 --schedule 1f1b --tie-embeddings
 streams async_ps1pp2 5 $PS --ps 1 --pp 2 --schedule 1f1b
+streams async_inter 2 $GPT --pp 2 --schedule interleaved --chunks 2
+streams async_dualpipe 2 $GPT --pp 2 --schedule dualpipe
 
 # what a premature send or an unwaited copy gives (NaN weights) is never "equal"
 if v=$(python3 - "$T/pp2.direct" "$T/nan" <<'PY'
@@ -142,4 +144,4 @@ out=$(BRIGADE_STAGING=sometimes "$B" train $GPT --steps 1 --quiet 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q 'BRIGADE_STAGING="sometimes"' <<<"$out"; then pass=$((pass + 1)); else bad "BRIGADE_STAGING=sometimes: rc $rc: $out"; fi
 
 echo "passed $pass, failed $fails"
-[ "$fails" = 0 ] && [ "$pass" -ge 22 ]
+[ "$fails" = 0 ] && [ "$pass" -ge 26 ]
