@@ -171,8 +171,9 @@ typedef struct bg_backend_ops {
     /* ---- streams and events (appended last; optional, all or none) ----
      * A backend that queues work has a compute stream (every kernel above, in
      * call order) and a copy stream. An event marks a point of a stream; it
-     * may be recorded again once complete. Host buffers of the two copies
-     * come from host_alloc. Slots NULL (the CPU backend): the staging layer
+     * may be recorded again at any time (waits queued on an earlier
+     * recording keep that point). Host buffers of the two copies come from
+     * host_alloc. Slots NULL (the CPU backend): the staging layer
      * copies with to_host/from_host, synchronously, as before. */
     /** A new event, complete until first recorded; NULL on failure. */
     bg_event_t *(*event_create)(bg_backend_t *be);
