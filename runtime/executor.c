@@ -124,6 +124,15 @@ typedef struct bg_executor {
     int64_t step;           /* steps done */
     float loss_scale;
     double loss;            /* this rank's share of the step's loss */
+    /* a backend that queues work (ops->event_record): each microbatch's
+     * per-token losses are copied here on the device and summed at the
+     * step's end, in the order the forwards ran, the host not waiting for
+     * the compute stream per microbatch (the same sums in the same order as
+     * summing at once; NULL on the CPU, which sums at once) */
+    float *loss_dev;        /* M x loss_per */
+    size_t loss_per, *loss_n; /* floats per microbatch; each one's count */
+    int *loss_mb, loss_k;   /* microbatches in forward order; how many this step */
+    size_t per_mb_floats;   /* tokens (or samples) of a microbatch at most: mbn x Tmax */
     int32_t *tokens, *targets;
     float *features;
     size_t nfeatures;
@@ -398,9 +407,26 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     /* stashed from its forward to its last backward piece, as the simulator counts */
     if (++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
-    if (ch->is_last && !x->em)
-        if (x->tp_i == 0) /* every member of a tensor group computes the same losses */
-            x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
+    if (ch->is_last && !x->em && x->tp_i == 0) { /* every member of a tensor group computes the same losses */
+        size_t n = bg_shape_numel(ch->out_shape[mb]);
+        if (be->ops->event_record && n <= x->per_mb_floats) { /* summed at the step's end (loss_dev) */
+            if (!x->loss_dev) {
+                x->loss_per = x->per_mb_floats;
+                x->loss_dev = bg_backend_alloc(be, (size_t)x->M * x->loss_per * sizeof(float),
+                                               "per-microbatch losses (summed at the step's end)");
+                x->loss_n = calloc((size_t)x->M, sizeof(size_t));
+                x->loss_mb = calloc((size_t)x->M, sizeof(int));
+                if (!x->loss_dev || !x->loss_n || !x->loss_mb)
+                    return bg_error(BG_ERR_NOMEM, "rank %d: the per-microbatch losses (%d x %zu floats)", x->rank,
+                                    x->M, x->loss_per);
+            }
+            be->ops->copy(be, x->loss_dev + (size_t)mb * x->loss_per, ch->out[mb], n);
+            x->loss_n[mb] = n;
+            x->loss_mb[x->loss_k++] = mb;
+        } else {
+            x->loss += be->ops->sum(be, ch->out[mb], n) * (double)x->loss_scale;
+        }
+    }
     if (!ch->is_last && ch->next_local) {
         /* the next stage is ours: hand the output over now */
         chunk_t *nx = chunk_of_stage(x, ch->stage + 1);
@@ -1241,6 +1267,9 @@ static void exec_free(exec_t *x)
         bg_log(BG_LOG_INFO, "executor", "rank %d: %zu sends and reductions left after their copies completed, "
                "%zu of them later than queued", x->rank, x->stg.queued, x->stg.deferred);
     bg__staging_fini(&x->stg);
+    bg_backend_free(x->be, x->loss_dev);
+    free(x->loss_n);
+    free(x->loss_mb);
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
@@ -1631,6 +1660,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         goto err;
     }
     size_t per = (size_t)x->mbn * (size_t)x->Tmax;
+    x->per_mb_floats = per;
     x->tokens = malloc(per * sizeof(int32_t));
     x->targets = malloc(per * sizeof(int32_t));
     x->features = x->tokens_in ? NULL : malloc(per * (size_t)mp->features * sizeof(float));
@@ -1798,6 +1828,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         return ps_server_step(x, tokens, result_p);
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
+    x->loss_k = 0;
     x->busy = 0;
     x->bytes_sent = 0;
     double t0 = bg_now();
@@ -1839,6 +1870,12 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         BG_CHECK_GOTO(reap_pending(x, 0), st, fail);
     }
     BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
+    for (int k = 0; k < x->loss_k; k++) { /* the step's end: the losses, in the order their forwards ran */
+        int mb = x->loss_mb[k];
+        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->loss_per, x->loss_n[mb]) *
+                   (double)x->loss_scale;
+    }
+    x->loss_k = 0;
     x->be->ops->synchronize(x->be);
     if (x->ps)
         return ps_worker_end(x, t0, tokens, result_p);
