@@ -202,12 +202,16 @@ static void bg__cu_event_record(bg_backend_t *be, bg_event_t *ev)
     bg__cu_check(be, cudaEventRecord(bg__cu_ev(ev), bg__cu_stream(be)), "cudaEventRecord (compute)");
 }
 
-/* An error counts as complete (it is logged and kept): nothing polls forever. */
+/* An error counts as complete (it is logged and kept): nothing polls forever.
+ * NotReady is cleared from the last error (as PyTorch's caching allocator
+ * does, pytorch#18584), or the next launch's check would report it. */
 static int bg__cu_event_query(bg_backend_t *be, bg_event_t *ev)
 {
     cudaError_t e = cudaEventQuery(bg__cu_ev(ev));
-    if (e == cudaErrorNotReady)
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
         return 0;
+    }
     bg__cu_check(be, e, "cudaEventQuery");
     return 1;
 }
