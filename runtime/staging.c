@@ -14,6 +14,7 @@ typedef enum { XF_SEND, XF_RECV, XF_REDUCE } xf_kind_t;
 
 struct bg__xfer {
     bg__staging_t *sg; /* NULL: direct (one request on the caller's buffer) */
+    bg__staging_t *pg; /* the staging whose queue its tests and waits progress (direct ones too) */
     xf_kind_t kind;
     char *dev;         /* the backend buffer */
     char *host;        /* staging block (staged only) */
@@ -239,6 +240,7 @@ static bg_status_t xf_new(bg__staging_t *sg, xf_kind_t kind, void *buf, size_t b
     x->rq = (bg_request_t **)(x + 1);
     x->ev = (bg_event_t **)(x->rq + n);
     x->sg = sg->on ? sg : NULL;
+    x->pg = sg;
     x->kind = kind;
     x->dev = buf;
     x->bytes = bytes;
@@ -272,6 +274,9 @@ static size_t chunk_len(const bg__xfer_t *x, int i)
 }
 
 static int async(const bg__xfer_t *x) { return x->sg && x->sg->async; }
+
+/* Copies of some transfer queued in x's staging: waits must poll, not block. */
+static int copies_queued(const bg__xfer_t *x) { return x->pg && x->pg->async && x->pg->head; }
 
 /* Request i of a staged send or reduction, on its host copy. */
 static bg_status_t start(bg__xfer_t *x, int i)
@@ -425,7 +430,6 @@ bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t 
 
 bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
 {
-    (void)sg;
     *x_p = NULL;
     if (!rq)
         return BG_OK;
@@ -435,6 +439,7 @@ bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
         return bg_error(BG_ERR_NOMEM, "out of memory: a transfer");
     }
     x->rq = (bg_request_t **)(x + 1);
+    x->pg = sg;
     x->kind = XF_REDUCE; /* direct: x->sg NULL, nothing lands */
     x->n = x->started = 1;
     x->rq[0] = rq;
@@ -490,8 +495,8 @@ static bg_status_t xtest_once(bg__xfer_t *x, int *done_p)
 
 bg_status_t bg__xtest(bg__xfer_t *x, int *done_p)
 {
-    if (async(x))
-        bg__staging_progress(x->sg);
+    if (copies_queued(x))
+        bg__staging_progress(x->pg);
     return xtest_once(x, done_p);
 }
 
@@ -499,12 +504,12 @@ bg_status_t bg__xwait(bg__xfer_t *x)
 {
     for (;;) {
         int done = 0;
-        if (async(x))
-            bg__staging_progress(x->sg);
+        if (copies_queued(x))
+            bg__staging_progress(x->pg);
         BG_CHECK(xtest_once(x, &done));
         if (done)
             return BG_OK;
-        if (x->landed < x->started && !(async(x) && x->sg->head)) {
+        if (x->landed < x->started && !copies_queued(x)) {
             /* no copy to watch: block in the transport (its deadline applies) */
             bg_status_t st = bg_wait(x->rq[x->landed]);
             if (st != BG_OK) {
