@@ -43,7 +43,7 @@ typedef struct bg_event bg_event_t;     /**< a point of one of a backend's strea
 
 /** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
 typedef struct bg_backend_ops {
-    const char *name; /**< "cpu", "cuda" */
+    const char *name; /**< "cpu", "cpu-async" (tests), "cuda" */
 
     void (*destroy)(bg_backend_t *be); /**< frees impl; may be NULL */
 
@@ -241,7 +241,7 @@ struct bg_backend {
     struct bg_backend_track *track; /**< allocation records (private) */
 };
 
-/** Create the backend named @p name ("cpu", "cuda"). params may be NULL. */
+/** Create the backend named @p name ("cpu", "cuda"; "cpu-async", the CPU with emulated streams, for tests). params may be NULL. */
 bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p);
 void bg_backend_destroy(bg_backend_t *be); /**< frees the instance and its context (NULL is a no-op) */
 /** Names of the backends compiled in, NULL-terminated. */
