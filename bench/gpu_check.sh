@@ -12,8 +12,11 @@
 #      and in bf16 tensor cores (BRIGADE_CUDA_GEMM), as MFU against the
 #      bf16 dense peak below (storage stays fp32: there is no bf16 storage yet)
 #   5. the 8-block GPT trained 50 steps on cuda and on cpu, losses side by side
-# pp = 2 with two processes on the one GPU is not run: the executor refuses a
-# device backend across ranks (device buffers are not sent between ranks yet).
+#   6. transfers on the copy stream (runtime/staging.c with the CUDA stream
+#      slots): two processes on the one GPU, pp = 2 (1F1B, tied embeddings)
+#      against one process on cuda, bitwise (the equivalence the CPU tests
+#      hold), and dp = 2 within relative L2 1e-5
+#      (checks the events' ordering on a device; says nothing of overlap)
 # Prints a table; also writes it to $OUT/gpu_check.md when OUT is set (the
 # device tool's output folder), else to build-gpu/gpu_check.md.
 #
@@ -89,7 +92,6 @@ EOF
         fails=$((fails + 1))
     fi
 done
-say "| GPT block at pp = 2, two processes on one GPU | not run: device buffers are not sent between ranks yet |"
 
 step "8-block GPT, 50 steps, cuda and cpu"
 model=(--layers 8 --d-model 128 --heads 4 --seq 64 --batch 8 --microbatches 2 --steps 50 --quiet)
@@ -114,6 +116,36 @@ for x, y in zip(a, b):
         print(f"| {x['step']} | {x['loss']:.4f} | {y['loss']:.4f} |")
 EOF
 fi
+
+step "transfers on the copy stream: pp = 2 and dp = 2, two processes on one GPU"
+small=(--layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 4 --steps 10 --threads 1 --quiet)
+# name  ranks  tolerance (bitwise | l2:X)  args
+for c in "one 1 - " "pp2tie 2 bitwise --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 --dp 2"; do
+    read -r name n tol args <<<"$c"
+    ref=$BUILD/staged_one
+    [ "$name" = pp2tie ] && ref=$BUILD/staged_onetie
+    if [ "$name" = one ]; then # the references: one process, with and without tied embeddings
+        timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
+            timeout 60 "$B" train --backend cuda "${small[@]}" --tie-embeddings --save "$BUILD/staged_onetie" \
+                >"$BUILD/staged_onetie.log" 2>&1 ||
+            { say "| staged reference (one process on cuda) | FAIL ($BUILD/staged_one*.log) |"; fails=$((fails + 1)); break; }
+        continue
+    fi
+    # shellcheck disable=SC2086
+    if BRIGADE_LOG=info BRIGADE_TIMEOUT=60 timeout 120 "$B" launch -n "$n" -- "$B" train --backend cuda "${small[@]}" \
+        $args --save "$BUILD/staged_$name" >"$BUILD/staged_$name.log" 2>&1; then
+        late=$(grep -o "[0-9]* of them later than queued" "$BUILD/staged_$name.log" | awk '{s += $1} END {print s + 0}')
+        if [ "$tol" = bitwise ]; then v=$("$B" compare "$ref" "$BUILD/staged_$name"); else
+            v=$("$B" compare "$ref" "$BUILD/staged_$name" --rel-l2 "${tol#l2:}"); fi
+        rc=$?
+        say "| staged $name on cuda vs one process ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies |"
+        [ $rc = 0 ] || fails=$((fails + 1))
+    else
+        tail -5 "$BUILD/staged_$name.log"
+        say "| staged $name on cuda | FAIL ($BUILD/staged_$name.log) |"
+        fails=$((fails + 1))
+    fi
+done
 
 mv "$REPORT.tmp" "$REPORT"
 step "done: $fails failure(s); table in $REPORT"

@@ -8,15 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The compiled-in backends, X(name): the registry and the list of names are
- * both constant, built from this one list. */
+/* The compiled-in backends, X(name, init): the registry and the list of
+ * names are both constant, built from this one list. "cpu-async" is the CPU
+ * backend with emulated streams (cpu/cpu_async.c), for tests of the staging
+ * layer. */
 #ifdef BG_HAVE_CUDA
-#define BG__BACKEND_LIST(X) X(cpu) X(cuda)
+#define BG__BACKEND_LIST(X) X("cpu", cpu) X("cpu-async", cpu_async) X("cuda", cuda)
 #else
-#define BG__BACKEND_LIST(X) X(cpu)
+#define BG__BACKEND_LIST(X) X("cpu", cpu) X("cpu-async", cpu_async)
 #endif
-#define BG__BACKEND_ENTRY(name) {#name, bg__##name##_backend_init},
-#define BG__BACKEND_NAME(name) #name,
+#define BG__BACKEND_ENTRY(name, fn) {name, bg__##fn##_backend_init},
+#define BG__BACKEND_NAME(name, fn) name,
 
 static const bg_backend_entry_t bg__backends[] = {BG__BACKEND_LIST(BG__BACKEND_ENTRY)};
 static const char *const bg__backend_names[] = {BG__BACKEND_LIST(BG__BACKEND_NAME) NULL};

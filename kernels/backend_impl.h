@@ -25,6 +25,7 @@ typedef struct bg_backend_entry {
 } bg_backend_entry_t;
 
 bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params);
+bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params_t *params);
 #ifdef BG_HAVE_CUDA
 bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params);
 #endif

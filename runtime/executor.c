@@ -124,6 +124,15 @@ typedef struct bg_executor {
     int64_t step;           /* steps done */
     float loss_scale;
     double loss;            /* this rank's share of the step's loss */
+    /* a backend that queues work (ops->event_record): each microbatch's
+     * per-token losses are copied here on the device and summed at the
+     * step's end, in the order the forwards ran, the host not waiting for
+     * the compute stream per microbatch (the same sums in the same order as
+     * summing at once; NULL on the CPU, which sums at once) */
+    float *loss_dev;        /* M x loss_per */
+    size_t loss_per, *loss_n; /* floats per microbatch; each one's count */
+    int *loss_mb, loss_k;   /* microbatches in forward order; how many this step */
+    size_t per_mb_floats;   /* tokens (or samples) of a microbatch at most: mbn x Tmax */
     int32_t *tokens, *targets;
     float *features;
     size_t nfeatures;
@@ -398,9 +407,26 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     /* stashed from its forward to its last backward piece, as the simulator counts */
     if (++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
-    if (ch->is_last && !x->em)
-        if (x->tp_i == 0) /* every member of a tensor group computes the same losses */
-            x->loss += be->ops->sum(be, ch->out[mb], bg_shape_numel(ch->out_shape[mb])) * (double)x->loss_scale;
+    if (ch->is_last && !x->em && x->tp_i == 0) { /* every member of a tensor group computes the same losses */
+        size_t n = bg_shape_numel(ch->out_shape[mb]);
+        if (be->ops->event_record && n <= x->per_mb_floats) { /* summed at the step's end (loss_dev) */
+            if (!x->loss_dev) {
+                x->loss_per = x->per_mb_floats;
+                x->loss_dev = bg_backend_alloc(be, (size_t)x->M * x->loss_per * sizeof(float),
+                                               "per-microbatch losses (summed at the step's end)");
+                x->loss_n = calloc((size_t)x->M, sizeof(size_t));
+                x->loss_mb = calloc((size_t)x->M, sizeof(int));
+                if (!x->loss_dev || !x->loss_n || !x->loss_mb)
+                    return bg_error(BG_ERR_NOMEM, "rank %d: the per-microbatch losses (%d x %zu floats)", x->rank,
+                                    x->M, x->loss_per);
+            }
+            be->ops->copy(be, x->loss_dev + (size_t)mb * x->loss_per, ch->out[mb], n);
+            x->loss_n[mb] = n;
+            x->loss_mb[x->loss_k++] = mb;
+        } else {
+            x->loss += be->ops->sum(be, ch->out[mb], n) * (double)x->loss_scale;
+        }
+    }
     /* The output gradient's buffer is counted with the stash from here (bg_stage_memory's dout): receive
      * into it now, so that the next stage's send completes when it is made and frees the next stage's
      * backward buffers (a rendezvous send would otherwise hold them until this stage's backward) */
@@ -520,6 +546,7 @@ typedef struct {
 static bg_status_t on_layer_done(int layer, int mb, void *arg)
 {
     hook_arg_t *h = arg;
+    bg__staging_progress(&h->x->stg); /* during the backward too */
     int last = mb == h->ch->mb_last; /* the chunk's last microbatch (DualPipe: of its copy) */
     /* sequence parallelism: the layer's replicated tensors saw this member's
      * rows only; their sums over the tensor group come before the replicas':
@@ -1239,8 +1266,15 @@ static void exec_free(exec_t *x)
     bg_group_destroy(x->world_group);
     if (x->stg.transfers)
         bg_log(BG_LOG_INFO, "executor", "rank %d: staged %zu transfers (%zu chunks, %zu bytes) through %zu bytes of "
-               "host memory", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak);
+               "host memory%s", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak,
+               x->stg.async ? " (copies on the backend's copy stream)" : "");
+    if (x->stg.async)
+        bg_log(BG_LOG_INFO, "executor", "rank %d: %zu sends and reductions left after their copies completed, "
+               "%zu of them later than queued", x->rank, x->stg.queued, x->stg.deferred);
     bg__staging_fini(&x->stg);
+    bg_backend_free(x->be, x->loss_dev);
+    free(x->loss_n);
+    free(x->loss_mb);
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
@@ -1598,8 +1632,6 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
                                       "-n %d)", x->P, x->D, tp, x->P * x->D * x->T, x->world, x->P * x->D * x->T);
         goto err;
     }
-    if (x->p.process_wide)
-        BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), &x->numa_node), st, err);
     x->pp_i = x->rank / (x->D * x->T);
     x->dp_i = x->rank / x->T % x->D;
     x->tp_i = x->rank % x->T;
@@ -1618,6 +1650,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     bp.device = bg_comm_local_rank(x->comm) < 0 ? 0 : bg_comm_local_rank(x->comm);
     bp.device_wrap = 1; /* ranks share a machine's GPUs round-robin */
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
+    if (x->p.process_wide) { /* after the backend (its device's node), before the buffers */
+        char bus[64];
+        int dev_node = bg__numa_device_node(x->be, "/sys", bus, sizeof(bus));
+        BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), dev_node, bus, &x->numa_node), st, err);
+    }
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
     if (x->stg.on && x->world > 1)
         bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
@@ -1628,6 +1665,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         goto err;
     }
     size_t per = (size_t)x->mbn * (size_t)x->Tmax;
+    x->per_mb_floats = per;
     x->tokens = malloc(per * sizeof(int32_t));
     x->targets = malloc(per * sizeof(int32_t));
     x->features = x->tokens_in ? NULL : malloc(per * (size_t)mp->features * sizeof(float));
@@ -1795,6 +1833,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         return ps_server_step(x, tokens, result_p);
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
+    x->loss_k = 0;
     x->busy = 0;
     x->bytes_sent = 0;
     double t0 = bg_now();
@@ -1813,6 +1852,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     }
     for (size_t i = 0; i < x->nops; i++) {
         const bg_sched_op_t *op = &x->ops[i];
+        bg__staging_progress(&x->stg); /* sends and reductions whose copies completed leave now */
         BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, i), st, fail);
         int compute = op->kind <= BG_OP_BACKWARD_WEIGHT || op->kind == BG_OP_OPTIMIZER_STEP;
         double a = bg_now();
@@ -1835,6 +1875,12 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         BG_CHECK_GOTO(reap_pending(x, 0), st, fail);
     }
     BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
+    for (int k = 0; k < x->loss_k; k++) { /* the step's end: the losses, in the order their forwards ran */
+        int mb = x->loss_mb[k];
+        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->loss_per, x->loss_n[mb]) *
+                   (double)x->loss_scale;
+    }
+    x->loss_k = 0;
     x->be->ops->synchronize(x->be);
     if (x->ps)
         return ps_worker_end(x, t0, tokens, result_p);

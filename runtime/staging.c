@@ -3,6 +3,7 @@
  * staging.h). */
 #include "runtime/staging.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,13 +14,28 @@ typedef enum { XF_SEND, XF_RECV, XF_REDUCE } xf_kind_t;
 
 struct bg__xfer {
     bg__staging_t *sg; /* NULL: direct (one request on the caller's buffer) */
+    bg__staging_t *pg; /* the staging whose queue its tests and waits progress (direct ones too) */
     xf_kind_t kind;
     char *dev;         /* the backend buffer */
     char *host;        /* staging block (staged only) */
     size_t bytes, chunk;
-    int n, landed;     /* requests; those whose data are in dev (receive, reduction) */
+    int n, landed;     /* requests; those complete (receive, reduction: their data sent on to dev) */
     int failed;        /* a request failed: keep the host block */
-    bg_request_t *rq[]; /* n */
+    /* with streams (sg->async); without, every request starts at once (started = n) */
+    int started;       /* requests started: a send's chunk i, a reduction's collective, once ev[i] completed */
+    int queued;        /* in sg's queue of transfers waiting for their copies */
+    bg_status_t err;   /* starting a request failed (in bg__staging_progress) */
+    bg_comm_t *comm;   /* what a request started later needs */
+    bg_group_t *group;
+    int peer;
+    uint32_t tag;
+    bg_reduce_op_t op;
+    bg_event_t *prod;  /* compute stream: after the producer (send, reduction) or the buffer's earlier users (receive) */
+    bg_event_t *back;  /* copy stream: after the last host-to-device copy (receive, reduction); NULL: none queued */
+    int joined;        /* the compute stream waits for back */
+    struct bg__xfer *next; /* in sg's queue */
+    bg_request_t **rq; /* n, after the struct */
+    bg_event_t **ev;   /* n: chunk i's device-to-host copy (send, reduction) */
 };
 
 const char *bg_executor_device_transport(void)
@@ -48,6 +64,13 @@ bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be)
     if (kb < 1 || kb > (1 << 20))
         return bg_error(BG_ERR_INVALID, "BRIGADE_STAGE_CHUNK_KB=%lld: expected 1 to 1048576", kb);
     sg->chunk = (size_t)kb << 10;
+    const bg_backend_ops_t *o = be->ops;
+    int slots = !!o->event_create + !!o->event_destroy + !!o->event_record + !!o->event_query + !!o->event_wait +
+                !!o->stream_wait + !!o->to_host_async + !!o->from_host_async;
+    if (slots != 0 && slots != 8)
+        return bg_error(BG_ERR_INVALID, "backend %s fills %d of the 8 stream and event slots: all or none", o->name,
+                        slots);
+    sg->async = sg->on && slots == 8;
     pthread_mutex_init(&sg->lock, NULL);
     sg->be = be; /* ready: bg__staging_fini has work to do */
     return BG_OK;
@@ -61,10 +84,70 @@ static void host_release(bg__staging_t *sg, void *p)
         free(p);
 }
 
+/* ---------------------------------------------------------------- events */
+
+/* An event from the cache, else a new one (NULL: out of memory, reported). */
+static bg_event_t *ev_take(bg__staging_t *sg)
+{
+    if (sg->nevents)
+        return sg->free_events[--sg->nevents];
+    bg_event_t *ev = sg->be->ops->event_create(sg->be);
+    if (!ev)
+        bg_error(BG_ERR_NOMEM, "staging: backend %s cannot create an event", sg->be->ops->name);
+    return ev;
+}
+
+/* Back to the cache; the caller knows it completed, or that nothing waits on
+ * it any more but work queued before (an event re-recorded marks the new point). */
+static void ev_give(bg__staging_t *sg, bg_event_t *ev)
+{
+    if (!ev)
+        return;
+    if (sg->nevents == sg->capevents) {
+        int cap = sg->capevents ? 2 * sg->capevents : 16;
+        bg_event_t **e = realloc(sg->free_events, (size_t)cap * sizeof(*e));
+        if (!e) {
+            sg->be->ops->event_destroy(sg->be, ev);
+            return;
+        }
+        sg->free_events = e;
+        sg->capevents = cap;
+    }
+    sg->free_events[sg->nevents++] = ev;
+}
+
+/* ---------------------------------------------------------------- blocks */
+
+static void host_give(bg__staging_t *sg, void *p, size_t bytes);
+
+/* Held blocks whose host-to-device copies have completed go back to the
+ * cache (wait: every one, waiting for its copy). */
+static void reap_held(bg__staging_t *sg, int wait)
+{
+    bg_backend_t *be = sg->be;
+    for (int i = 0; i < sg->nheld;) {
+        struct bg__held_block h = sg->held[i];
+        if (wait)
+            be->ops->event_wait(be, h.ev);
+        else if (!be->ops->event_query(be, h.ev)) {
+            i++;
+            continue;
+        }
+        sg->held[i] = sg->held[--sg->nheld];
+        ev_give(sg, h.ev);
+        host_give(sg, h.p, h.bytes);
+    }
+}
+
 void bg__staging_fini(bg__staging_t *sg)
 {
     if (!sg->be)
         return;
+    reap_held(sg, 1);
+    for (int i = 0; i < sg->nevents; i++)
+        sg->be->ops->event_destroy(sg->be, sg->free_events[i]);
+    free(sg->free_events);
+    free(sg->held);
     for (int i = 0; i < sg->nfree; i++)
         host_release(sg, sg->free_blocks[i].p);
     free(sg->free_blocks);
@@ -76,6 +159,8 @@ void bg__staging_fini(bg__staging_t *sg)
 static void *host_take(bg__staging_t *sg, size_t bytes)
 {
     void *p = NULL;
+    if (sg->nheld)
+        reap_held(sg, 0);
     pthread_mutex_lock(&sg->lock);
     int best = -1;
     for (int i = 0; i < sg->nfree; i++)
@@ -127,16 +212,41 @@ static void host_give(bg__staging_t *sg, void *p, size_t bytes)
     pthread_mutex_unlock(&sg->lock);
 }
 
+/* A block a host-to-device copy may still read: kept until ev completes
+ * (waited for here when the list cannot grow). */
+static void host_hold(bg__staging_t *sg, void *p, size_t bytes, bg_event_t *ev)
+{
+    if (sg->nheld == sg->capheld) {
+        int cap = sg->capheld ? 2 * sg->capheld : 16;
+        struct bg__held_block *h = realloc(sg->held, (size_t)cap * sizeof(*h));
+        if (!h) {
+            sg->be->ops->event_wait(sg->be, ev);
+            ev_give(sg, ev);
+            host_give(sg, p, bytes);
+            return;
+        }
+        sg->held = h;
+        sg->capheld = cap;
+    }
+    sg->held[sg->nheld++] = (struct bg__held_block){p, bytes, ev};
+}
+
+/* ------------------------------------------------------------- transfers */
+
 static bg_status_t xf_new(bg__staging_t *sg, xf_kind_t kind, void *buf, size_t bytes, int n, bg__xfer_t **x_p)
 {
-    bg__xfer_t *x = calloc(1, sizeof(*x) + (size_t)n * sizeof(bg_request_t *));
+    bg__xfer_t *x = calloc(1, sizeof(*x) + (size_t)n * (sizeof(bg_request_t *) + sizeof(bg_event_t *)));
     BG_ALLOC_CHECK(x, sizeof(*x), "a transfer");
+    x->rq = (bg_request_t **)(x + 1);
+    x->ev = (bg_event_t **)(x->rq + n);
     x->sg = sg->on ? sg : NULL;
+    x->pg = sg;
     x->kind = kind;
     x->dev = buf;
     x->bytes = bytes;
     x->chunk = kind == XF_REDUCE ? (bytes ? bytes : 1) : sg->chunk;
     x->n = n;
+    x->started = n; /* the streams' path says otherwise */
     if (x->sg && !(x->host = host_take(sg, bytes))) {
         free(x);
         return BG_ERR_NOMEM;
@@ -163,6 +273,83 @@ static size_t chunk_len(const bg__xfer_t *x, int i)
     return x->bytes - off < x->chunk ? x->bytes - off : x->chunk;
 }
 
+static int async(const bg__xfer_t *x) { return x->sg && x->sg->async; }
+
+/* Copies of some transfer queued in x's staging: waits must poll, not block. */
+static int copies_queued(const bg__xfer_t *x) { return x->pg && x->pg->async && x->pg->head; }
+
+/* Request i of a staged send or reduction, on its host copy. */
+static bg_status_t start(bg__xfer_t *x, int i)
+{
+    size_t off = (size_t)i * x->chunk;
+    if (x->kind == XF_SEND)
+        return bg_isend(x->comm, x->peer, x->tag, x->host + off, chunk_len(x, i), &x->rq[i]);
+    return bg_group_iallreduce(x->group, (float *)x->host, x->bytes / sizeof(float), x->op, &x->rq[0]);
+}
+
+static void dequeue(bg__xfer_t *x)
+{
+    bg__staging_t *sg = x->sg;
+    bg__xfer_t **pp = &sg->head, *prev = NULL;
+    while (*pp && *pp != x)
+        prev = *pp, pp = &(*pp)->next;
+    if (*pp) {
+        *pp = x->next;
+        if (sg->tail == x)
+            sg->tail = prev;
+    }
+    x->next = NULL;
+    x->queued = 0;
+}
+
+void bg__staging_progress(bg__staging_t *sg)
+{
+    bg_backend_t *be = sg->be;
+    while (sg->head) { /* in the order queued: the head's next request first */
+        bg__xfer_t *x = sg->head;
+        while (x->started < x->n && be->ops->event_query(be, x->ev[x->started])) {
+            bg_status_t st = start(x, x->started);
+            if (st != BG_OK) { /* the transfer's own test or wait reports it */
+                x->err = st;
+                x->failed = 1;
+                break;
+            }
+            x->started++;
+        }
+        if (x->started < x->n && !x->err)
+            return;
+        dequeue(x);
+    }
+}
+
+/* Queue a send's or reduction's device-to-host copies behind the producer;
+ * their requests start in bg__staging_progress. */
+static bg_status_t queue_out(bg__xfer_t *x)
+{
+    bg__staging_t *sg = x->sg;
+    bg_backend_t *be = sg->be;
+    if (!(x->prod = ev_take(sg)))
+        return BG_ERR_NOMEM;
+    be->ops->event_record(be, x->prod); /* after the kernels that wrote dev */
+    for (int i = 0; i < x->n; i++) {
+        if (!(x->ev[i] = ev_take(sg)))
+            return BG_ERR_NOMEM; /* the copies queued are joined by bg__xfree */
+        size_t off = (size_t)i * x->chunk;
+        be->ops->to_host_async(be, x->host + off, x->dev + off, chunk_len(x, i), i == 0 ? x->prod : NULL, x->ev[i]);
+    }
+    x->started = 0;
+    x->queued = 1;
+    if (sg->tail)
+        sg->tail->next = x;
+    else
+        sg->head = x;
+    sg->tail = x;
+    bg__staging_progress(sg);
+    sg->queued++;
+    sg->deferred += x->started < x->n;
+    return BG_OK;
+}
+
 bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, const void *buf, size_t bytes,
                       bg__xfer_t **x_p)
 {
@@ -170,11 +357,16 @@ bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, c
     BG_CHECK(xf_new(sg, XF_SEND, (void *)buf, bytes, chunks_of(sg, bytes), &x));
     bg_backend_t *be = sg->be;
     bg_status_t st = BG_OK;
-    for (int i = 0; i < x->n && st == BG_OK; i++) {
-        size_t off = (size_t)i * x->chunk, len = chunk_len(x, i);
-        if (x->sg) /* chunk i is copied while chunk i-1 is on the wire */
-            be->ops->to_host(be, x->host + off, x->dev + off, len);
-        st = bg_isend(c, peer, tag, x->sg ? x->host + off : x->dev, x->sg ? len : bytes, &x->rq[i]);
+    x->comm = c, x->peer = peer, x->tag = tag;
+    if (async(x)) {
+        st = queue_out(x);
+    } else {
+        for (int i = 0; i < x->n && st == BG_OK; i++) {
+            size_t off = (size_t)i * x->chunk, len = chunk_len(x, i);
+            if (x->sg) /* chunk i is copied while chunk i-1 is on the wire */
+                be->ops->to_host(be, x->host + off, x->dev + off, len);
+            st = bg_isend(c, peer, tag, x->sg ? x->host + off : x->dev, x->sg ? len : bytes, &x->rq[i]);
+        }
     }
     if (st != BG_OK) {
         x->failed = 1;
@@ -191,6 +383,13 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
     bg__xfer_t *x;
     BG_CHECK(xf_new(sg, XF_RECV, buf, bytes, chunks_of(sg, bytes), &x));
     bg_status_t st = BG_OK;
+    if (async(x)) {
+        bg__staging_progress(sg);
+        if ((x->prod = ev_take(sg)))
+            sg->be->ops->event_record(sg->be, x->prod); /* the copies to dev wait for its earlier users */
+        else
+            st = BG_ERR_NOMEM;
+    }
     for (int i = 0; i < x->n && st == BG_OK; i++) { /* equal tags: chunks match in the order sent */
         size_t off = (size_t)i * x->chunk;
         st = bg_irecv(c, peer, tag, x->sg ? x->host + off : x->dev, x->sg ? chunk_len(x, i) : bytes, &x->rq[i]);
@@ -211,9 +410,15 @@ bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t 
     size_t bytes = count * sizeof(float);
     /* one collective, as the direct path: the same algorithm and summation order */
     BG_CHECK(xf_new(sg, XF_REDUCE, buf, bytes, 1, &x));
-    if (x->sg)
-        sg->be->ops->to_host(sg->be, x->host, x->dev, bytes);
-    bg_status_t st = bg_group_iallreduce(g, x->sg ? (float *)x->host : buf, count, op, &x->rq[0]);
+    bg_status_t st;
+    x->group = g, x->op = op;
+    if (async(x)) {
+        st = queue_out(x);
+    } else {
+        if (x->sg)
+            sg->be->ops->to_host(sg->be, x->host, x->dev, bytes);
+        st = bg_group_iallreduce(g, x->sg ? (float *)x->host : buf, count, op, &x->rq[0]);
+    }
     if (st != BG_OK) {
         x->failed = 1;
         bg__xfree(x);
@@ -225,7 +430,6 @@ bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t 
 
 bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
 {
-    (void)sg;
     *x_p = NULL;
     if (!rq)
         return BG_OK;
@@ -234,53 +438,89 @@ bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
         bg_request_free(rq);
         return bg_error(BG_ERR_NOMEM, "out of memory: a transfer");
     }
+    x->rq = (bg_request_t **)(x + 1);
+    x->pg = sg;
     x->kind = XF_REDUCE; /* direct: x->sg NULL, nothing lands */
-    x->n = 1;
+    x->n = x->started = 1;
     x->rq[0] = rq;
     *x_p = x;
     return BG_OK;
 }
 
-/* Request i completed: its data go to the device. */
-static void land(bg__xfer_t *x, int i)
+/* Request i completed: its data go to the device. With streams the copy is
+ * queued on the copy stream (the first behind prod) and, after the last, the
+ * compute stream waits for it: the host does not. */
+static bg_status_t land(bg__xfer_t *x, int i)
 {
     if (x->sg && x->kind != XF_SEND) {
+        bg_backend_t *be = x->sg->be;
         size_t off = (size_t)i * x->chunk;
-        x->sg->be->ops->from_host(x->sg->be, x->dev + off, x->host + off, chunk_len(x, i));
+        if (!async(x)) {
+            be->ops->from_host(be, x->dev + off, x->host + off, chunk_len(x, i));
+        } else {
+            bg_event_t *done = NULL;
+            if (i == x->n - 1 && !(done = x->back = ev_take(x->sg)))
+                return BG_ERR_NOMEM;
+            be->ops->from_host_async(be, x->dev + off, x->host + off, chunk_len(x, i), i == 0 ? x->prod : NULL,
+                                     done);
+            if (done) {
+                be->ops->stream_wait(be, done);
+                x->joined = 1;
+            }
+        }
     }
     x->landed = i + 1;
+    return BG_OK;
 }
 
-bg_status_t bg__xtest(bg__xfer_t *x, int *done_p)
+/* One look at the requests, landing those that completed. */
+static bg_status_t xtest_once(bg__xfer_t *x, int *done_p)
 {
-    while (x->landed < x->n) {
+    if (x->err)
+        return x->err;
+    while (x->landed < x->started) {
         int done = 0;
         bg_status_t st = bg_test(x->rq[x->landed], &done);
         if (st != BG_OK) {
             x->failed = 1;
             return st;
         }
-        if (!done) {
-            *done_p = 0;
-            return BG_OK;
-        }
-        land(x, x->landed);
+        if (!done)
+            break;
+        BG_CHECK(land(x, x->landed));
     }
-    *done_p = 1;
+    *done_p = x->landed == x->n;
     return BG_OK;
+}
+
+bg_status_t bg__xtest(bg__xfer_t *x, int *done_p)
+{
+    if (copies_queued(x))
+        bg__staging_progress(x->pg);
+    return xtest_once(x, done_p);
 }
 
 bg_status_t bg__xwait(bg__xfer_t *x)
 {
-    while (x->landed < x->n) {
-        bg_status_t st = bg_wait(x->rq[x->landed]);
-        if (st != BG_OK) {
-            x->failed = 1;
-            return st;
+    for (;;) {
+        int done = 0;
+        if (copies_queued(x))
+            bg__staging_progress(x->pg);
+        BG_CHECK(xtest_once(x, &done));
+        if (done)
+            return BG_OK;
+        if (x->landed < x->started && !copies_queued(x)) {
+            /* no copy to watch: block in the transport (its deadline applies) */
+            bg_status_t st = bg_wait(x->rq[x->landed]);
+            if (st != BG_OK) {
+                x->failed = 1;
+                return st;
+            }
+            BG_CHECK(land(x, x->landed)); /* chunk i goes to the device while chunk i+1 arrives */
+        } else {
+            sched_yield(); /* copies still running: poll them and the requests */
         }
-        land(x, x->landed); /* chunk i goes to the device while chunk i+1 arrives */
     }
-    return BG_OK;
 }
 
 void bg__xfree(bg__xfer_t *x)
@@ -288,16 +528,45 @@ void bg__xfree(bg__xfer_t *x)
     if (!x)
         return;
     int pending = x->landed < x->n;
+    bg__staging_t *sg = x->sg;
     for (int i = 0; i < x->n; i++)
         bg_request_free(x->rq[i]);
+    if (async(x)) {
+        bg_backend_t *be = sg->be;
+        if (x->queued)
+            dequeue(x);
+        /* copies that may still run: later work on the compute stream (a new
+         * owner of dev) goes after them (cuda_pool.h) */
+        if (x->back && !x->joined)
+            be->ops->stream_wait(be, x->back);
+        int last = -1; /* the last device-to-host copy queued (one copy stream: it covers the others) */
+        while (last + 1 < x->n && x->ev[last + 1])
+            last++;
+        if (last >= 0 && !be->ops->event_query(be, x->ev[last]))
+            be->ops->stream_wait(be, x->ev[last]);
+        for (int i = 0; i <= last; i++) {
+            if (be->ops->event_query(be, x->ev[i]))
+                ev_give(sg, x->ev[i]);
+            else
+                be->ops->event_destroy(be, x->ev[i]); /* released by the backend once it completes */
+        }
+        ev_give(sg, x->prod); /* re-recording it later leaves the waits queued on it as they are */
+    }
     if (x->host) {
         /* a send that did not complete may still be read by the transport
          * until the comm is destroyed (transport.h): its block stays */
         if (x->kind == XF_SEND && (pending || x->failed))
             bg_log(BG_LOG_DEBUG, "executor", "staging: %zu-byte block of an unfinished send left to the transport",
                    x->bytes);
-        else
-            host_give(x->sg, x->host, x->bytes);
+        else if (x->back && !sg->be->ops->event_query(sg->be, x->back))
+            host_hold(sg, x->host, x->bytes, x->back); /* a host-to-device copy still reads it */
+        else {
+            if (x->back)
+                ev_give(sg, x->back);
+            host_give(sg, x->host, x->bytes);
+        }
+    } else if (x->back) {
+        ev_give(sg, x->back);
     }
     free(x);
 }

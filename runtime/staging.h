@@ -9,7 +9,20 @@
  * it lands; a reduction copies the buffer out, reduces it on the host and
  * copies it back. BRIGADE_STAGING=always sends host buffers through the same
  * path (tests); BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise
- * those of the direct path: the bytes and the reduction are the same. */
+ * those of the direct path: the bytes and the reduction are the same.
+ *
+ * With a backend that has streams (the event and *_async slots: cuda, and
+ * cpu-async in tests) nothing here waits for the compute stream: a send or a
+ * reduction records an event after the producing kernels, its device-to-host
+ * copies are queued on the copy stream behind that event, and its requests
+ * (chunk i's send, the reduction's collective) start once their copy's event
+ * has completed, checked by bg__staging_progress, which every call below
+ * runs; transfers start strictly in the order queued (so collectives keep
+ * their order on every rank). A receive's chunks are copied to the device on
+ * the copy stream as they land, behind an event recorded when the receive was
+ * posted (the buffer's earlier readers), and once the last is queued the
+ * compute stream (not the host) waits for it; a reduction's result likewise.
+ * A host block is reused only once the copies reading it have completed. */
 #ifndef BG_RUNTIME_STAGING_H
 #define BG_RUNTIME_STAGING_H
 
@@ -36,6 +49,19 @@ typedef struct bg__staging {
     int nfree, capfree;
     size_t transfers, chunks, bytes; /* staged so far (brigade's info log) */
     size_t host_bytes, host_peak;    /* staging memory held now / at most */
+    /* the backend's streams (ops->to_host_async and the event slots), used
+     * when it has them: */
+    int async;
+    size_t queued, deferred; /* transfers queued behind their copies; those not started at once (the log) */
+    struct bg__xfer *head, *tail; /* transfers whose requests wait for their copies, in the order queued */
+    bg_event_t **free_events;    /* completed events for reuse */
+    int nevents, capevents;
+    struct bg__held_block {      /* host blocks a host-to-device copy still reads */
+        void *p;
+        size_t bytes;
+        bg_event_t *ev;
+    } *held;
+    int nheld, capheld;
 } bg__staging_t;
 
 /* Reads BRIGADE_STAGING and BRIGADE_STAGE_CHUNK_KB; *sg is ready for the calls below. */
@@ -52,13 +78,20 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
                       bg__xfer_t **x_p);
 bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
                            bg__xfer_t **x_p);
+/* Starts the queued requests whose copies have completed; never blocks.
+ * Called by every function here; the executor calls it between instructions
+ * so that sends leave while it computes. */
+void bg__staging_progress(bg__staging_t *sg);
 /* A transfer of a request started elsewhere on a host buffer (NULL: *x_p = NULL). */
 bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p);
 /* *done_p = 1 once complete (a receive's or reduction's data are in buf). */
 bg_status_t bg__xtest(bg__xfer_t *x, int *done_p);
 bg_status_t bg__xwait(bg__xfer_t *x);
 /* Cancels what is pending and frees (NULL is a no-op). A staged send that did
- * not complete keeps its host block (the transport may still read it). */
+ * not complete keeps its host block (the transport may still read it). With
+ * streams, the compute stream is made to wait for the copies the transfer
+ * queued, so a device buffer freed after this call is free on every stream
+ * (the rule the CUDA pool's reuse relies on: cuda_pool.h). */
 void bg__xfree(bg__xfer_t *x);
 
 #endif

@@ -57,6 +57,10 @@ int bg_cmd_compare(int argc, char **argv)
         return 1;
     if (r.identical == r.tensors)
         return 0;
+    if (r.rel_l2 != r.rel_l2) { /* a NaN where bits differ: every comparison below would be false */
+        printf("not-a-number values differ: not within any tolerance\n");
+        return 1;
+    }
     if (rel_l2 >= 0)
         return r.rel_l2 <= rel_l2 ? 0 : 1;
     return r.max_rel <= rtol ? 0 : 1;

@@ -21,7 +21,7 @@ int bg_cmd_info(int argc, char **argv)
         printf(" %s", *n);
     printf("\n");
     for (const char *const *n = bg_backend_names(); *n; n++) { /* can the device backends start here? */
-        if (!strcmp(*n, "cpu"))
+        if (!strncmp(*n, "cpu", 3)) /* cpu, and cpu-async (the CPU with emulated streams, for tests) */
             continue;
         bg_backend_t *dbe = NULL;
         if (bg_backend_create(*n, NULL, &dbe) == BG_OK) {

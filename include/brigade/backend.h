@@ -39,10 +39,11 @@ extern "C" {
 #endif
 
 typedef struct bg_backend bg_backend_t; /**< a backend instance (its body is below) */
+typedef struct bg_event bg_event_t;     /**< a point of one of a backend's streams (opaque; the backend's own) */
 
 /** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
 typedef struct bg_backend_ops {
-    const char *name; /**< "cpu", "cuda" */
+    const char *name; /**< "cpu", "cpu-async" (tests), "cuda" */
 
     void (*destroy)(bg_backend_t *be); /**< frees impl; may be NULL */
 
@@ -166,6 +167,39 @@ typedef struct bg_backend_ops {
      *  aligned malloc/free. */
     void *(*host_alloc)(bg_backend_t *be, size_t bytes);
     void (*host_free)(bg_backend_t *be, void *ptr);
+
+    /* ---- streams and events (appended last; optional, all or none) ----
+     * A backend that queues work has a compute stream (every kernel above, in
+     * call order) and a copy stream. An event marks a point of a stream; it
+     * may be recorded again at any time (waits queued on an earlier
+     * recording keep that point). Host buffers of the two copies come from
+     * host_alloc. Slots NULL (the CPU backend): the staging layer
+     * copies with to_host/from_host, synchronously, as before. */
+    /** A new event, complete until first recorded; NULL on failure. */
+    bg_event_t *(*event_create)(bg_backend_t *be);
+    void (*event_destroy)(bg_backend_t *be, bg_event_t *ev);
+    /** ev completes once the compute stream's work queued so far has. */
+    void (*event_record)(bg_backend_t *be, bg_event_t *ev);
+    /** 1 when ev has completed, else 0; never blocks. */
+    int (*event_query)(bg_backend_t *be, bg_event_t *ev);
+    /** The host waits for ev. */
+    void (*event_wait)(bg_backend_t *be, bg_event_t *ev);
+    /** Work queued on the compute stream from now on runs after ev; the host
+     *  does not wait. */
+    void (*stream_wait)(bg_backend_t *be, bg_event_t *ev);
+    /** On the copy stream, once @p after (NULL: nothing) has completed: copy
+     *  bytes from the device buffer src to dst_host, then complete @p done.
+     *  Returns at once; dst_host is undefined until done completes, src must
+     *  not be written before. */
+    void (*to_host_async)(bg_backend_t *be, void *dst_host, const void *src, size_t bytes, bg_event_t *after,
+                          bg_event_t *done);
+    /** As to_host_async, host to device: dst is undefined until done
+     *  completes; src_host must stay unchanged until then. */
+    void (*from_host_async)(bg_backend_t *be, void *dst, const void *src_host, size_t bytes, bg_event_t *after,
+                            bg_event_t *done);
+    /** The PCI bus id of the backend's device ("0000:3b:00.0", for the NUMA
+     *  node in sysfs) into buf; 0, or -1 when there is none. NULL: no device. */
+    int (*pci_bus_id)(bg_backend_t *be, char *buf, size_t len);
 } bg_backend_ops_t;
 
 /** Counted memory of one backend instance, in bytes. */
@@ -207,7 +241,7 @@ struct bg_backend {
     struct bg_backend_track *track; /**< allocation records (private) */
 };
 
-/** Create the backend named @p name ("cpu", "cuda"). params may be NULL. */
+/** Create the backend named @p name ("cpu", "cuda"; "cpu-async", the CPU with emulated streams, for tests). params may be NULL. */
 bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p);
 void bg_backend_destroy(bg_backend_t *be); /**< frees the instance and its context (NULL is a no-op) */
 /** Names of the backends compiled in, NULL-terminated. */

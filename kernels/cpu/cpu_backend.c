@@ -32,12 +32,26 @@ typedef struct bg_cpu_impl {
     bg_dnnl_sgemm_fn dnnl[4];
     int num_threads;
     int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
+    void *streams;        /* "cpu-async": its emulated copy stream (cpu_async.c); NULL for "cpu" */
+    void (*streams_destroy)(void *streams);
 } bg_cpu_impl_t;
+
+void bg__cpu_set_streams(bg_backend_t *be, void *streams, void (*destroy)(void *streams))
+{
+    bg_cpu_impl_t *impl = be->impl;
+    impl->streams = streams;
+    impl->streams_destroy = destroy;
+}
+
+void *bg__cpu_streams(bg_backend_t *be) { return ((bg_cpu_impl_t *)be->impl)->streams; }
 
 /* ---------------------------------------------------------------- memory */
 
 static void bg__cpu_destroy(bg_backend_t *be)
 {
+    bg_cpu_impl_t *impl = be->impl;
+    if (impl && impl->streams_destroy)
+        impl->streams_destroy(impl->streams);
     free(be->impl);
     be->impl = NULL;
 }

@@ -32,6 +32,11 @@ const bg_blas_info_t *bg__cpu_blas(void);
  * called from the GEMM tiles, whose OpenMP tasks are held to one thread. */
 bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void);
 
+/* The stream emulation of the "cpu-async" test backend (cpu_async.c), kept
+ * in the CPU backend's instance and destroyed with it. */
+void bg__cpu_set_streams(bg_backend_t *be, void *streams, void (*destroy)(void *streams));
+void *bg__cpu_streams(bg_backend_t *be);
+
 static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 0 ? be->num_threads : 1; }
 
 /* The neural-network kernels of cpu_nn.c; cpu_backend.c puts them in the table. */

@@ -3,9 +3,15 @@
  * GEMM (cuBLAS) and the host side of sum/sumsq; every kernel and its launch
  * live in cuda_kernels.cu.
  *
- * One stream per instance carries every kernel, cuBLAS call and copy, so ops
- * run in the order they are called, as on the CPU. to_host, sum and sumsq wait
- * for the stream; from_host returns once the data are in pinned memory.
+ * Two streams per instance. The compute stream carries every kernel, cuBLAS
+ * call and synchronous copy, so ops run in the order they are called, as on
+ * the CPU; to_host, sum and sumsq wait for it; from_host returns once the
+ * data are in pinned memory. The copy stream carries the asynchronous copies
+ * between device and pinned host memory of the staging layer
+ * (to_host_async / from_host_async), ordered against the compute stream by
+ * events only (cudaEventRecord, cudaStreamWaitEvent): the host never waits
+ * for either stream there. An event is a cudaEvent_t (timing disabled) cast
+ * to bg_event_t *.
  *
  * Determinism: GEMM is cublasSgemm (exact fp32, no
  * TF32) unless BRIGADE_CUDA_GEMM asks for tf32 or bf16 tensor cores
@@ -170,6 +176,96 @@ static void bg__cu_host_free(bg_backend_t *be, void *ptr)
         bg__cu_check(be, cudaFreeHost(ptr), "cudaFreeHost");
 }
 
+/* --------------------------------------------------- streams and events */
+
+static cudaEvent_t bg__cu_ev(bg_event_t *ev) { return (cudaEvent_t)(void *)ev; }
+
+static bg_event_t *bg__cu_event_create(bg_backend_t *be)
+{
+    cudaEvent_t e = NULL;
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+        bg__cu_check(be, err, "cudaEventCreateWithFlags");
+        return NULL;
+    }
+    return (bg_event_t *)(void *)e;
+}
+
+/* Allowed while the event is pending: CUDA releases it once it completes. */
+static void bg__cu_event_destroy(bg_backend_t *be, bg_event_t *ev)
+{
+    bg__cu_check(be, cudaEventDestroy(bg__cu_ev(ev)), "cudaEventDestroy");
+}
+
+static void bg__cu_event_record(bg_backend_t *be, bg_event_t *ev)
+{
+    bg__cu_check(be, cudaEventRecord(bg__cu_ev(ev), bg__cu_stream(be)), "cudaEventRecord (compute)");
+}
+
+/* An error counts as complete (it is logged and kept): nothing polls forever.
+ * NotReady is cleared from the last error (as PyTorch's caching allocator
+ * does, pytorch#18584), or the next launch's check would report it. */
+static int bg__cu_event_query(bg_backend_t *be, bg_event_t *ev)
+{
+    cudaError_t e = cudaEventQuery(bg__cu_ev(ev));
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    bg__cu_check(be, e, "cudaEventQuery");
+    return 1;
+}
+
+static void bg__cu_event_wait(bg_backend_t *be, bg_event_t *ev)
+{
+    bg__cu_check(be, cudaEventSynchronize(bg__cu_ev(ev)), "cudaEventSynchronize");
+}
+
+static void bg__cu_stream_wait(bg_backend_t *be, bg_event_t *ev)
+{
+    bg__cu_check(be, cudaStreamWaitEvent(bg__cu_stream(be), bg__cu_ev(ev), 0), "cudaStreamWaitEvent (compute)");
+}
+
+/* On the copy stream: wait for after, copy, record done. Host memory is the
+ * staging layer's pinned blocks (host_alloc), so the copy is a DMA that
+ * returns at once. */
+static void bg__cu_copy_async(bg_backend_t *be, void *dst, const void *src, size_t bytes, bg_event_t *after,
+                              bg_event_t *done, cudaMemcpyKind kind)
+{
+    cudaStream_t cs = bg__cu(be)->copy;
+    if (after)
+        bg__cu_check(be, cudaStreamWaitEvent(cs, bg__cu_ev(after), 0), "cudaStreamWaitEvent (copy)");
+    if (bytes)
+        bg__cu_check(be, cudaMemcpyAsync(dst, src, bytes, kind, cs), "cudaMemcpyAsync (copy stream)");
+    if (done)
+        bg__cu_check(be, cudaEventRecord(bg__cu_ev(done), cs), "cudaEventRecord (copy)");
+}
+
+static void bg__cu_to_host_async(bg_backend_t *be, void *dst_host, const void *src, size_t bytes, bg_event_t *after,
+                                 bg_event_t *done)
+{
+    bg__cu_copy_async(be, dst_host, src, bytes, after, done, cudaMemcpyDeviceToHost);
+}
+
+static void bg__cu_from_host_async(bg_backend_t *be, void *dst, const void *src_host, size_t bytes,
+                                   bg_event_t *after, bg_event_t *done)
+{
+    bg__cu_copy_async(be, dst, src_host, bytes, after, done, cudaMemcpyHostToDevice);
+}
+
+/* "0000:3b:00.0" (the NUMA node is in /sys/bus/pci/devices/<id>/numa_node). */
+static int bg__cu_pci_bus_id(bg_backend_t *be, char *buf, size_t len)
+{
+    if (len < 2 || len > 1 << 16)
+        return -1;
+    cudaError_t e = cudaDeviceGetPCIBusId(buf, (int)len, bg__cu(be)->device);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 /* ----------------------------------------------------------- elementwise */
 
 static void bg__cu_copy(bg_backend_t *be, float *dst, const float *src, size_t n)
@@ -247,6 +343,8 @@ static void bg__cu_destroy(bg_backend_t *be)
     bg_cuda_impl_t *impl = bg__cu(be);
     if (!impl)
         return;
+    if (impl->copy)
+        cudaStreamSynchronize(impl->copy);
     if (impl->stream)
         cudaStreamSynchronize(impl->stream);
     bg__pool_destroy(&impl->pool);
@@ -262,6 +360,8 @@ static void bg__cu_destroy(bg_backend_t *be)
         cudaFreeHost(impl->red_host);
     if (impl->blas)
         cublasDestroy(impl->blas);
+    if (impl->copy)
+        cudaStreamDestroy(impl->copy);
     if (impl->stream)
         cudaStreamDestroy(impl->stream);
     free(impl);
@@ -317,6 +417,15 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     o.device_buffers = 1;
     o.host_alloc = bg__cu_host_alloc;
     o.host_free = bg__cu_host_free;
+    o.event_create = bg__cu_event_create;
+    o.event_destroy = bg__cu_event_destroy;
+    o.event_record = bg__cu_event_record;
+    o.event_query = bg__cu_event_query;
+    o.event_wait = bg__cu_event_wait;
+    o.stream_wait = bg__cu_stream_wait;
+    o.to_host_async = bg__cu_to_host_async;
+    o.from_host_async = bg__cu_from_host_async;
+    o.pci_bus_id = bg__cu_pci_bus_id;
     return o;
 }
 
@@ -370,6 +479,7 @@ extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_
     snprintf(impl->name, sizeof(impl->name), "%s", prop.name);
     impl->total_mem = prop.totalGlobalMem;
     BG_CU_INIT(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    BG_CU_INIT(cudaStreamCreateWithFlags(&impl->copy, cudaStreamNonBlocking), "cudaStreamCreate (copy)");
     for (int i = 0; i < 2; i++) {
         BG_CU_INIT(cudaMallocHost(&impl->stage[i], BG_CUDA_STAGE_BYTES), "cudaMallocHost (staging)");
         BG_CU_INIT(cudaEventCreateWithFlags(&impl->stage_ev[i], cudaEventDisableTiming), "cudaEventCreate");

@@ -27,7 +27,8 @@
 
 typedef struct bg_cuda_impl {
     int device;
-    cudaStream_t stream;  /* every kernel, cuBLAS call and copy of the backend */
+    cudaStream_t stream;  /* the compute stream: every kernel, cuBLAS call and synchronous copy */
+    cudaStream_t copy;    /* the copy stream: to_host_async / from_host_async (the staging of transfers) */
     cublasHandle_t blas;
     int gemm_math;        /* BRIGADE_CUDA_GEMM: 0 fp32 (cublasSgemm), else the compute type below */
     cublasComputeType_t gemm_compute;

@@ -8,9 +8,18 @@
  * (best fit), so a training loop that allocates the same buffers every step
  * makes no raw allocation after its first step. When the raw allocator fails,
  * the cached blocks are released and the request retried once. Thread-safe
- * (one mutex). Blocks are reused in the order the caller frees them; the CUDA
- * backend runs all its work on one stream, so a block freed while a queued
- * kernel still reads it is only handed to work queued after that kernel. */
+ * (one mutex). Blocks are reused in the order the caller frees them, with no
+ * event: a block freed while a queued kernel still reads it is handed to work
+ * queued after that kernel on the compute stream, which carries every kernel.
+ * The second (copy) stream touches device memory only for the staging
+ * layer's transfers (runtime/staging.c), and the rule that keeps reuse safe
+ * is: a device buffer is freed only after every transfer on it is freed, and
+ * bg__xfree makes the compute stream wait for the transfer's copies still
+ * queued (a completed receive or reduction has made it wait already; a
+ * completed send's copies have completed). So a block freed on the host is
+ * free on both streams for any work queued after the free on the compute
+ * stream. The executor keeps the first half (a slot's buffers are freed after
+ * its sends and receives; cancel_all frees transfers before buffers). */
 #ifndef BG_KERNELS_CUDA_POOL_H
 #define BG_KERNELS_CUDA_POOL_H
 

@@ -1256,6 +1256,45 @@ static void test_registry(void **state)
             fail_msg("cpu backend: op slot %zu is NULL", i);
     assert_int_equal(be->ops->device_buffers, 0); /* the transport reads CPU buffers in place */
     assert_int_equal(!be->ops->host_alloc, !be->ops->host_free);
+    assert_null(be->ops->to_host_async); /* no streams: staging copies synchronously */
+    assert_null(be->ops->event_create);
+    bg_backend_destroy(be);
+}
+
+/* cpu-async (kernels/cpu/cpu_async.c): the CPU's kernels, and a copy stream
+ * whose copies land late, the destination NaN until their event completes. */
+static void test_cpu_async(void **state)
+{
+    (void)state;
+    bg_backend_t *be;
+    assert_int_equal(bg_backend_create("cpu-async", NULL, &be), BG_OK);
+    assert_string_equal(be->ops->name, "cpu-async");
+    const size_t n = 1 << 16;
+    float *dev = bg_backend_alloc(be, n * sizeof(float), "dev"), *host = malloc(n * sizeof(float));
+    assert_non_null(host);
+    be->ops->fill(be, dev, 2.5f, n);
+    bg_event_t *prod = be->ops->event_create(be), *done = be->ops->event_create(be), *back = be->ops->event_create(be);
+    assert_true(prod && done && back);
+    assert_int_equal(be->ops->event_query(be, done), 1); /* never recorded: complete */
+    be->ops->event_record(be, prod);
+    assert_int_equal(be->ops->event_query(be, prod), 1); /* the compute stream is the caller */
+    be->ops->to_host_async(be, host, dev, n * sizeof(float), prod, done);
+    assert_int_equal(be->ops->event_query(be, done), 0); /* late... */
+    assert_true(isnan(host[0]) && isnan(host[n - 1]));   /* ...and undefined until then */
+    be->ops->event_wait(be, done);
+    assert_int_equal(be->ops->event_query(be, done), 1);
+    assert_true(host[0] == 2.5f && host[n - 1] == 2.5f);
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)i;
+    be->ops->from_host_async(be, dev, host, n * sizeof(float), NULL, back);
+    assert_true(isnan(dev[7]));
+    be->ops->stream_wait(be, back); /* the next kernel runs after the copy */
+    assert_true(dev[7] == 7.0f && dev[n - 1] == (float)(n - 1));
+    be->ops->event_destroy(be, prod);
+    be->ops->event_destroy(be, done);
+    be->ops->event_destroy(be, back);
+    free(host);
+    bg_backend_free(be, dev);
     bg_backend_destroy(be);
 }
 
@@ -1358,7 +1397,8 @@ static int unset_gemm(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_registry),     cmocka_unit_test(test_memstats),
+        cmocka_unit_test(test_registry),     cmocka_unit_test(test_cpu_async),
+        cmocka_unit_test(test_memstats),
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_batched), cmocka_unit_test(test_bias),
         cmocka_unit_test(test_activations),  cmocka_unit_test(test_layernorm),

@@ -1,0 +1,175 @@
+/* tests/runtime/test_staging_unit.c: the staging layer (runtime/staging.c) in
+ * one process, on a world of one (sends to itself): which backends get the
+ * streams path, the all-or-none rule of the stream slots, and that a host
+ * block a host-to-device copy still reads is not handed out again before
+ * the copy completes (a backend whose compute stream does not wait, so the
+ * copy is still in flight when the transfer is freed). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "brigade/brigade.h"
+#include "runtime/staging.h"
+
+static bg_comm_t *comm;
+
+static int setup(void **state)
+{
+    (void)state;
+    bg_comm_params_t p = BG_COMM_PARAMS_INIT;
+    p.rank = 0;
+    p.world_size = 1;
+    return bg_comm_create(&p, &comm) == BG_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return bg_comm_destroy(comm) == BG_OK ? 0 : -1;
+}
+
+static bg_backend_t *mkbe(const char *name)
+{
+    bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+    p.num_threads = 1;
+    bg_backend_t *be = NULL;
+    assert_int_equal(bg_backend_create(name, &p, &be), BG_OK);
+    return be;
+}
+
+static void test_modes(void **state)
+{
+    (void)state;
+    bg__staging_t sg;
+    bg_backend_t *cpu = mkbe("cpu"), *as = mkbe("cpu-async");
+    setenv("BRIGADE_STAGING", "auto", 1);
+    assert_int_equal(bg__staging_init(&sg, as), BG_OK); /* host buffers: direct, streams or not */
+    assert_int_equal(sg.on, 0);
+    assert_int_equal(sg.async, 0);
+    bg__staging_fini(&sg);
+    setenv("BRIGADE_STAGING", "always", 1);
+    assert_int_equal(bg__staging_init(&sg, as), BG_OK);
+    assert_int_equal(sg.on, 1);
+    assert_int_equal(sg.async, 1);
+    bg__staging_fini(&sg);
+    assert_int_equal(bg__staging_init(&sg, cpu), BG_OK); /* no stream slots: synchronous copies */
+    assert_int_equal(sg.on, 1);
+    assert_int_equal(sg.async, 0);
+    bg__staging_fini(&sg);
+    /* a table with 7 of the 8 slots is refused, by name */
+    bg_backend_ops_t part = *as->ops;
+    part.stream_wait = NULL;
+    const bg_backend_ops_t *keep = as->ops;
+    as->ops = &part;
+    assert_int_equal(bg__staging_init(&sg, as), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "backend cpu-async fills 7 of the 8 stream and event slots"));
+    as->ops = keep;
+    unsetenv("BRIGADE_STAGING");
+    bg_backend_destroy(as);
+    bg_backend_destroy(cpu);
+}
+
+static void no_wait(bg_backend_t *be, bg_event_t *ev) { (void)be, (void)ev; }
+
+/* Send n floats to itself through the streams path, receive them into dev. */
+static void self_transfer(bg__staging_t *sg, const float *src, float *dev, size_t n, uint32_t tag)
+{
+    bg__xfer_t *rx = NULL, *tx = NULL;
+    assert_int_equal(bg__xrecv(sg, comm, 0, tag, dev, n * sizeof(float), &rx), BG_OK);
+    assert_int_equal(bg__xsend(sg, comm, 0, tag, src, n * sizeof(float), &tx), BG_OK);
+    assert_int_equal(bg__xwait(tx), BG_OK);
+    assert_int_equal(bg__xwait(rx), BG_OK);
+    bg__xfree(tx);
+    bg__xfree(rx);
+}
+
+static void test_held_block(void **state)
+{
+    (void)state;
+    setenv("BRIGADE_STAGING", "always", 1);
+    setenv("BRIGADE_STAGE_CHUNK_KB", "1", 1);
+    bg_backend_t *be = mkbe("cpu-async");
+    bg_backend_ops_t ops = *be->ops; /* the compute stream does not wait: the copy is in flight at free */
+    ops.stream_wait = no_wait;
+    const bg_backend_ops_t *keep = be->ops;
+    be->ops = &ops;
+    bg__staging_t sg;
+    assert_int_equal(bg__staging_init(&sg, be), BG_OK);
+    const size_t n = 1000; /* 4 chunks of 1 KiB */
+    float *src = bg_backend_alloc(be, n * sizeof(float), "src"), *dev = bg_backend_alloc(be, n * sizeof(float), "dev");
+    for (size_t i = 0; i < n; i++)
+        src[i] = (float)i + 0.5f;
+    self_transfer(&sg, src, dev, n, 7);
+    /* freed before its copy to dev completed (200 us late): held, not cached */
+    assert_int_equal(sg.nheld, 1);
+    int cached = sg.nfree;
+    /* the receive's block holds exactly the bytes of the transfer; taking
+     * one of that size now must not give it (it would be overwritten while
+     * the copy still reads it): a second transfer runs meanwhile */
+    for (size_t i = 0; i < n; i++)
+        src[i] = -(float)i;
+    float *dev2 = bg_backend_alloc(be, n * sizeof(float), "dev2");
+    self_transfer(&sg, src, dev2, n, 8);
+    bg__staging_fini(&sg); /* waits for the copies still held */
+    for (size_t i = 0; i < n; i++) {
+        if (dev[i] != (float)i + 0.5f || dev2[i] != -(float)i)
+            fail_msg("element %zu: %g and %g, expected %g and %g", i, dev[i], dev2[i], (float)i + 0.5f, -(float)i);
+    }
+    assert_true(cached >= 1); /* the send's block went back to the cache at once */
+    be->ops = keep;
+    bg_backend_free(be, dev2);
+    bg_backend_free(be, dev);
+    bg_backend_free(be, src);
+    bg_backend_destroy(be);
+    unsetenv("BRIGADE_STAGING");
+    unsetenv("BRIGADE_STAGE_CHUNK_KB");
+}
+
+/* The streams path and the synchronous one move the same bytes. */
+static void test_equal_paths(void **state)
+{
+    (void)state;
+    setenv("BRIGADE_STAGING", "always", 1);
+    setenv("BRIGADE_STAGE_CHUNK_KB", "1", 1);
+    const size_t n = 3333; /* a partial last chunk */
+    float *out[2];
+    const char *names[2] = {"cpu", "cpu-async"};
+    for (int k = 0; k < 2; k++) {
+        bg_backend_t *be = mkbe(names[k]);
+        bg__staging_t sg;
+        assert_int_equal(bg__staging_init(&sg, be), BG_OK);
+        assert_int_equal(sg.async, k);
+        float *src = bg_backend_alloc(be, n * sizeof(float), "src");
+        float *dev = bg_backend_alloc(be, n * sizeof(float), "dev");
+        for (size_t i = 0; i < n; i++)
+            src[i] = sinf((float)i);
+        self_transfer(&sg, src, dev, n, 9);
+        out[k] = malloc(n * sizeof(float));
+        memcpy(out[k], dev, n * sizeof(float)); /* read after the compute stream waited */
+        bg__staging_fini(&sg);
+        bg_backend_free(be, dev);
+        bg_backend_free(be, src);
+        bg_backend_destroy(be);
+    }
+    assert_memory_equal(out[0], out[1], n * sizeof(float));
+    free(out[0]);
+    free(out[1]);
+    unsetenv("BRIGADE_STAGING");
+    unsetenv("BRIGADE_STAGE_CHUNK_KB");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_held_block),
+        cmocka_unit_test(test_equal_paths),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
