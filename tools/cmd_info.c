@@ -18,8 +18,11 @@ int bg_cmd_info(int argc, char **argv)
         return bg_cli_fail("info", "takes no arguments, got \"%s\"", argv[1]);
     printf("brigade %s\nbackends:", BRIGADE_VERSION_STRING);
     for (const char *const *n = bg_backend_names(); *n; n++)
-        printf(" %s%s", *n, strcmp(*n, "cpu-async") ? "" : " (the CPU behind an emulated copy stream: tests only)");
+        printf(" %s", *n);
     printf("\n");
+    for (const char *const *n = bg_backend_names(); *n; n++)
+        if (!strcmp(*n, "cpu-async"))
+            printf("cpu-async: the CPU kernels behind an emulated copy stream and events (tests the streams path)\n");
     for (const char *const *n = bg_backend_names(); *n; n++) { /* can the device backends start here? */
         if (!strncmp(*n, "cpu", 3)) /* cpu, and cpu-async (the CPU with emulated streams, for tests) */
             continue;
