@@ -165,7 +165,7 @@ enum { FIG_F, FIG_BW, FIG_B, FIG_W, FIG_O, FIG_CF, FIG_CB, NFIG };
  * and says so when it ends still spread. */
 enum { MIN_ROUNDS = 15, MIN_SLOW = 7, MAX_ROUNDS = 61 };
 #define SLOW_S 4.0
-#define MAX_S 30.0
+#define MAX_S 10.0
 #define SPREAD 0.10
 
 /* The interquartile range of v[0..n) over its median (sorts a copy). */
