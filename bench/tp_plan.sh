@@ -3,8 +3,9 @@
 # (plan --measure, then train --plan --trace), alternating a tp = 2 plan (2
 # processes) and a tp = 2 x pp = 2 plan (4 processes), for the GPT of
 # bench/tp_bench.sh (2 blocks, d_model 256, 8 heads, seq 64, batch 8, 1F1B).
-# Every pair prints predicted / measured (the target: within 10%), the load
-# average around it, and where the two differ: per microbatch the plan's
+# Every pair prints predicted / measured (train --plan's own figure: the
+# median of its 12 steps; the target: within 10%), the load average around
+# it, and where the two differ: per microbatch the plan's
 # forward and backward (sums of its layers' fwd_ms, bwd_ms) against the
 # trace's F and B of rank 0 (medians of steps 3..), the plan's optimizer step
 # (its stages' opt_ms) against the trace's, and the trace's step.
@@ -22,9 +23,10 @@ pair() { # name, devices, plan flags...
       --json "$T/$name.json" >"$T/$name.plan" 2>"$T/$name.err" || { echo "$name: plan failed: $(cat "$T/$name.err")"; return; }
   "$B" launch -n "$n" -- "$B" train --plan "$T/$name.json" --steps 12 --threads 1 --quiet --trace "$T/$name.trace" \
       >"$T/$name.run" 2>&1 || { echo "$name: run failed: $(tail -1 "$T/$name.run")"; return; }
-  python3 - "$name" "$T/$name.json" "$T/$name.trace" "$l0" "$(cut -d' ' -f1 /proc/loadavg)" "$T/$name.err" <<'PY' | tee -a "$T/$name.pairs"
-import json, statistics as S, sys
-name, plan, trace, l0, l1, err = sys.argv[1:]
+  python3 - "$name" "$T/$name.json" "$T/$name.trace" "$l0" "$(cut -d' ' -f1 /proc/loadavg)" "$T/$name.err" \
+      "$T/$name.run" <<'PY' | tee -a "$T/$name.pairs"
+import json, re, statistics as S, sys
+name, plan, trace, l0, l1, err, out = sys.argv[1:]
 p = json.load(open(plan)); ev = json.load(open(trace))["traceEvents"]
 L = p["layers"]; st = p["stages"]; m = p["microbatches"]
 f = max(sum(L[i]["fwd_ms"] for i in range(s["first_layer"], s["last_layer"] + 1)) for s in st)
@@ -36,11 +38,12 @@ for e in ev:
     if op is None or k < 3 or e["pid"] != 0: continue
     per.setdefault(k, {}); per[k][op] = per[k].get(op, 0) + e["dur"] / 1e3
 med = lambda op: S.median(r.get(op, 0) for r in per.values())
-run = S.median(r["step"] for r in per.values())
+run = float(re.search(r"^plan .* measured ([0-9.]+) ms", open(out).read(), re.M).group(1))
 busy = " (spread warning)" if "busy while measuring" in open(err).read() else ""
 print(f"{name}: predicted {p['predicted_step_ms']:.2f} ms, measured {run:.2f} ms, predicted/measured "
       f"{p['predicted_step_ms'] / run:.3f}; per microbatch F {f:.2f} / {med('F') / m:.2f}, B {b:.2f} / "
-      f"{med('B') / m:.2f}, optimizer {o:.2f} / {med('optimizer_step'):.2f} ms (plan / trace rank 0); "
+      f"{med('B') / m:.2f}, optimizer {o:.2f} / {med('optimizer_step'):.2f} ms (plan / trace rank 0), trace step {med('step'):.2f} ms "
+      f"(steps 3..); "
       f"load {l0} -> {l1}{busy}")
 PY
 }
