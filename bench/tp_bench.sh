@@ -8,7 +8,8 @@
 # plan and a tp = 2 x pp = 2 plan (layers measured here on a tensor group)
 # against the measured one: predicted / measured, medians of R. Sequence parallelism
 # (--sequence-parallel) beside tp = 2: its step time, collectives and per-device
-# activation and peak bytes.
+# activation and peak bytes. bench/tp_plan.sh makes single plan/run pairs of the two plans with every
+# pair's ratio and the per-microbatch breakdown against a trace.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
 set -euo pipefail
 BUILD=${1:-build}; R=${2:-3}
