@@ -159,10 +159,10 @@ enum { FIG_F, FIG_BW, FIG_B, FIG_W, FIG_O, FIG_CF, FIG_CB, NFIG };
  * one warm-up round), so every layer's samples are spread over the whole
  * measurement and a burst of other work on the machine touches a few rounds
  * of every layer rather than all the samples of one. At least MIN_ROUNDS
- * (or MIN_SLOW rounds once SLOW_S seconds have passed, for big layers);
- * while the rounds' totals spread by more than SPREAD (interquartile range
- * over median) the measurement goes on, up to MAX_ROUNDS or MAX_S seconds,
- * and says so when it ends still spread. */
+ * (or MIN_SLOW rounds once SLOW_S seconds have passed, for big layers; never
+ * fewer than MIN_SLOW); while the rounds' totals spread by more than SPREAD
+ * (interquartile range over median) the measurement goes on, up to
+ * MAX_ROUNDS or MAX_S seconds, and says so when it ends still spread. */
 enum { MIN_ROUNDS = 15, MIN_SLOW = 7, MAX_ROUNDS = 61 };
 #define SLOW_S 4.0
 #define MAX_S 10.0
@@ -325,7 +325,8 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
         mlayer_t *x = &xs[nx];
         x->layer = i;
         same[i] = nx++;
-        if ((st = bg_model_create(desc, be, i, i, &x->m)) != BG_OK || (st = bg_stage_create(x->m, 1, &x->stg)) != BG_OK)
+        if ((st = bg_model_create(desc, be, i, i, &x->m)) != BG_OK ||
+            (st = bg_stage_create(x->m, 1, &x->stg)) != BG_OK)
             break;
         x->in = bg_model_input_shape(x->m, n, t);
         for (int k = 0; k < i && st == BG_OK; k++)
@@ -348,7 +349,7 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
         spread = rel_spread(tot, rounds);
         double el = bg_now() - start;
         int enough = rounds >= MIN_ROUNDS || (rounds >= MIN_SLOW && el > SLOW_S);
-        int more = rounds < MAX_ROUNDS && el < MAX_S && (!enough || (extend && spread > SPREAD));
+        int more = rounds < MIN_SLOW || (rounds < MAX_ROUNDS && el < MAX_S && (!enough || (extend && spread > SPREAD)));
         if (measure_barrier) { /* the group goes on while any member wants more */
             int all[64];
             if ((st = bg_group_allgather(measure_barrier, &more, all, sizeof(int))) != BG_OK)
