@@ -59,13 +59,17 @@ static size_t llc_bytes(void)
  * that cache run in between, so a layer's weights and inputs are partly
  * evicted. (Measured on GPT and MLP plans: warm caches predict steps 10-40%
  * too fast, a fully flushed cache 25% too slow for small-batch layers; half
- * the LLC lands within 3-15%.) */
+ * the LLC lands within 3-15%.) That was one process evicting; the
+ * processes measuring at once (a tensor group, the copies beside it) share
+ * the cache and evict together, so each touches its share of the half:
+ * evict_share of them (set before the first call). */
+static int evict_share = 1;
 static void evict_caches(void)
 {
     static volatile unsigned char *buf;
     static size_t bytes;
     if (!buf) {
-        bytes = llc_bytes() / 2;
+        bytes = llc_bytes() / 2 / (size_t)evict_share;
         if (!(buf = malloc(bytes)))
             return;
     }
@@ -392,16 +396,18 @@ out:
 /* One process of a measurement: member `rank` of a group of tp (tp > 1: its
  * own world of tp processes on 127.0.0.1:port, the description bound to the
  * tensor group). loop: a copy running beside, measuring until it is killed;
- * else the figures go to out and the process ends. Never returns. */
+ * else the figures go to out and the process ends. share: processes evicting
+ * the cache at once (evict_caches). Never returns. */
 static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
-                   bg_optim_kind_t optim, int extend, int tp, int rank, int port, const char *token, int loop,
-                   double (*out)[NFIG], int *L_out, double *spread_out, int *rounds_out)
+                   bg_optim_kind_t optim, int extend, int share, int tp, int rank, int port, const char *token,
+                   int loop, double (*out)[NFIG], int *L_out, double *spread_out, int *rounds_out)
 {
     static double fig[4096][NFIG];
     bg_comm_t *comm = NULL;
     bg_tp_group_t *tg = NULL;
     bg_status_t st = BG_OK;
     int rc = 1, L = 0;
+    evict_share = share;
     if (loop) /* a copy running beside is load, killed when the measurement ends: its group's complaints are noise */
         (void)!freopen("/dev/null", "w", stderr);
     if (tp > 1) {
@@ -476,6 +482,7 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
         groups = 64 / tp > 1 ? 64 / tp : 1;
     int cores = (int)(ncpu / (threads > 1 ? threads : 1)); /* ranks this machine runs on cores of their own */
     int shared = groups * tp > cores;
+    int evict_procs = (int)(groups * tp < ncpu ? groups * tp : ncpu); /* evicting at the same moment */
     member_out_t *res = mmap(NULL, (size_t)tp * sizeof(member_out_t), PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED)
@@ -508,8 +515,8 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
                 res[k].L = -1;
             pid_t pid = fork();
             if (pid == 0)
-                member(cmd, desc, n, t, backend, threads, optim, !shared, tp, k, port, token, g > 0, res[k].fig,
-                       &res[k].L, &res[k].spread, &res[k].rounds);
+                member(cmd, desc, n, t, backend, threads, optim, !shared, evict_procs, tp, k, port, token, g > 0,
+                       res[k].fig, &res[k].L, &res[k].spread, &res[k].rounds);
             if (pid < 0) {
                 rc = bg_cli_fail(cmd, "cannot start a measuring process: %s", strerror(errno));
                 break;
