@@ -657,6 +657,13 @@ int bg_cmd_plan(int argc, char **argv)
     if (bg_plan_set_note(set)[0])
         printf("%s\n\n", bg_plan_set_note(set));
     print_plan(best, do_measure || have_flops);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (do_measure && (long)host_ranks * (threads > 1 ? threads : 1) > ncpu)
+        /* measured sharing the cores, but how the scheduler interleaves the ranks' waits is not modelled:
+         * bench/tp_plan.sh's tp 2 x pp 2 plan on 2 cores predicted 0.65-1.69 of its runs (docs/benchmarks.md) */
+        printf("note: the plan's %d ranks outnumber this machine's %ld cores: its layers were measured sharing "
+               "them, but how the ranks' waits interleave when they run here is not modelled, so this step time is "
+               "no prediction (docs/partitioner.md)\n\n", host_ranks, ncpu);
     print_top(set);
     if (json_path) {
         st = bg_plan_save(best, json_path);

@@ -148,6 +148,8 @@ NCPU=$(getconf _NPROCESSORS_ONLN)
 if [ "$NCPU" -lt 4 ]; then
   grep -q "note: 4 processes of 1 thread outnumber this machine's $NCPU cores" "$T/out" ||
     fail "--measure with more ranks than cores did not say they share them: $(cat "$T/out")"
+  grep -q "note: the plan's 4 ranks outnumber this machine's $NCPU cores: .* no prediction" "$T/out" ||
+    fail "a plan of more ranks than cores claimed a prediction: $(cat "$T/out")"
 else
   grep -q "outnumber" "$T/out" && fail "--measure said 4 ranks outnumber $NCPU cores: $(cat "$T/out")"
 fi
