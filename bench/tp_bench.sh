@@ -11,7 +11,8 @@
 # activation and peak bytes. The fused backward's overlap of the
 # input-gradient sums with the weight gradients (BRIGADE_TP_OVERLAP=weight,
 # the default) against waiting inside the layer (=layer): step time and the
-# exposed collective time.
+# exposed collective time. bench/tp_plan.sh makes single plan/run pairs of the
+# two plans with every pair's ratio and the per-microbatch breakdown against a trace.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
 set -euo pipefail
 BUILD=${1:-build}; R=${2:-3}

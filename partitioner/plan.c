@@ -28,6 +28,8 @@
 #define PLAN_FORMAT "brigade-plan"
 #define PLAN_VERSION 2 /* 2: "model" is the model's description (1: a GPT/MLP configuration) */
 
+enum { NCOST = 4 }; /* per layer: forward, backward, collectives, optimizer (plan JSON fwd_ms .. opt_ms) */
+
 struct bg_plan {
     char *model_json; /* bg_model_desc_to_json text of the model */
     int seq, world, pp, dp, tp, microbatches, microbatch_size, batch, chunks;
@@ -39,7 +41,8 @@ struct bg_plan {
     double flops, link_latency, link_bandwidth;
     int nlayers;
     bg_layer_profile_t *layers;
-    double *cost_ms;  /* [nlayers][3]: the cost model's forward, backward and collectives (of both) per microbatch */
+    double *cost_ms;  /* [nlayers][NCOST]: the cost model's forward, backward and collectives (of both) per
+                         microbatch, and the layer's share of the optimizer step */
     int times;        /* where the layer times came from: TIMES_FLOPS, TIMES_MEASURED or TIMES_MEASURED_TP */
     int nstages;
     bg_plan_stage_t *stages;
@@ -76,7 +79,7 @@ static bg_plan_t *plan_alloc(int nlayers, int nstages, int pp)
     p->nlayers = nlayers;
     p->nstages = nstages;
     p->layers = calloc((size_t)nlayers, sizeof(*p->layers));
-    p->cost_ms = calloc((size_t)nlayers * 3, sizeof(double));
+    p->cost_ms = calloc((size_t)nlayers * NCOST, sizeof(double));
     p->stages = calloc((size_t)nstages, sizeof(*p->stages));
     p->rank_peak = calloc((size_t)pp, sizeof(uint64_t));
     p->rank_budget = calloc((size_t)pp, sizeof(uint64_t));
@@ -98,7 +101,7 @@ bg_plan_t *bg_plan_copy(const bg_plan_t *src)
     uint64_t *rp = p->rank_peak, *rb = p->rank_budget;
     *p = *src;
     p->layers = l, p->cost_ms = cm, p->stages = s, p->rank_peak = rp, p->rank_budget = rb;
-    memcpy(cm, src->cost_ms, (size_t)src->nlayers * 3 * sizeof(double));
+    memcpy(cm, src->cost_ms, (size_t)src->nlayers * NCOST * sizeof(double));
     p->model_json = src->model_json ? strdup(src->model_json) : NULL;
     memcpy(l, src->layers, (size_t)src->nlayers * sizeof(*l));
     memcpy(s, src->stages, (size_t)src->nstages * sizeof(*s));
@@ -279,6 +282,8 @@ typedef struct candidate {
     bg_part_counts_t **proj;      /* [S] a stage's own rows, dominated ones dropped */
     bg_part_layer_t *layers;      /* [L] */
     double *coll;                 /* [L] seconds of each layer's tensor-group collectives within its times */
+    double *opt;                  /* [L] seconds of the optimizer step over each layer's parameters */
+    int opt_measured;             /* opt was measured (else 10 FLOP per parameter at flops) */
     bg_part_stage_spec_t *specs;  /* [S] */
     bg_part_problem_t prob;
     bg_part_stage_t *out;         /* [S] the partition */
@@ -297,6 +302,7 @@ static void candidate_free(candidate_t *c)
     free(c->rbudget);
     free(c->layers);
     free(c->coll);
+    free(c->opt);
     free(c->specs);
     for (int k = 0; c->mcounts && k < c->Lm; k++)
         free(c->mcounts[k]);
@@ -397,6 +403,12 @@ static double tp_time(const bg_plan_params_t *pa, int tp, double calls, double b
            (pa->link_bandwidth > 0 ? 2.0 * (tp - 1) / tp * bytes / pa->link_bandwidth : 0.0);
 }
 
+/* The measured optimizer times per layer of pa (a field added later: NULL for older callers). */
+static const double *layer_opt_s(const bg_plan_params_t *pa)
+{
+    return pa->size >= offsetof(bg_plan_params_t, layer_opt_s) + sizeof(double *) ? pa->layer_opt_s : NULL;
+}
+
 /* Phase 2: the layers as the partitioner sees them: the profile's bytes
  * (per device: a tensor-parallel build reports its shards), and times: as
  * measured on a tensor group of this degree (collectives included), else
@@ -407,7 +419,8 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
     const bg_plan_params_t *pa = s->pp;
     c->layers = calloc((size_t)s->L, sizeof(*c->layers));
     c->coll = calloc((size_t)s->L, sizeof(double));
-    if (!c->layers || !c->coll)
+    c->opt = calloc((size_t)s->L, sizeof(double));
+    if (!c->layers || !c->coll || !c->opt)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
     for (int i = 0; i < s->L; i++) {
         bg_part_layer_t *l = &c->layers[i];
@@ -416,6 +429,11 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
         l->wstash_bytes = prof[i].wstash_bytes;
         l->scratch_bytes = prof[i].scratch_bytes;
         l->output_bytes = prof[i].output_bytes;
+        /* the optimizer step: measured (on the group, or in one process: / tp, the parameters being
+         * mostly shards), else 10 FLOP per parameter */
+        const double *mo = s->times ? s->times->opt_s : pa->layer_fwd_s ? layer_opt_s(pa) : NULL;
+        c->opt_measured = mo != NULL;
+        c->opt[i] = mo ? mo[i] / (s->times ? 1 : s->tp) : 10.0 * (double)prof[i].params / pa->flops;
         if (s->times) { /* measured as the plan runs them: the split layers and their collectives */
             l->fwd_time = s->times->fwd_s[i];
             l->bwd_time = s->times->bwd_s[i];
@@ -669,6 +687,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
     }
     size_t act_msg = 0;
     size_t maxparams = 0;
+    double maxopt = 0; /* the slowest stage's optimizer step (measured), seconds */
     bg_schedule_kind_t kind = c->kind;
     int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV ||
                    kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_DUALPIPEV; /* dualpipev: partly */
@@ -699,6 +718,11 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
         size_t np = range_params(c, out[v].first, out[v].last);
         if (np > maxparams)
             maxparams = np;
+        double o = 0;
+        for (int i = out[v].first; i <= out[v].last; i++)
+            o += c->opt[i];
+        if (o / spd > maxopt)
+            maxopt = o / spd;
     }
     bg_sim_params_t simp = BG_SIM_PARAMS_INIT;
     simp.f_costs = fc;
@@ -719,7 +743,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
                             (pa->link_bandwidth > 0 ? 2.0 * (dp - 1) / dp * 4.0 * (double)maxparams /
                                                           pa->link_bandwidth
                                                     : 0.0));
-    simp.optimizer_cost = 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
+    simp.optimizer_cost = c->opt_measured ? 1e3 * maxopt : 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
     st = bg_schedule_simulate(c->sched, &simp, res_p);
 out:
     free(fc);
@@ -798,9 +822,10 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
     p->times = s->times ? TIMES_MEASURED_TP : pa->layer_fwd_s ? TIMES_MEASURED : TIMES_FLOPS;
     for (int i = 0; i < s->L; i++) {
-        p->cost_ms[3 * i] = 1e3 * c->layers[i].fwd_time;
-        p->cost_ms[3 * i + 1] = 1e3 * c->layers[i].bwd_time;
-        p->cost_ms[3 * i + 2] = 1e3 * c->coll[i];
+        p->cost_ms[NCOST * i] = 1e3 * c->layers[i].fwd_time;
+        p->cost_ms[NCOST * i + 1] = 1e3 * c->layers[i].bwd_time;
+        p->cost_ms[NCOST * i + 2] = 1e3 * c->coll[i];
+        p->cost_ms[NCOST * i + 3] = 1e3 * c->opt[i];
     }
     for (int v = 0; v < c->Lm; v++) {
         bg_plan_stage_t *ps = &p->stages[v];
@@ -1335,14 +1360,15 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "split", split);
     for (int i = 0; i < p->nlayers; i++) {
         const bg_layer_profile_t *l = &p->layers[i];
-        const double *cm = &p->cost_ms[3 * i];
-        json_array_append_new(layers, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f}", "name",
+        const double *cm = &p->cost_ms[NCOST * i];
+        json_array_append_new(layers, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "name",
                                                 l->name, "params", (json_int_t)l->params, "stash_bytes",
                                                 (json_int_t)l->stash_bytes, "wstash_bytes",
                                                 (json_int_t)l->wstash_bytes, "scratch_bytes",
                                                 (json_int_t)l->scratch_bytes, "output_bytes",
                                                 (json_int_t)l->output_bytes, "fwd_flops", l->fwd_flops, "bwd_flops",
-                                                l->bwd_flops, "fwd_ms", cm[0], "bwd_ms", cm[1], "tp_ms", cm[2]));
+                                                l->bwd_flops, "fwd_ms", cm[0], "bwd_ms", cm[1], "tp_ms", cm[2],
+                                                "opt_ms", cm[3]));
     }
     json_object_set_new(root, "layers", layers);
     for (int i = 0; i < p->nstages; i++) {
@@ -1602,13 +1628,13 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         }
         BG_CHECK_GOTO(get_num(e, where, "fwd_flops", &l->fwd_flops), st, err);
         BG_CHECK_GOTO(get_num(e, where, "bwd_flops", &l->bwd_flops), st, err);
-        static const char *const cost_keys[] = {"fwd_ms", "bwd_ms", "tp_ms"}; /* optional (older plans) */
-        for (int k = 0; k < 3; k++)
+        static const char *const cost_keys[NCOST] = {"fwd_ms", "bwd_ms", "tp_ms", "opt_ms"}; /* optional */
+        for (int k = 0; k < NCOST; k++)
             if (json_object_get(e, cost_keys[k])) {
-                BG_CHECK_GOTO(get_num(e, where, cost_keys[k], &p->cost_ms[3 * i + k]), st, err);
-                if (!(p->cost_ms[3 * i + k] >= 0)) {
+                BG_CHECK_GOTO(get_num(e, where, cost_keys[k], &p->cost_ms[NCOST * i + k]), st, err);
+                if (!(p->cost_ms[NCOST * i + k] >= 0)) {
                     st = bg_error(BG_ERR_PARSE, "plan: %s.%s is %g (a time must be >= 0)", where, cost_keys[k],
-                                  p->cost_ms[3 * i + k]);
+                                  p->cost_ms[NCOST * i + k]);
                     goto err;
                 }
             }

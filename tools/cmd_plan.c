@@ -60,7 +60,10 @@ static void usage(FILE *f)
             "  --measure          time every layer's forward and backward on this machine (--backend, default\n"
             "                     cpu; --threads N as brigade train) for the microbatch size and plan with those\n"
             "                     times (speed 1 = this machine); for tp > 1 the tp build's layers on a group of\n"
-            "                     tp processes with their collectives (the degrees the search takes)\n"
+            "                     tp processes with their collectives (the degrees the search takes), with as\n"
+            "                     many processes running beside as the plan has ranks (sharing the cores when\n"
+            "                     they outnumber them, which it says)\n"
+            "  --host-ranks N     with --measure: how many of the plan's ranks run on this machine (default: all)\n"
             "  --bench            time the partitioner (1000 layers) and the search (1024 devices)\n");
 }
 
@@ -263,7 +266,7 @@ static double now_s(void) { return bg_now(); }
  * -1 when the model has no build for tp (sizes tp does not divide: the search
  * skips that degree too). */
 static int measure_tp(const bg_model_config_t *mc, int n, const char *backend, int threads, int ranks, int tp, int sp,
-                      bg_plan_layer_times_t *e, double **buf_p)
+                      bg_optim_kind_t optim, bg_plan_layer_times_t *e, double **buf_p)
 {
     bg_model_config_t c = *mc;
     c.tp = tp;
@@ -272,20 +275,20 @@ static int measure_tp(const bg_model_config_t *mc, int n, const char *backend, i
     if (bg_model_build(&c, &d) != BG_OK)
         return -1;
     int L = bg_model_desc_num_layers(d);
-    double *buf = malloc((size_t)L * 5 * sizeof(double));
+    double *buf = malloc((size_t)L * 6 * sizeof(double));
     if (!buf) {
         bg_model_desc_destroy(d);
         return bg_cli_fail(CMD, "out of memory");
     }
-    int rc = bg_cli_measure_layers(CMD, d, n, bg_model_desc_params(d)->seq_len, backend, threads, ranks, tp, buf,
-                                   buf + L, buf + 2 * L, buf + 3 * L, buf + 4 * L, &L);
+    int rc = bg_cli_measure_layers(CMD, d, n, bg_model_desc_params(d)->seq_len, backend, threads, ranks, tp, optim,
+                                   buf, buf + L, buf + 2 * L, buf + 3 * L, buf + 5 * L, buf + 4 * L, &L);
     bg_model_desc_destroy(d);
     if (rc) {
         free(buf);
         return 1;
     }
     *e = (bg_plan_layer_times_t){.tp = tp, .fwd_s = buf, .bwd_s = buf + L, .b_s = buf + 2 * L, .w_s = buf + 3 * L,
-                                 .tp_s = buf + 4 * L, .sequence_parallel = sp};
+                                 .tp_s = buf + 4 * L, .sequence_parallel = sp, .opt_s = buf + 5 * L};
     *buf_p = buf;
     return 0;
 }
@@ -405,15 +408,16 @@ int bg_cmd_plan(int argc, char **argv)
     static uint64_t mem[MAX_DEV];
     static double speed[MAX_DEV];
     int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0, have_flops = 0;
+    int host_ranks = 0; /* --host-ranks; 0: all the devices */
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
-    static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096];
+    static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096], mopt[4096];
     enum { MAX_TP_TIMES = 16 };
     bg_plan_layer_times_t tp_times[MAX_TP_TIMES];
     double *tp_bufs[MAX_TP_TIMES];
     int ntp = 0;
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -426,6 +430,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"json", required_argument, 0, O_JSON},       {"bench", no_argument, 0, O_BENCH},
         {"help", no_argument, 0, O_HELP},             {"measure", no_argument, 0, O_MEASURE},
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
+        {"host-ranks", required_argument, 0, O_HOST_RANKS},
         {"zero", required_argument, 0, O_ZERO},        {"sequence-parallel", no_argument, 0, O_SP},
         {0, 0, 0, 0}};
     long long v;
@@ -525,6 +530,11 @@ int bg_cmd_plan(int argc, char **argv)
                 return 2;
             threads = (int)v;
             break;
+        case O_HOST_RANKS:
+            if (bg_cli_int(CMD, "--host-ranks", optarg, 1, 4096, &v))
+                return 2;
+            host_ranks = (int)v;
+            break;
         case O_SP: mc.sequence_parallel = 1; break;
         case O_HELP:
         case 'h':
@@ -566,6 +576,12 @@ int bg_cmd_plan(int argc, char **argv)
     pp.nspeed = nspeed;
     if (pp.top <= 0)
         pp.top = 5;
+    if (host_ranks && !do_measure)
+        return bg_cli_fail(CMD, "--host-ranks says how many ranks --measure runs at once: give --measure");
+    if (host_ranks > pp.world)
+        return bg_cli_fail(CMD, "--host-ranks %d is more than the plan's %d devices", host_ranks, pp.world);
+    if (!host_ranks)
+        host_ranks = pp.world;
     if (do_measure && !pp.microbatch_size)
         return bg_cli_fail(CMD, "--measure times one microbatch size: give --microbatch-size");
     bg_model_desc_t *desc = NULL;
@@ -588,7 +604,8 @@ int bg_cmd_plan(int argc, char **argv)
             if (tp == 1) {
                 int L = 0;
                 if (bg_cli_measure_layers(CMD, desc, pp.microbatch_size, bg_model_desc_params(desc)->seq_len,
-                                          backend, threads, pp.world, 1, mfwd, mbwd, mbs, mws, NULL, &L)) {
+                                          backend, threads, host_ranks, 1, pp.optim, mfwd, mbwd, mbs, mws, mopt, NULL,
+                                          &L)) {
                     rc = 1;
                     goto out;
                 }
@@ -596,10 +613,11 @@ int bg_cmd_plan(int argc, char **argv)
                 pp.layer_bwd_s = mbwd;
                 pp.layer_b_s = mbs;
                 pp.layer_w_s = mws;
+                pp.layer_opt_s = mopt;
                 continue;
             }
-            int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp, mc.sequence_parallel,
-                               &tp_times[ntp], &tp_bufs[ntp]);
+            int r = measure_tp(&mc, pp.microbatch_size, backend, threads, host_ranks, tp, mc.sequence_parallel,
+                               pp.optim, &tp_times[ntp], &tp_bufs[ntp]);
             if (r > 0) {
                 rc = 1;
                 goto out;
@@ -614,8 +632,8 @@ int bg_cmd_plan(int argc, char **argv)
     int tp_found = st == BG_OK ? bg_plan_tp(bg_plan_set_get(set, 0)) : 1;
     int sp_found = st == BG_OK && bg_plan_sequence_parallel(bg_plan_set_get(set, 0));
     if (do_measure && tp_found > 1 && !measured_at(tp_times, ntp, tp_found, sp_found) && ntp < MAX_TP_TIMES) {
-        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, pp.world, tp_found, sp_found, &tp_times[ntp],
-                           &tp_bufs[ntp]);
+        int r = measure_tp(&mc, pp.microbatch_size, backend, threads, host_ranks, tp_found, sp_found, pp.optim,
+                           &tp_times[ntp], &tp_bufs[ntp]);
         if (r) {
             if (r < 0)
                 bg_cli_fail(CMD, "cannot build the model for tp %d to measure it: %s", tp_found, bg_last_error());
@@ -639,6 +657,13 @@ int bg_cmd_plan(int argc, char **argv)
     if (bg_plan_set_note(set)[0])
         printf("%s\n\n", bg_plan_set_note(set));
     print_plan(best, do_measure || have_flops);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (do_measure && (long)host_ranks * (threads > 1 ? threads : 1) > ncpu)
+        /* measured sharing the cores, but how the scheduler interleaves the ranks' waits is not modelled:
+         * bench/tp_plan.sh's tp 2 x pp 2 plan on 2 cores predicted 0.65-1.69 of its runs (docs/benchmarks.md) */
+        printf("note: the plan's %d ranks outnumber this machine's %ld cores: its layers were measured sharing "
+               "them, but how the ranks' waits interleave when they run here is not modelled, so this step time is "
+               "no prediction (docs/partitioner.md)\n\n", host_ranks, ncpu);
     print_top(set);
     if (json_path) {
         st = bg_plan_save(best, json_path);

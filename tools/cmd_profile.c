@@ -84,7 +84,8 @@ int bg_cmd_profile(int argc, char **argv)
         bg_model_desc_destroy(desc);
         return bg_cli_status(cmd, st);
     }
-    int measured = bg_cli_measure_layers(cmd, desc, n, t, backend, threads, ranks, 1, f, bw, b, w, NULL, &L);
+    int measured = bg_cli_measure_layers(cmd, desc, n, t, backend, threads, ranks, 1, BG_OPTIM_ADAMW, f, bw, b, w, NULL,
+                                         NULL, &L);
     bg_model_desc_destroy(desc);
     if (measured)
         return 1;

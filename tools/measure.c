@@ -1,12 +1,15 @@
 /* tools/measure.c: time every layer of a model on this machine's backend
- * (`brigade plan --measure`, `brigade profile`): forward, fused backward, and
- * the split B and W, medians of 8, each timed call starting with half the
- * last-level cache evicted. The layers are measured the way the plan runs
- * them: a model built for tensor-parallel degree T by a group of T processes
- * with the group's real collectives (over the transport, on this machine),
- * and with copies of the measurement (whole groups) running beside it for
- * the other ranks that will share this machine's cores. Every measurement
- * runs in child processes; this one only collects their figures. */
+ * (`brigade plan --measure`, `brigade profile`): forward, fused backward, the
+ * split B and W, and the optimizer step over its parameters; medians of
+ * rounds that each time every layer once (at least 15, more while the
+ * rounds spread), each timed call starting with half the last-level cache
+ * evicted. The layers are measured the way the plan runs them: a model
+ * built for tensor-parallel degree T by a group of T processes with the
+ * group's real collectives (over the transport, on this machine), and with
+ * copies of the measurement (whole groups) running beside it for the other
+ * ranks that will run on this machine, sharing its cores when they
+ * outnumber them. Every measurement runs in child processes; this one only
+ * collects their figures. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -38,10 +41,6 @@ static void fill_random(bg_backend_t *be, float *dst, size_t n)
     free(h);
 }
 
-/* Time each layer's forward and fused backward on one microbatch (best of
- * reps after a warm-up), on this machine's backend. Layers with the same
- * profile (the GPT's blocks) are measured once. Speed 1 = this machine. */
-
 /* The last-level cache size (sysfs), or 32 MiB when it cannot be read. */
 static size_t llc_bytes(void)
 {
@@ -60,13 +59,17 @@ static size_t llc_bytes(void)
  * that cache run in between, so a layer's weights and inputs are partly
  * evicted. (Measured on GPT and MLP plans: warm caches predict steps 10-40%
  * too fast, a fully flushed cache 25% too slow for small-batch layers; half
- * the LLC lands within 3-15%.) */
+ * the LLC lands within 3-15%.) That was one process evicting; the
+ * processes measuring at once (a tensor group, the copies beside it) share
+ * the cache and evict together, so each touches its share of the half:
+ * evict_share of them (set before the first call). */
+static int evict_share = 1;
 static void evict_caches(void)
 {
     static volatile unsigned char *buf;
     static size_t bytes;
     if (!buf) {
-        bytes = llc_bytes() / 2;
+        bytes = llc_bytes() / 2 / (size_t)evict_share;
         if (!(buf = malloc(bytes)))
             return;
     }
@@ -150,14 +153,149 @@ static bg_status_t time_collectives(bg_model_desc_t *desc)
 /* Wait for the other members of the group (none: at once). */
 static bg_status_t together(void) { return measure_barrier ? bg_group_barrier(measure_barrier) : BG_OK; }
 
-/* One member's figures per layer: forward, fused backward, B, W (seconds) and
- * the collectives' share of the forward and the fused backward. */
-enum { FIG_F, FIG_BW, FIG_B, FIG_W, FIG_CF, FIG_CB, NFIG };
+/* One member's figures per layer: forward, fused backward, B, W, the
+ * optimizer step over the layer's parameters (seconds) and the collectives'
+ * share of the forward and the fused backward (kept last: the group takes
+ * their mean, the largest of the others). */
+enum { FIG_F, FIG_BW, FIG_B, FIG_W, FIG_O, FIG_CF, FIG_CB, NFIG };
 
+/* Rounds: each round times every distinct layer once, in layer order (after
+ * one warm-up round), so every layer's samples are spread over the whole
+ * measurement and a burst of other work on the machine touches a few rounds
+ * of every layer rather than all the samples of one. At least MIN_ROUNDS
+ * (or MIN_SLOW rounds once SLOW_S seconds have passed, for big layers; never
+ * fewer than MIN_SLOW); while the rounds' totals spread by more than SPREAD
+ * (interquartile range over median) the measurement goes on, up to
+ * MAX_ROUNDS or MAX_S seconds, and says so when it ends still spread. */
+enum { MIN_ROUNDS = 15, MIN_SLOW = 7, MAX_ROUNDS = 61 };
+#define SLOW_S 4.0
+#define MAX_S 10.0
+#define SPREAD 0.10
+
+/* The interquartile range of v[0..n) over its median (sorts a copy). */
+static double rel_spread(const double *v, int n)
+{
+    double s[MAX_ROUNDS];
+    memcpy(s, v, (size_t)n * sizeof(double));
+    double med = bg_median(s, (size_t)n); /* sorts s */
+    return med > 0 ? (s[(3 * (n - 1)) / 4] - s[(n - 1) / 4]) / med : 0.0;
+}
+
+/* A distinct layer being measured: its one-layer model and stage, the input shape, its samples. */
+typedef struct {
+    int layer;
+    bg_model_t *m;
+    bg_stage_t *stg;
+    bg_shape_t in;
+    double smp[NFIG][MAX_ROUNDS];
+} mlayer_t;
+
+/* Return the status of a call that failed (tools/ use the public API only, not core/check.h). */
+#define TRY(call)                                                                                                  \
+    do {                                                                                                           \
+        bg_status_t st_ = (call);                                                                                  \
+        if (st_ != BG_OK)                                                                                          \
+            return st_;                                                                                            \
+    } while (0)
+
+/* Time one round of layer x (sample r; r < 0: a warm-up, not kept). */
+static bg_status_t time_layer(bg_backend_t *be, mlayer_t *x, int L, int tokens, const int32_t *tok, int n, int t,
+                              const bg_optim_config_t *oc, int step, int r)
+{
+    int i = x->layer;
+    bg_stage_t *stg = x->stg;
+    float *inp = NULL, *out = NULL, *dout = NULL, *din = NULL;
+    bg_shape_t os;
+    bg_status_t st;
+    TRY(bg_stage_begin(stg, 0, x->in, &inp));
+    if (inp)
+        fill_random(be, inp, bg_shape_numel(x->in));
+    if (i == 0 || i == L - 1)
+        TRY(bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL,
+                                   1.0f / (float)(n * t)));
+    /* in training the other layers of the stage and of the other
+     * microbatches run in between: start each call with cold caches */
+    evict_caches();
+    TRY(together());
+    double c0 = timed.spent, t0 = bg_now();
+    st = bg_stage_forward(stg, 0, &out, &os);
+    be->ops->synchronize(be);
+    double t1 = bg_now(), c1 = timed.spent;
+    if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
+        fill_random(be, dout, bg_shape_numel(os));
+    evict_caches();
+    if (st == BG_OK)
+        st = together();
+    double c2 = timed.spent, t2 = bg_now();
+    if (st == BG_OK)
+        st = bg_stage_backward(stg, 0, &din);
+    be->ops->synchronize(be);
+    double t3 = bg_now(), c3 = timed.spent;
+    bg_stage_end(stg, 0);
+    TRY(st);
+    /* the same microbatch again with the backward split into B and W */
+    TRY(bg_stage_begin(stg, 0, x->in, &inp));
+    if (inp)
+        fill_random(be, inp, bg_shape_numel(x->in));
+    if (i == 0 || i == L - 1)
+        st = bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL, 1.0f / (float)(n * t));
+    if (st == BG_OK)
+        st = bg_stage_forward(stg, 0, &out, &os);
+    if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
+        fill_random(be, dout, bg_shape_numel(os));
+    evict_caches();
+    if (st == BG_OK)
+        st = together();
+    double t4 = bg_now();
+    if (st == BG_OK)
+        st = bg_stage_backward_input(stg, 0, &din);
+    be->ops->synchronize(be);
+    double t5 = bg_now();
+    if (st == BG_OK)
+        st = bg_stage_backward_weight(stg, 0);
+    else
+        bg_stage_end(stg, 0);
+    be->ops->synchronize(be);
+    double t6 = bg_now();
+    TRY(st);
+    /* the optimizer step as the executor's (runtime/executor.c optimizer_step): each gradient's sum of
+     * squares (the norm), then the update of the layer's parameters */
+    evict_caches();
+    TRY(together());
+    double t7 = bg_now();
+    for (int k = 0; k < bg_model_num_tensors(x->m); k++) {
+        bg_param_t *p = bg_model_tensor(x->m, k);
+        if (p->numel)
+            (void)be->ops->sumsq(be, p->grad, p->numel);
+    }
+    st = bg_model_optim_step(x->m, oc, step);
+    be->ops->synchronize(be);
+    double t8 = bg_now();
+    TRY(st);
+    if (r >= 0) {
+        x->smp[FIG_F][r] = t1 - t0;
+        x->smp[FIG_BW][r] = t3 - t2;
+        x->smp[FIG_B][r] = t5 - t4;
+        x->smp[FIG_W][r] = t6 - t5;
+        x->smp[FIG_O][r] = t8 - t7;
+        x->smp[FIG_CF][r] = c1 - c0;
+        x->smp[FIG_CB][r] = c3 - c2;
+    }
+    return BG_OK;
+}
+
+/* Time every layer of desc on one microbatch of n x t (fig[i]: the medians
+ * of layer i's rounds), with the optimizer `optim`. Layers with the same
+ * profile (the GPT's blocks) are measured once. *spread_p: the rounds'
+ * spread (rel_spread of their totals) at the end, *rounds_p their count;
+ * extend: go on while they spread (not when the processes measuring share
+ * cores: their rounds spread by the time slices they get). */
 static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
-                          double (*fig)[NFIG], int *L_p)
+                          bg_optim_kind_t optim, int extend, double (*fig)[NFIG], int *L_p, double *spread_p,
+                          int *rounds_p)
 {
     static bg_layer_profile_t prof[4096];
+    static int same[4096]; /* the distinct layer (index into xs) that stands for layer i */
     int L = 0;
     bg_status_t st = bg_model_profile(desc, n, t, prof, 4096, &L);
     if (st != BG_OK)
@@ -170,121 +308,85 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
     if ((st = bg_backend_create(backend, &bp, &be)) != BG_OK)
         return bg_cli_status(CMD, st);
     int32_t *tok = malloc((size_t)n * (size_t)t * sizeof(int32_t));
-    if (!tok) {
-        bg_backend_destroy(be);
-        return bg_cli_fail(CMD, "out of memory");
+    mlayer_t *xs = calloc((size_t)L, sizeof(mlayer_t));
+    double *tot = calloc(MAX_ROUNDS, sizeof(double));
+    int rc = 0, nx = 0, rounds = 0;
+    if (!tok || !xs || !tot) {
+        rc = bg_cli_fail(CMD, "out of memory");
+        goto out;
     }
     for (int i = 0; i < n * t; i++)
         tok[i] = (int32_t)((i * 7919) % ids); /* token ids and targets alike */
-    int rc = 0;
-    for (int i = 0; i < L && rc == 0; i++) {
-        int same = -1; /* an earlier inner layer with the same profile */
-        for (int j = 1; j < i && i < L - 1; j++)
+    for (int i = 0; i < L; i++) {
+        same[i] = -1; /* an earlier inner layer with the same profile */
+        for (int j = 1; j < i && i < L - 1 && same[i] < 0; j++)
             if (prof[j].params == prof[i].params && prof[j].stash_bytes == prof[i].stash_bytes &&
                 prof[j].wstash_bytes == prof[i].wstash_bytes && prof[j].output_bytes == prof[i].output_bytes &&
-                prof[j].fwd_flops == prof[i].fwd_flops && prof[j].bwd_flops == prof[i].bwd_flops) {
-                same = j;
-                break;
-            }
-        if (same >= 0) {
-            memcpy(fig[i], fig[same], sizeof(fig[i]));
+                prof[j].fwd_flops == prof[i].fwd_flops && prof[j].bwd_flops == prof[i].bwd_flops)
+                same[i] = same[j];
+        if (same[i] >= 0)
             continue;
-        }
-        bg_model_t *m = NULL;
-        bg_stage_t *stg = NULL;
-        if ((st = bg_model_create(desc, be, i, i, &m)) != BG_OK || (st = bg_stage_create(m, 1, &stg)) != BG_OK) {
-            rc = bg_cli_status(CMD, st);
-            bg_model_destroy(m);
+        mlayer_t *x = &xs[nx];
+        x->layer = i;
+        same[i] = nx++;
+        if ((st = bg_model_create(desc, be, i, i, &x->m)) != BG_OK ||
+            (st = bg_stage_create(x->m, 1, &x->stg)) != BG_OK)
             break;
-        }
-        bg_shape_t in = bg_model_input_shape(m, n, t);
+        x->in = bg_model_input_shape(x->m, n, t);
         for (int k = 0; k < i && st == BG_OK; k++)
-            st = bg_layer_out_shape(bg_model_layer(m, k), in, &in);
-        enum { REPS = 8 };
-        double tf[REPS], tb[REPS], tsb[REPS], tsw[REPS], tcf[REPS], tcb[REPS];
-        int nr = 0;
-        for (int r = 0; r < REPS + 1 && st == BG_OK; r++) {
-            float *inp = NULL, *out = NULL, *dout = NULL, *din = NULL;
-            bg_shape_t os;
-            if ((st = bg_stage_begin(stg, 0, in, &inp)) != BG_OK)
-                break;
-            if (inp)
-                fill_random(be, inp, bg_shape_numel(in));
-            if (i == 0 || i == L - 1)
-                st = bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL,
-                                       1.0f / (float)(n * t));
-            /* in training the other layers of the stage and of the other
-             * microbatches run in between: start each rep with cold caches */
-            evict_caches();
-            if (st == BG_OK)
-                st = together();
-            double c0 = timed.spent, t0 = bg_now();
-            if (st == BG_OK)
-                st = bg_stage_forward(stg, 0, &out, &os);
-            be->ops->synchronize(be);
-            double t1 = bg_now(), c1 = timed.spent;
-            if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
-                fill_random(be, dout, bg_shape_numel(os));
-            evict_caches();
-            if (st == BG_OK)
-                st = together();
-            double c2 = timed.spent, t2 = bg_now();
-            if (st == BG_OK)
-                st = bg_stage_backward(stg, 0, &din);
-            be->ops->synchronize(be);
-            double t3 = bg_now(), c3 = timed.spent;
-            bg_stage_end(stg, 0);
-            /* the same microbatch again with the backward split into B and W */
-            double t4 = 0, t5 = 0, t6 = 0;
-            if (st == BG_OK && (st = bg_stage_begin(stg, 0, in, &inp)) == BG_OK) {
-                if (inp)
-                    fill_random(be, inp, bg_shape_numel(in));
-                if (i == 0 || i == L - 1)
-                    st = bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL,
-                                           1.0f / (float)(n * t));
-                if (st == BG_OK)
-                    st = bg_stage_forward(stg, 0, &out, &os);
-                if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
-                    fill_random(be, dout, bg_shape_numel(os));
-                evict_caches();
-                if (st == BG_OK)
-                    st = together();
-                t4 = bg_now();
-                if (st == BG_OK)
-                    st = bg_stage_backward_input(stg, 0, &din);
-                be->ops->synchronize(be);
-                t5 = bg_now();
-                if (st == BG_OK)
-                    st = bg_stage_backward_weight(stg, 0);
-                else
-                    bg_stage_end(stg, 0);
-                be->ops->synchronize(be);
-                t6 = bg_now();
-            }
-            if (r > 0) { /* the first is a warm-up */
-                tf[nr] = t1 - t0;
-                tb[nr] = t3 - t2;
-                tsb[nr] = t5 - t4;
-                tsw[nr] = t6 - t5;
-                tcf[nr] = c1 - c0;
-                tcb[nr++] = c3 - c2;
-            }
-        }
+            st = bg_layer_out_shape(bg_model_layer(x->m, k), x->in, &x->in);
         if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        /* medians: what a training step sees, not the luckiest run */
-        fig[i][FIG_F] = bg_median(tf, (size_t)nr);
-        fig[i][FIG_BW] = bg_median(tb, (size_t)nr);
-        fig[i][FIG_B] = bg_median(tsb, (size_t)nr);
-        fig[i][FIG_W] = bg_median(tsw, (size_t)nr);
-        fig[i][FIG_CF] = bg_median(tcf, (size_t)nr);
-        fig[i][FIG_CB] = bg_median(tcb, (size_t)nr);
-        bg_stage_destroy(stg);
-        bg_model_destroy(m);
+            break;
     }
+    bg_optim_config_t oc = BG_OPTIM_CONFIG_INIT;
+    oc.kind = optim;
+    double start = bg_now(), spread = 0;
+    for (int r = -1; st == BG_OK; r++) { /* r = -1: the warm-up round */
+        for (int k = 0; k < nx && st == BG_OK; k++)
+            st = time_layer(be, &xs[k], L, tokens, tok, n, t, &oc, r + 2, r);
+        if (st != BG_OK || r < 0)
+            continue;
+        rounds = r + 1;
+        tot[r] = 0; /* this round's step of one microbatch through every layer */
+        for (int i = 0; i < L; i++)
+            tot[r] += xs[same[i]].smp[FIG_F][r] + xs[same[i]].smp[FIG_BW][r] + xs[same[i]].smp[FIG_O][r];
+        spread = rel_spread(tot, rounds);
+        double el = bg_now() - start;
+        int enough = rounds >= MIN_ROUNDS || (rounds >= MIN_SLOW && el > SLOW_S);
+        int more = rounds < MIN_SLOW || (rounds < MAX_ROUNDS && el < MAX_S && (!enough || (extend && spread > SPREAD)));
+        if (measure_barrier) { /* the group goes on while any member wants more */
+            int all[64];
+            if ((st = bg_group_allgather(measure_barrier, &more, all, sizeof(int))) != BG_OK)
+                break;
+            for (int k = 0; k < timed.c.size; k++)
+                more |= all[k];
+        }
+        if (!more)
+            break;
+    }
+    if (st != BG_OK) {
+        rc = bg_cli_status(CMD, st);
+        goto out;
+    }
+    /* medians: what a training step sees, not the luckiest run */
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < NFIG; j++) {
+            double v[MAX_ROUNDS];
+            memcpy(v, xs[same[i]].smp[j], (size_t)rounds * sizeof(double));
+            fig[i][j] = bg_median(v, (size_t)rounds);
+        }
+    *L_p = L;
+    *spread_p = spread;
+    *rounds_p = rounds;
+out:
+    for (int k = 0; xs && k < L; k++) {
+        bg_stage_destroy(xs[k].stg);
+        bg_model_destroy(xs[k].m);
+    }
+    free(xs);
+    free(tot);
     free(tok);
     bg_backend_destroy(be);
-    *L_p = L;
     return rc;
 }
 
@@ -294,15 +396,20 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
 /* One process of a measurement: member `rank` of a group of tp (tp > 1: its
  * own world of tp processes on 127.0.0.1:port, the description bound to the
  * tensor group). loop: a copy running beside, measuring until it is killed;
- * else the figures go to out and the process ends. Never returns. */
-static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads, int tp,
-                   int rank, int port, const char *token, int loop, double (*out)[NFIG], int *L_out)
+ * else the figures go to out and the process ends. share: processes evicting
+ * the cache at once (evict_caches). Never returns. */
+static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
+                   bg_optim_kind_t optim, int extend, int share, int tp, int rank, int port, const char *token,
+                   int loop, double (*out)[NFIG], int *L_out, double *spread_out, int *rounds_out)
 {
     static double fig[4096][NFIG];
     bg_comm_t *comm = NULL;
     bg_tp_group_t *tg = NULL;
     bg_status_t st = BG_OK;
     int rc = 1, L = 0;
+    evict_share = share;
+    if (loop) /* a copy running beside is load, killed when the measurement ends: its group's complaints are noise */
+        (void)!freopen("/dev/null", "w", stderr);
     if (tp > 1) {
         bg_comm_params_t cp = BG_COMM_PARAMS_INIT;
         cp.rank = rank;
@@ -325,11 +432,15 @@ static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const c
         }
         free(all);
     }
+    double spread = 0;
+    int rounds = 0;
     do
-        rc = measure_layers(cmd, desc, n, t, backend, threads, fig, &L);
+        rc = measure_layers(cmd, desc, n, t, backend, threads, optim, extend, fig, &L, &spread, &rounds);
     while (loop && rc == 0);
     if (rc == 0) {
         memcpy(out, fig, (size_t)L * sizeof(fig[0]));
+        *spread_out = spread;
+        *rounds_out = rounds;
         *L_out = L;
     }
 out:
@@ -345,28 +456,33 @@ out:
 
 /* Shared with the members: each one's layer count (-1 until it is done) and figures. */
 typedef struct {
-    int L;
+    int L, rounds;
+    double spread;
     double fig[4096][NFIG];
 } member_out_t;
 
 int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
-                          int ranks, int tp, double *fwd, double *bwd, double *bsplit, double *wsplit, double *coll,
-                          int *L_p)
+                          int ranks, int tp, bg_optim_kind_t optim, double *fwd, double *bwd, double *bsplit,
+                          double *wsplit, double *opt, double *coll, int *L_p)
 {
     static bg_layer_profile_t prof[4096];
     int L = 0;
     bg_status_t st = bg_model_profile(desc, n, t, prof, 4096, &L);
     if (st != BG_OK)
         return bg_cli_status(cmd, st);
-    /* the ranks of one machine compute at the same time and share its caches
-     * and memory bandwidth: measure under that load, with copies of the same
-     * measurement (whole groups) running beside this one, up to the cores */
+    /* the ranks of one machine compute at the same time and share its caches,
+     * memory bandwidth and, when they outnumber them, its cores: measure under
+     * that load, with copies of the same measurement (whole groups) running
+     * beside this one, one process per rank (up to 64) */
     if (tp < 1 || tp > 64)
         return bg_cli_fail(cmd, "cannot measure a tensor group of %d processes on one machine (1..64)", tp);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int busy = (int)(ranks < ncpu ? ranks : ncpu), groups = 1 + (busy > tp ? (busy - tp + tp - 1) / tp : 0);
+    int busy = ranks < 64 ? ranks : 64, groups = busy > tp ? (busy + tp - 1) / tp : 1;
     if (groups * tp > 64)
         groups = 64 / tp > 1 ? 64 / tp : 1;
+    int cores = (int)(ncpu / (threads > 1 ? threads : 1)); /* ranks this machine runs on cores of their own */
+    int shared = groups * tp > cores;
+    int evict_procs = (int)(groups * tp < ncpu ? groups * tp : ncpu); /* evicting at the same moment */
     member_out_t *res = mmap(NULL, (size_t)tp * sizeof(member_out_t), PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED)
@@ -379,6 +495,10 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
     if (groups > 1)
         printf("measuring with %d cop%s running beside (as many ranks share this machine's cores)\n", groups - 1,
                groups == 2 ? "y" : "ies");
+    if (shared)
+        printf("note: %d processes of %d thread%s outnumber this machine's %ld cores: the times are of them sharing "
+               "the cores, as when the plan runs here (--host-ranks: how many of its ranks run on this machine)\n",
+               groups * tp, threads > 1 ? threads : 1, threads > 1 ? "s" : "", ncpu);
     fflush(stdout);
     fflush(stderr);
     pid_t kids[64];
@@ -395,7 +515,8 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
                 res[k].L = -1;
             pid_t pid = fork();
             if (pid == 0)
-                member(cmd, desc, n, t, backend, threads, tp, k, port, token, g > 0, res[k].fig, &res[k].L);
+                member(cmd, desc, n, t, backend, threads, optim, !shared, evict_procs, tp, k, port, token, g > 0,
+                       res[k].fig, &res[k].L, &res[k].spread, &res[k].rounds);
             if (pid < 0) {
                 rc = bg_cli_fail(cmd, "cannot start a measuring process: %s", strerror(errno));
                 break;
@@ -429,17 +550,22 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
                 }
             }
     }
-    for (int k = tp; k < nk; k++) { /* the copies running beside */
+    for (int k = tp; k < nk; k++) /* the copies running beside: all at once */
         kill(kids[k], SIGKILL);
+    for (int k = tp; k < nk; k++)
         waitpid(kids[k], NULL, 0);
-    }
     if (failed) {
         munmap(res, (size_t)tp * sizeof(member_out_t));
         return 1;
     }
     /* the group moves at the pace of its slowest member: the largest time of
      * each kind; its collectives' share, the mean over the members */
-    double f = 0, b = 0, ff = 0, fb = 0, c = 0;
+    double f = 0, b = 0, ff = 0, fb = 0, c = 0, o = 0, spread = 0;
+    int rounds = MAX_ROUNDS;
+    for (int k = 0; k < tp; k++) {
+        spread = fmax(spread, res[k].spread);
+        rounds = res[k].rounds < rounds ? res[k].rounds : rounds;
+    }
     for (int i = 0; i < L; i++) {
         double m[NFIG] = {0};
         for (int k = 0; k < tp; k++)
@@ -449,9 +575,11 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
         bwd[i] = m[FIG_BW];
         bsplit[i] = m[FIG_B];
         wsplit[i] = m[FIG_W];
+        if (opt)
+            opt[i] = m[FIG_O];
         if (coll)
             coll[i] = m[FIG_CF] + m[FIG_CB];
-        f += fwd[i], b += bwd[i], c += m[FIG_CF] + m[FIG_CB];
+        f += fwd[i], b += bwd[i], c += m[FIG_CF] + m[FIG_CB], o += m[FIG_O];
         ff += prof[i].fwd_flops, fb += prof[i].bwd_flops;
     }
     munmap(res, (size_t)tp * sizeof(member_out_t));
@@ -459,7 +587,11 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
            f > 0 ? ff / f / 1e9 : 0.0, b > 0 ? fb / b / 1e9 : 0.0);
     if (tp > 1)
         printf(" per member; %.3f ms of it in the group's collectives", 1e3 * c);
-    printf(")\n\n");
+    printf("); optimizer step %.3f ms; %d rounds, spread %.1f %%\n\n", 1e3 * o, rounds, 100 * spread);
+    if (spread > SPREAD && !shared)
+        fprintf(stderr, "brigade %s: warning: the machine was busy while measuring (the rounds' times spread by "
+                "%.0f %% after %d rounds, more than %.0f %%): the times may be off; measure again when it is "
+                "quiet\n", cmd, 100 * spread, rounds, 100 * SPREAD);
     *L_p = L;
     return 0;
 }

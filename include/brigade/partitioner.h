@@ -181,6 +181,8 @@ typedef struct bg_plan_layer_times {
                               recorded in the plan, or NULL */
     int sequence_parallel; /**< the build measured had sequence parallelism (its times serve only such
                               layouts, and the others only layouts without it) */
+    const double *opt_s; /**< the optimizer step over each layer's parameters (its shard), measured on the
+                              group, or NULL (then 10 FLOP per parameter at bg_plan_params_t.flops) */
 } bg_plan_layer_times_t;
 
 /** Inputs of bg_plan_search(); start from BG_PLAN_PARAMS_INIT. */
@@ -222,12 +224,15 @@ typedef struct bg_plan_params {
                                       uses its times as they are; without one, layer_fwd_s.. / T plus each
                                       collective's link cost (docs/partitioner.md) or the FLOPs */
     int ntp_times;
+    const double *layer_opt_s;   /**< measured optimizer step seconds per layer (its parameters, speed 1), or
+                                      NULL: 10 FLOP per parameter at flops. A stage's step is the sum over
+                                      its layers */
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
     {sizeof(bg_plan_params_t), NULL, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW, 0, 1e12, 5e-6, 10e9,     \
-     NULL, NULL, 5, NULL, NULL, 0, 0, NULL, 0}
+     NULL, NULL, 5, NULL, NULL, 0, 0, NULL, 0, NULL}
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {

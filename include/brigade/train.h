@@ -110,7 +110,8 @@ typedef struct bg_train_rank {
 typedef struct bg_train_result {
     double final_loss;        /**< loss of the last step */
     double first_loss;        /**< loss of the first step */
-    double median_step_ms;
+    double median_step_ms;    /**< median of the run's steps (of its last 4096), its first left out when it
+                                   ran 3 or more (the first allocates and touches everything) */
     double tokens_per_s;      /**< median */
     double flops_per_step;    /**< model FLOPs (forward + backward) per step, from the layers */
     size_t params;

@@ -107,6 +107,10 @@ expect_err "--measure times one microbatch size" --layers 2 --d-model 32 --heads
 "$B" plan --layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --microbatch-size 1 --devices 2 --mem 1G \
     --measure --threads 1 >"$T/out" 2>&1 || fail "--measure failed: $(cat "$T/out")"
 grep -q "measured per microbatch: forward" "$T/out" || fail "--measure printed no times: $(cat "$T/out")"
+grep -q "optimizer step [0-9.]* ms; [0-9]* rounds, spread" "$T/out" || fail "--measure printed no optimizer step or rounds: $(cat "$T/out")"
+expect_err "--host-ranks says how many ranks --measure runs at once" $M --devices 2 --mem 1G --host-ranks 1
+expect_err "--host-ranks 3 is more than the plan's 2 devices" $M --devices 2 --mem 1G --measure --host-ranks 3
+expect_err "--host-ranks" $M --devices 2 --mem 1G --measure --host-ranks 0
 
 # --measure --tp 2: the tp 2 build's layers timed on a group of 2 processes with their collectives; the
 # plan's per-layer costs are those measurements (layer_times measured_tp), the collectives' share
@@ -126,6 +130,8 @@ for l in p["layers"]:
 assert L["blocks.0"]["tp_ms"] > 0 and L["head"]["tp_ms"] > 0, (L["blocks.0"], L["head"])
 assert L["ln_f"]["tp_ms"] == 0, L["ln_f"]
 assert abs(p["stages"][0]["predicted_ms_per_microbatch"] - sum(l["fwd_ms"] + l["bwd_ms"] for l in p["layers"])) < 1e-6
+# the optimizer step measured: every layer with parameters has one (ln_f's is tiny but timed)
+assert all(l["opt_ms"] > 0 for l in p["layers"] if l["params"] > 0), [l["opt_ms"] for l in p["layers"]]
 PY
   timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/tpm.json" --steps 1 --threads 1 --quiet >"$T/run" 2>&1 \
     || fail "train --plan of the measured tp 2 plan: $(cat "$T/run")"
@@ -137,6 +143,16 @@ timeout 120 "$B" plan --layers 1 --d-model 64 --heads 2 --seq 8 --vocab 16384 --
     --devices 4 --mem 12M --measure --threads 1 --json "$T/tpa.json" >"$T/out" 2>&1 || fail "--measure, tp found: $(cat "$T/out")"
 grep -q "tp = 2 is the smallest" "$T/out" && grep -q '"layer_times": "measured_tp"' "$T/tpa.json" ||
   fail "--measure did not measure the degree it fell back to: $(cat "$T/out")"
+# 4 ranks on this machine: measured 4 at once; where they outnumber the cores, the output says they share them
+NCPU=$(getconf _NPROCESSORS_ONLN)
+if [ "$NCPU" -lt 4 ]; then
+  grep -q "note: 4 processes of 1 thread outnumber this machine's $NCPU cores" "$T/out" ||
+    fail "--measure with more ranks than cores did not say they share them: $(cat "$T/out")"
+  grep -q "note: the plan's 4 ranks outnumber this machine's $NCPU cores: .* no prediction" "$T/out" ||
+    fail "a plan of more ranks than cores claimed a prediction: $(cat "$T/out")"
+else
+  grep -q "outnumber" "$T/out" && fail "--measure said 4 ranks outnumber $NCPU cores: $(cat "$T/out")"
+fi
 # a budget tp 2 fits only with sequence parallelism (22.98 MiB without, 21.22 MiB with: docs/benchmarks.md):
 # the planner takes it, says so, measures that build, and the run stays within the budget
 SPM="--layers 2 --d-model 256 --heads 8 --seq 64 --batch 8 --microbatch-size 4 --devices 2 --schedule 1f1b --threads 1"

@@ -621,7 +621,47 @@ static void test_plan_tp_measured(void **state)
     json_decref(jl);
     assert_int_equal(bg_plan_num_stages(best), 1);
     assert_float_equal(bg_plan_stage(best, 0)->predicted_ms_per_microbatch, sum, 1e-9);
+    /* one stage, 1F1B, no reduction: the step is m microbatches' F and B, then the optimizer step, here
+     * 10 FLOP per parameter at --flops (nothing measured) */
+    int m = bg_plan_microbatches(best);
+    size_t params = 0;
+    for (int i = 0; i < L; i++)
+        params += p2[i].params;
+    assert_float_equal(bg_plan_step_ms(best), m * sum + 1e3 * 10.0 * (double)params / pp.flops, 1e-9);
     bg_plan_set_free(set);
+
+    /* the optimizer step measured per layer: the stage's is their sum, in the step and recorded per layer
+     * ("opt_ms"); by hand: m (F + B) + (o_0 + .. + o_L-1), o_i = 0.1 (i + 1) ms */
+    double o[MAXL], osum = 0;
+    for (int i = 0; i < L; i++)
+        osum += o[i] = 1e-4 * (i + 1);
+    tt[1].opt_s = o;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    best = bg_plan_set_get(set, 0);
+    assert_float_equal(bg_plan_step_ms(best), m * sum + 1e3 * osum, 1e-9);
+    assert_float_equal(bg_plan_step_ms(best), 4 * sum + 0.1 * L * (L + 1) / 2.0, 1e-9); /* m = 8 / 2 */
+    jl = plan_layers_json(best, "measured_tp");
+    for (int i = 0; i < L; i++)
+        assert_float_equal(json_real_value(json_object_get(json_array_get(jl, (size_t)i), "opt_ms")),
+                           0.1 * (i + 1), 1e-12);
+    json_decref(jl);
+    bg_plan_set_free(set);
+    /* measured in one process (no entry for the degree): / tp, as the layers' times */
+    pp.ntp_times = 1;
+    pp.layer_opt_s = o;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
+    jl = plan_layers_json(bg_plan_set_get(set, 0), "measured");
+    double one_sum = 0;
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        assert_float_equal(json_real_value(json_object_get(e, "opt_ms")), 1e3 * o[i] / 2, 1e-12);
+        one_sum += json_real_value(json_object_get(e, "fwd_ms")) + json_real_value(json_object_get(e, "bwd_ms"));
+    }
+    assert_float_equal(bg_plan_step_ms(bg_plan_set_get(set, 0)), m * one_sum + 1e3 * osum / 2, 1e-9);
+    json_decref(jl);
+    bg_plan_set_free(set);
+    pp.layer_opt_s = NULL;
+    pp.ntp_times = 2;
 
     /* with the collectives' share and B, W: recorded; saved and loaded with the plan */
     tt[1].b_s = b, tt[1].w_s = w, tt[1].tp_s = c;
