@@ -31,7 +31,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_STAGING", "auto", "transfers of backend buffers between ranks: auto (staged through host memory when the backend's buffers are device memory)|always (host buffers too: tests the staged path on the CPU)"},
     {"BRIGADE_STAGE_CHUNK_KB", "4096", "staged point-to-point transfers: KiB per chunk (the device copy of one chunk overlaps the sending of the previous)"},
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},
-    {"BRIGADE_TP_OVERLAP", "weight", "tensor parallelism, fused backward (every schedule but the zero-bubble ones, which split B and W): weight (a column-parallel or vocabulary-parallel head layer's input-gradient sum runs while the layer's weight gradient computes)|layer (it is waited for inside the layer, overlapping the layer's second half of rows only, as under split B and W)"},
+    {"BRIGADE_TP_OVERLAP", "weight", "tensor parallelism, fused backward (GPipe, 1F1B, interleaved; the zero-bubble schedules and DualPipe split B and W): weight (a column-parallel or vocabulary-parallel head layer's input-gradient sum runs while the layer's weight gradient computes)|layer (it is waited for inside the layer, overlapping the layer's second half of rows only, as under split B and W)"},
     {"BRIGADE_GUARD", "auto", "guard zones after every buffer a stage hands a layer, checked after each layer call: a layer writing past its reported sizes fails naming the layer and buffer (poisoned under ASan): auto|on|off; auto = on in ASan and Debug builds"},
     {"BRIGADE_RESTART_COUNT", "0", "set by brigade launch --max-restarts: how many times the job was restarted (0 on the first attempt)"},
 };
