@@ -176,7 +176,7 @@ BG_CPU_CLONES static void bg__ln_bwd_row(float *restrict dx, const float *restri
         v1 += dn;
         v2 += dn * __builtin_convertvector(norm, bg__d8);
     }
-    bg__d8_store(a1, v1), bg__d8_store(a2, v2);
+    BG_D8_STORE(a1, v1), BG_D8_STORE(a2, v2);
     for (int j = 0; c + j < C; j++) {
         float norm = (x[c + j] - m) * r;
         float dnorm = w[c + j] * dy[c + j];

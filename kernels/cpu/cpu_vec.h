@@ -88,7 +88,8 @@ typedef double bg__d8 __attribute__((vector_size(64)));
 #define BG_D8(p) __builtin_convertvector(*(const bg__f8 *)(p), bg__d8)
 
 /* the lanes of a vector accumulator, for the tail and bg__lanes_total */
-static inline void bg__d8_store(double *acc, bg__d8 v) { memcpy(acc, &v, sizeof(v)); }
+/* (a macro: a function taking a 64-byte vector by value changes the ABI where AVX-512 is off, -Wpsabi) */
+#define BG_D8_STORE(acc, v) memcpy((acc), &(v), sizeof(v))
 
 static inline double bg__sum_f(const float *restrict x, int n)
 {
@@ -97,7 +98,7 @@ static inline double bg__sum_f(const float *restrict x, int n)
     int i = 0;
     for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
         va += BG_D8(x + i);
-    bg__d8_store(acc, va);
+    BG_D8_STORE(acc, va);
     for (int j = 0; i + j < n; j++)
         acc[j] += (double)x[i + j];
     return bg__lanes_total(acc);
@@ -113,7 +114,7 @@ static inline double bg__sumsq_dev_f(const float *restrict x, double mu, int n)
         bg__d8 d = BG_D8(x + i) - mu;
         va += d * d;
     }
-    bg__d8_store(acc, va);
+    BG_D8_STORE(acc, va);
     for (int j = 0; i + j < n; j++) {
         double d = (double)x[i + j] - mu;
         acc[j] += d * d;
@@ -129,7 +130,7 @@ static inline double bg__dot_f(const float *restrict a, const float *restrict b,
     int i = 0;
     for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
         va += BG_D8(a + i) * BG_D8(b + i);
-    bg__d8_store(acc, va);
+    BG_D8_STORE(acc, va);
     for (int j = 0; i + j < n; j++)
         acc[j] += (double)a[i + j] * (double)b[i + j];
     return bg__lanes_total(acc);
