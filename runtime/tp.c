@@ -15,14 +15,18 @@ struct bg_tp_group {
     bg_group_t *g;
     bg_trace_t *trace;   /* NULL: no trace events */
     const int64_t *step; /* steps done (the events' step is the next) */
+    double spent;        /* seconds in the blocking collectives and the waits (bg_tp_group_seconds) */
 };
 
-/* Time one collective; into the trace as "tp_allreduce" / "tp_allgather" /
- * "tp_red_scatter" (sequence parallelism; trace names fit 15 characters). */
+/* Time one collective: into spent, and into the trace as "tp_allreduce" /
+ * "tp_allgather" / "tp_red_scatter" (sequence parallelism; trace names fit
+ * 15 characters). */
 static void account(bg__tp_t *t, const char *what, double t0)
 {
+    double t1 = bg_now();
+    t->spent += t1 - t0;
     if (t->trace)
-        bg__trace_event(t->trace, what, -1, -1, t0, bg_now(), (int)*t->step + 1);
+        bg__trace_event(t->trace, what, -1, -1, t0, t1, (int)*t->step + 1);
 }
 
 static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
@@ -168,3 +172,5 @@ bg_status_t bg_tp_group_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, i
 }
 
 void bg_tp_group_destroy(bg_tp_group_t *group, bg_model_desc_t *desc) { bg__tp_destroy(group, desc); }
+
+double bg_tp_group_seconds(const bg_tp_group_t *group) { return group ? group->spent : 0.0; }

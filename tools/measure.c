@@ -78,77 +78,12 @@ static void evict_caches(void)
 }
 
 
-/* The tensor group as the layers see it, wrapped to time its collectives:
- * the blocking ones and the waits of the non-blocking ones (what a trace
- * shows as tp_*). `spent` sums their seconds. */
-static struct {
-    bg_tp_comm_t c;
-    const bg_tp_comm_t *in;
-    double spent;
-} timed;
 static bg_group_t *measure_barrier; /* the group's members start each timed call together (NULL: one process) */
+static bg_tp_group_t *measure_tp;   /* the tensor group (NULL: one process) */
 
-static bg_status_t timed_allreduce(void *arg, float *buf, size_t count)
-{
-    (void)arg;
-    double t0 = bg_now();
-    bg_status_t st = timed.in->allreduce(timed.in->arg, buf, count);
-    timed.spent += bg_now() - t0;
-    return st;
-}
-static bg_status_t timed_allgather(void *arg, const float *send, float *recv, size_t count)
-{
-    (void)arg;
-    double t0 = bg_now();
-    bg_status_t st = timed.in->allgather(timed.in->arg, send, recv, count);
-    timed.spent += bg_now() - t0;
-    return st;
-}
-static bg_status_t timed_reduce_scatter(void *arg, const float *send, float *recv, size_t count)
-{
-    (void)arg;
-    double t0 = bg_now();
-    bg_status_t st = timed.in->reduce_scatter(timed.in->arg, send, recv, count);
-    timed.spent += bg_now() - t0;
-    return st;
-}
-static bg_status_t timed_iallreduce(void *arg, float *buf, size_t count, void **req_p)
-{
-    (void)arg;
-    return timed.in->iallreduce(timed.in->arg, buf, count, req_p);
-}
-static bg_status_t timed_ireduce_scatter(void *arg, float *buf, size_t count, void **req_p)
-{
-    (void)arg;
-    return timed.in->ireduce_scatter(timed.in->arg, buf, count, req_p);
-}
-static bg_status_t timed_iallgather(void *arg, float *buf, size_t count, void **req_p)
-{
-    (void)arg;
-    return timed.in->iallgather(timed.in->arg, buf, count, req_p);
-}
-static bg_status_t timed_wait(void *arg, void *req)
-{
-    (void)arg;
-    double t0 = bg_now();
-    bg_status_t st = timed.in->wait(timed.in->arg, req);
-    timed.spent += bg_now() - t0;
-    return st;
-}
-
-/* Bind desc to the timing wrapper of the group it is bound to (same slots present). */
-static bg_status_t time_collectives(bg_model_desc_t *desc)
-{
-    const bg_tp_comm_t *in = bg_model_desc_tp(desc);
-    timed.in = in;
-    timed.c = (bg_tp_comm_t){
-        .size = in->size, .rank = in->rank, .allreduce = timed_allreduce, .allgather = timed_allgather,
-        .arg = &timed, .iallreduce = in->iallreduce ? timed_iallreduce : NULL, .wait = in->wait ? timed_wait : NULL,
-        .reduce_scatter = in->reduce_scatter ? timed_reduce_scatter : NULL,
-        .ireduce_scatter = in->ireduce_scatter ? timed_ireduce_scatter : NULL,
-        .iallgather = in->iallgather ? timed_iallgather : NULL};
-    return bg_model_desc_set_tp(desc, &timed.c);
-}
+/* Seconds this member has spent in the tensor group's collectives so far
+ * (what a trace shows as tp_*). */
+static double comm_seconds(void) { return bg_tp_group_seconds(measure_tp); }
 
 /* Wait for the other members of the group (none: at once). */
 static bg_status_t together(void) { return measure_barrier ? bg_group_barrier(measure_barrier) : BG_OK; }
@@ -217,20 +152,20 @@ static bg_status_t time_layer(bg_backend_t *be, mlayer_t *x, int L, int tokens, 
      * microbatches run in between: start each call with cold caches */
     evict_caches();
     TRY(together());
-    double c0 = timed.spent, t0 = bg_now();
+    double c0 = comm_seconds(), t0 = bg_now();
     st = bg_stage_forward(stg, 0, &out, &os);
     be->ops->synchronize(be);
-    double t1 = bg_now(), c1 = timed.spent;
+    double t1 = bg_now(), c1 = comm_seconds();
     if (st == BG_OK && i < L - 1 && (st = bg_stage_grad_buffer(stg, 0, &dout)) == BG_OK)
         fill_random(be, dout, bg_shape_numel(os));
     evict_caches();
     if (st == BG_OK)
         st = together();
-    double c2 = timed.spent, t2 = bg_now();
+    double c2 = comm_seconds(), t2 = bg_now();
     if (st == BG_OK)
         st = bg_stage_backward(stg, 0, &din);
     be->ops->synchronize(be);
-    double t3 = bg_now(), c3 = timed.spent;
+    double t3 = bg_now(), c3 = comm_seconds();
     bg_stage_end(stg, 0);
     TRY(st);
     /* the same microbatch again with the backward split into B and W */
@@ -358,7 +293,7 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
             int all[64];
             if ((st = bg_group_allgather(measure_barrier, &more, all, sizeof(int))) != BG_OK)
                 break;
-            for (int k = 0; k < timed.c.size; k++)
+            for (int k = 0; k < bg_group_size(measure_barrier); k++)
                 more |= all[k];
         }
         if (!more)
@@ -404,7 +339,6 @@ static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const c
 {
     static double fig[4096][NFIG];
     bg_comm_t *comm = NULL;
-    bg_tp_group_t *tg = NULL;
     bg_status_t st = BG_OK;
     int rc = 1, L = 0;
     evict_share = share;
@@ -424,7 +358,7 @@ static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const c
         if (!all)
             st = bg_error(BG_ERR_NOMEM, "measurement group");
         if (st != BG_OK || (st = bg_comm_create(&cp, &comm)) != BG_OK ||
-            (st = bg_tp_group_create(comm, desc, tp, 0, &tg)) != BG_OK || (st = time_collectives(desc)) != BG_OK ||
+            (st = bg_tp_group_create(comm, desc, tp, 0, &measure_tp)) != BG_OK ||
             (st = bg_group_create(comm, tp, all, &measure_barrier)) != BG_OK) {
             free(all);
             bg_cli_status(cmd, st);
@@ -448,7 +382,7 @@ out:
     fflush(stderr);
     if (measure_barrier)
         bg_group_destroy(measure_barrier);
-    bg_tp_group_destroy(tg, desc);
+    bg_tp_group_destroy(measure_tp, desc);
     if (comm)
         bg_comm_destroy(comm);
     _exit(rc);

@@ -250,6 +250,9 @@ typedef struct bg_tp_group bg_tp_group_t;
 bg_status_t bg_tp_group_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int first, bg_tp_group_t **group_p);
 /** Unbind @p desc from the group and free it (NULL: nothing). Models built from desc must be gone. */
 void bg_tp_group_destroy(bg_tp_group_t *group, bg_model_desc_t *desc);
+/** Seconds this member has spent in the group's blocking collectives and in waits for its non-blocking
+ *  ones since the group was created (what a trace shows as tp_*; NULL: 0). */
+double bg_tp_group_seconds(const bg_tp_group_t *group);
 
 /** How the executor moves a device backend's buffers between ranks (one
  *  line, for brigade info): staged through pinned host memory in chunks, and

@@ -34,6 +34,22 @@ static uint64_t rnd(void)
 static int rint_(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
 
+/* @p a written by bg_plan_save to a temporary file and read back by bg_plan_load. */
+static bg_plan_t *saved_and_loaded(const bg_plan_t *a)
+{
+    char path[] = "/tmp/bg_plan_test_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    bg_plan_t *b = NULL;
+    bg_status_t st = bg_plan_save(a, path);
+    if (st == BG_OK)
+        st = bg_plan_load(path, &b);
+    unlink(path);
+    assert_int_equal(st, BG_OK);
+    return b;
+}
+
 /* ---------------- brute force ---------------- */
 
 /* The rule the partitioner documents: no recomputation if it fits, else
@@ -671,14 +687,7 @@ static void test_plan_tp_measured(void **state)
     pp.batch = 16;
     assert_int_equal(bg_plan_search(&pp, &set), BG_OK);
     best = bg_plan_set_get(set, 0);
-    char path[] = "/tmp/bg_plan_tpm_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    assert_int_equal(bg_plan_save(best, path), BG_OK);
-    bg_plan_t *loaded = NULL;
-    assert_int_equal(bg_plan_load(path, &loaded), BG_OK);
-    unlink(path);
+    bg_plan_t *loaded = saved_and_loaded(best);
     assert_int_equal(bg_plan_tp(loaded), 2);
     assert_int_equal(bg_plan_check_model(loaded, d1), BG_OK);
     jl = plan_layers_json(loaded, "measured_tp");
@@ -732,14 +741,9 @@ static void test_plan_roundtrip(void **state)
     assert_true(bg_plan_set_count(set) >= 2);
     for (int i = 1; i < bg_plan_set_count(set); i++)
         assert_true(bg_plan_step_ms(bg_plan_set_get(set, i - 1)) <= bg_plan_step_ms(bg_plan_set_get(set, i)));
-    char path[] = "/tmp/bg_plan_test_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
     for (int i = 0; i < bg_plan_set_count(set); i++) {
         const bg_plan_t *a = bg_plan_set_get(set, i);
-        assert_int_equal(bg_plan_save(a, path), BG_OK);
-        bg_plan_t *b = NULL;
-        assert_int_equal(bg_plan_load(path, &b), BG_OK);
+        bg_plan_t *b = saved_and_loaded(a);
         assert_int_equal(bg_plan_world(b), bg_plan_world(a));
         assert_int_equal(bg_plan_pp(b), bg_plan_pp(a));
         assert_int_equal(bg_plan_dp(b), bg_plan_dp(a));
@@ -812,7 +816,6 @@ static void test_plan_roundtrip(void **state)
     }
     assert_true(fast > slow);
     bg_plan_set_free(set);
-    unlink(path);
 
     /* parse errors name the field */
     bg_plan_t *b = NULL;
@@ -1125,14 +1128,7 @@ static void test_plan_user_model(void **state)
                         "features");
     json_decref(root);
     /* save and load */
-    char path[] = "/tmp/bg_plan_user_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    assert_int_equal(bg_plan_save(a, path), BG_OK);
-    bg_plan_t *b = NULL;
-    assert_int_equal(bg_plan_load(path, &b), BG_OK);
-    unlink(path);
+    bg_plan_t *b = saved_and_loaded(a);
     assert_string_equal(bg_plan_model(b), bg_plan_model(a));
     assert_int_equal(bg_plan_pp(b), 2);
     assert_true(bg_plan_step_ms(b) == bg_plan_step_ms(a));
