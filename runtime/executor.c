@@ -129,8 +129,8 @@ typedef struct bg_executor {
      * step's end, in the order the forwards ran, the host not waiting for
      * the compute stream per microbatch (the same sums in the same order as
      * summing at once; NULL on the CPU, which sums at once) */
-    float *loss_dev;        /* M x loss_per */
-    size_t loss_per, *loss_n; /* floats per microbatch; each one's count */
+    float *loss_dev;        /* M x per_mb_floats */
+    size_t *loss_n;         /* each microbatch's count */
     int *loss_mb, loss_k;   /* microbatches in forward order; how many this step */
     size_t per_mb_floats;   /* tokens (or samples) of a microbatch at most: mbn x Tmax */
     int32_t *tokens, *targets;
@@ -411,16 +411,15 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
         size_t n = bg_shape_numel(ch->out_shape[mb]);
         if (be->ops->event_record && n <= x->per_mb_floats) { /* summed at the step's end (loss_dev) */
             if (!x->loss_dev) {
-                x->loss_per = x->per_mb_floats;
-                x->loss_dev = bg_backend_alloc(be, (size_t)x->M * x->loss_per * sizeof(float),
+                x->loss_dev = bg_backend_alloc(be, (size_t)x->M * x->per_mb_floats * sizeof(float),
                                                "per-microbatch losses (summed at the step's end)");
                 x->loss_n = calloc((size_t)x->M, sizeof(size_t));
                 x->loss_mb = calloc((size_t)x->M, sizeof(int));
                 if (!x->loss_dev || !x->loss_n || !x->loss_mb)
                     return bg_error(BG_ERR_NOMEM, "rank %d: the per-microbatch losses (%d x %zu floats)", x->rank,
-                                    x->M, x->loss_per);
+                                    x->M, x->per_mb_floats);
             }
-            be->ops->copy(be, x->loss_dev + (size_t)mb * x->loss_per, ch->out[mb], n);
+            be->ops->copy(be, x->loss_dev + (size_t)mb * x->per_mb_floats, ch->out[mb], n);
             x->loss_n[mb] = n;
             x->loss_mb[x->loss_k++] = mb;
         } else {
@@ -1877,7 +1876,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
     for (int k = 0; k < x->loss_k; k++) { /* the step's end: the losses, in the order their forwards ran */
         int mb = x->loss_mb[k];
-        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->loss_per, x->loss_n[mb]) *
+        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->per_mb_floats, x->loss_n[mb]) *
                    (double)x->loss_scale;
     }
     x->loss_k = 0;
