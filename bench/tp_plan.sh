@@ -12,7 +12,7 @@
 # Usage: bench/tp_plan.sh [BUILD_DIR] [REPEATS] [which: tp2,tp2pp2]
 # (PLANNER=path/to/brigade plans with another build, to compare planners on the same runs)
 set -euo pipefail
-BUILD=${1:-build}; R=${2:-5}; WHICH=${3:-tp2,tp2pp2}
+BUILD=${1:-build}; R=${2:-5}; WHICH=${3:-tp2,tp2pp2}; STEPS=${STEPS:-12}
 B="$BUILD/brigade"; P=${PLANNER:-$B}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export BRIGADE_TIMEOUT=120
@@ -22,7 +22,7 @@ pair() { # name, devices, plan flags...
   local l0; l0=$(cut -d' ' -f1 /proc/loadavg)
   "$P" plan $M --devices "$n" --mem 1G --batch 8 --tp 2 "$@" --schedule 1f1b --measure --threads 1 \
       --json "$T/$name.json" >"$T/$name.plan" 2>"$T/$name.err" || { echo "$name: plan failed: $(cat "$T/$name.err")"; return; }
-  "$B" launch -n "$n" -- "$B" train --plan "$T/$name.json" --steps 12 --threads 1 --quiet --trace "$T/$name.trace" \
+  "$B" launch -n "$n" -- "$B" train --plan "$T/$name.json" --steps "$STEPS" --threads 1 --quiet --trace "$T/$name.trace" \
       >"$T/$name.run" 2>&1 || { echo "$name: run failed: $(tail -1 "$T/$name.run")"; return; }
   python3 - "$name" "$T/$name.json" "$T/$name.trace" "$l0" "$(cut -d' ' -f1 /proc/loadavg)" "$T/$name.err" \
       "$T/$name.run" <<'PY' | tee -a "$T/$name.pairs"
