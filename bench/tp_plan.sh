@@ -4,7 +4,7 @@
 # processes) and a tp = 2 x pp = 2 plan (4 processes), for the GPT of
 # bench/tp_bench.sh (2 blocks, d_model 256, 8 heads, seq 64, batch 8, 1F1B).
 # Every pair prints predicted / measured (train --plan's own figure: the
-# median of its 12 steps; the target: within 10%), the load average around
+# median of its STEPS steps, default 60: a 12-step run, 0.3 s, fell in one burst of other work; the target: within 10%), the load average around
 # it, and where the two differ: per microbatch the plan's
 # forward and backward (sums of its layers' fwd_ms, bwd_ms) against the
 # trace's F and B of rank 0 (medians of steps 3..), the plan's optimizer step
@@ -12,7 +12,7 @@
 # Usage: bench/tp_plan.sh [BUILD_DIR] [REPEATS] [which: tp2,tp2pp2]
 # (PLANNER=path/to/brigade plans with another build, to compare planners on the same runs)
 set -euo pipefail
-BUILD=${1:-build}; R=${2:-5}; WHICH=${3:-tp2,tp2pp2}; STEPS=${STEPS:-12}
+BUILD=${1:-build}; R=${2:-5}; WHICH=${3:-tp2,tp2pp2}; STEPS=${STEPS:-60}
 B="$BUILD/brigade"; P=${PLANNER:-$B}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export BRIGADE_TIMEOUT=120

@@ -3,7 +3,7 @@
  * split B and W, and the optimizer step over its parameters; medians of
  * rounds that each time every layer once (at least 15, more while the
  * rounds spread), each timed call starting with half the last-level cache
- * evicted. The layers are measured the way the plan runs them: a model
+ * evicted unless everything the ranks touch fits in it. The layers are measured the way the plan runs them: a model
  * built for tensor-parallel degree T by a group of T processes with the
  * group's real collectives (over the transport, on this machine), and with
  * copies of the measurement (whole groups) running beside it for the other
@@ -62,12 +62,15 @@ static size_t llc_bytes(void)
  * the LLC lands within 3-15%.) That was one process evicting; the
  * processes measuring at once (a tensor group, the copies beside it) share
  * the cache and evict together, so each touches its share of the half:
- * evict_share of them (set before the first call). */
+ * evict_share of them (set before the first call). evict_share 0: no
+ * eviction, when everything the ranks touch fits in the cache (cache_warm). */
 static int evict_share = 1;
 static void evict_caches(void)
 {
     static volatile unsigned char *buf;
     static size_t bytes;
+    if (!evict_share)
+        return;
     if (!buf) {
         bytes = llc_bytes() / 2 / (size_t)evict_share;
         if (!(buf = malloc(bytes)))
@@ -332,7 +335,7 @@ out:
  * own world of tp processes on 127.0.0.1:port, the description bound to the
  * tensor group). loop: a copy running beside, measuring until it is killed;
  * else the figures go to out and the process ends. share: processes evicting
- * the cache at once (evict_caches). Never returns. */
+ * the cache at once (evict_caches; 0: none). Never returns. */
 static void member(const char *cmd, bg_model_desc_t *desc, int n, int t, const char *backend, int threads,
                    bg_optim_kind_t optim, int extend, int share, int tp, int rank, int port, const char *token,
                    int loop, double (*out)[NFIG], int *L_out, double *spread_out, int *rounds_out)
@@ -417,6 +420,19 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
     int cores = (int)(ncpu / (threads > 1 ? threads : 1)); /* ranks this machine runs on cores of their own */
     int shared = groups * tp > cores;
     int evict_procs = (int)(groups * tp < ncpu ? groups * tp : ncpu); /* evicting at the same moment */
+    /* Does a layer's data stay in the last-level cache from one microbatch to
+     * the next? Between two uses a rank touches its whole stage: at most the
+     * model's weights and gradients and one microbatch's stash, and the other
+     * ranks on this machine touch theirs in the same cache. When all of that
+     * fits, the layers are timed warm (no eviction): measured on the GPT of
+     * bench/tp_plan.sh (2 x 14 MiB in 32 MiB), half the cache evicted read
+     * 4-6 % above the run and warm 0.96-1.00 of it; on an 8 x 256 GPT at
+     * pp 2 (2 x 71 MiB), warm read 7-9 % below and half evicted 1.00-1.02. */
+    double ws = 0;
+    for (int i = 0; i < L; i++)
+        ws += 2.0 * (double)prof[i].params * sizeof(float) + (double)prof[i].stash_bytes;
+    double llc = (double)llc_bytes();
+    int warm = ws * groups * tp <= llc;
     member_out_t *res = mmap(NULL, (size_t)tp * sizeof(member_out_t), PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED)
@@ -433,6 +449,9 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
         printf("note: %d processes of %d thread%s outnumber this machine's %ld cores: the times are of them sharing "
                "the cores, as when the plan runs here (--host-ranks: how many of its ranks run on this machine)\n",
                groups * tp, threads > 1 ? threads : 1, threads > 1 ? "s" : "", ncpu);
+    printf("caches: %.1f MiB per process (weights, gradients, one microbatch's stash) x %d process%s = %.1f MiB, "
+           "last-level cache %.1f MiB: layers timed %s\n", ws / 1048576, groups * tp, groups * tp > 1 ? "es" : "",
+           ws * groups * tp / 1048576, llc / 1048576, warm ? "warm" : "with half the cache evicted before each call");
     fflush(stdout);
     fflush(stderr);
     pid_t kids[64];
@@ -449,7 +468,7 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
                 res[k].L = -1;
             pid_t pid = fork();
             if (pid == 0)
-                member(cmd, desc, n, t, backend, threads, optim, !shared, evict_procs, tp, k, port, token, g > 0,
+                member(cmd, desc, n, t, backend, threads, optim, !shared, warm ? 0 : evict_procs, tp, k, port, token, g > 0,
                        res[k].fig, &res[k].L, &res[k].spread, &res[k].rounds);
             if (pid < 0) {
                 rc = bg_cli_fail(cmd, "cannot start a measuring process: %s", strerror(errno));

@@ -120,9 +120,21 @@ export BRIGADE_TIMEOUT=${BRIGADE_TIMEOUT:-60}
 if timeout 120 "$B" plan --layers 2 --d-model 32 --heads 4 --seq 16 --batch 4 --microbatch-size 2 --devices 2 \
      --mem 1G --tp 2 --measure --threads 1 --json "$T/tpm.json" >"$T/out" 2>&1; then
   grep -q "on a tensor group of 2 processes" "$T/out" || fail "--measure --tp 2 did not say it measured a group: $(cat "$T/out")"
-  python3 - "$T/tpm.json" <<'PY' || fail "--measure --tp 2 plan JSON: see above"
-import json, sys
+  python3 - "$T/tpm.json" "$T/out" <<'PY' || fail "--measure --tp 2 plan JSON: see above"
+import json, os, re, sys
 p = json.load(open(sys.argv[1]))
+# the cache rule: per process the weights, gradients and one microbatch's stash of every layer
+# (the plan's own figures), times the 2 processes, against the last-level cache (sysfs): warm
+# when it fits, else half of it evicted before each call
+m = re.search(r"caches: ([0-9.]+) MiB per process .* x 2 processes = ([0-9.]+) MiB, last-level cache ([0-9.]+) MiB: "
+              r"layers timed (warm|with half the cache evicted)", open(sys.argv[2]).read())
+assert m, "no caches line"
+ws = sum(2 * 4 * l["params"] + l["stash_bytes"] for l in p["layers"]) / 2**20
+assert abs(float(m.group(1)) - ws) < 0.06 and abs(float(m.group(2)) - 2 * ws) < 0.11, (m.group(0), ws)
+f = "/sys/devices/system/cpu/cpu0/cache/index3/size"
+llc = int(open(f).read().strip().rstrip("K")) / 1024 if os.path.exists(f) else 32
+assert abs(float(m.group(3)) - llc) < 0.06, (m.group(0), llc)
+assert (m.group(4) == "warm") == (2 * ws <= llc), m.group(0)
 assert p["tp"] == 2 and p["layer_times"] == "measured_tp", (p["tp"], p.get("layer_times"))
 L = {l["name"]: l for l in p["layers"]}
 for l in p["layers"]:
