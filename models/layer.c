@@ -450,17 +450,20 @@ bg_tp_deferred_t *bg__layer_deferral(const bg_layer_t *l, const bg_layer_ctx_t *
 {
     const bg_tp_comm_t *g = ctx->tp;
     d->n = 0;
+    d->ncopy = 0;
     /* leaves only: a composite without ops->backward runs its children's input gradients back to back */
     return l->nchildren == 0 && l->ops->backward_weight && g && g->size > 1 && g->iallreduce && g->wait ? d : NULL;
 }
 
 bg_status_t bg__layer_wait_deferred(const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d, bg_status_t st)
 {
-    for (int i = 0; d && i < d->n; i++) { /* every started sum, also after a failure */
+    for (int i = 0; d && i < d->n; i++) { /* every started collective, also after a failure */
         bg_status_t ws = ctx->tp->wait(ctx->tp->arg, d->req[i]);
         if (st == BG_OK)
             st = ws;
     }
+    for (int i = 0; d && st == BG_OK && i < d->ncopy; i++)
+        ctx->be->ops->copy(ctx->be, d->copy[i].dst, d->copy[i].src, d->copy[i].n);
     return st;
 }
 

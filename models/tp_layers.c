@@ -638,10 +638,14 @@ static bg_status_t sp_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *be, fl
  * (trans_b as gemm_sum) summed over the group. With a non-blocking
  * reduce-scatter the sequences go in two halves, as gemm_sum's rows: the
  * first half's reduce-scatter runs while the second half's GEMM computes.
- * full and tmp: n T tl c_out floats each, clobbered. */
+ * full and tmp: n T tl c_out floats each, clobbered. With `defer` (a fused
+ * backward's input gradient, bg_layer_ctx_t.deferred) both reduce-scatters
+ * are left running there with their copies into local, to overlap the
+ * layer's weight gradient too: tmp must then be scratch that the weight
+ * gradient leaves alone. */
 static bg_status_t sp_gemm_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *be, int trans_b, int n, int tl,
                                           int c_out, int k, const float *a, const float *w, float *full, float *tmp,
-                                          float *local)
+                                          float *local, bg_tp_deferred_t *defer)
 {
     int T = g ? g->size : 1;
     if (T == 1 || n < 2 || !g->ireduce_scatter || !g->wait) {
@@ -661,6 +665,16 @@ static bg_status_t sp_gemm_reduce_scatter(const bg_tp_comm_t *g, bg_backend_t *b
             for (int b = 0; b < nb; b++)
                 be->ops->copy(be, th + ((size_t)r * nb + b) * piece, fh + (size_t)b * seq + (size_t)r * piece, piece);
         st = g->ireduce_scatter(g->arg, th, (size_t)nb * piece, &req[h]);
+    }
+    if (st == BG_OK && defer && defer->n + 2 <= BG_TP_DEFER_MAX && defer->ncopy + 2 <= BG_TP_DEFER_MAX) {
+        for (int h = 0; h < 2; h++) {
+            int b0 = cut[h], nb = cut[h + 1] - b0;
+            defer->req[defer->n++] = req[h];
+            defer->copy[defer->ncopy].dst = local + (size_t)b0 * piece;
+            defer->copy[defer->ncopy].src = tmp + (size_t)b0 * seq + (size_t)g->rank * nb * piece;
+            defer->copy[defer->ncopy++].n = (size_t)nb * piece;
+        }
+        return BG_OK;
     }
     for (int h = 0; h < 2; h++) /* every started one is waited for, also after a failure */
         if (req[h]) {
@@ -790,12 +804,14 @@ static bg_status_t col_sp_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape
     out_p->t *= p->tp;
     return BG_OK;
 }
-/* [full input][member-order copy of the input, or (forward) of the output] */
+/* [full input][member-order copy of the input, or (forward) of the output]
+ * [the input gradient's member-order copy, reduce-scattered while the
+ * weight gradient computes (bg_layer_ctx_t.deferred)] */
 static size_t col_sp_scratch(const bg_layer_t *l, bg_shape_t in)
 {
     const plin_t *p = l->impl;
     size_t a = sp_bytes(in.n, in.t * p->tp, p->lin.c_in), o = sp_bytes(in.n, in.t * p->tp, p->lin.c_out);
-    return a + (o > a ? o : a);
+    return a + (o > a ? o : a) + a;
 }
 static double col_sp_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
@@ -831,9 +847,10 @@ static bg_status_t col_sp_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ct
     if (!din)
         return BG_OK;
     bg_shape_t f = col_full(p, ctx->in);
-    float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(f.n, f.t, f.c));
+    size_t a = sp_bytes(f.n, f.t, f.c), o = sp_bytes(f.n, f.t, p->lin.c_out);
+    float *full = ctx->scratch, *rs = (float *)((char *)ctx->scratch + a + (o > a ? o : a));
     return sp_gemm_reduce_scatter(g, ctx->be, 0, f.n, ctx->in.t, p->lin.c_in, p->lin.c_out, dout, l->params[0].data,
-                                  full, tmp, din);
+                                  full, rs, din, ctx->deferred);
 }
 
 /* The input is gathered again (the stash keeps the local rows only). */
@@ -900,7 +917,7 @@ static bg_status_t row_sp_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, cons
     int N = ROWS(ctx->in), tl = ctx->in.t / p->tp;
     float *full = ctx->scratch, *tmp = (float *)((char *)ctx->scratch + sp_bytes(ctx->in.n, ctx->in.t, p->lin.c_out));
     BG_CHECK(sp_gemm_reduce_scatter(g, be, 1, ctx->in.n, tl, p->lin.c_out, p->lin.c_in, in, l->params[0].data, full,
-                                    tmp, out));
+                                    tmp, out, NULL));
     if (p->lin.bias) /* replicated: added once, after the sum */
         be->ops->bias_forward(be, out, l->params[1].data, N / p->tp, p->lin.c_out);
     return BG_OK;
@@ -1055,7 +1072,7 @@ static size_t vhead_sp_probs(const bg_layer_t *l, bg_shape_t in)
 static size_t vhead_sp_scratch(const bg_layer_t *l, bg_shape_t in)
 {
     bg_shape_t f = vhead_full(l->impl, in);
-    return 2 * sp_bytes(f.n, f.t, f.c) + bg__head_probs_bytes(l, f);
+    return 3 * sp_bytes(f.n, f.t, f.c) + bg__head_probs_bytes(l, f);
 }
 static double vhead_sp_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
@@ -1066,7 +1083,8 @@ static double vhead_sp_bwd_flops(const bg_layer_t *l, bg_shape_t in)
     return bg__head_bwd_flops(l, vhead_full(l->impl, in));
 }
 
-/* ctx for the whole head's functions on the gathered input; *full_p, *tmp_p: the scratch's two activations */
+/* ctx for the whole head's functions on the gathered input; *full_p, *tmp_p: the scratch's two activations,
+ * then the input gradient's member-order copy (reduce-scattered while the weight gradient computes: *tmp_p + a) */
 static bg_layer_ctx_t vhead_sp_ctx(const vhead_t *p, const bg_layer_ctx_t *ctx, float **full_p, float **tmp_p)
 {
     bg_layer_ctx_t c = *ctx;
@@ -1074,7 +1092,7 @@ static bg_layer_ctx_t vhead_sp_ctx(const vhead_t *p, const bg_layer_ctx_t *ctx, 
     size_t a = sp_bytes(c.in.n, c.in.t, c.in.c);
     *full_p = ctx->scratch;
     *tmp_p = (float *)((char *)ctx->scratch + a);
-    c.scratch = (char *)ctx->scratch + 2 * a;
+    c.scratch = (char *)ctx->scratch + 3 * a;
     return c;
 }
 
@@ -1100,8 +1118,9 @@ static bg_status_t vhead_sp_backward_input(bg_layer_t *l, const bg_layer_ctx_t *
     BG_CHECK(vhead_bwd(l, &c, g, 0, NULL)); /* dlogits (the wstash) */
     if (!din)
         return BG_OK;
+    float *rs = (float *)((char *)tmp + sp_bytes(c.in.n, c.in.t, c.in.c));
     return sp_gemm_reduce_scatter(g, ctx->be, 0, ctx->in.n, ctx->in.t, p->h.c, p->h.classes, c.wstash,
-                                  l->params[0].data, full, tmp, din);
+                                  l->params[0].data, full, rs, din, ctx->deferred);
 }
 
 static bg_status_t vhead_sp_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,

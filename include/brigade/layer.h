@@ -118,12 +118,20 @@ typedef struct bg_tp_cost {
     double bwd_calls, bwd_bytes; /**< backward (B + W) */
 } bg_tp_cost_t;
 
-/** Group sums a layer's backward_input started and left running (bg_layer_backward): at most
- *  BG_TP_DEFER_MAX requests of the group's iallreduce, waited for with its wait. */
+/** Group collectives a layer's backward_input started and left running (bg_layer_backward): at most
+ *  BG_TP_DEFER_MAX requests of the group's iallreduce or ireduce_scatter, waited for with its wait;
+ *  then, when all succeeded, the copies (backend copy of n floats from src to dst, in order: a
+ *  reduce-scatter's result moved from the layer's scratch into din). */
 #define BG_TP_DEFER_MAX 4
 typedef struct bg_tp_deferred {
     void *req[BG_TP_DEFER_MAX];
     int n;
+    struct {
+        float *dst;
+        const float *src;
+        size_t n;
+    } copy[BG_TP_DEFER_MAX];
+    int ncopy;
 } bg_tp_deferred_t;
 
 /** Per-call context. Buffers are on the backend. */
@@ -137,10 +145,12 @@ typedef struct bg_layer_ctx {
     void *wstash;             /**< wstash_bytes(in): kept from B until W */
     void *scratch;            /**< scratch_bytes(in): valid during one call only */
     const bg_tp_comm_t *tp;   /**< the tensor-parallel group (NULL: none, T = 1) */
-    /** backward_input only, NULL otherwise: the caller runs this layer's backward_weight next and reads din
-     *  only after waiting (tp->wait) for the requests left here, so a tensor-parallel layer may start
-     *  din's group sum (tp->iallreduce), add the request (while n < BG_TP_DEFER_MAX) and return: the sum
-     *  then overlaps the weight gradient. bg_layer_backward sets it. */
+    /** backward_input only, NULL otherwise: the caller runs this layer's backward_weight next (with the
+     *  same scratch) and reads din only after waiting (tp->wait) for the requests left here and making
+     *  the copies, so a tensor-parallel layer may start din's group sum (tp->iallreduce) or reduce-scatter
+     *  (tp->ireduce_scatter, into scratch that its backward_weight leaves alone, with a copy into din),
+     *  add the request (while n < BG_TP_DEFER_MAX) and return: the collective then overlaps the weight
+     *  gradient. bg_layer_backward sets it. */
     bg_tp_deferred_t *deferred;
 } bg_layer_ctx_t;
 

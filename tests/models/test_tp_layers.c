@@ -124,27 +124,50 @@ static bg_status_t fake_iallgather(void *arg, float *buf, size_t n, void **req_p
 static bg_status_t fake_iallreduce(void *arg, float *buf, size_t n, void **req_p);
 static bg_status_t fake_wait(void *arg, void *req);
 
-/* The lazy non-blocking sum: nothing moves until wait, which sums (every
- * member waits for its sums in the order it started them). Logged. */
+/* The lazy non-blocking sum and reduce-scatter: nothing moves until wait,
+ * which sums (every member waits for its collectives in the order it started
+ * them). Logged: S started, X waited for. The non-blocking gather is done at
+ * once (its request: kind 2, nothing left for wait). */
 typedef struct lazy_req {
     float *buf;
     size_t n;
+    int kind; /* 0 sum, 1 reduce-scatter in place, 2 gather (done) */
 } lazy_req_t;
-static bg_status_t lazy_iallreduce(void *arg, float *buf, size_t n, void **req_p)
+static bg_status_t lazy_start(void *arg, float *buf, size_t n, int kind, void **req_p)
 {
     lazy_req_t *q = malloc(sizeof(*q));
     if (!q)
         return BG_ERR_NOMEM;
-    *q = (lazy_req_t){buf, n};
-    log_event(arg, 'S');
+    *q = (lazy_req_t){buf, n, kind};
+    if (kind < 2)
+        log_event(arg, 'S');
     *req_p = q;
     return BG_OK;
+}
+static bg_status_t lazy_iallreduce(void *arg, float *buf, size_t n, void **req_p)
+{
+    return lazy_start(arg, buf, n, 0, req_p);
+}
+static bg_status_t lazy_ireduce_scatter(void *arg, float *buf, size_t n, void **req_p)
+{
+    return lazy_start(arg, buf, n, 1, req_p);
+}
+static bg_status_t lazy_iallgather(void *arg, float *buf, size_t n, void **req_p)
+{
+    void *done;
+    bg_status_t st = fake_iallgather(arg, buf, n, &done);
+    return st == BG_OK ? lazy_start(arg, buf, n, 2, req_p) : st;
 }
 static bg_status_t lazy_wait(void *arg, void *req)
 {
     lazy_req_t *q = req;
-    log_event(arg, 'X');
-    bg_status_t st = fake_allreduce(arg, q->buf, q->n);
+    bg_status_t st = BG_OK;
+    if (q->kind < 2)
+        log_event(arg, 'X');
+    if (q->kind == 0)
+        st = fake_allreduce(arg, q->buf, q->n);
+    else if (q->kind == 1)
+        st = fake_ireduce_scatter(arg, q->buf, q->n, &(void *){NULL});
     free(q);
     return st;
 }
@@ -162,8 +185,8 @@ static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
                           nb == 2 ? lazy_iallreduce : nb ? fake_iallreduce : NULL,
                           nb == 2 ? lazy_wait : nb ? fake_wait : NULL,
                           nb ? fake_reduce_scatter : NULL,
-                          nb ? fake_ireduce_scatter : NULL,
-                          nb ? fake_iallgather : NULL};
+                          nb == 2 ? lazy_ireduce_scatter : nb ? fake_ireduce_scatter : NULL,
+                          nb == 2 ? lazy_iallgather : nb ? fake_iallgather : NULL};
 }
 
 /* The lazy mode's backend: the CPU's table with the GEMMs that accumulate
@@ -445,15 +468,16 @@ static int weight_grad_overlaps_sum(const char *log)
 }
 
 /* The fused backward (BRIGADE_TP_OVERLAP=weight, the default) leaves the
- * column-parallel and head layers' input-gradient sums running during their
- * weight gradients; =layer waits inside the layer. Lazy sums (nothing moves
- * before wait) make the order observable, and a sum read before its wait
- * would be wrong: both must equal the whole model, and each other bitwise. */
+ * column-parallel and head layers' input-gradient sums (reduce-scatters under
+ * sequence parallelism) running during their weight gradients; =layer waits
+ * inside the layer. Lazy collectives (nothing moves before wait) make the
+ * order observable, and a result read before its wait would be wrong: both
+ * must equal the whole model, and each other bitwise. */
 static void test_overlap_weight_grad(void **s)
 {
     (void)s;
-    bg_model_desc_t *(*builds[])(int) = {user_mlp, user_gpt};
-    for (int b = 0; b < 2; b++) {
+    bg_model_desc_t *(*builds[])(int) = {user_mlp, user_gpt, user_gpt_sp};
+    for (int b = 0; b < 3; b++) {
         kept_t weight = {0}, layer = {0};
         assert_int_equal(unsetenv("BRIGADE_TP_OVERLAP"), 0);
         check_equivalent_keep(builds[b], 2, 2, &weight);

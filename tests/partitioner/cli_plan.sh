@@ -165,7 +165,8 @@ if [ "$NCPU" -lt 4 ]; then
 else
   grep -q "outnumber" "$T/out" && fail "--measure said 4 ranks outnumber $NCPU cores: $(cat "$T/out")"
 fi
-# a budget tp 2 fits only with sequence parallelism (22.98 MiB without, 21.22 MiB with: docs/benchmarks.md):
+# a budget tp 2 fits only with sequence parallelism (22.98 MiB without, 21.47 MiB with, of which 256 KiB the
+# input gradient's reduce-scatter buffer that overlaps the weight gradient: docs/benchmarks.md):
 # the planner takes it, says so, measures that build, and the run stays within the budget
 SPM="--layers 2 --d-model 256 --heads 8 --seq 64 --batch 8 --microbatch-size 4 --devices 2 --schedule 1f1b --threads 1"
 if timeout 120 "$B" plan $SPM --mem 22M --tp 2 --measure --json "$T/sp.json" >"$T/out" 2>&1; then
@@ -188,7 +189,7 @@ timeout 60 "$B" plan $SPM --mem 22M >"$T/out" 2>&1 && grep -q "tp = 2 with seque
   fail "the fallback degree does not name sequence parallelism: $(cat "$T/out")"
 # too small even with it: the closest layout and the smallest budget are the sequence-parallel ones
 timeout 60 "$B" plan $SPM --mem 20M --tp 2 >"$T/out" 2>&1
-grep -q "tp=2 (sequence-parallel).*Smallest budget that fits: 22253568 bytes" "$T/out" ||
+grep -q "tp=2 (sequence-parallel).*Smallest budget that fits: 22515712 bytes" "$T/out" ||
   fail "20M: the shortfall does not count sequence parallelism: $(cat "$T/out")"
 
 if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi

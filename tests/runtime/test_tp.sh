@@ -90,6 +90,10 @@ done
 # sequence; the same tolerances against one process
 SP="--sequence-parallel"
 run gpt_sp2 2 $GPT --steps 10 --tp 2 $SP && same gpt gpt_sp2 1e-5
+# the input gradient's reduce-scatters waited for inside the layer instead of during the weight gradient
+BRIGADE_TP_OVERLAP=layer run gpt_sp2_layer 2 $GPT --steps 10 --tp 2 $SP &&
+  { v=$("$B" compare "$T/gpt_sp2" "$T/gpt_sp2_layer") && ok "sequence-parallel BRIGADE_TP_OVERLAP=layer = weight, bitwise: $v" ||
+      bad "sequence-parallel BRIGADE_TP_OVERLAP=layer differs from weight: $v"; }
 run gpt_sp4 4 $GPT --steps 10 --tp 4 $SP && same gpt gpt_sp4 1e-5
 run gpt_sp_pp2 4 $GPT --steps 10 --tp 2 --pp 2 $SP && same gpt gpt_sp_pp2 1e-5
 run gpt_sp_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 $SP && same gpt gpt_sp_3d 1e-5
