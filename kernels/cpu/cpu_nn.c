@@ -89,7 +89,10 @@ BG_CPU_CLONES static void bg__gelu_bwd_chunk(float *restrict din, const float *r
         float e = bg__expf(2.0f * a);
         float r = 1.0f / (e + 1.0f);
         float s = e * r;
-        float grad = s + x * (2.0f * s * r) * BG_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        /* |x| > 10: 2 s (1 - s) < 1e-37, so the term adds nothing to s; clamped, x^2 cannot overflow
+         * (x = -1e30 made 0 * inf = NaN of a finite input; the same bits for |x| <= 10) */
+        float xc = x > 10.0f ? 10.0f : x < -10.0f ? -10.0f : x;
+        float grad = s + xc * (2.0f * s * r) * BG_GELU_SCALE * (1.0f + 3.0f * 0.044715f * xc * xc);
         din[i] = grad * dout[i];
     }
 }

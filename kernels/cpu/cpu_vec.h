@@ -68,7 +68,7 @@ static inline float bg__expf(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     float y = p * (r * r) + r + 1.0f;
-    y = y * bg__f_from_bits((ni + 127) << 23);
+    y = y * bg__f_from_bits((int32_t)((uint32_t)(ni + 127) << 23)); /* unsigned: a NaN's ni overflows the shift */
     return x < lo ? 0.0f : y; /* NaN: the clamps keep it, so y is NaN */
 }
 

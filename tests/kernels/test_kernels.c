@@ -333,6 +333,45 @@ static double ref_gelu(double x)
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
+/* GELU of non-finite and huge inputs: NaN stays NaN (the exponential's
+ * NaN path once shifted a signed int past its range: UBSan), and the tails
+ * are the limits, not inf or NaN: forward x and 0, derivative 1 and 0 (the
+ * backward once squared x = -1e30 to inf times 0). n = 19: vector and tail. */
+static void test_gelu_nonfinite(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(1);
+    enum { N = 19 };
+    const float v[] = {NAN, -NAN, 1e30f, -1e30f, 1e19f, -1e19f, 0.0f, 3.0f, -3.0f};
+    float x[N], g[N], out[N], din[N];
+    for (int i = 0; i < N; i++)
+        x[i] = v[i % (int)NELEM(v)], g[i] = 1.0f;
+    float *dx = up(be, x, N), *dg = up(be, g, N), *dz = up(be, x, N);
+    be->ops->gelu_forward(be, dz, dx, N);
+    be->ops->synchronize(be);
+    be->ops->to_host(be, out, dz, sizeof out);
+    be->ops->gelu_backward(be, dz, dx, dg, N);
+    be->ops->synchronize(be);
+    be->ops->to_host(be, din, dz, sizeof din);
+    for (int i = 0; i < N; i++) {
+        if (isnan(x[i])) {
+            if (!isnan(out[i]) || !isnan(din[i]))
+                fail_msg("gelu(NaN) at %d: forward %g, backward %g", i, (double)out[i], (double)din[i]);
+            continue;
+        }
+        double e = 1e-4, fd = (ref_gelu(x[i] + e) - ref_gelu(x[i] - e)) / (2 * e);
+        double f = ref_gelu(x[i]), d = fabs(x[i]) > 100 ? (x[i] > 0) : fd;
+        if (!isfinite(out[i]) || fabs(out[i] - f) > 1e-6 * fabs(f) + 1e-6)
+            fail_msg("gelu(%g) = %g, expected %g", (double)x[i], (double)out[i], f);
+        if (!isfinite(din[i]) || fabs(din[i] - d) > 1e-4)
+            fail_msg("gelu'(%g) = %g, expected %g", (double)x[i], (double)din[i], d);
+    }
+    bg_backend_free(be, dx);
+    bg_backend_free(be, dg);
+    bg_backend_free(be, dz);
+    bg_backend_destroy(be);
+}
+
 static void test_activations(void **state)
 {
     (void)state;
@@ -1398,7 +1437,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry),     cmocka_unit_test(test_cpu_async),
-        cmocka_unit_test(test_memstats),
+        cmocka_unit_test(test_memstats),     cmocka_unit_test(test_gelu_nonfinite),
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_batched), cmocka_unit_test(test_bias),
         cmocka_unit_test(test_activations),  cmocka_unit_test(test_layernorm),
