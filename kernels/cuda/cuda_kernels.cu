@@ -292,7 +292,8 @@ __global__ void bg__k_gelu_bwd(float *din, const float *in, const float *dout, s
     {
         float s, r, x = in[i];
         bg__gelu_s(x, &s, &r);
-        float g = s + x * (2.0f * s * r) * BG_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        float xc = x > 10.0f ? 10.0f : x < -10.0f ? -10.0f : x; /* as the CPU's: x^2 cannot overflow */
+        float g = s + xc * (2.0f * s * r) * BG_GELU_SCALE * (1.0f + 3.0f * 0.044715f * xc * xc);
         din[i] = g * dout[i];
     }
 }
