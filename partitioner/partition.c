@@ -64,7 +64,8 @@ static bg_status_t check_problem(const bg_part_problem_t *p)
             return bg_error(BG_ERR_INVALID, "stage %d: no slot counts (need at least one row)", s);
         for (int k = 0; k < sp->ncounts; k++) {
             const bg_part_counts_t *n = &sp->counts[k];
-            if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0 || n->recomputing < 0)
+            if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0 || n->recomputing < 0 ||
+                n->lingering < 0)
                 return bg_error(BG_ERR_INVALID, "stage %d: negative slot count in row %d", s, k);
         }
     }
@@ -170,12 +171,14 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     size_t bw = sp->split_backward ? split : fused;
     /* recomputation keeps the stage's output (it is sent, or it is the loss) */
     size_t keep = rc ? ly[b].output_bytes : 0;
+    /* a slot held after its gradient's send was issued: all of it (recomputed activations too) */
+    size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? in + data + keep + act + dout + bw : 0;
     size_t peak = 0;
     for (int k = 0; k < sp->ncounts; k++) {
         const bg_part_counts_t *n = &sp->counts[k];
         size_t v = (size_t)n->begun * in + (size_t)n->forwarded * (data + keep) +
                    (size_t)(rc ? n->recomputing : n->forwarded) * act + (size_t)n->dout * dout +
-                   (size_t)n->backward * bw;
+                   (size_t)n->backward * bw + (size_t)n->lingering * linger;
         if (v > peak)
             peak = v;
     }
@@ -196,6 +199,7 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->dout_bytes = dout;
     e->bw_bytes = bw;
     e->keep_bytes = keep;
+    e->linger_bytes = linger;
     e->stash_per_mb = in + data + (rc ? keep : act);
     e->compute_time = (c->pt[b + 1] - c->pt[a] + (rc ? c->pf[b + 1] - c->pf[a] : 0.0)) / sp->speed;
     e->comm_time = (a > 0 ? link_time(p, in) : 0.0) + (b < L - 1 ? link_time(p, dout) : 0.0);
@@ -574,17 +578,20 @@ out:
 /* Replay of a rank's program: slot counts at every point                   */
 
 typedef struct slot {
-    unsigned char begun, fwd, dout, bw, pending, left;
+    unsigned char begun, fwd, dout, bw, pending;
 } slot_t;
 
-/* Compute instructions a fused-backward slot outlives after its gradient's
- * send is issued: the executor frees it when a test after an instruction
- * finds the send complete. With the transport as it is (sends complete at
- * once for these sizes) that is 0, and every measured peak matches (see
- * docs/partitioner.md); a transport that completes rendezvous sends later
- * needs 1 or 2 (measured with an earlier transport: 2 bounds 1F1B). */
-#define BG_PART_SEND_LINGER 0
-
+/* A fused-backward slot whose gradient's send is issued ends when a test
+ * after an instruction finds the send complete. An eager message is
+ * complete at once; a rendezvous one (UCX: at least its RNDV_THRESH) only
+ * once the receiver has fetched it and the sender has heard so, which on
+ * these machines is after the next compute instruction has allocated its
+ * buffers. The replay counts such a slot as lingering (counts.lingering)
+ * from the send until that next compute instruction is over; the byte model
+ * charges it only for stages whose gradient message is rendezvous-sized
+ * (bg_part_problem_t.linger_bytes). Measured (docs/partitioner.md): the
+ * last stage's peak under GPipe and 1F1B exceeded the prediction by one
+ * slot's backward buffer or stash without it, and matches with it. */
 typedef struct pend {
     int c, mb;
 } pend_t;
@@ -602,7 +609,7 @@ static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V
 {
     for (int c = 0; c < V; c++)
         if (a[c].begun < b[c].begun || a[c].forwarded < b[c].forwarded || a[c].dout < b[c].dout ||
-            a[c].backward < b[c].backward || a[c].recomputing < b[c].recomputing)
+            a[c].backward < b[c].backward || a[c].recomputing < b[c].recomputing || a[c].lingering < b[c].lingering)
             return 0;
     return 1;
 }
@@ -726,6 +733,10 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
                 rp_begin(&r, bg_schedule_stage_chunk(sched, stage + 1), mb);
             BG_CHECK_GOTO(record(&r), st, out);
             r.cur[c].recomputing--;
+            /* the executor posts the gradient's receive right after the forward (runtime/executor.c
+             * do_forward): its buffer is held from here */
+            if (stage % L < L - 1 && !LOCAL(stage + 1))
+                rp_dout(&r, c, mb);
             break;
         case BG_OP_BACKWARD:
         case BG_OP_BACKWARD_INPUT:
@@ -751,14 +762,15 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
             rp_end(&r, c, mb);
             break;
         case BG_OP_SEND_GRAD:
-            /* a fused-backward slot ends once its gradient has been sent;
-             * the executor tests that after each instruction, and a
-             * rendezvous send is seldom done before the next compute
-             * instruction has allocated: count it until that one is over */
-            if (sl->pending && BG_PART_SEND_LINGER == 0)
+            /* a fused-backward slot ends once its gradient has been sent
+             * (eager); a rendezvous send lingers until the next compute
+             * instruction is over */
+            if (sl->pending) {
                 rp_end(&r, c, mb);
-            else if (sl->pending)
                 sl->pending = 2;
+                r.cur[c].lingering++;
+                r.dirty = 1;
+            }
             break;
         case BG_OP_RECV_ACT:
             rp_begin(&r, c, mb);
@@ -770,23 +782,22 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_par
             break;
         }
         if (o->kind <= BG_OP_BACKWARD_WEIGHT) {
-            /* a compute instruction is over: count it against the sent slots */
+            /* a compute instruction is over: the slots sent before it are gone */
             int w = 0;
             for (int q = 0; q < npend; q++) {
                 slot_t *ps = &r.slots[(size_t)pend[q].c * M + pend[q].mb];
-                if (ps->pending == 3 && --ps->left == 0)
-                    rp_end(&r, pend[q].c, pend[q].mb);
-                if (ps->pending) /* still waiting (ended slots are all zero) */
+                if (ps->pending == 3) {
+                    r.cur[pend[q].c].lingering--;
+                    ps->pending = 0;
+                } else
                     pend[w++] = pend[q];
             }
             npend = w;
         }
-        for (int q = 0; q < npend && BG_PART_SEND_LINGER > 0; q++) {
+        for (int q = 0; q < npend; q++) { /* sent at this instruction: over after the next compute one */
             slot_t *ps = &r.slots[(size_t)pend[q].c * M + pend[q].mb];
-            if (ps->pending == 2) {
+            if (ps->pending == 2)
                 ps->pending = 3;
-                ps->left = BG_PART_SEND_LINGER;
-            }
         }
         BG_CHECK_GOTO(record(&r), st, out);
     }

@@ -365,6 +365,31 @@ static int has_split_backward(const bg_schedule_t *sched, int rank)
     return 0;
 }
 
+size_t bg_plan_linger_bytes(void)
+{
+    /* UCX's own variable wins over brigade's, as in transport/comm.c; a size
+     * UCX picks itself ("auto", or anything not a plain size) may be small:
+     * every gradient message lingers */
+    const char *v = getenv("UCX_RNDV_THRESH");
+    if (!v || !*v)
+        v = bg_config_str("BRIGADE_UCX_RNDV_THRESH");
+    if (!v || !*v)
+        return 1;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (end == v)
+        return 1;
+    if (*end == 'K' || *end == 'k')
+        n <<= 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        n <<= 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        n <<= 30, end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    return *end || n == 0 ? 1 : (size_t)n;
+}
+
 /* Phase 1: every pipeline rank's device (the weakest of its replicas) and the
  * slot counts its program keeps (bg_part_schedule_counts). */
 static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
@@ -460,7 +485,7 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
 static int counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
 {
     return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout &&
-           a->backward >= b->backward && a->recomputing >= b->recomputing;
+           a->backward >= b->backward && a->recomputing >= b->recomputing && a->lingering >= b->lingering;
 }
 
 /* Phase 3: each virtual stage's spec: its rank's device, 1/V of its budget,
@@ -597,6 +622,7 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     prob.target_bytes = positions * sizeof(int32_t);
     prob.link_latency = pa->link_latency;
     prob.link_bandwidth = pa->link_bandwidth;
+    prob.linger_bytes = bg_plan_linger_bytes();
     prob.allow_recompute = pa->allow_recompute;
     prob.quick_no_fit = 1; /* the shortfall is measured apart, only when it is wanted */
     c->prob = prob;
@@ -782,7 +808,7 @@ static void rank_memory(const candidate_t *c, bg_plan_t *p)
                 uint64_t am = (uint64_t)(e->recompute ? n->recomputing : n->forwarded);
                 sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
                        am * e->layer_act_bytes + (uint64_t)n->dout * e->dout_bytes +
-                       (uint64_t)n->backward * e->bw_bytes;
+                       (uint64_t)n->backward * e->bw_bytes + (uint64_t)n->lingering * e->linger_bytes;
             }
             if (sum > best)
                 best = sum;

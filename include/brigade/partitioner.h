@@ -74,10 +74,14 @@ typedef struct bg_part_layer {
  *  activations if the stage recomputes (the slots in a backward, plus the one
  *  being forwarded). The stage's activation memory is the largest over its
  *  points of begun x input + forwarded x (data + activations) + dout x output
- *  gradient + backward x backward buffer; with recomputation forwarded x
- *  (data + kept output) + recomputing x activations replaces the middle term. */
+ *  gradient + backward x backward buffer + lingering x the whole slot (when its
+ *  gradient message lingers: bg_part_problem_t.linger_bytes); with
+ *  recomputation forwarded x (data + kept output) + recomputing x activations
+ *  replaces the middle term. */
 typedef struct bg_part_counts {
     int begun, forwarded, dout, backward, recomputing;
+    int lingering; /**< fused-backward slots whose gradient send is issued, still held until the next compute
+                        instruction is over (a send the transport completes later: see linger_bytes) */
 } bg_part_counts_t;
 
 /** The device of one (virtual) stage and what the schedule keeps on it. */
@@ -110,8 +114,12 @@ typedef struct bg_part_problem {
     int bucket_buffers;                 /**< --zero 2: buffers of bucket_bytes a stage holds besides
                                              bytes_per_param (BRIGADE_ZERO_BUFFERS; at most as many as
                                              its gradients fill, and at most its gradients' bytes) */
+    size_t linger_bytes;                /**< a stage whose input gradient message is at least this many bytes
+                                             keeps a lingering slot (counts.lingering) whole: the transport
+                                             completes such a send only after the next compute instruction
+                                             (UCX's rendezvous threshold); 0: no slot lingers */
 } bg_part_problem_t;
-#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0}
+#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0}
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
@@ -132,6 +140,8 @@ typedef struct bg_part_stage {
     size_t dout_bytes;      /**< per slot: incoming output gradient */
     size_t bw_bytes;        /**< per slot: backward buffer (split or fused) */
     size_t keep_bytes;      /**< per slot with recomputation: the stage's output, kept from F to the backward */
+    size_t linger_bytes;    /**< per lingering slot: the whole slot when its input gradient is sent as a message of
+                                 at least bg_part_problem_t.linger_bytes, else 0 */
 } bg_part_stage_t;
 
 /** Evaluate layers [first, last] on stage @p stage, with or without
@@ -155,6 +165,11 @@ typedef struct bg_part_shortfall {
 } bg_part_shortfall_t;
 /** Compute the shortfall (exact: extra_bytes fits, extra_bytes - 1 does not). */
 bg_status_t bg_part_shortfall(const bg_part_problem_t *prob, bg_part_shortfall_t *sf_p);
+
+/** The smallest input-gradient message that lingers (bg_part_problem_t.linger_bytes): UCX's rendezvous
+ *  threshold as the transport sets it (UCX_RNDV_THRESH, else BRIGADE_UCX_RNDV_THRESH, default 256K);
+ *  1 (every message) when it is not a plain size such as "auto". */
+size_t bg_plan_linger_bytes(void);
 
 /** Slot counts of pipeline rank @p rank over its program, replaying the
  *  executor's allocation order (receives posted up to the next two compute

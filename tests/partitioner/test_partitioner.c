@@ -126,6 +126,7 @@ static void random_instance(inst_t *in)
     p.link_latency = rnd() % 2 ? 0.0 : 0.01 * rint_(0, 10);
     p.link_bandwidth = rnd() % 2 ? 0.0 : 1000.0 * rint_(1, 10);
     p.allow_recompute = (int)(rnd() % 2);
+    p.linger_bytes = rnd() % 2 ? 0 : (size_t)rint_(1, 3000); /* some boundaries linger, some not */
     size_t total = 0;
     for (int i = 0; i < L; i++) {
         bg_part_layer_t *l = &in->layers[i];
@@ -138,7 +139,7 @@ static void random_instance(inst_t *in)
         /* coarse times make ties (and so the tie-breaking) common */
         l->fwd_time = rnd() % 3 ? rint_(0, 4) : 0;
         l->bwd_time = rnd() % 3 ? 2.0 * l->fwd_time : (double)rint_(0, 6) * 0.5;
-        total += l->params * p.bytes_per_param + l->stash_bytes * 3;
+        total += l->params * p.bytes_per_param + l->stash_bytes * (p.linger_bytes ? 4 : 3); /* + a lingering slot */
     }
     for (int s = 0; s < S; s++) {
         bg_part_stage_spec_t *sp = &in->stages[s];
@@ -154,6 +155,7 @@ static void random_instance(inst_t *in)
             n->forwarded = n->dout + rint_(0, 2);
             n->begun = n->forwarded + rint_(0, 1);
             n->recomputing = rint_(n->backward, n->forwarded + 1);
+            n->lingering = rnd() % 4 == 0;
         }
         sp->counts = in->counts[s];
     }
@@ -239,7 +241,7 @@ static void test_memory_closed_form(void **state)
         {200, 2048, 640, 700, 128, 2.0, 4.0},
         {300, 4096, 192, 100, 64, 3.0, 6.0},
     };
-    bg_part_counts_t c0[] = {{2, 2, 1, 1, 2}}, c1[] = {{3, 2, 1, 1, 2}, {1, 1, 1, 0, 1}};
+    bg_part_counts_t c0[] = {{2, 2, 1, 1, 2, 0}}, c1[] = {{3, 2, 1, 1, 2, 0}, {1, 1, 1, 0, 1, 0}};
     bg_part_stage_spec_t sp[2] = {{1.0, 1 << 20, 0, 1, c0}, {2.0, 1 << 20, 1, 2, c1}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = 3, p.layers = ly, p.nstages = 2, p.stages = sp;
@@ -281,6 +283,23 @@ static void test_memory_closed_form(void **state)
     assert_int_equal(e.dout_bytes, 256);
     assert_int_equal(e.act_bytes, 2 * 0 + 2 * (40 + 1024) + 1 * 256 + 1 * fused);
     assert_true(e.comm_time == 0.5 + 1.0);
+    /* a lingering slot (its gradient's send issued, not yet complete): the whole slot, only where the
+     * input gradient message is at least linger_bytes; stage 0 sends none */
+    bg_part_counts_t l1[] = {{1, 1, 0, 1, 1, 1}};
+    sp[1].counts = l1, sp[1].ncounts = 1, sp[1].split_backward = 0;
+    sp[0].counts = l1, sp[0].ncounts = 1;
+    size_t fused1 = 2 * al64(256) + (640 - al64(128)); /* layers 1..2: max(in 256, outs) twice, + the largest wstash beyond its output */
+    for (int k = 0; k < 3; k++) {
+        static const size_t lb[3] = {0, 256, 257}; /* none; the input gradient (256 bytes) lingers; it does not */
+        p.linger_bytes = lb[k];
+        assert_int_equal(bg_part_stage_eval(&p, 1, 1, 2, 0, &e), BG_OK);
+        assert_int_equal(e.bw_bytes, fused1);
+        size_t slot = in + data + act + dout + fused1;
+        assert_int_equal(e.linger_bytes, k == 1 ? slot : 0);
+        assert_int_equal(e.act_bytes, in + (data + act) + fused1 + (k == 1 ? slot : 0));
+        assert_int_equal(bg_part_stage_eval(&p, 0, 0, 0, 0, &e), BG_OK);
+        assert_int_equal(e.linger_bytes, 0);
+    }
 }
 
 /* ---------------- against bg_stage_memory of real stages ---------------- */
@@ -299,7 +318,7 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
         ly[i] = (bg_part_layer_t){prof[i].params,       prof[i].stash_bytes, prof[i].wstash_bytes,
                                   prof[i].scratch_bytes, prof[i].output_bytes, 1.0, 2.0};
     }
-    bg_part_counts_t one = {1, 1, 1, 1, 1};
+    bg_part_counts_t one = {1, 1, 1, 1, 1, 0};
     bg_part_stage_spec_t sp[2] = {{1.0, (size_t)1 << 40, 0, 1, &one}, {1.0, (size_t)1 << 40, 1, 1, &one}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = L, p.layers = ly, p.nstages = 2, p.stages = sp;
@@ -370,21 +389,28 @@ static void test_replay_1f1b(void **state)
         int n = 0;
         assert_int_equal(bg_part_schedule_counts(s, r, &rows, &n), BG_OK);
         assert_true(n >= 1);
-        int maxf = 0, maxb = 0;
+        int maxf = 0, maxb = 0, maxl = 0, lingerb = 0;
         for (int k = 0; k < n; k++) {
             if (rows[k].forwarded > maxf)
                 maxf = rows[k].forwarded;
             if (rows[k].backward > maxb)
                 maxb = rows[k].backward;
+            if (rows[k].lingering > maxl)
+                maxl = rows[k].lingering;
+            lingerb |= rows[k].lingering && rows[k].backward; /* the slot sent before is still held */
             assert_true(rows[k].begun >= rows[k].forwarded && rows[k].forwarded >= rows[k].backward);
         }
         /* 1F1B keeps p - r microbatches forwarded on rank r and one backward
-         * at a time (a fused-backward slot ends when its gradient's send is
-         * issued: BG_PART_SEND_LINGER = 0, what the transport does now) */
-        static const int want_f[4] = {4, 3, 2, 1}, want_b[4] = {1, 1, 1, 1};
-        if (maxf != want_f[r] || maxb != want_b[r])
-            fail_msg("rank %d: peak forwarded %d backward %d, expected %d and %d", r, maxf, maxb, want_f[r],
-                     want_b[r]);
+         * at a time; a fused-backward slot ends when its gradient's send is
+         * issued, or lingers (one at a time) until the next compute
+         * instruction is over: on rank 0 never (it sends no gradient); on
+         * the last rank that instruction is the next forward, elsewhere in
+         * the steady state the next backward */
+        static const int want_f[4] = {4, 3, 2, 1}, want_b[4] = {1, 1, 1, 1}, want_l[4] = {0, 1, 1, 1};
+        static const int want_lb[4] = {0, 1, 1, 0};
+        if (maxf != want_f[r] || maxb != want_b[r] || maxl != want_l[r] || lingerb != want_lb[r])
+            fail_msg("rank %d: peak forwarded %d backward %d lingering %d (with a backward: %d), expected %d, %d, "
+                     "%d, %d", r, maxf, maxb, maxl, lingerb, want_f[r], want_b[r], want_l[r], want_lb[r]);
         free(rows);
     }
     bg_schedule_free(s);
@@ -398,7 +424,7 @@ static void test_no_fit_message(void **state)
     bg_part_layer_t ly[4] = {
         {10, 640, 128, 0, 64, 1, 2}, {1000, 640, 128, 0, 64, 1, 2}, {10, 640, 128, 0, 64, 1, 2},
         {10, 640, 128, 0, 64, 1, 2}};
-    bg_part_counts_t c = {1, 1, 1, 1, 1};
+    bg_part_counts_t c = {1, 1, 1, 1, 1, 0};
     bg_part_stage_spec_t sp[2] = {{1, 4000, 0, 1, &c}, {1, 4000, 0, 1, &c}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = 4, p.layers = ly, p.nstages = 2, p.stages = sp;
