@@ -745,6 +745,25 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     return BG_OK;
 }
 
+bg_status_t bg_stage_release(bg_stage_t *s, int mb)
+{
+    slot_t *sl = NULL;
+    BG_CHECK(get_slot(s, mb, SLOT_DONE, "release", &sl));
+    bg_backend_t *be = s->be;
+    bg_backend_free(be, sl->input);
+    bg_backend_free(be, sl->tokens);
+    bg_backend_free(be, sl->targets);
+    bg_backend_free(be, sl->act);
+    bg_backend_free(be, sl->keep_out);
+    bg_backend_free(be, sl->dout_in); /* din is in bw (or NULL on the first stage) */
+    sl->input = sl->keep_out = sl->dout_in = NULL;
+    sl->tokens = sl->targets = NULL;
+    sl->act = NULL;
+    for (int i = 0; i < s->nlayers; i++)
+        sl->out[i] = NULL, sl->stash[i] = NULL;
+    return BG_OK;
+}
+
 void bg_stage_end(bg_stage_t *s, int mb)
 {
     if (mb >= 0 && mb < s->nslots)

@@ -171,8 +171,9 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     size_t bw = sp->split_backward ? split : fused;
     /* recomputation keeps the stage's output (it is sent, or it is the loss) */
     size_t keep = rc ? ly[b].output_bytes : 0;
-    /* a slot held after its gradient's send was issued: all of it (recomputed activations too) */
-    size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? in + data + keep + act + dout + bw : 0;
+    /* a slot held after its gradient's send was issued: its backward buffer, which holds that gradient
+     * (the executor releases the rest right after the fused backward: bg_stage_release) */
+    size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? bw : 0;
     size_t peak = 0;
     for (int k = 0; k < sp->ncounts; k++) {
         const bg_part_counts_t *n = &sp->counts[k];

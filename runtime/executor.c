@@ -466,8 +466,15 @@ static bg_status_t do_backward(exec_t *x, chunk_t *ch, int mb, int split)
     }
     if (!split && (ch->is_first || ch->prev_local))
         BG_CHECK(end_slot(x, ch, mb, 0));
-    else if (!split)
-        ch->pending_end[mb] = 1; /* after its SEND_GRAD completes */
+    else if (!split) {
+        /* the slot ends after its SEND_GRAD completes (a rendezvous-sized one: after the next compute
+         * instruction has allocated): until then it holds din alone. Its output's send is complete by
+         * now (the next stage computed this gradient from it), so waiting for it costs no time. */
+        BG_CHECK(wait_free(&ch->act_send[mb]));
+        BG_CHECK(bg_stage_release(ch->st, mb));
+        ch->out[mb] = NULL;
+        ch->pending_end[mb] = 1;
+    }
     return BG_OK;
 }
 

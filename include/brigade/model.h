@@ -324,6 +324,11 @@ int bg_stage_recompute(const bg_stage_t *s);
  *  would, with the shapes it would, but runs no layer (their contents are
  *  undefined); the layer-done callback still fires. */
 void bg_stage_set_emulate(bg_stage_t *s, int on);
+/** After the fused backward: frees all of slot mb but the buffer that holds its input gradient (din stays
+ *  valid until bg_stage_end), so a slot whose din is still being sent holds only that. The stage's output
+ *  (from bg_stage_forward) is freed too: nothing may still read or send it. BG_ERR_INVALID if the slot's
+ *  fused backward has not run. */
+bg_status_t bg_stage_release(bg_stage_t *s, int mb);
 /** Frees what is left of slot mb (after the fused backward). */
 void bg_stage_end(bg_stage_t *s, int mb);
 /** Memory of one microbatch of input shape `in` on this stage, in bytes, as

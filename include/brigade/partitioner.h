@@ -74,7 +74,7 @@ typedef struct bg_part_layer {
  *  activations if the stage recomputes (the slots in a backward, plus the one
  *  being forwarded). The stage's activation memory is the largest over its
  *  points of begun x input + forwarded x (data + activations) + dout x output
- *  gradient + backward x backward buffer + lingering x the whole slot (when its
+ *  gradient + backward x backward buffer + lingering x backward buffer (when its
  *  gradient message lingers: bg_part_problem_t.linger_bytes); with
  *  recomputation forwarded x (data + kept output) + recomputing x activations
  *  replaces the middle term. */
@@ -115,7 +115,8 @@ typedef struct bg_part_problem {
                                              bytes_per_param (BRIGADE_ZERO_BUFFERS; at most as many as
                                              its gradients fill, and at most its gradients' bytes) */
     size_t linger_bytes;                /**< a stage whose input gradient message is at least this many bytes
-                                             keeps a lingering slot (counts.lingering) whole: the transport
+                                             keeps a lingering slot's backward buffer (counts.lingering,
+                                             holding that gradient; bg_stage_release frees the rest): the transport
                                              completes such a send only after the next compute instruction
                                              (UCX's rendezvous threshold); 0: no slot lingers */
 } bg_part_problem_t;
@@ -140,8 +141,8 @@ typedef struct bg_part_stage {
     size_t dout_bytes;      /**< per slot: incoming output gradient */
     size_t bw_bytes;        /**< per slot: backward buffer (split or fused) */
     size_t keep_bytes;      /**< per slot with recomputation: the stage's output, kept from F to the backward */
-    size_t linger_bytes;    /**< per lingering slot: the whole slot when its input gradient is sent as a message of
-                                 at least bg_part_problem_t.linger_bytes, else 0 */
+    size_t linger_bytes;    /**< per lingering slot: its backward buffer when its input gradient is sent as a
+                                 message of at least bg_part_problem_t.linger_bytes, else 0 */
 } bg_part_stage_t;
 
 /** Evaluate layers [first, last] on stage @p stage, with or without

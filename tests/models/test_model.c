@@ -267,6 +267,10 @@ static void run_split(const bg_model_config_t *c, int nst, const int *first, con
                 assert_int_equal(bg_stage_backward_weight(st[k], mb), BG_OK);
             } else {
                 assert_int_equal(bg_stage_backward(st[k], mb, &d), BG_OK);
+                /* all but din goes (as the executor does while din is being sent); din is read after it */
+                size_t held = bg_backend_memstats(be).current;
+                assert_int_equal(bg_stage_release(st[k], mb), BG_OK);
+                assert_true(bg_backend_memstats(be).current < held);
                 if (k > 0)
                     memcpy(din = dbuf, d, (size_t)n * T * c->d_model * sizeof(float));
                 bg_stage_end(st[k], mb);
@@ -347,6 +351,8 @@ static void test_stage_misuse(void **s)
     float *in;
     assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){2, 1, 10}, &in), BG_OK);
     assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){2, 1, 10}, &in), BG_ERR_INVALID);
+    assert_int_equal(bg_stage_release(st, 1), BG_ERR_INVALID); /* before its fused backward */
+    assert_non_null(strstr(bg_last_error(), "release of microbatch 1"));
     bg_stage_end(st, 1);
     assert_int_equal(bg_backend_memstats(be).current, before); /* nothing leaked */
     assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 1, 11}, &in), BG_ERR_INVALID);
