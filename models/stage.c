@@ -149,7 +149,8 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     return BG_OK;
 }
 
-static void slot_free(bg_stage_t *s, slot_t *sl)
+/* Free all of a slot's memory but its backward buffer (bw: din, after a fused backward). */
+static void slot_release(bg_stage_t *s, slot_t *sl)
 {
     bg_backend_t *be = s->be;
     bg_backend_free(be, sl->input);
@@ -158,7 +159,17 @@ static void slot_free(bg_stage_t *s, slot_t *sl)
     bg_backend_free(be, sl->act);
     bg_backend_free(be, sl->keep_out);
     bg_backend_free(be, sl->dout_in);
-    bg_backend_free(be, sl->bw);
+    sl->input = sl->keep_out = sl->dout_in = NULL;
+    sl->tokens = sl->targets = NULL;
+    sl->act = NULL;
+    for (int i = 0; sl->out && sl->stash && i < s->nlayers; i++)
+        sl->out[i] = NULL, sl->stash[i] = NULL;
+}
+
+static void slot_free(bg_stage_t *s, slot_t *sl)
+{
+    slot_release(s, sl);
+    bg_backend_free(s->be, sl->bw);
     free(sl->shapes);
     free(sl->out);
     free(sl->stash);
@@ -749,18 +760,7 @@ bg_status_t bg_stage_release(bg_stage_t *s, int mb)
 {
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_DONE, "release", &sl));
-    bg_backend_t *be = s->be;
-    bg_backend_free(be, sl->input);
-    bg_backend_free(be, sl->tokens);
-    bg_backend_free(be, sl->targets);
-    bg_backend_free(be, sl->act);
-    bg_backend_free(be, sl->keep_out);
-    bg_backend_free(be, sl->dout_in); /* din is in bw (or NULL on the first stage) */
-    sl->input = sl->keep_out = sl->dout_in = NULL;
-    sl->tokens = sl->targets = NULL;
-    sl->act = NULL;
-    for (int i = 0; i < s->nlayers; i++)
-        sl->out[i] = NULL, sl->stash[i] = NULL;
+    slot_release(s, sl); /* din is in bw (or NULL on the first stage) */
     return BG_OK;
 }
 
