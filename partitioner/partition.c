@@ -585,10 +585,11 @@ typedef struct slot {
 /* A fused-backward slot whose gradient's send is issued ends when a test
  * after an instruction finds the send complete. An eager message is
  * complete at once; a rendezvous one (UCX: at least its RNDV_THRESH) only
- * once the receiver has fetched it and the sender has heard so, which on
- * these machines is after the next compute instruction has allocated its
- * buffers. The replay counts such a slot as lingering (counts.lingering)
- * from the send until that next compute instruction is over; the byte model
+ * once the receiver has fetched it and the sender has heard so, which is
+ * often after the next compute instruction has allocated its buffers: the
+ * executor waits for it when that instruction is over (runtime/executor.c
+ * reap_pending). The replay counts such a slot as lingering
+ * (counts.lingering) from the send until then; the byte model
  * charges it only for stages whose gradient message is rendezvous-sized
  * (bg_part_problem_t.linger_bytes). Measured (docs/partitioner.md): the
  * last stage's peak under GPipe and 1F1B exceeded the prediction by one

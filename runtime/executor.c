@@ -326,13 +326,17 @@ static bg_status_t end_slot(exec_t *x, chunk_t *ch, int mb, int split)
     return BG_OK;
 }
 
-/* Fused backward slots whose din is still being sent end later. */
+/* Fused backward slots whose din is still being sent end later: when a test
+ * after an instruction finds the send complete (force 0); at the latest when
+ * the first compute instruction after the send is over (force 2: every slot
+ * whose send is issued, waited for), which bounds what the partitioner
+ * counts as lingering (docs/partitioner.md); force 1: all, at the step's end. */
 static bg_status_t reap_pending(exec_t *x, int force)
 {
     for (int v = 0; v < x->V; v++) {
         chunk_t *ch = &x->chunks[v];
         for (int mb = 0; mb < x->M; mb++) {
-            if (!ch->pending_end[mb])
+            if (!ch->pending_end[mb] || (force == 2 && !ch->grad_send[mb]))
                 continue;
             if (!force) {
                 int done = 0;
@@ -1878,7 +1882,8 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
             x->busy += b - a;
         if (x->trace)
             bg__trace_event(x->trace, op_label(op->kind), op->microbatch, op->stage, a, b, (int)step + 1);
-        BG_CHECK_GOTO(reap_pending(x, 0), st, fail);
+        /* a compute instruction is over: the slots sent before it end now, done or not */
+        BG_CHECK_GOTO(reap_pending(x, op->kind <= BG_OP_BACKWARD_WEIGHT ? 2 : 0), st, fail);
     }
     BG_CHECK_GOTO(reap_pending(x, 1), st, fail);
     for (int k = 0; k < x->loss_k; k++) { /* the step's end: the losses, in the order their forwards ran */

@@ -193,12 +193,13 @@ grep -q "tp=2 (sequence-parallel).*Smallest budget that fits: 22515712 bytes" "$
   fail "20M: the shortfall does not count sequence parallelism: $(cat "$T/out")"
 
 # the predicted peak of every rank is its measured one (bytes the stage allocates, to within 1 %, never
-# under) for the fused-backward schedules, where the input gradient's message is rendezvous-sized (256 KiB:
-# 2 x 128 x 256 floats) and the slot that sent it lingers into the next compute instruction, and where
-# the gradient's receive buffer is held from the forward on
+# above): the fused-backward schedules, where the input gradient's message is rendezvous-sized (256 KiB:
+# 2 x 128 x 256 floats) and the slot that sent it lingers until the next compute instruction is over (the
+# executor waits for it there), and where the gradient's receive buffer is held from the forward on
 MEM="--model gpt --layers 2 --d-model 256 --heads 4 --seq 128 --batch 16 --microbatch-size 2 --devices 2 --pp 2 --mem 1G"
-for sch in gpipe 1f1b zb-h1; do
-  if timeout 60 "$B" plan $MEM --schedule $sch --json "$T/m_$sch.json" >"$T/out" 2>&1 &&
+for sch in gpipe 1f1b zb-h1 interleaved; do
+  ex=; [ $sch = interleaved ] && ex="--chunks 2"
+  if timeout 60 "$B" plan $MEM --schedule $sch $ex --json "$T/m_$sch.json" >"$T/out" 2>&1 &&
      timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/m_$sch.json" --steps 2 --threads 1 --quiet \
        --metrics "$T/m_$sch.jsonl" >"$T/run" 2>&1; then
     python3 - "$T/m_$sch.json" "$T/m_$sch.jsonl" "$sch" <<'PY' || fail "$sch: the measured peaks are not the predicted ones (above)"
