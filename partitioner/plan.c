@@ -373,21 +373,8 @@ size_t bg_plan_linger_bytes(void)
     const char *v = getenv("UCX_RNDV_THRESH");
     if (!v || !*v)
         v = bg_config_str("BRIGADE_UCX_RNDV_THRESH");
-    if (!v || !*v)
-        return 1;
-    char *end;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (end == v)
-        return 1;
-    if (*end == 'K' || *end == 'k')
-        n <<= 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        n <<= 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        n <<= 30, end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    return *end || n == 0 ? 1 : (size_t)n;
+    uint64_t n;
+    return bg_parse_bytes(v, &n) == 0 ? (size_t)n : 1;
 }
 
 /* Phase 1: every pipeline rank's device (the weakest of its replicas) and the
@@ -447,6 +434,10 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
     c->opt = calloc((size_t)s->L, sizeof(double));
     if (!c->layers || !c->coll || !c->opt)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
+    /* the optimizer step: measured (on the group, or in one process: / tp, the parameters being mostly
+     * shards), else 10 FLOP per parameter */
+    const double *mo = s->times ? s->times->opt_s : pa->layer_fwd_s ? layer_opt_s(pa) : NULL;
+    c->opt_measured = mo != NULL;
     for (int i = 0; i < s->L; i++) {
         bg_part_layer_t *l = &c->layers[i];
         l->params = prof[i].params;
@@ -454,10 +445,6 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
         l->wstash_bytes = prof[i].wstash_bytes;
         l->scratch_bytes = prof[i].scratch_bytes;
         l->output_bytes = prof[i].output_bytes;
-        /* the optimizer step: measured (on the group, or in one process: / tp, the parameters being
-         * mostly shards), else 10 FLOP per parameter */
-        const double *mo = s->times ? s->times->opt_s : pa->layer_fwd_s ? layer_opt_s(pa) : NULL;
-        c->opt_measured = mo != NULL;
         c->opt[i] = mo ? mo[i] / (s->times ? 1 : s->tp) : 10.0 * (double)prof[i].params / pa->flops;
         if (s->times) { /* measured as the plan runs them: the split layers and their collectives */
             l->fwd_time = s->times->fwd_s[i];

@@ -471,19 +471,18 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     }
     int timed = 0;
     /* the first step of a run allocates the optimizer state and touches every buffer for the first
-     * time (1.5-3x a later step's time for a small GPT): with 3 steps or more it is left out of the medians */
-    int warm = c.steps - start >= 3;
+     * time (1.5-3x a later step's time for a small GPT): with 3 steps or more it is left out of the medians
+     * (written where the second one goes; kept only if the run stops after it) */
+    int skip_first = c.steps - start >= 3;
     double tokens_mid = 0;
     for (int step = start; step < c.steps; step++) {
         if (c.stop_flag && *c.stop_flag)
             bg_executor_request_stop(x);
         bg_step_result_t r;
         BG_CHECK_GOTO(bg_executor_step(x, &r), st, out);
-        if (step >= start + warm || timed == 0) { /* the first is overwritten by the second */
-            times[timed % BG_TIMED] = r.step_ms / 1e3;
-            busy[timed % BG_TIMED] = (1.0 - r.bubble) * r.step_ms / 1e3;
-            timed += step >= start + warm;
-        }
+        times[timed % BG_TIMED] = r.step_ms / 1e3;
+        busy[timed % BG_TIMED] = (1.0 - r.bubble) * r.step_ms / 1e3;
+        timed += !(skip_first && step == start);
         if (step == start + (c.steps - start) / 2 || tokens_mid == 0) /* the first until the middle (a stop) */
             tokens_mid = r.tokens;
         res.steps_done = step + 1;

@@ -242,33 +242,14 @@ int bg_cli_double(const char *cmd, const char *flag, const char *s, double lo, d
 
 int bg_cli_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out)
 {
-    char *end;
-    errno = 0;
     if (!s) {
         bg_cli_fail(cmd, "%s needs a value", flag);
         return -1;
     }
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024; break;
-        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
-        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
-        default: mul = -1;
-        }
-        end++;
-        if (*end == 'i' || *end == 'B')
-            end++;
-        if (*end == 'B')
-            end++;
-    }
-    if (errno || end == s || *end || mul < 0 || !(v > 0)) {
+    if (bg_parse_bytes(s, out) != 0) {
         bg_cli_fail(cmd, "%s expects a positive size like 512M or 24G, got \"%s\"", flag, s);
         return -1;
     }
-    *out = (uint64_t)(v * mul);
     return 0;
 }
 

@@ -3,7 +3,8 @@
  * split B and W, and the optimizer step over its parameters; medians of
  * rounds that each time every layer once (at least 15, more while the
  * rounds spread), each timed call starting with half the last-level cache
- * evicted unless everything the ranks touch fits in it. The layers are measured the way the plan runs them: a model
+ * evicted unless everything the ranks touch fits in it. The layers are
+ * measured the way the plan runs them: a model
  * built for tensor-parallel degree T by a group of T processes with the
  * group's real collectives (over the transport, on this machine), and with
  * copies of the measurement (whole groups) running beside it for the other
@@ -152,7 +153,8 @@ static bg_status_t time_layer(bg_backend_t *be, mlayer_t *x, int L, int tokens, 
         TRY(bg_stage_set_data(stg, 0, i == 0 && tokens ? tok : NULL, i == L - 1 ? tok : NULL,
                                    1.0f / (float)(n * t)));
     /* in training the other layers of the stage and of the other
-     * microbatches run in between: start each call with cold caches */
+     * microbatches run in between: start each call with the caches as they
+     * would find them (evict_caches) */
     evict_caches();
     TRY(together());
     double c0 = comm_seconds(), t0 = bg_now();
@@ -425,9 +427,9 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
      * model's weights and gradients and one microbatch's stash, and the other
      * ranks on this machine touch theirs in the same cache. When all of that
      * fits, the layers are timed warm (no eviction): measured on the GPT of
-     * bench/tp_plan.sh (2 x 14 MiB in 32 MiB), half the cache evicted read
+     * bench/tp_plan.sh (2 x 13.3 MiB in 32 MiB), half the cache evicted read
      * 4-6 % above the run and warm 0.96-1.00 of it; on an 8 x 256 GPT at
-     * pp 2 (2 x 71 MiB), warm read 7-9 % below and half evicted 1.00-1.02. */
+     * pp 2 (2 x 67.7 MiB), warm read 7-9 % below and half evicted 1.00-1.02. */
     double ws = 0;
     for (int i = 0; i < L; i++)
         ws += 2.0 * (double)prof[i].params * sizeof(float) + (double)prof[i].stash_bytes;
@@ -468,8 +470,8 @@ int bg_cli_measure_layers(const char *cmd, bg_model_desc_t *desc, int n, int t, 
                 res[k].L = -1;
             pid_t pid = fork();
             if (pid == 0)
-                member(cmd, desc, n, t, backend, threads, optim, !shared, warm ? 0 : evict_procs, tp, k, port, token, g > 0,
-                       res[k].fig, &res[k].L, &res[k].spread, &res[k].rounds);
+                member(cmd, desc, n, t, backend, threads, optim, !shared, warm ? 0 : evict_procs, tp, k, port,
+                       token, g > 0, res[k].fig, &res[k].L, &res[k].spread, &res[k].rounds);
             if (pid < 0) {
                 rc = bg_cli_fail(cmd, "cannot start a measuring process: %s", strerror(errno));
                 break;

@@ -526,7 +526,7 @@ static void *bg__comm_thread(void *arg)
         if (pthread_mutex_trylock(&c->lock) == 0) {
             unsigned n = bg__progress_locked(c);
             bg__unlock(c);
-            idle = n ? 0 : idle + 1;
+            idle = n ? 0 : idle < (1 << 20) ? idle + 1 : idle; /* capped: it only counts up to the nap's cap */
         }
         if (idle > 64) {
             /* Nothing moved for a while: sleep instead of spinning, so the
