@@ -18,8 +18,9 @@ int bg__numa_node_of_pci(const char *sysfs_root, const char *bus_id)
     char tail;
     /* CUDA writes the domain with 4 or 8 hex digits, in either case; sysfs
      * names it with 4, lower case */
-    if (!bus_id || strspn(bus_id, "0123456789abcdefABCDEF:.") != strlen(bus_id) || sscanf(bus_id, "%x:%x:%x.%x%c", &dom, &bus, &dev, &fn, &tail) != 4 || dom > 0xffff ||
-        bus > 0xff || dev > 0x1f || fn > 7)
+    if (!bus_id || strspn(bus_id, "0123456789abcdefABCDEF:.") != strlen(bus_id) ||
+        sscanf(bus_id, "%x:%x:%x.%x%c", &dom, &bus, &dev, &fn, &tail) != 4 || dom > 0xffff || bus > 0xff ||
+        dev > 0x1f || fn > 7)
         return -1;
     char path[4096];
     if (snprintf(path, sizeof(path), "%s/bus/pci/devices/%04x:%02x:%02x.%x/numa_node", sysfs_root, dom, bus, dev,

@@ -20,9 +20,8 @@ int bg_cmd_info(int argc, char **argv)
     for (const char *const *n = bg_backend_names(); *n; n++)
         printf(" %s", *n);
     printf("\n");
-    for (const char *const *n = bg_backend_names(); *n; n++)
-        if (!strcmp(*n, "cpu-async"))
-            printf("cpu-async: the CPU kernels behind an emulated copy stream and events (tests the streams path)\n");
+    /* always compiled in (kernels/backend.c) */
+    printf("cpu-async: the CPU kernels behind an emulated copy stream and events (tests the streams path)\n");
     for (const char *const *n = bg_backend_names(); *n; n++) { /* can the device backends start here? */
         if (!strncmp(*n, "cpu", 3)) /* cpu, and cpu-async (the CPU with emulated streams, for tests) */
             continue;
