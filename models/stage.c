@@ -10,7 +10,10 @@
  *   dout_in incoming output gradient                   (recv .. end of backward)
  *   bw      split backward: [dout_i, i<k-1][wstash_i][din]   (B .. W)
  *           fused backward: [ping][pong][wstash max]         (.. bg_stage_end)
- * The stage's scratch buffer (temporaries of one call) is shared by all slots.
+ * The stage's scratch buffer (temporaries of one call) is shared by all slots
+ * of a lane: a slot's calls use its lane's (bg_stage_set_lane), so two calls
+ * may be in progress at once (two coroutines on the rank's thread) when
+ * their slots are on different lanes.
  *
  * Guard zones (BRIGADE_GUARD): every piece handed to a layer (outputs,
  * stashes, wstashes, the inner and input gradients, the scratch) is followed
@@ -64,6 +67,7 @@ typedef struct slot {
     float *dout_in;
     char *bw;
     float *din;
+    int lane;           /* whose scratch its calls use: 0 or 1 */
 } slot_t;
 
 struct bg_stage {
@@ -73,8 +77,8 @@ struct bg_stage {
     bg_layer_t **layers;
     int nslots;
     slot_t *slots;
-    void *scratch;
-    size_t scratch_bytes;
+    void *scratch[2]; /* per lane; lane 1's only once a slot used it */
+    size_t scratch_bytes[2];
     bg_stage_layer_done_fn layer_done;
     void *layer_done_arg;
     int recompute;      /* keep only input and output between F and B; rerun F in B */
@@ -121,8 +125,8 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     int guard = 0;
     BG_CHECK(guard_enabled(&guard));
     const char *ov = bg_config_str("BRIGADE_TP_OVERLAP");
-    if (strcmp(ov, "weight") && strcmp(ov, "layer"))
-        return bg_error(BG_ERR_INVALID, "BRIGADE_TP_OVERLAP=\"%s\": expected weight or layer", ov);
+    if (strcmp(ov, "weight") && strcmp(ov, "layer") && strcmp(ov, "microbatch"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_TP_OVERLAP=\"%s\": expected weight, layer or microbatch", ov);
     bg_stage_t *s = calloc(1, sizeof(*s));
     BG_ALLOC_CHECK(s, sizeof(*s), "stage");
     s->model = m;
@@ -141,7 +145,7 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     for (int i = 0; i < s->nlayers; i++)
         s->layers[i] = bg_model_layer(m, s->first + i);
     s->gz = guard ? GUARD_BYTES : 0;
-    s->tp_weight = strcmp(ov, "weight") == 0;
+    s->tp_weight = strcmp(ov, "layer") != 0; /* microbatch: the executor pairs instructions, and weight */
 #ifdef BG__GUARD_ASAN
     s->poison = guard && strcmp(s->be->ops->name, "cpu") == 0; /* shadow memory covers host memory only */
 #endif
@@ -182,7 +186,8 @@ void bg_stage_destroy(bg_stage_t *s)
         return;
     for (int i = 0; i < s->nslots; i++)
         slot_free(s, &s->slots[i]);
-    bg_backend_free(s->be, s->scratch);
+    bg_backend_free(s->be, s->scratch[0]);
+    bg_backend_free(s->be, s->scratch[1]);
     free(s->slots);
     free(s->layers);
     free(s);
@@ -211,15 +216,17 @@ static size_t piece(size_t bytes, size_t gz) { return bg__align64(bytes) + gz; }
 /* Bytes of an activation (or its gradient) of shape sh. */
 static size_t act_size(bg_shape_t sh) { return bg_shape_numel(sh) * sizeof(float); }
 
-static bg_status_t ensure_scratch(bg_stage_t *s, const bg_shape_t *shapes)
+/* The scratch of slot sl's lane, large enough for its shapes. */
+static bg_status_t ensure_scratch(bg_stage_t *s, const slot_t *sl)
 {
-    size_t need = scratch_need(s, shapes);
-    if (need <= s->scratch_bytes && (s->scratch || !s->gz))
+    size_t need = scratch_need(s, sl->shapes);
+    int k = sl->lane;
+    if (need <= s->scratch_bytes[k] && (s->scratch[k] || !s->gz))
         return BG_OK;
-    bg_backend_free(s->be, s->scratch);
-    s->scratch = bg_backend_alloc(s->be, s->gz ? piece(need, s->gz) : need, "stage scratch");
-    s->scratch_bytes = s->scratch ? need : 0;
-    return s->scratch ? BG_OK : BG_ERR_NOMEM;
+    bg_backend_free(s->be, s->scratch[k]);
+    s->scratch[k] = bg_backend_alloc(s->be, s->gz ? piece(need, s->gz) : need, k ? "stage scratch (lane 1)" : "stage scratch");
+    s->scratch_bytes[k] = s->scratch[k] ? need : 0;
+    return s->scratch[k] ? BG_OK : BG_ERR_NOMEM;
 }
 
 static bg_status_t compute_shapes(bg_stage_t *s, bg_shape_t in, bg_shape_t *shapes)
@@ -439,7 +446,7 @@ static void guard_common(bg_stage_t *s, const bg_shape_t *sh, int i, const float
     size_t cb = bg_layer_scratch_bytes(s->layers[i], sh[i]);
     guard_add(gc, G_OUT, out, ob, piece(ob, s->gz));
     guard_add(gc, G_STASH, c->stash, sb, piece(sb, s->gz));
-    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes, s->gz));
+    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes[c->scratch == s->scratch[1]], s->gz));
     if (i > 0) /* the stage's own input buffer has no guard */
         guard_add(gc, G_IN, x, act_size(sh[i]), piece(act_size(sh[i]), s->gz));
 }
@@ -513,7 +520,7 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
     c.targets = sl->targets;
     c.loss_scale = sl->loss_scale;
     c.stash = sl->stash[i];
-    c.scratch = s->scratch;
+    c.scratch = s->scratch[sl->lane];
     c.tp = bg_model_desc_tp(bg_model_desc(s->model));
     return c;
 }
@@ -522,7 +529,7 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
 static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
 {
     size_t total = act_bytes(s, sl->shapes, s->gz);
-    BG_CHECK(ensure_scratch(s, sl->shapes));
+    BG_CHECK(ensure_scratch(s, sl));
     sl->act = bg_backend_alloc(s->be, total, "activations");
     if (!sl->act)
         return BG_ERR_NOMEM;
@@ -641,6 +648,7 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward_input", &sl));
     BG_CHECK(check_dout(s, sl, mb));
+    BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
         BG_CHECK(run_forward(s, sl)); /* recompute */
     int has_din = sl->shapes[0].c != 0 && s->first > 0; /* the model's own input needs no gradient */
@@ -671,6 +679,7 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
 {
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_BINPUT, "backward_weight", &sl));
+    BG_CHECK(ensure_scratch(s, sl));
     for (int i = s->nlayers - 1; i >= 0; i--) {
         if (s->emulate && s->layer_done)
             BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
@@ -698,6 +707,7 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward", &sl));
     BG_CHECK(check_dout(s, sl, mb));
+    BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
         BG_CHECK(run_forward(s, sl)); /* recompute */
     size_t acap = fused_maxact(s, sl->shapes) + s->gz, wcap = fused_maxw(s, sl->shapes) + s->gz;
@@ -753,6 +763,16 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     sl->din = (float *)dout;
     sl->state = SLOT_DONE;
     *din_p = sl->din;
+    return BG_OK;
+}
+
+bg_status_t bg_stage_set_lane(bg_stage_t *s, int mb, int lane)
+{
+    if (mb < 0 || mb >= s->nslots || s->slots[mb].state == SLOT_FREE || (lane != 0 && lane != 1))
+        return bg_error(BG_ERR_INVALID, "stage (layers %d..%d): lane %d for microbatch %d (lanes are 0 and 1, of a "
+                                        "slot that has begun)",
+                        s->first, s->first + s->nlayers - 1, lane, mb);
+    s->slots[mb].lane = lane;
     return BG_OK;
 }
 

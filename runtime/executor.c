@@ -50,6 +50,7 @@
 #include "brigade/schedule.h"
 #include "brigade/train.h"
 #include "core/check.h"
+#include "core/fiber.h"
 #include "core/fileio.h"
 #include "runtime/checkpoint_impl.h"
 #include "runtime/tp.h"
@@ -158,6 +159,8 @@ typedef struct bg_executor {
     int nservers;           /* --ps S: ranks 0 .. S-1 are servers, the executor's ranks are offset by S */
     int server;             /* 1: this rank is a server (it runs no program) */
     bg_model_t **ps_models; /* --ps: the chunks' models, as the parameter-server part sees them */
+    bg_pair_t *pair;        /* BRIGADE_TP_OVERLAP=microbatch: two coroutines for paired instructions, else NULL */
+    int pairs;              /* instructions run paired in the last step (bg_executor_info) */
 } exec_t;
 
 /* Positions of microbatch mb of step `step`. */
@@ -809,6 +812,131 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
 }
 
+/* ---- BRIGADE_TP_OVERLAP=microbatch: a compute instruction beside the next one ----
+ *
+ * Op i (a compute instruction) and the next compute instruction j run as two
+ * coroutines on this thread (core/fiber.h) when exactly one of them is a
+ * forward and their microbatches differ: then neither reads what the other
+ * writes, the forward adds no gradient and the backward no loss, so every
+ * sum happens in the order it does unpaired and the step is bitwise the
+ * same. Lane 0 runs i, then the sends between i and j (whose data i or an
+ * earlier instruction made); lane 1 waits for the receives between them,
+ * then runs j. A lane whose tensor group's collective (or receive) is not
+ * complete hands the thread to the other lane (runtime/tp.c), so one
+ * microbatch's sums run while the other microbatch computes. The two lanes'
+ * slots use the stage's two scratch lanes; each lane's collectives go to a
+ * group of its own, so their order on the wire is fixed by the program. */
+
+/* j, when op i runs paired with op j, else 0. */
+static size_t pair_partner(const exec_t *x, size_t i)
+{
+    const bg_sched_op_t *o = &x->ops[i];
+    if (!x->pair || o->kind > BG_OP_BACKWARD_WEIGHT)
+        return 0;
+    for (size_t j = i + 1; j < x->nops; j++) {
+        const bg_sched_op_t *q = &x->ops[j];
+        if (q->kind == BG_OP_SEND_ACT || q->kind == BG_OP_SEND_GRAD || q->kind == BG_OP_RECV_ACT ||
+            q->kind == BG_OP_RECV_GRAD)
+            continue;
+        if (q->kind > BG_OP_BACKWARD_WEIGHT || q->microbatch == o->microbatch ||
+            (q->kind == BG_OP_FORWARD) == (o->kind == BG_OP_FORWARD))
+            return 0;
+        return j;
+    }
+    return 0;
+}
+
+typedef struct lane_job {
+    exec_t *x;
+    size_t ops[64]; /* program indices, in order */
+    int n;
+    size_t failed;  /* the op that failed */
+    double a, b;    /* the compute instruction's start and end */
+} lane_job_t;
+
+/* Run a lane's instructions; a receive is waited for yielding to the other lane. */
+static bg_status_t lane_run(void *arg)
+{
+    lane_job_t *L = arg;
+    exec_t *x = L->x;
+    for (int k = 0; k < L->n; k++) {
+        const bg_sched_op_t *o = &x->ops[L->ops[k]];
+        chunk_t *ch = chunk_of_stage(x, o->stage);
+        bg__xfer_t *r = NULL;
+        if (ch && o->kind == BG_OP_RECV_ACT && post_act_recv(x, ch, o->microbatch) == BG_OK)
+            r = ch->act_recv[o->microbatch];
+        if (ch && o->kind == BG_OP_RECV_GRAD && post_grad_recv(x, ch, o->microbatch) == BG_OK)
+            r = ch->grad_recv[o->microbatch];
+        for (int done = 0; r && bg__xtest(r, &done) == BG_OK && !done && bg__pair_yield();)
+            ;
+        int compute = o->kind <= BG_OP_BACKWARD_WEIGHT;
+        double a = bg_now();
+        bg_status_t st = BG_OK;
+        if (compute && ch) { /* the slot's calls use this lane's scratch (a forward begins its slot here) */
+            float *in;
+            if (o->kind == BG_OP_FORWARD)
+                st = begin_slot(x, ch, o->microbatch, &in);
+            if (st == BG_OK)
+                st = bg_stage_set_lane(ch->st, o->microbatch, bg__pair_lane());
+        }
+        if (st == BG_OK)
+            st = run_op(x, o);
+        double b = bg_now();
+        if (st != BG_OK) {
+            L->failed = L->ops[k];
+            return st;
+        }
+        if (compute)
+            L->a = a, L->b = b;
+        if (x->trace)
+            bg__trace_event(x->trace, op_label(o->kind), o->microbatch, o->stage, a, b, (int)x->step + 1);
+    }
+    return BG_OK;
+}
+
+/* Run ops i and j (pair_partner) and what lies between them, as two lanes. */
+static bg_status_t run_pair(exec_t *x, size_t i, size_t j)
+{
+    lane_job_t job[2] = {{.x = x}, {.x = x}};
+    job[0].ops[job[0].n++] = i;
+    for (size_t k = i + 1; k < j; k++) {
+        int send = x->ops[k].kind == BG_OP_SEND_ACT || x->ops[k].kind == BG_OP_SEND_GRAD;
+        lane_job_t *L = &job[send ? 0 : 1];
+        if (L->n == (int)(sizeof(L->ops) / sizeof(L->ops[0])) - 1)
+            return bg_error(BG_ERR_INTERNAL, "rank %d: more than %zu instructions between two compute instructions",
+                            x->rank, sizeof(L->ops) / sizeof(L->ops[0]) - 2);
+        L->ops[L->n++] = k;
+    }
+    job[1].ops[job[1].n++] = j;
+    bg_status_t st[2];
+    char msg[2][256];
+    bg__pair_run(x->pair, lane_run, &job[0], lane_run, &job[1], st, msg);
+    x->pairs++;
+    double a = job[0].a < job[1].a ? job[0].a : job[1].a, b = job[0].b > job[1].b ? job[0].b : job[1].b;
+    if (st[0] == BG_OK && st[1] == BG_OK) {
+        x->busy += b - a;
+        return BG_OK;
+    }
+    int k = st[0] != BG_OK ? 0 : 1;
+    const bg_sched_op_t *o = &x->ops[job[k].failed];
+    return bg_error(st[k], "%s of microbatch %d (beside %s of microbatch %d): %s", op_label(o->kind), o->microbatch,
+                    op_label(x->ops[k ? i : j].kind), x->ops[k ? i : j].microbatch, msg[k]);
+}
+
+/* The error of instruction @p op that failed with @p st (@p label: name it; NULL: the message, from
+ * run_pair, names the instruction): a peer's failure found by the transport's health check wins. */
+static bg_status_t op_failed(exec_t *x, bg_status_t st, const bg_sched_op_t *op, const bg_sched_op_t *label)
+{
+    bg_status_t st2 = bg_comm_health(x->comm);
+    char msg[1024], what[64] = "";
+    snprintf(msg, sizeof(msg), "%s", bg_last_error());
+    if (st2 != BG_OK && st != BG_ERR_PEER)
+        st = st2, snprintf(msg, sizeof(msg), "%s", bg_last_error());
+    if (label)
+        snprintf(what, sizeof(what), "%s of microbatch %d: ", op_label(label->kind), label->microbatch);
+    return bg_error(st, "rank %d (stage %d) at step %lld, %s%s", x->rank, op->stage, (long long)x->step + 1, what, msg);
+}
+
 /* Layers per virtual stage: explicit split, or as even as possible. */
 static bg_status_t layer_ranges(const bg_executor_params_t *c, int total, int S, int *first, int *last)
 {
@@ -852,7 +980,7 @@ static bg_status_t predict_activations(exec_t *x)
         free(wstash);
         return bg_error(BG_ERR_NOMEM, "stash sizes");
     }
-    size_t extra = 0, maxbw = 0;
+    size_t extra = 0, maxbw = 0, maxstash = 0;
     bg_status_t st = BG_OK;
     for (int v = 0; v < x->V && st == BG_OK; v++) {
         chunk_t *ch = &x->chunks[v];
@@ -876,13 +1004,17 @@ static bg_status_t predict_activations(exec_t *x)
         size_t bw = mem.fused_bw + mem.recompute;
         if (bw > maxbw)
             maxbw = bw;
-        extra += mem.scratch; /* kept by the stage once allocated */
+        extra += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
+        if (mem.stash + mem.data > maxstash)
+            maxstash = mem.stash + mem.data;
         /* receives posted ahead: the next microbatch's input and gradient buffers */
         if (!ch->is_first && !ch->prev_local)
             extra += bg_shape_numel(in) * sizeof(float);
         extra += mem.dout;
     }
     extra += maxbw;
+    if (x->pair) /* a paired forward's stash while its partner backward still holds its own: one more at most */
+        extra += maxstash;
     bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
     sp.stash_bytes_per_stage = stash;
     sp.wstash_bytes_per_stage = wstash;
@@ -1294,6 +1426,7 @@ static void exec_free(exec_t *x)
     free(x->first);
     free(x->last);
     bg__emulate_free(x->em);
+    bg__pair_destroy(x->pair);
 }
 
 static bg_status_t check_params(const bg_executor_params_t *p)
@@ -1698,6 +1831,18 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         BG_CHECK_GOTO(make_ps(x), st, err);
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
+    if (x->T > 1 && !x->server && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0) {
+        const char *no = x->p.zero           ? "--zero"
+                         : x->nservers       ? "--ps"
+                         : x->em             ? "--emulate"
+                         : x->be->ops->event_record ? "a backend that queues work"
+                                                    : NULL;
+        if (no) /* each would put collectives of its own inside both lanes, or the lanes' work on one queue */
+            bg_log(BG_LOG_WARN, "executor", "BRIGADE_TP_OVERLAP=microbatch is not built with %s: rank %d overlaps "
+                                            "as with =weight", no, x->rank);
+        else
+            BG_CHECK_GOTO(bg__pair_create((size_t)8 << 20, &x->pair), st, err);
+    }
     bg__tp_set_trace(x->tp, x->trace, &x->step);
     if (!x->server)
         BG_CHECK_GOTO(predict_activations(x), st, err);
@@ -1860,22 +2005,28 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         bg_model_zero_grads(x->chunks[v].model);
         x->chunks[v].gsq = 0;
     }
+    x->pairs = 0;
     for (size_t i = 0; i < x->nops; i++) {
         const bg_sched_op_t *op = &x->ops[i];
         bg__staging_progress(&x->stg); /* sends and reductions whose copies completed leave now */
         BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, i), st, fail);
+        size_t j = pair_partner(x, i);
+        if (j) {
+            BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, j), st, fail);
+            if ((st = run_pair(x, i, j)) != BG_OK) {
+                st = op_failed(x, st, op, NULL);
+                goto fail;
+            }
+            BG_CHECK_GOTO(reap_pending(x, 2), st, fail);
+            i = j;
+            continue;
+        }
         int compute = op->kind <= BG_OP_BACKWARD_WEIGHT || op->kind == BG_OP_OPTIMIZER_STEP;
         double a = bg_now();
         st = run_op(x, op);
         double b = bg_now();
         if (st != BG_OK) {
-            bg_status_t st2 = bg_comm_health(x->comm);
-            char msg[1024];
-            snprintf(msg, sizeof(msg), "%s", bg_last_error());
-            if (st2 != BG_OK && st != BG_ERR_PEER)
-                st = st2, snprintf(msg, sizeof(msg), "%s", bg_last_error());
-            st = bg_error(st, "rank %d (stage %d) at step %lld, %s of microbatch %d: %s", x->rank, op->stage,
-                          (long long)step + 1, op_label(op->kind), op->microbatch, msg);
+            st = op_failed(x, st, op, op);
             goto fail;
         }
         if (compute)

@@ -3,16 +3,29 @@
  * layout) as the bg_tp_comm_t its model's layers call. Its sums and gathers
  * are the transport's group collectives, whose results are bitwise equal on
  * every member (docs/transport.md), so replicated tensors stay replicated.
- * The layers themselves live in models/tp_layers.c. */
+ * The layers themselves live in models/tp_layers.c.
+ *
+ * The group exists twice over the same ranks, one per lane of the
+ * executor's coroutine pair (core/fiber.h; BRIGADE_TP_OVERLAP=microbatch):
+ * each lane's collectives match in order on every member, whichever order
+ * the lanes interleave in. Inside a pair every wait, and every blocking
+ * collective, hands the thread to the other lane while its request is not
+ * complete: so one microbatch computes while the other's sum is in flight,
+ * and no member can block in one lane on a collective its peer will start
+ * only in the other. The blocking collectives are the non-blocking ones of
+ * the same messages, waited for: a call takes the same path on every member
+ * whether or not its lane's partner is still running. */
 #include <stdlib.h>
 
+
 #include "core/check.h"
+#include "core/fiber.h"
 #include "brigade/executor.h"
 #include "runtime/tp.h"
 
 struct bg_tp_group {
     bg_tp_comm_t c;
-    bg_group_t *g;
+    bg_group_t *g[2]; /* lane 0 (and outside a pair), lane 1 */
     bg_trace_t *trace;   /* NULL: no trace events */
     const int64_t *step; /* steps done (the events' step is the next) */
     double spent;        /* seconds in the blocking collectives and the waits (bg_tp_group_seconds) */
@@ -29,11 +42,33 @@ static void account(bg__tp_t *t, const char *what, double t0)
         bg__trace_event(t->trace, what, -1, -1, t0, t1, (int)*t->step + 1);
 }
 
+static bg_group_t *lane_group(bg__tp_t *t) { return t->g[bg__pair_lane()]; }
+
+/* Wait for @p req and free it; inside a coroutine pair, the other lane runs
+ * while it is not complete. */
+static bg_status_t pair_wait(bg_request_t *req)
+{
+    bg_status_t st = BG_OK;
+    for (int done = 0;;) {
+        if ((st = bg_test(req, &done)) != BG_OK || done)
+            break;
+        if (!bg__pair_yield()) {
+            st = bg_wait(req);
+            break;
+        }
+    }
+    bg_request_free(req);
+    return st;
+}
+
 static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
 {
     bg__tp_t *t = arg;
     double t0 = bg_now();
-    bg_status_t st = bg_group_allreduce(t->g, buf, count, BG_REDUCE_SUM);
+    bg_request_t *r;
+    bg_status_t st = bg_group_iallreduce(lane_group(t), buf, count, BG_REDUCE_SUM, &r);
+    if (st == BG_OK)
+        st = pair_wait(r);
     account(t, "tp_allreduce", t0);
     return st;
 }
@@ -42,7 +77,10 @@ static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_
 {
     bg__tp_t *t = arg;
     double t0 = bg_now();
-    bg_status_t st = bg_group_allgather(t->g, send, recv, count * sizeof(float));
+    bg_request_t *r;
+    bg_status_t st = bg_group_iallgather(lane_group(t), send, recv, count * sizeof(float), &r);
+    if (st == BG_OK)
+        st = pair_wait(r);
     account(t, "tp_allgather", t0);
     return st;
 }
@@ -51,7 +89,10 @@ static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, 
 {
     bg__tp_t *t = arg;
     double t0 = bg_now();
-    bg_status_t st = bg_group_reduce_scatter(t->g, send, recv, count, BG_REDUCE_SUM);
+    bg_request_t *r;
+    bg_status_t st = bg_group_ireduce_scatter(lane_group(t), send, recv, count, BG_REDUCE_SUM, &r);
+    if (st == BG_OK)
+        st = pair_wait(r);
     account(t, "tp_red_scatter", t0);
     return st;
 }
@@ -61,7 +102,7 @@ static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void 
     bg__tp_t *t = arg;
     bg_request_t *r;
     /* count divides into size equal chunks: member i's is [i count, (i+1) count) (bg_group_chunk) */
-    BG_CHECK(bg_group_ireduce_scatter_inplace(t->g, buf, count * (size_t)t->c.size, BG_REDUCE_SUM, &r));
+    BG_CHECK(bg_group_ireduce_scatter_inplace(lane_group(t), buf, count * (size_t)t->c.size, BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -70,7 +111,7 @@ static bg_status_t tp_iallgather(void *arg, float *buf, size_t count, void **req
 {
     bg__tp_t *t = arg;
     bg_request_t *r;
-    BG_CHECK(bg_group_iallgather_chunks(t->g, buf, count * (size_t)t->c.size, &r));
+    BG_CHECK(bg_group_iallgather_chunks(lane_group(t), buf, count * (size_t)t->c.size, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -79,7 +120,7 @@ static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req
 {
     bg__tp_t *t = arg;
     bg_request_t *r;
-    BG_CHECK(bg_group_iallreduce(t->g, buf, count, BG_REDUCE_SUM, &r));
+    BG_CHECK(bg_group_iallreduce(lane_group(t), buf, count, BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -89,8 +130,7 @@ static bg_status_t tp_wait(void *arg, void *req)
 {
     bg__tp_t *t = arg;
     double t0 = bg_now();
-    bg_status_t st = bg_wait(req);
-    bg_request_free(req);
+    bg_status_t st = pair_wait(req);
     account(t, "tp_wait", t0);
     return st;
 }
@@ -134,17 +174,21 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     }
     for (int i = 0; i < tp; i++)
         ranks[i] = first + i;
-    bg_status_t st = bg_group_create(comm, tp, ranks, &t->g);
+    bg_status_t st = bg_group_create(comm, tp, ranks, &t->g[0]);
+    if (st == BG_OK)
+        st = bg_group_create(comm, tp, ranks, &t->g[1]);
     free(ranks);
     if (st == BG_OK) {
-        t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g), .allreduce = tp_allreduce,
+        t->c.rank = bg_group_rank(t->g[0]);
+        t->c = (bg_tp_comm_t){.size = tp, .rank = t->c.rank, .allreduce = tp_allreduce,
                               .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
                               .reduce_scatter = tp_reduce_scatter, .ireduce_scatter = tp_ireduce_scatter,
                               .iallgather = tp_iallgather};
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {
-        bg_group_destroy(t->g);
+        bg_group_destroy(t->g[0]);
+        bg_group_destroy(t->g[1]);
         free(t);
         return st;
     }
@@ -158,7 +202,8 @@ void bg__tp_destroy(bg__tp_t *t, bg_model_desc_t *desc)
         return;
     if (bg_model_desc_tp(desc) == &t->c)
         bg_model_desc_set_tp(desc, NULL);
-    bg_group_destroy(t->g);
+    bg_group_destroy(t->g[0]);
+    bg_group_destroy(t->g[1]);
     free(t);
 }
 

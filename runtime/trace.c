@@ -7,13 +7,14 @@
 #include <unistd.h>
 
 #include "core/check.h"
+#include "core/fiber.h"
 #include "runtime/trace.h"
 
 #define TRACE_TAG 0x7fffff00u
 
 typedef struct ev {
     char name[16];
-    int32_t mb, stage, step, pad;
+    int32_t mb, stage, step, lane; /* lane: of the executor's coroutine pair (core/fiber.h), 0 outside one */
     double t0, t1;
 } ev_t;
 
@@ -84,6 +85,7 @@ void bg__trace_event(bg_trace_t *t, const char *name, int microbatch, int stage,
     e->mb = microbatch;
     e->stage = stage;
     e->step = step;
+    e->lane = bg__pair_lane();
     e->t0 = t0 + t->offset;
     e->t1 = t1 + t->offset;
 }
@@ -97,6 +99,12 @@ static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double ori
             "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}}",
             *first ? "" : ",\n", rank, rank, rank, rank);
     *first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].lane) { /* BRIGADE_TP_OVERLAP=microbatch: the second instruction of a pair has a track of its own */
+            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":2,\"args\":{\"name\":\"compute "
+                       "(lane 1)\"}}", rank);
+            break;
+        }
     for (size_t i = 0; i < n; i++) {
         /* sends, receives, all-reduces ("reduce_grads" included) and --zero's waits (rs_wait, ag_wait) are
          * communication; "step" spans the compute track */
@@ -107,7 +115,8 @@ static void write_events(FILE *f, int rank, const ev_t *ev, size_t n, double ori
         fprintf(f,
                 ",\n{\"name\":\"%s%s%d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
                 "\"args\":{\"op\":\"%s\",\"microbatch\":%d,\"stage\":%d,\"step\":%d}}",
-                ev[i].name, ev[i].mb >= 0 ? " mb" : "", ev[i].mb >= 0 ? ev[i].mb : ev[i].stage, cat, rank, comm,
+                ev[i].name, ev[i].mb >= 0 ? " mb" : "", ev[i].mb >= 0 ? ev[i].mb : ev[i].stage, cat, rank,
+                comm ? 1 : ev[i].lane ? 2 : 0,
                 (ev[i].t0 - origin) * 1e6, (ev[i].t1 - ev[i].t0) * 1e6, ev[i].name, ev[i].mb, ev[i].stage,
                 ev[i].step);
     }

@@ -660,7 +660,8 @@ bg_status_t bg_group_bcast(bg_group_t *g, void *buf, size_t bytes, int root)
     return bg__run(co);
 }
 
-bg_status_t bg_group_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes)
+/* The ring allgather (bg_group_allgather, bg_group_iallgather); sendbuf is copied now. */
+static bg_status_t build_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes, bg__coll_t **co_p)
 {
     if (!g || ((!sendbuf || !recvbuf) && bytes))
         return bg_error(BG_ERR_INVALID, "bg_group_allgather: NULL group or buffer");
@@ -679,11 +680,29 @@ bg_status_t bg_group_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf
         bg__xf(st, 0, left, out + (size_t)bg__mod(me - s - 1, n) * bytes, bytes);
         bg__xf(st, 1, right, out + (size_t)bg__mod(me - s, n) * bytes, bytes);
     }
+    *co_p = co;
+    return BG_OK;
+}
+
+bg_status_t bg_group_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes)
+{
+    bg__coll_t *co;
+    BG_CHECK(build_allgather(g, sendbuf, recvbuf, bytes, &co));
     return bg__run(co);
 }
 
-bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
-                                    bg_reduce_op_t op)
+bg_status_t bg_group_iallgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes, bg_request_t **req_p)
+{
+    if (!req_p)
+        return bg_error(BG_ERR_INVALID, "bg_group_iallgather: NULL request output");
+    bg__coll_t *co;
+    BG_CHECK(build_allgather(g, sendbuf, recvbuf, bytes, &co));
+    return bg__coll_start(co, req_p);
+}
+
+/* The ring reduce-scatter (bg_group_reduce_scatter, bg_group_ireduce_scatter); sendbuf is copied now. */
+static bg_status_t build_reduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
+                                        bg_reduce_op_t op, bg__coll_t **co_p)
 {
     if (!g || ((!sendbuf || !recvbuf) && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG))
         return bg_error(BG_ERR_INVALID, "bg_group_reduce_scatter: NULL group or buffer, or unknown op");
@@ -710,7 +729,26 @@ bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *
             BG__NOMEM(co);
         *st = (bg__step_t){.post = BG__POST_DIV, .dst = recvbuf, .n = count, .div = (float)n};
     }
+    *co_p = co;
+    return BG_OK;
+}
+
+bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
+                                    bg_reduce_op_t op)
+{
+    bg__coll_t *co;
+    BG_CHECK(build_reduce_scatter(g, sendbuf, recvbuf, count, op, &co));
     return bg__run(co);
+}
+
+bg_status_t bg_group_ireduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
+                                     bg_reduce_op_t op, bg_request_t **req_p)
+{
+    if (!req_p)
+        return bg_error(BG_ERR_INVALID, "bg_group_ireduce_scatter: NULL request output");
+    bg__coll_t *co;
+    BG_CHECK(build_reduce_scatter(g, sendbuf, recvbuf, count, op, &co));
+    return bg__coll_start(co, req_p);
 }
 
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p)

@@ -324,6 +324,11 @@ int bg_stage_recompute(const bg_stage_t *s);
  *  would, with the shapes it would, but runs no layer (their contents are
  *  undefined); the layer-done callback still fires. */
 void bg_stage_set_emulate(bg_stage_t *s, int on);
+/** Slot mb's calls use lane @p lane's scratch (0, the default, or 1; lane 1's is allocated when a slot first
+ *  uses it): a call of one slot may then be in progress while a call of a slot on the other lane runs (two
+ *  coroutines on one thread, BRIGADE_TP_OVERLAP=microbatch). BG_ERR_INVALID for another lane or a slot that
+ *  has not begun. */
+bg_status_t bg_stage_set_lane(bg_stage_t *s, int mb, int lane);
 /** After the fused backward: frees all of slot mb but the buffer that holds its input gradient (din stays
  *  valid until bg_stage_end), so a slot whose din is still being sent holds only that. The stage's output
  *  (from bg_stage_forward) is freed too: nothing may still read or send it. BG_ERR_INVALID if the slot's

@@ -204,6 +204,14 @@ bg_status_t bg_group_allgather(bg_group_t *group, const void *sendbuf, void *rec
  *  [i*count, (i+1)*count) of the result in @p recvbuf (count floats). */
 bg_status_t bg_group_reduce_scatter(bg_group_t *group, const float *sendbuf, float *recvbuf,
                                     size_t count, bg_reduce_op_t op);
+/** Non-blocking bg_group_allgather, the same messages: @p sendbuf is copied before it returns;
+ *  @p recvbuf belongs to transport until the request completes. */
+bg_status_t bg_group_iallgather(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t bytes,
+                                bg_request_t **req_p);
+/** Non-blocking bg_group_reduce_scatter, the same messages and sums: @p sendbuf is copied before it
+ *  returns; @p recvbuf belongs to transport until the request completes. */
+bg_status_t bg_group_ireduce_scatter(bg_group_t *group, const float *sendbuf, float *recvbuf, size_t count,
+                                     bg_reduce_op_t op, bg_request_t **req_p);
 /** Chunk @p i of @p n of a buffer of @p count elements, as the ring
  *  collectives cut it: the first count % n chunks have one element more. */
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p);

@@ -510,7 +510,7 @@ static void test_overlap_bad_setting(void **s)
     assert_int_equal(bg_model_create(d, b, -1, -1, &m), BG_OK);
     assert_int_equal(setenv("BRIGADE_TP_OVERLAP", "always", 1), 0);
     assert_int_equal(bg_stage_create(m, 1, &st), BG_ERR_INVALID);
-    assert_non_null(strstr(bg_last_error(), "BRIGADE_TP_OVERLAP=\"always\": expected weight or layer"));
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_TP_OVERLAP=\"always\": expected weight, layer or microbatch"));
     assert_int_equal(unsetenv("BRIGADE_TP_OVERLAP"), 0);
     bg_model_destroy(m);
     bg_model_desc_destroy(d);

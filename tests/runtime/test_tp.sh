@@ -12,6 +12,8 @@
 # bytes of tp 2; its checkpoint resumes at tp 1 (and a tp 2 one under SP at
 # tp 4); the memory it predicts is what it allocates, less than tp alone;
 # variable lengths (--seq-min, rounded to a multiple of tp) match one process.
+# BRIGADE_TP_OVERLAP=microbatch (a forward beside another microbatch's backward, two coroutines per
+# rank) gives the bits of one instruction at a time, with and without SP, at tp 2 and 4 and in 3-D.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 . "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
@@ -53,6 +55,38 @@ BRIGADE_TP_OVERLAP=layer run gpt_tp2_layer 2 $GPT --steps 10 --tp 2 &&
   { v=$("$B" compare "$T/gpt_tp2" "$T/gpt_tp2_layer") && ok "BRIGADE_TP_OVERLAP=layer = weight, bitwise: $v" ||
       bad "BRIGADE_TP_OVERLAP=layer differs from weight: $v"; }
 run gpt_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 && same gpt gpt_3d 1e-5
+# BRIGADE_TP_OVERLAP=microbatch: a backward beside the next microbatch's forward (or the other way), two
+# coroutines on each rank's thread: the same bits as one instruction at a time; and they did overlap
+# (an instruction of the second lane, on its own trace track, began before its partner ended)
+bitwise() {  # REF NAME WHAT
+  local v
+  v=$("$B" compare "$T/$1" "$T/$2") && cmp -s "$T/$1.loss" "$T/$2.loss" && ok "$3 = one at a time, bitwise: $v" ||
+    bad "$3 differs from one at a time: ${v:-} losses $(paste -d/ "$T/$1.loss" "$T/$2.loss" | tr '\n' ' ')"
+}
+overlapped() {  # TRACE: on every rank a compute event of lane 1 (tid 2) overlaps one of lane 0 (tid 0)
+  python3 - "$1" <<'PY'
+import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+comp = [e for e in ev if e.get("ph") == "X" and e.get("args", {}).get("op") in ("F", "B", "b", "W")]
+ranks = {e["pid"] for e in ev if e.get("ph") == "X"}
+n = {}
+for r in ranks:
+    l0 = [e for e in comp if e["pid"] == r and e["tid"] == 0]
+    l1 = [e for e in comp if e["pid"] == r and e["tid"] == 2]
+    n[r] = sum(1 for b in l1 for a in l0 if b["ts"] < a["ts"] + a["dur"] and a["ts"] < b["ts"] + b["dur"])
+print(" ".join("rank %d: %d" % (r, n[r]) for r in sorted(n)))
+sys.exit(0 if n and min(n.values()) > 0 else 1)
+PY
+}
+BRIGADE_TP_OVERLAP=microbatch run gpt_tp2_mb 2 $GPT --steps 10 --tp 2 &&
+  bitwise gpt_tp2 gpt_tp2_mb "tp 2, BRIGADE_TP_OVERLAP=microbatch"
+# 8 microbatches: 7 pairs a step, 70 in all
+BRIGADE_TP_OVERLAP=microbatch run gpt_tp2_mb8 2 ${GPT/--microbatches 2/--microbatches 8} --steps 10 --tp 2 --trace "$T/mb.json" &&
+  { v=$(overlapped "$T/mb.json") && ok "paired instructions overlapped (overlapping pairs per rank: $v)" ||
+      bad "no paired instructions overlapped on some rank: $v"; }
+BRIGADE_TP_OVERLAP=microbatch run gpt_3d_mb 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 &&
+  bitwise gpt_3d gpt_3d_mb "pp 2 x dp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 # split backward (B and W apart) and recomputation: the group's sums happen in B and in the rerun forward
 run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same gpt gpt_zb 1e-5
 # ZeRO 2 over each tensor member's data-parallel group
@@ -65,6 +99,8 @@ ADAM="--model gpt --layers 2 --d-model 16 --heads 4 --seq 16 --batch 8 --microba
 run adam 1 $ADAM --steps 10
 run adam_tp2 2 $ADAM --steps 10 --tp 2 && same adam adam_tp2 l2:1e-5
 run adam_pp2_tp2 4 $ADAM --steps 10 --tp 2 --pp 2 --schedule interleaved --chunks 2 && same adam adam_pp2_tp2 l2:1e-5
+BRIGADE_TP_OVERLAP=microbatch run adam_pp2_tp2_mb 4 $ADAM --steps 10 --tp 2 --pp 2 --schedule interleaved --chunks 2 &&
+  bitwise adam_pp2_tp2 adam_pp2_tp2_mb "AdamW, tied, interleaved pp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 
 # the comparison can fail: a tp run of another learning rate differs
 run gpt_tp2_lr 2 ${GPT/--lr 0.05/--lr 0.04} --steps 10 --tp 2
@@ -94,7 +130,11 @@ run gpt_sp2 2 $GPT --steps 10 --tp 2 $SP && same gpt gpt_sp2 1e-5
 BRIGADE_TP_OVERLAP=layer run gpt_sp2_layer 2 $GPT --steps 10 --tp 2 $SP &&
   { v=$("$B" compare "$T/gpt_sp2" "$T/gpt_sp2_layer") && ok "sequence-parallel BRIGADE_TP_OVERLAP=layer = weight, bitwise: $v" ||
       bad "sequence-parallel BRIGADE_TP_OVERLAP=layer differs from weight: $v"; }
+BRIGADE_TP_OVERLAP=microbatch run gpt_sp2_mb 2 $GPT --steps 10 --tp 2 $SP &&
+  bitwise gpt_sp2 gpt_sp2_mb "sequence-parallel tp 2, BRIGADE_TP_OVERLAP=microbatch"
 run gpt_sp4 4 $GPT --steps 10 --tp 4 $SP && same gpt gpt_sp4 1e-5
+BRIGADE_TP_OVERLAP=microbatch run gpt_sp4_mb 4 $GPT --steps 10 --tp 4 $SP &&
+  bitwise gpt_sp4 gpt_sp4_mb "sequence-parallel tp 4, BRIGADE_TP_OVERLAP=microbatch"
 run gpt_sp_pp2 4 $GPT --steps 10 --tp 2 --pp 2 $SP && same gpt gpt_sp_pp2 1e-5
 run gpt_sp_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 $SP && same gpt gpt_sp_3d 1e-5
 run gpt_sp_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute $SP && same gpt gpt_sp_zb 1e-5
