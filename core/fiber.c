@@ -180,3 +180,8 @@ int bg__pair_yield(void)
 }
 
 int bg__pair_lane(void) { return running ? running->cur : 0; }
+
+int bg__pair_wanted(int tp, int zero, int dp)
+{
+    return tp > 1 && !(zero && dp > 1) && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0;
+}

@@ -190,9 +190,9 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     size_t np = c->pp[b + 1] - c->pp[a], nb = p->bucket_bytes ? (4 * np + p->bucket_bytes - 1) / p->bucket_bytes : 0;
     size_t inflight = (nb < (size_t)p->bucket_buffers ? nb : (size_t)p->bucket_buffers) * p->bucket_bytes;
     e->static_bytes = np * p->bytes_per_param + (inflight < 4 * np ? inflight : 4 * np);
-    e->scratch_bytes = m->scratch;
+    e->scratch_bytes = m->scratch * (p->paired ? 2 : 1); /* paired instructions: a scratch per lane */
     e->act_bytes = peak;
-    e->mem_bytes = e->static_bytes + e->scratch_bytes + peak;
+    e->mem_bytes = e->static_bytes + e->scratch_bytes + e->act_bytes;
     e->fits = e->mem_bytes <= sp->budget_bytes + c->delta;
     e->input_bytes = in;
     e->data_bytes = data;
@@ -679,139 +679,190 @@ static void rp_end(replay_t *r, int c, int mb)
     memset(s, 0, sizeof(*s));
 }
 
-bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_part_counts_t **rows_p, int *npoints_p)
+/* The program being replayed: what the start and the end of an instruction
+ * do to the counts (replay_t r, with the rank's stages). */
+typedef struct prog {
+    const bg_schedule_t *sched;
+    int rank, S, L, M;
+    pend_t *pend; /* fused-backward slots waiting for their gradient send */
+    int npend;
+} prog_t;
+
+static int prog_local(const prog_t *g, int stage)
+{
+    return stage >= 0 && stage < g->S && bg_schedule_stage_rank(g->sched, stage) == g->rank;
+}
+
+/* The buffers instruction o holds while it runs (a compute instruction), or what it does (the rest). */
+static void op_start(replay_t *r, prog_t *g, const bg_sched_op_t *o)
+{
+    int c = o->chunk, mb = o->microbatch, stage = o->stage, L = g->L;
+    slot_t *sl = mb >= 0 ? &r->slots[(size_t)c * g->M + mb] : NULL;
+    switch (o->kind) {
+    case BG_OP_FORWARD:
+        rp_begin(r, c, mb);
+        sl->fwd = 1;
+        r->cur[c].forwarded++;
+        r->cur[c].recomputing++; /* while it runs, the forward holds its full activations */
+        r->dirty = 1;
+        if (stage % L < L - 1 && prog_local(g, stage + 1))
+            rp_begin(r, bg_schedule_stage_chunk(g->sched, stage + 1), mb);
+        break;
+    case BG_OP_BACKWARD:
+    case BG_OP_BACKWARD_INPUT:
+        sl->bw = 1;
+        r->cur[c].backward++;
+        r->cur[c].recomputing++; /* a recomputing stage rebuilds them here, until the slot ends */
+        r->dirty = 1;
+        if (stage % L > 0 && prog_local(g, stage - 1))
+            rp_dout(r, bg_schedule_stage_chunk(g->sched, stage - 1), mb);
+        break;
+    case BG_OP_SEND_GRAD:
+        /* a fused-backward slot ends once its gradient has been sent
+         * (eager); a rendezvous send lingers until the next compute
+         * instruction is over */
+        if (sl->pending) {
+            rp_end(r, c, mb);
+            sl->pending = 2;
+            r->cur[c].lingering++;
+            r->dirty = 1;
+        }
+        break;
+    case BG_OP_RECV_ACT:
+        rp_begin(r, c, mb);
+        break;
+    case BG_OP_RECV_GRAD:
+        rp_dout(r, c, mb);
+        break;
+    default:
+        break;
+    }
+}
+
+/* The end of compute instruction o: what it frees, or keeps for a send. */
+static void op_end(replay_t *r, prog_t *g, const bg_sched_op_t *o)
+{
+    int c = o->chunk, mb = o->microbatch, stage = o->stage, L = g->L;
+    slot_t *sl = &r->slots[(size_t)c * g->M + mb];
+    if (o->kind == BG_OP_FORWARD) {
+        r->cur[c].recomputing--;
+        /* the executor posts the gradient's receive right after the forward (runtime/executor.c
+         * do_forward): its buffer is held from here */
+        if (stage % L < L - 1 && !prog_local(g, stage + 1))
+            rp_dout(r, c, mb);
+    } else if (o->kind == BG_OP_BACKWARD) {
+        if (stage % L == 0 || prog_local(g, stage - 1))
+            rp_end(r, c, mb);
+        else {
+            sl->pending = 1;
+            g->pend[g->npend].c = c;
+            g->pend[g->npend].mb = mb;
+            g->npend++;
+        }
+    } else if (o->kind == BG_OP_BACKWARD_WEIGHT) {
+        rp_end(r, c, mb);
+    }
+}
+
+/* After instruction o (@p paired: after a pair, whose sends are all waited for): a compute instruction
+ * is over, so the slots sent before it are gone; those sent at this one go after the next. */
+static void op_after(replay_t *r, prog_t *g, const bg_sched_op_t *o, int paired)
+{
+    if (o->kind <= BG_OP_BACKWARD_WEIGHT) {
+        int w = 0;
+        for (int q = 0; q < g->npend; q++) {
+            slot_t *ps = &r->slots[(size_t)g->pend[q].c * g->M + g->pend[q].mb];
+            if (ps->pending == 3 || (paired && ps->pending == 2)) {
+                r->cur[g->pend[q].c].lingering--;
+                ps->pending = 0;
+            } else
+                g->pend[w++] = g->pend[q];
+        }
+        g->npend = w;
+    }
+    for (int q = 0; q < g->npend; q++) { /* sent at this instruction: over after the next compute one */
+        slot_t *ps = &r->slots[(size_t)g->pend[q].c * g->M + g->pend[q].mb];
+        if (ps->pending == 2)
+            ps->pending = 3;
+    }
+}
+
+/* The receives the executor posts ahead at instruction i: up to the second compute instruction. */
+static void post_ahead(replay_t *r, const bg_sched_op_t *ops, size_t n, size_t i)
+{
+    int computes = 0;
+    for (size_t j = i; j < n && computes < 2; j++) {
+        const bg_sched_op_t *o = &ops[j];
+        if (o->kind == BG_OP_RECV_ACT)
+            rp_begin(r, o->chunk, o->microbatch);
+        else if (o->kind == BG_OP_RECV_GRAD)
+            rp_dout(r, o->chunk, o->microbatch);
+        else if (o->kind <= BG_OP_BACKWARD_WEIGHT)
+            computes++;
+    }
+}
+
+bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int paired, bg_part_counts_t **rows_p,
+                                    int *npoints_p)
 {
     int P = bg_schedule_ranks(sched), V = bg_schedule_chunks(sched), M = bg_schedule_microbatches(sched);
     int S = bg_schedule_stages(sched);
-    int L = S / bg_schedule_copies(sched); /* a chain of stages per model copy (dualpipe: 2) */
     if (rank < 0 || rank >= P)
         return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, P);
     replay_t r = {V, M, NULL, NULL, NULL, 0, 0, 0};
-    pend_t *pend = NULL; /* fused-backward slots waiting for their gradient send */
-    int npend = 0;
-    int *stage_of = malloc((size_t)V * sizeof(int));
+    /* a chain of stages per model copy (dualpipe: 2) */
+    prog_t g = {sched, rank, S, S / bg_schedule_copies(sched), M, NULL, 0};
     r.slots = calloc((size_t)V * M, sizeof(slot_t));
     r.cur = calloc((size_t)V, sizeof(bg_part_counts_t));
+    g.pend = malloc((size_t)V * M * sizeof(*g.pend) + 1);
     bg_status_t st = BG_OK;
-    if (!stage_of || !r.slots || !r.cur) {
+    if (!r.slots || !r.cur || !g.pend) {
         st = bg_error(BG_ERR_NOMEM, "schedule replay");
         goto out;
     }
-    for (int s = 0; s < S; s++)
-        if (bg_schedule_stage_rank(sched, s) == rank)
-            stage_of[bg_schedule_stage_chunk(sched, s)] = s;
     size_t n;
     const bg_sched_op_t *ops = bg_schedule_rank_ops(sched, rank, &n);
-    pend = malloc((size_t)V * M * sizeof(*pend) + 1);
-    if (!pend) {
-        st = bg_error(BG_ERR_NOMEM, "schedule replay");
-        goto out;
-    }
-#define LOCAL(stage) ((stage) >= 0 && (stage) < S && bg_schedule_stage_rank(sched, (stage)) == rank)
     for (size_t i = 0; i < n; i++) {
-        /* receives posted ahead, up to the second compute instruction */
-        int computes = 0;
-        for (size_t j = i; j < n && computes < 2; j++) {
-            const bg_sched_op_t *o = &ops[j];
-            if (o->kind == BG_OP_RECV_ACT)
-                rp_begin(&r, o->chunk, o->microbatch);
-            else if (o->kind == BG_OP_RECV_GRAD)
-                rp_dout(&r, o->chunk, o->microbatch);
-            else if (o->kind <= BG_OP_BACKWARD_WEIGHT)
-                computes++;
+        post_ahead(&r, ops, n, i);
+        size_t j = paired ? bg_sched_pair_partner(ops, n, i) : 0;
+        if (j) {
+            /* runtime/executor.c run_pair: i starts; at its first wait for the tensor group j starts (a
+             * weight gradient has none: it ends first); i ends (a forward's output gradient buffer is
+             * posted then), its sends leave, and j ends */
+            post_ahead(&r, ops, n, j);
+            BG_CHECK_GOTO(record(&r), st, out);
+            op_start(&r, &g, &ops[i]);
+            if (ops[i].kind == BG_OP_BACKWARD_WEIGHT)
+                op_end(&r, &g, &ops[i]);
+            op_start(&r, &g, &ops[j]);
+            BG_CHECK_GOTO(record(&r), st, out);
+            if (ops[i].kind != BG_OP_BACKWARD_WEIGHT)
+                op_end(&r, &g, &ops[i]);
+            for (size_t k = i + 1; k < j; k++)
+                op_start(&r, &g, &ops[k]);
+            BG_CHECK_GOTO(record(&r), st, out);
+            op_end(&r, &g, &ops[j]);
+            op_after(&r, &g, &ops[j], 1);
+            BG_CHECK_GOTO(record(&r), st, out);
+            i = j;
+            continue;
         }
         BG_CHECK_GOTO(record(&r), st, out);
-        const bg_sched_op_t *o = &ops[i];
-        int c = o->chunk, mb = o->microbatch, stage = o->stage;
-        slot_t *sl = mb >= 0 ? &r.slots[(size_t)c * M + mb] : NULL;
-        switch (o->kind) {
-        case BG_OP_FORWARD:
-            rp_begin(&r, c, mb);
-            sl->fwd = 1;
-            r.cur[c].forwarded++;
-            r.cur[c].recomputing++; /* while it runs, the forward holds its full activations */
-            r.dirty = 1;
-            if (stage % L < L - 1 && LOCAL(stage + 1))
-                rp_begin(&r, bg_schedule_stage_chunk(sched, stage + 1), mb);
+        op_start(&r, &g, &ops[i]);
+        if (ops[i].kind <= BG_OP_BACKWARD_WEIGHT) {
             BG_CHECK_GOTO(record(&r), st, out);
-            r.cur[c].recomputing--;
-            /* the executor posts the gradient's receive right after the forward (runtime/executor.c
-             * do_forward): its buffer is held from here */
-            if (stage % L < L - 1 && !LOCAL(stage + 1))
-                rp_dout(&r, c, mb);
-            break;
-        case BG_OP_BACKWARD:
-        case BG_OP_BACKWARD_INPUT:
-            sl->bw = 1;
-            r.cur[c].backward++;
-            r.cur[c].recomputing++; /* a recomputing stage rebuilds them here, until the slot ends */
-            r.dirty = 1;
-            if (stage % L > 0 && LOCAL(stage - 1))
-                rp_dout(&r, bg_schedule_stage_chunk(sched, stage - 1), mb);
-            BG_CHECK_GOTO(record(&r), st, out);
-            if (o->kind == BG_OP_BACKWARD) {
-                if (stage % L == 0 || LOCAL(stage - 1))
-                    rp_end(&r, c, mb);
-                else {
-                    sl->pending = 1;
-                    pend[npend].c = c;
-                    pend[npend].mb = mb;
-                    npend++;
-                }
-            }
-            break;
-        case BG_OP_BACKWARD_WEIGHT:
-            rp_end(&r, c, mb);
-            break;
-        case BG_OP_SEND_GRAD:
-            /* a fused-backward slot ends once its gradient has been sent
-             * (eager); a rendezvous send lingers until the next compute
-             * instruction is over */
-            if (sl->pending) {
-                rp_end(&r, c, mb);
-                sl->pending = 2;
-                r.cur[c].lingering++;
-                r.dirty = 1;
-            }
-            break;
-        case BG_OP_RECV_ACT:
-            rp_begin(&r, c, mb);
-            break;
-        case BG_OP_RECV_GRAD:
-            rp_dout(&r, c, mb);
-            break;
-        default:
-            break;
+            op_end(&r, &g, &ops[i]);
         }
-        if (o->kind <= BG_OP_BACKWARD_WEIGHT) {
-            /* a compute instruction is over: the slots sent before it are gone */
-            int w = 0;
-            for (int q = 0; q < npend; q++) {
-                slot_t *ps = &r.slots[(size_t)pend[q].c * M + pend[q].mb];
-                if (ps->pending == 3) {
-                    r.cur[pend[q].c].lingering--;
-                    ps->pending = 0;
-                } else
-                    pend[w++] = pend[q];
-            }
-            npend = w;
-        }
-        for (int q = 0; q < npend; q++) { /* sent at this instruction: over after the next compute one */
-            slot_t *ps = &r.slots[(size_t)pend[q].c * M + pend[q].mb];
-            if (ps->pending == 2)
-                ps->pending = 3;
-        }
+        op_after(&r, &g, &ops[i], 0);
         BG_CHECK_GOTO(record(&r), st, out);
     }
-#undef LOCAL
     *rows_p = r.rows;
     *npoints_p = r.nrows;
     r.rows = NULL;
 out:
-    free(pend);
+    free(g.pend);
     free(r.rows);
     free(r.slots);
     free(r.cur);
-    free(stage_of);
     return st;
 }

@@ -24,6 +24,7 @@
 #include "brigade/partitioner.h"
 #include "brigade/schedule.h"
 #include "core/check.h"
+#include "core/fiber.h"
 
 #define PLAN_FORMAT "brigade-plan"
 #define PLAN_VERSION 2 /* 2: "model" is the model's description (1: a GPT/MLP configuration) */
@@ -37,6 +38,7 @@ struct bg_plan {
     int optim;
     int zero; /* sharding stage counted (docs/data_parallel.md) */
     int sp;   /* sequence parallelism: the tp build's layers are split along the sequence */
+    int paired; /* BRIGADE_TP_OVERLAP=microbatch counted (bg_part_problem_t.paired) */
     double step_ms, bubble, tokens_per_s;
     double flops, link_latency, link_bandwidth;
     int nlayers;
@@ -146,6 +148,8 @@ int bg_plan_recompute(const bg_plan_t *p)
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)p->optim; }
 int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
+int bg_plan_paired(const bg_plan_t *p) { return p->paired; }
+int bg_plan_paired_for(int tp, int zero, int dp) { return bg__pair_wanted(tp, zero, dp); }
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -398,7 +402,8 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
             if (s->mem[dev] < c->rbudget[r])
                 c->rbudget[r] = s->mem[dev];
         }
-        BG_CHECK(bg_part_schedule_counts(c->sched, r, &c->rows[r], &c->nrows[r]));
+        BG_CHECK(bg_part_schedule_counts(c->sched, r, bg__pair_wanted(s->tp, c->zero, c->dp), &c->rows[r],
+                                         &c->nrows[r]));
     }
     return BG_OK;
 }
@@ -610,6 +615,7 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     prob.link_latency = pa->link_latency;
     prob.link_bandwidth = pa->link_bandwidth;
     prob.linger_bytes = bg_plan_linger_bytes();
+    prob.paired = bg__pair_wanted(s->tp, c->zero, c->dp);
     prob.allow_recompute = pa->allow_recompute;
     prob.quick_no_fit = 1; /* the shortfall is measured apart, only when it is wanted */
     c->prob = prob;
@@ -826,6 +832,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->optim = (int)pa->optim;
     p->zero = c->zero;
     p->sp = s->tp > 1 && bg_model_desc_sequence_parallel(s->desc);
+    p->paired = c->prob.paired;
     p->step_ms = bg_sim_step_time(res);
     p->bubble = bg_sim_bubble(res, -1);
     p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * s->seq / (p->step_ms / 1e3) : 0;
@@ -1360,6 +1367,8 @@ static json_t *plan_json(const bg_plan_t *p)
         json_object_set_new(root, "zero", json_integer(p->zero));
     if (p->sp)
         json_object_set_new(root, "sequence_parallel", json_true());
+    if (p->paired)
+        json_object_set_new(root, "tp_overlap", json_string("microbatch"));
     json_object_set_new(root, "recompute", json_boolean(bg_plan_recompute(p)));
     json_object_set_new(root, "predicted_step_ms", json_real(p->step_ms));
     json_object_set_new(root, "predicted_bubble", json_real(p->bubble));
@@ -1545,6 +1554,9 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     json_t *jsp = json_object_get(root, "sequence_parallel");
     if (jsp && !json_is_boolean(jsp))
         return bg_error(BG_ERR_PARSE, "plan: $.sequence_parallel must be true or false");
+    json_t *jov = json_object_get(root, "tp_overlap");
+    if (jov && (!json_is_string(jov) || strcmp(json_string_value(jov), "microbatch")))
+        return bg_error(BG_ERR_PARSE, "plan: $.tp_overlap must be \"microbatch\" (or absent)");
     double step_ms = 0, bubble = 0, tps = 0;
     BG_CHECK(get_num(root, "$", "predicted_step_ms", &step_ms));
     if (json_object_get(root, "predicted_bubble"))
@@ -1592,6 +1604,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
     p->zero = (int)zero;
     p->sp = tp > 1 && json_is_true(jsp);
+    p->paired = tp > 1 && jov;
     p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
     json_t *jt = json_object_get(root, "layer_times");
     if (jt) {

@@ -816,7 +816,8 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
  *
  * Op i (a compute instruction) and the next compute instruction j run as two
  * coroutines on this thread (core/fiber.h) when exactly one of them is a
- * forward and their microbatches differ: then neither reads what the other
+ * forward and their microbatches differ (bg_sched_pair_partner; the
+ * partitioner's replay pairs the same ones): then neither reads what the other
  * writes, the forward adds no gradient and the backward no loss, so every
  * sum happens in the order it does unpaired and the step is bitwise the
  * same. Lane 0 runs i, then the sends between i and j (whose data i or an
@@ -826,25 +827,6 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
  * microbatch's sums run while the other microbatch computes. The two lanes'
  * slots use the stage's two scratch lanes; each lane's collectives go to a
  * group of its own, so their order on the wire is fixed by the program. */
-
-/* j, when op i runs paired with op j, else 0. */
-static size_t pair_partner(const exec_t *x, size_t i)
-{
-    const bg_sched_op_t *o = &x->ops[i];
-    if (!x->pair || o->kind > BG_OP_BACKWARD_WEIGHT)
-        return 0;
-    for (size_t j = i + 1; j < x->nops; j++) {
-        const bg_sched_op_t *q = &x->ops[j];
-        if (q->kind == BG_OP_SEND_ACT || q->kind == BG_OP_SEND_GRAD || q->kind == BG_OP_RECV_ACT ||
-            q->kind == BG_OP_RECV_GRAD)
-            continue;
-        if (q->kind > BG_OP_BACKWARD_WEIGHT || q->microbatch == o->microbatch ||
-            (q->kind == BG_OP_FORWARD) == (o->kind == BG_OP_FORWARD))
-            return 0;
-        return j;
-    }
-    return 0;
-}
 
 typedef struct lane_job {
     exec_t *x;
@@ -894,7 +876,7 @@ static bg_status_t lane_run(void *arg)
     return BG_OK;
 }
 
-/* Run ops i and j (pair_partner) and what lies between them, as two lanes. */
+/* Run ops i and j (bg_sched_pair_partner) and what lies between them, as two lanes. */
 static bg_status_t run_pair(exec_t *x, size_t i, size_t j)
 {
     lane_job_t job[2] = {{.x = x}, {.x = x}};
@@ -1005,8 +987,8 @@ static bg_status_t predict_activations(exec_t *x)
         if (bw > maxbw)
             maxbw = bw;
         extra += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
-        if (mem.stash + mem.data > maxstash)
-            maxstash = mem.stash + mem.data;
+        if (mem.stash + mem.data + mem.recompute > maxstash) /* a forward's slot (with recomputation: */
+            maxstash = mem.stash + mem.data + mem.recompute;   /* its activations until it keeps the output) */
         /* receives posted ahead: the next microbatch's input and gradient buffers */
         if (!ch->is_first && !ch->prev_local)
             extra += bg_shape_numel(in) * sizeof(float);
@@ -1832,11 +1814,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
     if (x->T > 1 && !x->server && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0) {
-        const char *no = x->p.zero           ? "--zero"
-                         : x->nservers       ? "--ps"
-                         : x->em             ? "--emulate"
-                         : x->be->ops->event_record ? "a backend that queues work"
-                                                    : NULL;
+        const char *no = !bg__pair_wanted(x->T, x->p.zero, x->D) ? "--zero"
+                         : x->nservers                               ? "--ps"
+                         : x->em                                     ? "--emulate"
+                         : x->be->ops->event_record                  ? "a backend that queues work"
+                                                                     : NULL;
         if (no) /* each would put collectives of its own inside both lanes, or the lanes' work on one queue */
             bg_log(BG_LOG_WARN, "executor", "BRIGADE_TP_OVERLAP=microbatch is not built with %s: rank %d overlaps "
                                             "as with =weight", no, x->rank);
@@ -2010,7 +1992,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         const bg_sched_op_t *op = &x->ops[i];
         bg__staging_progress(&x->stg); /* sends and reductions whose copies completed leave now */
         BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, i), st, fail);
-        size_t j = pair_partner(x, i);
+        size_t j = x->pair ? bg_sched_pair_partner(x->ops, x->nops, i) : 0;
         if (j) {
             BG_CHECK_GOTO(post_ahead(x, x->ops, x->nops, j), st, fail);
             if ((st = run_pair(x, i, j)) != BG_OK) {

@@ -119,8 +119,11 @@ typedef struct bg_part_problem {
                                              holding that gradient; bg_stage_release frees the rest): the transport
                                              completes such a send only after the next compute instruction
                                              (UCX's rendezvous threshold); 0: no slot lingers */
+    int paired;                         /**< 1: the executor runs a forward beside another microbatch's backward
+                                             (BRIGADE_TP_OVERLAP=microbatch): a stage holds a second scratch
+                                             (the stages' counts come from bg_part_schedule_counts, paired) */
 } bg_part_problem_t;
-#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0}
+#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0}
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
@@ -171,14 +174,20 @@ bg_status_t bg_part_shortfall(const bg_part_problem_t *prob, bg_part_shortfall_t
  *  threshold as the transport sets it (UCX_RNDV_THRESH, else BRIGADE_UCX_RNDV_THRESH, default 256K);
  *  1 (every message) when it is not a plain size such as "auto". */
 size_t bg_plan_linger_bytes(void);
+/** 1 when a run of this layout pairs instructions, so that a plan counts their memory
+ *  (bg_part_problem_t.paired): BRIGADE_TP_OVERLAP=microbatch, @p tp > 1, and no @p zero over @p dp > 1
+ *  replicas. (The executor also leaves --ps and --emulate runs, and backends that queue work, unpaired.) */
+int bg_plan_paired_for(int tp, int zero, int dp);
+
 
 /** Slot counts of pipeline rank @p rank over its program, replaying the
  *  executor's allocation order (receives posted up to the next two compute
  *  instructions ahead, fused-backward slots ending after their gradient is
- *  sent). *rows_p: *npoints_p rows of `chunks` entries each (entry c: chunk
- *  c's counts at one program point; rows dominated by another are dropped).
- *  malloc'ed; free() it. */
-bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, bg_part_counts_t **rows_p,
+ *  sent; @p paired: the instructions bg_sched_pair_partner pairs hold their
+ *  buffers at once, BRIGADE_TP_OVERLAP=microbatch). *rows_p: *npoints_p rows of
+ *  `chunks` entries each (entry c: chunk c's counts at one program point; rows
+ *  dominated by another are dropped). malloc'ed; free() it. */
+bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int paired, bg_part_counts_t **rows_p,
                                     int *npoints_p);
 
 /* ------------------------------------------------------------------------ */
@@ -309,6 +318,9 @@ int bg_plan_zero(const bg_plan_t *plan); /**< the sharding stage the plan counte
 /** 1: the plan's tp > 1 model is built with sequence parallelism (bg_model_config_t.sequence_parallel,
  *  its builder's; the plan JSON's "sequence_parallel"), so its activations are counted split */
 int bg_plan_sequence_parallel(const bg_plan_t *plan);
+/** 1: the plan counts the memory of BRIGADE_TP_OVERLAP=microbatch (tp > 1 without --zero, planned with it
+ *  set; bg_part_problem_t.paired): "tp_overlap": "microbatch" in its JSON. */
+int bg_plan_paired(const bg_plan_t *plan);
 /** The model the plan was made for: its bg_model_desc_to_json() text, owned
  *  by the plan. bg_model_desc_from_json() rebuilds a builder-made model from
  *  it; check a description of your own with bg_plan_check_model(). */

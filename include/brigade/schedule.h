@@ -224,6 +224,11 @@ int bg_schedule_stage_rank(const bg_schedule_t *sched, int stage);
 int bg_schedule_stage_chunk(const bg_schedule_t *sched, int stage);
 /** Rank @p rank's instructions; valid until the schedule is freed or appended to. */
 const bg_sched_op_t *bg_schedule_rank_ops(const bg_schedule_t *sched, int rank, size_t *count_p);
+/** The instruction that runs beside compute instruction @p i of a rank's program @p ops (@p n of them)
+ *  under BRIGADE_TP_OVERLAP=microbatch: the next compute instruction j, when only sends and receives lie
+ *  between, exactly one of the two is a forward, and their microbatches differ (so neither reads what the
+ *  other writes); 0 when none. */
+size_t bg_sched_pair_partner(const bg_sched_op_t *ops, size_t n, size_t i);
 
 /**
  * Prove the programs correct: indices in range, every (microbatch, stage)

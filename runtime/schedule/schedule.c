@@ -229,6 +229,23 @@ int bg_schedule_stage_chunk(const bg_schedule_t *s, int stage)
     return stage >= 0 && stage < s->nstages ? s->stage_chunk[stage] : -1;
 }
 
+size_t bg_sched_pair_partner(const bg_sched_op_t *ops, size_t n, size_t i)
+{
+    if (i >= n || ops[i].kind > BG_OP_BACKWARD_WEIGHT)
+        return 0;
+    for (size_t j = i + 1; j < n; j++) {
+        const bg_sched_op_t *q = &ops[j];
+        if (q->kind == BG_OP_SEND_ACT || q->kind == BG_OP_SEND_GRAD || q->kind == BG_OP_RECV_ACT ||
+            q->kind == BG_OP_RECV_GRAD)
+            continue;
+        if (q->kind > BG_OP_BACKWARD_WEIGHT || q->microbatch == ops[i].microbatch ||
+            (q->kind == BG_OP_FORWARD) == (ops[i].kind == BG_OP_FORWARD))
+            return 0;
+        return j;
+    }
+    return 0;
+}
+
 const bg_sched_op_t *bg_schedule_rank_ops(const bg_schedule_t *s, int rank, size_t *count_p)
 {
     if (rank < 0 || rank >= s->p) {

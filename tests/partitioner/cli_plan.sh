@@ -218,5 +218,36 @@ PY
   fi
 done
 
+# BRIGADE_TP_OVERLAP=microbatch (a forward beside another microbatch's backward, tp 2 x pp 2): the plan
+# counts both instructions' buffers at once and a second scratch, and every rank's peak is again its
+# prediction; a plan made without it refuses to run with it
+TPM="--model gpt --layers 4 --d-model 64 --heads 4 --seq 32 --devices 4 --pp 2 --mem 1G --batch 16 --tp 2 --microbatch-size 2"
+for sch in gpipe 1f1b zb-h1 interleaved; do
+  ex=; [ $sch = interleaved ] && ex="--chunks 2"
+  if BRIGADE_TP_OVERLAP=microbatch timeout 60 "$B" plan $TPM --schedule $sch $ex --json "$T/p_$sch.json" >"$T/out" 2>&1 &&
+     BRIGADE_TP_OVERLAP=microbatch timeout 120 "$B" launch -n 4 -- "$B" train --plan "$T/p_$sch.json" --steps 2 \
+       --threads 1 --quiet --metrics "$T/p_$sch.jsonl" >"$T/run" 2>&1; then
+    python3 - "$T/p_$sch.json" "$T/p_$sch.jsonl" "$sch" <<'PY' || fail "paired $sch: the measured peaks are not the predicted ones (above)"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p.get("tp_overlap") == "microbatch", "the plan does not record tp_overlap"
+rows = [json.loads(l) for l in open(sys.argv[2]) if '"peak_bytes"' in l]
+for r in p["ranks"]:  # pipeline rank r: world ranks 2r and 2r + 1 (tp fastest)
+    want = r["predicted_peak_bytes"]
+    for w in (2 * r["rank"], 2 * r["rank"] + 1):
+        got = max(x["peak_bytes"] for x in rows if x["rank"] == w)
+        if not (0.99 * want <= got <= want):
+            print(f"paired {sys.argv[3]} rank {w}: measured {got} bytes, predicted {want}")
+            sys.exit(1)
+PY
+  else
+    fail "paired $sch memory plan or run: $(tail -3 "$T/out" "$T/run")"
+  fi
+done
+"$B" plan $TPM --schedule 1f1b --json "$T/p_plain.json" >/dev/null 2>&1 || fail "plan without pairs"
+out=$(BRIGADE_TP_OVERLAP=microbatch "$B" train --plan "$T/p_plain.json" --steps 1 2>&1) && fail "a plan without pairs ran paired"
+grep -q "counted the memory without BRIGADE_TP_OVERLAP=microbatch" <<<"$out" && [ "$(wc -l <<<"$out")" = 1 ] ||
+  fail "a plan without pairs, run paired: $out"
+
 if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all plan CLI checks passed"

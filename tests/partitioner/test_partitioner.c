@@ -388,7 +388,7 @@ static void test_replay_1f1b(void **state)
     for (int r = 0; r < 4; r++) {
         bg_part_counts_t *rows = NULL;
         int n = 0;
-        assert_int_equal(bg_part_schedule_counts(s, r, &rows, &n), BG_OK);
+        assert_int_equal(bg_part_schedule_counts(s, r, 0, &rows, &n), BG_OK);
         assert_true(n >= 1);
         int maxf = 0, maxb = 0, maxl = 0, lingerb = 0;
         for (int k = 0; k < n; k++) {
@@ -413,6 +413,60 @@ static void test_replay_1f1b(void **state)
             fail_msg("rank %d: peak forwarded %d backward %d lingering %d (with a backward: %d), expected %d, %d, "
                      "%d, %d", r, maxf, maxb, maxl, lingerb, want_f[r], want_b[r], want_l[r], want_lb[r]);
         free(rows);
+    }
+    bg_schedule_free(s);
+}
+
+/* BRIGADE_TP_OVERLAP=microbatch: the replay pairs a compute instruction with the next one of another
+ * microbatch when one is a forward, and both hold their buffers at once. In 1F1B (p = 4) a forward and a
+ * backward then run at once on every rank (recomputing, the count of running activations, peaks at 2,
+ * not 1), still one backward; the forwarded peak p - r is unchanged where the warm-up holds more than
+ * the pair (the warm-up's last forward is paired with the first backward), and is 2, not 1, on the last
+ * rank, whose forward of microbatch m + 1 runs beside the backward of m. */
+static void test_replay_paired(void **state)
+{
+    (void)state;
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = BG_SCHED_1F1B, sp.stages = 4, sp.microbatches = 8;
+    bg_schedule_t *s = NULL;
+    assert_int_equal(bg_schedule_generate(&sp, &s), BG_OK);
+    for (int r = 0; r < 4; r++) {
+        int maxf[2] = {0, 0}, maxb[2] = {0, 0}, maxr[2] = {0, 0};
+        for (int paired = 0; paired < 2; paired++) {
+            bg_part_counts_t *rows = NULL;
+            int n = 0;
+            assert_int_equal(bg_part_schedule_counts(s, r, paired, &rows, &n), BG_OK);
+            for (int k = 0; k < n; k++) {
+                if (rows[k].forwarded > maxf[paired])
+                    maxf[paired] = rows[k].forwarded;
+                if (rows[k].backward > maxb[paired])
+                    maxb[paired] = rows[k].backward;
+                if (rows[k].recomputing > maxr[paired])
+                    maxr[paired] = rows[k].recomputing;
+            }
+            free(rows);
+        }
+        int want = 4 - r > 2 ? 4 - r : 2;
+        if (maxf[0] != 4 - r || maxf[1] != want || maxb[0] != 1 || maxb[1] != 1 || maxr[0] != 1 || maxr[1] != 2)
+            fail_msg("rank %d: peak forwarded %d / %d (one at a time / paired), backward %d / %d, running %d / %d; "
+                     "expected %d / %d, 1 / 1, 1 / 2", r, maxf[0], maxf[1], maxb[0], maxb[1], maxr[0], maxr[1], 4 - r,
+                     want);
+        /* the pairs themselves: a forward and a backward of different microbatches, nothing else between */
+        size_t n;
+        const bg_sched_op_t *ops = bg_schedule_rank_ops(s, r, &n);
+        int pairs = 0;
+        for (size_t i = 0; i < n; i++) {
+            size_t j = bg_sched_pair_partner(ops, n, i);
+            if (!j)
+                continue;
+            pairs++;
+            assert_true((ops[i].kind == BG_OP_FORWARD) != (ops[j].kind == BG_OP_FORWARD));
+            assert_int_not_equal(ops[i].microbatch, ops[j].microbatch);
+            for (size_t k = i + 1; k < j; k++)
+                assert_true(ops[k].kind >= BG_OP_SEND_ACT && ops[k].kind <= BG_OP_RECV_GRAD);
+        }
+        /* 8 microbatches: 7 steady-state F-B neighbours on every rank */
+        assert_true(pairs >= 7);
     }
     bg_schedule_free(s);
 }
@@ -1219,6 +1273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_vs_brute_force), cmocka_unit_test(test_memory_closed_form),
         cmocka_unit_test(test_memory_matches_stages), cmocka_unit_test(test_replay_1f1b),
+        cmocka_unit_test(test_replay_paired),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
         cmocka_unit_test(test_plan_tp),              cmocka_unit_test(test_plan_tp_measured),
         cmocka_unit_test(test_plan_roundtrip),       cmocka_unit_test(test_plan_fixtures),
