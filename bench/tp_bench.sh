@@ -11,7 +11,8 @@
 # activation and peak bytes. The fused backward's overlap of the
 # input-gradient sums with the weight gradients (BRIGADE_TP_OVERLAP=weight,
 # the default) against waiting inside the layer (=layer): step time and the
-# exposed collective time. bench/tp_plan.sh makes single plan/run pairs of the
+# exposed collective time; =microbatch (a forward beside another microbatch's
+# backward) against =weight at 8 microbatches. bench/tp_plan.sh makes single plan/run pairs of the
 # two plans with every pair's ratio and the per-microbatch breakdown against a trace.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [REPEATS]
 set -euo pipefail
@@ -40,6 +41,22 @@ echo "step time tp 2, sums waited for inside the layer (BRIGADE_TP_OVERLAP=layer
      "weight / layer $(awk -v a="$t2" -v b="$t2l" 'BEGIN{printf "%.3f", a/b}')"
 echo "speedup tp 2 vs tp 1 x 1 thread: $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.2f", a/b}');" \
      "vs tp 1 x 2 threads: $(awk -v a="$t1x2" -v b="$t2" 'BEGIN{printf "%.2f", a/b}')"
+
+# BRIGADE_TP_OVERLAP=microbatch (a forward beside another microbatch's backward, two coroutines per rank)
+# against =weight, at 8 microbatches of one sequence (7 pairs a step in 1F1B), alternating, medians of
+# R; with its peak bytes (one forward's slot and a scratch more)
+RUN8="$M --batch 8 --microbatches 8 --steps 24 --quiet --threads 1 --tp 2"
+for i in $(seq 1 "$R"); do
+  for ov in weight microbatch; do
+    BRIGADE_TP_OVERLAP=$ov "$B" launch -n 2 -- "$B" train $RUN8 --metrics "$T/mb_$ov.jsonl" 2>/dev/null | ms >>"$T/mb_$ov"
+  done
+done
+mw=$(med <"$T/mb_weight"); mm=$(med <"$T/mb_microbatch")
+kw=$(python3 -c "import json,sys; print(max(json.loads(l)['peak_bytes'] for l in open(sys.argv[1]) if 'peak_bytes' in l))" "$T/mb_weight.jsonl")
+km=$(python3 -c "import json,sys; print(max(json.loads(l)['peak_bytes'] for l in open(sys.argv[1]) if 'peak_bytes' in l))" "$T/mb_microbatch.jsonl")
+echo "tp 2, 8 microbatches: BRIGADE_TP_OVERLAP=weight $mw ms (runs: $(tr '\n' ' ' <"$T/mb_weight")), =microbatch $mm ms" \
+     "(runs: $(tr '\n' ' ' <"$T/mb_microbatch")); microbatch / weight $(awk -v a="$mm" -v b="$mw" 'BEGIN{printf "%.3f", a/b}');" \
+     "peak bytes $kw and $km"
 
 # the collectives' share of the step, from the trace (steps 3.., every rank), without and with SP
 for sp in "" --sequence-parallel layer; do

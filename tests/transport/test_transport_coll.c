@@ -4,7 +4,8 @@
  * a serial emulation of the documented summation order, within tolerance
  * with a double-precision serial sum, exactly on integer data, and across two
  * separate runs. Subset groups (unsorted), concurrent non-blocking allreduces
- * on overlapping groups, broadcast, allgather, reduce-scatter, barrier. */
+ * on overlapping groups, broadcast, allgather, reduce-scatter (and their
+ * non-blocking twins, mixed with the blocking calls on one group), barrier. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -255,6 +256,31 @@ static int rank_groups(int rank, int world, void *arg)
         float *full = malloc(cnt * 3 * 4);
         ref_ring(in, 3, cnt * 3, 1, full);
         RK_CHECK(memcmp(out, full + (size_t)gb * cnt, cnt * 4) == 0, "reduce-scatter block %d", gb);
+        /* the non-blocking twins send the same messages: some members wait for them while another calls
+         * the blocking one, and the results are the same bits; the send buffer is copied at the start */
+        float *inc = malloc(cnt * 3 * 4), out2[7];
+        memcpy(inc, in[gb], cnt * 3 * 4);
+        if (gb == 0) {
+            RK_OK(bg_group_reduce_scatter(B, inc, out2, cnt, BG_REDUCE_AVG));
+        } else {
+            RK_OK(bg_group_ireduce_scatter(B, inc, out2, cnt, BG_REDUCE_AVG, &rq));
+            memset(inc, 0xff, cnt * 3 * 4); /* NaNs: read after the start, they would show */
+            RK_OK(bg_wait(rq));
+            bg_request_free(rq);
+        }
+        RK_CHECK(memcmp(out2, out, cnt * 4) == 0, "non-blocking reduce-scatter block %d differs", gb);
+        free(inc);
+        char mine2[5], all2[15];
+        memcpy(mine2, mine, 5);
+        if (gb == 1) {
+            RK_OK(bg_group_allgather(B, mine2, all2, 5));
+        } else {
+            RK_OK(bg_group_iallgather(B, mine2, all2, 5, &rq));
+            memset(mine2, '?', 5);
+            RK_OK(bg_wait(rq));
+            bg_request_free(rq);
+        }
+        RK_CHECK(memcmp(all2, all, 15) == 0, "non-blocking allgather differs on member %d", gb);
         /* in-place reduce-scatter (--zero): each member's chunk bit for bit the
          * allreduce's, ring-sized (1001 x 4 B with a small-buffer threshold of
          * 64 KiB is below it: recursive doubling, whole) and 20011 floats (ring);
