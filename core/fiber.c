@@ -2,6 +2,7 @@
  * bg__pair_yield, so which code runs between two switches is decided by the
  * lanes themselves. AddressSanitizer is told of every stack switch. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +181,15 @@ int bg__pair_yield(void)
 }
 
 int bg__pair_lane(void) { return running ? running->cur : 0; }
+
+int bg__pair_wait_turn(int *idle_p)
+{
+    if (!bg__pair_busy())
+        return 0;
+    if (++*idle_p > 32)
+        sched_yield();
+    return bg__pair_yield();
+}
 
 int bg__pair_wanted(int tp, int zero, int dp)
 {

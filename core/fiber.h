@@ -32,6 +32,13 @@ void bg__pair_run(bg_pair_t *pair, bg_pair_fn fn0, void *arg0, bg_pair_fn fn1, v
  * the partner and return 1 when it switches back. Otherwise (no pair running
  * on this thread, or the partner is done) return 0 at once. */
 int bg__pair_yield(void);
+/* A wait found its request incomplete: hand the thread to the other lane and
+ * return 1 when it comes back, or return 0 at once when there is no lane to
+ * hand it to (the caller then blocks as it would outside a pair). After 32
+ * such turns in a row (*idle_p counts them; start it at 0) each turn also
+ * gives up the core for a moment (sched_yield), as a blocked wait does, so
+ * two lanes that both wait do not starve the processes beside them. */
+int bg__pair_wait_turn(int *idle_p);
 /* Whether bg__pair_yield would switch now (a pair runs here and the
  * partner has not returned). */
 int bg__pair_busy(void);

@@ -849,7 +849,7 @@ static bg_status_t lane_run(void *arg)
             r = ch->act_recv[o->microbatch];
         if (ch && o->kind == BG_OP_RECV_GRAD && post_grad_recv(x, ch, o->microbatch) == BG_OK)
             r = ch->grad_recv[o->microbatch];
-        for (int done = 0; r && bg__xtest(r, &done) == BG_OK && !done && bg__pair_yield();)
+        for (int done = 0, idle = 0; r && bg__xtest(r, &done) == BG_OK && !done && bg__pair_wait_turn(&idle);)
             ;
         int compute = o->kind <= BG_OP_BACKWARD_WEIGHT;
         double a = bg_now();

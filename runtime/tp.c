@@ -49,10 +49,10 @@ static bg_group_t *lane_group(bg__tp_t *t) { return t->g[bg__pair_lane()]; }
 static bg_status_t pair_wait(bg_request_t *req)
 {
     bg_status_t st = BG_OK;
-    for (int done = 0;;) {
+    for (int done = 0, idle = 0;;) {
         if ((st = bg_test(req, &done)) != BG_OK || done)
             break;
-        if (!bg__pair_yield()) {
+        if (!bg__pair_wait_turn(&idle)) {
             st = bg_wait(req);
             break;
         }

@@ -1042,6 +1042,8 @@ static bg_status_t bg__result(bg_request_t *r)
     return BG_OK;
 }
 
+static void bg__expire_locked(bg_comm_t *c, bg_request_t *r, unsigned progressed);
+
 bg_status_t bg_test(bg_request_t *r, int *done_p)
 {
     if (!r || !done_p)
@@ -1050,7 +1052,7 @@ bg_status_t bg_test(bg_request_t *r, int *done_p)
         bg_comm_t *c = r->comm;
         atomic_fetch_add(&c->demand, 1);
         bg__lock(c);
-        bg__progress_locked(c);
+        bg__expire_locked(c, r, bg__progress_locked(c)); /* a test loop ends too, past the timeout */
         bg__unlock(c);
         bg__api_touch(c);
         atomic_fetch_sub(&c->demand, 1);
@@ -1068,6 +1070,21 @@ static const char *bg__what(const bg_request_t *r)
     return r->kind == BG__RQ_SEND ? "send to" : r->kind == BG__RQ_RECV ? "receive from" : "collective";
 }
 
+/* Fail request r if nothing progressed this round and it is older than the timeout. */
+static void bg__expire_locked(bg_comm_t *c, bg_request_t *r, unsigned progressed)
+{
+    if (progressed || atomic_load(&r->done) || bg_now() - r->t_start <= c->timeout_s)
+        return;
+    if (r->kind == BG__RQ_COLL) {
+        bg__coll_fail_locked(r->coll, BG_ERR_TIMEOUT, NULL);
+    } else {
+        char m[300];
+        snprintf(m, sizeof(m), "%s rank %d (tag %u, %zu bytes) did not complete within %.0f s (BRIGADE_TIMEOUT); "
+                 "rank %d is alive but silent", bg__what(r), r->peer, r->tag, r->bytes, c->timeout_s, r->peer);
+        bg__fail_locked(c, r, BG_ERR_TIMEOUT, m);
+    }
+}
+
 bg_status_t bg_wait(bg_request_t *r)
 {
     if (!r)
@@ -1079,17 +1096,7 @@ bg_status_t bg_wait(bg_request_t *r)
         while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
             bg__lock(c);
             unsigned n = bg__progress_locked(c);
-            if (!n && !atomic_load(&r->done) && bg_now() - r->t_start > c->timeout_s) {
-                char m[300];
-                if (r->kind == BG__RQ_COLL) {
-                    bg__coll_fail_locked(r->coll, BG_ERR_TIMEOUT, NULL);
-                } else {
-                    snprintf(m, sizeof(m), "%s rank %d (tag %u, %zu bytes) did not complete within "
-                             "%.0f s (BRIGADE_TIMEOUT); rank %d is alive but silent",
-                             bg__what(r), r->peer, r->tag, r->bytes, c->timeout_s, r->peer);
-                    bg__fail_locked(c, r, BG_ERR_TIMEOUT, m);
-                }
-            }
+            bg__expire_locked(c, r, n);
             bg__unlock(c);
             idle = n ? 0 : idle + 1;
             if (idle > 32)

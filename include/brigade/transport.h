@@ -139,7 +139,9 @@ bg_status_t bg_isend(bg_comm_t *comm, int peer, uint32_t tag, const void *buf,
  */
 bg_status_t bg_irecv(bg_comm_t *comm, int peer, uint32_t tag, void *buf,
                      size_t bytes, bg_request_t **req_p);
-/** *done_p = 1 when complete; returns the operation's error if it failed. */
+/** *done_p = 1 when complete; returns the operation's error if it failed. Progresses the transport once;
+ *  a request older than the comm's timeout that nothing progressed fails as under bg_wait, so a loop of
+ *  tests ends too. */
 bg_status_t bg_test(bg_request_t *req, int *done_p);
 /** Wait until complete: BG_OK, or the error (BG_ERR_PEER naming the rank,
  *  BG_ERR_TIMEOUT after the comm's timeout, BG_ERR_CANCELED). */

@@ -231,6 +231,9 @@ static void test_fiber_pair(void **state)
     assert_int_equal(a.busy_at_start, 1);
     assert_int_equal(b.busy_at_start, 1);
     assert_int_equal(bg__pair_yield(), 0); /* outside again */
+    int idle = 0;
+    assert_int_equal(bg__pair_wait_turn(&idle), 0); /* nothing to hand the thread to */
+    assert_int_equal(idle, 0);
     /* the pair runs again, lane 0 done at once: lane 1 never switches */
     log[0] = '\0';
     a.yields = 0;
