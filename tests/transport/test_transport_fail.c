@@ -265,6 +265,17 @@ static int rank_silent(int rank, int world, void *arg)
         RK_CHECK(st == BG_ERR_TIMEOUT && strstr(bg_last_error(), "rank 1"), "%s: %s",
                  bg_status_string(st), bg_last_error());
         RK_CHECK(bg_now() - t0 < 5, "deadline of 1 s took %.1f s", bg_now() - t0);
+        /* a loop of tests ends at the deadline too (the coroutines' waits test, not wait) */
+        bg_request_t *rq;
+        RK_OK(bg_irecv(c, 1, 2, b, sizeof(b), &rq));
+        t0 = bg_now();
+        int done = 0;
+        while ((st = bg_test(rq, &done)) == BG_OK && !done && bg_now() - t0 < 10)
+            ;
+        RK_CHECK(st == BG_ERR_TIMEOUT && strstr(bg_last_error(), "rank 1"), "test loop: %s: %s",
+                 bg_status_string(st), bg_last_error());
+        RK_CHECK(bg_now() - t0 < 5, "the test loop's deadline of 1 s took %.1f s", bg_now() - t0);
+        bg_request_free(rq);
     }
     RK_OK(bg_comm_destroy(c));
     return 0;
