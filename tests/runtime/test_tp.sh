@@ -89,6 +89,8 @@ BRIGADE_TP_OVERLAP=microbatch run gpt_3d_mb 8 $GPT --steps 10 --tp 2 --dp 2 --pp
   bitwise gpt_3d gpt_3d_mb "pp 2 x dp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 # split backward (B and W apart) and recomputation: the group's sums happen in B and in the rerun forward
 run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same gpt gpt_zb 1e-5
+BRIGADE_TP_OVERLAP=microbatch run gpt_zb_mb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute &&
+  bitwise gpt_zb gpt_zb_mb "zb-h1 + recompute, pp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 # ZeRO 2 over each tensor member's data-parallel group
 run gpt_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 && same gpt gpt_zero 1e-5
 run mlp 1 $MLP --steps 10
