@@ -378,13 +378,20 @@ static void test_memory_matches_stages(void **state)
 
 /* ---------------- schedule replay ---------------- */
 
-static void test_replay_1f1b(void **state)
+/* 1F1B on 4 stages, 8 microbatches */
+static bg_schedule_t *gen_1f1b_4x8(void)
 {
-    (void)state;
     bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
     sp.kind = BG_SCHED_1F1B, sp.stages = 4, sp.microbatches = 8;
     bg_schedule_t *s = NULL;
     assert_int_equal(bg_schedule_generate(&sp, &s), BG_OK);
+    return s;
+}
+
+static void test_replay_1f1b(void **state)
+{
+    (void)state;
+    bg_schedule_t *s = gen_1f1b_4x8();
     for (int r = 0; r < 4; r++) {
         bg_part_counts_t *rows = NULL;
         int n = 0;
@@ -426,10 +433,7 @@ static void test_replay_1f1b(void **state)
 static void test_replay_paired(void **state)
 {
     (void)state;
-    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
-    sp.kind = BG_SCHED_1F1B, sp.stages = 4, sp.microbatches = 8;
-    bg_schedule_t *s = NULL;
-    assert_int_equal(bg_schedule_generate(&sp, &s), BG_OK);
+    bg_schedule_t *s = gen_1f1b_4x8();
     for (int r = 0; r < 4; r++) {
         int maxf[2] = {0, 0}, maxb[2] = {0, 0}, maxr[2] = {0, 0};
         for (int paired = 0; paired < 2; paired++) {
