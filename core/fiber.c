@@ -1,6 +1,7 @@
 /* core/fiber.c: two coroutines on one thread (ucontext), switched only by
  * bg__pair_yield, so which code runs between two switches is decided by the
- * lanes themselves. AddressSanitizer is told of every stack switch. */
+ * lanes themselves. AddressSanitizer is told of every stack switch (it still
+ * prints, once per process, that it "doesn't fully support swapcontext"). */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -111,10 +112,11 @@ bg_status_t bg__pair_create(size_t stack_bytes, bg_pair_t **pair_p)
         l->map_bytes = stack_bytes + page;
         l->map = mmap(NULL, l->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (l->map == MAP_FAILED || mprotect(l->map, page, PROT_NONE) != 0) {
+            int e = errno;
             if (l->map == MAP_FAILED)
                 l->map = NULL;
             bg__pair_destroy(p);
-            return bg_error(BG_ERR_NOMEM, "coroutine stack of %zu bytes: %s", stack_bytes, strerror(errno));
+            return bg_error(BG_ERR_NOMEM, "coroutine stack of %zu bytes: %s", stack_bytes, strerror(e));
         }
         l->stack = l->map + page;
         l->stack_bytes = stack_bytes;

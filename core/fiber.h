@@ -23,8 +23,10 @@ void bg__pair_destroy(bg_pair_t *pair); /* NULL is a no-op; not while it runs */
 /* Run fn0(arg0) on lane 0 and fn1(arg1) on lane 1 and return when both have
  * returned, their statuses in st_p[0] and st_p[1]. Lane 0 starts; a lane
  * runs until it returns or calls bg__pair_yield, which resumes the other
- * lane where it left off. Each lane's error message (bg_last_error) is kept
- * in msg_p[lane] (msg_bytes each) when its status is not BG_OK. Not nested. */
+ * lane where it left off. Each lane's error message (bg_last_error, which is
+ * per thread, so the lane's own is copied as it returns) is kept in
+ * msg_p[lane] when its status is not BG_OK ("" otherwise; msg_p may be NULL).
+ * Not nested. */
 void bg__pair_run(bg_pair_t *pair, bg_pair_fn fn0, void *arg0, bg_pair_fn fn1, void *arg1, bg_status_t st_p[2],
                   char (*msg_p)[256]);
 

@@ -160,7 +160,6 @@ typedef struct bg_executor {
     int server;             /* 1: this rank is a server (it runs no program) */
     bg_model_t **ps_models; /* --ps: the chunks' models, as the parameter-server part sees them */
     bg_pair_t *pair;        /* BRIGADE_TP_OVERLAP=microbatch: two coroutines for paired instructions, else NULL */
-    int pairs;              /* instructions run paired in the last step (bg_executor_info) */
 } exec_t;
 
 /* Positions of microbatch mb of step `step`. */
@@ -893,7 +892,6 @@ static bg_status_t run_pair(exec_t *x, size_t i, size_t j)
     bg_status_t st[2];
     char msg[2][256];
     bg__pair_run(x->pair, lane_run, &job[0], lane_run, &job[1], st, msg);
-    x->pairs++;
     double a = job[0].a < job[1].a ? job[0].a : job[1].a, b = job[0].b > job[1].b ? job[0].b : job[1].b;
     if (st[0] == BG_OK && st[1] == BG_OK) {
         x->busy += b - a;
@@ -1987,7 +1985,6 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         bg_model_zero_grads(x->chunks[v].model);
         x->chunks[v].gsq = 0;
     }
-    x->pairs = 0;
     for (size_t i = 0; i < x->nops; i++) {
         const bg_sched_op_t *op = &x->ops[i];
         bg__staging_progress(&x->stg); /* sends and reductions whose copies completed leave now */

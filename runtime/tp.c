@@ -179,8 +179,7 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
         st = bg_group_create(comm, tp, ranks, &t->g[1]);
     free(ranks);
     if (st == BG_OK) {
-        t->c.rank = bg_group_rank(t->g[0]);
-        t->c = (bg_tp_comm_t){.size = tp, .rank = t->c.rank, .allreduce = tp_allreduce,
+        t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g[0]), .allreduce = tp_allreduce,
                               .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
                               .reduce_scatter = tp_reduce_scatter, .ireduce_scatter = tp_ireduce_scatter,
                               .iallgather = tp_iallgather};
