@@ -47,6 +47,7 @@
 
 #include "brigade/checkpoint.h"
 #include "brigade/executor.h"
+#include "brigade/partitioner.h"
 #include "brigade/schedule.h"
 #include "brigade/train.h"
 #include "core/check.h"
@@ -947,20 +948,30 @@ static bg_status_t layer_ranges(const bg_executor_params_t *c, int total, int S,
     return BG_OK;
 }
 
-/* What the simulator predicts for this rank's activation memory: the peak of
- * stashed microbatches (F to last backward piece) times each stage's stash
- * (input, outputs, layer stashes, data, incoming gradient), plus what lives
- * outside the stash: each stage's scratch, the receive buffers posted one
- * microbatch ahead, and the largest backward temporary. */
+/* This rank's activation memory, predicted as the planner predicts it (one
+ * model for both): the peak over the program's points of the slot counts the
+ * planner's replay gives (bg_part_schedule_counts: receives posted ahead,
+ * forwards, gradient buffers, backwards, lingering sends, and the paired
+ * instructions of BRIGADE_TP_OVERLAP=microbatch) times each chunk's per-slot
+ * buffers (bg_stage_memory), plus each stage's scratch. And the simulator's
+ * peak count of stashed microbatches (F to the last backward piece). */
 static bg_status_t predict_activations(exec_t *x)
 {
-    double *stash = calloc((size_t)x->S, sizeof(double)), *wstash = calloc((size_t)x->S, sizeof(double));
-    if (!stash || !wstash) {
-        free(stash);
-        free(wstash);
-        return bg_error(BG_ERR_NOMEM, "stash sizes");
-    }
-    size_t extra = 0, maxbw = 0, maxstash = 0;
+    /* the stashed microbatches: the simulator's count (bg_sim_peak_stash) */
+    bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+    bg_sim_result_t *r = NULL;
+    BG_CHECK(bg_schedule_simulate(x->sched, &sp, &r));
+    x->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
+    bg_sim_result_free(r);
+    /* the bytes: the planner's replay of this rank's program (the slot counts at every point,
+     * bg_part_schedule_counts) times each chunk's per-slot buffers as its stage allocates them */
+    typedef struct {
+        size_t in, data, keep, act, dout, bw, linger;
+        int rc;
+    } slot_bytes_t;
+    slot_bytes_t *b = calloc((size_t)x->V, sizeof(*b));
+    BG_ALLOC_CHECK(b, (size_t)x->V * sizeof(*b), "slot sizes");
+    size_t lingers = bg_plan_linger_bytes(), fixed = 0;
     bg_status_t st = BG_OK;
     for (int v = 0; v < x->V && st == BG_OK; v++) {
         chunk_t *ch = &x->chunks[v];
@@ -974,40 +985,47 @@ static bg_status_t predict_activations(exec_t *x)
             st = bg_stage_memory(ch->st, in, &mem);
         if (st != BG_OK)
             break;
-        stash[ch->stage] = (double)(mem.stash + mem.data + mem.dout);
         bg_log(BG_LOG_DEBUG, "memory",
                "stage %d per microbatch: stash %zu data %zu dout %zu; split_bw %zu fused_bw %zu recompute %zu scratch %zu",
                ch->stage, mem.stash, mem.data, mem.dout, mem.split_bw, mem.fused_bw, mem.recompute, mem.scratch);
-        /* split schedules hold split_bw from B to W (the simulator counts it);
-         * a fused backward's temporary lives during one op */
-        wstash[ch->stage] = (double)mem.split_bw;
-        size_t bw = mem.fused_bw + mem.recompute;
-        if (bw > maxbw)
-            maxbw = bw;
-        extra += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
-        if (mem.stash + mem.data + mem.recompute > maxstash) /* a forward's slot (with recomputation: */
-            maxstash = mem.stash + mem.data + mem.recompute;   /* its activations until it keeps the output) */
-        /* receives posted ahead: the next microbatch's input and gradient buffers */
-        if (!ch->is_first && !ch->prev_local)
-            extra += bg_shape_numel(in) * sizeof(float);
-        extra += mem.dout;
+        size_t nops;
+        const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, x->pp_i, &nops);
+        int split = 0; /* the zero-bubble schedules split this chunk's backward: B to W holds split_bw */
+        for (size_t i = 0; i < nops; i++)
+            split |= ops[i].stage == ch->stage && ops[i].kind == BG_OP_BACKWARD_INPUT;
+        slot_bytes_t *e = &b[v];
+        e->rc = bg_stage_recompute(ch->st);
+        e->in = in.c ? bg_shape_numel(in) * sizeof(float) : 0;
+        e->data = mem.data;
+        e->act = e->rc ? mem.recompute : mem.stash - e->in;
+        e->keep = e->rc ? mem.stash - e->in : 0; /* recomputation keeps the output */
+        e->dout = mem.dout;
+        e->bw = split ? mem.split_bw : mem.fused_bw;
+        /* a slot whose input gradient's send lingers holds its backward buffer (docs/partitioner.md) */
+        e->linger = !ch->is_first && lingers && e->in >= lingers ? e->bw : 0;
+        fixed += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
     }
-    extra += maxbw;
-    if (x->pair) /* a paired forward's stash while its partner backward still holds its own: one more at most */
-        extra += maxstash;
-    bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
-    sp.stash_bytes_per_stage = stash;
-    sp.wstash_bytes_per_stage = wstash;
-    bg_sim_result_t *r = NULL;
+    bg_part_counts_t *rows = NULL;
+    int nrows = 0;
     if (st == BG_OK)
-        st = bg_schedule_simulate(x->sched, &sp, &r);
-    if (st == BG_OK) {
-        x->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
-        x->predicted_act_bytes = (size_t)bg_sim_peak_stash_bytes(r, x->pp_i) + extra;
+        st = bg_part_schedule_counts(x->sched, x->pp_i, x->pair != NULL, &rows, &nrows);
+    size_t peak = 0;
+    for (int k = 0; st == BG_OK && k < nrows; k++) {
+        size_t sum = 0;
+        for (int v = 0; v < x->V; v++) {
+            const bg_part_counts_t *n = &rows[(size_t)k * x->V + v];
+            const slot_bytes_t *e = &b[v];
+            sum += (size_t)n->begun * e->in + (size_t)n->forwarded * (e->data + e->keep) +
+                   (size_t)(e->rc ? n->recomputing : n->forwarded) * e->act + (size_t)n->dout * e->dout +
+                   (size_t)n->backward * e->bw + (size_t)n->lingering * e->linger;
+        }
+        if (sum > peak)
+            peak = sum;
     }
-    bg_sim_result_free(r);
-    free(stash);
-    free(wstash);
+    if (st == BG_OK)
+        x->predicted_act_bytes = peak + fixed;
+    free(rows);
+    free(b);
     return st;
 }
 

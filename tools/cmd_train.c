@@ -174,7 +174,8 @@ static int peer_failed(const char *msg, int *peer_p)
 }
 
 /* The ranks' figures of a parallel run as one table, in rank order (stderr, like the progress):
- * activation memory and stashed microbatches measured, and as the simulator predicts them ("sim"). */
+ * activation memory and stashed microbatches measured, and as predicted ("sim": the activation bytes as
+ * brigade plan predicts them, the stashed microbatches as the simulator counts them). */
 static void print_ranks(const bg_train_result_t *r)
 {
     fprintf(stderr, "rank  pp  dp      params  peak MiB   act MiB  act sim  stashed  stash sim  bubble  mem sim\n");

@@ -160,7 +160,8 @@ typedef struct bg_executor_info {
     double flops_per_step;       /**< model FLOPs (forward + backward) of one step of the whole job */
     size_t predicted_bytes;      /**< params + grads + optimizer (the shard with zero) + predicted activations
                                       (+ the other copy's gradient with dualpipe) */
-    size_t predicted_act_bytes;  /**< the simulator's peak stash bytes + scratch and backward temporaries */
+    size_t predicted_act_bytes;  /**< predicted as brigade plan predicts it: the planner's replay of this rank's
+                                      program (bg_part_schedule_counts) times each chunk's slot buffers, + scratch */
     int predicted_stashed;       /**< the simulator's peak of microbatches stashed on this rank */
     int peak_stashed;            /**< measured peak so far */
     size_t peak_act_bytes;       /**< measured peak of activation memory so far */

@@ -98,7 +98,7 @@ typedef struct bg_train_rank {
     size_t params;              /**< parameters it holds */
     size_t peak_bytes;          /**< the allocator's peak */
     size_t peak_act_bytes;      /**< peak of activation memory (allocator) */
-    size_t predicted_act_bytes; /**< the simulator's prediction of it */
+    size_t predicted_act_bytes; /**< its prediction (bg_executor_info_t.predicted_act_bytes) */
     int peak_stashed;           /**< peak microbatches stashed at once */
     int predicted_stashed;      /**< the simulator's peak */
     double bubble;              /**< measured idle fraction of its median step */
@@ -123,7 +123,8 @@ typedef struct bg_train_result {
     size_t peak_act_bytes;    /**< peak of activation memory on this rank (allocator) */
     int peak_stashed;         /**< peak microbatches stashed at once on this rank */
     int predicted_stashed;    /**< the simulator's peak for this rank and schedule */
-    size_t predicted_act_bytes; /**< the simulator's peak stash bytes + the stage's scratch and backward temporaries */
+    size_t predicted_act_bytes; /**< the planner's replay of this rank's program x its slot buffers + scratch
+                                     (bg_executor_info_t.predicted_act_bytes) */
     int start_step;           /**< first step run (> 0 when resumed) */
     int steps_done;           /**< steps completed when it returned */
     int stopped;              /**< 1: returned early on a stop request (after checkpointing when

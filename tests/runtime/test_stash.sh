@@ -4,10 +4,11 @@
 # piece, counted as it runs) equals the simulator's prediction for that
 # schedule, p = 4, m = 8 (and m = 3 < p, but for dualpipev and dualpipe, which need m >= 2p);
 # and its peak activation bytes (the
-# allocator's counters) are within 20% of the simulator's byte prediction
-# (25% below it: the simulator over-counts zbv with m = 3 < p, rank 1:
-# 0.103 vs 0.124 MiB with the old attention, 0.083 vs 0.105 with the fused
-# kernel, whose smaller stash makes the same excess a larger share).
+# allocator's counters) equal the prediction (the planner's replay of the
+# rank's program times its slot buffers, as brigade plan predicts them), to
+# the printed kB, for every schedule but DualPipe and DualPipeV: there the
+# prediction is within 10 % above the measured peak (1 % below it at most:
+# DualPipeV read 0.001 MiB over on some ranks; not yet explained).
 set -u
 B=${BRIGADE:?path of the brigade binary}
 T=$(mktemp -d)
@@ -31,8 +32,10 @@ for m in 8 3; do
     bytes=$(echo "$rows" | awk '{print $1 ":" $6 ":" $7}')
     for g in $bytes; do
       IFS=: read -r r meas sim <<<"$g"
-      awk -v a="$meas" -v b="$sim" 'BEGIN{exit !(a - b <= 0.20*b && b - a <= 0.25*b)}' ||
-        { ok=0; echo "FAIL: $s m=$m rank $r activations $meas MiB, simulator $sim MiB"; }
+      case $s in
+        dualpipe*) awk -v a="$meas" -v b="$sim" 'BEGIN{exit !(a <= 1.01 * b && a >= 0.90 * b)}' ;;
+        *) [ "$meas" = "$sim" ] ;;
+      esac || { ok=0; echo "FAIL: $s m=$m rank $r activations $meas MiB, predicted $sim MiB"; }
     done
     if [ "$n" = 4 ] && [ "$ok" = 1 ]; then pass=$((pass + 1)); echo "ok   $s m=$m: $(echo $got | tr '\n' ' ') bytes $(echo $bytes | tr '\n' ' ')";
     else fails=$((fails + 1)); [ "$n" = 4 ] || echo "FAIL: $s m=$m: $n rank lines"; fi
