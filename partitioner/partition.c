@@ -65,8 +65,9 @@ static bg_status_t check_problem(const bg_part_problem_t *p)
         for (int k = 0; k < sp->ncounts; k++) {
             const bg_part_counts_t *n = &sp->counts[k];
             if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0 || n->recomputing < 0 ||
-                n->lingering < 0)
-                return bg_error(BG_ERR_INVALID, "stage %d: negative slot count in row %d", s, k);
+                n->lingering < 0 || n->fused < 0 || n->fused > n->backward)
+                return bg_error(BG_ERR_INVALID, "stage %d: negative slot count in row %d (or more fused backwards "
+                                "than backwards)", s, k);
         }
     }
     for (int i = 0; i < p->nlayers; i++)
@@ -173,13 +174,13 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     size_t keep = rc ? ly[b].output_bytes : 0;
     /* a slot held after its gradient's send was issued: its backward buffer, which holds that gradient
      * (the executor releases the rest right after the fused backward: bg_stage_release) */
-    size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? bw : 0;
+    size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? fused : 0;
     size_t peak = 0;
     for (int k = 0; k < sp->ncounts; k++) {
         const bg_part_counts_t *n = &sp->counts[k];
         size_t v = (size_t)n->begun * in + (size_t)n->forwarded * (data + keep) +
                    (size_t)(rc ? n->recomputing : n->forwarded) * act + (size_t)n->dout * dout +
-                   (size_t)n->backward * bw + (size_t)n->lingering * linger;
+                   (size_t)(n->backward - n->fused) * bw + (size_t)n->fused * fused + (size_t)n->lingering * linger;
         if (v > peak)
             peak = v;
     }
@@ -199,6 +200,7 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->layer_act_bytes = act;
     e->dout_bytes = dout;
     e->bw_bytes = bw;
+    e->fused_bw_bytes = fused;
     e->keep_bytes = keep;
     e->linger_bytes = linger;
     e->stash_per_mb = in + data + (rc ? keep : act);
@@ -579,7 +581,7 @@ out:
 /* Replay of a rank's program: slot counts at every point                   */
 
 typedef struct slot {
-    unsigned char begun, fwd, dout, bw, pending;
+    unsigned char begun, fwd, dout, bw, fused, pending;
 } slot_t;
 
 /* A fused-backward slot whose gradient's send is issued ends when a test
@@ -611,7 +613,8 @@ static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V
 {
     for (int c = 0; c < V; c++)
         if (a[c].begun < b[c].begun || a[c].forwarded < b[c].forwarded || a[c].dout < b[c].dout ||
-            a[c].backward < b[c].backward || a[c].recomputing < b[c].recomputing || a[c].lingering < b[c].lingering)
+            a[c].fused < b[c].fused || a[c].backward - a[c].fused < b[c].backward - b[c].fused ||
+            a[c].recomputing < b[c].recomputing || a[c].lingering < b[c].lingering)
             return 0;
     return 1;
 }
@@ -676,6 +679,8 @@ static void rp_end(replay_t *r, int c, int mb)
         r->cur[c].backward--;
         r->cur[c].recomputing--;
     }
+    if (s->fused)
+        r->cur[c].fused--;
     memset(s, 0, sizeof(*s));
 }
 
@@ -712,6 +717,10 @@ static void op_start(replay_t *r, prog_t *g, const bg_sched_op_t *o)
     case BG_OP_BACKWARD_INPUT:
         sl->bw = 1;
         r->cur[c].backward++;
+        if (o->kind == BG_OP_BACKWARD) { /* a full backward holds the fused buffer */
+            sl->fused = 1;
+            r->cur[c].fused++;
+        }
         r->cur[c].recomputing++; /* a recomputing stage rebuilds them here, until the slot ends */
         r->dirty = 1;
         if (stage % L > 0 && prog_local(g, stage - 1))

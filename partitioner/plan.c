@@ -476,8 +476,9 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
 
 static int counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
 {
-    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout &&
-           a->backward >= b->backward && a->recomputing >= b->recomputing && a->lingering >= b->lingering;
+    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout && a->fused >= b->fused &&
+           a->backward - a->fused >= b->backward - b->fused && a->recomputing >= b->recomputing &&
+           a->lingering >= b->lingering;
 }
 
 /* Phase 3: each virtual stage's spec: its rank's device, 1/V of its budget,
@@ -801,7 +802,8 @@ static void rank_memory(const candidate_t *c, bg_plan_t *p)
                 uint64_t am = (uint64_t)(e->recompute ? n->recomputing : n->forwarded);
                 sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
                        am * e->layer_act_bytes + (uint64_t)n->dout * e->dout_bytes +
-                       (uint64_t)n->backward * e->bw_bytes + (uint64_t)n->lingering * e->linger_bytes;
+                       (uint64_t)(n->backward - n->fused) * e->bw_bytes + (uint64_t)n->fused * e->fused_bw_bytes +
+                       (uint64_t)n->lingering * e->linger_bytes;
             }
             if (sum > best)
                 best = sum;

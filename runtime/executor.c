@@ -966,7 +966,7 @@ static bg_status_t predict_activations(exec_t *x)
     /* the bytes: the planner's replay of this rank's program (the slot counts at every point,
      * bg_part_schedule_counts) times each chunk's per-slot buffers as its stage allocates them */
     typedef struct {
-        size_t in, data, keep, act, dout, bw, linger;
+        size_t in, data, keep, act, dout, bw, fused, linger;
         int rc;
     } slot_bytes_t;
     slot_bytes_t *b = calloc((size_t)x->V, sizeof(*b));
@@ -1001,8 +1001,9 @@ static bg_status_t predict_activations(exec_t *x)
         e->keep = e->rc ? mem.stash - e->in : 0; /* recomputation keeps the output */
         e->dout = mem.dout;
         e->bw = split ? mem.split_bw : mem.fused_bw;
-        /* a slot whose input gradient's send lingers holds its backward buffer (docs/partitioner.md) */
-        e->linger = !ch->is_first && lingers && e->in >= lingers ? e->bw : 0;
+        e->fused = mem.fused_bw; /* a full backward's, also where others are split (DualPipe, DualPipeV) */
+        /* a slot whose input gradient's send lingers holds its (full) backward's buffer (docs/partitioner.md) */
+        e->linger = !ch->is_first && lingers && e->in >= lingers ? e->fused : 0;
         fixed += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
     }
     bg_part_counts_t *rows = NULL;
@@ -1017,7 +1018,8 @@ static bg_status_t predict_activations(exec_t *x)
             const slot_bytes_t *e = &b[v];
             sum += (size_t)n->begun * e->in + (size_t)n->forwarded * (e->data + e->keep) +
                    (size_t)(e->rc ? n->recomputing : n->forwarded) * e->act + (size_t)n->dout * e->dout +
-                   (size_t)n->backward * e->bw + (size_t)n->lingering * e->linger;
+                   (size_t)(n->backward - n->fused) * e->bw + (size_t)n->fused * e->fused +
+                   (size_t)n->lingering * e->linger;
         }
         if (sum > peak)
             peak = sum;

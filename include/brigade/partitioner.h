@@ -82,6 +82,9 @@ typedef struct bg_part_counts {
     int begun, forwarded, dout, backward, recomputing;
     int lingering; /**< fused-backward slots whose gradient send is issued, still held until the next compute
                         instruction is over (a send the transport completes later: see linger_bytes) */
+    int fused;     /**< of `backward`, the slots in a full (fused) backward: they hold the fused buffer
+                        (bg_part_stage_t.fused_bw_bytes) even on a stage whose backward is split elsewhere in
+                        the program (DualPipe, DualPipeV run both kinds) */
 } bg_part_counts_t;
 
 /** The device of one (virtual) stage and what the schedule keeps on it. */
@@ -142,7 +145,8 @@ typedef struct bg_part_stage {
     size_t data_bytes;      /**< per slot: tokens and targets */
     size_t layer_act_bytes; /**< per slot: the layers' activations (as bg_stage_memory's stash minus input) */
     size_t dout_bytes;      /**< per slot: incoming output gradient */
-    size_t bw_bytes;        /**< per slot: backward buffer (split or fused) */
+    size_t bw_bytes;        /**< per slot in a backward: its buffer (split_backward: B..W's; else fused) */
+    size_t fused_bw_bytes;  /**< per slot in a full backward (counts.fused, counts.lingering): its buffer */
     size_t keep_bytes;      /**< per slot with recomputation: the stage's output, kept from F to the backward */
     size_t linger_bytes;    /**< per lingering slot: its backward buffer when its input gradient is sent as a
                                  message of at least bg_part_problem_t.linger_bytes, else 0 */

@@ -192,10 +192,6 @@ timeout 60 "$B" plan $SPM --mem 20M --tp 2 >"$T/out" 2>&1
 grep -q "tp=2 (sequence-parallel).*Smallest budget that fits: 22515712 bytes" "$T/out" ||
   fail "20M: the shortfall does not count sequence parallelism: $(cat "$T/out")"
 
-# the predicted peak of every rank is its measured one (bytes the stage allocates, to within 1 %, never
-# above): the fused-backward schedules, where the input gradient's message is rendezvous-sized (256 KiB:
-# 2 x 128 x 256 floats) and the slot that sent it lingers until the next compute instruction is over (the
-# executor waits for it there), and where the gradient's receive buffer is held from the forward on
 # peaks_match PLAN METRICS NAME TP: every world rank's peak (the metrics' peak_bytes) within 1 % of its
 # pipeline rank's predicted_peak_bytes, never above (pipeline rank r: world ranks r*TP .. r*TP + TP - 1)
 peaks_match() {
@@ -213,8 +209,13 @@ for r in p["ranks"]:
             sys.exit(1)
 PY
 }
+# the predicted peak of every rank is its measured one (bytes the stage allocates, to within 1 %, never
+# above): the fused-backward schedules, where the input gradient's message is rendezvous-sized (256 KiB:
+# 2 x 128 x 256 floats) and the slot that sent it lingers until the next compute instruction is over (the
+# executor waits for it there), and where the gradient's receive buffer is held from the forward on; and
+# DualPipe, whose stages run full and split backwards both (each slot charged its own buffer)
 MEM="--model gpt --layers 2 --d-model 256 --heads 4 --seq 128 --batch 16 --microbatch-size 2 --devices 2 --pp 2 --mem 1G"
-for sch in gpipe 1f1b zb-h1 interleaved; do
+for sch in gpipe 1f1b zb-h1 interleaved dualpipe; do
   ex=; [ $sch = interleaved ] && ex="--chunks 2"
   if timeout 60 "$B" plan $MEM --schedule $sch $ex --json "$T/m_$sch.json" >"$T/out" 2>&1 &&
      timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/m_$sch.json" --steps 2 --threads 1 --quiet \
