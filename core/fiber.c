@@ -192,8 +192,3 @@ int bg__pair_wait_turn(int *idle_p)
         sched_yield();
     return bg__pair_yield();
 }
-
-int bg__pair_wanted(int tp, int zero, int dp)
-{
-    return tp > 1 && !(zero && dp > 1) && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0;
-}

@@ -47,9 +47,4 @@ int bg__pair_busy(void);
 /* The calling lane (0 or 1); 0 outside bg__pair_run. */
 int bg__pair_lane(void);
 
-/* 1 when a run of this layout pairs instructions: BRIGADE_TP_OVERLAP=microbatch, tp > 1, and no --zero
- * over dp > 1 replicas (the executor also leaves --ps and --emulate runs and backends that queue work
- * unpaired, saying so). The planner counts the pairs' memory by the same rule (bg_part_problem_t.paired). */
-int bg__pair_wanted(int tp, int zero, int dp);
-
 #endif

@@ -436,9 +436,10 @@ static bg_status_t guards_check(bg_stage_t *s, guard_call_t *gc, bg_status_t st,
 
 /* The pieces of layer i's call that every call shares: its input (the
  * previous layer's output), output, stash and the scratch. */
-static void guard_common(bg_stage_t *s, const bg_shape_t *sh, int i, const float *x, const float *out,
+static void guard_common(bg_stage_t *s, const slot_t *sl, int i, const float *x, const float *out,
                          const bg_layer_ctx_t *c, guard_call_t *gc)
 {
+    const bg_shape_t *sh = sl->shapes;
     gc->n = 0;
     if (!s->gz)
         return;
@@ -446,7 +447,7 @@ static void guard_common(bg_stage_t *s, const bg_shape_t *sh, int i, const float
     size_t cb = bg_layer_scratch_bytes(s->layers[i], sh[i]);
     guard_add(gc, G_OUT, out, ob, piece(ob, s->gz));
     guard_add(gc, G_STASH, c->stash, sb, piece(sb, s->gz));
-    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes[c->scratch == s->scratch[1]], s->gz));
+    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes[sl->lane], s->gz));
     if (i > 0) /* the stage's own input buffer has no guard */
         guard_add(gc, G_IN, x, act_size(sh[i]), piece(act_size(sh[i]), s->gz));
 }
@@ -544,7 +545,7 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
     for (int i = 0; i < s->nlayers && !s->emulate; i++) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         guard_call_t gc;
-        guard_common(s, sl->shapes, i, x, sl->out[i], &c, &gc);
+        guard_common(s, sl, i, x, sl->out[i], &c, &gc);
         guards_arm(s, &gc);
         bg_status_t st = s->layers[i]->ops->forward(s->layers[i], &c, x, sl->out[i]);
         st = guards_check(s, &gc, st, i, sl->shapes, "forward");
@@ -626,7 +627,7 @@ static void guard_backward(bg_stage_t *s, slot_t *sl, int i, const float *x, con
                            const float *dout, const float *dx, size_t acap, guard_call_t *gc)
 {
     const bg_shape_t *sh = sl->shapes;
-    guard_common(s, sh, i, x, sl->out[i], c, gc);
+    guard_common(s, sl, i, x, sl->out[i], c, gc);
     if (!s->gz)
         return;
     guard_add(gc, G_WSTASH, c->wstash, bg_layer_wstash_bytes(s->layers[i], sh[i]), wcap);

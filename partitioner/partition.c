@@ -151,6 +151,21 @@ static double link_time(const bg_part_problem_t *p, size_t bytes)
     return p->link_latency + (p->link_bandwidth > 0 ? (double)bytes / p->link_bandwidth : 0.0);
 }
 
+size_t bg_part_row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e)
+{
+    return (size_t)n->begun * e->input_bytes + (size_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
+           (size_t)(e->recompute ? n->recomputing : n->forwarded) * e->layer_act_bytes +
+           (size_t)n->dout * e->dout_bytes + (size_t)(n->backward - n->fused) * e->bw_bytes +
+           (size_t)n->fused * e->fused_bw_bytes + (size_t)n->lingering * e->linger_bytes;
+}
+
+int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
+{
+    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout && a->fused >= b->fused &&
+           a->backward - a->fused >= b->backward - b->fused && a->recomputing >= b->recomputing &&
+           a->lingering >= b->lingering;
+}
+
 /* Layers [a, b] on stage s (maxima of the range in m). */
 static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t *m, bg_part_stage_t *e)
 {
@@ -175,26 +190,6 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     /* a slot held after its gradient's send was issued: its backward buffer, which holds that gradient
      * (the executor releases the rest right after the fused backward: bg_stage_release) */
     size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? fused : 0;
-    size_t peak = 0;
-    for (int k = 0; k < sp->ncounts; k++) {
-        const bg_part_counts_t *n = &sp->counts[k];
-        size_t v = (size_t)n->begun * in + (size_t)n->forwarded * (data + keep) +
-                   (size_t)(rc ? n->recomputing : n->forwarded) * act + (size_t)n->dout * dout +
-                   (size_t)(n->backward - n->fused) * bw + (size_t)n->fused * fused + (size_t)n->lingering * linger;
-        if (v > peak)
-            peak = v;
-    }
-    e->first = a;
-    e->last = b;
-    e->recompute = rc;
-    /* --zero 2: its bucket buffers (no more than its buckets) */
-    size_t np = c->pp[b + 1] - c->pp[a], nb = p->bucket_bytes ? (4 * np + p->bucket_bytes - 1) / p->bucket_bytes : 0;
-    size_t inflight = (nb < (size_t)p->bucket_buffers ? nb : (size_t)p->bucket_buffers) * p->bucket_bytes;
-    e->static_bytes = np * p->bytes_per_param + (inflight < 4 * np ? inflight : 4 * np);
-    e->scratch_bytes = m->scratch * (p->paired ? 2 : 1); /* paired instructions: a scratch per lane */
-    e->act_bytes = peak;
-    e->mem_bytes = e->static_bytes + e->scratch_bytes + e->act_bytes;
-    e->fits = e->mem_bytes <= sp->budget_bytes + c->delta;
     e->input_bytes = in;
     e->data_bytes = data;
     e->layer_act_bytes = act;
@@ -203,6 +198,23 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->fused_bw_bytes = fused;
     e->keep_bytes = keep;
     e->linger_bytes = linger;
+    e->recompute = rc;
+    size_t peak = 0;
+    for (int k = 0; k < sp->ncounts; k++) {
+        size_t v = bg_part_row_bytes(&sp->counts[k], e);
+        if (v > peak)
+            peak = v;
+    }
+    e->first = a;
+    e->last = b;
+    /* --zero 2: its bucket buffers (no more than its buckets) */
+    size_t np = c->pp[b + 1] - c->pp[a], nb = p->bucket_bytes ? (4 * np + p->bucket_bytes - 1) / p->bucket_bytes : 0;
+    size_t inflight = (nb < (size_t)p->bucket_buffers ? nb : (size_t)p->bucket_buffers) * p->bucket_bytes;
+    e->static_bytes = np * p->bytes_per_param + (inflight < 4 * np ? inflight : 4 * np);
+    e->scratch_bytes = m->scratch * (p->paired ? 2 : 1); /* paired instructions: a scratch per lane */
+    e->act_bytes = peak;
+    e->mem_bytes = e->static_bytes + e->scratch_bytes + e->act_bytes;
+    e->fits = e->mem_bytes <= sp->budget_bytes + c->delta;
     e->stash_per_mb = in + data + (rc ? keep : act);
     e->compute_time = (c->pt[b + 1] - c->pt[a] + (rc ? c->pf[b + 1] - c->pf[a] : 0.0)) / sp->speed;
     e->comm_time = (a > 0 ? link_time(p, in) : 0.0) + (b < L - 1 ? link_time(p, dout) : 0.0);
@@ -612,9 +624,7 @@ typedef struct replay {
 static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V)
 {
     for (int c = 0; c < V; c++)
-        if (a[c].begun < b[c].begun || a[c].forwarded < b[c].forwarded || a[c].dout < b[c].dout ||
-            a[c].fused < b[c].fused || a[c].backward - a[c].fused < b[c].backward - b[c].fused ||
-            a[c].recomputing < b[c].recomputing || a[c].lingering < b[c].lingering)
+        if (!bg_part_counts_dominate(&a[c], &b[c]))
             return 0;
     return 1;
 }

@@ -24,7 +24,6 @@
 #include "brigade/partitioner.h"
 #include "brigade/schedule.h"
 #include "core/check.h"
-#include "core/fiber.h"
 
 #define PLAN_FORMAT "brigade-plan"
 #define PLAN_VERSION 2 /* 2: "model" is the model's description (1: a GPT/MLP configuration) */
@@ -149,7 +148,10 @@ bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)
 int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
 int bg_plan_paired(const bg_plan_t *p) { return p->paired; }
-int bg_plan_paired_for(int tp, int zero, int dp) { return bg__pair_wanted(tp, zero, dp); }
+int bg_plan_paired_for(int tp, int zero, int dp)
+{
+    return tp > 1 && !(zero && dp > 1) && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0;
+}
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -273,6 +275,7 @@ typedef struct search {
 typedef struct candidate {
     int pp, dp, m, n;             /* pipeline depth, replicas, microbatches, microbatch size */
     int zero;                     /* sharding stage (0 when dp = 1) */
+    int paired;                   /* BRIGADE_TP_OVERLAP=microbatch pairs its instructions (bg_plan_paired_for) */
     bg_schedule_kind_t kind;
     bg_schedule_t *sched;
     int V, S;                     /* chunks per rank, virtual stages */
@@ -402,8 +405,7 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
             if (s->mem[dev] < c->rbudget[r])
                 c->rbudget[r] = s->mem[dev];
         }
-        BG_CHECK(bg_part_schedule_counts(c->sched, r, bg__pair_wanted(s->tp, c->zero, c->dp), &c->rows[r],
-                                         &c->nrows[r]));
+        BG_CHECK(bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
     }
     return BG_OK;
 }
@@ -474,13 +476,6 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
     return BG_OK;
 }
 
-static int counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
-{
-    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout && a->fused >= b->fused &&
-           a->backward - a->fused >= b->backward - b->fused && a->recomputing >= b->recomputing &&
-           a->lingering >= b->lingering;
-}
-
 /* Phase 3: each virtual stage's spec: its rank's device, 1/V of its budget,
  * and its chunk's rows of the rank's slot counts, dominated rows dropped. */
 static bg_status_t candidate_stages(candidate_t *c)
@@ -499,12 +494,12 @@ static bg_status_t candidate_stages(candidate_t *c)
             bg_part_counts_t x = c->rows[r][(size_t)k * c->V + ch];
             int dominated = 0;
             for (int q = 0; q < np && !dominated; q++)
-                dominated = counts_dominate(&proj[q], &x);
+                dominated = bg_part_counts_dominate(&proj[q], &x);
             if (dominated)
                 continue;
             int w = 0;
             for (int q = 0; q < np; q++)
-                if (!counts_dominate(&x, &proj[q]))
+                if (!bg_part_counts_dominate(&x, &proj[q]))
                     proj[w++] = proj[q];
             np = w;
             proj[np++] = x;
@@ -583,6 +578,7 @@ static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
 static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
 {
     const bg_plan_params_t *pa = s->pp;
+    c->paired = bg_plan_paired_for(s->tp, c->zero, c->dp);
     BG_CHECK(candidate_devices(s, c));
     BG_CHECK(candidate_layers(s, prof, c));
     BG_CHECK(candidate_stages(c));
@@ -616,7 +612,7 @@ static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *pr
     prob.link_latency = pa->link_latency;
     prob.link_bandwidth = pa->link_bandwidth;
     prob.linger_bytes = bg_plan_linger_bytes();
-    prob.paired = bg__pair_wanted(s->tp, c->zero, c->dp);
+    prob.paired = c->paired;
     prob.allow_recompute = pa->allow_recompute;
     prob.quick_no_fit = 1; /* the shortfall is measured apart, only when it is wanted */
     c->prob = prob;
@@ -797,13 +793,7 @@ static void rank_memory(const candidate_t *c, bg_plan_t *p)
             for (int v = 0; v < S; v++) {
                 if (bg_schedule_stage_rank(c->sched, v) != r)
                     continue;
-                const bg_part_counts_t *n = &c->rows[r][(size_t)k * V + bg_schedule_stage_chunk(c->sched, v)];
-                const bg_part_stage_t *e = &out[v];
-                uint64_t am = (uint64_t)(e->recompute ? n->recomputing : n->forwarded);
-                sum += (uint64_t)n->begun * e->input_bytes + (uint64_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
-                       am * e->layer_act_bytes + (uint64_t)n->dout * e->dout_bytes +
-                       (uint64_t)(n->backward - n->fused) * e->bw_bytes + (uint64_t)n->fused * e->fused_bw_bytes +
-                       (uint64_t)n->lingering * e->linger_bytes;
+                sum += bg_part_row_bytes(&c->rows[r][(size_t)k * V + bg_schedule_stage_chunk(c->sched, v)], &out[v]);
             }
             if (sum > best)
                 best = sum;

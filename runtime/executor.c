@@ -964,12 +964,9 @@ static bg_status_t predict_activations(exec_t *x)
     x->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
     bg_sim_result_free(r);
     /* the bytes: the planner's replay of this rank's program (the slot counts at every point,
-     * bg_part_schedule_counts) times each chunk's per-slot buffers as its stage allocates them */
-    typedef struct {
-        size_t in, data, keep, act, dout, bw, fused, linger;
-        int rc;
-    } slot_bytes_t;
-    slot_bytes_t *b = calloc((size_t)x->V, sizeof(*b));
+     * bg_part_schedule_counts) times each chunk's per-slot buffers as its stage allocates them
+     * (bg_part_row_bytes, the planner's byte model) */
+    bg_part_stage_t *b = calloc((size_t)x->V, sizeof(*b));
     BG_ALLOC_CHECK(b, (size_t)x->V * sizeof(*b), "slot sizes");
     size_t lingers = bg_plan_linger_bytes(), fixed = 0;
     bg_status_t st = BG_OK;
@@ -988,22 +985,18 @@ static bg_status_t predict_activations(exec_t *x)
         bg_log(BG_LOG_DEBUG, "memory",
                "stage %d per microbatch: stash %zu data %zu dout %zu; split_bw %zu fused_bw %zu recompute %zu scratch %zu",
                ch->stage, mem.stash, mem.data, mem.dout, mem.split_bw, mem.fused_bw, mem.recompute, mem.scratch);
-        size_t nops;
-        const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, x->pp_i, &nops);
-        int split = 0; /* the zero-bubble schedules split this chunk's backward: B to W holds split_bw */
-        for (size_t i = 0; i < nops; i++)
-            split |= ops[i].stage == ch->stage && ops[i].kind == BG_OP_BACKWARD_INPUT;
-        slot_bytes_t *e = &b[v];
-        e->rc = bg_stage_recompute(ch->st);
-        e->in = in.c ? bg_shape_numel(in) * sizeof(float) : 0;
-        e->data = mem.data;
-        e->act = e->rc ? mem.recompute : mem.stash - e->in;
-        e->keep = e->rc ? mem.stash - e->in : 0; /* recomputation keeps the output */
-        e->dout = mem.dout;
-        e->bw = split ? mem.split_bw : mem.fused_bw;
-        e->fused = mem.fused_bw; /* a full backward's, also where others are split (DualPipe, DualPipeV) */
+        bg_part_stage_t *e = &b[v];
+        e->recompute = bg_stage_recompute(ch->st);
+        e->input_bytes = in.c ? bg_shape_numel(in) * sizeof(float) : 0;
+        e->data_bytes = mem.data;
+        e->layer_act_bytes = e->recompute ? mem.recompute : mem.stash - e->input_bytes;
+        e->keep_bytes = e->recompute ? mem.stash - e->input_bytes : 0; /* recomputation keeps the output */
+        e->dout_bytes = mem.dout;
+        /* the replay counts the slots in a full backward apart (counts.fused): the others are between B and W */
+        e->bw_bytes = mem.split_bw;
+        e->fused_bw_bytes = mem.fused_bw;
         /* a slot whose input gradient's send lingers holds its (full) backward's buffer (docs/partitioner.md) */
-        e->linger = !ch->is_first && lingers && e->in >= lingers ? e->fused : 0;
+        e->linger_bytes = !ch->is_first && lingers && e->input_bytes >= lingers ? mem.fused_bw : 0;
         fixed += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
     }
     bg_part_counts_t *rows = NULL;
@@ -1013,14 +1006,8 @@ static bg_status_t predict_activations(exec_t *x)
     size_t peak = 0;
     for (int k = 0; st == BG_OK && k < nrows; k++) {
         size_t sum = 0;
-        for (int v = 0; v < x->V; v++) {
-            const bg_part_counts_t *n = &rows[(size_t)k * x->V + v];
-            const slot_bytes_t *e = &b[v];
-            sum += (size_t)n->begun * e->in + (size_t)n->forwarded * (e->data + e->keep) +
-                   (size_t)(e->rc ? n->recomputing : n->forwarded) * e->act + (size_t)n->dout * e->dout +
-                   (size_t)(n->backward - n->fused) * e->bw + (size_t)n->fused * e->fused +
-                   (size_t)n->lingering * e->linger;
-        }
+        for (int v = 0; v < x->V; v++)
+            sum += bg_part_row_bytes(&rows[(size_t)k * x->V + v], &b[v]);
         if (sum > peak)
             peak = sum;
     }
@@ -1832,7 +1819,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     if (x->p.trace_path)
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
     if (x->T > 1 && !x->server && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0) {
-        const char *no = !bg__pair_wanted(x->T, x->p.zero, x->D) ? "--zero"
+        const char *no = !bg_plan_paired_for(x->T, x->p.zero, x->D) ? "--zero"
                          : x->nservers                               ? "--ps"
                          : x->em                                     ? "--emulate"
                          : x->be->ops->event_record                  ? "a backend that queues work"

@@ -509,7 +509,7 @@ int bg_cmd_train(int argc, char **argv)
         if (bg_plan_paired_for(bg_plan_tp(plan), bg_plan_zero(plan), bg_plan_dp(plan)) && !bg_plan_paired(plan)) {
             bg_plan_free(plan);
             return bg_cli_fail(cmd, "%s counted the memory without BRIGADE_TP_OVERLAP=microbatch's paired instructions "
-                               "(one more stash and scratch per stage): plan with it set, or run without it", plan_path);
+                               "(both instructions' buffers at once, a second scratch per stage): plan with it set, or run without it", plan_path);
         }
         c.model.sequence_parallel = bg_plan_sequence_parallel(plan); /* the flags' model is checked as planned */
         if (plan_model(cmd, plan_path, plan, model_flags, &c.model)) {

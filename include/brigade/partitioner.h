@@ -152,6 +152,15 @@ typedef struct bg_part_stage {
                                  message of at least bg_part_problem_t.linger_bytes, else 0 */
 } bg_part_stage_t;
 
+/** Bytes of the slots that row @p n counts on a stage with the per-slot sizes of @p e (input_bytes,
+ *  data_bytes, keep_bytes, layer_act_bytes, dout_bytes, bw_bytes, fused_bw_bytes, linger_bytes, recompute):
+ *  the byte model of docs/partitioner.md, which the partitioner, the plan's rank peaks and the executor's
+ *  prediction all use. */
+size_t bg_part_row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e);
+/** 1 when row @p a needs at least the bytes of row @p b whatever the per-slot sizes (every count at least
+ *  b's; full and split backwards compared apart). */
+int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b);
+
 /** Evaluate layers [first, last] on stage @p stage, with or without
  *  recomputation (the same arithmetic the partitioner uses). */
 bg_status_t bg_part_stage_eval(const bg_part_problem_t *prob, int stage, int first, int last, int recompute,
