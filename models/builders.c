@@ -63,6 +63,11 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
     } else {
         return bg_error(BG_ERR_INVALID, "unknown model kind %d", (int)c->kind);
     }
+    if (c->precision != BG_F32 && c->precision != BG_BF16)
+        return bg_error(BG_ERR_INVALID, "precision must be fp32 or bf16 (got %d)", (int)c->precision);
+    if (c->precision == BG_BF16 && c->kind == BG_MODEL_MLP)
+        return bg_error(BG_ERR_INVALID, "precision bf16 needs a GPT: bf16 stores the activations kept inside "
+                                        "composite layers (a GPT's blocks), and the MLP has none");
     return tp_check(c);
 }
 
@@ -157,6 +162,8 @@ bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_
     bg_model_desc_t *d;
     BG_CHECK(bg_model_desc_create(&p, &d));
     bg_status_t st = gpt ? build_gpt(&c, d) : build_mlp(&c, d);
+    if (st == BG_OK)
+        st = bg_model_desc_set_precision(d, c.precision);
     if (st == BG_OK)
         st = bg_model_desc_check(d);
     if (st != BG_OK) {

@@ -243,6 +243,32 @@ int bg_model_desc_sequence_parallel(const bg_model_desc_t *d)
     return 0;
 }
 
+bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision)
+{
+    for (int i = 0; i < d->n; i++)
+        BG_CHECK(bg_layer_set_precision(d->layers[i], precision));
+    d->builder.precision = precision; /* a rebuild for another tp degree keeps it (partitioner/plan.c) */
+    return BG_OK;
+}
+
+static int layer_has_bf16(const bg_layer_t *l)
+{
+    if (l->precision == BG_BF16)
+        return 1;
+    for (int i = 0; i < l->nchildren; i++)
+        if (layer_has_bf16(l->children[i]))
+            return 1;
+    return 0;
+}
+
+bg_dtype_t bg_model_desc_precision(const bg_model_desc_t *d)
+{
+    for (int i = 0; i < d->n; i++)
+        if (layer_has_bf16(d->layers[i]))
+            return BG_BF16;
+    return BG_F32;
+}
+
 bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
 {
     if (!tp) { /* unbinding always works; binding models checks the degree */

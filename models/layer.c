@@ -8,7 +8,22 @@
  *            scratch: max_i scratch_i
  *   residual stash:   [f_out][f.stash]      wstash: [f.wstash]
  *            scratch: [d f_in][f.scratch]
- * The output of the last child is the composite's own output (the caller's). */
+ * The output of the last child is the composite's own output (the caller's).
+ *
+ * Precision (bg_layer_set_precision): with BG_BF16 a composite keeps the
+ * activations it owns (seq's out_i, residual's f_out) in bf16, half the bytes,
+ * and hands its children fp32 copies in its scratch, so leaves compute in
+ * fp32 and see only fp32 buffers:
+ *   seq      scratch: [T0][T1][max_i scratch_i], T = the largest inner out_i in fp32
+ *            forward: child i writes T[i mod 2], which is rounded through its bf16
+ *            copy (stored, then read back) before child i+1 reads it;
+ *            backward: child i gets in = T0 (out_{i-1} widened) and out = T1 (out_i)
+ *   residual scratch: [A][B][f.scratch], A and B (n,t,c) fp32
+ *            forward: f writes A, rounded as above, then out = in + A;
+ *            backward: B = f_out widened, A = d f_in
+ * So a child always reads the rounded value, forward and backward alike: a
+ * bf16 composite computes exactly what the fp32 one computes with a rounding
+ * (to bf16 and back) after each of those activations. Gradients stay fp32. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,9 +135,10 @@ static bg_status_t seq_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t 
 }
 
 /* The stash and the wstash have the same layout: for each child, the
- * activation (or gradient) between it and the next, then its own part. */
+ * activation (or gradient) between it and the next, @p elem bytes an element
+ * (the stash's: the layer's precision; gradients: fp32), then its own part. */
 static size_t seq_arena_bytes(const bg_layer_t *l, bg_shape_t in,
-                              size_t (*child_bytes)(const bg_layer_t *, bg_shape_t))
+                              size_t (*child_bytes)(const bg_layer_t *, bg_shape_t), size_t elem)
 {
     bg_shape_t s[BG_SEQ_MAX + 1];
     if (seq_shapes(l, in, s) != BG_OK)
@@ -130,15 +146,30 @@ static size_t seq_arena_bytes(const bg_layer_t *l, bg_shape_t in,
     size_t total = 0;
     for (int i = 0; i < l->nchildren; i++) {
         if (i < l->nchildren - 1)
-            total += bg__align64(bg_shape_numel(s[i + 1]) * sizeof(float));
+            total += bg__align64(bg_shape_numel(s[i + 1]) * elem);
         total += bg__align64(child_bytes(l->children[i], s[i]));
     }
     return total;
 }
-static size_t seq_stash_bytes(const bg_layer_t *l, bg_shape_t in) { return seq_arena_bytes(l, in, bg_layer_stash_bytes); }
+static size_t seq_stash_bytes(const bg_layer_t *l, bg_shape_t in)
+{
+    return seq_arena_bytes(l, in, bg_layer_stash_bytes, bg_dtype_size(l->precision));
+}
 static size_t seq_wstash_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    return seq_arena_bytes(l, in, bg_layer_wstash_bytes);
+    return seq_arena_bytes(l, in, bg_layer_wstash_bytes, sizeof(float));
+}
+
+/* bf16: bytes of one fp32 temporary, the largest inner activation (0 for fp32, or one child) */
+static size_t seq_temp_bytes(const bg_layer_t *l, const bg_shape_t *s)
+{
+    size_t t = 0;
+    for (int i = 1; l->precision == BG_BF16 && i < l->nchildren; i++) {
+        size_t b = bg__align64(bg_shape_numel(s[i]) * sizeof(float));
+        if (b > t)
+            t = b;
+    }
+    return t;
 }
 
 static size_t seq_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
@@ -152,7 +183,8 @@ static size_t seq_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
         if (b > m)
             m = b;
     }
-    return m;
+    size_t t = seq_temp_bytes(l, s);
+    return t ? 2 * t + m : m;
 }
 
 static double seq_flops(const bg_layer_t *l, bg_shape_t in, int bwd)
@@ -171,10 +203,12 @@ static double seq_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return seq_flo
 /* Pointers of every child for one call. */
 typedef struct seq_frame {
     bg_shape_t shape[BG_SEQ_MAX + 1];
-    float *out[BG_SEQ_MAX];     /* child i's output (i < k-1: in the stash) */
+    float *out[BG_SEQ_MAX];     /* child i's output (i < k-1: in the stash, bf16 when the layer's precision is) */
     char *stash[BG_SEQ_MAX];
     float *dout[BG_SEQ_MAX];    /* child i's output gradient (i < k-1: in the wstash) */
     char *wstash[BG_SEQ_MAX];
+    float *temp[2];             /* bf16: the two fp32 temporaries (NULL: fp32) */
+    char *child_scratch;        /* the children's scratch */
 } seq_frame_t;
 
 static bg_status_t seq_frame(const bg_layer_t *l, const bg_layer_ctx_t *ctx, float *out, const float *dout,
@@ -183,14 +217,18 @@ static bg_status_t seq_frame(const bg_layer_t *l, const bg_layer_ctx_t *ctx, flo
     BG_CHECK(seq_shapes(l, ctx->in, f->shape));
     char *sp = ctx->stash, *wp = ctx->wstash;
     int k = l->nchildren;
+    size_t t = seq_temp_bytes(l, f->shape), es = bg_dtype_size(l->precision);
+    f->temp[0] = t ? (float *)ctx->scratch : NULL;
+    f->temp[1] = t ? (float *)((char *)ctx->scratch + t) : NULL;
+    f->child_scratch = (char *)ctx->scratch + 2 * t;
     for (int i = 0; i < k; i++) {
-        size_t ob = bg__align64(bg_shape_numel(f->shape[i + 1]) * sizeof(float));
+        size_t n = bg_shape_numel(f->shape[i + 1]);
         if (i < k - 1) {
             f->out[i] = (float *)sp;
-            sp += ob;
+            sp += bg__align64(n * es);
             f->dout[i] = wp ? (float *)wp : NULL;
             if (wp)
-                wp += ob;
+                wp += bg__align64(n * sizeof(float));
         } else {
             f->out[i] = out;
             f->dout[i] = (float *)dout;
@@ -204,31 +242,60 @@ static bg_status_t seq_frame(const bg_layer_t *l, const bg_layer_ctx_t *ctx, flo
     return BG_OK;
 }
 
+/* Keep the fp32 activation @p x (n elements) in the bf16 buffer @p kept, and round @p x to what is kept,
+ * so that every reader sees the same value (layer.c's header). */
+void bg__layer_keep_bf16(bg_backend_t *be, void *kept, float *x, size_t n)
+{
+    be->ops->convert(be, kept, BG_BF16, x, BG_F32, n);
+    be->ops->convert(be, x, BG_F32, kept, BG_BF16, n);
+}
+
 static bg_status_t seq_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     seq_frame_t f;
     BG_CHECK(seq_frame(l, ctx, out, NULL, &f));
     const float *x = in;
-    for (int i = 0; i < l->nchildren; i++) {
+    int k = l->nchildren;
+    for (int i = 0; i < k; i++) {
         bg_layer_ctx_t c = *ctx;
         c.in = f.shape[i];
         c.stash = f.stash[i];
         c.wstash = NULL;
-        BG_CHECK(l->children[i]->ops->forward(l->children[i], &c, x, f.out[i]));
-        x = f.out[i];
+        c.scratch = f.child_scratch;
+        float *y = f.temp[0] && i < k - 1 ? f.temp[i & 1] : f.out[i];
+        BG_CHECK(l->children[i]->ops->forward(l->children[i], &c, x, y));
+        if (y != f.out[i])
+            bg__layer_keep_bf16(ctx->be, f.out[i], y, bg_shape_numel(f.shape[i + 1]));
+        x = y;
     }
     return BG_OK;
 }
 
-/* Child i's backward context in frame f: its shape, stash and wstash; no deferral (the callers that allow
- * one set it). */
-static bg_layer_ctx_t seq_child_ctx(const bg_layer_ctx_t *ctx, const seq_frame_t *f, int i)
+/* Child i's backward context in frame f: its shape, stash, wstash and scratch; no deferral (the callers that
+ * allow one set it). Its input *x_p and output *y_p in fp32: bf16 ones widened into the temporaries. */
+static bg_layer_ctx_t seq_child_ctx(const bg_layer_t *l, const bg_layer_ctx_t *ctx, const seq_frame_t *f, int i,
+                                    const float *in, const float **x_p, const float **y_p)
 {
     bg_layer_ctx_t c = *ctx;
     c.in = f->shape[i];
     c.stash = f->stash[i];
     c.wstash = f->wstash[i];
+    c.scratch = f->child_scratch;
     c.deferred = NULL;
+    int k = l->nchildren;
+    *x_p = i > 0 ? f->out[i - 1] : in;
+    *y_p = f->out[i];
+    if (f->temp[0]) {
+        bg_backend_t *be = ctx->be;
+        if (i > 0) {
+            be->ops->convert(be, f->temp[0], BG_F32, f->out[i - 1], BG_BF16, bg_shape_numel(f->shape[i]));
+            *x_p = f->temp[0];
+        }
+        if (i < k - 1) {
+            be->ops->convert(be, f->temp[1], BG_F32, f->out[i], BG_BF16, bg_shape_numel(f->shape[i + 1]));
+            *y_p = f->temp[1];
+        }
+    }
     return c;
 }
 
@@ -242,15 +309,17 @@ static bg_status_t seq_backward_pass(bg_layer_t *l, const bg_layer_ctx_t *ctx, c
     BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
     for (int i = l->nchildren - 1; i >= 0; i--) {
         bg_layer_t *ch = l->children[i];
-        bg_layer_ctx_t c = seq_child_ctx(ctx, &f, i);
-        const float *x = i > 0 ? f.out[i - 1] : in;
+        if (!input && !ch->ops->backward_weight)
+            continue;
+        const float *x, *y;
+        bg_layer_ctx_t c = seq_child_ctx(l, ctx, &f, i, in, &x, &y);
         float *dx = i > 0 ? f.dout[i - 1] : din;
         if (input && weight)
-            BG_CHECK(bg_layer_backward(ch, &c, x, f.out[i], f.dout[i], dx));
+            BG_CHECK(bg_layer_backward(ch, &c, x, y, f.dout[i], dx));
         else if (input)
-            BG_CHECK(ch->ops->backward_input(ch, &c, x, f.out[i], f.dout[i], dx));
-        else if (ch->ops->backward_weight)
-            BG_CHECK(ch->ops->backward_weight(ch, &c, x, f.out[i], f.dout[i]));
+            BG_CHECK(ch->ops->backward_input(ch, &c, x, y, f.dout[i], dx));
+        else
+            BG_CHECK(ch->ops->backward_weight(ch, &c, x, y, f.dout[i]));
     }
     return BG_OK;
 }
@@ -351,14 +420,22 @@ static bg_status_t res_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t 
 }
 
 static size_t res_act_bytes(bg_shape_t in) { return bg__align64(bg_shape_numel(in) * sizeof(float)); }
+/* f_out as kept: fp32 or bf16 */
+static size_t res_kept_bytes(const bg_layer_t *l, bg_shape_t in)
+{
+    return bg__align64(bg_shape_numel(in) * bg_dtype_size(l->precision));
+}
+static int res_bf16(const bg_layer_t *l) { return l->precision == BG_BF16; }
 static size_t res_stash_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    return res_act_bytes(in) + bg__align64(bg_layer_stash_bytes(l->children[0], in));
+    return res_kept_bytes(l, in) + bg__align64(bg_layer_stash_bytes(l->children[0], in));
 }
 static size_t res_wstash_bytes(const bg_layer_t *l, bg_shape_t in) { return bg_layer_wstash_bytes(l->children[0], in); }
+/* [d f_in][f.scratch]; bf16: [d f_in, or f_out in the forward][f_out widened][f.scratch] */
+static size_t res_temps(const bg_layer_t *l, bg_shape_t in) { return (res_bf16(l) ? 2 : 1) * res_act_bytes(in); }
 static size_t res_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
 {
-    return res_act_bytes(in) + bg__align64(bg_layer_scratch_bytes(l->children[0], in));
+    return res_temps(l, in) + bg__align64(bg_layer_scratch_bytes(l->children[0], in));
 }
 static double res_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 {
@@ -369,13 +446,31 @@ static double res_bwd_flops(const bg_layer_t *l, bg_shape_t in)
     return bg_layer_bwd_flops(l->children[0], in) + (double)bg_shape_numel(in);
 }
 
+/* The child's context (its stash after f_out, its scratch after the temporaries) and f_out in fp32: the
+ * stash's own, or (bf16) widened into the second temporary. */
+static bg_layer_ctx_t res_child_ctx(const bg_layer_t *l, const bg_layer_ctx_t *ctx, const float **fout_p)
+{
+    bg_layer_ctx_t c = *ctx;
+    c.stash = (char *)ctx->stash + res_kept_bytes(l, ctx->in);
+    c.scratch = (char *)ctx->scratch + res_temps(l, ctx->in);
+    if (fout_p) {
+        *fout_p = ctx->stash;
+        if (res_bf16(l)) {
+            float *b = (float *)((char *)ctx->scratch + res_act_bytes(ctx->in));
+            ctx->be->ops->convert(ctx->be, b, BG_F32, ctx->stash, BG_BF16, bg_shape_numel(ctx->in));
+            *fout_p = b;
+        }
+    }
+    return c;
+}
+
 static bg_status_t res_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
-    float *fout = ctx->stash;
-    bg_layer_ctx_t c = *ctx;
-    c.stash = (char *)ctx->stash + res_act_bytes(ctx->in);
-    c.scratch = (char *)ctx->scratch + res_act_bytes(ctx->in);
+    bg_layer_ctx_t c = res_child_ctx(l, ctx, NULL);
+    float *fout = res_bf16(l) ? ctx->scratch : ctx->stash;
     BG_CHECK(l->children[0]->ops->forward(l->children[0], &c, in, fout));
+    if (res_bf16(l))
+        bg__layer_keep_bf16(ctx->be, ctx->stash, fout, bg_shape_numel(ctx->in));
     ctx->be->ops->residual_forward(ctx->be, out, in, fout, bg_shape_numel(ctx->in));
     return BG_OK;
 }
@@ -383,11 +478,9 @@ static bg_status_t res_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
 static bg_status_t res_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in,
                                       const float *out, const float *dout, float *din)
 {
-    float *fout = ctx->stash;
+    const float *fout;
     float *dfin = ctx->scratch;
-    bg_layer_ctx_t c = *ctx;
-    c.stash = (char *)ctx->stash + res_act_bytes(ctx->in);
-    c.scratch = (char *)ctx->scratch + res_act_bytes(ctx->in);
+    bg_layer_ctx_t c = res_child_ctx(l, ctx, &fout);
     c.deferred = NULL; /* dfin is read at once */
     BG_CHECK(l->children[0]->ops->backward_input(l->children[0], &c, in, fout, dout, din ? dfin : NULL));
     if (din)
@@ -399,11 +492,9 @@ static bg_status_t res_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
                                 const float *dout, float *din)
 {
     (void)out;
-    float *fout = ctx->stash;
+    const float *fout;
     float *dfin = ctx->scratch;
-    bg_layer_ctx_t c = *ctx;
-    c.stash = (char *)ctx->stash + res_act_bytes(ctx->in);
-    c.scratch = (char *)ctx->scratch + res_act_bytes(ctx->in);
+    bg_layer_ctx_t c = res_child_ctx(l, ctx, &fout);
     BG_CHECK(bg_layer_backward(l->children[0], &c, in, fout, dout, din ? dfin : NULL));
     if (din)
         ctx->be->ops->residual_forward(ctx->be, din, dout, dfin, bg_shape_numel(ctx->in));
@@ -415,10 +506,9 @@ static bg_status_t res_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
 {
     if (!l->children[0]->ops->backward_weight)
         return BG_OK;
-    bg_layer_ctx_t c = *ctx;
-    c.stash = (char *)ctx->stash + res_act_bytes(ctx->in);
-    c.scratch = (char *)ctx->scratch + res_act_bytes(ctx->in);
-    return l->children[0]->ops->backward_weight(l->children[0], &c, in, ctx->stash, dout);
+    const float *fout;
+    bg_layer_ctx_t c = res_child_ctx(l, ctx, &fout);
+    return l->children[0]->ops->backward_weight(l->children[0], &c, in, fout, dout);
 }
 
 static void res_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
@@ -444,6 +534,17 @@ static const bg_layer_ops_t res_ops = {
 bg_status_t bg_layer_residual(const char *name, bg_layer_t *child, bg_layer_t **layer_p)
 {
     return composite(&res_ops, name, 1, &child, layer_p);
+}
+
+bg_status_t bg_layer_set_precision(bg_layer_t *l, bg_dtype_t precision)
+{
+    if (!l || (precision != BG_F32 && precision != BG_BF16))
+        return bg_error(BG_ERR_INVALID, "layer %s: precision %d is not fp32 (%d) or bf16 (%d)", l ? l->name : "NULL",
+                        (int)precision, (int)BG_F32, (int)BG_BF16);
+    l->precision = precision;
+    for (int i = 0; i < l->nchildren; i++)
+        BG_CHECK(bg_layer_set_precision(l->children[i], precision));
+    return BG_OK;
 }
 
 bg_tp_deferred_t *bg__layer_deferral(const bg_layer_t *l, const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d)

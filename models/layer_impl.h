@@ -10,6 +10,8 @@
 size_t bg__align64(size_t bytes);
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
 size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
+/* Keep fp32 x (n elements) in the bf16 buffer kept and round x to it (models/layer.c). */
+void bg__layer_keep_bf16(bg_backend_t *be, void *kept, float *x, size_t n);
 
 /* The fused backward's deferral (bg_layer_backward): &d when leaf @p l may
  * leave din's group sums running during its backward_weight (it has one, and

@@ -38,6 +38,7 @@ struct bg_plan {
     int zero; /* sharding stage counted (docs/data_parallel.md) */
     int sp;   /* sequence parallelism: the tp build's layers are split along the sequence */
     int paired; /* BRIGADE_TP_OVERLAP=microbatch counted (bg_part_problem_t.paired) */
+    bg_dtype_t precision; /* the activations' storage the layer sizes count (bg_model_desc_precision) */
     double step_ms, bubble, tokens_per_s;
     double flops, link_latency, link_bandwidth;
     int nlayers;
@@ -147,6 +148,7 @@ int bg_plan_recompute(const bg_plan_t *p)
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)p->optim; }
 int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
+bg_dtype_t bg_plan_precision(const bg_plan_t *p) { return p->precision; }
 int bg_plan_paired(const bg_plan_t *p) { return p->paired; }
 int bg_plan_paired_for(int tp, int zero, int dp)
 {
@@ -238,6 +240,9 @@ bg_status_t bg_plan_check_model(const bg_plan_t *p, const bg_model_desc_t *d)
 {
     char diff[256];
     BG_CHECK(bg_model_desc_match_json(d, p->model_json, "the plan"));
+    if (bg_model_desc_precision(d) != p->precision)
+        return bg_error(BG_ERR_MISMATCH, "the plan counted the activations in %s, the model keeps them in %s "
+                        "(--precision)", bg_dtype_name(p->precision), bg_dtype_name(bg_model_desc_precision(d)));
     BG_CHECK(layers_diff(p, d, diff, sizeof(diff)));
     if (diff[0])
         return bg_error(BG_ERR_MISMATCH, "the plan is from another model: %s", diff);
@@ -824,6 +829,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->optim = (int)pa->optim;
     p->zero = c->zero;
     p->sp = s->tp > 1 && bg_model_desc_sequence_parallel(s->desc);
+    p->precision = bg_model_desc_precision(s->desc);
     p->paired = c->prob.paired;
     p->step_ms = bg_sim_step_time(res);
     p->bubble = bg_sim_bubble(res, -1);
@@ -1359,6 +1365,8 @@ static json_t *plan_json(const bg_plan_t *p)
         json_object_set_new(root, "zero", json_integer(p->zero));
     if (p->sp)
         json_object_set_new(root, "sequence_parallel", json_true());
+    if (p->precision != BG_F32)
+        json_object_set_new(root, "precision", json_string(bg_dtype_name(p->precision)));
     if (p->paired)
         json_object_set_new(root, "tp_overlap", json_string("microbatch"));
     json_object_set_new(root, "recompute", json_boolean(bg_plan_recompute(p)));
@@ -1546,6 +1554,9 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     json_t *jsp = json_object_get(root, "sequence_parallel");
     if (jsp && !json_is_boolean(jsp))
         return bg_error(BG_ERR_PARSE, "plan: $.sequence_parallel must be true or false");
+    json_t *jpr = json_object_get(root, "precision");
+    if (jpr && (!json_is_string(jpr) || (strcmp(json_string_value(jpr), "fp32") && strcmp(json_string_value(jpr), "bf16"))))
+        return bg_error(BG_ERR_PARSE, "plan: $.precision must be \"fp32\" or \"bf16\" (or absent: fp32)");
     json_t *jov = json_object_get(root, "tp_overlap");
     if (jov && (!json_is_string(jov) || strcmp(json_string_value(jov), "microbatch")))
         return bg_error(BG_ERR_PARSE, "plan: $.tp_overlap must be \"microbatch\" (or absent)");
@@ -1596,6 +1607,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
     p->zero = (int)zero;
     p->sp = tp > 1 && json_is_true(jsp);
+    p->precision = jpr && !strcmp(json_string_value(jpr), "bf16") ? BG_BF16 : BG_F32;
     p->paired = tp > 1 && jov;
     p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
     json_t *jt = json_object_get(root, "layer_times");
@@ -1705,8 +1717,13 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
         goto err;
     }
-    if (md) { /* a builder-made model: its layers must be the plan's */
+    if (md) { /* a builder-made model: its layers must be the plan's (at the precision the plan counted) */
         char diff[256];
+        if (p->precision == BG_BF16 && bg_model_desc_params(md)->input != BG_INPUT_TOKENS) {
+            st = bg_error(BG_ERR_PARSE, "plan: $.precision bf16 needs a GPT (the model in $.model has no blocks)");
+            goto err;
+        }
+        BG_CHECK_GOTO(bg_model_desc_set_precision(md, p->precision), st, err);
         BG_CHECK_GOTO(layers_diff(p, md, diff, sizeof(diff)), st, err);
         if (diff[0]) {
             st = bg_error(BG_ERR_PARSE, "plan: $.layers and $.seq are not those of the model in $.model: %s", diff);

@@ -1779,6 +1779,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     bp.tune_malloc = x->p.process_wide;
     bp.device = bg_comm_local_rank(x->comm) < 0 ? 0 : bg_comm_local_rank(x->comm);
     bp.device_wrap = 1; /* ranks share a machine's GPUs round-robin */
+    bp.precision = bg_model_desc_precision(x->desc);
     BG_CHECK_GOTO(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be), st, err);
     if (x->p.process_wide) { /* after the backend (its device's node), before the buffers */
         char bus[64];

@@ -205,6 +205,8 @@ static void metrics_header(int fd, const bg_train_config_t *c)
     char line[256], ps[64] = "";
     if (c->ps > 0) /* parameter servers: only then, so other headers stay as they were */
         snprintf(ps, sizeof ps, ", \"ps\": %d, \"staleness\": %d", c->ps, c->staleness);
+    if (c->model.precision == BG_BF16) /* likewise */
+        snprintf(ps + strlen(ps), sizeof ps - strlen(ps), ", \"precision\": \"bf16\"");
     int len = snprintf(line, sizeof line,
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
                        "\"schedule\": \"%s\"%s}}\n",

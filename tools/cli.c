@@ -303,6 +303,15 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     case BG_CLI_O_TIE:
         m->tie_embeddings = 1;
         return 0;
+    case BG_CLI_O_PRECISION:
+    {
+        static const char *const kinds[] = {"fp32", "bf16", NULL};
+        int k = bg_cli_choice(cmd, "--precision", arg, kinds);
+        if (k < 0)
+            return 2;
+        m->precision = k == 0 ? BG_F32 : BG_BF16;
+        return 0;
+    }
     case BG_CLI_O_SEED:
         if (bg_cli_int(cmd, "--seed", arg, 0, INT64_MAX, &v))
             return 2;

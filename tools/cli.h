@@ -73,14 +73,15 @@ int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long 
 enum {
     BG_CLI_MODEL_FIRST = 1000,
     BG_CLI_O_MODEL = BG_CLI_MODEL_FIRST, BG_CLI_O_LAYERS, BG_CLI_O_DMODEL, BG_CLI_O_HEADS, BG_CLI_O_SEQ,
-    BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_MODEL_LAST
+    BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_O_PRECISION, BG_CLI_MODEL_LAST
 };
 #define BG_CLI_MODEL_OPTIONS                                                                                   \
     {"model", required_argument, 0, BG_CLI_O_MODEL}, {"layers", required_argument, 0, BG_CLI_O_LAYERS},        \
     {"d-model", required_argument, 0, BG_CLI_O_DMODEL}, {"heads", required_argument, 0, BG_CLI_O_HEADS},       \
     {"seq", required_argument, 0, BG_CLI_O_SEQ}, {"vocab", required_argument, 0, BG_CLI_O_VOCAB},              \
     {"in-features", required_argument, 0, BG_CLI_O_INF}, {"classes", required_argument, 0, BG_CLI_O_CLASSES},  \
-    {"seed", required_argument, 0, BG_CLI_O_SEED}, {"tie-embeddings", no_argument, 0, BG_CLI_O_TIE}
+    {"seed", required_argument, 0, BG_CLI_O_SEED}, {"tie-embeddings", no_argument, 0, BG_CLI_O_TIE},          \
+    {"precision", required_argument, 0, BG_CLI_O_PRECISION}
 /* Apply one model flag to *m: 0 on success, else the message is printed and 2 returned. */
 int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_config_t *m);
 /* The model flags' help lines. */
@@ -94,7 +95,10 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "  --in-features N        MLP: input features (default 32)\n"                                              \
     "  --classes N            MLP: classes of the synthetic task (default 8)\n"                                \
     "  --seed N               initialisation seed (default 1337)\n"                                            \
-    "  --tie-embeddings       GPT: tie the output head to the token embedding\n"
+    "  --tie-embeddings       GPT: tie the output head to the token embedding\n"                              \
+    "  --precision fp32|bf16  GPT: storage of the activations kept inside the blocks (default fp32); bf16\n"   \
+    "                         halves them, computing in fp32 on values rounded to bf16 (weights, gradients\n" \
+    "                         and optimizer state stay fp32; cuda: bf16 tensor-core GEMMs; docs/layers.md)\n"
 
 /* A port that was free on 127.0.0.1 a moment ago (binding port 0 and releasing it): 0, or -1 and errno. */
 int bg_cli_free_port(int *port_p);

@@ -358,6 +358,7 @@ int bg_cmd_train(int argc, char **argv)
     char warning[1024];
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
+    int precision_flag = 0;    /* --precision given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT };
     static const struct option opts[] = {
@@ -486,7 +487,10 @@ int bg_cmd_train(int argc, char **argv)
             if (o >= BG_CLI_MODEL_FIRST && o < BG_CLI_MODEL_LAST) {
                 if (bg_cli_model_option(cmd, o, optarg, &c.model))
                     return 2;
-                model_flags = 1;
+                if (o == BG_CLI_O_PRECISION) /* storage, not the model's identity: a plan's is checked apart */
+                    precision_flag = 1;
+                else
+                    model_flags = 1;
                 break;
             }
             return bg_cli_getopt_error(cmd, argv, optind, opts);
@@ -511,11 +515,20 @@ int bg_cmd_train(int argc, char **argv)
             return bg_cli_fail(cmd, "%s counted the memory without BRIGADE_TP_OVERLAP=microbatch's paired instructions "
                                "(both instructions' buffers at once, a second scratch per stage): plan with it set, or run without it", plan_path);
         }
+        if (precision_flag && c.model.precision != bg_plan_precision(plan)) {
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "%s counted the activations in %s, not --precision %s: plan with brigade plan "
+                               "--precision %s, or run it without --precision", plan_path,
+                               bg_dtype_name(bg_plan_precision(plan)), bg_dtype_name(c.model.precision),
+                               bg_dtype_name(c.model.precision));
+        }
         c.model.sequence_parallel = bg_plan_sequence_parallel(plan); /* the flags' model is checked as planned */
+        c.model.precision = bg_plan_precision(plan);
         if (plan_model(cmd, plan_path, plan, model_flags, &c.model)) {
             bg_plan_free(plan);
             return 2;
         }
+        c.model.precision = bg_plan_precision(plan);
         c.model.tp = bg_plan_tp(plan);
         c.model.sequence_parallel = bg_plan_sequence_parallel(plan);
         c.pp = bg_plan_pp(plan);
@@ -632,6 +645,7 @@ int bg_cmd_train(int argc, char **argv)
         else
             fprintf(stderr, "interrupted at step %d, nothing saved\n", r.steps_done);
     }
+    const char *mname = c.model.kind != BG_MODEL_GPT ? "mlp" : c.model.precision == BG_BF16 ? "gpt (bf16 activations)" : "gpt";
     /* what the run did: steps run, and where they started and ended when that is not 0 -> --steps */
     char did[160];
     if (ran == 0)
@@ -656,14 +670,14 @@ int bg_cmd_train(int argc, char **argv)
                 snprintf(stages, sizeof stages, " of pp %d (%s)",
                          pp, c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b");
             printf("trained %s on %d ranks (%d parameter server%s + %d workers%s, staleness %d): %s, loss %.4f -> "
-                   "%.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.ps, c.ps == 1 ? "" : "s",
+                   "%.4f\n", mname, r.world, c.ps, c.ps == 1 ? "" : "s",
                    (r.world - c.ps) / pp, stages, c.staleness, did, r.first_loss, r.final_loss);
         } else if (ran > 0) {
             printf("trained %s on %d ranks (pp %d x dp %d x tp %d, %s): %s, loss %.4f -> %.4f\n",
-                   c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
+                   mname, r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
                    c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
         } else {
-            printf("%s on %d ranks: %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.world, did);
+            printf("%s on %d ranks: %s\n", mname, r.world, did);
         }
         if (ran > 0)
             printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
@@ -672,12 +686,12 @@ int bg_cmd_train(int argc, char **argv)
         return rc;
     }
     if (ran > 0) {
-        printf("trained %s: %zu parameters, %s, loss %.4f -> %.4f\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp",
+        printf("trained %s: %zu parameters, %s, loss %.4f -> %.4f\n", mname,
                r.params, did, r.first_loss, r.final_loss);
         printf("median step %.1f ms, %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", r.median_step_ms, r.tokens_per_s,
                r.median_step_ms > 0 ? r.flops_per_step / (r.median_step_ms * 1e6) : 0.0);
     } else {
-        printf("%s: %zu parameters, %s\n", c.model.kind == BG_MODEL_GPT ? "gpt" : "mlp", r.params, did);
+        printf("%s: %zu parameters, %s\n", mname, r.params, did);
     }
     if (ran == 0)
         printf("predicted memory %.2f MiB from the layers' reports\n", r.predicted_bytes / 1048576.0);

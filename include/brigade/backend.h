@@ -39,6 +39,19 @@ extern "C" {
 #endif
 
 typedef struct bg_backend bg_backend_t; /**< a backend instance (its body is below) */
+
+/** Element types of stored tensors. Arithmetic is fp32 everywhere; bf16 is a
+ *  storage format (1 sign, 8 exponent, 7 mantissa bits: the top half of an
+ *  fp32) for activations kept between a layer's forward and its backward
+ *  (bg_layer_set_precision). */
+typedef enum bg_dtype {
+    BG_F32 = 0,  /**< IEEE binary32 */
+    BG_BF16 = 1, /**< bfloat16 */
+} bg_dtype_t;
+/** Bytes of one element of @p t. */
+static inline size_t bg_dtype_size(bg_dtype_t t) { return t == BG_BF16 ? 2 : 4; }
+/** "fp32" or "bf16" (the spelling of --precision). */
+static inline const char *bg_dtype_name(bg_dtype_t t) { return t == BG_BF16 ? "bf16" : "fp32"; }
 typedef struct bg_event bg_event_t;     /**< a point of one of a backend's streams (opaque; the backend's own) */
 
 /** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
@@ -200,6 +213,14 @@ typedef struct bg_backend_ops {
     /** The PCI bus id of the backend's device ("0000:3b:00.0", for the NUMA
      *  node in sysfs) into buf; 0, or -1 when there is none. NULL: no device. */
     int (*pci_bus_id)(bg_backend_t *be, char *buf, size_t len);
+
+    /* ---- storage types (appended last, as the slots above) ---- */
+    /** dst (n elements of dst_type) = src (n elements of src_type), buffers that do not overlap. fp32 to
+     *  bf16 rounds to nearest, ties to even (overflow gives infinity, a NaN stays a quiet NaN of the same
+     *  sign, subnormals are kept, never flushed); bf16 to fp32 is exact; the same type is a copy. Every
+     *  backend gives the same bits. */
+    void (*convert)(bg_backend_t *be, void *dst, bg_dtype_t dst_type, const void *src, bg_dtype_t src_type,
+                    size_t n);
 } bg_backend_ops_t;
 
 /** Counted memory of one backend instance, in bytes. */
@@ -229,8 +250,12 @@ typedef struct bg_backend_params {
      *  their local rank share a machine's GPUs round-robin; 0: a device that
      *  does not exist is an error. Ignored by the CPU backend. */
     int device_wrap;
+    /** The training's storage precision (--precision). CUDA: BG_BF16 runs GEMMs on tensor cores with
+     *  their inputs rounded to bf16 and fp32 accumulation (BRIGADE_CUDA_GEMM, when set, wins); BG_F32,
+     *  exact fp32 GEMMs. The CPU backend computes in fp32 either way. */
+    bg_dtype_t precision;
 } bg_backend_params_t;
-#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0, 0}
+#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0, 0, BG_F32}
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {

@@ -199,6 +199,10 @@ struct bg_layer {
     int nchildren;
     bg_layer_t **children;  /**< composites only */
     void *impl;             /**< the type's private state */
+    /** Storage of the activations the layer keeps itself between forward and backward (set by
+     *  bg_layer_set_precision; BG_F32 at creation). The composites keep theirs in bf16 under BG_BF16 and
+     *  give their children fp32 copies; a leaf's stash is its own business (the built-in leaves keep fp32). */
+    bg_dtype_t precision;
 };
 
 /** Create a layer of a user-defined type. params (nparams entries) are copied. */
@@ -206,6 +210,14 @@ bg_status_t bg_layer_create(const bg_layer_ops_t *ops, const char *name, int npa
                             const bg_param_t *params, void *impl, bg_layer_t **layer_p);
 /** Destroy a layer and its children. */
 void bg_layer_destroy(bg_layer_t *l);
+
+/** Set the storage precision of @p l and every layer below it (BG_F32 or BG_BF16; else BG_ERR_INVALID).
+ *  Under BG_BF16 the composites (seq, residual) keep the activations between their children in bf16:
+ *  about half of a transformer block's activation bytes; every leaf still computes in fp32 on fp32
+ *  buffers, reading each kept activation as rounded to bf16 (forward and backward alike), and gradients,
+ *  weights and optimizer state stay fp32. Changes the sizes the layer reports, so set it before the
+ *  description is checked, planned or bound (bg_model_desc_set_precision does it for a whole model). */
+bg_status_t bg_layer_set_precision(bg_layer_t *l, bg_dtype_t precision);
 
 /* ---- sizes and costs of any layer (composites included) ---- */
 bg_status_t bg_layer_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p); /**< output shape for input @p in; BG_ERR_INVALID with a message if @p in is wrong */

@@ -117,6 +117,11 @@ int bg_model_desc_sequence_parallel(const bg_model_desc_t *d);
  *  calls it; a host only when it binds models itself. */
 bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp);
 const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d); /**< the group of bg_model_desc_set_tp (NULL: none) */
+/** Set the storage precision of every layer of the description (bg_layer_set_precision; layers added
+ *  later keep their own). Not part of the model's identity (its JSON): a save loads under either. */
+bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision);
+/** BG_BF16 when some layer of the description keeps bf16 activations, else BG_F32. */
+bg_dtype_t bg_model_desc_precision(const bg_model_desc_t *d);
 /** The top-level layer that holds tensor @p name (full name); -1 if none. */
 int bg_model_desc_tensor_layer(const bg_model_desc_t *d, const char *name);
 
@@ -158,8 +163,11 @@ typedef struct bg_model_config {
     int sequence_parallel; /**< GPT, tp > 1: sequence parallelism (bg_layer_sequence_parallel): layernorms,
                                residuals and the activations between blocks split along the sequence
                                (seq_len a multiple of tp); tp = 1: no effect. Not part of the model's identity */
+    bg_dtype_t precision; /**< GPT: storage of the activations kept inside the blocks (bg_layer_set_precision);
+                               BG_BF16 on an MLP (no composite layers, nothing to store in bf16) is an error.
+                               Not part of the model's identity */
 } bg_model_config_t;
-#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0, 1, 0}
+#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0, 1, 0, BG_F32}
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);

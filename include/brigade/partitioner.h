@@ -331,6 +331,9 @@ int bg_plan_zero(const bg_plan_t *plan); /**< the sharding stage the plan counte
 /** 1: the plan's tp > 1 model is built with sequence parallelism (bg_model_config_t.sequence_parallel,
  *  its builder's; the plan JSON's "sequence_parallel"), so its activations are counted split */
 int bg_plan_sequence_parallel(const bg_plan_t *plan);
+/** The storage of the activations the plan's layer sizes count (its model's bg_model_desc_precision; the
+ *  plan JSON's "precision", absent for fp32). bg_plan_check_model refuses a model of another. */
+bg_dtype_t bg_plan_precision(const bg_plan_t *plan);
 /** 1: the plan counts the memory of BRIGADE_TP_OVERLAP=microbatch (tp > 1 without --zero, planned with it
  *  set; bg_part_problem_t.paired): "tp_overlap": "microbatch" in its JSON. */
 int bg_plan_paired(const bg_plan_t *plan);

@@ -21,6 +21,7 @@
 
 #include "brigade/core.h"
 #include "kernels/backend_impl.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/cpu_vec.h"
 
@@ -126,6 +127,28 @@ static void bg__cpu_residual_forward(bg_backend_t *be, float *out, const float *
 #pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS) schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
+}
+
+/* fp32 <-> bf16 (kernels/bf16.h): elementwise, so any split gives the same bits */
+static void bg__cpu_convert(bg_backend_t *be, void *dst, bg_dtype_t dt, const void *src, bg_dtype_t st, size_t n)
+{
+    int nt = bg__cpu_nt(be);
+    if (dt == st) {
+        if (n && dst != src)
+            memcpy(dst, src, n * bg_dtype_size(dt));
+    } else if (dt == BG_BF16) {
+        uint16_t *d = dst;
+        const uint32_t *s = src;
+#pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS) schedule(static)
+        for (size_t i = 0; i < n; i++)
+            d[i] = bg__bf16_from_bits(s[i]);
+    } else {
+        uint32_t *d = dst;
+        const uint16_t *s = src;
+#pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS) schedule(static)
+        for (size_t i = 0; i < n; i++)
+            d[i] = bg__bf16_to_bits(s[i]);
+    }
 }
 
 /* ------------------------------------------------------------------ GEMM */
@@ -392,6 +415,7 @@ static const bg_backend_ops_t bg__cpu_ops = {
     .sum = bg__cpu_sum,
     .sumsq = bg__cpu_sumsq,
     .device_free = bg__cpu_device_free,
+    .convert = bg__cpu_convert,
 };
 
 bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params)

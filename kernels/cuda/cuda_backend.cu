@@ -426,6 +426,7 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     o.to_host_async = bg__cu_to_host_async;
     o.from_host_async = bg__cu_from_host_async;
     o.pci_bus_id = bg__cu_pci_bus_id;
+    o.convert = bg__cu_convert;
     return o;
 }
 
@@ -444,7 +445,9 @@ static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
 extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
     int dev = params ? params->device : 0, count = 0, math = 0;
-    const char *gm = bg_config_str("BRIGADE_CUDA_GEMM");
+    const char *env = getenv("BRIGADE_CUDA_GEMM");
+    /* the training's precision chooses, unless the variable is set: bf16 storage, bf16 tensor-core GEMMs */
+    const char *gm = env && *env ? env : params && params->precision == BG_BF16 ? "bf16" : bg_config_str("BRIGADE_CUDA_GEMM");
     if (!strcmp(gm, "fp32"))
         math = 0;
     else if (!strcmp(gm, "tf32"))

@@ -64,6 +64,7 @@ void bg__cu_fill(bg_backend_t *be, float *x, float v, size_t n);
 void bg__cu_scale(bg_backend_t *be, float *x, float a, size_t n);
 void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n);
 void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n);
+void bg__cu_convert(bg_backend_t *be, void *dst, bg_dtype_t dt, const void *src, bg_dtype_t st, size_t n);
 void bg__cu_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
 void bg__cu_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,

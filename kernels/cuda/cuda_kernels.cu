@@ -34,6 +34,7 @@ extern "C" {
 #include "brigade/core.h"
 }
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/bf16.h"
 
 #define BG_CU_FOR(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
                              i += (size_t)gridDim.x * blockDim.x)
@@ -104,6 +105,24 @@ void bg__cu_axpy(bg_backend_t *be, float *y, float a, const float *x, size_t n)
 void bg__cu_residual_forward(bg_backend_t *be, float *out, const float *a, const float *b, size_t n)
 {
     BG_CU_LAUNCH1(bg__k_add, n, out, a, b, n);
+}
+
+/* fp32 <-> bf16 through kernels/bf16.h, the CPU backend's bits */
+__global__ void bg__k_to_bf16(uint16_t *d, const uint32_t *s, size_t n) { BG_CU_FOR(i, n) d[i] = bg__bf16_from_bits(s[i]); }
+__global__ void bg__k_from_bf16(uint32_t *d, const uint16_t *s, size_t n) { BG_CU_FOR(i, n) d[i] = bg__bf16_to_bits(s[i]); }
+__global__ void bg__k_copy16(uint16_t *d, const uint16_t *s, size_t n) { BG_CU_FOR(i, n) d[i] = s[i]; }
+__global__ void bg__k_copy32(uint32_t *d, const uint32_t *s, size_t n) { BG_CU_FOR(i, n) d[i] = s[i]; }
+
+void bg__cu_convert(bg_backend_t *be, void *dst, bg_dtype_t dt, const void *src, bg_dtype_t st, size_t n)
+{
+    if (dt == BG_BF16 && st == BG_F32)
+        BG_CU_LAUNCH1(bg__k_to_bf16, n, (uint16_t *)dst, (const uint32_t *)src, n);
+    else if (dt == BG_F32 && st == BG_BF16)
+        BG_CU_LAUNCH1(bg__k_from_bf16, n, (uint32_t *)dst, (const uint16_t *)src, n);
+    else if (dt == BG_BF16)
+        BG_CU_LAUNCH1(bg__k_copy16, n, (uint16_t *)dst, (const uint16_t *)src, n);
+    else
+        BG_CU_LAUNCH1(bg__k_copy32, n, (uint32_t *)dst, (const uint32_t *)src, n);
 }
 
 __global__ void bg__k_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,

@@ -80,7 +80,7 @@ class ModelConfig(Structure):
     _fields_ = [("size", c_size_t), ("kind", c_int), ("layers", c_int), ("d_model", c_int), ("heads", c_int),
                 ("seq_len", c_int), ("vocab", c_int), ("in_features", c_int), ("classes", c_int),
                 ("seed", c_uint64), ("tie_embeddings", c_int), ("tp", c_int),
-                ("sequence_parallel", c_int)]
+                ("sequence_parallel", c_int), ("precision", c_int)]
 
 
 class OptimConfig(Structure):
@@ -143,7 +143,7 @@ class CompareResult(Structure):
 class Layer(Structure):
     """struct bg_layer (public in layer.h); read only, for names."""
     _fields_ = [("ops", c_void_p), ("name", c_char * BG_NAME_MAX), ("nparams", c_int), ("params", c_void_p),
-                ("nchildren", c_int), ("children", c_void_p), ("impl", c_void_p)]
+                ("nchildren", c_int), ("children", c_void_p), ("impl", c_void_p), ("precision", c_int)]
 
 
 # The structs the layout test compares with the C compiler, by C name.
@@ -227,6 +227,7 @@ _decl("bg_model_desc_num_ties", c_int, P)
 _decl("bg_model_desc_tie_names", None, P, c_int, POINTER(c_char_p), POINTER(c_char_p))
 _decl("bg_model_desc_input_shape", Shape, P, c_int, c_int)
 _decl("bg_model_desc_param_count", c_size_t, P)
+_decl("bg_model_desc_precision", c_int, P)
 _decl("bg_model_desc_tensor_layer", c_int, P, c_char_p)
 _decl("bg_model_desc_to_json", st, P, POINTER(c_void_p))
 _decl("bg_model_desc_from_json", st, c_char_p, PP)

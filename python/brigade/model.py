@@ -189,10 +189,14 @@ class Model:
         return cls(_handle=h)
 
     @classmethod
-    def gpt(cls, layers=4, d_model=128, heads=4, seq_len=64, vocab=256, seed=1337, tie_embeddings=False):
-        """GPT through bg_model_build: embed, blocks.0 .. blocks.L-1, ln_f, head."""
+    def gpt(cls, layers=4, d_model=128, heads=4, seq_len=64, vocab=256, seed=1337, tie_embeddings=False,
+            precision="fp32"):
+        """GPT through bg_model_build: embed, blocks.0 .. blocks.L-1, ln_f, head. precision "bf16": the
+        blocks keep their activations in bf16 (bg_model_config_t.precision; computing stays fp32)."""
+        if precision not in ("fp32", "bf16"):
+            raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 0, layers, d_model, heads, seq_len, vocab, 32, 8,
-                               seed, int(bool(tie_embeddings)))
+                               seed, int(bool(tie_embeddings)), 1, 0, 1 if precision == "bf16" else 0)
         return cls._build(cfg)
 
     @classmethod
@@ -286,6 +290,11 @@ class Model:
     @property
     def param_count(self):
         return lib.bg_model_desc_param_count(self._live())
+
+    @property
+    def precision(self):
+        """"bf16" when a layer keeps its activations in bf16 (bg_model_desc_precision), else "fp32"."""
+        return "bf16" if lib.bg_model_desc_precision(self._live()) == 1 else "fp32"
 
     def input_shape(self, n, t=1):
         """(n, t) for token inputs, (n, t, c) for features (t is the model's for features)."""

@@ -14,6 +14,7 @@ extern "C" {
 #include "brigade/core.h"
 }
 #include "kernels/cuda/cuda_impl.h"
+#include "kernels/bf16.h"
 namespace bg_emu_ns {
 #include "kernels/cuda/cuda_kernels.cu"
 }
@@ -78,6 +79,7 @@ extern "C" bg_backend_t *bg_test_cuda_emu_backend(void)
     ops.scale = bg_emu_ns::bg__cu_scale;
     ops.axpy = bg_emu_ns::bg__cu_axpy;
     ops.residual_forward = bg_emu_ns::bg__cu_residual_forward;
+    ops.convert = bg_emu_ns::bg__cu_convert;
     ops.gemm = bg__emu_gemm; /* the CPU's GEMM for k > 0 (cuBLAS cannot run here), the CUDA kernel for k = 0 */
     ops.gemm_strided_batched = bg__emu_gemm_strided_batched;
     ops.adamw = bg_emu_ns::bg__cu_adamw;

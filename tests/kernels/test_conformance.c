@@ -206,6 +206,19 @@ static void c_residual(run_t *r)
     float *a = in(r, 1001), *b = in(r, 1001);
     OPS->residual_forward(BE, out(r, 1001), a, b, 1001);
 }
+/* fp32 -> bf16 (1000 values: 500 floats of bf16 pairs, compared as their bits' floats, all finite for
+ * these inputs) and the round trip back to fp32; WIDE data crosses binades, so carries are exercised */
+static void c_to_bf16(run_t *r)
+{
+    float *x = in_k(r, 1000, WIDE);
+    OPS->convert(BE, out(r, 500), BG_BF16, x, BG_F32, 1000);
+}
+static void c_bf16_round_trip(run_t *r)
+{
+    float *x = in_k(r, 1001, WIDE), *h = scratch(r, 501);
+    OPS->convert(BE, h, BG_BF16, x, BG_F32, 1001);
+    OPS->convert(BE, out(r, 1001), BG_F32, h, BG_BF16, 1001);
+}
 
 /* C (m,n) in an ldc = n + 3 buffer: the padding must stay untouched */
 static void gemm_case(run_t *r, int ta, int tb, float beta, int k)
@@ -420,6 +433,8 @@ static const case_t cases[] = {
     {"scale", c_scale, 0},
     {"axpy", c_axpy, 1e-6},
     {"residual_forward", c_residual, 0},
+    {"convert fp32 -> bf16", c_to_bf16, 0},
+    {"convert fp32 -> bf16 -> fp32", c_bf16_round_trip, 0},
     {"gemm (n,n)", c_gemm_nn, 1e-5},
     {"gemm (n,t)", c_gemm_nt, 1e-5},
     {"gemm (t,n)", c_gemm_tn, 1e-5},

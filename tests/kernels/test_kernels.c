@@ -337,6 +337,95 @@ static double ref_gelu(double x)
  * NaN path once shifted a signed int past its range: UBSan), and the tails
  * are the limits, not inf or NaN: forward x and 0, derivative 1 and 0 (the
  * backward once squared x = -1e30 to inf times 0). n = 19: vector and tail. */
+/* fp32 -> bf16 by the definition, apart from the kernel's bit trick: the two bf16 values around x (its
+ * truncation and the next one away from zero, whose value is computed in double, so the step past the
+ * largest finite bf16 is 2^128, not infinity), the nearer, on a tie the one with an even last bit;
+ * NaN: quiet, its sign and top payload bits kept (what docs/kernels.md promises); infinity stays. */
+static uint16_t ref_bf16(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    if (isnan(x))
+        return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u | ((u >> 16) & 0x3fu));
+    if (isinf(x))
+        return (uint16_t)(u >> 16);
+    uint32_t lo = u & 0xffff0000u;
+    float lof;
+    memcpy(&lof, &lo, 4);
+    int e = ((lo >> 23) & 0xff) ? (int)((lo >> 23) & 0xff) - 127 : -126; /* subnormals: 2^-126 scale */
+    double step = ldexp(1.0, e - 7), dlo = fabs((double)x - (double)lof), dhi = fabs((double)lof + copysign(step, x) - (double)x);
+    int up = dhi < dlo || (dhi == dlo && ((lo >> 16) & 1u));
+    return (uint16_t)((lo >> 16) + (up ? 1u : 0u));
+}
+
+static void check_to_bf16(bg_backend_t *be, const uint32_t *bits, size_t n)
+{
+    uint16_t *got = xmalloc(n * sizeof(uint16_t));
+    void *d32 = bg_backend_alloc(be, n * 4, "bf16 test in"), *d16 = bg_backend_alloc(be, n * 2, "bf16 test out");
+    be->ops->from_host(be, d32, bits, n * 4);
+    be->ops->convert(be, d16, BG_BF16, d32, BG_F32, n);
+    be->ops->to_host(be, got, d16, n * 2);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = ref_bf16(bits[i]);
+        if (got[i] != want)
+            fail_msg("fp32 0x%08x -> bf16 0x%04x, the nearest (ties to even) is 0x%04x", (unsigned)bits[i],
+                     (unsigned)got[i], (unsigned)want);
+    }
+    bg_backend_free(be, d32);
+    bg_backend_free(be, d16);
+    free(got);
+}
+
+/* convert: fp32 -> bf16 against the definition above on the edge cases (ties both ways, the carry into
+ * the exponent, the largest finite values and the step to infinity, subnormals rounding up to the
+ * smallest normal, signalling NaNs that naive rounding turns into infinity) and on random bit patterns
+ * of every class; bf16 -> fp32 on all 65536 values (exact: the bits shifted up); the same type copies. */
+static void test_convert_bf16(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(3);
+    static const uint32_t edge[] = {
+        0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u, 0x3f808000u /* tie, even: down */,
+        0x3f818000u /* tie, odd: up */, 0x3f808001u, 0x3f807fffu, 0x3fffffffu /* carry: 2.0 */,
+        0x7f7fffffu /* largest float: infinity */, 0x7f7f7fffu, 0x7f7f8000u /* tie, odd: infinity */,
+        0xff7f8000u, 0x00000001u, 0x00008000u /* subnormal tie, even */, 0x00018000u, 0x007fffffu,
+        0x807fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u /* signalling NaN */,
+        0xff800001u, 0x7fffffffu, 0xffffffffu, 0x7f80ffffu};
+    check_to_bf16(be, edge, NELEM(edge));
+    size_t n = 200003; /* parallel path, odd */
+    uint32_t *bits = xmalloc(n * 4);
+    bg_rng_t g;
+    bg_rng_seed(&g, 7);
+    for (size_t i = 0; i < n; i++)
+        bits[i] = (uint32_t)bg_rng_u64(&g);
+    check_to_bf16(be, bits, n);
+    uint16_t *all = xmalloc(65536 * 2);
+    uint32_t *back = xmalloc(65536 * 4);
+    for (uint32_t i = 0; i < 65536; i++)
+        all[i] = (uint16_t)i;
+    void *d16 = bg_backend_alloc(be, 65536 * 2, "bf16"), *d32 = bg_backend_alloc(be, 65536 * 4, "fp32");
+    be->ops->from_host(be, d16, all, 65536 * 2);
+    be->ops->convert(be, d32, BG_F32, d16, BG_BF16, 65536);
+    be->ops->to_host(be, back, d32, 65536 * 4);
+    for (uint32_t i = 0; i < 65536; i++)
+        if (back[i] != i << 16)
+            fail_msg("bf16 0x%04x -> fp32 0x%08x, want 0x%08x", (unsigned)i, (unsigned)back[i], (unsigned)(i << 16));
+    be->ops->convert(be, d32, BG_F32, d32 /* same buffer, same type: nothing to do */, BG_F32, 65536);
+    uint16_t *cp = xmalloc(65536 * 2);
+    void *e16 = bg_backend_alloc(be, 65536 * 2, "bf16 copy");
+    be->ops->convert(be, e16, BG_BF16, d16, BG_BF16, 65536);
+    be->ops->to_host(be, cp, e16, 65536 * 2);
+    assert_memory_equal(cp, all, 65536 * 2);
+    bg_backend_free(be, d16);
+    bg_backend_free(be, d32);
+    bg_backend_free(be, e16);
+    free(all);
+    free(back);
+    free(bits);
+    free(cp);
+    bg_backend_destroy(be);
+}
+
 static void test_gelu_nonfinite(void **state)
 {
     (void)state;
@@ -1446,7 +1535,7 @@ int main(void)
         cmocka_unit_test(test_layouts),      cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
-        cmocka_unit_test(test_tune_malloc),
+        cmocka_unit_test(test_tune_malloc),  cmocka_unit_test(test_convert_bf16),
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),

@@ -291,6 +291,194 @@ static void test_user_layers(void **s)
     bg_layer_destroy(l);
 }
 
+/* ---- bf16 storage in composites ---- */
+
+/* A reference layer: out = in rounded to bf16 (through its scratch), din = dout (straight through). */
+static bg_status_t round_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *o)
+{
+    (void)l;
+    *o = in;
+    return BG_OK;
+}
+static size_t round_scratch(const bg_layer_t *l, bg_shape_t in) { (void)l; return bg_shape_numel(in) * 2; }
+static bg_status_t round_fwd(bg_layer_t *l, const bg_layer_ctx_t *c, const float *in, float *out)
+{
+    (void)l;
+    size_t n = bg_shape_numel(c->in);
+    c->be->ops->convert(c->be, c->scratch, BG_BF16, in, BG_F32, n);
+    c->be->ops->convert(c->be, out, BG_F32, c->scratch, BG_BF16, n);
+    return BG_OK;
+}
+static bg_status_t round_bwd(bg_layer_t *l, const bg_layer_ctx_t *c, const float *in, const float *out,
+                             const float *dout, float *din)
+{
+    (void)l, (void)in, (void)out;
+    if (din)
+        c->be->ops->copy(c->be, din, dout, bg_shape_numel(c->in));
+    return BG_OK;
+}
+static const bg_layer_ops_t round_ops = {.type = "round_bf16", .out_shape = round_shape,
+                                         .scratch_bytes = round_scratch, .forward = round_fwd,
+                                         .backward_input = round_bwd};
+static bg_layer_t *mk_round(void)
+{
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_create(&round_ops, "round", 0, NULL, NULL, &l), BG_OK);
+    return l;
+}
+
+/* A leaf whose backward reads its output: out = 2 in, din = dout * out / in (= 2 dout). Doubling is exact
+ * in bf16, so its output is the same rounded or not, and a composite that hands it a wrong output in the
+ * backward (not the kept activation widened) gives other bits. Host pointers: the test backend is the CPU. */
+static bg_status_t dbl_fwd(bg_layer_t *l, const bg_layer_ctx_t *c, const float *in, float *out)
+{
+    (void)l;
+    for (size_t i = 0; i < bg_shape_numel(c->in); i++)
+        out[i] = 2.0f * in[i];
+    return BG_OK;
+}
+static bg_status_t dbl_bwd(bg_layer_t *l, const bg_layer_ctx_t *c, const float *in, const float *out,
+                           const float *dout, float *din)
+{
+    (void)l;
+    for (size_t i = 0; din && i < bg_shape_numel(c->in); i++)
+        din[i] = dout[i] * (out[i] / in[i]);
+    return BG_OK;
+}
+static const bg_layer_ops_t dbl_ops = {.type = "double", .out_shape = round_shape, .forward = dbl_fwd,
+                                       .backward_input = dbl_bwd};
+static bg_layer_t *mk_dbl(void)
+{
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_create(&dbl_ops, "double", 0, NULL, NULL, &l), BG_OK);
+    return l;
+}
+
+/* seq(residual(seq(ln, fc, gelu, proj, double)), lin, double, gelu, lin2); with rounding layers after
+ * every activation a composite keeps (round = 1) */
+static bg_layer_t *mk_bf16_net(int c, int round)
+{
+    bg_layer_t *ln, *fc, *act, *proj, *lin, *act2, *lin2, *inner, *res, *net;
+    assert_int_equal(bg_layer_layernorm("ln", c, &ln), BG_OK);
+    assert_int_equal(bg_layer_linear("fc", c, 4 * c, 1, 0.3f, &fc), BG_OK);
+    assert_int_equal(bg_layer_activation("gelu", BG_ACT_GELU, &act), BG_OK);
+    assert_int_equal(bg_layer_linear("proj", 4 * c, c, 1, 0.3f, &proj), BG_OK);
+    bg_layer_t *in1[10] = {ln, fc, act, proj, mk_dbl()}, *in2[10];
+    int k = 5;
+    if (round) {
+        bg_layer_t *t[10] = {ln, mk_round(), fc, mk_round(), act, mk_round(), proj, mk_round(), in1[4], mk_round()};
+        memcpy(in1, t, sizeof(t));
+        k = 10;
+    }
+    assert_int_equal(bg_layer_seq("inner", k, in1, &inner), BG_OK);
+    assert_int_equal(bg_layer_residual("res", inner, &res), BG_OK);
+    assert_int_equal(bg_layer_linear("lin", c, 2 * c, 0, 0.3f, &lin), BG_OK);
+    assert_int_equal(bg_layer_activation("gelu2", BG_ACT_GELU, &act2), BG_OK);
+    assert_int_equal(bg_layer_linear("lin2", 2 * c, 3, 1, 0.3f, &lin2), BG_OK);
+    if (round) {
+        bg_layer_t *t[10] = {res, mk_round(), lin, mk_round(), mk_dbl(), mk_round(), act2, mk_round(), lin2};
+        memcpy(in2, t, sizeof(t));
+        k = 9;
+    } else {
+        bg_layer_t *t[10] = {res, lin, mk_dbl(), act2, lin2};
+        memcpy(in2, t, sizeof(t));
+        k = 5;
+    }
+    assert_int_equal(bg_layer_seq("net", k, in2, &net), BG_OK);
+    if (!round)
+        assert_int_equal(bg_layer_set_precision(net, BG_BF16), BG_OK);
+    return net;
+}
+
+/* One forward and both backwards (B then W, and the fused one) of r; y, din and the gradients into host
+ * copies (out: y, din, then every parameter's gradient of the split and then of the fused backward). */
+static size_t run_rig(rig_t *r, float *din, float *host)
+{
+    size_t k = 0, nout = bg_shape_numel(r->out), nin = bg_shape_numel(r->in);
+    analytic(r, din);
+    memcpy(host + k, r->y, nout * sizeof(float)), k += nout;
+    memcpy(host + k, din, nin * sizeof(float)), k += nin;
+    for (int i = 0; i < r->pl.n; i++)
+        memcpy(host + k, r->pl.p[i]->grad, r->pl.p[i]->numel * sizeof(float)), k += r->pl.p[i]->numel;
+    for (int i = 0; i < r->pl.n; i++)
+        memset(r->pl.p[i]->grad, 0, r->pl.p[i]->numel * sizeof(float));
+    objective(r);
+    bg_layer_ctx_t c = rig_ctx(r);
+    assert_int_equal(bg_layer_backward(r->l, &c, r->x, r->y, r->R, din), BG_OK);
+    memcpy(host + k, din, nin * sizeof(float)), k += nin;
+    for (int i = 0; i < r->pl.n; i++)
+        memcpy(host + k, r->pl.p[i]->grad, r->pl.p[i]->numel * sizeof(float)), k += r->pl.p[i]->numel;
+    return k;
+}
+
+/* A bf16 composite computes exactly what the fp32 one computes with a rounding layer after each
+ * activation it keeps (layer.c's header): the output, the input gradient and every parameter gradient
+ * bitwise, split and fused backward alike (the built-in leaves here read their input in the backward,
+ * the doubling leaf its output too).
+ * Its stash holds those activations in 2 bytes each, and its scratch the fp32 temporaries: both equal
+ * closed forms written from the leaves' own sizes. (No finite differences here: the rounded function is
+ * a staircase at bf16's resolution; the rounding layer's reference is fp32, checked by the tests above.) */
+static void test_bf16_composites(void **s)
+{
+    (void)s;
+    int c = 8;
+    bg_shape_t in = {2, 3, c};
+    bg_layer_t *b = mk_bf16_net(c, 0), *ref = mk_bf16_net(c, 1);
+    rig_t rb, rr;
+    bg_rng_t g1, g2;
+    bg_rng_seed(&g1, 31);
+    bg_rng_seed(&g2, 31);
+    rig_init(&rb, b, in, 0, 0, &g1, 0.3f);
+    rig_init(&rr, ref, in, 0, 0, &g2, 0.3f);
+    assert_int_equal(rb.pl.n, rr.pl.n);
+    size_t total = bg_shape_numel(rb.out) + 2 * bg_shape_numel(in) + 2 * bg_layer_param_count(b);
+    float *hb = malloc(total * sizeof(float)), *hr = malloc(total * sizeof(float));
+    float *db = falloc(bg_shape_numel(in)), *dr = falloc(bg_shape_numel(in));
+    assert_int_equal(run_rig(&rb, db, hb), total);
+    assert_int_equal(run_rig(&rr, dr, hr), total);
+    assert_memory_equal(hb, hr, total * sizeof(float));
+    /* and it is not the fp32 result: the rounding happened */
+    bg_layer_set_precision(b, BG_F32);
+    float *hf = malloc(total * sizeof(float));
+    rb.stash = (bg_backend_free(be, rb.stash), bg_backend_alloc(be, bg_layer_stash_bytes(b, in) + 64, "stash"));
+    run_rig(&rb, db, hf);
+    assert_memory_not_equal(hb, hf, total * sizeof(float));
+    bg_layer_set_precision(b, BG_BF16);
+
+    /* sizes: N rows of c channels; the leaves' own stash and scratch */
+    size_t N = (size_t)in.n * in.t;
+#define A64(x) (((x) + 63) & ~(size_t)63)
+    bg_layer_t *inner = b->children[0]->children[0];
+    bg_shape_t s4 = {in.n, in.t, 4 * c};
+    size_t leaves = 0, mscr = 0;
+    bg_shape_t ins[5] = {in, in, s4, s4, in};
+    for (int i = 0; i < 5; i++) {
+        leaves += A64(bg_layer_stash_bytes(inner->children[i], ins[i]));
+        size_t x = bg_layer_scratch_bytes(inner->children[i], ins[i]);
+        mscr = x > mscr ? x : mscr;
+    }
+    size_t inner_stash = 2 * A64(N * c * 2) + 2 * A64(N * 4 * c * 2) + leaves;
+    assert_int_equal(bg_layer_stash_bytes(inner, in), inner_stash);
+    assert_int_equal(bg_layer_scratch_bytes(inner, in), 2 * A64(N * 4 * c * 4) + mscr);
+    size_t res_stash = A64(N * c * 2) + A64(inner_stash);
+    assert_int_equal(bg_layer_stash_bytes(b->children[0], in), res_stash);
+    assert_int_equal(bg_layer_scratch_bytes(b->children[0], in), 2 * A64(N * c * 4) + A64(2 * A64(N * 4 * c * 4) + mscr));
+    size_t outer = A64(N * c * 2) + 3 * A64(N * 2 * c * 2) + A64(res_stash);
+    assert_int_equal(bg_layer_stash_bytes(b, in), outer);
+#undef A64
+    bg_backend_free(be, db);
+    bg_backend_free(be, dr);
+    free(hb), free(hr), free(hf);
+    rig_free(&rb);
+    rig_free(&rr);
+
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_linear("x", 2, 2, 0, 0.1f, &l), BG_OK);
+    assert_int_equal(bg_layer_set_precision(l, (bg_dtype_t)7), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "precision 7 is not fp32"));
+    bg_layer_destroy(l);
+}
+
 static void test_bad_shapes(void **s)
 {
     (void)s;
@@ -315,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_linear),    cmocka_unit_test(test_activations), cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_attention),   cmocka_unit_test(test_head),
         cmocka_unit_test(test_blocks),    cmocka_unit_test(test_user_layers), cmocka_unit_test(test_bad_shapes),
+        cmocka_unit_test(test_bf16_composites),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -226,6 +226,34 @@ for sch in gpipe 1f1b zb-h1 interleaved dualpipe; do
   fi
 done
 
+# --precision bf16: the blocks keep their activations in bf16; the plan records it, counts those bytes
+# (a block's stash 0.50-0.55 of fp32's, the head's unchanged; every rank's peak is again its prediction;
+# the fp32 temporaries in the scratch can outweigh the saving on a rank that keeps one microbatch), the
+# run takes it from the plan, and
+# a run that asks for another precision than its plan's is refused in one line
+for sch in 1f1b zb-h1; do
+  if timeout 60 "$B" plan $MEM --schedule $sch --precision bf16 --json "$T/b_$sch.json" >"$T/out" 2>&1 &&
+     timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/b_$sch.json" --steps 2 --threads 1 --quiet \
+       --metrics "$T/b_$sch.jsonl" >"$T/run" 2>&1; then
+    grep -q '"precision": "bf16"' "$T/b_$sch.json" || fail "bf16 $sch: the plan does not record its precision"
+    grep -q '"precision": "bf16"' "$T/b_$sch.jsonl" || fail "bf16 $sch: the run from the plan was not bf16"
+    peaks_match "$T/b_$sch.json" "$T/b_$sch.jsonl" "bf16 $sch" 1 || fail "bf16 $sch: the measured peaks are not the predicted ones (above)"
+    python3 - "$T/b_$sch.json" "$T/m_$sch.json" <<'PY' || fail "bf16 $sch: the blocks' stash is not about half of fp32's"
+import json, sys
+b, f = (json.load(open(x)) for x in sys.argv[1:3])
+sb, sf = ({l["name"]: l["stash_bytes"] for l in p["layers"]} for p in (b, f))
+r = sb["blocks.0"] / sf["blocks.0"]
+print("bf16/fp32 stash of a block: %.3f" % r)
+sys.exit(0 if 0.5 <= r <= 0.55 and sb["head"] == sf["head"] else 1)
+PY
+  else
+    fail "bf16 $sch memory plan or run: $(tail -n 3 "$T/out" "$T/run")"
+  fi
+done
+out=$("$B" train --plan "$T/b_1f1b.json" --precision fp32 --steps 1 2>&1) && fail "a bf16 plan ran in fp32"
+grep -q "counted the activations in bf16, not --precision fp32" <<<"$out" && [ "$(wc -l <<<"$out")" = 1 ] ||
+  fail "a bf16 plan run with --precision fp32: $out"
+
 # BRIGADE_TP_OVERLAP=microbatch (a forward beside another microbatch's backward, tp 2 x pp 2): the plan
 # counts both instructions' buffers at once and a second scratch, and every rank's peak is again its
 # prediction; a plan made without it refuses to run with it

@@ -25,7 +25,7 @@ int main(void)
     F(bg_model_config_t, d_model); F(bg_model_config_t, heads); F(bg_model_config_t, seq_len);
     F(bg_model_config_t, vocab); F(bg_model_config_t, in_features); F(bg_model_config_t, classes);
     F(bg_model_config_t, seed); F(bg_model_config_t, tie_embeddings); F(bg_model_config_t, tp);
-    F(bg_model_config_t, sequence_parallel);
+    F(bg_model_config_t, sequence_parallel); F(bg_model_config_t, precision);
 
     S(bg_optim_config_t);
     F(bg_optim_config_t, size); F(bg_optim_config_t, kind); F(bg_optim_config_t, lr); F(bg_optim_config_t, beta1);
@@ -76,6 +76,6 @@ int main(void)
 
     S(bg_layer_t);
     F(bg_layer_t, ops); F(bg_layer_t, name); F(bg_layer_t, nparams); F(bg_layer_t, params);
-    F(bg_layer_t, nchildren); F(bg_layer_t, children); F(bg_layer_t, impl);
+    F(bg_layer_t, nchildren); F(bg_layer_t, children); F(bg_layer_t, impl); F(bg_layer_t, precision);
     return 0;
 }

@@ -215,6 +215,13 @@ class Training(unittest.TestCase):
             self.assertEqual(ex.steps_done, 30)
         self.assertLess(sum(losses[-5:]) / 5, 0.7 * losses[0], losses)
 
+    def test_bf16_gpt(self):
+        self.assertEqual(bg.Model.gpt(layers=1, d_model=16, heads=2, seq_len=8).precision, "fp32")
+        m = bg.Model.gpt(layers=1, d_model=16, heads=2, seq_len=8, precision="bf16")
+        self.assertEqual(m.precision, "bf16")
+        with self.assertRaises(ValueError):
+            bg.Model.gpt(precision="fp16")
+
     def test_sgd_and_lr(self):
         m = tiny_features()
         with self.executor(m, feature_batches(), optimizer="sgd", lr=0.1) as ex:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/runtime/test_equivalence.sh: every schedule and pipeline degree gives
 # the weights of one process after 10 steps, bitwise (same seed, data,
-# data-parallel degree and microbatch count); data parallelism gives them
-# within 1e-5 relative. Weights are compared tensor by tensor from --save.
+# data-parallel degree and microbatch count), in fp32 and with bf16
+# activations; data parallelism gives them within 1e-5 relative. Weights are compared tensor by tensor from --save.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 T=$(mktemp -d)
@@ -58,6 +58,16 @@ check gpt4 0 3 $GPT --microbatches 4 --pp 3 --schedule zbv --split 1,1,1,2,2,1
 check gpt4 0 1 $GPT --microbatches 4 --recompute --checkpoint-dir "$T/rc1"
 check gpt4 0 2 $GPT --microbatches 4 --pp 2 --schedule zb-h1 --recompute
 check gpt4 0 3 $GPT --microbatches 4 --pp 3 --schedule zbv --recompute
+
+# bf16 activations (--precision bf16): the blocks round what they keep, the same in every layout, so a
+# pipeline still gives one process's weights bitwise; the rounding is real (not fp32's bits) and small
+ref gptbf $GPT --microbatches 4 --precision bf16
+check gptbf 0 2 $GPT --microbatches 4 --pp 2 --schedule 1f1b --precision bf16
+check gptbf 0 3 $GPT --microbatches 4 --pp 3 --schedule zb-h1 --precision bf16 --recompute
+check gptbf 0 2 $GPT --microbatches 4 --pp 2 --schedule dualpipev --precision bf16
+if "$B" compare "$T/gpt4" "$T/gptbf" >"$T/cmp" 2>&1; then bad "bf16 gave fp32's bits: $(cat "$T/cmp")"
+elif v=$("$B" compare "$T/gpt4" "$T/gptbf" --rel-l2 1e-2); then pass=$((pass + 1)); echo "ok   bf16 vs fp32 after 10 steps: $v"
+else bad "bf16 far from fp32: $v"; fi
 
 ref gpt2 $GPT --microbatches 2
 check gpt2 0 4 $GPT --microbatches 2 --pp 4 --schedule 1f1b          # m < p

@@ -7,18 +7,27 @@
 # allocator's counters) equal the prediction (the planner's replay of the
 # rank's program times its slot buffers, as brigade plan predicts them), to
 # the printed kB, for every schedule (DualPipe and DualPipeV too, whose
-# stages run full and split backwards both).
+# stages run full and split backwards both), and with --precision bf16.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export BRIGADE_TIMEOUT=60
 pass=0; fails=0
+# the cases: schedule:microbatches:precision (bf16: the blocks keep their activations in bf16, other sizes)
+cases=""
 for m in 8 3; do
   for s in gpipe 1f1b interleaved zb-h1 zb-h2 zbv zb-interleaved $([ $m -ge 8 ] && echo dualpipev dualpipe); do
+    cases="$cases $s:$m:fp32"
+  done
+done
+cases="$cases 1f1b:8:bf16 zb-h1:8:bf16 dualpipev:8:bf16"
+for c in $cases; do
+  IFS=: read -r s m prec <<<"$c"
+  {
     if ! timeout 120 "$B" launch -n 4 -- "$B" train --layers 6 --d-model 16 --heads 2 --seq 8 --batch $((2 * m)) \
-         --microbatches $m --steps 2 --threads 1 --pp 4 --schedule $s >"$T/o" 2>"$T/e"; then
-      echo "FAIL: $s m=$m did not run"; grep -v WARN "$T/e" | tail -3; fails=$((fails + 1)); continue
+         --microbatches $m --steps 2 --threads 1 --pp 4 --schedule $s --precision $prec >"$T/o" 2>"$T/e"; then
+      echo "FAIL: $s m=$m $prec did not run"; grep -v WARN "$T/e" | tail -3; fails=$((fails + 1)); continue
     fi
     # the rank table of rank 0: rank pp dp params peak act act_sim stashed stash_sim bubble
     rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 10 && $10 ~ /%$/' "$T/e")
@@ -33,9 +42,9 @@ for m in 8 3; do
       IFS=: read -r r meas sim <<<"$g"
       [ "$meas" = "$sim" ] || { ok=0; echo "FAIL: $s m=$m rank $r activations $meas MiB, predicted $sim MiB"; }
     done
-    if [ "$n" = 4 ] && [ "$ok" = 1 ]; then pass=$((pass + 1)); echo "ok   $s m=$m: $(echo $got | tr '\n' ' ') bytes $(echo $bytes | tr '\n' ' ')";
-    else fails=$((fails + 1)); [ "$n" = 4 ] || echo "FAIL: $s m=$m: $n rank lines"; fi
-  done
+    if [ "$n" = 4 ] && [ "$ok" = 1 ]; then pass=$((pass + 1)); echo "ok   $s m=$m $prec: $(echo $got | tr '\n' ' ') bytes $(echo $bytes | tr '\n' ' ')";
+    else fails=$((fails + 1)); [ "$n" = 4 ] || echo "FAIL: $s m=$m $prec: $n rank lines"; fi
+  }
 done
 echo "$pass passed, $fails failed"
 [ "$fails" = 0 ]

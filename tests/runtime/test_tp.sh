@@ -91,6 +91,12 @@ BRIGADE_TP_OVERLAP=microbatch run gpt_3d_mb 8 $GPT --steps 10 --tp 2 --dp 2 --pp
 run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same gpt gpt_zb 1e-5
 BRIGADE_TP_OVERLAP=microbatch run gpt_zb_mb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute &&
   bitwise gpt_zb gpt_zb_mb "zb-h1 + recompute, pp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
+# bf16 activations: the shards round elementwise what the whole layers round, so tp 2 stays within fp32's
+# reassociation of one process (L2 1e-5; a value on a rounding edge may land one bf16 step apart)
+run gpt_bf 1 $GPT --steps 10 --precision bf16
+run gpt_bf_tp2 2 $GPT --steps 10 --tp 2 --precision bf16 && same gpt_bf gpt_bf_tp2 l2:1e-5
+BRIGADE_TP_OVERLAP=microbatch run gpt_bf_tp2_mb 2 $GPT --steps 10 --tp 2 --precision bf16 &&
+  bitwise gpt_bf_tp2 gpt_bf_tp2_mb "tp 2, bf16, BRIGADE_TP_OVERLAP=microbatch"
 # ZeRO 2 over each tensor member's data-parallel group
 run gpt_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 && same gpt gpt_zero 1e-5
 run mlp 1 $MLP --steps 10
