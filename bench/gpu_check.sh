@@ -9,13 +9,14 @@
 #   3. cuBLAS GEMM TFLOP/s, fp32 / TF32 / bf16 (bench/cublas_gemm)
 #   4. one GPT block (d_model 2048, 16 heads, seq 2048, microbatch 4) forward +
 #      backward through `brigade profile --backend cuda`, with GEMMs in fp32
-#      and in bf16 tensor cores (BRIGADE_CUDA_GEMM), as MFU against the
-#      bf16 dense peak below (storage stays fp32: there is no bf16 storage yet)
+#      and in bf16 tensor cores (BRIGADE_CUDA_GEMM) on fp32 storage, and with
+#      --precision bf16 (bf16 activations in the block, bf16 GEMMs), as MFU
+#      against the bf16 dense peak below
 #   5. the 8-block GPT trained 50 steps on cuda and on cpu, losses side by side
 #   6. transfers on the copy stream (runtime/staging.c with the CUDA stream
 #      slots): two processes on the one GPU, pp = 2 (1F1B, tied embeddings)
 #      against one process on cuda, bitwise (the equivalence the CPU tests
-#      hold), and dp = 2 within relative L2 1e-5
+#      hold), the same with --precision bf16, and dp = 2 within relative L2 1e-5
 #      (checks the events' ordering on a device; says nothing of overlap)
 # Prints a table; also writes it to $OUT/gpu_check.md when OUT is set (the
 # device tool's output folder), else to build-gpu/gpu_check.md.
@@ -72,10 +73,12 @@ else
 fi
 
 step "GPT block d_model 2048 seq 2048"
-for math in fp32 bf16; do
+# fp32 and bf16 GEMMs on fp32 storage, then --precision bf16 (bf16 activations in the blocks, bf16 GEMMs)
+for math in fp32 bf16 bf16-storage; do
     j=$BUILD/block_$math.json
-    if BRIGADE_CUDA_GEMM=$math timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
-        --seq 2048 --vocab 256 --microbatch-size 4 --json "$j" >"$BUILD/block_$math.log" 2>&1; then
+    gm=${math%-storage}; prec=fp32; [ "$math" = bf16-storage ] && prec=bf16
+    if BRIGADE_CUDA_GEMM=$gm timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
+        --seq 2048 --vocab 256 --microbatch-size 4 --precision "$prec" --json "$j" >"$BUILD/block_$math.log" 2>&1; then
         python3 - "$j" "$math" "$PEAK_BF16_TFLOPS" <<'EOF' | tee -a "$REPORT.tmp"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -83,7 +86,8 @@ blk = [l for l in d["layers"] if l["name"].startswith("blocks.")][0]
 fl = blk["fwd_flops"] + blk["bwd_flops"]
 s = blk["fwd_s"] + blk["bwd_s"]
 tf = fl / s / 1e12
-print(f"| GPT block fwd+bwd, GEMM {sys.argv[2]} (fp32 storage) | {s*1e3:.1f} ms, {tf:.1f} TFLOP/s, "
+st = "bf16 activations" if sys.argv[2].endswith("storage") else "fp32 storage"
+print(f"| GPT block fwd+bwd, GEMM {sys.argv[2].split('-')[0]} ({st}) | {s*1e3:.1f} ms, {tf:.1f} TFLOP/s, "
       f"MFU {100*tf/float(sys.argv[3]):.1f}% of {sys.argv[3]} bf16 |")
 EOF
     else
@@ -120,14 +124,18 @@ fi
 step "transfers on the copy stream: pp = 2 and dp = 2, two processes on one GPU"
 small=(--layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 4 --steps 10 --threads 1 --quiet)
 # name  ranks  tolerance (bitwise | l2:X)  args
-for c in "one 1 - " "pp2tie 2 bitwise --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 --dp 2"; do
+for c in "one 1 - " "pp2tie 2 bitwise --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 --dp 2" \
+         "pp2bf16 2 bitwise --pp 2 --schedule 1f1b --precision bf16"; do
     read -r name n tol args <<<"$c"
     ref=$BUILD/staged_one
     [ "$name" = pp2tie ] && ref=$BUILD/staged_onetie
+    [ "$name" = pp2bf16 ] && ref=$BUILD/staged_onebf16
     if [ "$name" = one ]; then # the references: one process, with and without tied embeddings
         timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
             timeout 60 "$B" train --backend cuda "${small[@]}" --tie-embeddings --save "$BUILD/staged_onetie" \
-                >"$BUILD/staged_onetie.log" 2>&1 ||
+                >"$BUILD/staged_onetie.log" 2>&1 &&
+            timeout 60 "$B" train --backend cuda "${small[@]}" --precision bf16 --save "$BUILD/staged_onebf16" \
+                >"$BUILD/staged_onebf16.log" 2>&1 ||
             { say "| staged reference (one process on cuda) | FAIL ($BUILD/staged_one*.log) |"; fails=$((fails + 1)); break; }
         continue
     fi
