@@ -10,6 +10,14 @@
  *   dout_in incoming output gradient                   (recv .. end of backward)
  *   bw      split backward: [dout_i, i<k-1][wstash_i][din]   (B .. W)
  *           fused backward: [ping][pong][wstash max]         (.. bg_stage_end)
+ * Precision: the activations between two top-level layers (each layer's output
+ * but the model's last, the losses; the input of every stage but the first) are
+ * kept in the model's precision (bg_model_desc_precision): in bf16, 2 bytes an
+ * element, and sent so between stages. A layer still gets fp32: its call's
+ * input and output are fp32 copies at the start of the stage's scratch,
+ * [input][output][the layer's scratch], widened from what is kept (the output
+ * is stored rounded after the forward), so every layer reads the rounded
+ * value, forward and backward, wherever the model is split. Gradients are fp32.
  * The stage's scratch buffer (temporaries of one call) is shared by all slots
  * of a lane: a slot's calls use its lane's (bg_stage_set_lane), so two calls
  * may be in progress at once (two coroutines on the rank's thread) when
@@ -86,6 +94,8 @@ struct bg_stage {
     int poison;         /* ASan build on a host backend: poison the zones during calls */
     int emulate;        /* allocate every buffer, run no layer (bg_stage_set_emulate) */
     int tp_weight;      /* BRIGADE_TP_OVERLAP=weight: the fused backward runs bg_layer_backward */
+    size_t es;          /* bytes an element of a kept activation between two layers: 4, or 2 (bf16) */
+    int total;          /* layers of the whole model */
 };
 
 /* Whether stages guard their buffers: BRIGADE_GUARD=auto|on|off; auto is on
@@ -145,6 +155,8 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     for (int i = 0; i < s->nlayers; i++)
         s->layers[i] = bg_model_layer(m, s->first + i);
     s->gz = guard ? GUARD_BYTES : 0;
+    s->es = bg_dtype_size(bg_model_desc_precision(bg_model_desc(m)));
+    s->total = bg_model_total_layers(m);
     s->tp_weight = strcmp(ov, "layer") != 0; /* microbatch: the executor pairs instructions, and weight */
 #ifdef BG__GUARD_ASAN
     s->poison = guard && strcmp(s->be->ops->name, "cpu") == 0; /* shadow memory covers host memory only */
@@ -207,19 +219,47 @@ static bg_status_t get_slot(bg_stage_t *s, int mb, slot_state_t want, const char
     return BG_OK;
 }
 
-static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh);
+static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh, size_t gz);
 
 /* Bytes the stage sets aside for a piece the layer reports as `bytes`: its
  * aligned size, plus its guard zone when guards are on (gz > 0). */
 static size_t piece(size_t bytes, size_t gz) { return bg__align64(bytes) + gz; }
 
-/* Bytes of an activation (or its gradient) of shape sh. */
+/* Bytes of an activation (or its gradient) of shape sh in fp32. */
 static size_t act_size(bg_shape_t sh) { return bg_shape_numel(sh) * sizeof(float); }
+
+/* Bytes an element of the activation entering stage layer i as the stage keeps it (i = 0: the stage's
+ * input; the model's own input is fp32 features or tokens), and of layer i's output (the model's last
+ * layer's, the losses, is fp32). out_es(i) = in_es(i + 1). */
+static size_t in_es(const bg_stage_t *s, int i) { return s->first + i > 0 ? s->es : sizeof(float); }
+static size_t out_es(const bg_stage_t *s, int i) { return s->first + i + 1 < s->total ? s->es : sizeof(float); }
+static bg_dtype_t es_type(size_t es) { return es == 2 ? BG_BF16 : BG_F32; }
+
+/* bf16: the pieces of layer i's fp32 input and output copies at the start of the scratch (0: kept in fp32,
+ * the layer reads and writes the kept buffer itself). */
+static void temp_pieces(const bg_stage_t *s, const bg_shape_t *sh, int i, size_t gz, size_t *tin_p, size_t *tout_p)
+{
+    *tin_p = sh[i].c && in_es(s, i) == 2 ? piece(act_size(sh[i]), gz) : 0;
+    *tout_p = out_es(s, i) == 2 ? piece(act_size(sh[i + 1]), gz) : 0;
+}
+
+/* Where layer i's own scratch starts in the stage's scratch, and the bytes its call needs in all. */
+static size_t layer_scratch_at(const bg_stage_t *s, const bg_shape_t *sh, int i, size_t gz)
+{
+    size_t tin, tout;
+    temp_pieces(s, sh, i, gz, &tin, &tout);
+    return tin + tout;
+}
+static size_t layer_scratch_need(const bg_stage_t *s, const bg_shape_t *sh, int i, size_t gz)
+{
+    size_t at = layer_scratch_at(s, sh, i, gz), b = bg_layer_scratch_bytes(s->layers[i], sh[i]);
+    return at ? at + bg__align64(b) : b;
+}
 
 /* The scratch of slot sl's lane, large enough for its shapes. */
 static bg_status_t ensure_scratch(bg_stage_t *s, const slot_t *sl)
 {
-    size_t need = scratch_need(s, sl->shapes);
+    size_t need = scratch_need(s, sl->shapes, s->gz);
     int k = sl->lane;
     if (need <= s->scratch_bytes[k] && (s->scratch[k] || !s->gz))
         return BG_OK;
@@ -290,15 +330,15 @@ static size_t act_bytes(const bg_stage_t *s, const bg_shape_t *sh, size_t gz)
 {
     size_t total = 0;
     for (int i = 0; i < s->nlayers; i++)
-        total += piece(act_size(sh[i + 1]), gz) + piece(bg_layer_stash_bytes(s->layers[i], sh[i]), gz);
+        total += piece(bg_shape_numel(sh[i + 1]) * out_es(s, i), gz) + piece(bg_layer_stash_bytes(s->layers[i], sh[i]), gz);
     return total;
 }
 
-static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh)
+static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh, size_t gz)
 {
     size_t need = 0;
     for (int i = 0; i < s->nlayers; i++) {
-        size_t b = bg_layer_scratch_bytes(s->layers[i], sh[i]);
+        size_t b = layer_scratch_need(s, sh, i, gz);
         if (b > need)
             need = b;
     }
@@ -316,10 +356,11 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
         return st;
     }
     bg_stage_mem_t m = {0};
-    m.stash = act_bytes(s, sh, 0) + (in.c ? bg_shape_numel(in) * sizeof(float) : 0);
+    size_t inb = in.c ? bg_shape_numel(in) * in_es(s, 0) : 0;
+    m.stash = act_bytes(s, sh, 0) + inb;
     if (s->recompute) {
         m.recompute = act_bytes(s, sh, 0);
-        m.stash = (in.c ? bg_shape_numel(in) * sizeof(float) : 0) + bg_shape_numel(sh[s->nlayers]) * sizeof(float);
+        m.stash = inb + bg_shape_numel(sh[s->nlayers]) * out_es(s, s->nlayers - 1);
     }
     size_t nt = (size_t)in.n * (size_t)in.t * sizeof(int32_t);
     size_t nl = (size_t)sh[s->nlayers].n * (size_t)sh[s->nlayers].t * sizeof(int32_t); /* targets: one per loss */
@@ -327,7 +368,7 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
     m.dout = is_last_stage(s) ? 0 : bg_shape_numel(sh[s->nlayers]) * sizeof(float);
     m.split_bw = split_bytes(s, sh, 0, NULL);
     m.fused_bw = fused_bytes(s, sh, 0);
-    m.scratch = scratch_need(s, sh);
+    m.scratch = scratch_need(s, sh, 0);
     free(sh);
     *mem_p = m;
     return BG_OK;
@@ -447,8 +488,9 @@ static void guard_common(bg_stage_t *s, const slot_t *sl, int i, const float *x,
     size_t cb = bg_layer_scratch_bytes(s->layers[i], sh[i]);
     guard_add(gc, G_OUT, out, ob, piece(ob, s->gz));
     guard_add(gc, G_STASH, c->stash, sb, piece(sb, s->gz));
-    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes[sl->lane], s->gz));
-    if (i > 0) /* the stage's own input buffer has no guard */
+    size_t at = (size_t)((const char *)c->scratch - (const char *)s->scratch[sl->lane]); /* after the copies */
+    guard_add(gc, G_SCRATCH, c->scratch, cb, piece(s->scratch_bytes[sl->lane], s->gz) - at);
+    if (i > 0 || x != sl->input) /* the stage's own input buffer has no guard (its fp32 copy has) */
         guard_add(gc, G_IN, x, act_size(sh[i]), piece(act_size(sh[i]), s->gz));
 }
 
@@ -466,7 +508,7 @@ bg_status_t bg_stage_begin(bg_stage_t *s, int mb, bg_shape_t in, float **input_p
     }
     BG_CHECK_GOTO(compute_shapes(s, in, sl->shapes), st, err);
     if (in.c) {
-        sl->input = bg_backend_alloc(s->be, bg_shape_numel(in) * sizeof(float), "stage input");
+        sl->input = bg_backend_alloc(s->be, bg_shape_numel(in) * in_es(s, 0), "stage input");
         if (!sl->input) {
             st = BG_ERR_NOMEM;
             goto err;
@@ -479,6 +521,9 @@ err:
     slot_free(s, sl);
     return st;
 }
+
+bg_dtype_t bg_stage_input_dtype(const bg_stage_t *s) { return es_type(in_es(s, 0)); }
+bg_dtype_t bg_stage_output_dtype(const bg_stage_t *s) { return es_type(out_es(s, s->nlayers - 1)); }
 
 bg_status_t bg_stage_slot_shapes(const bg_stage_t *s, int mb, bg_shape_t *in_p, bg_shape_t *out_p)
 {
@@ -521,9 +566,31 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
     c.targets = sl->targets;
     c.loss_scale = sl->loss_scale;
     c.stash = sl->stash[i];
-    c.scratch = s->scratch[sl->lane];
+    c.scratch = (char *)s->scratch[sl->lane] + layer_scratch_at(s, sl->shapes, i, s->gz);
     c.tp = bg_model_desc_tp(bg_model_desc(s->model));
     return c;
+}
+
+/* Layer i's input and output in fp32 for a call: the kept buffers, or (bf16) their copies at the start of
+ * the slot's lane's scratch, widened from what is kept (the output's only when @p widen_out: a forward
+ * writes it). */
+static void layer_io(bg_stage_t *s, slot_t *sl, int i, int widen_out, const float **x_p, float **y_p)
+{
+    size_t tin, tout;
+    temp_pieces(s, sl->shapes, i, s->gz, &tin, &tout);
+    char *scr = s->scratch[sl->lane];
+    const void *x = i > 0 ? (const void *)sl->out[i - 1] : (const void *)sl->input;
+    *x_p = x;
+    *y_p = sl->out[i];
+    if (tin) {
+        s->be->ops->convert(s->be, scr, BG_F32, x, BG_BF16, bg_shape_numel(sl->shapes[i]));
+        *x_p = (const float *)scr;
+    }
+    if (tout) {
+        *y_p = (float *)(scr + tin);
+        if (widen_out)
+            s->be->ops->convert(s->be, *y_p, BG_F32, sl->out[i], BG_BF16, bg_shape_numel(sl->shapes[i + 1]));
+    }
 }
 
 /* Allocate the slot's activation arena and run the forward through it. */
@@ -537,24 +604,27 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
     char *p = sl->act;
     for (int i = 0; i < s->nlayers; i++) {
         sl->out[i] = (float *)p;
-        p += piece(act_size(sl->shapes[i + 1]), s->gz);
+        p += piece(bg_shape_numel(sl->shapes[i + 1]) * out_es(s, i), s->gz);
         sl->stash[i] = p;
         p += piece(bg_layer_stash_bytes(s->layers[i], sl->shapes[i]), s->gz);
     }
-    const float *x = sl->input;
     for (int i = 0; i < s->nlayers && !s->emulate; i++) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
+        const float *x;
+        float *y;
+        layer_io(s, sl, i, 0, &x, &y);
         guard_call_t gc;
-        guard_common(s, sl, i, x, sl->out[i], &c, &gc);
+        guard_common(s, sl, i, x, y, &c, &gc);
         guards_arm(s, &gc);
-        bg_status_t st = s->layers[i]->ops->forward(s->layers[i], &c, x, sl->out[i]);
+        bg_status_t st = s->layers[i]->ops->forward(s->layers[i], &c, x, y);
         st = guards_check(s, &gc, st, i, sl->shapes, "forward");
         if (st != BG_OK) {
             bg_backend_free(s->be, sl->act);
             sl->act = NULL;
             return st;
         }
-        x = sl->out[i];
+        if (y != sl->out[i]) /* kept in bf16, rounded: the next layer widens it */
+            s->be->ops->convert(s->be, sl->out[i], BG_BF16, y, BG_F32, bg_shape_numel(sl->shapes[i + 1]));
     }
     return BG_OK;
 }
@@ -568,11 +638,11 @@ bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *o
     if (s->recompute) {
         /* keep the output (it is sent, or it is the loss), drop the rest: the
          * backward recomputes it from the kept input */
-        size_t n = bg_shape_numel(sl->shapes[s->nlayers]);
-        sl->keep_out = bg_backend_alloc(s->be, n * sizeof(float), "stage output (recompute)");
+        size_t n = bg_shape_numel(sl->shapes[s->nlayers]), es = out_es(s, s->nlayers - 1);
+        sl->keep_out = bg_backend_alloc(s->be, n * es, "stage output (recompute)");
         if (!sl->keep_out)
             return BG_ERR_NOMEM;
-        s->be->ops->copy(s->be, sl->keep_out, out, n);
+        s->be->ops->convert(s->be, sl->keep_out, es_type(es), out, es_type(es), n);
         bg_backend_free(s->be, sl->act);
         sl->act = NULL;
         out = sl->keep_out;
@@ -623,11 +693,11 @@ static char *bw_wstash(bg_stage_t *s, slot_t *sl, int i)
  * (`wcap` bytes set aside), the output gradient dout and the input gradient
  * dx (`acap` bytes set aside for each; the incoming gradient of the stage's
  * last layer has no guard). */
-static void guard_backward(bg_stage_t *s, slot_t *sl, int i, const float *x, const bg_layer_ctx_t *c, size_t wcap,
-                           const float *dout, const float *dx, size_t acap, guard_call_t *gc)
+static void guard_backward(bg_stage_t *s, slot_t *sl, int i, const float *x, const float *y, const bg_layer_ctx_t *c,
+                           size_t wcap, const float *dout, const float *dx, size_t acap, guard_call_t *gc)
 {
     const bg_shape_t *sh = sl->shapes;
-    guard_common(s, sl, i, x, sl->out[i], c, gc);
+    guard_common(s, sl, i, x, y, c, gc);
     if (!s->gz)
         return;
     guard_add(gc, G_WSTASH, c->wstash, bg_layer_wstash_bytes(s->layers[i], sh[i]), wcap);
@@ -662,13 +732,15 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
     for (int i = s->nlayers - 1; i >= 0 && !s->emulate; i--) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = bw_wstash(s, sl, i);
-        const float *x = i > 0 ? sl->out[i - 1] : sl->input;
+        const float *x;
+        float *y;
+        layer_io(s, sl, i, 1, &x, &y);
         float *dx = i > 0 ? bw_dout(s, sl, i - 1) : sl->din, *dout = bw_dout(s, sl, i);
         guard_call_t gc;
-        guard_backward(s, sl, i, x, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout, dx,
-                       0, &gc);
+        guard_backward(s, sl, i, x, y, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout,
+                       dx, 0, &gc);
         guards_arm(s, &gc);
-        bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx);
+        bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, y, dout, dx);
         BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
     }
     sl->state = SLOT_BINPUT;
@@ -688,13 +760,15 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
             continue;
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = bw_wstash(s, sl, i);
-        const float *x = i > 0 ? sl->out[i - 1] : sl->input;
+        const float *x;
+        float *y;
+        layer_io(s, sl, i, 1, &x, &y);
         float *dout = bw_dout(s, sl, i);
         guard_call_t gc;
-        guard_backward(s, sl, i, x, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout,
+        guard_backward(s, sl, i, x, y, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout,
                        NULL, 0, &gc);
         guards_arm(s, &gc);
-        bg_status_t st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout);
+        bg_status_t st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, y, dout);
         BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
         if (s->layer_done)
             BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
@@ -722,7 +796,6 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     for (int i = s->nlayers - 1; i >= 0; i--) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.wstash = wst;
-        const float *x = i > 0 ? sl->out[i - 1] : sl->input;
         float *dx = (i > 0 || (sl->shapes[0].c && s->first > 0)) ? buf[which] : NULL;
         if (s->emulate) {
             if (s->layer_done)
@@ -730,24 +803,27 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
             dout = dx, which ^= 1;
             continue;
         }
+        const float *x;
+        float *y;
+        layer_io(s, sl, i, 1, &x, &y);
         guard_call_t gc;
-        guard_backward(s, sl, i, x, &c, wcap, dout, dx, acap, &gc);
+        guard_backward(s, sl, i, x, y, &c, wcap, dout, dx, acap, &gc);
         guards_arm(s, &gc);
         bg_status_t st;
         if (s->tp_weight && s->layers[i]->ops->backward) { /* a composite: each child's W right after its B */
-            st = bg_layer_backward(s->layers[i], &c, x, sl->out[i], dout, dx);
+            st = bg_layer_backward(s->layers[i], &c, x, y, dout, dx);
             BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward"));
         } else { /* a leaf: bg_layer_backward's order, its two calls guarded apart */
             bg_tp_deferred_t d, *dp = s->tp_weight ? bg__layer_deferral(s->layers[i], &c, &d) : NULL;
             c.deferred = dp;
-            st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, sl->out[i], dout, dx);
+            st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, y, dout, dx);
             c.deferred = NULL;
             if (st == BG_OK && s->layers[i]->ops->backward_weight) {
                 st = guards_check(s, &gc, st, i, sl->shapes, "backward_input");
                 if (st == BG_OK) {
-                    guard_backward(s, sl, i, x, &c, wcap, dout, NULL, acap, &gc);
+                    guard_backward(s, sl, i, x, y, &c, wcap, dout, NULL, acap, &gc);
                     guards_arm(s, &gc);
-                    st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, sl->out[i], dout);
+                    st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, y, dout);
                 }
                 st = bg__layer_wait_deferred(&c, dp, st);
                 BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));

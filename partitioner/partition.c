@@ -134,9 +134,12 @@ typedef struct rmax {
     size_t scratch, out, w;
 } rmax_t;
 
+/* A layer's output gradient (fp32): its output's bytes when the outputs are kept in fp32. */
+static size_t grad_of(const bg_part_layer_t *l) { return l->grad_bytes ? l->grad_bytes : l->output_bytes; }
+
 static void rmax_add(rmax_t *m, const bg_part_layer_t *l)
 {
-    size_t o = al64(l->output_bytes);
+    size_t o = al64(grad_of(l));
     size_t w = l->wstash_bytes > o ? l->wstash_bytes - o : 0;
     if (l->scratch_bytes > m->scratch)
         m->scratch = l->scratch_bytes;
@@ -175,21 +178,22 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     int L = c->L;
     int has_din = a > 0; /* the model's own input needs no gradient */
     size_t in = a > 0 ? ly[a - 1].output_bytes : p->input_bytes;
+    size_t din = a > 0 ? grad_of(&ly[a - 1]) : 0; /* its gradient, sent back */
     size_t data = (a == 0 ? p->token_bytes : 0) + (b == L - 1 ? p->target_bytes : 0);
     size_t act = c->pa[b + 1] - c->pa[a];
-    size_t dout = b < L - 1 ? ly[b].output_bytes : 0;
-    size_t wsum = c->pw[b + 1] - c->pw[a], alb = al64(ly[b].output_bytes);
-    size_t split = (wsum > alb ? wsum - alb : 0) + (has_din ? al64(in) : 0);
+    size_t dout = b < L - 1 ? grad_of(&ly[b]) : 0;
+    size_t wsum = c->pw[b + 1] - c->pw[a], alb = al64(grad_of(&ly[b]));
+    size_t split = (wsum > alb ? wsum - alb : 0) + (has_din ? al64(din) : 0);
     size_t maxact = m->out;
-    if (has_din && al64(in) > maxact)
-        maxact = al64(in);
+    if (has_din && al64(din) > maxact)
+        maxact = al64(din);
     size_t fused = 2 * maxact + m->w;
     size_t bw = sp->split_backward ? split : fused;
     /* recomputation keeps the stage's output (it is sent, or it is the loss) */
     size_t keep = rc ? ly[b].output_bytes : 0;
     /* a slot held after its gradient's send was issued: its backward buffer, which holds that gradient
      * (the executor releases the rest right after the fused backward: bg_stage_release) */
-    size_t linger = has_din && p->linger_bytes && in >= p->linger_bytes ? fused : 0;
+    size_t linger = has_din && p->linger_bytes && din >= p->linger_bytes ? fused : 0;
     e->input_bytes = in;
     e->data_bytes = data;
     e->layer_act_bytes = act;
@@ -329,8 +333,8 @@ static double solve(const ctx_t *c, double *f, int *arg, bg_part_stage_t *out)
             min_speed = p->stages[s].speed;
     }
     for (int i = 0; i < L; i++)
-        if (p->layers[i].output_bytes > maxout)
-            maxout = p->layers[i].output_bytes;
+        if (grad_of(&p->layers[i]) > maxout) /* the larger of a boundary's two messages */
+            maxout = grad_of(&p->layers[i]);
     /* every stage time is at most umax; the bottleneck at least lb */
     double umax = (c->pt[L] + c->pf[L]) / min_speed + 2.0 * link_time(p, maxout);
     double lb = c->pt[L] / sum_speed;

@@ -221,6 +221,7 @@ static bg_status_t layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, cha
                  {"wstash_bytes", (double)a->wstash_bytes, (double)b->wstash_bytes},
                  {"scratch_bytes", (double)a->scratch_bytes, (double)b->scratch_bytes},
                  {"output_bytes", (double)a->output_bytes, (double)b->output_bytes},
+                 {"grad_bytes", (double)a->grad_bytes, (double)b->grad_bytes},
                  {"fwd_flops", a->fwd_flops, b->fwd_flops},
                  {"bwd_flops", a->bwd_flops, b->bwd_flops}};
         if (strcmp(a->name, b->name) != 0) {
@@ -457,6 +458,7 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
         l->wstash_bytes = prof[i].wstash_bytes;
         l->scratch_bytes = prof[i].scratch_bytes;
         l->output_bytes = prof[i].output_bytes;
+        l->grad_bytes = prof[i].grad_bytes;
         c->opt[i] = mo ? mo[i] / (s->times ? 1 : s->tp) : 10.0 * (double)prof[i].params / pa->flops;
         if (s->times) { /* measured as the plan runs them: the split layers and their collectives */
             l->fwd_time = s->times->fwd_s[i];
@@ -706,7 +708,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
         st = bg_error(BG_ERR_NOMEM, "plan candidate");
         goto out;
     }
-    size_t act_msg = 0;
+    size_t act_msg = 0, grad_msg = 0; /* the largest boundary messages: activation (kept type), gradient (fp32) */
     size_t maxparams = 0;
     double maxopt = 0; /* the slowest stage's optimizer step (measured), seconds */
     bg_schedule_kind_t kind = c->kind;
@@ -734,8 +736,10 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
         bc[v] = 1e3 * (b + (out[v].recompute ? f : 0)) / spd;
         wc[v] = 1e3 * w / spd;
         sb[v] = (double)out[v].stash_per_mb;
-        if (v < S - 1 && out[v].dout_bytes > act_msg)
-            act_msg = out[v].dout_bytes;
+        if (v < S - 1 && out[v].dout_bytes > grad_msg)
+            grad_msg = out[v].dout_bytes;
+        if (v < S - 1 && c->layers[out[v].last].output_bytes > act_msg)
+            act_msg = c->layers[out[v].last].output_bytes;
         size_t np = range_params(c, out[v].first, out[v].last);
         if (np > maxparams)
             maxparams = np;
@@ -751,7 +755,8 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
     simp.w_costs = wc;
     simp.latency = 1e3 * pa->link_latency;
     simp.bandwidth = pa->link_bandwidth / 1e3;
-    simp.act_bytes = simp.grad_bytes = (double)act_msg;
+    simp.act_bytes = (double)act_msg;
+    simp.grad_bytes = (double)grad_msg;
     simp.stash_bytes_per_stage = sb;
     double minspeed = INFINITY;
     for (int r = 0; r < c->pp; r++)
@@ -1391,6 +1396,9 @@ static json_t *plan_json(const bg_plan_t *p)
                                                 (json_int_t)l->output_bytes, "fwd_flops", l->fwd_flops, "bwd_flops",
                                                 l->bwd_flops, "fwd_ms", cm[0], "bwd_ms", cm[1], "tp_ms", cm[2],
                                                 "opt_ms", cm[3]));
+        if (l->grad_bytes && l->grad_bytes != l->output_bytes) /* bf16 outputs; absent: the same */
+            json_object_set_new(json_array_get(layers, json_array_size(layers) - 1), "grad_bytes",
+                                json_integer((json_int_t)l->grad_bytes));
     }
     json_object_set_new(root, "layers", layers);
     for (int i = 0; i < p->nstages; i++) {
@@ -1648,6 +1656,11 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         l->stash_bytes = (size_t)v;
         BG_CHECK_GOTO(get_int(e, where, "output_bytes", 0, BIG, &v), st, err);
         l->output_bytes = (size_t)v;
+        l->grad_bytes = l->output_bytes;
+        if (json_object_get(e, "grad_bytes")) {
+            BG_CHECK_GOTO(get_int(e, where, "grad_bytes", 0, BIG, &v), st, err);
+            l->grad_bytes = (size_t)v;
+        }
         if (json_object_get(e, "wstash_bytes")) {
             BG_CHECK_GOTO(get_int(e, where, "wstash_bytes", 0, BIG, &v), st, err);
             l->wstash_bytes = (size_t)v;

@@ -292,7 +292,7 @@ static bg_status_t post_act_recv(exec_t *x, chunk_t *ch, int mb)
     bg_shape_t s, o;
     BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &o));
     return bg__xrecv(&x->stg, x->comm, ch->prev_rank, tag_of(x, 0, ch->stage, mb), in,
-                     bg_shape_numel(s) * sizeof(float), &ch->act_recv[mb]);
+                     bg_shape_numel(s) * bg_dtype_size(bg_stage_input_dtype(ch->st)), &ch->act_recv[mb]);
 }
 
 static bg_status_t post_grad_recv(exec_t *x, chunk_t *ch, int mb)
@@ -443,7 +443,8 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
         chunk_t *nx = chunk_of_stage(x, ch->stage + 1);
         float *nin;
         BG_CHECK(begin_slot(x, nx, mb, &nin));
-        be->ops->copy(be, nin, ch->out[mb], bg_shape_numel(ch->out_shape[mb]));
+        bg_dtype_t t = bg_stage_output_dtype(ch->st); /* = the next stage's input type */
+        be->ops->convert(be, nin, t, ch->out[mb], t, bg_shape_numel(ch->out_shape[mb]));
     }
     return BG_OK;
 }
@@ -779,10 +780,12 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
     case BG_OP_BACKWARD: return do_backward(x, ch, mb, 0);
     case BG_OP_BACKWARD_INPUT: return do_backward(x, ch, mb, 1);
     case BG_OP_BACKWARD_WEIGHT: return do_weight(x, ch, mb);
-    case BG_OP_SEND_ACT:
-        x->bytes_sent += bg_shape_numel(ch->out_shape[mb]) * sizeof(float);
-        return bg__xsend(&x->stg, x->comm, ch->next_rank, tag_of(x, 0, ch->stage + 1, mb), ch->out[mb],
-                         bg_shape_numel(ch->out_shape[mb]) * sizeof(float), &ch->act_send[mb]);
+    case BG_OP_SEND_ACT: { /* in the model's precision (bf16: half the bytes) */
+        size_t bytes = bg_shape_numel(ch->out_shape[mb]) * bg_dtype_size(bg_stage_output_dtype(ch->st));
+        x->bytes_sent += bytes;
+        return bg__xsend(&x->stg, x->comm, ch->next_rank, tag_of(x, 0, ch->stage + 1, mb), ch->out[mb], bytes,
+                         &ch->act_send[mb]);
+    }
     case BG_OP_SEND_GRAD:
         BG_CHECK(bg_stage_slot_shapes(ch->st, mb, &s, &so));
         x->bytes_sent += bg_shape_numel(s) * sizeof(float);
@@ -987,7 +990,7 @@ static bg_status_t predict_activations(exec_t *x)
                ch->stage, mem.stash, mem.data, mem.dout, mem.split_bw, mem.fused_bw, mem.recompute, mem.scratch);
         bg_part_stage_t *e = &b[v];
         e->recompute = bg_stage_recompute(ch->st);
-        e->input_bytes = in.c ? bg_shape_numel(in) * sizeof(float) : 0;
+        e->input_bytes = in.c ? bg_shape_numel(in) * bg_dtype_size(bg_stage_input_dtype(ch->st)) : 0;
         e->data_bytes = mem.data;
         e->layer_act_bytes = e->recompute ? mem.recompute : mem.stash - e->input_bytes;
         e->keep_bytes = e->recompute ? mem.stash - e->input_bytes : 0; /* recomputation keeps the output */
@@ -996,7 +999,8 @@ static bg_status_t predict_activations(exec_t *x)
         e->bw_bytes = mem.split_bw;
         e->fused_bw_bytes = mem.fused_bw;
         /* a slot whose input gradient's send lingers holds its (full) backward's buffer (docs/partitioner.md) */
-        e->linger_bytes = !ch->is_first && lingers && e->input_bytes >= lingers ? mem.fused_bw : 0;
+        size_t din_bytes = in.c ? bg_shape_numel(in) * sizeof(float) : 0; /* the gradient sent back: fp32 */
+        e->linger_bytes = !ch->is_first && lingers && din_bytes >= lingers ? mem.fused_bw : 0;
         fixed += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
     }
     bg_part_counts_t *rows = NULL;

@@ -228,10 +228,12 @@ typedef struct bg_layer_profile {
     size_t stash_bytes;   /**< kept per microbatch from F to the end of backward (stash + output) */
     size_t wstash_bytes;  /**< kept from B to W (zero-bubble schedules) beyond the stash */
     size_t scratch_bytes; /**< temporary during a call */
-    size_t output_bytes;  /**< bytes of its output (sent to the next stage at a boundary) */
+    size_t output_bytes;  /**< bytes of its output as kept and sent to the next stage at a boundary (the
+                               model's precision; the last layer's losses fp32) */
     double fwd_flops;
     double bwd_flops;     /**< B + W */
     bg_tp_cost_t tp;      /**< its tensor-parallel group collectives (tensor-parallel layers; else 0) */
+    size_t grad_bytes;    /**< bytes of its output's gradient (fp32; = output_bytes unless the model is bf16) */
 } bg_layer_profile_t;
 /** Fills profile[0 .. layers-1] from what each layer reports; *count_p = layers. */
 bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_profile_t *profile, int max,
@@ -298,15 +300,21 @@ void bg_stage_destroy(bg_stage_t *s); /**< frees the stage and its slots (NULL i
 
 /** Prepare slot mb for input of shape @p in (allocates the input buffer; the
  *  shape must be the model's input for the first stage or the previous stage's
- *  output). Returns where to put the input (floats; NULL for token input). */
+ *  output). Returns where to put the input (NULL for token input): elements of bg_stage_input_dtype (fp32,
+ *  or bf16 on a later stage of a bf16 model: the previous stage's output as it sent it). */
 bg_status_t bg_stage_begin(bg_stage_t *s, int mb, bg_shape_t in, float **input_p);
+/** The element type of the stage's input buffer: BG_F32 on the first stage (the model's own input), else the
+ *  model's precision (bg_model_desc_precision). */
+bg_dtype_t bg_stage_input_dtype(const bg_stage_t *s);
+/** The element type of the stage's output: the model's precision, BG_F32 on the last stage (the losses). */
+bg_dtype_t bg_stage_output_dtype(const bg_stage_t *s);
 /** Input and output shapes of slot mb (from bg_stage_begin until the slot ends). */
 bg_status_t bg_stage_slot_shapes(const bg_stage_t *s, int mb, bg_shape_t *in_p, bg_shape_t *out_p);
 /** Give the microbatch's tokens/targets (host arrays of n*t; copied to the
  *  backend). tokens: first stage of a GPT; targets: last stage. */
 bg_status_t bg_stage_set_data(bg_stage_t *s, int mb, const int32_t *tokens, const int32_t *targets, float loss_scale);
-/** Forward; *out_p points at the stage's output (kept until the slot ends);
- *  *out_shape_p its shape. On the last stage the output is per-position losses. */
+/** Forward; *out_p points at the stage's output (kept until the slot ends; elements of
+ *  bg_stage_output_dtype); *out_shape_p its shape. On the last stage the output is per-position losses. */
 bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *out_shape_p);
 /** Where the incoming output gradient goes (not used on the last stage). */
 bg_status_t bg_stage_grad_buffer(bg_stage_t *s, int mb, float **dout_p);

@@ -63,9 +63,11 @@ typedef struct bg_part_layer {
     size_t stash_bytes;   /**< kept per microbatch from F to the end of backward (incl. its output) */
     size_t wstash_bytes;  /**< kept from B to W in a split backward (incl. its output gradient) */
     size_t scratch_bytes; /**< temporary of one call */
-    size_t output_bytes;  /**< its output; sent to the next stage when it ends a stage */
+    size_t output_bytes;  /**< its output as kept and sent to the next stage when it ends a stage */
     double fwd_time;      /**< forward seconds per microbatch on a speed-1 device */
     double bwd_time;      /**< backward (B + W) seconds per microbatch on a speed-1 device */
+    size_t grad_bytes;    /**< its output's gradient (fp32), received from the next stage and held in the
+                               backward's buffers; 0: output_bytes (outputs kept in fp32) */
 } bg_part_layer_t;
 
 /** How many microbatch slots of a stage are, at one point of its rank's

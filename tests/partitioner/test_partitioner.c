@@ -133,8 +133,10 @@ static void random_instance(inst_t *in)
         l->params = (size_t)rint_(0, 200);
         /* outputs from tiny to huge: a longer range can be faster or smaller at its boundary */
         l->output_bytes = rnd() % 3 ? (size_t)rint_(1, 400) : (size_t)rint_(1000, 6000);
+        /* a third kept in bf16: the gradient (the wstash's part, the messages back) twice the output */
+        l->grad_bytes = rnd() % 3 ? 0 : 2 * l->output_bytes;
         l->stash_bytes = al64((size_t)rint_(0, 2000)) + al64(l->output_bytes);
-        l->wstash_bytes = al64((size_t)rint_(0, 800)) + al64(l->output_bytes);
+        l->wstash_bytes = al64((size_t)rint_(0, 800)) + al64(l->grad_bytes ? l->grad_bytes : l->output_bytes);
         l->scratch_bytes = (size_t)rint_(0, 500);
         /* coarse times make ties (and so the tie-breaking) common */
         l->fwd_time = rnd() % 3 ? rint_(0, 4) : 0;
@@ -238,9 +240,9 @@ static void test_memory_closed_form(void **state)
     (void)state;
     /* 3 layers, 2 stages; stage 1 = layers 1..2 (last stage) */
     bg_part_layer_t ly[3] = {
-        {100, 1024, 512, 300, 256, 1.0, 2.0},
-        {200, 2048, 640, 700, 128, 2.0, 4.0},
-        {300, 4096, 192, 100, 64, 3.0, 6.0},
+        {100, 1024, 512, 300, 256, 1.0, 2.0, 0},
+        {200, 2048, 640, 700, 128, 2.0, 4.0, 0},
+        {300, 4096, 192, 100, 64, 3.0, 6.0, 0},
     };
     bg_part_counts_t c0[] = {{2, 2, 1, 1, 2, 0, 0}}, c1[] = {{3, 2, 1, 1, 2, 0, 0}, {1, 1, 1, 0, 1, 0, 0}};
     bg_part_stage_spec_t sp[2] = {{1.0, 1 << 20, 0, 1, c0}, {2.0, 1 << 20, 1, 2, c1}};
@@ -327,7 +329,7 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
     bg_part_layer_t ly[64];
     for (int i = 0; i < L; i++) {
         ly[i] = (bg_part_layer_t){prof[i].params,       prof[i].stash_bytes, prof[i].wstash_bytes,
-                                  prof[i].scratch_bytes, prof[i].output_bytes, 1.0, 2.0};
+                                  prof[i].scratch_bytes, prof[i].output_bytes, 1.0, 2.0, prof[i].grad_bytes};
     }
     bg_part_counts_t one = {1, 1, 1, 1, 1, 0, 0};
     bg_part_stage_spec_t sp[2] = {{1.0, (size_t)1 << 40, 0, 1, &one}, {1.0, (size_t)1 << 40, 1, 1, &one}};
@@ -495,8 +497,8 @@ static void test_no_fit_message(void **state)
 {
     (void)state;
     bg_part_layer_t ly[4] = {
-        {10, 640, 128, 0, 64, 1, 2}, {1000, 640, 128, 0, 64, 1, 2}, {10, 640, 128, 0, 64, 1, 2},
-        {10, 640, 128, 0, 64, 1, 2}};
+        {10, 640, 128, 0, 64, 1, 2, 0}, {1000, 640, 128, 0, 64, 1, 2, 0}, {10, 640, 128, 0, 64, 1, 2, 0},
+        {10, 640, 128, 0, 64, 1, 2, 0}};
     bg_part_counts_t c = {1, 1, 1, 1, 1, 0, 0};
     bg_part_stage_spec_t sp[2] = {{1, 4000, 0, 1, &c}, {1, 4000, 0, 1, &c}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;

@@ -69,6 +69,20 @@ if "$B" compare "$T/gpt4" "$T/gptbf" >"$T/cmp" 2>&1; then bad "bf16 gave fp32's 
 elif v=$("$B" compare "$T/gpt4" "$T/gptbf" --rel-l2 1e-2); then pass=$((pass + 1)); echo "ok   bf16 vs fp32 after 10 steps: $v"
 else bad "bf16 far from fp32: $v"; fi
 
+# the activations cross between stages in bf16: rank 0 (it sends them) sends half of fp32's bytes, rank 1
+# (it sends the gradients, fp32) the same
+for p in fp32 bf16; do
+  timeout 120 "$B" launch -n 2 -- "$B" train $GPT --microbatches 4 --pp 2 --steps 2 --precision $p --quiet \
+    --metrics "$T/sent_$p.jsonl" >/dev/null 2>&1 || bad "pp 2 $p run for the bytes sent"
+done
+if v=$(python3 - "$T/sent_fp32.jsonl" "$T/sent_bf16.jsonl" <<'PY'
+import json, sys
+f, b = ({(r["rank"], r["step"]): r["bytes_sent"] for r in map(json.loads, open(x)) if "bytes_sent" in r} for x in sys.argv[1:3])
+print("bytes sent per step, fp32 / bf16: rank 0 %d / %d, rank 1 %d / %d" % (f[0, 1], b[0, 1], f[1, 1], b[1, 1]))
+sys.exit(0 if len(f) == 4 and all(b[0, s] * 2 == f[0, s] and b[1, s] == f[1, s] > 0 for s in (1, 2)) else 1)
+PY
+); then pass=$((pass + 1)); echo "ok   $v"; else bad "bf16 messages: $v"; fi
+
 ref gpt2 $GPT --microbatches 2
 check gpt2 0 4 $GPT --microbatches 2 --pp 4 --schedule 1f1b          # m < p
 check gpt2 0 3 $GPT --microbatches 2 --pp 3 --schedule zb-h1
