@@ -187,6 +187,8 @@ static void build_model(bad_mode_t mode, bg_model_desc_t **desc_p, bg_model_t **
     assert_int_equal(bg_model_desc_add(desc, bad), BG_OK);
     assert_int_equal(bg_layer_head("head", C, CLASSES, 1, 0.3f, &head), BG_OK);
     assert_int_equal(bg_model_desc_add(desc, head), BG_OK);
+    if (getenv("BG_TEST_BF16")) /* the stage keeps fc's and bad's outputs in bf16: bad gets fp32 copies */
+        assert_int_equal(bg_model_desc_set_precision(desc, BG_BF16), BG_OK);
     assert_int_equal(bg_model_desc_check(desc), BG_OK);
     assert_int_equal(bg_model_create(desc, be, -1, -1, m_p), BG_OK);
     *desc_p = desc;
@@ -408,6 +410,21 @@ static void test_guards_off_unseen(void **state)
     free(r);
 }
 
+/* --precision bf16: the layer's input and output are the stage's fp32 copies in its scratch, guarded like
+ * the kept buffers: a correct layer gives the same bits with guards on and off, and overruns of its output
+ * and input gradient are caught (the child of the ASan variant inherits the variable) */
+static void test_bf16_copies_guarded(void **state)
+{
+    assert_int_equal(setenv("BG_TEST_BF16", "1", 1), 0);
+    test_correct_layer_same_bits(state);
+    expect_overrun(BAD_OUT, 1, "output", "forward");
+    expect_overrun(BAD_OUT, 0, "output", "forward");
+    expect_overrun(BAD_SCRATCH, 0, "scratch", "forward");
+    for (int split = 0; split < 2; split++)
+        expect_overrun(BAD_DIN, split, "input gradient", "backward_input");
+    assert_int_equal(unsetenv("BG_TEST_BF16"), 0);
+}
+
 int main(int argc, char **argv)
 {
 #ifdef GUARD_TEST_ASAN
@@ -426,6 +443,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_overrun_din),
         cmocka_unit_test(test_read_past),
         cmocka_unit_test(test_guards_off_unseen),
+        cmocka_unit_test(test_bf16_copies_guarded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
