@@ -224,24 +224,32 @@ int bg_model_desc_tp_degree(const bg_model_desc_t *d)
     return deg;
 }
 
-static int layer_has_partial(const bg_layer_t *l)
+/* 1 when pred holds for a layer of the description (any depth). */
+static int layer_any(const bg_layer_t *l, int (*pred)(const bg_layer_t *))
 {
-    for (int i = 0; i < l->nparams; i++)
-        if (l->params[i].tp_partial)
-            return 1;
+    if (pred(l))
+        return 1;
     for (int i = 0; i < l->nchildren; i++)
-        if (layer_has_partial(l->children[i]))
+        if (layer_any(l->children[i], pred))
+            return 1;
+    return 0;
+}
+static int desc_any(const bg_model_desc_t *d, int (*pred)(const bg_layer_t *))
+{
+    for (int i = 0; i < d->n; i++)
+        if (layer_any(d->layers[i], pred))
             return 1;
     return 0;
 }
 
-int bg_model_desc_sequence_parallel(const bg_model_desc_t *d)
+static int has_partial(const bg_layer_t *l)
 {
-    for (int i = 0; i < d->n; i++)
-        if (layer_has_partial(d->layers[i]))
+    for (int i = 0; i < l->nparams; i++)
+        if (l->params[i].tp_partial)
             return 1;
     return 0;
 }
+int bg_model_desc_sequence_parallel(const bg_model_desc_t *d) { return desc_any(d, has_partial); }
 
 bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision)
 {
@@ -251,23 +259,8 @@ bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision
     return BG_OK;
 }
 
-static int layer_has_bf16(const bg_layer_t *l)
-{
-    if (l->precision == BG_BF16)
-        return 1;
-    for (int i = 0; i < l->nchildren; i++)
-        if (layer_has_bf16(l->children[i]))
-            return 1;
-    return 0;
-}
-
-bg_dtype_t bg_model_desc_precision(const bg_model_desc_t *d)
-{
-    for (int i = 0; i < d->n; i++)
-        if (layer_has_bf16(d->layers[i]))
-            return BG_BF16;
-    return BG_F32;
-}
+static int is_bf16(const bg_layer_t *l) { return l->precision == BG_BF16; }
+bg_dtype_t bg_model_desc_precision(const bg_model_desc_t *d) { return desc_any(d, is_bf16) ? BG_BF16 : BG_F32; }
 
 bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
 {
