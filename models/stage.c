@@ -256,6 +256,21 @@ static size_t layer_scratch_need(const bg_stage_t *s, const bg_shape_t *sh, int 
     return at ? at + bg__align64(b) : b;
 }
 
+/* A buffer of the stage (of slot sl; NULL: the stage's own): on failure, the backend's message (the buffer,
+ * the bytes asked and free) prefixed with whose it is. */
+static void *stage_alloc(bg_stage_t *s, const slot_t *sl, size_t bytes, const char *what)
+{
+    void *p = bg_backend_alloc(s->be, bytes, what);
+    if (!p) {
+        char mb[32] = "";
+        if (sl)
+            snprintf(mb, sizeof mb, ", microbatch %d", (int)(sl - s->slots));
+        bg_error(BG_ERR_NOMEM, "stage of layers %d..%d (%s .. %s)%s: %s", s->first, s->first + s->nlayers - 1,
+                 s->layers[0]->name, s->layers[s->nlayers - 1]->name, mb, bg_last_error());
+    }
+    return p;
+}
+
 /* The scratch of slot sl's lane, large enough for its shapes. */
 static bg_status_t ensure_scratch(bg_stage_t *s, const slot_t *sl)
 {
@@ -264,7 +279,7 @@ static bg_status_t ensure_scratch(bg_stage_t *s, const slot_t *sl)
     if (need <= s->scratch_bytes[k] && (s->scratch[k] || !s->gz))
         return BG_OK;
     bg_backend_free(s->be, s->scratch[k]);
-    s->scratch[k] = bg_backend_alloc(s->be, s->gz ? piece(need, s->gz) : need, k ? "stage scratch (lane 1)" : "stage scratch");
+    s->scratch[k] = stage_alloc(s, NULL, s->gz ? piece(need, s->gz) : need, k ? "stage scratch (lane 1)" : "stage scratch");
     s->scratch_bytes[k] = s->scratch[k] ? need : 0;
     return s->scratch[k] ? BG_OK : BG_ERR_NOMEM;
 }
@@ -508,7 +523,7 @@ bg_status_t bg_stage_begin(bg_stage_t *s, int mb, bg_shape_t in, float **input_p
     }
     BG_CHECK_GOTO(compute_shapes(s, in, sl->shapes), st, err);
     if (in.c) {
-        sl->input = bg_backend_alloc(s->be, bg_shape_numel(in) * in_es(s, 0), "stage input");
+        sl->input = stage_alloc(s, sl, bg_shape_numel(in) * in_es(s, 0), "stage input");
         if (!sl->input) {
             st = BG_ERR_NOMEM;
             goto err;
@@ -544,12 +559,12 @@ bg_status_t bg_stage_set_data(bg_stage_t *s, int mb, const int32_t *tokens, cons
      * parallelism the input of a later stage holds a part of them) */
     size_t nt = (size_t)sl->shapes[s->nlayers].n * (size_t)sl->shapes[s->nlayers].t;
     if (tokens) {
-        if (!sl->tokens && !(sl->tokens = bg_backend_alloc(s->be, n * sizeof(int32_t), "tokens")))
+        if (!sl->tokens && !(sl->tokens = stage_alloc(s, sl, n * sizeof(int32_t), "tokens")))
             return BG_ERR_NOMEM;
         s->be->ops->from_host(s->be, sl->tokens, tokens, n * sizeof(int32_t));
     }
     if (targets) {
-        if (!sl->targets && !(sl->targets = bg_backend_alloc(s->be, nt * sizeof(int32_t), "targets")))
+        if (!sl->targets && !(sl->targets = stage_alloc(s, sl, nt * sizeof(int32_t), "targets")))
             return BG_ERR_NOMEM;
         s->be->ops->from_host(s->be, sl->targets, targets, nt * sizeof(int32_t));
     }
@@ -598,7 +613,7 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
 {
     size_t total = act_bytes(s, sl->shapes, s->gz);
     BG_CHECK(ensure_scratch(s, sl));
-    sl->act = bg_backend_alloc(s->be, total, "activations");
+    sl->act = stage_alloc(s, sl, total, "activations");
     if (!sl->act)
         return BG_ERR_NOMEM;
     char *p = sl->act;
@@ -639,7 +654,7 @@ bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *o
         /* keep the output (it is sent, or it is the loss), drop the rest: the
          * backward recomputes it from the kept input */
         size_t n = bg_shape_numel(sl->shapes[s->nlayers]), es = out_es(s, s->nlayers - 1);
-        sl->keep_out = bg_backend_alloc(s->be, n * es, "stage output (recompute)");
+        sl->keep_out = stage_alloc(s, sl, n * es, "stage output (recompute)");
         if (!sl->keep_out)
             return BG_ERR_NOMEM;
         s->be->ops->convert(s->be, sl->keep_out, es_type(es), out, es_type(es), n);
@@ -660,7 +675,7 @@ bg_status_t bg_stage_grad_buffer(bg_stage_t *s, int mb, float **dout_p)
                         s->first, s->first + s->nlayers - 1, mb);
     slot_t *sl = &s->slots[mb];
     if (!sl->dout_in) {
-        sl->dout_in = bg_backend_alloc(s->be, bg_shape_numel(sl->shapes[s->nlayers]) * sizeof(float),
+        sl->dout_in = stage_alloc(s, sl, bg_shape_numel(sl->shapes[s->nlayers]) * sizeof(float),
                                        "incoming gradient");
         if (!sl->dout_in)
             return BG_ERR_NOMEM;
@@ -725,7 +740,7 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
     int has_din = sl->shapes[0].c != 0 && s->first > 0; /* the model's own input needs no gradient */
     size_t din_off;
     size_t total = split_bytes(s, sl->shapes, s->gz, &din_off);
-    sl->bw = bg_backend_alloc(s->be, total, "backward (B to W)");
+    sl->bw = stage_alloc(s, sl, total, "backward (B to W)");
     if (!sl->bw)
         return BG_ERR_NOMEM;
     sl->din = has_din ? (float *)(sl->bw + din_off) : NULL;
@@ -786,7 +801,7 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
     if (!sl->act)
         BG_CHECK(run_forward(s, sl)); /* recompute */
     size_t acap = fused_maxact(s, sl->shapes) + s->gz, wcap = fused_maxw(s, sl->shapes) + s->gz;
-    sl->bw = bg_backend_alloc(s->be, fused_bytes(s, sl->shapes, s->gz), "backward");
+    sl->bw = stage_alloc(s, sl, fused_bytes(s, sl->shapes, s->gz), "backward");
     if (!sl->bw)
         return BG_ERR_NOMEM;
     float *buf[2] = {(float *)sl->bw, (float *)(sl->bw + acap)};

@@ -18,6 +18,11 @@
 #include "bg_test_backend.h"
 #include "bg_test_model.h"
 
+/* Under AddressSanitizer the out-of-memory probe (test_stage_misuse) must get NULL, as it does from the real
+ * allocators, instead of ASan's abort (as test_conformance). */
+const char *__asan_default_options(void) __attribute__((used));
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 static bg_model_config_t small_gpt(void)
 {
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
@@ -356,6 +361,17 @@ static void test_stage_misuse(void **s)
     bg_stage_end(st, 1);
     assert_int_equal(bg_backend_memstats(be).current, before); /* nothing leaked */
     assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 1, 11}, &in), BG_ERR_INVALID);
+    /* out of memory (a 640 TiB input: more than a 47-bit address space, whatever the overcommit policy):
+     * the message says whose buffer, which, the bytes asked and free; nothing is left allocated and the
+     * slot can begin again */
+    assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){1 << 30, 1 << 14, 10}, &in), BG_ERR_NOMEM);
+    const char *e = bg_last_error();
+    assert_non_null(strstr(e, "stage of layers 0.."));
+    assert_non_null(strstr(e, "microbatch 1: cpu backend out of memory: 703687441776640 bytes asked for stage input"));
+    assert_non_null(strstr(e, "bytes free"));
+    assert_int_equal(bg_backend_memstats(be).current, before);
+    assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){2, 1, 10}, &in), BG_OK);
+    bg_stage_end(st, 1);
     bg_stage_destroy(st);
     bg_test_model_destroy(m);
 }
