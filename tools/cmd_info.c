@@ -67,6 +67,9 @@ int bg_cmd_info(int argc, char **argv)
         printf("gemm: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn,
                g.tn_tall, g.mode,
                g.onednn ? g.onednn_version : "not used: ", g.onednn ? ", " : "", g.onednn ? g.onednn_path : g.onednn_why);
+    if (gemm_ok)
+        printf("gemm under --precision bf16: %s%s%s\n", g.bf16 ? "inputs rounded to bf16, fp32 accumulation, oneDNN " : "fp32 (",
+               g.bf16 ? g.bf16 : g.bf16_why ? g.bf16_why : "?", g.bf16 ? "" : ")");
     printf("\nenvironment variables (current value, default, meaning):\n");
     size_t count;
     const bg_config_var_t *t = bg_config_table(&count);

@@ -106,6 +106,10 @@ typedef struct bg_gemm_info {
     const char *tn_tall;        /**< the same with m > n (more rows than columns) */
     bg_dnnl_sgemm_fn dnnl_sgemm; /**< when onednn: oneDNN's sgemm on the calling thread only (the
                                       backend's own calls skip this wrapper); else NULL */
+    const char *bf16;            /**< GEMMs of a backend made with precision bf16: oneDNN's bf16 matmul
+                                      implementation ("brg:avx512_core_amx_bf16": inputs rounded to bf16, fp32
+                                      accumulation), or NULL: they stay fp32 (see bf16_why) */
+    const char *bf16_why;        /**< when bf16 is NULL: why */
 } bg_gemm_info_t;
 
 /** Load OpenBLAS and (when present) oneDNN, once per process, and say which

@@ -35,6 +35,7 @@ typedef struct bg_cpu_impl {
     int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
     void *streams;        /* "cpu-async": its emulated copy stream (cpu_async.c); NULL for "cpu" */
     void (*streams_destroy)(void *streams);
+    int bf16; /* --precision bf16 where oneDNN has a bf16 hardware path: GEMM tiles in bf16 (cpu_bf16mm.c) */
 } bg_cpu_impl_t;
 
 void bg__cpu_set_streams(bg_backend_t *be, void *streams, void (*destroy)(void *streams))
@@ -258,8 +259,8 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
     bg_dnnl_sgemm_fn dnnl = impl->dnnl[trans_a ? (m > n ? 3 : 2) : trans_b ? 1 : 0];
     /* OpenBLAS's count is checked (and reset when owned) before every GEMM;
      * oneDNN tiles run on the backend's threads, one thread each */
-    int nt = bg__cpu_gemm_threads(be);
-    if (dnnl)
+    int nt = bg__cpu_gemm_threads(be), bf16 = impl->bf16;
+    if (dnnl || bf16)
         nt = bg__cpu_nt(be);
     int ta = trans_a ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS, tb = trans_b ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS;
     int tm, tn;
@@ -273,7 +274,7 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
          * threads outside an active parallel region: hold this region's
          * implicit tasks to one. The setting belongs to these tasks (OpenMP's
          * nthreads-var is per task) and ends with the region. */
-        if (dnnl)
+        if (dnnl || bf16)
             omp_set_num_threads(1);
 #pragma omp for schedule(dynamic, 1)
         for (long long task = 0; task < ntask; task++) {
@@ -287,6 +288,8 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
             float *cp = c + bi * stride_c + (size_t)i0 * ldc + j0;
             /* a oneDNN error (none is expected: the arguments are BLAS's)
              * falls back to OpenBLAS for the tile, the same for a given shape */
+            if (bf16 && bg__cpu_bf16mm(trans_a, trans_b, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc) == 0)
+                continue;
             if (!dnnl || dnnl(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp,
                               ldc) != 0)
                 blas->sgemm(BG_CBLAS_ROW_MAJOR, ta, tb, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
@@ -436,6 +439,11 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     impl->dnnl[2] = strcmp(gemm.tn, "oneDNN") ? NULL : dnnl;
     impl->dnnl[3] = strcmp(gemm.tn_tall, "oneDNN") ? NULL : dnnl;
     impl->num_threads = nt;
+    const char *bf_impl = NULL, *bf_why = NULL;
+    impl->bf16 = params && params->precision == BG_BF16 && bg__cpu_bf16mm_available(&bf_impl, &bf_why);
+    if (params && params->precision == BG_BF16)
+        bg_log(BG_LOG_INFO, "kernels", "cpu backend, precision bf16: GEMMs %s%s%s", impl->bf16 ? "in bf16 (oneDNN " : "in fp32 (",
+               impl->bf16 ? bf_impl : bf_why, ")");
     impl->set_blas_threads = params && params->set_blas_threads;
     if (impl->set_blas_threads && impl->blas->get_num_threads() != 1)
         impl->blas->set_num_threads(1);

@@ -379,6 +379,11 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
     int ahead_tall = g.onednn && (m_dnnl || blas.fallback);
     g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
     g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
+    const char *bf_impl = NULL, *bf_why = NULL;
+    if (bg__cpu_bf16mm_available(&bf_impl, &bf_why))
+        g.bf16 = bf_impl;
+    else
+        g.bf16_why = bf_why;
     *info_p = g;
     return BG_OK;
 }

@@ -32,6 +32,14 @@ const bg_blas_info_t *bg__cpu_blas(void);
  * called from the GEMM tiles, whose OpenMP tasks are held to one thread. */
 bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void);
 
+/* The GEMM tile of --precision bf16 (cpu_bf16mm.c): C = alpha op(A) op(B) + beta C with op(A) and op(B)
+ * rounded to bf16, products in bf16 hardware, fp32 accumulation; on the calling thread (held to one). 0 on
+ * success, else nothing written. Available only where oneDNN has a bf16 hardware path (*why_p says why
+ * not; *impl_p names oneDNN's implementation). */
+int bg__cpu_bf16mm_available(const char **impl_p, const char **why_p);
+int bg__cpu_bf16mm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                   int ldb, float beta, float *c, int ldc);
+
 /* The stream emulation of the "cpu-async" test backend (cpu_async.c), kept
  * in the CPU backend's instance and destroyed with it. */
 void bg__cpu_set_streams(bg_backend_t *be, void *streams, void (*destroy)(void *streams));

@@ -134,6 +134,20 @@ static double nerr(const float *got, const double *ref, size_t n)
 
 /* ------------------------------------------------------------------ GEMM */
 
+static uint16_t ref_bf16(uint32_t u);
+/* 1: the reference rounds A and B to bf16 first (a backend of precision bf16 with bf16 GEMMs) */
+static int g_ref_bf16;
+static double ref_in(float x)
+{
+    if (!g_ref_bf16)
+        return x;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (uint32_t)ref_bf16(u) << 16;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 /* C = alpha op(A) op(B) + beta C in double, row-major with leading dims */
 static void ref_gemm(int ta, int tb, int m, int n, int k, double alpha, const float *a, int lda, const float *b,
                      int ldb, double beta, const float *c0, double *c, int ldc)
@@ -142,8 +156,8 @@ static void ref_gemm(int ta, int tb, int m, int n, int k, double alpha, const fl
         for (int j = 0; j < n; j++) {
             double s = 0;
             for (int p = 0; p < k; p++) {
-                double av = ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p];
-                double bv = tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j];
+                double av = ref_in(ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]);
+                double bv = ref_in(tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j]);
                 s += av * bv;
             }
             c[(size_t)i * ldc + j] = alpha * s + (beta == 0 ? 0 : beta * c0[(size_t)i * ldc + j]);
@@ -211,6 +225,64 @@ static void test_gemm(void **state)
     check_gemm_case(be, &rng, 0, 0, 5, 7, 0, 1.0f, 2, 1);
     check_gemm_case(be, &rng, 1, 1, 5, 7, 0, 0.0f, 0, 1);
     bg_backend_destroy(be);
+}
+
+/* --precision bf16 on a CPU where oneDNN has a bf16 hardware path (AMX, AVX-512 BF16): every GEMM tile
+ * multiplies A and B rounded to bf16 with fp32 accumulation, so it matches the double-precision product of
+ * the rounded inputs to fp32's accumulation error (the same sizes, layouts, paddings and betas as
+ * test_gemm), and its bits do not depend on the thread count. Skipped, with the reason, where the GEMMs
+ * stay fp32 (probed: 1 + 2^-10 times 1 is 1 in bf16). */
+static void test_gemm_bf16(void **state)
+{
+    (void)state;
+    bg_backend_t *be[3];
+    for (int t = 0; t < 3; t++) {
+        bg_backend_params_t p = BG_BACKEND_PARAMS_INIT;
+        p.num_threads = t + 1;
+        p.set_blas_threads = 1;
+        p.precision = BG_BF16;
+        assert_int_equal(bg_backend_create("cpu", &p, &be[t]), BG_OK);
+    }
+    float one = 1.0f + 1.0f / 1024, x = 1.0f, r = 0;
+    float *da = up(be[0], &one, 1), *db = up(be[0], &x, 1), *dc = up(be[0], &r, 1);
+    be[0]->ops->gemm(be[0], 0, 0, 1, 1, 1, 1.0f, da, 1, db, 1, 0.0f, dc, 1);
+    float *c = down(be[0], dc, 1);
+    int active = c[0] == 1.0f;
+    free(c);
+    bg_backend_free(be[0], da), bg_backend_free(be[0], db), bg_backend_free(be[0], dc);
+    if (!active) {
+        print_message("skipped: this CPU's GEMMs stay fp32 under bf16 (oneDNN has no bf16 hardware path here, "
+                      "or brigade was built without dnnl.h)\n");
+        for (int t = 0; t < 3; t++)
+            bg_backend_destroy(be[t]);
+        skip();
+    }
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 11);
+    g_ref_bf16 = 1;
+    static const int sizes[][3] = {{1, 1, 1}, {7, 13, 31}, {13, 1, 67}, {67, 7, 13}, {129, 257, 67}, {33, 17, 1031},
+                                   {261, 300, 5}, {1100, 1040, 9}};
+    for (size_t s = 0; s < NELEM(sizes); s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                check_gemm_case(be[1], &rng, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], s % 2 ? 1.0f : 0.0f,
+                                (int)(s % 3) * 3, s == 4 ? 3 : 1);
+    g_ref_bf16 = 0;
+    /* the same bits on 1, 2 and 3 threads (tiles of a shape-given size, one thread each) */
+    int m = 700, n = 600, k = 300;
+    float *a = hrandn(&rng, (size_t)m * k, 1.0), *b = hrandn(&rng, (size_t)k * n, 1.0), *out[3];
+    for (int t = 0; t < 3; t++) {
+        float *xa = up(be[t], a, (size_t)m * k), *xb = up(be[t], b, (size_t)k * n);
+        float *xc = bg_backend_alloc(be[t], (size_t)m * n * 4, "c");
+        be[t]->ops->gemm(be[t], 1, 0, m, n, k, 1.0f, xa, m, xb, n, 0.0f, xc, n);
+        out[t] = down(be[t], xc, (size_t)m * n);
+        bg_backend_free(be[t], xa), bg_backend_free(be[t], xb), bg_backend_free(be[t], xc);
+    }
+    assert_memory_equal(out[0], out[1], (size_t)m * n * 4);
+    assert_memory_equal(out[0], out[2], (size_t)m * n * 4);
+    for (int t = 0; t < 3; t++)
+        free(out[t]), bg_backend_destroy(be[t]);
+    free(a), free(b);
 }
 
 static void test_gemm_batched(void **state)
@@ -1536,6 +1608,7 @@ int main(void)
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),  cmocka_unit_test(test_convert_bf16),
+        cmocka_unit_test(test_gemm_bf16),
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),
