@@ -96,9 +96,10 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "  --classes N            MLP: classes of the synthetic task (default 8)\n"                                \
     "  --seed N               initialisation seed (default 1337)\n"                                            \
     "  --tie-embeddings       GPT: tie the output head to the token embedding\n"                              \
-    "  --precision fp32|bf16  GPT: storage of the activations kept inside the blocks (default fp32); bf16\n"   \
-    "                         halves them, computing in fp32 on values rounded to bf16 (weights, gradients\n" \
-    "                         and optimizer state stay fp32; cuda: bf16 tensor-core GEMMs; docs/layers.md)\n"
+    "  --precision fp32|bf16  GPT (default fp32): bf16 keeps the activations that wait for the backward and\n" \
+    "                         sends them between stages in bf16, and runs GEMMs on bf16 hardware where there\n" \
+    "                         is some (cuda tensor cores; CPUs with AMX or AVX-512 BF16: brigade info), fp32\n" \
+    "                         accumulation; weights, gradients and optimizer state stay fp32 (docs/layers.md)\n"
 
 /* A port that was free on 127.0.0.1 a moment ago (binding port 0 and releasing it): 0, or -1 and errno. */
 int bg_cli_free_port(int *port_p);

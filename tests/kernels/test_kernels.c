@@ -28,6 +28,12 @@
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
+/* LeakSanitizer's tracer (ptrace at exit) crashes ("Tracer caught signal 11") in a process that ran AMX
+ * code, as test_gemm_bf16 does on CPUs with AMX (oneDNN's bf16 matmul): leak detection is off for this
+ * program; ASan's other checks stay on. */
+const char *__asan_default_options(void) __attribute__((used));
+const char *__asan_default_options(void) { return "detect_leaks=0"; }
 /* Observed with the vectorised kernels (Xeon, AVX-512 path): elementwise and
  * row ops <= 1.6e-7, attention 1.5e-7 forward and 2.9e-7 against finite
  * differences (BRIGADE_TEST_VERBOSE=1 prints every error). */
