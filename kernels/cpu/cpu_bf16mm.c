@@ -169,7 +169,6 @@ static dnnl_primitive_t bf_get(int m, int n, int k, int ta, int tb, size_t *scra
 static void bf_row(uint16_t *d, const float *src, size_t n)
 {
     const uint32_t *u = (const uint32_t *)src;
-#pragma omp simd
     for (size_t i = 0; i < n; i++)
         d[i] = bg__bf16_from_bits(u[i]);
 }
@@ -222,11 +221,9 @@ int bg__cpu_bf16mm(int ta, int tb, int m, int n, int k, float alpha, const float
         float *ci = c + (size_t)i * ldc;
         const float *ti = t + (size_t)i * n;
         if (beta == 0.0f) {
-#pragma omp simd
             for (int j = 0; j < n; j++)
                 ci[j] = alpha * ti[j];
         } else {
-#pragma omp simd
             for (int j = 0; j < n; j++)
                 ci[j] = alpha * ti[j] + beta * ci[j];
         }
