@@ -9,6 +9,7 @@
 #               created with `python3 -m venv` and `pip install torch` (from PyPI) if torch
 #               does not import there. The wheel pulls its CUDA runtime wheels (several GiB)
 #               even on a machine without a GPU; only its CPU path is used.
+#   BRIGADE_EXTRA  flags added to every brigade run (e.g. "--precision bf16"; PyTorch stays fp32)
 #   CASES       which cases to run (default: "one1 one2 pp dp small ppzb ppzbv"; ppzb and ppzbv: brigade
 #               only, its zero-bubble schedules on the pipeline case)
 set -euo pipefail
@@ -31,7 +32,7 @@ BIG="--layers 8 --d-model 256 --heads 4 --seq 128 --batch 32"
 SMALL="--layers 4 --d-model 128 --heads 4 --seq 64 --batch 16"
 # case -> "model flags | brigade command tail | torch flags"
 brig() {  # case
-  local base="$B train --model gpt --steps $STEPS --data $DATA"
+  local base="$B train --model gpt --steps $STEPS --data $DATA ${BRIGADE_EXTRA:-}"
   case $1 in
     one1)  $base $BIG --microbatches 16 --threads 1 ;;
     one2)  $base $BIG --microbatches 16 --threads 2 ;;

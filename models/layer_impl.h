@@ -8,6 +8,13 @@
 
 /* Round a byte count up to a multiple of 64 (every buffer piece is aligned). */
 size_t bg__align64(size_t bytes);
+/* The one rule of what a stage keeps between top-level layers (models/stage.c) and the profile counts
+ * (models/desc.c): bytes an element of the output of top-level layer g of n (g = -1: the model's own
+ * input, fp32), es for the precision's; the model's last output, the losses, is fp32. */
+static inline size_t bg__kept_es(size_t es, int g, int n) { return g >= 0 && g < n - 1 ? es : sizeof(float); }
+/* The scratch of a top-level layer's call: `copies` bytes of fp32 copies of its input and output (bf16:
+ * models/stage.c) in front of its own scratch (`own` bytes), which then starts 64-byte aligned. */
+static inline size_t bg__call_scratch(size_t copies, size_t own) { return copies ? copies + bg__align64(own) : own; }
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
 size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
 /* Keep fp32 x (n elements) in the bf16 buffer kept and round x to it (models/layer.c). */

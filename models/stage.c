@@ -231,8 +231,8 @@ static size_t act_size(bg_shape_t sh) { return bg_shape_numel(sh) * sizeof(float
 /* Bytes an element of the activation entering stage layer i as the stage keeps it (i = 0: the stage's
  * input; the model's own input is fp32 features or tokens), and of layer i's output (the model's last
  * layer's, the losses, is fp32). out_es(i) = in_es(i + 1). */
-static size_t in_es(const bg_stage_t *s, int i) { return s->first + i > 0 ? s->es : sizeof(float); }
-static size_t out_es(const bg_stage_t *s, int i) { return s->first + i + 1 < s->total ? s->es : sizeof(float); }
+static size_t in_es(const bg_stage_t *s, int i) { return bg__kept_es(s->es, s->first + i - 1, s->total); }
+static size_t out_es(const bg_stage_t *s, int i) { return bg__kept_es(s->es, s->first + i, s->total); }
 static bg_dtype_t es_type(size_t es) { return es == 2 ? BG_BF16 : BG_F32; }
 
 /* bf16: the pieces of layer i's fp32 input and output copies at the start of the scratch (0: kept in fp32,
@@ -252,8 +252,7 @@ static size_t layer_scratch_at(const bg_stage_t *s, const bg_shape_t *sh, int i,
 }
 static size_t layer_scratch_need(const bg_stage_t *s, const bg_shape_t *sh, int i, size_t gz)
 {
-    size_t at = layer_scratch_at(s, sh, i, gz), b = bg_layer_scratch_bytes(s->layers[i], sh[i]);
-    return at ? at + bg__align64(b) : b;
+    return bg__call_scratch(layer_scratch_at(s, sh, i, gz), bg_layer_scratch_bytes(s->layers[i], sh[i]));
 }
 
 /* A buffer of the stage (of slot sl; NULL: the stage's own): on failure, the backend's message (the buffer,

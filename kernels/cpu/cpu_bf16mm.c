@@ -51,6 +51,7 @@ static struct {
     dnnl_status_t (*pd_query)(const_dnnl_primitive_desc_t, dnnl_query_t, int, void *);
     dnnl_status_t (*pd_destroy)(dnnl_primitive_desc_t);
     dnnl_status_t (*prim_create)(dnnl_primitive_t *, const_dnnl_primitive_desc_t);
+    dnnl_status_t (*prim_destroy)(dnnl_primitive_t);
     dnnl_status_t (*mem_create)(dnnl_memory_t *, const dnnl_memory_desc_t *, dnnl_engine_t, void *);
     dnnl_status_t (*mem_destroy)(dnnl_memory_t);
     dnnl_status_t (*execute)(const_dnnl_primitive_t, dnnl_stream_t, int, const dnnl_exec_arg_t *);
@@ -113,6 +114,7 @@ static void bf_load(void)
         !SYM(md_init, "dnnl_memory_desc_init_by_strides") || !SYM(matmul_init, "dnnl_matmul_desc_init") ||
         !SYM(pd_create, "dnnl_primitive_desc_create") || !SYM(pd_query, "dnnl_primitive_desc_query") ||
         !SYM(pd_destroy, "dnnl_primitive_desc_destroy") || !SYM(prim_create, "dnnl_primitive_create") ||
+        !SYM(prim_destroy, "dnnl_primitive_destroy") ||
         !SYM(mem_create, "dnnl_memory_create") || !SYM(mem_destroy, "dnnl_memory_destroy") ||
         !SYM(execute, "dnnl_primitive_execute") || !SYM(stream_wait, "dnnl_stream_wait") ||
         !SYM(attr_create, "dnnl_primitive_attr_create") ||
@@ -151,17 +153,24 @@ int bg__cpu_bf16mm_available(const char **impl_p, const char **why_p)
     return bf.ok;
 }
 
-static dnnl_primitive_t bf_get(int m, int n, int k, int ta, int tb, size_t *scratch_p)
+/* The cached primitive of a shape and layout; *owned_p = 1: a full cache made one for this call only (the
+ * caller destroys it), so every shape still runs in bf16, whatever came first. */
+static dnnl_primitive_t bf_get(int m, int n, int k, int ta, int tb, size_t *scratch_p, int *owned_p)
 {
+    *owned_p = 0;
     pthread_mutex_lock(&bf.lock);
     dnnl_primitive_t p = NULL;
     for (int i = 0; i < bf.ncache && !p; i++)
         if (bf.cache[i].m == m && bf.cache[i].n == n && bf.cache[i].k == k && bf.cache[i].ta == ta &&
             bf.cache[i].tb == tb)
             p = bf.cache[i].p, *scratch_p = bf.cache[i].scratch;
-    if (!p && bf.ncache < BF_CACHE && (p = bf_make(m, n, k, ta, tb, scratch_p, NULL, 0)))
-        bf.cache[bf.ncache++] = (struct bf_entry){m, n, k, ta, tb, p, *scratch_p};
-    pthread_mutex_unlock(&bf.lock); /* a full cache makes each call its own primitive (kept: a leak avoided) */
+    if (!p && (p = bf_make(m, n, k, ta, tb, scratch_p, NULL, 0))) {
+        if (bf.ncache < BF_CACHE)
+            bf.cache[bf.ncache++] = (struct bf_entry){m, n, k, ta, tb, p, *scratch_p};
+        else
+            *owned_p = 1;
+    }
+    pthread_mutex_unlock(&bf.lock);
     return p;
 }
 
@@ -180,13 +189,17 @@ int bg__cpu_bf16mm(int ta, int tb, int m, int n, int k, float alpha, const float
     if (!bf.ok || (!stream && bf.stream_create(&stream, bf.eng, dnnl_stream_default_flags)))
         return -1;
     size_t scratch = 0;
-    dnnl_primitive_t p = bf_get(m, n, k, ta, tb, &scratch);
+    int owned;
+    dnnl_primitive_t p = bf_get(m, n, k, ta, tb, &scratch, &owned);
     if (!p)
         return -1;
     size_t na = (size_t)m * k, nb = (size_t)k * n;
     char *buf = malloc(2 * (na + nb) + 4 * (size_t)m * n + scratch + 128);
-    if (!buf)
+    if (!buf) {
+        if (owned)
+            bf.prim_destroy(p);
         return -1;
+    }
     uint16_t *a16 = (uint16_t *)buf, *b16 = a16 + na;
     float *t = (float *)(((uintptr_t)(b16 + nb) + 63) & ~(uintptr_t)63);
     void *sp = (void *)(((uintptr_t)(t + (size_t)m * n) + 63) & ~(uintptr_t)63);
@@ -217,6 +230,8 @@ int bg__cpu_bf16mm(int ta, int tb, int m, int n, int k, float alpha, const float
         bf.mem_destroy(mb);
     if (mc)
         bf.mem_destroy(mc);
+    if (owned)
+        bf.prim_destroy(p);
     for (int i = 0; !rc && i < m; i++) { /* C = alpha tmp + beta C (beta 0: C is not read) */
         float *ci = c + (size_t)i * ldc;
         const float *ti = t + (size_t)i * n;
