@@ -271,9 +271,28 @@ static void test_gemm_bf16(void **state)
     for (size_t s = 0; s < NELEM(sizes); s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
-                check_gemm_case(be[1], &rng, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], s % 2 ? 1.0f : 0.0f,
-                                (int)(s % 3) * 3, s == 4 ? 3 : 1);
+                check_gemm_case(be[1], &rng, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2],
+                                (const float[]){0.0f, 1.0f, 0.5f}[s % 3], (int)(s % 2) * 3, s == 4 ? 3 : 1);
     g_ref_bf16 = 0;
+    /* a batch whose B is one matrix for every product (stride 0: rounded once) gives the bits of one GEMM per
+     * product */
+    {
+        int m = 70, n = 90, k = 40, nbat = 3;
+        float *a = hrandn(&rng, (size_t)m * k * nbat, 1.0), *b = hrandn(&rng, (size_t)k * n, 1.0);
+        float *xa = up(be[1], a, (size_t)m * k * nbat), *xb = up(be[1], b, (size_t)k * n);
+        float *xc = bg_backend_alloc(be[1], (size_t)m * n * nbat * 4, "c"), *xs = bg_backend_alloc(be[1], (size_t)m * n * 4, "c1");
+        be[1]->ops->gemm_strided_batched(be[1], 0, 1, m, n, k, 1.0f, xa, k, (long long)m * k, xb, k, 0, 0.0f, xc, n,
+                                         (long long)m * n, nbat);
+        float *cb = down(be[1], xc, (size_t)m * n * nbat);
+        for (int i = 0; i < nbat; i++) {
+            be[1]->ops->gemm(be[1], 0, 1, m, n, k, 1.0f, xa + (size_t)i * m * k, k, xb, k, 0.0f, xs, n);
+            float *c1 = down(be[1], xs, (size_t)m * n);
+            assert_memory_equal(c1, cb + (size_t)i * m * n, (size_t)m * n * 4);
+            free(c1);
+        }
+        bg_backend_free(be[1], xa), bg_backend_free(be[1], xb), bg_backend_free(be[1], xc), bg_backend_free(be[1], xs);
+        free(a), free(b), free(cb);
+    }
     /* the same bits on 1, 2 and 3 threads (tiles of a shape-given size, one thread each) */
     int m = 700, n = 600, k = 300;
     float *a = hrandn(&rng, (size_t)m * k, 1.0), *b = hrandn(&rng, (size_t)k * n, 1.0), *out[3];
