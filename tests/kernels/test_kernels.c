@@ -40,6 +40,7 @@ const char *__asan_default_options(void) { return "detect_leaks=0"; }
 #define TOL_EW 1e-6   /* elementwise and row ops */
 #define TOL_GEMM 1e-5 /* GEMM */
 #define TOL_ATT 1e-6  /* fused attention forward */
+#define TOL_ATT_BWD 2e-6 /* fused attention backward against its closed form in double */
 #define TOL_FD 2e-6   /* float kernel against double finite differences */
 
 /* ------------------------------------------------------------- helpers */
@@ -1138,6 +1139,54 @@ static double ref_attention(const double *qkv, const double *g, int B, int T, in
     return loss;
 }
 
+/* The closed-form backward of ref_attention in double: dqkv (B,T,3C) from dout = g (B,T,C).
+ * For each query t: p = softmax(s), s_j = scale q.k_j; dv_j += p_j g; dp_j = g.v_j;
+ * ds_j = p_j (dp_j - sum_k p_k dp_k); dq += scale sum_j ds_j k_j; dk_j += scale ds_j q. */
+static void ref_attention_backward(const double *qkv, const double *g, int B, int T, int C, int NH, double *d)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *p = xmalloc((size_t)T * sizeof(double)), *dp = xmalloc((size_t)T * sizeof(double));
+    memset(d, 0, (size_t)B * T * 3 * C * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t qo = ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+                const double *q = qkv + qo, *gt = g + ((size_t)b * T + t) * C + (size_t)h * hs;
+                double mx = -INFINITY, s = 0, pdp = 0;
+                for (int j = 0; j <= t; j++) {
+                    const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
+                    double x = 0;
+                    for (int e = 0; e < hs; e++)
+                        x += q[e] * k[e];
+                    p[j] = x * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int j = 0; j <= t; j++)
+                    s += (p[j] = exp(p[j] - mx));
+                for (int j = 0; j <= t; j++) {
+                    size_t vo = ((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * hs;
+                    double x = 0;
+                    p[j] /= s;
+                    for (int e = 0; e < hs; e++) {
+                        x += gt[e] * qkv[vo + e];
+                        d[vo + e] += p[j] * gt[e];
+                    }
+                    dp[j] = x;
+                    pdp += p[j] * x;
+                }
+                for (int j = 0; j <= t; j++) {
+                    size_t ko = ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
+                    double ds = p[j] * (dp[j] - pdp) * scale;
+                    for (int e = 0; e < hs; e++) {
+                        d[qo + e] += ds * qkv[ko + e];
+                        d[ko + e] += ds * q[e];
+                    }
+                }
+            }
+    free(p), free(dp);
+}
+
 static void test_attention(void **state)
 {
     (void)state;
@@ -1169,10 +1218,21 @@ static void test_attention(void **state)
         free(h);
         bg_attention_backward(be, dd, sc, dg, dq, dout, ws, B, T, C, NH);
         h = down(be, dd, 3 * btc);
-        for (size_t i = 0; i < 3 * btc; i++)
-            FD(qd, i, ref_attention(qd, gd, B, T, C, NH, NULL), ref[i]);
-        CHECK_ERR("attention backward vs finite differences", h, ref, 3 * btc, TOL_FD);
-        free(h);
+        ref_attention_backward(qd, gd, B, T, C, NH, ref);
+        CHECK_ERR("attention backward vs closed-form backward", h, ref, 3 * btc, TOL_ATT_BWD);
+        /* finite differences of the naive forward at up to 192 inputs (every input of the small
+         * cases; a random spread over q, k and v of the large ones, where all 3BTC would cost
+         * minutes under the sanitizers) check the closed form and the kernel at once */
+        size_t nfd = 3 * btc < 192 ? 3 * btc : 192;
+        float *hs_ = xmalloc(nfd * sizeof(float));
+        double *fd = xmalloc(nfd * sizeof(double));
+        for (size_t f = 0; f < nfd; f++) {
+            size_t i = nfd == 3 * btc ? f : (size_t)bg_rng_below(&rng, 3 * btc);
+            FD(qd, i, ref_attention(qd, gd, B, T, C, NH, NULL), fd[f]);
+            hs_[f] = h[i];
+        }
+        CHECK_ERR("attention backward vs finite differences", hs_, fd, nfd, TOL_FD);
+        free(hs_), free(fd), free(h);
         bg_backend_free(be, dq), bg_backend_free(be, dout), bg_backend_free(be, ws), bg_backend_free(be, sc);
         bg_backend_free(be, dg), bg_backend_free(be, dd);
         free(qkv), free(g), free(junk), free(qd), free(gd), free(ro), free(ref);
