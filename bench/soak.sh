@@ -12,7 +12,9 @@
 # step per rank to each series (target 0) and checks:
 #   heap_bytes slope <= MAX_HEAP_B bytes/step (default 1: one malloc kept per
 #   step is >= 32 B/step; the rare growth measured with no leak, ~2 KB over
-#   the first ~12,000 steps and flat after, fits 0.1-0.2),
+#   the first ~12,000 steps and flat after, fits 0.1-0.2) in at least one
+#   half of the window (a leak grows in both; a pool grown once, ~5 KB at
+#   one step, lifts one),
 #   RssAnon slope <= MAX_B bytes/step (default 2) in at least one half of the
 #   window (a leak grows in both halves; the heap taking a few more pages once
 #   lifts one; VmRSS, which adds file-backed pages the kernel drops and maps
@@ -110,14 +112,18 @@ for r in 0 1 2 3; do
         if (n < 3) { printf "FAIL: rank %d: only %d samples after warm-up\n", r, n; exit 1 }
         h = int(n / 2)
         v = fit(3, 1, n); a = fit(4, 1, n); f = fit(5, 1, n); p = fit(6, 1, n); hb = fit(7, 1, n)
-        a1st = fit(4, 1, h); a2nd = fit(4, h + 1, n)
+        a1st = fit(4, 1, h); a2nd = fit(4, h + 1, n); h1st = fit(7, 1, h); h2nd = fit(7, h + 1, n)
         # A leak grows in both halves of the window; the heap taking a few
         # more pages once (one jump of ~20-60 pages at a random step, seen in
         # CI) raises one half only.
         sustained = a1st < a2nd ? a1st : a2nd
-        bad = (hb > maxh || sustained > maxb || f * (s1 - s0) > 2 || p != 0) # VmRSS adds file-backed pages: reported, not judged
-        printf "%s rank %d: %d samples, steps %d -> %d: RssAnon %.3f B/step (%d -> %d; halves %.3f, %.3f), VmRSS %.3f B/step, fds %.2e/step (%d..%d), peak_bytes %.3f B/step (%d), heap %.3f B/step (%d -> %d)\n", \
-            bad ? "FAIL:" : "ok  ", r, n, s0, s1, a, a0, a1, a1st, a2nd, v, f, fmin, fmax, p, y[n, 6], hb, y[1, 7], y[n, 7]
+        # The same for the heap: a kept malloc per checkpoint grows it in both
+        # halves; a library growing a pool once (~5 KB at one step of one
+        # rank, seen in CI: 2.2 B/step over the window, 0 in one half) does not.
+        hsust = h1st < h2nd ? h1st : h2nd
+        bad = (hsust > maxh || sustained > maxb || f * (s1 - s0) > 2 || p != 0) # VmRSS adds file-backed pages: reported, not judged
+        printf "%s rank %d: %d samples, steps %d -> %d: RssAnon %.3f B/step (%d -> %d; halves %.3f, %.3f), VmRSS %.3f B/step, fds %.2e/step (%d..%d), peak_bytes %.3f B/step (%d), heap %.3f B/step (%d -> %d; halves %.3f, %.3f)\n", \
+            bad ? "FAIL:" : "ok  ", r, n, s0, s1, a, a0, a1, a1st, a2nd, v, f, fmin, fmax, p, y[n, 6], hb, y[1, 7], y[n, 7], h1st, h2nd
         exit bad
     }' "$T/samples" || fails=$((fails + 1))
 done

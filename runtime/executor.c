@@ -1401,8 +1401,11 @@ static void exec_free(exec_t *x)
         bg_log(BG_LOG_INFO, "executor", "rank %d: staged %zu transfers (%zu chunks, %zu bytes) through %zu bytes of "
                "host memory%s", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak,
                x->stg.async ? " (copies on the backend's copy stream)" : "");
+    if (x->stg.direct_transfers)
+        bg_log(BG_LOG_INFO, "executor", "rank %d: handed %zu transfers (%zu bytes) of backend buffers to the "
+               "transport directly", x->rank, x->stg.direct_transfers, x->stg.direct_bytes);
     if (x->stg.async)
-        bg_log(BG_LOG_INFO, "executor", "rank %d: %zu sends and reductions left after their copies completed, "
+        bg_log(BG_LOG_INFO, "executor", "rank %d: %zu transfers started after their events completed, "
                "%zu of them later than queued", x->rank, x->stg.queued, x->stg.deferred);
     bg__staging_fini(&x->stg);
     bg_backend_free(x->be, x->loss_dev);
@@ -1790,9 +1793,11 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         int dev_node = bg__numa_device_node(x->be, "/sys", bus, sizeof(bus));
         BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), dev_node, bus, &x->numa_node), st, err);
     }
-    BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be), st, err);
+    BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be, x->comm), st, err);
     if (x->stg.on && x->world > 1)
-        bg_log(BG_LOG_INFO, "executor", "rank %d: device buffers %s", x->rank, bg_executor_device_transport());
+        bg_log(BG_LOG_INFO, "executor", "rank %d: UCX %s; sends and receives of device buffers %s", x->rank,
+               bg_transport_ucx_version(),
+               x->stg.direct ? "hand the buffer to UCX (reductions staged)" : "staged through host memory");
     if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1))) {
         st = bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
                       "(the tensor group's sums and ZeRO's collectives take host buffers only)",

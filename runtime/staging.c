@@ -41,24 +41,29 @@ struct bg__xfer {
 const char *bg_executor_device_transport(void)
 {
 #ifdef BG_UCX_CUDA_DIR
-    return "staged through pinned host memory in pipelined chunks (CUDA-aware UCX found at " BG_UCX_CUDA_DIR
-           " but not used: brigade links the system UCX)";
+    return "handed to UCX directly (its cuda_copy and cuda_ipc transports) where UCX reports CUDA memory at run "
+           "time, else staged through pinned host memory in pipelined chunks; reductions staged (this build links "
+           "the CUDA-aware UCX at " BG_UCX_CUDA_DIR ")";
 #else
-    return "staged through pinned host memory in pipelined chunks (no CUDA-aware UCX: libucx-cu13 not found at "
-           "configure time)";
+    return "staged through pinned host memory in pipelined chunks (this build links the system UCX, which has no "
+           "CUDA transports; a CUDA-aware one, the libucx-cu13 wheel, is linked when found at configure time)";
 #endif
 }
 
-bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be)
+bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be, const bg_comm_t *comm)
 {
     memset(sg, 0, sizeof(*sg));
     const char *mode = bg_config_str("BRIGADE_STAGING");
-    if (!strcmp(mode, "auto"))
+    if (!strcmp(mode, "auto")) {
         sg->on = be->ops->device_buffers;
-    else if (!strcmp(mode, "always"))
+        sg->direct = sg->on && bg_comm_device_memory(comm);
+    } else if (!strcmp(mode, "always")) {
         sg->on = 1;
-    else
-        return bg_error(BG_ERR_INVALID, "BRIGADE_STAGING=\"%s\": expected auto or always", mode);
+    } else if (!strcmp(mode, "direct")) {
+        sg->on = sg->direct = 1;
+    } else {
+        return bg_error(BG_ERR_INVALID, "BRIGADE_STAGING=\"%s\": expected auto, always or direct", mode);
+    }
     long long kb = 0;
     BG_CHECK(bg_config_int("BRIGADE_STAGE_CHUNK_KB", &kb));
     if (kb < 1 || kb > (1 << 20))
@@ -239,6 +244,7 @@ static bg_status_t xf_new(bg__staging_t *sg, xf_kind_t kind, void *buf, size_t b
     BG_ALLOC_CHECK(x, sizeof(*x), "a transfer");
     x->rq = (bg_request_t **)(x + 1);
     x->ev = (bg_event_t **)(x->rq + n);
+    int direct = sg->on && sg->direct && kind != XF_REDUCE; /* on the device buffer itself, in chunks */
     x->sg = sg->on ? sg : NULL;
     x->pg = sg;
     x->kind = kind;
@@ -247,15 +253,20 @@ static bg_status_t xf_new(bg__staging_t *sg, xf_kind_t kind, void *buf, size_t b
     x->chunk = kind == XF_REDUCE ? (bytes ? bytes : 1) : sg->chunk;
     x->n = n;
     x->started = n; /* the streams' path says otherwise */
-    if (x->sg && !(x->host = host_take(sg, bytes))) {
+    if (x->sg && !direct && !(x->host = host_take(sg, bytes))) {
         free(x);
         return BG_ERR_NOMEM;
     }
     if (x->sg) {
         pthread_mutex_lock(&sg->lock);
-        sg->transfers++;
-        sg->chunks += (size_t)n;
-        sg->bytes += bytes;
+        if (direct) {
+            sg->direct_transfers++;
+            sg->direct_bytes += bytes;
+        } else {
+            sg->transfers++;
+            sg->chunks += (size_t)n;
+            sg->bytes += bytes;
+        }
         pthread_mutex_unlock(&sg->lock);
     }
     *x_p = x;
@@ -278,14 +289,22 @@ static int async(const bg__xfer_t *x) { return x->sg && x->sg->async; }
 /* Copies of some transfer queued in x's staging: waits must poll, not block. */
 static int copies_queued(const bg__xfer_t *x) { return x->pg && x->pg->async && x->pg->head; }
 
-/* Request i of a staged send or reduction, on its host copy. */
+/* A staging transfer that hands the backend's buffer to the transport (no host block). */
+static int direct(const bg__xfer_t *x) { return x->sg && !x->host; }
+
+/* Request i of a staged send or reduction, on its host copy; of a direct send or receive, on dev. */
 static bg_status_t start(bg__xfer_t *x, int i)
 {
     size_t off = (size_t)i * x->chunk;
     if (x->kind == XF_SEND)
-        return bg_isend(x->comm, x->peer, x->tag, x->host + off, chunk_len(x, i), &x->rq[i]);
+        return bg_isend(x->comm, x->peer, x->tag, (x->host ? x->host : x->dev) + off, chunk_len(x, i), &x->rq[i]);
+    if (x->kind == XF_RECV)
+        return bg_irecv(x->comm, x->peer, x->tag, x->dev + off, chunk_len(x, i), &x->rq[i]);
     return bg_group_iallreduce(x->group, (float *)x->host, x->bytes / sizeof(float), x->op, &x->rq[0]);
 }
+
+/* The event request i starts after: its chunk's copy (staged), or the one event of a direct transfer. */
+static bg_event_t *gate(const bg__xfer_t *x, int i) { return x->ev[x->host ? i : 0]; }
 
 static void dequeue(bg__xfer_t *x)
 {
@@ -307,7 +326,7 @@ void bg__staging_progress(bg__staging_t *sg)
     bg_backend_t *be = sg->be;
     while (sg->head) { /* in the order queued: the head's next request first */
         bg__xfer_t *x = sg->head;
-        while (x->started < x->n && be->ops->event_query(be, x->ev[x->started])) {
+        while (x->started < x->n && be->ops->event_query(be, gate(x, x->started))) {
             bg_status_t st = start(x, x->started);
             if (st != BG_OK) { /* the transfer's own test or wait reports it */
                 x->err = st;
@@ -322,20 +341,29 @@ void bg__staging_progress(bg__staging_t *sg)
     }
 }
 
-/* Queue a send's or reduction's device-to-host copies behind the producer;
- * their requests start in bg__staging_progress. */
+/* Queue a send's or reduction's device-to-host copies behind the producer,
+ * or a direct transfer behind one event (a send: after the kernels that wrote
+ * dev; a receive: after those queued so far, which may read it); the
+ * requests start in bg__staging_progress. */
 static bg_status_t queue_out(bg__xfer_t *x)
 {
     bg__staging_t *sg = x->sg;
     bg_backend_t *be = sg->be;
-    if (!(x->prod = ev_take(sg)))
-        return BG_ERR_NOMEM;
-    be->ops->event_record(be, x->prod); /* after the kernels that wrote dev */
-    for (int i = 0; i < x->n; i++) {
-        if (!(x->ev[i] = ev_take(sg)))
-            return BG_ERR_NOMEM; /* the copies queued are joined by bg__xfree */
-        size_t off = (size_t)i * x->chunk;
-        be->ops->to_host_async(be, x->host + off, x->dev + off, chunk_len(x, i), i == 0 ? x->prod : NULL, x->ev[i]);
+    if (direct(x)) {
+        if (!(x->ev[0] = ev_take(sg)))
+            return BG_ERR_NOMEM;
+        be->ops->event_record(be, x->ev[0]);
+    } else {
+        if (!(x->prod = ev_take(sg)))
+            return BG_ERR_NOMEM;
+        be->ops->event_record(be, x->prod); /* after the kernels that wrote dev */
+        for (int i = 0; i < x->n; i++) {
+            if (!(x->ev[i] = ev_take(sg)))
+                return BG_ERR_NOMEM; /* the copies queued are joined by bg__xfree */
+            size_t off = (size_t)i * x->chunk;
+            be->ops->to_host_async(be, x->host + off, x->dev + off, chunk_len(x, i), i == 0 ? x->prod : NULL,
+                                   x->ev[i]);
+        }
     }
     x->started = 0;
     x->queued = 1;
@@ -361,11 +389,16 @@ bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, c
     if (async(x)) {
         st = queue_out(x);
     } else {
+        if (direct(x))
+            be->ops->synchronize(be); /* the kernels that wrote dev */
         for (int i = 0; i < x->n && st == BG_OK; i++) {
             size_t off = (size_t)i * x->chunk, len = chunk_len(x, i);
-            if (x->sg) /* chunk i is copied while chunk i-1 is on the wire */
+            if (x->host) /* chunk i is copied while chunk i-1 is on the wire */
                 be->ops->to_host(be, x->host + off, x->dev + off, len);
-            st = bg_isend(c, peer, tag, x->sg ? x->host + off : x->dev, x->sg ? len : bytes, &x->rq[i]);
+            if (x->sg)
+                st = start(x, i);
+            else
+                st = bg_isend(c, peer, tag, x->dev, bytes, &x->rq[i]);
         }
     }
     if (st != BG_OK) {
@@ -383,16 +416,24 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
     bg__xfer_t *x;
     BG_CHECK(xf_new(sg, XF_RECV, buf, bytes, chunks_of(sg, bytes), &x));
     bg_status_t st = BG_OK;
-    if (async(x)) {
+    x->comm = c, x->peer = peer, x->tag = tag;
+    if (direct(x)) { /* posted on dev once its earlier users are done */
+        if (async(x))
+            st = queue_out(x);
+        else
+            sg->be->ops->synchronize(sg->be);
+    } else if (async(x)) {
         bg__staging_progress(sg);
         if ((x->prod = ev_take(sg)))
             sg->be->ops->event_record(sg->be, x->prod); /* the copies to dev wait for its earlier users */
         else
             st = BG_ERR_NOMEM;
     }
-    for (int i = 0; i < x->n && st == BG_OK; i++) { /* equal tags: chunks match in the order sent */
+    for (int i = 0; i < x->n && st == BG_OK && !(direct(x) && async(x)); i++) {
+        /* equal tags: chunks match in the order sent */
         size_t off = (size_t)i * x->chunk;
-        st = bg_irecv(c, peer, tag, x->sg ? x->host + off : x->dev, x->sg ? chunk_len(x, i) : bytes, &x->rq[i]);
+        st = x->sg ? (x->host ? bg_irecv(c, peer, tag, x->host + off, chunk_len(x, i), &x->rq[i]) : start(x, i))
+                   : bg_irecv(c, peer, tag, x->dev, bytes, &x->rq[i]);
     }
     if (st != BG_OK) {
         x->failed = 1;
@@ -452,7 +493,7 @@ bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
  * compute stream waits for it: the host does not. */
 static bg_status_t land(bg__xfer_t *x, int i)
 {
-    if (x->sg && x->kind != XF_SEND) {
+    if (x->host && x->kind != XF_SEND) {
         bg_backend_t *be = x->sg->be;
         size_t off = (size_t)i * x->chunk;
         if (!async(x)) {

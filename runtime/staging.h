@@ -11,6 +11,14 @@
  * path (tests); BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise
  * those of the direct path: the bytes and the reduction are the same.
  *
+ * Where the transport reads device memory itself (bg_comm_device_memory: a
+ * CUDA-aware UCX), sends and receives skip the host ("direct"): the same
+ * chunks, each request on the device buffer itself, a send started once an
+ * event recorded after its producer has completed, a receive posted once an
+ * event recorded after the buffer's earlier users has; reductions stay
+ * staged. BRIGADE_STAGING=direct forces that path (tests: on cpu-async its
+ * events and queue run on host buffers).
+ *
  * With a backend that has streams (the event and *_async slots: cuda, and
  * cpu-async in tests) nothing here waits for the compute stream: a send or a
  * reduction records an event after the producing kernels, its device-to-host
@@ -39,7 +47,10 @@ typedef struct bg__xfer bg__xfer_t; /* a transfer: one transport request, or a s
  * that steady-state steps allocate no pinned memory). */
 typedef struct bg__staging {
     bg_backend_t *be;
-    int on;               /* 1: transfers are staged */
+    int on;               /* 1: transfers are staged (sends and receives: unless direct) */
+    int direct;           /* 1 (with on): sends and receives hand the backend's buffer to the transport, in
+                           * the staged path's chunks, ordered against the compute stream by events; the
+                           * reductions stay staged (the transport reduces on the host) */
     size_t chunk;         /* bytes per staged point-to-point message */
     pthread_mutex_t lock; /* the block cache */
     struct bg__stage_block {
@@ -48,6 +59,7 @@ typedef struct bg__staging {
     } *free_blocks;
     int nfree, capfree;
     size_t transfers, chunks, bytes; /* staged so far (brigade's info log) */
+    size_t direct_transfers, direct_bytes; /* handed to the transport directly so far (direct) */
     size_t host_bytes, host_peak;    /* staging memory held now / at most */
     /* the backend's streams (ops->to_host_async and the event slots), used
      * when it has them: */
@@ -64,8 +76,9 @@ typedef struct bg__staging {
     int nheld, capheld;
 } bg__staging_t;
 
-/* Reads BRIGADE_STAGING and BRIGADE_STAGE_CHUNK_KB; *sg is ready for the calls below. */
-bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be);
+/* Reads BRIGADE_STAGING and BRIGADE_STAGE_CHUNK_KB; *sg is ready for the calls below. comm (NULL: none)
+ * says whether the transport reads device memory itself (bg_comm_device_memory). */
+bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be, const bg_comm_t *comm);
 /* Frees the cached host blocks (every transfer freed first). */
 void bg__staging_fini(bg__staging_t *sg);
 /* How device buffers reach other ranks, for `brigade info` and the log. */

@@ -34,6 +34,7 @@ int bg_cmd_info(int argc, char **argv)
         }
         printf("\n%s: device buffers between ranks: %s\n", *n, bg_executor_device_transport());
     }
+    printf("transport: UCX %s\n", bg_transport_ucx_version());
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);
     printf("cpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,

@@ -5,6 +5,7 @@
  * stays the path between ranks on one machine; failures are detected by the
  * liveness connection to the store and by deadlines, and handled here by
  * cancelling or abandoning the affected UCX requests (docs/transport.md). */
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -974,6 +975,25 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
 int bg_comm_rank(const bg_comm_t *c) { return c->rank; }
 int bg_comm_size(const bg_comm_t *c) { return c->size; }
 int bg_comm_local_rank(const bg_comm_t *c) { return c->local_rank; }
+const char *bg_transport_ucx_version(void)
+{
+    static char v[512];
+    Dl_info di;
+    if (!v[0]) /* benign race: every writer writes the same */
+        snprintf(v, sizeof(v), "%s (%s)", ucp_get_version_string(),
+                 dladdr((void *)ucp_get_version_string, &di) && di.dli_fname ? di.dli_fname : "?");
+    return v;
+}
+
+int bg_comm_device_memory(const bg_comm_t *c)
+{
+    if (!c || !c->ctx)
+        return 0;
+    ucp_context_attr_t a = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(c->ctx, &a) != UCS_OK)
+        return 0;
+    return (a.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
 double bg_comm_timeout(const bg_comm_t *c) { return c->timeout_s; }
 bg_status_t bg_comm_health(bg_comm_t *c) { return bg__peer_status(c, -1, "health"); }
 

@@ -256,8 +256,10 @@ void bg_tp_group_destroy(bg_tp_group_t *group, bg_model_desc_t *desc);
 double bg_tp_group_seconds(const bg_tp_group_t *group);
 
 /** How the executor moves a device backend's buffers between ranks (one
- *  line, for brigade info): staged through pinned host memory in chunks, and
- *  whether a CUDA-aware UCX was found at configure time. */
+ *  line, for brigade info): which UCX this build links (the system's, or a
+ *  CUDA-aware one found at configure time, which then gets the device
+ *  buffers of sends and receives directly where it reports CUDA memory at
+ *  run time), else staged through pinned host memory in chunks. */
 const char *bg_executor_device_transport(void);
 
 #ifdef __cplusplus

@@ -104,6 +104,14 @@ bg_status_t bg_comm_destroy(bg_comm_t *comm);
 int bg_comm_rank(const bg_comm_t *comm); /**< this process's rank in the world */
 int bg_comm_size(const bg_comm_t *comm); /**< ranks in the world */
 int bg_comm_local_rank(const bg_comm_t *comm); /**< this process's rank on its machine */
+/** 1 when the transport reads and writes CUDA device memory itself: the UCX
+ *  it runs on lists CUDA among its memory types (a UCX built with CUDA, such
+ *  as the libucx-cu13 wheel, on a machine whose driver it can load); else 0.
+ *  The executor then hands device buffers to sends and receives directly
+ *  (runtime/staging.h). */
+int bg_comm_device_memory(const bg_comm_t *comm);
+/** The UCX library loaded: its version and file, e.g. "1.13.1 (/lib/x86_64-linux-gnu/libucp.so.0)". */
+const char *bg_transport_ucx_version(void);
 /** Seconds an operation may wait before it fails with BG_ERR_TIMEOUT. */
 double bg_comm_timeout(const bg_comm_t *comm);
 /** BG_OK while every peer is alive, else BG_ERR_PEER with the first failure's message. */

@@ -18,6 +18,9 @@
 # --ps 1 and --ps 2 (GPT with tied embeddings, one-rank workers and --pp 2
 # worker pipelines) staged equal direct bitwise, and a staged K = 1 run ends
 # with finite weights and staleness within [0, 1].
+# Direct (BRIGADE_STAGING=direct, the path of a CUDA-aware UCX): sends and
+# receives on the buffers themselves behind the backend's events, reductions
+# staged, on cpu-async: bitwise the direct path's weights.
 set -u
 B=${BRIGADE:?path of the brigade binary}
 T=$(mktemp -d)
@@ -90,6 +93,27 @@ streams async_ps1pp2 5 $PS --ps 1 --pp 2 --schedule 1f1b
 streams async_inter 2 $GPT --pp 2 --schedule interleaved --chunks 2
 streams async_dualpipe 2 $GPT --pp 2 --schedule dualpipe
 
+# direct (the path of a CUDA-aware UCX, forced by BRIGADE_STAGING=direct): sends and receives hand the
+# backend's buffers to the transport in the staged path's chunks, on cpu-async behind the backend's events,
+# reductions staged: bitwise the direct path's weights
+dcase() {
+  local name=$1 ref=$2 n=$3; shift 3
+  run "$name" "$n" direct "$@" --backend cpu-async || return
+  local line
+  line=$(grep -m1 -o "handed [1-9][0-9]* transfers ([0-9]* bytes)" "$T/$name.log")
+  if [ -z "$line" ]; then bad "$name: nothing was handed to the transport directly"; return; fi
+  local verdict
+  if verdict=$("$B" compare "$T/$ref.direct" "$T/$name"); then
+    pass=$((pass + 1)); echo "ok   $name :: $line :: $verdict"
+  else
+    bad "$name :: $verdict"
+  fi
+}
+dcase direct_pp2 pp2 2 $GPT --pp 2 --schedule 1f1b
+dcase direct_pp2dp2 pp2dp2 4 $GPT --pp 2 --dp 2 --schedule zb-h1
+dcase direct_ps1pp2 ps1pp2 5 $PS --ps 1 --pp 2 --schedule 1f1b
+dcase direct_dualpipe async_dualpipe 2 $GPT --pp 2 --schedule dualpipe
+
 # a backend that queues work sums the last stage's losses at the step's end
 # (runtime/executor.c, loss_dev): the same losses as summing each microbatch at once
 for be in cpu cpu-async; do
@@ -158,4 +182,4 @@ out=$(BRIGADE_STAGING=sometimes "$B" train $GPT --steps 1 --quiet 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q 'BRIGADE_STAGING="sometimes"' <<<"$out"; then pass=$((pass + 1)); else bad "BRIGADE_STAGING=sometimes: rc $rc: $out"; fi
 
 echo "passed $pass, failed $fails"
-[ "$fails" = 0 ] && [ "$pass" -ge 27 ]
+[ "$fails" = 0 ] && [ "$pass" -ge 31 ]

@@ -1,6 +1,7 @@
 /* tests/runtime/test_staging_unit.c: the staging layer (runtime/staging.c) in
  * one process, on a world of one (sends to itself): which backends get the
- * streams path, the all-or-none rule of the stream slots, and that a host
+ * streams path, the all-or-none rule of the stream slots, the direct path
+ * (device buffers handed to the transport, gated by events), and that a host
  * block a host-to-device copy still reads is not handed out again before
  * the copy completes (a backend whose compute stream does not wait, so the
  * copy is still in flight when the transfer is freed). */
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "brigade/brigade.h"
@@ -49,16 +51,17 @@ static void test_modes(void **state)
     bg__staging_t sg;
     bg_backend_t *cpu = mkbe("cpu"), *as = mkbe("cpu-async");
     setenv("BRIGADE_STAGING", "auto", 1);
-    assert_int_equal(bg__staging_init(&sg, as), BG_OK); /* host buffers: direct, streams or not */
+    assert_int_equal(bg__staging_init(&sg, as, comm), BG_OK); /* host buffers: direct, streams or not */
     assert_int_equal(sg.on, 0);
+    assert_int_equal(sg.direct, 0);
     assert_int_equal(sg.async, 0);
     bg__staging_fini(&sg);
     setenv("BRIGADE_STAGING", "always", 1);
-    assert_int_equal(bg__staging_init(&sg, as), BG_OK);
+    assert_int_equal(bg__staging_init(&sg, as, NULL), BG_OK);
     assert_int_equal(sg.on, 1);
     assert_int_equal(sg.async, 1);
     bg__staging_fini(&sg);
-    assert_int_equal(bg__staging_init(&sg, cpu), BG_OK); /* no stream slots: synchronous copies */
+    assert_int_equal(bg__staging_init(&sg, cpu, NULL), BG_OK); /* no stream slots: synchronous copies */
     assert_int_equal(sg.on, 1);
     assert_int_equal(sg.async, 0);
     bg__staging_fini(&sg);
@@ -67,7 +70,7 @@ static void test_modes(void **state)
     part.stream_wait = NULL;
     const bg_backend_ops_t *keep = as->ops;
     as->ops = &part;
-    assert_int_equal(bg__staging_init(&sg, as), BG_ERR_INVALID);
+    assert_int_equal(bg__staging_init(&sg, as, NULL), BG_ERR_INVALID);
     assert_non_null(strstr(bg_last_error(), "backend cpu-async fills 7 of the 8 stream and event slots"));
     as->ops = keep;
     unsetenv("BRIGADE_STAGING");
@@ -100,7 +103,7 @@ static void test_held_block(void **state)
     const bg_backend_ops_t *keep = be->ops;
     be->ops = &ops;
     bg__staging_t sg;
-    assert_int_equal(bg__staging_init(&sg, be), BG_OK);
+    assert_int_equal(bg__staging_init(&sg, be, NULL), BG_OK);
     const size_t n = 1000; /* 4 chunks of 1 KiB */
     float *src = bg_backend_alloc(be, n * sizeof(float), "src"), *dev = bg_backend_alloc(be, n * sizeof(float), "dev");
     for (size_t i = 0; i < n; i++)
@@ -143,7 +146,7 @@ static void test_equal_paths(void **state)
     for (int k = 0; k < 2; k++) {
         bg_backend_t *be = mkbe(names[k]);
         bg__staging_t sg;
-        assert_int_equal(bg__staging_init(&sg, be), BG_OK);
+        assert_int_equal(bg__staging_init(&sg, be, NULL), BG_OK);
         assert_int_equal(sg.async, k);
         float *src = bg_backend_alloc(be, n * sizeof(float), "src");
         float *dev = bg_backend_alloc(be, n * sizeof(float), "dev");
@@ -164,12 +167,80 @@ static void test_equal_paths(void **state)
     unsetenv("BRIGADE_STAGE_CHUNK_KB");
 }
 
+/* BRIGADE_STAGING=direct (the path of a CUDA-aware transport): sends and receives on the backend's buffer
+ * itself, in the staged path's chunks, none started before its event completes. A backend whose events
+ * stay incomplete while `gate_closed` holds: nothing may move until the gate opens. */
+static const bg_backend_ops_t *gate_base;
+static int gate_closed;
+static int gate_query(bg_backend_t *be, bg_event_t *ev) { return !gate_closed && gate_base->event_query(be, ev); }
+
+static void test_direct(void **state)
+{
+    (void)state;
+    setenv("BRIGADE_STAGING", "direct", 1);
+    setenv("BRIGADE_STAGE_CHUNK_KB", "1", 1);
+    bg_backend_t *be = mkbe("cpu-async");
+    bg_backend_ops_t ops = *be->ops;
+    gate_base = be->ops;
+    ops.event_query = gate_query;
+    be->ops = &ops;
+    bg__staging_t sg;
+    assert_int_equal(bg__staging_init(&sg, be, comm), BG_OK);
+    assert_true(sg.on && sg.direct && sg.async);
+    const size_t n = 1000; /* 4 chunks of 1 KiB */
+    float *src = bg_backend_alloc(be, n * sizeof(float), "src"), *dev = bg_backend_alloc(be, n * sizeof(float), "dev");
+    for (size_t i = 0; i < n; i++)
+        src[i] = (float)i + 0.25f, dev[i] = -1.0f;
+    gate_closed = 1;
+    bg__xfer_t *rx = NULL, *tx = NULL;
+    assert_int_equal(bg__xrecv(&sg, comm, 0, 11, dev, n * sizeof(float), &rx), BG_OK);
+    assert_int_equal(bg__xsend(&sg, comm, 0, 11, src, n * sizeof(float), &tx), BG_OK);
+    for (int k = 0; k < 200; k++) { /* 20 ms of polling: the events hold both back */
+        int d1 = 0, d2 = 0;
+        assert_int_equal(bg__xtest(rx, &d1), BG_OK);
+        assert_int_equal(bg__xtest(tx, &d2), BG_OK);
+        assert_false(d1 || d2);
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    for (size_t i = 0; i < n; i++)
+        assert_true(dev[i] == -1.0f);
+    assert_int_equal(sg.direct_transfers, 2);
+    assert_int_equal(sg.transfers, 0); /* no host block */
+    assert_int_equal(sg.host_peak, 0);
+    gate_closed = 0;
+    assert_int_equal(bg__xwait(tx), BG_OK);
+    assert_int_equal(bg__xwait(rx), BG_OK);
+    assert_memory_equal(dev, src, n * sizeof(float));
+    assert_int_equal(sg.deferred, 2); /* both waited for their events */
+    bg__xfree(tx);
+    bg__xfree(rx);
+    /* without streams (cpu): the same bytes, at once */
+    bg__staging_fini(&sg);
+    be->ops = gate_base;
+    bg_backend_t *cpu = mkbe("cpu");
+    assert_int_equal(bg__staging_init(&sg, cpu, comm), BG_OK);
+    assert_true(sg.on && sg.direct && !sg.async);
+    float *dev2 = bg_backend_alloc(cpu, n * sizeof(float), "dev2");
+    self_transfer(&sg, src, dev2, n, 12);
+    assert_memory_equal(dev2, src, n * sizeof(float));
+    assert_int_equal(sg.direct_transfers, 2);
+    bg__staging_fini(&sg);
+    bg_backend_free(cpu, dev2);
+    bg_backend_destroy(cpu);
+    bg_backend_free(be, dev);
+    bg_backend_free(be, src);
+    bg_backend_destroy(be);
+    unsetenv("BRIGADE_STAGING");
+    unsetenv("BRIGADE_STAGE_CHUNK_KB");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_held_block),
         cmocka_unit_test(test_equal_paths),
+        cmocka_unit_test(test_direct),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,7 +18,8 @@ else
     [ "$(wc -l <"$T/err")" -eq 1 ] && ok "one line" || bad "more than one line: $(cat "$T/err")"
 fi
 if "$B" info | grep -q '^backends:.* cuda'; then
-    "$B" info | grep -q '^cuda: device buffers between ranks: staged through pinned host memory' &&
+    # the system UCX: staged; a build linking the CUDA-aware UCX wheel: direct where UCX reads CUDA memory
+    "$B" info | grep -q '^cuda: device buffers between ranks: \(staged through pinned host memory\|handed to UCX directly .*CUDA-aware UCX at /\)' &&
         ok "info says how device buffers travel between ranks" || bad "info: $("$B" info | grep '^cuda')"
 fi
 finish
