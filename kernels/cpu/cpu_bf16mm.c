@@ -220,7 +220,10 @@ int bg__cpu_bf16mm(int ta, int tb, int m, int n, int k, float alpha, const float
     if (!rc) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
                                    {DNNL_ARG_SCRATCHPAD, ms}};
+        sigset_t old;
+        bg__cpu_hold_signals(&old); /* oneDNN's kernels may move rsp into the heap (cpu_impl.h) */
         rc = bf.execute(p, stream, ms ? 4 : 3, args) || bf.stream_wait(stream);
+        bg__cpu_release_signals(&old);
     }
     if (ms)
         bf.mem_destroy(ms);

@@ -328,18 +328,32 @@ static int bg__dnnl_sgemm_1t(char ta, char tb, long long m, long long n, long lo
                              long long lda, const float *b, long long ldb, float beta, float *c, long long ldc)
 {
     int st = 0;
+    sigset_t old;
+    bg__cpu_hold_signals(&old); /* oneDNN's kernels move rsp into the heap (cpu_impl.h) */
 #pragma omp parallel num_threads(1)
     {
         omp_set_num_threads(1);
         st = bg__dnnl.sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
+    bg__cpu_release_signals(&old);
+    return st;
+}
+
+/* The backend's tiles: on its own threads, one each, signals held (cpu_impl.h). */
+static int bg__dnnl_sgemm_held(char ta, char tb, long long m, long long n, long long k, float alpha, const float *a,
+                               long long lda, const float *b, long long ldb, float beta, float *c, long long ldc)
+{
+    sigset_t old;
+    bg__cpu_hold_signals(&old);
+    int st = bg__dnnl.sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    bg__cpu_release_signals(&old);
     return st;
 }
 
 bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
 {
     pthread_once(&bg__dnnl.once, bg__dnnl_load_once);
-    return bg__dnnl.ok ? bg__dnnl.sgemm : NULL;
+    return bg__dnnl.ok ? bg__dnnl_sgemm_held : NULL;
 }
 
 bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
