@@ -104,8 +104,9 @@ typedef struct bg_gemm_info {
     const char *nt;             /**< C = A B^T (forward of a linear layer) */
     const char *tn;             /**< C = A^T B and A^T B^T (weight gradients), m <= n */
     const char *tn_tall;        /**< the same with m > n (more rows than columns) */
-    bg_dnnl_sgemm_fn dnnl_sgemm; /**< when onednn: oneDNN's sgemm on the calling thread only (the
-                                      backend's own calls skip this wrapper); else NULL */
+    bg_dnnl_sgemm_fn dnnl_sgemm; /**< when onednn: oneDNN's sgemm on the calling thread only, its
+                                      asynchronous signals held meanwhile (the backend's own calls skip
+                                      this wrapper and hold them too); else NULL */
     const char *bf16;            /**< GEMMs of a backend made with precision bf16: oneDNN's bf16 matmul
                                       implementation ("brg:avx512_core_amx_bf16": inputs rounded to bf16, fp32
                                       accumulation), or NULL: they stay fp32 (see bf16_why) */

@@ -68,7 +68,9 @@ typedef struct bg_train_config {
                                       UCX log handler; see executor.h); the CLI sets it */
     volatile int *stop_flag;     /**< set (e.g. by a SIGTERM handler) to stop at the next step boundary
                                       (checkpointing when checkpoint_dir is set) and return; every rank
-                                      agrees on the step */
+                                      agrees on the step. Handlers are safe: the CPU backend holds a
+                                      thread's asynchronous signals while oneDNN runs (its JIT kernels
+                                      move rsp into the heap; docs/kernels.md) */
     /* ---- resume (bg_executor_resume_with) ---- */
     const char *resume_from;     /**< resume from exactly this checkpoint directory (implies resume) */
     int resume_strict;           /**< with resume: an invalid newest checkpoint is an error, not skipped */
