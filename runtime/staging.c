@@ -292,14 +292,15 @@ static int copies_queued(const bg__xfer_t *x) { return x->pg && x->pg->async && 
 /* A staging transfer that hands the backend's buffer to the transport (no host block). */
 static int direct(const bg__xfer_t *x) { return x->sg && !x->host; }
 
-/* Request i of a staged send or reduction, on its host copy; of a direct send or receive, on dev. */
+/* Request i of a staging transfer: a chunk of a send or receive, on the host copy (staged) or on dev
+ * (direct); the reduction, on the host copy. */
 static bg_status_t start(bg__xfer_t *x, int i)
 {
-    size_t off = (size_t)i * x->chunk;
+    char *p = (x->host ? x->host : x->dev) + (size_t)i * x->chunk;
     if (x->kind == XF_SEND)
-        return bg_isend(x->comm, x->peer, x->tag, (x->host ? x->host : x->dev) + off, chunk_len(x, i), &x->rq[i]);
+        return bg_isend(x->comm, x->peer, x->tag, p, chunk_len(x, i), &x->rq[i]);
     if (x->kind == XF_RECV)
-        return bg_irecv(x->comm, x->peer, x->tag, x->dev + off, chunk_len(x, i), &x->rq[i]);
+        return bg_irecv(x->comm, x->peer, x->tag, p, chunk_len(x, i), &x->rq[i]);
     return bg_group_iallreduce(x->group, (float *)x->host, x->bytes / sizeof(float), x->op, &x->rq[0]);
 }
 
@@ -429,12 +430,9 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
         else
             st = BG_ERR_NOMEM;
     }
-    for (int i = 0; i < x->n && st == BG_OK && !(direct(x) && async(x)); i++) {
-        /* equal tags: chunks match in the order sent */
-        size_t off = (size_t)i * x->chunk;
-        st = x->sg ? (x->host ? bg_irecv(c, peer, tag, x->host + off, chunk_len(x, i), &x->rq[i]) : start(x, i))
-                   : bg_irecv(c, peer, tag, x->dev, bytes, &x->rq[i]);
-    }
+    /* equal tags: chunks match in the order sent (a queued direct receive is posted by bg__staging_progress) */
+    for (int i = 0; i < x->n && st == BG_OK && !(direct(x) && async(x)); i++)
+        st = x->sg ? start(x, i) : bg_irecv(c, peer, tag, x->dev, bytes, &x->rq[i]);
     if (st != BG_OK) {
         x->failed = 1;
         bg__xfree(x);

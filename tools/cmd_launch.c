@@ -645,11 +645,13 @@ static void launch_reap(launch_t *L)
             else
                 fprintf(stderr, "brigade launch: rank %d (pid %d) %s\n", r, (int)pid, what);
             launch_begin_stop(L, STOP_RANK, launch_status_code(st));
-        } else if (L->o.verbose || (L->stop == STOP_SIGNAL && !ok && launch_status_code(st) != L->exit_code)) {
+        } else {
             /* during a stop on request every rank exits 128 + the signal; one that did not failed (said, as the
              * job's exit code is the stop's) */
-            fprintf(stderr, "brigade launch: rank %d (pid %d) %s%s\n", r, (int)pid, what,
-                    L->stop == STOP_SIGNAL && !ok && !L->o.verbose ? " during the stop" : "");
+            bool failed_in_stop = L->stop == STOP_SIGNAL && !ok && launch_status_code(st) != L->exit_code;
+            if (L->o.verbose || failed_in_stop)
+                fprintf(stderr, "brigade launch: rank %d (pid %d) %s%s\n", r, (int)pid, what,
+                        failed_in_stop && !L->o.verbose ? " during the stop" : "");
         }
     }
 }

@@ -975,14 +975,18 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
 int bg_comm_rank(const bg_comm_t *c) { return c->rank; }
 int bg_comm_size(const bg_comm_t *c) { return c->size; }
 int bg_comm_local_rank(const bg_comm_t *c) { return c->local_rank; }
+static char bg__ucx_version[512];
+static pthread_once_t bg__ucx_version_once = PTHREAD_ONCE_INIT;
+static void bg__ucx_version_init(void)
+{
+    Dl_info di;
+    snprintf(bg__ucx_version, sizeof(bg__ucx_version), "%s (%s)", ucp_get_version_string(),
+             dladdr((void *)ucp_get_version_string, &di) && di.dli_fname ? di.dli_fname : "?");
+}
 const char *bg_transport_ucx_version(void)
 {
-    static char v[512];
-    Dl_info di;
-    if (!v[0]) /* benign race: every writer writes the same */
-        snprintf(v, sizeof(v), "%s (%s)", ucp_get_version_string(),
-                 dladdr((void *)ucp_get_version_string, &di) && di.dli_fname ? di.dli_fname : "?");
-    return v;
+    pthread_once(&bg__ucx_version_once, bg__ucx_version_init);
+    return bg__ucx_version;
 }
 
 int bg_comm_device_memory(const bg_comm_t *c)

@@ -321,25 +321,9 @@ static int bg__dnnl_takes_over(void)
     return bg__dnnl.ok;
 }
 
-/* oneDNN's sgemm on the calling thread only: outside an active parallel
- * region it would take omp_get_max_threads() threads; this task's count is 1
- * inside the (inactive) region and ends with it. */
-static int bg__dnnl_sgemm_1t(char ta, char tb, long long m, long long n, long long k, float alpha, const float *a,
-                             long long lda, const float *b, long long ldb, float beta, float *c, long long ldc)
-{
-    int st = 0;
-    sigset_t old;
-    bg__cpu_hold_signals(&old); /* oneDNN's kernels move rsp into the heap (cpu_impl.h) */
-#pragma omp parallel num_threads(1)
-    {
-        omp_set_num_threads(1);
-        st = bg__dnnl.sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    }
-    bg__cpu_release_signals(&old);
-    return st;
-}
-
-/* The backend's tiles: on its own threads, one each, signals held (cpu_impl.h). */
+/* oneDNN's sgemm with the calling thread's signals held (its kernels move rsp
+ * into the heap: cpu_impl.h): the backend's tiles (on its own threads, one
+ * each) and bg__dnnl_sgemm_1t. */
 static int bg__dnnl_sgemm_held(char ta, char tb, long long m, long long n, long long k, float alpha, const float *a,
                                long long lda, const float *b, long long ldb, float beta, float *c, long long ldc)
 {
@@ -347,6 +331,21 @@ static int bg__dnnl_sgemm_held(char ta, char tb, long long m, long long n, long 
     bg__cpu_hold_signals(&old);
     int st = bg__dnnl.sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     bg__cpu_release_signals(&old);
+    return st;
+}
+
+/* oneDNN's sgemm on the calling thread only: outside an active parallel
+ * region it would take omp_get_max_threads() threads; this task's count is 1
+ * inside the (inactive) region and ends with it. */
+static int bg__dnnl_sgemm_1t(char ta, char tb, long long m, long long n, long long k, float alpha, const float *a,
+                             long long lda, const float *b, long long ldb, float beta, float *c, long long ldc)
+{
+    int st = 0;
+#pragma omp parallel num_threads(1)
+    {
+        omp_set_num_threads(1);
+        st = bg__dnnl_sgemm_held(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
     return st;
 }
 

@@ -22,9 +22,9 @@ for i in $(seq $n); do
     timeout -s KILL 60 "$B" train "${G[@]}" --steps 1000000 --quiet --metrics "$T/m.jsonl" >"$T/out" 2>"$T/err" &
     p=$!
     # training has begun (the handler is in place: a signal before it would end the run silently) ...
-    for _ in $(seq 300); do [ "$(wc -l <"$T/m.jsonl" 2>/dev/null || echo 0)" -ge 2 ] && break; sleep 0.1; done
+    for _ in $(seq 300); do [ "$(wc -l 2>/dev/null <"$T/m.jsonl" || echo 0)" -ge 2 ] && break; sleep 0.1; done
     # ... then a random moment (0-0.69 s later): inside a GEMM, or not
-    sleep "0.$((RANDOM % 70))"
+    sleep "$(printf '0.%02d' $((RANDOM % 70)))"
     pkill -"$sig" -P "$p" -x brigade 2>/dev/null || kill -"$sig" "$p"
     wait "$p"
     rc=$?
