@@ -33,6 +33,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},
     {"BRIGADE_TP_OVERLAP", "weight", "tensor parallelism, fused backward (GPipe, 1F1B, interleaved; the zero-bubble schedules and DualPipe split B and W): weight (a column-parallel or vocabulary-parallel head layer's input-gradient sum runs while the layer's weight gradient computes)|layer (it is waited for inside the layer, overlapping the layer's second half of rows only, as under split B and W)|microbatch (weight, and each compute instruction runs beside the next when one is a forward and the other a backward of another microbatch, as two coroutines on the rank's thread: one microbatch's group sums run while the other computes; bitwise the same steps; not with --zero, --ps or --emulate; one more scratch per stage and the two instructions' buffers at once, which brigade plan counts when this is set)"},
     {"BRIGADE_GUARD", "auto", "guard zones after every buffer a stage hands a layer, checked after each layer call: a layer writing past its reported sizes fails naming the layer and buffer (poisoned under ASan): auto|on|off; auto = on in ASan and Debug builds"},
+    {"BRIGADE_FUSE", "on", "fuse a linear layer's bias with a following GELU inside a block (forward and backward: one pass each instead of two, the same bits): on|off"},
     {"BRIGADE_RESTART_COUNT", "0", "set by brigade launch --max-restarts: how many times the job was restarted (0 on the first attempt)"},
 };
 

@@ -262,6 +262,14 @@ static bg_status_t seq_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
         c.stash = f.stash[i];
         c.wstash = NULL;
         c.scratch = f.child_scratch;
+        int fused = 0; /* children i and i + 1: a linear and its GELU, in fp32 (bf16 keeps each output apart) */
+        if (i + 1 < k && !f.temp[0])
+            BG_CHECK(bg__linear_gelu_fused(l->children[i], l->children[i + 1], ctx, &fused));
+        if (fused) {
+            BG_CHECK(bg__linear_gelu_forward(l->children[i], &c, x, f.out[i], f.out[i + 1]));
+            x = f.out[++i];
+            continue;
+        }
         float *y = f.temp[0] && i < k - 1 ? f.temp[i & 1] : f.out[i];
         BG_CHECK(l->children[i]->ops->forward(l->children[i], &c, x, y));
         if (y != f.out[i])
@@ -307,13 +315,32 @@ static bg_status_t seq_backward_pass(bg_layer_t *l, const bg_layer_ctx_t *ctx, c
 {
     seq_frame_t f;
     BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
-    for (int i = l->nchildren - 1; i >= 0; i--) {
+    int k = l->nchildren;
+    for (int i = k - 1; i >= 0; i--) {
         bg_layer_t *ch = l->children[i];
         if (!input && !ch->ops->backward_weight)
             continue;
+        /* a fused linear + GELU (seq_forward), when B and W run together: the GELU's input gradient also sums
+         * the bias gradient, and the linear's weight gradient leaves it out. Not when they run apart: a B adds
+         * no weight gradient (a program may run the B of microbatch 2 before the B of 1, only the W must keep
+         * microbatch order: docs/schedules.md), so W sums the bias gradient as unfused. */
+        int gelu_of = 0, lin_of = 0;
+        if (input && weight && i > 0 && !f.temp[0])
+            BG_CHECK(bg__linear_gelu_fused(l->children[i - 1], ch, ctx, &gelu_of));
+        if (input && weight && i + 1 < k && !f.temp[0])
+            BG_CHECK(bg__linear_gelu_fused(ch, l->children[i + 1], ctx, &lin_of));
         const float *x, *y;
         bg_layer_ctx_t c = seq_child_ctx(l, ctx, &f, i, in, &x, &y);
         float *dx = i > 0 ? f.dout[i - 1] : din;
+        if (gelu_of) {
+            BG_CHECK(bg__linear_gelu_backward_act(l->children[i - 1], &c, x, f.dout[i], dx));
+            continue;
+        }
+        if (lin_of) {
+            BG_CHECK(ch->ops->backward_input(ch, &c, x, y, f.dout[i], dx));
+            BG_CHECK(bg__linear_gelu_backward_weight(ch, &c, x, f.dout[i]));
+            continue;
+        }
         if (input && weight)
             BG_CHECK(bg_layer_backward(ch, &c, x, y, f.dout[i], dx));
         else if (input)

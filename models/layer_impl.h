@@ -42,6 +42,25 @@ double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in);
 bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
                                       const float *dout);
 
+/* A linear layer with a bias followed by a GELU, fused inside a sequence
+ * (models/layer.c's seq): the forward adds the bias in the GELU's pass
+ * (bias_gelu_forward); when B and W run together, the GELU's input gradient
+ * computes the bias gradient in its pass (gelu_bias_backward) and the
+ * linear's weight gradient then skips it. The same bits as the two layers run apart, for any thread count.
+ * *fused_p = 1 when lin and act are such a pair, BRIGADE_FUSE is on, the
+ * backend has both fused kernels and there is no tensor-parallel group
+ * (BG_ERR_INVALID: a BRIGADE_FUSE other than on or off). */
+bg_status_t bg__linear_gelu_fused(const bg_layer_t *lin, const bg_layer_t *act, const bg_layer_ctx_t *ctx,
+                                  int *fused_p);
+/* pre = in W^T + b (the linear's output, ctx its context), out = gelu(pre) (the GELU's output) */
+bg_status_t bg__linear_gelu_forward(bg_layer_t *lin, const bg_layer_ctx_t *ctx, const float *in, float *pre, float *out);
+/* The GELU's input gradient dpre from its dout, and the linear's bias gradient; act_ctx the GELU's context */
+bg_status_t bg__linear_gelu_backward_act(bg_layer_t *lin, const bg_layer_ctx_t *act_ctx, const float *pre,
+                                         const float *dout, float *dpre);
+/* The linear's weight gradient without its bias (already summed by bg__linear_gelu_backward_act) */
+bg_status_t bg__linear_gelu_backward_weight(bg_layer_t *lin, const bg_layer_ctx_t *ctx, const float *in,
+                                            const float *dpre);
+
 /* The head's sizes and costs, shared with the vocabulary-parallel head
  * (models/tp_layers.c), whose impl starts with a bg__head_t of its shard's
  * classes. */

@@ -2,6 +2,8 @@
  * embedding, attention core, head = linear + cross-entropy) and the blocks
  * built from them. Each leaf computes only through the backend table. */
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,14 +46,20 @@ double bg__linear_fwd_flops(const bg_layer_t *l, bg_shape_t in)
 }
 double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return 2.0 * bg__linear_fwd_flops(l, in); }
 
+/* out = in W^T, without the bias */
+static void linear_gemm(const bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    const linear_t *p = l->impl;
+    ctx->be->ops->gemm(ctx->be, 0, 1, ROWS(ctx->in), p->c_out, p->c_in, 1.0f, in, p->c_in, l->params[0].data, p->c_in,
+                       0.0f, out, p->c_out);
+}
+
 static bg_status_t linear_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     const linear_t *p = l->impl;
-    bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in);
-    be->ops->gemm(be, 0, 1, N, p->c_out, p->c_in, 1.0f, in, p->c_in, l->params[0].data, p->c_in, 0.0f, out, p->c_out);
+    linear_gemm(l, ctx, in, out);
     if (p->bias)
-        be->ops->bias_forward(be, out, l->params[1].data, N, p->c_out);
+        ctx->be->ops->bias_forward(ctx->be, out, l->params[1].data, ROWS(ctx->in), p->c_out);
     return BG_OK;
 }
 
@@ -65,15 +73,21 @@ static bg_status_t linear_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ct
     return BG_OK;
 }
 
+/* dW += dout^T in, without the bias gradient */
+static void linear_wgrad_gemm(const bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *dout)
+{
+    const linear_t *p = l->impl;
+    ctx->be->ops->gemm(ctx->be, 1, 0, p->c_out, p->c_in, ROWS(ctx->in), 1.0f, dout, p->c_out, in, p->c_in, 1.0f,
+                       l->params[0].grad, p->c_in);
+}
+
 bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
                                       const float *dout)
 {
     const linear_t *p = l->impl;
-    bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in);
-    be->ops->gemm(be, 1, 0, p->c_out, p->c_in, N, 1.0f, dout, p->c_out, in, p->c_in, 1.0f, l->params[0].grad, p->c_in);
+    linear_wgrad_gemm(l, ctx, in, dout);
     if (p->bias)
-        be->ops->bias_backward(be, l->params[1].grad, dout, N, p->c_out);
+        ctx->be->ops->bias_backward(ctx->be, l->params[1].grad, dout, ROWS(ctx->in), p->c_out);
     return BG_OK;
 }
 
@@ -168,6 +182,65 @@ bg_status_t bg_layer_activation(const char *name, bg_activation_t kind, bg_layer
         return bg_error(BG_ERR_INVALID, "activation %s: unknown kind %d", name, (int)kind);
     act_t p = {kind};
     return bg__make_leaf(&act_ops, name, 0, NULL, &p, sizeof(p), layer_p);
+}
+
+/* ------------------------------------------- linear + GELU, fused (layer.c) */
+
+static struct {
+    pthread_once_t once;
+    int on;
+    char bad[96];
+} fuse = {.once = PTHREAD_ONCE_INIT};
+
+/* BRIGADE_FUSE, read once per process: the forward and the B and W passes of
+ * every microbatch must agree on where the bias gradient is computed. */
+static void fuse_read(void)
+{
+    const char *v = bg_config_str("BRIGADE_FUSE");
+    fuse.on = !strcmp(v, "on");
+    if (!fuse.on && strcmp(v, "off") != 0)
+        snprintf(fuse.bad, sizeof fuse.bad, "%s", v);
+}
+
+bg_status_t bg__linear_gelu_fused(const bg_layer_t *lin, const bg_layer_t *act, const bg_layer_ctx_t *ctx,
+                                  int *fused_p)
+{
+    *fused_p = 0;
+    if (lin->ops != &linear_ops || act->ops != &act_ops)
+        return BG_OK;
+    pthread_once(&fuse.once, fuse_read);
+    if (fuse.bad[0])
+        return bg_error(BG_ERR_INVALID, "BRIGADE_FUSE=\"%s\": expected on or off", fuse.bad);
+    const linear_t *p = lin->impl;
+    const act_t *a = act->impl;
+    const bg_backend_ops_t *o = ctx->be->ops;
+    *fused_p = fuse.on && p->bias && a->kind == BG_ACT_GELU && o->bias_gelu_forward && o->gelu_bias_backward &&
+               (!ctx->tp || ctx->tp->size <= 1);
+    return BG_OK;
+}
+
+bg_status_t bg__linear_gelu_forward(bg_layer_t *lin, const bg_layer_ctx_t *ctx, const float *in, float *pre, float *out)
+{
+    const linear_t *p = lin->impl;
+    linear_gemm(lin, ctx, in, pre);
+    ctx->be->ops->bias_gelu_forward(ctx->be, pre, out, lin->params[1].data, ROWS(ctx->in), p->c_out);
+    return BG_OK;
+}
+
+bg_status_t bg__linear_gelu_backward_act(bg_layer_t *lin, const bg_layer_ctx_t *act_ctx, const float *pre,
+                                         const float *dout, float *dpre)
+{
+    const linear_t *p = lin->impl;
+    act_ctx->be->ops->gelu_bias_backward(act_ctx->be, dpre, lin->params[1].grad, pre, dout, ROWS(act_ctx->in),
+                                         p->c_out);
+    return BG_OK;
+}
+
+bg_status_t bg__linear_gelu_backward_weight(bg_layer_t *lin, const bg_layer_ctx_t *ctx, const float *in,
+                                            const float *dpre)
+{
+    linear_wgrad_gemm(lin, ctx, in, dpre);
+    return BG_OK;
 }
 
 /* ------------------------------------------------------------ layernorm */

@@ -221,6 +221,15 @@ typedef struct bg_backend_ops {
      *  backend gives the same bits. */
     void (*convert)(bg_backend_t *be, void *dst, bg_dtype_t dst_type, const void *src, bg_dtype_t src_type,
                     size_t n);
+
+    /* ---- fused kernels (appended last, as the slots above; optional: NULL, the caller runs the pair) ---- */
+    /** pre (N,C) += bias (C) row by row, then out (N,C) = gelu(pre): bias_forward then gelu_forward in one
+     *  pass, with their bits. */
+    void (*bias_gelu_forward)(bg_backend_t *be, float *pre, float *out, const float *bias, int N, int C);
+    /** din (N,C) = gelu'(pre) * dout, then dbias (C) += the column sums of din: gelu_backward then
+     *  bias_backward in one pass, with their bits. */
+    void (*gelu_bias_backward)(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
+                               int N, int C);
 } bg_backend_ops_t;
 
 /** Counted memory of one backend instance, in bytes. */

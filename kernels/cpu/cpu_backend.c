@@ -419,6 +419,8 @@ static const bg_backend_ops_t bg__cpu_ops = {
     .sumsq = bg__cpu_sumsq,
     .device_free = bg__cpu_device_free,
     .convert = bg__cpu_convert,
+    .bias_gelu_forward = bg__cpu_bias_gelu_forward,
+    .gelu_bias_backward = bg__cpu_gelu_bias_backward,
 };
 
 bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params)

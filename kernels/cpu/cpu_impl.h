@@ -74,6 +74,9 @@ void bg__cpu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N
 void bg__cpu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C);
 void bg__cpu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
 void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
+void bg__cpu_bias_gelu_forward(bg_backend_t *be, float *pre, float *out, const float *bias, int N, int C);
+void bg__cpu_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout, int N,
+                                int C);
 void bg__cpu_relu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
 void bg__cpu_relu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
 void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,

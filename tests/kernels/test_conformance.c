@@ -264,6 +264,27 @@ static void c_gelu_bwd(run_t *r)
     float *x = in_k(r, 1001, WIDE), *d = in(r, 1001);
     OPS->gelu_backward(BE, out(r, 1001), x, d, 1001);
 }
+/* the fused bias + GELU: on a backend without the slots (NULL), the pair it stands for (its contract) */
+static void c_bias_gelu_fwd(run_t *r)
+{
+    float *b = in(r, C_), *pre = acc_k(r, N_ * C_, WIDE), *o = out(r, N_ * C_);
+    if (OPS->bias_gelu_forward) {
+        OPS->bias_gelu_forward(BE, pre, o, b, N_, C_);
+    } else {
+        OPS->bias_forward(BE, pre, b, N_, C_);
+        OPS->gelu_forward(BE, o, pre, (size_t)N_ * C_);
+    }
+}
+static void c_gelu_bias_bwd(run_t *r)
+{
+    float *x = in_k(r, N_ * C_, WIDE), *d = in(r, N_ * C_), *dx = out(r, N_ * C_), *db = acc(r, C_);
+    if (OPS->gelu_bias_backward) {
+        OPS->gelu_bias_backward(BE, dx, db, x, d, N_, C_);
+    } else {
+        OPS->gelu_backward(BE, dx, x, d, (size_t)N_ * C_);
+        OPS->bias_backward(BE, db, dx, N_, C_);
+    }
+}
 static void c_relu_fwd(run_t *r)
 {
     float *x = in(r, 1001);
@@ -446,6 +467,8 @@ static const case_t cases[] = {
     {"bias_backward", c_bias_bwd, 1e-6},
     {"gelu_forward", c_gelu_fwd, 2e-6},
     {"gelu_backward", c_gelu_bwd, 2e-6},
+    {"bias_gelu_forward (or bias_forward + gelu_forward)", c_bias_gelu_fwd, 2e-6},
+    {"gelu_bias_backward (or gelu_backward + bias_backward)", c_gelu_bias_bwd, 2e-6},
     {"relu_forward", c_relu_fwd, 0},
     {"relu_backward", c_relu_bwd, 0},
     {"layernorm_forward", c_ln_fwd, 1e-5},

@@ -1349,6 +1349,60 @@ static void test_determinism(void **state)
     free(r1), free(r2), free(r3);
 }
 
+static void assert_same_bits(const char *what, const float *a, const float *b, size_t n);
+
+/* The fused bias + GELU kernels (the MLP's fc -> gelu) give the bits of the
+ * kernels they replace: bias_forward then gelu_forward, gelu_backward then
+ * bias_backward (each of those checked against double references above), on
+ * 1, 2 and 3 threads, at shapes with a partial column block, and with inputs
+ * out to +-30 (the GELU's clamps) and a NaN. */
+static void test_bias_gelu_fused(void **state)
+{
+    (void)state;
+    static const int sz[][2] = {{1, 1}, {7, 13}, {31, 1}, {129, 257}, {5, 64}, {300, 200}};
+    for (int nt = 1; nt <= 3; nt++) {
+        bg_backend_t *be = mkbe(nt);
+        assert_non_null(be->ops->bias_gelu_forward);
+        assert_non_null(be->ops->gelu_bias_backward);
+        bg_rng_t rng;
+        bg_rng_seed(&rng, 91 + (uint64_t)nt);
+        for (size_t s = 0; s < NELEM(sz); s++) {
+            int N = sz[s][0], C = sz[s][1];
+            size_t nc = (size_t)N * C;
+            float *x = hrandn(&rng, nc, 10.0), *b = hrandn(&rng, C, 1.0), *g = hrandn(&rng, nc, 1.0),
+                  *db = hrandn(&rng, C, 1.0);
+            x[nc / 2] = NAN;
+            float *p1 = up(be, x, nc), *p2 = up(be, x, nc), *o1 = up(be, NULL, nc), *o2 = up(be, NULL, nc);
+            float *bias = up(be, b, C), *dout = up(be, g, nc), *d1 = up(be, NULL, nc), *d2 = up(be, NULL, nc);
+            float *db1 = up(be, db, C), *db2 = up(be, db, C);
+            be->ops->bias_forward(be, p1, bias, N, C);
+            be->ops->gelu_forward(be, o1, p1, nc);
+            be->ops->bias_gelu_forward(be, p2, o2, bias, N, C);
+            be->ops->gelu_backward(be, d1, p1, dout, nc);
+            be->ops->bias_backward(be, db1, d1, N, C);
+            be->ops->gelu_bias_backward(be, d2, db2, p2, dout, N, C);
+            float *h[8] = {down(be, p1, nc), down(be, p2, nc), down(be, o1, nc), down(be, o2, nc),
+                           down(be, d1, nc), down(be, d2, nc), down(be, db1, C), down(be, db2, C)};
+            char what[96];
+            snprintf(what, sizeof what, "%d threads, %d x %d: pre + bias", nt, N, C);
+            assert_same_bits(what, h[0], h[1], nc);
+            snprintf(what, sizeof what, "%d threads, %d x %d: gelu", nt, N, C);
+            assert_same_bits(what, h[2], h[3], nc);
+            snprintf(what, sizeof what, "%d threads, %d x %d: input gradient", nt, N, C);
+            assert_same_bits(what, h[4], h[5], nc);
+            snprintf(what, sizeof what, "%d threads, %d x %d: bias gradient (accumulated)", nt, N, C);
+            assert_same_bits(what, h[6], h[7], C);
+            for (int i = 0; i < 8; i++)
+                free(h[i]);
+            float *dev[] = {p1, p2, o1, o2, bias, dout, d1, d2, db1, db2};
+            for (size_t i = 0; i < NELEM(dev); i++)
+                bg_backend_free(be, dev[i]);
+            free(x), free(b), free(g), free(db);
+        }
+        bg_backend_destroy(be);
+    }
+}
+
 /* ------------------------------------------- process-wide settings (guest) */
 
 static void assert_same_bits(const char *what, const float *a, const float *b, size_t n)
@@ -1692,7 +1746,7 @@ int main(void)
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),  cmocka_unit_test(test_convert_bf16),
-        cmocka_unit_test(test_gemm_bf16),
+        cmocka_unit_test(test_gemm_bf16),     cmocka_unit_test(test_bias_gelu_fused),
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),

@@ -449,6 +449,80 @@ static void test_recompute(void **s)
     free(g[1]);
 }
 
+/* The MLP's fc -> gelu runs fused (bias in the GELU's pass both ways,
+ * models/layer.c) when the backend has the fused kernels: the same gradients
+ * bitwise as the backend without them (NULL slots: the two layers apart),
+ * over two microbatches (accumulation), with B and W together and split; and
+ * the fused kernels really ran, once per block and microbatch each way (the
+ * backward only with B and W together: a B must add no weight gradient). */
+static int fused_fwd_calls, fused_bwd_calls;
+static const bg_backend_ops_t *plain_ops;
+static void count_fwd(bg_backend_t *b, float *pre, float *out, const float *bias, int N, int C)
+{
+    fused_fwd_calls++;
+    plain_ops->bias_gelu_forward(b, pre, out, bias, N, C);
+}
+static void count_bwd(bg_backend_t *b, float *din, float *dbias, const float *pre, const float *dout, int N, int C)
+{
+    fused_bwd_calls++;
+    plain_ops->gelu_bias_backward(b, din, dbias, pre, dout, N, C);
+}
+
+static void test_fused_bias_gelu(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    plain_ops = be->ops;
+    bg_backend_ops_t counting = *be->ops, unfused = *be->ops;
+    counting.bias_gelu_forward = count_fwd;
+    counting.gelu_bias_backward = count_bwd;
+    unfused.bias_gelu_forward = NULL;
+    unfused.gelu_bias_backward = NULL;
+    float *g[4] = {0};
+    size_t np = 0;
+    for (int v = 0; v < 4; v++) { /* unfused, fused; B and W together, split */
+        int fused = v & 1, split = v >> 1;
+        be->ops = fused ? &counting : &unfused;
+        fused_fwd_calls = fused_bwd_calls = 0;
+        bg_model_t *m;
+        bg_stage_t *st;
+        assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
+        assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
+        for (int mb = 0; mb < 2; mb++) {
+            int32_t tok[16], tgt[16];
+            for (int i = 0; i < 16; i++) {
+                tok[i] = (i * 37 + 11 * mb) % 256;
+                tgt[i] = (i * 11 + 5 + mb) % 256;
+            }
+            float *in, *out, *din;
+            bg_shape_t os;
+            assert_int_equal(bg_stage_begin(st, mb, (bg_shape_t){2, 8, 0}, &in), BG_OK);
+            assert_int_equal(bg_stage_set_data(st, mb, tok, tgt, 1.0f / 32), BG_OK);
+            assert_int_equal(bg_stage_forward(st, mb, &out, &os), BG_OK);
+            if (split) {
+                assert_int_equal(bg_stage_backward_input(st, mb, &din), BG_OK);
+                assert_int_equal(bg_stage_backward_weight(st, mb), BG_OK);
+            } else {
+                assert_int_equal(bg_stage_backward(st, mb, &din), BG_OK);
+            }
+            bg_stage_end(st, mb);
+        }
+        np = bg_model_param_count(m);
+        g[v] = malloc(np * sizeof(float));
+        memcpy(g[v], bg_model_grads(m), np * sizeof(float));
+        assert_int_equal(fused_fwd_calls, fused ? 2 * c.layers : 0);
+        assert_int_equal(fused_bwd_calls, fused && !split ? 2 * c.layers : 0);
+        bg_stage_destroy(st);
+        bg_test_model_destroy(m);
+    }
+    be->ops = plain_ops;
+    for (int v = 1; v < 4; v++)
+        if (memcmp(g[0], g[v], np * sizeof(float)) != 0)
+            fail_msg("gradients of variant %d (fused %d, B/W split %d) differ from the unfused ones", v, v & 1, v >> 1);
+    for (int v = 0; v < 4; v++)
+        free(g[v]);
+}
+
 static void test_data(void **s)
 {
     (void)s;
@@ -943,6 +1017,7 @@ int main(void)
         cmocka_unit_test(test_stage_misuse),
         cmocka_unit_test(test_tie_shape_message),
         cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_fused_bias_gelu),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_train_mlp_learns),
