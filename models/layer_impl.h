@@ -52,6 +52,9 @@ bg_status_t bg__linear_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
  * (BG_ERR_INVALID: a BRIGADE_FUSE other than on or off). */
 bg_status_t bg__linear_gelu_fused(const bg_layer_t *lin, const bg_layer_t *act, const bg_layer_ctx_t *ctx,
                                   int *fused_p);
+/* BRIGADE_FUSE (read once per process): *on_p, BG_ERR_INVALID naming it when it is not on or off
+ * (bg_stage_create checks it, so a bad value stops a run before its first step). */
+bg_status_t bg__layer_fuse_setting(int *on_p);
 /* pre = in W^T + b (the linear's output, ctx its context), out = gelu(pre) (the GELU's output) */
 bg_status_t bg__linear_gelu_forward(bg_layer_t *lin, const bg_layer_ctx_t *ctx, const float *in, float *pre, float *out);
 /* The GELU's input gradient dpre from its dout, and the linear's bias gradient; act_ctx the GELU's context */

@@ -202,19 +202,25 @@ static void fuse_read(void)
         snprintf(fuse.bad, sizeof fuse.bad, "%s", v);
 }
 
+bg_status_t bg__layer_fuse_setting(int *on_p)
+{
+    pthread_once(&fuse.once, fuse_read);
+    *on_p = fuse.on;
+    return fuse.bad[0] ? bg_error(BG_ERR_INVALID, "BRIGADE_FUSE=\"%s\": expected on or off", fuse.bad) : BG_OK;
+}
+
 bg_status_t bg__linear_gelu_fused(const bg_layer_t *lin, const bg_layer_t *act, const bg_layer_ctx_t *ctx,
                                   int *fused_p)
 {
     *fused_p = 0;
     if (lin->ops != &linear_ops || act->ops != &act_ops)
         return BG_OK;
-    pthread_once(&fuse.once, fuse_read);
-    if (fuse.bad[0])
-        return bg_error(BG_ERR_INVALID, "BRIGADE_FUSE=\"%s\": expected on or off", fuse.bad);
+    int on;
+    BG_CHECK(bg__layer_fuse_setting(&on));
     const linear_t *p = lin->impl;
     const act_t *a = act->impl;
     const bg_backend_ops_t *o = ctx->be->ops;
-    *fused_p = fuse.on && p->bias && a->kind == BG_ACT_GELU && o->bias_gelu_forward && o->gelu_bias_backward &&
+    *fused_p = on && p->bias && a->kind == BG_ACT_GELU && o->bias_gelu_forward && o->gelu_bias_backward &&
                (!ctx->tp || ctx->tp->size <= 1);
     return BG_OK;
 }

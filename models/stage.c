@@ -132,8 +132,9 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
 {
     if (max_microbatches < 1)
         return bg_error(BG_ERR_INVALID, "a stage needs at least one microbatch slot (got %d)", max_microbatches);
-    int guard = 0;
+    int guard = 0, fuse = 0;
     BG_CHECK(guard_enabled(&guard));
+    BG_CHECK(bg__layer_fuse_setting(&fuse));
     const char *ov = bg_config_str("BRIGADE_TP_OVERLAP");
     if (strcmp(ov, "weight") && strcmp(ov, "layer") && strcmp(ov, "microbatch"))
         return bg_error(BG_ERR_INVALID, "BRIGADE_TP_OVERLAP=\"%s\": expected weight, layer or microbatch", ov);

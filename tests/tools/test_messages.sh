@@ -34,6 +34,7 @@ expect 2 'brigade bench schedule: unknown option "--stage" (did you mean --stage
 expect 2 'brigade bench p2p: --reps needs a value' bench p2p --reps
 # a GEMM library brigade does not know: the backend is not created, the variable and value named
 BRIGADE_GEMM=mkl expect 1 'brigade train: invalid argument: BRIGADE_GEMM="mkl": expected auto, openblas or onednn' train --steps 1
+BRIGADE_FUSE=yes expect 1 'brigade train: invalid argument: BRIGADE_FUSE="yes": expected on or off' train --steps 1
 expect 2 'brigade info: takes no arguments, got "x"' info x
 
 # a split that does not fit the model is a usage error, said once
