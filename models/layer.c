@@ -315,25 +315,26 @@ static bg_status_t seq_backward_pass(bg_layer_t *l, const bg_layer_ctx_t *ctx, c
 {
     seq_frame_t f;
     BG_CHECK(seq_frame(l, ctx, (float *)out, dout, &f));
-    int k = l->nchildren;
-    for (int i = k - 1; i >= 0; i--) {
+    /* a fused linear + GELU (seq_forward), when B and W run together: the GELU's input gradient also sums the
+     * bias gradient, and the linear's weight gradient leaves it out. Not when they run apart: a B adds no
+     * weight gradient (a program may run the B of microbatch 2 before the B of 1, only the W must keep
+     * microbatch order: docs/schedules.md), so W sums the bias gradient as unfused. pair: the previous
+     * iteration (child i + 1) was the GELU of a fused pair, so child i is its linear. */
+    int pair = 0;
+    for (int i = l->nchildren - 1; i >= 0; i--) {
         bg_layer_t *ch = l->children[i];
+        int lin_of = pair, gelu_of = 0;
+        pair = 0;
         if (!input && !ch->ops->backward_weight)
             continue;
-        /* a fused linear + GELU (seq_forward), when B and W run together: the GELU's input gradient also sums
-         * the bias gradient, and the linear's weight gradient leaves it out. Not when they run apart: a B adds
-         * no weight gradient (a program may run the B of microbatch 2 before the B of 1, only the W must keep
-         * microbatch order: docs/schedules.md), so W sums the bias gradient as unfused. */
-        int gelu_of = 0, lin_of = 0;
         if (input && weight && i > 0 && !f.temp[0])
             BG_CHECK(bg__linear_gelu_fused(l->children[i - 1], ch, ctx, &gelu_of));
-        if (input && weight && i + 1 < k && !f.temp[0])
-            BG_CHECK(bg__linear_gelu_fused(ch, l->children[i + 1], ctx, &lin_of));
         const float *x, *y;
         bg_layer_ctx_t c = seq_child_ctx(l, ctx, &f, i, in, &x, &y);
         float *dx = i > 0 ? f.dout[i - 1] : din;
         if (gelu_of) {
             BG_CHECK(bg__linear_gelu_backward_act(l->children[i - 1], &c, x, f.dout[i], dx));
+            pair = 1;
             continue;
         }
         if (lin_of) {

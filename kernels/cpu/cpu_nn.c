@@ -186,8 +186,8 @@ void bg__cpu_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, cons
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
-    int par = nblk > 1 && BG_ROWS_PAR(N, C);
-    int per = (nblk + (par ? nt : 1) - 1) / (par ? nt : 1) * BG_CPU_COL_BLOCK; /* columns per range */
+    int par = nblk > 1 && BG_ROWS_PAR(N, C), parts = par ? nt : 1;
+    int per = (nblk + parts - 1) / parts * BG_CPU_COL_BLOCK; /* columns per range */
     per = per < BG_GELU_BIAS_COLS ? per : BG_GELU_BIAS_COLS;
     int nr = (C + per - 1) / per;
 #pragma omp parallel for num_threads(nt) if (par && nr > 1) schedule(static)
