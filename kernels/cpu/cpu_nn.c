@@ -136,7 +136,7 @@ void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const 
  * of din, by ranges of columns (ranges to threads), each column summed over
  * the rows in row order in double as bias_backward does. So both give the
  * bits of the two unfused kernels, for any thread count. At the MLP's shape
- * (256 x 1024, one thread): forward 0.83-0.89, backward 0.88-0.89 of the
+ * (256 x 1024, one thread): forward 0.86-0.88, backward 0.89-0.90 of the
  * unfused pair's time (docs/kernels.md). */
 BG_CPU_CLONES static void bg__bias_gelu_row(float *restrict pre, float *restrict out, const float *restrict bias, int C)
 {
