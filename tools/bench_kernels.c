@@ -379,54 +379,6 @@ static double bg__sgemm_best_1t(int repeat, double best_p[2])
     return best_p[1] > best_p[0] ? best_p[1] : best_p[0];
 }
 
-/* The GEMMs of one training step of the model below, through the training
- * backend itself (its tiling, its libraries, one thread), each shape timed
- * alone (median of r runs, each of >= 0.1 GFLOP): for every linear layer
- * (c_in -> c_out) of the `layers` blocks and the head, on rows = sequences x
- * seq: the forward (A B^T), the input gradient (A B) and the weight gradient
- * (A^T B, accumulated). Returns the seconds they take in a step (*flop_p: their
- * FLOPs), 0 on allocation failure: the step with everything but the GEMMs
- * free would take this long, so flops / it is the most the training figure
- * can reach with these GEMM libraries at these shapes. */
-static double bg__step_gemm_seconds(bg_backend_t *be, int rows, int d, int vocab, int layers, int r, double *flop_p)
-{
-    const int lin[][3] = {{d, 3 * d, 1}, {d, d, 1}, {d, 4 * d, 1}, {4 * d, d, 1}, {d, vocab, 0}}; /* c_in, c_out, per block */
-    double total = 0, flop = 0;
-    int big = rows > vocab ? rows : vocab;
-    big = big > d ? big : d;
-    size_t cap = (size_t)4 * d * big * sizeof(float); /* the largest operand: 4d x max(rows, vocab, d) */
-    float *a = bg_backend_alloc(be, cap, "bench gemm a"), *b = bg_backend_alloc(be, cap, "bench gemm b"),
-          *c = bg_backend_alloc(be, cap, "bench gemm c");
-    if (!a || !b || !c) {
-        bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
-        return 0;
-    }
-    be->ops->fill(be, a, 0.01f, cap / 4), be->ops->fill(be, b, 0.02f, cap / 4), be->ops->fill(be, c, 0.0f, cap / 4);
-    for (size_t l = 0; l < sizeof(lin) / sizeof(lin[0]); l++) {
-        int ci = lin[l][0], co = lin[l][1], times = lin[l][2] ? layers : 1;
-        /* {ta, tb, m, n, k, beta}: forward, input gradient, weight gradient */
-        const int g[3][6] = {{0, 1, rows, co, ci, 0}, {0, 0, rows, ci, co, 0}, {1, 0, co, ci, rows, 1}};
-        for (int i = 0; i < 3; i++) {
-            int ta = g[i][0], tb = g[i][1], m = g[i][2], n = g[i][3], k = g[i][4];
-            double f = 2.0 * m * n * k, t[32];
-            int inner = (int)(1e8 / f) + 1;
-            for (int it = -1; it < r; it++) {
-                double t0 = bg_now();
-                for (int j = 0; j < inner; j++)
-                    be->ops->gemm(be, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, (float)g[i][5], c, n);
-                be->ops->synchronize(be);
-                if (it >= 0)
-                    t[it] = (bg_now() - t0) / inner;
-            }
-            total += times * bg_median(t, (size_t)r);
-            flop += times * f;
-        }
-    }
-    bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
-    *flop_p = flop;
-    return total;
-}
-
 static double bg__thread_cpu(void)
 {
     struct timespec ts;
@@ -435,26 +387,58 @@ static double bg__thread_cpu(void)
 }
 
 /* The GEMMs as they run inside the training step: the bench's own backend
- * instance gets a copy of its operation table whose two GEMM entries time the
- * real ones (the CPU backend computes synchronously, so the time a call takes
- * is its GEMM's) and add up seconds and FLOPs while `on`. Set against the same
- * shapes timed alone (bg__step_gemm_seconds, warm operands), it shows what the
- * rest of the step costs the GEMMs: operands that other layers pushed out of
- * the caches. */
+ * instance gets a copy of its operation table whose two GEMM entries call the
+ * real ones and record, while `on`, each call's shape (transposes, m, n, k,
+ * batch, whether it accumulates) and, on a synchronous backend (the CPU's: the
+ * time a call takes is its GEMM's), its seconds. Each recorded shape is then
+ * timed alone through the same backend (bg__gshape_alone: warm operands, the
+ * same call again and again). Set side by side, per shape and in total, they
+ * show what the rest of the step costs the GEMMs (operands that other layers
+ * pushed out of the caches), and the sum of the alone times is the step with
+ * everything but its GEMMs free. The list of shapes is the step's own, so it
+ * cannot drift from the model's layers. */
+#define BG_GT_SHAPES 64
+typedef struct {
+    int ta, tb, m, n, k, batch, acc;
+    long long calls;
+    double s, alone; /* seconds inside the timed steps (all calls), and one call alone */
+} bg__gshape_t;
+
 static struct {
     const bg_backend_ops_t *inner;
     bg_backend_ops_t ops;
-    int on;
+    int on, nsh, lost; /* lost: calls of shapes beyond BG_GT_SHAPES */
     double s, flop;
+    bg__gshape_t sh[BG_GT_SHAPES];
 } bg__gt;
+
+static void bg__gt_record(int ta, int tb, int m, int n, int k, int batch, float beta, double sec)
+{
+    if (!bg__gt.on)
+        return;
+    int acc = beta != 0.0f, i = 0;
+    while (i < bg__gt.nsh && !(bg__gt.sh[i].ta == ta && bg__gt.sh[i].tb == tb && bg__gt.sh[i].m == m &&
+                               bg__gt.sh[i].n == n && bg__gt.sh[i].k == k && bg__gt.sh[i].batch == batch &&
+                               bg__gt.sh[i].acc == acc))
+        i++;
+    if (i == BG_GT_SHAPES) {
+        bg__gt.lost++;
+        return;
+    }
+    if (i == bg__gt.nsh)
+        bg__gt.sh[bg__gt.nsh++] = (bg__gshape_t){ta, tb, m, n, k, batch, acc, 0, 0, 0};
+    bg__gt.sh[i].calls++;
+    bg__gt.sh[i].s += sec;
+    bg__gt.s += sec;
+    bg__gt.flop += 2.0 * m * n * k * batch;
+}
 
 static void bg__timed_gemm(bg_backend_t *be, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                            const float *b, int ldb, float beta, float *c, int ldc)
 {
     double t0 = bg_now();
     bg__gt.inner->gemm(be, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (bg__gt.on)
-        bg__gt.s += bg_now() - t0, bg__gt.flop += 2.0 * m * n * k;
+    bg__gt_record(ta, tb, m, n, k, 1, beta, bg_now() - t0);
 }
 
 static void bg__timed_gemm_sb(bg_backend_t *be, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -463,8 +447,37 @@ static void bg__timed_gemm_sb(bg_backend_t *be, int ta, int tb, int m, int n, in
 {
     double t0 = bg_now();
     bg__gt.inner->gemm_strided_batched(be, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
-    if (bg__gt.on)
-        bg__gt.s += bg_now() - t0, bg__gt.flop += 2.0 * m * n * k * batch;
+    bg__gt_record(ta, tb, m, n, k, batch, beta, bg_now() - t0);
+}
+
+/* Seconds of one call of shape g alone through the backend's real GEMM
+ * (median of r runs, each of >= 0.1 GFLOP; the operands stay warm); -1 when
+ * the operands cannot be allocated. */
+static double bg__gshape_alone(bg_backend_t *be, const bg__gshape_t *g, int r)
+{
+    size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n, nc = (size_t)g->m * g->n;
+    float *a = bg_backend_alloc(be, na * g->batch * sizeof(float), "bench gemm a"),
+          *b = bg_backend_alloc(be, nb * g->batch * sizeof(float), "bench gemm b"),
+          *c = bg_backend_alloc(be, nc * g->batch * sizeof(float), "bench gemm c");
+    double t[32], f = 2.0 * g->m * g->n * g->k * g->batch, sec = -1;
+    if (a && b && c) {
+        be->ops->fill(be, a, 0.01f, na * g->batch), be->ops->fill(be, b, 0.02f, nb * g->batch);
+        be->ops->fill(be, c, 0.0f, nc * g->batch);
+        int inner = (int)(1e8 / f) + 1;
+        for (int it = -1; it < r; it++) {
+            double t0 = bg_now();
+            for (int j = 0; j < inner; j++)
+                bg__gt.inner->gemm_strided_batched(be, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a, g->ta ? g->m : g->k,
+                                                   (long long)na, b, g->tb ? g->k : g->n, (long long)nb,
+                                                   g->acc ? 1.0f : 0.0f, c, g->n, (long long)nc, g->batch);
+            be->ops->synchronize(be);
+            if (it >= 0)
+                t[it] = (bg_now() - t0) / inner;
+        }
+        sec = bg_median(t, (size_t)r);
+    }
+    bg_backend_free(be, a), bg_backend_free(be, b), bg_backend_free(be, c);
+    return sec;
 }
 
 /* GPT training FLOP/s: the model of issue 11's table (d_model 256, 4 heads,
@@ -502,7 +515,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     if (s == BG_OK)
         s = bg_backend_create(kb->be->ops->name, &bp, &be);
     timed = s == BG_OK && !strcmp(be->ops->name, "cpu"); /* synchronous: a call's time is its GEMM's */
-    if (timed) {
+    if (s == BG_OK) { /* every backend's step records its GEMM shapes; only the CPU's are timed in it */
         bg__gt.inner = be->ops;
         bg__gt.ops = *be->ops;
         bg__gt.ops.gemm = bg__timed_gemm;
@@ -572,8 +585,16 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     double gflops = flops / step / 1e9;
     double libs[2];
     double best = bg__sgemm_best_1t(kb->repeat, libs);
-    double gemm_flop = 0, gemm_s = bg__step_gemm_seconds(be, n * T, cfg.d_model, cfg.vocab, cfg.layers, r, &gemm_flop);
-    gemm_s *= M, gemm_flop *= M; /* every microbatch runs them */
+    /* the step's GEMM shapes alone (per step: the r timed steps' calls / r) */
+    double gemm_flop = 0, gemm_s = 0;
+    for (int i = 0; i < bg__gt.nsh && gemm_s >= 0; i++) {
+        bg__gshape_t *g = &bg__gt.sh[i];
+        g->alone = bg__gshape_alone(be, g, r);
+        gemm_s = g->alone < 0 ? -1 : gemm_s + g->alone * g->calls / r;
+        gemm_flop += 2.0 * g->m * g->n * g->k * g->batch * g->calls / r;
+    }
+    if (gemm_s < 0 || bg__gt.lost) /* an operand not allocated, or shapes not recorded: no figure */
+        gemm_s = 0;
     bg__peak_t pk = bg__machine_peak();
     printf("\nGPT training, one thread: d_model 256, 2 blocks, 4 heads, seq 128, %d microbatches of 2 sequences per "
            "step, AdamW\n", M);
@@ -607,6 +628,19 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
                r, in_s * 1e3, 100 * in_s / step, in_flop / 1e9, in_flop / in_s / 1e9,
                pk.peak > 0 ? 100 * in_flop / in_s / 1e9 / pk.peak : 0.0,
                gemm_s > 0 ? (in_flop / in_s) / (gemm_flop / gemm_s) : 0.0);
+    if (in_s > 0 && gemm_s > 0) {
+        printf("  the step's GEMMs by shape (calls per step; GFLOP/s inside the step, alone, and their ratio):\n");
+        for (int i = 0; i < bg__gt.nsh; i++) {
+            const bg__gshape_t *g = &bg__gt.sh[i];
+            double f = 2.0 * g->m * g->n * g->k * g->batch, in_rate = f * g->calls / g->s / 1e9;
+            char bt[24] = "";
+            if (g->batch > 1)
+                snprintf(bt, sizeof bt, " x%d", g->batch);
+            printf("    %c%c %5d %5d %5d%-5s%s %4lld  %6.1f ms/step %5.1f %5.1f  %.2f\n", g->ta ? 'T' : 'N',
+                   g->tb ? 'T' : 'N', g->m, g->n, g->k, bt, g->acc ? " +=" : "   ", g->calls / r, g->s / r * 1e3,
+                   in_rate, f / g->alone / 1e9, in_rate / (f / g->alone / 1e9));
+        }
+    }
     /* the step's thread CPU time: other processes' share of a loaded machine
      * leaves it (not their effect on caches and clocks); one thread computes
      * everything, OpenBLAS and oneDNN included */
@@ -634,11 +668,21 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     json_object_set_new(json_object_get(root, "gpt_training"), "fma_throughput_gflops", json_real(fma_gflops));
     json_object_set_new(json_object_get(root, "gpt_training"), "gemm_in_step_ms", json_real(in_s * 1e3));
     json_object_set_new(json_object_get(root, "gpt_training"), "gemm_in_step_gflop", json_real(in_flop / 1e9));
+    json_t *shapes = json_array();
+    for (int i = 0; i < bg__gt.nsh && gemm_s > 0; i++) {
+        const bg__gshape_t *g = &bg__gt.sh[i];
+        json_array_append_new(shapes, json_pack("{s:b, s:b, s:i, s:i, s:i, s:i, s:b, s:f, s:f, s:f}", "trans_a", g->ta,
+                                                "trans_b", g->tb, "m", g->m, "n", g->n, "k", g->k, "batch", g->batch,
+                                                "accumulate", g->acc, "calls_per_step", (double)g->calls / r,
+                                                "in_step_ms", timed ? g->s / r * 1e3 : 0.0, "alone_ms",
+                                                g->alone * 1e3));
+    }
+    json_object_set_new(json_object_get(root, "gpt_training"), "gemm_shapes", shapes);
 out:
     bg_stage_destroy(st);
     bg_model_destroy(m);
     bg_model_desc_destroy(desc);
-    if (timed)
+    if (be && be->ops == &bg__gt.ops)
         be->ops = bg__gt.inner;
     bg_backend_destroy(be);
     free(tok);
