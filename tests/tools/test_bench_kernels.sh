@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tests/tools/test_bench_kernels.sh: `brigade bench kernels --json`'s GPT
+# training section. The GEMM shapes it recorded inside the step must be those
+# of the model, counted independently here in closed form (2 blocks of
+# d_model 256 and the 256-wide head, 256 rows per microbatch, 16 microbatches
+# per step: a forward x W^T, an input gradient dy W and an accumulated weight
+# gradient dy^T x for every linear layer), and their FLOPs must add up to the
+# totals the bench reports. No speed is asserted (benchmarks are not timed
+# tests): only that the figures exist, are positive and agree with each other.
+source "$(dirname "$0")/lib.sh"
+
+timeout 300 "$B" bench kernels --threads 1 --repeat 1 --sizes 64 --json "$T/kb.json" >"$T/out" 2>"$T/err" ||
+    bad "bench kernels failed: $(cat "$T/err")"
+grep -q "the step's GEMMs by shape" "$T/out" && ok "the per-shape table is printed" ||
+    bad "no per-shape table in: $(cat "$T/out")"
+
+python3 - "$T/kb.json" <<'EOF' && ok "recorded GEMM shapes match the model's, totals agree" || bad "bench JSON check failed"
+import json, sys
+g = json.load(open(sys.argv[1]))["gpt_training"]
+d, rows, mb, layers, vocab = 256, 256, 16, 2, 256
+want = {}
+def add(key, calls):
+    want[key] = want.get(key, 0) + calls
+# (c_in, c_out, per block?) of each linear layer: qkv, attention projection, fc, MLP projection, head
+for ci, co, per_block in [(d, 3 * d, 1), (d, d, 1), (d, 4 * d, 1), (4 * d, d, 1), (d, vocab, 0)]:
+    n = (layers if per_block else 1) * mb
+    add((False, True, rows, co, ci, 1, False), n)   # forward: x W^T
+    add((False, False, rows, ci, co, 1, False), n)  # input gradient: dy W
+    add((True, False, co, ci, rows, 1, True), n)    # weight gradient: dy^T x, accumulated
+got = {}
+for s in g["gemm_shapes"]:
+    key = (s["trans_a"], s["trans_b"], s["m"], s["n"], s["k"], s["batch"], s["accumulate"])
+    assert key not in got, f"shape listed twice: {key}"
+    got[key] = s["calls_per_step"]
+    assert s["alone_ms"] > 0 and s["in_step_ms"] > 0, f"non-positive time for {key}: {s}"
+assert got == want, f"recorded shapes {got}\n  differ from the model's {want}"
+flop = sum(2.0 * m * n * k * b * c for (ta, tb, m, n, k, b, acc), c in got.items())
+for name in ("gemm_gflop", "gemm_in_step_gflop"):
+    assert abs(g[name] * 1e9 - flop) <= 1e-9 * flop, f"{name} {g[name]} != {flop / 1e9} from the shapes"
+alone = sum(s["alone_ms"] * s["calls_per_step"] for s in g["gemm_shapes"])
+assert abs(alone - g["gemm_ms"]) <= 1e-6 * alone, f"gemm_ms {g['gemm_ms']} != {alone} from the shapes"
+in_step = sum(s["in_step_ms"] for s in g["gemm_shapes"])
+assert abs(in_step - g["gemm_in_step_ms"]) <= 1e-6 * in_step, f"gemm_in_step_ms {g['gemm_in_step_ms']} != {in_step}"
+assert 0 < g["gemm_in_step_ms"] < g["step_ms"], f"GEMMs inside the step {g['gemm_in_step_ms']} ms of a {g['step_ms']} ms step"
+assert g["gflop_per_step"] * 1e9 > flop, "the step's FLOPs must exceed its GEMMs' (attention, ...)"
+for k in ("peak_gflops", "fraction_of_peak", "gflops"):
+    assert g[k] > 0, f"{k} = {g[k]}"
+EOF
+
+finish
