@@ -450,6 +450,83 @@ static void bg__timed_gemm_sb(bg_backend_t *be, int ta, int tb, int m, int n, in
     bg__gt_record(ta, tb, m, n, k, batch, beta, bg_now() - t0);
 }
 
+/* The step's other operations, timed the same way (synchronous backends):
+ * every slot below whose real entry exists gets a wrapper that adds its
+ * seconds to its line. What no wrapper sees (the layers' own code between
+ * calls, and slots not listed: memory, reductions to the host) is the step
+ * less the GEMMs and these. */
+#define BG_OT_LIST(X)                                                                                                 \
+    X(attention_forward, (bg_backend_t * be, float *out, float *lse, const float *qkv, int B, int T, int NH, int hs),  \
+      (be, out, lse, qkv, B, T, NH, hs))                                                                              \
+    X(attention_backward,                                                                                             \
+      (bg_backend_t * be, float *dqkv, float *dvec, const float *dout, const float *qkv, const float *out,            \
+       const float *lse, int B, int T, int NH, int hs),                                                               \
+      (be, dqkv, dvec, dout, qkv, out, lse, B, T, NH, hs))                                                            \
+    X(bias_gelu_forward, (bg_backend_t * be, float *pre, float *out, const float *bias, int N, int C),                 \
+      (be, pre, out, bias, N, C))                                                                                     \
+    X(gelu_bias_backward,                                                                                             \
+      (bg_backend_t * be, float *din, float *dbias, const float *pre, const float *dout, int N, int C),               \
+      (be, din, dbias, pre, dout, N, C))                                                                              \
+    X(gelu_forward, (bg_backend_t * be, float *out, const float *in, size_t n), (be, out, in, n))                      \
+    X(gelu_backward, (bg_backend_t * be, float *din, const float *in, const float *dout, size_t n),                   \
+      (be, din, in, dout, n))                                                                                         \
+    X(layernorm_forward,                                                                                              \
+      (bg_backend_t * be, float *out, float *mean, float *rstd, const float *in, const float *weight,                 \
+       const float *bias, int N, int C),                                                                              \
+      (be, out, mean, rstd, in, weight, bias, N, C))                                                                  \
+    X(layernorm_backward_input,                                                                                       \
+      (bg_backend_t * be, float *din, const float *dout, const float *in, const float *weight, const float *mean,     \
+       const float *rstd, int N, int C),                                                                              \
+      (be, din, dout, in, weight, mean, rstd, N, C))                                                                  \
+    X(layernorm_backward_weight,                                                                                      \
+      (bg_backend_t * be, float *dweight, float *dbias, const float *dout, const float *in, const float *mean,        \
+       const float *rstd, int N, int C),                                                                              \
+      (be, dweight, dbias, dout, in, mean, rstd, N, C))                                                               \
+    X(bias_forward, (bg_backend_t * be, float *out, const float *bias, int N, int C), (be, out, bias, N, C))           \
+    X(bias_backward, (bg_backend_t * be, float *dbias, const float *dout, int N, int C), (be, dbias, dout, N, C))      \
+    X(residual_forward, (bg_backend_t * be, float *out, const float *a, const float *b, size_t n), (be, out, a, b, n)) \
+    X(axpy, (bg_backend_t * be, float *y, float alpha, const float *x, size_t n), (be, y, alpha, x, n))               \
+    X(copy, (bg_backend_t * be, float *dst, const float *src, size_t n), (be, dst, src, n))                           \
+    X(fill, (bg_backend_t * be, float *x, float value, size_t n), (be, x, value, n))                                  \
+    X(scale, (bg_backend_t * be, float *x, float alpha, size_t n), (be, x, alpha, n))                                 \
+    X(crossentropy_forward,                                                                                           \
+      (bg_backend_t * be, float *losses, float *probs, const float *logits, const int32_t *targets, int N, int V),    \
+      (be, losses, probs, logits, targets, N, V))                                                                     \
+    X(crossentropy_backward,                                                                                          \
+      (bg_backend_t * be, float *dlogits, const float *probs, const int32_t *targets, float dloss, int N, int V),     \
+      (be, dlogits, probs, targets, dloss, N, V))                                                                     \
+    X(embedding_forward,                                                                                              \
+      (bg_backend_t * be, float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T, int C), \
+      (be, out, tokens, wte, wpe, B, T, C))                                                                           \
+    X(embedding_backward,                                                                                             \
+      (bg_backend_t * be, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C),   \
+      (be, dwte, dwpe, dout, tokens, B, T, C))                                                                        \
+    X(adamw,                                                                                                          \
+      (bg_backend_t * be, float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,       \
+       float beta2, float eps, float weight_decay, int t),                                                            \
+      (be, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t))
+
+#define BG_OT_ENUM(name, params, args) BG_OT_##name,
+enum { BG_OT_LIST(BG_OT_ENUM) BG_OT_COUNT };
+#define BG_OT_NAME(name, params, args) #name,
+static const char *const bg__ot_names[BG_OT_COUNT] = {BG_OT_LIST(BG_OT_NAME)};
+static struct {
+    double s[BG_OT_COUNT];
+    long long calls[BG_OT_COUNT];
+} bg__ot;
+#define BG_OT_FN(name, params, args)                                                                                  \
+    static void bg__ot_##name params                                                                                  \
+    {                                                                                                                 \
+        double t0 = bg_now();                                                                                         \
+        bg__gt.inner->name args;                                                                                      \
+        if (bg__gt.on)                                                                                                \
+            bg__ot.s[BG_OT_##name] += bg_now() - t0, bg__ot.calls[BG_OT_##name]++;                                    \
+    }
+BG_OT_LIST(BG_OT_FN)
+#define BG_OT_SET(name, params, args)                                                                                 \
+    if (bg__gt.inner->name)                                                                                           \
+        bg__gt.ops.name = bg__ot_##name;
+
 /* Seconds of one call of shape g alone through the backend's real GEMM
  * (median of r runs, each of >= 0.1 GFLOP; the operands stay warm); -1 when
  * the operands cannot be allocated. */
@@ -520,6 +597,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
         bg__gt.ops = *be->ops;
         bg__gt.ops.gemm = bg__timed_gemm;
         bg__gt.ops.gemm_strided_batched = bg__timed_gemm_sb;
+        BG_OT_LIST(BG_OT_SET)
         be->ops = &bg__gt.ops;
     }
     if (s == BG_OK)
@@ -641,6 +719,32 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
                    in_rate, f / g->alone / 1e9, in_rate / (f / g->alone / 1e9));
         }
     }
+    double ops_s = 0;
+    for (int i = 0; i < BG_OT_COUNT; i++)
+        ops_s += bg__ot.s[i];
+    if (in_s > 0 && ops_s > 0) {
+        /* the largest first */
+        int ord[BG_OT_COUNT];
+        for (int i = 0; i < BG_OT_COUNT; i++) {
+            int j = i;
+            for (; j > 0 && bg__ot.s[ord[j - 1]] < bg__ot.s[i]; j--)
+                ord[j] = ord[j - 1];
+            ord[j] = i;
+        }
+        printf("  the rest of the step by operation (ms/step, share of the step, calls per step):\n");
+        for (int i = 0; i < BG_OT_COUNT; i++)
+            if (bg__ot.calls[ord[i]])
+                printf("    %-26s %7.2f ms %5.1f%% %6lld\n", bg__ot_names[ord[i]], bg__ot.s[ord[i]] / r * 1e3,
+                       100 * bg__ot.s[ord[i]] / r / step, bg__ot.calls[ord[i]] / r);
+        /* the layers' own code and the slots not timed: the mean step (the
+         * timed parts are means too) less the timed parts */
+        double mean_step = 0;
+        for (int i = 0; i < r; i++)
+            mean_step += t[i] / r;
+        double rest = mean_step - in_s - ops_s / r;
+        printf("    %-26s %7.2f ms %5.1f%% (the mean step, %.1f ms, less the GEMMs and the above)\n",
+               "between the calls", rest * 1e3, 100 * rest / mean_step, mean_step * 1e3);
+    }
     /* the step's thread CPU time: other processes' share of a loaded machine
      * leaves it (not their effect on caches and clocks); one thread computes
      * everything, OpenBLAS and oneDNN included */
@@ -678,6 +782,13 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
                                                 g->alone * 1e3));
     }
     json_object_set_new(json_object_get(root, "gpt_training"), "gemm_shapes", shapes);
+    json_t *ops = json_object();
+    for (int i = 0; i < BG_OT_COUNT && timed; i++)
+        if (bg__ot.calls[i])
+            json_object_set_new(ops, bg__ot_names[i],
+                                json_pack("{s:f, s:f}", "ms", bg__ot.s[i] / r * 1e3, "calls_per_step",
+                                          (double)bg__ot.calls[i] / r));
+    json_object_set_new(json_object_get(root, "gpt_training"), "ops_in_step", ops);
 out:
     bg_stage_destroy(st);
     bg_model_destroy(m);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # tests/tools/test_bench_kernels.sh: `brigade bench kernels --json`'s GPT
-# training section. The GEMM shapes it recorded inside the step must be those
-# of the model, counted independently here in closed form (2 blocks of
-# d_model 256 and the 256-wide head, 256 rows per microbatch, 16 microbatches
-# per step: a forward x W^T, an input gradient dy W and an accumulated weight
-# gradient dy^T x for every linear layer), and their FLOPs must add up to the
-# totals the bench reports. No speed is asserted (benchmarks are not timed
-# tests): only that the figures exist, are positive and agree with each other.
+# training section. The GEMM shapes and other operations it recorded inside
+# the step must be those of the model, counted independently here in closed
+# form (2 blocks of d_model 256 and the 256-wide head, 256 rows per
+# microbatch, 16 microbatches per step: a forward x W^T, an input gradient
+# dy W and an accumulated weight gradient dy^T x for every linear layer; per
+# microbatch and block one attention, one fused bias + GELU, two LayerNorms,
+# ...), and their FLOPs and times must add up to the totals the bench
+# reports. No speed is asserted (benchmarks are not timed tests): only that
+# the figures exist, are positive and agree with each other.
 source "$(dirname "$0")/lib.sh"
 
 timeout 300 "$B" bench kernels --threads 1 --repeat 1 --sizes 64 --json "$T/kb.json" >"$T/out" 2>"$T/err" ||
@@ -45,6 +47,21 @@ assert 0 < g["gemm_in_step_ms"] < g["step_ms"], f"GEMMs inside the step {g['gemm
 assert g["gflop_per_step"] * 1e9 > flop, "the step's FLOPs must exceed its GEMMs' (attention, ...)"
 for k in ("peak_gflops", "fraction_of_peak", "gflops"):
     assert g[k] > 0, f"{k} = {g[k]}"
+# the other operations, timed inside the same step (--repeat 1: one step, so the
+# timed parts cannot add up to more than it)
+ops = g["ops_in_step"]
+per_mb = {"attention_forward": layers, "attention_backward": layers, "bias_gelu_forward": layers,
+          "gelu_bias_backward": layers, "layernorm_forward": 2 * layers + 1,
+          "layernorm_backward_input": 2 * layers + 1, "crossentropy_forward": 1, "crossentropy_backward": 1,
+          "embedding_forward": 1, "embedding_backward": 1}
+for name, n in per_mb.items():
+    assert name in ops, f"{name} not timed in the step: {sorted(ops)}"
+    assert ops[name]["calls_per_step"] == n * mb, f"{name}: {ops[name]['calls_per_step']} calls, want {n * mb}"
+for name in ("gelu_forward", "gelu_backward"):  # fused with the bias by default (BRIGADE_FUSE=on)
+    assert name not in ops, f"{name} ran unfused: {ops[name]}"
+assert ops["adamw"]["calls_per_step"] >= 1, "the optimizer step was not timed"
+timed = g["gemm_in_step_ms"] + sum(o["ms"] for o in ops.values())
+assert 0 < timed <= g["step_ms"], f"GEMMs and operations {timed} ms in a {g['step_ms']} ms step"
 EOF
 
 finish
