@@ -812,7 +812,9 @@ static void bg__usage(FILE *f)
                "\n"
                "Prints GEMM GFLOP/s through the backend next to cblas_sgemm called directly\n"
                "with OpenBLAS's own threads (the reference) and their ratio, square and\n"
-               "GPT-shaped, then per-op throughput at GPT-like sizes.\n");
+               "GPT-shaped, then per-op throughput at GPT-like sizes, then GPT training on one thread\n"
+               "against the core's theoretical fp32 peak: the step's GEMMs by shape (inside the step and\n"
+               "alone) and the rest of the step by operation.\n");
 }
 
 int bg_bench_kernels(int argc, char **argv)
