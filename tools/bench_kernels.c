@@ -273,11 +273,18 @@ __attribute__((target("avx2,fma"))) static double bg__fma256(long iters, float *
     BG__FMA_BODY(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, 8);
 }
 
+/* Seconds of the FMA loop at the widest vector width (bits 512 or 256) */
+static double bg__fma_loop(int bits, long iters, float *sink)
+{
+    return bits == 512 ? bg__fma512(iters, sink) : bg__fma256(iters, sink);
+}
+
 /* The FMA throughput the core gives this thread now, in GFLOP/s: the widest
- * FMA loop for about 10 ms (0 without FMA). Taken next to each training step,
- * it is what the core could deliver at that moment: on a shared host a
- * neighbour on the sibling hyperthread or a lower clock slows both alike,
- * while the theoretical peak does not move. */
+ * FMA loop, 2.4 M vector FMAs (about 0.65 ms at 512 bits and 2 FMAs per cycle
+ * at 2.2 GHz), 0 without FMA. Taken next to each training step, it is what
+ * the core could deliver at that moment: on a shared host a neighbour on the
+ * sibling hyperthread or a lower clock slows both alike, while the
+ * theoretical peak does not move. */
 static double bg__fma_now(void)
 {
     bg_cpu_info_t cpu;
@@ -285,8 +292,8 @@ static double bg__fma_now(void)
     if (!cpu.avx2_fma)
         return 0;
     float sink = 0;
-    const long iters = 200000; /* 2.4 M vector FMAs: about 10 ms at 2 GHz and 1 per cycle, 5 ms at 2 */
-    double t = cpu.vector_bits == 512 ? bg__fma512(iters, &sink) : bg__fma256(iters, &sink);
+    const long iters = 200000;
+    double t = bg__fma_loop(cpu.vector_bits, iters, &sink);
     return (double)iters * BG__FMA_CHAINS * (cpu.vector_bits / 32) * 2 / t * 1e-9 + 0.0 * sink;
 }
 
@@ -305,7 +312,7 @@ static bg__peak_t bg__machine_peak(void)
     long iters = 50000;
     double best = 1e30;
     for (int r = 0; r < 200; r++) {
-        double t = p.bits == 512 ? bg__fma512(iters, &sink) : bg__fma256(iters, &sink);
+        double t = bg__fma_loop(p.bits, iters, &sink);
         best = t < best ? t : best;
         double g = bg__clock_sample();
         p.ghz = g > p.ghz ? g : p.ghz;
@@ -408,7 +415,6 @@ static struct {
     const bg_backend_ops_t *inner;
     bg_backend_ops_t ops;
     int on, nsh, lost; /* lost: calls of shapes beyond BG_GT_SHAPES */
-    double s, flop;
     bg__gshape_t sh[BG_GT_SHAPES];
 } bg__gt;
 
@@ -429,8 +435,6 @@ static void bg__gt_record(int ta, int tb, int m, int n, int k, int batch, float 
         bg__gt.sh[bg__gt.nsh++] = (bg__gshape_t){ta, tb, m, n, k, batch, acc, 0, 0, 0};
     bg__gt.sh[i].calls++;
     bg__gt.sh[i].s += sec;
-    bg__gt.s += sec;
-    bg__gt.flop += 2.0 * m * n * k * batch;
 }
 
 static void bg__timed_gemm(bg_backend_t *be, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
@@ -663,16 +667,20 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     double gflops = flops / step / 1e9;
     double libs[2];
     double best = bg__sgemm_best_1t(kb->repeat, libs);
-    /* the step's GEMM shapes alone (per step: the r timed steps' calls / r) */
-    double gemm_flop = 0, gemm_s = 0;
-    for (int i = 0; i < bg__gt.nsh && gemm_s >= 0; i++) {
+    /* the step's GEMM shapes (per step: the r timed steps' calls / r): their
+     * FLOPs, their seconds inside the step and alone */
+    double gemm_flop = 0, gemm_s = 0, in_s = 0;
+    for (int i = 0; i < bg__gt.nsh; i++) {
         bg__gshape_t *g = &bg__gt.sh[i];
-        g->alone = bg__gshape_alone(be, g, r);
+        g->alone = gemm_s >= 0 ? bg__gshape_alone(be, g, r) : -1;
         gemm_s = g->alone < 0 ? -1 : gemm_s + g->alone * g->calls / r;
         gemm_flop += 2.0 * g->m * g->n * g->k * g->batch * g->calls / r;
+        in_s += g->s / r;
     }
     if (gemm_s < 0 || bg__gt.lost) /* an operand not allocated, or shapes not recorded: no figure */
         gemm_s = 0;
+    if (!timed || bg__gt.lost) /* asynchronous calls are not timed */
+        in_s = 0;
     bg__peak_t pk = bg__machine_peak();
     printf("\nGPT training, one thread: d_model 256, 2 blocks, 4 heads, seq 128, %d microbatches of 2 sequences per "
            "step, AdamW\n", M);
@@ -699,7 +707,7 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
                pk.peak > 0 ? 100 * gemm_flop / gemm_s / 1e9 / pk.peak : 0.0, ceiling,
                pk.peak > 0 ? 100 * ceiling / pk.peak : 0.0);
     /* the same GEMMs inside the steps (all r timed steps: a mean, not a median) */
-    double in_s = timed && r > 0 ? bg__gt.s / r : 0, in_flop = timed && r > 0 ? bg__gt.flop / r : 0;
+    double in_flop = in_s > 0 ? gemm_flop : 0;
     if (in_s > 0)
         printf("  the same GEMMs inside the step (mean of the %d steps): %.1f ms (%.0f%% of the step; %.3f GFLOP at "
                "%.1f GFLOP/s = %.0f%% of peak, %.2f of their rate alone)\n",
