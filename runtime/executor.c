@@ -1122,7 +1122,7 @@ static bg_status_t agree(exec_t *x, bg_status_t mine, int damaged, int *damaged_
         return mine;
     load_vote_t *all = malloc((size_t)x->world * sizeof(*all));
     BG_ALLOC_CHECK(all, (size_t)x->world * sizeof(*all), "resume votes");
-    bg_status_t st = bg_group_allgather(x->world_group, &v, all, sizeof v);
+    bg_status_t st = bg_group_allgather(x->world_group, &v, all, sizeof v, BG_U8);
     if (st != BG_OK) {
         free(all);
         return st;
@@ -2048,22 +2048,19 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     /* the step's loss (the last stage of each replica holds its share), the
      * squared gradient norm (each rank's chunks, in chunk order; replica 0
      * only, as every replica holds the same reduced gradients) and whether
-     * any rank was asked to stop: one allreduce, so all agree. The transport
-     * sums float32, so the double sum of squares travels as hi + lo floats:
-     * exact for one contributing rank, within ~1e-7 relative for several. */
+     * any rank was asked to stop: one fp64 allreduce, so all agree. The loss
+     * is reported in fp32: each share is rounded to fp32 before the sum and
+     * the sum after it, as when it travelled as fp32. */
     double gsq = 0;
     for (int v = 0; (x->dp_i == 0 || x->p.zero) && v < x->V; v++) /* --zero: each replica its shard */
         gsq += x->chunks[v].gsq;
-    float hi = gsq > FLT_MAX ? INFINITY : (float)gsq;
-    float lo = isfinite(hi) ? (float)(gsq - (double)hi) : 0.0f;
-    float red[4] = {(float)x->loss, x->stop_req ? 1.0f : 0.0f, hi, lo};
-    if (x->world > 1) {
-        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 4, BG_REDUCE_SUM), st, fail);
-        gsq = (double)red[2] + (double)red[3];
-    }
+    double red[3] = {(double)(float)x->loss, x->stop_req ? 1.0 : 0.0, gsq};
+    if (x->world > 1)
+        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 3, BG_F64, BG_REDUCE_SUM), st, fail);
+    gsq = red[2];
     x->step = step + 1;
     bg_step_result_t r = step_result(x, tokens, dt);
-    r.loss = red[0];
+    r.loss = (float)red[0];
     r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
     r.bytes_sent = x->bytes_sent;
     r.stop = red[1] > 0;

@@ -236,7 +236,7 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
     float bad = st == BG_OK ? 0.0f : 1.0f;
     bg_status_t st2 = world_group(comm, &g);
     if (st2 == BG_OK)
-        st2 = bg_group_allreduce(g, &bad, 1, BG_REDUCE_SUM);
+        st2 = bg_group_allreduce(g, &bad, 1, BG_F32, BG_REDUCE_SUM);
     bg_group_destroy(g);
     if (st2 != BG_OK)
         return st2;
@@ -344,7 +344,7 @@ static bg_status_t agree(bg_executor_t *x, bg_status_t mine)
     bg_group_t *g = NULL;
     bg_status_t st = world_group(comm, &g);
     if (st == BG_OK)
-        st = bg_group_allgather(g, &f, failed, sizeof(int));
+        st = bg_group_allgather(g, &f, failed, 1, BG_I32);
     bg_group_destroy(g);
     int first = -1;
     for (int r = 0; st == BG_OK && r < world && first < 0; r++)
@@ -388,7 +388,7 @@ static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info
     bg_group_t *g = NULL;
     bg_status_t st = world_group(bg_executor_comm(x), &g);
     if (st == BG_OK)
-        st = bg_group_allgather(g, &me, res->ranks, sizeof(me));
+        st = bg_group_allgather(g, &me, res->ranks, sizeof(me), BG_U8);
     bg_group_destroy(g);
     return st;
 }

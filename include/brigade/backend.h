@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "brigade/core.h"
 #include "brigade/status.h"
 
 #ifdef __cplusplus
@@ -40,18 +41,10 @@ extern "C" {
 
 typedef struct bg_backend bg_backend_t; /**< a backend instance (its body is below) */
 
-/** Element types of stored tensors. Arithmetic is fp32 everywhere; bf16 is a
- *  storage format (1 sign, 8 exponent, 7 mantissa bits: the top half of an
- *  fp32) for activations kept between a layer's forward and its backward
- *  (bg_layer_set_precision). */
-typedef enum bg_dtype {
-    BG_F32 = 0,  /**< IEEE binary32 */
-    BG_BF16 = 1, /**< bfloat16 */
-} bg_dtype_t;
-/** Bytes of one element of @p t. */
-static inline size_t bg_dtype_size(bg_dtype_t t) { return t == BG_BF16 ? 2 : 4; }
-/** "fp32" or "bf16" (the spelling of --precision). */
-static inline const char *bg_dtype_name(bg_dtype_t t) { return t == BG_BF16 ? "bf16" : "fp32"; }
+/* bg_dtype_t, bg_dtype_size() and bg_dtype_name() live in brigade/core.h (the
+ * transport's collectives take them too). Tensors a backend stores are BG_F32,
+ * or BG_BF16 where a layer keeps its activations in bf16
+ * (bg_layer_set_precision); the kernels take no other type. */
 typedef struct bg_event bg_event_t;     /**< a point of one of a backend's streams (opaque; the backend's own) */
 
 /** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */

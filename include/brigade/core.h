@@ -49,6 +49,30 @@ extern "C" {
  *  BRIGADE_VERSION_STRING to catch headers and a shared library that differ. */
 const char *bg_version(void);
 
+/** Element types: of stored tensors (bg_layer_set_precision, where arithmetic
+ *  is fp32 and bf16 is a storage format: 1 sign, 8 exponent, 7 mantissa bits,
+ *  the top half of an fp32) and of the transport's collectives (every type;
+ *  BG_U8 only where nothing is reduced: all-gather, broadcast). */
+typedef enum bg_dtype {
+    BG_F32 = 0,  /**< IEEE binary32 */
+    BG_BF16 = 1, /**< bfloat16 */
+    BG_F64 = 2,  /**< IEEE binary64 */
+    BG_I32 = 3,  /**< int32_t */
+    BG_I64 = 4,  /**< int64_t */
+    BG_U8 = 5,   /**< uint8_t: raw bytes (all-gather and broadcast of structs) */
+} bg_dtype_t;
+/** Bytes of one element of @p t (0 for a value outside the enum). */
+static inline size_t bg_dtype_size(bg_dtype_t t)
+{
+    return t == BG_F32 || t == BG_I32 ? 4 : t == BG_F64 || t == BG_I64 ? 8 : t == BG_BF16 ? 2 : t == BG_U8 ? 1 : 0;
+}
+/** "fp32", "bf16" (the spellings of --precision), "fp64", "int32", "int64", "uint8"; "?" otherwise. */
+static inline const char *bg_dtype_name(bg_dtype_t t)
+{
+    return t == BG_F32 ? "fp32" : t == BG_BF16 ? "bf16" : t == BG_F64 ? "fp64" : t == BG_I32 ? "int32"
+         : t == BG_I64 ? "int64" : t == BG_U8 ? "uint8" : "?";
+}
+
 /** Log levels, from the most to the least severe (BRIGADE_LOG picks one). */
 typedef enum bg_log_level {
     BG_LOG_ERROR = 0,
