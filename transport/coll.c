@@ -54,6 +54,7 @@ struct bg__coll {
 };
 
 static const char *bg__coll_desc(bg__coll_t *co);
+static const bg__coll_ops_t bg__coll_ops;
 
 /* ---- groups ------------------------------------------------------------------ */
 
@@ -92,6 +93,7 @@ bg_status_t bg_group_create(bg_comm_t *c, int n, const int *ranks, bg_group_t **
     /* id: hash of the member list, and how many groups with that list this process
      * made before (members create groups in the same order) */
     bg__lock(c);
+    c->coll_ops = &bg__coll_ops; /* the engine calls back into the step machine through it */
     int occ = 0, k;
     for (k = 0; k < c->ngroup_ids; k++)
         if (c->group_ids[k][0] == (int)h)
@@ -183,7 +185,7 @@ static void bg__coll_finish(bg__coll_t *co, bg_status_t st, const char *msg)
     atomic_fetch_sub(&co->comm->active, 1);
 }
 
-void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
+static void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
 {
     if (co->done)
         return;
@@ -203,7 +205,7 @@ void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
     bg__coll_finish(co, st, m);
 }
 
-void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub)
+static void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub)
 {
     if (sub->status < 0 && !co->done) {
         char m[256];
@@ -346,7 +348,7 @@ static void bg__coll_advance(bg__coll_t *co)
     }
 }
 
-void bg__colls_advance_locked(bg_comm_t *c)
+static void bg__colls_advance_locked(bg_comm_t *c)
 {
     for (bg__coll_t *co = c->colls, *nx; co; co = nx) {
         nx = co->next;
@@ -354,8 +356,14 @@ void bg__colls_advance_locked(bg_comm_t *c)
     }
 }
 
-void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
+/* rank -1: every collective (the store was lost, or the comm is destroyed) */
+static void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
 {
+    if (rank < 0) {
+        while (c->colls)
+            bg__coll_fail_locked(c->colls, BG_ERR_PEER, why);
+        return;
+    }
     for (bg__coll_t *co = c->colls, *nx; co; co = nx) {
         nx = co->next;
         for (int i = 0; i < co->n; i++)
@@ -366,13 +374,7 @@ void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
     }
 }
 
-void bg__colls_fail_all_locked(bg_comm_t *c, const char *why)
-{
-    while (c->colls)
-        bg__coll_fail_locked(c->colls, BG_ERR_PEER, why);
-}
-
-void bg__coll_free(bg__coll_t *co)
+static void bg__coll_free(bg__coll_t *co)
 {
     if (!co)
         return;
@@ -389,6 +391,14 @@ void bg__coll_free(bg__coll_t *co)
     free(co->ranks);
     free(co);
 }
+
+static const bg__coll_ops_t bg__coll_ops = {
+    .sub_done_locked = bg__coll_on_sub_done_locked,
+    .advance_locked = bg__colls_advance_locked,
+    .fail_peer_locked = bg__colls_fail_peer_locked,
+    .fail_locked = bg__coll_fail_locked,
+    .free = bg__coll_free,
+};
 
 /* ---- building and starting ------------------------------------------------------------- */
 

@@ -162,7 +162,7 @@ static void bg__complete_locked(bg_request_t *r, bg_status_t st, const char *msg
     atomic_store_explicit(&r->done, 1, memory_order_release);
     atomic_fetch_sub(&r->comm->active, 1);
     if (r->parent)
-        bg__coll_on_sub_done_locked(r->parent, r);
+        r->comm->coll_ops->sub_done_locked(r->parent, r);
 }
 
 static double bg__live_timeout(const bg_comm_t *c);
@@ -347,7 +347,7 @@ unsigned bg__progress_locked(bg_comm_t *c)
     if (c->nsuspects)
         bg__suspects_expire(c);
     if (c->colls)
-        bg__colls_advance_locked(c);
+        c->coll_ops->advance_locked(c);
     return n;
 }
 
@@ -379,10 +379,8 @@ static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
     atomic_store(&c->failed, 1);
     bg_log(BG_LOG_ERROR, "transport", "%s: failing the operations that involve it", msg);
     /* collectives first: they fail as a whole with the collective's name */
-    if (rank >= 0)
-        bg__colls_fail_peer_locked(c, rank, msg);
-    else
-        bg__colls_fail_all_locked(c, msg);
+    if (c->colls)
+        c->coll_ops->fail_peer_locked(c, rank, msg);
     for (bg_request_t *r = c->pending, *nx; r; r = nx) {
         nx = r->next;
         if (rank >= 0 && r->peer != rank && !r->suspect)
@@ -922,7 +920,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     /* requests UCX still owns (abandoned sends to dead peers) go with the worker */
     bg__lock(c);
     if (c->colls)
-        bg__colls_fail_all_locked(c, "the communicator was destroyed while a collective was pending");
+        c->coll_ops->fail_peer_locked(c, -1, "the communicator was destroyed while a collective was pending");
     for (bg_request_t *r = c->pending, *nx; r; r = nx) {
         nx = r->next;
         if (r->ucx && !atomic_load(&r->done))
@@ -1100,7 +1098,7 @@ static void bg__expire_locked(bg_comm_t *c, bg_request_t *r, unsigned progressed
     if (progressed || atomic_load(&r->done) || bg_now() - r->t_start <= c->timeout_s)
         return;
     if (r->kind == BG__RQ_COLL) {
-        bg__coll_fail_locked(r->coll, BG_ERR_TIMEOUT, NULL);
+        c->coll_ops->fail_locked(r->coll, BG_ERR_TIMEOUT, NULL);
     } else {
         char m[300];
         snprintf(m, sizeof(m), "%s rank %d (tag %u, %zu bytes) did not complete within %.0f s (BRIGADE_TIMEOUT); "
@@ -1142,7 +1140,7 @@ bg_status_t bg_cancel(bg_request_t *r)
         char m[200];
         snprintf(m, sizeof(m), "%s rank %d (tag %u) was cancelled", bg__what(r), r->peer, r->tag);
         if (r->kind == BG__RQ_COLL)
-            bg__coll_fail_locked(r->coll, BG_ERR_CANCELED, "collective cancelled");
+            c->coll_ops->fail_locked(r->coll, BG_ERR_CANCELED, "collective cancelled");
         else if (r->kind == BG__RQ_SEND && r->ucx)
             /* UCX may be unable to cancel a send already in flight: then it
              * completes normally, and until then the buffer is still read */
@@ -1166,9 +1164,8 @@ void bg_request_free(bg_request_t *r)
     bg_comm_t *c = r->comm;
     bg__lock(c);
     if (r->kind == BG__RQ_COLL) {
-        if (!atomic_load(&r->done))
-            bg__coll_fail_locked(r->coll, BG_ERR_CANCELED, "collective freed while pending");
-        bg__coll_free(r->coll);
+        /* freeing fails it first when it is still pending */
+        c->coll_ops->free(r->coll);
         free(r);
     } else {
         bg__request_release_locked(r);
