@@ -14,6 +14,11 @@
  * decrements it. -1 (the default): off. */
 extern long long bg__write_fail_after_bytes;
 
+/* Check that a directory is writable, or can be created (its nearest existing
+ * ancestor is a writable directory), before a run; creates nothing. Defined in
+ * runtime/train.c; not public API (libbrigade.so does not export it). */
+bg_status_t bg_check_writable_dir(const char *dir);
+
 /* Write all n bytes of buf to fd (retrying short writes and EINTR). */
 bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path);
 

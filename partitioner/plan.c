@@ -24,6 +24,7 @@
 #include "brigade/partitioner.h"
 #include "brigade/schedule.h"
 #include "core/check.h"
+#include "core/util.h"
 
 #define PLAN_FORMAT "brigade-plan"
 #define PLAN_VERSION 2 /* 2: "model" is the model's description (1: a GPT/MLP configuration) */

@@ -20,6 +20,8 @@
 #include "brigade/executor.h"
 #include "brigade/train.h"
 #include "core/check.h"
+#include "core/util.h"
+#include "core/fileio.h"
 
 void bg_train_config_init(bg_train_config_t *cfg)
 {

@@ -14,6 +14,7 @@
 
 #include "tools/bench.h"
 #include "tools/cli.h"
+#include "core/util.h"
 
 #define BG_BENCH_MAX_SIZES 16
 

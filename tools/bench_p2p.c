@@ -11,6 +11,7 @@
 #include "brigade/transport.h"
 #include "tools/bench.h"
 #include "tools/cli.h"
+#include "core/util.h"
 
 #define BG__MAX_SIZES 64
 

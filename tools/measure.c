@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "tools/measure.h"
+#include "core/util.h"
 
 /* ---------------------------------------------------------------- measure */
 

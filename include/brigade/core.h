@@ -129,9 +129,6 @@ const char *bg_config_str(const char *name);
 bg_status_t bg_config_int(const char *name, long long *value_p);
 /** Floating-point value; a malformed value is an error naming the variable. */
 bg_status_t bg_config_double(const char *name, double *value_p);
-/** A positive size such as 512M, 24G, 1.5GiB, 256K or 4096 (suffixes K, M, G, T of 1024, optionally followed
- *  by i and/or B): 0 and *bytes_p, or -1 for anything else ("auto", "0", "12Q"), setting nothing. */
-int bg_parse_bytes(const char *s, uint64_t *bytes_p);
 
 /** Deterministic random numbers (xoshiro256**), a small value type. */
 typedef struct bg_rng {
@@ -151,9 +148,6 @@ uint64_t bg_rng_below(bg_rng_t *rng, uint64_t n);
 
 /** Monotonic wall clock in seconds. */
 double bg_now(void);
-/** Median of v[0..n) (sorts v in place; the mean of the two middle values
- *  when n is even; 0 when n is 0). */
-double bg_median(double *v, size_t n);
 
 #ifdef __cplusplus
 }

@@ -153,10 +153,6 @@ bg_status_t bg_train(const bg_train_config_t *cfg, bg_train_result_t *result_p);
 /** Sequence length of microbatch `mb` of step `step` (variable lengths). */
 int bg_train_seq_len(const bg_train_config_t *cfg, int64_t step, int mb);
 
-/** Check that a directory is writable, or can be created (its nearest existing ancestor is a
- *  writable directory), before a run; creates nothing. */
-bg_status_t bg_check_writable_dir(const char *dir);
-
 #ifdef __cplusplus
 }
 #endif

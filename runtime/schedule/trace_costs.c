@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "core/fileio.h"
 #include "runtime/schedule/schedule_impl.h"
+#include "core/util.h"
 
 /* K_B: backward-input ("b"), K_BW: full backward ("B"). Traces before the
  * executor used the IR's names called these "B" and "BW": read_trace tells
