@@ -25,15 +25,7 @@
 
 void bg_train_config_init(bg_train_config_t *cfg)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->size = sizeof(*cfg);
-    cfg->model = (bg_model_config_t)BG_MODEL_CONFIG_INIT;
-    cfg->optim = (bg_optim_config_t)BG_OPTIM_CONFIG_INIT;
-    cfg->batch = 8;
-    cfg->microbatches = 4;
-    cfg->steps = 20;
-    cfg->data_seed = 1;
-    cfg->backend = "cpu";
+    *cfg = (bg_train_config_t)BG_TRAIN_CONFIG_INIT;
 }
 
 bg_status_t bg_check_writable_dir(const char *dir)

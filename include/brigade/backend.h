@@ -16,6 +16,13 @@
  * Memory: every byte allocated through bg_backend_alloc() is counted
  * (current and peak) per backend instance; see bg_backend_memstats().
  *
+ * Ownership and threads: the caller owns an instance from bg_backend_create()
+ * until bg_backend_destroy(), and every buffer it allocates until
+ * bg_backend_free() (all of them before the destroy). Call an instance's
+ * kernels (be->ops) from one thread at a time; bg_backend_alloc/free and
+ * bg_backend_memstats may be called from any thread (the counters are
+ * locked). Distinct instances are independent.
+ *
  * Example:
  * @code
  *   bg_backend_t *be;
@@ -257,7 +264,10 @@ typedef struct bg_backend_params {
      *  exact fp32 GEMMs. The CPU backend computes in fp32 either way. */
     bg_dtype_t precision;
 } bg_backend_params_t;
-#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0, 0, BG_F32}
+/** Defaults of bg_backend_params_t: device 0, threads from the environment, no process-wide changes, fp32. */
+#define BG_BACKEND_PARAMS_INIT                                                                          \
+    { .size = sizeof(bg_backend_params_t), .device = 0, .num_threads = 0, .set_blas_threads = 0,          \
+      .tune_malloc = 0, .device_wrap = 0, .precision = BG_F32 }
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {

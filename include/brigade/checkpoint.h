@@ -25,6 +25,13 @@
  * newest `keep` complete checkpoints are kept and stale .tmp directories
  * are removed.
  *
+ * Ownership and threads: saving and loading read and write the models the
+ * caller passes (owned by the caller; nothing else may use them during the
+ * call); a bg_checkpoint_info_t owns its strings until
+ * bg_checkpoint_info_clear(). With a comm, a save is collective: one call per
+ * rank, from the thread that drives that rank. Calls on different roots or
+ * models are independent.
+ *
  * @code
  *   // given: this rank's model chunks (built for this run's layout), its place in the job
  *   bg_model_t *chunks[2]; int V = 2;

@@ -15,6 +15,14 @@
  * params field asks for it (bg_backend_params_t.set_blas_threads and
  * .tune_malloc, bg_comm_params_t.ucx_log_handler). docs/architecture.md,
  * "Process-wide state", lists the state the library itself keeps.
+ *
+ * Ownership and threads: every function here may be called from any thread
+ * concurrently; the log level, rank and sink are process-wide (the sink is
+ * called by one thread at a time, see bg_log_set_sink). Strings returned
+ * (bg_version, bg_config_str, the config table) are static or the
+ * environment's: never free them. A bg_rng_t is a value the caller owns; one
+ * generator must not be used by two threads at once. bg_config_str reads the
+ * environment: no thread may setenv meanwhile.
  */
 #ifndef BRIGADE_CORE_H
 #define BRIGADE_CORE_H

@@ -30,6 +30,10 @@
  *   bg_comm_destroy(comm);
  * @endcode
  *
+ * Ownership: the caller owns the comm (bg_comm_destroy), its groups
+ * (bg_group_destroy) and its requests (bg_request_free, before the comm is
+ * destroyed); strings returned are static.
+ *
  * Thread safety: every function may be called from any thread, concurrently
  * (calls are serialised on the UCX worker's lock). A given bg_request_t must
  * be used by one thread at a time. Groups: collectives on one group must be
