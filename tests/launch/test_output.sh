@@ -1,7 +1,7 @@
 # tests/launch/test_output.sh: where the ranks' output goes: inherited as is,
 # or tagged line by line with --tag-output (stdout kept on stdout, stderr on
 # stderr); the ranks' stdin is /dev/null.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 L() { timeout -s KILL 20 "$BRIGADE" launch "$@"; }
 
 # without --tag-output the ranks write to the launcher's stdout/stderr directly

@@ -12,10 +12,8 @@
 # within [0, 1] at K = 1 and 1 on some step), and the bytes pushed and
 # pulled per rank and step are a computing run's. Bad profiles end with one
 # line.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 S=${BRIGADE_SOURCE_DIR:?}
-. "$S/tests/lib/checks.sh"
 
 # 1. emulated vs simulated, p = 8, a one-chunk and a V schedule
 for try in 1 2; do
