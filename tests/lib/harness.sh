@@ -15,8 +15,9 @@
 # beyond making $T and installing the EXIT trap; it sets `set -u` (every
 # test runs with it) and leaves -e and pipefail to the test.
 #
-# Time: a test that bounds something in seconds takes the bound from a
-# baseline it measured itself (a multiple of it), or counts steps instead;
+# Time: a test bounds a wait by a pace it measured itself (a multiple of it)
+# or counts steps instead; fixed seconds only where a deadline is the feature
+# under test (the launcher's --grace, BRIGADE_TIMEOUT), with room for load.
 # CTest's TIMEOUT only stops a hung test.
 set -u
 HARNESS_LIB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
