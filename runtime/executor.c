@@ -7,7 +7,7 @@
  * soon as its last backward piece is done, so the reduction overlaps the
  * pipeline's drain. One process is the executor at pp = dp = 1.
  *
- * Layout (ARCHITECTURE.md): world = pp x dp x tp,
+ * Layout (docs/executor.md): world = pp x dp x tp,
  * rank = (pp_i * dp + dp_i) * tp + tp_i; the members of a tensor group run
  * the same program on their shards (runtime/tp.c). Data: replica d takes sequences
  * [d*B/D, (d+1)*B/D) of each step's global batch, in M microbatches, from
@@ -1460,7 +1460,7 @@ static bg_status_t check_params(const bg_executor_params_t *p)
 }
 
 /* World rank of pipeline rank pp, replica dp, this rank's tensor member:
- * tp varies fastest, then dp, then pp (ARCHITECTURE.md). --ps S: the
+ * tp varies fastest, then dp, then pp (docs/executor.md). --ps S: the
  * servers first, then each worker's pipeline on consecutive ranks (pp
  * varies fastest: worker w is ranks S + w*P .. S + w*P + P - 1). */
 static int world_rank(const exec_t *x, int pp, int dp)

@@ -1,5 +1,5 @@
-/* runtime/ps.c: parameter servers and their workers (issue 14;
- * docs/parameter_server.md). Ranks 0 .. S-1 are servers, S .. N-1 workers;
+/* runtime/ps.c: parameter servers and their workers
+ * (docs/parameter_server.md). Ranks 0 .. S-1 are servers, S .. N-1 workers;
  * every tensor belongs whole to one server (largest first, to the least
  * loaded, ties to the lower index: every rank computes the same map from the
  * model). A worker is a replica run by the executor: one rank, or a pipeline

@@ -239,7 +239,6 @@ static void launch_usage(FILE *f)
             LAUNCH_MAX_RANKS);
 }
 
-/* 0: run; otherwise the exit code to return (0 after --help). */
 /* CMD is `brigade train ...` (the program's name is brigade, the first argument train) */
 static bool launch_is_brigade_train(char **cmd)
 {
@@ -262,6 +261,7 @@ static long launch_ps_servers(char **cmd)
     return 0;
 }
 
+/* 0: run; otherwise the exit code to return (0 after --help). */
 static int launch_parse(int argc, char **argv, launch_opts_t *o)
 {
     const char *cmd = "launch";

@@ -12,7 +12,10 @@
  * Each rank walks its program from the schedule generator (the same one the
  * simulator runs); microbatch gradients accumulate in microbatch order on
  * every stage, so for a fixed dp, microbatch count and seed every schedule
- * and pipeline degree gives bitwise the weights of one process.
+ * and pipeline degree gives bitwise the weights of one process. DualPipe
+ * (two model copies, each fed half of the microbatches) gives bitwise those
+ * of --dp 2 with half the microbatches, and one process's within the
+ * data-parallel tolerance (docs/schedules.md).
  *
  * Ownership and threads: the host owns the executor (bg_executor_destroy)
  * and what it lends it: the model description and a comm it passes (both

@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # tests/checkpoint/test_resume_safety.sh: resume never strands a job, and
-# stops say what they did (issues 15 and 16).
+# stops say what they did.
 # --resume says where it starts; an invalid newest checkpoint (corrupt,
 # partial) is reported in one line and the previous complete one is used,
 # or --resume-strict refuses; --resume-from picks one; all invalid: said,
 # never silent (strict: fails); an unknown manifest version is refused.
 # SIGINT/SIGTERM: the real step count, exit 130/143, no empty --save
 # directory. Rank 0 (the store) dying during a save fails rank 1 promptly.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 D=$(cd "$(dirname "$0")/../.." && pwd)
-. "$D/tests/lib/checks.sh"
 G="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --threads 1 --quiet --data $D/data/kjv.txt"
 has() { grep -q -- "$2" "$1" && ok "$3" || { bad "$3: no \"$2\" in:"; cat "$1"; }; }
 run() { timeout 120 "$B" train $G "$@"; }

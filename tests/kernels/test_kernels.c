@@ -1424,7 +1424,7 @@ static const bg_blas_info_t *blas(void)
 static void blas_set_threads(int n) { blas()->set_num_threads(n); }
 static int blas_threads(void) { return blas()->get_num_threads(); }
 
-/* The BLAS in use is not a generic fallback (issue 11: Debian's OpenBLAS
+/* The BLAS in use is not a generic fallback (Debian's OpenBLAS
  * 0.3.21 runs SSE3 "Prescott" kernels on Emerald Rapids unless brigade picks
  * the core): on a CPU with AVX2, its kernels use at least AVX2. Fails with
  * BRIGADE_BLAS_CORE=openblas on such a CPU (checked by hand). */

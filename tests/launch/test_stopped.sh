@@ -2,7 +2,7 @@
 # the launcher wait forever: once a rank has exited, the others must exit
 # within the exit deadline or are killed and named; a stopped rank is named
 # before the survivors that fail because of it.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 # rank 3 of 4 stops itself; the others exit 0: killed 1 s after the first exit, exit 124
 t0=$(now_us)

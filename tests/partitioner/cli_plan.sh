@@ -3,12 +3,7 @@
 # and non-zero exits on bad input, a heterogeneous device list, the no-fit
 # answer (its smallest budget fits and one byte less does not), and the plan
 # JSON's documented fields.
-set -u
-B=${BRIGADE:?BRIGADE must point to the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/../lib/harness.sh"
 M="--layers 6 --d-model 64 --heads 4 --seq 32 --batch 16 --microbatch-size 2"
 
 # expect_err message-substring args...
@@ -275,5 +270,4 @@ out=$(BRIGADE_TP_OVERLAP=microbatch "$B" train --plan "$T/p_plain.json" --steps 
 grep -q "counted the memory without BRIGADE_TP_OVERLAP=microbatch" <<<"$out" && [ "$(wc -l <<<"$out")" = 1 ] ||
   fail "a plan without pairs, run paired: $out"
 
-if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "all plan CLI checks passed"
+finish

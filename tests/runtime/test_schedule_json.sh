@@ -5,10 +5,8 @@
 # judged by brigade's validator) train bitwise equal to one process, at pp = 2
 # and 4, GPT and MLP. Bad programs (not valid, another p, m or layer count)
 # end with one clear line before the rank starts.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 
 GPT="--model gpt --layers 6 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 4 --d-model 24 --in-features 12 --classes 6 --batch 16 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
