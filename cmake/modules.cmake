@@ -29,6 +29,12 @@
 function(bg_include_root var name dir)
   set(root ${PROJECT_BINARY_DIR}/bg_include/${name})
   file(MAKE_DIRECTORY ${root})
+  if(IS_SYMLINK ${root}/${name})
+    file(READ_SYMLINK ${root}/${name} old)
+    if(NOT old STREQUAL dir) # the source tree moved
+      file(REMOVE ${root}/${name})
+    endif()
+  endif()
   if(NOT IS_SYMLINK ${root}/${name})
     file(CREATE_LINK ${dir} ${root}/${name} SYMBOLIC)
   endif()
