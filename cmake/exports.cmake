@@ -8,11 +8,11 @@
 # checks the result with nm, reading the headers its own way.
 # Must not: name a symbol by hand (a private helper is hidden by not being declared in a public header).
 function(bg_write_exports out count_var)
-  file(GLOB headers ${CMAKE_SOURCE_DIR}/include/brigade/*.h)
+  file(GLOB headers ${PROJECT_SOURCE_DIR}/include/brigade/*.h)
   set(names "")
   foreach(h ${headers})
     if(NOT CMAKE_SCRIPT_MODE_FILE)
-      set_property(DIRECTORY ${CMAKE_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${h})
+      set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${h})
     endif()
     file(READ ${h} text)
     string(REGEX REPLACE "/\\*([^*]|\\*+[^*/])*\\*+/" " " text "${text}")

@@ -1,6 +1,7 @@
 /* core/fileio.h: the library's one copy of the low-level file helpers that
  * durable files (safetensors, checkpoints) need: write a whole buffer, fsync
- * a path, list a directory, read a whole file. Errors name the path and keep errno's text.
+ * a path, list a directory, read a whole file, check a directory is
+ * writable. Errors name the path and keep errno's text.
  * Must not: know any file format. */
 #ifndef BG_CORE_FILEIO_H
 #define BG_CORE_FILEIO_H
@@ -13,11 +14,6 @@
  * write; a write beyond it fails with ENOSPC (a full disk). Each write
  * decrements it. -1 (the default): off. */
 extern long long bg__write_fail_after_bytes;
-
-/* Check that a directory is writable, or can be created (its nearest existing
- * ancestor is a writable directory), before a run; creates nothing. Defined in
- * runtime/train.c; not public API (libbrigade.so does not export it). */
-bg_status_t bg_check_writable_dir(const char *dir);
 
 /* Write all n bytes of buf to fd (retrying short writes and EINTR). */
 bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path);
@@ -42,5 +38,11 @@ bg_status_t bg__fileio_mkdir_p(const char *dir);
 /* Read a whole file: *buf_p (malloc'ed, NUL appended) of *size_p bytes.
  * A missing file is BG_ERR_NOT_FOUND. */
 bg_status_t bg__fileio_read(const char *path, char **buf_p, size_t *size_p);
+
+/* A directory is writable, or can be created (its nearest existing ancestor
+ * is a writable directory); creates nothing. Here with the file helpers so
+ * that the executor and the CLI's job share it without calling each other;
+ * not public API (libbrigade.so does not export it). */
+bg_status_t bg_check_writable_dir(const char *dir);
 
 #endif

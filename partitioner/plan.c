@@ -151,10 +151,6 @@ int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
 bg_dtype_t bg_plan_precision(const bg_plan_t *p) { return p->precision; }
 int bg_plan_paired(const bg_plan_t *p) { return p->paired; }
-int bg_plan_paired_for(int tp, int zero, int dp)
-{
-    return tp > 1 && !(zero && dp > 1) && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0;
-}
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -377,18 +373,6 @@ static int has_split_backward(const bg_schedule_t *sched, int rank)
         if (ops[i].kind == BG_OP_BACKWARD_INPUT)
             return 1;
     return 0;
-}
-
-size_t bg_plan_linger_bytes(void)
-{
-    /* UCX's own variable wins over brigade's, as in transport/comm.c; a size
-     * UCX picks itself ("auto", or anything not a plain size) may be small:
-     * every gradient message lingers */
-    const char *v = getenv("UCX_RNDV_THRESH");
-    if (!v || !*v)
-        v = bg_config_str("BRIGADE_UCX_RNDV_THRESH");
-    uint64_t n;
-    return bg_parse_bytes(v, &n) == 0 ? (size_t)n : 1;
 }
 
 /* Phase 1: every pipeline rank's device (the weakest of its replicas) and the

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "brigade/executor.h"
@@ -26,51 +25,6 @@
 void bg_train_config_init(bg_train_config_t *cfg)
 {
     *cfg = (bg_train_config_t)BG_TRAIN_CONFIG_INIT;
-}
-
-bg_status_t bg_check_writable_dir(const char *dir)
-{
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode))
-            return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
-        char probe[4096];
-        snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
-        FILE *f = fopen(probe, "wb");
-        if (!f)
-            return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
-        fclose(f);
-        unlink(probe);
-        return BG_OK;
-    }
-    if (errno != ENOENT)
-        return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
-    /* missing: it will be created (when there is something to put in it)
-     * under its nearest existing ancestor, which must be a writable directory */
-    char up[4096];
-    if (snprintf(up, sizeof(up), "%s", dir) >= (int)sizeof(up))
-        return bg_error(BG_ERR_INVALID, "path too long: %s", dir);
-    for (;;) {
-        size_t n = strlen(up);
-        while (n > 1 && up[n - 1] == '/')
-            up[--n] = 0;
-        char *slash = strrchr(up, '/');
-        if (!slash)
-            snprintf(up, sizeof(up), ".");
-        else if (slash == up)
-            up[1] = 0;
-        else
-            *slash = 0;
-        if (stat(up, &st) == 0)
-            break;
-        if (errno != ENOENT || !strcmp(up, ".") || !strcmp(up, "/"))
-            return bg_error(BG_ERR_IO, "cannot create directory %s: %s: %s", dir, up, strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode))
-        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not a directory", dir, up);
-    if (access(up, W_OK | X_OK) != 0)
-        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not writable: %s", dir, up, strerror(errno));
-    return BG_OK;
 }
 
 /* What lengths are rounded up to a multiple of: --seq-multiple, or under

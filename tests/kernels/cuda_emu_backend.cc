@@ -13,6 +13,7 @@
 extern "C" {
 #include "brigade/core.h"
 }
+#include "bg_cuda_emu.h" /* before cuda_impl.h, which expects it under BG_CUDA_EMU */
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/bf16.h"
 namespace bg_emu_ns {

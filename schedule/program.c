@@ -1,11 +1,11 @@
-/* runtime/schedule/program.c: a user's program to run (brigade train
+/* schedule/program.c: a user's program to run (brigade train
  * --schedule-json): read, proved correct and checked against the job's shape
  * before any rank connects. Reading is json.c's, proof validate.c's; this
  * file only ties them together and says which file a message is about. */
 #include <stdio.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 bg_status_t bg_schedule_load_program(const char *path, int ranks, int microbatches, int chunks,
                                      bg_schedule_t **sched_p)
