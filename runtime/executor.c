@@ -56,6 +56,7 @@
 #include "runtime/checkpoint_impl.h"
 #include "runtime/tp.h"
 #include "runtime/emulate.h"
+#include "runtime/layout.h"
 #include "runtime/numa.h"
 #include "runtime/ps.h"
 #include "runtime/staging.h"
@@ -109,13 +110,13 @@ typedef struct bg_executor {
     int own_comm;
     bg_group_t *dp_group, *world_group;
     bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
-    int T, tp_i;            /* tensor-parallel degree and this rank's member index */
+    bg_layout_t lay;        /* who holds what: degrees, this rank's coordinates, stage placement */
     bg_backend_t *be;
     bg__staging_t stg;      /* transfers of backend buffers between ranks */
     bg_schedule_t *sched;
     const bg_sched_op_t *ops;
     size_t nops;
-    int rank, world, pp_i, dp_i, P, D, V, M, S;
+    int V, M, S;
     int copies, L;          /* model copies (bg_schedule_copies) and model stages S / copies */
     chunk_t *chunks;        /* V */
     int *first, *last;      /* layer range of each virtual stage */
@@ -157,11 +158,12 @@ typedef struct bg_executor {
     int numa_node;
     bg__emulate_t *em;      /* --emulate: per-stage sleeps instead of compute; NULL: compute */
     bg__ps_t *ps;           /* --ps: this rank's part of the parameter-server mode (runtime/ps.c), else NULL */
-    int nservers;           /* --ps S: ranks 0 .. S-1 are servers, the executor's ranks are offset by S */
-    int server;             /* 1: this rank is a server (it runs no program) */
     bg_model_t **ps_models; /* --ps: the chunks' models, as the parameter-server part sees them */
     bg_pair_t *pair;        /* BRIGADE_TP_OVERLAP=microbatch: two coroutines for paired instructions, else NULL */
 } exec_t;
+
+/* A parameter server runs no program: bg__ps_server_step is its step. */
+static int is_server(const exec_t *x) { return x->lay.me.role == BG_LAYOUT_SERVER; }
 
 /* Positions of microbatch mb of step `step`. */
 static bg_status_t seq_len(exec_t *x, int64_t step, int mb, int *t_p)
@@ -190,7 +192,7 @@ static bg_status_t step_tokens(exec_t *x, int64_t step, double *tokens_p)
     for (int mb = 0; mb < x->M; mb++) {
         int t = 0;
         BG_CHECK(seq_len(x, step, mb, &t));
-        tokens += (double)x->mbn * x->D * t;
+        tokens += (double)x->mbn * x->lay.dp * t;
     }
     *tokens_p = tokens;
     return BG_OK;
@@ -206,7 +208,7 @@ static bg_status_t fetch_batch(exec_t *x, int mb)
     int has_first = x->has_first, has_last = x->has_last;
     int T = 0;
     BG_CHECK(seq_len(x, x->step, mb, &T));
-    bg_batch_request_t rq = {x->step, mb, x->dp_i, x->dp_i * (x->p.batch / x->D) + mb * x->mbn,
+    bg_batch_request_t rq = {x->step, mb, x->lay.me.dp, x->lay.me.dp * (x->p.batch / x->lay.dp) + mb * x->mbn,
                              bg_model_desc_input_shape(x->desc, x->mbn, T)};
     size_t n = (size_t)x->mbn * (size_t)rq.in.t;
     int32_t *tok = has_first && x->tokens_in ? x->tokens : NULL;
@@ -221,7 +223,7 @@ static bg_status_t fetch_batch(exec_t *x, int mb)
         feat[i] = NAN;
     char where[160];
     snprintf(where, sizeof(where), "batch source, step %lld, microbatch %d, replica %d", (long long)x->step + 1, mb,
-             x->dp_i);
+             x->lay.me.dp);
     bg_status_t st = x->p.data.batch(&rq, tok, feat, tgt, x->p.data.arg);
     if (st != BG_OK)
         return bg_error(st, "%s: %s", where, bg_last_error());
@@ -414,7 +416,7 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
     /* stashed from its forward to its last backward piece, as the simulator counts */
     if (++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
-    if (ch->is_last && !x->em && x->tp_i == 0) { /* every member of a tensor group computes the same losses */
+    if (ch->is_last && !x->em && x->lay.me.tp == 0) { /* every member of a tensor group computes the same losses */
         size_t n = bg_shape_numel(ch->out_shape[mb]);
         if (be->ops->event_record && n <= x->per_mb_floats) { /* summed at the step's end (loss_dev) */
             if (!x->loss_dev) {
@@ -423,7 +425,7 @@ static bg_status_t do_forward(exec_t *x, chunk_t *ch, int mb)
                 x->loss_n = calloc((size_t)x->M, sizeof(size_t));
                 x->loss_mb = calloc((size_t)x->M, sizeof(int));
                 if (!x->loss_dev || !x->loss_n || !x->loss_mb)
-                    return bg_error(BG_ERR_NOMEM, "rank %d: the per-microbatch losses (%d x %zu floats)", x->rank,
+                    return bg_error(BG_ERR_NOMEM, "rank %d: the per-microbatch losses (%d x %zu floats)", x->lay.rank,
                                     x->M, x->per_mb_floats);
             }
             be->ops->copy(be, x->loss_dev + (size_t)mb * x->per_mb_floats, ch->out[mb], n);
@@ -510,7 +512,7 @@ static bg_status_t start_buckets(exec_t *x, chunk_t *ch, int layer)
         if (x->ps) { /* push instead of all-reduce (a tie's a + b is the server's) */
             if (bk->count)
                 BG_CHECK(bg__ps_push_range(x->ps, (int)(ch - x->chunks), bk->off, bk->count));
-        } else if (x->D > 1 && bk->count) {
+        } else if (x->lay.dp > 1 && bk->count) {
             if (ch->zero) { /* host buffers only (refused with staging at create) */
                 bg_request_t *rq = NULL;
                 BG_CHECK(bg__zero_reduce(ch->zero, b, &rq));
@@ -570,7 +572,7 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
         BG_CHECK(bg_model_tp_sum_grads(h->ch->model, layer));
     if (h->ch->zero) /* --zero 2: every microbatch's buckets */
         BG_CHECK(zero_call(h->x, h->ch, mb, ZERO_LAYER_DONE, layer));
-    if (!last || (h->x->D == 1 && !h->x->ps))
+    if (!last || (h->x->lay.dp == 1 && !h->x->ps))
         return BG_OK;
     return start_buckets(h->x, h->ch, layer);
 }
@@ -617,7 +619,7 @@ static bg_status_t sync_copies(exec_t *x)
     for (int v = 0; v < x->V && st == BG_OK; v++) {
         chunk_t *ch = &x->chunks[v];
         size_t bytes = bg_model_param_count(ch->model) * sizeof(float);
-        uint32_t tag = tag_of(x, 1, 0x3ffe, ch->stage % x->L);
+        uint32_t tag = tag_of(x, 1, 0x3ffe, bg__layout_model_stage(&x->lay, ch->stage));
         st = bg__xrecv(&x->stg, x->comm, ch->copy_partner, tag, ch->copy_buf, bytes, &ch->copy_rr);
         if (st == BG_OK)
             st = bg__xsend(&x->stg, x->comm, ch->copy_partner, tag, bg_model_grads(ch->model), bytes, &ch->copy_sr);
@@ -702,7 +704,7 @@ static int in_norm(exec_t *x, chunk_t *ch, int i)
     for (int t = 0; t < x->nties; t++)
         if (x->ties[t].b == p)
             return 0;
-    return p->numel && (x->tp_i == 0 || bg_param_is_shard(p));
+    return p->numel && (x->lay.me.tp == 0 || bg_param_is_shard(p));
 }
 
 /* Sum of squares of a chunk's reduced gradients from the per-tensor sums
@@ -771,7 +773,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
 {
     chunk_t *ch = chunk_of_stage(x, o->stage);
     if (!ch)
-        return bg_error(BG_ERR_INTERNAL, "rank %d: program names stage %d, which this rank does not hold", x->rank,
+        return bg_error(BG_ERR_INTERNAL, "rank %d: program names stage %d, which this rank does not hold", x->lay.rank,
                         o->stage);
     int mb = o->microbatch;
     bg_shape_t s, so;
@@ -800,7 +802,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         BG_CHECK(post_grad_recv(x, ch, mb));
         if (!ch->grad_recv[mb])
             return bg_error(BG_ERR_INTERNAL, "rank %d: gradient of microbatch %d for stage %d before its forward",
-                            x->rank, mb, ch->stage);
+                            x->lay.rank, mb, ch->stage);
         if (x->em)
             bg__emulate_idle(ch->grad_recv[mb]);
         return wait_free(&ch->grad_recv[mb]);
@@ -812,7 +814,7 @@ static bg_status_t run_op(exec_t *x, const bg_sched_op_t *o)
         BG_CHECK(sync_shared(x));
         return optimizer_step(x, ch);
     }
-    return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->rank, o->kind);
+    return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->lay.rank, o->kind);
 }
 
 /* ---- BRIGADE_TP_OVERLAP=microbatch: a compute instruction beside the next one ----
@@ -889,7 +891,7 @@ static bg_status_t run_pair(exec_t *x, size_t i, size_t j)
         lane_job_t *L = &job[send ? 0 : 1];
         if (L->n == (int)(sizeof(L->ops) / sizeof(L->ops[0])) - 1)
             return bg_error(BG_ERR_INTERNAL, "rank %d: more than %zu instructions between two compute instructions",
-                            x->rank, sizeof(L->ops) / sizeof(L->ops[0]) - 2);
+                            x->lay.rank, sizeof(L->ops) / sizeof(L->ops[0]) - 2);
         L->ops[L->n++] = k;
     }
     job[1].ops[job[1].n++] = j;
@@ -918,7 +920,7 @@ static bg_status_t op_failed(exec_t *x, bg_status_t st, const bg_sched_op_t *op,
         st = st2, snprintf(msg, sizeof(msg), "%s", bg_last_error());
     if (label)
         snprintf(what, sizeof(what), "%s of microbatch %d: ", op_label(label->kind), label->microbatch);
-    return bg_error(st, "rank %d (stage %d) at step %lld, %s%s", x->rank, op->stage, (long long)x->step + 1, what, msg);
+    return bg_error(st, "rank %d (stage %d) at step %lld, %s%s", x->lay.rank, op->stage, (long long)x->step + 1, what, msg);
 }
 
 /* Layers per virtual stage: explicit split, or as even as possible. */
@@ -964,7 +966,7 @@ static bg_status_t predict_activations(exec_t *x)
     bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
     bg_sim_result_t *r = NULL;
     BG_CHECK(bg_schedule_simulate(x->sched, &sp, &r));
-    x->predicted_stashed = bg_sim_peak_stash(r, x->pp_i);
+    x->predicted_stashed = bg_sim_peak_stash(r, x->lay.me.pp);
     bg_sim_result_free(r);
     /* the bytes: the planner's replay of this rank's program (the slot counts at every point,
      * bg_part_schedule_counts) times each chunk's per-slot buffers as its stage allocates them
@@ -1006,7 +1008,7 @@ static bg_status_t predict_activations(exec_t *x)
     bg_part_counts_t *rows = NULL;
     int nrows = 0;
     if (st == BG_OK)
-        st = bg_part_schedule_counts(x->sched, x->pp_i, x->pair != NULL, &rows, &nrows);
+        st = bg_part_schedule_counts(x->sched, x->lay.me.pp, x->pair != NULL, &rows, &nrows);
     size_t peak = 0;
     for (int k = 0; st == BG_OK && k < nrows; k++) {
         size_t sum = 0;
@@ -1046,13 +1048,13 @@ static bg_status_t chunk_models(exec_t *x, bg_model_t ***models_p)
  * any layout. Workers hold nothing to save. */
 static bg_status_t ps_save_checkpoint(exec_t *x, const char *root, int keep)
 {
-    if (!x->server)
+    if (!is_server(x))
         return BG_OK;
     char extra[512];
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":1,\"chunks\":%d,\"schedule\":\"%s\",\"ps\":%d,"
              "\"staleness\":%d},\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
-             x->P, x->D, bg_schedule_chunks(x->sched), bg_schedule_name(x->sched), x->nservers, x->p.staleness,
+             x->lay.pp, x->lay.dp, bg_schedule_chunks(x->sched), bg_schedule_name(x->sched), x->lay.servers, x->p.staleness,
              x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd", (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
@@ -1079,7 +1081,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":%d,\"chunks\":%d,\"schedule\":\"%s\"},"
              "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
-             x->P, x->D, x->T, x->V, bg_schedule_name(x->sched), x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
+             x->lay.pp, x->lay.dp, x->lay.tp, x->V, bg_schedule_name(x->sched), x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
              (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
@@ -1087,7 +1089,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.models = models;
     p.nmodels = nmodels;
     p.comm = x->comm;
-    p.writer = x->dp_i == 0 && x->tp_i == 0; /* member 0 writes the tensor group's gathered tensors */
+    p.writer = x->lay.me.dp == 0 && x->lay.me.tp == 0; /* member 0 writes the tensor group's gathered tensors */
     p.extra_json = extra;
     p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);
@@ -1118,17 +1120,17 @@ static bg_status_t agree(exec_t *x, bg_status_t mine, int damaged, int *damaged_
     if (mine != BG_OK)
         snprintf(v.msg, sizeof v.msg, "%s", bg_last_error());
     *damaged_p = damaged;
-    if (x->world == 1)
+    if (x->lay.world == 1)
         return mine;
-    load_vote_t *all = malloc((size_t)x->world * sizeof(*all));
-    BG_ALLOC_CHECK(all, (size_t)x->world * sizeof(*all), "resume votes");
+    load_vote_t *all = malloc((size_t)x->lay.world * sizeof(*all));
+    BG_ALLOC_CHECK(all, (size_t)x->lay.world * sizeof(*all), "resume votes");
     bg_status_t st = bg_group_allgather(x->world_group, &v, all, sizeof v);
     if (st != BG_OK) {
         free(all);
         return st;
     }
     int bad = -1;
-    for (int r = 0; r < x->world; r++)
+    for (int r = 0; r < x->lay.world; r++)
         if (all[r].st != BG_OK && (bad < 0 || (all[bad].damaged && !all[r].damaged)))
             bad = r;
     if (bad >= 0) {
@@ -1148,7 +1150,7 @@ static bg_status_t load_agreed(exec_t *x, bg_model_t **models, const char *dir, 
 {
     int damaged = 0;
     bg_status_t st;
-    if (x->world > 1) {
+    if (x->lay.world > 1) {
         bg_checkpoint_info_t probe;
         st = bg__checkpoint_load(dir, models, x->V, &probe, &damaged, 0);
         if (st == BG_OK)
@@ -1252,7 +1254,7 @@ out:
         if (x->chunks[v].zero)
             bg__zero_take_state(x->chunks[v].zero);
     if (x->ps && st == BG_OK) {
-        for (int v = 0; !x->server && v < x->V; v++) /* a worker holds no optimizer state (the loader allocated it) */
+        for (int v = 0; !is_server(x) && v < x->V; v++) /* a worker holds no optimizer state (the loader allocated it) */
             bg_model_optim_free(x->chunks[v].model);
         bg__ps_set_version(x->ps, x->step);
     }
@@ -1280,9 +1282,9 @@ bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p)
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
 {
     BG_CHECK(zero_settle(x));
-    if (x->ps && !x->server) { /* the servers write: each its tensors, one file each */
+    if (x->ps && !is_server(x)) { /* the servers write: each its tensors, one file each */
         return BG_OK;
-    } else if (!x->ps && x->dp_i != 0) {
+    } else if (!x->ps && x->lay.me.dp != 0) {
         return BG_OK;
     }
     BG_CHECK(bg__fileio_mkdir_p(dir));
@@ -1294,8 +1296,8 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
         char path[4096];
         if (x->chunks[v].copy > 0)
             continue; /* the copies are identical: copy 0 is the model (its stage = the model stage) */
-        if (x->ps && x->nservers > 1)
-            snprintf(path, sizeof(path), "%s/model-ps%03d.safetensors", dir, x->rank);
+        if (x->ps && x->lay.servers > 1)
+            snprintf(path, sizeof(path), "%s/model-ps%03d.safetensors", dir, x->lay.rank);
         else if (x->S == 1 || x->ps) /* one server: the whole model, however the workers are split */
             snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         else
@@ -1324,7 +1326,7 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
     snprintf(meta, sizeof(meta),
              "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-             bg_schedule_name(x->sched), x->P, x->D, x->T, x->M, bg_schedule_chunks(x->sched), (long long)x->step);
+             bg_schedule_name(x->sched), x->lay.pp, x->lay.dp, x->lay.tp, x->M, bg_schedule_chunks(x->sched), (long long)x->step);
     return bg__trace_write(x->trace, x->p.trace_path, meta);
 }
 
@@ -1399,14 +1401,14 @@ static void exec_free(exec_t *x)
     bg_group_destroy(x->world_group);
     if (x->stg.transfers)
         bg_log(BG_LOG_INFO, "executor", "rank %d: staged %zu transfers (%zu chunks, %zu bytes) through %zu bytes of "
-               "host memory%s", x->rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak,
+               "host memory%s", x->lay.rank, x->stg.transfers, x->stg.chunks, x->stg.bytes, x->stg.host_peak,
                x->stg.async ? " (copies on the backend's copy stream)" : "");
     if (x->stg.direct_transfers)
         bg_log(BG_LOG_INFO, "executor", "rank %d: handed %zu transfers (%zu bytes) of backend buffers to the "
-               "transport directly", x->rank, x->stg.direct_transfers, x->stg.direct_bytes);
+               "transport directly", x->lay.rank, x->stg.direct_transfers, x->stg.direct_bytes);
     if (x->stg.async)
         bg_log(BG_LOG_INFO, "executor", "rank %d: %zu transfers started after their events completed, "
-               "%zu of them later than queued", x->rank, x->stg.queued, x->stg.deferred);
+               "%zu of them later than queued", x->lay.rank, x->stg.queued, x->stg.deferred);
     bg__staging_fini(&x->stg);
     bg_backend_free(x->be, x->loss_dev);
     free(x->loss_n);
@@ -1459,30 +1461,18 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     return BG_OK;
 }
 
-/* World rank of pipeline rank pp, replica dp, this rank's tensor member:
- * tp varies fastest, then dp, then pp (ARCHITECTURE.md). --ps S: the
- * servers first, then each worker's pipeline on consecutive ranks (pp
- * varies fastest: worker w is ranks S + w*P .. S + w*P + P - 1). */
-static int world_rank(const exec_t *x, int pp, int dp)
-{
-    if (x->nservers > 0)
-        return x->nservers + (dp * x->P + pp) * x->T + x->tp_i;
-    return (pp * x->D + dp) * x->T + x->tp_i;
-}
-
 /* The job's groups: this rank's data-parallel group and the world. */
 static bg_status_t make_groups(exec_t *x)
 {
-    int *ranks = malloc((size_t)(x->world > x->D ? x->world : x->D) * sizeof(int));
-    BG_ALLOC_CHECK(ranks, (size_t)x->world * sizeof(int), "group ranks");
-    for (int d = 0; d < x->D; d++)
-        ranks[d] = world_rank(x, x->pp_i, d);
+    int *ranks = malloc((size_t)(x->lay.world > x->lay.dp ? x->lay.world : x->lay.dp) * sizeof(int));
+    BG_ALLOC_CHECK(ranks, (size_t)x->lay.world * sizeof(int), "group ranks");
+    bg__layout_dp_ranks(&x->lay, ranks);
     /* --ps: the workers do not reduce among themselves */
-    bg_status_t st = x->nservers > 0 ? BG_OK : bg_group_create(x->comm, x->D, ranks, &x->dp_group);
-    for (int r = 0; st == BG_OK && r < x->world; r++)
+    bg_status_t st = x->lay.servers > 0 ? BG_OK : bg_group_create(x->comm, x->lay.dp, ranks, &x->dp_group);
+    for (int r = 0; st == BG_OK && r < x->lay.world; r++)
         ranks[r] = r;
     if (st == BG_OK)
-        st = bg_group_create(x->comm, x->world, ranks, &x->world_group);
+        st = bg_group_create(x->comm, x->lay.world, ranks, &x->world_group);
     free(ranks);
     return st;
 }
@@ -1505,22 +1495,21 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     ch->stage = stage;
     ch->first = x->first[stage];
     ch->last = x->last[stage];
-    ch->is_first = stage % x->L == 0;
-    ch->is_last = stage % x->L == x->L - 1;
-    ch->copy = stage / x->L;
+    int ms = bg__layout_model_stage(&x->lay, stage); /* a plan lists each model stage once */
+    ch->is_first = ms == 0;
+    ch->is_last = ms == x->L - 1;
+    ch->copy = bg__layout_copy(&x->lay, stage);
     ch->mb_last = (ch->copy + 1) * (x->M / x->copies) - 1;
     ch->copy_partner = -1;
     if (x->copies == 2)
-        ch->copy_partner = world_rank(x, bg_schedule_stage_rank(x->sched, (stage + x->L) % x->S), x->dp_i);
-    int pr = !ch->is_first ? bg_schedule_stage_rank(x->sched, stage - 1) : -1;
-    int nr = !ch->is_last ? bg_schedule_stage_rank(x->sched, stage + 1) : -1;
-    ch->prev_local = pr == x->pp_i;
-    ch->next_local = nr == x->pp_i;
-    ch->prev_rank = pr >= 0 ? world_rank(x, pr, x->dp_i) : -1;
-    ch->next_rank = nr >= 0 ? world_rank(x, nr, x->dp_i) : -1;
-    if (x->server) { /* its tensors' parameters and optimizer state: no stage */
+        ch->copy_partner = bg__layout_stage_rank(&x->lay, bg__layout_twin(&x->lay, stage), x->lay.me.dp);
+    ch->prev_local = !ch->is_first && bg__layout_stage_pp(&x->lay, stage - 1) == x->lay.me.pp;
+    ch->next_local = !ch->is_last && bg__layout_stage_pp(&x->lay, stage + 1) == x->lay.me.pp;
+    ch->prev_rank = !ch->is_first ? bg__layout_stage_rank(&x->lay, stage - 1, x->lay.me.dp) : -1;
+    ch->next_rank = !ch->is_last ? bg__layout_stage_rank(&x->lay, stage + 1, x->lay.me.dp) : -1;
+    if (is_server(x)) { /* its tensors' parameters and optimizer state: no stage */
         unsigned char *which = NULL;
-        BG_CHECK(bg__ps_owned(x->desc, x->nservers, x->rank, &which));
+        BG_CHECK(bg__ps_owned(x->desc, x->lay.servers, x->lay.rank, &which));
         bg_status_t st = bg_model_create_tensors(x->desc, x->be, which, &ch->model);
         free(which);
         BG_CHECK(st);
@@ -1530,7 +1519,7 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     BG_CHECK(bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
     BG_CHECK(bg_stage_create(ch->model, x->M, &ch->st));
     const bg_executor_params_t *p = &x->p;
-    int ms = stage % x->L; /* a plan lists each model stage once (dualpipe: both copies recompute alike) */
+    /* dualpipe: both copies of a model stage recompute alike */
     if (p->recompute || (p->recompute_stages && ms < p->nrecompute_stages && p->recompute_stages[ms]))
         bg_stage_set_recompute(ch->st, 1);
     bg_stage_set_emulate(ch->st, x->em != NULL);
@@ -1546,7 +1535,7 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     /* optimizer state now, so the activation peak measured later is activations only */
     if (p->zero)
         BG_CHECK(make_zero(x, ch));
-    else if (x->nservers == 0) /* a parameter server's worker holds no optimizer state */
+    else if (x->lay.servers == 0) /* a parameter server's worker holds no optimizer state */
         BG_CHECK(bg_model_optim_init(ch->model, p->optim.kind));
     size_t M = (size_t)x->M;
     ch->act_recv = calloc(M, sizeof(void *));
@@ -1596,41 +1585,28 @@ static bg_status_t make_ties(exec_t *x)
             return bg_error(BG_ERR_UNSUPPORTED, "dualpipe: tie %s = %s has one tensor on pipeline rank %d and the "
                             "other elsewhere; only ties whose tensors share a rank (as the input embedding and "
                             "output head do: ranks 0 and p-1 hold the first and last stage) are summed", na, nb,
-                            x->pp_i);
+                            x->lay.me.pp);
         if (!!ti->a != !!ti->b) {
             int layer = bg_model_desc_tensor_layer(x->desc, ti->a ? nb : na), stage = 0;
             while (stage < x->S - 1 && x->last[stage] < layer)
                 stage++;
-            ti->partner = world_rank(x, bg_schedule_stage_rank(x->sched, stage), x->dp_i);
+            ti->partner = bg__layout_stage_rank(&x->lay, stage, x->lay.me.dp);
         }
     }
     return BG_OK;
 }
 
-/* --ps S: the job's N ranks are S servers and N - S workers, each worker a
- * replica (dp = (N - S) / pp): one rank, or a pipeline of pp ranks. */
-static bg_status_t ps_layout(exec_t *x)
+/* --ps S: the batch over the layout's workers (each a replica); a server
+ * holds one model of its tensors, whatever the workers' chunks. */
+static bg_status_t ps_batch(exec_t *x)
 {
-    int S = x->nservers, W = (x->world - S) / x->P;
-    if (x->world - S < 1)
-        return bg_error(BG_ERR_INVALID, "--ps %d: %d server%s but the job has %d rank%s, so no worker is left (start "
-                        "it with brigade launch -n %d or more)", S, S, S == 1 ? "" : "s", x->world,
-                        x->world == 1 ? "" : "s", S + x->P);
-    if ((x->world - S) % x->P != 0)
-        return bg_error(BG_ERR_INVALID, "--ps %d with --pp %d: the job's %d ranks leave %d for the workers, not a "
-                        "multiple of the %d ranks of a worker's pipeline (start %d or %d ranks)", S, x->P, x->world,
-                        x->world - S, x->P, S + W * x->P, S + (W + 1) * x->P);
-    if (x->p.dp != 1 && x->p.dp != W)
-        return bg_error(BG_ERR_INVALID, "--ps %d with --dp %d: the %d workers of a %d-rank job are the replicas "
-                        "(leave --dp out, or start %d ranks)", S, x->p.dp, W, x->world, S + x->p.dp * x->P);
+    int W = x->lay.dp;
     if (x->p.batch % (W * x->M) != 0)
         return bg_error(BG_ERR_INVALID, "batch %d does not split into %d workers x %d equal microbatches",
                         x->p.batch, W, x->M);
-    x->D = W;
     x->mbn = x->p.batch / (W * x->M);
-    x->server = x->rank < S;
-    if (x->server)
-        x->V = 1; /* one model of its tensors, whatever the workers' chunks */
+    if (is_server(x))
+        x->V = 1;
     return BG_OK;
 }
 
@@ -1650,11 +1626,12 @@ static bg_status_t make_ps(exec_t *x)
         int layer = st == BG_OK ? bg_model_desc_tensor_layer(x->desc, name) : 0, stage = 0;
         while (stage < x->S - 1 && x->last[stage] < layer)
             stage++;
-        holder[i] = bg_schedule_stage_rank(x->sched, stage);
+        holder[i] = bg__layout_stage_pp(&x->lay, stage);
     }
     bg__ps_params_t pp = {.comm = x->comm, .be = x->be, .stg = &x->stg, .emulate = x->em != NULL, .desc = x->desc,
-                          .models = models, .nmodels = x->V, .servers = x->nservers, .staleness = x->p.staleness,
-                          .pp = x->P, .holder = holder, .loss_rank = bg_schedule_stage_rank(x->sched, x->S - 1)};
+                          .models = models, .nmodels = x->V, .servers = x->lay.servers, .staleness = x->p.staleness,
+                          .pp = x->lay.pp, .holder = holder, .loss_rank = bg__layout_stage_pp(&x->lay, x->S - 1),
+                          .layout = &x->lay};
     if (st == BG_OK)
         st = bg__ps_create(&pp, &x->ps);
     free(holder);
@@ -1680,11 +1657,8 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->tie_step = -1;
     x->fetched_step = -1;
     x->numa_node = -1;
-    x->P = x->p.pp;
-    x->D = x->p.dp;
-    x->T = x->p.tp;
-    x->nservers = x->p.ps;
-    if (x->p.zero && x->D == 1) {
+    bg__layout_init(&x->lay, x->p.pp, x->p.dp, x->p.tp, x->p.ps);
+    if (x->p.zero && x->lay.dp == 1) {
         bg_log(BG_LOG_INFO, "train", "--zero %d with dp = 1 changes nothing (one replica holds everything)", x->p.zero);
         x->p.zero = 0;
     }
@@ -1694,18 +1668,18 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
     x->vocab = mp->vocab;
     x->Tmax = mp->seq_len;
     x->classes = bg_model_desc_classes(x->desc);
-    x->mbn = x->p.batch / (x->D * x->M);
+    x->mbn = x->p.batch / (x->lay.dp * x->M);
 
     /* the schedule first: a bad schedule fails before anyone connects */
     if (x->p.schedule_json) { /* the user's program (zero when pin is older than the field) */
-        BG_CHECK_GOTO(bg_schedule_load_program(x->p.schedule_json, x->P, x->M, x->p.chunks, &x->sched), st, err);
+        BG_CHECK_GOTO(bg_schedule_load_program(x->p.schedule_json, x->lay.pp, x->M, x->p.chunks, &x->sched), st, err);
     } else {
         bg_schedule_kind_t kind = BG_SCHED_1F1B;
         if (x->p.schedule)
             BG_CHECK_GOTO(bg_schedule_kind_parse(x->p.schedule, &kind), st, err);
         bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
         sp.kind = kind;
-        sp.stages = x->P;
+        sp.stages = x->lay.pp;
         sp.microbatches = x->M;
         sp.chunks = x->p.chunks;
         BG_CHECK_GOTO(bg_schedule_generate(&sp, &x->sched), st, err);
@@ -1720,7 +1694,7 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
                       x->copies > 2 ? " (the executor sums two)" : " with --zero 2 is not supported (--zero 1 is)");
         goto err;
     }
-    if (x->nservers > 0 && x->copies > 1) {
+    if (x->lay.servers > 0 && x->copies > 1) {
         st = bg_error(BG_ERR_UNSUPPORTED, "--ps with %s: its two copies of each stage would push every tensor twice; "
                       "not built (every other schedule is)", bg_schedule_name(x->sched));
         goto err;
@@ -1756,30 +1730,13 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         BG_CHECK_GOTO(bg_comm_create(&cp, &x->comm), st, err);
         x->own_comm = 1;
     }
-    x->rank = bg_comm_rank(x->comm);
-    x->world = bg_comm_size(x->comm);
-    bg_log_set_rank(x->rank);
-    if (x->nservers > 0) {
-        BG_CHECK_GOTO(ps_layout(x), st, err);
-    } else if (x->world != x->P * x->D * x->T) {
-        char tp[32] = "";
-        if (x->T > 1)
-            snprintf(tp, sizeof tp, " x tp %d", x->T);
-        st = bg_error(BG_ERR_INVALID, "pp %d x dp %d%s = %d ranks, but the job has %d (start it with brigade launch "
-                                      "-n %d)", x->P, x->D, tp, x->P * x->D * x->T, x->world, x->P * x->D * x->T);
-        goto err;
-    }
-    x->pp_i = x->rank / (x->D * x->T);
-    x->dp_i = x->rank / x->T % x->D;
-    x->tp_i = x->rank % x->T;
-    if (x->nservers > 0) { /* tp = 1: a worker's rank is pipeline rank pp_i of replica dp_i; a server no replica */
-        int r = x->rank - x->nservers;
-        x->tp_i = 0;
-        x->pp_i = x->server ? 0 : r % x->P;
-        x->dp_i = x->server ? -1 : r / x->P;
-    }
+    bg_log_set_rank(bg_comm_rank(x->comm));
+    BG_CHECK_GOTO(bg__layout_bind(&x->lay, bg_comm_size(x->comm), bg_comm_rank(x->comm)), st, err);
+    bg__layout_set_schedule(&x->lay, x->sched);
+    if (x->lay.servers > 0)
+        BG_CHECK_GOTO(ps_batch(x), st, err);
     BG_CHECK_GOTO(make_groups(x), st, err);
-    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->T, world_rank(x, x->pp_i, x->dp_i) - x->tp_i, &x->tp), st, err);
+    BG_CHECK_GOTO(bg__tp_create(x->comm, x->desc, x->lay.tp, bg__layout_tp_first(&x->lay), &x->tp), st, err);
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
@@ -1794,8 +1751,8 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         BG_CHECK_GOTO(bg__numa_bind(bg_comm_local_rank(x->comm), dev_node, bus, &x->numa_node), st, err);
     }
     BG_CHECK_GOTO(bg__staging_init(&x->stg, x->be, x->comm), st, err);
-    if (x->stg.on && x->world > 1)
-        bg_log(BG_LOG_INFO, "executor", "rank %d: UCX %s; sends and receives of device buffers %s", x->rank,
+    if (x->stg.on && x->lay.world > 1)
+        bg_log(BG_LOG_INFO, "executor", "rank %d: UCX %s; sends and receives of device buffers %s", x->lay.rank,
                bg_transport_ucx_version(),
                x->stg.direct ? "hand the buffer to UCX (reductions staged)" : "staged through host memory");
     if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1))) {
@@ -1815,33 +1772,30 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         goto err;
     }
     for (int v = 0; v < x->V; v++) {
-        int stage = -1;
-        for (int s = 0; s < x->S; s++)
-            if (bg_schedule_stage_rank(x->sched, s) == x->pp_i && bg_schedule_stage_chunk(x->sched, s) == v)
-                stage = s;
+        int stage = bg__layout_chunk_stage(&x->lay, x->lay.me.pp, v);
         BG_CHECK_GOTO(make_chunk(x, &x->chunks[v], stage), st, err);
         x->has_first |= x->chunks[v].is_first;
         x->has_last |= x->chunks[v].is_last;
     }
     BG_CHECK_GOTO(make_ties(x), st, err);
-    if (x->nservers > 0)
+    if (x->lay.servers > 0)
         BG_CHECK_GOTO(make_ps(x), st, err);
     if (x->p.trace_path)
-        BG_CHECK_GOTO(bg__trace_create(x->comm, x->rank, &x->trace), st, err);
-    if (x->T > 1 && !x->server && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0) {
-        const char *no = !bg_plan_paired_for(x->T, x->p.zero, x->D) ? "--zero"
-                         : x->nservers                               ? "--ps"
+        BG_CHECK_GOTO(bg__trace_create(x->comm, x->lay.rank, &x->trace), st, err);
+    if (x->lay.tp > 1 && !is_server(x) && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0) {
+        const char *no = !bg_plan_paired_for(x->lay.tp, x->p.zero, x->lay.dp) ? "--zero"
+                         : x->lay.servers                               ? "--ps"
                          : x->em                                     ? "--emulate"
                          : x->be->ops->event_record                  ? "a backend that queues work"
                                                                      : NULL;
         if (no) /* each would put collectives of its own inside both lanes, or the lanes' work on one queue */
             bg_log(BG_LOG_WARN, "executor", "BRIGADE_TP_OVERLAP=microbatch is not built with %s: rank %d overlaps "
-                                            "as with =weight", no, x->rank);
+                                            "as with =weight", no, x->lay.rank);
         else
             BG_CHECK_GOTO(bg__pair_create((size_t)8 << 20, &x->pair), st, err);
     }
     bg__tp_set_trace(x->tp, x->trace, &x->step);
-    if (!x->server)
+    if (!is_server(x))
         BG_CHECK_GOTO(predict_activations(x), st, err);
     {
         int L = bg_model_desc_num_layers(x->desc), cnt;
@@ -1860,8 +1814,8 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         if (st != BG_OK)
             goto err;
     }
-    x->ops = bg_schedule_rank_ops(x->sched, x->pp_i, &x->nops);
-    if (x->server)
+    x->ops = bg_schedule_rank_ops(x->sched, x->lay.me.pp, &x->nops);
+    if (is_server(x))
         x->nops = 0; /* a server runs bg__ps_server_step instead of a program */
     x->act_base = bg_backend_memstats(x->be).current;
     bg_backend_reset_peak(x->be);
@@ -1883,7 +1837,7 @@ err:
  * once, with its message; what is in flight is cancelled. */
 static bg_status_t step_failed(exec_t *x, bg_status_t st)
 {
-    if (st != BG_ERR_PEER && x->world > 1) {
+    if (st != BG_ERR_PEER && x->lay.world > 1) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "%s", bg_last_error());
         bg_comm_abort(x->comm, msg);
@@ -1917,7 +1871,7 @@ static bg_status_t ps_worker_end(exec_t *x, double t0, double tokens, bg_step_re
     if (x->trace) /* the last pushes and, at K = 0, the wait for the next version */
         bg__trace_event(x->trace, "push_pull", -1, 0, a, bg_now(), (int)step + 1);
     if (st != BG_OK) {
-        st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->dp_i, x->rank, (long long)step + 1,
+        st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->lay.me.dp, x->lay.rank, (long long)step + 1,
                       bg_last_error());
         return step_failed(x, st);
     }
@@ -1946,7 +1900,7 @@ static bg_status_t ps_server_step(exec_t *x, double tokens, bg_step_result_t *re
     double t0 = bg_now();
     bg_status_t st = bg__ps_server_step(x->ps, &x->p.optim, step, &ps);
     if (st != BG_OK) {
-        st = bg_error(st, "parameter server %d (rank %d) at step %lld: %s", x->rank, x->rank, (long long)step + 1,
+        st = bg_error(st, "parameter server %d (rank %d) at step %lld: %s", x->lay.rank, x->lay.rank, (long long)step + 1,
                       bg_last_error());
         return step_failed(x, st);
     }
@@ -1981,7 +1935,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     int64_t step = x->step;
     double tokens;
     BG_CHECK(step_tokens(x, step, &tokens));
-    if (x->server)
+    if (is_server(x))
         return ps_server_step(x, tokens, result_p);
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
@@ -1990,7 +1944,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     x->bytes_sent = 0;
     double t0 = bg_now();
     if (x->ps && (st = bg__ps_worker_begin(x->ps, step)) != BG_OK) {
-        st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->dp_i, x->rank, (long long)step + 1,
+        st = bg_error(st, "worker %d (rank %d) at step %lld: %s", x->lay.me.dp, x->lay.rank, (long long)step + 1,
                       bg_last_error());
         goto fail;
     }
@@ -2052,12 +2006,12 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
      * sums float32, so the double sum of squares travels as hi + lo floats:
      * exact for one contributing rank, within ~1e-7 relative for several. */
     double gsq = 0;
-    for (int v = 0; (x->dp_i == 0 || x->p.zero) && v < x->V; v++) /* --zero: each replica its shard */
+    for (int v = 0; (x->lay.me.dp == 0 || x->p.zero) && v < x->V; v++) /* --zero: each replica its shard */
         gsq += x->chunks[v].gsq;
     float hi = gsq > FLT_MAX ? INFINITY : (float)gsq;
     float lo = isfinite(hi) ? (float)(gsq - (double)hi) : 0.0f;
     float red[4] = {(float)x->loss, x->stop_req ? 1.0f : 0.0f, hi, lo};
-    if (x->world > 1) {
+    if (x->lay.world > 1) {
         BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 4, BG_REDUCE_SUM), st, fail);
         gsq = (double)red[2] + (double)red[3];
     }
@@ -2077,17 +2031,17 @@ fail:
 void bg_executor_set_lr(bg_executor_t *x, float lr) { x->p.optim.lr = lr; }
 void bg_executor_request_stop(bg_executor_t *x) { x->stop_req = 1; }
 int64_t bg_executor_steps_done(const bg_executor_t *x) { return x->step; }
-int bg_executor_rank(const bg_executor_t *x) { return x->rank; }
+int bg_executor_rank(const bg_executor_t *x) { return x->lay.rank; }
 bg_comm_t *bg_executor_comm(bg_executor_t *x) { return x->comm; }
 
 void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
 {
     bg_executor_info_t i;
     memset(&i, 0, sizeof(i));
-    i.rank = x->rank;
-    i.world = x->world;
-    i.pp_rank = x->pp_i;
-    i.dp_rank = x->dp_i;
+    i.rank = x->lay.rank;
+    i.world = x->lay.world;
+    i.pp_rank = x->lay.me.pp;
+    i.dp_rank = x->lay.me.dp;
     i.stages = x->S;
     i.chunks = x->V;
     i.params = x->params;
@@ -2125,10 +2079,10 @@ bg_status_t bg_executor_destroy(bg_executor_t *x)
         /* the last versions are delivered; workers that died are the mode's
          * business, not an unclean end (a server's death still is) */
         if (!x->broken && bg__ps_settle(x->ps, x->step) != BG_OK)
-            bg_log(BG_LOG_WARN, "ps", "rank %d: %s", x->rank, bg_last_error());
+            bg_log(BG_LOG_WARN, "ps", "rank %d: %s", x->lay.rank, bg_last_error());
         int servers_alive = 1;
-        for (int s = 0; s < x->nservers; s++)
-            servers_alive &= s == x->rank || bg_comm_peer_alive(x->comm, s);
+        for (int s = 0; s < x->lay.servers; s++)
+            servers_alive &= s == x->lay.rank || bg_comm_peer_alive(x->comm, s);
         /* a broken worker (a rank of its pipeline died) leaves as failed, so
          * the rest of its pipeline learns it at once (a bye would not tell them) */
         if (servers_alive && !x->broken)

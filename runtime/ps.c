@@ -78,6 +78,7 @@ struct bg__ps {
     bg_model_t **models;    /* worker: its chunks; server: models[0], its tensors */
     int nmodels;
     int S, W, K, P;         /* servers, workers (at the start), staleness bound, ranks per worker */
+    const bg_layout_t *layout; /* the executor's: every world rank comes from it */
     int rank, server;       /* this rank; 1: a server */
     int wk, pk;             /* worker: its index and its rank in the pipeline */
     int loss_rank;          /* the pipeline rank holding the loss */
@@ -126,7 +127,7 @@ struct bg__ps {
 };
 
 /* World rank of pipeline rank k of worker w. */
-static int worker_rank(const bg__ps_t *ps, int w, int k) { return ps->S + w * ps->P + k; }
+static int worker_rank(const bg__ps_t *ps, int w, int k) { return bg__layout_rank(ps->layout, k, w, 0); }
 /* A server's requests per worker and step: its tensors, then each pipeline rank's loss and stop. */
 static int entries(const bg__ps_t *ps) { return ps->nown + ps->P; }
 /* The pipeline rank that sends entry j of a worker's requests. */
@@ -312,10 +313,11 @@ bg_status_t bg__ps_create(const bg__ps_params_t *pp, bg__ps_t **ps_p)
     ps->P = pp->pp > 1 ? pp->pp : 1;
     ps->W = (bg_comm_size(pp->comm) - pp->servers) / ps->P;
     ps->K = pp->staleness;
-    ps->rank = bg_comm_rank(pp->comm);
-    ps->server = ps->rank < pp->servers;
-    ps->wk = ps->server ? -1 : (ps->rank - ps->S) / ps->P;
-    ps->pk = ps->server ? -1 : (ps->rank - ps->S) % ps->P;
+    ps->layout = pp->layout;
+    ps->rank = pp->layout->rank;
+    ps->server = pp->layout->me.role == BG_LAYOUT_SERVER;
+    ps->wk = ps->server ? -1 : pp->layout->me.dp;
+    ps->pk = ps->server ? -1 : pp->layout->me.pp;
     ps->loss_rank = pp->loss_rank;
     ps->last = -1;
     ps->m = ps->server ? pp->models[0] : NULL;
