@@ -97,10 +97,13 @@ int bg__layout_twin(const bg_layout_t *l, int stage)
     return (stage + model_stages(l)) % bg_schedule_stages(l->sched);
 }
 
-void bg__layout_dp_ranks(const bg_layout_t *l, int *ranks)
+int bg__layout_dp_ranks(const bg_layout_t *l, int *ranks)
 {
+    if (l->servers > 0)
+        return 0;
     for (int d = 0; d < l->dp; d++)
         ranks[d] = bg__layout_rank(l, l->me.pp, d, l->me.tp);
+    return l->dp;
 }
 
 int bg__layout_tp_first(const bg_layout_t *l) { return bg__layout_rank(l, l->me.pp, l->me.dp, 0); }

@@ -65,8 +65,10 @@ int bg__layout_chunk_stage(const bg_layout_t *l, int pp, int chunk);
 int bg__layout_model_stage(const bg_layout_t *l, int stage);
 int bg__layout_copy(const bg_layout_t *l, int stage);
 int bg__layout_twin(const bg_layout_t *l, int stage);
-/* This rank's data-parallel group: ranks_p[d] for every replica d (dp entries). */
-void bg__layout_dp_ranks(const bg_layout_t *l, int *ranks);
+/* This rank's data-parallel group into @p ranks (dp entries: ranks[d] for
+ * replica d); returns how many, 0 when the replicas do not reduce among
+ * themselves (parameter servers: the workers push to the servers). */
+int bg__layout_dp_ranks(const bg_layout_t *l, int *ranks);
 /* The first world rank of this rank's tensor group (tp consecutive ranks). */
 int bg__layout_tp_first(const bg_layout_t *l);
 

@@ -30,7 +30,7 @@ static void test_order(void **state)
         assert_int_equal(bg__layout_rank(&l, want[r][0], want[r][1], want[r][2]), r);
         assert_int_equal(bg__layout_tp_first(&l), r - r % 2);
         int dp[2];
-        bg__layout_dp_ranks(&l, dp);
+        assert_int_equal(bg__layout_dp_ranks(&l, dp), 2);
         assert_int_equal(dp[0], (r / 4) * 4 + r % 2); /* same pp and tp member, replicas 0 and 1 */
         assert_int_equal(dp[1], (r / 4) * 4 + 2 + r % 2);
     }
@@ -52,6 +52,8 @@ static void test_servers(void **state)
         assert_int_equal(l.me.dp, want[r][1]);
         if (!want[r][2])
             assert_int_equal(bg__layout_rank(&l, l.me.pp, l.me.dp, 0), r);
+        int dp[2];
+        assert_int_equal(bg__layout_dp_ranks(&l, dp), 0); /* the workers push to the servers */
     }
 }
 
