@@ -223,7 +223,9 @@ bg_status_t bg__exec_settle(exec_t *x);
 
 /* Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
  * the receiving stage, or one of these for the strategies' exchanges, bits
- * 0..15 the microbatch (a strategy's index). */
+ * 0..15 the microbatch (a strategy's index). The parameter servers'
+ * protocol (runtime/ps.c) uses 0x3ffe too: it never runs with DualPipe's
+ * copies (refused at create). */
 enum { BG__TAG_TIES = 0x3fff, BG__TAG_COPIES = 0x3ffe };
 
 #endif
