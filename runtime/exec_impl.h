@@ -12,6 +12,7 @@
 #define BG_RUNTIME_EXEC_IMPL_H
 
 #include <signal.h>
+#include <stddef.h>
 
 #include "brigade/executor.h"
 #include "brigade/schedule.h"

@@ -342,7 +342,6 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     /* dualpipe: both copies of a model stage recompute alike */
     if (p->recompute || (p->recompute_stages && ms < p->nrecompute_stages && p->recompute_stages[ms]))
         bg_stage_set_recompute(ch->st, 1);
-    bg_stage_set_emulate(ch->st, x->em != NULL);
     BG_CHECK(bg__exec_make_buckets(x, ch));
     ch->tsq = calloc((size_t)bg_model_num_tensors(ch->model) + 1, sizeof(double));
     BG_ALLOC_CHECK(ch->tsq, sizeof(double), "per-tensor gradient norms");
@@ -472,8 +471,7 @@ static bg_status_t make_chunks(exec_t *x)
 /* BRIGADE_TP_OVERLAP=microbatch: the two lanes, where they are built. */
 static bg_status_t make_pair(exec_t *x)
 {
-    if (x->lay.tp == 1 || x->lay.me.role != BG_LAYOUT_WORKER ||
-        strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") != 0)
+    if (x->lay.tp == 1 || BG__ONE(x, step) || strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") != 0)
         return BG_OK;
     const char *no = !bg_plan_paired_for(x->lay.tp, x->p.zero, x->lay.dp) ? "--zero"
                      : x->lay.servers                                      ? "--ps"
@@ -545,12 +543,13 @@ bg_status_t bg_executor_create(const bg_executor_params_t *pin, bg_executor_t **
         BG_CHECK_GOTO(bg__trace_create(x->comm, x->lay.rank, &x->trace), st, err);
     BG_CHECK_GOTO(make_pair(x), st, err);
     bg__tp_set_trace(x->tp, x->trace, &x->step);
-    if (x->lay.me.role == BG_LAYOUT_WORKER)
+    int program = BG__ONE(x, step) == NULL; /* a rank whose step a strategy owns runs no program */
+    if (program)
         BG_CHECK_GOTO(predict_activations(x), st, err);
     BG_CHECK_GOTO(count_flops(x), st, err);
     x->ops = bg_schedule_rank_ops(x->sched, x->lay.me.pp, &x->nops);
-    if (x->lay.me.role != BG_LAYOUT_WORKER)
-        x->nops = 0; /* a parameter server runs its step hook instead of a program */
+    if (!program)
+        x->nops = 0;
     x->act_base = bg_backend_memstats(x->be).current;
     bg_backend_reset_peak(x->be);
     *x_p = x;
