@@ -2,7 +2,8 @@
 # tests/runtime/compare_binaries.sh OLD NEW: the final weights of brigade
 # binary NEW are bitwise those of brigade binary OLD, layout by layout: every
 # schedule at pp 2-4, data parallelism, ZeRO 1 and 2, parameter servers, tensor
-# parallelism with sequence parallelism, pp x dp x tp, tied embeddings, bf16,
+# parallelism with sequence parallelism, pp x dp x tp, tied embeddings,
+# DualPipe's copies with ties and with dp and ZeRO, bf16,
 # and a user model (examples/byom). For a refactor that must not change
 # behaviour: run it with the binary before the change and the one after.
 # Each layout runs once per binary with the same flags; the two saved
@@ -77,9 +78,12 @@ same 4 train $MLP --ps 1 --pp 3 --schedule zb-h1
 # tensor parallelism (with sequence parallelism), and everything at once
 same 2 train $GPT --tp 2 --sequence-parallel
 same 8 train $GPT --pp 2 --dp 2 --tp 2
-# ties (the embedding and head on ranks 0 and p-1; dualpipe's copies with them), dualpipe's copies with dp
+# ties (the embedding and head on ranks 0 and p-1, alone, in a V, with dualpipe's copies); the copies
+# and a V with dp and ZeRO
 same 2 train $GPT --pp 2 --tie-embeddings
 same 2 train $GPT --pp 2 --schedule dualpipev --tie-embeddings
+same 2 train $GPT --pp 2 --schedule dualpipe --tie-embeddings
+same 4 train $GPT --pp 2 --dp 2 --schedule dualpipe --zero 1
 same 4 train $GPT --pp 2 --dp 2 --schedule dualpipev --zero 1
 # bf16
 same 2 train $GPT --pp 2 --precision bf16
