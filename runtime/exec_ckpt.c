@@ -38,7 +38,8 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":%d,\"chunks\":%d,\"schedule\":\"%s\"},"
              "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
-             x->lay.pp, x->lay.dp, x->lay.tp, x->V, bg_schedule_name(x->sched), x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
+             x->lay.pp, x->lay.dp, x->lay.tp, x->V, bg_schedule_name(x->sched),
+             x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
              (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
@@ -286,7 +287,8 @@ bg_status_t bg_executor_write_trace(bg_executor_t *x)
     snprintf(meta, sizeof(meta),
              "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
              "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
-             bg_schedule_name(x->sched), x->lay.pp, x->lay.dp, x->lay.tp, x->M, bg_schedule_chunks(x->sched), (long long)x->step);
+             bg_schedule_name(x->sched), x->lay.pp, x->lay.dp, x->lay.tp, x->M, bg_schedule_chunks(x->sched),
+             (long long)x->step);
     return bg__trace_write(x->trace, x->p.trace_path, meta);
 }
 

@@ -81,7 +81,8 @@ static bg_status_t fetch_batch(exec_t *x, int mb)
     for (size_t i = 0; i < x->nfeatures; i++)
         if (!isfinite(feat[i]))
             return bg_error(BG_ERR_INVALID, "%s: feature %zu of %zu (shape %d x %d x %d) is %s", where, i,
-                            x->nfeatures, rq.in.n, rq.in.t, rq.in.c, isnan(feat[i]) ? "NaN (not written?)" : "infinite");
+                            x->nfeatures, rq.in.n, rq.in.t, rq.in.c,
+                            isnan(feat[i]) ? "NaN (not written?)" : "infinite");
     x->fetched_step = x->step;
     x->fetched_mb = mb;
     return BG_OK;
@@ -525,8 +526,8 @@ bg_status_t bg__exec_run_pair(exec_t *x, size_t i, size_t j)
     }
     int k = st[0] != BG_OK ? 0 : 1;
     const bg_sched_op_t *o = &x->ops[job[k].failed];
-    return bg_error(st[k], "%s of microbatch %d (beside %s of microbatch %d): %s", bg__exec_op_label(o->kind), o->microbatch,
-                    bg__exec_op_label(x->ops[k ? i : j].kind), x->ops[k ? i : j].microbatch, msg[k]);
+    return bg_error(st[k], "%s of microbatch %d (beside %s of microbatch %d): %s", bg__exec_op_label(o->kind),
+                    o->microbatch, bg__exec_op_label(x->ops[k ? i : j].kind), x->ops[k ? i : j].microbatch, msg[k]);
 }
 
 /* The error of instruction @p op that failed with @p st (@p label: name it; NULL: the message, from
@@ -540,6 +541,7 @@ bg_status_t bg__exec_op_failed(exec_t *x, bg_status_t st, const bg_sched_op_t *o
         st = st2, snprintf(msg, sizeof(msg), "%s", bg_last_error());
     if (label)
         snprintf(what, sizeof(what), "%s of microbatch %d: ", bg__exec_op_label(label->kind), label->microbatch);
-    return bg_error(st, "rank %d (stage %d) at step %lld, %s%s", x->lay.rank, op->stage, (long long)x->step + 1, what, msg);
+    return bg_error(st, "rank %d (stage %d) at step %lld, %s%s", x->lay.rank, op->stage, (long long)x->step + 1, what,
+                    msg);
 }
 

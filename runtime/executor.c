@@ -115,7 +115,8 @@ static bg_status_t predict_activations(exec_t *x)
         if (st != BG_OK)
             break;
         bg_log(BG_LOG_DEBUG, "memory",
-               "stage %d per microbatch: stash %zu data %zu dout %zu; split_bw %zu fused_bw %zu recompute %zu scratch %zu",
+               "stage %d per microbatch: stash %zu data %zu dout %zu; split_bw %zu fused_bw %zu recompute %zu "
+               "scratch %zu",
                ch->stage, mem.stash, mem.data, mem.dout, mem.split_bw, mem.fused_bw, mem.recompute, mem.scratch);
         bg_part_stage_t *e = &b[v];
         e->recompute = bg_stage_recompute(ch->st);

@@ -162,7 +162,8 @@ static bg_status_t server_step(exec_t *x, void *self, double tokens, bg_step_res
     double t0 = bg_now();
     bg_status_t st = bg__ps_server_step(P->ps, &x->p.optim, step, &ps);
     if (st != BG_OK) {
-        st = bg_error(st, "parameter server %d (rank %d) at step %lld: %s", x->lay.rank, x->lay.rank, (long long)step + 1,
+        st = bg_error(st, "parameter server %d (rank %d) at step %lld: %s", x->lay.rank, x->lay.rank,
+                      (long long)step + 1,
                       bg_last_error());
         return bg__exec_step_failed(x, st);
     }
@@ -199,7 +200,8 @@ static bg_status_t server_save_checkpoint(exec_t *x, void *self, const char *roo
     snprintf(extra, sizeof(extra),
              "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":1,\"chunks\":%d,\"schedule\":\"%s\",\"ps\":%d,"
              "\"staleness\":%d},\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
-             x->lay.pp, x->lay.dp, bg_schedule_chunks(x->sched), bg_schedule_name(x->sched), x->lay.servers, x->p.staleness,
+             x->lay.pp, x->lay.dp, bg_schedule_chunks(x->sched), bg_schedule_name(x->sched), x->lay.servers,
+             x->p.staleness,
              x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd", (double)x->p.optim.lr, x->p.batch, x->M);
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
