@@ -60,6 +60,13 @@ rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
 for s in 2 4 6; do rm "$T/c/step-0000000$s/rank-00001.safetensors"; done
 if run --steps 3 --checkpoint-dir "$T/c" --resume --resume-strict >/dev/null 2>"$T/e7"; then bad "strict: all invalid accepted"
 else has "$T/e7" "invalid" "--resume-strict with every checkpoint invalid fails"; fi
+# ... and with no checkpoint at all (a missing or an empty directory), as its help says
+for d in "$T/missing" "$T/empty"; do
+  [ "$d" = "$T/empty" ] && mkdir -p "$d"
+  if run --steps 3 --checkpoint-dir "$d" --resume --resume-strict >"$T/o7b" 2>"$T/e7b"; then
+    bad "strict: no checkpoint in $d accepted (trained from step 0)"
+  else has "$T/e7b" "--resume-strict: no valid checkpoint in $d (no step-N directory)" "--resume-strict with $(basename "$d") fails"; fi
+done
 
 # --resume-from picks one (and must be valid)
 rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
