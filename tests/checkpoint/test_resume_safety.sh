@@ -79,7 +79,9 @@ else has "$T/e9" "cannot resume from $T/c/step-00000004: .*rank-00000.safetensor
 
 # a manifest of another format version (its checksum intact) is refused, not skipped
 rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
-python3 - "$T/c/step-00000006/manifest.json" <<'PY' || bad "could not rewrite the manifest's version"
+# rewrite_manifest FILE KEY VALUE: set KEY to the JSON VALUE in a manifest, its checksum recomputed
+rewrite_manifest() {
+python3 - "$@" <<'PY' || bad "could not rewrite the manifest's $2"
 import json, sys
 def crc32c(b):
     c = 0xffffffff
@@ -93,12 +95,19 @@ dump = lambda m: json.dumps(m, indent=1, sort_keys=True, ensure_ascii=False).enc
 want = m.pop("manifest_crc32c")
 if crc32c(dump(m)) != want:
     sys.exit("this script's manifest text differs from brigade's; cannot recompute the checksum")
-m["version"] = 7
+m[sys.argv[2]] = json.loads(sys.argv[3])
 m["manifest_crc32c"] = crc32c(dump(m))
 open(p, "w").write(json.dumps(m, indent=1, sort_keys=True))
 PY
+}
+rewrite_manifest "$T/c/step-00000006/manifest.json" version 7
 if run --steps 8 --checkpoint-dir "$T/c" --resume >/dev/null 2>"$T/e10"; then bad "version 7 accepted"; cat "$T/e10"
 else has "$T/e10" "checkpoint format version 7 .*is not supported: this brigade .* reads version 1" "unknown version refused"; fi
+# an optimizer-state count that is none of 0, 1, 2 (its checksum intact) is refused, naming it
+rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
+rewrite_manifest "$T/c/step-00000006/manifest.json" optim 9
+if run --steps 8 --resume-from "$T/c/step-00000006" >/dev/null 2>"$T/e10b"; then bad "optim 9 accepted"; cat "$T/e10b"
+else has "$T/e10b" "manifest.json: optim is 9; expected 0 (no optimizer state), 1 (SGD's momentum) or 2" "optim 9 refused"; fi
 
 # stops: SIGINT without --checkpoint-dir
 # (not under timeout(1): a background job's SIGINT would be ignored by it; a watchdog instead)
