@@ -232,6 +232,13 @@ bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
     if (st == BG_OK && !json_is_boolean(tie))
         st = bg_error(BG_ERR_PARSE, "model description builder: \"tie_embeddings\" is missing or not a boolean");
     c.tie_embeddings = json_is_true(tie);
+    /* each builder layer makes at least one top-level layer (a GPT's block, an
+     * MLP's linear): a count the description's own list cannot hold is refused
+     * before anything is built, so a small hostile file cannot ask for 2^30 */
+    size_t listed = json_array_size(json_object_get(root, "layers"));
+    if (st == BG_OK && (size_t)c.layers > listed)
+        st = bg_error(BG_ERR_PARSE, "model description builder: \"layers\" is %d but the description lists %zu "
+                                    "top-level layers (a %s of %d layers has more)", c.layers, listed, kind, c.layers);
     bg_model_desc_t *d = NULL;
     if (st == BG_OK)
         st = bg_model_build(&c, &d);

@@ -1505,6 +1505,45 @@ static bg_status_t parse_model(json_t *root, char **json_p, bg_model_desc_t **de
 }
 
 #define BIG 0x7fffffffffffffffLL
+/* A loaded plan's stages must be one layout: $.split (absent in hand-written
+ * plans) gives the layer counts the stages hold, and no two stages sit on
+ * the same (rank, chunk), and every rank holds one (a plan naming a rank
+ * twice would leave another rank idle and overwrite a stage). */
+static bg_status_t stages_agree(const bg_plan_t *p, json_t *split)
+{
+    if (split && (!json_is_array(split) || (int)json_array_size(split) != p->nstages))
+        return bg_error(BG_ERR_PARSE, "plan: $.split must be an array of the %d stages' layer counts", p->nstages);
+    for (int i = 0; split && i < p->nstages; i++) {
+        json_t *e = json_array_get(split, (size_t)i);
+        int have = p->stages[i].last_layer - p->stages[i].first_layer + 1;
+        if (!json_is_integer(e) || json_integer_value(e) != have)
+            return bg_error(BG_ERR_PARSE, "plan: $.split[%d] is %s%lld but $.stages[%d] holds layers %d..%d (%d layers)",
+                            i, json_is_integer(e) ? "" : "not an integer: ", json_is_integer(e) ? (long long)json_integer_value(e) : 0LL,
+                            i, p->stages[i].first_layer, p->stages[i].last_layer, have);
+    }
+    /* who[rank * chunks + chunk]: the stage there + 1 (0: none) */
+    int *who = calloc((size_t)p->pp * (size_t)p->chunks, sizeof(*who));
+    if (!who)
+        return bg_error(BG_ERR_NOMEM, "plan: stage map of %d x %d", p->pp, p->chunks);
+    bg_status_t st = BG_OK;
+    for (int i = 0; i < p->nstages && st == BG_OK; i++) {
+        int *w = &who[(size_t)p->stages[i].rank * (size_t)p->chunks + (size_t)p->stages[i].chunk];
+        if (*w)
+            st = bg_error(BG_ERR_PARSE, "plan: $.stages[%d] and $.stages[%d] are both rank %d's chunk %d", *w - 1, i,
+                          p->stages[i].rank, p->stages[i].chunk);
+        *w = i + 1;
+    }
+    for (int r = 0; r < p->pp && st == BG_OK; r++) {
+        int held = 0;
+        for (int c = 0; c < p->chunks && !held; c++)
+            held = who[(size_t)r * (size_t)p->chunks + (size_t)c] != 0;
+        if (!held)
+            st = bg_error(BG_ERR_PARSE, "plan: no stage in $.stages is on rank %d of the %d pipeline ranks", r, p->pp);
+    }
+    free(who);
+    return st;
+}
+
 static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
 {
     if (!json_is_object(root))
@@ -1715,6 +1754,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
         goto err;
     }
+    BG_CHECK_GOTO(stages_agree(p, json_object_get(root, "split")), st, err);
     if (md) { /* a builder-made model: its layers must be the plan's (at the precision the plan counted) */
         char diff[256];
         if (p->precision == BG_BF16 && bg_model_desc_params(md)->input != BG_INPUT_TOKENS) {

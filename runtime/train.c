@@ -403,6 +403,12 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             goto out;
         }
         st = bg_executor_resume_with(x, &rp, rr);
+        /* the executor leaves "nothing to resume" to its host; --resume-strict
+         * promises to fail when no checkpoint is valid, a missing or empty
+         * directory included */
+        if (st == BG_OK && c.resume_strict && !rr->found)
+            st = bg_error(BG_ERR_NOT_FOUND, "--resume-strict: no valid checkpoint in %s (%s)", c.checkpoint_dir,
+                          rr->invalid ? rr->invalid_what : "no step-N directory");
         if (st == BG_OK && c.on_resume)
             c.on_resume(rr, c.resume_from ? c.resume_from : c.checkpoint_dir, info.rank, c.on_step_arg);
         free(rr);

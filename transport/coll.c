@@ -189,10 +189,10 @@ static void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg
 {
     if (co->done)
         return;
-    char m[256];
+    char m[BG__ERR_MSG_MAX];
     if (msg)
-        snprintf(m, sizeof(m), "%s during %s at step %d of %d", msg, bg__coll_desc(co), co->cur + 1,
-                 co->nsteps);
+        snprintf(m, sizeof(m), "%.*s during %s at step %d of %d", (int)(sizeof(m) - 192), msg, bg__coll_desc(co),
+                 co->cur + 1, co->nsteps);
     else
         snprintf(m, sizeof(m), "%s did not complete within %.0f s (BRIGADE_TIMEOUT): stuck at step %d "
                  "of %d", bg__coll_desc(co), co->comm->timeout_s, co->cur + 1, co->nsteps);
@@ -208,7 +208,7 @@ static void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg
 static void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub)
 {
     if (sub->status < 0 && !co->done) {
-        char m[256];
+        char m[BG__ERR_MSG_MAX];
         snprintf(m, sizeof(m), "%s", sub->msg);
         bg__coll_fail_locked(co, sub->status, m);
     }
@@ -323,7 +323,7 @@ static void bg__coll_advance(bg__coll_t *co)
                     bg_status_t st = bg__post_locked(c, x->send ? BG__RQ_SEND : BG__RQ_RECV, x->peer, hi,
                                                      1, x->buf, x->bytes, co, &sub);
                     if (st != BG_OK) {
-                        char m[256];
+                        char m[BG__ERR_MSG_MAX];
                         snprintf(m, sizeof(m), "%s", bg_last_error());
                         bg__coll_fail_locked(co, st, m);
                         return;
@@ -460,7 +460,7 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
         if (st == BG_OK)
             st = bg_error(BG_ERR_NOMEM, "cannot allocate a request");
         else {
-            char m[256];
+            char m[BG__ERR_MSG_MAX];
             snprintf(m, sizeof(m), "%s", bg_last_error());
             st = bg_error(st, "%s during %s", m, bg__coll_desc(co));
         }

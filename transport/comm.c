@@ -356,7 +356,7 @@ unsigned bg__progress_locked(bg_comm_t *c)
 /* A peer failed (or the store was lost: rank = -1, every operation fails). */
 static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
 {
-    char msg[256];
+    char msg[BG__ERR_MSG_MAX];
     if (rank >= 0 && strncmp(why, "stopped on an error", 19) == 0)
         snprintf(msg, sizeof(msg), "rank %d %s", rank, why);
     else if (rank >= 0)
@@ -385,8 +385,8 @@ static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
         nx = r->next;
         if (rank >= 0 && r->peer != rank && !r->suspect)
             continue;
-        char m[400];
-        snprintf(m, sizeof(m), "%s during %s rank %d (tag %u, %zu bytes)", msg,
+        char m[BG__ERR_MSG_MAX];
+        snprintf(m, sizeof(m), "%.*s during %s rank %d (tag %u, %zu bytes)", (int)(sizeof(m) - 96), msg,
                  r->kind == BG__RQ_SEND ? "send to" : "receive from", r->peer, r->tag, r->bytes);
         bg__fail_locked(c, r, BG_ERR_PEER, m);
     }
@@ -464,7 +464,7 @@ static void bg__live_poll(bg_comm_t *c)
             break;
         }
         if (h.op == BG__OP_DEAD) {
-            char why[200];
+            char why[BG_STORE_ABORT_MAX + 64]; /* the store's "stopped on an error: " + the whole message */
             size_t n = h.val_len < sizeof(why) - 1 ? h.val_len : sizeof(why) - 1;
             memcpy(why, v, n);
             why[n] = '\0';
@@ -837,7 +837,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
      * must not report a clean finish of a job whose peer died */
     int entered_clean = graceful;
     int untold = !graceful && !atomic_load(&c->fail_told);
-    char result[512] = "";
+    char result[BG__ERR_MSG_MAX] = "";
     double grace = c->timeout_s < 30 ? c->timeout_s : 30;
     if (graceful) {
         bg__store_barrier_named(c, "bg/leave1", grace, &st);
@@ -900,7 +900,8 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
          * it here): say so, or a rank still waiting on a transfer with this
          * one would learn it only from BRIGADE_TIMEOUT (a bye is a clean exit) */
         char why[BG_STORE_ABORT_MAX];
-        snprintf(why, sizeof(why), "left after: %s", c->fail_msg[0] ? c->fail_msg : "a peer failed");
+        snprintf(why, sizeof(why), "left after: %.*s", (int)(sizeof(why) - 16),
+                 c->fail_msg[0] ? c->fail_msg : "a peer failed");
         size_t len;
         uint8_t *m = bg__msg_encode(BG__OP_FAIL, 0, 0, NULL, 0, why, strlen(why), &len);
         if (m) {

@@ -21,6 +21,12 @@
 #include "brigade/transport.h"
 #include "transport/store.h"
 
+/* Room for a failure message forwarded between ranks (a peer's whole
+ * BG_STORE_ABORT_MAX text) with the prefixes each hop adds ("rank 1 stopped
+ * on an error: left after: ..."); 256 bytes cut the part that says what was
+ * wrong. */
+#define BG__ERR_MSG_MAX (BG_STORE_ABORT_MAX + 256)
+
 /* 64-bit UCX tag layout:
  *   bits 63..32  user tag (point-to-point) or group id (16) | sequence (10) | step (6)
  *   bit  31      1 for collective traffic, 0 for user point-to-point
@@ -63,7 +69,7 @@ struct bg_request {
     int ucx_released;      /* UCX's callback ran (it may run inside the posting call) */
     atomic_int done;       /* 1 once complete (successfully or not) */
     bg_status_t status;
-    char msg[256];         /* error message when status < 0 */
+    char msg[BG__ERR_MSG_MAX]; /* error message when status < 0 */
     int user_freed;        /* freed by the user while UCX still owned it: free on callback */
     int suspect;           /* UCX failed it like a dead peer would: wait for the liveness verdict */
     double suspect_until;
@@ -127,7 +133,7 @@ struct bg_comm {
     atomic_int fail_acked;      /* the host carries on without the failed ranks (bg_comm_acknowledge_failures):
                                    leaving is a clean exit (bye), not "left after" a failure */
     char *dead;                 /* per rank: failed */
-    char fail_msg[256];         /* first failure */
+    char fail_msg[BG__ERR_MSG_MAX]; /* first failure */
     char abort_msg[BG_STORE_ABORT_MAX]; /* bg_comm_abort's message, sent by the communication thread */
     atomic_int abort_pending;
     pthread_mutex_t scratch_lock; /* reusable collective buffers (no page faults per call) */

@@ -121,7 +121,7 @@ typedef struct bg_checkpoint_info {
     int64_t data_position;     /**< where the data continues */
     int world;                 /**< ranks of the job that saved it */
     int files;                 /**< rank files */
-    int has_optim;             /**< 1: optimizer state is saved (AdamW: m and v; SGD: m) */
+    int has_optim;             /**< optimizer state saved per tensor: 0 none, 1 SGD's m, 2 AdamW's m and v */
     char *model_json;          /**< the model description (bg_model_desc_to_json); owned, see _clear */
     char *extra_json;          /**< the manifest's "extra" as JSON text ("{}" if none); owned, see _clear */
 } bg_checkpoint_info_t;

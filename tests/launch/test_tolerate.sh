@@ -23,6 +23,22 @@ rm -f "$T"/f.*
 expect_re 3 'rank 1 \(pid [0-9]+\) exited with status 3; stopping the other 2 ranks' \
     launch -n 3 --tolerate-ranks 2 -- sh -c "$job" "$T/f"
 check "rank 0 was stopped" [ ! -f "$T/f.0" ]
+# a stopped server (rank 0) whose tolerated workers all fail: the launcher does
+# not wait on it forever; once the last worker has ended it must exit within
+# the exit deadline, and is killed and named
+rm -f "$T"/pid.* "$T"/end.*
+timeout -s KILL 30 "$BRIGADE" launch -n 3 --tolerate-ranks 1..2 --exit-timeout 1 -- \
+    "$HERE/rank.sh" stop-others-fail "$T" 0 3 >"$T/out" 2>"$T/err"
+rc=$? t1=$(now_us)
+last=$(cat "$T"/end.* 2>/dev/null | sort -n | tail -1)
+ms=$(((t1 - ${last:-0}) / 1000))
+cat "$T/err"
+check "a stopped server after its workers failed: exit 124 (got $rc)" [ $rc = 124 ]
+check "the stopped server is killed and named" \
+    grep -qE '^brigade launch: rank 0 \(pid [0-9]+\) \(stopped by SIGSTOP\) did not exit within 1 s after rank [12] ended; killed$' "$T/err"
+check "about 1 s after the last worker ended ($ms ms)" [ -n "$last" -a "$ms" -lt 4000 ]
+check "the server is gone" all_dead pid 2
+rm -f "$T"/pid.* "$T"/end.*
 # nothing fails: 0, and nothing said
 timeout -s KILL 20 "$BRIGADE" launch -n 3 --tolerate-ranks 1..2 -- true >"$T/out" 2>"$T/err"
 check "nothing fails: exit 0, quiet" [ $? = 0 ] && check "nothing fails: quiet" [ ! -s "$T/err" ]

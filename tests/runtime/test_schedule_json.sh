@@ -77,6 +77,12 @@ expect_train 2 "zbv4.json is a program for 8 pipeline stages (p 4 x 2 chunks) bu
   --model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --pp 4 --schedule-json "$T/zbv4.json"
 expect_train 2 "--schedule-json takes the schedule and its chunks from" $GPT --pp 2 --schedule zbv --schedule-json "$T/zbv2.json"
 expect_train 1 "cannot open $T/none.json" $GPT --pp 2 --schedule-json "$T/none.json"
+# a program far larger than any of this job's shape (a valid one padded with
+# 8 MB of spaces) is refused from its size, before it is parsed
+python3 -c "import sys; d = open(sys.argv[1]).read(); open(sys.argv[2], 'w').write(d[:-1] + ' ' * (8 << 20) + d[-1:])" \
+  "$T/zbv2.json" "$T/huge.json"
+expect_train 1 "huge.json is $(stat -c %s "$T/huge.json") bytes, larger than any program for 2 pipeline ranks x 4 microbatches x up to 64 chunks can be" \
+  $GPT --pp 2 --schedule-json "$T/huge.json"
 # under the launcher the ranks stop with the validator's line before connecting (the launcher
 # stops the others when the first exits)
 if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --pp 2 --schedule-json "$T/dead.json" >"$T/l.out" 2>"$T/l.err"; then
