@@ -853,3 +853,22 @@ err:
     bg_layer_destroy(ch[1]);
     return st;
 }
+
+/* The plain blocks are the tensor-parallel blocks of degree 1: one
+ * construction, plain linear layers where tp = 1. */
+bg_status_t bg_layer_attention_block(const char *name, int c, int heads, float init_std, float proj_std,
+                                     bg_layer_t **layer_p)
+{
+    return bg_layer_tp_attention_block(name, c, heads, init_std, proj_std, 1, layer_p);
+}
+
+bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float proj_std, bg_layer_t **layer_p)
+{
+    return bg_layer_tp_mlp_block(name, c, init_std, proj_std, 1, layer_p);
+}
+
+bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std,
+                                       bg_layer_t **layer_p)
+{
+    return bg_layer_tp_transformer_block(name, c, heads, init_std, proj_std, 1, layer_p);
+}
