@@ -163,9 +163,9 @@ static int32_t *host_ids(bg_backend_t *be, const int32_t *src, size_t n)
 
 /* ------------------------------------------------------ parallel linear */
 
-/* lin: the local sizes of the matrix (c_out x c_in); row: row-parallel (the
- * region's exit), else column-parallel (its entry) */
-typedef struct { bg__linear_t lin; int tp, row; const bg__tp_mode_t *mode; } plin_t;
+/* lin: the local sizes of the matrix (c_out x c_in); the column-parallel
+ * linear enters a region, the row-parallel one leaves it */
+typedef struct { bg__linear_t lin; int tp; const bg__tp_mode_t *mode; } plin_t;
 
 /* column-parallel: in (n, tl, c_in) gathered to (n, t, c_in); out (n, t, c_out/T) */
 static bg_status_t col_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
@@ -291,7 +291,7 @@ static size_t row_scratch(const bg_layer_t *l, bg_shape_t in)
     return a + (d > a ? d : a);
 }
 /* this member's positions of each sequence of the layer's full input */
-static int row_tl(const plin_t *p, bg_shape_t in) { return p->mode->seq ? in.t / p->tp : in.t; }
+static int row_tl(const plin_t *p, bg_shape_t in) { return bg__tp_local(p->mode, p->tp, in.t); }
 
 static bg_status_t row_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
@@ -378,7 +378,7 @@ bg_status_t bg_layer_column_linear(const char *name, int c_in, int c_out, int bl
         return bg_error(BG_ERR_INVALID, "column_linear %s: sizes %d -> %d (in %d blocks) must be positive", name, c_in,
                         c_out, blocks);
     BG_CHECK(divides("column_linear", name, blocks > 1 ? "output block size" : "output features", c_out / blocks, tp));
-    plin_t p = {{c_in, c_out / tp, bias ? 1 : 0}, tp, 0, &bg__tp_tensor};
+    plin_t p = {{c_in, c_out / tp, bias ? 1 : 0}, tp, &bg__tp_tensor};
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){c_out / tp, c_in}, BG_INIT_NORMAL, init_std, 1, 0, tp, blocks);
     params[1] = shard_param("bias", 1, (int64_t[]){c_out / tp}, BG_INIT_CONST, 0.0f, 0, 0, tp, blocks);
@@ -391,7 +391,7 @@ bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias,
     if (c_in < 1 || c_out < 1)
         return bg_error(BG_ERR_INVALID, "row_linear %s: sizes %d -> %d must be positive", name, c_in, c_out);
     BG_CHECK(divides("row_linear", name, "input features", c_in, tp));
-    plin_t p = {{c_in / tp, c_out, bias ? 1 : 0}, tp, 1, &bg__tp_tensor};
+    plin_t p = {{c_in / tp, c_out, bias ? 1 : 0}, tp, &bg__tp_tensor};
     bg_param_t params[2];
     params[0] = shard_param("weight", 2, (int64_t[]){c_out, c_in / tp}, BG_INIT_NORMAL, init_std, 1, 1, tp, 1);
     params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
@@ -435,7 +435,7 @@ static bg_status_t vemb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
         return bg_error(BG_ERR_INVALID, "layer %s: no input tokens", l->name);
     bg_backend_t *be = ctx->be;
     int B = ctx->in.n, T = ctx->in.t, C = p->c, lo = (g ? g->rank : 0) * p->vocab;
-    int tl = p->mode->seq ? T / p->tp : T, first = p->mode->seq ? (g ? g->rank : 0) * tl : 0;
+    int tl = bg__tp_local(p->mode, p->tp, T), first = p->mode->seq ? (g ? g->rank : 0) * tl : 0;
     float *full, *tmp;
     bg__tp_bufs(p->mode, ctx->scratch, bg__tp_bytes(B, T, C), &full, &tmp);
     float *rows = p->mode->seq ? full : out; /* every position's rows, summed in place in tensor parallelism */
@@ -476,7 +476,7 @@ static bg_status_t vemb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx
     float *full, *tmp;
     const float *d;
     bg__tp_bufs(p->mode, ctx->scratch, bg__tp_bytes(B, T, C), &full, &tmp);
-    BG_CHECK(p->mode->gather(g, be, dout, full, tmp, B, p->mode->seq ? T / p->tp : T, C, &d));
+    BG_CHECK(p->mode->gather(g, be, dout, full, tmp, B, bg__tp_local(p->mode, p->tp, T), C, &d));
     int32_t *tok = host_ids(be, ctx->tokens, (size_t)B * T);
     BG_ALLOC_CHECK(tok, (size_t)B * T * sizeof(int32_t), "embedding tokens");
     for (int r = 0; r < B * T; r++) { /* (b, t) order, as the whole embedding's kernel */

@@ -55,6 +55,8 @@ static inline bg_shape_t bg__tp_full(const bg__tp_mode_t *m, int tp, bg_shape_t 
 {
     return (bg_shape_t){local.n, local.t * (m->seq ? tp : 1), local.c};
 }
+/* This member's positions of a whole sequence of t: t / T in sequence parallelism (T divides t). */
+static inline int bg__tp_local(const bg__tp_mode_t *m, int tp, int t) { return m->seq ? t / tp : t; }
 /* The local positions of a region's output of t positions: t / T in sequence parallelism (BG_ERR_INVALID
  * naming layer l when tp does not divide t). */
 bg_status_t bg__tp_split(const bg_layer_t *l, const bg__tp_mode_t *m, int t, int tp, int *tl_p);
