@@ -98,7 +98,9 @@ bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *param
         }
         bg_status_t st = bg__backends[i].init(be, &p);
         if (st == BG_OK && (st = bg__backend_check_ops(be->ops)) != BG_OK) {
-            if (be->ops->size >= offsetof(bg_backend_ops_t, destroy) + sizeof(be->ops->destroy) && be->ops->destroy)
+            /* its impl is freed through the table where the table reaches its destroy slot */
+            if (be->ops && be->ops->size >= offsetof(bg_backend_ops_t, destroy) + sizeof(be->ops->destroy) &&
+                be->ops->destroy)
                 be->ops->destroy(be);
         }
         if (st != BG_OK) {
