@@ -54,8 +54,13 @@ typedef struct bg_backend bg_backend_t; /**< a backend instance (its body is bel
  * (bg_layer_set_precision); the kernels take no other type. */
 typedef struct bg_event bg_event_t;     /**< a point of one of a backend's streams (opaque; the backend's own) */
 
-/** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
+/** Kernel table. Sizes are ints (elements) unless named n (size_t elements).
+ *  A table starts with BG_BACKEND_OPS_INIT (its size and name); a table
+ *  whose size is smaller than this header's struct was built against an
+ *  older header and is refused when its backend is created. New slots are
+ *  appended last. */
 typedef struct bg_backend_ops {
+    size_t size;      /**< sizeof(bg_backend_ops_t) of the header the table was built against, set by BG_BACKEND_OPS_INIT */
     const char *name; /**< "cpu", "cpu-async" (tests), "cuda" */
 
     void (*destroy)(bg_backend_t *be); /**< frees impl; may be NULL */
@@ -231,6 +236,11 @@ typedef struct bg_backend_ops {
     void (*gelu_bias_backward)(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
                                int N, int C);
 } bg_backend_ops_t;
+/** The first two fields of a table's initializer, its size and name; the slots follow, designated:
+ *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`
+ *  (C++ before C++20, which has no designated initializers: a value-initialised table with size set to
+ *  sizeof(bg_backend_ops_t) by hand.) */
+#define BG_BACKEND_OPS_INIT(name) sizeof(bg_backend_ops_t), (name)
 
 /** Counted memory of one backend instance, in bytes. */
 typedef struct bg_memstats {
