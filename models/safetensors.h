@@ -1,7 +1,7 @@
 /* models/safetensors.h: the library's one reader and writer of safetensors
  * files (8-byte little-endian header length N, N bytes of JSON header, the
  * data section). Private: the public safetensors functions of model.h and
- * the checkpoints of runtime/checkpoint.c are built on it; nothing else
+ * the checkpoints of runtime/checkpoint*.c are built on it; nothing else
  * parses or writes the format.
  *
  * Only F32 tensors are written, and only F32 tensors are accepted. A file is
