@@ -1,4 +1,4 @@
-/* fuzz/fuzz_store.c: the rendezvous store's server side (transport/store.c):
+/* fuzz/fuzz_store.c: the rendezvous store's server side (transport/store_server.c):
  * its frame decoder (bg__rd_peek) and request handler, driven without
  * sockets through bg__store_fake_feed, over several connections at once.
  *

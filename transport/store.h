@@ -1,6 +1,8 @@
-/* transport/store.h: the rendezvous store's wire protocol, its server (run by
- * rank 0 in a thread of its own) and its blocking client. Private to
- * transport/; tests include it to drive the server directly.
+/* transport/store.h: the rendezvous store's wire protocol (store_wire.c), its
+ * server (store_server.c, run by rank 0 in a thread of its own) and its
+ * blocking client (store_client.c). Private to transport/; tests include it
+ * to drive the server directly. The server and the client each call only
+ * the wire format, never each other.
  *
  * Wire format (host byte order; every rank of a job runs on one architecture):
  *   16-byte header {magic "BGST", op, status, key_len (u16), val_len (u32), arg (u32)}
@@ -12,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "brigade/status.h"
 #include "brigade/transport.h"
@@ -48,6 +51,8 @@ typedef struct bg__store_hdr {
     uint32_t arg;
 } bg__store_hdr_t;
 
+#define BG__HDR sizeof(bg__store_hdr_t)
+
 /* Incremental reader of framed messages from a non-blocking socket. */
 typedef struct bg__rd {
     uint8_t *buf;
@@ -61,6 +66,8 @@ typedef struct bg__rd {
 #define BG__PREAUTH_FRAME (16 + BG_STORE_MAX_KEY)
 
 void bg__rd_free(bg__rd_t *rd);
+/* Grow the buffer to hold at least @p need bytes: 0, or -1 on OOM. */
+int bg__rd_reserve(bg__rd_t *rd, size_t need);
 /* Read what is available: 1 read something, 0 nothing (EAGAIN), -1 EOF or error. */
 int bg__rd_fill(bg__rd_t *rd, int fd);
 /* 1: a complete message is at the front (*hdr_p, *key_p, *val_p point into the
@@ -73,6 +80,10 @@ uint8_t *bg__msg_encode(uint8_t op, uint8_t status, uint32_t arg, const void *ke
                         const void *val, size_t vlen, size_t *len_p);
 /* Blocking write of a whole buffer with a deadline (bg_now() seconds). */
 bg_status_t bg__write_all(int fd, const void *buf, size_t len, double deadline);
+/* Make @p fd non-blocking with TCP_NODELAY. */
+void bg__set_nonblock(int fd);
+/* Resolve @p addr:@p port (numeric or a host name) into *ss, *len. */
+bg_status_t bg__resolve(const char *addr, int port, struct sockaddr_storage *ss, socklen_t *len);
 
 /* ---- server ---------------------------------------------------------------- */
 typedef struct bg__store_server bg__store_server_t;

@@ -1,13 +1,23 @@
 /* transport/transport_impl.h: the private bodies of bg_comm_t, bg_request_t
- * and bg_group_t, shared by comm.c (bootstrap, UCX, progress, liveness),
- * coll.c (groups and collectives) and bootstrap.c. Nothing outside
- * transport/ may include it (tests excepted).
+ * and bg_group_t, shared by the files of transport/: engine.c (the request
+ * engine), liveness.c (the communication thread, failure handling), comm.c
+ * (create, UCX setup, teardown), comm_store.c (the bg_store_* API), p2p.c
+ * (the public request API), coll.c (groups and collectives) and bootstrap.c.
+ * Nothing outside transport/ may include it (tests excepted).
  *
- * Calls between the files go one way: coll.c calls comm.c (the request
- * engine below, "comm.c"), never the reverse. What the engine must do to
- * collectives (advance them, fail them, free them) it does through the
- * bg__coll_ops_t table that coll.c hands it when it makes the first group:
- * the step machine lives in coll.c, the requests it posts in comm.c. */
+ * Calls between the files go one way, from the top down (checked with nm
+ * on the objects; no two files call each other):
+ *   coll.c      -> p2p.c (wait, free), comm.c (endpoints), engine.c
+ *   p2p.c       -> comm.c (endpoints), engine.c
+ *   comm.c      -> liveness.c (the thread's body), comm_store.c, engine.c,
+ *                  bootstrap.c, store_server.c, store_client.c, store_wire.c
+ *   liveness.c  -> engine.c, store_client.c, store_wire.c
+ *   comm_store.c -> engine.c, store_client.c
+ *   engine.c, bootstrap.c: no other transport file.
+ * What the engine must do to collectives (advance them, fail them, free
+ * them) it does through the bg__coll_ops_t table that coll.c hands it when
+ * it makes the first group: the step machine lives in coll.c, the requests
+ * it posts in engine.c. */
 #ifndef BG_TRANSPORT_IMPL_H
 #define BG_TRANSPORT_IMPL_H
 
@@ -143,12 +153,19 @@ struct bg_comm {
     int ngroup_ids;
 };
 
-/* comm.c */
+/* Silence after which the store (or a rank, on the store's side) counts as
+ * dead; also the longest a suspect request waits for the liveness verdict. */
+static inline double bg__live_timeout(const bg_comm_t *c)
+{
+    double t = c->timeout_s / 2, min = 5 * c->heartbeat_ms / 1000.0;
+    return t > min ? t : min;
+}
+
+/* engine.c */
 void bg__lock(bg_comm_t *c);
 void bg__unlock(bg_comm_t *c);
 /* Under the lock: progress UCX and advance collectives. Returns events. */
 unsigned bg__progress_locked(bg_comm_t *c);
-bg_status_t bg__ensure_ep(bg_comm_t *c, int peer);
 /* Under the lock: post a tagged transfer for a collective (or p2p when parent is NULL). */
 bg_status_t bg__post_locked(bg_comm_t *c, bg__rq_kind_t kind, int peer, uint32_t hi, int coll,
                             void *buf, size_t bytes, bg__coll_t *parent, bg_request_t **req_p);
@@ -162,6 +179,24 @@ void *bg__scratch_get(bg_comm_t *c, size_t bytes, size_t *got_p);
 void bg__scratch_put(bg_comm_t *c, void *p, size_t bytes);
 /* Error status for a peer that failed (message names it), BG_OK if alive. */
 bg_status_t bg__peer_status(bg_comm_t *c, int peer, const char *during);
+/* Under the lock (or with no other thread left): take @p r off the comm's
+ * list of requests UCX owns (teardown). */
+void bg__pending_del(bg_comm_t *c, bg_request_t *r);
+
+/* liveness.c */
+/* The communication thread's body (@p arg: the comm); comm.c starts and joins it. */
+void *bg__comm_thread(void *arg);
+
+/* comm.c */
+/* The endpoint to @p peer, made on first use from the address it published in the store. */
+bg_status_t bg__ensure_ep(bg_comm_t *c, int peer);
+
+/* comm_store.c */
+/* The kv connection's check: a wait ends once any rank failed. */
+bg_status_t bg__kv_check(void *arg);
+/* A barrier of every rank named @p name (a generation per name), waiting at
+ * most @p tmo seconds; the result in *st_p. */
+void bg__store_barrier_named(bg_comm_t *c, const char *name, double tmo, bg_status_t *st_p);
 
 /* coll.c exports nothing to the other files: see bg__coll_ops_t. */
 

@@ -1,10 +1,10 @@
-/* transport/store.c: the rendezvous store. The server is one thread with a
- * poll() loop over non-blocking sockets: a slow, silent or hostile client
- * never blocks the others, and a malformed message drops only its own
+/* transport/store_server.c: the rendezvous store's server. It is one thread
+ * with a poll() loop over non-blocking sockets: a slow, silent or hostile
+ * client never blocks the others, and a malformed message drops only its own
  * connection. It also keeps the liveness connections: it reports a rank
  * whose connection closed (or went silent past the timeout) to every other
- * rank. The client is blocking, with deadlines, and polls a check function
- * so that a waiting call can be aborted when a peer died.
+ * rank. It owns the key-value table, the connections and their caps, and the
+ * socketless read path (bg__store_fake_*) the fuzzer and tests drive.
  *
  * Hostile clients: until a connection has said hello with the job's token it
  * may send one HELLO frame of at most BG__PREAUTH_FRAME bytes (anything else
@@ -14,13 +14,13 @@
  * the oldest unauthenticated one (never a rank's), so idle or slow hostile
  * connections cannot make the server refuse a real rank. Their drops are
  * logged as one summary line per interval, not one line each.
- * This file must not know about UCX. */
+ * It calls only store_wire.c among the transport files; it must not know
+ * about UCX, the communicator or the client. */
 #include "transport/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -31,172 +31,17 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "brigade/core.h"
 #include "core/check.h"
 
-#define BG__HDR sizeof(bg__store_hdr_t)
 #define BG__MAX_WBUF (8u << 20)
 #define BG__MAX_PREAUTH 512          /* connections waiting for hello, all addresses together */
 #define BG__MAX_PREAUTH_PER_ADDR 128 /* ... from one source address */
 #define BG__ACCEPT_BATCH 32          /* accepts per loop round: a rank's hello, read the next round,
                                       * is always younger than the per-address cap of evictions */
 #define BG__DROP_LOG_S 5.0           /* at most one summary line of dropped connections per this */
-
-_Static_assert(sizeof(bg__store_hdr_t) == 16, "store header is 16 bytes on the wire");
-
-/* ---- framing ---------------------------------------------------------------- */
-
-void bg__rd_free(bg__rd_t *rd)
-{
-    free(rd->buf);
-    rd->buf = NULL;
-    rd->len = rd->cap = 0;
-}
-
-static int bg__rd_reserve(bg__rd_t *rd, size_t need)
-{
-    if (rd->cap >= need)
-        return 0;
-    size_t cap = rd->cap ? rd->cap : rd->max_frame ? rd->max_frame : 4096;
-    while (cap < need)
-        cap *= 2;
-    uint8_t *b = realloc(rd->buf, cap);
-    if (!b)
-        return -1;
-    rd->buf = b;
-    rd->cap = cap;
-    return 0;
-}
-
-/* Bytes the front message needs in total (header included), 0 if unknown yet. */
-static size_t bg__rd_need(const bg__rd_t *rd)
-{
-    if (rd->len < BG__HDR)
-        return BG__HDR;
-    bg__store_hdr_t h;
-    memcpy(&h, rd->buf, BG__HDR);
-    if (h.key_len > BG_STORE_MAX_KEY || h.val_len > BG_STORE_MAX_VALUE)
-        return BG__HDR;
-    size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
-    if (rd->max_frame && total > rd->max_frame)
-        return BG__HDR; /* refused by bg__rd_peek: read nothing of it */
-    return total;
-}
-
-int bg__rd_fill(bg__rd_t *rd, int fd)
-{
-    size_t need = bg__rd_need(rd);
-    size_t want = need > rd->len ? need - rd->len : 0;
-    if (rd->max_frame) /* before hello: never past the one frame allowed */
-        want = rd->max_frame > rd->len ? rd->max_frame - rd->len : 0;
-    else if (want < 4096)
-        want = 4096; /* read ahead a little: pipelined small messages */
-    if (want == 0)
-        return 0;
-    if (bg__rd_reserve(rd, rd->len + want) != 0)
-        return -1;
-    ssize_t n = recv(fd, rd->buf + rd->len, want, MSG_DONTWAIT);
-    if (n == 0)
-        return -1;
-    if (n < 0)
-        return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
-    rd->len += (size_t)n;
-    return 1;
-}
-
-int bg__rd_peek(bg__rd_t *rd, bg__store_hdr_t *hdr_p, const uint8_t **key_p, const uint8_t **val_p)
-{
-    if (rd->len < BG__HDR)
-        return 0;
-    bg__store_hdr_t h;
-    memcpy(&h, rd->buf, BG__HDR);
-    if (h.magic != BG__STORE_MAGIC || h.op == 0 || h.op > BG__OP_MAX ||
-        h.key_len > BG_STORE_MAX_KEY || h.val_len > BG_STORE_MAX_VALUE)
-        return -1;
-    size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
-    if (rd->max_frame && total > rd->max_frame)
-        return -1;
-    if (rd->len < total)
-        return 0;
-    *hdr_p = h;
-    *key_p = rd->buf + BG__HDR;
-    *val_p = rd->buf + BG__HDR + h.key_len;
-    return 1;
-}
-
-void bg__rd_pop(bg__rd_t *rd)
-{
-    bg__store_hdr_t h;
-    memcpy(&h, rd->buf, BG__HDR);
-    size_t total = BG__HDR + h.key_len + (size_t)h.val_len;
-    memmove(rd->buf, rd->buf + total, rd->len - total);
-    rd->len -= total;
-}
-
-uint8_t *bg__msg_encode(uint8_t op, uint8_t status, uint32_t arg, const void *key, size_t klen,
-                        const void *val, size_t vlen, size_t *len_p)
-{
-    bg__store_hdr_t h = {.magic = BG__STORE_MAGIC, .op = op, .status = status,
-                         .key_len = (uint16_t)klen, .val_len = (uint32_t)vlen, .arg = arg};
-    uint8_t *m = malloc(BG__HDR + klen + vlen + 1);
-    if (!m)
-        return NULL;
-    memcpy(m, &h, BG__HDR);
-    if (klen)
-        memcpy(m + BG__HDR, key, klen);
-    if (vlen)
-        memcpy(m + BG__HDR + klen, val, vlen);
-    *len_p = BG__HDR + klen + vlen;
-    return m;
-}
-
-bg_status_t bg__write_all(int fd, const void *buf, size_t len, double deadline)
-{
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            return bg_error(BG_ERR_IO, "store: send failed: %s", strerror(errno));
-        double left = deadline - bg_now();
-        if (left <= 0)
-            return bg_error(BG_ERR_TIMEOUT, "store: send did not finish before the deadline");
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        poll(&pfd, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
-    }
-    return BG_OK;
-}
-
-static void bg__set_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL, 0);
-    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-static bg_status_t bg__resolve(const char *addr, int port, struct sockaddr_storage *ss, socklen_t *len)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *res = NULL;
-    char ps[16];
-    snprintf(ps, sizeof(ps), "%d", port);
-    int rc = getaddrinfo(addr, ps, &hints, &res);
-    if (rc != 0 || !res)
-        return bg_error(BG_ERR_INVALID, "store: cannot resolve address \"%s\": %s", addr,
-                        gai_strerror(rc));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return BG_OK;
-}
 
 /* ---- server ------------------------------------------------------------------- */
 
@@ -454,6 +299,161 @@ static int bg__token_equal(const bg__store_server_t *s, const uint8_t *key, size
     return diff == 0;
 }
 
+/* The first message of a connection: a HELLO with the job's token. -1 drops
+ * the connection, with *drop_p set to its BG__DROP_* cause (-1: a refusal
+ * with the right token, logged on its own line). */
+static int bg__handle_hello(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h,
+                            const uint8_t *key, int *drop_p)
+{
+    *drop_p = BG__DROP_BAD;
+    if (h->op != BG__OP_HELLO || h->val_len != 0 || h->status > BG__ROLE_LIVE)
+        return -1;
+    if (s->token_len && !bg__token_equal(s, key, h->key_len)) {
+        *drop_p = BG__DROP_TOKEN;
+        bg__reply(c, BG__ST_ERR, "wrong job token", 15);
+        bg__flush(c);
+        return -1;
+    }
+    *drop_p = -1; /* the token is right: a refusal below is logged on its own line */
+    if (s->p.world_size > 0 && h->arg >= (uint32_t)s->p.world_size) {
+        char m[96];
+        int n = snprintf(m, sizeof(m), "rank %u out of range for a world of %d", h->arg, s->p.world_size);
+        bg_log(BG_LOG_ERROR, "store", "refused a client: %s", m);
+        bg__reply(c, BG__ST_ERR, m, (size_t)n);
+        bg__flush(c);
+        return -1;
+    }
+    if (h->status == BG__ROLE_LIVE)
+        for (int i = 0; i < s->nconns; i++) {
+            bg__conn_t *o = s->conns[i];
+            if (o != c && o->hello && o->role == BG__ROLE_LIVE && !o->bye && o->rank == (int)h->arg) {
+                bg_log(BG_LOG_ERROR, "store", "a second process claims rank %u: refused "
+                       "(two processes with the same rank variable?)", h->arg);
+                bg__reply(c, BG__ST_ERR, "rank already taken", 18);
+                bg__flush(c);
+                return -1;
+            }
+        }
+    c->hello = 1;
+    c->rd.max_frame = 0; /* authenticated: the protocol's own limits from now on */
+    c->rank = (int)h->arg;
+    c->role = h->status;
+    *drop_p = -2;
+    return bg__reply(c, BG__ST_OK, NULL, 0);
+}
+
+/* The per-op handlers below take the key NUL-terminated (@p k) and return
+ * what bg__handle returns: -1 drops the connection. */
+
+static int bg__op_set(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h, const char *k,
+                      const uint8_t *val)
+{
+    bg__kv_t *e = bg__kv_find(s, k);
+    uint8_t *v = malloc(h->val_len + 1);
+    if (!v)
+        return -1;
+    memcpy(v, val, h->val_len);
+    if (!e) {
+        e = calloc(1, sizeof(*e));
+        if (!e || !(e->key = strdup(k))) {
+            free(e);
+            free(v);
+            return -1;
+        }
+        e->next = s->kv;
+        s->kv = e;
+    } else {
+        free(e->val);
+    }
+    e->val = v;
+    e->len = h->val_len;
+    bg__wake_waiters(s, k, e);
+    return bg__reply(c, BG__ST_OK, NULL, 0);
+}
+
+static int bg__op_wait(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h, const char *k)
+{
+    bg__kv_t *e = bg__kv_find(s, k);
+    if (e)
+        return bg__reply(c, BG__ST_OK, e->val, e->len);
+    c->parked = BG__OP_WAIT;
+    memcpy(c->pkey, k, h->key_len + 1);
+    c->pdeadline = bg_now() + h->arg / 1000.0;
+    return 0;
+}
+
+static int bg__op_add(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h, const char *k,
+                      const uint8_t *val)
+{
+    if (h->val_len != 8)
+        return -1;
+    int64_t d, cur = 0;
+    memcpy(&d, val, 8);
+    bg__kv_t *e = bg__kv_find(s, k);
+    if (e && e->len == 8)
+        memcpy(&cur, e->val, 8);
+    if (__builtin_add_overflow(cur, d, &cur))
+        return -1; /* no counter of ours gets near 2^63: a hostile or broken client */
+    if (!e) {
+        e = calloc(1, sizeof(*e));
+        if (!e || !(e->key = strdup(k))) {
+            free(e);
+            return -1;
+        }
+        e->next = s->kv;
+        s->kv = e;
+    }
+    if (e->len != 8) {
+        free(e->val);
+        e->val = malloc(8);
+        if (!e->val)
+            return -1;
+        e->len = 8;
+    }
+    memcpy(e->val, &cur, 8);
+    bg__wake_waiters(s, k, e);
+    return bg__reply(c, BG__ST_OK, &cur, 8);
+}
+
+static int bg__op_barrier(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h, const char *k,
+                          const uint8_t *val)
+{
+    if (h->val_len != 4 || h->arg == 0)
+        return -1;
+    uint32_t ms;
+    memcpy(&ms, val, 4);
+    c->parked = BG__OP_BARRIER;
+    memcpy(c->pkey, k, h->key_len + 1);
+    c->pcount = h->arg;
+    c->pdeadline = bg_now() + ms / 1000.0;
+    bg__barrier_check(s, k, h->arg);
+    return 0;
+}
+
+static int bg__op_del(bg__store_server_t *s, bg__conn_t *c, const char *k)
+{
+    for (bg__kv_t **pp = &s->kv; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->key, k) == 0) {
+            bg__kv_t *e = *pp;
+            *pp = e->next;
+            free(e->key);
+            free(e->val);
+            free(e);
+            return bg__reply(c, BG__ST_OK, NULL, 0);
+        }
+    }
+    return bg__reply(c, BG__ST_NOTFOUND, NULL, 0);
+}
+
+static int bg__op_fail(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h, const uint8_t *val)
+{
+    char why[BG_STORE_ABORT_MAX + 32];
+    snprintf(why, sizeof(why), "stopped on an error: %.*s",
+             (int)(h->val_len < BG_STORE_ABORT_MAX ? h->val_len : BG_STORE_ABORT_MAX), (const char *)val);
+    bg__announce_dead(s, c->rank, why);
+    return 0;
+}
+
 /* Handle one message; -1 drops the connection (a protocol violation, or a
  * refused hello, with *drop_p set to its BG__DROP_* cause). */
 static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h,
@@ -463,149 +463,32 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
     memcpy(k, key, h->key_len);
     k[h->key_len] = '\0';
     c->last_heard = bg_now();
-    if (!c->hello) {
-        *drop_p = BG__DROP_BAD;
-        if (h->op != BG__OP_HELLO || h->val_len != 0 || h->status > BG__ROLE_LIVE)
-            return -1;
-        if (s->token_len && !bg__token_equal(s, key, h->key_len)) {
-            *drop_p = BG__DROP_TOKEN;
-            bg__reply(c, BG__ST_ERR, "wrong job token", 15);
-            bg__flush(c);
-            return -1;
-        }
-        *drop_p = -1; /* the token is right: a refusal below is logged on its own line */
-        if (s->p.world_size > 0 && h->arg >= (uint32_t)s->p.world_size) {
-            char m[96];
-            int n = snprintf(m, sizeof(m), "rank %u out of range for a world of %d", h->arg, s->p.world_size);
-            bg_log(BG_LOG_ERROR, "store", "refused a client: %s", m);
-            bg__reply(c, BG__ST_ERR, m, (size_t)n);
-            bg__flush(c);
-            return -1;
-        }
-        if (h->status == BG__ROLE_LIVE)
-            for (int i = 0; i < s->nconns; i++) {
-                bg__conn_t *o = s->conns[i];
-                if (o != c && o->hello && o->role == BG__ROLE_LIVE && !o->bye && o->rank == (int)h->arg) {
-                    bg_log(BG_LOG_ERROR, "store", "a second process claims rank %u: refused "
-                           "(two processes with the same rank variable?)", h->arg);
-                    bg__reply(c, BG__ST_ERR, "rank already taken", 18);
-                    bg__flush(c);
-                    return -1;
-                }
-            }
-        c->hello = 1;
-        c->rd.max_frame = 0; /* authenticated: the protocol's own limits from now on */
-        c->rank = (int)h->arg;
-        c->role = h->status;
-        *drop_p = -2;
-        return bg__reply(c, BG__ST_OK, NULL, 0);
-    }
+    if (!c->hello)
+        return bg__handle_hello(s, c, h, key, drop_p);
     if (c->parked)
         return -1; /* request/reply protocol: nothing may come while parked */
     switch (h->op) {
-    case BG__OP_SET: {
-        bg__kv_t *e = bg__kv_find(s, k);
-        uint8_t *v = malloc(h->val_len + 1);
-        if (!v)
-            return -1;
-        memcpy(v, val, h->val_len);
-        if (!e) {
-            e = calloc(1, sizeof(*e));
-            if (!e || !(e->key = strdup(k))) {
-                free(e);
-                free(v);
-                return -1;
-            }
-            e->next = s->kv;
-            s->kv = e;
-        } else {
-            free(e->val);
-        }
-        e->val = v;
-        e->len = h->val_len;
-        bg__wake_waiters(s, k, e);
-        return bg__reply(c, BG__ST_OK, NULL, 0);
-    }
+    case BG__OP_SET:
+        return bg__op_set(s, c, h, k, val);
     case BG__OP_GET: {
         bg__kv_t *e = bg__kv_find(s, k);
         return e ? bg__reply(c, BG__ST_OK, e->val, e->len) : bg__reply(c, BG__ST_NOTFOUND, NULL, 0);
     }
-    case BG__OP_WAIT: {
-        bg__kv_t *e = bg__kv_find(s, k);
-        if (e)
-            return bg__reply(c, BG__ST_OK, e->val, e->len);
-        c->parked = BG__OP_WAIT;
-        memcpy(c->pkey, k, h->key_len + 1);
-        c->pdeadline = bg_now() + h->arg / 1000.0;
-        return 0;
-    }
-    case BG__OP_ADD: {
-        if (h->val_len != 8)
-            return -1;
-        int64_t d, cur = 0;
-        memcpy(&d, val, 8);
-        bg__kv_t *e = bg__kv_find(s, k);
-        if (e && e->len == 8)
-            memcpy(&cur, e->val, 8);
-        if (__builtin_add_overflow(cur, d, &cur))
-            return -1; /* no counter of ours gets near 2^63: a hostile or broken client */
-        if (!e) {
-            e = calloc(1, sizeof(*e));
-            if (!e || !(e->key = strdup(k))) {
-                free(e);
-                return -1;
-            }
-            e->next = s->kv;
-            s->kv = e;
-        }
-        if (e->len != 8) {
-            free(e->val);
-            e->val = malloc(8);
-            if (!e->val)
-                return -1;
-            e->len = 8;
-        }
-        memcpy(e->val, &cur, 8);
-        bg__wake_waiters(s, k, e);
-        return bg__reply(c, BG__ST_OK, &cur, 8);
-    }
-    case BG__OP_BARRIER: {
-        if (h->val_len != 4 || h->arg == 0)
-            return -1;
-        uint32_t ms;
-        memcpy(&ms, val, 4);
-        c->parked = BG__OP_BARRIER;
-        memcpy(c->pkey, k, h->key_len + 1);
-        c->pcount = h->arg;
-        c->pdeadline = bg_now() + ms / 1000.0;
-        bg__barrier_check(s, k, h->arg);
-        return 0;
-    }
-    case BG__OP_DEL: {
-        for (bg__kv_t **pp = &s->kv; *pp; pp = &(*pp)->next) {
-            if (strcmp((*pp)->key, k) == 0) {
-                bg__kv_t *e = *pp;
-                *pp = e->next;
-                free(e->key);
-                free(e->val);
-                free(e);
-                return bg__reply(c, BG__ST_OK, NULL, 0);
-            }
-        }
-        return bg__reply(c, BG__ST_NOTFOUND, NULL, 0);
-    }
+    case BG__OP_WAIT:
+        return bg__op_wait(s, c, h, k);
+    case BG__OP_ADD:
+        return bg__op_add(s, c, h, k, val);
+    case BG__OP_BARRIER:
+        return bg__op_barrier(s, c, h, k, val);
+    case BG__OP_DEL:
+        return bg__op_del(s, c, k);
     case BG__OP_HB:
         return 0;
     case BG__OP_BYE:
         c->bye = 1;
         return 0;
-    case BG__OP_FAIL: {
-        char why[BG_STORE_ABORT_MAX + 32];
-        snprintf(why, sizeof(why), "stopped on an error: %.*s",
-                 (int)(h->val_len < BG_STORE_ABORT_MAX ? h->val_len : BG_STORE_ABORT_MAX), (const char *)val);
-        bg__announce_dead(s, c->rank, why);
-        return 0;
-    }
+    case BG__OP_FAIL:
+        return bg__op_fail(s, c, h, val);
     default:
         return -1;
     }
@@ -904,194 +787,6 @@ void bg__store_server_stop(bg__store_server_t *s, double wait_s)
     close(s->wake[0]);
     close(s->wake[1]);
     bg__server_free(s);
-}
-
-/* ---- client ------------------------------------------------------------------- */
-
-/* Read one whole message with a deadline; polls c->check between slices. */
-static bg_status_t bg__client_read(bg__store_client_t *c, double deadline, bg__store_hdr_t *h_p,
-                                   uint8_t **val_p, size_t *vlen_p)
-{
-    for (;;) {
-        bg__store_hdr_t h;
-        const uint8_t *k, *v;
-        int m = bg__rd_peek(&c->rd, &h, &k, &v);
-        if (m < 0)
-            return bg_error(BG_ERR_PARSE, "store: malformed reply from the store");
-        if (m > 0) {
-            uint8_t *out = NULL;
-            if (val_p) {
-                out = malloc(h.val_len + 1);
-                BG_ALLOC_CHECK(out, h.val_len + 1, "a store reply");
-                memcpy(out, v, h.val_len);
-                out[h.val_len] = 0;
-                *val_p = out;
-            }
-            if (vlen_p)
-                *vlen_p = h.val_len;
-            *h_p = h;
-            bg__rd_pop(&c->rd);
-            return BG_OK;
-        }
-        if (c->check)
-            BG_CHECK(c->check(c->check_arg));
-        double left = deadline - bg_now();
-        if (left <= 0)
-            return bg_error(BG_ERR_TIMEOUT, "store: no reply from the store before the deadline");
-        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        int r = poll(&pfd, 1, left > 0.05 ? 50 : (int)(left * 1000) + 1);
-        if (r > 0 && bg__rd_fill(&c->rd, c->fd) < 0)
-            return bg_error(BG_ERR_PEER, "rank 0 died (store connection closed)");
-    }
-}
-
-/* One try of connect + hello. *transient_p: the failure is worth retrying
- * (unreachable, or closed before answering the hello); *reached_p: connected. */
-static bg_status_t bg__connect_once(const struct sockaddr_storage *ss, socklen_t sl, const char *addr, int port,
-                                    const char *token, int rank, int role, double deadline,
-                                    bg__store_client_t *c, int *transient_p, int *reached_p)
-{
-    *transient_p = 1;
-    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        *transient_p = 0;
-        return bg_error(BG_ERR_IO, "store: socket: %s", strerror(errno));
-    }
-    if (connect(fd, (const struct sockaddr *)ss, sl) != 0) {
-        int e = errno;
-        close(fd);
-        return bg_error(BG_ERR_IO, "%s", strerror(e));
-    }
-    *reached_p = 1;
-    c->fd = fd;
-    bg__set_nonblock(c->fd);
-    const char *tok = token ? token : "";
-    size_t len;
-    uint8_t *m = bg__msg_encode(BG__OP_HELLO, (uint8_t)role, (uint32_t)rank, tok, strlen(tok), NULL, 0, &len);
-    bg_status_t st;
-    if (!m) {
-        *transient_p = 0;
-        st = bg_error(BG_ERR_NOMEM, "store: out of memory");
-        goto err_close;
-    }
-    /* a reply comes at once from a store that is up; one that never comes is retried */
-    double try_deadline = bg_now() + 2.0 < deadline ? bg_now() + 2.0 : deadline;
-    st = bg__write_all(c->fd, m, len, try_deadline);
-    free(m);
-    if (st != BG_OK)
-        goto err_close;
-    bg__store_hdr_t h;
-    uint8_t *why = NULL;
-    st = bg__client_read(c, try_deadline, &h, &why, NULL);
-    if (st == BG_ERR_PEER)
-        st = bg_error(BG_ERR_PEER, "closed the connection during hello");
-    if (st != BG_OK)
-        goto err_close;
-    if (h.op != BG__OP_REPLY || h.status != BG__ST_OK) {
-        *transient_p = 0;
-        st = bg_error(BG_ERR_PEER, "the store at %s:%d refused rank %d: %s (check BRIGADE_JOB_TOKEN "
-                      "and BRIGADE_RANK)", addr, port, rank, why && *why ? (char *)why : "no reason given");
-        free(why);
-        goto err_close;
-    }
-    free(why);
-    return BG_OK;
-err_close:
-    bg__store_close(c);
-    return st;
-}
-
-bg_status_t bg__store_connect(const char *addr, int port, const char *token, int rank, int role,
-                              double deadline, bg__store_check_fn check, void *check_arg, bg__store_client_t *c)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    BG_CHECK(bg__resolve(addr, port, &ss, &sl));
-    memset(c, 0, sizeof(*c));
-    c->fd = -1;
-    c->rank = rank;
-    c->check = check;
-    c->check_arg = check_arg;
-    double backoff = 0.01;
-    int tries = 0, reached = 0;
-    for (;;) {
-        int transient = 0, got_in = 0;
-        tries++;
-        bg_status_t st = bg__connect_once(&ss, sl, addr, port, token, rank, role, deadline, c, &transient, &got_in);
-        if (st == BG_OK) {
-            if (tries > 1)
-                bg_log(BG_LOG_DEBUG, "store", "rank %d reached the store at %s:%d after %d tries", rank, addr,
-                       port, tries);
-            return BG_OK;
-        }
-        if (!transient)
-            return st;
-        if (check)
-            BG_CHECK(check(check_arg));
-        reached |= got_in;
-        if (bg_now() + backoff > deadline) {
-            char last[256];
-            snprintf(last, sizeof(last), "%s", bg_last_error());
-            if (!reached)
-                return bg_error(BG_ERR_TIMEOUT,
-                                "rank %d could not reach the store at %s:%d before the deadline "
-                                "(last error: %s); is rank 0 running?", rank, addr, port, last);
-            return bg_error(BG_ERR_TIMEOUT,
-                            "rank %d reached the store at %s:%d but got no answer to its hello in %d "
-                            "tries before the deadline (last: %s); the store is full or flooded by other "
-                            "clients", rank, addr, port, tries, last);
-        }
-        struct timespec ts = {0, (long)(backoff * 1e9)};
-        nanosleep(&ts, NULL);
-        backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
-    }
-}
-
-void bg__store_close(bg__store_client_t *c)
-{
-    if (c->fd >= 0)
-        close(c->fd);
-    c->fd = -1;
-    bg__rd_free(&c->rd);
-}
-
-bg_status_t bg__store_call(bg__store_client_t *c, uint8_t op, uint32_t arg, const char *key,
-                           const void *val, size_t vlen, double deadline, int *st_p,
-                           uint8_t **val_p, size_t *vlen_p)
-{
-    size_t klen = key ? strlen(key) : 0;
-    if (klen > BG_STORE_MAX_KEY)
-        return bg_error(BG_ERR_INVALID, "store: key \"%.32s...\" has %zu bytes, at most %d allowed",
-                        key, klen, BG_STORE_MAX_KEY);
-    if (vlen > BG_STORE_MAX_VALUE)
-        return bg_error(BG_ERR_INVALID, "store: value of %zu bytes for key \"%s\", at most %u allowed",
-                        vlen, key ? key : "", BG_STORE_MAX_VALUE);
-    if (c->fd < 0)
-        return bg_error(BG_ERR_IO, "store: not connected");
-    size_t len;
-    uint8_t *m = bg__msg_encode(op, 0, arg, key, klen, val, vlen, &len);
-    BG_ALLOC_CHECK(m, BG__HDR + klen + vlen, "a store request");
-    bg_status_t st = bg__write_all(c->fd, m, len, deadline);
-    free(m);
-    if (st != BG_OK) {
-        bg__store_close(c);
-        return st;
-    }
-    bg__store_hdr_t h;
-    st = bg__client_read(c, deadline, &h, val_p, vlen_p);
-    if (st != BG_OK) {
-        /* a reply may still come later: the stream is out of step, drop it */
-        bg__store_close(c);
-        return st;
-    }
-    if (h.op != BG__OP_REPLY) {
-        if (val_p)
-            free(*val_p);
-        bg__store_close(c);
-        return bg_error(BG_ERR_PARSE, "store: unexpected message (op %d) instead of a reply", h.op);
-    }
-    *st_p = h.status;
-    return BG_OK;
 }
 
 /* ---- the server's read path without sockets (fuzzing, tests) ------------------- */
