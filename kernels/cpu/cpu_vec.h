@@ -1,13 +1,11 @@
-/* kernels/cpu/cpu_vec.h: the CPU kernels' vector building blocks: the
- * run-time ISA dispatch attribute, a vectorisable expf, and fixed-order
- * lane sums and maxima. Holds no state. Must not be included outside
- * kernels/cpu/.
+/* kernels/cpu/cpu_vec.h: the CPU kernels' vector building blocks: a
+ * vectorisable expf, and fixed-order lane sums and maxima. Holds no state.
+ * Must not be included outside kernels/cpu/.
  *
- * Dispatch: a function marked BG_CPU_CLONES is compiled three times (AVX-512,
- * AVX2, the build's baseline) and the dynamic loader picks one per process
- * from CPUID (GCC target_clones, an ifunc). Only plain loops go in such
- * functions; OpenMP regions stay outside (their outlined bodies would not be
- * cloned), so the parallel kernels call a cloned worker per row or per chunk.
+ * ISAs: the files using these are compiled once per vector ISA (cpu_impl.h,
+ * kernels/CMakeLists.txt) and the backend picks one compile's kernels when it
+ * is created, so these plain loops are vectorised for AVX-512, AVX2 or the
+ * baseline by the compiler's flags, not by attributes.
  *
  * Bits: C11 mode compiles with -ffp-contract=off (no FMA contraction), and
  * every sum below is written with explicit lanes whose order the source fixes,
@@ -19,12 +17,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define BG_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BG_CPU_CLONES
-#endif
 
 /* Lanes of the fixed-order sums: 8 doubles (one AVX-512 register, two AVX2). */
 #define BG_VEC_LANES 8
