@@ -250,16 +250,18 @@ static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const f
                                          const float *restrict w, float m, float r, int C)
 {
     double a1[BG_VEC_LANES], a2[BG_VEC_LANES];
-    bg__d8 v1 = {0}, v2 = {0};
+    bg__d4 v1[2] = {{0}}, v2[2] = {{0}};
     int c = 0;
-    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES) {
-        bg__f8 norm = (*(const bg__f8 *)(x + c) - m) * r;
-        bg__f8 dnorm = *(const bg__f8 *)(w + c) * *(const bg__f8 *)(dy + c);
-        bg__d8 dn = __builtin_convertvector(dnorm, bg__d8);
-        v1 += dn;
-        v2 += dn * __builtin_convertvector(norm, bg__d8);
-    }
-    BG_D8_STORE(a1, v1), BG_D8_STORE(a2, v2);
+    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES)
+        for (int h = 0; h < 2; h++) {
+            int o = c + 4 * h;
+            bg__f4 norm = (*(const bg__f4 *)(x + o) - m) * r;
+            bg__f4 dnorm = *(const bg__f4 *)(w + o) * *(const bg__f4 *)(dy + o);
+            bg__d4 dn = __builtin_convertvector(dnorm, bg__d4);
+            v1[h] += dn;
+            v2[h] += dn * __builtin_convertvector(norm, bg__d4);
+        }
+    BG_D8_STORE(a1, v1[0], v1[1]), BG_D8_STORE(a2, v2[0], v2[1]);
     for (int j = 0; c + j < C; j++) {
         float norm = (x[c + j] - m) * r;
         float dnorm = w[c + j] * dy[c + j];

@@ -1755,6 +1755,29 @@ static float *isa_attention(const char *isa)
     return h;
 }
 
+/* LayerNorm, softmax and GELU under one ISA: C11's no-contraction and cpu_vec.h's fixed lanes make their bits
+ * the same on every ISA (docs/kernels.md) */
+enum { ISA_NN_N = 37, ISA_NN_C = 203 };
+static float *isa_nn(const char *isa)
+{
+    setenv("BRIGADE_CPU_ISA", isa, 1);
+    bg_backend_t *be = mkbe(1);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 6);
+    size_t nc = (size_t)ISA_NN_N * ISA_NN_C;
+    float *x = hrandn(&rng, nc, 3.0), *wb = hrandn(&rng, 2 * ISA_NN_C, 1.0);
+    float *dx = up(be, x, nc), *dwb = up(be, wb, 2 * ISA_NN_C), *dy = up(be, NULL, 3 * nc);
+    float *ms = up(be, NULL, 2 * ISA_NN_N);
+    be->ops->layernorm_forward(be, dy, ms, ms + ISA_NN_N, dx, dwb, dwb + ISA_NN_C, ISA_NN_N, ISA_NN_C);
+    be->ops->softmax_forward(be, dy + nc, dx, ISA_NN_N, ISA_NN_C);
+    be->ops->gelu_forward(be, dy + 2 * nc, dx, nc);
+    float *h = down(be, dy, 3 * nc);
+    bg_backend_free(be, dx), bg_backend_free(be, dwb), bg_backend_free(be, dy), bg_backend_free(be, ms);
+    bg_backend_destroy(be);
+    free(x), free(wb);
+    return h;
+}
+
 static void test_cpu_isa(void **state)
 {
     (void)state;
@@ -1788,6 +1811,13 @@ static void test_cpu_isa(void **state)
         free(a), free(d);
     }
 #endif
+    float *ref = isa_nn("default");
+    for (int i = 1; i <= (int)top; i++) {
+        float *h = isa_nn(names[i]);
+        assert_same_bits(names[i], h, ref, (size_t)3 * ISA_NN_N * ISA_NN_C);
+        free(h);
+    }
+    free(ref);
     unsetenv("BRIGADE_CPU_ISA");
 }
 
