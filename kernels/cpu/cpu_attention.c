@@ -70,30 +70,7 @@ static inline __attribute__((always_inline)) void bg__att_transpose(float *restr
     }
 }
 
-/* sum of a*b in float over 16 lanes (lane j takes elements j, j+16, ...),
- * added in a fixed tree: D = rowsum(dO o O) of the backward */
-static inline __attribute__((always_inline)) float bg__att_dot(const float *restrict a, const float *restrict b, int n)
-{
-    float acc[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++)
-            acc[j] += a[i + j] * b[i + j];
-    for (int j = 0; i + j < n; j++)
-        acc[j] += a[i + j] * b[i + j];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++)
-            acc[j] = acc[j] + acc[j + w];
-    return acc[0];
-}
-
-/* Sum and maximum of a tile row of BG_ATT_BK = 32 floats in a fixed tree
- * (halves added lane by lane: 16, 8, 4 lanes, then (0 + 2) + (1 + 3)), in
- * registers: a serial chain over the row would cost its latency 32 times.
- * Written on 4-float vectors, which every x86-64 ISA holds in one register
- * (wider GCC vectors than the ISA's are split through the stack: on AVX2 a
- * 64-byte vector went through memory in 16-byte pieces, whose reloads as
- * 32-byte ones stall on store forwarding). */
+/* 4-float vectors: one register on every x86-64 ISA (see bg__att_sum_bk) */
 typedef float bg__v4r __attribute__((vector_size(16)));
 typedef int bg__v4ri __attribute__((vector_size(16)));
 #define BG_VMAX(a, b, ti) ((__typeof__(a))((((ti)((a) > (b))) & (ti)(a)) | (~((ti)((a) > (b))) & (ti)(b))))
@@ -103,6 +80,35 @@ static inline __attribute__((always_inline)) bg__v4r bg__att_ld4(const float *x)
     memcpy(&v, x, sizeof(v));
     return v;
 }
+/* sum of a*b in float over 16 lanes (lane j takes elements j, j+16, ...),
+ * added in a fixed tree (lane j + lane j+8, then + j+4, j+2, j+1): D =
+ * rowsum(dO o O) of the backward. The lanes are four 4-float vectors (lanes
+ * 4q..4q+3 in vector q), registers on every ISA: as a float[16] array GCC
+ * kept them in memory on AVX2, each sum waiting on the previous store. */
+static inline __attribute__((always_inline)) float bg__att_dot(const float *restrict a, const float *restrict b, int n)
+{
+    bg__v4r acc[4] = {{0}};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int q = 0; q < 4; q++)
+            acc[q] += bg__att_ld4(a + i + 4 * q) * bg__att_ld4(b + i + 4 * q);
+    float t[16];
+    memcpy(t, acc, sizeof(t));
+    for (int j = 0; i + j < n; j++)
+        t[j] += a[i + j] * b[i + j];
+    memcpy(acc, t, sizeof(t));
+    bg__v4r h0 = acc[0] + acc[2], h1 = acc[1] + acc[3]; /* + lanes 8 apart */
+    bg__v4r c = h0 + h1;                                /* + 4 apart */
+    return (c[0] + c[2]) + (c[1] + c[3]);               /* + 2 apart, then + 1 apart */
+}
+
+/* Sum and maximum of a tile row of BG_ATT_BK = 32 floats in a fixed tree
+ * (halves added lane by lane: 16, 8, 4 lanes, then (0 + 2) + (1 + 3)), in
+ * registers: a serial chain over the row would cost its latency 32 times.
+ * Written on 4-float vectors, which every x86-64 ISA holds in one register
+ * (wider GCC vectors than the ISA's are split through the stack: on AVX2 a
+ * 64-byte vector went through memory in 16-byte pieces, whose reloads as
+ * 32-byte ones stall on store forwarding). */
 static inline __attribute__((always_inline)) float bg__att_sum_bk(const float *x)
 {
     bg__v4r a[4], b[2], c;
