@@ -35,7 +35,7 @@ typedef float bg__v8 __attribute__((vector_size(32), aligned(4), may_alias));
  * shuffles, GCC's and clang's __builtin_shufflevector: unpack, shufps and a 128-bit lane swap on AVX2 and
  * AVX-512); a scalar loop takes the columns past the last multiple of 8. */
 static inline __attribute__((always_inline)) void bg__att_transpose(float *restrict kt, const float *restrict k,
-                                                                    size_t ld, int nk, int hs)
+                            size_t ld, int nk, int hs)
 {
     int d8 = hs & ~7;
     for (int d0 = 0; d0 < d8; d0 += 8)
@@ -178,7 +178,7 @@ static inline void bg__att_axpy(float *restrict y, float a, const float *restric
 
 /* One (batch, head): rows of q/k/v are ld = 3C apart, of o C apart. */
 static void bg__att_fwd_head(float *o, float *lse, const float *q, const float *k, const float *v,
-                                           size_t ld, size_t ldo, int T, int hs, float scale)
+                             size_t ld, size_t ldo, int T, int hs, float scale)
 {
     float ktile[BG_ATT_MAX_TILE];
     float *kt = hs <= BG_ATT_MAX_HS ? ktile : NULL;
@@ -251,7 +251,7 @@ static int bg__att_hp(int hs) { return (hs + 31) & ~31; }
 /* s[r][0..BK) = q_r . k_j for 4 rows (q_r rows ld apart; rows past nr repeat
  * the last), kt (hs, BK) the transposed key tile */
 static inline __attribute__((always_inline)) void bg__att_s4(float s[BG_ATT_RB][BG_ATT_BK], const float *q,
-                                                              size_t ld, int nr, const float *kt, int hs)
+                            size_t ld, int nr, const float *kt, int hs)
 {
     const float *q0 = q, *q1 = q + (nr > 1 ? ld : 0), *q2 = q + (nr > 2 ? 2 * ld : 0),
                 *q3 = q + (nr > 3 ? 3 * ld : 0);
@@ -273,7 +273,7 @@ static inline __attribute__((always_inline)) void bg__att_s4(float s[BG_ATT_RB][
 /* acc[r][0..HP) += sum_{j < nk} p[r][j] * x[j][0..HP) for 4 rows (acc rows HP
  * apart, x rows ldx apart, HP floats readable in each) */
 static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const float p[BG_ATT_RB][BG_ATT_BK],
-                                                               const float *x, size_t ldx, int nk, int HP)
+                            const float *x, size_t ldx, int nk, int HP)
 {
     for (int c = 0; c < HP; c += BG_ATT_CW) {
         float *r0 = acc + c, *r1 = r0 + HP, *r2 = r1 + HP, *r3 = r2 + HP;
@@ -295,7 +295,7 @@ static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const 
  * the 4 rows, HP floats readable in each): the transposed product of
  * bg__att_pv4, for dK and dV */
 static inline __attribute__((always_inline)) void bg__att_tv4(float *acc, const float w[BG_ATT_RB][BG_ATT_BK],
-                                                               const float *const x[BG_ATT_RB], int nk, int HP)
+                            const float *const x[BG_ATT_RB], int nk, int HP)
 {
     for (int c = 0; c < HP; c += BG_ATT_CW) {
         const float *x0 = x[0] + c, *x1 = x[1] + c, *x2 = x[2] + c, *x3 = x[3] + c;
@@ -322,7 +322,7 @@ static void bg__att_pad_rows(float *restrict dst, const float *restrict x, size_
 }
 
 static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const float *k, const float *v,
-                                               size_t ld, size_t ldo, int T, int hs, float scale)
+                                 size_t ld, size_t ldo, int T, int hs, float scale)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vp[BG_ATT_BK * BG_ATT_BLK_HS], oacc[BG_ATT_BQ * BG_ATT_BLK_HS];
@@ -377,8 +377,8 @@ static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const flo
  * time) and are written once; each block's dQ contribution from the tile is
  * summed locally and added to its dQ rows (key tiles in order). */
 static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, const float *dout,
-                                               const float *o, const float *lse, const float *q, const float *k,
-                                               const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+                                 const float *o, const float *lse, const float *q, const float *k,
+                                 const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vt[BG_ATT_BLK_HS * BG_ATT_BK], kp[BG_ATT_BK * BG_ATT_BLK_HS];
@@ -468,8 +468,8 @@ static size_t bg__att_ooff(const bg__att_dims_t *d, int bh)
     return (size_t)(bh / d->NH) * d->T * d->ldo + (size_t)(bh % d->NH) * d->hs;
 }
 
-void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
-                               int hs)
+void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
+                                        int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
@@ -490,8 +490,8 @@ void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse
  * dK and dV of the tile are summed over rows in order in dk/dv (the
  * destination rows of dqkv, zeroed first); dQ rows over key tiles in order. */
 static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const float *dout,
-                                           const float *o, const float *lse, const float *q, const float *k,
-                                           const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+                             const float *o, const float *lse, const float *q, const float *k,
+                             const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
 {
     float ktile[BG_ATT_MAX_TILE], vtile[BG_ATT_MAX_TILE];
     float *kt = hs <= BG_ATT_MAX_HS ? ktile : NULL, *vt = kt ? vtile : NULL;
@@ -529,8 +529,9 @@ static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const
     }
 }
 
-void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,
-                                const float *out, const float *lse, int B, int T, int NH, int hs)
+void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
+                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
+                                         int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);

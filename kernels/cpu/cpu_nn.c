@@ -102,7 +102,7 @@ static void bg__gelu_fwd_chunk(float *restrict out, const float *restrict in, si
 }
 
 static void bg__gelu_bwd_chunk(float *restrict din, const float *restrict in,
-                                             const float *restrict dout, size_t n)
+                               const float *restrict dout, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         din[i] = bg__gelu_grad_of(in[i], dout[i]);
@@ -160,7 +160,7 @@ static void bg__k_bias_gelu_forward(bg_backend_t *be, float *pre, float *out, co
  * order (double, as bias_backward) added to dbias. The column sums live in
  * acc (cn doubles). */
 static void bg__gelu_bias_bwd_cols(float *restrict din, float *restrict dbias, const float *restrict pre,
-                                                 const float *restrict dout, double *restrict acc, int N, int C, int cn)
+                                   const float *restrict dout, double *restrict acc, int N, int C, int cn)
 {
     for (int c = 0; c < cn; c++)
         acc[c] = 0;
@@ -182,8 +182,8 @@ static void bg__gelu_bias_bwd_cols(float *restrict din, float *restrict dbias, c
  * thread count. The sums of a range are kept on the stack up to
  * BG_GELU_BIAS_COLS columns, in ranges of at most that many. */
 #define BG_GELU_BIAS_COLS 2048
-static void bg__k_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout, int N,
-                                int C)
+static void bg__k_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
+                                     int N, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -220,7 +220,7 @@ static void bg__k_relu_backward(bg_backend_t *be, float *din, const float *in, c
 /* One row: mean and variance (two passes) in double over fixed lanes
  * (cpu_vec.h), the normalisation in float. */
 static void bg__ln_fwd_row(float *restrict o, float *mean, float *rstd, const float *restrict x,
-                                         const float *restrict w, const float *restrict b, int C)
+                           const float *restrict w, const float *restrict b, int C)
 {
     double mu = bg__sum_f(x, C) / C;
     double v = bg__sumsq_dev_f(x, mu, C);
@@ -235,7 +235,7 @@ static void bg__ln_fwd_row(float *restrict o, float *mean, float *rstd, const fl
 }
 
 static void bg__k_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
-                               const float *weight, const float *bias, int N, int C)
+                                    const float *weight, const float *bias, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -247,7 +247,7 @@ static void bg__k_layernorm_forward(bg_backend_t *be, float *out, float *mean, f
 /* One row of the input gradient; dnorm = w * dy and norm = (x - m) r are
  * formed in float, their sums in double lanes. */
 static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const float *restrict x,
-                                         const float *restrict w, float m, float r, int C)
+                           const float *restrict w, float m, float r, int C)
 {
     double a1[BG_VEC_LANES], a2[BG_VEC_LANES];
     bg__d4 v1[2] = {{0}}, v2[2] = {{0}};
@@ -277,7 +277,7 @@ static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const f
 }
 
 static void bg__k_layernorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
-                                      const float *weight, const float *mean, const float *rstd, int N, int C)
+                                           const float *weight, const float *mean, const float *rstd, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -288,8 +288,8 @@ static void bg__k_layernorm_backward_input(bg_backend_t *be, float *din, const f
 /* One column block of the weight gradient: rows in order, per-column double
  * accumulators (vectorised across the block's columns). */
 static void bg__ln_wgrad_block(double *restrict aw, double *restrict ab, const float *dout,
-                                             const float *in, const float *mean, const float *rstd, int N, int C,
-                                             int c0, int cn)
+                               const float *in, const float *mean, const float *rstd, int N, int C,
+                               int c0, int cn)
 {
     for (int n = 0; n < N; n++) {
         const float *restrict x = in + (size_t)n * C + c0, *restrict dy = dout + (size_t)n * C + c0;
@@ -303,7 +303,7 @@ static void bg__ln_wgrad_block(double *restrict aw, double *restrict ab, const f
 }
 
 static void bg__k_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *dbias, const float *dout,
-                                       const float *in, const float *mean, const float *rstd, int N, int C)
+                                            const float *in, const float *mean, const float *rstd, int N, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -380,7 +380,7 @@ static void bg__k_causal_softmax_forward(bg_backend_t *be, float *att, const flo
 
 /* In place (dpreatt == datt) is allowed. */
 static void bg__k_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
-                                     float scale, int BH, int T)
+                                          float scale, int BH, int T)
 {
     int nt = bg__cpu_nt(be);
     long long rows = (long long)BH * T;
@@ -402,7 +402,7 @@ static void bg__scale_row(float *restrict d, const float *restrict p, float s, i
 }
 
 static void bg__k_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
-                                  const int32_t *targets, int N, int V)
+                                       const int32_t *targets, int N, int V)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, V)) schedule(static)
@@ -420,7 +420,7 @@ static void bg__k_crossentropy_forward(bg_backend_t *be, float *losses, float *p
 /* dlogits = probs * dloss, then the target's entry (p - 1) * dloss: the same
  * bits as (p - onehot) * dloss. */
 static void bg__k_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
-                                   float dloss, int N, int V)
+                                        float dloss, int N, int V)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, V)) schedule(static)
@@ -437,7 +437,7 @@ static void bg__k_crossentropy_backward(bg_backend_t *be, float *dlogits, const 
 /* ------------------------------------------------------------- embedding */
 
 static void bg__k_embedding_forward(bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,
-                               const float *wpe, int B, int T, int C)
+                                    const float *wpe, int B, int T, int C)
 {
     int nt = bg__cpu_nt(be);
     int rows = B * T;
@@ -458,7 +458,7 @@ static void bg__k_embedding_forward(bg_backend_t *be, float *out, const int32_t 
 /* Column blocks: each thread owns whole columns of dwte and dwpe, so rows
  * sharing a token are added in (b,t) order by one thread. */
 static void bg__k_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const float *dout,
-                                const int32_t *tokens, int B, int T, int C)
+                                     const int32_t *tokens, int B, int T, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -485,7 +485,8 @@ static void bg__k_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe,
 
 /* --------------------------------------------------- attention layouts */
 
-static void bg__k_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH, int hs)
+static void bg__k_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH,
+                            int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
@@ -503,8 +504,8 @@ static void bg__k_qkv_split(bg_backend_t *be, float *q, float *k, float *v, cons
     }
 }
 
-static void bg__k_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T,
-                       int NH, int hs)
+static void bg__k_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B,
+                            int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
