@@ -25,8 +25,8 @@ have_torch=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-cpu=$(grep -m1 "model name" /proc/cpuinfo | sed 's/.*: //')
-echo "CPU: $cpu ($(nproc) CPUs), $(date -u +%Y-%m-%d), $("$B" --version 2>/dev/null | head -1)"
+cpu=$("$B" info 2>/dev/null | grep -m1 "^cpu:" | sed 's/^cpu: //' || true)
+echo "CPU: $cpu; $(nproc) CPUs; $(date -u '+%Y-%m-%d %H:%M UTC'); $("$B" --version 2>/dev/null | head -1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 [ $have_torch = 1 ] && echo "PyTorch $("$PY" -c 'import torch; print(torch.__version__)')"
 echo
 echo "| ISA | shape B,T,NH,HS | brigade ms (CPU) | PyTorch ms (CPU) | torch / brigade (CPU) | brigade ms (wall) | PyTorch ms (wall) |"
@@ -68,3 +68,5 @@ for isa in $ISAS; do
         echo "| $isa | $s | $bc | $tc | $ratio | $bw | $tw |"
     done
 done
+echo
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
