@@ -448,9 +448,15 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     BG_CHECK(bg_cpu_isa(&isa));
     bg_gemm_info_t gemm; /* loads OpenBLAS (and oneDNN) on first use (cpu_blas.c) */
     BG_CHECK(bg_gemm_info(&gemm));
+    /* the table's own ISA (its compile's macros) is the one asked for: a
+     * build whose per-ISA flags went missing fails here, not silently */
+    const bg__cpu_kernels_t *k = bg__cpu_kernels_for(isa);
+    if (strcmp(k->isa, bg_cpu_isa_name(isa)) != 0)
+        return bg_error(BG_ERR_INTERNAL, "cpu backend: the kernels picked for %s were compiled for %s "
+                        "(kernels/CMakeLists.txt's per-ISA flags)", bg_cpu_isa_name(isa), k->isa);
     bg_cpu_impl_t *impl = calloc(1, sizeof(*impl));
     BG_ALLOC_CHECK(impl, sizeof(*impl), "the CPU backend");
-    impl->k = bg__cpu_kernels_for(isa);
+    impl->k = k;
     impl->blas = bg__cpu_blas();
     bg_dnnl_sgemm_fn dnnl = bg__cpu_dnnl_sgemm();
     impl->dnnl[0] = strcmp(gemm.nn, "oneDNN") ? NULL : dnnl;
@@ -479,7 +485,7 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     be->ops = &bg__cpu_ops;
     be->impl = impl;
     be->num_threads = nt;
-    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend kernels: %s (BRIGADE_CPU_ISA=%s)", bg_cpu_isa_name(isa),
+    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend kernels: %s (BRIGADE_CPU_ISA=%s)", k->isa,
            bg_config_str("BRIGADE_CPU_ISA"));
     bg_log(BG_LOG_DEBUG, "kernels", "cpu backend GEMM: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s%s%s)",
            gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall, gemm.mode, gemm.onednn ? "" : "; oneDNN: ",

@@ -135,6 +135,9 @@ typedef struct bg__cpu_kernels {
 #undef BG__CPU_KFIELD
     /* one block of the sum/sumsq reductions: the sum (of squares when sq) in double over cpu_vec.h's lanes */
     double (*reduce_block)(const float *x, size_t n, int sq);
+    /* the ISA this compile's instructions need, from the compiler's own macros (bg_cpu_isa_name's names):
+     * the backend checks it against the ISA it asked for */
+    const char *isa;
 } bg__cpu_kernels_t;
 
 extern const bg__cpu_kernels_t bg__cpu_kernels_base;
@@ -150,6 +153,13 @@ extern const bg__cpu_kernels_t bg__cpu_kernels_avx2, bg__cpu_kernels_avx512;
 #define BG_ISA_FN(name) name##_avx2
 #else
 #define BG_ISA_FN(name) name##_base
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define BG_ISA_COMPILED "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define BG_ISA_COMPILED "avx2"
+#else
+#define BG_ISA_COMPILED "default"
 #endif
 /* cpu_attention.c's kernels, put in the table by cpu_nn.c */
 void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,

@@ -566,4 +566,5 @@ const bg__cpu_kernels_t BG_ISA_FN(bg__cpu_kernels) = {
     BG_CPU_ISA_KERNELS(BG__CPU_KFILL)
 #undef BG__CPU_KFILL
     .reduce_block = bg__k_reduce_block,
+    .isa = BG_ISA_COMPILED,
 };
