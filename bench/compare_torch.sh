@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/compare_torch.sh: brigade against PyTorch eager on the CPU, training the same GPT
 # (bench/compare_torch.py builds brigade's GPT in PyTorch; both print their parameter count,
-# which must be equal), tokens/s in issue 11's cases, the two run alternately, medians of R
+# which must be equal), tokens/s in the reference cases of docs/benchmarks.md, the two run alternately, medians of R
 # repeats, and the ratio brigade / PyTorch. Not in CI.
 #
 # Usage: bench/compare_torch.sh [BUILD_DIR] [REPEATS] [STEPS]

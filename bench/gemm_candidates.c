@@ -1,5 +1,5 @@
 /* bench/gemm_candidates.c: single-threaded sgemm of the candidate libraries at
- * the GPT's GEMM shapes, to choose brigade's BLAS by measurement (issue 11).
+ * the GPT's GEMM shapes, to choose brigade's BLAS by measurement.
  * Each library is loaded with dlopen (RTLD_LOCAL), so OpenBLAS and BLIS, which
  * both export cblas_sgemm, do not collide, and OPENBLAS_CORETYPE set before the
  * run picks OpenBLAS's core. Not part of the build or of CI:

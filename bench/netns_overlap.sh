@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/netns_overlap.sh BUILD_DIR [RATE] [RUNS]: overlap of pipeline transfers
-# with compute across two hosts (network namespaces, tests/netns/lib.sh; root).
+# with compute across two hosts (network namespaces, netns_hosts of
+# tests/lib/harness.sh; root).
 # pp = 2 x dp = 1, GPT 4 x 128, seq 64, 8 microbatches, one rank per host, UCX
 # over TCP on the veth, the links limited to RATE (tbf on each host's eth0;
 # default 90mbit: the 8 x 64 KiB activations of a step then take about half of
@@ -15,7 +16,8 @@ RATE=${2:-90mbit}
 RUNS=${3:-3}
 export BRIGADE=$(cd "$BUILD" && pwd)/brigade
 NETNS_LIMIT=600
-source "$(dirname "$0")/../tests/netns/lib.sh"
+source "$(dirname "$0")/../tests/lib/harness.sh"
+netns_init
 export BRIGADE_TIMEOUT=120 JOB_LIMIT=300
 netns_hosts 2
 ARGS=(--layers 4 --d-model 128 --heads 4 --seq 64 --batch 16 --microbatches 8 --steps 12 --threads 1

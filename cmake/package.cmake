@@ -90,7 +90,7 @@ install(TARGETS brigade_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 install(EXPORT brigadeTargets NAMESPACE brigade:: DESTINATION ${BG_CMAKE_DIR})
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/brigadeConfig.cmake.in
-                              ${CMAKE_BINARY_DIR}/package/brigadeConfig.cmake
+                              ${PROJECT_BINARY_DIR}/package/brigadeConfig.cmake
                               INSTALL_DESTINATION ${BG_CMAKE_DIR})
 # 0.x: a minor release may break the API, so 0.1 does not satisfy a request for 0.2
 # or the other way round; from 1.0 on, the same major version is compatible.
@@ -99,15 +99,15 @@ if(PROJECT_VERSION_MAJOR EQUAL 0)
 else()
   set(BG_COMPAT SameMajorVersion)
 endif()
-write_basic_package_version_file(${CMAKE_BINARY_DIR}/package/brigadeConfigVersion.cmake
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/package/brigadeConfigVersion.cmake
                                  COMPATIBILITY ${BG_COMPAT})
-install(FILES ${CMAKE_BINARY_DIR}/package/brigadeConfig.cmake
-              ${CMAKE_BINARY_DIR}/package/brigadeConfigVersion.cmake
+install(FILES ${PROJECT_BINARY_DIR}/package/brigadeConfig.cmake
+              ${PROJECT_BINARY_DIR}/package/brigadeConfigVersion.cmake
         DESTINATION ${BG_CMAKE_DIR})
 
 # brigade.pc finds its prefix from its own place (${pcfiledir}), so the same
 # file serves any --prefix and a moved tree.
 file(RELATIVE_PATH BG_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" BG_PC_TO_PREFIX "${BG_PC_TO_PREFIX}")
-configure_file(${CMAKE_CURRENT_LIST_DIR}/brigade.pc.in ${CMAKE_BINARY_DIR}/package/brigade.pc @ONLY)
-install(FILES ${CMAKE_BINARY_DIR}/package/brigade.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+configure_file(${CMAKE_CURRENT_LIST_DIR}/brigade.pc.in ${PROJECT_BINARY_DIR}/package/brigade.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/package/brigade.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

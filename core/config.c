@@ -98,30 +98,3 @@ bg_status_t bg_config_double(const char *name, double *value_p)
     return BG_OK;
 }
 
-int bg_parse_bytes(const char *s, uint64_t *bytes_p)
-{
-    if (!s)
-        return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024; break;
-        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
-        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
-        default: mul = -1;
-        }
-        end++;
-        if (*end == 'i' || *end == 'B')
-            end++;
-        if (*end == 'B')
-            end++;
-    }
-    if (errno || end == s || *end || mul < 0 || !(v > 0))
-        return -1;
-    *bytes_p = (uint64_t)(v * mul);
-    return 0;
-}

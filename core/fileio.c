@@ -1,5 +1,5 @@
-/* core/fileio.c: write-all, fsync by path, mkdir -p, directory listings and whole-file reads (see
- * core/fileio.h). Owns the full-disk test hook so that every durable write
+/* core/fileio.c: write-all, fsync by path, mkdir -p, directory listings, whole-file reads and the
+ * check that a directory can be written before a run (see core/fileio.h). Owns the full-disk test hook so that every durable write
  * of the library can be made to fail the same way. */
 #include <dirent.h>
 #include <errno.h>
@@ -178,5 +178,50 @@ bg_status_t bg__fileio_mkdir_p(const char *dir)
                 break;
         }
     }
+    return BG_OK;
+}
+
+bg_status_t bg_check_writable_dir(const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
+        char probe[4096];
+        snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
+        FILE *f = fopen(probe, "wb");
+        if (!f)
+            return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
+        fclose(f);
+        unlink(probe);
+        return BG_OK;
+    }
+    if (errno != ENOENT)
+        return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
+    /* missing: it will be created (when there is something to put in it)
+     * under its nearest existing ancestor, which must be a writable directory */
+    char up[4096];
+    if (snprintf(up, sizeof(up), "%s", dir) >= (int)sizeof(up))
+        return bg_error(BG_ERR_INVALID, "path too long: %s", dir);
+    for (;;) {
+        size_t n = strlen(up);
+        while (n > 1 && up[n - 1] == '/')
+            up[--n] = 0;
+        char *slash = strrchr(up, '/');
+        if (!slash)
+            snprintf(up, sizeof(up), ".");
+        else if (slash == up)
+            up[1] = 0;
+        else
+            *slash = 0;
+        if (stat(up, &st) == 0)
+            break;
+        if (errno != ENOENT || !strcmp(up, ".") || !strcmp(up, "/"))
+            return bg_error(BG_ERR_IO, "cannot create directory %s: %s: %s", dir, up, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not a directory", dir, up);
+    if (access(up, W_OK | X_OK) != 0)
+        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not writable: %s", dir, up, strerror(errno));
     return BG_OK;
 }

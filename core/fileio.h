@@ -1,6 +1,7 @@
 /* core/fileio.h: the library's one copy of the low-level file helpers that
  * durable files (safetensors, checkpoints) need: write a whole buffer, fsync
- * a path, list a directory, read a whole file. Errors name the path and keep errno's text.
+ * a path, list a directory, read a whole file, check a directory is
+ * writable. Errors name the path and keep errno's text.
  * Must not: know any file format. */
 #ifndef BG_CORE_FILEIO_H
 #define BG_CORE_FILEIO_H
@@ -37,5 +38,11 @@ bg_status_t bg__fileio_mkdir_p(const char *dir);
 /* Read a whole file: *buf_p (malloc'ed, NUL appended) of *size_p bytes.
  * A missing file is BG_ERR_NOT_FOUND. */
 bg_status_t bg__fileio_read(const char *path, char **buf_p, size_t *size_p);
+
+/* A directory is writable, or can be created (its nearest existing ancestor
+ * is a writable directory); creates nothing. Here with the file helpers so
+ * that the executor and the CLI's job share it without calling each other;
+ * not public API (libbrigade.so does not export it). */
+bg_status_t bg_check_writable_dir(const char *dir);
 
 #endif

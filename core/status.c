@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char bg__last_error[1024];
+static _Thread_local char bg__last_error[2048]; /* room for a peer's forwarded message and its prefixes */
 
 const char *bg_status_string(bg_status_t st)
 {

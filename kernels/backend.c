@@ -5,6 +5,7 @@
 #include "brigade/core.h"
 #include "kernels/backend_impl.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,49 @@ static const bg_backend_entry_t bg__backends[] = {BG__BACKEND_LIST(BG__BACKEND_E
 static const char *const bg__backend_names[] = {BG__BACKEND_LIST(BG__BACKEND_NAME) NULL};
 
 const char *const *bg_backend_names(void) { return bg__backend_names; }
+
+/* The slot lists of backend_impl.h are the struct's function slots: each
+ * names a member (a misspelt or removed slot does not compile), and a struct
+ * of the same fields with one pointer per listed slot has its size (a slot
+ * added to the struct but not to a list, or listed twice, fails here). */
+#define BG__SLOT_MIRROR(slot) void (*slot)(void);
+struct bg__ops_mirror {
+    size_t size;
+    const char *name;
+    int device_buffers;
+    BG__BACKEND_OPS(BG__SLOT_MIRROR)
+};
+#undef BG__SLOT_MIRROR
+_Static_assert(sizeof(struct bg__ops_mirror) == sizeof(bg_backend_ops_t),
+               "kernels/backend_impl.h's slot lists and bg_backend_ops_t's function slots differ");
+
+bg_status_t bg__backend_check_ops(const bg_backend_ops_t *ops)
+{
+#define BG__SLOT_MEMBER(slot) (void)sizeof(ops->slot);
+    BG__BACKEND_OPS(BG__SLOT_MEMBER)
+#undef BG__SLOT_MEMBER
+    const char *name = ops && ops->size >= offsetof(bg_backend_ops_t, name) + sizeof(ops->name) && ops->name
+                           ? ops->name : "?";
+    if (!ops || ops->size < sizeof(bg_backend_ops_t))
+        return bg_error(BG_ERR_MISMATCH, "backend %s: its op table is %zu bytes but this build's bg_backend_ops_t is "
+                        "%zu: it was built against an older include/brigade/backend.h (or without "
+                        "BG_BACKEND_OPS_INIT); rebuild the backend against this header", name, ops ? ops->size : 0,
+                        sizeof(bg_backend_ops_t));
+#define BG__REQUIRED(slot)                                                                                         \
+    if (!ops->slot)                                                                                                \
+        return bg_error(BG_ERR_INVALID, "backend %s: its op table leaves the required slot %s NULL", name, #slot);
+    BG__BACKEND_HOST_OPS(BG__REQUIRED)
+    BG__BACKEND_KERNEL_OPS(BG__REQUIRED)
+#undef BG__REQUIRED
+    int events = 0, filled = 0;
+#define BG__EVENT(slot) events++, filled += ops->slot != NULL;
+    BG__BACKEND_EVENT_OPS(BG__EVENT)
+#undef BG__EVENT
+    if (filled != 0 && filled != events)
+        return bg_error(BG_ERR_INVALID, "backend %s: its op table fills %d of the %d event and stream slots: all or "
+                        "none", name, filled, events);
+    return BG_OK;
+}
 
 bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *params, bg_backend_t **be_p)
 {
@@ -53,6 +97,12 @@ bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *param
                 p.num_threads = (int)nt;
         }
         bg_status_t st = bg__backends[i].init(be, &p);
+        if (st == BG_OK && (st = bg__backend_check_ops(be->ops)) != BG_OK) {
+            /* its impl is freed through the table where the table reaches its destroy slot */
+            if (be->ops && be->ops->size >= offsetof(bg_backend_ops_t, destroy) + sizeof(be->ops->destroy) &&
+                be->ops->destroy)
+                be->ops->destroy(be);
+        }
         if (st != BG_OK) {
             pthread_mutex_destroy(&track->lock);
             free(track);

@@ -1,7 +1,10 @@
 /* models/builders.c: the two built-in model builders, GPT and MLP. Each
  * makes a plain model description; nothing downstream knows which builder
- * made it (its JSON records the builder so that a file can rebuild it). */
+ * made it (its JSON records the builder so that a file can rebuild it:
+ * bg_model_desc_from_json, here). Uses desc.c; desc.c never calls back. */
+#include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -173,4 +176,78 @@ bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_
     bg__desc_set_builder(d, &c);
     *desc_p = d;
     return BG_OK;
+}
+
+/* A description from its JSON: only a builder-made one can be rebuilt, by its builder, and it must
+ * then match the file (bg_model_desc_match_json). Here, not in desc.c, so that descriptions know
+ * nothing of the builders made of them. */
+static bg_status_t int_field(json_t *o, const char *key, const char *where, long long lo, long long hi, long long *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return bg_error(BG_ERR_PARSE, "%s: model description field \"%s\" is missing or not an integer in [%lld, %lld]",
+                        where, key, lo, hi);
+    *v = json_integer_value(x);
+    return BG_OK;
+}
+
+bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
+{
+    json_t *root;
+    BG_CHECK(bg__desc_json_parse(json, "model description", &root));
+    json_t *b = json_object_get(root, "builder");
+    bg_status_t st = BG_OK;
+    if (!json_is_object(b)) {
+        st = bg_error(BG_ERR_UNSUPPORTED, "model %s was built from the host's own layers, which a file cannot rebuild: "
+                                          "build the same description in code and pass it instead",
+                      json_string_value(json_object_get(root, "name")) ? json_string_value(json_object_get(root, "name"))
+                                                                        : "?");
+        json_decref(root);
+        return st;
+    }
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    const char *kind = json_string_value(json_object_get(b, "name"));
+    if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp"))) {
+        /* kind belongs to root: the message first */
+        st = bg_error(BG_ERR_PARSE, "model description: unknown builder \"%.64s\" (known: gpt, mlp)", kind ? kind : "");
+        json_decref(root);
+        return st;
+    }
+    c.kind = strcmp(kind, "gpt") == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
+    struct {
+        const char *k;
+        int *v;
+    } f[] = {{"layers", &c.layers}, {"d_model", &c.d_model}, {"heads", &c.heads}, {"seq_len", &c.seq_len},
+             {"vocab", &c.vocab}, {"in_features", &c.in_features}, {"classes", &c.classes}};
+    for (size_t i = 0; i < BG_ARRAY_LEN(f) && st == BG_OK; i++) {
+        long long v = 0;
+        st = int_field(b, f[i].k, "model description builder", 0, 1 << 30, &v);
+        *f[i].v = (int)v;
+    }
+    long long seed = 0;
+    if (st == BG_OK)
+        st = int_field(b, "seed", "model description builder", INT64_MIN, INT64_MAX, &seed);
+    c.seed = (uint64_t)seed;
+    json_t *tie = json_object_get(b, "tie_embeddings");
+    if (st == BG_OK && !json_is_boolean(tie))
+        st = bg_error(BG_ERR_PARSE, "model description builder: \"tie_embeddings\" is missing or not a boolean");
+    c.tie_embeddings = json_is_true(tie);
+    /* each builder layer makes at least one top-level layer (a GPT's block, an
+     * MLP's linear): a count the description's own list cannot hold is refused
+     * before anything is built, so a small hostile file cannot ask for 2^30 */
+    size_t listed = json_array_size(json_object_get(root, "layers"));
+    if (st == BG_OK && (size_t)c.layers > listed)
+        st = bg_error(BG_ERR_PARSE, "model description builder: \"layers\" is %d but the description lists %zu "
+                                    "top-level layers (a %s of %d layers has more)", c.layers, listed, kind, c.layers);
+    bg_model_desc_t *d = NULL;
+    if (st == BG_OK)
+        st = bg_model_build(&c, &d);
+    if (st == BG_OK && (st = bg_model_desc_match_json(d, json, "model description")) != BG_OK) {
+        bg_model_desc_destroy(d);
+        d = NULL;
+    }
+    json_decref(root);
+    if (st == BG_OK)
+        *desc_p = d;
+    return st;
 }

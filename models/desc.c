@@ -3,6 +3,7 @@
  * and declared ties between tensors; their one JSON form, used by saves,
  * checkpoints and plans. Holds no parameter memory (see model.c). */
 #include <jansson.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,8 @@ struct bg_model_desc {
     bg_layer_t **layers;
     unsigned char *bound; /* per layer: bound to a model */
     int n, cap;
+    int *by_name;    /* open-addressed index of layers by name: slot -> layer + 1 (0: empty), by_name_cap slots */
+    int by_name_cap; /* a power of two, at least twice n: each add's duplicate check costs O(1), not O(n) */
     tie_t *ties;
     int nties;
     int has_builder;
@@ -36,6 +39,48 @@ uint64_t bg__fnv1a(const char *s)
     for (; *s; s++)
         h = (h ^ (uint8_t)*s) * 1099511628211ULL;
     return h;
+}
+
+/* The name index: linear probing from the name's FNV-1a hash. */
+static int desc_find_layer(const bg_model_desc_t *d, const char *name)
+{
+    if (!d->by_name_cap)
+        return -1;
+    size_t mask = (size_t)d->by_name_cap - 1;
+    for (size_t s = (size_t)bg__fnv1a(name) & mask;; s = (s + 1) & mask) {
+        int i = d->by_name[s] - 1;
+        if (i < 0)
+            return -1;
+        if (strcmp(d->layers[i]->name, name) == 0)
+            return i;
+    }
+}
+
+/* Layer i, named name, is not in the index yet; the index has a free slot. */
+static void desc_index_put(bg_model_desc_t *d, const char *name, int i)
+{
+    size_t mask = (size_t)d->by_name_cap - 1;
+    size_t s = (size_t)bg__fnv1a(name) & mask;
+    while (d->by_name[s])
+        s = (s + 1) & mask;
+    d->by_name[s] = i + 1;
+}
+
+/* Double the index (64 slots at first) and re-insert every layer. */
+static bg_status_t desc_index_grow(bg_model_desc_t *d)
+{
+    if (d->by_name_cap > INT_MAX / 4)
+        return BG_ERR_NOMEM;
+    int cap = d->by_name_cap ? 2 * d->by_name_cap : 64;
+    int *idx = calloc((size_t)cap, sizeof(*idx));
+    if (!idx)
+        return BG_ERR_NOMEM;
+    free(d->by_name);
+    d->by_name = idx;
+    d->by_name_cap = cap;
+    for (int i = 0; i < d->n; i++)
+        desc_index_put(d, d->layers[i]->name, i);
+    return BG_OK;
 }
 
 bg_status_t bg_model_desc_create(const bg_model_desc_params_t *p, bg_model_desc_t **desc_p)
@@ -69,6 +114,7 @@ void bg_model_desc_destroy(bg_model_desc_t *d)
         bg_layer_destroy(d->layers[i]);
     free(d->layers);
     free(d->bound);
+    free(d->by_name);
     free(d->ties);
     free(d);
 }
@@ -83,13 +129,16 @@ bg_status_t bg_model_desc_add(bg_model_desc_t *d, bg_layer_t *layer)
         bg_layer_destroy(layer);
         return st;
     }
-    for (int i = 0; i < d->n; i++) {
-        if (strcmp(d->layers[i]->name, layer->name) == 0) {
-            bg_status_t st = bg_error(BG_ERR_INVALID, "model %s: two top-level layers are named \"%s\" (%d and %d)",
-                                      d->name, layer->name, i, d->n);
-            bg_layer_destroy(layer);
-            return st;
-        }
+    int dup = desc_find_layer(d, layer->name);
+    if (dup >= 0) {
+        bg_status_t st = bg_error(BG_ERR_INVALID, "model %s: two top-level layers are named \"%s\" (%d and %d)",
+                                  d->name, layer->name, dup, d->n);
+        bg_layer_destroy(layer);
+        return st;
+    }
+    if (2 * (d->n + 1) > d->by_name_cap && desc_index_grow(d) != BG_OK) {
+        bg_layer_destroy(layer);
+        return bg_error(BG_ERR_NOMEM, "model %s: name index of %d layers", d->name, d->n + 1);
     }
     if (d->n == d->cap) {
         int cap = d->cap ? 2 * d->cap : 16;
@@ -105,6 +154,7 @@ bg_status_t bg_model_desc_add(bg_model_desc_t *d, bg_layer_t *layer)
         d->cap = cap;
     }
     d->bound[d->n] = 0;
+    desc_index_put(d, layer->name, d->n);
     d->layers[d->n++] = layer;
     return BG_OK;
 }
@@ -497,7 +547,7 @@ bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p)
     return BG_OK;
 }
 
-static bg_status_t parse(const char *json, const char *where, json_t **root_p)
+bg_status_t bg__desc_json_parse(const char *json, const char *where, json_t **root_p)
 {
     json_error_t e;
     json_t *root = json_loads(json ? json : "", 0, &e);
@@ -526,75 +576,11 @@ static bg_status_t parse(const char *json, const char *where, json_t **root_p)
     return BG_OK;
 }
 
-static bg_status_t int_field(json_t *o, const char *key, const char *where, long long lo, long long hi, long long *v)
-{
-    json_t *x = json_object_get(o, key);
-    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
-        return bg_error(BG_ERR_PARSE, "%s: model description field \"%s\" is missing or not an integer in [%lld, %lld]",
-                        where, key, lo, hi);
-    *v = json_integer_value(x);
-    return BG_OK;
-}
-
-bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
-{
-    json_t *root;
-    BG_CHECK(parse(json, "model description", &root));
-    json_t *b = json_object_get(root, "builder");
-    bg_status_t st = BG_OK;
-    if (!json_is_object(b)) {
-        st = bg_error(BG_ERR_UNSUPPORTED, "model %s was built from the host's own layers, which a file cannot rebuild: "
-                                          "build the same description in code and pass it instead",
-                      json_string_value(json_object_get(root, "name")) ? json_string_value(json_object_get(root, "name"))
-                                                                        : "?");
-        json_decref(root);
-        return st;
-    }
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    const char *kind = json_string_value(json_object_get(b, "name"));
-    if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp"))) {
-        /* kind belongs to root: the message first */
-        st = bg_error(BG_ERR_PARSE, "model description: unknown builder \"%.64s\" (known: gpt, mlp)", kind ? kind : "");
-        json_decref(root);
-        return st;
-    }
-    c.kind = strcmp(kind, "gpt") == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
-    struct {
-        const char *k;
-        int *v;
-    } f[] = {{"layers", &c.layers}, {"d_model", &c.d_model}, {"heads", &c.heads}, {"seq_len", &c.seq_len},
-             {"vocab", &c.vocab}, {"in_features", &c.in_features}, {"classes", &c.classes}};
-    for (size_t i = 0; i < BG_ARRAY_LEN(f) && st == BG_OK; i++) {
-        long long v = 0;
-        st = int_field(b, f[i].k, "model description builder", 0, 1 << 30, &v);
-        *f[i].v = (int)v;
-    }
-    long long seed = 0;
-    if (st == BG_OK)
-        st = int_field(b, "seed", "model description builder", INT64_MIN, INT64_MAX, &seed);
-    c.seed = (uint64_t)seed;
-    json_t *tie = json_object_get(b, "tie_embeddings");
-    if (st == BG_OK && !json_is_boolean(tie))
-        st = bg_error(BG_ERR_PARSE, "model description builder: \"tie_embeddings\" is missing or not a boolean");
-    c.tie_embeddings = json_is_true(tie);
-    bg_model_desc_t *d = NULL;
-    if (st == BG_OK)
-        st = bg_model_build(&c, &d);
-    if (st == BG_OK && (st = bg_model_desc_match_json(d, json, "model description")) != BG_OK) {
-        bg_model_desc_destroy(d);
-        d = NULL;
-    }
-    json_decref(root);
-    if (st == BG_OK)
-        *desc_p = d;
-    return st;
-}
-
 bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json, const char *where)
 {
     char *mine;
     json_t *have;
-    BG_CHECK(parse(json, where, &have));
+    BG_CHECK(bg__desc_json_parse(json, where, &have));
     bg_status_t st = bg_model_desc_to_json(d, &mine);
     json_t *want = st == BG_OK ? json_loads(mine, 0, NULL) : NULL;
     free(mine);

@@ -1,4 +1,4 @@
-/* models/layer.c: the generic layer functions (sizes, costs, lifetime) and
+/* models/layer.c: the generic layer functions (sizes, costs) and
  * the two composites, seq and residual, which split B and W exactly like
  * leaves so blocks need no hand-written backward.
  *
@@ -30,51 +30,6 @@
 #include "core/check.h"
 #include "models/layer_impl.h"
 
-size_t bg__align64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
-
-bg_status_t bg_layer_create(const bg_layer_ops_t *ops, const char *name, int nparams,
-                            const bg_param_t *params, void *impl, bg_layer_t **layer_p)
-{
-    if (!ops || !ops->out_shape || !ops->forward || !ops->backward_input)
-        return bg_error(BG_ERR_INVALID, "layer \"%s\": ops must provide out_shape, forward and backward_input",
-                        name ? name : "?");
-    bg_layer_t *l = calloc(1, sizeof(*l));
-    if (!l)
-        return bg_error(BG_ERR_NOMEM, "cannot allocate layer %s", name);
-    l->ops = ops;
-    snprintf(l->name, sizeof(l->name), "%s", name ? name : ops->type);
-    if (nparams > 0) {
-        l->params = calloc((size_t)nparams, sizeof(bg_param_t));
-        if (!l->params) {
-            free(l);
-            return bg_error(BG_ERR_NOMEM, "cannot allocate parameters of layer %s", name);
-        }
-        memcpy(l->params, params, (size_t)nparams * sizeof(bg_param_t));
-        for (int i = 0; i < nparams; i++) {
-            size_t n = 1;
-            for (int d = 0; d < l->params[i].ndim; d++)
-                n *= (size_t)l->params[i].shape[d];
-            l->params[i].numel = n;
-        }
-    }
-    l->nparams = nparams;
-    l->impl = impl;
-    *layer_p = l;
-    return BG_OK;
-}
-
-void bg_layer_destroy(bg_layer_t *l)
-{
-    if (!l)
-        return;
-    for (int i = 0; i < l->nchildren; i++)
-        bg_layer_destroy(l->children[i]);
-    free(l->children);
-    if (l->ops->destroy)
-        l->ops->destroy(l);
-    free(l->params);
-    free(l);
-}
 
 bg_status_t bg_layer_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
@@ -99,14 +54,6 @@ size_t bg_layer_param_count(const bg_layer_t *l)
     for (int i = 0; i < l->nchildren; i++)
         n += bg_layer_param_count(l->children[i]);
     return n;
-}
-
-size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in)
-{
-    bg_shape_t out;
-    if (bg_layer_out_shape(l, in, &out) != BG_OK)
-        return 0;
-    return bg__align64(bg_shape_numel(out) * sizeof(float));
 }
 
 /* ------------------------------------------------------------------ seq */
@@ -240,14 +187,6 @@ static bg_status_t seq_frame(const bg_layer_t *l, const bg_layer_ctx_t *ctx, flo
             wp += bg__align64(bg_layer_wstash_bytes(l->children[i], f->shape[i]));
     }
     return BG_OK;
-}
-
-/* Keep the fp32 activation @p x (n elements) in the bf16 buffer @p kept, and round @p x to what is kept,
- * so that every reader sees the same value (layer.c's header). */
-void bg__layer_keep_bf16(bg_backend_t *be, void *kept, float *x, size_t n)
-{
-    be->ops->convert(be, kept, BG_BF16, x, BG_F32, n);
-    be->ops->convert(be, x, BG_F32, kept, BG_BF16, n);
 }
 
 static bg_status_t seq_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
@@ -573,27 +512,6 @@ bg_status_t bg_layer_set_precision(bg_layer_t *l, bg_dtype_t precision)
     for (int i = 0; i < l->nchildren; i++)
         BG_CHECK(bg_layer_set_precision(l->children[i], precision));
     return BG_OK;
-}
-
-bg_tp_deferred_t *bg__layer_deferral(const bg_layer_t *l, const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d)
-{
-    const bg_tp_comm_t *g = ctx->tp;
-    d->n = 0;
-    d->ncopy = 0;
-    /* leaves only: a composite without ops->backward runs its children's input gradients back to back */
-    return l->nchildren == 0 && l->ops->backward_weight && g && g->size > 1 && g->iallreduce && g->wait ? d : NULL;
-}
-
-bg_status_t bg__layer_wait_deferred(const bg_layer_ctx_t *ctx, bg_tp_deferred_t *d, bg_status_t st)
-{
-    for (int i = 0; d && i < d->n; i++) { /* every started collective, also after a failure */
-        bg_status_t ws = ctx->tp->wait(ctx->tp->arg, d->req[i]);
-        if (st == BG_OK)
-            st = ws;
-    }
-    for (int i = 0; d && st == BG_OK && i < d->ncopy; i++)
-        ctx->be->ops->copy(ctx->be, d->copy[i].dst, d->copy[i].src, d->copy[i].n);
-    return st;
 }
 
 bg_status_t bg_layer_backward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,

@@ -1,4 +1,6 @@
-/* models/layer_impl.h: helpers shared by the layer implementations. */
+/* models/layer_impl.h: what the layer files (layer.c, layers.c, tp_layers.c)
+ * share, all defined in models/layer_impl.c, which calls none of them: calls
+ * between the layer files go one way, into that file. */
 #ifndef BG_MODELS_LAYER_IMPL_H
 #define BG_MODELS_LAYER_IMPL_H
 
@@ -8,6 +10,10 @@
 
 /* Round a byte count up to a multiple of 64 (every buffer piece is aligned). */
 size_t bg__align64(size_t bytes);
+/* BG_ERR_INVALID: layer l's input shape in, and what it wants instead. */
+bg_status_t bg__shape_err(const bg_layer_t *l, bg_shape_t in, const char *want);
+/* A float input of exactly c channels, n >= 1, t >= 1 (else bg__shape_err). */
+bg_status_t bg__want_channels(const bg_layer_t *l, bg_shape_t in, int c);
 /* The one rule of what a stage keeps between top-level layers (models/stage.c) and the profile counts
  * (models/desc.c): bytes an element of the output of top-level layer g of n (g = -1: the model's own
  * input, fp32), es for the precision's; the model's last output, the losses, is fp32. */
@@ -17,7 +23,7 @@ static inline size_t bg__kept_es(size_t es, int g, int n) { return g >= 0 && g <
 static inline size_t bg__call_scratch(size_t copies, size_t own) { return copies ? copies + bg__align64(own) : own; }
 /* Bytes of a layer's output for an input shape (aligned), 0 on a bad shape. */
 size_t bg__layer_out_bytes(const bg_layer_t *l, bg_shape_t in);
-/* Keep fp32 x (n elements) in the bf16 buffer kept and round x to it (models/layer.c). */
+/* Keep fp32 x (n elements) in the bf16 buffer kept and round x to it (layer.c's header). */
 void bg__layer_keep_bf16(bg_backend_t *be, void *kept, float *x, size_t n);
 
 /* The fused backward's deferral (bg_layer_backward): &d when leaf @p l may
@@ -32,10 +38,16 @@ bg_status_t bg__make_leaf(const bg_layer_ops_t *ops, const char *name, int np, c
                           const void *impl, size_t impl_size, bg_layer_t **layer_p);
 void bg__free_impl(bg_layer_t *l);
 
-/* The linear layer's shape, costs and weight gradient, shared with the
- * column- and row-parallel ones, whose impl starts with a bg__linear_t of
- * their shard's sizes. */
+/* The linear layer (bg_layer_linear: impl a bg__linear_t) and the
+ * activation (bg_layer_activation: impl a bg__act_t), here because seq fuses
+ * the pair (bg__linear_gelu_fused knows them by these tables). The linear's
+ * shape, costs and weight gradient are shared with the column- and
+ * row-parallel ones, whose impl starts with a bg__linear_t of their shard's
+ * sizes. */
 typedef struct { int c_in, c_out, bias; } bg__linear_t;
+typedef struct { bg_activation_t kind; } bg__act_t;
+extern const bg_layer_ops_t bg__linear_ops;
+extern const bg_layer_ops_t bg__act_ops;
 bg_status_t bg__linear_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
 double bg__linear_fwd_flops(const bg_layer_t *l, bg_shape_t in);
 double bg__linear_bwd_flops(const bg_layer_t *l, bg_shape_t in);
@@ -64,9 +76,9 @@ bg_status_t bg__linear_gelu_backward_act(bg_layer_t *lin, const bg_layer_ctx_t *
 bg_status_t bg__linear_gelu_backward_weight(bg_layer_t *lin, const bg_layer_ctx_t *ctx, const float *in,
                                             const float *dpre);
 
-/* The head's sizes and costs, shared with the vocabulary-parallel head
- * (models/tp_layers.c), whose impl starts with a bg__head_t of its shard's
- * classes. */
+/* The head's sizes and costs (models/layers.c's head), shared with the
+ * vocabulary-parallel head (models/tp_layers.c), whose impl starts with a
+ * bg__head_t of its shard's classes. */
 typedef struct { int c, classes, bias; } bg__head_t;
 bg_status_t bg__head_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p);
 size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in); /* probs, dlogits, logits: (N, classes) each */

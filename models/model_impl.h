@@ -24,6 +24,11 @@ bg_status_t bg__desc_bind(bg_model_desc_t *d, int first, int last, int on);
 const bg_model_config_t *bg__desc_builder(const bg_model_desc_t *d);
 void bg__desc_set_builder(bg_model_desc_t *d, const bg_model_config_t *cfg);
 
+/* Parse a description's JSON text (jansson's json_t), checking its format
+ * and version; @p where starts the error messages. */
+struct json_t;
+bg_status_t bg__desc_json_parse(const char *json, const char *where, struct json_t **root_p);
+
 /* FNV-1a of a string: the per-tensor initialisation seed is seed ^ fnv1a(name). */
 uint64_t bg__fnv1a(const char *s);
 

@@ -24,6 +24,7 @@
 #include "brigade/partitioner.h"
 #include "brigade/schedule.h"
 #include "core/check.h"
+#include "core/util.h"
 
 #define PLAN_FORMAT "brigade-plan"
 #define PLAN_VERSION 2 /* 2: "model" is the model's description (1: a GPT/MLP configuration) */
@@ -150,10 +151,6 @@ int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
 bg_dtype_t bg_plan_precision(const bg_plan_t *p) { return p->precision; }
 int bg_plan_paired(const bg_plan_t *p) { return p->paired; }
-int bg_plan_paired_for(int tp, int zero, int dp)
-{
-    return tp > 1 && !(zero && dp > 1) && strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") == 0;
-}
 int bg_plan_split(const bg_plan_t *p, int *split, int max)
 {
     for (int i = 0; i < p->nstages && i < max; i++)
@@ -376,18 +373,6 @@ static int has_split_backward(const bg_schedule_t *sched, int rank)
         if (ops[i].kind == BG_OP_BACKWARD_INPUT)
             return 1;
     return 0;
-}
-
-size_t bg_plan_linger_bytes(void)
-{
-    /* UCX's own variable wins over brigade's, as in transport/comm.c; a size
-     * UCX picks itself ("auto", or anything not a plain size) may be small:
-     * every gradient message lingers */
-    const char *v = getenv("UCX_RNDV_THRESH");
-    if (!v || !*v)
-        v = bg_config_str("BRIGADE_UCX_RNDV_THRESH");
-    uint64_t n;
-    return bg_parse_bytes(v, &n) == 0 ? (size_t)n : 1;
 }
 
 /* Phase 1: every pipeline rank's device (the weakest of its replicas) and the
@@ -1520,6 +1505,45 @@ static bg_status_t parse_model(json_t *root, char **json_p, bg_model_desc_t **de
 }
 
 #define BIG 0x7fffffffffffffffLL
+/* A loaded plan's stages must be one layout: $.split (absent in hand-written
+ * plans) gives the layer counts the stages hold, and no two stages sit on
+ * the same (rank, chunk), and every rank holds one (a plan naming a rank
+ * twice would leave another rank idle and overwrite a stage). */
+static bg_status_t stages_agree(const bg_plan_t *p, json_t *split)
+{
+    if (split && (!json_is_array(split) || (int)json_array_size(split) != p->nstages))
+        return bg_error(BG_ERR_PARSE, "plan: $.split must be an array of the %d stages' layer counts", p->nstages);
+    for (int i = 0; split && i < p->nstages; i++) {
+        json_t *e = json_array_get(split, (size_t)i);
+        int have = p->stages[i].last_layer - p->stages[i].first_layer + 1;
+        if (!json_is_integer(e) || json_integer_value(e) != have)
+            return bg_error(BG_ERR_PARSE, "plan: $.split[%d] is %s%lld but $.stages[%d] holds layers %d..%d (%d layers)",
+                            i, json_is_integer(e) ? "" : "not an integer: ", json_is_integer(e) ? (long long)json_integer_value(e) : 0LL,
+                            i, p->stages[i].first_layer, p->stages[i].last_layer, have);
+    }
+    /* who[rank * chunks + chunk]: the stage there + 1 (0: none) */
+    int *who = calloc((size_t)p->pp * (size_t)p->chunks, sizeof(*who));
+    if (!who)
+        return bg_error(BG_ERR_NOMEM, "plan: stage map of %d x %d", p->pp, p->chunks);
+    bg_status_t st = BG_OK;
+    for (int i = 0; i < p->nstages && st == BG_OK; i++) {
+        int *w = &who[(size_t)p->stages[i].rank * (size_t)p->chunks + (size_t)p->stages[i].chunk];
+        if (*w)
+            st = bg_error(BG_ERR_PARSE, "plan: $.stages[%d] and $.stages[%d] are both rank %d's chunk %d", *w - 1, i,
+                          p->stages[i].rank, p->stages[i].chunk);
+        *w = i + 1;
+    }
+    for (int r = 0; r < p->pp && st == BG_OK; r++) {
+        int held = 0;
+        for (int c = 0; c < p->chunks && !held; c++)
+            held = who[(size_t)r * (size_t)p->chunks + (size_t)c] != 0;
+        if (!held)
+            st = bg_error(BG_ERR_PARSE, "plan: no stage in $.stages is on rank %d of the %d pipeline ranks", r, p->pp);
+    }
+    free(who);
+    return st;
+}
+
 static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
 {
     if (!json_is_object(root))
@@ -1730,6 +1754,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
         goto err;
     }
+    BG_CHECK_GOTO(stages_agree(p, json_object_get(root, "split")), st, err);
     if (md) { /* a builder-made model: its layers must be the plan's (at the precision the plan counted) */
         char diff[256];
         if (p->precision == BG_BF16 && bg_model_desc_params(md)->input != BG_INPUT_TOKENS) {

@@ -316,6 +316,15 @@ bg_status_t bg__manifest_parse(const char *path, const char *text, size_t n, jso
         json_decref(m);
         return bg_error(BG_ERR_PARSE, "%s lacks step, model or files", path);
     }
+    json_t *optim = json_object_get(m, "optim");
+    if (optim && (!json_is_integer(optim) || json_integer_value(optim) < 0 || json_integer_value(optim) > 2)) {
+        char got[32];
+        snprintf(got, sizeof got, json_is_integer(optim) ? "%lld" : "not an integer",
+                 (long long)json_integer_value(optim));
+        json_decref(m);
+        return bg_error(BG_ERR_PARSE, "%s: optim is %s; expected 0 (no optimizer state), 1 (SGD's momentum) or 2 "
+                        "(AdamW's m and v)", path, got);
+    }
     size_t i;
     json_t *f;
     json_array_foreach(files, i, f)

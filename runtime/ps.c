@@ -1,9 +1,11 @@
-/* runtime/ps.c: parameter servers and their workers (issue 14;
- * docs/parameter_server.md). Ranks 0 .. S-1 are servers, S .. N-1 workers;
- * every tensor belongs whole to one server (largest first, to the least
- * loaded, ties to the lower index: every rank computes the same map from the
- * model). A worker is a replica run by the executor: one rank, or a pipeline
- * of pp ranks (worker w: ranks S + w*pp .. S + w*pp + pp - 1), each rank
+/* runtime/ps.c: parameter servers and their workers
+ * (docs/parameter_server.md); the workers' side of the protocol is in
+ * runtime/ps_worker.c, the state both share in runtime/ps_impl.h.
+ * Ranks 0 .. S-1 are servers, S .. N-1 workers; every tensor belongs whole
+ * to one server (largest first, to the least loaded, ties to the lower
+ * index: every rank computes the same map from the model). A worker is a
+ * replica run by the executor: one rank, or a pipeline of pp ranks (worker
+ * w: ranks S + w*pp .. S + w*pp + pp - 1, runtime/layout.h), each rank
  * holding its stages' tensors. Where data parallelism all-reduces a gradient
  * bucket, a worker rank pushes the bucket's tensors to their servers, and it
  * pulls back exactly its tensors after its step. A server expects from each
@@ -59,78 +61,9 @@
 
 #include "core/check.h"
 #include "runtime/emulate.h"
-#include "runtime/ps.h"
+#include "runtime/ps_impl.h"
 
-enum { PS_PUSH = 0, PS_PULL = 1, PS_GATHER = 2, PS_CTRL = 3 };
-enum { PS_BYE = 0, PS_PIPE = 1 }; /* PS_CTRL messages */
-#define PS_META 0xffff
 
-static uint32_t ps_tag(int kind, int idx)
-{
-    return ((uint32_t)kind << 30) | (0x3ffeu << 16) | ((uint32_t)idx & 0xffffu);
-}
-
-struct bg__ps {
-    bg_comm_t *comm;
-    bg_backend_t *be;
-    bg__staging_t *stg;     /* every transfer goes through it (staged where buffers are device memory) */
-    int emulate;            /* --emulate: waits sleep; a server's update is free (no sum, no optimizer) */
-    bg_model_t **models;    /* worker: its chunks; server: models[0], its tensors */
-    int nmodels;
-    int S, W, K, P;         /* servers, workers (at the start), staleness bound, ranks per worker */
-    int rank, server;       /* this rank; 1: a server */
-    int wk, pk;             /* worker: its index and its rank in the pipeline */
-    int loss_rank;          /* the pipeline rank holding the loss */
-    int n;                  /* tensors */
-    int *owner;             /* per tensor: its server */
-    int *holder;            /* per tensor: the pipeline rank holding it */
-    size_t *off, *numel;    /* per tensor: floats into the flat buffers (worker: of its chunk), size */
-    int64_t version;        /* worker: version of the parameters in the model */
-    /* ---- worker */
-    int *chunk;             /* per tensor: the chunk holding it here, -1: another rank's */
-    size_t *back_off;       /* per tensor held here: floats into back */
-    size_t local_floats;    /* the tensors held here */
-    unsigned char *pushed;  /* per tensor, this step */
-    bg__xfer_t **push_rq;   /* per tensor */
-    bg__xfer_t **meta_rq;   /* per server: the step's loss share and stop flag */
-    float meta[2];
-    float *back;            /* K > 0: the version being received */
-    bg__xfer_t **pull_rq;   /* per tensor */
-    bg__xfer_t *reply_rq;   /* server 0's loss and stop */
-    float reply[2];
-    double pipe[2];         /* K > 0: the loss rank's loss and stop, for the pipeline */
-    int64_t pulling;        /* version being received, 0: none */
-    int64_t last;           /* the servers' last version (they stopped after it), -1: not known */
-    int pipe_stop;          /* K > 0: the loss rank said the pipeline stops */
-    int64_t pushed_steps;   /* steps whose gradients were pushed */
-    int64_t bye;            /* after a stop: pushed_steps, told every server */
-    uint64_t bytes_recv;
-    /* ---- server */
-    bg_model_t *m;          /* its tensors */
-    int nown;               /* tensors it holds */
-    int *own;               /* their indices */
-    size_t *own_off;        /* floats into one worker's receive buffer */
-    size_t own_floats;
-    int R;                  /* receive sets: K + 1 */
-    int next_set;           /* the set of the next step */
-    float *recv;            /* R x W x own_floats */
-    float *recv_meta;       /* R x W x P x 2 */
-    bg__xfer_t **rrq;       /* R x W x (nown + P): its tensors, then each pipeline rank's loss and stop */
-    bg__xfer_t **srq;       /* W x (nown + P): the version sent, and server 0's reply to each pipeline rank */
-    float sreply[2];
-    int *live;              /* per worker */
-    int nlive;
-    int stopped;            /* the last step stopped the job */
-    bg_param_t **tie_a, **tie_b; /* each tie this server holds (both tensors) */
-    int nties;
-};
-
-/* World rank of pipeline rank k of worker w. */
-static int worker_rank(const bg__ps_t *ps, int w, int k) { return ps->S + w * ps->P + k; }
-/* A server's requests per worker and step: its tensors, then each pipeline rank's loss and stop. */
-static int entries(const bg__ps_t *ps) { return ps->nown + ps->P; }
-/* The pipeline rank that sends entry j of a worker's requests. */
-static int entry_rank(const bg__ps_t *ps, int j) { return j < ps->nown ? ps->holder[ps->own[j]] : j - ps->nown; }
 
 /* Index of the tensor named @p name, -1 if none. */
 static int tensor_index(char (*names)[2 * BG_NAME_MAX], int n, const char *name)
@@ -257,21 +190,6 @@ static float *set_buf(bg__ps_t *ps, int set, int w) { return ps->recv + ((size_t
 static float *set_meta(bg__ps_t *ps, int set, int w) { return ps->recv_meta + ((size_t)set * ps->W + w) * ps->P * 2; }
 static bg__xfer_t **send_rq(bg__ps_t *ps, int w) { return ps->srq + (size_t)w * (size_t)entries(ps); }
 
-/* Transfers of host memory (the loss and stop flags, the byes): the
- * transport's request, wrapped so that every wait below takes one kind. */
-static bg_status_t host_isend(bg__ps_t *ps, int peer, uint32_t tag, const void *buf, size_t bytes, bg__xfer_t **x_p)
-{
-    bg_request_t *rq = NULL;
-    BG_CHECK(bg_isend(ps->comm, peer, tag, buf, bytes, &rq));
-    return bg__xwrap(ps->stg, rq, x_p);
-}
-static bg_status_t host_irecv(bg__ps_t *ps, int peer, uint32_t tag, void *buf, size_t bytes, bg__xfer_t **x_p)
-{
-    bg_request_t *rq = NULL;
-    BG_CHECK(bg_irecv(ps->comm, peer, tag, buf, bytes, &rq));
-    return bg__xwrap(ps->stg, rq, x_p);
-}
-
 /* A server's receives of worker w's pushes for one step: its tensors into
  * the receive set (backend memory: through the staging layer), the loss and
  * stop flags into host memory. */
@@ -286,14 +204,6 @@ static bg_status_t post_set(bg__ps_t *ps, int set, int w)
         BG_CHECK(host_irecv(ps, worker_rank(ps, w, k), ps_tag(PS_PUSH, PS_META), meta + 2 * k, 2 * sizeof(float),
                             &rq[ps->nown + k]));
     return BG_OK;
-}
-
-static void free_reqs(bg__xfer_t **rq, size_t n)
-{
-    for (size_t i = 0; rq && i < n; i++) {
-        bg__xfree(rq[i]);
-        rq[i] = NULL;
-    }
 }
 
 bg_status_t bg__ps_create(const bg__ps_params_t *pp, bg__ps_t **ps_p)
@@ -312,10 +222,11 @@ bg_status_t bg__ps_create(const bg__ps_params_t *pp, bg__ps_t **ps_p)
     ps->P = pp->pp > 1 ? pp->pp : 1;
     ps->W = (bg_comm_size(pp->comm) - pp->servers) / ps->P;
     ps->K = pp->staleness;
-    ps->rank = bg_comm_rank(pp->comm);
-    ps->server = ps->rank < pp->servers;
-    ps->wk = ps->server ? -1 : (ps->rank - ps->S) / ps->P;
-    ps->pk = ps->server ? -1 : (ps->rank - ps->S) % ps->P;
+    ps->layout = pp->layout;
+    ps->rank = pp->layout->rank;
+    ps->server = pp->layout->me.role == BG_LAYOUT_SERVER;
+    ps->wk = ps->server ? -1 : pp->layout->me.dp;
+    ps->pk = ps->server ? -1 : pp->layout->me.pp;
     ps->loss_rank = pp->loss_rank;
     ps->last = -1;
     ps->m = ps->server ? pp->models[0] : NULL;
@@ -496,7 +407,7 @@ static const char *worker_name(const bg__ps_t *ps, int w, char *buf, size_t cap)
 }
 
 /* The first rank of worker w's pipeline known dead, -1: none. */
-static int dead_rank(bg__ps_t *ps, int w)
+int bg__ps_dead_rank(bg__ps_t *ps, int w)
 {
     for (int k = 0; k < ps->P; k++)
         if (!bg_comm_peer_alive(ps->comm, worker_rank(ps, w, k)))
@@ -509,7 +420,7 @@ static int dead_rank(bg__ps_t *ps, int w)
  * complete (that rank stops, or waits for versions no server sends it any
  * more), so the wait ends with BG_ERR_PEER naming the dead rank. One rank
  * per worker: bg_wait, which fails when that rank dies. */
-static bg_status_t ps_wait(bg__ps_t *ps, bg__xfer_t *rq, int w)
+bg_status_t bg__ps_wait(bg__ps_t *ps, bg__xfer_t *rq, int w)
 {
     if (ps->emulate) /* sleep, not spin: the ranks outnumber the cores */
         bg__emulate_idle(rq);
@@ -521,7 +432,7 @@ static bg_status_t ps_wait(bg__ps_t *ps, bg__xfer_t *rq, int w)
         bg_status_t st = bg__xtest(rq, &done);
         if (st != BG_OK || done)
             return st;
-        int dr = dead_rank(ps, w);
+        int dr = bg__ps_dead_rank(ps, w);
         if (dr >= 0) {
             char name[64];
             return bg_error(BG_ERR_PEER, "rank %d of %s died", dr, worker_name(ps, w, name, sizeof name));
@@ -549,7 +460,7 @@ static bg_status_t worker_failed(bg__ps_t *ps, int w, int64_t step, bg_status_t 
         if (s != ps->rank && !bg_comm_peer_alive(ps->comm, s))
             return bg_error(BG_ERR_PEER, "parameter server %d (rank %d) died; its tensors are gone: stopping (%s)", s,
                             s, why);
-    int dr = dead_rank(ps, w);
+    int dr = bg__ps_dead_rank(ps, w);
     if (st != BG_ERR_PEER || dr < 0)
         return bg_error(st, "%s: %s", worker_name(ps, w, name, sizeof name), why);
     ps->live[w] = 0;
@@ -583,7 +494,7 @@ static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
     for (int j = 0; j < entries(ps) && ps->live[w]; j++) {
         if (!rq[j])
             continue;
-        bg_status_t st = ps_wait(ps, rq[j], w);
+        bg_status_t st = bg__ps_wait(ps, rq[j], w);
         bg__xfree(rq[j]);
         rq[j] = NULL;
         if (st != BG_OK)
@@ -603,7 +514,7 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     for (int w = 0; w < ps->W; w++) {
         bg__xfer_t **rq = set_rq(ps, set, w);
         for (int j = 0; j < entries(ps) && ps->live[w]; j++) {
-            bg_status_t st = ps_wait(ps, rq[j], w);
+            bg_status_t st = bg__ps_wait(ps, rq[j], w);
             if (st != BG_OK)
                 BG_CHECK(worker_failed(ps, w, step, st));
         }
@@ -695,245 +606,6 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     return BG_OK;
 }
 
-/* ------------------------------------------------------------------ workers */
-
-static bg_status_t server_error(bg__ps_t *ps, int s, bg_status_t st, const char *what)
-{
-    return bg_error(st, "%s parameter server %d (rank %d)%s: %s", what, s, s,
-                    bg_comm_peer_alive(ps->comm, s) ? "" : " (it died; its tensors are gone)", bg_last_error());
-}
-
-/* Tensor i held here: its parameters and gradient. */
-static float *local_param(bg__ps_t *ps, int i) { return bg_model_params(ps->models[ps->chunk[i]]) + ps->off[i]; }
-static float *local_grad(bg__ps_t *ps, int i) { return bg_model_grads(ps->models[ps->chunk[i]]) + ps->off[i]; }
-
-/* Start receiving version ps->version + 1 of the tensors held here (K = 0:
- * into the model) and server 0's loss and stop. */
-static bg_status_t post_pull(bg__ps_t *ps)
-{
-    ps->pulling = ps->version + 1;
-    for (int i = 0; i < ps->n; i++) {
-        if (ps->chunk[i] < 0)
-            continue;
-        float *dst = ps->back ? ps->back + ps->back_off[i] : local_param(ps, i);
-        bg_status_t st = bg__xrecv(ps->stg, ps->comm, ps->owner[i], ps_tag(PS_PULL, i), dst,
-                                   ps->numel[i] * sizeof(float), &ps->pull_rq[i]);
-        if (st != BG_OK)
-            return server_error(ps, ps->owner[i], st, "pulling from");
-    }
-    bg_status_t st = host_irecv(ps, 0, ps_tag(PS_PULL, PS_META), ps->reply, sizeof ps->reply, &ps->reply_rq);
-    return st == BG_OK ? BG_OK : server_error(ps, 0, st, "pulling from");
-}
-
-/* The pull in flight: *done_p = 1 once every tensor has arrived (wait: block). */
-static bg_status_t pull_done(bg__ps_t *ps, int wait, int *done_p)
-{
-    *done_p = 0;
-    for (int i = 0; i <= ps->n; i++) {
-        bg__xfer_t **rq = i < ps->n ? &ps->pull_rq[i] : &ps->reply_rq;
-        if (!*rq)
-            continue;
-        int done = 1;
-        bg_status_t st = wait ? ps_wait(ps, *rq, ps->wk) : bg__xtest(*rq, &done);
-        if (st != BG_OK)
-            return server_error(ps, i < ps->n ? ps->owner[i] : 0, st, "pulling from");
-        if (!done)
-            return BG_OK;
-        bg__xfree(*rq);
-        *rq = NULL;
-    }
-    /* every piece is in: the new version */
-    for (int i = 0; ps->back && i < ps->n; i++)
-        if (ps->chunk[i] >= 0)
-            ps->be->ops->copy(ps->be, local_param(ps, i), ps->back + ps->back_off[i], ps->numel[i]);
-    ps->version = ps->pulling;
-    ps->pulling = 0;
-    if (ps->reply[1] > 0) /* the servers stop after this version */
-        ps->last = ps->version;
-    ps->bytes_recv += ps->local_floats * sizeof(float);
-    *done_p = 1;
-    return BG_OK;
-}
-
-static bg_status_t wait_pushes(bg__ps_t *ps)
-{
-    for (int i = 0; i < ps->n; i++)
-        if (ps->push_rq[i]) {
-            bg_status_t st = ps_wait(ps, ps->push_rq[i], ps->wk);
-            bg__xfree(ps->push_rq[i]);
-            ps->push_rq[i] = NULL;
-            if (st != BG_OK)
-                return server_error(ps, ps->owner[i], st, "pushing to");
-        }
-    for (int s = 0; s < ps->S; s++)
-        if (ps->meta_rq[s]) {
-            bg_status_t st = ps_wait(ps, ps->meta_rq[s], ps->wk);
-            bg__xfree(ps->meta_rq[s]);
-            ps->meta_rq[s] = NULL;
-            if (st != BG_OK)
-                return server_error(ps, s, st, "pushing to");
-        }
-    return BG_OK;
-}
-
-/* *done_p = 1 once the last step's pushes are sent (failures name the server). */
-static bg_status_t test_pushes(bg__ps_t *ps, int *done_p)
-{
-    *done_p = 1;
-    for (int i = 0; i < ps->n + ps->S; i++) {
-        bg__xfer_t **rq = i < ps->n ? &ps->push_rq[i] : &ps->meta_rq[i - ps->n];
-        if (!*rq)
-            continue;
-        int done = 0;
-        bg_status_t st = bg__xtest(*rq, &done);
-        if (st != BG_OK)
-            return server_error(ps, i < ps->n ? ps->owner[i] : i - ps->n, st, "pushing to");
-        if (!done) {
-            *done_p = 0;
-            continue;
-        }
-        bg__xfree(*rq);
-        *rq = NULL;
-    }
-    return BG_OK;
-}
-
-bg_status_t bg__ps_worker_begin(bg__ps_t *ps, int64_t step)
-{
-    /* The last step's pushes must be sent (they read the gradients, which
-     * this step zeroes) and the parameters be recent enough. Pulls that have
-     * arrived are taken meanwhile: once one says the servers stopped, no
-     * newer version comes, and the pushes of this worker still have
-     * receives posted (a worker runs at most K steps past the servers' last
-     * version, they keep K + 1 steps posted), so they are waited for. */
-    double deadline = bg_now() + bg_comm_timeout(ps->comm);
-    for (;;) {
-        int done = 0, pushed = 0;
-        if (!ps->pulling && ps->version < step && ps->last < 0)
-            BG_CHECK(post_pull(ps));
-        if (ps->pulling) {
-            BG_CHECK(pull_done(ps, 0, &done));
-            if (done)
-                continue;
-        }
-        if (ps->last >= 0) {
-            BG_CHECK(wait_pushes(ps));
-            break;
-        }
-        BG_CHECK(test_pushes(ps, &pushed));
-        if (pushed && ps->version >= step - ps->K)
-            break;
-        if (pushed) { /* too stale: wait for the version in flight */
-            BG_CHECK(pull_done(ps, 1, &done));
-            continue;
-        }
-        int dr = ps->P > 1 ? dead_rank(ps, ps->wk) : -1;
-        if (dr >= 0)
-            return bg_error(BG_ERR_PEER, "rank %d of this worker's pipeline died", dr);
-        if (bg_now() > deadline)
-            return bg_error(BG_ERR_TIMEOUT, "worker (rank %d): the pushes of step %lld were not received within %g s "
-                            "(BRIGADE_TIMEOUT)", ps->rank, (long long)step, bg_comm_timeout(ps->comm));
-        if (ps->emulate) { /* sleep, not spin: the ranks outnumber the cores */
-            struct timespec t = {0, 20000};
-            nanosleep(&t, NULL);
-        } else {
-            sched_yield();
-        }
-    }
-    memset(ps->pushed, 0, (size_t)ps->n);
-    return BG_OK;
-}
-
-bg_status_t bg__ps_push_range(bg__ps_t *ps, int chunk, size_t off, size_t count)
-{
-    for (int i = 0; i < ps->n; i++) {
-        if (ps->pushed[i] || ps->chunk[i] != chunk || ps->off[i] < off || ps->off[i] + ps->numel[i] > off + count)
-            continue;
-        ps->pushed[i] = 1;
-        bg_status_t st = bg__xsend(ps->stg, ps->comm, ps->owner[i], ps_tag(PS_PUSH, i), local_grad(ps, i),
-                                   ps->numel[i] * sizeof(float), &ps->push_rq[i]);
-        if (st != BG_OK)
-            return server_error(ps, ps->owner[i], st, "pushing to");
-    }
-    return BG_OK;
-}
-
-/* K > 0, a pipelined worker: the loss rank tells the others its loss share
- * and whether the pipeline stops after this step (it saw the servers' last
- * version), so every rank of the pipeline runs the same steps. */
-/* A blocking send (send = 1) or receive of host memory with another rank of
- * this worker's pipeline, waited for as every wait of the mode (watching the
- * pipeline; sleeping when emulated). */
-static bg_status_t pipe_xfer(bg__ps_t *ps, int send, int peer, uint32_t tag, void *buf, size_t bytes)
-{
-    bg__xfer_t *x = NULL;
-    BG_CHECK(send ? host_isend(ps, peer, tag, buf, bytes, &x) : host_irecv(ps, peer, tag, buf, bytes, &x));
-    bg_status_t st = ps_wait(ps, x, ps->wk);
-    bg__xfree(x);
-    return st;
-}
-
-static bg_status_t pipe_agree(bg__ps_t *ps, double *loss_p, int *stop_p)
-{
-    uint32_t tag = ps_tag(PS_CTRL, PS_PIPE);
-    int lr = worker_rank(ps, ps->wk, ps->loss_rank);
-    if (ps->pk == ps->loss_rank) {
-        ps->pipe[0] = *loss_p;
-        ps->pipe[1] = *stop_p;
-        for (int k = 0; k < ps->P; k++) {
-            bg_status_t st = k == ps->pk ? BG_OK : pipe_xfer(ps, 1, worker_rank(ps, ps->wk, k), tag, ps->pipe,
-                                                             sizeof ps->pipe);
-            if (st != BG_OK)
-                return bg_error(st, "telling rank %d of this worker's pipeline the step's loss: %s",
-                                worker_rank(ps, ps->wk, k), bg_last_error());
-        }
-    } else {
-        bg_status_t st = pipe_xfer(ps, 0, lr, tag, ps->pipe, sizeof ps->pipe);
-        if (st != BG_OK)
-            return bg_error(st, "the step's loss from rank %d (this worker's last stage): %s", lr, bg_last_error());
-        *loss_p = ps->pipe[0];
-        *stop_p = ps->pipe[1] > 0;
-    }
-    ps->pipe_stop = *stop_p;
-    return BG_OK;
-}
-
-bg_status_t bg__ps_worker_end(bg__ps_t *ps, int64_t step, double loss_share, int stop_req, bg__ps_stats_t *stats)
-{
-    memset(stats, 0, sizeof(*stats));
-    stats->staleness = (int)(step - ps->version);
-    ps->be->ops->synchronize(ps->be);
-    for (int v = 0; v < ps->nmodels; v++)
-        BG_CHECK(bg__ps_push_range(ps, v, 0, bg_model_param_count(ps->models[v])));
-    ps->meta[0] = (float)loss_share; /* 0 but on the loss rank */
-    ps->meta[1] = stop_req ? 1.0f : 0.0f;
-    for (int s = 0; s < ps->S; s++) {
-        bg_status_t st = host_isend(ps, s, ps_tag(PS_PUSH, PS_META), ps->meta, sizeof ps->meta, &ps->meta_rq[s]);
-        if (st != BG_OK)
-            return server_error(ps, s, st, "pushing to");
-    }
-    stats->bytes_sent = ps->local_floats * sizeof(float);
-    ps->pushed_steps = step + 1;
-    if (ps->K == 0) { /* synchronous: version step + 1 before the next step (and its loss) */
-        int done = 0;
-        BG_CHECK(post_pull(ps));
-        BG_CHECK(pull_done(ps, 1, &done));
-        stats->loss = ps->reply[0];
-        stats->stop = ps->reply[1] > 0;
-    } else {
-        if (!ps->pulling && ps->last < 0)
-            BG_CHECK(post_pull(ps));
-        int stop = ps->last >= 0;
-        if (ps->P > 1)
-            BG_CHECK(pipe_agree(ps, &loss_share, &stop));
-        stats->loss = loss_share * ps->W; /* this worker's own sequences */
-        stats->stop = stop;
-    }
-    stats->bytes_recv = ps->bytes_recv; /* since the last step's end */
-    ps->bytes_recv = 0;
-    return BG_OK;
-}
-
 /* Server, after a stop: the byes of worker w's ranks (how many steps each
  * pushed), and the pushes beyond the last step received and dropped. */
 static bg_status_t drain_worker(bg__ps_t *ps, int w, int64_t steps)
@@ -944,7 +616,7 @@ static bg_status_t drain_worker(bg__ps_t *ps, int w, int64_t steps)
     for (int k = 0; k < ps->P && st == BG_OK; k++)
         st = host_irecv(ps, worker_rank(ps, w, k), ps_tag(PS_CTRL, PS_BYE), &pushed[k], sizeof pushed[k], &rq[k]);
     for (int k = 0; k < ps->P && st == BG_OK; k++)
-        st = ps_wait(ps, rq[k], w);
+        st = bg__ps_wait(ps, rq[k], w);
     free_reqs(rq, rq ? (size_t)ps->P : 0);
     free(rq);
     if (st != BG_OK && pushed) {
@@ -954,7 +626,7 @@ static bg_status_t drain_worker(bg__ps_t *ps, int w, int64_t steps)
     for (int j = 0; st == BG_OK && j < entries(ps) && ps->live[w]; j++)
         for (int64_t k = 0; k < pushed[entry_rank(ps, j)] - steps && k < ps->R && ps->live[w]; k++) {
             bg__xfer_t **set = set_rq(ps, (int)((ps->next_set + k) % ps->R), w);
-            bg_status_t s2 = ps_wait(ps, set[j], w);
+            bg_status_t s2 = bg__ps_wait(ps, set[j], w);
             if (s2 != BG_OK)
                 st = worker_failed(ps, w, steps - 1, s2);
         }
@@ -972,40 +644,7 @@ bg_status_t bg__ps_settle(bg__ps_t *ps, int64_t steps)
         }
         return BG_OK;
     }
-    /* K > 0: the loss rank saw the servers' last version first; it comes here too */
-    while (ps->pipe_stop && ps->last < 0) {
-        int done = 0;
-        if (!ps->pulling)
-            BG_CHECK(post_pull(ps));
-        BG_CHECK(pull_done(ps, 1, &done));
-    }
-    if (ps->last >= 0) { /* stopped: tell the servers what to drain, then the pushes complete */
-        ps->bye = ps->pushed_steps;
-        bg__xfer_t **rq = calloc((size_t)ps->S, sizeof(void *));
-        BG_ALLOC_CHECK(rq, (size_t)ps->S * sizeof(void *), "parameter server bye");
-        bg_status_t st = BG_OK;
-        for (int s = 0; s < ps->S && st == BG_OK; s++)
-            if ((st = host_isend(ps, s, ps_tag(PS_CTRL, PS_BYE), &ps->bye, sizeof ps->bye, &rq[s])) != BG_OK)
-                st = server_error(ps, s, st, "leaving");
-        if (st == BG_OK)
-            st = wait_pushes(ps);
-        for (int s = 0; s < ps->S; s++) {
-            bg_status_t s2 = rq[s] ? ps_wait(ps, rq[s], ps->wk) : BG_OK;
-            if (st == BG_OK && s2 != BG_OK)
-                st = server_error(ps, s, s2, "leaving");
-        }
-        free_reqs(rq, (size_t)ps->S);
-        free(rq);
-        return st;
-    }
-    BG_CHECK(wait_pushes(ps));
-    while (ps->version < steps) {
-        int done = 0;
-        if (!ps->pulling)
-            BG_CHECK(post_pull(ps));
-        BG_CHECK(pull_done(ps, 1, &done));
-    }
-    return BG_OK;
+    return bg__ps_worker_settle(ps, steps);
 }
 
 bg_status_t bg__ps_save_checkpoint(bg__ps_t *ps, const bg_checkpoint_params_t *base)

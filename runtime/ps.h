@@ -11,6 +11,7 @@
 #include "brigade/executor.h"
 #include "brigade/model.h"
 #include "brigade/transport.h"
+#include "runtime/layout.h"
 #include "runtime/staging.h"
 
 typedef struct bg__ps bg__ps_t;
@@ -51,6 +52,7 @@ typedef struct bg__ps_params {
     const int *holder;    /* per tensor of desc: the pipeline rank that holds it (every rank
                              computes the same from the schedule); NULL: pp = 1 */
     int loss_rank;        /* the pipeline rank holding the loss layer (the last stage) */
+    const bg_layout_t *layout; /* the executor's rank layout (kept, not owned) */
 } bg__ps_params_t;
 
 /* This rank's part: ranks 0 .. servers-1 are servers, the others workers.

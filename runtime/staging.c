@@ -301,7 +301,7 @@ static bg_status_t start(bg__xfer_t *x, int i)
         return bg_isend(x->comm, x->peer, x->tag, p, chunk_len(x, i), &x->rq[i]);
     if (x->kind == XF_RECV)
         return bg_irecv(x->comm, x->peer, x->tag, p, chunk_len(x, i), &x->rq[i]);
-    return bg_group_iallreduce(x->group, (float *)x->host, x->bytes / sizeof(float), x->op, &x->rq[0]);
+    return bg_group_iallreduce(x->group, (float *)x->host, x->bytes / sizeof(float), BG_F32, x->op, &x->rq[0]);
 }
 
 /* The event request i starts after: its chunk's copy (staged), or the one event of a direct transfer. */
@@ -456,7 +456,7 @@ bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t 
     } else {
         if (x->sg)
             sg->be->ops->to_host(sg->be, x->host, x->dev, bytes);
-        st = bg_group_iallreduce(g, x->sg ? (float *)x->host : buf, count, op, &x->rq[0]);
+        st = bg_group_iallreduce(g, x->sg ? (float *)x->host : buf, count, BG_F32, op, &x->rq[0]);
     }
     if (st != BG_OK) {
         x->failed = 1;

@@ -66,7 +66,7 @@ static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
     bg__tp_t *t = arg;
     double t0 = bg_now();
     bg_request_t *r;
-    bg_status_t st = bg_group_iallreduce(lane_group(t), buf, count, BG_REDUCE_SUM, &r);
+    bg_status_t st = bg_group_iallreduce(lane_group(t), buf, count, BG_F32, BG_REDUCE_SUM, &r);
     if (st == BG_OK)
         st = pair_wait(r);
     account(t, "tp_allreduce", t0);
@@ -78,7 +78,7 @@ static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_
     bg__tp_t *t = arg;
     double t0 = bg_now();
     bg_request_t *r;
-    bg_status_t st = bg_group_iallgather(lane_group(t), send, recv, count * sizeof(float), &r);
+    bg_status_t st = bg_group_iallgather(lane_group(t), send, recv, count, BG_F32, &r);
     if (st == BG_OK)
         st = pair_wait(r);
     account(t, "tp_allgather", t0);
@@ -90,7 +90,7 @@ static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, 
     bg__tp_t *t = arg;
     double t0 = bg_now();
     bg_request_t *r;
-    bg_status_t st = bg_group_ireduce_scatter(lane_group(t), send, recv, count, BG_REDUCE_SUM, &r);
+    bg_status_t st = bg_group_ireduce_scatter(lane_group(t), send, recv, count, BG_F32, BG_REDUCE_SUM, &r);
     if (st == BG_OK)
         st = pair_wait(r);
     account(t, "tp_red_scatter", t0);
@@ -102,7 +102,7 @@ static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void 
     bg__tp_t *t = arg;
     bg_request_t *r;
     /* count divides into size equal chunks: member i's is [i count, (i+1) count) (bg_group_chunk) */
-    BG_CHECK(bg_group_ireduce_scatter_inplace(lane_group(t), buf, count * (size_t)t->c.size, BG_REDUCE_SUM, &r));
+    BG_CHECK(bg_group_ireduce_scatter_inplace(lane_group(t), buf, count * (size_t)t->c.size, BG_F32, BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -111,7 +111,7 @@ static bg_status_t tp_iallgather(void *arg, float *buf, size_t count, void **req
 {
     bg__tp_t *t = arg;
     bg_request_t *r;
-    BG_CHECK(bg_group_iallgather_chunks(lane_group(t), buf, count * (size_t)t->c.size, &r));
+    BG_CHECK(bg_group_iallgather_chunks(lane_group(t), buf, count * (size_t)t->c.size, BG_F32, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -120,7 +120,7 @@ static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req
 {
     bg__tp_t *t = arg;
     bg_request_t *r;
-    BG_CHECK(bg_group_iallreduce(lane_group(t), buf, count, BG_REDUCE_SUM, &r));
+    BG_CHECK(bg_group_iallreduce(lane_group(t), buf, count, BG_F32, BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }

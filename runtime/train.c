@@ -14,69 +14,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "brigade/executor.h"
 #include "brigade/train.h"
 #include "core/check.h"
+#include "core/util.h"
+#include "core/fileio.h"
 
 void bg_train_config_init(bg_train_config_t *cfg)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->size = sizeof(*cfg);
-    cfg->model = (bg_model_config_t)BG_MODEL_CONFIG_INIT;
-    cfg->optim = (bg_optim_config_t)BG_OPTIM_CONFIG_INIT;
-    cfg->batch = 8;
-    cfg->microbatches = 4;
-    cfg->steps = 20;
-    cfg->data_seed = 1;
-    cfg->backend = "cpu";
-}
-
-bg_status_t bg_check_writable_dir(const char *dir)
-{
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode))
-            return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
-        char probe[4096];
-        snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
-        FILE *f = fopen(probe, "wb");
-        if (!f)
-            return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
-        fclose(f);
-        unlink(probe);
-        return BG_OK;
-    }
-    if (errno != ENOENT)
-        return bg_error(BG_ERR_IO, "cannot use directory %s: %s", dir, strerror(errno));
-    /* missing: it will be created (when there is something to put in it)
-     * under its nearest existing ancestor, which must be a writable directory */
-    char up[4096];
-    if (snprintf(up, sizeof(up), "%s", dir) >= (int)sizeof(up))
-        return bg_error(BG_ERR_INVALID, "path too long: %s", dir);
-    for (;;) {
-        size_t n = strlen(up);
-        while (n > 1 && up[n - 1] == '/')
-            up[--n] = 0;
-        char *slash = strrchr(up, '/');
-        if (!slash)
-            snprintf(up, sizeof(up), ".");
-        else if (slash == up)
-            up[1] = 0;
-        else
-            *slash = 0;
-        if (stat(up, &st) == 0)
-            break;
-        if (errno != ENOENT || !strcmp(up, ".") || !strcmp(up, "/"))
-            return bg_error(BG_ERR_IO, "cannot create directory %s: %s: %s", dir, up, strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode))
-        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not a directory", dir, up);
-    if (access(up, W_OK | X_OK) != 0)
-        return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not writable: %s", dir, up, strerror(errno));
-    return BG_OK;
+    *cfg = (bg_train_config_t)BG_TRAIN_CONFIG_INIT;
 }
 
 /* What lengths are rounded up to a multiple of: --seq-multiple, or under
@@ -236,7 +184,7 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
     float bad = st == BG_OK ? 0.0f : 1.0f;
     bg_status_t st2 = world_group(comm, &g);
     if (st2 == BG_OK)
-        st2 = bg_group_allreduce(g, &bad, 1, BG_REDUCE_SUM);
+        st2 = bg_group_allreduce(g, &bad, 1, BG_F32, BG_REDUCE_SUM);
     bg_group_destroy(g);
     if (st2 != BG_OK)
         return st2;
@@ -344,7 +292,7 @@ static bg_status_t agree(bg_executor_t *x, bg_status_t mine)
     bg_group_t *g = NULL;
     bg_status_t st = world_group(comm, &g);
     if (st == BG_OK)
-        st = bg_group_allgather(g, &f, failed, sizeof(int));
+        st = bg_group_allgather(g, &f, failed, 1, BG_I32);
     bg_group_destroy(g);
     int first = -1;
     for (int r = 0; st == BG_OK && r < world && first < 0; r++)
@@ -388,7 +336,7 @@ static bg_status_t gather_ranks(bg_executor_t *x, const bg_executor_info_t *info
     bg_group_t *g = NULL;
     bg_status_t st = world_group(bg_executor_comm(x), &g);
     if (st == BG_OK)
-        st = bg_group_allgather(g, &me, res->ranks, sizeof(me));
+        st = bg_group_allgather(g, &me, res->ranks, sizeof(me), BG_U8);
     bg_group_destroy(g);
     return st;
 }
@@ -455,6 +403,12 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             goto out;
         }
         st = bg_executor_resume_with(x, &rp, rr);
+        /* the executor leaves "nothing to resume" to its host; --resume-strict
+         * promises to fail when no checkpoint is valid, a missing or empty
+         * directory included */
+        if (st == BG_OK && c.resume_strict && !rr->found)
+            st = bg_error(BG_ERR_NOT_FOUND, "--resume-strict: no valid checkpoint in %s (%s)", c.checkpoint_dir,
+                          rr->invalid ? rr->invalid_what : "no step-N directory");
         if (st == BG_OK && c.on_resume)
             c.on_resume(rr, c.resume_from ? c.resume_from : c.checkpoint_dir, info.rank, c.on_step_arg);
         free(rr);

@@ -238,7 +238,7 @@ bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer)
     for (int b = 0; b < z->nbuckets; b++) {
         if (z->buckets[b].lo != layer || z->whole[b] || !z->buf[b])
             continue;
-        BG_CHECK(bg_group_ireduce_scatter_inplace(z->dp, z->buf[b], z->buckets[b].count, BG_REDUCE_SUM, &z->rs[b]));
+        BG_CHECK(bg_group_ireduce_scatter_inplace(z->dp, z->buf[b], z->buckets[b].count, BG_F32, BG_REDUCE_SUM, &z->rs[b]));
         z->rs_seq[b] = z->seq++;
     }
     BG_CHECK(reap(z));
@@ -416,8 +416,8 @@ bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
         return BG_OK;
     }
     if (z->whole[b])
-        return bg_group_iallreduce(z->dp, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
-    return bg_group_ireduce_scatter_inplace(z->dp, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
+        return bg_group_iallreduce(z->dp, buf, z->buckets[b].count, BG_F32, BG_REDUCE_SUM, req_p);
+    return bg_group_ireduce_scatter_inplace(z->dp, buf, z->buckets[b].count, BG_F32, BG_REDUCE_SUM, req_p);
 }
 
 bg_status_t bg__zero_begin_step(bg__zero_t *z)
@@ -445,7 +445,7 @@ static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
 {
     if (!z->buckets[b].count || z->D == 1)
         return BG_OK;
-    return bg_group_iallgather_chunks(z->dp, flat + z->buckets[b].off, z->buckets[b].count, &z->ag[b]);
+    return bg_group_iallgather_chunks(z->dp, flat + z->buckets[b].off, z->buckets[b].count, BG_F32, &z->ag[b]);
 }
 
 static bg_status_t start_gathers(bg__zero_t *z, float *flat)

@@ -14,6 +14,7 @@
 
 #include "tools/bench.h"
 #include "tools/cli.h"
+#include "core/util.h"
 
 #define BG_BENCH_MAX_SIZES 16
 
@@ -561,7 +562,7 @@ static double bg__gshape_alone(bg_backend_t *be, const bg__gshape_t *g, int r)
     return sec;
 }
 
-/* GPT training FLOP/s: the model of issue 11's table (d_model 256, 4 heads,
+/* GPT training FLOP/s: the reference GPT of docs/benchmarks.md (d_model 256, 4 heads,
  * seq 128, 2 sequences per microbatch, 16 microbatches per optimizer step;
  * 2 blocks instead of 8) trains (forward and backward of every microbatch,
  * gradients accumulated, then AdamW) on ONE thread; its model FLOPs per
@@ -571,7 +572,7 @@ static double bg__gshape_alone(bg_backend_t *be, const bg__gshape_t *g, int r)
  * own GEMMs alone, all measured in the same run. Until 2026-12-02 a step was
  * one microbatch, so the optimizer's passes over the weights were 16 times
  * its share in the table's training (about a tenth of the step instead of
- * under 1 %). Target (issue 11): >= 60% of the theoretical peak. Each timed
+ * under 1 %). Target: >= 60% of the theoretical peak. Each timed
  * step is also set against the core's FMA throughput sampled just before and
  * after it (bg__fma_now): the median of those ratios is steadier on a shared
  * host than the fraction of the (fixed) theoretical peak. */

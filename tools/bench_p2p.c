@@ -11,6 +11,7 @@
 #include "brigade/transport.h"
 #include "tools/bench.h"
 #include "tools/cli.h"
+#include "core/util.h"
 
 #define BG__MAX_SIZES 64
 
@@ -269,7 +270,7 @@ int bg_bench_allreduce(int argc, char **argv)
                 double t0 = bg_now();
                 for (int i = 0; i < it && st == BG_OK; i++) {
                     bg_request_t *rq;
-                    st = bg_group_iallreduce_algo(g, buf, count, BG_REDUCE_SUM, algos[a].a, &rq);
+                    st = bg_group_iallreduce_algo(g, buf, count, BG_F32, BG_REDUCE_SUM, algos[a].a, &rq);
                     if (st == BG_OK) {
                         st = bg_wait(rq);
                         bg_request_free(rq);

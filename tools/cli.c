@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "brigade/schedule.h"
+#include "core/util.h"
 
 int bg_cli_fail(const char *cmd, const char *fmt, ...)
 {

@@ -239,7 +239,6 @@ static void launch_usage(FILE *f)
             LAUNCH_MAX_RANKS);
 }
 
-/* 0: run; otherwise the exit code to return (0 after --help). */
 /* CMD is `brigade train ...` (the program's name is brigade, the first argument train) */
 static bool launch_is_brigade_train(char **cmd)
 {
@@ -262,6 +261,7 @@ static long launch_ps_servers(char **cmd)
     return 0;
 }
 
+/* 0: run; otherwise the exit code to return (0 after --help). */
 static int launch_parse(int argc, char **argv, launch_opts_t *o)
 {
     const char *cmd = "launch";
@@ -592,6 +592,21 @@ static void launch_poll_stops(launch_t *L, int except)
     }
 }
 
+/* The last tolerated rank (the last worker of a parameter-server job) has
+ * ended: nothing is left for the others (the servers) to serve, so they must
+ * exit within the exit deadline, as after a rank's exit 0. Without it a
+ * stopped server would keep the launcher waiting forever. */
+static void launch_tolerated_gone(launch_t *L, int r)
+{
+    if (L->exit_deadline != 0 || L->o.exit_wait_s <= 0 || L->running == 0)
+        return;
+    for (int i = 0; i < L->o.n; i++)
+        if (L->o.tolerated[i] && L->ranks[i].running)
+            return;
+    L->exit_deadline = launch_now() + L->o.exit_wait_s;
+    L->first_exit = r;
+}
+
 static void launch_reap(launch_t *L)
 {
     for (;;) {
@@ -634,10 +649,12 @@ static void launch_reap(launch_t *L)
         if (!ok && L->stop == STOP_NONE && L->o.tolerated && L->o.tolerated[r] && L->running > 0) {
             /* a rank the job can lose (a parameter server's worker): the others go on */
             fprintf(stderr, "brigade launch: rank %d (pid %d) %s; tolerated (--tolerate-ranks %s%s): the other %d "
-                    "rank%s go on\n", r, (int)pid, what, L->o.tolerate,
-                    L->o.ps_auto ? ", the workers of --ps: the default" : "", L->running, launch_plural(L->running));
+                    "rank%s go%s on\n", r, (int)pid, what, L->o.tolerate,
+                    L->o.ps_auto ? ", the workers of --ps: the default" : "", L->running, launch_plural(L->running),
+                    L->running == 1 ? "es" : "");
             if (L->tolerated_failed++ == 0)
                 L->tolerated_code = launch_status_code(st);
+            launch_tolerated_gone(L, r);
         } else if (!ok && L->stop == STOP_NONE) {
             if (L->running > 0)
                 fprintf(stderr, "brigade launch: rank %d (pid %d) %s%s; stopping the other %d rank%s\n", r, (int)pid,
@@ -667,7 +684,7 @@ static void launch_exit_deadline(launch_t *L)
         char how[64] = "", b[32];
         if (rk->stop_sig)
             snprintf(how, sizeof how, " (stopped by %s)", launch_stopname(rk->stop_sig, b, sizeof b));
-        fprintf(stderr, "brigade launch: rank %d (pid %d)%s did not exit within %g s after rank %d finished; killed\n",
+        fprintf(stderr, "brigade launch: rank %d (pid %d)%s did not exit within %g s after rank %d ended; killed\n",
                 r, (int)rk->pid, how, L->o.exit_wait_s, L->first_exit);
         launch_signal_rank(rk, SIGKILL);
     }

@@ -2,7 +2,7 @@
  * schedule programs, validate them, simulate them, and print the text table,
  * bubble and memory per rank; optionally write JSON and an SVG timeline, or
  * compare every schedule for one (p, m). Thin: all logic is in
- * runtime/schedule through include/brigade/schedule.h. */
+ * schedule/ through include/brigade/schedule.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "tools/measure.h"
+#include "core/util.h"
 
 /* ---------------------------------------------------------------- measure */
 
@@ -296,7 +297,7 @@ static int measure_layers(const char *CMD, bg_model_desc_t *desc, int n, int t, 
         int more = rounds < MIN_SLOW || (rounds < MAX_ROUNDS && el < MAX_S && (!enough || (extend && spread > SPREAD)));
         if (measure_barrier) { /* the group goes on while any member wants more */
             int all[64];
-            if ((st = bg_group_allgather(measure_barrier, &more, all, sizeof(int))) != BG_OK)
+            if ((st = bg_group_allgather(measure_barrier, &more, all, 1, BG_I32)) != BG_OK)
                 break;
             for (int k = 0; k < bg_group_size(measure_barrier); k++)
                 more |= all[k];

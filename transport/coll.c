@@ -4,7 +4,9 @@
  * advanced under the worker lock by whoever progresses (the communication
  * thread, bg_test or bg_wait) posts each step when the previous one finished.
  * Summation orders are fixed by the algorithm and the group size, never by
- * timing (docs/transport.md states them). Must not know what the floats mean. */
+ * timing (docs/transport.md states them). Elements are of a bg_dtype_t; the
+ * reductions add them in that type (bf16 through fp32, rounded to nearest
+ * even once per addition). Must not know what the numbers mean. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +27,11 @@ typedef struct bg__step {
     int nx;
     bg__xfer_t x[2];
     int post;
-    float *dst;    /* ADD: dst = a + b; DIV: dst /= div; COPY: dst = a */
-    const float *a, *b;
+    bg_dtype_t dt; /* of dst, a, b */
+    void *dst;     /* ADD: dst = a + b; DIV: dst /= div; COPY: dst = a (n elements) */
+    const void *a, *b;
     size_t n;
-    float div;
+    int div;
     uint32_t tag;  /* 0..63, the same on every member for matching transfers */
 } bg__step_t;
 
@@ -37,7 +40,7 @@ struct bg__coll {
     int n, me;
     int *ranks;
     char desc[160];        /* built lazily (errors only): it costs a microsecond */
-    const char *dfmt, *dalgo;
+    const char *dfmt, *dunits, *dalgo; /* the description's format: count, units, algorithm */
     size_t dx;
     uint32_t hi_base;
     bg__step_t *steps;
@@ -51,6 +54,7 @@ struct bg__coll {
 };
 
 static const char *bg__coll_desc(bg__coll_t *co);
+static const bg__coll_ops_t bg__coll_ops;
 
 /* ---- groups ------------------------------------------------------------------ */
 
@@ -89,6 +93,7 @@ bg_status_t bg_group_create(bg_comm_t *c, int n, const int *ranks, bg_group_t **
     /* id: hash of the member list, and how many groups with that list this process
      * made before (members create groups in the same order) */
     bg__lock(c);
+    c->coll_ops = &bg__coll_ops; /* the engine calls back into the step machine through it */
     int occ = 0, k;
     for (k = 0; k < c->ngroup_ids; k++)
         if (c->group_ids[k][0] == (int)h)
@@ -180,14 +185,14 @@ static void bg__coll_finish(bg__coll_t *co, bg_status_t st, const char *msg)
     atomic_fetch_sub(&co->comm->active, 1);
 }
 
-void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
+static void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
 {
     if (co->done)
         return;
-    char m[256];
+    char m[BG__ERR_MSG_MAX];
     if (msg)
-        snprintf(m, sizeof(m), "%s during %s at step %d of %d", msg, bg__coll_desc(co), co->cur + 1,
-                 co->nsteps);
+        snprintf(m, sizeof(m), "%.*s during %s at step %d of %d", (int)(sizeof(m) - 192), msg, bg__coll_desc(co),
+                 co->cur + 1, co->nsteps);
     else
         snprintf(m, sizeof(m), "%s did not complete within %.0f s (BRIGADE_TIMEOUT): stuck at step %d "
                  "of %d", bg__coll_desc(co), co->comm->timeout_s, co->cur + 1, co->nsteps);
@@ -200,31 +205,96 @@ void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg)
     bg__coll_finish(co, st, m);
 }
 
-void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub)
+static void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub)
 {
     if (sub->status < 0 && !co->done) {
-        char m[256];
+        char m[BG__ERR_MSG_MAX];
         snprintf(m, sizeof(m), "%s", sub->msg);
         bg__coll_fail_locked(co, sub->status, m);
+    }
+}
+
+static float bg__bf16_in(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; a NaN stays a (quiet) NaN. */
+static uint16_t bg__bf16_out(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* dst = a + b elementwise in type T (dst may alias a or b, never partly). */
+#define BG__ADD(T, dst, a, b, n)                                                                   \
+    do {                                                                                           \
+        T *d_ = (T *)(dst);                                                                        \
+        const T *a_ = (const T *)(a), *b_ = (const T *)(b);                                        \
+        for (size_t i_ = 0; i_ < (n); i_++)                                                        \
+            d_[i_] = a_[i_] + b_[i_];                                                              \
+    } while (0)
+#define BG__DIV(T, dst, div, n)                                                                    \
+    do {                                                                                           \
+        T *d_ = (T *)(dst);                                                                        \
+        for (size_t i_ = 0; i_ < (n); i_++)                                                        \
+            d_[i_] /= (T)(div);                                                                    \
+    } while (0)
+
+/* Integers add modulo 2^bits (as unsigned: no overflow is undefined) and
+ * divide truncating toward zero. */
+static void bg__post_add(bg__step_t *s)
+{
+    switch (s->dt) {
+    case BG_F32: BG__ADD(float, s->dst, s->a, s->b, s->n); break;
+    case BG_F64: BG__ADD(double, s->dst, s->a, s->b, s->n); break;
+    case BG_I32: BG__ADD(uint32_t, s->dst, s->a, s->b, s->n); break;
+    case BG_I64: BG__ADD(uint64_t, s->dst, s->a, s->b, s->n); break;
+    case BG_BF16: {
+        uint16_t *d = s->dst;
+        const uint16_t *a = s->a, *b = s->b;
+        for (size_t i = 0; i < s->n; i++)
+            d[i] = bg__bf16_out(bg__bf16_in(a[i]) + bg__bf16_in(b[i]));
+        break;
+    }
+    default: break; /* rejected when the collective was built */
+    }
+}
+
+static void bg__post_div(bg__step_t *s)
+{
+    switch (s->dt) {
+    case BG_F32: BG__DIV(float, s->dst, s->div, s->n); break;
+    case BG_F64: BG__DIV(double, s->dst, s->div, s->n); break;
+    case BG_I32: BG__DIV(int32_t, s->dst, s->div, s->n); break;
+    case BG_I64: BG__DIV(int64_t, s->dst, s->div, s->n); break;
+    case BG_BF16: {
+        uint16_t *d = s->dst;
+        for (size_t i = 0; i < s->n; i++)
+            d[i] = bg__bf16_out(bg__bf16_in(d[i]) / (float)s->div);
+        break;
+    }
+    default: break;
     }
 }
 
 static void bg__post_op(bg__step_t *s)
 {
     switch (s->post) {
-    case BG__POST_ADD: {
-        float *restrict d = s->dst;
-        const float *a = s->a, *b = s->b;
-        for (size_t i = 0; i < s->n; i++)
-            d[i] = a[i] + b[i];
+    case BG__POST_ADD:
+        bg__post_add(s);
         break;
-    }
     case BG__POST_DIV:
-        for (size_t i = 0; i < s->n; i++)
-            s->dst[i] /= s->div;
+        bg__post_div(s);
         break;
     case BG__POST_COPY:
-        memmove(s->dst, s->a, s->n * sizeof(float));
+        memmove(s->dst, s->a, s->n * bg_dtype_size(s->dt));
         break;
     default:
         break;
@@ -253,7 +323,7 @@ static void bg__coll_advance(bg__coll_t *co)
                     bg_status_t st = bg__post_locked(c, x->send ? BG__RQ_SEND : BG__RQ_RECV, x->peer, hi,
                                                      1, x->buf, x->bytes, co, &sub);
                     if (st != BG_OK) {
-                        char m[256];
+                        char m[BG__ERR_MSG_MAX];
                         snprintf(m, sizeof(m), "%s", bg_last_error());
                         bg__coll_fail_locked(co, st, m);
                         return;
@@ -278,7 +348,7 @@ static void bg__coll_advance(bg__coll_t *co)
     }
 }
 
-void bg__colls_advance_locked(bg_comm_t *c)
+static void bg__colls_advance_locked(bg_comm_t *c)
 {
     for (bg__coll_t *co = c->colls, *nx; co; co = nx) {
         nx = co->next;
@@ -286,8 +356,14 @@ void bg__colls_advance_locked(bg_comm_t *c)
     }
 }
 
-void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
+/* rank -1: every collective (the store was lost, or the comm is destroyed) */
+static void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
 {
+    if (rank < 0) {
+        while (c->colls)
+            bg__coll_fail_locked(c->colls, BG_ERR_PEER, why);
+        return;
+    }
     for (bg__coll_t *co = c->colls, *nx; co; co = nx) {
         nx = co->next;
         for (int i = 0; i < co->n; i++)
@@ -298,13 +374,7 @@ void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why)
     }
 }
 
-void bg__colls_fail_all_locked(bg_comm_t *c, const char *why)
-{
-    while (c->colls)
-        bg__coll_fail_locked(c->colls, BG_ERR_PEER, why);
-}
-
-void bg__coll_free(bg__coll_t *co)
+static void bg__coll_free(bg__coll_t *co)
 {
     if (!co)
         return;
@@ -321,6 +391,14 @@ void bg__coll_free(bg__coll_t *co)
     free(co->ranks);
     free(co);
 }
+
+static const bg__coll_ops_t bg__coll_ops = {
+    .sub_done_locked = bg__coll_on_sub_done_locked,
+    .advance_locked = bg__colls_advance_locked,
+    .fail_peer_locked = bg__colls_fail_peer_locked,
+    .fail_locked = bg__coll_fail_locked,
+    .free = bg__coll_free,
+};
 
 /* ---- building and starting ------------------------------------------------------------- */
 
@@ -358,7 +436,7 @@ static const char *bg__coll_desc(bg__coll_t *co)
 {
     if (co->desc[0] || !co->dfmt)
         return co->desc;
-    int off = snprintf(co->desc, sizeof(co->desc), co->dfmt, co->dx, co->dalgo);
+    int off = snprintf(co->desc, sizeof(co->desc), co->dfmt, co->dx, co->dunits, co->dalgo);
     off += snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, " on a group of %d ranks [", co->n);
     for (int i = 0; i < co->n && off < (int)sizeof(co->desc) - 8; i++)
         off += snprintf(co->desc + off, sizeof(co->desc) - (size_t)off, i ? " %d" : "%d", co->ranks[i]);
@@ -382,7 +460,7 @@ static bg_status_t bg__coll_start(bg__coll_t *co, bg_request_t **req_p)
         if (st == BG_OK)
             st = bg_error(BG_ERR_NOMEM, "cannot allocate a request");
         else {
-            char m[256];
+            char m[BG__ERR_MSG_MAX];
             snprintf(m, sizeof(m), "%s", bg_last_error());
             st = bg_error(st, "%s during %s", m, bg__coll_desc(co));
         }
@@ -439,8 +517,9 @@ static int bg__mod(int a, int n) { return ((a % n) + n) % n; }
 
 /* Ring reduce-scatter on @p buf in place: afterwards group rank me holds the
  * reduced chunk me (chunk c = fold over ranks c+1, c+2, ..., c in that order). */
-static int bg__build_ring_rs(bg__coll_t *co, float *buf, size_t count, float *tmp)
+static int bg__build_ring_rs(bg__coll_t *co, char *buf, size_t count, bg_dtype_t dt, void *tmp)
 {
+    size_t es = bg_dtype_size(dt);
     int n = co->n, me = co->me;
     int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
     for (int s = 0; s < n - 1; s++) {
@@ -451,12 +530,13 @@ static int bg__build_ring_rs(bg__coll_t *co, float *buf, size_t count, float *tm
         bg__step_t *st = bg__step(co);
         if (!st)
             return -1;
-        bg__xf(st, 0, left, tmp, rl * sizeof(float));
-        bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+        bg__xf(st, 0, left, tmp, rl * es);
+        bg__xf(st, 1, right, buf + so * es, sl * es);
         st->post = BG__POST_ADD;
-        st->dst = buf + ro;
-        st->a = tmp;       /* partial from the left: ranks rc+1 .. me-1 */
-        st->b = buf + ro;  /* then my own value */
+        st->dt = dt;
+        st->dst = buf + ro * es;
+        st->a = tmp;            /* partial from the left: ranks rc+1 .. me-1 */
+        st->b = buf + ro * es;  /* then my own value */
         st->n = rl;
     }
     return 0;
@@ -466,7 +546,7 @@ static int bg__build_ring_rs(bg__coll_t *co, float *buf, size_t count, float *tm
  * recursive doubling is still reduced whole): bg_group_ireduce_scatter_inplace. */
 /* Ring allgather of the chunks of @p buf in place (group rank c holds chunk
  * c): the second half of the ring allreduce; step tags from @p tag0. */
-static int bg__build_ring_ag(bg__coll_t *co, float *buf, size_t count, uint32_t tag0)
+static int bg__build_ring_ag(bg__coll_t *co, char *buf, size_t count, size_t es, uint32_t tag0)
 {
     int n = co->n, me = co->me;
     int right = co->ranks[(me + 1) % n], left = co->ranks[bg__mod(me - 1, n)];
@@ -478,32 +558,54 @@ static int bg__build_ring_ag(bg__coll_t *co, float *buf, size_t count, uint32_t 
         if (!st)
             return -1;
         st->tag = tag0 + (uint32_t)s;
-        bg__xf(st, 0, left, buf + ro, rl * sizeof(float));
-        bg__xf(st, 1, right, buf + so, sl * sizeof(float));
+        bg__xf(st, 0, left, buf + ro * es, rl * es);
+        bg__xf(st, 1, right, buf + so * es, sl * es);
     }
     return 0;
 }
 
-static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+/* The element types a reduction takes (every one but BG_U8). */
+static int bg__reducible(bg_dtype_t dt)
+{
+    return dt == BG_F32 || dt == BG_F64 || dt == BG_BF16 || dt == BG_I32 || dt == BG_I64;
+}
+
+/* "allreduce of 12 floats (ring)": the unit of a description, per type. */
+static const char *bg__units(bg_dtype_t dt)
+{
+    switch (dt) {
+    case BG_F32: return "floats";
+    case BG_F64: return "doubles";
+    case BG_BF16: return "bf16 values";
+    case BG_I32: return "int32 values";
+    case BG_I64: return "int64 values";
+    default: return "bytes";
+    }
+}
+
+static bg_status_t bg__build_allreduce(bg_group_t *g, void *vbuf, size_t count, bg_dtype_t dt, bg_reduce_op_t op,
                                        bg_allreduce_algo_t algo, int rs_only, bg__coll_t **co_p)
 {
-    if ((!buf && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG))
-        return bg_error(BG_ERR_INVALID, "allreduce: NULL buffer or unknown op %d", (int)op);
+    if ((!vbuf && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG) || !bg__reducible(dt))
+        return bg_error(BG_ERR_INVALID, "allreduce: NULL buffer, unknown op %d or a type it cannot reduce (%s)",
+                        (int)op, bg_dtype_name(dt));
+    char *buf = vbuf;
+    size_t es = bg_dtype_size(dt);
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "allreduce", &co));
     int n = co->n, me = co->me;
     if (algo == BG_ALLREDUCE_AUTO) {
         long long small = co->comm->small_bytes;
-        algo = (count * sizeof(float) <= (size_t)small || count < (size_t)n) ? BG_ALLREDUCE_RECURSIVE
-                                                                            : BG_ALLREDUCE_RING;
+        algo = (count * es <= (size_t)small || count < (size_t)n) ? BG_ALLREDUCE_RECURSIVE : BG_ALLREDUCE_RING;
     }
-    bg__desc(co, "allreduce of %zu floats (%s)", count, algo == BG_ALLREDUCE_RING ? "ring" : "recursive doubling");
+    co->dunits = bg__units(dt);
+    bg__desc(co, "allreduce of %zu %s (%s)", count, algo == BG_ALLREDUCE_RING ? "ring" : "recursive doubling");
     if (n == 1) {
         /* nothing to exchange; AVG divides by one */
     } else if (algo == BG_ALLREDUCE_RING) {
         size_t maxc = count / (size_t)n + 1;
-        co->tmp = bg__scratch_get(co->comm, maxc * sizeof(float), &co->tmp_bytes);
-        if (!co->tmp || bg__build_ring_rs(co, buf, count, co->tmp) != 0)
+        co->tmp = bg__scratch_get(co->comm, maxc * es, &co->tmp_bytes);
+        if (!co->tmp || bg__build_ring_rs(co, buf, count, dt, co->tmp) != 0)
             BG__NOMEM(co);
         size_t mo, ml;
         bg__chunk(count, n, me, &mo, &ml);
@@ -511,13 +613,13 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
             bg__step_t *st = bg__step(co);
             if (!st)
                 BG__NOMEM(co);
-            *st = (bg__step_t){.post = BG__POST_DIV, .dst = buf + mo, .n = ml, .div = (float)n};
+            *st = (bg__step_t){.post = BG__POST_DIV, .dt = dt, .dst = buf + mo * es, .n = ml, .div = n};
         }
         if (rs_only) {
             *co_p = co;
             return BG_OK;
         }
-        if (bg__build_ring_ag(co, buf, count, (uint32_t)(n - 1)) != 0)
+        if (bg__build_ring_ag(co, buf, count, es, (uint32_t)(n - 1)) != 0)
             BG__NOMEM(co);
         *co_p = co;
         return BG_OK;
@@ -526,11 +628,11 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
         while (p * 2 <= n)
             p *= 2;
         int rem = n - p;
-        co->tmp = bg__scratch_get(co->comm, count * sizeof(float) + 1, &co->tmp_bytes);
+        co->tmp = bg__scratch_get(co->comm, count * es + 1, &co->tmp_bytes);
         if (!co->tmp)
             BG__NOMEM(co);
-        float *tmp = co->tmp;
-        size_t bytes = count * sizeof(float);
+        void *tmp = co->tmp;
+        size_t bytes = count * es;
         bg__step_t *st;
         if (me >= p) {
             if (!(st = bg__step(co)))
@@ -550,6 +652,7 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
             st->tag = 0;
             bg__xf(st, 0, co->ranks[me + p], tmp, bytes);
             st->post = BG__POST_ADD;
+            st->dt = dt;
             st->dst = buf;
             st->a = buf; /* lower rank first */
             st->b = tmp;
@@ -563,6 +666,7 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
             bg__xf(st, 0, co->ranks[partner], tmp, bytes);
             bg__xf(st, 1, co->ranks[partner], buf, bytes);
             st->post = BG__POST_ADD;
+            st->dt = dt;
             st->dst = buf;
             st->a = me < partner ? buf : tmp;
             st->b = me < partner ? tmp : buf;
@@ -571,7 +675,7 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
         if (op == BG_REDUCE_AVG) {
             if (!(st = bg__step(co)))
                 BG__NOMEM(co);
-            *st = (bg__step_t){.post = BG__POST_DIV, .dst = buf, .n = count, .div = (float)n};
+            *st = (bg__step_t){.post = BG__POST_DIV, .dt = dt, .dst = buf, .n = count, .div = n};
         }
         if (me < rem) {
             if (!(st = bg__step(co)))
@@ -586,26 +690,26 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, float *buf, size_t count, 
     return BG_OK;
 }
 
-bg_status_t bg_group_iallreduce_algo(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+bg_status_t bg_group_iallreduce_algo(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op,
                                      bg_allreduce_algo_t algo, bg_request_t **req_p)
 {
     if (!req_p)
         return bg_error(BG_ERR_INVALID, "bg_group_iallreduce: NULL request output");
     bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, op, algo, 0, &co));
+    BG_CHECK(bg__build_allreduce(g, buf, count, dtype, op, algo, 0, &co));
     return bg__coll_start(co, req_p);
 }
 
-bg_status_t bg_group_iallreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+bg_status_t bg_group_iallreduce(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op,
                                 bg_request_t **req_p)
 {
-    return bg_group_iallreduce_algo(g, buf, count, op, BG_ALLREDUCE_AUTO, req_p);
+    return bg_group_iallreduce_algo(g, buf, count, dtype, op, BG_ALLREDUCE_AUTO, req_p);
 }
 
-bg_status_t bg_group_allreduce(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op)
+bg_status_t bg_group_allreduce(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op)
 {
     bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, op, BG_ALLREDUCE_AUTO, 0, &co));
+    BG_CHECK(bg__build_allreduce(g, buf, count, dtype, op, BG_ALLREDUCE_AUTO, 0, &co));
     return bg__run(co);
 }
 
@@ -613,7 +717,8 @@ bg_status_t bg_group_barrier(bg_group_t *g)
 {
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "barrier", &co));
-    bg__desc(co, "barrier%.0zu%s", 0, "");
+    co->dunits = "";
+    bg__desc(co, "barrier%.0zu%s%s", 0, "");
     /* zero-byte messages: any address that outlives the collective will do, and
      * the collective itself does (no shared static buffer) */
     for (int d = 1; d < co->n; d *= 2) {
@@ -626,14 +731,16 @@ bg_status_t bg_group_barrier(bg_group_t *g)
     return bg__run(co);
 }
 
-bg_status_t bg_group_bcast(bg_group_t *g, void *buf, size_t bytes, int root)
+bg_status_t bg_group_bcast(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, int root)
 {
-    if (!g || root < 0 || root >= g->n || (!buf && bytes))
-        return bg_error(BG_ERR_INVALID, "bg_group_bcast: root %d is not a rank of the group of %d, or "
-                        "NULL buffer", root, g ? g->n : 0);
+    size_t bytes = count * bg_dtype_size(dtype);
+    if (!g || root < 0 || root >= g->n || (!buf && count) || !bg_dtype_size(dtype))
+        return bg_error(BG_ERR_INVALID, "bg_group_bcast: root %d is not a rank of the group of %d, NULL "
+                        "buffer, or unknown type %d", root, g ? g->n : 0, (int)dtype);
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "broadcast", &co));
-    bg__desc(co, "broadcast of %zu bytes%s", bytes, "");
+    co->dunits = bg__units(dtype);
+    bg__desc(co, "broadcast of %zu %s%s", count, "");
     int n = co->n, vr = bg__mod(co->me - root, n);
     int mask = 1, lg = 0;
     while (mask < n) {
@@ -661,13 +768,16 @@ bg_status_t bg_group_bcast(bg_group_t *g, void *buf, size_t bytes, int root)
 }
 
 /* The ring allgather (bg_group_allgather, bg_group_iallgather); sendbuf is copied now. */
-static bg_status_t build_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes, bg__coll_t **co_p)
+static bg_status_t build_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t count, bg_dtype_t dt,
+                                   bg__coll_t **co_p)
 {
-    if (!g || ((!sendbuf || !recvbuf) && bytes))
-        return bg_error(BG_ERR_INVALID, "bg_group_allgather: NULL group or buffer");
+    size_t bytes = count * bg_dtype_size(dt);
+    if (!g || ((!sendbuf || !recvbuf) && count) || !bg_dtype_size(dt))
+        return bg_error(BG_ERR_INVALID, "bg_group_allgather: NULL group or buffer, or unknown type %d", (int)dt);
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "allgather", &co));
-    bg__desc(co, "allgather of %zu bytes per rank%s", bytes, "");
+    co->dunits = bg__units(dt);
+    bg__desc(co, "allgather of %zu %s per rank%s", count, "");
     int n = co->n, me = co->me;
     uint8_t *out = recvbuf;
     if (bytes && (const uint8_t *)sendbuf != out + (size_t)me * bytes)
@@ -684,70 +794,74 @@ static bg_status_t build_allgather(bg_group_t *g, const void *sendbuf, void *rec
     return BG_OK;
 }
 
-bg_status_t bg_group_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes)
+bg_status_t bg_group_allgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t count, bg_dtype_t dtype)
 {
     bg__coll_t *co;
-    BG_CHECK(build_allgather(g, sendbuf, recvbuf, bytes, &co));
+    BG_CHECK(build_allgather(g, sendbuf, recvbuf, count, dtype, &co));
     return bg__run(co);
 }
 
-bg_status_t bg_group_iallgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t bytes, bg_request_t **req_p)
+bg_status_t bg_group_iallgather(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t count, bg_dtype_t dtype,
+                                bg_request_t **req_p)
 {
     if (!req_p)
         return bg_error(BG_ERR_INVALID, "bg_group_iallgather: NULL request output");
     bg__coll_t *co;
-    BG_CHECK(build_allgather(g, sendbuf, recvbuf, bytes, &co));
+    BG_CHECK(build_allgather(g, sendbuf, recvbuf, count, dtype, &co));
     return bg__coll_start(co, req_p);
 }
 
 /* The ring reduce-scatter (bg_group_reduce_scatter, bg_group_ireduce_scatter); sendbuf is copied now. */
-static bg_status_t build_reduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
-                                        bg_reduce_op_t op, bg__coll_t **co_p)
+static bg_status_t build_reduce_scatter(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                        bg_dtype_t dt, bg_reduce_op_t op, bg__coll_t **co_p)
 {
-    if (!g || ((!sendbuf || !recvbuf) && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG))
-        return bg_error(BG_ERR_INVALID, "bg_group_reduce_scatter: NULL group or buffer, or unknown op");
+    if (!g || ((!sendbuf || !recvbuf) && count) || (op != BG_REDUCE_SUM && op != BG_REDUCE_AVG) || !bg__reducible(dt))
+        return bg_error(BG_ERR_INVALID, "bg_group_reduce_scatter: NULL group or buffer, unknown op, or a type it "
+                        "cannot reduce (%s)", bg_dtype_name(dt));
+    size_t es = bg_dtype_size(dt);
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "reduce-scatter", &co));
-    bg__desc(co, "reduce-scatter of %zu floats per rank (%s)", count, "ring");
+    co->dunits = bg__units(dt);
+    bg__desc(co, "reduce-scatter of %zu %s per rank (%s)", count, "ring");
     int n = co->n, me = co->me;
     size_t total = count * (size_t)n;
-    co->work = bg__scratch_get(co->comm, total * sizeof(float) + 1, &co->work_bytes);
-    co->tmp = bg__scratch_get(co->comm, count * sizeof(float) + 1, &co->tmp_bytes);
+    co->work = bg__scratch_get(co->comm, total * es + 1, &co->work_bytes);
+    co->tmp = bg__scratch_get(co->comm, count * es + 1, &co->tmp_bytes);
     if (!co->work || !co->tmp)
         BG__NOMEM(co);
     if (total)
-        memcpy(co->work, sendbuf, total * sizeof(float));
-    if (bg__build_ring_rs(co, co->work, total, co->tmp) != 0)
+        memcpy(co->work, sendbuf, total * es);
+    if (bg__build_ring_rs(co, co->work, total, dt, co->tmp) != 0)
         BG__NOMEM(co);
     bg__step_t *st = bg__step(co);
     if (!st)
         BG__NOMEM(co);
-    *st = (bg__step_t){.post = BG__POST_COPY, .dst = recvbuf, .a = (float *)co->work + (size_t)me * count,
-                       .n = count};
+    *st = (bg__step_t){.post = BG__POST_COPY, .dt = dt, .dst = recvbuf,
+                       .a = (char *)co->work + (size_t)me * count * es, .n = count};
     if (op == BG_REDUCE_AVG) {
         if (!(st = bg__step(co)))
             BG__NOMEM(co);
-        *st = (bg__step_t){.post = BG__POST_DIV, .dst = recvbuf, .n = count, .div = (float)n};
+        *st = (bg__step_t){.post = BG__POST_DIV, .dt = dt, .dst = recvbuf, .n = count, .div = n};
     }
     *co_p = co;
     return BG_OK;
 }
 
-bg_status_t bg_group_reduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
-                                    bg_reduce_op_t op)
+bg_status_t bg_group_reduce_scatter(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                    bg_dtype_t dtype, bg_reduce_op_t op)
 {
     bg__coll_t *co;
-    BG_CHECK(build_reduce_scatter(g, sendbuf, recvbuf, count, op, &co));
+    BG_CHECK(build_reduce_scatter(g, sendbuf, recvbuf, count, dtype, op, &co));
     return bg__run(co);
 }
 
-bg_status_t bg_group_ireduce_scatter(bg_group_t *g, const float *sendbuf, float *recvbuf, size_t count,
-                                     bg_reduce_op_t op, bg_request_t **req_p)
+bg_status_t bg_group_ireduce_scatter(bg_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                     bg_dtype_t dtype, bg_reduce_op_t op, bg_request_t **req_p)
 {
     if (!req_p)
         return bg_error(BG_ERR_INVALID, "bg_group_ireduce_scatter: NULL request output");
     bg__coll_t *co;
-    BG_CHECK(build_reduce_scatter(g, sendbuf, recvbuf, count, op, &co));
+    BG_CHECK(build_reduce_scatter(g, sendbuf, recvbuf, count, dtype, op, &co));
     return bg__coll_start(co, req_p);
 }
 
@@ -760,24 +874,27 @@ void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p)
     bg__chunk(count, n, i, off_p, len_p);
 }
 
-bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
-                                             bg_request_t **req_p)
+bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype,
+                                             bg_reduce_op_t op, bg_request_t **req_p)
 {
     if (!req_p)
         return bg_error(BG_ERR_INVALID, "bg_group_ireduce_scatter_inplace: NULL request output");
     bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, op, BG_ALLREDUCE_AUTO, 1, &co));
+    BG_CHECK(bg__build_allreduce(g, buf, count, dtype, op, BG_ALLREDUCE_AUTO, 1, &co));
     return bg__coll_start(co, req_p);
 }
 
-bg_status_t bg_group_iallgather_chunks(bg_group_t *g, float *buf, size_t count, bg_request_t **req_p)
+bg_status_t bg_group_iallgather_chunks(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype,
+                                       bg_request_t **req_p)
 {
-    if (!req_p || (!buf && count))
-        return bg_error(BG_ERR_INVALID, "bg_group_iallgather_chunks: NULL buffer or request output");
+    if (!req_p || (!buf && count) || !bg_dtype_size(dtype))
+        return bg_error(BG_ERR_INVALID, "bg_group_iallgather_chunks: NULL buffer or request output, or unknown "
+                        "type %d", (int)dtype);
     bg__coll_t *co;
     BG_CHECK(bg__coll_new(g, "allgather", &co));
-    bg__desc(co, "allgather of %zu floats in chunks%s", count, "");
-    if (bg__build_ring_ag(co, buf, count, 0) != 0)
+    co->dunits = bg__units(dtype);
+    bg__desc(co, "allgather of %zu %s in chunks%s", count, "");
+    if (bg__build_ring_ag(co, buf, count, bg_dtype_size(dtype), 0) != 0)
         BG__NOMEM(co);
     return bg__coll_start(co, req_p);
 }

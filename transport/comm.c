@@ -162,7 +162,7 @@ static void bg__complete_locked(bg_request_t *r, bg_status_t st, const char *msg
     atomic_store_explicit(&r->done, 1, memory_order_release);
     atomic_fetch_sub(&r->comm->active, 1);
     if (r->parent)
-        bg__coll_on_sub_done_locked(r->parent, r);
+        r->comm->coll_ops->sub_done_locked(r->parent, r);
 }
 
 static double bg__live_timeout(const bg_comm_t *c);
@@ -347,7 +347,7 @@ unsigned bg__progress_locked(bg_comm_t *c)
     if (c->nsuspects)
         bg__suspects_expire(c);
     if (c->colls)
-        bg__colls_advance_locked(c);
+        c->coll_ops->advance_locked(c);
     return n;
 }
 
@@ -356,7 +356,7 @@ unsigned bg__progress_locked(bg_comm_t *c)
 /* A peer failed (or the store was lost: rank = -1, every operation fails). */
 static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
 {
-    char msg[256];
+    char msg[BG__ERR_MSG_MAX];
     if (rank >= 0 && strncmp(why, "stopped on an error", 19) == 0)
         snprintf(msg, sizeof(msg), "rank %d %s", rank, why);
     else if (rank >= 0)
@@ -379,16 +379,14 @@ static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
     atomic_store(&c->failed, 1);
     bg_log(BG_LOG_ERROR, "transport", "%s: failing the operations that involve it", msg);
     /* collectives first: they fail as a whole with the collective's name */
-    if (rank >= 0)
-        bg__colls_fail_peer_locked(c, rank, msg);
-    else
-        bg__colls_fail_all_locked(c, msg);
+    if (c->colls)
+        c->coll_ops->fail_peer_locked(c, rank, msg);
     for (bg_request_t *r = c->pending, *nx; r; r = nx) {
         nx = r->next;
         if (rank >= 0 && r->peer != rank && !r->suspect)
             continue;
-        char m[400];
-        snprintf(m, sizeof(m), "%s during %s rank %d (tag %u, %zu bytes)", msg,
+        char m[BG__ERR_MSG_MAX];
+        snprintf(m, sizeof(m), "%.*s during %s rank %d (tag %u, %zu bytes)", (int)(sizeof(m) - 96), msg,
                  r->kind == BG__RQ_SEND ? "send to" : "receive from", r->peer, r->tag, r->bytes);
         bg__fail_locked(c, r, BG_ERR_PEER, m);
     }
@@ -466,7 +464,7 @@ static void bg__live_poll(bg_comm_t *c)
             break;
         }
         if (h.op == BG__OP_DEAD) {
-            char why[200];
+            char why[BG_STORE_ABORT_MAX + 64]; /* the store's "stopped on an error: " + the whole message */
             size_t n = h.val_len < sizeof(why) - 1 ? h.val_len : sizeof(why) - 1;
             memcpy(why, v, n);
             why[n] = '\0';
@@ -839,7 +837,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
      * must not report a clean finish of a job whose peer died */
     int entered_clean = graceful;
     int untold = !graceful && !atomic_load(&c->fail_told);
-    char result[512] = "";
+    char result[BG__ERR_MSG_MAX] = "";
     double grace = c->timeout_s < 30 ? c->timeout_s : 30;
     if (graceful) {
         bg__store_barrier_named(c, "bg/leave1", grace, &st);
@@ -902,7 +900,8 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
          * it here): say so, or a rank still waiting on a transfer with this
          * one would learn it only from BRIGADE_TIMEOUT (a bye is a clean exit) */
         char why[BG_STORE_ABORT_MAX];
-        snprintf(why, sizeof(why), "left after: %s", c->fail_msg[0] ? c->fail_msg : "a peer failed");
+        snprintf(why, sizeof(why), "left after: %.*s", (int)(sizeof(why) - 16),
+                 c->fail_msg[0] ? c->fail_msg : "a peer failed");
         size_t len;
         uint8_t *m = bg__msg_encode(BG__OP_FAIL, 0, 0, NULL, 0, why, strlen(why), &len);
         if (m) {
@@ -922,7 +921,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     /* requests UCX still owns (abandoned sends to dead peers) go with the worker */
     bg__lock(c);
     if (c->colls)
-        bg__colls_fail_all_locked(c, "the communicator was destroyed while a collective was pending");
+        c->coll_ops->fail_peer_locked(c, -1, "the communicator was destroyed while a collective was pending");
     for (bg_request_t *r = c->pending, *nx; r; r = nx) {
         nx = r->next;
         if (r->ucx && !atomic_load(&r->done))
@@ -1100,7 +1099,7 @@ static void bg__expire_locked(bg_comm_t *c, bg_request_t *r, unsigned progressed
     if (progressed || atomic_load(&r->done) || bg_now() - r->t_start <= c->timeout_s)
         return;
     if (r->kind == BG__RQ_COLL) {
-        bg__coll_fail_locked(r->coll, BG_ERR_TIMEOUT, NULL);
+        c->coll_ops->fail_locked(r->coll, BG_ERR_TIMEOUT, NULL);
     } else {
         char m[300];
         snprintf(m, sizeof(m), "%s rank %d (tag %u, %zu bytes) did not complete within %.0f s (BRIGADE_TIMEOUT); "
@@ -1142,7 +1141,7 @@ bg_status_t bg_cancel(bg_request_t *r)
         char m[200];
         snprintf(m, sizeof(m), "%s rank %d (tag %u) was cancelled", bg__what(r), r->peer, r->tag);
         if (r->kind == BG__RQ_COLL)
-            bg__coll_fail_locked(r->coll, BG_ERR_CANCELED, "collective cancelled");
+            c->coll_ops->fail_locked(r->coll, BG_ERR_CANCELED, "collective cancelled");
         else if (r->kind == BG__RQ_SEND && r->ucx)
             /* UCX may be unable to cancel a send already in flight: then it
              * completes normally, and until then the buffer is still read */
@@ -1166,9 +1165,8 @@ void bg_request_free(bg_request_t *r)
     bg_comm_t *c = r->comm;
     bg__lock(c);
     if (r->kind == BG__RQ_COLL) {
-        if (!atomic_load(&r->done))
-            bg__coll_fail_locked(r->coll, BG_ERR_CANCELED, "collective freed while pending");
-        bg__coll_free(r->coll);
+        /* freeing fails it first when it is still pending */
+        c->coll_ops->free(r->coll);
         free(r);
     } else {
         bg__request_release_locked(r);

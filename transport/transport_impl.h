@@ -1,7 +1,13 @@
 /* transport/transport_impl.h: the private bodies of bg_comm_t, bg_request_t
  * and bg_group_t, shared by comm.c (bootstrap, UCX, progress, liveness),
  * coll.c (groups and collectives) and bootstrap.c. Nothing outside
- * transport/ may include it (tests excepted). */
+ * transport/ may include it (tests excepted).
+ *
+ * Calls between the files go one way: coll.c calls comm.c (the request
+ * engine below, "comm.c"), never the reverse. What the engine must do to
+ * collectives (advance them, fail them, free them) it does through the
+ * bg__coll_ops_t table that coll.c hands it when it makes the first group:
+ * the step machine lives in coll.c, the requests it posts in comm.c. */
 #ifndef BG_TRANSPORT_IMPL_H
 #define BG_TRANSPORT_IMPL_H
 
@@ -14,6 +20,12 @@
 #include "brigade/core.h"
 #include "brigade/transport.h"
 #include "transport/store.h"
+
+/* Room for a failure message forwarded between ranks (a peer's whole
+ * BG_STORE_ABORT_MAX text) with the prefixes each hop adds ("rank 1 stopped
+ * on an error: left after: ..."); 256 bytes cut the part that says what was
+ * wrong. */
+#define BG__ERR_MSG_MAX (BG_STORE_ABORT_MAX + 256)
 
 /* 64-bit UCX tag layout:
  *   bits 63..32  user tag (point-to-point) or group id (16) | sequence (10) | step (6)
@@ -31,6 +43,21 @@ typedef enum { BG__RQ_SEND = 0, BG__RQ_RECV = 1, BG__RQ_COLL = 2 } bg__rq_kind_t
 
 typedef struct bg__coll bg__coll_t;
 
+/* The collectives as the request engine sees them (filled by coll.c; every
+ * entry called with the comm's lock held). */
+typedef struct bg__coll_ops {
+    /* a transfer of @p co finished (with or without an error) */
+    void (*sub_done_locked)(bg__coll_t *co, bg_request_t *sub);
+    /* post the next steps of every active collective whose transfers finished */
+    void (*advance_locked)(bg_comm_t *c);
+    /* fail every active collective that involves world rank @p rank (-1: all of them) */
+    void (*fail_peer_locked)(bg_comm_t *c, int rank, const char *why);
+    /* fail one collective; msg NULL: it ran past the comm's timeout */
+    void (*fail_locked)(bg__coll_t *co, bg_status_t st, const char *msg);
+    /* free a collective (failing it first when still pending) */
+    void (*free)(bg__coll_t *co);
+} bg__coll_ops_t;
+
 struct bg_request {
     bg_comm_t *comm;
     bg__rq_kind_t kind;
@@ -42,7 +69,7 @@ struct bg_request {
     int ucx_released;      /* UCX's callback ran (it may run inside the posting call) */
     atomic_int done;       /* 1 once complete (successfully or not) */
     bg_status_t status;
-    char msg[256];         /* error message when status < 0 */
+    char msg[BG__ERR_MSG_MAX]; /* error message when status < 0 */
     int user_freed;        /* freed by the user while UCX still owned it: free on callback */
     int suspect;           /* UCX failed it like a dead peer would: wait for the liveness verdict */
     double suspect_until;
@@ -87,6 +114,7 @@ struct bg_comm {
     pthread_mutex_t lock;       /* the worker, the request list, the collectives */
     bg_request_t *pending;      /* requests UCX owns */
     bg__coll_t *colls;          /* active collectives */
+    const bg__coll_ops_t *coll_ops; /* set by the first bg_group_create, before any collective exists */
     void **leaks;               /* buffers abandoned sends may still read; freed at destroy */
     int nleaks, capleaks;
 
@@ -105,7 +133,7 @@ struct bg_comm {
     atomic_int fail_acked;      /* the host carries on without the failed ranks (bg_comm_acknowledge_failures):
                                    leaving is a clean exit (bye), not "left after" a failure */
     char *dead;                 /* per rank: failed */
-    char fail_msg[256];         /* first failure */
+    char fail_msg[BG__ERR_MSG_MAX]; /* first failure */
     char abort_msg[BG_STORE_ABORT_MAX]; /* bg_comm_abort's message, sent by the communication thread */
     atomic_int abort_pending;
     pthread_mutex_t scratch_lock; /* reusable collective buffers (no page faults per call) */
@@ -135,13 +163,7 @@ void bg__scratch_put(bg_comm_t *c, void *p, size_t bytes);
 /* Error status for a peer that failed (message names it), BG_OK if alive. */
 bg_status_t bg__peer_status(bg_comm_t *c, int peer, const char *during);
 
-/* coll.c */
-void bg__coll_on_sub_done_locked(bg__coll_t *co, bg_request_t *sub);
-void bg__colls_advance_locked(bg_comm_t *c);
-void bg__colls_fail_peer_locked(bg_comm_t *c, int rank, const char *why);
-void bg__colls_fail_all_locked(bg_comm_t *c, const char *why);
-void bg__coll_fail_locked(bg__coll_t *co, bg_status_t st, const char *msg);
-void bg__coll_free(bg__coll_t *co);
+/* coll.c exports nothing to the other files: see bg__coll_ops_t. */
 
 /* bootstrap.c */
 typedef struct bg__boot {

@@ -16,6 +16,13 @@
  * Memory: every byte allocated through bg_backend_alloc() is counted
  * (current and peak) per backend instance; see bg_backend_memstats().
  *
+ * Ownership and threads: the caller owns an instance from bg_backend_create()
+ * until bg_backend_destroy(), and every buffer it allocates until
+ * bg_backend_free() (all of them before the destroy). Call an instance's
+ * kernels (be->ops) from one thread at a time; bg_backend_alloc/free and
+ * bg_backend_memstats may be called from any thread (the counters are
+ * locked). Distinct instances are independent.
+ *
  * Example:
  * @code
  *   bg_backend_t *be;
@@ -32,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "brigade/core.h"
 #include "brigade/status.h"
 
 #ifdef __cplusplus
@@ -40,22 +48,19 @@ extern "C" {
 
 typedef struct bg_backend bg_backend_t; /**< a backend instance (its body is below) */
 
-/** Element types of stored tensors. Arithmetic is fp32 everywhere; bf16 is a
- *  storage format (1 sign, 8 exponent, 7 mantissa bits: the top half of an
- *  fp32) for activations kept between a layer's forward and its backward
- *  (bg_layer_set_precision). */
-typedef enum bg_dtype {
-    BG_F32 = 0,  /**< IEEE binary32 */
-    BG_BF16 = 1, /**< bfloat16 */
-} bg_dtype_t;
-/** Bytes of one element of @p t. */
-static inline size_t bg_dtype_size(bg_dtype_t t) { return t == BG_BF16 ? 2 : 4; }
-/** "fp32" or "bf16" (the spelling of --precision). */
-static inline const char *bg_dtype_name(bg_dtype_t t) { return t == BG_BF16 ? "bf16" : "fp32"; }
+/* bg_dtype_t, bg_dtype_size() and bg_dtype_name() live in brigade/core.h (the
+ * transport's collectives take them too). Tensors a backend stores are BG_F32,
+ * or BG_BF16 where a layer keeps its activations in bf16
+ * (bg_layer_set_precision); the kernels take no other type. */
 typedef struct bg_event bg_event_t;     /**< a point of one of a backend's streams (opaque; the backend's own) */
 
-/** Kernel table. Sizes are ints (elements) unless named n (size_t elements). */
+/** Kernel table. Sizes are ints (elements) unless named n (size_t elements).
+ *  A table starts with BG_BACKEND_OPS_INIT (its size and name); a table
+ *  whose size is smaller than this header's struct was built against an
+ *  older header and is refused when its backend is created. New slots are
+ *  appended last. */
 typedef struct bg_backend_ops {
+    size_t size;      /**< sizeof(bg_backend_ops_t) of the header the table was built against, set by BG_BACKEND_OPS_INIT */
     const char *name; /**< "cpu", "cpu-async" (tests), "cuda" */
 
     void (*destroy)(bg_backend_t *be); /**< frees impl; may be NULL */
@@ -231,6 +236,11 @@ typedef struct bg_backend_ops {
     void (*gelu_bias_backward)(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
                                int N, int C);
 } bg_backend_ops_t;
+/** The first two fields of a table's initializer, its size and name; the slots follow, designated:
+ *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`
+ *  (C++ before C++20, which has no designated initializers: a value-initialised table with size set to
+ *  sizeof(bg_backend_ops_t) by hand.) */
+#define BG_BACKEND_OPS_INIT(name) sizeof(bg_backend_ops_t), (name)
 
 /** Counted memory of one backend instance, in bytes. */
 typedef struct bg_memstats {
@@ -264,7 +274,10 @@ typedef struct bg_backend_params {
      *  exact fp32 GEMMs. The CPU backend computes in fp32 either way. */
     bg_dtype_t precision;
 } bg_backend_params_t;
-#define BG_BACKEND_PARAMS_INIT {sizeof(bg_backend_params_t), 0, 0, 0, 0, 0, BG_F32}
+/** Defaults of bg_backend_params_t: device 0, threads from the environment, no process-wide changes, fp32. */
+#define BG_BACKEND_PARAMS_INIT                                                                          \
+    { .size = sizeof(bg_backend_params_t), .device = 0, .num_threads = 0, .set_blas_threads = 0,          \
+      .tune_malloc = 0, .device_wrap = 0, .precision = BG_F32 }
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {

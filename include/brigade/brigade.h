@@ -28,6 +28,12 @@
  * `brigade launch`, trains one pipeline/data-parallel job. Build it with
  * `cc app.c $(pkg-config --cflags --libs brigade)`, or find_package(brigade)
  * and brigade::brigade in CMake (README.md, "Using brigade as a library").
+ *
+ * Ownership and threads: each header says who frees what it returns and
+ * which calls may run concurrently, in a paragraph at its top. The common
+ * rule: an object made by a *_create, *_load or *_search call is the
+ * caller's until its *_destroy or *_free; params structs are read during the
+ * call only; errors are per thread (bg_last_error).
  */
 #ifndef BRIGADE_BRIGADE_H
 #define BRIGADE_BRIGADE_H

@@ -25,6 +25,13 @@
  * newest `keep` complete checkpoints are kept and stale .tmp directories
  * are removed.
  *
+ * Ownership and threads: saving and loading read and write the models the
+ * caller passes (owned by the caller; nothing else may use them during the
+ * call); a bg_checkpoint_info_t owns its strings until
+ * bg_checkpoint_info_clear(). With a comm, a save is collective: one call per
+ * rank, from the thread that drives that rank. Calls on different roots or
+ * models are independent.
+ *
  * @code
  *   // given: this rank's model chunks (built for this run's layout), its place in the job
  *   bg_model_t *chunks[2]; int V = 2;
@@ -114,7 +121,7 @@ typedef struct bg_checkpoint_info {
     int64_t data_position;     /**< where the data continues */
     int world;                 /**< ranks of the job that saved it */
     int files;                 /**< rank files */
-    int has_optim;             /**< 1: optimizer state is saved (AdamW: m and v; SGD: m) */
+    int has_optim;             /**< optimizer state saved per tensor: 0 none, 1 SGD's m, 2 AdamW's m and v */
     char *model_json;          /**< the model description (bg_model_desc_to_json); owned, see _clear */
     char *extra_json;          /**< the manifest's "extra" as JSON text ("{}" if none); owned, see _clear */
 } bg_checkpoint_info_t;

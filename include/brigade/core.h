@@ -15,6 +15,14 @@
  * params field asks for it (bg_backend_params_t.set_blas_threads and
  * .tune_malloc, bg_comm_params_t.ucx_log_handler). docs/architecture.md,
  * "Process-wide state", lists the state the library itself keeps.
+ *
+ * Ownership and threads: every function here may be called from any thread
+ * concurrently; the log level, rank and sink are process-wide (the sink is
+ * called by one thread at a time, see bg_log_set_sink). Strings returned
+ * (bg_version, bg_config_str, the config table) are static or the
+ * environment's: never free them. A bg_rng_t is a value the caller owns; one
+ * generator must not be used by two threads at once. bg_config_str reads the
+ * environment: no thread may setenv meanwhile.
  */
 #ifndef BRIGADE_CORE_H
 #define BRIGADE_CORE_H
@@ -48,6 +56,30 @@ extern "C" {
 /** Version of the library actually linked ("MAJOR.MINOR.PATCH"); compare with
  *  BRIGADE_VERSION_STRING to catch headers and a shared library that differ. */
 const char *bg_version(void);
+
+/** Element types: of stored tensors (bg_layer_set_precision, where arithmetic
+ *  is fp32 and bf16 is a storage format: 1 sign, 8 exponent, 7 mantissa bits,
+ *  the top half of an fp32) and of the transport's collectives (every type;
+ *  BG_U8 only where nothing is reduced: all-gather, broadcast). */
+typedef enum bg_dtype {
+    BG_F32 = 0,  /**< IEEE binary32 */
+    BG_BF16 = 1, /**< bfloat16 */
+    BG_F64 = 2,  /**< IEEE binary64 */
+    BG_I32 = 3,  /**< int32_t */
+    BG_I64 = 4,  /**< int64_t */
+    BG_U8 = 5,   /**< uint8_t: raw bytes (all-gather and broadcast of structs) */
+} bg_dtype_t;
+/** Bytes of one element of @p t (0 for a value outside the enum). */
+static inline size_t bg_dtype_size(bg_dtype_t t)
+{
+    return t == BG_F32 || t == BG_I32 ? 4 : t == BG_F64 || t == BG_I64 ? 8 : t == BG_BF16 ? 2 : t == BG_U8 ? 1 : 0;
+}
+/** "fp32", "bf16" (the spellings of --precision), "fp64", "int32", "int64", "uint8"; "?" otherwise. */
+static inline const char *bg_dtype_name(bg_dtype_t t)
+{
+    return t == BG_F32 ? "fp32" : t == BG_BF16 ? "bf16" : t == BG_F64 ? "fp64" : t == BG_I32 ? "int32"
+         : t == BG_I64 ? "int64" : t == BG_U8 ? "uint8" : "?";
+}
 
 /** Log levels, from the most to the least severe (BRIGADE_LOG picks one). */
 typedef enum bg_log_level {
@@ -105,9 +137,6 @@ const char *bg_config_str(const char *name);
 bg_status_t bg_config_int(const char *name, long long *value_p);
 /** Floating-point value; a malformed value is an error naming the variable. */
 bg_status_t bg_config_double(const char *name, double *value_p);
-/** A positive size such as 512M, 24G, 1.5GiB, 256K or 4096 (suffixes K, M, G, T of 1024, optionally followed
- *  by i and/or B): 0 and *bytes_p, or -1 for anything else ("auto", "0", "12Q"), setting nothing. */
-int bg_parse_bytes(const char *s, uint64_t *bytes_p);
 
 /** Deterministic random numbers (xoshiro256**), a small value type. */
 typedef struct bg_rng {
@@ -127,9 +156,6 @@ uint64_t bg_rng_below(bg_rng_t *rng, uint64_t n);
 
 /** Monotonic wall clock in seconds. */
 double bg_now(void);
-/** Median of v[0..n) (sorts v in place; the mean of the two middle values
- *  when n is even; 0 when n is 0). */
-double bg_median(double *v, size_t n);
 
 #ifdef __cplusplus
 }

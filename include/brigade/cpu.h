@@ -27,6 +27,10 @@
  * operand layout by BRIGADE_GEMM; bg_gemm_info() says which library runs
  * which layout, and why oneDNN is not used when it is not.
  *
+ * Ownership and threads: the info structs are values the caller owns; their
+ * strings are static. The functions may be called from any thread; the first
+ * one to load OpenBLAS does so once (see above for the environment).
+ *
  * Example:
  * @code
  *   bg_blas_info_t b;

@@ -12,7 +12,18 @@
  * Each rank walks its program from the schedule generator (the same one the
  * simulator runs); microbatch gradients accumulate in microbatch order on
  * every stage, so for a fixed dp, microbatch count and seed every schedule
- * and pipeline degree gives bitwise the weights of one process.
+ * and pipeline degree gives bitwise the weights of one process. DualPipe
+ * (two model copies, each fed half of the microbatches) gives bitwise those
+ * of --dp 2 with half the microbatches, and one process's within the
+ * data-parallel tolerance (docs/schedules.md).
+ *
+ * Ownership and threads: the host owns the executor (bg_executor_destroy)
+ * and what it lends it: the model description and a comm it passes (both
+ * must outlive the executor; a comm the executor created itself is its own).
+ * Drive one executor from one thread; bg_executor_request_stop is the
+ * exception (it sets a flag: signal handlers and other threads may call it).
+ * The executor runs threads of its own (the transport's communication
+ * thread, compute threads); data callbacks run on the driving thread.
  *
  * @code
  *   #include <brigade/brigade.h>
@@ -121,10 +132,10 @@ typedef struct bg_executor_params {
 #define BG_EXECUTOR_PARAMS_INIT                                                                            \
     { .size = sizeof(bg_executor_params_t), .model = NULL, .pp = 1, .dp = 1, .tp = 1, .schedule = NULL,      \
       .chunks = 0, .split = NULL, .nsplit = 0, .batch = 8, .microbatches = 4,                                \
-      .optim = BG_OPTIM_CONFIG_INIT, .data = {NULL, NULL, NULL, 0}, .backend = NULL, .threads = 0,           \
-      .comm = NULL, .recompute = 0, .recompute_stages = NULL, .nrecompute_stages = 0, .trace_path = NULL,    \
-      .process_wide = 0, .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0, .ps = 0,       \
-      .staleness = 0 }
+      .optim = BG_OPTIM_CONFIG_INIT, .data = {.batch = NULL, .seq_len = NULL, .arg = NULL, .seq = 0},        \
+      .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
+      .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
+      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {

@@ -20,6 +20,13 @@
  *
  * Users add a layer type by filling a bg_layer_ops_t and calling
  * bg_layer_create(); see docs/layers.md.
+ *
+ * Ownership and threads: a layer made by bg_layer_create() or a built-in
+ * constructor is the caller's until it is added to a composite or a model
+ * description, which then owns and destroys it (bg_layer_destroy only for a
+ * layer owned by nobody). A layer is bound to at most one model at a time and
+ * its compute functions run on one thread at a time (the stage's); its ops
+ * table must outlive it. Layers of different models are independent.
  */
 #ifndef BRIGADE_LAYER_H
 #define BRIGADE_LAYER_H

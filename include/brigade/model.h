@@ -14,6 +14,15 @@
  * optimizer state. Initialisation is seeded per tensor by its full name, so
  * the same seed gives the same weights however the model is split.
  *
+ * Ownership and threads: the caller owns a description (bg_model_desc_destroy
+ * frees it with its layers) and every bg_model_t bound to it
+ * (bg_model_destroy; the description must outlive its models). A model, its
+ * stage and its data set are used by one thread at a time; distinct models
+ * (other stages, other processes) are independent, and a checked
+ * description may be read (to JSON, profiled) from several threads while
+ * nothing modifies it. JSON text returned through a char ** is malloc'ed
+ * (free() it); names returned as const char * are borrowed from their owner.
+ *
  * @code
  *   bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
  *   dp.input = BG_INPUT_FEATURES; dp.features = 16; dp.name = "tiny";
@@ -61,7 +70,10 @@ typedef struct bg_model_desc_params {
     int features;          /**< FEATURES: channels per position */
     uint64_t seed;         /**< initialisation seed */
 } bg_model_desc_params_t;
-#define BG_MODEL_DESC_PARAMS_INIT {sizeof(bg_model_desc_params_t), "model", BG_INPUT_FEATURES, 0, 1, 1, 1337}
+/** Defaults of bg_model_desc_params_t: "model", one feature vector per sample, seed 1337. */
+#define BG_MODEL_DESC_PARAMS_INIT                                                                       \
+    { .size = sizeof(bg_model_desc_params_t), .name = "model", .input = BG_INPUT_FEATURES, .vocab = 0,    \
+      .seq_len = 1, .features = 1, .seed = 1337 }
 
 typedef struct bg_model_desc bg_model_desc_t; /**< a model description (opaque) */
 
@@ -167,7 +179,12 @@ typedef struct bg_model_config {
                                BG_BF16 on an MLP (no composite layers, nothing to store in bf16) is an error.
                                Not part of the model's identity */
 } bg_model_config_t;
-#define BG_MODEL_CONFIG_INIT {sizeof(bg_model_config_t), BG_MODEL_GPT, 4, 128, 4, 64, 256, 32, 8, 1337, 0, 1, 0, BG_F32}
+/** Defaults of bg_model_config_t: a small GPT (4 blocks of width 128, 4 heads, 64 positions, bytes),
+ *  untied, tp = 1, fp32; the MLP fields for a 32-feature, 8-class task. */
+#define BG_MODEL_CONFIG_INIT                                                                            \
+    { .size = sizeof(bg_model_config_t), .kind = BG_MODEL_GPT, .layers = 4, .d_model = 128, .heads = 4,   \
+      .seq_len = 64, .vocab = 256, .in_features = 32, .classes = 8, .seed = 1337, .tie_embeddings = 0,    \
+      .tp = 1, .sequence_parallel = 0, .precision = BG_F32 }
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
@@ -250,7 +267,10 @@ typedef struct bg_optim_config {
     float momentum;          /**< SGD */
     float weight_decay;      /**< applied to tensors whose param.decay is set */
 } bg_optim_config_t;
-#define BG_OPTIM_CONFIG_INIT {sizeof(bg_optim_config_t), BG_OPTIM_ADAMW, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.9f, 0.0f}
+/** Defaults of bg_optim_config_t: AdamW, lr 1e-3, betas 0.9 and 0.95, eps 1e-8, no weight decay. */
+#define BG_OPTIM_CONFIG_INIT                                                                            \
+    { .size = sizeof(bg_optim_config_t), .kind = BG_OPTIM_ADAMW, .lr = 1e-3f, .beta1 = 0.9f,             \
+      .beta2 = 0.95f, .eps = 1e-8f, .momentum = 0.9f, .weight_decay = 0.0f }
 /** Bytes of optimizer state per parameter (AdamW 8, SGD 4). */
 size_t bg_optim_state_bytes(bg_optim_kind_t kind);
 /** One optimizer step over the range's parameters (t is the 1-based step).

@@ -20,6 +20,13 @@
  *    (docs/partitioner.md), with the model's description JSON in it, that
  *    `brigade train --plan FILE` runs as is.
  *
+ * Ownership and threads: plans and plan sets belong to the caller
+ * (bg_plan_free, bg_plan_set_free); a plan got from a set
+ * (bg_plan_set_get) is borrowed and lives as long as the set. The
+ * partitioner keeps no global state: calls on distinct objects may run
+ * concurrently, and a plan may be read from several threads while nothing
+ * modifies it. The model a bg_plan_params_t points to stays the caller's.
+ *
  * @code
  *   bg_model_config_t mc = BG_MODEL_CONFIG_INIT;
  *   mc.layers = 48; mc.d_model = 2048; mc.heads = 16; mc.seq_len = 1024;
@@ -128,7 +135,12 @@ typedef struct bg_part_problem {
                                              (BRIGADE_TP_OVERLAP=microbatch): a stage holds a second scratch
                                              (the stages' counts come from bg_part_schedule_counts, paired) */
 } bg_part_problem_t;
-#define BG_PART_PROBLEM_INIT {sizeof(bg_part_problem_t), 0, NULL, 0, NULL, 16, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0}
+/** Defaults of bg_part_problem_t: no layers or stages yet, AdamW's 16 bytes per parameter, free links. */
+#define BG_PART_PROBLEM_INIT                                                                            \
+    { .size = sizeof(bg_part_problem_t), .nlayers = 0, .layers = NULL, .nstages = 0, .stages = NULL,      \
+      .bytes_per_param = 16, .input_bytes = 0, .token_bytes = 0, .target_bytes = 0, .link_latency = 0.0,  \
+      .link_bandwidth = 0.0, .allow_recompute = 0, .quick_no_fit = 0, .bucket_bytes = 0,                  \
+      .bucket_buffers = 0, .linger_bytes = 0, .paired = 0 }
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
@@ -270,9 +282,14 @@ typedef struct bg_plan_params {
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
+/** Defaults of bg_plan_params_t: one device, batch 8, everything else searched; AdamW, 1 TFLOP/s devices
+ *  on 5 us, 10 GB/s links; the 5 best plans. */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
-    {sizeof(bg_plan_params_t), NULL, 1, NULL, 0, NULL, 0, 8, 0, 0, NULL, 0, BG_OPTIM_ADAMW, 0, 1e12, 5e-6, 10e9,     \
-     NULL, NULL, 5, NULL, NULL, 0, 0, NULL, 0, NULL}
+    { .size = sizeof(bg_plan_params_t), .model = NULL, .world = 1, .mem = NULL, .nmem = 0, .speed = NULL,          \
+      .nspeed = 0, .batch = 8, .microbatch_size = 0, .pp = 0, .schedules = NULL, .chunks = 0,                     \
+      .optim = BG_OPTIM_ADAMW, .allow_recompute = 0, .flops = 1e12, .link_latency = 5e-6, .link_bandwidth = 10e9,  \
+      .layer_fwd_s = NULL, .layer_bwd_s = NULL, .top = 5, .layer_b_s = NULL, .layer_w_s = NULL, .zero = 0,        \
+      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL }
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {

@@ -6,6 +6,13 @@
  * (bg_sched_op_t). The executor walks each rank's list in order; the
  * simulator walks the very same lists. See docs/schedules.md.
  *
+ * Ownership and threads: schedules, simulation results and trace costs
+ * belong to the caller (bg_schedule_free, bg_sim_result_free,
+ * bg_trace_costs_free); arrays returned by accessors (a rank's instructions,
+ * the events) are borrowed from their owner. No global state: calls on
+ * distinct objects may run concurrently, and a schedule or a result may be
+ * read from several threads while nothing modifies it.
+ *
  * @code
  *   bg_schedule_params_t p = BG_SCHEDULE_PARAMS_INIT;
  *   p.kind = BG_SCHED_ZB_H1; p.stages = 4; p.microbatches = 8;
@@ -123,7 +130,10 @@ typedef struct bg_schedule_params {
                                             (latency + bytes / bandwidth); NULL: unit costs, free links */
 } bg_schedule_params_t;
 
-#define BG_SCHEDULE_PARAMS_INIT {sizeof(bg_schedule_params_t), BG_SCHED_1F1B, 1, 1, 0, NULL} /**< 1F1B, one stage, one microbatch, unit costs */
+/** Defaults of bg_schedule_params_t: 1F1B, one stage, one microbatch, the kind's chunks, unit costs. */
+#define BG_SCHEDULE_PARAMS_INIT                                                                         \
+    { .size = sizeof(bg_schedule_params_t), .kind = BG_SCHED_1F1B, .stages = 1, .microbatches = 1,        \
+      .chunks = 0, .costs = NULL }
 
 /** Opaque program set: one instruction list per rank. */
 typedef struct bg_schedule bg_schedule_t;
@@ -150,7 +160,10 @@ typedef struct bg_schedule_search_params {
     double mem_limit;   /**< peak stash per rank, in the bytes (or units) above, as the simulator
                              counts it; 0: no limit */
 } bg_schedule_search_params_t;
-#define BG_SCHEDULE_SEARCH_PARAMS_INIT {sizeof(bg_schedule_search_params_t), 1, 1, 1, 0, NULL, 0.0} /**< p = m = v = 1, unit costs, no limit */
+/** Defaults of bg_schedule_search_params_t: p = m = v = 1, unit costs, no memory limit. */
+#define BG_SCHEDULE_SEARCH_PARAMS_INIT                                                                  \
+    { .size = sizeof(bg_schedule_search_params_t), .stages = 1, .microbatches = 1, .chunks = 1,          \
+      .vshape = 0, .costs = NULL, .mem_limit = 0.0 }
 
 /** What bg_schedule_search() found (filled also when nothing fits). */
 typedef struct bg_schedule_search_result {
@@ -289,8 +302,11 @@ typedef struct bg_sim_params {
 } bg_sim_params_t;
 
 /** Defaults of bg_sim_params_t: F = B = W = 1, free communication, no memory. */
-#define BG_SIM_PARAMS_INIT                                                      \
-    {sizeof(bg_sim_params_t), 1.0, 1.0, 1.0, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0.0, NULL, 0.0, 0.0, NULL}
+#define BG_SIM_PARAMS_INIT                                                                              \
+    { .size = sizeof(bg_sim_params_t), .f_cost = 1.0, .b_cost = 1.0, .w_cost = 1.0, .f_costs = NULL,      \
+      .b_costs = NULL, .w_costs = NULL, .latency = 0.0, .bandwidth = 0.0, .act_bytes = 0.0,               \
+      .grad_bytes = 0.0, .stash_bytes = 0.0, .stash_bytes_per_stage = NULL, .reduce_cost = 0.0,           \
+      .optimizer_cost = 0.0, .wstash_bytes_per_stage = NULL }
 
 /** One timeline event. Compute: on rank, [start, end). Sends: the transfer
  *  from issue to arrival (rank = sender). Receives: the wait, if any. */
@@ -341,7 +357,9 @@ typedef struct bg_svg_params {
     double x_max;      /**< the axis' end in axis units; 0 (or less than the step): the step */
     const char *title; /**< NULL: one made from the schedule and the step */
 } bg_svg_params_t;
-#define BG_SVG_PARAMS_INIT {sizeof(bg_svg_params_t), 1.0, NULL, 0.0, NULL} /**< unit costs, the step's width */
+/** Defaults of bg_svg_params_t: unit costs, the step's width, a title made from the schedule. */
+#define BG_SVG_PARAMS_INIT                                                                              \
+    { .size = sizeof(bg_svg_params_t), .time_scale = 1.0, .unit = NULL, .x_max = 0.0, .title = NULL }
 
 /** Write an SVG Gantt chart (one lane per rank) of a simulated schedule to
  *  @p path (written whole or not at all): compute boxes by kind (chunks > 0

@@ -5,6 +5,11 @@
  * Every public function returns a bg_status_t: 0 is success, negative values
  * are errors. The message that says what went wrong and where (rank, stage,
  * layer, sizes) is kept per thread and read with bg_last_error().
+ *
+ * Ownership and threads: bg_last_error() returns the calling thread's own
+ * buffer (valid until that thread's next failing call; never free it);
+ * bg_status_string() returns a static string. Both may be called from any
+ * thread at any time.
  */
 #ifndef BRIGADE_STATUS_H
 #define BRIGADE_STATUS_H

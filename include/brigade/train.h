@@ -7,6 +7,12 @@
  * `microbatches` equal microbatches whose gradients accumulate in microbatch
  * order before one optimizer step. The loss is the mean over the batch's
  * tokens (positions), so gradients do not depend on how the batch is split.
+ *
+ * Ownership and threads: the configuration's strings and arrays stay the
+ * caller's (read during bg_train only); a result owns its per-rank array
+ * until bg_train_result_free(). bg_train drives one job from the calling
+ * thread (one job per process); on_step and on_resume run on that thread;
+ * stop_flag may be set from a signal handler or another thread.
  */
 #ifndef BRIGADE_TRAIN_H
 #define BRIGADE_TRAIN_H
@@ -30,7 +36,7 @@ typedef struct bg_step_info {
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
-/** A training job of the CLI; start from bg_train_config_init(). */
+/** A training job of the CLI; start from BG_TRAIN_CONFIG_INIT or bg_train_config_init(). */
 typedef struct bg_train_config {
     size_t size;                 /**< sizeof(bg_train_config_t) */
     bg_model_config_t model;
@@ -89,6 +95,20 @@ typedef struct bg_train_config {
     int seq_multiple;            /**< GPT with seq_min: lengths rounded up to a multiple of this (it divides
                                       seq); 0: 1, or tp under sequence parallelism */
 } bg_train_config_t;
+
+/** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
+ *  lr 1e-3, batch 8 in 4 microbatches, 20 steps, data seed 1, the CPU backend, one process (pp = dp = 0
+ *  count as 1), nothing saved. */
+#define BG_TRAIN_CONFIG_INIT                                                                             \
+    { .size = sizeof(bg_train_config_t), .model = BG_MODEL_CONFIG_INIT, .optim = BG_OPTIM_CONFIG_INIT,   \
+      .batch = 8, .microbatches = 4, .seq = 0, .steps = 20, .data_path = NULL, .data_seed = 1,           \
+      .metrics_path = NULL, .save_dir = NULL, .backend = "cpu", .threads = 0, .on_step = NULL,           \
+      .on_step_arg = NULL, .pp = 0, .dp = 0, .schedule = NULL, .chunks = 0, .split = NULL, .nsplit = 0,  \
+      .seq_min = 0, .trace_path = NULL, .recompute = 0, .recompute_stages = NULL,                        \
+      .nrecompute_stages = 0, .checkpoint_dir = NULL, .checkpoint_every = 0, .keep = 0, .resume = 0,     \
+      .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
+      .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
+      .seq_multiple = 0 }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);
@@ -152,10 +172,6 @@ bg_status_t bg_train_check(const bg_train_config_t *cfg);
 bg_status_t bg_train(const bg_train_config_t *cfg, bg_train_result_t *result_p);
 /** Sequence length of microbatch `mb` of step `step` (variable lengths). */
 int bg_train_seq_len(const bg_train_config_t *cfg, int64_t step, int mb);
-
-/** Check that a directory is writable, or can be created (its nearest existing ancestor is a
- *  writable directory), before a run; creates nothing. */
-bg_status_t bg_check_writable_dir(const char *dir);
 
 #ifdef __cplusplus
 }

@@ -3,8 +3,11 @@
  * @brief brigade's transport: bootstrap, rendezvous store, UCX point-to-point,
  *        process groups and collectives, failure detection.
  *
- * Transport moves bytes; it knows nothing of tensors. Allreduce and
- * reduce-scatter work on float32 arrays.
+ * Transport moves bytes; it knows nothing of tensors. Collectives take a
+ * count of elements and their bg_dtype_t (brigade/core.h): reductions add
+ * fp32, fp64, bf16 (through fp32, rounded to nearest even per addition),
+ * int32 and int64 (modulo 2^bits) in a fixed order; all-gather and broadcast
+ * also take BG_U8 for raw bytes.
  *
  * @code
  *   float out[256], in[256], grad[1024];            // this rank's buffers
@@ -22,10 +25,14 @@
  *   int ranks[] = {0, 1};                           // collectives on a group
  *   bg_group_t *g;
  *   bg_group_create(comm, 2, ranks, &g);            // called by ranks 0 and 1 only
- *   bg_group_allreduce(g, grad, 1024, BG_REDUCE_AVG);
+ *   bg_group_allreduce(g, grad, 1024, BG_F32, BG_REDUCE_AVG);
  *   bg_group_destroy(g);
  *   bg_comm_destroy(comm);
  * @endcode
+ *
+ * Ownership: the caller owns the comm (bg_comm_destroy), its groups
+ * (bg_group_destroy) and its requests (bg_request_free, before the comm is
+ * destroyed); strings returned are static.
  *
  * Thread safety: every function may be called from any thread, concurrently
  * (calls are serialised on the UCX worker's lock). A given bg_request_t must
@@ -52,6 +59,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "brigade/core.h"
 #include "brigade/status.h"
 
 #ifdef __cplusplus
@@ -171,8 +179,8 @@ bg_status_t bg_recv(bg_comm_t *comm, int peer, uint32_t tag, void *buf, size_t b
 
 /** Reduction of the collectives. */
 typedef enum bg_reduce_op {
-    BG_REDUCE_SUM = 0, /**< elementwise float32 sum */
-    BG_REDUCE_AVG = 1, /**< sum divided by the group size */
+    BG_REDUCE_SUM = 0, /**< elementwise sum in the elements' type */
+    BG_REDUCE_AVG = 1, /**< sum divided by the group size (integers: truncated toward zero) */
 } bg_reduce_op_t;
 
 /** Allreduce algorithms. */
@@ -195,46 +203,48 @@ int bg_group_world_rank(const bg_group_t *group, int group_rank); /**< world ran
 
 /** Return once every member has entered the barrier (collective over the group). */
 bg_status_t bg_group_barrier(bg_group_t *group);
-/** Broadcast @p bytes of @p buf from group rank @p root. */
-bg_status_t bg_group_bcast(bg_group_t *group, void *buf, size_t bytes, int root);
-/** In-place allreduce of @p count float32 in @p buf. */
-bg_status_t bg_group_allreduce(bg_group_t *group, float *buf, size_t count, bg_reduce_op_t op);
+/** Broadcast @p count elements of type @p dtype in @p buf from group rank @p root. */
+bg_status_t bg_group_bcast(bg_group_t *group, void *buf, size_t count, bg_dtype_t dtype, int root);
+/** In-place allreduce of @p count elements of type @p dtype in @p buf (not BG_U8). */
+bg_status_t bg_group_allreduce(bg_group_t *group, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op);
 /** Non-blocking allreduce: progressed by the communication thread; @p buf
  *  belongs to transport until the request completes. */
-bg_status_t bg_group_iallreduce(bg_group_t *group, float *buf, size_t count,
+bg_status_t bg_group_iallreduce(bg_group_t *group, void *buf, size_t count, bg_dtype_t dtype,
                                 bg_reduce_op_t op, bg_request_t **req_p);
 /** Same, with an explicit algorithm (benchmarks, tests). */
-bg_status_t bg_group_iallreduce_algo(bg_group_t *group, float *buf, size_t count,
+bg_status_t bg_group_iallreduce_algo(bg_group_t *group, void *buf, size_t count, bg_dtype_t dtype,
                                      bg_reduce_op_t op, bg_allreduce_algo_t algo,
                                      bg_request_t **req_p);
-/** Gather @p bytes from every member: recvbuf holds size * bytes, member i's at i * bytes.
- *  @p sendbuf may alias recvbuf + rank * bytes. */
-bg_status_t bg_group_allgather(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t bytes);
-/** Reduce size * @p count float32 of @p sendbuf; member i gets elements
- *  [i*count, (i+1)*count) of the result in @p recvbuf (count floats). */
-bg_status_t bg_group_reduce_scatter(bg_group_t *group, const float *sendbuf, float *recvbuf,
-                                    size_t count, bg_reduce_op_t op);
+/** Gather @p count elements of type @p dtype from every member: recvbuf holds size * count,
+ *  member i's at element i * count. @p sendbuf may alias recvbuf's element rank * count. */
+bg_status_t bg_group_allgather(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                               bg_dtype_t dtype);
+/** Reduce size * @p count elements of type @p dtype of @p sendbuf; member i gets elements
+ *  [i*count, (i+1)*count) of the result in @p recvbuf (count elements). */
+bg_status_t bg_group_reduce_scatter(bg_group_t *group, const void *sendbuf, void *recvbuf,
+                                    size_t count, bg_dtype_t dtype, bg_reduce_op_t op);
 /** Non-blocking bg_group_allgather, the same messages: @p sendbuf is copied before it returns;
  *  @p recvbuf belongs to transport until the request completes. */
-bg_status_t bg_group_iallgather(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t bytes,
-                                bg_request_t **req_p);
+bg_status_t bg_group_iallgather(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                                bg_dtype_t dtype, bg_request_t **req_p);
 /** Non-blocking bg_group_reduce_scatter, the same messages and sums: @p sendbuf is copied before it
  *  returns; @p recvbuf belongs to transport until the request completes. */
-bg_status_t bg_group_ireduce_scatter(bg_group_t *group, const float *sendbuf, float *recvbuf, size_t count,
-                                     bg_reduce_op_t op, bg_request_t **req_p);
+bg_status_t bg_group_ireduce_scatter(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                                     bg_dtype_t dtype, bg_reduce_op_t op, bg_request_t **req_p);
 /** Chunk @p i of @p n of a buffer of @p count elements, as the ring
  *  collectives cut it: the first count % n chunks have one element more. */
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p);
-/** Non-blocking in-place reduce-scatter of @p count float32 in @p buf: member
+/** Non-blocking in-place reduce-scatter of @p count elements of type @p dtype in @p buf: member
  *  i then holds chunk i (bg_group_chunk) of the reduced buffer, summed in the
  *  order bg_group_iallreduce sums it, bit for bit (a buffer the all-reduce
  *  reduces by recursive doubling is reduced whole); the other chunks hold
  *  partial sums. @p buf belongs to transport until the request completes. */
-bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *group, float *buf, size_t count, bg_reduce_op_t op,
-                                             bg_request_t **req_p);
+bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *group, void *buf, size_t count, bg_dtype_t dtype,
+                                             bg_reduce_op_t op, bg_request_t **req_p);
 /** Non-blocking in-place allgather: member i contributes chunk i
  *  (bg_group_chunk) of @p buf; afterwards every member holds all chunks. */
-bg_status_t bg_group_iallgather_chunks(bg_group_t *group, float *buf, size_t count, bg_request_t **req_p);
+bg_status_t bg_group_iallgather_chunks(bg_group_t *group, void *buf, size_t count, bg_dtype_t dtype,
+                                       bg_request_t **req_p);
 
 /* ---- the rendezvous store (small values, served by rank 0) ---------------- */
 

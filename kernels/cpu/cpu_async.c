@@ -203,14 +203,9 @@ static void make_ops(void)
 {
     bg__cpu_async_ops = *bg__cpu_ops_seen;
     bg__cpu_async_ops.name = "cpu-async";
-    bg__cpu_async_ops.event_create = event_create;
-    bg__cpu_async_ops.event_destroy = event_destroy;
-    bg__cpu_async_ops.event_record = event_record;
-    bg__cpu_async_ops.event_query = event_query;
-    bg__cpu_async_ops.event_wait = event_wait;
-    bg__cpu_async_ops.stream_wait = stream_wait;
-    bg__cpu_async_ops.to_host_async = to_host_async;
-    bg__cpu_async_ops.from_host_async = from_host_async;
+#define BG__ASYNC_SLOT(slot) bg__cpu_async_ops.slot = slot;
+    BG__BACKEND_EVENT_OPS(BG__ASYNC_SLOT) /* this file's functions of the slots' names */
+#undef BG__ASYNC_SLOT
 }
 
 bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params_t *params)

@@ -389,53 +389,17 @@ static const bg__cpu_kernels_t *bg__cpu_kernels_for(bg_cpu_isa_t isa)
 
 /* ----------------------------------------------------------------- table */
 
+/* every required slot is bg__cpu_<slot> (kernels/backend_impl.h's lists); no events: the CPU computes in
+ * the caller's order and the staging layer copies synchronously */
+#define BG__CPU_SLOT(slot) .slot = bg__cpu_##slot,
 static const bg_backend_ops_t bg__cpu_ops = {
-    .name = "cpu",
+    BG_BACKEND_OPS_INIT("cpu"),
+    BG__BACKEND_HOST_OPS(BG__CPU_SLOT)
+    BG__BACKEND_KERNEL_OPS(BG__CPU_SLOT)
+    BG__BACKEND_FUSED_OPS(BG__CPU_SLOT)
     .destroy = bg__cpu_destroy,
-    .alloc = bg__cpu_alloc,
-    .free = bg__cpu_free,
-    .to_host = bg__cpu_to_host,
-    .from_host = bg__cpu_from_host,
-    .synchronize = bg__cpu_synchronize,
-    .fill = bg__cpu_fill,
-    .copy = bg__cpu_copy,
-    .scale = bg__cpu_scale,
-    .axpy = bg__cpu_axpy,
-    .residual_forward = bg__cpu_residual_forward,
-    .gemm = bg__cpu_gemm,
-    .gemm_strided_batched = bg__cpu_gemm_strided_batched,
-    .bias_forward = bg__cpu_bias_forward,
-    .bias_backward = bg__cpu_bias_backward,
-    .gelu_forward = bg__cpu_gelu_forward,
-    .gelu_backward = bg__cpu_gelu_backward,
-    .relu_forward = bg__cpu_relu_forward,
-    .relu_backward = bg__cpu_relu_backward,
-    .layernorm_forward = bg__cpu_layernorm_forward,
-    .layernorm_backward_input = bg__cpu_layernorm_backward_input,
-    .layernorm_backward_weight = bg__cpu_layernorm_backward_weight,
-    .softmax_forward = bg__cpu_softmax_forward,
-    .softmax_backward = bg__cpu_softmax_backward,
-    .causal_softmax_forward = bg__cpu_causal_softmax_forward,
-    .causal_softmax_backward = bg__cpu_causal_softmax_backward,
-    .crossentropy_forward = bg__cpu_crossentropy_forward,
-    .crossentropy_backward = bg__cpu_crossentropy_backward,
-    .embedding_forward = bg__cpu_embedding_forward,
-    .embedding_backward = bg__cpu_embedding_backward,
-    .qkv_split = bg__cpu_qkv_split,
-    .qkv_merge = bg__cpu_qkv_merge,
-    .heads_merge = bg__cpu_heads_merge,
-    .heads_split = bg__cpu_heads_split,
-    .attention_forward = bg__cpu_attention_forward,
-    .attention_backward = bg__cpu_attention_backward,
-    .adamw = bg__cpu_adamw,
-    .sgd_momentum = bg__cpu_sgd_momentum,
-    .sum = bg__cpu_sum,
-    .sumsq = bg__cpu_sumsq,
-    .device_free = bg__cpu_device_free,
-    .convert = bg__cpu_convert,
-    .bias_gelu_forward = bg__cpu_bias_gelu_forward,
-    .gelu_bias_backward = bg__cpu_gelu_bias_backward,
 };
+#undef BG__CPU_SLOT
 
 bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {

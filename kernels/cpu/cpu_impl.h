@@ -27,7 +27,8 @@
 #define BG_CPU_SUM_BLOCK 4096
 
 /* oneDNN 2.x's JIT sgemm kernels point rsp at a heap buffer while they run
- * (oneDNN issue 4845, fixed in 3.11; Debian ships 2.6): a signal handled on
+ * (a oneDNN bug, github.com/oneapi-src/oneDNN/issues/4845, fixed in 3.11;
+ * Debian ships 2.6): a signal handled on
  * that thread meanwhile has its frame written into the heap, which aborts the
  * process later ("corrupted size vs. prev_size": 6 SIGTERMs in 40 to a
  * one-process `brigade train` before this). A thread holds its asynchronous

@@ -368,65 +368,21 @@ static void bg__cu_destroy(bg_backend_t *be)
     be->impl = NULL;
 }
 
+/* every slot is bg__cu_<slot> (kernels/backend_impl.h's lists) but the fused bias + GELU, which stays NULL
+ * (the layers then run the pair) */
 static bg_backend_ops_t bg__cu_make_ops(void)
 {
-    bg_backend_ops_t o;
-    memset(&o, 0, sizeof(o));
+    bg_backend_ops_t o = {}; /* C++ before C++20 has no designated initializers: BG_BACKEND_OPS_INIT's two fields */
+    o.size = sizeof(bg_backend_ops_t);
     o.name = "cuda";
+#define BG__CU_SLOT(slot) o.slot = bg__cu_##slot;
+    BG__BACKEND_HOST_OPS(BG__CU_SLOT)
+    BG__BACKEND_KERNEL_OPS(BG__CU_SLOT)
+    BG__BACKEND_EVENT_OPS(BG__CU_SLOT)
+    BG__BACKEND_MEMORY_OPS(BG__CU_SLOT)
+#undef BG__CU_SLOT
     o.destroy = bg__cu_destroy;
-    o.alloc = bg__cu_alloc;
-    o.free = bg__cu_free;
-    o.to_host = bg__cu_to_host;
-    o.from_host = bg__cu_from_host;
-    o.synchronize = bg__cu_synchronize;
-    o.fill = bg__cu_fill;
-    o.copy = bg__cu_copy;
-    o.scale = bg__cu_scale;
-    o.axpy = bg__cu_axpy;
-    o.residual_forward = bg__cu_residual_forward;
-    o.gemm = bg__cu_gemm;
-    o.gemm_strided_batched = bg__cu_gemm_strided_batched;
-    o.bias_forward = bg__cu_bias_forward;
-    o.bias_backward = bg__cu_bias_backward;
-    o.gelu_forward = bg__cu_gelu_forward;
-    o.gelu_backward = bg__cu_gelu_backward;
-    o.relu_forward = bg__cu_relu_forward;
-    o.relu_backward = bg__cu_relu_backward;
-    o.layernorm_forward = bg__cu_layernorm_forward;
-    o.layernorm_backward_input = bg__cu_layernorm_backward_input;
-    o.layernorm_backward_weight = bg__cu_layernorm_backward_weight;
-    o.softmax_forward = bg__cu_softmax_forward;
-    o.softmax_backward = bg__cu_softmax_backward;
-    o.causal_softmax_forward = bg__cu_causal_softmax_forward;
-    o.causal_softmax_backward = bg__cu_causal_softmax_backward;
-    o.crossentropy_forward = bg__cu_crossentropy_forward;
-    o.crossentropy_backward = bg__cu_crossentropy_backward;
-    o.embedding_forward = bg__cu_embedding_forward;
-    o.embedding_backward = bg__cu_embedding_backward;
-    o.qkv_split = bg__cu_qkv_split;
-    o.qkv_merge = bg__cu_qkv_merge;
-    o.heads_merge = bg__cu_heads_merge;
-    o.heads_split = bg__cu_heads_split;
-    o.adamw = bg__cu_adamw;
-    o.sgd_momentum = bg__cu_sgd_momentum;
-    o.sum = bg__cu_sum;
-    o.sumsq = bg__cu_sumsq;
-    o.attention_forward = bg__cu_attention_forward;
-    o.attention_backward = bg__cu_attention_backward;
-    o.device_free = bg__cu_device_free;
     o.device_buffers = 1;
-    o.host_alloc = bg__cu_host_alloc;
-    o.host_free = bg__cu_host_free;
-    o.event_create = bg__cu_event_create;
-    o.event_destroy = bg__cu_event_destroy;
-    o.event_record = bg__cu_event_record;
-    o.event_query = bg__cu_event_query;
-    o.event_wait = bg__cu_event_wait;
-    o.stream_wait = bg__cu_stream_wait;
-    o.to_host_async = bg__cu_to_host_async;
-    o.from_host_async = bg__cu_from_host_async;
-    o.pci_bus_id = bg__cu_pci_bus_id;
-    o.convert = bg__cu_convert;
     return o;
 }
 

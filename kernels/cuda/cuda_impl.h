@@ -6,8 +6,12 @@
 #define BG_KERNELS_CUDA_IMPL_H
 
 #include <stdint.h>
-#ifdef BG_CUDA_EMU /* the kernels compiled as C++ for the CPU (tests/bg_cuda_emu.h) */
-#include "bg_cuda_emu.h"
+#ifdef BG_CUDA_EMU
+/* the kernels compiled as C++ for the CPU by a test, which includes its CUDA
+ * emulation first: kernels/ includes nothing of tests/ */
+#ifndef BG_CUDA_EMU_H
+#error "BG_CUDA_EMU: include the CUDA emulation (tests/bg_cuda_emu.h) before kernels/cuda/cuda_impl.h"
+#endif
 #else
 #include <cuda_runtime.h>
 #include <cublas_v2.h>

@@ -387,8 +387,19 @@ class Executor:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.close()
+            return False
+        # The block is already failing: its exception is what the user must
+        # see. Closing then usually fails too (the other ranks see this one
+        # leave early: "the job did not end cleanly"); that error is kept as
+        # a note on the block's exception instead of replacing it.
+        try:
+            self.close()
+        except BrigadeError as e:
+            if hasattr(exc, "add_note"):
+                exc.add_note("brigade: closing the executor after this error also failed: %s" % e)
         return False
 
     def __del__(self):

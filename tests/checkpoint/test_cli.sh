@@ -3,14 +3,7 @@
 # user meets them: a chart that parses as SVG and holds the right points,
 # generation from a `train --save` directory, and bad input that fails with
 # a message naming the file (and line), non-zero.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
+. "$(dirname "$0")/../lib/harness.sh"
 # expect_fail CODE "pattern" args...: exit CODE and the pattern on stderr
 expect_fail() {
     local code=$1 pat=$2; shift 2
@@ -99,5 +92,4 @@ mkdir "$T/emptydir"
 expect_fail 1 "no complete checkpoint and no model description" generate --checkpoint "$T/emptydir" --prompt hi
 expect_fail 2 "--temperature must be in" generate --checkpoint "$T/save" --prompt hi --temperature -1
 
-if [ $fails -gt 0 ]; then echo "$fails check(s) failed"; exit 1; fi
-echo "all checks passed"
+finish

@@ -6,14 +6,8 @@
 # job and restarts it; the trainers resume from the newest complete
 # checkpoint; the final weights equal, bitwise, those of a run that never
 # crashed.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=20
-fails=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 GPT="--model gpt --layers 3 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --threads 1 --quiet"
 STEPS=150
 
@@ -44,5 +38,4 @@ grep -q 'restart 2 of 2' "$T/err" && bad "a second restart" || ok "one restart w
 grep -q "resuming from " "$T/err" && ok "the trainers resumed: $(grep -m1 'resuming from ' "$T/err")" || bad "no resume"
 v=$("$B" compare "$T/ref" "$T/out") && ok "final weights bitwise equal to the uninterrupted run: $v" || bad "weights differ: $v"
 ls "$T/ckpt" | grep -q tmp && bad "a .tmp directory is left: $(ls "$T/ckpt")" || ok "no .tmp left: $(ls "$T/ckpt" | tr '\n' ' ')"
-[ $fails = 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "all checks passed"
+finish

@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # tests/checkpoint/test_resume_safety.sh: resume never strands a job, and
-# stops say what they did (issues 15 and 16).
+# stops say what they did.
 # --resume says where it starts; an invalid newest checkpoint (corrupt,
 # partial) is reported in one line and the previous complete one is used,
 # or --resume-strict refuses; --resume-from picks one; all invalid: said,
 # never silent (strict: fails); an unknown manifest version is refused.
 # SIGINT/SIGTERM: the real step count, exit 130/143, no empty --save
 # directory. Rank 0 (the store) dying during a save fails rank 1 promptly.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 D=$(cd "$(dirname "$0")/../.." && pwd)
-. "$D/tests/lib/checks.sh"
 G="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --threads 1 --quiet --data $D/data/kjv.txt"
 has() { grep -q -- "$2" "$1" && ok "$3" || { bad "$3: no \"$2\" in:"; cat "$1"; }; }
 run() { timeout 120 "$B" train $G "$@"; }
@@ -60,6 +58,13 @@ rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
 for s in 2 4 6; do rm "$T/c/step-0000000$s/rank-00001.safetensors"; done
 if run --steps 3 --checkpoint-dir "$T/c" --resume --resume-strict >/dev/null 2>"$T/e7"; then bad "strict: all invalid accepted"
 else has "$T/e7" "invalid" "--resume-strict with every checkpoint invalid fails"; fi
+# ... and with no checkpoint at all (a missing or an empty directory), as its help says
+for d in "$T/missing" "$T/empty"; do
+  [ "$d" = "$T/empty" ] && mkdir -p "$d"
+  if run --steps 3 --checkpoint-dir "$d" --resume --resume-strict >"$T/o7b" 2>"$T/e7b"; then
+    bad "strict: no checkpoint in $d accepted (trained from step 0)"
+  else has "$T/e7b" "--resume-strict: no valid checkpoint in $d (no step-N directory)" "--resume-strict with $(basename "$d") fails"; fi
+done
 
 # --resume-from picks one (and must be valid)
 rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
@@ -72,7 +77,9 @@ else has "$T/e9" "cannot resume from $T/c/step-00000004: .*rank-00000.safetensor
 
 # a manifest of another format version (its checksum intact) is refused, not skipped
 rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
-python3 - "$T/c/step-00000006/manifest.json" <<'PY' || bad "could not rewrite the manifest's version"
+# rewrite_manifest FILE KEY VALUE: set KEY to the JSON VALUE in a manifest, its checksum recomputed
+rewrite_manifest() {
+python3 - "$@" <<'PY' || bad "could not rewrite the manifest's $2"
 import json, sys
 def crc32c(b):
     c = 0xffffffff
@@ -86,12 +93,19 @@ dump = lambda m: json.dumps(m, indent=1, sort_keys=True, ensure_ascii=False).enc
 want = m.pop("manifest_crc32c")
 if crc32c(dump(m)) != want:
     sys.exit("this script's manifest text differs from brigade's; cannot recompute the checksum")
-m["version"] = 7
+m[sys.argv[2]] = json.loads(sys.argv[3])
 m["manifest_crc32c"] = crc32c(dump(m))
 open(p, "w").write(json.dumps(m, indent=1, sort_keys=True))
 PY
+}
+rewrite_manifest "$T/c/step-00000006/manifest.json" version 7
 if run --steps 8 --checkpoint-dir "$T/c" --resume >/dev/null 2>"$T/e10"; then bad "version 7 accepted"; cat "$T/e10"
 else has "$T/e10" "checkpoint format version 7 .*is not supported: this brigade .* reads version 1" "unknown version refused"; fi
+# an optimizer-state count that is none of 0, 1, 2 (its checksum intact) is refused, naming it
+rm -rf "$T/c"; cp -r "$T/c_pristine" "$T/c"
+rewrite_manifest "$T/c/step-00000006/manifest.json" optim 9
+if run --steps 8 --resume-from "$T/c/step-00000006" >/dev/null 2>"$T/e10b"; then bad "optim 9 accepted"; cat "$T/e10b"
+else has "$T/e10b" "manifest.json: optim is 9; expected 0 (no optimizer state), 1 (SGD's momentum) or 2" "optim 9 refused"; fi
 
 # stops: SIGINT without --checkpoint-dir
 # (not under timeout(1): a background job's SIGINT would be ignored by it; a watchdog instead)

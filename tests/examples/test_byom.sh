@@ -5,10 +5,8 @@
 # pipeline stages with every schedule, gives bitwise the weights of one
 # process; data and tensor parallelism (sequence parallelism too) within 1e-5; errors in the user's data stop every
 # rank with the message and the step, and nothing is saved.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 E=${BYOM:?path of train_byom}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 ARGS="--steps 8 --layers 2 --d-model 16 --heads 2 --seq 8 --vocab 32 --batch 8 --microbatches 4 --threads 1"
 
 "$E" $ARGS --save "$T/ref" > "$T/ref.log" 2>&1 || { bad "one process"; cat "$T/ref.log"; }
@@ -21,7 +19,7 @@ else
 fi
 
 runs=0
-check() { # RTOL N ARGS...
+run_case() { # RTOL N ARGS...
   local rtol=$1 n=$2; shift 2
   local out="$T/run$((++runs))"
   if ! timeout 120 "$B" launch -n "$n" -- "$E" $ARGS "$@" --save "$out" > "$out.log" 2>&1; then
@@ -36,24 +34,24 @@ check() { # RTOL N ARGS...
   if [ $? = 0 ]; then ok "n=$n $* :: $verdict"; else bad "n=$n $* :: $verdict"; fi
 }
 for s in gpipe 1f1b zb-h1 zb-h2; do
-  check 0 2 --pp 2 --schedule $s
-  check 0 3 --pp 3 --schedule $s
+  run_case 0 2 --pp 2 --schedule $s
+  run_case 0 3 --pp 3 --schedule $s
 done
-check 0 2 --pp 2 --schedule interleaved --chunks 2
-check 0 3 --pp 3 --schedule interleaved --chunks 2
-check 0 2 --pp 2 --schedule zbv
-check 0 3 --pp 3 --schedule zbv
-check 0 2 --pp 2 --schedule zb-h1 --recompute
+run_case 0 2 --pp 2 --schedule interleaved --chunks 2
+run_case 0 3 --pp 3 --schedule interleaved --chunks 2
+run_case 0 2 --pp 2 --schedule zbv
+run_case 0 3 --pp 3 --schedule zbv
+run_case 0 2 --pp 2 --schedule zb-h1 --recompute
 # data parallelism sums gradients in another order: AdamW within 1e-5 relative L2 (as for GPT)
-check l2:1e-5 2 --dp 2
-check l2:1e-5 4 --pp 2 --dp 2 --schedule 1f1b
+run_case l2:1e-5 2 --dp 2
+run_case l2:1e-5 4 --pp 2 --dp 2 --schedule 1f1b
 # tensor parallelism: brigade's layers split over 2 ranks, the user's replicated (AdamW: relative L2)
-check l2:1e-5 2 --tp 2
-check l2:1e-5 4 --pp 2 --tp 2 --schedule zb-h1
+run_case l2:1e-5 2 --tp 2
+run_case l2:1e-5 4 --pp 2 --tp 2 --schedule zb-h1
 # sequence parallelism: the user's RMSNorm and SwiGLU run on each member's part of the sequence, their
 # gradients summed over the tensor group
-check l2:1e-5 2 --tp 2 --sequence-parallel
-check l2:1e-5 4 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1
+run_case l2:1e-5 2 --tp 2 --sequence-parallel
+run_case l2:1e-5 4 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1
 
 # checkpoints of the user's model by its tensor names: 4 steps on 2 stages,
 # then resumed on 3 stages with ZB-V to step 8 = 8 steps of one process

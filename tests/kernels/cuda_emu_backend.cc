@@ -13,6 +13,8 @@
 extern "C" {
 #include "brigade/core.h"
 }
+#include "bg_cuda_emu.h" /* before cuda_impl.h, which expects it under BG_CUDA_EMU */
+#include "kernels/backend_impl.h"
 #include "kernels/cuda/cuda_impl.h"
 #include "kernels/bf16.h"
 namespace bg_emu_ns {
@@ -75,45 +77,19 @@ extern "C" bg_backend_t *bg_test_cuda_emu_backend(void)
     bg__emu_cpu = be->ops;
     ops = *be->ops;
     ops.name = "cuda-emu";
-    ops.fill = bg_emu_ns::bg__cu_fill;
-    ops.scale = bg_emu_ns::bg__cu_scale;
-    ops.axpy = bg_emu_ns::bg__cu_axpy;
-    ops.residual_forward = bg_emu_ns::bg__cu_residual_forward;
-    ops.convert = bg_emu_ns::bg__cu_convert;
+    /* every device kernel (kernels/backend_impl.h's KERNEL list) is cuda_kernels.cu's; the host slots are the
+     * CPU's but GEMM and the reductions, which are cuda_backend.cu's host side (above). The CUDA backend has no
+     * fused bias + GELU: its table leaves these NULL (the layers then run the pair), and so must this one, or
+     * the conformance cases would compare the CPU's fused kernels with themselves */
+#define BG__EMU_SLOT(slot) ops.slot = bg_emu_ns::bg__cu_##slot;
+    BG__BACKEND_KERNEL_OPS(BG__EMU_SLOT)
+#undef BG__EMU_SLOT
     ops.gemm = bg__emu_gemm; /* the CPU's GEMM for k > 0 (cuBLAS cannot run here), the CUDA kernel for k = 0 */
     ops.gemm_strided_batched = bg__emu_gemm_strided_batched;
-    ops.adamw = bg_emu_ns::bg__cu_adamw;
-    ops.sgd_momentum = bg_emu_ns::bg__cu_sgd_momentum;
     ops.sum = bg__emu_sum;
     ops.sumsq = bg__emu_sumsq;
-    ops.bias_forward = bg_emu_ns::bg__cu_bias_forward;
-    ops.bias_backward = bg_emu_ns::bg__cu_bias_backward;
-    ops.gelu_forward = bg_emu_ns::bg__cu_gelu_forward;
-    ops.gelu_backward = bg_emu_ns::bg__cu_gelu_backward;
-    /* the CUDA backend has no fused bias + GELU: its table leaves these NULL
-     * (the layers then run the pair above), and so must this one, or the
-     * conformance cases would compare the CPU's fused kernels with themselves */
     ops.bias_gelu_forward = NULL;
     ops.gelu_bias_backward = NULL;
-    ops.relu_forward = bg_emu_ns::bg__cu_relu_forward;
-    ops.relu_backward = bg_emu_ns::bg__cu_relu_backward;
-    ops.layernorm_forward = bg_emu_ns::bg__cu_layernorm_forward;
-    ops.layernorm_backward_input = bg_emu_ns::bg__cu_layernorm_backward_input;
-    ops.layernorm_backward_weight = bg_emu_ns::bg__cu_layernorm_backward_weight;
-    ops.softmax_forward = bg_emu_ns::bg__cu_softmax_forward;
-    ops.softmax_backward = bg_emu_ns::bg__cu_softmax_backward;
-    ops.causal_softmax_forward = bg_emu_ns::bg__cu_causal_softmax_forward;
-    ops.causal_softmax_backward = bg_emu_ns::bg__cu_causal_softmax_backward;
-    ops.crossentropy_forward = bg_emu_ns::bg__cu_crossentropy_forward;
-    ops.crossentropy_backward = bg_emu_ns::bg__cu_crossentropy_backward;
-    ops.embedding_forward = bg_emu_ns::bg__cu_embedding_forward;
-    ops.embedding_backward = bg_emu_ns::bg__cu_embedding_backward;
-    ops.qkv_split = bg_emu_ns::bg__cu_qkv_split;
-    ops.qkv_merge = bg_emu_ns::bg__cu_qkv_merge;
-    ops.heads_merge = bg_emu_ns::bg__cu_heads_merge;
-    ops.heads_split = bg_emu_ns::bg__cu_heads_split;
-    ops.attention_forward = bg_emu_ns::bg__cu_attention_forward;
-    ops.attention_backward = bg_emu_ns::bg__cu_attention_backward;
     be->ops = &ops;
     return be;
 }

@@ -25,6 +25,7 @@
 #include "brigade/backend.h"
 #include "brigade/core.h"
 #include "brigade/cpu.h"
+#include "kernels/backend_impl.h"
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -1424,7 +1425,7 @@ static const bg_blas_info_t *blas(void)
 static void blas_set_threads(int n) { blas()->set_num_threads(n); }
 static int blas_threads(void) { return blas()->get_num_threads(); }
 
-/* The BLAS in use is not a generic fallback (issue 11: Debian's OpenBLAS
+/* The BLAS in use is not a generic fallback (Debian's OpenBLAS
  * 0.3.21 runs SSE3 "Prescott" kernels on Emerald Rapids unless brigade picks
  * the core): on a CPU with AVX2, its kernels use at least AVX2. Fails with
  * BRIGADE_BLAS_CORE=openblas on such a CPU (checked by hand). */
@@ -1586,16 +1587,69 @@ static void test_registry(void **state)
     assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_OK);
     assert_true(be->num_threads >= 1);
     assert_string_equal(be->ops->name, "cpu");
-    /* every kernel slot of the table is filled (up to the transfer fields,
-     * whose NULL slots mean plain host memory) */
-    const void *const *slot = (const void *const *)(const void *)be->ops;
-    for (size_t i = 0; i < offsetof(bg_backend_ops_t, device_buffers) / sizeof(void *); i++)
-        if (!slot[i])
-            fail_msg("cpu backend: op slot %zu is NULL", i);
+    /* the table is this header's, and every required slot is filled (kernels/backend_impl.h's lists; the
+     * memory and event slots are NULL: plain host memory) */
+    assert_int_equal(be->ops->size, sizeof(bg_backend_ops_t));
+#define REQUIRED(slot) if (!be->ops->slot) fail_msg("cpu backend: the required slot %s is NULL", #slot);
+    BG__BACKEND_HOST_OPS(REQUIRED)
+    BG__BACKEND_KERNEL_OPS(REQUIRED)
+#undef REQUIRED
+    assert_int_equal(bg__backend_check_ops(be->ops), BG_OK);
     assert_int_equal(be->ops->device_buffers, 0); /* the transport reads CPU buffers in place */
     assert_int_equal(!be->ops->host_alloc, !be->ops->host_free);
     assert_null(be->ops->to_host_async); /* no streams: staging copies synchronously */
     assert_null(be->ops->event_create);
+    bg_backend_destroy(be);
+}
+
+/* A table is checked when its backend is created (bg__backend_check_ops): one built against an older
+ * header (a smaller size: without the slots appended since) is refused with a message saying so; a
+ * required slot left NULL, or some event slots without the others, is refused naming it; the optional
+ * slots (fused bias + GELU, memory, events all NULL) may be NULL. */
+static void test_ops_check(void **state)
+{
+    (void)state;
+    bg_backend_t *be;
+    assert_int_equal(bg_backend_create("cpu-async", NULL, &be), BG_OK);
+    assert_int_equal(bg__backend_check_ops(be->ops), BG_OK); /* events all filled */
+    bg_backend_ops_t t = *be->ops;
+    /* older: as a header before the fused slots, appended last */
+    t.size = offsetof(bg_backend_ops_t, bias_gelu_forward);
+    assert_int_equal(bg__backend_check_ops(&t), BG_ERR_MISMATCH);
+    assert_non_null(strstr(bg_last_error(), "cpu-async"));
+    assert_non_null(strstr(bg_last_error(), "older include/brigade/backend.h"));
+    t.size = sizeof(bg_backend_ops_t) - 1;
+    assert_int_equal(bg__backend_check_ops(&t), BG_ERR_MISMATCH);
+    t.size = 0; /* never set: no BG_BACKEND_OPS_INIT */
+    assert_int_equal(bg__backend_check_ops(&t), BG_ERR_MISMATCH);
+    assert_int_equal(bg__backend_check_ops(NULL), BG_ERR_MISMATCH);
+    t.size = sizeof(bg_backend_ops_t);
+    assert_int_equal(bg__backend_check_ops(&t), BG_OK);
+    /* optional slots NULL */
+    t.bias_gelu_forward = NULL;
+    t.gelu_bias_backward = NULL;
+    t.host_alloc = NULL;
+    t.destroy = NULL;
+    assert_int_equal(bg__backend_check_ops(&t), BG_OK);
+    /* some event slots only */
+    t.stream_wait = NULL;
+    assert_int_equal(bg__backend_check_ops(&t), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "7 of the 8 event"));
+#define NO_EVENT(slot) t.slot = NULL;
+    BG__BACKEND_EVENT_OPS(NO_EVENT)
+#undef NO_EVENT
+    assert_int_equal(bg__backend_check_ops(&t), BG_OK);
+    /* every required slot, one at a time */
+#define DROP(slot)                                                                                                 \
+    {                                                                                                              \
+        bg_backend_ops_t d = t;                                                                                    \
+        d.slot = NULL;                                                                                             \
+        assert_int_equal(bg__backend_check_ops(&d), BG_ERR_INVALID);                                               \
+        assert_non_null(strstr(bg_last_error(), "required slot " #slot " NULL"));                                  \
+    }
+    BG__BACKEND_HOST_OPS(DROP)
+    BG__BACKEND_KERNEL_OPS(DROP)
+#undef DROP
     bg_backend_destroy(be);
 }
 
@@ -1843,7 +1897,7 @@ static const struct CMUnitTest isa_tests[] = {
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_registry),     cmocka_unit_test(test_cpu_async),
+        cmocka_unit_test(test_registry),     cmocka_unit_test(test_ops_check),     cmocka_unit_test(test_cpu_async),
         cmocka_unit_test(test_memstats),     cmocka_unit_test(test_gelu_nonfinite),
         cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_batched), cmocka_unit_test(test_bias),

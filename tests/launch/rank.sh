@@ -61,6 +61,14 @@ stop-at)    # stop-at RANK: once all are ready, that rank stops itself (SIGSTOP)
     sleep 0.3
     echo "${EPOCHREALTIME/./}" >"$dir/end.$r"   # when this rank exits (us)
     exit 0 ;;
+stop-others-fail)  # stop-others-fail RANK CODE: once all are ready, RANK stops itself (SIGSTOP); the others
+                   # exit CODE after 0.3 s (the workers of a parameter server that stopped)
+    ready
+    all_ready
+    if [ "$r" = "$1" ]; then kill -STOP $$; exec sleep 30; fi
+    sleep 0.3
+    echo "${EPOCHREALTIME/./}" >"$dir/end.$r"
+    exit "$2" ;;
 stop-fail)  # stop-fail RANK FAILER: RANK stops itself after 0.2 s; FAILER exits 1 after 0.6 s (as a survivor
             # that timed out waiting for it would); the others sleep 30 s
     ready

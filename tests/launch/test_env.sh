@@ -1,6 +1,6 @@
 # tests/launch/test_env.sh: what every rank sees (BRIGADE_* variables, the
 # inherited environment, its arguments) and how the command is found.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 N=4
 rm -f "$T"/env.*

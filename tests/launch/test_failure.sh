@@ -1,6 +1,6 @@
 # tests/launch/test_failure.sh: a failing rank stops the job, and the
 # launcher exits with that rank's status, naming it.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 # rank 2 of 4 exits 3 after 0.2 s; the others would sleep 30 s
 t0=$(now_us)

@@ -3,7 +3,7 @@
 # = 1, 2, ...) at most K times; the exit status is the last attempt's; a
 # signal to the launcher never restarts; a command that cannot run is not
 # retried.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 # job.sh MODE: each rank appends "count token port" to $T/log.RANK, then:
 #   fail-until C R CODE: while BRIGADE_RESTART_COUNT < C, rank R exits CODE after 0.2 s and the others

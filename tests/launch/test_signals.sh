@@ -2,7 +2,7 @@
 # and a launcher killed outright takes its ranks with it (PR_SET_PDEATHSIG).
 # The launcher runs as a background job of this non-interactive script, which
 # starts it with SIGINT ignored: `kill -INT` must work all the same.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 N=3
 
 # start_job ARGS...: launch in the background; wait for every rank's pid file

@@ -2,7 +2,7 @@
 # the launcher wait forever: once a rank has exited, the others must exit
 # within the exit deadline or are killed and named; a stopped rank is named
 # before the survivors that fail because of it.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 # rank 3 of 4 stops itself; the others exit 0: killed 1 s after the first exit, exit 124
 t0=$(now_us)
@@ -16,7 +16,7 @@ first=$(cat "$T"/end.* 2>/dev/null | sort -n | head -1)
 ms=$(((t1 - ${first:-$t0}) / 1000))
 check "it returns about 1 s after the others exited ($ms ms after the first exit)" [ -n "$first" -a "$ms" -lt 4000 ]
 check "the first line names the stopped rank" bash -c "head -n 1 '$T/err' | grep -qE '^brigade launch: rank 3 \(pid [0-9]+\) was stopped by SIGSTOP'"
-check "the killed rank is named with the deadline" grep -qE '^brigade launch: rank 3 \(pid [0-9]+\) \(stopped by SIGSTOP\) did not exit within 1 s after rank [012] finished; killed$' "$T/err"
+check "the killed rank is named with the deadline" grep -qE '^brigade launch: rank 3 \(pid [0-9]+\) \(stopped by SIGSTOP\) did not exit within 1 s after rank [012] ended; killed$' "$T/err"
 check "the stopped rank is gone" all_dead pid 2
 rm -f "$T"/pid.* "$T"/end.*
 
@@ -28,7 +28,7 @@ first=$(cat "$T"/end.* 2>/dev/null | sort -n | head -1)
 ms=$(((t1 - ${first:-$t0}) / 1000))
 check "BRIGADE_TIMEOUT=2: killed 2 s after rank 0 exited, exit 124 (rc $rc, $ms ms)" \
     [ $rc = 124 -a -n "$first" -a "$ms" -ge 1900 -a "$ms" -lt 5000 ]
-check "the message says 2 s" grep -q 'did not exit within 2 s after rank 0 finished; killed' "$T/err"
+check "the message says 2 s" grep -q 'did not exit within 2 s after rank 0 ended; killed' "$T/err"
 rm -f "$T"/pid.*
 
 # a rank that exits 0 early is still fine when the others finish within the deadline

@@ -749,6 +749,24 @@ static void test_desc_errors(void **s)
     assert_int_equal(bg_layer_linear("fc", 4, 4, 1, 0.1f, &l), BG_OK);
     assert_int_equal(bg_model_desc_add(d, l), BG_ERR_INVALID);
     assert_non_null(strstr(bg_last_error(), "two top-level layers are named \"fc\""));
+    /* the name index across its growths (64, 128, ... slots): every earlier name is found again */
+    char nm[32];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(nm, sizeof nm, "act.%d", i);
+        add(d, bg_layer_activation(nm, BG_ACT_RELU, &l), &l);
+    }
+    for (int i = 0; i < 5000; i += 999) {
+        snprintf(nm, sizeof nm, "act.%d", i);
+        assert_int_equal(bg_layer_activation(nm, BG_ACT_RELU, &l), BG_OK);
+        assert_int_equal(bg_model_desc_add(d, l), BG_ERR_INVALID);
+        char want[96];
+        snprintf(want, sizeof want, "two top-level layers are named \"%s\" (%d and 5001)", nm, i + 1);
+        assert_non_null(strstr(bg_last_error(), want));
+    }
+    assert_int_equal(bg_layer_linear("fc", 4, 4, 1, 0.1f, &l), BG_OK);
+    assert_int_equal(bg_model_desc_add(d, l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "two top-level layers are named \"fc\" (0 and 5001)"));
+    assert_int_equal(bg_model_desc_num_layers(d), 5001);
     add(d, bg_layer_linear("fc2", 4, 4, 0, 0.1f, &l), &l);
     add(d, bg_layer_head("head", 4, 3, 1, 0.1f, &l), &l);
     assert_int_equal(bg_model_desc_check(d), BG_OK);
@@ -808,6 +826,22 @@ static void test_desc_json(void **s)
     assert_int_equal(bg_model_desc_match_json(e, j, "f.json"), BG_OK);
     free(k);
     bg_model_desc_destroy(e);
+    /* a builder whose layer count the description's own list cannot hold (a
+     * small hostile file asking for 2^30 blocks) is refused before building */
+    char *b = strstr(j, "\"builder\""), *lk = b ? strstr(b, "\"layers\":") : NULL;
+    assert_non_null(lk);
+    size_t head = (size_t)(lk - j) + strlen("\"layers\":");
+    while (j[head] == ' ')
+        head++;
+    size_t tail = head;
+    while (j[tail] >= '0' && j[tail] <= '9')
+        tail++;
+    char *hostile = malloc(strlen(j) + 16);
+    assert_non_null(hostile);
+    sprintf(hostile, "%.*s1073741824%s", (int)head, j, j + tail);
+    assert_int_equal(bg_model_desc_from_json(hostile, &e), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "\"layers\" is 1073741824 but the description lists 6 top-level layers"));
+    free(hostile);
     c.layers = 4;
     assert_int_equal(bg_model_build(&c, &e), BG_OK);
     assert_int_equal(bg_model_desc_match_json(e, j, "f.json"), BG_ERR_MISMATCH);

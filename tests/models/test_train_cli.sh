@@ -2,14 +2,7 @@
 # tests/models/test_train_cli.sh: `brigade train` as a user meets it: a tiny
 # run with --metrics and --save, and bad input that must fail clearly,
 # non-zero, before anything is written.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/../lib/harness.sh"
 
 # expect_fail "pattern" args...: non-zero exit and the pattern on stderr
 expect_fail() {
@@ -28,7 +21,7 @@ if "$B" train $TINY --steps 5 --metrics "$T/m.jsonl" --save "$T/save" --quiet >"
 python3 - "$T/m.jsonl" <<'PY' && ok || bad "metrics lines are not the expected JSON"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-assert lines[0]["run"]["model"] == "gpt" and lines[0]["run"]["pp"] == 1, lines[0]  # issue 15: what ran
+assert lines[0]["run"]["model"] == "gpt" and lines[0]["run"]["pp"] == 1, lines[0]  # the header says what ran
 rows = lines[1:]
 assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
 for r in rows:
@@ -79,5 +72,4 @@ if "$B" profile --microbatch-size 0 >/dev/null 2>"$T/e"; then bad "profile --mic
 expect_fail "is empty" $TINY --steps 1 --data "$T/empty.txt" --save "$T/save2"
 [ ! -e "$T/save2/model.safetensors" ] && ok || bad "a failed run wrote weights"
 
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

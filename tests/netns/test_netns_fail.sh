@@ -8,7 +8,8 @@
 # --resume from the shared --checkpoint-dir and must finish with the weights
 # of the uninterrupted one-host run, bitwise.
 NETNS_LIMIT=140
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
+netns_init
 STEPS=800
 ARGS=(--layers 2 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps $STEPS --threads 1
       --pp 2 --dp 2 --quiet)

@@ -5,7 +5,8 @@
 # saved weights equal the one-host run's (brigade launch -n 4, shared memory)
 # bitwise.
 NETNS_LIMIT=80
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
+netns_init
 ARGS=(--layers 2 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 5 --threads 1
       --pp 2 --dp 2 --quiet)
 export BRIGADE_TIMEOUT=10

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""test_api_docs: docs/api.md is what scripts/gen_api.py makes of the headers,
-and it lists every public function.
+"""test_api_docs: the build's API reference (BUILD/docs/api.md, written by the
+`docs` target) is what scripts/gen_api.py makes of the headers now, and it
+lists every public function.
 
-1. Runs the generator into a temporary file and compares it with the
-   committed docs/api.md; a difference fails with the first lines of the diff.
+1. Runs the generator into a temporary file and compares it with the build's
+   copy; a missing copy or a difference fails (the `docs` target did not run,
+   or its dependencies missed a change), with the first lines of the diff.
 2. Cross-checks the generator's parser with two other readings of the API:
    - every function prototype a regular expression finds at the start of a
      line of include/brigade/*.h (comments removed) has an entry;
@@ -58,7 +60,7 @@ def main():
         os.path.dirname(os.path.abspath(__file__))))
     binary = os.environ.get("BRIGADE_BINARY_DIR", "")
     nm = os.environ.get("BG_NM") or shutil.which("nm")
-    committed_path = os.path.join(src, "docs", "api.md")
+    built_path = os.path.join(binary, "docs", "api.md")
     failed = False
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,11 +73,15 @@ def main():
             return 1
         fresh = open(out, encoding="utf-8").read()
 
-    committed = open(committed_path, encoding="utf-8").read() if os.path.exists(committed_path) else ""
-    if committed != fresh:
+    if not binary or not os.path.exists(built_path):
+        print(f"FAIL: no {built_path or 'BRIGADE_BINARY_DIR/docs/api.md'}: build the docs target "
+              "(cmake --build BUILD --target docs)")
+        return 1
+    built = open(built_path, encoding="utf-8").read()
+    if built != fresh:
         failed = True
-        print("FAIL: docs/api.md is out of date: run scripts/gen_api.py")
-        diff = list(difflib.unified_diff(committed.split("\n"), fresh.split("\n"), "docs/api.md (committed)",
+        print(f"FAIL: {built_path} is out of date: the docs target missed a change (cmake --build BUILD)")
+        diff = list(difflib.unified_diff(built.split("\n"), fresh.split("\n"), "docs/api.md (built)",
                                          "docs/api.md (from the headers)", lineterm="", n=2))
         print("\n".join(diff[:DIFF_LINES]))
         if len(diff) > DIFF_LINES:
@@ -106,7 +112,7 @@ def main():
                   f"{', '.join(private)}")
         print(f"api docs: {len(named)} exported symbols of the public headers checked")
 
-    print(f"api docs: {len(declared)} prototypes in the headers, {len(listed)} entries in docs/api.md"
+    print(f"api docs: {len(declared)} prototypes in the headers, {len(listed)} entries in {built_path}"
           + (": FAILED" if failed else ": ok"))
     return 1 if failed else 0
 

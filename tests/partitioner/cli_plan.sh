@@ -3,12 +3,7 @@
 # and non-zero exits on bad input, a heterogeneous device list, the no-fit
 # answer (its smallest budget fits and one byte less does not), and the plan
 # JSON's documented fields.
-set -u
-B=${BRIGADE:?BRIGADE must point to the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/../lib/harness.sh"
 M="--layers 6 --d-model 64 --heads 4 --seq 32 --batch 16 --microbatch-size 2"
 
 # expect_err message-substring args...
@@ -67,6 +62,21 @@ grep -q "pp 2 x dp 1 = 2 ranks" "$T/out" || fail "train --plan did not take the 
 "$B" train --plan "$T/mlp.json" --model mlp --layers 3 --steps 1 >"$T/out" 2>&1 && fail "another model's flags ran"
 grep -q "was made for another model than the flags describe: the plan is from another model" "$T/out" \
     || fail "the mismatch is not named: $(cat "$T/out")"
+# a plan whose $.split contradicts its $.stages, or whose stages share a rank, is refused on load
+python3 - "$T/mlp.json" "$T" <<'PY' || fail "could not write the contradicting plans"
+import json, sys
+p = json.load(open(sys.argv[1])); t = sys.argv[2]
+a = json.loads(json.dumps(p)); a["split"] = [a["split"][0] + 1, a["split"][1] - 1]
+json.dump(a, open(t + "/split.json", "w"))
+b = json.loads(json.dumps(p)); b["stages"][1]["rank"] = 0
+json.dump(b, open(t + "/samerank.json", "w"))
+PY
+"$B" train --plan "$T/split.json" --steps 1 >"$T/out" 2>&1 && fail "a plan whose split contradicts its stages ran"
+grep -q 'plan: $.split\[0\] is [0-9]* but $.stages\[0\] holds layers 0\.\.[0-9]* ([0-9]* layers)' "$T/out" \
+    || fail "the contradicting split is not named: $(cat "$T/out")"
+"$B" train --plan "$T/samerank.json" --steps 1 >"$T/out" 2>&1 && fail "a plan with two stages on rank 0 ran"
+grep -q 'plan: $.stages\[0\] and $.stages\[1\] are both rank 0.s chunk 0' "$T/out" \
+    || fail "the repeated rank is not named: $(cat "$T/out")"
 
 # nothing fits: the answer names the stage and the layer and gives the smallest budget
 # (at tp = 1: by default a model that does not fit falls back to the smallest tp that fits, tested below)
@@ -275,5 +285,4 @@ out=$(BRIGADE_TP_OVERLAP=microbatch "$B" train --plan "$T/p_plain.json" --steps 
 grep -q "counted the memory without BRIGADE_TP_OVERLAP=microbatch" <<<"$out" && [ "$(wc -l <<<"$out")" = 1 ] ||
   fail "a plan without pairs, run paired: $out"
 
-if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "all plan CLI checks passed"
+finish

@@ -49,6 +49,39 @@ class PipelineExample(unittest.TestCase):
         files = sorted(os.listdir(two))
         self.assertEqual(files, ["model-stage000.safetensors", "model-stage001.safetensors"])
 
+    def test_error_in_with_block_is_not_hidden(self):
+        # rank 0's batch source raises at step 2 inside `with Executor(...)` at pp 2: rank 0 ends with that
+        # ValueError, not with the error its close() gets because the job did not end cleanly; rank 1 says why
+        script = os.path.join(self.tmp, "raise.py")
+        with open(script, "w") as f:
+            f.write("""import importlib.util, sys
+spec = importlib.util.spec_from_file_location("train_pipeline", %r)
+tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
+import brigade as bg
+a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
+                          no_numpy=True)
+good = tp.make_batches(a)
+def batches(rq):
+    if rq.step == 2 and rq.first == 0:
+        raise ValueError("bad batch at step 2: " + "x" * 400 + " (the end of a long message)")
+    return good(rq)
+with bg.Executor(tp.build_model(a), batches=batches, pp=2, batch=8, microbatches=2, threads=1) as ex:
+    for s in range(5):
+        ex.step()
+""" % EXAMPLE)
+        cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--tag-output", "--", sys.executable, script]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        self.assertNotEqual(p.returncode, 0, "the failing job exited 0:\n" + p.stdout + p.stderr)
+        rank0 = [l[len("[rank 0] "):] for l in (p.stdout + p.stderr).splitlines() if l.startswith("[rank 0] ")]
+        raised = [l for l in rank0 if re.match(r"^[\w.]+(Error|Exception): ", l)]
+        self.assertTrue(raised, "rank 0 raised nothing:\n" + "\n".join(rank0))
+        self.assertEqual(raised[-1], "ValueError: bad batch at step 2: " + "x" * 400 + " (the end of a long message)",
+                         "rank 0's last exception is not the block's ValueError:\n" + "\n".join(rank0))
+        # the other rank's error carries rank 0's message whole, the part that says what was wrong included
+        rank1 = [l for l in (p.stdout + p.stderr).splitlines() if l.startswith("[rank 1] ")]
+        self.assertTrue(any("rank 0" in l and "(the end of a long message)" in l for l in rank1),
+                        "rank 1 does not give rank 0's whole message:\n" + "\n".join(rank1))
+
     def test_pipeline_equals_one_process(self):
         self.check_same([], [])
 

@@ -16,9 +16,7 @@
 # Also: checkpoints (resumed bitwise), the planner's memory (measured within 5%), parameters 2x (the ranks hold twice 1F1B's parameters in all), the
 # stash each rank measures equals the simulator's (PP + 1 = p + 1), and bad
 # input ends in one line before any rank connects.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --steps 5 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 3 --d-model 24 --in-features 12 --classes 6 --batch 16 --steps 5 --threads 1 --lr 3e-3"

@@ -12,17 +12,39 @@
 # within [0, 1] at K = 1 and 1 on some step), and the bytes pushed and
 # pulled per rank and step are a computing run's. Bad profiles end with one
 # line.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 S=${BRIGADE_SOURCE_DIR:?}
-. "$S/tests/lib/checks.sh"
 
-# 1. emulated vs simulated, p = 8, a one-chunk and a V schedule
+# 1. emulated vs simulated, p = 8, a one-chunk and a V schedule. The
+# simulator does not model a sleeping rank's wake-up, which a loaded machine
+# delays: the tolerance is 10 % plus the lateness measured just before each
+# try (8 processes, one per rank, each sleeping 4 ms 100 times: their mean
+# lateness per sleep as a fraction of 4 ms, the shortest emulated op).
+lateness() {
+  python3 - <<'PY'
+import multiprocessing as mp, time
+def rank(q):
+    late = 0.0
+    for _ in range(100):
+        t = time.perf_counter()
+        time.sleep(0.004)
+        late += time.perf_counter() - t - 0.004
+    q.put(late / 100)
+q = mp.Queue()
+ps = [mp.Process(target=rank, args=(q,)) for _ in range(8)]
+for p in ps: p.start()
+r = [q.get() for _ in ps]
+for p in ps: p.join()
+print("%.3f" % (sum(r) / len(r) / 0.004))
+PY
+}
 for try in 1 2; do
-  if out=$(BRIGADE=$B timeout 120 "$S/bench/emulate.sh" --stages 8 --schedules "1f1b zbv dualpipe" --ms 4 --steps 4 --check 0.10 2>&1)
-  then ok "emulation at p = 8 within 10% of the simulator (try $try):"; echo "$out"; break; fi
+  late=$(lateness)
+  tol=$(awk -v l="$late" 'BEGIN { printf "%.3f", 0.10 + l }')
+  if out=$(BRIGADE=$B timeout 120 "$S/bench/emulate.sh" --stages 8 --schedules "1f1b zbv dualpipe" --ms 4 --steps 4 --check "$tol" 2>&1)
+  then ok "emulation at p = 8 within $tol of the simulator (10 % + wake-up lateness $late; try $try):"; echo "$out"; break; fi
   echo "$out"
-  [ $try = 2 ] && bad "emulation at p = 8 is off from the simulator by more than 10% twice"
+  [ $try = 2 ] && bad "emulation at p = 8 is off from the simulator by more than $tol (10 % + wake-up lateness $late) twice"
 done
 
 # 2. real message sizes: bytes sent per rank as in a computing run

@@ -2,15 +2,9 @@
 # tests/runtime/test_executor_faults.sh: a rank that dies mid-step makes every
 # other rank stop with an error naming it within the transport's deadline;
 # bad layouts fail on every rank with the same message before training.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
+. "$(dirname "$0")/../lib/harness.sh"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"; }
-trap cleanup EXIT
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+at_exit 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done'
 
 GPT="--model gpt --layers 4 --d-model 32 --heads 2 --seq 32 --batch 8 --microbatches 4 --steps 100000 --threads 1 --quiet"
 port=$((20000 + RANDOM % 20000))
@@ -58,5 +52,4 @@ if "$B" train $SMALL --pp 2 >"$T/o" 2>"$T/e"; then bad "--pp 2 in a world of one
   grep -q "brigade launch -n 2" "$T/e" && ok "single process --pp 2 says how to launch" || { bad "no launch hint"; cat "$T/e"; }
 fi
 
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

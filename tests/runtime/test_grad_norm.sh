@@ -4,15 +4,13 @@
 # and agrees with one process within 1e-6 relative for every pipeline and
 # data-parallel layout (the ranks' sums of squares meet in one float32
 # allreduce, as hi + lo parts; a tied tensor is counted once).
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --tie-embeddings"
 MLP="--model mlp --layers 3 --d-model 24 --in-features 12 --classes 6 --batch 16 --microbatches 4 --steps 3 --threads 1"
 
-# same REF RUN: every step's grad_norm of RUN (every rank) within 1e-6 of REF's
-same() {
+# same_gnorm REF RUN: every step's grad_norm of RUN (every rank) within 1e-6 of REF's
+same_gnorm() {
   python3 - "$1" "$2" <<'PY'
 import json, math, sys
 def load(p):
@@ -48,7 +46,7 @@ for m in gpt mlp; do
     if ! timeout 120 "$B" launch -n "$r" -- "$B" train $A "$@" --quiet --metrics "$out.jsonl" >"$out.log" 2>&1; then
       bad "$m $*: run failed"; tail -5 "$out.log"; continue
     fi
-    if msg=$(same "$T/$m.jsonl" "$out.jsonl" 2>&1); then ok "$m $*: grad_norm agrees"; else bad "$m $*: $msg"; fi
+    if msg=$(same_gnorm "$T/$m.jsonl" "$out.jsonl" 2>&1); then ok "$m $*: grad_norm agrees"; else bad "$m $*: $msg"; fi
   done
 done
 finish

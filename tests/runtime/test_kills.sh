@@ -7,7 +7,7 @@
 # with --max-restarts 3 (the weights must equal the uninterrupted run's,
 # bitwise). No hang: every trial is bounded. The full hundred is a
 # benchmark: docs/benchmarks.md.
-set -u
-: "${BRIGADE:?path of the brigade binary}"
-D=$(cd "$(dirname "$0")/../.." && pwd)
-KILLS_CYCLE=1 KILLS_STEPS=${KILLS_STEPS:-1000} exec bash "$D/bench/kills.sh" 4 "${KILLS_SEED:-16}"
+. "$(dirname "$0")/../lib/harness.sh"
+check "four kills (bench/kills.sh 4 ${KILLS_SEED:-16})" \
+    env KILLS_CYCLE=1 KILLS_STEPS="${KILLS_STEPS:-1000}" bash "$SRC/bench/kills.sh" 4 "${KILLS_SEED:-16}"
+finish

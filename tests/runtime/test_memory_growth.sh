@@ -6,14 +6,9 @@
 # posting call left its request on the communicator's pending list: about
 # 390 bytes per step on every rank that receives.)
 # Usage: BRIGADE=build/brigade test_memory_growth.sh [FROM TO MAX_BYTES_PER_STEP]
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 FROM=${1:-2000}; TO=${2:-12000}; MAX=${3:-24}
 D=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d)
-lpid=
-cleanup() { [ -n "$lpid" ] && kill "$lpid" 2>/dev/null; wait 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
 export BRIGADE_TIMEOUT=60
 # the loop runs to TO + a margin; the measurement needs only the two samples
 timeout 120 "$B" launch -n 2 -- "$B" train --pp 2 --layers 1 --d-model 8 --heads 2 --seq 8 --batch 4 \
@@ -42,13 +37,12 @@ p0=$(rank_pid 0); p1=$(rank_pid 1)
 a0=$(rss "$p0"); a1=$(rss "$p1"); s1=$(last_step)
 s2=$(wait_step "$TO") || { echo "FAIL: the job did not reach step $TO"; cat "$T/out"; exit 1; }
 b0=$(rss "$p0"); b1=$(rss "$p1"); s2=$(last_step)
-wait "$lpid"; rc=$?; lpid=
+wait "$lpid"; rc=$?
 [ "$rc" = 0 ] || { echo "FAIL: the job exited $rc"; cat "$T/out"; exit 1; }
-fails=0
 for r in 0 1; do
   if [ $r = 0 ]; then a=$a0; b=$b0; else a=$a1; b=$b1; fi
   slope=$(awk -v a="$a" -v b="$b" -v s1="$s1" -v s2="$s2" 'BEGIN { printf "%.1f", (b - a) / (s2 - s1) }')
   line="rank $r: RssAnon $a -> $b bytes over steps $s1 -> $s2: $slope bytes/step (limit $MAX)"
-  if awk -v x="$slope" -v m="$MAX" 'BEGIN { exit !(x <= m) }'; then echo "ok   $line"; else echo "FAIL: $line"; fails=$((fails + 1)); fi
+  if awk -v x="$slope" -v m="$MAX" 'BEGIN { exit !(x <= m) }'; then ok "$line"; else bad "$line"; fi
 done
-[ "$fails" = 0 ]
+finish

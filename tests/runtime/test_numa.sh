@@ -2,11 +2,7 @@
 # tests/runtime/test_numa.sh: BRIGADE_NUMA=on binds each rank to node
 # local_rank % nodes (node 0 on a one-node machine), auto binds only on
 # machines with several nodes, off does nothing, a bad value is refused.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/../lib/harness.sh"
 run() { BRIGADE_NUMA=$1 BRIGADE_LOG=info timeout 60 "$B" launch -n 2 -- "$B" train --layers 2 --d-model 16 --heads 2 \
           --seq 16 --batch 4 --microbatches 2 --steps 1 --pp 2 --quiet 2>&1; }
 out=$(run on)
@@ -19,5 +15,4 @@ if [ "${nodes:-0}" = 1 ]; then
 fi
 run off | grep -qi "numa" && bad "off still logs NUMA" || ok "off"
 run bogus | grep -q 'BRIGADE_NUMA="bogus": expected auto, on or off' && ok "bad value refused" || bad "bad value"
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

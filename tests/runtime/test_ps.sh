@@ -33,9 +33,7 @@
 #   with --tp > 1, --zero or dualpipe, --staleness without --ps, a worker
 #   count that is not a multiple of --pp: one line each, a non-zero exit,
 #   nothing trained.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 GPT="--model gpt --layers 2 --d-model 16 --heads 2 --seq 16 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 3 --d-model 32 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 
@@ -55,7 +53,6 @@ print(f"{len(a)} weights, {bad} not finite")
 sys.exit(1 if bad or not a else 0)
 PY
 }
-near() { local a=$1 b=$2 w=$3 v; shift 3; v=$("$B" compare "$a" "$b" ${@:---rel-l2 1e-5}) && ok "$w: $v" || bad "$w: $v"; }
 
 for m in GPT MLP; do
   args=${!m}

@@ -26,9 +26,7 @@
 #   --ps 1 --pp 2 resumes under --pp 2 --dp 2 and under --dp 2, each ending
 #   bitwise where its uninterrupted run ends, and --ps 1 --pp 2 resumes a
 #   --dp 2 checkpoint.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 G="--model gpt --layers 2 --d-model 32 --heads 2 --seq 32 --batch 12 --microbatches 1 --threads 1 --lr 1e-3"
 
 # rank_pid JOB R: the pid of rank R of the job started as JOB (timeout -> launcher -> ranks)
@@ -40,15 +38,37 @@ rank_pid() {
     done
   done
 }
-# kill_at_step JOB R STEP METRICS: SIGKILL rank R of JOB once the metrics reach STEP (at most 30 s)
-kill_at_step() {
-  local i p
-  for i in $(seq 300); do
-    [ -s "$4" ] && [ "$(grep -c '"role": "server"' "$4")" -ge "$3" ] && break
+# server_rows METRICS N: wait until METRICS holds N server rows or JOB (the
+# caller's $job) ended: counted in rows, not seconds (a loaded machine is slower)
+server_rows() {
+  while kill -0 "$job" 2>/dev/null; do
+    [ -s "$1" ] && [ "$(grep -c '"role": "server"' "$1")" -ge "$2" ] && return 0
     sleep 0.1
   done
+  return 1
+}
+# kill_at_step JOB R ROWS METRICS: SIGKILL rank R of JOB once the metrics hold ROWS server rows
+kill_at_step() {
+  local p
+  server_rows "$4" "$3" || return 1
   p=$(rank_pid "$1" "$2")
   [ -n "$p" ] && kill -KILL "$p" && date +%s.%N
+}
+# wait_rest TOTAL AT: wait for $job, started at $t0 and killed at step AT of
+# TOTAL, bounded by the pace measured up to the kill on the same machine under
+# the same load (start-up included, so an overestimate): 3x that pace for the
+# steps left, plus 30 s to notice the death; a job still running then has
+# hung (killed, a failed check). Its exit status in rc.
+wait_rest() {
+  local base_ms limit
+  base_ms=$(ms_since "$t0")
+  limit=$(awk -v b="$base_ms" -v n="$1" -v k="$2" 'BEGIN { printf "%.1f", 30 + 3 * b / 1000 * (n - k) / k }')
+  if ! wait_exit "$job" "$limit"; then
+    bad "the job still runs $limit s after the kill (its first $2 steps took $base_ms ms with the start)"
+    kill "$job"
+  fi
+  wait "$job"
+  rc=$?
 }
 # finite DIR: every float of every safetensors file in DIR is finite (one file per server)
 finite() {
@@ -69,13 +89,15 @@ PY
 }
 
 # ---- a worker dies: the job goes on
-STEPS=5000
-timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
+# Counted in steps: rank 3 dies at the servers' 100th metrics row (step 50 of
+# 2 servers), the job runs WSTEPS in all; the rest is bounded by wait_rest.
+WSTEPS=1000
+t0=$(now_us)
+timeout 600 "$B" launch -n 5 -- "$B" train $G --steps $WSTEPS --ps 2 --quiet \
   --save "$T/wd" --metrics "$T/wd.jsonl" >"$T/wd.log" 2>&1 &
 job=$!
 killed=$(kill_at_step $job 3 100 "$T/wd.jsonl")
-wait $job
-rc=$?
+wait_rest $WSTEPS 50
 [ -n "$killed" ] && ok "worker (rank 3) killed mid-run" || bad "could not kill rank 3: $(tail -3 "$T/wd.log")"
 # every rank's own account when it fails (which transfer each one waited on)
 [ $rc = 137 ] && ok "exit code 137 (the dead worker's), not 0" ||
@@ -87,9 +109,9 @@ grep -q "stopping the other" "$T/wd.log" && bad "a survivor failed: $(grep -v Op
 grep -q "r0 WARN ps\] worker 1 (rank 3) died at step [0-9]*; 2 workers left" "$T/wd.log" &&
   ok "server 0 names the dead worker: $(grep -o 'worker 1 (rank 3) died at step [0-9]*; 2 workers left' "$T/wd.log" | head -1)" ||
   bad "server 0 does not name the dead worker: $(grep -v OpenBLAS "$T/wd.log" | head -5)"
-grep -q "trained gpt on 5 ranks (2 parameter servers + 3 workers, staleness 0): $STEPS steps" "$T/wd.log" &&
-  ok "all $STEPS steps ran" || bad "not finished: $(grep -v OpenBLAS "$T/wd.log" | tail -3)"
-v=$(python3 - "$T/wd.jsonl" $STEPS <<'PY'
+grep -q "trained gpt on 5 ranks (2 parameter servers + 3 workers, staleness 0): $WSTEPS steps" "$T/wd.log" &&
+  ok "all $WSTEPS steps ran" || bad "not finished: $(grep -v OpenBLAS "$T/wd.log" | tail -3)"
+v=$(python3 - "$T/wd.jsonl" $WSTEPS <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][1:]
 srv = [r for r in rows if r.get("role") == "server" and r["rank"] == 0]
@@ -104,13 +126,14 @@ case $v in ok:*) ok "metrics: ${v#ok: }";; *) bad "metrics: $v";; esac
 v=$(finite "$T/wd") && ok "weights after the death: $v" || bad "weights: $v"
 
 # ---- one rank of a pipelined worker dies: the rest of its pipeline stops, the job goes on
+# (rank 4 dies at the server's 100th row: step 100)
 PSTEPS=1000
-timeout 120 "$B" launch -n 7 -- "$B" train $G --microbatches 2 --steps $PSTEPS --ps 1 --pp 2 --quiet \
+t0=$(now_us)
+timeout 600 "$B" launch -n 7 -- "$B" train $G --microbatches 2 --steps $PSTEPS --ps 1 --pp 2 --quiet \
   --save "$T/pd" --metrics "$T/pd.jsonl" >"$T/pd.log" 2>&1 &
 job=$!
 killed=$(kill_at_step $job 4 100 "$T/pd.jsonl")
-wait $job
-rc=$?
+wait_rest $PSTEPS 100
 [ -n "$killed" ] && ok "rank 4 (worker 1's last stage) killed mid-run" || bad "could not kill rank 4: $(tail -3 "$T/pd.log")"
 [ $rc = 137 ] && ok "pipelined: exit code 137 (the dead rank's)" || bad "pipelined: exit code $rc, want 137: $(tail -3 "$T/pd.log")"
 grep -q "rank 4 (pid [0-9]*) was killed by signal 9 (Killed); tolerated" "$T/pd.log" &&
@@ -141,6 +164,7 @@ case $v in ok:*) ok "pipelined metrics: ${v#ok: }";; *) bad "pipelined metrics: 
 v=$(finite "$T/pd") && ok "pipelined: weights after the death: $v" || bad "pipelined: weights: $v"
 
 # ---- a server dies: everyone stops, naming it
+STEPS=5000 # never reached: the job ends at the kill
 timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS --ps 2 --quiet \
   --metrics "$T/sd.jsonl" >"$T/sd.log" 2>&1 &
 job=$!
@@ -170,7 +194,7 @@ for k in 0 2 2p; do
   timeout 120 "$B" launch -n 5 -- "$B" train $G --steps $STEPS $lay --staleness ${k%p} --quiet \
     --checkpoint-dir "$T/st$k" --metrics "$T/st$k.jsonl" >"$T/st$k.log" 2>&1 &
   job=$!
-  for i in $(seq 300); do [ -s "$T/st$k.jsonl" ] && [ "$(grep -c '"role": "server"' "$T/st$k.jsonl")" -ge 100 ] && break; sleep 0.1; done
+  server_rows "$T/st$k.jsonl" 100
   lp=$(pgrep -P "$job" -f "launch -n 5" | head -1)
   [ -n "$lp" ] && kill -TERM "$lp"
   wait $job

@@ -3,9 +3,7 @@
 # out once, from rank 0, as one table in rank order; an error every rank finds
 # (a bad data file, an unwritable --save) is printed once, by the lowest rank,
 # the others saying at most "stopped because rank 0 failed".
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 SMALL="--model gpt --layers 3 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 2 --threads 1"
 
 if timeout 120 "$B" launch -n 4 --tag-output -- "$B" train $SMALL --pp 2 --dp 2 >"$T/o" 2>"$T/e"; then

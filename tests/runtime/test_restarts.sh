@@ -4,14 +4,10 @@
 # `brigade launch --max-restarts 5`; a random rank is SIGKILLed at a random
 # moment, three times; the launcher restarts the job, which resumes from its
 # newest complete checkpoint. The final weights equal an uninterrupted run's.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'pkill -9 -f "$T" 2>/dev/null; rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
+# ranks of an attempt the launcher lost track of: their command lines name $T
+at_exit 'pkill -9 -f "$T" 2>/dev/null'
 export BRIGADE_TIMEOUT=30
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
 GPT="--model gpt --layers 3 --d-model 32 --heads 2 --seq 32 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --quiet"
 STEPS=1000
 timeout 200 "$B" launch -n 4 -- "$B" train $GPT --steps $STEPS --pp 2 --dp 2 --save "$T/ref" >/dev/null 2>&1 || bad "uninterrupted run"
@@ -43,5 +39,4 @@ wait $lpid; rc=$?
 [ "$kills" -ge 2 ] && ok "$kills ranks killed" || bad "only $kills kills happened"
 n=$(grep -c "restart" "$T/e"); [ "$n" -ge 1 ] && ok "launcher restarted ($n lines)" || bad "no restart reported"
 v=$("$B" compare "$T/ref" "$T/out") && ok "final weights equal the uninterrupted run: $v" || bad "weights differ: $v"
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

@@ -3,16 +3,9 @@
 # resumed ends with the weights of one that never stopped, bitwise, also when
 # it resumes under another layout (resharding); SIGTERM writes a checkpoint
 # at the next step boundary and exits cleanly; bad checkpoints are refused.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --threads 1 --lr 3e-3 --quiet"
-same() { local v; v=$("$B" compare "$1" "$2") && ok "$3: $v" || bad "$3: $v"; }
 
 "$B" train $GPT --steps 20 --save "$T/ref20" >/dev/null 2>&1 || bad "reference run"
 # stopped at 10, resumed to 20, same layout (one process)
@@ -48,5 +41,4 @@ else grep -q "rank-" "$T/e4" && ok "corrupted checkpoint refused: $(tail -1 "$T/
 # a checkpoint of another model is refused
 if "$B" train $GPT --d-model 32 --steps 30 --checkpoint-dir "$T/c2" --resume >/dev/null 2>"$T/e5"; then bad "other model's checkpoint accepted"
 else ok "other model refused: $(tail -1 "$T/e5" | cut -c1-150)"; fi
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

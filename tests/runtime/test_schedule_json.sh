@@ -5,10 +5,8 @@
 # judged by brigade's validator) train bitwise equal to one process, at pp = 2
 # and 4, GPT and MLP. Bad programs (not valid, another p, m or layer count)
 # end with one clear line before the rank starts.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
 
 GPT="--model gpt --layers 6 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
 MLP="--model mlp --layers 4 --d-model 24 --in-features 12 --classes 6 --batch 16 --microbatches 4 --steps 3 --threads 1 --lr 3e-3"
@@ -79,6 +77,12 @@ expect_train 2 "zbv4.json is a program for 8 pipeline stages (p 4 x 2 chunks) bu
   --model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --pp 4 --schedule-json "$T/zbv4.json"
 expect_train 2 "--schedule-json takes the schedule and its chunks from" $GPT --pp 2 --schedule zbv --schedule-json "$T/zbv2.json"
 expect_train 1 "cannot open $T/none.json" $GPT --pp 2 --schedule-json "$T/none.json"
+# a program far larger than any of this job's shape (a valid one padded with
+# 8 MB of spaces) is refused from its size, before it is parsed
+python3 -c "import sys; d = open(sys.argv[1]).read(); open(sys.argv[2], 'w').write(d[:-1] + ' ' * (8 << 20) + d[-1:])" \
+  "$T/zbv2.json" "$T/huge.json"
+expect_train 1 "huge.json is $(stat -c %s "$T/huge.json") bytes, larger than any program for 2 pipeline ranks x 4 microbatches x up to 64 chunks can be" \
+  $GPT --pp 2 --schedule-json "$T/huge.json"
 # under the launcher the ranks stop with the validator's line before connecting (the launcher
 # stops the others when the first exits)
 if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --pp 2 --schedule-json "$T/dead.json" >"$T/l.out" 2>"$T/l.err"; then

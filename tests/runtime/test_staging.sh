@@ -21,13 +21,8 @@
 # Direct (BRIGADE_STAGING=direct, the path of a CUDA-aware UCX): sends and
 # receives on the buffers themselves behind the backend's events, reductions
 # staged, on cpu-async: bitwise the direct path's weights.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 GPT="--model gpt --layers 4 --d-model 24 --heads 2 --seq 16 --batch 8 --steps 6 --threads 1 --lr 3e-3 --microbatches 4"
 
@@ -181,5 +176,4 @@ fi
 out=$(BRIGADE_STAGING=sometimes "$B" train $GPT --steps 1 --quiet 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q 'BRIGADE_STAGING="sometimes"' <<<"$out"; then pass=$((pass + 1)); else bad "BRIGADE_STAGING=sometimes: rc $rc: $out"; fi
 
-echo "passed $pass, failed $fails"
-[ "$fails" = 0 ] && [ "$pass" -ge 31 ]
+finish 31

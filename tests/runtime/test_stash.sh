@@ -8,12 +8,8 @@
 # rank's program times its slot buffers, as brigade plan predicts them), to
 # the printed kB, for every schedule (DualPipe and DualPipeV too, whose
 # stages run full and split backwards both), and with --precision bf16.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
-pass=0; fails=0
 # the cases: schedule:microbatches:precision (bf16: the blocks keep their activations in bf16, other sizes)
 cases=""
 for m in 8 3; do
@@ -46,5 +42,4 @@ for c in $cases; do
     else fails=$((fails + 1)); [ "$n" = 4 ] || echo "FAIL: $s m=$m $prec: $n rank lines"; fi
   }
 done
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

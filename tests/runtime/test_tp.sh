@@ -14,9 +14,7 @@
 # variable lengths (--seq-min, rounded to a multiple of tp) match one process.
 # BRIGADE_TP_OVERLAP=microbatch (a forward beside another microbatch's backward, two coroutines per
 # rank) gives the bits of one instruction at a time, with and without SP, at tp 2 and 4 and in 3-D.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 # run NAME N ARGS...: N ranks (1: one process), weights to $T/NAME, losses to $T/NAME.loss
 run() {
@@ -29,8 +27,8 @@ run() {
   if grep -q "live allocations" "$T/$name.log"; then bad "$name: memory leaked"; return 1; fi
   grep '"rank": 0,' "$T/$name.jsonl" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$T/$name.loss"
 }
-# same REF NAME RTOL: weights (rtol, or l2:X) and loss curve (1e-5 relative) of NAME match REF
-same() {
+# same_run REF NAME RTOL: weights (rtol, or l2:X) and loss curve (1e-5 relative) of NAME match REF
+same_run() {
   local r=$1 name=$2 rtol=$3 verdict
   case "$rtol" in
     l2:*) verdict=$("$B" compare "$T/$r" "$T/$name" --rel-l2 "${rtol#l2:}") ;;
@@ -48,13 +46,13 @@ GPT="--model gpt --layers 2 --d-model 16 --heads 4 --seq 16 --batch 8 --microbat
 MLP="--model mlp --layers 3 --d-model 24 --in-features 12 --classes 8 --batch 16 --microbatches 2 --threads 1 --lr 0.05 --optimizer sgd"
 
 run gpt 1 $GPT --steps 10
-run gpt_tp2 2 $GPT --steps 10 --tp 2 && same gpt gpt_tp2 1e-5
-run gpt_tp4 4 $GPT --steps 10 --tp 4 && same gpt gpt_tp4 1e-5
+run gpt_tp2 2 $GPT --steps 10 --tp 2 && same_run gpt gpt_tp2 1e-5
+run gpt_tp4 4 $GPT --steps 10 --tp 4 && same_run gpt gpt_tp4 1e-5
 # the input-gradient sums waited for inside the layer instead of during the weight gradient: the same bits
 BRIGADE_TP_OVERLAP=layer run gpt_tp2_layer 2 $GPT --steps 10 --tp 2 &&
   { v=$("$B" compare "$T/gpt_tp2" "$T/gpt_tp2_layer") && ok "BRIGADE_TP_OVERLAP=layer = weight, bitwise: $v" ||
       bad "BRIGADE_TP_OVERLAP=layer differs from weight: $v"; }
-run gpt_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 && same gpt gpt_3d 1e-5
+run gpt_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 && same_run gpt gpt_3d 1e-5
 # BRIGADE_TP_OVERLAP=microbatch: a backward beside the next microbatch's forward (or the other way), two
 # coroutines on each rank's thread: the same bits as one instruction at a time; and they did overlap
 # (an instruction of the second lane, on its own trace track, began before its partner ended)
@@ -88,25 +86,25 @@ BRIGADE_TP_OVERLAP=microbatch run gpt_tp2_mb8 2 ${GPT/--microbatches 2/--microba
 BRIGADE_TP_OVERLAP=microbatch run gpt_3d_mb 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 &&
   bitwise gpt_3d gpt_3d_mb "pp 2 x dp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 # split backward (B and W apart) and recomputation: the group's sums happen in B and in the rerun forward
-run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same gpt gpt_zb 1e-5
+run gpt_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute && same_run gpt gpt_zb 1e-5
 BRIGADE_TP_OVERLAP=microbatch run gpt_zb_mb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute &&
   bitwise gpt_zb gpt_zb_mb "zb-h1 + recompute, pp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 # bf16 activations: the shards round elementwise what the whole layers round, so tp 2 stays within fp32's
 # reassociation of one process (L2 1e-5; a value on a rounding edge may land one bf16 step apart)
 run gpt_bf 1 $GPT --steps 10 --precision bf16
-run gpt_bf_tp2 2 $GPT --steps 10 --tp 2 --precision bf16 && same gpt_bf gpt_bf_tp2 l2:1e-5
+run gpt_bf_tp2 2 $GPT --steps 10 --tp 2 --precision bf16 && same_run gpt_bf gpt_bf_tp2 l2:1e-5
 BRIGADE_TP_OVERLAP=microbatch run gpt_bf_tp2_mb 2 $GPT --steps 10 --tp 2 --precision bf16 &&
   bitwise gpt_bf_tp2 gpt_bf_tp2_mb "tp 2, bf16, BRIGADE_TP_OVERLAP=microbatch"
 # ZeRO 2 over each tensor member's data-parallel group
-run gpt_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 && same gpt gpt_zero 1e-5
+run gpt_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 && same_run gpt gpt_zero 1e-5
 run mlp 1 $MLP --steps 10
-run mlp_tp2 2 $MLP --steps 10 --tp 2 && same mlp mlp_tp2 1e-5
-run mlp_tp4 4 $MLP --steps 10 --tp 4 && same mlp mlp_tp4 1e-5
+run mlp_tp2 2 $MLP --steps 10 --tp 2 && same_run mlp mlp_tp2 1e-5
+run mlp_tp4 4 $MLP --steps 10 --tp 4 && same_run mlp mlp_tp4 1e-5
 # AdamW, tied embedding and head (both vocabulary-parallel), interleaved pipeline
 ADAM="--model gpt --layers 2 --d-model 16 --heads 4 --seq 16 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --tie-embeddings"
 run adam 1 $ADAM --steps 10
-run adam_tp2 2 $ADAM --steps 10 --tp 2 && same adam adam_tp2 l2:1e-5
-run adam_pp2_tp2 4 $ADAM --steps 10 --tp 2 --pp 2 --schedule interleaved --chunks 2 && same adam adam_pp2_tp2 l2:1e-5
+run adam_tp2 2 $ADAM --steps 10 --tp 2 && same_run adam adam_tp2 l2:1e-5
+run adam_pp2_tp2 4 $ADAM --steps 10 --tp 2 --pp 2 --schedule interleaved --chunks 2 && same_run adam adam_pp2_tp2 l2:1e-5
 BRIGADE_TP_OVERLAP=microbatch run adam_pp2_tp2_mb 4 $ADAM --steps 10 --tp 2 --pp 2 --schedule interleaved --chunks 2 &&
   bitwise adam_pp2_tp2 adam_pp2_tp2_mb "AdamW, tied, interleaved pp 2 x tp 2, BRIGADE_TP_OVERLAP=microbatch"
 
@@ -133,31 +131,31 @@ done
 # sequence parallelism: layernorms, residuals and the activations between blocks split along the
 # sequence; the same tolerances against one process
 SP="--sequence-parallel"
-run gpt_sp2 2 $GPT --steps 10 --tp 2 $SP && same gpt gpt_sp2 1e-5
+run gpt_sp2 2 $GPT --steps 10 --tp 2 $SP && same_run gpt gpt_sp2 1e-5
 # the input gradient's reduce-scatters waited for inside the layer instead of during the weight gradient
 BRIGADE_TP_OVERLAP=layer run gpt_sp2_layer 2 $GPT --steps 10 --tp 2 $SP &&
   { v=$("$B" compare "$T/gpt_sp2" "$T/gpt_sp2_layer") && ok "sequence-parallel BRIGADE_TP_OVERLAP=layer = weight, bitwise: $v" ||
       bad "sequence-parallel BRIGADE_TP_OVERLAP=layer differs from weight: $v"; }
 BRIGADE_TP_OVERLAP=microbatch run gpt_sp2_mb 2 $GPT --steps 10 --tp 2 $SP &&
   bitwise gpt_sp2 gpt_sp2_mb "sequence-parallel tp 2, BRIGADE_TP_OVERLAP=microbatch"
-run gpt_sp4 4 $GPT --steps 10 --tp 4 $SP && same gpt gpt_sp4 1e-5
+run gpt_sp4 4 $GPT --steps 10 --tp 4 $SP && same_run gpt gpt_sp4 1e-5
 BRIGADE_TP_OVERLAP=microbatch run gpt_sp4_mb 4 $GPT --steps 10 --tp 4 $SP &&
   bitwise gpt_sp4 gpt_sp4_mb "sequence-parallel tp 4, BRIGADE_TP_OVERLAP=microbatch"
-run gpt_sp_pp2 4 $GPT --steps 10 --tp 2 --pp 2 $SP && same gpt gpt_sp_pp2 1e-5
-run gpt_sp_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 $SP && same gpt gpt_sp_3d 1e-5
-run gpt_sp_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute $SP && same gpt gpt_sp_zb 1e-5
-run gpt_sp_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 1 $SP && same gpt gpt_sp_zero 1e-5
+run gpt_sp_pp2 4 $GPT --steps 10 --tp 2 --pp 2 $SP && same_run gpt gpt_sp_pp2 1e-5
+run gpt_sp_3d 8 $GPT --steps 10 --tp 2 --dp 2 --pp 2 $SP && same_run gpt gpt_sp_3d 1e-5
+run gpt_sp_zb 4 $GPT --steps 10 --tp 2 --pp 2 --schedule zb-h1 --recompute $SP && same_run gpt gpt_sp_zb 1e-5
+run gpt_sp_zero 4 $GPT --steps 10 --tp 2 --dp 2 --zero 1 $SP && same_run gpt gpt_sp_zero 1e-5
 # --zero 2 reduce-scatters every microbatch's buckets (one per layer here): the tensor group sums each
 # microbatch's layernorm gradients first; a tied (whole) bucket once a step
-BRIGADE_BUCKET_MB=0 run gpt_sp_zero2 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 $SP && same gpt gpt_sp_zero2 1e-5
-run adam_sp2 2 $ADAM --steps 10 --tp 2 $SP && same adam adam_sp2 l2:1e-5
-BRIGADE_BUCKET_MB=0 run adam_sp_4d 8 $ADAM --steps 10 --tp 2 --dp 2 --pp 2 --zero 2 $SP && same adam adam_sp_4d l2:1e-5
+BRIGADE_BUCKET_MB=0 run gpt_sp_zero2 4 $GPT --steps 10 --tp 2 --dp 2 --zero 2 $SP && same_run gpt gpt_sp_zero2 1e-5
+run adam_sp2 2 $ADAM --steps 10 --tp 2 $SP && same_run adam adam_sp2 l2:1e-5
+BRIGADE_BUCKET_MB=0 run adam_sp_4d 8 $ADAM --steps 10 --tp 2 --dp 2 --pp 2 --zero 2 $SP && same_run adam adam_sp_4d l2:1e-5
 # one sequence per microbatch: the members' gathered rows are already in sequence order
 run gpt_n1 1 ${GPT/--microbatches 2/--microbatches 8} --steps 10
-run gpt_n1_sp2 2 ${GPT/--microbatches 2/--microbatches 8} --steps 10 --tp 2 $SP && same gpt_n1 gpt_n1_sp2 1e-5
+run gpt_n1_sp2 2 ${GPT/--microbatches 2/--microbatches 8} --steps 10 --tp 2 $SP && same_run gpt_n1 gpt_n1_sp2 1e-5
 # variable lengths (--seq-min) under SP are rounded up to a multiple of tp: one process with the same lengths
 run gpt_var 1 $GPT --steps 10 --seq-min 5 --seq-multiple 2
-run gpt_var_sp 4 $GPT --steps 10 --seq-min 5 --tp 2 --pp 2 $SP && same gpt_var gpt_var_sp 1e-5
+run gpt_var_sp 4 $GPT --steps 10 --seq-min 5 --tp 2 --pp 2 $SP && same_run gpt_var gpt_var_sp 1e-5
 # the pipeline carries this member's part of the sequence: half the bytes of tp 2 without it
 run gpt_pp2_tp2 4 $GPT --steps 10 --tp 2 --pp 2
 b0=$(grep '"rank": 0,' "$T/gpt_pp2_tp2.jsonl" | head -1 | sed 's/.*"bytes_sent": \([0-9]*\).*/\1/')

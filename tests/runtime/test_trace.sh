@@ -2,14 +2,8 @@
 # tests/runtime/test_trace.sh: --trace writes one Chrome trace-event file with
 # one track per rank and every compute op, send, receive and reduction with
 # its microbatch; `brigade simulate --from-trace` replays it; bad input fails.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
 if timeout 120 "$B" launch -n 4 -- "$B" train --layers 4 --d-model 16 --heads 2 --seq 16 --batch 16 --microbatches 4 \
      --steps 3 --threads 1 --pp 2 --dp 2 --schedule zb-h1 --trace "$T/t.json" --metrics "$T/m.jsonl" --quiet >"$T/o" 2>"$T/e"; then ok "traced run"
 else bad "traced run failed"; cat "$T/e"; fi
@@ -44,7 +38,7 @@ for r in range(4):
     assert len(f) == 12, (r, len(f))
 PY
 if "$B" simulate --from-trace "$T/t.json" >"$T/s" 2>&1 && grep -q "simulated/measured" "$T/s"; then ok "$(tail -1 "$T/s")"; else bad "simulate"; cat "$T/s"; fi
-# issue 15: compute and communication on separate tracks (tids) of each rank, named
+# compute and communication on separate tracks (tids) of each rank, named
 python3 - "$T/t.json" <<'PY' && ok "compute on tid 0, communication on tid 1" || bad "tracks"
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
@@ -69,7 +63,7 @@ json.dump(d, open(sys.argv[2], "w"))
 PY
 "$B" simulate --from-trace "$T/old.json" >"$T/s_old" 2>&1 && [ "$(grep simulated/measured "$T/s_old")" = "$(grep simulated/measured "$T/s")" ] \
   && ok "old trace names replay identically" || { bad "old trace"; cat "$T/s_old" "$T/s"; }
-# issue 15: the simulated and measured pictures share scale, ticks, unit and legend layout
+# the simulated and measured pictures share scale, ticks, unit and legend layout
 SVGCHECK="$(dirname "$0")/../lib/svgcheck.py"
 if "$B" simulate --from-trace "$T/t.json" --svg "$T/sim.svg" --svg-measured "$T/meas.svg" >/dev/null 2>"$T/e5" \
    && python3 "$SVGCHECK" "$T/sim.svg" --unit ms --title simulated --legend "forward (F)" "backward-weight (W)" \
@@ -80,7 +74,7 @@ if "$B" simulate --from-trace "$T/t.json" --svg "$T/sim.svg" --svg-measured "$T/
 else bad "simulate pictures"; cat "$T/e5"; fi
 echo '{"traceEvents": []}' >"$T/bad.json"
 "$B" simulate --from-trace "$T/bad.json" 2>"$T/e2" && bad "simulate accepted a trace without metadata" || { grep -q "not a brigade executor trace" "$T/e2" && ok "metadata required" || bad "message: $(cat "$T/e2")"; }
-# issue 16: a step out of range is refused with the event and field named (it wrote out of bounds)
+# a step out of range is refused with the event and field named (it once wrote out of bounds)
 python3 - "$T/t.json" "$T/negstep.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -104,5 +98,4 @@ losses = {s: {r["loss"] for r in rows if r["step"] == s} for s in (1, 2, 3)}
 assert all(len(v) == 1 for v in losses.values()), losses  # every rank reports the same mean loss
 PY
 "$B" plot "$T/m.jsonl" --out "$T/loss.svg" >/dev/null 2>&1 && python3 -c "import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])" "$T/loss.svg" && ok "plot" || bad "plot"
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

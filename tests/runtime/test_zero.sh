@@ -26,9 +26,7 @@
 #   measures rank 0's peak within 10% of the plan's prediction.
 # - --zero with dp = 1 says it changes nothing; --zero 3, a plan's zero 3 and
 #   a --zero other than the plan's are refused in one line.
-set -u
-B=${BRIGADE:?path of the brigade binary}
-. "${BRIGADE_SOURCE_DIR:?}/tests/lib/checks.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 
 # cmp_z Z A B WHAT: --zero 1 bitwise, --zero 2 within the tolerance

@@ -2,12 +2,7 @@
 # tests/schedule/cli_schedule.sh: `brigade schedule` end to end: exit codes
 # and one-line messages on bad input, well-formed SVG, JSON round trip
 # through --from-json, a deadlocking user program, and --compare.
-set -u
-B=${BRIGADE:?BRIGADE must point to the brigade binary}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/../lib/harness.sh"
 
 # expect_err "args..." exit-code-nonzero message-substring
 expect_err() {
@@ -128,5 +123,4 @@ for pm in "4 8" "4 3" "3 7" "1 1"; do
     done
 done
 
-if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "cli_schedule: all passed"
+finish

@@ -1,5 +1,5 @@
 /* tests/schedule/test_costs.c: generators built for the costs they are given,
- * over the grid of F:B:W ratios of issue 17 (1:1:1, 1:2:1, 1:1.5:0.5, 2:2:1)
+ * over a grid of F:B:W ratios (1:1:1, 1:2:1, 1:1.5:0.5, 2:2:1)
  * and uneven per-stage costs. References: torch.distributed.pipelining's
  * ZB-V step times at F=1, B=2, W=1 (134 at p=4 m=16, 270 at p=8 m=32), the
  * closed-form bound v m (F+B+W) + (p-1)(F + max(B-W, 0)) for ZB-V and the

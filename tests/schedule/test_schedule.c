@@ -676,7 +676,7 @@ static void expect_trace_error(const char *extra, const char *msg)
     ",{\"ph\":\"X\",\"pid\":" pid ",\"ts\":0,\"dur\":" dur ",\"args\":{\"op\":\"F\",\"microbatch\":0,\"stage\":" stage \
     ",\"step\":" step "}}"
 
-/* Issue 16: a negative step, one >= 2^31, or a huge one wrote out of bounds or
+/* A negative step, one >= 2^31, or a huge one once wrote out of bounds or
  * allocated gigabytes; stages, ranks and durations out of range. Each error
  * names the event (the 26th: the metadata event, 24 ops, then this) and field. */
 static void test_trace_errors(void **state)

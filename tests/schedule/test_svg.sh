@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
-# tests/schedule/test_svg.sh (issue 15): the pictures parse as SVG (xml.etree,
+# tests/schedule/test_svg.sh: the pictures parse as SVG (xml.etree,
 # tests/lib/svgcheck.py) and carry a title, an axis with units and ticks, and
 # a legend of only what they draw: schedule timelines of every generator and
 # `brigade plot` with its header title, smoothing and time axis.
-set -u
-B=${BRIGADE:?path of the brigade binary}
+. "$(dirname "$0")/../lib/harness.sh"
 C="python3 $(dirname "$0")/../lib/svgcheck.py"
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0; fails=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL: $*"; }
 sched() { # NAME CHECKS...
   local k=$1; shift
   if "$B" schedule --schedule "$k" --stages 4 --microbatches 8 --svg "$T/$k.svg" >/dev/null 2>"$T/e" \
@@ -49,5 +43,4 @@ if "$B" plot "$T/m.jsonl" --out "$T/s.svg" --smooth 3 --x time --title mine >/de
 "$B" plot "$T/m.jsonl" --out "$T/x.svg" --smooth 0 2>/dev/null; [ $? = 2 ] && ok "--smooth 0 refused" || bad "--smooth 0 accepted"
 printf '{"step": 1, "loss": 2}\n{"step": 2, "loss": 1}\n' >"$T/nt.jsonl"
 "$B" plot "$T/nt.jsonl" --out "$T/x.svg" --x time 2>"$T/e"; [ $? = 1 ] && grep -q 'needs "step_ms"' "$T/e" && ok "--x time without step_ms" || bad "--x time: $(cat "$T/e")"
-echo "$pass passed, $fails failed"
-[ "$fails" = 0 ]
+finish

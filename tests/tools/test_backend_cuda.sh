@@ -3,7 +3,7 @@
 # CUDA build, or no GPU: the CI machines) answers one line and exits 1, never
 # a crash; brigade info says why the backend is unusable. On a machine with a
 # GPU the same commands must succeed instead.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 small=(--steps 1 --layers 1 --d-model 16 --heads 2 --seq 16 --batch 2 --microbatches 1)
 if ! "$B" info | grep -q '^backends:.* cuda'; then

@@ -9,7 +9,7 @@
 # ...), and their FLOPs and times must add up to the totals the bench
 # reports. No speed is asserted (benchmarks are not timed tests): only that
 # the figures exist, are positive and agree with each other.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 timeout 300 "$B" bench kernels --threads 1 --repeat 1 --sizes 64 --json "$T/kb.json" >"$T/out" 2>"$T/err" ||
     bad "bench kernels failed: $(cat "$T/err")"

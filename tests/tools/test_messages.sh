@@ -3,7 +3,7 @@
 # 2 and one line that says what was wrong (with "did you mean" for a near
 # miss); a JSON input it cannot use names the file and the reason (exit 1);
 # the help claims only what is built.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 # misspelled flags, values, commands: exit 2 and a suggestion
 expect 2 'brigade train: unknown option "--stpes" (did you mean --steps?)' train --stpes 3

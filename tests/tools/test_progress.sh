@@ -3,7 +3,7 @@
 # a terminal: a line every --log-every steps (and the first and last) with
 # loss, learning rate, throughput, elapsed time and ETA; a pipeline split
 # that is unbalanced in FLOPs is warned about once per job, not per rank.
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 TINY="--layers 1 --d-model 16 --heads 2 --seq 16 --batch 4 --microbatches 2 --threads 1"
 
 timeout 120 "$B" train $TINY --steps 7 --lr 2e-3 --log-every 3 >"$T/out" 2>"$T/err" || bad "train failed: $(cat "$T/err")"

@@ -2,14 +2,14 @@
 # tests/tools/test_stop_signal.sh: a stop request (SIGTERM, SIGINT) at any
 # moment of a one-process `brigade train` ends it with 128 + the signal and
 # its one line, never an abort. oneDNN 2.x's JIT sgemm kernels point rsp at
-# the heap while they run (oneDNN issue 4845): a signal handled meanwhile
+# the heap while they run (a oneDNN bug, fixed in 3.11): a signal handled meanwhile
 # wrote its frame there, and 6 of 40 SIGTERMs at random moments ended in
 # "corrupted size vs. prev_size" (exit 134) before the CPU backend held
 # signals around oneDNN (kernels/cpu/cpu_impl.h). Here d_model 128, where
 # GEMMs take most of a step: with the hold made a no-op, 13 and 19 of 40 runs
 # aborted; 30 signals, so a broken hold passes by chance about once in 10^6
 # (where oneDNN is not used, e.g. no AVX-512, this tests the stop alone).
-source "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/harness.sh"
 
 gemm=$("$B" info | grep '^gemm:' | head -1)
 echo "as installed: $gemm"

@@ -54,7 +54,7 @@ int main(void)
                 float *x = malloc(n * sizeof(float));
                 for (size_t i = 0; i < n; i++)
                     x[i] = (float)((int)((i * 7 + (size_t)rank * 13) % 101) - 50);
-                if (bg_group_iallreduce_algo(g, x, n, avg ? BG_REDUCE_AVG : BG_REDUCE_SUM,
+                if (bg_group_iallreduce_algo(g, x, n, BG_F32, avg ? BG_REDUCE_AVG : BG_REDUCE_SUM,
                                              (bg_allreduce_algo_t)algo, &rq) != BG_OK || bg_wait(rq) != BG_OK)
                     FAIL("allreduce of %zu: %s", n, bg_last_error());
                 bg_request_free(rq);

@@ -2,12 +2,13 @@
 # tests/transport/test_transport_bench.sh: `brigade bench p2p` (2 ranks) and
 # `brigade bench allreduce` (3 ranks) run under `brigade launch` with small
 # sizes, and their JSON rows have the documented fields and sane values.
-set -euo pipefail
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=30
-timeout 120 "$BRIGADE" launch -n 2 --timeout 100 -- "$BRIGADE" bench p2p --sizes 0,1,4K,1M --reps 2 --json "$tmp/p2p.json"
-timeout 120 "$BRIGADE" launch -n 3 --timeout 100 -- "$BRIGADE" bench allreduce --sizes 4K,1M --reps 2 --json "$tmp/ar.json"
-python3 - "$tmp" <<'PY'
+check "bench p2p on 2 ranks" \
+    timeout 120 "$B" launch -n 2 --timeout 100 -- "$B" bench p2p --sizes 0,1,4K,1M --reps 2 --json "$T/p2p.json"
+check "bench allreduce on 3 ranks" \
+    timeout 120 "$B" launch -n 3 --timeout 100 -- "$B" bench allreduce --sizes 4K,1M --reps 2 --json "$T/ar.json"
+python3 - "$T" <<'PY' && ok "the JSON rows have the documented fields and sane values" || bad "JSON rows"
 import json, sys
 d = sys.argv[1]
 p = json.load(open(d + "/p2p.json"))
@@ -21,5 +22,5 @@ for r in a:
     assert set(r) == {"bytes", "ranks", "algorithm", "algbw_gbps", "busbw_gbps"}, r
     assert r["ranks"] == 3 and r["algbw_gbps"] > 0, r
     assert abs(r["busbw_gbps"] - r["algbw_gbps"] * 4 / 3) < 1e-3 * r["busbw_gbps"] + 1e-4, r
-print("PASS")
 PY
+finish

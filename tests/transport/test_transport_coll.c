@@ -5,7 +5,8 @@
  * with a double-precision serial sum, exactly on integer data, and across two
  * separate runs. Subset groups (unsorted), concurrent non-blocking allreduces
  * on overlapping groups, broadcast, allgather, reduce-scatter (and their
- * non-blocking twins, mixed with the blocking calls on one group), barrier. */
+ * non-blocking twins, mixed with the blocking calls on one group), barrier;
+ * the element types other than fp32 (fp64, bf16, int32, int64, raw bytes). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,7 +122,7 @@ static int rank_allreduce(int rank, int world, void *argp)
                 for (int avg = 0; avg < 2; avg++) {
                     memcpy(buf, x[rank], n * sizeof(float));
                     bg_request_t *rq;
-                    RK_OK(bg_group_iallreduce_algo(g, buf, n, avg ? BG_REDUCE_AVG : BG_REDUCE_SUM,
+                    RK_OK(bg_group_iallreduce_algo(g, buf, n, BG_F32, avg ? BG_REDUCE_AVG : BG_REDUCE_SUM,
                                                    algos[a], &rq));
                     RK_OK(bg_wait(rq));
                     bg_request_free(rq);
@@ -216,7 +217,7 @@ static int rank_groups(int rank, int world, void *arg)
     RK_CHECK(gb == (rank == 3 ? 0 : rank == 0 ? 1 : rank == 2 ? 2 : -1), "group rank %d", gb);
     if (gb < 0) {
         float f = 1;
-        RK_CHECK(bg_group_allreduce(B, &f, 1, BG_REDUCE_SUM) == BG_ERR_INVALID, "non-member allowed");
+        RK_CHECK(bg_group_allreduce(B, &f, 1, BG_F32, BG_REDUCE_SUM) == BG_ERR_INVALID, "non-member allowed");
     } else {
         /* allreduce on B, ring, 1001 floats */
         size_t n = 1001;
@@ -227,7 +228,7 @@ static int rank_groups(int rank, int world, void *arg)
         }
         memcpy(buf, x[gb], n * 4);
         bg_request_t *rq;
-        RK_OK(bg_group_iallreduce_algo(B, buf, n, BG_REDUCE_SUM, BG_ALLREDUCE_RING, &rq));
+        RK_OK(bg_group_iallreduce_algo(B, buf, n, BG_F32, BG_REDUCE_SUM, BG_ALLREDUCE_RING, &rq));
         RK_OK(bg_wait(rq));
         bg_request_free(rq);
         ref_ring(x, 3, n, 0, ref);
@@ -235,14 +236,14 @@ static int rank_groups(int rank, int world, void *arg)
         /* broadcast from group rank 2 (world 2) */
         char msg[100];
         memset(msg, gb == 2 ? 'z' : 0, sizeof(msg));
-        RK_OK(bg_group_bcast(B, msg, sizeof(msg), 2));
+        RK_OK(bg_group_bcast(B, msg, sizeof(msg), BG_U8, 2));
         for (size_t i = 0; i < sizeof(msg); i++)
             RK_CHECK(msg[i] == 'z', "bcast byte %zu", i);
         /* allgather of 5 odd-sized blocks */
         char mine[5], all[15];
         for (int i = 0; i < 5; i++)
             mine[i] = (char)('a' + gb * 5 + i);
-        RK_OK(bg_group_allgather(B, mine, all, 5));
+        RK_OK(bg_group_allgather(B, mine, all, 5, BG_U8));
         for (int i = 0; i < 15; i++)
             RK_CHECK(all[i] == (char)('a' + i), "allgather byte %d is %c", i, all[i]);
         /* reduce-scatter: 3 x 7 floats, average */
@@ -252,7 +253,7 @@ static int rank_groups(int rank, int world, void *arg)
             in[r] = malloc(cnt * 3 * 4);
             fill(in[r], cnt * 3, r, 0, 5);
         }
-        RK_OK(bg_group_reduce_scatter(B, in[gb], out, cnt, BG_REDUCE_AVG));
+        RK_OK(bg_group_reduce_scatter(B, in[gb], out, cnt, BG_F32, BG_REDUCE_AVG));
         float *full = malloc(cnt * 3 * 4);
         ref_ring(in, 3, cnt * 3, 1, full);
         RK_CHECK(memcmp(out, full + (size_t)gb * cnt, cnt * 4) == 0, "reduce-scatter block %d", gb);
@@ -261,9 +262,9 @@ static int rank_groups(int rank, int world, void *arg)
         float *inc = malloc(cnt * 3 * 4), out2[7];
         memcpy(inc, in[gb], cnt * 3 * 4);
         if (gb == 0) {
-            RK_OK(bg_group_reduce_scatter(B, inc, out2, cnt, BG_REDUCE_AVG));
+            RK_OK(bg_group_reduce_scatter(B, inc, out2, cnt, BG_F32, BG_REDUCE_AVG));
         } else {
-            RK_OK(bg_group_ireduce_scatter(B, inc, out2, cnt, BG_REDUCE_AVG, &rq));
+            RK_OK(bg_group_ireduce_scatter(B, inc, out2, cnt, BG_F32, BG_REDUCE_AVG, &rq));
             memset(inc, 0xff, cnt * 3 * 4); /* NaNs: read after the start, they would show */
             RK_OK(bg_wait(rq));
             bg_request_free(rq);
@@ -273,9 +274,9 @@ static int rank_groups(int rank, int world, void *arg)
         char mine2[5], all2[15];
         memcpy(mine2, mine, 5);
         if (gb == 1) {
-            RK_OK(bg_group_allgather(B, mine2, all2, 5));
+            RK_OK(bg_group_allgather(B, mine2, all2, 5, BG_U8));
         } else {
-            RK_OK(bg_group_iallgather(B, mine2, all2, 5, &rq));
+            RK_OK(bg_group_iallgather(B, mine2, all2, 5, BG_U8, &rq));
             memset(mine2, '?', 5);
             RK_OK(bg_wait(rq));
             bg_request_free(rq);
@@ -294,9 +295,9 @@ static int rank_groups(int rank, int world, void *arg)
                 fill(y[r], len, r, 0, 50 + (uint64_t)li);
             }
             memcpy(want, y[gb], len * 4);
-            RK_OK(bg_group_allreduce(B, want, len, BG_REDUCE_SUM));
+            RK_OK(bg_group_allreduce(B, want, len, BG_F32, BG_REDUCE_SUM));
             memcpy(got, y[gb], len * 4);
-            RK_OK(bg_group_ireduce_scatter_inplace(B, got, len, BG_REDUCE_SUM, &rq));
+            RK_OK(bg_group_ireduce_scatter_inplace(B, got, len, BG_F32, BG_REDUCE_SUM, &rq));
             RK_OK(bg_wait(rq));
             bg_request_free(rq);
             size_t co, cl;
@@ -306,7 +307,7 @@ static int rank_groups(int rank, int world, void *arg)
             for (size_t i = 0; i < len; i++) /* others' chunks: garbage the gather must overwrite */
                 if (i < co || i >= co + cl)
                     got[i] = -1e30f;
-            RK_OK(bg_group_iallgather_chunks(B, got, len, &rq));
+            RK_OK(bg_group_iallgather_chunks(B, got, len, BG_F32, &rq));
             RK_OK(bg_wait(rq));
             bg_request_free(rq);
             RK_CHECK(memcmp(got, want, len * 4) == 0, "chunk allgather of %zu differs from the allreduce", len);
@@ -333,11 +334,11 @@ static int rank_groups(int rank, int world, void *arg)
         bk[b] = malloc(n * 4);
         for (size_t i = 0; i < n; i++)
             bk[b][i] = (float)(rank * 1000 + b * 10) + (float)(i % 7);
-        RK_OK(bg_group_iallreduce(W, bk[b], n, BG_REDUCE_SUM, &rq[b]));
+        RK_OK(bg_group_iallreduce(W, bk[b], n, BG_F32, BG_REDUCE_SUM, &rq[b]));
     }
     if (bg_group_rank(A) >= 0) {
         av[0] = (float)rank;
-        RK_OK(bg_group_iallreduce(A, av, 3, BG_REDUCE_AVG, &ra));
+        RK_OK(bg_group_iallreduce(A, av, 3, BG_F32, BG_REDUCE_AVG, &ra));
     }
     for (int b = 0; b < NB; b++) {
         RK_OK(bg_wait(rq[b]));
@@ -384,7 +385,7 @@ static int rank_background(int rank, int world, void *arg)
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(rank + 1);
     bg_request_t *rq;
-    RK_OK(bg_group_iallreduce(g, x, n, BG_REDUCE_SUM, &rq));
+    RK_OK(bg_group_iallreduce(g, x, n, BG_F32, BG_REDUCE_SUM, &rq));
     int done = 0;
     for (int i = 0; i < 200 && !done; i++) {
         struct timespec ts = {0, 10000000};
@@ -409,6 +410,124 @@ static void test_background_3(void **s)
     assert_int_equal(bgt_run_ranks(3, rank_background, NULL, 60, bgt_env, -1, &r), 0);
 }
 
+/* Element types other than fp32, on 3 ranks (ring and recursive doubling):
+ * fp64 keeps what fp32 would lose (each rank adds 2^-40 * (rank + 1) to 1:
+ * the fp32 sum would be exactly 3), int64 sums beyond int32's range and
+ * averages truncating toward zero, int32 wraps modulo 2^32, bf16 sums small
+ * integers exactly, in each algorithm's order, rounding ties to even; the
+ * typed reduce-scatter, all-gather, broadcast and chunk gather move whole
+ * elements; a reduction of BG_U8 is refused. */
+static int rank_dtypes(int rank, int world, void *arg)
+{
+    (void)arg;
+    bg_comm_t *c;
+    RK_OK(bg_comm_create(NULL, &c));
+    int all[3] = {0, 1, 2};
+    bg_group_t *g;
+    RK_OK(bg_group_create(c, world, all, &g));
+    const bg_allreduce_algo_t algos[2] = {BG_ALLREDUCE_RING, BG_ALLREDUCE_RECURSIVE};
+    enum { N = 1001 };
+    double *d = malloc(N * sizeof(double));
+    int64_t *l = malloc(N * sizeof(int64_t));
+    int32_t *w = malloc(N * sizeof(int32_t));
+    uint16_t *h = malloc(N * sizeof(uint16_t));
+    for (int a = 0; a < 2; a++) {
+        bg_request_t *rq;
+        for (size_t i = 0; i < N; i++)
+            d[i] = 1.0 + ldexp((double)(rank + 1), -40) * (double)(i % 5 + 1);
+        RK_OK(bg_group_iallreduce_algo(g, d, N, BG_F64, BG_REDUCE_SUM, algos[a], &rq));
+        RK_OK(bg_wait(rq));
+        bg_request_free(rq);
+        for (size_t i = 0; i < N; i++) {
+            double want = 3.0 + ldexp(6.0, -40) * (double)(i % 5 + 1);
+            RK_CHECK(d[i] == want, "fp64 algo %d element %zu is %.17g, expected %.17g", a, i, d[i], want);
+        }
+        for (size_t i = 0; i < N; i++)
+            l[i] = (int64_t)3000000000ll * (rank + 1) - (int64_t)i - (rank == 2 ? 2 : 0);
+        RK_OK(bg_group_iallreduce_algo(g, l, N, BG_I64, BG_REDUCE_AVG, algos[a], &rq));
+        RK_OK(bg_wait(rq));
+        bg_request_free(rq);
+        for (size_t i = 0; i < N; i++) { /* (18e9 - 3i - 2) / 3, truncated */
+            int64_t want = (18000000000ll - 3 * (int64_t)i - 2) / 3;
+            RK_CHECK(l[i] == want, "int64 algo %d element %zu is %lld, expected %lld", a, i, (long long)l[i],
+                     (long long)want);
+        }
+        for (size_t i = 0; i < N; i++)
+            w[i] = rank == 0 ? INT32_MAX : (int32_t)i;
+        RK_OK(bg_group_iallreduce_algo(g, w, N, BG_I32, BG_REDUCE_SUM, algos[a], &rq));
+        RK_OK(bg_wait(rq));
+        bg_request_free(rq);
+        for (size_t i = 0; i < N; i++) {
+            int32_t want = (int32_t)(uint32_t)((uint32_t)INT32_MAX + 2u * (uint32_t)i);
+            RK_CHECK(w[i] == want, "int32 algo %d element %zu is %d, expected %d", a, i, w[i], want);
+        }
+        /* bf16: 0x3f80 is 1.0, 0x3b80 is 2^-8 (bf16's spacing at 1 is 2^-7), 0x3c40 is 1.5 * 2^-7.
+         * Element 0 is 1 (rank 0) and 2^-8 (ranks 1, 2): the ring adds 2^-8 + 2^-8 + 1 = 1 + 2^-7
+         * (0x3f81) exactly; recursive doubling adds (1 + 2^-8) + 2^-8, two ties that round to the
+         * even 1.0 each time. Element 1 is 1 + 0 + 1.5 * 2^-7 in either order: a tie between 0x3f81
+         * and 0x3f82, to even 0x3f82 (truncation would give 0x3f81). The rest: 2 + 4 + 8 = 14. */
+        for (size_t i = 0; i < N; i++)
+            h[i] = i == 0   ? (rank == 0 ? 0x3f80 : 0x3b80)
+                 : i == 1 ? (rank == 0 ? 0x3f80 : rank == 1 ? 0 : 0x3c40)
+                          : (uint16_t)(0x3f80 + 0x80 * (rank + 1));
+        RK_OK(bg_group_iallreduce_algo(g, h, N, BG_BF16, BG_REDUCE_SUM, algos[a], &rq));
+        RK_OK(bg_wait(rq));
+        bg_request_free(rq);
+        for (size_t i = 0; i < N; i++) {
+            uint16_t want = i == 0 ? (algos[a] == BG_ALLREDUCE_RING ? 0x3f81 : 0x3f80) : i == 1 ? 0x3f82 : 0x4160;
+            RK_CHECK(h[i] == want, "bf16 algo %d element %zu is 0x%04x, expected 0x%04x", a, i, h[i], want);
+        }
+    }
+    /* typed reduce-scatter: 3 x 4 doubles, member i gets elements [4i, 4i + 4) of the sum */
+    double rs_in[12], rs_out[4];
+    for (int i = 0; i < 12; i++)
+        rs_in[i] = (double)(i * 10 + rank) + 0.125;
+    RK_OK(bg_group_reduce_scatter(g, rs_in, rs_out, 4, BG_F64, BG_REDUCE_SUM));
+    for (int i = 0; i < 4; i++) {
+        int e = rank * 4 + i;
+        RK_CHECK(rs_out[i] == (double)(e * 30 + 3) + 0.375, "fp64 reduce-scatter element %d is %g", e, rs_out[i]);
+    }
+    /* typed all-gather and broadcast */
+    int64_t mine[2] = {(int64_t)rank << 40, -(int64_t)rank}, got[6];
+    RK_OK(bg_group_allgather(g, mine, got, 2, BG_I64));
+    for (int r = 0; r < 3; r++)
+        RK_CHECK(got[2 * r] == (int64_t)r << 40 && got[2 * r + 1] == -(int64_t)r, "int64 allgather of rank %d", r);
+    double b[3] = {rank == 1 ? 0.1 : 0, rank == 1 ? 1e300 : 0, rank == 1 ? -2.5 : 0};
+    RK_OK(bg_group_bcast(g, b, 3, BG_F64, 1));
+    RK_CHECK(b[0] == 0.1 && b[1] == 1e300 && b[2] == -2.5, "fp64 broadcast %g %g %g", b[0], b[1], b[2]);
+    /* chunk gather of int64: member i contributes chunk i */
+    for (size_t i = 0; i < N; i++)
+        l[i] = -1;
+    size_t co, cl;
+    bg_group_chunk(N, 3, rank, &co, &cl);
+    for (size_t i = co; i < co + cl; i++)
+        l[i] = (int64_t)i << 33;
+    bg_request_t *rq;
+    RK_OK(bg_group_iallgather_chunks(g, l, N, BG_I64, &rq));
+    RK_OK(bg_wait(rq));
+    bg_request_free(rq);
+    for (size_t i = 0; i < N; i++)
+        RK_CHECK(l[i] == (int64_t)i << 33, "int64 chunk gather element %zu", i);
+    uint8_t u = 1;
+    RK_CHECK(bg_group_allreduce(g, &u, 1, BG_U8, BG_REDUCE_SUM) == BG_ERR_INVALID, "a uint8 sum was accepted");
+    RK_CHECK(bg_group_allreduce(g, &u, 1, (bg_dtype_t)99, BG_REDUCE_SUM) == BG_ERR_INVALID, "type 99 accepted");
+    RK_OK(bg_group_barrier(g));
+    free(d);
+    free(l);
+    free(w);
+    free(h);
+    bg_group_destroy(g);
+    RK_OK(bg_comm_destroy(c));
+    return 0;
+}
+
+static void test_dtypes_3(void **s)
+{
+    (void)s;
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(3, rank_dtypes, NULL, 60, bgt_env, -1, &r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -417,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_4),
         cmocka_unit_test(test_groups_4),
         cmocka_unit_test(test_background_3),
+        cmocka_unit_test(test_dtypes_3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,7 +60,7 @@ static int rank_kill_allreduce(int rank, int world, void *arg)
     bg_status_t st = BG_OK;
     for (int it = 0; it < 1000 && st == BG_OK; it++) {
         bg_request_t *rq;
-        st = bg_group_iallreduce(g, buf, n, BG_REDUCE_SUM, &rq);
+        st = bg_group_iallreduce(g, buf, n, BG_F32, BG_REDUCE_SUM, &rq);
         if (st != BG_OK)
             break;
         if (rank == 2 && it == 1) {

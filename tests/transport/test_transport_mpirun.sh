@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # tests/transport/test_transport_mpirun.sh: 4 ranks under mpirun, bootstrapped
 # from Open MPI's variables (no BRIGADE_* set), allreduce checked exactly.
-set -euo pipefail
+. "$(dirname "$0")/../lib/harness.sh"
 bin=$BRIGADE_BINARY_DIR/tests/transport/bgt_mpi_allreduce
 unset BRIGADE_RANK BRIGADE_WORLD_SIZE BRIGADE_MASTER_PORT BRIGADE_MASTER_ADDR MASTER_PORT MASTER_ADDR RANK WORLD_SIZE
 export BRIGADE_TIMEOUT=30
 rc=0
 out=$(timeout 90 mpirun --allow-run-as-root --oversubscribe -np 4 "$bin" 2>&1) || rc=$?
-if [ $rc -ne 0 ]; then echo "$out"; echo "FAIL: mpirun exited $rc"; exit 1; fi
 echo "$out"
-grep -q "bgt_mpi_allreduce: 4 ranks OK" <<< "$out" || { echo "FAIL: rank 0 did not report success"; exit 1; }
-echo PASS
+[ $rc -eq 0 ] || die "mpirun exited $rc"
+grep -q "bgt_mpi_allreduce: 4 ranks OK" <<<"$out" && ok "4 ranks under mpirun: allreduce exact" || bad "rank 0 did not report success"
+finish

@@ -1,4 +1,4 @@
-/* runtime/schedule/simulate.c: discrete-event simulation of a program set.
+/* schedule/simulate.c: discrete-event simulation of a program set.
  * Each rank walks its list in order, exactly as the executor will: compute
  * ops take their stage's cost, sends are issued without blocking and arrive
  * after latency + bytes / bandwidth (messages on one directed link between
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 typedef struct {
     int peer;

@@ -1,4 +1,4 @@
-/* runtime/schedule/generate.c: the schedule generators (GPipe, 1F1B,
+/* schedule/generate.c: the schedule generators (GPipe, 1F1B,
  * interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, interleaved zero bubble, DualPipeV,
  * and DualPipe, whose two model copies are two chains of stages, each
  * microbatch running through one: bg__chain_first/last and bg__mb_first in
@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 typedef struct {
     int split;        /* B and W separate */

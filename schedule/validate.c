@@ -1,4 +1,4 @@
-/* runtime/schedule/validate.c: proves a program set correct before anything
+/* schedule/validate.c: proves a program set correct before anything
  * runs: ranges, each compute piece exactly once, per-rank order of the
  * dependencies, send/receive matching, and a deadlock-freedom walk under the
  * executor's semantics (each rank walks its list in order; a receive blocks
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 enum { P_F, P_BW, P_B, P_W, P_SA, P_RA, P_SG, P_RG, P_COUNT };
 

@@ -1,4 +1,4 @@
-/* runtime/schedule/trace_costs.c: the reader of executor traces (the Chrome
+/* schedule/trace_costs.c: the reader of executor traces (the Chrome
  * trace-event files of brigade train --trace): the schedule a run used, the
  * per-stage F, B, W, send and optimizer times it measured (medians), the
  * measured step time, and an SVG of one measured step. The file comes from
@@ -17,7 +17,8 @@
 #include "brigade/schedule.h"
 #include "core/check.h"
 #include "core/fileio.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
+#include "core/util.h"
 
 /* K_B: backward-input ("b"), K_BW: full backward ("B"). Traces before the
  * executor used the IR's names called these "B" and "BW": read_trace tells

@@ -1,4 +1,4 @@
-/* runtime/schedule/json.c: the JSON interchange format of a program set
+/* schedule/json.c: the JSON interchange format of a program set
  * (documented in docs/schedules.md), written and read with jansson. Reading
  * checks types and ranges and names the offending field by its JSON path;
  * it does not check dependencies (bg_schedule_validate does). */
@@ -10,7 +10,7 @@
 #include <jansson.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 static json_t *bg__to_json(const bg_schedule_t *s)
 {

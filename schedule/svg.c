@@ -1,4 +1,4 @@
-/* runtime/schedule/svg.c: SVG Gantt charts of a step: one lane per rank,
+/* schedule/svg.c: SVG Gantt charts of a step: one lane per rank,
  * compute boxes coloured by kind with the microbatch number on each box,
  * chunks > 0 hatched, transfers and receive waits on a thin row under the
  * lane, idle time as the grey lane background up to the step's end, a time
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 enum { TL_OTHER = BG_OP_KIND_COUNT, TL_IDLE, TL_NKEYS };
 

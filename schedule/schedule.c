@@ -1,4 +1,4 @@
-/* runtime/schedule/schedule.c: the schedule IR itself: names of kinds, the
+/* schedule/schedule.c: the schedule IR itself: names of kinds, the
  * program-set container (create, append, accessors, free) and the text
  * table. Generators, validation, JSON, simulation and SVG live in their own
  * files; this one must not know about any of them. */
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "runtime/schedule/schedule_impl.h"
+#include "schedule/schedule_impl.h"
 
 static const char *const bg__op_names[] = {
 #define BG__N(e, json, tok) json,

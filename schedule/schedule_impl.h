@@ -1,8 +1,8 @@
-/* runtime/schedule/schedule_impl.h: the body of bg_schedule_t and the
+/* schedule/schedule_impl.h: the body of bg_schedule_t and the
  * simulator result, plus a growable string used by the text/SVG writers.
- * Private to runtime/schedule; nothing outside this folder includes it. */
-#ifndef BG_RUNTIME_SCHEDULE_IMPL_H
-#define BG_RUNTIME_SCHEDULE_IMPL_H
+ * Private to schedule/; nothing outside this folder includes it. */
+#ifndef BG_SCHEDULE_IMPL_H
+#define BG_SCHEDULE_IMPL_H
 
 #include <stdarg.h>
 #include <stddef.h>

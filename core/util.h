@@ -1,0 +1,20 @@
+/* core/util.h: helpers shared by the library and the CLI that are not public
+ * API: the CLI gets them from bg_cli_util (tools/CMakeLists.txt), a static
+ * library built from core/util.c, not from libbrigade.so. Must not: grow into
+ * anything a host program needs (that belongs in include/brigade/). */
+#ifndef BG_CORE_UTIL_H
+#define BG_CORE_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Median of v[0..n) (sorts v in place; the mean of the two middle values
+ * when n is even; 0 when n is 0). */
+double bg_median(double *v, size_t n);
+
+/* A positive size such as 512M, 24G, 1.5GiB, 256K or 4096 (suffixes K, M, G,
+ * T of 1024, optionally followed by i and/or B): 0 and *bytes_p, or -1 for
+ * anything else ("auto", "0", "12Q"), setting nothing. */
+int bg_parse_bytes(const char *s, uint64_t *bytes_p);
+
+#endif

@@ -1,0 +1,294 @@
+/* runtime/exec_ckpt.c: the executor's state on disk: checkpoints (save,
+ * and resume with every rank agreeing on which one), weights, the trace.
+ * A strategy that holds state of its own takes part through the hooks
+ * settle, state_begin / state_end, save_checkpoint and weights_path; this
+ * file must not branch on which strategies are active. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brigade/checkpoint.h"
+#include "core/check.h"
+#include "core/fileio.h"
+#include "runtime/checkpoint_impl.h"
+#include "runtime/exec_impl.h"
+
+/* Every chunk's parameters whole (the EVERY hook settle). */
+bg_status_t bg__exec_settle(exec_t *x)
+{
+    BG__EACH_STRATEGY(x, s) if (s->ops->settle) BG_CHECK(s->ops->settle(x, s->self));
+    return BG_OK;
+}
+
+bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
+{
+    bg__strategy_t *own = BG__ONE(x, save_checkpoint);
+    if (own)
+        return own->ops->save_checkpoint(x, own->self, root, keep);
+    bg_model_t **models = NULL;
+    /* the full state while saving (full named tensors) */
+    BG__EACH_STRATEGY(x, s) if (s->ops->state_begin) BG_CHECK(s->ops->state_begin(x, s->self, 0));
+    BG_CHECK(bg__exec_chunk_models(x, &models));
+    int nmodels = 0; /* copies > 1: copy 0 is the model (the copies are identical); loading fills every copy */
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].copy == 0)
+            models[nmodels++] = x->chunks[v].model;
+    char extra[512];
+    snprintf(extra, sizeof(extra),
+             "{\"layout\":{\"pp\":%d,\"dp\":%d,\"tp\":%d,\"chunks\":%d,\"schedule\":\"%s\"},"
+             "\"optimizer\":\"%s\",\"lr\":%g,\"batch\":%d,\"microbatches\":%d}",
+             x->lay.pp, x->lay.dp, x->lay.tp, x->V, bg_schedule_name(x->sched),
+             x->p.optim.kind == BG_OPTIM_ADAMW ? "adamw" : "sgd",
+             (double)x->p.optim.lr, x->p.batch, x->M);
+    bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
+    p.root = root;
+    p.step = x->step;
+    p.models = models;
+    p.nmodels = nmodels;
+    p.comm = x->comm;
+    p.writer = x->lay.me.dp == 0 && x->lay.me.tp == 0; /* member 0 writes the tensor group's gathered tensors */
+    p.extra_json = extra;
+    p.keep = keep;
+    bg_status_t st = bg_checkpoint_save(&p);
+    free(models);
+    BG__EACH_STRATEGY(x, s) if (s->ops->state_end) s->ops->state_end(x, s->self, 0, st);
+    return st;
+}
+
+/* One rank's outcome of verifying or loading a checkpoint; every rank
+ * gathers all of them, so all agree on the checkpoint and on why one fails. */
+typedef struct load_vote {
+    int32_t st;
+    int32_t damaged;
+    char msg[504];
+} load_vote_t;
+
+/* Every rank's outcome of `mine` -> the job's: BG_OK when every rank's was;
+ * else the first failing rank's status and message (an incompatibility
+ * before damage, which a fallback cannot mend), *damaged_p as it says. */
+static bg_status_t agree(exec_t *x, bg_status_t mine, int damaged, int *damaged_p)
+{
+    load_vote_t v;
+    memset(&v, 0, sizeof v);
+    v.st = mine;
+    v.damaged = damaged;
+    if (mine != BG_OK)
+        snprintf(v.msg, sizeof v.msg, "%s", bg_last_error());
+    *damaged_p = damaged;
+    if (x->lay.world == 1)
+        return mine;
+    load_vote_t *all = malloc((size_t)x->lay.world * sizeof(*all));
+    BG_ALLOC_CHECK(all, (size_t)x->lay.world * sizeof(*all), "resume votes");
+    bg_status_t st = bg_group_allgather(x->world_group, &v, all, sizeof v, BG_U8);
+    if (st != BG_OK) {
+        free(all);
+        return st;
+    }
+    int bad = -1;
+    for (int r = 0; r < x->lay.world; r++)
+        if (all[r].st != BG_OK && (bad < 0 || (all[bad].damaged && !all[r].damaged)))
+            bad = r;
+    if (bad >= 0) {
+        all[bad].msg[sizeof all[bad].msg - 1] = 0;
+        *damaged_p = all[bad].damaged;
+        st = bg_error((bg_status_t)all[bad].st, "%s", all[bad].msg);
+    }
+    free(all);
+    return st;
+}
+
+/* Load checkpoint `dir` on every rank, or on none: the ranks first verify
+ * what they would read (apply = 0) and agree, so that a checkpoint damaged
+ * in one rank's file leaves every rank's models as they were. */
+static bg_status_t load_agreed(exec_t *x, bg_model_t **models, const char *dir, bg_checkpoint_info_t *info,
+                               int *damaged_p)
+{
+    int damaged = 0;
+    bg_status_t st;
+    if (x->lay.world > 1) {
+        bg_checkpoint_info_t probe;
+        st = bg__checkpoint_load(dir, models, x->V, &probe, &damaged, 0);
+        if (st == BG_OK)
+            bg_checkpoint_info_clear(&probe);
+        BG_CHECK(agree(x, st, damaged, damaged_p));
+    }
+    st = bg__checkpoint_load(dir, models, x->V, info, &damaged, 1);
+    bg_status_t all = agree(x, st, damaged, damaged_p);
+    if (all != BG_OK && st == BG_OK)
+        bg_checkpoint_info_clear(info);
+    return all;
+}
+
+/* The layout recorded by bg_executor_save_checkpoint in the manifest's "extra". */
+static void stored_layout(const char *extra_json, int *pp_p, int *dp_p)
+{
+    *pp_p = *dp_p = 0;
+    json_t *e = json_loads(extra_json ? extra_json : "{}", 0, NULL);
+    json_t *l = json_object_get(e, "layout");
+    if (json_is_integer(json_object_get(l, "pp")))
+        *pp_p = (int)json_integer_value(json_object_get(l, "pp"));
+    if (json_is_integer(json_object_get(l, "dp")))
+        *dp_p = (int)json_integer_value(json_object_get(l, "dp"));
+    json_decref(e);
+}
+
+static void resume_found(exec_t *x, const char *dir, bg_checkpoint_info_t *info, bg_resume_result_t *r)
+{
+    x->step = info->step;
+    r->found = 1;
+    r->step = info->step;
+    r->world = info->world;
+    snprintf(r->path, sizeof r->path, "%s", dir);
+    stored_layout(info->extra_json, &r->pp, &r->dp);
+    bg_checkpoint_info_clear(info);
+    bg_log(BG_LOG_INFO, "train", "resumed from %s (step %lld)", dir, (long long)r->step);
+}
+
+bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *pin, bg_resume_result_t *result_p)
+{
+    bg_resume_params_t p = BG_RESUME_PARAMS_INIT;
+    if (!pin || !result_p)
+        return bg_error(BG_ERR_INVALID, "bg_executor_resume_with: NULL params or result");
+    memcpy(&p, pin, pin->size < sizeof p ? pin->size : sizeof p);
+    if (!(p.path && *p.path) && !(p.root && *p.root))
+        return bg_error(BG_ERR_INVALID, "bg_executor_resume_with: neither a checkpoint root nor a path");
+    bg_resume_result_t r;
+    memset(&r, 0, sizeof r);
+    bg_model_t **models = NULL;
+    BG_CHECK(bg__exec_settle(x));
+    /* the full state in the models while loading (a strategy keeps its part after) */
+    BG__EACH_STRATEGY(x, s) if (s->ops->state_begin) BG_CHECK(s->ops->state_begin(x, s->self, 1));
+    BG_CHECK(bg__exec_chunk_models(x, &models));
+    bg_checkpoint_info_t info;
+    int damaged;
+    bg_status_t st = BG_OK;
+    if (p.path && *p.path) {
+        st = load_agreed(x, models, p.path, &info, &damaged);
+        if (st == BG_OK)
+            resume_found(x, p.path, &info, &r);
+        else
+            st = bg_error(st, "cannot resume from %s: %s", p.path, bg_last_error());
+        goto out;
+    }
+    bg__ckpt_dir_t *dirs = NULL;
+    size_t n = 0;
+    st = bg__checkpoint_dirs(p.root, &dirs, &n);
+    if (st == BG_ERR_NOT_FOUND) { /* no root yet: nothing to resume */
+        bg_error_clear();
+        st = BG_OK;
+        goto out;
+    }
+    for (size_t i = 0; st == BG_OK && i < n; i++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/%s", p.root, dirs[i].name);
+        st = load_agreed(x, models, dir, &info, &damaged);
+        if (st == BG_OK) {
+            resume_found(x, dir, &info, &r);
+            break;
+        }
+        if (!damaged) /* another model, optimizer or format: an older one is no better */
+            break;
+        if (r.invalid++ == 0)
+            snprintf(r.invalid_what, sizeof r.invalid_what, "%s", bg_last_error());
+        bg_log(BG_LOG_INFO, "train", "checkpoint %s is invalid: %s", dir, bg_last_error());
+        if (p.strict) {
+            st = bg_error(st, "the newest checkpoint is invalid (and strict resume refuses older ones): %s",
+                          r.invalid_what);
+            break;
+        }
+        st = BG_OK;
+    }
+    free(dirs);
+    if (st == BG_OK && !r.found && r.invalid && p.strict)
+        st = bg_error(BG_ERR_NOT_FOUND, "no valid checkpoint under %s (%d invalid; newest: %s)", p.root, r.invalid,
+                      r.invalid_what);
+out:
+    free(models);
+    BG__EACH_STRATEGY(x, s) if (s->ops->state_end) s->ops->state_end(x, s->self, 1, st);
+    if (st == BG_OK)
+        *result_p = r;
+    return st;
+}
+
+bg_status_t bg_executor_resume(bg_executor_t *x, const char *root, int *found_p)
+{
+    bg_resume_params_t p = BG_RESUME_PARAMS_INIT;
+    p.root = root;
+    bg_resume_result_t *r = malloc(sizeof *r);
+    BG_ALLOC_CHECK(r, sizeof *r, "resume result");
+    bg_status_t st = bg_executor_resume_with(x, &p, r);
+    if (st == BG_OK && r->invalid)
+        bg_log(BG_LOG_WARN, "train", "%d invalid checkpoint(s) under %s skipped (%s); %s", r->invalid, root,
+               r->invalid_what, r->found ? r->path : "none is valid: nothing resumed");
+    if (st == BG_OK)
+        *found_p = r->found;
+    free(r);
+    return st;
+}
+
+/* Where chunk v's weights go: the ONE hook weights_path, or by default
+ * replica 0 writes, one file per stage (one file for one stage). "": none. */
+static void weights_path(exec_t *x, int v, const char *dir, char *path, size_t cap)
+{
+    bg__strategy_t *own = BG__ONE(x, weights_path);
+    if (own)
+        own->ops->weights_path(x, own->self, v, dir, path, cap);
+    else if (x->lay.me.dp != 0)
+        path[0] = 0;
+    else if (x->S == 1)
+        snprintf(path, cap, "%s/model.safetensors", dir);
+    else
+        snprintf(path, cap, "%s/model-stage%03d.safetensors", dir, x->chunks[v].stage);
+}
+
+bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
+{
+    BG_CHECK(bg__exec_settle(x));
+    char *meta = NULL;
+    bg_status_t st = BG_OK;
+    for (int v = 0; v < x->V && st == BG_OK; v++) {
+        char path[4096];
+        if (x->chunks[v].copy > 0)
+            continue; /* the copies are identical: copy 0 is the model (its stage = the model stage) */
+        weights_path(x, v, dir, path, sizeof path);
+        if (!path[0])
+            continue;
+        if (!meta) { /* the first file this rank writes */
+            st = bg__fileio_mkdir_p(dir);
+            if (st == BG_OK)
+                st = bg_check_writable_dir(dir);
+            if (st == BG_OK)
+                st = bg_model_metadata_json(x->desc, &meta);
+            if (st != BG_OK)
+                break;
+        }
+        st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
+    }
+    free(meta);
+    return st;
+}
+
+bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir)
+{
+    bg_model_t **models = NULL;
+    BG_CHECK(bg__exec_settle(x));
+    BG_CHECK(bg__exec_chunk_models(x, &models));
+    bg_status_t st = bg_safetensors_load_dir(dir, models, x->V);
+    free(models);
+    return st;
+}
+
+bg_status_t bg_executor_write_trace(bg_executor_t *x)
+{
+    if (!x->trace)
+        return bg_error(BG_ERR_INVALID, "bg_executor_write_trace: the executor was created without a trace_path");
+    char meta[512];
+    snprintf(meta, sizeof(meta),
+             "{\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"tp\":%d,\"microbatches\":%d,\"chunks\":%d,\"steps\":%lld,"
+             "\"producer\":\"brigade " BRIGADE_VERSION_STRING "\"}",
+             bg_schedule_name(x->sched), x->lay.pp, x->lay.dp, x->lay.tp, x->M, bg_schedule_chunks(x->sched),
+             (long long)x->step);
+    return bg__trace_write(x->trace, x->p.trace_path, meta);
+}
+

@@ -1,0 +1,232 @@
+/* runtime/exec_impl.h: the executor's private body, shared by its files:
+ * the core (executor.c: create, the step loop, destroy; exec_ops.c: the
+ * table of instruction handlers; exec_grads.c: gradient buckets and the
+ * norm; exec_ckpt.c: checkpoints and weights) and the strategies that plug
+ * into it (runtime/strat_*.c, registered in runtime/strategy.c).
+ *
+ * A strategy is a table of hooks (bg__strategy_ops_t) plus its private
+ * state; the core calls the hooks at fixed points and never branches on
+ * which strategies are active (docs/architecture.md, "The executor core
+ * and its strategies"). Nothing outside runtime/ includes this header. */
+#ifndef BG_RUNTIME_EXEC_IMPL_H
+#define BG_RUNTIME_EXEC_IMPL_H
+
+#include <signal.h>
+#include <stddef.h>
+
+#include "brigade/executor.h"
+#include "brigade/schedule.h"
+#include "brigade/train.h"
+#include "core/fiber.h"
+#include "runtime/emulate.h"
+#include "runtime/layout.h"
+#include "runtime/staging.h"
+#include "runtime/tp.h"
+#include "runtime/trace.h"
+
+/* A gradient bucket: contiguous layers of a chunk, last layers first. */
+typedef struct bg__bucket {
+    int lo, hi;           /* layers */
+    size_t off, count;    /* floats of the flat gradient buffer */
+    bg__xfer_t *req;      /* its reduction in flight (the strategy's reduce hook), else NULL */
+    int started;
+} bg__bucket_t;
+
+typedef struct chunk {
+    int stage;              /* virtual stage */
+    int first, last;        /* layer range */
+    bg_model_t *model;
+    bg_stage_t *st;         /* NULL: a model without a stage (a parameter server's tensors) */
+    int is_first, is_last;  /* first / last stage of the whole pipeline (of its copy's chain) */
+    int copy, mb_last;      /* model copy (0: one copy) and the last microbatch through it */
+    int prev_local, next_local; /* stage-1 / stage+1 live on this rank */
+    int prev_rank, next_rank;   /* ranks of the neighbouring stages */
+    /* per microbatch */
+    bg__xfer_t **act_recv, **grad_recv, **act_send, **grad_send;
+    float **out;            /* forward output (valid until the slot ends) */
+    float **din;            /* input gradient (valid until the slot ends) */
+    int *begun, *pending_end;
+    bg_shape_t *out_shape;
+    void *hook;             /* the layer-done callback's argument */
+    bg__bucket_t *buckets;
+    int nbuckets;
+    double gsq;             /* sum of squares of the chunk's reduced gradients this step (grad_sumsq) */
+    double *tsq;            /* per tensor: the sum of squares of its reduced gradient this step */
+} chunk_t;
+
+typedef struct bg_executor exec_t;
+
+/* ---- strategies ----
+ *
+ * Hooks of kind EVERY are called for every active strategy, in registry
+ * order; hooks of kind ONE are handled by the first active strategy whose
+ * slot is non-NULL, else by the core's default (named per hook). Any slot
+ * may be NULL. `self` is the strategy's private state (from setup). */
+typedef struct bg__strategy_ops {
+    const char *name;
+    /* Is it on for this executor? Called once, after the layout is bound. Required. */
+    int (*active)(const exec_t *x);
+    /* EVERY: allocate the private state, after the groups and the backend, before the chunks. */
+    bg_status_t (*setup)(exec_t *x, void **self_p);
+    /* ONE: build chunk ch's model and stage (default: the layers first..last on a stage). */
+    bg_status_t (*chunk_model)(exec_t *x, void *self, chunk_t *ch);
+    /* ONE: chunk ch's optimizer state (default: the whole model's), after its buckets. */
+    bg_status_t (*chunk_optim)(exec_t *x, void *self, chunk_t *ch);
+    /* EVERY: every chunk exists (partners, buffers, maps over all chunks). */
+    bg_status_t (*ready)(exec_t *x, void *self);
+    /* ONE: the whole step of a rank that runs no program (default: the program). */
+    bg_status_t (*step)(exec_t *x, void *self, double tokens, bg_step_result_t *result_p);
+    /* EVERY: before the first instruction of a step (a failure fails the step). */
+    bg_status_t (*step_begin)(exec_t *x, void *self);
+    /* EVERY: a compute instruction's slot is ready, before its compute. */
+    bg_status_t (*before_compute)(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind);
+    /* EVERY: after the compute of a forward, backward (split: input only) or weight instruction. */
+    void (*after_compute)(exec_t *x, void *self, chunk_t *ch, bg_sched_op_kind_t kind);
+    /* EVERY: a receive instruction is about to wait for @p rq. */
+    void (*before_wait)(exec_t *x, void *self, bg__xfer_t *rq);
+    /* ONE: are @p layer's weight gradients reduced every microbatch (default 0: once a step)? */
+    int (*per_microbatch)(exec_t *x, void *self, chunk_t *ch, int layer);
+    /* EVERY: after each layer's weight gradient of microbatch mb (tensor sums done). */
+    bg_status_t (*layer_done)(exec_t *x, void *self, chunk_t *ch, int layer, int mb);
+    /* ONE: bucket b of ch is ready: start its reduction into ch->buckets[b].req (default: none). */
+    bg_status_t (*reduce)(exec_t *x, void *self, chunk_t *ch, int b);
+    /* EVERY: once a step, before this rank's first optimizer step, every reduction finished
+     * (the core finishes them first when any active strategy has this hook). */
+    bg_status_t (*before_optimizer)(exec_t *x, void *self);
+    /* EVERY: does tensor p count in the gradient norm (0: no; the core also asks tp)? */
+    int (*in_norm)(exec_t *x, void *self, const bg_param_t *p);
+    /* ONE: chunk ch's optimizer step (default: bucket by bucket, bg__exec_optimizer_step). */
+    bg_status_t (*optimizer)(exec_t *x, void *self, chunk_t *ch);
+    /* ONE: after the program: the step's result (default: one allreduce of loss, norm and stop). */
+    bg_status_t (*step_end)(exec_t *x, void *self, double t0, double tokens, bg_step_result_t *result_p);
+    /* EVERY: every chunk's parameters whole (before saving, loading, destroying). */
+    bg_status_t (*settle)(exec_t *x, void *self);
+    /* ONE: write a checkpoint (default: every chunk's full tensors, bg_checkpoint_save). */
+    bg_status_t (*save_checkpoint)(exec_t *x, void *self, const char *root, int keep);
+    /* EVERY: before a checkpoint is saved (loading 0) or loaded (1): the full optimizer state in the models. */
+    bg_status_t (*state_begin)(exec_t *x, void *self, int loading);
+    /* EVERY: after it (st: how it went). */
+    void (*state_end)(exec_t *x, void *self, int loading, bg_status_t st);
+    /* ONE: where chunk v's weights go, "" when this rank writes none of them (default: replica 0 writes). */
+    void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
+    /* EVERY: the predicted optimizer elements and gradient bytes (bg_executor_info), adjusted. */
+    void (*memory)(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes);
+    /* EVERY: after a failed step: free what is in flight. */
+    void (*cancel)(exec_t *x, void *self);
+    /* EVERY: bg_executor_destroy, before anything is freed (broken: a step failed). */
+    void (*finish)(exec_t *x, void *self, int broken);
+    /* EVERY: free the private state (the models still exist). */
+    void (*destroy)(exec_t *x, void *self);
+} bg__strategy_ops_t;
+
+/* The registry (runtime/strategy.c), in the order hooks are called. */
+extern const bg__strategy_ops_t *const bg__strategies[];
+
+typedef struct bg__strategy {
+    const bg__strategy_ops_t *ops;
+    void *self;
+} bg__strategy_t;
+
+struct bg_executor {
+    bg_executor_params_t p;
+    bg_model_desc_t *desc;
+    bg_comm_t *comm;
+    int own_comm;
+    bg_group_t *dp_group, *world_group; /* dp_group: NULL when the replicas do not reduce among themselves */
+    bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
+    bg_layout_t lay;        /* who holds what: degrees, this rank's coordinates, stage placement */
+    bg_backend_t *be;
+    bg__staging_t stg;      /* transfers of backend buffers between ranks */
+    bg_schedule_t *sched;
+    const bg_sched_op_t *ops;
+    size_t nops;
+    int V, M, S;
+    int copies, L;          /* model copies (bg_schedule_copies) and model stages S / copies */
+    chunk_t *chunks;        /* V */
+    int *first, *last;      /* layer range of each virtual stage */
+    int mbn;                /* sequences per microbatch per replica */
+    int tokens_in;          /* the model takes token ids */
+    int has_first, has_last; /* this rank holds the pipeline's first / last stage */
+    int classes, vocab, Tmax;
+    int64_t step;           /* steps done */
+    float loss_scale;
+    double loss;            /* this rank's share of the step's loss */
+    /* a backend that queues work (ops->event_record): each microbatch's
+     * per-token losses are copied here on the device and summed at the
+     * step's end, in the order the forwards ran, the host not waiting for
+     * the compute stream per microbatch (the same sums in the same order as
+     * summing at once; NULL on the CPU, which sums at once) */
+    float *loss_dev;        /* M x per_mb_floats */
+    size_t *loss_n;         /* each microbatch's count */
+    int *loss_mb, loss_k;   /* microbatches in forward order; how many this step */
+    size_t per_mb_floats;   /* tokens (or samples) of a microbatch at most: mbn x Tmax */
+    int32_t *tokens, *targets;
+    float *features;
+    size_t nfeatures;
+    int64_t fetched_step;   /* (step, mb) whose batch is in the buffers */
+    int fetched_mb;
+    bg_trace_t *trace;
+    int stashed, peak_stashed;
+    int64_t shared_step;    /* step whose before_optimizer hooks ran */
+    double busy;            /* compute seconds in the step */
+    uint64_t bytes_sent;    /* point-to-point bytes sent in the step */
+    volatile sig_atomic_t stop_req;
+    int broken;             /* a step failed: the executor cannot step again */
+    size_t act_base;        /* allocator bytes before the first step (params, grads, optimizer) */
+    size_t params;
+    double flops_per_step;
+    size_t predicted_act_bytes;
+    int predicted_stashed;
+    int numa_node;
+    bg__emulate_t *em;      /* --emulate: per-stage times; the stages compute nothing, the optimizer updates nothing */
+    bg_pair_t *pair;        /* BRIGADE_TP_OVERLAP=microbatch: two coroutines for paired instructions, else NULL */
+    bg__strategy_t strat[16]; /* the active strategies, in registry order */
+    int nstrat;
+};
+
+/* ---- the strategies' dispatch (runtime/strategy.c) ---- */
+bg_status_t bg__strategies_select(exec_t *x);   /* the active ones, then their setup */
+/* Walk the active strategies in registry order (EVERY hooks):
+ *     BG__EACH_STRATEGY(x, s) if (s->ops->step_begin) BG_CHECK(s->ops->step_begin(x, s->self)); */
+#define BG__EACH_STRATEGY(x, s) for (bg__strategy_t *s = (x)->strat; s < (x)->strat + (x)->nstrat; s++)
+/* The first active strategy having ONE hook h, NULL: none (the core's default). */
+#define BG__ONE(x, h) bg__strategy_find((x), offsetof(bg__strategy_ops_t, h))
+bg__strategy_t *bg__strategy_find(exec_t *x, size_t slot_offset);
+
+/* ---- the core's pieces other files use ---- */
+/* executor.c */
+bg_step_result_t bg__exec_step_result(const exec_t *x, double tokens, double dt);
+bg_status_t bg__exec_step_failed(exec_t *x, bg_status_t st);
+bg_status_t bg__exec_chunk_models(exec_t *x, bg_model_t ***models_p);
+/* exec_ops.c */
+bg_status_t bg__exec_seq_len(exec_t *x, int64_t step, int mb, int *t_p);
+bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p);
+uint32_t bg__exec_tag(const exec_t *x, int grad, int recv_stage, int mb);
+bg_status_t bg__exec_wait_free(bg__xfer_t **rq);
+bg_status_t bg__exec_reap_pending(exec_t *x, int force);
+bg_status_t bg__exec_post_ahead(exec_t *x, size_t i);
+bg_status_t bg__exec_run_op(exec_t *x, const bg_sched_op_t *o);
+bg_status_t bg__exec_run_pair(exec_t *x, size_t i, size_t j);
+const char *bg__exec_op_label(int kind);
+bg_status_t bg__exec_op_failed(exec_t *x, bg_status_t st, const bg_sched_op_t *op, const bg_sched_op_t *label);
+/* exec_grads.c */
+bg_status_t bg__exec_make_buckets(exec_t *x, chunk_t *ch);
+bg_status_t bg__exec_start_buckets(exec_t *x, chunk_t *ch, int layer);
+bg_status_t bg__exec_wait_bucket(exec_t *x, chunk_t *ch, int b);
+bg_status_t bg__exec_wait_buckets(exec_t *x, chunk_t *ch);
+bg_status_t bg__exec_before_optimizer(exec_t *x);
+int bg__exec_in_norm(exec_t *x, chunk_t *ch, int i);
+double bg__exec_grad_sumsq(exec_t *x, chunk_t *ch);
+bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch);
+void bg__exec_trace_bucket(exec_t *x, chunk_t *ch, int b);
+/* exec_ckpt.c */
+bg_status_t bg__exec_settle(exec_t *x);
+
+/* Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
+ * the receiving stage, or one of these for the strategies' exchanges, bits
+ * 0..15 the microbatch (a strategy's index). The parameter servers'
+ * protocol (runtime/ps.c) uses 0x3ffe too: it never runs with DualPipe's
+ * copies (refused at create). */
+enum { BG__TAG_TIES = 0x3fff, BG__TAG_COPIES = 0x3ffe };
+
+#endif

@@ -1,0 +1,200 @@
+/* runtime/strat_zero.c: the ZeRO strategy (--zero 1|2 over dp > 1;
+ * docs/data_parallel.md): each chunk's optimizer state (level 2: and its
+ * gradients) sharded over the data-parallel group, bucket by bucket. The
+ * sharding is runtime/zero.c's; this file calls it at the executor's hooks
+ * (a chunk's state, the step's start, before the compute, after each layer,
+ * a bucket's reduction, the optimizer, checkpoints) and must not touch the
+ * interpreter's slots. A call that blocked on a collective shows in the
+ * trace for its duration: ag_wait (the parameters' all-gathers of the last
+ * step, before a forward) or rs_wait (level 2: the backward waiting for a
+ * bucket's reduce-scatter). */
+#include <stdlib.h>
+
+#include "core/check.h"
+#include "runtime/exec_impl.h"
+#include "runtime/zero.h"
+
+typedef struct zero_state {
+    bg__zero_t **z; /* per chunk */
+} zero_state_t;
+
+static int zero_active(const exec_t *x) { return x->p.zero > 0; } /* 0 when dp = 1 (bg_executor_create) */
+
+static bg__zero_t *of(void *self, const exec_t *x, const chunk_t *ch)
+{
+    return ((zero_state_t *)self)->z[ch - x->chunks];
+}
+
+static bg_status_t zero_setup(exec_t *x, void **self_p)
+{
+    zero_state_t *Z = calloc(1, sizeof(*Z));
+    BG_ALLOC_CHECK(Z, sizeof(*Z), "zero state");
+    Z->z = calloc((size_t)x->V, sizeof(*Z->z));
+    if (!Z->z) {
+        free(Z);
+        return bg_error(BG_ERR_NOMEM, "zero state");
+    }
+    *self_p = Z;
+    return BG_OK;
+}
+
+/* The chunk's sharded optimizer state over its buckets. */
+static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
+{
+    zero_state_t *Z = self;
+    bg__zero_bucket_t *zb = calloc((size_t)ch->nbuckets + 1, sizeof(*zb));
+    BG_ALLOC_CHECK(zb, sizeof(*zb), "zero buckets");
+    for (int b = 0; b < ch->nbuckets; b++)
+        zb[b] = (bg__zero_bucket_t){ch->buckets[b].lo, ch->buckets[b].hi, ch->buckets[b].off, ch->buckets[b].count};
+    bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_group, zb, ch->nbuckets, x->p.optim.kind,
+                                     &Z->z[ch - x->chunks]);
+    free(zb);
+    return st;
+}
+
+static bg_status_t zero_step_begin(exec_t *x, void *self)
+{
+    for (int v = 0; v < x->V; v++)
+        BG_CHECK(bg__zero_begin_step(of(self, x, &x->chunks[v])));
+    return BG_OK;
+}
+
+enum { ZERO_SETTLE, ZERO_PREPARE, ZERO_LAYER_DONE };
+static bg_status_t zero_call(exec_t *x, bg__zero_t *z, chunk_t *ch, int mb, int what, int layer)
+{
+    int64_t w0 = bg__zero_waits(z);
+    double t0 = x->trace ? bg_now() : 0;
+    BG_CHECK(what == ZERO_SETTLE    ? bg__zero_settle(z)
+             : what == ZERO_PREPARE ? bg__zero_prepare(z, layer)
+                                    : bg__zero_layer_done(z, layer));
+    if (x->trace && bg__zero_waits(z) != w0)
+        bg__trace_event(x->trace, what == ZERO_SETTLE ? "ag_wait" : "rs_wait", mb, ch->stage, t0, bg_now(),
+                        (int)x->step + 1);
+    return BG_OK;
+}
+
+/* A forward waits for the parameters' all-gathers of the last step; a
+ * backward that writes weight gradients (level 2) aims them first. */
+static bg_status_t zero_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
+{
+    bg__zero_t *z = of(self, x, ch);
+    if (kind == BG_OP_FORWARD)
+        return zero_call(x, z, ch, mb, ZERO_SETTLE, 0);
+    if (kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_WEIGHT)
+        return zero_call(x, z, ch, mb, ZERO_PREPARE, ch->last);
+    return BG_OK;
+}
+
+static int zero_per_microbatch(exec_t *x, void *self, chunk_t *ch, int layer)
+{
+    return bg__zero_per_microbatch(of(self, x, ch), layer);
+}
+
+/* Level 2: every microbatch's buckets. */
+static bg_status_t zero_layer_done(exec_t *x, void *self, chunk_t *ch, int layer, int mb)
+{
+    return zero_call(x, of(self, x, ch), ch, mb, ZERO_LAYER_DONE, layer);
+}
+
+/* Host buffers only (refused with staging at create). */
+static bg_status_t zero_reduce(exec_t *x, void *self, chunk_t *ch, int b)
+{
+    bg_request_t *rq = NULL;
+    BG_CHECK(bg__zero_reduce(of(self, x, ch), b, &rq));
+    BG_CHECK(bg__xwrap(&x->stg, rq, &ch->buckets[b].req));
+    bg__exec_trace_bucket(x, ch, b);
+    return BG_OK;
+}
+
+/* The default optimizer step's order (bg__exec_optimizer_step), on the
+ * owned elements: each bucket waited for, its owned squares summed, its
+ * owned elements updated, then its parameters' all-gather starts. The norm
+ * is each replica's shard (summed over the replicas at the step's end). */
+static bg_status_t zero_optimizer(exec_t *x, void *self, chunk_t *ch)
+{
+    bg__zero_t *z = of(self, x, ch);
+    int norm = ch->copy == 0; /* the model's norm counts one copy */
+    int nt = bg_model_num_tensors(ch->model), t = (int)x->step + 1;
+    for (int i = 0; i < nt; i++)
+        ch->tsq[i] = 0;
+    for (int b = 0; b < ch->nbuckets; b++) {
+        BG_CHECK(bg__exec_wait_bucket(x, ch, b));
+        BG_CHECK(bg__zero_bucket_done(z, b, norm ? ch->tsq : NULL));
+        if (!x->em)
+            BG_CHECK(bg__zero_bucket_step(z, b, &x->p.optim, t));
+    }
+    ch->gsq = norm ? bg__exec_grad_sumsq(x, ch) : 0;
+    return BG_OK;
+}
+
+static bg_status_t zero_settle(exec_t *x, void *self)
+{
+    for (int v = 0; v < x->V; v++)
+        BG_CHECK(bg__zero_settle(of(self, x, &x->chunks[v])));
+    return BG_OK;
+}
+
+/* Checkpoints hold the full state: gathered to save, loaded whole then the shard kept. */
+static bg_status_t zero_state_begin(exec_t *x, void *self, int loading)
+{
+    for (int v = 0; v < x->V; v++)
+        BG_CHECK(loading ? bg__zero_expand_state(of(self, x, &x->chunks[v]))
+                         : bg__zero_gather_state(of(self, x, &x->chunks[v])));
+    return BG_OK;
+}
+
+static void zero_state_end(exec_t *x, void *self, int loading, bg_status_t st)
+{
+    (void)st;
+    for (int v = 0; v < x->V; v++)
+        if (loading)
+            bg__zero_take_state(of(self, x, &x->chunks[v]));
+        else
+            bg_model_optim_free(x->chunks[v].model);
+}
+
+static void zero_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+{
+    *optim_elems = *grad_bytes = 0;
+    for (int v = 0; v < x->V; v++) {
+        *optim_elems += bg__zero_owned(of(self, x, &x->chunks[v]));
+        *grad_bytes += bg__zero_grad_bytes(of(self, x, &x->chunks[v]));
+    }
+}
+
+static void zero_cancel(exec_t *x, void *self)
+{
+    for (int v = 0; v < x->V; v++)
+        bg__zero_cancel(of(self, x, &x->chunks[v]));
+}
+
+/* Before the stages and models: it aims the models' gradient pointers. */
+static void zero_destroy(exec_t *x, void *self)
+{
+    zero_state_t *Z = self;
+    if (!Z)
+        return;
+    for (int v = 0; v < x->V; v++)
+        bg__zero_destroy(Z->z[v]);
+    free(Z->z);
+    free(Z);
+}
+
+const bg__strategy_ops_t bg__strategy_zero = {
+    .name = "zero",
+    .active = zero_active,
+    .setup = zero_setup,
+    .chunk_optim = zero_chunk_optim,
+    .step_begin = zero_step_begin,
+    .before_compute = zero_before_compute,
+    .per_microbatch = zero_per_microbatch,
+    .layer_done = zero_layer_done,
+    .reduce = zero_reduce,
+    .optimizer = zero_optimizer,
+    .settle = zero_settle,
+    .state_begin = zero_state_begin,
+    .state_end = zero_state_end,
+    .memory = zero_memory,
+    .cancel = zero_cancel,
+    .destroy = zero_destroy,
+};
