@@ -810,20 +810,88 @@ out:
     return rc;
 }
 
+/* ------------------------------------------------------------- attention */
+
+static double bg__cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --attention B,T,NH,HS: the fused causal attention's forward and backward
+ * alone, medians of wall time and of the process's CPU time (on a shared
+ * machine the second leaves out the time other processes held the core; with
+ * one thread the two agree on an idle one). */
+static int bg__bench_attention(bg__kb_t *kb, int B, int T, int NH, int hs)
+{
+    bg_backend_t *be = kb->be;
+    int C = NH * hs;
+    size_t nc = (size_t)B * T * C, nws = bg_attention_ws_floats(B, T, C, NH),
+           nsc = bg_attention_scratch_floats(B, T, C, NH);
+    float *qkv = bg_backend_alloc(be, 3 * nc * sizeof(float), "bench qkv");
+    float *dqkv = bg_backend_alloc(be, 3 * nc * sizeof(float), "bench dqkv");
+    float *out = bg_backend_alloc(be, nc * sizeof(float), "bench out");
+    float *dout = bg_backend_alloc(be, nc * sizeof(float), "bench dout");
+    float *ws = bg_backend_alloc(be, (nws + nsc) * sizeof(float), "bench attention ws");
+    double *t = malloc(4 * (size_t)kb->repeat * sizeof(double));
+    int rc = 0;
+    if (!qkv || !dqkv || !out || !dout || !ws || !t) {
+        rc = bg_cli_status("bench kernels", BG_ERR_NOMEM);
+        goto out;
+    }
+    bg__fill_random(be, qkv, 3 * nc, 7);
+    bg__fill_random(be, dout, nc, 8);
+    double *tf = t, *tb = t + kb->repeat, *cf = t + 2 * kb->repeat, *cb = t + 3 * kb->repeat;
+    for (int r = -1; r < kb->repeat; r++) {
+        double w0 = bg_now(), c0 = bg__cpu_seconds();
+        bg_attention_forward(be, out, ws, qkv, B, T, C, NH);
+        be->ops->synchronize(be);
+        double w1 = bg_now(), c1 = bg__cpu_seconds();
+        bg_attention_backward(be, dqkv, ws + nws, dout, qkv, out, ws, B, T, C, NH);
+        be->ops->synchronize(be);
+        double w2 = bg_now(), c2 = bg__cpu_seconds();
+        if (r >= 0)
+            tf[r] = w1 - w0, tb[r] = w2 - w1, cf[r] = c1 - c0, cb[r] = c2 - c1;
+    }
+    for (int r = 0; r < kb->repeat; r++)
+        t[r] += tb[r], cf[r] += cb[r]; /* fwd+bwd per run, then the medians of each */
+    double m_fb = bg_median(tf, (size_t)kb->repeat), m_b = bg_median(tb, (size_t)kb->repeat);
+    double c_fb = bg_median(cf, (size_t)kb->repeat), c_b = bg_median(cb, (size_t)kb->repeat);
+    /* the causal pairs: forward 2 products, backward 5, of hs multiply-adds each */
+    double flop = 7.0 * 2.0 * B * (T * (T + 1.0) / 2.0) * C;
+    printf("  attention B=%d T=%d NH=%d hs=%d (causal): fwd+bwd %.3f ms (backward %.3f), %.1f GFLOP/s; "
+           "CPU time %.3f ms (backward %.3f)\n",
+           B, T, NH, hs, m_fb * 1e3, m_b * 1e3, flop / m_fb * 1e-9, c_fb * 1e3, c_b * 1e3);
+    json_array_append_new(kb->ops, json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "op", "attention",
+                                              "B", B, "T", T, "NH", NH, "hs", hs, "ms", m_fb * 1e3,
+                                              "backward_ms", m_b * 1e3, "cpu_ms", c_fb * 1e3,
+                                              "cpu_backward_ms", c_b * 1e3));
+out:
+    free(t);
+    bg_backend_free(be, qkv), bg_backend_free(be, dqkv), bg_backend_free(be, out);
+    bg_backend_free(be, dout), bg_backend_free(be, ws);
+    return rc;
+}
+
 static void bg__usage(FILE *f)
 {
     fprintf(f, "usage: brigade bench kernels [--threads N] [--sizes 256,512,1024] [--repeat R] [--json FILE]\n"
+               "                             [--attention B,T,NH,HS]...\n"
                "\n"
                "  --threads N   compute threads of the cpu backend (default: BRIGADE_NUM_THREADS or OpenMP's)\n"
                "  --sizes LIST  square GEMM sizes (default 256,512,1024)\n"
                "  --repeat R    timed runs per figure; the median is reported (default 5)\n"
+               "  --attention B,T,NH,HS  only the fused causal attention, forward + backward, at batch B,\n"
+               "                sequence T, NH heads of HS (repeatable); wall and CPU-time medians\n"
                "  --json FILE   also write the figures as JSON\n"
                "\n"
                "Prints GEMM GFLOP/s through the backend next to cblas_sgemm called directly\n"
                "with OpenBLAS's own threads (the reference) and their ratio, square and\n"
                "GPT-shaped, then per-op throughput at GPT-like sizes, then GPT training on one thread\n"
                "against the core's theoretical fp32 peak: the step's GEMMs by shape (inside the step and\n"
-               "alone) and the rest of the step by operation.\n");
+               "alone) and the rest of the step by operation. The first line names the kernels' ISA\n"
+               "(BRIGADE_CPU_ISA=avx512|avx2|default forces a narrower one, and the BLAS's with it).\n");
 }
 
 int bg_bench_kernels(int argc, char **argv)
@@ -832,6 +900,8 @@ int bg_bench_kernels(int argc, char **argv)
     long long threads = 0, repeat = 5, sizes[BG_BENCH_MAX_SIZES] = {256, 512, 1024};
     int nsizes = 3;
     const char *json_path = NULL;
+    long long att[BG_BENCH_MAX_SIZES][4];
+    int natt = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -857,8 +927,20 @@ int bg_bench_kernels(int argc, char **argv)
                 return bg_cli_fail(cmd, "--json needs a file name");
             json_path = v;
             i++;
+        } else if (!strcmp(f, "--attention")) {
+            int n = 0;
+            if (natt == BG_BENCH_MAX_SIZES)
+                return bg_cli_fail(cmd, "--attention: at most %d shapes", BG_BENCH_MAX_SIZES);
+            if (bg_cli_int_list(cmd, f, v, att[natt], 4, &n))
+                return 2;
+            if (n != 4 || att[natt][0] < 1 || att[natt][1] < 1 || att[natt][2] < 1 || att[natt][3] < 1 ||
+                att[natt][0] * att[natt][1] * att[natt][2] * att[natt][3] > (1LL << 28))
+                return bg_cli_fail(cmd, "--attention: expected B,T,NH,HS, four positive sizes (B*T*NH*HS <= 2^28)");
+            natt++;
+            i++;
         } else {
-            static const char *const known[] = {"--threads", "--repeat", "--sizes", "--json", "--help", NULL};
+            static const char *const known[] = {"--threads", "--repeat", "--sizes", "--json", "--attention", "--help",
+                                                NULL};
             return bg_cli_unknown_option(cmd, f, known);
         }
     }
@@ -871,8 +953,24 @@ int bg_bench_kernels(int argc, char **argv)
     bg__kb_t kb = {be, (int)repeat, json_array(), json_array()};
     int rc = 0;
 
-    printf("brigade bench kernels: backend %s, %d threads, median of %d runs\n\n", be->ops->name, be->num_threads,
-           kb.repeat);
+    bg_cpu_isa_t isa = BG_CPU_ISA_DEFAULT;
+    bg_cpu_isa(&isa); /* the backend's creation checked it */
+    bg_blas_info_t blas;
+    int have_blas = bg_blas_info(&blas) == BG_OK;
+    printf("brigade bench kernels: backend %s, %d threads, median of %d runs; kernels %s, OpenBLAS core %s\n\n",
+           be->ops->name, be->num_threads, kb.repeat, bg_cpu_isa_name(isa), have_blas ? blas.core : "?");
+    if (natt) {
+        for (int a = 0; a < natt && !rc; a++)
+            rc = bg__bench_attention(&kb, (int)att[a][0], (int)att[a][1], (int)att[a][2], (int)att[a][3]);
+        json_t *root = json_pack("{s:s, s:s, s:i, s:i, s:o}", "backend", be->ops->name, "isa", bg_cpu_isa_name(isa),
+                                 "threads", be->num_threads, "repeat", kb.repeat, "ops", kb.ops);
+        json_decref(kb.gemms);
+        if (!rc && json_path && json_dump_file(root, json_path, JSON_INDENT(2)) != 0)
+            rc = bg_cli_fail(cmd, "cannot write JSON to %s", json_path);
+        json_decref(root);
+        bg_backend_destroy(be);
+        return rc;
+    }
     printf("GEMM (GFLOP/s)          m     n     k   backend  OpenBLAS   ratio\n");
     for (int s = 0; s < nsizes && !rc; s++)
         rc = bg__bench_gemm(&kb, "square", 0, 0, (int)sizes[s], (int)sizes[s], (int)sizes[s]);

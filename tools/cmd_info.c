@@ -40,6 +40,11 @@ int bg_cmd_info(int argc, char **argv)
     printf("cpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,
            cpu.model, cpu.brand, cpu.avx ? " avx" : "", cpu.avx2_fma ? " avx2 fma" : "",
            cpu.avx512 ? " avx512(f,bw,dq,vl)" : "", cpu.amx ? " amx" : "", cpu.vector_bits);
+    bg_cpu_isa_t isa;
+    if (bg_cpu_isa(&isa) == BG_OK)
+        printf("cpu kernels: %s (BRIGADE_CPU_ISA=%s)\n", bg_cpu_isa_name(isa), bg_config_str("BRIGADE_CPU_ISA"));
+    else
+        printf("cpu kernels: none: %s\n", bg_last_error());
     bg_gemm_info_t g;
     int gemm_ok = bg_gemm_info(&g) == BG_OK;
     int dnnl_all = gemm_ok && !strcmp(g.nn, "oneDNN") && !strcmp(g.nt, "oneDNN") && !strcmp(g.tn, "oneDNN") &&

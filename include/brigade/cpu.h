@@ -16,7 +16,8 @@
  *   3. BRIGADE_BLAS_CORE=openblas: OpenBLAS's own detection.
  *   4. BRIGADE_BLAS_CORE=NAME: that core; "auto" (the default): the core
  *      for the widest vector ISA the CPU and the OS support (AVX-512:
- *      SkylakeX; AVX2+FMA: Haswell, Zen on AMD; AVX: Sandybridge).
+ *      SkylakeX; AVX2+FMA: Haswell, Zen on AMD; AVX: Sandybridge), capped
+ *      by BRIGADE_CPU_ISA (bg_cpu_isa; default: Prescott, generic SSE3).
  * For 4, OPENBLAS_CORETYPE is set in the environment for the duration of the
  * dlopen only (setenv, then unsetenv): a process-wide change for a moment,
  * so no other thread should read or write the environment meanwhile.
@@ -63,6 +64,26 @@ typedef struct bg_cpu_info {
 /** Fill @p info_p from CPUID. Never fails; cheap (a few CPUID instructions). */
 void bg_cpu_info(bg_cpu_info_t *info_p);
 
+/** The vector ISA of brigade's own CPU kernels: each kernel is compiled once
+ *  per ISA and a "cpu" backend runs one set, chosen when it is created. */
+typedef enum bg_cpu_isa {
+    BG_CPU_ISA_DEFAULT = 0, /**< plain x86-64 (SSE2), or the only build on other machines */
+    BG_CPU_ISA_AVX2 = 1,    /**< AVX2 + FMA (x86-64-v3: Haswell, Zen 1 and later) */
+    BG_CPU_ISA_AVX512 = 2,  /**< AVX-512 F, BW, DQ, VL (x86-64-v4) */
+} bg_cpu_isa_t;
+
+/** The ISA a "cpu" backend created now runs: the widest this CPU (and the
+ *  build) supports, capped by BRIGADE_CPU_ISA (auto|avx512|avx2|default, read
+ *  at each call). The same cap chooses the BLAS's kernels when the BLAS is
+ *  loaded (once per process: OpenBLAS's core, e.g. Haswell for avx2, and
+ *  oneDNN's maximum ISA), so that an AVX-512 machine can measure what an
+ *  AVX2-only one runs. Fails with BG_ERR_INVALID for an unknown value and
+ *  BG_ERR_UNSUPPORTED, naming the CPU, for an ISA it cannot execute. */
+bg_status_t bg_cpu_isa(bg_cpu_isa_t *isa_p);
+
+/** "avx512", "avx2" or "default" (the names BRIGADE_CPU_ISA takes). */
+const char *bg_cpu_isa_name(bg_cpu_isa_t isa);
+
 /** The CBLAS constants bg_blas_sgemm_fn takes (the values of every cblas.h). */
 enum { BG_CBLAS_ROW_MAJOR = 101, BG_CBLAS_COL_MAJOR = 102, BG_CBLAS_NO_TRANS = 111, BG_CBLAS_TRANS = 112 };
 
@@ -77,7 +98,8 @@ typedef struct bg_blas_info {
     const char *version;  /**< the library's own build string (openblas_get_config) */
     const char *core;     /**< kernel set in use (openblas_get_corename) */
     const char *chosen_by; /**< "preloaded", "OPENBLAS_CORETYPE", "openblas" (its own detection),
-                                "BRIGADE_BLAS_CORE" or "cpuid" (brigade, from the CPU's features) */
+                                "BRIGADE_BLAS_CORE", "cpuid" (brigade, from the CPU's features)
+                                or "BRIGADE_CPU_ISA" (from the features that variable leaves) */
     int fallback;         /**< 1: the core uses a narrower vector ISA than the CPU supports */
     bg_blas_sgemm_fn sgemm;           /**< cblas_sgemm of that library */
     void (*set_num_threads)(int n);   /**< openblas_set_num_threads (process-wide) */

@@ -35,7 +35,7 @@ typedef float bg__v8 __attribute__((vector_size(32), aligned(4), may_alias));
  * shuffles, GCC's and clang's __builtin_shufflevector: unpack, shufps and a 128-bit lane swap on AVX2 and
  * AVX-512); a scalar loop takes the columns past the last multiple of 8. */
 static inline __attribute__((always_inline)) void bg__att_transpose(float *restrict kt, const float *restrict k,
-                                                                    size_t ld, int nk, int hs)
+                            size_t ld, int nk, int hs)
 {
     int d8 = hs & ~7;
     for (int d0 = 0; d0 < d8; d0 += 8)
@@ -70,57 +70,61 @@ static inline __attribute__((always_inline)) void bg__att_transpose(float *restr
     }
 }
 
+/* 4-float vectors: one register on every x86-64 ISA (see bg__att_sum_bk) */
+typedef float bg__v4r __attribute__((vector_size(16)));
+typedef int bg__v4ri __attribute__((vector_size(16)));
+#define BG_VMAX(a, b, ti) ((__typeof__(a))((((ti)((a) > (b))) & (ti)(a)) | (~((ti)((a) > (b))) & (ti)(b))))
+static inline __attribute__((always_inline)) bg__v4r bg__att_ld4(const float *x)
+{
+    bg__v4r v;
+    memcpy(&v, x, sizeof(v));
+    return v;
+}
 /* sum of a*b in float over 16 lanes (lane j takes elements j, j+16, ...),
- * added in a fixed tree: D = rowsum(dO o O) of the backward */
+ * added in a fixed tree (lane j + lane j+8, then + j+4, j+2, j+1): D =
+ * rowsum(dO o O) of the backward. The lanes are four 4-float vectors (lanes
+ * 4q..4q+3 in vector q), registers on every ISA: as a float[16] array GCC
+ * kept them in memory on AVX2, each sum waiting on the previous store. */
 static inline __attribute__((always_inline)) float bg__att_dot(const float *restrict a, const float *restrict b, int n)
 {
-    float acc[16] = {0};
+    bg__v4r acc[4] = {{0}};
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++)
-            acc[j] += a[i + j] * b[i + j];
+        for (int q = 0; q < 4; q++)
+            acc[q] += bg__att_ld4(a + i + 4 * q) * bg__att_ld4(b + i + 4 * q);
+    float t[16];
+    memcpy(t, acc, sizeof(t));
     for (int j = 0; i + j < n; j++)
-        acc[j] += a[i + j] * b[i + j];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++)
-            acc[j] = acc[j] + acc[j + w];
-    return acc[0];
+        t[j] += a[i + j] * b[i + j];
+    memcpy(acc, t, sizeof(t));
+    bg__v4r h0 = acc[0] + acc[2], h1 = acc[1] + acc[3]; /* + lanes 8 apart */
+    bg__v4r c = h0 + h1;                                /* + 4 apart */
+    return (c[0] + c[2]) + (c[1] + c[3]);               /* + 2 apart, then + 1 apart */
 }
 
 /* Sum and maximum of a tile row of BG_ATT_BK = 32 floats in a fixed tree
  * (halves added lane by lane: 16, 8, 4 lanes, then (0 + 2) + (1 + 3)), in
- * registers: a serial chain over the row would cost its latency 32 times. */
-typedef float bg__v16r __attribute__((vector_size(64)));
-typedef int bg__v16i __attribute__((vector_size(64)));
-typedef float bg__v8r __attribute__((vector_size(32)));
-typedef int bg__v8ri __attribute__((vector_size(32)));
-typedef float bg__v4r __attribute__((vector_size(16)));
-typedef int bg__v4ri __attribute__((vector_size(16)));
-#define BG_VMAX(a, b, ti) ((__typeof__(a))((((ti)((a) > (b))) & (ti)(a)) | (~((ti)((a) > (b))) & (ti)(b))))
+ * registers: a serial chain over the row would cost its latency 32 times.
+ * Written on 4-float vectors, which every x86-64 ISA holds in one register
+ * (wider GCC vectors than the ISA's are split through the stack: on AVX2 a
+ * 64-byte vector went through memory in 16-byte pieces, whose reloads as
+ * 32-byte ones stall on store forwarding). */
 static inline __attribute__((always_inline)) float bg__att_sum_bk(const float *x)
 {
-    bg__v16r h16a, h16b;
-    memcpy(&h16a, x, 64), memcpy(&h16b, x + 16, 64);
-    bg__v16r a = h16a + h16b;
-    bg__v8r lo8, hi8;
-    memcpy(&lo8, &a, 32), memcpy(&hi8, (const char *)&a + 32, 32);
-    bg__v8r b = lo8 + hi8;
-    bg__v4r lo4, hi4;
-    memcpy(&lo4, &b, 16), memcpy(&hi4, (const char *)&b + 16, 16);
-    bg__v4r c = lo4 + hi4;
+    bg__v4r a[4], b[2], c;
+    for (int i = 0; i < 4; i++)
+        a[i] = bg__att_ld4(x + 4 * i) + bg__att_ld4(x + 16 + 4 * i);
+    b[0] = a[0] + a[2], b[1] = a[1] + a[3];
+    c = b[0] + b[1];
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
 static inline __attribute__((always_inline)) float bg__att_max_bk(const float *x)
 {
-    bg__v16r h16a, h16b;
-    memcpy(&h16a, x, 64), memcpy(&h16b, x + 16, 64);
-    bg__v16r a = BG_VMAX(h16a, h16b, bg__v16i);
-    bg__v8r lo8, hi8;
-    memcpy(&lo8, &a, 32), memcpy(&hi8, (const char *)&a + 32, 32);
-    bg__v8r b = BG_VMAX(lo8, hi8, bg__v8ri);
-    bg__v4r lo4, hi4;
-    memcpy(&lo4, &b, 16), memcpy(&hi4, (const char *)&b + 16, 16);
-    bg__v4r c = BG_VMAX(lo4, hi4, bg__v4ri);
+    bg__v4r a[4], b[2], c;
+    for (int i = 0; i < 4; i++)
+        a[i] = BG_VMAX(bg__att_ld4(x + 4 * i), bg__att_ld4(x + 16 + 4 * i), bg__v4ri);
+    b[0] = BG_VMAX(a[0], a[2], bg__v4ri), b[1] = BG_VMAX(a[1], a[3], bg__v4ri);
+    c = BG_VMAX(b[0], b[1], bg__v4ri);
     float m02 = c[0] > c[2] ? c[0] : c[2], m13 = c[1] > c[3] ? c[1] : c[3];
     return m02 > m13 ? m02 : m13;
 }
@@ -173,8 +177,8 @@ static inline void bg__att_axpy(float *restrict y, float a, const float *restric
 }
 
 /* One (batch, head): rows of q/k/v are ld = 3C apart, of o C apart. */
-BG_CPU_CLONES static void bg__att_fwd_head(float *o, float *lse, const float *q, const float *k, const float *v,
-                                           size_t ld, size_t ldo, int T, int hs, float scale)
+static void bg__att_fwd_head(float *o, float *lse, const float *q, const float *k, const float *v,
+                             size_t ld, size_t ldo, int T, int hs, float scale)
 {
     float ktile[BG_ATT_MAX_TILE];
     float *kt = hs <= BG_ATT_MAX_HS ? ktile : NULL;
@@ -219,54 +223,71 @@ BG_CPU_CLONES static void bg__att_fwd_head(float *o, float *lse, const float *q,
 /* ------------------------------------------------ register-blocked path */
 
 /* Head sizes up to BG_ATT_BLK_HS (GPT's 64-128) take this path: BG_ATT_RB query
- * rows at a time against a key tile, in explicit 16-float vectors (GCC vector
- * extensions: one AVX-512 register, two AVX2 ones), so each loaded key or value
- * vector feeds BG_ATT_RB multiply-adds and dK/dV/O accumulate in small local
- * tiles instead of one rank-1 update per row. Rows of V, K, Q and dO are copied
- * into tiles padded to HP = hs rounded up to 32 floats (two vectors), zeros in
- * the padding. */
+ * rows at a time against a key tile, in explicit vectors of the ISA's width
+ * (GCC vector extensions: 16 floats on AVX-512, 8 on AVX2, 4 below), so each
+ * loaded key or value vector feeds BG_ATT_RB multiply-adds and dK/dV/O
+ * accumulate in small local tiles instead of one rank-1 update per row. The
+ * columns go in groups of two vectors (BG_ATT_CW floats), so a 4-row block
+ * holds 8 accumulators, 2 loaded vectors and a broadcast: 11 registers, which
+ * AVX2's 16 hold (a whole 32-float tile row per group, 16 accumulators, did
+ * not: it spilled). Every output element sums its products in the same order
+ * whatever the width. Rows of V, K, Q and dO are copied into tiles padded to
+ * HP = hs rounded up to 32 floats, zeros in the padding. */
 #define BG_ATT_BLK_HS 128
 #define BG_ATT_RB 4
-typedef float bg__v16 __attribute__((vector_size(64), aligned(4), may_alias));
-#define BG_V16(p) (*(bg__v16 *)(p))
+#if defined(__AVX512F__)
+#define BG_ATT_VW 16
+#elif defined(__AVX__)
+#define BG_ATT_VW 8
+#else
+#define BG_ATT_VW 4
+#endif
+#define BG_ATT_CW (2 * BG_ATT_VW) /* floats per column group; divides BG_ATT_BK and HP */
+typedef float bg__vf __attribute__((vector_size(BG_ATT_VW * 4), aligned(4), may_alias));
+#define BG_VF(p) (*(bg__vf *)(p))
 
 static int bg__att_hp(int hs) { return (hs + 31) & ~31; }
 
 /* s[r][0..BK) = q_r . k_j for 4 rows (q_r rows ld apart; rows past nr repeat
  * the last), kt (hs, BK) the transposed key tile */
 static inline __attribute__((always_inline)) void bg__att_s4(float s[BG_ATT_RB][BG_ATT_BK], const float *q,
-                                                              size_t ld, int nr, const float *kt, int hs)
+                            size_t ld, int nr, const float *kt, int hs)
 {
     const float *q0 = q, *q1 = q + (nr > 1 ? ld : 0), *q2 = q + (nr > 2 ? 2 * ld : 0),
                 *q3 = q + (nr > 3 ? 3 * ld : 0);
-    bg__v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-    for (int d = 0; d < hs; d++) {
-        bg__v16 k0 = BG_V16(kt + (size_t)d * BG_ATT_BK), k1 = BG_V16(kt + (size_t)d * BG_ATT_BK + 16);
-        float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
-        a00 += x0 * k0, a01 += x0 * k1, a10 += x1 * k0, a11 += x1 * k1;
-        a20 += x2 * k0, a21 += x2 * k1, a30 += x3 * k0, a31 += x3 * k1;
+    for (int c = 0; c < BG_ATT_BK; c += BG_ATT_CW) {
+        bg__vf a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+        for (int d = 0; d < hs; d++) {
+            const float *kr = kt + (size_t)d * BG_ATT_BK + c;
+            bg__vf k0 = BG_VF(kr), k1 = BG_VF(kr + BG_ATT_VW);
+            float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
+            a00 += x0 * k0, a01 += x0 * k1, a10 += x1 * k0, a11 += x1 * k1;
+            a20 += x2 * k0, a21 += x2 * k1, a30 += x3 * k0, a31 += x3 * k1;
+        }
+        BG_VF(s[0] + c) = a00, BG_VF(s[0] + c + BG_ATT_VW) = a01, BG_VF(s[1] + c) = a10;
+        BG_VF(s[1] + c + BG_ATT_VW) = a11, BG_VF(s[2] + c) = a20, BG_VF(s[2] + c + BG_ATT_VW) = a21;
+        BG_VF(s[3] + c) = a30, BG_VF(s[3] + c + BG_ATT_VW) = a31;
     }
-    BG_V16(s[0]) = a00, BG_V16(s[0] + 16) = a01, BG_V16(s[1]) = a10, BG_V16(s[1] + 16) = a11;
-    BG_V16(s[2]) = a20, BG_V16(s[2] + 16) = a21, BG_V16(s[3]) = a30, BG_V16(s[3] + 16) = a31;
 }
 
 /* acc[r][0..HP) += sum_{j < nk} p[r][j] * x[j][0..HP) for 4 rows (acc rows HP
  * apart, x rows ldx apart, HP floats readable in each) */
 static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const float p[BG_ATT_RB][BG_ATT_BK],
-                                                               const float *x, size_t ldx, int nk, int HP)
+                            const float *x, size_t ldx, int nk, int HP)
 {
-    for (int c = 0; c < HP; c += 32) {
+    for (int c = 0; c < HP; c += BG_ATT_CW) {
         float *r0 = acc + c, *r1 = r0 + HP, *r2 = r1 + HP, *r3 = r2 + HP;
-        bg__v16 a00 = BG_V16(r0), a01 = BG_V16(r0 + 16), a10 = BG_V16(r1), a11 = BG_V16(r1 + 16);
-        bg__v16 a20 = BG_V16(r2), a21 = BG_V16(r2 + 16), a30 = BG_V16(r3), a31 = BG_V16(r3 + 16);
+        bg__vf a00 = BG_VF(r0), a01 = BG_VF(r0 + BG_ATT_VW), a10 = BG_VF(r1), a11 = BG_VF(r1 + BG_ATT_VW);
+        bg__vf a20 = BG_VF(r2), a21 = BG_VF(r2 + BG_ATT_VW), a30 = BG_VF(r3), a31 = BG_VF(r3 + BG_ATT_VW);
         for (int j = 0; j < nk; j++) {
-            bg__v16 x0 = BG_V16(x + (size_t)j * ldx + c), x1 = BG_V16(x + (size_t)j * ldx + c + 16);
+            const float *xr = x + (size_t)j * ldx + c;
+            bg__vf x0 = BG_VF(xr), x1 = BG_VF(xr + BG_ATT_VW);
             float p0 = p[0][j], p1 = p[1][j], p2 = p[2][j], p3 = p[3][j];
             a00 += p0 * x0, a01 += p0 * x1, a10 += p1 * x0, a11 += p1 * x1;
             a20 += p2 * x0, a21 += p2 * x1, a30 += p3 * x0, a31 += p3 * x1;
         }
-        BG_V16(r0) = a00, BG_V16(r0 + 16) = a01, BG_V16(r1) = a10, BG_V16(r1 + 16) = a11;
-        BG_V16(r2) = a20, BG_V16(r2 + 16) = a21, BG_V16(r3) = a30, BG_V16(r3 + 16) = a31;
+        BG_VF(r0) = a00, BG_VF(r0 + BG_ATT_VW) = a01, BG_VF(r1) = a10, BG_VF(r1 + BG_ATT_VW) = a11;
+        BG_VF(r2) = a20, BG_VF(r2 + BG_ATT_VW) = a21, BG_VF(r3) = a30, BG_VF(r3 + BG_ATT_VW) = a31;
     }
 }
 
@@ -274,20 +295,20 @@ static inline __attribute__((always_inline)) void bg__att_pv4(float *acc, const 
  * the 4 rows, HP floats readable in each): the transposed product of
  * bg__att_pv4, for dK and dV */
 static inline __attribute__((always_inline)) void bg__att_tv4(float *acc, const float w[BG_ATT_RB][BG_ATT_BK],
-                                                               const float *const x[BG_ATT_RB], int nk, int HP)
+                            const float *const x[BG_ATT_RB], int nk, int HP)
 {
-    for (int c = 0; c < HP; c += 32) {
+    for (int c = 0; c < HP; c += BG_ATT_CW) {
         const float *x0 = x[0] + c, *x1 = x[1] + c, *x2 = x[2] + c, *x3 = x[3] + c;
-        bg__v16 b00 = BG_V16(x0), b01 = BG_V16(x0 + 16), b10 = BG_V16(x1), b11 = BG_V16(x1 + 16);
-        bg__v16 b20 = BG_V16(x2), b21 = BG_V16(x2 + 16), b30 = BG_V16(x3), b31 = BG_V16(x3 + 16);
+        bg__vf b00 = BG_VF(x0), b01 = BG_VF(x0 + BG_ATT_VW), b10 = BG_VF(x1), b11 = BG_VF(x1 + BG_ATT_VW);
+        bg__vf b20 = BG_VF(x2), b21 = BG_VF(x2 + BG_ATT_VW), b30 = BG_VF(x3), b31 = BG_VF(x3 + BG_ATT_VW);
         for (int j = 0; j < nk; j++) {
             float *a = acc + (size_t)j * HP + c;
             float w0 = w[0][j], w1 = w[1][j], w2 = w[2][j], w3 = w[3][j];
             /* four multiply-adds in row order into the loaded accumulator */
-            bg__v16 s0 = BG_V16(a), s1 = BG_V16(a + 16);
+            bg__vf s0 = BG_VF(a), s1 = BG_VF(a + BG_ATT_VW);
             s0 += w0 * b00, s1 += w0 * b01, s0 += w1 * b10, s1 += w1 * b11;
             s0 += w2 * b20, s1 += w2 * b21, s0 += w3 * b30, s1 += w3 * b31;
-            BG_V16(a) = s0, BG_V16(a + 16) = s1;
+            BG_VF(a) = s0, BG_VF(a + BG_ATT_VW) = s1;
         }
     }
 }
@@ -300,8 +321,8 @@ static void bg__att_pad_rows(float *restrict dst, const float *restrict x, size_
             dst[(size_t)j * HP + d] = j < nk && d < hs ? x[(size_t)j * ld + d] : 0.0f;
 }
 
-BG_CPU_CLONES static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const float *k, const float *v,
-                                               size_t ld, size_t ldo, int T, int hs, float scale)
+static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const float *k, const float *v,
+                                 size_t ld, size_t ldo, int T, int hs, float scale)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vp[BG_ATT_BK * BG_ATT_BLK_HS], oacc[BG_ATT_BQ * BG_ATT_BLK_HS];
@@ -355,9 +376,9 @@ BG_CPU_CLONES static void bg__att_fwd_head_blk(float *o, float *lse, const float
  * dK and dV of the tile accumulate in local tiles (rows in order, 4 at a
  * time) and are written once; each block's dQ contribution from the tile is
  * summed locally and added to its dQ rows (key tiles in order). */
-BG_CPU_CLONES static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, const float *dout,
-                                               const float *o, const float *lse, const float *q, const float *k,
-                                               const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, const float *dout,
+                                 const float *o, const float *lse, const float *q, const float *k,
+                                 const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vt[BG_ATT_BLK_HS * BG_ATT_BK], kp[BG_ATT_BK * BG_ATT_BLK_HS];
@@ -447,8 +468,8 @@ static size_t bg__att_ooff(const bg__att_dims_t *d, int bh)
     return (size_t)(bh / d->NH) * d->T * d->ldo + (size_t)(bh % d->NH) * d->hs;
 }
 
-void bg__cpu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
-                               int hs)
+void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
+                                        int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
@@ -468,9 +489,9 @@ void bg__cpu_attention_forward(bg_backend_t *be, float *out, float *lse, const f
  *   dQ += scale dS K_j,  dK_j += scale dS^T Q.
  * dK and dV of the tile are summed over rows in order in dk/dv (the
  * destination rows of dqkv, zeroed first); dQ rows over key tiles in order. */
-BG_CPU_CLONES static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const float *dout,
-                                           const float *o, const float *lse, const float *q, const float *k,
-                                           const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const float *dout,
+                             const float *o, const float *lse, const float *q, const float *k,
+                             const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
 {
     float ktile[BG_ATT_MAX_TILE], vtile[BG_ATT_MAX_TILE];
     float *kt = hs <= BG_ATT_MAX_HS ? ktile : NULL, *vt = kt ? vtile : NULL;
@@ -508,8 +529,9 @@ BG_CPU_CLONES static void bg__att_bwd_head(float *dq, float *dk, float *dv, floa
     }
 }
 
-void bg__cpu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,
-                                const float *out, const float *lse, int B, int T, int NH, int hs)
+void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
+                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
+                                         int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);

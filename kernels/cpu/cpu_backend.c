@@ -4,7 +4,8 @@
  * the host reductions. The neural-network kernels live in cpu_nn.c.
  *
  * Determinism: elementwise ops compute each element independently; sum and
- * sumsq add fixed-size blocks (BG_CPU_SUM_BLOCK) serially in double and then
+ * sumsq add fixed-size blocks (BG_CPU_SUM_BLOCK; cpu_vec.h's fixed lanes, so
+ * the bits do not depend on the vector width) serially in double and then
  * the block sums in block order, so no result depends on the thread count.
  * GEMM runs fixed tiles through single-threaded OpenBLAS or oneDNN (see
  * below), which test_kernels checks bitwise for 1, 2 and 3 threads.
@@ -23,9 +24,9 @@
 #include "kernels/backend_impl.h"
 #include "kernels/bf16.h"
 #include "kernels/cpu/cpu_impl.h"
-#include "kernels/cpu/cpu_vec.h"
 
 typedef struct bg_cpu_impl {
+    const bg__cpu_kernels_t *k; /* the kernels compiled for the backend's ISA (cpu_impl.h) */
     const bg_blas_info_t *blas; /* OpenBLAS, loaded by cpu_blas.c */
     /* oneDNN's sgemm per operand layout (bg_gemm_info when the backend was
      * created): [0] A B, [1] A B^T, [2] A^T B and A^T B^T with m <= n,
@@ -338,14 +339,6 @@ static void bg__cpu_sgd_momentum(bg_backend_t *be, float *param, const float *gr
 
 /* ------------------------------------------------------------ reductions */
 
-/* One block of bg__cpu_reduce: the sum (of squares when sq) in double over
- * the fixed lanes of cpu_vec.h, so it vectorises and its bits do not depend
- * on the vector width. */
-BG_CPU_CLONES static double bg__reduce_block(const float *restrict x, size_t n, int sq)
-{
-    return sq ? bg__dot_f(x, x, (int)n) : bg__sum_f(x, (int)n);
-}
-
 /* Sum (squares when sq) of x[0..n) in double: blocks of BG_CPU_SUM_BLOCK
  * elements are summed over fixed lanes (in parallel across blocks), then the
  * block sums are added serially in block order. Partial sums are kept in a
@@ -355,6 +348,7 @@ static double bg__cpu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
     enum { GROUP = 1024 };
     double part[GROUP];
     int nt = bg__cpu_nt(be);
+    double (*block)(const float *, size_t, int) = ((const bg_cpu_impl_t *)be->impl)->k->reduce_block;
     size_t nblocks = (n + BG_CPU_SUM_BLOCK - 1) / BG_CPU_SUM_BLOCK;
     double total = 0.0;
     for (size_t g0 = 0; g0 < nblocks; g0 += GROUP) {
@@ -362,7 +356,7 @@ static double bg__cpu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 #pragma omp parallel for num_threads(nt) if (gn > 4) schedule(static)
         for (size_t bi = 0; bi < gn; bi++) {
             size_t lo = (g0 + bi) * BG_CPU_SUM_BLOCK;
-            part[bi] = bg__reduce_block(x + lo, lo + BG_CPU_SUM_BLOCK < n ? BG_CPU_SUM_BLOCK : n - lo, sq);
+            part[bi] = block(x + lo, lo + BG_CPU_SUM_BLOCK < n ? BG_CPU_SUM_BLOCK : n - lo, sq);
         }
         for (size_t bi = 0; bi < gn; bi++)
             total += part[bi];
@@ -372,6 +366,26 @@ static double bg__cpu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 
 static double bg__cpu_sum(bg_backend_t *be, const float *x, size_t n) { return bg__cpu_reduce(be, x, n, 0); }
 static double bg__cpu_sumsq(bg_backend_t *be, const float *x, size_t n) { return bg__cpu_reduce(be, x, n, 1); }
+
+/* --------------------------------------------------------- ISA dispatch */
+
+/* The op table's kernel entries: each calls the kernel compiled for the
+ * backend's ISA (chosen once, in bg__cpu_backend_init). */
+#define BG__CPU_KWRAP(name, params, args) \
+    void bg__cpu_##name params { ((const bg_cpu_impl_t *)be->impl)->k->name args; }
+BG_CPU_ISA_KERNELS(BG__CPU_KWRAP)
+#undef BG__CPU_KWRAP
+
+static const bg__cpu_kernels_t *bg__cpu_kernels_for(bg_cpu_isa_t isa)
+{
+#ifdef BG_CPU_ISA_VARIANTS
+    if (isa == BG_CPU_ISA_AVX512)
+        return &bg__cpu_kernels_avx512;
+    if (isa == BG_CPU_ISA_AVX2)
+        return &bg__cpu_kernels_avx2;
+#endif
+    return &bg__cpu_kernels_base;
+}
 
 /* ----------------------------------------------------------------- table */
 
@@ -394,10 +408,19 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
         nt = omp_get_max_threads();
     if (nt <= 0)
         nt = 1;
+    bg_cpu_isa_t isa; /* BRIGADE_CPU_ISA: a bad value or an ISA the CPU lacks fails here */
+    BG_CHECK(bg_cpu_isa(&isa));
     bg_gemm_info_t gemm; /* loads OpenBLAS (and oneDNN) on first use (cpu_blas.c) */
     BG_CHECK(bg_gemm_info(&gemm));
+    /* the table's own ISA (its compile's macros) is the one asked for: a
+     * build whose per-ISA flags went missing fails here, not silently */
+    const bg__cpu_kernels_t *k = bg__cpu_kernels_for(isa);
+    if (strcmp(k->isa, bg_cpu_isa_name(isa)) != 0)
+        return bg_error(BG_ERR_INTERNAL, "cpu backend: the kernels picked for %s were compiled for %s "
+                        "(kernels/CMakeLists.txt's per-ISA flags)", bg_cpu_isa_name(isa), k->isa);
     bg_cpu_impl_t *impl = calloc(1, sizeof(*impl));
     BG_ALLOC_CHECK(impl, sizeof(*impl), "the CPU backend");
+    impl->k = k;
     impl->blas = bg__cpu_blas();
     bg_dnnl_sgemm_fn dnnl = bg__cpu_dnnl_sgemm();
     impl->dnnl[0] = strcmp(gemm.nn, "oneDNN") ? NULL : dnnl;
@@ -426,6 +449,8 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     be->ops = &bg__cpu_ops;
     be->impl = impl;
     be->num_threads = nt;
+    bg_log(BG_LOG_DEBUG, "kernels", "cpu backend kernels: %s (BRIGADE_CPU_ISA=%s)", k->isa,
+           bg_config_str("BRIGADE_CPU_ISA"));
     bg_log(BG_LOG_DEBUG, "kernels", "cpu backend GEMM: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s%s%s)",
            gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall, gemm.mode, gemm.onednn ? "" : "; oneDNN: ",
            gemm.onednn ? "" : gemm.onednn_why);

@@ -19,6 +19,10 @@
  * backend runs it on one thread per GEMM tile by setting the calling OpenMP
  * task's thread count to 1, which a different OpenMP runtime would not see.
  *
+ * BRIGADE_CPU_ISA (bg_cpu_isa, also here) caps the ISA of brigade's own
+ * kernels and, when the libraries are loaded, OpenBLAS's core and oneDNN's
+ * maximum ISA, so a wide CPU can run what a narrower one would.
+ *
  * State: process-wide tables (bg__blas, bg__dnnl), each filled once under
  * pthread_once and read-only afterwards. Setting OPENBLAS_CORETYPE around the
  * dlopen is a momentary process-wide change (documented in cpu.h). Must not
@@ -101,6 +105,70 @@ void bg_cpu_info(bg_cpu_info_t *info_p)
     *info_p = c;
 }
 
+/* -------------------------------------------------------------- the ISA */
+
+static const char *const bg__isa_names[] = {"default", "avx2", "avx512"};
+
+const char *bg_cpu_isa_name(bg_cpu_isa_t isa)
+{
+    return (unsigned)isa < sizeof(bg__isa_names) / sizeof(bg__isa_names[0]) ? bg__isa_names[isa] : "?";
+}
+
+/* the widest ISA this CPU executes that the build has kernels for */
+static bg_cpu_isa_t bg__isa_top(const bg_cpu_info_t *c)
+{
+#ifdef BG_CPU_ISA_VARIANTS
+    return c->avx512 ? BG_CPU_ISA_AVX512 : c->avx2_fma ? BG_CPU_ISA_AVX2 : BG_CPU_ISA_DEFAULT;
+#else
+    (void)c;
+    return BG_CPU_ISA_DEFAULT;
+#endif
+}
+
+bg_status_t bg_cpu_isa(bg_cpu_isa_t *isa_p)
+{
+    bg_cpu_info_t c;
+    bg_cpu_info(&c);
+    bg_cpu_isa_t top = bg__isa_top(&c), want = top;
+    const char *v = bg_config_str("BRIGADE_CPU_ISA");
+    if (strcmp(v, "auto") != 0) {
+        int found = 0;
+        for (int i = 0; i < (int)(sizeof(bg__isa_names) / sizeof(bg__isa_names[0])); i++)
+            if (!strcmp(v, bg__isa_names[i]))
+                want = (bg_cpu_isa_t)i, found = 1;
+        if (!found)
+            return bg_error(BG_ERR_INVALID, "BRIGADE_CPU_ISA=\"%s\": expected auto, avx512, avx2 or default", v);
+    }
+    if (want > top) {
+#ifdef BG_CPU_ISA_VARIANTS
+        return bg_error(BG_ERR_UNSUPPORTED, "BRIGADE_CPU_ISA=%s, but this CPU (%s) executes at most %s", v,
+                        c.brand[0] ? c.brand : "unknown model", bg_cpu_isa_name(top));
+#else
+        return bg_error(BG_ERR_UNSUPPORTED, "BRIGADE_CPU_ISA=%s, but this build has only the default kernels "
+                        "(not an x86-64 GCC or clang build)", v);
+#endif
+    }
+    *isa_p = want;
+    return BG_OK;
+}
+
+/* The CPU's features with those above BRIGADE_CPU_ISA removed (the BLAS's
+ * choices follow it); *capped_p = 1 when BRIGADE_CPU_ISA lowered them. An
+ * invalid BRIGADE_CPU_ISA leaves the CPU as it is (the backend fails on it). */
+static void bg__cpu_capped(bg_cpu_info_t *c, int *capped_p)
+{
+    bg_cpu_info(c);
+    bg_cpu_isa_t isa;
+    *capped_p = 0;
+    if (bg_cpu_isa(&isa) != BG_OK || isa >= bg__isa_top(c))
+        return;
+    *capped_p = 1;
+    c->avx512 = 0;
+    if (isa < BG_CPU_ISA_AVX2)
+        c->avx2_fma = c->avx = 0;
+    c->vector_bits = c->avx2_fma ? 256 : 128;
+}
+
 /* ------------------------------------------------------------- the cores */
 
 /* Vector level of an OpenBLAS x86 core: 3 AVX-512, 2 AVX2+FMA, 1 AVX, 0
@@ -125,16 +193,17 @@ static int bg__core_level(const char *core)
 
 static int bg__cpu_level(const bg_cpu_info_t *c) { return c->avx512 ? 3 : c->avx2_fma ? 2 : c->avx ? 1 : 0; }
 
-/* The OpenBLAS core for the widest vector ISA the CPU supports; NULL below
- * AVX (OpenBLAS's own detection is as good as anything then). */
-static const char *bg__core_for(const bg_cpu_info_t *c)
+/* The OpenBLAS core for the widest vector ISA the CPU supports (capped: by
+ * BRIGADE_CPU_ISA); NULL below AVX (OpenBLAS's own detection is as good as
+ * anything then) unless capped. */
+static const char *bg__core_for(const bg_cpu_info_t *c, int capped)
 {
     int amd = !strcmp(c->vendor, "AuthenticAMD") || !strcmp(c->vendor, "HygonGenuine");
     switch (bg__cpu_level(c)) {
     case 3: return "SkylakeX";
     case 2: return amd ? "Zen" : "Haswell";
     case 1: return "Sandybridge";
-    default: return NULL;
+    default: return capped ? "Prescott" : NULL; /* BRIGADE_CPU_ISA=default: OpenBLAS's generic SSE3 kernels */
     }
 }
 
@@ -159,7 +228,8 @@ static void bg__blas_load_once(void)
 {
     static const char soname[] = "libopenblas.so.0";
     bg_cpu_info_t cpu;
-    bg_cpu_info(&cpu);
+    int capped;
+    bg__cpu_capped(&cpu, &capped);
     const char *chosen_by = "openblas", *core = NULL;
     /* the soname (LD_LIBRARY_PATH, the system's alternative), then the
      * library found at configure time */
@@ -175,7 +245,7 @@ static void bg__blas_load_once(void)
         if (user && *user)
             chosen_by = "OPENBLAS_CORETYPE";
         else if (mode && !strcmp(mode, "auto"))
-            core = bg__core_for(&cpu), chosen_by = core ? "cpuid" : "openblas";
+            core = bg__core_for(&cpu, capped), chosen_by = !core ? "openblas" : capped ? "BRIGADE_CPU_ISA" : "cpuid";
         else if (mode && strcmp(mode, "openblas") != 0)
             core = mode, chosen_by = "BRIGADE_BLAS_CORE";
         if (core)
@@ -302,6 +372,26 @@ static void bg__dnnl_load_once(void)
         bg__dnnl.sgemm = NULL;
         return;
     }
+    /* BRIGADE_CPU_ISA below the CPU: oneDNN's JIT is capped the same way
+     * (dnnl_set_max_cpu_isa, the API of ONEDNN_MAX_CPU_ISA: dnnl_types.h's
+     * dnnl_cpu_isa_avx2 = 0x7, dnnl_cpu_isa_sse41 = 0x1, its lowest). It only
+     * succeeds before oneDNN's first use in the process; when it fails,
+     * oneDNN is not used rather than run wider than asked. */
+    bg_cpu_info_t cpu;
+    int capped;
+    bg__cpu_capped(&cpu, &capped);
+    if (capped) {
+        int (*set_max_isa)(int);
+        *(void **)&set_max_isa = dlsym(h, "dnnl_set_max_cpu_isa");
+        int st = set_max_isa ? set_max_isa(cpu.avx2_fma ? 0x7 : 0x1) : -1;
+        if (st != 0) {
+            snprintf(bg__dnnl.why, sizeof(bg__dnnl.why),
+                     "%s %d.%d.%d: cannot cap its ISA as BRIGADE_CPU_ISA asks (dnnl_set_max_cpu_isa: %d; "
+                     "oneDNN used before brigade loaded it?)", soname, v->major, v->minor, v->patch, st);
+            bg__dnnl.sgemm = NULL;
+            return;
+        }
+    }
     Dl_info di;
     const char *path = dladdr(*(void **)&bg__dnnl.sgemm, &di) && di.dli_fname ? di.dli_fname : soname;
     snprintf(bg__dnnl.path, sizeof(bg__dnnl.path), "%s", path);
@@ -387,7 +477,8 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
      * everywhere OpenBLAS runs kernels narrower than the CPU. Elsewhere (AVX2
      * CPUs: not measured) OpenBLAS. */
     bg_cpu_info_t cpu;
-    bg_cpu_info(&cpu);
+    int capped;
+    bg__cpu_capped(&cpu, &capped);
     int ahead = g.onednn && (m_dnnl || (cpu.avx512 || blas.fallback));
     int ahead_tall = g.onednn && (m_dnnl || blas.fallback);
     g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";

@@ -1,7 +1,7 @@
 /* kernels/cpu/cpu_impl.h: what the CPU backend's source files share.
- * Owns the thread-count helper and the parallel thresholds; holds no state of
- * its own (the backend instance carries num_threads). Must not be included
- * outside kernels/cpu/. */
+ * Owns the thread-count helper, the parallel thresholds and the per-ISA kernel
+ * table's type; holds no state of its own (the backend instance carries
+ * num_threads and its ISA's table). Must not be included outside kernels/cpu/. */
 #ifndef BG_KERNELS_CPU_IMPL_H
 #define BG_KERNELS_CPU_IMPL_H
 
@@ -70,43 +70,109 @@ void *bg__cpu_streams(bg_backend_t *be);
 
 static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 0 ? be->num_threads : 1; }
 
-/* The neural-network kernels of cpu_nn.c; cpu_backend.c puts them in the table. */
-void bg__cpu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C);
-void bg__cpu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C);
-void bg__cpu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
-void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
-void bg__cpu_bias_gelu_forward(bg_backend_t *be, float *pre, float *out, const float *bias, int N, int C);
-void bg__cpu_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout, int N,
-                                int C);
-void bg__cpu_relu_forward(bg_backend_t *be, float *out, const float *in, size_t n);
-void bg__cpu_relu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n);
-void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
-                               const float *weight, const float *bias, int N, int C);
-void bg__cpu_layernorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
-                                      const float *weight, const float *mean, const float *rstd, int N, int C);
-void bg__cpu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *dbias, const float *dout,
-                                       const float *in, const float *mean, const float *rstd, int N, int C);
-void bg__cpu_softmax_forward(bg_backend_t *be, float *out, const float *in, int N, int C);
-void bg__cpu_softmax_backward(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C);
-void bg__cpu_causal_softmax_forward(bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T);
-void bg__cpu_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
-                                     float scale, int BH, int T);
-void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
-                                  const int32_t *targets, int N, int V);
-void bg__cpu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
-                                   float dloss, int N, int V);
-void bg__cpu_embedding_forward(bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,
-                               const float *wpe, int B, int T, int C);
-void bg__cpu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const float *dout,
-                                const int32_t *tokens, int B, int T, int C);
-void bg__cpu_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH, int hs);
-void bg__cpu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T,
-                       int NH, int hs);
-void bg__cpu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs);
-void bg__cpu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs);
-void bg__cpu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
-                               int hs);
-void bg__cpu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,
-                                const float *out, const float *lse, int B, int T, int NH, int hs);
+/* ------------------------------------------------------ per-ISA kernels
+ *
+ * cpu_nn.c and cpu_attention.c are compiled once per vector ISA (kernels/
+ * CMakeLists.txt: BG_ISA_ID 0 = the plain x86-64 baseline, 1 = AVX2 + FMA
+ * (x86-64-v3), 2 = AVX-512 (x86-64-v4); one compile, 0, elsewhere), and each
+ * compile exports its kernels as one table, bg__cpu_kernels_<isa>. A backend
+ * picks a table when it is created (bg_cpu_isa: the CPU's widest ISA, capped
+ * by BRIGADE_CPU_ISA) and the functions of the op table (cpu_backend.c, names
+ * bg__cpu_<kernel>) call through it: the choice can be forced, unlike an
+ * ifunc resolved at load time. X(name, parameters, arguments): */
+#define BG_CPU_ISA_KERNELS(X)                                                                                    \
+    X(bias_forward, (bg_backend_t *be, float *out, const float *bias, int N, int C), (be, out, bias, N, C))      \
+    X(bias_backward, (bg_backend_t *be, float *dbias, const float *dout, int N, int C), (be, dbias, dout, N, C)) \
+    X(gelu_forward, (bg_backend_t *be, float *out, const float *in, size_t n), (be, out, in, n))                 \
+    X(gelu_backward, (bg_backend_t *be, float *din, const float *in, const float *dout, size_t n),               \
+      (be, din, in, dout, n))                                                                                    \
+    X(bias_gelu_forward, (bg_backend_t *be, float *pre, float *out, const float *bias, int N, int C),            \
+      (be, pre, out, bias, N, C))                                                                                \
+    X(gelu_bias_backward, (bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,      \
+      int N, int C), (be, din, dbias, pre, dout, N, C))                                                          \
+    X(relu_forward, (bg_backend_t *be, float *out, const float *in, size_t n), (be, out, in, n))                 \
+    X(relu_backward, (bg_backend_t *be, float *din, const float *in, const float *dout, size_t n),               \
+      (be, din, in, dout, n))                                                                                    \
+    X(layernorm_forward, (bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,               \
+      const float *weight, const float *bias, int N, int C), (be, out, mean, rstd, in, weight, bias, N, C))      \
+    X(layernorm_backward_input, (bg_backend_t *be, float *din, const float *dout, const float *in,               \
+      const float *weight, const float *mean, const float *rstd, int N, int C),                                  \
+      (be, din, dout, in, weight, mean, rstd, N, C))                                                             \
+    X(layernorm_backward_weight, (bg_backend_t *be, float *dweight, float *dbias, const float *dout,             \
+      const float *in, const float *mean, const float *rstd, int N, int C),                                      \
+      (be, dweight, dbias, dout, in, mean, rstd, N, C))                                                          \
+    X(softmax_forward, (bg_backend_t *be, float *out, const float *in, int N, int C), (be, out, in, N, C))       \
+    X(softmax_backward, (bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C),       \
+      (be, din, dout, out, N, C))                                                                                \
+    X(causal_softmax_forward, (bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T),   \
+      (be, att, preatt, scale, BH, T))                                                                           \
+    X(causal_softmax_backward, (bg_backend_t *be, float *dpreatt, const float *datt, const float *att,           \
+      float scale, int BH, int T), (be, dpreatt, datt, att, scale, BH, T))                                       \
+    X(crossentropy_forward, (bg_backend_t *be, float *losses, float *probs, const float *logits,                 \
+      const int32_t *targets, int N, int V), (be, losses, probs, logits, targets, N, V))                         \
+    X(crossentropy_backward, (bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,      \
+      float dloss, int N, int V), (be, dlogits, probs, targets, dloss, N, V))                                    \
+    X(embedding_forward, (bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,                 \
+      const float *wpe, int B, int T, int C), (be, out, tokens, wte, wpe, B, T, C))                              \
+    X(embedding_backward, (bg_backend_t *be, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, \
+      int B, int T, int C), (be, dwte, dwpe, dout, tokens, B, T, C))                                             \
+    X(qkv_split, (bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH,        \
+      int hs), (be, q, k, v, qkv, B, T, NH, hs))                                                                 \
+    X(qkv_merge, (bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B,       \
+      int T, int NH, int hs), (be, dqkv, dq, dk, dv, B, T, NH, hs))                                              \
+    X(heads_merge, (bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs),                 \
+      (be, out, y, B, T, NH, hs))                                                                                \
+    X(heads_split, (bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs),               \
+      (be, dy, dout, B, T, NH, hs))                                                                              \
+    X(attention_forward, (bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,      \
+      int hs), (be, out, lse, qkv, B, T, NH, hs))                                                                \
+    X(attention_backward, (bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,      \
+      const float *out, const float *lse, int B, int T, int NH, int hs),                                         \
+      (be, dqkv, dvec, dout, qkv, out, lse, B, T, NH, hs))
+
+typedef struct bg__cpu_kernels {
+#define BG__CPU_KFIELD(name, params, args) void(*name) params;
+    BG_CPU_ISA_KERNELS(BG__CPU_KFIELD)
+#undef BG__CPU_KFIELD
+    /* one block of the sum/sumsq reductions: the sum (of squares when sq) in double over cpu_vec.h's lanes */
+    double (*reduce_block)(const float *x, size_t n, int sq);
+    /* the ISA this compile's instructions need, from the compiler's own macros (bg_cpu_isa_name's names):
+     * the backend checks it against the ISA it asked for */
+    const char *isa;
+} bg__cpu_kernels_t;
+
+extern const bg__cpu_kernels_t bg__cpu_kernels_base;
+#ifdef BG_CPU_ISA_VARIANTS
+extern const bg__cpu_kernels_t bg__cpu_kernels_avx2, bg__cpu_kernels_avx512;
+#endif
+
+#ifdef BG_ISA_ID
+/* Inside a per-ISA compile: the names it exports carry the ISA's suffix. */
+#if BG_ISA_ID == 2
+#define BG_ISA_FN(name) name##_avx512
+#elif BG_ISA_ID == 1
+#define BG_ISA_FN(name) name##_avx2
+#else
+#define BG_ISA_FN(name) name##_base
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define BG_ISA_COMPILED "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define BG_ISA_COMPILED "avx2"
+#else
+#define BG_ISA_COMPILED "default"
+#endif
+/* cpu_attention.c's kernels, put in the table by cpu_nn.c */
+void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
+                                        int NH, int hs);
+void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
+                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
+                                         int hs);
+#else
+/* The op table's entries (cpu_backend.c): each calls the backend's ISA's kernel. */
+#define BG__CPU_KDECL(name, params, args) void bg__cpu_##name params;
+BG_CPU_ISA_KERNELS(BG__CPU_KDECL)
+#undef BG__CPU_KDECL
+#endif
 
 #endif

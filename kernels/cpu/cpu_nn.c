@@ -1,8 +1,9 @@
 /* kernels/cpu/cpu_nn.c: the CPU backend's neural-network kernels: bias, GELU,
  * ReLU, LayerNorm, softmax (plain, causal, fused with cross-entropy),
  * embedding and the attention layout changes. C loops written for GCC's
- * vectoriser (cpu_vec.h: fixed-lane sums, a vectorisable expf, AVX-512 /
- * AVX2 / baseline clones picked at load time) + OpenMP over rows or chunks.
+ * vectoriser (cpu_vec.h: fixed-lane sums, a vectorisable expf) + OpenMP over
+ * rows or chunks. Compiled once per vector ISA (cpu_impl.h): exports only
+ * its ISA's kernel table, which holds these kernels and cpu_attention.c's.
  *
  * Determinism rule: row-wise kernels give each row to one thread; the
  * reductions over rows (bias_backward, layernorm_backward_weight,
@@ -28,7 +29,7 @@
 
 /* ------------------------------------------------------------------ bias */
 
-void bg__cpu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C)
+static void bg__k_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -39,7 +40,7 @@ void bg__cpu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N
     }
 }
 
-void bg__cpu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C)
+static void bg__k_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int N, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -70,7 +71,7 @@ void bg__cpu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, in
 #define BG_GELU_CHUNK 4096
 
 /* One element of each: the chunk kernels below and the fused bias + GELU
- * kernels (bg__cpu_bias_gelu_forward/backward) share them, so fused and
+ * kernels (bg__k_bias_gelu_forward, bg__k_gelu_bias_backward) share them, so fused and
  * unfused give the same bits. */
 static inline __attribute__((always_inline)) float bg__gelu_of(float x)
 {
@@ -94,20 +95,20 @@ static inline __attribute__((always_inline)) float bg__gelu_grad_of(float x, flo
     return grad * dy;
 }
 
-BG_CPU_CLONES static void bg__gelu_fwd_chunk(float *restrict out, const float *restrict in, size_t n)
+static void bg__gelu_fwd_chunk(float *restrict out, const float *restrict in, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = bg__gelu_of(in[i]);
 }
 
-BG_CPU_CLONES static void bg__gelu_bwd_chunk(float *restrict din, const float *restrict in,
-                                             const float *restrict dout, size_t n)
+static void bg__gelu_bwd_chunk(float *restrict din, const float *restrict in,
+                               const float *restrict dout, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         din[i] = bg__gelu_grad_of(in[i], dout[i]);
 }
 
-void bg__cpu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n)
+static void bg__k_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t n)
 {
     int nt = bg__cpu_nt(be);
     size_t nch = (n + BG_GELU_CHUNK - 1) / BG_GELU_CHUNK;
@@ -118,7 +119,7 @@ void bg__cpu_gelu_forward(bg_backend_t *be, float *out, const float *in, size_t 
     }
 }
 
-void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n)
+static void bg__k_gelu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n)
 {
     int nt = bg__cpu_nt(be);
     size_t nch = (n + BG_GELU_CHUNK - 1) / BG_GELU_CHUNK;
@@ -138,7 +139,7 @@ void bg__cpu_gelu_backward(bg_backend_t *be, float *din, const float *in, const 
  * bits of the two unfused kernels, for any thread count. At the MLP's shape
  * (256 x 1024, one thread): forward 0.86-0.88, backward 0.89-0.90 of the
  * unfused pair's time (docs/kernels.md). */
-BG_CPU_CLONES static void bg__bias_gelu_row(float *restrict pre, float *restrict out, const float *restrict bias, int C)
+static void bg__bias_gelu_row(float *restrict pre, float *restrict out, const float *restrict bias, int C)
 {
     for (int c = 0; c < C; c++) {
         float x = pre[c] + bias[c];
@@ -147,7 +148,7 @@ BG_CPU_CLONES static void bg__bias_gelu_row(float *restrict pre, float *restrict
     }
 }
 
-void bg__cpu_bias_gelu_forward(bg_backend_t *be, float *pre, float *out, const float *bias, int N, int C)
+static void bg__k_bias_gelu_forward(bg_backend_t *be, float *pre, float *out, const float *bias, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -158,8 +159,8 @@ void bg__cpu_bias_gelu_forward(bg_backend_t *be, float *pre, float *out, const f
 /* Columns c0..c0+cn of every row: din, and their sums over the rows in row
  * order (double, as bias_backward) added to dbias. The column sums live in
  * acc (cn doubles). */
-BG_CPU_CLONES static void bg__gelu_bias_bwd_cols(float *restrict din, float *restrict dbias, const float *restrict pre,
-                                                 const float *restrict dout, double *restrict acc, int N, int C, int cn)
+static void bg__gelu_bias_bwd_cols(float *restrict din, float *restrict dbias, const float *restrict pre,
+                                   const float *restrict dout, double *restrict acc, int N, int C, int cn)
 {
     for (int c = 0; c < cn; c++)
         acc[c] = 0;
@@ -181,8 +182,8 @@ BG_CPU_CLONES static void bg__gelu_bias_bwd_cols(float *restrict din, float *res
  * thread count. The sums of a range are kept on the stack up to
  * BG_GELU_BIAS_COLS columns, in ranges of at most that many. */
 #define BG_GELU_BIAS_COLS 2048
-void bg__cpu_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout, int N,
-                                int C)
+static void bg__k_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
+                                     int N, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -198,7 +199,7 @@ void bg__cpu_gelu_bias_backward(bg_backend_t *be, float *din, float *dbias, cons
     }
 }
 
-void bg__cpu_relu_forward(bg_backend_t *be, float *out, const float *in, size_t n)
+static void bg__k_relu_forward(bg_backend_t *be, float *out, const float *in, size_t n)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS) schedule(static)
@@ -206,7 +207,7 @@ void bg__cpu_relu_forward(bg_backend_t *be, float *out, const float *in, size_t 
         out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
-void bg__cpu_relu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n)
+static void bg__k_relu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, size_t n)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (n > BG_CPU_PAR_ELEMS) schedule(static)
@@ -218,8 +219,8 @@ void bg__cpu_relu_backward(bg_backend_t *be, float *din, const float *in, const 
 
 /* One row: mean and variance (two passes) in double over fixed lanes
  * (cpu_vec.h), the normalisation in float. */
-BG_CPU_CLONES static void bg__ln_fwd_row(float *restrict o, float *mean, float *rstd, const float *restrict x,
-                                         const float *restrict w, const float *restrict b, int C)
+static void bg__ln_fwd_row(float *restrict o, float *mean, float *rstd, const float *restrict x,
+                           const float *restrict w, const float *restrict b, int C)
 {
     double mu = bg__sum_f(x, C) / C;
     double v = bg__sumsq_dev_f(x, mu, C);
@@ -233,8 +234,8 @@ BG_CPU_CLONES static void bg__ln_fwd_row(float *restrict o, float *mean, float *
         *rstd = r;
 }
 
-void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
-                               const float *weight, const float *bias, int N, int C)
+static void bg__k_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
+                                    const float *weight, const float *bias, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -245,20 +246,22 @@ void bg__cpu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float 
 
 /* One row of the input gradient; dnorm = w * dy and norm = (x - m) r are
  * formed in float, their sums in double lanes. */
-BG_CPU_CLONES static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const float *restrict x,
-                                         const float *restrict w, float m, float r, int C)
+static void bg__ln_bwd_row(float *restrict dx, const float *restrict dy, const float *restrict x,
+                           const float *restrict w, float m, float r, int C)
 {
     double a1[BG_VEC_LANES], a2[BG_VEC_LANES];
-    bg__d8 v1 = {0}, v2 = {0};
+    bg__d4 v1[2] = {{0}}, v2[2] = {{0}};
     int c = 0;
-    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES) {
-        bg__f8 norm = (*(const bg__f8 *)(x + c) - m) * r;
-        bg__f8 dnorm = *(const bg__f8 *)(w + c) * *(const bg__f8 *)(dy + c);
-        bg__d8 dn = __builtin_convertvector(dnorm, bg__d8);
-        v1 += dn;
-        v2 += dn * __builtin_convertvector(norm, bg__d8);
-    }
-    BG_D8_STORE(a1, v1), BG_D8_STORE(a2, v2);
+    for (; c + BG_VEC_LANES <= C; c += BG_VEC_LANES)
+        for (int h = 0; h < 2; h++) {
+            int o = c + 4 * h;
+            bg__f4 norm = (*(const bg__f4 *)(x + o) - m) * r;
+            bg__f4 dnorm = *(const bg__f4 *)(w + o) * *(const bg__f4 *)(dy + o);
+            bg__d4 dn = __builtin_convertvector(dnorm, bg__d4);
+            v1[h] += dn;
+            v2[h] += dn * __builtin_convertvector(norm, bg__d4);
+        }
+    BG_D8_STORE(a1, v1[0], v1[1]), BG_D8_STORE(a2, v2[0], v2[1]);
     for (int j = 0; c + j < C; j++) {
         float norm = (x[c + j] - m) * r;
         float dnorm = w[c + j] * dy[c + j];
@@ -273,8 +276,8 @@ BG_CPU_CLONES static void bg__ln_bwd_row(float *restrict dx, const float *restri
     }
 }
 
-void bg__cpu_layernorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
-                                      const float *weight, const float *mean, const float *rstd, int N, int C)
+static void bg__k_layernorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                           const float *weight, const float *mean, const float *rstd, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -284,9 +287,9 @@ void bg__cpu_layernorm_backward_input(bg_backend_t *be, float *din, const float 
 
 /* One column block of the weight gradient: rows in order, per-column double
  * accumulators (vectorised across the block's columns). */
-BG_CPU_CLONES static void bg__ln_wgrad_block(double *restrict aw, double *restrict ab, const float *dout,
-                                             const float *in, const float *mean, const float *rstd, int N, int C,
-                                             int c0, int cn)
+static void bg__ln_wgrad_block(double *restrict aw, double *restrict ab, const float *dout,
+                               const float *in, const float *mean, const float *rstd, int N, int C,
+                               int c0, int cn)
 {
     for (int n = 0; n < N; n++) {
         const float *restrict x = in + (size_t)n * C + c0, *restrict dy = dout + (size_t)n * C + c0;
@@ -299,8 +302,8 @@ BG_CPU_CLONES static void bg__ln_wgrad_block(double *restrict aw, double *restri
     }
 }
 
-void bg__cpu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *dbias, const float *dout,
-                                       const float *in, const float *mean, const float *rstd, int N, int C)
+static void bg__k_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *dbias, const float *dout,
+                                            const float *in, const float *mean, const float *rstd, int N, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -324,7 +327,7 @@ void bg__cpu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *
 /* Numerically stable softmax of x[0..n) * scale into y (y may equal x); the
  * sum of the exponentials in double lanes. Returns that sum and, when mx_p is
  * not NULL, the maximum subtracted. */
-BG_CPU_CLONES static double bg__softmax_row(float *y, float *mx_p, const float *x, float scale, int n)
+static double bg__softmax_row(float *y, float *mx_p, const float *x, float scale, int n)
 {
     float mx = bg__max_scaled_f(x, scale, n);
     if (mx_p)
@@ -337,14 +340,14 @@ BG_CPU_CLONES static double bg__softmax_row(float *y, float *mx_p, const float *
 }
 
 /* y[j] = scale * a[j] * (da[j] - sum_k a[k] da[k]) (dy may equal da) */
-BG_CPU_CLONES static void bg__softmax_bwd_row(float *dy, const float *da, const float *a, float scale, int n)
+static void bg__softmax_bwd_row(float *dy, const float *da, const float *a, float scale, int n)
 {
     float d = (float)bg__dot_f(a, da, n);
     for (int j = 0; j < n; j++)
         dy[j] = scale * a[j] * (da[j] - d);
 }
 
-void bg__cpu_softmax_forward(bg_backend_t *be, float *out, const float *in, int N, int C)
+static void bg__k_softmax_forward(bg_backend_t *be, float *out, const float *in, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -352,7 +355,7 @@ void bg__cpu_softmax_forward(bg_backend_t *be, float *out, const float *in, int 
         bg__softmax_row(out + (size_t)n * C, NULL, in + (size_t)n * C, 1.0f, C);
 }
 
-void bg__cpu_softmax_backward(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C)
+static void bg__k_softmax_backward(bg_backend_t *be, float *din, const float *dout, const float *out, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, C)) schedule(static)
@@ -362,7 +365,7 @@ void bg__cpu_softmax_backward(bg_backend_t *be, float *din, const float *dout, c
 
 /* In place (att == preatt) is allowed: the causal softmax ops are kept for
  * backends and tests (attention itself is the fused kernel of cpu_attention.c). */
-void bg__cpu_causal_softmax_forward(bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T)
+static void bg__k_causal_softmax_forward(bg_backend_t *be, float *att, const float *preatt, float scale, int BH, int T)
 {
     int nt = bg__cpu_nt(be);
     long long rows = (long long)BH * T;
@@ -376,8 +379,8 @@ void bg__cpu_causal_softmax_forward(bg_backend_t *be, float *att, const float *p
 }
 
 /* In place (dpreatt == datt) is allowed. */
-void bg__cpu_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
-                                     float scale, int BH, int T)
+static void bg__k_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const float *datt, const float *att,
+                                          float scale, int BH, int T)
 {
     int nt = bg__cpu_nt(be);
     long long rows = (long long)BH * T;
@@ -392,14 +395,14 @@ void bg__cpu_causal_softmax_backward(bg_backend_t *be, float *dpreatt, const flo
 
 /* --------------------------------------------------------- cross-entropy */
 
-BG_CPU_CLONES static void bg__scale_row(float *restrict d, const float *restrict p, float s, int n)
+static void bg__scale_row(float *restrict d, const float *restrict p, float s, int n)
 {
     for (int j = 0; j < n; j++)
         d[j] = p[j] * s;
 }
 
-void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
-                                  const int32_t *targets, int N, int V)
+static void bg__k_crossentropy_forward(bg_backend_t *be, float *losses, float *probs, const float *logits,
+                                       const int32_t *targets, int N, int V)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, V)) schedule(static)
@@ -416,8 +419,8 @@ void bg__cpu_crossentropy_forward(bg_backend_t *be, float *losses, float *probs,
 
 /* dlogits = probs * dloss, then the target's entry (p - 1) * dloss: the same
  * bits as (p - onehot) * dloss. */
-void bg__cpu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
-                                   float dloss, int N, int V)
+static void bg__k_crossentropy_backward(bg_backend_t *be, float *dlogits, const float *probs, const int32_t *targets,
+                                        float dloss, int N, int V)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(N, V)) schedule(static)
@@ -433,8 +436,8 @@ void bg__cpu_crossentropy_backward(bg_backend_t *be, float *dlogits, const float
 
 /* ------------------------------------------------------------- embedding */
 
-void bg__cpu_embedding_forward(bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,
-                               const float *wpe, int B, int T, int C)
+static void bg__k_embedding_forward(bg_backend_t *be, float *out, const int32_t *tokens, const float *wte,
+                                    const float *wpe, int B, int T, int C)
 {
     int nt = bg__cpu_nt(be);
     int rows = B * T;
@@ -454,8 +457,8 @@ void bg__cpu_embedding_forward(bg_backend_t *be, float *out, const int32_t *toke
 
 /* Column blocks: each thread owns whole columns of dwte and dwpe, so rows
  * sharing a token are added in (b,t) order by one thread. */
-void bg__cpu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const float *dout,
-                                const int32_t *tokens, int B, int T, int C)
+static void bg__k_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const float *dout,
+                                     const int32_t *tokens, int B, int T, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -482,7 +485,8 @@ void bg__cpu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, cons
 
 /* --------------------------------------------------- attention layouts */
 
-void bg__cpu_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH, int hs)
+static void bg__k_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const float *qkv, int B, int T, int NH,
+                            int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
@@ -500,8 +504,8 @@ void bg__cpu_qkv_split(bg_backend_t *be, float *q, float *k, float *v, const flo
     }
 }
 
-void bg__cpu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B, int T,
-                       int NH, int hs)
+static void bg__k_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const float *dk, const float *dv, int B,
+                            int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
@@ -519,7 +523,7 @@ void bg__cpu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const flo
     }
 }
 
-void bg__cpu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs)
+static void bg__k_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
@@ -532,7 +536,7 @@ void bg__cpu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, in
     }
 }
 
-void bg__cpu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs)
+static void bg__k_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
@@ -544,3 +548,23 @@ void bg__cpu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, 
             memcpy(dy + (((size_t)b * NH + h) * T + t) * hs, dout + (size_t)r * C + h * hs, (size_t)hs * sizeof(float));
     }
 }
+
+/* ------------------------------------------------------------ reductions */
+
+/* One block of the backend's sum and sumsq (cpu_backend.c). */
+static double bg__k_reduce_block(const float *restrict x, size_t n, int sq)
+{
+    return sq ? bg__dot_f(x, x, (int)n) : bg__sum_f(x, (int)n);
+}
+
+/* ----------------------------------------------------------------- table */
+
+#define bg__k_attention_forward BG_ISA_FN(bg__k_attention_forward)
+#define bg__k_attention_backward BG_ISA_FN(bg__k_attention_backward)
+const bg__cpu_kernels_t BG_ISA_FN(bg__cpu_kernels) = {
+#define BG__CPU_KFILL(name, params, args) .name = bg__k_##name,
+    BG_CPU_ISA_KERNELS(BG__CPU_KFILL)
+#undef BG__CPU_KFILL
+    .reduce_block = bg__k_reduce_block,
+    .isa = BG_ISA_COMPILED,
+};

@@ -1,13 +1,11 @@
-/* kernels/cpu/cpu_vec.h: the CPU kernels' vector building blocks: the
- * run-time ISA dispatch attribute, a vectorisable expf, and fixed-order
- * lane sums and maxima. Holds no state. Must not be included outside
- * kernels/cpu/.
+/* kernels/cpu/cpu_vec.h: the CPU kernels' vector building blocks: a
+ * vectorisable expf, and fixed-order lane sums and maxima. Holds no state.
+ * Must not be included outside kernels/cpu/.
  *
- * Dispatch: a function marked BG_CPU_CLONES is compiled three times (AVX-512,
- * AVX2, the build's baseline) and the dynamic loader picks one per process
- * from CPUID (GCC target_clones, an ifunc). Only plain loops go in such
- * functions; OpenMP regions stay outside (their outlined bodies would not be
- * cloned), so the parallel kernels call a cloned worker per row or per chunk.
+ * ISAs: the files using these are compiled once per vector ISA (cpu_impl.h,
+ * kernels/CMakeLists.txt) and the backend picks one compile's kernels when it
+ * is created, so these plain loops are vectorised for AVX-512, AVX2 or the
+ * baseline by the compiler's flags, not by attributes.
  *
  * Bits: C11 mode compiles with -ffp-contract=off (no FMA contraction), and
  * every sum below is written with explicit lanes whose order the source fixes,
@@ -19,12 +17,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define BG_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BG_CPU_CLONES
-#endif
 
 /* Lanes of the fixed-order sums: 8 doubles (one AVX-512 register, two AVX2). */
 #define BG_VEC_LANES 8
@@ -79,26 +71,30 @@ static inline double bg__lanes_total(const double *acc)
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* The lanes as GCC vectors: 8 floats loaded from anywhere (unaligned), 8
- * doubles. Each lane does exactly what the scalar lane loop would, so the
- * bits are the same; written out because GCC leaves the lane loops scalar
- * when a loop body holds two sums. */
-typedef float bg__f8 __attribute__((vector_size(32), aligned(4), may_alias));
-typedef double bg__d8 __attribute__((vector_size(64)));
-#define BG_D8(p) __builtin_convertvector(*(const bg__f8 *)(p), bg__d8)
+/* The lanes as GCC vectors: 4 floats loaded from anywhere (unaligned), 4
+ * doubles; the 8 lanes are two such halves (lo: lanes 0-3, hi: 4-7). Each
+ * lane does exactly what the scalar lane loop would, so the bits are the
+ * same; written out because GCC leaves the lane loops scalar when a loop body
+ * holds two sums. Halves of 32 bytes, not one 64-byte vector: a vector wider
+ * than the ISA's registers is split by GCC through the stack, and on AVX2 the
+ * 64-byte one's pieces were reloaded across store forwarding (LayerNorm's
+ * forward 4.2 ms on AVX-512, 17.8 on AVX2, 6.7 on SSE2). */
+typedef float bg__f4 __attribute__((vector_size(16), aligned(4), may_alias));
+typedef double bg__d4 __attribute__((vector_size(32)));
+#define BG_D4(p) __builtin_convertvector(*(const bg__f4 *)(p), bg__d4)
 
-/* the lanes of a vector accumulator, for the tail and bg__lanes_total */
-/* (a macro: a function taking a 64-byte vector by value changes the ABI where AVX-512 is off, -Wpsabi) */
-#define BG_D8_STORE(acc, v) memcpy((acc), &(v), sizeof(v))
+/* the lanes of the two halves, for the tail and bg__lanes_total */
+/* (a macro: a function taking a 32-byte vector by value changes the ABI where AVX is off, -Wpsabi) */
+#define BG_D8_STORE(acc, lo, hi) (memcpy((acc), &(lo), sizeof(lo)), memcpy((acc) + 4, &(hi), sizeof(hi)))
 
 static inline double bg__sum_f(const float *restrict x, int n)
 {
     double acc[BG_VEC_LANES];
-    bg__d8 va = {0};
+    bg__d4 lo = {0}, hi = {0};
     int i = 0;
     for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
-        va += BG_D8(x + i);
-    BG_D8_STORE(acc, va);
+        lo += BG_D4(x + i), hi += BG_D4(x + i + 4);
+    BG_D8_STORE(acc, lo, hi);
     for (int j = 0; i + j < n; j++)
         acc[j] += (double)x[i + j];
     return bg__lanes_total(acc);
@@ -108,13 +104,13 @@ static inline double bg__sum_f(const float *restrict x, int n)
 static inline double bg__sumsq_dev_f(const float *restrict x, double mu, int n)
 {
     double acc[BG_VEC_LANES];
-    bg__d8 va = {0};
+    bg__d4 lo = {0}, hi = {0};
     int i = 0;
     for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES) {
-        bg__d8 d = BG_D8(x + i) - mu;
-        va += d * d;
+        bg__d4 d0 = BG_D4(x + i) - mu, d1 = BG_D4(x + i + 4) - mu;
+        lo += d0 * d0, hi += d1 * d1;
     }
-    BG_D8_STORE(acc, va);
+    BG_D8_STORE(acc, lo, hi);
     for (int j = 0; i + j < n; j++) {
         double d = (double)x[i + j] - mu;
         acc[j] += d * d;
@@ -126,11 +122,11 @@ static inline double bg__sumsq_dev_f(const float *restrict x, double mu, int n)
 static inline double bg__dot_f(const float *restrict a, const float *restrict b, int n)
 {
     double acc[BG_VEC_LANES];
-    bg__d8 va = {0};
+    bg__d4 lo = {0}, hi = {0};
     int i = 0;
     for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES)
-        va += BG_D8(a + i) * BG_D8(b + i);
-    BG_D8_STORE(acc, va);
+        lo += BG_D4(a + i) * BG_D4(b + i), hi += BG_D4(a + i + 4) * BG_D4(b + i + 4);
+    BG_D8_STORE(acc, lo, hi);
     for (int j = 0; i + j < n; j++)
         acc[j] += (double)a[i + j] * (double)b[i + j];
     return bg__lanes_total(acc);

@@ -1786,6 +1786,114 @@ static int unset_gemm(void **state)
     return 0;
 }
 
+/* BRIGADE_CPU_ISA: a bad value fails the backend's creation naming it; auto
+ * is the widest ISA the CPU has; each ISA the CPU executes is what a backend
+ * created under it runs: the backend checks that the kernels it picked were
+ * compiled for that ISA (their compile's own macros) and fails otherwise, and
+ * in an optimised build the bits tell too: the attention kernels contract to
+ * FMA where the ISA has it, so the plain x86-64 compile's differ from AVX2's
+ * (GCC contracts only when optimising: not in Debug builds). */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__OPTIMIZE__)
+static float *isa_attention(const char *isa)
+{
+    setenv("BRIGADE_CPU_ISA", isa, 1);
+    bg_backend_t *be = mkbe(1);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 5);
+    const int B = 1, T = 40, C = 128, NH = 2;
+    size_t btc = (size_t)B * T * C;
+    float *qkv = hrandn(&rng, 3 * btc, 1.0);
+    float *dq = up(be, qkv, 3 * btc), *dout = up(be, NULL, btc), *ws = up(be, NULL, (size_t)B * NH * T);
+    bg_attention_forward(be, dout, ws, dq, B, T, C, NH);
+    float *h = down(be, dout, btc);
+    bg_backend_free(be, dq), bg_backend_free(be, dout), bg_backend_free(be, ws);
+    bg_backend_destroy(be);
+    free(qkv);
+    return h;
+}
+#endif
+
+/* LayerNorm, softmax and GELU under one ISA: C11's no-contraction and cpu_vec.h's fixed lanes make their bits
+ * the same on every ISA (docs/kernels.md) */
+enum { ISA_NN_N = 37, ISA_NN_C = 203 };
+static float *isa_nn(const char *isa)
+{
+    setenv("BRIGADE_CPU_ISA", isa, 1);
+    bg_backend_t *be = mkbe(1);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 6);
+    size_t nc = (size_t)ISA_NN_N * ISA_NN_C;
+    float *x = hrandn(&rng, nc, 3.0), *wb = hrandn(&rng, 2 * ISA_NN_C, 1.0);
+    float *dx = up(be, x, nc), *dwb = up(be, wb, 2 * ISA_NN_C), *dy = up(be, NULL, 3 * nc);
+    float *ms = up(be, NULL, 2 * ISA_NN_N);
+    be->ops->layernorm_forward(be, dy, ms, ms + ISA_NN_N, dx, dwb, dwb + ISA_NN_C, ISA_NN_N, ISA_NN_C);
+    be->ops->softmax_forward(be, dy + nc, dx, ISA_NN_N, ISA_NN_C);
+    be->ops->gelu_forward(be, dy + 2 * nc, dx, nc);
+    float *h = down(be, dy, 3 * nc);
+    bg_backend_free(be, dx), bg_backend_free(be, dwb), bg_backend_free(be, dy), bg_backend_free(be, ms);
+    bg_backend_destroy(be);
+    free(x), free(wb);
+    return h;
+}
+
+static void test_cpu_isa(void **state)
+{
+    (void)state;
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    bg_cpu_isa_t isa, top;
+    bg_backend_t *be = NULL;
+    setenv("BRIGADE_CPU_ISA", "sse9", 1);
+    assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_CPU_ISA=\"sse9\""));
+    setenv("BRIGADE_CPU_ISA", "auto", 1);
+    assert_int_equal(bg_cpu_isa(&top), BG_OK);
+    static const char *const names[] = {"default", "avx2", "avx512"};
+    for (int i = 0; i < 3; i++) {
+        setenv("BRIGADE_CPU_ISA", names[i], 1);
+        assert_string_equal(bg_cpu_isa_name((bg_cpu_isa_t)i), names[i]);
+        if (i <= (int)top) {
+            assert_int_equal(bg_cpu_isa(&isa), BG_OK);
+            assert_int_equal((int)isa, i);
+        } else {
+            assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_ERR_UNSUPPORTED);
+            assert_non_null(strstr(bg_last_error(), names[i]));
+        }
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    /* an x86-64 GCC or clang build has the three compiles: auto is the CPU's widest */
+    assert_int_equal((int)top, cpu.avx512 ? 2 : cpu.avx2_fma ? 1 : 0);
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__OPTIMIZE__)
+    if (cpu.avx2_fma) {
+        float *a = isa_attention("avx2"), *d = isa_attention("default");
+        assert_true(memcmp(a, d, 40 * 128 * sizeof(float)) != 0);
+        free(a), free(d);
+    }
+#endif
+    float *ref = isa_nn("default");
+    for (int i = 1; i <= (int)top; i++) {
+        float *h = isa_nn(names[i]);
+        assert_same_bits(names[i], h, ref, (size_t)3 * ISA_NN_N * ISA_NN_C);
+        free(h);
+    }
+    free(ref);
+    unsetenv("BRIGADE_CPU_ISA");
+}
+
+/* The kernels compiled per vector ISA (everything but GEMM and the memory and
+ * optimizer ops), against their references and across thread counts: run
+ * once more under each ISA the CPU executes below its widest. */
+static const struct CMUnitTest isa_tests[] = {
+    cmocka_unit_test(test_gelu_nonfinite), cmocka_unit_test(test_bias),
+    cmocka_unit_test(test_activations),    cmocka_unit_test(test_layernorm),
+    cmocka_unit_test(test_softmax),        cmocka_unit_test(test_causal_softmax),
+    cmocka_unit_test(test_crossentropy),   cmocka_unit_test(test_embedding),
+    cmocka_unit_test(test_layouts),        cmocka_unit_test(test_reductions),
+    cmocka_unit_test(test_attention),      cmocka_unit_test(test_determinism),
+    cmocka_unit_test(test_bias_gelu_fused),
+};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1804,6 +1912,19 @@ int main(void)
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),
+        cmocka_unit_test(test_cpu_isa),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    unsetenv("BRIGADE_CPU_ISA"); /* the first run: the CPU's widest ISA */
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    bg_cpu_isa_t top;
+    if (bg_cpu_isa(&top) != BG_OK)
+        return failed + 1;
+    for (int isa = (int)top - 1; isa >= 0; isa--) {
+        setenv("BRIGADE_CPU_ISA", bg_cpu_isa_name((bg_cpu_isa_t)isa), 1);
+        char name[64];
+        snprintf(name, sizeof(name), "kernels under BRIGADE_CPU_ISA=%s", bg_cpu_isa_name((bg_cpu_isa_t)isa));
+        failed += cmocka_run_group_tests_name(name, isa_tests, NULL, NULL);
+    }
+    unsetenv("BRIGADE_CPU_ISA");
+    return failed;
 }

@@ -64,4 +64,27 @@ timed = g["gemm_in_step_ms"] + sum(o["ms"] for o in ops.values())
 assert 0 < timed <= g["step_ms"], f"GEMMs and operations {timed} ms in a {g['step_ms']} ms step"
 EOF
 
+# --attention: the fused attention alone, at a shape given, under the ISA asked for
+timeout 120 "$B" bench kernels --threads 1 --repeat 2 --attention 1,40,2,32 --json "$T/att.json" >"$T/att" 2>"$T/err" ||
+    bad "bench kernels --attention failed: $(cat "$T/err")"
+grep -q "^  attention B=1 T=40 NH=2 hs=32 (causal): fwd+bwd " "$T/att" && ok "--attention prints its shape" ||
+    bad "no attention line in: $(cat "$T/att")"
+python3 - "$T/att.json" <<'EOF' && ok "--attention JSON: one shape, positive times" || bad "--attention JSON check failed"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["isa"] in ("avx512", "avx2", "default"), j["isa"]
+(a,) = j["ops"]
+assert (a["op"], a["B"], a["T"], a["NH"], a["hs"]) == ("attention", 1, 40, 2, 32), a
+assert 0 < a["backward_ms"] < a["ms"] and 0 < a["cpu_backward_ms"] < a["cpu_ms"], a
+EOF
+BRIGADE_CPU_ISA=default timeout 120 "$B" bench kernels --threads 1 --repeat 1 --attention 1,8,1,16 >"$T/att" 2>"$T/err" &&
+    grep -q "kernels default, OpenBLAS core" "$T/att" && ok "BRIGADE_CPU_ISA=default runs the default kernels" ||
+    bad "BRIGADE_CPU_ISA=default: $(cat "$T/att" "$T/err")"
+if BRIGADE_CPU_ISA=sse9 timeout 60 "$B" bench kernels --attention 1,8,1,16 >"$T/att" 2>"$T/err"; then
+    bad "BRIGADE_CPU_ISA=sse9 was accepted"
+else
+    grep -q 'BRIGADE_CPU_ISA="sse9"' "$T/err" && ok "an unknown BRIGADE_CPU_ISA fails naming it" ||
+        bad "BRIGADE_CPU_ISA=sse9: $(cat "$T/err")"
+fi
+
 finish
