@@ -19,7 +19,7 @@
 #include "brigade/train.h"
 #include "core/fiber.h"
 #include "runtime/emulate.h"
-#include "runtime/layout.h"
+#include "schedule/layout.h"
 #include "runtime/staging.h"
 #include "runtime/tp.h"
 #include "runtime/trace.h"

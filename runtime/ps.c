@@ -5,7 +5,7 @@
  * to one server (largest first, to the least loaded, ties to the lower
  * index: every rank computes the same map from the model). A worker is a
  * replica run by the executor: one rank, or a pipeline of pp ranks (worker
- * w: ranks S + w*pp .. S + w*pp + pp - 1, runtime/layout.h), each rank
+ * w: ranks S + w*pp .. S + w*pp + pp - 1, schedule/layout.h), each rank
  * holding its stages' tensors. Where data parallelism all-reduces a gradient
  * bucket, a worker rank pushes the bucket's tensors to their servers, and it
  * pulls back exactly its tensors after its step. A server expects from each

@@ -11,7 +11,7 @@
 #include "brigade/executor.h"
 #include "brigade/model.h"
 #include "brigade/transport.h"
-#include "runtime/layout.h"
+#include "schedule/layout.h"
 #include "runtime/staging.h"
 
 typedef struct bg__ps bg__ps_t;

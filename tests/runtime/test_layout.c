@@ -1,4 +1,4 @@
-/* tests/runtime/test_layout.c: the rank layout (runtime/layout.c) against
+/* tests/runtime/test_layout.c: the rank layout (schedule/layout.c) against
  * tables written out by hand from ARCHITECTURE.md's order (tp fastest, then
  * dp, then pp; parameter servers first, then each worker's pipeline), the
  * coordinates and ranks inverse of each other, the stage questions against
@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "brigade/brigade.h"
-#include "runtime/layout.h"
+#include "schedule/layout.h"
 
 /* pp 2 x dp 2 x tp 2: rank -> (pp, dp, tp), written out */
 static void test_order(void **state)

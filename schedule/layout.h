@@ -1,8 +1,9 @@
-/* runtime/layout.h: the rank layout (like Megatron's parallel_state): which
+/* schedule/layout.h: the rank layout (like Megatron's parallel_state): which
  * world rank holds which pipeline rank, replica, tensor member, model chunk
- * and role (worker or parameter server). Built once by the executor; the
- * executor and its strategies ask it every "which rank" question, and no
- * other file of runtime/ computes a rank from coordinates.
+ * and role (worker or parameter server). In schedule/, below the planner and
+ * the runtime, so both ask it: the executor builds one and it and its
+ * strategies ask it every "which rank" question; no other file of runtime/
+ * computes a rank from coordinates.
  *
  * Order (docs/architecture.md): tp varies fastest, then dp, then pp:
  *     rank = (pp * dp_degree + dp) * tp_degree + tp.

@@ -1,7 +1,7 @@
-/* runtime/layout.c: the rank layout (runtime/layout.h): rank <-> (pp, dp,
+/* schedule/layout.c: the rank layout (schedule/layout.h): rank <-> (pp, dp,
  * tp, chunk, role) for every strategy. Pure arithmetic over the degrees and
  * the schedule's placement; it owns nothing and never communicates. */
-#include "runtime/layout.h"
+#include "schedule/layout.h"
 
 #include <stdio.h>
 
