@@ -233,6 +233,169 @@ static bg_status_t stages_agree(const bg_plan_t *p, json_t *split)
     return st;
 }
 
+/* $.layers: each layer's profile and its cost model's times into p. */
+static bg_status_t parse_layers(bg_plan_t *p, json_t *jl, int L)
+{
+    bg_status_t st;
+    long long v = 0;
+    for (int i = 0; i < L; i++) {
+        json_t *e = json_array_get(jl, (size_t)i);
+        char where[64];
+        snprintf(where, sizeof(where), "$.layers[%d]", i);
+        if (!json_is_object(e)) {
+            st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
+            return st;
+        }
+        bg_layer_profile_t *l = &p->layers[i];
+        const char *name = NULL;
+        BG_CHECK(get_str(e, where, "name", &name));
+        snprintf(l->name, sizeof(l->name), "%s", name);
+        BG_CHECK(get_int(e, where, "params", 0, BIG, &v));
+        l->params = (size_t)v;
+        BG_CHECK(get_int(e, where, "stash_bytes", 0, BIG, &v));
+        l->stash_bytes = (size_t)v;
+        BG_CHECK(get_int(e, where, "output_bytes", 0, BIG, &v));
+        l->output_bytes = (size_t)v;
+        l->grad_bytes = l->output_bytes;
+        if (json_object_get(e, "grad_bytes")) {
+            BG_CHECK(get_int(e, where, "grad_bytes", 0, BIG, &v));
+            l->grad_bytes = (size_t)v;
+        }
+        if (json_object_get(e, "wstash_bytes")) {
+            BG_CHECK(get_int(e, where, "wstash_bytes", 0, BIG, &v));
+            l->wstash_bytes = (size_t)v;
+        }
+        if (json_object_get(e, "scratch_bytes")) {
+            BG_CHECK(get_int(e, where, "scratch_bytes", 0, BIG, &v));
+            l->scratch_bytes = (size_t)v;
+        }
+        BG_CHECK(get_num(e, where, "fwd_flops", &l->fwd_flops));
+        BG_CHECK(get_num(e, where, "bwd_flops", &l->bwd_flops));
+        static const char *const cost_keys[NCOST] = {"fwd_ms", "bwd_ms", "tp_ms", "opt_ms"}; /* optional */
+        for (int k = 0; k < NCOST; k++)
+            if (json_object_get(e, cost_keys[k])) {
+                BG_CHECK(get_num(e, where, cost_keys[k], &p->cost_ms[NCOST * i + k]));
+                if (!(p->cost_ms[NCOST * i + k] >= 0)) {
+                    st = bg_error(BG_ERR_PARSE, "plan: %s.%s is %g (a time must be >= 0)", where, cost_keys[k],
+                                  p->cost_ms[NCOST * i + k]);
+                    return st;
+                }
+            }
+    }
+    return BG_OK;
+}
+
+/* $.stages: contiguous, covering the L layers in order, on ranks of pp and
+ * chunks of `chunks` (absent: stage i on rank i % pp, chunk i / pp). */
+static bg_status_t parse_stages(bg_plan_t *p, json_t *js, int L, long long pp, long long chunks)
+{
+    bg_status_t st;
+    long long v = 0;
+    int next = 0;
+    for (int i = 0; i < p->nstages; i++) {
+        json_t *e = json_array_get(js, (size_t)i);
+        char where[64];
+        snprintf(where, sizeof(where), "$.stages[%d]", i);
+        if (!json_is_object(e)) {
+            st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
+            return st;
+        }
+        bg_plan_stage_t *s = &p->stages[i];
+        long long a = 0, b = 0;
+        BG_CHECK(get_int(e, where, "first_layer", 0, L - 1, &a));
+        BG_CHECK(get_int(e, where, "last_layer", a, L - 1, &b));
+        if (a != next) {
+            st = bg_error(BG_ERR_PARSE, "plan: %s.first_layer is %lld but the previous stage ended at layer %d", where,
+                          a, next - 1);
+            return st;
+        }
+        next = (int)b + 1;
+        s->first_layer = (int)a;
+        s->last_layer = (int)b;
+        BG_CHECK(get_int(e, where, "budget_bytes", 0, BIG, &v));
+        s->budget_bytes = (uint64_t)v;
+        BG_CHECK(get_int(e, where, "predicted_peak_bytes", 0, BIG, &v));
+        s->predicted_peak_bytes = (uint64_t)v;
+        BG_CHECK(get_bool(e, where, "recompute", &s->recompute));
+        BG_CHECK(get_num(e, where, "predicted_ms_per_microbatch", &s->predicted_ms_per_microbatch));
+        if (json_object_get(e, "rank")) {
+            BG_CHECK(get_int(e, where, "rank", 0, pp - 1, &v));
+            s->rank = (int)v;
+        } else {
+            s->rank = i % (int)pp;
+        }
+        if (json_object_get(e, "chunk")) {
+            BG_CHECK(get_int(e, where, "chunk", 0, chunks - 1, &v));
+            s->chunk = (int)v;
+        } else {
+            s->chunk = i / (int)pp;
+        }
+        size_t np = 0;
+        for (int k = s->first_layer; k <= s->last_layer; k++)
+            np += p->layers[k].params;
+        s->params = np;
+    }
+    if (next != L) {
+        st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
+        return st;
+    }
+    return BG_OK;
+}
+
+/* $.ranks (optional, pp entries): each pipeline rank's peak and budget. */
+static bg_status_t parse_ranks(bg_plan_t *p, json_t *jr, long long pp)
+{
+    bg_status_t st;
+    long long v = 0;
+    if (json_is_array(jr)) {
+        if ((long long)json_array_size(jr) != pp) {
+            st = bg_error(BG_ERR_PARSE, "plan: $.ranks must have pp = %lld entries", pp);
+            return st;
+        }
+        for (int r = 0; r < p->pp; r++) {
+            json_t *e = json_array_get(jr, (size_t)r);
+            char where[64];
+            snprintf(where, sizeof(where), "$.ranks[%d]", r);
+            if (!json_is_object(e)) {
+                st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
+                return st;
+            }
+            BG_CHECK(get_int(e, where, "predicted_peak_bytes", 0, BIG, &v));
+            p->rank_peak[r] = (uint64_t)v;
+            BG_CHECK(get_int(e, where, "budget_bytes", 0, BIG, &v));
+            p->rank_budget[r] = (uint64_t)v;
+        }
+    }
+    return BG_OK;
+}
+
+/* $.layer_times and $.devices (both optional) into p. */
+static bg_status_t parse_times_devices(bg_plan_t *p, json_t *root)
+{
+    bg_status_t st;
+    json_t *jt = json_object_get(root, "layer_times");
+    if (jt) {
+        int k = 0;
+        while (times_names[k] && !(json_is_string(jt) && !strcmp(json_string_value(jt), times_names[k])))
+            k++;
+        if (!times_names[k]) {
+            st = bg_error(BG_ERR_PARSE, "plan: $.layer_times must be \"flops\", \"measured\" or \"measured_tp\"");
+            return st;
+        }
+        p->times = k;
+    }
+    json_t *jd = json_object_get(root, "devices");
+    if (json_is_object(jd)) {
+        if (json_object_get(jd, "flops"))
+            BG_CHECK(get_num(jd, "$.devices", "flops", &p->flops));
+        if (json_object_get(jd, "link_latency_s"))
+            BG_CHECK(get_num(jd, "$.devices", "link_latency_s", &p->link_latency));
+        if (json_object_get(jd, "link_bandwidth"))
+            BG_CHECK(get_num(jd, "$.devices", "link_bandwidth", &p->link_bandwidth));
+    }
+    return BG_OK;
+}
+
 static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
 {
     if (!json_is_object(root))
@@ -291,7 +454,6 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     char *model_json = NULL;
     bg_model_desc_t *md = NULL; /* NULL: a model of the host's own layers */
     BG_CHECK(parse_model(root, &model_json, &md));
-    long long v = 0;
     bg_plan_t *p = NULL;
     bg_status_t st = BG_OK;
     json_t *jl = json_object_get(root, "layers"), *js = json_object_get(root, "stages"),
@@ -331,118 +493,9 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     p->precision = jpr && !strcmp(json_string_value(jpr), "bf16") ? BG_BF16 : BG_F32;
     p->paired = tp > 1 && jov;
     p->step_ms = step_ms, p->bubble = bubble, p->tokens_per_s = tps;
-    json_t *jt = json_object_get(root, "layer_times");
-    if (jt) {
-        int k = 0;
-        while (times_names[k] && !(json_is_string(jt) && !strcmp(json_string_value(jt), times_names[k])))
-            k++;
-        if (!times_names[k]) {
-            st = bg_error(BG_ERR_PARSE, "plan: $.layer_times must be \"flops\", \"measured\" or \"measured_tp\"");
-            goto err;
-        }
-        p->times = k;
-    }
-    json_t *jd = json_object_get(root, "devices");
-    if (json_is_object(jd)) {
-        if (json_object_get(jd, "flops"))
-            BG_CHECK_GOTO(get_num(jd, "$.devices", "flops", &p->flops), st, err);
-        if (json_object_get(jd, "link_latency_s"))
-            BG_CHECK_GOTO(get_num(jd, "$.devices", "link_latency_s", &p->link_latency), st, err);
-        if (json_object_get(jd, "link_bandwidth"))
-            BG_CHECK_GOTO(get_num(jd, "$.devices", "link_bandwidth", &p->link_bandwidth), st, err);
-    }
-    for (int i = 0; i < L; i++) {
-        json_t *e = json_array_get(jl, (size_t)i);
-        char where[64];
-        snprintf(where, sizeof(where), "$.layers[%d]", i);
-        if (!json_is_object(e)) {
-            st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
-            goto err;
-        }
-        bg_layer_profile_t *l = &p->layers[i];
-        const char *name = NULL;
-        BG_CHECK_GOTO(get_str(e, where, "name", &name), st, err);
-        snprintf(l->name, sizeof(l->name), "%s", name);
-        BG_CHECK_GOTO(get_int(e, where, "params", 0, BIG, &v), st, err);
-        l->params = (size_t)v;
-        BG_CHECK_GOTO(get_int(e, where, "stash_bytes", 0, BIG, &v), st, err);
-        l->stash_bytes = (size_t)v;
-        BG_CHECK_GOTO(get_int(e, where, "output_bytes", 0, BIG, &v), st, err);
-        l->output_bytes = (size_t)v;
-        l->grad_bytes = l->output_bytes;
-        if (json_object_get(e, "grad_bytes")) {
-            BG_CHECK_GOTO(get_int(e, where, "grad_bytes", 0, BIG, &v), st, err);
-            l->grad_bytes = (size_t)v;
-        }
-        if (json_object_get(e, "wstash_bytes")) {
-            BG_CHECK_GOTO(get_int(e, where, "wstash_bytes", 0, BIG, &v), st, err);
-            l->wstash_bytes = (size_t)v;
-        }
-        if (json_object_get(e, "scratch_bytes")) {
-            BG_CHECK_GOTO(get_int(e, where, "scratch_bytes", 0, BIG, &v), st, err);
-            l->scratch_bytes = (size_t)v;
-        }
-        BG_CHECK_GOTO(get_num(e, where, "fwd_flops", &l->fwd_flops), st, err);
-        BG_CHECK_GOTO(get_num(e, where, "bwd_flops", &l->bwd_flops), st, err);
-        static const char *const cost_keys[NCOST] = {"fwd_ms", "bwd_ms", "tp_ms", "opt_ms"}; /* optional */
-        for (int k = 0; k < NCOST; k++)
-            if (json_object_get(e, cost_keys[k])) {
-                BG_CHECK_GOTO(get_num(e, where, cost_keys[k], &p->cost_ms[NCOST * i + k]), st, err);
-                if (!(p->cost_ms[NCOST * i + k] >= 0)) {
-                    st = bg_error(BG_ERR_PARSE, "plan: %s.%s is %g (a time must be >= 0)", where, cost_keys[k],
-                                  p->cost_ms[NCOST * i + k]);
-                    goto err;
-                }
-            }
-    }
-    int next = 0;
-    for (int i = 0; i < p->nstages; i++) {
-        json_t *e = json_array_get(js, (size_t)i);
-        char where[64];
-        snprintf(where, sizeof(where), "$.stages[%d]", i);
-        if (!json_is_object(e)) {
-            st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
-            goto err;
-        }
-        bg_plan_stage_t *s = &p->stages[i];
-        long long a = 0, b = 0;
-        BG_CHECK_GOTO(get_int(e, where, "first_layer", 0, L - 1, &a), st, err);
-        BG_CHECK_GOTO(get_int(e, where, "last_layer", a, L - 1, &b), st, err);
-        if (a != next) {
-            st = bg_error(BG_ERR_PARSE, "plan: %s.first_layer is %lld but the previous stage ended at layer %d", where,
-                          a, next - 1);
-            goto err;
-        }
-        next = (int)b + 1;
-        s->first_layer = (int)a;
-        s->last_layer = (int)b;
-        BG_CHECK_GOTO(get_int(e, where, "budget_bytes", 0, BIG, &v), st, err);
-        s->budget_bytes = (uint64_t)v;
-        BG_CHECK_GOTO(get_int(e, where, "predicted_peak_bytes", 0, BIG, &v), st, err);
-        s->predicted_peak_bytes = (uint64_t)v;
-        BG_CHECK_GOTO(get_bool(e, where, "recompute", &s->recompute), st, err);
-        BG_CHECK_GOTO(get_num(e, where, "predicted_ms_per_microbatch", &s->predicted_ms_per_microbatch), st, err);
-        if (json_object_get(e, "rank")) {
-            BG_CHECK_GOTO(get_int(e, where, "rank", 0, pp - 1, &v), st, err);
-            s->rank = (int)v;
-        } else {
-            s->rank = i % (int)pp;
-        }
-        if (json_object_get(e, "chunk")) {
-            BG_CHECK_GOTO(get_int(e, where, "chunk", 0, chunks - 1, &v), st, err);
-            s->chunk = (int)v;
-        } else {
-            s->chunk = i / (int)pp;
-        }
-        size_t np = 0;
-        for (int k = s->first_layer; k <= s->last_layer; k++)
-            np += p->layers[k].params;
-        s->params = np;
-    }
-    if (next != L) {
-        st = bg_error(BG_ERR_PARSE, "plan: the stages end at layer %d but the model has %d layers", next - 1, L);
-        goto err;
-    }
+    BG_CHECK_GOTO(parse_times_devices(p, root), st, err);
+    BG_CHECK_GOTO(parse_layers(p, jl, L), st, err);
+    BG_CHECK_GOTO(parse_stages(p, js, L, pp, chunks), st, err);
     BG_CHECK_GOTO(stages_agree(p, json_object_get(root, "split")), st, err);
     if (md) { /* a builder-made model: its layers must be the plan's (at the precision the plan counted) */
         char diff[256];
@@ -466,25 +519,8 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
                 p->rank_budget[r] += p->stages[i].budget_bytes;
             }
     }
-    if (json_is_array(jr)) {
-        if ((long long)json_array_size(jr) != pp) {
-            st = bg_error(BG_ERR_PARSE, "plan: $.ranks must have pp = %lld entries", pp);
-            goto err;
-        }
-        for (int r = 0; r < p->pp; r++) {
-            json_t *e = json_array_get(jr, (size_t)r);
-            char where[64];
-            snprintf(where, sizeof(where), "$.ranks[%d]", r);
-            if (!json_is_object(e)) {
-                st = bg_error(BG_ERR_PARSE, "plan: %s must be an object", where);
-                goto err;
-            }
-            BG_CHECK_GOTO(get_int(e, where, "predicted_peak_bytes", 0, BIG, &v), st, err);
-            p->rank_peak[r] = (uint64_t)v;
-            BG_CHECK_GOTO(get_int(e, where, "budget_bytes", 0, BIG, &v), st, err);
-            p->rank_budget[r] = (uint64_t)v;
-        }
-    }
+    if (json_is_array(jr))
+        BG_CHECK_GOTO(parse_ranks(p, jr, pp), st, err);
     bg_model_desc_destroy(md);
     *plan_p = p;
     return BG_OK;

@@ -240,6 +240,93 @@ static bg_status_t search_tp_fit(search_t *s, const bg_schedule_kind_t *kinds, i
     return BG_OK;
 }
 
+/* Nothing fits: the error that says so, with the closest layout (s's
+ * shortfall), the smallest budget that fits and the smallest device count
+ * (a search of larger worlds of devices like the smallest given). No
+ * layout to evaluate at all is another error. s is read, not changed. */
+static bg_status_t no_fit_error(const search_t *sp, const bg_schedule_kind_t *kinds, int nk)
+{
+    const bg_plan_params_t *pa = sp->pp;
+    const search_t s = *sp;
+    bg_status_t st = BG_OK;
+    char a[32], b[160] = "";
+    if (s.evaluated == 0) {
+        st = bg_error(BG_ERR_INVALID,
+                      "no layout to evaluate for %d devices, batch %d%s: pp must divide the devices, dp the "
+                      "batch, and the microbatch size the per-replica batch",
+                      pa->world, pa->batch, pa->microbatch_size ? " and the given microbatch size" : "");
+        return st;
+    }
+    /* smallest device count (devices like the smallest given) that fits */
+    int min_dev = 0;
+    uint64_t minmem = s.mem[0];
+    for (int i = 0; i < pa->world; i++)
+        if (s.mem[i] < minmem)
+            minmem = s.mem[i];
+    {
+        search_t s2 = s;
+        s2.plans = NULL;
+        s2.nplans = s2.cap = 0;
+        int wmax = 4 * s.L; /* pipelines of up to L stages, times some data parallelism */
+        uint64_t *mem2 = malloc((size_t)wmax * sizeof(uint64_t));
+        double *sp2 = malloc((size_t)wmax * sizeof(double));
+        if (!mem2 || !sp2) {
+            free(mem2);
+            free(sp2);
+            st = bg_error(BG_ERR_NOMEM, "device table");
+            return st;
+        }
+        double maxspeed = 0;
+        for (int i = 0; i < pa->world; i++)
+            if (s.speed[i] > maxspeed)
+                maxspeed = s.speed[i];
+        for (int i = 0; i < wmax; i++)
+            mem2[i] = minmem, sp2[i] = maxspeed;
+        s2.mem = mem2;
+        s2.speed = sp2;
+        bg_plan_params_t p2 = *pa;
+        p2.pp = 0;
+        s2.pp = &p2;
+        for (int w = pa->world + 1; w <= wmax && !min_dev; w++) {
+            int f2;
+            st = search_world(&s2, kinds, nk, w, 0, 1, &f2);
+            if (st != BG_OK)
+                break;
+            if (f2)
+                min_dev = w;
+        }
+        for (int i = 0; i < s2.nplans; i++)
+            bg_plan_free(s2.plans[i]);
+        free(s2.plans);
+        free(mem2);
+        free(sp2);
+        if (st != BG_OK)
+            return st;
+    }
+    if (min_dev)
+        snprintf(b, sizeof(b), "%d devices of %s", min_dev, bg__plan_sizestr(a, sizeof(a), (double)minmem));
+    else
+        snprintf(b, sizeof(b), "none up to %d devices of %s%s", 4 * s.L, bg__plan_sizestr(a, sizeof(a), (double)minmem),
+                 pa->allow_recompute ? "" : " (recomputation may help: --recompute)");
+    if (s.homogeneous_mem && s.min_uniform_budget) {
+        char c[32];
+        st = bg_error(BG_ERR_NO_FIT,
+                      "no layout of %d devices of %s fits; %s. Smallest budget that fits: %llu bytes (%s) per "
+                      "device; smallest device count that fits: %s",
+                      pa->world, bg__plan_sizestr(a, sizeof(a), (double)s.mem[0]), s.short_msg,
+                      (unsigned long long)s.min_uniform_budget,
+                      bg__plan_sizestr(c, sizeof(c), (double)s.min_uniform_budget), b);
+    } else {
+        char c[32];
+        st = bg_error(BG_ERR_NO_FIT,
+                      "no layout of these %d devices fits; %s. Every device needs %s more (%llu bytes); smallest "
+                      "device count that fits: %s",
+                      pa->world, s.short_msg, bg__plan_sizestr(c, sizeof(c), (double)s.short_extra),
+                      (unsigned long long)s.short_extra, b);
+    }
+    return st;
+}
+
 bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
 {
     BG_CHECK(check_params(pa));
@@ -328,81 +415,7 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
                                     "split along the sequence)", s.plans[0]->tp);
     }
     if (s.nplans == 0) {
-        char a[32], b[160] = "";
-        if (s.evaluated == 0) {
-            st = bg_error(BG_ERR_INVALID,
-                          "no layout to evaluate for %d devices, batch %d%s: pp must divide the devices, dp the "
-                          "batch, and the microbatch size the per-replica batch",
-                          pa->world, pa->batch, pa->microbatch_size ? " and the given microbatch size" : "");
-            goto out;
-        }
-        /* smallest device count (devices like the smallest given) that fits */
-        int min_dev = 0;
-        uint64_t minmem = s.mem[0];
-        for (int i = 0; i < pa->world; i++)
-            if (s.mem[i] < minmem)
-                minmem = s.mem[i];
-        {
-            search_t s2 = s;
-            s2.plans = NULL;
-            s2.nplans = s2.cap = 0;
-            int wmax = 4 * s.L; /* pipelines of up to L stages, times some data parallelism */
-            uint64_t *mem2 = malloc((size_t)wmax * sizeof(uint64_t));
-            double *sp2 = malloc((size_t)wmax * sizeof(double));
-            if (!mem2 || !sp2) {
-                free(mem2);
-                free(sp2);
-                st = bg_error(BG_ERR_NOMEM, "device table");
-                goto out;
-            }
-            double maxspeed = 0;
-            for (int i = 0; i < pa->world; i++)
-                if (s.speed[i] > maxspeed)
-                    maxspeed = s.speed[i];
-            for (int i = 0; i < wmax; i++)
-                mem2[i] = minmem, sp2[i] = maxspeed;
-            s2.mem = mem2;
-            s2.speed = sp2;
-            bg_plan_params_t p2 = *pa;
-            p2.pp = 0;
-            s2.pp = &p2;
-            for (int w = pa->world + 1; w <= wmax && !min_dev; w++) {
-                int f2;
-                st = search_world(&s2, kinds, nk, w, 0, 1, &f2);
-                if (st != BG_OK)
-                    break;
-                if (f2)
-                    min_dev = w;
-            }
-            for (int i = 0; i < s2.nplans; i++)
-                bg_plan_free(s2.plans[i]);
-            free(s2.plans);
-            free(mem2);
-            free(sp2);
-            if (st != BG_OK)
-                goto out;
-        }
-        if (min_dev)
-            snprintf(b, sizeof(b), "%d devices of %s", min_dev, bg__plan_sizestr(a, sizeof(a), (double)minmem));
-        else
-            snprintf(b, sizeof(b), "none up to %d devices of %s%s", 4 * s.L, bg__plan_sizestr(a, sizeof(a), (double)minmem),
-                     pa->allow_recompute ? "" : " (recomputation may help: --recompute)");
-        if (s.homogeneous_mem && s.min_uniform_budget) {
-            char c[32];
-            st = bg_error(BG_ERR_NO_FIT,
-                          "no layout of %d devices of %s fits; %s. Smallest budget that fits: %llu bytes (%s) per "
-                          "device; smallest device count that fits: %s",
-                          pa->world, bg__plan_sizestr(a, sizeof(a), (double)s.mem[0]), s.short_msg,
-                          (unsigned long long)s.min_uniform_budget,
-                          bg__plan_sizestr(c, sizeof(c), (double)s.min_uniform_budget), b);
-        } else {
-            char c[32];
-            st = bg_error(BG_ERR_NO_FIT,
-                          "no layout of these %d devices fits; %s. Every device needs %s more (%llu bytes); smallest "
-                          "device count that fits: %s",
-                          pa->world, s.short_msg, bg__plan_sizestr(c, sizeof(c), (double)s.short_extra),
-                          (unsigned long long)s.short_extra, b);
-        }
+        st = no_fit_error(&s, kinds, nk);
         goto out;
     }
     /* the kept plans carry the model (the search's own candidates did not
