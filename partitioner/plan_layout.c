@@ -589,6 +589,28 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     return BG_OK;
 }
 
+/* The model stages a schedule of this kind (and chunks, 0: the kind's
+ * default) has on pp ranks: pp x its chunks per rank / its model copies.
+ * bg_schedule_generate fixes both from the kind and the chunks alone, not
+ * from the depth or the microbatches, so a schedule of 2 ranks and 4
+ * microbatches tells them for every layout, at a tiny fraction of the cost
+ * of the layout's own (pp x m x chunks steps). 0 when even that one cannot
+ * be made: the layout's own generation decides then. */
+static long long model_stages(bg_schedule_kind_t kind, int chunks, int pp)
+{
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = kind;
+    sp.stages = 2;
+    sp.microbatches = 4;
+    sp.chunks = chunks;
+    bg_schedule_t *probe = NULL;
+    if (bg_schedule_generate(&sp, &probe) != BG_OK)
+        return 0;
+    long long n = (long long)pp * bg_schedule_chunks(probe) / bg_schedule_copies(probe);
+    bg_schedule_free(probe);
+    return n;
+}
+
 /* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
  * become the best shortfall. *fits_p (optional) says whether it fit. */
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
@@ -601,6 +623,10 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
     int fits = 0;
     if (fits_p)
         *fits_p = 0;
+    /* more model stages than layers: not a candidate, made or not (the check after generating, done
+     * first: the largest schedules are those of the deepest pipelines, often the ones refused here) */
+    if (model_stages(kind, s->pp->chunks, pp) > s->L)
+        return BG_OK;
     bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
     sp.kind = kind;
     sp.stages = pp;
