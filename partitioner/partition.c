@@ -155,6 +155,23 @@ static double link_time(const bg_part_problem_t *p, size_t bytes)
     return p->link_latency + (p->link_bandwidth > 0 ? (double)bytes / p->link_bandwidth : 0.0);
 }
 
+/* Layers [a, b]'s compute on stage s (rc: with recomputation) and their
+ * boundary messages' time: eval_core's terms, shared with dp_run's test of
+ * whether a range's evaluation can matter, so that both agree to the bit. */
+static double compute_time(const ctx_t *c, int s, int a, int b, int rc)
+{
+    return (c->pt[b + 1] - c->pt[a] + (rc ? c->pf[b + 1] - c->pf[a] : 0.0)) / c->p->stages[s].speed;
+}
+
+static double comm_time(const ctx_t *c, int a, int b)
+{
+    const bg_part_problem_t *p = c->p;
+    const bg_part_layer_t *ly = p->layers;
+    size_t in = a > 0 ? ly[a - 1].output_bytes : p->input_bytes;
+    size_t dout = b < c->L - 1 ? grad_of(&ly[b]) : 0;
+    return (a > 0 ? link_time(p, in) : 0.0) + (b < c->L - 1 ? link_time(p, dout) : 0.0);
+}
+
 /* Layers [a, b] on stage s (maxima of the range in m). */
 static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t *m, bg_part_stage_t *e)
 {
@@ -206,8 +223,8 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->mem_bytes = e->static_bytes + e->scratch_bytes + e->act_bytes;
     e->fits = e->mem_bytes <= sp->budget_bytes + c->delta;
     e->stash_per_mb = in + data + (rc ? keep : act);
-    e->compute_time = (c->pt[b + 1] - c->pt[a] + (rc ? c->pf[b + 1] - c->pf[a] : 0.0)) / sp->speed;
-    e->comm_time = (a > 0 ? link_time(p, in) : 0.0) + (b < L - 1 ? link_time(p, dout) : 0.0);
+    e->compute_time = compute_time(c, s, a, b, rc);
+    e->comm_time = comm_time(c, a, b);
     e->time = e->compute_time + e->comm_time;
 }
 
@@ -281,6 +298,12 @@ static double dp_run(const ctx_t *c, double U, double *f, int *arg, double *next
                         next = lbt;
                     break; /* so does the compute */
                 }
+                /* a range that cannot lower fn[b + 1] matters only when its time exceeds U (next);
+                 * its longest time, with recomputation if allowed, within U: its evaluation would change
+                 * nothing (the evaluation's own terms, so the test agrees with it exactly) */
+                if (!(fs[a] < fn[b + 1]) &&
+                    compute_time(c, s, a, b, p->allow_recompute) + comm_time(c, a, b) <= U)
+                    continue;
                 if (!eval_choose(c, s, a, b, &m, &e))
                     continue; /* boundary terms depend on b: a longer range may still fit */
                 if (e.time > U) {

@@ -578,6 +578,64 @@ static void test_plan_smallest_budget(void **state)
     bg_model_desc_destroy(desc);
 }
 
+/* Layouts with more model stages than layers are no candidates, whether or
+ * not their schedule is made first (the search refuses them before): for
+ * each schedule kind, the layouts evaluated are counted here from the
+ * schedules bg_schedule_generate makes for every depth, and no plan has more
+ * stages than the model has layers. */
+static void test_plan_stages_bound(void **state)
+{
+    (void)state;
+    uint64_t mem = 1ull << 30;
+    bg_model_desc_t *desc;
+    bg_plan_params_t pp = small_gpt(&mem, &desc);
+    int L = bg_model_desc_num_layers(desc);
+    pp.world = 16;
+    pp.batch = 64; /* m = 4 pp: dualpipe's and dualpipev's at least 2 pp microbatches */
+    pp.microbatch_size = 1;
+    pp.tp = 1;
+    pp.top = 1000;
+    const char *kinds[] = {"1f1b", "interleaved", "zbv", "dualpipev", "dualpipe"};
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        bg_schedule_kind_t kind;
+        assert_int_equal(bg_schedule_kind_parse(kinds[k], &kind), BG_OK);
+        int want = 0, refused = 0;
+        for (int d = 1; d <= pp.world; d++) { /* the search's layouts: pp | world, dp | batch, m = batch / dp */
+            if (pp.world % d || d > L || pp.batch % (pp.world / d))
+                continue;
+            if (d == 1 && kind != BG_SCHED_1F1B)
+                continue; /* depth 1: 1F1B only (one process) */
+            bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+            sp.kind = kind;
+            sp.stages = d;
+            sp.microbatches = pp.batch / (pp.world / d);
+            bg_schedule_t *s = NULL;
+            if (bg_schedule_generate(&sp, &s) != BG_OK)
+                continue;
+            if (bg_schedule_stages(s) / bg_schedule_copies(s) <= L)
+                want++;
+            else
+                refused++;
+            bg_schedule_free(s);
+        }
+        pp.schedules = kinds[k];
+        bg_plan_set_t *set = NULL;
+        bg_status_t st = bg_plan_search(&pp, &set);
+        if (want == 0) {
+            assert_int_not_equal(st, BG_OK);
+            continue;
+        }
+        assert_int_equal(st, BG_OK);
+        assert_int_equal(bg_plan_set_evaluated(set), want);
+        for (int i = 0; i < bg_plan_set_count(set); i++)
+            assert_true(bg_plan_num_stages(bg_plan_set_get(set, i)) <= L);
+        bg_plan_set_free(set);
+        if (kind == BG_SCHED_ZBV) /* the case in point: the deepest V layouts outnumber the layers */
+            assert_true(refused > 0);
+    }
+    bg_model_desc_destroy(desc);
+}
+
 /* Tensor parallelism in the memory model: a tp = 2 build's per-device
  * profile divides what tp divides and keeps what it replicates (closed
  * forms), the cost carries the group's sums; a head too big for one device
@@ -1295,6 +1353,7 @@ int main(void)
         cmocka_unit_test(test_memory_matches_stages), cmocka_unit_test(test_replay_1f1b),
         cmocka_unit_test(test_replay_paired),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
+        cmocka_unit_test(test_plan_stages_bound),
         cmocka_unit_test(test_plan_tp),              cmocka_unit_test(test_plan_tp_measured),
         cmocka_unit_test(test_plan_roundtrip),       cmocka_unit_test(test_plan_fixtures),
         cmocka_unit_test(test_plan_user_model),      cmocka_unit_test(test_plan_load_checks_model),
