@@ -305,7 +305,7 @@ bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision
 {
     for (int i = 0; i < d->n; i++)
         BG_CHECK(bg_layer_set_precision(d->layers[i], precision));
-    d->builder.precision = precision; /* a rebuild for another tp degree keeps it (partitioner/plan.c) */
+    d->builder.precision = precision; /* a rebuild for another tp degree keeps it (partitioner/plan_search.c) */
     return BG_OK;
 }
 

@@ -6,8 +6,9 @@
  * among the best. It must not enumerate layouts (plan_search.c) nor read or
  * write JSON (plan_json.c); no printing.
  *
- * Devices: rank = pp_i * dp + dp_i (the executor's layout), so pipeline rank
- * r is served by devices r*dp .. r*dp+dp-1; with heterogeneous devices a
+ * Devices: device i is world rank i of the executor's rank layout
+ * (schedule/layout.h), so pipeline rank r is served by its replicas' tensor
+ * groups (bg__layout_rank); with heterogeneous devices a
  * pipeline rank gets the smallest budget and the lowest speed of its replicas
  * (every replica must fit, the slowest sets the pace). */
 #include <math.h>
@@ -18,6 +19,7 @@
 
 #include "core/check.h"
 #include "core/util.h"
+#include "schedule/layout.h"
 #include "plan_impl.h"
 
 /* One layout under evaluation: its schedule, the devices of its pipeline
@@ -122,16 +124,19 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     c->nrows = calloc((size_t)pp, sizeof(int));
     if (!c->rspeed || !c->rbudget || !c->rows || !c->nrows)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
+    bg_layout_t lay; /* the executor's rank layout: device = world rank */
+    bg__layout_init(&lay, pp, dp, s->tp, 0);
     for (int r = 0; r < pp; r++) {
         c->rspeed[r] = INFINITY;
         c->rbudget[r] = UINT64_MAX;
-        for (int d = 0; d < dp * s->tp; d++) { /* every replica's tensor group: tp devices each */
-            int dev = r * dp * s->tp + d;
-            if (s->speed[dev] < c->rspeed[r])
-                c->rspeed[r] = s->speed[dev];
-            if (s->mem[dev] < c->rbudget[r])
-                c->rbudget[r] = s->mem[dev];
-        }
+        for (int d = 0; d < dp; d++)
+            for (int t = 0; t < s->tp; t++) { /* every replica's tensor group: tp devices each */
+                int dev = bg__layout_rank(&lay, r, d, t);
+                if (s->speed[dev] < c->rspeed[r])
+                    c->rspeed[r] = s->speed[dev];
+                if (s->mem[dev] < c->rbudget[r])
+                    c->rbudget[r] = s->mem[dev];
+            }
         BG_CHECK(bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
     }
     return BG_OK;
