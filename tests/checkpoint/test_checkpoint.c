@@ -299,19 +299,30 @@ static void test_roundtrip(void **state)
     bg_test_model_destroy(b);
 }
 
+/* The model split over three ranks (layers 0-1, 2-3, 4-5) filled from seed
+ * and saved as step step_no under root; dir gets that step's directory. */
+static void save_three(bg_model_t *three[3], const char *root, int64_t step_no, uint32_t seed, char *dir, size_t dir_size)
+{
+    three[0] = make(0, 1);
+    three[1] = make(2, 3);
+    three[2] = make(4, 5);
+    for (int r = 0; r < 3; r++)
+        fill(three[r], seed);
+    OK(save_ranks(root, step_no, three, 3, 0));
+    int64_t step;
+    OK(bg_checkpoint_latest(root, dir, dir_size, &step));
+    assert_int_equal(step, step_no);
+}
+
 /* GPT with 3 blocks = 6 top-level layers: embed, blocks.0-2, ln_f, head */
 static void test_reshard(void **state)
 {
     (void)state;
     char root[512], dir[600];
     dir_path(root, sizeof root, "reshard");
-    bg_model_t *three[3] = {make(0, 1), make(2, 3), make(4, 5)};
-    for (int r = 0; r < 3; r++)
-        fill(three[r], 21);
-    OK(save_ranks(root, 30, three, 3, 0));
+    bg_model_t *three[3];
+    save_three(three, root, 30, 21, dir, sizeof dir);
     int64_t step;
-    OK(bg_checkpoint_latest(root, dir, sizeof dir, &step));
-    assert_int_equal(step, 30);
     char f[700];
     for (int r = 0; r < 3; r++) {
         snprintf(f, sizeof f, "%s/rank-%05d.safetensors", dir, r);
@@ -434,12 +445,9 @@ static void test_refusals(void **state)
     (void)state;
     char root[512], dir[600], cmd[4096], bad[600], file[700];
     dir_path(root, sizeof root, "refuse");
-    bg_model_t *three[3] = {make(0, 1), make(2, 3), make(4, 5)};
-    for (int r = 0; r < 3; r++)
-        fill(three[r], 41);
-    OK(save_ranks(root, 5, three, 3, 0));
+    bg_model_t *three[3];
+    save_three(three, root, 5, 41, dir, sizeof dir);
     int64_t step;
-    OK(bg_checkpoint_latest(root, dir, sizeof dir, &step));
     bg_model_t *whole = make(-1, -1);
     float *snap = snapshot(whole);
     assert_null(bg_model_optim_state(whole, 0));
