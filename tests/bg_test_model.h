@@ -1,9 +1,39 @@
 /* tests/bg_test_model.h: models of builder configurations for the cmocka
- * programs (each model with a description of its own). */
+ * programs (each model with a description of its own), and the small
+ * configurations they share (also used by fuzz/, which includes only this). */
 #ifndef BG_TEST_MODEL_H
 #define BG_TEST_MODEL_H
 
 #include "brigade/brigade.h"
+
+/* The small builder configurations the programs test with, named by the
+ * fields they set (the rest BG_MODEL_CONFIG_INIT's). */
+static inline bg_model_config_t bg_test_gpt_config(int layers, int d_model, int heads, int seq_len, int vocab,
+                                                   uint64_t seed)
+{
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.kind = BG_MODEL_GPT;
+    c.layers = layers;
+    c.d_model = d_model;
+    c.heads = heads;
+    c.seq_len = seq_len;
+    c.vocab = vocab;
+    c.seed = seed;
+    return c;
+}
+
+static inline bg_model_config_t bg_test_mlp_config(int layers, int d_model, int in_features, int classes,
+                                                   uint64_t seed)
+{
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.kind = BG_MODEL_MLP;
+    c.layers = layers;
+    c.d_model = d_model;
+    c.in_features = in_features;
+    c.classes = classes;
+    c.seed = seed;
+    return c;
+}
 
 /* A model of a builder configuration, with a description of its own (so
  * that several models of one configuration can live at once); destroy it

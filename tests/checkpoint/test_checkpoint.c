@@ -59,17 +59,7 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static bg_model_config_t small_gpt(void)
-{
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    c.layers = 3;
-    c.d_model = 16;
-    c.heads = 2;
-    c.seq_len = 8;
-    c.vocab = 32;
-    c.seed = 7;
-    return c;
-}
+static bg_model_config_t small_gpt(void) { return bg_test_gpt_config(3, 16, 2, 8, 32, 7); }
 
 static bg_model_t *make(int first, int last)
 {
