@@ -4,15 +4,8 @@
 # through --from-json, a deadlocking user program, and --compare.
 . "$(dirname "$0")/../lib/harness.sh"
 
-# expect_err "args..." exit-code-nonzero message-substring
-expect_err() {
-    local needle=$1; shift
-    "$B" schedule "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ $rc -eq 0 ]; then fail "brigade schedule $* exited 0"; return; fi
-    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade schedule $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
-    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade schedule $*: error is not one line: $(cat "$T/err")"; fi
-}
+# expect_err NEEDLE ARGS...: `brigade schedule ARGS` fails with one line holding NEEDLE
+expect_err() { expect_err_line schedule "$@"; }
 
 "$B" schedule --help >/dev/null || fail "--help"
 expect_err "--stages must be in [1," --schedule 1f1b --stages 0 --microbatches 4
