@@ -33,13 +33,6 @@ uint32_t bg__crc32c(uint32_t crc, const void *data, size_t n);
 static bg_backend_t *be;
 static char tmp[256];
 
-#define OK(call)                                                                                         \
-    do {                                                                                                 \
-        bg_status_t st__ = (call);                                                                       \
-        if (st__ != BG_OK)                                                                               \
-            fail_msg("%s -> %s: %s", #call, bg_status_string(st__), bg_last_error());                   \
-    } while (0)
-
 static int setup(void **state)
 {
     (void)state;

@@ -27,13 +27,6 @@
 
 extern long long bg__write_fail_after_bytes; /* core/fileio.c: a full disk */
 
-#define OK(call)                                                                                         \
-    do {                                                                                                 \
-        bg_status_t st__ = (call);                                                                       \
-        if (st__ != BG_OK)                                                                               \
-            fail_msg("%s -> %s: %s", #call, bg_status_string(st__), bg_last_error());                   \
-    } while (0)
-
 static char tmp[256];
 
 static int group_setup(void **state)
