@@ -75,31 +75,11 @@ static float value(const char *name, size_t j, uint32_t salt, int which)
     return (float)((double)(h & 0xffffff) / (double)0xffffff - 0.5) * (which == 2 ? 1e-3f : 1.0f);
 }
 
-/* Fill weights and AdamW state (allocating it) with value(). */
-static void fill(bg_model_t *m, uint32_t salt)
+/* Walks weights (w 0) and, with states, AdamW's m and v (w 1, 2) of every
+ * tensor: write sets them to value(salt); else the elements that differ from
+ * it are counted. */
+static long walk_values(bg_model_t *m, uint32_t salt, int states, int write)
 {
-    OK(bg_model_optim_init(m, BG_OPTIM_ADAMW));
-    float *params = bg_model_params(m);
-    for (int i = 0; i < bg_model_num_tensors(m); i++) {
-        bg_param_t *p = bg_model_tensor(m, i);
-        const char *name = bg_model_tensor_name(m, i);
-        size_t off = (size_t)(p->data - params);
-        float *h = malloc(p->numel * sizeof(float));
-        for (int w = 0; w < 3; w++) {
-            for (size_t j = 0; j < p->numel; j++)
-                h[j] = value(name, j, salt, w);
-            float *dst = w == 0 ? p->data : bg_model_optim_state(m, w - 1) + off;
-            be->ops->from_host(be, dst, h, p->numel * sizeof(float));
-        }
-        free(h);
-    }
-}
-
-/* Number of elements (weights, m, v) that differ from value(salt); -1 if state is missing. */
-static long mismatches(bg_model_t *m, uint32_t salt, int with_state)
-{
-    if (with_state && (!bg_model_optim_state(m, 0) || !bg_model_optim_state(m, 1)))
-        return -1;
     long bad = 0;
     float *params = bg_model_params(m);
     for (int i = 0; i < bg_model_num_tensors(m); i++) {
@@ -107,18 +87,38 @@ static long mismatches(bg_model_t *m, uint32_t salt, int with_state)
         const char *name = bg_model_tensor_name(m, i);
         size_t off = (size_t)(p->data - params);
         float *h = malloc(p->numel * sizeof(float));
-        for (int w = 0; w < (with_state ? 3 : 1); w++) {
-            const float *src = w == 0 ? p->data : bg_model_optim_state(m, w - 1) + off;
-            be->ops->to_host(be, h, src, p->numel * sizeof(float));
+        for (int w = 0; w < (states ? 3 : 1); w++) {
+            float *dev = w == 0 ? p->data : bg_model_optim_state(m, w - 1) + off;
+            if (!write)
+                be->ops->to_host(be, h, dev, p->numel * sizeof(float));
             for (size_t j = 0; j < p->numel; j++) {
                 float want = value(name, j, salt, w);
-                if (memcmp(&h[j], &want, sizeof want) != 0)
+                if (write)
+                    h[j] = want;
+                else if (memcmp(&h[j], &want, sizeof want) != 0)
                     bad++;
             }
+            if (write)
+                be->ops->from_host(be, dev, h, p->numel * sizeof(float));
         }
         free(h);
     }
     return bad;
+}
+
+/* Fill weights and AdamW state (allocating it) with value(). */
+static void fill(bg_model_t *m, uint32_t salt)
+{
+    OK(bg_model_optim_init(m, BG_OPTIM_ADAMW));
+    walk_values(m, salt, 1, 1);
+}
+
+/* Number of elements (weights, m, v) that differ from value(salt); -1 if state is missing. */
+static long mismatches(bg_model_t *m, uint32_t salt, int with_state)
+{
+    if (with_state && (!bg_model_optim_state(m, 0) || !bg_model_optim_state(m, 1)))
+        return -1;
+    return walk_values(m, salt, with_state, 0);
 }
 
 /* Bytes of the parameters (to check "untouched") */
