@@ -46,13 +46,20 @@ static void log_event(member_t *m, char e)
         m->log[m->nlog++] = e;
 }
 
-static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
+/* The start of every fake collective: member m's buffer is posted, and
+ * every member's is there once this returns. */
+static shared_t *post(member_t *m, const float *buf)
 {
-    member_t *m = arg;
     shared_t *sh = m->sh;
-    float *sum = calloc(n ? n : 1, sizeof(float));
     sh->bufs[m->rank] = buf;
     pthread_barrier_wait(&sh->bar);
+    return sh;
+}
+
+static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
+{
+    float *sum = calloc(n ? n : 1, sizeof(float));
+    shared_t *sh = post(arg, buf);
     for (int r = 0; r < sh->T; r++) /* member order: the same bits on every member */
         for (size_t i = 0; i < n; i++)
             sum[i] += sh->bufs[r][i];
@@ -65,10 +72,7 @@ static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
 
 static bg_status_t fake_allgather(void *arg, const float *send, float *recv, size_t n)
 {
-    member_t *m = arg;
-    shared_t *sh = m->sh;
-    sh->bufs[m->rank] = send;
-    pthread_barrier_wait(&sh->bar);
+    shared_t *sh = post(arg, send);
     for (int r = 0; r < sh->T; r++)
         memcpy(recv + (size_t)r * n, sh->bufs[r], n * sizeof(float));
     pthread_barrier_wait(&sh->bar);
@@ -79,9 +83,7 @@ static bg_status_t fake_allgather(void *arg, const float *send, float *recv, siz
 static bg_status_t fake_reduce_scatter(void *arg, const float *send, float *recv, size_t n)
 {
     member_t *m = arg;
-    shared_t *sh = m->sh;
-    sh->bufs[m->rank] = send;
-    pthread_barrier_wait(&sh->bar);
+    shared_t *sh = post(m, send);
     for (size_t i = 0; i < n; i++) {
         float sum = 0;
         for (int r = 0; r < sh->T; r++)
@@ -110,9 +112,7 @@ static bg_status_t fake_ireduce_scatter(void *arg, float *buf, size_t n, void **
 static bg_status_t fake_iallgather(void *arg, float *buf, size_t n, void **req_p)
 {
     member_t *m = arg;
-    shared_t *sh = m->sh;
-    sh->bufs[m->rank] = buf;
-    pthread_barrier_wait(&sh->bar);
+    shared_t *sh = post(m, buf);
     for (int r = 0; r < sh->T; r++)
         if (r != m->rank)
             memcpy(buf + (size_t)r * n, sh->bufs[r] + (size_t)r * n, n * sizeof(float));
