@@ -743,14 +743,25 @@ static bg_status_t check_dout(bg_stage_t *s, slot_t *sl, int mb)
     return BG_OK;
 }
 
-bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
+/* The slot of microbatch mb, forwarded, for a backward (what) that starts
+ * from it: its output gradient there, its scratch, its activations
+ * (recomputed when they were dropped). */
+static bg_status_t backward_slot(bg_stage_t *s, int mb, const char *what, slot_t **sl_p)
 {
     slot_t *sl = NULL;
-    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward_input", &sl));
+    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, what, &sl));
     BG_CHECK(check_dout(s, sl, mb));
     BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
         BG_CHECK(run_forward(s, sl)); /* recompute */
+    *sl_p = sl;
+    return BG_OK;
+}
+
+bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
+{
+    slot_t *sl = NULL;
+    BG_CHECK(backward_slot(s, mb, "backward_input", &sl));
     int has_din = sl->shapes[0].c != 0 && s->first > 0; /* the model's own input needs no gradient */
     size_t din_off;
     size_t total = split_bytes(s, sl->shapes, s->gz, &din_off);
@@ -799,11 +810,7 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
 bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
 {
     slot_t *sl = NULL;
-    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward", &sl));
-    BG_CHECK(check_dout(s, sl, mb));
-    BG_CHECK(ensure_scratch(s, sl));
-    if (!sl->act)
-        BG_CHECK(run_forward(s, sl)); /* recompute */
+    BG_CHECK(backward_slot(s, mb, "backward", &sl));
     size_t acap = fused_maxact(s, sl->shapes) + s->gz, wcap = fused_maxw(s, sl->shapes) + s->gz;
     sl->bw = stage_alloc(s, sl, fused_bytes(s, sl->shapes, s->gz), "backward");
     if (!sl->bw)
