@@ -178,6 +178,19 @@ expect_re() {
         bad "brigade $*: expected exit $code and /$msg/, got $rc and: $(cat "$T/err")"
     fi
 }
+# deadlock_json IN OUT: the schedule program IN with rank 0 waiting for a
+# gradient before it sends its first activation (a waits-for cycle), as OUT
+deadlock_json() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ops = d["ranks"][0]["ops"]
+i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
+j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
+ops.insert(i, ops.pop(j))
+json.dump(d, open(sys.argv[2], "w"))
+PY
+}
 # expect_err_line SUBCOMMAND NEEDLE ARGS...: `brigade SUBCOMMAND ARGS` exits
 # non-zero with one line on stderr, holding NEEDLE
 expect_err_line() {

@@ -55,14 +55,9 @@ json.dump(d, open(t + "/kind.json", "w"))
 d = json.load(open(t + "/a.json"))
 d["ranks"][2]["ops"][0]["microbatch"] = 99
 json.dump(d, open(t + "/range.json", "w"))
-d = json.load(open(t + "/a.json"))
-ops = d["ranks"][0]["ops"]          # rank 0 waits for a gradient before sending its first activation
-i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
-j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
-ops.insert(i, ops.pop(j))
-json.dump(d, open(t + "/dead.json", "w"))
 open(t + "/bad.json", "w").write('{"stages": 2, "ranks": [')
 PY
+deadlock_json "$T/a.json" "$T/dead.json"
 expect_err 'unknown kind "fwd"' --from-json "$T/kind.json"
 expect_err "microbatch = 99 is out of range 0..7" --from-json "$T/range.json"
 expect_err "bad.json: line 1 column" --from-json "$T/bad.json"
