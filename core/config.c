@@ -66,7 +66,10 @@ const char *bg_config_str(const char *name)
     return (e && *e) ? e : v->dflt;
 }
 
-bg_status_t bg_config_int(const char *name, long long *value_p)
+/* Parses a declared, set variable as an integer (into *i_p) or, with i_p
+ * NULL, as a double (into *d_p): one path for both typed getters, so they
+ * report undeclared, unset and malformed values alike. */
+static bg_status_t bg__config_number(const char *name, long long *i_p, double *d_p)
 {
     const char *s = bg_config_str(name);
     if (!s)
@@ -75,26 +78,28 @@ bg_status_t bg_config_int(const char *name, long long *value_p)
         return bg_error(BG_ERR_NOT_FOUND, "%s is not set", name);
     char *end;
     errno = 0;
-    long long v = strtoll(s, &end, 10);
+    long long i = 0;
+    double d = 0;
+    if (i_p)
+        i = strtoll(s, &end, 10);
+    else
+        d = strtod(s, &end);
     if (errno || *end)
-        return bg_error(BG_ERR_INVALID, "%s=\"%s\" is not an integer", name, s);
-    *value_p = v;
+        return bg_error(BG_ERR_INVALID, "%s=\"%s\" is not %s", name, s, i_p ? "an integer" : "a number");
+    if (i_p)
+        *i_p = i;
+    else
+        *d_p = d;
     return BG_OK;
+}
+
+bg_status_t bg_config_int(const char *name, long long *value_p)
+{
+    return bg__config_number(name, value_p, NULL);
 }
 
 bg_status_t bg_config_double(const char *name, double *value_p)
 {
-    const char *s = bg_config_str(name);
-    if (!s)
-        return bg_error(BG_ERR_INTERNAL, "configuration variable %s is not declared", name);
-    if (!*s)
-        return bg_error(BG_ERR_NOT_FOUND, "%s is not set", name);
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end)
-        return bg_error(BG_ERR_INVALID, "%s=\"%s\" is not a number", name, s);
-    *value_p = v;
-    return BG_OK;
+    return bg__config_number(name, NULL, value_p);
 }
 

@@ -5,18 +5,13 @@
  * load compares the file's model with the running one. */
 #include "brigade/model.h"
 #include "fuzz/fuzz.h"
+#include "tests/bg_test_model.h"
 
 static bg_model_desc_t *reference(void)
 {
     static bg_model_desc_t *d;
     if (!d) {
-        bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-        c.kind = BG_MODEL_GPT;
-        c.layers = 2;
-        c.d_model = 8;
-        c.heads = 2;
-        c.seq_len = 8;
-        c.vocab = 256;
+        bg_model_config_t c = bg_test_gpt_config(2, 8, 2, 8, 256, 1337); /* the default seed */
         c.tie_embeddings = 1;
         if (bg_model_build(&c, &d) != BG_OK)
             abort();

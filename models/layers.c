@@ -15,15 +15,23 @@
 
 /* -------------------------------------------------- linear, activation */
 
+/* A leaf of ops whose parameters are weight [c_out, c_in] (normal, init_std)
+ * and, with bias, bias [c_out] (zero): the linear layer and the head. */
+static bg_status_t make_affine(const bg_layer_ops_t *ops, const char *name, int c_in, int c_out, int bias,
+                               float init_std, const void *impl, size_t impl_size, bg_layer_t **layer_p)
+{
+    bg_param_t params[2];
+    params[0] = bg_param_make("weight", 2, (int64_t[]){c_out, c_in}, BG_INIT_NORMAL, init_std, 1);
+    params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
+    return bg__make_leaf(ops, name, bias ? 2 : 1, params, impl, impl_size, layer_p);
+}
+
 bg_status_t bg_layer_linear(const char *name, int c_in, int c_out, int bias, float init_std, bg_layer_t **layer_p)
 {
     if (c_in < 1 || c_out < 1)
         return bg_error(BG_ERR_INVALID, "linear %s: sizes %d -> %d must be positive", name, c_in, c_out);
     bg__linear_t p = {c_in, c_out, bias ? 1 : 0};
-    bg_param_t params[2];
-    params[0] = bg_param_make("weight", 2, (int64_t[]){c_out, c_in}, BG_INIT_NORMAL, init_std, 1);
-    params[1] = bg_param_make("bias", 1, (int64_t[]){c_out}, BG_INIT_CONST, 0.0f, 0);
-    return bg__make_leaf(&bg__linear_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return make_affine(&bg__linear_ops, name, c_in, c_out, bias, init_std, &p, sizeof(p), layer_p);
 }
 
 bg_status_t bg_layer_activation(const char *name, bg_activation_t kind, bg_layer_t **layer_p)
@@ -311,8 +319,5 @@ bg_status_t bg_layer_head(const char *name, int c, int classes, int bias, float 
     if (c < 1 || classes < 2)
         return bg_error(BG_ERR_INVALID, "head %s: %d channels, %d classes (need >= 1 and >= 2)", name, c, classes);
     head_t p = {c, classes, bias ? 1 : 0};
-    bg_param_t params[2];
-    params[0] = bg_param_make("weight", 2, (int64_t[]){classes, c}, BG_INIT_NORMAL, init_std, 1);
-    params[1] = bg_param_make("bias", 1, (int64_t[]){classes}, BG_INIT_CONST, 0.0f, 0);
-    return bg__make_leaf(&head_ops, name, bias ? 2 : 1, params, &p, sizeof(p), layer_p);
+    return make_affine(&head_ops, name, c, classes, bias, init_std, &p, sizeof(p), layer_p);
 }

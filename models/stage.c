@@ -721,6 +721,20 @@ static void guard_backward(bg_stage_t *s, slot_t *sl, int i, const float *x, con
         guard_add(gc, G_DOUT, dout, act_size(sh[i + 1]), acap ? acap : piece(act_size(sh[i + 1]), s->gz));
 }
 
+/* Layer i's call in the split backward (B: dx its input gradient; W: dx
+ * NULL): its context, input, output and output gradient, the guards armed. */
+static void split_call(bg_stage_t *s, slot_t *sl, int i, float *dx, bg_layer_ctx_t *c, const float **x_p, float **y_p,
+                       float **dout_p, guard_call_t *gc)
+{
+    *c = make_ctx(s, sl, i);
+    c->wstash = bw_wstash(s, sl, i);
+    layer_io(s, sl, i, 1, x_p, y_p);
+    *dout_p = bw_dout(s, sl, i);
+    guard_backward(s, sl, i, *x_p, *y_p, c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), *dout_p,
+                   dx, 0, gc);
+    guards_arm(s, gc);
+}
+
 static bg_status_t check_dout(bg_stage_t *s, slot_t *sl, int mb)
 {
     if (!is_last_stage(s) && !sl->dout_in)
@@ -729,14 +743,25 @@ static bg_status_t check_dout(bg_stage_t *s, slot_t *sl, int mb)
     return BG_OK;
 }
 
-bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
+/* The slot of microbatch mb, forwarded, for a backward (what) that starts
+ * from it: its output gradient there, its scratch, its activations
+ * (recomputed when they were dropped). */
+static bg_status_t backward_slot(bg_stage_t *s, int mb, const char *what, slot_t **sl_p)
 {
     slot_t *sl = NULL;
-    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward_input", &sl));
+    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, what, &sl));
     BG_CHECK(check_dout(s, sl, mb));
     BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
         BG_CHECK(run_forward(s, sl)); /* recompute */
+    *sl_p = sl;
+    return BG_OK;
+}
+
+bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
+{
+    slot_t *sl = NULL;
+    BG_CHECK(backward_slot(s, mb, "backward_input", &sl));
     int has_din = sl->shapes[0].c != 0 && s->first > 0; /* the model's own input needs no gradient */
     size_t din_off;
     size_t total = split_bytes(s, sl->shapes, s->gz, &din_off);
@@ -745,16 +770,11 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
         return BG_ERR_NOMEM;
     sl->din = has_din ? (float *)(sl->bw + din_off) : NULL;
     for (int i = s->nlayers - 1; i >= 0 && !s->emulate; i--) {
-        bg_layer_ctx_t c = make_ctx(s, sl, i);
-        c.wstash = bw_wstash(s, sl, i);
+        bg_layer_ctx_t c;
         const float *x;
-        float *y;
-        layer_io(s, sl, i, 1, &x, &y);
-        float *dx = i > 0 ? bw_dout(s, sl, i - 1) : sl->din, *dout = bw_dout(s, sl, i);
+        float *y, *dout, *dx = i > 0 ? bw_dout(s, sl, i - 1) : sl->din;
         guard_call_t gc;
-        guard_backward(s, sl, i, x, y, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout,
-                       dx, 0, &gc);
-        guards_arm(s, &gc);
+        split_call(s, sl, i, dx, &c, &x, &y, &dout, &gc);
         bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, y, dout, dx);
         BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
     }
@@ -773,16 +793,11 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
             BG_CHECK(s->layer_done(s->first + i, mb, s->layer_done_arg));
         if (s->emulate || !s->layers[i]->ops->backward_weight)
             continue;
-        bg_layer_ctx_t c = make_ctx(s, sl, i);
-        c.wstash = bw_wstash(s, sl, i);
+        bg_layer_ctx_t c;
         const float *x;
-        float *y;
-        layer_io(s, sl, i, 1, &x, &y);
-        float *dout = bw_dout(s, sl, i);
+        float *y, *dout;
         guard_call_t gc;
-        guard_backward(s, sl, i, x, y, &c, piece(bg_layer_wstash_bytes(s->layers[i], sl->shapes[i]), s->gz), dout,
-                       NULL, 0, &gc);
-        guards_arm(s, &gc);
+        split_call(s, sl, i, NULL, &c, &x, &y, &dout, &gc);
         bg_status_t st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, y, dout);
         BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
         if (s->layer_done)
@@ -795,11 +810,7 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
 bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
 {
     slot_t *sl = NULL;
-    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, "backward", &sl));
-    BG_CHECK(check_dout(s, sl, mb));
-    BG_CHECK(ensure_scratch(s, sl));
-    if (!sl->act)
-        BG_CHECK(run_forward(s, sl)); /* recompute */
+    BG_CHECK(backward_slot(s, mb, "backward", &sl));
     size_t acap = fused_maxact(s, sl->shapes) + s->gz, wcap = fused_maxw(s, sl->shapes) + s->gz;
     sl->bw = stage_alloc(s, sl, fused_bytes(s, sl->shapes, s->gz), "backward");
     if (!sl->bw)

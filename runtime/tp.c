@@ -61,40 +61,46 @@ static bg_status_t pair_wait(bg_request_t *req)
     return st;
 }
 
-static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
+/* The blocking collectives: the non-blocking one of the same messages,
+ * waited for in the pair, timed as what in the trace. */
+typedef enum { TP_ALLREDUCE, TP_ALLGATHER, TP_REDUCE_SCATTER } tp_coll_t;
+
+static bg_status_t tp_blocking(bg__tp_t *t, tp_coll_t kind, const float *send, float *recv, size_t count,
+                               const char *what)
 {
-    bg__tp_t *t = arg;
     double t0 = bg_now();
     bg_request_t *r;
-    bg_status_t st = bg_group_iallreduce(lane_group(t), buf, count, BG_F32, BG_REDUCE_SUM, &r);
+    bg_status_t st;
+    switch (kind) {
+    case TP_ALLREDUCE:
+        st = bg_group_iallreduce(lane_group(t), recv, count, BG_F32, BG_REDUCE_SUM, &r);
+        break;
+    case TP_ALLGATHER:
+        st = bg_group_iallgather(lane_group(t), send, recv, count, BG_F32, &r);
+        break;
+    default:
+        st = bg_group_ireduce_scatter(lane_group(t), send, recv, count, BG_F32, BG_REDUCE_SUM, &r);
+        break;
+    }
     if (st == BG_OK)
         st = pair_wait(r);
-    account(t, "tp_allreduce", t0);
+    account(t, what, t0);
     return st;
+}
+
+static bg_status_t tp_allreduce(void *arg, float *buf, size_t count)
+{
+    return tp_blocking(arg, TP_ALLREDUCE, NULL, buf, count, "tp_allreduce");
 }
 
 static bg_status_t tp_allgather(void *arg, const float *send, float *recv, size_t count)
 {
-    bg__tp_t *t = arg;
-    double t0 = bg_now();
-    bg_request_t *r;
-    bg_status_t st = bg_group_iallgather(lane_group(t), send, recv, count, BG_F32, &r);
-    if (st == BG_OK)
-        st = pair_wait(r);
-    account(t, "tp_allgather", t0);
-    return st;
+    return tp_blocking(arg, TP_ALLGATHER, send, recv, count, "tp_allgather");
 }
 
 static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, size_t count)
 {
-    bg__tp_t *t = arg;
-    double t0 = bg_now();
-    bg_request_t *r;
-    bg_status_t st = bg_group_ireduce_scatter(lane_group(t), send, recv, count, BG_F32, BG_REDUCE_SUM, &r);
-    if (st == BG_OK)
-        st = pair_wait(r);
-    account(t, "tp_red_scatter", t0);
-    return st;
+    return tp_blocking(arg, TP_REDUCE_SCATTER, send, recv, count, "tp_red_scatter");
 }
 
 static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void **req_p)

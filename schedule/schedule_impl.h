@@ -58,6 +58,16 @@ static inline int bg__mb_on(const bg_schedule_t *s, int st, int mb)
     return mb / (s->m / s->copies) == st / (s->nstages / s->copies);
 }
 
+/* Seeds the rank worklist of the simulator and the deadlock check: every
+ * rank pushed so that rank 0 is popped first. Returns the stack's height. */
+static inline int bg__push_ranks(int *stack, int p)
+{
+    int top = 0;
+    for (int r = p - 1; r >= 0; r--)
+        stack[top++] = r;
+    return top;
+}
+
 /* allocates the arrays of an empty schedule with the given stage map (NULL: interleaved) */
 bg_status_t bg__schedule_alloc(const char *name, bg_schedule_kind_t kind, int p, int m, int v,
                                const int *chunk_stage, bg_schedule_t **sched_p);

@@ -98,9 +98,7 @@ bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *
         for (int k = 0; k < nl; k++)
             links[r * nl + k] = (bg__link_t){-1, 0};
     }
-    int top = 0;
-    for (int r = p - 1; r >= 0; r--)
-        stack[top++] = r;
+    int top = bg__push_ranks(stack, p);
     while (top > 0) {
         int r = stack[--top];
         while (ptr[r] < s->nops[r]) {

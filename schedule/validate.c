@@ -276,9 +276,7 @@ static bg_status_t bg__pass_deadlock(bg__val_t *V)
         goto out;
     }
     memset(waiter, -1, sizeof(int) * nmsg);
-    int top = 0;
-    for (int r = p - 1; r >= 0; r--)
-        stack[top++] = r;
+    int top = bg__push_ranks(stack, p);
     while (top > 0) {
         int r = stack[--top];
         while (ptr[r] < s->nops[r]) {

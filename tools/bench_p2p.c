@@ -38,8 +38,12 @@ static int bg__sizes(const char *cmd, const char *s, uint64_t *out, int *n_p)
 typedef struct {
     const char *sizes, *json, *algo;
     int reps;
+    uint64_t size[BG__MAX_SIZES], max_size; /* --sizes parsed, and the largest */
+    int nsizes;
 } bg__bench_opts_t;
 
+/* The options of a bench: 1 after --help, -1 after an error (printed), 0 with
+ * o filled in, --sizes parsed into size[0..nsizes) and its largest. */
 static int bg__parse(const char *cmd, int argc, char **argv, bg__bench_opts_t *o, const char *usage)
 {
     for (int i = 1; i < argc; i++) {
@@ -69,6 +73,10 @@ static int bg__parse(const char *cmd, int argc, char **argv, bg__bench_opts_t *o
             return -1;
         }
     }
+    if (bg__sizes(cmd, o->sizes, o->size, &o->nsizes) != 0)
+        return -1;
+    for (int i = 0; i < o->nsizes; i++)
+        o->max_size = o->size[i] > o->max_size ? o->size[i] : o->max_size;
     return 0;
 }
 
@@ -88,10 +96,6 @@ int bg_bench_p2p(int argc, char **argv)
     int pr = bg__parse(cmd, argc, argv, &o, bg__p2p_usage);
     if (pr)
         return pr > 0 ? 0 : 2;
-    uint64_t sizes[BG__MAX_SIZES];
-    int ns;
-    if (bg__sizes(cmd, o.sizes, sizes, &ns) != 0)
-        return 2;
     bg_comm_t *c;
     bg_comm_params_t cp = bg_cli_comm_params();
     bg_status_t st = bg_comm_create(&cp, &c);
@@ -104,9 +108,7 @@ int bg_bench_p2p(int argc, char **argv)
         return bg_cli_fail(cmd, "needs exactly 2 ranks, got %d (brigade launch -n 2 -- brigade bench p2p)", w);
     }
     enum { WIN = 16 };
-    uint64_t maxs = 0;
-    for (int i = 0; i < ns; i++)
-        maxs = sizes[i] > maxs ? sizes[i] : maxs;
+    uint64_t maxs = o.max_size;
     char *buf = malloc(maxs + 1);
     FILE *js = NULL;
     if (!buf) {
@@ -126,8 +128,8 @@ int bg_bench_p2p(int argc, char **argv)
     }
     int peer = 1 - rank;
     double lat[1000], bw[1000];
-    for (int k = 0; k < ns && st == BG_OK; k++) {
-        size_t n = sizes[k];
+    for (int k = 0; k < o.nsizes && st == BG_OK; k++) {
+        size_t n = o.size[k];
         /* iterations per rep: about 64 MiB of traffic, 10..2000 */
         int it = (int)((64u << 20) / (n + 1));
         it = it < 10 ? 10 : it > 2000 ? 2000 : it;
@@ -181,7 +183,7 @@ int bg_bench_p2p(int argc, char **argv)
             printf("%12zu %14.2f %16.3f\n", n, ml, mb);
             if (js)
                 fprintf(js, "  {\"bytes\": %zu, \"latency_us\": %.3f, \"bandwidth_gbps\": %.4f}%s\n", n, ml,
-                        mb, k + 1 < ns ? "," : "");
+                        mb, k + 1 < o.nsizes ? "," : "");
             fflush(stdout);
         }
     }
@@ -215,10 +217,6 @@ int bg_bench_allreduce(int argc, char **argv)
     int pr = bg__parse(cmd, argc, argv, &o, bg__ar_usage);
     if (pr)
         return pr > 0 ? 0 : 2;
-    uint64_t sizes[BG__MAX_SIZES];
-    int ns;
-    if (bg__sizes(cmd, o.sizes, sizes, &ns) != 0)
-        return 2;
     struct { const char *name; bg_allreduce_algo_t a; } algos[] = {
         {"auto", BG_ALLREDUCE_AUTO}, {"ring", BG_ALLREDUCE_RING}, {"recursive", BG_ALLREDUCE_RECURSIVE}};
     int a0 = 0, a1 = 3;
@@ -241,9 +239,7 @@ int bg_bench_allreduce(int argc, char **argv)
     bg_group_t *g = NULL;
     st = bg_group_create(c, R, all, &g);
     free(all);
-    uint64_t maxs = 0;
-    for (int i = 0; i < ns; i++)
-        maxs = sizes[i] > maxs ? sizes[i] : maxs;
+    uint64_t maxs = o.max_size;
     float *buf = malloc(maxs + 4);
     FILE *js = NULL;
     if (st == BG_OK && !buf)
@@ -257,12 +253,12 @@ int bg_bench_allreduce(int argc, char **argv)
     }
     int first = 1;
     double t[1000];
-    for (int k = 0; k < ns && st == BG_OK; k++) {
-        size_t count = sizes[k] / sizeof(float);
+    for (int k = 0; k < o.nsizes && st == BG_OK; k++) {
+        size_t count = o.size[k] / sizeof(float);
         for (size_t i = 0; i < count; i++)
             buf[i] = (float)(i % 13) * 0.25f;
         for (int a = a0; a < a1 && st == BG_OK; a++) {
-            int it = (int)((256u << 20) / (sizes[k] * (size_t)R + 1));
+            int it = (int)((256u << 20) / (o.size[k] * (size_t)R + 1));
             it = it < 3 ? 3 : it > 500 ? 500 : it;
             int reps = o.reps > 1000 ? 1000 : o.reps;
             for (int r = -1; r < reps && st == BG_OK; r++) {

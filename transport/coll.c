@@ -690,14 +690,22 @@ static bg_status_t bg__build_allreduce(bg_group_t *g, void *vbuf, size_t count, 
     return BG_OK;
 }
 
+/* Starts a non-blocking allreduce (rs_only 0) or its reduce-scatter half
+ * (rs_only 1); who names the public entry point in the error. */
+static bg_status_t bg__iallreduce_start(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op,
+                                        bg_allreduce_algo_t algo, int rs_only, const char *who, bg_request_t **req_p)
+{
+    if (!req_p)
+        return bg_error(BG_ERR_INVALID, "%s: NULL request output", who);
+    bg__coll_t *co;
+    BG_CHECK(bg__build_allreduce(g, buf, count, dtype, op, algo, rs_only, &co));
+    return bg__coll_start(co, req_p);
+}
+
 bg_status_t bg_group_iallreduce_algo(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op,
                                      bg_allreduce_algo_t algo, bg_request_t **req_p)
 {
-    if (!req_p)
-        return bg_error(BG_ERR_INVALID, "bg_group_iallreduce: NULL request output");
-    bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, dtype, op, algo, 0, &co));
-    return bg__coll_start(co, req_p);
+    return bg__iallreduce_start(g, buf, count, dtype, op, algo, 0, "bg_group_iallreduce", req_p);
 }
 
 bg_status_t bg_group_iallreduce(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype, bg_reduce_op_t op,
@@ -877,11 +885,8 @@ void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p)
 bg_status_t bg_group_ireduce_scatter_inplace(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype,
                                              bg_reduce_op_t op, bg_request_t **req_p)
 {
-    if (!req_p)
-        return bg_error(BG_ERR_INVALID, "bg_group_ireduce_scatter_inplace: NULL request output");
-    bg__coll_t *co;
-    BG_CHECK(bg__build_allreduce(g, buf, count, dtype, op, BG_ALLREDUCE_AUTO, 1, &co));
-    return bg__coll_start(co, req_p);
+    return bg__iallreduce_start(g, buf, count, dtype, op, BG_ALLREDUCE_AUTO, 1, "bg_group_ireduce_scatter_inplace",
+                                req_p);
 }
 
 bg_status_t bg_group_iallgather_chunks(bg_group_t *g, void *buf, size_t count, bg_dtype_t dtype,

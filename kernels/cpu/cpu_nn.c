@@ -523,7 +523,9 @@ static void bg__k_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, cons
     }
 }
 
-static void bg__k_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs)
+/* Copies between the rows [B*T, NH*hs] and the heads [B, NH, T, hs]: to_rows
+ * reads heads from src into rows of dst (merge), else rows into heads (split). */
+static void bg__heads_move(bg_backend_t *be, float *dst, const float *src, int to_rows, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     int C = NH * hs;
@@ -531,22 +533,21 @@ static void bg__k_heads_merge(bg_backend_t *be, float *out, const float *y, int 
 #pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(rows, C)) schedule(static)
     for (int r = 0; r < rows; r++) {
         int b = r / T, t = r % T;
-        for (int h = 0; h < NH; h++)
-            memcpy(out + (size_t)r * C + h * hs, y + (((size_t)b * NH + h) * T + t) * hs, (size_t)hs * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            size_t ro = (size_t)r * C + (size_t)h * hs, ho = (((size_t)b * NH + h) * T + t) * hs;
+            memcpy(dst + (to_rows ? ro : ho), src + (to_rows ? ho : ro), (size_t)hs * sizeof(float));
+        }
     }
+}
+
+static void bg__k_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs)
+{
+    bg__heads_move(be, out, y, 1, B, T, NH, hs);
 }
 
 static void bg__k_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs)
 {
-    int nt = bg__cpu_nt(be);
-    int C = NH * hs;
-    int rows = B * T;
-#pragma omp parallel for num_threads(nt) if (BG_ROWS_PAR(rows, C)) schedule(static)
-    for (int r = 0; r < rows; r++) {
-        int b = r / T, t = r % T;
-        for (int h = 0; h < NH; h++)
-            memcpy(dy + (((size_t)b * NH + h) * T + t) * hs, dout + (size_t)r * C + h * hs, (size_t)hs * sizeof(float));
-    }
+    bg__heads_move(be, dy, dout, 0, B, T, NH, hs);
 }
 
 /* ------------------------------------------------------------ reductions */

@@ -33,13 +33,6 @@ uint32_t bg__crc32c(uint32_t crc, const void *data, size_t n);
 static bg_backend_t *be;
 static char tmp[256];
 
-#define OK(call)                                                                                         \
-    do {                                                                                                 \
-        bg_status_t st__ = (call);                                                                       \
-        if (st__ != BG_OK)                                                                               \
-            fail_msg("%s -> %s: %s", #call, bg_status_string(st__), bg_last_error());                   \
-    } while (0)
-
 static int setup(void **state)
 {
     (void)state;
@@ -59,17 +52,7 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static bg_model_config_t small_gpt(void)
-{
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    c.layers = 3;
-    c.d_model = 16;
-    c.heads = 2;
-    c.seq_len = 8;
-    c.vocab = 32;
-    c.seed = 7;
-    return c;
-}
+static bg_model_config_t small_gpt(void) { return bg_test_gpt_config(3, 16, 2, 8, 32, 7); }
 
 static bg_model_t *make(int first, int last)
 {
@@ -92,31 +75,11 @@ static float value(const char *name, size_t j, uint32_t salt, int which)
     return (float)((double)(h & 0xffffff) / (double)0xffffff - 0.5) * (which == 2 ? 1e-3f : 1.0f);
 }
 
-/* Fill weights and AdamW state (allocating it) with value(). */
-static void fill(bg_model_t *m, uint32_t salt)
+/* Walks weights (w 0) and, with states, AdamW's m and v (w 1, 2) of every
+ * tensor: write sets them to value(salt); else the elements that differ from
+ * it are counted. */
+static long walk_values(bg_model_t *m, uint32_t salt, int states, int write)
 {
-    OK(bg_model_optim_init(m, BG_OPTIM_ADAMW));
-    float *params = bg_model_params(m);
-    for (int i = 0; i < bg_model_num_tensors(m); i++) {
-        bg_param_t *p = bg_model_tensor(m, i);
-        const char *name = bg_model_tensor_name(m, i);
-        size_t off = (size_t)(p->data - params);
-        float *h = malloc(p->numel * sizeof(float));
-        for (int w = 0; w < 3; w++) {
-            for (size_t j = 0; j < p->numel; j++)
-                h[j] = value(name, j, salt, w);
-            float *dst = w == 0 ? p->data : bg_model_optim_state(m, w - 1) + off;
-            be->ops->from_host(be, dst, h, p->numel * sizeof(float));
-        }
-        free(h);
-    }
-}
-
-/* Number of elements (weights, m, v) that differ from value(salt); -1 if state is missing. */
-static long mismatches(bg_model_t *m, uint32_t salt, int with_state)
-{
-    if (with_state && (!bg_model_optim_state(m, 0) || !bg_model_optim_state(m, 1)))
-        return -1;
     long bad = 0;
     float *params = bg_model_params(m);
     for (int i = 0; i < bg_model_num_tensors(m); i++) {
@@ -124,18 +87,38 @@ static long mismatches(bg_model_t *m, uint32_t salt, int with_state)
         const char *name = bg_model_tensor_name(m, i);
         size_t off = (size_t)(p->data - params);
         float *h = malloc(p->numel * sizeof(float));
-        for (int w = 0; w < (with_state ? 3 : 1); w++) {
-            const float *src = w == 0 ? p->data : bg_model_optim_state(m, w - 1) + off;
-            be->ops->to_host(be, h, src, p->numel * sizeof(float));
+        for (int w = 0; w < (states ? 3 : 1); w++) {
+            float *dev = w == 0 ? p->data : bg_model_optim_state(m, w - 1) + off;
+            if (!write)
+                be->ops->to_host(be, h, dev, p->numel * sizeof(float));
             for (size_t j = 0; j < p->numel; j++) {
                 float want = value(name, j, salt, w);
-                if (memcmp(&h[j], &want, sizeof want) != 0)
+                if (write)
+                    h[j] = want;
+                else if (memcmp(&h[j], &want, sizeof want) != 0)
                     bad++;
             }
+            if (write)
+                be->ops->from_host(be, dev, h, p->numel * sizeof(float));
         }
         free(h);
     }
     return bad;
+}
+
+/* Fill weights and AdamW state (allocating it) with value(). */
+static void fill(bg_model_t *m, uint32_t salt)
+{
+    OK(bg_model_optim_init(m, BG_OPTIM_ADAMW));
+    walk_values(m, salt, 1, 1);
+}
+
+/* Number of elements (weights, m, v) that differ from value(salt); -1 if state is missing. */
+static long mismatches(bg_model_t *m, uint32_t salt, int with_state)
+{
+    if (with_state && (!bg_model_optim_state(m, 0) || !bg_model_optim_state(m, 1)))
+        return -1;
+    return walk_values(m, salt, with_state, 0);
 }
 
 /* Bytes of the parameters (to check "untouched") */
@@ -299,19 +282,30 @@ static void test_roundtrip(void **state)
     bg_test_model_destroy(b);
 }
 
+/* The model split over three ranks (layers 0-1, 2-3, 4-5) filled from seed
+ * and saved as step step_no under root; dir gets that step's directory. */
+static void save_three(bg_model_t *three[3], const char *root, int64_t step_no, uint32_t seed, char *dir, size_t dir_size)
+{
+    three[0] = make(0, 1);
+    three[1] = make(2, 3);
+    three[2] = make(4, 5);
+    for (int r = 0; r < 3; r++)
+        fill(three[r], seed);
+    OK(save_ranks(root, step_no, three, 3, 0));
+    int64_t step;
+    OK(bg_checkpoint_latest(root, dir, dir_size, &step));
+    assert_int_equal(step, step_no);
+}
+
 /* GPT with 3 blocks = 6 top-level layers: embed, blocks.0-2, ln_f, head */
 static void test_reshard(void **state)
 {
     (void)state;
     char root[512], dir[600];
     dir_path(root, sizeof root, "reshard");
-    bg_model_t *three[3] = {make(0, 1), make(2, 3), make(4, 5)};
-    for (int r = 0; r < 3; r++)
-        fill(three[r], 21);
-    OK(save_ranks(root, 30, three, 3, 0));
+    bg_model_t *three[3];
+    save_three(three, root, 30, 21, dir, sizeof dir);
     int64_t step;
-    OK(bg_checkpoint_latest(root, dir, sizeof dir, &step));
-    assert_int_equal(step, 30);
     char f[700];
     for (int r = 0; r < 3; r++) {
         snprintf(f, sizeof f, "%s/rank-%05d.safetensors", dir, r);
@@ -434,12 +428,9 @@ static void test_refusals(void **state)
     (void)state;
     char root[512], dir[600], cmd[4096], bad[600], file[700];
     dir_path(root, sizeof root, "refuse");
-    bg_model_t *three[3] = {make(0, 1), make(2, 3), make(4, 5)};
-    for (int r = 0; r < 3; r++)
-        fill(three[r], 41);
-    OK(save_ranks(root, 5, three, 3, 0));
+    bg_model_t *three[3];
+    save_three(three, root, 5, 41, dir, sizeof dir);
     int64_t step;
-    OK(bg_checkpoint_latest(root, dir, sizeof dir, &step));
     bg_model_t *whole = make(-1, -1);
     float *snap = snapshot(whole);
     assert_null(bg_model_optim_state(whole, 0));

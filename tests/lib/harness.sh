@@ -178,6 +178,30 @@ expect_re() {
         bad "brigade $*: expected exit $code and /$msg/, got $rc and: $(cat "$T/err")"
     fi
 }
+# deadlock_json IN OUT: the schedule program IN with rank 0 waiting for a
+# gradient before it sends its first activation (a waits-for cycle), as OUT
+deadlock_json() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ops = d["ranks"][0]["ops"]
+i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
+j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
+ops.insert(i, ops.pop(j))
+json.dump(d, open(sys.argv[2], "w"))
+PY
+}
+# expect_err_line SUBCOMMAND NEEDLE ARGS...: `brigade SUBCOMMAND ARGS` exits
+# non-zero with one line on stderr, holding NEEDLE
+expect_err_line() {
+    local sub=$1 needle=$2 rc
+    shift 2
+    "$B" "$sub" "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [ $rc -eq 0 ]; then fail "brigade $sub $* exited 0"; return; fi
+    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade $sub $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
+    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade $sub $*: error is not one line: $(cat "$T/err")"; fi
+}
 # expect_train RC NEEDLE ARGS...: brigade train ARGS fails with exit code RC and one line on
 # stderr holding NEEDLE, training nothing (nothing on stdout)
 expect_train() {

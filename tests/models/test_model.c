@@ -23,28 +23,8 @@
 const char *__asan_default_options(void) __attribute__((used));
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
-static bg_model_config_t small_gpt(void)
-{
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    c.layers = 3;
-    c.d_model = 16;
-    c.heads = 2;
-    c.seq_len = 8;
-    c.vocab = 256;
-    c.seed = 7;
-    return c;
-}
-static bg_model_config_t small_mlp(void)
-{
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    c.kind = BG_MODEL_MLP;
-    c.layers = 3;
-    c.d_model = 24;
-    c.in_features = 10;
-    c.classes = 5;
-    c.seed = 3;
-    return c;
-}
+static bg_model_config_t small_gpt(void) { return bg_test_gpt_config(3, 16, 2, 8, 256, 7); }
+static bg_model_config_t small_mlp(void) { return bg_test_mlp_config(3, 24, 10, 5, 3); }
 
 static void test_param_count(void **s)
 {

@@ -27,13 +27,6 @@
 
 extern long long bg__write_fail_after_bytes; /* core/fileio.c: a full disk */
 
-#define OK(call)                                                                                         \
-    do {                                                                                                 \
-        bg_status_t st__ = (call);                                                                       \
-        if (st__ != BG_OK)                                                                               \
-            fail_msg("%s -> %s: %s", #call, bg_status_string(st__), bg_last_error());                   \
-    } while (0)
-
 static char tmp[256];
 
 static int group_setup(void **state)
@@ -87,13 +80,7 @@ static int count_files(const char *dir)
 
 static bg_model_t *small_mlp(uint64_t seed)
 {
-    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
-    c.kind = BG_MODEL_MLP;
-    c.layers = 2;
-    c.d_model = 8;
-    c.in_features = 4;
-    c.classes = 3;
-    c.seed = seed;
+    bg_model_config_t c = bg_test_mlp_config(2, 8, 4, 3, seed);
     bg_model_t *m;
     OK(bg_test_model_create(&c, be, -1, -1, &m));
     return m;

@@ -46,13 +46,20 @@ static void log_event(member_t *m, char e)
         m->log[m->nlog++] = e;
 }
 
-static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
+/* The start of every fake collective: member m's buffer is posted, and
+ * every member's is there once this returns. */
+static shared_t *post(member_t *m, const float *buf)
 {
-    member_t *m = arg;
     shared_t *sh = m->sh;
-    float *sum = calloc(n ? n : 1, sizeof(float));
     sh->bufs[m->rank] = buf;
     pthread_barrier_wait(&sh->bar);
+    return sh;
+}
+
+static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
+{
+    float *sum = calloc(n ? n : 1, sizeof(float));
+    shared_t *sh = post(arg, buf);
     for (int r = 0; r < sh->T; r++) /* member order: the same bits on every member */
         for (size_t i = 0; i < n; i++)
             sum[i] += sh->bufs[r][i];
@@ -65,10 +72,7 @@ static bg_status_t fake_allreduce(void *arg, float *buf, size_t n)
 
 static bg_status_t fake_allgather(void *arg, const float *send, float *recv, size_t n)
 {
-    member_t *m = arg;
-    shared_t *sh = m->sh;
-    sh->bufs[m->rank] = send;
-    pthread_barrier_wait(&sh->bar);
+    shared_t *sh = post(arg, send);
     for (int r = 0; r < sh->T; r++)
         memcpy(recv + (size_t)r * n, sh->bufs[r], n * sizeof(float));
     pthread_barrier_wait(&sh->bar);
@@ -79,9 +83,7 @@ static bg_status_t fake_allgather(void *arg, const float *send, float *recv, siz
 static bg_status_t fake_reduce_scatter(void *arg, const float *send, float *recv, size_t n)
 {
     member_t *m = arg;
-    shared_t *sh = m->sh;
-    sh->bufs[m->rank] = send;
-    pthread_barrier_wait(&sh->bar);
+    shared_t *sh = post(m, send);
     for (size_t i = 0; i < n; i++) {
         float sum = 0;
         for (int r = 0; r < sh->T; r++)
@@ -110,9 +112,7 @@ static bg_status_t fake_ireduce_scatter(void *arg, float *buf, size_t n, void **
 static bg_status_t fake_iallgather(void *arg, float *buf, size_t n, void **req_p)
 {
     member_t *m = arg;
-    shared_t *sh = m->sh;
-    sh->bufs[m->rank] = buf;
-    pthread_barrier_wait(&sh->bar);
+    shared_t *sh = post(m, buf);
     for (int r = 0; r < sh->T; r++)
         if (r != m->rank)
             memcpy(buf + (size_t)r * n, sh->bufs[r] + (size_t)r * n, n * sizeof(float));
@@ -219,18 +219,31 @@ static bg_status_t fake_wait(void *arg, void *req)
 
 enum { NB = 2, NT = 4, FEAT = 6, HID = 8, CLS = 8, VOC = 16, C = 8, HEADS = 4 };
 
+/* The description name of NT positions, over tokens of a vocabulary of
+ * width or over width features: the layers l[0..n) in order, checked. */
+static bg_model_desc_t *assemble(const char *name, bg_input_kind_t input, int width, bg_layer_t **l, int n)
+{
+    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
+    dp.input = input;
+    if (input == BG_INPUT_TOKENS)
+        dp.vocab = width;
+    else
+        dp.features = width;
+    dp.seq_len = NT;
+    dp.name = name;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
+    assert_int_equal(bg_model_desc_check(d), BG_OK);
+    return d;
+}
+
 /* A user's MLP: column -> gelu -> row -> vocabulary-parallel head (tp > 0),
  * or the same from plain layers (tp = 0). */
 static bg_model_desc_t *user_mlp(int tp)
 {
-    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
-    dp.input = BG_INPUT_FEATURES;
-    dp.features = FEAT;
-    dp.seq_len = NT;
-    dp.name = "user-mlp";
-    bg_model_desc_t *d;
     bg_layer_t *l[4];
-    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
     if (tp) {
         assert_int_equal(bg_layer_column_linear("up", FEAT, HID, 1, 1, 0.3f, tp, &l[0]), BG_OK);
         assert_int_equal(bg_layer_activation("act", BG_ACT_GELU, &l[1]), BG_OK);
@@ -242,23 +255,13 @@ static bg_model_desc_t *user_mlp(int tp)
         assert_int_equal(bg_layer_linear("down", HID, C, 1, 0.3f, &l[2]), BG_OK);
         assert_int_equal(bg_layer_head("head", C, CLS, 1, 0.3f, &l[3]), BG_OK);
     }
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
-    assert_int_equal(bg_model_desc_check(d), BG_OK);
-    return d;
+    return assemble("user-mlp", BG_INPUT_FEATURES, FEAT, l, 4);
 }
 
 /* A one-block transformer: embedding, block, ln_f, head. */
 static bg_model_desc_t *user_gpt(int tp)
 {
-    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
-    dp.input = BG_INPUT_TOKENS;
-    dp.vocab = VOC;
-    dp.seq_len = NT;
-    dp.name = "user-gpt";
-    bg_model_desc_t *d;
     bg_layer_t *l[4];
-    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
     if (tp) {
         assert_int_equal(bg_layer_vocab_embedding("embed", VOC, NT, C, 0.3f, tp, &l[0]), BG_OK);
         assert_int_equal(bg_layer_tp_transformer_block("block", C, HEADS, 0.3f, 0.2f, tp, &l[1]), BG_OK);
@@ -271,10 +274,7 @@ static bg_model_desc_t *user_gpt(int tp)
         assert_int_equal(bg_layer_vocab_head("head", C, VOC, 0, 0.3f, tp, &l[3]), BG_OK);
     else
         assert_int_equal(bg_layer_head("head", C, VOC, 0, 0.3f, &l[3]), BG_OK);
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
-    assert_int_equal(bg_model_desc_check(d), BG_OK);
-    return d;
+    return assemble("user-gpt", BG_INPUT_TOKENS, VOC, l, 4);
 }
 
 /* The same GPT under sequence parallelism (tp > 0). */
@@ -532,31 +532,20 @@ static void test_user_gpt_sp4(void **s) { (void)s; check_equivalent(user_gpt_sp,
  * parallelism; 0: the plain block. */
 static bg_model_desc_t *region_desc(int tp, int attn)
 {
-    bg_model_desc_params_t dp = BG_MODEL_DESC_PARAMS_INIT;
-    dp.input = BG_INPUT_FEATURES;
-    dp.features = C;
-    dp.seq_len = NT;
-    dp.name = "region";
-    bg_model_desc_t *d;
     bg_layer_t *l[3];
-    assert_int_equal(bg_model_desc_create(&dp, &d), BG_OK);
-    assert_int_equal(bg_layer_activation("act", BG_ACT_GELU, &l[2]), BG_OK);
-    assert_int_equal(bg_model_desc_add(d, l[2]), BG_OK);
+    assert_int_equal(bg_layer_activation("act", BG_ACT_GELU, &l[0]), BG_OK);
     if (tp) {
-        assert_int_equal(attn ? bg_layer_tp_attention_block("blk", C, HEADS, 0.3f, 0.2f, tp, &l[0])
-                              : bg_layer_tp_mlp_block("blk", C, 0.3f, 0.2f, tp, &l[0]), BG_OK);
-        assert_int_equal(bg_layer_vocab_head("head", C, CLS, 0, 0.3f, tp, &l[1]), BG_OK);
-        for (int i = 0; i < 2; i++)
+        assert_int_equal(attn ? bg_layer_tp_attention_block("blk", C, HEADS, 0.3f, 0.2f, tp, &l[1])
+                              : bg_layer_tp_mlp_block("blk", C, 0.3f, 0.2f, tp, &l[1]), BG_OK);
+        assert_int_equal(bg_layer_vocab_head("head", C, CLS, 0, 0.3f, tp, &l[2]), BG_OK);
+        for (int i = 1; i < 3; i++)
             assert_int_equal(bg_layer_sequence_parallel(l[i]), BG_OK);
     } else {
-        assert_int_equal(attn ? bg_layer_attention_block("blk", C, HEADS, 0.3f, 0.2f, &l[0])
-                              : bg_layer_mlp_block("blk", C, 0.3f, 0.2f, &l[0]), BG_OK);
-        assert_int_equal(bg_layer_head("head", C, CLS, 0, 0.3f, &l[1]), BG_OK);
+        assert_int_equal(attn ? bg_layer_attention_block("blk", C, HEADS, 0.3f, 0.2f, &l[1])
+                              : bg_layer_mlp_block("blk", C, 0.3f, 0.2f, &l[1]), BG_OK);
+        assert_int_equal(bg_layer_head("head", C, CLS, 0, 0.3f, &l[2]), BG_OK);
     }
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(bg_model_desc_add(d, l[i]), BG_OK);
-    assert_int_equal(bg_model_desc_check(d), BG_OK);
-    return d;
+    return assemble("region", BG_INPUT_FEATURES, C, l, 3);
 }
 
 typedef struct region_job {

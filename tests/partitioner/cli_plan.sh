@@ -6,15 +6,8 @@
 . "$(dirname "$0")/../lib/harness.sh"
 M="--layers 6 --d-model 64 --heads 4 --seq 32 --batch 16 --microbatch-size 2"
 
-# expect_err message-substring args...
-expect_err() {
-    local needle=$1; shift
-    "$B" plan "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ $rc -eq 0 ]; then fail "brigade plan $* exited 0"; return; fi
-    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade plan $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
-    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade plan $*: error is not one line: $(cat "$T/err")"; fi
-}
+# expect_err NEEDLE ARGS...: `brigade plan ARGS` fails with one line holding NEEDLE
+expect_err() { expect_err_line plan "$@"; }
 
 "$B" plan --help >/dev/null || fail "--help"
 expect_err "--devices N is required" $M --mem 1G

@@ -61,13 +61,8 @@ j = next(k for k, o in enumerate(ops) if o["kind"] == "backward_weight" and o["m
          and o["stage"] == ops[i]["stage"])
 ops.insert(i, ops.pop(j))
 json.dump(d, open(t + "/late_send.json", "w"))
-d = json.load(open(t + "/zbv2.json"))
-ops = d["ranks"][0]["ops"]          # rank 0 waits for a gradient before sending its first activation
-i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
-j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
-ops.insert(i, ops.pop(j))
-json.dump(d, open(t + "/dead.json", "w"))
 PY
+deadlock_json "$T/zbv2.json" "$T/dead.json"
 expect_train 1 "late_send.json does not validate: invalid schedule: rank 1 op" $GPT --pp 2 --schedule-json "$T/late_send.json"
 expect_train 1 "frees the input gradient that send_grad" $GPT --pp 2 --schedule-json "$T/late_send.json"
 expect_train 1 "dead.json does not validate: deadlock" $GPT --pp 2 --schedule-json "$T/dead.json"

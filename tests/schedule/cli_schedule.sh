@@ -4,15 +4,8 @@
 # through --from-json, a deadlocking user program, and --compare.
 . "$(dirname "$0")/../lib/harness.sh"
 
-# expect_err "args..." exit-code-nonzero message-substring
-expect_err() {
-    local needle=$1; shift
-    "$B" schedule "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ $rc -eq 0 ]; then fail "brigade schedule $* exited 0"; return; fi
-    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade schedule $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
-    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade schedule $*: error is not one line: $(cat "$T/err")"; fi
-}
+# expect_err NEEDLE ARGS...: `brigade schedule ARGS` fails with one line holding NEEDLE
+expect_err() { expect_err_line schedule "$@"; }
 
 "$B" schedule --help >/dev/null || fail "--help"
 expect_err "--stages must be in [1," --schedule 1f1b --stages 0 --microbatches 4
@@ -62,14 +55,9 @@ json.dump(d, open(t + "/kind.json", "w"))
 d = json.load(open(t + "/a.json"))
 d["ranks"][2]["ops"][0]["microbatch"] = 99
 json.dump(d, open(t + "/range.json", "w"))
-d = json.load(open(t + "/a.json"))
-ops = d["ranks"][0]["ops"]          # rank 0 waits for a gradient before sending its first activation
-i = next(k for k, o in enumerate(ops) if o["kind"] == "send_act")
-j = next(k for k, o in enumerate(ops) if o["kind"] == "recv_grad")
-ops.insert(i, ops.pop(j))
-json.dump(d, open(t + "/dead.json", "w"))
 open(t + "/bad.json", "w").write('{"stages": 2, "ranks": [')
 PY
+deadlock_json "$T/a.json" "$T/dead.json"
 expect_err 'unknown kind "fwd"' --from-json "$T/kind.json"
 expect_err "microbatch = 99 is out of range 0..7" --from-json "$T/range.json"
 expect_err "bad.json: line 1 column" --from-json "$T/bad.json"
