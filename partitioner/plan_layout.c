@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "core/util.h"
 #include "schedule/layout.h"
+#include "schedule/simulate.h"
 #include "plan_impl.h"
 
 /* One layout under evaluation: its schedule, the devices of its pipeline
@@ -496,7 +497,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
                                                           pa->link_bandwidth
                                                     : 0.0));
     simp.optimizer_cost = c->opt_measured ? 1e3 * maxopt : 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
-    st = bg_schedule_simulate(c->sched, &simp, res_p);
+    st = bg__schedule_simulate_figures(c->sched, &simp, res_p); /* the plan keeps no timeline */
 out:
     free(fc);
     free(bc);

@@ -102,26 +102,26 @@ static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st, c
     if (pair && !bg__chain_last(s, pair[1]) && s->stage_rank[pair[1] + 1] != r) { /* the pair's gradient first */
         bg_sched_op_t rc = {BG_OP_RECV_GRAD, pair[2], s->stage_chunk[pair[1]], pair[1], pair[1] + 1,
                             s->stage_rank[pair[1] + 1]};
-        BG_CHECK(bg_schedule_append(s, r, &rc));
+        BG_CHECK(bg__schedule_push(s, r, &rc));
         rg_done[(size_t)pair[1] * s->m + pair[2]] = 1;
     }
     if (kind == BG_OP_FORWARD && has_prev && s->stage_rank[st - 1] != r) {
         bg_sched_op_t rc = {BG_OP_RECV_ACT, mb, c, st, st - 1, s->stage_rank[st - 1]};
-        BG_CHECK(bg_schedule_append(s, r, &rc));
+        BG_CHECK(bg__schedule_push(s, r, &rc));
     }
     if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && has_next && s->stage_rank[st + 1] != r &&
         !rg_done[(size_t)st * s->m + mb]) {
         bg_sched_op_t rc = {BG_OP_RECV_GRAD, mb, c, st, st + 1, s->stage_rank[st + 1]};
-        BG_CHECK(bg_schedule_append(s, r, &rc));
+        BG_CHECK(bg__schedule_push(s, r, &rc));
     }
-    BG_CHECK(bg_schedule_append(s, r, &op));
+    BG_CHECK(bg__schedule_push(s, r, &op));
     if (kind == BG_OP_FORWARD && has_next && s->stage_rank[st + 1] != r) {
         bg_sched_op_t sd = {BG_OP_SEND_ACT, mb, c, st, st + 1, s->stage_rank[st + 1]};
-        BG_CHECK(bg_schedule_append(s, r, &sd));
+        BG_CHECK(bg__schedule_push(s, r, &sd));
     }
     if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && has_prev && s->stage_rank[st - 1] != r) {
         bg_sched_op_t sd = {BG_OP_SEND_GRAD, mb, c, st, st - 1, s->stage_rank[st - 1]};
-        BG_CHECK(bg_schedule_append(s, r, &sd));
+        BG_CHECK(bg__schedule_push(s, r, &sd));
     }
     return BG_OK;
 }
@@ -303,12 +303,12 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
         for (int c = 0; c < v; c++) {
             int sg = s->chunk_stage[r * v + c];
             bg_sched_op_t op = {BG_OP_REDUCE_GRADS, -1, c, sg, -1, -1};
-            BG_CHECK_GOTO(bg_schedule_append(s, r, &op), st, out);
+            BG_CHECK_GOTO(bg__schedule_push(s, r, &op), st, out);
         }
         for (int c = 0; c < v; c++) {
             int sg = s->chunk_stage[r * v + c];
             bg_sched_op_t op = {BG_OP_OPTIMIZER_STEP, -1, c, sg, -1, -1};
-            BG_CHECK_GOTO(bg_schedule_append(s, r, &op), st, out);
+            BG_CHECK_GOTO(bg__schedule_push(s, r, &op), st, out);
         }
     }
 out:

@@ -211,6 +211,9 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
     bg_schedule_t *best = NULL;
     double best_t = INFINITY;
     int best_fits = 0;
+    /* a losing candidate's program set is emptied and refilled by the next
+     * candidate (same ranks, map and sizes), so its memory is touched once */
+    bg_schedule_t *spare = NULL, *spare_u = NULL;
     bg__policy_t pol = {0};
     pol.window = malloc(sizeof(int) * (size_t)p);
     pol.cap = malloc(sizeof(int) * (size_t)p);
@@ -225,23 +228,31 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
      * re-timed under the costs (b), as a greedy choice can be myopic */
     for (int k = 0, pass = 0; bg__candidate(kind, p, m, v, k, &pol, &seq); pass = !pass && !unit && !seq,
              k += !pass) {
-        bg_schedule_t *s, *u = NULL;
-        BG_CHECK_GOTO(bg__schedule_alloc(name, kind, p, m, v, map, &s), st, out);
-        s->copies = copies;
+        bg_schedule_t *s = spare, *u = spare_u;
+        spare = NULL;
+        if (!s) {
+            BG_CHECK_GOTO(bg__schedule_alloc(name, kind, p, m, v, map, &s), st, out);
+            s->copies = copies;
+            bg__schedule_reserve_generated(s);
+        }
         if (pass) {
-            st = bg__schedule_alloc(name, kind, p, m, v, map, &u);
-            if (st == BG_OK)
+            if (!u && (st = bg__schedule_alloc(name, kind, p, m, v, map, &u)) == BG_OK) {
                 u->copies = copies;
+                bg__schedule_reserve_generated(u);
+            }
+            spare_u = u;
             if (st == BG_OK)
                 st = bg__run(u, &pol, &unitc);
             if (st == BG_OK)
                 st = bg__run_seq(s, &pol, NULL, u, &cost);
-            bg_schedule_free(u);
+            if (u)
+                bg__schedule_clear(u);
         } else {
             st = seq ? bg__run_seq(s, &pol, seq, NULL, &cost) : bg__run(s, &pol, &cost);
         }
         if (st == BG_ERR_DEADLOCK) { /* this fixed order cannot run for p, m: not a candidate */
-            bg_schedule_free(s);
+            bg__schedule_clear(s);
+            spare = s;
             st = BG_OK;
             continue;
         }
@@ -255,15 +266,20 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
         if ((fits && !best_fits) || (fits == best_fits && pol.makespan < best_t)) {
             bg_log(BG_LOG_DEBUG, "schedule", "%s p=%d m=%d v=%d: candidate %d%s step %g%s", name, p, m, v, k,
                    pass ? " (unit-cost order)" : "", pol.makespan, fits ? "" : " (over the stash bound)");
-            bg_schedule_free(best);
+            if (best)
+                bg__schedule_clear(best);
+            spare = best;
             best = s, best_t = pol.makespan, best_fits = fits;
         } else {
-            bg_schedule_free(s);
+            bg__schedule_clear(s);
+            spare = s;
         }
     }
     if (!best)
         st = bg_error(BG_ERR_INTERNAL, "%s: no order of the family runs for p=%d m=%d v=%d", name, p, m, v);
 out:
+    bg_schedule_free(spare);
+    bg_schedule_free(spare_u);
     free(map);
     free(cost.f);
     free(unitc.f);

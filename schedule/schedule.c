@@ -158,7 +158,7 @@ bg_status_t bg_schedule_append(bg_schedule_t *s, int rank, const bg_sched_op_t *
     if (!s || !op || rank < 0 || rank >= s->p)
         return bg_error(BG_ERR_INVALID, "append: rank %d out of range (0..%d)", rank, s ? s->p - 1 : -1);
     if (s->nops[rank] == s->cap[rank]) {
-        size_t nc = s->cap[rank] ? s->cap[rank] * 2 : 64;
+        size_t nc = s->cap[rank] ? s->cap[rank] * 2 : s->reserve ? s->reserve : 64;
         bg_sched_op_t *no = realloc(s->ops[rank], nc * sizeof(*no));
         BG_ALLOC_CHECK(no, nc * sizeof(*no), "schedule instructions");
         s->ops[rank] = no;
@@ -166,6 +166,17 @@ bg_status_t bg_schedule_append(bg_schedule_t *s, int rank, const bg_sched_op_t *
     }
     s->ops[rank][s->nops[rank]++] = *op;
     return BG_OK;
+}
+
+void bg__schedule_reserve_generated(bg_schedule_t *s)
+{
+    s->reserve = 7 * (size_t)s->m * (size_t)s->v + 2 * (size_t)s->v;
+}
+
+void bg__schedule_clear(bg_schedule_t *s)
+{
+    for (int r = 0; r < s->p; r++)
+        s->nops[r] = 0;
 }
 
 void bg_schedule_free(bg_schedule_t *s)

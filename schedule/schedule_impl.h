@@ -19,7 +19,29 @@ struct bg_schedule {
     int *chunk_stage;       /* [p*v]: stage of (r, c) at r*v + c */
     bg_sched_op_t **ops;    /* [p] lists */
     size_t *nops, *cap;     /* [p] */
+    size_t reserve;         /* first capacity of a rank's list (0: grow from 64) */
 };
+
+/* Size each rank's first instruction list for the generators' largest
+ * program (m x v x (F, B, W and four transfers) + reduce and optimizer per
+ * chunk), so that appending never reallocates. */
+void bg__schedule_reserve_generated(bg_schedule_t *s);
+
+/* bg_schedule_append for the generators: the store inlined when the list
+ * has room (reserved by bg__schedule_reserve_generated), the exported call
+ * (which grows the list) otherwise. Same contract as bg_schedule_append. */
+static inline bg_status_t bg__schedule_push(bg_schedule_t *s, int rank, const bg_sched_op_t *op)
+{
+    if (rank >= 0 && rank < s->p && s->nops[rank] < s->cap[rank]) {
+        s->ops[rank][s->nops[rank]++] = *op;
+        return BG_OK;
+    }
+    return bg_schedule_append(s, rank, op);
+}
+
+/* Empty every rank's program, keeping the stage map and the lists' memory,
+ * so the generator refills it for its next candidate. */
+void bg__schedule_clear(bg_schedule_t *s);
 
 struct bg_sim_result {
     int p;

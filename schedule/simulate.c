@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "schedule/schedule_impl.h"
+#include "schedule/simulate.h"
 
 typedef struct {
     int peer;
@@ -52,7 +53,10 @@ void bg_sim_result_free(bg_sim_result_t *res)
     free(res);
 }
 
-bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *P, bg_sim_result_t **result_p)
+/* The simulation; with_events 0 keeps no timeline (the result has no
+ * events; every other figure is the same). */
+static bg_status_t bg__simulate(const bg_schedule_t *s, const bg_sim_params_t *P, int with_events,
+                                bg_sim_result_t **result_p)
 {
     if (!s || !result_p)
         return bg_error(BG_ERR_INVALID, "bg_schedule_simulate: NULL argument");
@@ -76,7 +80,7 @@ bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *
     size_t *evoff = calloc((size_t)p + 1, sizeof(size_t));
     int nl = 2 * v + 2;
     bg__link_t *links = malloc(sizeof(bg__link_t) * (size_t)p * (size_t)nl);
-    bg_sim_event_t *ev = malloc(sizeof(bg_sim_event_t) * (total ? total : 1));
+    bg_sim_event_t *ev = malloc(sizeof(bg_sim_event_t) * (total && with_events ? total : 1));
     if (res) {
         res->p = p;
         res->busy = calloc((size_t)p, sizeof(double));
@@ -193,7 +197,7 @@ bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *
                 if (op->kind == BG_OP_BACKWARD_WEIGHT && wst)
                     stash_b[r] -= wst[sg];
             }
-            if (record)
+            if (record && with_events)
                 ev[evoff[r] + nev[r]++] = e;
             ptr[r]++;
         }
@@ -227,6 +231,17 @@ out:
     }
     *result_p = res;
     return BG_OK;
+}
+
+bg_status_t bg_schedule_simulate(const bg_schedule_t *s, const bg_sim_params_t *P, bg_sim_result_t **result_p)
+{
+    return bg__simulate(s, P, 1, result_p);
+}
+
+bg_status_t bg__schedule_simulate_figures(const bg_schedule_t *s, const bg_sim_params_t *P,
+                                          bg_sim_result_t **result_p)
+{
+    return bg__simulate(s, P, 0, result_p);
 }
 
 static int bg__rank_ok(const bg_sim_result_t *r, int rank) { return r && rank >= 0 && rank < r->p; }
