@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "brigade/schedule.h"
+#include "schedule/simulate.h"
 
 #define NEAR(a, b) (fabs((double)(a) - (double)(b)) <= 1e-9 * (1 + fabs((double)(b))))
 
@@ -869,10 +870,59 @@ static void test_text_format(void **state)
     bg_schedule_free(s);
 }
 
+/* The planner's simulation without events (bg__schedule_simulate_figures)
+ * gives every figure bg_schedule_simulate gives, bitwise: every kind, with
+ * non-unit per-stage costs, a link and memory, so nothing is trivially equal. */
+static void test_simulate_figures_match(void **state)
+{
+    (void)state;
+    static const bg_schedule_kind_t kinds[] = {BG_SCHED_GPIPE, BG_SCHED_1F1B, BG_SCHED_INTERLEAVED, BG_SCHED_ZB_H1,
+                                               BG_SCHED_ZB_H2, BG_SCHED_ZBV, BG_SCHED_ZB_INTERLEAVED,
+                                               BG_SCHED_DUALPIPEV, BG_SCHED_DUALPIPE};
+    int checked = 0;
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+        for (int p = 2; p <= 4; p += 2) {
+            bg_schedule_t *s = gen(kinds[k], p, 4 * p, 0);
+            int n = bg_schedule_stages(s);
+            double f[64], b[64], w[64], sb[64];
+            assert_true(n <= 64);
+            for (int i = 0; i < n; i++)
+                f[i] = 1.0 + 0.25 * (i % 3), b[i] = 2.0 + 0.5 * (i % 2), w[i] = 0.75 + 0.125 * i, sb[i] = 100.0 + i;
+            bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+            sp.f_costs = f, sp.b_costs = b, sp.w_costs = w, sp.stash_bytes_per_stage = sb;
+            sp.latency = 0.3, sp.bandwidth = 1000.0, sp.act_bytes = 50.0, sp.grad_bytes = 70.0;
+            sp.reduce_cost = 0.5, sp.optimizer_cost = 0.25;
+            bg_sim_result_t *full = NULL, *fig = NULL;
+            assert_int_equal(bg_schedule_simulate(s, &sp, &full), BG_OK);
+            assert_int_equal(bg__schedule_simulate_figures(s, &sp, &fig), BG_OK);
+            assert_true(bg_sim_step_time(full) == bg_sim_step_time(fig));
+            for (int r = -1; r < p; r++) {
+                assert_true(bg_sim_bubble(full, r) == bg_sim_bubble(fig, r));
+                assert_true(bg_sim_span_bubble(full, r) == bg_sim_span_bubble(fig, r));
+            }
+            for (int r = 0; r < p; r++) {
+                assert_true(bg_sim_busy(full, r) == bg_sim_busy(fig, r));
+                assert_true(bg_sim_rank_start(full, r) == bg_sim_rank_start(fig, r));
+                assert_true(bg_sim_rank_end(full, r) == bg_sim_rank_end(fig, r));
+                assert_int_equal(bg_sim_peak_stash(full, r), bg_sim_peak_stash(fig, r));
+                assert_true(bg_sim_peak_stash_bytes(full, r) == bg_sim_peak_stash_bytes(fig, r));
+            }
+            size_t nev = 0;
+            assert_non_null(bg_sim_events(full, &nev));
+            assert_true(nev > 0);
+            bg_sim_result_free(full);
+            bg_sim_result_free(fig);
+            bg_schedule_free(s);
+            checked++;
+        }
+    assert_int_equal(checked, 18);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_1f1b_closed_forms),
+        cmocka_unit_test(test_simulate_figures_match),
         cmocka_unit_test(test_interleaved_closed_form),
         cmocka_unit_test(test_zero_bubble_closed_forms),
         cmocka_unit_test(test_validate_all_generated),
