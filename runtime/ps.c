@@ -571,6 +571,7 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
     be->ops->synchronize(be);
     double t2 = bg_now();
     /* version step + 1 to every live worker; this step's receives posted again for step + R */
+    loss = (double)(float)loss; /* the workers get it as a float: every rank reports the same value */
     ps->sreply[0] = (float)loss;
     ps->sreply[1] = stop_req ? 1.0f : 0.0f;
     float *params = bg_model_params(ps->m);
