@@ -221,6 +221,8 @@ bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch);
 void bg__exec_trace_bucket(exec_t *x, chunk_t *ch, int b);
 /* exec_ckpt.c */
 bg_status_t bg__exec_settle(exec_t *x);
+/* exec_agree.c: every rank's settings against rank 0's, at create (collective) */
+bg_status_t bg__exec_agree(exec_t *x);
 
 /* Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
  * the receiving stage, or one of these for the strategies' exchanges, bits

@@ -421,6 +421,7 @@ static bg_status_t connect(exec_t *x)
     BG_CHECK(bg__layout_bind(&x->lay, bg_comm_size(x->comm), bg_comm_rank(x->comm)));
     bg__layout_set_schedule(&x->lay, x->sched);
     BG_CHECK(make_groups(x));
+    BG_CHECK(bg__exec_agree(x)); /* before any other message: ranks that disagree fail alike, at once */
     BG_CHECK(bg__tp_create(x->comm, x->desc, x->lay.tp, bg__layout_tp_first(&x->lay), &x->tp));
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
