@@ -50,3 +50,11 @@ int bg_parse_bytes(const char *s, uint64_t *bytes_p)
     *bytes_p = (uint64_t)(v * mul);
     return 0;
 }
+
+uint64_t bg__fnv1a_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}

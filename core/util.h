@@ -17,4 +17,10 @@ double bg_median(double *v, size_t n);
  * anything else ("auto", "0", "12Q"), setting nothing. */
 int bg_parse_bytes(const char *s, uint64_t *bytes_p);
 
+/* FNV-1a over n bytes, continuing from h (start from BG_FNV1A_INIT): a
+ * digest for lookups and for comparing settings across ranks, not a
+ * checksum of data (CRC32C in models/safetensors.c is that). */
+#define BG_FNV1A_INIT 1469598103934665603ULL
+uint64_t bg__fnv1a_bytes(uint64_t h, const void *p, size_t n);
+
 #endif

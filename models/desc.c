@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/util.h"
 #include "models/layer_impl.h"
 #include "models/model_impl.h"
 
@@ -33,13 +34,7 @@ struct bg_model_desc {
     const bg_tp_comm_t *tp; /* the tensor-parallel group the model runs in (NULL: none) */
 };
 
-uint64_t bg__fnv1a(const char *s)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ULL;
-    return h;
-}
+uint64_t bg__fnv1a(const char *s) { return bg__fnv1a_bytes(BG_FNV1A_INIT, s, strlen(s)); }
 
 /* The name index: linear probing from the name's FNV-1a hash. */
 static int desc_find_layer(const bg_model_desc_t *d, const char *name)

@@ -11,7 +11,9 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/util.h"
 #include "runtime/exec_impl.h"
+#include "brigade/schedule.h"
 
 enum { AGREE_VERSION, AGREE_MODEL, AGREE_LAYOUT, AGREE_SCHEDULE, AGREE_OPTIM, AGREE_BATCH, AGREE_N };
 static const char *const agree_names[AGREE_N] = {
@@ -20,26 +22,17 @@ static const char *const agree_names[AGREE_N] = {
     [AGREE_SCHEDULE] = "schedule program", [AGREE_OPTIM] = "optimizer and its hyper-parameters",
     [AGREE_BATCH] = "batch and microbatches"};
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
+static uint64_t fnv_str(const char *s) { return bg__fnv1a_bytes(BG_FNV1A_INIT, s, strlen(s)); }
+
+/* n ints continuing h, preceded by their count (so that [1,2],[3] and [1],[2,3] differ) */
+static uint64_t fnv_ints(uint64_t h, const int *v, int n)
 {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ULL;
-    return h;
+    h = bg__fnv1a_bytes(h, &n, sizeof n);
+    return v ? bg__fnv1a_bytes(h, v, (size_t)n * sizeof *v) : h;
 }
 
-static uint64_t fnv_str(const char *s) { return fnv(1469598103934665603ULL, s, strlen(s)); }
-
-static uint64_t fnv_ints(const int *v, int n)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (int i = 0; i < n; i++)
-        h = fnv(h, &v[i], sizeof v[i]);
-    return h;
-}
-
-/* This rank's digests, field by field (values formatted, never raw structs:
- * padding bytes would differ). */
+/* This rank's digests, field by field: values or padding-free arrays, never
+ * structs with padding (their bytes would differ between ranks). */
 static bg_status_t digests(exec_t *x, uint64_t d[AGREE_N])
 {
     const bg_executor_params_t *p = &x->p;
@@ -49,23 +42,25 @@ static bg_status_t digests(exec_t *x, uint64_t d[AGREE_N])
     BG_CHECK(bg_model_desc_to_json(x->desc, &json));
     d[AGREE_MODEL] = fnv_str(json);
     free(json);
-    int lay[] = {p->pp, p->dp, p->tp, p->chunks, p->zero, p->ps, p->staleness, p->recompute, p->nsplit,
-                 p->nrecompute_stages};
-    uint64_t h = fnv_ints(lay, (int)(sizeof lay / sizeof lay[0]));
-    if (p->split)
-        h ^= fnv_ints(p->split, p->nsplit) * 31;
-    if (p->recompute_stages)
-        h ^= fnv_ints(p->recompute_stages, p->nrecompute_stages) * 37;
-    d[AGREE_LAYOUT] = h;
-    BG_CHECK(bg_schedule_to_json(x->sched, &json));
-    d[AGREE_SCHEDULE] = fnv_str(json);
-    free(json);
+    int lay[] = {p->pp, p->dp, p->tp, p->chunks, p->zero, p->ps, p->staleness, p->recompute};
+    uint64_t h = fnv_ints(BG_FNV1A_INIT, lay, (int)(sizeof lay / sizeof lay[0]));
+    h = fnv_ints(h, p->split, p->split ? p->nsplit : 0);
+    d[AGREE_LAYOUT] = fnv_ints(h, p->recompute_stages, p->recompute_stages ? p->nrecompute_stages : 0);
+    /* the program itself, rank by rank (bg_sched_op_t is six int32s: no padding), not its JSON text:
+     * a large program's text would cost seconds and its size in memory at every create */
+    h = BG_FNV1A_INIT;
+    for (int r = 0; r < bg_schedule_ranks(x->sched); r++) {
+        size_t n = 0;
+        const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, r, &n);
+        h = bg__fnv1a_bytes(bg__fnv1a_bytes(h, &n, sizeof n), ops, n * sizeof *ops);
+    }
+    d[AGREE_SCHEDULE] = h;
     const bg_optim_config_t *o = &p->optim;
     snprintf(buf, sizeof buf, "%d %a %a %a %a %a %a", (int)o->kind, (double)o->lr, (double)o->beta1,
              (double)o->beta2, (double)o->eps, (double)o->momentum, (double)o->weight_decay);
     d[AGREE_OPTIM] = fnv_str(buf);
     int batch[] = {p->batch, p->microbatches};
-    d[AGREE_BATCH] = fnv_ints(batch, 2);
+    d[AGREE_BATCH] = fnv_ints(BG_FNV1A_INIT, batch, 2);
     return BG_OK;
 }
 
