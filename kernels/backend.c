@@ -6,6 +6,7 @@
 #include "kernels/backend_impl.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ struct bg__ops_mirror {
     const char *name;
     int device_buffers;
     BG__BACKEND_OPS(BG__SLOT_MIRROR)
+    int attention_max_head;
 };
 #undef BG__SLOT_MIRROR
 _Static_assert(sizeof(struct bg__ops_mirror) == sizeof(bg_backend_ops_t),
@@ -164,6 +166,12 @@ void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
     if (bytes == 0)
         bytes = 1;
     void *p = be->ops->alloc(be, bytes);
+    if (!p && bg_backend_status(be) != BG_OK) { /* a failed device, not a full one */
+        char msg[768];
+        snprintf(msg, sizeof(msg), "%s", bg_last_error());
+        bg_error(BG_ERR_DEVICE, "%s (allocating %zu bytes for %s)", msg, bytes, what ? what : "a buffer");
+        return NULL;
+    }
     if (!p) {
         bg_error(BG_ERR_NOMEM, "%s backend out of memory: %zu bytes asked for %s, %zu bytes free (%zu bytes in use "
                  "by this backend)", be->ops->name, bytes, what ? what : "a buffer", be->ops->device_free(be),
@@ -208,5 +216,16 @@ void bg_backend_free(bg_backend_t *be, void *ptr)
 }
 
 bg_memstats_t bg_backend_memstats(const bg_backend_t *be) { return be->mem; }
+
+bg_status_t bg_backend_status(bg_backend_t *be)
+{
+    if (!be || !be->ops->error)
+        return BG_OK;
+    char msg[512] = "";
+    bg_status_t st = be->ops->error(be, msg, sizeof(msg));
+    if (st == BG_OK)
+        return BG_OK;
+    return bg_error(st, "%s backend: %s", be->ops->name, msg[0] ? msg : bg_status_string(st));
+}
 
 void bg_backend_reset_peak(bg_backend_t *be) { be->mem.peak = be->mem.current; }

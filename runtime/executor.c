@@ -673,8 +673,13 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     double tokens;
     BG_CHECK(step_tokens(x, step, &tokens));
     bg__strategy_t *own = BG__ONE(x, step); /* a rank that runs no program */
-    if (own)
-        return own->ops->step(x, own->self, tokens, result_p);
+    if (own) {
+        if ((st = own->ops->step(x, own->self, tokens, result_p)) != BG_OK)
+            return st;
+        x->be->ops->synchronize(x->be);
+        BG_CHECK_GOTO(bg_backend_status(x->be), st, fail);
+        return BG_OK;
+    }
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
     x->loss_k = 0;
@@ -694,10 +699,14 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     }
     x->loss_k = 0;
     x->be->ops->synchronize(x->be);
+    BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* a device fault: the losses above are not the step's */
     bg__strategy_t *end = BG__ONE(x, step_end);
-    if (end)
-        return end->ops->step_end(x, end->self, t0, tokens, result_p);
-    return step_end(x, t0, tokens, result_p);
+    st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
+    if (st != BG_OK)
+        return st; /* step_end reported it to the others */
+    x->be->ops->synchronize(x->be);
+    BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* the optimizer's update */
+    return BG_OK;
 fail:
     return bg__exec_step_failed(x, st);
 }

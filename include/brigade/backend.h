@@ -235,6 +235,16 @@ typedef struct bg_backend_ops {
      *  bias_backward in one pass, with their bits. */
     void (*gelu_bias_backward)(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
                                int N, int C);
+
+    /* ---- errors (appended last, as the slots above) ---- */
+    /** The backend's sticky error: BG_OK while every op so far succeeded, else the status of the first
+     *  failure (a CUDA fault, a failed launch or cuBLAS call) with a message naming the op written into msg
+     *  (len bytes, NUL-terminated). Once set it stays set: later results of the instance are undefined.
+     *  NULL: the backend's ops cannot fail (the CPU). Read through bg_backend_status(). */
+    bg_status_t (*error)(bg_backend_t *be, char *msg, size_t len);
+    /** The largest attention head size attention_forward/backward accept; 0: any. A layer with larger
+     *  heads is refused at its first forward, before any weight changes. */
+    int attention_max_head;
 } bg_backend_ops_t;
 /** The first two fields of a table's initializer, its size and name; the slots follow, designated:
  *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`
@@ -298,6 +308,12 @@ const char *const *bg_backend_names(void);
 void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what);
 /** Free a buffer from bg_backend_alloc (NULL is a no-op). */
 void bg_backend_free(bg_backend_t *be, void *ptr);
+/** BG_OK while every op of @p be so far succeeded; else the backend's sticky error, with its message
+ *  (which op failed, and how) set as bg_last_error(). Cheap (no synchronization): call it after a
+ *  synchronize to cover the work queued before it. The executor checks it at the end of each step's
+ *  program and after the optimizer, so a device fault fails the step instead of giving a loss read from
+ *  stale memory. */
+bg_status_t bg_backend_status(bg_backend_t *be);
 /** Current/peak counters. */
 bg_memstats_t bg_backend_memstats(const bg_backend_t *be);
 /** Set peak = current (to measure the peak of one phase). */
