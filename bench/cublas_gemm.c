@@ -86,8 +86,8 @@ int main(int argc, char **argv)
         /* random operands: tensor cores draw less power on zeros and would be timed faster than on real data.
          * The bf16 runs read the same bytes as pairs of bf16: bit 14 of each float is cleared so that the low
          * half's exponent is never all ones (no infinities or NaNs there either). */
-        uint32_t *h = malloc(el * 4);
-        if (!h) {
+        uint32_t *host = malloc(el * 4);
+        if (!host) {
             fprintf(stderr, "out of host memory\n");
             return 1;
         }
@@ -95,12 +95,12 @@ int main(int argc, char **argv)
         for (int op = 0; op < 2; op++) {
             for (size_t i = 0; i < el; i++) {
                 float f = (float)rand() / (float)RAND_MAX * 2.0f - 1.0f;
-                memcpy(&h[i], &f, 4);
-                h[i] &= ~0x4000u;
+                memcpy(&host[i], &f, 4);
+                host[i] &= ~0x4000u;
             }
-            CK(cudaMemcpy(op ? b : a, h, el * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+            CK(cudaMemcpy(op ? b : a, host, el * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
         }
-        free(h);
+        free(host);
         static const struct {
             const char *name;
             cudaDataType_t ab;
