@@ -430,6 +430,12 @@ static bg_status_t connect(exec_t *x)
     bp.device = bg_comm_local_rank(x->comm) < 0 ? 0 : bg_comm_local_rank(x->comm);
     bp.device_wrap = 1; /* ranks share a machine's GPUs round-robin */
     bp.precision = bg_model_desc_precision(x->desc);
+    if (x->p.ndevice_mem) { /* none in params older than the field (init_fields zeroes it) */
+        if (!x->p.device_mem || (x->p.ndevice_mem != 1 && x->p.ndevice_mem != x->lay.world))
+            return bg_error(BG_ERR_INVALID, "device memory caps: %d given for a job of %d ranks (one for every "
+                            "rank, or one per rank)", x->p.ndevice_mem, x->lay.world);
+        bp.mem_cap = x->p.device_mem[x->p.ndevice_mem == 1 ? 0 : x->lay.rank];
+    }
     BG_CHECK(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be));
     if (x->p.process_wide) { /* after the backend (its device's node), before the buffers */
         char bus[64];

@@ -259,6 +259,8 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.emulate_scale = c->emulate_scale;
     p.ps = c->ps;
     p.staleness = c->staleness;
+    p.device_mem = c->device_mem;
+    p.ndevice_mem = c->ndevice_mem;
     *p_out = p;
 }
 

@@ -60,6 +60,10 @@ static void usage(FILE *f)
             "                         dies (it tolerates ranks S..N-1; docs/parameter_server.md)\n"
             "  --staleness K          with --ps: a worker may compute step t on parameters of step t-K\n"
             "                         (default 0: synchronous, the weights of --dp (N-S)/P)\n"
+            "  --device-mem SIZE[,SIZE...]  cap on each rank's backend memory (24G, or one per rank for\n"
+            "                         heterogeneous devices), enforced by its allocator on every backend, the\n"
+            "                         CPU's included: an allocation past it fails naming the stage, buffer and\n"
+            "                         bytes; the summary prints each rank's peak beside the prediction\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -349,6 +353,8 @@ int bg_cmd_train(int argc, char **argv)
     const char *cmd = "train";
     bg_train_config_t c;
     static int split[4096];
+    static uint64_t devmem64[4096];
+    static size_t devmem[4096];
     const char *plan_path = NULL;
     bg_plan_t *plan = NULL;
     int model_flags = 0; /* a model flag was given (checked against a plan's model) */
@@ -360,7 +366,7 @@ int bg_cmd_train(int argc, char **argv)
     int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -385,6 +391,7 @@ int bg_cmd_train(int argc, char **argv)
         {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
         {"zero", required_argument, 0, O_ZERO},
         {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
+        {"device-mem", required_argument, 0, O_DEVMEM},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -442,6 +449,13 @@ int bg_cmd_train(int argc, char **argv)
             break;
         }
         case O_SP: sequence_parallel = 1; break;
+        case O_DEVMEM:
+            if (bg_cli_bytes_list(cmd, "--device-mem", optarg, devmem64, 4096, &c.ndevice_mem))
+                return 2;
+            for (int k = 0; k < c.ndevice_mem; k++)
+                devmem[k] = (size_t)devmem64[k];
+            c.device_mem = devmem;
+            break;
         case O_DATA: c.data_path = optarg; break;
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)

@@ -283,11 +283,16 @@ typedef struct bg_backend_params {
      *  their inputs rounded to bf16 and fp32 accumulation (BRIGADE_CUDA_GEMM, when set, wins); BG_F32,
      *  exact fp32 GEMMs. The CPU backend computes in fp32 either way. */
     bg_dtype_t precision;
+    /** The most bytes bg_backend_alloc may hold at once on this instance (a device memory cap, enforced
+     *  on every backend, the CPU's included, so that "larger than one device" can be shown anywhere); an
+     *  allocation past it fails with BG_ERR_NO_FIT naming the buffer, the bytes asked, in use and the cap.
+     *  0: no cap (only the device's own memory). */
+    size_t mem_cap;
 } bg_backend_params_t;
-/** Defaults of bg_backend_params_t: device 0, threads from the environment, no process-wide changes, fp32. */
+/** Defaults of bg_backend_params_t: device 0, threads from the environment, no process-wide changes, fp32, no cap. */
 #define BG_BACKEND_PARAMS_INIT                                                                          \
     { .size = sizeof(bg_backend_params_t), .device = 0, .num_threads = 0, .set_blas_threads = 0,          \
-      .tune_malloc = 0, .device_wrap = 0, .precision = BG_F32 }
+      .tune_malloc = 0, .device_wrap = 0, .precision = BG_F32, .mem_cap = 0 }
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {
@@ -296,6 +301,7 @@ struct bg_backend {
     int num_threads;
     bg_memstats_t mem; /**< maintained by bg_backend_alloc/free only */
     struct bg_backend_track *track; /**< allocation records (private) */
+    size_t mem_cap;    /**< bg_backend_params_t.mem_cap (0: none); set at creation */
 };
 
 /** Create the backend named @p name ("cpu", "cuda"; "cpu-async", the CPU with emulated streams, for tests). params may be NULL. */
