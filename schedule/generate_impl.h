@@ -29,11 +29,6 @@ typedef struct {
     double act, grad;  /* delay of an activation / gradient message between two ranks */
 } bg__costs_t;
 
-/* BG__PAIRED on a forward of a fixed order: it and the full backward after
- * it are a pair (DualPipe's F&B) that starts once both inputs are there: the
- * backward's recv_grad is placed before the forward */
-#define BG__PAIRED 0x100
-
 static inline int bg__imin(int a, int b) { return a < b ? a : b; }
 
 /* A fixed order's builder: rank r's compute ops as (kind, stage, microbatch)
