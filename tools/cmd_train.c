@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "brigade/partitioner.h"
+#include "brigade/transport.h"
 #include "brigade/train.h"
 #include "tools/cli.h"
 
@@ -35,8 +36,9 @@ static void usage(FILE *f)
             "                         the rest in the backward (less memory, one more forward)\n"
             "  --backend NAME         kernel backend (default cpu; brigade info lists them)\n"
             "parallel (run under brigade launch -n PP*DP*TP, mpirun or srun):\n"
-            "  --pp N                 pipeline stages (default 1)\n"
-            "  --dp N                 data-parallel replicas (default 1)\n"
+            "  --pp N                 pipeline stages (default 1); auto: the ranks over dp x tp\n"
+            "  --dp N                 data-parallel replicas (default 1); auto: the ranks over pp x tp (a job\n"
+            "                         that brigade launch --elastic restarts on fewer ranks re-plans with it)\n"
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
@@ -111,6 +113,7 @@ typedef struct {
     double t_first;     /* start of the first step this run took, 0 before it */
     int first_step;     /* number of that step */
     const char *warning; /* printed by rank 0 with its first step (one line per job, not per rank) */
+    int pp, dp;         /* this run's layout, compared with a resumed checkpoint's */
 } progress_t;
 
 /* h:mm:ss, or m:ss under an hour */
@@ -143,14 +146,19 @@ static void on_stop_signal(int sig)
 /* What --resume did, said once (rank 0) before the first step. */
 static void on_resume(const bg_resume_result_t *r, const char *where, int rank, void *arg)
 {
-    (void)arg;
+    const progress_t *p = arg;
     if (rank != 0)
         return;
     if (r->invalid && r->found)
         fprintf(stderr, "brigade train: skipped %d invalid checkpoint%s newer than %s; the newest: %s\n", r->invalid,
                 r->invalid == 1 ? "" : "s", r->path, r->invalid_what);
-    if (r->found && r->pp > 0)
-        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d)\n", r->path, r->pp, r->dp ? r->dp : 1);
+    if (r->found && r->pp > 0 && (r->pp != p->pp || (r->dp ? r->dp : 1) != p->dp))
+        /* another layout (brigade launch --elastic after a lost host, or by hand): say what changed */
+        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d) at step %lld: layout pp=%d dp=%d -> pp=%d dp=%d\n",
+                r->path, r->pp, r->dp ? r->dp : 1, (long long)r->step, r->pp, r->dp ? r->dp : 1, p->pp, p->dp);
+    else if (r->found && r->pp > 0)
+        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d) at step %lld\n", r->path, r->pp, r->dp ? r->dp : 1,
+                (long long)r->step);
     else if (r->found)
         fprintf(stderr, "resuming from %s (written by %d rank%s)\n", r->path, r->world, r->world == 1 ? "" : "s");
     else if (r->invalid)
@@ -158,6 +166,31 @@ static void on_resume(const bg_resume_result_t *r, const char *where, int rank, 
                 "step 0 (--resume-strict refuses instead)\n", where, r->invalid, r->invalid_what);
     else
         fprintf(stderr, "no checkpoint in %s: starting at step 0\n", where);
+}
+
+/* --pp auto / --dp auto: that degree is the number of ranks the job was
+ * started with (from the environment, as the transport reads it) over the
+ * product of the other degrees, so that a job restarted on fewer ranks
+ * (brigade launch --elastic) re-plans its layout; --resume reshards the
+ * checkpoint onto it. 0, or 2 after the message. */
+static int auto_layout(const char *cmd, int pp_auto, int has_plan, bg_train_config_t *c)
+{
+    const char *flag = pp_auto ? "--pp auto" : "--dp auto";
+    if (has_plan)
+        return bg_cli_fail(cmd, "%s: a --plan fixes the layout; leave one of them out", flag);
+    if (c->ps)
+        return bg_cli_fail(cmd, "%s: --ps sets the workers from the number of ranks itself; give --pp and --dp as "
+                           "numbers", flag);
+    int world = 1;
+    if (bg_comm_env_world(&world) != BG_OK)
+        return bg_cli_fail(cmd, "%s", bg_last_error());
+    int tp = c->model.tp > 0 ? c->model.tp : 1;
+    int other = (pp_auto ? (c->dp > 0 ? c->dp : 1) : (c->pp > 0 ? c->pp : 1)) * tp;
+    if (world % other)
+        return bg_cli_fail(cmd, "%s: the job has %d rank%s, not a multiple of %s %d x tp %d", flag, world,
+                           world == 1 ? "" : "s", pp_auto ? "dp" : "pp", other / tp, tp);
+    *(pp_auto ? &c->pp : &c->dp) = world / other;
+    return 0;
 }
 
 /* Whether an error is a peer's abort ("rank Q stopped on an error", the
@@ -365,6 +398,7 @@ int bg_cmd_train(int argc, char **argv)
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
+    int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM };
     static const struct option opts[] = {
@@ -406,8 +440,6 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_MB, "--microbatches", 1, 1 << 20, c.microbatches)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
-            INT_FLAG(O_PP, "--pp", 1, 4096, c.pp)
-            INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
             INT_FLAG(O_TP, "--tp", 1, 4096, c.model.tp)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
@@ -419,6 +451,18 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_STALENESS, "--staleness", 0, 1 << 20, c.staleness)
 #undef INT_FLAG
 
+        case O_PP:
+        case O_DP:
+            if (optarg && !strcmp(optarg, "auto")) {
+                if (auto_axis && auto_axis != o)
+                    return bg_cli_fail(cmd, "--pp auto and --dp auto: only one can follow the number of ranks");
+                auto_axis = o;
+                break;
+            }
+            if (bg_cli_int(cmd, o == O_PP ? "--pp" : "--dp", optarg, 1, o == O_PP ? 4096 : 1 << 20, &v))
+                return 2;
+            *(o == O_PP ? &c.pp : &c.dp) = (int)v;
+            break;
         case O_ZERO:
             if (bg_cli_int(cmd, "--zero", optarg, 0, 2, &v))
                 return 2;
@@ -585,6 +629,10 @@ int bg_cmd_train(int argc, char **argv)
         c.chunks = bg_schedule_chunks(js);
         bg_schedule_free(js);
     }
+    if (auto_axis && auto_layout(cmd, auto_axis == O_PP, plan_path != NULL, &c))
+        return 2;
+    prog.pp = c.pp > 0 ? c.pp : 1;
+    prog.dp = c.dp > 0 ? c.dp : 1;
     c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
     c.on_step_arg = &prog;
