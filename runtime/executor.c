@@ -38,7 +38,7 @@
 #include "runtime/ps.h"
 
 /* Positions in one step's global batch (the loss is their mean). */
-static bg_status_t step_tokens(exec_t *x, int64_t step, double *tokens_p)
+bg_status_t bg__exec_step_tokens(exec_t *x, int64_t step, double *tokens_p)
 {
     double tokens = 0;
     for (int mb = 0; mb < x->M; mb++) {
@@ -233,6 +233,7 @@ static void exec_free(exec_t *x)
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
+    bg_schedule_free(x->eval_sched);
     free(x->tokens);
     free(x->targets);
     free(x->features);
@@ -602,6 +603,22 @@ bg_step_result_t bg__exec_step_result(const exec_t *x, double tokens, double dt)
     return r;
 }
 
+/* The program's end: the losses a queueing backend kept on the device, in
+ * the order their forwards ran (add_loss), into x->loss; then the backend's
+ * queue drained and its sticky error read (a device fault: the losses are
+ * not the program's). */
+bg_status_t bg__exec_sum_losses(exec_t *x)
+{
+    for (int k = 0; k < x->loss_k; k++) {
+        int mb = x->loss_mb[k];
+        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->per_mb_floats, x->loss_n[mb]) *
+                   (double)x->loss_scale;
+    }
+    x->loss_k = 0;
+    x->be->ops->synchronize(x->be);
+    return bg_backend_status(x->be);
+}
+
 /* This rank's program, once: each instruction through the interpreter's
  * table (bg__exec_run_op), receives posted ahead, the slots whose sends
  * completed ended; paired instructions as two lanes. */
@@ -677,7 +694,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     bg_status_t st = BG_OK;
     int64_t step = x->step;
     double tokens;
-    BG_CHECK(step_tokens(x, step, &tokens));
+    BG_CHECK(bg__exec_step_tokens(x, step, &tokens));
     bg__strategy_t *own = BG__ONE(x, step); /* a rank that runs no program */
     if (own) {
         if ((st = own->ops->step(x, own->self, tokens, result_p)) != BG_OK)
@@ -698,14 +715,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         x->chunks[v].gsq = 0;
     }
     BG_CHECK_GOTO(run_program(x), st, fail);
-    for (int k = 0; k < x->loss_k; k++) { /* the step's end: the losses, in the order their forwards ran */
-        int mb = x->loss_mb[k];
-        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->per_mb_floats, x->loss_n[mb]) *
-                   (double)x->loss_scale;
-    }
-    x->loss_k = 0;
-    x->be->ops->synchronize(x->be);
-    BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* a device fault: the losses above are not the step's */
+    BG_CHECK_GOTO(bg__exec_sum_losses(x), st, fail); /* a device fault: the losses are not the step's */
     bg__strategy_t *end = BG__ONE(x, step_end);
     st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
     if (st != BG_OK)

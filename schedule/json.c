@@ -25,6 +25,8 @@ static json_t *bg__to_json(const bg_schedule_t *s)
     json_object_set_new(root, "chunks", json_integer(s->v));
     if (s->copies > 1) /* absent: one copy */
         json_object_set_new(root, "copies", json_integer(s->copies));
+    if (s->forward_only) /* absent: a training program */
+        json_object_set_new(root, "forward_only", json_true());
     json_t *map = json_array();
     for (int st = 0; st < s->nstages; st++)
         json_array_append_new(map, json_pack("{s:i,s:i,s:i}", "stage", st, "rank", s->stage_rank[st], "chunk",
@@ -130,6 +132,9 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
     if ((p * v) % copies || m % copies)
         return bg_error(BG_ERR_PARSE, "schedule JSON: $.copies = %d must divide both the %d stages x %d chunks and "
                         "the %d microbatches", copies, p, v, m);
+    json_t *jfwd = json_object_get(root, "forward_only");
+    if (jfwd && !json_is_boolean(jfwd))
+        return bg_error(BG_ERR_PARSE, "schedule JSON: $.forward_only must be true or false");
     json_t *jname = json_object_get(root, "schedule");
     if (jname && !json_is_string(jname))
         return bg_error(BG_ERR_PARSE, "schedule JSON: $.schedule must be a string");
@@ -269,6 +274,7 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
             free(used);
             BG_CHECK_GOTO(bg__schedule_alloc(name, BG_SCHED_CUSTOM, p, m, v, map, &s), st, out);
             s->copies = copies;
+            s->forward_only = jfwd && json_is_true(jfwd);
         }
     }
     /* a known generator's name is kept as its kind */

@@ -4,8 +4,9 @@
  * after latency + bytes / bandwidth (messages on one directed link between
  * two ranks are serialised), a receive waits until its message has arrived.
  * It records the timeline, busy/idle time, and the stash (microbatches held
- * from a forward to their last backward piece) per rank. It never changes
- * the programs and does not decide any order. */
+ * from a forward to their last backward piece; in a forward-only program, for
+ * the forward alone) per rank. It never changes the programs and does not
+ * decide any order. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +194,9 @@ static bg_status_t bg__simulate(const bg_schedule_t *s, const bg_sim_params_t *P
                 e.end = t[r];
                 res->busy[r] += cost;
             }
-            if (op->kind == BG_OP_BACKWARD || op->kind == BG_OP_BACKWARD_WEIGHT) {
+            /* a forward-only program keeps no stash: the forward's is freed when it ends */
+            if (op->kind == BG_OP_BACKWARD || op->kind == BG_OP_BACKWARD_WEIGHT ||
+                (op->kind == BG_OP_FORWARD && s->forward_only)) {
                 stash[r]--;
                 stash_b[r] -= bg__pick(P->stash_bytes_per_stage, P->stash_bytes, sg);
                 if (op->kind == BG_OP_BACKWARD_WEIGHT && wst)

@@ -7,7 +7,9 @@
  * same model description, built by the same code), then calls
  * bg_executor_step() once per optimizer step. The host owns the loop, the
  * learning-rate schedule, evaluation and when to save. One process is the
- * executor at pp = dp = 1: there is no other training loop.
+ * executor at pp = dp = 1: there is no other training loop. bg_executor_eval()
+ * gives the loss of the current weights on a batch (a held-out set's) with
+ * a forward-only program, between steps.
  *
  * Each rank walks its program from the schedule generator (the same one the
  * simulator runs); microbatch gradients accumulate in microbatch order on
@@ -195,6 +197,25 @@ bg_status_t bg_executor_create(const bg_executor_params_t *params, bg_executor_t
  *  message names the rank, stage, step, operation and microbatch; the
  *  executor cannot step again (destroy it; resume from a checkpoint). */
 bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p);
+/** What bg_executor_eval() measured (the same on every rank except eval_ms). */
+typedef struct bg_eval_result {
+    double loss;             /**< mean loss over the batch's positions, reduced over the replicas as
+                                  bg_step_result_t.loss is (fp32): bitwise the loss a step on the same batch
+                                  and weights reports */
+    double tokens;           /**< positions in the global batch */
+    double eval_ms;          /**< wall time on this rank */
+} bg_eval_result_t;
+
+/** Evaluate the current weights on one global batch (collective): every rank runs the forward-only
+ *  program of the schedule (bg_schedule_forward_only: stage forwards and activation transfers in the
+ *  schedule's order, the loss on the last stage, no backward and no stash kept). The batch has the
+ *  training layout (batch, microbatches, replicas); its microbatches come from @p data (NULL: the
+ *  training source), asked with step = @p index (e.g. the held-out set's batch number; its seq_len
+ *  callback, if any, gives the lengths). Changes no weight, gradient, optimizer state or step count: a
+ *  run that evaluates between steps trains bitwise as one that does not. Errors: BG_ERR_UNSUPPORTED
+ *  under parameter servers or emulation; a failure breaks the executor as a failed step does. */
+bg_status_t bg_executor_eval(bg_executor_t *x, const bg_batch_source_t *data, int64_t index,
+                             bg_eval_result_t *result_p);
 /** The learning rate of the next steps (the host's schedule; every rank must set the same). */
 void bg_executor_set_lr(bg_executor_t *x, float lr);
 /** Ask the job to stop: the next step's result has stop = 1 on every rank (signal-safe: sets a flag). */
