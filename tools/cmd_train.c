@@ -26,7 +26,15 @@ static void usage(FILE *f)
             "  --batch N              global batch in sequences per step (default 8)\n"
             "  --microbatches N       microbatches per step, divides batch (default 4)\n"
             "  --steps N              optimizer steps (default 20)\n"
-            "  --lr X                 learning rate (default 1e-3)\n"
+            "  --lr X                 peak learning rate (default 1e-3)\n"
+            "  --lr-schedule KIND     constant|cosine|linear|wsd (default constant): the rate after the warm-up;\n"
+            "                         cosine and linear fall from --lr to --min-lr at --decay-steps, wsd holds\n"
+            "                         --lr then falls linearly over the last --wsd-decay of the steps\n"
+            "                         (docs/training.md gives the closed forms)\n"
+            "  --warmup N             steps of linear warm-up from lr/N to --lr (default 0)\n"
+            "  --min-lr X             final rate of the decay (default 0)\n"
+            "  --decay-steps N        step where the decay reaches --min-lr (default --steps)\n"
+            "  --wsd-decay F          wsd: fraction of the steps after the warm-up spent decaying (default 0.2)\n"
             "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
             "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
             "  --data FILE            GPT text corpus (default %s)\n"
@@ -108,7 +116,6 @@ static void usage(FILE *f)
 
 typedef struct {
     int quiet, tty, log_every;
-    double lr;          /* constant: bg_train has no learning-rate schedule */
     double t_start;     /* bg_now() when the job started (setup included) */
     double t_first;     /* start of the first step this run took, 0 before it */
     int first_step;     /* number of that step */
@@ -246,14 +253,14 @@ static void on_step(const bg_step_info_t *i, void *arg)
     hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
     if (p->tty) {
         fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
-                i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+                i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
         int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
         if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
             fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
-                    i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+                    i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
     }
 }
 
@@ -400,7 +407,8 @@ int bg_cmd_train(int argc, char **argv)
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
     int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -426,6 +434,9 @@ int bg_cmd_train(int argc, char **argv)
         {"zero", required_argument, 0, O_ZERO},
         {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
         {"device-mem", required_argument, 0, O_DEVMEM},
+        {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
+        {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
+        {"wsd-decay", required_argument, 0, O_WSD},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -478,6 +489,26 @@ int bg_cmd_train(int argc, char **argv)
             if (bg_cli_double(cmd, "--lr", optarg, 1e-12, 100, &d))
                 return 2;
             c.optim.lr = (float)d;
+            break;
+        case O_LRSCHED:
+            if (bg_lr_kind_parse(optarg, &c.lr_schedule.kind) != BG_OK)
+                return bg_cli_fail(cmd, "%s", bg_last_error());
+            break;
+        case O_WARMUP:
+        case O_DECAY:
+            if (bg_cli_int(cmd, o == O_WARMUP ? "--warmup" : "--decay-steps", optarg, 0, 1 << 30, &v))
+                return 2;
+            *(o == O_WARMUP ? &c.lr_schedule.warmup : &c.lr_schedule.decay_steps) = v;
+            break;
+        case O_MINLR:
+            if (bg_cli_double(cmd, "--min-lr", optarg, 0, 100, &d))
+                return 2;
+            c.lr_schedule.min_lr = d;
+            break;
+        case O_WSD:
+            if (bg_cli_double(cmd, "--wsd-decay", optarg, 1e-9, 1, &d))
+                return 2;
+            c.lr_schedule.wsd_decay = d;
             break;
         case O_WD:
             if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
@@ -646,7 +677,6 @@ int bg_cmd_train(int argc, char **argv)
     bg_status_t st = bg_train_check(&c);
     if (st != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
-    prog.lr = c.optim.lr; /* bg_train runs a constant learning rate */
     if (!plan) {
         if (split_check(cmd, &c, warning, sizeof warning))
             return 2;
