@@ -110,6 +110,8 @@ typedef struct bg__strategy_ops {
     void (*state_end)(exec_t *x, void *self, int loading, bg_status_t st);
     /* ONE: where chunk v's weights go, "" when this rank writes none of them (default: replica 0 writes). */
     void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
+    /* ONE: how many ranks of the job write weights (default: replica 0's, world / dp). */
+    int (*weights_writers)(exec_t *x, void *self);
     /* EVERY: the predicted optimizer elements and gradient bytes (bg_executor_info), adjusted. */
     void (*memory)(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes);
     /* EVERY: after a failed step: free what is in flight. */

@@ -399,7 +399,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     else
         fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);
     if (fst == BG_OK && c.save_dir)
-        fst = bg_check_writable_dir(c.save_dir);
+        fst = bg_check_replaceable_dir(c.save_dir, ".safetensors");
     BG_CHECK_GOTO(agree(x, fst), st, out);
     src.data = bg_data_source(data);
     bg_executor_info(x, &info);

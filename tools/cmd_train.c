@@ -107,7 +107,9 @@ static void usage(FILE *f)
             "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
-            "                         and generate read either form)\n"
+            "                         and generate read either form); replaced as a whole when every\n"
+            "                         rank has written (a failed save leaves the previous one), so DIR\n"
+            "                         must hold nothing but weights\n"
             "  --log-every N          progress line every N steps when stderr is not a terminal\n"
             "                         (default: about 50 lines per run); a terminal gets one updating line\n"
             "  --quiet                print only the summary\n",

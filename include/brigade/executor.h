@@ -271,7 +271,12 @@ typedef struct bg_resume_result {
 bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *params,
                                     bg_resume_result_t *result_p);
 /** Write the weights as DIR/model.safetensors (one stage) or
- *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes). */
+ *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes).
+ *  Every rank that writes calls it (others may: they return at once). DIR
+ *  is replaced as a whole once every writer has finished (written into
+ *  DIR.tmp-<token>, then exchanged with DIR): a reader sees the old weights
+ *  or the new, and on error DIR is as it was. DIR must hold nothing but
+ *  *.safetensors files. */
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir);
 /** Load weights by name from a directory written by bg_executor_save_weights (any split). */
 bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir);
