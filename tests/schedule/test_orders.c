@@ -74,10 +74,47 @@ static void test_zbh1_vs_zb1p(void **state)
         fail_msg("zb-h1 p=8 m=8 latency 0.5: step %g, ZB-1p 38", t);
 }
 
+/* Both bubble metrics: 1F1B's whole-step bubble and its per-stage bubble
+ * are both (p-1)/(m+p-1) (rank 0 starts at 0 and ends the step: its span is
+ * the step); ZB-H2's per-stage bubble is 0 where its whole-step one is not
+ * (m >= 2p: the zero-bubble paper's "zero bubble" is the per-stage figure);
+ * and every per-stage bubble is at most its rank's whole-step bubble. */
+static void test_bubble_metrics(void **state)
+{
+    (void)state;
+    for (int p = 1; p <= 8; p++)
+        for (int m = 1; m <= 16; m++) {
+            bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+            for (int kind = BG_SCHED_1F1B; kind <= BG_SCHED_ZB_H2; kind += BG_SCHED_ZB_H2 - BG_SCHED_1F1B) {
+                bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
+                gp.kind = (bg_schedule_kind_t)kind, gp.stages = p, gp.microbatches = m;
+                bg_schedule_t *s = NULL;
+                bg_sim_result_t *r = NULL;
+                assert_int_equal(bg_schedule_generate(&gp, &s), BG_OK);
+                assert_int_equal(bg_schedule_simulate(s, &sp, &r), BG_OK);
+                int at = -1;
+                double sb = bg_sim_stage_bubble(r, &at), want = (double)(p - 1) / (m + p - 1);
+                assert_true(at >= 0 && at < p);
+                assert_true(fabs(sb - bg_sim_span_bubble(r, at)) < 1e-12);
+                for (int k = 0; k < p; k++)
+                    assert_true(bg_sim_span_bubble(r, k) <= sb + 1e-12 && sb <= 1);
+                if (kind == BG_SCHED_1F1B && (fabs(sb - want) > 1e-9 || fabs(bg_sim_bubble(r, -1) - want) > 1e-9))
+                    fail_msg("1f1b p=%d m=%d: per-stage bubble %g, whole-step %g, want both %g", p, m, sb,
+                             bg_sim_bubble(r, -1), want);
+                if (kind == BG_SCHED_ZB_H2 && m >= 2 * p && (sb > 1e-12 || (p > 1 && bg_sim_bubble(r, -1) <= 0)))
+                    fail_msg("zb-h2 p=%d m=%d: per-stage bubble %g (want 0), whole-step %g (want > 0)", p, m, sb,
+                             bg_sim_bubble(r, -1));
+                bg_sim_result_free(r);
+                bg_schedule_free(s);
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zbh1_vs_zb1p),
+        cmocka_unit_test(test_bubble_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
