@@ -94,6 +94,26 @@ static long long bg__key(const bg__gen_t *g, const bg__policy_t *pol, int st, in
     return (long long)mb * g->S + (g->S - 1 - st);
 }
 
+/* reserve: can rank r start the forward of stage st now (chunk 0 admits
+ * the microbatch with room for all the rank's chunks; later chunks use the
+ * room reserved for them) */
+static int bg__admit(const bg_schedule_t *s, const bg__policy_t *pol, int r, int st, int stash, int resv,
+                     double stash_b, double resv_b)
+{
+    double all = 0, one = pol->sb ? pol->sb[st] : 0;
+    if (pol->reserve == 2) { /* keep room for one later chunk's forward only */
+        int c = s->stage_chunk[st];
+        double spare = c + 1 < s->v && pol->sb ? pol->sb[s->chunk_stage[r * s->v + c + 1]] : 0;
+        return stash + 1 + (c + 1 < s->v) <= pol->cap[r] &&
+               (!pol->sb || BG__LE(stash_b + one + spare, pol->capb[r]));
+    }
+    if (s->stage_chunk[st] > 0)
+        return 1;
+    for (int c = 0; c < s->v; c++)
+        all += pol->sb ? pol->sb[s->chunk_stage[r * s->v + c]] : 0;
+    return stash + resv + s->v <= pol->cap[r] && (!pol->sb || BG__LE(stash_b + resv_b + all, pol->capb[r]));
+}
+
 static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st)
 {
     int c = s->stage_chunk[st];
@@ -135,8 +155,9 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     int *fdone = calloc((size_t)p, sizeof(int)), *inflight = calloc((size_t)p, sizeof(int));
     int *stash = calloc((size_t)p, sizeof(int));
     int *seqk = calloc((size_t)p, sizeof(int));
-    double *stash_b = calloc((size_t)p, sizeof(double));
-    if (!seqk || !stash_b || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone ||
+    double *stash_b = calloc((size_t)p, sizeof(double)), *resv_b = calloc((size_t)p, sizeof(double));
+    int *resv = calloc((size_t)p, sizeof(int)); /* reserve: chunk-microbatches admitted, forward not yet run */
+    if (!seqk || !stash_b || !resv_b || !resv || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone ||
         !inflight || !stash) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate the generator's state for %d stages x %d microbatches", S, M);
         goto out;
@@ -186,7 +207,8 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
             long long kf = LLONG_MAX, kb = LLONG_MAX, kw = LLONG_MAX;
             for (int c = 0; c < v; c++) {
                 int sg = s->chunk_stage[r * v + c];
-                if (bg__f_ready(&g, sg, t)) {
+                if (bg__f_ready(&g, sg, t) &&
+                    (!pol->reserve || relax || bg__admit(s, pol, r, sg, stash[r], resv[r], stash_b[r], resv_b[r]))) {
                     long long k = bg__key(&g, pol, sg, g.nf[sg], 0);
                     if (k < kf)
                         kf = k, bf = sg;
@@ -202,8 +224,9 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
                         kw = k, bw = sg;
                 }
             }
-            int f_ok = bf >= 0 && (relax || (inflight[r] < pol->window[r] && stash[r] < pol->cap[r] &&
-                                             (!pol->sb || BG__LE(stash_b[r] + pol->sb[bf], pol->capb[r]))));
+            int f_ok = bf >= 0 && (relax || (inflight[r] < pol->window[r] &&
+                                             (pol->reserve || (stash[r] < pol->cap[r] &&
+                                              (!pol->sb || BG__LE(stash_b[r] + pol->sb[bf], pol->capb[r]))))));
             int b_ok = bb >= 0 && (relax || !pol->gpipe || fdone[r] == v * Mc);
             if (pol->fwd_first && f_ok)
                 kind = BG_OP_FORWARD, sg = bf;
@@ -228,6 +251,11 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
                 g.f_end[at] = t + dur;
                 fdone[r]++, inflight[r]++, stash[r]++;
                 stash_b[r] += pol->sb ? pol->sb[sg] : 0;
+                if (pol->reserve == 1 && s->stage_chunk[sg] > 0) /* its room was reserved at admission */
+                    resv[r]--, resv_b[r] -= pol->sb ? pol->sb[sg] : 0;
+                else if (pol->reserve == 1)
+                    for (int c = 1; c < v; c++)
+                        resv[r]++, resv_b[r] += pol->sb ? pol->sb[s->chunk_stage[r * v + c]] : 0;
                 if (stash[r] > pol->peak[r])
                     pol->peak[r] = stash[r];
             } else if (kind == BG_OP_BACKWARD_WEIGHT) {
@@ -302,7 +330,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     }
 out:
     free(g.nf), free(g.nb), free(g.nw), free(g.f_end), free(g.b_end);
-    free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b);
+    free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b), free(resv_b), free(resv);
     return st;
 }
 

@@ -289,6 +289,20 @@ double bg_sim_span_bubble(const bg_sim_result_t *r, int rank)
     return span > 0 ? idle / span : 0;
 }
 
+double bg_sim_stage_bubble(const bg_sim_result_t *r, int *rank_p)
+{
+    double worst = 0;
+    int at = 0;
+    for (int k = 0; r && k < r->p; k++) {
+        double b = bg_sim_span_bubble(r, k);
+        if (b > worst)
+            worst = b, at = k;
+    }
+    if (rank_p)
+        *rank_p = at;
+    return worst;
+}
+
 const bg_sim_event_t *bg_sim_events(const bg_sim_result_t *r, size_t *count_p)
 {
     *count_p = r ? r->nevents : 0;

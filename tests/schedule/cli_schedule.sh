@@ -107,6 +107,20 @@ grep -q "step time 25 " "$T/dpb" || fail "dualpipe --from-json gives a different
 "$B" schedule --schedule dualpipev --stages 4 --microbatches 8 >"$T/dpv" 2>&1 || fail "dualpipev run failed: $(cat "$T/dpv")"
 grep -q "step time 51 " "$T/dpv" || fail "dualpipev p=4 m=8: step time is not 51: $(cat "$T/dpv")"
 
+# both bubble metrics in the text, the simulator's JSON and the SVG: ZB-H2 p=4 m=8 has a whole-step
+# bubble (the start-up and drain) but no per-stage one (the zero-bubble paper's figure)
+"$B" schedule --schedule zb-h2 --stages 4 --microbatches 8 --sim-json "$T/sim.json" --svg "$T/zbh2.svg" >"$T/zbh2" 2>&1 \
+    || fail "--sim-json run failed: $(cat "$T/zbh2")"
+grep -q "^per-stage bubble 0.00% " "$T/zbh2" || fail "zb-h2 p=4 m=8: no per-stage bubble line of 0%: $(cat "$T/zbh2")"
+python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['format'] == 'brigade-simulation' and d['step'] == 27, d
+assert abs(d['bubble'] - 1 / 9) < 1e-9 and d['stage_bubble'] == 0 and len(d['ranks']) == 4, d
+assert all(r['busy'] == 24 and r['idle'] == 3 and r['span_bubble'] == 0 for r in d['ranks']), d
+" "$T/sim.json" || fail "--sim-json figures wrong: $(cat "$T/sim.json")"
+grep -q "bubble 11.1% (per stage 0.0%)" "$T/zbh2.svg" || fail "the SVG title lacks both bubbles"
+
 # compare: every schedule, one row each, including m < p and m not a multiple of p
 for pm in "4 8" "4 3" "3 7" "1 1"; do
     set -- $pm

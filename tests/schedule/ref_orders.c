@@ -52,11 +52,40 @@ static double ref_b_in(const ref_state_t *g, int i, double lat)
     return in > own ? in : own;
 }
 
+/* whether the rank of stage i holds a stage before i (a microbatch meets it
+ * earlier there), and how many after i when i is the rank's first */
+static int ref_earlier(const ref_state_t *g, int i)
+{
+    for (int j = 0; j < i; j++)
+        if (g->rank[j] == g->rank[i])
+            return 1;
+    return 0;
+}
+
+static int ref_later(const ref_state_t *g, int i)
+{
+    int n = 0;
+    for (int j = i + 1; j < g->S; j++)
+        n += g->rank[j] == g->rank[i];
+    return n;
+}
+
+/* A microbatch enters a rank (its first stage there) only when the rank has
+ * room for its stash on every stage the rank holds (the controllable-memory
+ * paper's building block holds a microbatch's whole V on a rank at once);
+ * its later stages there use the room kept for them (owed). */
+static int ref_fits(const ref_state_t *g, int i, int stash, int owed, int cap)
+{
+    if (ref_earlier(g, i))
+        return 1;
+    return stash + owed + 1 + ref_later(g, i) <= cap;
+}
+
 /* the heuristic on S stages over p ranks; cap chunk-microbatches per rank */
 static double ref_run(ref_state_t *g, int p, ref_costs_t c, int cap)
 {
     double busy[REF_MAXS] = {0}, t = 0, end = 0;
-    int stash[REF_MAXS] = {0}, left = 3 * g->S * g->m;
+    int stash[REF_MAXS] = {0}, owed[REF_MAXS] = {0}, left = 3 * g->S * g->m;
     const double eps = 1e-9;
     while (left > 0) {
         for (int r = 0; r < p; r++) {
@@ -70,7 +99,7 @@ static double ref_run(ref_state_t *g, int p, ref_costs_t c, int cap)
                     if (g->rank[i] != r)
                         continue;
                     int ok = pass == 0   ? ref_b_in(g, i, c.lat) <= t + eps
-                             : pass == 1 ? stash[r] < cap && ref_f_in(g, i, c.lat) <= t + eps
+                             : pass == 1 ? ref_fits(g, i, stash[r], owed[r], cap) && ref_f_in(g, i, c.lat) <= t + eps
                                          : g->nw[i] < g->nb[i];
                     int key = pass == 0 ? g->nb[i] : pass == 1 ? g->nf[i] : g->nw[i];
                     int bk = best < 0 ? 0 : pass == 0 ? g->nb[best] : pass == 1 ? g->nf[best] : g->nw[best];
@@ -83,7 +112,8 @@ static double ref_run(ref_state_t *g, int p, ref_costs_t c, int cap)
             if (kind == 0)
                 g->be[best][g->nb[best]++] = t + d;
             else if (kind == 1)
-                g->fe[best][g->nf[best]++] = t + d, stash[r]++;
+                g->fe[best][g->nf[best]++] = t + d, stash[r]++,
+                owed[r] += ref_earlier(g, best) ? -1 : ref_later(g, best);
             else
                 g->nw[best]++, stash[r]--;
             busy[r] = t + d;
