@@ -164,15 +164,15 @@ class LayerCtx(Structure):
                 ("tp", c_void_p), ("deferred", c_void_p)]
 
 
-# bg_layer_ops_t's function types. The layer and every buffer are void
-# pointers: NULL arrives as None, an address as an int (no ctypes object to
-# build per call).
+# bg_layer_ops_t's function types. The layer, the context (a LayerCtx) and
+# every buffer are void pointers: NULL arrives as None, an address as an int
+# (no ctypes object to build per call).
 OUT_SHAPE_FN = CFUNCTYPE(c_int, c_void_p, Shape, POINTER(Shape))
 BYTES_FN = CFUNCTYPE(c_size_t, c_void_p, Shape)
 FLOPS_FN = CFUNCTYPE(c_double, c_void_p, Shape)
-FORWARD_FN = CFUNCTYPE(c_int, c_void_p, POINTER(LayerCtx), c_void_p, c_void_p)
-BACKWARD_INPUT_FN = CFUNCTYPE(c_int, c_void_p, POINTER(LayerCtx), c_void_p, c_void_p, c_void_p, c_void_p)
-BACKWARD_WEIGHT_FN = CFUNCTYPE(c_int, c_void_p, POINTER(LayerCtx), c_void_p, c_void_p, c_void_p)
+FORWARD_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p)
+BACKWARD_INPUT_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p)
+BACKWARD_WEIGHT_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
 CLASSES_FN = CFUNCTYPE(c_int, c_void_p)
 
