@@ -13,7 +13,10 @@ import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint64, c_void_p)
 
-__all__ = ["lib", "BrigadeError", "Status", "check", "library_path"]
+__all__ = ["lib", "BrigadeError", "Status", "check", "library_path", "VERSION", "check_version"]
+
+# The binding's version: the library it loads must report the same (check_version).
+VERSION = "0.1.0"
 
 # --------------------------------------------------------------------- statuses
 
@@ -162,15 +165,15 @@ class LayerCtx(Structure):
                 ("tp", c_void_p), ("deferred", c_void_p)]
 
 
-# bg_layer_ops_t's function types. The layer and every buffer are void
-# pointers: NULL arrives as None, an address as an int (no ctypes object to
-# build per call).
+# bg_layer_ops_t's function types. The layer, the context (a LayerCtx) and
+# every buffer are void pointers: NULL arrives as None, an address as an int
+# (no ctypes object to build per call).
 OUT_SHAPE_FN = CFUNCTYPE(c_int, c_void_p, Shape, POINTER(Shape))
 BYTES_FN = CFUNCTYPE(c_size_t, c_void_p, Shape)
 FLOPS_FN = CFUNCTYPE(c_double, c_void_p, Shape)
-FORWARD_FN = CFUNCTYPE(c_int, c_void_p, POINTER(LayerCtx), c_void_p, c_void_p)
-BACKWARD_INPUT_FN = CFUNCTYPE(c_int, c_void_p, POINTER(LayerCtx), c_void_p, c_void_p, c_void_p, c_void_p)
-BACKWARD_WEIGHT_FN = CFUNCTYPE(c_int, c_void_p, POINTER(LayerCtx), c_void_p, c_void_p, c_void_p)
+FORWARD_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p)
+BACKWARD_INPUT_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p)
+BACKWARD_WEIGHT_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p)
 DESTROY_FN = CFUNCTYPE(None, c_void_p)
 CLASSES_FN = CFUNCTYPE(c_int, c_void_p)
 
@@ -197,13 +200,22 @@ C_FIELD = {"in_": "in"}
 
 # --------------------------------------------------------------------- loading
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+NATIVE = os.path.join(HERE, "_native")  # what `pip install` put with the package (python/setup.py)
+
+
 def _candidates():
     env = os.environ.get("BRIGADE_LIB")
     if env:
         return [env], True
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))  # python/brigade -> the source tree
-    c = [os.path.join(root, "build", "libbrigade.so")]
+    c = [os.path.join(NATIVE, "lib", "libbrigade.so.0")]
+    try:  # an installed libbrigade that pkg-config found when the package was built
+        with open(os.path.join(NATIVE, "lib", "libdir")) as f:
+            c.append(os.path.join(f.read().strip(), "libbrigade.so.0"))
+    except OSError:
+        pass
+    root = os.path.dirname(os.path.dirname(HERE))  # python/brigade -> the source tree
+    c.append(os.path.join(root, "build", "libbrigade.so"))
     found = ctypes.util.find_library("brigade")
     if found:
         c.append(found)
@@ -245,6 +257,7 @@ P = c_void_p  # opaque handles: bg_model_desc_t *, bg_layer_t *, bg_executor_t *
 PP = POINTER(c_void_p)
 st = c_int
 
+_decl("bg_version", c_char_p)
 _decl("bg_status_string", c_char_p, c_int)
 _decl("bg_last_error", c_char_p)
 _decl("bg_error_clear", None)
@@ -274,7 +287,6 @@ _decl("bg_model_config_check", st, POINTER(ModelConfig))
 _decl("bg_model_build", st, POINTER(ModelConfig), PP)
 _decl("bg_safetensors_compare_dirs", st, c_char_p, c_char_p, POINTER(CompareResult))
 
-_decl("bg_version", c_char_p)
 _decl("bg_layer_create", st, POINTER(LayerOps), c_char_p, c_int, POINTER(Param), c_void_p, PP)
 _decl("bg_layer_destroy", None, P)
 _decl("bg_layer_param_count", c_size_t, P)
@@ -320,6 +332,18 @@ def reraise_pending(message):
     if hasattr(e, "add_note"):
         e.add_note("(brigade: %s)" % message)
     raise e
+
+
+def check_version():
+    """ImportError unless the loaded library is the version this binding mirrors
+    (its structs and functions are those of one version of the headers)."""
+    got = lib.bg_version().decode()
+    if got != VERSION:
+        raise ImportError("brigade: the Python binding is version %s but %s is libbrigade %s; install the matching "
+                          "package or point BRIGADE_LIB at a libbrigade %s" % (VERSION, library_path, got, VERSION))
+
+
+check_version()
 
 
 def check(status):

@@ -194,15 +194,26 @@ def _bind(o, l, c):
 
 def _acts(l, ctx_p):
     """The layer, its context, and its input and output shapes for one call."""
-    c = ctx_p.contents
+    c = _lib.LayerCtx.from_address(ctx_p)
     o = _get(l)
     shape = (c.in_.n, c.in_.t, c.in_.c)
     _bind(o, l, c)
     return o, c, shape, _out_shape(o, shape)
 
 
+_views = {}  # (address, shape, read-only) -> float32 view: the stage reuses its buffers, so most calls hit
+
+
 def _f32(addr, shape, readonly):
-    return _view(addr, shape, "<f4", readonly) if addr else None
+    if not addr:
+        return None
+    key = (addr, shape, readonly)
+    v = _views.get(key)
+    if v is None:
+        if len(_views) >= 4096:
+            _views.clear()
+        v = _views[key] = _view(addr, shape, "<f4", readonly)
+    return v
 
 
 # ------------------------------------------------------------------ the C callbacks
