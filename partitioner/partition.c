@@ -25,6 +25,7 @@
 
 #include "brigade/partitioner.h"
 #include "core/check.h"
+#include "schedule/memory.h"
 
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
 
@@ -38,6 +39,7 @@ typedef struct ctx {
     size_t *pw;   /* prefix of wstash bytes */
     size_t delta; /* added to every budget (shortfall search) */
     size_t *actmult; /* [S] activations every fitting variant keeps at least: a lower bound that grows with the range */
+    double *comm_in, *comm_out; /* [L] a range's boundary messages: in before layer a (a > 0), out after b (< L - 1) */
 } ctx_t;
 
 static bg_status_t check_problem(const bg_part_problem_t *p)
@@ -87,7 +89,11 @@ static void ctx_free(ctx_t *c)
     free(c->pa);
     free(c->pw);
     free(c->actmult);
+    free(c->comm_in);
 }
+
+static size_t grad_of(const bg_part_layer_t *l);
+static double link_time(const bg_part_problem_t *p, size_t bytes);
 
 static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
 {
@@ -102,7 +108,8 @@ static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
     c->pa = malloc(n * sizeof(size_t));
     c->pw = malloc(n * sizeof(size_t));
     c->actmult = malloc((size_t)c->S * sizeof(size_t));
-    if (!c->pt || !c->pf || !c->pp || !c->pa || !c->pw || !c->actmult) {
+    c->comm_in = malloc(2 * (size_t)c->L * sizeof(double));
+    if (!c->pt || !c->pf || !c->pp || !c->pa || !c->pw || !c->actmult || !c->comm_in) {
         ctx_free(c);
         return bg_error(BG_ERR_NOMEM, "partitioner prefix sums for %d layers", c->L);
     }
@@ -115,6 +122,11 @@ static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
         c->pp[i + 1] = c->pp[i] + l->params;
         c->pa[i + 1] = c->pa[i] + l->stash_bytes;
         c->pw[i + 1] = c->pw[i] + l->wstash_bytes;
+    }
+    c->comm_out = c->comm_in + c->L;
+    for (int i = 0; i < c->L; i++) { /* each range's messages (comm_time) read, not recomputed */
+        c->comm_in[i] = i > 0 ? link_time(p, p->layers[i - 1].output_bytes) : 0.0;
+        c->comm_out[i] = i < c->L - 1 ? link_time(p, grad_of(&p->layers[i])) : 0.0;
     }
     for (int s = 0; s < c->S; s++) {
         size_t maxf = 0, maxr = 0;
@@ -165,11 +177,7 @@ static double compute_time(const ctx_t *c, int s, int a, int b, int rc)
 
 static double comm_time(const ctx_t *c, int a, int b)
 {
-    const bg_part_problem_t *p = c->p;
-    const bg_part_layer_t *ly = p->layers;
-    size_t in = a > 0 ? ly[a - 1].output_bytes : p->input_bytes;
-    size_t dout = b < c->L - 1 ? grad_of(&ly[b]) : 0;
-    return (a > 0 ? link_time(p, in) : 0.0) + (b < c->L - 1 ? link_time(p, dout) : 0.0);
+    return c->comm_in[a] + c->comm_out[b];
 }
 
 /* Layers [a, b] on stage s (maxima of the range in m). */
@@ -208,7 +216,7 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     e->recompute = rc;
     size_t peak = 0;
     for (int k = 0; k < sp->ncounts; k++) {
-        size_t v = bg_part_row_bytes(&sp->counts[k], e);
+        size_t v = bg__row_bytes(&sp->counts[k], e);
         if (v > peak)
             peak = v;
     }

@@ -25,6 +25,11 @@ typedef struct {
     int S, M;
     int *nf, *nb, *nw;          /* [S] next microbatch of F, B (or full), W per stage */
     double *f_end, *b_end;      /* [S*M] end times */
+    /* per stage, from the schedule's chains and stage map (read at every
+     * event: kept apart from the divisions that derive them) */
+    int *mb_end;                /* [S] one past the last microbatch through the stage */
+    unsigned char *first, *last; /* [S] the stage begins / ends its chain */
+    double *d_in, *d_back;      /* [S] delay of the activation from st - 1 / the gradient from st + 1 */
 } bg__gen_t;
 
 /* times are sums of the same costs in the same order, so equal times compare
@@ -32,33 +37,54 @@ typedef struct {
 #define BG__LE(a, t) ((a) <= (t) + 1e-12 * (1.0 + fabs(t)))
 
 /* when the input of the next forward of stage st is there (-1: not produced yet) */
-static double bg__f_at(const bg__gen_t *g, int st)
+static inline double bg__f_at(const bg__gen_t *g, int st)
 {
     int i = g->nf[st];
-    if (i >= bg__mb_first(g->s, st) + bg__mb_count(g->s))
+    if (i >= g->mb_end[st])
         return -1;
-    if (bg__chain_first(g->s, st))
+    if (g->first[st])
         return 0;
     if (g->nf[st - 1] <= i)
         return -1;
-    double d = g->s->stage_rank[st - 1] != g->s->stage_rank[st] ? g->c->act : 0;
-    return g->f_end[(size_t)(st - 1) * g->M + i] + d;
+    return g->f_end[(size_t)(st - 1) * g->M + i] + g->d_in[st];
 }
 
 /* when the next backward (-input) of stage st has its gradient and stash (-1: not yet) */
-static double bg__b_at(const bg__gen_t *g, int st)
+static inline double bg__b_at(const bg__gen_t *g, int st)
 {
     int i = g->nb[st];
-    if (i >= bg__mb_first(g->s, st) + bg__mb_count(g->s) || g->nf[st] <= i)
+    if (i >= g->mb_end[st] || g->nf[st] <= i)
         return -1;
     double own = g->f_end[(size_t)st * g->M + i];
-    if (bg__chain_last(g->s, st))
+    if (g->last[st])
         return own;
     if (g->nb[st + 1] <= i)
         return -1;
-    double d = g->s->stage_rank[st + 1] != g->s->stage_rank[st] ? g->c->grad : 0;
-    double in = g->b_end[(size_t)(st + 1) * g->M + i] + d;
+    double in = g->b_end[(size_t)(st + 1) * g->M + i] + g->d_back[st];
     return in > own ? in : own;
+}
+
+/* The per-stage tables of g (bg__gen_t); 0 when out of memory. */
+static int bg__gen_tables(bg__gen_t *g)
+{
+    const bg_schedule_t *s = g->s;
+    int S = g->S;
+    g->mb_end = malloc(sizeof(int) * (size_t)S);
+    g->first = malloc((size_t)S * 2);
+    g->d_in = malloc(sizeof(double) * (size_t)S * 2);
+    if (!g->mb_end || !g->first || !g->d_in)
+        return 0;
+    g->last = g->first + S;
+    g->d_back = g->d_in + S;
+    for (int st = 0; st < S; st++) {
+        g->mb_end[st] = bg__mb_first(s, st) + bg__mb_count(s);
+        g->first[st] = (unsigned char)bg__chain_first(s, st);
+        g->last[st] = (unsigned char)bg__chain_last(s, st);
+        /* the same expressions as a delay read at the event: 0 or the link's */
+        g->d_in[st] = !g->first[st] && s->stage_rank[st - 1] != s->stage_rank[st] ? g->c->act : 0;
+        g->d_back[st] = !g->last[st] && s->stage_rank[st + 1] != s->stage_rank[st] ? g->c->grad : 0;
+    }
+    return 1;
 }
 
 static int bg__f_ready(const bg__gen_t *g, int st, double t)
@@ -157,8 +183,9 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     int *seqk = calloc((size_t)p, sizeof(int));
     double *stash_b = calloc((size_t)p, sizeof(double)), *resv_b = calloc((size_t)p, sizeof(double));
     int *resv = calloc((size_t)p, sizeof(int)); /* reserve: chunk-microbatches admitted, forward not yet run */
-    if (!seqk || !stash_b || !resv_b || !resv || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone ||
-        !inflight || !stash) {
+    int tables = bg__gen_tables(&g);
+    if (!tables || !seqk || !stash_b || !resv_b || !resv || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end ||
+        !busy || !fdone || !inflight || !stash) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate the generator's state for %d stages x %d microbatches", S, M);
         goto out;
     }
@@ -174,7 +201,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
             remaining += pol->seqlen[r];
     }
     double t = 0;
-    int relax = 0;
+    int relax = 0, free_links = cost->act == 0 && cost->grad == 0;
     while (remaining > 0) {
         int started = 0;
         for (int r = 0; r < p; r++) {
@@ -277,12 +304,15 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
             started = 1;
             BG_CHECK_GOTO(bg__emit(s, r, kind, mb, sg), st, out);
         }
-        /* next event: the earliest end of a running op or arrival of a message */
+        /* next event: the earliest end of a running op or arrival of a message.
+         * With free links (no delay) a message arrives when the op that sends it
+         * ends: a time after t is then the end of the op its rank runs, the same
+         * double as busy[r], so the ranks' ends alone give the same minimum */
         double next = INFINITY;
         for (int r = 0; r < p; r++) {
             if (busy[r] > t && !BG__LE(busy[r], t) && busy[r] < next)
                 next = busy[r];
-            for (int c = 0; c < v; c++) {
+            for (int c = 0; c < v && !free_links; c++) {
                 int sg = s->chunk_stage[r * v + c];
                 double a = bg__f_at(&g, sg), b = bg__b_at(&g, sg);
                 if (a > t && !BG__LE(a, t) && a < next)
@@ -330,6 +360,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     }
 out:
     free(g.nf), free(g.nb), free(g.nw), free(g.f_end), free(g.b_end);
+    free(g.mb_end), free(g.first), free(g.d_in);
     free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b), free(resv_b), free(resv);
     return st;
 }

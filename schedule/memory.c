@@ -17,14 +17,9 @@
 #include "brigade/schedule.h"
 #include "core/check.h"
 #include "core/util.h"
+#include "schedule/memory.h"
 
-size_t bg_part_row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e)
-{
-    return (size_t)n->begun * e->input_bytes + (size_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
-           (size_t)(e->recompute ? n->recomputing : n->forwarded) * e->layer_act_bytes +
-           (size_t)n->dout * e->dout_bytes + (size_t)(n->backward - n->fused) * e->bw_bytes +
-           (size_t)n->fused * e->fused_bw_bytes + (size_t)n->lingering * e->linger_bytes;
-}
+size_t bg_part_row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e) { return bg__row_bytes(n, e); }
 
 int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
 {
