@@ -35,6 +35,7 @@ typedef struct bg_backend_entry {
  *   EVENT   optional, all or none: a backend that queues work
  *   MEMORY  optional: page-locked host memory, the device's PCI bus id
  *   FUSED   optional: NULL, the layers run the unfused pair
+ *   LLAMA   optional: NULL, the RMSNorm, SwiGLU and rotary attention layers refuse the backend
  * destroy is optional too (NULL: impl needs no freeing). */
 #define BG__BACKEND_HOST_OPS(X)                                                                                    \
     X(alloc) X(free) X(to_host) X(from_host) X(synchronize) X(copy) X(gemm) X(gemm_strided_batched) X(sum)         \
@@ -51,10 +52,13 @@ typedef struct bg_backend_entry {
     X(from_host_async)
 #define BG__BACKEND_MEMORY_OPS(X) X(host_alloc) X(host_free) X(pci_bus_id)
 #define BG__BACKEND_FUSED_OPS(X) X(bias_gelu_forward) X(gelu_bias_backward)
+#define BG__BACKEND_LLAMA_OPS(X)                                                                                   \
+    X(rmsnorm_forward) X(rmsnorm_backward_input) X(rmsnorm_backward_weight) X(swiglu_forward) X(swiglu_backward)  \
+    X(rope) X(gqa_expand) X(gqa_reduce)
 /* every function slot */
 #define BG__BACKEND_OPS(X)                                                                                         \
     X(destroy) BG__BACKEND_HOST_OPS(X) BG__BACKEND_KERNEL_OPS(X) BG__BACKEND_EVENT_OPS(X) BG__BACKEND_MEMORY_OPS(X) \
-    BG__BACKEND_FUSED_OPS(X)
+    BG__BACKEND_FUSED_OPS(X) BG__BACKEND_LLAMA_OPS(X)
 
 /* BG_OK when ops can run in this build: its size is this build's
  * sizeof(bg_backend_ops_t) or more (a table built against an older header,
