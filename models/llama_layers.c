@@ -1,11 +1,13 @@
 /* models/llama_layers.c: the Llama-style leaves (RMSNorm, SwiGLU, causal
  * grouped-query attention with rotary positions) and the blocks built of
- * them, tensor-parallel when tp > 1 (bg_layer_llama_block). Each leaf
+ * them, tensor-parallel when tp > 1 (bg_layer_llama_block), and the
+ * attention's decode cache (generation one position at a time). Each leaf
  * computes only through the backend table (its Llama slots; a backend that
  * leaves one NULL is refused by name). Must not know any model builder: the
  * Llama builder (models/builders.c) assembles these. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
@@ -140,7 +142,17 @@ bg_status_t bg_layer_swiglu(const char *name, int h, bg_layer_t **layer_p)
  * stash: [qkv (n, t, 3C) rotated and expanded, the attention's input][lse];
  * scratch: forward [rotated grouped input]; backward [dqkv (n, t, 3C)][the
  * attention's scratch]. */
-typedef struct { int heads, kv, hs; float theta; } gqa_t;
+typedef struct { int heads, kv, hs; float theta; bg__kv_cache_t *cache; } gqa_t;
+
+/* The decode cache (bg__gqa_cache_attach): every position's rotated keys and values so far, per kv head,
+ * and the buffers of one position's attention. */
+struct bg__kv_cache {
+    int cap, len;
+    float *k, *v;  /* (kv, cap, hs) each */
+    float *rot;    /* (kv (g + 2) hs): one position's rotated input */
+    float *score;  /* (g, cap) */
+    float *prob;   /* (g, cap) */
+};
 
 static int gqa_g(const gqa_t *p) { return p->heads / p->kv; }
 static int gqa_cin(const gqa_t *p) { return p->kv * (gqa_g(p) + 2) * p->hs; }
@@ -199,12 +211,47 @@ static float *gqa_lse(const gqa_t *p, const bg_layer_ctx_t *ctx)
     return (float *)((char *)ctx->stash + gqa_qkv_bytes(p, ctx->in));
 }
 
+/* Decode: the positions of in (1, t, Cin) one after another at positions len, len + 1, ...: each rotated,
+ * its key and value appended to the cache, its queries attending to every cached position (itself
+ * included), through GEMMs and the softmax (scores (g, len) per kv group). */
+static bg_status_t gqa_decode(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    const gqa_t *p = l->impl;
+    bg__kv_cache_t *c = p->cache;
+    bg_backend_t *be = ctx->be;
+    int g = gqa_g(p), hs = p->hs, Cin = gqa_cin(p), C = gqa_c(p);
+    if (ctx->in.n != 1 || c->len + ctx->in.t > c->cap)
+        return bg_error(BG_ERR_INVALID, "layer %s: decoding %d sequence(s) of %d positions after %d cached, but the "
+                                        "cache holds one sequence of %d", l->name, ctx->in.n, ctx->in.t, c->len, c->cap);
+    for (int t = 0; t < ctx->in.t; t++) {
+        be->ops->rope(be, c->rot, in + (size_t)t * Cin, 1, 1, p->kv, g + 1, hs, p->theta, c->len, 0);
+        for (int j = 0; j < p->kv; j++) {
+            const float *grp = c->rot + (size_t)j * (g + 2) * hs;
+            size_t at = ((size_t)j * c->cap + c->len) * hs;
+            be->ops->copy(be, c->k + at, grp + (size_t)g * hs, (size_t)hs);
+            be->ops->copy(be, c->v + at, grp + (size_t)(g + 1) * hs, (size_t)hs);
+        }
+        int L = ++c->len;
+        for (int j = 0; j < p->kv; j++) {
+            const float *q = c->rot + (size_t)j * (g + 2) * hs;
+            const float *k = c->k + (size_t)j * c->cap * hs, *v = c->v + (size_t)j * c->cap * hs;
+            be->ops->gemm(be, 0, 1, g, L, hs, 1.0f / sqrtf((float)hs), q, hs, k, hs, 0.0f, c->score, L);
+            be->ops->softmax_forward(be, c->prob, c->score, g, L);
+            be->ops->gemm(be, 0, 0, g, hs, L, 1.0f, c->prob, L, v, hs, 0.0f, out + (size_t)t * C + (size_t)j * g * hs,
+                          hs);
+        }
+    }
+    return BG_OK;
+}
+
 static bg_status_t gqa_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     const gqa_t *p = l->impl;
     bg_backend_t *be = ctx->be;
     int B = ctx->in.n, T = ctx->in.t, g = gqa_g(p);
     BG_CHECK(gqa_need(l, be));
+    if (p->cache)
+        return gqa_decode(l, ctx, in, out);
     float *rot = ctx->scratch, *qkv = ctx->stash;
     be->ops->rope(be, rot, in, B, T, p->kv, g + 1, p->hs, p->theta, 0, 0);
     be->ops->gqa_expand(be, qkv, rot, B, T, p->kv, g, p->hs);
@@ -229,6 +276,8 @@ static bg_status_t gqa_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
     return BG_OK;
 }
 
+static void gqa_destroy(bg_layer_t *l);
+
 static const bg_layer_ops_t gqa_ops = {
     .type = "gqa_attention",
     .out_shape = gqa_out_shape,
@@ -238,8 +287,60 @@ static const bg_layer_ops_t gqa_ops = {
     .bwd_flops = gqa_bwd_flops,
     .forward = gqa_forward,
     .backward_input = gqa_backward_input,
-    .destroy = bg__free_impl,
+    .destroy = gqa_destroy,
 };
+
+int bg__layer_is_gqa(const bg_layer_t *l) { return l && l->ops == &gqa_ops; }
+
+void bg__gqa_cache_detach(bg_layer_t *l, bg_backend_t *be)
+{
+    gqa_t *p = bg__layer_is_gqa(l) ? l->impl : NULL;
+    if (!p || !p->cache)
+        return;
+    bg__kv_cache_t *c = p->cache;
+    bg_backend_free(be, c->k);
+    bg_backend_free(be, c->v);
+    bg_backend_free(be, c->rot);
+    bg_backend_free(be, c->score);
+    bg_backend_free(be, c->prob);
+    free(c);
+    p->cache = NULL;
+}
+
+bg_status_t bg__gqa_cache_attach(bg_layer_t *l, bg_backend_t *be, int cap)
+{
+    if (!bg__layer_is_gqa(l) || cap < 1)
+        return bg_error(BG_ERR_INVALID, "decode cache: layer %s is not a gqa_attention, or capacity %d < 1",
+                        l ? l->name : "(null)", cap);
+    gqa_t *p = l->impl;
+    if (p->cache)
+        return bg_error(BG_ERR_INVALID, "layer %s: a decode cache is already attached", l->name);
+    BG_CHECK(gqa_need(l, be));
+    bg__kv_cache_t *c = calloc(1, sizeof(*c));
+    BG_ALLOC_CHECK(c, sizeof(*c), "decode cache");
+    size_t kvb = (size_t)p->kv * cap * p->hs * sizeof(float), sb = (size_t)gqa_g(p) * cap * sizeof(float);
+    c->cap = cap;
+    c->k = bg_backend_alloc(be, kvb, "decode cache keys");
+    c->v = bg_backend_alloc(be, kvb, "decode cache values");
+    c->rot = bg_backend_alloc(be, (size_t)gqa_cin(p) * sizeof(float), "decode cache row");
+    c->score = bg_backend_alloc(be, sb, "decode cache scores");
+    c->prob = bg_backend_alloc(be, sb, "decode cache probabilities");
+    p->cache = c;
+    if (!c->k || !c->v || !c->rot || !c->score || !c->prob) {
+        bg__gqa_cache_detach(l, be);
+        return bg_error(BG_ERR_NOMEM, "layer %s: decode cache of %d positions", l->name, cap);
+    }
+    return BG_OK;
+}
+
+/* a cache left attached is the caller's bug: its buffers belong to a backend this layer cannot know */
+static void gqa_destroy(bg_layer_t *l)
+{
+    const gqa_t *p = l->impl;
+    if (p && p->cache)
+        bg_log(BG_LOG_WARN, "models", "layer %s destroyed with its decode cache attached", l->name);
+    bg__free_impl(l);
+}
 
 bg_status_t bg_layer_gqa_attention(const char *name, int heads, int kv_heads, int head_dim, float rope_theta,
                                    bg_layer_t **layer_p)
@@ -252,7 +353,7 @@ bg_status_t bg_layer_gqa_attention(const char *name, int heads, int kv_heads, in
                                         "pairs)", name, head_dim);
     if (!(rope_theta > 1.0f) || !isfinite(rope_theta))
         return bg_error(BG_ERR_INVALID, "gqa_attention %s: rope theta %g must be > 1", name, (double)rope_theta);
-    gqa_t p = {heads, kv_heads, head_dim, rope_theta};
+    gqa_t p = {heads, kv_heads, head_dim, rope_theta, NULL};
     return bg__make_leaf(&gqa_ops, name, 0, NULL, &p, sizeof(p), layer_p);
 }
 

@@ -44,4 +44,7 @@ for i in 1 2; do
 done
 [ "$(wc -c <"$T/g1")" -ge 24 ] && cmp -s "$T/g1" "$T/g2" && ok "generate: $(head -c 40 "$T/g1" | tr '\n' ' ')" \
   || bad "generate output: $(cat "$T/g1")"
-finish 16
+# the key/value cache gives the tokens of recomputing every context (within --seq 16 and past it)
+timeout 60 "$B" generate --checkpoint "$T/c1" --prompt "And God said" --tokens 12 --seed 3 --no-kv-cache >"$T/g3" \
+  2>/dev/null && cmp -s "$T/g1" "$T/g3" && ok "generate with the cache = without" || bad "cache: $(cat "$T/g1") vs $(cat "$T/g3")"
+finish 17
