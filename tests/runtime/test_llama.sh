@@ -3,7 +3,8 @@
 # weights bitwise (fp32, bf16, tied embeddings, recomputation, every schedule family), data parallelism
 # within tolerance and ZeRO-1 bitwise that; tensor parallelism (also with
 # sequence parallelism and with a pipeline) within tolerance of tp 1; a tp that does not divide --kv-heads
-# is refused naming the numbers; a checkpoint resumes bitwise (also on another layout); generate samples
+# is refused naming the numbers; a checkpoint resumes bitwise (also on another pipeline layout; a tp 2 one
+# within tolerance); generate samples
 # from a Llama checkpoint.
 . "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
@@ -41,6 +42,11 @@ same "$T/ref" "$T/r1" "llama resumed at 4"
 timeout 120 "$B" launch -n 2 -- "$B" train $L --steps 8 --pp 2 --quiet --checkpoint-dir "$T/c1" --resume \
   --save "$T/r2" >/dev/null 2>&1 || bad "llama resume on pp 2"
 same "$T/ref" "$T/r2" "llama checkpoint of one process resumed on pp 2"
+# a tp 2 checkpoint (each member's slices of whole kv groups) resumed by one process
+timeout 120 "$B" launch -n 2 -- "$B" train $L --steps 4 --tp 2 --quiet --checkpoint-dir "$T/c3" >/dev/null 2>&1 \
+  || bad "llama tp 2 run to 4"
+"$B" train $L --steps 8 --quiet --checkpoint-dir "$T/c3" --resume --save "$T/r3" >/dev/null 2>&1 || bad "tp 2 resume"
+near "$T/ref" "$T/r3" "llama tp 2 checkpoint resumed by one process"
 
 # generate: a Llama checkpoint samples; the same seed gives the same text
 for i in 1 2; do
@@ -52,4 +58,4 @@ done
 # the key/value cache gives the tokens of recomputing every context (within --seq 16 and past it)
 timeout 60 "$B" generate --checkpoint "$T/c1" --prompt "And God said" --tokens 12 --seed 3 --no-kv-cache >"$T/g3" \
   2>/dev/null && cmp -s "$T/g1" "$T/g3" && ok "generate with the cache = without" || bad "cache: $(cat "$T/g1") vs $(cat "$T/g3")"
-finish 20
+finish 21
