@@ -1,4 +1,4 @@
-/* models/builders.c: the two built-in model builders, GPT and MLP. Each
+/* models/builders.c: the built-in model builders, GPT, Llama and MLP. Each
  * makes a plain model description; nothing downstream knows which builder
  * made it (its JSON records the builder so that a file can rebuild it:
  * bg_model_desc_from_json, here). Uses desc.c; desc.c never calls back. */
@@ -20,12 +20,22 @@ static bg_status_t tp_check(const bg_model_config_t *c)
         return bg_error(BG_ERR_INVALID, "tp must be >= 1 (got %d)", tp);
     if (tp == 1)
         return BG_OK;
-    if (c->sequence_parallel && c->kind != BG_MODEL_GPT)
-        return bg_error(BG_ERR_INVALID, "sequence parallelism needs a GPT (an MLP has no sequence to split)");
+    if (c->sequence_parallel && c->kind == BG_MODEL_MLP)
+        return bg_error(BG_ERR_INVALID, "sequence parallelism needs a GPT or a Llama (an MLP has no sequence to split)");
     if (c->sequence_parallel && c->seq_len % tp != 0)
         return bg_error(BG_ERR_INVALID, "sequence parallelism: the sequence length %d is not divisible by tp %d", c->seq_len,
                         tp);
-    if (c->kind == BG_MODEL_GPT) {
+    if (c->kind == BG_MODEL_LLAMA) {
+        int kv = c->kv_heads ? c->kv_heads : c->heads;
+        if (kv % tp != 0)
+            return bg_error(BG_ERR_INVALID, "tp %d: layer blocks.0.attn has %d key/value heads (--kv-heads), which tp "
+                                            "%d does not divide: each member holds whole key/value groups "
+                                            "(--kv-heads must be a multiple of tp)", tp, kv, tp);
+        if (bg__llama_ffn(c) % tp != 0)
+            return bg_error(BG_ERR_INVALID, "tp %d: layer blocks.0.mlp has a SwiGLU hidden size of %d, which tp %d "
+                                            "does not divide", tp, bg__llama_ffn(c), tp);
+    }
+    if (c->kind == BG_MODEL_GPT || c->kind == BG_MODEL_LLAMA) {
         if (c->heads % tp != 0)
             return bg_error(BG_ERR_INVALID, "tp %d: layer blocks.0.attn has %d heads, which tp %d does not divide", tp,
                             c->heads, tp);
@@ -49,16 +59,27 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
         return bg_error(BG_ERR_INVALID, "layers must be >= 1 (got %d)", c->layers);
     if (c->d_model < 1)
         return bg_error(BG_ERR_INVALID, "d_model must be >= 1 (got %d)", c->d_model);
-    if (c->kind == BG_MODEL_GPT) {
+    if (c->kind == BG_MODEL_GPT || c->kind == BG_MODEL_LLAMA) {
         if (c->heads < 1 || c->d_model % c->heads != 0)
             return bg_error(BG_ERR_INVALID, "heads (%d) must divide d_model (%d)", c->heads, c->d_model);
+        if (c->kind == BG_MODEL_LLAMA) {
+            if (c->kv_heads < 0 || (c->kv_heads && c->heads % c->kv_heads != 0))
+                return bg_error(BG_ERR_INVALID, "kv_heads (%d) must divide heads (%d)", c->kv_heads, c->heads);
+            if ((c->d_model / c->heads) % 2 != 0 || c->d_model / c->heads > 1024)
+                return bg_error(BG_ERR_INVALID, "the head size d_model / heads = %d must be even and at most 1024 "
+                                                "(rotary pairs)", c->d_model / c->heads);
+            if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
+                return bg_error(BG_ERR_INVALID, "rope_theta must be > 1 (got %g)", (double)c->rope_theta);
+            if (c->ffn_hidden < 0)
+                return bg_error(BG_ERR_INVALID, "ffn_hidden must be >= 0 (got %d)", c->ffn_hidden);
+        }
         if (c->seq_len < 1)
             return bg_error(BG_ERR_INVALID, "seq_len must be >= 1 (got %d)", c->seq_len);
         if (c->vocab < 2)
             return bg_error(BG_ERR_INVALID, "vocab must be >= 2 (got %d)", c->vocab);
     } else if (c->kind == BG_MODEL_MLP) {
         if (c->tie_embeddings)
-            return bg_error(BG_ERR_INVALID, "tied embeddings need a GPT (an MLP has no embedding)");
+            return bg_error(BG_ERR_INVALID, "tied embeddings need a GPT or a Llama (an MLP has no embedding)");
         if (c->in_features < 1)
             return bg_error(BG_ERR_INVALID, "in_features must be >= 1 (got %d)", c->in_features);
         if (c->classes < 2)
@@ -69,7 +90,7 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
     if (c->precision != BG_F32 && c->precision != BG_BF16)
         return bg_error(BG_ERR_INVALID, "precision must be fp32 or bf16 (got %d)", (int)c->precision);
     if (c->precision == BG_BF16 && c->kind == BG_MODEL_MLP)
-        return bg_error(BG_ERR_INVALID, "precision bf16 needs a GPT: bf16 stores the activations kept inside "
+        return bg_error(BG_ERR_INVALID, "precision bf16 needs a GPT or a Llama: bf16 stores the activations kept inside "
                                         "composite layers (a GPT's blocks), and the MLP has none");
     return tp_check(c);
 }
@@ -117,6 +138,43 @@ static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
     return BG_OK;
 }
 
+int bg__llama_ffn(const bg_model_config_t *c)
+{
+    if (c->ffn_hidden > 0)
+        return c->ffn_hidden;
+    int h = (8 * c->d_model + 2) / 3; /* 8d/3 rounded up: the parameters of a 4d GELU MLP */
+    return (h + 63) / 64 * 64;
+}
+
+static bg_status_t build_llama(const bg_model_config_t *c, bg_model_desc_t *d)
+{
+    int sp = c->tp > 1 && c->sequence_parallel, tp = c->tp;
+    bg_llama_block_t b = {c->d_model, c->heads, c->kv_heads ? c->kv_heads : c->heads, bg__llama_ffn(c), c->rope_theta,
+                          0.02f, 0.02f / sqrtf(2.0f * (float)c->layers)};
+    char name[BG_NAME_MAX];
+    bg_layer_t *l;
+    if (tp > 1)
+        BG_CHECK(bg_layer_vocab_token_embedding("embed", c->vocab, c->seq_len, c->d_model, b.init_std, tp, &l));
+    else
+        BG_CHECK(bg_layer_token_embedding("embed", c->vocab, c->seq_len, c->d_model, b.init_std, &l));
+    BG_CHECK(add(d, l, sp));
+    for (int i = 0; i < c->layers; i++) {
+        snprintf(name, sizeof(name), "blocks.%d", i);
+        BG_CHECK(bg_layer_llama_block(name, &b, tp, &l));
+        BG_CHECK(add(d, l, sp));
+    }
+    BG_CHECK(bg_layer_rmsnorm("norm", c->d_model, &l));
+    BG_CHECK(add(d, l, sp));
+    if (tp > 1)
+        BG_CHECK(bg_layer_vocab_head("head", c->d_model, c->vocab, 0, b.init_std, tp, &l));
+    else
+        BG_CHECK(bg_layer_head("head", c->d_model, c->vocab, 0, b.init_std, &l));
+    BG_CHECK(add(d, l, sp));
+    if (c->tie_embeddings)
+        BG_CHECK(bg_model_desc_tie(d, "embed.wte", "head.weight"));
+    return BG_OK;
+}
+
 static bg_status_t build_mlp(const bg_model_config_t *c, bg_model_desc_t *d)
 {
     char name[BG_NAME_MAX];
@@ -154,9 +212,9 @@ bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_
     if (c.tp == 0)
         c.tp = 1;
     BG_CHECK(bg_model_config_check(&c));
-    int gpt = c.kind == BG_MODEL_GPT;
+    int gpt = c.kind == BG_MODEL_GPT || c.kind == BG_MODEL_LLAMA; /* a token model */
     bg_model_desc_params_t p = BG_MODEL_DESC_PARAMS_INIT;
-    p.name = gpt ? "gpt" : "mlp";
+    p.name = c.kind == BG_MODEL_GPT ? "gpt" : c.kind == BG_MODEL_LLAMA ? "llama" : "mlp";
     p.input = gpt ? BG_INPUT_TOKENS : BG_INPUT_FEATURES;
     p.vocab = gpt ? c.vocab : 0;
     p.seq_len = gpt ? c.seq_len : 1;
@@ -164,7 +222,8 @@ bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_
     p.seed = c.seed;
     bg_model_desc_t *d;
     BG_CHECK(bg_model_desc_create(&p, &d));
-    bg_status_t st = gpt ? build_gpt(&c, d) : build_mlp(&c, d);
+    bg_status_t st = c.kind == BG_MODEL_GPT ? build_gpt(&c, d) : c.kind == BG_MODEL_LLAMA ? build_llama(&c, d)
+                                                                                      : build_mlp(&c, d);
     if (st == BG_OK)
         st = bg_model_desc_set_precision(d, c.precision);
     if (st == BG_OK)
@@ -207,13 +266,14 @@ bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
     }
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
     const char *kind = json_string_value(json_object_get(b, "name"));
-    if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp"))) {
+    if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "mlp") && strcmp(kind, "llama"))) {
         /* kind belongs to root: the message first */
-        st = bg_error(BG_ERR_PARSE, "model description: unknown builder \"%.64s\" (known: gpt, mlp)", kind ? kind : "");
+        st = bg_error(BG_ERR_PARSE, "model description: unknown builder \"%.64s\" (known: gpt, llama, mlp)",
+                      kind ? kind : "");
         json_decref(root);
         return st;
     }
-    c.kind = strcmp(kind, "gpt") == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
+    c.kind = strcmp(kind, "gpt") == 0 ? BG_MODEL_GPT : strcmp(kind, "llama") == 0 ? BG_MODEL_LLAMA : BG_MODEL_MLP;
     struct {
         const char *k;
         int *v;
@@ -232,6 +292,18 @@ bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
     if (st == BG_OK && !json_is_boolean(tie))
         st = bg_error(BG_ERR_PARSE, "model description builder: \"tie_embeddings\" is missing or not a boolean");
     c.tie_embeddings = json_is_true(tie);
+    if (st == BG_OK && c.kind == BG_MODEL_LLAMA) { /* the Llama's own fields */
+        long long kv = 0, ffn = 0;
+        json_t *theta = json_object_get(b, "rope_theta");
+        st = int_field(b, "kv_heads", "model description builder", 0, 1 << 30, &kv);
+        if (st == BG_OK)
+            st = int_field(b, "ffn_hidden", "model description builder", 0, 1 << 30, &ffn);
+        if (st == BG_OK && !json_is_number(theta))
+            st = bg_error(BG_ERR_PARSE, "model description builder: \"rope_theta\" is missing or not a number");
+        c.kv_heads = (int)kv;
+        c.ffn_hidden = (int)ffn;
+        c.rope_theta = (float)json_number_value(theta);
+    }
     /* each builder layer makes at least one top-level layer (a GPT's block, an
      * MLP's linear): a count the description's own list cannot hold is refused
      * before anything is built, so a small hostile file cannot ask for 2^30 */

@@ -483,6 +483,12 @@ bg_status_t bg_model_desc_check(const bg_model_desc_t *d)
 
 static json_t *builder_json(const bg_model_config_t *m)
 {
+    if (m->kind == BG_MODEL_LLAMA) /* a GPT's and an MLP's JSON stay as they were */
+        return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b, s:i, s:i, s:f}", "name", "llama", "layers",
+                         m->layers, "d_model", m->d_model, "heads", m->heads, "seq_len", m->seq_len, "vocab", m->vocab,
+                         "in_features", m->in_features, "classes", m->classes, "seed", (json_int_t)m->seed,
+                         "tie_embeddings", m->tie_embeddings, "kv_heads", m->kv_heads ? m->kv_heads : m->heads,
+                         "ffn_hidden", bg__llama_ffn(m), "rope_theta", (double)m->rope_theta);
     return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b}", "name",
                      m->kind == BG_MODEL_GPT ? "gpt" : "mlp", "layers", m->layers, "d_model", m->d_model, "heads",
                      m->heads, "seq_len", m->seq_len, "vocab", m->vocab, "in_features", m->in_features, "classes",

@@ -85,6 +85,15 @@ size_t bg__head_probs_bytes(const bg_layer_t *l, bg_shape_t in); /* probs, dlogi
 double bg__head_fwd_flops(const bg_layer_t *l, bg_shape_t in);
 double bg__head_bwd_flops(const bg_layer_t *l, bg_shape_t in);
 
+/* The decode cache of a gqa_attention leaf (models/llama_layers.c), for generation: attached, the layer's
+ * forward takes one sequence (n = 1) whose positions follow those already cached (RoPE at their absolute
+ * positions), appends their keys and values and attends over every cached position; it has no backward
+ * then. cap: positions it holds. Detach before the layer is destroyed (frees the cache on be). */
+typedef struct bg__kv_cache bg__kv_cache_t;
+int bg__layer_is_gqa(const bg_layer_t *l);
+bg_status_t bg__gqa_cache_attach(bg_layer_t *l, bg_backend_t *be, int cap);
+void bg__gqa_cache_detach(bg_layer_t *l, bg_backend_t *be);
+
 /* Fill a parameter descriptor. */
 static inline bg_param_t bg_param_make(const char *name, int ndim, const int64_t *shape, bg_init_kind_t init,
                                        float value, int decay)

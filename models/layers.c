@@ -114,7 +114,7 @@ bg_status_t bg_layer_layernorm(const char *name, int c, bg_layer_t **layer_p)
 
 /* ------------------------------------------------------------ embedding */
 
-typedef struct { int vocab, max_t, c; } emb_t;
+typedef struct { int vocab, max_t, c, pos; } emb_t; /* pos 0: no position table (rotary models) */
 
 static bg_status_t emb_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
@@ -134,8 +134,8 @@ static bg_status_t emb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     const emb_t *p = l->impl;
     if (!ctx->tokens)
         return bg_error(BG_ERR_INVALID, "layer %s: no input tokens", l->name);
-    ctx->be->ops->embedding_forward(ctx->be, out, ctx->tokens, l->params[0].data, l->params[1].data, ctx->in.n,
-                                    ctx->in.t, p->c);
+    ctx->be->ops->embedding_forward(ctx->be, out, ctx->tokens, l->params[0].data, p->pos ? l->params[1].data : NULL,
+                                    ctx->in.n, ctx->in.t, p->c);
     return BG_OK;
 }
 
@@ -149,8 +149,8 @@ static bg_status_t emb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
                                        const float *out, const float *dout)
 {
     const emb_t *p = l->impl;
-    ctx->be->ops->embedding_backward(ctx->be, l->params[0].grad, l->params[1].grad, dout, ctx->tokens, ctx->in.n,
-                                     ctx->in.t, p->c);
+    ctx->be->ops->embedding_backward(ctx->be, l->params[0].grad, p->pos ? l->params[1].grad : NULL, dout, ctx->tokens,
+                                     ctx->in.n, ctx->in.t, p->c);
     return BG_OK;
 }
 
@@ -170,11 +170,22 @@ bg_status_t bg_layer_embedding(const char *name, int vocab, int max_t, int c, fl
     if (vocab < 1 || max_t < 1 || c < 1)
         return bg_error(BG_ERR_INVALID, "embedding %s: vocab %d, max_t %d, c %d must be positive", name, vocab,
                         max_t, c);
-    emb_t p = {vocab, max_t, c};
+    emb_t p = {vocab, max_t, c, 1};
     bg_param_t params[2];
     params[0] = bg_param_make("wte", 2, (int64_t[]){vocab, c}, BG_INIT_NORMAL, init_std, 1);
     params[1] = bg_param_make("wpe", 2, (int64_t[]){max_t, c}, BG_INIT_NORMAL, init_std * 0.5f, 1);
     return bg__make_leaf(&emb_ops, name, 2, params, &p, sizeof(p), layer_p);
+}
+
+bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int c, float init_std,
+                                     bg_layer_t **layer_p)
+{
+    if (vocab < 1 || max_t < 1 || c < 1)
+        return bg_error(BG_ERR_INVALID, "embedding %s: vocab %d, max_t %d, c %d must be positive", name, vocab,
+                        max_t, c);
+    emb_t p = {vocab, max_t, c, 0};
+    bg_param_t wte = bg_param_make("wte", 2, (int64_t[]){vocab, c}, BG_INIT_NORMAL, init_std, 1);
+    return bg__make_leaf(&emb_ops, name, 1, &wte, &p, sizeof(p), layer_p);
 }
 
 /* ------------------------------------------------------ attention core */

@@ -23,6 +23,8 @@ bg_status_t bg__desc_bind(bg_model_desc_t *d, int first, int last, int on);
 /* The builder that made the description (NULL if none). */
 const bg_model_config_t *bg__desc_builder(const bg_model_desc_t *d);
 void bg__desc_set_builder(bg_model_desc_t *d, const bg_model_config_t *cfg);
+/* A Llama configuration's SwiGLU hidden size (ffn_hidden, or its default) (models/builders.c). */
+int bg__llama_ffn(const bg_model_config_t *c);
 
 /* Parse a description's JSON text (jansson's json_t), checking its format
  * and version; @p where starts the error messages. */

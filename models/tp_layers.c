@@ -401,7 +401,8 @@ bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias,
 /* ------------------------------------------------- vocabulary embedding */
 
 /* vocab: this rank's rows; the region's exit: out (n, tl, c) summed (reduce-scattered) */
-typedef struct { int vocab, max_t, c, tp; const bg__tp_mode_t *mode; } vemb_t;
+/* pos 0: no position table (rotary models) */
+typedef struct { int vocab, max_t, c, tp, pos; const bg__tp_mode_t *mode; } vemb_t;
 
 static bg_status_t vemb_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
@@ -451,7 +452,7 @@ static bg_status_t vemb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     }
     free(tok);
     BG_CHECK(p->mode->reduce(g, be, rows, out, tmp, B, tl, C));
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B && p->pos; b++)
         be->ops->axpy(be, out + (size_t)b * tl * C, 1.0f, l->params[1].data + (size_t)first * C, (size_t)tl * C);
     return BG_OK;
 }
@@ -485,7 +486,7 @@ static bg_status_t vemb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx
             be->ops->axpy(be, l->params[0].grad + (size_t)id * C, 1.0f, d + (size_t)r * C, (size_t)C);
     }
     free(tok);
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B && p->pos; b++)
         be->ops->axpy(be, l->params[1].grad, 1.0f, d + (size_t)b * T * C, (size_t)T * C);
     return BG_OK;
 }
@@ -513,18 +514,31 @@ static const bg_layer_ops_t vemb_ops = {
     .tp_cost = vemb_tp_cost,
 };
 
-bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
-                                     bg_layer_t **layer_p)
+/* pos_table 0: token rows only (rotary models) */
+static bg_status_t vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp, int pos_table,
+                                   bg_layer_t **layer_p)
 {
     if (vocab < 1 || max_t < 1 || c < 1)
         return bg_error(BG_ERR_INVALID, "vocab_embedding %s: vocab %d, max_t %d, c %d must be positive", name, vocab,
                         max_t, c);
     BG_CHECK(divides("vocab_embedding", name, "vocabulary", vocab, tp));
-    vemb_t p = {vocab / tp, max_t, c, tp, &bg__tp_tensor};
+    vemb_t p = {vocab / tp, max_t, c, tp, pos_table ? 1 : 0, &bg__tp_tensor};
     bg_param_t params[2];
     params[0] = shard_param("wte", 2, (int64_t[]){vocab / tp, c}, BG_INIT_NORMAL, init_std, 1, 0, tp, 1);
     params[1] = bg_param_make("wpe", 2, (int64_t[]){max_t, c}, BG_INIT_NORMAL, init_std * 0.5f, 1);
-    return bg__make_leaf(&vemb_ops, name, 2, params, &p, sizeof(p), layer_p);
+    return bg__make_leaf(&vemb_ops, name, pos_table ? 2 : 1, params, &p, sizeof(p), layer_p);
+}
+
+bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
+                                     bg_layer_t **layer_p)
+{
+    return vocab_embedding(name, vocab, max_t, c, init_std, tp, 1, layer_p);
+}
+
+bg_status_t bg_layer_vocab_token_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
+                                           bg_layer_t **layer_p)
+{
+    return vocab_embedding(name, vocab, max_t, c, init_std, tp, 0, layer_p);
 }
 
 /* ----------------------------------------------------- vocabulary head */

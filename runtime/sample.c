@@ -1,15 +1,20 @@
-/* runtime/sample.c: sampling tokens from a whole token model (GPT) (bg_generate).
+/* runtime/sample.c: sampling tokens from a whole token model (GPT, Llama) (bg_generate, bg_generate_with).
  *
  * Owns: running the model's trunk (every layer but the head) on the context,
  * the head's logits for the last position, greedy / temperature / top-k
- * sampling. Must not: modify the model (it runs a copy of the trunk). No KV
- * cache: each token costs one forward of the context (at most seq_len). */
+ * sampling, and the key/value cache's use: when the trunk's attention leaves
+ * are all gqa_attention and no layer has a position table, the prompt runs
+ * once and each new token one position (models/llama_layers.c keeps the
+ * keys and values); otherwise, or once the context passes seq_len, each token
+ * costs one forward of the context (at most seq_len). Must not: modify the
+ * model (it runs a copy of the trunk, whose layers hold the cache). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "brigade/checkpoint.h"
 #include "core/check.h"
+#include "models/layer_impl.h"
 
 typedef struct {
     double logit;
@@ -52,9 +57,56 @@ static int pick(const double *logits, int V, float temperature, int top_k, bg_rn
     return c[k - 1].id;
 }
 
+/* Can the trunk decode with a cache? *ok_p: it has gqa_attention leaves, no other attention and no position
+ * table (a layer's "wpe"). */
+static void cache_scan(const bg_layer_t *l, int *gqa, int *other)
+{
+    if (bg__layer_is_gqa(l))
+        (*gqa)++;
+    else if (!strcmp(l->ops->type, "attention"))
+        (*other)++;
+    for (int i = 0; i < l->nparams; i++)
+        if (!strcmp(l->params[i].name, "wpe"))
+            (*other)++;
+    for (int i = 0; i < l->nchildren; i++)
+        cache_scan(l->children[i], gqa, other);
+}
+
+/* Attach (on) or detach (off) a cache of cap positions to every gqa_attention leaf under l. */
+static bg_status_t cache_set(bg_layer_t *l, bg_backend_t *be, int cap, int on)
+{
+    if (bg__layer_is_gqa(l)) {
+        if (!on) {
+            bg__gqa_cache_detach(l, be);
+            return BG_OK;
+        }
+        return bg__gqa_cache_attach(l, be, cap);
+    }
+    for (int i = 0; i < l->nchildren; i++)
+        BG_CHECK(cache_set(l->children[i], be, cap, on));
+    return BG_OK;
+}
+
 bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntokens, float temperature, int top_k,
                         uint64_t seed, int32_t *out)
 {
+    bg_generate_params_t p = BG_GENERATE_PARAMS_INIT;
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.seed = seed;
+    return bg_generate_with(full, prompt, n, ntokens, &p, out);
+}
+
+bg_status_t bg_generate_with(bg_model_t *full, const int32_t *prompt, int n, int ntokens,
+                             const bg_generate_params_t *params, int32_t *out)
+{
+    bg_generate_params_t gp = BG_GENERATE_PARAMS_INIT;
+    if (params) {
+        memcpy(&gp, params, params->size < sizeof(gp) ? params->size : sizeof(gp));
+        gp.size = sizeof(gp);
+    }
+    float temperature = gp.temperature;
+    int top_k = gp.top_k;
     if (!full || !prompt || !out)
         return bg_error(BG_ERR_INVALID, "bg_generate: model, prompt and out must not be NULL");
     const bg_model_desc_t *desc = bg_model_desc(full);
@@ -119,17 +171,32 @@ bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntok
         be->ops->copy(be, dst->data, src->data, dst->numel);
     }
     BG_CHECK_GOTO(bg_stage_create(trunk, 1, &stage), st, out);
+    int gqa = 0, other = 0, cached = 0; /* cached: positions in the cache (-1: none) */
+    for (int i = 0; i < total - 1; i++)
+        cache_scan(bg_model_layer(trunk, i), &gqa, &other);
+    cached = gp.kv_cache && gqa > 0 && other == 0 ? 0 : -1;
+    for (int i = 0; i < total - 1 && cached == 0; i++)
+        BG_CHECK_GOTO(cache_set(bg_model_layer(trunk, i), be, T, 1), st, out);
 
     bg_rng_t rng;
-    bg_rng_seed(&rng, seed);
+    bg_rng_seed(&rng, gp.seed);
     memcpy(all, prompt, (size_t)n * sizeof(int32_t));
     int len = n;
     for (int k = 0; k < ntokens; k++) {
-        int t = len < T ? len : T;
+        /* the cache while the whole context fits (its positions are then those of the recomputed window),
+         * then recomputation of the last T tokens */
+        if (cached >= 0 && len > T) {
+            for (int i = 0; i < total - 1; i++)
+                cache_set(bg_model_layer(trunk, i), be, T, 0);
+            cached = -1;
+        }
+        int t = cached >= 0 ? len - cached : len < T ? len : T;
         const int32_t *ctx = all + (len - t);
         float *in, *o;
         bg_shape_t oshape;
         BG_CHECK_GOTO(bg_stage_begin(stage, 0, bg_model_input_shape(trunk, 1, t), &in), st, out);
+        if (cached >= 0)
+            cached = len;
         st = bg_stage_set_data(stage, 0, ctx, NULL, 1.0f);
         if (st == BG_OK)
             st = bg_stage_forward(stage, 0, &o, &oshape);
@@ -149,6 +216,8 @@ bg_status_t bg_generate(bg_model_t *full, const int32_t *prompt, int n, int ntok
     }
     memcpy(out, all + n, (size_t)ntokens * sizeof(int32_t));
 out:
+    for (int i = 0; trunk && i < total - 1; i++)
+        cache_set(bg_model_layer(trunk, i), be, T, 0);
     bg_stage_destroy(stage);
     bg_model_destroy(trunk);
     bg_model_desc_destroy(tdesc);

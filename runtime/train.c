@@ -60,13 +60,14 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
                         c->microbatches);
     if (c->steps < 0)
         return bg_error(BG_ERR_INVALID, "steps must be >= 0 (got %d)", c->steps);
-    if (c->model.kind == BG_MODEL_GPT) {
+    if (c->model.kind != BG_MODEL_MLP) { /* a token model: GPT or Llama */
         int t = c->seq ? c->seq : c->model.seq_len;
         if (t < 1 || t > c->model.seq_len)
             return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", t,
                             c->model.seq_len);
         if (!c->data_path || !*c->data_path)
-            return bg_error(BG_ERR_INVALID, "a GPT needs a text data file");
+            return bg_error(BG_ERR_INVALID, "a %s needs a text data file",
+                            c->model.kind == BG_MODEL_LLAMA ? "Llama" : "GPT");
         if (c->model.vocab < 256)
             return bg_error(BG_ERR_INVALID, "vocab %d is too small: the corpus is read as bytes (0..255), so it must be "
                                             ">= 256", c->model.vocab);
@@ -117,7 +118,7 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
 
 int bg_train_seq_len(const bg_train_config_t *c, int64_t step, int mb)
 {
-    if (c->model.kind != BG_MODEL_GPT)
+    if (c->model.kind == BG_MODEL_MLP)
         return 1;
     int T = c->seq ? c->seq : c->model.seq_len;
     if (c->seq_min <= 0 || c->seq_min >= T)
@@ -172,7 +173,8 @@ static void metrics_header(int fd, const bg_train_config_t *c)
     int len = snprintf(line, sizeof line,
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
                        "\"schedule\": \"%s\"%s}}\n",
-                       c->model.kind == BG_MODEL_MLP ? "mlp" : "gpt", c->model.layers, c->model.d_model,
+                       c->model.kind == BG_MODEL_MLP ? "mlp" : c->model.kind == BG_MODEL_LLAMA ? "llama" : "gpt",
+                       c->model.layers, c->model.d_model,
                        c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1,
                        c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b", ps);
     if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
@@ -381,7 +383,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     bg_train_result_t res = {0};
     bg_executor_info_t info;
     res.numa_node = -1;
-    int tokens_in = c.model.kind == BG_MODEL_GPT;
+    int tokens_in = c.model.kind != BG_MODEL_MLP;
 
     BG_CHECK(bg_model_build(&c.model, &desc));
     const bg_model_desc_params_t *mp = bg_model_desc_params(desc);

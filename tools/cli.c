@@ -329,11 +329,19 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     switch (code) {
     case BG_CLI_O_MODEL:
     {
-        static const char *const kinds[] = {"gpt", "mlp", NULL};
+        static const char *const kinds[] = {"gpt", "mlp", "llama", NULL};
         int k = bg_cli_choice(cmd, "--model", arg, kinds);
         if (k < 0)
             return 2;
-        m->kind = k == 0 ? BG_MODEL_GPT : BG_MODEL_MLP;
+        m->kind = k == 0 ? BG_MODEL_GPT : k == 1 ? BG_MODEL_MLP : BG_MODEL_LLAMA;
+        return 0;
+    }
+    case BG_CLI_O_ROPE_THETA:
+    {
+        double x;
+        if (bg_cli_double(cmd, "--rope-theta", arg, 1.0001, 1e12, &x))
+            return 2;
+        m->rope_theta = (float)x;
         return 0;
     }
     case BG_CLI_O_TIE:
@@ -356,6 +364,8 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     case BG_CLI_O_LAYERS: flag = "--layers", dst = &m->layers, hi = 100000; break;
     case BG_CLI_O_DMODEL: flag = "--d-model", dst = &m->d_model; break;
     case BG_CLI_O_HEADS: flag = "--heads", dst = &m->heads, hi = 4096; break;
+    case BG_CLI_O_KV_HEADS: flag = "--kv-heads", dst = &m->kv_heads, hi = 4096; break;
+    case BG_CLI_O_FFN: flag = "--ffn-hidden", dst = &m->ffn_hidden; break;
     case BG_CLI_O_SEQ: flag = "--seq", dst = &m->seq_len; break;
     case BG_CLI_O_VOCAB: flag = "--vocab", dst = &m->vocab, lo = 2; break;
     case BG_CLI_O_INF: flag = "--in-features", dst = &m->in_features, hi = 4096; break;

@@ -75,7 +75,8 @@ int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long 
 enum {
     BG_CLI_MODEL_FIRST = 1000,
     BG_CLI_O_MODEL = BG_CLI_MODEL_FIRST, BG_CLI_O_LAYERS, BG_CLI_O_DMODEL, BG_CLI_O_HEADS, BG_CLI_O_SEQ,
-    BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_O_PRECISION, BG_CLI_MODEL_LAST
+    BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_O_PRECISION, BG_CLI_O_KV_HEADS, BG_CLI_O_FFN,
+    BG_CLI_O_ROPE_THETA, BG_CLI_MODEL_LAST
 };
 #define BG_CLI_MODEL_OPTIONS                                                                                   \
     {"model", required_argument, 0, BG_CLI_O_MODEL}, {"layers", required_argument, 0, BG_CLI_O_LAYERS},        \
@@ -83,22 +84,27 @@ enum {
     {"seq", required_argument, 0, BG_CLI_O_SEQ}, {"vocab", required_argument, 0, BG_CLI_O_VOCAB},              \
     {"in-features", required_argument, 0, BG_CLI_O_INF}, {"classes", required_argument, 0, BG_CLI_O_CLASSES},  \
     {"seed", required_argument, 0, BG_CLI_O_SEED}, {"tie-embeddings", no_argument, 0, BG_CLI_O_TIE},          \
-    {"precision", required_argument, 0, BG_CLI_O_PRECISION}
+    {"precision", required_argument, 0, BG_CLI_O_PRECISION}, {"kv-heads", required_argument, 0, BG_CLI_O_KV_HEADS}, \
+    {"ffn-hidden", required_argument, 0, BG_CLI_O_FFN}, {"rope-theta", required_argument, 0, BG_CLI_O_ROPE_THETA}
 /* Apply one model flag to *m: 0 on success, else the message is printed and 2 returned. */
 int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_config_t *m);
 /* The model flags' help lines. */
 #define BG_CLI_MODEL_HELP                                                                                      \
-    "  --model gpt|mlp        model family (default gpt)\n"                                                    \
-    "  --layers N             GPT: transformer blocks; MLP: hidden layers (default 4)\n"                       \
+    "  --model gpt|llama|mlp  model family (default gpt); llama: RMSNorm, SwiGLU, rotary positions,\n"         \
+    "                         grouped-query attention, no biases (docs/layers.md)\n"                           \
+    "  --layers N             GPT, Llama: transformer blocks; MLP: hidden layers (default 4)\n"                \
     "  --d-model N            width (default 128)\n"                                                           \
-    "  --heads N              GPT: attention heads, must divide d-model (default 4)\n"                         \
-    "  --seq N                GPT: sequence length (default 64)\n"                                             \
-    "  --vocab N              GPT: vocabulary (default 256: bytes)\n"                                          \
+    "  --heads N              GPT, Llama: attention heads, must divide d-model (default 4)\n"                  \
+    "  --kv-heads N           Llama: key/value heads, must divide heads (default: heads)\n"                    \
+    "  --ffn-hidden N         Llama: SwiGLU hidden size (default 8 d-model / 3 rounded up to 64)\n"            \
+    "  --rope-theta X         Llama: rotary base (default 10000)\n"                                            \
+    "  --seq N                GPT, Llama: sequence length (default 64)\n"                                      \
+    "  --vocab N              GPT, Llama: vocabulary (default 256: bytes)\n"                                   \
     "  --in-features N        MLP: input features (default 32)\n"                                              \
     "  --classes N            MLP: classes of the synthetic task (default 8)\n"                                \
     "  --seed N               initialisation seed (default 1337)\n"                                            \
-    "  --tie-embeddings       GPT: tie the output head to the token embedding\n"                              \
-    "  --precision fp32|bf16  GPT (default fp32): bf16 keeps the activations that wait for the backward and\n" \
+    "  --tie-embeddings       GPT, Llama: tie the output head to the token embedding\n"                       \
+    "  --precision fp32|bf16  GPT, Llama (default fp32): bf16 keeps the activations that wait for the backward and\n" \
     "                         sends them between stages in bf16, and runs GEMMs on bf16 hardware where there\n" \
     "                         is some (cuda tensor cores; CPUs with AMX or AVX-512 BF16: brigade info), fp32\n" \
     "                         accumulation; weights, gradients and optimizer state stay fp32 (docs/layers.md)\n"

@@ -1,5 +1,5 @@
 /* tools/cmd_generate.c: `brigade generate --checkpoint DIR --prompt TEXT ...`:
- * load a GPT from a checkpoint (the newest complete one under DIR, a
+ * load a GPT or Llama from a checkpoint (the newest complete one under DIR, a
  * checkpoint directory itself, or a `train --save` directory) into a whole
  * model built from the stored configuration, and print the prompt and its
  * sampled continuation (bytes are tokens). */
@@ -14,7 +14,7 @@ static void generate_usage(FILE *f)
 {
     fprintf(f, "usage: brigade generate --checkpoint DIR --prompt TEXT [options]\n"
                "\n"
-               "Sample a continuation of TEXT from a GPT trained by brigade. DIR is a checkpoint\n"
+               "Sample a continuation of TEXT from a GPT or Llama trained by brigade. DIR is a checkpoint\n"
                "root (the newest complete checkpoint under it is used), one checkpoint directory\n"
                "(step-00000050), or a `brigade train --save` directory.\n"
                "\n"
@@ -23,6 +23,8 @@ static void generate_usage(FILE *f)
                "  --temperature T    0 = greedy; higher = more random (default 0.8)\n"
                "  --top-k K          sample among the K most likely tokens, 0 = all (default 40)\n"
                "  --seed S           random seed (default 1): same seed, same text\n"
+               "  --no-kv-cache      recompute the context for every token (default: a Llama keeps its keys\n"
+               "                     and values and runs each new token alone while the context fits --seq)\n"
                "  --backend NAME     kernel backend (default cpu; brigade info lists them)\n");
 }
 
@@ -30,6 +32,7 @@ int bg_cmd_generate(int argc, char **argv)
 {
     const char *cmd = "generate", *dir = NULL, *prompt = NULL, *backend = "cpu";
     long long ntok = 200, top_k = 40, seed = 1;
+    int kv_cache = 1;
     double temp = 0.8;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -48,6 +51,9 @@ int bg_cmd_generate(int argc, char **argv)
             if (!v)
                 return bg_cli_fail(cmd, "--backend needs a name");
             backend = v;
+        } else if (!strcmp(a, "--no-kv-cache")) {
+            kv_cache = 0;
+            continue; /* takes no value */
         } else if (!strcmp(a, "--tokens")) {
             if (bg_cli_int(cmd, a, v, 0, 1000000, &ntok))
                 return 2;
@@ -62,7 +68,7 @@ int bg_cmd_generate(int argc, char **argv)
                 return 2;
         } else {
             static const char *const known[] = {"--checkpoint", "--prompt", "--backend", "--tokens", "--top-k",
-                                                "--seed", "--temperature", "--help", NULL};
+                                                "--seed", "--temperature", "--no-kv-cache", "--help", NULL};
             return bg_cli_unknown_option(cmd, a, known);
         }
         i++;
@@ -143,7 +149,12 @@ int bg_cmd_generate(int argc, char **argv)
     }
     for (size_t i = 0; i < n; i++)
         tokens[i] = (uint8_t)prompt[i];
-    if ((st = bg_generate(m, tokens, (int)n, (int)ntok, (float)temp, (int)top_k, (uint64_t)seed, out)) != BG_OK) {
+    bg_generate_params_t gp = BG_GENERATE_PARAMS_INIT;
+    gp.temperature = (float)temp;
+    gp.top_k = (int)top_k;
+    gp.seed = (uint64_t)seed;
+    gp.kv_cache = kv_cache;
+    if ((st = bg_generate_with(m, tokens, (int)n, (int)ntok, &gp, out)) != BG_OK) {
         rc = bg_cli_status(cmd, st);
         goto out;
     }

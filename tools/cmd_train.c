@@ -739,7 +739,10 @@ int bg_cmd_train(int argc, char **argv)
         else
             fprintf(stderr, "interrupted at step %d, nothing saved\n", r.steps_done);
     }
-    const char *mname = c.model.kind != BG_MODEL_GPT ? "mlp" : c.model.precision == BG_BF16 ? "gpt (bf16 activations)" : "gpt";
+    const char *mname = c.model.kind == BG_MODEL_MLP     ? "mlp"
+                        : c.model.kind == BG_MODEL_LLAMA   ? (c.model.precision == BG_BF16 ? "llama (bf16 activations)" : "llama")
+                        : c.model.precision == BG_BF16 ? "gpt (bf16 activations)"
+                                                       : "gpt";
     /* what the run did: steps run, and where they started and ended when that is not 0 -> --steps */
     char did[160];
     if (ran == 0)

@@ -5,7 +5,10 @@
  * functions F, B (din from dout, assigned) and W (weight gradients,
  * accumulated). brigade allocates every buffer from those sizes, so the
  * planner, the memory model and checkpoints work for these layers as for
- * its own. */
+ * its own. brigade has the same two layers built in (bg_layer_rmsnorm,
+ * bg_layer_swiglu, on the backends' kernels, docs/layers.md); these stay as
+ * the demonstration of writing a layer on the host, and test_layers checks
+ * that both give the same outputs. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

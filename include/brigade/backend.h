@@ -236,6 +236,35 @@ typedef struct bg_backend_ops {
     void (*gelu_bias_backward)(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
                                int N, int C);
 
+    /* ---- Llama-style kernels (appended last, as the slots above; optional: NULL, and the layers that need
+     *      them refuse the backend with a message naming the slot) ---- */
+    /** rstd (N) = 1 / sqrt(mean over C of in^2 + eps), out (N,C) = in * rstd * weight (C). */
+    void (*rmsnorm_forward)(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight,
+                            float eps, int N, int C);
+    /** din (N,C) = rstd * (w dy - xhat mean over C of (w dy xhat)), xhat = in * rstd (assigned). */
+    void (*rmsnorm_backward_input)(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                   const float *weight, const float *rstd, int N, int C);
+    /** dweight (C) += sum over rows of dout * in * rstd, rows in order. */
+    void (*rmsnorm_backward_weight)(bg_backend_t *be, float *dweight, const float *dout, const float *in,
+                                    const float *rstd, int N, int C);
+    /** SwiGLU: in (N, 2H) = [a | b] row by row, out (N,H) = silu(a) * b. */
+    void (*swiglu_forward)(bg_backend_t *be, float *out, const float *in, int N, int H);
+    /** din (N, 2H) = [dout b silu'(a) | dout silu(a)] (assigned). */
+    void (*swiglu_backward)(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H);
+    /** Rotary position embedding (rotate-half pairs (i, i + hs/2), frequency theta^(-2i/hs)) of grouped heads:
+     *  a row (b, t) of in (B,T, G (R+1) hs) is G groups of R + 1 heads of hs; the first R heads of each group
+     *  are rotated by the angles of position pos0 + t, the last is copied. inverse: rotated back (the
+     *  backward: the transpose). out may equal in. */
+    void (*rope)(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
+                 int pos0, int inverse);
+    /** Grouped-query attention's layout: grouped (B,T, G (g+2) hs), each group g query heads, one key head,
+     *  one value head, to qkv (B,T,3C), C = G g hs, the attention's packed q | k | v with every key and value
+     *  head repeated for its group's g query heads. */
+    void (*gqa_expand)(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs);
+    /** Its transpose: dgrouped (assigned) from dqkv, each key and value head the sum of its g copies in
+     *  order. */
+    void (*gqa_reduce)(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs);
+
     /* ---- errors (appended last, as the slots above) ---- */
     /** The backend's sticky error: BG_OK while every op so far succeeded, else the status of the first
      *  failure (a CUDA fault, a failed launch or cuBLAS call) with a message naming the op written into msg

@@ -159,15 +159,35 @@ bg_status_t bg_safetensors_model_json(const char *dir, char **json_p);
 /* ---------------------------------------------------------------- sampling */
 
 /**
- * Sample @p ntokens tokens after @p prompt (n >= 1 tokens) from a whole GPT
- * model (layers 0 .. last), one forward of the context per token (the last
- * seq_len tokens). temperature 0: greedy (argmax, ties to the lowest id);
+ * Sample @p ntokens tokens after @p prompt (n >= 1 tokens) from a whole token
+ * model (GPT, Llama; layers 0 .. last), one forward of the context per token (the last
+ * seq_len tokens), or of the new token only with a key/value cache (bg_generate_with). temperature 0: greedy (argmax, ties to the lowest id);
  * else softmax(logits / temperature) over the top_k largest (0: all),
  * sampled with a generator seeded by @p seed (same seed, same tokens).
  * out receives ntokens tokens.
  */
 bg_status_t bg_generate(bg_model_t *full_gpt, const int32_t *prompt, int n, int ntokens, float temperature,
                         int top_k, uint64_t seed, int32_t *out);
+
+/** Options of bg_generate_with (grows by appending; size header). */
+typedef struct bg_generate_params {
+    size_t size;       /**< sizeof(bg_generate_params_t), set by BG_GENERATE_PARAMS_INIT */
+    float temperature; /**< 0: greedy; else softmax(logits / temperature) */
+    int top_k;         /**< sample among the top_k largest (0: all) */
+    uint64_t seed;     /**< the sampling generator's seed */
+    /** 1: a key/value cache where the model allows it (its attention leaves are all gqa_attention, as a
+     *  Llama's, and it has no position table): the prompt runs once, then each token one position, while
+     *  the context fits seq_len (beyond it, each token recomputes the last seq_len, as without a cache).
+     *  0: every token recomputes its context. The tokens are the same either way (up to float rounding in
+     *  the attention's sums: the cache's attention adds in another order). */
+    int kv_cache;
+} bg_generate_params_t;
+/** Defaults: greedy, all tokens, seed 1, the cache on. */
+#define BG_GENERATE_PARAMS_INIT                                                                              \
+    { .size = sizeof(bg_generate_params_t), .temperature = 0.0f, .top_k = 0, .seed = 1, .kv_cache = 1 }
+/** bg_generate with options (@p params NULL: the defaults). bg_generate is this with the cache on. */
+bg_status_t bg_generate_with(bg_model_t *full, const int32_t *prompt, int n, int ntokens,
+                             const bg_generate_params_t *params, int32_t *out);
 
 #ifdef __cplusplus
 }

@@ -271,6 +271,37 @@ bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float pr
 /** Transformer block: attention block then MLP block. */
 bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, bg_layer_t **layer_p);
 
+/* ---- Llama-style layers (docs/layers.md; they need the backend's Llama kernels, BG_ERR_UNSUPPORTED naming the
+ *      slot otherwise) ---- */
+/** RMSNorm over the last dimension of c channels (eps 1e-5): x / rms(x) * weight; weight starts at ones. */
+bg_status_t bg_layer_rmsnorm(const char *name, int c, bg_layer_t **layer_p);
+/** SwiGLU: (n, t, 2h) = [a | b] -> (n, t, h) = silu(a) * b; no parameters. */
+bg_status_t bg_layer_swiglu(const char *name, int h, bg_layer_t **layer_p);
+/** Causal grouped-query attention core with rotary positions (RoPE, rotate-half pairs, frequencies
+ *  rope_theta^(-2i/head_dim), positions 0 .. t-1): (n, t, kv_heads (g + 2) head_dim) -> (n, t, heads head_dim),
+ *  g = heads / kv_heads. The input row is kv_heads groups, each [g query heads | one key head | one value
+ *  head]; queries and keys are rotated, then each key/value head serves its group's g queries. No parameters. */
+bg_status_t bg_layer_gqa_attention(const char *name, int heads, int kv_heads, int head_dim, float rope_theta,
+                                   bg_layer_t **layer_p);
+/** Token embedding without a position table (rotary models): (n, t) tokens -> (n, t, c); one tensor "wte". */
+bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int c, float init_std,
+                                     bg_layer_t **layer_p);
+/** The sizes of a Llama block. */
+typedef struct bg_llama_block {
+    int c;            /**< model width */
+    int heads;        /**< query heads (divides c) */
+    int kv_heads;     /**< key/value heads (divides heads) */
+    int ffn;          /**< SwiGLU hidden size */
+    float rope_theta; /**< RoPE base (10000 in Llama 2) */
+    float init_std;   /**< std of qkv and up */
+    float proj_std;   /**< std of proj and down */
+} bg_llama_block_t;
+/** Llama block: x + proj(attn(qkv(rmsnorm(x)))), then x + down(swiglu(up(rmsnorm(x)))), no biases; children
+ *  "attn" (norm, qkv, attn, proj) and "mlp" (norm, up, swiglu, down). tp > 1: qkv and up column-parallel,
+ *  proj and down row-parallel, each member holding kv_heads / tp whole key/value groups and ffn / tp
+ *  SwiGLU channels (tp must divide kv_heads and ffn). */
+bg_status_t bg_layer_llama_block(const char *name, const bg_llama_block_t *b, int tp, bg_layer_t **layer_p);
+
 /* ---- tensor-parallel layers (Megatron-style; docs/layers.md) ----
  * Each takes the tensor-parallel degree @p tp and holds this rank's shard of
  * full named tensors (saved and loaded whole). They need the model bound to a
@@ -289,6 +320,9 @@ bg_status_t bg_layer_row_linear(const char *name, int c_in, int c_out, int bias,
  *  rows of "wte" (wpe is replicated); one sum forward. */
 bg_status_t bg_layer_vocab_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
                                      bg_layer_t **layer_p);
+/** bg_layer_vocab_embedding without the position table (rotary models): one tensor "wte". */
+bg_status_t bg_layer_vocab_token_embedding(const char *name, int vocab, int max_t, int c, float init_std, int tp,
+                                           bg_layer_t **layer_p);
 /** Vocabulary-parallel head: linear c -> classes / tp per rank and a softmax cross-entropy that never
  *  gathers the logits (one allgather of 3 floats per position forward, one sum of the input gradient
  *  backward). Output (n, t, 1) per-position losses, as bg_layer_head. */

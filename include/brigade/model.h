@@ -155,7 +155,8 @@ bg_status_t bg_model_desc_match_json(const bg_model_desc_t *d, const char *json,
 
 /* ---------------------------------------------------------------- builders */
 
-typedef enum bg_model_kind { BG_MODEL_GPT = 0, BG_MODEL_MLP = 1 } bg_model_kind_t; /**< the built-in builders */
+/** The built-in builders. */
+typedef enum bg_model_kind { BG_MODEL_GPT = 0, BG_MODEL_MLP = 1, BG_MODEL_LLAMA = 2 } bg_model_kind_t;
 
 /** Configuration of the two built-in builders (grows by appending; size header). */
 typedef struct bg_model_config {
@@ -178,18 +179,23 @@ typedef struct bg_model_config {
     bg_dtype_t precision; /**< GPT: storage of the activations kept inside the blocks (bg_layer_set_precision);
                                BG_BF16 on an MLP (no composite layers, nothing to store in bf16) is an error.
                                Not part of the model's identity */
+    int kv_heads;         /**< Llama: key/value heads (divides heads); 0: heads (no grouping) */
+    int ffn_hidden;       /**< Llama: SwiGLU hidden size; 0: 8 d_model / 3 rounded up to a multiple of 64 */
+    float rope_theta;     /**< Llama: RoPE base (default 10000) */
 } bg_model_config_t;
 /** Defaults of bg_model_config_t: a small GPT (4 blocks of width 128, 4 heads, 64 positions, bytes),
  *  untied, tp = 1, fp32; the MLP fields for a 32-feature, 8-class task. */
 #define BG_MODEL_CONFIG_INIT                                                                            \
     { .size = sizeof(bg_model_config_t), .kind = BG_MODEL_GPT, .layers = 4, .d_model = 128, .heads = 4,   \
       .seq_len = 64, .vocab = 256, .in_features = 32, .classes = 8, .seed = 1337, .tie_embeddings = 0,    \
-      .tp = 1, .sequence_parallel = 0, .precision = BG_F32 }
+      .tp = 1, .sequence_parallel = 0, .precision = BG_F32, .kv_heads = 0, .ffn_hidden = 0,                 \
+      .rope_theta = 10000.0f }
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
 /** Build the description of a GPT (embed, blocks.i, ln_f, head; tie
- *  "embed.wte" -> "head.weight" when tie_embeddings) or an MLP (fc.i, act.i,
+ *  "embed.wte" -> "head.weight" when tie_embeddings), a Llama (embed (no position table), blocks.i
+ *  (bg_layer_llama_block), norm (RMSNorm), head (no bias); the same tie) or an MLP (fc.i, act.i,
  *  head). The result is a plain description: nothing downstream knows
  *  which builder made it, except its JSON, which can rebuild it. */
 bg_status_t bg_model_build(const bg_model_config_t *cfg, bg_model_desc_t **desc_p);

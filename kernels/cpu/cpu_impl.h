@@ -175,4 +175,19 @@ BG_CPU_ISA_KERNELS(BG__CPU_KDECL)
 #undef BG__CPU_KDECL
 #endif
 
+/* The Llama-style kernels (cpu_llama.c, compiled once, not per ISA: row loops with no vector code of
+ * their own); the op table's slots of the same names (backend.h). */
+void bg__cpu_rmsnorm_forward(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight, float eps,
+                             int N, int C);
+void bg__cpu_rmsnorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                    const float *weight, const float *rstd, int N, int C);
+void bg__cpu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const float *dout, const float *in,
+                                     const float *rstd, int N, int C);
+void bg__cpu_swiglu_forward(bg_backend_t *be, float *out, const float *in, int N, int H);
+void bg__cpu_swiglu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H);
+void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
+                  int pos0, int inverse);
+void bg__cpu_gqa_expand(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs);
+void bg__cpu_gqa_reduce(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs);
+
 #endif

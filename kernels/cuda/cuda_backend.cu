@@ -414,6 +414,7 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     BG__BACKEND_KERNEL_OPS(BG__CU_SLOT)
     BG__BACKEND_EVENT_OPS(BG__CU_SLOT)
     BG__BACKEND_MEMORY_OPS(BG__CU_SLOT)
+    BG__BACKEND_LLAMA_OPS(BG__CU_SLOT)
     BG__BACKEND_STATUS_OPS(BG__CU_SLOT)
 #undef BG__CU_SLOT
     o.destroy = bg__cu_destroy;

@@ -123,6 +123,18 @@ void bg__cu_qkv_merge(bg_backend_t *be, float *dqkv, const float *dq, const floa
                       int NH, int hs);
 void bg__cu_heads_merge(bg_backend_t *be, float *out, const float *y, int B, int T, int NH, int hs);
 void bg__cu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, int T, int NH, int hs);
+void bg__cu_rmsnorm_forward(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight, float eps,
+                            int N, int C);
+void bg__cu_rmsnorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                   const float *weight, const float *rstd, int N, int C);
+void bg__cu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const float *dout, const float *in,
+                                    const float *rstd, int N, int C);
+void bg__cu_swiglu_forward(bg_backend_t *be, float *out, const float *in, int N, int H);
+void bg__cu_swiglu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H);
+void bg__cu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
+                 int pos0, int inverse);
+void bg__cu_gqa_expand(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs);
+void bg__cu_gqa_reduce(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs);
 void bg__cu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
                               int hs);
 void bg__cu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,

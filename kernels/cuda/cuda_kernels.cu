@@ -2,7 +2,8 @@
  * launch: elementwise ops, AdamW/SGD, the sum/sumsq reduction, GEMM's k = 0
  * case, bias, GELU, ReLU, LayerNorm, softmax (plain, causal, fused with
  * cross-entropy), embedding, the attention layout changes and the fused
- * causal attention. cuda_backend.cu owns the runtime calls (memory, copies,
+ * causal attention; cuda_llama.cuh (included at the end) the Llama-style
+ * kernels. cuda_backend.cu owns the runtime calls (memory, copies,
  * streams, cuBLAS) and the table.
  *
  * Row ops give one row to one block (256 threads, block reductions in a fixed
@@ -945,3 +946,6 @@ void bg__cu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const
     }
 #undef BG_ATT_BWD
 }
+
+/* the Llama-style kernels: their own file, sharing this one's helpers */
+#include "kernels/cuda/cuda_llama.cuh"

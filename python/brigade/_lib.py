@@ -83,7 +83,8 @@ class ModelConfig(Structure):
     _fields_ = [("size", c_size_t), ("kind", c_int), ("layers", c_int), ("d_model", c_int), ("heads", c_int),
                 ("seq_len", c_int), ("vocab", c_int), ("in_features", c_int), ("classes", c_int),
                 ("seed", c_uint64), ("tie_embeddings", c_int), ("tp", c_int),
-                ("sequence_parallel", c_int), ("precision", c_int)]
+                ("sequence_parallel", c_int), ("precision", c_int), ("kv_heads", c_int), ("ffn_hidden", c_int),
+                ("rope_theta", c_float)]
 
 
 class OptimConfig(Structure):

@@ -258,7 +258,20 @@ class Model:
         if precision not in ("fp32", "bf16"):
             raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 0, layers, d_model, heads, seq_len, vocab, 32, 8,
-                               seed, int(bool(tie_embeddings)), 1, 0, 1 if precision == "bf16" else 0)
+                               seed, int(bool(tie_embeddings)), 1, 0, 1 if precision == "bf16" else 0, 0, 0, 10000.0)
+        return cls._build(cfg)
+
+    @classmethod
+    def llama(cls, layers=4, d_model=128, heads=4, kv_heads=None, ffn_hidden=0, rope_theta=10000.0, seq_len=64,
+              vocab=256, seed=1337, tie_embeddings=False, precision="fp32"):
+        """Llama through bg_model_build: embed (no position table), blocks.0 .. blocks.L-1 (RMSNorm, rotary
+        grouped-query attention with kv_heads key/value heads (None: heads), SwiGLU of ffn_hidden (0: 8 d_model / 3
+        rounded up to 64), no biases), norm, head."""
+        if precision not in ("fp32", "bf16"):
+            raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
+        cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 2, layers, d_model, heads, seq_len, vocab, 32, 8,
+                               seed, int(bool(tie_embeddings)), 1, 0, 1 if precision == "bf16" else 0,
+                               kv_heads or 0, ffn_hidden, rope_theta)
         return cls._build(cfg)
 
     @classmethod

@@ -782,6 +782,47 @@ static void test_generate(void **state)
     bg_test_model_destroy(m);
 }
 
+/* A Llama generates the same tokens with its key/value cache as recomputing every context (greedy: each
+ * also the independent argmin of the loss; sampled: the same seed, the same tokens), within seq_len and
+ * past it, from a short prompt and from one longer than seq_len. */
+static void test_generate_llama(void **state)
+{
+    (void)state;
+    bg_model_config_t c = bg_test_gpt_config(2, 16, 4, 8, 32, 7);
+    c.kind = BG_MODEL_LLAMA;
+    c.kv_heads = 2;
+    bg_model_t *m;
+    OK(bg_test_model_create(&c, be, -1, -1, &m));
+    fill(m, 91);
+    int32_t prompt[11] = {1, 5, 9, 3, 30, 2, 7, 7, 12, 4, 8};
+    bg_generate_params_t on = BG_GENERATE_PARAMS_INIT, off = BG_GENERATE_PARAMS_INIT;
+    off.kv_cache = 0;
+    int32_t a[12], b[12], all[3 + 12];
+    for (int plen = 2; plen <= 3; plen++) {
+        OK(bg_generate_with(m, prompt, plen, 12, &on, a));
+        OK(bg_generate_with(m, prompt, plen, 12, &off, b));
+        assert_memory_equal(a, b, sizeof a);
+        memcpy(all, prompt, (size_t)plen * sizeof(int32_t));
+        int distinct = 0;
+        for (int k = 0; k < 12; k++) {
+            int len = plen + k, t = len < 8 ? len : 8;
+            assert_int_equal(a[k], argmax_by_loss(m, all + len - t, t));
+            all[len] = a[k];
+            distinct += k > 0 && a[k] != a[k - 1];
+        }
+        assert_true(distinct > 0);
+    }
+    on.temperature = off.temperature = 1.0f;
+    on.seed = off.seed = 42;
+    for (int plen = 3; plen <= 11; plen += 8) {
+        OK(bg_generate_with(m, prompt, plen, 12, &on, a));
+        OK(bg_generate_with(m, prompt, plen, 12, &off, b));
+        assert_memory_equal(a, b, sizeof a);
+    }
+    assert_int_equal(mismatches(m, 91, 1), 0); /* the model is not modified */
+    bg_test_model_destroy(m);
+}
+
 /* `brigade generate` prints the prompt and exactly bg_generate's tokens */
 static void test_generate_cli(void **state)
 {
@@ -831,7 +872,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32c),   cmocka_unit_test(test_roundtrip), cmocka_unit_test(test_reshard),
         cmocka_unit_test(test_keep_and_latest), cmocka_unit_test(test_refusals), cmocka_unit_test(test_full_disk),
-        cmocka_unit_test(test_comm),     cmocka_unit_test(test_generate), cmocka_unit_test(test_generate_cli),
+        cmocka_unit_test(test_comm),     cmocka_unit_test(test_generate), cmocka_unit_test(test_generate_llama),
+        cmocka_unit_test(test_generate_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

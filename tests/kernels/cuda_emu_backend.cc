@@ -83,6 +83,7 @@ extern "C" bg_backend_t *bg_test_cuda_emu_backend(void)
      * the conformance cases would compare the CPU's fused kernels with themselves */
 #define BG__EMU_SLOT(slot) ops.slot = bg_emu_ns::bg__cu_##slot;
     BG__BACKEND_KERNEL_OPS(BG__EMU_SLOT)
+    BG__BACKEND_LLAMA_OPS(BG__EMU_SLOT)
 #undef BG__EMU_SLOT
     ops.gemm = bg__emu_gemm; /* the CPU's GEMM for k > 0 (cuBLAS cannot run here), the CUDA kernel for k = 0 */
     ops.gemm_strided_batched = bg__emu_gemm_strided_batched;

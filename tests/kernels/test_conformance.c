@@ -417,6 +417,58 @@ static void c_att_bwd24(run_t *r) { att_bwd(r, 2, 45, 3, 24); }
 static void c_att_bwd64(run_t *r) { att_bwd(r, 1, 70, 2, 64); }
 static void c_att_bwd160(run_t *r) { att_bwd(r, 1, 33, 1, 160); }
 
+/* the Llama-style kernels: RMSNorm, SwiGLU, RoPE (3 groups of 2 query heads + key, hs 10, from position 5;
+ * and its inverse in place), the grouped-query layout both ways */
+static void c_rms_fwd(run_t *r)
+{
+    float *x = in_k(r, N_ * C_, WIDE), *w = in(r, C_);
+    OPS->rmsnorm_forward(BE, out(r, N_ * C_), out(r, N_), x, w, 1e-5f, N_, C_);
+}
+static void c_rms_bwd_in(run_t *r)
+{
+    float *d = in(r, N_ * C_), *x = in(r, N_ * C_), *w = in(r, C_), *s = in_k(r, N_, POSITIVE);
+    OPS->rmsnorm_backward_input(BE, out(r, N_ * C_), d, x, w, s, N_, C_);
+}
+static void c_rms_bwd_w(run_t *r)
+{
+    float *d = in(r, N_ * C_), *x = in(r, N_ * C_), *s = in_k(r, N_, POSITIVE);
+    OPS->rmsnorm_backward_weight(BE, acc(r, C_), d, x, s, N_, C_);
+}
+static void c_swiglu_fwd(run_t *r)
+{
+    float *x = in_k(r, N_ * 2 * C_, WIDE);
+    OPS->swiglu_forward(BE, out(r, N_ * C_), x, N_, C_);
+}
+static void c_swiglu_bwd(run_t *r)
+{
+    float *x = in_k(r, N_ * 2 * C_, WIDE), *d = in(r, N_ * C_);
+    OPS->swiglu_backward(BE, out(r, N_ * 2 * C_), x, d, N_, C_);
+}
+enum { RB_ = 2, RT_ = 9, RG_ = 3, Rg_ = 2, RHS_ = 10 };
+static void c_rope(run_t *r)
+{
+    size_t n = (size_t)RB_ * RT_ * RG_ * (Rg_ + 2) * RHS_;
+    float *x = in(r, n);
+    OPS->rope(BE, out(r, n), x, RB_, RT_, RG_, Rg_ + 1, RHS_, 10000.0f, 5, 0);
+}
+static void c_rope_inverse(run_t *r)
+{
+    size_t n = (size_t)RB_ * RT_ * RG_ * (Rg_ + 2) * RHS_;
+    float *x = in(r, n), *y = out(r, n);
+    OPS->copy(BE, y, x, n);
+    OPS->rope(BE, y, y, RB_, RT_, RG_, Rg_ + 1, RHS_, 500.0f, 0, 1);
+}
+static void c_gqa_expand(run_t *r)
+{
+    float *x = in(r, (size_t)RB_ * RT_ * RG_ * (Rg_ + 2) * RHS_);
+    OPS->gqa_expand(BE, out(r, (size_t)RB_ * RT_ * 3 * RG_ * Rg_ * RHS_), x, RB_, RT_, RG_, Rg_, RHS_);
+}
+static void c_gqa_reduce(run_t *r)
+{
+    float *d = in(r, (size_t)RB_ * RT_ * 3 * RG_ * Rg_ * RHS_);
+    OPS->gqa_reduce(BE, out(r, (size_t)RB_ * RT_ * RG_ * (Rg_ + 2) * RHS_), d, RB_, RT_, RG_, Rg_, RHS_);
+}
+
 static void c_adamw(run_t *r)
 {
     float *g = in(r, 1001);
@@ -495,6 +547,15 @@ static const case_t cases[] = {
     {"attention_backward hs 24", c_att_bwd24, 5e-5},
     {"attention_backward hs 64", c_att_bwd64, 5e-5},
     {"attention_backward hs 160", c_att_bwd160, 5e-5},
+    {"rmsnorm_forward", c_rms_fwd, 1e-5},
+    {"rmsnorm_backward_input", c_rms_bwd_in, 1e-5},
+    {"rmsnorm_backward_weight", c_rms_bwd_w, 1e-6},
+    {"swiglu_forward", c_swiglu_fwd, 2e-6},
+    {"swiglu_backward", c_swiglu_bwd, 2e-6},
+    {"rope", c_rope, 1e-6},
+    {"rope inverse in place", c_rope_inverse, 1e-6},
+    {"gqa_expand", c_gqa_expand, 0},
+    {"gqa_reduce", c_gqa_reduce, 1e-6},
     {"adamw", c_adamw, 1e-6},
     {"sgd_momentum", c_sgd, 1e-6},
     {"sum", c_sum, 1e-12},

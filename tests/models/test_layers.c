@@ -291,6 +291,165 @@ static void test_user_layers(void **s)
     bg_layer_destroy(l);
 }
 
+/* ---- Llama-style layers ---- */
+
+/* Forward of l on input x (n, t, c) into a new buffer (owned by the caller); l's parameters bound to host
+ * buffers the caller filled (rig-less: one call). */
+static float *forward_once(bg_layer_t *l, bg_shape_t in, const float *x)
+{
+    bg_shape_t o;
+    assert_int_equal(bg_layer_out_shape(l, in, &o), BG_OK);
+    float *y = falloc(bg_shape_numel(o));
+    void *st = bg_backend_alloc(be, bg_layer_stash_bytes(l, in) + 64, "stash");
+    void *sc = bg_backend_alloc(be, bg_layer_scratch_bytes(l, in) + 64, "scratch");
+    bg_layer_ctx_t c = {be, in, NULL, NULL, 1.0f, st, NULL, sc, NULL, NULL};
+    assert_int_equal(l->ops->forward(l, &c, x, y), BG_OK);
+    bg_backend_free(be, st);
+    bg_backend_free(be, sc);
+    return y;
+}
+
+/* Rotary grouped-query causal attention in double, written from its definition: head h reads key/value
+ * head h / g; query and key pairs (i, i + hs/2) rotated by t theta^(-2i/hs). */
+static void gqa_reference(double *out, const float *x, int B, int T, int H, int K, int hs, double theta)
+{
+    int g = H / K, Cin = K * (g + 2) * hs;
+    double *q = malloc(sizeof(double) * hs), *k = malloc(sizeof(double) * hs), *w = malloc(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                int j = h / g;
+                const float *row = x + ((size_t)b * T + t) * Cin;
+                const float *qh = row + ((size_t)j * (g + 2) + h % g) * hs;
+                for (int i = 0; i < hs / 2; i++) {
+                    double a = t * pow(theta, -2.0 * i / hs);
+                    q[i] = qh[i] * cos(a) - qh[i + hs / 2] * sin(a);
+                    q[i + hs / 2] = qh[i] * sin(a) + qh[i + hs / 2] * cos(a);
+                }
+                double mx = -1e300, sum = 0;
+                for (int s2 = 0; s2 <= t; s2++) {
+                    const float *kh = x + ((size_t)b * T + s2) * Cin + ((size_t)j * (g + 2) + g) * hs;
+                    for (int i = 0; i < hs / 2; i++) {
+                        double a = s2 * pow(theta, -2.0 * i / hs);
+                        k[i] = kh[i] * cos(a) - kh[i + hs / 2] * sin(a);
+                        k[i + hs / 2] = kh[i] * sin(a) + kh[i + hs / 2] * cos(a);
+                    }
+                    double d = 0;
+                    for (int i = 0; i < hs; i++)
+                        d += q[i] * k[i];
+                    w[s2] = d / sqrt((double)hs);
+                    mx = fmax(mx, w[s2]);
+                }
+                for (int s2 = 0; s2 <= t; s2++)
+                    sum += (w[s2] = exp(w[s2] - mx));
+                double *o = out + ((size_t)b * T + t) * H * hs + (size_t)h * hs;
+                for (int i = 0; i < hs; i++) {
+                    double acc = 0;
+                    for (int s2 = 0; s2 <= t; s2++)
+                        acc += w[s2] / sum * x[((size_t)b * T + s2) * Cin + ((size_t)j * (g + 2) + g + 1) * hs + i];
+                    o[i] = acc;
+                }
+            }
+    free(q);
+    free(k);
+    free(w);
+}
+
+static void check_gqa_forward(int B, int T, int H, int K, int hs, float theta, uint64_t seed)
+{
+    bg_layer_t *l;
+    assert_int_equal(bg_layer_gqa_attention("attn", H, K, hs, theta, &l), BG_OK);
+    bg_shape_t in = {B, T, K * (H / K + 2) * hs};
+    bg_rng_t rng;
+    bg_rng_seed(&rng, seed);
+    float *x = falloc(bg_shape_numel(in));
+    for (size_t i = 0; i < bg_shape_numel(in); i++)
+        x[i] = (float)bg_rng_normal(&rng);
+    float *y = forward_once(l, in, x);
+    size_t n = (size_t)B * T * H * hs;
+    double *ref = malloc(n * sizeof(double)), maxerr = 0;
+    gqa_reference(ref, x, B, T, H, K, hs, theta);
+    for (size_t i = 0; i < n; i++)
+        maxerr = fmax(maxerr, fabs(y[i] - ref[i]));
+    if (maxerr > 1e-5)
+        print_error("gqa_attention B %d T %d H %d K %d hs %d: max error %.3g against the reference\n", B, T, H, K, hs,
+                    maxerr);
+    assert_true(maxerr < 1e-5);
+    free(ref);
+    bg_backend_free(be, x);
+    bg_backend_free(be, y);
+    bg_layer_destroy(l);
+}
+
+/* The library's RMSNorm and SwiGLU against the byom example's (written apart, as a user would) on the same
+ * input and weights: the same function within float rounding. */
+static void check_same_forward(bg_layer_t *lib, bg_layer_t *user, bg_shape_t in, uint64_t seed)
+{
+    bg_rng_t rng;
+    bg_rng_seed(&rng, seed);
+    float *x = falloc(bg_shape_numel(in));
+    for (size_t i = 0; i < bg_shape_numel(in); i++)
+        x[i] = (float)bg_rng_normal(&rng);
+    for (int i = 0; i < lib->nparams; i++) {
+        lib->params[i].data = user->params[i].data = falloc(lib->params[i].numel);
+        for (size_t j = 0; j < lib->params[i].numel; j++)
+            lib->params[i].data[j] = 1.0f + 0.3f * (float)bg_rng_normal(&rng);
+    }
+    float *a = forward_once(lib, in, x), *b = forward_once(user, in, x);
+    bg_shape_t o;
+    assert_int_equal(bg_layer_out_shape(lib, in, &o), BG_OK);
+    for (size_t i = 0; i < bg_shape_numel(o); i++)
+        assert_float_equal(a[i], b[i], 1e-5f * (1.0f + fabsf(b[i])));
+    for (int i = 0; i < lib->nparams; i++)
+        bg_backend_free(be, lib->params[i].data);
+    bg_backend_free(be, x);
+    bg_backend_free(be, a);
+    bg_backend_free(be, b);
+    bg_layer_destroy(lib);
+    bg_layer_destroy(user);
+}
+
+static void test_llama_layers(void **s)
+{
+    (void)s;
+    bg_layer_t *l, *u;
+    assert_int_equal(bg_layer_rmsnorm("rms", 13, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 13}, 0, 0, 31, 1e-2);
+    assert_int_equal(bg_layer_swiglu("gate", 6, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 3, 12}, 0, 0, 32, 1e-3);
+    assert_int_equal(bg_layer_rmsnorm("rms", 9, &l), BG_OK);
+    assert_int_equal(byom_rmsnorm("rms", 9, &u), BG_OK);
+    check_same_forward(l, u, (bg_shape_t){3, 2, 9}, 33);
+    assert_int_equal(bg_layer_swiglu("gate", 7, &l), BG_OK);
+    assert_int_equal(byom_swiglu("gate", 7, &u), BG_OK);
+    check_same_forward(l, u, (bg_shape_t){3, 2, 14}, 34);
+    /* grouped (4 query heads on 2 kv heads), one group (multi-query), no grouping, T = 1 */
+    assert_int_equal(bg_layer_gqa_attention("attn", 4, 2, 4, 10000.0f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 5, 2 * 4 * 4}, 0, 0, 35, 1e-2);
+    assert_int_equal(bg_layer_gqa_attention("attn", 3, 1, 6, 100.0f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){1, 6, 5 * 6}, 0, 0, 36, 1e-2);
+    assert_int_equal(bg_layer_gqa_attention("attn", 2, 2, 4, 10000.0f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 4, 2 * 3 * 4}, 0, 0, 37, 1e-2);
+    assert_int_equal(bg_layer_gqa_attention("attn", 2, 1, 2, 10000.0f, &l), BG_OK);
+    check_layer(l, (bg_shape_t){1, 1, 4 * 2}, 0, 0, 38, 1e-2);
+    check_gqa_forward(2, 7, 4, 2, 8, 10000.0f, 39);
+    check_gqa_forward(1, 9, 3, 1, 4, 50.0f, 40);
+    check_gqa_forward(2, 5, 2, 2, 6, 10000.0f, 41);
+    assert_int_equal(bg_layer_token_embedding("emb", 11, 9, 6, 0.3f, &l), BG_OK);
+    assert_int_equal(l->nparams, 1);
+    check_layer(l, (bg_shape_t){3, 7, 0}, 11, 0, 42, 1e-2);
+    bg_llama_block_t b = {16, 4, 2, 24, 10000.0f, 0.3f, 0.3f};
+    assert_int_equal(bg_layer_llama_block("block", &b, 1, &l), BG_OK);
+    check_layer(l, (bg_shape_t){2, 4, 16}, 0, 0, 43, 1e-2);
+    /* sizes that cannot be built, named */
+    assert_int_equal(bg_layer_gqa_attention("attn", 4, 3, 4, 10000.0f, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "kv_heads (3) must divide heads (4)"));
+    assert_int_equal(bg_layer_gqa_attention("attn", 4, 2, 5, 10000.0f, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "head size 5 must be even"));
+    assert_int_equal(bg_layer_llama_block("block", &b, 4, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "tp 4 must divide kv_heads (2)"));
+}
+
 /* ---- bf16 storage in composites ---- */
 
 /* A reference layer: out = in rounded to bf16 (through its scratch), din = dout (straight through). */
@@ -503,7 +662,7 @@ int main(void)
         cmocka_unit_test(test_linear),    cmocka_unit_test(test_activations), cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_attention),   cmocka_unit_test(test_head),
         cmocka_unit_test(test_blocks),    cmocka_unit_test(test_user_layers), cmocka_unit_test(test_bad_shapes),
-        cmocka_unit_test(test_bf16_composites),
+        cmocka_unit_test(test_bf16_composites), cmocka_unit_test(test_llama_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

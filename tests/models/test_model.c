@@ -849,11 +849,63 @@ static void test_desc_json(void **s)
     assert_int_equal(bg_model_desc_from_json("{\"format\":\"brigade-model\",\"version\":1,\"builder\":"
                                              "{\"name\":\"resnet\"}}", &e),
                      BG_ERR_PARSE);
-    assert_non_null(strstr(bg_last_error(), "unknown builder \"resnet\" (known: gpt, mlp)"));
+    assert_non_null(strstr(bg_last_error(), "unknown builder \"resnet\" (known: gpt, llama, mlp)"));
     free(k);
     free(j);
     bg_model_desc_destroy(u);
     bg_model_desc_destroy(d);
+}
+
+/* A Llama's JSON holds its own fields (kv heads, SwiGLU size, RoPE base) and rebuilds the same model; a
+ * GPT's JSON has none of them (files written before stay the same). */
+static void test_llama_desc_json(void **s)
+{
+    (void)s;
+    bg_model_config_t c = BG_MODEL_CONFIG_INIT;
+    c.kind = BG_MODEL_LLAMA;
+    c.layers = 2, c.d_model = 32, c.heads = 4, c.kv_heads = 2, c.rope_theta = 500000.0f, c.tie_embeddings = 1;
+    bg_model_desc_t *d, *e;
+    char *j, *k;
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    assert_string_equal(bg_model_desc_params(d)->name, "llama");
+    assert_int_equal(bg_model_desc_to_json(d, &j), BG_OK);
+    assert_non_null(strstr(j, "\"kv_heads\":2"));
+    assert_non_null(strstr(j, "\"ffn_hidden\":128")); /* 8 * 32 / 3 = 85.3, up to 128 */
+    assert_non_null(strstr(j, "\"rope_theta\":500000"));
+    assert_null(strstr(j, "wpe")); /* rotary positions: no position table */
+    assert_int_equal(bg_model_desc_from_json(j, &e), BG_OK);
+    assert_int_equal(bg_model_desc_to_json(e, &k), BG_OK);
+    assert_string_equal(j, k);
+    bg_model_config_t back;
+    assert_int_equal(bg_model_desc_builder(e, &back), BG_OK);
+    assert_int_equal(back.kv_heads, 2);
+    assert_true(back.rope_theta == 500000.0f);
+    free(k);
+    bg_model_desc_destroy(e);
+    /* another RoPE base is another model */
+    c.rope_theta = 10000.0f;
+    assert_int_equal(bg_model_build(&c, &e), BG_OK);
+    assert_int_equal(bg_model_desc_to_json(e, &k), BG_OK);
+    assert_string_not_equal(j, k);
+    free(k);
+    bg_model_desc_destroy(e);
+    free(j);
+    bg_model_desc_destroy(d);
+    c.kind = BG_MODEL_GPT;
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    assert_int_equal(bg_model_desc_to_json(d, &j), BG_OK);
+    assert_null(strstr(j, "kv_heads"));
+    free(j);
+    bg_model_desc_destroy(d);
+    /* what the builder refuses, named */
+    c.kind = BG_MODEL_LLAMA;
+    c.kv_heads = 3;
+    assert_int_equal(bg_model_build(&c, &d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "kv_heads (3) must divide heads (4)"));
+    c.kv_heads = 2, c.tp = 4;
+    assert_int_equal(bg_model_build(&c, &d), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "tp 4: layer blocks.0.attn has 2 key/value heads (--kv-heads), which tp 4 "
+                                            "does not divide"));
 }
 
 /* The GPT builder is nothing but public calls: the same layers added by hand
@@ -1099,7 +1151,7 @@ int main(void)
         cmocka_unit_test(test_train_gpt_learns),
         cmocka_unit_test(test_train_microbatching_invariance),
         cmocka_unit_test(test_desc_errors),
-        cmocka_unit_test(test_desc_json),
+        cmocka_unit_test(test_desc_json), cmocka_unit_test(test_llama_desc_json),
         cmocka_unit_test(test_builder_is_public_calls),
         cmocka_unit_test(test_grad_norm),
         cmocka_unit_test(test_eval_forward_only),

@@ -40,7 +40,7 @@ expect_fail "heads (3) must divide d_model (16)" --d-model 16 --heads 3 --steps 
 expect_fail "--seq must be in" --seq 0
 expect_fail "--batch expects an integer" --batch ten
 expect_fail "not divisible into 3 equal microbatches" --batch 10 --microbatches 3
-expect_fail "--model must be gpt or mlp" --model rnn
+expect_fail "--model must be one of gpt, mlp or llama" --model rnn
 expect_fail "--precision must be fp32 or bf16" --precision fp16
 expect_fail "precision bf16 needs a GPT" --model mlp --precision bf16 --steps 1
 expect_fail "vocab 100 is too small" $TINY --steps 1 --vocab 100

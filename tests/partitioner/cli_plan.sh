@@ -24,7 +24,7 @@ expect_err "is not a number" $M --devices 2 --mem 1G --speed 1,x
 expect_err "--devices must be in [1," $M --devices 0 --mem 1G
 expect_err "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got \"pipedream\"" $M --devices 2 --mem 1G --schedule pipedream
 expect_err "--link-latency expects a time" $M --devices 2 --mem 1G --link-latency 5parsecs
-expect_err "--model must be gpt or mlp" --model rnn --devices 2 --mem 1G
+expect_err "--model must be one of gpt, mlp or llama" --model rnn --devices 2 --mem 1G
 expect_err "does not divide" $M --devices 4 --mem 1G --pp 3
 expect_err "unexpected argument" $M --devices 2 --mem 1G extra
 

@@ -25,7 +25,8 @@ int main(void)
     F(bg_model_config_t, d_model); F(bg_model_config_t, heads); F(bg_model_config_t, seq_len);
     F(bg_model_config_t, vocab); F(bg_model_config_t, in_features); F(bg_model_config_t, classes);
     F(bg_model_config_t, seed); F(bg_model_config_t, tie_embeddings); F(bg_model_config_t, tp);
-    F(bg_model_config_t, sequence_parallel); F(bg_model_config_t, precision);
+    F(bg_model_config_t, sequence_parallel); F(bg_model_config_t, precision); F(bg_model_config_t, kv_heads);
+    F(bg_model_config_t, ffn_hidden); F(bg_model_config_t, rope_theta);
 
     S(bg_optim_config_t);
     F(bg_optim_config_t, size); F(bg_optim_config_t, kind); F(bg_optim_config_t, lr); F(bg_optim_config_t, beta1);

@@ -226,6 +226,13 @@ class Training(unittest.TestCase):
             self.assertEqual(ex.steps_done, 30)
         self.assertLess(sum(losses[-5:]) / 5, 0.7 * losses[0], losses)
 
+    def test_llama(self):
+        m = bg.Model.llama(layers=2, d_model=16, heads=4, kv_heads=2, seq_len=8, vocab=32, tie_embeddings=True)
+        self.assertIn('"name":"llama"', m.to_json())
+        self.assertIn('"kv_heads":2', m.to_json())
+        with self.assertRaises(bg.BrigadeError):
+            bg.Model.llama(layers=1, d_model=16, heads=4, kv_heads=3)
+
     def test_bf16_gpt(self):
         self.assertEqual(bg.Model.gpt(layers=1, d_model=16, heads=2, seq_len=8).precision, "fp32")
         m = bg.Model.gpt(layers=1, d_model=16, heads=2, seq_len=8, precision="bf16")

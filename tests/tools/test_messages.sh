@@ -13,7 +13,7 @@ expect 2 'brigade train: --quiet takes no value' train --quiet=1
 expect 2 'brigade train: option "--s" is ambiguous: --seq, --seed, --steps' train --s 3
 expect 2 'brigade train: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got "zbh1" (did you mean zb-h1?)' train --schedule zbh1
 expect 2 'brigade train: --optimizer must be adamw or sgd, got "adam" (did you mean adamw?)' train --optimizer adam
-expect 2 'brigade train: --model must be gpt or mlp, got "gtp" (did you mean gpt?)' train --model gtp
+expect 2 'brigade train: --model must be one of gpt, mlp or llama, got "gtp" (did you mean gpt?)' train --model gtp
 expect 2 'brigade train: unknown option "--frobnicate" (see brigade train --help)' train --frobnicate
 expect 2 'brigade: unknown command "trian" (did you mean train?)' trian
 expect 2 'brigade schedule: --schedule must be one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, zb-interleaved, dualpipev or dualpipe, got "zbh1" (did you mean zb-h1?)' \

@@ -1,0 +1,195 @@
+/* kernels/cpu/cpu_llama.c: the CPU backend's Llama-style kernels: RMSNorm,
+ * SwiGLU, rotary position embedding and grouped-query attention's layout
+ * (the op slots of the same names, include/brigade/backend.h). Plain C loops,
+ * compiled once (not per ISA), OpenMP over rows.
+ *
+ * Determinism rule (as cpu_nn.c): row-wise kernels give each row to one
+ * thread; rmsnorm_backward_weight gives each block of BG_CPU_COL_BLOCK
+ * columns to one thread, which sums over rows in row order in double. So
+ * every output is bitwise identical for any thread count. Compiled without
+ * FMA contraction (C11 default), so the bits do not depend on the ISA either.
+ *
+ * Must not print or exit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_impl.h"
+
+#define ROWS_PAR(N, C) ((size_t)(N) * (size_t)(C) > BG_CPU_PAR_WORK && (N) > 1)
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+void bg__cpu_rmsnorm_forward(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight, float eps,
+                             int N, int C)
+{
+    int nt = bg__cpu_nt(be);
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, C)) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = in + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++)
+            ss += (double)x[c] * (double)x[c];
+        float s = (float)(1.0 / sqrt(ss / C + (double)eps));
+        rstd[n] = s;
+        for (int c = 0; c < C; c++)
+            y[c] = x[c] * s * weight[c];
+    }
+}
+
+void bg__cpu_rmsnorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                    const float *weight, const float *rstd, int N, int C)
+{
+    int nt = bg__cpu_nt(be);
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, C)) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = din + (size_t)n * C, s = rstd[n];
+        double dot = 0;
+        for (int c = 0; c < C; c++)
+            dot += (double)(weight[c] * dy[c]) * (double)(x[c] * s);
+        float m = (float)(dot / C);
+        for (int c = 0; c < C; c++)
+            dx[c] = s * (weight[c] * dy[c] - x[c] * s * m);
+    }
+}
+
+void bg__cpu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const float *dout, const float *in,
+                                     const float *rstd, int N, int C)
+{
+    int nt = bg__cpu_nt(be);
+    int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
+#pragma omp parallel for num_threads(nt) if (nblk > 1 && ROWS_PAR(N, C)) schedule(static)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * BG_CPU_COL_BLOCK;
+        int cn = C - c0 < BG_CPU_COL_BLOCK ? C - c0 : BG_CPU_COL_BLOCK;
+        double a[BG_CPU_COL_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *x = in + (size_t)n * C + c0, *dy = dout + (size_t)n * C + c0;
+            for (int c = 0; c < cn; c++)
+                a[c] += (double)(dy[c] * (x[c] * rstd[n]));
+        }
+        for (int c = 0; c < cn; c++)
+            dweight[c0 + c] += (float)a[c];
+    }
+}
+
+/* ----------------------------------------------------------------- SwiGLU */
+
+static float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+void bg__cpu_swiglu_forward(bg_backend_t *be, float *out, const float *in, int N, int H)
+{
+    int nt = bg__cpu_nt(be);
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, H)) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *a = in + (size_t)n * 2 * H, *b = a + H;
+        float *y = out + (size_t)n * H;
+        for (int i = 0; i < H; i++)
+            y[i] = a[i] * sigmoidf(a[i]) * b[i];
+    }
+}
+
+/* d a = dy b silu'(a), silu'(a) = s + a s (1 - s); d b = dy silu(a) */
+void bg__cpu_swiglu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H)
+{
+    int nt = bg__cpu_nt(be);
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, H)) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *a = in + (size_t)n * 2 * H, *b = a + H, *dy = dout + (size_t)n * H;
+        float *da = din + (size_t)n * 2 * H, *db = da + H;
+        for (int i = 0; i < H; i++) {
+            float s = sigmoidf(a[i]);
+            da[i] = dy[i] * b[i] * (s + a[i] * s * (1.0f - s));
+            db[i] = dy[i] * a[i] * s;
+        }
+    }
+}
+
+/* -------------------------------------------------------------------- RoPE */
+
+/* cos and sin of position p's angles, p * theta^(-2i/hs), i < hs/2, in double then rounded: the same table
+ * whatever the row's place in the batch. */
+static void rope_angles(float *cs, float *sn, int p, int hs, float theta)
+{
+    for (int i = 0; i < hs / 2; i++) {
+        double a = (double)p * pow((double)theta, -2.0 * i / hs);
+        cs[i] = (float)cos(a);
+        sn[i] = (float)sin(a);
+    }
+}
+
+void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
+                  int pos0, int inverse)
+{
+    int nt = bg__cpu_nt(be), half = hs / 2, C = G * (R + 1) * hs;
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(B * T, C)) schedule(static)
+    for (int r = 0; r < B * T; r++) {
+        float cs[512], sn[512]; /* hs <= 1024 (the layer checks) */
+        rope_angles(cs, sn, pos0 + r % T, hs, theta);
+        const float *x = in + (size_t)r * C;
+        float *y = out + (size_t)r * C;
+        for (int g = 0; g < G; g++)
+            for (int h = 0; h <= R; h++) {
+                size_t o = ((size_t)g * (R + 1) + h) * hs;
+                if (h == R) { /* the group's value head */
+                    if (y != x)
+                        memcpy(y + o, x + o, (size_t)hs * sizeof(float));
+                    continue;
+                }
+                for (int i = 0; i < half; i++) {
+                    float x1 = x[o + i], x2 = x[o + i + half], s = inverse ? -sn[i] : sn[i];
+                    y[o + i] = x1 * cs[i] - x2 * s;
+                    y[o + i + half] = x1 * s + x2 * cs[i];
+                }
+            }
+    }
+}
+
+/* ------------------------------------------------- grouped-query layout */
+
+void bg__cpu_gqa_expand(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs)
+{
+    int nt = bg__cpu_nt(be);
+    size_t C = (size_t)G * g * hs, Cg = (size_t)G * (g + 2) * hs, hb = (size_t)hs * sizeof(float);
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(B * T, 3 * C)) schedule(static)
+    for (int r = 0; r < B * T; r++) {
+        const float *x = grouped + (size_t)r * Cg;
+        float *y = qkv + (size_t)r * 3 * C;
+        for (int j = 0; j < G; j++) {
+            const float *grp = x + (size_t)j * (g + 2) * hs;
+            memcpy(y + (size_t)j * g * hs, grp, (size_t)g * hb);
+            for (int i = 0; i < g; i++) {
+                size_t h = (size_t)j * g + i;
+                memcpy(y + C + h * hs, grp + (size_t)g * hs, hb);
+                memcpy(y + 2 * C + h * hs, grp + (size_t)(g + 1) * hs, hb);
+            }
+        }
+    }
+}
+
+void bg__cpu_gqa_reduce(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs)
+{
+    int nt = bg__cpu_nt(be);
+    size_t C = (size_t)G * g * hs, Cg = (size_t)G * (g + 2) * hs;
+#pragma omp parallel for num_threads(nt) if (ROWS_PAR(B * T, 3 * C)) schedule(static)
+    for (int r = 0; r < B * T; r++) {
+        const float *x = dqkv + (size_t)r * 3 * C;
+        float *y = dgrouped + (size_t)r * Cg;
+        for (int j = 0; j < G; j++) {
+            float *grp = y + (size_t)j * (g + 2) * hs, *dk = grp + (size_t)g * hs, *dv = dk + hs;
+            memcpy(grp, x + (size_t)j * g * hs, (size_t)g * hs * sizeof(float));
+            for (int c = 0; c < hs; c++) {
+                float sk = 0, sv = 0;
+                for (int i = 0; i < g; i++) { /* the copies in order */
+                    size_t h = (size_t)j * g + i;
+                    sk += x[C + h * hs + c];
+                    sv += x[2 * C + h * hs + c];
+                }
+                dk[c] = sk;
+                dv[c] = sv;
+            }
+        }
+    }
+}
