@@ -48,6 +48,21 @@ static bg_lr_schedule_t lr_schedule(const bg_train_config_t *c)
     return s;
 }
 
+/* How the job reads data_path: "text" or a token format (train.h: data_format). */
+static const char *data_format(const bg_train_config_t *c)
+{
+    const char *f = c->data_format && *c->data_format ? c->data_format : "auto";
+    if (strcmp(f, "auto") != 0 || !c->data_path)
+        return f;
+    const char *p = c->data_path;
+    if (strpbrk(p, ",*?["))
+        return "auto"; /* shards: each llmc by its magic, else raw16 */
+    if (bg_data_file_is_llmc(p))
+        return "llmc";
+    size_t n = strlen(p);
+    return n >= 4 && strcmp(p + n - 4, ".bin") == 0 ? "raw16" : "text";
+}
+
 bg_status_t bg_train_check(const bg_train_config_t *c)
 {
     BG_CHECK(bg_model_config_check(&c->model));
@@ -67,7 +82,10 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
                             c->model.seq_len);
         if (!c->data_path || !*c->data_path)
             return bg_error(BG_ERR_INVALID, "a GPT needs a text data file");
-        if (c->model.vocab < 256)
+        const char *f = data_format(c);
+        if (strcmp(f, "text") && strcmp(f, "auto") && strcmp(f, "llmc") && strcmp(f, "raw16") && strcmp(f, "raw32"))
+            return bg_error(BG_ERR_INVALID, "--data-format %s: expected text, raw16, raw32, llmc or auto", f);
+        if (strcmp(f, "text") == 0 && c->model.vocab < 256)
             return bg_error(BG_ERR_INVALID, "vocab %d is too small: the corpus is read as bytes (0..255), so it must be "
                                             ">= 256", c->model.vocab);
     }
@@ -392,7 +410,9 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
      * file) is reported by the lowest rank that finds it, the others stop
      * with a peer's error naming that rank */
     bg_status_t fst;
-    if (tokens_in)
+    if (tokens_in && strcmp(data_format(&c), "text") != 0)
+        fst = bg_data_open_tokens(c.data_path, data_format(&c), T, c.batch, c.model.vocab, c.data_seed, &data);
+    else if (tokens_in)
         fst = bg_data_open_text(c.data_path, T, c.data_seed, &data);
     else
         fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);

@@ -36,7 +36,12 @@ static void usage(FILE *f)
             "  --wsd-decay F          wsd: fraction of the steps after the warm-up spent decaying (default 0.2)\n"
             "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
             "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
-            "  --data FILE            GPT text corpus (default %s)\n"
+            "  --data FILE            GPT data: a text corpus (bytes are tokens; default %s) or token\n"
+            "                         files: one, a comma list or a glob pattern of shards (quote it)\n"
+            "  --data-format F        text|llmc|raw16|raw32|auto (default auto: llmc by its magic, raw16 for\n"
+            "                         *.bin or several shards, else text); llmc is llm.c's 1 KiB header +\n"
+            "                         uint16 tokens, raw16/raw32 headerless arrays (nanoGPT's train.bin);\n"
+            "                         every token is checked < --vocab (docs/training.md)\n"
             "  --data-seed N          order of the data (default 1)\n"
             "  --threads N            compute threads (default: BRIGADE_NUM_THREADS or all cores)\n"
             "  --recompute            keep only each stage's input and output per microbatch; recompute\n"
@@ -368,7 +373,7 @@ int bg_cmd_train(int argc, char **argv)
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT,
-           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD };
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -395,7 +400,7 @@ int bg_cmd_train(int argc, char **argv)
         {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
         {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
         {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
-        {"wsd-decay", required_argument, 0, O_WSD},
+        {"wsd-decay", required_argument, 0, O_WSD},   {"data-format", required_argument, 0, O_DFORMAT},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -474,6 +479,13 @@ int bg_cmd_train(int argc, char **argv)
         }
         case O_SP: sequence_parallel = 1; break;
         case O_DATA: c.data_path = optarg; break;
+        case O_DFORMAT: {
+            static const char *const formats[] = {"text", "llmc", "raw16", "raw32", "auto", NULL};
+            if (bg_cli_choice(cmd, "--data-format", optarg, formats) < 0)
+                return 2;
+            c.data_format = optarg;
+            break;
+        }
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
                 return 2;
