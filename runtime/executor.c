@@ -275,6 +275,8 @@ static bg_status_t check_params(const bg_executor_params_t *p)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)p->optim.kind);
     if (p->size >= offsetof(bg_executor_params_t, staleness) + sizeof(int))
         BG_CHECK(bg__ps_check_params(p));
+    if (p->size >= offsetof(bg_executor_params_t, clip_grad) + sizeof(double) && !(p->clip_grad >= 0))
+        return bg_error(BG_ERR_INVALID, "clip_grad must be >= 0 (got %g; 0: no clipping)", p->clip_grad);
     return BG_OK;
 }
 
@@ -657,7 +659,7 @@ static bg_status_t step_end(exec_t *x, double t0, double tokens, bg_step_result_
     r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
     r.bytes_sent = x->bytes_sent;
     r.stop = red[1] > 0;
-    r.grad_norm = sqrt(gsq);
+    r.grad_norm = x->p.clip_grad > 0 ? x->clip_norm : sqrt(gsq); /* clipping: the exact sum's */
     *result_p = r;
     return BG_OK;
 fail:
@@ -693,6 +695,8 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
                    (double)x->loss_scale;
     }
     x->loss_k = 0;
+    if (x->p.clip_grad > 0) /* the updates the optimizer instructions left for the global norm */
+        BG_CHECK_GOTO(bg__exec_clip(x), st, fail);
     x->be->ops->synchronize(x->be);
     bg__strategy_t *end = BG__ONE(x, step_end);
     if (end)

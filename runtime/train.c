@@ -93,6 +93,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
     bg_lr_schedule_t ls = lr_schedule(c);
     BG_CHECK(bg_lr_check(&ls));
+    if (!(c->clip_grad >= 0))
+        return bg_error(BG_ERR_INVALID, "--clip-grad must be >= 0 (got %g; 0: no clipping)", c->clip_grad);
     if (c->zero < 0 || c->zero > 2)
         return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
     if (c->ps < 0 || c->staleness < 0)
@@ -291,6 +293,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.emulate_scale = c->emulate_scale;
     p.ps = c->ps;
     p.staleness = c->staleness;
+    p.clip_grad = c->clip_grad;
     *p_out = p;
 }
 

@@ -34,6 +34,9 @@ static void usage(FILE *f)
             "  --min-lr X             final rate of the decay (default 0)\n"
             "  --decay-steps N        step where the decay reaches --min-lr (default --steps)\n"
             "  --wsd-decay F          wsd: fraction of the steps after the warm-up spent decaying (default 0.2)\n"
+            "  --clip-grad X          clip by global norm: scale every gradient by min(1, X / (norm + 1e-6))\n"
+            "                         before the update, norm over the whole model (every layout and --ps;\n"
+            "                         grad_norm/gnorm stay the norm before clipping; default 0: none)\n"
             "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
             "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
             "  --data FILE            GPT data: a text corpus (bytes are tokens; default %s) or token\n"
@@ -373,7 +376,7 @@ int bg_cmd_train(int argc, char **argv)
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT,
-           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT };
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -401,6 +404,7 @@ int bg_cmd_train(int argc, char **argv)
         {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
         {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
         {"wsd-decay", required_argument, 0, O_WSD},   {"data-format", required_argument, 0, O_DFORMAT},
+        {"clip-grad", required_argument, 0, O_CLIP},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -458,6 +462,11 @@ int bg_cmd_train(int argc, char **argv)
             if (bg_cli_double(cmd, "--min-lr", optarg, 0, 100, &d))
                 return 2;
             c.lr_schedule.min_lr = d;
+            break;
+        case O_CLIP:
+            if (bg_cli_double(cmd, "--clip-grad", optarg, 0, 1e30, &d))
+                return 2;
+            c.clip_grad = d;
             break;
         case O_WSD:
             if (bg_cli_double(cmd, "--wsd-decay", optarg, 1e-9, 1, &d))

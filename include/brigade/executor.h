@@ -126,6 +126,11 @@ typedef struct bg_executor_params {
                                       not dualpipe; dp: 1 or (world - ps) / pp); 0: none */
     int staleness;               /**< with ps: a worker computes step t on parameters of a version >= t - K
                                       (0: synchronous, the weights of dp = (world - ps) / pp) */
+    double clip_grad;            /**< > 0: clip by global norm: before the optimizer step every gradient is
+                                      multiplied by min(1, clip_grad / (norm + 1e-6)), norm being the L2 norm of
+                                      the whole model's gradients (over pp, dp, tp, ZeRO shards, parameter
+                                      servers), summed exactly so that it does not depend on the layout; the
+                                      updates then wait for every stage's norm (the step's end); 0: none */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -135,7 +140,7 @@ typedef struct bg_executor_params {
       .optim = BG_OPTIM_CONFIG_INIT, .data = {.batch = NULL, .seq_len = NULL, .arg = NULL, .seq = 0},        \
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
-      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0 }
+      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .clip_grad = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -150,7 +155,9 @@ typedef struct bg_step_result {
     int stop;                /**< 1: some rank called bg_executor_request_stop (all ranks agree) */
     double grad_norm;        /**< global L2 norm of the whole model's gradients (all stages, after the
                                   data-parallel sum, before the optimizer step; a tied tensor counted
-                                  once); the same on every rank; within 1e-6 relative across layouts.
+                                  once); the same on every rank; within 1e-6 relative across layouts
+                                  (with clip_grad: summed exactly, the same bits in every layout whose
+                                  gradients are; the norm before clipping).
                                   --ps: a server's own tensors; NaN on a worker */
     /* ---- parameter-server mode (bg_executor_params_t.ps); zero otherwise ---- */
     int ps_role;             /**< 1: a server, 2: a worker */

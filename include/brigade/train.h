@@ -105,6 +105,7 @@ typedef struct bg_train_config {
                                        "auto" or NULL: llmc when the first file starts with llm.c's magic,
                                        raw16 when it ends in .bin or data_path names several files or a
                                        pattern, else text */
+    double clip_grad;             /**< > 0: clip the gradients by global norm (bg_executor_params_t.clip_grad) */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -119,7 +120,8 @@ typedef struct bg_train_config {
       .nrecompute_stages = 0, .checkpoint_dir = NULL, .checkpoint_every = 0, .keep = 0, .resume = 0,     \
       .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
-      .seq_multiple = 0, .lr_schedule = BG_LR_SCHEDULE_INIT, .data_format = NULL }
+      .seq_multiple = 0, .lr_schedule = BG_LR_SCHEDULE_INIT, .data_format = NULL,    \
+      .clip_grad = 0.0 }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);
