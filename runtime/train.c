@@ -181,7 +181,8 @@ static bg_status_t world_group(bg_comm_t *comm, bg_group_t **g_p)
     return st;
 }
 
-/* The metrics file's first line: what ran (brigade plot titles its chart with it). */
+/* The metrics file's first line: what ran (brigade plot titles its chart with
+ * it) and, when the host gave them, the run's settings ("config"). */
 static void metrics_header(int fd, const bg_train_config_t *c)
 {
     char line[256], ps[64] = "";
@@ -191,12 +192,44 @@ static void metrics_header(int fd, const bg_train_config_t *c)
         snprintf(ps + strlen(ps), sizeof ps - strlen(ps), ", \"precision\": \"bf16\"");
     int len = snprintf(line, sizeof line,
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
-                       "\"schedule\": \"%s\"%s}}\n",
+                       "\"schedule\": \"%s\"%s}",
                        c->model.kind == BG_MODEL_MLP ? "mlp" : "gpt", c->model.layers, c->model.d_model,
                        c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1,
                        c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b", ps);
-    if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
-        len = 0; /* a lost header only loses plot's title */
+    if (len <= 0 || len >= (int)sizeof line)
+        return; /* a lost header only loses plot's title */
+    bg_status_t st = bg__fileio_write_all(fd, line, (size_t)len, "metrics");
+    if (st == BG_OK && c->run_config_json) {
+        st = bg__fileio_write_all(fd, ", \"config\": ", 12, "metrics");
+        if (st == BG_OK)
+            st = bg__fileio_write_all(fd, c->run_config_json, strlen(c->run_config_json), "metrics");
+    }
+    if (st == BG_OK)
+        st = bg__fileio_write_all(fd, "}\n", 2, "metrics");
+    if (st != BG_OK)
+        bg_error_clear();
+}
+
+/* Rank 0: the run's settings as CHECKPOINT_DIR/config.json, replaced whole
+ * (written aside, then renamed), so the checkpoints' run can be repeated. */
+static bg_status_t write_run_config(const bg_train_config_t *c)
+{
+    char path[4096], tmp[4200];
+    BG_CHECK(bg__fileio_mkdir_p(c->checkpoint_dir));
+    snprintf(path, sizeof path, "%s/config.json", c->checkpoint_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return bg_error(BG_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    bg_status_t st = bg__fileio_write_all(fd, c->run_config_json, strlen(c->run_config_json), tmp);
+    if (st == BG_OK)
+        st = bg__fileio_write_all(fd, "\n", 1, tmp);
+    close(fd);
+    if (st == BG_OK && rename(tmp, path) != 0)
+        st = bg_error(BG_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (st != BG_OK)
+        unlink(tmp);
+    return st;
 }
 
 /* Metrics: rank 0 starts the file (unless resuming); every rank learns
@@ -421,6 +454,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);
     if (fst == BG_OK && c.save_dir)
         fst = bg_check_writable_dir(c.save_dir);
+    if (fst == BG_OK && c.checkpoint_dir && c.run_config_json && bg_executor_rank(x) == 0)
+        fst = write_run_config(&c);
     BG_CHECK_GOTO(agree(x, fst), st, out);
     src.data = bg_data_source(data);
     bg_executor_info(x, &info);

@@ -10,6 +10,7 @@
 #include "brigade/partitioner.h"
 #include "brigade/train.h"
 #include "tools/cli.h"
+#include "tools/train_config.h"
 
 #ifndef BG_DEFAULT_DATA
 #define BG_DEFAULT_DATA "data/kjv.txt"
@@ -18,7 +19,13 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade train [options]\n"
+            "usage: brigade train [--config run.json] [options]\n"
+            "\n"
+            "  --config FILE          a JSON object of flags: keys are the long flag names without dashes,\n"
+            "                         values strings, numbers, true/false (flags without value) or arrays\n"
+            "                         (--split); flags on the command line override it. The run's effective\n"
+            "                         flags go to the metrics header (\"config\") and CHECKPOINT_DIR/config.json,\n"
+            "                         which --config takes back to repeat the run (docs/training.md)\n"
             "\n"
             "model:\n" BG_CLI_MODEL_HELP
             "training:\n"
@@ -408,10 +415,20 @@ int bg_cmd_train(int argc, char **argv)
         {0, 0, 0, 0}};
     long long v;
     double d;
-    int o;
+    int o, li;
+    /* the config file's flags go first, so the command line's override them; static: getopt's optarg and
+     * the recorded flags point into it until the command ends */
+    static bg_cli_config_t run_config;
+    int crc = bg_cli_config_args(cmd, opts, argc, argv, &run_config);
+    if (crc)
+        return crc;
+    argc = run_config.argc;
+    argv = run_config.argv;
     optind = 1;
     opterr = 0;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((li = -1, o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
+        if (li >= 0 && o != O_HELP) /* the effective flags, as parsed (a later one replaces an earlier) */
+            bg_cli_config_record(&run_config, opts[li].name, opts[li].has_arg == no_argument ? NULL : optarg);
         switch (o) {
 
 #define INT_FLAG(code, flag, lo, hi, dst) BG_CLI_INT_CASE(cmd, code, flag, lo, hi, dst)
@@ -623,6 +640,9 @@ int bg_cmd_train(int argc, char **argv)
         c.chunks = bg_schedule_chunks(js);
         bg_schedule_free(js);
     }
+    static char *run_config_json; /* reachable until the command ends */
+    run_config_json = bg_cli_config_json(&run_config);
+    c.run_config_json = run_config_json;
     c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
     c.on_step_arg = &prog;

@@ -106,6 +106,9 @@ typedef struct bg_train_config {
                                        raw16 when it ends in .bin or data_path names several files or a
                                        pattern, else text */
     double clip_grad;             /**< > 0: clip the gradients by global norm (bg_executor_params_t.clip_grad) */
+    const char *run_config_json;  /**< the run's effective settings as a JSON object (the CLI: its flags), kept
+                                       with its outputs: the metrics header's "config" and, by rank 0,
+                                       checkpoint_dir/config.json; NULL: none */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -121,7 +124,7 @@ typedef struct bg_train_config {
       .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
       .seq_multiple = 0, .lr_schedule = BG_LR_SCHEDULE_INIT, .data_format = NULL,    \
-      .clip_grad = 0.0 }
+      .clip_grad = 0.0, .run_config_json = NULL }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);

@@ -107,4 +107,38 @@ lr_case wsd 2 12 2e-4 0.3
 lr_case constant 4 0 0 0.2
 expect_train 2 "--decay-steps 3 must be greater than --warmup 3" $GPT --steps 3 --lr-schedule cosine --warmup 3
 
-finish 20
+# run config file: flags from JSON, the command line overriding them; the effective flags written to
+# the metrics header and CHECKPOINT_DIR/config.json repeat the run (same weights)
+cat >"$T/run.json" <<JSON
+{"model": "gpt", "layers": 3, "d-model": 16, "heads": 2, "seq": 16, "batch": 8, "microbatches": 4, "threads": 1,
+ "steps": 9, "data": "$T/kjv.bin", "lr": 0.003, "lr-schedule": "cosine", "warmup": 2, "clip-grad": 0.5,
+ "split": [6], "quiet": true, "recompute": false}
+JSON
+"$B" train --config "$T/run.json" --steps 4 --checkpoint-dir "$T/cfgck" --metrics "$T/cfg.jsonl" --save "$T/cfgA" \
+  >"$T/cfgA.log" 2>&1 || bad "train --config: $(cat "$T/cfgA.log")"
+train_save cfgflags 1 $GPT --steps 4 --data "$T/kjv.bin" --lr 0.003 --lr-schedule cosine --warmup 2 --clip-grad 0.5
+same "$T/cfgflags" "$T/cfgA" "--config run.json --steps 4 = the same flags on the command line"
+python3 - "$T/cfg.jsonl" "$T/cfgck/config.json" "$T/fromhdr.json" <<'PY' && ok "metrics header and config.json hold the effective flags" || bad "effective config"
+import json, sys
+hdr = json.loads(open(sys.argv[1]).readline())["config"]
+ck = json.load(open(sys.argv[2]))
+assert hdr == ck, (hdr, ck)
+assert ck["steps"] == "4" and ck["lr"] == "0.003" and ck["clip-grad"] == "0.5" and ck["quiet"] is True, ck
+assert "recompute" not in ck and "config" not in ck, ck
+json.dump(hdr, open(sys.argv[3], "w"))
+PY
+for src in "$T/cfgck/config.json" "$T/fromhdr.json"; do
+  "$B" train --config "$src" --checkpoint-dir "$T/cfgck2" --metrics "$T/cfg2.jsonl" --save "$T/cfgB" >"$T/cfgB.log" 2>&1 \
+    || bad "train --config $src: $(cat "$T/cfgB.log")"
+  same "$T/cfgA" "$T/cfgB" "a run from $(basename "$src") repeats the run"
+done
+echo '{"stepz": 3}' >"$T/badkey.json"
+expect_train 2 '"stepz" is not a flag of brigade train' --config "$T/badkey.json"
+echo '{"steps": 3' >"$T/badjson.json"
+expect_train 1 "badjson.json: line" --config "$T/badjson.json"
+echo '{"quiet": "yes"}' >"$T/badbool.json"
+expect_train 2 '"quiet" takes true or false' --config "$T/badbool.json"
+echo '{"steps": "many"}' >"$T/badval.json"
+expect_train 2 '--steps expects an integer, got "many"' --config "$T/badval.json"
+
+finish 28
