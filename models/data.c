@@ -21,8 +21,10 @@ struct bg_data {
     int features, classes;
     float *teacher; /* (classes, features) */
     uint64_t seed;
-    bg__tokens_t *tok; /* token files: sequence k = step * batch + index */
+    bg__tokens_t *tok; /* token files: sequence k = origin_seq + (step - origin_step) * batch + index */
     int batch;
+    int64_t origin_step;
+    uint64_t origin_seq;
 };
 
 static uint64_t mix(uint64_t a, uint64_t b, uint64_t c)
@@ -98,6 +100,19 @@ bg_status_t bg_data_open_tokens(const char *paths, const char *format, int seq_l
     return BG_OK;
 }
 
+void bg_data_set_position(bg_data_t *d, int64_t step, uint64_t sequences)
+{
+    d->origin_step = step;
+    d->origin_seq = sequences;
+}
+
+uint64_t bg_data_position(const bg_data_t *d, int64_t step)
+{
+    if (!d->tok)
+        return 0;
+    return d->origin_seq + (uint64_t)(step - d->origin_step) * (uint64_t)d->batch;
+}
+
 int bg_data_file_is_llmc(const char *path) { return bg__tokens_is_llmc(path); }
 
 bg_status_t bg_data_synthetic(int features, int classes, uint64_t seed, bg_data_t **data_p)
@@ -144,7 +159,7 @@ bg_status_t bg_data_batch(const bg_data_t *d, int64_t step, int first, int count
         if (t < 1 || t > d->seq_len)
             return bg_error(BG_ERR_INVALID, "sequence length %d is not in [1, %d] (the token windows)", t, d->seq_len);
         for (int j = 0; j < count; j++)
-            bg__tokens_sequence(d->tok, (uint64_t)step * (uint64_t)d->batch + (uint64_t)(first + j), t,
+            bg__tokens_sequence(d->tok, bg_data_position(d, step) + (uint64_t)(first + j), t,
                                 tokens ? tokens + (size_t)j * t : NULL, targets ? targets + (size_t)j * t : NULL);
         return BG_OK;
     }

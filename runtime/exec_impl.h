@@ -189,6 +189,7 @@ struct bg_executor {
     bg__strategy_t strat[16]; /* the active strategies, in registry order */
     int nstrat;
     double clip_norm;       /* with clip_grad: this step's global norm before clipping (exact sum) */
+    int64_t data_position;  /* the checkpoints' data_position (bg_executor_set_data_position; -1: the step) */
 };
 
 /* ---- the strategies' dispatch (runtime/strategy.c) ---- */

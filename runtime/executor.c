@@ -514,6 +514,7 @@ static void init_fields(exec_t *x, const bg_executor_params_t *pin)
     x->desc = x->p.model;
     x->shared_step = -1;
     x->fetched_step = -1;
+    x->data_position = -1;
     x->numa_node = -1;
     bg__layout_init(&x->lay, x->p.pp, x->p.dp, x->p.tp, x->p.ps);
     if (x->p.zero && x->lay.dp == 1) {
@@ -708,6 +709,7 @@ fail:
 
 void bg_executor_set_lr(bg_executor_t *x, float lr) { x->p.optim.lr = lr; }
 void bg_executor_request_stop(bg_executor_t *x) { x->stop_req = 1; }
+void bg_executor_set_data_position(bg_executor_t *x, int64_t position) { x->data_position = position; }
 int64_t bg_executor_steps_done(const bg_executor_t *x) { return x->step; }
 int bg_executor_rank(const bg_executor_t *x) { return x->lay.rank; }
 bg_comm_t *bg_executor_comm(bg_executor_t *x) { return x->comm; }

@@ -213,6 +213,7 @@ static bg_status_t server_save_checkpoint(exec_t *x, void *self, const char *roo
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
     p.step = x->step;
+    p.data_position = x->data_position;
     p.extra_json = extra;
     p.keep = keep;
     return bg__ps_save_checkpoint(P->ps, &p);

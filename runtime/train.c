@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "brigade/checkpoint.h"
 #include "brigade/executor.h"
 #include "brigade/train.h"
 #include "core/check.h"
@@ -61,6 +62,12 @@ static const char *data_format(const bg_train_config_t *c)
         return "llmc";
     size_t n = strlen(p);
     return n >= 4 && strcmp(p + n - 4, ".bin") == 0 ? "raw16" : "text";
+}
+
+/* Whether the job reads token files (a position of its own in checkpoints). */
+static int token_files(const bg_train_config_t *c)
+{
+    return c->model.kind == BG_MODEL_GPT && strcmp(data_format(c), "text") != 0;
 }
 
 bg_status_t bg_train_check(const bg_train_config_t *c)
@@ -418,6 +425,36 @@ void bg_train_result_free(bg_train_result_t *r)
     r->nranks = 0;
 }
 
+/* --resume / --resume-from: the newest valid checkpoint (or the one named),
+ * said through on_resume; token files continue at its data position. */
+static bg_status_t resume_job(const bg_train_config_t *c, bg_executor_t *x, bg_data_t *data, int rank)
+{
+    bg_resume_params_t rp = BG_RESUME_PARAMS_INIT;
+    rp.root = c->checkpoint_dir;
+    rp.path = c->resume_from;
+    rp.strict = c->resume_strict;
+    bg_resume_result_t *rr = malloc(sizeof(*rr));
+    BG_ALLOC_CHECK(rr, sizeof(*rr), "resume result");
+    bg_status_t st = bg_executor_resume_with(x, &rp, rr);
+    /* the executor leaves "nothing to resume" to its host; --resume-strict
+     * promises to fail when no checkpoint is valid, a missing or empty
+     * directory included */
+    if (st == BG_OK && c->resume_strict && !rr->found)
+        st = bg_error(BG_ERR_NOT_FOUND, "--resume-strict: no valid checkpoint in %s (%s)", c->checkpoint_dir,
+                      rr->invalid ? rr->invalid_what : "no step-N directory");
+    if (st == BG_OK && rr->found && token_files(c)) {
+        bg_checkpoint_info_t ci; /* token files: where its data continues (sequences) */
+        st = bg_checkpoint_read_info(rr->path, &ci);
+        if (st == BG_OK)
+            bg_data_set_position(data, ci.step, (uint64_t)ci.data_position);
+        bg_checkpoint_info_clear(&ci);
+    }
+    if (st == BG_OK && c->on_resume)
+        c->on_resume(rr, c->resume_from ? c->resume_from : c->checkpoint_dir, rank, c->on_step_arg);
+    free(rr);
+    return st;
+}
+
 bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
 {
     bg_train_config_t c;
@@ -446,7 +483,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
      * file) is reported by the lowest rank that finds it, the others stop
      * with a peer's error naming that rank */
     bg_status_t fst;
-    if (tokens_in && strcmp(data_format(&c), "text") != 0)
+    if (token_files(&c))
         fst = bg_data_open_tokens(c.data_path, data_format(&c), T, c.batch, c.model.vocab, c.data_seed, &data);
     else if (tokens_in)
         fst = bg_data_open_text(c.data_path, T, c.data_seed, &data);
@@ -464,29 +501,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     res.numa_node = info.numa_node;
     if (c.metrics_path)
         BG_CHECK_GOTO(metrics_open(&c, x), st, out);
-    if (c.resume_from || (c.checkpoint_dir && c.resume)) {
-        bg_resume_params_t rp = BG_RESUME_PARAMS_INIT;
-        rp.root = c.checkpoint_dir;
-        rp.path = c.resume_from;
-        rp.strict = c.resume_strict;
-        bg_resume_result_t *rr = malloc(sizeof(*rr));
-        if (!rr) {
-            st = bg_error(BG_ERR_NOMEM, "resume result");
-            goto out;
-        }
-        st = bg_executor_resume_with(x, &rp, rr);
-        /* the executor leaves "nothing to resume" to its host; --resume-strict
-         * promises to fail when no checkpoint is valid, a missing or empty
-         * directory included */
-        if (st == BG_OK && c.resume_strict && !rr->found)
-            st = bg_error(BG_ERR_NOT_FOUND, "--resume-strict: no valid checkpoint in %s (%s)", c.checkpoint_dir,
-                          rr->invalid ? rr->invalid_what : "no step-N directory");
-        if (st == BG_OK && c.on_resume)
-            c.on_resume(rr, c.resume_from ? c.resume_from : c.checkpoint_dir, info.rank, c.on_step_arg);
-        free(rr);
-        if (st != BG_OK)
-            goto out;
-    }
+    if (c.resume_from || (c.checkpoint_dir && c.resume))
+        BG_CHECK_GOTO(resume_job(&c, x, data, info.rank), st, out);
     int start = (int)bg_executor_steps_done(x);
     res.start_step = start;
     res.steps_done = start;
@@ -529,8 +545,11 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         if (c.metrics_path)
             BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, (float)lr), st, out);
         int last = step + 1 == c.steps;
-        if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
+        if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0))) {
+            if (token_files(&c)) /* the sequences taken */
+                bg_executor_set_data_position(x, (int64_t)bg_data_position(data, step + 1));
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);
+        }
         if (r.stop && !last) {
             res.stopped = 1;
             break;

@@ -209,6 +209,10 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p); /**< what t
  *  layout) of the steps done under @p root, keeping the newest @p keep
  *  (0: all). Collective; atomic (see checkpoint.h). */
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep);
+/** The data position the next checkpoints record (bg_checkpoint_info_t.data_position): where the host's
+ *  data continues after the steps done (bg_train: the token files' sequence count); -1 (the default):
+ *  the step count, for data that is a function of the step. Every rank should set the same. */
+void bg_executor_set_data_position(bg_executor_t *x, int64_t position);
 /** Load the newest valid checkpoint under @p root (saved under any layout):
  *  weights, optimizer state and the step count; an invalid newer one is
  *  skipped with a warning in the log. *found_p = 0 (and nothing changes)

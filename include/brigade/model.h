@@ -435,6 +435,12 @@ bg_status_t bg_data_open_text(const char *path, int seq_len, uint64_t seed, bg_d
  *  or version, and a token >= vocab (naming the file and byte offset). */
 bg_status_t bg_data_open_tokens(const char *paths, const char *format, int seq_len, int batch, int vocab,
                                 uint64_t seed, bg_data_t **data_p);
+/** Token files: step @p step's first sequence is number @p sequences of the shuffled order, later steps
+ *  following by batch (a resumed run's position, from its checkpoint's data_position); default: step 0
+ *  at sequence 0. Text and synthetic data are functions of the step: no effect. */
+void bg_data_set_position(bg_data_t *d, int64_t step, uint64_t sequences);
+/** Token files: the sequence number step @p step starts at (its data position); 0 for other data. */
+uint64_t bg_data_position(const bg_data_t *d, int64_t step);
 /** Whether the file at @p path starts with an llm.c token-file magic (20240520 or 20240801). */
 int bg_data_file_is_llmc(const char *path);
 /** Synthetic classification: x ~ N(0,1)^features, label = argmax of a fixed random teacher. */

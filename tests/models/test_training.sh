@@ -41,6 +41,15 @@ for n in 1 2; do
   [ $n = 2 ] && same "$T/llmc" "$T/r2-b" "pp 2 resumed 3 + 3 = 6 steps of one process"
 done
 
+# the data position (sequences taken) is the manifest's data_position; a resume with another batch
+# continues from it: 3 steps of 8, then 2 of 4 -> 32
+man() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["data_position"])' "$1"; }
+[ "$(man "$T/ck1/step-00000003/manifest.json")" = 24 ] && ok "manifest data_position 24 after 3 steps of 8" \
+  || bad "data_position: $(man "$T/ck1/step-00000003/manifest.json")"
+train_save r1-c 1 $GPT --steps 8 --batch 4 --microbatches 2 --data "$T/kjv.bin" --checkpoint-dir "$T/ck1" --resume-from "$T/ck1/step-00000006"
+[ "$(man "$T/ck1/step-00000008/manifest.json")" = 56 ] && ok "resumed with batch 4: data_position 48 + 2 x 4" \
+  || bad "data_position after a batch change: $(man "$T/ck1/step-00000008/manifest.json")"
+
 # shards: a comma list and a glob of the same two files give the same weights
 python3 - "$T/kjv16.bin" "$T/sh" <<'PY'
 import sys
@@ -141,4 +150,4 @@ expect_train 2 '"quiet" takes true or false' --config "$T/badbool.json"
 echo '{"steps": "many"}' >"$T/badval.json"
 expect_train 2 '--steps expects an integer, got "many"' --config "$T/badval.json"
 
-finish 28
+finish 30
