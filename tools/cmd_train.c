@@ -475,21 +475,16 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             *(o == O_WARMUP ? &c.lr_schedule.warmup : &c.lr_schedule.decay_steps) = v;
             break;
-        case O_MINLR:
-            if (bg_cli_double(cmd, "--min-lr", optarg, 0, 100, &d))
-                return 2;
-            c.lr_schedule.min_lr = d;
-            break;
-        case O_CLIP:
-            if (bg_cli_double(cmd, "--clip-grad", optarg, 0, 1e30, &d))
-                return 2;
-            c.clip_grad = d;
-            break;
-        case O_WSD:
-            if (bg_cli_double(cmd, "--wsd-decay", optarg, 1e-9, 1, &d))
-                return 2;
-            c.lr_schedule.wsd_decay = d;
-            break;
+#define DOUBLE_FLAG(code, flag, lo, hi, dst)                                                                    \
+    case code:                                                                                                 \
+        if (bg_cli_double(cmd, flag, optarg, lo, hi, &d))                                                      \
+            return 2;                                                                                          \
+        dst = d;                                                                                               \
+        break;
+            DOUBLE_FLAG(O_MINLR, "--min-lr", 0, 100, c.lr_schedule.min_lr)
+            DOUBLE_FLAG(O_CLIP, "--clip-grad", 0, 1e30, c.clip_grad)
+            DOUBLE_FLAG(O_WSD, "--wsd-decay", 1e-9, 1, c.lr_schedule.wsd_decay)
+#undef DOUBLE_FLAG
         case O_WD:
             if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
                 return 2;
