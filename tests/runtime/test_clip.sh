@@ -7,7 +7,8 @@
 # unclipped one. X above the norm changes nothing (bitwise). Across layouts
 # the clipped weights are bitwise those of one process (pp 2: 1f1b, zbv,
 # interleaved) or of --dp 2 (pp 2 x dp 2, --zero 1, --ps 1 and --ps 2
-# servers), as the unclipped runs are; tp 2 within tolerance; the progress
+# servers), as the unclipped runs are; tp 2 (with and without sequence
+# parallelism) within tolerance (an unclipped run is 1e-2 away); the progress
 # line's gnorm is the norm before clipping.
 . "$(dirname "$0")/../lib/harness.sh"
 
@@ -89,6 +90,8 @@ train_save ps2 4 $A --ps 2 --metrics "$T/ps2.jsonl"
 same "$T/dp2" "$T/ps2" "--ps 2 with 2 workers = dp 2 (bitwise; the servers' norms meet)"
 train_save tp2 2 $A --tp 2
 near "$T/ref" "$T/tp2" "tp 2 = one process (within the tensor-parallel tolerance)" --rel-l2 1e-4
+train_save sp2 2 $A --tp 2 --sequence-parallel
+near "$T/ref" "$T/sp2" "tp 2 with sequence parallelism = one process (within the tensor-parallel tolerance)" --rel-l2 1e-4
 
 expect_train 2 "--clip-grad" $GPT --steps 1 --clip-grad -1
-finish 14
+finish 15
