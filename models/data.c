@@ -1,5 +1,5 @@
 /* models/data.c: training data. A text corpus whose bytes are the tokens,
- * and a synthetic classification task for the MLP. Every sequence of a step's
+ * token files (models/tokens.c) and a synthetic classification task for the MLP. Every sequence of a step's
  * batch is a pure function of (seed, step, sequence index), so pipeline and
  * data-parallel runs that shard the batch differently see the same data. */
 #include <errno.h>
@@ -11,6 +11,7 @@
 
 #include "brigade/model.h"
 #include "core/check.h"
+#include "models/tokens.h"
 
 struct bg_data {
     int text;
@@ -20,6 +21,10 @@ struct bg_data {
     int features, classes;
     float *teacher; /* (classes, features) */
     uint64_t seed;
+    bg__tokens_t *tok; /* token files: sequence k = origin_seq + (step - origin_step) * batch + index */
+    int batch;
+    int64_t origin_step;
+    uint64_t origin_seq;
 };
 
 static uint64_t mix(uint64_t a, uint64_t b, uint64_t c)
@@ -75,6 +80,41 @@ bg_status_t bg_data_open_text(const char *path, int seq_len, uint64_t seed, bg_d
     return BG_OK;
 }
 
+bg_status_t bg_data_open_tokens(const char *paths, const char *format, int seq_len, int batch, int vocab,
+                                uint64_t seed, bg_data_t **data_p)
+{
+    if (batch < 1)
+        return bg_error(BG_ERR_INVALID, "token data: batch must be >= 1 (got %d)", batch);
+    bg__tokens_t *tok = NULL;
+    BG_CHECK(bg__tokens_open(paths, format, seq_len, vocab, seed, &tok));
+    bg_data_t *d = calloc(1, sizeof(*d));
+    if (!d) {
+        bg__tokens_close(tok);
+        return bg_error(BG_ERR_NOMEM, "token data");
+    }
+    d->tok = tok;
+    d->batch = batch;
+    d->seq_len = seq_len;
+    d->seed = seed;
+    *data_p = d;
+    return BG_OK;
+}
+
+void bg_data_set_position(bg_data_t *d, int64_t step, uint64_t sequences)
+{
+    d->origin_step = step;
+    d->origin_seq = sequences;
+}
+
+uint64_t bg_data_position(const bg_data_t *d, int64_t step)
+{
+    if (!d->tok)
+        return 0;
+    return d->origin_seq + (uint64_t)(step - d->origin_step) * (uint64_t)d->batch;
+}
+
+int bg_data_file_is_llmc(const char *path) { return bg__tokens_is_llmc(path); }
+
 bg_status_t bg_data_synthetic(int features, int classes, uint64_t seed, bg_data_t **data_p)
 {
     if (features < 1 || classes < 2)
@@ -105,6 +145,7 @@ void bg_data_close(bg_data_t *d)
         return;
     free(d->bytes);
     free(d->teacher);
+    bg__tokens_close(d->tok);
     free(d);
 }
 
@@ -114,6 +155,14 @@ const uint8_t *bg_data_bytes(const bg_data_t *d) { return d->bytes; }
 bg_status_t bg_data_batch(const bg_data_t *d, int64_t step, int first, int count, int t, int32_t *tokens,
                           float *inputs, int32_t *targets)
 {
+    if (d->tok) {
+        if (t < 1 || t > d->seq_len)
+            return bg_error(BG_ERR_INVALID, "sequence length %d is not in [1, %d] (the token windows)", t, d->seq_len);
+        for (int j = 0; j < count; j++)
+            bg__tokens_sequence(d->tok, bg_data_position(d, step) + (uint64_t)(first + j), t,
+                                tokens ? tokens + (size_t)j * t : NULL, targets ? targets + (size_t)j * t : NULL);
+        return BG_OK;
+    }
     if (d->text) {
         if (t < 1 || (size_t)t + 2 > d->len)
             return bg_error(BG_ERR_INVALID, "sequence length %d does not fit the %zu-byte corpus", t, d->len);
@@ -160,7 +209,7 @@ static bg_status_t data_source_batch(const bg_batch_request_t *rq, int32_t *toke
                                      void *arg)
 {
     const bg_data_t *d = arg;
-    if (!d->text && rq->in.c != d->features)
+    if (!d->text && !d->tok && rq->in.c != d->features)
         return bg_error(BG_ERR_INVALID, "synthetic data has %d features, the model takes %d", d->features, rq->in.c);
     return bg_data_batch(d, rq->step, rq->first, rq->in.n, rq->in.t, tokens, features, targets);
 }

@@ -56,8 +56,8 @@ static bg_status_t digests(exec_t *x, uint64_t d[AGREE_N])
     }
     d[AGREE_SCHEDULE] = h;
     const bg_optim_config_t *o = &p->optim;
-    snprintf(buf, sizeof buf, "%d %a %a %a %a %a %a", (int)o->kind, (double)o->lr, (double)o->beta1,
-             (double)o->beta2, (double)o->eps, (double)o->momentum, (double)o->weight_decay);
+    snprintf(buf, sizeof buf, "%d %a %a %a %a %a %a %a", (int)o->kind, (double)o->lr, (double)o->beta1,
+             (double)o->beta2, (double)o->eps, (double)o->momentum, (double)o->weight_decay, p->clip_grad);
     d[AGREE_OPTIM] = fnv_str(buf);
     int batch[] = {p->batch, p->microbatches};
     d[AGREE_BATCH] = fnv_ints(BG_FNV1A_INIT, batch, 2);

@@ -51,6 +51,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.nmodels = nmodels;
     p.comm = x->comm;
     p.writer = x->lay.me.dp == 0 && x->lay.me.tp == 0; /* member 0 writes the tensor group's gathered tensors */
+    p.data_position = x->data_position;
     p.extra_json = extra;
     p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);

@@ -190,9 +190,10 @@ bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch)
             if (o >= bk->off && o - bk->off < bk->count && bg__exec_in_norm(x, ch, i))
                 ch->tsq[i] = x->be->ops->sumsq(x->be, p->grad, p->numel);
         }
-        if (!x->em)
+        if (!x->em && !(x->p.clip_grad > 0)) /* clipping: after every stage's norm (bg__exec_clip) */
             BG_CHECK(bg_model_optim_step_range(ch->model, &x->p.optim, t, bk->off, bk->count));
     }
-    ch->gsq = norm && x->lay.me.dp == 0 ? bg__exec_grad_sumsq(x, ch) : 0;
+    ch->norm_counted = norm && x->lay.me.dp == 0;
+    ch->gsq = ch->norm_counted ? bg__exec_grad_sumsq(x, ch) : 0;
     return BG_OK;
 }

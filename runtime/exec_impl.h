@@ -53,6 +53,7 @@ typedef struct chunk {
     int nbuckets;
     double gsq;             /* sum of squares of the chunk's reduced gradients this step (grad_sumsq) */
     double *tsq;            /* per tensor: the sum of squares of its reduced gradient this step */
+    int norm_counted;       /* this step's tsq count in the model's norm on this rank (clipping) */
 } chunk_t;
 
 typedef struct bg_executor exec_t;
@@ -98,6 +99,11 @@ typedef struct bg__strategy_ops {
     int (*in_norm)(exec_t *x, void *self, const bg_param_t *p);
     /* ONE: chunk ch's optimizer step (default: bucket by bucket, bg__exec_optimizer_step). */
     bg_status_t (*optimizer)(exec_t *x, void *self, chunk_t *ch);
+    /* ONE: after the program, with clip_grad: the global norm and the deferred updates
+     * (default: bg__exec_clip's exact allreduce, then the hook update per chunk). */
+    bg_status_t (*clip)(exec_t *x, void *self);
+    /* ONE: with clip_grad: scale chunk ch's gradients by k (k < 1) and update it (default bg__exec_update). */
+    bg_status_t (*update)(exec_t *x, void *self, chunk_t *ch, float k);
     /* ONE: after the program: the step's result (default: one allreduce of loss, norm and stop). */
     bg_status_t (*step_end)(exec_t *x, void *self, double t0, double tokens, bg_step_result_t *result_p);
     /* EVERY: every chunk's parameters whole (before saving, loading, destroying). */
@@ -187,6 +193,8 @@ struct bg_executor {
     bg_pair_t *pair;        /* BRIGADE_TP_OVERLAP=microbatch: two coroutines for paired instructions, else NULL */
     bg__strategy_t strat[16]; /* the active strategies, in registry order */
     int nstrat;
+    double clip_norm;       /* with clip_grad: this step's global norm before clipping (exact sum) */
+    int64_t data_position;  /* the checkpoints' data_position (bg_executor_set_data_position; -1: the step) */
 };
 
 /* ---- the strategies' dispatch (runtime/strategy.c) ---- */
@@ -226,6 +234,9 @@ int bg__exec_in_norm(exec_t *x, chunk_t *ch, int i);
 double bg__exec_grad_sumsq(exec_t *x, chunk_t *ch);
 bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch);
 void bg__exec_trace_bucket(exec_t *x, chunk_t *ch, int b);
+/* exec_clip.c */
+bg_status_t bg__exec_clip(exec_t *x);
+bg_status_t bg__exec_update(exec_t *x, chunk_t *ch, float k);
 /* exec_ckpt.c */
 bg_status_t bg__exec_settle(exec_t *x);
 /* exec_agree.c: every rank's settings against rank 0's, at create (collective) */

@@ -276,6 +276,8 @@ static bg_status_t check_params(const bg_executor_params_t *p)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)p->optim.kind);
     if (p->size >= offsetof(bg_executor_params_t, staleness) + sizeof(int))
         BG_CHECK(bg__ps_check_params(p));
+    if (p->size >= offsetof(bg_executor_params_t, clip_grad) + sizeof(double) && !(p->clip_grad >= 0))
+        return bg_error(BG_ERR_INVALID, "clip_grad must be >= 0 (got %g; 0: no clipping)", p->clip_grad);
     return BG_OK;
 }
 
@@ -519,6 +521,7 @@ static void init_fields(exec_t *x, const bg_executor_params_t *pin)
     x->desc = x->p.model;
     x->shared_step = -1;
     x->fetched_step = -1;
+    x->data_position = -1;
     x->numa_node = -1;
     bg__layout_init(&x->lay, x->p.pp, x->p.dp, x->p.tp, x->p.ps);
     if (x->p.zero && x->lay.dp == 1) {
@@ -680,7 +683,7 @@ static bg_status_t step_end(exec_t *x, double t0, double tokens, bg_step_result_
     r.bubble = dt > 0 ? 1.0 - x->busy / dt : 0;
     r.bytes_sent = x->bytes_sent;
     r.stop = red[1] > 0;
-    r.grad_norm = sqrt(gsq);
+    r.grad_norm = x->p.clip_grad > 0 ? x->clip_norm : sqrt(gsq); /* clipping: the exact sum's */
     *result_p = r;
     return BG_OK;
 fail:
@@ -716,6 +719,8 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     }
     BG_CHECK_GOTO(run_program(x), st, fail);
     BG_CHECK_GOTO(bg__exec_sum_losses(x), st, fail); /* a device fault: the losses are not the step's */
+    if (x->p.clip_grad > 0) /* the updates the optimizer instructions left for the global norm */
+        BG_CHECK_GOTO(bg__exec_clip(x), st, fail);
     bg__strategy_t *end = BG__ONE(x, step_end);
     st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
     if (st != BG_OK)
@@ -729,6 +734,7 @@ fail:
 
 void bg_executor_set_lr(bg_executor_t *x, float lr) { x->p.optim.lr = lr; }
 void bg_executor_request_stop(bg_executor_t *x) { x->stop_req = 1; }
+void bg_executor_set_data_position(bg_executor_t *x, int64_t position) { x->data_position = position; }
 int64_t bg_executor_steps_done(const bg_executor_t *x) { return x->step; }
 int bg_executor_rank(const bg_executor_t *x) { return x->lay.rank; }
 bg_comm_t *bg_executor_comm(bg_executor_t *x) { return x->comm; }

@@ -60,6 +60,7 @@
 #include <unistd.h>
 
 #include "core/check.h"
+#include "runtime/clip.h"
 #include "runtime/emulate.h"
 #include "runtime/ps_impl.h"
 
@@ -219,6 +220,7 @@ bg_status_t bg__ps_create(const bg__ps_params_t *pp, bg__ps_t **ps_p)
     ps->models = pp->models;
     ps->nmodels = pp->nmodels;
     ps->S = pp->servers;
+    ps->clip = pp->clip;
     ps->P = pp->pp > 1 ? pp->pp : 1;
     ps->W = (bg_comm_size(pp->comm) - pp->servers) / ps->P;
     ps->K = pp->staleness;
@@ -503,6 +505,34 @@ static bg_status_t wait_sends(bg__ps_t *ps, int w, int64_t step)
     return BG_OK;
 }
 
+/* --clip-grad on a server: the servers' exact sums meet at server 0, which
+ * sends the total back (blocking: the servers outlive the workers), so each
+ * server scales its tensors by the factor of the whole model's norm; the
+ * reported norm is that one. */
+static bg_status_t server_clip(bg__ps_t *ps, double *limbs, bg__ps_stats_t *stats)
+{
+    size_t bytes = BG__CLIP_LIMBS * sizeof(double);
+    if (ps->S > 1 && ps->rank == 0) {
+        double other[BG__CLIP_LIMBS];
+        for (int s = 1; s < ps->S; s++) {
+            BG_CHECK(bg_recv(ps->comm, s, ps_tag(PS_GATHER, 2), other, bytes));
+            for (int k = 0; k < BG__CLIP_LIMBS; k++)
+                limbs[k] += other[k];
+        }
+        for (int s = 1; s < ps->S; s++)
+            BG_CHECK(bg_send(ps->comm, s, ps_tag(PS_GATHER, 3), limbs, bytes));
+    } else if (ps->S > 1) {
+        BG_CHECK(bg_send(ps->comm, 0, ps_tag(PS_GATHER, 2), limbs, bytes));
+        BG_CHECK(bg_recv(ps->comm, 0, ps_tag(PS_GATHER, 3), limbs, bytes));
+    }
+    stats->grad_sumsq = bg__clip_value(limbs);
+    float k = bg__clip_factor(ps->clip, sqrt(stats->grad_sumsq));
+    float *grads = bg_model_grads(ps->m);
+    for (int j = 0; j < ps->nown && k < 1; j++)
+        ps->be->ops->scale(ps->be, grads + ps->off[ps->own[j]], k, ps->numel[ps->own[j]]);
+    return BG_OK;
+}
+
 bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64_t step, bg__ps_stats_t *stats)
 {
     int stop_req = 0;
@@ -558,14 +588,19 @@ bg_status_t bg__ps_server_step(bg__ps_t *ps, const bg_optim_config_t *opt, int64
         be->ops->residual_forward(be, a->grad, a->grad, b->grad, a->numel);
         be->ops->copy(be, b->grad, a->grad, a->numel);
     }
+    double limbs[BG__CLIP_LIMBS] = {0}; /* clipping: the exact sum (runtime/clip.h) */
     for (int j = 0; j < ps->nown && !ps->emulate; j++) { /* a tied tensor counted once, as the model's norm does */
         float *g = grads + ps->off[ps->own[j]];
         int second = 0;
         for (int t = 0; t < ps->nties; t++)
             second |= g == ps->tie_b[t]->grad;
-        if (!second)
-            stats->grad_sumsq += be->ops->sumsq(be, g, ps->numel[ps->own[j]]);
+        double sq = second ? 0 : be->ops->sumsq(be, g, ps->numel[ps->own[j]]);
+        stats->grad_sumsq += sq;
+        if (ps->clip > 0 && !second)
+            bg__clip_add(limbs, sq);
     }
+    if (ps->clip > 0 && !ps->emulate)
+        BG_CHECK(server_clip(ps, limbs, stats));
     if (!ps->emulate) /* emulated: the update is free, as the executor's (the weights stay as they are) */
         BG_CHECK(bg_model_optim_step(ps->m, opt, (int)step + 1)); /* the model holds this server's tensors */
     be->ops->synchronize(be);

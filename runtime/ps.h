@@ -53,6 +53,7 @@ typedef struct bg__ps_params {
                              computes the same from the schedule); NULL: pp = 1 */
     int loss_rank;        /* the pipeline rank holding the loss layer (the last stage) */
     const bg_layout_t *layout; /* the executor's rank layout (kept, not owned) */
+    double clip;          /* bg_executor_params_t.clip_grad: the servers clip (0: no) */
 } bg__ps_params_t;
 
 /* This rank's part: ranks 0 .. servers-1 are servers, the others workers.

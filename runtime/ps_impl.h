@@ -27,6 +27,7 @@ struct bg__ps {
     bg_model_t **models;    /* worker: its chunks; server: models[0], its tensors */
     int nmodels;
     int S, W, K, P;         /* servers, workers (at the start), staleness bound, ranks per worker */
+    double clip;            /* --clip-grad: the servers clip by the whole model's norm (0: no) */
     const bg_layout_t *layout; /* the executor's: every world rank comes from it */
     int rank, server;       /* this rank; 1: a server */
     int wk, pk;             /* worker: its index and its rank in the pipeline */

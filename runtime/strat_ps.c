@@ -81,7 +81,7 @@ static bg_status_t ps_ready(exec_t *x, void *self)
     bg__ps_params_t pp = {.comm = x->comm, .be = x->be, .stg = &x->stg, .emulate = x->em != NULL, .desc = x->desc,
                           .models = models, .nmodels = x->V, .servers = x->lay.servers, .staleness = x->p.staleness,
                           .pp = x->lay.pp, .holder = holder, .loss_rank = bg__layout_stage_pp(&x->lay, x->S - 1),
-                          .layout = &x->lay};
+                          .layout = &x->lay, .clip = x->p.clip_grad};
     if (st == BG_OK)
         st = bg__ps_create(&pp, &P->ps);
     free(holder);
@@ -104,6 +104,13 @@ static bg_status_t worker_optimizer(exec_t *x, void *self, chunk_t *ch)
 {
     (void)self;
     return bg__exec_wait_buckets(x, ch);
+}
+
+/* --clip-grad: the servers clip (server_clip in ps.c); a worker has nothing to update. */
+static bg_status_t worker_clip(exec_t *x, void *self)
+{
+    (void)x, (void)self;
+    return BG_OK;
 }
 
 /* Parameters recent enough before the step (and the last pushes gone). */
@@ -206,6 +213,7 @@ static bg_status_t server_save_checkpoint(exec_t *x, void *self, const char *roo
     bg_checkpoint_params_t p = BG_CHECKPOINT_PARAMS_INIT;
     p.root = root;
     p.step = x->step;
+    p.data_position = x->data_position;
     p.extra_json = extra;
     p.keep = keep;
     return bg__ps_save_checkpoint(P->ps, &p);
@@ -302,6 +310,7 @@ const bg__strategy_ops_t bg__strategy_ps_worker = {
     .step_begin = worker_step_begin,
     .reduce = worker_reduce,
     .optimizer = worker_optimizer,
+    .clip = worker_clip,
     .step_end = worker_step_end,
     .save_checkpoint = worker_save_checkpoint,
     .state_end = ps_state_end,

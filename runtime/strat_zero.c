@@ -120,10 +120,23 @@ static bg_status_t zero_optimizer(exec_t *x, void *self, chunk_t *ch)
     for (int b = 0; b < ch->nbuckets; b++) {
         BG_CHECK(bg__exec_wait_bucket(x, ch, b));
         BG_CHECK(bg__zero_bucket_done(z, b, norm ? ch->tsq : NULL));
-        if (!x->em)
+        if (!x->em && !(x->p.clip_grad > 0)) /* clipping: after every stage's norm (zero_update) */
             BG_CHECK(bg__zero_bucket_step(z, b, &x->p.optim, t));
     }
+    ch->norm_counted = norm;
     ch->gsq = norm ? bg__exec_grad_sumsq(x, ch) : 0;
+    return BG_OK;
+}
+
+/* With clipping, after the norm: the owned elements scaled and updated, bucket by bucket. */
+static bg_status_t zero_update(exec_t *x, void *self, chunk_t *ch, float k)
+{
+    bg__zero_t *z = of(self, x, ch);
+    for (int b = 0; b < ch->nbuckets && !x->em; b++) {
+        if (k < 1)
+            bg__zero_bucket_scale(z, b, k);
+        BG_CHECK(bg__zero_bucket_step(z, b, &x->p.optim, (int)x->step + 1));
+    }
     return BG_OK;
 }
 
@@ -191,6 +204,7 @@ const bg__strategy_ops_t bg__strategy_zero = {
     .layer_done = zero_layer_done,
     .reduce = zero_reduce,
     .optimizer = zero_optimizer,
+    .update = zero_update,
     .settle = zero_settle,
     .state_begin = zero_state_begin,
     .state_end = zero_state_end,

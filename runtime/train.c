@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "brigade/checkpoint.h"
 #include "brigade/executor.h"
 #include "brigade/train.h"
 #include "core/check.h"
@@ -48,6 +49,27 @@ static bg_lr_schedule_t lr_schedule(const bg_train_config_t *c)
     return s;
 }
 
+/* How the job reads data_path: "text" or a token format (train.h: data_format). */
+static const char *data_format(const bg_train_config_t *c)
+{
+    const char *f = c->data_format && *c->data_format ? c->data_format : "auto";
+    if (strcmp(f, "auto") != 0 || !c->data_path)
+        return f;
+    const char *p = c->data_path;
+    if (strpbrk(p, ",*?["))
+        return "auto"; /* shards: each llmc by its magic, else raw16 */
+    if (bg_data_file_is_llmc(p))
+        return "llmc";
+    size_t n = strlen(p);
+    return n >= 4 && strcmp(p + n - 4, ".bin") == 0 ? "raw16" : "text";
+}
+
+/* Whether the job reads token files (a position of its own in checkpoints). */
+static int token_files(const bg_train_config_t *c)
+{
+    return c->model.kind == BG_MODEL_GPT && strcmp(data_format(c), "text") != 0;
+}
+
 bg_status_t bg_train_check(const bg_train_config_t *c)
 {
     BG_CHECK(bg_model_config_check(&c->model));
@@ -68,7 +90,10 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         if (!c->data_path || !*c->data_path)
             return bg_error(BG_ERR_INVALID, "a %s needs a text data file",
                             c->model.kind == BG_MODEL_LLAMA ? "Llama" : "GPT");
-        if (c->model.vocab < 256)
+        const char *f = data_format(c);
+        if (strcmp(f, "text") && strcmp(f, "auto") && strcmp(f, "llmc") && strcmp(f, "raw16") && strcmp(f, "raw32"))
+            return bg_error(BG_ERR_INVALID, "--data-format %s: expected text, raw16, raw32, llmc or auto", f);
+        if (strcmp(f, "text") == 0 && c->model.vocab < 256)
             return bg_error(BG_ERR_INVALID, "vocab %d is too small: the corpus is read as bytes (0..255), so it must be "
                                             ">= 256", c->model.vocab);
     }
@@ -76,6 +101,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
     bg_lr_schedule_t ls = lr_schedule(c);
     BG_CHECK(bg_lr_check(&ls));
+    if (!(c->clip_grad >= 0))
+        return bg_error(BG_ERR_INVALID, "--clip-grad must be >= 0 (got %g; 0: no clipping)", c->clip_grad);
     if (c->zero < 0 || c->zero > 2)
         return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
     if (c->ps < 0 || c->staleness < 0)
@@ -162,7 +189,8 @@ static bg_status_t world_group(bg_comm_t *comm, bg_group_t **g_p)
     return st;
 }
 
-/* The metrics file's first line: what ran (brigade plot titles its chart with it). */
+/* The metrics file's first line: what ran (brigade plot titles its chart with
+ * it) and, when the host gave them, the run's settings ("config"). */
 static void metrics_header(int fd, const bg_train_config_t *c)
 {
     char line[256], ps[64] = "";
@@ -172,13 +200,45 @@ static void metrics_header(int fd, const bg_train_config_t *c)
         snprintf(ps + strlen(ps), sizeof ps - strlen(ps), ", \"precision\": \"bf16\"");
     int len = snprintf(line, sizeof line,
                        "{\"run\": {\"model\": \"%s\", \"layers\": %d, \"d_model\": %d, \"pp\": %d, \"dp\": %d, "
-                       "\"schedule\": \"%s\"%s}}\n",
+                       "\"schedule\": \"%s\"%s}",
                        c->model.kind == BG_MODEL_MLP ? "mlp" : c->model.kind == BG_MODEL_LLAMA ? "llama" : "gpt",
                        c->model.layers, c->model.d_model,
                        c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1,
                        c->schedule_json ? "custom" : c->schedule ? c->schedule : "1f1b", ps);
-    if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
-        len = 0; /* a lost header only loses plot's title */
+    if (len <= 0 || len >= (int)sizeof line)
+        return; /* a lost header only loses plot's title */
+    bg_status_t st = bg__fileio_write_all(fd, line, (size_t)len, "metrics");
+    if (st == BG_OK && c->run_config_json) {
+        st = bg__fileio_write_all(fd, ", \"config\": ", 12, "metrics");
+        if (st == BG_OK)
+            st = bg__fileio_write_all(fd, c->run_config_json, strlen(c->run_config_json), "metrics");
+    }
+    if (st == BG_OK)
+        st = bg__fileio_write_all(fd, "}\n", 2, "metrics");
+    if (st != BG_OK)
+        bg_error_clear();
+}
+
+/* Rank 0: the run's settings as CHECKPOINT_DIR/config.json, replaced whole
+ * (written aside, then renamed), so the checkpoints' run can be repeated. */
+static bg_status_t write_run_config(const bg_train_config_t *c)
+{
+    char path[4096], tmp[4200];
+    BG_CHECK(bg__fileio_mkdir_p(c->checkpoint_dir));
+    snprintf(path, sizeof path, "%s/config.json", c->checkpoint_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return bg_error(BG_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    bg_status_t st = bg__fileio_write_all(fd, c->run_config_json, strlen(c->run_config_json), tmp);
+    if (st == BG_OK)
+        st = bg__fileio_write_all(fd, "\n", 1, tmp);
+    close(fd);
+    if (st == BG_OK && rename(tmp, path) != 0)
+        st = bg_error(BG_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (st != BG_OK)
+        unlink(tmp);
+    return st;
 }
 
 /* Metrics: rank 0 starts the file (unless resuming); every rank learns
@@ -277,6 +337,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.staleness = c->staleness;
     p.device_mem = c->device_mem;
     p.ndevice_mem = c->ndevice_mem;
+    p.clip_grad = c->clip_grad;
     *p_out = p;
 }
 
@@ -368,6 +429,36 @@ void bg_train_result_free(bg_train_result_t *r)
     r->nranks = 0;
 }
 
+/* --resume / --resume-from: the newest valid checkpoint (or the one named),
+ * said through on_resume; token files continue at its data position. */
+static bg_status_t resume_job(const bg_train_config_t *c, bg_executor_t *x, bg_data_t *data, int rank)
+{
+    bg_resume_params_t rp = BG_RESUME_PARAMS_INIT;
+    rp.root = c->checkpoint_dir;
+    rp.path = c->resume_from;
+    rp.strict = c->resume_strict;
+    bg_resume_result_t *rr = malloc(sizeof(*rr));
+    BG_ALLOC_CHECK(rr, sizeof(*rr), "resume result");
+    bg_status_t st = bg_executor_resume_with(x, &rp, rr);
+    /* the executor leaves "nothing to resume" to its host; --resume-strict
+     * promises to fail when no checkpoint is valid, a missing or empty
+     * directory included */
+    if (st == BG_OK && c->resume_strict && !rr->found)
+        st = bg_error(BG_ERR_NOT_FOUND, "--resume-strict: no valid checkpoint in %s (%s)", c->checkpoint_dir,
+                      rr->invalid ? rr->invalid_what : "no step-N directory");
+    if (st == BG_OK && rr->found && token_files(c)) {
+        bg_checkpoint_info_t ci; /* token files: where its data continues (sequences) */
+        st = bg_checkpoint_read_info(rr->path, &ci);
+        if (st == BG_OK)
+            bg_data_set_position(data, ci.step, (uint64_t)ci.data_position);
+        bg_checkpoint_info_clear(&ci);
+    }
+    if (st == BG_OK && c->on_resume)
+        c->on_resume(rr, c->resume_from ? c->resume_from : c->checkpoint_dir, rank, c->on_step_arg);
+    free(rr);
+    return st;
+}
+
 bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_p)
 {
     bg_train_config_t c;
@@ -396,12 +487,16 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
      * file) is reported by the lowest rank that finds it, the others stop
      * with a peer's error naming that rank */
     bg_status_t fst;
-    if (tokens_in)
+    if (token_files(&c))
+        fst = bg_data_open_tokens(c.data_path, data_format(&c), T, c.batch, c.model.vocab, c.data_seed, &data);
+    else if (tokens_in)
         fst = bg_data_open_text(c.data_path, T, c.data_seed, &data);
     else
         fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);
     if (fst == BG_OK && c.save_dir)
         fst = bg_check_replaceable_dir(c.save_dir, ".safetensors");
+    if (fst == BG_OK && c.checkpoint_dir && c.run_config_json && bg_executor_rank(x) == 0)
+        fst = write_run_config(&c);
     BG_CHECK_GOTO(agree(x, fst), st, out);
     src.data = bg_data_source(data);
     bg_executor_info(x, &info);
@@ -410,29 +505,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     res.numa_node = info.numa_node;
     if (c.metrics_path)
         BG_CHECK_GOTO(metrics_open(&c, x), st, out);
-    if (c.resume_from || (c.checkpoint_dir && c.resume)) {
-        bg_resume_params_t rp = BG_RESUME_PARAMS_INIT;
-        rp.root = c.checkpoint_dir;
-        rp.path = c.resume_from;
-        rp.strict = c.resume_strict;
-        bg_resume_result_t *rr = malloc(sizeof(*rr));
-        if (!rr) {
-            st = bg_error(BG_ERR_NOMEM, "resume result");
-            goto out;
-        }
-        st = bg_executor_resume_with(x, &rp, rr);
-        /* the executor leaves "nothing to resume" to its host; --resume-strict
-         * promises to fail when no checkpoint is valid, a missing or empty
-         * directory included */
-        if (st == BG_OK && c.resume_strict && !rr->found)
-            st = bg_error(BG_ERR_NOT_FOUND, "--resume-strict: no valid checkpoint in %s (%s)", c.checkpoint_dir,
-                          rr->invalid ? rr->invalid_what : "no step-N directory");
-        if (st == BG_OK && c.on_resume)
-            c.on_resume(rr, c.resume_from ? c.resume_from : c.checkpoint_dir, info.rank, c.on_step_arg);
-        free(rr);
-        if (st != BG_OK)
-            goto out;
-    }
+    if (c.resume_from || (c.checkpoint_dir && c.resume))
+        BG_CHECK_GOTO(resume_job(&c, x, data, info.rank), st, out);
     int start = (int)bg_executor_steps_done(x);
     res.start_step = start;
     res.steps_done = start;
@@ -475,8 +549,11 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         if (c.metrics_path)
             BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, (float)lr), st, out);
         int last = step + 1 == c.steps;
-        if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
+        if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0))) {
+            if (token_files(&c)) /* the sequences taken */
+                bg_executor_set_data_position(x, (int64_t)bg_data_position(data, step + 1));
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);
+        }
         if (r.stop && !last) {
             res.stopped = 1;
             break;

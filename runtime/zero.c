@@ -455,6 +455,13 @@ static bg_status_t start_gathers(bg__zero_t *z, float *flat)
     return BG_OK;
 }
 
+void bg__zero_bucket_scale(bg__zero_t *z, int b, float k)
+{
+    for (int i = 0; i < z->npieces; i++)
+        if (z->pieces[i].bucket == b) /* piece_grad is const for its readers; the storage is this shard's */
+            z->be->ops->scale(z->be, (float *)piece_grad(z, i), k, z->pieces[i].len);
+}
+
 bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *opt, int t)
 {
     if (opt->kind != z->kind)

@@ -48,6 +48,8 @@ size_t bg__zero_grad_bytes(const bg__zero_t *z);
  * waited for and folded here). tsq != NULL: adds to tsq[i] the sum of squares
  * of the owned part of each tensor i of the bucket, piece by piece in order. */
 bg_status_t bg__zero_bucket_done(bg__zero_t *z, int b, double *tsq);
+/* Multiply the owned gradient elements of bucket b by k (clipping, after bg__zero_bucket_done). */
+void bg__zero_bucket_scale(bg__zero_t *z, int b, float k);
 /* Update the owned elements of bucket b (after bg__zero_bucket_done), then
  * start the all-gather of its parameters. */
 bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *opt, int t);

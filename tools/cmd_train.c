@@ -11,6 +11,7 @@
 #include "brigade/transport.h"
 #include "brigade/train.h"
 #include "tools/cli.h"
+#include "tools/train_config.h"
 
 #ifndef BG_DEFAULT_DATA
 #define BG_DEFAULT_DATA "data/kjv.txt"
@@ -19,7 +20,13 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade train [options]\n"
+            "usage: brigade train [--config run.json] [options]\n"
+            "\n"
+            "  --config FILE          a JSON object of flags: keys are the long flag names without dashes,\n"
+            "                         values strings, numbers, true/false (flags without value) or arrays\n"
+            "                         (--split); flags on the command line override it. The run's effective\n"
+            "                         flags go to the metrics header (\"config\") and CHECKPOINT_DIR/config.json,\n"
+            "                         which --config takes back to repeat the run (docs/training.md)\n"
             "\n"
             "model:\n" BG_CLI_MODEL_HELP
             "training:\n"
@@ -35,9 +42,17 @@ static void usage(FILE *f)
             "  --min-lr X             final rate of the decay (default 0)\n"
             "  --decay-steps N        step where the decay reaches --min-lr (default --steps)\n"
             "  --wsd-decay F          wsd: fraction of the steps after the warm-up spent decaying (default 0.2)\n"
+            "  --clip-grad X          clip by global norm: scale every gradient by min(1, X / (norm + 1e-6))\n"
+            "                         before the update, norm over the whole model (every layout and --ps;\n"
+            "                         grad_norm/gnorm stay the norm before clipping; default 0: none)\n"
             "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
             "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
-            "  --data FILE            GPT text corpus (default %s)\n"
+            "  --data FILE            GPT data: a text corpus (bytes are tokens; default %s) or token\n"
+            "                         files: one, a comma list or a glob pattern of shards (quote it)\n"
+            "  --data-format F        text|llmc|raw16|raw32|auto (default auto: llmc by its magic, raw16 for\n"
+            "                         *.bin or several shards, else text); llmc is llm.c's 1 KiB header +\n"
+            "                         uint16 tokens, raw16/raw32 headerless arrays (nanoGPT's train.bin);\n"
+            "                         every token is checked < --vocab (docs/training.md)\n"
             "  --data-seed N          order of the data (default 1)\n"
             "  --threads N            compute threads (default: BRIGADE_NUM_THREADS or all cores)\n"
             "  --recompute            keep only each stage's input and output per microbatch; recompute\n"
@@ -410,7 +425,7 @@ int bg_cmd_train(int argc, char **argv)
     int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
-           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD };
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -438,14 +453,25 @@ int bg_cmd_train(int argc, char **argv)
         {"device-mem", required_argument, 0, O_DEVMEM},
         {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
         {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
-        {"wsd-decay", required_argument, 0, O_WSD},
+        {"wsd-decay", required_argument, 0, O_WSD},   {"data-format", required_argument, 0, O_DFORMAT},
+        {"clip-grad", required_argument, 0, O_CLIP},
         {0, 0, 0, 0}};
     long long v;
     double d;
-    int o;
+    int o, li;
+    /* the config file's flags go first, so the command line's override them; static: getopt's optarg and
+     * the recorded flags point into it until the command ends */
+    static bg_cli_config_t run_config;
+    int crc = bg_cli_config_args(cmd, opts, argc, argv, &run_config);
+    if (crc)
+        return crc;
+    argc = run_config.argc;
+    argv = run_config.argv;
     optind = 1;
     opterr = 0;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((li = -1, o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
+        if (li >= 0 && o != O_HELP) /* the effective flags, as parsed (a later one replaces an earlier) */
+            bg_cli_config_record(&run_config, opts[li].name, opts[li].has_arg == no_argument ? NULL : optarg);
         switch (o) {
 
 #define INT_FLAG(code, flag, lo, hi, dst) BG_CLI_INT_CASE(cmd, code, flag, lo, hi, dst)
@@ -502,16 +528,16 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             *(o == O_WARMUP ? &c.lr_schedule.warmup : &c.lr_schedule.decay_steps) = v;
             break;
-        case O_MINLR:
-            if (bg_cli_double(cmd, "--min-lr", optarg, 0, 100, &d))
-                return 2;
-            c.lr_schedule.min_lr = d;
-            break;
-        case O_WSD:
-            if (bg_cli_double(cmd, "--wsd-decay", optarg, 1e-9, 1, &d))
-                return 2;
-            c.lr_schedule.wsd_decay = d;
-            break;
+#define DOUBLE_FLAG(code, flag, lo, hi, dst)                                                                    \
+    case code:                                                                                                 \
+        if (bg_cli_double(cmd, flag, optarg, lo, hi, &d))                                                      \
+            return 2;                                                                                          \
+        dst = d;                                                                                               \
+        break;
+            DOUBLE_FLAG(O_MINLR, "--min-lr", 0, 100, c.lr_schedule.min_lr)
+            DOUBLE_FLAG(O_CLIP, "--clip-grad", 0, 1e30, c.clip_grad)
+            DOUBLE_FLAG(O_WSD, "--wsd-decay", 1e-9, 1, c.lr_schedule.wsd_decay)
+#undef DOUBLE_FLAG
         case O_WD:
             if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
                 return 2;
@@ -534,6 +560,13 @@ int bg_cmd_train(int argc, char **argv)
             c.device_mem = devmem;
             break;
         case O_DATA: c.data_path = optarg; break;
+        case O_DFORMAT: {
+            static const char *const formats[] = {"text", "llmc", "raw16", "raw32", "auto", NULL};
+            if (bg_cli_choice(cmd, "--data-format", optarg, formats) < 0)
+                return 2;
+            c.data_format = optarg;
+            break;
+        }
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
                 return 2;
@@ -666,6 +699,9 @@ int bg_cmd_train(int argc, char **argv)
         return 2;
     prog.pp = c.pp > 0 ? c.pp : 1;
     prog.dp = c.dp > 0 ? c.dp : 1;
+    static char *run_config_json; /* reachable until the command ends */
+    run_config_json = bg_cli_config_json(&run_config);
+    c.run_config_json = run_config_json;
     c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
     c.on_step_arg = &prog;

@@ -134,6 +134,11 @@ typedef struct bg_executor_params {
                                       devices); an allocation past its rank's cap fails the create or the
                                       step naming the stage, buffer and bytes; 0 in an entry, or NULL: none */
     int ndevice_mem;             /**< entries of device_mem: 0, 1 or the job's world size */
+    double clip_grad;            /**< > 0: clip by global norm: before the optimizer step every gradient is
+                                      multiplied by min(1, clip_grad / (norm + 1e-6)), norm being the L2 norm of
+                                      the whole model's gradients (over pp, dp, tp, ZeRO shards, parameter
+                                      servers), summed exactly so that it does not depend on the layout; the
+                                      updates then wait for every stage's norm (the step's end); 0: none */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -144,7 +149,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0 }
+      .ndevice_mem = 0, .clip_grad = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -159,7 +164,9 @@ typedef struct bg_step_result {
     int stop;                /**< 1: some rank called bg_executor_request_stop (all ranks agree) */
     double grad_norm;        /**< global L2 norm of the whole model's gradients (all stages, after the
                                   data-parallel sum, before the optimizer step; a tied tensor counted
-                                  once); the same on every rank; within 1e-6 relative across layouts.
+                                  once); the same on every rank; within 1e-6 relative across layouts
+                                  (with clip_grad: summed exactly, the same bits in every layout whose
+                                  gradients are; the norm before clipping).
                                   --ps: a server's own tensors; NaN on a worker */
     /* ---- parameter-server mode (bg_executor_params_t.ps); zero otherwise ---- */
     int ps_role;             /**< 1: a server, 2: a worker */
@@ -230,6 +237,10 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p); /**< what t
  *  layout) of the steps done under @p root, keeping the newest @p keep
  *  (0: all). Collective; atomic (see checkpoint.h). */
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep);
+/** The data position the next checkpoints record (bg_checkpoint_info_t.data_position): where the host's
+ *  data continues after the steps done (bg_train: the token files' sequence count); -1 (the default):
+ *  the step count, for data that is a function of the step. Every rank should set the same. */
+void bg_executor_set_data_position(bg_executor_t *x, int64_t position);
 /** Load the newest valid checkpoint under @p root (saved under any layout):
  *  weights, optimizer state and the step count; an invalid newer one is
  *  skipped with a warning in the log. *found_p = 0 (and nothing changes)

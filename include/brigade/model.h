@@ -431,6 +431,24 @@ typedef struct bg_batch_source {
 typedef struct bg_data bg_data_t; /**< a built-in data set (opaque) */
 /** Text corpus (bytes are tokens). Refuses a missing, empty or too-short file. */
 bg_status_t bg_data_open_text(const char *path, int seq_len, uint64_t seed, bg_data_t **data_p);
+/** Token files: @p paths is a comma-separated list of files or glob patterns (shards, in that order, a
+ *  pattern's matches in name order), each memory-mapped; @p format "llmc" (llm.c's 256 x int32 header,
+ *  magic 20240520 version 1 with uint16 tokens, or magic 20240801 version 7 with uint32), "raw16" or
+ *  "raw32" (headerless little-endian arrays, nanoGPT's train.bin), "auto" or NULL (llmc when the file
+ *  starts with its magic, else raw16). Windows of seq_len + 1 tokens; sequence k = step * batch + index
+ *  is window k mod W of the order of epoch k / W (shuffled by @p seed, every window once per epoch), so
+ *  the data position is the step. Refuses a missing, empty, truncated or odd-sized file, a wrong magic
+ *  or version, and a token >= vocab (naming the file and byte offset). */
+bg_status_t bg_data_open_tokens(const char *paths, const char *format, int seq_len, int batch, int vocab,
+                                uint64_t seed, bg_data_t **data_p);
+/** Token files: step @p step's first sequence is number @p sequences of the shuffled order, later steps
+ *  following by batch (a resumed run's position, from its checkpoint's data_position); default: step 0
+ *  at sequence 0. Text and synthetic data are functions of the step: no effect. */
+void bg_data_set_position(bg_data_t *d, int64_t step, uint64_t sequences);
+/** Token files: the sequence number step @p step starts at (its data position); 0 for other data. */
+uint64_t bg_data_position(const bg_data_t *d, int64_t step);
+/** Whether the file at @p path starts with an llm.c token-file magic (20240520 or 20240801). */
+int bg_data_file_is_llmc(const char *path);
 /** Synthetic classification: x ~ N(0,1)^features, label = argmax of a fixed random teacher. */
 bg_status_t bg_data_synthetic(int features, int classes, uint64_t seed, bg_data_t **data_p);
 void bg_data_close(bg_data_t *d); /**< frees a data set (NULL is a no-op) */

@@ -47,7 +47,7 @@ typedef struct bg_train_config {
     int microbatches;            /**< per step; divides batch */
     int seq;                     /**< GPT: training sequence length (<= model.seq_len); 0 = model.seq_len */
     int steps;
-    const char *data_path;       /**< GPT: text corpus */
+    const char *data_path;       /**< GPT: text corpus or token files (data_format) */
     uint64_t data_seed;          /**< order of the data */
     const char *metrics_path;    /**< JSON lines, one per step; NULL = none */
     const char *save_dir;        /**< final weights as DIR/model.safetensors; NULL = none */
@@ -102,6 +102,15 @@ typedef struct bg_train_config {
     bg_lr_schedule_t lr_schedule; /**< the rate of every step: its kind, warmup, min_lr, decay_steps and
                                        wsd_decay; its peak is optim.lr (lr_schedule.lr is not read);
                                        decay_steps 0: steps. Default: constant, no warm-up */
+    const char *data_format;      /**< GPT: how data_path is read: "text" (bytes are tokens), "llmc", "raw16",
+                                       "raw32" (token files, bg_data_open_tokens: data_path may list shards),
+                                       "auto" or NULL: llmc when the first file starts with llm.c's magic,
+                                       raw16 when it ends in .bin or data_path names several files or a
+                                       pattern, else text */
+    double clip_grad;             /**< > 0: clip the gradients by global norm (bg_executor_params_t.clip_grad) */
+    const char *run_config_json;  /**< the run's effective settings as a JSON object (the CLI: its flags), kept
+                                       with its outputs: the metrics header's "config" and, by rank 0,
+                                       checkpoint_dir/config.json; NULL: none */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -116,7 +125,8 @@ typedef struct bg_train_config {
       .nrecompute_stages = 0, .checkpoint_dir = NULL, .checkpoint_every = 0, .keep = 0, .resume = 0,     \
       .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
-      .seq_multiple = 0, .device_mem = NULL, .ndevice_mem = 0, .lr_schedule = BG_LR_SCHEDULE_INIT }
+      .seq_multiple = 0, .device_mem = NULL, .ndevice_mem = 0, .lr_schedule = BG_LR_SCHEDULE_INIT,      \
+      .data_format = NULL, .clip_grad = 0.0, .run_config_json = NULL }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);

@@ -54,6 +54,7 @@ int main(void)
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
     F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
+    F(bg_executor_params_t, clip_grad);
 
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
