@@ -33,6 +33,8 @@ typedef struct bg_step_info {
     double tokens_per_s; /**< batch tokens / step time */
     int rank;            /**< rank reporting (0 in a single process) */
     double grad_norm;    /**< global L2 norm of the gradients before the optimizer step (bg_step_result_t) */
+    double val_loss;     /**< held-out loss after this step (eval_every), NaN when the step did not evaluate;
+                              its perplexity is exp(val_loss) */
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
@@ -94,6 +96,15 @@ typedef struct bg_train_config {
     int staleness;               /**< with ps: the staleness bound K (0: synchronous) */
     int seq_multiple;            /**< GPT with seq_min: lengths rounded up to a multiple of this (it divides
                                       seq); 0: 1, or tp under sequence parallelism */
+    /* ---- evaluation (bg_executor_eval: a forward-only program) ---- */
+    int eval_every;              /**< the held-out loss after every N steps and after the last; 0: never */
+    int eval_batches;            /**< global batches per evaluation (the held-out set's batches 0..M-1, the same
+                                      each time, at the full sequence length); 0: 4 */
+    double val_fraction;         /**< with eval_every: hold out this last fraction of the corpus (the training
+                                      data is the rest; synthetic data: other samples of the task); 0: 0.1
+                                      (without eval_every nothing is held out) */
+    const char *val_path;        /**< GPT with eval_every: a held-out text file instead (nothing held out of
+                                      data_path) */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -108,7 +119,7 @@ typedef struct bg_train_config {
       .nrecompute_stages = 0, .checkpoint_dir = NULL, .checkpoint_every = 0, .keep = 0, .resume = 0,     \
       .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
-      .seq_multiple = 0 }
+      .seq_multiple = 0, .eval_every = 0, .eval_batches = 0, .val_fraction = 0.0, .val_path = NULL }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);
@@ -156,6 +167,7 @@ typedef struct bg_train_result {
                                    over the job's communicator before the executor goes; the same on every
                                    rank); owned by the result: bg_train_result_free() */
     int nranks;
+    double val_loss;          /**< the last evaluation's held-out loss (eval_every), NaN when none ran */
 } bg_train_result_t;
 
 /** Free what a bg_train() result owns (ranks); the struct itself is the caller's. NULL is a no-op. */
