@@ -10,11 +10,11 @@ The library is found through BRIGADE_LIB, else build/libbrigade.so of the
 source tree this package sits in, else the system's loader. See docs/python.md.
 """
 from ._lib import BrigadeError, Status, library_path
-from .executor import Executor, ExecutorInfo, Request, StepResult
+from .executor import EvalResult, Executor, ExecutorInfo, Request, StepResult
 from .model import (Activation, Attention, AttentionBlock, Embedding, Head, Layer, LayerNorm, Linear, MLPBlock, Model,
                     Residual, Seq, TransformerBlock, compare_weights)
 
 __version__ = "0.1.0"
-__all__ = ["BrigadeError", "Status", "library_path", "Executor", "ExecutorInfo", "Request", "StepResult", "Layer",
+__all__ = ["BrigadeError", "Status", "library_path", "EvalResult", "Executor", "ExecutorInfo", "Request", "StepResult", "Layer",
            "Linear", "Activation", "LayerNorm", "Embedding", "Attention", "Head", "Seq", "Residual", "AttentionBlock",
            "MLPBlock", "TransformerBlock", "Model", "compare_weights"]

@@ -53,6 +53,9 @@ int main(void)
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
 
+    S(bg_eval_result_t);
+    F(bg_eval_result_t, loss); F(bg_eval_result_t, tokens); F(bg_eval_result_t, eval_ms);
+
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
     F(bg_step_result_t, tokens_per_s); F(bg_step_result_t, bubble); F(bg_step_result_t, bytes_sent);
