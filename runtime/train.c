@@ -163,19 +163,23 @@ static bg_status_t open_held_out(const bg_train_config_t *c, bg_data_t *data, in
 
 /* The held-out loss: the mean over the positions of the held-out set's
  * batches 0 .. eval_batches-1 (the same at every evaluation, full length),
- * each evaluated with the forward-only program (bg_executor_eval). */
-static bg_status_t evaluate(bg_executor_t *x, const bg_train_config_t *c, bg_data_t *val, int T, double *loss_p)
+ * each evaluated with the forward-only program (bg_executor_eval); *ms_p:
+ * this rank's wall time for all of them. */
+static bg_status_t evaluate(bg_executor_t *x, const bg_train_config_t *c, bg_data_t *val, int T, double *loss_p,
+                           double *ms_p)
 {
     bg_batch_source_t s = bg_data_source(val);
     s.seq = T;
-    double sum = 0, tokens = 0;
+    double sum = 0, tokens = 0, ms = 0;
     for (int k = 0; k < (c->eval_batches ? c->eval_batches : 4); k++) {
         bg_eval_result_t r;
         BG_CHECK(bg_executor_eval(x, &s, k, &r));
         sum += r.loss * r.tokens;
         tokens += r.tokens;
+        ms += r.eval_ms;
     }
     *loss_p = sum / tokens;
+    *ms_p = ms;
     return BG_OK;
 }
 
@@ -239,12 +243,15 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 }
 
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). A step that
- * evaluated (val_loss not NaN) adds val_loss (%.9g: the float's bits) and val_ppl = exp(val_loss). */
-static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, double val_loss)
+ * evaluated (val_loss not NaN) adds val_loss (%.9g: the float's bits), val_ppl = exp(val_loss) and
+ * val_ms (this rank's time for the evaluation, not in step_ms). */
+static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, double val_loss,
+                                 double val_ms)
 {
-    char line[900], gnorm[32] = "null", ps[256] = "", val[96] = ""; /* JSON has no NaN or infinity */
+    char line[900], gnorm[32] = "null", ps[256] = "", val[128] = ""; /* JSON has no NaN or infinity */
     if (!isnan(val_loss))
-        snprintf(val, sizeof val, ", \"val_loss\": %.9g, \"val_ppl\": %.9g", val_loss, exp(val_loss));
+        snprintf(val, sizeof val, ", \"val_loss\": %.9g, \"val_ppl\": %.9g, \"val_ms\": %.3f", val_loss,
+                 exp(val_loss), val_ms);
     if (isfinite(r->grad_norm))
         snprintf(gnorm, sizeof(gnorm), "%.9g", r->grad_norm);
     if (r->ps_role == 1)
@@ -498,9 +505,9 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
         int last = step + 1 == c.steps;
-        double vl = NAN; /* every rank evaluates after the same steps (r.stop agrees) */
+        double vl = NAN, vms = 0; /* every rank evaluates after the same steps (r.stop agrees) */
         if (val && ((step + 1) % c.eval_every == 0 || last || r.stop))
-            BG_CHECK_GOTO(evaluate(x, &c, val, T, &vl), st, out);
+            BG_CHECK_GOTO(evaluate(x, &c, val, T, &vl, &vms), st, out);
         if (!isnan(vl))
             res.val_loss = vl;
         if (c.on_step) {
@@ -508,7 +515,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             c.on_step(&si, c.on_step_arg);
         }
         if (c.metrics_path)
-            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, vl), st, out);
+            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, vl, vms), st, out);
         if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);
         if (r.stop && !last) {

@@ -100,7 +100,7 @@ static void usage(FILE *f)
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms,\n"
             "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm (and val_loss,\n"
-            "                         val_ppl after an evaluation)\n"
+            "                         val_ppl, val_ms after an evaluation)\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
             "                         and generate read either form)\n"
