@@ -53,6 +53,9 @@ else
   bad "step 4's held-out loss: $(per_step "$T/every.jsonl" | sed -n 4p) vs $(sed -n 2p "$T/ref.val")"
 fi
 
+train_m ppevery 2 $GPT --eval-every 1 --eval-batches 2 --pp 2 --schedule zbv
+same "$T/end" "$T/ppevery" "pp 2 zbv evaluating after every step leaves one process's weights of evaluating at the end"
+
 # pipelines: bitwise one process's held-out loss (and weights)
 n=0
 for layout in "2 --pp 2 --schedule 1f1b" "2 --pp 2 --schedule zbv" "2 --pp 2 --schedule interleaved --chunks 2" \
@@ -112,4 +115,4 @@ expect 2 "--val-data and --val-fraction both say where the held-out data is" tra
 expect 2 "--val-data is a text file for a GPT" train --model mlp --eval-every 2 --val-data "$T/val.txt"
 expect 2 "--val-fraction must be in (0, 1), got 1.5" train $GPT --eval-every 2 --val-fraction 1.5
 expect 1 "holding out 0.0005 of a 20000-byte corpus" train $GPT --eval-every 2 --val-fraction 0.0005 --data "$T/val.txt"
-finish 29
+finish 30
