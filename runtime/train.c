@@ -282,6 +282,25 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     return BG_OK;
 }
 
+/* After step `step` (1-based): the evaluation when one is due (every eval_every steps, the last, a stop: the
+ * same steps on every rank, since r->stop agrees), then on_step and the metrics line. */
+static bg_status_t report_step(bg_executor_t *x, const bg_train_config_t *c, bg_data_t *val, int T, int rank,
+                               int step, const bg_step_result_t *r, bg_train_result_t *res)
+{
+    double vl = NAN, vms = 0;
+    if (val && (step % c->eval_every == 0 || step == c->steps || r->stop))
+        BG_CHECK(evaluate(x, c, val, T, &vl, &vms));
+    if (!isnan(vl))
+        res->val_loss = vl;
+    if (c->on_step) {
+        bg_step_info_t si = {step, c->steps, r->loss, r->step_ms, r->tokens_per_s, rank, r->grad_norm, vl};
+        c->on_step(&si, c->on_step_arg);
+    }
+    if (c->metrics_path)
+        BG_CHECK(metrics_write(c->metrics_path, rank, r, vl, vms));
+    return BG_OK;
+}
+
 /* The executor's parameters for the CLI's job. */
 static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_source_t *src,
                        bg_executor_params_t *p_out)
@@ -505,17 +524,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
         int last = step + 1 == c.steps;
-        double vl = NAN, vms = 0; /* every rank evaluates after the same steps (r.stop agrees) */
-        if (val && ((step + 1) % c.eval_every == 0 || last || r.stop))
-            BG_CHECK_GOTO(evaluate(x, &c, val, T, &vl, &vms), st, out);
-        if (!isnan(vl))
-            res.val_loss = vl;
-        if (c.on_step) {
-            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm, vl};
-            c.on_step(&si, c.on_step_arg);
-        }
-        if (c.metrics_path)
-            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, vl, vms), st, out);
+        BG_CHECK_GOTO(report_step(x, &c, val, T, info.rank, step + 1, &r, &res), st, out);
         if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);
         if (r.stop && !last) {
