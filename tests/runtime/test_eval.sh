@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # tests/runtime/test_eval.sh: evaluation (brigade train --eval-every) with the
 # schedule's forward-only program. The held-out loss of a pipeline (1F1B,
-# ZB-V, interleaved, and the others) is bitwise one process's, data
-# parallelism's within its tolerance; evaluating changes no weight (every
-# step's loss and the saved weights are bitwise those of a run that
-# evaluates only at its end); val_ppl = exp(val_loss); the progress line,
-# summary and plot show it; bad flags are refused in one line.
+# ZB-V, interleaved, and the others; through staged transfers too) is
+# bitwise one process's, data parallelism's within its tolerance;
+# evaluating changes no weight (every step's loss and the saved weights are
+# bitwise those of a run that evaluates only at its end); val_ppl =
+# exp(val_loss); the progress line, summary and plot show it; bad flags are
+# refused in one line.
 . "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 4 --threads 1"
@@ -71,6 +72,16 @@ for layout in "2 --pp 2 --schedule 1f1b" "2 --pp 2 --schedule zbv" "2 --pp 2 --s
   same "$T/ref" "$T/pp$n" "$*: weights"
 done
 
+# the staged path of device buffers (forced on the CPU): the evaluation's sends go through it too
+export BRIGADE_STAGING=always
+train_m staged 2 $GPT $EV --pp 2 --schedule zbv
+unset BRIGADE_STAGING
+if got=$(per_step "$T/staged.jsonl") && [ "$got" = "$(cat "$T/ref.val")" ]; then
+  ok "pp 2 zbv, BRIGADE_STAGING=always: held-out loss bitwise one process's"
+else
+  bad "BRIGADE_STAGING=always: held-out loss $got, one process $(cat "$T/ref.val")"
+fi
+
 # data parallelism (the replicas' shares summed), ZeRO (parameters gathered first), tensor parallelism
 for layout in "2 --dp 2" "4 --pp 2 --dp 2 --zero 1" "2 --tp 2"; do
   n=$((n + 1)); set -- $layout; r=$1; shift
@@ -115,4 +126,4 @@ expect 2 "--val-data and --val-fraction both say where the held-out data is" tra
 expect 2 "--val-data is a text file for a GPT" train --model mlp --eval-every 2 --val-data "$T/val.txt"
 expect 2 "--val-fraction must be in (0, 1), got 1.5" train $GPT --eval-every 2 --val-fraction 1.5
 expect 1 "holding out 0.0005 of a 20000-byte corpus" train $GPT --eval-every 2 --val-fraction 0.0005 --data "$T/val.txt"
-finish 30
+finish 31
