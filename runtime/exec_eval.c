@@ -37,7 +37,7 @@ static bg_status_t eval_program(exec_t *x, double tokens, double *loss_p)
     x->loss_k = 0;
     BG_CHECK(bg__exec_settle(x)); /* every chunk's parameters whole (ZeRO's gathers of the last step) */
     BG_CHECK(run_forward_only(x));
-    bg__exec_sum_losses(x);
+    BG_CHECK(bg__exec_sum_losses(x));
     double red = (double)(float)x->loss;
     if (x->lay.world > 1)
         BG_CHECK(bg_group_allreduce(x->world_group, &red, 1, BG_F64, BG_REDUCE_SUM));

@@ -110,6 +110,8 @@ typedef struct bg__strategy_ops {
     void (*state_end)(exec_t *x, void *self, int loading, bg_status_t st);
     /* ONE: where chunk v's weights go, "" when this rank writes none of them (default: replica 0 writes). */
     void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
+    /* ONE: how many ranks of the job write weights (default: replica 0's, world / dp). */
+    int (*weights_writers)(exec_t *x, void *self);
     /* EVERY: the predicted optimizer elements and gradient bytes (bg_executor_info), adjusted. */
     void (*memory)(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes);
     /* EVERY: after a failed step: free what is in flight. */
@@ -202,7 +204,7 @@ bg_step_result_t bg__exec_step_result(const exec_t *x, double tokens, double dt)
 bg_status_t bg__exec_step_failed(exec_t *x, bg_status_t st);
 bg_status_t bg__exec_chunk_models(exec_t *x, bg_model_t ***models_p);
 bg_status_t bg__exec_step_tokens(exec_t *x, int64_t step, double *tokens_p); /* positions of a step's global batch */
-void bg__exec_sum_losses(exec_t *x); /* the program's end: the device-kept losses into x->loss, the queue drained */
+bg_status_t bg__exec_sum_losses(exec_t *x); /* the program's end: the device-kept losses into x->loss, the queue drained, the backend's sticky error */
 /* exec_ops.c */
 bg_status_t bg__exec_seq_len(exec_t *x, int64_t step, int mb, int *t_p);
 bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p);

@@ -36,6 +36,18 @@ static int seq_multiple(const bg_train_config_t *c)
     return c->model.tp > 1 && c->model.sequence_parallel ? c->model.tp : 1;
 }
 
+/* The job's learning-rate schedule: its peak is --lr, its decay ends at
+ * --steps unless --decay-steps says otherwise. */
+static bg_lr_schedule_t lr_schedule(const bg_train_config_t *c)
+{
+    bg_lr_schedule_t s = c->lr_schedule;
+    s.size = sizeof(s);
+    s.lr = c->optim.lr;
+    if (s.decay_steps == 0)
+        s.decay_steps = c->steps;
+    return s;
+}
+
 bg_status_t bg_train_check(const bg_train_config_t *c)
 {
     BG_CHECK(bg_model_config_check(&c->model));
@@ -61,6 +73,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     }
     if (!(c->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
+    bg_lr_schedule_t ls = lr_schedule(c);
+    BG_CHECK(bg_lr_check(&ls));
     if (c->zero < 0 || c->zero > 2)
         return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
     if (c->ps < 0 || c->staleness < 0)
@@ -245,7 +259,7 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). A step that
  * evaluated (val_loss not NaN) adds val_loss (%.9g: the float's bits), val_ppl = exp(val_loss) and
  * val_ms (this rank's time for the evaluation, not in step_ms). */
-static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, double val_loss,
+static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, float lr, double val_loss,
                                  double val_ms)
 {
     char line[900], gnorm[32] = "null", ps[256] = "", val[128] = ""; /* JSON has no NaN or infinity */
@@ -268,9 +282,9 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                        "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"heap_bytes\": %s, "
-                       "\"grad_norm\": %s%s%s}\n",
+                       "\"grad_norm\": %s, \"lr\": %.9g%s%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, ps, val);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, ps, val);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -282,10 +296,11 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     return BG_OK;
 }
 
-/* After step `step` (1-based): the evaluation when one is due (every eval_every steps, the last, a stop: the
- * same steps on every rank, since r->stop agrees), then on_step and the metrics line. */
+/* After step `step` (1-based, run at rate lr): the evaluation when one is due (every eval_every steps,
+ * the last, a stop: the same steps on every rank, since r->stop agrees), then on_step and the metrics
+ * line. */
 static bg_status_t report_step(bg_executor_t *x, const bg_train_config_t *c, bg_data_t *val, int T, int rank,
-                               int step, const bg_step_result_t *r, bg_train_result_t *res)
+                               int step, float lr, const bg_step_result_t *r, bg_train_result_t *res)
 {
     double vl = NAN, vms = 0;
     if (val && (step % c->eval_every == 0 || step == c->steps || r->stop))
@@ -293,11 +308,11 @@ static bg_status_t report_step(bg_executor_t *x, const bg_train_config_t *c, bg_
     if (!isnan(vl))
         res->val_loss = vl;
     if (c->on_step) {
-        bg_step_info_t si = {step, c->steps, r->loss, r->step_ms, r->tokens_per_s, rank, r->grad_norm, vl};
+        bg_step_info_t si = {step, c->steps, r->loss, r->step_ms, r->tokens_per_s, rank, r->grad_norm, (double)lr, vl};
         c->on_step(&si, c->on_step_arg);
     }
     if (c->metrics_path)
-        BG_CHECK(metrics_write(c->metrics_path, rank, r, vl, vms));
+        BG_CHECK(metrics_write(c->metrics_path, rank, r, lr, vl, vms));
     return BG_OK;
 }
 
@@ -333,6 +348,8 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.emulate_scale = c->emulate_scale;
     p.ps = c->ps;
     p.staleness = c->staleness;
+    p.device_mem = c->device_mem;
+    p.ndevice_mem = c->ndevice_mem;
     *p_out = p;
 }
 
@@ -460,7 +477,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     if (fst == BG_OK)
         fst = open_held_out(&c, data, T, &val);
     if (fst == BG_OK && c.save_dir)
-        fst = bg_check_writable_dir(c.save_dir);
+        fst = bg_check_replaceable_dir(c.save_dir, ".safetensors");
     BG_CHECK_GOTO(agree(x, fst), st, out);
     src.data = bg_data_source(data);
     bg_executor_info(x, &info);
@@ -508,9 +525,12 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
      * (written where the second one goes; kept only if the run stops after it) */
     int skip_first = c.steps - start >= 3;
     double tokens_mid = 0;
+    bg_lr_schedule_t ls = lr_schedule(&c);
     for (int step = start; step < c.steps; step++) {
         if (c.stop_flag && *c.stop_flag)
             bg_executor_request_stop(x);
+        double lr = bg_lr_at(&ls, step); /* a constant rate is --lr's float, unchanged */
+        bg_executor_set_lr(x, (float)lr);
         bg_step_result_t r;
         BG_CHECK_GOTO(bg_executor_step(x, &r), st, out);
         times[timed % BG_TIMED] = r.step_ms / 1e3;
@@ -524,7 +544,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
         int last = step + 1 == c.steps;
-        BG_CHECK_GOTO(report_step(x, &c, val, T, info.rank, step + 1, &r, &res), st, out);
+        BG_CHECK_GOTO(report_step(x, &c, val, T, info.rank, step + 1, (float)lr, &r, &res), st, out);
         if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);
         if (r.stop && !last) {

@@ -128,6 +128,12 @@ typedef struct bg_executor_params {
                                       not dualpipe; dp: 1 or (world - ps) / pp); 0: none */
     int staleness;               /**< with ps: a worker computes step t on parameters of a version >= t - K
                                       (0: synchronous, the weights of dp = (world - ps) / pp) */
+    const size_t *device_mem;    /**< caps on the ranks' backend memory in bytes (bg_backend_params_t.mem_cap,
+                                      enforced by the backend's allocator on every backend, the CPU's too):
+                                      one entry for every rank, or one per rank of the job (heterogeneous
+                                      devices); an allocation past its rank's cap fails the create or the
+                                      step naming the stage, buffer and bytes; 0 in an entry, or NULL: none */
+    int ndevice_mem;             /**< entries of device_mem: 0, 1 or the job's world size */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -137,7 +143,8 @@ typedef struct bg_executor_params {
       .optim = BG_OPTIM_CONFIG_INIT, .data = {.batch = NULL, .seq_len = NULL, .arg = NULL, .seq = 0},        \
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
-      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0 }
+      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
+      .ndevice_mem = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -264,7 +271,12 @@ typedef struct bg_resume_result {
 bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *params,
                                     bg_resume_result_t *result_p);
 /** Write the weights as DIR/model.safetensors (one stage) or
- *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes). */
+ *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes).
+ *  Every rank that writes calls it (others may: they return at once). DIR
+ *  is replaced as a whole once every writer has finished (written into
+ *  DIR.tmp-<token>, then exchanged with DIR): a reader sees the old weights
+ *  or the new, and on error DIR is as it was. DIR must hold nothing but
+ *  *.safetensors files. */
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir);
 /** Load weights by name from a directory written by bg_executor_save_weights (any split). */
 bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir);

@@ -354,6 +354,16 @@ double bg_sim_bubble(const bg_sim_result_t *res, int rank);
  *  last compute end) / span; rank -1: sum over ranks / sum of spans. It is the
  *  bubble left when steps run back to back (ZB-H2's "zero bubble"). */
 double bg_sim_span_bubble(const bg_sim_result_t *res, int rank);
+/** Per-stage bubble, the zero-bubble paper's figure: the worst rank's
+ *  steady-state bubble (idle inside its span / span, so the wait before its
+ *  first forward is not counted), the rank in @p rank_p (may be NULL). */
+double bg_sim_stage_bubble(const bg_sim_result_t *res, int *rank_p);
+/** The figures of a simulation as JSON ("format": "brigade-simulation": step,
+ *  bubble, stage_bubble and its rank, steady_bubble, and per rank busy, idle,
+ *  start, end, bubble, span_bubble, peak_stash, peak_stash_bytes); the text
+ *  is the caller's to free(). The _file form writes it whole or not at all. */
+bg_status_t bg_sim_result_to_json(const bg_sim_result_t *res, char **json_p);
+bg_status_t bg_sim_result_to_json_file(const bg_sim_result_t *res, const char *path);
 /** First compute start and last instruction end of a rank. */
 double bg_sim_rank_start(const bg_sim_result_t *res, int rank);
 double bg_sim_rank_end(const bg_sim_result_t *res, int rank);
