@@ -103,6 +103,8 @@ bg_status_t bg_data_hold_out(bg_data_t *d, double fraction, bg_data_t **held_p)
 {
     if (!d || !held_p || !(fraction > 0 && fraction < 1))
         return bg_error(BG_ERR_INVALID, "held-out fraction must be in (0, 1) (got %g)", fraction);
+    if (!d->text && !d->teacher) /* a kind of data set this function does not know how to split */
+        return bg_error(BG_ERR_UNSUPPORTED, "this data set cannot hold out a part of itself: give a held-out file");
     size_t held = d->text ? (size_t)((double)d->len * fraction) : 0, keep = d->len - held;
     if (d->text && (held < (size_t)d->seq_len + 2 || keep < (size_t)d->seq_len + 2))
         return bg_error(BG_ERR_INVALID, "holding out %g of a %zu-byte corpus leaves %zu bytes for training and %zu "
