@@ -139,6 +139,39 @@ bg_status_t bg_data_synthetic(int features, int classes, uint64_t seed, bg_data_
     return BG_OK;
 }
 
+bg_status_t bg_data_hold_out(bg_data_t *d, double fraction, bg_data_t **held_p)
+{
+    if (!d || !held_p || !(fraction > 0 && fraction < 1))
+        return bg_error(BG_ERR_INVALID, "held-out fraction must be in (0, 1) (got %g)", fraction);
+    if (!d->text && !d->teacher) /* a kind of data set this function does not know how to split */
+        return bg_error(BG_ERR_UNSUPPORTED, "this data set cannot hold out a part of itself: give a held-out file");
+    size_t held = d->text ? (size_t)((double)d->len * fraction) : 0, keep = d->len - held;
+    if (d->text && (held < (size_t)d->seq_len + 2 || keep < (size_t)d->seq_len + 2))
+        return bg_error(BG_ERR_INVALID, "holding out %g of a %zu-byte corpus leaves %zu bytes for training and %zu "
+                        "held out; sequences of %d need at least %d in each", fraction, d->len, keep, held,
+                        d->seq_len, d->seq_len + 2);
+    bg_data_t *h = calloc(1, sizeof(*h));
+    size_t tn = (size_t)d->features * (size_t)d->classes;
+    void *buf = d->text ? malloc(held) : malloc(tn * sizeof(float));
+    if (!h || !buf) {
+        free(h);
+        free(buf);
+        return bg_error(BG_ERR_NOMEM, "cannot hold the held-out data");
+    }
+    *h = *d;
+    if (d->text) {
+        memcpy(buf, d->bytes + keep, held);
+        h->bytes = buf, h->len = held;
+        d->len = keep;
+    } else {
+        memcpy(buf, d->teacher, tn * sizeof(float));
+        h->teacher = buf;
+        h->seed = d->seed ^ 0x68656c646f7574ULL; /* other samples of the same task */
+    }
+    *held_p = h;
+    return BG_OK;
+}
+
 void bg_data_close(bg_data_t *d)
 {
     if (!d)

@@ -140,6 +140,21 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
         return bg_error(BG_ERR_INVALID, "--resume and --checkpoint-every need --checkpoint-dir");
     if (c->resume_strict && !c->resume && !c->resume_from)
         return bg_error(BG_ERR_INVALID, "--resume-strict goes with --resume");
+    if (c->eval_every < 0 || c->eval_batches < 0)
+        return bg_error(BG_ERR_INVALID, "--eval-every %d --eval-batches %d: both must be >= 0", c->eval_every,
+                        c->eval_batches);
+    if (!(c->val_fraction >= 0 && c->val_fraction < 1))
+        return bg_error(BG_ERR_INVALID, "--val-fraction %g must be in (0, 1)", c->val_fraction);
+    if ((c->eval_batches || c->val_fraction > 0 || c->val_path) && !c->eval_every)
+        return bg_error(BG_ERR_INVALID, "--eval-batches, --val-fraction and --val-data go with --eval-every N");
+    if (c->val_path && c->val_fraction > 0)
+        return bg_error(BG_ERR_INVALID, "--val-data and --val-fraction both say where the held-out data is: "
+                        "give one");
+    if (c->val_path && c->model.kind != BG_MODEL_GPT)
+        return bg_error(BG_ERR_INVALID, "--val-data is a text file for a GPT; the MLP's held-out samples are "
+                        "drawn from its task (--val-fraction)");
+    if (c->eval_every && (c->ps > 0 || c->emulate))
+        return bg_error(BG_ERR_UNSUPPORTED, "--eval-every with %s is not built", c->ps > 0 ? "--ps" : "--emulate");
     return BG_OK;
 }
 
@@ -174,6 +189,40 @@ static bg_status_t train_batch(const bg_batch_request_t *rq, int32_t *tokens, fl
 static int train_seq_len(int64_t step, int mb, void *arg)
 {
     return bg_train_seq_len(((const train_source_t *)arg)->c, step, mb);
+}
+
+/* The held-out data (eval_every): --val-data, or the last val_fraction of
+ * the training data, which keeps the rest. NULL without evaluation. */
+static bg_status_t open_held_out(const bg_train_config_t *c, bg_data_t *data, int T, bg_data_t **val_p)
+{
+    *val_p = NULL;
+    if (!c->eval_every)
+        return BG_OK;
+    if (c->val_path)
+        return bg_data_open_text(c->val_path, T, c->data_seed, val_p);
+    return bg_data_hold_out(data, c->val_fraction > 0 ? c->val_fraction : 0.1, val_p);
+}
+
+/* The held-out loss: the mean over the positions of the held-out set's
+ * batches 0 .. eval_batches-1 (the same at every evaluation, full length),
+ * each evaluated with the forward-only program (bg_executor_eval); *ms_p:
+ * this rank's wall time for all of them. */
+static bg_status_t evaluate(bg_executor_t *x, const bg_train_config_t *c, bg_data_t *val, int T, double *loss_p,
+                           double *ms_p)
+{
+    bg_batch_source_t s = bg_data_source(val);
+    s.seq = T;
+    double sum = 0, tokens = 0, ms = 0;
+    for (int k = 0; k < (c->eval_batches ? c->eval_batches : 4); k++) {
+        bg_eval_result_t r;
+        BG_CHECK(bg_executor_eval(x, &s, k, &r));
+        sum += r.loss * r.tokens;
+        tokens += r.tokens;
+        ms += r.eval_ms;
+    }
+    *loss_p = sum / tokens;
+    *ms_p = ms;
+    return BG_OK;
 }
 
 /* A group of every rank of the job's communicator. */
@@ -269,10 +318,16 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
     return st;
 }
 
-/* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
-static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, float lr)
+/* One line per rank and step, appended with one write (O_APPEND keeps lines whole). A step that
+ * evaluated (val_loss not NaN) adds val_loss (%.9g: the float's bits), val_ppl = exp(val_loss) and
+ * val_ms (this rank's time for the evaluation, not in step_ms). */
+static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, float lr, double val_loss,
+                                 double val_ms)
 {
-    char line[768], gnorm[32] = "null", ps[256] = ""; /* JSON has no NaN or infinity */
+    char line[900], gnorm[32] = "null", ps[256] = "", val[128] = ""; /* JSON has no NaN or infinity */
+    if (!isnan(val_loss))
+        snprintf(val, sizeof val, ", \"val_loss\": %.9g, \"val_ppl\": %.9g, \"val_ms\": %.3f", val_loss,
+                 exp(val_loss), val_ms);
     if (isfinite(r->grad_norm))
         snprintf(gnorm, sizeof(gnorm), "%.9g", r->grad_norm);
     if (r->ps_role == 1)
@@ -289,9 +344,9 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                        "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"heap_bytes\": %s, "
-                       "\"grad_norm\": %s, \"lr\": %.9g%s}\n",
+                       "\"grad_norm\": %s, \"lr\": %.9g%s%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, ps);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, ps, val);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -300,6 +355,26 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
         return st;
     }
     close(fd);
+    return BG_OK;
+}
+
+/* After step `step` (1-based, run at rate lr): the evaluation when one is due (every eval_every steps,
+ * the last, a stop: the same steps on every rank, since r->stop agrees), then on_step and the metrics
+ * line. */
+static bg_status_t report_step(bg_executor_t *x, const bg_train_config_t *c, bg_data_t *val, int T, int rank,
+                               int step, float lr, const bg_step_result_t *r, bg_train_result_t *res)
+{
+    double vl = NAN, vms = 0;
+    if (val && (step % c->eval_every == 0 || step == c->steps || r->stop))
+        BG_CHECK(evaluate(x, c, val, T, &vl, &vms));
+    if (!isnan(vl))
+        res->val_loss = vl;
+    if (c->on_step) {
+        bg_step_info_t si = {step, c->steps, r->loss, r->step_ms, r->tokens_per_s, rank, r->grad_norm, (double)lr, vl};
+        c->on_step(&si, c->on_step_arg);
+    }
+    if (c->metrics_path)
+        BG_CHECK(metrics_write(c->metrics_path, rank, r, lr, vl, vms));
     return BG_OK;
 }
 
@@ -468,12 +543,13 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     BG_CHECK(bg_train_check(&c));
     bg_status_t st = BG_OK;
     bg_model_desc_t *desc = NULL;
-    bg_data_t *data = NULL;
+    bg_data_t *data = NULL, *val = NULL;
     bg_executor_t *x = NULL;
     double *times = NULL, *busy = NULL;
     bg_train_result_t res = {0};
     bg_executor_info_t info;
     res.numa_node = -1;
+    res.val_loss = NAN;
     int tokens_in = c.model.kind != BG_MODEL_MLP;
 
     BG_CHECK(bg_model_build(&c.model, &desc));
@@ -493,6 +569,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         fst = bg_data_open_text(c.data_path, T, c.data_seed, &data);
     else
         fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);
+    if (fst == BG_OK)
+        fst = open_held_out(&c, data, T, &val);
     if (fst == BG_OK && c.save_dir)
         fst = bg_check_replaceable_dir(c.save_dir, ".safetensors");
     if (fst == BG_OK && c.checkpoint_dir && c.run_config_json && bg_executor_rank(x) == 0)
@@ -541,14 +619,8 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             res.first_loss = r.loss;
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
-        if (c.on_step) {
-            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm,
-                                 (double)(float)lr};
-            c.on_step(&si, c.on_step_arg);
-        }
-        if (c.metrics_path)
-            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, (float)lr), st, out);
         int last = step + 1 == c.steps;
+        BG_CHECK_GOTO(report_step(x, &c, val, T, info.rank, step + 1, (float)lr, &r, &res), st, out);
         if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0))) {
             if (token_files(&c)) /* the sequences taken */
                 bg_executor_set_data_position(x, (int64_t)bg_data_position(data, step + 1));
@@ -593,6 +665,7 @@ out:
     }
     bg_model_desc_destroy(desc);
     bg_data_close(data);
+    bg_data_close(val);
     free(times);
     free(busy);
     return st;

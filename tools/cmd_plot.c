@@ -1,5 +1,6 @@
 /* tools/cmd_plot.c: `brigade plot METRICS.jsonl --out FILE.svg`: an SVG chart
- * of the loss (top panel) and tokens/s (bottom panel) against the step, from
+ * of the loss and the held-out loss of evaluations, when there are any (top
+ * panel), and tokens/s (bottom panel) against the step, from
  * the metrics file `brigade train --metrics` writes (one JSON object a line:
  * step, loss, tokens_per_s, step_ms, maybe rank). Hand-written SVG, no
  * dependencies beyond jansson for the lines. */
@@ -15,6 +16,7 @@ typedef struct {
     long long step;
     double loss, tps; /* tps < 0: absent */
     double ms;        /* step_ms, < 0: absent */
+    double val;       /* val_loss (an evaluation after this step), NaN: absent */
     int rank;
 } plot_pt_t;
 
@@ -26,8 +28,10 @@ static void plot_usage(FILE *f)
                "Draw the loss and the throughput (tokens/s) against the step from a metrics\n"
                "file (brigade train --metrics). Lines with a \"rank\" field: rank R's (default:\n"
                "the lowest rank present). A step that appears twice (a resumed run) is drawn\n"
-               "with its last line. The title names the run (model, layout, schedule) from the\n"
-               "file's header line (brigade train writes it), unless --title is given.\n"
+               "with its last line. Steps that evaluated (--eval-every: \"val_loss\") add the\n"
+               "validation loss to the loss panel, as points joined by a second line. The title\n"
+               "names the run (model, layout, schedule) from the file's header line (brigade\n"
+               "train writes it), unless --title is given.\n"
                "  --smooth N    also draw the loss averaged over the last N steps (raw loss faint)\n"
                "  --x time      the x-axis is the training time (the sum of step_ms, in s); with\n"
                "                --x step (the default) that time is a second axis over the loss\n");
@@ -75,13 +79,16 @@ static void fmt_num(char *buf, size_t cap, double v)
 }
 
 /* One panel at (x0, y0) of size w x h: points (xv[i], yv[i]) (NaN y: absent),
- * and a smoothed line sv (or NULL) over a faint raw one. */
-static void panel(FILE *f, const double *xv, const double *yv, const double *sv, size_t n, double x0, double y0,
-                  double w, double h, const char *label, const char *color, int ymin0)
+ * a smoothed line sv (or NULL) over a faint raw one, and a second series
+ * (xv[i], y2[i]) (or NULL; NaN: absent) in orange, its points always marked. */
+static void panel(FILE *f, const double *xv, const double *yv, const double *sv, const double *y2, size_t n,
+                  double x0, double y0, double w, double h, const char *label, const char *color, int ymin0)
 {
     double xmin = xv[0], xmax = xv[n - 1], ymin = INFINITY, ymax = -INFINITY;
     size_t used = 0;
     for (size_t i = 0; i < n; i++) {
+        if (y2 && !isnan(y2[i]))
+            ymin = fmin(ymin, y2[i]), ymax = fmax(ymax, y2[i]);
         if (isnan(yv[i]))
             continue;
         ymin = fmin(ymin, yv[i]);
@@ -131,6 +138,17 @@ static void panel(FILE *f, const double *xv, const double *yv, const double *sv,
         for (size_t i = 0; i < n; i++)
             if (!isnan(yv[i]))
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(xv[i]), PY(yv[i]), color);
+    if (y2) {
+        fprintf(f, "<g class=\"val-loss\"><polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.6\" points=\"");
+        for (size_t i = 0; i < n; i++)
+            if (!isnan(y2[i]))
+                fprintf(f, "%.1f,%.1f ", PX(xv[i]), PY(y2[i]));
+        fprintf(f, "\"/>\n");
+        for (size_t i = 0; i < n; i++)
+            if (!isnan(y2[i]))
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#ff7f0e\"/>\n", PX(xv[i]), PY(y2[i]));
+        fprintf(f, "</g>\n");
+    }
     fprintf(f, "</g>\n");
 #undef PX
 #undef PY
@@ -250,7 +268,7 @@ int bg_cmd_plot(int argc, char **argv)
             continue;
         }
         json_t *s = json_object_get(o, "step"), *l = json_object_get(o, "loss"), *t = json_object_get(o, "tokens_per_s"),
-               *r = json_object_get(o, "rank"), *ms = json_object_get(o, "step_ms");
+               *r = json_object_get(o, "rank"), *ms = json_object_get(o, "step_ms"), *vl = json_object_get(o, "val_loss");
         const char *bad = !json_is_integer(s) ? "\"step\" (an integer)"
                           : !json_is_number(l) ? "\"loss\" (a number)"
                           : t && !json_is_number(t) ? "\"tokens_per_s\" as a number"
@@ -275,6 +293,7 @@ int bg_cmd_plot(int argc, char **argv)
         pts[n].tps = t ? json_number_value(t) : -1;
         pts[n].rank = r ? (int)json_integer_value(r) : 0;
         pts[n].ms = json_is_number(ms) && json_number_value(ms) >= 0 ? json_number_value(ms) : -1;
+        pts[n].val = json_is_number(vl) && isfinite(json_number_value(vl)) ? json_number_value(vl) : NAN;
         if (min_rank < 0 || pts[n].rank < min_rank)
             min_rank = pts[n].rank;
         n++;
@@ -307,7 +326,9 @@ int bg_cmd_plot(int argc, char **argv)
         pts[m++] = pts[i];
     }
     int have_tps = 0, have_ms = 1;
+    size_t nval = 0; /* steps that evaluated */
     for (size_t i = 0; i < m; i++) {
+        nval += !isnan(pts[i].val);
         have_tps |= pts[i].tps >= 0;
         have_ms &= pts[i].ms >= 0;
     }
@@ -316,17 +337,18 @@ int bg_cmd_plot(int argc, char **argv)
         goto out;
     }
     /* x values, the training time (s), the loss (and its moving average), tokens/s */
-    double *xs = malloc(5 * m * sizeof(double));
+    double *xs = malloc(6 * m * sizeof(double));
     if (!xs) {
         fprintf(stderr, "brigade plot: out of memory\n");
         goto out;
     }
-    double *tv = xs + m, *lv = tv + m, *sv = lv + m, *pv = sv + m, acc = 0, t = 0;
+    double *tv = xs + m, *lv = tv + m, *sv = lv + m, *pv = sv + m, *vv = pv + m, acc = 0, t = 0;
     for (size_t i = 0; i < m; i++) {
         t += have_ms ? pts[i].ms / 1e3 : 0;
         tv[i] = t;
         lv[i] = pts[i].loss;
         pv[i] = pts[i].tps >= 0 ? pts[i].tps : NAN;
+        vv[i] = pts[i].val;
         acc += lv[i];
         if (smooth > 0 && i >= (size_t)smooth)
             acc -= lv[i - (size_t)smooth];
@@ -356,12 +378,15 @@ int bg_cmd_plot(int argc, char **argv)
                    "stroke-width=\"2\"/><text x=\"%.0f\" y=\"44\" font-size=\"11\">%s</text></g>\n",
                 W - 330, W - 310, W - 305, lg);
     }
-    panel(o, xs, lv, smooth > 0 ? sv : NULL, m, 80, top, W - 110, ph, "loss", "#1f77b4", 0);
+    if (nval)
+        fprintf(o, "<g class=\"legend-item\"><circle cx=\"%.0f\" cy=\"40\" r=\"3\" fill=\"#ff7f0e\"/><text x=\"%.0f\" "
+                   "y=\"44\" font-size=\"11\">validation loss (%zu evaluations)</text></g>\n", W - 500, W - 492, nval);
+    panel(o, xs, lv, smooth > 0 ? sv : NULL, nval ? vv : NULL, m, 80, top, W - 110, ph, "loss", "#1f77b4", 0);
     if (have_ms && !x_time)
         top_axis(o, xs, tv, m, 80, top, W - 110, "training time (s)");
     const char *xl = x_time ? "training time (s)" : "step";
     if (have_tps)
-        panel(o, xs, pv, NULL, m, 80, top + ph + gap, W - 110, ph, "tokens/s", "#d62728", 1);
+        panel(o, xs, pv, NULL, NULL, m, 80, top + ph + gap, W - 110, ph, "tokens/s", "#d62728", 1);
     fprintf(o, "<text class=\"axis-label\" x=\"%.0f\" y=\"%.0f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
             W / 2, top + (have_tps ? 2 * ph + gap : ph) + 32, xl);
     free(xs);
@@ -370,7 +395,16 @@ int bg_cmd_plot(int argc, char **argv)
         fprintf(stderr, "brigade plot: writing %s: %s\n", out, strerror(errno));
         goto out;
     }
-    printf("wrote %s: %zu steps of rank %d (loss %.4g -> %.4g)\n", out, m, rank, pts[0].loss, pts[m - 1].loss);
+    printf("wrote %s: %zu steps of rank %d (loss %.4g -> %.4g", out, m, rank, pts[0].loss, pts[m - 1].loss);
+    for (size_t i = 0, first = 1; i < m; i++) /* the first and last evaluations */
+        if (!isnan(pts[i].val) && first)
+            printf("; validation loss %.4g", pts[i].val), first = 0;
+    for (size_t i = m; nval > 1 && i-- > 0;)
+        if (!isnan(pts[i].val)) {
+            printf(" -> %.4g", pts[i].val);
+            break;
+        }
+    printf(")\n");
     rc = 0;
 out:
     free(line);

@@ -22,7 +22,7 @@ static void usage(FILE *f)
             "                        --stages P --microbatches M\n"
             "                        [--chunks V] [--costs F,B,W] [--latency T] [--bandwidth BYTES_PER_T]\n"
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--sim-json OUT]\n"
-            "                        [--svg OUT] [--comm] [--text | --no-text]\n"
+            "                        [--svg OUT] [--comm] [--text | --no-text] [--forward-only]\n"
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
             "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n"
             "       brigade schedule --auto --profile PROFILE.json --stages P --microbatches M [--mem-limit BYTES]\n"
@@ -42,6 +42,8 @@ static void usage(FILE *f)
             "  --svg OUT       write an SVG Gantt chart of the simulated step\n"
             "  --compare       run every schedule for this p and m and print them side by side\n"
             "  --from-json F   validate and simulate your own programs\n"
+            "  --forward-only  the program's forward-only version (evaluation: forwards and activation\n"
+            "                  transfers in the program's order, no backward; brigade train --eval-every)\n"
             "  --auto          search the program with the smallest simulated step whose peak stash fits\n"
             "                  --mem-limit on every rank, over every layout (one stage per rank, interleaved\n"
             "                  v=2..4, V), with per-stage F, B, W and stash bytes from --profile (brigade profile\n"
@@ -163,11 +165,12 @@ int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int t
     else
         snprintf(bw, sizeof bw, "inf");
     if (sp->f_costs || sp->b_costs || sp->w_costs)
-        printf("schedule %s: p=%d m=%d v=%d  per-stage costs  link latency %g bandwidth %s  (valid)\n",
-               bg_schedule_name(s), p, m, v, sp->latency, bw);
+        printf("schedule %s: p=%d m=%d v=%d  per-stage costs  link latency %g bandwidth %s  (valid%s)\n",
+               bg_schedule_name(s), p, m, v, sp->latency, bw, bg_schedule_is_forward_only(s) ? ", forward-only" : "");
     else
-        printf("schedule %s: p=%d m=%d v=%d  costs per chunk F=%g B=%g W=%g  link latency %g bandwidth %s  (valid)\n",
-               bg_schedule_name(s), p, m, v, sp->f_cost, sp->b_cost, sp->w_cost, sp->latency, bw);
+        printf("schedule %s: p=%d m=%d v=%d  costs per chunk F=%g B=%g W=%g  link latency %g bandwidth %s  (valid%s)\n",
+               bg_schedule_name(s), p, m, v, sp->f_cost, sp->b_cost, sp->w_cost, sp->latency, bw,
+               bg_schedule_is_forward_only(s) ? ", forward-only" : "");
     if (text < 0)
         text = p <= 32 && (long long)m * v <= 64;
     if (text) {
@@ -261,11 +264,21 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
     return rc;
 }
 
+/* --forward-only: run the forward-only program of *s instead (*s replaced, or freed on an error) */
+static int forward_only(bg_schedule_t **s)
+{
+    bg_schedule_t *f = NULL;
+    bg_status_t st = bg_schedule_forward_only(*s, &f);
+    bg_schedule_free(*s);
+    *s = f;
+    return st != BG_OK ? bg_cli_status(CMD, st) : 0;
+}
+
 static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
 {
     const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL, *profile = NULL;
     long long p = 0, m = 0, v = 0;
-    int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0;
+    int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0, fwd = 0;
     static int split[4096];
     double mem_limit = 0;
     unsigned tflags = 0;
@@ -355,6 +368,8 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
                 split[k] = (int)tmp[k];
             }
             i++;
+        } else if (!strcmp(a, "--forward-only")) {
+            fwd = 1;
         } else if (!strcmp(a, "--comm")) {
             tflags |= BG_SCHED_TEXT_COMM;
         } else if (!strcmp(a, "--text")) {
@@ -366,10 +381,13 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
                                                 "--f-costs", "--b-costs", "--w-costs", "--latency", "--bandwidth",
                                                 "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--sim-json", "--svg",
                                                 "--from-json", "--compare", "--comm", "--text", "--no-text",
-                                                "--auto", "--profile", "--mem-limit", "--split", "--help", NULL};
+                                                "--auto", "--profile", "--mem-limit", "--split", "--forward-only",
+                                                "--help", NULL};
             return bg_cli_unknown_option(CMD, a, known);
         }
     }
+    if (fwd && (autos || compare))
+        return bg_cli_fail(CMD, "--forward-only goes with --schedule or --from-json (one program)");
     if (autos || profile || have_limit || nsplit) {
         if (!autos)
             return bg_cli_fail(CMD, "%s belongs to --auto (the schedule search)",
@@ -397,7 +415,9 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         bg_status_t st = bg_schedule_from_json_file(from, &s);
         if (st != BG_OK)
             return bg_cli_status(CMD, st);
-        int rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
+        int rc = fwd ? forward_only(&s) : 0;
+        if (!rc)
+            rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
         bg_schedule_free(s);
         return rc;
     }
@@ -436,7 +456,9 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         bg_cli_status(CMD, st);
         return 2;
     }
-    int rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
+    int rc = fwd ? forward_only(&s) : 0;
+    if (!rc)
+        rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);
     bg_schedule_free(s);
     return rc;
 }

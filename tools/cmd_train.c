@@ -2,6 +2,7 @@
  * print progress, and print the summary. */
 #include <ctype.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,14 @@ static void usage(FILE *f)
             "  --recompute            keep only each stage's input and output per microbatch; recompute\n"
             "                         the rest in the backward (less memory, one more forward)\n"
             "  --backend NAME         kernel backend (default cpu; brigade info lists them)\n"
+            "evaluation (a forward-only pipeline program: no backward, weights untouched):\n"
+            "  --eval-every N         held-out loss and perplexity after every N steps and after the last\n"
+            "                         (progress line, --metrics val_loss and val_ppl, brigade plot)\n"
+            "  --eval-batches M       global batches per evaluation, the same ones each time (default 4)\n"
+            "  --val-fraction F       hold out the last F of the corpus (default 0.1; training reads the\n"
+            "                         rest; MLP: other samples of its task); nothing is held out without\n"
+            "                         --eval-every\n"
+            "  --val-data FILE        GPT: held-out text file instead (the corpus is all training data)\n"
             "parallel (run under brigade launch -n PP*DP*TP, mpirun or srun):\n"
             "  --pp N                 pipeline stages (default 1); auto: the ranks over dp x tp\n"
             "  --dp N                 data-parallel replicas (default 1); auto: the ranks over pp x tp (a job\n"
@@ -119,7 +128,8 @@ static void usage(FILE *f)
             "  written only by a finished run. A second Ctrl-C stops at once.\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms,\n"
-            "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm\n"
+            "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm (and val_loss,\n"
+            "                         val_ppl, val_ms after an evaluation)\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
             "                         and generate read either form); replaced as a whole when every\n"
@@ -137,6 +147,7 @@ typedef struct {
     double t_first;     /* start of the first step this run took, 0 before it */
     int first_step;     /* number of that step */
     const char *warning; /* printed by rank 0 with its first step (one line per job, not per rank) */
+    char val[64];        /* "  val L  ppl P" of the last evaluation, "" before one */
     int pp, dp;         /* this run's layout, compared with a resumed checkpoint's */
 } progress_t;
 
@@ -268,16 +279,22 @@ static void on_step(const bg_step_info_t *i, void *arg)
     char el[32], eta[32];
     hms(el, sizeof el, now - p->t_start);
     hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
+    /* an evaluation's figures stay on the line until the next one (terminal), or get a line (log) */
+    int evaluated = !isnan(i->val_loss);
+    if (evaluated)
+        snprintf(p->val, sizeof p->val, p->tty ? "  val %.4f  ppl %.2f" : " val %.4f ppl %.2f", i->val_loss,
+                 exp(i->val_loss));
     if (p->tty) {
-        fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
-                i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
+        fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e%s  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ",
+                i->step, i->steps, i->loss, i->grad_norm, i->lr, p->val, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
         int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
-        if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
-            fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
-                    i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
+        if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step || evaluated)
+            fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e%s tokens/s %.0f step_ms %.1f elapsed %s eta %s\n",
+                    i->step, i->steps, i->loss, i->grad_norm, i->lr, evaluated ? p->val : "", i->tokens_per_s,
+                    i->step_ms, el, eta);
     }
 }
 
@@ -425,7 +442,8 @@ int bg_cmd_train(int argc, char **argv)
     int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
-           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP };
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP,
+           O_EVAL_EVERY, O_EVAL_BATCHES, O_VAL_FRACTION, O_VAL_DATA };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -455,6 +473,8 @@ int bg_cmd_train(int argc, char **argv)
         {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
         {"wsd-decay", required_argument, 0, O_WSD},   {"data-format", required_argument, 0, O_DFORMAT},
         {"clip-grad", required_argument, 0, O_CLIP},
+        {"eval-every", required_argument, 0, O_EVAL_EVERY}, {"eval-batches", required_argument, 0, O_EVAL_BATCHES},
+        {"val-fraction", required_argument, 0, O_VAL_FRACTION}, {"val-data", required_argument, 0, O_VAL_DATA},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -488,6 +508,8 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_LOGEVERY, "--log-every", 1, 1 << 30, prog.log_every)
             INT_FLAG(O_PS, "--ps", 1, 4095, c.ps)
             INT_FLAG(O_STALENESS, "--staleness", 0, 1 << 20, c.staleness)
+            INT_FLAG(O_EVAL_EVERY, "--eval-every", 1, 1 << 30, c.eval_every)
+            INT_FLAG(O_EVAL_BATCHES, "--eval-batches", 1, 1 << 20, c.eval_batches)
 #undef INT_FLAG
 
         case O_PP:
@@ -567,6 +589,14 @@ int bg_cmd_train(int argc, char **argv)
             c.data_format = optarg;
             break;
         }
+        case O_VAL_DATA: c.val_path = optarg; break;
+        case O_VAL_FRACTION:
+            if (bg_cli_double(cmd, "--val-fraction", optarg, -INFINITY, INFINITY, &d))
+                return 2;
+            if (!(d > 0 && d < 1))
+                return bg_cli_fail(cmd, "--val-fraction must be in (0, 1), got %g", d);
+            c.val_fraction = d;
+            break;
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
                 return 2;
@@ -814,6 +844,8 @@ int bg_cmd_train(int argc, char **argv)
         }
         if (ran > 0)
             printf("median step %.1f ms, %.0f tokens/s\n", r.median_step_ms, r.tokens_per_s);
+        if (!isnan(r.val_loss))
+            printf("validation loss %.4f, perplexity %.2f\n", r.val_loss, exp(r.val_loss));
         if (c.save_dir && !r.stopped)
             printf(c.ps > 0 ? "saved %s/model.safetensors\n" : "saved %s/model-stage*.safetensors\n", c.save_dir);
         return rc;
@@ -826,6 +858,8 @@ int bg_cmd_train(int argc, char **argv)
     } else {
         printf("%s: %zu parameters, %s\n", mname, r.params, did);
     }
+    if (!isnan(r.val_loss))
+        printf("validation loss %.4f, perplexity %.2f\n", r.val_loss, exp(r.val_loss));
     if (ran == 0)
         printf("predicted memory %.2f MiB from the layers' reports\n", r.predicted_bytes / 1048576.0);
     else if (r.predicted_bytes)

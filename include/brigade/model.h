@@ -451,6 +451,11 @@ uint64_t bg_data_position(const bg_data_t *d, int64_t step);
 int bg_data_file_is_llmc(const char *path);
 /** Synthetic classification: x ~ N(0,1)^features, label = argmax of a fixed random teacher. */
 bg_status_t bg_data_synthetic(int features, int classes, uint64_t seed, bg_data_t **data_p);
+/** Split off a held-out set (evaluation): text: the last @p fraction of the corpus becomes *held_p (a
+ *  copy) and @p d keeps the rest, both sampled as before within their own bytes (each must hold a
+ *  sequence); synthetic: *held_p draws other samples (another seed) of the same teacher and @p d is
+ *  unchanged. @p fraction in (0, 1). *held_p is the caller's (bg_data_close). */
+bg_status_t bg_data_hold_out(bg_data_t *d, double fraction, bg_data_t **held_p);
 void bg_data_close(bg_data_t *d); /**< frees a data set (NULL is a no-op) */
 size_t bg_data_size(const bg_data_t *d); /**< corpus bytes (text) or 0 */
 /** Sequences [first, first+count) of global step `step`'s batch: tokens and

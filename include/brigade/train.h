@@ -35,6 +35,8 @@ typedef struct bg_step_info {
     int rank;            /**< rank reporting (0 in a single process) */
     double grad_norm;    /**< global L2 norm of the gradients before the optimizer step (bg_step_result_t) */
     double lr;           /**< learning rate of the step (the schedule's, bg_lr_at) */
+    double val_loss;     /**< held-out loss after this step (eval_every), NaN when the step did not evaluate;
+                              its perplexity is exp(val_loss) */
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
@@ -111,6 +113,15 @@ typedef struct bg_train_config {
     const char *run_config_json;  /**< the run's effective settings as a JSON object (the CLI: its flags), kept
                                        with its outputs: the metrics header's "config" and, by rank 0,
                                        checkpoint_dir/config.json; NULL: none */
+    /* ---- evaluation (bg_executor_eval: a forward-only program) ---- */
+    int eval_every;              /**< the held-out loss after every N steps and after the last; 0: never */
+    int eval_batches;            /**< global batches per evaluation (the held-out set's batches 0..M-1, the same
+                                      each time, at the full sequence length); 0: 4 */
+    double val_fraction;         /**< with eval_every: hold out this last fraction of the corpus (the training
+                                      data is the rest; synthetic data: other samples of the task); 0: 0.1
+                                      (without eval_every nothing is held out) */
+    const char *val_path;        /**< GPT with eval_every: a held-out text file instead (nothing held out of
+                                      data_path) */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -126,7 +137,8 @@ typedef struct bg_train_config {
       .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
       .seq_multiple = 0, .device_mem = NULL, .ndevice_mem = 0, .lr_schedule = BG_LR_SCHEDULE_INIT,      \
-      .data_format = NULL, .clip_grad = 0.0, .run_config_json = NULL }
+      .data_format = NULL, .clip_grad = 0.0, .run_config_json = NULL,                                \
+      .eval_every = 0, .eval_batches = 0, .val_fraction = 0.0, .val_path = NULL }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);
@@ -174,6 +186,7 @@ typedef struct bg_train_result {
                                    over the job's communicator before the executor goes; the same on every
                                    rank); owned by the result: bg_train_result_free() */
     int nranks;
+    double val_loss;          /**< the last evaluation's held-out loss (eval_every), NaN when none ran */
 } bg_train_result_t;
 
 /** Free what a bg_train() result owns (ranks); the struct itself is the caller's. NULL is a no-op. */

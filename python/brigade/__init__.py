@@ -14,12 +14,12 @@ See docs/python.md.
 """
 from ._lib import VERSION as __version__
 from ._lib import BrigadeError, Status, library_path
-from .executor import Executor, ExecutorInfo, Request, StepResult
+from .executor import EvalResult, Executor, ExecutorInfo, Request, StepResult
 from .gradcheck import check_gradients
 from .pylayer import Context, Param
 from .model import (Activation, Attention, AttentionBlock, Embedding, Head, Layer, LayerNorm, Linear, MLPBlock, Model,
                     Residual, Seq, TransformerBlock, compare_weights)
 
-__all__ = ["BrigadeError", "Status", "library_path", "Executor", "ExecutorInfo", "Request", "StepResult", "Layer",
+__all__ = ["BrigadeError", "Status", "library_path", "EvalResult", "Executor", "ExecutorInfo", "Request", "StepResult", "Layer",
            "Linear", "Activation", "LayerNorm", "Embedding", "Attention", "Head", "Seq", "Residual", "AttentionBlock",
            "MLPBlock", "TransformerBlock", "Model", "compare_weights", "Param", "Context", "check_gradients"]

@@ -130,6 +130,11 @@ class StepResult(Structure):
                 ("bytes_recv", c_uint64), ("optim_ms", c_double), ("idle", c_double), ("live_workers", c_int)]
 
 
+class EvalResult(Structure):
+    """bg_eval_result_t."""
+    _fields_ = [("loss", c_double), ("tokens", c_double), ("eval_ms", c_double)]
+
+
 class ExecutorInfo(Structure):
     """bg_executor_info_t."""
     _fields_ = [("rank", c_int), ("world", c_int), ("pp_rank", c_int), ("dp_rank", c_int), ("stages", c_int),
@@ -193,7 +198,8 @@ class LayerOps(Structure):
 STRUCTS = {
     "bg_shape_t": Shape, "bg_model_desc_params_t": ModelDescParams, "bg_model_config_t": ModelConfig,
     "bg_optim_config_t": OptimConfig, "bg_batch_request_t": BatchRequest, "bg_batch_source_t": BatchSource,
-    "bg_executor_params_t": ExecutorParams, "bg_step_result_t": StepResult, "bg_executor_info_t": ExecutorInfo,
+    "bg_executor_params_t": ExecutorParams, "bg_step_result_t": StepResult, "bg_eval_result_t": EvalResult,
+    "bg_executor_info_t": ExecutorInfo,
     "bg_compare_result_t": CompareResult, "bg_layer_t": Layer, "bg_param_t": Param, "bg_layer_ctx_t": LayerCtx,
     "bg_layer_ops_t": LayerOps,
 }
@@ -307,6 +313,7 @@ _decl("bg_layer_transformer_block", st, c_char_p, c_int, c_int, c_float, c_float
 
 _decl("bg_executor_create", st, POINTER(ExecutorParams), PP)
 _decl("bg_executor_step", st, P, POINTER(StepResult))
+_decl("bg_executor_eval", st, P, POINTER(BatchSource), c_int64, POINTER(EvalResult))
 _decl("bg_executor_set_lr", None, P, c_float)
 _decl("bg_executor_request_stop", None, P)
 _decl("bg_executor_steps_done", c_int64, P)

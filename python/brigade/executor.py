@@ -71,6 +71,14 @@ class StepResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """bg_eval_result_t: the loss of the current weights on one global batch (Executor.eval)."""
+    loss: float
+    tokens: float
+    eval_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
 class ExecutorInfo:
     """bg_executor_info_t."""
     rank: int
@@ -266,6 +274,7 @@ class Executor:
                              "close that executor first" % (model.name,))
         self._model = model
         self._source = _Source(batches, seq_len)
+        self._seq = int(seq)
         # everything C keeps a pointer to stays referenced here
         self._schedule = encode(schedule, "schedule")
         self._backend = encode(backend, "backend")
@@ -336,6 +345,27 @@ class Executor:
         self._call(lib.bg_executor_step(self._live(), ctypes.byref(r)))
         return StepResult(r.step, r.loss, r.tokens, r.step_ms, r.tokens_per_s, r.bubble, r.bytes_sent, r.peak_bytes,
                           bool(r.stop), r.grad_norm)
+
+    def eval(self, index=0, batches=None, seq_len=None):
+        """The loss of the current weights on one global batch, with the forward-only
+        program of the schedule (collective; no weight, gradient or step changes): batch
+        `index` of `batches` (a callable as the training one, asked with request.step =
+        index; None: the training batches). Returns EvalResult(loss, tokens, eval_ms)."""
+        if batches is not None and not callable(batches):
+            raise TypeError("Executor.eval: batches must be a callable(request) -> (inputs, targets) or None")
+        src, bs = self._source, None
+        if batches is not None:
+            src = _Source(batches, seq_len)
+            bs = _lib.BatchSource()
+            bs.batch, bs.seq_len, bs.arg, bs.seq = src.c_batch, src.c_seq_len, None, self._seq
+        r = _lib.EvalResult()
+        st = lib.bg_executor_eval(self._live(), ctypes.byref(bs) if bs is not None else None, int(index),
+                                  ctypes.byref(r))
+        if st != 0:
+            msg = lib.bg_last_error().decode("utf-8", "replace")
+            src.reraise(msg)
+            raise BrigadeError(st, msg)
+        return EvalResult(r.loss, r.tokens, r.eval_ms)
 
     def set_lr(self, lr):
         """Learning rate of the next steps (every rank must set the same)."""

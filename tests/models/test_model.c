@@ -1003,6 +1003,19 @@ static void test_builder_is_public_calls(void **s)
     bg_model_desc_destroy(hand);
 }
 
+/* The small GPT with tied embeddings (*c), built, and the corpus read in order `seed`. */
+static bg_model_desc_t *tied_gpt(bg_model_config_t *c, uint64_t seed, bg_data_t **data_p)
+{
+    *c = small_gpt();
+    c->tie_embeddings = 1;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_build(c, &d), BG_OK);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    assert_int_equal(bg_data_open_text(path, c->seq_len, seed, data_p), BG_OK);
+    return d;
+}
+
 /* Evaluation (bg_executor_eval) with the forward-only program: on the
  * training source's batch 0 before any step its loss is bitwise the loss
  * step 1 reports on that batch with the same weights; it changes nothing a
@@ -1012,15 +1025,10 @@ static void test_builder_is_public_calls(void **s)
 static void test_eval_forward_only(void **s)
 {
     (void)s;
-    bg_model_config_t c = small_gpt();
-    c.tie_embeddings = 1;
-    bg_model_desc_t *d;
-    assert_int_equal(bg_model_build(&c, &d), BG_OK);
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    bg_model_config_t c;
     bg_data_t *data, *held;
-    assert_int_equal(bg_data_open_text(path, c.seq_len, 1, &data), BG_OK);
-    assert_int_equal(bg_data_open_text(path, c.seq_len, 7, &held), BG_OK); /* another order: other batches */
+    bg_model_desc_t *d = tied_gpt(&c, 1, &data);
+    bg_model_desc_destroy(tied_gpt(&c, 7, &held)); /* another order of the corpus: other batches */
     bg_batch_source_t src = bg_data_source(data), hsrc = bg_data_source(held), hwrap = {0};
     hwrap.batch = text_batch, hwrap.arg = &hsrc;
     bg_executor_params_t p = small_params(d, &src);
@@ -1073,14 +1081,9 @@ static void test_eval_forward_only(void **s)
 static void test_grad_norm(void **s)
 {
     (void)s;
-    bg_model_config_t c = small_gpt();
-    c.tie_embeddings = 1;
-    bg_model_desc_t *d;
-    assert_int_equal(bg_model_build(&c, &d), BG_OK);
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    bg_model_config_t c;
     bg_data_t *data;
-    assert_int_equal(bg_data_open_text(path, c.seq_len, 1, &data), BG_OK);
+    bg_model_desc_t *d = tied_gpt(&c, 1, &data);
     bg_batch_source_t src = bg_data_source(data);
     /* the initial weights (a description's layers bind one model at a time) */
     bg_model_t *m;

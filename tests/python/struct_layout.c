@@ -56,6 +56,9 @@ int main(void)
     F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
     F(bg_executor_params_t, clip_grad);
 
+    S(bg_eval_result_t);
+    F(bg_eval_result_t, loss); F(bg_eval_result_t, tokens); F(bg_eval_result_t, eval_ms);
+
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
     F(bg_step_result_t, tokens_per_s); F(bg_step_result_t, bubble); F(bg_step_result_t, bytes_sent);

@@ -233,6 +233,23 @@ class Training(unittest.TestCase):
         with self.assertRaises(bg.BrigadeError):
             bg.Model.llama(layers=1, d_model=16, heads=4, kv_heads=3)
 
+    def test_eval(self):
+        m = tiny_features()
+        held = feature_batches(shift=1000)
+        with self.executor(m, feature_batches()) as ex:
+            e0 = ex.eval()  # the training batches' batch 0, before any step: step 1's loss bitwise
+            self.assertEqual(e0.loss, ex.step().loss)
+            self.assertEqual(e0.tokens, 8.0)
+            a = ex.eval(3, batches=held)
+            self.assertEqual(ex.eval(3, batches=held).loss, a.loss)  # changes nothing
+            self.assertEqual(ex.steps_done, 1)
+            with self.assertRaises(TypeError):
+                ex.eval(0, batches=3)
+            with self.assertRaises(bg.BrigadeError):
+                ex.eval(-1)
+            with self.assertRaises(ZeroDivisionError):  # the callable's own exception, re-raised
+                ex.eval(0, batches=lambda rq: 1 / 0)
+
     def test_bf16_gpt(self):
         self.assertEqual(bg.Model.gpt(layers=1, d_model=16, heads=2, seq_len=8).precision, "fp32")
         m = bg.Model.gpt(layers=1, d_model=16, heads=2, seq_len=8, precision="bf16")

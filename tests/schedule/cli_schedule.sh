@@ -22,6 +22,16 @@ expect_err "cannot open $T/missing.json: No such file or directory" --from-json 
 expect_err "--f-costs has 3 values but the schedule has 2 stages" --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3,4
 expect_err "--b-costs expects comma-separated numbers" --schedule 1f1b --stages 2 --microbatches 2 --b-costs 1,-1
 
+# --forward-only: the evaluation program, validated and simulated (p + m - 1 with unit costs, stash 1),
+# written and read back as forward-only; refused where there is no one program
+"$B" schedule --schedule 1f1b --stages 4 --microbatches 8 --forward-only --comm --json "$T/fwd.json" >"$T/fwd" 2>&1 ||
+  fail "--forward-only failed: $(cat "$T/fwd")"
+grep -q "(valid, forward-only)" "$T/fwd" && grep -q "step time 11 " "$T/fwd" && ! grep -q " B[0-9]\| rg[0-9]" "$T/fwd" ||
+  fail "--forward-only: $(cat "$T/fwd")"
+"$B" schedule --from-json "$T/fwd.json" --no-text >"$T/fwd2" 2>&1 && grep -q "(valid, forward-only)" "$T/fwd2" ||
+  fail "--from-json of a forward-only program: $(cat "$T/fwd2")"
+expect_err "--forward-only goes with --schedule or --from-json" --compare --stages 2 --microbatches 2 --forward-only
+
 # per-stage costs, by hand: 1F1B p=2 m=2, F = 1 and 3, backward 2: rank 0 ends at 13
 "$B" schedule --schedule 1f1b --stages 2 --microbatches 2 --f-costs 1,3 >"$T/ps" 2>&1 || fail "per-stage costs run failed"
 grep -q "step time 13 " "$T/ps" || fail "per-stage costs: step time is not 13: $(cat "$T/ps")"

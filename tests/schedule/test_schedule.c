@@ -328,6 +328,19 @@ static void test_validator_rejects_wrong_programs(void **state)
 
 /* ---------------- forward-only programs ---------------- */
 
+/* s written as JSON (which must hold @p needle) and read back: the same programs; the copy read back */
+static bg_schedule_t *json_round_trip(const bg_schedule_t *s, const char *needle)
+{
+    char *js;
+    bg_schedule_t *back;
+    assert_int_equal(bg_schedule_to_json(s, &js), BG_OK);
+    assert_non_null(strstr(js, needle));
+    assert_int_equal(bg_schedule_from_json(js, &back), BG_OK);
+    assert_true(same_programs(s, back));
+    free(js);
+    return back;
+}
+
 /* Every generator's program maps to a forward-only one that validates, completes under the naive walk,
  * holds each (mb, stage)'s forward once and nothing but forwards and activation transfers, in the
  * training program's order, survives JSON, and keeps no stash: with unit costs and free links a
@@ -364,14 +377,8 @@ static void test_forward_only_all_generated(void **state)
                     }
                 }
                 assert_int_equal(cnt, (size_t)m * bg_schedule_stages(s) / bg_schedule_copies(s));
-                char *js;
-                bg_schedule_t *back;
-                assert_int_equal(bg_schedule_to_json(f, &js), BG_OK);
-                assert_non_null(strstr(js, "\"forward_only\":true"));
-                assert_int_equal(bg_schedule_from_json(js, &back), BG_OK);
-                assert_true(same_programs(f, back));
+                bg_schedule_t *back = json_round_trip(f, "\"forward_only\":true");
                 assert_int_equal(bg_schedule_is_forward_only(back), 1);
-                free(js);
                 bg_sim_result_t *r = sim_unit(f);
                 for (int rk = 0; rk < p; rk++)
                     assert_int_equal(bg_sim_peak_stash(r, rk), 1); /* each forward's stash freed at once */
@@ -585,14 +592,7 @@ static void test_validator_copies(void **state)
     assert_int_equal(bg_schedule_microbatch_copy(s, 1), 1);
     assert_int_equal(bg_schedule_model_stage(s, 1), 0);
     /* the JSON keeps the copies */
-    char *js;
-    bg_schedule_t *back;
-    assert_int_equal(bg_schedule_to_json(s, &js), BG_OK);
-    assert_non_null(strstr(js, "\"copies\":2"));
-    assert_int_equal(bg_schedule_from_json(js, &back), BG_OK);
-    assert_true(same_programs(s, back));
-    free(js);
-    bg_schedule_free(back);
+    bg_schedule_free(json_round_trip(s, "\"copies\":2"));
     /* the same ops as one copy: stage 1 follows stage 0, so each stage misses a microbatch */
     assert_int_equal(bg_schedule_set_copies(s, 1), BG_OK);
     assert_int_equal(bg_schedule_validate(s), BG_ERR_INVALID);
