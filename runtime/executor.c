@@ -634,8 +634,8 @@ static bg_status_t run_program(exec_t *x)
 /* The default step end: the step's loss (the last stage of each replica
  * holds its share), the squared gradient norm (each rank's chunks, in
  * chunk order; the optimizer steps leave 0 where a rank's chunk does not
- * count) and whether any rank was asked to stop: one fp64 allreduce, so all
- * agree. The loss is reported in fp32: each share is rounded to fp32 before
+ * count), whether any rank was asked to stop and the host's per-step values
+ * to compare (bg_executor_set_lr): one fp64 allreduce, so all agree. The loss is reported in fp32: each share is rounded to fp32 before
  * the sum and the sum after it, as when it travelled as fp32. */
 static bg_status_t step_end(exec_t *x, double t0, double tokens, bg_step_result_t *result_p)
 {
@@ -647,9 +647,14 @@ static bg_status_t step_end(exec_t *x, double t0, double tokens, bg_step_result_
     double gsq = 0;
     for (int v = 0; v < x->V; v++)
         gsq += x->chunks[v].gsq;
-    double red[3] = {(double)(float)x->loss, x->stop_req ? 1.0 : 0.0, gsq};
-    if (x->lay.world > 1)
-        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 3, BG_F64, BG_REDUCE_SUM), st, fail);
+    /* the host's per-step values ride along, to be compared (exec_agree.c) */
+    double red[3 + BG__STEP_AGREE_DOUBLES] = {(double)(float)x->loss, x->stop_req ? 1.0 : 0.0, gsq};
+    if (x->lay.world > 1) {
+        bg__exec_step_agree_pack(x, red + 3);
+        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 3 + BG__STEP_AGREE_DOUBLES, BG_F64, BG_REDUCE_SUM),
+                      st, fail);
+        BG_CHECK_GOTO(bg__exec_step_agree_check(x, red + 3), st, fail);
+    }
     gsq = red[2];
     x->step = step + 1;
     bg_step_result_t r = bg__exec_step_result(x, tokens, dt);

@@ -259,6 +259,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.emulate_scale = c->emulate_scale;
     p.ps = c->ps;
     p.staleness = c->staleness;
+    p.data_seed = c->data_seed;
     *p_out = p;
 }
 

@@ -126,6 +126,9 @@ typedef struct bg_executor_params {
                                       not dualpipe; dp: 1 or (world - ps) / pp); 0: none */
     int staleness;               /**< with ps: a worker computes step t on parameters of a version >= t - K
                                       (0: synchronous, the weights of dp = (world - ps) / pp) */
+    uint64_t data_seed;          /**< the host's data seed: the executor does not use it, but every rank
+                                      of the job must have the same (compared when the executor is created,
+                                      with the other settings; a host without one leaves 0) */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -135,7 +138,7 @@ typedef struct bg_executor_params {
       .optim = BG_OPTIM_CONFIG_INIT, .data = {.batch = NULL, .seq_len = NULL, .arg = NULL, .seq = 0},        \
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
-      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0 }
+      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .data_seed = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -188,7 +191,9 @@ bg_status_t bg_executor_create(const bg_executor_params_t *params, bg_executor_t
  *  message names the rank, stage, step, operation and microbatch; the
  *  executor cannot step again (destroy it; resume from a checkpoint). */
 bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p);
-/** The learning rate of the next steps (the host's schedule; every rank must set the same). */
+/** The learning rate of the next steps (the host's schedule; every rank must set the same: the
+ *  step's end compares it across the ranks, and a step taken with different ones fails on every
+ *  rank naming the values and the ranks). */
 void bg_executor_set_lr(bg_executor_t *x, float lr);
 /** Ask the job to stop: the next step's result has stop = 1 on every rank (signal-safe: sets a flag). */
 void bg_executor_request_stop(bg_executor_t *x);

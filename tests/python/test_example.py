@@ -82,6 +82,35 @@ with bg.Executor(tp.build_model(a), batches=batches, pp=2, batch=8, microbatches
         self.assertTrue(any("rank 0" in l and "(the end of a long message)" in l for l in rank1),
                         "rank 1 does not give rank 0's whole message:\n" + "\n".join(rank1))
 
+    def test_set_lr_disagreeing_fails_every_rank(self):
+        # dp 2: rank 1 sets another learning rate from step 3 on; the step-end comparison fails that step on
+        # both ranks, each naming the value, the step and the rank (it used to train silently apart)
+        script = os.path.join(self.tmp, "lr.py")
+        with open(script, "w") as f:
+            f.write("""import importlib.util, os
+spec = importlib.util.spec_from_file_location("train_pipeline", %r)
+tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
+import brigade as bg
+a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
+                          no_numpy=True)
+rank = int(os.environ["BRIGADE_RANK"])
+with bg.Executor(tp.build_model(a), batches=tp.make_batches(a), dp=2, batch=8, microbatches=2, threads=1) as ex:
+    for s in range(5):
+        ex.set_lr(2e-3 if rank == 1 and s >= 2 else 1e-3)
+        ex.step()
+        print("passed step", s + 1, flush=True)
+""" % EXAMPLE)
+        cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--tag-output", "--", sys.executable, script]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        out = p.stdout + p.stderr
+        self.assertNotEqual(p.returncode, 0, "the disagreeing job exited 0:\n" + out)
+        for r in (0, 1):
+            mine = [l for l in out.splitlines() if l.startswith("[rank %d] " % r)]
+            self.assertIn("[rank %d] passed step 2" % r, mine, "\n".join(mine))
+            self.assertNotIn("[rank %d] passed step 3" % r, mine, "\n".join(mine))
+            self.assertTrue(any("disagree on the learning rate (bg_executor_set_lr) at step 3: rank 0 has 0.00100000005, "
+                                "rank 1 has 0.00200000009" in l for l in mine), "\n".join(mine))
+
     def test_pipeline_equals_one_process(self):
         self.check_same([], [])
 
