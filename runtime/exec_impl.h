@@ -151,6 +151,7 @@ struct bg_executor {
     int has_first, has_last; /* this rank holds the pipeline's first / last stage */
     int classes, vocab, Tmax;
     int64_t step;           /* steps done */
+    uint32_t epoch;         /* this executor's on the comm (bg_comm_epoch_begin): leave notices */
     float loss_scale;
     double loss;            /* this rank's share of the step's loss */
     /* a backend that queues work (ops->event_record): each microbatch's

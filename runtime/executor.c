@@ -422,6 +422,7 @@ static bg_status_t connect(exec_t *x)
     bg__layout_set_schedule(&x->lay, x->sched);
     BG_CHECK(make_groups(x));
     BG_CHECK(bg__exec_agree(x)); /* before any other message: ranks that disagree fail alike, at once */
+    x->epoch = bg_comm_epoch_begin(x->comm); /* leave notices name this executor's steps */
     BG_CHECK(bg__tp_create(x->comm, x->desc, x->lay.tp, bg__layout_tp_first(&x->lay), &x->tp));
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
@@ -675,6 +676,9 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         return bg_error(BG_ERR_INVALID, "executor: an earlier step failed; destroy it and resume from a checkpoint");
     bg_status_t st = BG_OK;
     int64_t step = x->step;
+    /* a rank that left before this step fails it now (and while in it, through the transport) */
+    if (x->lay.world > 1 && (st = bg_comm_enter_step(x->comm, x->epoch, step + 1)) != BG_OK)
+        return bg__exec_step_failed(x, st);
     double tokens;
     BG_CHECK(step_tokens(x, step, &tokens));
     bg__strategy_t *own = BG__ONE(x, step); /* a rank that runs no program */
@@ -744,6 +748,11 @@ bg_status_t bg_executor_destroy(bg_executor_t *x)
 {
     if (!x)
         return BG_OK;
+    /* tell the others after which step this rank stops: a rank in a later step fails at once instead of
+     * waiting for BRIGADE_TIMEOUT (first: settling may wait on them). Not the workers and servers of
+     * --ps, whose ranks may leave at their own steps (the servers deliver what the workers pushed). */
+    if (!x->broken && x->lay.world > 1 && x->lay.servers == 0)
+        bg_comm_announce_leave(x->comm, x->epoch, x->step);
     if (x->broken)
         cancel_all(x);
     else if (bg__exec_settle(x) != BG_OK)

@@ -188,10 +188,13 @@ bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p)
     pthread_mutex_init(&c->scratch_lock, NULL);
     c->dead = calloc((size_t)c->size, 1);
     c->eps = calloc((size_t)c->size, sizeof(*c->eps));
-    if (!c->dead || !c->eps) {
+    c->left_at = malloc((size_t)c->size * sizeof(*c->left_at));
+    if (!c->dead || !c->eps || !c->left_at) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate per-rank tables for %d ranks", c->size);
         goto err_free;
     }
+    for (int r = 0; r < c->size; r++)
+        c->left_at[r] = -1;
     bg_log_set_rank(c->rank);
     double deadline = bg_now() + c->timeout_s;
     if (c->rank == 0) {
@@ -251,6 +254,7 @@ err_server:
     if (c->server)
         bg__store_server_stop(c->server, 0);
 err_free:
+    free(c->left_at);
     free(c->dead);
     free(c->eps);
     free(c);
@@ -426,6 +430,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     if (c->wake_fd >= 0)
         close(c->wake_fd);
     free(c->my_addr);
+    free(c->left_at);
     free(c->dead);
     free(c->eps);
     pthread_mutex_destroy(&c->lock);

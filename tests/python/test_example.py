@@ -111,6 +111,43 @@ with bg.Executor(tp.build_model(a), batches=tp.make_batches(a), dp=2, batch=8, m
             self.assertTrue(any("disagree on the learning rate (bg_executor_set_lr) at step 3: rank 0 has 0.00100000005, "
                                 "rank 1 has 0.00200000009" in l for l in mine), "\n".join(mine))
 
+    def test_leaving_rank_is_announced(self):
+        # pp 2: rank 1's host stops after step 2 and closes its executor, then stays alive; rank 0, in step 3,
+        # fails within a second or so naming rank 1 and step 2 (it used to wait BRIGADE_TIMEOUT)
+        script = os.path.join(self.tmp, "leave.py")
+        with open(script, "w") as f:
+            f.write("""import importlib.util, os, time
+spec = importlib.util.spec_from_file_location("train_pipeline", %r)
+tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
+import brigade as bg
+a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
+                          no_numpy=True)
+rank = int(os.environ["BRIGADE_RANK"])
+ex = bg.Executor(tp.build_model(a), batches=tp.make_batches(a), pp=2, batch=8, microbatches=2, threads=1)
+for s in range(2 if rank == 1 else 5):
+    t0 = time.monotonic()
+    try:
+        ex.step()
+    except bg.BrigadeError as e:
+        print("step %%d failed after %%.2f s: %%s" %% (s + 1, time.monotonic() - t0, e), flush=True)
+        break
+try:
+    ex.close()
+except bg.BrigadeError:
+    pass
+if rank == 1:
+    time.sleep(8)  # alive: rank 0 learns it from the notice, not from this process's end
+""" % EXAMPLE)
+        cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--tag-output", "--", sys.executable, script]
+        env = dict(os.environ, BRIGADE_TIMEOUT="20")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+        out = p.stdout + p.stderr
+        m = re.search(r"^\[rank 0\] step 3 failed after ([0-9.]+) s: (.*)$", out, re.M)
+        self.assertTrue(m, "rank 0's step 3 did not fail:\n" + out)
+        print(m.group(0))
+        self.assertLess(float(m.group(1)), 5.0, m.group(0))
+        self.assertIn("rank 1 left the job after step 2", m.group(2))
+
     def test_pipeline_equals_one_process(self):
         self.check_same([], [])
 
