@@ -60,6 +60,19 @@ static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
     bg__unlock(c);
 }
 
+/* Hand a message to the communication thread (*pending = 1) and wait
+ * (briefly) until it is sent: the host may exit right after. */
+static void send_by_thread(bg_comm_t *c, atomic_int *pending)
+{
+    atomic_store(pending, 1);
+    bg__kick(c);
+    double deadline = bg_now() + 2;
+    while (atomic_load(pending) && bg_now() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
 {
     if (!c)
@@ -74,14 +87,7 @@ bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
     bg__unlock(c);
     if (!first || c->size == 1 || c->live.fd < 0)
         return BG_OK;
-    atomic_store(&c->abort_pending, 1);
-    bg__kick(c);
-    /* the host may exit right after this: wait (briefly) until it is sent */
-    double deadline = bg_now() + 2;
-    while (atomic_load(&c->abort_pending) && bg_now() < deadline) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    send_by_thread(c, &c->abort_pending);
     return BG_OK;
 }
 
@@ -141,14 +147,7 @@ void bg_comm_announce_leave(bg_comm_t *c, uint32_t epoch, int64_t steps)
     if (!c || c->size == 1 || c->live.fd < 0 || atomic_load(&c->failed))
         return;
     c->leave_pos = (int64_t)((uint64_t)epoch << 40 | ((uint64_t)steps & ((1ull << 40) - 1)));
-    atomic_store(&c->leave_pending, 1);
-    bg__kick(c);
-    /* the host may destroy the comm or exit right after this: wait (briefly) until it is sent */
-    double deadline = bg_now() + 2;
-    while (atomic_load(&c->leave_pending) && bg_now() < deadline) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    send_by_thread(c, &c->leave_pending);
 }
 
 /* The communication thread: rank r's notice (from the store). */

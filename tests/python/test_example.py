@@ -18,6 +18,16 @@ EXAMPLE = os.path.join(SOURCE, "python", "examples", "train_pipeline.py")
 BRIGADE = os.environ.get("BRIGADE", os.path.join(SOURCE, "build", "brigade"))
 
 
+# The start of a script run by `brigade launch`: train_pipeline.py's model and batches, brigade as bg.
+SCRIPT_PRELUDE = """import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("train_pipeline", %r)
+tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
+import brigade as bg
+a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
+                          no_numpy=True)
+""" % EXAMPLE
+
+
 class PipelineExample(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
@@ -54,13 +64,7 @@ class PipelineExample(unittest.TestCase):
         # ValueError, not with the error its close() gets because the job did not end cleanly; rank 1 says why
         script = os.path.join(self.tmp, "raise.py")
         with open(script, "w") as f:
-            f.write("""import importlib.util, sys
-spec = importlib.util.spec_from_file_location("train_pipeline", %r)
-tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
-import brigade as bg
-a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
-                          no_numpy=True)
-good = tp.make_batches(a)
+            f.write(SCRIPT_PRELUDE + """good = tp.make_batches(a)
 def batches(rq):
     if rq.step == 2 and rq.first == 0:
         raise ValueError("bad batch at step 2: " + "x" * 400 + " (the end of a long message)")
@@ -68,7 +72,7 @@ def batches(rq):
 with bg.Executor(tp.build_model(a), batches=batches, pp=2, batch=8, microbatches=2, threads=1) as ex:
     for s in range(5):
         ex.step()
-""" % EXAMPLE)
+""")
         cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--tag-output", "--", sys.executable, script]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
         self.assertNotEqual(p.returncode, 0, "the failing job exited 0:\n" + p.stdout + p.stderr)
@@ -87,19 +91,13 @@ with bg.Executor(tp.build_model(a), batches=batches, pp=2, batch=8, microbatches
         # both ranks, each naming the value, the step and the rank (it used to train silently apart)
         script = os.path.join(self.tmp, "lr.py")
         with open(script, "w") as f:
-            f.write("""import importlib.util, os
-spec = importlib.util.spec_from_file_location("train_pipeline", %r)
-tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
-import brigade as bg
-a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
-                          no_numpy=True)
-rank = int(os.environ["BRIGADE_RANK"])
+            f.write(SCRIPT_PRELUDE + """rank = int(os.environ["BRIGADE_RANK"])
 with bg.Executor(tp.build_model(a), batches=tp.make_batches(a), dp=2, batch=8, microbatches=2, threads=1) as ex:
     for s in range(5):
         ex.set_lr(2e-3 if rank == 1 and s >= 2 else 1e-3)
         ex.step()
         print("passed step", s + 1, flush=True)
-""" % EXAMPLE)
+""")
         cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--tag-output", "--", sys.executable, script]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
         out = p.stdout + p.stderr
@@ -116,20 +114,14 @@ with bg.Executor(tp.build_model(a), batches=tp.make_batches(a), dp=2, batch=8, m
         # fails within a second or so naming rank 1 and step 2 (it used to wait BRIGADE_TIMEOUT)
         script = os.path.join(self.tmp, "leave.py")
         with open(script, "w") as f:
-            f.write("""import importlib.util, os, time
-spec = importlib.util.spec_from_file_location("train_pipeline", %r)
-tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)
-import brigade as bg
-a = tp.argparse.Namespace(vocab=32, seq=16, d_model=32, layers=2, heads=4, seed=1, tie=False, data_seed=7,
-                          no_numpy=True)
-rank = int(os.environ["BRIGADE_RANK"])
+            f.write(SCRIPT_PRELUDE + """rank = int(os.environ["BRIGADE_RANK"])
 ex = bg.Executor(tp.build_model(a), batches=tp.make_batches(a), pp=2, batch=8, microbatches=2, threads=1)
 for s in range(2 if rank == 1 else 5):
     t0 = time.monotonic()
     try:
         ex.step()
     except bg.BrigadeError as e:
-        print("step %%d failed after %%.2f s: %%s" %% (s + 1, time.monotonic() - t0, e), flush=True)
+        print("step %d failed after %.2f s: %s" % (s + 1, time.monotonic() - t0, e), flush=True)
         break
 try:
     ex.close()
@@ -137,7 +129,7 @@ except bg.BrigadeError:
     pass
 if rank == 1:
     time.sleep(8)  # alive: rank 0 learns it from the notice, not from this process's end
-""" % EXAMPLE)
+""")
         cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--tag-output", "--", sys.executable, script]
         env = dict(os.environ, BRIGADE_TIMEOUT="20")
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
