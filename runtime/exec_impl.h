@@ -160,6 +160,7 @@ struct bg_executor {
     int has_first, has_last; /* this rank holds the pipeline's first / last stage */
     int classes, vocab, Tmax;
     int64_t step;           /* steps done */
+    uint32_t epoch;         /* this executor's on the comm (bg_comm_epoch_begin): leave notices */
     float loss_scale;
     double loss;            /* this rank's share of the step's loss */
     /* a backend that queues work (ops->event_record): each microbatch's
@@ -241,6 +242,12 @@ bg_status_t bg__exec_update(exec_t *x, chunk_t *ch, float k);
 bg_status_t bg__exec_settle(exec_t *x);
 /* exec_agree.c: every rank's settings against rank 0's, at create (collective) */
 bg_status_t bg__exec_agree(exec_t *x);
+/* Per-step agreement: the doubles this rank adds to the step-end SUM
+ * allreduce, and the check of the job's sums (a mismatch: an error naming
+ * the value, the step and the ranks, on every rank alike). */
+#define BG__STEP_AGREE_DOUBLES 4
+void bg__exec_step_agree_pack(const exec_t *x, double out[BG__STEP_AGREE_DOUBLES]);
+bg_status_t bg__exec_step_agree_check(exec_t *x, const double sums[BG__STEP_AGREE_DOUBLES]);
 
 /* Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
  * the receiving stage, or one of these for the strategies' exchanges, bits

@@ -425,6 +425,7 @@ static bg_status_t connect(exec_t *x)
     bg__layout_set_schedule(&x->lay, x->sched);
     BG_CHECK(make_groups(x));
     BG_CHECK(bg__exec_agree(x)); /* before any other message: ranks that disagree fail alike, at once */
+    x->epoch = bg_comm_epoch_begin(x->comm); /* leave notices name this executor's steps */
     BG_CHECK(bg__tp_create(x->comm, x->desc, x->lay.tp, bg__layout_tp_first(&x->lay), &x->tp));
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
@@ -660,8 +661,8 @@ static bg_status_t run_program(exec_t *x)
 /* The default step end: the step's loss (the last stage of each replica
  * holds its share), the squared gradient norm (each rank's chunks, in
  * chunk order; the optimizer steps leave 0 where a rank's chunk does not
- * count) and whether any rank was asked to stop: one fp64 allreduce, so all
- * agree. The loss is reported in fp32: each share is rounded to fp32 before
+ * count), whether any rank was asked to stop and the host's per-step values
+ * to compare (bg_executor_set_lr): one fp64 allreduce, so all agree. The loss is reported in fp32: each share is rounded to fp32 before
  * the sum and the sum after it, as when it travelled as fp32. */
 static bg_status_t step_end(exec_t *x, double t0, double tokens, bg_step_result_t *result_p)
 {
@@ -673,9 +674,14 @@ static bg_status_t step_end(exec_t *x, double t0, double tokens, bg_step_result_
     double gsq = 0;
     for (int v = 0; v < x->V; v++)
         gsq += x->chunks[v].gsq;
-    double red[3] = {(double)(float)x->loss, x->stop_req ? 1.0 : 0.0, gsq};
-    if (x->lay.world > 1)
-        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 3, BG_F64, BG_REDUCE_SUM), st, fail);
+    /* the host's per-step values ride along, to be compared (exec_agree.c) */
+    double red[3 + BG__STEP_AGREE_DOUBLES] = {(double)(float)x->loss, x->stop_req ? 1.0 : 0.0, gsq};
+    if (x->lay.world > 1) {
+        bg__exec_step_agree_pack(x, red + 3);
+        BG_CHECK_GOTO(bg_group_allreduce(x->world_group, red, 3 + BG__STEP_AGREE_DOUBLES, BG_F64, BG_REDUCE_SUM),
+                      st, fail);
+        BG_CHECK_GOTO(bg__exec_step_agree_check(x, red + 3), st, fail);
+    }
     gsq = red[2];
     x->step = step + 1;
     bg_step_result_t r = bg__exec_step_result(x, tokens, dt);
@@ -696,6 +702,9 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         return bg_error(BG_ERR_INVALID, "executor: an earlier step failed; destroy it and resume from a checkpoint");
     bg_status_t st = BG_OK;
     int64_t step = x->step;
+    /* a rank that left before this step fails it now (and while in it, through the transport) */
+    if (x->lay.world > 1 && (st = bg_comm_enter_step(x->comm, x->epoch, step + 1)) != BG_OK)
+        return bg__exec_step_failed(x, st);
     double tokens;
     BG_CHECK(bg__exec_step_tokens(x, step, &tokens));
     bg__strategy_t *own = BG__ONE(x, step); /* a rank that runs no program */
@@ -770,6 +779,11 @@ bg_status_t bg_executor_destroy(bg_executor_t *x)
 {
     if (!x)
         return BG_OK;
+    /* tell the others after which step this rank stops: a rank in a later step fails at once instead of
+     * waiting for BRIGADE_TIMEOUT (first: settling may wait on them). Not the workers and servers of
+     * --ps, whose ranks may leave at their own steps (the servers deliver what the workers pushed). */
+    if (!x->broken && x->lay.world > 1 && x->lay.servers == 0)
+        bg_comm_announce_leave(x->comm, x->epoch, x->step);
     if (x->broken)
         cancel_all(x);
     else if (bg__exec_settle(x) != BG_OK)

@@ -413,6 +413,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.device_mem = c->device_mem;
     p.ndevice_mem = c->ndevice_mem;
     p.clip_grad = c->clip_grad;
+    p.data_seed = c->data_seed;
     *p_out = p;
 }
 

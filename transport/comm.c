@@ -42,8 +42,13 @@
  * UCX's log handlers are process-wide, so the handler is installed only when a
  * caller asks for it (bg_comm_params_t.ucx_log_handler), once per process, and
  * never popped: ucs_log_pop_handler removes the newest handler, which may be the
- * host's. Both variables below are process-wide for that reason. */
+ * host's. Without it, a forced teardown (after a failure) pushes it for the
+ * worker's destruction only, so that UCX's "unexpected tag-receive descriptor
+ * ... was not matched" (messages of a failed job nobody will receive) stays
+ * off the user's terminal, and pops it only if nobody pushed one meanwhile.
+ * The variables below are process-wide for that reason. */
 static atomic_int bg__ucs_quiet; /* > 0 while a forced teardown destroys a worker */
+static atomic_int bg__ucs_installed; /* the handler is installed for the process */
 
 static ucs_log_func_rc_t bg__ucs_log(const char *file, unsigned line, const char *function,
                                      ucs_log_level_t level, const ucs_log_component_config_t *cc,
@@ -67,7 +72,11 @@ static ucs_log_func_rc_t bg__ucs_log(const char *file, unsigned line, const char
 }
 
 static pthread_once_t bg__ucs_once = PTHREAD_ONCE_INIT;
-static void bg__ucs_install(void) { ucs_log_push_handler(bg__ucs_log); }
+static void bg__ucs_install(void)
+{
+    ucs_log_push_handler(bg__ucs_log);
+    atomic_store(&bg__ucs_installed, 1);
+}
 
 static bg_status_t bg__ucx_init(bg_comm_t *c, int log_handler)
 {
@@ -188,10 +197,13 @@ bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p)
     pthread_mutex_init(&c->scratch_lock, NULL);
     c->dead = calloc((size_t)c->size, 1);
     c->eps = calloc((size_t)c->size, sizeof(*c->eps));
-    if (!c->dead || !c->eps) {
+    c->left_at = malloc((size_t)c->size * sizeof(*c->left_at));
+    if (!c->dead || !c->eps || !c->left_at) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate per-rank tables for %d ranks", c->size);
         goto err_free;
     }
+    for (int r = 0; r < c->size; r++)
+        c->left_at[r] = -1;
     bg_log_set_rank(c->rank);
     double deadline = bg_now() + c->timeout_s;
     if (c->rank == 0) {
@@ -251,6 +263,7 @@ err_server:
     if (c->server)
         bg__store_server_stop(c->server, 0);
 err_free:
+    free(c->left_at);
     free(c->dead);
     free(c->eps);
     free(c);
@@ -397,8 +410,14 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
         ucp_worker_progress(c->worker);
     bg__unlock(c);
     /* destroying the worker purges what is left, through the callbacks */
-    if (!graceful)
+    unsigned pushed = 0;
+    if (!graceful) {
         atomic_fetch_add(&bg__ucs_quiet, 1);
+        if (!atomic_load(&bg__ucs_installed)) {
+            ucs_log_push_handler(bg__ucs_log);
+            pushed = ucs_log_num_handlers();
+        }
+    }
     if (c->worker)
         ucp_worker_destroy(c->worker);
     c->worker = NULL;
@@ -412,6 +431,8 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     }
     if (c->ctx)
         ucp_cleanup(c->ctx);
+    if (pushed && ucs_log_num_handlers() == pushed) /* still the newest: ours */
+        ucs_log_pop_handler();
     if (!graceful)
         atomic_fetch_sub(&bg__ucs_quiet, 1);
     for (int i = 0; i < c->nleaks; i++)
@@ -426,6 +447,7 @@ bg_status_t bg_comm_destroy(bg_comm_t *c)
     if (c->wake_fd >= 0)
         close(c->wake_fd);
     free(c->my_addr);
+    free(c->left_at);
     free(c->dead);
     free(c->eps);
     pthread_mutex_destroy(&c->lock);

@@ -3,7 +3,8 @@
  * connection to the store, death notices from it), marking a rank failed and
  * failing every operation that involves it, bg_comm_abort, and the queries on
  * failures (bg_comm_health, bg_comm_peer_alive,
- * bg_comm_acknowledge_failures). It calls the request engine (engine.c) and
+ * bg_comm_acknowledge_failures), and leave notices (a rank that stops
+ * stepping before the others says so; bg_comm_announce_leave). It calls the request engine (engine.c) and
  * the store's wire format and client; it must not create or destroy the comm
  * (comm.c starts and joins its thread) nor post transfers of its own. */
 #include <poll.h>
@@ -23,7 +24,7 @@
 static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
 {
     char msg[BG__ERR_MSG_MAX];
-    if (rank >= 0 && strncmp(why, "stopped on an error", 19) == 0)
+    if (rank >= 0 && (strncmp(why, "stopped on an error", 19) == 0 || strncmp(why, "left the job", 12) == 0))
         snprintf(msg, sizeof(msg), "rank %d %s", rank, why);
     else if (rank >= 0)
         snprintf(msg, sizeof(msg), "rank %d died (%s)", rank, why);
@@ -59,6 +60,19 @@ static void bg__peer_failed(bg_comm_t *c, int rank, const char *why)
     bg__unlock(c);
 }
 
+/* Hand a message to the communication thread (*pending = 1) and wait
+ * (briefly) until it is sent: the host may exit right after. */
+static void send_by_thread(bg_comm_t *c, atomic_int *pending)
+{
+    atomic_store(pending, 1);
+    bg__kick(c);
+    double deadline = bg_now() + 2;
+    while (atomic_load(pending) && bg_now() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
 {
     if (!c)
@@ -73,15 +87,83 @@ bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
     bg__unlock(c);
     if (!first || c->size == 1 || c->live.fd < 0)
         return BG_OK;
-    atomic_store(&c->abort_pending, 1);
-    bg__kick(c);
-    /* the host may exit right after this: wait (briefly) until it is sent */
-    double deadline = bg_now() + 2;
-    while (atomic_load(&c->abort_pending) && bg_now() < deadline) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    send_by_thread(c, &c->abort_pending);
     return BG_OK;
+}
+
+/* ---- leave notices ------------------------------------------------------------------ */
+
+#define POS_EPOCH(p) ((uint64_t)(p) >> 40)
+#define POS_STEP(p) ((int64_t)((uint64_t)(p) & ((1ull << 40) - 1)))
+
+uint32_t bg_comm_epoch_begin(bg_comm_t *c)
+{
+    bg__lock(c);
+    uint32_t e = ++c->epochs;
+    bg__unlock(c);
+    return e;
+}
+
+/* The first rank (other than this one) that left in this rank's epoch at a
+ * step before the one this rank is in, -1: none. Under the lock. */
+static int left_early_locked(bg_comm_t *c, int64_t pos, int64_t *left_p)
+{
+    for (int r = 0; r < c->size; r++) {
+        int64_t l = c->left_at[r];
+        if (r != c->rank && l >= 0 && !c->dead[r] && POS_EPOCH(l) == POS_EPOCH(pos) && POS_STEP(l) < POS_STEP(pos)) {
+            *left_p = l;
+            return r;
+        }
+    }
+    return -1;
+}
+
+/* Rank r left at position l while this rank is at pos: it fails as a dead rank would, named with its step. */
+static void left_early(bg_comm_t *c, int r, int64_t l, int64_t pos)
+{
+    char why[160];
+    snprintf(why, sizeof(why), "left the job after step %lld (its executor was destroyed) while this rank is at "
+             "step %lld", (long long)POS_STEP(l), (long long)POS_STEP(pos));
+    bg__peer_failed(c, r, why);
+}
+
+bg_status_t bg_comm_enter_step(bg_comm_t *c, uint32_t epoch, int64_t step)
+{
+    int64_t pos = (int64_t)((uint64_t)epoch << 40 | ((uint64_t)step & ((1ull << 40) - 1))), l = 0;
+    atomic_store(&c->position, pos);
+    if (!atomic_load(&c->any_left))
+        return BG_OK;
+    bg__lock(c);
+    int r = left_early_locked(c, pos, &l);
+    bg__unlock(c);
+    if (r < 0)
+        return BG_OK;
+    left_early(c, r, l, pos);
+    return bg__peer_status(c, r, "the start of a step");
+}
+
+void bg_comm_announce_leave(bg_comm_t *c, uint32_t epoch, int64_t steps)
+{
+    if (!c || c->size == 1 || c->live.fd < 0 || atomic_load(&c->failed))
+        return;
+    c->leave_pos = (int64_t)((uint64_t)epoch << 40 | ((uint64_t)steps & ((1ull << 40) - 1)));
+    send_by_thread(c, &c->leave_pending);
+}
+
+/* The communication thread: rank r's notice (from the store). */
+static void on_left(bg_comm_t *c, int r, const uint8_t *v, size_t n)
+{
+    int64_t l, pos = atomic_load(&c->position);
+    if (r < 0 || r >= c->size || r == c->rank || n != sizeof l)
+        return;
+    memcpy(&l, v, sizeof l);
+    bg__lock(c);
+    c->left_at[r] = l;
+    atomic_store(&c->any_left, 1);
+    int early = left_early_locked(c, pos, &l) == r;
+    bg__unlock(c);
+    if (early)
+        left_early(c, r, l, pos);
 }
 
 /* ---- the communication thread ---------------------------------------------------- */
@@ -98,6 +180,15 @@ static void bg__live_poll(bg_comm_t *c)
             free(m);
         }
         atomic_store(&c->abort_pending, 0);
+    }
+    if (atomic_load(&c->leave_pending)) { /* bg_comm_announce_leave */
+        size_t len;
+        uint8_t *m = bg__msg_encode(BG__OP_LEAVE, 0, 0, NULL, 0, &c->leave_pos, sizeof c->leave_pos, &len);
+        if (m) {
+            bg__write_all(c->live.fd, m, len, bg_now() + 1);
+            free(m);
+        }
+        atomic_store(&c->leave_pending, 0);
     }
     double now = bg_now();
     if (now - c->last_sent >= c->heartbeat_ms / 1000.0) {
@@ -128,6 +219,8 @@ static void bg__live_poll(bg_comm_t *c)
             memcpy(why, v, n);
             why[n] = '\0';
             bg__peer_failed(c, (int)h.arg, why);
+        } else if (h.op == BG__OP_LEFT) {
+            on_left(c, (int)h.arg, v, h.val_len);
         }
         bg__rd_pop(&c->live.rd);
     }

@@ -35,7 +35,10 @@ enum {
     BG__OP_FAIL = 11,   /* client -> server on a liveness connection: this rank stopped on an error
                            (value = the message); the server announces it to the others as DEAD */
     BG__OP_DEL = 12,    /* key: forget it (a key per checkpoint would otherwise stay for the whole job) */
-    BG__OP_MAX = 12,
+    BG__OP_LEAVE = 13,  /* client -> server on a liveness connection: this rank leaves (value = its 8-byte
+                           position, bg_comm_announce_leave); the server tells the others as LEFT */
+    BG__OP_LEFT = 14,   /* server -> clients: arg = rank, value = its LEAVE's position; the rank is not dead */
+    BG__OP_MAX = 14,
 #define BG_STORE_ABORT_MAX 1024 /* bytes of a FAIL message kept */
 };
 

@@ -454,6 +454,19 @@ static int bg__op_fail(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr
     return 0;
 }
 
+/* A rank leaves (not a failure: the others decide from its position whether it left early). */
+static int bg__op_leave(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h, const uint8_t *val)
+{
+    if (h->val_len != sizeof(int64_t))
+        return -1;
+    for (int i = 0; i < s->nconns; i++) {
+        bg__conn_t *o = s->conns[i];
+        if (o && o != c && o->role == BG__ROLE_LIVE && o->hello && !o->bye && o->rank != c->rank)
+            bg__queue(o, BG__OP_LEFT, 0, (uint32_t)c->rank, NULL, 0, val, sizeof(int64_t));
+    }
+    return 0;
+}
+
 /* Handle one message; -1 drops the connection (a protocol violation, or a
  * refused hello, with *drop_p set to its BG__DROP_* cause). */
 static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_t *h,
@@ -489,6 +502,8 @@ static int bg__handle(bg__store_server_t *s, bg__conn_t *c, const bg__store_hdr_
         return 0;
     case BG__OP_FAIL:
         return bg__op_fail(s, c, h, val);
+    case BG__OP_LEAVE:
+        return c->role == BG__ROLE_LIVE ? bg__op_leave(s, c, h, val) : -1;
     default:
         return -1;
     }

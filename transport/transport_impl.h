@@ -146,6 +146,13 @@ struct bg_comm {
     char fail_msg[BG__ERR_MSG_MAX]; /* first failure */
     char abort_msg[BG_STORE_ABORT_MAX]; /* bg_comm_abort's message, sent by the communication thread */
     atomic_int abort_pending;
+    /* leave notices (bg_comm_announce_leave / bg_comm_enter_step): positions are epoch << 40 | step */
+    atomic_llong position;      /* this rank's: the step it is in */
+    int64_t *left_at;           /* per rank: the position it left at, -1: still here (under the lock) */
+    atomic_int any_left;
+    int64_t leave_pos;          /* this rank's leave, sent by the communication thread */
+    atomic_int leave_pending;
+    uint32_t epochs;            /* bg_comm_epoch_begin calls */
     pthread_mutex_t scratch_lock; /* reusable collective buffers (no page faults per call) */
     void *scratch[8];
     size_t scratch_bytes[8];

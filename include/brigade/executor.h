@@ -139,6 +139,9 @@ typedef struct bg_executor_params {
                                       the whole model's gradients (over pp, dp, tp, ZeRO shards, parameter
                                       servers), summed exactly so that it does not depend on the layout; the
                                       updates then wait for every stage's norm (the step's end); 0: none */
+    uint64_t data_seed;          /**< the host's data seed: the executor does not use it, but every rank
+                                      of the job must have the same (compared when the executor is created,
+                                      with the other settings; a host without one leaves 0) */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -149,7 +152,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0, .clip_grad = 0 }
+      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -223,7 +226,9 @@ typedef struct bg_eval_result {
  *  under parameter servers or emulation; a failure breaks the executor as a failed step does. */
 bg_status_t bg_executor_eval(bg_executor_t *x, const bg_batch_source_t *data, int64_t index,
                              bg_eval_result_t *result_p);
-/** The learning rate of the next steps (the host's schedule; every rank must set the same). */
+/** The learning rate of the next steps (the host's schedule; every rank must set the same: the
+ *  step's end compares it across the ranks, and a step taken with different ones fails on every
+ *  rank naming the values and the ranks). */
 void bg_executor_set_lr(bg_executor_t *x, float lr);
 /** Ask the job to stop: the next step's result has stop = 1 on every rank (signal-safe: sets a flag). */
 void bg_executor_request_stop(bg_executor_t *x);

@@ -145,6 +145,18 @@ void bg_comm_acknowledge_failures(bg_comm_t *comm);
  *  This rank's comm counts as failed afterwards. The first call's message
  *  is kept; later calls do nothing. */
 bg_status_t bg_comm_abort(bg_comm_t *comm, const char *why);
+/** Leave notices: a rank that stops stepping before the others (its host
+ *  destroyed the executor, or stopped calling step) tells them, and a rank
+ *  that is in, or enters, a later step fails at once with "rank R left the
+ *  job after step N ..." instead of waiting for a timeout. A loop over steps
+ *  takes an epoch (one per executor, in the same order on every rank),
+ *  marks each step it enters (1-based) and announces its leave with the
+ *  steps it did; ranks that leave after the same step end cleanly.
+ *  bg_comm_enter_step returns BG_ERR_PEER when a rank left before @p step;
+ *  bg_comm_announce_leave waits at most 2 s for the notice to go out. */
+uint32_t bg_comm_epoch_begin(bg_comm_t *comm);
+bg_status_t bg_comm_enter_step(bg_comm_t *comm, uint32_t epoch, int64_t step);
+void bg_comm_announce_leave(bg_comm_t *comm, uint32_t epoch, int64_t steps);
 
 /* ---- point-to-point: byte buffers, 32-bit tags ---------------------------- */
 

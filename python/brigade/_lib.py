@@ -119,7 +119,7 @@ class ExecutorParams(Structure):
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
                 ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
                 ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int),
-                ("clip_grad", c_double)]
+                ("clip_grad", c_double), ("data_seed", c_uint64)]
 
 
 class StepResult(Structure):

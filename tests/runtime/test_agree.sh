@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/runtime/test_agree.sh: agreement at start. Ranks of one job started
 # with different settings (the learning rate, the schedule, the model, the
-# optimizer) fail at once, every rank with the same one line naming the
+# optimizer, the data seed) fail at once, every rank with the same one line naming the
 # first field that differs and the ranks that differ from rank 0, where they
 # used to wait BRIGADE_TIMEOUT or train silently wrong; ranks that agree
 # train as before.
@@ -28,10 +28,11 @@ disagree "--lr" "optimizer and its hyper-parameters: rank 1 differs from rank 0"
 disagree "--schedule" "schedule program: rank 1 differs from rank 0" "--schedule 1f1b" "--schedule gpipe"
 disagree "--d-model" "model description: ranks 1, 2, 3 differ from rank 0" "--d-model 16" "--d-model 32" 4
 disagree "--optimizer" "optimizer and its hyper-parameters: ranks 1, 2, 3 differ" "--optimizer adamw" "--optimizer sgd" 4
+disagree "--data-seed" "data seed: rank 1 differs from rank 0" "--data-seed 1" "--data-seed 2"
 
 # ranks that agree still train (and say nothing of it)
 timeout -s KILL 120 "$B" launch -n 2 -- "$B" train $G --pp 2 >"$T/out" 2>"$T/err"
 rc=$?
 check "agreeing ranks train (exit $rc)" [ $rc = 0 ]
 check "and say nothing of agreement" bash -c "! grep -q disagree '$T/err'"
-finish 17
+finish 21

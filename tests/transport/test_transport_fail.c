@@ -3,7 +3,9 @@
  * send; rank 0 (the store) dies; a rank never shows up; a rank hangs
  * (SIGSTOP: heartbeats stop); a live peer stays silent past the deadline.
  * The survivors must report an error naming the rank and exit well within
- * the deadline, never hang. */
+ * the deadline, never hang. A failed job's teardown keeps UCX's warnings on
+ * messages nobody received off the terminal, without brigade's process-wide
+ * log handler too (a host such as Python's). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -320,6 +322,64 @@ static void test_death_during_teardown(void **s)
     check_survivors(&r, 3, 0, 10);
 }
 
+/* Rank 1 sends a message rank 0 never receives, then one it does; rank 0
+ * stops on an error and destroys its comm with the first still unexpected,
+ * its stdout and stderr (where UCX logs) captured. */
+static int rank_unmatched_after_failure(int rank, int world, void *arg)
+{
+    (void)world;
+    const char *out = arg;
+    bg_comm_t *c;
+    bg_comm_params_t p = BG_COMM_PARAMS_INIT; /* no process-wide UCX log handler */
+    RK_OK(bg_comm_create(&p, &c));
+    int v = 7;
+    if (rank == 1) {
+        RK_OK(bg_send(c, 0, 11, &v, sizeof v)); /* never received */
+        RK_OK(bg_send(c, 0, 12, &v, sizeof v));
+        bg_comm_destroy(c); /* fails: rank 0 stopped on an error */
+        return 0;
+    }
+    RK_OK(bg_recv(c, 1, 12, &v, sizeof v)); /* progress: tag 11 waits unexpected */
+    bg_comm_abort(c, "the test stops here");
+    fflush(stdout);
+    fflush(stderr);
+    int saved1 = dup(1), saved2 = dup(2);
+    FILE *f = fopen(out, "w");
+    RK_CHECK(f && saved1 >= 0 && saved2 >= 0, "cannot capture the output in %s", out);
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    bg_comm_destroy(c);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved1, 1);
+    dup2(saved2, 2);
+    fclose(f);
+    return 0;
+}
+
+static void test_no_ucx_warnings_after_failure(void **s)
+{
+    (void)s;
+    char out[] = "/tmp/bg-unmatched-XXXXXX";
+    int fd = mkstemp(out);
+    assert_true(fd >= 0);
+    close(fd);
+    const char *env[] = {"BRIGADE_TIMEOUT=20", "UCX_TLS=sm,self", NULL};
+    bgt_result_t r;
+    bgt_run_ranks(2, rank_unmatched_after_failure, out, 30, env, -1, &r);
+    assert_false(r.timed_out);
+    assert_int_equal(r.status[0], 0);
+    char text[8192] = "";
+    FILE *f = fopen(out, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    unlink(out);
+    if (strstr(text, "was not matched"))
+        fail_msg("UCX's warning reached the terminal after the failure:\n%s", text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_kill_store_rank),   cmocka_unit_test(test_never_joins),
         cmocka_unit_test(test_hung_rank),         cmocka_unit_test(test_silent_peer_deadline),
         cmocka_unit_test(test_wrong_token),       cmocka_unit_test(test_death_during_teardown),
+        cmocka_unit_test(test_no_ucx_warnings_after_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
