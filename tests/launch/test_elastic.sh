@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# tests/launch/test_elastic.sh: brigade launch --hosts --rsh --elastic without
+# root. Four "hosts" run on this machine through tests/launch/fakehost.sh (a
+# remote shell whose host can be made unreachable). A --dp auto job on 4 hosts
+# loses host h3 for good (its rank SIGKILLed, the host unreachable) after its
+# first checkpoint: the launcher drops h3, restarts on 3 hosts, the job
+# re-plans dp 4 -> 3 from its checkpoint and finishes with the weights of a
+# run stopped by hand at that step and resumed on dp 3, bitwise. Bad input
+# and a job that cannot go on end with a clear message and a non-zero exit,
+# never a hang. (tests/netns/test_netns_elastic.sh: the same across network
+# namespaces, as root.)
+. "$(dirname "$0")/../lib/harness.sh"
+F=$(cd "$(dirname "$0")" && pwd)/fakehost.sh
+export FAKEHOST_DIR=$T/hosts BRIGADE_TIMEOUT=5
+mkdir -p "$FAKEHOST_DIR"
+H4=h0=127.0.0.1,h1=127.0.0.1,h2=127.0.0.1,h3=127.0.0.1
+GPT=(--layers 2 --d-model 16 --heads 2 --seq 16 --batch 12 --microbatches 1 --threads 1 --quiet)
+STEPS=1500
+CK=(--checkpoint-dir "$T/ck" --checkpoint-every 50 --resume)
+# first_checkpoint: wait (at most 20 s) for the job's first complete checkpoint
+first_checkpoint() {
+    local i
+    for ((i = 0; i < 400; i++)); do
+        [ -e "$T/ck/step-00000050/manifest.json" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# ---- bad input: refused before anything starts (exit 2)
+TRAIN=(-- "$B" train "${GPT[@]}" --steps 10 --dp auto "${CK[@]}")
+expect 2 "--elastic 3:2: MIN is more than MAX" launch --hosts $H4 --rsh "$F" --elastic 3:2 --max-restarts 1 "${TRAIN[@]}"
+expect 2 "--elastic 5:8: MIN is more than the 4 ranks of --hosts (4 hosts x 1)" launch --hosts $H4 --rsh "$F" \
+    --elastic 5:8 --max-restarts 1 "${TRAIN[@]}"
+expect 2 "--elastic \"0:2\": expected MIN:MAX" launch --hosts $H4 --rsh "$F" --elastic 0:2 --max-restarts 1 "${TRAIN[@]}"
+expect 2 "--elastic needs --hosts" launch -n 4 --elastic 2:4 --max-restarts 1 "${TRAIN[@]}"
+expect 2 "--elastic needs --rsh" launch --hosts $H4 --elastic 2:4 --max-restarts 1 "${TRAIN[@]}"
+expect 2 "give --max-restarts N (N >= 1)" launch --hosts $H4 --rsh "$F" --elastic 2:4 "${TRAIN[@]}"
+expect 2 "give it --checkpoint-dir DIR --checkpoint-every N --resume" launch --hosts $H4 --rsh "$F" --elastic 2:4 \
+    --max-restarts 1 -- "$B" train "${GPT[@]}" --dp auto --save "$T/x"
+expect 2 "give it --dp auto (or --pp auto)" launch --hosts $H4 --rsh "$F" --elastic 2:4 --max-restarts 1 -- \
+    "$B" train "${GPT[@]}" --dp 4 "${CK[@]}"
+expect 2 "-n 3, but --hosts gives 4 hosts x 1 rank" launch -n 3 --hosts $H4 "${TRAIN[@]}"
+expect 2 "host h1 is listed twice" launch --hosts h0,h1,h1 "${TRAIN[@]}"
+expect 2 "--rsh needs --hosts" launch -n 2 --rsh "$F" "${TRAIN[@]}"
+[ -e "$T/ck" ] && bad "a refused launch wrote $T/ck" || ok "nothing ran"
+
+# ---- --hosts without --elastic: blocks of --nproc-per-host, local ranks per host, the first host's address
+cat >"$T/env.sh" <<'SH'
+#!/bin/bash
+echo "$BRIGADE_RANK $BRIGADE_LOCAL_RANK $BRIGADE_WORLD_SIZE $BRIGADE_MASTER_ADDR" >"$FAKEHOST_DIR/env.$BRIGADE_RANK"
+SH
+chmod +x "$T/env.sh"
+timeout -s KILL 30 "$B" launch --hosts a=10.1.1.1,b --nproc-per-host 2 --rsh "$F" -- "$T/env.sh"
+check "--hosts: 2 hosts x 2 ranks started" [ "$(cat "$FAKEHOST_DIR"/a.pids "$FAKEHOST_DIR"/b.pids | wc -l)" = 4 ]
+same_text() { [ "$(cat "$FAKEHOST_DIR"/env.{0,1,2,3} | tr '\n' ';')" = "$1" ]; }
+check "--hosts: rank, local rank, world, master address" same_text "0 0 4 10.1.1.1;1 1 4 10.1.1.1;2 0 4 10.1.1.1;3 1 4 10.1.1.1;"
+rm -f "$FAKEHOST_DIR"/*
+
+# ---- a host lost for good: 4 hosts -> 3, dp 4 -> 3, resumed from the newest checkpoint
+timeout -s KILL 200 "$B" launch --hosts $H4 --rsh "$F" --elastic 2:4 --max-restarts 2 --timeout 180 -- \
+    "$B" train "${GPT[@]}" --steps $STEPS --dp auto "${CK[@]}" --save "$T/el-out" >"$T/el.log" 2>&1 &
+job=$!
+if first_checkpoint; then
+    touch "$FAKEHOST_DIR/h3.down"
+    # shellcheck disable=SC2046
+    kill -KILL $(cat "$FAKEHOST_DIR/h3.pids") 2>/dev/null
+else
+    bad "no checkpoint within 20 s"
+fi
+wait $job
+rc=$?
+check "the elastic job finishes on 3 hosts (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
+check "the launcher names the lost host" grep -q "elastic: host h3 is lost (.*fakehost.sh h3 true.: exit status 255)" "$T/el.log"
+check "the launcher says the new world" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (h0,h1,h2), master 127.0.0.1" "$T/el.log"
+line=$(grep -m1 -o 'resuming from .*' "$T/el.log")
+echo "$line"
+s=$(echo "$line" | sed -n 's/.*step-0*\([0-9][0-9]*\) (written by pp=1 dp=4) at step [0-9]*: layout pp=1 dp=4 -> pp=1 dp=3$/\1/p')
+check "the job re-planned dp 4 -> 3 from a checkpoint, not step 0 ($line)" [ -n "$s" ]
+if [ -n "$s" ]; then
+    # by hand: dp 4 up to step s, then resumed on 3 ranks with --dp 3
+    timeout -s KILL 120 "$B" launch -n 4 -- "$B" train "${GPT[@]}" --steps "$s" --dp 4 --checkpoint-dir "$T/hand" \
+        --checkpoint-every "$s" >/dev/null 2>&1 || bad "by hand: dp 4 to step $s"
+    timeout -s KILL 120 "$B" launch -n 3 -- "$B" train "${GPT[@]}" --steps $STEPS --dp 3 --checkpoint-dir "$T/hand" \
+        --resume --save "$T/hand-out" >/dev/null 2>&1 || bad "by hand: dp 3 from step $s"
+    check "weights bitwise equal to the run resumed by hand on dp 3" "$B" compare "$T/hand-out" "$T/el-out"
+fi
+
+# ---- fewer hosts than MIN: the launcher gives up at once, with the failed attempt's status
+rm -rf "${FAKEHOST_DIR:?}"/* "$T/ck"
+t0=$(now_us)
+timeout -s KILL 100 "$B" launch --hosts $H4 --rsh "$F" --elastic 4:4 --max-restarts 3 --timeout 90 -- \
+    "$B" train "${GPT[@]}" --steps 100000 --dp auto "${CK[@]}" >"$T/min.log" 2>&1 &
+job=$!
+first_checkpoint || bad "MIN: no checkpoint within 20 s"
+touch "$FAKEHOST_DIR/h2.down"
+# shellcheck disable=SC2046
+kill -KILL $(cat "$FAKEHOST_DIR/h2.pids") 2>/dev/null
+wait $job
+rc=$?
+check "fewer than MIN: exit 137, the lost rank's (rc $rc)" [ $rc = 137 ] || cat "$T/min.log"
+check "fewer than MIN: said" grep -qF "elastic: 3 of 4 hosts left, 3 ranks: fewer than --elastic 4:4 allows; giving up (exit code 137)" "$T/min.log"
+check "fewer than MIN: one attempt only" [ "$(grep -c 'restart 1 of 3' "$T/min.log")" = 1 ]
+check "fewer than MIN: not a hang ($(ms_since "$t0") ms)" [ "$(ms_since "$t0")" -lt 60000 ]
+
+# ---- restarts exhausted: a job that fails on every world ends with its status after K restarts
+rm -rf "${FAKEHOST_DIR:?}"/*
+expect 3 "the job failed after 2 restarts (--max-restarts 2); exit code 3" launch --hosts $H4 --rsh "$F" \
+    --elastic 1:4 --max-restarts 2 --timeout 50 -- sh -c 'sleep 0.2; exit 3'
+finish
