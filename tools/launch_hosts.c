@@ -204,8 +204,13 @@ static int launch_probe(launch_t *L)
                 snprintf(why, sizeof why, "exit status %d", WEXITSTATUS(st[h]));
             else
                 snprintf(why, sizeof why, "killed by signal %d", WTERMSIG(st[h]));
-            fprintf(stderr, "brigade launch: elastic: host %s is lost (`%s %s true`: %s); it is not used again\n",
-                    o->hosts[h].name, o->rsh[0], o->hosts[h].name, why);
+            char rsh[512];
+            size_t at = 0;
+            rsh[0] = 0;
+            for (int k = 0; k < o->nrsh && at < sizeof rsh; k++)
+                at += (size_t)snprintf(rsh + at, sizeof rsh - at, "%s ", o->rsh[k]);
+            fprintf(stderr, "brigade launch: elastic: host %s is lost (`%s%s true`: %s); it is not used again\n",
+                    o->hosts[h].name, rsh, o->hosts[h].name, why);
             o->hosts[h].lost = true;
             lost++;
         }

@@ -1,0 +1,48 @@
+# tests/netns/test_netns_elastic.sh: brigade launch --elastic across four
+# hosts made of network namespaces (--rsh "ip netns exec", UCX over TCP on
+# the veths). A --dp auto job loses host 0, the one serving the store, for
+# good after its first checkpoint: its processes are SIGKILLed and its
+# namespace deleted (`ip netns exec` fails there). The launcher must drop it,
+# move the store to host 1's address and restart on hosts 1-3; the job
+# re-plans dp 4 -> 3 from the checkpoint and finishes with the weights of a
+# run stopped by hand at that step and resumed on dp 3, bitwise.
+# (tests/launch/test_elastic.sh: the same without root, through a fake remote shell.)
+NETNS_LIMIT=140
+. "$(dirname "$0")/../lib/harness.sh"
+netns_init
+STEPS=1500
+GPT=(--layers 2 --d-model 16 --heads 2 --seq 16 --batch 12 --microbatches 1 --threads 1 --quiet)
+export BRIGADE_TIMEOUT=5
+
+netns_hosts 4
+hosts=
+for i in 0 1 2 3; do hosts+="${hosts:+,}${H[i]}=${ADDR[i]}"; done
+
+timeout -s KILL 120 "$B" launch --hosts "$hosts" --rsh "ip netns exec" --elastic 2:4 --max-restarts 2 --timeout 110 -- \
+    "$B" train "${GPT[@]}" --steps $STEPS --dp auto --checkpoint-dir "$T/ck" --checkpoint-every 50 --resume \
+    --save "$T/el-out" >"$T/el.log" 2>&1 &
+job=$!
+if wait_checkpoint "$T/ck" 30; then
+    kill_host 0
+    ip netns del "${H[0]}"
+else
+    fail "no checkpoint within 30 s"
+fi
+wait $job
+rc=$?
+check "the elastic job finishes on hosts 1-3 (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
+check "the launcher names the lost host" grep -q "elastic: host ${H[0]} is lost (.ip netns exec ${H[0]} true.: exit status" "$T/el.log"
+check "the store moves to host 1" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (${H[1]},${H[2]},${H[3]}), master ${ADDR[1]}" "$T/el.log"
+line=$(grep -m1 -o 'resuming from .*' "$T/el.log")
+echo "$line"
+s=$(echo "$line" | sed -n 's/.*step-0*\([0-9][0-9]*\) (written by pp=1 dp=4) at step [0-9]*: layout pp=1 dp=4 -> pp=1 dp=3$/\1/p')
+check "the job re-planned dp 4 -> 3 from a checkpoint, not step 0 ($line)" [ -n "$s" ]
+if [ -n "$s" ]; then
+    # by hand, on one host (shared memory gives the bits of TCP: test_netns_train)
+    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$B" launch -n 4 -- "$B" train "${GPT[@]}" --steps "$s" \
+        --dp 4 --checkpoint-dir "$T/hand" --checkpoint-every "$s" >/dev/null 2>&1 || fail "by hand: dp 4 to step $s"
+    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$B" launch -n 3 -- "$B" train "${GPT[@]}" --steps $STEPS \
+        --dp 3 --checkpoint-dir "$T/hand" --resume --save "$T/hand-out" >/dev/null 2>&1 || fail "by hand: dp 3 from step $s"
+    check "weights bitwise equal to the run resumed by hand on dp 3" "$B" compare "$T/hand-out" "$T/el-out"
+fi
+finish
