@@ -73,18 +73,7 @@ rc=$?
 check "the elastic job finishes on 3 hosts (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
 check "the launcher names the lost host" grep -q "elastic: host h3 is lost (.*fakehost.sh h3 true.: exit status 255)" "$T/el.log"
 check "the launcher says the new world" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (h0,h1,h2), master 127.0.0.1" "$T/el.log"
-line=$(grep -m1 -o 'resuming from .*' "$T/el.log")
-echo "$line"
-s=$(echo "$line" | sed -n 's/.*step-0*\([0-9][0-9]*\) (written by pp=1 dp=4) at step [0-9]*: layout pp=1 dp=4 -> pp=1 dp=3$/\1/p')
-check "the job re-planned dp 4 -> 3 from a checkpoint, not step 0 ($line)" [ -n "$s" ]
-if [ -n "$s" ]; then
-    # by hand: dp 4 up to step s, then resumed on 3 ranks with --dp 3
-    timeout -s KILL 120 "$B" launch -n 4 -- "$B" train "${GPT[@]}" --steps "$s" --dp 4 --checkpoint-dir "$T/hand" \
-        --checkpoint-every "$s" >/dev/null 2>&1 || bad "by hand: dp 4 to step $s"
-    timeout -s KILL 120 "$B" launch -n 3 -- "$B" train "${GPT[@]}" --steps $STEPS --dp 3 --checkpoint-dir "$T/hand" \
-        --resume --save "$T/hand-out" >/dev/null 2>&1 || bad "by hand: dp 3 from step $s"
-    check "weights bitwise equal to the run resumed by hand on dp 3" "$B" compare "$T/hand-out" "$T/el-out"
-fi
+elastic_resumed_like_by_hand "$T/el.log" "$T/el-out" $STEPS "${GPT[@]}"
 
 # ---- fewer hosts than MIN: the launcher gives up at once, with the failed attempt's status
 rm -rf "${FAKEHOST_DIR:?}"/* "$T/ck"

@@ -33,16 +33,6 @@ rc=$?
 check "the elastic job finishes on hosts 1-3 (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
 check "the launcher names the lost host" grep -q "elastic: host ${H[0]} is lost (.ip netns exec ${H[0]} true.: exit status" "$T/el.log"
 check "the store moves to host 1" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (${H[1]},${H[2]},${H[3]}), master ${ADDR[1]}" "$T/el.log"
-line=$(grep -m1 -o 'resuming from .*' "$T/el.log")
-echo "$line"
-s=$(echo "$line" | sed -n 's/.*step-0*\([0-9][0-9]*\) (written by pp=1 dp=4) at step [0-9]*: layout pp=1 dp=4 -> pp=1 dp=3$/\1/p')
-check "the job re-planned dp 4 -> 3 from a checkpoint, not step 0 ($line)" [ -n "$s" ]
-if [ -n "$s" ]; then
-    # by hand, on one host (shared memory gives the bits of TCP: test_netns_train)
-    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$B" launch -n 4 -- "$B" train "${GPT[@]}" --steps "$s" \
-        --dp 4 --checkpoint-dir "$T/hand" --checkpoint-every "$s" >/dev/null 2>&1 || fail "by hand: dp 4 to step $s"
-    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$B" launch -n 3 -- "$B" train "${GPT[@]}" --steps $STEPS \
-        --dp 3 --checkpoint-dir "$T/hand" --resume --save "$T/hand-out" >/dev/null 2>&1 || fail "by hand: dp 3 from step $s"
-    check "weights bitwise equal to the run resumed by hand on dp 3" "$B" compare "$T/hand-out" "$T/el-out"
-fi
+# by hand on one host (shared memory gives the bits of TCP: test_netns_train)
+elastic_resumed_like_by_hand "$T/el.log" "$T/el-out" $STEPS "${GPT[@]}"
 finish
