@@ -53,8 +53,18 @@ SH
 chmod +x "$T/env.sh"
 timeout -s KILL 30 "$B" launch --hosts a=10.1.1.1,b --nproc-per-host 2 --rsh "$F" -- "$T/env.sh"
 check "--hosts: 2 hosts x 2 ranks started" [ "$(cat "$FAKEHOST_DIR"/a.pids "$FAKEHOST_DIR"/b.pids | wc -l)" = 4 ]
-same_text() { [ "$(cat "$FAKEHOST_DIR"/env.{0,1,2,3} | tr '\n' ';')" = "$1" ]; }
+same_text() { [ "$(cat "$FAKEHOST_DIR"/env.* | tr '\n' ';')" = "$1" ]; }
 check "--hosts: rank, local rank, world, master address" same_text "0 0 4 10.1.1.1;1 1 4 10.1.1.1;2 0 4 10.1.1.1;3 1 4 10.1.1.1;"
+rm -f "$FAKEHOST_DIR"/*
+
+# ---- --elastic before the first start: a host down already is lost; MAX leaves the hosts after it spare
+touch "$FAKEHOST_DIR/b.down"
+timeout -s KILL 30 "$B" launch --hosts a=127.0.0.1,b,c,d --rsh "$F" --elastic 1:2 --max-restarts 1 -- "$T/env.sh" \
+    2>"$T/spare.log"
+check "--elastic: a host down at the start is lost" grep -q "elastic: host b is lost" "$T/spare.log"
+check "--elastic: MAX 2 runs on the first 2 hosts left" grep -qF "elastic: 2 ranks on 2 hosts (a,c)" "$T/spare.log"
+check "--elastic: rank 1 on host c, world 2" same_text "0 0 2 127.0.0.1;1 0 2 127.0.0.1;"
+check "--elastic: only the probe on the spare" [ "$(wc -l <"$FAKEHOST_DIR/d.pids")" = 1 ]
 rm -f "$FAKEHOST_DIR"/*
 
 # ---- a host lost for good: 4 hosts -> 3, dp 4 -> 3, resumed from the newest checkpoint
