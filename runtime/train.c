@@ -193,8 +193,10 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
     return st;
 }
 
-/* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
-static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r)
+/* One line per rank and step, appended with one write (O_APPEND keeps lines whole).
+ * The layout (world, pp, dp) is in every line, so that a file a job appended to
+ * across restarts on other worlds (brigade launch --elastic) shows where it changed. */
+static bg_status_t metrics_write(const char *path, int rank, const int layout[3], const bg_step_result_t *r)
 {
     char line[768], gnorm[32] = "null", ps[256] = ""; /* JSON has no NaN or infinity */
     if (isfinite(r->grad_norm))
@@ -213,9 +215,10 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                        "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"heap_bytes\": %s, "
-                       "\"grad_norm\": %s%s}\n",
+                       "\"grad_norm\": %s, \"world\": %d, \"pp\": %d, \"dp\": %d%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, ps);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, layout[0], layout[1], layout[2],
+                       ps);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -450,8 +453,10 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
             bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm};
             c.on_step(&si, c.on_step_arg);
         }
-        if (c.metrics_path)
-            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r), st, out);
+        if (c.metrics_path) {
+            int layout[3] = {info.world, c.pp > 0 ? c.pp : 1, c.dp > 0 ? c.dp : 1};
+            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, layout, &r), st, out);
+        }
         int last = step + 1 == c.steps;
         if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);

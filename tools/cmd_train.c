@@ -92,7 +92,7 @@ static void usage(FILE *f)
             "  written only by a finished run. A second Ctrl-C stops at once.\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms,\n"
-            "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm\n"
+            "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm, world, pp, dp\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
             "                         and generate read either form)\n"

@@ -69,7 +69,7 @@ rm -f "$FAKEHOST_DIR"/*
 
 # ---- a host lost for good: 4 hosts -> 3, dp 4 -> 3, resumed from the newest checkpoint
 timeout -s KILL 200 "$B" launch --hosts $H4 --rsh "$F" --elastic 2:4 --max-restarts 2 --timeout 180 -- \
-    "$B" train "${GPT[@]}" --steps $STEPS --dp auto "${CK[@]}" --save "$T/el-out" >"$T/el.log" 2>&1 &
+    "$B" train "${GPT[@]}" --steps $STEPS --dp auto "${CK[@]}" --save "$T/el-out" --metrics "$T/m.jsonl" >"$T/el.log" 2>&1 &
 job=$!
 if first_checkpoint; then
     touch "$FAKEHOST_DIR/h3.down"
@@ -84,6 +84,8 @@ check "the elastic job finishes on 3 hosts (rc $rc)" [ $rc = 0 ] || cat "$T/el.l
 check "the launcher names the lost host" grep -q "elastic: host h3 is lost (.*fakehost.sh h3 true.: exit status 255)" "$T/el.log"
 check "the launcher says the new world" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (h0,h1,h2), master 127.0.0.1" "$T/el.log"
 elastic_resumed_like_by_hand "$T/el.log" "$T/el-out" $STEPS "${GPT[@]}"
+check "the metrics show the layout before" grep -q '"rank": 0, "step": 1, .*"world": 4, "pp": 1, "dp": 4' "$T/m.jsonl"
+check "the metrics show the layout after" grep -q '"rank": 0, "step": '$STEPS', .*"world": 3, "pp": 1, "dp": 3' "$T/m.jsonl"
 
 # ---- fewer hosts than MIN: the launcher gives up at once, with the failed attempt's status
 rm -rf "${FAKEHOST_DIR:?}"/* "$T/ck"
