@@ -73,8 +73,7 @@ timeout -s KILL 200 "$B" launch --hosts $H4 --rsh "$F" --elastic 2:4 --max-resta
 job=$!
 if first_checkpoint; then
     touch "$FAKEHOST_DIR/h3.down"
-    # shellcheck disable=SC2046
-    kill -KILL $(cat "$FAKEHOST_DIR/h3.pids") 2>/dev/null
+    kill -KILL "$(tail -n 1 "$FAKEHOST_DIR/h3.pids")" # its rank: the last pid (the first is the probe's, gone)
 else
     bad "no checkpoint within 20 s"
 fi
@@ -95,8 +94,7 @@ timeout -s KILL 100 "$B" launch --hosts $H4 --rsh "$F" --elastic 4:4 --max-resta
 job=$!
 first_checkpoint || bad "MIN: no checkpoint within 20 s"
 touch "$FAKEHOST_DIR/h2.down"
-# shellcheck disable=SC2046
-kill -KILL $(cat "$FAKEHOST_DIR/h2.pids") 2>/dev/null
+kill -KILL "$(tail -n 1 "$FAKEHOST_DIR/h2.pids")"
 wait $job
 rc=$?
 check "fewer than MIN: exit 137, the lost rank's (rc $rc)" [ $rc = 137 ] || cat "$T/min.log"
