@@ -20,7 +20,7 @@ static void launch_usage(FILE *f)
     fprintf(f,
             "usage: brigade launch -n N | --hosts LIST [options] [--] CMD [ARGS...]\n"
             "\n"
-            "Start N processes (ranks) of CMD on this machine, each with\n"
+            "Start N processes (ranks) of CMD on this machine (or on --hosts), each with\n"
             "  BRIGADE_RANK (0..N-1), BRIGADE_LOCAL_RANK (= rank), BRIGADE_WORLD_SIZE (N),\n"
             "  BRIGADE_MASTER_ADDR, BRIGADE_MASTER_PORT, BRIGADE_JOB_TOKEN (random, per launch),\n"
             "  BRIGADE_RESTART_COUNT (0, then 1, 2, ... with --max-restarts)\n"
@@ -29,7 +29,7 @@ static void launch_usage(FILE *f)
             "stopped and the launcher exits with that rank's status.\n"
             "\n"
             "options:\n"
-            "  -n, --nproc N         number of ranks (1..%d), required\n"
+            "  -n, --nproc N         number of ranks (1..%d), required without --hosts\n"
             "  --master-addr A       address of rank 0's rendezvous store (default 127.0.0.1)\n"
             "  --master-port P       its port (default: a free port on 127.0.0.1)\n"
             "  --tag-output          prefix each line of each rank's stdout/stderr with \"[rank R] \"\n"
