@@ -31,7 +31,9 @@
  * signal set-up, the attempts and their poll loop. The options are parsed in
  * launch_opts.c, the ranks' output forwarded by launch_output.c, and the
  * events the loop sees (a rank's start, exit or stop, a signal, a deadline)
- * handled in launch_supervise.c; launch_impl.h holds what they share. */
+ * handled in launch_supervise.c; which hosts an attempt runs on and how a
+ * rank is started there (--hosts, --rsh, --elastic) in launch_hosts.c;
+ * launch_impl.h holds what they share. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>

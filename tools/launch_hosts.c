@@ -275,8 +275,10 @@ int launch_rank_argv(launch_t *L, int r, char *const *vars, size_t nvars)
         while (o->cmd[ncmd])
             ncmd++;
         L->exec_argv = calloc((size_t)o->nrsh + 2 + nvars + (size_t)ncmd + 1, sizeof *L->exec_argv);
-        if (!L->exec_argv)
+        if (!L->exec_argv) {
+            fprintf(stderr, "brigade launch: out of memory\n");
             return 1;
+        }
         memcpy(L->exec_argv, o->rsh, (size_t)o->nrsh * sizeof *L->exec_argv);
         L->exec_argv[o->nrsh + 1] = "env"; /* a remote shell does not carry our environment: name the variables */
         memcpy(L->exec_argv + o->nrsh + 2 + nvars, o->cmd, (size_t)ncmd * sizeof *L->exec_argv);
