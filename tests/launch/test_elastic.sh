@@ -68,18 +68,12 @@ check "--elastic: only the probe on the spare" [ "$(wc -l <"$FAKEHOST_DIR/d.pids
 rm -f "$FAKEHOST_DIR"/*
 
 # ---- a host lost for good: 4 hosts -> 3, dp 4 -> 3, resumed from the newest checkpoint
-timeout -s KILL 200 "$B" launch --hosts $H4 --rsh "$F" --elastic 2:4 --max-restarts 2 --timeout 180 -- \
-    "$B" train "${GPT[@]}" --steps $STEPS --dp auto "${CK[@]}" --save "$T/el-out" --metrics "$T/m.jsonl" >"$T/el.log" 2>&1 &
-job=$!
-if first_checkpoint; then
+lose_h3() {
     touch "$FAKEHOST_DIR/h3.down"
     kill -KILL "$(tail -n 1 "$FAKEHOST_DIR/h3.pids")" # its rank: the last pid (the first is the probe's, gone)
-else
-    bad "no checkpoint within 20 s"
-fi
-wait $job
-rc=$?
-check "the elastic job finishes on 3 hosts (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
+}
+elastic_lose_host lose_h3 --hosts $H4 --rsh "$F" --elastic 2:4 --max-restarts 2 --timeout 180 -- \
+    "$B" train "${GPT[@]}" --steps $STEPS --dp auto "${CK[@]}" --save "$T/el-out" --metrics "$T/m.jsonl"
 check "the launcher names the lost host" grep -q "elastic: host h3 is lost (.*fakehost.sh h3 true.: exit status 255)" "$T/el.log"
 check "the launcher says the new world" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (h0,h1,h2), master 127.0.0.1" "$T/el.log"
 elastic_resumed_like_by_hand "$T/el.log" "$T/el-out" $STEPS "${GPT[@]}"

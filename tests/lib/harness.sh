@@ -249,6 +249,29 @@ near() {
     same "$a" "$b" "$w" "$@"
 }
 
+# elastic_lose_host LOSE LAUNCH_ARGS...: the run of the tests of brigade
+# launch --elastic: `brigade launch LAUNCH_ARGS` in the background (stdout and
+# stderr to $T/el.log, bounded), whose job checkpoints under $T/ck; after its
+# first checkpoint (within 30 s) the command LOSE takes a host away; the job
+# must then finish (exit 0) on the hosts left.
+elastic_lose_host() {
+    local lose=$1 job rc i
+    shift
+    timeout -s KILL 200 "$B" launch "$@" >"$T/el.log" 2>&1 &
+    job=$!
+    for ((i = 0; i < 600; i++)); do
+        ls "$T"/ck/step-*/manifest.json >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    if ls "$T"/ck/step-*/manifest.json >/dev/null 2>&1; then
+        $lose
+    else
+        bad "no checkpoint within 30 s"
+    fi
+    wait $job
+    rc=$?
+    check "the elastic job finishes on the hosts left (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
+}
 # elastic_resumed_like_by_hand LOG OUT STEPS GPT...: the checks shared by the
 # tests of brigade launch --elastic (tests/launch, tests/netns): the job whose
 # stderr is LOG went from dp 4 to dp 3 at a checkpoint (said by its resume

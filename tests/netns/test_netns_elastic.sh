@@ -18,19 +18,13 @@ netns_hosts 4
 hosts=
 for i in 0 1 2 3; do hosts+="${hosts:+,}${H[i]}=${ADDR[i]}"; done
 
-timeout -s KILL 120 "$B" launch --hosts "$hosts" --rsh "ip netns exec" --elastic 2:4 --max-restarts 2 --timeout 110 -- \
-    "$B" train "${GPT[@]}" --steps $STEPS --dp auto --checkpoint-dir "$T/ck" --checkpoint-every 50 --resume \
-    --save "$T/el-out" >"$T/el.log" 2>&1 &
-job=$!
-if wait_checkpoint "$T/ck" 30; then
+lose_host0() {
     kill_host 0
     ip netns del "${H[0]}"
-else
-    fail "no checkpoint within 30 s"
-fi
-wait $job
-rc=$?
-check "the elastic job finishes on hosts 1-3 (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
+}
+elastic_lose_host lose_host0 --hosts "$hosts" --rsh "ip netns exec" --elastic 2:4 --max-restarts 2 --timeout 110 -- \
+    "$B" train "${GPT[@]}" --steps $STEPS --dp auto --checkpoint-dir "$T/ck" --checkpoint-every 50 --resume \
+    --save "$T/el-out"
 check "the launcher names the lost host" grep -q "elastic: host ${H[0]} is lost (.ip netns exec ${H[0]} true.: exit status" "$T/el.log"
 check "the store moves to host 1" grep -qF "elastic: world 4 -> 3: 3 ranks on 3 hosts (${H[1]},${H[2]},${H[3]}), master ${ADDR[1]}" "$T/el.log"
 # by hand on one host (shared memory gives the bits of TCP: test_netns_train)
