@@ -26,7 +26,15 @@ static void usage(FILE *f)
             "  --batch N              global batch in sequences per step (default 8)\n"
             "  --microbatches N       microbatches per step, divides batch (default 4)\n"
             "  --steps N              optimizer steps (default 20)\n"
-            "  --lr X                 learning rate (default 1e-3)\n"
+            "  --lr X                 peak learning rate (default 1e-3)\n"
+            "  --lr-schedule KIND     constant|cosine|linear|wsd (default constant): the rate after the warm-up;\n"
+            "                         cosine and linear fall from --lr to --min-lr at --decay-steps, wsd holds\n"
+            "                         --lr then falls linearly over the last --wsd-decay of the steps\n"
+            "                         (docs/training.md gives the closed forms)\n"
+            "  --warmup N             steps of linear warm-up from lr/N to --lr (default 0)\n"
+            "  --min-lr X             final rate of the decay (default 0)\n"
+            "  --decay-steps N        step where the decay reaches --min-lr (default --steps)\n"
+            "  --wsd-decay F          wsd: fraction of the steps after the warm-up spent decaying (default 0.2)\n"
             "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
             "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
             "  --data FILE            GPT text corpus (default %s)\n"
@@ -62,6 +70,10 @@ static void usage(FILE *f)
             "                         dies (it tolerates ranks S..N-1; docs/parameter_server.md)\n"
             "  --staleness K          with --ps: a worker may compute step t on parameters of step t-K\n"
             "                         (default 0: synchronous, the weights of --dp (N-S)/P)\n"
+            "  --device-mem SIZE[,SIZE...]  cap on each rank's backend memory (24G, or one per rank for\n"
+            "                         heterogeneous devices), enforced by its allocator on every backend, the\n"
+            "                         CPU's included: an allocation past it fails naming the stage, buffer and\n"
+            "                         bytes; the summary prints each rank's peak beside the prediction\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -92,10 +104,12 @@ static void usage(FILE *f)
             "  written only by a finished run. A second Ctrl-C stops at once.\n"
             "output:\n"
             "  --metrics FILE         one JSON object per step: step, loss, tokens_per_s, step_ms,\n"
-            "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm, world, pp, dp\n"
+            "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm, lr, world, pp, dp\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
-            "                         and generate read either form)\n"
+            "                         and generate read either form); replaced as a whole when every\n"
+            "                         rank has written (a failed save leaves the previous one), so DIR\n"
+            "                         must hold nothing but weights\n"
             "  --log-every N          progress line every N steps when stderr is not a terminal\n"
             "                         (default: about 50 lines per run); a terminal gets one updating line\n"
             "  --quiet                print only the summary\n",
@@ -104,7 +118,6 @@ static void usage(FILE *f)
 
 typedef struct {
     int quiet, tty, log_every;
-    double lr;          /* constant: bg_train has no learning-rate schedule */
     double t_start;     /* bg_now() when the job started (setup included) */
     double t_first;     /* start of the first step this run took, 0 before it */
     int first_step;     /* number of that step */
@@ -242,14 +255,14 @@ static void on_step(const bg_step_info_t *i, void *arg)
     hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
     if (p->tty) {
         fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
-                i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+                i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
         int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
         if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
             fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
-                    i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+                    i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
     }
 }
 
@@ -382,6 +395,8 @@ int bg_cmd_train(int argc, char **argv)
     const char *cmd = "train";
     bg_train_config_t c;
     static int split[4096];
+    static uint64_t devmem64[4096];
+    static size_t devmem[4096];
     const char *plan_path = NULL;
     bg_plan_t *plan = NULL;
     int model_flags = 0; /* a model flag was given (checked against a plan's model) */
@@ -394,7 +409,8 @@ int bg_cmd_train(int argc, char **argv)
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
     int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -419,6 +435,10 @@ int bg_cmd_train(int argc, char **argv)
         {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
         {"zero", required_argument, 0, O_ZERO},
         {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
+        {"device-mem", required_argument, 0, O_DEVMEM},
+        {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
+        {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
+        {"wsd-decay", required_argument, 0, O_WSD},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -472,6 +492,26 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             c.optim.lr = (float)d;
             break;
+        case O_LRSCHED:
+            if (bg_lr_kind_parse(optarg, &c.lr_schedule.kind) != BG_OK)
+                return bg_cli_fail(cmd, "%s", bg_last_error());
+            break;
+        case O_WARMUP:
+        case O_DECAY:
+            if (bg_cli_int(cmd, o == O_WARMUP ? "--warmup" : "--decay-steps", optarg, 0, 1 << 30, &v))
+                return 2;
+            *(o == O_WARMUP ? &c.lr_schedule.warmup : &c.lr_schedule.decay_steps) = v;
+            break;
+        case O_MINLR:
+            if (bg_cli_double(cmd, "--min-lr", optarg, 0, 100, &d))
+                return 2;
+            c.lr_schedule.min_lr = d;
+            break;
+        case O_WSD:
+            if (bg_cli_double(cmd, "--wsd-decay", optarg, 1e-9, 1, &d))
+                return 2;
+            c.lr_schedule.wsd_decay = d;
+            break;
         case O_WD:
             if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
                 return 2;
@@ -486,6 +526,13 @@ int bg_cmd_train(int argc, char **argv)
             break;
         }
         case O_SP: sequence_parallel = 1; break;
+        case O_DEVMEM:
+            if (bg_cli_bytes_list(cmd, "--device-mem", optarg, devmem64, 4096, &c.ndevice_mem))
+                return 2;
+            for (int k = 0; k < c.ndevice_mem; k++)
+                devmem[k] = (size_t)devmem64[k];
+            c.device_mem = devmem;
+            break;
         case O_DATA: c.data_path = optarg; break;
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
@@ -632,7 +679,6 @@ int bg_cmd_train(int argc, char **argv)
     bg_status_t st = bg_train_check(&c);
     if (st != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
-    prog.lr = c.optim.lr; /* bg_train runs a constant learning rate */
     if (!plan) {
         if (split_check(cmd, &c, warning, sizeof warning))
             return 2;

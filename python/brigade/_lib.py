@@ -13,7 +13,10 @@ import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint64, c_void_p)
 
-__all__ = ["lib", "BrigadeError", "Status", "check", "library_path"]
+__all__ = ["lib", "BrigadeError", "Status", "check", "library_path", "VERSION", "check_version"]
+
+# The binding's version: the library it loads must report the same (check_version).
+VERSION = "0.1.0"
 
 # --------------------------------------------------------------------- statuses
 
@@ -113,7 +116,8 @@ class ExecutorParams(Structure):
                 ("backend", c_char_p), ("threads", c_int), ("comm", c_void_p), ("recompute", c_int),
                 ("recompute_stages", POINTER(c_int)), ("nrecompute_stages", c_int), ("trace_path", c_char_p),
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
-                ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int)]
+                ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
+                ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int)]
 
 
 class StepResult(Structure):
@@ -146,25 +150,72 @@ class Layer(Structure):
                 ("nchildren", c_int), ("children", c_void_p), ("impl", c_void_p), ("precision", c_int)]
 
 
+class Param(Structure):
+    """bg_param_t: one parameter tensor of a layer (data and grad set when a model binds it)."""
+    _fields_ = [("name", c_char * BG_NAME_MAX), ("ndim", c_int), ("shape", c_int64 * BG_PARAM_MAX_DIMS),
+                ("numel", c_size_t), ("init", c_int), ("init_value", c_float), ("decay", c_int),
+                ("data", c_void_p), ("grad", c_void_p), ("split_dim", c_int), ("split_parts", c_int),
+                ("split_blocks", c_int), ("tp_partial", c_int)]
+
+
+class LayerCtx(Structure):
+    """bg_layer_ctx_t: the per-call context a layer's compute functions get."""
+    _fields_ = [("be", c_void_p), ("in_", Shape), ("tokens", c_void_p), ("targets", c_void_p),
+                ("loss_scale", c_float), ("stash", c_void_p), ("wstash", c_void_p), ("scratch", c_void_p),
+                ("tp", c_void_p), ("deferred", c_void_p)]
+
+
+# bg_layer_ops_t's function types. The layer, the context (a LayerCtx) and
+# every buffer are void pointers: NULL arrives as None, an address as an int
+# (no ctypes object to build per call).
+OUT_SHAPE_FN = CFUNCTYPE(c_int, c_void_p, Shape, POINTER(Shape))
+BYTES_FN = CFUNCTYPE(c_size_t, c_void_p, Shape)
+FLOPS_FN = CFUNCTYPE(c_double, c_void_p, Shape)
+FORWARD_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p)
+BACKWARD_INPUT_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p)
+BACKWARD_WEIGHT_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p)
+DESTROY_FN = CFUNCTYPE(None, c_void_p)
+CLASSES_FN = CFUNCTYPE(c_int, c_void_p)
+
+
+class LayerOps(Structure):
+    """bg_layer_ops_t: a layer type's functions (Python layers fill one per class)."""
+    _fields_ = [("type", c_char_p), ("out_shape", OUT_SHAPE_FN), ("stash_bytes", BYTES_FN),
+                ("wstash_bytes", BYTES_FN), ("scratch_bytes", BYTES_FN), ("fwd_flops", FLOPS_FN),
+                ("bwd_flops", FLOPS_FN), ("forward", FORWARD_FN), ("backward_input", BACKWARD_INPUT_FN),
+                ("backward_weight", BACKWARD_WEIGHT_FN), ("destroy", DESTROY_FN), ("loss_classes", CLASSES_FN),
+                ("tp_cost", c_void_p), ("backward", c_void_p)]
+
+
 # The structs the layout test compares with the C compiler, by C name.
 STRUCTS = {
     "bg_shape_t": Shape, "bg_model_desc_params_t": ModelDescParams, "bg_model_config_t": ModelConfig,
     "bg_optim_config_t": OptimConfig, "bg_batch_request_t": BatchRequest, "bg_batch_source_t": BatchSource,
     "bg_executor_params_t": ExecutorParams, "bg_step_result_t": StepResult, "bg_executor_info_t": ExecutorInfo,
-    "bg_compare_result_t": CompareResult, "bg_layer_t": Layer,
+    "bg_compare_result_t": CompareResult, "bg_layer_t": Layer, "bg_param_t": Param, "bg_layer_ctx_t": LayerCtx,
+    "bg_layer_ops_t": LayerOps,
 }
 # C field names that are Python keywords.
 C_FIELD = {"in_": "in"}
 
 # --------------------------------------------------------------------- loading
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+NATIVE = os.path.join(HERE, "_native")  # what `pip install` put with the package (python/setup.py)
+
+
 def _candidates():
     env = os.environ.get("BRIGADE_LIB")
     if env:
         return [env], True
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))  # python/brigade -> the source tree
-    c = [os.path.join(root, "build", "libbrigade.so")]
+    c = [os.path.join(NATIVE, "lib", "libbrigade.so.0")]
+    try:  # an installed libbrigade that pkg-config found when the package was built
+        with open(os.path.join(NATIVE, "lib", "libdir")) as f:
+            c.append(os.path.join(f.read().strip(), "libbrigade.so.0"))
+    except OSError:
+        pass
+    root = os.path.dirname(os.path.dirname(HERE))  # python/brigade -> the source tree
+    c.append(os.path.join(root, "build", "libbrigade.so"))
     found = ctypes.util.find_library("brigade")
     if found:
         c.append(found)
@@ -206,6 +257,7 @@ P = c_void_p  # opaque handles: bg_model_desc_t *, bg_layer_t *, bg_executor_t *
 PP = POINTER(c_void_p)
 st = c_int
 
+_decl("bg_version", c_char_p)
 _decl("bg_status_string", c_char_p, c_int)
 _decl("bg_last_error", c_char_p)
 _decl("bg_error_clear", None)
@@ -235,6 +287,7 @@ _decl("bg_model_config_check", st, POINTER(ModelConfig))
 _decl("bg_model_build", st, POINTER(ModelConfig), PP)
 _decl("bg_safetensors_compare_dirs", st, c_char_p, c_char_p, POINTER(CompareResult))
 
+_decl("bg_layer_create", st, POINTER(LayerOps), c_char_p, c_int, POINTER(Param), c_void_p, PP)
 _decl("bg_layer_destroy", None, P)
 _decl("bg_layer_param_count", c_size_t, P)
 _decl("bg_layer_loss_classes", c_int, P)
@@ -265,10 +318,41 @@ _decl("bg_executor_write_trace", st, P)
 _decl("bg_executor_destroy", st, P)
 
 
+# The first exception a Python layer's method raised inside a C call
+# (pylayer.py), kept for the Python call that made that C call to re-raise.
+pending = [None]
+
+
+def reraise_pending(message):
+    """After a failed C call: raise what a Python layer raised during it, if
+    anything (type and traceback kept, brigade's message added as a note)."""
+    e, pending[0] = pending[0], None
+    if e is None:
+        return
+    if hasattr(e, "add_note"):
+        e.add_note("(brigade: %s)" % message)
+    raise e
+
+
+def check_version():
+    """ImportError unless the loaded library is the version this binding mirrors
+    (its structs and functions are those of one version of the headers)."""
+    got = lib.bg_version().decode()
+    if got != VERSION:
+        raise ImportError("brigade: the Python binding is version %s but %s is libbrigade %s; install the matching "
+                          "package or point BRIGADE_LIB at a libbrigade %s" % (VERSION, library_path, got, VERSION))
+
+
+check_version()
+
+
 def check(status):
-    """Raise BrigadeError(status, bg_last_error()) unless status is OK."""
+    """Raise BrigadeError(status, bg_last_error()) unless status is OK (or
+    the exception a Python layer raised during the call)."""
     if status != 0:
-        raise BrigadeError(status, lib.bg_last_error().decode("utf-8", "replace"))
+        msg = lib.bg_last_error().decode("utf-8", "replace")
+        reraise_pending(msg)
+        raise BrigadeError(status, msg)
 
 
 def take_string(ptr):

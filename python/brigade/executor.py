@@ -250,7 +250,7 @@ class Executor:
     def __init__(self, model, *, batches, pp=1, dp=1, schedule="1f1b", batch=8, microbatches=4, optimizer="adamw",
                  lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, momentum=0.9, seq=0, seq_len=None,
                  threads=0, backend=None, chunks=0, split=None, recompute=False, recompute_stages=None, trace=None,
-                 process_wide=False, schedule_json=None):
+                 process_wide=False, schedule_json=None, zero=0):
         self._handle = None
         if not isinstance(model, Model):
             raise TypeError("Executor: model must be a brigade.Model, got %s" % type(model).__name__)
@@ -299,11 +299,13 @@ class Executor:
         p.trace_path = self._trace
         p.process_wide = int(bool(process_wide))
         p.schedule_json = self._schedule_json
+        p.zero = int(zero)
         x = ctypes.c_void_p()
         st = lib.bg_executor_create(ctypes.byref(p), ctypes.byref(x))
         if st != 0:
             msg = lib.bg_last_error().decode("utf-8", "replace")
             self._source.reraise(msg)
+            _lib.reraise_pending(msg)
             raise BrigadeError(st, msg)
         self._handle = x
         model._in_use += 1
@@ -319,6 +321,7 @@ class Executor:
         if st != 0:
             msg = lib.bg_last_error().decode("utf-8", "replace")
             self._source.reraise(msg)
+            _lib.reraise_pending(msg)
             raise BrigadeError(st, msg)
 
     @property
@@ -329,6 +332,7 @@ class Executor:
         """One optimizer step on every rank (collective). After a failure the
         executor cannot step again (close it; resume from a checkpoint)."""
         r = _lib.StepResult()
+        _lib.pending[0] = None  # a Python layer's exception from an earlier call that nothing re-raised
         self._call(lib.bg_executor_step(self._live(), ctypes.byref(r)))
         return StepResult(r.step, r.loss, r.tokens, r.step_ms, r.tokens_per_s, r.bubble, r.bytes_sent, r.peak_bytes,
                           bool(r.stop), r.grad_norm)

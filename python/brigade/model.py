@@ -5,12 +5,13 @@ Owns the Python side of who owns a bg_layer_t: a Layer holds its handle until
 a Model, a Seq or a Residual takes it (the C side then owns it, also when
 that call fails); a Layer never taken is destroyed with its Python object.
 A Model owns its bg_model_desc_t and refuses to change, or to go away, while
-an executor uses it. Only the built-in layers exist here: a layer's kernels
-are C code (bg_layer_ops_t), which this pure-Python package cannot supply.
+an executor uses it. A layer written in Python (a Layer subclass) becomes a
+C layer through pylayer.py; C then holds it until it destroys the layer.
 """
 import ctypes
 
 from . import _lib
+from . import pylayer as _pylayer
 from ._lib import check, encode, lib
 
 __all__ = ["Layer", "Linear", "Activation", "LayerNorm", "Embedding", "Attention", "Head", "Seq", "Residual",
@@ -21,15 +22,74 @@ _ACTIVATIONS = {"gelu": 0, "relu": 1}
 
 
 class Layer:
-    """A built-in layer (a bg_layer_t) not yet given to a model or composite."""
+    """A layer (a bg_layer_t) until a model or composite takes it: a built-in
+    one (Linear(...), ...), one adopted from C, or a layer written in Python.
 
-    def __init__(self, kind, name, create):
+    A Python layer subclasses Layer and calls Layer.__init__(self, name,
+    params) with its brigade.Param list; it defines forward(ctx, x, y),
+    backward_input(ctx, x, y, dy, dx), backward_weight(ctx, x, y, dy) when it
+    has parameters, and optionally out_shape(shape), stash_bytes(shape),
+    wstash_bytes(shape), scratch_bytes(shape), flops(shape) -> (F, B + W) and
+    `classes` (a loss layer). The activations are numpy float32 views of
+    brigade's buffers: x (n, t, c) (None when the input is tokens:
+    ctx.tokens), y the output (forward assigns it), dy its gradient (None in a
+    loss layer: ctx.targets and ctx.loss_scale), dx the input's gradient to
+    assign (None on a model's first layer). self.params and self.grads map
+    each parameter's name to views of its weights and of its gradient, which
+    backward_weight accumulates (+=). See docs/python.md.
+    """
+
+    def __init__(self, name, params=()):
+        if type(self) is Layer:
+            raise TypeError("brigade.Layer(name, params) is for subclasses that define forward and backward_input; "
+                            "built-in layers come from brigade.Linear(...), ...")
+        self.kind = "python"
+        self.name = name
+        self._handle = None
+        self._owner = None
+        self._handle = _pylayer.create(self, Layer, name, params)
+
+    # the defaults of a Python layer's optional methods
+    def out_shape(self, shape):
+        """The output's (n, t, c) for input shape (n, t, c); raise ValueError to refuse it."""
+        return shape
+
+    def stash_bytes(self, shape):
+        """Bytes kept from forward to the end of the backward (ctx.stash)."""
+        return 0
+
+    def wstash_bytes(self, shape):
+        """Bytes kept from backward_input to backward_weight (ctx.wstash)."""
+        return 0
+
+    def scratch_bytes(self, shape):
+        """Bytes of scratch during one call (ctx.scratch)."""
+        return 0
+
+    def flops(self, shape):
+        """(forward FLOPs, backward FLOPs) for the partitioner."""
+        return (0.0, 0.0)
+
+    def forward(self, ctx, x, y):
+        raise NotImplementedError
+
+    def backward_input(self, ctx, x, y, dy, dx):
+        raise NotImplementedError
+
+    def backward_weight(self, ctx, x, y, dy):
+        raise NotImplementedError
+
+    @classmethod
+    def _builtin(cls, kind, name, create):
+        self = cls.__new__(cls)
         self.kind = kind
         self.name = name
+        self._handle = None
+        self._owner = None
         h = ctypes.c_void_p()
         check(create(encode(name, "layer name"), ctypes.byref(h)))
         self._handle = h
-        self._owner = None
+        return self
 
     @classmethod
     def adopt(cls, pointer):
@@ -52,6 +112,8 @@ class Layer:
         if self._handle is None:
             raise ValueError("layer %r (%s) already belongs to %s; build a new layer for %s"
                              % (self.name, self.kind, self._owner, owner))
+        if self.kind == "python":
+            _pylayer.given_to_c(self)
         h, self._handle, self._owner = self._handle, None, owner
         return h
 
@@ -81,34 +143,34 @@ class Layer:
 
 def Linear(name, c_in, c_out, bias=True, init_std=0.02):
     """(n, t, c_in) -> (n, t, c_out)."""
-    return Layer("linear", name, lambda n, p: lib.bg_layer_linear(n, c_in, c_out, int(bool(bias)), init_std, p))
+    return Layer._builtin("linear", name, lambda n, p: lib.bg_layer_linear(n, c_in, c_out, int(bool(bias)), init_std, p))
 
 
 def Activation(name, kind="gelu"):
     """Elementwise "gelu" or "relu"."""
     if kind not in _ACTIVATIONS:
         raise ValueError("activation %r: kind must be one of %s, got %r" % (name, ", ".join(_ACTIVATIONS), kind))
-    return Layer("activation", name, lambda n, p: lib.bg_layer_activation(n, _ACTIVATIONS[kind], p))
+    return Layer._builtin("activation", name, lambda n, p: lib.bg_layer_activation(n, _ACTIVATIONS[kind], p))
 
 
 def LayerNorm(name, c):
     """Layer normalisation over c channels (weight and bias)."""
-    return Layer("layernorm", name, lambda n, p: lib.bg_layer_layernorm(n, c, p))
+    return Layer._builtin("layernorm", name, lambda n, p: lib.bg_layer_layernorm(n, c, p))
 
 
 def Embedding(name, vocab, max_t, c, init_std=0.02):
     """Token + position embedding: (n, t) token ids -> (n, t, c); t <= max_t."""
-    return Layer("embedding", name, lambda n, p: lib.bg_layer_embedding(n, vocab, max_t, c, init_std, p))
+    return Layer._builtin("embedding", name, lambda n, p: lib.bg_layer_embedding(n, vocab, max_t, c, init_std, p))
 
 
 def Attention(name, c, heads):
     """Causal multi-head attention core: (n, t, 3c) qkv -> (n, t, c); no parameters."""
-    return Layer("attention", name, lambda n, p: lib.bg_layer_attention(n, c, heads, p))
+    return Layer._builtin("attention", name, lambda n, p: lib.bg_layer_attention(n, c, heads, p))
 
 
 def Head(name, c, classes, bias=True, init_std=0.02):
     """Linear c -> classes + softmax cross-entropy: the loss layer a model ends with."""
-    return Layer("head", name, lambda n, p: lib.bg_layer_head(n, c, classes, int(bool(bias)), init_std, p))
+    return Layer._builtin("head", name, lambda n, p: lib.bg_layer_head(n, c, classes, int(bool(bias)), init_std, p))
 
 
 def Seq(name, layers):
@@ -124,7 +186,7 @@ def Seq(name, layers):
     if taken:  # fail before taking any
         taken[0]._take("seq %r" % (name,))
     arr = (ctypes.c_void_p * max(len(layers), 1))(*[l._take("seq %r" % (name,)) for l in layers])
-    return Layer("seq", name, lambda n, p: lib.bg_layer_seq(n, len(layers), arr, p))
+    return Layer._builtin("seq", name, lambda n, p: lib.bg_layer_seq(n, len(layers), arr, p))
 
 
 def Residual(name, child):
@@ -132,26 +194,26 @@ def Residual(name, child):
     if not isinstance(child, Layer):
         raise TypeError("residual %r: child must be a brigade layer, got %s" % (name, type(child).__name__))
     h = child._take("residual %r" % (name,))
-    return Layer("residual", name, lambda n, p: lib.bg_layer_residual(n, h, p))
+    return Layer._builtin("residual", name, lambda n, p: lib.bg_layer_residual(n, h, p))
 
 
 def AttentionBlock(name, c, heads, init_std=0.02, proj_std=None):
     """Pre-norm causal self-attention block: x + proj(attn(qkv(ln(x))))."""
     ps = init_std if proj_std is None else proj_std
-    return Layer("attention_block", name, lambda n, p: lib.bg_layer_attention_block(n, c, heads, init_std, ps, p))
+    return Layer._builtin("attention_block", name, lambda n, p: lib.bg_layer_attention_block(n, c, heads, init_std, ps, p))
 
 
 def MLPBlock(name, c, init_std=0.02, proj_std=None):
     """Pre-norm MLP block: x + proj(gelu(fc(ln(x)))), hidden 4c."""
     ps = init_std if proj_std is None else proj_std
-    return Layer("mlp_block", name, lambda n, p: lib.bg_layer_mlp_block(n, c, init_std, ps, p))
+    return Layer._builtin("mlp_block", name, lambda n, p: lib.bg_layer_mlp_block(n, c, init_std, ps, p))
 
 
 def TransformerBlock(name, c, heads, init_std=0.02, proj_std=None):
     """Attention block then MLP block ("attn", "mlp"). proj_std defaults to init_std
     (the GPT builder uses init_std / sqrt(2 * blocks))."""
     ps = init_std if proj_std is None else proj_std
-    return Layer("transformer_block", name,
+    return Layer._builtin("transformer_block", name,
                  lambda n, p: lib.bg_layer_transformer_block(n, c, heads, init_std, ps, p))
 
 

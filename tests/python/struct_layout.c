@@ -52,6 +52,7 @@ int main(void)
     F(bg_executor_params_t, process_wide); F(bg_executor_params_t, zero);
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
+    F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
 
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);
@@ -77,5 +78,22 @@ int main(void)
     S(bg_layer_t);
     F(bg_layer_t, ops); F(bg_layer_t, name); F(bg_layer_t, nparams); F(bg_layer_t, params);
     F(bg_layer_t, nchildren); F(bg_layer_t, children); F(bg_layer_t, impl); F(bg_layer_t, precision);
+
+    S(bg_param_t);
+    F(bg_param_t, name); F(bg_param_t, ndim); F(bg_param_t, shape); F(bg_param_t, numel); F(bg_param_t, init);
+    F(bg_param_t, init_value); F(bg_param_t, decay); F(bg_param_t, data); F(bg_param_t, grad);
+    F(bg_param_t, split_dim); F(bg_param_t, split_parts); F(bg_param_t, split_blocks); F(bg_param_t, tp_partial);
+
+    S(bg_layer_ctx_t);
+    F(bg_layer_ctx_t, be); F(bg_layer_ctx_t, in); F(bg_layer_ctx_t, tokens); F(bg_layer_ctx_t, targets);
+    F(bg_layer_ctx_t, loss_scale); F(bg_layer_ctx_t, stash); F(bg_layer_ctx_t, wstash); F(bg_layer_ctx_t, scratch);
+    F(bg_layer_ctx_t, tp); F(bg_layer_ctx_t, deferred);
+
+    S(bg_layer_ops_t);
+    F(bg_layer_ops_t, type); F(bg_layer_ops_t, out_shape); F(bg_layer_ops_t, stash_bytes);
+    F(bg_layer_ops_t, wstash_bytes); F(bg_layer_ops_t, scratch_bytes); F(bg_layer_ops_t, fwd_flops);
+    F(bg_layer_ops_t, bwd_flops); F(bg_layer_ops_t, forward); F(bg_layer_ops_t, backward_input);
+    F(bg_layer_ops_t, backward_weight); F(bg_layer_ops_t, destroy); F(bg_layer_ops_t, loss_classes);
+    F(bg_layer_ops_t, tp_cost); F(bg_layer_ops_t, backward);
     return 0;
 }

@@ -88,6 +88,17 @@ class StructLayout(unittest.TestCase):
         if os.environ.get("BRIGADE_LIB"):
             self.assertEqual(bg.library_path, os.environ["BRIGADE_LIB"])
 
+    def test_version_checked_against_the_library(self):
+        self.assertEqual(bg.__version__, _lib.lib.bg_version().decode())
+        saved = _lib.VERSION
+        try:
+            _lib.VERSION = "9.9.9"
+            with self.assertRaisesRegex(ImportError, r"binding is version 9\.9\.9 but .* is libbrigade " +
+                                        bg.__version__.replace(".", r"\.")):
+                _lib.check_version()
+        finally:
+            _lib.VERSION = saved
+
 
 class Models(unittest.TestCase):
     def test_layers_and_queries(self):
