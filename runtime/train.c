@@ -320,9 +320,11 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). A step that
  * evaluated (val_loss not NaN) adds val_loss (%.9g: the float's bits), val_ppl = exp(val_loss) and
- * val_ms (this rank's time for the evaluation, not in step_ms). */
-static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, float lr, double val_loss,
-                                 double val_ms)
+ * val_ms (this rank's time for the evaluation, not in step_ms). The layout (world, pp, dp) is in
+ * every line, so a file a job appended to across restarts on other worlds (brigade launch --elastic)
+ * shows where it changed. */
+static bg_status_t metrics_write(const char *path, int rank, const int layout[3], const bg_step_result_t *r,
+                                 float lr, double val_loss, double val_ms)
 {
     char line[900], gnorm[32] = "null", ps[256] = "", val[128] = ""; /* JSON has no NaN or infinity */
     if (!isnan(val_loss))
@@ -344,9 +346,10 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                        "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"heap_bytes\": %s, "
-                       "\"grad_norm\": %s, \"lr\": %.9g%s%s}\n",
+                       "\"grad_norm\": %s, \"lr\": %.9g, \"world\": %d, \"pp\": %d, \"dp\": %d%s%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, ps, val);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, layout[0], layout[1],
+                       layout[2], ps, val);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -373,8 +376,10 @@ static bg_status_t report_step(bg_executor_t *x, const bg_train_config_t *c, bg_
         bg_step_info_t si = {step, c->steps, r->loss, r->step_ms, r->tokens_per_s, rank, r->grad_norm, (double)lr, vl};
         c->on_step(&si, c->on_step_arg);
     }
-    if (c->metrics_path)
-        BG_CHECK(metrics_write(c->metrics_path, rank, r, lr, vl, vms));
+    if (c->metrics_path) {
+        int layout[3] = {bg_comm_size(bg_executor_comm(x)), c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1};
+        BG_CHECK(metrics_write(c->metrics_path, rank, layout, r, lr, vl, vms));
+    }
     return BG_OK;
 }
 

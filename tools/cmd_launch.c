@@ -31,7 +31,9 @@
  * signal set-up, the attempts and their poll loop. The options are parsed in
  * launch_opts.c, the ranks' output forwarded by launch_output.c, and the
  * events the loop sees (a rank's start, exit or stop, a signal, a deadline)
- * handled in launch_supervise.c; launch_impl.h holds what they share. */
+ * handled in launch_supervise.c; which hosts an attempt runs on and how a
+ * rank is started there (--hosts, --rsh, --elastic) in launch_hosts.c;
+ * launch_impl.h holds what they share. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -143,11 +145,14 @@ int bg_cmd_launch(int argc, char **argv)
         nenv++;
     char **envp = calloc(nenv + LAUNCH_NVARS + 1, sizeof *envp);
     char vars[LAUNCH_NVARS][512];
-    L.ranks = calloc((size_t)L.o.n, sizeof *L.ranks);
-    if (!envp || !L.ranks) {
+    L.max_n = L.o.n; /* with --hosts, every host's ranks: an attempt starts these or fewer */
+    L.ranks = calloc((size_t)L.max_n, sizeof *L.ranks);
+    L.used = calloc((size_t)L.o.nhosts + 1, sizeof *L.used);
+    if (!envp || !L.ranks || !L.used) {
         fprintf(stderr, "brigade launch: out of memory\n");
         free(envp);
         free(L.ranks);
+        free(L.used);
         return 1;
     }
     size_t ne = 0;
@@ -156,17 +161,15 @@ int bg_cmd_launch(int argc, char **argv)
             envp[ne++] = environ[i];
     for (size_t i = 0; i < LAUNCH_NVARS; i++)
         envp[ne + i] = vars[i];
-    snprintf(vars[1], sizeof vars[1], "BRIGADE_WORLD_SIZE=%d", L.o.n);
-    snprintf(vars[3], sizeof vars[3], "BRIGADE_MASTER_ADDR=%s", L.o.addr);
     snprintf(vars[4], sizeof vars[4], "BRIGADE_MASTER_PORT=%d", port);
     snprintf(vars[5], sizeof vars[5], "BRIGADE_JOB_TOKEN=%s", token);
     snprintf(vars[6], sizeof vars[6], "BRIGADE_RESTART_COUNT=0");
 
-    for (int r = 0; r < L.o.n; r++)
+    for (int r = 0; r < L.max_n; r++)
         for (int k = 0; k < 2; k++)
             L.ranks[r].io[k].fd = -1;
     if (L.o.tag) {
-        for (int r = 0; r < L.o.n; r++)
+        for (int r = 0; r < L.max_n; r++)
             for (int k = 0; k < 2; k++)
                 if (!(L.ranks[r].io[k].buf = malloc(LAUNCH_LINE_MAX))) {
                     fprintf(stderr, "brigade launch: out of memory\n");
@@ -176,7 +179,7 @@ int bg_cmd_launch(int argc, char **argv)
         /* two pipes per rank: make room if the soft open-file limit is low */
         struct rlimit rl;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max &&
-            rl.rlim_cur < (rlim_t)(2 * L.o.n + 64)) {
+            rl.rlim_cur < (rlim_t)(2 * L.max_n + 64)) {
             rl.rlim_cur = rl.rlim_max;
             setrlimit(RLIMIT_NOFILE, &rl);
         }
@@ -227,8 +230,8 @@ int bg_cmd_launch(int argc, char **argv)
     }
 
     /* supervise */
-    struct pollfd *pfd = calloc((size_t)(2 * L.o.n + 1), sizeof *pfd);
-    int *pfd_rank = calloc((size_t)(2 * L.o.n + 1), sizeof *pfd_rank);
+    struct pollfd *pfd = calloc((size_t)(2 * L.max_n + 1), sizeof *pfd);
+    int *pfd_rank = calloc((size_t)(2 * L.max_n + 1), sizeof *pfd_rank);
     if (!pfd || !pfd_rank) {
         fprintf(stderr, "brigade launch: out of memory\n");
         rc = 1;
@@ -255,6 +258,14 @@ int bg_cmd_launch(int argc, char **argv)
             snprintf(vars[6], sizeof vars[6], "BRIGADE_RESTART_COUNT=%d", attempt);
             launch_reset(&L);
         }
+        /* --hosts: which hosts this attempt runs on (--elastic: the ones a probe still reaches) */
+        int pick = launch_hosts_pick(&L, attempt, rc);
+        if (pick) {
+            rc = pick;
+            break;
+        }
+        snprintf(vars[1], sizeof vars[1], "BRIGADE_WORLD_SIZE=%d", L.o.n);
+        snprintf(vars[3], sizeof vars[3], "BRIGADE_MASTER_ADDR=%s", L.o.addr);
         if (L.o.verbose) {
             fprintf(stderr, "brigade launch: %d rank%s of '%s', master %s:%d\n", L.o.n, launch_plural(L.o.n), L.o.cmd[0],
                     L.o.addr, port);
@@ -264,8 +275,9 @@ int bg_cmd_launch(int argc, char **argv)
         }
         for (int r = 0; r < L.o.n; r++) {
             snprintf(vars[0], sizeof vars[0], "BRIGADE_RANK=%d", r);
-            snprintf(vars[2], sizeof vars[2], "BRIGADE_LOCAL_RANK=%d", r);
-            int code = launch_spawn(&L, r, envp, devnull, saved, nsaved, &oldmask);
+            snprintf(vars[2], sizeof vars[2], "BRIGADE_LOCAL_RANK=%d", L.o.hosts ? r % L.o.per_host : r);
+            int code = launch_rank_argv(&L, r, envp + ne, LAUNCH_NVARS) ? 1
+                       : launch_spawn(&L, r, envp, devnull, saved, nsaved, &oldmask);
             if (code) {
                 launch_begin_stop(&L, STOP_START, code);
                 break;
@@ -374,9 +386,14 @@ int bg_cmd_launch(int argc, char **argv)
             rc = 128 + sig;
             break;
         }
-        fprintf(stderr, "brigade launch: restart %d of %d: the job failed (exit code %d); starting %d rank%s again "
-                        "with BRIGADE_RESTART_COUNT=%d\n",
-                attempt + 1, L.o.max_restarts, rc, L.o.n, launch_plural(L.o.n), attempt + 1);
+        if (L.o.el_max)
+            fprintf(stderr, "brigade launch: restart %d of %d: the job failed (exit code %d); probing the hosts, then "
+                            "starting the job again with BRIGADE_RESTART_COUNT=%d\n",
+                    attempt + 1, L.o.max_restarts, rc, attempt + 1);
+        else
+            fprintf(stderr, "brigade launch: restart %d of %d: the job failed (exit code %d); starting %d rank%s again "
+                            "with BRIGADE_RESTART_COUNT=%d\n",
+                    attempt + 1, L.o.max_restarts, rc, L.o.n, launch_plural(L.o.n), attempt + 1);
     }
     free(pfd);
     free(pfd_rank);
@@ -391,10 +408,12 @@ out_signals:
         if (saved[k].changed)
             sigaction(saved[k].sig, &saved[k].old, NULL);
 out_free:
-    for (int r = 0; r < L.o.n; r++)
+    for (int r = 0; r < L.max_n; r++)
         for (int k = 0; k < 2; k++)
             free(L.ranks[r].io[k].buf);
     free(L.ranks);
+    free(L.used);
+    free(L.exec_argv);
     free(L.o.tolerated);
     free(L.obuf);
     free(envp);

@@ -14,6 +14,13 @@
 #define LAUNCH_LINE_MAX 65536      /* a longer line is forwarded in pieces */
 #define LAUNCH_READ_CHUNK 65536
 #define LAUNCH_LINGER_S 0.5        /* after the last rank exits, wait this long for its pipes' EOF */
+#define LAUNCH_PROBE_S 10.0        /* --elastic: a host that does not run `RSH HOST true` within this is lost */
+
+typedef struct {
+    const char *name;       /* what --rsh is given (a host name, a network namespace, a label) */
+    const char *addr;       /* where its store would listen: NAME=ADDR's ADDR, else the name */
+    bool lost;              /* --elastic: it failed a probe; never used again */
+} launch_host_t;
 
 typedef struct {
     int n;                  /* number of ranks */
@@ -29,6 +36,13 @@ typedef struct {
     long ps_auto;           /* > 0: tolerate was set from brigade train --ps S (S) */
     bool *tolerated;        /* per rank: its failure is reported and the others go on (from tolerate) */
     char **cmd;             /* NULL-terminated */
+    bool addr_given;        /* --master-addr given: it stays, whichever host holds rank 0 */
+    launch_host_t *hosts;   /* --hosts, in order; NULL: every rank on this machine */
+    int nhosts;
+    int per_host;           /* --nproc-per-host: ranks on each host (1 without --hosts) */
+    char **rsh;             /* --rsh's words, NULL-terminated; NULL: run the ranks here */
+    int nrsh;
+    int el_min, el_max;     /* --elastic MIN:MAX (world sizes); el_max 0: not elastic */
 } launch_opts_t;
 
 typedef struct {
@@ -66,6 +80,10 @@ typedef struct {
     int tolerated_failed;   /* tolerated ranks that failed */
     char *obuf;             /* tagged output being assembled */
     size_t olen, ocap;
+    int max_n;              /* ranks allocated: the largest world of any attempt */
+    int *used;              /* with --hosts: the host index of each rank's block (rank r on used[r / per_host]) */
+    int nused;
+    char **exec_argv;       /* with --rsh: what rank r executes (RSH HOST env VARS... CMD); NULL: o.cmd */
 } launch_t;
 
 typedef struct {
@@ -85,6 +103,24 @@ int launch_parse(int argc, char **argv, launch_opts_t *o);
 void launch_read_stream(launch_t *L, int rank, launch_stream_t *s);
 /* Forward a last partial line and close the pipe (no-op when closed). */
 void launch_close_stream(launch_t *L, int rank, launch_stream_t *s);
+
+/* ---- launch_hosts.c (--hosts, --rsh, --elastic) */
+
+/* Parse --hosts LIST into o->hosts. 0, or 2 after the message. */
+int launch_parse_hosts(const char *list, launch_opts_t *o);
+/* Split --rsh's words into o->rsh. 0, or 2 after the message. */
+int launch_parse_rsh(const char *words, launch_opts_t *o);
+/* Check --elastic against the rest of the options and the command. 0, or 2 after the message. */
+int launch_check_elastic(launch_opts_t *o, bool brigade_train);
+/* Before attempt `attempt`: choose the hosts (with --elastic, drop the ones a
+ * probe cannot reach), set L->o.n, L->used and, unless given, the master
+ * address. 0: start; else the exit code to end with (said on stderr). */
+int launch_hosts_pick(launch_t *L, int attempt, int last_rc);
+/* Point L->exec_argv at what rank r executes (no-op without --rsh); vars: the
+ * rank's BRIGADE_* assignments, nvars of them. 0, or 1 when out of memory. */
+int launch_rank_argv(launch_t *L, int r, char *const *vars, size_t nvars);
+/* " on host NAME" for rank r with --hosts, else "" */
+const char *launch_rank_where(const launch_t *L, int r);
 
 /* ---- launch_supervise.c */
 

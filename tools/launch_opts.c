@@ -18,9 +18,9 @@
 static void launch_usage(FILE *f)
 {
     fprintf(f,
-            "usage: brigade launch -n N [options] [--] CMD [ARGS...]\n"
+            "usage: brigade launch -n N | --hosts LIST [options] [--] CMD [ARGS...]\n"
             "\n"
-            "Start N processes (ranks) of CMD on this machine, each with\n"
+            "Start N processes (ranks) of CMD on this machine (or on --hosts), each with\n"
             "  BRIGADE_RANK (0..N-1), BRIGADE_LOCAL_RANK (= rank), BRIGADE_WORLD_SIZE (N),\n"
             "  BRIGADE_MASTER_ADDR, BRIGADE_MASTER_PORT, BRIGADE_JOB_TOKEN (random, per launch),\n"
             "  BRIGADE_RESTART_COUNT (0, then 1, 2, ... with --max-restarts)\n"
@@ -29,7 +29,7 @@ static void launch_usage(FILE *f)
             "stopped and the launcher exits with that rank's status.\n"
             "\n"
             "options:\n"
-            "  -n, --nproc N         number of ranks (1..%d), required\n"
+            "  -n, --nproc N         number of ranks (1..%d), required without --hosts\n"
             "  --master-addr A       address of rank 0's rendezvous store (default 127.0.0.1)\n"
             "  --master-port P       its port (default: a free port on 127.0.0.1)\n"
             "  --tag-output          prefix each line of each rank's stdout/stderr with \"[rank R] \"\n"
@@ -44,6 +44,17 @@ static void launch_usage(FILE *f)
             "                        separated; default for brigade train --ps S: its workers,\n"
             "                        S..N-1); the failure is reported in one line, and the exit\n"
             "                        code is still the failed rank's\n"
+            "  --hosts LIST          run the ranks on these hosts (NAME or NAME=ADDR, comma-separated),\n"
+            "                        --nproc-per-host each, in blocks: host 0 holds ranks 0..K-1; rank\n"
+            "                        0's store listens on its host's ADDR (default: its NAME)\n"
+            "  --nproc-per-host K    ranks on each host (default 1); replaces -n\n"
+            "  --rsh CMD             how to run a rank on a host: CMD HOST env BRIGADE_...=... CMD ARGS\n"
+            "                        (e.g. ssh, or \"ip netns exec\"); without it, here\n"
+            "  --elastic MIN:MAX     with --hosts, --rsh and --max-restarts: before each start probe every\n"
+            "                        host (CMD HOST true, %g s at most), drop the lost ones for good,\n"
+            "                        and run on those left (MAX ranks at most; fewer than MIN: give\n"
+            "                        up); brigade train needs --checkpoint-dir, --checkpoint-every,\n"
+            "                        --resume and --dp auto (or --pp auto) to re-plan and resume\n"
             "  -v, --verbose         print a line when each rank starts and ends\n"
             "  -h, --help            this help\n"
             "\n"
@@ -53,7 +64,7 @@ static void launch_usage(FILE *f)
             "--timeout (which covers all attempts); 128+signal when the launcher\n"
             "is interrupted (130 for Ctrl-C, 143 for SIGTERM); 127 (126) when CMD is not\n"
             "found (not executable); 2 for bad usage. See docs/launch.md.\n",
-            LAUNCH_MAX_RANKS);
+            LAUNCH_MAX_RANKS, LAUNCH_PROBE_S);
 }
 
 /* CMD is `brigade train ...` (the program's name is brigade, the first argument train) */
@@ -143,6 +154,7 @@ int launch_parse(int argc, char **argv, launch_opts_t *o)
                 return bg_cli_fail(cmd, "--master-addr is %zu characters long; a host name has at most 255",
                                    strlen(val));
             o->addr = val;
+            o->addr_given = true;
         } else if (!strcmp(name, "--master-port")) {
             if (bg_cli_int(cmd, name, val, 1, 65535, &v))
                 return 2;
@@ -161,12 +173,47 @@ int launch_parse(int argc, char **argv, launch_opts_t *o)
             if (!val || !*val)
                 return bg_cli_fail(cmd, "--tolerate-ranks needs a list of ranks, e.g. 2..7 or 1,3");
             o->tolerate = val;
+        } else if (!strcmp(name, "--hosts")) {
+            if (launch_parse_hosts(val, o))
+                return 2;
+        } else if (!strcmp(name, "--nproc-per-host")) {
+            if (bg_cli_int(cmd, name, val, 1, LAUNCH_MAX_RANKS, &v))
+                return 2;
+            o->per_host = (int)v;
+        } else if (!strcmp(name, "--rsh")) {
+            if (launch_parse_rsh(val, o))
+                return 2;
+        } else if (!strcmp(name, "--elastic")) {
+            char *end;
+            long a = val ? strtol(val, &end, 10) : 0, b = a;
+            if (a >= 1 && *end == ':')
+                b = strtol(end + 1, &end, 10);
+            if (!val || a < 1 || b < 1 || *end || a > LAUNCH_MAX_RANKS || b > LAUNCH_MAX_RANKS)
+                return bg_cli_fail(cmd, "--elastic \"%s\": expected MIN:MAX, the fewest and most ranks the job runs on "
+                                   "(1..%d), e.g. 2:4", val ? val : "", LAUNCH_MAX_RANKS);
+            o->el_min = (int)a;
+            o->el_max = (int)b;
         } else if (!strcmp(name, "--grace")) {
             if (bg_cli_double(cmd, name, val, 0, 86400, &o->grace_s))
                 return 2;
         } else {
             return bg_cli_fail(cmd, "unknown option \"%s\" (see brigade launch --help)", a);
         }
+    }
+    if (o->per_host && !o->hosts)
+        return bg_cli_fail(cmd, "--nproc-per-host needs --hosts (without it, -n ranks run on this machine)");
+    if (o->rsh && !o->hosts)
+        return bg_cli_fail(cmd, "--rsh needs --hosts: the hosts it runs the ranks on");
+    if (o->hosts) {
+        o->per_host = o->per_host ? o->per_host : 1;
+        if ((long)o->nhosts * o->per_host > LAUNCH_MAX_RANKS)
+            return bg_cli_fail(cmd, "--hosts: %d hosts x %d ranks is more than %d ranks", o->nhosts, o->per_host,
+                               LAUNCH_MAX_RANKS);
+        if (have_n && o->n != o->nhosts * o->per_host)
+            return bg_cli_fail(cmd, "-n %d, but --hosts gives %d host%s x %d rank%s (--nproc-per-host): leave -n out",
+                               o->n, o->nhosts, launch_plural(o->nhosts), o->per_host, launch_plural(o->per_host));
+        o->n = o->nhosts * o->per_host; /* the most; --elastic may start fewer */
+        have_n = true;
     }
     if (!have_n)
         return bg_cli_fail(cmd, "missing -n N, the number of ranks to start (see brigade launch --help)");
@@ -218,6 +265,8 @@ int launch_parse(int argc, char **argv, launch_opts_t *o)
             return bg_cli_fail(cmd, "--tolerate-ranks \"%s\": rank 0 serves the job's rendezvous store; its failure "
                                "ends the job", o->tolerate);
     }
+    if (launch_check_elastic(o, launch_is_brigade_train(o->cmd)))
+        return 2;
     if (o->exit_wait_s < 0) {
         /* the ranks' teardown barriers wait min(BRIGADE_TIMEOUT, 30 s): past that, a rank
          * still running after another one exited is hung (or stopped) */

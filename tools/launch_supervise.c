@@ -219,10 +219,10 @@ void launch_reap(launch_t *L)
             launch_tolerated_gone(L, r);
         } else if (!ok && L->stop == STOP_NONE) {
             if (L->running > 0)
-                fprintf(stderr, "brigade launch: rank %d (pid %d) %s%s; stopping the other %d rank%s\n", r, (int)pid,
-                        what, note, L->running, launch_plural(L->running));
+                fprintf(stderr, "brigade launch: rank %d (pid %d%s) %s%s; stopping the other %d rank%s\n", r, (int)pid,
+                        launch_rank_where(L, r), what, note, L->running, launch_plural(L->running));
             else
-                fprintf(stderr, "brigade launch: rank %d (pid %d) %s\n", r, (int)pid, what);
+                fprintf(stderr, "brigade launch: rank %d (pid %d%s) %s\n", r, (int)pid, launch_rank_where(L, r), what);
             launch_begin_stop(L, STOP_RANK, launch_status_code(st));
         } else {
             /* during a stop on request every rank exits 128 + the signal; one that did not failed (said, as the
@@ -363,7 +363,8 @@ int launch_spawn(launch_t *L, int r, char **envp, int devnull, const launch_save
             if (saved[k].changed)
                 sigaction(saved[k].sig, &saved[k].old, NULL);
         sigprocmask(SIG_SETMASK, oldmask, NULL);
-        execvpe(L->o.cmd[0], L->o.cmd, envp);
+        char **argv = L->exec_argv ? L->exec_argv : L->o.cmd;
+        execvpe(argv[0], argv, envp);
         int e = errno;
         ssize_t w = write(errp[1], &e, sizeof e);
         (void)w;
@@ -397,11 +398,12 @@ int launch_spawn(launch_t *L, int r, char **envp, int devnull, const launch_save
         L->running--;
         for (int j = 0; j < 2; j++)
             launch_close_stream(L, r, &rk->io[j]);
-        fprintf(stderr, "brigade launch: rank %d: cannot execute '%s': %s%s\n", r, L->o.cmd[0], strerror(e),
+        fprintf(stderr, "brigade launch: rank %d: cannot execute '%s': %s%s\n", r,
+                L->exec_argv ? L->exec_argv[0] : L->o.cmd[0], strerror(e),
                 L->running > 0 ? "; stopping the other ranks" : "");
         return e == ENOENT ? 127 : 126;
     }
     if (L->o.verbose)
-        fprintf(stderr, "brigade launch: started rank %d (pid %d)\n", r, (int)pid);
+        fprintf(stderr, "brigade launch: started rank %d (pid %d%s)\n", r, (int)pid, launch_rank_where(L, r));
     return 0;
 }

@@ -249,6 +249,48 @@ near() {
     same "$a" "$b" "$w" "$@"
 }
 
+# elastic_lose_host LOSE LAUNCH_ARGS...: the run of the tests of brigade
+# launch --elastic: `brigade launch LAUNCH_ARGS` in the background (stdout and
+# stderr to $T/el.log, bounded), whose job checkpoints under $T/ck; after its
+# first checkpoint (within 30 s) the command LOSE takes a host away; the job
+# must then finish (exit 0) on the hosts left.
+elastic_lose_host() {
+    local lose=$1 job rc i
+    shift
+    timeout -s KILL 200 "$B" launch "$@" >"$T/el.log" 2>&1 &
+    job=$!
+    for ((i = 0; i < 600; i++)); do
+        ls "$T"/ck/step-*/manifest.json >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    if ls "$T"/ck/step-*/manifest.json >/dev/null 2>&1; then
+        $lose
+    else
+        bad "no checkpoint within 30 s"
+    fi
+    wait $job
+    rc=$?
+    check "the elastic job finishes on the hosts left (rc $rc)" [ $rc = 0 ] || cat "$T/el.log"
+}
+# elastic_resumed_like_by_hand LOG OUT STEPS GPT...: the checks shared by the
+# tests of brigade launch --elastic (tests/launch, tests/netns): the job whose
+# stderr is LOG went from dp 4 to dp 3 at a checkpoint (said by its resume
+# line) and saved OUT, equal bitwise to a one-host run stopped by hand at that
+# step on dp 4 and resumed on dp 3 to step STEPS.
+elastic_resumed_like_by_hand() {
+    local log=$1 out=$2 steps=$3 line s
+    shift 3
+    line=$(grep -m1 -o 'resuming from .*' "$log")
+    echo "$line"
+    s=$(echo "$line" | sed -n 's/.*step-0*\([0-9][0-9]*\) (written by pp=1 dp=4) at step [0-9]*: layout pp=1 dp=4 -> pp=1 dp=3$/\1/p')
+    check "the job re-planned dp 4 -> 3 from a checkpoint, not step 0 ($line)" [ -n "$s" ] || return
+    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$B" launch -n 4 -- "$B" train "$@" --steps "$s" --dp 4 \
+        --checkpoint-dir "$T/hand" --checkpoint-every "$s" >/dev/null 2>&1 || bad "by hand: dp 4 to step $s"
+    env -u UCX_TLS -u UCX_NET_DEVICES timeout -s KILL 60 "$B" launch -n 3 -- "$B" train "$@" --steps "$steps" --dp 3 \
+        --checkpoint-dir "$T/hand" --resume --save "$T/hand-out" >/dev/null 2>&1 || bad "by hand: dp 3 from step $s"
+    check "weights bitwise equal to the run resumed by hand on dp 3" "$B" compare "$T/hand-out" "$out"
+}
+
 # ---- hosts made of network namespaces (tests/netns/, bench/netns_overlap.sh)
 #
 #   netns_init         skip (exit 77) unless root with a working `ip netns`;
