@@ -63,10 +63,8 @@ bg_status_t bg_schedule_to_torch_csv(const bg_schedule_t *s, char **csv_p)
 bg_status_t bg_schedule_to_torch_csv_file(const bg_schedule_t *s, const char *path)
 {
     char *txt;
-    BG_CHECK(bg_schedule_to_torch_csv(s, &txt));
-    bg_status_t st = bg__write_atomic(path, txt);
-    free(txt);
-    return st;
+    bg_status_t st = bg_schedule_to_torch_csv(s, &txt);
+    return st != BG_OK ? st : bg__write_free(path, txt);
 }
 
 typedef struct {

@@ -152,6 +152,15 @@ static int check_stage_costs(const bg_schedule_t *s)
     return 0;
 }
 
+/* an output written (st == BG_OK: say so) or not (the message; exit code) */
+static int wrote(bg_status_t st, const char *path)
+{
+    if (st != BG_OK)
+        return bg_cli_status(CMD, st);
+    printf("wrote %s\n", path);
+    return 0;
+}
+
 int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int text, unsigned tflags,
                         const char *json_out, const char *svg_out)
 {
@@ -192,34 +201,14 @@ int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int t
         return bg_cli_status(CMD, st);
     print_result(s, r, sp);
     int rc = 0;
-    if (json_out) {
-        st = bg_schedule_to_json_file(s, json_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", json_out);
-    }
-    if (torch_csv_out && !rc) {
-        st = bg_schedule_to_torch_csv_file(s, torch_csv_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", torch_csv_out);
-    }
-    if (sim_json_out && !rc) {
-        st = bg_sim_result_to_json_file(r, sim_json_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", sim_json_out);
-    }
-    if (svg_out && !rc) {
-        st = bg_schedule_svg(s, r, svg_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", svg_out);
-    }
+    if (json_out)
+        rc = wrote(bg_schedule_to_json_file(s, json_out), json_out);
+    if (torch_csv_out && !rc)
+        rc = wrote(bg_schedule_to_torch_csv_file(s, torch_csv_out), torch_csv_out);
+    if (sim_json_out && !rc)
+        rc = wrote(bg_sim_result_to_json_file(r, sim_json_out), sim_json_out);
+    if (svg_out && !rc)
+        rc = wrote(bg_schedule_svg(s, r, svg_out), svg_out);
     bg_sim_result_free(r);
     return rc;
 }
