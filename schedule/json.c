@@ -367,8 +367,6 @@ bg_status_t bg_sim_result_to_json(const bg_sim_result_t *res, char **json_p)
 bg_status_t bg_sim_result_to_json_file(const bg_sim_result_t *res, const char *path)
 {
     char *txt;
-    BG_CHECK(bg_sim_result_to_json(res, &txt));
-    bg_status_t st = bg__write_atomic(path, txt);
-    free(txt);
-    return st;
+    bg_status_t st = bg_sim_result_to_json(res, &txt);
+    return st != BG_OK ? st : bg__write_free(path, txt);
 }

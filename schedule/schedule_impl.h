@@ -121,5 +121,7 @@ typedef struct bg__tl {
 bg_status_t bg__timeline_svg(const bg__tl_t *tl, char **svg_p);
 /* writes text to path through path.tmp and a rename */
 bg_status_t bg__write_atomic(const char *path, const char *text);
+/* bg__write_atomic, then free(text) */
+bg_status_t bg__write_free(const char *path, char *text);
 
 #endif

@@ -281,6 +281,13 @@ bg_status_t bg__write_atomic(const char *path, const char *text)
     return st;
 }
 
+bg_status_t bg__write_free(const char *path, char *text)
+{
+    bg_status_t st = bg__write_atomic(path, text);
+    free(text);
+    return st;
+}
+
 bg_status_t bg_schedule_svg_string_with(const bg_schedule_t *s, const bg_sim_result_t *res,
                                         const bg_svg_params_t *params, char **svg_p)
 {

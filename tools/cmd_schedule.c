@@ -24,7 +24,7 @@ static void usage(FILE *f)
             "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--sim-json OUT]\n"
             "                        [--svg OUT] [--comm] [--text | --no-text] [--forward-only]\n"
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
-            "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n"
+            "       brigade schedule --from-json FILE | --from-torch-csv FILE [--costs F,B,W] [--svg OUT] ...\n"
             "       brigade schedule --auto --profile PROFILE.json --stages P --microbatches M [--mem-limit BYTES]\n"
             "                        [--split A,B,..] [--latency T] [--bandwidth BYTES_PER_S] [--json OUT] [--svg OUT]\n\n"
             "Generates the per-rank programs for the given costs, proves them correct (validator), simulates\n"
@@ -44,6 +44,9 @@ static void usage(FILE *f)
             "  --from-json F   validate and simulate your own programs\n"
             "  --forward-only  the program's forward-only version (evaluation: forwards and activation\n"
             "                  transfers in the program's order, no backward; brigade train --eval-every)\n"
+            "  --from-torch-csv F  read torch.distributed.pipelining's CSV schedule (_dump_csv, compute only:\n"
+            "                  one row per rank, cells like 2F0 1I3 0W1 3B2), then as --from-json\n"
+            "  --to-torch-csv OUT  write the compute order in that CSV format (torch's _load_csv reads it)\n"
             "  --auto          search the program with the smallest simulated step whose peak stash fits\n"
             "                  --mem-limit on every rank, over every layout (one stage per rank, interleaved\n"
             "                  v=2..4, V), with per-stage F, B, W and stash bytes from --profile (brigade profile\n"
@@ -137,7 +140,8 @@ static void print_result(const bg_schedule_t *s, const bg_sim_result_t *r, const
     }
 }
 
-static const char *sim_json_out; /* --sim-json: the simulator's figures */
+static const char *sim_json_out;  /* --sim-json: the simulator's figures */
+static const char *torch_csv_out; /* --to-torch-csv: the order in torch.distributed.pipelining's CSV */
 static int stage_costs_n[3]; /* entries given with --f-costs, --b-costs, --w-costs (0 = none) */
 
 static int check_stage_costs(const bg_schedule_t *s)
@@ -147,6 +151,15 @@ static int check_stage_costs(const bg_schedule_t *s)
         if (stage_costs_n[k] && stage_costs_n[k] != bg_schedule_stages(s))
             return bg_cli_fail(CMD, "%s has %d values but the schedule has %d stages (p x v)", flags[k],
                                stage_costs_n[k], bg_schedule_stages(s));
+    return 0;
+}
+
+/* an output written (st == BG_OK: say so) or not (the message; exit code) */
+static int wrote(bg_status_t st, const char *path)
+{
+    if (st != BG_OK)
+        return bg_cli_status(CMD, st);
+    printf("wrote %s\n", path);
     return 0;
 }
 
@@ -191,27 +204,14 @@ int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int t
         return bg_cli_status(CMD, st);
     print_result(s, r, sp);
     int rc = 0;
-    if (json_out) {
-        st = bg_schedule_to_json_file(s, json_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", json_out);
-    }
-    if (sim_json_out && !rc) {
-        st = bg_sim_result_to_json_file(r, sim_json_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", sim_json_out);
-    }
-    if (svg_out && !rc) {
-        st = bg_schedule_svg(s, r, svg_out);
-        if (st != BG_OK)
-            rc = bg_cli_status(CMD, st);
-        else
-            printf("wrote %s\n", svg_out);
-    }
+    if (json_out)
+        rc = wrote(bg_schedule_to_json_file(s, json_out), json_out);
+    if (torch_csv_out && !rc)
+        rc = wrote(bg_schedule_to_torch_csv_file(s, torch_csv_out), torch_csv_out);
+    if (sim_json_out && !rc)
+        rc = wrote(bg_sim_result_to_json_file(r, sim_json_out), sim_json_out);
+    if (svg_out && !rc)
+        rc = wrote(bg_schedule_svg(s, r, svg_out), svg_out);
     bg_sim_result_free(r);
     return rc;
 }
@@ -278,7 +278,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
 {
     const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL, *profile = NULL;
     long long p = 0, m = 0, v = 0;
-    int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0, fwd = 0;
+    int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0, from_torch = 0, fwd = 0;
     static int split[4096];
     double mem_limit = 0;
     unsigned tflags = 0;
@@ -334,6 +334,14 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             if (!val)
                 return bg_cli_fail(CMD, "--json needs an output file");
             json_out = val, i++;
+        } else if (!strcmp(a, "--to-torch-csv")) {
+            if (!val)
+                return bg_cli_fail(CMD, "--to-torch-csv needs an output file");
+            torch_csv_out = val, i++;
+        } else if (!strcmp(a, "--from-torch-csv")) {
+            if (!val)
+                return bg_cli_fail(CMD, "--from-torch-csv needs a file");
+            from = val, from_torch = 1, i++;
         } else if (!strcmp(a, "--sim-json")) {
             if (!val)
                 return bg_cli_fail(CMD, "--sim-json needs an output file");
@@ -380,6 +388,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             static const char *const known[] = {"--schedule", "--stages", "--microbatches", "--chunks", "--costs",
                                                 "--f-costs", "--b-costs", "--w-costs", "--latency", "--bandwidth",
                                                 "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--sim-json", "--svg",
+                                                "--to-torch-csv", "--from-torch-csv",
                                                 "--from-json", "--compare", "--comm", "--text", "--no-text",
                                                 "--auto", "--profile", "--mem-limit", "--split", "--forward-only",
                                                 "--help", NULL};
@@ -407,12 +416,13 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
     }
     if (from) {
         if (kind_s || compare || have_p || have_m || v)
-            return bg_cli_fail(CMD, "--from-json takes the schedule, stages, microbatches and chunks from the file; "
-                                    "drop --schedule/--compare/--stages/--microbatches/--chunks");
+            return bg_cli_fail(CMD, "%s takes the schedule, stages, microbatches and chunks from the file; "
+                                    "drop --schedule/--compare/--stages/--microbatches/--chunks",
+                               from_torch ? "--from-torch-csv" : "--from-json");
         bg_schedule_t *s;
-        if (bg_cli_check_json_object(CMD, from))
+        if (!from_torch && bg_cli_check_json_object(CMD, from))
             return 1;
-        bg_status_t st = bg_schedule_from_json_file(from, &s);
+        bg_status_t st = from_torch ? bg_schedule_from_torch_csv_file(from, &s) : bg_schedule_from_json_file(from, &s);
         if (st != BG_OK)
             return bg_cli_status(CMD, st);
         int rc = fwd ? forward_only(&s) : 0;

@@ -225,3 +225,21 @@ int bg_schedule_auto(const bg_auto_args_t *a)
     bg_schedule_free(best);
     return rc;
 }
+
+int bg_auto_layout_costs(const char *profile, int p, int v, int vshape, const bg_sim_params_t *link,
+                         bg_sim_params_t **sim_p, void **mem_p)
+{
+    static profile_t pr;
+    if (load_profile(profile, &pr))
+        return 2;
+    layout_t *L = malloc(sizeof *L);
+    if (!L)
+        return bg_cli_fail(CMD, "out of memory for the costs of %d ranks x %d chunks", p, v), 2;
+    bg_auto_args_t a = {.profile = profile, .p = p, .link = link};
+    if (!make_layout(&pr, &a, v, vshape, L)) {
+        free(L);
+        return 1;
+    }
+    *sim_p = &L->sim, *mem_p = L;
+    return 0;
+}

@@ -28,4 +28,12 @@ int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int t
 /* Runs the search; returns the process exit code (messages printed). */
 int bg_schedule_auto(const bg_auto_args_t *a);
 
+/* Per-stage costs (s) and stash bytes of one layout of p ranks (v chunks per
+ * rank; the V when vshape) from a profile (brigade profile --json), layers
+ * split evenly, the link's latency and bandwidth from link: *sim_p points
+ * into *mem_p, which the caller frees. 0: done; 1: too few layers for the
+ * layout; 2: the profile cannot be read (message printed). */
+int bg_auto_layout_costs(const char *profile, int p, int v, int vshape, const bg_sim_params_t *link,
+                         bg_sim_params_t **sim_p, void **mem_p);
+
 #endif

@@ -282,6 +282,21 @@ bg_status_t bg_schedule_to_json_file(const bg_schedule_t *sched, const char *pat
 /** Parse (and check ranges, not dependencies: call bg_schedule_validate()).
  *  BG_ERR_PARSE with the JSON path of the offending field. */
 bg_status_t bg_schedule_from_json(const char *json, bg_schedule_t **sched_p);
+/** torch.distributed.pipelining's CSV schedule format ("compute_only", as
+ *  PipelineScheduleMulti._dump_csv writes it): one row per rank, each cell
+ *  an action such as 2F0, 1I3, 0W1 or 3B2 (stage, F/I/W/B, microbatch).
+ *  Writing keeps the compute ops in each rank's order (a program with two
+ *  model copies is refused). Reading takes p from the rows, the stages a rank
+ *  holds (its chunks in increasing stage order) from its cells, m from the
+ *  microbatches, skips torch's SEND/RECV/UNSHARD/RESHARD actions and places
+ *  brigade's own transfers around the compute order, which it keeps as given;
+ *  an order brigade cannot run (a stage's backwards out of microbatch order,
+ *  a missing action, a deadlock) is refused with the reason. The _file forms
+ *  write a file whole or not at all, and read a file. */
+bg_status_t bg_schedule_to_torch_csv(const bg_schedule_t *sched, char **csv_p);
+bg_status_t bg_schedule_to_torch_csv_file(const bg_schedule_t *sched, const char *path);
+bg_status_t bg_schedule_from_torch_csv(const char *csv, bg_schedule_t **sched_p);
+bg_status_t bg_schedule_from_torch_csv_file(const char *path, bg_schedule_t **sched_p);
 bg_status_t bg_schedule_from_json_file(const char *path, bg_schedule_t **sched_p);
 /** A program to run: read @p path (bg_schedule_from_json_file), prove it
  *  correct (bg_schedule_validate) and check it is for @p ranks pipeline
