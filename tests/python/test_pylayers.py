@@ -66,14 +66,15 @@ class Layers(unittest.TestCase):
                                                 "out.bias"})
         self.assertLess(worst(rows), 5e-3, rows)
 
-    def test_finite_differences_mixed_with_builtin_layers(self):
+    def test_finite_differences_mixed_with_builtin_layers(self):  # and inside built-in composites
         a = ex.parse([])
         m = bg.Model(name="mix", input="features", features=a.features, seed=5)
         m.add(bg.Linear("fc", a.features, 12)).add(ex.Tanh("act")).add(ex.Linear("mid", 12, 12))
+        m.add(bg.Residual("res", bg.Seq("body", [ex.Linear("inner", 12, 12), ex.Tanh("t")])))
         m.add(bg.Activation("gelu", "gelu")).add(bg.Head("head", 12, a.classes))
         rows = bg.check_gradients(m, *data(a))
         self.assertEqual({r[0] for r in rows}, {"fc.weight", "fc.bias", "mid.weight", "mid.bias", "head.weight",
-                                                "head.bias"})
+                                                "head.bias", "res.body.inner.weight", "res.body.inner.bias"})
         self.assertLess(worst(rows), 5e-3, rows)
 
     def test_finite_differences_catch_a_wrong_backward(self):
