@@ -126,6 +126,19 @@ class Layers(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "already belongs"):
             bg.Model(name="b", input="features", features=4).add(t)
 
+    def test_size_method_raising(self):
+        # sizes have no error status in C: the layer's call asking for its stash raises it again, and step() re-raises
+        class BadStash(ex.SoftmaxCE):
+            def stash_bytes(self, shape):
+                raise OverflowError("no size for %r" % (shape,))
+
+        a = ex.parse([])
+        m = bg.Model(name="s", input="features", features=a.features, seed=1)
+        m.add(ex.Linear("fc", a.features, 4)).add(BadStash("loss", 4)).check()
+        with bg.Executor(m, batches=ex.make_batches(a), batch=8, microbatches=2, threads=1) as e:
+            with self.assertRaisesRegex(OverflowError, r"no size for \(4, 1, 4\)"):
+                e.step()
+
     def test_exception_in_one_process(self):
         class Boom(ex.Tanh):
             def forward(self, ctx, x, y):
