@@ -16,7 +16,6 @@ Only the CPU backend (the views are host memory).
 """
 import warnings
 
-import numpy as np
 import torch as _torch
 
 from .model import Layer
