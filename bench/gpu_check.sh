@@ -3,9 +3,11 @@
 # machine with a GPU (written for one H200; budget 6 minutes, each step has
 # its own timeout). NOT yet run: the sessions that wrote the backend had no
 # GPU (docs/kernels.md). Steps:
-#   1. build (Release, CUDA on) in build-gpu/
+#   1. build (Release, CUDA on, warnings allowed: another compiler's warning
+#      must not end the check) in build-gpu/
 #   2. the conformance test: every op on the cuda backend against the CPU
-#      (fp32 tolerances; GEMM again with tf32 and bf16 tensor cores)
+#      (fp32 tolerances; GEMM again with tf32 and bf16 tensor cores), then
+#      again under compute-sanitizer's memcheck where it is installed
 #   3. cuBLAS GEMM TFLOP/s, fp32 / TF32 / bf16 (bench/cublas_gemm)
 #   4. one GPT block (d_model 2048, 16 heads, seq 2048, microbatch 4) forward +
 #      backward through `brigade profile --backend cuda`, with GEMMs in fp32
@@ -17,7 +19,11 @@
 #      slots): two processes on the one GPU, pp = 2 (1F1B, tied embeddings)
 #      against one process on cuda, bitwise (the equivalence the CPU tests
 #      hold), the same with --precision bf16, and dp = 2 within relative L2 1e-5
-#      (checks the events' ordering on a device; says nothing of overlap)
+#      (checks the events' ordering on a device; says nothing of overlap),
+#      on the staged path (BRIGADE_STAGING=always) even where a CUDA-aware UCX
+#      is linked; skipped, saying so, when the GPU's compute mode is exclusive
+# A check whose log holds a CUDA error the backend reported fails, whatever
+# its exit status.
 # Prints a table; also writes it to $OUT/gpu_check.md when OUT is set (the
 # device tool's output folder), else to build-gpu/gpu_check.md.
 #
@@ -36,10 +42,13 @@ mkdir -p "$BUILD" "$(dirname "$REPORT")"
 : >"$REPORT.tmp"
 
 step "GPU"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2 || true
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader 2>&1 | head -2 || true
+mode=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -1)
+# a log with an error the CUDA backend reported (its sticky error fails the step; a tool that only logs it must fail too)
+cuda_err() { grep -q "cuda backend.*failed" "$1"; }
 
 step "build"
-if ! timeout 200 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBG_WERROR=ON >"$BUILD.cmake.log" 2>&1 ||
+if ! timeout 200 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >"$BUILD.cmake.log" 2>&1 ||
     ! timeout 200 cmake --build "$BUILD" -j"$J" >"$BUILD.build.log" 2>&1; then
     tail -30 "$BUILD.cmake.log" "$BUILD.build.log" 2>/dev/null
     echo "gpu_check: the build failed"
@@ -61,6 +70,20 @@ if [ $rc -eq 0 ]; then say "| conformance (every op, cuda vs cpu) | pass |"; els
     say "| conformance (every op, cuda vs cpu) | FAIL (rc $rc, $BUILD/conformance.log) |"
     fails=$((fails + 1))
 fi
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    step "conformance under compute-sanitizer (memcheck)"
+    timeout 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/kernels/test_conformance" cuda \
+        >"$BUILD/memcheck.log" 2>&1
+    rc=$?
+    tail -3 "$BUILD/memcheck.log"
+    case $rc in
+    0) say "| conformance under memcheck | pass |" ;;
+    124) say "| conformance under memcheck | incomplete (100 s timeout; $BUILD/memcheck.log) |" ;;
+    *) say "| conformance under memcheck | FAIL (rc $rc, $BUILD/memcheck.log) |"; fails=$((fails + 1)) ;;
+    esac
+else
+    say "| conformance under memcheck | skipped: no compute-sanitizer on PATH |"
+fi
 
 step "cuBLAS GEMM"
 if timeout 60 "$BUILD/bench/cublas_gemm" 4096 8192 >"$BUILD/cublas.log" 2>&1; then
@@ -78,7 +101,8 @@ for math in fp32 bf16 bf16-storage; do
     j=$BUILD/block_$math.json
     gm=${math%-storage}; prec=fp32; [ "$math" = bf16-storage ] && prec=bf16
     if BRIGADE_CUDA_GEMM=$gm timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
-        --seq 2048 --vocab 256 --microbatch-size 4 --precision "$prec" --json "$j" >"$BUILD/block_$math.log" 2>&1; then
+        --seq 2048 --vocab 256 --microbatch-size 4 --precision "$prec" --json "$j" >"$BUILD/block_$math.log" 2>&1 &&
+        ! cuda_err "$BUILD/block_$math.log"; then
         python3 - "$j" "$math" "$PEAK_BF16_TFLOPS" <<'EOF' | tee -a "$REPORT.tmp"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -100,7 +124,8 @@ done
 step "8-block GPT, 50 steps, cuda and cpu"
 model=(--layers 8 --d-model 128 --heads 4 --seq 64 --batch 8 --microbatches 2 --steps 50 --quiet)
 for be in cuda cpu; do
-    timeout 150 "$B" train --backend "$be" "${model[@]}" --metrics "$BUILD/train_$be.jsonl" >"$BUILD/train_$be.log" 2>&1 ||
+    { timeout 150 "$B" train --backend "$be" "${model[@]}" --metrics "$BUILD/train_$be.jsonl" >"$BUILD/train_$be.log" 2>&1 &&
+        ! cuda_err "$BUILD/train_$be.log"; } ||
         { tail -5 "$BUILD/train_$be.log"; say "| training on $be | FAIL ($BUILD/train_$be.log) |"; fails=$((fails + 1)); }
 done
 if [ -s "$BUILD/train_cuda.jsonl" ] && [ -s "$BUILD/train_cpu.jsonl" ]; then
@@ -122,6 +147,11 @@ EOF
 fi
 
 step "transfers on the copy stream: pp = 2 and dp = 2, two processes on one GPU"
+case $mode in *Exclusive*)
+    say "| staged transfers (two processes on one GPU) | skipped: compute mode $mode admits one process |"
+    mv "$REPORT.tmp" "$REPORT"; step "done: $fails failure(s); table in $REPORT"; [ $fails -eq 0 ]; exit ;;
+esac
+export BRIGADE_STAGING=always # the staged path, also where a CUDA-aware UCX would take device buffers directly
 small=(--layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 4 --steps 10 --threads 1 --quiet)
 # name  ranks  tolerance (bitwise | l2:X)  args
 for c in "one 1 - " "pp2tie 2 bitwise --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 --dp 2" \

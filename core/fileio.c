@@ -1,23 +1,44 @@
 /* core/fileio.c: write-all, fsync by path, mkdir -p, directory listings, whole-file reads and the
  * check that a directory can be written before a run (see core/fileio.h). Owns the full-disk test hook so that every durable write
  * of the library can be made to fail the same way. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* renameat2 */
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "brigade/core.h"
+#include "core/check.h"
 #include "core/fileio.h"
 
 long long bg__write_fail_after_bytes = -1;
 
+/* BRIGADE_FAULT_WRITE_BYTES arms the full-disk hook for a whole process (a
+ * multi-process test arms it in one rank); an in-process test's own setting
+ * of the variable wins. */
+static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+static void fault_init(void)
+{
+    const char *s = bg_config_str("BRIGADE_FAULT_WRITE_BYTES");
+    char *end;
+    long long n = s && *s ? strtoll(s, &end, 10) : -1;
+    if (bg__write_fail_after_bytes < 0 && n >= 0 && !*end)
+        bg__write_fail_after_bytes = n;
+}
+
 bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path)
 {
     const char *p = buf;
+    pthread_once(&fault_once, fault_init);
     while (n) {
         size_t k = n;
         ssize_t w;
@@ -63,6 +84,41 @@ bg_status_t bg__fileio_fsync_parent(const char *path)
     bg_status_t st = bg__fileio_fsync_path(dirname(copy), 1);
     free(copy);
     return st;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+void bg__fileio_rm_rf(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+bg_status_t bg__fileio_replace_dir(const char *tmpdir, const char *final, const char *aside)
+{
+    struct stat sb;
+    if (lstat(final, &sb) != 0) {
+        if (rename(tmpdir, final) != 0)
+            return bg_error(BG_ERR_IO, "cannot rename %s to %s: %s", tmpdir, final, strerror(errno));
+    } else if (renameat2(AT_FDCWD, tmpdir, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        if (rename(tmpdir, aside) != 0) /* tmpdir holds the old one now */
+            bg__fileio_rm_rf(tmpdir);
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+        /* no atomic exchange here: a moment with neither, never a mix */
+        if (rename(final, aside) != 0)
+            return bg_error(BG_ERR_IO, "cannot move the existing %s aside: %s", final, strerror(errno));
+        if (rename(tmpdir, final) != 0) {
+            bg_status_t st = bg_error(BG_ERR_IO, "cannot rename %s to %s: %s", tmpdir, final, strerror(errno));
+            rename(aside, final);
+            return st;
+        }
+    } else {
+        return bg_error(BG_ERR_IO, "cannot replace %s by %s: %s", final, tmpdir, strerror(errno));
+    }
+    BG_CHECK(bg__fileio_fsync_parent(final));
+    bg__fileio_rm_rf(aside);
+    return BG_OK;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -224,4 +280,32 @@ bg_status_t bg_check_writable_dir(const char *dir)
     if (access(up, W_OK | X_OK) != 0)
         return bg_error(BG_ERR_IO, "cannot create directory %s: %s is not writable: %s", dir, up, strerror(errno));
     return BG_OK;
+}
+
+bg_status_t bg_check_replaceable_dir(const char *dir, const char *suffix)
+{
+    BG_CHECK(bg_check_writable_dir(dir));
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return BG_OK; /* to be made: its ancestor is writable */
+    char *copy = strdup(dir);
+    if (!copy)
+        return bg_error(BG_ERR_NOMEM, "cannot copy the path %s", dir);
+    bg_status_t st = bg_check_writable_dir(dirname(copy));
+    free(copy);
+    if (st != BG_OK)
+        return bg_error(st, "%s cannot be replaced: %s", dir, bg_last_error());
+    char **names;
+    int n;
+    BG_CHECK(bg__fileio_list_dir(dir, "", "", &names, &n));
+    for (int i = 0; i < n && st == BG_OK; i++) {
+        size_t k = strlen(names[i]), m = strlen(suffix);
+        if (k > m && strcmp(names[i] + k - m, suffix) == 0)
+            continue;
+        st = bg_error(BG_ERR_INVALID, "%s holds %s, which is not a *%s file: the directory is replaced as a whole "
+                      "(a reader never sees half of a save), so give it a directory of its own",
+                      dir, names[i], suffix);
+    }
+    bg__fileio_free_names(names, n);
+    return st;
 }

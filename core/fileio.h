@@ -12,8 +12,18 @@
 
 /* Test hook: when >= 0, the number of bytes bg__fileio_write_all may still
  * write; a write beyond it fails with ENOSPC (a full disk). Each write
- * decrements it. -1 (the default): off. */
+ * decrements it. -1 (the default): off; BRIGADE_FAULT_WRITE_BYTES sets it
+ * for the process on the first write. */
 extern long long bg__write_fail_after_bytes;
+
+/* rm -rf path (best effort: what cannot be removed stays). */
+void bg__fileio_rm_rf(const char *path);
+
+/* Put the complete directory tmpdir in place as final, in one step where the
+ * file system allows (an exchange of the two names): a reader sees the old
+ * final or the new one, never a mix. The old one is renamed to aside, then
+ * removed; the parent is fsync'ed. tmpdir and final are on one file system. */
+bg_status_t bg__fileio_replace_dir(const char *tmpdir, const char *final, const char *aside);
 
 /* Write all n bytes of buf to fd (retrying short writes and EINTR). */
 bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path);
@@ -44,5 +54,10 @@ bg_status_t bg__fileio_read(const char *path, char **buf_p, size_t *size_p);
  * that the executor and the CLI's job share it without calling each other;
  * not public API (libbrigade.so does not export it). */
 bg_status_t bg_check_writable_dir(const char *dir);
+
+/* bg_check_writable_dir, and dir can be replaced as a whole
+ * (bg__fileio_replace_dir): its parent is writable and every entry's name
+ * ends in suffix (nothing of anyone else's would go with it). */
+bg_status_t bg_check_replaceable_dir(const char *dir, const char *suffix);
 
 #endif

@@ -6,6 +6,7 @@
 #include "kernels/backend_impl.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ struct bg__ops_mirror {
     const char *name;
     int device_buffers;
     BG__BACKEND_OPS(BG__SLOT_MIRROR)
+    int attention_max_head;
 };
 #undef BG__SLOT_MIRROR
 _Static_assert(sizeof(struct bg__ops_mirror) == sizeof(bg_backend_ops_t),
@@ -91,6 +93,7 @@ bg_status_t bg_backend_create(const char *name, const bg_backend_params_t *param
         }
         pthread_mutex_init(&track->lock, NULL);
         be->track = track;
+        be->mem_cap = p.mem_cap;
         if (p.num_threads <= 0) {
             long long nt = 0;
             if (bg_config_int("BRIGADE_NUM_THREADS", &nt) == BG_OK && nt > 0)
@@ -163,7 +166,32 @@ void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
 {
     if (bytes == 0)
         bytes = 1;
+    if (be->mem_cap) { /* bytes are reserved under the lock first, so threads allocating at once share the cap */
+        pthread_mutex_lock(&be->track->lock);
+        size_t cur = be->mem.current;
+        int over = bytes > be->mem_cap || cur > be->mem_cap - bytes;
+        if (!over)
+            be->mem.current += bytes;
+        pthread_mutex_unlock(&be->track->lock);
+        if (over) {
+            bg_error(BG_ERR_NO_FIT, "%s backend memory cap: %zu bytes asked for %s with %zu in use would make %zu, "
+                     "above the cap of %zu (--device-mem)", be->ops->name, bytes, what ? what : "a buffer", cur,
+                     cur + bytes, be->mem_cap);
+            return NULL;
+        }
+    }
     void *p = be->ops->alloc(be, bytes);
+    if (!p && be->mem_cap) { /* give the reservation back */
+        pthread_mutex_lock(&be->track->lock);
+        be->mem.current -= bytes;
+        pthread_mutex_unlock(&be->track->lock);
+    }
+    if (!p && bg_backend_status(be) != BG_OK) { /* a failed device, not a full one */
+        char msg[768];
+        snprintf(msg, sizeof(msg), "%s", bg_last_error());
+        bg_error(BG_ERR_DEVICE, "%s (allocating %zu bytes for %s)", msg, bytes, what ? what : "a buffer");
+        return NULL;
+    }
     if (!p) {
         bg_error(BG_ERR_NOMEM, "%s backend out of memory: %zu bytes asked for %s, %zu bytes free (%zu bytes in use "
                  "by this backend)", be->ops->name, bytes, what ? what : "a buffer", be->ops->device_free(be),
@@ -172,12 +200,15 @@ void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
     }
     pthread_mutex_lock(&be->track->lock);
     if (bg__track(be, p, bytes) != BG_OK) {
+        if (be->mem_cap)
+            be->mem.current -= bytes;
         pthread_mutex_unlock(&be->track->lock);
         be->ops->free(be, p);
         bg_error(BG_ERR_NOMEM, "cannot record an allocation of %zu bytes for %s", bytes, what);
         return NULL;
     }
-    be->mem.current += bytes;
+    if (!be->mem_cap)
+        be->mem.current += bytes;
     be->mem.count++;
     if (be->mem.current > be->mem.peak)
         be->mem.peak = be->mem.current;
@@ -208,5 +239,16 @@ void bg_backend_free(bg_backend_t *be, void *ptr)
 }
 
 bg_memstats_t bg_backend_memstats(const bg_backend_t *be) { return be->mem; }
+
+bg_status_t bg_backend_status(bg_backend_t *be)
+{
+    if (!be || !be->ops->error)
+        return BG_OK;
+    char msg[512] = "";
+    bg_status_t st = be->ops->error(be, msg, sizeof(msg));
+    if (st == BG_OK)
+        return BG_OK;
+    return bg_error(st, "%s backend: %s", be->ops->name, msg[0] ? msg : bg_status_string(st));
+}
 
 void bg_backend_reset_peak(bg_backend_t *be) { be->mem.peak = be->mem.current; }

@@ -35,6 +35,7 @@ typedef struct bg_backend_entry {
  *   EVENT   optional, all or none: a backend that queues work
  *   MEMORY  optional: page-locked host memory, the device's PCI bus id
  *   FUSED   optional: NULL, the layers run the unfused pair
+ *   STATUS  optional: NULL, the backend's ops cannot fail
  * destroy is optional too (NULL: impl needs no freeing). */
 #define BG__BACKEND_HOST_OPS(X)                                                                                    \
     X(alloc) X(free) X(to_host) X(from_host) X(synchronize) X(copy) X(gemm) X(gemm_strided_batched) X(sum)         \
@@ -51,10 +52,11 @@ typedef struct bg_backend_entry {
     X(from_host_async)
 #define BG__BACKEND_MEMORY_OPS(X) X(host_alloc) X(host_free) X(pci_bus_id)
 #define BG__BACKEND_FUSED_OPS(X) X(bias_gelu_forward) X(gelu_bias_backward)
+#define BG__BACKEND_STATUS_OPS(X) X(error)
 /* every function slot */
 #define BG__BACKEND_OPS(X)                                                                                         \
     X(destroy) BG__BACKEND_HOST_OPS(X) BG__BACKEND_KERNEL_OPS(X) BG__BACKEND_EVENT_OPS(X) BG__BACKEND_MEMORY_OPS(X) \
-    BG__BACKEND_FUSED_OPS(X)
+    BG__BACKEND_FUSED_OPS(X) BG__BACKEND_STATUS_OPS(X)
 
 /* BG_OK when ops can run in this build: its size is this build's
  * sizeof(bg_backend_ops_t) or more (a table built against an older header,

@@ -217,6 +217,10 @@ static double attn_bwd_flops(const bg_layer_t *l, bg_shape_t in)
 static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     const attn_t *p = l->impl;
+    int hs = p->c / p->heads, max = ctx->be->ops->attention_max_head;
+    if (max > 0 && hs > max) /* before anything is written: the step fails with nothing changed */
+        return bg_error(BG_ERR_UNSUPPORTED, "attention %s: head size %d (d_model %d / %d heads) is above the %s "
+                        "backend's largest, %d: use more heads", l->name, hs, p->c, p->heads, ctx->be->ops->name, max);
     bg_attention_forward(ctx->be, out, ctx->stash, in, ctx->in.n, ctx->in.t, p->c, p->heads);
     return BG_OK;
 }

@@ -7,7 +7,8 @@
  *
  * The files: plan.c (the plan object, its accessors and the model check),
  * plan_layout.c (one layout: its schedule, devices, partition, simulation and
- * memory per rank), plan_search.c (the layouts enumerated, tensor-parallel
+ * memory per rank), plan_bound.c (lower bounds of a layout's step time, to
+ * skip layouts that cannot be among the best), plan_search.c (the layouts enumerated, tensor-parallel
  * degrees, the no-fit diagnosis) and plan_json.c (the plan's JSON, written,
  * read and validated). */
 #ifndef BG_PARTITIONER_PLAN_IMPL_H
@@ -100,5 +101,27 @@ bg_status_t bg__plan_model_for_tp(const bg_model_desc_t *d, int tp, int sp, cons
  * become s's best shortfall. *fits_p (optional) says whether it fit. */
 bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                               bg_schedule_kind_t kind, int *fits_p);
+
+/* plan_bound.c: the relative margin a bound must exceed a limit by before a
+ * layout is skipped (its sums are not in the simulator's order). */
+#define BG__PLAN_BOUND_MARGIN 1e-9
+
+/* plan_bound.c: a lower bound (ms) of the simulated step of the program
+ * sched (one model copy; 0 for two) with per-stage costs fc, bc, wc (ms, as
+ * given to the simulator; full_backward: its backwards are whole, costing
+ * bc + wc, else split), m microbatches, a message's delay hop_act / hop_grad
+ * between two ranks, and end_cost the reduce and optimizer instructions of
+ * a rank (chunks x their costs). */
+double bg__plan_step_bound(const bg_schedule_t *sched, int m, const double *fc, const double *bc, const double *wc,
+                           int full_backward, double hop_act, double hop_grad, double end_cost);
+
+/* plan_bound.c: 1 when every split of L layers (per layer f, b, w: ms at
+ * speed 1) over pp stages, stage r alone on rank r, with every stage's
+ * speed at most speed and every message at least hop ms, has a step above
+ * limit (ms), by bg__plan_step_bound's terms (reduce and optimizer left
+ * out); 0 when some split might not. Costs nothing like the layout's
+ * schedule: O(L). */
+int bg__plan_bound_exceeds(int L, const double *f, const double *b, const double *w, int full_backward, int pp,
+                           int m, double speed, double hop, double limit);
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "core/check.h"
 #include "core/util.h"
+#include "schedule/generate.h"
 #include "schedule/layout.h"
 #include "schedule/simulate.h"
 #include "plan_impl.h"
@@ -84,9 +85,26 @@ static int cmp_plan(const void *x, const void *y)
     return a->microbatches - b->microbatches;
 }
 
-static bg_status_t keep_plan(search_t *s, bg_plan_t *p)
+/* p joins the list of the best (sorted by cmp_plan, a later plan after an
+ * equal one) when it is among the top. Its program is validated then: the
+ * search simulates generated programs without validating them (trusted:
+ * every order comes from an execution that respects every dependency), and
+ * checks those of the plans it keeps. Takes p. */
+static bg_status_t keep_plan(search_t *s, bg_plan_t *p, const bg_schedule_t *sched)
 {
     int top = s->pp->top > 0 ? s->pp->top : 5;
+    int at = s->nplans;
+    while (at > 0 && cmp_plan(&s->plans[at - 1], &p) > 0)
+        at--;
+    if (at >= top) {
+        bg_plan_free(p);
+        return BG_OK;
+    }
+    bg_status_t st = bg_schedule_validate(sched);
+    if (st != BG_OK) {
+        bg_plan_free(p);
+        return st;
+    }
     if (s->nplans == s->cap) {
         int cap = s->cap ? 2 * s->cap : 16;
         bg_plan_t **n = realloc(s->plans, (size_t)cap * sizeof(*n));
@@ -97,8 +115,9 @@ static bg_status_t keep_plan(search_t *s, bg_plan_t *p)
         s->plans = n;
         s->cap = cap;
     }
-    s->plans[s->nplans++] = p;
-    qsort(s->plans, (size_t)s->nplans, sizeof(*s->plans), cmp_plan);
+    memmove(&s->plans[at + 1], &s->plans[at], (size_t)(s->nplans - at) * sizeof(*s->plans));
+    s->plans[at] = p;
+    s->nplans++;
     while (s->nplans > top)
         bg_plan_free(s->plans[--s->nplans]);
     return BG_OK;
@@ -114,8 +133,8 @@ static int has_split_backward(const bg_schedule_t *sched, int rank)
     return 0;
 }
 
-/* Phase 1: every pipeline rank's device (the weakest of its replicas) and the
- * slot counts its program keeps (bg_part_schedule_counts). */
+/* Phase 1: every pipeline rank's device (the weakest of its replicas); made
+ * before the schedule (the bound before generating reads the speeds). */
 static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
 {
     int pp = c->pp, dp = c->dp;
@@ -138,8 +157,15 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
                 if (s->mem[dev] < c->rbudget[r])
                     c->rbudget[r] = s->mem[dev];
             }
-        BG_CHECK(bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
     }
+    return BG_OK;
+}
+
+/* Phase 1b: the slot counts each rank's program keeps (bg_part_schedule_counts). */
+static bg_status_t candidate_counts(candidate_t *c)
+{
+    for (int r = 0; r < c->pp; r++)
+        BG_CHECK(bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
     return BG_OK;
 }
 
@@ -306,15 +332,14 @@ static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
     return 8 + st;
 }
 
-/* Phases 1-4: the partition problem of a candidate whose schedule is made.
+/* Phases 1b-4: the partition problem of a candidate whose schedule is made
+ * (its devices and layers are made before: candidate_devices, candidate_layers).
  * The input and target bytes come from the model's input: n sequences of
  * seq positions, token ids or `features` floats each. */
-static bg_status_t build_problem(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
+static bg_status_t build_problem(const search_t *s, candidate_t *c)
 {
     const bg_plan_params_t *pa = s->pp;
-    c->paired = bg_plan_paired_for(s->tp, c->zero, c->dp);
-    BG_CHECK(candidate_devices(s, c));
-    BG_CHECK(candidate_layers(s, prof, c));
+    BG_CHECK(candidate_counts(c));
     BG_CHECK(candidate_stages(c));
     if (c->copies > 1)
         BG_CHECK(candidate_copies(c));
@@ -422,8 +447,48 @@ static bg_status_t run_partition(search_t *s, const bg_layer_profile_t *prof, ca
 
 /* Phase 6: simulate the schedule with the partition's per-stage costs
  * (milliseconds), the largest boundary message, the gradient all-reduce
- * (dp > 1) and the optimizer step. */
-static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_result_t **res_p)
+ * (dp > 1) and the optimizer step. *res_p = NULL (BG_OK) when a lower bound
+ * of the step is above limit: the layout cannot be among the best, and its
+ * simulation is skipped. */
+/* Whether the schedule kind runs its backwards split (B then W), and the
+ * B and W times measured apart (seconds per layer: on a tensor group of this
+ * degree, or at tp = 1 in one process), both NULL when not measured or not
+ * split: then the backward's time is halved between them. */
+static int split_times(const search_t *s, bg_schedule_kind_t kind, const double **mb_p, const double **mw_p)
+{
+    const bg_plan_params_t *pa = s->pp;
+    int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV ||
+                   kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_DUALPIPEV; /* dualpipev: partly */
+    const double *mb = s->times ? s->times->b_s : NULL, *mw = s->times ? s->times->w_s : NULL;
+    if (!s->times && s->tp == 1 && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *))
+        mb = pa->layer_b_s, mw = pa->layer_w_s;
+    int measured_bw = split_bw && mb && mw;
+    *mb_p = measured_bw ? mb : NULL;
+    *mw_p = measured_bw ? mw : NULL;
+    return split_bw;
+}
+
+/* Whether every backward of the kind's programs is whole (B and W in one
+ * instruction): the list scheduler's families without a split, whose fixed
+ * orders (Megatron's interleaved) are whole too (schedule/generate.c). */
+static int whole_backwards(bg_schedule_kind_t kind)
+{
+    return kind == BG_SCHED_GPIPE || kind == BG_SCHED_1F1B || kind == BG_SCHED_INTERLEAVED;
+}
+
+/* The worst step kept when the list of the best is full: a layout whose step
+ * is above it cannot enter the list (cmp_plan: a later one of equal step,
+ * pp and m goes after it). INFINITY while the list has room, and when every
+ * layout's work is wanted (the no-fit pass measuring shortfalls). */
+static double keep_limit(const search_t *s)
+{
+    int top = s->pp->top > 0 ? s->pp->top : 5;
+    if (s->want_shortfall || s->nplans < top)
+        return INFINITY;
+    return s->plans[top - 1]->step_ms;
+}
+
+static bg_status_t simulate(const search_t *s, const candidate_t *c, double limit, bg_sim_result_t **res_p)
 {
     const bg_plan_params_t *pa = s->pp;
     int S = c->S;
@@ -438,14 +503,9 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
     size_t act_msg = 0, grad_msg = 0; /* the largest boundary messages: activation (kept type), gradient (fp32) */
     size_t maxparams = 0;
     double maxopt = 0; /* the slowest stage's optimizer step (measured), seconds */
-    bg_schedule_kind_t kind = c->kind;
-    int split_bw = kind == BG_SCHED_ZB_H1 || kind == BG_SCHED_ZB_H2 || kind == BG_SCHED_ZBV ||
-                   kind == BG_SCHED_ZB_INTERLEAVED || kind == BG_SCHED_DUALPIPEV; /* dualpipev: partly */
-    /* B and W measured apart: on a tensor group of this degree, or (tp = 1) in one process */
-    const double *mb = s->times ? s->times->b_s : NULL, *mw = s->times ? s->times->w_s : NULL;
-    if (!s->times && s->tp == 1 && pa->size >= offsetof(bg_plan_params_t, layer_w_s) + sizeof(double *))
-        mb = pa->layer_b_s, mw = pa->layer_w_s;
-    int measured_bw = split_bw && mb && mw;
+    const double *mb, *mw;
+    split_times(s, c->kind, &mb, &mw);
+    int measured_bw = mb != NULL;
     for (int v = 0; v < S; v++) {
         double f = 0, bw = 0, b = 0, w = 0;
         for (int i = out[v].first; i <= out[v].last; i++) {
@@ -497,6 +557,15 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, bg_sim_resu
                                                           pa->link_bandwidth
                                                     : 0.0));
     simp.optimizer_cost = c->opt_measured ? 1e3 * maxopt : 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
+    *res_p = NULL;
+    if (limit < INFINITY) {
+        double bw = simp.bandwidth > 0 ? simp.bandwidth : INFINITY; /* the simulator's delay of a message */
+        double lb = bg__plan_step_bound(c->sched, c->m, fc, bc, wc, whole_backwards(c->kind),
+                                        simp.latency + simp.act_bytes / bw, simp.latency + simp.grad_bytes / bw,
+                                        c->V * (simp.reduce_cost + simp.optimizer_cost));
+        if (lb * (1 - BG__PLAN_BOUND_MARGIN) > limit)
+            goto out;
+    }
     st = bg__schedule_simulate_figures(c->sched, &simp, res_p); /* the plan keeps no timeline */
 out:
     free(fc);
@@ -617,8 +686,46 @@ static long long model_stages(bg_schedule_kind_t kind, int chunks, int pp)
     return n;
 }
 
+/* Before generating a layout's schedule: *skip_p = 1 when no split of the
+ * layers can give it a step within limit (the worst kept, keep_limit), by
+ * bg__plan_bound_exceeds. Only for the kinds of one chunk per rank and one
+ * chain (stage r on rank r), whose program bg_schedule_generate would make
+ * (its checks pass), and not under --zero auto, which tries the next
+ * sharding stage when a layout does not fit: a skipped layout's fit is not
+ * known. */
+static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c, const bg_schedule_params_t *sp,
+                                        double limit, int *skip_p)
+{
+    *skip_p = 0;
+    bg_schedule_kind_t kind = c->kind;
+    if (!(limit < INFINITY) || s->pp->zero == BG_PLAN_ZERO_AUTO ||
+        (kind != BG_SCHED_GPIPE && kind != BG_SCHED_1F1B && kind != BG_SCHED_ZB_H1 && kind != BG_SCHED_ZB_H2) ||
+        bg__schedule_generate_check(sp) != BG_OK)
+        return BG_OK;
+    int L = s->L;
+    double *f = malloc((size_t)L * 3 * sizeof(double));
+    if (!f)
+        return bg_error(BG_ERR_NOMEM, "plan bound");
+    double *b = f + L, *w = f + 2 * L, speed = 0;
+    const double *mb, *mw;
+    split_times(s, kind, &mb, &mw);
+    for (int i = 0; i < L; i++) { /* simulate()'s costs, per layer (ms at speed 1) */
+        f[i] = 1e3 * c->layers[i].fwd_time;
+        b[i] = 1e3 * (mb ? mb[i] : c->layers[i].bwd_time / 2);
+        w[i] = 1e3 * (mw ? mw[i] : c->layers[i].bwd_time / 2);
+    }
+    for (int r = 0; r < c->pp; r++)
+        if (c->rspeed[r] > speed)
+            speed = c->rspeed[r];
+    *skip_p = bg__plan_bound_exceeds(L, f, b, w, whole_backwards(kind), c->pp, c->m, speed,
+                                     1e3 * s->pp->link_latency, limit);
+    free(f);
+    return BG_OK;
+}
+
 /* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
- * become the best shortfall. *fits_p (optional) says whether it fit. */
+ * become the best shortfall. *fits_p (optional) says whether it fit (0 for
+ * a layout skipped before its schedule was made: not known). */
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                                  bg_schedule_kind_t kind, int zero, int *fits_p)
 {
@@ -638,8 +745,18 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
     sp.stages = pp;
     sp.microbatches = m;
     sp.chunks = s->pp->chunks;
+    c.paired = bg_plan_paired_for(s->tp, c.zero, c.dp);
+    BG_CHECK_GOTO(candidate_devices(s, &c), st, out);
+    BG_CHECK_GOTO(candidate_layers(s, prof, &c), st, out);
+    double limit = keep_limit(s);
+    int skip = 0;
+    BG_CHECK_GOTO(skip_before_schedule(s, &c, &sp, limit, &skip), st, out);
+    if (skip) { /* counted as the layouts it would have made, its fit left unknown */
+        s->evaluated++;
+        goto out;
+    }
     if (bg_schedule_generate(&sp, &c.sched) != BG_OK)
-        return BG_OK; /* this schedule cannot run this (p, m, v): not a candidate */
+        goto out; /* this schedule cannot run this (p, m, v): not a candidate */
     c.V = bg_schedule_chunks(c.sched);
     c.S = bg_schedule_stages(c.sched);
     c.copies = bg_schedule_copies(c.sched);
@@ -647,15 +764,17 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
     if (c.Lm > s->L)
         goto out; /* more stages than layers: not a candidate */
     s->evaluated++;
-    BG_CHECK_GOTO(build_problem(s, prof, &c), st, out);
+    BG_CHECK_GOTO(build_problem(s, &c), st, out);
     BG_CHECK_GOTO(run_partition(s, prof, &c, &fits), st, out);
     if (!fits)
         goto out;
-    BG_CHECK_GOTO(simulate(s, &c, &res), st, out);
-    BG_CHECK_GOTO(plan_record(s, prof, &c, res, &p), st, out);
     if (fits_p)
         *fits_p = 1;
-    st = keep_plan(s, p);
+    BG_CHECK_GOTO(simulate(s, &c, limit, &res), st, out);
+    if (!res)
+        goto out; /* its step is above the worst kept: it would not be kept */
+    BG_CHECK_GOTO(plan_record(s, prof, &c, res, &p), st, out);
+    st = keep_plan(s, p, c.sched);
 out:
     bg_sim_result_free(res);
     candidate_free(&c);

@@ -13,7 +13,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -49,19 +48,7 @@ static bg_status_t write_file(const char *path, const char *text, size_t n)
     return st;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
-static void rm_rf(const char *path)
-{
-    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+static void rm_rf(const char *path) { bg__fileio_rm_rf(path); }
 
 /* ---------------------------------------------------------------- writing a rank file */
 
@@ -304,29 +291,12 @@ static bg_status_t finalize(const bg_checkpoint_params_t *p, bg_model_t *model0,
     BG_CHECK_GOTO(bg__fileio_fsync_path(tmpdir, 1), st, out);
 
     /* a directory with the final name already (an earlier run reached this
-     * step): move it aside under a .tmp name, then replace it */
+     * step): replaced, and removed under a .tmp name */
     char aside[CKPT_PATH_MAX];
     char sfx[160];
     snprintf(sfx, sizeof sfx, ".tmp-replaced-%s", token);
     bg__ckpt_pjoin(aside, sizeof aside, final, "", sfx);
-    struct stat sb;
-    int moved = 0;
-    if (stat(final, &sb) == 0) {
-        if (rename(final, aside) != 0) {
-            st = bg_error(BG_ERR_IO, "cannot move the existing %s aside: %s", final, strerror(errno));
-            goto out;
-        }
-        moved = 1;
-    }
-    if (rename(tmpdir, final) != 0) {
-        st = bg_error(BG_ERR_IO, "cannot rename %s to %s: %s", tmpdir, final, strerror(errno));
-        if (moved)
-            rename(aside, final);
-        goto out;
-    }
-    BG_CHECK_GOTO(bg__fileio_fsync_path(p->root, 1), st, out);
-    if (moved)
-        rm_rf(aside);
+    st = bg__fileio_replace_dir(tmpdir, final, aside);
 out:
     bg__fileio_free_names(names, nn);
     json_decref(files);

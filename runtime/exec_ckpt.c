@@ -4,9 +4,12 @@
  * settle, state_begin / state_end, save_checkpoint and weights_path; this
  * file must not branch on which strategies are active. */
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "brigade/checkpoint.h"
 #include "core/check.h"
@@ -242,31 +245,181 @@ static void weights_path(exec_t *x, int v, const char *dir, char *path, size_t c
         snprintf(path, cap, "%s/model-stage%03d.safetensors", dir, x->chunks[v].stage);
 }
 
-bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
+/* ---- weights as a unit ----
+ * DIR is replaced as a whole: the writers put their files into a fresh
+ * sibling DIR.tmp-<token> and rank 0, once every writer has finished,
+ * exchanges it with DIR (bg__fileio_replace_dir). A reader sees the old
+ * weights or the new, never one stage of each; a failed save leaves the old
+ * as they were. The writers meet through the store, not a group: the
+ * workers of parameter servers write nothing and may have died. */
+
+/* Saves of weights by this process: names a save's store keys. The writers
+ * agree: each takes part in every save, in the same order. */
+static atomic_ulong weights_seq;
+
+/* How many ranks write weights: the ONE hook weights_writers, or by default
+ * replica 0's (with their tensor-parallel members, which gather). */
+static int weights_writers(exec_t *x)
 {
-    BG_CHECK(bg__exec_settle(x));
+    bg__strategy_t *own = BG__ONE(x, weights_writers);
+    return own ? own->ops->weights_writers(x, own->self) : x->lay.world / x->lay.dp;
+}
+
+/* This rank's files into dir (made here; it may exist, made by another writer). */
+static bg_status_t write_weights(exec_t *x, const char *dir)
+{
     char *meta = NULL;
-    bg_status_t st = BG_OK;
+    bg_status_t st = bg__fileio_mkdir_p(dir);
+    if (st == BG_OK)
+        st = bg_model_metadata_json(x->desc, &meta);
     for (int v = 0; v < x->V && st == BG_OK; v++) {
-        char path[4096];
+        char path[4400];
         if (x->chunks[v].copy > 0)
             continue; /* the copies are identical: copy 0 is the model (its stage = the model stage) */
         weights_path(x, v, dir, path, sizeof path);
-        if (!path[0])
-            continue;
-        if (!meta) { /* the first file this rank writes */
-            st = bg__fileio_mkdir_p(dir);
-            if (st == BG_OK)
-                st = bg_check_writable_dir(dir);
-            if (st == BG_OK)
-                st = bg_model_metadata_json(x->desc, &meta);
-            if (st != BG_OK)
-                break;
-        }
-        st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
+        if (path[0])
+            st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
     }
     free(meta);
     return st;
+}
+
+/* Rank 0: put the finished tmp in place of dir; stale siblings of killed saves go. */
+static bg_status_t publish_weights(const char *tmp, const char *dir, const char *token)
+{
+    char aside[4200];
+    snprintf(aside, sizeof aside, "%s.tmp-old-%s", dir, token); /* dir: at most 4095 bytes, token 63 */
+    BG_CHECK(bg_check_replaceable_dir(dir, ".safetensors"));
+    BG_CHECK(bg__fileio_fsync_path(tmp, 1));
+    return bg__fileio_replace_dir(tmp, dir, aside);
+}
+
+#define WEIGHTS_KEY(buf, seq, what) snprintf(buf, sizeof buf, "bg.weights.%lu.%s", seq, what)
+
+/* A writer other than rank 0: say how it went, then wait for rank 0's word. */
+static bg_status_t weights_join(exec_t *x, unsigned long seq, int writers, bg_status_t mine)
+{
+    char key[BG_STORE_MAX_KEY], res[1100];
+    int64_t n;
+    if (mine != BG_OK) {
+        snprintf(res, sizeof res, "rank %d: %s", x->lay.rank, bg_last_error());
+        WEIGHTS_KEY(key, seq, "why");
+        BG_CHECK(bg_store_set(x->comm, key, res, strlen(res) + 1));
+        WEIGHTS_KEY(key, seq, "failed");
+        BG_CHECK(bg_store_add(x->comm, key, 1, &n));
+    }
+    WEIGHTS_KEY(key, seq, "done");
+    BG_CHECK(bg_store_add(x->comm, key, 1, &n));
+    if (n == writers) {
+        WEIGHTS_KEY(key, seq, "all");
+        BG_CHECK(bg_store_set(x->comm, key, "", 1));
+    }
+    if (x->lay.rank == 0)
+        return BG_OK;
+    size_t got;
+    WEIGHTS_KEY(key, seq, "result");
+    BG_CHECK(bg_store_wait(x->comm, key, res, sizeof res, &got));
+    res[sizeof res - 1] = 0;
+    int code = atoi(res);
+    const char *sp = strchr(res, ' ');
+    if (mine != BG_OK) /* this rank's own failure says more than rank 0's summary */
+        return bg_error(mine, "%s", sp ? sp + 1 : "?");
+    return code == 0 ? BG_OK : bg_error((bg_status_t)code, "%s", sp ? sp + 1 : "?");
+}
+
+/* Rank 0 of a save with other writers: wait for all of them, publish or
+ * clean up, say how it went. */
+static bg_status_t weights_finish(exec_t *x, unsigned long seq, bg_status_t mine, const char *tmp, const char *dir,
+                                  const char *token)
+{
+    char key[BG_STORE_MAX_KEY], msg[1100], all[8];
+    size_t got;
+    int64_t failed = 0;
+    snprintf(msg, sizeof msg, "%s", mine != BG_OK ? bg_last_error() : "");
+    WEIGHTS_KEY(key, seq, "all");
+    bg_status_t st = bg_store_wait(x->comm, key, all, sizeof all, &got);
+    if (st == BG_OK) {
+        WEIGHTS_KEY(key, seq, "failed");
+        st = bg_store_add(x->comm, key, 0, &failed);
+    }
+    if (st != BG_OK) {
+        snprintf(msg, sizeof msg, "not every writer finished: %s", bg_last_error());
+    } else if (mine == BG_OK && failed) {
+        WEIGHTS_KEY(key, seq, "why");
+        if (bg_store_get(x->comm, key, msg, sizeof msg, &got) != BG_OK)
+            snprintf(msg, sizeof msg, "%lld rank(s) failed to write their files", (long long)failed);
+        msg[sizeof msg - 1] = 0;
+        st = BG_ERR_IO;
+    } else if (mine == BG_OK) {
+        st = publish_weights(tmp, dir, token);
+        snprintf(msg, sizeof msg, "%s", st != BG_OK ? bg_last_error() : "");
+    } else {
+        st = mine;
+    }
+    for (const char *const *k = (const char *const[]){"token", "done", "failed", "why", "all", NULL}; *k; k++) {
+        WEIGHTS_KEY(key, seq, *k);
+        bg_store_delete(x->comm, key);
+    }
+    snprintf(key, sizeof key, "bg.weights.%lu.result", seq - 1);
+    bg_store_delete(x->comm, key);
+    char res[1200];
+    int len = snprintf(res, sizeof res, "%d %s", (int)st, msg);
+    WEIGHTS_KEY(key, seq, "result");
+    bg_store_set(x->comm, key, res, (size_t)(len < (int)sizeof res ? len : (int)sizeof res - 1) + 1);
+    if (st != BG_OK)
+        bg__fileio_rm_rf(tmp); /* nothing of this save stays */
+    return st == BG_OK ? BG_OK : bg_error(st, "%s", msg);
+}
+
+bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
+{
+    BG_CHECK(bg__exec_settle(x));
+    int writes = 0;
+    for (int v = 0; v < x->V && !writes; v++) {
+        char path[4096];
+        weights_path(x, v, "d", path, sizeof path);
+        writes = x->chunks[v].copy == 0 && path[0];
+    }
+    if (!writes)
+        return BG_OK;
+    int shared = x->lay.world > 1 && weights_writers(x) > 1;
+    unsigned long seq = atomic_fetch_add(&weights_seq, 1) + 1;
+    char token[64], key[BG_STORE_MAX_KEY], tmp[4160];
+    size_t got;
+    if (x->lay.rank == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(token, sizeof token, "p%d-%lx", (int)getpid(), (unsigned long)ts.tv_nsec ^ (unsigned long)seq);
+        WEIGHTS_KEY(key, seq, "token");
+        if (shared)
+            BG_CHECK(bg_store_set(x->comm, key, token, strlen(token) + 1));
+    } else {
+        WEIGHTS_KEY(key, seq, "token");
+        BG_CHECK(bg_store_wait(x->comm, key, token, sizeof token, &got));
+        token[sizeof token - 1] = 0;
+    }
+    char base[4096];
+    if (snprintf(base, sizeof base, "%s", dir) >= (int)sizeof base)
+        return bg_error(BG_ERR_INVALID, "weights directory path too long: %s", dir);
+    for (size_t n = strlen(base); n > 1 && base[n - 1] == '/';) /* "out/" and "out" are one directory */
+        base[--n] = 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp-%s", base, token);
+    bg_status_t mine = bg_check_replaceable_dir(base, ".safetensors");
+    if (mine == BG_OK)
+        mine = write_weights(x, tmp);
+    if (!shared) {
+        if (mine == BG_OK)
+            mine = publish_weights(tmp, base, token);
+        if (mine != BG_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", bg_last_error());
+            bg__fileio_rm_rf(tmp);
+            return bg_error(mine, "%s", msg);
+        }
+        return BG_OK;
+    }
+    BG_CHECK(weights_join(x, seq, weights_writers(x), mine));
+    return x->lay.rank == 0 ? weights_finish(x, seq, mine, tmp, base, token) : BG_OK;
 }
 
 bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir)

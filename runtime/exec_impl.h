@@ -1,8 +1,9 @@
 /* runtime/exec_impl.h: the executor's private body, shared by its files:
  * the core (executor.c: create, the step loop, destroy; exec_ops.c: the
  * table of instruction handlers; exec_grads.c: gradient buckets and the
- * norm; exec_ckpt.c: checkpoints and weights) and the strategies that plug
- * into it (runtime/strat_*.c, registered in runtime/strategy.c).
+ * norm; exec_ckpt.c: checkpoints and weights; exec_eval.c: evaluation with
+ * forward-only programs) and the strategies that plug into it
+ * (runtime/strat_*.c, registered in runtime/strategy.c).
  *
  * A strategy is a table of hooks (bg__strategy_ops_t) plus its private
  * state; the core calls the hooks at fixed points and never branches on
@@ -109,6 +110,8 @@ typedef struct bg__strategy_ops {
     void (*state_end)(exec_t *x, void *self, int loading, bg_status_t st);
     /* ONE: where chunk v's weights go, "" when this rank writes none of them (default: replica 0 writes). */
     void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
+    /* ONE: how many ranks of the job write weights (default: replica 0's, world / dp). */
+    int (*weights_writers)(exec_t *x, void *self);
     /* EVERY: the predicted optimizer elements and gradient bytes (bg_executor_info), adjusted. */
     void (*memory)(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes);
     /* EVERY: after a failed step: free what is in flight. */
@@ -140,6 +143,8 @@ struct bg_executor {
     bg_schedule_t *sched;
     const bg_sched_op_t *ops;
     size_t nops;
+    bg_schedule_t *eval_sched; /* the forward-only program of sched (bg_executor_eval), made at its first call */
+    int forward_only;          /* ops is eval_sched's: the interpreter runs its table of forward-only handlers */
     int V, M, S;
     int copies, L;          /* model copies (bg_schedule_copies) and model stages S / copies */
     chunk_t *chunks;        /* V */
@@ -198,6 +203,8 @@ bg__strategy_t *bg__strategy_find(exec_t *x, size_t slot_offset);
 bg_step_result_t bg__exec_step_result(const exec_t *x, double tokens, double dt);
 bg_status_t bg__exec_step_failed(exec_t *x, bg_status_t st);
 bg_status_t bg__exec_chunk_models(exec_t *x, bg_model_t ***models_p);
+bg_status_t bg__exec_step_tokens(exec_t *x, int64_t step, double *tokens_p); /* positions of a step's global batch */
+bg_status_t bg__exec_sum_losses(exec_t *x); /* the program's end: the device-kept losses into x->loss, the queue drained, the backend's sticky error */
 /* exec_ops.c */
 bg_status_t bg__exec_seq_len(exec_t *x, int64_t step, int mb, int *t_p);
 bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p);

@@ -4,6 +4,9 @@
  * between stages (receives posted ahead, sends never blocking), the batch
  * source, and the paired instructions of BRIGADE_TP_OVERLAP=microbatch.
  *
+ * A forward-only program (evaluation, runtime/exec_eval.c) runs through a
+ * table of its own: forwards that keep no stash, activation transfers.
+ *
  * Each compute handler calls the strategies' before_compute and
  * after_compute hooks around its compute, each receive their before_wait
  * hook; the optimizer instruction hands the update to the strategies. It
@@ -174,7 +177,8 @@ static bg_status_t end_slot(exec_t *x, chunk_t *ch, int mb, int split)
     return BG_OK;
 }
 
-/* Fused backward slots whose din is still being sent end later: when a test
+/* Fused backward slots whose din is still being sent end later (and so do a
+ * forward-only program's slots whose output is being sent): when a test
  * after an instruction finds the send complete (force 0); at the latest when
  * the first compute instruction after the send is over (force 2: every slot
  * whose send is issued, waited for), which bounds what the partitioner
@@ -184,13 +188,16 @@ bg_status_t bg__exec_reap_pending(exec_t *x, int force)
     for (int v = 0; v < x->V; v++) {
         chunk_t *ch = &x->chunks[v];
         for (int mb = 0; mb < x->M; mb++) {
-            if (!ch->pending_end[mb] || (force == 2 && !ch->grad_send[mb]))
+            /* the send the slot waits for: its gradient's (its activation's send is done by then), or in a
+             * forward-only program its activation's */
+            bg__xfer_t *out = ch->grad_send[mb] ? ch->grad_send[mb] : ch->act_send[mb];
+            if (!ch->pending_end[mb] || (force == 2 && !out))
                 continue;
             if (!force) {
                 int done = 0;
-                if (!ch->grad_send[mb])
+                if (!out)
                     continue; /* its SEND_GRAD is not issued yet */
-                BG_CHECK(bg__xtest(ch->grad_send[mb], &done));
+                BG_CHECK(bg__xtest(out, &done));
                 if (!done)
                     continue;
             }
@@ -256,7 +263,10 @@ static bg_status_t add_loss(exec_t *x, chunk_t *ch, int mb)
     return BG_OK;
 }
 
-static bg_status_t op_forward(exec_t *x, chunk_t *ch, int mb)
+/* A forward of a training program (eval 0) or of a forward-only one (eval 1): the same compute; an
+ * evaluation's slot stashes nothing for a backward, receives no gradient and ends once its output is
+ * handed on: at once (the loss, or the next stage on this rank), or when its send completes (reaped). */
+static bg_status_t forward(exec_t *x, chunk_t *ch, int mb, int eval)
 {
     bg_backend_t *be = x->be;
     float *in;
@@ -274,7 +284,7 @@ static bg_status_t op_forward(exec_t *x, chunk_t *ch, int mb)
     BG_CHECK(bg_stage_forward(ch->st, mb, &ch->out[mb], &ch->out_shape[mb]));
     after_compute(x, ch, BG_OP_FORWARD);
     /* stashed from its forward to its last backward piece, as the simulator counts */
-    if (++x->stashed > x->peak_stashed)
+    if (!eval && ++x->stashed > x->peak_stashed)
         x->peak_stashed = x->stashed;
     /* every member of a tensor group computes the same losses; emulated stages compute none */
     if (ch->is_last && !x->em && x->lay.me.tp == 0)
@@ -282,7 +292,7 @@ static bg_status_t op_forward(exec_t *x, chunk_t *ch, int mb)
     /* The output gradient's buffer is counted with the stash from here (bg_stage_memory's dout): receive
      * into it now, so that the next stage's send completes when it is made and frees the next stage's
      * backward buffers (a rendezvous send would otherwise hold them until this stage's backward) */
-    if (!ch->is_last && !ch->next_local)
+    if (!eval && !ch->is_last && !ch->next_local)
         BG_CHECK(post_grad_recv(x, ch, mb));
     if (!ch->is_last && ch->next_local) {
         /* the next stage is ours: hand the output over now */
@@ -292,8 +302,13 @@ static bg_status_t op_forward(exec_t *x, chunk_t *ch, int mb)
         bg_dtype_t t = bg_stage_output_dtype(ch->st); /* = the next stage's input type */
         be->ops->convert(be, nin, t, ch->out[mb], t, bg_shape_numel(ch->out_shape[mb]));
     }
+    if (eval && (ch->is_last || ch->next_local))
+        BG_CHECK(end_slot(x, ch, mb, 0));
     return BG_OK;
 }
+
+static bg_status_t op_forward(exec_t *x, chunk_t *ch, int mb) { return forward(x, ch, mb, 0); }
+static bg_status_t op_eval_forward(exec_t *x, chunk_t *ch, int mb) { return forward(x, ch, mb, 1); }
 
 /* A full backward (split 0) or its input half (split 1). */
 static bg_status_t backward(exec_t *x, chunk_t *ch, int mb, int split)
@@ -364,6 +379,14 @@ static bg_status_t op_send_grad(exec_t *x, chunk_t *ch, int mb)
                      bg_shape_numel(s) * sizeof(float), &ch->grad_send[mb]);
 }
 
+/* A forward-only program's send: the slot ends when it completes (bg__exec_reap_pending). */
+static bg_status_t op_eval_send_act(exec_t *x, chunk_t *ch, int mb)
+{
+    BG_CHECK(op_send_act(x, ch, mb));
+    ch->pending_end[mb] = 1;
+    return BG_OK;
+}
+
 /* A receive instruction: the EVERY hook before_wait, then the wait. */
 static bg_status_t wait_recv(exec_t *x, bg__xfer_t **rq)
 {
@@ -417,6 +440,13 @@ static const op_fn exec_ops[BG_OP_KIND_COUNT] = {
     [BG_OP_OPTIMIZER_STEP] = op_optimizer_step,
 };
 
+/* A forward-only program's table (x->forward_only): a kind it lacks is refused, never run. */
+static const op_fn eval_ops[BG_OP_KIND_COUNT] = {
+    [BG_OP_FORWARD] = op_eval_forward,
+    [BG_OP_SEND_ACT] = op_eval_send_act,
+    [BG_OP_RECV_ACT] = op_recv_act,
+};
+
 /* The schedule IR's names: the text tokens of compute ops (F, B, b, W), the
  * JSON names of the rest (send_act, ..., reduce_grads, optimizer_step). */
 const char *bg__exec_op_label(int kind)
@@ -433,9 +463,11 @@ bg_status_t bg__exec_run_op(exec_t *x, const bg_sched_op_t *o)
     if (!ch)
         return bg_error(BG_ERR_INTERNAL, "rank %d: program names stage %d, which this rank does not hold", x->lay.rank,
                         o->stage);
-    if ((unsigned)o->kind >= BG_OP_KIND_COUNT || !exec_ops[o->kind])
-        return bg_error(BG_ERR_INVALID, "rank %d: unknown instruction kind %d", x->lay.rank, o->kind);
-    return exec_ops[o->kind](x, ch, o->microbatch);
+    const op_fn *table = x->forward_only ? eval_ops : exec_ops;
+    if ((unsigned)o->kind >= BG_OP_KIND_COUNT || !table[o->kind])
+        return bg_error(BG_ERR_INVALID, "rank %d: instruction kind %d in a %s program", x->lay.rank, o->kind,
+                        x->forward_only ? "forward-only" : "training");
+    return table[o->kind](x, ch, o->microbatch);
 }
 
 /* ---- BRIGADE_TP_OVERLAP=microbatch: a compute instruction beside the next one ----

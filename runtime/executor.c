@@ -38,7 +38,7 @@
 #include "runtime/ps.h"
 
 /* Positions in one step's global batch (the loss is their mean). */
-static bg_status_t step_tokens(exec_t *x, int64_t step, double *tokens_p)
+bg_status_t bg__exec_step_tokens(exec_t *x, int64_t step, double *tokens_p)
 {
     double tokens = 0;
     for (int mb = 0; mb < x->M; mb++) {
@@ -233,6 +233,7 @@ static void exec_free(exec_t *x)
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
+    bg_schedule_free(x->eval_sched);
     free(x->tokens);
     free(x->targets);
     free(x->features);
@@ -430,6 +431,12 @@ static bg_status_t connect(exec_t *x)
     bp.device = bg_comm_local_rank(x->comm) < 0 ? 0 : bg_comm_local_rank(x->comm);
     bp.device_wrap = 1; /* ranks share a machine's GPUs round-robin */
     bp.precision = bg_model_desc_precision(x->desc);
+    if (x->p.ndevice_mem) { /* none in params older than the field (init_fields zeroes it) */
+        if (!x->p.device_mem || (x->p.ndevice_mem != 1 && x->p.ndevice_mem != x->lay.world))
+            return bg_error(BG_ERR_INVALID, "device memory caps: %d given for a job of %d ranks (one for every "
+                            "rank, or one per rank)", x->p.ndevice_mem, x->lay.world);
+        bp.mem_cap = x->p.device_mem[x->p.ndevice_mem == 1 ? 0 : x->lay.rank];
+    }
     BG_CHECK(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be));
     if (x->p.process_wide) { /* after the backend (its device's node), before the buffers */
         char bus[64];
@@ -596,6 +603,22 @@ bg_step_result_t bg__exec_step_result(const exec_t *x, double tokens, double dt)
     return r;
 }
 
+/* The program's end: the losses a queueing backend kept on the device, in
+ * the order their forwards ran (add_loss), into x->loss; then the backend's
+ * queue drained and its sticky error read (a device fault: the losses are
+ * not the program's). */
+bg_status_t bg__exec_sum_losses(exec_t *x)
+{
+    for (int k = 0; k < x->loss_k; k++) {
+        int mb = x->loss_mb[k];
+        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->per_mb_floats, x->loss_n[mb]) *
+                   (double)x->loss_scale;
+    }
+    x->loss_k = 0;
+    x->be->ops->synchronize(x->be);
+    return bg_backend_status(x->be);
+}
+
 /* This rank's program, once: each instruction through the interpreter's
  * table (bg__exec_run_op), receives posted ahead, the slots whose sends
  * completed ended; paired instructions as two lanes. */
@@ -671,10 +694,15 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     bg_status_t st = BG_OK;
     int64_t step = x->step;
     double tokens;
-    BG_CHECK(step_tokens(x, step, &tokens));
+    BG_CHECK(bg__exec_step_tokens(x, step, &tokens));
     bg__strategy_t *own = BG__ONE(x, step); /* a rank that runs no program */
-    if (own)
-        return own->ops->step(x, own->self, tokens, result_p);
+    if (own) {
+        if ((st = own->ops->step(x, own->self, tokens, result_p)) != BG_OK)
+            return st;
+        x->be->ops->synchronize(x->be);
+        BG_CHECK_GOTO(bg_backend_status(x->be), st, fail);
+        return BG_OK;
+    }
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
     x->loss_k = 0;
@@ -687,17 +715,14 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
         x->chunks[v].gsq = 0;
     }
     BG_CHECK_GOTO(run_program(x), st, fail);
-    for (int k = 0; k < x->loss_k; k++) { /* the step's end: the losses, in the order their forwards ran */
-        int mb = x->loss_mb[k];
-        x->loss += x->be->ops->sum(x->be, x->loss_dev + (size_t)mb * x->per_mb_floats, x->loss_n[mb]) *
-                   (double)x->loss_scale;
-    }
-    x->loss_k = 0;
-    x->be->ops->synchronize(x->be);
+    BG_CHECK_GOTO(bg__exec_sum_losses(x), st, fail); /* a device fault: the losses are not the step's */
     bg__strategy_t *end = BG__ONE(x, step_end);
-    if (end)
-        return end->ops->step_end(x, end->self, t0, tokens, result_p);
-    return step_end(x, t0, tokens, result_p);
+    st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
+    if (st != BG_OK)
+        return st; /* step_end reported it to the others */
+    x->be->ops->synchronize(x->be);
+    BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* the optimizer's update */
+    return BG_OK;
 fail:
     return bg__exec_step_failed(x, st);
 }

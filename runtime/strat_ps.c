@@ -239,6 +239,12 @@ static void server_weights_path(exec_t *x, void *self, int v, const char *dir, c
         snprintf(path, cap, "%s/model.safetensors", dir);
 }
 
+static int ps_weights_writers(exec_t *x, void *self)
+{
+    (void)self;
+    return x->lay.servers;
+}
+
 static void worker_weights_path(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap)
 {
     (void)x, (void)self, (void)v, (void)dir, (void)cap;
@@ -282,6 +288,7 @@ const bg__strategy_ops_t bg__strategy_ps_server = {
     .save_checkpoint = server_save_checkpoint,
     .state_end = ps_state_end,
     .weights_path = server_weights_path,
+    .weights_writers = ps_weights_writers,
     .finish = ps_finish,
     .destroy = ps_destroy,
 };
@@ -299,6 +306,7 @@ const bg__strategy_ops_t bg__strategy_ps_worker = {
     .save_checkpoint = worker_save_checkpoint,
     .state_end = ps_state_end,
     .weights_path = worker_weights_path,
+    .weights_writers = ps_weights_writers,
     .finish = ps_finish,
     .destroy = ps_destroy,
 };

@@ -36,6 +36,18 @@ static int seq_multiple(const bg_train_config_t *c)
     return c->model.tp > 1 && c->model.sequence_parallel ? c->model.tp : 1;
 }
 
+/* The job's learning-rate schedule: its peak is --lr, its decay ends at
+ * --steps unless --decay-steps says otherwise. */
+static bg_lr_schedule_t lr_schedule(const bg_train_config_t *c)
+{
+    bg_lr_schedule_t s = c->lr_schedule;
+    s.size = sizeof(s);
+    s.lr = c->optim.lr;
+    if (s.decay_steps == 0)
+        s.decay_steps = c->steps;
+    return s;
+}
+
 bg_status_t bg_train_check(const bg_train_config_t *c)
 {
     BG_CHECK(bg_model_config_check(&c->model));
@@ -61,6 +73,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     }
     if (!(c->optim.lr > 0))
         return bg_error(BG_ERR_INVALID, "learning rate must be > 0 (got %g)", (double)c->optim.lr);
+    bg_lr_schedule_t ls = lr_schedule(c);
+    BG_CHECK(bg_lr_check(&ls));
     if (c->zero < 0 || c->zero > 2)
         return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
     if (c->ps < 0 || c->staleness < 0)
@@ -194,7 +208,7 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 }
 
 /* One line per rank and step, appended with one write (O_APPEND keeps lines whole). */
-static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r)
+static bg_status_t metrics_write(const char *path, int rank, const bg_step_result_t *r, float lr)
 {
     char line[768], gnorm[32] = "null", ps[256] = ""; /* JSON has no NaN or infinity */
     if (isfinite(r->grad_norm))
@@ -213,9 +227,9 @@ static bg_status_t metrics_write(const char *path, int rank, const bg_step_resul
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                        "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"heap_bytes\": %s, "
-                       "\"grad_norm\": %s%s}\n",
+                       "\"grad_norm\": %s, \"lr\": %.9g%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, ps);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, ps);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -259,6 +273,8 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.emulate_scale = c->emulate_scale;
     p.ps = c->ps;
     p.staleness = c->staleness;
+    p.device_mem = c->device_mem;
+    p.ndevice_mem = c->ndevice_mem;
     *p_out = p;
 }
 
@@ -383,7 +399,7 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     else
         fst = bg_data_synthetic(mp->features, bg_model_desc_classes(desc), c.data_seed, &data);
     if (fst == BG_OK && c.save_dir)
-        fst = bg_check_writable_dir(c.save_dir);
+        fst = bg_check_replaceable_dir(c.save_dir, ".safetensors");
     BG_CHECK_GOTO(agree(x, fst), st, out);
     src.data = bg_data_source(data);
     bg_executor_info(x, &info);
@@ -431,9 +447,12 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
      * (written where the second one goes; kept only if the run stops after it) */
     int skip_first = c.steps - start >= 3;
     double tokens_mid = 0;
+    bg_lr_schedule_t ls = lr_schedule(&c);
     for (int step = start; step < c.steps; step++) {
         if (c.stop_flag && *c.stop_flag)
             bg_executor_request_stop(x);
+        double lr = bg_lr_at(&ls, step); /* a constant rate is --lr's float, unchanged */
+        bg_executor_set_lr(x, (float)lr);
         bg_step_result_t r;
         BG_CHECK_GOTO(bg_executor_step(x, &r), st, out);
         times[timed % BG_TIMED] = r.step_ms / 1e3;
@@ -447,11 +466,12 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
         res.final_loss = r.loss;
         res.peak_bytes = r.peak_bytes;
         if (c.on_step) {
-            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm};
+            bg_step_info_t si = {step + 1, c.steps, r.loss, r.step_ms, r.tokens_per_s, info.rank, r.grad_norm,
+                                 (double)(float)lr};
             c.on_step(&si, c.on_step_arg);
         }
         if (c.metrics_path)
-            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r), st, out);
+            BG_CHECK_GOTO(metrics_write(c.metrics_path, info.rank, &r, (float)lr), st, out);
         int last = step + 1 == c.steps;
         if (c.checkpoint_dir && (r.stop || last || (c.checkpoint_every && (step + 1) % c.checkpoint_every == 0)))
             BG_CHECK_GOTO(bg_executor_save_checkpoint(x, c.checkpoint_dir, c.keep), st, out);

@@ -94,23 +94,36 @@ static long long bg__key(const bg__gen_t *g, const bg__policy_t *pol, int st, in
     return (long long)mb * g->S + (g->S - 1 - st);
 }
 
-static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st, const int *pair, unsigned char *rg_done)
+/* reserve: can rank r start the forward of stage st now (chunk 0 admits
+ * the microbatch with room for all the rank's chunks; later chunks use the
+ * room reserved for them) */
+static int bg__admit(const bg_schedule_t *s, const bg__policy_t *pol, int r, int st, int stash, int resv,
+                     double stash_b, double resv_b)
+{
+    double all = 0, one = pol->sb ? pol->sb[st] : 0;
+    if (pol->reserve == 2) { /* keep room for one later chunk's forward only */
+        int c = s->stage_chunk[st];
+        double spare = c + 1 < s->v && pol->sb ? pol->sb[s->chunk_stage[r * s->v + c + 1]] : 0;
+        return stash + 1 + (c + 1 < s->v) <= pol->cap[r] &&
+               (!pol->sb || BG__LE(stash_b + one + spare, pol->capb[r]));
+    }
+    if (s->stage_chunk[st] > 0)
+        return 1;
+    for (int c = 0; c < s->v; c++)
+        all += pol->sb ? pol->sb[s->chunk_stage[r * s->v + c]] : 0;
+    return stash + resv + s->v <= pol->cap[r] && (!pol->sb || BG__LE(stash_b + resv_b + all, pol->capb[r]));
+}
+
+static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st)
 {
     int c = s->stage_chunk[st];
     int has_prev = !bg__chain_first(s, st), has_next = !bg__chain_last(s, st);
     bg_sched_op_t op = {kind, mb, c, st, -1, -1};
-    if (pair && !bg__chain_last(s, pair[1]) && s->stage_rank[pair[1] + 1] != r) { /* the pair's gradient first */
-        bg_sched_op_t rc = {BG_OP_RECV_GRAD, pair[2], s->stage_chunk[pair[1]], pair[1], pair[1] + 1,
-                            s->stage_rank[pair[1] + 1]};
-        BG_CHECK(bg__schedule_push(s, r, &rc));
-        rg_done[(size_t)pair[1] * s->m + pair[2]] = 1;
-    }
     if (kind == BG_OP_FORWARD && has_prev && s->stage_rank[st - 1] != r) {
         bg_sched_op_t rc = {BG_OP_RECV_ACT, mb, c, st, st - 1, s->stage_rank[st - 1]};
         BG_CHECK(bg__schedule_push(s, r, &rc));
     }
-    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && has_next && s->stage_rank[st + 1] != r &&
-        !rg_done[(size_t)st * s->m + mb]) {
+    if ((kind == BG_OP_BACKWARD || kind == BG_OP_BACKWARD_INPUT) && has_next && s->stage_rank[st + 1] != r) {
         bg_sched_op_t rc = {BG_OP_RECV_GRAD, mb, c, st, st + 1, s->stage_rank[st + 1]};
         BG_CHECK(bg__schedule_push(s, r, &rc));
     }
@@ -142,9 +155,9 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     int *fdone = calloc((size_t)p, sizeof(int)), *inflight = calloc((size_t)p, sizeof(int));
     int *stash = calloc((size_t)p, sizeof(int));
     int *seqk = calloc((size_t)p, sizeof(int));
-    double *stash_b = calloc((size_t)p, sizeof(double));
-    unsigned char *rg_done = calloc((size_t)S * M, 1);
-    if (!seqk || !stash_b || !rg_done || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone ||
+    double *stash_b = calloc((size_t)p, sizeof(double)), *resv_b = calloc((size_t)p, sizeof(double));
+    int *resv = calloc((size_t)p, sizeof(int)); /* reserve: chunk-microbatches admitted, forward not yet run */
+    if (!seqk || !stash_b || !resv_b || !resv || !g.nf || !g.nb || !g.nw || !g.f_end || !g.b_end || !busy || !fdone ||
         !inflight || !stash) {
         st = bg_error(BG_ERR_NOMEM, "cannot allocate the generator's state for %d stages x %d microbatches", S, M);
         goto out;
@@ -168,17 +181,14 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
             if (!BG__LE(busy[r], t))
                 continue;
             int kind = -1, sg = -1;
-            const int *pair = NULL;
             if (pol->seq) {
                 if (seqk[r] >= pol->seqlen[r])
                     continue;
                 const int *q = &pol->seq[r][3 * seqk[r]];
                 int ok = 0, want;
-                if ((q[0] & ~BG__PAIRED) == BG_OP_FORWARD) {
+                if (q[0] == BG_OP_FORWARD)
                     ok = bg__f_ready(&g, q[1], t), want = g.nf[q[1]];
-                    if (q[0] & BG__PAIRED) /* and the backward after it can start too */
-                        pair = q + 3, ok = ok && bg__b_ready(&g, pair[1], t) && g.nb[pair[1]] == pair[2];
-                } else if (q[0] == BG_OP_BACKWARD_WEIGHT)
+                else if (q[0] == BG_OP_BACKWARD_WEIGHT)
                     ok = bg__w_ready(&g, q[1], t), want = g.nw[q[1]];
                 else
                     ok = bg__b_ready(&g, q[1], t), want = g.nb[q[1]];
@@ -189,7 +199,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
                 }
                 if (!ok)
                     continue;
-                kind = q[0] & ~BG__PAIRED, sg = q[1];
+                kind = q[0], sg = q[1];
                 seqk[r]++;
                 goto start;
             }
@@ -197,7 +207,8 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
             long long kf = LLONG_MAX, kb = LLONG_MAX, kw = LLONG_MAX;
             for (int c = 0; c < v; c++) {
                 int sg = s->chunk_stage[r * v + c];
-                if (bg__f_ready(&g, sg, t)) {
+                if (bg__f_ready(&g, sg, t) &&
+                    (!pol->reserve || relax || bg__admit(s, pol, r, sg, stash[r], resv[r], stash_b[r], resv_b[r]))) {
                     long long k = bg__key(&g, pol, sg, g.nf[sg], 0);
                     if (k < kf)
                         kf = k, bf = sg;
@@ -213,8 +224,9 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
                         kw = k, bw = sg;
                 }
             }
-            int f_ok = bf >= 0 && (relax || (inflight[r] < pol->window[r] && stash[r] < pol->cap[r] &&
-                                             (!pol->sb || BG__LE(stash_b[r] + pol->sb[bf], pol->capb[r]))));
+            int f_ok = bf >= 0 && (relax || (inflight[r] < pol->window[r] &&
+                                             (pol->reserve || (stash[r] < pol->cap[r] &&
+                                              (!pol->sb || BG__LE(stash_b[r] + pol->sb[bf], pol->capb[r]))))));
             int b_ok = bb >= 0 && (relax || !pol->gpipe || fdone[r] == v * Mc);
             if (pol->fwd_first && f_ok)
                 kind = BG_OP_FORWARD, sg = bf;
@@ -239,6 +251,11 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
                 g.f_end[at] = t + dur;
                 fdone[r]++, inflight[r]++, stash[r]++;
                 stash_b[r] += pol->sb ? pol->sb[sg] : 0;
+                if (pol->reserve == 1 && s->stage_chunk[sg] > 0) /* its room was reserved at admission */
+                    resv[r]--, resv_b[r] -= pol->sb ? pol->sb[sg] : 0;
+                else if (pol->reserve == 1)
+                    for (int c = 1; c < v; c++)
+                        resv[r]++, resv_b[r] += pol->sb ? pol->sb[s->chunk_stage[r * v + c]] : 0;
                 if (stash[r] > pol->peak[r])
                     pol->peak[r] = stash[r];
             } else if (kind == BG_OP_BACKWARD_WEIGHT) {
@@ -258,7 +275,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
             busy[r] = t + dur;
             remaining--;
             started = 1;
-            BG_CHECK_GOTO(bg__emit(s, r, kind, mb, sg, pair, rg_done), st, out);
+            BG_CHECK_GOTO(bg__emit(s, r, kind, mb, sg), st, out);
         }
         /* next event: the earliest end of a running op or arrival of a message */
         double next = INFINITY;
@@ -313,7 +330,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     }
 out:
     free(g.nf), free(g.nb), free(g.nw), free(g.f_end), free(g.b_end);
-    free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b), free(rg_done);
+    free(busy), free(fdone), free(inflight), free(stash), free(seqk), free(stash_b), free(resv_b), free(resv);
     return st;
 }
 

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "schedule/generate.h"
 #include "schedule/generate_impl.h"
 #include "schedule/schedule_impl.h"
 
@@ -99,9 +100,13 @@ static int bg__candidate(bg_schedule_kind_t kind, int p, int m, int v, int k, bg
     case BG_SCHED_ZB_INTERLEAVED: {
         /* 0: the fixed order (zb-h1, zbv, zb-interleaved); then the list
          * scheduler, b > F > W with the family's window (other priorities
-         * and windows were tried: they won in under 0.1% of the cost grid) */
-        int fixed = kind != BG_SCHED_ZB_H2;
-        if (k > fixed)
+         * and windows were tried: they won in under 0.1% of the cost grid);
+         * zb-h1 last: the same with p forwards in flight on every rank (the
+         * zero-bubble paper's ZB-1p heuristic: the warm-up takes as many
+         * forwards as the stash p allows, which hides a link delay at m = p:
+         * p 8, m 8, latency 0.5: 44 -> 38) */
+        int fixed = kind != BG_SCHED_ZB_H2, extra = kind == BG_SCHED_ZB_H1;
+        if (k > fixed + extra)
             return 0;
         pol->split = 1;
         if (kind == BG_SCHED_ZB_INTERLEAVED)
@@ -113,7 +118,7 @@ static int bg__candidate(bg_schedule_kind_t kind, int p, int m, int v, int k, bg
             return 1;
         }
         for (int r = 0; r < p; r++) {
-            int w = kind == BG_SCHED_ZB_H1   ? p - r
+            int w = kind == BG_SCHED_ZB_H1   ? (k > fixed ? p : p - r)
                     : kind == BG_SCHED_ZB_H2 ? 2 * (p - r) - 1
                     : kind == BG_SCHED_ZBV   ? 2 * p
                                              : (v - 1) * p + p - r;
@@ -134,9 +139,12 @@ static int bg__candidate(bg_schedule_kind_t kind, int p, int m, int v, int k, bg
     }
 }
 
-bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule_t **sched_p)
+/* The checks bg_schedule_generate makes before generating: BG_OK when the
+ * params describe a program it makes (*v_p: the chunks per rank, the kind's
+ * default for 0; *sp_p: the costs, or NULL), else the error it returns. */
+static bg_status_t bg__generate_params(const bg_schedule_params_t *params, int *v_p, const bg_sim_params_t **sp_p)
 {
-    if (!params || params->size < sizeof(size_t) + sizeof(int) * 4 || !sched_p)
+    if (!params || params->size < sizeof(size_t) + sizeof(int) * 4)
         return bg_error(BG_ERR_INVALID, "bg_schedule_generate: params missing or not initialised with "
                                         "BG_SCHEDULE_PARAMS_INIT");
     bg_schedule_kind_t kind = params->kind;
@@ -188,6 +196,31 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
                                         "50M compute steps supported", name, p, v, m);
     if (sp && sp->size < offsetof(bg_sim_params_t, grad_bytes) + sizeof(double))
         return bg_error(BG_ERR_INVALID, "bg_schedule_generate: costs not initialised with BG_SIM_PARAMS_INIT");
+    *v_p = v;
+    *sp_p = sp;
+    return BG_OK;
+}
+
+bg_status_t bg__schedule_generate_check(const bg_schedule_params_t *params)
+{
+    int v = 0;
+    const bg_sim_params_t *sp = NULL;
+    return bg__generate_params(params, &v, &sp);
+}
+
+bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule_t **sched_p)
+{
+    int v = 0;
+    const bg_sim_params_t *sp = NULL;
+    if (!sched_p)
+        return bg_error(BG_ERR_INVALID, "bg_schedule_generate: params missing or not initialised with "
+                                        "BG_SCHEDULE_PARAMS_INIT");
+    bg_status_t st = bg__generate_params(params, &v, &sp);
+    if (st != BG_OK)
+        return st;
+    bg_schedule_kind_t kind = params->kind;
+    const char *name = bg_schedule_kind_name(kind);
+    int p = params->stages, m = params->microbatches;
 
     int *map = NULL, copies = kind == BG_SCHED_DUALPIPE ? 2 : 1;
     if (kind == BG_SCHED_ZBV || kind == BG_SCHED_DUALPIPEV || kind == BG_SCHED_DUALPIPE) {
@@ -198,7 +231,7 @@ bg_status_t bg_schedule_generate(const bg_schedule_params_t *params, bg_schedule
             map[r * 2] = r, map[r * 2 + 1] = 2 * p - 1 - r;
     }
     bg__costs_t cost = {0}, unitc = {0};
-    bg_status_t st = bg__costs_init(&cost, sp, p * v);
+    st = bg__costs_init(&cost, sp, p * v);
     if (st == BG_OK && (st = bg__costs_init(&unitc, NULL, p * v)) != BG_OK)
         free(cost.f);
     if (st != BG_OK) {

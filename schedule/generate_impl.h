@@ -16,6 +16,12 @@ typedef struct {
     int *cap;         /* [p] max stashed microbatches (F done, W/full B not done) */
     const double *sb; /* [S] stash bytes of a microbatch on each stage, or NULL: no byte cap */
     double *capb;     /* [p] max stashed bytes (with sb) */
+    /* reserve: a rank admits a microbatch (its forward on the rank's chunk 0)
+     * only with room under cap and capb for its stash on all the rank's
+     * chunks; the later chunks' forwards use that room. The memory-bounded
+     * V orders (V-Min, V-Half and between) run so: a cap never stalls them,
+     * as the oldest admitted microbatch always has its room. */
+    int reserve;
     /* strict mode: a fixed compute order per rank, run as is (NULL = greedy) */
     int **seq;        /* [p] lists of (kind, stage, microbatch) triples */
     int *seqlen;      /* [p] number of triples */
@@ -28,11 +34,6 @@ typedef struct {
     double *f, *b, *w; /* [S] */
     double act, grad;  /* delay of an activation / gradient message between two ranks */
 } bg__costs_t;
-
-/* BG__PAIRED on a forward of a fixed order: it and the full backward after
- * it are a pair (DualPipe's F&B) that starts once both inputs are there: the
- * backward's recv_grad is placed before the forward */
-#define BG__PAIRED 0x100
 
 static inline int bg__imin(int a, int b) { return a < b ? a : b; }
 

@@ -25,6 +25,8 @@ static json_t *bg__to_json(const bg_schedule_t *s)
     json_object_set_new(root, "chunks", json_integer(s->v));
     if (s->copies > 1) /* absent: one copy */
         json_object_set_new(root, "copies", json_integer(s->copies));
+    if (s->forward_only) /* absent: a training program */
+        json_object_set_new(root, "forward_only", json_true());
     json_t *map = json_array();
     for (int st = 0; st < s->nstages; st++)
         json_array_append_new(map, json_pack("{s:i,s:i,s:i}", "stage", st, "rank", s->stage_rank[st], "chunk",
@@ -130,6 +132,9 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
     if ((p * v) % copies || m % copies)
         return bg_error(BG_ERR_PARSE, "schedule JSON: $.copies = %d must divide both the %d stages x %d chunks and "
                         "the %d microbatches", copies, p, v, m);
+    json_t *jfwd = json_object_get(root, "forward_only");
+    if (jfwd && !json_is_boolean(jfwd))
+        return bg_error(BG_ERR_PARSE, "schedule JSON: $.forward_only must be true or false");
     json_t *jname = json_object_get(root, "schedule");
     if (jname && !json_is_string(jname))
         return bg_error(BG_ERR_PARSE, "schedule JSON: $.schedule must be a string");
@@ -269,6 +274,7 @@ static bg_status_t bg__from_root(json_t *root, bg_schedule_t **sched_p)
             free(used);
             BG_CHECK_GOTO(bg__schedule_alloc(name, BG_SCHED_CUSTOM, p, m, v, map, &s), st, out);
             s->copies = copies;
+            s->forward_only = jfwd && json_is_true(jfwd);
         }
     }
     /* a known generator's name is kept as its kind */
@@ -318,5 +324,51 @@ bg_status_t bg_schedule_from_json_file(const char *path, bg_schedule_t **sched_p
         snprintf(msg, sizeof msg, "%s", bg_last_error());
         bg_error(st, "%s: %s", path, msg);
     }
+    return st;
+}
+
+/* The simulator's figures as JSON (docs/schedules.md "Simulator JSON"): the
+ * step, both bubble metrics (whole-step and per-stage) and per rank busy,
+ * idle, span, bubbles and peak stash. */
+bg_status_t bg_sim_result_to_json(const bg_sim_result_t *res, char **json_p)
+{
+    if (!res || !json_p)
+        return bg_error(BG_ERR_INVALID, "bg_sim_result_to_json: result or output missing");
+    int worst, p = res->p;
+    json_t *root = json_object(), *ranks = json_array();
+    if (!root || !ranks) {
+        json_decref(root), json_decref(ranks);
+        return bg_error(BG_ERR_NOMEM, "cannot build the simulator's JSON");
+    }
+    double sb = bg_sim_stage_bubble(res, &worst);
+    json_object_set_new(root, "format", json_string("brigade-simulation"));
+    json_object_set_new(root, "version", json_integer(1));
+    json_object_set_new(root, "step", json_real(bg_sim_step_time(res)));
+    json_object_set_new(root, "bubble", json_real(bg_sim_bubble(res, -1)));
+    json_object_set_new(root, "stage_bubble", json_real(sb));
+    json_object_set_new(root, "stage_bubble_rank", json_integer(worst));
+    json_object_set_new(root, "steady_bubble", json_real(bg_sim_span_bubble(res, -1)));
+    for (int k = 0; k < p; k++)
+        json_array_append_new(ranks, json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f}", "rank", k, "busy",
+                                               bg_sim_busy(res, k), "idle", bg_sim_idle(res, k), "start",
+                                               bg_sim_rank_start(res, k), "end", bg_sim_rank_end(res, k), "bubble",
+                                               bg_sim_bubble(res, k), "span_bubble", bg_sim_span_bubble(res, k),
+                                               "peak_stash", bg_sim_peak_stash(res, k), "peak_stash_bytes",
+                                               bg_sim_peak_stash_bytes(res, k)));
+    json_object_set_new(root, "ranks", ranks);
+    char *txt = json_dumps(root, JSON_INDENT(1));
+    json_decref(root);
+    if (!txt)
+        return bg_error(BG_ERR_NOMEM, "cannot serialise the simulator's figures");
+    *json_p = txt;
+    return BG_OK;
+}
+
+bg_status_t bg_sim_result_to_json_file(const bg_sim_result_t *res, const char *path)
+{
+    char *txt;
+    BG_CHECK(bg_sim_result_to_json(res, &txt));
+    bg_status_t st = bg__write_atomic(path, txt);
+    free(txt);
     return st;
 }

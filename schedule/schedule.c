@@ -215,6 +215,43 @@ bg_status_t bg_schedule_set_copies(bg_schedule_t *s, int copies)
     return BG_OK;
 }
 
+int bg_schedule_is_forward_only(const bg_schedule_t *s) { return s->forward_only; }
+
+bg_status_t bg_schedule_set_forward_only(bg_schedule_t *s, int on)
+{
+    if (!s)
+        return bg_error(BG_ERR_INVALID, "bg_schedule_set_forward_only: NULL schedule");
+    s->forward_only = on != 0;
+    return BG_OK;
+}
+
+/* Keeping each rank's forwards and activation transfers in their order keeps
+ * the program deadlock-free: dropping instructions from an order that
+ * completes never makes a receive wait for a send that is no longer issued
+ * (every activation receive's send is kept), and sends never block. */
+bg_status_t bg_schedule_forward_only(const bg_schedule_t *s, bg_schedule_t **fwd_p)
+{
+    if (!s || !fwd_p)
+        return bg_error(BG_ERR_INVALID, "bg_schedule_forward_only: NULL argument");
+    bg_schedule_t *f = NULL;
+    BG_CHECK(bg__schedule_alloc(s->name, s->kind, s->p, s->m, s->v, s->chunk_stage, &f));
+    f->copies = s->copies;
+    f->forward_only = 1;
+    bg_status_t st = BG_OK;
+    for (int r = 0; r < s->p && st == BG_OK; r++)
+        for (size_t i = 0; i < s->nops[r] && st == BG_OK; i++) {
+            int k = s->ops[r][i].kind;
+            if (k == BG_OP_FORWARD || k == BG_OP_SEND_ACT || k == BG_OP_RECV_ACT)
+                st = bg_schedule_append(f, r, &s->ops[r][i]);
+        }
+    if (st != BG_OK) {
+        bg_schedule_free(f);
+        return st;
+    }
+    *fwd_p = f;
+    return BG_OK;
+}
+
 int bg_schedule_stage_copy(const bg_schedule_t *s, int stage)
 {
     return stage >= 0 && stage < s->nstages ? stage / (s->nstages / s->copies) : -1;

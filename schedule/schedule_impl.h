@@ -14,6 +14,7 @@ struct bg_schedule {
     char name[32];
     int p, m, v, nstages;   /* ranks, microbatches, chunks, p*v */
     int copies;             /* model copies (DualPipe 2): nstages/copies stages per chain (bg_schedule_copies) */
+    int forward_only;       /* 1: forwards and activation transfers only (bg_schedule_forward_only) */
     int *stage_rank;        /* [nstages] */
     int *stage_chunk;       /* [nstages] */
     int *chunk_stage;       /* [p*v]: stage of (r, c) at r*v + c */

@@ -55,6 +55,53 @@ static bg_status_t bg__consider(bg__search_t *q, bg_schedule_t *s, const char *l
     return BG_OK;
 }
 
+/* The memory-bounded orders: every rank admits a microbatch only with room
+ * for its stash on all the rank's chunks (or, "room 1", for the next chunk's
+ * only), under a cap of j microbatches' stash (or the limit, whichever is
+ * smaller), j = 1, 1 + 1/v, .. up to what the limit holds. On the V layout these are the controllable-memory paper's V orders:
+ * V-Min near j = (p+4)/3, V-Half near (p+2)/2, ZB-V's memory at p, and the
+ * continuum between; the same admission bounds the other layouts. B/W split
+ * or full backward, W or F first after b. */
+static bg_status_t bg__search_bounded(bg__search_t *q, bg__policy_t *pol, const bg__costs_t *cost, const int *map,
+                                      const double *sb, double need)
+{
+    const bg_schedule_search_params_t *sp = q->sp;
+    int p = sp->stages, m = sp->microbatches, v = sp->chunks, big = v * m;
+    for (int j = v, at_limit = 0; j <= v * m && !at_limit && need <= sp->mem_limit * (1 + 1e-12); j++) {
+        at_limit = 1;
+        for (int r = 0; r < p; r++) {
+            double all = 0;
+            for (int c = 0; c < v; c++)
+                all += sb[map[r * v + c]];
+            pol->capb[r] = j * all / v < sp->mem_limit ? j * all / v : sp->mem_limit;
+            at_limit &= pol->capb[r] == sp->mem_limit;
+            pol->window[r] = pol->cap[r] = big;
+        }
+        for (int res = 1; res <= 2; res++)
+        for (int split = 1; split >= 0; split--)
+            for (int wf = 0; wf <= 2 * split; wf++) {
+                pol->split = split, pol->w_first = wf == 1, pol->fwd_first = wf == 2, pol->gpipe = 0;
+                pol->reserve = res;
+                pol->group = v > 1 && !sp->vshape ? p : 0;
+                pol->sb = sb;
+                bg_schedule_t *s;
+                BG_CHECK(bg__schedule_alloc("search", BG_SCHED_CUSTOM, p, m, v, map, &s));
+                bg_status_t st = bg__run(s, pol, cost);
+                if (st != BG_OK) {
+                    bg_schedule_free(s);
+                    return st;
+                }
+                char label[160];
+                snprintf(label, sizeof label, "%s j=%g%s%s%s", sp->vshape ? "bounded V" : "bounded list",
+                         (double)j / v,
+                         res == 2 ? " room 1" : "", split ? " split" : " full", wf == 1 ? " W first"
+                                                                                : wf == 2 ? " F first" : "");
+                BG_CHECK(bg__consider(q, s, label, 0));
+            }
+    }
+    return BG_OK;
+}
+
 bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedule_search_result_t *res,
                                bg_schedule_t **sched_p)
 {
@@ -143,7 +190,7 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
     for (int split = 1; split >= 0; split--)
         for (int wf = 0; wf <= split; wf++)
             for (int w = 0; w < 6; w++) {
-                pol.split = split, pol.w_first = wf, pol.gpipe = pol.fwd_first = 0;
+                pol.split = split, pol.w_first = wf, pol.gpipe = pol.fwd_first = pol.reserve = 0;
                 pol.group = v > 1 && !sp->vshape ? p : 0;
                 pol.sb = sb;
                 for (int r = 0; r < p; r++) {
@@ -167,6 +214,20 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
                                                                                             : "(v-1)p+2(p-r)");
                 BG_CHECK_GOTO(bg__consider(&q, s, label, !capped), st, out);
             }
+    /* 3: the smallest limit, exact: a microbatch's stash on all of a rank's
+     * chunks is held at once (its last forward there comes before its first
+     * backward), and a rank admitting one microbatch at a time (3 with j = 1)
+     * needs no more */
+    double need = 0;
+    for (int r = 0; r < p; r++) {
+        double all = 0;
+        for (int c = 0; c < v; c++)
+            all += sb[map[r * v + c]];
+        need = all > need ? all : need;
+    }
+    res->min_limit = need;
+    if (sp->mem_limit > 0)
+        BG_CHECK_GOTO(bg__search_bounded(&q, &pol, &cost, map, sb, need), st, out);
     if (!q.best) {
         st = bg_error(BG_ERR_NOT_FOUND, "no program of %d tried keeps its peak stash within %g on every rank; the "
                                         "smallest limit that works is %g", res->tried, sp->mem_limit, res->min_limit);

@@ -4,8 +4,9 @@
  * after latency + bytes / bandwidth (messages on one directed link between
  * two ranks are serialised), a receive waits until its message has arrived.
  * It records the timeline, busy/idle time, and the stash (microbatches held
- * from a forward to their last backward piece) per rank. It never changes
- * the programs and does not decide any order. */
+ * from a forward to their last backward piece; in a forward-only program, for
+ * the forward alone) per rank. It never changes the programs and does not
+ * decide any order. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,14 +55,16 @@ void bg_sim_result_free(bg_sim_result_t *res)
 }
 
 /* The simulation; with_events 0 keeps no timeline (the result has no
- * events; every other figure is the same). */
+ * events; every other figure is the same) and trusts the program (a
+ * generator's: not validated; one that deadlocks ends in an error). */
 static bg_status_t bg__simulate(const bg_schedule_t *s, const bg_sim_params_t *P, int with_events,
                                 bg_sim_result_t **result_p)
 {
     if (!s || !result_p)
         return bg_error(BG_ERR_INVALID, "bg_schedule_simulate: NULL argument");
     BG_CHECK(bg__check_params(s, P));
-    BG_CHECK(bg_schedule_validate(s));
+    if (with_events)
+        BG_CHECK(bg_schedule_validate(s));
     int p = s->p, S = s->nstages, M = s->m, v = s->v;
     size_t nmsg = (size_t)2 * S * M, total = 0;
     for (int r = 0; r < p; r++)
@@ -191,7 +194,9 @@ static bg_status_t bg__simulate(const bg_schedule_t *s, const bg_sim_params_t *P
                 e.end = t[r];
                 res->busy[r] += cost;
             }
-            if (op->kind == BG_OP_BACKWARD || op->kind == BG_OP_BACKWARD_WEIGHT) {
+            /* a forward-only program keeps no stash: the forward's is freed when it ends */
+            if (op->kind == BG_OP_BACKWARD || op->kind == BG_OP_BACKWARD_WEIGHT ||
+                (op->kind == BG_OP_FORWARD && s->forward_only)) {
                 stash[r]--;
                 stash_b[r] -= bg__pick(P->stash_bytes_per_stage, P->stash_bytes, sg);
                 if (op->kind == BG_OP_BACKWARD_WEIGHT && wst)
@@ -204,7 +209,7 @@ static bg_status_t bg__simulate(const bg_schedule_t *s, const bg_sim_params_t *P
     blocked:;
     }
     for (int r = 0; r < p; r++)
-        if (ptr[r] < s->nops[r]) { /* cannot happen after validation */
+        if (ptr[r] < s->nops[r]) { /* cannot happen after validation (nor for a generator's program) */
             st = bg_error(BG_ERR_INTERNAL, "simulator: rank %d stuck at op %zu after validation", r, ptr[r]);
             goto out;
         }
@@ -282,6 +287,20 @@ double bg_sim_span_bubble(const bg_sim_result_t *r, int rank)
         idle += sp - r->busy[k];
     }
     return span > 0 ? idle / span : 0;
+}
+
+double bg_sim_stage_bubble(const bg_sim_result_t *r, int *rank_p)
+{
+    double worst = 0;
+    int at = 0;
+    for (int k = 0; r && k < r->p; k++) {
+        double b = bg_sim_span_bubble(r, k);
+        if (b > worst)
+            worst = b, at = k;
+    }
+    if (rank_p)
+        *rank_p = at;
+    return worst;
 }
 
 const bg_sim_event_t *bg_sim_events(const bg_sim_result_t *r, size_t *count_p)

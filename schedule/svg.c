@@ -305,14 +305,14 @@ bg_status_t bg_schedule_svg_string_with(const bg_schedule_t *s, const bg_sim_res
                                 e->stage, e->peer_stage};
     }
     for (int r = 0; r < s->p; r++)
-        snprintf(note[r], sizeof note[r], "bubble %.1f%%, stash %d", 100 * bg_sim_bubble(res, r),
-                 bg_sim_peak_stash(res, r));
+        snprintf(note[r], sizeof note[r], "bubble %.1f%% (span %.1f%%), stash %d", 100 * bg_sim_bubble(res, r),
+                 100 * bg_sim_span_bubble(res, r), bg_sim_peak_stash(res, r));
     char title[256];
     if (prm.title)
         snprintf(title, sizeof title, "%s", prm.title);
     else
-        snprintf(title, sizeof title, "%s: p=%d m=%d v=%d, step %.4g %s, bubble %.1f%%", s->name, s->p, s->m, s->v,
-                 res->step * k, unit, 100 * bg_sim_bubble(res, -1));
+        snprintf(title, sizeof title, "%s: p=%d m=%d v=%d, step %.4g %s, bubble %.1f%% (per stage %.1f%%)", s->name,
+                 s->p, s->m, s->v, res->step * k, unit, 100 * bg_sim_bubble(res, -1), 100 * bg_sim_stage_bubble(res, NULL));
     bg__tl_t tl = {title, s->p, box, res->nevents, res->step * k, prm.x_max, unit, (const char(*)[64])note};
     bg_status_t st = bg__timeline_svg(&tl, svg_p);
     free(box);

@@ -63,6 +63,10 @@ static bg_status_t bg__pass_ranges(bg__val_t *V)
             if (op->chunk != s->stage_chunk[op->stage])
                 BG__FAIL(BG_ERR_INVALID, r, i, op, "stage %d is chunk %d of rank %d, not chunk %d", op->stage,
                          s->stage_chunk[op->stage], r, op->chunk);
+            if (s->forward_only && op->kind != BG_OP_FORWARD && op->kind != BG_OP_SEND_ACT &&
+                op->kind != BG_OP_RECV_ACT)
+                BG__FAIL(BG_ERR_INVALID, r, i, op, "a forward-only program holds forwards and activation transfers "
+                         "only (no backward, gradient transfer, reduce or optimizer step)");
             if (op->kind == BG_OP_REDUCE_GRADS || op->kind == BG_OP_OPTIMIZER_STEP) {
                 int *t = op->kind == BG_OP_REDUCE_GRADS ? V->red : V->opt;
                 if (t[op->stage] >= 0)
@@ -232,12 +236,16 @@ static bg_status_t bg__pass_order(bg__val_t *V)
             size_t at = (size_t)st * M + mb;
             if (V->pos[P_F][at] < 0)
                 return bg_error(BG_ERR_INVALID, "invalid schedule: rank %d has no forward of mb %d stage %d", r, mb, st);
+            if (s->forward_only)
+                continue; /* a forward's stash is freed at once: nothing more is owed */
             if (V->pos[P_BW][at] < 0 && V->pos[P_B][at] < 0)
                 return bg_error(BG_ERR_INVALID, "invalid schedule: rank %d has no backward of mb %d stage %d", r, mb, st);
             if (V->pos[P_B][at] >= 0 && V->pos[P_W][at] < 0)
                 return bg_error(BG_ERR_INVALID, "invalid schedule: rank %d has a backward_input but no "
                                 "backward_weight for mb %d stage %d", r, mb, st);
         }
+        if (s->forward_only)
+            continue;
         if (V->red[st] < 0)
             return bg_error(BG_ERR_INVALID, "invalid schedule: rank %d has no reduce_grads for stage %d", r, st);
         if (V->opt[st] < 0)

@@ -254,6 +254,41 @@ int bg_cli_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out
     return 0;
 }
 
+int bg_cli_bytes_list(const char *cmd, const char *flag, const char *s, uint64_t *out, int max, int *n_p)
+{
+    char buf[8192];
+    if (!s || !*s)
+        return bg_cli_fail(cmd, "%s needs a value like 24G or 80G,40G", flag), -1;
+    if (strlen(s) >= sizeof(buf))
+        return bg_cli_fail(cmd, "%s list too long", flag), -1;
+    snprintf(buf, sizeof(buf), "%s", s);
+    int n = 0;
+    char *p = buf;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = 0;
+        if (!*p)
+            return bg_cli_fail(cmd, "%s: empty entry %d in \"%s\"", flag, n, s), -1;
+        if (n >= max)
+            return bg_cli_fail(cmd, "%s: more than %d entries", flag, max), -1;
+        char *num_end;
+        double num = strtod(p, &num_end);
+        if (*p == '-' || (num_end != p && num <= 0))
+            return bg_cli_fail(cmd, "%s entry %d is \"%s\": a size must be > 0", flag, n, p), -1;
+        if (bg_cli_bytes(cmd, flag, p, &out[n]))
+            return -1;
+        if (out[n] == 0)
+            return bg_cli_fail(cmd, "%s entry %d is \"%s\": a size must be > 0", flag, n, p), -1;
+        n++;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    *n_p = n;
+    return 0;
+}
+
 int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long *out, int max, int *n_out)
 {
     int n = 0;

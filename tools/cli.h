@@ -55,6 +55,8 @@ int bg_cli_int(const char *cmd, const char *flag, const char *s, long long lo, l
 int bg_cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);
 /* Sizes with an optional K/M/G/T suffix (powers of 1024): "24G". */
 int bg_cli_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out);
+/* A comma-separated list of sizes (24G or 80G,80G,40G), each > 0, at most max: 0, or -1 after the message. */
+int bg_cli_bytes_list(const char *cmd, const char *flag, const char *s, uint64_t *out, int max, int *n_p);
 /* Comma-separated integers: "3,2,2". *n_out entries written, at most max. */
 int bg_cli_int_list(const char *cmd, const char *flag, const char *s, long long *out, int max, int *n_out);
 

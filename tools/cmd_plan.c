@@ -67,41 +67,6 @@ static void usage(FILE *f)
             "  --bench            time the partitioner (1000 layers) and the search (1024 devices)\n");
 }
 
-static int parse_list_bytes(const char *s, uint64_t *out, int max, int *n_p)
-{
-    char buf[8192];
-    if (!s || !*s)
-        return bg_cli_fail(CMD, "--mem needs a value like 24G or 80G,40G"), -1;
-    if (strlen(s) >= sizeof(buf))
-        return bg_cli_fail(CMD, "--mem list too long"), -1;
-    snprintf(buf, sizeof(buf), "%s", s);
-    int n = 0;
-    char *p = buf;
-    for (;;) {
-        char *comma = strchr(p, ',');
-        if (comma)
-            *comma = 0;
-        if (!*p)
-            return bg_cli_fail(CMD, "--mem: empty entry %d in \"%s\"", n, s), -1;
-        if (n >= max)
-            return bg_cli_fail(CMD, "--mem: more than %d entries", max), -1;
-        char *num_end;
-        double num = strtod(p, &num_end);
-        if (*p == '-' || (num_end != p && num <= 0))
-            return bg_cli_fail(CMD, "--mem entry %d is \"%s\": a budget must be > 0", n, p), -1;
-        if (bg_cli_bytes(CMD, "--mem", p, &out[n]))
-            return -1;
-        if (out[n] == 0)
-            return bg_cli_fail(CMD, "--mem entry %d is \"%s\": a budget must be > 0", n, p), -1;
-        n++;
-        if (!comma)
-            break;
-        p = comma + 1;
-    }
-    *n_p = n;
-    return 0;
-}
-
 static int parse_list_double(const char *flag, const char *s, double *out, int max, int *n_p)
 {
     if (!s || !*s)
@@ -557,7 +522,7 @@ int bg_cmd_plan(int argc, char **argv)
         return bg_cli_fail(CMD, "--devices N is required (the number of devices to plan for)");
     if (!mem_arg)
         return bg_cli_fail(CMD, "--mem is required: one budget for all devices (24G) or one per device");
-    if (parse_list_bytes(mem_arg, mem, MAX_DEV, &nmem))
+    if (bg_cli_bytes_list(CMD, "--mem", mem_arg, mem, MAX_DEV, &nmem))
         return 2;
     if (nmem != 1 && nmem != pp.world)
         return bg_cli_fail(CMD, "--mem has %d entries but --devices is %d (give one for all, or one per device)",

@@ -21,14 +21,15 @@ static void usage(FILE *f)
             "usage: brigade schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|zb-interleaved|dualpipev|dualpipe\n"
             "                        --stages P --microbatches M\n"
             "                        [--chunks V] [--costs F,B,W] [--latency T] [--bandwidth BYTES_PER_T]\n"
-            "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--svg OUT]\n"
-            "                        [--comm] [--text | --no-text]\n"
+            "                        [--act-bytes N] [--grad-bytes N] [--stash-bytes N] [--json OUT] [--sim-json OUT]\n"
+            "                        [--svg OUT] [--comm] [--text | --no-text]\n"
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
             "       brigade schedule --from-json FILE [--costs F,B,W] [--svg OUT] ...\n"
             "       brigade schedule --auto --profile PROFILE.json --stages P --microbatches M [--mem-limit BYTES]\n"
             "                        [--split A,B,..] [--latency T] [--bandwidth BYTES_PER_S] [--json OUT] [--svg OUT]\n\n"
             "Generates the per-rank programs for the given costs, proves them correct (validator), simulates\n"
-            "them and prints the program table, the step time, the bubble fraction and the peak stash per rank.\n"
+            "them and prints the program table, the step time, the bubble (whole-step: idle / (p x step); per-stage,\n"
+            "the zero-bubble paper's: the worst rank's idle inside its own span) and the peak stash per rank.\n"
             "  --costs F,B,W   forward, backward-input and backward-weight time of one chunk (default 1,1,1;\n"
             "                  a full backward costs B+W)\n"
             "  --f-costs a,b,..  --b-costs ..  --w-costs ..  per-stage costs, one per virtual stage (p x v)\n"
@@ -37,6 +38,7 @@ static void usage(FILE *f)
             "  --stash-bytes   bytes held per stashed microbatch per stage (peak bytes per rank)\n"
             "  --comm          show send/recv/reduce/optimizer instructions in the table\n"
             "  --json OUT      write the programs in the JSON interchange format (docs/schedules.md)\n"
+            "  --sim-json OUT  write the simulator's figures (step, both bubbles, per rank) as JSON\n"
             "  --svg OUT       write an SVG Gantt chart of the simulated step\n"
             "  --compare       run every schedule for this p and m and print them side by side\n"
             "  --from-json F   validate and simulate your own programs\n"
@@ -119,6 +121,9 @@ static void print_result(const bg_schedule_t *s, const bg_sim_result_t *r, const
     printf("step time %.6g   bubble %.2f%% (idle / (p x step))   steady-state bubble %.2f%% (idle inside each "
            "rank's span)\n",
            bg_sim_step_time(r), 100 * bg_sim_bubble(r, -1), 100 * bg_sim_span_bubble(r, -1));
+    int worst;
+    double sb = bg_sim_stage_bubble(r, &worst);
+    printf("per-stage bubble %.2f%% (the zero-bubble paper's: the worst rank's span-bub, rank %d)\n", 100 * sb, worst);
     printf("%5s %10s %10s %8s %8s %12s%s\n", "rank", "busy", "idle", "bubble", "span-bub", "peak-stash",
            sp->stash_bytes > 0 ? "   peak-bytes" : "");
     for (int k = 0; k < p; k++) {
@@ -130,6 +135,7 @@ static void print_result(const bg_schedule_t *s, const bg_sim_result_t *r, const
     }
 }
 
+static const char *sim_json_out; /* --sim-json: the simulator's figures */
 static int stage_costs_n[3]; /* entries given with --f-costs, --b-costs, --w-costs (0 = none) */
 
 static int check_stage_costs(const bg_schedule_t *s)
@@ -189,6 +195,13 @@ int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int t
         else
             printf("wrote %s\n", json_out);
     }
+    if (sim_json_out && !rc) {
+        st = bg_sim_result_to_json_file(r, sim_json_out);
+        if (st != BG_OK)
+            rc = bg_cli_status(CMD, st);
+        else
+            printf("wrote %s\n", sim_json_out);
+    }
     if (svg_out && !rc) {
         st = bg_schedule_svg(s, r, svg_out);
         if (st != BG_OK)
@@ -204,8 +217,8 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
 {
     printf("p=%d m=%d  costs per rank F=%g B=%g W=%g (with v chunks per rank each chunk costs 1/v of them)\n", p, m,
            sp0->f_cost, sp0->b_cost, sp0->w_cost);
-    printf("%-14s %3s %12s %9s %9s %11s %14s\n", "schedule", "v", "step", "bubble", "steady", "peak-stash",
-           "(rank of peak)");
+    printf("%-14s %3s %12s %9s %9s %9s %11s %14s\n", "schedule", "v", "step", "bubble", "steady", "per-stage",
+           "peak-stash", "(rank of peak)");
     int rc = 0;
     for (int k = 0; k < BG_SCHED_CUSTOM; k++) {
         bg_schedule_params_t gp = BG_SCHEDULE_PARAMS_INIT;
@@ -235,8 +248,9 @@ static int run_compare(int p, int m, int v, const bg_sim_params_t *sp0)
         } else {
             int at;
             int peak = (int)max_stash(r, p, &at);
-            printf("%-14s %3d %12.6g %8.2f%% %8.2f%% %11d %14d\n", name, bg_schedule_chunks(s), bg_sim_step_time(r),
-                   100 * bg_sim_bubble(r, -1), 100 * bg_sim_span_bubble(r, -1), peak, at);
+            printf("%-14s %3d %12.6g %8.2f%% %8.2f%% %8.2f%% %11d %14d\n", name, bg_schedule_chunks(s),
+                   bg_sim_step_time(r), 100 * bg_sim_bubble(r, -1), 100 * bg_sim_span_bubble(r, -1),
+                   100 * bg_sim_stage_bubble(r, NULL), peak, at);
             bg_sim_result_free(r);
         }
         bg_schedule_free(s);
@@ -307,6 +321,10 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             if (!val)
                 return bg_cli_fail(CMD, "--json needs an output file");
             json_out = val, i++;
+        } else if (!strcmp(a, "--sim-json")) {
+            if (!val)
+                return bg_cli_fail(CMD, "--sim-json needs an output file");
+            sim_json_out = val, i++;
         } else if (!strcmp(a, "--svg")) {
             if (!val)
                 return bg_cli_fail(CMD, "--svg needs an output file");
@@ -346,7 +364,7 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         } else {
             static const char *const known[] = {"--schedule", "--stages", "--microbatches", "--chunks", "--costs",
                                                 "--f-costs", "--b-costs", "--w-costs", "--latency", "--bandwidth",
-                                                "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--svg",
+                                                "--act-bytes", "--grad-bytes", "--stash-bytes", "--json", "--sim-json", "--svg",
                                                 "--from-json", "--compare", "--comm", "--text", "--no-text",
                                                 "--auto", "--profile", "--mem-limit", "--split", "--help", NULL};
             return bg_cli_unknown_option(CMD, a, known);

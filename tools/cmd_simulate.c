@@ -72,8 +72,10 @@ int bg_cmd_simulate(int argc, char **argv)
            bg_schedule_kind_name(sp.kind), sp.stages, sp.microbatches, sp.chunks);
     for (int s = 0; s < S; s++)
         printf("  %5d %6.2f %6.2f %6.2f\n", s, simp.f_costs[s] * 1e3, simp.b_costs[s] * 1e3, simp.w_costs[s] * 1e3);
-    printf("simulated step %.2f ms (bubble %.1f%%), measured step %.2f ms (median of %d): simulated/measured = %.3f\n",
-           pred * 1e3, 100 * bg_sim_bubble(res, -1), meas * 1e3, nsteps, meas > 0 ? pred / meas : 0.0);
+    printf("simulated step %.2f ms (bubble %.1f%%, per stage %.1f%%), measured step %.2f ms (median of %d): "
+           "simulated/measured = %.3f\n",
+           pred * 1e3, 100 * bg_sim_bubble(res, -1), 100 * bg_sim_stage_bubble(res, NULL), meas * 1e3, nsteps,
+           meas > 0 ? pred / meas : 0.0);
     /* both pictures in ms on one axis (the longer step and a margin), so they can be laid side by side */
     bg_svg_params_t gp = BG_SVG_PARAMS_INIT;
     gp.time_scale = 1e3;
@@ -81,9 +83,9 @@ int bg_cmd_simulate(int argc, char **argv)
     double drawn = bg_trace_costs_drawn_span(tc), longest = pred > drawn ? pred : drawn;
     gp.x_max = 1.04 * (longest > meas ? longest : meas) * 1e3;
     char title[160];
-    snprintf(title, sizeof title, "simulated %s: p=%d m=%d v=%d, step %.4g ms, bubble %.1f%%",
+    snprintf(title, sizeof title, "simulated %s: p=%d m=%d v=%d, step %.4g ms, bubble %.1f%% (per stage %.1f%%)",
              bg_schedule_kind_name(sp.kind), sp.stages, sp.microbatches, bg_schedule_chunks(sched), pred * 1e3,
-             100 * bg_sim_bubble(res, -1));
+             100 * bg_sim_bubble(res, -1), 100 * bg_sim_stage_bubble(res, NULL));
     gp.title = title;
     if (svg) {
         if ((st = bg_schedule_svg_with(sched, res, &gp, svg)) != BG_OK)

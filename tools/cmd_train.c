@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "brigade/partitioner.h"
+#include "brigade/transport.h"
 #include "brigade/train.h"
 #include "tools/cli.h"
 
@@ -25,7 +26,15 @@ static void usage(FILE *f)
             "  --batch N              global batch in sequences per step (default 8)\n"
             "  --microbatches N       microbatches per step, divides batch (default 4)\n"
             "  --steps N              optimizer steps (default 20)\n"
-            "  --lr X                 learning rate (default 1e-3)\n"
+            "  --lr X                 peak learning rate (default 1e-3)\n"
+            "  --lr-schedule KIND     constant|cosine|linear|wsd (default constant): the rate after the warm-up;\n"
+            "                         cosine and linear fall from --lr to --min-lr at --decay-steps, wsd holds\n"
+            "                         --lr then falls linearly over the last --wsd-decay of the steps\n"
+            "                         (docs/training.md gives the closed forms)\n"
+            "  --warmup N             steps of linear warm-up from lr/N to --lr (default 0)\n"
+            "  --min-lr X             final rate of the decay (default 0)\n"
+            "  --decay-steps N        step where the decay reaches --min-lr (default --steps)\n"
+            "  --wsd-decay F          wsd: fraction of the steps after the warm-up spent decaying (default 0.2)\n"
             "  --optimizer adamw|sgd  (default adamw; sgd uses momentum 0.9)\n"
             "  --weight-decay X       on weight matrices and embeddings (default 0)\n"
             "  --data FILE            GPT text corpus (default %s)\n"
@@ -35,8 +44,9 @@ static void usage(FILE *f)
             "                         the rest in the backward (less memory, one more forward)\n"
             "  --backend NAME         kernel backend (default cpu; brigade info lists them)\n"
             "parallel (run under brigade launch -n PP*DP*TP, mpirun or srun):\n"
-            "  --pp N                 pipeline stages (default 1)\n"
-            "  --dp N                 data-parallel replicas (default 1)\n"
+            "  --pp N                 pipeline stages (default 1); auto: the ranks over dp x tp\n"
+            "  --dp N                 data-parallel replicas (default 1); auto: the ranks over pp x tp (a job\n"
+            "                         that brigade launch --elastic restarts on fewer ranks re-plans with it)\n"
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
@@ -60,6 +70,10 @@ static void usage(FILE *f)
             "                         dies (it tolerates ranks S..N-1; docs/parameter_server.md)\n"
             "  --staleness K          with --ps: a worker may compute step t on parameters of step t-K\n"
             "                         (default 0: synchronous, the weights of --dp (N-S)/P)\n"
+            "  --device-mem SIZE[,SIZE...]  cap on each rank's backend memory (24G, or one per rank for\n"
+            "                         heterogeneous devices), enforced by its allocator on every backend, the\n"
+            "                         CPU's included: an allocation past it fails naming the stage, buffer and\n"
+            "                         bytes; the summary prints each rank's peak beside the prediction\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -93,7 +107,9 @@ static void usage(FILE *f)
             "                         bubble, bytes_sent, peak_bytes, heap_bytes, grad_norm\n"
             "  --save DIR             final weights: DIR/model.safetensors from one process; with --pp > 1\n"
             "                         one file per stage, DIR/model-stageNNN.safetensors (brigade compare\n"
-            "                         and generate read either form)\n"
+            "                         and generate read either form); replaced as a whole when every\n"
+            "                         rank has written (a failed save leaves the previous one), so DIR\n"
+            "                         must hold nothing but weights\n"
             "  --log-every N          progress line every N steps when stderr is not a terminal\n"
             "                         (default: about 50 lines per run); a terminal gets one updating line\n"
             "  --quiet                print only the summary\n",
@@ -102,11 +118,11 @@ static void usage(FILE *f)
 
 typedef struct {
     int quiet, tty, log_every;
-    double lr;          /* constant: bg_train has no learning-rate schedule */
     double t_start;     /* bg_now() when the job started (setup included) */
     double t_first;     /* start of the first step this run took, 0 before it */
     int first_step;     /* number of that step */
     const char *warning; /* printed by rank 0 with its first step (one line per job, not per rank) */
+    int pp, dp;         /* this run's layout, compared with a resumed checkpoint's */
 } progress_t;
 
 /* h:mm:ss, or m:ss under an hour */
@@ -139,14 +155,19 @@ static void on_stop_signal(int sig)
 /* What --resume did, said once (rank 0) before the first step. */
 static void on_resume(const bg_resume_result_t *r, const char *where, int rank, void *arg)
 {
-    (void)arg;
+    const progress_t *p = arg;
     if (rank != 0)
         return;
     if (r->invalid && r->found)
         fprintf(stderr, "brigade train: skipped %d invalid checkpoint%s newer than %s; the newest: %s\n", r->invalid,
                 r->invalid == 1 ? "" : "s", r->path, r->invalid_what);
-    if (r->found && r->pp > 0)
-        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d)\n", r->path, r->pp, r->dp ? r->dp : 1);
+    if (r->found && r->pp > 0 && (r->pp != p->pp || (r->dp ? r->dp : 1) != p->dp))
+        /* another layout (brigade launch --elastic after a lost host, or by hand): say what changed */
+        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d) at step %lld: layout pp=%d dp=%d -> pp=%d dp=%d\n",
+                r->path, r->pp, r->dp ? r->dp : 1, (long long)r->step, r->pp, r->dp ? r->dp : 1, p->pp, p->dp);
+    else if (r->found && r->pp > 0)
+        fprintf(stderr, "resuming from %s (written by pp=%d dp=%d) at step %lld\n", r->path, r->pp, r->dp ? r->dp : 1,
+                (long long)r->step);
     else if (r->found)
         fprintf(stderr, "resuming from %s (written by %d rank%s)\n", r->path, r->world, r->world == 1 ? "" : "s");
     else if (r->invalid)
@@ -154,6 +175,31 @@ static void on_resume(const bg_resume_result_t *r, const char *where, int rank, 
                 "step 0 (--resume-strict refuses instead)\n", where, r->invalid, r->invalid_what);
     else
         fprintf(stderr, "no checkpoint in %s: starting at step 0\n", where);
+}
+
+/* --pp auto / --dp auto: that degree is the number of ranks the job was
+ * started with (from the environment, as the transport reads it) over the
+ * product of the other degrees, so that a job restarted on fewer ranks
+ * (brigade launch --elastic) re-plans its layout; --resume reshards the
+ * checkpoint onto it. 0, or 2 after the message. */
+static int auto_layout(const char *cmd, int pp_auto, int has_plan, bg_train_config_t *c)
+{
+    const char *flag = pp_auto ? "--pp auto" : "--dp auto";
+    if (has_plan)
+        return bg_cli_fail(cmd, "%s: a --plan fixes the layout; leave one of them out", flag);
+    if (c->ps)
+        return bg_cli_fail(cmd, "%s: --ps sets the workers from the number of ranks itself; give --pp and --dp as "
+                           "numbers", flag);
+    int world = 1;
+    if (bg_comm_env_world(&world) != BG_OK)
+        return bg_cli_fail(cmd, "%s", bg_last_error());
+    int tp = c->model.tp > 0 ? c->model.tp : 1;
+    int other = (pp_auto ? (c->dp > 0 ? c->dp : 1) : (c->pp > 0 ? c->pp : 1)) * tp;
+    if (world % other)
+        return bg_cli_fail(cmd, "%s: the job has %d rank%s, not a multiple of %s %d x tp %d", flag, world,
+                           world == 1 ? "" : "s", pp_auto ? "dp" : "pp", other / tp, tp);
+    *(pp_auto ? &c->pp : &c->dp) = world / other;
+    return 0;
 }
 
 /* Whether an error is a peer's abort ("rank Q stopped on an error", the
@@ -209,14 +255,14 @@ static void on_step(const bg_step_info_t *i, void *arg)
     hms(eta, sizeof eta, (i->steps - i->step) * mean_s);
     if (p->tty) {
         fprintf(stderr, "\rstep %d/%d  loss %.4f  gnorm %.3g  lr %.2e  %.0f tok/s  %.1f ms/step  elapsed %s  ETA %s   ", i->step,
-                i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+                i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
         if (i->step == i->steps)
             fputc('\n', stderr);
     } else {
         int every = p->log_every ? p->log_every : i->steps > 50 ? i->steps / 50 : 1;
         if (i->step % every == 0 || i->step == i->steps || i->step == p->first_step)
             fprintf(stderr, "step %d/%d loss %.4f gnorm %.3g lr %.2e tokens/s %.0f step_ms %.1f elapsed %s eta %s\n", i->step,
-                    i->steps, i->loss, i->grad_norm, p->lr, i->tokens_per_s, i->step_ms, el, eta);
+                    i->steps, i->loss, i->grad_norm, i->lr, i->tokens_per_s, i->step_ms, el, eta);
     }
 }
 
@@ -349,6 +395,8 @@ int bg_cmd_train(int argc, char **argv)
     const char *cmd = "train";
     bg_train_config_t c;
     static int split[4096];
+    static uint64_t devmem64[4096];
+    static size_t devmem[4096];
     const char *plan_path = NULL;
     bg_plan_t *plan = NULL;
     int model_flags = 0; /* a model flag was given (checked against a plan's model) */
@@ -359,8 +407,10 @@ int bg_cmd_train(int argc, char **argv)
     int zero_flag = 0; /* --zero given (checked against a plan's) */
     int sequence_parallel = 0; /* --sequence-parallel (also kept under --plan) */
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
+    int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT };
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
+           O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -385,6 +435,10 @@ int bg_cmd_train(int argc, char **argv)
         {"resume-strict", no_argument, 0, O_RESUME_STRICT}, {"resume-from", required_argument, 0, O_RESUME_FROM},
         {"zero", required_argument, 0, O_ZERO},
         {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
+        {"device-mem", required_argument, 0, O_DEVMEM},
+        {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
+        {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
+        {"wsd-decay", required_argument, 0, O_WSD},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -399,8 +453,6 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_MB, "--microbatches", 1, 1 << 20, c.microbatches)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
-            INT_FLAG(O_PP, "--pp", 1, 4096, c.pp)
-            INT_FLAG(O_DP, "--dp", 1, 1 << 20, c.dp)
             INT_FLAG(O_TP, "--tp", 1, 4096, c.model.tp)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
@@ -412,6 +464,18 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_STALENESS, "--staleness", 0, 1 << 20, c.staleness)
 #undef INT_FLAG
 
+        case O_PP:
+        case O_DP:
+            if (optarg && !strcmp(optarg, "auto")) {
+                if (auto_axis && auto_axis != o)
+                    return bg_cli_fail(cmd, "--pp auto and --dp auto: only one can follow the number of ranks");
+                auto_axis = o;
+                break;
+            }
+            if (bg_cli_int(cmd, o == O_PP ? "--pp" : "--dp", optarg, 1, o == O_PP ? 4096 : 1 << 20, &v))
+                return 2;
+            *(o == O_PP ? &c.pp : &c.dp) = (int)v;
+            break;
         case O_ZERO:
             if (bg_cli_int(cmd, "--zero", optarg, 0, 2, &v))
                 return 2;
@@ -428,6 +492,26 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             c.optim.lr = (float)d;
             break;
+        case O_LRSCHED:
+            if (bg_lr_kind_parse(optarg, &c.lr_schedule.kind) != BG_OK)
+                return bg_cli_fail(cmd, "%s", bg_last_error());
+            break;
+        case O_WARMUP:
+        case O_DECAY:
+            if (bg_cli_int(cmd, o == O_WARMUP ? "--warmup" : "--decay-steps", optarg, 0, 1 << 30, &v))
+                return 2;
+            *(o == O_WARMUP ? &c.lr_schedule.warmup : &c.lr_schedule.decay_steps) = v;
+            break;
+        case O_MINLR:
+            if (bg_cli_double(cmd, "--min-lr", optarg, 0, 100, &d))
+                return 2;
+            c.lr_schedule.min_lr = d;
+            break;
+        case O_WSD:
+            if (bg_cli_double(cmd, "--wsd-decay", optarg, 1e-9, 1, &d))
+                return 2;
+            c.lr_schedule.wsd_decay = d;
+            break;
         case O_WD:
             if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
                 return 2;
@@ -442,6 +526,13 @@ int bg_cmd_train(int argc, char **argv)
             break;
         }
         case O_SP: sequence_parallel = 1; break;
+        case O_DEVMEM:
+            if (bg_cli_bytes_list(cmd, "--device-mem", optarg, devmem64, 4096, &c.ndevice_mem))
+                return 2;
+            for (int k = 0; k < c.ndevice_mem; k++)
+                devmem[k] = (size_t)devmem64[k];
+            c.device_mem = devmem;
+            break;
         case O_DATA: c.data_path = optarg; break;
         case O_SCHED:
             if (bg_cli_choice(cmd, "--schedule", optarg, bg_cli_schedule_names()) < 0)
@@ -571,6 +662,10 @@ int bg_cmd_train(int argc, char **argv)
         c.chunks = bg_schedule_chunks(js);
         bg_schedule_free(js);
     }
+    if (auto_axis && auto_layout(cmd, auto_axis == O_PP, plan_path != NULL, &c))
+        return 2;
+    prog.pp = c.pp > 0 ? c.pp : 1;
+    prog.dp = c.dp > 0 ? c.dp : 1;
     c.process_wide = 1; /* the CLI owns its process */
     c.on_step = on_step;
     c.on_step_arg = &prog;
@@ -584,7 +679,6 @@ int bg_cmd_train(int argc, char **argv)
     bg_status_t st = bg_train_check(&c);
     if (st != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
-    prog.lr = c.optim.lr; /* bg_train runs a constant learning rate */
     if (!plan) {
         if (split_check(cmd, &c, warning, sizeof warning))
             return 2;

@@ -127,3 +127,12 @@ bg_status_t bg__bootstrap(const bg_comm_params_t *p, bg__boot_t *b)
     b->port = (int)port;
     return BG_OK;
 }
+
+bg_status_t bg_comm_env_world(int *world_p)
+{
+    bg_comm_params_t p = BG_COMM_PARAMS_INIT;
+    bg__boot_t b;
+    BG_CHECK(bg__bootstrap(&p, &b));
+    *world_p = b.size;
+    return BG_OK;
+}

@@ -235,6 +235,16 @@ typedef struct bg_backend_ops {
      *  bias_backward in one pass, with their bits. */
     void (*gelu_bias_backward)(bg_backend_t *be, float *din, float *dbias, const float *pre, const float *dout,
                                int N, int C);
+
+    /* ---- errors (appended last, as the slots above) ---- */
+    /** The backend's sticky error: BG_OK while every op so far succeeded, else the status of the first
+     *  failure (a CUDA fault, a failed launch or cuBLAS call) with a message naming the op written into msg
+     *  (len bytes, NUL-terminated). Once set it stays set: later results of the instance are undefined.
+     *  NULL: the backend's ops cannot fail (the CPU). Read through bg_backend_status(). */
+    bg_status_t (*error)(bg_backend_t *be, char *msg, size_t len);
+    /** The largest attention head size attention_forward/backward accept; 0: any. A layer with larger
+     *  heads is refused at its first forward, before any weight changes. */
+    int attention_max_head;
 } bg_backend_ops_t;
 /** The first two fields of a table's initializer, its size and name; the slots follow, designated:
  *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`
@@ -273,11 +283,16 @@ typedef struct bg_backend_params {
      *  their inputs rounded to bf16 and fp32 accumulation (BRIGADE_CUDA_GEMM, when set, wins); BG_F32,
      *  exact fp32 GEMMs. The CPU backend computes in fp32 either way. */
     bg_dtype_t precision;
+    /** The most bytes bg_backend_alloc may hold at once on this instance (a device memory cap, enforced
+     *  on every backend, the CPU's included, so that "larger than one device" can be shown anywhere); an
+     *  allocation past it fails with BG_ERR_NO_FIT naming the buffer, the bytes asked, in use and the cap.
+     *  0: no cap (only the device's own memory). */
+    size_t mem_cap;
 } bg_backend_params_t;
-/** Defaults of bg_backend_params_t: device 0, threads from the environment, no process-wide changes, fp32. */
+/** Defaults of bg_backend_params_t: device 0, threads from the environment, no process-wide changes, fp32, no cap. */
 #define BG_BACKEND_PARAMS_INIT                                                                          \
     { .size = sizeof(bg_backend_params_t), .device = 0, .num_threads = 0, .set_blas_threads = 0,          \
-      .tune_malloc = 0, .device_wrap = 0, .precision = BG_F32 }
+      .tune_malloc = 0, .device_wrap = 0, .precision = BG_F32, .mem_cap = 0 }
 
 /** The instance. Backends put private state behind impl. */
 struct bg_backend {
@@ -286,6 +301,7 @@ struct bg_backend {
     int num_threads;
     bg_memstats_t mem; /**< maintained by bg_backend_alloc/free only */
     struct bg_backend_track *track; /**< allocation records (private) */
+    size_t mem_cap;    /**< bg_backend_params_t.mem_cap (0: none); set at creation */
 };
 
 /** Create the backend named @p name ("cpu", "cuda"; "cpu-async", the CPU with emulated streams, for tests). params may be NULL. */
@@ -298,6 +314,12 @@ const char *const *bg_backend_names(void);
 void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what);
 /** Free a buffer from bg_backend_alloc (NULL is a no-op). */
 void bg_backend_free(bg_backend_t *be, void *ptr);
+/** BG_OK while every op of @p be so far succeeded; else the backend's sticky error, with its message
+ *  (which op failed, and how) set as bg_last_error(). Cheap (no synchronization): call it after a
+ *  synchronize to cover the work queued before it. The executor checks it at the end of each step's
+ *  program and after the optimizer, so a device fault fails the step instead of giving a loss read from
+ *  stale memory. */
+bg_status_t bg_backend_status(bg_backend_t *be);
 /** Current/peak counters. */
 bg_memstats_t bg_backend_memstats(const bg_backend_t *be);
 /** Set peak = current (to measure the peak of one phase). */

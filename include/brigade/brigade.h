@@ -44,6 +44,7 @@
 #include "brigade/cpu.h"
 #include "brigade/layer.h"
 #include "brigade/model.h"
+#include "brigade/lr.h"
 #include "brigade/train.h"
 #include "brigade/schedule.h"
 #include "brigade/transport.h"

@@ -7,7 +7,9 @@
  * same model description, built by the same code), then calls
  * bg_executor_step() once per optimizer step. The host owns the loop, the
  * learning-rate schedule, evaluation and when to save. One process is the
- * executor at pp = dp = 1: there is no other training loop.
+ * executor at pp = dp = 1: there is no other training loop. bg_executor_eval()
+ * gives the loss of the current weights on a batch (a held-out set's) with
+ * a forward-only program, between steps.
  *
  * Each rank walks its program from the schedule generator (the same one the
  * simulator runs); microbatch gradients accumulate in microbatch order on
@@ -126,6 +128,12 @@ typedef struct bg_executor_params {
                                       not dualpipe; dp: 1 or (world - ps) / pp); 0: none */
     int staleness;               /**< with ps: a worker computes step t on parameters of a version >= t - K
                                       (0: synchronous, the weights of dp = (world - ps) / pp) */
+    const size_t *device_mem;    /**< caps on the ranks' backend memory in bytes (bg_backend_params_t.mem_cap,
+                                      enforced by the backend's allocator on every backend, the CPU's too):
+                                      one entry for every rank, or one per rank of the job (heterogeneous
+                                      devices); an allocation past its rank's cap fails the create or the
+                                      step naming the stage, buffer and bytes; 0 in an entry, or NULL: none */
+    int ndevice_mem;             /**< entries of device_mem: 0, 1 or the job's world size */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -135,7 +143,8 @@ typedef struct bg_executor_params {
       .optim = BG_OPTIM_CONFIG_INIT, .data = {.batch = NULL, .seq_len = NULL, .arg = NULL, .seq = 0},        \
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
-      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0 }
+      .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
+      .ndevice_mem = 0 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -188,6 +197,25 @@ bg_status_t bg_executor_create(const bg_executor_params_t *params, bg_executor_t
  *  message names the rank, stage, step, operation and microbatch; the
  *  executor cannot step again (destroy it; resume from a checkpoint). */
 bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p);
+/** What bg_executor_eval() measured (the same on every rank except eval_ms). */
+typedef struct bg_eval_result {
+    double loss;             /**< mean loss over the batch's positions, reduced over the replicas as
+                                  bg_step_result_t.loss is (fp32): bitwise the loss a step on the same batch
+                                  and weights reports */
+    double tokens;           /**< positions in the global batch */
+    double eval_ms;          /**< wall time on this rank */
+} bg_eval_result_t;
+
+/** Evaluate the current weights on one global batch (collective): every rank runs the forward-only
+ *  program of the schedule (bg_schedule_forward_only: stage forwards and activation transfers in the
+ *  schedule's order, the loss on the last stage, no backward and no stash kept). The batch has the
+ *  training layout (batch, microbatches, replicas); its microbatches come from @p data (NULL: the
+ *  training source), asked with step = @p index (e.g. the held-out set's batch number; its seq_len
+ *  callback, if any, gives the lengths). Changes no weight, gradient, optimizer state or step count: a
+ *  run that evaluates between steps trains bitwise as one that does not. Errors: BG_ERR_UNSUPPORTED
+ *  under parameter servers or emulation; a failure breaks the executor as a failed step does. */
+bg_status_t bg_executor_eval(bg_executor_t *x, const bg_batch_source_t *data, int64_t index,
+                             bg_eval_result_t *result_p);
 /** The learning rate of the next steps (the host's schedule; every rank must set the same). */
 void bg_executor_set_lr(bg_executor_t *x, float lr);
 /** Ask the job to stop: the next step's result has stop = 1 on every rank (signal-safe: sets a flag). */
@@ -243,7 +271,12 @@ typedef struct bg_resume_result {
 bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *params,
                                     bg_resume_result_t *result_p);
 /** Write the weights as DIR/model.safetensors (one stage) or
- *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes). */
+ *  DIR/model-stageNNN.safetensors (one file per stage, replica 0 writes).
+ *  Every rank that writes calls it (others may: they return at once). DIR
+ *  is replaced as a whole once every writer has finished (written into
+ *  DIR.tmp-<token>, then exchanged with DIR): a reader sees the old weights
+ *  or the new, and on error DIR is as it was. DIR must hold nothing but
+ *  *.safetensors files. */
 bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir);
 /** Load weights by name from a directory written by bg_executor_save_weights (any split). */
 bg_status_t bg_executor_load_weights(bg_executor_t *x, const char *dir);

@@ -53,6 +53,11 @@
  *    its REDUCE_GRADS.
  * Between two consecutive stages on the same rank (the turn of a V-shaped
  * schedule on the last rank) there is no send or receive.
+ *
+ * A forward-only program (bg_schedule_forward_only: evaluation) holds only
+ * FORWARD, SEND_ACT and RECV_ACT; its forwards stash nothing (the slot is
+ * freed once the output is handed on) and the last stage's forward gives the
+ * loss.
  */
 #ifndef BRIGADE_SCHEDULE_H
 #define BRIGADE_SCHEDULE_H
@@ -227,6 +232,16 @@ int bg_schedule_copies(const bg_schedule_t *sched);
 /** Make a hand-built program set (bg_schedule_create) hold @p copies copies:
  *  copies must divide both p*v and m. Call it before validating. */
 bg_status_t bg_schedule_set_copies(bg_schedule_t *sched, int copies);
+/** The forward-only program of @p sched (evaluation: the loss without gradients): each rank's FORWARD,
+ *  SEND_ACT and RECV_ACT in the order @p sched has them, so every generator's order maps to one; no
+ *  backward, gradient transfer, reduce or optimizer step. Same name, kind, stage map and copies. It is
+ *  deadlock-free when @p sched is (it drops instructions from an order that completes, keeping every
+ *  activation send a kept receive waits for). *fwd_p is the caller's (bg_schedule_free). */
+bg_status_t bg_schedule_forward_only(const bg_schedule_t *sched, bg_schedule_t **fwd_p);
+/** 1 for a forward-only program (bg_schedule_forward_only, JSON "forward_only": true), 0 for a training one. */
+int bg_schedule_is_forward_only(const bg_schedule_t *sched);
+/** Mark a hand-built program set forward-only (1) or training (0); call it before validating. */
+bg_status_t bg_schedule_set_forward_only(bg_schedule_t *sched, int on);
 /** Copy of virtual stage @p stage, and the model stage (0..p*v/copies-1) it holds; -1 when out of range. */
 int bg_schedule_stage_copy(const bg_schedule_t *sched, int stage);
 int bg_schedule_model_stage(const bg_schedule_t *sched, int stage);
@@ -249,7 +264,9 @@ size_t bg_sched_pair_partner(const bg_sched_op_t *ops, size_t n, size_t i);
  * backward, B before W, each needed transfer sent once and received once,
  * sends after their producer and receives before their consumer, reduce and
  * optimizer step last, and no deadlock when every rank walks its list with
- * buffered sends and blocking receives. BG_ERR_INVALID or BG_ERR_DEADLOCK
+ * buffered sends and blocking receives. A forward-only program must hold
+ * every (microbatch, stage)'s forward with its activation transfers and
+ * nothing else (no backward piece, reduce or optimizer step is owed). BG_ERR_INVALID or BG_ERR_DEADLOCK
  * with a message naming the first offending instruction (and the wait cycle).
  */
 bg_status_t bg_schedule_validate(const bg_schedule_t *sched);
@@ -337,6 +354,16 @@ double bg_sim_bubble(const bg_sim_result_t *res, int rank);
  *  last compute end) / span; rank -1: sum over ranks / sum of spans. It is the
  *  bubble left when steps run back to back (ZB-H2's "zero bubble"). */
 double bg_sim_span_bubble(const bg_sim_result_t *res, int rank);
+/** Per-stage bubble, the zero-bubble paper's figure: the worst rank's
+ *  steady-state bubble (idle inside its span / span, so the wait before its
+ *  first forward is not counted), the rank in @p rank_p (may be NULL). */
+double bg_sim_stage_bubble(const bg_sim_result_t *res, int *rank_p);
+/** The figures of a simulation as JSON ("format": "brigade-simulation": step,
+ *  bubble, stage_bubble and its rank, steady_bubble, and per rank busy, idle,
+ *  start, end, bubble, span_bubble, peak_stash, peak_stash_bytes); the text
+ *  is the caller's to free(). The _file form writes it whole or not at all. */
+bg_status_t bg_sim_result_to_json(const bg_sim_result_t *res, char **json_p);
+bg_status_t bg_sim_result_to_json_file(const bg_sim_result_t *res, const char *path);
 /** First compute start and last instruction end of a rank. */
 double bg_sim_rank_start(const bg_sim_result_t *res, int rank);
 double bg_sim_rank_end(const bg_sim_result_t *res, int rank);

@@ -18,6 +18,7 @@
 #define BRIGADE_TRAIN_H
 
 #include "brigade/executor.h"
+#include "brigade/lr.h"
 #include "brigade/model.h"
 
 #ifdef __cplusplus
@@ -33,6 +34,7 @@ typedef struct bg_step_info {
     double tokens_per_s; /**< batch tokens / step time */
     int rank;            /**< rank reporting (0 in a single process) */
     double grad_norm;    /**< global L2 norm of the gradients before the optimizer step (bg_step_result_t) */
+    double lr;           /**< learning rate of the step (the schedule's, bg_lr_at) */
 } bg_step_info_t;
 typedef void (*bg_step_fn)(const bg_step_info_t *info, void *arg);
 
@@ -94,6 +96,12 @@ typedef struct bg_train_config {
     int staleness;               /**< with ps: the staleness bound K (0: synchronous) */
     int seq_multiple;            /**< GPT with seq_min: lengths rounded up to a multiple of this (it divides
                                       seq); 0: 1, or tp under sequence parallelism */
+    const size_t *device_mem;    /**< caps on the ranks' backend memory (bg_executor_params_t.device_mem) */
+    int ndevice_mem;             /**< its entries: 0 (none), 1 (every rank) or the world size */
+    /* ---- learning rate (brigade/lr.h) ---- */
+    bg_lr_schedule_t lr_schedule; /**< the rate of every step: its kind, warmup, min_lr, decay_steps and
+                                       wsd_decay; its peak is optim.lr (lr_schedule.lr is not read);
+                                       decay_steps 0: steps. Default: constant, no warm-up */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -108,7 +116,7 @@ typedef struct bg_train_config {
       .nrecompute_stages = 0, .checkpoint_dir = NULL, .checkpoint_every = 0, .keep = 0, .resume = 0,     \
       .process_wide = 0, .stop_flag = NULL, .resume_from = NULL, .resume_strict = 0, .on_resume = NULL,  \
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
-      .seq_multiple = 0 }
+      .seq_multiple = 0, .device_mem = NULL, .ndevice_mem = 0, .lr_schedule = BG_LR_SCHEDULE_INIT }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);

@@ -104,6 +104,13 @@ typedef struct bg_comm_params {
  */
 bg_status_t bg_comm_create(const bg_comm_params_t *params, bg_comm_t **comm_p);
 /**
+ * The world size bg_comm_create() would find in the environment
+ * (BRIGADE_WORLD_SIZE, else torchrun's, Open MPI's, Slurm's variables; 1 when
+ * none is set), without joining anything: for a host that derives its layout
+ * from the number of ranks it was started with (brigade train --dp auto).
+ */
+bg_status_t bg_comm_env_world(int *world_p);
+/**
  * Leave the job. When every rank is alive this is collective and graceful
  * (barrier, close endpoints, barrier, destroy); after a peer failed it closes
  * everything by force without waiting on anyone. Never hangs.

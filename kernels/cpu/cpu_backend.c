@@ -169,7 +169,7 @@ static void bg__cpu_convert(bg_backend_t *be, void *dst, bg_dtype_t dt, const vo
  * BG_CPU_GEMM_TILE_MIN) until the whole (batched) product has at least
  * BG_CPU_GEMM_MIN_TASKS tiles: two equal halves keep two threads equally busy.
  * Measured on Emerald Rapids with OpenBLAS's SkylakeX kernels, one thread, the
- * 12 GEMMs of one transformer block and microbatch of the issue-11 GPT (256
+ * 12 GEMMs of one transformer block and microbatch of the benchmark GPT (256
  * rows, d_model 256), best of 30: 0.91 of direct calls with the former rule
  * (256 x 256 tiles, at least 4), 0.99-1.0 with this one (docs/kernels.md). */
 #define BG_CPU_GEMM_TILE_MAX 1024

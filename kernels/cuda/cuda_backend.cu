@@ -41,8 +41,9 @@ void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what)
     bg_cuda_impl_t *impl = bg__cu(be);
     if (impl->first_error == cudaSuccess) {
         impl->first_error = e;
-        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: %s failed: %s (%s); later results are undefined", what,
-               cudaGetErrorString(e), cudaGetErrorName(e));
+        snprintf(impl->error_msg, sizeof(impl->error_msg), "device %d: %s failed: %s (%s)", impl->device, what,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend, %s; the step fails", impl->error_msg);
     }
 }
 
@@ -53,28 +54,55 @@ static void bg__cublas_check(bg_backend_t *be, cublasStatus_t s, const char *wha
     bg_cuda_impl_t *impl = bg__cu(be);
     if (impl->first_error == cudaSuccess) {
         impl->first_error = cudaErrorUnknown;
-        bg_log(BG_LOG_ERROR, "kernels", "cuda backend: %s failed: %s", what, cublasGetStatusString(s));
+        snprintf(impl->error_msg, sizeof(impl->error_msg), "device %d: %s failed: %s", impl->device, what,
+                 cublasGetStatusString(s));
+        bg_log(BG_LOG_ERROR, "kernels", "cuda backend, %s; the step fails", impl->error_msg);
     }
+}
+
+/* The sticky error (bg_backend_status): the first failed call, launch or
+ * cuBLAS status, with the op it came from. A fault that made the context
+ * unusable (an illegal address, a failed launch) reaches later calls too;
+ * only the first is named. */
+static bg_status_t bg__cu_error(bg_backend_t *be, char *msg, size_t len)
+{
+    bg_cuda_impl_t *impl = bg__cu(be);
+    if (impl->first_error == cudaSuccess)
+        return BG_OK;
+    snprintf(msg, len, "%s", impl->error_msg);
+    return BG_ERR_DEVICE;
 }
 
 /* --------------------------------------------------------------- memory */
 
+/* ctx is the backend (bg__pool_init in bg__cuda_backend_init). Out of
+ * memory is not sticky and is cleared, so the pool can release its cache and
+ * retry; any other failure (a fault of an earlier kernel reported here) is
+ * the backend's error, not "out of memory". */
 static void *bg__cu_raw_alloc(void *ctx, size_t bytes)
 {
+    bg_backend_t *be = (bg_backend_t *)ctx;
     void *p = NULL;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        (void)cudaGetLastError(); /* an out-of-memory is not sticky: clear it */
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
         return NULL;
     }
-    return p;
+    bg__cu_check(be, e, "cudaMalloc");
+    return e == cudaSuccess ? p : NULL;
 }
 
-static void bg__cu_raw_free(void *ctx, void *ptr) { cudaFree(ptr); }
+static void bg__cu_raw_free(void *ctx, void *ptr) { bg__cu_check((bg_backend_t *)ctx, cudaFree(ptr), "cudaFree"); }
 
-static void *bg__cu_alloc(bg_backend_t *be, size_t bytes) { return bg__pool_alloc(&bg__cu(be)->pool, bytes); }
+static void *bg__cu_alloc(bg_backend_t *be, size_t bytes)
+{
+    bg__cu_use(be);
+    return bg__pool_alloc(&bg__cu(be)->pool, bytes);
+}
 
 static void bg__cu_free(bg_backend_t *be, void *ptr)
 {
+    bg__cu_use(be);
     if (bg__pool_free(&bg__cu(be)->pool, ptr) != 0)
         bg_log(BG_LOG_ERROR, "kernels", "cuda backend: free of %p, not a block of its pool", ptr);
 }
@@ -104,6 +132,7 @@ static void bg__cu_synchronize(bg_backend_t *be)
  * is queued (the caller may reuse its buffer at once). */
 static void bg__cu_staged_copy(bg_backend_t *be, char *dst, const char *src, size_t bytes, int to_host)
 {
+    bg__cu_use(be);
     bg_cuda_impl_t *impl = bg__cu(be);
     for (size_t off = 0; off < bytes; off += BG_CUDA_STAGE_BYTES) {
         size_t len = bytes - off < BG_CUDA_STAGE_BYTES ? bytes - off : BG_CUDA_STAGE_BYTES;
@@ -182,6 +211,7 @@ static cudaEvent_t bg__cu_ev(bg_event_t *ev) { return (cudaEvent_t)(void *)ev; }
 
 static bg_event_t *bg__cu_event_create(bg_backend_t *be)
 {
+    bg__cu_use(be);
     cudaEvent_t e = NULL;
     cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err != cudaSuccess) {
@@ -232,6 +262,7 @@ static void bg__cu_stream_wait(bg_backend_t *be, bg_event_t *ev)
 static void bg__cu_copy_async(bg_backend_t *be, void *dst, const void *src, size_t bytes, bg_event_t *after,
                               bg_event_t *done, cudaMemcpyKind kind)
 {
+    bg__cu_use(be);
     cudaStream_t cs = bg__cu(be)->copy;
     if (after)
         bg__cu_check(be, cudaStreamWaitEvent(cs, bg__cu_ev(after), 0), "cudaStreamWaitEvent (copy)");
@@ -284,6 +315,7 @@ static void bg__cu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans
                                         long long stride_b, float beta, float *c, int ldc, long long stride_c,
                                         int batch)
 {
+    bg__cu_use(be);
     if (m <= 0 || n <= 0 || batch <= 0)
         return;
     if (k <= 0) {
@@ -323,6 +355,7 @@ static void bg__cu_gemm(bg_backend_t *be, int trans_a, int trans_b, int m, int n
 
 static double bg__cu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 {
+    bg__cu_use(be);
     bg_cuda_impl_t *impl = bg__cu(be);
     if (n == 0)
         return 0.0;
@@ -343,6 +376,7 @@ static void bg__cu_destroy(bg_backend_t *be)
     bg_cuda_impl_t *impl = bg__cu(be);
     if (!impl)
         return;
+    bg__cu_use(be);
     if (impl->copy)
         cudaStreamSynchronize(impl->copy);
     if (impl->stream)
@@ -380,9 +414,11 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     BG__BACKEND_KERNEL_OPS(BG__CU_SLOT)
     BG__BACKEND_EVENT_OPS(BG__CU_SLOT)
     BG__BACKEND_MEMORY_OPS(BG__CU_SLOT)
+    BG__BACKEND_STATUS_OPS(BG__CU_SLOT)
 #undef BG__CU_SLOT
     o.destroy = bg__cu_destroy;
     o.device_buffers = 1;
+    o.attention_max_head = BG_CUDA_ATT_MAX_HS;
     return o;
 }
 
@@ -431,7 +467,7 @@ extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_
     be->impl = impl;
     be->ops = &bg__cu_ops;
     be->num_threads = 1;
-    bg__pool_init(&impl->pool, bg__cu_raw_alloc, bg__cu_raw_free, impl);
+    bg__pool_init(&impl->pool, bg__cu_raw_alloc, bg__cu_raw_free, be);
     BG_CU_INIT(cudaSetDevice(dev), "cudaSetDevice");
     cudaDeviceProp prop;
     BG_CU_INIT(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
@@ -452,7 +488,12 @@ extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_
         return bg_error(BG_ERR_UNSUPPORTED, "cuda backend, device %d: cublasCreate failed: %s", dev,
                         cublasGetStatusString(bs));
     }
-    cublasSetStream(impl->blas, impl->stream);
+    bs = cublasSetStream(impl->blas, impl->stream);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        bg__cu_destroy(be);
+        return bg_error(BG_ERR_UNSUPPORTED, "cuda backend, device %d: cublasSetStream failed: %s", dev,
+                        cublasGetStatusString(bs));
+    }
     bg_log(BG_LOG_INFO, "kernels", "cuda backend: device %d \"%s\" (sm_%d%d, %.1f GiB), GEMM %s", dev, impl->name,
            prop.major, prop.minor, (double)impl->total_mem / (1 << 30), gm);
     return BG_OK;

@@ -28,6 +28,8 @@
 /* blocks of the deterministic sum/sumsq reduction (a fixed grid) */
 #define BG_CUDA_RED_BLOCKS 256
 #define BG_CUDA_THREADS 256
+/* the largest attention head size the kernels take (ops.attention_max_head) */
+#define BG_CUDA_ATT_MAX_HS 256
 
 typedef struct bg_cuda_impl {
     int device;
@@ -42,13 +44,29 @@ typedef struct bg_cuda_impl {
     int stage_next;
     double *red;          /* device: BG_CUDA_RED_BLOCKS partial sums + the total */
     double *red_host;     /* pinned: the total */
-    cudaError_t first_error; /* the first error seen (reported once) */
+    cudaError_t first_error; /* the first error seen: sticky (bg__cu_error) */
+    char error_msg[320];      /* which op, and the error's text */
     char name[256];
     size_t total_mem;
 } bg_cuda_impl_t;
 
 static inline bg_cuda_impl_t *bg__cu(bg_backend_t *be) { return (bg_cuda_impl_t *)be->impl; }
-static inline cudaStream_t bg__cu_stream(bg_backend_t *be) { return bg__cu(be)->stream; }
+/* The backend's device made current (bg__cu_use), and the compute stream with
+ * it (bg__cu_stream): every launch and runtime call of an op goes through one
+ * of them, so two backends on two
+ * GPUs in one process (or one thread) each launch on their own device.
+ * cudaGetDevice/cudaSetDevice are thread-local and cheap. */
+static inline void bg__cu_use(bg_backend_t *be)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != bg__cu(be)->device)
+        (void)cudaSetDevice(bg__cu(be)->device);
+}
+static inline cudaStream_t bg__cu_stream(bg_backend_t *be)
+{
+    bg__cu_use(be);
+    return bg__cu(be)->stream;
+}
 
 /* Records (and logs, the first time) a failed CUDA call or launch. */
 void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what);

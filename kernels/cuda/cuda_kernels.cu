@@ -682,7 +682,7 @@ void bg__cu_heads_split(bg_backend_t *be, float *dy, const float *dout, int B, i
 
 #define BG_ATT_W 8   /* warps (rows) per block */
 #define BG_ATT_BK 32 /* keys (or queries) per shared tile: one per lane */
-#define BG_ATT_MAX_HS 256
+#define BG_ATT_MAX_HS BG_CUDA_ATT_MAX_HS
 
 /* dst[j*(hs+1) + d] = src row j0+j (rows ld apart), 0 past T: one tile, all threads */
 __device__ void bg__att_load_tile(float *dst, const float *src, size_t ld, int j0, int T, int hs)

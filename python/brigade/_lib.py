@@ -116,7 +116,8 @@ class ExecutorParams(Structure):
                 ("backend", c_char_p), ("threads", c_int), ("comm", c_void_p), ("recompute", c_int),
                 ("recompute_stages", POINTER(c_int)), ("nrecompute_stages", c_int), ("trace_path", c_char_p),
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
-                ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int)]
+                ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
+                ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int)]
 
 
 class StepResult(Structure):

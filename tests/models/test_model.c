@@ -951,6 +951,67 @@ static void test_builder_is_public_calls(void **s)
     bg_model_desc_destroy(hand);
 }
 
+/* Evaluation (bg_executor_eval) with the forward-only program: on the
+ * training source's batch 0 before any step its loss is bitwise the loss
+ * step 1 reports on that batch with the same weights; it changes nothing a
+ * step reads (a run that evaluates between its steps reports bitwise the
+ * losses and gradient norms of one that does not, and both then evaluate
+ * alike); another source's batch is asked for by index; bad arguments. */
+static void test_eval_forward_only(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    c.tie_embeddings = 1;
+    bg_model_desc_t *d;
+    assert_int_equal(bg_model_build(&c, &d), BG_OK);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/data/kjv.txt", getenv("BRIGADE_SOURCE_DIR"));
+    bg_data_t *data, *held;
+    assert_int_equal(bg_data_open_text(path, c.seq_len, 1, &data), BG_OK);
+    assert_int_equal(bg_data_open_text(path, c.seq_len, 7, &held), BG_OK); /* another order: other batches */
+    bg_batch_source_t src = bg_data_source(data), hsrc = bg_data_source(held), hwrap = {0};
+    hwrap.batch = text_batch, hwrap.arg = &hsrc;
+    bg_executor_params_t p = small_params(d, &src);
+    bg_executor_t *a, *b;
+    bg_step_result_t ra[3], rb[3];
+    bg_eval_result_t e0, e1, ea, eb, eh;
+    assert_int_equal(bg_executor_create(&p, &a), BG_OK);
+    if (bg_executor_eval(a, NULL, 0, &e0) != BG_OK)
+        fail_msg("eval: %s", bg_last_error());
+    assert_int_equal(bg_executor_eval(a, NULL, 0, &e1), BG_OK); /* twice: the same */
+    assert_true(e0.loss == e1.loss && e0.tokens == 4.0 * c.seq_len);
+    assert_int_equal(bg_executor_eval(a, &hwrap, 3, &eh), BG_OK);
+    assert_true(isfinite(eh.loss) && eh.loss > 0 && eh.loss != e0.loss);
+    assert_int_equal(bg_executor_steps_done(a), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(bg_executor_step(a, &ra[i]), BG_OK);
+        assert_int_equal(bg_executor_eval(a, &hwrap, i, &ea), BG_OK);
+    }
+    if (ra[0].loss != e0.loss)
+        fail_msg("eval loss %.9g != step 1 loss %.9g on the same batch and weights", e0.loss, ra[0].loss);
+    assert_int_equal(bg_executor_eval(a, &hwrap, 3, &ea), BG_OK);
+    assert_true(ea.loss < eh.loss); /* three steps learnt something */
+    assert_int_equal(bg_executor_destroy(a), BG_OK); /* a description binds one model at a time */
+    assert_int_equal(bg_executor_create(&p, &b), BG_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(bg_executor_step(b, &rb[i]), BG_OK);
+    assert_int_equal(bg_executor_eval(b, &hwrap, 3, &eb), BG_OK);
+    for (int i = 0; i < 3; i++)
+        if (ra[i].loss != rb[i].loss || ra[i].grad_norm != rb[i].grad_norm)
+            fail_msg("step %d with evaluations: loss %.9g gnorm %.9g; without: %.9g %.9g", i + 1, ra[i].loss,
+                     ra[i].grad_norm, rb[i].loss, rb[i].grad_norm);
+    assert_true(ea.loss == eb.loss);
+    /* bad arguments change nothing */
+    bg_batch_source_t none = {0};
+    assert_int_equal(bg_executor_eval(b, &none, 0, &eb), BG_ERR_INVALID);
+    assert_int_equal(bg_executor_eval(b, NULL, -1, &eb), BG_ERR_INVALID);
+    assert_int_equal(bg_executor_step(b, &rb[0]), BG_OK);
+    assert_int_equal(bg_executor_destroy(b), BG_OK);
+    bg_data_close(data);
+    bg_data_close(held);
+    bg_model_desc_destroy(d);
+}
+
 /* grad_norm of the step result against the gradients the optimizer applied:
  * with SGD (no momentum, no decay) and a power-of-two learning rate the first
  * step moves each weight by exactly lr * grad, so the gradients come back
@@ -1041,6 +1102,7 @@ int main(void)
         cmocka_unit_test(test_desc_json),
         cmocka_unit_test(test_builder_is_public_calls),
         cmocka_unit_test(test_grad_norm),
+        cmocka_unit_test(test_eval_forward_only),
         cmocka_unit_test(test_model_of_tensors),
         cmocka_unit_test(test_optim_step_range),
     };

@@ -12,8 +12,8 @@ expect_err() { expect_err_line plan "$@"; }
 "$B" plan --help >/dev/null || fail "--help"
 expect_err "--devices N is required" $M --mem 1G
 expect_err "--mem is required" $M --devices 4
-expect_err "a budget must be > 0" $M --devices 4 --mem 0
-expect_err "a budget must be > 0" $M --devices 4 --mem -1G
+expect_err "a size must be > 0" $M --devices 4 --mem 0
+expect_err "a size must be > 0" $M --devices 4 --mem -1G
 expect_err "--mem has 2 entries but --devices is 4" $M --devices 4 --mem 1G,1G
 expect_err "empty entry 1" $M --devices 2 --mem 1G,,1G
 expect_err "expects a positive size" $M --devices 2 --mem 1G,abc

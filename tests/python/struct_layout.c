@@ -52,6 +52,7 @@ int main(void)
     F(bg_executor_params_t, process_wide); F(bg_executor_params_t, zero);
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
+    F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
 
     S(bg_step_result_t);
     F(bg_step_result_t, step); F(bg_step_result_t, loss); F(bg_step_result_t, tokens); F(bg_step_result_t, step_ms);

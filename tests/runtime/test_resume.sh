@@ -16,8 +16,14 @@ same "$T/ref20" "$T/r1" "one process, resumed at 10"
 # written by 2 pipeline stages (every 5 steps, keep 2), resumed by 3 stages with ZB-H1
 timeout 120 "$B" launch -n 2 -- "$B" train $GPT --steps 10 --pp 2 --checkpoint-dir "$T/c2" --checkpoint-every 5 --keep 2 >/dev/null 2>&1 || bad "pp 2 run"
 [ "$(ls "$T/c2" | grep -c '^step-')" = 2 ] && ok "keep 2: $(ls "$T/c2" | tr '\n' ' ')" || bad "keep 2: $(ls "$T/c2")"
-timeout 120 "$B" launch -n 3 -- "$B" train $GPT --steps 20 --pp 3 --schedule zb-h1 --checkpoint-dir "$T/c2" --resume --save "$T/r2" >/dev/null 2>&1 || bad "pp 3 resume"
+# (--pp auto: 3 stages from the 3 ranks, as a job brigade launch --elastic restarts on another world)
+timeout 120 "$B" launch -n 3 -- "$B" train $GPT --steps 20 --pp auto --schedule zb-h1 --checkpoint-dir "$T/c2" --resume --save "$T/r2" >/dev/null 2>"$T/e2" || { bad "pp 3 resume"; cat "$T/e2"; }
 same "$T/ref20" "$T/r2" "pp 2 checkpoint resumed on pp 3 (resharding)"
+grep -qF "resuming from $T/c2/step-00000010 (written by pp=2 dp=1) at step 10: layout pp=2 dp=1 -> pp=3 dp=1" "$T/e2" &&
+    ok "the resume names the layout change" || { bad "no layout change said"; cat "$T/e2"; }
+# --dp auto must divide: 3 ranks over pp 2 is refused on every rank before anything connects
+timeout 60 "$B" launch -n 3 -- "$B" train $GPT --steps 1 --pp 2 --dp auto >/dev/null 2>"$T/e5"; rc=$?
+[ $rc = 2 ] && grep -q -- "--dp auto: the job has 3 ranks, not a multiple of pp 2 x tp 1" "$T/e5" && ok "--dp auto over 3 ranks and pp 2 refused" || { bad "--dp auto: rc $rc"; cat "$T/e5"; }
 # SIGTERM: checkpoint at the next step boundary, exit 143 (128 + SIGTERM), resumable
 "$B" train $GPT --steps 1000000 --checkpoint-dir "$T/c3" >"$T/o3" 2>"$T/e3" &
 pid=$!

@@ -89,18 +89,37 @@ expect_err "layers[0].fwd_s must be a number >= 0" --auto --profile "$T/badprof.
 expect_err "prof.json has 7 layers: too few for 8 pipeline ranks" --auto --profile "$T/prof.json" --stages 8 --microbatches 8
 expect_err "--split sums to 6 layers but" --auto --profile "$T/prof.json" --stages 3 --microbatches 6 --split 2,2,2
 
-# dualpipe: bad p and m in one line; p=4 m=8 at unit costs: step 26 (the closed form: 4 x 6 busy +
-# (PP/2-1)(F&B+B-3W) = 2 idle), peak stash PP+1 = 5 on every rank; its JSON keeps the two copies
+# dualpipe: bad p and m in one line; p=4 m=8 at unit costs: step 25 (the closed form: 4 x 6 busy +
+# (PP/2-1)(F&B+B-3W-F) = 1 idle: the pair's forward does not wait for the backward's gradient), peak stash PP+1 = 5 on every rank; its JSON keeps the two copies
 expect_err "dualpipe needs an even number of pipeline ranks (its two halves mirror each other), got 3" --schedule dualpipe --stages 3 --microbatches 8
 expect_err "dualpipe needs an even number of microbatches, at least 2p = 8 (m/2 enter from each end, at least p each), got 7" --schedule dualpipe --stages 4 --microbatches 7
 "$B" schedule --schedule dualpipe --stages 4 --microbatches 8 --json "$T/dp.json" >"$T/dp" 2>&1 || fail "dualpipe run failed: $(cat "$T/dp")"
-grep -q "step time 26 " "$T/dp" || fail "dualpipe p=4 m=8: step time is not 26: $(cat "$T/dp")"
+grep -q "step time 25 " "$T/dp" || fail "dualpipe p=4 m=8: step time is not 25: $(cat "$T/dp")"
 [ "$(awk '$1 ~ /^[0-9]+$/ && $6 == 5' "$T/dp" | wc -l)" = 4 ] || fail "dualpipe p=4 m=8: peak stash is not 5 on every rank: $(cat "$T/dp")"
 grep -q "rank 3 | F4.1 F5.1" "$T/dp" || fail "dualpipe: rank 3 does not start with the second half's microbatches: $(cat "$T/dp")"
 python3 -c "import json, sys; d = json.load(open(sys.argv[1])); assert d['copies'] == 2 and d['chunks'] == 2" "$T/dp.json" \
     || fail "dualpipe JSON lacks copies = 2"
 "$B" schedule --from-json "$T/dp.json" >"$T/dpb" 2>&1 || fail "--from-json of dualpipe failed: $(cat "$T/dpb")"
-grep -q "step time 26 " "$T/dpb" || fail "dualpipe --from-json gives a different step time: $(cat "$T/dpb")"
+grep -q "step time 25 " "$T/dpb" || fail "dualpipe --from-json gives a different step time: $(cat "$T/dpb")"
+
+# dualpipev p=4 m=8 at unit costs: 51 (the pair's forward waits for its own input only; 54 when it
+# also waited for the paired backward's gradient)
+"$B" schedule --schedule dualpipev --stages 4 --microbatches 8 >"$T/dpv" 2>&1 || fail "dualpipev run failed: $(cat "$T/dpv")"
+grep -q "step time 51 " "$T/dpv" || fail "dualpipev p=4 m=8: step time is not 51: $(cat "$T/dpv")"
+
+# both bubble metrics in the text, the simulator's JSON and the SVG: ZB-H2 p=4 m=8 has a whole-step
+# bubble (the start-up and drain) but no per-stage one (the zero-bubble paper's figure)
+"$B" schedule --schedule zb-h2 --stages 4 --microbatches 8 --sim-json "$T/sim.json" --svg "$T/zbh2.svg" >"$T/zbh2" 2>&1 \
+    || fail "--sim-json run failed: $(cat "$T/zbh2")"
+grep -q "^per-stage bubble 0.00% " "$T/zbh2" || fail "zb-h2 p=4 m=8: no per-stage bubble line of 0%: $(cat "$T/zbh2")"
+python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['format'] == 'brigade-simulation' and d['step'] == 27, d
+assert abs(d['bubble'] - 1 / 9) < 1e-9 and d['stage_bubble'] == 0 and len(d['ranks']) == 4, d
+assert all(r['busy'] == 24 and r['idle'] == 3 and r['span_bubble'] == 0 for r in d['ranks']), d
+" "$T/sim.json" || fail "--sim-json figures wrong: $(cat "$T/sim.json")"
+grep -q "bubble 11.1% (per stage 0.0%)" "$T/zbh2.svg" || fail "the SVG title lacks both bubbles"
 
 # compare: every schedule, one row each, including m < p and m not a multiple of p
 for pm in "4 8" "4 3" "3 7" "1 1"; do

@@ -326,6 +326,119 @@ static void test_validator_rejects_wrong_programs(void **state)
     expect_invalid(prog2(a, 6, good_r1, 6), BG_ERR_INVALID, "rank 0 op 3 (reduce_grads", "before the last backward");
 }
 
+/* ---------------- forward-only programs ---------------- */
+
+/* Every generator's program maps to a forward-only one that validates, completes under the naive walk,
+ * holds each (mb, stage)'s forward once and nothing but forwards and activation transfers, in the
+ * training program's order, survives JSON, and keeps no stash: with unit costs and free links a
+ * one-chunk pipeline's forward-only step is the fill m + p - 1 (the forwards of mb i on rank r start at
+ * i + r). */
+static void test_forward_only_all_generated(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (int k = 0; k < BG_SCHED_CUSTOM; k++)
+        for (int p = 1; p <= 6; p++)
+            for (int m = 1; m <= 12; m++) {
+                if ((k == BG_SCHED_DUALPIPEV && m < 2 * p) || (k == BG_SCHED_DUALPIPE && (p % 2 || m % 2 || m < 2 * p)))
+                    continue;
+                bg_schedule_t *s = gen((bg_schedule_kind_t)k, p, m, 0), *f = NULL;
+                assert_int_equal(bg_schedule_is_forward_only(s), 0);
+                if (bg_schedule_forward_only(s, &f) != BG_OK || bg_schedule_validate(f) != BG_OK)
+                    fail_msg("forward-only %s p=%d m=%d: %s", bg_schedule_name(s), p, m, bg_last_error());
+                assert_int_equal(bg_schedule_is_forward_only(f), 1);
+                assert_int_equal(bg_schedule_kind(f), k);
+                assert_int_equal(bg_schedule_copies(f), bg_schedule_copies(s));
+                assert_true(naive_walk_ok(f));
+                size_t cnt = 0;
+                for (int r = 0; r < p; r++) {
+                    size_t ns, nf, j = 0;
+                    const bg_sched_op_t *os = bg_schedule_rank_ops(s, r, &ns), *of = bg_schedule_rank_ops(f, r, &nf);
+                    for (size_t i = 0; i < nf; i++) {
+                        int kind = of[i].kind;
+                        assert_true(kind == BG_OP_FORWARD || kind == BG_OP_SEND_ACT || kind == BG_OP_RECV_ACT);
+                        cnt += kind == BG_OP_FORWARD;
+                        while (j < ns && memcmp(&os[j], &of[i], sizeof(*os))) /* a subsequence of the training order */
+                            j++;
+                        assert_true(j++ < ns);
+                    }
+                }
+                assert_int_equal(cnt, (size_t)m * bg_schedule_stages(s) / bg_schedule_copies(s));
+                char *js;
+                bg_schedule_t *back;
+                assert_int_equal(bg_schedule_to_json(f, &js), BG_OK);
+                assert_non_null(strstr(js, "\"forward_only\":true"));
+                assert_int_equal(bg_schedule_from_json(js, &back), BG_OK);
+                assert_true(same_programs(f, back));
+                assert_int_equal(bg_schedule_is_forward_only(back), 1);
+                free(js);
+                bg_sim_result_t *r = sim_unit(f);
+                for (int rk = 0; rk < p; rk++)
+                    assert_int_equal(bg_sim_peak_stash(r, rk), 1); /* each forward's stash freed at once */
+                if (bg_schedule_chunks(s) == 1 && bg_schedule_copies(s) == 1 && !NEAR(bg_sim_step_time(r), m + p - 1))
+                    fail_msg("forward-only %s p=%d m=%d: step %g, want %d", bg_schedule_name(s), p, m,
+                             bg_sim_step_time(r), m + p - 1);
+                bg_sim_result_free(r);
+                bg_schedule_free(back), bg_schedule_free(f), bg_schedule_free(s);
+                n++;
+            }
+    assert_true(n >= 7 * 6 * 12);
+}
+
+static char *fwd_prog2(const char **r0, int n0, const char **r1, int n1)
+{
+    char *js = prog2(r0, n0, r1, n1);
+    static char buf[8300];
+    snprintf(buf, sizeof buf, "{\"forward_only\":true,%s", js + 1);
+    return buf;
+}
+
+static void test_validator_forward_only(void **state)
+{
+    (void)state;
+    const char *f0[] = {OP("forward", 0, 0), OP("send_act", 0, 0)};
+    const char *f1[] = {OP("recv_act", 0, 1), OP("forward", 0, 1)};
+    bg_schedule_t *s;
+    /* well formed: accepted, and without the flag the same program is a training one missing its backward */
+    assert_int_equal(bg_schedule_from_json(fwd_prog2(f0, 2, f1, 2), &s), BG_OK);
+    assert_int_equal(bg_schedule_is_forward_only(s), 1);
+    assert_int_equal(bg_schedule_validate(s), BG_OK);
+    bg_schedule_free(s);
+    expect_invalid(prog2(f0, 2, f1, 2), BG_ERR_INVALID, "has no backward of mb 0 stage", NULL);
+    /* a backward in a forward-only program */
+    const char *b1[] = {OP("recv_act", 0, 1), OP("forward", 0, 1), OP("backward", 0, 1)};
+    expect_invalid(fwd_prog2(f0, 2, b1, 3), BG_ERR_INVALID, "rank 1 op 2 (backward mb 0 stage 1)",
+                   "forward-only program holds forwards and activation transfers only");
+    /* a whole training program marked forward-only */
+    expect_invalid(fwd_prog2(good_r0, 6, good_r1, 6), BG_ERR_INVALID, "rank 0 op 2 (recv_grad", "forward-only");
+    const char *o1[] = {OP("recv_act", 0, 1), OP("forward", 0, 1), OP("optimizer_step", -1, 1)};
+    expect_invalid(fwd_prog2(f0, 2, o1, 3), BG_ERR_INVALID, "rank 1 op 2 (optimizer_step", "forward-only");
+    /* a missing forward, a missing receive, a send before its forward, a deadlock */
+    const char *m1[] = {OP("recv_act", 0, 1)};
+    expect_invalid(fwd_prog2(f0, 2, m1, 1), BG_ERR_INVALID, "no forward of mb 0 stage 1 after it", NULL);
+    const char *n1[] = {OP("forward", 0, 1)};
+    expect_invalid(fwd_prog2(f0, 2, n1, 1), BG_ERR_INVALID, "rank 0 op 1 (send_act", "no matching recv_act on rank 1");
+    expect_invalid(fwd_prog2(f0, 1, n1, 1), BG_ERR_INVALID, "rank 1 op 0 (forward mb 0 stage 1)",
+                   "needs recv_act of mb 0 from stage 0");
+    const char *s0[] = {OP("send_act", 0, 0), OP("forward", 0, 0)};
+    expect_invalid(fwd_prog2(s0, 2, f1, 2), BG_ERR_INVALID, "sends an activation before the forward", NULL);
+    /* the flag must be a boolean */
+    char bad[9000];
+    snprintf(bad, sizeof bad, "{\"forward_only\":1,%s", prog2(f0, 2, f1, 2) + 1);
+    assert_int_equal(bg_schedule_from_json(bad, &s), BG_ERR_PARSE);
+    assert_non_null(strstr(bg_last_error(), "forward_only"));
+    /* a hand-built one: set the flag, then it validates */
+    assert_int_equal(bg_schedule_create("hand", 1, 2, 1, NULL, &s), BG_OK);
+    for (int mb = 0; mb < 2; mb++) {
+        bg_sched_op_t op = {BG_OP_FORWARD, mb, 0, 0, -1, -1};
+        assert_int_equal(bg_schedule_append(s, 0, &op), BG_OK);
+    }
+    assert_int_not_equal(bg_schedule_validate(s), BG_OK);
+    assert_int_equal(bg_schedule_set_forward_only(s, 1), BG_OK);
+    assert_int_equal(bg_schedule_validate(s), BG_OK);
+    bg_schedule_free(s);
+}
+
 /* a copy of s with op `from` of rank r moved to position `to` */
 static bg_schedule_t *moved(const bg_schedule_t *s, int r, size_t from, size_t to)
 {
@@ -927,6 +1040,8 @@ int main(void)
         cmocka_unit_test(test_zero_bubble_closed_forms),
         cmocka_unit_test(test_validate_all_generated),
         cmocka_unit_test(test_validator_rejects_wrong_programs),
+        cmocka_unit_test(test_forward_only_all_generated),
+        cmocka_unit_test(test_validator_forward_only),
         cmocka_unit_test(test_validator_split_and_vshape),
         cmocka_unit_test(test_validator_copies),
         cmocka_unit_test(test_validator_executor_contract),
