@@ -5,9 +5,9 @@ it is written) and what goes with the binding: the library and CLI built by
 CMake from the source tree this file sits in (brigade/_native/lib and bin),
 or, when a libbrigade is already installed, only where it is. It must not
 install anything outside the package, nor build when it need not:
-  - BRIGADE_LIB set: that library is used at run time; nothing is built;
-  - `pkg-config brigade` found: its libdir is recorded (_native/libdir) for
-    the binding to load from; nothing is built;
+  - BRIGADE_LIB set, or `pkg-config brigade` found: nothing is built; the
+    library's path and the CLI's (beside BRIGADE_LIB, or PREFIX/bin) are
+    recorded in brigade/_native/installed for the binding to load;
   - else CMake builds targets brigade and brigade_cli (CUDA off unless
     BRIGADE_CUDA=ON, tests off, ccache when present) in python/build/native
     and installs them into the package.
@@ -34,12 +34,24 @@ def version():
     return v
 
 
-def installed_libdir():
-    """The libdir of an installed brigade that pkg-config knows, else None."""
+def installed_brigade():
+    """(library path, CLI path or None) of an installed brigade: BRIGADE_LIB (the CLI: a brigade beside it, as in
+    a build tree), else one that pkg-config knows (the CLI: PREFIX/bin/brigade); None when neither."""
+    lib = os.environ.get("BRIGADE_LIB")
+    if lib:
+        lib = os.path.abspath(lib)
+        cli = os.path.join(os.path.dirname(lib), "brigade")
+        return lib, cli if os.path.isfile(cli) else None
     if not shutil.which("pkg-config"):
         return None
-    p = subprocess.run(["pkg-config", "--variable=libdir", "brigade"], capture_output=True, text=True)
-    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
+    out = {}
+    for var in ("libdir", "prefix"):
+        p = subprocess.run(["pkg-config", "--variable=" + var, "brigade"], capture_output=True, text=True)
+        if p.returncode != 0 or not p.stdout.strip():
+            return None
+        out[var] = p.stdout.strip()
+    cli = os.path.join(out["prefix"], "bin", "brigade")
+    return os.path.join(out["libdir"], "libbrigade.so.0"), cli if os.path.isfile(cli) else None
 
 
 def cmake_build(stage):
@@ -67,13 +79,11 @@ class BuildWithNative(build_py):
         super().run()
         native = os.path.join(self.build_lib, "brigade", "_native")
         shutil.rmtree(native, ignore_errors=True)
-        if os.environ.get("BRIGADE_LIB"):
-            return
-        libdir = installed_libdir()
-        if libdir:
-            os.makedirs(os.path.join(native, "lib"))
-            with open(os.path.join(native, "lib", "libdir"), "w") as f:
-                f.write(libdir + "\n")
+        found = installed_brigade()
+        if found:  # record where it is: the binding loads it with nothing set (brigade/_lib.py, __main__.py)
+            os.makedirs(native)
+            with open(os.path.join(native, "installed"), "w") as f:
+                f.write("%s\n%s\n" % (found[0], found[1] or ""))
             return
         stage = os.path.join(HERE, "build", "native-install")
         shutil.rmtree(stage, ignore_errors=True)

@@ -2,8 +2,9 @@
 pip installs both run the brigade CLI (tools/) with ARGS: `python -m brigade
 launch -n 2 -- python3 train.py`.
 
-Owns only finding the CLI: the one `pip install` put with the package, else
-BRIGADE (a path), else build/brigade of the source tree the package sits in.
+Owns only finding the CLI: BRIGADE (a path), else the one `pip install` put
+with the package or recorded (an installed brigade's), else build/brigade of
+the source tree the package sits in.
 It replaces this process with the CLI (exit status and signals are the
 CLI's) and must not look the name up on PATH, where it would find itself.
 """
@@ -14,10 +15,9 @@ from . import _lib
 
 
 def cli_path():
-    cands = [os.path.join(_lib.NATIVE, "bin", "brigade")]
-    if os.environ.get("BRIGADE"):
-        cands.insert(0 if not os.path.exists(cands[0]) else 1, os.environ["BRIGADE"])
-    cands.append(os.path.join(os.path.dirname(os.path.dirname(_lib.HERE)), "build", "brigade"))
+    cands = [os.environ.get("BRIGADE"), os.path.join(_lib.NATIVE, "bin", "brigade"), _lib.installed()[1],
+             os.path.join(os.path.dirname(os.path.dirname(_lib.HERE)), "build", "brigade")]
+    cands = [c for c in cands if c]
     for c in cands:
         if os.path.isfile(c) and os.access(c, os.X_OK):
             return c

@@ -212,16 +212,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NATIVE = os.path.join(HERE, "_native")  # what `pip install` put with the package (python/setup.py)
 
 
+def installed():
+    """(library, CLI) paths of the installed brigade the package was built against (BRIGADE_LIB or
+    pkg-config at `pip install` time, python/setup.py), ("", "") when it bundles its own or is a source tree."""
+    try:
+        with open(os.path.join(NATIVE, "installed")) as f:
+            lines = f.read().splitlines()
+        return (lines + ["", ""])[0], (lines + ["", ""])[1]
+    except OSError:
+        return "", ""
+
+
 def _candidates():
     env = os.environ.get("BRIGADE_LIB")
     if env:
         return [env], True
     c = [os.path.join(NATIVE, "lib", "libbrigade.so.0")]
-    try:  # an installed libbrigade that pkg-config found when the package was built
-        with open(os.path.join(NATIVE, "lib", "libdir")) as f:
-            c.append(os.path.join(f.read().strip(), "libbrigade.so.0"))
-    except OSError:
-        pass
+    if installed()[0]:
+        c.append(installed()[0])
     root = os.path.dirname(os.path.dirname(HERE))  # python/brigade -> the source tree
     c.append(os.path.join(root, "build", "libbrigade.so"))
     found = ctypes.util.find_library("brigade")

@@ -170,7 +170,7 @@ def _bind(o, l, c):
     """Refresh o.params / o.grads when brigade has (re)bound the buffers, and
     refuse a backend whose memory numpy cannot read."""
     st = o._py
-    if c.be != st.backend:
+    if c.be and c.be != st.backend:
         ops = ctypes.c_void_p.from_address(c.be).value
         name = ctypes.c_char_p.from_address(ops + ctypes.sizeof(ctypes.c_size_t)).value or b"?"
         if not name.startswith(b"cpu"):
@@ -233,7 +233,7 @@ def _bytes_cb(method):
             return int(getattr(_get(l), method)((shape.n, shape.t, shape.c)))
         except BaseException as e:  # noqa: B902
             _fail(l, method, e)
-            return 1 << 62  # no allocation succeeds: the caller fails, the step re-raises
+            return 0  # sizes have no error status: the layer's next call asks again (ctx.stash), fails, re-raises
     return cb
 
 

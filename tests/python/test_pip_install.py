@@ -5,7 +5,9 @@ with CMake and installs them with the binding; then, with nothing else set
 (no BRIGADE_LIB, no PYTHONPATH, a bare PATH), the package imports the library
 it installed, `python -m brigade` and the `brigade` command run the CLI, and
 the numpy example trains on one process and on `python -m brigade launch -n 2`
-with bitwise the same weights. Needs a package index for wheel and numpy
+with bitwise the same weights. Then, installed again with BRIGADE_LIB set to
+the build tree's library (BRIGADE_TEST_LIB), nothing is built and the
+package loads that library and its CLI with nothing set. Needs a package index for wheel and numpy
 (skipped, saying so, when pip cannot reach one). Minutes: CTest label slow.
 """
 import os
@@ -31,8 +33,9 @@ class PipInstall(unittest.TestCase):
                            timeout=300)
         if p.returncode != 0:
             self.skipTest("pip cannot install wheel and setuptools (no package index?): " + p.stderr[-500:])
+        clean = {k: v for k, v in os.environ.items() if k not in ("BRIGADE_LIB", "BRIGADE", "PYTHONPATH")}
         p = subprocess.run([pip, "install", "--no-build-isolation", os.path.join(SOURCE, "python")],
-                           capture_output=True, text=True, timeout=1500)
+                           capture_output=True, text=True, timeout=1500, env=clean)
         self.assertEqual(p.returncode, 0, "pip install failed:\n" + p.stdout[-3000:] + p.stderr[-3000:])
 
         env = {"HOME": tmp, "PATH": os.path.join(venv, "bin") + ":/usr/bin:/bin"}
@@ -62,6 +65,17 @@ class PipInstall(unittest.TestCase):
         cmp_out = run("brigade", "compare", one, two)
         m = re.search(r"(\d+) tensors compared: (\d+) bitwise identical", cmp_out)
         self.assertTrue(m and m.group(1) == m.group(2) and int(m.group(1)) > 0, cmp_out)
+
+        # an installed library instead (BRIGADE_TEST_LIB: a build tree's, its CLI beside it): nothing built, its
+        # paths recorded, loaded with nothing set
+        built = os.environ.get("BRIGADE_TEST_LIB")
+        if built:
+            p = subprocess.run([pip, "install", "--no-build-isolation", "--no-deps", "--force-reinstall",
+                                os.path.join(SOURCE, "python")], capture_output=True, text=True, timeout=600,
+                               env=dict(clean, BRIGADE_LIB=built))
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+            self.assertEqual(run(py, "-c", "import brigade; print(brigade.library_path)").strip(), built)
+            self.assertEqual(run(py, "-m", "brigade", "--version").strip(), "brigade " + version)
 
 
 if __name__ == "__main__":

@@ -66,14 +66,15 @@ class Layers(unittest.TestCase):
                                                 "out.bias"})
         self.assertLess(worst(rows), 5e-3, rows)
 
-    def test_finite_differences_mixed_with_builtin_layers(self):
+    def test_finite_differences_mixed_with_builtin_layers(self):  # and inside built-in composites
         a = ex.parse([])
         m = bg.Model(name="mix", input="features", features=a.features, seed=5)
         m.add(bg.Linear("fc", a.features, 12)).add(ex.Tanh("act")).add(ex.Linear("mid", 12, 12))
+        m.add(bg.Residual("res", bg.Seq("body", [ex.Linear("inner", 12, 12), ex.Tanh("t")])))
         m.add(bg.Activation("gelu", "gelu")).add(bg.Head("head", 12, a.classes))
         rows = bg.check_gradients(m, *data(a))
         self.assertEqual({r[0] for r in rows}, {"fc.weight", "fc.bias", "mid.weight", "mid.bias", "head.weight",
-                                                "head.bias"})
+                                                "head.bias", "res.body.inner.weight", "res.body.inner.bias"})
         self.assertLess(worst(rows), 5e-3, rows)
 
     def test_finite_differences_catch_a_wrong_backward(self):
@@ -124,6 +125,19 @@ class Layers(unittest.TestCase):
         bg.Model(name="a", input="features", features=4).add(t)
         with self.assertRaisesRegex(ValueError, "already belongs"):
             bg.Model(name="b", input="features", features=4).add(t)
+
+    def test_size_method_raising(self):
+        # sizes have no error status in C: the layer's call asking for its stash raises it again, and step() re-raises
+        class BadStash(ex.SoftmaxCE):
+            def stash_bytes(self, shape):
+                raise OverflowError("no size for %r" % (shape,))
+
+        a = ex.parse([])
+        m = bg.Model(name="s", input="features", features=a.features, seed=1)
+        m.add(ex.Linear("fc", a.features, 4)).add(BadStash("loss", 4)).check()
+        with bg.Executor(m, batches=ex.make_batches(a), batch=8, microbatches=2, threads=1) as e:
+            with self.assertRaisesRegex(OverflowError, r"no size for \(4, 1, 4\)"):
+                e.step()
 
     def test_exception_in_one_process(self):
         class Boom(ex.Tanh):
