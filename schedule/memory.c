@@ -21,12 +21,7 @@
 
 size_t bg_part_row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e) { return bg__row_bytes(n, e); }
 
-int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
-{
-    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout && a->fused >= b->fused &&
-           a->backward - a->fused >= b->backward - b->fused && a->recomputing >= b->recomputing &&
-           a->lingering >= b->lingering;
-}
+int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b) { return bg__counts_dominate(a, b); }
 
 size_t bg_plan_linger_bytes(void)
 {
@@ -80,7 +75,7 @@ typedef struct replay {
 static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V)
 {
     for (int c = 0; c < V; c++)
-        if (!bg_part_counts_dominate(&a[c], &b[c]))
+        if (!bg__counts_dominate(&a[c], &b[c]))
             return 0;
     return 1;
 }
