@@ -21,6 +21,7 @@
 #include "core/util.h"
 #include "schedule/generate.h"
 #include "schedule/layout.h"
+#include "schedule/memory.h"
 #include "schedule/simulate.h"
 #include "plan_impl.h"
 
@@ -254,12 +255,12 @@ static bg_status_t candidate_stages(candidate_t *c)
             bg_part_counts_t x = c->rows[r][(size_t)k * c->V + ch];
             int dominated = 0;
             for (int q = 0; q < np && !dominated; q++)
-                dominated = bg_part_counts_dominate(&proj[q], &x);
+                dominated = bg__counts_dominate(&proj[q], &x);
             if (dominated)
                 continue;
             int w = 0;
             for (int q = 0; q < np; q++)
-                if (!bg_part_counts_dominate(&x, &proj[q]))
+                if (!bg__counts_dominate(&x, &proj[q]))
                     proj[w++] = proj[q];
             np = w;
             proj[np++] = x;

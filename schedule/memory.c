@@ -18,15 +18,11 @@
 #include "core/check.h"
 #include "core/util.h"
 #include "schedule/memory.h"
+#include "schedule/schedule_impl.h"
 
 size_t bg_part_row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e) { return bg__row_bytes(n, e); }
 
-int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
-{
-    return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout && a->fused >= b->fused &&
-           a->backward - a->fused >= b->backward - b->fused && a->recomputing >= b->recomputing &&
-           a->lingering >= b->lingering;
-}
+int bg_part_counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b) { return bg__counts_dominate(a, b); }
 
 size_t bg_plan_linger_bytes(void)
 {
@@ -80,7 +76,7 @@ typedef struct replay {
 static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V)
 {
     for (int c = 0; c < V; c++)
-        if (!bg_part_counts_dominate(&a[c], &b[c]))
+        if (!bg__counts_dominate(&a[c], &b[c]))
             return 0;
     return 1;
 }
@@ -161,7 +157,7 @@ typedef struct prog {
 
 static int prog_local(const prog_t *g, int stage)
 {
-    return stage >= 0 && stage < g->S && bg_schedule_stage_rank(g->sched, stage) == g->rank;
+    return stage >= 0 && stage < g->S && g->sched->stage_rank[stage] == g->rank;
 }
 
 /* The buffers instruction o holds while it runs (a compute instruction), or what it does (the rest). */
@@ -177,7 +173,7 @@ static void op_start(replay_t *r, prog_t *g, const bg_sched_op_t *o)
         r->cur[c].recomputing++; /* while it runs, the forward holds its full activations */
         r->dirty = 1;
         if (stage % L < L - 1 && prog_local(g, stage + 1))
-            rp_begin(r, bg_schedule_stage_chunk(g->sched, stage + 1), mb);
+            rp_begin(r, g->sched->stage_chunk[stage + 1], mb); /* prog_local: a stage of this rank */
         break;
     case BG_OP_BACKWARD:
     case BG_OP_BACKWARD_INPUT:
@@ -190,7 +186,7 @@ static void op_start(replay_t *r, prog_t *g, const bg_sched_op_t *o)
         r->cur[c].recomputing++; /* a recomputing stage rebuilds them here, until the slot ends */
         r->dirty = 1;
         if (stage % L > 0 && prog_local(g, stage - 1))
-            rp_dout(r, bg_schedule_stage_chunk(g->sched, stage - 1), mb);
+            rp_dout(r, g->sched->stage_chunk[stage - 1], mb); /* prog_local: a stage of this rank */
         break;
     case BG_OP_SEND_GRAD:
         /* a fused-backward slot ends once its gradient has been sent

@@ -1031,11 +1031,39 @@ static void test_simulate_figures_match(void **state)
     assert_int_equal(checked, 18);
 }
 
+/* The planner's simulation trusts a generated program (no validation): one
+ * that deadlocks (two ranks each receiving before they send) ends in an
+ * error naming the stuck rank, not a hang or a result; bg_schedule_simulate
+ * refuses it at validation (it also lacks the reduce and optimizer ops). */
+static void test_simulate_figures_deadlock(void **state)
+{
+    (void)state;
+    const bg_sched_op_t r0[] = {{BG_OP_FORWARD, 0, 0, 0, -1, -1}, {BG_OP_RECV_GRAD, 0, 0, 0, 1, 1},
+                                {BG_OP_SEND_ACT, 0, 0, 0, 1, 1},  {BG_OP_BACKWARD, 0, 0, 0, -1, -1}};
+    const bg_sched_op_t r1[] = {{BG_OP_RECV_ACT, 0, 0, 1, 0, 0}, {BG_OP_FORWARD, 0, 0, 1, -1, -1},
+                                {BG_OP_BACKWARD, 0, 0, 1, -1, -1}, {BG_OP_SEND_GRAD, 0, 0, 1, 0, 0}};
+    bg_schedule_t *s;
+    assert_int_equal(bg_schedule_create("stuck", 2, 1, 1, NULL, &s), BG_OK);
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(bg_schedule_append(s, 0, &r0[i]), BG_OK);
+        assert_int_equal(bg_schedule_append(s, 1, &r1[i]), BG_OK);
+    }
+    bg_sim_params_t sp = BG_SIM_PARAMS_INIT;
+    bg_sim_result_t *res = NULL;
+    assert_int_equal(bg__schedule_simulate_figures(s, &sp, &res), BG_ERR_INTERNAL);
+    assert_null(res);
+    assert_non_null(strstr(bg_last_error(), "stuck"));
+    assert_int_not_equal(bg_schedule_simulate(s, &sp, &res), BG_OK);
+    assert_null(res);
+    bg_schedule_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_1f1b_closed_forms),
         cmocka_unit_test(test_simulate_figures_match),
+        cmocka_unit_test(test_simulate_figures_deadlock),
         cmocka_unit_test(test_interleaved_closed_form),
         cmocka_unit_test(test_zero_bubble_closed_forms),
         cmocka_unit_test(test_validate_all_generated),
