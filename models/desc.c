@@ -661,7 +661,7 @@ bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_pr
     if (d->n > max)
         return bg_error(BG_ERR_INVALID, "profile needs %d entries, %d given", d->n, max);
     bg_shape_t s = bg_model_desc_input_shape(d, n, t);
-    size_t es = bg_dtype_size(bg_model_desc_precision(d));
+    size_t es = bg_dtype_size(bg_model_desc_precision(d)), gz = bg__guard_bytes();
     for (int i = 0; i < d->n; i++) {
         bg_layer_profile_t *p = &profile[i];
         bg_shape_t o;
@@ -675,10 +675,15 @@ bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_pr
         int out16 = bg__kept_es(es, i, d->n) == 2, in16 = s.c && bg__kept_es(es, i - 1, d->n) == 2;
         p->output_bytes = bg_shape_numel(o) * (out16 ? 2 : sizeof(float));
         p->grad_bytes = bg_shape_numel(o) * sizeof(float);
-        p->stash_bytes = bg__align64(bg_layer_stash_bytes(d->layers[i], s)) + bg__align64(p->output_bytes);
-        p->wstash_bytes = bg__align64(bg_layer_wstash_bytes(d->layers[i], s)) + bg__align64(p->grad_bytes);
-        size_t at = (in16 ? bg__align64(bg_shape_numel(s) * sizeof(float)) : 0) + (out16 ? bg__align64(p->grad_bytes) : 0);
+        /* each buffer with the guard bytes after it (models/stage.c's piece) */
+        p->guard_bytes = gz;
+        p->stash_bytes = bg__align64(bg_layer_stash_bytes(d->layers[i], s)) + bg__align64(p->output_bytes) + 2 * gz;
+        p->wstash_bytes = bg__align64(bg_layer_wstash_bytes(d->layers[i], s)) + bg__align64(p->grad_bytes) + 2 * gz;
+        size_t at = (in16 ? bg__align64(bg_shape_numel(s) * sizeof(float)) + gz : 0) +
+                    (out16 ? bg__align64(p->grad_bytes) + gz : 0);
         p->scratch_bytes = bg__call_scratch(at, bg_layer_scratch_bytes(d->layers[i], s));
+        if (gz) /* the stage's scratch is one piece too */
+            p->scratch_bytes = bg__align64(p->scratch_bytes) + gz;
         p->fwd_flops = bg_layer_fwd_flops(d->layers[i], s);
         p->bwd_flops = bg_layer_bwd_flops(d->layers[i], s);
         bg_layer_tp_cost(d->layers[i], s, &p->tp);

@@ -10,6 +10,10 @@
 
 /* Round a byte count up to a multiple of 64 (every buffer piece is aligned). */
 size_t bg__align64(size_t bytes);
+/* Bytes a stage reserves after every buffer it hands a layer (BRIGADE_GUARD:
+ * canaries or guard zones; 0: off), as models/stage.c allocates them: the
+ * profile counts them so that predictions match the allocator. */
+size_t bg__guard_bytes(void);
 /* BG_ERR_INVALID: layer l's input shape in, and what it wants instead. */
 bg_status_t bg__shape_err(const bg_layer_t *l, bg_shape_t in, const char *want);
 /* A float input of exactly c channels, n >= 1, t >= 1 (else bg__shape_err). */

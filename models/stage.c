@@ -29,9 +29,16 @@
  * with a pattern before each layer call and compared after it; a changed byte
  * fails the call naming the layer and the buffer. Under AddressSanitizer the
  * zones (and the rest of a shared piece past the call's size) are poisoned
- * during the call, so a read past a reported size is reported too. The guards
- * are debug overhead: bg_stage_memory counts what the layers report, and with
- * guards off the stage allocates exactly that. */
+ * during the call, so a read past a reported size is reported too.
+ *
+ * Canaries (BRIGADE_GUARD=canary, the default of Release builds): the same
+ * zones, but only their first CANARY_BYTES are written and compared, on host
+ * backends (on a device each check would be a synchronous copy): a layer
+ * that writes past a reported size fails the call naming itself in every
+ * build, at the cost of a few bytes copied per buffer and call. The zones'
+ * bytes are memory like any other: bg_stage_memory and bg_model_profile
+ * (through bg__guard_bytes) count them, so predictions match the allocator;
+ * with guards off the stage allocates exactly what the layers report. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +66,8 @@
 /* Bytes of guard after each piece's 64-byte aligned end: a zone is
  * [reported, align64(reported) + GUARD_BYTES), 64 to 127 bytes. */
 #define GUARD_BYTES 64
+/* Bytes of a zone a canary check writes and compares (the first of the zone). */
+#define CANARY_BYTES 8
 
 typedef enum { SLOT_FREE = 0, SLOT_BEGUN, SLOT_FORWARD, SLOT_BINPUT, SLOT_DONE } slot_state_t;
 
@@ -91,6 +100,8 @@ struct bg_stage {
     void *layer_done_arg;
     int recompute;      /* keep only input and output between F and B; rerun F in B */
     size_t gz;          /* guard bytes after each piece: GUARD_BYTES, or 0 with guards off */
+    size_t check;       /* bytes of each zone written and compared: the zone (full guards), CANARY_BYTES
+                           (canaries, host backends), 0 (none) */
     int poison;         /* ASan build on a host backend: poison the zones during calls */
     int emulate;        /* allocate every buffer, run no layer (bg_stage_set_emulate) */
     int tp_weight;      /* BRIGADE_TP_OVERLAP=weight: the fused backward runs bg_layer_backward */
@@ -98,24 +109,37 @@ struct bg_stage {
     int total;          /* layers of the whole model */
 };
 
-/* Whether stages guard their buffers: BRIGADE_GUARD=auto|on|off; auto is on
- * in builds that define BG_GUARD_AUTO_ON (ASan or Debug, see models/CMakeLists.txt). */
-static bg_status_t guard_enabled(int *on_p)
+typedef enum { GUARD_OFF, GUARD_CANARY, GUARD_FULL } guard_mode_t;
+
+/* How stages guard their buffers: BRIGADE_GUARD=auto|on|off|canary; auto is
+ * on (full zones) in builds that define BG_GUARD_AUTO_ON (ASan or Debug, see
+ * models/CMakeLists.txt), canaries otherwise. */
+static bg_status_t guard_mode(guard_mode_t *mode_p)
 {
     const char *v = bg_config_str("BRIGADE_GUARD");
     if (strcmp(v, "on") == 0)
-        *on_p = 1;
+        *mode_p = GUARD_FULL;
     else if (strcmp(v, "off") == 0)
-        *on_p = 0;
+        *mode_p = GUARD_OFF;
+    else if (strcmp(v, "canary") == 0)
+        *mode_p = GUARD_CANARY;
     else if (strcmp(v, "auto") == 0) {
 #ifdef BG_GUARD_AUTO_ON
-        *on_p = 1;
+        *mode_p = GUARD_FULL;
 #else
-        *on_p = 0;
+        *mode_p = GUARD_CANARY;
 #endif
     } else
-        return bg_error(BG_ERR_INVALID, "BRIGADE_GUARD=\"%s\": expected auto, on or off", v);
+        return bg_error(BG_ERR_INVALID, "BRIGADE_GUARD=\"%s\": expected auto, on, off or canary", v);
     return BG_OK;
+}
+
+size_t bg__guard_bytes(void)
+{
+    guard_mode_t m = GUARD_OFF;
+    if (guard_mode(&m) != BG_OK)
+        bg_error_clear(); /* bg_stage_create reports it */
+    return m == GUARD_OFF ? 0 : GUARD_BYTES;
 }
 
 void bg_stage_set_recompute(bg_stage_t *s, int on) { s->recompute = on ? 1 : 0; }
@@ -132,8 +156,9 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
 {
     if (max_microbatches < 1)
         return bg_error(BG_ERR_INVALID, "a stage needs at least one microbatch slot (got %d)", max_microbatches);
-    int guard = 0, fuse = 0;
-    BG_CHECK(guard_enabled(&guard));
+    guard_mode_t guard = GUARD_OFF;
+    int fuse = 0;
+    BG_CHECK(guard_mode(&guard));
     BG_CHECK(bg__layer_fuse_setting(&fuse));
     const char *ov = bg_config_str("BRIGADE_TP_OVERLAP");
     if (strcmp(ov, "weight") && strcmp(ov, "layer") && strcmp(ov, "microbatch"))
@@ -155,12 +180,14 @@ bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **st
     }
     for (int i = 0; i < s->nlayers; i++)
         s->layers[i] = bg_model_layer(m, s->first + i);
-    s->gz = guard ? GUARD_BYTES : 0;
+    s->gz = guard != GUARD_OFF ? GUARD_BYTES : 0;
+    int host = strcmp(s->be->ops->name, "cpu") == 0;
+    s->check = guard == GUARD_FULL ? 2 * GUARD_BYTES : guard == GUARD_CANARY && host ? CANARY_BYTES : 0;
     s->es = bg_dtype_size(bg_model_desc_precision(bg_model_desc(m)));
     s->total = bg_model_total_layers(m);
     s->tp_weight = strcmp(ov, "layer") != 0; /* microbatch: the executor pairs instructions, and weight */
 #ifdef BG__GUARD_ASAN
-    s->poison = guard && strcmp(s->be->ops->name, "cpu") == 0; /* shadow memory covers host memory only */
+    s->poison = guard == GUARD_FULL && host; /* shadow memory covers host memory only */
 #endif
     *stage_p = s;
     return BG_OK;
@@ -360,7 +387,7 @@ static size_t scratch_need(const bg_stage_t *s, const bg_shape_t *sh, size_t gz)
     return need;
 }
 
-/* What the layers report; the guards (debug overhead) are not counted. */
+/* What the stage allocates per microbatch for what the layers report, guard zones included. */
 bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
 {
     bg_shape_t *sh = malloc((size_t)(s->nlayers + 1) * sizeof(*sh));
@@ -372,18 +399,18 @@ bg_status_t bg_stage_memory(bg_stage_t *s, bg_shape_t in, bg_stage_mem_t *mem_p)
     }
     bg_stage_mem_t m = {0};
     size_t inb = in.c ? bg_shape_numel(in) * in_es(s, 0) : 0;
-    m.stash = act_bytes(s, sh, 0) + inb;
+    m.stash = act_bytes(s, sh, s->gz) + inb;
     if (s->recompute) {
-        m.recompute = act_bytes(s, sh, 0);
+        m.recompute = act_bytes(s, sh, s->gz);
         m.stash = inb + bg_shape_numel(sh[s->nlayers]) * out_es(s, s->nlayers - 1);
     }
     size_t nt = (size_t)in.n * (size_t)in.t * sizeof(int32_t);
     size_t nl = (size_t)sh[s->nlayers].n * (size_t)sh[s->nlayers].t * sizeof(int32_t); /* targets: one per loss */
     m.data = (in.c == 0 ? nt : 0) + (is_last_stage(s) ? nl : 0);
     m.dout = is_last_stage(s) ? 0 : bg_shape_numel(sh[s->nlayers]) * sizeof(float);
-    m.split_bw = split_bytes(s, sh, 0, NULL);
-    m.fused_bw = fused_bytes(s, sh, 0);
-    m.scratch = scratch_need(s, sh, 0);
+    m.split_bw = split_bytes(s, sh, s->gz, NULL);
+    m.fused_bw = fused_bytes(s, sh, s->gz);
+    m.scratch = s->gz ? piece(scratch_need(s, sh, s->gz), s->gz) : scratch_need(s, sh, 0); /* as ensure_scratch */
     free(sh);
     *mem_p = m;
     return BG_OK;
@@ -428,6 +455,8 @@ static void guards_arm(bg_stage_t *s, guard_call_t *gc)
     for (int j = 0; j < gc->n; j++) {
         guard_piece_t *g = &gc->g[j];
         size_t zone = piece(g->bytes, s->gz) - g->bytes;
+        if (zone > s->check)
+            zone = s->check;
         s->be->ops->from_host(s->be, g->p + g->bytes, pat, zone);
         if (s->poison)
             GUARD_POISON(g->p + g->bytes, g->cap - g->bytes);
@@ -454,6 +483,8 @@ static bg_status_t guards_check(bg_stage_t *s, guard_call_t *gc, bg_status_t st,
     for (int j = 0; j < gc->n; j++) {
         const guard_piece_t *g = &gc->g[j];
         size_t len = piece(g->bytes, s->gz) - g->bytes, k = 0;
+        if (len > s->check)
+            len = s->check;
         s->be->ops->to_host(s->be, zone, g->p + g->bytes, len);
         while (k < len && zone[k] == guard_byte(k))
             k++;
@@ -497,7 +528,7 @@ static void guard_common(bg_stage_t *s, const slot_t *sl, int i, const float *x,
 {
     const bg_shape_t *sh = sl->shapes;
     gc->n = 0;
-    if (!s->gz)
+    if (!s->check)
         return;
     size_t ob = act_size(sh[i + 1]), sb = bg_layer_stash_bytes(s->layers[i], sh[i]);
     size_t cb = bg_layer_scratch_bytes(s->layers[i], sh[i]);
@@ -713,7 +744,7 @@ static void guard_backward(bg_stage_t *s, slot_t *sl, int i, const float *x, con
 {
     const bg_shape_t *sh = sl->shapes;
     guard_common(s, sl, i, x, y, c, gc);
-    if (!s->gz)
+    if (!s->check)
         return;
     guard_add(gc, G_WSTASH, c->wstash, bg_layer_wstash_bytes(s->layers[i], sh[i]), wcap);
     guard_add(gc, G_DIN, dx, act_size(sh[i]), acap ? acap : piece(act_size(sh[i]), s->gz));

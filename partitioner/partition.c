@@ -150,9 +150,12 @@ typedef struct rmax {
 /* A layer's output gradient (fp32): its output's bytes when the outputs are kept in fp32. */
 static size_t grad_of(const bg_part_layer_t *l) { return l->grad_bytes ? l->grad_bytes : l->output_bytes; }
 
-static void rmax_add(rmax_t *m, const bg_part_layer_t *l)
+/* A gradient buffer of the backward as a stage allocates it: aligned, with its guard bytes after it. */
+static size_t grad_piece(const bg_part_problem_t *p, size_t bytes) { return al64(bytes) + p->guard_bytes; }
+
+static void rmax_add(const bg_part_problem_t *p, rmax_t *m, const bg_part_layer_t *l)
 {
-    size_t o = al64(grad_of(l));
+    size_t o = grad_piece(p, grad_of(l));
     size_t w = l->wstash_bytes > o ? l->wstash_bytes - o : 0;
     if (l->scratch_bytes > m->scratch)
         m->scratch = l->scratch_bytes;
@@ -193,12 +196,12 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     size_t data = (a == 0 ? p->token_bytes : 0) + (b == L - 1 ? p->target_bytes : 0);
     size_t act = c->pa[b + 1] - c->pa[a];
     size_t dout = b < L - 1 ? grad_of(&ly[b]) : 0;
-    size_t wsum = c->pw[b + 1] - c->pw[a], alb = al64(grad_of(&ly[b]));
-    size_t split = (wsum > alb ? wsum - alb : 0) + (has_din ? al64(din) : 0);
+    size_t wsum = c->pw[b + 1] - c->pw[a], alb = grad_piece(p, grad_of(&ly[b]));
+    size_t split = (wsum > alb ? wsum - alb : 0) + (has_din ? grad_piece(p, din) : 0);
     size_t maxact = m->out;
-    if (has_din && al64(din) > maxact)
-        maxact = al64(din);
-    size_t fused = 2 * maxact + m->w;
+    if (has_din && grad_piece(p, din) > maxact)
+        maxact = grad_piece(p, din);
+    size_t fused = 2 * maxact + m->w; /* m->w: the largest wstash piece (its guard included) */
     size_t bw = sp->split_backward ? split : fused;
     /* recomputation keeps the stage's output (it is sent, or it is the loss) */
     size_t keep = rc ? ly[b].output_bytes : 0;
@@ -260,7 +263,7 @@ bg_status_t bg_part_stage_eval(const bg_part_problem_t *prob, int stage, int fir
     BG_CHECK(ctx_init(&c, prob));
     rmax_t m = {0, 0, 0};
     for (int i = first; i <= last; i++)
-        rmax_add(&m, &prob->layers[i]);
+        rmax_add(prob, &m, &prob->layers[i]);
     bg_part_stage_t e;
     memset(&e, 0, sizeof(e));
     eval_core(&c, stage, first, last, recompute ? 1 : 0, &m, &e);
@@ -295,7 +298,7 @@ static double dp_run(const ctx_t *c, double U, double *f, int *arg, double *next
             rmax_t m = {0, 0, 0};
             for (int b = a; b <= bmax; b++) {
                 work++;
-                rmax_add(&m, &p->layers[b]);
+                rmax_add(p, &m, &p->layers[b]);
                 if ((c->pp[b + 1] - c->pp[a]) * p->bytes_per_param + m.scratch +
                         c->actmult[s] * (c->pa[b + 1] - c->pa[a]) >
                     budget)
@@ -396,7 +399,7 @@ static double solve(const ctx_t *c, double *f, int *arg, bg_part_stage_t *out)
         int a = arg[(size_t)(s + 1) * W + (size_t)j];
         rmax_t m = {0, 0, 0};
         for (int i = a; i < j; i++)
-            rmax_add(&m, &p->layers[i]);
+            rmax_add(p, &m, &p->layers[i]);
         eval_choose(c, s, a, j - 1, &m, &out[s]);
         j = a;
     }
@@ -446,7 +449,7 @@ static long long dp_overflow(const ctx_t *c, long long U, long long *g, int *arg
             for (int b = a; b <= bmax; b++) {
                 if (max_work > 0 && ++work > max_work)
                     return OVERFLOW_ABORTED;
-                rmax_add(&m, &p->layers[b]);
+                rmax_add(p, &m, &p->layers[b]);
                 if ((long long)((c->pp[b + 1] - c->pp[a]) * p->bytes_per_param + m.scratch +
                                 c->actmult[s] * (c->pa[b + 1] - c->pa[a])) -
                         budget >
@@ -513,7 +516,7 @@ static bg_status_t shortfall(const ctx_t *c0, double *f, int *arg, bg_part_short
             int a = arg[(size_t)(s + 1) * W + (size_t)j];
             rmax_t m = {0, 0, 0};
             for (int i = a; i < j; i++)
-                rmax_add(&m, &p->layers[i]);
+                rmax_add(p, &m, &p->layers[i]);
             eval_choose(&c, s, a, j - 1, &m, &st[s]);
             j = a;
         }

@@ -32,6 +32,7 @@ typedef struct candidate {
     int pp, dp, m, n;             /* pipeline depth, replicas, microbatches, microbatch size */
     int zero;                     /* sharding stage (0 when dp = 1) */
     int paired;                   /* BRIGADE_TP_OVERLAP=microbatch pairs its instructions (bg_plan_paired_for) */
+    size_t guard;                 /* the stages' guard bytes after each buffer (bg_layer_profile_t.guard_bytes) */
     bg_schedule_kind_t kind;
     bg_schedule_t *sched;
     int V, S;                     /* chunks per rank, virtual stages */
@@ -207,6 +208,7 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
     c->opt_measured = mo != NULL;
     for (int i = 0; i < s->L; i++) {
         bg_part_layer_t *l = &c->layers[i];
+        c->guard = prof[i].guard_bytes;
         l->params = prof[i].params;
         l->stash_bytes = prof[i].stash_bytes;
         l->wstash_bytes = prof[i].wstash_bytes;
@@ -354,6 +356,7 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
     prob.nstages = c->copies > 1 ? c->Lm : c->S; /* copies: the model stages */
     prob.stages = c->copies > 1 ? c->mspecs : c->specs;
     prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero);
+    prob.guard_bytes = c->guard;
     if (c->copies > 1) /* the executor's buffer for the other copy's gradient, summed before the step */
         prob.bytes_per_param += sizeof(float);
     if (c->zero == 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */

@@ -257,6 +257,10 @@ typedef struct bg_layer_profile {
     double bwd_flops;     /**< B + W */
     bg_tp_cost_t tp;      /**< its tensor-parallel group collectives (tensor-parallel layers; else 0) */
     size_t grad_bytes;    /**< bytes of its output's gradient (fp32; = output_bytes unless the model is bf16) */
+    size_t guard_bytes;   /**< bytes a stage reserves after each buffer it hands the layer (BRIGADE_GUARD:
+                               canaries or guard zones; 0: off), included in stash_bytes, wstash_bytes and
+                               scratch_bytes; the partitioner adds them to each gradient buffer
+                               (bg_part_problem_t.guard_bytes) */
 } bg_layer_profile_t;
 /** Fills profile[0 .. layers-1] from what each layer reports; *count_p = layers. */
 bg_status_t bg_model_profile(const bg_model_desc_t *d, int n, int t, bg_layer_profile_t *profile, int max,

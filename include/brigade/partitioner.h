@@ -134,13 +134,16 @@ typedef struct bg_part_problem {
     int paired;                         /**< 1: the executor runs a forward beside another microbatch's backward
                                              (BRIGADE_TP_OVERLAP=microbatch): a stage holds a second scratch
                                              (the stages' counts come from bg_part_schedule_counts, paired) */
+    size_t guard_bytes;                 /**< bytes a stage reserves after each gradient buffer of its backward
+                                             (bg_layer_profile_t.guard_bytes; the layers' stash, wstash and
+                                             scratch bytes include theirs already); 0: none */
 } bg_part_problem_t;
 /** Defaults of bg_part_problem_t: no layers or stages yet, AdamW's 16 bytes per parameter, free links. */
 #define BG_PART_PROBLEM_INIT                                                                            \
     { .size = sizeof(bg_part_problem_t), .nlayers = 0, .layers = NULL, .nstages = 0, .stages = NULL,      \
       .bytes_per_param = 16, .input_bytes = 0, .token_bytes = 0, .target_bytes = 0, .link_latency = 0.0,  \
       .link_bandwidth = 0.0, .allow_recompute = 0, .quick_no_fit = 0, .bucket_bytes = 0,                  \
-      .bucket_buffers = 0, .linger_bytes = 0, .paired = 0 }
+      .bucket_buffers = 0, .linger_bytes = 0, .paired = 0, .guard_bytes = 0 }
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {

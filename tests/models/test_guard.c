@@ -3,7 +3,8 @@
  * stash, wstash, scratch, output or input gradient) must fail the call with
  * a message naming the layer and the buffer, in the split and the fused
  * backward; a correct layer must run with guards on and give bitwise the
- * results of guards off.
+ * results of guards off. Canaries (BRIGADE_GUARD=canary, what auto means in
+ * Release builds) catch the same overruns of the kept buffers in every build.
  *
  * Under AddressSanitizer the stage poisons the zones during each call, so
  * the bad access aborts the process before the stage's check runs: there
@@ -277,7 +278,7 @@ static void test_bad_setting(void **state)
     bg_stage_t *s;
     build_model(BAD_NONE, &d, &m);
     assert_int_equal(bg_stage_create(m, 1, &s), BG_ERR_INVALID);
-    assert_non_null(strstr(bg_last_error(), "BRIGADE_GUARD=\"sometimes\": expected auto, on or off"));
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_GUARD=\"sometimes\": expected auto, on, off or canary"));
     bg_model_destroy(m);
     bg_model_desc_destroy(d);
     assert_int_equal(unsetenv("BRIGADE_GUARD"), 0);
@@ -410,6 +411,41 @@ static void test_guards_off_unseen(void **state)
     free(r);
 }
 
+/* Canaries, as a Release build runs by default: a layer that under-reports
+ * its output's size (its out_shape) or its stash fails the call naming the
+ * layer and the buffer (it used to corrupt the next buffer silently); a
+ * correct layer gives the bits of guards off. */
+static void test_canary(void **state)
+{
+    (void)state;
+    run_t *r = malloc(sizeof(*r)), *off = malloc(sizeof(*off));
+    assert_non_null(r);
+    assert_non_null(off);
+    const struct { bad_mode_t mode; int split; const char *want; } bad[] = {
+        {BAD_OUT, 1, "wrote past its output in forward: its out_shape for input (n 2, t 4, c 16) is"},
+        {BAD_STASH, 0, "wrote past its stash in forward"},
+        {BAD_DIN, 0, "wrote past its input gradient in backward"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        run_model(bad[k].mode, bad[k].split, "canary", r);
+        if (r->st != BG_ERR_INVALID || !strstr(r->msg, "layer bad (type bad, model layer 1)") ||
+            !strstr(r->msg, bad[k].want))
+            fail_msg("canary, mode %d: expected BG_ERR_INVALID with \"%s\", got %d: %s", (int)bad[k].mode,
+                     bad[k].want, (int)r->st, r->msg);
+    }
+    run_model(BAD_OUT, 1, "auto", r); /* canaries or (Debug, ASan) full zones: caught either way */
+    assert_int_equal(r->st, BG_ERR_INVALID);
+    for (int split = 0; split < 2; split++) {
+        run_model(BAD_NONE, split, "off", off);
+        run_model(BAD_NONE, split, "canary", r);
+        assert_int_equal(r->st, BG_OK);
+        assert_memory_equal(off->loss, r->loss, sizeof(off->loss));
+        assert_memory_equal(off->grads, r->grads, off->nparams * sizeof(float));
+    }
+    free(r);
+    free(off);
+}
+
 /* --precision bf16: the layer's input and output are the stage's fp32 copies in its scratch, guarded like
  * the kept buffers: a correct layer gives the same bits with guards on and off, and overruns of its output
  * and input gradient are caught (the child of the ASan variant inherits the variable) */
@@ -443,6 +479,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_overrun_din),
         cmocka_unit_test(test_read_past),
         cmocka_unit_test(test_guards_off_unseen),
+        cmocka_unit_test(test_canary),
         cmocka_unit_test(test_bf16_copies_guarded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -335,6 +335,7 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
     bg_part_stage_spec_t sp[2] = {{1.0, (size_t)1 << 40, 0, 1, &one}, {1.0, (size_t)1 << 40, 1, 1, &one}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = L, p.layers = ly, p.nstages = 2, p.stages = sp;
+    p.guard_bytes = prof[0].guard_bytes; /* the stages' guards (BRIGADE_GUARD), as the planner sets it */
     int gpt = cfg->kind == BG_MODEL_GPT;
     size_t nt = (size_t)n * (size_t)(gpt ? t : 1) * 4;
     p.input_bytes = gpt ? 0 : (size_t)n * (size_t)cfg->in_features * 4;
@@ -1105,6 +1106,9 @@ static void check_fixture(const char *name, const bg_model_config_t *mc, bg_plan
 static void test_plan_fixtures(void **state)
 {
     (void)state;
+    /* the fixtures pin the search, with the layers' own bytes: no guard bytes (BRIGADE_GUARD's are
+     * checked against real stages by test_memory_matches_stages) */
+    assert_int_equal(setenv("BRIGADE_GUARD", "off", 1), 0);
     { /* heterogeneous devices, every schedule */
         bg_model_config_t mc = small_gpt_config();
         static const uint64_t mem[] = {64u << 20, 64u << 20, 32u << 20, 32u << 20};
@@ -1168,6 +1172,7 @@ static void test_plan_fixtures(void **state)
         pp.world = 2, pp.mem = mem, pp.nmem = 2, pp.batch = 8, pp.allow_recompute = 1;
         check_fixture("mlp_nofit_hetero", &mc, pp);
     }
+    assert_int_equal(unsetenv("BRIGADE_GUARD"), 0);
 }
 
 /* ---------------------------------------------------------------- a user's model */
