@@ -384,6 +384,13 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
     if (!writes)
         return BG_OK;
     int shared = x->lay.world > 1 && weights_writers(x) > 1;
+    if (shared && bg_comm_health(x->comm) != BG_OK) {
+        /* ranks failed and the job went on without them (--ps tolerates its workers'): the store
+         * refuses every call now, so each writer writes its files in place, not as a unit */
+        bg_error_clear();
+        bg_log(BG_LOG_WARN, "checkpoint", "saving the weights in %s file by file (ranks of this job failed)", dir);
+        return write_weights(x, dir);
+    }
     unsigned long seq = atomic_fetch_add(&weights_seq, 1) + 1;
     char token[64], key[BG_STORE_MAX_KEY], tmp[4160];
     size_t got;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/runtime/test_save_unit.sh: --save replaces its directory as a unit.
 # A save that fails on one rank (a full disk, simulated by
-# BRIGADE_FAULT_WRITE_BYTES in rank 1 only) leaves the previous save exactly
+# BRIGADE_FAULT_WRITE_BYTES in rank 0 only, while rank 1 writes its stage) leaves the previous save exactly
 # as it was (brigade compare and generate read the old one, never stage 0 of
 # the new run beside stage 1 of the old), and nothing of the failed save
 # stays beside it; a save that succeeds replaces every file; a directory
@@ -9,10 +9,10 @@
 . "$(dirname "$0")/../lib/harness.sh"
 G="--model gpt --layers 4 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 4 --threads 1 --quiet --pp 2"
 
-# run2 STEPS FAULT-BYTES-OF-RANK-1 DIR: a two-rank job saving to DIR
+# run2 STEPS FAULT-BYTES-OF-RANK-0 DIR: a two-rank job saving to DIR (rank 0, the lowest to fail, says why)
 run2() {
     timeout -s KILL 120 "$B" launch -n 2 -- bash -c \
-        "if [ \$BRIGADE_RANK = 1 ] && [ -n '$2' ]; then export BRIGADE_FAULT_WRITE_BYTES='$2'; fi; \
+        "if [ \$BRIGADE_RANK = 0 ] && [ -n '$2' ]; then export BRIGADE_FAULT_WRITE_BYTES='$2'; fi; \
          exec '$B' train $G --steps $1 --save '$3'" >"$T/err" 2>&1
 }
 
@@ -20,10 +20,10 @@ run2 2 "" "$T/w" || { cat "$T/err"; die "the first save failed"; }
 cp -r "$T/w" "$T/w.orig"
 check "the first save has both stages" [ -f "$T/w/model-stage000.safetensors" -a -f "$T/w/model-stage001.safetensors" ]
 
-# rank 1's disk fills after 1000 bytes of its stage file: the save fails
+# rank 0's disk fills after 1000 bytes of its stage file, rank 1 writes its own: the save fails
 run2 4 1000 "$T/w"
 rc=$?
-check "a save that fails on rank 1 fails the job (exit $rc)" [ "$rc" != 0 ]
+check "a save that fails on rank 0 fails the job (exit $rc)" [ "$rc" != 0 ]
 check "and says why: $(grep -m1 -o 'No space left on device' "$T/err")" grep -q "No space left on device" "$T/err"
 check "the previous save is intact (same files, same bytes)" diff -r "$T/w" "$T/w.orig"
 check "nothing of the failed save is left beside it: $(ls "$T")" bash -c "! ls -d '$T'/w.tmp-* 2>/dev/null"
