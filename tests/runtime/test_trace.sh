@@ -87,7 +87,8 @@ echo '{"traceEvents": [' >"$T/broken.json"
 python3 - "$T/m.jsonl" <<'PY' && ok "metrics from every rank" || bad "metrics"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-assert lines[0] == {"run": {"model": "gpt", "layers": 4, "d_model": 16, "pp": 2, "dp": 2, "schedule": "zb-h1"}}, lines[0]
+assert lines[0]["run"] == {"model": "gpt", "layers": 4, "d_model": 16, "pp": 2, "dp": 2, "schedule": "zb-h1"}, lines[0]
+assert lines[0]["config"]["schedule"] == "zb-h1" and lines[0]["config"]["pp"] == "2", lines[0]  # the run's flags
 rows = lines[1:]
 assert len(rows) == 12, len(rows)
 assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in range(4) for s in (1, 2, 3)]
