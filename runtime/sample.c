@@ -43,9 +43,9 @@ static int pick(const double *logits, int V, float temperature, int top_k, bg_rn
         c[v] = (cand_t){logits[v], v};
     qsort(c, (size_t)V, sizeof(*c), cmp_cand);
     int k = top_k > 0 && top_k < V ? top_k : V;
-    double sum = 0;
+    double sum = 0, top = c[0].logit; /* kept: c[0].logit becomes its weight in the first pass */
     for (int i = 0; i < k; i++) {
-        c[i].logit = exp((c[i].logit - c[0].logit) / temperature);
+        c[i].logit = exp((c[i].logit - top) / temperature);
         sum += c[i].logit;
     }
     double u = bg_rng_uniform(rng) * sum, acc = 0;

@@ -67,7 +67,7 @@ static const char *data_format(const bg_train_config_t *c)
 /* Whether the job reads token files (a position of its own in checkpoints). */
 static int token_files(const bg_train_config_t *c)
 {
-    return c->model.kind == BG_MODEL_GPT && strcmp(data_format(c), "text") != 0;
+    return c->model.kind != BG_MODEL_MLP && strcmp(data_format(c), "text") != 0;
 }
 
 bg_status_t bg_train_check(const bg_train_config_t *c)
@@ -150,9 +150,9 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     if (c->val_path && c->val_fraction > 0)
         return bg_error(BG_ERR_INVALID, "--val-data and --val-fraction both say where the held-out data is: "
                         "give one");
-    if (c->val_path && c->model.kind != BG_MODEL_GPT)
-        return bg_error(BG_ERR_INVALID, "--val-data is a text file for a GPT; the MLP's held-out samples are "
-                        "drawn from its task (--val-fraction)");
+    if (c->val_path && c->model.kind == BG_MODEL_MLP)
+        return bg_error(BG_ERR_INVALID, "--val-data is a file of text or tokens for a GPT or Llama; the MLP's "
+                        "held-out samples are drawn from its task (--val-fraction)");
     if (c->eval_every && (c->ps > 0 || c->emulate))
         return bg_error(BG_ERR_UNSUPPORTED, "--eval-every with %s is not built", c->ps > 0 ? "--ps" : "--emulate");
     return BG_OK;
@@ -198,6 +198,9 @@ static bg_status_t open_held_out(const bg_train_config_t *c, bg_data_t *data, in
     *val_p = NULL;
     if (!c->eval_every)
         return BG_OK;
+    if (c->val_path && token_files(c)) /* the training data's format; "auto" looks at the file itself */
+        return bg_data_open_tokens(c->val_path, c->data_format && *c->data_format ? c->data_format : "auto", T,
+                                   c->batch, c->model.vocab, c->data_seed, val_p);
     if (c->val_path)
         return bg_data_open_text(c->val_path, T, c->data_seed, val_p);
     return bg_data_hold_out(data, c->val_fraction > 0 ? c->val_fraction : 0.1, val_p);
