@@ -123,7 +123,7 @@ fi
 expect 2 "--eval-batches, --val-fraction and --val-data go with --eval-every N" train $GPT --val-fraction 0.2
 expect 2 "--val-data and --val-fraction both say where the held-out data is" train $GPT --eval-every 2 \
   --val-fraction 0.2 --val-data "$T/val.txt"
-expect 2 "--val-data is a text file for a GPT" train --model mlp --eval-every 2 --val-data "$T/val.txt"
+expect 2 "--val-data is a file of text or tokens for a GPT or Llama" train --model mlp --eval-every 2 --val-data "$T/val.txt"
 expect 2 "--val-fraction must be in (0, 1), got 1.5" train $GPT --eval-every 2 --val-fraction 1.5
 expect 1 "holding out 0.0005 of a 20000-byte corpus" train $GPT --eval-every 2 --val-fraction 0.0005 --data "$T/val.txt"
 finish 31
