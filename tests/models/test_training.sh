@@ -150,4 +150,18 @@ expect_train 2 '"quiet" takes true or false' --config "$T/badbool.json"
 echo '{"steps": "many"}' >"$T/badval.json"
 expect_train 2 '--steps expects an integer, got "many"' --config "$T/badval.json"
 
-finish 30
+# Llama reads token files too (not as text), and --val-data takes a held-out token file: the demo's path
+python3 "$CONV" --val-fraction 0.05 "$KJV" "$T/tr.bin" "$T/va.bin" >/dev/null || bad "text_to_tokens.py --val-fraction"
+LL="--model llama --layers 2 --d-model 16 --heads 2 --kv-heads 1 --seq 16 --batch 8 --microbatches 4 --threads 1"
+train_save ll-tok 1 $LL --steps 4 --data "$T/tr.bin" --val-data "$T/va.bin" --eval-every 2 --metrics "$T/ll.jsonl"
+train_save ll-tok2 1 $LL --steps 4 --data "$T/tr.bin" --data-format llmc
+same "$T/ll-tok" "$T/ll-tok2" "Llama on token files (auto = llmc), evaluation changing nothing"
+train_save ll-txt 1 $LL --steps 4 --data "$KJV"
+if "$B" compare "$T/ll-tok" "$T/ll-txt" >/dev/null; then bad "Llama read the token file as text"; else ok "Llama's token path is not the text path"; fi
+python3 - "$T/ll.jsonl" <<'PY' && ok "held-out token file evaluated at steps 2 and 4" || bad "val_loss: $(cat "$T/ll.jsonl")"
+import json, sys
+v = [json.loads(l) for l in open(sys.argv[1]) if '"val_loss"' in l]
+assert [r["step"] for r in v] == [2, 4] and all(0 < r["val_loss"] < 6 for r in v), v
+PY
+
+finish 34
