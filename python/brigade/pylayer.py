@@ -20,7 +20,7 @@ import weakref
 from . import _lib
 from ._lib import Shape, check, encode, lib
 
-__all__ = ["Param", "Context"]
+__all__ = ["Param", "Context", "TensorGroup"]
 
 _np = None
 
@@ -43,9 +43,14 @@ class Param:
     """A parameter tensor a Python layer declares; brigade allocates it in the
     stage's flat buffers, initialises it (normal(0, std) or the constant
     value, from the model's seed), reduces, shards, optimises and saves it.
-    decay: whether weight decay applies (default: tensors of 2 or more dims)."""
+    decay: whether weight decay applies (default: tensors of 2 or more dims).
+    split=(dim, parts): the tensor is split along `dim` over a tensor-parallel
+    group of `parts` members and `shape` is one member's shard (the full
+    tensor has shape[dim] * parts there); brigade initialises, saves and loads
+    the full tensor and gives each member its piece, as for its own
+    tensor-parallel layers (docs/python.md)."""
 
-    def __init__(self, name, shape, init="normal", std=0.02, value=0.0, decay=None):
+    def __init__(self, name, shape, init="normal", std=0.02, value=0.0, decay=None, split=None):
         if init not in _INITS:
             raise ValueError("param %r: init must be \"normal\" or \"const\", got %r" % (name, init))
         shape = tuple(int(s) for s in shape)
@@ -55,6 +60,13 @@ class Param:
         self.name, self.shape, self.init = name, shape, init
         self.init_value = float(std if init == "normal" else value)
         self.decay = len(shape) >= 2 if decay is None else bool(decay)
+        self.split_dim, self.split_parts = 0, 1
+        if split is not None:
+            dim, parts = (int(v) for v in split)
+            if not 0 <= dim < len(shape) or parts < 1:
+                raise ValueError("param %r: split must be (dim, parts) with 0 <= dim < %d and parts >= 1, got %r"
+                                 % (name, len(shape), split))
+            self.split_dim, self.split_parts = dim, parts
 
 
 class _Array:
@@ -68,6 +80,66 @@ def _view(addr, shape, typestr, readonly):
     return _np.asarray(a)
 
 
+def _f32_buffer(a, what, writable):
+    """The address and element count of `a`, a C-contiguous float32 numpy array (a view of brigade's
+    memory or the layer's own): the group's collectives read and write it in place."""
+    np = _numpy()
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise TypeError("tensor group %s: needs a C-contiguous float32 numpy array, got %s"
+                        % (what, type(a).__name__ if not isinstance(a, np.ndarray) else "%s %s%s" % (
+                            a.dtype, a.shape, "" if a.flags.c_contiguous else " (not contiguous)")))
+    if writable and not a.flags.writeable:
+        raise ValueError("tensor group %s: the array is read-only" % what)
+    return a.ctypes.data, a.size
+
+
+class TensorGroup:
+    """The tensor-parallel group of a call (ctx.tp; None without one): size
+    members, this one being `rank`. Its collectives are brigade's
+    (bg_tp_comm_t, the ones its own tensor-parallel layers use): every member
+    calls them in the same order with the same sizes, and their results are
+    bitwise equal on every member. They block until the group is done."""
+    __slots__ = ("_c",)
+
+    def __init__(self, addr):
+        self._c = _lib.TpComm.from_address(addr)  # read at each use: a later group may sit at this address
+
+    @property
+    def size(self):
+        return self._c.size
+
+    @property
+    def rank(self):
+        return self._c.rank
+
+    def allreduce(self, a):
+        """Sum `a` (float32, C-contiguous, writable) over the group, in place; returns a."""
+        addr, n = _f32_buffer(a, "allreduce", True)
+        if self._c.size > 1 and n:
+            check(self._c.allreduce(self._c.arg, addr, n))
+        return a
+
+    def allgather(self, a, out=None):
+        """Every member's `a`, stacked: out (size, *a.shape) float32, member i's at out[i]
+        (allocated when None); returns out."""
+        np = _numpy()
+        send, n = _f32_buffer(a, "allgather input", False)
+        if out is None:
+            out = np.empty((self.size,) + a.shape, np.float32)
+        recv, m = _f32_buffer(out, "allgather output", True)
+        if m != n * self.size:
+            raise ValueError("tensor group allgather: output has %d elements where %d x %d were expected"
+                             % (m, self.size, n))
+        if self.size == 1:
+            out.reshape(-1)[:] = a.reshape(-1)
+        elif n:
+            check(self._c.allgather(self._c.arg, send, recv, n))
+        return out
+
+
+_groups = {}  # bg_tp_comm_t address -> TensorGroup (a model's group lives as long as its executor)
+
+
 class Context:
     """What one call of a layer method gets besides its activations. shape: the
     input's (n, t, c); stash / wstash / scratch: uint8 arrays of the bytes the
@@ -76,7 +148,8 @@ class Context:
     wstash from backward_input to backward_weight, the scratch for this call
     only; tokens: (n, t) int32 ids when the input is tokens (c = 0); targets:
     (n, t) int32 class ids and loss_scale (d objective / d each position's
-    loss) for loss layers."""
+    loss) for loss layers; tp: the tensor-parallel group (a TensorGroup; None
+    when the model runs without one)."""
     __slots__ = ("shape", "_c", "_layer")
 
     def __init__(self, shape, c, layer):
@@ -111,6 +184,16 @@ class Context:
     @property
     def loss_scale(self):
         return self._c.loss_scale
+
+    @property
+    def tp(self):
+        a = self._c.tp
+        if not a:
+            return None
+        g = _groups.get(a)
+        if g is None:
+            g = _groups[a] = TensorGroup(a)
+        return g
 
 
 # ------------------------------------------------------------------ registry
@@ -350,6 +433,8 @@ def create(layer, base, name, params):
         for d, s in enumerate(p.shape):
             a.shape[d] = s
         a.init, a.init_value, a.decay = _INITS[p.init], p.init_value, int(p.decay)
+        if p.split_parts > 1:
+            a.split_dim, a.split_parts, a.split_blocks = p.split_dim, p.split_parts, 1
     key = next(_keys)
     layer._py = _State(key)
     layer.params, layer.grads = {}, {}
