@@ -348,6 +348,34 @@ ex.main()
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         self.assertGreater(max(rel_l2(self.ref, out).values()), 1e-3)
 
+    def test_builder_tp(self):  # the binding's builders make the built-in tensor-parallel layers
+        script = os.path.join(self.tmp, "builder.py")
+        with open(script, "w") as f:
+            f.write("""import sys
+import numpy as np
+import brigade as bg
+tp = int(sys.argv[1])
+m = bg.Model.mlp(layers=2, d_model=16, in_features=8, classes=4, seed=3, tp=tp)
+def batches(rq):
+    r = np.random.default_rng([rq.step, rq.first])
+    return r.standard_normal((rq.n, 8)).astype(np.float32), r.integers(0, 4, rq.n).astype(np.int32)
+with bg.Executor(m, batches=batches, tp=tp, batch=8, microbatches=2, threads=1) as e:
+    for s in range(10):
+        e.step()
+    e.save_weights(sys.argv[2])
+""")
+        outs = []
+        for tp in (1, 2):
+            outs.append(os.path.join(self.tmp, "builder%d" % tp))
+            cmd = [sys.executable, script, str(tp), outs[-1]]
+            if tp > 1:
+                cmd = [BRIGADE, "launch", "-n", str(tp), "--timeout", "240", "--"] + cmd
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+        errs = rel_l2(outs[0], outs[1])
+        self.assertEqual(len(errs), 6)
+        self.assertLess(max(errs.values()), 1e-5, errs)
+
     def test_group_collectives_and_refusals(self):
         script = os.path.join(self.tmp, "probe.py")
         with open(script, "w") as f:
