@@ -169,7 +169,7 @@ class LayerCtx(Structure):
     """bg_layer_ctx_t: the per-call context a layer's compute functions get."""
     _fields_ = [("be", c_void_p), ("in_", Shape), ("tokens", c_void_p), ("targets", c_void_p),
                 ("loss_scale", c_float), ("stash", c_void_p), ("wstash", c_void_p), ("scratch", c_void_p),
-                ("tp", c_void_p), ("deferred", c_void_p)]
+                ("tp", c_void_p), ("deferred", c_void_p), ("no_backward", c_int)]
 
 
 # bg_tp_comm_t's collectives (the group's; arguments as in layer.h).

@@ -148,7 +148,8 @@ class Context:
     wstash from backward_input to backward_weight, the scratch for this call
     only; tokens: (n, t) int32 ids when the input is tokens (c = 0); targets:
     (n, t) int32 class ids and loss_scale (d objective / d each position's
-    loss) for loss layers; tp: the tensor-parallel group (a TensorGroup; None
+    loss) for loss layers; no_backward: True in a forward that no backward
+    follows (keep nothing for one); tp: the tensor-parallel group (a TensorGroup; None
     when the model runs without one)."""
     __slots__ = ("shape", "_c", "_layer")
 
@@ -184,6 +185,12 @@ class Context:
     @property
     def loss_scale(self):
         return self._c.loss_scale
+
+    @property
+    def no_backward(self):
+        """True in a forward whose stash no backward will read (recomputation's first forward, whose backward
+        runs the forward again; an evaluation): state kept for the backward beyond the stash is not needed."""
+        return bool(self._c.no_backward)
 
     @property
     def tp(self):

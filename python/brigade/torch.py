@@ -5,7 +5,8 @@ Owns the adapter between autograd and brigade's three layer calls: brigade
 owns the parameters' memory (the module's parameters become torch tensors
 viewing brigade's buffers, so its optimizer, checkpoints, dp and ZeRO work on
 them); forward runs the module with autograd on and keeps the graph (by the
-microbatch's stash address) until the microbatch's backward ends;
+microbatch's stash address) until the microbatch's backward ends (none for a
+forward that no backward follows: recomputation's first one, evaluation);
 backward_input is torch.autograd.grad to the input keeping the graph;
 backward_weight computes the parameter gradients from it later and adds them
 to brigade's gradient buffers, so zero-bubble schedules split the two.
@@ -90,13 +91,25 @@ class Module(Layer):
             p.data = _torch.from_numpy(v)
         self._bound = views
 
-    def _input(self, ctx, x):
+    def _input(self, ctx, x, grad=True):
         if x is None:
             return _torch.from_numpy(ctx.tokens).long()
-        return _torch.from_numpy(x).requires_grad_(True)
+        return _torch.from_numpy(x).requires_grad_(grad)
+
+    @property
+    def live_graphs(self):
+        """Autograd graphs held for microbatches whose backward has not ended (0 between steps)."""
+        return len(self._graphs)
 
     def forward(self, ctx, x, y):
         self._sync()
+        if ctx.no_backward:  # recomputation's first forward, or an evaluation: no graph to keep
+            with _torch.no_grad():
+                if self.loss:
+                    y[..., 0] = self.module(self._input(ctx, x, False), _torch.from_numpy(ctx.targets).long()).numpy()
+                else:
+                    y[...] = self.module(self._input(ctx, x, False)).numpy()
+            return
         xt = self._input(ctx, x)
         with _torch.enable_grad():
             if self.loss:
