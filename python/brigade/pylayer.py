@@ -3,8 +3,9 @@
 Owns: the one set of C callbacks every Python layer shares (made once, never
 freed, so no callback can be freed while C runs it), the bg_layer_ops_t of
 each Python layer class, the registry from a layer's impl key to its Python
-object, the numpy views of brigade's buffers that the layer's methods get
-(views, never copies) and the exception a layer raised, kept for the Python
+object, the views of brigade's buffers that the layer's methods get (numpy
+arrays, or DLPack exporters for a class whose `views` is "dlpack"; views,
+never copies) and the exception a layer raised, kept for the Python
 call that ran it (step(), check(), ...) to re-raise.
 
 It must not let a Python exception cross into C: a failing method sets a
@@ -18,6 +19,7 @@ import threading
 import weakref
 
 from . import _lib
+from . import dlpack as _dlpack
 from ._lib import Shape, check, encode, lib
 
 __all__ = ["Param", "Context", "TensorGroup"]
@@ -74,7 +76,11 @@ class _Array:
     __slots__ = ("__array_interface__",)
 
 
-def _view(addr, shape, typestr, readonly):
+def _view(addr, shape, typestr, readonly, dev=None):
+    """A numpy view of brigade's memory, or with `dev` (a DLPack device: the layer's views are "dlpack") a
+    brigade.dlpack.View of it."""
+    if dev is not None:
+        return _dlpack.View(addr, shape, typestr, dev, readonly)
     a = _Array()
     a.__array_interface__ = {"data": (addr, readonly), "shape": shape, "typestr": typestr, "version": 3}
     return _np.asarray(a)
@@ -158,7 +164,7 @@ class Context:
 
     def _bytes(self, addr, which):
         n = getattr(self._layer, which)(self.shape)
-        return _view(addr, (n,), "|u1", False) if addr and n else None
+        return _view(addr, (n,), "|u1", False, self._layer._py.dev) if addr and n else None
 
     @property
     def stash(self):
@@ -175,12 +181,12 @@ class Context:
     @property
     def tokens(self):
         a = self._c.tokens
-        return _view(a, self.shape[:2], "<i4", True) if a else None
+        return _view(a, self.shape[:2], "<i4", True, self._layer._py.dev) if a else None
 
     @property
     def targets(self):
         a = self._c.targets
-        return _view(a, self.shape[:2], "<i4", True) if a else None
+        return _view(a, self.shape[:2], "<i4", True, self._layer._py.dev) if a else None
 
     @property
     def loss_scale(self):
@@ -240,10 +246,11 @@ def _fail(l, method, e):
 class _State:
     """A Python layer's private state: its handle's key, shapes by input
     shape, and the views of its parameters (rebuilt when brigade moves them)."""
-    __slots__ = ("key", "shapes", "bound", "backend")
+    __slots__ = ("key", "shapes", "bound", "backend", "dlpack", "dev")
 
-    def __init__(self, key):
+    def __init__(self, key, dlpack):
         self.key, self.shapes, self.bound, self.backend = key, {}, None, None
+        self.dlpack, self.dev = dlpack, ((_dlpack.KDL_CPU, 0) if dlpack else None)
 
 
 def _out_shape(o, shape):
@@ -263,9 +270,12 @@ def _bind(o, l, c):
     if c.be and c.be != st.backend:
         ops = ctypes.c_void_p.from_address(c.be).value
         name = ctypes.c_char_p.from_address(ops + ctypes.sizeof(ctypes.c_size_t)).value or b"?"
-        if not name.startswith(b"cpu"):
-            raise RuntimeError("Python layers run on the CPU backend only; this stage runs on %r" % name.decode())
-        st.backend = c.be
+        if name.startswith(b"cuda") and st.dlpack:
+            st.dev = (_dlpack.KDL_CUDA, _cuda_device())
+        elif not name.startswith(b"cpu"):
+            raise RuntimeError("Python layers with numpy views run on the CPU backend only (views = \"dlpack\" "
+                               "takes CUDA too); this stage runs on %r" % name.decode())
+        st.backend, st.bound = c.be, None
     n = ctypes.c_int.from_address(l + _NPARAMS_OFF).value
     if not n:
         return
@@ -277,8 +287,8 @@ def _bind(o, l, c):
     for p in arr:
         shape = tuple(p.shape[:p.ndim])
         nm = p.name.decode()
-        params[nm] = _view(p.data, shape, "<f4", False) if p.data else None
-        grads[nm] = _view(p.grad, shape, "<f4", False) if p.grad else None
+        params[nm] = _view(p.data, shape, "<f4", False, st.dev) if p.data else None
+        grads[nm] = _view(p.grad, shape, "<f4", False, st.dev) if p.grad else None
     o.params, o.grads, st.bound = params, grads, key
 
 
@@ -294,16 +304,26 @@ def _acts(l, ctx_p):
 _views = {}  # (address, shape, read-only) -> float32 view: the stage reuses its buffers, so most calls hit
 
 
-def _f32(addr, shape, readonly):
+def _f32(addr, shape, readonly, dev):
     if not addr:
         return None
-    key = (addr, shape, readonly)
+    key = (addr, shape, readonly, dev)
     v = _views.get(key)
     if v is None:
         if len(_views) >= 4096:
             _views.clear()
-        v = _views[key] = _view(addr, shape, "<f4", readonly)
+        v = _views[key] = _view(addr, shape, "<f4", readonly, dev)
     return v
+
+
+def _cuda_device():
+    """The CUDA device of the calling thread (the stage's), for a DLPack device; 0 when cudart cannot say."""
+    try:
+        rt = ctypes.CDLL("libcudart.so")
+        d = ctypes.c_int(0)
+        return d.value if rt.cudaGetDevice(ctypes.byref(d)) == 0 else 0
+    except OSError:
+        return 0
 
 
 # ------------------------------------------------------------------ the C callbacks
@@ -340,7 +360,8 @@ def _flops_cb(which):
 def _c_forward(l, ctx_p, x, y):
     try:
         o, c, si, so = _acts(l, ctx_p)
-        o.forward(Context(si, c, o), _f32(x, si, True) if si[2] else None, _f32(y, so, False))
+        d = o._py.dev
+        o.forward(Context(si, c, o), _f32(x, si, True, d) if si[2] else None, _f32(y, so, False, d))
         return 0
     except BaseException as e:  # noqa: B902
         return _fail(l, "forward", e)
@@ -349,8 +370,9 @@ def _c_forward(l, ctx_p, x, y):
 def _c_backward_input(l, ctx_p, x, y, dy, dx):
     try:
         o, c, si, so = _acts(l, ctx_p)
-        o.backward_input(Context(si, c, o), _f32(x, si, True) if si[2] else None, _f32(y, so, True),
-                         _f32(dy, so, True), _f32(dx, si, False))
+        d = o._py.dev
+        o.backward_input(Context(si, c, o), _f32(x, si, True, d) if si[2] else None, _f32(y, so, True, d),
+                         _f32(dy, so, True, d), _f32(dx, si, False, d))
         return 0
     except BaseException as e:  # noqa: B902
         return _fail(l, "backward_input", e)
@@ -359,8 +381,9 @@ def _c_backward_input(l, ctx_p, x, y, dy, dx):
 def _c_backward_weight(l, ctx_p, x, y, dy):
     try:
         o, c, si, so = _acts(l, ctx_p)
-        o.backward_weight(Context(si, c, o), _f32(x, si, True) if si[2] else None, _f32(y, so, True),
-                          _f32(dy, so, True))
+        d = o._py.dev
+        o.backward_weight(Context(si, c, o), _f32(x, si, True, d) if si[2] else None, _f32(y, so, True, d),
+                          _f32(dy, so, True, d))
         return 0
     except BaseException as e:  # noqa: B902
         return _fail(l, "backward_weight", e)
@@ -443,7 +466,10 @@ def create(layer, base, name, params):
         if p.split_parts > 1:
             a.split_dim, a.split_parts, a.split_blocks = p.split_dim, p.split_parts, 1
     key = next(_keys)
-    layer._py = _State(key)
+    views = getattr(type(layer), "views", "numpy")
+    if views not in ("numpy", "dlpack"):
+        raise ValueError("layer %r: views must be \"numpy\" or \"dlpack\", got %r" % (name, views))
+    layer._py = _State(key, views == "dlpack")
     layer.params, layer.grads = {}, {}
     _weak[key] = weakref.ref(layer)
     h = ctypes.c_void_p()
