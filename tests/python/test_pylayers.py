@@ -5,7 +5,9 @@ library's stage (and that the check catches a wrong backward); pp 2 and 3
 under 1F1B, ZB-H1 and ZB-V give bitwise the weights and losses of one
 process; ZeRO with recomputation against plain dp; checkpoint resume; an
 exception inside a layer reaches the user once, with its traceback, on its
-rank, and the other rank stops at once naming it. Needs numpy (skipped,
+rank, and the other rank stops at once naming it; column- and row-parallel
+Python layers (Param split, ctx.tp) at tp 2 and pp 2 x tp 2 within 1e-5 of
+the plain MLP on one process, and ctx.tp's collectives. Needs numpy (skipped,
 saying so, without it), BRIGADE (the CLI), BRIGADE_LIB and PYTHONPATH.
 """
 import os
