@@ -99,6 +99,7 @@ struct bg_stage {
     bg_stage_layer_done_fn layer_done;
     void *layer_done_arg;
     int recompute;      /* keep only input and output between F and B; rerun F in B */
+    int forward_only;   /* bg_stage_set_forward_only: no backward follows the forwards */
     size_t gz;          /* guard bytes after each piece: GUARD_BYTES, or 0 with guards off */
     size_t check;       /* bytes of each zone written and compared: the zone (full guards), CANARY_BYTES
                            (canaries, host backends), 0 (none) */
@@ -143,6 +144,7 @@ size_t bg__guard_bytes(void)
 }
 
 void bg_stage_set_recompute(bg_stage_t *s, int on) { s->recompute = on ? 1 : 0; }
+void bg_stage_set_forward_only(bg_stage_t *s, int on) { s->forward_only = on ? 1 : 0; }
 int bg_stage_recompute(const bg_stage_t *s) { return s->recompute; }
 void bg_stage_set_emulate(bg_stage_t *s, int on) { s->emulate = on ? 1 : 0; }
 
@@ -639,8 +641,9 @@ static void layer_io(bg_stage_t *s, slot_t *sl, int i, int widen_out, const floa
     }
 }
 
-/* Allocate the slot's activation arena and run the forward through it. */
-static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
+/* Allocate the slot's activation arena and run the forward through it; no_backward: the layers' stashes are
+ * dropped when it returns (bg_layer_ctx_t.no_backward). */
+static bg_status_t run_forward(bg_stage_t *s, slot_t *sl, int no_backward)
 {
     size_t total = act_bytes(s, sl->shapes, s->gz);
     BG_CHECK(ensure_scratch(s, sl));
@@ -656,6 +659,7 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl)
     }
     for (int i = 0; i < s->nlayers && !s->emulate; i++) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
+        c.no_backward = no_backward;
         const float *x;
         float *y;
         layer_io(s, sl, i, 0, &x, &y);
@@ -679,7 +683,7 @@ bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *o
 {
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_BEGUN, "forward", &sl));
-    BG_CHECK(run_forward(s, sl));
+    BG_CHECK(run_forward(s, sl, s->recompute || s->forward_only));
     float *out = sl->out[s->nlayers - 1];
     if (s->recompute) {
         /* keep the output (it is sent, or it is the loss), drop the rest: the
@@ -784,7 +788,7 @@ static bg_status_t backward_slot(bg_stage_t *s, int mb, const char *what, slot_t
     BG_CHECK(check_dout(s, sl, mb));
     BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
-        BG_CHECK(run_forward(s, sl)); /* recompute */
+        BG_CHECK(run_forward(s, sl, 0)); /* recompute */
     *sl_p = sl;
     return BG_OK;
 }

@@ -82,6 +82,9 @@ bg_status_t bg_executor_eval(bg_executor_t *x, const bg_batch_source_t *data, in
     if (!x->ops)
         x->nops = 0;
     x->forward_only = 1;
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].st)
+            bg_stage_set_forward_only(x->chunks[v].st, 1);
     double t0 = bg_now(), tokens = 0, loss = 0;
     bg_status_t st = bg__exec_step_tokens(x, index, &tokens); /* the same answer on every rank: nothing to stop */
     int ran = st == BG_OK;
@@ -93,6 +96,9 @@ bg_status_t bg_executor_eval(bg_executor_t *x, const bg_batch_source_t *data, in
     x->ops = ops;
     x->nops = nops;
     x->forward_only = 0;
+    for (int v = 0; v < x->V; v++)
+        if (x->chunks[v].st)
+            bg_stage_set_forward_only(x->chunks[v].st, 0);
     if (st != BG_OK)
         return ran ? bg__exec_step_failed(x, st) : st;
     bg_eval_result_t r = {.loss = loss, .tokens = tokens, .eval_ms = (bg_now() - t0) * 1e3};

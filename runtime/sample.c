@@ -171,6 +171,7 @@ bg_status_t bg_generate_with(bg_model_t *full, const int32_t *prompt, int n, int
         be->ops->copy(be, dst->data, src->data, dst->numel);
     }
     BG_CHECK_GOTO(bg_stage_create(trunk, 1, &stage), st, out);
+    bg_stage_set_forward_only(stage, 1);
     int gqa = 0, other = 0, cached = 0; /* cached: positions in the cache (-1: none) */
     for (int i = 0; i < total - 1; i++)
         cache_scan(bg_model_layer(trunk, i), &gqa, &other);

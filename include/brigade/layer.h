@@ -159,6 +159,11 @@ typedef struct bg_layer_ctx {
      *  add the request (while n < BG_TP_DEFER_MAX) and return: the collective then overlaps the weight
      *  gradient. bg_layer_backward sets it. */
     bg_tp_deferred_t *deferred;
+    /** forward only, 0 otherwise: 1 when no backward will read this forward's stash (the stage drops it as
+     *  the forward returns: recomputation, whose backward runs the forward again first, or a forward-only
+     *  program such as an evaluation). A layer that keeps state of its own for the backward, beyond its
+     *  stash (the Python binding's torch adapter keeps an autograd graph), keeps none then. */
+    int no_backward;
 } bg_layer_ctx_t;
 
 /** A layer type: its functions (filled with designated initialisers; see docs/layers.md). */

@@ -365,6 +365,9 @@ void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg
  *  backward keep only its input and output; the backward reruns the forward
  *  (bitwise the same activations) before differentiating. */
 void bg_stage_set_recompute(bg_stage_t *s, int on);
+/** While on, the stage's forwards are of a forward-only program (an evaluation): no backward follows them, and
+ *  their layers are told so (bg_layer_ctx_t.no_backward). */
+void bg_stage_set_forward_only(bg_stage_t *s, int on);
 int bg_stage_recompute(const bg_stage_t *s);
 /** Emulation (brigade train --emulate): every call allocates the buffers it
  *  would, with the shapes it would, but runs no layer (their contents are

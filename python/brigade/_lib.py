@@ -169,7 +169,21 @@ class LayerCtx(Structure):
     """bg_layer_ctx_t: the per-call context a layer's compute functions get."""
     _fields_ = [("be", c_void_p), ("in_", Shape), ("tokens", c_void_p), ("targets", c_void_p),
                 ("loss_scale", c_float), ("stash", c_void_p), ("wstash", c_void_p), ("scratch", c_void_p),
-                ("tp", c_void_p), ("deferred", c_void_p)]
+                ("tp", c_void_p), ("deferred", c_void_p), ("no_backward", c_int)]
+
+
+# bg_tp_comm_t's collectives (the group's; arguments as in layer.h).
+TP_ALLREDUCE_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
+TP_ALLGATHER_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_size_t)
+
+
+class TpComm(Structure):
+    """bg_tp_comm_t: a tensor-parallel group as layers see it (ctx.tp). The
+    optional non-blocking slots are mirrored as plain pointers: Python layers
+    use the blocking allreduce and allgather only."""
+    _fields_ = [("size", c_int), ("rank", c_int), ("allreduce", TP_ALLREDUCE_FN), ("allgather", TP_ALLGATHER_FN),
+                ("arg", c_void_p), ("iallreduce", c_void_p), ("wait", c_void_p), ("reduce_scatter", c_void_p),
+                ("ireduce_scatter", c_void_p), ("iallgather", c_void_p)]
 
 
 # bg_layer_ops_t's function types. The layer, the context (a LayerCtx) and
@@ -201,7 +215,7 @@ STRUCTS = {
     "bg_executor_params_t": ExecutorParams, "bg_step_result_t": StepResult, "bg_eval_result_t": EvalResult,
     "bg_executor_info_t": ExecutorInfo,
     "bg_compare_result_t": CompareResult, "bg_layer_t": Layer, "bg_param_t": Param, "bg_layer_ctx_t": LayerCtx,
-    "bg_layer_ops_t": LayerOps,
+    "bg_layer_ops_t": LayerOps, "bg_tp_comm_t": TpComm,
 }
 # C field names that are Python keywords.
 C_FIELD = {"in_": "in"}

@@ -252,33 +252,37 @@ class Model:
 
     @classmethod
     def gpt(cls, layers=4, d_model=128, heads=4, seq_len=64, vocab=256, seed=1337, tie_embeddings=False,
-            precision="fp32"):
+            precision="fp32", tp=1, sequence_parallel=False):
         """GPT through bg_model_build: embed, blocks.0 .. blocks.L-1, ln_f, head. precision "bf16": the
-        blocks keep their activations in bf16 (bg_model_config_t.precision; computing stays fp32)."""
+        blocks keep their activations in bf16 (bg_model_config_t.precision; computing stays fp32). tp > 1:
+        the tensor-parallel layers of that degree (run by an Executor with the same tp), with
+        sequence_parallel the activations between blocks split along the sequence (docs/layers.md)."""
         if precision not in ("fp32", "bf16"):
             raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 0, layers, d_model, heads, seq_len, vocab, 32, 8,
-                               seed, int(bool(tie_embeddings)), 1, 0, 1 if precision == "bf16" else 0, 0, 0, 10000.0)
+                               seed, int(bool(tie_embeddings)), int(tp), int(bool(sequence_parallel)),
+                               1 if precision == "bf16" else 0, 0, 0, 10000.0)
         return cls._build(cfg)
 
     @classmethod
     def llama(cls, layers=4, d_model=128, heads=4, kv_heads=None, ffn_hidden=0, rope_theta=10000.0, seq_len=64,
-              vocab=256, seed=1337, tie_embeddings=False, precision="fp32"):
+              vocab=256, seed=1337, tie_embeddings=False, precision="fp32", tp=1):
         """Llama through bg_model_build: embed (no position table), blocks.0 .. blocks.L-1 (RMSNorm, rotary
         grouped-query attention with kv_heads key/value heads (None: heads), SwiGLU of ffn_hidden (0: 8 d_model / 3
         rounded up to 64), no biases), norm, head."""
         if precision not in ("fp32", "bf16"):
             raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 2, layers, d_model, heads, seq_len, vocab, 32, 8,
-                               seed, int(bool(tie_embeddings)), 1, 0, 1 if precision == "bf16" else 0,
+                               seed, int(bool(tie_embeddings)), int(tp), 0, 1 if precision == "bf16" else 0,
                                kv_heads or 0, ffn_hidden, rope_theta)
         return cls._build(cfg)
 
     @classmethod
-    def mlp(cls, layers=4, d_model=128, in_features=32, classes=8, seed=1337):
-        """MLP through bg_model_build: fc.i, act.i (hidden width d_model), head."""
+    def mlp(cls, layers=4, d_model=128, in_features=32, classes=8, seed=1337, tp=1):
+        """MLP through bg_model_build: fc.i, act.i (hidden width d_model), head; tp > 1: its tensor-parallel
+        layers of that degree."""
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 1, layers, d_model, 4, 64, 256, in_features, classes,
-                               seed, 0)
+                               seed, 0, int(tp))
         return cls._build(cfg)
 
     @classmethod

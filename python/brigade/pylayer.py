@@ -3,8 +3,9 @@
 Owns: the one set of C callbacks every Python layer shares (made once, never
 freed, so no callback can be freed while C runs it), the bg_layer_ops_t of
 each Python layer class, the registry from a layer's impl key to its Python
-object, the numpy views of brigade's buffers that the layer's methods get
-(views, never copies) and the exception a layer raised, kept for the Python
+object, the views of brigade's buffers that the layer's methods get (numpy
+arrays, or DLPack exporters for a class whose `views` is "dlpack"; views,
+never copies) and the exception a layer raised, kept for the Python
 call that ran it (step(), check(), ...) to re-raise.
 
 It must not let a Python exception cross into C: a failing method sets a
@@ -18,9 +19,10 @@ import threading
 import weakref
 
 from . import _lib
+from . import dlpack as _dlpack
 from ._lib import Shape, check, encode, lib
 
-__all__ = ["Param", "Context"]
+__all__ = ["Param", "Context", "TensorGroup"]
 
 _np = None
 
@@ -43,9 +45,14 @@ class Param:
     """A parameter tensor a Python layer declares; brigade allocates it in the
     stage's flat buffers, initialises it (normal(0, std) or the constant
     value, from the model's seed), reduces, shards, optimises and saves it.
-    decay: whether weight decay applies (default: tensors of 2 or more dims)."""
+    decay: whether weight decay applies (default: tensors of 2 or more dims).
+    split=(dim, parts): the tensor is split along `dim` over a tensor-parallel
+    group of `parts` members and `shape` is one member's shard (the full
+    tensor has shape[dim] * parts there); brigade initialises, saves and loads
+    the full tensor and gives each member its piece, as for its own
+    tensor-parallel layers (docs/python.md)."""
 
-    def __init__(self, name, shape, init="normal", std=0.02, value=0.0, decay=None):
+    def __init__(self, name, shape, init="normal", std=0.02, value=0.0, decay=None, split=None):
         if init not in _INITS:
             raise ValueError("param %r: init must be \"normal\" or \"const\", got %r" % (name, init))
         shape = tuple(int(s) for s in shape)
@@ -55,6 +62,13 @@ class Param:
         self.name, self.shape, self.init = name, shape, init
         self.init_value = float(std if init == "normal" else value)
         self.decay = len(shape) >= 2 if decay is None else bool(decay)
+        self.split_dim, self.split_parts = 0, 1
+        if split is not None:
+            dim, parts = (int(v) for v in split)
+            if not 0 <= dim < len(shape) or parts < 1:
+                raise ValueError("param %r: split must be (dim, parts) with 0 <= dim < %d and parts >= 1, got %r"
+                                 % (name, len(shape), split))
+            self.split_dim, self.split_parts = dim, parts
 
 
 class _Array:
@@ -62,10 +76,74 @@ class _Array:
     __slots__ = ("__array_interface__",)
 
 
-def _view(addr, shape, typestr, readonly):
+def _view(addr, shape, typestr, readonly, dev=None):
+    """A numpy view of brigade's memory, or with `dev` (a DLPack device: the layer's views are "dlpack") a
+    brigade.dlpack.View of it."""
+    if dev is not None:
+        return _dlpack.View(addr, shape, typestr, dev, readonly)
     a = _Array()
     a.__array_interface__ = {"data": (addr, readonly), "shape": shape, "typestr": typestr, "version": 3}
     return _np.asarray(a)
+
+
+def _f32_buffer(a, what, writable):
+    """The address and element count of `a`, a C-contiguous float32 numpy array (a view of brigade's
+    memory or the layer's own): the group's collectives read and write it in place."""
+    np = _numpy()
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise TypeError("tensor group %s: needs a C-contiguous float32 numpy array, got %s"
+                        % (what, type(a).__name__ if not isinstance(a, np.ndarray) else "%s %s%s" % (
+                            a.dtype, a.shape, "" if a.flags.c_contiguous else " (not contiguous)")))
+    if writable and not a.flags.writeable:
+        raise ValueError("tensor group %s: the array is read-only" % what)
+    return a.ctypes.data, a.size
+
+
+class TensorGroup:
+    """The tensor-parallel group of a call (ctx.tp; None without one): size
+    members, this one being `rank`. Its collectives are brigade's
+    (bg_tp_comm_t, the ones its own tensor-parallel layers use): every member
+    calls them in the same order with the same sizes, and their results are
+    bitwise equal on every member. They block until the group is done."""
+    __slots__ = ("_c",)
+
+    def __init__(self, addr):
+        self._c = _lib.TpComm.from_address(addr)  # read at each use: a later group may sit at this address
+
+    @property
+    def size(self):
+        return self._c.size
+
+    @property
+    def rank(self):
+        return self._c.rank
+
+    def allreduce(self, a):
+        """Sum `a` (float32, C-contiguous, writable) over the group, in place; returns a."""
+        addr, n = _f32_buffer(a, "allreduce", True)
+        if self._c.size > 1 and n:
+            check(self._c.allreduce(self._c.arg, addr, n))
+        return a
+
+    def allgather(self, a, out=None):
+        """Every member's `a`, stacked: out (size, *a.shape) float32, member i's at out[i]
+        (allocated when None); returns out."""
+        np = _numpy()
+        send, n = _f32_buffer(a, "allgather input", False)
+        if out is None:
+            out = np.empty((self.size,) + a.shape, np.float32)
+        recv, m = _f32_buffer(out, "allgather output", True)
+        if m != n * self.size:
+            raise ValueError("tensor group allgather: output has %d elements where %d x %d were expected"
+                             % (m, self.size, n))
+        if self.size == 1:
+            out.reshape(-1)[:] = a.reshape(-1)
+        elif n:
+            check(self._c.allgather(self._c.arg, send, recv, n))
+        return out
+
+
+_groups = {}  # bg_tp_comm_t address -> TensorGroup (a model's group lives as long as its executor)
 
 
 class Context:
@@ -76,7 +154,9 @@ class Context:
     wstash from backward_input to backward_weight, the scratch for this call
     only; tokens: (n, t) int32 ids when the input is tokens (c = 0); targets:
     (n, t) int32 class ids and loss_scale (d objective / d each position's
-    loss) for loss layers."""
+    loss) for loss layers; no_backward: True in a forward that no backward
+    follows (keep nothing for one); tp: the tensor-parallel group (a TensorGroup; None
+    when the model runs without one)."""
     __slots__ = ("shape", "_c", "_layer")
 
     def __init__(self, shape, c, layer):
@@ -84,7 +164,7 @@ class Context:
 
     def _bytes(self, addr, which):
         n = getattr(self._layer, which)(self.shape)
-        return _view(addr, (n,), "|u1", False) if addr and n else None
+        return _view(addr, (n,), "|u1", False, self._layer._py.dev) if addr and n else None
 
     @property
     def stash(self):
@@ -101,16 +181,32 @@ class Context:
     @property
     def tokens(self):
         a = self._c.tokens
-        return _view(a, self.shape[:2], "<i4", True) if a else None
+        return _view(a, self.shape[:2], "<i4", True, self._layer._py.dev) if a else None
 
     @property
     def targets(self):
         a = self._c.targets
-        return _view(a, self.shape[:2], "<i4", True) if a else None
+        return _view(a, self.shape[:2], "<i4", True, self._layer._py.dev) if a else None
 
     @property
     def loss_scale(self):
         return self._c.loss_scale
+
+    @property
+    def no_backward(self):
+        """True in a forward whose stash no backward will read (recomputation's first forward, whose backward
+        runs the forward again; an evaluation): state kept for the backward beyond the stash is not needed."""
+        return bool(self._c.no_backward)
+
+    @property
+    def tp(self):
+        a = self._c.tp
+        if not a:
+            return None
+        g = _groups.get(a)
+        if g is None:
+            g = _groups[a] = TensorGroup(a)
+        return g
 
 
 # ------------------------------------------------------------------ registry
@@ -150,10 +246,11 @@ def _fail(l, method, e):
 class _State:
     """A Python layer's private state: its handle's key, shapes by input
     shape, and the views of its parameters (rebuilt when brigade moves them)."""
-    __slots__ = ("key", "shapes", "bound", "backend")
+    __slots__ = ("key", "shapes", "bound", "backend", "dlpack", "dev")
 
-    def __init__(self, key):
+    def __init__(self, key, dlpack):
         self.key, self.shapes, self.bound, self.backend = key, {}, None, None
+        self.dlpack, self.dev = dlpack, ((_dlpack.KDL_CPU, 0) if dlpack else None)
 
 
 def _out_shape(o, shape):
@@ -173,9 +270,12 @@ def _bind(o, l, c):
     if c.be and c.be != st.backend:
         ops = ctypes.c_void_p.from_address(c.be).value
         name = ctypes.c_char_p.from_address(ops + ctypes.sizeof(ctypes.c_size_t)).value or b"?"
-        if not name.startswith(b"cpu"):
-            raise RuntimeError("Python layers run on the CPU backend only; this stage runs on %r" % name.decode())
-        st.backend = c.be
+        if name.startswith(b"cuda") and st.dlpack:
+            st.dev = (_dlpack.KDL_CUDA, _cuda_device())
+        elif not name.startswith(b"cpu"):
+            raise RuntimeError("Python layers with numpy views run on the CPU backend only (views = \"dlpack\" "
+                               "takes CUDA too); this stage runs on %r" % name.decode())
+        st.backend, st.bound = c.be, None
     n = ctypes.c_int.from_address(l + _NPARAMS_OFF).value
     if not n:
         return
@@ -187,8 +287,8 @@ def _bind(o, l, c):
     for p in arr:
         shape = tuple(p.shape[:p.ndim])
         nm = p.name.decode()
-        params[nm] = _view(p.data, shape, "<f4", False) if p.data else None
-        grads[nm] = _view(p.grad, shape, "<f4", False) if p.grad else None
+        params[nm] = _view(p.data, shape, "<f4", False, st.dev) if p.data else None
+        grads[nm] = _view(p.grad, shape, "<f4", False, st.dev) if p.grad else None
     o.params, o.grads, st.bound = params, grads, key
 
 
@@ -204,16 +304,26 @@ def _acts(l, ctx_p):
 _views = {}  # (address, shape, read-only) -> float32 view: the stage reuses its buffers, so most calls hit
 
 
-def _f32(addr, shape, readonly):
+def _f32(addr, shape, readonly, dev):
     if not addr:
         return None
-    key = (addr, shape, readonly)
+    key = (addr, shape, readonly, dev)
     v = _views.get(key)
     if v is None:
         if len(_views) >= 4096:
             _views.clear()
-        v = _views[key] = _view(addr, shape, "<f4", readonly)
+        v = _views[key] = _view(addr, shape, "<f4", readonly, dev)
     return v
+
+
+def _cuda_device():
+    """The CUDA device of the calling thread (the stage's), for a DLPack device; 0 when cudart cannot say."""
+    try:
+        rt = ctypes.CDLL("libcudart.so")
+        d = ctypes.c_int(0)
+        return d.value if rt.cudaGetDevice(ctypes.byref(d)) == 0 else 0
+    except OSError:
+        return 0
 
 
 # ------------------------------------------------------------------ the C callbacks
@@ -250,7 +360,8 @@ def _flops_cb(which):
 def _c_forward(l, ctx_p, x, y):
     try:
         o, c, si, so = _acts(l, ctx_p)
-        o.forward(Context(si, c, o), _f32(x, si, True) if si[2] else None, _f32(y, so, False))
+        d = o._py.dev
+        o.forward(Context(si, c, o), _f32(x, si, True, d) if si[2] else None, _f32(y, so, False, d))
         return 0
     except BaseException as e:  # noqa: B902
         return _fail(l, "forward", e)
@@ -259,8 +370,9 @@ def _c_forward(l, ctx_p, x, y):
 def _c_backward_input(l, ctx_p, x, y, dy, dx):
     try:
         o, c, si, so = _acts(l, ctx_p)
-        o.backward_input(Context(si, c, o), _f32(x, si, True) if si[2] else None, _f32(y, so, True),
-                         _f32(dy, so, True), _f32(dx, si, False))
+        d = o._py.dev
+        o.backward_input(Context(si, c, o), _f32(x, si, True, d) if si[2] else None, _f32(y, so, True, d),
+                         _f32(dy, so, True, d), _f32(dx, si, False, d))
         return 0
     except BaseException as e:  # noqa: B902
         return _fail(l, "backward_input", e)
@@ -269,8 +381,9 @@ def _c_backward_input(l, ctx_p, x, y, dy, dx):
 def _c_backward_weight(l, ctx_p, x, y, dy):
     try:
         o, c, si, so = _acts(l, ctx_p)
-        o.backward_weight(Context(si, c, o), _f32(x, si, True) if si[2] else None, _f32(y, so, True),
-                          _f32(dy, so, True))
+        d = o._py.dev
+        o.backward_weight(Context(si, c, o), _f32(x, si, True, d) if si[2] else None, _f32(y, so, True, d),
+                          _f32(dy, so, True, d))
         return 0
     except BaseException as e:  # noqa: B902
         return _fail(l, "backward_weight", e)
@@ -350,8 +463,13 @@ def create(layer, base, name, params):
         for d, s in enumerate(p.shape):
             a.shape[d] = s
         a.init, a.init_value, a.decay = _INITS[p.init], p.init_value, int(p.decay)
+        if p.split_parts > 1:
+            a.split_dim, a.split_parts, a.split_blocks = p.split_dim, p.split_parts, 1
     key = next(_keys)
-    layer._py = _State(key)
+    views = getattr(type(layer), "views", "numpy")
+    if views not in ("numpy", "dlpack"):
+        raise ValueError("layer %r: views must be \"numpy\" or \"dlpack\", got %r" % (name, views))
+    layer._py = _State(key, views == "dlpack")
     layer.params, layer.grads = {}, {}
     _weak[key] = weakref.ref(layer)
     h = ctypes.c_void_p()

@@ -5,17 +5,18 @@ Owns the adapter between autograd and brigade's three layer calls: brigade
 owns the parameters' memory (the module's parameters become torch tensors
 viewing brigade's buffers, so its optimizer, checkpoints, dp and ZeRO work on
 them); forward runs the module with autograd on and keeps the graph (by the
-microbatch's stash address) until the microbatch's backward ends;
+microbatch's stash address) until the microbatch's backward ends (none for a
+forward that no backward follows: recomputation's first one, evaluation);
 backward_input is torch.autograd.grad to the input keeping the graph;
 backward_weight computes the parameter gradients from it later and adds them
 to brigade's gradient buffers, so zero-bubble schedules split the two.
 
 It must not own training state of its own: no optimizer, no copies of the
 weights beyond the module's first values (copied in once, see Module).
-Only the CPU backend (the views are host memory).
+Every buffer reaches torch through DLPack (brigade.dlpack.View, never a
+copy), so a CUDA backend's device memory would arrive as CUDA tensors; only
+the CPU backend is tested (docs/python.md).
 """
-import warnings
-
 import torch as _torch
 
 from .model import Layer
@@ -23,12 +24,25 @@ from .pylayer import Param
 
 __all__ = ["Module"]
 
-# brigade hands read-only views of its activations; torch.from_numpy warns on
-# them once per call, and never writes through them here.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+# brigade's buffers as torch tensors, through DLPack (brigade.dlpack.View): no copy, host or device memory. The
+# read-only ones (x, dy) are only read here. The stage reuses its buffers, so most calls find their tensor made
+# (an import costs about ten times torch.from_numpy); a tensor given to autograd is a detached alias of it.
+_tensors = {}
+
+
+def _T(v):
+    key = (v.address, v.shape, v.typestr, v.device)
+    t = _tensors.get(key)
+    if t is None:
+        if len(_tensors) >= 4096:
+            _tensors.clear()
+        t = _tensors[key] = _torch.from_dlpack(v)
+    return t
 
 
 class Module(Layer):
+    views = "dlpack"  # the layer's buffers come as brigade.dlpack.View: torch tensors on the backend's device
+
     """Module(name, module, loss=False, init="module"): `module` maps (n, t, c)
     float32 features, or (n, t) token ids (int64) on a token model's first
     layer, to (n, t, c_out); with loss=True it takes (logits, targets (n, t)
@@ -82,49 +96,61 @@ class Module(Layer):
         if views == self._bound:
             return
         for n, p in self._named:
-            v = self.params[n]
+            t = _T(self.params[n])
             if n in self._first:
-                if not v.any():
-                    v[...] = self._first[n].numpy()
+                if not t.any():
+                    t.copy_(self._first[n])
                 del self._first[n]
-            p.data = _torch.from_numpy(v)
+            p.data = t
         self._bound = views
 
-    def _input(self, ctx, x):
+    def _input(self, ctx, x, grad=True):
         if x is None:
-            return _torch.from_numpy(ctx.tokens).long()
-        return _torch.from_numpy(x).requires_grad_(True)
+            return _T(ctx.tokens).long()
+        return _T(x).detach().requires_grad_(grad)
+
+    @property
+    def live_graphs(self):
+        """Autograd graphs held for microbatches whose backward has not ended (0 between steps)."""
+        return len(self._graphs)
 
     def forward(self, ctx, x, y):
         self._sync()
+        if ctx.no_backward:  # recomputation's first forward, or an evaluation: no graph to keep
+            with _torch.no_grad():
+                if self.loss:
+                    _T(y)[..., 0] = self.module(self._input(ctx, x, False), _T(ctx.targets).long())
+                else:
+                    _T(y).copy_(self.module(self._input(ctx, x, False)))
+            return
         xt = self._input(ctx, x)
         with _torch.enable_grad():
             if self.loss:
-                out = self.module(xt, _torch.from_numpy(ctx.targets).long())
-                y[..., 0] = out.detach().numpy()
+                out = self.module(xt, _T(ctx.targets).long())
+                _T(y)[..., 0] = out.detach()
             else:
                 out = self.module(xt)
-                y[...] = out.detach().numpy()
-        self._graphs[ctx.stash.ctypes.data] = (xt, out)
+                _T(y).copy_(out.detach())
+        self._graphs[ctx.stash.address] = (xt, out)
 
     def _dout(self, ctx, out, dy):
         if self.loss:
             return _torch.full_like(out, ctx.loss_scale)
-        return _torch.from_numpy(dy)
+        return _T(dy)
 
     def backward_input(self, ctx, x, y, dy, dx):
-        key = ctx.stash.ctypes.data
+        key = ctx.stash.address
         xt, out = self._graphs[key] if self._named else self._graphs.pop(key)
         if dx is not None:  # the graph stays for backward_weight when there are parameters
             (g,) = _torch.autograd.grad(out, xt, self._dout(ctx, out, dy), retain_graph=bool(self._named))
-            dx[...] = g.numpy()
+            _T(dx).copy_(g)
 
     def backward_weight(self, ctx, x, y, dy):
         if not self._named:
             return
-        xt, out = self._graphs.pop(ctx.stash.ctypes.data)
+        xt, out = self._graphs.pop(ctx.stash.address)
         self._sync()
         grads = _torch.autograd.grad(out, [p for _, p in self._named], self._dout(ctx, out, dy), allow_unused=True)
         for (n, _), g in zip(self._named, grads):
             if g is not None:
-                self.grads[n] += g.numpy()
+                _T(self.grads[n]).add_(g)

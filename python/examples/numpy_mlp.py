@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train an MLP whose layers are written in Python with numpy (a linear, a
 tanh and a softmax cross-entropy loss, each a brigade.Layer subclass) on a
-synthetic classification task, on a pipeline of --pp ranks (x --dp).
+synthetic classification task, on a pipeline of --pp ranks (x --dp, x --tp:
+column- and row-parallel pairs of linears over a tensor group).
 
     python3 python/examples/numpy_mlp.py --steps 20 --save DIR1                  # one process
     brigade launch -n 2 -- python3 python/examples/numpy_mlp.py --pp 2 --schedule zb-h1 --save DIR2
@@ -50,6 +51,46 @@ class Linear(bg.Layer):
         dy2 = dy.reshape(-1, self.c_out)
         self.grads["weight"] += dy2.T @ x.reshape(-1, self.c_in)
         self.grads["bias"] += dy2.sum(axis=0)
+
+
+class ColumnLinear(Linear):
+    """Column-parallel y = x W^T + b over a tensor group of `tp`: each member
+    holds rows [r c_out/tp, (r+1) c_out/tp) of W and b (Param split on dim 0)
+    and outputs those channels, (n, t, c_in) -> (n, t, c_out/tp); the input's
+    gradient is the sum of the members' parts (an allreduce)."""
+
+    def __init__(self, name, c_in, c_out, tp, std=None):
+        if c_out % tp:
+            raise ValueError("%s: %d output features are not divisible by tp %d" % (name, c_out, tp))
+        bg.Layer.__init__(self, name, [bg.Param("weight", (c_out // tp, c_in), std=std or c_in ** -0.5, split=(0, tp)),
+                                       bg.Param("bias", (c_out // tp,), init="const", value=0.0, split=(0, tp))])
+        self.c_in, self.c_out = c_in, c_out // tp
+
+    def backward_input(self, ctx, x, y, dy, dx):
+        super().backward_input(ctx, x, y, dy, dx)
+        if dx is not None and ctx.tp is not None:
+            ctx.tp.allreduce(dx)
+
+
+class RowLinear(Linear):
+    """Row-parallel y = x W^T + b over a tensor group of `tp`: each member
+    holds columns [r c_in/tp, (r+1) c_in/tp) of W (Param split on dim 1) and
+    reads those input channels (a ColumnLinear's output), (n, t, c_in/tp) ->
+    (n, t, c_out); the output is the sum of the members' parts (an allreduce),
+    then the bias (replicated, so its gradient is the same on every member)."""
+
+    def __init__(self, name, c_in, c_out, tp, std=None):
+        if c_in % tp:
+            raise ValueError("%s: %d input features are not divisible by tp %d" % (name, c_in, tp))
+        bg.Layer.__init__(self, name, [bg.Param("weight", (c_out, c_in // tp), std=std or c_in ** -0.5, split=(1, tp)),
+                                       bg.Param("bias", (c_out,), init="const", value=0.0)])
+        self.c_in, self.c_out = c_in // tp, c_out
+
+    def forward(self, ctx, x, y):
+        np.matmul(x.reshape(-1, self.c_in), self.params["weight"].T, out=y.reshape(-1, self.c_out))
+        if ctx.tp is not None:
+            ctx.tp.allreduce(y)
+        y += self.params["bias"]
 
 
 class Tanh(bg.Layer):
@@ -106,7 +147,10 @@ def build_model(a):
     m = bg.Model(name="numpy-mlp", input="features", features=a.features, seed=a.seed)
     c = a.features
     for i in range(a.layers):
-        m.add(Linear("fc%d" % i, c, a.hidden))
+        if a.tp is None:
+            m.add(Linear("fc%d" % i, c, a.hidden))
+        else:  # column- then row-parallel pairs: the tanh between them runs on each member's channels
+            m.add((ColumnLinear if i % 2 == 0 else RowLinear)("fc%d" % i, c, a.hidden, a.tp, std=c ** -0.5))
         m.add(Tanh("act%d" % i))
         c = a.hidden
     m.add(Linear("out", c, a.classes))
@@ -128,6 +172,8 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pp", type=int, default=1, help="pipeline ranks")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas")
+    ap.add_argument("--tp", type=int, help="tensor-parallel degree: the hidden linears become column- then "
+                    "row-parallel pairs (--layers even); without it, plain linears")
     ap.add_argument("--zero", type=int, default=0, help="ZeRO stage across the dp replicas (0, 1, 2)")
     ap.add_argument("--schedule", default="1f1b", help="1f1b, gpipe, zb-h1, zb-v, ...")
     ap.add_argument("--chunks", type=int, default=0, help="model chunks per rank (zb-v, interleaved: 2)")
@@ -150,8 +196,10 @@ def parse(argv=None):
 
 def main():
     a = parse()
+    if a.tp is not None and (a.tp < 1 or a.layers % 2):
+        raise SystemExit("--tp needs a degree >= 1 and an even --layers (column/row pairs)")
     model = build_model(a)
-    with bg.Executor(model, batches=make_batches(a), pp=a.pp, dp=a.dp, zero=a.zero, schedule=a.schedule,
+    with bg.Executor(model, batches=make_batches(a), pp=a.pp, dp=a.dp, tp=a.tp or 1, zero=a.zero, schedule=a.schedule,
                      chunks=a.chunks, batch=a.batch, microbatches=a.microbatches, lr=a.lr, threads=a.threads,
                      recompute=a.recompute) as ex:
         if a.checkpoint and ex.resume(a.checkpoint) and ex.rank == 0:

@@ -125,7 +125,7 @@ def train(a):
         if a.dump:
             os.makedirs(a.dump, exist_ok=True)
             np.savez(os.path.join(a.dump, "rank%d.npz" % ex.rank),
-                     **{"%s.%s" % (l.name, n): v.copy() for l in layers for n, v in l.params.items()})
+                     **{"%s.%s" % (l.name, n): np.array(v) for l in layers for n, v in l.params.items()})
 
 
 def main():

@@ -92,8 +92,12 @@ int main(void)
     S(bg_layer_ctx_t);
     F(bg_layer_ctx_t, be); F(bg_layer_ctx_t, in); F(bg_layer_ctx_t, tokens); F(bg_layer_ctx_t, targets);
     F(bg_layer_ctx_t, loss_scale); F(bg_layer_ctx_t, stash); F(bg_layer_ctx_t, wstash); F(bg_layer_ctx_t, scratch);
-    F(bg_layer_ctx_t, tp); F(bg_layer_ctx_t, deferred);
+    F(bg_layer_ctx_t, tp); F(bg_layer_ctx_t, deferred); F(bg_layer_ctx_t, no_backward);
 
+    S(bg_tp_comm_t);
+    F(bg_tp_comm_t, size); F(bg_tp_comm_t, rank); F(bg_tp_comm_t, allreduce); F(bg_tp_comm_t, allgather);
+    F(bg_tp_comm_t, arg); F(bg_tp_comm_t, iallreduce); F(bg_tp_comm_t, wait); F(bg_tp_comm_t, reduce_scatter);
+    F(bg_tp_comm_t, ireduce_scatter); F(bg_tp_comm_t, iallgather);
     S(bg_layer_ops_t);
     F(bg_layer_ops_t, type); F(bg_layer_ops_t, out_shape); F(bg_layer_ops_t, stash_bytes);
     F(bg_layer_ops_t, wstash_bytes); F(bg_layer_ops_t, scratch_bytes); F(bg_layer_ops_t, fwd_flops);

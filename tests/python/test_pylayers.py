@@ -5,7 +5,9 @@ library's stage (and that the check catches a wrong backward); pp 2 and 3
 under 1F1B, ZB-H1 and ZB-V give bitwise the weights and losses of one
 process; ZeRO with recomputation against plain dp; checkpoint resume; an
 exception inside a layer reaches the user once, with its traceback, on its
-rank, and the other rank stops at once naming it. Needs numpy (skipped,
+rank, and the other rank stops at once naming it; column- and row-parallel
+Python layers (Param split, ctx.tp) at tp 2 and pp 2 x tp 2 within 1e-5 of
+the plain MLP on one process, and ctx.tp's collectives. Needs numpy (skipped,
 saying so, without it), BRIGADE (the CLI), BRIGADE_LIB and PYTHONPATH.
 """
 import os
@@ -163,14 +165,8 @@ class Layers(unittest.TestCase):
             self.assertTrue(any("python layer boom (Boom.forward) raised KeyError" in n for n in notes), notes)
 
 
-@unittest.skipIf(np is None, "numpy is not installed: Python layers need it (pip install numpy)")
-class Pipelines(unittest.TestCase):
-    """The example's Python-layer MLP on brigade launch against one process."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp()
-        cls.ref, cls.ref_losses = cls.run_example(0, [], "one")
+class _Example:
+    """Runs of the example (one process, or on brigade launch) into a class-wide temporary folder."""
 
     @classmethod
     def tearDownClass(cls):
@@ -192,6 +188,16 @@ class Pipelines(unittest.TestCase):
         r = bg.compare_weights(a, b)
         self.assertGreater(r["tensors"], 0)
         self.assertEqual(r["identical"], r["tensors"], "every tensor bitwise identical: %s" % r)
+
+
+@unittest.skipIf(np is None, "numpy is not installed: Python layers need it (pip install numpy)")
+class Pipelines(_Example, unittest.TestCase):
+    """The example's Python-layer MLP on brigade launch against one process."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp()
+        cls.ref, cls.ref_losses = cls.run_example(0, [], "one")
 
     def test_pipelines_equal_one_process(self):
         self.assertEqual(len(self.ref_losses), 8)
@@ -257,6 +263,167 @@ with bg.Executor(m, batches=ex.make_batches(a), pp=2, batch=8, microbatches=2, t
         self.assertTrue(any(l.startswith("brigade._lib.BrigadeError") and "rank 1 stopped on an error" in l and
                             "python layer bad (Bad.backward_input) raised ZeroDivisionError" in l for l in rank0),
                         "rank 0 does not name rank 1 and its error:\n" + "\n".join(rank0))
+
+
+def rel_l2(a_dir, b_dir):
+    """Relative L2 of every tensor, by name, read back with numpy from the two saves (an independent reading of
+    brigade compare's figure); asserts both hold the same names and shapes."""
+    ra, rb = _safetensors(a_dir), _safetensors(b_dir)
+    assert ra.keys() == rb.keys(), (sorted(ra), sorted(rb))
+    out = {}
+    for k in ra:
+        assert ra[k].shape == rb[k].shape, (k, ra[k].shape, rb[k].shape)
+        d = ra[k].astype(np.float64) - rb[k].astype(np.float64)
+        out[k] = float(np.linalg.norm(d) / max(np.linalg.norm(ra[k].astype(np.float64)), 1e-30))
+    return out
+
+
+def _safetensors(d):
+    import json
+    import struct
+    tensors = {}
+    for fn in sorted(os.listdir(d)):
+        if not fn.endswith(".safetensors"):
+            continue
+        with open(os.path.join(d, fn), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            head = json.loads(f.read(n))
+            body = f.read()
+        for k, v in head.items():
+            if k == "__metadata__":
+                continue
+            assert v["dtype"] == "F32", (k, v["dtype"])
+            b0, b1 = v["data_offsets"]
+            tensors[k] = np.frombuffer(body[b0:b1], np.float32).reshape(v["shape"])
+    assert tensors, "no safetensors under %s" % d
+    return tensors
+
+
+@unittest.skipIf(np is None, "numpy is not installed: Python layers need it (pip install numpy)")
+class TensorParallel(_Example, unittest.TestCase):
+    """The example's MLP with column- then row-parallel Python layers (ctx.tp's collectives, Param split) at tp 2
+    against the plain MLP (numpy_mlp's Linear) on one process, after 10 AdamW steps."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp()
+        cls.ref, cls.ref_losses = cls.run_example(0, ["--layers", "2"], "plain", steps=10)
+
+    def close_to_plain(self, out, losses):
+        self.assertEqual(len(losses), 10)
+        for a, b in zip(losses, self.ref_losses):
+            self.assertLess(abs(a - b), 1e-5 * abs(b), (losses, self.ref_losses))
+        errs = rel_l2(self.ref, out)
+        self.assertEqual(set(errs), {"fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias", "out.weight", "out.bias"})
+        self.assertLess(max(errs.values()), 1e-5, errs)
+        return errs
+
+    def test_tp_layers_at_tp1_are_the_plain_mlp(self):
+        out, losses = self.run_example(0, ["--layers", "2", "--tp", "1"], "tp1", steps=10)
+        self.assertEqual(losses, self.ref_losses)
+        self.same_weights(self.ref, out)
+
+    def test_tp2_equals_tp1(self):
+        out, losses = self.run_example(2, ["--layers", "2", "--tp", "2"], "tp2", steps=10)
+        errs = self.close_to_plain(out, losses)
+        print("tp 2 vs plain, relative L2 after 10 AdamW steps: max %.3g" % max(errs.values()))
+
+    def test_pp2_x_tp2_equals_tp1(self):
+        out, losses = self.run_example(4, ["--layers", "2", "--tp", "2", "--pp", "2", "--schedule", "zb-h1"],
+                                       "pp2tp2", steps=10)
+        errs = self.close_to_plain(out, losses)
+        print("pp 2 x tp 2 (ZB-H1) vs plain, relative L2 after 10 AdamW steps: max %.3g" % max(errs.values()))
+
+    def test_a_row_layer_without_its_sum_is_caught(self):  # the comparison above can fail
+        script = os.path.join(self.tmp, "nosum.py")
+        with open(script, "w") as f:
+            f.write("""import sys
+sys.path.insert(0, %r)
+import numpy_mlp as ex
+ex.RowLinear.forward = ex.Linear.forward  # each member's part, never summed
+ex.main()
+""" % os.path.dirname(EXAMPLE))
+        out = os.path.join(self.tmp, "nosum")
+        cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "240", "--", sys.executable, script, "--layers", "2",
+               "--tp", "2", "--steps", "10", "--save", out]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertGreater(max(rel_l2(self.ref, out).values()), 1e-3)
+
+    def test_builder_tp(self):  # the binding's builders make the built-in tensor-parallel layers
+        script = os.path.join(self.tmp, "builder.py")
+        with open(script, "w") as f:
+            f.write("""import sys
+import numpy as np
+import brigade as bg
+tp = int(sys.argv[1])
+m = bg.Model.mlp(layers=2, d_model=16, in_features=8, classes=4, seed=3, tp=tp)
+def batches(rq):
+    r = np.random.default_rng([rq.step, rq.first])
+    return r.standard_normal((rq.n, 8)).astype(np.float32), r.integers(0, 4, rq.n).astype(np.int32)
+with bg.Executor(m, batches=batches, tp=tp, batch=8, microbatches=2, threads=1) as e:
+    for s in range(10):
+        e.step()
+    e.save_weights(sys.argv[2])
+""")
+        outs = []
+        for tp in (1, 2):
+            outs.append(os.path.join(self.tmp, "builder%d" % tp))
+            cmd = [sys.executable, script, str(tp), outs[-1]]
+            if tp > 1:
+                cmd = [BRIGADE, "launch", "-n", str(tp), "--timeout", "240", "--"] + cmd
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+        errs = rel_l2(outs[0], outs[1])
+        self.assertEqual(len(errs), 6)
+        self.assertLess(max(errs.values()), 1e-5, errs)
+
+    def test_group_collectives_and_refusals(self):
+        script = os.path.join(self.tmp, "probe.py")
+        with open(script, "w") as f:
+            f.write("""import sys
+sys.path.insert(0, %r)
+import numpy as np
+import numpy_mlp as ex
+import brigade as bg
+seen = []
+class Probe(ex.Tanh):  # checks ctx.tp's collectives against what every member must get
+    def forward(self, ctx, x, y):
+        g = ctx.tp
+        assert g is not None and g.size == 2 and 0 <= g.rank < 2, g
+        a = np.arange(6, dtype=np.float32).reshape(2, 3) * (g.rank + 1)
+        g.allreduce(a)
+        assert (a == np.arange(6, dtype=np.float32).reshape(2, 3) * 3).all(), a
+        got = g.allgather(np.full((3,), g.rank, np.float32))
+        assert got.shape == (2, 3) and (got == [[0, 0, 0], [1, 1, 1]]).all(), got
+        for bad, err in ((np.zeros(3), TypeError), (np.zeros((4, 4), np.float32)[:, ::2], TypeError), (x, ValueError)):
+            try:
+                g.allreduce(bad)
+            except err:
+                pass
+            else:
+                raise AssertionError("allreduce took %%r" %% (bad,))
+        seen.append(g.rank)
+        super().forward(ctx, x, y)
+a = ex.parse(["--layers", "2", "--tp", "2"])
+m = bg.Model(name="probe", input="features", features=a.features, seed=1)
+m.add(ex.ColumnLinear("fc0", a.features, 8, 2)).add(Probe("probe")).add(ex.RowLinear("fc1", 8, 8, 2))
+m.add(ex.Linear("out", 8, 4)).add(ex.SoftmaxCE("loss", 4))
+with bg.Executor(m, batches=ex.make_batches(a), tp=2, batch=8, microbatches=2, threads=1) as e:
+    e.step()
+print("probed", len(seen))
+""" % os.path.dirname(EXAMPLE))
+        cmd = [BRIGADE, "launch", "-n", "2", "--timeout", "120", "--", sys.executable, script]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+        self.assertEqual(p.stdout.count("probed 2"), 2, p.stdout)
+        # a model of degree-2 shards run without its group: refused
+        a = ex.parse(["--layers", "2", "--tp", "2"])
+        m = ex.build_model(a)
+        with self.assertRaisesRegex(bg.BrigadeError, "tp = 1 but model numpy-mlp has tensor-parallel layers"):
+            bg.Executor(m, batches=ex.make_batches(a), batch=8, microbatches=2, threads=1)
+        with self.assertRaisesRegex(ValueError, "split"):
+            bg.Param("w", (3, 4), split=(2, 2))
 
 
 if __name__ == "__main__":
