@@ -302,6 +302,43 @@ typedef struct bg_llama_block {
  *  SwiGLU channels (tp must divide kv_heads and ffn). */
 bg_status_t bg_layer_llama_block(const char *name, const bg_llama_block_t *b, int tp, bg_layer_t **layer_p);
 
+/* ---- mixture of experts (docs/layers.md) ---- */
+/** How the router's logits become the gates of the chosen experts. */
+typedef enum bg_moe_gate {
+    BG_MOE_SOFTMAX = 0, /**< softmax over the top-k logits (renormalised over the chosen) */
+    BG_MOE_SIGMOID = 1, /**< sigmoid of each chosen logit, not renormalised */
+} bg_moe_gate_t;
+/** The sizes and settings of an MoE layer. */
+typedef struct bg_moe {
+    int c;                 /**< model width (d_model) */
+    int experts;           /**< E: experts */
+    int top_k;             /**< experts per token, 1 .. min(E, 64) */
+    int ffn;               /**< each expert's SwiGLU hidden size */
+    bg_moe_gate_t gate;    /**< gating function */
+    float capacity_factor; /**< each expert takes at most ceil(factor N k / E) of a microbatch's N tokens, earlier
+                                tokens first, the rest dropped (counted); 0: no limit (dropless) */
+    float aux_coef;        /**< coefficient of the load-balancing loss E sum_e f_e P_e (0: none) */
+    float init_std;        /**< std of the router and the experts' up projections */
+    float proj_std;        /**< std of the experts' down projections */
+} bg_moe_t;
+/** Mixture-of-experts MLP: (n, t, c) -> (n, t, c) = sum over each token's top-k experts of gate * down_e(
+ *  swiglu(up_e(x))); ties in the top-k go to the lower expert index, and each token sums its experts in
+ *  expert order, so the result does not depend on threads. Tensors "router" (E, c), "up" (E, 2 ffn, c) and
+ *  "down" (E, c, ffn). The load-balancing loss (f_e: share of the N k choices that picked expert e before the
+ *  capacity, P_e: mean softmax probability of e) enters the objective as aux_coef * aux once per token of the
+ *  microbatch, weighted like the tokens' losses (ctx->loss_scale); its gradient reaches the router only. */
+bg_status_t bg_layer_moe(const char *name, const bg_moe_t *m, bg_layer_t **layer_p);
+/** What the last forward of an MoE layer routed. */
+typedef struct bg_moe_stats {
+    double aux_loss;       /**< E sum_e f_e P_e of the last forward (without the coefficient) */
+    int64_t dropped;       /**< token-expert choices the capacity dropped in the last forward */
+    int64_t dropped_total; /**< the same, summed over every forward since creation */
+} bg_moe_stats_t;
+/** 1 when @p l is an MoE layer (bg_layer_moe). */
+int bg_layer_is_moe(const bg_layer_t *l);
+/** The routing statistics of MoE layer @p l (BG_ERR_INVALID when it is not one). */
+bg_status_t bg_layer_moe_stats(const bg_layer_t *l, bg_moe_stats_t *stats_p);
+
 /* ---- tensor-parallel layers (Megatron-style; docs/layers.md) ----
  * Each takes the tensor-parallel degree @p tp and holds this rank's shard of
  * full named tensors (saved and loaded whole). They need the model bound to a
