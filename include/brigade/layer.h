@@ -271,37 +271,6 @@ bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float pr
 /** Transformer block: attention block then MLP block. */
 bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, bg_layer_t **layer_p);
 
-/* ---- Llama-style layers (docs/layers.md; they need the backend's Llama kernels, BG_ERR_UNSUPPORTED naming the
- *      slot otherwise) ---- */
-/** RMSNorm over the last dimension of c channels (eps 1e-5): x / rms(x) * weight; weight starts at ones. */
-bg_status_t bg_layer_rmsnorm(const char *name, int c, bg_layer_t **layer_p);
-/** SwiGLU: (n, t, 2h) = [a | b] -> (n, t, h) = silu(a) * b; no parameters. */
-bg_status_t bg_layer_swiglu(const char *name, int h, bg_layer_t **layer_p);
-/** Causal grouped-query attention core with rotary positions (RoPE, rotate-half pairs, frequencies
- *  rope_theta^(-2i/head_dim), positions 0 .. t-1): (n, t, kv_heads (g + 2) head_dim) -> (n, t, heads head_dim),
- *  g = heads / kv_heads. The input row is kv_heads groups, each [g query heads | one key head | one value
- *  head]; queries and keys are rotated, then each key/value head serves its group's g queries. No parameters. */
-bg_status_t bg_layer_gqa_attention(const char *name, int heads, int kv_heads, int head_dim, float rope_theta,
-                                   bg_layer_t **layer_p);
-/** Token embedding without a position table (rotary models): (n, t) tokens -> (n, t, c); one tensor "wte". */
-bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int c, float init_std,
-                                     bg_layer_t **layer_p);
-/** The sizes of a Llama block. */
-typedef struct bg_llama_block {
-    int c;            /**< model width */
-    int heads;        /**< query heads (divides c) */
-    int kv_heads;     /**< key/value heads (divides heads) */
-    int ffn;          /**< SwiGLU hidden size */
-    float rope_theta; /**< RoPE base (10000 in Llama 2) */
-    float init_std;   /**< std of qkv and up */
-    float proj_std;   /**< std of proj and down */
-} bg_llama_block_t;
-/** Llama block: x + proj(attn(qkv(rmsnorm(x)))), then x + down(swiglu(up(rmsnorm(x)))), no biases; children
- *  "attn" (norm, qkv, attn, proj) and "mlp" (norm, up, swiglu, down). tp > 1: qkv and up column-parallel,
- *  proj and down row-parallel, each member holding kv_heads / tp whole key/value groups and ffn / tp
- *  SwiGLU channels (tp must divide kv_heads and ffn). */
-bg_status_t bg_layer_llama_block(const char *name, const bg_llama_block_t *b, int tp, bg_layer_t **layer_p);
-
 /* ---- mixture of experts (docs/layers.md) ---- */
 /** How the router's logits become the gates of the chosen experts. */
 typedef enum bg_moe_gate {
@@ -338,6 +307,38 @@ typedef struct bg_moe_stats {
 int bg_layer_is_moe(const bg_layer_t *l);
 /** The routing statistics of MoE layer @p l (BG_ERR_INVALID when it is not one). */
 bg_status_t bg_layer_moe_stats(const bg_layer_t *l, bg_moe_stats_t *stats_p);
+
+/* ---- Llama-style layers (docs/layers.md; they need the backend's Llama kernels, BG_ERR_UNSUPPORTED naming the
+ *      slot otherwise) ---- */
+/** RMSNorm over the last dimension of c channels (eps 1e-5): x / rms(x) * weight; weight starts at ones. */
+bg_status_t bg_layer_rmsnorm(const char *name, int c, bg_layer_t **layer_p);
+/** SwiGLU: (n, t, 2h) = [a | b] -> (n, t, h) = silu(a) * b; no parameters. */
+bg_status_t bg_layer_swiglu(const char *name, int h, bg_layer_t **layer_p);
+/** Causal grouped-query attention core with rotary positions (RoPE, rotate-half pairs, frequencies
+ *  rope_theta^(-2i/head_dim), positions 0 .. t-1): (n, t, kv_heads (g + 2) head_dim) -> (n, t, heads head_dim),
+ *  g = heads / kv_heads. The input row is kv_heads groups, each [g query heads | one key head | one value
+ *  head]; queries and keys are rotated, then each key/value head serves its group's g queries. No parameters. */
+bg_status_t bg_layer_gqa_attention(const char *name, int heads, int kv_heads, int head_dim, float rope_theta,
+                                   bg_layer_t **layer_p);
+/** Token embedding without a position table (rotary models): (n, t) tokens -> (n, t, c); one tensor "wte". */
+bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int c, float init_std,
+                                     bg_layer_t **layer_p);
+/** The sizes of a Llama block. */
+typedef struct bg_llama_block {
+    int c;            /**< model width */
+    int heads;        /**< query heads (divides c) */
+    int kv_heads;     /**< key/value heads (divides heads) */
+    int ffn;          /**< SwiGLU hidden size */
+    float rope_theta; /**< RoPE base (10000 in Llama 2) */
+    float init_std;   /**< std of qkv and up */
+    float proj_std;   /**< std of proj and down */
+    const bg_moe_t *moe; /**< NULL: a dense SwiGLU MLP; else the MLP is this MoE layer (ffn unused; tp must be 1) */
+} bg_llama_block_t;
+/** Llama block: x + proj(attn(qkv(rmsnorm(x)))), then x + down(swiglu(up(rmsnorm(x)))), no biases; children
+ *  "attn" (norm, qkv, attn, proj) and "mlp" (norm, up, swiglu, down; with b->moe: norm, moe). tp > 1: qkv and up column-parallel,
+ *  proj and down row-parallel, each member holding kv_heads / tp whole key/value groups and ffn / tp
+ *  SwiGLU channels (tp must divide kv_heads and ffn). */
+bg_status_t bg_layer_llama_block(const char *name, const bg_llama_block_t *b, int tp, bg_layer_t **layer_p);
 
 /* ---- tensor-parallel layers (Megatron-style; docs/layers.md) ----
  * Each takes the tensor-parallel degree @p tp and holds this rank's shard of
