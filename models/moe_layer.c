@@ -229,11 +229,28 @@ static moe_bufs_t moe_bufs(const bg_moe_t *m, const bg_layer_ctx_t *ctx)
     return b;
 }
 
-static bg_status_t moe_need(const bg_layer_t *l, bg_backend_t *be)
+/* What every call of the layer starts from: its sizes, buffers and weights. */
+typedef struct {
+    moe_t *p;
+    const bg_moe_t *m;
+    bg_backend_t *be;
+    int N, E, c, h;
+    moe_bufs_t b;
+    const float *wr, *wup, *wdn; /* router (E, c), up (E, 2h, c), down (E, c, h) */
+} moe_call_t;
+
+static bg_status_t moe_call(bg_layer_t *l, const bg_layer_ctx_t *ctx, moe_call_t *k)
 {
+    bg_backend_t *be = ctx->be;
     if (!be->ops->swiglu_forward || !be->ops->swiglu_backward || !be->ops->gemm_strided_batched)
         return bg_error(BG_ERR_UNSUPPORTED, "layer %s (moe): backend %s lacks swiglu or batched gemm kernels",
                         l->name, be->ops->name);
+    k->p = l->impl;
+    k->m = &k->p->m;
+    k->be = be;
+    k->N = ROWS(ctx->in), k->E = k->m->experts, k->c = k->m->c, k->h = k->m->ffn;
+    k->b = moe_bufs(k->m, ctx);
+    k->wr = l->params[0].data, k->wup = l->params[1].data, k->wdn = l->params[2].data;
     return BG_OK;
 }
 
@@ -246,33 +263,31 @@ static void gather_rows(bg_backend_t *be, float *dst, const float *src, const in
 
 static bg_status_t moe_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
-    moe_t *p = l->impl;
-    const bg_moe_t *m = &p->m;
-    bg_backend_t *be = ctx->be;
-    BG_CHECK(moe_need(l, be));
-    int N = ROWS(ctx->in), E = m->experts, c = m->c, h = m->ffn;
-    moe_bufs_t b = moe_bufs(m, ctx);
-    const float *wr = l->params[0].data, *wup = l->params[1].data, *wdn = l->params[2].data;
-    be->ops->gemm(be, 0, 1, N, E, c, 1.0f, in, c, wr, c, 0.0f, b.logits, E);
+    moe_call_t k;
+    BG_CHECK(moe_call(l, ctx, &k));
+    bg_backend_t *be = k.be;
+    be->ops->gemm(be, 0, 1, k.N, k.E, k.c, 1.0f, in, k.c, k.wr, k.c, 0.0f, k.b.logits, k.E);
     route_t r;
-    BG_CHECK(route(m, be, b.logits, N, &r));
-    be->ops->fill(be, out, 0.0f, (size_t)N * c);
+    BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
+    be->ops->fill(be, out, 0.0f, (size_t)k.N * k.c);
     /* each token's output sums its experts' in expert order, whatever the threads */
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < k.E; e++) {
         int cnt = r.cnt[e], base = r.off[e];
         if (!cnt)
             continue;
-        float *U = b.U + (size_t)base * 2 * h, *H = b.H + (size_t)base * h, *Y = b.Y + (size_t)base * c;
-        gather_rows(be, b.xg, in, r.tok + base, cnt, c);
-        be->ops->gemm(be, 0, 1, cnt, 2 * h, c, 1.0f, b.xg, c, wup + (size_t)e * 2 * h * c, c, 0.0f, U, 2 * h);
-        be->ops->swiglu_forward(be, H, U, cnt, h);
-        be->ops->gemm(be, 0, 1, cnt, c, h, 1.0f, H, h, wdn + (size_t)e * c * h, h, 0.0f, Y, c);
+        float *U = k.b.U + (size_t)base * 2 * k.h, *H = k.b.H + (size_t)base * k.h, *Y = k.b.Y + (size_t)base * k.c;
+        gather_rows(be, k.b.xg, in, r.tok + base, cnt, k.c);
+        be->ops->gemm(be, 0, 1, cnt, 2 * k.h, k.c, 1.0f, k.b.xg, k.c, k.wup + (size_t)e * 2 * k.h * k.c, k.c, 0.0f,
+                      U, 2 * k.h);
+        be->ops->swiglu_forward(be, H, U, cnt, k.h);
+        be->ops->gemm(be, 0, 1, cnt, k.c, k.h, 1.0f, H, k.h, k.wdn + (size_t)e * k.c * k.h, k.h, 0.0f, Y, k.c);
         for (int i = 0; i < cnt; i++)
-            be->ops->axpy(be, out + (size_t)r.tok[base + i] * c, r.agate[base + i], Y + (size_t)i * c, (size_t)c);
+            be->ops->axpy(be, out + (size_t)r.tok[base + i] * k.c, r.agate[base + i], Y + (size_t)i * k.c,
+                          (size_t)k.c);
     }
-    p->aux = r.aux;
-    p->dropped = r.dropped;
-    p->dropped_total += r.dropped;
+    k.p->aux = r.aux;
+    k.p->dropped = r.dropped;
+    k.p->dropped_total += r.dropped;
     route_free(&r);
     return BG_OK;
 }
@@ -324,42 +339,40 @@ static bg_status_t router_grad(const moe_t *p, const bg_layer_ctx_t *ctx, const 
 static bg_status_t moe_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
                                       const float *dout, float *din)
 {
-    moe_t *p = l->impl;
-    const bg_moe_t *m = &p->m;
-    bg_backend_t *be = ctx->be;
-    BG_CHECK(moe_need(l, be));
-    int N = ROWS(ctx->in), E = m->experts, c = m->c, h = m->ffn;
-    moe_bufs_t b = moe_bufs(m, ctx);
-    const float *wr = l->params[0].data, *wup = l->params[1].data, *wdn = l->params[2].data;
+    moe_call_t k;
+    BG_CHECK(moe_call(l, ctx, &k));
+    bg_backend_t *be = k.be;
     route_t r;
-    BG_CHECK(route(m, be, b.logits, N, &r));
-    int A = r.off[E - 1] + r.cnt[E - 1];
+    BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
+    int A = r.off[k.E - 1] + r.cnt[k.E - 1];
     /* dY = the tokens' dout rows; dgate = <Y, dY> before dY takes the gate */
-    for (int e = 0; e < E; e++)
-        gather_rows(be, b.dY + (size_t)r.off[e] * c, dout, r.tok + r.off[e], r.cnt[e], c);
+    for (int e = 0; e < k.E; e++)
+        gather_rows(be, k.b.dY + (size_t)r.off[e] * k.c, dout, r.tok + r.off[e], r.cnt[e], k.c);
     if (A)
-        be->ops->gemm_strided_batched(be, 0, 1, 1, 1, c, 1.0f, b.Y, c, c, b.dY, c, c, 0.0f, b.dgate, 1, 1, A);
+        be->ops->gemm_strided_batched(be, 0, 1, 1, 1, k.c, 1.0f, k.b.Y, k.c, k.c, k.b.dY, k.c, k.c, 0.0f,
+                                      k.b.dgate, 1, 1, A);
     for (int a = 0; a < A; a++)
-        be->ops->scale(be, b.dY + (size_t)a * c, r.agate[a], (size_t)c);
-    bg_status_t st = router_grad(p, ctx, &r, b.dgate, b.dlogits);
+        be->ops->scale(be, k.b.dY + (size_t)a * k.c, r.agate[a], (size_t)k.c);
+    bg_status_t st = router_grad(k.p, ctx, &r, k.b.dgate, k.b.dlogits);
     if (st != BG_OK) {
         route_free(&r);
         return st;
     }
     if (din)
-        be->ops->gemm(be, 0, 0, N, c, E, 1.0f, b.dlogits, E, wr, c, 0.0f, din, c);
-    for (int e = 0; e < E; e++) {
+        be->ops->gemm(be, 0, 0, k.N, k.c, k.E, 1.0f, k.b.dlogits, k.E, k.wr, k.c, 0.0f, din, k.c);
+    for (int e = 0; e < k.E; e++) {
         int cnt = r.cnt[e], base = r.off[e];
         if (!cnt)
             continue;
-        float *dU = b.dU + (size_t)base * 2 * h, *dY = b.dY + (size_t)base * c;
-        be->ops->gemm(be, 0, 0, cnt, h, c, 1.0f, dY, c, wdn + (size_t)e * c * h, h, 0.0f, b.dH, h);
-        be->ops->swiglu_backward(be, dU, b.U + (size_t)base * 2 * h, b.dH, cnt, h);
+        float *dU = k.b.dU + (size_t)base * 2 * k.h, *dY = k.b.dY + (size_t)base * k.c;
+        be->ops->gemm(be, 0, 0, cnt, k.h, k.c, 1.0f, dY, k.c, k.wdn + (size_t)e * k.c * k.h, k.h, 0.0f, k.b.dH, k.h);
+        be->ops->swiglu_backward(be, dU, k.b.U + (size_t)base * 2 * k.h, k.b.dH, cnt, k.h);
         if (!din)
             continue;
-        be->ops->gemm(be, 0, 0, cnt, c, 2 * h, 1.0f, dU, 2 * h, wup + (size_t)e * 2 * h * c, c, 0.0f, b.dxg, c);
+        be->ops->gemm(be, 0, 0, cnt, k.c, 2 * k.h, 1.0f, dU, 2 * k.h, k.wup + (size_t)e * 2 * k.h * k.c, k.c, 0.0f,
+                      k.b.dxg, k.c);
         for (int i = 0; i < cnt; i++)
-            be->ops->axpy(be, din + (size_t)r.tok[base + i] * c, 1.0f, b.dxg + (size_t)i * c, (size_t)c);
+            be->ops->axpy(be, din + (size_t)r.tok[base + i] * k.c, 1.0f, k.b.dxg + (size_t)i * k.c, (size_t)k.c);
     }
     route_free(&r);
     return BG_OK;
@@ -368,24 +381,23 @@ static bg_status_t moe_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
 static bg_status_t moe_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
                                        const float *dout)
 {
-    moe_t *p = l->impl;
-    const bg_moe_t *m = &p->m;
-    bg_backend_t *be = ctx->be;
-    int N = ROWS(ctx->in), E = m->experts, c = m->c, h = m->ffn;
-    moe_bufs_t b = moe_bufs(m, ctx);
+    moe_call_t k;
+    BG_CHECK(moe_call(l, ctx, &k));
+    bg_backend_t *be = k.be;
     float *gr = l->params[0].grad, *gup = l->params[1].grad, *gdn = l->params[2].grad;
     route_t r;
-    BG_CHECK(route(m, be, b.logits, N, &r));
-    be->ops->gemm(be, 1, 0, E, c, N, 1.0f, b.dlogits, E, in, c, 1.0f, gr, c);
-    for (int e = 0; e < E; e++) {
+    BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
+    be->ops->gemm(be, 1, 0, k.E, k.c, k.N, 1.0f, k.b.dlogits, k.E, in, k.c, 1.0f, gr, k.c);
+    for (int e = 0; e < k.E; e++) {
         int cnt = r.cnt[e], base = r.off[e];
         if (!cnt)
             continue;
-        gather_rows(be, b.xg, in, r.tok + base, cnt, c);
-        be->ops->gemm(be, 1, 0, 2 * h, c, cnt, 1.0f, b.dU + (size_t)base * 2 * h, 2 * h, b.xg, c, 1.0f,
-                      gup + (size_t)e * 2 * h * c, c);
-        be->ops->gemm(be, 1, 0, c, h, cnt, 1.0f, b.dY + (size_t)base * c, c, b.H + (size_t)base * h, h, 1.0f,
-                      gdn + (size_t)e * c * h, h);
+        gather_rows(be, k.b.xg, in, r.tok + base, cnt, k.c);
+        be->ops->gemm(be, 1, 0, 2 * k.h, k.c, cnt, 1.0f, k.b.dU + (size_t)base * 2 * k.h, 2 * k.h, k.b.xg, k.c, 1.0f,
+                      gup + (size_t)e * 2 * k.h * k.c, k.c);
+        be->ops->gemm(be, 1, 0, k.c, k.h, cnt, 1.0f, k.b.dY + (size_t)base * k.c, k.c, k.b.H + (size_t)base * k.h,
+                      k.h, 1.0f,
+                      gdn + (size_t)e * k.c * k.h, k.h);
     }
     route_free(&r);
     return BG_OK;
