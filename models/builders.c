@@ -53,6 +53,28 @@ static bg_status_t tp_check(const bg_model_config_t *c)
     return BG_OK;
 }
 
+/* The MoE fields: only on token models, and never tensor-parallel. */
+static bg_status_t moe_check(const bg_model_config_t *c)
+{
+    if (c->experts == 0)
+        return BG_OK;
+    if (c->experts < 0 || (c->kind != BG_MODEL_GPT && c->kind != BG_MODEL_LLAMA))
+        return bg_error(BG_ERR_INVALID, "experts %d: MoE blocks need a GPT or a Llama and experts >= 1", c->experts);
+    if (c->top_k < 1 || c->top_k > c->experts || c->top_k > 64)
+        return bg_error(BG_ERR_INVALID, "top_k %d must be in 1 .. min(experts %d, 64)", c->top_k, c->experts);
+    if (c->moe_every < 1)
+        return bg_error(BG_ERR_INVALID, "moe_every must be >= 1 (got %d)", c->moe_every);
+    if (!(c->capacity_factor >= 0) || !isfinite(c->capacity_factor) || !(c->moe_aux_coef >= 0) ||
+        !isfinite(c->moe_aux_coef))
+        return bg_error(BG_ERR_INVALID, "capacity_factor %g and moe_aux_coef %g must be finite and >= 0",
+                        (double)c->capacity_factor, (double)c->moe_aux_coef);
+    if (c->moe_gate != BG_MOE_SOFTMAX && c->moe_gate != BG_MOE_SIGMOID)
+        return bg_error(BG_ERR_INVALID, "moe_gate %d is neither softmax nor sigmoid", (int)c->moe_gate);
+    if (c->tp > 1)
+        return bg_error(BG_ERR_INVALID, "tp %d: MoE layers are not tensor-parallel (use --tp 1 with --experts)", c->tp);
+    return BG_OK;
+}
+
 bg_status_t bg_model_config_check(const bg_model_config_t *c)
 {
     if (c->layers < 1)
@@ -92,6 +114,7 @@ bg_status_t bg_model_config_check(const bg_model_config_t *c)
     if (c->precision == BG_BF16 && c->kind == BG_MODEL_MLP)
         return bg_error(BG_ERR_INVALID, "precision bf16 needs a GPT or a Llama: bf16 stores the activations kept inside "
                                         "composite layers (a GPT's blocks), and the MLP has none");
+    BG_CHECK(moe_check(c));
     return tp_check(c);
 }
 
@@ -104,6 +127,43 @@ static bg_status_t add(bg_model_desc_t *d, bg_layer_t *l, int sp)
         return st;
     }
     return bg_model_desc_add(d, l);
+}
+
+/* The MoE layer of block i, or NULL when block i's MLP is dense. */
+static const bg_moe_t *block_moe(const bg_model_config_t *c, int i, float std, float proj_std, bg_moe_t *m)
+{
+    if (c->experts < 1 || (i + 1) % c->moe_every != 0)
+        return NULL;
+    *m = (bg_moe_t){.c = c->d_model, .experts = c->experts, .top_k = c->top_k, .ffn = bg__llama_ffn(c),
+                    .gate = c->moe_gate, .capacity_factor = c->capacity_factor, .aux_coef = c->moe_aux_coef,
+                    .init_std = std, .proj_std = proj_std};
+    return m;
+}
+
+/* A GPT block whose MLP is an MoE: attn as bg_layer_attention_block, then mlp = x + moe(ln(x)). */
+static bg_status_t gpt_moe_block(const char *name, const bg_model_config_t *c, float std, float proj_std,
+                                 const bg_moe_t *m, bg_layer_t **layer_p)
+{
+    bg_layer_t *ch[2] = {0}, *mc[2] = {0}, *inner = NULL;
+    bg_status_t st = bg_layer_attention_block("attn", c->d_model, c->heads, std, proj_std, &ch[0]);
+    if (st == BG_OK)
+        st = bg_layer_layernorm("ln", c->d_model, &mc[0]);
+    if (st == BG_OK)
+        st = bg_layer_moe("moe", m, &mc[1]);
+    if (st == BG_OK) { /* seq and residual own their children from here, also on failure */
+        st = bg_layer_seq("", 2, mc, &inner);
+        mc[0] = mc[1] = NULL;
+        if (st == BG_OK)
+            st = bg_layer_residual("mlp", inner, &ch[1]);
+    }
+    if (st != BG_OK) {
+        for (int i = 0; i < 2; i++) {
+            bg_layer_destroy(ch[i]);
+            bg_layer_destroy(mc[i]);
+        }
+        return st;
+    }
+    return bg_layer_seq(name, 2, ch, layer_p);
 }
 
 static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
@@ -120,7 +180,11 @@ static bg_status_t build_gpt(const bg_model_config_t *c, bg_model_desc_t *d)
     BG_CHECK(add(d, l, sp));
     for (int i = 0; i < c->layers; i++) {
         snprintf(name, sizeof(name), "blocks.%d", i);
-        if (tp > 1)
+        bg_moe_t mo;
+        const bg_moe_t *moe = block_moe(c, i, std, proj_std, &mo);
+        if (moe)
+            BG_CHECK(gpt_moe_block(name, c, std, proj_std, moe, &l));
+        else if (tp > 1)
             BG_CHECK(bg_layer_tp_transformer_block(name, c->d_model, c->heads, std, proj_std, tp, &l));
         else
             BG_CHECK(bg_layer_transformer_block(name, c->d_model, c->heads, std, proj_std, &l));
@@ -150,7 +214,7 @@ static bg_status_t build_llama(const bg_model_config_t *c, bg_model_desc_t *d)
 {
     int sp = c->tp > 1 && c->sequence_parallel, tp = c->tp;
     bg_llama_block_t b = {c->d_model, c->heads, c->kv_heads ? c->kv_heads : c->heads, bg__llama_ffn(c), c->rope_theta,
-                          0.02f, 0.02f / sqrtf(2.0f * (float)c->layers)};
+                          0.02f, 0.02f / sqrtf(2.0f * (float)c->layers), NULL};
     char name[BG_NAME_MAX];
     bg_layer_t *l;
     if (tp > 1)
@@ -160,6 +224,8 @@ static bg_status_t build_llama(const bg_model_config_t *c, bg_model_desc_t *d)
     BG_CHECK(add(d, l, sp));
     for (int i = 0; i < c->layers; i++) {
         snprintf(name, sizeof(name), "blocks.%d", i);
+        bg_moe_t mo;
+        b.moe = block_moe(c, i, b.init_std, b.proj_std, &mo);
         BG_CHECK(bg_layer_llama_block(name, &b, tp, &l));
         BG_CHECK(add(d, l, sp));
     }
@@ -250,6 +316,27 @@ static bg_status_t int_field(json_t *o, const char *key, const char *where, long
     return BG_OK;
 }
 
+static bg_status_t moe_from_json(json_t *b, bg_model_config_t *c)
+{
+    const char *w = "model description builder";
+    long long e = 0, k = 0, every = 0, ffn = 0;
+    BG_CHECK(int_field(b, "experts", w, 1, 1 << 20, &e));
+    BG_CHECK(int_field(b, "top_k", w, 1, 64, &k));
+    BG_CHECK(int_field(b, "moe_every", w, 1, 1 << 30, &every));
+    BG_CHECK(int_field(b, "ffn_hidden", w, 0, 1 << 30, &ffn));
+    json_t *cf = json_object_get(b, "capacity_factor"), *aux = json_object_get(b, "moe_aux_coef");
+    const char *gate = json_string_value(json_object_get(b, "moe_gate"));
+    if (!json_is_number(cf) || !json_is_number(aux))
+        return bg_error(BG_ERR_PARSE, "%s: \"capacity_factor\" or \"moe_aux_coef\" is missing or not a number", w);
+    if (!gate || (strcmp(gate, "softmax") && strcmp(gate, "sigmoid")))
+        return bg_error(BG_ERR_PARSE, "%s: \"moe_gate\" is missing or neither softmax nor sigmoid", w);
+    c->experts = (int)e, c->top_k = (int)k, c->moe_every = (int)every, c->ffn_hidden = (int)ffn;
+    c->capacity_factor = (float)json_number_value(cf);
+    c->moe_aux_coef = (float)json_number_value(aux);
+    c->moe_gate = strcmp(gate, "sigmoid") == 0 ? BG_MOE_SIGMOID : BG_MOE_SOFTMAX;
+    return BG_OK;
+}
+
 bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
 {
     json_t *root;
@@ -304,6 +391,8 @@ bg_status_t bg_model_desc_from_json(const char *json, bg_model_desc_t **desc_p)
         c.ffn_hidden = (int)ffn;
         c.rope_theta = (float)json_number_value(theta);
     }
+    if (st == BG_OK && json_object_get(b, "experts")) /* an MoE model's fields (absent: dense) */
+        st = moe_from_json(b, &c);
     /* each builder layer makes at least one top-level layer (a GPT's block, an
      * MLP's linear): a count the description's own list cannot hold is refused
      * before anything is built, so a small hostile file cannot ask for 2^30 */

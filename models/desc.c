@@ -481,7 +481,7 @@ bg_status_t bg_model_desc_check(const bg_model_desc_t *d)
 
 /* ---------------------------------------------------------------- JSON */
 
-static json_t *builder_json(const bg_model_config_t *m)
+static json_t *builder_json_dense(const bg_model_config_t *m)
 {
     if (m->kind == BG_MODEL_LLAMA) /* a GPT's and an MLP's JSON stay as they were */
         return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b, s:i, s:i, s:f}", "name", "llama", "layers",
@@ -493,6 +493,22 @@ static json_t *builder_json(const bg_model_config_t *m)
                      m->kind == BG_MODEL_GPT ? "gpt" : "mlp", "layers", m->layers, "d_model", m->d_model, "heads",
                      m->heads, "seq_len", m->seq_len, "vocab", m->vocab, "in_features", m->in_features, "classes",
                      m->classes, "seed", (json_int_t)m->seed, "tie_embeddings", m->tie_embeddings);
+}
+
+/* A model without experts keeps the JSON it had before MoE existed. */
+static json_t *builder_json(const bg_model_config_t *m)
+{
+    json_t *b = builder_json_dense(m);
+    if (!b || m->experts < 1)
+        return b;
+    json_object_set_new(b, "experts", json_integer(m->experts));
+    json_object_set_new(b, "top_k", json_integer(m->top_k));
+    json_object_set_new(b, "moe_every", json_integer(m->moe_every));
+    json_object_set_new(b, "ffn_hidden", json_integer(bg__llama_ffn(m)));
+    json_object_set_new(b, "capacity_factor", json_real(m->capacity_factor));
+    json_object_set_new(b, "moe_aux_coef", json_real(m->moe_aux_coef));
+    json_object_set_new(b, "moe_gate", json_string(m->moe_gate == BG_MOE_SIGMOID ? "sigmoid" : "softmax"));
+    return b;
 }
 
 bg_status_t bg_model_desc_to_json(const bg_model_desc_t *d, char **json_p)

@@ -402,6 +402,12 @@ static bg_status_t llama_mlp(const bg_llama_block_t *b, int tp, bg_layer_t **lay
 {
     bg_layer_t *ch[4] = {0};
     bg_status_t st = bg_layer_rmsnorm("norm", b->c, &ch[0]);
+    if (b->moe) {
+        if (st == BG_OK)
+            st = tp == 1 ? bg_layer_moe("moe", b->moe, &ch[1])
+                         : bg_error(BG_ERR_INVALID, "llama block: MoE layers are not tensor-parallel (tp %d)", tp);
+        return residual_of("mlp", 2, ch, st, layer_p);
+    }
     if (st == BG_OK) /* [gate | up]: two blocks, so each member holds the pairs of its slice */
         st = col("up", b->c, 2 * b->ffn, 2, b->init_std, tp, &ch[1]);
     if (st == BG_OK)
@@ -418,9 +424,9 @@ bg_status_t bg_layer_llama_block(const char *name, const bg_llama_block_t *b, in
     if (b->kv_heads < 1 || b->heads % b->kv_heads != 0)
         return bg_error(BG_ERR_INVALID, "llama block %s: kv_heads (%d) must divide heads (%d)", name, b->kv_heads,
                         b->heads);
-    if (b->ffn < 1)
+    if (b->ffn < 1 && !b->moe)
         return bg_error(BG_ERR_INVALID, "llama block %s: ffn hidden size %d", name, b->ffn);
-    if (tp < 1 || b->kv_heads % tp != 0 || b->ffn % tp != 0)
+    if (tp < 1 || b->kv_heads % tp != 0 || (!b->moe && b->ffn % tp != 0))
         return bg_error(BG_ERR_INVALID, "llama block %s: tp %d must divide kv_heads (%d) and the ffn hidden size "
                                         "(%d): each member holds whole key/value groups", name, tp, b->kv_heads,
                         b->ffn);

@@ -276,9 +276,10 @@ static bg_status_t forward(exec_t *x, chunk_t *ch, int mb, int eval)
         BG_CHECK(fetch_batch(x, mb));
     if (ch->is_first && x->features)
         be->ops->from_host(be, in, x->features, x->nfeatures * sizeof(float));
-    if (ch->is_first || ch->is_last)
-        BG_CHECK(bg_stage_set_data(ch->st, mb, ch->is_first && x->tokens_in ? x->tokens : NULL,
-                                   ch->is_last ? x->targets : NULL, x->loss_scale));
+    /* every stage gets the step's loss scale: a layer with a loss of its own (an MoE's load balancing)
+     * weights its gradient by it wherever it sits */
+    BG_CHECK(bg_stage_set_data(ch->st, mb, ch->is_first && x->tokens_in ? x->tokens : NULL,
+                               ch->is_last ? x->targets : NULL, x->loss_scale));
     if (!ch->is_first && !ch->prev_local)
         BG_CHECK(bg__exec_wait_free(&ch->act_recv[mb]));
     BG_CHECK(bg_stage_forward(ch->st, mb, &ch->out[mb], &ch->out_shape[mb]));

@@ -347,6 +347,25 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     case BG_CLI_O_TIE:
         m->tie_embeddings = 1;
         return 0;
+    case BG_CLI_O_CAPACITY:
+    case BG_CLI_O_MOE_AUX:
+    {
+        double x;
+        const char *f = code == BG_CLI_O_CAPACITY ? "--capacity-factor" : "--moe-aux-coef";
+        if (bg_cli_double(cmd, f, arg, 0.0, 1e6, &x))
+            return 2;
+        *(code == BG_CLI_O_CAPACITY ? &m->capacity_factor : &m->moe_aux_coef) = (float)x;
+        return 0;
+    }
+    case BG_CLI_O_MOE_GATE:
+    {
+        static const char *const kinds[] = {"softmax", "sigmoid", NULL};
+        int k = bg_cli_choice(cmd, "--moe-gate", arg, kinds);
+        if (k < 0)
+            return 2;
+        m->moe_gate = k == 0 ? BG_MOE_SOFTMAX : BG_MOE_SIGMOID;
+        return 0;
+    }
     case BG_CLI_O_PRECISION:
     {
         static const char *const kinds[] = {"fp32", "bf16", NULL};
@@ -366,6 +385,9 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     case BG_CLI_O_HEADS: flag = "--heads", dst = &m->heads, hi = 4096; break;
     case BG_CLI_O_KV_HEADS: flag = "--kv-heads", dst = &m->kv_heads, hi = 4096; break;
     case BG_CLI_O_FFN: flag = "--ffn-hidden", dst = &m->ffn_hidden; break;
+    case BG_CLI_O_EXPERTS: flag = "--experts", dst = &m->experts, lo = 0; break;
+    case BG_CLI_O_TOP_K: flag = "--top-k", dst = &m->top_k, hi = 64; break;
+    case BG_CLI_O_MOE_EVERY: flag = "--moe-every", dst = &m->moe_every; break;
     case BG_CLI_O_SEQ: flag = "--seq", dst = &m->seq_len; break;
     case BG_CLI_O_VOCAB: flag = "--vocab", dst = &m->vocab, lo = 2; break;
     case BG_CLI_O_INF: flag = "--in-features", dst = &m->in_features, hi = 4096; break;

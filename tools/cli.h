@@ -76,7 +76,8 @@ enum {
     BG_CLI_MODEL_FIRST = 1000,
     BG_CLI_O_MODEL = BG_CLI_MODEL_FIRST, BG_CLI_O_LAYERS, BG_CLI_O_DMODEL, BG_CLI_O_HEADS, BG_CLI_O_SEQ,
     BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_O_PRECISION, BG_CLI_O_KV_HEADS, BG_CLI_O_FFN,
-    BG_CLI_O_ROPE_THETA, BG_CLI_MODEL_LAST
+    BG_CLI_O_ROPE_THETA, BG_CLI_O_EXPERTS, BG_CLI_O_TOP_K, BG_CLI_O_MOE_EVERY, BG_CLI_O_CAPACITY, BG_CLI_O_MOE_AUX,
+    BG_CLI_O_MOE_GATE, BG_CLI_MODEL_LAST
 };
 #define BG_CLI_MODEL_OPTIONS                                                                                   \
     {"model", required_argument, 0, BG_CLI_O_MODEL}, {"layers", required_argument, 0, BG_CLI_O_LAYERS},        \
@@ -85,7 +86,10 @@ enum {
     {"in-features", required_argument, 0, BG_CLI_O_INF}, {"classes", required_argument, 0, BG_CLI_O_CLASSES},  \
     {"seed", required_argument, 0, BG_CLI_O_SEED}, {"tie-embeddings", no_argument, 0, BG_CLI_O_TIE},          \
     {"precision", required_argument, 0, BG_CLI_O_PRECISION}, {"kv-heads", required_argument, 0, BG_CLI_O_KV_HEADS}, \
-    {"ffn-hidden", required_argument, 0, BG_CLI_O_FFN}, {"rope-theta", required_argument, 0, BG_CLI_O_ROPE_THETA}
+    {"ffn-hidden", required_argument, 0, BG_CLI_O_FFN}, {"rope-theta", required_argument, 0, BG_CLI_O_ROPE_THETA}, \
+    {"experts", required_argument, 0, BG_CLI_O_EXPERTS}, {"top-k", required_argument, 0, BG_CLI_O_TOP_K},      \
+    {"moe-every", required_argument, 0, BG_CLI_O_MOE_EVERY}, {"capacity-factor", required_argument, 0, BG_CLI_O_CAPACITY}, \
+    {"moe-aux-coef", required_argument, 0, BG_CLI_O_MOE_AUX}, {"moe-gate", required_argument, 0, BG_CLI_O_MOE_GATE}
 /* Apply one model flag to *m: 0 on success, else the message is printed and 2 returned. */
 int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_config_t *m);
 /* The model flags' help lines. */
@@ -98,6 +102,14 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "  --kv-heads N           Llama: key/value heads, must divide heads (default: heads)\n"                    \
     "  --ffn-hidden N         Llama: SwiGLU hidden size (default 8 d-model / 3 rounded up to 64)\n"            \
     "  --rope-theta X         Llama: rotary base (default 10000)\n"                                            \
+    "  --experts E            GPT, Llama: MoE blocks of E SwiGLU experts (hidden size as --ffn-hidden; default 0:\n" \
+    "                         dense; tp 1 only; docs/layers.md)\n"                                              \
+    "  --top-k K              MoE: experts per token (default 2)\n"                                            \
+    "  --moe-every N          MoE: every N-th block's MLP is an MoE (default 1: every block)\n"                 \
+    "  --capacity-factor F    MoE: an expert takes at most F times its share of a microbatch's tokens, the\n"   \
+    "                         rest dropped and counted (default 0: dropless)\n"                                \
+    "  --moe-aux-coef X       MoE: coefficient of the load-balancing loss (default 0.01)\n"                    \
+    "  --moe-gate softmax|sigmoid  MoE: gates (default softmax over the top k)\n"                               \
     "  --seq N                GPT, Llama: sequence length (default 64)\n"                                      \
     "  --vocab N              GPT, Llama: vocabulary (default 256: bytes)\n"                                   \
     "  --in-features N        MLP: input features (default 32)\n"                                              \

@@ -873,6 +873,41 @@ bg_status_t bg_group_ireduce_scatter(bg_group_t *g, const void *sendbuf, void *r
     return bg__coll_start(co, req_p);
 }
 
+bg_status_t bg_group_alltoallv(bg_group_t *g, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
+                               void *recvbuf, const size_t *recvcounts, const size_t *rdispls, bg_dtype_t dtype)
+{
+    size_t es = bg_dtype_size(dtype);
+    if (!g || !sendcounts || !sdispls || !recvcounts || !rdispls || !es || !sendbuf || !recvbuf)
+        return bg_error(BG_ERR_INVALID, "bg_group_alltoallv: NULL group, buffer or count array, or unknown type %d",
+                        (int)dtype);
+    int n = g->n, me = g->me;
+    if (me >= 0 && sendcounts[me] != recvcounts[me])
+        return bg_error(BG_ERR_INVALID, "bg_group_alltoallv: group rank %d sends itself %zu elements but expects %zu",
+                        me, sendcounts[me], recvcounts[me]);
+    size_t sent = 0;
+    for (int j = 0; j < n; j++)
+        sent += j == me ? 0 : sendcounts[j];
+    bg__coll_t *co;
+    BG_CHECK(bg__coll_new(g, "all-to-all", &co));
+    co->dunits = bg__units(dtype);
+    bg__desc(co, "all-to-all of %zu %s sent to the others (pairwise%s)", sent, "");
+    const char *src = sendbuf;
+    char *dst = recvbuf;
+    if (sendcounts[me])
+        memmove(dst + rdispls[me] * es, src + sdispls[me] * es, sendcounts[me] * es);
+    for (int s = 1; s < n; s++) {
+        int to = (me + s) % n, from = bg__mod(me - s, n);
+        bg__step_t *st = bg__step(co);
+        if (!st)
+            BG__NOMEM(co);
+        if (recvcounts[from])
+            bg__xf(st, 0, co->ranks[from], dst + rdispls[from] * es, recvcounts[from] * es);
+        if (sendcounts[to])
+            bg__xf(st, 1, co->ranks[to], (void *)(src + sdispls[to] * es), sendcounts[to] * es);
+    }
+    return bg__run(co);
+}
+
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p)
 {
     if (n < 1 || i < 0 || i >= n) {

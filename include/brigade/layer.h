@@ -276,6 +276,43 @@ bg_status_t bg_layer_mlp_block(const char *name, int c, float init_std, float pr
 /** Transformer block: attention block then MLP block. */
 bg_status_t bg_layer_transformer_block(const char *name, int c, int heads, float init_std, float proj_std, bg_layer_t **layer_p);
 
+/* ---- mixture of experts (docs/layers.md) ---- */
+/** How the router's logits become the gates of the chosen experts. */
+typedef enum bg_moe_gate {
+    BG_MOE_SOFTMAX = 0, /**< softmax over the top-k logits (renormalised over the chosen) */
+    BG_MOE_SIGMOID = 1, /**< sigmoid of each chosen logit, not renormalised */
+} bg_moe_gate_t;
+/** The sizes and settings of an MoE layer. */
+typedef struct bg_moe {
+    int c;                 /**< model width (d_model) */
+    int experts;           /**< E: experts */
+    int top_k;             /**< experts per token, 1 .. min(E, 64) */
+    int ffn;               /**< each expert's SwiGLU hidden size */
+    bg_moe_gate_t gate;    /**< gating function */
+    float capacity_factor; /**< each expert takes at most ceil(factor N k / E) of a microbatch's N tokens, earlier
+                                tokens first, the rest dropped (counted); 0: no limit (dropless) */
+    float aux_coef;        /**< coefficient of the load-balancing loss E sum_e f_e P_e (0: none) */
+    float init_std;        /**< std of the router and the experts' up projections */
+    float proj_std;        /**< std of the experts' down projections */
+} bg_moe_t;
+/** Mixture-of-experts MLP: (n, t, c) -> (n, t, c) = sum over each token's top-k experts of gate * down_e(
+ *  swiglu(up_e(x))); ties in the top-k go to the lower expert index, and each token sums its experts in
+ *  expert order, so the result does not depend on threads. Tensors "router" (E, c), "up" (E, 2 ffn, c) and
+ *  "down" (E, c, ffn). The load-balancing loss (f_e: share of the N k choices that picked expert e before the
+ *  capacity, P_e: mean softmax probability of e) enters the objective as aux_coef * aux once per token of the
+ *  microbatch, weighted like the tokens' losses (ctx->loss_scale); its gradient reaches the router only. */
+bg_status_t bg_layer_moe(const char *name, const bg_moe_t *m, bg_layer_t **layer_p);
+/** What the last forward of an MoE layer routed. */
+typedef struct bg_moe_stats {
+    double aux_loss;       /**< E sum_e f_e P_e of the last forward (without the coefficient) */
+    int64_t dropped;       /**< token-expert choices the capacity dropped in the last forward */
+    int64_t dropped_total; /**< the same, summed over every forward since creation */
+} bg_moe_stats_t;
+/** 1 when @p l is an MoE layer (bg_layer_moe). */
+int bg_layer_is_moe(const bg_layer_t *l);
+/** The routing statistics of MoE layer @p l (BG_ERR_INVALID when it is not one). */
+bg_status_t bg_layer_moe_stats(const bg_layer_t *l, bg_moe_stats_t *stats_p);
+
 /* ---- Llama-style layers (docs/layers.md; they need the backend's Llama kernels, BG_ERR_UNSUPPORTED naming the
  *      slot otherwise) ---- */
 /** RMSNorm over the last dimension of c channels (eps 1e-5): x / rms(x) * weight; weight starts at ones. */
@@ -300,9 +337,10 @@ typedef struct bg_llama_block {
     float rope_theta; /**< RoPE base (10000 in Llama 2) */
     float init_std;   /**< std of qkv and up */
     float proj_std;   /**< std of proj and down */
+    const bg_moe_t *moe; /**< NULL: a dense SwiGLU MLP; else the MLP is this MoE layer (ffn unused; tp must be 1) */
 } bg_llama_block_t;
 /** Llama block: x + proj(attn(qkv(rmsnorm(x)))), then x + down(swiglu(up(rmsnorm(x)))), no biases; children
- *  "attn" (norm, qkv, attn, proj) and "mlp" (norm, up, swiglu, down). tp > 1: qkv and up column-parallel,
+ *  "attn" (norm, qkv, attn, proj) and "mlp" (norm, up, swiglu, down; with b->moe: norm, moe). tp > 1: qkv and up column-parallel,
  *  proj and down row-parallel, each member holding kv_heads / tp whole key/value groups and ffn / tp
  *  SwiGLU channels (tp must divide kv_heads and ffn). */
 bg_status_t bg_layer_llama_block(const char *name, const bg_llama_block_t *b, int tp, bg_layer_t **layer_p);

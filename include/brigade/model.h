@@ -182,6 +182,12 @@ typedef struct bg_model_config {
     int kv_heads;         /**< Llama: key/value heads (divides heads); 0: heads (no grouping) */
     int ffn_hidden;       /**< Llama: SwiGLU hidden size; 0: 8 d_model / 3 rounded up to a multiple of 64 */
     float rope_theta;     /**< Llama: RoPE base (default 10000) */
+    int experts;          /**< GPT, Llama: experts of the MoE blocks (bg_layer_moe); 0: no MoE, every MLP dense */
+    int top_k;            /**< MoE: experts per token (default 2) */
+    int moe_every;        /**< MoE: block i's MLP is an MoE when (i + 1) is a multiple of it (default 1: every block) */
+    float capacity_factor; /**< MoE: tokens an expert takes, as a multiple of its fair share; 0: dropless (default) */
+    float moe_aux_coef;   /**< MoE: coefficient of the load-balancing loss (default 0.01) */
+    bg_moe_gate_t moe_gate; /**< MoE: the gates (default BG_MOE_SOFTMAX) */
 } bg_model_config_t;
 /** Defaults of bg_model_config_t: a small GPT (4 blocks of width 128, 4 heads, 64 positions, bytes),
  *  untied, tp = 1, fp32; the MLP fields for a 32-feature, 8-class task. */
@@ -189,7 +195,8 @@ typedef struct bg_model_config {
     { .size = sizeof(bg_model_config_t), .kind = BG_MODEL_GPT, .layers = 4, .d_model = 128, .heads = 4,   \
       .seq_len = 64, .vocab = 256, .in_features = 32, .classes = 8, .seed = 1337, .tie_embeddings = 0,    \
       .tp = 1, .sequence_parallel = 0, .precision = BG_F32, .kv_heads = 0, .ffn_hidden = 0,                 \
-      .rope_theta = 10000.0f }
+      .rope_theta = 10000.0f, .experts = 0, .top_k = 2, .moe_every = 1, .capacity_factor = 0.0f,             \
+      .moe_aux_coef = 0.01f, .moe_gate = BG_MOE_SOFTMAX }
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);

@@ -250,6 +250,16 @@ bg_status_t bg_group_iallgather(bg_group_t *group, const void *sendbuf, void *re
  *  returns; @p recvbuf belongs to transport until the request completes. */
 bg_status_t bg_group_ireduce_scatter(bg_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
                                      bg_dtype_t dtype, bg_reduce_op_t op, bg_request_t **req_p);
+/** All-to-all with variable counts (expert parallelism's token exchange): this member sends
+ *  sendcounts[j] elements of type @p dtype, from element sdispls[j] of @p sendbuf, to group rank j,
+ *  and receives recvcounts[i] elements from group rank i at element rdispls[i] of @p recvbuf. Every
+ *  recvcounts[i] must equal member i's sendcounts[me] (exchange the counts first, with an alltoallv of
+ *  one element per member); its own block is copied and must have equal counts (else BG_ERR_INVALID).
+ *  Pairwise exchange in size - 1 steps (step s: to me + s, from me - s); empty messages are not sent.
+ *  Blocking: the buffers are the caller's again when it returns; receive blocks must not overlap. */
+bg_status_t bg_group_alltoallv(bg_group_t *group, const void *sendbuf, const size_t *sendcounts,
+                               const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                               const size_t *rdispls, bg_dtype_t dtype);
 /** Chunk @p i of @p n of a buffer of @p count elements, as the ring
  *  collectives cut it: the first count % n chunks have one element more. */
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p);

@@ -84,7 +84,8 @@ class ModelConfig(Structure):
                 ("seq_len", c_int), ("vocab", c_int), ("in_features", c_int), ("classes", c_int),
                 ("seed", c_uint64), ("tie_embeddings", c_int), ("tp", c_int),
                 ("sequence_parallel", c_int), ("precision", c_int), ("kv_heads", c_int), ("ffn_hidden", c_int),
-                ("rope_theta", c_float)]
+                ("rope_theta", c_float), ("experts", c_int), ("top_k", c_int), ("moe_every", c_int),
+                ("capacity_factor", c_float), ("moe_aux_coef", c_float), ("moe_gate", c_int)]
 
 
 class OptimConfig(Structure):

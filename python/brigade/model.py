@@ -250,32 +250,48 @@ class Model:
         check(lib.bg_model_build(ctypes.byref(cfg), ctypes.byref(h)))
         return cls(_handle=h)
 
+    @staticmethod
+    def _moe(cfg, moe):
+        """The MoE fields of bg_model_config_t from a dict (None: dense): experts, top_k (2), moe_every (1),
+        capacity_factor (0: dropless), moe_aux_coef (0.01), moe_gate ("softmax" or "sigmoid")."""
+        moe = dict(moe or {})
+        gate = moe.pop("moe_gate", "softmax")
+        if gate not in ("softmax", "sigmoid"):
+            raise ValueError('moe_gate must be "softmax" or "sigmoid", got %r' % (gate,))
+        cfg.moe_gate = 1 if gate == "sigmoid" else 0
+        for k, v in (("experts", 0), ("top_k", 2), ("moe_every", 1), ("capacity_factor", 0.0), ("moe_aux_coef", 0.01)):
+            setattr(cfg, k, moe.pop(k, v))
+        if moe:
+            raise ValueError("unknown MoE settings: %s" % ", ".join(sorted(moe)))
+        return cfg
+
     @classmethod
     def gpt(cls, layers=4, d_model=128, heads=4, seq_len=64, vocab=256, seed=1337, tie_embeddings=False,
-            precision="fp32", tp=1, sequence_parallel=False):
+            precision="fp32", tp=1, sequence_parallel=False, moe=None):
         """GPT through bg_model_build: embed, blocks.0 .. blocks.L-1, ln_f, head. precision "bf16": the
         blocks keep their activations in bf16 (bg_model_config_t.precision; computing stays fp32). tp > 1:
         the tensor-parallel layers of that degree (run by an Executor with the same tp), with
-        sequence_parallel the activations between blocks split along the sequence (docs/layers.md)."""
+        sequence_parallel the activations between blocks split along the sequence (docs/layers.md). moe: a
+        dict of MoE settings (_moe; docs/layers.md), e.g. {"experts": 8, "top_k": 2}."""
         if precision not in ("fp32", "bf16"):
             raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 0, layers, d_model, heads, seq_len, vocab, 32, 8,
                                seed, int(bool(tie_embeddings)), int(tp), int(bool(sequence_parallel)),
                                1 if precision == "bf16" else 0, 0, 0, 10000.0)
-        return cls._build(cfg)
+        return cls._build(cls._moe(cfg, moe))
 
     @classmethod
     def llama(cls, layers=4, d_model=128, heads=4, kv_heads=None, ffn_hidden=0, rope_theta=10000.0, seq_len=64,
-              vocab=256, seed=1337, tie_embeddings=False, precision="fp32", tp=1):
+              vocab=256, seed=1337, tie_embeddings=False, precision="fp32", tp=1, moe=None):
         """Llama through bg_model_build: embed (no position table), blocks.0 .. blocks.L-1 (RMSNorm, rotary
         grouped-query attention with kv_heads key/value heads (None: heads), SwiGLU of ffn_hidden (0: 8 d_model / 3
-        rounded up to 64), no biases), norm, head."""
+        rounded up to 64), no biases), norm, head. moe: as for gpt()."""
         if precision not in ("fp32", "bf16"):
             raise ValueError('precision must be "fp32" or "bf16", got %r' % (precision,))
         cfg = _lib.ModelConfig(ctypes.sizeof(_lib.ModelConfig), 2, layers, d_model, heads, seq_len, vocab, 32, 8,
                                seed, int(bool(tie_embeddings)), int(tp), 0, 1 if precision == "bf16" else 0,
                                kv_heads or 0, ffn_hidden, rope_theta)
-        return cls._build(cfg)
+        return cls._build(cls._moe(cfg, moe))
 
     @classmethod
     def mlp(cls, layers=4, d_model=128, in_features=32, classes=8, seed=1337, tp=1):

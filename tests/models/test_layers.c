@@ -438,7 +438,7 @@ static void test_llama_layers(void **s)
     assert_int_equal(bg_layer_token_embedding("emb", 11, 9, 6, 0.3f, &l), BG_OK);
     assert_int_equal(l->nparams, 1);
     check_layer(l, (bg_shape_t){3, 7, 0}, 11, 0, 42, 1e-2);
-    bg_llama_block_t b = {16, 4, 2, 24, 10000.0f, 0.3f, 0.3f};
+    bg_llama_block_t b = {16, 4, 2, 24, 10000.0f, 0.3f, 0.3f, NULL};
     assert_int_equal(bg_layer_llama_block("block", &b, 1, &l), BG_OK);
     check_layer(l, (bg_shape_t){2, 4, 16}, 0, 0, 43, 1e-2);
     /* sizes that cannot be built, named */

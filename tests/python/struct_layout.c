@@ -26,7 +26,9 @@ int main(void)
     F(bg_model_config_t, vocab); F(bg_model_config_t, in_features); F(bg_model_config_t, classes);
     F(bg_model_config_t, seed); F(bg_model_config_t, tie_embeddings); F(bg_model_config_t, tp);
     F(bg_model_config_t, sequence_parallel); F(bg_model_config_t, precision); F(bg_model_config_t, kv_heads);
-    F(bg_model_config_t, ffn_hidden); F(bg_model_config_t, rope_theta);
+    F(bg_model_config_t, ffn_hidden); F(bg_model_config_t, rope_theta); F(bg_model_config_t, experts);
+    F(bg_model_config_t, top_k); F(bg_model_config_t, moe_every); F(bg_model_config_t, capacity_factor);
+    F(bg_model_config_t, moe_aux_coef); F(bg_model_config_t, moe_gate);
 
     S(bg_optim_config_t);
     F(bg_optim_config_t, size); F(bg_optim_config_t, kind); F(bg_optim_config_t, lr); F(bg_optim_config_t, beta1);

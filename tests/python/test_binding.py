@@ -233,6 +233,27 @@ class Training(unittest.TestCase):
         with self.assertRaises(bg.BrigadeError):
             bg.Model.llama(layers=1, d_model=16, heads=4, kv_heads=3)
 
+    def test_moe_builders(self):
+        g = bg.Model.gpt(layers=2, d_model=16, heads=2, seq_len=8, vocab=32,
+                         moe={"experts": 4, "top_k": 2, "moe_every": 2, "capacity_factor": 1.25})
+        shapes = {t["name"]: t["shape"] for t in json.loads(g.to_json())["tensors"]}
+        # block 1 only (moe_every 2); experts' hidden size 8 * 16 / 3 rounded up to 64
+        self.assertEqual(shapes["blocks.1.mlp.moe.router"], [4, 16])
+        self.assertEqual(shapes["blocks.1.mlp.moe.up"], [4, 128, 16])
+        self.assertEqual(shapes["blocks.1.mlp.moe.down"], [4, 16, 64])
+        self.assertNotIn("blocks.0.mlp.moe.router", shapes)
+        self.assertEqual(bg.Model.from_json(g.to_json()).to_json(), g.to_json())
+        dense = bg.Model.gpt(layers=2, d_model=16, heads=2, seq_len=8, vocab=32)
+        self.assertNotIn('"experts"', dense.to_json())
+        m = bg.Model.llama(layers=1, d_model=16, heads=4, seq_len=8, vocab=32, ffn_hidden=24,
+                           moe={"experts": 2, "top_k": 1, "moe_gate": "sigmoid"})
+        self.assertIn('"moe_gate":"sigmoid"', m.to_json())
+        with self.assertRaises(bg.BrigadeError) as e:
+            bg.Model.gpt(layers=1, d_model=16, heads=2, moe={"experts": 2, "top_k": 3})
+        self.assertIn("top_k 3", e.exception.message)
+        with self.assertRaises(ValueError):
+            bg.Model.gpt(layers=1, d_model=16, heads=2, moe={"expert": 2})
+
     def test_eval(self):
         m = tiny_features()
         held = feature_batches(shift=1000)

@@ -6,7 +6,10 @@
  * separate runs. Subset groups (unsorted), concurrent non-blocking allreduces
  * on overlapping groups, broadcast, allgather, reduce-scatter (and their
  * non-blocking twins, mixed with the blocking calls on one group), barrier;
- * the element types other than fp32 (fp64, bf16, int32, int64, raw bytes). */
+ * the element types other than fp32 (fp64, bf16, int32, int64, raw bytes);
+ * the all-to-all with variable counts (zeros included, counts exchanged by
+ * itself first) against a brute-force exchange of every member's buffers
+ * built locally, on the whole world and on an unsorted subset. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -528,6 +531,95 @@ static void test_dtypes_3(void **s)
     assert_int_equal(bgt_run_ranks(3, rank_dtypes, NULL, 60, bgt_env, -1, &r), 0);
 }
 
+/* Elements group rank i sends group rank j in round k: a count in 0..4 that varies with i, j and k. */
+static size_t a2a_count(int i, int j, int k) { return (size_t)((i * 7 + j * 3 + k * 5 + 1) % 5); }
+/* Element e of what i sends j: unique over (i, j, e) and the round. */
+static int32_t a2a_val(int i, int j, size_t e, int k) { return (int32_t)(k * 1000000 + i * 10000 + j * 100 + (int)e); }
+
+/* One all-to-all round on g: counts exchanged by an alltoallv of one int64 each, then the data; the
+ * receive buffer is compared with the blocks every other member's send buffer holds for this one. */
+static int a2a_round(bg_group_t *g, int k)
+{
+    int n = bg_group_size(g), me = bg_group_rank(g);
+    size_t sc[8], sd[8], rc[8], rd[8], one[8], disp[8], st = 0, rt = 0;
+    int64_t cs[8], cr[8];
+    for (int j = 0; j < n; j++) {
+        sc[j] = a2a_count(me, j, k), sd[j] = st, st += sc[j] + 1; /* a gap between blocks */
+        cs[j] = (int64_t)sc[j], one[j] = 1, disp[j] = (size_t)j;
+    }
+    RK_OK(bg_group_alltoallv(g, cs, one, disp, cr, one, disp, BG_I64));
+    for (int i = 0; i < n; i++) {
+        RK_CHECK(cr[i] == (int64_t)a2a_count(i, me, k), "count from %d is %lld", i, (long long)cr[i]);
+        rc[i] = (size_t)cr[i], rd[i] = rt, rt += rc[i];
+    }
+    int32_t *sb = calloc(st + 1, sizeof(int32_t)), *rb = calloc(rt + 1, sizeof(int32_t));
+    int32_t *want = calloc(rt + 1, sizeof(int32_t));
+    for (int j = 0; j < n; j++)
+        for (size_t e = 0; e < sc[j]; e++)
+            sb[sd[j] + e] = a2a_val(me, j, e, k);
+    RK_OK(bg_group_alltoallv(g, sb, sc, sd, rb, rc, rd, BG_I32));
+    /* brute force: build every member i's send buffer as it does, take its block for me */
+    for (int i = 0; i < n; i++) {
+        size_t off = 0, mine = 0;
+        int32_t *other = calloc(64, sizeof(int32_t));
+        for (int j = 0; j < n; j++) {
+            for (size_t e = 0; e < a2a_count(i, j, k); e++)
+                other[off + e] = a2a_val(i, j, e, k);
+            if (j == me)
+                mine = off;
+            off += a2a_count(i, j, k) + 1;
+        }
+        memcpy(want + rd[i], other + mine, rc[i] * sizeof(int32_t));
+        free(other);
+    }
+    int same = memcmp(rb, want, rt * sizeof(int32_t)) == 0;
+    free(sb), free(rb), free(want);
+    RK_CHECK(same, "all-to-all round %d on group rank %d differs from the brute-force exchange", k, me);
+    return 0;
+}
+
+static int rank_alltoallv(int rank, int world, void *arg)
+{
+    (void)arg;
+    bg_comm_t *c;
+    RK_OK(bg_comm_create(NULL, &c));
+    int all[4] = {0, 1, 2, 3}, sub[3] = {3, 0, 2};
+    bg_group_t *g, *s = NULL;
+    RK_OK(bg_group_create(c, world, all, &g));
+    for (int k = 0; k < 4; k++)
+        if (a2a_round(g, k))
+            return 1;
+    if (world == 4) {
+        RK_OK(bg_group_create(c, 3, sub, &s));
+        for (int k = 0; k < 3 && rank != 1; k++)
+            if (a2a_round(s, k))
+                return 1;
+    }
+    /* a member whose own block's counts disagree is refused before anything is sent */
+    size_t one[4] = {1, 1, 1, 1}, two[4] = {2, 2, 2, 2}, d[4] = {0, 1, 2, 3};
+    int32_t x[8] = {0}, y[8];
+    RK_CHECK(bg_group_alltoallv(g, x, one, d, y, two, d, BG_I32) == BG_ERR_INVALID, "unequal own counts accepted");
+    RK_OK(bg_group_barrier(g));
+    bg_group_destroy(s);
+    bg_group_destroy(g);
+    RK_OK(bg_comm_destroy(c));
+    return 0;
+}
+
+static void test_alltoallv_3(void **s)
+{
+    (void)s;
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(3, rank_alltoallv, NULL, 60, bgt_env, -1, &r), 0);
+}
+
+static void test_alltoallv_4(void **s)
+{
+    (void)s;
+    bgt_result_t r;
+    assert_int_equal(bgt_run_ranks(4, rank_alltoallv, NULL, 60, bgt_env, -1, &r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,6 +629,8 @@ int main(void)
         cmocka_unit_test(test_groups_4),
         cmocka_unit_test(test_background_3),
         cmocka_unit_test(test_dtypes_3),
+        cmocka_unit_test(test_alltoallv_3),
+        cmocka_unit_test(test_alltoallv_4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

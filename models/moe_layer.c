@@ -1,0 +1,454 @@
+/* models/moe_layer.c: the mixture-of-experts leaf (bg_layer_moe): a linear
+ * router over d_model to E experts, top-k routing with softmax (renormalised
+ * over the top k) or sigmoid gates, a per-expert capacity with dropped
+ * assignments counted, SwiGLU experts, and the Switch/GShard load-balancing
+ * loss whose gradient reaches the router. Composed from the backend's
+ * existing ops (gemm, swiglu, copy, axpy, scale); the routing itself is
+ * decided on the host from the router's logits, by one pure function that
+ * forward and both backward halves call, so nothing routing-shaped is kept
+ * between calls and the assignments are those of the forward, bitwise.
+ * Must not know any model builder or any strategy (expert parallelism
+ * belongs to the runtime). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "models/layer_impl.h"
+
+#define ROWS(s) ((s).n * (s).t)
+
+typedef struct {
+    bg_moe_t m;
+    double aux;      /* the auxiliary loss of the last forward */
+    int64_t dropped; /* dropped assignments of the last forward */
+    int64_t dropped_total;
+} moe_t;
+
+/* One forward's routing (host). Assignments are grouped by expert, in token order inside an expert. */
+typedef struct {
+    int N, E, k;
+    float *logits; /* (N, E) the router's output */
+    double *prob;  /* (N, E) softmax over every expert (the auxiliary loss's P) */
+    int *sel;      /* (N, k) chosen experts, best first (ties: the lower index) */
+    float *gate;   /* (N, k) their gates */
+    int *slot;     /* (N, k) assignment index, -1: dropped by the capacity */
+    int *cnt;      /* (E) assignments kept per expert */
+    int *off;      /* (E) first assignment of each expert */
+    int *tok;      /* (N k) token of each assignment */
+    float *agate;  /* (N k) gate of each assignment */
+    int *routed;   /* (E) tokens routed to each expert before the capacity (the auxiliary loss's f) */
+    int64_t dropped;
+    double aux;
+} route_t;
+
+static int moe_assign(const bg_moe_t *m, bg_shape_t in) { return ROWS(in) * m->top_k; }
+
+/* The capacity of each expert for N tokens: ceil(factor N k / E); N (no limit) when the factor is 0. */
+static int moe_capacity(const bg_moe_t *m, int N)
+{
+    if (m->capacity_factor <= 0)
+        return N;
+    double c = ceil((double)m->capacity_factor * N * m->top_k / m->experts);
+    return c > N ? N : (int)c;
+}
+
+static void route_free(route_t *r)
+{
+    free(r->logits);
+    free(r->prob);
+    free(r->sel);
+    free(r->gate);
+    free(r->slot);
+    free(r->cnt);
+    free(r->off);
+    free(r->tok);
+    free(r->agate);
+    free(r->routed);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Top-k of row n by logit, ties to the lower expert index, and the gates of the chosen. */
+static void route_row(const bg_moe_t *m, route_t *r, int n)
+{
+    const float *lg = r->logits + (size_t)n * r->E;
+    int *sel = r->sel + (size_t)n * r->k;
+    for (int j = 0; j < r->k; j++) {
+        int best = -1;
+        for (int e = 0; e < r->E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++)
+                taken |= sel[i] == e;
+            if (!taken && (best < 0 || lg[e] > lg[best]))
+                best = e;
+        }
+        sel[j] = best;
+    }
+    double mx = lg[0], z = 0, zs = 0;
+    for (int e = 1; e < r->E; e++)
+        mx = fmax(mx, lg[e]);
+    for (int e = 0; e < r->E; e++)
+        z += exp(lg[e] - mx);
+    for (int e = 0; e < r->E; e++)
+        r->prob[(size_t)n * r->E + e] = exp(lg[e] - mx) / z;
+    for (int j = 0; j < r->k; j++)
+        zs += exp(lg[sel[j]] - lg[sel[0]]);
+    for (int j = 0; j < r->k; j++) {
+        double l = lg[sel[j]];
+        r->gate[(size_t)n * r->k + j] =
+            (float)(m->gate == BG_MOE_SIGMOID ? 1.0 / (1.0 + exp(-l)) : exp(l - lg[sel[0]]) / zs);
+    }
+}
+
+/* The routing of N tokens from the router's logits on the backend (a pure function of them). */
+static bg_status_t route(const bg_moe_t *m, bg_backend_t *be, const float *logits_dev, int N, route_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    int E = m->experts, k = m->top_k, A = N * k;
+    r->N = N, r->E = E, r->k = k;
+    r->logits = malloc((size_t)N * E * sizeof(float));
+    r->prob = malloc((size_t)N * E * sizeof(double));
+    r->sel = malloc((size_t)A * sizeof(int));
+    r->gate = malloc((size_t)A * sizeof(float));
+    r->slot = malloc((size_t)A * sizeof(int));
+    r->cnt = calloc((size_t)E, sizeof(int));
+    r->off = calloc((size_t)E, sizeof(int));
+    r->tok = malloc((size_t)A * sizeof(int));
+    r->agate = malloc((size_t)A * sizeof(float));
+    r->routed = calloc((size_t)E, sizeof(int));
+    if (!r->logits || !r->prob || !r->sel || !r->gate || !r->slot || !r->cnt || !r->off || !r->tok || !r->agate ||
+        !r->routed) {
+        route_free(r);
+        return bg_error(BG_ERR_NOMEM, "moe: routing of %d tokens over %d experts", N, E);
+    }
+    be->ops->to_host(be, r->logits, logits_dev, (size_t)N * E * sizeof(float));
+    int cap = moe_capacity(m, N);
+    for (int n = 0; n < N; n++) {
+        route_row(m, r, n);
+        /* earlier tokens first: an expert keeps its first cap tokens */
+        for (int j = 0; j < k; j++) {
+            int e = r->sel[n * k + j];
+            r->routed[e]++;
+            if (r->cnt[e] < cap) {
+                r->slot[n * k + j] = r->cnt[e]++;
+            } else {
+                r->slot[n * k + j] = -1;
+                r->dropped++;
+            }
+        }
+    }
+    for (int e = 1; e < E; e++)
+        r->off[e] = r->off[e - 1] + r->cnt[e - 1];
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            int *s = &r->slot[n * k + j];
+            if (*s < 0)
+                continue;
+            *s += r->off[r->sel[n * k + j]];
+            r->tok[*s] = n;
+            r->agate[*s] = r->gate[n * k + j];
+        }
+    /* aux = E sum_e f_e P_e, f_e the share of the N k choices that picked e, P_e the mean probability */
+    for (int e = 0; e < E; e++) {
+        double P = 0;
+        for (int n = 0; n < N; n++)
+            P += r->prob[(size_t)n * E + e];
+        r->aux += (double)E * ((double)r->routed[e] / A) * (P / N);
+    }
+    return BG_OK;
+}
+
+/* ---- sizes: stash [logits (N,E)][U (A,2h)][H (A,h)][Y (A,c)], wstash [dlogits (N,E)][dU (A,2h)][dY (A,c)],
+ *      scratch [xg (N,c)][dgate (A)][dH (N,h)][dxg (N,c)] ---- */
+
+#define FB(x) bg__align64((size_t)(x) * sizeof(float))
+
+static bg_status_t moe_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
+{
+    BG_CHECK(bg__want_channels(l, in, ((const moe_t *)l->impl)->m.c));
+    *out_p = in;
+    return BG_OK;
+}
+static size_t moe_stash(const bg_layer_t *l, bg_shape_t in)
+{
+    const bg_moe_t *m = &((const moe_t *)l->impl)->m;
+    size_t N = (size_t)ROWS(in), A = (size_t)moe_assign(m, in);
+    return FB(N * m->experts) + FB(A * 2 * m->ffn) + FB(A * m->ffn) + FB(A * m->c);
+}
+static size_t moe_wstash(const bg_layer_t *l, bg_shape_t in)
+{
+    const bg_moe_t *m = &((const moe_t *)l->impl)->m;
+    size_t N = (size_t)ROWS(in), A = (size_t)moe_assign(m, in);
+    return FB(N * m->experts) + FB(A * 2 * m->ffn) + FB(A * m->c);
+}
+static size_t moe_scratch(const bg_layer_t *l, bg_shape_t in)
+{
+    const bg_moe_t *m = &((const moe_t *)l->impl)->m;
+    size_t N = (size_t)ROWS(in), A = (size_t)moe_assign(m, in);
+    return 2 * FB(N * m->c) + FB(A) + FB(N * m->ffn);
+}
+/* router 2NEc; per assignment: up 4ch, swiglu 3h, down 2hc, gated sum 2c (the whole capacity counted) */
+static double moe_fwd_flops(const bg_layer_t *l, bg_shape_t in)
+{
+    const bg_moe_t *m = &((const moe_t *)l->impl)->m;
+    double N = ROWS(in), A = moe_assign(m, in), c = m->c, h = m->ffn;
+    return 2.0 * N * m->experts * c + A * (6.0 * c * h + 3.0 * h + 2.0 * c);
+}
+static double moe_bwd_flops(const bg_layer_t *l, bg_shape_t in)
+{
+    const bg_moe_t *m = &((const moe_t *)l->impl)->m;
+    double N = ROWS(in), A = moe_assign(m, in), c = m->c, h = m->ffn;
+    return 4.0 * N * m->experts * c + A * (12.0 * c * h + 5.0 * h + 4.0 * c);
+}
+
+typedef struct {
+    float *logits, *U, *H, *Y;    /* stash */
+    float *dlogits, *dU, *dY;     /* wstash */
+    float *xg, *dgate, *dH, *dxg; /* scratch */
+} moe_bufs_t;
+
+static moe_bufs_t moe_bufs(const bg_moe_t *m, const bg_layer_ctx_t *ctx)
+{
+    size_t N = (size_t)ROWS(ctx->in), A = (size_t)moe_assign(m, ctx->in), h = (size_t)m->ffn, c = (size_t)m->c;
+    moe_bufs_t b = {0};
+    char *s = ctx->stash;
+    b.logits = (float *)s, s += FB(N * m->experts);
+    b.U = (float *)s, s += FB(A * 2 * h);
+    b.H = (float *)s, s += FB(A * h);
+    b.Y = (float *)s;
+    if ((s = ctx->wstash)) {
+        b.dlogits = (float *)s, s += FB(N * m->experts);
+        b.dU = (float *)s, s += FB(A * 2 * h);
+        b.dY = (float *)s;
+    }
+    s = ctx->scratch;
+    b.xg = (float *)s, s += FB(N * c);
+    b.dgate = (float *)s, s += FB(A);
+    b.dH = (float *)s, s += FB(N * h);
+    b.dxg = (float *)s;
+    return b;
+}
+
+/* What every call of the layer starts from: its sizes, buffers and weights. */
+typedef struct {
+    moe_t *p;
+    const bg_moe_t *m;
+    bg_backend_t *be;
+    int N, E, c, h;
+    moe_bufs_t b;
+    const float *wr, *wup, *wdn; /* router (E, c), up (E, 2h, c), down (E, c, h) */
+} moe_call_t;
+
+static bg_status_t moe_call(bg_layer_t *l, const bg_layer_ctx_t *ctx, moe_call_t *k)
+{
+    bg_backend_t *be = ctx->be;
+    if (!be->ops->swiglu_forward || !be->ops->swiglu_backward || !be->ops->gemm_strided_batched)
+        return bg_error(BG_ERR_UNSUPPORTED, "layer %s (moe): backend %s lacks swiglu or batched gemm kernels",
+                        l->name, be->ops->name);
+    k->p = l->impl;
+    k->m = &k->p->m;
+    k->be = be;
+    k->N = ROWS(ctx->in), k->E = k->m->experts, k->c = k->m->c, k->h = k->m->ffn;
+    k->b = moe_bufs(k->m, ctx);
+    k->wr = l->params[0].data, k->wup = l->params[1].data, k->wdn = l->params[2].data;
+    return BG_OK;
+}
+
+/* rows [base, base+m) of dst (ld c) = rows tok[base..] of src */
+static void gather_rows(bg_backend_t *be, float *dst, const float *src, const int *tok, int m, int c)
+{
+    for (int i = 0; i < m; i++)
+        be->ops->copy(be, dst + (size_t)i * c, src + (size_t)tok[i] * c, (size_t)c);
+}
+
+static bg_status_t moe_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
+{
+    moe_call_t k;
+    BG_CHECK(moe_call(l, ctx, &k));
+    bg_backend_t *be = k.be;
+    be->ops->gemm(be, 0, 1, k.N, k.E, k.c, 1.0f, in, k.c, k.wr, k.c, 0.0f, k.b.logits, k.E);
+    route_t r;
+    BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
+    be->ops->fill(be, out, 0.0f, (size_t)k.N * k.c);
+    /* each token's output sums its experts' in expert order, whatever the threads */
+    for (int e = 0; e < k.E; e++) {
+        int cnt = r.cnt[e], base = r.off[e];
+        if (!cnt)
+            continue;
+        float *U = k.b.U + (size_t)base * 2 * k.h, *H = k.b.H + (size_t)base * k.h, *Y = k.b.Y + (size_t)base * k.c;
+        gather_rows(be, k.b.xg, in, r.tok + base, cnt, k.c);
+        be->ops->gemm(be, 0, 1, cnt, 2 * k.h, k.c, 1.0f, k.b.xg, k.c, k.wup + (size_t)e * 2 * k.h * k.c, k.c, 0.0f,
+                      U, 2 * k.h);
+        be->ops->swiglu_forward(be, H, U, cnt, k.h);
+        be->ops->gemm(be, 0, 1, cnt, k.c, k.h, 1.0f, H, k.h, k.wdn + (size_t)e * k.c * k.h, k.h, 0.0f, Y, k.c);
+        for (int i = 0; i < cnt; i++)
+            be->ops->axpy(be, out + (size_t)r.tok[base + i] * k.c, r.agate[base + i], Y + (size_t)i * k.c,
+                          (size_t)k.c);
+    }
+    k.p->aux = r.aux;
+    k.p->dropped = r.dropped;
+    k.p->dropped_total += r.dropped;
+    route_free(&r);
+    return BG_OK;
+}
+
+/* dlogits (host, then the wstash) from the gates' gradients and the auxiliary loss */
+static bg_status_t router_grad(const moe_t *p, const bg_layer_ctx_t *ctx, const route_t *r, const float *dgate_dev,
+                               float *dlogits_dev)
+{
+    const bg_moe_t *m = &p->m;
+    bg_backend_t *be = ctx->be;
+    int N = r->N, E = r->E, k = r->k, A = N * k;
+    float *dg = malloc((size_t)A * sizeof(float));
+    float *dl = calloc((size_t)N * E, sizeof(float));
+    if (!dg || !dl) {
+        free(dg);
+        free(dl);
+        return bg_error(BG_ERR_NOMEM, "moe %s: router gradient of %d tokens", ctx->be->ops->name, N);
+    }
+    be->ops->to_host(be, dg, dgate_dev, (size_t)A * sizeof(float));
+    /* the objective holds coef * aux once per token of the microbatch, each weighted by loss_scale */
+    double s = (double)m->aux_coef * ctx->loss_scale * N;
+    for (int n = 0; n < N; n++) {
+        const int *sel = r->sel + (size_t)n * k;
+        const float *g = r->gate + (size_t)n * k;
+        float *row = dl + (size_t)n * E;
+        double dgj[64], dot = 0;
+        for (int j = 0; j < k; j++) {
+            int a = r->slot[n * k + j];
+            dgj[j] = a >= 0 ? dg[a] : 0.0; /* a dropped choice adds nothing, but still shares the softmax */
+            dot += (double)g[j] * dgj[j];
+        }
+        for (int j = 0; j < k; j++)
+            row[sel[j]] = (float)(m->gate == BG_MOE_SIGMOID ? dgj[j] * g[j] * (1.0 - g[j]) : g[j] * (dgj[j] - dot));
+        if (s != 0) {
+            const double *pr = r->prob + (size_t)n * E;
+            double pg = 0;
+            for (int e = 0; e < E; e++)
+                pg += pr[e] * ((double)E * r->routed[e] / A / N);
+            for (int e = 0; e < E; e++)
+                row[e] += (float)(s * pr[e] * ((double)E * r->routed[e] / A / N - pg));
+        }
+    }
+    be->ops->from_host(be, dlogits_dev, dl, (size_t)N * E * sizeof(float));
+    free(dg);
+    free(dl);
+    return BG_OK;
+}
+
+static bg_status_t moe_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                      const float *dout, float *din)
+{
+    moe_call_t k;
+    BG_CHECK(moe_call(l, ctx, &k));
+    bg_backend_t *be = k.be;
+    route_t r;
+    BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
+    int A = r.off[k.E - 1] + r.cnt[k.E - 1];
+    /* dY = the tokens' dout rows; dgate = <Y, dY> before dY takes the gate */
+    for (int e = 0; e < k.E; e++)
+        gather_rows(be, k.b.dY + (size_t)r.off[e] * k.c, dout, r.tok + r.off[e], r.cnt[e], k.c);
+    if (A)
+        be->ops->gemm_strided_batched(be, 0, 1, 1, 1, k.c, 1.0f, k.b.Y, k.c, k.c, k.b.dY, k.c, k.c, 0.0f,
+                                      k.b.dgate, 1, 1, A);
+    for (int a = 0; a < A; a++)
+        be->ops->scale(be, k.b.dY + (size_t)a * k.c, r.agate[a], (size_t)k.c);
+    bg_status_t st = router_grad(k.p, ctx, &r, k.b.dgate, k.b.dlogits);
+    if (st != BG_OK) {
+        route_free(&r);
+        return st;
+    }
+    if (din)
+        be->ops->gemm(be, 0, 0, k.N, k.c, k.E, 1.0f, k.b.dlogits, k.E, k.wr, k.c, 0.0f, din, k.c);
+    for (int e = 0; e < k.E; e++) {
+        int cnt = r.cnt[e], base = r.off[e];
+        if (!cnt)
+            continue;
+        float *dU = k.b.dU + (size_t)base * 2 * k.h, *dY = k.b.dY + (size_t)base * k.c;
+        be->ops->gemm(be, 0, 0, cnt, k.h, k.c, 1.0f, dY, k.c, k.wdn + (size_t)e * k.c * k.h, k.h, 0.0f, k.b.dH, k.h);
+        be->ops->swiglu_backward(be, dU, k.b.U + (size_t)base * 2 * k.h, k.b.dH, cnt, k.h);
+        if (!din)
+            continue;
+        be->ops->gemm(be, 0, 0, cnt, k.c, 2 * k.h, 1.0f, dU, 2 * k.h, k.wup + (size_t)e * 2 * k.h * k.c, k.c, 0.0f,
+                      k.b.dxg, k.c);
+        for (int i = 0; i < cnt; i++)
+            be->ops->axpy(be, din + (size_t)r.tok[base + i] * k.c, 1.0f, k.b.dxg + (size_t)i * k.c, (size_t)k.c);
+    }
+    route_free(&r);
+    return BG_OK;
+}
+
+static bg_status_t moe_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, const float *out,
+                                       const float *dout)
+{
+    moe_call_t k;
+    BG_CHECK(moe_call(l, ctx, &k));
+    bg_backend_t *be = k.be;
+    float *gr = l->params[0].grad, *gup = l->params[1].grad, *gdn = l->params[2].grad;
+    route_t r;
+    BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
+    be->ops->gemm(be, 1, 0, k.E, k.c, k.N, 1.0f, k.b.dlogits, k.E, in, k.c, 1.0f, gr, k.c);
+    for (int e = 0; e < k.E; e++) {
+        int cnt = r.cnt[e], base = r.off[e];
+        if (!cnt)
+            continue;
+        gather_rows(be, k.b.xg, in, r.tok + base, cnt, k.c);
+        be->ops->gemm(be, 1, 0, 2 * k.h, k.c, cnt, 1.0f, k.b.dU + (size_t)base * 2 * k.h, 2 * k.h, k.b.xg, k.c, 1.0f,
+                      gup + (size_t)e * 2 * k.h * k.c, k.c);
+        be->ops->gemm(be, 1, 0, k.c, k.h, cnt, 1.0f, k.b.dY + (size_t)base * k.c, k.c, k.b.H + (size_t)base * k.h,
+                      k.h, 1.0f,
+                      gdn + (size_t)e * k.c * k.h, k.h);
+    }
+    route_free(&r);
+    return BG_OK;
+}
+
+static const bg_layer_ops_t moe_ops = {
+    .type = "moe",
+    .out_shape = moe_out_shape,
+    .stash_bytes = moe_stash,
+    .wstash_bytes = moe_wstash,
+    .scratch_bytes = moe_scratch,
+    .fwd_flops = moe_fwd_flops,
+    .bwd_flops = moe_bwd_flops,
+    .forward = moe_forward,
+    .backward_input = moe_backward_input,
+    .backward_weight = moe_backward_weight,
+    .destroy = bg__free_impl,
+};
+
+bg_status_t bg_layer_moe(const char *name, const bg_moe_t *m, bg_layer_t **layer_p)
+{
+    if (m->c < 1 || m->ffn < 1 || m->experts < 1)
+        return bg_error(BG_ERR_INVALID, "moe %s: d_model %d, ffn %d, experts %d (each must be at least 1)", name,
+                        m->c, m->ffn, m->experts);
+    if (m->top_k < 1 || m->top_k > m->experts || m->top_k > 64)
+        return bg_error(BG_ERR_INVALID, "moe %s: top-k %d must be in 1..min(experts %d, 64)", name, m->top_k,
+                        m->experts);
+    if (m->gate != BG_MOE_SOFTMAX && m->gate != BG_MOE_SIGMOID)
+        return bg_error(BG_ERR_INVALID, "moe %s: gate %d is neither softmax nor sigmoid", name, (int)m->gate);
+    if (!(m->capacity_factor >= 0) || !(m->aux_coef >= 0))
+        return bg_error(BG_ERR_INVALID, "moe %s: capacity factor %g and aux coefficient %g must be >= 0", name,
+                        (double)m->capacity_factor, (double)m->aux_coef);
+    moe_t p = {.m = *m};
+    int64_t E = m->experts, c = m->c, h = m->ffn;
+    bg_param_t w[3] = {
+        bg_param_make("router", 2, (int64_t[]){E, c}, BG_INIT_NORMAL, m->init_std, 1),
+        bg_param_make("up", 3, (int64_t[]){E, 2 * h, c}, BG_INIT_NORMAL, m->init_std, 1),
+        bg_param_make("down", 3, (int64_t[]){E, c, h}, BG_INIT_NORMAL, m->proj_std, 1),
+    };
+    return bg__make_leaf(&moe_ops, name, 3, w, &p, sizeof(p), layer_p);
+}
+
+int bg_layer_is_moe(const bg_layer_t *l) { return l && l->ops == &moe_ops; }
+
+bg_status_t bg_layer_moe_stats(const bg_layer_t *l, bg_moe_stats_t *stats_p)
+{
+    if (!bg_layer_is_moe(l))
+        return bg_error(BG_ERR_INVALID, "layer %s is not an moe layer", l ? l->name : "(null)");
+    const moe_t *p = l->impl;
+    stats_p->aux_loss = p->aux;
+    stats_p->dropped = p->dropped;
+    stats_p->dropped_total = p->dropped_total;
+    return BG_OK;
+}
