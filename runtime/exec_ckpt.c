@@ -392,7 +392,7 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
         return write_weights(x, dir);
     }
     unsigned long seq = atomic_fetch_add(&weights_seq, 1) + 1;
-    char token[64], key[BG_STORE_MAX_KEY], tmp[4160];
+    char token[64], key[BG_STORE_MAX_KEY], tmp[4096 + 80];
     size_t got;
     if (x->lay.rank == 0) {
         struct timespec ts;
