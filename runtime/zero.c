@@ -21,7 +21,8 @@
  * then microbatches in the order their backwards ran (deterministic, within
  * rounding of --zero 0). A bucket holding a tied tensor keeps a whole buffer
  * for the step and is all-reduced once, as at level 1 (the executor adds the
- * tie's two gradients).
+ * tie's two gradients). A chunk where even the fewest buffers, with its
+ * tied buckets, would hold as much as its whole gradients runs as level 1.
  *
  * Owns: the shard's optimizer state and the all-gather requests. Must not
  * know schedules or pipelines (the executor calls it per chunk). */
@@ -124,6 +125,7 @@ static void aim(bg__zero_t *z, int b, float *buf)
 }
 
 static bg_status_t fold(bg__zero_t *z, int b);
+static void bucket_sizes(const bg__zero_t *z, size_t *whole_p, size_t *inflight_p);
 
 /* A zeroed buffer for bucket b's gradients: a whole bucket's own, or one of
  * the pool's (one being written, the others being reduced). When all are
@@ -298,9 +300,13 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
         pooled += !z->whole[b] && buckets[b].count;
     }
     z->npool = bg__zero2_buffers(bg__zero_buffers(), pooled, z->pool_count, bg_model_param_count(m), z->D);
-    if (level >= 2 && pooled && !z->npool)
-        z->level = level = 1; /* its buffers would cost more than the shard saves: --zero 1's whole gradients */
     BG_CHECK_GOTO(make_pieces(z), st, err);
+    size_t whole, inflight;
+    bucket_sizes(z, &whole, &inflight);
+    /* its buffers (or its tied buckets, whole beside their shard) would cost
+     * at least what the shard saves: --zero 1's whole gradients */
+    if (level >= 2 && ((pooled && !z->npool) || z->owned + whole + inflight >= bg_model_param_count(m)))
+        z->level = level = 1;
     size_t n = z->owned ? z->owned : 1;
     z->sm = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (first moment)");
     if (!z->sm) {

@@ -6,9 +6,10 @@
 # strictly lower at --zero 2 than at --zero 1, and at --zero 1 than at
 # --zero 0, on every rank; each rank's peak equals the executor's prediction
 # (the rank table's MiB columns); --zero 2's weights are those of --zero 0
-# within the data-parallel tolerance. A model whose one block outweighs what
-# the shard saves (a single-block GPT) keeps its gradients whole at --zero 2:
-# its peak is --zero 1's, not more.
+# within the data-parallel tolerance. A stage whose one block outweighs what
+# the shard saves (a single-block GPT), or whose tied buckets (whole) and
+# buffers do, keeps its gradients whole at --zero 2: its peak is --zero 1's,
+# not more.
 . "$(dirname "$0")/../lib/harness.sh"
 
 # peaks NAME: "rank:peak_bytes" per rank, the highest of the run
@@ -53,5 +54,7 @@ order gpt4x64 2 sgd $G --layers 4 --d-model 64 $SGD    # the issue's model: 3 bu
 order gpt2x32 2 adamw $G --layers 2 --d-model 32 --optimizer adamw
 order gpt6x96 2 sgd $G --layers 6 --d-model 96 $SGD
 order gpt6x64pp2 4 adamw $G --layers 6 --d-model 64 --pp 2 --optimizer adamw
+order gpt6x64tie 2 sgd $G --layers 6 --d-model 64 --tie-embeddings $SGD # tied buckets whole (all-reduced) beside the pool
+order gpt4x64tie 2 eq12 $G --layers 4 --d-model 64 --tie-embeddings $SGD # there they outweigh the saving: --zero 1's gradients
 order gpt1x64 2 eq12 $G --layers 1 --d-model 64 $SGD   # one block outweighs the shard's saving
 finish
