@@ -9,7 +9,8 @@
 # within the data-parallel tolerance. A stage whose one block outweighs what
 # the shard saves (a single-block GPT), or whose tied buckets (whole) and
 # buffers do, keeps its gradients whole at --zero 2: its peak is --zero 1's,
-# not more.
+# not more. A tie across stages holds its partner's gradient from the start,
+# counted in the prediction.
 . "$(dirname "$0")/../lib/harness.sh"
 
 # peaks NAME: "rank:peak_bytes" per rank, the highest of the run
@@ -56,5 +57,6 @@ order gpt6x96 2 sgd $G --layers 6 --d-model 96 $SGD
 order gpt6x64pp2 4 adamw $G --layers 6 --d-model 64 --pp 2 --optimizer adamw
 order gpt6x64tie 2 sgd $G --layers 6 --d-model 64 --tie-embeddings $SGD # tied buckets whole (all-reduced) beside the pool
 order gpt4x64tie 2 eq12 $G --layers 4 --d-model 64 --tie-embeddings $SGD # there they outweigh the saving: --zero 1's gradients
+order gpt2x64tiepp2 4 eq12 $G --layers 2 --d-model 64 --tie-embeddings --pp 2 $SGD # the tie's partner gradient counted too
 order gpt1x64 2 eq12 $G --layers 1 --d-model 64 $SGD   # one block outweighs the shard's saving
 finish
