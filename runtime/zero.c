@@ -10,8 +10,7 @@
  *
  * Level 2 also shards the gradients: there is no flat gradient buffer. Each
  * microbatch's backward writes a bucket's gradients into one of a few
- * (BRIGADE_ZERO_BUFFERS, fewer when they would hold more than half of what
- * the shard saves: schedule/memory.h, whose rule also sizes the buckets)
+ * (BRIGADE_ZERO_BUFFERS, fewer when they would hold what the shard saves: schedule/memory.h, whose rule also sizes the buckets)
  * buffers of the largest bucket's size (zeroed before the bucket's first layer, the
  * layers' grad pointers aimed at it), which is reduce-scattered as soon as
  * the bucket's last layer is done; once it completes, the owned chunk is
@@ -303,8 +302,11 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
     BG_CHECK_GOTO(make_pieces(z), st, err);
     size_t whole, inflight;
     bucket_sizes(z, &whole, &inflight);
-    /* its buffers (or its tied buckets, whole beside their shard) would cost
-     * at least what the shard saves: --zero 1's whole gradients */
+    /* tied buckets are whole beside their shard: fewer buffers, and when even
+     * one (or none fits at all) would cost what the shard saves, --zero 1's whole gradients */
+    while (z->npool > 1 && z->owned + whole + (size_t)z->npool * z->pool_count >= bg_model_param_count(m))
+        z->npool--;
+    inflight = (size_t)z->npool * z->pool_count;
     if (level >= 2 && ((pooled && !z->npool) || z->owned + whole + inflight >= bg_model_param_count(m)))
         z->level = level = 1;
     size_t n = z->owned ? z->owned : 1;

@@ -41,19 +41,16 @@ static inline size_t bg__zero2_bucket_floats(size_t configured, size_t stage_par
 }
 
 /* How many buffers of the largest bucket's floats a stage holds: want
- * (BRIGADE_ZERO_BUFFERS), no more than its buckets, and no more than fill
- * half of what the shard saves; else one (each bucket's reduce-scatter then
- * waited for before the next bucket is written: no overlap) while the
- * largest bucket is smaller than what the shard saves. 0: not even that (a
- * layer holding most of the stage): the stage keeps its gradients whole as
- * --zero 1 does, so that it never costs more. */
+ * (BRIGADE_ZERO_BUFFERS), no more than its buckets, and fewer than fill
+ * what the shard saves (one: each bucket's reduce-scatter waited for before
+ * the next bucket is written, no overlap). 0: not even one fits (a layer
+ * holding most of the stage): the stage keeps its gradients whole as --zero
+ * 1 does, so that it never costs more. */
 static inline int bg__zero2_buffers(int want, int nbuckets, size_t largest, size_t stage_params, int dp)
 {
-    size_t saved = stage_params - stage_params / (size_t)dp, fit = largest ? saved / (2 * largest) : (size_t)want;
+    size_t saved = stage_params - stage_params / (size_t)dp, fit = largest && saved ? (saved - 1) / largest : (size_t)want;
     int n = want < nbuckets ? want : nbuckets;
-    if ((size_t)n > fit)
-        n = (int)fit;
-    return n < 1 && nbuckets > 0 && largest < saved ? 1 : n;
+    return (size_t)n > fit ? (int)fit : n;
 }
 
 /* The buckets of layers first..last from the last (params: prefix sums of
