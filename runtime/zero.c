@@ -10,9 +10,10 @@
  *
  * Level 2 also shards the gradients: there is no flat gradient buffer. Each
  * microbatch's backward writes a bucket's gradients into one of a few
- * (BRIGADE_ZERO_BUFFERS, fewer when they would hold what the shard saves: schedule/memory.h, whose rule also sizes the buckets)
- * buffers of the largest bucket's size (zeroed before the bucket's first layer, the
- * layers' grad pointers aimed at it), which is reduce-scattered as soon as
+ * (BRIGADE_ZERO_BUFFERS, fewer when they would hold what the shard saves:
+ * schedule/memory.h, whose rule also sizes the buckets) buffers of the
+ * largest bucket's size (zeroed before the bucket's first layer, the layers'
+ * grad pointers aimed at it), which is reduce-scattered as soon as
  * the bucket's last layer is done; once it completes, the owned chunk is
  * added to the replica's gradient shard (1/D) and the buffer is free for
  * the next bucket. So only those buckets are whole, at the price of one reduce-scatter
