@@ -225,10 +225,17 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
     }
     e->first = a;
     e->last = b;
-    /* --zero 2: its bucket buffers (no more than its buckets) */
-    size_t np = c->pp[b + 1] - c->pp[a], nb = p->bucket_bytes ? (4 * np + p->bucket_bytes - 1) / p->bucket_bytes : 0;
-    size_t inflight = (nb < (size_t)p->bucket_buffers ? nb : (size_t)p->bucket_buffers) * p->bucket_bytes;
-    e->static_bytes = np * p->bytes_per_param + (inflight < 4 * np ? inflight : 4 * np);
+    /* --zero 2: its bucket buffers, as the executor makes them (schedule/memory.h) */
+    size_t np = c->pp[b + 1] - c->pp[a], inflight = 0;
+    if (p->bucket_buffers > 0) {
+        size_t target = bg__zero2_bucket_floats(p->bucket_bytes / sizeof(float), np, p->bucket_dp, p->bucket_buffers);
+        size_t largest;
+        int nb = bg__zero2_bucket_walk(c->pp, a, b, target, &largest);
+        int nbuf = bg__zero2_buffers(p->bucket_buffers, nb, largest, np, p->bucket_dp);
+        /* none: the executor keeps the stage's gradients whole, beside the shard counted in bytes_per_param */
+        inflight = (nbuf || !nb ? (size_t)nbuf * largest : np - np / (size_t)p->bucket_dp) * sizeof(float);
+    }
+    e->static_bytes = np * p->bytes_per_param + inflight;
     e->scratch_bytes = m->scratch * (p->paired ? 2 : 1); /* paired instructions: a scratch per lane */
     e->act_bytes = peak;
     e->mem_bytes = e->static_bytes + e->scratch_bytes + e->act_bytes;

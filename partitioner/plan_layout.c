@@ -324,7 +324,7 @@ static size_t range_params(const candidate_t *c, int first, int last)
 /* Bytes per parameter held by a replica: parameters, gradients and optimizer
  * state, the sharded ones 1/dp each (--zero 1: the state; 2: also the
  * gradients), rounded up to whole bytes (the partitioner counts integers).
- * Stage 2 also holds two buckets whole (bg_part_problem_t.bucket_bytes). */
+ * Stage 2 also holds its bucket buffers (bg_part_problem_t.bucket_buffers). */
 static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
 {
     size_t st = bg_optim_state_bytes(optim), d = (size_t)(dp > 1 ? dp : 1);
@@ -367,6 +367,7 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
             nbuf = 3;
         prob.bucket_bytes = (size_t)mb * 1048576;
         prob.bucket_buffers = nbuf < 2 ? 2 : nbuf > 16 ? 16 : (int)nbuf;
+        prob.bucket_dp = c->dp;
     }
     prob.input_bytes =
         s->tokens ? 0 : positions * (size_t)bg_model_desc_params(s->desc)->features * sizeof(float);

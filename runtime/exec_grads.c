@@ -84,14 +84,17 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
     return bg__exec_start_buckets(x, ch, layer);
 }
 
-/* Buckets of about BRIGADE_BUCKET_MB over the chunk's layers, from the
- * last; and the layer-done callback that starts them. */
+/* Buckets of about BRIGADE_BUCKET_MB (or what a strategy asks) over the
+ * chunk's layers, from the last; and the layer-done callback that starts them. */
 bg_status_t bg__exec_make_buckets(exec_t *x, chunk_t *ch)
 {
     long long mb = 4;
     if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
         mb = 4;
     size_t target = (size_t)mb * 1048576 / sizeof(float);
+    bg__strategy_t *bf = BG__ONE(x, bucket_floats);
+    if (bf)
+        target = bf->ops->bucket_floats(x, bf->self, ch, target);
     int n = ch->last - ch->first + 1;
     size_t *off = calloc((size_t)n + 1, sizeof(size_t));
     ch->buckets = calloc((size_t)n, sizeof(*ch->buckets));

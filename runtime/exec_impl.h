@@ -72,6 +72,9 @@ typedef struct bg__strategy_ops {
     bg_status_t (*setup)(exec_t *x, void **self_p);
     /* ONE: build chunk ch's model and stage (default: the layers first..last on a stage). */
     bg_status_t (*chunk_model)(exec_t *x, void *self, chunk_t *ch);
+    /* ONE: the floats chunk ch's gradient buckets aim at, given the configured ones
+     * (BRIGADE_BUCKET_MB; default: those). Buckets stay whole layers. */
+    size_t (*bucket_floats)(exec_t *x, void *self, chunk_t *ch, size_t configured);
     /* ONE: chunk ch's optimizer state (default: the whole model's), after its buckets. */
     bg_status_t (*chunk_optim)(exec_t *x, void *self, chunk_t *ch);
     /* EVERY: every chunk exists (partners, buffers, maps over all chunks). */

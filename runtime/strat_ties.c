@@ -69,6 +69,10 @@ static bg_status_t ties_ready(exec_t *x, void *self)
             while (stage < x->S - 1 && x->last[stage] < layer)
                 stage++;
             ti->partner = bg__layout_stage_rank(&x->lay, stage, x->lay.me.dp);
+            /* the partner's gradient: held from the start, counted in the predicted peak (ties_memory) */
+            bg_param_t *mine = ti->a ? ti->a : ti->b;
+            if (!(ti->buf = bg_backend_alloc(x->be, mine->numel * sizeof(float), "tied gradient")))
+                return BG_ERR_NOMEM;
         }
     }
     return BG_OK;
@@ -86,8 +90,6 @@ static bg_status_t ties_before_optimizer(exec_t *x, void *self)
             continue;
         bg_param_t *mine = ti->a ? ti->a : ti->b;
         size_t bytes = mine->numel * sizeof(float);
-        if (!ti->buf && !(ti->buf = bg_backend_alloc(be, bytes, "tied gradient")))
-            return BG_ERR_NOMEM;
         uint32_t tag = bg__exec_tag(x, 1, BG__TAG_TIES, t);
         st = bg__xrecv(&x->stg, x->comm, ti->partner, tag, ti->buf, bytes, &ti->rr);
         if (st == BG_OK)
@@ -126,6 +128,16 @@ static int ties_in_norm(exec_t *x, void *self, const bg_param_t *p)
     return 1;
 }
 
+/* The partners' gradients this rank receives (ties_ready). */
+static void ties_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+{
+    (void)x, (void)optim_elems;
+    ties_state_t *T = self;
+    for (int t = 0; t < T->n; t++)
+        if (T->ties[t].partner >= 0)
+            *grad_bytes += (T->ties[t].a ? T->ties[t].a : T->ties[t].b)->numel * sizeof(float);
+}
+
 static void ties_cancel(exec_t *x, void *self)
 {
     (void)x;
@@ -155,6 +167,7 @@ const bg__strategy_ops_t bg__strategy_ties = {
     .ready = ties_ready,
     .before_optimizer = ties_before_optimizer,
     .in_norm = ties_in_norm,
+    .memory = ties_memory,
     .cancel = ties_cancel,
     .destroy = ties_destroy,
 };

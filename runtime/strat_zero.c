@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "runtime/exec_impl.h"
 #include "runtime/zero.h"
+#include "schedule/memory.h"
 
 typedef struct zero_state {
     bg__zero_t **z; /* per chunk */
@@ -36,6 +37,17 @@ static bg_status_t zero_setup(exec_t *x, void **self_p)
     }
     *self_p = Z;
     return BG_OK;
+}
+
+/* Level 2: buckets sized from the shard (schedule/memory.h), so that their
+ * buffers cost less than sharding the gradients saves. */
+static size_t zero_bucket_floats(exec_t *x, void *self, chunk_t *ch, size_t configured)
+{
+    (void)self;
+    if (x->p.zero < 2)
+        return configured;
+    return bg__zero2_bucket_floats(configured, bg_model_param_count(ch->model), bg_group_size(x->dp_group),
+                                   bg__zero_buffers());
 }
 
 /* The chunk's sharded optimizer state over its buckets. */
@@ -197,6 +209,7 @@ const bg__strategy_ops_t bg__strategy_zero = {
     .name = "zero",
     .active = zero_active,
     .setup = zero_setup,
+    .bucket_floats = zero_bucket_floats,
     .chunk_optim = zero_chunk_optim,
     .step_begin = zero_step_begin,
     .before_compute = zero_before_compute,

@@ -10,8 +10,10 @@
  *
  * Level 2 also shards the gradients: there is no flat gradient buffer. Each
  * microbatch's backward writes a bucket's gradients into one of a few
- * (BRIGADE_ZERO_BUFFERS) buffers of the largest bucket's size (zeroed before the bucket's first layer, the
- * layers' grad pointers aimed at it), which is reduce-scattered as soon as
+ * (BRIGADE_ZERO_BUFFERS, fewer when they would hold what the shard saves:
+ * schedule/memory.h, whose rule also sizes the buckets) buffers of the
+ * largest bucket's size (zeroed before the bucket's first layer, the layers'
+ * grad pointers aimed at it), which is reduce-scattered as soon as
  * the bucket's last layer is done; once it completes, the owned chunk is
  * added to the replica's gradient shard (1/D) and the buffer is free for
  * the next bucket. So only those buckets are whole, at the price of one reduce-scatter
@@ -19,7 +21,8 @@
  * then microbatches in the order their backwards ran (deterministic, within
  * rounding of --zero 0). A bucket holding a tied tensor keeps a whole buffer
  * for the step and is all-reduced once, as at level 1 (the executor adds the
- * tie's two gradients).
+ * tie's two gradients). A chunk where even the fewest buffers, with its
+ * tied buckets, would hold as much as its whole gradients runs as level 1.
  *
  * Owns: the shard's optimizer state and the all-gather requests. Must not
  * know schedules or pipelines (the executor calls it per chunk). */
@@ -29,6 +32,7 @@
 
 #include "core/check.h"
 #include "runtime/zero.h"
+#include "schedule/memory.h"
 
 /* Level 2: at most this many bucket buffers (BRIGADE_ZERO_BUFFERS). */
 #define POOL 16
@@ -60,7 +64,7 @@ struct bg__zero {
     float *pool[POOL]; /* the buffers the buckets take turns in (the largest bucket's size each) */
     int *slot;         /* per bucket: the pool buffer it holds, -1 none (a whole bucket has its own) */
     size_t pool_count; /* floats of each pool buffer */
-    int npool;         /* BRIGADE_ZERO_BUFFERS, or fewer when there are fewer buckets */
+    int npool;         /* BRIGADE_ZERO_BUFFERS, or fewer (bg__zero2_buffers): 1 waits for each reduce-scatter */
     float *sg;         /* the reduced gradient shard (owned floats) */
     int nbuckets;
     piece_t *pieces;
@@ -121,6 +125,7 @@ static void aim(bg__zero_t *z, int b, float *buf)
 }
 
 static bg_status_t fold(bg__zero_t *z, int b);
+static void bucket_sizes(const bg__zero_t *z, size_t *whole_p, size_t *inflight_p);
 
 /* A zeroed buffer for bucket b's gradients: a whole bucket's own, or one of
  * the pool's (one being written, the others being reduced). When all are
@@ -146,7 +151,7 @@ static bg_status_t bucket_buffer(bg__zero_t *z, int b)
                 if (!used[q])
                     k = q;
             if (k < 0 && oldest < 0)
-                return bg_error(BG_ERR_INTERNAL, "zero: both gradient buffers taken and no reduction in flight");
+                return bg_error(BG_ERR_INTERNAL, "zero: every gradient buffer taken and no reduction in flight");
             if (k < 0)
                 BG_CHECK(fold(z, oldest));
         }
@@ -286,15 +291,25 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
         goto err;
     }
     memcpy(z->buckets, buckets, (size_t)nbuckets * sizeof(*buckets));
-    int want = bg__zero_buffers();
+    int pooled = 0; /* buckets that take turns in the pool */
     for (int b = 0; b < nbuckets; b++) {
         z->whole[b] = holds_tie(bg_model_desc(m), buckets[b].lo, buckets[b].hi);
         z->slot[b] = -1;
         if (!z->whole[b] && buckets[b].count > z->pool_count)
             z->pool_count = buckets[b].count;
-        z->npool += !z->whole[b] && buckets[b].count && z->npool < want;
+        pooled += !z->whole[b] && buckets[b].count;
     }
+    z->npool = bg__zero2_buffers(bg__zero_buffers(), pooled, z->pool_count, bg_model_param_count(m), z->D);
     BG_CHECK_GOTO(make_pieces(z), st, err);
+    size_t whole, inflight;
+    bucket_sizes(z, &whole, &inflight);
+    /* tied buckets are whole beside their shard: fewer buffers, and when even
+     * one (or none fits at all) would cost what the shard saves, --zero 1's whole gradients */
+    while (z->npool > 1 && z->owned + whole + (size_t)z->npool * z->pool_count >= bg_model_param_count(m))
+        z->npool--;
+    inflight = (size_t)z->npool * z->pool_count;
+    if (level >= 2 && ((pooled && !z->npool) || z->owned + whole + inflight >= bg_model_param_count(m)))
+        z->level = level = 1;
     size_t n = z->owned ? z->owned : 1;
     z->sm = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (first moment)");
     if (!z->sm) {

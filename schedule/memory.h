@@ -27,4 +27,48 @@ static inline int bg__counts_dominate(const bg_part_counts_t *a, const bg_part_c
            a->lingering >= b->lingering;
 }
 
+/* --zero 2's gradient buckets of a stage, sized from its shard (the
+ * executor makes the buckets, runtime/exec_grads.c, and their buffers,
+ * runtime/zero.c; the partitioner counts them): the buffers must never cost
+ * more than sharding the gradients saves, (1 - 1/dp) of the stage's
+ * gradients. A bucket aims at no more than the stage's parameters /
+ * (2 dp buffers) floats (configured: BRIGADE_BUCKET_MB's; buckets stay
+ * whole layers, so one may be larger). */
+static inline size_t bg__zero2_bucket_floats(size_t configured, size_t stage_params, int dp, int buffers)
+{
+    size_t cap = stage_params / (2 * (size_t)dp * (size_t)buffers);
+    return configured < cap ? configured : cap;
+}
+
+/* How many buffers of the largest bucket's floats a stage holds: want
+ * (BRIGADE_ZERO_BUFFERS), no more than its buckets, and fewer than fill
+ * what the shard saves (one: each bucket's reduce-scatter waited for before
+ * the next bucket is written, no overlap). 0: not even one fits (a layer
+ * holding most of the stage): the stage keeps its gradients whole as --zero
+ * 1 does, so that it never costs more. */
+static inline int bg__zero2_buffers(int want, int nbuckets, size_t largest, size_t stage_params, int dp)
+{
+    size_t saved = stage_params - stage_params / (size_t)dp, fit = largest && saved ? (saved - 1) / largest : (size_t)want;
+    int n = want < nbuckets ? want : nbuckets;
+    return (size_t)n > fit ? (int)fit : n;
+}
+
+/* The buckets of layers first..last from the last (params: prefix sums of
+ * the layers' parameters, params[i + 1] - params[i] for layer i): a bucket
+ * closes once it holds target floats or at the first layer. Returns the
+ * count; *largest_p: the largest bucket's floats. */
+static inline int bg__zero2_bucket_walk(const size_t *params, int first, int last, size_t target, size_t *largest_p)
+{
+    int n = 0, hi = last;
+    *largest_p = 0;
+    for (int i = last; i >= first; i--)
+        if (i == first || params[hi + 1] - params[i] >= target) {
+            size_t c = params[hi + 1] - params[i];
+            *largest_p = c > *largest_p ? c : *largest_p;
+            n += c > 0;
+            hi = i - 1;
+        }
+    return n;
+}
+
 #endif

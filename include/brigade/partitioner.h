@@ -122,10 +122,11 @@ typedef struct bg_part_problem {
     int allow_recompute;                /**< a stage may keep only its input per microbatch and recompute */
     int quick_no_fit;                   /**< 1: bg_partition() answers BG_ERR_NO_FIT without measuring the
                                              shortfall for its message (a search that only needs yes/no) */
-    size_t bucket_bytes;                /**< --zero 2: bytes of a gradient bucket; 0: none */
-    int bucket_buffers;                 /**< --zero 2: buffers of bucket_bytes a stage holds besides
-                                             bytes_per_param (BRIGADE_ZERO_BUFFERS; at most as many as
-                                             its gradients fill, and at most its gradients' bytes) */
+    size_t bucket_bytes;                /**< --zero 2: bytes a gradient bucket aims at (BRIGADE_BUCKET_MB) */
+    int bucket_buffers;                 /**< --zero 2: bucket buffers wanted (BRIGADE_ZERO_BUFFERS); 0: not
+                                             --zero 2. A stage holds, besides bytes_per_param, buffers of its
+                                             largest layer-aligned bucket, the buckets and the buffers' count
+                                             sized from its shard as the executor does (bucket_dp) */
     size_t linger_bytes;                /**< a stage whose input gradient message is at least this many bytes
                                              keeps a lingering slot's backward buffer (counts.lingering,
                                              holding that gradient; bg_stage_release frees the rest): the transport
@@ -137,13 +138,15 @@ typedef struct bg_part_problem {
     size_t guard_bytes;                 /**< bytes a stage reserves after each gradient buffer of its backward
                                              (bg_layer_profile_t.guard_bytes; the layers' stash, wstash and
                                              scratch bytes include theirs already); 0: none */
+    int bucket_dp;                      /**< --zero 2: the data-parallel degree the shard is cut over */
 } bg_part_problem_t;
 /** Defaults of bg_part_problem_t: no layers or stages yet, AdamW's 16 bytes per parameter, free links. */
 #define BG_PART_PROBLEM_INIT                                                                            \
     { .size = sizeof(bg_part_problem_t), .nlayers = 0, .layers = NULL, .nstages = 0, .stages = NULL,      \
       .bytes_per_param = 16, .input_bytes = 0, .token_bytes = 0, .target_bytes = 0, .link_latency = 0.0,  \
       .link_bandwidth = 0.0, .allow_recompute = 0, .quick_no_fit = 0, .bucket_bytes = 0,                  \
-      .bucket_buffers = 0, .linger_bytes = 0, .paired = 0, .guard_bytes = 0 }
+      .bucket_buffers = 0, .linger_bytes = 0, .paired = 0, .guard_bytes = 0,   \
+      .bucket_dp = 1 }
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {

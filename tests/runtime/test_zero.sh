@@ -127,7 +127,7 @@ done
 
 # the planner counts the sharded bytes: with 3 MiB per device nothing fits at --zero 0; auto picks the
 # lowest stage that fits, and brigade train --plan runs it with the predicted peak (within 10%)
-PM="--model gpt --layers 4 --d-model 64 --heads 4 --seq 16 --devices 4 --mem 3M --batch 8 --pp 1 --tp 1" # tp 1: without it the planner would fall back to tensor parallelism
+PM="--model gpt --layers 4 --d-model 64 --heads 4 --seq 16 --devices 4 --mem 3M --batch 8 --pp 1 --tp 1 --microbatch-size 1" # tp 1: without it the planner would fall back to tensor parallelism; microbatch 1: with 2 only --zero 2 fits
 if "$B" plan $PM >/dev/null 2>"$T/p0.e"; then bad "plan at --zero 0 fits 3 MiB"
 else grep -q "does not fit in memory" "$T/p0.e" && ok "plan --zero 0: does not fit" || { bad "plan --zero 0"; cat "$T/p0.e"; }; fi
 for z in auto 2; do
