@@ -187,7 +187,9 @@ typedef struct bg_schedule_search_result {
  * whose peak stash fits params->mem_limit on every rank, among the orders of
  * one layout: every generator of the layout built for the costs, and list
  * schedules over windows of forwards in flight, B/W split or full backward,
- * and W or F first, each capped at the limit. Heuristic, not exhaustive:
+ * and W or F first, each capped at the limit, memory-bounded admission
+ * orders, and the controllable-memory paper's building blocks (V-Min,
+ * V-Half and larger offsets). Heuristic, not exhaustive:
  * result->lower_bound says how far from optimal it can be. BG_ERR_NOT_FOUND
  * when no program tried fits (result->min_limit: the smallest limit that
  * works); @p sched_p is set only on success.
