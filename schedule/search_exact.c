@@ -47,12 +47,9 @@ static double bg__bb_bound(bg__bb_t *q, double last)
 {
     int S = q->S, m = q->m;
     double lb = 0;
-    for (int r = 0; r < q->p; r++) {
-        double t = (q->fr[r] > last ? q->fr[r] : last) + q->rem[r];
-        if (q->rem[r] > 0 && t > lb)
-            lb = t;
-    }
-    double *ef = q->es, *eb = q->es + (size_t)S * m;
+    double *ef = q->es, *eb = q->es + (size_t)S * m, *lo_r = q->es + 2 * (size_t)S * m;
+    for (int r = 0; r < q->p; r++)
+        lo_r[r] = INFINITY; /* the earliest start of the rank's work left */
     for (int s = 0; s < S; s++) {
         double lo = q->fr[q->rank_of[s]] > last ? q->fr[q->rank_of[s]] : last, prev = lo;
         for (int i = 0; i < m; i++) {
@@ -63,6 +60,8 @@ static double bg__bb_bound(bg__bb_t *q, double last)
             double t = prev;
             if (s > 0 && ef[(s - 1) * m + i] + q->d_in[s] > t)
                 t = ef[(s - 1) * m + i] + q->d_in[s];
+            if (t < lo_r[q->rank_of[s]])
+                lo_r[q->rank_of[s]] = t;
             ef[s * m + i] = t + q->f[s];
             prev = ef[s * m + i];
         }
@@ -77,6 +76,8 @@ static double bg__bb_bound(bg__bb_t *q, double last)
             double t = prev > ef[s * m + i] ? prev : ef[s * m + i];
             if (s < S - 1 && eb[(s + 1) * m + i] + q->d_back[s] > t)
                 t = eb[(s + 1) * m + i] + q->d_back[s];
+            if (t < lo_r[q->rank_of[s]])
+                lo_r[q->rank_of[s]] = t;
             eb[s * m + i] = t + q->b[s];
             prev = eb[s * m + i];
             if (i >= q->nw[s] && eb[s * m + i] + q->w[s] > lb) /* its W still to run */
@@ -84,12 +85,18 @@ static double bg__bb_bound(bg__bb_t *q, double last)
         }
         if (q->nw[s] < q->nb[s]) { /* the W's of b's already run, in order */
             double t = lo;
+            double w0 = q->be[s * m + q->nw[s]] > lo ? q->be[s * m + q->nw[s]] : lo;
+            if (w0 < lo_r[q->rank_of[s]])
+                lo_r[q->rank_of[s]] = w0;
             for (int i = q->nw[s]; i < q->nb[s]; i++)
                 t = (q->be[s * m + i] > t ? q->be[s * m + i] : t) + q->w[s];
             if (t > lb)
                 lb = t;
         }
     }
+    for (int r = 0; r < q->p; r++) /* each rank's work left, from its earliest start */
+        if (q->rem[r] > 0 && lo_r[r] + q->rem[r] > lb)
+            lb = lo_r[r] + q->rem[r];
     return lb;
 }
 
@@ -290,7 +297,7 @@ bg_status_t bg_schedule_search_exact(const bg_schedule_search_params_t *sp, cons
                   .best = xp->seed ? hr.step : INFINITY};
     int *map = malloc(sizeof(int) * (size_t)S), *rank_of = malloc(sizeof(int) * (size_t)S);
     int *cnt = calloc((size_t)S * 3, sizeof(int));
-    double *dbl = calloc((size_t)S * 3 + (size_t)p * 3 + (size_t)S * m * 5, sizeof(double));
+    double *dbl = calloc((size_t)S * 3 + (size_t)p * 4 + (size_t)S * m * 5, sizeof(double));
     int *paths = malloc(sizeof(int) * 6 * (size_t)(3 * S * m));
     if (!map || !rank_of || !cnt || !dbl || !paths) {
         st = bg_error(BG_ERR_NOMEM, "exact schedule search for %d stages x %d microbatches", S, m);
@@ -320,6 +327,8 @@ bg_status_t bg_schedule_search_exact(const bg_schedule_search_params_t *sp, cons
         q.found = 0, q.best = hr.step;
     res->step = q.best;
     res->bound = q.stopped ? (q.open < q.best ? q.open : q.best) : q.best;
+    if (res->bound < hr.lower_bound) /* both bounds hold: keep the better */
+        res->bound = hr.lower_bound;
     res->proved = !q.stopped;
     res->nodes = q.nodes > max_nodes ? max_nodes : q.nodes;
     res->heuristic_step = hr.step;
