@@ -31,7 +31,10 @@ typedef struct {
     int *nf, *nb, *nw;           /* [S] next microbatch of each kind */
     double *fe, *be;             /* [S*m] end of F, b */
     double *fr, *stash, *rem;    /* [p] rank free at, stash, work left */
-    double *es;                  /* [3*S*m] scratch of the bound */
+    double *es;                  /* [2*S*m + p] scratch of the bound */
+    double *rt;                  /* [S] the shortest a microbatch holds its stash on a stage: its F there to
+                                    its W there, through the rest of the chain and back */
+    int *slots;                  /* [S] microbatches the rank's limit holds when it has this stage only; else 0 */
     int *path, *best_path, npath;/* (kind, stage, mb) triples in start order */
     double best;                 /* smallest step found (or given) */
     int found;                   /* best_path holds a program of step best */
@@ -97,6 +100,22 @@ static double bg__bb_bound(bg__bb_t *q, double last)
     for (int r = 0; r < q->p; r++) /* each rank's work left, from its earliest start */
         if (q->rem[r] > 0 && lo_r[r] + q->rem[r] > lb)
             lb = lo_r[r] + q->rem[r];
+    if (q->lim < INFINITY) { /* memory: what is not yet forwarded holds its stash at least rt[] each */
+        double *area = lo_r; /* reused: [p] stash x time still to hold */
+        for (int r = 0; r < q->p; r++)
+            area[r] = 0;
+        for (int st = 0; st < S; st++) {
+            int k = m - q->nf[st], r = q->rank_of[st];
+            area[r] += k * q->sb[st] * q->rt[st];
+            if (k > 0 && q->slots[st] > 0) { /* one stage on the rank: slots of whole microbatches */
+                double t = last + ceil((double)k / q->slots[st]) * q->rt[st];
+                lb = t > lb ? t : lb;
+            }
+        }
+        for (int r = 0; r < q->p; r++)
+            if (area[r] > 0 && last + area[r] / q->lim > lb)
+                lb = last + area[r] / q->lim;
+    }
     return lb;
 }
 
@@ -150,7 +169,7 @@ static int bg__bb_cands(const bg__bb_t *q, double last, int last_r, bg__cand_t *
     return k;
 }
 
-static void bg__bb_dfs(bg__bb_t *q, double last, int last_r, double end, int left)
+static void bg__bb_dfs(bg__bb_t *q, double last, int last_r, double end, double plb, int left)
 {
     if (left == 0) {
         if (end < q->best - BG__EPS) {
@@ -162,6 +181,8 @@ static void bg__bb_dfs(bg__bb_t *q, double last, int last_r, double end, int lef
     double lb = bg__bb_bound(q, last);
     if (lb < end)
         lb = end;
+    if (lb < plb) /* the parent's bound holds for its every child */
+        lb = plb;
     if (lb >= q->best - BG__EPS)
         return;
     if (++q->nodes > q->budget) {
@@ -183,7 +204,7 @@ static void bg__bb_dfs(bg__bb_t *q, double last, int last_r, double end, int lef
         q->fr[r] = t + d, q->rem[r] -= d;
         int *e = &q->path[3 * q->npath++];
         e[0] = c[k].kind, e[1] = s, e[2] = i;
-        bg__bb_dfs(q, t, r, end > t + d ? end : t + d, left - 1);
+        bg__bb_dfs(q, t, r, end > t + d ? end : t + d, lb, left - 1);
         q->npath--;
         q->fr[r] = fr, q->rem[r] += d;
         if (c[k].kind == BG_OP_FORWARD)
@@ -297,9 +318,10 @@ bg_status_t bg_schedule_search_exact(const bg_schedule_search_params_t *sp, cons
                   .best = xp->seed ? hr.step : INFINITY};
     int *map = malloc(sizeof(int) * (size_t)S), *rank_of = malloc(sizeof(int) * (size_t)S);
     int *cnt = calloc((size_t)S * 3, sizeof(int));
-    double *dbl = calloc((size_t)S * 3 + (size_t)p * 4 + (size_t)S * m * 5, sizeof(double));
+    double *dbl = calloc((size_t)S * 4 + (size_t)p * 4 + (size_t)S * m * 5, sizeof(double));
+    int *slots = calloc((size_t)S, sizeof(int));
     int *paths = malloc(sizeof(int) * 6 * (size_t)(3 * S * m));
-    if (!map || !rank_of || !cnt || !dbl || !paths) {
+    if (!map || !rank_of || !cnt || !dbl || !paths || !slots) {
         st = bg_error(BG_ERR_NOMEM, "exact schedule search for %d stages x %d microbatches", S, m);
         goto out;
     }
@@ -314,14 +336,23 @@ bg_status_t bg_schedule_search_exact(const bg_schedule_search_params_t *sp, cons
     q.fe = q.rem + p, q.be = q.fe + (size_t)S * m, q.es = q.be + (size_t)S * m;
     q.nf = cnt, q.nb = cnt + S, q.nw = cnt + 2 * S;
     q.path = paths, q.best_path = paths + 3 * (size_t)(3 * S * m);
-    q.rank_of = rank_of, q.sb = sb;
+    q.rank_of = rank_of, q.sb = sb, q.slots = slots, q.rt = q.es + 2 * (size_t)S * m + p;
     for (int i = 0; i < S; i++) {
         sb[i] = sim.stash_bytes_per_stage ? sim.stash_bytes_per_stage[i] : sim.stash_bytes;
         q.d_in[i] = i > 0 && rank_of[i - 1] != rank_of[i] ? cost.act : 0;
         q.d_back[i] = i < S - 1 && rank_of[i + 1] != rank_of[i] ? cost.grad : 0;
         q.rem[rank_of[i]] += m * (cost.f[i] + cost.b[i] + cost.w[i]);
     }
-    bg__bb_dfs(&q, 0, -1, 0, 3 * S * m);
+    for (int i = 0; i < S; i++) {
+        double t = cost.f[i] + cost.w[i];
+        for (int j = i + 1; j < S; j++)
+            t += q.d_in[j] + cost.f[j];
+        for (int j = S - 1; j >= i; j--)
+            t += cost.b[j] + (j < S - 1 ? q.d_back[j] : 0);
+        q.rt[i] = t;
+        q.slots[i] = v == 1 && sb[i] > 0 && q.lim < INFINITY ? (int)floor(q.lim / sb[i] * (1 + 1e-12)) : 0;
+    }
+    bg__bb_dfs(&q, 0, -1, 0, 0, 3 * S * m);
     memset(res, 0, sizeof *res);
     if (!q.found || q.best > hr.step) /* the heuristic's program stays the best known */
         q.found = 0, q.best = hr.step;
@@ -362,6 +393,6 @@ bg_status_t bg_schedule_search_exact(const bg_schedule_search_params_t *sp, cons
     hs = NULL;
 out:
     bg_schedule_free(hs);
-    free(cost.f), free(map), free(rank_of), free(cnt), free(dbl), free(paths);
+    free(cost.f), free(map), free(rank_of), free(cnt), free(dbl), free(paths), free(slots);
     return st;
 }
