@@ -78,6 +78,20 @@ static int bg__bop_cmp(const void *a, const void *b)
     return x->order - y->order;
 }
 
+/* place one op of length d on rank r at the earliest fit from t0 (entry *n
+ * of ops, start, len, rank); 0 when no gap holds it */
+static int bg__put(bg__bop_t *ops, double *start, double *len, int *rank, int *n, double t0, double d, int r,
+                   int kind, int st, double T)
+{
+    double t = bg__fit(t0, d, r, start, len, rank, *n, T);
+    if (t < 0)
+        return 0;
+    start[*n] = t, len[*n] = d, rank[*n] = r;
+    ops[*n] = (bg__bop_t){t, kind, st, *n};
+    (*n)++;
+    return 1;
+}
+
 /* Place the block: ops[3*S] (F of stages 0..S-1, then b of S-1..0, then W of
  * S-1..0), period T. dur: the placement's op lengths (the costs, or unit
  * slots). gap: extra offset of forwards on the first half of the chain and
@@ -95,12 +109,8 @@ static int bg__place(const bg_schedule_t *s, const bg__costs_t *dur, double gap,
             int cross = s->stage_rank[st - 1] != r;
             t0 = start[st - 1] + len[st - 1] + (cross ? dur->act : 0) + (cross && 2 * st < S ? gap : 0);
         }
-        double t = bg__fit(t0, dur->f[st], r, start, len, rank, n, T);
-        if (t < 0)
+        if (!bg__put(ops, start, len, rank, &n, t0, dur->f[st], r, BG_OP_FORWARD, st, T))
             return 0;
-        start[n] = t, len[n] = dur->f[st], rank[n] = r;
-        ops[n] = (bg__bop_t){t, BG_OP_FORWARD, st, n};
-        n++;
     }
     for (int st = S - 1; st >= 0; st--) { /* backward-inputs up the chain */
         int r = s->stage_rank[st];
@@ -110,21 +120,13 @@ static int bg__place(const bg_schedule_t *s, const bg__costs_t *dur, double gap,
             double in = start[n - 1] + len[n - 1] + (cross ? dur->grad : 0) + (cross && 2 * st >= S ? gap : 0);
             t0 = in > t0 ? in : t0;
         }
-        double t = bg__fit(t0, dur->b[st], r, start, len, rank, n, T);
-        if (t < 0)
+        if (!bg__put(ops, start, len, rank, &n, t0, dur->b[st], r, BG_OP_BACKWARD_INPUT, st, T))
             return 0;
-        start[n] = t, len[n] = dur->b[st], rank[n] = r;
-        ops[n] = (bg__bop_t){t, BG_OP_BACKWARD_INPUT, st, n};
-        n++;
     }
     for (int k = 0; k < S; k++) { /* weight gradients in the first room after their backward-input */
         int st = S - 1 - k, r = s->stage_rank[st], bi = S + k;
-        double t = bg__fit(start[bi] + len[bi], dur->w[st], r, start, len, rank, n, T);
-        if (t < 0)
+        if (!bg__put(ops, start, len, rank, &n, start[bi] + len[bi], dur->w[st], r, BG_OP_BACKWARD_WEIGHT, st, T))
             return 0;
-        start[n] = t, len[n] = dur->w[st], rank[n] = r;
-        ops[n] = (bg__bop_t){t, BG_OP_BACKWARD_WEIGHT, st, n};
-        n++;
     }
     return 1;
 }

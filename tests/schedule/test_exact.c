@@ -211,8 +211,8 @@ static void test_exact_vs_brute(void **state)
                     if (!seeded && strcmp(res.from, "branch and bound"))
                         fail_msg("p=%d m=%d: unseeded, the enumeration found nothing (%s)", p, m, res.from);
                     if (!res.proved || fabs(res.step - want) > 1e-9 || fabs(res.bound - res.step) > 1e-9)
-                        fail_msg("seed %d p=%d m=%d %s F:b:W %g:%g:%g latency %g limit %d: exact %g (bound %g, proved %d), "
-                                 "brute force %g", seeded, p, m, vs ? "V" : "one chunk", f, b, w, lat, lim, res.step,
+                        fail_msg("seed %d p=%d m=%d %s F:b:W %g:%g:%g latency %g limit %d: exact %g (bound %g, "
+                                 "proved %d), brute force %g", seeded, p, m, vs ? "V" : "one chunk", f, b, w, lat, lim, res.step,
                                  res.bound, res.proved, want);
                     if (res.heuristic_step < res.step - 1e-9 || res.lower_bound > res.step + 1e-9)
                         fail_msg("p=%d m=%d: heuristic %g or lower bound %g against the optimum %g", p, m,
