@@ -56,6 +56,18 @@ void bg__push(int *q, int *n, int kind, int stage, int mb);
  * (sp NULL: unit costs, free links); the caller frees c->f */
 bg_status_t bg__costs_init(bg__costs_t *c, const bg_sim_params_t *sp, int S);
 
+/* ---- the building-block orders (gen_block.c) */
+
+/* The controllable-memory paper's block order of the layout of s (one chain
+ * of stages), placed with unit slots (unit) or the costs, with an extra
+ * offset gap (in the placement's time) on the first half's forwards and the
+ * second half's backward-inputs (0: V-Min on the V; a forward's cost:
+ * V-Half) and turn before the last stage's backward-input, run by the list
+ * scheduler under cost. BG_ERR_NOT_FOUND (no
+ * message) when the layout has two copies or the block cannot be placed. */
+bg_status_t bg__run_block(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost, int unit, double gap,
+                          double turn);
+
 /* ---- the fixed orders (gen_orders.c, gen_dualpipe.c) */
 
 void bg__seq_interleaved(const bg_schedule_t *s, int r, int *q, int *n);

@@ -214,9 +214,38 @@ bg_status_t bg_schedule_search(const bg_schedule_search_params_t *sp, bg_schedul
                                                                                             : "(v-1)p+2(p-r)");
                 BG_CHECK_GOTO(bg__consider(&q, s, label, !capped), st, out);
             }
-    /* 3: the smallest limit, exact: a microbatch's stash on all of a rank's
+    /* 3: the building-block orders (gen_block.c), placed with unit slots as
+     * the paper does and with the costs, offsets 0 (V-Min on the V), one
+     * forward (V-Half) and up to 4 forwards (towards ZB-V's memory), the
+     * backward half shifted by 0..3 forwards */
+    {
+        double fmean = 0;
+        for (int i = 0; i < S; i++)
+            fmean += cost.f[i] / S;
+        for (int unit = 1; unit >= 0; unit--)
+            for (int g = 0; g <= 4; g++)
+            for (int turn = 0; turn <= 3; turn++) {
+                double unitf = unit ? 1 : fmean;
+                bg_schedule_t *s;
+                BG_CHECK_GOTO(bg__schedule_alloc("search", BG_SCHED_CUSTOM, p, m, v, map, &s), st, out);
+                st = bg__run_block(s, &pol, &cost, unit, g * unitf, turn * unitf);
+                if (st != BG_OK) {
+                    bg_schedule_free(s);
+                    if (st != BG_ERR_NOT_FOUND && st != BG_ERR_DEADLOCK)
+                        goto out;
+                    st = BG_OK;
+                    continue;
+                }
+                char label[64];
+                snprintf(label, sizeof label, "%s block, offset +%d, turn +%d, %s",
+                         !sp->vshape ? "list" : g == 0 ? "V-Min" : g == 1 ? "V-Half" : "V", g, turn,
+                         unit ? "slots" : "costs");
+                BG_CHECK_GOTO(bg__consider(&q, s, label, 1), st, out);
+            }
+    }
+    /* 4: the smallest limit, exact: a microbatch's stash on all of a rank's
      * chunks is held at once (its last forward there comes before its first
-     * backward), and a rank admitting one microbatch at a time (3 with j = 1)
+     * backward), and a rank admitting one microbatch at a time (4 with j = 1)
      * needs no more */
     double need = 0;
     for (int r = 0; r < p; r++) {

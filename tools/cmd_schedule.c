@@ -26,7 +26,9 @@ static void usage(FILE *f)
             "       brigade schedule --compare --stages P --microbatches M [--chunks V] [--costs F,B,W] ...\n"
             "       brigade schedule --from-json FILE | --from-torch-csv FILE [--costs F,B,W] [--svg OUT] ...\n"
             "       brigade schedule --auto --profile PROFILE.json --stages P --microbatches M [--mem-limit BYTES]\n"
-            "                        [--split A,B,..] [--latency T] [--bandwidth BYTES_PER_S] [--json OUT] [--svg OUT]\n\n"
+            "                        [--split A,B,..] [--latency T] [--bandwidth BYTES_PER_S] [--json OUT] [--svg OUT]\n"
+            "       brigade schedule --auto --exact --stages P --microbatches M [--costs F,B,W] [--latency T]\n"
+            "                        [--mem-limit N] [--max-nodes N] [--json OUT] [--svg OUT]\n\n"
             "Generates the per-rank programs for the given costs, proves them correct (validator), simulates\n"
             "them and prints the program table, the step time, the bubble (whole-step: idle / (p x step); per-stage,\n"
             "the zero-bubble paper's: the worst rank's idle inside its own span) and the peak stash per rank.\n"
@@ -52,7 +54,11 @@ static void usage(FILE *f)
             "                  v=2..4, V), with per-stage F, B, W and stash bytes from --profile (brigade profile\n"
             "                  --json; layers split evenly, or by --split); prints the lower bound and the gap,\n"
             "                  every fixed generator at the same limit, and the smallest limit that works when\n"
-            "                  none fits (times in seconds; the link: --latency s, --bandwidth bytes/s)\n");
+            "                  none fits (times in seconds; the link: --latency s, --bandwidth bytes/s)\n"
+            "  --exact         with --auto: the optimal program of the one-chunk layout and the V by branch and\n"
+            "                  bound (small p and m), beside the heuristic search and the lower bound; --costs\n"
+            "                  per rank (a V chunk costs half), --mem-limit in stage-microbatches; after\n"
+            "                  --max-nodes N nodes per layout (default 10M) it reports the best found and a bound\n");
 }
 
 static int parse_costs(const char *s, double *f, double *b, double *w)
@@ -279,6 +285,9 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
     const char *kind_s = NULL, *json_out = NULL, *svg_out = NULL, *from = NULL, *profile = NULL;
     long long p = 0, m = 0, v = 0;
     int have_p = 0, have_m = 0, compare = 0, text = -1, autos = 0, nsplit = 0, have_limit = 0, from_torch = 0, fwd = 0;
+    int exact = 0;
+    const char *mem_limit_s = NULL; /* --exact reads it as a number of stage-microbatches, fractions too */
+    long long max_nodes = 10000000LL;
     static int split[4096];
     double mem_limit = 0;
     unsigned tflags = 0;
@@ -358,14 +367,20 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
             compare = 1;
         } else if (!strcmp(a, "--auto")) {
             autos = 1;
+        } else if (!strcmp(a, "--exact")) {
+            exact = 1;
+        } else if (!strcmp(a, "--max-nodes")) {
+            if (bg_cli_int(CMD, a, val, 1, (long long)1 << 50, &max_nodes))
+                return 2;
+            i++;
         } else if (!strcmp(a, "--profile")) {
             if (!val)
                 return bg_cli_fail(CMD, "--profile needs a file (brigade profile --json FILE writes one)");
             profile = val, i++;
         } else if (!strcmp(a, "--mem-limit")) {
-            if (bg_cli_bytes(CMD, a, val, &bytes))
-                return 2;
-            mem_limit = (double)bytes, have_limit = 1, i++;
+            if (!val)
+                return bg_cli_fail(CMD, "--mem-limit needs a value");
+            mem_limit_s = val, have_limit = 1, i++; /* bytes, or stage-microbatches with --exact: read below */
         } else if (!strcmp(a, "--split")) {
             long long tmp[4096];
             if (bg_cli_int_list(CMD, a, val, tmp, 4096, &nsplit))
@@ -391,12 +406,34 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
                                                 "--to-torch-csv", "--from-torch-csv",
                                                 "--from-json", "--compare", "--comm", "--text", "--no-text",
                                                 "--auto", "--profile", "--mem-limit", "--split", "--forward-only",
+                                                "--exact", "--max-nodes",
                                                 "--help", NULL};
             return bg_cli_unknown_option(CMD, a, known);
         }
     }
     if (fwd && (autos || compare))
         return bg_cli_fail(CMD, "--forward-only goes with --schedule or --from-json (one program)");
+    if (mem_limit_s && exact && bg_cli_double(CMD, "--mem-limit", mem_limit_s, 0, 1e300, &mem_limit))
+        return 2;
+    if (mem_limit_s && !exact) {
+        if (bg_cli_bytes(CMD, "--mem-limit", mem_limit_s, &bytes))
+            return 2;
+        mem_limit = (double)bytes;
+    }
+    if (exact) {
+        if (!autos)
+            return bg_cli_fail(CMD, "--exact belongs to --auto (brigade schedule --auto --exact ...)");
+        if (profile || nsplit || kind_s || compare || from || v || stage_costs_n[0] || stage_costs_n[1] ||
+            stage_costs_n[2])
+            return bg_cli_fail(CMD, "--auto --exact takes --costs F,B,W per rank, --latency and --mem-limit "
+                                    "(stage-microbatches); drop --profile, --split, --schedule, --compare, "
+                                    "--from-json, --chunks and the per-stage costs");
+        if (!have_p || !have_m)
+            return bg_cli_fail(CMD, "--stages P and --microbatches M are required (try brigade schedule --help)");
+        bg_exact_args_t ea = {.p = (int)p, .m = (int)m, .costs = spp, .mem_limit = mem_limit,
+                              .max_nodes = max_nodes, .json_out = json_out, .svg_out = svg_out, .text = text};
+        return bg_schedule_exact_cli(&ea);
+    }
     if (autos || profile || have_limit || nsplit) {
         if (!autos)
             return bg_cli_fail(CMD, "%s belongs to --auto (the schedule search)",

@@ -28,6 +28,22 @@ int bg_cli_schedule_run(const bg_schedule_t *s, const bg_sim_params_t *sp, int t
 /* Runs the search; returns the process exit code (messages printed). */
 int bg_schedule_auto(const bg_auto_args_t *a);
 
+/* What --auto --exact was given: costs per rank (a chunk of v costs 1/v,
+ * and holds 1/v of a stage's stash), the link's latency, the limit in
+ * stage-microbatches (0: none), the node budget and the outputs. */
+typedef struct bg_exact_args {
+    int p, m;
+    const bg_sim_params_t *costs;
+    double mem_limit;
+    long long max_nodes;
+    const char *json_out, *svg_out;
+    int text;
+} bg_exact_args_t;
+
+/* Runs the exact search on the one-chunk layout and the V (tools/schedule_exact.c);
+ * returns the process exit code (messages printed). */
+int bg_schedule_exact_cli(const bg_exact_args_t *a);
+
 /* Per-stage costs (s) and stash bytes of one layout of p ranks (v chunks per
  * rank; the V when vshape) from a profile (brigade profile --json), layers
  * split evenly, the link's latency and bandwidth from link: *sim_p points

@@ -187,13 +187,55 @@ typedef struct bg_schedule_search_result {
  * whose peak stash fits params->mem_limit on every rank, among the orders of
  * one layout: every generator of the layout built for the costs, and list
  * schedules over windows of forwards in flight, B/W split or full backward,
- * and W or F first, each capped at the limit. Heuristic, not exhaustive:
+ * and W or F first, each capped at the limit, memory-bounded admission
+ * orders, and the controllable-memory paper's building blocks (V-Min,
+ * V-Half and larger offsets). Heuristic, not exhaustive:
  * result->lower_bound says how far from optimal it can be. BG_ERR_NOT_FOUND
  * when no program tried fits (result->min_limit: the smallest limit that
  * works); @p sched_p is set only on success.
  */
 bg_status_t bg_schedule_search(const bg_schedule_search_params_t *params, bg_schedule_search_result_t *result,
                                bg_schedule_t **sched_p);
+
+/** How bg_schedule_search_exact() searches; start from BG_SCHEDULE_EXACT_PARAMS_INIT. */
+typedef struct bg_schedule_exact_params {
+    size_t size;         /**< sizeof(bg_schedule_exact_params_t), for growth */
+    long long max_nodes; /**< node budget: it stops after so many nodes with the best found and a bound */
+    int seed;            /**< 1: start from bg_schedule_search()'s program as the bound to beat; 0: from
+                              none (every branch is searched until a program is found: for tests) */
+} bg_schedule_exact_params_t;
+/** Defaults: 10 million nodes, seeded with the heuristic search. */
+#define BG_SCHEDULE_EXACT_PARAMS_INIT { .size = sizeof(bg_schedule_exact_params_t), .max_nodes = 10000000LL, .seed = 1 }
+
+/** What bg_schedule_search_exact() found. */
+typedef struct bg_schedule_exact_result {
+    double step;           /**< step time of the program returned: the optimum when proved */
+    double bound;          /**< no program is faster: = step when proved, else the smallest bound of the
+                                subtrees the budget left unexplored */
+    int proved;            /**< 1: every program was enumerated or pruned (step is optimal) */
+    long long nodes;       /**< nodes expanded (at most the budget) */
+    double heuristic_step; /**< bg_schedule_search()'s step on the same params */
+    double lower_bound;    /**< bg_schedule_search()'s lower bound (critical path, per-rank work) */
+    double peak;           /**< the returned program's largest peak stash over ranks */
+    char from[64];         /**< "branch and bound", or the heuristic's order when nothing beat it */
+} bg_schedule_exact_result_t;
+
+/**
+ * The optimal program of a small one-chunk (chunks 1) or V (vshape) layout
+ * whose peak stash fits params->mem_limit, by branch and bound over every
+ * program: each rank's order of forwards, backward-inputs and
+ * backward-weights (each stage's microbatches in order), timed as the
+ * simulator times it (a fixed latency per message; a finite bandwidth with
+ * message bytes is refused). Costs must be > 0. It starts from
+ * bg_schedule_search()'s program (exact->seed) and prunes with a
+ * critical-path and per-rank-work bound; after exact->max_nodes nodes it
+ * stops with the best found and result->bound (result->proved 0). @p exact
+ * NULL: BG_SCHEDULE_EXACT_PARAMS_INIT. At most 16 stages and 600 compute
+ * ops. BG_ERR_NOT_FOUND when nothing fits (as bg_schedule_search).
+ */
+bg_status_t bg_schedule_search_exact(const bg_schedule_search_params_t *params,
+                                     const bg_schedule_exact_params_t *exact, bg_schedule_exact_result_t *result,
+                                     bg_schedule_t **sched_p);
 
 /** Build the programs of a generator for the costs in params->costs: each
  *  generator tries the orders of its family (its fixed order and list-scheduler

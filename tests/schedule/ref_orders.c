@@ -172,3 +172,105 @@ double ref_vcap(int p, int m, ref_costs_t c, int cap)
  * (p+2)/2, as chunk-microbatches (a V chunk holds half a stage) */
 int ref_vmin_cap(int p) { return 2 * ((p + 4) / 3); }
 int ref_vhalf_cap(int p) { return 2 * ((p + 2) / 2); }
+
+/* The controllable-memory paper's stable patterns on the V (its reference
+ * code's slots, period 6 unit slots per microbatch, rank i): V-Min: chunk 0's
+ * forward at i, chunk 1's at 2p-1-i, chunk 1's backward-input at 2p+d+i,
+ * chunk 0's at 4p+d-1-i, d = 2 when 3 | p (else two ranks' slots collide);
+ * V-Half: 2i, 3p-2-i, 3p+d+2i-1, 6p+d-2-i, d = 3 when p is even. The
+ * pattern repeats every 6 slots per microbatch; each free slot takes a
+ * pending weight gradient (chunk 1's first). Each rank then runs its slots'
+ * order as soon as every input is there, under the costs (the paper's
+ * "squeeze"; its further reordering is left out, so this is an upper bound
+ * on the paper's figure). */
+#define REF_SLOTS (6 * REF_MAXM + 12 * REF_MAXS)
+typedef struct {
+    int kind, stage, mb; /* kind 0 F, 1 b, 2 W */
+} ref_slot_t;
+
+double ref_vpattern(int p, int m, ref_costs_t c, int half, int *peak_p)
+{
+    if (2 * p > REF_MAXS || m > REF_MAXM)
+        abort();
+    int S = 2 * p;
+    ref_slot_t *slot = malloc(sizeof *slot * (size_t)REF_SLOTS * (size_t)p);
+    int *used = calloc((size_t)REF_SLOTS * (size_t)p, sizeof(int));
+    double *fe = calloc((size_t)S * m, sizeof(double)), *be = calloc((size_t)S * m, sizeof(double));
+    if (!slot || !used || !fe || !be)
+        abort();
+    int last = 0;
+    for (int r = 0; r < p; r++) {
+        int d = half ? (p % 2 == 0 ? 3 : 0) : (p % 3 == 0 ? 2 : 0);
+        int at[4] = {r, 2 * p - 1 - r, 2 * p + d + r, 4 * p + d - 1 - r};
+        if (half)
+            at[0] = 2 * r, at[1] = 3 * p - 2 - r, at[2] = 3 * p + d + 2 * r - 1, at[3] = 6 * p + d - 2 - r;
+        int stg[4] = {r, 2 * p - 1 - r, 2 * p - 1 - r, r}, kind[4] = {0, 0, 1, 1};
+        for (int i = 0; i < m; i++)
+            for (int k = 0; k < 4; k++) {
+                int t = at[k] + 6 * i;
+                if (t >= REF_SLOTS || used[r * REF_SLOTS + t])
+                    abort(); /* the published pattern never collides */
+                used[r * REF_SLOTS + t] = 1;
+                slot[r * REF_SLOTS + t] = (ref_slot_t){kind[k], stg[k], i};
+                last = t > last ? t : last;
+            }
+    }
+    /* weight gradients into the free slots, chunk 1's first, each after its b */
+    for (int r = 0; r < p; r++) {
+        int pend[2] = {0, 0}, nw[2] = {0, 0}; /* [chunk 1, chunk 0] */
+        int st[2] = {2 * p - 1 - r, r};
+        for (int t = 0; t < REF_SLOTS; t++) {
+            if (used[r * REF_SLOTS + t]) {
+                ref_slot_t *q = &slot[r * REF_SLOTS + t];
+                if (q->kind == 1)
+                    pend[q->stage == r]++;
+                continue;
+            }
+            for (int w = 0; w < 2; w++)
+                if (pend[w]) {
+                    used[r * REF_SLOTS + t] = 1;
+                    slot[r * REF_SLOTS + t] = (ref_slot_t){2, st[w], nw[w]++};
+                    pend[w]--;
+                    last = t > last ? t : last;
+                    break;
+                }
+        }
+        if (pend[0] || pend[1])
+            abort();
+    }
+    /* run every rank's slot order as soon as possible, slots in time order
+     * (a slot's inputs are in earlier slots) */
+    double free_at[REF_MAXS] = {0}, end = 0;
+    int stash[REF_MAXS] = {0}, peak = 0;
+    for (int t = 0; t <= last; t++)
+        for (int r = 0; r < p; r++) {
+            if (!used[r * REF_SLOTS + t])
+                continue;
+            ref_slot_t q = slot[r * REF_SLOTS + t];
+            int s = q.stage, i = q.mb;
+            double ready = free_at[r], d;
+            if (q.kind == 0) {
+                if (s > 0) {
+                    double in = fe[(s - 1) * m + i] + (s != p ? c.lat : 0);
+                    ready = in > ready ? in : ready;
+                }
+                d = c.f, fe[s * m + i] = ready + d;
+                stash[r]++;
+            } else if (q.kind == 1) {
+                double in = s == S - 1 ? fe[s * m + i] : be[(s + 1) * m + i] + (s != p - 1 ? c.lat : 0);
+                ready = in > ready ? in : ready;
+                d = c.b, be[s * m + i] = ready + d;
+            } else {
+                ready = be[s * m + i] > ready ? be[s * m + i] : ready;
+                d = c.w;
+                stash[r]--;
+            }
+            free_at[r] = ready + d;
+            end = free_at[r] > end ? free_at[r] : end;
+            peak = stash[r] > peak ? stash[r] : peak;
+        }
+    free(slot), free(used), free(fe), free(be);
+    if (peak_p)
+        *peak_p = peak;
+    return end;
+}

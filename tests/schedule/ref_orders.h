@@ -30,6 +30,12 @@ double ref_zb1p(int p, int m, ref_costs_t c, int cap);
  * cap cannot run. */
 double ref_vcap(int p, int m, ref_costs_t c, int cap);
 
+/* The controllable-memory paper's V-Min (half 0) or V-Half (half 1): its
+ * published stable pattern repeated m times, each rank running its slots'
+ * order as soon as it can under the costs. Step time; *peak_p: the largest
+ * peak stash over ranks (chunk-microbatches). */
+double ref_vpattern(int p, int m, ref_costs_t c, int half, int *peak_p);
+
 /* the caps of V-Min and V-Half for p ranks (chunk-microbatches per rank) */
 int ref_vmin_cap(int p);
 int ref_vhalf_cap(int p);

@@ -165,6 +165,39 @@ static void test_search_vs_v_orders(void **state)
     assert_true(checked >= 48);
 }
 
+/* The controllable-memory paper's V-Min and V-Half (their published
+ * patterns, replayed in ref_orders.c): at V-Min's own peak, and at 0.5x of
+ * 1F1B's (p chunk-microbatches) where V-Min fits, the search is never
+ * slower than V-Min; at V-Half's peak never slower than V-Half. */
+static void test_search_vs_v_patterns(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int p = 3; p <= 8; p++)
+        for (int m = 2 * p; m <= 32; m += m < 16 ? p : 16)
+            for (size_t ci = 0; ci < sizeof grid_costs / sizeof *grid_costs; ci++)
+                for (int li = 0; li < 2; li++)
+                    for (int half = 0; half <= 1; half++) {
+                        ref_costs_t c = grid_costs[ci];
+                        c.lat = li * 0.5 * c.f;
+                        int peak;
+                        double ref = ref_vpattern(p, m, c, half, &peak);
+                        for (int at = 0; at <= !half; at++) {
+                            double lim = at ? p : peak;
+                            if (lim < peak)
+                                continue;
+                            char from[128] = "";
+                            double t = search_v(p, m, c, lim, NULL, from, sizeof from);
+                            if (t > ref + 1e-9)
+                                fail_msg("search p=%d m=%d F:b:W=%g:%g:%g latency %g limit %g: %g (%s), %s "
+                                         "(peak %d): %g", p, m, c.f, c.b, c.w, c.lat, lim, t, from,
+                                         half ? "V-Half" : "V-Min", peak, ref);
+                            checked++;
+                        }
+                    }
+    assert_true(checked >= 100);
+}
+
 /* The smallest limit the search states is exact: a microbatch's stash on
  * all of a rank's chunks (its last forward there comes before its first
  * backward), the largest over ranks; the search finds a program at that
@@ -210,6 +243,7 @@ int main(void)
         cmocka_unit_test(test_zbh1_vs_zb1p),
         cmocka_unit_test(test_bubble_metrics),
         cmocka_unit_test(test_search_vs_v_orders),
+        cmocka_unit_test(test_search_vs_v_patterns),
         cmocka_unit_test(test_smallest_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
