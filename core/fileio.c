@@ -237,6 +237,10 @@ bg_status_t bg__fileio_mkdir_p(const char *dir)
     return BG_OK;
 }
 
+/* The file bg_check_writable_dir creates and removes at once (its name, then the pid): the ranks of a
+ * job check one --save directory at the same time, so bg_check_replaceable_dir passes over such files. */
+#define BG__WRITE_PROBE ".brigade-write-probe."
+
 bg_status_t bg_check_writable_dir(const char *dir)
 {
     struct stat st;
@@ -244,7 +248,7 @@ bg_status_t bg_check_writable_dir(const char *dir)
         if (!S_ISDIR(st.st_mode))
             return bg_error(BG_ERR_IO, "%s exists and is not a directory", dir);
         char probe[4096];
-        snprintf(probe, sizeof(probe), "%s/.brigade-write-probe.%d", dir, (int)getpid());
+        snprintf(probe, sizeof(probe), "%s/" BG__WRITE_PROBE "%d", dir, (int)getpid());
         FILE *f = fopen(probe, "wb");
         if (!f)
             return bg_error(BG_ERR_IO, "directory %s is not writable: %s", dir, strerror(errno));
@@ -302,6 +306,8 @@ bg_status_t bg_check_replaceable_dir(const char *dir, const char *suffix)
         size_t k = strlen(names[i]), m = strlen(suffix);
         if (k > m && strcmp(names[i] + k - m, suffix) == 0)
             continue;
+        if (strncmp(names[i], BG__WRITE_PROBE, strlen(BG__WRITE_PROBE)) == 0)
+            continue; /* another rank's bg_check_writable_dir, there for an instant */
         st = bg_error(BG_ERR_INVALID, "%s holds %s, which is not a *%s file: the directory is replaced as a whole "
                       "(a reader never sees half of a save), so give it a directory of its own",
                       dir, names[i], suffix);

@@ -13,6 +13,10 @@
 #include "bg_test_capture.h"
 #include "core/cpu_floor.h"
 #include "core/fiber.h"
+#include "core/fileio.h"
+
+#include <stdio.h>
+#include <unistd.h>
 
 static void test_status_strings(void **state)
 {
@@ -246,6 +250,35 @@ static void test_fiber_pair(void **state)
     bg__pair_destroy(p);
 }
 
+/* A --save directory is replaceable when it holds only weights files; another rank's write probe, there
+ * for an instant while it checks the same directory, does not count (two ranks checking at once failed
+ * one of them); anything else is named. */
+static void test_replaceable_dir(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/bg_test_replace.XXXXXX", path[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model-stage000.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(bg_check_replaceable_dir(dir, ".safetensors"), BG_OK);
+    snprintf(path, sizeof path, "%s/.brigade-write-probe.4242", dir);
+    assert_non_null(f = fopen(path, "wb"));
+    fclose(f);
+    assert_int_equal(bg_check_replaceable_dir(dir, ".safetensors"), BG_OK);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/notes.txt", dir);
+    assert_non_null(f = fopen(path, "wb"));
+    fclose(f);
+    assert_int_equal(bg_check_replaceable_dir(dir, ".safetensors"), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "holds notes.txt, which is not a *.safetensors file"));
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model-stage000.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     /* before the level is first resolved: info passes, debug does not */
@@ -258,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_log_sink),
         cmocka_unit_test(test_cpu_floor),
         cmocka_unit_test(test_fiber_pair),
+        cmocka_unit_test(test_replaceable_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
