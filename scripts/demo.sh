@@ -6,17 +6,17 @@
 # written as llm.c token files by scripts/text_to_tokens.py, the last 5% held
 # out), on 2 pipeline stages x 2 data-parallel replicas (4 ranks under brigade
 # launch, 1F1B), with warm-up + cosine learning rate, clipping by global norm
-# and the held-out loss every 50 steps in the progress line. It writes the
+# and the held-out loss every 100 steps in the progress line. It writes the
 # metrics, a loss plot (loss.svg) and the weights, and ends with a sample.
 #
 # Usage: scripts/demo.sh [BUILD_DIR] [--full] [extra brigade train flags]
-#   --full   the longer run: 2000 steps (about 25 minutes on 2 vCPUs)
+#   --full   the longer run: 4000 steps (about 8 minutes on 2 vCPUs)
 # Output: $BRIGADE_DEMO_DIR (default demo-out/).
 set -euo pipefail
 BUILD=${1:-build}
 shift || true
-STEPS=600
-if [ "${1:-}" = --full ]; then STEPS=2000; shift; fi
+STEPS=1500
+if [ "${1:-}" = --full ]; then STEPS=4000; shift; fi
 B="$BUILD/brigade"
 [ -x "$B" ] || { echo "demo: $B not found: build first (see README.md)" >&2; exit 1; }
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,8 +30,8 @@ fi
 rm -f "$OUT/metrics.jsonl"
 echo "brigade demo: Llama on data/kjv.txt as token files, 2 pipeline stages x 2 replicas, 1F1B, $STEPS steps, 4 ranks on $(nproc) cores"
 "$B" launch -n 4 -- "$B" train --model llama --layers 4 --d-model 128 --heads 4 --kv-heads 2 --seq 64 \
-  --data "$OUT/kjv.train.bin" --val-data "$OUT/kjv.val.bin" --eval-every 50 --eval-batches 4 \
-  --batch 32 --microbatches 4 --steps "$STEPS" --lr 4e-3 --warmup 30 --lr-schedule cosine --min-lr 4e-4 \
+  --data "$OUT/kjv.train.bin" --val-data "$OUT/kjv.val.bin" --eval-every 100 --eval-batches 4 \
+  --batch 32 --microbatches 4 --steps "$STEPS" --lr 4e-3 --warmup 50 --lr-schedule cosine --min-lr 4e-4 \
   --clip-grad 1.0 --threads 1 --pp 2 --dp 2 --split 3,4 --schedule 1f1b \
   --metrics "$OUT/metrics.jsonl" --save "$OUT/weights" "$@"
 "$B" plot "$OUT/metrics.jsonl" --out "$OUT/loss.svg" --title "brigade demo: Llama, pp 2 x dp 2"
