@@ -21,11 +21,14 @@
 bg_status_t bg__exec_settle(exec_t *x)
 {
     BG__EACH_STRATEGY(x, s) if (s->ops->settle) BG_CHECK(s->ops->settle(x, s->self));
-    return BG_OK;
+    x->be->ops->synchronize(x->be);
+    return bg_backend_status(x->be); /* a device fault: nothing of this state may be written */
 }
 
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
 {
+    x->be->ops->synchronize(x->be);
+    BG_CHECK(bg_backend_status(x->be)); /* a device fault: the weights are not the steps' */
     bg__strategy_t *own = BG__ONE(x, save_checkpoint);
     if (own)
         return own->ops->save_checkpoint(x, own->self, root, keep);

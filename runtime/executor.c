@@ -711,8 +711,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     if (own) {
         if ((st = own->ops->step(x, own->self, tokens, result_p)) != BG_OK)
             return st;
-        x->be->ops->synchronize(x->be);
-        BG_CHECK_GOTO(bg_backend_status(x->be), st, fail);
+        BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* what the backend recorded so far; no wait */
         return BG_OK;
     }
     x->loss_scale = (float)(1.0 / tokens);
@@ -734,8 +733,9 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
     if (st != BG_OK)
         return st; /* step_end reported it to the others */
-    x->be->ops->synchronize(x->be);
-    BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* the optimizer's update */
+    /* faults the backend has recorded so far, without waiting for the optimizer's queued update: a later
+     * one fails the next step's program or a save (bg__exec_settle), before anything reads the weights */
+    BG_CHECK_GOTO(bg_backend_status(x->be), st, fail);
     return BG_OK;
 fail:
     return bg__exec_step_failed(x, st);

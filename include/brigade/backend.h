@@ -345,9 +345,10 @@ void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what);
 void bg_backend_free(bg_backend_t *be, void *ptr);
 /** BG_OK while every op of @p be so far succeeded; else the backend's sticky error, with its message
  *  (which op failed, and how) set as bg_last_error(). Cheap (no synchronization): call it after a
- *  synchronize to cover the work queued before it. The executor checks it at the end of each step's
- *  program and after the optimizer, so a device fault fails the step instead of giving a loss read from
- *  stale memory. */
+ *  synchronize to cover the work queued before it. The executor checks it after each step's program
+ *  (synchronized), at the step's end (not waiting for the optimizer's queued update) and before a
+ *  checkpoint or weights are written (synchronized), so a device fault fails the step or the save
+ *  instead of giving a loss read from stale memory or writing undefined weights. */
 bg_status_t bg_backend_status(bg_backend_t *be);
 /** Current/peak counters. */
 bg_memstats_t bg_backend_memstats(const bg_backend_t *be);
