@@ -48,7 +48,6 @@ static bg_status_t write_file(const char *path, const char *text, size_t n)
     return st;
 }
 
-static void rm_rf(const char *path) { bg__fileio_rm_rf(path); }
 
 /* ---------------------------------------------------------------- writing a rank file */
 
@@ -315,7 +314,7 @@ static void prune(const char *root, int keep)
                 char dir[CKPT_PATH_MAX];
                 snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
                 bg_log(BG_LOG_INFO, "checkpoint", "removing stale %s", dir);
-                rm_rf(dir);
+                bg__fileio_rm_rf(dir);
             }
         }
         closedir(d);
@@ -335,7 +334,7 @@ static void prune(const char *root, int keep)
         char gone[CKPT_PATH_MAX + 64], sfx[64];
         snprintf(sfx, sizeof sfx, ".tmp-deleting-%d", (int)getpid());
         bg__ckpt_pjoin(gone, sizeof gone, dir, "", sfx);
-        rm_rf(rename(dir, gone) == 0 ? gone : dir);
+        bg__fileio_rm_rf(rename(dir, gone) == 0 ? gone : dir);
     }
     free(list);
     bg__fileio_fsync_path(root, 1);
@@ -429,7 +428,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
     bg_status_t mine = gather_shards(p.models, p.nmodels, &gathered);
     if (p.writer || rank == 0) {
         if (world == 1 && !p.comm)
-            rm_rf(tmpdir); /* a leftover of this process's failed save of the same step */
+            bg__fileio_rm_rf(tmpdir); /* a leftover of this process's failed save of the same step */
         mine = bg__fileio_mkdir_p(p.root);
         if (mine == BG_OK && mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
             mine = bg_error(BG_ERR_IO, "cannot create %s: %s", tmpdir, strerror(errno));
@@ -477,7 +476,7 @@ bg_status_t bg_checkpoint_save(const bg_checkpoint_params_t *pin)
             st = finalize(&p, p.models[0], world, tmpdir, final, token);
         if (st != BG_OK) {
             snprintf(msg, sizeof msg, "%s", bg_last_error());
-            rm_rf(tmpdir); /* nothing partial stays visible */
+            bg__fileio_rm_rf(tmpdir); /* nothing partial stays visible */
             st = bg_error(st, "%s", msg);
         } else {
             prune(p.root, p.keep);

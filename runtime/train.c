@@ -50,9 +50,15 @@ static bg_lr_schedule_t lr_schedule(const bg_train_config_t *c)
 }
 
 /* How the job reads data_path: "text" or a token format (train.h: data_format). */
+/* The format asked for: data_format, or "auto" when none. */
+static const char *requested_format(const bg_train_config_t *c)
+{
+    return c->data_format && *c->data_format ? c->data_format : "auto";
+}
+
 static const char *data_format(const bg_train_config_t *c)
 {
-    const char *f = c->data_format && *c->data_format ? c->data_format : "auto";
+    const char *f = requested_format(c);
     if (strcmp(f, "auto") != 0 || !c->data_path)
         return f;
     const char *p = c->data_path;
@@ -199,8 +205,8 @@ static bg_status_t open_held_out(const bg_train_config_t *c, bg_data_t *data, in
     if (!c->eval_every)
         return BG_OK;
     if (c->val_path && token_files(c)) /* the training data's format; "auto" looks at the file itself */
-        return bg_data_open_tokens(c->val_path, c->data_format && *c->data_format ? c->data_format : "auto", T,
-                                   c->batch, c->model.vocab, c->data_seed, val_p);
+        return bg_data_open_tokens(c->val_path, requested_format(c), T, c->batch, c->model.vocab, c->data_seed,
+                                   val_p);
     if (c->val_path)
         return bg_data_open_text(c->val_path, T, c->data_seed, val_p);
     return bg_data_hold_out(data, c->val_fraction > 0 ? c->val_fraction : 0.1, val_p);

@@ -95,6 +95,8 @@ bg_status_t bg_comm_abort(bg_comm_t *c, const char *why)
 
 #define POS_EPOCH(p) ((uint64_t)(p) >> 40)
 #define POS_STEP(p) ((int64_t)((uint64_t)(p) & ((1ull << 40) - 1)))
+/* The position of (epoch, step): the epoch above bit 40, the step below (POS_EPOCH, POS_STEP). */
+#define POS_OF(epoch, step) ((int64_t)((uint64_t)(epoch) << 40 | ((uint64_t)(step) & ((1ull << 40) - 1))))
 
 uint32_t bg_comm_epoch_begin(bg_comm_t *c)
 {
@@ -129,7 +131,7 @@ static void left_early(bg_comm_t *c, int r, int64_t l, int64_t pos)
 
 bg_status_t bg_comm_enter_step(bg_comm_t *c, uint32_t epoch, int64_t step)
 {
-    int64_t pos = (int64_t)((uint64_t)epoch << 40 | ((uint64_t)step & ((1ull << 40) - 1))), l = 0;
+    int64_t pos = POS_OF(epoch, step), l = 0;
     atomic_store(&c->position, pos);
     if (!atomic_load(&c->any_left))
         return BG_OK;
@@ -146,7 +148,7 @@ void bg_comm_announce_leave(bg_comm_t *c, uint32_t epoch, int64_t steps)
 {
     if (!c || c->size == 1 || c->live.fd < 0 || atomic_load(&c->failed))
         return;
-    c->leave_pos = (int64_t)((uint64_t)epoch << 40 | ((uint64_t)steps & ((1ull << 40) - 1)));
+    c->leave_pos = POS_OF(epoch, steps);
     send_by_thread(c, &c->leave_pending);
 }
 
