@@ -109,25 +109,41 @@ void bg__cpu_swiglu_backward(bg_backend_t *be, float *din, const float *in, cons
 
 /* -------------------------------------------------------------------- RoPE */
 
-/* cos and sin of position p's angles, p * theta^(-2i/hs), i < hs/2, in double then rounded: the same table
- * whatever the row's place in the batch. */
-static void rope_angles(float *cs, float *sn, int p, int hs, float theta)
+/* cos and sin of the T positions' angles, p * theta^(-2i/hs) for p = pos0 .. pos0+T-1, i < hs/2, in double
+ * then rounded, into cs and sn (T x hs/2): computed once per call, not per row (the same table whatever the
+ * row's place in the batch). inv (hs/2) is scratch for the frequencies. */
+static void rope_table(float *cs, float *sn, double *inv, int pos0, int T, int hs, float theta)
 {
-    for (int i = 0; i < hs / 2; i++) {
-        double a = (double)p * pow((double)theta, -2.0 * i / hs);
-        cs[i] = (float)cos(a);
-        sn[i] = (float)sin(a);
-    }
+    int half = hs / 2;
+    for (int i = 0; i < half; i++)
+        inv[i] = pow((double)theta, -2.0 * i / hs);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)(pos0 + t) * inv[i];
+            cs[(size_t)t * half + i] = (float)cos(a);
+            sn[(size_t)t * half + i] = (float)sin(a);
+        }
 }
 
 void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
                   int pos0, int inverse)
 {
     int nt = bg__cpu_nt(be), half = hs / 2, C = G * (R + 1) * hs;
+    float *tab = malloc((size_t)T * half * 2 * sizeof(float) + 1);
+    double inv[512]; /* hs <= 1024 (the layer checks) */
+    if (tab)
+        rope_table(tab, tab + (size_t)T * half, inv, pos0, T, hs, theta);
 #pragma omp parallel for num_threads(nt) if (ROWS_PAR(B * T, C)) schedule(static)
     for (int r = 0; r < B * T; r++) {
-        float cs[512], sn[512]; /* hs <= 1024 (the layer checks) */
-        rope_angles(cs, sn, pos0 + r % T, hs, theta);
+        float row_cs[512], row_sn[512];
+        double row_inv[512];
+        const float *cs = row_cs, *sn = row_sn;
+        if (tab) {
+            cs = tab + (size_t)(r % T) * half;
+            sn = tab + (size_t)T * half + (size_t)(r % T) * half;
+        } else { /* no memory for the table: this row's angles alone, the same values */
+            rope_table(row_cs, row_sn, row_inv, pos0 + r % T, 1, hs, theta);
+        }
         const float *x = in + (size_t)r * C;
         float *y = out + (size_t)r * C;
         for (int g = 0; g < G; g++)
@@ -145,6 +161,7 @@ void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, i
                 }
             }
     }
+    free(tab);
 }
 
 /* ------------------------------------------------- grouped-query layout */
