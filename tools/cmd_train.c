@@ -511,6 +511,8 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_STALENESS, "--staleness", 0, 1 << 20, c.staleness)
             INT_FLAG(O_EVAL_EVERY, "--eval-every", 1, 1 << 30, c.eval_every)
             INT_FLAG(O_EVAL_BATCHES, "--eval-batches", 1, 1 << 20, c.eval_batches)
+            INT_FLAG(O_WARMUP, "--warmup", 0, 1 << 30, c.lr_schedule.warmup)
+            INT_FLAG(O_DECAY, "--decay-steps", 0, 1 << 30, c.lr_schedule.decay_steps)
 #undef INT_FLAG
 
         case O_PP:
@@ -536,20 +538,9 @@ int bg_cmd_train(int argc, char **argv)
                 return 2;
             c.data_seed = (uint64_t)v;
             break;
-        case O_LR:
-            if (bg_cli_double(cmd, "--lr", optarg, 1e-12, 100, &d))
-                return 2;
-            c.optim.lr = (float)d;
-            break;
         case O_LRSCHED:
             if (bg_lr_kind_parse(optarg, &c.lr_schedule.kind) != BG_OK)
                 return bg_cli_fail(cmd, "%s", bg_last_error());
-            break;
-        case O_WARMUP:
-        case O_DECAY:
-            if (bg_cli_int(cmd, o == O_WARMUP ? "--warmup" : "--decay-steps", optarg, 0, 1 << 30, &v))
-                return 2;
-            *(o == O_WARMUP ? &c.lr_schedule.warmup : &c.lr_schedule.decay_steps) = v;
             break;
 #define DOUBLE_FLAG(code, flag, lo, hi, dst)                                                                    \
     case code:                                                                                                 \
@@ -560,12 +551,9 @@ int bg_cmd_train(int argc, char **argv)
             DOUBLE_FLAG(O_MINLR, "--min-lr", 0, 100, c.lr_schedule.min_lr)
             DOUBLE_FLAG(O_CLIP, "--clip-grad", 0, 1e30, c.clip_grad)
             DOUBLE_FLAG(O_WSD, "--wsd-decay", 1e-9, 1, c.lr_schedule.wsd_decay)
+            DOUBLE_FLAG(O_LR, "--lr", 1e-12, 100, c.optim.lr)
+            DOUBLE_FLAG(O_WD, "--weight-decay", 0, 10, c.optim.weight_decay)
 #undef DOUBLE_FLAG
-        case O_WD:
-            if (bg_cli_double(cmd, "--weight-decay", optarg, 0, 10, &d))
-                return 2;
-            c.optim.weight_decay = (float)d;
-            break;
         case O_OPT: {
             static const char *const optims[] = {"adamw", "sgd", NULL};
             int k = bg_cli_choice(cmd, "--optimizer", optarg, optims);

@@ -192,15 +192,16 @@ json.dump(d, open(sys.argv[2], "w"))
 PY
 }
 # expect_err_line SUBCOMMAND NEEDLE ARGS...: `brigade SUBCOMMAND ARGS` exits
-# non-zero with one line on stderr, holding NEEDLE
+# non-zero within 60 s with one line on stderr, holding NEEDLE
 expect_err_line() {
     local sub=$1 needle=$2 rc
     shift 2
-    "$B" "$sub" "$@" >"$T/out" 2>"$T/err"
+    timeout -s KILL 60 "$B" "$sub" "$@" >"$T/out" 2>"$T/err"
     rc=$?
-    if [ $rc -eq 0 ]; then fail "brigade $sub $* exited 0"; return; fi
-    if ! grep -qF -- "$needle" "$T/err"; then fail "brigade $sub $*: stderr lacks \"$needle\": $(cat "$T/err")"; fi
-    if [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade $sub $*: error is not one line: $(cat "$T/err")"; fi
+    if [ $rc -eq 0 ]; then fail "brigade $sub $* exited 0"
+    elif ! grep -qF -- "$needle" "$T/err"; then fail "brigade $sub $*: stderr lacks \"$needle\": $(cat "$T/err")"
+    elif [ "$(wc -l <"$T/err")" -ne 1 ]; then fail "brigade $sub $*: error is not one line: $(cat "$T/err")"
+    else ok "brigade $sub $* -> $rc"; fi
 }
 # expect_train RC NEEDLE ARGS...: brigade train ARGS fails with exit code RC and one line on
 # stderr holding NEEDLE, training nothing (nothing on stdout)
