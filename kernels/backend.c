@@ -162,53 +162,53 @@ static bg_status_t bg__track(bg_backend_t *be, void *ptr, size_t bytes)
     return BG_OK;
 }
 
+/* Gives back a reservation of bg_backend_alloc whose allocation did not happen. */
+static void unreserve(bg_backend_t *be, size_t bytes)
+{
+    pthread_mutex_lock(&be->track->lock);
+    be->mem.current -= bytes;
+    pthread_mutex_unlock(&be->track->lock);
+}
+
 void *bg_backend_alloc(bg_backend_t *be, size_t bytes, const char *what)
 {
     if (bytes == 0)
         bytes = 1;
-    if (be->mem_cap) { /* bytes are reserved under the lock first, so threads allocating at once share the cap */
-        pthread_mutex_lock(&be->track->lock);
-        size_t cur = be->mem.current;
-        int over = bytes > be->mem_cap || cur > be->mem_cap - bytes;
-        if (!over)
-            be->mem.current += bytes;
-        pthread_mutex_unlock(&be->track->lock);
-        if (over) {
-            bg_error(BG_ERR_NO_FIT, "%s backend memory cap: %zu bytes asked for %s with %zu in use would make %zu, "
-                     "above the cap of %zu (--device-mem)", be->ops->name, bytes, what ? what : "a buffer", cur,
-                     cur + bytes, be->mem_cap);
-            return NULL;
-        }
-    }
-    void *p = be->ops->alloc(be, bytes);
-    if (!p && be->mem_cap) { /* give the reservation back */
-        pthread_mutex_lock(&be->track->lock);
-        be->mem.current -= bytes;
-        pthread_mutex_unlock(&be->track->lock);
-    }
-    if (!p && bg_backend_status(be) != BG_OK) { /* a failed device, not a full one */
-        char msg[768];
-        snprintf(msg, sizeof(msg), "%s", bg_last_error());
-        bg_error(BG_ERR_DEVICE, "%s (allocating %zu bytes for %s)", msg, bytes, what ? what : "a buffer");
+    /* the bytes are reserved under the lock first, so threads allocating at once share the cap (if any) */
+    pthread_mutex_lock(&be->track->lock);
+    size_t cur = be->mem.current;
+    int over = be->mem_cap && (bytes > be->mem_cap || cur > be->mem_cap - bytes);
+    if (!over)
+        be->mem.current += bytes;
+    pthread_mutex_unlock(&be->track->lock);
+    if (over) {
+        bg_error(BG_ERR_NO_FIT, "%s backend memory cap: %zu bytes asked for %s with %zu in use would make %zu, "
+                 "above the cap of %zu (--device-mem)", be->ops->name, bytes, what ? what : "a buffer", cur,
+                 cur + bytes, be->mem_cap);
         return NULL;
     }
+    void *p = be->ops->alloc(be, bytes);
     if (!p) {
-        bg_error(BG_ERR_NOMEM, "%s backend out of memory: %zu bytes asked for %s, %zu bytes free (%zu bytes in use "
-                 "by this backend)", be->ops->name, bytes, what ? what : "a buffer", be->ops->device_free(be),
-                 be->mem.current);
+        unreserve(be, bytes);
+        if (bg_backend_status(be) != BG_OK) { /* a failed device, not a full one */
+            char msg[768];
+            snprintf(msg, sizeof(msg), "%s", bg_last_error());
+            bg_error(BG_ERR_DEVICE, "%s (allocating %zu bytes for %s)", msg, bytes, what ? what : "a buffer");
+        } else {
+            bg_error(BG_ERR_NOMEM, "%s backend out of memory: %zu bytes asked for %s, %zu bytes free (%zu bytes in "
+                     "use by this backend)", be->ops->name, bytes, what ? what : "a buffer", be->ops->device_free(be),
+                     be->mem.current);
+        }
         return NULL;
     }
     pthread_mutex_lock(&be->track->lock);
     if (bg__track(be, p, bytes) != BG_OK) {
-        if (be->mem_cap)
-            be->mem.current -= bytes;
+        be->mem.current -= bytes;
         pthread_mutex_unlock(&be->track->lock);
         be->ops->free(be, p);
         bg_error(BG_ERR_NOMEM, "cannot record an allocation of %zu bytes for %s", bytes, what);
         return NULL;
     }
-    if (!be->mem_cap)
-        be->mem.current += bytes;
     be->mem.count++;
     if (be->mem.current > be->mem.peak)
         be->mem.peak = be->mem.current;
