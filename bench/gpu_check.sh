@@ -6,12 +6,14 @@
 #   1. build (Release, CUDA on, warnings allowed: another compiler's warning
 #      must not end the check) in build-gpu/
 #   2. the conformance test: every op on the cuda backend against the CPU
-#      (fp32 tolerances; GEMM again with tf32 and bf16 tensor cores), then
+#      (fp32 tolerances; GEMM again with tf32 and bf16 tensor cores, attention
+#      again on tensor cores), then
 #      again under compute-sanitizer's memcheck where it is installed
 #   3. cuBLAS GEMM TFLOP/s, fp32 / TF32 / bf16 (bench/cublas_gemm)
 #   4. one GPT block (d_model 2048, 16 heads, seq 2048, microbatch 4) forward +
 #      backward through `brigade profile --backend cuda`, with GEMMs in fp32
-#      and in bf16 tensor cores (BRIGADE_CUDA_GEMM) on fp32 storage, and with
+#      and in bf16 tensor cores (BRIGADE_CUDA_GEMM) on fp32 storage (attention
+#      on tensor cores, then again on CUDA cores: BRIGADE_CUDA_ATTN), and with
 #      --precision bf16 (bf16 activations in the block, bf16 GEMMs), as MFU
 #      against the bf16 dense peak below
 #   5. the 8-block GPT trained 50 steps on cuda and on cpu, losses side by side
@@ -96,11 +98,14 @@ else
 fi
 
 step "GPT block d_model 2048 seq 2048"
-# fp32 and bf16 GEMMs on fp32 storage, then --precision bf16 (bf16 activations in the blocks, bf16 GEMMs)
-for math in fp32 bf16 bf16-storage; do
+# fp32 and bf16 GEMMs on fp32 storage (attention on tensor cores with bf16
+# GEMMs, BRIGADE_CUDA_ATTN=auto; bf16-simt: on CUDA cores), then --precision
+# bf16 (bf16 activations in the blocks, bf16 GEMMs)
+for math in fp32 bf16 bf16-simt bf16-storage; do
     j=$BUILD/block_$math.json
-    gm=${math%-storage}; prec=fp32; [ "$math" = bf16-storage ] && prec=bf16
-    if BRIGADE_CUDA_GEMM=$gm timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
+    gm=${math%-storage}; gm=${gm%-simt}; prec=fp32; [ "$math" = bf16-storage ] && prec=bf16
+    attn=auto; [ "$math" = bf16-simt ] && attn=simt
+    if BRIGADE_CUDA_ATTN=$attn BRIGADE_CUDA_GEMM=$gm timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
         --seq 2048 --vocab 256 --microbatch-size 4 --precision "$prec" --json "$j" >"$BUILD/block_$math.log" 2>&1 &&
         ! cuda_err "$BUILD/block_$math.log"; then
         python3 - "$j" "$math" "$PEAK_BF16_TFLOPS" <<'EOF' | tee -a "$REPORT.tmp"
@@ -111,6 +116,7 @@ fl = blk["fwd_flops"] + blk["bwd_flops"]
 s = blk["fwd_s"] + blk["bwd_s"]
 tf = fl / s / 1e12
 st = "bf16 activations" if sys.argv[2].endswith("storage") else "fp32 storage"
+st += ", attention on CUDA cores" if sys.argv[2].endswith("simt") else ""
 print(f"| GPT block fwd+bwd, GEMM {sys.argv[2].split('-')[0]} ({st}) | {s*1e3:.1f} ms, {tf:.1f} TFLOP/s, "
       f"MFU {100*tf/float(sys.argv[3]):.1f}% of {sys.argv[3]} bf16 |")
 EOF

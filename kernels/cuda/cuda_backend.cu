@@ -435,6 +435,8 @@ static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
         }                                                                                                  \
     } while (0)
 
+int bg__cu_attention_tc_default(bg_backend_t *be) { return bg__cu(be)->gemm_math != 0; }
+
 extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
     int dev = params ? params->device : 0, count = 0, math = 0;
@@ -449,6 +451,9 @@ extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_
         math = 2;
     else
         return bg_error(BG_ERR_INVALID, "BRIGADE_CUDA_GEMM must be fp32, tf32 or bf16, got \"%s\"", gm);
+    const char *attn = bg_config_str("BRIGADE_CUDA_ATTN"); /* read again per call (tests switch it) */
+    if (strcmp(attn, "auto") && strcmp(attn, "tc") && strcmp(attn, "simt"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_CUDA_ATTN must be auto, tc or simt, got \"%s\"", attn);
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();

@@ -68,6 +68,9 @@ static inline cudaStream_t bg__cu_stream(bg_backend_t *be)
     return bg__cu(be)->stream;
 }
 
+/* Attention on tensor cores unless BRIGADE_CUDA_ATTN says (tc | simt): yes
+ * when the backend's GEMMs run on them (BRIGADE_CUDA_GEMM tf32 or bf16). */
+int bg__cu_attention_tc_default(bg_backend_t *be);
 /* Records (and logs, the first time) a failed CUDA call or launch. */
 void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what);
 #define BG_CU_LAUNCHED(be, what) bg__cu_check((be), cudaGetLastError(), (what))

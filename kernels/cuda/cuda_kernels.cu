@@ -905,12 +905,19 @@ static int bg__att_r(bg_backend_t *be, int hs)
     return hs <= 32 ? 1 : hs <= 64 ? 2 : hs <= 128 ? 4 : 8;
 }
 
+/* the tensor-core kernels: their own file */
+#include "kernels/cuda/cuda_attention_tc.cuh"
+
 void bg__cu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
                               int hs)
 {
     int R = bg__att_r(be, hs), BH = B * NH;
     if (!R || T <= 0 || BH <= 0)
         return;
+    if (bg__att_tc(be, hs)) {
+        bg__att_tc_forward(be, out, lse, qkv, B, T, NH, hs);
+        return;
+    }
     float scale = 1.0f / sqrtf((float)hs);
     size_t sm = bg__att_smem_fwd(hs);
 #define BG_ATT_FWD(RR) bg__att_launch(be, bg__k_att_fwd<RR>, "attention forward", T, BH, sm, out, lse, qkv, T, NH, hs, scale)
@@ -929,6 +936,10 @@ void bg__cu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const
     int R = bg__att_r(be, hs), BH = B * NH;
     if (!R || T <= 0 || BH <= 0)
         return;
+    if (bg__att_tc(be, hs)) {
+        bg__att_tc_backward(be, dqkv, dvec, dout, qkv, out, lse, B, T, NH, hs);
+        return;
+    }
     float scale = 1.0f / sqrtf((float)hs);
     size_t s1 = bg__att_smem_dq(hs), s2 = bg__att_smem_dkv(hs);
 #define BG_ATT_BWD(RR)                                                                                          \
