@@ -295,5 +295,6 @@ template <class F> static void bg_emu_launch(dim3 grid, dim3 block, size_t smem,
 /* the test program defines its own (a CUDA build links the real one too) */
 #define bg__cu_check bg_emu_check
 #define bg__cu_attention_tc_default bg_emu_attention_tc_default
+#define bg__cu_colsum_scratch bg_emu_colsum_scratch
 
 #endif

@@ -188,7 +188,9 @@ typedef struct bg_backend_ops {
 
     /* ---- streams and events (appended last; optional, all or none) ----
      * A backend that queues work has a compute stream (every kernel above, in
-     * call order) and a copy stream. An event marks a point of a stream; it
+     * call order) and copy streams: the copies of one direction run in the
+     * order queued (the two directions may overlap: order between them only
+     * through events). An event marks a point of a stream; it
      * may be recorded again at any time (waits queued on an earlier
      * recording keep that point). Host buffers of the two copies come from
      * host_alloc. Slots NULL (the CPU backend): the staging layer

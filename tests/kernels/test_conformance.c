@@ -310,6 +310,18 @@ static void c_ln_bwd_w(run_t *r)
     float *d = in(r, N_ * C_), *x = in(r, N_ * C_), *m = in(r, N_), *s = in_k(r, N_, POSITIVE);
     OPS->layernorm_backward_weight(BE, acc(r, C_), acc(r, C_), d, x, m, s, N_, C_);
 }
+/* rows enough for several of the CUDA reductions' row slices (512 rows each) */
+enum { NS_ = 1201 };
+static void c_bias_bwd_tall(run_t *r)
+{
+    float *d = in(r, NS_ * C_);
+    OPS->bias_backward(BE, acc(r, C_), d, NS_, C_);
+}
+static void c_ln_bwd_w_tall(run_t *r)
+{
+    float *d = in(r, NS_ * C_), *x = in(r, NS_ * C_), *m = in(r, NS_), *s = in_k(r, NS_, POSITIVE);
+    OPS->layernorm_backward_weight(BE, acc(r, C_), acc(r, C_), d, x, m, s, NS_, C_);
+}
 static void c_softmax_fwd(run_t *r)
 {
     float *x = in_k(r, N_ * C_, WIDE);
@@ -436,6 +448,11 @@ static void c_rms_bwd_w(run_t *r)
     float *d = in(r, N_ * C_), *x = in(r, N_ * C_), *s = in_k(r, N_, POSITIVE);
     OPS->rmsnorm_backward_weight(BE, acc(r, C_), d, x, s, N_, C_);
 }
+static void c_rms_bwd_w_tall(run_t *r)
+{
+    float *d = in(r, NS_ * C_), *x = in(r, NS_ * C_), *s = in_k(r, NS_, POSITIVE);
+    OPS->rmsnorm_backward_weight(BE, acc(r, C_), d, x, s, NS_, C_);
+}
 static void c_swiglu_fwd(run_t *r)
 {
     float *x = in_k(r, N_ * 2 * C_, WIDE);
@@ -519,6 +536,7 @@ static const case_t cases[] = {
     {"gemm_strided_batched", c_gemm_batched, 1e-5},
     {"bias_forward", c_bias_fwd, 0},
     {"bias_backward", c_bias_bwd, 1e-6},
+    {"bias_backward 1201 rows", c_bias_bwd_tall, 1e-6},
     {"gelu_forward", c_gelu_fwd, 2e-6},
     {"gelu_backward", c_gelu_bwd, 2e-6},
     {"bias_gelu_forward (or bias_forward + gelu_forward)", c_bias_gelu_fwd, 2e-6},
@@ -528,6 +546,7 @@ static const case_t cases[] = {
     {"layernorm_forward", c_ln_fwd, 1e-5},
     {"layernorm_backward_input", c_ln_bwd_in, 1e-5},
     {"layernorm_backward_weight", c_ln_bwd_w, 1e-6},
+    {"layernorm_backward_weight 1201 rows", c_ln_bwd_w_tall, 1e-6},
     {"softmax_forward", c_softmax_fwd, 1e-5},
     {"softmax_backward", c_softmax_bwd, 1e-5},
     {"causal_softmax_forward", c_causal_fwd, 1e-5},
@@ -554,6 +573,7 @@ static const case_t cases[] = {
     {"rmsnorm_forward", c_rms_fwd, 1e-5},
     {"rmsnorm_backward_input", c_rms_bwd_in, 1e-5},
     {"rmsnorm_backward_weight", c_rms_bwd_w, 1e-6},
+    {"rmsnorm_backward_weight 1201 rows", c_rms_bwd_w_tall, 1e-6},
     {"swiglu_forward", c_swiglu_fwd, 2e-6},
     {"swiglu_backward", c_swiglu_bwd, 2e-6},
     {"rope", c_rope, 1e-6},
