@@ -487,8 +487,12 @@ bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
 }
 
 /* Request i completed: its data go to the device. With streams the copy is
- * queued on the copy stream (the first behind prod) and, after the last, the
- * compute stream waits for it: the host does not. */
+ * queued on the copy stream (the first behind prod) and records back, so
+ * that back always marks the latest copy queued (one copy stream: it covers
+ * the earlier ones), also when the transfer is freed before its last chunk
+ * landed (a cancelled receive: bg__xfree holds the host block and joins the
+ * compute stream on back); after the last, the compute stream waits for it:
+ * the host does not. */
 static bg_status_t land(bg__xfer_t *x, int i)
 {
     if (x->host && x->kind != XF_SEND) {
@@ -497,13 +501,12 @@ static bg_status_t land(bg__xfer_t *x, int i)
         if (!async(x)) {
             be->ops->from_host(be, x->dev + off, x->host + off, chunk_len(x, i));
         } else {
-            bg_event_t *done = NULL;
-            if (i == x->n - 1 && !(done = x->back = ev_take(x->sg)))
+            if (!x->back && !(x->back = ev_take(x->sg)))
                 return BG_ERR_NOMEM;
             be->ops->from_host_async(be, x->dev + off, x->host + off, chunk_len(x, i), i == 0 ? x->prod : NULL,
-                                     done);
-            if (done) {
-                be->ops->stream_wait(be, done);
+                                     x->back);
+            if (i == x->n - 1) {
+                be->ops->stream_wait(be, x->back);
                 x->joined = 1;
             }
         }
