@@ -214,6 +214,7 @@ static void exec_free(exec_t *x)
     for (int v = 0; x->chunks && v < x->V; v++)
         free_chunk(&x->chunks[v]);
     free(x->chunks);
+    bg__dcoll_destroy(x->dp_coll);
     bg_group_destroy(x->dp_group);
     bg_group_destroy(x->world_group);
     if (x->stg.transfers)
@@ -451,11 +452,10 @@ static bg_status_t connect(exec_t *x)
         bg_log(BG_LOG_INFO, "executor", "rank %d: UCX %s; sends and receives of device buffers %s", x->lay.rank,
                bg_transport_ucx_version(),
                x->stg.direct ? "hand the buffer to UCX (reductions staged)" : "staged through host memory");
-    if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1)))
-        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
-                        "(the tensor group's sums and ZeRO's collectives take host buffers only)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.tp > 1 ? "--tp > 1" : "--zero > 0");
-    return BG_OK;
+    /* the strategies' collectives on the backend's buffers, a provider per group (logged) */
+    if (x->dp_group)
+        BG_CHECK(bg__dcoll_create(&x->stg, x->dp_group, "data-parallel", x->lay.rank, &x->dp_coll));
+    return bg__tp_bind(x->tp, &x->stg, x->lay.rank);
 }
 
 /* The batch buffers and this rank's chunks, then the strategies' ready hooks. */
