@@ -95,19 +95,41 @@ struct bg__dcoll {
     void *stream;   /* nccl: the backend's compute stream */
 };
 
-void bg__dcoll_describe(char *buf, size_t len)
+static char describe_buf[1024];
+static pthread_once_t describe_once = PTHREAD_ONCE_INIT;
+
+static void describe(void)
 {
     const char *why = nccl_unusable();
     char nv[64] = "";
     if (!why)
-        snprintf(nv, sizeof(nv), "loaded, version %d", nccl.version);
-    snprintf(buf, len,
-             "host (host buffers: the transport's collectives in place); staging (device buffers through pinned "
-             "host memory, the transport's collective on the copy: bitwise the host results); direct (a transport "
-             "that reads device memory: gathers on the device buffer, reductions staged); nccl (cuda backend, "
-             "BRIGADE_COLL=nccl: %s). A group gets nccl when asked and usable, else direct where sends are direct, "
-             "else staging where transfers are staged, else host",
-             why ? why : nv);
+        snprintf(nv, sizeof(nv), "libnccl.so.2 loaded, version %d", nccl.version);
+#ifdef BG_UCX_CUDA_DIR
+    const char *direct = "where UCX reports CUDA memory at run time (this build links a CUDA-aware UCX)";
+#else
+    const char *direct = "not with this build's UCX (no CUDA transports; BRIGADE_STAGING=direct forces it in tests)";
+#endif
+    snprintf(describe_buf, sizeof(describe_buf),
+             "  host     host buffers: the transport's collectives in place\n"
+             "  staging  device buffers through pinned host memory, the transport's collective on the copy "
+             "(bitwise the host results)\n"
+             "  direct   gathers on the device buffer, reductions staged: %s\n"
+             "  nccl     cuda backend with BRIGADE_COLL=nccl, one GPU per rank: %s\n"
+             "  tensor-parallel, data-parallel and ZeRO groups alike would use: cpu host; cpu-async host (staging "
+             "with BRIGADE_STAGING=always, direct with =direct); cuda %s%s",
+             direct, why ? why : nv,
+#ifdef BG_UCX_CUDA_DIR
+             "direct where UCX reports CUDA memory, else staging",
+#else
+             "staging",
+#endif
+             why ? "" : " (nccl with BRIGADE_COLL=nccl)");
+}
+
+const char *bg_executor_collective_providers(void)
+{
+    pthread_once(&describe_once, describe);
+    return describe_buf;
 }
 
 /* The provider of a group on sg's backend: nccl when asked for (an error where it cannot run). */
@@ -116,16 +138,16 @@ static bg_status_t choose(bg__dcoll_t *dc)
     const char *want = bg_config_str("BRIGADE_COLL");
     bg__staging_t *sg = dc->sg;
     dc->provider = !sg->on ? "host" : sg->direct ? "direct" : "staging";
-    if (!strcmp(want, "auto"))
+    if (!sg->be || !strcmp(want, "auto")) /* no backend: host buffers (a tensor group not bound yet) */
         return BG_OK;
     if (strcmp(want, "nccl") != 0)
         return bg_error(BG_ERR_INVALID, "BRIGADE_COLL=\"%s\": expected auto or nccl", want);
     const char *why = nccl_unusable();
     bg_backend_t *be = sg->be;
-    if (!why && (!be || !be->ops->device_buffers || !be->ops->native_stream))
+    if (!why && (!be->ops->device_buffers || !be->ops->native_stream))
         why = "the backend has no device stream NCCL can queue on (only cuda has)";
     if (why)
-        return bg_error(BG_ERR_UNSUPPORTED, "BRIGADE_COLL=nccl on backend %s: %s", be ? be->ops->name : "none", why);
+        return bg_error(BG_ERR_UNSUPPORTED, "BRIGADE_COLL=nccl on backend %s: %s", be->ops->name, why);
     dc->stream = be->ops->native_stream(be); /* also makes the backend's device current */
     int n = bg_group_size(dc->g), me = bg_group_rank(dc->g);
     nccl_id_t id;

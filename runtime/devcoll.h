@@ -27,7 +27,8 @@
  *
  * Every call returns a transfer of runtime/staging.h (bg__xtest, bg__xwait,
  * bg__xfree); with nccl it is complete at once for the host (the compute
- * stream is ordered after it). Must not know what the buffers mean. */
+ * stream is ordered after it). Must not know what the buffers mean.
+ * bg_executor_collective_providers (brigade/executor.h) describes them. */
 #ifndef BG_RUNTIME_DEVCOLL_H
 #define BG_RUNTIME_DEVCOLL_H
 
@@ -35,9 +36,6 @@
 
 typedef struct bg__dcoll bg__dcoll_t;
 
-/* The providers, for `brigade info`: each with whether it can run in this
- * process and why not (nccl: whether libnccl.so.2 loads, its version). */
-void bg__dcoll_describe(char *buf, size_t len);
 
 /* Collectives of group g (this rank a member) on the buffers of sg's backend
  * (sg NULL: host buffers, no backend). what names the group in the log line

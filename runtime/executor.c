@@ -763,8 +763,12 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
     i.predicted_act_bytes = x->predicted_act_bytes;
     size_t optim = x->params, grads = x->params * sizeof(float); /* optimizer elements, gradient bytes */
     BG__EACH_STRATEGY(x, s) if (s->ops->memory) s->ops->memory(x, s->self, &optim, &grads);
+    /* a backend that queues work keeps the last stage's per-microbatch losses until the step's end (add_loss:
+     * tensor rank 0's, not under emulation) */
+    size_t losses = x->has_last && !x->em && x->lay.me.tp == 0 && x->be->ops->event_record
+                        ? (size_t)x->M * x->per_mb_floats * sizeof(float) : 0;
     i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
-                        x->predicted_act_bytes;
+                        x->predicted_act_bytes + losses;
     i.zero = x->p.zero;
     i.predicted_stashed = x->predicted_stashed;
     i.peak_stashed = x->peak_stashed;
