@@ -40,6 +40,12 @@ run() {
   fi
 }
 
+# bitwise REF RUN LABEL: RUN's weights are REF's, bit for bit (a pass, with the verdict), else a failure
+bitwise() {
+  local verdict
+  if verdict=$("$B" compare "$1" "$2"); then pass=$((pass + 1)); echo "ok   $3 :: $verdict"; else bad "$3 :: $verdict"; fi
+}
+
 # case NAME N ARGS...: staged vs direct, same ranks and arguments (STAGED_ARGS: more for the staged run)
 case_() {
   local name=$1 n=$2; shift 2
@@ -54,12 +60,7 @@ case_() {
   nt=$(sed -E 's/.*staged ([0-9]+) transfers \(([0-9]+) chunks.*/\1/' <<<"$line")
   nc=$(sed -E 's/.*staged ([0-9]+) transfers \(([0-9]+) chunks.*/\2/' <<<"$line")
   if [ "$nc" -le "$nt" ] && [ "${name#async_}" != dp2 ]; then bad "$name: $nc chunks for $nt transfers: nothing was split"; return; fi
-  local verdict
-  if verdict=$("$B" compare "$T/$name.direct" "$T/$name.staged"); then
-    pass=$((pass + 1)); echo "ok   $name :: $line :: $verdict"
-  else
-    bad "$name :: $verdict"
-  fi
+  bitwise "$T/$name.direct" "$T/$name.staged" "$name :: $line"
 }
 
 case_ pp2 2 $GPT --pp 2 --schedule 1f1b
@@ -102,12 +103,7 @@ dcase() {
   local line
   line=$(grep -m1 -o "handed [1-9][0-9]* transfers ([0-9]* bytes)" "$T/$name.log")
   if [ -z "$line" ]; then bad "$name: nothing was handed to the transport directly"; return; fi
-  local verdict
-  if verdict=$("$B" compare "$T/$ref.direct" "$T/$name"); then
-    pass=$((pass + 1)); echo "ok   $name :: $line :: $verdict"
-  else
-    bad "$name :: $verdict"
-  fi
+  bitwise "$T/$ref.direct" "$T/$name" "$name :: $line"
 }
 dcase direct_pp2 pp2 2 $GPT --pp 2 --schedule 1f1b
 dcase direct_pp2dp2 pp2dp2 4 $GPT --pp 2 --dp 2 --schedule zb-h1
@@ -132,12 +128,7 @@ ccase() {
   local moved
   moved=$(grep -m1 -o "\(staged\|handed\) [1-9][0-9]* transfers" "$T/$name.log")
   if [ -z "$moved" ]; then bad "$name: no collective went through the staging layer"; return; fi
-  local verdict
-  if verdict=$("$B" compare "$T/$ref" "$T/$name"); then
-    pass=$((pass + 1)); echo "ok   $name ($prov) :: $moved :: $verdict"
-  else
-    bad "$name :: $verdict"
-  fi
+  bitwise "$T/$ref" "$T/$name" "$name ($prov) :: $moved"
 }
 TP="$GPT --tp 2"
 ccase coll_tp2 ref_tp2 2 always staging $TP

@@ -195,6 +195,59 @@ static void test_cancelled_recv(void **state)
     unsetenv("BRIGADE_STAGE_CHUNK_KB");
 }
 
+/* The group collectives on backend buffers (bg__xcoll, bg__xbcast), on a group of one: every kind
+ * through the synchronous and the streams paths, staged and direct, gives its input back (a result read
+ * before its copy completed is NaN on cpu-async), and the direct path hands over the gather in chunks
+ * only. The members' slots of a larger group are test_staging's (tp 2 with sequence parallelism). */
+static void test_collectives(void **state)
+{
+    (void)state;
+    int me = 0;
+    bg_group_t *g = NULL;
+    assert_int_equal(bg_group_create(comm, 1, &me, &g), BG_OK);
+    const char *modes[] = {"always", "direct"}, *names[] = {"cpu", "cpu-async"};
+    const size_t n = 777;
+    for (int m = 0; m < 2; m++) {
+        for (int k = 0; k < 2; k++) {
+            setenv("BRIGADE_STAGING", modes[m], 1);
+            bg_backend_t *be = mkbe(names[k]);
+            bg__staging_t sg;
+            assert_int_equal(bg__staging_init(&sg, be, comm), BG_OK);
+            float *src = bg_backend_alloc(be, n * sizeof(float), "src");
+            float *dst = bg_backend_alloc(be, n * sizeof(float), "dst");
+            for (bg__coll_kind_t ck = BG__COLL_ALLREDUCE; ck <= BG__COLL_REDUCE_SCATTER; ck++) {
+                for (size_t i = 0; i < n; i++)
+                    src[i] = 0.5f + (float)i + 1000.0f * (float)ck, dst[i] = -7.0f;
+                int inplace = ck != BG__COLL_ALLGATHER && ck != BG__COLL_REDUCE_SCATTER;
+                bg__xfer_t *x = NULL;
+                assert_int_equal(bg__xcoll(&sg, g, ck, inplace ? NULL : src, inplace ? src : dst, n, BG_REDUCE_SUM,
+                                           &x),
+                                 BG_OK);
+                assert_int_equal(bg__xwait(x), BG_OK);
+                bg__xfree(x);
+                const float *out = inplace ? src : dst;
+                for (size_t i = 0; i < n; i++)
+                    if (out[i] != 0.5f + (float)i + 1000.0f * (float)ck)
+                        fail_msg("%s, %s, kind %d, element %zu: %g", modes[m], names[k], (int)ck, i, out[i]);
+            }
+            for (size_t i = 0; i < n; i++)
+                src[i] = (float)i;
+            assert_int_equal(bg__xbcast(&sg, g, src, n, 0), BG_OK);
+            for (size_t i = 0; i < n; i++)
+                assert_true(src[i] == (float)i);
+            /* the direct provider hands the gather in chunks over; the staged one copies every collective */
+            assert_int_equal(sg.direct_transfers, m == 1 ? 1 : 0);
+            assert_int_equal(sg.transfers, m == 1 ? 4 : 5);
+            bg__staging_fini(&sg);
+            bg_backend_free(be, dst);
+            bg_backend_free(be, src);
+            bg_backend_destroy(be);
+        }
+    }
+    unsetenv("BRIGADE_STAGING");
+    bg_group_destroy(g);
+}
+
 /* The streams path and the synchronous one move the same bytes. */
 static void test_equal_paths(void **state)
 {
@@ -303,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_equal_paths),
         cmocka_unit_test(test_direct),
         cmocka_unit_test(test_cancelled_recv),
+        cmocka_unit_test(test_collectives),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
