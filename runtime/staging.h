@@ -7,9 +7,11 @@
  * copies chunk i+1; a receive posts one receive
  * per chunk (equal tags match in order) and copies each chunk to the device as
  * it lands; a reduction copies the buffer out, reduces it on the host and
- * copies it back. BRIGADE_STAGING=always sends host buffers through the same
- * path (tests); BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise
- * those of the direct path: the bytes and the reduction are the same.
+ * copies it back, and so does every group collective of runtime/devcoll.h
+ * (bg__xcoll: the input out, the transport's collective, the result back).
+ * BRIGADE_STAGING=always sends host buffers through the same path (tests);
+ * BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise those of the
+ * direct path: the bytes and the reduction are the same.
  *
  * Where the transport reads device memory itself (bg_comm_device_memory: a
  * CUDA-aware UCX), sends and receives skip the host ("direct"): the same
