@@ -135,7 +135,9 @@ ccase coll_tp2 ref_tp2 2 always staging $TP
 ccase coll_tp2_direct ref_tp2 2 direct direct $TP
 ccase coll_sp2 ref_sp2 2 always staging $TP --sequence-parallel
 CARGS="--backend cpu" BRIGADE_TP_OVERLAP=microbatch ccase coll_sp2_sync ref_sp2 2 always staging $TP --sequence-parallel
+ccase coll_sp2_direct ref_sp2 2 direct direct $TP --sequence-parallel
 ccase coll_zero1 ref_zero1 2 always staging $GPT --dp 2 --zero 1
+ccase coll_zero1_direct ref_zero1 2 direct direct $GPT --dp 2 --zero 1
 ccase coll_zero2 ref_zero2 2 always staging $GPT --dp 2 --zero 2
 ccase coll_zero2_direct ref_zero2 2 direct direct $GPT --dp 2 --zero 2
 ccase coll_3d ref_3d 4 always staging $TP --dp 2 --zero 2 --sequence-parallel
@@ -216,4 +218,4 @@ fi
 out=$(BRIGADE_STAGING=sometimes "$B" train $GPT --steps 1 --quiet 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q 'BRIGADE_STAGING="sometimes"' <<<"$out"; then pass=$((pass + 1)); else bad "BRIGADE_STAGING=sometimes: rc $rc: $out"; fi
 
-finish 42
+finish 44
