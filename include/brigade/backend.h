@@ -276,6 +276,12 @@ typedef struct bg_backend_ops {
     /** The largest attention head size attention_forward/backward accept; 0: any. A layer with larger
      *  heads is refused at its first forward, before any weight changes. */
     int attention_max_head;
+
+    /* ---- collective libraries (appended last, as the slots above; optional) ---- */
+    /** The compute stream as the device runtime's handle (cuda: its cudaStream_t), with the backend's device
+     *  made current for the calling thread, for a collective library that queues on it (NCCL:
+     *  runtime/devcoll.c). NULL: none (the CPU). */
+    void *(*native_stream)(bg_backend_t *be);
 } bg_backend_ops_t;
 /** The first two fields of a table's initializer, its size and name; the slots follow, designated:
  *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`

@@ -409,6 +409,9 @@ static void bg__cu_destroy(bg_backend_t *be)
     be->impl = NULL;
 }
 
+/* The compute stream for NCCL (runtime/devcoll.c); bg__cu_stream makes the device current. */
+static void *bg__cu_native_stream(bg_backend_t *be) { return (void *)bg__cu_stream(be); }
+
 /* every slot is bg__cu_<slot> (kernels/backend_impl.h's lists) but the fused bias + GELU, which stays NULL
  * (the layers then run the pair) */
 static bg_backend_ops_t bg__cu_make_ops(void)
@@ -423,6 +426,7 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     BG__BACKEND_MEMORY_OPS(BG__CU_SLOT)
     BG__BACKEND_LLAMA_OPS(BG__CU_SLOT)
     BG__BACKEND_STATUS_OPS(BG__CU_SLOT)
+    BG__BACKEND_COLL_OPS(BG__CU_SLOT)
 #undef BG__CU_SLOT
     o.destroy = bg__cu_destroy;
     o.device_buffers = 1;
