@@ -76,8 +76,9 @@ static inline cudaStream_t bg__cu_stream(bg_backend_t *be)
  * when the backend's GEMMs run on them (BRIGADE_CUDA_GEMM tf32 or bf16). */
 int bg__cu_attention_tc_default(bg_backend_t *be);
 /* Device scratch of the row reductions' per-slice sums (cuda_kernels.cu,
- * bias / LayerNorm / RMSNorm weight backward), *cap_p doubles; NULL: none
- * (one slice). Used by one kernel pair at a time on the compute stream. */
+ * bias / LayerNorm / RMSNorm weight backward) and of the embedding
+ * backward's row lists, *cap_p doubles; NULL: none (one slice, no lists).
+ * Used by one op at a time on the compute stream. */
 double *bg__cu_colsum_scratch(bg_backend_t *be, size_t *cap_p);
 /* Records (and logs, the first time) a failed CUDA call or launch. */
 void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what);

@@ -632,6 +632,85 @@ __global__ void bg__k_emb_bwd_wte(float *dwte, const float *dout, const int32_t 
             dwte[(size_t)t * C + c] += dout[(size_t)r * C + c];
     }
 }
+/* The same sums from row lists: the rows of each of BG_EMB_LISTS token
+ * buckets (token mod BG_EMB_LISTS) listed in row order (one warp per bucket
+ * counts, then lists them after an order-keeping compaction), and thread
+ * (c, bucket) adds only its bucket's rows: the same order per token, so the
+ * same bits, with every thread walking rows / BG_EMB_LISTS rows on average
+ * instead of all of them. */
+#define BG_EMB_LISTS 256
+__device__ __forceinline__ int bg__emb_list(int32_t t) { return (int)((uint32_t)t % BG_EMB_LISTS); }
+__global__ void bg__k_emb_count(int *counts, const int32_t *tokens, int rows)
+{
+    int b = blockIdx.x, lane = threadIdx.x, n = 0;
+    for (int r = lane; r < rows; r += 32)
+        n += bg__emb_list(tokens[r]) == b;
+    float t = bg__warp_sum((float)n); /* exact: rows < 2^24 (the launcher checks) */
+    if (lane == 0)
+        counts[b] = (int)t;
+}
+__global__ void bg__k_emb_offsets(int *off, const int *counts)
+{
+    if (threadIdx.x != 0)
+        return;
+    off[0] = 0;
+    for (int b = 0; b < BG_EMB_LISTS; b++)
+        off[b + 1] = off[b] + counts[b];
+}
+__global__ void bg__k_emb_lists(int *list, const int *off, const int32_t *tokens, int rows)
+{
+    int b = blockIdx.x, lane = threadIdx.x, at = off[b];
+    for (int r0 = 0; r0 < rows; r0 += 32) {
+        int r = r0 + lane, f = r < rows && bg__emb_list(tokens[r]) == b;
+        float x = (float)f; /* inclusive prefix count over the lanes */
+        for (int o = 1; o < 32; o <<= 1) {
+            float y = __shfl_sync(BG_CU_FULL, x, lane >= o ? lane - o : 0);
+            if (lane >= o)
+                x += y;
+        }
+        int total = (int)__shfl_sync(BG_CU_FULL, x, 31);
+        if (f)
+            list[at + (int)x - 1] = r;
+        at += total;
+    }
+}
+__global__ void bg__k_emb_bwd_lists(float *dwte, const float *dout, const int32_t *tokens, const int *list,
+                                    const int *off, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+    if (c >= C)
+        return;
+    for (int k = off[b]; k < off[b + 1]; k++) {
+        int r = list[k];
+        dwte[(size_t)tokens[r] * C + c] += dout[(size_t)r * C + c];
+    }
+}
+
+/* dwte through the row lists when the scratch holds them (else the
+ * bucket-per-thread kernel above) */
+static void bg__emb_bwd_wte(bg_backend_t *be, float *dwte, const float *dout, const int32_t *tokens, int rows, int C)
+{
+    size_t cap = 0;
+    int *sc = (int *)bg__cu_colsum_scratch(be, &cap), *counts = sc, *off = sc + BG_EMB_LISTS;
+    int *list = off + BG_EMB_LISTS + 1;
+    if (!sc || (size_t)rows + 2 * BG_EMB_LISTS + 1 > 2 * cap || rows >= 1 << 24) {
+        dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_BUCKETS);
+        BG_CU_LAUNCH(bg__k_emb_bwd_wte, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens, rows, C);
+        BG_CU_LAUNCHED(be, "bg__k_emb_bwd_wte");
+        return;
+    }
+    BG_CU_LAUNCH(bg__k_emb_count, BG_EMB_LISTS, 32, 0, BG_CU_STREAM(be), counts, tokens, rows);
+    BG_CU_LAUNCHED(be, "bg__k_emb_count");
+    BG_CU_LAUNCH(bg__k_emb_offsets, 1, 32, 0, BG_CU_STREAM(be), off, (const int *)counts);
+    BG_CU_LAUNCHED(be, "bg__k_emb_offsets");
+    BG_CU_LAUNCH(bg__k_emb_lists, BG_EMB_LISTS, 32, 0, BG_CU_STREAM(be), list, (const int *)off, tokens, rows);
+    BG_CU_LAUNCHED(be, "bg__k_emb_lists");
+    dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_LISTS);
+    BG_CU_LAUNCH(bg__k_emb_bwd_lists, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens,
+                 (const int *)list, (const int *)off, C);
+    BG_CU_LAUNCHED(be, "bg__k_emb_bwd_lists");
+}
+
 /* dwpe: thread per (t, c), batch rows in order */
 __global__ void bg__k_emb_bwd_wpe(float *dwpe, const float *dout, int B, int T, int C)
 {
@@ -656,11 +735,8 @@ void bg__cu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const
 {
     if (B <= 0 || T <= 0 || C <= 0)
         return;
-    if (dwte) {
-        dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_BUCKETS);
-        BG_CU_LAUNCH(bg__k_emb_bwd_wte, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens, B * T, C);
-        BG_CU_LAUNCHED(be, "bg__k_emb_bwd_wte");
-    }
+    if (dwte)
+        bg__emb_bwd_wte(be, dwte, dout, tokens, B * T, C);
     if (dwpe) {
         size_t n = (size_t)T * C;
         BG_CU_LAUNCH1(bg__k_emb_bwd_wpe, n, dwpe, dout, B, T, C);

@@ -385,6 +385,13 @@ static void c_emb_bwd(run_t *r)
     float *d = in(r, B_ * TT_ * C_);
     OPS->embedding_backward(BE, acc(r, EV_ * C_), acc(r, TT_ * C_), d, t, B_, TT_, C_);
 }
+/* 135 rows over 700 tokens: several tokens per bucket of the CUDA kernel's row lists (token mod 256) */
+static void c_emb_bwd_wide(run_t *r)
+{
+    int32_t *t = tokens(r, 3 * 45, 700);
+    float *d = in(r, 3 * 45 * C_);
+    OPS->embedding_backward(BE, acc(r, 700 * C_), NULL, d, t, 3, 45, C_);
+}
 enum { LB = 2, LT = 7, LNH = 3, LHS = 5, LC = LNH * LHS, LN = LB * LT * LC };
 static void c_qkv_split(run_t *r)
 {
@@ -558,6 +565,7 @@ static const case_t cases[] = {
     {"embedding_forward", c_emb_fwd, 0},
     {"embedding_forward (no wpe)", c_emb_fwd_nopos, 0},
     {"embedding_backward", c_emb_bwd, 1e-6},
+    {"embedding_backward 700 tokens, no wpe", c_emb_bwd_wide, 1e-6},
     {"qkv_split", c_qkv_split, 0},
     {"qkv_merge", c_qkv_merge, 0},
     {"heads_merge", c_heads_merge, 0},
