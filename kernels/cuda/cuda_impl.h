@@ -25,8 +25,10 @@
 
 /* pinned staging chunk of host<->device copies (two of them, alternating) */
 #define BG_CUDA_STAGE_BYTES ((size_t)4 << 20)
-/* blocks of the deterministic sum/sumsq reduction (a fixed grid) */
-#define BG_CUDA_RED_BLOCKS 256
+/* blocks of the deterministic sum/sumsq reduction: a fixed grid (the result
+ * depends on n only) as large as an H200 holds at once (132 SMs x 2048
+ * threads = 1056 blocks of 256) */
+#define BG_CUDA_RED_BLOCKS 1056
 #define BG_CUDA_THREADS 256
 /* scratch of the row reductions' slices (4 MiB: 32 slices of 8192 columns, two sums) */
 #define BG_CUDA_COLSUM_DOUBLES ((size_t)1 << 19)
