@@ -243,6 +243,30 @@ static void exec_free(exec_t *x)
     bg__pair_destroy(x->pair);
 }
 
+/* Expert parallelism: the description's MoE layers built for ep, ep dividing dp, and the strategies it is built
+ * with (ep: 1 when the field predates the params). */
+static bg_status_t check_ep(const bg_executor_params_t *p, int ep)
+{
+    int deg = bg_model_desc_ep_degree(p->model);
+    const char *name = bg_model_desc_params(p->model)->name;
+    if (deg < 0)
+        return bg_error(BG_ERR_INVALID, "model %s: its MoE layers are built for different expert-parallel degrees", name);
+    if (deg != ep)
+        return bg_error(BG_ERR_INVALID, "ep = %d but model %s has %s (build it for ep = %d: bg_model_config_t.ep; "
+                                        "docs/layers.md)", ep, name,
+                        deg == 1 ? "no expert-parallel MoE layers" : "MoE layers of another expert-parallel degree", ep);
+    if (ep == 1)
+        return BG_OK;
+    if (p->dp % ep != 0)
+        return bg_error(BG_ERR_INVALID, "ep %d must divide dp %d (an expert-parallel group is ep consecutive "
+                                        "data-parallel ranks of a stage)", ep, p->dp);
+    const char *no = p->zero > 0 ? "--zero" : p->ps > 0 ? "--ps" : p->emulate ? "--emulate" : NULL;
+    if (no)
+        return bg_error(BG_ERR_UNSUPPORTED, "ep %d with %s is not built yet (expert parallelism composes with dp, pp "
+                                            "and every schedule)", ep, no);
+    return BG_OK;
+}
+
 static bg_status_t check_params(const bg_executor_params_t *p)
 {
     if (!p->model)
@@ -253,6 +277,10 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
     BG_CHECK(bg__tp_check_params(p->model, p->tp));
+    int has_ep = p->size >= offsetof(bg_executor_params_t, ep) + sizeof(int);
+    if (has_ep && p->ep < 0)
+        return bg_error(BG_ERR_INVALID, "ep must be >= 1 (got %d)", p->ep);
+    BG_CHECK(check_ep(p, has_ep && p->ep > 0 ? p->ep : 1));
     if (p->batch < 1 || p->microbatches < 1)
         return bg_error(BG_ERR_INVALID, "batch (%d) and microbatches (%d) must be >= 1", p->batch, p->microbatches);
     if (p->batch % (p->dp * p->microbatches) != 0)
@@ -451,10 +479,11 @@ static bg_status_t connect(exec_t *x)
         bg_log(BG_LOG_INFO, "executor", "rank %d: UCX %s; sends and receives of device buffers %s", x->lay.rank,
                bg_transport_ucx_version(),
                x->stg.direct ? "hand the buffer to UCX (reductions staged)" : "staged through host memory");
-    if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1)))
+    if (x->stg.on && (x->p.tp > 1 || x->p.ep > 1 || (x->p.zero > 0 && x->p.dp > 1)))
         return bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
-                        "(the tensor group's sums and ZeRO's collectives take host buffers only)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.tp > 1 ? "--tp > 1" : "--zero > 0");
+                        "(the tensor group's sums, the experts' all-to-all and ZeRO's collectives take host buffers "
+                        "only)", x->p.backend ? x->p.backend : "cpu",
+                        x->p.tp > 1 ? "--tp > 1" : x->p.ep > 1 ? "--ep > 1" : "--zero > 0");
     return BG_OK;
 }
 
@@ -519,6 +548,8 @@ static void init_fields(exec_t *x, const bg_executor_params_t *pin)
 {
     memcpy(&x->p, pin, pin->size < sizeof(x->p) ? pin->size : sizeof(x->p));
     x->p.size = sizeof(x->p);
+    if (x->p.ep < 1) /* params older than the field */
+        x->p.ep = 1;
     x->desc = x->p.model;
     x->shared_step = -1;
     x->fetched_step = -1;

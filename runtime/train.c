@@ -401,6 +401,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.pp = c->pp > 0 ? c->pp : 1;
     p.dp = c->dp > 0 ? c->dp : 1;
     p.tp = c->model.tp > 0 ? c->model.tp : 1; /* the builder made layers of this degree */
+    p.ep = c->model.ep > 0 ? c->model.ep : 1; /* and MoE layers of this one */
     p.schedule = c->schedule;
     p.chunks = c->chunks;
     p.split = c->split;
