@@ -30,6 +30,8 @@ typedef struct {
     double aux;      /* the auxiliary loss of the last forward */
     int64_t dropped; /* dropped assignments of the last forward */
     int64_t dropped_total;
+    double aux_total;
+    int64_t forwards;
 } moe_t;
 
 /* One forward's routing (host). Assignments are grouped by expert, in token order inside an expert. */
@@ -449,6 +451,8 @@ static void moe_record(moe_t *p, const route_t *r)
     p->aux = r->aux;
     p->dropped = r->dropped;
     p->dropped_total += r->dropped;
+    p->aux_total += r->aux;
+    p->forwards++;
 }
 
 /* ep > 1: the rows to their holders, the local experts on each (member, expert) block, the outputs back. */
@@ -715,5 +719,7 @@ bg_status_t bg_layer_moe_stats(const bg_layer_t *l, bg_moe_stats_t *stats_p)
     stats_p->aux_loss = p->aux;
     stats_p->dropped = p->dropped;
     stats_p->dropped_total = p->dropped_total;
+    stats_p->aux_total = p->aux_total;
+    stats_p->forwards = p->forwards;
     return BG_OK;
 }

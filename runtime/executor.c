@@ -727,8 +727,38 @@ fail:
     return bg__exec_step_failed(x, st);
 }
 
+/* The MoE layers' running totals over the tree of l (bg_moe_stats_t): aux, forwards, dropped. */
+static void moe_totals(const bg_layer_t *l, double t[3])
+{
+    bg_moe_stats_t s;
+    if (bg_layer_is_moe(l) && bg_layer_moe_stats(l, &s) == BG_OK)
+        t[0] += s.aux_total, t[1] += (double)s.forwards, t[2] += (double)s.dropped_total;
+    for (int i = 0; i < l->nchildren; i++)
+        moe_totals(l->children[i], t);
+}
+
+/* This rank's MoE totals over its chunks (both copies of DualPipe's: each runs its own microbatches). */
+static void exec_moe_totals(const exec_t *x, double t[3])
+{
+    t[0] = t[1] = t[2] = 0;
+    for (int v = 0; v < x->V; v++)
+        for (int i = x->chunks[v].first; i <= x->chunks[v].last; i++)
+            moe_totals(bg_model_layer(x->chunks[v].model, i), t);
+}
+
+/* The step's MoE figures from the totals at its start. */
+static void moe_step(const exec_t *x, const double t0[3], bg_step_result_t *r)
+{
+    double t[3];
+    exec_moe_totals(x, t);
+    r->moe_aux = t[1] > t0[1] ? (t[0] - t0[0]) / (t[1] - t0[1]) : NAN;
+    r->moe_dropped = (int64_t)(t[2] - t0[2]);
+}
+
 bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
 {
+    double moe0[3];
+    exec_moe_totals(x, moe0); /* the step's forwards only: an evaluation between steps runs forwards too */
     if (x->broken)
         return bg_error(BG_ERR_INVALID, "executor: an earlier step failed; destroy it and resume from a checkpoint");
     bg_status_t st = BG_OK;
@@ -742,6 +772,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     if (own) {
         if ((st = own->ops->step(x, own->self, tokens, result_p)) != BG_OK)
             return st;
+        moe_step(x, moe0, result_p);
         BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* what the backend recorded so far; no wait */
         return BG_OK;
     }
@@ -764,6 +795,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
     if (st != BG_OK)
         return st; /* step_end reported it to the others */
+    moe_step(x, moe0, result_p);
     /* faults the backend has recorded so far, without waiting for the optimizer's queued update: a later
      * one fails the next step's program or a save (bg__exec_settle), before anything reads the weights */
     BG_CHECK_GOTO(bg_backend_status(x->be), st, fail);

@@ -182,6 +182,11 @@ typedef struct bg_step_result {
     double optim_ms;         /**< server: summing the pushes and the optimizer step */
     double idle;             /**< server: fraction of the step spent waiting for the workers' pushes */
     int live_workers;        /**< server: workers alive after this step */
+    /* ---- MoE layers (bg_layer_moe) on this rank; NaN and 0 without any ---- */
+    double moe_aux;          /**< per rank: the mean of the load-balancing loss E sum_e f_e P_e (without its
+                                  coefficient) over this rank's MoE layers' forwards of the step */
+    int64_t moe_dropped;     /**< per rank: token-expert choices the capacity dropped in the step's forwards
+                                  (this rank's tokens: the routing is its own, whatever the expert layout) */
 } bg_step_result_t;
 
 /** What the executor holds and predicts on this rank. */

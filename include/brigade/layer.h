@@ -321,6 +321,8 @@ typedef struct bg_moe_stats {
     double aux_loss;       /**< E sum_e f_e P_e of the last forward (without the coefficient) */
     int64_t dropped;       /**< token-expert choices the capacity dropped in the last forward */
     int64_t dropped_total; /**< the same, summed over every forward since creation */
+    double aux_total;      /**< aux_loss summed over every forward since creation */
+    int64_t forwards;      /**< forwards since creation */
 } bg_moe_stats_t;
 /** 1 when @p l is an MoE layer (bg_layer_moe). */
 int bg_layer_is_moe(const bg_layer_t *l);

@@ -120,7 +120,7 @@ class ExecutorParams(Structure):
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
                 ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
                 ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int),
-                ("clip_grad", c_double), ("data_seed", c_uint64)]
+                ("clip_grad", c_double), ("data_seed", c_uint64), ("ep", c_int)]
 
 
 class StepResult(Structure):
@@ -128,7 +128,8 @@ class StepResult(Structure):
     _fields_ = [("step", c_int64), ("loss", c_double), ("tokens", c_double), ("step_ms", c_double),
                 ("tokens_per_s", c_double), ("bubble", c_double), ("bytes_sent", c_uint64), ("peak_bytes", c_size_t),
                 ("stop", c_int), ("grad_norm", c_double), ("ps_role", c_int), ("staleness", c_int),
-                ("bytes_recv", c_uint64), ("optim_ms", c_double), ("idle", c_double), ("live_workers", c_int)]
+                ("bytes_recv", c_uint64), ("optim_ms", c_double), ("idle", c_double), ("live_workers", c_int),
+                ("moe_aux", c_double), ("moe_dropped", c_int64)]
 
 
 class EvalResult(Structure):

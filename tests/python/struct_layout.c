@@ -56,7 +56,7 @@ int main(void)
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
     F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
-    F(bg_executor_params_t, clip_grad); F(bg_executor_params_t, data_seed);
+    F(bg_executor_params_t, clip_grad); F(bg_executor_params_t, data_seed); F(bg_executor_params_t, ep);
 
     S(bg_eval_result_t);
     F(bg_eval_result_t, loss); F(bg_eval_result_t, tokens); F(bg_eval_result_t, eval_ms);
@@ -67,7 +67,7 @@ int main(void)
     F(bg_step_result_t, peak_bytes); F(bg_step_result_t, stop);
     F(bg_step_result_t, grad_norm); F(bg_step_result_t, ps_role); F(bg_step_result_t, staleness);
     F(bg_step_result_t, bytes_recv); F(bg_step_result_t, optim_ms); F(bg_step_result_t, idle);
-    F(bg_step_result_t, live_workers);
+    F(bg_step_result_t, live_workers); F(bg_step_result_t, moe_aux); F(bg_step_result_t, moe_dropped);
 
     S(bg_executor_info_t);
     F(bg_executor_info_t, rank); F(bg_executor_info_t, world); F(bg_executor_info_t, pp_rank);
