@@ -50,7 +50,7 @@ static void active_names(const exec_t *x, char *buf, size_t cap)
 }
 
 typedef struct {
-    int dp, zero, servers, server_role, copies, ties, emulate;
+    int dp, zero, servers, server_role, copies, ties, emulate, ep;
     const char *want;
 } row_t;
 
@@ -68,6 +68,8 @@ static void test_active(void **state)
         {2, 0, 2, 0, 1, 1, 0, "ps-worker"},
         {2, 0, 1, 0, 1, 0, 1, "ps-worker emulate"},
         {1, 0, 0, 0, 1, 0, 1, "emulate"},
+        {2, 0, 0, 0, 1, 0, 0, "ep dp", 2},           /* expert parallelism: its buckets before dp's */
+        {4, 0, 0, 0, 2, 1, 0, "ep dp copies ties", 2},
     };
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
     c.layers = 2, c.d_model = 16, c.heads = 2, c.seq_len = 8;
@@ -85,6 +87,7 @@ static void test_active(void **state)
         x->lay.servers = w->servers;
         x->lay.me.role = w->server_role ? BG_LAYOUT_SERVER : BG_LAYOUT_WORKER;
         x->p.zero = w->zero;
+        x->p.ep = w->ep ? w->ep : 1;
         x->copies = w->copies;
         x->desc = w->ties ? tied : plain;
         x->em = w->emulate ? &em : NULL;
