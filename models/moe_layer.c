@@ -228,6 +228,21 @@ static double moe_bwd_flops(const bg_layer_t *l, bg_shape_t in)
     return 4.0 * N * m->experts * c + A * (12.0 * c * h + 5.0 * h + 4.0 * c);
 }
 
+/* ep > 1, per call: the counts' and the rows' all-to-alls (forward: counts, rows out, outputs back; backward:
+ * dY out, dx back), each sending P - 1 messages; a member keeps the 1/P of its rows bound for its own experts. */
+static void moe_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const bg_moe_t *m = &((const moe_t *)l->impl)->m;
+    int P = moe_ep(m);
+    if (P < 2)
+        return;
+    double rows = (double)moe_assign(m, in) * (P - 1) / P, row = (double)m->c * sizeof(float);
+    cost->ep_fwd_msgs += 3.0 * (P - 1);
+    cost->ep_fwd_bytes += (double)(P - 1) * (m->experts / P) * sizeof(float) + 2 * rows * row;
+    cost->ep_bwd_msgs += 2.0 * (P - 1);
+    cost->ep_bwd_bytes += 2 * rows * row;
+}
+
 typedef struct {
     float *logits, *U, *H, *Y, *xr, *counts; /* stash (xr, counts: ep only) */
     float *dlogits, *dU, *dY, *dyr;          /* wstash (dyr: ep only) */
@@ -446,6 +461,21 @@ static void experts_weight(const moe_call_t *k, float *gup, float *gdn, int e, c
                   gdn + (size_t)e * k->c * k->h, k->h);
 }
 
+/* ep 1: each expert's rows gathered from in, then its forward (gup NULL) or its weight gradients. */
+static void local_experts(const moe_call_t *k, const route_t *r, const float *in, float *gup, float *gdn)
+{
+    for (int e = 0; e < k->E; e++) {
+        int cnt = r->cnt[e], base = r->off[e];
+        if (!cnt)
+            continue;
+        gather_rows(k->be, k->b.xg, in, r->tok + base, cnt, k->c);
+        if (gup)
+            experts_weight(k, gup, gdn, e, k->b.xg, k->b.dY + (size_t)base * k->c, base, cnt);
+        else
+            experts_forward(k, e, k->b.xg, base, cnt, k->b.Y + (size_t)base * k->c);
+    }
+}
+
 static void moe_record(moe_t *p, const route_t *r)
 {
     p->aux = r->aux;
@@ -487,17 +517,10 @@ static bg_status_t moe_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     route_t r;
     BG_CHECK(route(k.m, be, k.b.logits, k.N, &r));
     bg_status_t st = BG_OK;
-    if (moe_ep(k.m) > 1) {
+    if (moe_ep(k.m) > 1)
         st = forward_ep(l, ctx, &k, &r, in);
-    } else {
-        for (int e = 0; e < k.E; e++) {
-            int cnt = r.cnt[e], base = r.off[e];
-            if (!cnt)
-                continue;
-            gather_rows(be, k.b.xg, in, r.tok + base, cnt, k.c);
-            experts_forward(&k, e, k.b.xg, base, cnt, k.b.Y + (size_t)base * k.c);
-        }
-    }
+    else
+        local_experts(&k, &r, in, NULL, NULL);
     if (st == BG_OK) {
         be->ops->fill(be, out, 0.0f, (size_t)k.N * k.c);
         scatter_add(be, out, &r, k.b.Y, r.agate, k.c);
@@ -651,13 +674,7 @@ static bg_status_t moe_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
         if (st == BG_OK)
             xplan_free(&x);
     } else {
-        for (int e = 0; e < k.E; e++) {
-            int cnt = r.cnt[e], base = r.off[e];
-            if (!cnt)
-                continue;
-            gather_rows(be, k.b.xg, in, r.tok + base, cnt, k.c);
-            experts_weight(&k, gup, gdn, e, k.b.xg, k.b.dY + (size_t)base * k.c, base, cnt);
-        }
+        local_experts(&k, &r, in, gup, gdn);
     }
     route_free(&r);
     return st;
@@ -671,6 +688,7 @@ static const bg_layer_ops_t moe_ops = {
     .scratch_bytes = moe_scratch,
     .fwd_flops = moe_fwd_flops,
     .bwd_flops = moe_bwd_flops,
+    .tp_cost = moe_tp_cost,
     .forward = moe_forward,
     .backward_input = moe_backward_input,
     .backward_weight = moe_backward_weight,

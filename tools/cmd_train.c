@@ -75,10 +75,6 @@ static void usage(FILE *f)
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
-            "  --ep N                 expert parallelism (default 1; --experts, N divides --experts and --dp):\n"
-            "                         each group of N consecutive data-parallel ranks spreads every MoE\n"
-            "                         layer's experts over its members (E/N each) and exchanges tokens\n"
-            "                         all-to-all; expert gradients are summed over the dp/N replicas\n"
             "  --sequence-parallel    GPT with --tp > 1: split the layernorms, residuals and activations\n"
             "                         between blocks along the sequence (--seq divisible by --tp): less\n"
             "                         activation memory, a gather and a reduce-scatter per block half\n"
@@ -448,7 +444,7 @@ int bg_cmd_train(int argc, char **argv)
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
            O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP,
-           O_EVAL_EVERY, O_EVAL_BATCHES, O_VAL_FRACTION, O_VAL_DATA, O_EP };
+           O_EVAL_EVERY, O_EVAL_BATCHES, O_VAL_FRACTION, O_VAL_DATA };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -460,7 +456,6 @@ int bg_cmd_train(int argc, char **argv)
         {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
         {"tp", required_argument, 0, O_TP},           {"sequence-parallel", no_argument, 0, O_SP},
-        {"ep", required_argument, 0, O_EP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"emulate", required_argument, 0, O_EMULATE}, {"emulate-scale", required_argument, 0, O_EMULATE_SCALE},
@@ -506,7 +501,6 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
             INT_FLAG(O_TP, "--tp", 1, 4096, c.model.tp)
-            INT_FLAG(O_EP, "--ep", 1, 4096, c.model.ep)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
             INT_FLAG(O_SEQMULT, "--seq-multiple", 1, 1 << 20, c.seq_multiple)

@@ -128,10 +128,15 @@ typedef struct bg_tp_comm {
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
 
-/** The tensor-parallel group collectives of one call (the planner's cost model). */
+/** The tensor-parallel group collectives of one call, and the expert-parallel all-to-alls (the planner's
+ *  cost model). */
 typedef struct bg_tp_cost {
     double fwd_calls, fwd_bytes; /**< forward: collectives, and bytes each member puts in them */
     double bwd_calls, bwd_bytes; /**< backward (B + W) */
+    double ep_fwd_msgs, ep_fwd_bytes; /**< forward: messages each member of an MoE layer's expert-parallel group
+                                           (bg_moe_t.ep > 1) sends to the others in its all-to-alls, and their
+                                           bytes, expected under uniform routing with nothing dropped */
+    double ep_bwd_msgs, ep_bwd_bytes; /**< the same, backward (B; W sends nothing) */
 } bg_tp_cost_t;
 
 /** Group collectives a layer's backward_input started and left running (bg_layer_backward): at most
