@@ -6,12 +6,18 @@
  * so each rank initialises and loads only its experts' slices. A bucket's
  * gradients are reduced in runs of tensors: the replicated ones over the
  * whole data-parallel group, as the dp strategy does, the experts' over the
- * dp / P ranks that hold the same experts (none when P = dp). It must not
- * touch the interpreter's slots. */
+ * dp / P ranks that hold the same experts (none when P = dp). Under
+ * --emulate the stages run no layer, so this module runs each MoE layer's
+ * all-to-alls itself before an emulated forward or backward, with the
+ * messages and bytes the layer's cost model expects (bg_layer_tp_cost:
+ * uniform routing, nothing dropped). It must not touch the interpreter's
+ * slots. */
 #include <stdlib.h>
 
 #include "core/check.h"
 #include "runtime/exec_impl.h"
+
+#define EP_MAX_EMU 64 /* members of an emulated group at most (the counts live on the stack) */
 
 typedef struct {
     bg_tp_comm_t c;      /* the group as the layers see it */
@@ -19,6 +25,9 @@ typedef struct {
     bg_group_t *rep;     /* the dp / P ranks holding the same experts (NULL: P = dp) */
     bg__xfer_t **extra;  /* this step's reductions beyond each bucket's first, waited for before the optimizer */
     int nextra, cap;
+    float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
+    size_t emu_n;
+    uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
 } ep_t;
 
 static int ep_active(const exec_t *x) { return x->p.ep > 1; }
@@ -31,7 +40,10 @@ static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_
 static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
                                 float *recv, const size_t *recvcounts, const size_t *rdispls)
 {
-    return bg_group_alltoallv(((ep_t *)arg)->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
+    ep_t *e = arg;
+    for (int d = 0; d < e->c.size; d++)
+        *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
+    return bg_group_alltoallv(e->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
 }
 
 static void ep_destroy(exec_t *x, void *self)
@@ -42,6 +54,7 @@ static void ep_destroy(exec_t *x, void *self)
     for (int i = 0; i < e->nextra; i++)
         bg__xfree(e->extra[i]);
     free(e->extra);
+    free(e->emu);
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
     bg_group_destroy(e->ep);
@@ -72,6 +85,7 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     free(dp);
     e->c = (bg_tp_comm_t){.size = P, .rank = me - first, .allgather = ep_allgather, .alltoallv = ep_alltoallv,
                           .arg = e};
+    e->bytes_sent = &x->bytes_sent;
     if (st == BG_OK)
         st = bg_model_desc_set_ep(x->desc, &e->c);
     if (st != BG_OK) {
@@ -131,6 +145,52 @@ static bg_status_t ep_reduce(exec_t *x, void *self, chunk_t *ch, int b)
     return BG_OK;
 }
 
+/* --emulate: n all-to-alls of `bytes` in all from this member, an equal share to each other member. */
+static bg_status_t emulate_exchanges(ep_t *e, double msgs, double bytes)
+{
+    int P = e->c.size, n = (int)(msgs / (P - 1) + 0.5);
+    if (n < 1)
+        return BG_OK;
+    size_t each = (size_t)(bytes / n / (P - 1) / sizeof(float) + 0.5), need = each * (size_t)P;
+    if (need > e->emu_n) {
+        float *b = calloc(2 * need, sizeof(float));
+        if (!b)
+            return bg_error(BG_ERR_NOMEM, "emulated all-to-all of %zu floats", need);
+        free(e->emu);
+        e->emu = b, e->emu_n = need;
+    }
+    size_t c[4 * EP_MAX_EMU];
+    if (P > EP_MAX_EMU)
+        return bg_error(BG_ERR_UNSUPPORTED, "--emulate with ep %d: at most %d members emulated", P, EP_MAX_EMU);
+    for (int d = 0; d < P; d++) {
+        c[d] = c[2 * P + d] = d == e->c.rank ? 0 : each;
+        c[P + d] = c[3 * P + d] = (size_t)d * each;
+    }
+    for (int i = 0; i < n; i++)
+        BG_CHECK(ep_alltoallv(e, e->emu, c, c + P, e->emu + e->emu_n, c + 2 * P, c + 3 * P));
+    return BG_OK;
+}
+
+/* --emulate: before an emulated F, B or b, the chunk's MoE layers' all-to-alls in layer order. */
+static bg_status_t ep_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
+{
+    if (!x->em || kind == BG_OP_BACKWARD_WEIGHT)
+        return BG_OK;
+    bg_shape_t s;
+    BG_CHECK(bg__exec_input_shape(x, ch, mb, &s));
+    for (int i = ch->first; i <= ch->last; i++) {
+        const bg_layer_t *l = bg_model_layer(ch->model, i);
+        bg_tp_cost_t cost = {0};
+        bg_layer_tp_cost(l, s, &cost);
+        if (kind == BG_OP_FORWARD)
+            BG_CHECK(emulate_exchanges(self, cost.ep_fwd_msgs, cost.ep_fwd_bytes));
+        else
+            BG_CHECK(emulate_exchanges(self, cost.ep_bwd_msgs, cost.ep_bwd_bytes));
+        BG_CHECK(bg_layer_out_shape(l, s, &s));
+    }
+    return BG_OK;
+}
+
 static bg_status_t ep_before_optimizer(exec_t *x, void *self)
 {
     (void)x;
@@ -159,6 +219,7 @@ const bg__strategy_ops_t bg__strategy_ep = {
     .name = "ep",
     .active = ep_active,
     .setup = ep_setup,
+    .before_compute = ep_before_compute,
     .reduce = ep_reduce,
     .before_optimizer = ep_before_optimizer,
     .cancel = ep_cancel,
