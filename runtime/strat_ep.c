@@ -28,6 +28,7 @@ typedef struct {
     float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
     size_t emu_n;
     uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
+    const exec_t *x;      /* its trace (made after the strategies) and step: each all-to-all is an "ep_a2a" event */
 } ep_t;
 
 static int ep_active(const exec_t *x) { return x->p.ep > 1; }
@@ -43,7 +44,11 @@ static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *send
     ep_t *e = arg;
     for (int d = 0; d < e->c.size; d++)
         *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
-    return bg_group_alltoallv(e->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
+    double t0 = bg_now();
+    bg_status_t st = bg_group_alltoallv(e->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
+    if (e->x->trace)
+        bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
+    return st;
 }
 
 static void ep_destroy(exec_t *x, void *self)
@@ -86,6 +91,7 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     e->c = (bg_tp_comm_t){.size = P, .rank = me - first, .allgather = ep_allgather, .alltoallv = ep_alltoallv,
                           .arg = e};
     e->bytes_sent = &x->bytes_sent;
+    e->x = x;
     if (st == BG_OK)
         st = bg_model_desc_set_ep(x->desc, &e->c);
     if (st != BG_OK) {
