@@ -7,7 +7,7 @@
 # turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
 # fused backwards, both copies);
-# --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
+# recomputation, variable lengths and bf16 activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
 # layouts are refused.
 . "$(dirname "$0")/../lib/harness.sh"
 G="--layers 4 --d-model 16 --heads 4 --seq 16 --batch 8 --threads 1 --lr 3e-3 --experts 4 --top-k 2 --moe-every 2"
@@ -43,6 +43,9 @@ routing d2m1 e2m1 "ep 2: every rank routes as under dp 2"
     ok "the capacity dropped the same choices as one process, step by step: $(dropped ref | tr '\n' ' ')" ||
     bad "dropped choices: one process $(dropped ref | tr '\n' ' '), ep 2 $(dropped e2m1 | tr '\n' ' ')"
 
+X="--steps 3 --microbatches 1 --recompute --seq-min 5 --precision bf16"
+train xd 2 --dp 2 $X && train xe 2 --dp 2 --ep 2 $X &&
+    same "$T/xd" "$T/xe" "ep 2 with recomputation, variable lengths and bf16 activations = dp 2 bitwise"
 train d2 2 --steps 4 --dp 2 --microbatches 2
 train d4 4 --steps 4 --dp 4 --microbatches 1
 train e4 4 --steps 4 --dp 4 --ep 4 --microbatches 1 && near "$T/d4" "$T/e4" "ep 4 x dp 4 vs dp 4"
@@ -86,4 +89,4 @@ near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
 expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 19
+finish 20
