@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "core/check.h"
+#include "runtime/devcoll.h"
 #include "runtime/exec_impl.h"
 
 #define EP_MAX_EMU 64 /* members of an emulated group at most (the counts live on the stack) */
@@ -23,6 +24,7 @@ typedef struct {
     bg_tp_comm_t c;      /* the group as the layers see it */
     bg_group_t *ep;      /* the P ranks holding every expert between them */
     bg_group_t *rep;     /* the dp / P ranks holding the same experts (NULL: P = dp) */
+    bg__dcoll_t *rep_coll; /* rep's collectives on the backend's buffers, as dp_coll is dp_group's */
     bg__xfer_t **extra;  /* this step's reductions beyond each bucket's first, waited for before the optimizer */
     int nextra, cap;
     float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
@@ -62,6 +64,7 @@ static void ep_destroy(exec_t *x, void *self)
     free(e->emu);
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
+    bg__dcoll_destroy(e->rep_coll);
     bg_group_destroy(e->ep);
     bg_group_destroy(e->rep);
     free(e);
@@ -86,6 +89,8 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
         for (int j = 0; j < D / P; j++)
             r[j] = dp[me % P + j * P];
         st = bg_group_create(x->comm, D / P, r, &e->rep);
+        if (st == BG_OK)
+            st = bg__dcoll_create(&x->stg, e->rep, "expert replicas", x->lay.rank, &e->rep_coll);
     }
     free(dp);
     e->c = (bg_tp_comm_t){.size = P, .rank = me - first, .allgather = ep_allgather, .alltoallv = ep_alltoallv,
@@ -102,13 +107,14 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     return BG_OK;
 }
 
-/* Start the sum of floats [lo, hi) of ch's gradients over g (NULL: nothing to sum). */
-static bg_status_t start_run(exec_t *x, ep_t *e, chunk_t *ch, bg__bucket_t *bk, bg_group_t *g, size_t lo, size_t hi)
+/* Start the sum of floats [lo, hi) of ch's gradients over dc (NULL: nothing to sum). */
+static bg_status_t start_run(ep_t *e, chunk_t *ch, bg__bucket_t *bk, bg__dcoll_t *dc, size_t lo, size_t hi)
 {
-    if (!g || hi <= lo)
+    if (!dc || hi <= lo)
         return BG_OK;
     bg__xfer_t *rq;
-    BG_CHECK(bg__xallreduce(&x->stg, g, bg_model_grads(ch->model) + lo, hi - lo, BG_REDUCE_SUM, &rq));
+    BG_CHECK(bg__dcoll_start(dc, BG__COLL_ALLREDUCE, NULL, bg_model_grads(ch->model) + lo, hi - lo, BG_REDUCE_SUM,
+                             &rq));
     if (!bk->req) {
         bk->req = rq;
         return BG_OK;
@@ -141,12 +147,12 @@ static bg_status_t ep_reduce(exec_t *x, void *self, chunk_t *ch, int b)
         if (!p->numel || o < lo || o >= hi)
             continue;
         if (kind >= 0 && p->split_ep != kind) {
-            BG_CHECK(start_run(x, e, ch, bk, kind ? e->rep : x->dp_group, run, o));
+            BG_CHECK(start_run(e, ch, bk, kind ? e->rep_coll : x->dp_coll, run, o));
             run = o;
         }
         kind = p->split_ep;
     }
-    BG_CHECK(start_run(x, e, ch, bk, kind > 0 ? e->rep : x->dp_group, run, hi));
+    BG_CHECK(start_run(e, ch, bk, kind > 0 ? e->rep_coll : x->dp_coll, run, hi));
     bg__exec_trace_bucket(x, ch, b);
     return BG_OK;
 }
