@@ -7,7 +7,8 @@
 # turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
 # fused backwards, both copies);
-# recomputation, variable lengths and bf16 activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
+# the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
+# activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
 # layouts are refused.
 . "$(dirname "$0")/../lib/harness.sh"
 G="--layers 4 --d-model 16 --heads 4 --seq 16 --batch 8 --threads 1 --lr 3e-3 --experts 4 --top-k 2 --moe-every 2"
@@ -66,6 +67,13 @@ train p2e2dv 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 4 --batch 16 --sche
     "$T/p2e2dv" "pp 2 x ep 2 x dp 2, DualPipeV"
 routing p2d2 p2e2 "pp 2 x ep 2: every rank routes as under pp 2 x dp 2"
 
+# the memory model counts the experts' shards and the rows a member receives: peak = prediction, to the byte
+lines=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -c '"peak_bytes"')
+off=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' |
+    awk '$2 + 0 != $4 + 0' | head -3)
+[ "$lines" -gt 0 ] && [ -z "$off" ] && ok "peak memory = predicted on every rank and step of ep 4, ep 2 x dp 4, pp 2 x ep 2 ($lines lines)" ||
+    bad "peak memory differs from the prediction: $off"
+
 # --emulate: the stages run no layer; the all-to-alls of the layers' expected sizes still run (bytes_sent counts
 # them): within 30 % of the computing run's bytes (whose routing is not uniform)
 "$B" profile --layers 4 --d-model 16 --heads 4 --seq 16 --experts 4 --top-k 2 --moe-every 2 --json "$T/prof.json" \
@@ -89,4 +97,4 @@ near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
 expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 20
+finish 21
