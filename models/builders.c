@@ -72,6 +72,9 @@ static bg_status_t moe_check(const bg_model_config_t *c)
         return bg_error(BG_ERR_INVALID, "moe_gate %d is neither softmax nor sigmoid", (int)c->moe_gate);
     if (c->tp > 1)
         return bg_error(BG_ERR_INVALID, "tp %d: MoE layers are not tensor-parallel (use --tp 1 with --experts)", c->tp);
+    if (c->ep > 1 && c->experts % c->ep != 0)
+        return bg_error(BG_ERR_INVALID, "ep %d does not divide experts %d (each rank of an expert-parallel group holds "
+                                        "experts / ep experts)", c->ep, c->experts);
     return BG_OK;
 }
 
@@ -136,7 +139,7 @@ static const bg_moe_t *block_moe(const bg_model_config_t *c, int i, float std, f
         return NULL;
     *m = (bg_moe_t){.c = c->d_model, .experts = c->experts, .top_k = c->top_k, .ffn = bg__llama_ffn(c),
                     .gate = c->moe_gate, .capacity_factor = c->capacity_factor, .aux_coef = c->moe_aux_coef,
-                    .init_std = std, .proj_std = proj_std};
+                    .init_std = std, .proj_std = proj_std, .ep = c->ep > 1 ? c->ep : 1};
     return m;
 }
 

@@ -32,6 +32,7 @@ struct bg_model_desc {
     int has_builder;
     bg_model_config_t builder;
     const bg_tp_comm_t *tp; /* the tensor-parallel group the model runs in (NULL: none) */
+    const bg_tp_comm_t *ep; /* the expert-parallel group of its MoE layers (NULL: none) */
 };
 
 uint64_t bg__fnv1a(const char *s) { return bg__fnv1a_bytes(BG_FNV1A_INIT, s, strlen(s)); }
@@ -250,24 +251,28 @@ bg_shape_t bg_model_desc_input_shape(const bg_model_desc_t *d, int n, int t)
     return (bg_shape_t){n, d->p.seq_len, d->p.features};
 }
 
-/* Shards' degree: what every split tensor of the tree agrees on (1: none); -1 on disagreement. */
-static int layer_tp_degree(const bg_layer_t *l, int deg)
+/* Shards' degree: what every split tensor of the tree over the tensor group (ep = 0) or the expert-parallel
+ * group (ep = 1) agrees on (1: none); -1 on disagreement. */
+static int layer_split_degree(const bg_layer_t *l, int ep, int deg)
 {
     for (int i = 0; i < l->nparams && deg >= 0; i++)
-        if (bg_param_is_shard(&l->params[i]))
+        if (bg_param_is_shard(&l->params[i]) && !!l->params[i].split_ep == ep)
             deg = deg == 1 || deg == l->params[i].split_parts ? l->params[i].split_parts : -1;
     for (int i = 0; i < l->nchildren && deg >= 0; i++)
-        deg = layer_tp_degree(l->children[i], deg);
+        deg = layer_split_degree(l->children[i], ep, deg);
     return deg;
 }
 
-int bg_model_desc_tp_degree(const bg_model_desc_t *d)
+static int desc_split_degree(const bg_model_desc_t *d, int ep)
 {
     int deg = 1;
     for (int i = 0; i < d->n && deg >= 0; i++)
-        deg = layer_tp_degree(d->layers[i], deg);
+        deg = layer_split_degree(d->layers[i], ep, deg);
     return deg;
 }
+
+int bg_model_desc_tp_degree(const bg_model_desc_t *d) { return desc_split_degree(d, 0); }
+int bg_model_desc_ep_degree(const bg_model_desc_t *d) { return desc_split_degree(d, 1); }
 
 /* 1 when pred holds for a layer of the description (any depth). */
 static int layer_any(const bg_layer_t *l, int (*pred)(const bg_layer_t *))
@@ -327,6 +332,35 @@ bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
 }
 
 const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d) { return d->tp; }
+
+bg_status_t bg_model_desc_set_ep(bg_model_desc_t *d, const bg_tp_comm_t *ep)
+{
+    int deg = bg_model_desc_ep_degree(d), have = ep ? ep->size : 1;
+    if (!ep) {
+        d->ep = NULL;
+        return BG_OK;
+    }
+    if (deg < 0)
+        return bg_error(BG_ERR_INVALID, "model %s: its MoE layers are split over different expert-parallel degrees",
+                        d->name);
+    if (deg != have)
+        return bg_error(BG_ERR_INVALID, "model %s has MoE layers of expert-parallel degree %d but runs in an "
+                                        "expert-parallel group of %d (ep must be %d)", d->name, deg, have, deg);
+    if (ep->rank < 0 || ep->rank >= ep->size || (ep->size > 1 && (!ep->allgather || !ep->alltoallv)))
+        return bg_error(BG_ERR_INVALID, "model %s: expert-parallel group rank %d of %d without its collectives",
+                        d->name, ep->rank, ep->size);
+    d->ep = ep->size > 1 ? ep : NULL;
+    return BG_OK;
+}
+
+const bg_tp_comm_t *bg_model_desc_ep(const bg_model_desc_t *d) { return d->ep; }
+
+const bg_tp_comm_t *bg_model_desc_group_of(const bg_model_desc_t *d, const bg_param_t *p)
+{
+    if (!bg_param_is_shard(p))
+        return NULL;
+    return p->split_ep ? d->ep : d->tp;
+}
 
 /* Parameters of the full tensors of a layer tree (shards count whole). */
 static size_t layer_full_params(const bg_layer_t *l)

@@ -28,19 +28,20 @@ struct bg_model {
 static bg_status_t init_params(bg_model_t *m)
 {
     const bg_model_desc_t *d = m->desc;
-    const bg_tp_comm_t *tp = bg_model_desc_tp(d);
     size_t maxn = 0;
     int64_t full[BG_PARAM_MAX_DIMS];
     for (int i = 0; i < m->ntensors; i++) {
         size_t n = bg_param_full_shape(m->tensors[i].p, full);
-        if (bg_param_is_shard(m->tensors[i].p) && (!tp || tp->size != m->tensors[i].p->split_parts))
-            return bg_error(BG_ERR_INVALID, "tensor %s is a shard of %d but the model runs in no tensor-parallel group "
-                                            "of that size (bg_model_desc_set_tp)", m->tensors[i].name,
-                            m->tensors[i].p->split_parts);
+        const bg_tp_comm_t *g = bg_model_desc_group_of(d, m->tensors[i].p);
+        if (bg_param_is_shard(m->tensors[i].p) && (!g || g->size != m->tensors[i].p->split_parts))
+            return bg_error(BG_ERR_INVALID, "tensor %s is a shard of %d but the model runs in no %s group of that size "
+                                            "(%s)", m->tensors[i].name, m->tensors[i].p->split_parts,
+                            m->tensors[i].p->split_ep ? "expert-parallel" : "tensor-parallel",
+                            m->tensors[i].p->split_ep ? "bg_model_desc_set_ep" : "bg_model_desc_set_tp");
         if (n > maxn)
             maxn = n;
     }
-    /* a shard is a slice of its full tensor, drawn whole: the same weights under any tp */
+    /* a shard is a slice of its full tensor, drawn whole: the same weights under any tp or ep */
     float *host = malloc(2 * maxn * sizeof(float));
     BG_ALLOC_CHECK(host, 2 * maxn * sizeof(float), "parameter initialisation");
     for (int i = 0; i < m->ntensors; i++) {
@@ -60,7 +61,7 @@ static bg_status_t init_params(bg_model_t *m)
             host[j] = p->init == BG_INIT_NORMAL ? (float)(p->init_value * bg_rng_normal(&rng)) : p->init_value;
         if (bg_param_is_shard(p)) {
             src = host + maxn;
-            bg_param_shard_from_full(p, tp->rank, host, src);
+            bg_param_shard_from_full(p, bg_model_desc_group_of(d, p)->rank, host, src);
         }
         m->be->ops->from_host(m->be, p->data, src, p->numel * sizeof(float));
     }

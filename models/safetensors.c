@@ -557,11 +557,10 @@ bg_status_t bg__st_copy_param(const bg__st_tensor_t *t, const bg_param_t *p, int
     return BG_OK;
 }
 
-/* The part of a model's tensor-parallel group this process holds (0: none). */
-static int tp_part(bg_model_t *m)
+int bg__st_part(bg_model_t *m, const bg_param_t *p)
 {
-    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
-    return tp ? tp->rank : 0;
+    const bg_tp_comm_t *g = bg_model_desc_group_of(bg_model_desc(m), p);
+    return g ? g->rank : 0;
 }
 
 /* ---------------------------------------------------------------- a model range */
@@ -572,9 +571,9 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
     bg__st_wtensor_t *t = calloc(n ? (size_t)n : 1, sizeof(*t));
     if (!t)
         return bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
-    /* shards of a tensor-parallel model: gathered whole (a collective of
+    /* shards of a tensor-parallel model, or an expert-parallel one's experts: gathered whole (a collective of
      * the group), written by its member 0 */
-    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
+    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m)), *ep = bg_model_desc_ep(bg_model_desc(m));
     float **full = calloc(n ? (size_t)n : 1, sizeof(*full));
     int64_t(*shapes)[BG_PARAM_MAX_DIMS] = calloc(n ? (size_t)n : 1, sizeof(*shapes));
     bg_status_t st = full && shapes ? BG_OK : bg_error(BG_ERR_NOMEM, "%s: tensor list", path);
@@ -586,13 +585,14 @@ bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const cha
             continue;
         size_t numel = bg_param_full_shape(p, shapes[i]);
         full[i] = malloc(numel * sizeof(float));
-        st = full[i] ? bg_param_gather_full(tp, bg_model_backend(m), p, p->data, full[i])
+        st = full[i] ? bg_param_gather_full(bg_model_desc_group_of(bg_model_desc(m), p), bg_model_backend(m), p,
+                                            p->data, full[i])
                      : bg_error(BG_ERR_NOMEM, "%s: gathering %s", path, t[i].name);
         t[i].shape = shapes[i];
         t[i].src = full[i];
         t[i].be = NULL;
     }
-    if (st == BG_OK && (!tp || tp->rank == 0))
+    if (st == BG_OK && (!tp || tp->rank == 0) && (!ep || ep->rank == 0) && path && *path)
         st = bg__st_write(path, t, n, metadata_json, NULL, NULL);
     for (int i = 0; full && i < n; i++)
         free(full[i]);
@@ -623,7 +623,7 @@ bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path)
         BG_CHECK_GOTO(bg__st_check_param(f, src[i], p), st, out);
     }
     for (int i = 0; i < n && st == BG_OK; i++)
-        st = bg__st_copy_param(src[i], bg_model_tensor(m, i), tp_part(m), bg_model_backend(m), bg_model_tensor(m, i)->data);
+        st = bg__st_copy_param(src[i], bg_model_tensor(m, i), bg__st_part(m, bg_model_tensor(m, i)), bg_model_backend(m), bg_model_tensor(m, i)->data);
 out:
     free(src);
     bg__st_close(f);

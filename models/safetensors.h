@@ -101,5 +101,7 @@ bg_status_t bg__st_check_param(const bg__st_file_t *f, const bg__st_tensor_t *t,
 /* Copy member `part`'s shard of t (all of t for a whole tensor) to dst
  * (p->numel floats on be, or host memory when be is NULL). */
 bg_status_t bg__st_copy_param(const bg__st_tensor_t *t, const bg_param_t *p, int part, bg_backend_t *be, float *dst);
+/* The part of its group (bg_model_desc_group_of: tensor- or expert-parallel) a shard p of model m holds (0: whole). */
+int bg__st_part(bg_model_t *m, const bg_param_t *p);
 
 #endif

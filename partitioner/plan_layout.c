@@ -193,7 +193,8 @@ static const double *layer_opt_s(const bg_plan_params_t *pa)
  * (per device: a tensor-parallel build reports its shards), and times: as
  * measured on a tensor group of this degree (collectives included), else
  * from the FLOPs (or the times measured in one process, divided by tp) plus
- * the tensor group's collectives at the link's cost. */
+ * the tensor group's collectives and the MoE layers' all-to-alls (built for
+ * ep > 1) at the link's cost. */
 static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t *prof, candidate_t *c)
 {
     const bg_plan_params_t *pa = s->pp;
@@ -232,9 +233,14 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
         /* the tensor group's collectives are blocking: on the layer's path */
         double cf = tp_time(pa, s->tp, prof[i].tp.fwd_calls, prof[i].tp.fwd_bytes);
         double cb = tp_time(pa, s->tp, prof[i].tp.bwd_calls, prof[i].tp.bwd_bytes);
-        l->fwd_time += cf;
-        l->bwd_time += cb;
-        c->coll[i] = cf + cb;
+        /* an MoE layer's expert-parallel all-to-alls: blocking too, point to point over the link */
+        double ef = prof[i].tp.ep_fwd_msgs * pa->link_latency +
+                    (pa->link_bandwidth > 0 ? prof[i].tp.ep_fwd_bytes / pa->link_bandwidth : 0.0);
+        double eb = prof[i].tp.ep_bwd_msgs * pa->link_latency +
+                    (pa->link_bandwidth > 0 ? prof[i].tp.ep_bwd_bytes / pa->link_bandwidth : 0.0);
+        l->fwd_time += cf + ef;
+        l->bwd_time += cb + eb;
+        c->coll[i] = cf + cb + ef + eb;
     }
     return BG_OK;
 }

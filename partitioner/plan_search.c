@@ -122,8 +122,8 @@ static bg_status_t search_world(search_t *s, const bg_schedule_kind_t *kinds, in
     for (int pp = 1; pp <= world; pp++) {
         if (world % pp || pp > s->L || (pp_only && pp != pp_only) || (pa->pp && pp != pa->pp))
             continue;
-        int dp = world / pp;
-        if (pa->batch % dp)
+        int dp = world / pp, ep = bg_model_desc_ep_degree(pa->model);
+        if (pa->batch % dp || (ep > 1 && dp % ep)) /* an expert-parallel group is ep of a stage's replicas */
             continue;
         int per = pa->batch / dp; /* sequences per replica per step */
         for (int m = 1; m <= per; m++) {
@@ -253,7 +253,7 @@ static bg_status_t no_fit_error(const search_t *sp, const bg_schedule_kind_t *ki
     if (s.evaluated == 0) {
         st = bg_error(BG_ERR_INVALID,
                       "no layout to evaluate for %d devices, batch %d%s: pp must divide the devices, dp the "
-                      "batch, and the microbatch size the per-replica batch",
+                      "batch (and be a multiple of --ep), and the microbatch size the per-replica batch",
                       pa->world, pa->batch, pa->microbatch_size ? " and the given microbatch size" : "");
         return st;
     }

@@ -94,8 +94,7 @@ static bg_status_t apply_needs(need_t *nd, int n, int optim)
     for (int i = 0; i < n; i++) {
         bg_model_t *m = nd[i].m;
         float *dst = nd[i].which < 0 ? nd[i].dst : bg_model_optim_state(m, nd[i].which) + nd[i].off;
-        const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(m));
-        BG_CHECK(bg__st_copy_param(nd[i].src, nd[i].p, tp ? tp->rank : 0, bg_model_backend(m), dst));
+        BG_CHECK(bg__st_copy_param(nd[i].src, nd[i].p, bg__st_part(m, nd[i].p), bg_model_backend(m), dst));
     }
     return BG_OK;
 }

@@ -88,9 +88,9 @@ static void gathered_free(gathered_t *g)
 
 static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathered_t *g)
 {
-    const bg_tp_comm_t *tp = bg_model_desc_tp(bg_model_desc(models[0]));
+    const bg_model_desc_t *d = bg_model_desc(models[0]);
     memset(g, 0, sizeof *g);
-    if (!tp)
+    if (!bg_model_desc_tp(d) && !bg_model_desc_ep(d))
         return BG_OK;
     int optim = models_optim(models, nmodels), n = 0;
     for (int k = 0; k < nmodels; k++)
@@ -100,7 +100,7 @@ static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathere
     g->shape = calloc(n ? (size_t)n : 1, sizeof(*g->shape));
     if (!g->full || !g->shape) {
         gathered_free(g);
-        return bg_error(BG_ERR_NOMEM, "checkpoint: gathering tensor-parallel shards");
+        return bg_error(BG_ERR_NOMEM, "checkpoint: gathering tensor- or expert-parallel shards");
     }
     bg_status_t st = BG_OK;
     int i = 0;
@@ -118,7 +118,7 @@ static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathere
                     st = bg_error(BG_ERR_NOMEM, "checkpoint: gathering %s", bg_model_tensor_name(m, t));
                 const float *src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off;
                 if (st == BG_OK)
-                    st = bg_param_gather_full(tp, bg_model_backend(m), p, src, g->full[i]);
+                    st = bg_param_gather_full(bg_model_desc_group_of(d, p), bg_model_backend(m), p, src, g->full[i]);
             }
         }
     }

@@ -384,8 +384,13 @@ bg_status_t bg_executor_save_weights(bg_executor_t *x, const char *dir)
         weights_path(x, v, "d", path, sizeof path);
         writes = x->chunks[v].copy == 0 && path[0];
     }
-    if (!writes)
+    if (!writes) {
+        /* an expert-parallel group gathers its experts' slices together: the writer's gathers need this rank */
+        for (int v = 0; v < x->V && bg_model_desc_ep(x->desc); v++)
+            if (x->chunks[v].copy == 0)
+                BG_CHECK(bg_model_save_safetensors(x->chunks[v].model, "", NULL));
         return BG_OK;
+    }
     int shared = x->lay.world > 1 && weights_writers(x) > 1;
     if (shared && bg_comm_health(x->comm) != BG_OK) {
         /* ranks failed and the job went on without them (--ps tolerates its workers'): the store

@@ -169,13 +169,20 @@ double bg__exec_grad_sumsq(exec_t *x, chunk_t *ch)
     return s;
 }
 
+/* Does this replica count p in the norm? Every replica holds the same reduced gradients, so replica 0 counts a
+ * replicated tensor; an expert shard (split_ep) is held by the first P replicas, one slice each. */
+static int replica_counts(const exec_t *x, const bg_param_t *p)
+{
+    return p->split_ep ? x->lay.me.dp < p->split_parts : x->lay.me.dp == 0;
+}
+
 /* The chunk's optimizer step, bucket by bucket in the order their reductions
  * started (the last layers first): each bucket is waited for, its squares
  * summed (the gradient norm) and its parameters updated, so the reductions
  * still in flight, the last bucket's above all, overlap the updates of the
  * buckets before them. The update is elementwise: the same bits as one step
  * over the chunk after every reduction. Replica 0 alone counts the norm
- * (every replica holds the same reduced gradients); emulated stages update
+ * (every replica holds the same reduced gradients; replica_counts); emulated stages update
  * nothing (the simulator's optimizer costs nothing). */
 bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch)
 {
@@ -190,13 +197,13 @@ bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch)
         for (int i = 0; norm && i < nt; i++) {
             bg_param_t *p = bg_model_tensor(ch->model, i);
             size_t o = (size_t)(p->data - base);
-            if (o >= bk->off && o - bk->off < bk->count && bg__exec_in_norm(x, ch, i))
+            if (o >= bk->off && o - bk->off < bk->count && bg__exec_in_norm(x, ch, i) && replica_counts(x, p))
                 ch->tsq[i] = x->be->ops->sumsq(x->be, p->grad, p->numel);
         }
         if (!x->em && !(x->p.clip_grad > 0)) /* clipping: after every stage's norm (bg__exec_clip) */
             BG_CHECK(bg_model_optim_step_range(ch->model, &x->p.optim, t, bk->off, bk->count));
     }
-    ch->norm_counted = norm && x->lay.me.dp == 0;
+    ch->norm_counted = norm; /* tsq holds only what this replica counts */
     ch->gsq = ch->norm_counted ? bg__exec_grad_sumsq(x, ch) : 0;
     return BG_OK;
 }

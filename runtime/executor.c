@@ -244,6 +244,30 @@ static void exec_free(exec_t *x)
     bg__pair_destroy(x->pair);
 }
 
+/* Expert parallelism: the description's MoE layers built for ep, ep dividing dp, and the strategies it is built
+ * with (ep: 1 when the field predates the params). */
+static bg_status_t check_ep(const bg_executor_params_t *p, int ep)
+{
+    int deg = bg_model_desc_ep_degree(p->model);
+    const char *name = bg_model_desc_params(p->model)->name;
+    if (deg < 0)
+        return bg_error(BG_ERR_INVALID, "model %s: its MoE layers are built for different expert-parallel degrees", name);
+    if (deg != ep)
+        return bg_error(BG_ERR_INVALID, "ep = %d but model %s has %s (build it for ep = %d: bg_model_config_t.ep; "
+                                        "docs/layers.md)", ep, name,
+                        deg == 1 ? "no expert-parallel MoE layers" : "MoE layers of another expert-parallel degree", ep);
+    if (ep == 1)
+        return BG_OK;
+    if (p->dp % ep != 0)
+        return bg_error(BG_ERR_INVALID, "ep %d must divide dp %d (an expert-parallel group is ep consecutive "
+                                        "data-parallel ranks of a stage)", ep, p->dp);
+    const char *no = p->zero > 0 ? "--zero" : p->ps > 0 ? "--ps" : NULL;
+    if (no)
+        return bg_error(BG_ERR_UNSUPPORTED, "ep %d with %s is not built yet (expert parallelism composes with dp, pp, "
+                                            "every schedule and --emulate)", ep, no);
+    return BG_OK;
+}
+
 static bg_status_t check_params(const bg_executor_params_t *p)
 {
     if (!p->model)
@@ -254,6 +278,10 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
     BG_CHECK(bg__tp_check_params(p->model, p->tp));
+    int has_ep = p->size >= offsetof(bg_executor_params_t, ep) + sizeof(int);
+    if (has_ep && p->ep < 0)
+        return bg_error(BG_ERR_INVALID, "ep must be >= 1 (got %d)", p->ep);
+    BG_CHECK(check_ep(p, has_ep && p->ep > 0 ? p->ep : 1));
     if (p->batch < 1 || p->microbatches < 1)
         return bg_error(BG_ERR_INVALID, "batch (%d) and microbatches (%d) must be >= 1", p->batch, p->microbatches);
     if (p->batch % (p->dp * p->microbatches) != 0)
@@ -459,6 +487,10 @@ static bg_status_t connect(exec_t *x)
         return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --zero %d with buffers staged through the host is not "
                         "built yet (its collectives take host buffers only; --zero 1 and 2 run)",
                         x->p.backend ? x->p.backend : "cpu", x->p.zero);
+    if (x->stg.on && x->p.ep > 1) /* the experts' all-to-all is bg_group_alltoallv on the layers' buffers */
+        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ep %d with buffers staged through the host is not built "
+                        "yet (the experts' all-to-all takes host buffers only)",
+                        x->p.backend ? x->p.backend : "cpu", x->p.ep);
     return bg__tp_bind(x->tp, &x->stg, x->lay.rank);
 }
 
@@ -523,6 +555,8 @@ static void init_fields(exec_t *x, const bg_executor_params_t *pin)
 {
     memcpy(&x->p, pin, pin->size < sizeof(x->p) ? pin->size : sizeof(x->p));
     x->p.size = sizeof(x->p);
+    if (x->p.ep < 1) /* params older than the field */
+        x->p.ep = 1;
     x->desc = x->p.model;
     x->shared_step = -1;
     x->fetched_step = -1;
@@ -700,8 +734,38 @@ fail:
     return bg__exec_step_failed(x, st);
 }
 
+/* The MoE layers' running totals over the tree of l (bg_moe_stats_t): aux, forwards, dropped. */
+static void moe_totals(const bg_layer_t *l, double t[3])
+{
+    bg_moe_stats_t s;
+    if (bg_layer_is_moe(l) && bg_layer_moe_stats(l, &s) == BG_OK)
+        t[0] += s.aux_total, t[1] += (double)s.forwards, t[2] += (double)s.dropped_total;
+    for (int i = 0; i < l->nchildren; i++)
+        moe_totals(l->children[i], t);
+}
+
+/* This rank's MoE totals over its chunks (both copies of DualPipe's: each runs its own microbatches). */
+static void exec_moe_totals(const exec_t *x, double t[3])
+{
+    t[0] = t[1] = t[2] = 0;
+    for (int v = 0; v < x->V; v++)
+        for (int i = x->chunks[v].first; i <= x->chunks[v].last; i++)
+            moe_totals(bg_model_layer(x->chunks[v].model, i), t);
+}
+
+/* The step's MoE figures from the totals at its start. */
+static void moe_step(const exec_t *x, const double t0[3], bg_step_result_t *r)
+{
+    double t[3];
+    exec_moe_totals(x, t);
+    r->moe_aux = t[1] > t0[1] ? (t[0] - t0[0]) / (t[1] - t0[1]) : NAN;
+    r->moe_dropped = (int64_t)(t[2] - t0[2]);
+}
+
 bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
 {
+    double moe0[3];
+    exec_moe_totals(x, moe0); /* the step's forwards only: an evaluation between steps runs forwards too */
     if (x->broken)
         return bg_error(BG_ERR_INVALID, "executor: an earlier step failed; destroy it and resume from a checkpoint");
     bg_status_t st = BG_OK;
@@ -715,6 +779,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     if (own) {
         if ((st = own->ops->step(x, own->self, tokens, result_p)) != BG_OK)
             return st;
+        moe_step(x, moe0, result_p);
         BG_CHECK_GOTO(bg_backend_status(x->be), st, fail); /* what the backend recorded so far; no wait */
         return BG_OK;
     }
@@ -737,6 +802,7 @@ bg_status_t bg_executor_step(bg_executor_t *x, bg_step_result_t *result_p)
     st = end ? end->ops->step_end(x, end->self, t0, tokens, result_p) : step_end(x, t0, tokens, result_p);
     if (st != BG_OK)
         return st; /* step_end reported it to the others */
+    moe_step(x, moe0, result_p);
     /* faults the backend has recorded so far, without waiting for the optimizer's queued update: a later
      * one fails the next step's program or a save (bg__exec_settle), before anything reads the weights */
     BG_CHECK_GOTO(bg_backend_status(x->be), st, fail);

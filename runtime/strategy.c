@@ -2,7 +2,7 @@
  * selection. A strategy is one file (runtime/strat_*.c) exporting a
  * bg__strategy_ops_t; adding one means adding its file and a line here.
  * The order is the order EVERY hooks run in and ONE hooks are looked for:
- * the gradient's owners (ps, zero, dp: at most one is active) first, then
+ * the gradient's owners (ps, zero, ep, dp: ep's buckets before dp's, the others alone) first, then
  * what happens around them (copies before ties: the copies' sum comes
  * first), then emulation. It must not know what any strategy does. */
 #include <stddef.h>
@@ -11,11 +11,11 @@
 #include "core/check.h"
 #include "runtime/exec_impl.h"
 
-extern const bg__strategy_ops_t bg__strategy_ps_server, bg__strategy_ps_worker, bg__strategy_zero, bg__strategy_dp,
-    bg__strategy_copies, bg__strategy_ties, bg__strategy_emulate;
+extern const bg__strategy_ops_t bg__strategy_ps_server, bg__strategy_ps_worker, bg__strategy_zero, bg__strategy_ep,
+    bg__strategy_dp, bg__strategy_copies, bg__strategy_ties, bg__strategy_emulate;
 
 const bg__strategy_ops_t *const bg__strategies[] = {
-    &bg__strategy_ps_server, &bg__strategy_ps_worker, &bg__strategy_zero,    &bg__strategy_dp,
+    &bg__strategy_ps_server, &bg__strategy_ps_worker, &bg__strategy_zero, &bg__strategy_ep,       &bg__strategy_dp,
     &bg__strategy_copies,    &bg__strategy_ties,      &bg__strategy_emulate, NULL,
 };
 

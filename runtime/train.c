@@ -335,7 +335,9 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
 static bg_status_t metrics_write(const char *path, int rank, const int layout[3], const bg_step_result_t *r,
                                  size_t predicted, float lr, double val_loss, double val_ms)
 {
-    char line[900], gnorm[32] = "null", ps[256] = "", val[128] = ""; /* JSON has no NaN or infinity */
+    char line[1000], gnorm[32] = "null", ps[256] = "", val[128] = "", moe[96] = ""; /* JSON has no NaN or inf */
+    if (!isnan(r->moe_aux)) /* a rank with MoE layers: their load-balancing loss and dropped choices */
+        snprintf(moe, sizeof moe, ", \"moe_aux\": %.9g, \"moe_dropped\": %lld", r->moe_aux, (long long)r->moe_dropped);
     if (!isnan(val_loss))
         snprintf(val, sizeof val, ", \"val_loss\": %.9g, \"val_ppl\": %.9g, \"val_ms\": %.3f", val_loss,
                  exp(val_loss), val_ms);
@@ -355,10 +357,10 @@ static bg_status_t metrics_write(const char *path, int rank, const int layout[3]
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
                        "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"predicted_bytes\": %zu, "
-                       "\"heap_bytes\": %s, \"grad_norm\": %s, \"lr\": %.9g, \"world\": %d, \"pp\": %d, \"dp\": %d%s%s}\n",
+                       "\"heap_bytes\": %s, \"grad_norm\": %s, \"lr\": %.9g, \"world\": %d, \"pp\": %d, \"dp\": %d%s%s%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
                        (unsigned long long)r->bytes_sent, r->peak_bytes, predicted, heap, gnorm, (double)lr, layout[0],
-                       layout[1], layout[2], ps, val);
+                       layout[1], layout[2], ps, moe, val);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -403,6 +405,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.pp = c->pp > 0 ? c->pp : 1;
     p.dp = c->dp > 0 ? c->dp : 1;
     p.tp = c->model.tp > 0 ? c->model.tp : 1; /* the builder made layers of this degree */
+    p.ep = c->model.ep > 0 ? c->model.ep : 1; /* and MoE layers of this one */
     p.schedule = c->schedule;
     p.chunks = c->chunks;
     p.split = c->split;

@@ -388,6 +388,7 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     case BG_CLI_O_EXPERTS: flag = "--experts", dst = &m->experts, lo = 0; break;
     case BG_CLI_O_TOP_K: flag = "--top-k", dst = &m->top_k, hi = 64; break;
     case BG_CLI_O_MOE_EVERY: flag = "--moe-every", dst = &m->moe_every; break;
+    case BG_CLI_O_EP: flag = "--ep", dst = &m->ep, hi = 4096; break;
     case BG_CLI_O_SEQ: flag = "--seq", dst = &m->seq_len; break;
     case BG_CLI_O_VOCAB: flag = "--vocab", dst = &m->vocab, lo = 2; break;
     case BG_CLI_O_INF: flag = "--in-features", dst = &m->in_features, hi = 4096; break;

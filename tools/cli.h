@@ -77,7 +77,7 @@ enum {
     BG_CLI_O_MODEL = BG_CLI_MODEL_FIRST, BG_CLI_O_LAYERS, BG_CLI_O_DMODEL, BG_CLI_O_HEADS, BG_CLI_O_SEQ,
     BG_CLI_O_VOCAB, BG_CLI_O_INF, BG_CLI_O_CLASSES, BG_CLI_O_SEED, BG_CLI_O_TIE, BG_CLI_O_PRECISION, BG_CLI_O_KV_HEADS, BG_CLI_O_FFN,
     BG_CLI_O_ROPE_THETA, BG_CLI_O_EXPERTS, BG_CLI_O_TOP_K, BG_CLI_O_MOE_EVERY, BG_CLI_O_CAPACITY, BG_CLI_O_MOE_AUX,
-    BG_CLI_O_MOE_GATE, BG_CLI_MODEL_LAST
+    BG_CLI_O_MOE_GATE, BG_CLI_O_EP, BG_CLI_MODEL_LAST
 };
 #define BG_CLI_MODEL_OPTIONS                                                                                   \
     {"model", required_argument, 0, BG_CLI_O_MODEL}, {"layers", required_argument, 0, BG_CLI_O_LAYERS},        \
@@ -89,7 +89,8 @@ enum {
     {"ffn-hidden", required_argument, 0, BG_CLI_O_FFN}, {"rope-theta", required_argument, 0, BG_CLI_O_ROPE_THETA}, \
     {"experts", required_argument, 0, BG_CLI_O_EXPERTS}, {"top-k", required_argument, 0, BG_CLI_O_TOP_K},      \
     {"moe-every", required_argument, 0, BG_CLI_O_MOE_EVERY}, {"capacity-factor", required_argument, 0, BG_CLI_O_CAPACITY}, \
-    {"moe-aux-coef", required_argument, 0, BG_CLI_O_MOE_AUX}, {"moe-gate", required_argument, 0, BG_CLI_O_MOE_GATE}
+    {"moe-aux-coef", required_argument, 0, BG_CLI_O_MOE_AUX}, {"moe-gate", required_argument, 0, BG_CLI_O_MOE_GATE}, \
+    {"ep", required_argument, 0, BG_CLI_O_EP}
 /* Apply one model flag to *m: 0 on success, else the message is printed and 2 returned. */
 int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_config_t *m);
 /* The model flags' help lines. */
@@ -110,6 +111,10 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "                         rest dropped and counted (default 0: dropless)\n"                                \
     "  --moe-aux-coef X       MoE: coefficient of the load-balancing loss (default 0.01)\n"                    \
     "  --moe-gate softmax|sigmoid  MoE: gates (default softmax over the top k)\n"                               \
+    "  --ep N                 MoE: expert-parallel degree (default 1; divides --experts, and --dp in train):\n" \
+    "                         each group of N consecutive data-parallel ranks spreads every MoE layer's\n"     \
+    "                         experts over its members (E/N each) and exchanges tokens all-to-all; expert\n"  \
+    "                         gradients are summed over the dp/N replicas holding them\n"                    \
     "  --seq N                GPT, Llama: sequence length (default 64)\n"                                      \
     "  --vocab N              GPT, Llama: vocabulary (default 256: bytes)\n"                                   \
     "  --in-features N        MLP: input features (default 32)\n"                                              \

@@ -142,6 +142,10 @@ typedef struct bg_executor_params {
     uint64_t data_seed;          /**< the host's data seed: the executor does not use it, but every rank
                                       of the job must have the same (compared when the executor is created,
                                       with the other settings; a host without one leaves 0) */
+    int ep;                      /**< expert parallelism (docs/executor.md): the model's MoE layers are built for
+                                      this degree (bg_model_config_t.ep) and each group of ep consecutive
+                                      data-parallel ranks of a stage holds their experts between them; divides
+                                      dp (1: none) */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -152,7 +156,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0 }
+      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .ep = 1 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
@@ -178,6 +182,11 @@ typedef struct bg_step_result {
     double optim_ms;         /**< server: summing the pushes and the optimizer step */
     double idle;             /**< server: fraction of the step spent waiting for the workers' pushes */
     int live_workers;        /**< server: workers alive after this step */
+    /* ---- MoE layers (bg_layer_moe) on this rank; NaN and 0 without any ---- */
+    double moe_aux;          /**< per rank: the mean of the load-balancing loss E sum_e f_e P_e (without its
+                                  coefficient) over this rank's MoE layers' forwards of the step */
+    int64_t moe_dropped;     /**< per rank: token-expert choices the capacity dropped in the step's forwards
+                                  (this rank's tokens: the routing is its own, whatever the expert layout) */
 } bg_step_result_t;
 
 /** What the executor holds and predicts on this rank. */

@@ -82,6 +82,10 @@ typedef struct bg_param {
                                              group computes from its own rows only (sequence parallelism,
                                              bg_layer_sequence_parallel): summed over the group before the
                                              optimizer (bg_model_tp_sum_grads) */
+    int split_ep;                       /**< 1: the shard (split_dim, split_parts) is over the description's
+                                             expert-parallel group (bg_model_desc_set_ep), not its tensor
+                                             group: an MoE layer's experts; its gradient is reduced over the
+                                             replicas that hold the same experts only */
 } bg_param_t;
 
 /**
@@ -115,14 +119,24 @@ typedef struct bg_tp_comm {
     /** Optional, with wait (NULL: allgather): start the in-place gather of @p buf, size * @p count
      *  floats, this member's at [rank*count, (rank+1)*count); when wait returns, every member's. */
     bg_status_t (*iallgather)(void *arg, float *buf, size_t count, void **req_p);
+    /** Optional (expert parallelism's group; NULL elsewhere): all-to-all with variable counts of floats:
+     *  sendcounts[j] floats from send + sdispls[j] to member j, recvcounts[i] floats from member i into
+     *  recv + rdispls[i]; recvcounts[i] must equal member i's sendcounts[me] (bg_group_alltoallv). Blocking. */
+    bg_status_t (*alltoallv)(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
+                             float *recv, const size_t *recvcounts, const size_t *rdispls);
 } bg_tp_comm_t;
 
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
 
-/** The tensor-parallel group collectives of one call (the planner's cost model). */
+/** The tensor-parallel group collectives of one call, and the expert-parallel all-to-alls (the planner's
+ *  cost model). */
 typedef struct bg_tp_cost {
     double fwd_calls, fwd_bytes; /**< forward: collectives, and bytes each member puts in them */
     double bwd_calls, bwd_bytes; /**< backward (B + W) */
+    double ep_fwd_msgs, ep_fwd_bytes; /**< forward: messages each member of an MoE layer's expert-parallel group
+                                           (bg_moe_t.ep > 1) sends to the others in its all-to-alls, and their
+                                           bytes, expected under uniform routing with nothing dropped */
+    double ep_bwd_msgs, ep_bwd_bytes; /**< the same, backward (B; W sends nothing) */
 } bg_tp_cost_t;
 
 /** Group collectives a layer's backward_input started and left running (bg_layer_backward): at most
@@ -164,6 +178,9 @@ typedef struct bg_layer_ctx {
      *  program such as an evaluation). A layer that keeps state of its own for the backward, beyond its
      *  stash (the Python binding's torch adapter keeps an autograd graph), keeps none then. */
     int no_backward;
+    /** The expert-parallel group (bg_model_desc_set_ep; NULL: none, every expert here): an MoE layer built
+     *  for ep = N holds E/N experts, those of member rank, and exchanges tokens with alltoallv. */
+    const bg_tp_comm_t *ep;
 } bg_layer_ctx_t;
 
 /** A layer type: its functions (filled with designated initialisers; see docs/layers.md). */
@@ -294,6 +311,8 @@ typedef struct bg_moe {
     float aux_coef;        /**< coefficient of the load-balancing loss E sum_e f_e P_e (0: none) */
     float init_std;        /**< std of the router and the experts' up projections */
     float proj_std;        /**< std of the experts' down projections */
+    int ep;                /**< expert-parallel degree N (0 or 1: every expert on each rank): the layer holds
+                                experts [r E/N, (r+1) E/N) of its group's member r (ctx->ep); N divides E */
 } bg_moe_t;
 /** Mixture-of-experts MLP: (n, t, c) -> (n, t, c) = sum over each token's top-k experts of gate * down_e(
  *  swiglu(up_e(x))); ties in the top-k go to the lower expert index, and each token sums its experts in
@@ -307,6 +326,8 @@ typedef struct bg_moe_stats {
     double aux_loss;       /**< E sum_e f_e P_e of the last forward (without the coefficient) */
     int64_t dropped;       /**< token-expert choices the capacity dropped in the last forward */
     int64_t dropped_total; /**< the same, summed over every forward since creation */
+    double aux_total;      /**< aux_loss summed over every forward since creation */
+    int64_t forwards;      /**< forwards since creation */
 } bg_moe_stats_t;
 /** 1 when @p l is an MoE layer (bg_layer_moe). */
 int bg_layer_is_moe(const bg_layer_t *l);

@@ -129,6 +129,16 @@ int bg_model_desc_sequence_parallel(const bg_model_desc_t *d);
  *  calls it; a host only when it binds models itself. */
 bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp);
 const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d); /**< the group of bg_model_desc_set_tp (NULL: none) */
+/** The expert-parallel degree of the description's MoE layers (bg_moe_t.ep): 1 when none is split,
+ *  -1 when they disagree. */
+int bg_model_desc_ep_degree(const bg_model_desc_t *d);
+/** Run the description's MoE layers in expert-parallel group @p ep (NULL: none; its size must be
+ *  bg_model_desc_ep_degree(), and it needs allgather and alltoallv): the executor does it. */
+bg_status_t bg_model_desc_set_ep(bg_model_desc_t *d, const bg_tp_comm_t *ep);
+const bg_tp_comm_t *bg_model_desc_ep(const bg_model_desc_t *d); /**< the group of bg_model_desc_set_ep (NULL: none) */
+/** The group a shard @p p is split over: the expert-parallel group for an expert shard (split_ep), else the
+ *  tensor group (NULL: p is whole, or the description is not bound). */
+const bg_tp_comm_t *bg_model_desc_group_of(const bg_model_desc_t *d, const bg_param_t *p);
 /** Set the storage precision of every layer of the description (bg_layer_set_precision; layers added
  *  later keep their own). Not part of the model's identity (its JSON): a save loads under either. */
 bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision);
@@ -188,6 +198,8 @@ typedef struct bg_model_config {
     float capacity_factor; /**< MoE: tokens an expert takes, as a multiple of its fair share; 0: dropless (default) */
     float moe_aux_coef;   /**< MoE: coefficient of the load-balancing loss (default 0.01) */
     bg_moe_gate_t moe_gate; /**< MoE: the gates (default BG_MOE_SOFTMAX) */
+    int ep;               /**< MoE: expert-parallel degree of the layers built (1: every expert on each rank;
+                               divides experts); not part of the model's identity: saves load under any ep */
 } bg_model_config_t;
 /** Defaults of bg_model_config_t: a small GPT (4 blocks of width 128, 4 heads, 64 positions, bytes),
  *  untied, tp = 1, fp32; the MLP fields for a 32-feature, 8-class task. */
@@ -196,7 +208,7 @@ typedef struct bg_model_config {
       .seq_len = 64, .vocab = 256, .in_features = 32, .classes = 8, .seed = 1337, .tie_embeddings = 0,    \
       .tp = 1, .sequence_parallel = 0, .precision = BG_F32, .kv_heads = 0, .ffn_hidden = 0,                 \
       .rope_theta = 10000.0f, .experts = 0, .top_k = 2, .moe_every = 1, .capacity_factor = 0.0f,             \
-      .moe_aux_coef = 0.01f, .moe_gate = BG_MOE_SOFTMAX }
+      .moe_aux_coef = 0.01f, .moe_gate = BG_MOE_SOFTMAX, .ep = 1 }
 
 /** Check a builder configuration; BG_ERR_INVALID with a message naming the field. */
 bg_status_t bg_model_config_check(const bg_model_config_t *cfg);
@@ -490,7 +502,9 @@ const uint8_t *bg_data_bytes(const bg_data_t *d);
  *  (safetensors metadata values are strings). */
 bg_status_t bg_model_metadata_json(const bg_model_desc_t *d, char **json_p);
 /** Write the range's tensors to @p path atomically (temporary file, fsync,
- *  rename): the file is complete or absent. metadata: JSON object text or NULL. */
+ *  rename): the file is complete or absent. metadata: JSON object text or NULL. Shards are gathered whole
+ *  over their group (a collective) and written by its member 0; @p path "" gathers and writes nothing (a
+ *  member that takes part in another's gathers). */
 bg_status_t bg_model_save_safetensors(bg_model_t *m, const char *path, const char *metadata_json);
 /** Load every tensor of this range from @p path (names and shapes must match). */
 bg_status_t bg_model_load_safetensors(bg_model_t *m, const char *path);

@@ -85,7 +85,7 @@ class ModelConfig(Structure):
                 ("seed", c_uint64), ("tie_embeddings", c_int), ("tp", c_int),
                 ("sequence_parallel", c_int), ("precision", c_int), ("kv_heads", c_int), ("ffn_hidden", c_int),
                 ("rope_theta", c_float), ("experts", c_int), ("top_k", c_int), ("moe_every", c_int),
-                ("capacity_factor", c_float), ("moe_aux_coef", c_float), ("moe_gate", c_int)]
+                ("capacity_factor", c_float), ("moe_aux_coef", c_float), ("moe_gate", c_int), ("ep", c_int)]
 
 
 class OptimConfig(Structure):
@@ -120,7 +120,7 @@ class ExecutorParams(Structure):
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
                 ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
                 ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int),
-                ("clip_grad", c_double), ("data_seed", c_uint64)]
+                ("clip_grad", c_double), ("data_seed", c_uint64), ("ep", c_int)]
 
 
 class StepResult(Structure):
@@ -128,7 +128,8 @@ class StepResult(Structure):
     _fields_ = [("step", c_int64), ("loss", c_double), ("tokens", c_double), ("step_ms", c_double),
                 ("tokens_per_s", c_double), ("bubble", c_double), ("bytes_sent", c_uint64), ("peak_bytes", c_size_t),
                 ("stop", c_int), ("grad_norm", c_double), ("ps_role", c_int), ("staleness", c_int),
-                ("bytes_recv", c_uint64), ("optim_ms", c_double), ("idle", c_double), ("live_workers", c_int)]
+                ("bytes_recv", c_uint64), ("optim_ms", c_double), ("idle", c_double), ("live_workers", c_int),
+                ("moe_aux", c_double), ("moe_dropped", c_int64)]
 
 
 class EvalResult(Structure):
@@ -163,14 +164,14 @@ class Param(Structure):
     _fields_ = [("name", c_char * BG_NAME_MAX), ("ndim", c_int), ("shape", c_int64 * BG_PARAM_MAX_DIMS),
                 ("numel", c_size_t), ("init", c_int), ("init_value", c_float), ("decay", c_int),
                 ("data", c_void_p), ("grad", c_void_p), ("split_dim", c_int), ("split_parts", c_int),
-                ("split_blocks", c_int), ("tp_partial", c_int)]
+                ("split_blocks", c_int), ("tp_partial", c_int), ("split_ep", c_int)]
 
 
 class LayerCtx(Structure):
     """bg_layer_ctx_t: the per-call context a layer's compute functions get."""
     _fields_ = [("be", c_void_p), ("in_", Shape), ("tokens", c_void_p), ("targets", c_void_p),
                 ("loss_scale", c_float), ("stash", c_void_p), ("wstash", c_void_p), ("scratch", c_void_p),
-                ("tp", c_void_p), ("deferred", c_void_p), ("no_backward", c_int)]
+                ("tp", c_void_p), ("deferred", c_void_p), ("no_backward", c_int), ("ep", c_void_p)]
 
 
 # bg_tp_comm_t's collectives (the group's; arguments as in layer.h).
@@ -184,7 +185,7 @@ class TpComm(Structure):
     use the blocking allreduce and allgather only."""
     _fields_ = [("size", c_int), ("rank", c_int), ("allreduce", TP_ALLREDUCE_FN), ("allgather", TP_ALLGATHER_FN),
                 ("arg", c_void_p), ("iallreduce", c_void_p), ("wait", c_void_p), ("reduce_scatter", c_void_p),
-                ("ireduce_scatter", c_void_p), ("iallgather", c_void_p)]
+                ("ireduce_scatter", c_void_p), ("iallgather", c_void_p), ("alltoallv", c_void_p)]
 
 
 # bg_layer_ops_t's function types. The layer, the context (a LayerCtx) and

@@ -68,6 +68,8 @@ class StepResult:
     peak_bytes: int
     stop: bool
     grad_norm: float  # global L2 norm of the model's gradients before the optimizer step
+    moe_aux: float = float("nan")  # this rank's MoE layers: mean load-balancing loss of the step's forwards (NaN: none)
+    moe_dropped: int = 0  # this rank's MoE layers: choices the capacity dropped in the step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +261,7 @@ class Executor:
     def __init__(self, model, *, batches, pp=1, dp=1, tp=1, schedule="1f1b", batch=8, microbatches=4, optimizer="adamw",
                  lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, momentum=0.9, seq=0, seq_len=None,
                  threads=0, backend=None, chunks=0, split=None, recompute=False, recompute_stages=None, trace=None,
-                 process_wide=False, schedule_json=None, zero=0):
+                 process_wide=False, schedule_json=None, zero=0, ep=1):
         self._handle = None
         if not isinstance(model, Model):
             raise TypeError("Executor: model must be a brigade.Model, got %s" % type(model).__name__)
@@ -287,7 +289,7 @@ class Executor:
         p = _lib.ExecutorParams()
         p.size = ctypes.sizeof(_lib.ExecutorParams)
         p.model = h
-        p.pp, p.dp, p.tp = int(pp), int(dp), int(tp)
+        p.pp, p.dp, p.tp, p.ep = int(pp), int(dp), int(tp), int(ep)
         p.schedule = self._schedule
         p.chunks = int(chunks)
         p.split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_int)) if self._split is not None else None
@@ -345,7 +347,7 @@ class Executor:
         _lib.pending[0] = None  # a Python layer's exception from an earlier call that nothing re-raised
         self._call(lib.bg_executor_step(self._live(), ctypes.byref(r)))
         return StepResult(r.step, r.loss, r.tokens, r.step_ms, r.tokens_per_s, r.bubble, r.bytes_sent, r.peak_bytes,
-                          bool(r.stop), r.grad_norm)
+                          bool(r.stop), r.grad_norm, r.moe_aux, r.moe_dropped)
 
     def eval(self, index=0, batches=None, seq_len=None):
         """The loss of the current weights on one global batch, with the forward-only

@@ -253,13 +253,15 @@ class Model:
     @staticmethod
     def _moe(cfg, moe):
         """The MoE fields of bg_model_config_t from a dict (None: dense): experts, top_k (2), moe_every (1),
-        capacity_factor (0: dropless), moe_aux_coef (0.01), moe_gate ("softmax" or "sigmoid")."""
+        capacity_factor (0: dropless), moe_aux_coef (0.01), moe_gate ("softmax" or "sigmoid"), ep (1: the
+        expert-parallel degree the layers are built for; run by an Executor with the same ep)."""
         moe = dict(moe or {})
         gate = moe.pop("moe_gate", "softmax")
         if gate not in ("softmax", "sigmoid"):
             raise ValueError('moe_gate must be "softmax" or "sigmoid", got %r' % (gate,))
         cfg.moe_gate = 1 if gate == "sigmoid" else 0
-        for k, v in (("experts", 0), ("top_k", 2), ("moe_every", 1), ("capacity_factor", 0.0), ("moe_aux_coef", 0.01)):
+        for k, v in (("experts", 0), ("top_k", 2), ("moe_every", 1), ("capacity_factor", 0.0), ("moe_aux_coef", 0.01),
+                     ("ep", 1)):
             setattr(cfg, k, moe.pop(k, v))
         if moe:
             raise ValueError("unknown MoE settings: %s" % ", ".join(sorted(moe)))

@@ -3,7 +3,12 @@
  * an objective that includes the load-balancing loss; the loss against its
  * closed form on a hand-made routing; the forward and the dropped count
  * against a double-precision brute force; bitwise equal results across
- * runs and thread counts. */
+ * runs and thread counts; built for expert parallelism (ep 2 and 4, threads
+ * playing the group with an alltoallv of shared memory), every member's
+ * outputs, input and router gradients, routing and its experts' gradients
+ * bitwise those of one layer holding every expert run on each member's
+ * tokens in turn; the all-to-all's cost in closed form. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -309,12 +314,167 @@ static void test_bad_args(void **s)
     bg_layer_destroy(l);
 }
 
+/* ------------------------------------------------ expert parallelism: threads playing the group */
+
+#define EP_MAX 4
+
+typedef struct {
+    int P;
+    pthread_barrier_t bar;
+    const float *send[EP_MAX];
+    const size_t *sc[EP_MAX], *sd[EP_MAX];
+} ep_shared_t;
+
+typedef struct {
+    ep_shared_t *sh;
+    int rank;
+    bg_tp_comm_t comm;
+    rig_t r;
+    bg_backend_t *be;
+    bg_status_t st;
+} ep_member_t;
+
+/* every member posts its buffer and counts; each copies its blocks; nobody reuses a buffer before all have read */
+static bg_status_t fake_alltoallv(void *arg, const float *send, const size_t *sc, const size_t *sd, float *recv,
+                                  const size_t *rc, const size_t *rd)
+{
+    ep_member_t *m = arg;
+    ep_shared_t *sh = m->sh;
+    sh->send[m->rank] = send, sh->sc[m->rank] = sc, sh->sd[m->rank] = sd;
+    pthread_barrier_wait(&sh->bar);
+    bg_status_t st = BG_OK;
+    for (int j = 0; j < sh->P; j++) {
+        if (sh->sc[j][m->rank] != rc[j])
+            st = BG_ERR_INVALID;
+        else if (rc[j])
+            memcpy(recv + rd[j], sh->send[j] + sh->sd[j][m->rank], rc[j] * sizeof(float));
+    }
+    pthread_barrier_wait(&sh->bar);
+    return st;
+}
+
+static void *ep_member_run(void *arg)
+{
+    ep_member_t *m = arg;
+    rig_t *r = &m->r;
+    bg_layer_ctx_t c = rig_ctx(r);
+    c.ep = &m->comm;
+    m->st = r->l->ops->forward(r->l, &c, r->x, r->y);
+    if (m->st == BG_OK)
+        m->st = r->l->ops->backward_input(r->l, &c, r->x, r->y, r->R, r->din);
+    if (m->st == BG_OK)
+        m->st = r->l->ops->backward_weight(r->l, &c, r->x, r->y, r->R);
+    return NULL;
+}
+
+static void check_ep(int P, float cf, uint64_t seed)
+{
+    const int c = 8, E = 8, k = 2, h = 12;
+    bg_shape_t in = {2, 6, c};
+    rig_t w; /* one layer holding every expert */
+    rig_init(&w, be, mk(c, E, k, h, BG_MOE_SOFTMAX, cf, 0.1f), in, seed);
+    ep_shared_t sh = {.P = P};
+    pthread_barrier_init(&sh.bar, NULL, (unsigned)P);
+    ep_member_t m[EP_MAX];
+    for (int s = 0; s < P; s++) {
+        bg_moe_t mo = {.c = c, .experts = E, .top_k = k, .ffn = h, .gate = BG_MOE_SOFTMAX, .capacity_factor = cf,
+                       .aux_coef = 0.1f, .init_std = 0.5f, .proj_std = 0.5f, .ep = P};
+        bg_layer_t *l = NULL;
+        assert_int_equal(bg_layer_moe("moe", &mo, &l), BG_OK);
+        assert_int_equal(l->params[1].shape[0], E / P); /* E/P experts, slices of the whole tensors */
+        assert_true(l->params[1].split_ep && l->params[2].split_ep && !l->params[0].split_ep);
+        bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+        bp.num_threads = 1;
+        assert_int_equal(bg_backend_create("cpu", &bp, &m[s].be), BG_OK);
+        m[s].sh = &sh, m[s].rank = s;
+        m[s].comm = (bg_tp_comm_t){.size = P, .rank = s, .arg = &m[s], .alltoallv = fake_alltoallv};
+        rig_init(&m[s].r, m[s].be, l, in, seed + 1 + (uint64_t)s); /* its own tokens */
+        for (int i = 0; i < 3; i++) {
+            bg_param_t *p = &l->params[i];
+            memcpy(p->data, w.l->params[i].data + (i ? (size_t)s * p->numel : 0), p->numel * sizeof(float));
+        }
+    }
+    pthread_t t[EP_MAX];
+    for (int s = 0; s < P; s++)
+        assert_int_equal(pthread_create(&t[s], NULL, ep_member_run, &m[s]), 0);
+    for (int s = 0; s < P; s++)
+        pthread_join(t[s], NULL);
+    /* the reference: member s's tokens through the whole layer, in member order (the experts' gradients add up) */
+    int64_t dropped = 0;
+    for (int s = 0; s < P; s++) {
+        assert_int_equal(m[s].st, BG_OK);
+        rig_t *r = &m[s].r;
+        memcpy(w.x, r->x, w.nx * sizeof(float));
+        memcpy(w.R, r->R, w.nx * sizeof(float));
+        memset(w.l->params[0].grad, 0, w.l->params[0].numel * sizeof(float));
+        bg_layer_ctx_t cw = rig_ctx(&w);
+        assert_int_equal(w.l->ops->forward(w.l, &cw, w.x, w.y), BG_OK);
+        assert_int_equal(w.l->ops->backward_input(w.l, &cw, w.x, w.y, w.R, w.din), BG_OK);
+        assert_int_equal(w.l->ops->backward_weight(w.l, &cw, w.x, w.y, w.R), BG_OK);
+        assert_memory_equal(w.y, r->y, w.nx * sizeof(float));
+        assert_memory_equal(w.din, r->din, w.nx * sizeof(float));
+        assert_memory_equal(w.l->params[0].grad, r->l->params[0].grad, w.l->params[0].numel * sizeof(float));
+        bg_moe_stats_t a, b;
+        assert_int_equal(bg_layer_moe_stats(w.l, &a), BG_OK);
+        assert_int_equal(bg_layer_moe_stats(r->l, &b), BG_OK);
+        assert_int_equal(a.dropped, b.dropped);
+        assert_memory_equal(&a.aux_loss, &b.aux_loss, sizeof(double));
+        dropped += b.dropped;
+    }
+    if (cf > 0)
+        assert_true(dropped > 0); /* the capacity was exercised */
+    for (int s = 0; s < P; s++)
+        for (int i = 1; i < 3; i++) {
+            const bg_param_t *p = &m[s].r.l->params[i];
+            assert_memory_equal(w.l->params[i].grad + (size_t)s * p->numel, p->grad, p->numel * sizeof(float));
+        }
+    for (int s = 0; s < P; s++) {
+        rig_free(&m[s].r);
+        bg_backend_destroy(m[s].be);
+    }
+    rig_free(&w);
+    pthread_barrier_destroy(&sh.bar);
+}
+
+static void test_expert_parallel(void **s)
+{
+    (void)s;
+    check_ep(2, 1.0f, 31);
+    check_ep(4, 1.25f, 32);
+    check_ep(2, 0.0f, 33); /* dropless */
+}
+
+/* the all-to-alls' messages and bytes per call, and the refusals */
+static void test_expert_parallel_cost(void **s)
+{
+    (void)s;
+    bg_moe_t mo = {.c = 8, .experts = 4, .top_k = 2, .ffn = 8, .init_std = 0.5f, .proj_std = 0.5f, .ep = 2};
+    bg_layer_t *l = NULL;
+    assert_int_equal(bg_layer_moe("moe", &mo, &l), BG_OK);
+    bg_tp_cost_t cost = {0};
+    bg_layer_tp_cost(l, (bg_shape_t){1, 6, 8}, &cost);
+    /* 12 choices, half of them to the other member; counts 2 floats; rows out and back (fwd), dY and dx (bwd) */
+    assert_true(cost.ep_fwd_msgs == 3 && cost.ep_fwd_bytes == 2 * 4 + 2 * 6 * 8 * 4);
+    assert_true(cost.ep_bwd_msgs == 2 && cost.ep_bwd_bytes == 2 * 6 * 8 * 4);
+    assert_true(cost.fwd_calls == 0 && cost.bwd_calls == 0);
+    rig_t r;
+    rig_init(&r, be, l, (bg_shape_t){1, 6, 8}, 5);
+    bg_layer_ctx_t c = rig_ctx(&r);
+    assert_int_equal(l->ops->forward(l, &c, r.x, r.y), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "built for ep 2 but runs in no expert-parallel group"));
+    rig_free(&r);
+    mo.ep = 3;
+    assert_int_equal(bg_layer_moe("moe", &mo, &l), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "ep 3 does not divide experts 4"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients),    cmocka_unit_test(test_aux_closed_form),
         cmocka_unit_test(test_brute_force),  cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_bad_args),     cmocka_unit_test(test_expert_parallel),
+        cmocka_unit_test(test_expert_parallel_cost),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

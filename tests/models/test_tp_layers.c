@@ -186,7 +186,7 @@ static bg_tp_comm_t fake_comm(member_t *m, int T, int r, int nb)
                           nb == 2 ? lazy_wait : nb ? fake_wait : NULL,
                           nb ? fake_reduce_scatter : NULL,
                           nb == 2 ? lazy_ireduce_scatter : nb ? fake_ireduce_scatter : NULL,
-                          nb == 2 ? lazy_iallgather : nb ? fake_iallgather : NULL};
+                          nb == 2 ? lazy_iallgather : nb ? fake_iallgather : NULL, NULL};
 }
 
 /* The lazy mode's backend: the CPU's table with the GEMMs that accumulate

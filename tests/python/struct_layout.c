@@ -28,7 +28,7 @@ int main(void)
     F(bg_model_config_t, sequence_parallel); F(bg_model_config_t, precision); F(bg_model_config_t, kv_heads);
     F(bg_model_config_t, ffn_hidden); F(bg_model_config_t, rope_theta); F(bg_model_config_t, experts);
     F(bg_model_config_t, top_k); F(bg_model_config_t, moe_every); F(bg_model_config_t, capacity_factor);
-    F(bg_model_config_t, moe_aux_coef); F(bg_model_config_t, moe_gate);
+    F(bg_model_config_t, moe_aux_coef); F(bg_model_config_t, moe_gate); F(bg_model_config_t, ep);
 
     S(bg_optim_config_t);
     F(bg_optim_config_t, size); F(bg_optim_config_t, kind); F(bg_optim_config_t, lr); F(bg_optim_config_t, beta1);
@@ -56,7 +56,7 @@ int main(void)
     F(bg_executor_params_t, emulate); F(bg_executor_params_t, emulate_scale);
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
     F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
-    F(bg_executor_params_t, clip_grad); F(bg_executor_params_t, data_seed);
+    F(bg_executor_params_t, clip_grad); F(bg_executor_params_t, data_seed); F(bg_executor_params_t, ep);
 
     S(bg_eval_result_t);
     F(bg_eval_result_t, loss); F(bg_eval_result_t, tokens); F(bg_eval_result_t, eval_ms);
@@ -67,7 +67,7 @@ int main(void)
     F(bg_step_result_t, peak_bytes); F(bg_step_result_t, stop);
     F(bg_step_result_t, grad_norm); F(bg_step_result_t, ps_role); F(bg_step_result_t, staleness);
     F(bg_step_result_t, bytes_recv); F(bg_step_result_t, optim_ms); F(bg_step_result_t, idle);
-    F(bg_step_result_t, live_workers);
+    F(bg_step_result_t, live_workers); F(bg_step_result_t, moe_aux); F(bg_step_result_t, moe_dropped);
 
     S(bg_executor_info_t);
     F(bg_executor_info_t, rank); F(bg_executor_info_t, world); F(bg_executor_info_t, pp_rank);
@@ -89,17 +89,17 @@ int main(void)
     S(bg_param_t);
     F(bg_param_t, name); F(bg_param_t, ndim); F(bg_param_t, shape); F(bg_param_t, numel); F(bg_param_t, init);
     F(bg_param_t, init_value); F(bg_param_t, decay); F(bg_param_t, data); F(bg_param_t, grad);
-    F(bg_param_t, split_dim); F(bg_param_t, split_parts); F(bg_param_t, split_blocks); F(bg_param_t, tp_partial);
+    F(bg_param_t, split_dim); F(bg_param_t, split_parts); F(bg_param_t, split_blocks); F(bg_param_t, tp_partial); F(bg_param_t, split_ep);
 
     S(bg_layer_ctx_t);
     F(bg_layer_ctx_t, be); F(bg_layer_ctx_t, in); F(bg_layer_ctx_t, tokens); F(bg_layer_ctx_t, targets);
     F(bg_layer_ctx_t, loss_scale); F(bg_layer_ctx_t, stash); F(bg_layer_ctx_t, wstash); F(bg_layer_ctx_t, scratch);
-    F(bg_layer_ctx_t, tp); F(bg_layer_ctx_t, deferred); F(bg_layer_ctx_t, no_backward);
+    F(bg_layer_ctx_t, tp); F(bg_layer_ctx_t, deferred); F(bg_layer_ctx_t, no_backward); F(bg_layer_ctx_t, ep);
 
     S(bg_tp_comm_t);
     F(bg_tp_comm_t, size); F(bg_tp_comm_t, rank); F(bg_tp_comm_t, allreduce); F(bg_tp_comm_t, allgather);
     F(bg_tp_comm_t, arg); F(bg_tp_comm_t, iallreduce); F(bg_tp_comm_t, wait); F(bg_tp_comm_t, reduce_scatter);
-    F(bg_tp_comm_t, ireduce_scatter); F(bg_tp_comm_t, iallgather);
+    F(bg_tp_comm_t, ireduce_scatter); F(bg_tp_comm_t, iallgather); F(bg_tp_comm_t, alltoallv);
     S(bg_layer_ops_t);
     F(bg_layer_ops_t, type); F(bg_layer_ops_t, out_shape); F(bg_layer_ops_t, stash_bytes);
     F(bg_layer_ops_t, wstash_bytes); F(bg_layer_ops_t, scratch_bytes); F(bg_layer_ops_t, fwd_flops);

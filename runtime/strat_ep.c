@@ -1,0 +1,239 @@
+/* runtime/strat_ep.c: expert parallelism (params.ep = P > 1, docs/executor.md):
+ * the P consecutive data-parallel ranks of a stage [k P, (k+1) P) form an
+ * expert-parallel group, over which the model's MoE layers (built for ep P)
+ * spread their experts and exchange their tokens (the group's alltoallv, as
+ * ctx->ep); the description is bound to it before the chunks' models exist,
+ * so each rank initialises and loads only its experts' slices. A bucket's
+ * gradients are reduced in runs of tensors: the replicated ones over the
+ * whole data-parallel group, as the dp strategy does, the experts' over the
+ * dp / P ranks that hold the same experts (none when P = dp). Under
+ * --emulate the stages run no layer, so this module runs each MoE layer's
+ * all-to-alls itself before an emulated forward or backward, with the
+ * messages and bytes the layer's cost model expects (bg_layer_tp_cost:
+ * uniform routing, nothing dropped). It must not touch the interpreter's
+ * slots. */
+#include <stdlib.h>
+
+#include "core/check.h"
+#include "runtime/devcoll.h"
+#include "runtime/exec_impl.h"
+
+#define EP_MAX_EMU 64 /* members of an emulated group at most (the counts live on the stack) */
+
+typedef struct {
+    bg_tp_comm_t c;      /* the group as the layers see it */
+    bg_group_t *ep;      /* the P ranks holding every expert between them */
+    bg_group_t *rep;     /* the dp / P ranks holding the same experts (NULL: P = dp) */
+    bg__dcoll_t *rep_coll; /* rep's collectives on the backend's buffers, as dp_coll is dp_group's */
+    bg__xfer_t **extra;  /* this step's reductions beyond each bucket's first, waited for before the optimizer */
+    int nextra, cap;
+    float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
+    size_t emu_n;
+    uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
+    const exec_t *x;      /* its trace (made after the strategies) and step: each all-to-all is an "ep_a2a" event */
+} ep_t;
+
+static int ep_active(const exec_t *x) { return x->p.ep > 1; }
+
+static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_t count)
+{
+    return bg_group_allgather(((ep_t *)arg)->ep, send, recv, count, BG_F32);
+}
+
+static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
+                                float *recv, const size_t *recvcounts, const size_t *rdispls)
+{
+    ep_t *e = arg;
+    for (int d = 0; d < e->c.size; d++)
+        *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
+    double t0 = bg_now();
+    bg_status_t st = bg_group_alltoallv(e->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
+    if (e->x->trace)
+        bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
+    return st;
+}
+
+static void ep_destroy(exec_t *x, void *self)
+{
+    ep_t *e = self;
+    if (!e)
+        return;
+    for (int i = 0; i < e->nextra; i++)
+        bg__xfree(e->extra[i]);
+    free(e->extra);
+    free(e->emu);
+    if (bg_model_desc_ep(x->desc) == &e->c)
+        bg_model_desc_set_ep(x->desc, NULL);
+    bg__dcoll_destroy(e->rep_coll);
+    bg_group_destroy(e->ep);
+    bg_group_destroy(e->rep);
+    free(e);
+}
+
+static bg_status_t ep_setup(exec_t *x, void **self_p)
+{
+    int P = x->p.ep, D = x->lay.dp, me = x->lay.me.dp, first = me / P * P;
+    ep_t *e = calloc(1, sizeof(*e));
+    int *dp = malloc(2 * (size_t)D * sizeof(int));
+    if (!e || !dp) {
+        free(e);
+        free(dp);
+        return bg_error(BG_ERR_NOMEM, "expert-parallel group");
+    }
+    int *r = dp + D;
+    bg__layout_dp_ranks(&x->lay, dp);
+    for (int i = 0; i < P; i++)
+        r[i] = dp[first + i];
+    bg_status_t st = bg_group_create(x->comm, P, r, &e->ep);
+    if (st == BG_OK && D > P) {
+        for (int j = 0; j < D / P; j++)
+            r[j] = dp[me % P + j * P];
+        st = bg_group_create(x->comm, D / P, r, &e->rep);
+        if (st == BG_OK)
+            st = bg__dcoll_create(&x->stg, e->rep, "expert replicas", x->lay.rank, &e->rep_coll);
+    }
+    free(dp);
+    e->c = (bg_tp_comm_t){.size = P, .rank = me - first, .allgather = ep_allgather, .alltoallv = ep_alltoallv,
+                          .arg = e};
+    e->bytes_sent = &x->bytes_sent;
+    e->x = x;
+    if (st == BG_OK)
+        st = bg_model_desc_set_ep(x->desc, &e->c);
+    if (st != BG_OK) {
+        ep_destroy(x, e);
+        return st;
+    }
+    *self_p = e;
+    return BG_OK;
+}
+
+/* Start the sum of floats [lo, hi) of ch's gradients over dc (NULL: nothing to sum). */
+static bg_status_t start_run(ep_t *e, chunk_t *ch, bg__bucket_t *bk, bg__dcoll_t *dc, size_t lo, size_t hi)
+{
+    if (!dc || hi <= lo)
+        return BG_OK;
+    bg__xfer_t *rq;
+    BG_CHECK(bg__dcoll_start(dc, BG__COLL_ALLREDUCE, NULL, bg_model_grads(ch->model) + lo, hi - lo, BG_REDUCE_SUM,
+                             &rq));
+    if (!bk->req) {
+        bk->req = rq;
+        return BG_OK;
+    }
+    if (e->nextra == e->cap) {
+        int cap = e->cap ? 2 * e->cap : 16;
+        bg__xfer_t **n = realloc(e->extra, (size_t)cap * sizeof(*n));
+        if (!n) {
+            bg__xfree(rq);
+            return bg_error(BG_ERR_NOMEM, "expert-parallel reductions");
+        }
+        e->extra = n, e->cap = cap;
+    }
+    e->extra[e->nextra++] = rq;
+    return BG_OK;
+}
+
+/* Bucket b's runs of replicated and of expert tensors, each over its group, in the chunk's order (the same on
+ * every member of a group: the members hold the same stage). */
+static bg_status_t ep_reduce(exec_t *x, void *self, chunk_t *ch, int b)
+{
+    ep_t *e = self;
+    bg__bucket_t *bk = &ch->buckets[b];
+    const float *g = bg_model_grads(ch->model);
+    size_t lo = bk->off, hi = bk->off + bk->count, run = lo;
+    int kind = -1;
+    for (int i = 0; i < bg_model_num_tensors(ch->model); i++) {
+        const bg_param_t *p = bg_model_tensor(ch->model, i);
+        size_t o = (size_t)(p->grad - g);
+        if (!p->numel || o < lo || o >= hi)
+            continue;
+        if (kind >= 0 && p->split_ep != kind) {
+            BG_CHECK(start_run(e, ch, bk, kind ? e->rep_coll : x->dp_coll, run, o));
+            run = o;
+        }
+        kind = p->split_ep;
+    }
+    BG_CHECK(start_run(e, ch, bk, kind > 0 ? e->rep_coll : x->dp_coll, run, hi));
+    bg__exec_trace_bucket(x, ch, b);
+    return BG_OK;
+}
+
+/* --emulate: n all-to-alls of `bytes` in all from this member, an equal share to each other member. */
+static bg_status_t emulate_exchanges(ep_t *e, double msgs, double bytes)
+{
+    int P = e->c.size, n = (int)(msgs / (P - 1) + 0.5);
+    if (n < 1)
+        return BG_OK;
+    size_t each = (size_t)(bytes / n / (P - 1) / sizeof(float) + 0.5), need = each * (size_t)P;
+    if (need > e->emu_n) {
+        float *b = calloc(2 * need, sizeof(float));
+        if (!b)
+            return bg_error(BG_ERR_NOMEM, "emulated all-to-all of %zu floats", need);
+        free(e->emu);
+        e->emu = b, e->emu_n = need;
+    }
+    size_t c[4 * EP_MAX_EMU];
+    if (P > EP_MAX_EMU)
+        return bg_error(BG_ERR_UNSUPPORTED, "--emulate with ep %d: at most %d members emulated", P, EP_MAX_EMU);
+    for (int d = 0; d < P; d++) {
+        c[d] = c[2 * P + d] = d == e->c.rank ? 0 : each;
+        c[P + d] = c[3 * P + d] = (size_t)d * each;
+    }
+    for (int i = 0; i < n; i++)
+        BG_CHECK(ep_alltoallv(e, e->emu, c, c + P, e->emu + e->emu_n, c + 2 * P, c + 3 * P));
+    return BG_OK;
+}
+
+/* --emulate: before an emulated F, B or b, the chunk's MoE layers' all-to-alls in layer order. */
+static bg_status_t ep_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
+{
+    if (!x->em || kind == BG_OP_BACKWARD_WEIGHT)
+        return BG_OK;
+    bg_shape_t s;
+    BG_CHECK(bg__exec_input_shape(x, ch, mb, &s));
+    for (int i = ch->first; i <= ch->last; i++) {
+        const bg_layer_t *l = bg_model_layer(ch->model, i);
+        bg_tp_cost_t cost = {0};
+        bg_layer_tp_cost(l, s, &cost);
+        if (kind == BG_OP_FORWARD)
+            BG_CHECK(emulate_exchanges(self, cost.ep_fwd_msgs, cost.ep_fwd_bytes));
+        else
+            BG_CHECK(emulate_exchanges(self, cost.ep_bwd_msgs, cost.ep_bwd_bytes));
+        BG_CHECK(bg_layer_out_shape(l, s, &s));
+    }
+    return BG_OK;
+}
+
+static bg_status_t ep_before_optimizer(exec_t *x, void *self)
+{
+    (void)x;
+    ep_t *e = self;
+    bg_status_t st = BG_OK;
+    for (int i = 0; i < e->nextra; i++) {
+        if (st == BG_OK)
+            st = bg__exec_wait_free(&e->extra[i]);
+        bg__xfree(e->extra[i]);
+        e->extra[i] = NULL;
+    }
+    e->nextra = 0;
+    return st;
+}
+
+static void ep_cancel(exec_t *x, void *self)
+{
+    (void)x;
+    ep_t *e = self;
+    for (int i = 0; i < e->nextra; i++)
+        bg__xfree(e->extra[i]);
+    e->nextra = 0;
+}
+
+const bg__strategy_ops_t bg__strategy_ep = {
+    .name = "ep",
+    .active = ep_active,
+    .setup = ep_setup,
+    .before_compute = ep_before_compute,
+    .reduce = ep_reduce,
+    .before_optimizer = ep_before_optimizer,
+    .cancel = ep_cancel,
+    .destroy = ep_destroy,
+};

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# tests/runtime/test_ep.sh: expert parallelism (--ep N) against one process holding every expert. Each
+# replica routes its own tokens with the capacity of its own microbatch, so every comparison keeps the
+# sequences per microbatch (batch / (dp x microbatches)) of its reference. Bitwise where the sums have the
+# same order (dp 2 with one microbatch per replica: an expert's gradient is the sum of two blocks either
+# way); within 1e-5 relative L2 elsewhere (the holder adds each microbatch's blocks of every member in
+# turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
+# layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
+# fused backwards, both copies);
+# the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
+# activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
+# layouts are refused.
+. "$(dirname "$0")/../lib/harness.sh"
+G="--layers 4 --d-model 16 --heads 4 --seq 16 --batch 8 --threads 1 --lr 3e-3 --experts 4 --top-k 2 --moe-every 2"
+G="$G --capacity-factor 1.0 --moe-aux-coef 0.1"
+
+# train NAME RANKS FLAGS...: train_save with the step's metrics in $T/NAME.jsonl
+train() { local n=$1 r=$2; shift 2; train_save "$n" "$r" $G "$@" --metrics "$T/$n.jsonl"; }
+# routing A B WHAT: A's and B's metrics have the same moe_dropped for every rank and step, and the same
+# moe_aux bits at step 1 (later steps see weights that differ in their last bits where the runs are not bitwise)
+routing_of() {
+    grep -ho '"rank": [0-9]*, "step": [0-9]*\|"moe_aux": [^,]*, "moe_dropped": [0-9]*' "$T/$1.jsonl" | paste - - |
+        awk -F'[ ,\t]+' '{print $2, $4, $10, ($4 == 1 ? $6 : "-")}' | sort -n -k1 -k2
+}
+routing() {
+    local a b
+    a=$(routing_of "$1") b=$(routing_of "$2")
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$3 ($(echo "$a" | wc -l) rank-steps)"
+    else bad "$3: $(diff <(echo "$a") <(echo "$b") | head -4 | tr '\n' ' ')"; fi
+}
+# dropped NAME: each step's moe_dropped summed over the ranks, one line per step
+dropped() {
+    grep -ho '"step": [0-9]*\|"moe_dropped": [0-9]*' "$T/$1.jsonl" | paste - - |
+        awk '{d[$2] += $4} END {for (s in d) print s, d[s]}' | sort -n
+}
+
+train ref 1 --steps 4 --microbatches 2
+train d2m1 2 --steps 4 --dp 2 --microbatches 1
+train e2m1 2 --steps 4 --dp 2 --ep 2 --microbatches 1
+same "$T/d2m1" "$T/e2m1" "ep 2 x dp 2, one microbatch per replica = dp 2 bitwise"
+near "$T/ref" "$T/e2m1" "ep 2 x dp 2 vs one process holding every expert"
+routing d2m1 e2m1 "ep 2: every rank routes as under dp 2"
+[ -n "$(dropped ref)" ] && [ "$(dropped ref)" = "$(dropped e2m1)" ] &&
+    ok "the capacity dropped the same choices as one process, step by step: $(dropped ref | tr '\n' ' ')" ||
+    bad "dropped choices: one process $(dropped ref | tr '\n' ' '), ep 2 $(dropped e2m1 | tr '\n' ' ')"
+
+X="--steps 3 --microbatches 1 --recompute --seq-min 5 --precision bf16"
+train xd 2 --dp 2 $X && train xe 2 --dp 2 --ep 2 $X &&
+    same "$T/xd" "$T/xe" "ep 2 with recomputation, variable lengths and bf16 activations = dp 2 bitwise"
+train d2 2 --steps 4 --dp 2 --microbatches 2
+train d4 4 --steps 4 --dp 4 --microbatches 1
+train e4 4 --steps 4 --dp 4 --ep 4 --microbatches 1 && near "$T/d4" "$T/e4" "ep 4 x dp 4 vs dp 4"
+near "$T/d2" "$T/e4" "ep 4 x dp 4 vs dp 2 (the same microbatches)"
+routing d4 e4 "ep 4: every rank routes as under dp 4"
+train e24 4 --steps 4 --dp 4 --ep 2 --microbatches 1 && near "$T/d4" "$T/e24" \
+    "ep 2 x dp 4: expert gradients summed over the 2 replicas holding them"
+routing d4 e24 "ep 2 x dp 4: every rank routes as under dp 4"
+p4=$(grep -m1 -o '"peak_bytes": [0-9]*' "$T/d4.jsonl" | grep -o '[0-9]*$')
+p4e=$(grep -m1 -o '"peak_bytes": [0-9]*' "$T/e4.jsonl" | grep -o '[0-9]*$')
+[ -n "$p4" ] && [ -n "$p4e" ] && [ "$p4e" -lt "$p4" ] && ok "ep 4 holds less: peak $p4e bytes against $p4 under dp 4" ||
+    bad "ep 4 peak ${p4e:-?} bytes is not below dp 4's ${p4:-?}"
+
+train p2d2 4 --steps 4 --pp 2 --dp 2 --microbatches 2
+train p2e2 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 2 && near "$T/p2d2" "$T/p2e2" "pp 2 x ep 2 x dp 2, 1F1B"
+train p2d2m4 4 --steps 4 --pp 2 --dp 2 --microbatches 4 --batch 16
+train p2e2dv 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 4 --batch 16 --schedule dualpipev && near "$T/p2d2m4" \
+    "$T/p2e2dv" "pp 2 x ep 2 x dp 2, DualPipeV"
+routing p2d2 p2e2 "pp 2 x ep 2: every rank routes as under pp 2 x dp 2"
+
+# the memory model counts the experts' shards and the rows a member receives: peak = prediction, to the byte
+lines=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -c '"peak_bytes"')
+off=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' |
+    awk '$2 + 0 != $4 + 0' | head -3)
+[ "$lines" -gt 0 ] && [ -z "$off" ] && ok "peak memory = predicted on every rank and step of ep 4, ep 2 x dp 4, pp 2 x ep 2 ($lines lines)" ||
+    bad "peak memory differs from the prediction: $off"
+
+# --emulate: the stages run no layer; the all-to-alls of the layers' expected sizes still run (bytes_sent counts
+# them): within 30 % of the computing run's bytes (whose routing is not uniform)
+"$B" profile --layers 4 --d-model 16 --heads 4 --seq 16 --experts 4 --top-k 2 --moe-every 2 --json "$T/prof.json" \
+    >/dev/null 2>&1 || bad "brigade profile"
+train p2e2emu 4 --steps 2 --pp 2 --dp 2 --ep 2 --microbatches 2 --emulate "$T/prof.json" --emulate-scale 10
+mean_bytes() { grep -ho '"bytes_sent": [0-9]*' "$T/$1.jsonl" | awk '{s += $2; n++} END {if (n) printf "%d", s / n}'; }
+re=$(mean_bytes p2e2) em=$(mean_bytes p2e2emu)
+[ -n "$re" ] && [ -n "$em" ] && [ "$em" -gt $((re * 7 / 10)) ] && [ "$em" -lt $((re * 13 / 10)) ] &&
+    ok "emulated pp 2 x ep 2 x dp 2 sends $em bytes per rank and step, computing $re" ||
+    bad "emulated bytes per rank and step ${em:-?}, computing ${re:-?}"
+
+# checkpoints: whole expert tensors, resumed under another ep
+ck() { timeout 120 "$B" launch -n "$1" -- "$B" train $G --quiet "${@:2}" >"$T/ck.log" 2>&1 || { bad "ck: $*"; tail -3 "$T/ck.log"; }; }
+ck 2 --steps 2 --dp 2 --ep 2 --microbatches 1 --checkpoint-dir "$T/c2"
+ck 2 --steps 4 --dp 2 --microbatches 1 --checkpoint-dir "$T/c2" --resume --save "$T/r21"
+same "$T/d2m1" "$T/r21" "saved under ep 2, resumed under ep 1: bitwise"
+ck 2 --steps 2 --dp 2 --microbatches 2 --checkpoint-dir "$T/c1"
+ck 4 --steps 4 --dp 4 --ep 4 --microbatches 1 --checkpoint-dir "$T/c1" --resume --save "$T/r14"
+near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
+
+expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
+expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
+expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
+finish 21
