@@ -471,16 +471,19 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
     } else if (!g.onednn_why) {
         g.onednn_why = bg__dnnl.why;
     }
-    /* auto: oneDNN where it was measured ahead (docs/kernels.md: A B, A B^T
-     * and A^T B with m <= n on AVX-512; A^T B with m > n was even at 3 rows
-     * per column and behind at 4, 0.86 of OpenBLAS's SkylakeX kernels), and
-     * everywhere OpenBLAS runs kernels narrower than the CPU. Elsewhere (AVX2
-     * CPUs: not measured) OpenBLAS. */
+    /* auto: oneDNN where it was measured ahead (docs/kernels.md): A B, A B^T
+     * and A^T B with m <= n on AVX-512 (A^T B with m > n was even at 3 rows
+     * per column and behind at 4, 0.86 of OpenBLAS's SkylakeX kernels); every
+     * layout on AVX2 (oneDNN's AVX2 kernels 1.1-1.3x OpenBLAS's Haswell ones
+     * at the GPT's shapes, the tall A^T B included); everywhere OpenBLAS runs
+     * kernels narrower than the CPU. Below AVX2 (SSE: both at the vector
+     * units' limit) OpenBLAS. */
     bg_cpu_info_t cpu;
     int capped;
     bg__cpu_capped(&cpu, &capped);
-    int ahead = g.onednn && (m_dnnl || (cpu.avx512 || blas.fallback));
-    int ahead_tall = g.onednn && (m_dnnl || blas.fallback);
+    int avx2_only = cpu.avx2_fma && !cpu.avx512;
+    int ahead = g.onednn && (m_dnnl || cpu.avx512 || avx2_only || blas.fallback);
+    int ahead_tall = g.onednn && (m_dnnl || avx2_only || blas.fallback);
     g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
     g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
     const char *bf_impl = NULL, *bf_why = NULL;
