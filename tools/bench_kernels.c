@@ -522,6 +522,20 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     printf(")\n");
     printf("  training: %.0f%% of the machine's peak, %.0f%% of the best sgemm\n",
            pk.peak > 0 ? 100 * gflops / pk.peak : 0.0, best > 0 ? 100 * gflops / best : 0.0);
+    /* BRIGADE_CPU_ISA below the CPU's widest: the peak of the vectors the kernels (and the BLAS) may use,
+     * at the measured clock and FMA units: AVX2 8 lanes with FMA; the x86-64 default 4 lanes (SSE) with
+     * the multiply and the add as two instructions on the same two ports */
+    bg_cpu_isa_t isa = BG_CPU_ISA_DEFAULT;
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    double isa_peak = 0;
+    if (pk.peak > 0 && bg_cpu_isa(&isa) == BG_OK && (int)isa < (cpu.avx512 ? 2 : cpu.avx2_fma ? 1 : 0)) {
+        isa_peak = isa == BG_CPU_ISA_AVX2 ? pk.ghz * pk.units * 8 * 2 : pk.ghz * pk.units * 4;
+        printf("  the forced ISA's peak (BRIGADE_CPU_ISA=%s: %s): %.1f GFLOP/s; training %.0f%% of it, the best "
+               "sgemm %.0f%%\n", bg_cpu_isa_name(isa),
+               isa == BG_CPU_ISA_AVX2 ? "8 fp32 lanes x FMA" : "4 fp32 lanes, multiply and add apart", isa_peak,
+               100 * gflops / isa_peak, 100 * best / isa_peak);
+    }
     double ceiling = gemm_s > 0 ? flops / gemm_s / 1e9 : 0;
     if (gemm_s > 0)
         printf("  the step's GEMMs at its shapes, alone through this backend: %.1f ms (%.0f%% of the step; %.3f GFLOP "
@@ -600,6 +614,8 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
                                   pk.peak > 0 ? gflops / pk.peak : 0.0, "fraction_of_sgemm",
                                   best > 0 ? gflops / best : 0.0, "gemm_ms", gemm_s * 1e3, "gemm_gflop", gemm_flop / 1e9,
                                   "ceiling_gflops", ceiling));
+    if (isa_peak > 0)
+        json_object_set_new(json_object_get(root, "gpt_training"), "isa_peak_gflops", json_real(isa_peak));
     json_object_set_new(json_object_get(root, "gpt_training"), "fraction_of_fma_throughput", json_real(of_fma));
     json_object_set_new(json_object_get(root, "gpt_training"), "fma_throughput_gflops", json_real(fma_gflops));
     json_object_set_new(json_object_get(root, "gpt_training"), "gemm_in_step_ms", json_real(in_s * 1e3));
