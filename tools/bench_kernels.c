@@ -524,7 +524,8 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
            pk.peak > 0 ? 100 * gflops / pk.peak : 0.0, best > 0 ? 100 * gflops / best : 0.0);
     /* BRIGADE_CPU_ISA below the CPU's widest: the peak of the vectors the kernels (and the BLAS) may use,
      * at the measured clock and FMA units: AVX2 8 lanes with FMA; the x86-64 default 4 lanes (SSE) with
-     * the multiply and the add as two instructions on the same two ports */
+     * the multiply and the add as two instructions on the same two ports (an estimate: cores with separate
+     * add ports, Intel's Golden Cove and later, can pass it) */
     bg_cpu_isa_t isa = BG_CPU_ISA_DEFAULT;
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);
