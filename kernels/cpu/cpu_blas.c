@@ -301,6 +301,14 @@ static void bg__blas_load_once(void)
         bg_log(first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
                "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
+    else if (capped && bg__core_level(b->core) > bg__cpu_level(&cpu))
+        /* BRIGADE_CPU_ISA measures a narrower CPU, but OPENBLAS_CORETYPE, BRIGADE_BLAS_CORE or a host that
+         * loaded OpenBLAS first chose wider kernels: the GEMMs would be the wide CPU's. Under avx2 with oneDNN
+         * usable, oneDNN (capped) runs every GEMM and OpenBLAS's core does not matter. */
+        bg_log(cpu.avx2_fma && bg__dnnl_takes_over() ? BG_LOG_INFO : first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
+               "BRIGADE_CPU_ISA=%s, but OpenBLAS runs its \"%s\" kernels (chosen by: %s), wider than that: its "
+               "GEMMs are not those of such a CPU (unset OPENBLAS_CORETYPE and BRIGADE_BLAS_CORE to let the ISA "
+               "choose the core)", cpu.avx2_fma ? "avx2" : "default", b->core, b->chosen_by);
     else
         bg_log(BG_LOG_DEBUG, "kernels", "OpenBLAS core %s (chosen by: %s), %s", b->core, b->chosen_by, b->path);
 }
