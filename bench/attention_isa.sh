@@ -9,9 +9,18 @@
 # machine's load inflates the first), and torch / brigade of CPU time (> 1:
 # brigade is faster), each round running brigade then PyTorch back to back.
 #
+# A second table does the same for the Llama-style kernels (`brigade bench kernels
+# --llama`, bench/attention_torch.py --llama): per block, forward + backward CPU time
+# (rmsnorm: forward, input and weight gradients; swiglu: forward, backward; rope: forward;
+# gqa_attention: the grouped layout's expansion, the fused attention forward and backward,
+# the reduction; PyTorch: F.rms_norm, F.silu(a) * b, a rotate-half RoPE, SDPA with
+# enable_gqa, through autograd).
+#
 # usage: bench/attention_isa.sh [BRIGADE_BINARY]
 #   env: PYTHON (an interpreter that imports torch; default python3), ROUNDS (5),
-#        REPEAT (5), SHAPES ("4,256,12,64 2,128,4,64": B,T,NH,HS), ISAS (avx512 avx2 default)
+#        REPEAT (5), SHAPES ("4,256,12,64 2,128,4,64": B,T,NH,HS), ISAS (avx512 avx2 default),
+#        LLAMA ("4,256,4,3,64,2048": B,T,G,g,HS,H, G key/value heads of g query heads,
+#        SwiGLU of H units; empty: no second table)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 B=${1:-$here/../build/brigade}
@@ -20,6 +29,8 @@ ROUNDS=${ROUNDS:-5}
 REPEAT=${REPEAT:-5}
 SHAPES=${SHAPES:-"4,256,12,64 2,128,4,64"}
 ISAS=${ISAS:-"avx512 avx2 default"}
+LLAMA=${LLAMA-"4,256,4,3,64,2048"}
+llama_rows=""
 have_torch=1
 "$PY" -c "import torch" 2>/dev/null || { have_torch=0; echo "note: $PY cannot import torch: brigade only" >&2; }
 tmp=$(mktemp -d)
@@ -45,10 +56,11 @@ for isa in $ISAS; do
     esac
     args=()
     for s in $SHAPES; do args+=(--attention "$s"); done
+    for s in $LLAMA; do args+=(--llama "$s"); done
     : >"$tmp/b" && : >"$tmp/t"
     for r in $(seq "$ROUNDS"); do
         OMP_NUM_THREADS=1 BRIGADE_CPU_ISA=$isa "$B" bench kernels --threads 1 --repeat "$REPEAT" "${args[@]}" |
-            grep "^  attention" >>"$tmp/b"
+            grep -E "^  (attention|llama)" >>"$tmp/b"
         if [ $have_torch = 1 ]; then
             OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$cap MKL_ENABLE_INSTRUCTIONS=$mkl \
                 "$PY" "$here/attention_torch.py" --repeat "$REPEAT" "${args[@]}" >>"$tmp/t"
@@ -67,6 +79,34 @@ for isa in $ISAS; do
                 awk 'NF == 2 {printf "%.3f\n", $2 / $1}' | med)
         echo "| $isa | $s | $bc | $tc | $ratio | $bw | $tw |"
     done
+    for s in $LLAMA; do
+        IFS=, read -r b t G g hs H <<<"$s"
+        key="B=$b T=$t G=$G g=$g hs=$hs H=$H:"
+        # per round and block: the CPU time of its kernels summed (brigade) or its line (PyTorch)
+        grep -F "llama " "$tmp/b" | grep -F "$key" | awk '{
+            match($0, /CPU time +[0-9.]+/); c = substr($0, RSTART, RLENGTH); sub(/CPU time +/, "", c)
+            n = $2; if (n == "rmsnorm_forward") r++
+            if (n ~ /^gqa_(expand|reduce)$/) next
+            sub(/_(forward|backward_input|backward_weight|backward)$/, "", n); s[r " " n] += c
+        } END {for (k in s) print k, s[k]}' >"$tmp/lb"
+        grep -F "torch llama " "$tmp/t" | grep -F "$key" | awk '{
+            match($0, /CPU time +[0-9.]+/); c = substr($0, RSTART, RLENGTH); sub(/CPU time +/, "", c)
+            if ($3 == "rmsnorm") r++; print r, $3, c
+        }' >"$tmp/lt"
+        for blk in rmsnorm swiglu rope gqa_attention; do
+            bc=$(awk -v k="$blk" '$2 == k {print $3}' "$tmp/lb" | med)
+            tc=$(awk -v k="$blk" '$2 == k {print $3}' "$tmp/lt" | med)
+            ratio=$(awk -v k="$blk" 'NR == FNR {if ($2 == k) b[$1] = $3; next} $2 == k && b[$1] > 0 {printf "%.3f\n", $3 / b[$1]}' \
+                "$tmp/lb" "$tmp/lt" | med)
+            llama_rows+="| $isa | $blk | $s | $bc | $tc | $ratio |"$'\n'
+        done
+    done
 done
+if [ -n "$LLAMA" ]; then
+    echo
+    echo "| ISA | Llama block (fwd+bwd; rope fwd) | shape B,T,G,g,HS,H | brigade ms (CPU) | PyTorch ms (CPU) | torch / brigade (CPU) |"
+    echo "|---|---|---|---|---|---|"
+    printf "%s" "$llama_rows"
+fi
 echo
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -11,6 +11,14 @@ must be set before Python starts. Prints one line per shape:
   torch attention B=.. T=.. NH=.. hs=..: fwd+bwd X ms (backward Y); CPU time Z ms (backward W); capability C
 with the medians of --repeat runs after one warm-up (wall time, and the process's CPU
 time: on a shared machine the second leaves out the time other processes held the core).
+
+--llama B,T,G,g,HS,H times the Llama-style blocks that `brigade bench kernels --llama`
+times, each forward + backward through autograd (fp32, eager): rmsnorm (F.rms_norm over
+C = G g HS with a weight), swiglu (F.silu(a) * b of a (B T, 2H) input), rope (forward only,
+rotate-half of the g + 1 rotated heads of each group, a precomputed cos/sin table) and
+gqa_attention (F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) of
+G g query heads over G key/value heads). One line per block:
+  torch llama NAME B=.. T=.. G=.. g=.. hs=.. H=..: X ms, CPU time Y ms
 """
 import argparse
 import statistics
@@ -39,9 +47,58 @@ def bench(b, t, nh, hs, repeat):
     return med(wall, 0), med(wall, 1), med(cpu, 0), med(cpu, 1)
 
 
+def llama_blocks(b, t, G, g, hs, H):
+    """name -> a function running the block once (forward, and backward where it has one)"""
+    gen = torch.Generator().manual_seed(9)
+    rnd = lambda *shape: torch.rand(*shape, generator=gen).mul_(2).sub_(1)
+    C = G * g * hs
+    x, w, dy = rnd(b * t, C).requires_grad_(), rnd(C).requires_grad_(), rnd(b * t, C)
+    u, du = rnd(b * t, 2 * H).requires_grad_(), rnd(b * t, H)
+    xr = rnd(b, t, G, g + 2, hs)
+    half = hs // 2
+    inv = 10000.0 ** (-torch.arange(0, half, dtype=torch.float64) * 2 / hs)
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = (f(ang).float()[None, :, None, None, :] for f in (torch.cos, torch.sin))
+    q = rnd(b, G * g, t, hs).requires_grad_()
+    k, v = rnd(b, G, t, hs).requires_grad_(), rnd(b, G, t, hs).requires_grad_()
+    dq = rnd(b, G * g, t, hs)
+
+    def rmsnorm():
+        x.grad = w.grad = None
+        F.rms_norm(x, (C,), w, 1e-5).backward(dy)
+
+    def swiglu():
+        u.grad = None
+        a, c = u.chunk(2, dim=-1)
+        (F.silu(a) * c).backward(du)
+
+    def rope():
+        r = xr[..., : g + 1, :]
+        x1, x2 = r[..., :half], r[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+    def gqa_attention():
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(dq)
+
+    return {"rmsnorm": rmsnorm, "swiglu": swiglu, "rope": rope, "gqa_attention": gqa_attention}
+
+
+def time_block(fn, repeat):
+    wall, cpu = [], []
+    for r in range(repeat + 1):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        if r:
+            wall.append(time.perf_counter() - w0)
+            cpu.append(time.process_time() - c0)
+    return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--attention", action="append", required=True, help="B,T,NH,HS (repeatable)")
+    ap.add_argument("--attention", action="append", default=[], help="B,T,NH,HS (repeatable)")
+    ap.add_argument("--llama", action="append", default=[], help="B,T,G,g,HS,H (repeatable)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
@@ -53,6 +110,12 @@ def main():
         print(f"  torch attention B={b} T={t} NH={nh} hs={hs}: fwd+bwd {fb:.3f} ms (backward {bw:.3f}); "
               f"CPU time {cfb:.3f} ms (backward {cbw:.3f}); capability {cap}, torch {torch.__version__}",
               flush=True)
+    for shape in a.llama:
+        b, t, G, g, hs, H = (int(x) for x in shape.split(","))
+        for name, fn in llama_blocks(b, t, G, g, hs, H).items():
+            w, c = time_block(fn, a.repeat)
+            print(f"  torch llama {name} B={b} T={t} G={G} g={g} hs={hs} H={H}: {w:.3f} ms, CPU time {c:.3f} ms",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@
 #   BRIGADE_EXTRA  flags added to every brigade run (e.g. "--precision bf16"; PyTorch stays fp32)
 #   CASES       which cases to run (default: "one1 one2 pp dp small ppzb ppzbv"; ppzb and ppzbv: brigade
 #               only, its zero-bubble schedules on the pipeline case)
+# A narrower vector ISA, on both sides (docs/benchmarks.md's table): BRIGADE_CPU_ISA=avx2
+# ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (avx512 / AVX512, default / SSE4_2);
+# the header lines print what each side runs (brigade's kernels, BLAS core and GEMM libraries,
+# PyTorch's capability).
 set -euo pipefail
 BUILD=${1:-build}; R=${2:-3}; STEPS=${3:-8}
 B="$BUILD/brigade"
@@ -76,7 +80,7 @@ params() {
 med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), family $(grep -m1 'cpu family' /proc/cpuinfo | sed 's/.*: //') model $(grep -m1 '^model\s*:' /proc/cpuinfo | sed 's/.*: //'), $(nproc) CPUs, flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|avx512f|avx512bw|avx512vl|avx512_bf16|amx_tile|amx_bf16)$' | tr '\n' ' ')"
-"$B" info | grep -E "^(blas|cpu):|version:|kernels:" | sed 's/^/# /'
+"$B" info | grep -E "^(blas|cpu|gemm):|version:|kernels:" | sed 's/^/# /'
 echo "# $("$PY" -c 'import torch; print("torch", torch.__version__, "(" + torch.backends.cpu.get_cpu_capability() + ")")')"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $R repeats of $STEPS steps, alternating"
 for c in $CASES; do

@@ -8,7 +8,9 @@
  *   /tmp/gemm_candidates LIB [REPEATS]      LIB: openblas | blis | dnnl
  *
  * Prints one line per shape: name, transposes, m n k, median GFLOP/s of
- * REPEATS timed calls (each long enough to take >= 20 ms) after a warm-up.
+ * REPEATS timed calls (each long enough to take >= 20 ms of the thread's CPU
+ * time, which leaves out the time other processes of a shared machine held
+ * the core) after a warm-up.
  * Run the libraries alternately (bench/gemm_candidates.sh) and compare medians. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -38,7 +40,7 @@ static void gemm(int ta, int tb, int m, int n, int k, const float *a, int lda, c
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 

@@ -3,16 +3,21 @@
 # GPT's GEMM shapes (bench/gemm_candidates.c), the candidates run alternately,
 # R rounds, medians per shape. Not in CI. Needs libopenblas0, libblis4-openmp
 # and libdnnl2 (Debian). Usage: bench/gemm_candidates.sh [ROUNDS]
+#   CANDIDATES  the libraries (default "openblas openblas-SkylakeX openblas-Haswell blis dnnl"):
+#               openblas-CORE forces OpenBLAS's core (OPENBLAS_CORETYPE), dnnl-ISA caps oneDNN's
+#               (ONEDNN_MAX_CPU_ISA), e.g. "openblas-Haswell dnnl-AVX2 openblas-Prescott dnnl-SSE41"
+#               for what BRIGADE_CPU_ISA=avx2 and =default choose between
 set -euo pipefail
 R=${1:-5}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 gcc -O2 -o "$T/gc" "$(dirname "$0")/gemm_candidates.c" -ldl
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 BLIS_NUM_THREADS=1
-C=(openblas openblas-SkylakeX openblas-Haswell blis dnnl)
+read -r -a C <<<"${CANDIDATES:-openblas openblas-SkylakeX openblas-Haswell blis dnnl}"
 for i in $(seq 1 "$R"); do
   for c in "${C[@]}"; do
     case $c in
       openblas-*) OPENBLAS_CORETYPE=${c#openblas-} "$T/gc" openblas 3 ;;
+      dnnl-*) env -u OPENBLAS_CORETYPE ONEDNN_MAX_CPU_ISA=${c#dnnl-} "$T/gc" dnnl 3 ;;
       *) env -u OPENBLAS_CORETYPE "$T/gc" "$c" 3 ;;
     esac 2>>"$T/info" | awk -v c="$c" '{print c, $0}' >>"$T/all"
   done

@@ -522,6 +522,21 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
     printf(")\n");
     printf("  training: %.0f%% of the machine's peak, %.0f%% of the best sgemm\n",
            pk.peak > 0 ? 100 * gflops / pk.peak : 0.0, best > 0 ? 100 * gflops / best : 0.0);
+    /* BRIGADE_CPU_ISA below the CPU's widest: the peak of the vectors the kernels (and the BLAS) may use,
+     * at the measured clock and FMA units: AVX2 8 lanes with FMA; the x86-64 default 4 lanes (SSE) with
+     * the multiply and the add as two instructions on the same two ports (an estimate: cores with separate
+     * add ports, Intel's Golden Cove and later, can pass it) */
+    bg_cpu_isa_t isa = BG_CPU_ISA_DEFAULT;
+    bg_cpu_info_t cpu;
+    bg_cpu_info(&cpu);
+    double isa_peak = 0;
+    if (pk.peak > 0 && bg_cpu_isa(&isa) == BG_OK && (int)isa < (cpu.avx512 ? 2 : cpu.avx2_fma ? 1 : 0)) {
+        isa_peak = isa == BG_CPU_ISA_AVX2 ? pk.ghz * pk.units * 8 * 2 : pk.ghz * pk.units * 4;
+        printf("  the forced ISA's peak (BRIGADE_CPU_ISA=%s: %s): %.1f GFLOP/s; training %.0f%% of it, the best "
+               "sgemm %.0f%%\n", bg_cpu_isa_name(isa),
+               isa == BG_CPU_ISA_AVX2 ? "8 fp32 lanes x FMA" : "4 fp32 lanes, multiply and add apart", isa_peak,
+               100 * gflops / isa_peak, 100 * best / isa_peak);
+    }
     double ceiling = gemm_s > 0 ? flops / gemm_s / 1e9 : 0;
     if (gemm_s > 0)
         printf("  the step's GEMMs at its shapes, alone through this backend: %.1f ms (%.0f%% of the step; %.3f GFLOP "
@@ -600,6 +615,8 @@ static int bg__bench_gpt_training(bg__kb_t *kb, json_t *root)
                                   pk.peak > 0 ? gflops / pk.peak : 0.0, "fraction_of_sgemm",
                                   best > 0 ? gflops / best : 0.0, "gemm_ms", gemm_s * 1e3, "gemm_gflop", gemm_flop / 1e9,
                                   "ceiling_gflops", ceiling));
+    if (isa_peak > 0)
+        json_object_set_new(json_object_get(root, "gpt_training"), "isa_peak_gflops", json_real(isa_peak));
     json_object_set_new(json_object_get(root, "gpt_training"), "fraction_of_fma_throughput", json_real(of_fma));
     json_object_set_new(json_object_get(root, "gpt_training"), "fma_throughput_gflops", json_real(fma_gflops));
     json_object_set_new(json_object_get(root, "gpt_training"), "gemm_in_step_ms", json_real(in_s * 1e3));
@@ -697,16 +714,134 @@ out:
     return rc;
 }
 
+/* -------------------------------------------------------- Llama kernels */
+
+/* --llama B,T,G,g,HS,H: the Llama-style kernels alone at batch B, sequence T,
+ * G key/value heads of g query heads each (head size HS, so d_model
+ * C = G g HS) and a SwiGLU of H hidden units: RMSNorm (forward, input and
+ * weight gradients) on (B T, C), SwiGLU (forward, backward) on (B T, 2H),
+ * RoPE on the grouped projection (G groups of g query heads, a key head and a
+ * value head: the g + 1 first rotated), the grouped layout's expansion and
+ * reduction, and the grouped-query attention's forward and backward (expand,
+ * the fused causal attention forward and backward, reduce). Medians of wall
+ * and CPU time, as --attention; GB/s of the minimal traffic, GFLOP/s of the
+ * attention's causal pairs. MoE's experts are these SwiGLUs between GEMMs. */
+enum { BG_LL_RMS, BG_LL_RMS_BWD_IN, BG_LL_RMS_BWD_W, BG_LL_SWIGLU, BG_LL_SWIGLU_BWD, BG_LL_ROPE, BG_LL_GQA_EXPAND,
+       BG_LL_GQA_REDUCE, BG_LL_GQA_ATTN, BG_LL_COUNT };
+static const char *const bg__ll_names[BG_LL_COUNT] = {
+    "rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_backward_weight", "swiglu_forward", "swiglu_backward",
+    "rope", "gqa_expand", "gqa_reduce", "gqa_attention fwd+bwd"};
+
+typedef struct {
+    int B, T, G, g, hs, H, N, C, Cg;
+    float *in, *out, *aux, *dq, *att, *w, *rstd, *ws; /* in, out, aux, dq: N * max(2H, 3C, Cg); att: N C */
+} bg__ll_t;
+
+static void bg__ll_call(bg_backend_t *be, const bg__ll_t *s, int op)
+{
+    const bg_backend_ops_t *o = be->ops;
+    switch (op) {
+    case BG_LL_RMS: o->rmsnorm_forward(be, s->out, s->rstd, s->in, s->w, 1e-5f, s->N, s->C); break;
+    case BG_LL_RMS_BWD_IN: o->rmsnorm_backward_input(be, s->out, s->aux, s->in, s->w, s->rstd, s->N, s->C); break;
+    case BG_LL_RMS_BWD_W: o->rmsnorm_backward_weight(be, s->w + s->C, s->aux, s->in, s->rstd, s->N, s->C); break;
+    case BG_LL_SWIGLU: o->swiglu_forward(be, s->out, s->in, s->N, s->H); break;
+    case BG_LL_SWIGLU_BWD: o->swiglu_backward(be, s->out, s->in, s->aux, s->N, s->H); break;
+    case BG_LL_ROPE: o->rope(be, s->out, s->in, s->B, s->T, s->G, s->g + 1, s->hs, 10000.0f, 0, 0); break;
+    case BG_LL_GQA_EXPAND: o->gqa_expand(be, s->out, s->in, s->B, s->T, s->G, s->g, s->hs); break;
+    case BG_LL_GQA_REDUCE: o->gqa_reduce(be, s->out, s->aux, s->B, s->T, s->G, s->g, s->hs); break;
+    default: { /* grouped in -> qkv (out) -> att -> dqkv (dq, from dout = aux) -> dgrouped (out) */
+        int NH = s->G * s->g;
+        size_t nws = bg_attention_ws_floats(s->B, s->T, s->C, NH);
+        o->gqa_expand(be, s->out, s->in, s->B, s->T, s->G, s->g, s->hs);
+        bg_attention_forward(be, s->att, s->ws, s->out, s->B, s->T, s->C, NH);
+        bg_attention_backward(be, s->dq, s->ws + nws, s->aux, s->out, s->att, s->ws, s->B, s->T, s->C, NH);
+        o->gqa_reduce(be, s->out, s->dq, s->B, s->T, s->G, s->g, s->hs);
+    }
+    }
+}
+
+/* minimal bytes moved by one call (floats read and written, once each) */
+static double bg__ll_bytes(const bg__ll_t *s, int op)
+{
+    double N = s->N, C = s->C, H = s->H, Cg = s->Cg;
+    static const double per_c[] = {2, 3, 2}; /* RMSNorm: in, out (, dout) */
+    switch (op) {
+    case BG_LL_RMS: case BG_LL_RMS_BWD_IN: case BG_LL_RMS_BWD_W: return per_c[op] * N * C * 4;
+    case BG_LL_SWIGLU: return 3 * N * H * 4;
+    case BG_LL_SWIGLU_BWD: return 5 * N * H * 4;
+    case BG_LL_ROPE: return 2 * N * Cg * 4;
+    default: return (N * Cg + 3 * N * C) * 4; /* the layouts; the attention counts FLOPs */
+    }
+}
+
+static int bg__bench_llama(bg__kb_t *kb, const long long *sh)
+{
+    bg_backend_t *be = kb->be;
+    bg__ll_t s = {.B = (int)sh[0], .T = (int)sh[1], .G = (int)sh[2], .g = (int)sh[3], .hs = (int)sh[4],
+                  .H = (int)sh[5]};
+    s.N = s.B * s.T, s.C = s.G * s.g * s.hs, s.Cg = s.G * (s.g + 2) * s.hs;
+    const bg_backend_ops_t *o = be->ops;
+    if (!o->rmsnorm_forward || !o->swiglu_forward || !o->rope || !o->gqa_expand)
+        return bg_cli_fail("bench kernels", "backend %s has no Llama kernels", o->name);
+    size_t wide = (size_t)s.N * (size_t)(2 * s.H > 3 * s.C ? (2 * s.H > s.Cg ? 2 * s.H : s.Cg)
+                                                           : (3 * s.C > s.Cg ? 3 * s.C : s.Cg));
+    size_t nws = bg_attention_ws_floats(s.B, s.T, s.C, s.G * s.g) + bg_attention_scratch_floats(s.B, s.T, s.C, s.G * s.g);
+    float **bufs[] = {&s.in, &s.out, &s.aux, &s.dq, &s.att, &s.w, &s.rstd, &s.ws};
+    size_t len[] = {wide, wide, wide, wide, (size_t)s.N * s.C, 2 * (size_t)s.C, (size_t)s.N, nws};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof(len) / sizeof(len[0]); i++)
+        if (!(*bufs[i] = bg_backend_alloc(be, len[i] * sizeof(float), "bench llama")))
+            rc = bg_cli_status("bench kernels", BG_ERR_NOMEM);
+    double *t = malloc(2 * (size_t)kb->repeat * sizeof(double));
+    if (!t && !rc)
+        rc = bg_cli_status("bench kernels", BG_ERR_NOMEM);
+    if (!rc) {
+        bg__fill_random(be, s.in, wide, 11);
+        bg__fill_random(be, s.aux, wide, 12);
+        bg__fill_random(be, s.w, 2 * (size_t)s.C, 13);
+        o->rmsnorm_forward(be, s.out, s.rstd, s.in, s.w, 1e-5f, s.N, s.C); /* the backward's rstd */
+    }
+    for (int op = 0; op < BG_LL_COUNT && !rc; op++) {
+        double *tw = t, *tc = t + kb->repeat;
+        for (int r = -1; r < kb->repeat; r++) {
+            double w0 = bg_now(), c0 = bg__cpu_seconds();
+            bg__ll_call(be, &s, op);
+            be->ops->synchronize(be);
+            if (r >= 0)
+                tw[r] = bg_now() - w0, tc[r] = bg__cpu_seconds() - c0;
+        }
+        double mw = bg_median(tw, (size_t)kb->repeat), mc = bg_median(tc, (size_t)kb->repeat);
+        double flop = op == BG_LL_GQA_ATTN ? 7.0 * 2.0 * s.B * (s.T * (s.T + 1.0) / 2.0) * s.C : 0;
+        printf("  llama %-24s B=%d T=%d G=%d g=%d hs=%d H=%d: %9.3f ms, CPU time %9.3f ms, ", bg__ll_names[op], s.B,
+               s.T, s.G, s.g, s.hs, s.H, mw * 1e3, mc * 1e3);
+        if (flop > 0)
+            printf("%.1f GFLOP/s (CPU time)\n", flop / mc * 1e-9);
+        else
+            printf("%.2f GB/s (CPU time)\n", bg__ll_bytes(&s, op) / mc * 1e-9);
+        json_array_append_new(kb->ops, json_pack("{s:s, s:[i,i,i,i,i,i], s:f, s:f}", "op", bg__ll_names[op],
+                                                 "shape", s.B, s.T, s.G, s.g, s.hs, s.H, "ms", mw * 1e3, "cpu_ms",
+                                                 mc * 1e3));
+    }
+    free(t);
+    for (size_t i = 0; i < sizeof(len) / sizeof(len[0]); i++)
+        bg_backend_free(be, *bufs[i]);
+    return rc;
+}
+
 static void bg__usage(FILE *f)
 {
     fprintf(f, "usage: brigade bench kernels [--threads N] [--sizes 256,512,1024] [--repeat R] [--json FILE]\n"
-               "                             [--attention B,T,NH,HS]...\n"
+               "                             [--attention B,T,NH,HS]... [--llama B,T,G,g,HS,H]...\n"
                "\n"
                "  --threads N   compute threads of the cpu backend (default: BRIGADE_NUM_THREADS or OpenMP's)\n"
                "  --sizes LIST  square GEMM sizes (default 256,512,1024)\n"
                "  --repeat R    timed runs per figure; the median is reported (default 5)\n"
                "  --attention B,T,NH,HS  only the fused causal attention, forward + backward, at batch B,\n"
                "                sequence T, NH heads of HS (repeatable); wall and CPU-time medians\n"
+               "  --llama B,T,G,g,HS,H  only the Llama kernels (RMSNorm, SwiGLU of H units, RoPE, the grouped\n"
+               "                layout and the grouped-query attention, forward + backward) at batch B,\n"
+               "                sequence T, G key/value heads of g query heads of HS (repeatable; with\n"
+               "                --attention, both run)\n"
                "  --json FILE   also write the figures as JSON\n"
                "\n"
                "Prints GEMM GFLOP/s through the backend next to cblas_sgemm called directly\n"
@@ -723,8 +858,8 @@ int bg_bench_kernels(int argc, char **argv)
     long long threads = 0, repeat = 5, sizes[BG_BENCH_MAX_SIZES] = {256, 512, 1024};
     int nsizes = 3;
     const char *json_path = NULL;
-    long long att[BG_BENCH_MAX_SIZES][4];
-    int natt = 0;
+    long long att[BG_BENCH_MAX_SIZES][4], ll[BG_BENCH_MAX_SIZES][6];
+    int natt = 0, nll = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -761,9 +896,24 @@ int bg_bench_kernels(int argc, char **argv)
                 return bg_cli_fail(cmd, "--attention: expected B,T,NH,HS, four positive sizes (B*T*NH*HS <= 2^28)");
             natt++;
             i++;
+        } else if (!strcmp(f, "--llama")) {
+            int n = 0;
+            if (nll == BG_BENCH_MAX_SIZES)
+                return bg_cli_fail(cmd, "--llama: at most %d shapes", BG_BENCH_MAX_SIZES);
+            if (bg_cli_int_list(cmd, f, v, ll[nll], 6, &n))
+                return 2;
+            int ok = n == 6;
+            for (int k = 0; k < n && ok; k++)
+                ok = ll[nll][k] >= 1 && ll[nll][k] <= (1 << 16);
+            if (!ok || ll[nll][4] % 2 || ll[nll][0] * ll[nll][1] * ll[nll][2] * (ll[nll][3] + 2) * ll[nll][4] > (1LL << 27) ||
+                ll[nll][0] * ll[nll][1] * ll[nll][5] > (1LL << 27))
+                return bg_cli_fail(cmd, "--llama: expected B,T,G,g,HS,H, six positive sizes, HS even "
+                                        "(B*T*G*(g+2)*HS and B*T*H <= 2^27)");
+            nll++;
+            i++;
         } else {
-            static const char *const known[] = {"--threads", "--repeat", "--sizes", "--json", "--attention", "--help",
-                                                NULL};
+            static const char *const known[] = {"--threads", "--repeat", "--sizes", "--json", "--attention", "--llama",
+                                                "--help", NULL};
             return bg_cli_unknown_option(cmd, f, known);
         }
     }
@@ -782,9 +932,11 @@ int bg_bench_kernels(int argc, char **argv)
     int have_blas = bg_blas_info(&blas) == BG_OK;
     printf("brigade bench kernels: backend %s, %d threads, median of %d runs; kernels %s, OpenBLAS core %s\n\n",
            be->ops->name, be->num_threads, kb.repeat, bg_cpu_isa_name(isa), have_blas ? blas.core : "?");
-    if (natt) {
+    if (natt || nll) {
         for (int a = 0; a < natt && !rc; a++)
             rc = bg__bench_attention(&kb, (int)att[a][0], (int)att[a][1], (int)att[a][2], (int)att[a][3]);
+        for (int a = 0; a < nll && !rc; a++)
+            rc = bg__bench_llama(&kb, ll[a]);
         json_t *root = json_pack("{s:s, s:s, s:i, s:i, s:o}", "backend", be->ops->name, "isa", bg_cpu_isa_name(isa),
                                  "threads", be->num_threads, "repeat", kb.repeat, "ops", kb.ops);
         json_decref(kb.gemms);
@@ -816,6 +968,8 @@ int bg_bench_kernels(int argc, char **argv)
     if (!rc) rc = bg__bench_op(&kb, BG_OP_SOFTMAX, "causal_softmax_forward", 4, 256, 768, 12, 0);
     if (!rc) rc = bg__bench_op(&kb, BG_OP_CE, "crossentropy_forward", 1, 256, 768, 12, 50257);
     if (!rc) rc = bg__bench_op(&kb, BG_OP_ATTN, "attention fwd+bwd", 4, 256, 768, 12, 0);
+    static const long long llama_shape[6] = {4, 256, 4, 3, 64, 2048}; /* d_model 768, 12 query heads */
+    if (!rc) rc = bg__bench_llama(&kb, llama_shape);
 
     json_t *root = json_pack("{s:s, s:i, s:i, s:o, s:o}", "backend", be->ops->name, "threads", be->num_threads,
                              "repeat", kb.repeat, "gemm", kb.gemms, "ops", kb.ops);

@@ -301,6 +301,14 @@ static void bg__blas_load_once(void)
         bg_log(first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
                "OpenBLAS runs its \"%s\" kernels (chosen by: %s), narrower than this CPU's vectors: GEMM at a "
                "fraction of the machine's speed (brigade info; docs/kernels.md)", b->core, b->chosen_by);
+    else if (capped && bg__core_level(b->core) > bg__cpu_level(&cpu))
+        /* BRIGADE_CPU_ISA measures a narrower CPU, but OPENBLAS_CORETYPE, BRIGADE_BLAS_CORE or a host that
+         * loaded OpenBLAS first chose wider kernels: the GEMMs would be the wide CPU's. Under avx2 with oneDNN
+         * usable, oneDNN (capped) runs every GEMM and OpenBLAS's core does not matter. */
+        bg_log(cpu.avx2_fma && bg__dnnl_takes_over() ? BG_LOG_INFO : first ? BG_LOG_WARN : BG_LOG_INFO, "kernels",
+               "BRIGADE_CPU_ISA=%s, but OpenBLAS runs its \"%s\" kernels (chosen by: %s), wider than that: its "
+               "GEMMs are not those of such a CPU (unset OPENBLAS_CORETYPE and BRIGADE_BLAS_CORE to let the ISA "
+               "choose the core)", cpu.avx2_fma ? "avx2" : "default", b->core, b->chosen_by);
     else
         bg_log(BG_LOG_DEBUG, "kernels", "OpenBLAS core %s (chosen by: %s), %s", b->core, b->chosen_by, b->path);
 }
@@ -471,16 +479,19 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
     } else if (!g.onednn_why) {
         g.onednn_why = bg__dnnl.why;
     }
-    /* auto: oneDNN where it was measured ahead (docs/kernels.md: A B, A B^T
-     * and A^T B with m <= n on AVX-512; A^T B with m > n was even at 3 rows
-     * per column and behind at 4, 0.86 of OpenBLAS's SkylakeX kernels), and
-     * everywhere OpenBLAS runs kernels narrower than the CPU. Elsewhere (AVX2
-     * CPUs: not measured) OpenBLAS. */
+    /* auto: oneDNN where it was measured ahead (docs/kernels.md): A B, A B^T
+     * and A^T B with m <= n on AVX-512 (A^T B with m > n was even at 3 rows
+     * per column and behind at 4, 0.86 of OpenBLAS's SkylakeX kernels); every
+     * layout on AVX2 (oneDNN's AVX2 kernels 1.1-1.3x OpenBLAS's Haswell ones
+     * at the GPT's shapes, the tall A^T B included); everywhere OpenBLAS runs
+     * kernels narrower than the CPU. Below AVX2 (SSE: both at the vector
+     * units' limit) OpenBLAS. */
     bg_cpu_info_t cpu;
     int capped;
     bg__cpu_capped(&cpu, &capped);
-    int ahead = g.onednn && (m_dnnl || (cpu.avx512 || blas.fallback));
-    int ahead_tall = g.onednn && (m_dnnl || blas.fallback);
+    int avx2_only = cpu.avx2_fma && !cpu.avx512;
+    int ahead = g.onednn && (m_dnnl || cpu.avx512 || avx2_only || blas.fallback);
+    int ahead_tall = g.onednn && (m_dnnl || avx2_only || blas.fallback);
     g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
     g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
     const char *bf_impl = NULL, *bf_why = NULL;

@@ -72,7 +72,7 @@ static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 
 
 /* ------------------------------------------------------ per-ISA kernels
  *
- * cpu_nn.c and cpu_attention.c are compiled once per vector ISA (kernels/
+ * cpu_nn.c, cpu_attention.c and cpu_llama.c are compiled once per vector ISA (kernels/
  * CMakeLists.txt: BG_ISA_ID 0 = the plain x86-64 baseline, 1 = AVX2 + FMA
  * (x86-64-v3), 2 = AVX-512 (x86-64-v4); one compile, 0, elsewhere), and each
  * compile exports its kernels as one table, bg__cpu_kernels_<isa>. A backend
@@ -128,7 +128,22 @@ static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 
       int hs), (be, out, lse, qkv, B, T, NH, hs))                                                                \
     X(attention_backward, (bg_backend_t *be, float *dqkv, float *dvec, const float *dout, const float *qkv,      \
       const float *out, const float *lse, int B, int T, int NH, int hs),                                         \
-      (be, dqkv, dvec, dout, qkv, out, lse, B, T, NH, hs))
+      (be, dqkv, dvec, dout, qkv, out, lse, B, T, NH, hs))                                                      \
+    X(rmsnorm_forward, (bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight,         \
+      float eps, int N, int C), (be, out, rstd, in, weight, eps, N, C))                                          \
+    X(rmsnorm_backward_input, (bg_backend_t *be, float *din, const float *dout, const float *in,                 \
+      const float *weight, const float *rstd, int N, int C), (be, din, dout, in, weight, rstd, N, C))            \
+    X(rmsnorm_backward_weight, (bg_backend_t *be, float *dweight, const float *dout, const float *in,            \
+      const float *rstd, int N, int C), (be, dweight, dout, in, rstd, N, C))                                     \
+    X(swiglu_forward, (bg_backend_t *be, float *out, const float *in, int N, int H), (be, out, in, N, H))        \
+    X(swiglu_backward, (bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H),         \
+      (be, din, in, dout, N, H))                                                                                 \
+    X(rope, (bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,     \
+      int pos0, int inverse), (be, out, in, B, T, G, R, hs, theta, pos0, inverse))                               \
+    X(gqa_expand, (bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs),      \
+      (be, qkv, grouped, B, T, G, g, hs))                                                                        \
+    X(gqa_reduce, (bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs),    \
+      (be, dgrouped, dqkv, B, T, G, g, hs))
 
 typedef struct bg__cpu_kernels {
 #define BG__CPU_KFIELD(name, params, args) void(*name) params;
@@ -162,32 +177,31 @@ extern const bg__cpu_kernels_t bg__cpu_kernels_avx2, bg__cpu_kernels_avx512;
 #else
 #define BG_ISA_COMPILED "default"
 #endif
-/* cpu_attention.c's kernels, put in the table by cpu_nn.c */
+/* cpu_attention.c's and cpu_llama.c's kernels, put in the table by cpu_nn.c */
 void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
                                         int NH, int hs);
 void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
                                          const float *qkv, const float *out, const float *lse, int B, int T, int NH,
                                          int hs);
+void BG_ISA_FN(bg__k_rmsnorm_forward)(bg_backend_t *be, float *out, float *rstd, const float *in,
+                                      const float *weight, float eps, int N, int C);
+void BG_ISA_FN(bg__k_rmsnorm_backward_input)(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                             const float *weight, const float *rstd, int N, int C);
+void BG_ISA_FN(bg__k_rmsnorm_backward_weight)(bg_backend_t *be, float *dweight, const float *dout, const float *in,
+                                              const float *rstd, int N, int C);
+void BG_ISA_FN(bg__k_swiglu_forward)(bg_backend_t *be, float *out, const float *in, int N, int H);
+void BG_ISA_FN(bg__k_swiglu_backward)(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H);
+void BG_ISA_FN(bg__k_rope)(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs,
+                           float theta, int pos0, int inverse);
+void BG_ISA_FN(bg__k_gqa_expand)(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g,
+                                 int hs);
+void BG_ISA_FN(bg__k_gqa_reduce)(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g,
+                                 int hs);
 #else
 /* The op table's entries (cpu_backend.c): each calls the backend's ISA's kernel. */
 #define BG__CPU_KDECL(name, params, args) void bg__cpu_##name params;
 BG_CPU_ISA_KERNELS(BG__CPU_KDECL)
 #undef BG__CPU_KDECL
 #endif
-
-/* The Llama-style kernels (cpu_llama.c, compiled once, not per ISA: row loops with no vector code of
- * their own); the op table's slots of the same names (backend.h). */
-void bg__cpu_rmsnorm_forward(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight, float eps,
-                             int N, int C);
-void bg__cpu_rmsnorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
-                                    const float *weight, const float *rstd, int N, int C);
-void bg__cpu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const float *dout, const float *in,
-                                     const float *rstd, int N, int C);
-void bg__cpu_swiglu_forward(bg_backend_t *be, float *out, const float *in, int N, int H);
-void bg__cpu_swiglu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H);
-void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
-                  int pos0, int inverse);
-void bg__cpu_gqa_expand(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs);
-void bg__cpu_gqa_reduce(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs);
 
 #endif

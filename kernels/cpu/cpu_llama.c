@@ -1,13 +1,16 @@
 /* kernels/cpu/cpu_llama.c: the CPU backend's Llama-style kernels: RMSNorm,
  * SwiGLU, rotary position embedding and grouped-query attention's layout
- * (the op slots of the same names, include/brigade/backend.h). Plain C loops,
- * compiled once (not per ISA), OpenMP over rows.
+ * (the op slots of the same names, include/brigade/backend.h). Compiled once
+ * per vector ISA, as cpu_nn.c (kernels/CMakeLists.txt; cpu_nn.c puts these
+ * in its table), OpenMP over rows.
  *
  * Determinism rule (as cpu_nn.c): row-wise kernels give each row to one
  * thread; rmsnorm_backward_weight gives each block of BG_CPU_COL_BLOCK
  * columns to one thread, which sums over rows in row order in double. So
  * every output is bitwise identical for any thread count. Compiled without
- * FMA contraction (C11 default), so the bits do not depend on the ISA either.
+ * FMA contraction (C11 default), the row sums in cpu_vec.h's fixed double
+ * lanes and the exponential cpu_vec.h's bg__expf, so the bits do not depend
+ * on the ISA either (test_kernels compares them across ISAs).
  *
  * Must not print or exit. */
 #include <math.h>
@@ -15,48 +18,64 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/cpu_vec.h"
 
 #define ROWS_PAR(N, C) ((size_t)(N) * (size_t)(C) > BG_CPU_PAR_WORK && (N) > 1)
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-void bg__cpu_rmsnorm_forward(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight, float eps,
-                             int N, int C)
+void BG_ISA_FN(bg__k_rmsnorm_forward)(bg_backend_t *be, float *out, float *rstd, const float *in,
+                                      const float *weight, float eps, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, C)) schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = in + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        double ss = 0;
-        for (int c = 0; c < C; c++)
-            ss += (double)x[c] * (double)x[c];
-        float s = (float)(1.0 / sqrt(ss / C + (double)eps));
+        float s = (float)(1.0 / sqrt(bg__dot_f(x, x, C) / C + (double)eps));
         rstd[n] = s;
         for (int c = 0; c < C; c++)
             y[c] = x[c] * s * weight[c];
     }
 }
 
-void bg__cpu_rmsnorm_backward_input(bg_backend_t *be, float *din, const float *dout, const float *in,
-                                    const float *weight, const float *rstd, int N, int C)
+/* sum over c of (double)(w dy) * (double)(x s), in cpu_vec.h's lanes (its
+ * bg__dot_f with the two float products formed first) */
+static inline double bg__rms_dot(const float *restrict w, const float *restrict dy, const float *restrict x,
+                                 float s, int n)
+{
+    double acc[BG_VEC_LANES];
+    bg__d4 lo = {0}, hi = {0};
+    int i = 0;
+    for (; i + BG_VEC_LANES <= n; i += BG_VEC_LANES) {
+        bg__f4 a0 = *(const bg__f4 *)(w + i) * *(const bg__f4 *)(dy + i), b0 = *(const bg__f4 *)(x + i) * s;
+        bg__f4 a1 = *(const bg__f4 *)(w + i + 4) * *(const bg__f4 *)(dy + i + 4),
+               b1 = *(const bg__f4 *)(x + i + 4) * s;
+        lo += __builtin_convertvector(a0, bg__d4) * __builtin_convertvector(b0, bg__d4);
+        hi += __builtin_convertvector(a1, bg__d4) * __builtin_convertvector(b1, bg__d4);
+    }
+    BG_D8_STORE(acc, lo, hi);
+    for (int j = 0; i + j < n; j++)
+        acc[j] += (double)(w[i + j] * dy[i + j]) * (double)(x[i + j] * s);
+    return bg__lanes_total(acc);
+}
+
+void BG_ISA_FN(bg__k_rmsnorm_backward_input)(bg_backend_t *be, float *din, const float *dout, const float *in,
+                                             const float *weight, const float *rstd, int N, int C)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, C)) schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
         float *dx = din + (size_t)n * C, s = rstd[n];
-        double dot = 0;
-        for (int c = 0; c < C; c++)
-            dot += (double)(weight[c] * dy[c]) * (double)(x[c] * s);
-        float m = (float)(dot / C);
+        float m = (float)(bg__rms_dot(weight, dy, x, s, C) / C);
         for (int c = 0; c < C; c++)
             dx[c] = s * (weight[c] * dy[c] - x[c] * s * m);
     }
 }
 
-void bg__cpu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const float *dout, const float *in,
-                                     const float *rstd, int N, int C)
+void BG_ISA_FN(bg__k_rmsnorm_backward_weight)(bg_backend_t *be, float *dweight, const float *dout, const float *in,
+                                              const float *rstd, int N, int C)
 {
     int nt = bg__cpu_nt(be);
     int nblk = (C + BG_CPU_COL_BLOCK - 1) / BG_CPU_COL_BLOCK;
@@ -77,9 +96,11 @@ void bg__cpu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const flo
 
 /* ----------------------------------------------------------------- SwiGLU */
 
-static float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
+/* 1 / (1 + e^-a) with cpu_vec.h's exponential (vectorised; libm's expf kept
+ * these loops scalar): a below -88.38 gives about 2^-127 instead of 0 */
+static inline float bg__sigmoidf(float a) { return 1.0f / (1.0f + bg__expf(-a)); }
 
-void bg__cpu_swiglu_forward(bg_backend_t *be, float *out, const float *in, int N, int H)
+void BG_ISA_FN(bg__k_swiglu_forward)(bg_backend_t *be, float *out, const float *in, int N, int H)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, H)) schedule(static)
@@ -87,12 +108,12 @@ void bg__cpu_swiglu_forward(bg_backend_t *be, float *out, const float *in, int N
         const float *a = in + (size_t)n * 2 * H, *b = a + H;
         float *y = out + (size_t)n * H;
         for (int i = 0; i < H; i++)
-            y[i] = a[i] * sigmoidf(a[i]) * b[i];
+            y[i] = a[i] * bg__sigmoidf(a[i]) * b[i];
     }
 }
 
 /* d a = dy b silu'(a), silu'(a) = s + a s (1 - s); d b = dy silu(a) */
-void bg__cpu_swiglu_backward(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H)
+void BG_ISA_FN(bg__k_swiglu_backward)(bg_backend_t *be, float *din, const float *in, const float *dout, int N, int H)
 {
     int nt = bg__cpu_nt(be);
 #pragma omp parallel for num_threads(nt) if (ROWS_PAR(N, H)) schedule(static)
@@ -100,7 +121,7 @@ void bg__cpu_swiglu_backward(bg_backend_t *be, float *din, const float *in, cons
         const float *a = in + (size_t)n * 2 * H, *b = a + H, *dy = dout + (size_t)n * H;
         float *da = din + (size_t)n * 2 * H, *db = da + H;
         for (int i = 0; i < H; i++) {
-            float s = sigmoidf(a[i]);
+            float s = bg__sigmoidf(a[i]);
             da[i] = dy[i] * b[i] * (s + a[i] * s * (1.0f - s));
             db[i] = dy[i] * a[i] * s;
         }
@@ -125,8 +146,8 @@ static void rope_table(float *cs, float *sn, double *inv, int pos0, int T, int h
         }
 }
 
-void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs, float theta,
-                  int pos0, int inverse)
+void BG_ISA_FN(bg__k_rope)(bg_backend_t *be, float *out, const float *in, int B, int T, int G, int R, int hs,
+                           float theta, int pos0, int inverse)
 {
     int nt = bg__cpu_nt(be), half = hs / 2, C = G * (R + 1) * hs;
     float *tab = malloc((size_t)T * half * 2 * sizeof(float) + 1);
@@ -166,7 +187,8 @@ void bg__cpu_rope(bg_backend_t *be, float *out, const float *in, int B, int T, i
 
 /* ------------------------------------------------- grouped-query layout */
 
-void bg__cpu_gqa_expand(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs)
+void BG_ISA_FN(bg__k_gqa_expand)(bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g,
+                                 int hs)
 {
     int nt = bg__cpu_nt(be);
     size_t C = (size_t)G * g * hs, Cg = (size_t)G * (g + 2) * hs, hb = (size_t)hs * sizeof(float);
@@ -186,7 +208,8 @@ void bg__cpu_gqa_expand(bg_backend_t *be, float *qkv, const float *grouped, int 
     }
 }
 
-void bg__cpu_gqa_reduce(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs)
+void BG_ISA_FN(bg__k_gqa_reduce)(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g,
+                                 int hs)
 {
     int nt = bg__cpu_nt(be);
     size_t C = (size_t)G * g * hs, Cg = (size_t)G * (g + 2) * hs;
@@ -197,15 +220,15 @@ void bg__cpu_gqa_reduce(bg_backend_t *be, float *dgrouped, const float *dqkv, in
         for (int j = 0; j < G; j++) {
             float *grp = y + (size_t)j * (g + 2) * hs, *dk = grp + (size_t)g * hs, *dv = dk + hs;
             memcpy(grp, x + (size_t)j * g * hs, (size_t)g * hs * sizeof(float));
-            for (int c = 0; c < hs; c++) {
-                float sk = 0, sv = 0;
-                for (int i = 0; i < g; i++) { /* the copies in order */
-                    size_t h = (size_t)j * g + i;
-                    sk += x[C + h * hs + c];
-                    sv += x[2 * C + h * hs + c];
+            /* each column the sum of its g copies in order, from 0; copy by copy, so the columns vectorise */
+            for (int c = 0; c < hs; c++)
+                dk[c] = dv[c] = 0.0f;
+            for (int i = 0; i < g; i++) {
+                const float *xk = x + C + ((size_t)j * g + i) * hs, *xv = xk + C;
+                for (int c = 0; c < hs; c++) {
+                    dk[c] += xk[c];
+                    dv[c] += xv[c];
                 }
-                dk[c] = sk;
-                dv[c] = sv;
             }
         }
     }

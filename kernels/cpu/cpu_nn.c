@@ -3,7 +3,8 @@
  * embedding and the attention layout changes. C loops written for GCC's
  * vectoriser (cpu_vec.h: fixed-lane sums, a vectorisable expf) + OpenMP over
  * rows or chunks. Compiled once per vector ISA (cpu_impl.h): exports only
- * its ISA's kernel table, which holds these kernels and cpu_attention.c's.
+ * its ISA's kernel table, which holds these kernels, cpu_attention.c's and
+ * cpu_llama.c's.
  *
  * Determinism rule: row-wise kernels give each row to one thread; the
  * reductions over rows (bias_backward, layernorm_backward_weight,
@@ -562,6 +563,14 @@ static double bg__k_reduce_block(const float *restrict x, size_t n, int sq)
 
 #define bg__k_attention_forward BG_ISA_FN(bg__k_attention_forward)
 #define bg__k_attention_backward BG_ISA_FN(bg__k_attention_backward)
+#define bg__k_rmsnorm_forward BG_ISA_FN(bg__k_rmsnorm_forward)
+#define bg__k_rmsnorm_backward_input BG_ISA_FN(bg__k_rmsnorm_backward_input)
+#define bg__k_rmsnorm_backward_weight BG_ISA_FN(bg__k_rmsnorm_backward_weight)
+#define bg__k_swiglu_forward BG_ISA_FN(bg__k_swiglu_forward)
+#define bg__k_swiglu_backward BG_ISA_FN(bg__k_swiglu_backward)
+#define bg__k_rope BG_ISA_FN(bg__k_rope)
+#define bg__k_gqa_expand BG_ISA_FN(bg__k_gqa_expand)
+#define bg__k_gqa_reduce BG_ISA_FN(bg__k_gqa_reduce)
 const bg__cpu_kernels_t BG_ISA_FN(bg__cpu_kernels) = {
 #define BG__CPU_KFILL(name, params, args) .name = bg__k_##name,
     BG_CPU_ISA_KERNELS(BG__CPU_KFILL)

@@ -723,6 +723,91 @@ static void test_layernorm(void **state)
     bg_backend_destroy(be);
 }
 
+/* ------------------------------------------------ RMSNorm and SwiGLU */
+
+/* The Llama kernels (compiled per ISA) against their closed forms in double: RMSNorm forward, input gradient
+ * (assigned over junk) and weight gradient (accumulated), SwiGLU forward and backward; inputs to +-40 (the
+ * exponential's saturation). The outputs of one run, for the thread-count and ISA comparisons. */
+enum { LL_N = 5, LL_C = 203 };
+static void assert_same_bits(const char *what, const float *a, const float *b, size_t n);
+static float *llama_run(bg_backend_t *be, int check)
+{
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 11);
+    size_t nc = (size_t)LL_N * LL_C, n2 = 2 * nc, nout = 3 * nc + LL_N + LL_C + 2 * nc;
+    float *x = hrandn(&rng, n2, 2.0), *w = hrandn(&rng, LL_C, 1.0), *g = hrandn(&rng, nc, 1.0);
+    float *junk = hrandn(&rng, n2, 1.0), *dw0 = hrandn(&rng, LL_C, 1.0);
+    x[0] = 40.0f, x[1] = -40.0f, x[LL_C + 2] = 30.0f, x[LL_C + 3] = -30.0f; /* gates of rows 0 and 1 */
+    float *dx = up(be, x, n2), *dw = up(be, w, LL_C), *dg = up(be, g, nc), *dy = up(be, junk, nc);
+    float *dr = up(be, NULL, LL_N), *ddin = up(be, junk, nc), *ddw = up(be, dw0, LL_C), *ds = up(be, junk, nc);
+    float *dsb = up(be, junk, n2);
+    /* RMSNorm of the first nc inputs as (N, C); SwiGLU of all 2 nc as (N, 2C) */
+    be->ops->rmsnorm_forward(be, dy, dr, dx, dw, 1e-5f, LL_N, LL_C);
+    be->ops->rmsnorm_backward_input(be, ddin, dg, dx, dw, dr, LL_N, LL_C);
+    be->ops->rmsnorm_backward_weight(be, ddw, dg, dx, dr, LL_N, LL_C);
+    be->ops->swiglu_forward(be, ds, dx, LL_N, LL_C);
+    be->ops->swiglu_backward(be, dsb, dx, dg, LL_N, LL_C);
+    float *h = xmalloc(nout * sizeof(float)), *p = h;
+    float *part[] = {dy, ddin, ds, dr, ddw, dsb};
+    size_t len[] = {nc, nc, nc, LL_N, LL_C, n2};
+    for (size_t i = 0; i < NELEM(part); i++) {
+        float *t = down(be, part[i], len[i]);
+        memcpy(p, t, len[i] * sizeof(float));
+        p += len[i];
+        free(t);
+    }
+    if (check) {
+        double *ro = xmalloc(nout * sizeof(double));
+        double *ry = ro, *rdin = ry + nc, *rs = rdin + nc, *rr = rs + nc, *rdw = rr + LL_N, *rsb = rdw + LL_C;
+        for (int c = 0; c < LL_C; c++)
+            rdw[c] = dw0[c];
+        for (int n = 0; n < LL_N; n++) {
+            const float *xr = x + (size_t)n * LL_C, *gr = g + (size_t)n * LL_C;
+            double ss = 0, dot = 0;
+            for (int c = 0; c < LL_C; c++)
+                ss += (double)xr[c] * xr[c];
+            double r = 1.0 / sqrt(ss / LL_C + 1e-5);
+            rr[n] = r;
+            for (int c = 0; c < LL_C; c++) {
+                ry[(size_t)n * LL_C + c] = xr[c] * r * w[c];
+                dot += (double)w[c] * gr[c] * xr[c] * r;
+                rdw[c] += (double)gr[c] * xr[c] * r;
+            }
+            for (int c = 0; c < LL_C; c++) /* d/dx of w x r: r (w g - xhat mean(w g xhat)) */
+                rdin[(size_t)n * LL_C + c] = r * ((double)w[c] * gr[c] - xr[c] * r * dot / LL_C);
+            const float *a = x + (size_t)n * 2 * LL_C, *b = a + LL_C;
+            for (int i = 0; i < LL_C; i++) {
+                double sg = 1.0 / (1.0 + exp(-(double)a[i])), gi = gr[i];
+                rs[(size_t)n * LL_C + i] = a[i] * sg * b[i];
+                rsb[(size_t)n * 2 * LL_C + i] = gi * b[i] * (sg + a[i] * sg * (1.0 - sg));
+                rsb[(size_t)n * 2 * LL_C + LL_C + i] = gi * a[i] * sg;
+            }
+        }
+        CHECK_ERR("rmsnorm_forward out", h, ry, nc, TOL_EW);
+        CHECK_ERR("rmsnorm_backward_input (assigned)", h + nc, rdin, nc, TOL_FD);
+        CHECK_ERR("swiglu_forward", h + 2 * nc, rs, nc, TOL_EW);
+        CHECK_ERR("rmsnorm_forward rstd", h + 3 * nc, rr, LL_N, TOL_EW);
+        CHECK_ERR("rmsnorm_backward_weight (accumulated)", h + 3 * nc + LL_N, rdw, LL_C, TOL_FD);
+        CHECK_ERR("swiglu_backward (assigned)", h + 3 * nc + LL_N + LL_C, rsb, n2, TOL_FD);
+        free(ro);
+    }
+    float *bufs[] = {dx, dw, dg, dy, dr, ddin, ddw, ds, dsb};
+    for (size_t i = 0; i < NELEM(bufs); i++)
+        bg_backend_free(be, bufs[i]);
+    free(x), free(w), free(g), free(junk), free(dw0);
+    return h;
+}
+
+static void test_llama_kernels(void **state)
+{
+    (void)state;
+    bg_backend_t *be1 = mkbe(1), *be3 = mkbe(3);
+    float *a = llama_run(be1, 1), *b = llama_run(be3, 1);
+    assert_same_bits("llama kernels, 1 vs 3 threads", a, b, (size_t)5 * LL_N * LL_C + LL_N + LL_C);
+    free(a), free(b);
+    bg_backend_destroy(be1), bg_backend_destroy(be3);
+}
+
 /* --------------------------------------------------------------- softmax */
 
 /* loss = sum over rows of g . softmax(scale x) (causal: over j <= i of row i of each T x T block) */
@@ -1813,7 +1898,7 @@ static float *isa_attention(const char *isa)
 }
 #endif
 
-/* LayerNorm, softmax and GELU under one ISA: C11's no-contraction and cpu_vec.h's fixed lanes make their bits
+/* LayerNorm, softmax and GELU under one ISA (the Llama kernels: llama_run): C11's no-contraction and cpu_vec.h's fixed lanes make their bits
  * the same on every ISA (docs/kernels.md) */
 enum { ISA_NN_N = 37, ISA_NN_C = 203 };
 static float *isa_nn(const char *isa)
@@ -1878,6 +1963,19 @@ static void test_cpu_isa(void **state)
         free(h);
     }
     free(ref);
+    setenv("BRIGADE_CPU_ISA", "default", 1);
+    bg_backend_t *bed = mkbe(1);
+    ref = llama_run(bed, 0);
+    bg_backend_destroy(bed);
+    for (int i = 1; i <= (int)top; i++) {
+        setenv("BRIGADE_CPU_ISA", names[i], 1);
+        bg_backend_t *bei = mkbe(1);
+        float *h = llama_run(bei, 0);
+        bg_backend_destroy(bei);
+        assert_same_bits(names[i], h, ref, (size_t)5 * LL_N * LL_C + LL_N + LL_C);
+        free(h);
+    }
+    free(ref);
     unsetenv("BRIGADE_CPU_ISA");
 }
 
@@ -1891,7 +1989,7 @@ static const struct CMUnitTest isa_tests[] = {
     cmocka_unit_test(test_crossentropy),   cmocka_unit_test(test_embedding),
     cmocka_unit_test(test_layouts),        cmocka_unit_test(test_reductions),
     cmocka_unit_test(test_attention),      cmocka_unit_test(test_determinism),
-    cmocka_unit_test(test_bias_gelu_fused),
+    cmocka_unit_test(test_bias_gelu_fused), cmocka_unit_test(test_llama_kernels),
 };
 
 int main(void)
@@ -1909,6 +2007,7 @@ int main(void)
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),  cmocka_unit_test(test_convert_bf16),
         cmocka_unit_test(test_gemm_bf16),     cmocka_unit_test(test_bias_gelu_fused),
+        cmocka_unit_test(test_llama_kernels),
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),

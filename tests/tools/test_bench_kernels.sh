@@ -87,4 +87,36 @@ else
         bad "BRIGADE_CPU_ISA=sse9: $(cat "$T/err")"
 fi
 
+# a BLAS core wider than the ISA BRIGADE_CPU_ISA asks for is named in a warning; the ISA's own core is not
+if "$B" info 2>/dev/null | grep -q "^cpu kernels: avx"; then
+    OPENBLAS_CORETYPE=Haswell BRIGADE_CPU_ISA=default timeout 60 "$B" info >/dev/null 2>"$T/err"
+    grep -q 'BRIGADE_CPU_ISA=default, but OpenBLAS runs its "Haswell" kernels (chosen by: OPENBLAS_CORETYPE)' "$T/err" &&
+        ok "OPENBLAS_CORETYPE=Haswell under BRIGADE_CPU_ISA=default is warned about" ||
+        bad "no warning for OPENBLAS_CORETYPE=Haswell under BRIGADE_CPU_ISA=default: $(cat "$T/err")"
+    env -u OPENBLAS_CORETYPE -u BRIGADE_BLAS_CORE BRIGADE_CPU_ISA=default timeout 60 "$B" info >/dev/null 2>"$T/err"
+    grep -q "but OpenBLAS runs its" "$T/err" && bad "BRIGADE_CPU_ISA=default alone warned: $(cat "$T/err")" ||
+        ok "BRIGADE_CPU_ISA=default alone picks a core that is not wider"
+fi
+
+# --llama: the Llama kernels at one small shape, every op once, positive times; bad shapes refused
+timeout 120 "$B" bench kernels --threads 1 --repeat 1 --llama 1,16,2,2,8,24 --json "$T/ll.json" >"$T/ll" 2>"$T/err" ||
+    bad "bench kernels --llama failed: $(cat "$T/err")"
+python3 - "$T/ll.json" <<'EOF' && ok "--llama JSON: the nine Llama ops, positive times" || bad "--llama JSON check failed"
+import json, sys
+ops = json.load(open(sys.argv[1]))["ops"]
+names = ["rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_backward_weight", "swiglu_forward",
+         "swiglu_backward", "rope", "gqa_expand", "gqa_reduce", "gqa_attention fwd+bwd"]
+assert [o["op"] for o in ops] == names, [o["op"] for o in ops]
+for o in ops:
+    assert o["shape"] == [1, 16, 2, 2, 8, 24] and o["ms"] > 0 and o["cpu_ms"] >= 0, o
+EOF
+for bad_shape in 1,16,2,2,8 1,16,2,2,7,24 1,16,0,2,8,24; do
+    if timeout 60 "$B" bench kernels --llama "$bad_shape" >"$T/ll" 2>"$T/err"; then
+        bad "--llama $bad_shape was accepted"
+    else
+        grep -q -- "--llama: expected B,T,G,g,HS,H" "$T/err" && ok "--llama $bad_shape is refused, naming the flag" ||
+            bad "--llama $bad_shape: $(cat "$T/err")"
+    fi
+done
+
 finish
