@@ -37,6 +37,8 @@ typedef struct bg_backend_entry {
  *   FUSED   optional: NULL, the layers run the unfused pair
  *   LLAMA   optional: NULL, the RMSNorm, SwiGLU and rotary attention layers refuse the backend
  *   STATUS  optional: NULL, the backend's ops cannot fail
+ *   CP      optional: NULL, context parallelism (--cp > 1) refuses the backend
+ *           (after attention_max_head in the struct)
  * destroy is optional too (NULL: impl needs no freeing). */
 #define BG__BACKEND_HOST_OPS(X)                                                                                    \
     X(alloc) X(free) X(to_host) X(from_host) X(synchronize) X(copy) X(gemm) X(gemm_strided_batched) X(sum)         \
@@ -57,6 +59,7 @@ typedef struct bg_backend_entry {
     X(rmsnorm_forward) X(rmsnorm_backward_input) X(rmsnorm_backward_weight) X(swiglu_forward) X(swiglu_backward)  \
     X(rope) X(gqa_expand) X(gqa_reduce)
 #define BG__BACKEND_STATUS_OPS(X) X(error)
+#define BG__BACKEND_CP_OPS(X) X(attention_block_forward) X(attention_block_backward)
 /* every function slot */
 #define BG__BACKEND_OPS(X)                                                                                         \
     X(destroy) BG__BACKEND_HOST_OPS(X) BG__BACKEND_KERNEL_OPS(X) BG__BACKEND_EVENT_OPS(X) BG__BACKEND_MEMORY_OPS(X) \

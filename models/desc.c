@@ -32,6 +32,7 @@ struct bg_model_desc {
     int has_builder;
     bg_model_config_t builder;
     const bg_tp_comm_t *tp; /* the tensor-parallel group the model runs in (NULL: none) */
+    const bg_cp_comm_t *cp; /* the context-parallel group the model runs in (NULL: none) */
 };
 
 uint64_t bg__fnv1a(const char *s) { return bg__fnv1a_bytes(BG_FNV1A_INIT, s, strlen(s)); }
@@ -327,6 +328,52 @@ bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
 }
 
 const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d) { return d->tp; }
+
+/* Leaf types that run under context parallelism: the position-wise ones,
+ * and the two that read positions and know the group (models/cp_attention.c).
+ * Rotary attention, experts (their load balance counts a sequence's tokens)
+ * and the tensor-parallel position table do not yet. */
+static const char *const cp_types[] = {"activation", "linear", "layernorm", "residual", "rmsnorm", "swiglu",
+                                       "column_linear", "row_linear", "head", "vocab_head", "embedding",
+                                       "attention", NULL};
+
+static const bg_layer_t *cp_unsupported(const bg_layer_t *l)
+{
+    if (l->nchildren == 0) {
+        for (int i = 0; cp_types[i]; i++)
+            if (strcmp(l->ops->type, cp_types[i]) == 0)
+                return NULL;
+        return l;
+    }
+    for (int i = 0; i < l->nchildren; i++) {
+        const bg_layer_t *bad = cp_unsupported(l->children[i]);
+        if (bad)
+            return bad;
+    }
+    return NULL;
+}
+
+bg_status_t bg_model_desc_set_cp(bg_model_desc_t *d, const bg_cp_comm_t *cp)
+{
+    if (!cp || cp->size == 1) {
+        d->cp = NULL;
+        return BG_OK;
+    }
+    if (cp->rank < 0 || cp->rank >= cp->size || !cp->ring_start || !cp->wait)
+        return bg_error(BG_ERR_INVALID, "model %s: context-parallel group rank %d of %d without its ring", d->name,
+                        cp->rank, cp->size);
+    for (int i = 0; i < d->n; i++) {
+        const bg_layer_t *bad = cp_unsupported(d->layers[i]);
+        if (bad)
+            return bg_error(BG_ERR_UNSUPPORTED, "model %s: context parallelism (cp %d) needs position-wise layers, "
+                            "embeddings and attention, but layer %s is a %s", d->name, cp->size, bad->name,
+                            bad->ops->type);
+    }
+    d->cp = cp;
+    return BG_OK;
+}
+
+const bg_cp_comm_t *bg_model_desc_cp(const bg_model_desc_t *d) { return d->cp; }
 
 /* Parameters of the full tensors of a layer tree (shards count whole). */
 static size_t layer_full_params(const bg_layer_t *l)

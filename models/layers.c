@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "models/cp_attention.h"
 #include "models/layer_impl.h"
 
 #define ROWS(s) ((s).n * (s).t)
@@ -134,6 +135,8 @@ static bg_status_t emb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     const emb_t *p = l->impl;
     if (!ctx->tokens)
         return bg_error(BG_ERR_INVALID, "layer %s: no input tokens", l->name);
+    if (ctx->cp && p->pos)
+        return bg__cp_embedding_forward(ctx, out, l->params[0].data, l->params[1].data, p->c);
     ctx->be->ops->embedding_forward(ctx->be, out, ctx->tokens, l->params[0].data, p->pos ? l->params[1].data : NULL,
                                     ctx->in.n, ctx->in.t, p->c);
     return BG_OK;
@@ -149,6 +152,8 @@ static bg_status_t emb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
                                        const float *out, const float *dout)
 {
     const emb_t *p = l->impl;
+    if (ctx->cp && p->pos)
+        return bg__cp_embedding_backward(ctx, l->params[0].grad, l->params[1].grad, dout, p->c);
     ctx->be->ops->embedding_backward(ctx->be, l->params[0].grad, p->pos ? l->params[1].grad : NULL, dout, ctx->tokens,
                                      ctx->in.n, ctx->in.t, p->c);
     return BG_OK;
@@ -232,6 +237,8 @@ static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     if (max > 0 && hs > max) /* before anything is written: the step fails with nothing changed */
         return bg_error(BG_ERR_UNSUPPORTED, "attention %s: head size %d (d_model %d / %d heads) is above the %s "
                         "backend's largest, %d: use more heads", l->name, hs, p->c, p->heads, ctx->be->ops->name, max);
+    if (ctx->cp)
+        return bg__cp_attention_forward(l, ctx, out, ctx->stash, in, p->c, p->heads);
     bg_attention_forward(ctx->be, out, ctx->stash, in, ctx->in.n, ctx->in.t, p->c, p->heads);
     return BG_OK;
 }
@@ -240,6 +247,8 @@ static bg_status_t attn_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
                                        const float *out, const float *dout, float *din)
 {
     const attn_t *p = l->impl;
+    if (din && ctx->cp)
+        return bg__cp_attention_backward(l, ctx, din, ctx->scratch, dout, in, out, ctx->stash, p->c, p->heads);
     if (din)
         bg_attention_backward(ctx->be, din, ctx->scratch, dout, in, out, ctx->stash, ctx->in.n, ctx->in.t, p->c,
                               p->heads);

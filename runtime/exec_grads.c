@@ -196,7 +196,7 @@ bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch)
         if (!x->em && !(x->p.clip_grad > 0)) /* clipping: after every stage's norm (bg__exec_clip) */
             BG_CHECK(bg_model_optim_step_range(ch->model, &x->p.optim, t, bk->off, bk->count));
     }
-    ch->norm_counted = norm && x->lay.me.dp == 0;
+    ch->norm_counted = norm && bg__layout_lead(&x->lay); /* the replicas and context members hold the same sums */
     ch->gsq = ch->norm_counted ? bg__exec_grad_sumsq(x, ch) : 0;
     return BG_OK;
 }

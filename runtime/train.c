@@ -401,6 +401,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.pp = c->pp > 0 ? c->pp : 1;
     p.dp = c->dp > 0 ? c->dp : 1;
     p.tp = c->model.tp > 0 ? c->model.tp : 1; /* the builder made layers of this degree */
+    p.cp = c->size >= offsetof(bg_train_config_t, cp) + sizeof(int) && c->cp > 0 ? c->cp : 1;
     p.schedule = c->schedule;
     p.chunks = c->chunks;
     p.split = c->split;

@@ -142,6 +142,14 @@ typedef struct bg_executor_params {
     uint64_t data_seed;          /**< the host's data seed: the executor does not use it, but every rank
                                       of the job must have the same (compared when the executor is created,
                                       with the other settings; a host without one leaves 0) */
+    int cp;                      /**< context-parallel degree (docs/executor.md, "Context parallelism"): each
+                                      sequence is split over cp ranks, 2 cp chunks of T / (2 cp) positions,
+                                      member i holding chunks i and 2 cp - 1 - i; attention runs as a ring
+                                      over them, every other layer is position-wise; world = pp * dp * cp * tp
+                                      (cp between dp and tp in the rank order); the gradients are summed over
+                                      dp x cp. Needs sequence lengths divisible by 2 cp, models whose layers
+                                      all support it (GPT's), no ZeRO, no parameter servers, no sequence
+                                      parallelism; 1 (or 0 in params of an older size): none */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -152,7 +160,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0 }
+      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .cp = 1 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
