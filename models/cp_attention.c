@@ -11,14 +11,15 @@
  * of its keys and values accumulating as it goes, back to its owner at the
  * end. The position table of an embedding is read at the global positions.
  *
- * The ring's four block buffers are allocated per call from the backend's
- * counted allocator (4 x the layer's input), and freed before it returns.
- * Must not send a byte itself: the group's ring_start/wait do. */
+ * The ring's four block buffers (4 x the layer's input) are in the layer's
+ * scratch, after its own (bg__cp_ring_bytes), so the stage's memory model
+ * counts them. Must not send a byte itself: the group's ring_start/wait do. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "core/check.h"
 #include "models/cp_attention.h"
+#include "models/layer_impl.h"
 
 int bg_cp_position(const bg_cp_comm_t *cp, int t, int t_local)
 {
@@ -37,40 +38,34 @@ static void positions(const bg_cp_comm_t *cp, int m, int t_local, int *pos)
         pos[t] = bg_cp_position(&who, t, t_local);
 }
 
-/* The ring's buffers and position tables of one call. */
+size_t bg__cp_ring_bytes(bg_shape_t in) { return 4 * bg__align64(bg_shape_numel(in) * sizeof(float)); }
+
+/* The ring's buffers (in the scratch, after the layer's own @p own bytes) and position tables of one call. */
 typedef struct {
     float *blk[2], *dblk[2]; /* key/value blocks in flight (B,T,3C); their gradients (backward) */
     int *qpos, *kpos;
 } ring_t;
 
-static void ring_free(bg_backend_t *be, ring_t *r)
+static void ring_free(ring_t *r)
 {
-    for (int i = 0; i < 2; i++) {
-        bg_backend_free(be, r->blk[i]);
-        bg_backend_free(be, r->dblk[i]);
-    }
     free(r->qpos);
     free(r->kpos);
 }
 
-static bg_status_t ring_alloc(const bg_layer_t *l, const bg_layer_ctx_t *ctx, size_t floats, int grads, ring_t *r)
+static bg_status_t ring_alloc(const bg_layer_t *l, const bg_layer_ctx_t *ctx, size_t own, ring_t *r)
 {
     *r = (ring_t){0};
-    bg_backend_t *be = ctx->be;
     int T = ctx->in.t;
+    size_t blk = bg__align64(bg_shape_numel(ctx->in) * sizeof(float));
+    char *at = (char *)ctx->scratch + bg__align64(own);
     for (int i = 0; i < 2; i++) {
-        r->blk[i] = bg_backend_alloc(be, floats * sizeof(float), "cp ring block");
-        r->dblk[i] = grads ? bg_backend_alloc(be, floats * sizeof(float), "cp ring gradient") : NULL;
-        if (!r->blk[i] || (grads && !r->dblk[i])) {
-            ring_free(be, r);
-            return bg_error(BG_ERR_NOMEM, "layer %s: context parallelism's ring buffers (%zu bytes each)", l->name,
-                            floats * sizeof(float));
-        }
+        r->blk[i] = (float *)(at + (size_t)i * blk);
+        r->dblk[i] = (float *)(at + (size_t)(2 + i) * blk);
     }
     r->qpos = malloc((size_t)T * sizeof(int));
     r->kpos = malloc((size_t)T * sizeof(int));
     if (!r->qpos || !r->kpos) {
-        ring_free(be, r);
+        ring_free(r);
         return bg_error(BG_ERR_NOMEM, "layer %s: context parallelism's positions", l->name);
     }
     positions(ctx->cp, ctx->cp->rank, T, r->qpos);
@@ -112,7 +107,7 @@ bg_status_t bg__cp_attention_forward(const bg_layer_t *l, const bg_layer_ctx_t *
     BG_CHECK(bg__cp_check(l, ctx, hs));
     size_t floats = (size_t)B * T * 3 * c;
     ring_t r;
-    BG_CHECK(ring_alloc(l, ctx, floats, 0, &r));
+    BG_CHECK(ring_alloc(l, ctx, bg_attention_scratch_floats(B, T, c, heads) * sizeof(float), &r));
     bg_status_t st = BG_OK;
     const float *cur = qkv; /* the block in hand: member src's */
     void *req = NULL;
@@ -130,7 +125,7 @@ bg_status_t bg__cp_attention_forward(const bg_layer_t *l, const bg_layer_ctx_t *
     }
     if (st != BG_OK)
         ring_wait(cp, &req);
-    ring_free(be, &r);
+    ring_free(&r);
     return st;
 }
 
@@ -143,7 +138,7 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
     int B = ctx->in.n, T = ctx->in.t, N = cp->size, hs = c / heads;
     size_t floats = (size_t)B * T * 3 * c;
     ring_t r;
-    BG_CHECK(ring_alloc(l, ctx, floats, 1, &r));
+    BG_CHECK(ring_alloc(l, ctx, bg_attention_scratch_floats(B, T, c, heads) * sizeof(float), &r));
     be->ops->fill(be, dqkv, 0.0f, floats);
     be->ops->fill(be, r.dblk[0], 0.0f, floats); /* the gradient of this member's own block starts here */
     bg_status_t st = BG_OK;
@@ -171,7 +166,7 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
         be->ops->axpy(be, dqkv, 1.0f, r.dblk[N % 2], floats);
     ring_wait(cp, &req);
     ring_wait(cp, &dreq);
-    ring_free(be, &r);
+    ring_free(&r);
     return st;
 }
 

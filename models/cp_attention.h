@@ -9,6 +9,12 @@
 /* The largest head size of the backends' ring attention kernels (backend.h). */
 #define BG_CP_MAX_HEAD 128
 
+/* Mark an attention layer as bound to a context group (its scratch then holds the ring's blocks;
+ * models/layers.c): bg_model_desc_set_cp calls it on every attention leaf. */
+void bg__attention_set_ring(bg_layer_t *l, int on);
+/* The ring's buffers in an attention layer's scratch, after its own: four blocks of the input's size. */
+size_t bg__cp_ring_bytes(bg_shape_t in);
+
 /* The backend has the ring kernels, the head size fits and the positions are two chunks. */
 bg_status_t bg__cp_check(const bg_layer_t *l, const bg_layer_ctx_t *ctx, int hs);
 /* out (B,T,C) and lse (B,NH,T) of causal attention over the whole sequence, for this member's

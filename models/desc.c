@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/util.h"
+#include "models/cp_attention.h"
 #include "models/layer_impl.h"
 #include "models/model_impl.h"
 
@@ -337,16 +338,20 @@ static const char *const cp_types[] = {"activation", "linear", "layernorm", "res
                                        "column_linear", "row_linear", "head", "vocab_head", "embedding",
                                        "attention", NULL};
 
-static const bg_layer_t *cp_unsupported(const bg_layer_t *l)
+/* The first leaf of l's tree that cannot run under cp (NULL: none); with
+ * mark, every attention leaf bound (1) or unbound (0) (its ring's scratch). */
+static const bg_layer_t *cp_unsupported(bg_layer_t *l, int mark)
 {
     if (l->nchildren == 0) {
+        if (mark >= 0 && strcmp(l->ops->type, "attention") == 0)
+            bg__attention_set_ring(l, mark);
         for (int i = 0; cp_types[i]; i++)
             if (strcmp(l->ops->type, cp_types[i]) == 0)
                 return NULL;
         return l;
     }
     for (int i = 0; i < l->nchildren; i++) {
-        const bg_layer_t *bad = cp_unsupported(l->children[i]);
+        const bg_layer_t *bad = cp_unsupported(l->children[i], mark);
         if (bad)
             return bad;
     }
@@ -356,6 +361,8 @@ static const bg_layer_t *cp_unsupported(const bg_layer_t *l)
 bg_status_t bg_model_desc_set_cp(bg_model_desc_t *d, const bg_cp_comm_t *cp)
 {
     if (!cp || cp->size == 1) {
+        for (int i = 0; i < d->n; i++)
+            cp_unsupported(d->layers[i], 0);
         d->cp = NULL;
         return BG_OK;
     }
@@ -363,12 +370,14 @@ bg_status_t bg_model_desc_set_cp(bg_model_desc_t *d, const bg_cp_comm_t *cp)
         return bg_error(BG_ERR_INVALID, "model %s: context-parallel group rank %d of %d without its ring", d->name,
                         cp->rank, cp->size);
     for (int i = 0; i < d->n; i++) {
-        const bg_layer_t *bad = cp_unsupported(d->layers[i]);
+        const bg_layer_t *bad = cp_unsupported(d->layers[i], -1);
         if (bad)
             return bg_error(BG_ERR_UNSUPPORTED, "model %s: context parallelism (cp %d) needs position-wise layers, "
                             "embeddings and attention, but layer %s is a %s", d->name, cp->size, bad->name,
                             bad->ops->type);
     }
+    for (int i = 0; i < d->n; i++)
+        cp_unsupported(d->layers[i], 1);
     d->cp = cp;
     return BG_OK;
 }

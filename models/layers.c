@@ -195,7 +195,9 @@ bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int
 
 /* ------------------------------------------------------ attention core */
 
-typedef struct { int c, heads; } attn_t;
+typedef struct { int c, heads, ring; } attn_t; /* ring: bound to a context group (bg__attention_set_ring) */
+
+void bg__attention_set_ring(bg_layer_t *l, int on) { ((attn_t *)l->impl)->ring = on; }
 
 static bg_status_t attn_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
@@ -212,7 +214,8 @@ static size_t attn_stash_bytes(const bg_layer_t *l, bg_shape_t in)
 static size_t attn_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
 {
     const attn_t *p = l->impl;
-    return bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
+    size_t own = bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
+    return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in) : own;
 }
 /* The fused kernel visits the T(T+1)/2 causal (query, key) pairs per head:
  * forward q.k and p v (2 hs multiply-adds) and about 5 flops of softmax per
@@ -271,7 +274,7 @@ bg_status_t bg_layer_attention(const char *name, int c, int heads, bg_layer_t **
 {
     if (c < 1 || heads < 1 || c % heads != 0)
         return bg_error(BG_ERR_INVALID, "attention %s: heads (%d) must divide d_model (%d)", name, heads, c);
-    attn_t p = {c, heads};
+    attn_t p = {c, heads, 0};
     return bg__make_leaf(&attn_ops, name, 0, NULL, &p, sizeof(p), layer_p);
 }
 
