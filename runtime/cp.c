@@ -15,7 +15,7 @@ struct bg__cp {
     bg_cp_comm_t c;
     bg_comm_t *comm;
     int next, prev;  /* world ranks */
-    uint64_t bytes;  /* sent */
+    uint64_t *bytes; /* the executor's counter of bytes sent */
 };
 
 typedef struct {
@@ -41,7 +41,7 @@ static bg_status_t cp_ring_start(void *arg, int lane, const float *send, float *
         free(s);
         return st;
     }
-    g->bytes += bytes;
+    *g->bytes += bytes;
     *req_p = s;
     return BG_OK;
 }
@@ -57,7 +57,8 @@ static bg_status_t cp_wait(void *arg, void *req)
     return st != BG_OK ? st : st2;
 }
 
-bg_status_t bg__cp_create(bg_comm_t *comm, bg_model_desc_t *desc, int cp, const int *ranks, int me, bg__cp_t **cp_p)
+bg_status_t bg__cp_create(bg_comm_t *comm, bg_model_desc_t *desc, int cp, const int *ranks, int me,
+                          uint64_t *bytes_sent, bg__cp_t **cp_p)
 {
     *cp_p = NULL;
     if (cp == 1)
@@ -65,6 +66,7 @@ bg_status_t bg__cp_create(bg_comm_t *comm, bg_model_desc_t *desc, int cp, const 
     bg__cp_t *g = calloc(1, sizeof(*g));
     BG_ALLOC_CHECK(g, sizeof(*g), "context-parallel group");
     g->comm = comm;
+    g->bytes = bytes_sent;
     g->next = ranks[(me + 1) % cp];
     g->prev = ranks[(me + cp - 1) % cp];
     g->c = (bg_cp_comm_t){.size = cp, .rank = me, .ring_start = cp_ring_start, .wait = cp_wait, .arg = g};
@@ -76,8 +78,6 @@ bg_status_t bg__cp_create(bg_comm_t *comm, bg_model_desc_t *desc, int cp, const 
     *cp_p = g;
     return BG_OK;
 }
-
-uint64_t bg__cp_bytes(const bg__cp_t *cp) { return cp ? cp->bytes : 0; }
 
 void bg__cp_destroy(bg__cp_t *cp, bg_model_desc_t *desc)
 {

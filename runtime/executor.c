@@ -452,7 +452,7 @@ static bg_status_t connect(exec_t *x)
     BG_CHECK(bg__tp_create(x->comm, x->desc, x->lay.tp, bg__layout_tp_first(&x->lay), &x->tp));
     int cpr[x->lay.cp];
     bg__layout_cp_ranks(&x->lay, cpr);
-    BG_CHECK(bg__cp_create(x->comm, x->desc, x->lay.cp, cpr, x->lay.me.cp, &x->cp));
+    BG_CHECK(bg__cp_create(x->comm, x->desc, x->lay.cp, cpr, x->lay.me.cp, &x->bytes_sent, &x->cp));
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
