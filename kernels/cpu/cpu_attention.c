@@ -521,21 +521,38 @@ static size_t bg__att_ooff(const bg__att_dims_t *d, int bh)
     return (size_t)(bh / d->NH) * d->T * d->ldo + (size_t)(bh % d->NH) * d->hs;
 }
 
-void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
-                                        int NH, int hs)
+/* Every (batch, head) of the register-blocked forward: queries of qkv_q
+ * against keys and values of qkv_k (the same for causal attention), with
+ * positions or none, assigned or merged (acc). */
+static void bg__att_fwd_blocks(bg_backend_t *be, float *out, float *lse, const float *qkv_q, const float *qkv_k,
+                               const int *qpos, const int *kpos, int acc, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
     size_t C = d.ldo;
 #pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
     for (int bh = 0; bh < d.BH; bh++) {
+        size_t qoff = bg__att_qoff(&d, bh);
+        bg__att_fwd_head_blk(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
+                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
+    }
+}
+
+void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
+                                        int NH, int hs)
+{
+    if (hs <= BG_ATT_BLK_HS) {
+        bg__att_fwd_blocks(be, out, lse, qkv, qkv, NULL, NULL, 0, B, T, NH, hs);
+        return;
+    }
+    int nt = bg__cpu_nt(be);
+    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
+    size_t C = d.ldo;
+#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    for (int bh = 0; bh < d.BH; bh++) {
         const float *q = qkv + bg__att_qoff(&d, bh);
-        if (hs <= BG_ATT_BLK_HS)
-            bg__att_fwd_head_blk(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo,
-                                 T, hs, d.scale, NULL, NULL, 0);
-        else
-            bg__att_fwd_head(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T,
-                             hs, d.scale);
+        bg__att_fwd_head(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs,
+                         d.scale);
     }
 }
 
@@ -547,15 +564,7 @@ void BG_ISA_FN(bg__k_attention_block_forward)(bg_backend_t *be, float *out, floa
                                               const float *qkv_k, const int *qpos, const int *kpos, int acc, int B,
                                               int T, int NH, int hs)
 {
-    int nt = bg__cpu_nt(be);
-    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
-    size_t C = d.ldo;
-#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
-    for (int bh = 0; bh < d.BH; bh++) {
-        size_t qoff = bg__att_qoff(&d, bh);
-        bg__att_fwd_head_blk(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
-                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
-    }
+    bg__att_fwd_blocks(be, out, lse, qkv_q, qkv_k, qpos, kpos, acc, B, T, NH, hs);
 }
 
 /* Backward of one (batch, head), FlashAttention-2 style: for each key tile,
@@ -605,33 +614,11 @@ static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const
     }
 }
 
-void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
-                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
-                                         int hs)
-{
-    int nt = bg__cpu_nt(be);
-    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
-    size_t C = d.ldo;
-#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
-    for (int bh = 0; bh < d.BH; bh++) {
-        size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
-        const float *q = qkv + qoff;
-        float *dq = dqkv + qoff;
-        if (hs <= BG_ATT_BLK_HS)
-            bg__att_bwd_head_blk(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff,
-                                 lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale, NULL, NULL,
-                                 0);
-        else
-            bg__att_bwd_head(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff,
-                             lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
-    }
-}
-
-/* Its backward (attention_block_backward): dq of dqkv_q, dk and dv of dqkv_k accumulated. */
-void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec,
-                                               const float *dout, const float *qkv_q, const float *qkv_k,
-                                               const float *out, const float *lse, const int *qpos,
-                                               const int *kpos, int B, int T, int NH, int hs)
+/* Every (batch, head) of the register-blocked backward (qkv_q = qkv_k and
+ * dqkv_q = dqkv_k for causal attention; acc as bg__att_bwd_head_blk's). */
+static void bg__att_bwd_blocks(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec, const float *dout,
+                               const float *qkv_q, const float *qkv_k, const float *out, const float *lse,
+                               const int *qpos, const int *kpos, int acc, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
@@ -641,6 +628,36 @@ void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, 
         size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
         bg__att_bwd_head_blk(dqkv_q + qoff, dqkv_k + qoff + C, dqkv_k + qoff + 2 * C, dvec + (size_t)bh * T,
                              dout + ooff, out + ooff, lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
-                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, 1);
+                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
     }
+}
+
+void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
+                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
+                                         int hs)
+{
+    if (hs <= BG_ATT_BLK_HS) {
+        bg__att_bwd_blocks(be, dqkv, dqkv, dvec, dout, qkv, qkv, out, lse, NULL, NULL, 0, B, T, NH, hs);
+        return;
+    }
+    int nt = bg__cpu_nt(be);
+    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
+    size_t C = d.ldo;
+#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    for (int bh = 0; bh < d.BH; bh++) {
+        size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
+        float *dq = dqkv + qoff;
+        const float *q = qkv + qoff;
+        bg__att_bwd_head(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff,
+                         lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
+    }
+}
+
+/* Its backward (attention_block_backward): dq of dqkv_q, dk and dv of dqkv_k accumulated. */
+void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec,
+                                               const float *dout, const float *qkv_q, const float *qkv_k,
+                                               const float *out, const float *lse, const int *qpos,
+                                               const int *kpos, int B, int T, int NH, int hs)
+{
+    bg__att_bwd_blocks(be, dqkv_q, dqkv_k, dvec, dout, qkv_q, qkv_k, out, lse, qpos, kpos, 1, B, T, NH, hs);
 }
