@@ -831,8 +831,11 @@ int bg_cmd_train(int argc, char **argv)
                    "%.4f\n", mname, r.world, c.ps, c.ps == 1 ? "" : "s",
                    (r.world - c.ps) / pp, stages, c.staleness, did, r.first_loss, r.final_loss);
         } else if (ran > 0) {
-            printf("trained %s on %d ranks (pp %d x dp %d x tp %d, %s): %s, loss %.4f -> %.4f\n",
-                   mname, r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp,
+            char cps[24] = "";
+            if (c.cp > 1)
+                snprintf(cps, sizeof cps, " x cp %d", c.cp);
+            printf("trained %s on %d ranks (pp %d x dp %d%s x tp %d, %s): %s, loss %.4f -> %.4f\n",
+                   mname, r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, cps, tp,
                    c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
         } else {
             printf("%s on %d ranks: %s\n", mname, r.world, did);

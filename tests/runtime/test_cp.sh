@@ -6,7 +6,8 @@
 # relative L2 over all tensors, and its loss curve within 1e-5 relative. The
 # activation memory each rank allocates is what it predicts (the summary's
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
-# cp 1 figure from a dp 2 run with the same sequences per rank). Refusals:
+# cp 1 figure from a dp 2 run with the same sequences per rank). A cp 2
+# checkpoint resumes at cp 1 and cp 4 onto the same weights. Refusals:
 # a length not divisible by 2 cp, --tp, --zero, a Llama (rotary attention),
 # each one line naming what.
 . "$(dirname "$0")/../lib/harness.sh"
@@ -35,6 +36,14 @@ run cp4 4 --cp 4 && same_run cp4
 run cp2_pp2 4 --cp 2 --pp 2 && same_run cp2_pp2
 run cp2_dp2 4 --cp 2 --dp 2 && same_run cp2_dp2
 run cp2_pp2_dp2 8 --cp 2 --pp 2 --dp 2 --schedule zb-h1 && same_run cp2_pp2_dp2
+
+# a cp 2 checkpoint at step 10 resumes at cp 1 and at cp 4 onto the weights of one process's 20 steps
+if train_save ck 2 $GPT --steps 10 --cp 2 --checkpoint-dir "$T/ck2"; then
+  cp -r "$T/ck2" "$T/ck4"
+  train_save ck_cp1 1 $GPT --checkpoint-dir "$T/ck2" --resume && near "$T/cp1" "$T/ck_cp1" "cp 2 checkpoint resumed at cp 1"
+  train_save ck_cp4 4 $GPT --cp 4 --checkpoint-dir "$T/ck4" --resume &&
+    near "$T/cp1" "$T/ck_cp4" "cp 2 checkpoint resumed at cp 4"
+fi
 
 # activation memory: measured = predicted on every rank, and per rank it falls with cp
 act() {  # NAME N ARGS...: the summary's act MiB of rank 0 into $T/NAME.act; every rank's measured = predicted
