@@ -52,22 +52,25 @@ static void active_names(const exec_t *x, char *buf, size_t cap)
 typedef struct {
     int dp, zero, servers, server_role, copies, ties, emulate;
     const char *want;
+    int cp; /* context members */
 } row_t;
 
 static void test_active(void **state)
 {
     (void)state;
     static const row_t rows[] = {
-        {1, 0, 0, 0, 1, 0, 0, ""},                  /* one replica, nothing to reduce */
-        {2, 0, 0, 0, 1, 0, 0, "dp"},
-        {2, 1, 0, 0, 1, 0, 0, "zero"},
-        {2, 2, 0, 0, 1, 1, 0, "zero ties"},
-        {1, 0, 0, 0, 2, 1, 0, "copies ties"},        /* dualpipe: the copies' sum before the ties' */
-        {2, 0, 0, 0, 2, 0, 0, "dp copies"},
-        {2, 0, 2, 1, 1, 1, 0, "ps-server"},           /* a tie's a + b is the servers' */
-        {2, 0, 2, 0, 1, 1, 0, "ps-worker"},
-        {2, 0, 1, 0, 1, 0, 1, "ps-worker emulate"},
-        {1, 0, 0, 0, 1, 0, 1, "emulate"},
+        {1, 0, 0, 0, 1, 0, 0, "", 1},                  /* one replica, nothing to reduce */
+        {2, 0, 0, 0, 1, 0, 0, "dp", 1},
+        {2, 1, 0, 0, 1, 0, 0, "zero", 1},
+        {2, 2, 0, 0, 1, 1, 0, "zero ties", 1},
+        {1, 0, 0, 0, 2, 1, 0, "copies ties", 1},        /* dualpipe: the copies' sum before the ties' */
+        {2, 0, 0, 0, 2, 0, 0, "dp copies", 1},
+        {2, 0, 2, 1, 1, 1, 0, "ps-server", 1},           /* a tie's a + b is the servers' */
+        {2, 0, 2, 0, 1, 1, 0, "ps-worker", 1},
+        {2, 0, 1, 0, 1, 0, 1, "ps-worker emulate", 1},
+        {1, 0, 0, 0, 1, 0, 1, "emulate", 1},
+        {1, 0, 0, 0, 1, 0, 0, "dp", 2},              /* context members sum their gradients */
+        {2, 0, 0, 0, 1, 1, 0, "dp ties", 2},
     };
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
     c.layers = 2, c.d_model = 16, c.heads = 2, c.seq_len = 8;
@@ -82,6 +85,7 @@ static void test_active(void **state)
         exec_t *x = calloc(1, sizeof(*x));
         assert_non_null(x);
         x->lay.dp = w->dp;
+        x->lay.cp = w->cp;
         x->lay.servers = w->servers;
         x->lay.me.role = w->server_role ? BG_LAYOUT_SERVER : BG_LAYOUT_WORKER;
         x->p.zero = w->zero;
