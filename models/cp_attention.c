@@ -11,9 +11,9 @@
  * of its keys and values accumulating as it goes, back to its owner at the
  * end. The position table of an embedding is read at the global positions.
  *
- * The ring's four block buffers (4 x the layer's input) are in the layer's
+ * The ring's four block buffers (4 x the packed qkv) are in the layer's
  * scratch, after its own (bg__cp_ring_bytes), so the stage's memory model
- * counts them. Must not send a byte itself: the group's ring_start/wait do. */
+ * counts them. Rotary positions (Llama) are those of the global positions. Must not send a byte itself: the group's ring_start/wait do. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -38,9 +38,11 @@ static void positions(const bg_cp_comm_t *cp, int m, int t_local, int *pos)
         pos[t] = bg_cp_position(&who, t, t_local);
 }
 
-size_t bg__cp_ring_bytes(bg_shape_t in) { return 4 * bg__align64(bg_shape_numel(in) * sizeof(float)); }
+/* One block: the packed qkv (B,T,3C) of n sequences of t positions. */
+static size_t block_bytes(int n, int t, int c) { return bg__align64((size_t)n * t * 3 * (size_t)c * sizeof(float)); }
+size_t bg__cp_ring_bytes(int n, int t, int c) { return 4 * block_bytes(n, t, c); }
 
-/* The ring's buffers (in the scratch, after the layer's own @p own bytes) and position tables of one call. */
+/* The ring's buffers (at @p ring in the layer's scratch) and position tables of one call. */
 typedef struct {
     float *blk[2], *dblk[2]; /* key/value blocks in flight (B,T,3C); their gradients (backward) */
     int *qpos, *kpos;
@@ -52,12 +54,12 @@ static void ring_free(ring_t *r)
     free(r->kpos);
 }
 
-static bg_status_t ring_alloc(const bg_layer_t *l, const bg_layer_ctx_t *ctx, size_t own, ring_t *r)
+static bg_status_t ring_alloc(const bg_layer_t *l, const bg_layer_ctx_t *ctx, void *ring, int c, ring_t *r)
 {
     *r = (ring_t){0};
     int T = ctx->in.t;
-    size_t blk = bg__align64(bg_shape_numel(ctx->in) * sizeof(float));
-    char *at = (char *)ctx->scratch + bg__align64(own);
+    size_t blk = block_bytes(ctx->in.n, T, c);
+    char *at = ring;
     for (int i = 0; i < 2; i++) {
         r->blk[i] = (float *)(at + (size_t)i * blk);
         r->dblk[i] = (float *)(at + (size_t)(2 + i) * blk);
@@ -99,7 +101,7 @@ static bg_status_t ring_wait(const bg_cp_comm_t *cp, void **req)
 }
 
 bg_status_t bg__cp_attention_forward(const bg_layer_t *l, const bg_layer_ctx_t *ctx, float *out, float *lse,
-                                     const float *qkv, int c, int heads)
+                                     const float *qkv, void *ring, int c, int heads)
 {
     const bg_cp_comm_t *cp = ctx->cp;
     bg_backend_t *be = ctx->be;
@@ -107,7 +109,7 @@ bg_status_t bg__cp_attention_forward(const bg_layer_t *l, const bg_layer_ctx_t *
     BG_CHECK(bg__cp_check(l, ctx, hs));
     size_t floats = (size_t)B * T * 3 * c;
     ring_t r;
-    BG_CHECK(ring_alloc(l, ctx, bg_attention_scratch_floats(B, T, c, heads) * sizeof(float), &r));
+    BG_CHECK(ring_alloc(l, ctx, ring, c, &r));
     bg_status_t st = BG_OK;
     const float *cur = qkv; /* the block in hand: member src's */
     void *req = NULL;
@@ -131,14 +133,15 @@ bg_status_t bg__cp_attention_forward(const bg_layer_t *l, const bg_layer_ctx_t *
 
 bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t *ctx, float *dqkv,
                                       float *dvec, const float *dout, const float *qkv, const float *out,
-                                      const float *lse, int c, int heads)
+                                      const float *lse, void *ring, int c, int heads)
 {
     const bg_cp_comm_t *cp = ctx->cp;
     bg_backend_t *be = ctx->be;
     int B = ctx->in.n, T = ctx->in.t, N = cp->size, hs = c / heads;
     size_t floats = (size_t)B * T * 3 * c;
     ring_t r;
-    BG_CHECK(ring_alloc(l, ctx, bg_attention_scratch_floats(B, T, c, heads) * sizeof(float), &r));
+    BG_CHECK(bg__cp_check(l, ctx, hs));
+    BG_CHECK(ring_alloc(l, ctx, ring, c, &r));
     be->ops->fill(be, dqkv, 0.0f, floats);
     be->ops->fill(be, r.dblk[0], 0.0f, floats); /* the gradient of this member's own block starts here */
     bg_status_t st = BG_OK;
@@ -168,6 +171,19 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
     ring_wait(cp, &dreq);
     ring_free(&r);
     return st;
+}
+
+bg_status_t bg__cp_rope(const bg_layer_ctx_t *ctx, float *out, const float *in, int cin, int G, int R, int hs,
+                       float theta, int inverse)
+{
+    int B = ctx->in.n, T = ctx->in.t, h = T / 2;
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < 2; k++) { /* each chunk rotated by its global positions */
+            size_t row = (size_t)b * T + (size_t)k * h;
+            ctx->be->ops->rope(ctx->be, out + row * cin, in + row * cin, 1, h, G, R, hs, theta,
+                               bg_cp_position(ctx->cp, k * h, T), inverse);
+        }
+    return BG_OK;
 }
 
 bg_status_t bg__cp_embedding_forward(const bg_layer_ctx_t *ctx, float *out, const float *wte, const float *wpe,

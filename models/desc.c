@@ -331,20 +331,26 @@ bg_status_t bg_model_desc_set_tp(bg_model_desc_t *d, const bg_tp_comm_t *tp)
 const bg_tp_comm_t *bg_model_desc_tp(const bg_model_desc_t *d) { return d->tp; }
 
 /* Leaf types that run under context parallelism: the position-wise ones,
- * and the two that read positions and know the group (models/cp_attention.c).
- * Rotary attention, experts (their load balance counts a sequence's tokens)
- * and the tensor-parallel position table do not yet. */
+ * and those that read positions and know the group (models/cp_attention.c).
+ * Experts (their load balance counts a sequence's tokens) and the
+ * tensor-parallel position table do not yet. */
 static const char *const cp_types[] = {"activation", "linear", "layernorm", "residual", "rmsnorm", "swiglu",
                                        "column_linear", "row_linear", "head", "vocab_head", "embedding",
-                                       "attention", NULL};
+                                       "attention", "gqa_attention", NULL};
+/* The attention leaves, whose scratch holds the ring's blocks once bound. */
+static const struct {
+    const char *type;
+    void (*set_ring)(bg_layer_t *l, int on);
+} cp_rings[] = {{"attention", bg__attention_set_ring}, {"gqa_attention", bg__gqa_set_ring}};
 
 /* The first leaf of l's tree that cannot run under cp (NULL: none); with
  * mark, every attention leaf bound (1) or unbound (0) (its ring's scratch). */
 static const bg_layer_t *cp_unsupported(bg_layer_t *l, int mark)
 {
     if (l->nchildren == 0) {
-        if (mark >= 0 && strcmp(l->ops->type, "attention") == 0)
-            bg__attention_set_ring(l, mark);
+        for (size_t i = 0; mark >= 0 && i < sizeof cp_rings / sizeof cp_rings[0]; i++)
+            if (strcmp(l->ops->type, cp_rings[i].type) == 0)
+                cp_rings[i].set_ring(l, mark);
         for (int i = 0; cp_types[i]; i++)
             if (strcmp(l->ops->type, cp_types[i]) == 0)
                 return NULL;

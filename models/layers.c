@@ -215,7 +215,7 @@ static size_t attn_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
 {
     const attn_t *p = l->impl;
     size_t own = bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
-    return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in) : own;
+    return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in.n, in.t, p->c) : own;
 }
 /* The fused kernel visits the T(T+1)/2 causal (query, key) pairs per head:
  * forward q.k and p v (2 hs multiply-adds) and about 5 flops of softmax per
@@ -233,6 +233,13 @@ static double attn_bwd_flops(const bg_layer_t *l, bg_shape_t in)
     return attn_pairs(p, in) * (10.0 * (p->c / p->heads) + 8.0);
 }
 
+/* The ring's blocks under context parallelism: after the backward's scratch */
+static void *attn_ring(const attn_t *p, const bg_layer_ctx_t *ctx)
+{
+    return (char *)ctx->scratch +
+           bg__align64(bg_attention_scratch_floats(ctx->in.n, ctx->in.t, p->c, p->heads) * sizeof(float));
+}
+
 static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     const attn_t *p = l->impl;
@@ -241,7 +248,7 @@ static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
         return bg_error(BG_ERR_UNSUPPORTED, "attention %s: head size %d (d_model %d / %d heads) is above the %s "
                         "backend's largest, %d: use more heads", l->name, hs, p->c, p->heads, ctx->be->ops->name, max);
     if (ctx->cp)
-        return bg__cp_attention_forward(l, ctx, out, ctx->stash, in, p->c, p->heads);
+        return bg__cp_attention_forward(l, ctx, out, ctx->stash, in, attn_ring(p, ctx), p->c, p->heads);
     bg_attention_forward(ctx->be, out, ctx->stash, in, ctx->in.n, ctx->in.t, p->c, p->heads);
     return BG_OK;
 }
@@ -251,7 +258,8 @@ static bg_status_t attn_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
 {
     const attn_t *p = l->impl;
     if (din && ctx->cp)
-        return bg__cp_attention_backward(l, ctx, din, ctx->scratch, dout, in, out, ctx->stash, p->c, p->heads);
+        return bg__cp_attention_backward(l, ctx, din, ctx->scratch, dout, in, out, ctx->stash, attn_ring(p, ctx),
+                                         p->c, p->heads);
     if (din)
         bg_attention_backward(ctx->be, din, ctx->scratch, dout, in, out, ctx->stash, ctx->in.n, ctx->in.t, p->c,
                               p->heads);

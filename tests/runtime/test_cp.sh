@@ -8,8 +8,8 @@
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
 # cp 1 figure from a dp 2 run with the same sequences per rank). A cp 2
 # checkpoint resumes at cp 1 and cp 4 onto the same weights. Refusals:
-# a length not divisible by 2 cp, --tp, --zero, a Llama (rotary attention),
-# each one line naming what.
+# a length not divisible by 2 cp, --tp, --zero, an MoE model, each one line
+# naming what. A Llama (rotary positions) the same as GPT: cp 2 = cp 1.
 . "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 2 --d-model 32 --heads 4 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
@@ -36,6 +36,10 @@ run cp4 4 --cp 4 && same_run cp4
 run cp2_pp2 4 --cp 2 --pp 2 && same_run cp2_pp2
 run cp2_dp2 4 --cp 2 --dp 2 && same_run cp2_dp2
 run cp2_pp2_dp2 8 --cp 2 --pp 2 --dp 2 --schedule zb-h1 && same_run cp2_pp2_dp2
+
+# a Llama (rotary positions at the global positions, grouped-query attention on the ring)
+LLAMA="--model llama --layers 2 --d-model 32 --heads 4 --kv-heads 2 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
+train_save llama1 1 $LLAMA && train_save llama_cp2 2 $LLAMA --cp 2 && near "$T/llama1" "$T/llama_cp2" "Llama cp 2 = cp 1"
 
 # a cp 2 checkpoint at step 10 resumes at cp 1 and at cp 4 onto the weights of one process's 20 steps
 if train_save ck 2 $GPT --steps 10 --cp 2 --checkpoint-dir "$T/ck2"; then
@@ -70,12 +74,11 @@ fi
 expect_train 1 "--cp 4: the sequence length 100 is not divisible by 2 x cp = 8" $GPT --seq 100 --cp 4
 expect_train 1 "--cp 2 with --tp > 1 is not built" $GPT --cp 2 --tp 2
 expect_train 1 "--cp 2 with --zero is not built" $GPT --cp 2 --dp 2 --zero 1
-if timeout 60 "$B" launch -n 2 -- "$B" train --model llama --layers 2 --d-model 32 --heads 4 --kv-heads 2 --seq 64 \
-    --batch 2 --microbatches 1 --steps 1 --quiet --cp 2 >"$T/llama.log" 2>&1; then
-  bad "a Llama trained under --cp 2"
-elif grep -q "layer .* is a gqa_attention" "$T/llama.log"; then
-  ok "Llama refused: $(grep -m1 -o 'context parallelism.*gqa_attention' "$T/llama.log")"
+if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --steps 1 --quiet --cp 2 --experts 4 --top-k 2 >"$T/moe.log" 2>&1; then
+  bad "an MoE model trained under --cp 2"
+elif grep -q "layer moe is a moe" "$T/moe.log"; then
+  ok "MoE refused: $(grep -m1 -o 'context parallelism.*is a moe' "$T/moe.log")"
 else
-  bad "Llama under --cp 2: $(tail -3 "$T/llama.log")"
+  bad "MoE under --cp 2: $(tail -3 "$T/moe.log")"
 fi
 finish
