@@ -7,7 +7,8 @@
 # activation memory each rank allocates is what it predicts (the summary's
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
 # cp 1 figure from a dp 2 run with the same sequences per rank). A cp 2
-# checkpoint resumes at cp 1 and cp 4 onto the same weights. Refusals:
+# checkpoint resumes at cp 1 and cp 4 onto the same weights; variable
+# lengths (rounded to multiples of 2 cp) match one process. Refusals:
 # a length not divisible by 2 cp, --tp, --zero, an MoE model, each one line
 # naming what. A Llama (rotary positions) the same as GPT: cp 2 = cp 1.
 . "$(dirname "$0")/../lib/harness.sh"
@@ -36,6 +37,10 @@ run cp4 4 --cp 4 && same_run cp4
 run cp2_pp2 4 --cp 2 --pp 2 && same_run cp2_pp2
 run cp2_dp2 4 --cp 2 --dp 2 && same_run cp2_dp2
 run cp2_pp2_dp2 8 --cp 2 --pp 2 --dp 2 --schedule zb-h1 && same_run cp2_pp2_dp2
+
+# variable lengths (--seq-min): rounded to multiples of 2 cp, the weights of one process with those lengths
+train_save var1 1 $GPT --seq-min 64 --seq-multiple 4 && train_save var_cp2 2 $GPT --seq-min 64 --cp 2 &&
+  near "$T/var1" "$T/var_cp2" "variable lengths, cp 2 = cp 1"
 
 # a Llama (rotary positions at the global positions, grouped-query attention on the ring)
 LLAMA="--model llama --layers 2 --d-model 32 --heads 4 --kv-heads 2 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
