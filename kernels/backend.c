@@ -38,7 +38,6 @@ struct bg__ops_mirror {
     int device_buffers;
     BG__BACKEND_OPS(BG__SLOT_MIRROR)
     int attention_max_head;
-    BG__BACKEND_CP_OPS(BG__SLOT_MIRROR)
 };
 #undef BG__SLOT_MIRROR
 _Static_assert(sizeof(struct bg__ops_mirror) == sizeof(bg_backend_ops_t),
@@ -48,7 +47,6 @@ bg_status_t bg__backend_check_ops(const bg_backend_ops_t *ops)
 {
 #define BG__SLOT_MEMBER(slot) (void)sizeof(ops->slot);
     BG__BACKEND_OPS(BG__SLOT_MEMBER)
-    BG__BACKEND_CP_OPS(BG__SLOT_MEMBER)
 #undef BG__SLOT_MEMBER
     const char *name = ops && ops->size >= offsetof(bg_backend_ops_t, name) + sizeof(ops->name) && ops->name
                            ? ops->name : "?";

@@ -188,7 +188,9 @@ typedef struct bg_backend_ops {
 
     /* ---- streams and events (appended last; optional, all or none) ----
      * A backend that queues work has a compute stream (every kernel above, in
-     * call order) and a copy stream. An event marks a point of a stream; it
+     * call order) and copy streams: the copies of one direction run in the
+     * order queued (the two directions may overlap: order between them only
+     * through events). An event marks a point of a stream; it
      * may be recorded again at any time (waits queued on an earlier
      * recording keep that point). Host buffers of the two copies come from
      * host_alloc. Slots NULL (the CPU backend): the staging layer
@@ -275,6 +277,11 @@ typedef struct bg_backend_ops {
      *  heads is refused at its first forward, before any weight changes. */
     int attention_max_head;
 
+    /* ---- collective libraries (appended last, as the slots above; optional) ---- */
+    /** The compute stream as the device runtime's handle (cuda: its cudaStream_t), with the backend's device
+     *  made current for the calling thread, for a collective library that queues on it (NCCL:
+     *  runtime/devcoll.c). NULL: none (the CPU). */
+    void *(*native_stream)(bg_backend_t *be);
     /* ---- context parallelism's ring attention (appended last, as the slots above; NULL: --cp > 1 is
      *      refused on the backend). Head sizes up to 128. ---- */
     /** Causal attention of one block of queries against one block of keys at given global positions,
