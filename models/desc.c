@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/util.h"
+#include "models/cp_attention.h"
 #include "models/layer_impl.h"
 #include "models/model_impl.h"
 
@@ -33,6 +34,7 @@ struct bg_model_desc {
     bg_model_config_t builder;
     const bg_tp_comm_t *tp; /* the tensor-parallel group the model runs in (NULL: none) */
     const bg_tp_comm_t *ep; /* the expert-parallel group of its MoE layers (NULL: none) */
+    const bg_cp_comm_t *cp; /* the context-parallel group the model runs in (NULL: none) */
 };
 
 uint64_t bg__fnv1a(const char *s) { return bg__fnv1a_bytes(BG_FNV1A_INIT, s, strlen(s)); }
@@ -361,6 +363,65 @@ const bg_tp_comm_t *bg_model_desc_group_of(const bg_model_desc_t *d, const bg_pa
         return NULL;
     return p->split_ep ? d->ep : d->tp;
 }
+/* Leaf types that run under context parallelism: the position-wise ones,
+ * and those that read positions and know the group (models/cp_attention.c).
+ * Experts (their load balance counts a sequence's tokens) and the
+ * tensor-parallel position table do not yet. */
+static const char *const cp_types[] = {"activation", "linear", "layernorm", "residual", "rmsnorm", "swiglu",
+                                       "column_linear", "row_linear", "head", "vocab_head", "embedding",
+                                       "attention", "gqa_attention", NULL};
+/* The attention leaves, whose scratch holds the ring's blocks once bound. */
+static const struct {
+    const char *type;
+    void (*set_ring)(bg_layer_t *l, int on);
+} cp_rings[] = {{"attention", bg__attention_set_ring}, {"gqa_attention", bg__gqa_set_ring}};
+
+/* The first leaf of l's tree that cannot run under cp (NULL: none); with
+ * mark, every attention leaf bound (1) or unbound (0) (its ring's scratch). */
+static const bg_layer_t *cp_unsupported(bg_layer_t *l, int mark)
+{
+    if (l->nchildren == 0) {
+        for (size_t i = 0; mark >= 0 && i < sizeof cp_rings / sizeof cp_rings[0]; i++)
+            if (strcmp(l->ops->type, cp_rings[i].type) == 0)
+                cp_rings[i].set_ring(l, mark);
+        for (int i = 0; cp_types[i]; i++)
+            if (strcmp(l->ops->type, cp_types[i]) == 0)
+                return NULL;
+        return l;
+    }
+    for (int i = 0; i < l->nchildren; i++) {
+        const bg_layer_t *bad = cp_unsupported(l->children[i], mark);
+        if (bad)
+            return bad;
+    }
+    return NULL;
+}
+
+bg_status_t bg_model_desc_set_cp(bg_model_desc_t *d, const bg_cp_comm_t *cp)
+{
+    if (!cp || cp->size == 1) {
+        for (int i = 0; i < d->n; i++)
+            cp_unsupported(d->layers[i], 0);
+        d->cp = NULL;
+        return BG_OK;
+    }
+    if (cp->rank < 0 || cp->rank >= cp->size || !cp->ring_start || !cp->wait)
+        return bg_error(BG_ERR_INVALID, "model %s: context-parallel group rank %d of %d without its ring", d->name,
+                        cp->rank, cp->size);
+    for (int i = 0; i < d->n; i++) {
+        const bg_layer_t *bad = cp_unsupported(d->layers[i], -1);
+        if (bad)
+            return bg_error(BG_ERR_UNSUPPORTED, "model %s: context parallelism (cp %d) needs position-wise layers, "
+                            "embeddings and attention, but layer %s is a %s", d->name, cp->size, bad->name,
+                            bad->ops->type);
+    }
+    for (int i = 0; i < d->n; i++)
+        cp_unsupported(d->layers[i], 1);
+    d->cp = cp;
+    return BG_OK;
+}
+
+const bg_cp_comm_t *bg_model_desc_cp(const bg_model_desc_t *d) { return d->cp; }
 
 /* Parameters of the full tensors of a layer tree (shards count whole). */
 static size_t layer_full_params(const bg_layer_t *l)

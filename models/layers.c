@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "models/cp_attention.h"
 #include "models/layer_impl.h"
 
 #define ROWS(s) ((s).n * (s).t)
@@ -134,6 +135,8 @@ static bg_status_t emb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     const emb_t *p = l->impl;
     if (!ctx->tokens)
         return bg_error(BG_ERR_INVALID, "layer %s: no input tokens", l->name);
+    if (ctx->cp && p->pos)
+        return bg__cp_embedding_forward(ctx, out, l->params[0].data, l->params[1].data, p->c);
     ctx->be->ops->embedding_forward(ctx->be, out, ctx->tokens, l->params[0].data, p->pos ? l->params[1].data : NULL,
                                     ctx->in.n, ctx->in.t, p->c);
     return BG_OK;
@@ -149,6 +152,8 @@ static bg_status_t emb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx,
                                        const float *out, const float *dout)
 {
     const emb_t *p = l->impl;
+    if (ctx->cp && p->pos)
+        return bg__cp_embedding_backward(ctx, l->params[0].grad, l->params[1].grad, dout, p->c);
     ctx->be->ops->embedding_backward(ctx->be, l->params[0].grad, p->pos ? l->params[1].grad : NULL, dout, ctx->tokens,
                                      ctx->in.n, ctx->in.t, p->c);
     return BG_OK;
@@ -190,7 +195,9 @@ bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int
 
 /* ------------------------------------------------------ attention core */
 
-typedef struct { int c, heads; } attn_t;
+typedef struct { int c, heads, ring; } attn_t; /* ring: bound to a context group (bg__attention_set_ring) */
+
+void bg__attention_set_ring(bg_layer_t *l, int on) { ((attn_t *)l->impl)->ring = on; }
 
 static bg_status_t attn_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
@@ -207,7 +214,8 @@ static size_t attn_stash_bytes(const bg_layer_t *l, bg_shape_t in)
 static size_t attn_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
 {
     const attn_t *p = l->impl;
-    return bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
+    size_t own = bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
+    return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in.n, in.t, p->c) : own;
 }
 /* The fused kernel visits the T(T+1)/2 causal (query, key) pairs per head:
  * forward q.k and p v (2 hs multiply-adds) and about 5 flops of softmax per
@@ -225,6 +233,13 @@ static double attn_bwd_flops(const bg_layer_t *l, bg_shape_t in)
     return attn_pairs(p, in) * (10.0 * (p->c / p->heads) + 8.0);
 }
 
+/* The ring's blocks under context parallelism: after the backward's scratch */
+static void *attn_ring(const attn_t *p, const bg_layer_ctx_t *ctx)
+{
+    return (char *)ctx->scratch +
+           bg__align64(bg_attention_scratch_floats(ctx->in.n, ctx->in.t, p->c, p->heads) * sizeof(float));
+}
+
 static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     const attn_t *p = l->impl;
@@ -232,6 +247,8 @@ static bg_status_t attn_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     if (max > 0 && hs > max) /* before anything is written: the step fails with nothing changed */
         return bg_error(BG_ERR_UNSUPPORTED, "attention %s: head size %d (d_model %d / %d heads) is above the %s "
                         "backend's largest, %d: use more heads", l->name, hs, p->c, p->heads, ctx->be->ops->name, max);
+    if (ctx->cp)
+        return bg__cp_attention_forward(l, ctx, out, ctx->stash, in, attn_ring(p, ctx), p->c, p->heads);
     bg_attention_forward(ctx->be, out, ctx->stash, in, ctx->in.n, ctx->in.t, p->c, p->heads);
     return BG_OK;
 }
@@ -240,6 +257,9 @@ static bg_status_t attn_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx,
                                        const float *out, const float *dout, float *din)
 {
     const attn_t *p = l->impl;
+    if (din && ctx->cp)
+        return bg__cp_attention_backward(l, ctx, din, ctx->scratch, dout, in, out, ctx->stash, attn_ring(p, ctx),
+                                         p->c, p->heads);
     if (din)
         bg_attention_backward(ctx->be, din, ctx->scratch, dout, in, out, ctx->stash, ctx->in.n, ctx->in.t, p->c,
                               p->heads);
@@ -262,7 +282,7 @@ bg_status_t bg_layer_attention(const char *name, int c, int heads, bg_layer_t **
 {
     if (c < 1 || heads < 1 || c % heads != 0)
         return bg_error(BG_ERR_INVALID, "attention %s: heads (%d) must divide d_model (%d)", name, heads, c);
-    attn_t p = {c, heads};
+    attn_t p = {c, heads, 0};
     return bg__make_leaf(&attn_ops, name, 0, NULL, &p, sizeof(p), layer_p);
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "models/cp_attention.h"
 #include "models/layer_impl.h"
 
 #define ROWS(s) ((s).n * (s).t)
@@ -142,7 +143,7 @@ bg_status_t bg_layer_swiglu(const char *name, int h, bg_layer_t **layer_p)
  * stash: [qkv (n, t, 3C) rotated and expanded, the attention's input][lse];
  * scratch: forward [rotated grouped input]; backward [dqkv (n, t, 3C)][the
  * attention's scratch]. */
-typedef struct { int heads, kv, hs; float theta; bg__kv_cache_t *cache; } gqa_t;
+typedef struct { int heads, kv, hs; float theta; bg__kv_cache_t *cache; int ring; } gqa_t; /* ring: bg__gqa_set_ring */
 
 /* The decode cache (bg__gqa_cache_attach): every position's rotated keys and values so far, per kv head,
  * and the buffers of one position's attention. */
@@ -179,7 +180,18 @@ static size_t gqa_scratch(const bg_layer_t *l, bg_shape_t in)
     const gqa_t *p = l->impl;
     size_t fwd = bg__align64((size_t)ROWS(in) * (size_t)gqa_cin(p) * sizeof(float));
     size_t bwd = gqa_qkv_bytes(p, in) + bg_attention_scratch_floats(in.n, in.t, gqa_c(p), p->heads) * sizeof(float);
-    return fwd > bwd ? fwd : bwd;
+    size_t own = fwd > bwd ? fwd : bwd;
+    return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in.n, in.t, gqa_c(p)) : own;
+}
+
+void bg__gqa_set_ring(bg_layer_t *l, int on) { ((gqa_t *)l->impl)->ring = on; }
+
+/* Under context parallelism: the ring's blocks after the layer's own scratch (gqa_scratch) */
+static void *gqa_ring(const bg_layer_t *l, const bg_layer_ctx_t *ctx)
+{
+    const gqa_t *p = l->impl;
+    return (char *)ctx->scratch + bg__align64(gqa_scratch(l, ctx->in) - bg__cp_ring_bytes(ctx->in.n, ctx->in.t,
+                                                                                          gqa_c(p)));
 }
 /* the fused attention's counts (models/layers.c's attention) plus RoPE's 6 flops per rotated pair */
 static double gqa_pairs(const gqa_t *p, bg_shape_t in) { return (double)in.n * p->heads * in.t * (in.t + 1.0) / 2.0; }
@@ -253,8 +265,13 @@ static bg_status_t gqa_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     if (p->cache)
         return gqa_decode(l, ctx, in, out);
     float *rot = ctx->scratch, *qkv = ctx->stash;
-    be->ops->rope(be, rot, in, B, T, p->kv, g + 1, p->hs, p->theta, 0, 0);
+    if (ctx->cp)
+        bg__cp_rope(ctx, rot, in, gqa_cin(p), p->kv, g + 1, p->hs, p->theta, 0);
+    else
+        be->ops->rope(be, rot, in, B, T, p->kv, g + 1, p->hs, p->theta, 0, 0);
     be->ops->gqa_expand(be, qkv, rot, B, T, p->kv, g, p->hs);
+    if (ctx->cp)
+        return bg__cp_attention_forward(l, ctx, out, gqa_lse(p, ctx), qkv, gqa_ring(l, ctx), gqa_c(p), p->heads);
     bg_attention_forward(be, out, gqa_lse(p, ctx), qkv, B, T, gqa_c(p), p->heads);
     return BG_OK;
 }
@@ -270,6 +287,12 @@ static bg_status_t gqa_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
         return BG_OK;
     BG_CHECK(gqa_need(l, be));
     float *dqkv = ctx->scratch, *ascratch = (float *)((char *)ctx->scratch + gqa_qkv_bytes(p, ctx->in));
+    if (ctx->cp) {
+        BG_CHECK(bg__cp_attention_backward(l, ctx, dqkv, ascratch, dout, ctx->stash, out, gqa_lse(p, ctx),
+                                           gqa_ring(l, ctx), gqa_c(p), p->heads));
+        be->ops->gqa_reduce(be, din, dqkv, B, T, p->kv, g, p->hs);
+        return bg__cp_rope(ctx, din, din, gqa_cin(p), p->kv, g + 1, p->hs, p->theta, 1);
+    }
     bg_attention_backward(be, dqkv, ascratch, dout, ctx->stash, out, gqa_lse(p, ctx), B, T, gqa_c(p), p->heads);
     be->ops->gqa_reduce(be, din, dqkv, B, T, p->kv, g, p->hs);
     be->ops->rope(be, din, din, B, T, p->kv, g + 1, p->hs, p->theta, 0, 1);
@@ -353,7 +376,7 @@ bg_status_t bg_layer_gqa_attention(const char *name, int heads, int kv_heads, in
                                         "pairs)", name, head_dim);
     if (!(rope_theta > 1.0f) || !isfinite(rope_theta))
         return bg_error(BG_ERR_INVALID, "gqa_attention %s: rope theta %g must be > 1", name, (double)rope_theta);
-    gqa_t p = {heads, kv_heads, head_dim, rope_theta, NULL};
+    gqa_t p = {heads, kv_heads, head_dim, rope_theta, NULL, 0};
     return bg__make_leaf(&gqa_ops, name, 0, NULL, &p, sizeof(p), layer_p);
 }
 

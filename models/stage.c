@@ -617,6 +617,7 @@ static bg_layer_ctx_t make_ctx(bg_stage_t *s, slot_t *sl, int i)
     c.scratch = (char *)s->scratch[sl->lane] + layer_scratch_at(s, sl->shapes, i, s->gz);
     c.tp = bg_model_desc_tp(bg_model_desc(s->model));
     c.ep = bg_model_desc_ep(bg_model_desc(s->model));
+    c.cp = bg_model_desc_cp(bg_model_desc(s->model));
     return c;
 }
 

@@ -147,13 +147,13 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     if (!c->rspeed || !c->rbudget || !c->rows || !c->nrows)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
     bg_layout_t lay; /* the executor's rank layout: device = world rank */
-    bg__layout_init(&lay, pp, dp, s->tp, 0);
+    bg__layout_init(&lay, pp, dp, 1, s->tp, 0); /* the planner places no context groups: cp = 1 */
     for (int r = 0; r < pp; r++) {
         c->rspeed[r] = INFINITY;
         c->rbudget[r] = UINT64_MAX;
         for (int d = 0; d < dp; d++)
             for (int t = 0; t < s->tp; t++) { /* every replica's tensor group: tp devices each */
-                int dev = bg__layout_rank(&lay, r, d, t);
+                int dev = bg__layout_rank(&lay, r, d, 0, t);
                 if (s->speed[dev] < c->rspeed[r])
                     c->rspeed[r] = s->speed[dev];
                 if (s->mem[dev] < c->rbudget[r])

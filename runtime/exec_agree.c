@@ -22,7 +22,7 @@
 enum { AGREE_VERSION, AGREE_MODEL, AGREE_LAYOUT, AGREE_SCHEDULE, AGREE_OPTIM, AGREE_BATCH, AGREE_SEED, AGREE_N };
 static const char *const agree_names[AGREE_N] = {
     [AGREE_VERSION] = "brigade version", [AGREE_MODEL] = "model description",
-    [AGREE_LAYOUT] = "layout (pp, dp, tp, ep, chunks, split, zero, ps, staleness, recompute)",
+    [AGREE_LAYOUT] = "layout (pp, dp, cp, tp, ep, chunks, split, zero, ps, staleness, recompute)",
     [AGREE_SCHEDULE] = "schedule program", [AGREE_OPTIM] = "optimizer and its hyper-parameters",
     [AGREE_BATCH] = "batch and microbatches", [AGREE_SEED] = "data seed"};
 
@@ -46,7 +46,7 @@ static bg_status_t digests(exec_t *x, uint64_t d[AGREE_N])
     BG_CHECK(bg_model_desc_to_json(x->desc, &json));
     d[AGREE_MODEL] = fnv_str(json);
     free(json);
-    int lay[] = {p->pp, p->dp, p->tp, p->ep, p->chunks, p->zero, p->ps, p->staleness, p->recompute};
+    int lay[] = {p->pp, p->dp, p->cp, p->tp, p->ep, p->chunks, p->zero, p->ps, p->staleness, p->recompute};
     uint64_t h = fnv_ints(BG_FNV1A_INIT, lay, (int)(sizeof lay / sizeof lay[0]));
     h = fnv_ints(h, p->split, p->split ? p->nsplit : 0);
     d[AGREE_LAYOUT] = fnv_ints(h, p->recompute_stages, p->recompute_stages ? p->nrecompute_stages : 0);

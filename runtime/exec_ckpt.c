@@ -53,7 +53,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.models = models;
     p.nmodels = nmodels;
     p.comm = x->comm;
-    p.writer = x->lay.me.dp == 0 && x->lay.me.tp == 0; /* member 0 writes the tensor group's gathered tensors */
+    p.writer = bg__layout_lead(&x->lay) && x->lay.me.tp == 0; /* member 0 writes the tensor group's gathered tensors */
     p.data_position = x->data_position;
     p.extra_json = extra;
     p.keep = keep;
@@ -241,7 +241,7 @@ static void weights_path(exec_t *x, int v, const char *dir, char *path, size_t c
     bg__strategy_t *own = BG__ONE(x, weights_path);
     if (own)
         own->ops->weights_path(x, own->self, v, dir, path, cap);
-    else if (x->lay.me.dp != 0)
+    else if (!bg__layout_lead(&x->lay))
         path[0] = 0;
     else if (x->S == 1)
         snprintf(path, cap, "%s/model.safetensors", dir);
@@ -266,7 +266,7 @@ static atomic_ulong weights_seq;
 static int weights_writers(exec_t *x)
 {
     bg__strategy_t *own = BG__ONE(x, weights_writers);
-    return own ? own->ops->weights_writers(x, own->self) : x->lay.world / x->lay.dp;
+    return own ? own->ops->weights_writers(x, own->self) : x->lay.world / (x->lay.dp * x->lay.cp);
 }
 
 /* This rank's files into dir (made here; it may exist, made by another writer). */

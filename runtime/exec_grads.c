@@ -169,10 +169,13 @@ double bg__exec_grad_sumsq(exec_t *x, chunk_t *ch)
     return s;
 }
 
-/* Does this replica count p in the norm? Every replica holds the same reduced gradients, so replica 0 counts a
- * replicated tensor; an expert shard (split_ep) is held by the first P replicas, one slice each. */
+/* Does this replica count p in the norm? Every replica (and every context member) holds the same reduced
+ * gradients, so replica 0's member 0 counts a replicated tensor; an expert shard (split_ep) is held by the
+ * first P replicas, one slice each. */
 static int replica_counts(const exec_t *x, const bg_param_t *p)
 {
+    if (x->lay.me.cp != 0)
+        return 0;
     return p->split_ep ? x->lay.me.dp < p->split_parts : x->lay.me.dp == 0;
 }
 

@@ -148,6 +148,7 @@ struct bg_executor {
     bg_group_t *dp_group, *world_group; /* dp_group: NULL when the replicas do not reduce among themselves */
     bg__dcoll_t *dp_coll; /* dp_group's collectives on the backend's buffers (runtime/devcoll.h); NULL with it */
     bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
+    struct bg__cp *cp;      /* the context-parallel group (runtime/cp.c; NULL: cp = 1) */
     bg_layout_t lay;        /* who holds what: degrees, this rank's coordinates, stage placement */
     bg_backend_t *be;
     bg__staging_t stg;      /* transfers of backend buffers between ranks */
@@ -256,9 +257,9 @@ bg_status_t bg__exec_step_agree_check(exec_t *x, const double sums[BG__STEP_AGRE
 
 /* Tags: bit 31 step parity, bit 30 direction (0 act, 1 grad), bits 16..29
  * the receiving stage, or one of these for the strategies' exchanges, bits
- * 0..15 the microbatch (a strategy's index). The parameter servers'
+ * 0..15 the microbatch (a strategy's index; the context ring's lane). The parameter servers'
  * protocol (runtime/ps.c) uses 0x3ffe too: it never runs with DualPipe's
  * copies (refused at create). */
-enum { BG__TAG_TIES = 0x3fff, BG__TAG_COPIES = 0x3ffe };
+enum { BG__TAG_TIES = 0x3fff, BG__TAG_COPIES = 0x3ffe, BG__TAG_CP = 0x3ffd };
 
 #endif

@@ -39,8 +39,27 @@ bg_status_t bg__exec_seq_len(exec_t *x, int64_t step, int mb, int *t_p)
         return bg_error(BG_ERR_INVALID, "batch source: microbatch %d of step %lld has %d positions, which sequence "
                                         "parallelism over tp %d cannot split (a multiple of tp is needed)",
                         mb, (long long)step + 1, t, x->p.tp);
+    if (x->lay.cp > 1 && t % (2 * x->lay.cp) != 0)
+        return bg_error(BG_ERR_INVALID, "batch source: microbatch %d of step %lld has %d positions, which context "
+                                        "parallelism over cp %d cannot split (a multiple of 2 x cp = %d is needed)",
+                        mb, (long long)step + 1, t, x->lay.cp, 2 * x->lay.cp);
     *t_p = t;
     return BG_OK;
+}
+
+/* Context parallelism: keep this member's two chunks of each of the n
+ * sequences of T ids (chunks cp and 2 C - 1 - cp of 2 C), in place, in that
+ * order: n x T / C ids. Every destination precedes its source. */
+static void cp_select(const exec_t *x, int32_t *ids, int n, int T)
+{
+    int C = x->lay.cp, c = T / (2 * C), tl = T / C;
+    if (!ids || C == 1)
+        return;
+    for (int b = 0; b < n; b++) {
+        memmove(ids + (size_t)b * tl, ids + (size_t)b * T + (size_t)x->lay.me.cp * c, (size_t)c * sizeof(int32_t));
+        memmove(ids + (size_t)b * tl + c, ids + (size_t)b * T + (size_t)(2 * C - 1 - x->lay.me.cp) * c,
+                (size_t)c * sizeof(int32_t));
+    }
 }
 
 /* Ask the batch source for microbatch mb of this step and replica (what this
@@ -86,6 +105,8 @@ static bg_status_t fetch_batch(exec_t *x, int mb)
             return bg_error(BG_ERR_INVALID, "%s: feature %zu of %zu (shape %d x %d x %d) is %s", where, i,
                             x->nfeatures, rq.in.n, rq.in.t, rq.in.c,
                             isnan(feat[i]) ? "NaN (not written?)" : "infinite");
+    cp_select(x, tok, x->mbn, rq.in.t);
+    cp_select(x, tgt, x->mbn, rq.in.t);
     x->fetched_step = x->step;
     x->fetched_mb = mb;
     return BG_OK;
@@ -105,11 +126,13 @@ uint32_t bg__exec_tag(const exec_t *x, int grad, int recv_stage, int mb)
            (uint32_t)(mb & 0xffff);
 }
 
-/* Shape of the input of stage `stage` for microbatch mb of this step. */
+/* Shape of the input of stage `stage` for microbatch mb of this step (this
+ * context member's positions). */
 bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p)
 {
     int T = 0;
     BG_CHECK(bg__exec_seq_len(x, x->step, mb, &T));
+    T /= x->lay.cp;
     bg_shape_t s = bg_model_input_shape(ch->model, x->mbn, T);
     /* walk the layers before this stage (descriptors of the full model) */
     for (int i = 0; i < ch->first; i++)

@@ -34,6 +34,7 @@
 #include "brigade/partitioner.h"
 #include "core/check.h"
 #include "runtime/exec_impl.h"
+#include "runtime/cp.h"
 #include "runtime/numa.h"
 #include "runtime/ps.h"
 
@@ -77,6 +78,26 @@ static bg_status_t layer_ranges(const bg_executor_params_t *c, int total, int S,
         last[i] = at + n - 1;
         at += n;
     }
+    return BG_OK;
+}
+
+/* Context parallelism (--cp): what it composes with, and the length's chunks. */
+static bg_status_t check_cp(const bg_executor_params_t *p, const bg_model_desc_params_t *mp)
+{
+    int cp = p->size >= offsetof(bg_executor_params_t, cp) + sizeof(int) ? p->cp : 1;
+    if (cp == 0 || cp == 1)
+        return BG_OK;
+    if (cp < 0)
+        return bg_error(BG_ERR_INVALID, "cp must be >= 1 (got %d)", cp);
+    const char *no = p->tp > 1 ? "--tp > 1" : p->ps > 0 ? "--ps" : p->zero > 0 ? "--zero" : p->emulate ? "--emulate"
+                   : mp->input != BG_INPUT_TOKENS ? "a model of feature inputs" : NULL;
+    if (no)
+        return bg_error(BG_ERR_UNSUPPORTED, "--cp %d with %s is not built (context parallelism composes with --pp, "
+                        "--dp and every schedule; docs/executor.md)", cp, no);
+    int seq = p->data.seq ? p->data.seq : mp->seq_len;
+    if (seq % (2 * cp) != 0)
+        return bg_error(BG_ERR_INVALID, "--cp %d: the sequence length %d is not divisible by 2 x cp = %d (each "
+                        "member holds two of 2 cp equal chunks)", cp, seq, 2 * cp);
     return BG_OK;
 }
 
@@ -232,6 +253,7 @@ static void exec_free(exec_t *x)
     free(x->loss_n);
     free(x->loss_mb);
     bg__tp_destroy(x->tp, x->desc); /* after the models: they use its group */
+    bg__cp_destroy(x->cp, x->desc);
     bg_backend_destroy(x->be);
     bg_schedule_free(x->sched);
     bg_schedule_free(x->eval_sched);
@@ -293,6 +315,7 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (p->data.seq < 0 || (mp->input == BG_INPUT_TOKENS && p->data.seq > mp->seq_len))
         return bg_error(BG_ERR_INVALID, "sequence length %d must be in [1, %d] (the model's maximum)", p->data.seq,
                         mp->seq_len);
+    BG_CHECK(check_cp(p, mp));
     if (p->tp > 1 && bg_model_desc_sequence_parallel(p->model)) { /* sequence parallelism */
         int seq = mp->input == BG_INPUT_TOKENS && p->data.seq ? p->data.seq : mp->seq_len;
         if (seq % p->tp != 0)
@@ -314,7 +337,7 @@ static bg_status_t check_params(const bg_executor_params_t *p)
  * replicas do not reduce among themselves) and the world. */
 static bg_status_t make_groups(exec_t *x)
 {
-    int *ranks = malloc((size_t)(x->lay.world > x->lay.dp ? x->lay.world : x->lay.dp) * sizeof(int));
+    int *ranks = malloc((size_t)x->lay.world * sizeof(int)); /* dp x cp <= world */
     BG_ALLOC_CHECK(ranks, (size_t)x->lay.world * sizeof(int), "group ranks");
     int n = bg__layout_dp_ranks(&x->lay, ranks);
     bg_status_t st = n > 0 ? bg_group_create(x->comm, n, ranks, &x->dp_group) : BG_OK;
@@ -456,6 +479,9 @@ static bg_status_t connect(exec_t *x)
     BG_CHECK(bg__exec_agree(x)); /* before any other message: ranks that disagree fail alike, at once */
     x->epoch = bg_comm_epoch_begin(x->comm); /* leave notices name this executor's steps */
     BG_CHECK(bg__tp_create(x->comm, x->desc, x->lay.tp, bg__layout_tp_first(&x->lay), &x->tp));
+    int cpr[x->lay.cp];
+    bg__layout_cp_ranks(&x->lay, cpr);
+    BG_CHECK(bg__cp_create(x->comm, x->desc, x->lay.cp, cpr, x->lay.me.cp, &x->bytes_sent, &x->cp));
     bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
     bp.num_threads = x->p.threads;
     bp.set_blas_threads = x->p.process_wide;
@@ -470,6 +496,9 @@ static bg_status_t connect(exec_t *x)
         bp.mem_cap = x->p.device_mem[x->p.ndevice_mem == 1 ? 0 : x->lay.rank];
     }
     BG_CHECK(bg_backend_create(x->p.backend ? x->p.backend : "cpu", &bp, &x->be));
+    if (x->cp && !x->be->ops->attention_block_forward)
+        return bg_error(BG_ERR_UNSUPPORTED, "--cp %d: the %s backend has no ring attention kernels "
+                        "(attention_block_forward/backward; the cpu backend has them)", x->lay.cp, x->be->ops->name);
     if (x->p.process_wide) { /* after the backend (its device's node), before the buffers */
         char bus[64];
         int dev_node = bg__numa_device_node(x->be, "/sys", bus, sizeof(bus));
@@ -562,7 +591,9 @@ static void init_fields(exec_t *x, const bg_executor_params_t *pin)
     x->fetched_step = -1;
     x->data_position = -1;
     x->numa_node = -1;
-    bg__layout_init(&x->lay, x->p.pp, x->p.dp, x->p.tp, x->p.ps);
+    if (x->p.cp < 1) /* params older than the field */
+        x->p.cp = 1;
+    bg__layout_init(&x->lay, x->p.pp, x->p.dp, x->p.cp, x->p.tp, x->p.ps);
     if (x->p.zero && x->lay.dp == 1) {
         bg_log(BG_LOG_INFO, "train", "--zero %d with dp = 1 changes nothing (one replica holds everything)", x->p.zero);
         x->p.zero = 0;

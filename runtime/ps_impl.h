@@ -77,7 +77,7 @@ struct bg__ps {
 };
 
 /* World rank of pipeline rank k of worker w. */
-static inline int worker_rank(const bg__ps_t *ps, int w, int k) { return bg__layout_rank(ps->layout, k, w, 0); }
+static inline int worker_rank(const bg__ps_t *ps, int w, int k) { return bg__layout_rank(ps->layout, k, w, 0, 0); }
 /* A server's requests per worker and step: its tensors, then each pipeline rank's loss and stop. */
 static inline int entries(const bg__ps_t *ps) { return ps->nown + ps->P; }
 /* The pipeline rank that sends entry j of a worker's requests. */

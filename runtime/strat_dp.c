@@ -8,7 +8,12 @@
 #include "core/check.h"
 #include "runtime/exec_impl.h"
 
-static int dp_active(const exec_t *x) { return x->lay.dp > 1 && x->lay.servers == 0 && x->p.zero == 0; }
+/* The group is the stage's dp x cp ranks (bg__layout_dp_ranks): context members hold other positions of
+ * the same sequences, so their gradients are summed too. */
+static int dp_active(const exec_t *x)
+{
+    return x->lay.dp * x->lay.cp > 1 && x->lay.servers == 0 && x->p.zero == 0;
+}
 
 static bg_status_t dp_reduce(exec_t *x, void *self, chunk_t *ch, int b)
 {

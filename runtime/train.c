@@ -28,13 +28,20 @@ void bg_train_config_init(bg_train_config_t *cfg)
     *cfg = (bg_train_config_t)BG_TRAIN_CONFIG_INIT;
 }
 
+/* The context-parallel degree of the job (0 or a config older than the field: 1). */
+static int cp_degree(const bg_train_config_t *c)
+{
+    return c->size >= offsetof(bg_train_config_t, cp) + sizeof(int) && c->cp > 1 ? c->cp : 1;
+}
+
 /* What lengths are rounded up to a multiple of: --seq-multiple, or under
- * sequence parallelism tp (each member holds t / tp positions). */
+ * sequence parallelism tp (each member holds t / tp positions), times 2 cp
+ * under context parallelism (each member holds two of 2 cp chunks). */
 static int seq_multiple(const bg_train_config_t *c)
 {
     if (c->seq_multiple > 0)
         return c->seq_multiple;
-    return c->model.tp > 1 && c->model.sequence_parallel ? c->model.tp : 1;
+    return (c->model.tp > 1 && c->model.sequence_parallel ? c->model.tp : 1) * (cp_degree(c) > 1 ? 2 * cp_degree(c) : 1);
 }
 
 /* The job's learning-rate schedule: its peak is --lr, its decay ends at
@@ -406,6 +413,7 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.dp = c->dp > 0 ? c->dp : 1;
     p.tp = c->model.tp > 0 ? c->model.tp : 1; /* the builder made layers of this degree */
     p.ep = c->model.ep > 0 ? c->model.ep : 1; /* and MoE layers of this one */
+    p.cp = cp_degree(c);
     p.schedule = c->schedule;
     p.chunks = c->chunks;
     p.split = c->split;

@@ -1,5 +1,5 @@
 /* schedule/layout.c: the rank layout (schedule/layout.h): rank <-> (pp, dp,
- * tp, chunk, role) for every strategy. Pure arithmetic over the degrees and
+ * cp, tp, chunk, role) for every strategy. Pure arithmetic over the degrees and
  * the schedule's placement; it owns nothing and never communicates. */
 #include "schedule/layout.h"
 
@@ -7,11 +7,11 @@
 
 #include "core/check.h"
 
-void bg__layout_init(bg_layout_t *l, int pp, int dp, int tp, int servers)
+void bg__layout_init(bg_layout_t *l, int pp, int dp, int cp, int tp, int servers)
 {
-    *l = (bg_layout_t){.pp = pp, .dp = dp, .tp = tp, .servers = servers};
-    l->world = servers + pp * dp * tp;
-    l->me = (bg_layout_coord_t){0, 0, 0, BG_LAYOUT_WORKER};
+    *l = (bg_layout_t){.pp = pp, .dp = dp, .cp = cp, .tp = tp, .servers = servers};
+    l->world = servers + pp * dp * cp * tp;
+    l->me = (bg_layout_coord_t){0, 0, 0, 0, BG_LAYOUT_WORKER};
 }
 
 /* --ps S: the job's N ranks are S servers and N - S workers, each worker a
@@ -38,13 +38,15 @@ bg_status_t bg__layout_bind(bg_layout_t *l, int world, int rank)
 {
     if (l->servers > 0) {
         BG_CHECK(bind_servers(l, world));
-    } else if (world != l->pp * l->dp * l->tp) {
-        char tp[32] = "";
+    } else if (world != l->pp * l->dp * l->cp * l->tp) {
+        char cp[32] = "", tp[32] = "";
+        int want = l->pp * l->dp * l->cp * l->tp;
+        if (l->cp > 1)
+            snprintf(cp, sizeof cp, " x cp %d", l->cp);
         if (l->tp > 1)
             snprintf(tp, sizeof tp, " x tp %d", l->tp);
-        return bg_error(BG_ERR_INVALID, "pp %d x dp %d%s = %d ranks, but the job has %d (start it with brigade launch "
-                                        "-n %d)", l->pp, l->dp, tp, l->pp * l->dp * l->tp, world,
-                        l->pp * l->dp * l->tp);
+        return bg_error(BG_ERR_INVALID, "pp %d x dp %d%s%s = %d ranks, but the job has %d (start it with brigade "
+                                        "launch -n %d)", l->pp, l->dp, cp, tp, want, world, want);
     }
     l->world = world;
     l->rank = rank;
@@ -54,29 +56,31 @@ bg_status_t bg__layout_bind(bg_layout_t *l, int world, int rank)
 
 void bg__layout_set_schedule(bg_layout_t *l, const bg_schedule_t *sched) { l->sched = sched; }
 
-int bg__layout_rank(const bg_layout_t *l, int pp, int dp, int tp)
+int bg__layout_rank(const bg_layout_t *l, int pp, int dp, int cp, int tp)
 {
     if (l->servers > 0)
         return l->servers + (dp * l->pp + pp) * l->tp + tp;
-    return (pp * l->dp + dp) * l->tp + tp;
+    return ((pp * l->dp + dp) * l->cp + cp) * l->tp + tp;
 }
 
 bg_layout_coord_t bg__layout_coord(const bg_layout_t *l, int rank)
 {
     if (l->servers > 0) { /* tp = 1 */
         if (rank < l->servers)
-            return (bg_layout_coord_t){0, -1, 0, BG_LAYOUT_SERVER};
+            return (bg_layout_coord_t){0, -1, 0, 0, BG_LAYOUT_SERVER};
         int r = rank - l->servers;
-        return (bg_layout_coord_t){r % l->pp, r / l->pp, 0, BG_LAYOUT_WORKER};
+        return (bg_layout_coord_t){r % l->pp, r / l->pp, 0, 0, BG_LAYOUT_WORKER};
     }
-    return (bg_layout_coord_t){rank / (l->dp * l->tp), rank / l->tp % l->dp, rank % l->tp, BG_LAYOUT_WORKER};
+    int ct = l->cp * l->tp;
+    return (bg_layout_coord_t){rank / (l->dp * ct), rank / ct % l->dp, rank / l->tp % l->cp, rank % l->tp,
+                               BG_LAYOUT_WORKER};
 }
 
 int bg__layout_stage_pp(const bg_layout_t *l, int stage) { return bg_schedule_stage_rank(l->sched, stage); }
 
 int bg__layout_stage_rank(const bg_layout_t *l, int stage, int dp)
 {
-    return bg__layout_rank(l, bg__layout_stage_pp(l, stage), dp, l->me.tp);
+    return bg__layout_rank(l, bg__layout_stage_pp(l, stage), dp, l->me.cp, l->me.tp);
 }
 
 int bg__layout_chunk_stage(const bg_layout_t *l, int pp, int chunk)
@@ -102,8 +106,18 @@ int bg__layout_dp_ranks(const bg_layout_t *l, int *ranks)
     if (l->servers > 0)
         return 0;
     for (int d = 0; d < l->dp; d++)
-        ranks[d] = bg__layout_rank(l, l->me.pp, d, l->me.tp);
-    return l->dp;
+        for (int c = 0; c < l->cp; c++)
+            ranks[d * l->cp + c] = bg__layout_rank(l, l->me.pp, d, c, l->me.tp);
+    return l->dp * l->cp;
 }
 
-int bg__layout_tp_first(const bg_layout_t *l) { return bg__layout_rank(l, l->me.pp, l->me.dp, 0); }
+int bg__layout_cp_ranks(const bg_layout_t *l, int *ranks)
+{
+    for (int c = 0; c < l->cp; c++)
+        ranks[c] = bg__layout_rank(l, l->me.pp, l->me.dp, c, l->me.tp);
+    return l->cp;
+}
+
+int bg__layout_lead(const bg_layout_t *l) { return l->me.dp == 0 && l->me.cp == 0; }
+
+int bg__layout_tp_first(const bg_layout_t *l) { return bg__layout_rank(l, l->me.pp, l->me.dp, l->me.cp, 0); }

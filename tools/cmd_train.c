@@ -68,13 +68,18 @@ static void usage(FILE *f)
             "                         --eval-every\n"
             "  --val-data FILE        GPT, Llama: a held-out file in the training data's format instead (the\n"
             "                         data are all training data); token files must have one\n"
-            "parallel (run under brigade launch -n PP*DP*TP, mpirun or srun):\n"
-            "  --pp N                 pipeline stages (default 1); auto: the ranks over dp x tp\n"
-            "  --dp N                 data-parallel replicas (default 1); auto: the ranks over pp x tp (a job\n"
+            "parallel (run under brigade launch -n PP*DP*CP*TP, mpirun or srun):\n"
+            "  --pp N                 pipeline stages (default 1); auto: the ranks over dp x cp x tp\n"
+            "  --dp N                 data-parallel replicas (default 1); auto: the ranks over pp x cp x tp (a job\n"
             "                         that brigade launch --elastic restarts on fewer ranks re-plans with it)\n"
             "  --tp N                 tensor-parallel degree (default 1): every layer's weights split over N\n"
             "                         ranks (Megatron-style: heads, MLP hidden, vocabulary); ranks are\n"
             "                         laid out tp fastest, then dp, then pp\n"
+            "  --cp N                 context-parallel degree (default 1): every sequence split over N ranks\n"
+            "                         (2N chunks, rank i holding i and 2N-1-i; --seq divisible by 2N);\n"
+            "                         attention as a ring passing key/value blocks; GPT and Llama (not\n"
+            "                         MoE), with --pp and --dp;\n"
+            "                         ranks are laid out tp fastest, then cp, dp, pp\n"
             "  --sequence-parallel    GPT with --tp > 1: split the layernorms, residuals and activations\n"
             "                         between blocks along the sequence (--seq divisible by --tp): less\n"
             "                         activation memory, a gather and a reduce-scatter per block half\n"
@@ -222,11 +227,11 @@ static int auto_layout(const char *cmd, int pp_auto, int has_plan, bg_train_conf
     int world = 1;
     if (bg_comm_env_world(&world) != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
-    int tp = c->model.tp > 0 ? c->model.tp : 1;
+    int tp = (c->model.tp > 0 ? c->model.tp : 1) * (c->cp > 0 ? c->cp : 1); /* the ranks of one stage's replica */
     int other = (pp_auto ? (c->dp > 0 ? c->dp : 1) : (c->pp > 0 ? c->pp : 1)) * tp;
     if (world % other)
-        return bg_cli_fail(cmd, "%s: the job has %d rank%s, not a multiple of %s %d x tp %d", flag, world,
-                           world == 1 ? "" : "s", pp_auto ? "dp" : "pp", other / tp, tp);
+        return bg_cli_fail(cmd, "%s: the job has %d rank%s, not a multiple of %s %d x (cp x tp) %d", flag, world,
+                           world == 1 ? "" : "s", pp_auto ? "dp" : "pp", other / tp, tp); /* tp: x cp */
     *(pp_auto ? &c->pp : &c->dp) = world / other;
     return 0;
 }
@@ -444,7 +449,7 @@ int bg_cmd_train(int argc, char **argv)
     int precision_flag = 0;    /* --precision given (checked against a plan's) */
     int auto_axis = 0;         /* O_PP or O_DP: that degree is the world size over the others' product */
     enum { O_BATCH = 256, O_MB, O_STEPS,
-           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
+           O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_CP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
            O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP,
            O_EVAL_EVERY, O_EVAL_BATCHES, O_VAL_FRACTION, O_VAL_DATA };
     static const struct option opts[] = {
@@ -457,7 +462,8 @@ int bg_cmd_train(int argc, char **argv)
         {"metrics", required_argument, 0, O_METRICS}, {"save", required_argument, 0, O_SAVE},
         {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, O_HELP},
         {"pp", required_argument, 0, O_PP},           {"dp", required_argument, 0, O_DP},
-        {"tp", required_argument, 0, O_TP},           {"sequence-parallel", no_argument, 0, O_SP},
+        {"tp", required_argument, 0, O_TP},           {"cp", required_argument, 0, O_CP},
+        {"sequence-parallel", no_argument, 0, O_SP},
         {"schedule", required_argument, 0, O_SCHED},  {"chunks", required_argument, 0, O_CHUNKS},
         {"schedule-json", required_argument, 0, O_SCHED_JSON},
         {"emulate", required_argument, 0, O_EMULATE}, {"emulate-scale", required_argument, 0, O_EMULATE_SCALE},
@@ -503,6 +509,7 @@ int bg_cmd_train(int argc, char **argv)
             INT_FLAG(O_STEPS, "--steps", 0, 1 << 30, c.steps)
             INT_FLAG(O_THREADS, "--threads", 0, 4096, c.threads)
             INT_FLAG(O_TP, "--tp", 1, 4096, c.model.tp)
+            INT_FLAG(O_CP, "--cp", 1, 4096, c.cp)
             INT_FLAG(O_CHUNKS, "--chunks", 1, 64, c.chunks)
             INT_FLAG(O_SEQMIN, "--seq-min", 1, 1 << 20, c.seq_min)
             INT_FLAG(O_SEQMULT, "--seq-multiple", 1, 1 << 20, c.seq_multiple)
@@ -830,8 +837,11 @@ int bg_cmd_train(int argc, char **argv)
             char ep[32] = ""; /* expert parallelism: groups inside dp */
             if (c.model.ep > 1)
                 snprintf(ep, sizeof ep, ", ep %d", c.model.ep);
-            printf("trained %s on %d ranks (pp %d x dp %d x tp %d%s, %s): %s, loss %.4f -> %.4f\n",
-                   mname, r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, tp, ep,
+            char cps[24] = "";
+            if (c.cp > 1)
+                snprintf(cps, sizeof cps, " x cp %d", c.cp);
+            printf("trained %s on %d ranks (pp %d x dp %d%s x tp %d%s, %s): %s, loss %.4f -> %.4f\n",
+                   mname, r.world, c.pp ? c.pp : 1, c.dp ? c.dp : 1, cps, tp, ep,
                    c.schedule_json ? c.schedule_json : c.schedule ? c.schedule : "1f1b", did, r.first_loss, r.final_loss);
         } else {
             printf("%s on %d ranks: %s\n", mname, r.world, did);

@@ -282,6 +282,23 @@ typedef struct bg_backend_ops {
      *  made current for the calling thread, for a collective library that queues on it (NCCL:
      *  runtime/devcoll.c). NULL: none (the CPU). */
     void *(*native_stream)(bg_backend_t *be);
+    /* ---- context parallelism's ring attention (appended last, as the slots above; NULL: --cp > 1 is
+     *      refused on the backend). Head sizes up to 128. ---- */
+    /** Causal attention of one block of queries against one block of keys at given global positions,
+     *  merged by log-sum-exp: q read from qkv_q (B,T,3C), k and v from qkv_k (B,T,3C) (another rank's
+     *  block); key j is visible to query i when kpos[j] <= qpos[i] (host arrays of T, both increasing).
+     *  acc 0: out (B,T,C) and lse (B,NH,T) assigned (every row must see a key); 1: this block's result
+     *  merged into what they hold (lse -inf: nothing yet; a row that sees no key is left as it is). */
+    void (*attention_block_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv_q,
+                                    const float *qkv_k, const int *qpos, const int *kpos, int acc, int B, int T,
+                                    int NH, int hs);
+    /** Its backward, given the merged out and lse of every block: the q part of dqkv_q (B,T,3C) and the
+     *  k and v parts of dqkv_k (B,T,3C) accumulated (+=); the other parts untouched; dvec (B,NH,T) is
+     *  scratch. */
+    void (*attention_block_backward)(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec,
+                                     const float *dout, const float *qkv_q, const float *qkv_k, const float *out,
+                                     const float *lse, const int *qpos, const int *kpos, int B, int T, int NH,
+                                     int hs);
 } bg_backend_ops_t;
 /** The first two fields of a table's initializer, its size and name; the slots follow, designated:
  *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`

@@ -146,6 +146,14 @@ typedef struct bg_executor_params {
                                       this degree (bg_model_config_t.ep) and each group of ep consecutive
                                       data-parallel ranks of a stage holds their experts between them; divides
                                       dp (1: none) */
+    int cp;                      /**< context-parallel degree (docs/executor.md, "Context parallelism"): each
+                                      sequence is split over cp ranks, 2 cp chunks of T / (2 cp) positions,
+                                      member i holding chunks i and 2 cp - 1 - i; attention runs as a ring
+                                      over them, every other layer is position-wise; world = pp * dp * cp * tp
+                                      (cp between dp and tp in the rank order); the gradients are summed over
+                                      dp x cp. Needs sequence lengths divisible by 2 cp, models whose layers
+                                      all support it (GPT's), no ZeRO, no parameter servers, no sequence
+                                      parallelism; 1 (or 0 in params of an older size): none */
 } bg_executor_params_t;
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
@@ -156,7 +164,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .ep = 1 }
+      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .ep = 1, .cp = 1 }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {

@@ -126,6 +126,30 @@ typedef struct bg_tp_comm {
                              float *recv, const size_t *recvcounts, const size_t *rdispls);
 } bg_tp_comm_t;
 
+/**
+ * A context-parallel group as layers see it (filled by the runtime over its
+ * transport; docs/executor.md, "Context parallelism"). Every sequence of a
+ * microbatch is cut into 2 size chunks of equal length; member rank holds
+ * chunks rank and 2 size - 1 - rank, in that order, as its t positions
+ * (bg_cp_position). Attention passes key/value blocks around the ring of
+ * members; every other layer must be position-wise. Buffers are the backend's.
+ */
+typedef struct bg_cp_comm {
+    int size; /**< members (the context-parallel degree) */
+    int rank; /**< this member, 0 .. size-1 */
+    /** Start one ring step: send @p count floats of @p send to member rank + 1 and receive as many from
+     *  member rank - 1 into @p recv; both buffers belong to the group until wait returns. @p lane (0 or 1)
+     *  keeps two rings apart (a backward's key/value blocks and their gradients); on one lane the steps
+     *  match in the order started, which must be the same on every member. */
+    bg_status_t (*ring_start)(void *arg, int lane, const float *send, float *recv, size_t count, void **req_p);
+    /** Wait for a step ring_start started, and free its request. */
+    bg_status_t (*wait)(void *arg, void *req);
+    void *arg; /**< passed to the functions */
+} bg_cp_comm_t;
+
+/** The global position of local position @p t (of @p t_local) on member @p cp->rank (NULL: t). */
+int bg_cp_position(const bg_cp_comm_t *cp, int t, int t_local);
+
 typedef struct bg_layer bg_layer_t; /**< a layer (its body is below) */
 
 /** The tensor-parallel group collectives of one call, and the expert-parallel all-to-alls (the planner's
@@ -181,6 +205,10 @@ typedef struct bg_layer_ctx {
     /** The expert-parallel group (bg_model_desc_set_ep; NULL: none, every expert here): an MoE layer built
      *  for ep = N holds E/N experts, those of member rank, and exchanges tokens with alltoallv. */
     const bg_tp_comm_t *ep;
+    /** The context-parallel group (NULL: none): the input holds this member's positions of every
+     *  sequence (bg_cp_position); layers that mix positions (attention) or read them (position tables)
+     *  use it, the others are position-wise. Appended last. */
+    const bg_cp_comm_t *cp;
 } bg_layer_ctx_t;
 
 /** A layer type: its functions (filled with designated initialisers; see docs/layers.md). */

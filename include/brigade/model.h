@@ -139,6 +139,12 @@ const bg_tp_comm_t *bg_model_desc_ep(const bg_model_desc_t *d); /**< the group o
 /** The group a shard @p p is split over: the expert-parallel group for an expert shard (split_ep), else the
  *  tensor group (NULL: p is whole, or the description is not bound). */
 const bg_tp_comm_t *bg_model_desc_group_of(const bg_model_desc_t *d, const bg_param_t *p);
+/** Run the description's models in context-parallel group @p cp (NULL or size 1: none): their layers
+ *  see this member's positions of every sequence (bg_layer_ctx_t.cp). Every leaf layer must support it
+ *  (position-wise layers, embedding and attention; BG_ERR_UNSUPPORTED naming the first that does not).
+ *  The group must outlive the models; the executor calls it. */
+bg_status_t bg_model_desc_set_cp(bg_model_desc_t *d, const bg_cp_comm_t *cp);
+const bg_cp_comm_t *bg_model_desc_cp(const bg_model_desc_t *d); /**< the group of bg_model_desc_set_cp (NULL: none) */
 /** Set the storage precision of every layer of the description (bg_layer_set_precision; layers added
  *  later keep their own). Not part of the model's identity (its JSON): a save loads under either. */
 bg_status_t bg_model_desc_set_precision(bg_model_desc_t *d, bg_dtype_t precision);

@@ -321,8 +321,43 @@ static void bg__att_pad_rows(float *restrict dst, const float *restrict x, size_
             dst[(size_t)j * HP + d] = j < nk && d < hs ? x[(size_t)j * ld + d] : 0.0f;
 }
 
+/* Which keys a query row sees. Causal attention (qpos = kpos = NULL): key j
+ * is visible to row i when j <= i. Context parallelism's ring blocks pass
+ * the global positions of their rows (increasing, host arrays of T): key j
+ * is visible to row i when kpos[j] <= qpos[i], so the visible keys of a tile
+ * are a prefix of it, as on the diagonal. */
+static inline int bg__att_sees(const int *qpos, const int *kpos, int ti, int j0)
+{
+    return qpos ? kpos[j0] <= qpos[ti] : j0 <= ti;
+}
+static inline int bg__att_nvis(const int *qpos, const int *kpos, int ti, int j0, int nk)
+{
+    if (!qpos)
+        return ti - j0 + 1 < nk ? ti - j0 + 1 : nk;
+    int nv = 0;
+    while (nv < nk && kpos[j0 + nv] <= qpos[ti])
+        nv++;
+    return nv;
+}
+
+/* Row i's result of this call (o_b, its log-sum-exp lb; a row that saw no
+ * key has lb = -inf) merged into the running (orow, *lse) by log-sum-exp. */
+static void bg__att_merge(float *orow, float *lse, const float *ob, float inv, float lb, int hs)
+{
+    if (lb == -INFINITY)
+        return;
+    float la = *lse, mx = la > lb ? la : lb;
+    float wa = la == -INFINITY ? 0.0f : expf(la - mx), wb = expf(lb - mx), sum = wa + wb;
+    for (int d = 0; d < hs; d++)
+        orow[d] = (orow[d] * wa + ob[d] * inv * wb) / sum;
+    *lse = mx + logf(sum);
+}
+
+/* acc 0: o and lse assigned (causal: every row sees a key); 1: merged into
+ * what they hold (bg__att_merge). */
 static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const float *k, const float *v,
-                                 size_t ld, size_t ldo, int T, int hs, float scale)
+                                 size_t ld, size_t ldo, int T, int hs, float scale, const int *qpos,
+                                 const int *kpos, int acc)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vp[BG_ATT_BK * BG_ATT_BLK_HS], oacc[BG_ATT_BQ * BG_ATT_BLK_HS];
@@ -333,7 +368,7 @@ static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const flo
         memset(oacc, 0, (size_t)((nq + BG_ATT_RB - 1) / BG_ATT_RB * BG_ATT_RB) * HP * sizeof(float));
         for (int i = 0; i < BG_ATT_BQ; i++)
             m[i] = -INFINITY, l[i] = 0.0f;
-        for (int j0 = 0; j0 < i0 + nq; j0 += BG_ATT_BK) {
+        for (int j0 = 0; j0 < T && bg__att_sees(qpos, kpos, i0 + nq - 1, j0); j0 += BG_ATT_BK) {
             int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
             bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
             /* V's rows are read in place when the head size needs no padding */
@@ -343,13 +378,13 @@ static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const flo
                 bg__att_pad_rows(vp, vx, ld, nk, hs, HP), vx = vp, ldv = HP;
             for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
                 int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
-                if (j0 > i0 + r0 + nr - 1)
+                if (!bg__att_sees(qpos, kpos, i0 + r0 + nr - 1, j0))
                     continue; /* the whole tile is above these rows' diagonal */
                 bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs);
                 float *acc = oacc + (size_t)r0 * HP;
                 for (int r = 0; r < BG_ATT_RB; r++) {
                     int ti = i0 + r0 + (r < nr ? r : nr - 1), i = r0 + r;
-                    int nv = ti - j0 + 1 < nk ? ti - j0 + 1 : nk; /* keys j0..j0+nv-1 are visible */
+                    int nv = bg__att_nvis(qpos, kpos, ti, j0, nk); /* keys j0..j0+nv-1 are visible */
                     if (r >= nr || nv <= 0) {
                         for (int j = 0; j < BG_ATT_BK; j++)
                             s[r][j] = 0.0f;
@@ -365,6 +400,11 @@ static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const flo
         for (int i = 0; i < nq; i++) {
             float inv = 1.0f / l[i];
             float *orow = o + (size_t)(i0 + i) * ldo;
+            if (acc) {
+                bg__att_merge(orow, lse + i0 + i, oacc + (size_t)i * HP, inv, l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY,
+                              hs);
+                continue;
+            }
             for (int d = 0; d < hs; d++)
                 orow[d] = oacc[(size_t)i * HP + d] * inv;
             lse[i0 + i] = m[i] + logf(l[i]);
@@ -378,7 +418,8 @@ static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const flo
  * summed locally and added to its dQ rows (key tiles in order). */
 static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, const float *dout,
                                  const float *o, const float *lse, const float *q, const float *k,
-                                 const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+                                 const float *v, size_t ld, size_t ldo, int T, int hs, float scale,
+                                 const int *qpos, const int *kpos, int acc)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vt[BG_ATT_BLK_HS * BG_ATT_BK], kp[BG_ATT_BK * BG_ATT_BLK_HS];
@@ -391,10 +432,15 @@ static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, c
     const int direct = HP == hs;
     for (int i = 0; i < T; i++) {
         dvec[i] = bg__att_dot(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
-        memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
+        if (!acc)
+            memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
     }
     for (int j0 = 0; j0 < T; j0 += BG_ATT_BK) {
         int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
+        int rfirst = j0; /* the first row that sees the tile */
+        if (qpos)
+            for (rfirst = 0; rfirst < T && !bg__att_sees(qpos, kpos, rfirst, j0); rfirst++) {
+            }
         bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
         bg__att_transpose(vt, v + (size_t)j0 * ld, ld, nk, hs);
         const float *kx = k + (size_t)j0 * ld;
@@ -403,14 +449,13 @@ static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, c
             bg__att_pad_rows(kp, kx, ld, nk, hs, HP), kx = kp, ldk = HP;
         memset(dka, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
         memset(dva, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
-        for (int r0 = j0; r0 < T; r0 += BG_ATT_RB) {
+        for (int r0 = rfirst; r0 < T; r0 += BG_ATT_RB) {
             int nr = T - r0 < BG_ATT_RB ? T - r0 : BG_ATT_RB;
             const float *qrow = q + (size_t)r0 * ld, *dorow = dout + (size_t)r0 * ldo;
             bg__att_s4(p, qrow, ld, nr, kt, hs);
             bg__att_s4(dp, dorow, ldo, nr, vt, hs);
             for (int r = 0; r < BG_ATT_RB; r++) {
-                int ti = r0 + r, nv = ti - j0 + 1 < nk ? ti - j0 + 1 : nk;
-                nv = r < nr ? nv : 0; /* rows past T contribute nothing */
+                int ti = r0 + r, nv = r < nr ? bg__att_nvis(qpos, kpos, ti, j0, nk) : 0; /* rows past T: none */
                 float li = r < nr ? lse[ti] : 0.0f, di = r < nr ? dvec[ti] : 0.0f;
                 for (int j = 0; j < BG_ATT_BK; j++) {
                     float pj = j < nv ? bg__expf(scale * p[r][j] - li) : 0.0f;
@@ -438,8 +483,16 @@ static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, c
                     dq[(size_t)(r0 + r) * ld + d] += dqa[r * HP + d];
         }
         for (int j = 0; j < nk; j++) {
-            memcpy(dk + (size_t)(j0 + j) * ld, dka + (size_t)j * HP, (size_t)hs * sizeof(float));
-            memcpy(dv + (size_t)(j0 + j) * ld, dva + (size_t)j * HP, (size_t)hs * sizeof(float));
+            float *dkr = dk + (size_t)(j0 + j) * ld, *dvr = dv + (size_t)(j0 + j) * ld;
+            if (acc) {
+                for (int d = 0; d < hs; d++) {
+                    dkr[d] += dka[(size_t)j * HP + d];
+                    dvr[d] += dva[(size_t)j * HP + d];
+                }
+                continue;
+            }
+            memcpy(dkr, dka + (size_t)j * HP, (size_t)hs * sizeof(float));
+            memcpy(dvr, dva + (size_t)j * HP, (size_t)hs * sizeof(float));
         }
     }
 }
@@ -468,18 +521,50 @@ static size_t bg__att_ooff(const bg__att_dims_t *d, int bh)
     return (size_t)(bh / d->NH) * d->T * d->ldo + (size_t)(bh % d->NH) * d->hs;
 }
 
-void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
-                                        int NH, int hs)
+/* Every (batch, head) of the register-blocked forward: queries of qkv_q
+ * against keys and values of qkv_k (the same for causal attention), with
+ * positions or none, assigned or merged (acc). */
+static void bg__att_fwd_blocks(bg_backend_t *be, float *out, float *lse, const float *qkv_q, const float *qkv_k,
+                               const int *qpos, const int *kpos, int acc, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
     size_t C = d.ldo;
 #pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
     for (int bh = 0; bh < d.BH; bh++) {
-        const float *q = qkv + bg__att_qoff(&d, bh);
-        (hs <= BG_ATT_BLK_HS ? bg__att_fwd_head_blk : bg__att_fwd_head)(
-            out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
+        size_t qoff = bg__att_qoff(&d, bh);
+        bg__att_fwd_head_blk(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
+                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
     }
+}
+
+void BG_ISA_FN(bg__k_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T,
+                                        int NH, int hs)
+{
+    if (hs <= BG_ATT_BLK_HS) {
+        bg__att_fwd_blocks(be, out, lse, qkv, qkv, NULL, NULL, 0, B, T, NH, hs);
+        return;
+    }
+    int nt = bg__cpu_nt(be);
+    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
+    size_t C = d.ldo;
+#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    for (int bh = 0; bh < d.BH; bh++) {
+        const float *q = qkv + bg__att_qoff(&d, bh);
+        bg__att_fwd_head(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs,
+                         d.scale);
+    }
+}
+
+/* Context parallelism's ring block (backend.h, attention_block_forward): the
+ * queries of qkv_q against the keys and values of qkv_k at the given
+ * positions, merged into out and lse. Head sizes up to BG_ATT_BLK_HS (the
+ * layer checks). */
+void BG_ISA_FN(bg__k_attention_block_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv_q,
+                                              const float *qkv_k, const int *qpos, const int *kpos, int acc, int B,
+                                              int T, int NH, int hs)
+{
+    bg__att_fwd_blocks(be, out, lse, qkv_q, qkv_k, qpos, kpos, acc, B, T, NH, hs);
 }
 
 /* Backward of one (batch, head), FlashAttention-2 style: for each key tile,
@@ -529,9 +614,11 @@ static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const
     }
 }
 
-void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
-                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
-                                         int hs)
+/* Every (batch, head) of the register-blocked backward (qkv_q = qkv_k and
+ * dqkv_q = dqkv_k for causal attention; acc as bg__att_bwd_head_blk's). */
+static void bg__att_bwd_blocks(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec, const float *dout,
+                               const float *qkv_q, const float *qkv_k, const float *out, const float *lse,
+                               const int *qpos, const int *kpos, int acc, int B, int T, int NH, int hs)
 {
     int nt = bg__cpu_nt(be);
     bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
@@ -539,10 +626,38 @@ void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *d
 #pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
     for (int bh = 0; bh < d.BH; bh++) {
         size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
-        const float *q = qkv + qoff;
-        float *dq = dqkv + qoff;
-        (hs <= BG_ATT_BLK_HS ? bg__att_bwd_head_blk : bg__att_bwd_head)(
-            dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff, lse + (size_t)bh * T, q, q + C,
-            q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
+        bg__att_bwd_head_blk(dqkv_q + qoff, dqkv_k + qoff + C, dqkv_k + qoff + 2 * C, dvec + (size_t)bh * T,
+                             dout + ooff, out + ooff, lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
+                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
     }
+}
+
+void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *dvec, const float *dout,
+                                         const float *qkv, const float *out, const float *lse, int B, int T, int NH,
+                                         int hs)
+{
+    if (hs <= BG_ATT_BLK_HS) {
+        bg__att_bwd_blocks(be, dqkv, dqkv, dvec, dout, qkv, qkv, out, lse, NULL, NULL, 0, B, T, NH, hs);
+        return;
+    }
+    int nt = bg__cpu_nt(be);
+    bg__att_dims_t d = bg__att_dims(B, T, NH, hs);
+    size_t C = d.ldo;
+#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    for (int bh = 0; bh < d.BH; bh++) {
+        size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
+        float *dq = dqkv + qoff;
+        const float *q = qkv + qoff;
+        bg__att_bwd_head(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff,
+                         lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
+    }
+}
+
+/* Its backward (attention_block_backward): dq of dqkv_q, dk and dv of dqkv_k accumulated. */
+void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec,
+                                               const float *dout, const float *qkv_q, const float *qkv_k,
+                                               const float *out, const float *lse, const int *qpos,
+                                               const int *kpos, int B, int T, int NH, int hs)
+{
+    bg__att_bwd_blocks(be, dqkv_q, dqkv_k, dvec, dout, qkv_q, qkv_k, out, lse, qpos, kpos, 1, B, T, NH, hs);
 }

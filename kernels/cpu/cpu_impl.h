@@ -143,7 +143,14 @@ static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 
     X(gqa_expand, (bg_backend_t *be, float *qkv, const float *grouped, int B, int T, int G, int g, int hs),      \
       (be, qkv, grouped, B, T, G, g, hs))                                                                        \
     X(gqa_reduce, (bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g, int hs),    \
-      (be, dgrouped, dqkv, B, T, G, g, hs))
+      (be, dgrouped, dqkv, B, T, G, g, hs))                                                                     \
+    X(attention_block_forward, (bg_backend_t *be, float *out, float *lse, const float *qkv_q,                    \
+      const float *qkv_k, const int *qpos, const int *kpos, int acc, int B, int T, int NH, int hs),               \
+      (be, out, lse, qkv_q, qkv_k, qpos, kpos, acc, B, T, NH, hs))                                               \
+    X(attention_block_backward, (bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec, const float *dout, \
+      const float *qkv_q, const float *qkv_k, const float *out, const float *lse, const int *qpos,               \
+      const int *kpos, int B, int T, int NH, int hs),                                                            \
+      (be, dqkv_q, dqkv_k, dvec, dout, qkv_q, qkv_k, out, lse, qpos, kpos, B, T, NH, hs))
 
 typedef struct bg__cpu_kernels {
 #define BG__CPU_KFIELD(name, params, args) void(*name) params;
@@ -197,6 +204,13 @@ void BG_ISA_FN(bg__k_gqa_expand)(bg_backend_t *be, float *qkv, const float *grou
                                  int hs);
 void BG_ISA_FN(bg__k_gqa_reduce)(bg_backend_t *be, float *dgrouped, const float *dqkv, int B, int T, int G, int g,
                                  int hs);
+void BG_ISA_FN(bg__k_attention_block_forward)(bg_backend_t *be, float *out, float *lse, const float *qkv_q,
+                                              const float *qkv_k, const int *qpos, const int *kpos, int acc, int B,
+                                              int T, int NH, int hs);
+void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec,
+                                               const float *dout, const float *qkv_q, const float *qkv_k,
+                                               const float *out, const float *lse, const int *qpos,
+                                               const int *kpos, int B, int T, int NH, int hs);
 #else
 /* The op table's entries (cpu_backend.c): each calls the backend's ISA's kernel. */
 #define BG__CPU_KDECL(name, params, args) void bg__cpu_##name params;

@@ -120,7 +120,7 @@ class ExecutorParams(Structure):
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
                 ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
                 ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int),
-                ("clip_grad", c_double), ("data_seed", c_uint64), ("ep", c_int)]
+                ("clip_grad", c_double), ("data_seed", c_uint64), ("ep", c_int), ("cp", c_int)]
 
 
 class StepResult(Structure):
@@ -171,7 +171,8 @@ class LayerCtx(Structure):
     """bg_layer_ctx_t: the per-call context a layer's compute functions get."""
     _fields_ = [("be", c_void_p), ("in_", Shape), ("tokens", c_void_p), ("targets", c_void_p),
                 ("loss_scale", c_float), ("stash", c_void_p), ("wstash", c_void_p), ("scratch", c_void_p),
-                ("tp", c_void_p), ("deferred", c_void_p), ("no_backward", c_int), ("ep", c_void_p)]
+                ("tp", c_void_p), ("deferred", c_void_p), ("no_backward", c_int), ("ep", c_void_p),
+                ("cp", c_void_p)]
 
 
 # bg_tp_comm_t's collectives (the group's; arguments as in layer.h).

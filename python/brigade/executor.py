@@ -248,8 +248,9 @@ def _int_array(values, what):
 
 
 class Executor:
-    """Trains a Model on a pipeline x data-parallel x tensor-parallel layout (bg_executor_t; world = pp * dp *
-    tp, tp fastest; tp must be the degree of the model's tensor-parallel layers).
+    """Trains a Model on a pipeline x data-parallel x context-parallel x tensor-parallel layout (bg_executor_t;
+    world = pp * dp * cp * tp, tp fastest, then cp; tp must be the degree of the model's tensor-parallel layers;
+    cp > 1 splits every sequence over cp ranks with ring attention, docs/executor.md).
 
     Every rank of the job creates it with the same arguments; rank and world
     come from the environment (brigade launch, torchrun, Open MPI, Slurm).
@@ -261,7 +262,7 @@ class Executor:
     def __init__(self, model, *, batches, pp=1, dp=1, tp=1, schedule="1f1b", batch=8, microbatches=4, optimizer="adamw",
                  lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, momentum=0.9, seq=0, seq_len=None,
                  threads=0, backend=None, chunks=0, split=None, recompute=False, recompute_stages=None, trace=None,
-                 process_wide=False, schedule_json=None, zero=0, ep=1):
+                 process_wide=False, schedule_json=None, zero=0, ep=1, cp=1):
         self._handle = None
         if not isinstance(model, Model):
             raise TypeError("Executor: model must be a brigade.Model, got %s" % type(model).__name__)
@@ -289,7 +290,7 @@ class Executor:
         p = _lib.ExecutorParams()
         p.size = ctypes.sizeof(_lib.ExecutorParams)
         p.model = h
-        p.pp, p.dp, p.tp, p.ep = int(pp), int(dp), int(tp), int(ep)
+        p.pp, p.dp, p.tp, p.ep, p.cp = int(pp), int(dp), int(tp), int(ep), int(cp)
         p.schedule = self._schedule
         p.chunks = int(chunks)
         p.split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_int)) if self._split is not None else None

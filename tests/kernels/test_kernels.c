@@ -1326,6 +1326,84 @@ static void test_attention(void **state)
     bg_backend_destroy(be);
 }
 
+/* Context parallelism's ring blocks (attention_block_forward/backward): a
+ * group of N members simulated in one process, member m holding chunks m and
+ * 2N-1-m of every sequence of T = 2N c positions. Each member attends to
+ * every member's block in ring order (its own first) with the blocks merged
+ * by log-sum-exp, and accumulates the backward's dq and every block's dk/dv;
+ * the rows, put back at their global positions, match naive causal attention
+ * over the whole sequence and its closed-form backward, in double. */
+static void test_attention_block(void **state)
+{
+    (void)state;
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 15);
+    /* N, c, B, C, NH: head size 4; 64 with 48 rows per member (two key tiles); 4 members of 3 */
+    static const int sz[][5] = {{2, 5, 2, 12, 3}, {3, 8, 1, 64, 1}, {2, 24, 1, 64, 1}, {4, 3, 2, 8, 2}};
+    for (size_t z = 0; z < NELEM(sz); z++) {
+        int N = sz[z][0], c = sz[z][1], B = sz[z][2], C = sz[z][3], NH = sz[z][4], T = 2 * N * c, tl = 2 * c;
+        size_t btc = (size_t)B * T * C, ltc = (size_t)B * tl * C;
+        float *qkv = hrandn(&rng, 3 * btc, 1.0), *g = hrandn(&rng, btc, 1.0);
+        double *qd = dcopy(qkv, 3 * btc), *gd = dcopy(g, btc), *ro = xmalloc(btc * sizeof(double)),
+               *ref = xmalloc(3 * btc * sizeof(double));
+        ref_attention(qd, NULL, B, T, C, NH, ro);
+        ref_attention_backward(qd, gd, B, T, C, NH, ref);
+        /* member m's positions, its qkv and dout rows (host), then on the backend */
+        int *pos = xmalloc((size_t)N * tl * sizeof(int));
+        float **mq = xmalloc((size_t)N * sizeof(float *)), **mo = xmalloc((size_t)N * sizeof(float *)),
+              **ml = xmalloc((size_t)N * sizeof(float *)), **mg = xmalloc((size_t)N * sizeof(float *)),
+              **md = xmalloc((size_t)N * sizeof(float *));
+        float *hq = xmalloc(3 * ltc * sizeof(float)), *hg = xmalloc(ltc * sizeof(float));
+        for (int m = 0; m < N; m++) {
+            for (int t = 0; t < tl; t++)
+                pos[m * tl + t] = t < c ? m * c + t : (2 * N - 1 - m) * c + t - c;
+            for (int b = 0; b < B; b++)
+                for (int t = 0; t < tl; t++) {
+                    size_t gr = (size_t)b * T + pos[m * tl + t], lr = (size_t)b * tl + t;
+                    memcpy(hq + lr * 3 * C, qkv + gr * 3 * C, 3 * (size_t)C * sizeof(float));
+                    memcpy(hg + lr * C, g + gr * C, (size_t)C * sizeof(float));
+                }
+            mq[m] = up(be, hq, 3 * ltc), mg[m] = up(be, hg, ltc), mo[m] = up(be, NULL, ltc);
+            ml[m] = up(be, NULL, (size_t)B * NH * tl), md[m] = up(be, NULL, 3 * ltc);
+            be->ops->fill(be, md[m], 0.0f, 3 * ltc);
+        }
+        float *dvec = up(be, NULL, (size_t)B * NH * tl);
+        for (int m = 0; m < N; m++)
+            for (int s = 0; s < N; s++) {
+                int src = (m - s + N) % N;
+                be->ops->attention_block_forward(be, mo[m], ml[m], mq[m], mq[src], pos + m * tl, pos + src * tl,
+                                                 s > 0, B, tl, NH, C / NH);
+            }
+        for (int m = 0; m < N; m++)
+            for (int s = 0; s < N; s++) {
+                int src = (m - s + N) % N;
+                be->ops->attention_block_backward(be, md[m], md[src], dvec, mg[m], mq[m], mq[src], mo[m], ml[m],
+                                                  pos + m * tl, pos + src * tl, B, tl, NH, C / NH);
+            }
+        /* every member's rows back at their global positions */
+        float *out = xmalloc(btc * sizeof(float)), *dqkv = xmalloc(3 * btc * sizeof(float));
+        for (int m = 0; m < N; m++) {
+            float *ho = down(be, mo[m], ltc), *hd = down(be, md[m], 3 * ltc);
+            for (int b = 0; b < B; b++)
+                for (int t = 0; t < tl; t++) {
+                    size_t gr = (size_t)b * T + pos[m * tl + t], lr = (size_t)b * tl + t;
+                    memcpy(out + gr * C, ho + lr * C, (size_t)C * sizeof(float));
+                    memcpy(dqkv + gr * 3 * C, hd + lr * 3 * C, 3 * (size_t)C * sizeof(float));
+                }
+            free(ho), free(hd);
+            bg_backend_free(be, mq[m]), bg_backend_free(be, mg[m]), bg_backend_free(be, mo[m]);
+            bg_backend_free(be, ml[m]), bg_backend_free(be, md[m]);
+        }
+        CHECK_ERR("ring blocks forward vs naive causal attention", out, ro, btc, TOL_ATT);
+        CHECK_ERR("ring blocks backward vs closed-form backward", dqkv, ref, 3 * btc, TOL_ATT_BWD);
+        bg_backend_free(be, dvec);
+        free(out), free(dqkv), free(pos), free(mq), free(mo), free(ml), free(mg), free(md), free(hq), free(hg);
+        free(qkv), free(g), free(qd), free(gd), free(ro), free(ref);
+    }
+    bg_backend_destroy(be);
+}
+
 /* ----------------------------------------------------------- determinism */
 
 /* Runs the reductions and the big row kernels at sizes that take the
@@ -1990,6 +2068,7 @@ static const struct CMUnitTest isa_tests[] = {
     cmocka_unit_test(test_layouts),        cmocka_unit_test(test_reductions),
     cmocka_unit_test(test_attention),      cmocka_unit_test(test_determinism),
     cmocka_unit_test(test_bias_gelu_fused), cmocka_unit_test(test_llama_kernels),
+    cmocka_unit_test(test_attention_block),
 };
 
 int main(void)
@@ -2004,6 +2083,7 @@ int main(void)
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_layouts),      cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_reductions),   cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),  cmocka_unit_test(test_convert_bf16),
         cmocka_unit_test(test_gemm_bf16),     cmocka_unit_test(test_bias_gelu_fused),

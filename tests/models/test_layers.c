@@ -107,7 +107,7 @@ static void rig_free(rig_t *r)
 
 static bg_layer_ctx_t rig_ctx(rig_t *r)
 {
-    bg_layer_ctx_t c = {be, r->in, r->tokens, r->targets, r->loss_scale, r->stash, r->wstash, r->scratch, NULL, NULL, 0, NULL};
+    bg_layer_ctx_t c = {be, r->in, r->tokens, r->targets, r->loss_scale, r->stash, r->wstash, r->scratch, NULL, NULL, 0, NULL, NULL};
     return c;
 }
 
@@ -302,7 +302,7 @@ static float *forward_once(bg_layer_t *l, bg_shape_t in, const float *x)
     float *y = falloc(bg_shape_numel(o));
     void *st = bg_backend_alloc(be, bg_layer_stash_bytes(l, in) + 64, "stash");
     void *sc = bg_backend_alloc(be, bg_layer_scratch_bytes(l, in) + 64, "scratch");
-    bg_layer_ctx_t c = {be, in, NULL, NULL, 1.0f, st, NULL, sc, NULL, NULL, 0, NULL};
+    bg_layer_ctx_t c = {be, in, NULL, NULL, 1.0f, st, NULL, sc, NULL, NULL, 0, NULL, NULL};
     assert_int_equal(l->ops->forward(l, &c, x, y), BG_OK);
     bg_backend_free(be, st);
     bg_backend_free(be, sc);

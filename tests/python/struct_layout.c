@@ -57,6 +57,7 @@ int main(void)
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
     F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
     F(bg_executor_params_t, clip_grad); F(bg_executor_params_t, data_seed); F(bg_executor_params_t, ep);
+    F(bg_executor_params_t, cp);
 
     S(bg_eval_result_t);
     F(bg_eval_result_t, loss); F(bg_eval_result_t, tokens); F(bg_eval_result_t, eval_ms);
@@ -95,6 +96,7 @@ int main(void)
     F(bg_layer_ctx_t, be); F(bg_layer_ctx_t, in); F(bg_layer_ctx_t, tokens); F(bg_layer_ctx_t, targets);
     F(bg_layer_ctx_t, loss_scale); F(bg_layer_ctx_t, stash); F(bg_layer_ctx_t, wstash); F(bg_layer_ctx_t, scratch);
     F(bg_layer_ctx_t, tp); F(bg_layer_ctx_t, deferred); F(bg_layer_ctx_t, no_backward); F(bg_layer_ctx_t, ep);
+    F(bg_layer_ctx_t, cp);
 
     S(bg_tp_comm_t);
     F(bg_tp_comm_t, size); F(bg_tp_comm_t, rank); F(bg_tp_comm_t, allreduce); F(bg_tp_comm_t, allgather);

@@ -53,24 +53,27 @@ typedef struct {
     int dp, zero, servers, server_role, copies, ties, emulate;
     const char *want;
     int ep;
+    int cp; /* context members */
 } row_t;
 
 static void test_active(void **state)
 {
     (void)state;
     static const row_t rows[] = {
-        {1, 0, 0, 0, 1, 0, 0, "", 1},                  /* one replica, nothing to reduce */
-        {2, 0, 0, 0, 1, 0, 0, "dp", 1},
-        {2, 1, 0, 0, 1, 0, 0, "zero", 1},
-        {2, 2, 0, 0, 1, 1, 0, "zero ties", 1},
-        {1, 0, 0, 0, 2, 1, 0, "copies ties", 1},        /* dualpipe: the copies' sum before the ties' */
-        {2, 0, 0, 0, 2, 0, 0, "dp copies", 1},
-        {2, 0, 2, 1, 1, 1, 0, "ps-server", 1},           /* a tie's a + b is the servers' */
-        {2, 0, 2, 0, 1, 1, 0, "ps-worker", 1},
-        {2, 0, 1, 0, 1, 0, 1, "ps-worker emulate", 1},
-        {1, 0, 0, 0, 1, 0, 1, "emulate", 1},
-        {2, 0, 0, 0, 1, 0, 0, "ep dp", 2},           /* expert parallelism: its buckets before dp's */
-        {4, 0, 0, 0, 2, 1, 0, "ep dp copies ties", 2},
+        {1, 0, 0, 0, 1, 0, 0, "", 1, 1},                  /* one replica, nothing to reduce */
+        {2, 0, 0, 0, 1, 0, 0, "dp", 1, 1},
+        {2, 1, 0, 0, 1, 0, 0, "zero", 1, 1},
+        {2, 2, 0, 0, 1, 1, 0, "zero ties", 1, 1},
+        {1, 0, 0, 0, 2, 1, 0, "copies ties", 1, 1},        /* dualpipe: the copies' sum before the ties' */
+        {2, 0, 0, 0, 2, 0, 0, "dp copies", 1, 1},
+        {2, 0, 2, 1, 1, 1, 0, "ps-server", 1, 1},           /* a tie's a + b is the servers' */
+        {2, 0, 2, 0, 1, 1, 0, "ps-worker", 1, 1},
+        {2, 0, 1, 0, 1, 0, 1, "ps-worker emulate", 1, 1},
+        {1, 0, 0, 0, 1, 0, 1, "emulate", 1, 1},
+        {2, 0, 0, 0, 1, 0, 0, "ep dp", 2, 1},           /* expert parallelism: its buckets before dp's */
+        {4, 0, 0, 0, 2, 1, 0, "ep dp copies ties", 2, 1},
+        {1, 0, 0, 0, 1, 0, 0, "dp", 1, 2},              /* context members sum their gradients */
+        {2, 0, 0, 0, 1, 1, 0, "dp ties", 1, 2},
     };
     bg_model_config_t c = BG_MODEL_CONFIG_INIT;
     c.layers = 2, c.d_model = 16, c.heads = 2, c.seq_len = 8;
@@ -85,6 +88,7 @@ static void test_active(void **state)
         exec_t *x = calloc(1, sizeof(*x));
         assert_non_null(x);
         x->lay.dp = w->dp;
+        x->lay.cp = w->cp;
         x->lay.servers = w->servers;
         x->lay.me.role = w->server_role ? BG_LAYOUT_SERVER : BG_LAYOUT_WORKER;
         x->p.zero = w->zero;
