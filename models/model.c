@@ -191,6 +191,28 @@ void bg_model_zero_grads(bg_model_t *m)
         m->be->ops->fill(m->be, m->grads, 0.0f, m->nparams);
 }
 
+bg_status_t bg_model_params_hold(bg_model_t *m, int hold)
+{
+    if (!hold) {
+        for (int i = 0; i < m->ntensors; i++)
+            m->tensors[i].p->data = NULL;
+        bg_backend_free(m->be, m->params);
+        m->params = NULL;
+        return BG_OK;
+    }
+    if (m->params)
+        return BG_OK;
+    m->params = bg_backend_alloc(m->be, m->nparams * sizeof(float), "parameters");
+    if (!m->params)
+        return BG_ERR_NOMEM;
+    size_t off = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        m->tensors[i].p->data = m->params + off;
+        off += m->tensors[i].p->numel;
+    }
+    return BG_OK;
+}
+
 bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
 {
     if (!hold) {

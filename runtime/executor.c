@@ -248,8 +248,8 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (!p->model)
         return bg_error(BG_ERR_INVALID, "executor: no model description");
     BG_CHECK(bg_model_desc_check(p->model));
-    if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && (p->zero < 0 || p->zero > 2))
-        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1 or 2", p->zero);
+    if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && (p->zero < 0 || p->zero > 3))
+        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2 or 3", p->zero);
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
     BG_CHECK(bg__tp_check_params(p->model, p->tp));
@@ -382,9 +382,10 @@ static bg_status_t make_schedule(exec_t *x)
     x->S = bg_schedule_stages(x->sched);
     x->copies = bg_schedule_copies(x->sched);
     x->L = x->S / x->copies;
-    if (x->copies > 2 || (x->copies > 1 && x->p.zero == 2)) /* level 2 has no whole gradient buffer */
+    if (x->copies > 2 || (x->copies > 1 && x->p.zero >= 2)) /* levels 2 and 3 have no whole gradient buffer */
         return bg_error(BG_ERR_UNSUPPORTED, "%s: %d copies of the model%s", bg_schedule_name(x->sched), x->copies,
-                        x->copies > 2 ? " (the executor sums two)" : " with --zero 2 is not supported (--zero 1 is)");
+                        x->copies > 2 ? " (the executor sums two)" : x->p.zero == 3 ? " with --zero 3 is not supported (--zero 1 is)"
+                                                                        : " with --zero 2 is not supported (--zero 1 is)");
     if (x->lay.servers > 0 && x->copies > 1)
         return bg_error(BG_ERR_UNSUPPORTED, "--ps with %s: its two copies of each stage would push every tensor "
                         "twice; not built (every other schedule is)", bg_schedule_name(x->sched));
@@ -761,9 +762,10 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
     i.params = x->params;
     i.flops_per_step = x->flops_per_step;
     i.predicted_act_bytes = x->predicted_act_bytes;
-    size_t optim = x->params, grads = x->params * sizeof(float); /* optimizer elements, gradient bytes */
-    BG__EACH_STRATEGY(x, s) if (s->ops->memory) s->ops->memory(x, s->self, &optim, &grads);
-    i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
+    /* parameter bytes, optimizer elements, gradient bytes */
+    size_t params = x->params * sizeof(float), optim = x->params, grads = x->params * sizeof(float);
+    BG__EACH_STRATEGY(x, s) if (s->ops->memory) s->ops->memory(x, s->self, &params, &optim, &grads);
+    i.predicted_bytes = params + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
                         x->predicted_act_bytes;
     i.zero = x->p.zero;
     i.predicted_stashed = x->predicted_stashed;
