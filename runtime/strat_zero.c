@@ -62,7 +62,11 @@ static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
     bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_group, zb, ch->nbuckets, x->p.optim.kind,
                                      &Z->z[ch - x->chunks]);
     free(zb);
-    return st;
+    BG_CHECK(st);
+    if (x->p.zero == 3 && !bg__zero_params_sharded(Z->z[ch - x->chunks]))
+        bg_log(BG_LOG_INFO, "zero", "stage %d (layers %d..%d): its largest bucket's gather buffer would hold what "
+               "sharding the parameters saves: they stay whole (as at --zero 2)", ch->stage, ch->first, ch->last);
+    return BG_OK;
 }
 
 static bg_status_t zero_step_begin(exec_t *x, void *self)

@@ -578,7 +578,7 @@ bg_status_t bg__zero_expand_state(bg__zero_t *z)
 
 bg_status_t bg__zero_gather_state(bg__zero_t *z)
 {
-    BG_CHECK(bg__zero_settle(z));
+    BG_CHECK(bg__zero_whole(z)); /* level 3: the parameters too */
     BG_CHECK(bg__zero_expand_state(z));
     for (int which = 0; which < (z->kind == BG_OPTIM_ADAMW ? 2 : 1); which++) {
         BG_CHECK(start_gathers(z, bg_model_optim_state(z->m, which)));
