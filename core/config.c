@@ -29,6 +29,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_ALLREDUCE_SMALL_BYTES", "65536", "allreduce: at most this many bytes use recursive doubling, more use the ring"},
     {"BRIGADE_BUCKET_MB", "4", "data-parallel gradient bucket size in MiB (reduction starts per bucket)"},
     {"BRIGADE_ZERO_BUFFERS", "3", "--zero 2: gradient bucket buffers per stage (one written, the others being reduced), 2..16: more overlap, more memory (fewer when they would outweigh the shard's saving)"},
+    {"BRIGADE_ZERO_PREFETCH", "1", "--zero 3: buckets whose parameters are gathered ahead of the one computing, 0..15 (each a gather buffer of the largest bucket: fewer when they would outweigh the shard's saving; 0 waits for every gather)"},
     {"BRIGADE_STAGING", "auto", "transfers of backend buffers between ranks: auto (device buffers: handed to UCX where it reads CUDA memory, else staged through host memory)|always (every buffer staged: tests the staged path on the CPU)|direct (sends and receives on the buffers themselves behind the backend's events, reductions staged: tests that path on the CPU)"},
     {"BRIGADE_STAGE_CHUNK_KB", "4096", "staged point-to-point transfers: KiB per chunk (the device copy of one chunk overlaps the sending of the previous)"},
     {"BRIGADE_NUMA", "auto", "bind memory and threads to the local NUMA node: auto|on|off"},

@@ -24,8 +24,9 @@
 # - The planner counts sharded bytes: a budget nothing fits at --zero 0 gets
 #   a plan at --zero 1 (auto), and --zero 2 a plan too; brigade train --plan
 #   measures rank 0's peak within 10% of the plan's prediction.
-# - --zero with dp = 1 says it changes nothing; --zero 3, a plan's zero 3 and
-#   a --zero other than the plan's are refused in one line.
+# - --zero with dp = 1 says it changes nothing; --zero 4, a plan's zero 3 (the
+#   planner does not count stage 3) and a --zero other than the plan's are
+#   refused in one line. (--zero 3: tests/runtime/test_zero3.sh.)
 . "$(dirname "$0")/../lib/harness.sh"
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --steps 10 --threads 1 --lr 3e-3"
 
@@ -154,6 +155,6 @@ else grep -q 'zero' "$T/pbad.e" && ok "plan with zero 3 refused: $(cat "$T/pbad.
 # bad input
 "$B" train --model mlp --steps 1 --zero 1 >/dev/null 2>"$T/e1" && grep -q "note: --zero 1 with dp = 1 changes nothing" "$T/e1" &&
   ok "dp 1: $(grep note "$T/e1")" || { bad "dp 1 note"; cat "$T/e1"; }
-if "$B" train --model mlp --steps 1 --zero 3 >/dev/null 2>"$T/e2"; then bad "--zero 3 accepted"
-else [ "$(wc -l <"$T/e2")" = 1 ] && ok "--zero 3: $(cat "$T/e2")" || { bad "--zero 3 message"; cat "$T/e2"; }; fi
+if "$B" train --model mlp --steps 1 --zero 4 >/dev/null 2>"$T/e2"; then bad "--zero 4 accepted"
+else [ "$(wc -l <"$T/e2")" = 1 ] && ok "--zero 4: $(cat "$T/e2")" || { bad "--zero 4 message"; cat "$T/e2"; }; fi
 finish
