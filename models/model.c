@@ -191,50 +191,34 @@ void bg_model_zero_grads(bg_model_t *m)
         m->be->ops->fill(m->be, m->grads, 0.0f, m->nparams);
 }
 
-bg_status_t bg_model_params_hold(bg_model_t *m, int hold)
+/* Free (hold 0) or allocate if absent (1) one of the flat buffers, every tensor's data (grads 0) or grad
+ * (grads 1) aimed at it (NULL when freed). */
+static bg_status_t flat_hold(bg_model_t *m, float **flat, int grads, int hold)
 {
     if (!hold) {
         for (int i = 0; i < m->ntensors; i++)
-            m->tensors[i].p->data = NULL;
-        bg_backend_free(m->be, m->params);
-        m->params = NULL;
+            *(grads ? &m->tensors[i].p->grad : &m->tensors[i].p->data) = NULL;
+        bg_backend_free(m->be, *flat);
+        *flat = NULL;
         return BG_OK;
     }
-    if (m->params)
+    if (*flat)
         return BG_OK;
-    m->params = bg_backend_alloc(m->be, m->nparams * sizeof(float), "parameters");
-    if (!m->params)
+    *flat = bg_backend_alloc(m->be, m->nparams * sizeof(float), grads ? "gradients" : "parameters");
+    if (!*flat)
         return BG_ERR_NOMEM;
     size_t off = 0;
     for (int i = 0; i < m->ntensors; i++) {
-        m->tensors[i].p->data = m->params + off;
+        *(grads ? &m->tensors[i].p->grad : &m->tensors[i].p->data) = *flat + off;
         off += m->tensors[i].p->numel;
     }
+    if (grads)
+        bg_model_zero_grads(m);
     return BG_OK;
 }
 
-bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
-{
-    if (!hold) {
-        for (int i = 0; i < m->ntensors; i++)
-            m->tensors[i].p->grad = NULL;
-        bg_backend_free(m->be, m->grads);
-        m->grads = NULL;
-        return BG_OK;
-    }
-    if (m->grads)
-        return BG_OK;
-    m->grads = bg_backend_alloc(m->be, m->nparams * sizeof(float), "gradients");
-    if (!m->grads)
-        return BG_ERR_NOMEM;
-    size_t off = 0;
-    for (int i = 0; i < m->ntensors; i++) {
-        m->tensors[i].p->grad = m->grads + off;
-        off += m->tensors[i].p->numel;
-    }
-    bg_model_zero_grads(m);
-    return BG_OK;
-}
+bg_status_t bg_model_params_hold(bg_model_t *m, int hold) { return flat_hold(m, &m->params, 0, hold); }
+bg_status_t bg_model_grads_hold(bg_model_t *m, int hold) { return flat_hold(m, &m->grads, 1, hold); }
 
 bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer)
 {
