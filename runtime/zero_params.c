@@ -26,6 +26,7 @@
 
 #include "core/check.h"
 #include "runtime/zero.h"
+#include "schedule/memory.h"
 
 #define PPOOL 16
 
@@ -209,17 +210,6 @@ bg_status_t bg__zparams_shard_again(bg__zparams_t *zp)
     return bg_model_params_hold(zp->m, 0);
 }
 
-/* The pool's buffers: prefetch + 1, no more than the buckets, and fewer
- * while the shard and the pool would hold as much as the whole parameters
- * (0: none fits, the chunk keeps them whole as --zero 2 does). */
-static int pool_size(size_t owned, size_t largest, size_t params, int nbuckets, int prefetch)
-{
-    int n = prefetch + 1 < nbuckets ? prefetch + 1 : nbuckets;
-    while (n > 0 && owned + (size_t)n * largest >= params)
-        n--;
-    return n;
-}
-
 bg_status_t bg__zparams_create(bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
                                bg__zparams_t **zp_p)
 {
@@ -232,7 +222,7 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg_group_t *dp, const bg__zero_buc
         owned += cl;
         largest = buckets[b].count > largest ? buckets[b].count : largest;
     }
-    int npool = pool_size(owned, largest, N, nbuckets, bg__zero_prefetch());
+    int npool = bg__zero3_buffers(bg__zero_prefetch() + 1, nbuckets, owned, largest, N);
     if (npool == 0 || D < 2)
         return BG_OK;
     bg__zparams_t *zp = calloc(1, sizeof(*zp));
