@@ -5,9 +5,9 @@
 #   (the same gradients and the same elementwise update; only where the
 #   parameters live differs) and those of --zero 0 within the data-parallel
 #   tolerance (relative L2 1e-5), at pp 1 and 2, tp 1 and 2, with tied
-#   embeddings across stages, with the zero-bubble ZB-H1 schedule (its W
-#   gathers its layer again) and with recomputation (the rerun forward
-#   gathers too).
+#   embeddings across stages, with the zero-bubble ZB-H1 schedule at pp 1
+#   and 2 (a W gathers its layer again when its bucket was dropped since its
+#   B) and with recomputation (the rerun forward gathers too).
 # - The gathers shard something: on every rank the allocator's peak is below
 #   --zero 2's and equal to the executor's prediction (rank table), with
 #   BRIGADE_ZERO_PREFETCH=0 (one gather buffer: each gather waited for)
@@ -30,7 +30,10 @@ GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbat
 three() {
     local name=$1 n=$2
     shift 2
-    for z in 0 2 3; do train_save "${name}_$z" $n $GPT --steps 10 "$@" --zero $z || return; done
+    for z in 0 2 3; do
+        ck=(); [ "$name" = pp1 ] && ck=(--checkpoint-dir "$T/${name}_c$z") # the checkpoints' tests below
+        train_save "${name}_$z" $n $GPT --steps 10 "$@" --zero $z "${ck[@]}" || return
+    done
     same "$T/${name}_2" "$T/${name}_3" "$name: --zero 3 = --zero 2"
     near "$T/${name}_0" "$T/${name}_3" "$name: --zero 3 = --zero 0"
 }
@@ -46,6 +49,8 @@ three pp2 4 --pp 2
 three tp2 4 --tp 2
 three tie 4 --pp 2 --tie-embeddings --weight-decay 0.1
 like zbh1 2 pp1 --schedule zb-h1
+# one gather buffer: a W finds its bucket dropped since its B (every other bucket gathered in between)
+BRIGADE_ZERO_PREFETCH=0 three zbh1pp2 4 --pp 2 --schedule zb-h1 --microbatches 4
 like recompute 2 pp1 --recompute
 
 # memory: below --zero 2 on every rank, equal to the prediction ($5 peak MiB, $11 predicted MiB)
@@ -70,13 +75,12 @@ sys.exit(0 if len(z2) == len(z3) == len(z3p0) == 2 and all(a > b > c for a, b, c
 PY
 same "$T/mem_3" "$T/mem_3p0" "BRIGADE_ZERO_PREFETCH=0: the weights of prefetch 1"
 
-# checkpoints: full named tensors; resume across --zero 0 and 3
-train_save ck2 2 $GPT --steps 10 --zero 2 --checkpoint-dir "$T/c2" && train_save ck3 2 $GPT --steps 10 --zero 3 --checkpoint-dir "$T/c3" &&
-    same "$T/c2/step-00000010" "$T/c3/step-00000010" "step-10 checkpoints of --zero 2 and --zero 3, optimizer state included"
-train_save ck0 2 $GPT --steps 10 --checkpoint-dir "$T/c0" && train_save full0 2 $GPT --steps 20 &&
-    train_save r03 2 $GPT --steps 20 --zero 3 --checkpoint-dir "$T/c0" --resume &&
+# checkpoints (three's): full named tensors; resume across --zero 0 and 3
+same "$T/pp1_c2/step-00000010" "$T/pp1_c3/step-00000010" "step-10 checkpoints of --zero 2 and --zero 3, optimizer state included"
+train_save full0 2 $GPT --steps 20 &&
+    train_save r03 2 $GPT --steps 20 --zero 3 --checkpoint-dir "$T/pp1_c0" --resume &&
     near "$T/full0" "$T/r03" "--zero 0 checkpoint resumed with --zero 3"
-[ -d "$T/c3/step-00000010" ] && train_save r30 2 $GPT --steps 20 --checkpoint-dir "$T/c3" --resume &&
+[ -d "$T/pp1_c3/step-00000010" ] && train_save r30 2 $GPT --steps 20 --checkpoint-dir "$T/pp1_c3" --resume &&
     near "$T/full0" "$T/r30" "--zero 3 checkpoint resumed with --zero 0"
 
 # evaluation: each layer gathered as in training (nothing held whole: the peak stays the prediction)
