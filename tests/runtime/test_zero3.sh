@@ -7,7 +7,8 @@
 #   tolerance (relative L2 1e-5), at pp 1 and 2, tp 1 and 2, with tied
 #   embeddings across stages, with the zero-bubble ZB-H1 schedule at pp 1
 #   and 2 (a W gathers its layer again when its bucket was dropped since its
-#   B) and with recomputation (the rerun forward gathers too).
+#   B) and with recomputation (the rerun forward gathers too); and at dp 4
+#   with SGD, weight decay and clipping, bitwise --zero 2's.
 # - The gathers shard something: on every rank the allocator's peak is below
 #   --zero 2's and equal to the executor's prediction (rank table), with
 #   BRIGADE_ZERO_PREFETCH=0 (one gather buffer: each gather waited for)
@@ -52,6 +53,10 @@ like zbh1 2 pp1 --schedule zb-h1
 # one gather buffer: a W finds its bucket dropped since its B (every other bucket gathered in between)
 BRIGADE_ZERO_PREFETCH=0 three zbh1pp2 4 --pp 2 --schedule zb-h1 --microbatches 4
 like recompute 2 pp1 --recompute
+# dp 4, SGD with weight decay (cut per tensor inside a shard) and clipping (the owned elements scaled)
+D4="--steps 6 --dp 4 --optimizer sgd --lr 0.05 --weight-decay 0.1 --clip-grad 0.5"
+train_save d4_2 4 $GPT $D4 --zero 2 && train_save d4_3 4 $GPT $D4 --zero 3 &&
+    same "$T/d4_2" "$T/d4_3" "dp 4, SGD + decay + clipping: --zero 3 = --zero 2"
 
 # memory: below --zero 2 on every rank, equal to the prediction ($5 peak MiB, $11 predicted MiB)
 MEM="--model gpt --layers 8 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 2 --steps 3 --threads 1 --dp 2 --optimizer adamw"
