@@ -33,7 +33,7 @@
 struct bg__zparams {
     bg_model_t *m;
     bg_backend_t *be;
-    bg_group_t *dp;
+    bg__dcoll_t *dc;     /* the data-parallel group's collectives on the backend's buffers (runtime/devcoll.h) */
     int D, me;
     bg__zero_bucket_t *buckets;
     int nbuckets;
@@ -45,7 +45,7 @@ struct bg__zparams {
     size_t pool_count;
     int npool;
     int *slot;           /* per bucket: the pool buffer holding it, -1 none */
-    bg_request_t **ag;   /* per bucket: its gather in flight */
+    bg__xfer_t **ag;      /* per bucket: its gather in flight */
     int64_t *used;       /* per bucket: when it was last needed (the least recent is dropped first) */
     int64_t clock, waits, gathers;
     int whole;           /* the flat buffer is held and authoritative (materialize) */
@@ -73,12 +73,12 @@ static bg_status_t wait_gather(bg__zparams_t *zp, int b)
     if (!zp->ag[b])
         return BG_OK;
     int done = 0;
-    bg_status_t st = bg_test(zp->ag[b], &done);
+    bg_status_t st = bg__xtest(zp->ag[b], &done);
     if (st == BG_OK && !done) {
         zp->waits++;
-        st = bg_wait(zp->ag[b]);
+        st = bg__xwait(zp->ag[b]);
     }
-    bg_request_free(zp->ag[b]);
+    bg__xfree(zp->ag[b]);
     zp->ag[b] = NULL;
     return st;
 }
@@ -130,7 +130,9 @@ static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk)
     zp->used[b] = zp->clock++;
     zp->gathers++;
     aim(zp, b, buf);
-    return zp->D > 1 ? bg_group_iallgather_chunks(zp->dp, buf, zp->buckets[b].count, BG_F32, &zp->ag[b]) : BG_OK;
+    return zp->D > 1 ? bg__dcoll_start(zp->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, buf, zp->buckets[b].count, BG_REDUCE_SUM,
+                                       &zp->ag[b])
+                     : BG_OK;
 }
 
 static int bucket_of(const bg__zparams_t *zp, int layer)
@@ -192,8 +194,8 @@ bg_status_t bg__zparams_materialize(bg__zparams_t *zp)
     move(zp, 1);
     for (int b = 0; b < zp->nbuckets && zp->D > 1; b++)
         if (zp->buckets[b].count)
-            BG_CHECK(bg_group_iallgather_chunks(zp->dp, bg_model_params(zp->m) + zp->buckets[b].off,
-                                                zp->buckets[b].count, BG_F32, &zp->ag[b]));
+            BG_CHECK(bg__dcoll_start(zp->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, bg_model_params(zp->m) + zp->buckets[b].off,
+                                     zp->buckets[b].count, BG_REDUCE_SUM, &zp->ag[b]));
     for (int b = 0; b < zp->nbuckets; b++) {
         bg_status_t s2 = wait_gather(zp, b);
         st = st == BG_OK ? s2 : st;
@@ -210,10 +212,11 @@ bg_status_t bg__zparams_shard_again(bg__zparams_t *zp)
     return bg_model_params_hold(zp->m, 0);
 }
 
-bg_status_t bg__zparams_create(bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
+bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
                                bg__zparams_t **zp_p)
 {
     *zp_p = NULL;
+    bg_group_t *dp = bg__dcoll_group(dc);
     int D = bg_group_size(dp), me = bg_group_rank(dp), nt = bg_model_num_tensors(m);
     size_t owned = 0, largest = 0, N = bg_model_param_count(m);
     for (int b = 0; b < nbuckets; b++) {
@@ -227,7 +230,7 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg_group_t *dp, const bg__zero_buc
         return BG_OK;
     bg__zparams_t *zp = calloc(1, sizeof(*zp));
     BG_ALLOC_CHECK(zp, sizeof(*zp), "zero 3 parameter shard");
-    *zp = (bg__zparams_t){.m = m, .be = bg_model_backend(m), .dp = dp, .D = D, .me = me, .nbuckets = nbuckets,
+    *zp = (bg__zparams_t){.m = m, .be = bg_model_backend(m), .dc = dc, .D = D, .me = me, .nbuckets = nbuckets,
                           .owned = owned, .pool_count = largest, .npool = npool};
     zp->buckets = calloc((size_t)nbuckets + 1, sizeof(*zp->buckets));
     zp->toff = calloc((size_t)nt + 1, sizeof(*zp->toff));
@@ -278,7 +281,7 @@ size_t bg__zparams_bytes(const bg__zparams_t *zp)
 void bg__zparams_cancel(bg__zparams_t *zp)
 {
     for (int b = 0; zp && b < zp->nbuckets; b++) {
-        bg_request_free(zp->ag[b]);
+        bg__xfree(zp->ag[b]);
         zp->ag[b] = NULL;
     }
 }
