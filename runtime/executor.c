@@ -456,10 +456,6 @@ static bg_status_t connect(exec_t *x)
     /* the strategies' collectives on the backend's buffers, a provider per group (logged) */
     if (x->dp_group)
         BG_CHECK(bg__dcoll_create(&x->stg, x->dp_group, "data-parallel", x->lay.rank, &x->dp_coll));
-    if (x->stg.on && x->p.zero > 2 && x->p.dp > 1) /* ZeRO levels 1 and 2 go through dp_coll; a higher one not yet */
-        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --zero %d with buffers staged through the host is not "
-                        "built yet (its collectives take host buffers only; --zero 1 and 2 run)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.zero);
     return bg__tp_bind(x->tp, &x->stg, x->lay.rank);
 }
 

@@ -8,7 +8,9 @@
 #   embeddings across stages, with the zero-bubble ZB-H1 schedule at pp 1
 #   and 2 (a W gathers its layer again when its bucket was dropped since its
 #   B) and with recomputation (the rerun forward gathers too); and at dp 4
-#   with SGD, weight decay and clipping, bitwise --zero 2's.
+#   with SGD, weight decay and clipping, bitwise --zero 2's; with its
+#   collectives staged (BRIGADE_STAGING=always: the provider a device
+#   backend uses), bitwise the host provider's.
 # - The gathers shard something: on every rank the allocator's peak is below
 #   --zero 2's and equal to the executor's prediction (rank table), with
 #   BRIGADE_ZERO_PREFETCH=0 (one gather buffer: each gather waited for)
@@ -53,6 +55,9 @@ like zbh1 2 pp1 --schedule zb-h1
 # one gather buffer: a W finds its bucket dropped since its B (every other bucket gathered in between)
 BRIGADE_ZERO_PREFETCH=0 three zbh1pp2 4 --pp 2 --schedule zb-h1 --microbatches 4
 like recompute 2 pp1 --recompute
+# the gathers through the staging provider (runtime/devcoll.h; a device backend's path, here on host buffers)
+BRIGADE_STAGING=always train_save pp1_staged 2 $GPT --steps 10 --zero 3 &&
+    same "$T/pp1_3" "$T/pp1_staged" "BRIGADE_STAGING=always: --zero 3's weights"
 # dp 4, SGD with weight decay (cut per tensor inside a shard) and clipping (the owned elements scaled)
 D4="--steps 6 --dp 4 --optimizer sgd --lr 0.05 --weight-decay 0.1 --clip-grad 0.5"
 train_save d4_2 4 $GPT $D4 --zero 2 && train_save d4_3 4 $GPT $D4 --zero 3 &&
