@@ -192,28 +192,34 @@ void bg_model_zero_grads(bg_model_t *m)
         m->be->ops->fill(m->be, m->grads, 0.0f, m->nparams);
 }
 
-bg_status_t bg_model_grads_hold(bg_model_t *m, int hold)
+/* Free (hold 0) or allocate if absent (1) one of the flat buffers, every tensor's data (grads 0) or grad
+ * (grads 1) aimed at it (NULL when freed). */
+static bg_status_t flat_hold(bg_model_t *m, float **flat, int grads, int hold)
 {
     if (!hold) {
         for (int i = 0; i < m->ntensors; i++)
-            m->tensors[i].p->grad = NULL;
-        bg_backend_free(m->be, m->grads);
-        m->grads = NULL;
+            *(grads ? &m->tensors[i].p->grad : &m->tensors[i].p->data) = NULL;
+        bg_backend_free(m->be, *flat);
+        *flat = NULL;
         return BG_OK;
     }
-    if (m->grads)
+    if (*flat)
         return BG_OK;
-    m->grads = bg_backend_alloc(m->be, m->nparams * sizeof(float), "gradients");
-    if (!m->grads)
+    *flat = bg_backend_alloc(m->be, m->nparams * sizeof(float), grads ? "gradients" : "parameters");
+    if (!*flat)
         return BG_ERR_NOMEM;
     size_t off = 0;
     for (int i = 0; i < m->ntensors; i++) {
-        m->tensors[i].p->grad = m->grads + off;
+        *(grads ? &m->tensors[i].p->grad : &m->tensors[i].p->data) = *flat + off;
         off += m->tensors[i].p->numel;
     }
-    bg_model_zero_grads(m);
+    if (grads)
+        bg_model_zero_grads(m);
     return BG_OK;
 }
+
+bg_status_t bg_model_params_hold(bg_model_t *m, int hold) { return flat_hold(m, &m->params, 0, hold); }
+bg_status_t bg_model_grads_hold(bg_model_t *m, int hold) { return flat_hold(m, &m->grads, 1, hold); }
 
 bg_status_t bg_model_tp_sum_grads(bg_model_t *m, int layer)
 {

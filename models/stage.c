@@ -98,6 +98,8 @@ struct bg_stage {
     size_t scratch_bytes[2];
     bg_stage_layer_done_fn layer_done;
     void *layer_done_arg;
+    bg_stage_layer_begin_fn layer_begin;
+    void *layer_begin_arg;
     int recompute;      /* keep only input and output between F and B; rerun F in B */
     int forward_only;   /* bg_stage_set_forward_only: no backward follows the forwards */
     size_t gz;          /* guard bytes after each piece: GUARD_BYTES, or 0 with guards off */
@@ -152,6 +154,18 @@ void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg
 {
     s->layer_done = fn;
     s->layer_done_arg = arg;
+}
+
+void bg_stage_set_layer_begin(bg_stage_t *s, bg_stage_layer_begin_fn fn, void *arg)
+{
+    s->layer_begin = fn;
+    s->layer_begin_arg = arg;
+}
+
+/* The layer-begin callback of layer i (the stage's index) before a pass's compute. */
+static bg_status_t layer_begin(bg_stage_t *s, int i, int mb, bg_stage_pass_t pass)
+{
+    return s->layer_begin ? s->layer_begin(s->first + i, mb, pass, s->layer_begin_arg) : BG_OK;
 }
 
 bg_status_t bg_stage_create(bg_model_t *m, int max_microbatches, bg_stage_t **stage_p)
@@ -645,7 +659,7 @@ static void layer_io(bg_stage_t *s, slot_t *sl, int i, int widen_out, const floa
 
 /* Allocate the slot's activation arena and run the forward through it; no_backward: the layers' stashes are
  * dropped when it returns (bg_layer_ctx_t.no_backward). */
-static bg_status_t run_forward(bg_stage_t *s, slot_t *sl, int no_backward)
+static bg_status_t run_forward(bg_stage_t *s, slot_t *sl, int mb, bg_stage_pass_t pass, int no_backward)
 {
     size_t total = act_bytes(s, sl->shapes, s->gz);
     BG_CHECK(ensure_scratch(s, sl));
@@ -667,8 +681,10 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl, int no_backward)
         layer_io(s, sl, i, 0, &x, &y);
         guard_call_t gc;
         guard_common(s, sl, i, x, y, &c, &gc);
+        bg_status_t st = layer_begin(s, i, mb, pass);
         guards_arm(s, &gc);
-        bg_status_t st = s->layers[i]->ops->forward(s->layers[i], &c, x, y);
+        if (st == BG_OK)
+            st = s->layers[i]->ops->forward(s->layers[i], &c, x, y);
         st = guards_check(s, &gc, st, i, sl->shapes, "forward");
         if (st != BG_OK) {
             bg_backend_free(s->be, sl->act);
@@ -685,7 +701,7 @@ bg_status_t bg_stage_forward(bg_stage_t *s, int mb, float **out_p, bg_shape_t *o
 {
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_BEGUN, "forward", &sl));
-    BG_CHECK(run_forward(s, sl, s->recompute || s->forward_only));
+    BG_CHECK(run_forward(s, sl, mb, BG_PASS_FORWARD, s->recompute || s->forward_only));
     float *out = sl->out[s->nlayers - 1];
     if (s->recompute) {
         /* keep the output (it is sent, or it is the loss), drop the rest: the
@@ -790,7 +806,7 @@ static bg_status_t backward_slot(bg_stage_t *s, int mb, const char *what, slot_t
     BG_CHECK(check_dout(s, sl, mb));
     BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
-        BG_CHECK(run_forward(s, sl, 0)); /* recompute */
+        BG_CHECK(run_forward(s, sl, mb, BG_PASS_RECOMPUTE, 0)); /* recompute */
     *sl_p = sl;
     return BG_OK;
 }
@@ -811,6 +827,7 @@ bg_status_t bg_stage_backward_input(bg_stage_t *s, int mb, float **din_p)
         const float *x;
         float *y, *dout, *dx = i > 0 ? bw_dout(s, sl, i - 1) : sl->din;
         guard_call_t gc;
+        BG_CHECK(layer_begin(s, i, mb, BG_PASS_BACKWARD_INPUT));
         split_call(s, sl, i, dx, &c, &x, &y, &dout, &gc);
         bg_status_t st = s->layers[i]->ops->backward_input(s->layers[i], &c, x, y, dout, dx);
         BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_input"));
@@ -834,6 +851,7 @@ bg_status_t bg_stage_backward_weight(bg_stage_t *s, int mb)
         const float *x;
         float *y, *dout;
         guard_call_t gc;
+        BG_CHECK(layer_begin(s, i, mb, BG_PASS_BACKWARD_WEIGHT));
         split_call(s, sl, i, NULL, &c, &x, &y, &dout, &gc);
         bg_status_t st = s->layers[i]->ops->backward_weight(s->layers[i], &c, x, y, dout);
         BG_CHECK(guards_check(s, &gc, st, i, sl->shapes, "backward_weight"));
@@ -868,6 +886,7 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p)
         }
         const float *x;
         float *y;
+        BG_CHECK(layer_begin(s, i, mb, BG_PASS_BACKWARD));
         layer_io(s, sl, i, 1, &x, &y);
         guard_call_t gc;
         guard_backward(s, sl, i, x, y, &c, wcap, dout, dx, acap, &gc);

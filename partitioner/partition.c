@@ -234,6 +234,11 @@ static void eval_core(const ctx_t *c, int s, int a, int b, int rc, const rmax_t 
         int nbuf = bg__zero2_buffers(p->bucket_buffers, nb, largest, np, p->bucket_dp);
         /* none: the executor keeps the stage's gradients whole, beside the shard counted in bytes_per_param */
         inflight = (nbuf || !nb ? (size_t)nbuf * largest : np - np / (size_t)p->bucket_dp) * sizeof(float);
+        if (p->param_buffers > 0) { /* --zero 3: the gather buffers, or the parameters whole beside their shard */
+            size_t owned = np / (size_t)p->bucket_dp + (size_t)nb; /* rank 0's chunks: at most one more per bucket */
+            int npar = bg__zero3_buffers(p->param_buffers, nb, owned, largest, np);
+            inflight += (npar ? (size_t)npar * largest : np - np / (size_t)p->bucket_dp) * sizeof(float);
+        }
     }
     e->static_bytes = np * p->bytes_per_param + inflight;
     e->scratch_bytes = m->scratch * (p->paired ? 2 : 1); /* paired instructions: a scratch per lane */

@@ -434,7 +434,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         return bg_error(BG_ERR_PARSE, "plan: $.optimizer \"%s\" (expected adamw or sgd)", opt);
     long long zero = 0;
     if (json_object_get(root, "zero"))
-        BG_CHECK(get_int(root, "$", "zero", 0, 2, &zero));
+        BG_CHECK(get_int(root, "$", "zero", 0, 3, &zero));
     json_t *jsp = json_object_get(root, "sequence_parallel");
     if (jsp && !json_is_boolean(jsp))
         return bg_error(BG_ERR_PARSE, "plan: $.sequence_parallel must be true or false");

@@ -330,7 +330,8 @@ static size_t range_params(const candidate_t *c, int first, int last)
 /* Bytes per parameter held by a replica: parameters, gradients and optimizer
  * state, the sharded ones 1/dp each (--zero 1: the state; 2: also the
  * gradients), rounded up to whole bytes (the partitioner counts integers).
- * Stage 2 also holds its bucket buffers (bg_part_problem_t.bucket_buffers). */
+ * Stage 2 also holds its bucket buffers (bg_part_problem_t.bucket_buffers),
+ * stage 3 those and its parameter gather buffers (param_buffers). */
 static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
 {
     size_t st = bg_optim_state_bytes(optim), d = (size_t)(dp > 1 ? dp : 1);
@@ -338,6 +339,8 @@ static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
         return 8 + (st + d - 1) / d;
     if (zero == 2 && d > 1)
         return 4 + (4 + st + d - 1) / d;
+    if (zero == 3 && d > 1)
+        return (8 + st + d - 1) / d;
     return 8 + st;
 }
 
@@ -365,8 +368,8 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
     prob.guard_bytes = c->guard;
     if (c->copies > 1) /* the executor's buffer for the other copy's gradient, summed before the step */
         prob.bytes_per_param += sizeof(float);
-    if (c->zero == 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
-        long long mb = 4, nbuf = 3;
+    if (c->zero >= 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
+        long long mb = 4, nbuf = 3, pre = 1;
         if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
             mb = 4;
         if (bg_config_int("BRIGADE_ZERO_BUFFERS", &nbuf) != BG_OK)
@@ -374,6 +377,9 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
         prob.bucket_bytes = (size_t)mb * 1048576;
         prob.bucket_buffers = nbuf < 2 ? 2 : nbuf > 16 ? 16 : (int)nbuf;
         prob.bucket_dp = c->dp;
+        if (c->zero == 3 && bg_config_int("BRIGADE_ZERO_PREFETCH", &pre) != BG_OK)
+            pre = 1;
+        prob.param_buffers = c->zero == 3 ? (pre < 0 ? 0 : pre > 15 ? 15 : (int)pre) + 1 : 0;
     }
     prob.input_bytes =
         s->tokens ? 0 : positions * (size_t)bg_model_desc_params(s->desc)->features * sizeof(float);
@@ -561,8 +567,9 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
         if (c->rspeed[r] < minspeed)
             minspeed = c->rspeed[r];
     int dp = c->dp;
-    if (dp > 1) /* ring all-reduce of the largest stage's gradients (--zero 2: (m+1)/2 of it) */
-        simp.reduce_cost = 1e3 * (c->zero == 2 ? (c->m + 1) / 2.0 : 1.0) *
+    if (dp > 1) /* ring all-reduce of the largest stage's gradients (--zero 2: (m+1)/2 of it; 3: also the
+                 * parameters' gathers, two a microbatch at least, each half an all-reduce) */
+        simp.reduce_cost = 1e3 * (c->zero == 3 ? (c->m + 1) / 2.0 + c->m : c->zero == 2 ? (c->m + 1) / 2.0 : 1.0) *
                            (2.0 * (dp - 1) * pa->link_latency +
                             (pa->link_bandwidth > 0 ? 2.0 * (dp - 1) / dp * 4.0 * (double)maxparams /
                                                           pa->link_bandwidth
@@ -793,7 +800,7 @@ out:
 }
 
 /* A layout at the sharding stage asked for, or (BG_PLAN_ZERO_AUTO) at the
- * lowest that fits: 0, else 1, else 2 (dp > 1). */
+ * lowest that fits: 0, else 1, else 2, else 3 (dp > 1). */
 bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                               bg_schedule_kind_t kind, int *fits_p)
 {
@@ -801,7 +808,7 @@ bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int p
     if (want != BG_PLAN_ZERO_AUTO)
         return evaluate_zero(s, prof, pp, dp, m, n, kind, want, fits_p);
     int fits = 0;
-    for (int z = 0; z <= (dp > 1 ? 2 : 0) && !fits; z++)
+    for (int z = 0; z <= (dp > 1 ? 3 : 0) && !fits; z++)
         BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, &fits));
     if (fits_p)
         *fits_p = fits;

@@ -70,8 +70,8 @@ static bg_status_t check_params(const bg_plan_params_t *p)
             return bg_error(BG_ERR_INVALID, "speed %d is %g (must be > 0)", i, p->speed[i]);
     if (p->batch < 1)
         return bg_error(BG_ERR_INVALID, "batch must be >= 1 (got %d)", p->batch);
-    if (p->zero != BG_PLAN_ZERO_AUTO && (p->zero < 0 || p->zero > 2))
-        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2 or auto", p->zero);
+    if (p->zero != BG_PLAN_ZERO_AUTO && (p->zero < 0 || p->zero > 3))
+        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2, 3 or auto", p->zero);
     if (p->microbatch_size < 0 || p->pp < 0 || p->chunks < 0)
         return bg_error(BG_ERR_INVALID, "microbatch size, pp and chunks must be >= 0");
     if (!(p->flops > 0) || !isfinite(p->flops))

@@ -35,7 +35,8 @@ static bg_status_t eval_program(exec_t *x, double tokens, double *loss_p)
     x->loss_scale = (float)(1.0 / tokens);
     x->loss = 0;
     x->loss_k = 0;
-    BG_CHECK(bg__exec_settle(x)); /* every chunk's parameters whole (ZeRO's gathers of the last step) */
+    /* no settle: each forward's before_compute hooks wait for ZeRO's gathers of the last step, and --zero 3
+     * gathers each layer before it computes, as in training (the parameters are not held whole) */
     BG_CHECK(run_forward_only(x));
     BG_CHECK(bg__exec_sum_losses(x));
     double red = (double)(float)x->loss;

@@ -84,6 +84,16 @@ static bg_status_t on_layer_done(int layer, int mb, void *arg)
     return bg__exec_start_buckets(x, ch, layer);
 }
 
+/* The stage calls this before each layer's compute: the strategies' layer_begin hooks. */
+static bg_status_t on_layer_begin(int layer, int mb, bg_stage_pass_t pass, void *arg)
+{
+    hook_arg_t *h = arg;
+    BG__EACH_STRATEGY(h->x, s)
+    if (s->ops->layer_begin)
+        BG_CHECK(s->ops->layer_begin(h->x, s->self, h->ch, layer, mb, pass));
+    return BG_OK;
+}
+
 /* Buckets of about BRIGADE_BUCKET_MB (or what a strategy asks) over the
  * chunk's layers, from the last; and the layer-done callback that starts them. */
 bg_status_t bg__exec_make_buckets(exec_t *x, chunk_t *ch)
@@ -122,6 +132,11 @@ bg_status_t bg__exec_make_buckets(exec_t *x, chunk_t *ch)
     h->ch = ch;
     ch->hook = h;
     bg_stage_set_layer_done(ch->st, on_layer_done, h);
+    BG__EACH_STRATEGY(x, s)
+    if (s->ops->layer_begin) { /* the callback only where a strategy needs it */
+        bg_stage_set_layer_begin(ch->st, on_layer_begin, h);
+        break;
+    }
     return BG_OK;
 }
 

@@ -92,6 +92,8 @@ typedef struct bg__strategy_ops {
     void (*before_wait)(exec_t *x, void *self, bg__xfer_t *rq);
     /* ONE: are @p layer's weight gradients reduced every microbatch (default 0: once a step)? */
     int (*per_microbatch)(exec_t *x, void *self, chunk_t *ch, int layer);
+    /* EVERY: before each layer's compute in a stage (every pass: bg_stage_set_layer_begin). */
+    bg_status_t (*layer_begin)(exec_t *x, void *self, chunk_t *ch, int layer, int mb, bg_stage_pass_t pass);
     /* EVERY: after each layer's weight gradient of microbatch mb (tensor sums done). */
     bg_status_t (*layer_done)(exec_t *x, void *self, chunk_t *ch, int layer, int mb);
     /* ONE: bucket b of ch is ready: start its reduction into ch->buckets[b].req (default: none). */
@@ -122,8 +124,8 @@ typedef struct bg__strategy_ops {
     void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
     /* ONE: how many ranks of the job write weights (default: replica 0's, world / dp). */
     int (*weights_writers)(exec_t *x, void *self);
-    /* EVERY: the predicted optimizer elements and gradient bytes (bg_executor_info), adjusted. */
-    void (*memory)(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes);
+    /* EVERY: the predicted parameter bytes, optimizer elements and gradient bytes (bg_executor_info), adjusted. */
+    void (*memory)(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes);
     /* EVERY: after a failed step: free what is in flight. */
     void (*cancel)(exec_t *x, void *self);
     /* EVERY: bg_executor_destroy, before anything is freed (broken: a step failed). */

@@ -295,8 +295,8 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     if (!p->model)
         return bg_error(BG_ERR_INVALID, "executor: no model description");
     BG_CHECK(bg_model_desc_check(p->model));
-    if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && (p->zero < 0 || p->zero > 2))
-        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1 or 2", p->zero);
+    if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && (p->zero < 0 || p->zero > 3))
+        return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2 or 3", p->zero);
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
     BG_CHECK(bg__tp_check_params(p->model, p->tp));
@@ -434,9 +434,10 @@ static bg_status_t make_schedule(exec_t *x)
     x->S = bg_schedule_stages(x->sched);
     x->copies = bg_schedule_copies(x->sched);
     x->L = x->S / x->copies;
-    if (x->copies > 2 || (x->copies > 1 && x->p.zero == 2)) /* level 2 has no whole gradient buffer */
+    if (x->copies > 2 || (x->copies > 1 && x->p.zero >= 2)) /* levels 2 and 3 have no whole gradient buffer */
         return bg_error(BG_ERR_UNSUPPORTED, "%s: %d copies of the model%s", bg_schedule_name(x->sched), x->copies,
-                        x->copies > 2 ? " (the executor sums two)" : " with --zero 2 is not supported (--zero 1 is)");
+                        x->copies > 2 ? " (the executor sums two)" : x->p.zero == 3 ? " with --zero 3 is not supported (--zero 1 is)"
+                                                                        : " with --zero 2 is not supported (--zero 1 is)");
     if (x->lay.servers > 0 && x->copies > 1)
         return bg_error(BG_ERR_UNSUPPORTED, "--ps with %s: its two copies of each stage would push every tensor "
                         "twice; not built (every other schedule is)", bg_schedule_name(x->sched));
@@ -512,10 +513,6 @@ static bg_status_t connect(exec_t *x)
     /* the strategies' collectives on the backend's buffers, a provider per group (logged) */
     if (x->dp_group)
         BG_CHECK(bg__dcoll_create(&x->stg, x->dp_group, "data-parallel", x->lay.rank, &x->dp_coll));
-    if (x->stg.on && x->p.zero > 2 && x->p.dp > 1) /* ZeRO levels 1 and 2 go through dp_coll; a higher one not yet */
-        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --zero %d with buffers staged through the host is not "
-                        "built yet (its collectives take host buffers only; --zero 1 and 2 run)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.zero);
     if (x->stg.on && x->p.ep > 1) /* the experts' all-to-all is bg_group_alltoallv on the layers' buffers */
         return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ep %d with buffers staged through the host is not built "
                         "yet (the experts' all-to-all takes host buffers only)",
@@ -862,13 +859,14 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
     i.params = x->params;
     i.flops_per_step = x->flops_per_step;
     i.predicted_act_bytes = x->predicted_act_bytes;
-    size_t optim = x->params, grads = x->params * sizeof(float); /* optimizer elements, gradient bytes */
-    BG__EACH_STRATEGY(x, s) if (s->ops->memory) s->ops->memory(x, s->self, &optim, &grads);
+    /* parameter bytes, optimizer elements, gradient bytes */
+    size_t params = x->params * sizeof(float), optim = x->params, grads = x->params * sizeof(float);
+    BG__EACH_STRATEGY(x, s) if (s->ops->memory) s->ops->memory(x, s->self, &params, &optim, &grads);
     /* a backend that queues work keeps the last stage's per-microbatch losses until the step's end (add_loss:
      * tensor rank 0's, not under emulation) */
     size_t losses = x->has_last && !x->em && x->lay.me.tp == 0 && x->be->ops->event_record
                         ? (size_t)x->M * x->per_mb_floats * sizeof(float) : 0;
-    i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
+    i.predicted_bytes = params + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
                         x->predicted_act_bytes + losses;
     i.zero = x->p.zero;
     i.predicted_stashed = x->predicted_stashed;

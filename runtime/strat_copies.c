@@ -77,9 +77,9 @@ static bg_status_t copies_before_optimizer(exec_t *x, void *self)
 }
 
 /* The other copy's gradient, received before the optimizer step. */
-static void copies_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+static void copies_memory(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes)
 {
-    (void)self, (void)optim_elems;
+    (void)self, (void)param_bytes, (void)optim_elems;
     *grad_bytes += x->params * sizeof(float);
 }
 

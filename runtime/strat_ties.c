@@ -129,9 +129,9 @@ static int ties_in_norm(exec_t *x, void *self, const bg_param_t *p)
 }
 
 /* The partners' gradients this rank receives (ties_ready). */
-static void ties_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+static void ties_memory(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes)
 {
-    (void)x, (void)optim_elems;
+    (void)x, (void)param_bytes, (void)optim_elems;
     ties_state_t *T = self;
     for (int t = 0; t < T->n; t++)
         if (T->ties[t].partner >= 0)

@@ -1,13 +1,14 @@
-/* runtime/strat_zero.c: the ZeRO strategy (--zero 1|2 over dp > 1;
+/* runtime/strat_zero.c: the ZeRO strategy (--zero 1|2|3 over dp > 1;
  * docs/data_parallel.md): each chunk's optimizer state (level 2: and its
  * gradients) sharded over the data-parallel group, bucket by bucket. The
  * sharding is runtime/zero.c's; this file calls it at the executor's hooks
  * (a chunk's state, the step's start, before the compute, after each layer,
- * a bucket's reduction, the optimizer, checkpoints) and must not touch the
- * interpreter's slots. A call that blocked on a collective shows in the
- * trace for its duration: ag_wait (the parameters' all-gathers of the last
- * step, before a forward) or rs_wait (level 2: the backward waiting for a
- * bucket's reduce-scatter). */
+ * a bucket's reduction, the optimizer, checkpoints; level 3: before each
+ * layer's compute) and must not touch the interpreter's slots. A call that
+ * blocked on a collective shows in the trace for its duration: ag_wait (the
+ * parameters' all-gathers of the last step, before a forward; level 3: a
+ * layer's gather, before its compute) or rs_wait (levels 2 and 3: the
+ * backward waiting for a bucket's reduce-scatter). */
 #include <stdlib.h>
 
 #include "core/check.h"
@@ -44,7 +45,7 @@ static bg_status_t zero_setup(exec_t *x, void **self_p)
 static size_t zero_bucket_floats(exec_t *x, void *self, chunk_t *ch, size_t configured)
 {
     (void)self;
-    if (x->p.zero < 2)
+    if (x->p.zero < 2) /* level 3: level 2's buckets (its gathers are by bucket too) */
         return configured;
     return bg__zero2_bucket_floats(configured, bg_model_param_count(ch->model), bg_group_size(x->dp_group),
                                    bg__zero_buffers());
@@ -61,7 +62,11 @@ static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
     bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_coll, zb, ch->nbuckets, x->p.optim.kind,
                                      &Z->z[ch - x->chunks]);
     free(zb);
-    return st;
+    BG_CHECK(st);
+    if (x->p.zero == 3 && !bg__zero_params_sharded(Z->z[ch - x->chunks]))
+        bg_log(BG_LOG_INFO, "zero", "stage %d (layers %d..%d): its largest bucket's gather buffer would hold what "
+               "sharding the parameters saves: they stay whole (as at --zero 2)", ch->stage, ch->first, ch->last);
+    return BG_OK;
 }
 
 static bg_status_t zero_step_begin(exec_t *x, void *self)
@@ -71,18 +76,29 @@ static bg_status_t zero_step_begin(exec_t *x, void *self)
     return BG_OK;
 }
 
-enum { ZERO_SETTLE, ZERO_PREPARE, ZERO_LAYER_DONE };
+enum { ZERO_SETTLE, ZERO_PREPARE, ZERO_LAYER_DONE, ZERO_GATHER_UP, ZERO_GATHER_DOWN };
 static bg_status_t zero_call(exec_t *x, bg__zero_t *z, chunk_t *ch, int mb, int what, int layer)
 {
     int64_t w0 = bg__zero_waits(z);
     double t0 = x->trace ? bg_now() : 0;
-    BG_CHECK(what == ZERO_SETTLE    ? bg__zero_settle(z)
-             : what == ZERO_PREPARE ? bg__zero_prepare(z, layer)
-                                    : bg__zero_layer_done(z, layer));
+    BG_CHECK(what == ZERO_SETTLE       ? bg__zero_settle(z)
+             : what == ZERO_PREPARE    ? bg__zero_prepare(z, layer)
+             : what == ZERO_LAYER_DONE ? bg__zero_layer_done(z, layer)
+                                       : bg__zero_gather_layer(z, layer, what == ZERO_GATHER_UP));
     if (x->trace && bg__zero_waits(z) != w0)
-        bg__trace_event(x->trace, what == ZERO_SETTLE ? "ag_wait" : "rs_wait", mb, ch->stage, t0, bg_now(),
-                        (int)x->step + 1);
+        bg__trace_event(x->trace, what == ZERO_PREPARE || what == ZERO_LAYER_DONE ? "rs_wait" : "ag_wait", mb,
+                        ch->stage, t0, bg_now(), (int)x->step + 1);
     return BG_OK;
+}
+
+/* Level 3: the layer's weights gathered before each of its computes (a zero-bubble W too: gathered again
+ * when its bucket was dropped since its B). */
+static bg_status_t zero_layer_begin(exec_t *x, void *self, chunk_t *ch, int layer, int mb, bg_stage_pass_t pass)
+{
+    if (x->p.zero < 3)
+        return BG_OK;
+    int up = pass == BG_PASS_FORWARD || pass == BG_PASS_RECOMPUTE;
+    return zero_call(x, of(self, x, ch), ch, mb, up ? ZERO_GATHER_UP : ZERO_GATHER_DOWN, layer);
 }
 
 /* A forward waits for the parameters' all-gathers of the last step; a
@@ -150,10 +166,11 @@ static bg_status_t zero_update(exec_t *x, void *self, chunk_t *ch, float k)
     return BG_OK;
 }
 
+/* Level 3: the whole parameters held until the next step. */
 static bg_status_t zero_settle(exec_t *x, void *self)
 {
     for (int v = 0; v < x->V; v++)
-        BG_CHECK(bg__zero_settle(of(self, x, &x->chunks[v])));
+        BG_CHECK(bg__zero_whole(of(self, x, &x->chunks[v])));
     return BG_OK;
 }
 
@@ -176,10 +193,11 @@ static void zero_state_end(exec_t *x, void *self, int loading, bg_status_t st)
             bg_model_optim_free(x->chunks[v].model);
 }
 
-static void zero_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+static void zero_memory(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes)
 {
-    *optim_elems = *grad_bytes = 0;
+    *param_bytes = *optim_elems = *grad_bytes = 0;
     for (int v = 0; v < x->V; v++) {
+        *param_bytes += bg__zero_param_bytes(of(self, x, &x->chunks[v]));
         *optim_elems += bg__zero_owned(of(self, x, &x->chunks[v]));
         *grad_bytes += bg__zero_grad_bytes(of(self, x, &x->chunks[v]));
     }
@@ -211,6 +229,7 @@ const bg__strategy_ops_t bg__strategy_zero = {
     .chunk_optim = zero_chunk_optim,
     .step_begin = zero_step_begin,
     .before_compute = zero_before_compute,
+    .layer_begin = zero_layer_begin,
     .per_microbatch = zero_per_microbatch,
     .layer_done = zero_layer_done,
     .reduce = zero_reduce,

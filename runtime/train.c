@@ -116,8 +116,8 @@ bg_status_t bg_train_check(const bg_train_config_t *c)
     BG_CHECK(bg_lr_check(&ls));
     if (!(c->clip_grad >= 0))
         return bg_error(BG_ERR_INVALID, "--clip-grad must be >= 0 (got %g; 0: no clipping)", c->clip_grad);
-    if (c->zero < 0 || c->zero > 2)
-        return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1 or 2", c->zero);
+    if (c->zero < 0 || c->zero > 3)
+        return bg_error(BG_ERR_INVALID, "--zero %d: the sharding stage must be 0, 1, 2 or 3", c->zero);
     if (c->ps < 0 || c->staleness < 0)
         return bg_error(BG_ERR_INVALID, "--ps %d --staleness %d: both must be >= 0", c->ps, c->staleness);
     if (c->staleness > 0 && c->ps == 0)

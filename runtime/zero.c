@@ -24,6 +24,11 @@
  * tie's two gradients). A chunk where even the fewest buffers, with its
  * tied buckets, would hold as much as its whole gradients runs as level 1.
  *
+ * Level 3 also shards the parameters (runtime/zero_params.c): the gradients
+ * as at level 2, the optimizer updating the owned parameters in their shard,
+ * each layer's weights gathered before its compute instead of every bucket
+ * after the step.
+ *
  * Owns: the shard's optimizer state and the all-gather requests. Must not
  * know schedules or pipelines (the executor calls it per chunk). */
 #include <math.h>
@@ -71,6 +76,8 @@ struct bg__zero {
     piece_t *pieces;
     int npieces;
     size_t owned;
+    size_t *toff;      /* per tensor: its offset in the flat buffers */
+    bg__zparams_t *zp; /* level 3: the parameters' shard (NULL: whole) */
     bg_optim_kind_t kind;
     float *sm, *sv;  /* the shard's optimizer state (owned floats each; sv: AdamW only) */
 };
@@ -92,6 +99,10 @@ static bg_status_t make_pieces(bg__zero_t *z)
 {
     int nt = bg_model_num_tensors(z->m);
     const float *base = bg_model_params(z->m);
+    z->toff = calloc((size_t)nt + 1, sizeof(*z->toff));
+    BG_ALLOC_CHECK(z->toff, sizeof(*z->toff), "tensor offsets");
+    for (int i = 0; i < nt; i++)
+        z->toff[i] = (size_t)(bg_model_tensor(z->m, i)->data - base);
     z->pieces = calloc((size_t)(z->nbuckets * (nt + 1) + 1), sizeof(piece_t));
     BG_ALLOC_CHECK(z->pieces, sizeof(piece_t), "shard pieces");
     for (int b = 0; b < z->nbuckets; b++) {
@@ -100,8 +111,7 @@ static bg_status_t make_pieces(bg__zero_t *z)
         bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
         size_t lo = z->buckets[b].off + co, hi = lo + cl;
         for (int i = 0; i < nt && lo < hi; i++) {
-            bg_param_t *p = bg_model_tensor(z->m, i);
-            size_t to = (size_t)(p->data - base), te = to + p->numel;
+            size_t to = z->toff[i], te = to + bg_model_tensor(z->m, i)->numel;
             size_t a = lo > to ? lo : to, e = hi < te ? hi : te;
             if (a >= e)
                 continue;
@@ -115,14 +125,10 @@ static bg_status_t make_pieces(bg__zero_t *z)
 /* Aim the grad pointers of bucket b's tensors at buf (NULL: none). */
 static void aim(bg__zero_t *z, int b, float *buf)
 {
-    const float *base = bg_model_params(z->m);
     size_t lo = z->buckets[b].off, hi = lo + z->buckets[b].count;
-    for (int i = 0; i < bg_model_num_tensors(z->m); i++) {
-        bg_param_t *p = bg_model_tensor(z->m, i);
-        size_t o = (size_t)(p->data - base);
-        if (o >= lo && o < hi)
-            p->grad = buf ? buf + (o - lo) : NULL;
-    }
+    for (int i = 0; i < bg_model_num_tensors(z->m); i++)
+        if (z->toff[i] >= lo && z->toff[i] < hi)
+            bg_model_tensor(z->m, i)->grad = buf ? buf + (z->toff[i] - lo) : NULL;
 }
 
 static bg_status_t fold(bg__zero_t *z, int b);
@@ -271,6 +277,8 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
     bg__zero_t *z = calloc(1, sizeof(*z));
     BG_ALLOC_CHECK(z, sizeof(*z), "zero state");
     bg_status_t st = BG_OK;
+    int params = level >= 3; /* level 3: level 2's gradients, and the parameters sharded */
+    level = level > 2 ? 2 : level;
     z->level = level;
     z->m = m;
     z->be = bg_model_backend(m);
@@ -344,6 +352,8 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
             if (z->whole[b] && buckets[b].count)
                 BG_CHECK_GOTO(bucket_buffer(z, b), st, err);
     }
+    if (params) /* last: it frees the flat parameters */
+        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, &z->zp), st, err);
     *z_p = z;
     return BG_OK;
 err:
@@ -358,6 +368,8 @@ void bg__zero_cancel(bg__zero_t *z)
         bg__xfree(z->rs[b]);
         z->ag[b] = z->rs[b] = NULL;
     }
+    if (z)
+        bg__zparams_cancel(z->zp);
 }
 
 void bg__zero_destroy(bg__zero_t *z)
@@ -365,6 +377,8 @@ void bg__zero_destroy(bg__zero_t *z)
     if (!z)
         return;
     bg__zero_cancel(z);
+    bg__zparams_destroy(z->zp);
+    free(z->toff);
     bg_backend_free(z->be, z->sm);
     bg_backend_free(z->be, z->sv);
     bg_backend_free(z->be, z->sg);
@@ -391,7 +405,19 @@ void bg__zero_destroy(bg__zero_t *z)
 
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
 
-int64_t bg__zero_waits(const bg__zero_t *z) { return z->waits; }
+int64_t bg__zero_waits(const bg__zero_t *z) { return z->waits + bg__zparams_waits(z->zp); }
+
+int bg__zero_params_sharded(const bg__zero_t *z) { return z->zp != NULL; }
+
+size_t bg__zero_param_bytes(const bg__zero_t *z)
+{
+    return z->zp ? bg__zparams_bytes(z->zp) : bg_model_param_count(z->m) * sizeof(float);
+}
+
+bg_status_t bg__zero_gather_layer(bg__zero_t *z, int layer, int ascending)
+{
+    return bg__zparams_layer(z->zp, layer, ascending);
+}
 
 int bg__zero_buffers(void)
 {
@@ -439,6 +465,7 @@ bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg__xfer_t **req_p)
 
 bg_status_t bg__zero_begin_step(bg__zero_t *z)
 {
+    BG_CHECK(bg__zparams_shard_again(z->zp)); /* after a save, a load or an evaluation: the shard again */
     if (z->level < 2)
         return BG_OK;
     memset(z->folded, 0, (size_t)z->nbuckets); /* the shard: each bucket's first fold of the step copies */
@@ -485,20 +512,26 @@ bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *
     if (opt->kind != z->kind)
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     bg_backend_t *be = z->be;
-    float *params = bg_model_params(z->m);
+    /* the owned parameters: in the flat buffer, or (level 3) at the shard's offsets */
+    float *params = z->zp ? bg__zparams_shard(z->zp) : bg_model_params(z->m);
     for (int k = 0; k < z->npieces; k++) {
         const piece_t *pc = &z->pieces[k];
         if (pc->bucket != b)
             continue;
         const float *g = piece_grad(z, k);
+        float *w = params + (z->zp ? pc->soff : pc->off);
         float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
         if (z->kind == BG_OPTIM_ADAMW)
-            be->ops->adamw(be, params + pc->off, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr, opt->beta1,
+            be->ops->adamw(be, w, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr, opt->beta1,
                            opt->beta2, opt->eps, wd, t);
         else
-            be->ops->sgd_momentum(be, params + pc->off, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum, wd);
+            be->ops->sgd_momentum(be, w, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum, wd);
     }
     be->ops->synchronize(be); /* the gather reads what the update wrote */
+    if (z->zp) { /* level 3: gathered again when a layer of the bucket next computes */
+        bg__zparams_updated(z->zp, b);
+        return BG_OK;
+    }
     return start_gather(z, b, params);
 }
 
@@ -515,6 +548,12 @@ bg_status_t bg__zero_settle(bg__zero_t *z)
             st = s2;
     }
     return st;
+}
+
+bg_status_t bg__zero_whole(bg__zero_t *z)
+{
+    BG_CHECK(bg__zero_settle(z));
+    return bg__zparams_materialize(z->zp);
 }
 
 /* Copy between the shard's compact state and the model's flat state. */
@@ -542,7 +581,7 @@ bg_status_t bg__zero_expand_state(bg__zero_t *z)
 
 bg_status_t bg__zero_gather_state(bg__zero_t *z)
 {
-    BG_CHECK(bg__zero_settle(z));
+    BG_CHECK(bg__zero_whole(z)); /* level 3: the parameters too */
     BG_CHECK(bg__zero_expand_state(z));
     for (int which = 0; which < (z->kind == BG_OPTIM_ADAMW ? 2 : 1); which++) {
         BG_CHECK(start_gathers(z, bg_model_optim_state(z->m, which)));

@@ -1,5 +1,6 @@
-/* runtime/zero.h: sharded data parallelism (ZeRO stages 1 and 2) for one
- * model chunk of the executor; see runtime/zero.c. Internal to runtime/. */
+/* runtime/zero.h: sharded data parallelism (ZeRO stages 1, 2 and 3) for one
+ * model chunk of the executor; see runtime/zero.c (stage 3's parameters:
+ * runtime/zero_params.c). Internal to runtime/. */
 #ifndef BG_RUNTIME_ZERO_H
 #define BG_RUNTIME_ZERO_H
 
@@ -16,7 +17,7 @@ typedef struct bg__zero_bucket {
     size_t off, count;
 } bg__zero_bucket_t;
 
-/* Sharded state of model @p m over the data-parallel group of @p dc (level 1 or 2; its collectives on the
+/* Sharded state of model @p m over the data-parallel group of @p dc (level 1, 2 or 3; its collectives on the
  * backend's buffers, runtime/devcoll.h):
  * this replica owns chunk dp_rank of every bucket (bg_group_chunk) and holds
  * the optimizer state of those elements only. The model's own optimizer
@@ -55,8 +56,44 @@ void bg__zero_bucket_scale(bg__zero_t *z, int b, float k);
 /* Update the owned elements of bucket b (after bg__zero_bucket_done), then
  * start the all-gather of its parameters. */
 bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *opt, int t);
-/* Wait for the parameters' all-gathers (every replica's parameters whole). */
+/* Wait for the parameters' all-gathers (levels 1 and 2: every replica's parameters whole after). */
 bg_status_t bg__zero_settle(bg__zero_t *z);
+/* Collective: every tensor whole in the model's flat buffer (level 3: gathered from the shards, held until
+ * the next bg__zero_begin_step; else bg__zero_settle). Before saving, loading or evaluating. */
+bg_status_t bg__zero_whole(bg__zero_t *z);
+/* Level 3, before a compute of @p layer (ascending: a forward pass, else a backward one): its weights
+ * gathered, the next buckets' gathers started. Else nothing. */
+bg_status_t bg__zero_gather_layer(bg__zero_t *z, int layer, int ascending);
+/* Bytes of parameters this level holds (level 3: the shard and the gather buffers; else all of them). */
+size_t bg__zero_param_bytes(const bg__zero_t *z);
+/* Level 3: the parameters are sharded (0: the chunk keeps them whole, as at level 2, because the gather
+ * buffers would hold as much as the shard saves). */
+int bg__zero_params_sharded(const bg__zero_t *z);
+
+/* ---- level 3's parameters (runtime/zero_params.c) ---- */
+typedef struct bg__zparams bg__zparams_t;
+/* The shard of model m's parameters over dc's group, by the buckets' owned chunks (in bucket order); the flat
+ * buffer freed. *zp_p = NULL when dp < 2 or no gather buffer fits below what the shard saves. */
+bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
+                               bg__zparams_t **zp_p);
+void bg__zparams_destroy(bg__zparams_t *zp);
+void bg__zparams_cancel(bg__zparams_t *zp);
+/* The owned parameters: bucket b's owned chunk at its offset in the shard (that of the optimizer state). */
+float *bg__zparams_shard(bg__zparams_t *zp);
+/* Before a compute of @p layer: its bucket gathered (waited for), the next ones started. */
+bg_status_t bg__zparams_layer(bg__zparams_t *zp, int layer, int ascending);
+/* Bucket b's owned chunk was updated: its gathered copy dropped. */
+void bg__zparams_updated(bg__zparams_t *zp, int b);
+/* Collective: the flat buffer held and whole (until bg__zparams_shard_again). */
+bg_status_t bg__zparams_materialize(bg__zparams_t *zp);
+/* The owned chunks taken from the flat buffer (it may have been loaded), the buffer freed. */
+bg_status_t bg__zparams_shard_again(bg__zparams_t *zp);
+size_t bg__zparams_bytes(const bg__zparams_t *zp);
+int64_t bg__zparams_waits(const bg__zparams_t *zp);
+/* Gathers started so far (a test counts them). */
+int64_t bg__zparams_gathers(const bg__zparams_t *zp);
+/* BRIGADE_ZERO_PREFETCH: buckets gathered ahead of the one computing (0..15; default 1). */
+int bg__zero_prefetch(void);
 /* Cancel what is in flight (after a failed step). */
 void bg__zero_cancel(bg__zero_t *z);
 /* How many times this chunk's sharding has blocked so far (a reduce-scatter

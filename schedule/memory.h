@@ -53,6 +53,17 @@ static inline int bg__zero2_buffers(int want, int nbuckets, size_t largest, size
     return (size_t)n > fit ? (int)fit : n;
 }
 
+/* --zero 3's parameter gather buffers of a stage: want (BRIGADE_ZERO_PREFETCH + 1), no more than its
+ * buckets, and fewer while the shard (owned floats) and the buffers would hold as much as its parameters
+ * (0: none fits, the stage keeps them whole as --zero 2 does; runtime/zero_params.c, the partitioner). */
+static inline int bg__zero3_buffers(int want, int nbuckets, size_t owned, size_t largest, size_t stage_params)
+{
+    int n = want < nbuckets ? want : nbuckets;
+    while (n > 0 && owned + (size_t)n * largest >= stage_params)
+        n--;
+    return n;
+}
+
 /* The buckets of layers first..last from the last (params: prefix sums of
  * the layers' parameters, params[i + 1] - params[i] for layer i): a bucket
  * closes once it holds target floats or at the first layer. Returns the

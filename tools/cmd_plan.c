@@ -51,8 +51,8 @@ static void usage(FILE *f)
             "                     without it, SP is used only where a degree does not fit otherwise\n"
             "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
-            "  --zero 0|1|2|auto  count optimizer state (1) and gradients (2) sharded 1/dp (brigade train\n"
-            "                     --zero); auto: per layout the lowest stage that fits (default 0)\n"
+            "  --zero 0|1|2|3|auto  count optimizer state (1), gradients (2) and parameters (3) sharded 1/dp\n"
+            "                     (brigade train --zero); auto: per layout the lowest stage that fits (default 0)\n"
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
@@ -471,11 +471,11 @@ int bg_cmd_plan(int argc, char **argv)
             pp.allow_recompute = 1;
             break;
         case O_ZERO: {
-            static const char *const zeros[] = {"0", "1", "2", "auto", NULL};
+            static const char *const zeros[] = {"0", "1", "2", "3", "auto", NULL};
             int k = bg_cli_choice(CMD, "--zero", optarg, zeros);
             if (k < 0)
                 return 2;
-            pp.zero = k == 3 ? BG_PLAN_ZERO_AUTO : k;
+            pp.zero = k == 4 ? BG_PLAN_ZERO_AUTO : k;
             break;
         }
         case O_JSON:

@@ -91,8 +91,10 @@ static void usage(FILE *f)
             "  --schedule-json FILE   run this program instead of a generated schedule: any program the\n"
             "                         validator accepts, in the JSON of brigade schedule --json, for --pp\n"
             "                         ranks and --microbatches (docs/schedules.md)\n"
-            "  --zero 0|1|2           shard across the dp replicas of a stage: 1 the optimizer state, 2 also the\n"
-            "                         gradients (docs/data_parallel.md; default 0: none)\n"
+            "  --zero 0|1|2|3         shard across the dp replicas of a stage: 1 the optimizer state, 2 also the\n"
+            "                         gradients, 3 also the parameters (each layer's gathered before it computes,\n"
+            "                         BRIGADE_ZERO_PREFETCH buckets ahead, default 1; docs/data_parallel.md;\n"
+            "                         default 0: none)\n"
             "  --ps S                 parameter servers: ranks 0..S-1 hold the parameters and optimizer state\n"
             "                         (whole tensors each), the other ranks are workers, each a replica: one\n"
             "                         rank, or with --pp P a pipeline of P consecutive ranks (N-S a multiple\n"
@@ -537,7 +539,7 @@ int bg_cmd_train(int argc, char **argv)
             *(o == O_PP ? &c.pp : &c.dp) = (int)v;
             break;
         case O_ZERO:
-            if (bg_cli_int(cmd, "--zero", optarg, 0, 2, &v))
+            if (bg_cli_int(cmd, "--zero", optarg, 0, 3, &v))
                 return 2;
             c.zero = (int)v;
             zero_flag = 1;

@@ -115,7 +115,8 @@ typedef struct bg_executor_params {
     int zero;                    /**< sharding across the dp replicas of a stage (docs/data_parallel.md): 0 none;
                                       1 the optimizer state (1/dp each, the weights of 0 bitwise); 2 also the
                                       reduced gradients (each microbatch's buckets reduce-scattered; within
-                                      rounding of 0). dp = 1: changes nothing */
+                                      rounding of 0); 3 also the parameters (each layer's weights gathered
+                                      before its compute; within rounding of 0). dp = 1: changes nothing */
     const char *emulate;         /**< emulated scale: a layer profile (brigade profile --json); each compute
                                       instruction sleeps its stages' profiled time x emulate_scale instead of
                                       running (buffers and messages of the real sizes, no arithmetic, no

@@ -328,6 +328,11 @@ void bg_model_optim_free(bg_model_t *m);
 /** @p hold = 0: free the flat gradient buffer (every tensor's grad becomes
  *  NULL, bg_model_grads returns NULL); 1: allocate it zeroed if absent. */
 bg_status_t bg_model_grads_hold(bg_model_t *m, int hold);
+/** The parameters' counterpart (--zero 3 keeps a shard and gathers each layer's weights into buffers of its
+ *  own, aiming the tensors' data at them): @p hold = 0 frees the flat parameter buffer (every tensor's data
+ *  becomes NULL, bg_model_params returns NULL); 1 allocates it if absent and aims every tensor's data at it
+ *  (its contents undefined: the caller fills it). */
+bg_status_t bg_model_params_hold(bg_model_t *m, int hold);
 /** Sequence parallelism: sum over the description's tensor group (bg_model_desc_set_tp) the gradients
  *  of the tensors marked tp_partial in top-level layer @p layer (-1: every layer of the range), in
  *  place; a group collective, so every member calls it alike. The executor calls it once a step's last
@@ -386,6 +391,19 @@ bg_status_t bg_stage_backward(bg_stage_t *s, int mb, float **din_p);
  *  reduction as soon as the last microbatch has finished that bucket's layers. */
 typedef bg_status_t (*bg_stage_layer_done_fn)(int layer, int mb, void *arg);
 void bg_stage_set_layer_done(bg_stage_t *s, bg_stage_layer_done_fn fn, void *arg);
+/** Which compute of a layer is about to run (bg_stage_set_layer_begin). */
+typedef enum bg_stage_pass {
+    BG_PASS_FORWARD = 0,         /**< the forward (the stage's layers in increasing order) */
+    BG_PASS_RECOMPUTE = 1,       /**< the forward rerun by a backward (recomputation; increasing) */
+    BG_PASS_BACKWARD_INPUT = 2,  /**< B of the split backward (decreasing) */
+    BG_PASS_BACKWARD_WEIGHT = 3, /**< W of the split backward (decreasing; layers with weights only) */
+    BG_PASS_BACKWARD = 4         /**< the fused backward (decreasing) */
+} bg_stage_pass_t;
+/** Called before each layer's compute (every pass of bg_stage_pass_t; not when emulating), with the layer's
+ *  global index, the microbatch, the pass and `arg`; an error fails the call. The executor's --zero 3
+ *  gathers the layer's weights there (docs/data_parallel.md). */
+typedef bg_status_t (*bg_stage_layer_begin_fn)(int layer, int mb, bg_stage_pass_t pass, void *arg);
+void bg_stage_set_layer_begin(bg_stage_t *s, bg_stage_layer_begin_fn fn, void *arg);
 /** Activation recomputation: between a microbatch's forward and its
  *  backward keep only its input and output; the backward reruns the forward
  *  (bitwise the same activations) before differentiating. */

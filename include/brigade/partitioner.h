@@ -123,7 +123,7 @@ typedef struct bg_part_problem {
     int quick_no_fit;                   /**< 1: bg_partition() answers BG_ERR_NO_FIT without measuring the
                                              shortfall for its message (a search that only needs yes/no) */
     size_t bucket_bytes;                /**< --zero 2: bytes a gradient bucket aims at (BRIGADE_BUCKET_MB) */
-    int bucket_buffers;                 /**< --zero 2: bucket buffers wanted (BRIGADE_ZERO_BUFFERS); 0: not
+    int bucket_buffers;                 /**< --zero 2 and 3: bucket buffers wanted (BRIGADE_ZERO_BUFFERS); 0: not
                                              --zero 2. A stage holds, besides bytes_per_param, buffers of its
                                              largest layer-aligned bucket, the buckets and the buffers' count
                                              sized from its shard as the executor does (bucket_dp) */
@@ -139,6 +139,10 @@ typedef struct bg_part_problem {
                                              (bg_layer_profile_t.guard_bytes; the layers' stash, wstash and
                                              scratch bytes include theirs already); 0: none */
     int bucket_dp;                      /**< --zero 2: the data-parallel degree the shard is cut over */
+    int param_buffers;                  /**< --zero 3 (with bucket_buffers set): parameter gather buffers wanted
+                                             (BRIGADE_ZERO_PREFETCH + 1), of the largest bucket each, fewer while
+                                             they would hold what sharding the parameters saves (none: the stage
+                                             holds them whole, as the executor does); 0: not --zero 3 */
 } bg_part_problem_t;
 /** Defaults of bg_part_problem_t: no layers or stages yet, AdamW's 16 bytes per parameter, free links. */
 #define BG_PART_PROBLEM_INIT                                                                            \
@@ -146,7 +150,7 @@ typedef struct bg_part_problem {
       .bytes_per_param = 16, .input_bytes = 0, .token_bytes = 0, .target_bytes = 0, .link_latency = 0.0,  \
       .link_bandwidth = 0.0, .allow_recompute = 0, .quick_no_fit = 0, .bucket_bytes = 0,                  \
       .bucket_buffers = 0, .linger_bytes = 0, .paired = 0, .guard_bytes = 0,   \
-      .bucket_dp = 1 }
+      .bucket_dp = 1, .param_buffers = 0 }
 
 /** One stage of a partition, or the evaluation of a layer range on a stage. */
 typedef struct bg_part_stage {
@@ -270,7 +274,7 @@ typedef struct bg_plan_params {
     const double *layer_b_s;     /**< measured backward-input seconds per layer (split backward), or NULL */
     const double *layer_w_s;     /**< measured backward-weight seconds per layer, or NULL (both or neither;
                                       without them a split backward is B = W = backward / 2) */
-    int zero;                    /**< sharding across the dp replicas (docs/data_parallel.md): 0, 1 or 2, or
+    int zero;                    /**< sharding across the dp replicas (docs/data_parallel.md): 0, 1, 2 or 3, or
                                       BG_PLAN_ZERO_AUTO: per layout, the lowest stage that fits */
     int tp;                      /**< tensor-parallel degree: 0 (default) = 1, unless no layout fits at 1
                                       (then the smallest degree that fits, said in bg_plan_set_note); N >= 1 =

@@ -429,6 +429,111 @@ static void test_recompute(void **s)
     free(g[1]);
 }
 
+/* The layer-begin callback (bg_stage_set_layer_begin) fires before every layer compute of every pass, in the
+ * pass's order, and nothing reads a layer's weights before it: with the flat parameter buffer freed
+ * (bg_model_params_hold) and only the calling layer's tensors aimed at a copy of them (every other layer's
+ * data NULL), the fused, split and recomputing backwards give the gradients of the model as built, bitwise.
+ * An error from the callback fails the call. */
+typedef struct {
+    bg_model_t *m;
+    const float *copy;
+    size_t *off;
+    int log[64][2], n; /* (layer, pass) */
+    int fail_at;
+} begin_log_t;
+static bg_status_t on_begin(int layer, int mb, bg_stage_pass_t pass, void *arg)
+{
+    begin_log_t *b = arg;
+    (void)mb;
+    if (b->n < 64)
+        b->log[b->n][0] = layer, b->log[b->n][1] = pass, b->n++;
+    if (layer == b->fail_at)
+        return bg_error(BG_ERR_INVALID, "layer %d refused", layer);
+    for (int i = 0; i < bg_model_num_tensors(b->m); i++) {
+        int l = bg_model_desc_tensor_layer(bg_model_desc(b->m), bg_model_tensor_name(b->m, i));
+        bg_model_tensor(b->m, i)->data = l == layer ? (float *)b->copy + b->off[i] : NULL;
+    }
+    return BG_OK;
+}
+static void test_layer_begin(void **s)
+{
+    (void)s;
+    bg_model_config_t c = small_gpt();
+    int32_t tok[16], tgt[16];
+    for (int i = 0; i < 16; i++)
+        tok[i] = (i * 37) % 256, tgt[i] = (i * 11 + 5) % 256;
+    /* mode 0: fused backward, 1: split B and W, 2: recomputation; run 0: reference, run 1: weights by the callback */
+    for (int mode = 0; mode < 3; mode++) {
+        float *g[2] = {NULL, NULL};
+        size_t np = 0;
+        for (int run = 0; run < 2; run++) {
+            bg_model_t *m;
+            bg_stage_t *st;
+            assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
+            np = bg_model_param_count(m);
+            int nt = bg_model_num_tensors(m), L = bg_model_last_layer(m) + 1;
+            begin_log_t b = {.m = m, .fail_at = -1};
+            float *copy = malloc(np * sizeof(float));
+            b.off = malloc((size_t)nt * sizeof(size_t));
+            memcpy(copy, bg_model_params(m), np * sizeof(float));
+            for (int i = 0; i < nt; i++)
+                b.off[i] = (size_t)(bg_model_tensor(m, i)->data - bg_model_params(m));
+            b.copy = copy;
+            assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
+            bg_stage_set_recompute(st, mode == 2);
+            if (run) {
+                assert_int_equal(bg_model_params_hold(m, 0), BG_OK);
+                assert_null(bg_model_params(m));
+                assert_null(bg_model_tensor(m, 0)->data);
+                bg_stage_set_layer_begin(st, on_begin, &b);
+            }
+            float *in, *out, *din;
+            bg_shape_t os;
+            assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 8, 0}, &in), BG_OK);
+            assert_int_equal(bg_stage_set_data(st, 0, tok, tgt, 1.0f / 16), BG_OK);
+            assert_int_equal(bg_stage_forward(st, 0, &out, &os), BG_OK);
+            if (mode == 1) {
+                assert_int_equal(bg_stage_backward_input(st, 0, &din), BG_OK);
+                assert_int_equal(bg_stage_backward_weight(st, 0), BG_OK);
+            } else {
+                assert_int_equal(bg_stage_backward(st, 0, &din), BG_OK);
+                bg_stage_end(st, 0);
+            }
+            g[run] = malloc(np * sizeof(float));
+            memcpy(g[run], bg_model_grads(m), np * sizeof(float));
+            if (run) { /* the order: F up; (recomputation up); then B down (and W down) */
+                int passes[3][3] = {{BG_PASS_FORWARD, BG_PASS_BACKWARD, -1},
+                                    {BG_PASS_FORWARD, BG_PASS_BACKWARD_INPUT, BG_PASS_BACKWARD_WEIGHT},
+                                    {BG_PASS_FORWARD, BG_PASS_RECOMPUTE, BG_PASS_BACKWARD}};
+                int k = 0;
+                for (int p = 0; p < 3 && passes[mode][p] >= 0; p++)
+                    for (int j = 0; j < L; j++, k++) {
+                        int up = passes[mode][p] == BG_PASS_FORWARD || passes[mode][p] == BG_PASS_RECOMPUTE;
+                        assert_int_equal(b.log[k][0], up ? j : L - 1 - j);
+                        assert_int_equal(b.log[k][1], passes[mode][p]);
+                    }
+                assert_int_equal(b.n, k);
+                /* an error from the callback fails the call, naming what it said */
+                b.fail_at = 1;
+                assert_int_equal(bg_stage_begin(st, 1, (bg_shape_t){2, 8, 0}, &in), BG_OK);
+                assert_int_equal(bg_stage_set_data(st, 1, tok, tgt, 1.0f / 16), BG_OK);
+                assert_int_equal(bg_stage_forward(st, 1, &out, &os), BG_ERR_INVALID);
+                assert_non_null(strstr(bg_last_error(), "layer 1 refused"));
+                bg_stage_end(st, 1);
+                assert_int_equal(bg_model_params_hold(m, 1), BG_OK); /* held again: the tensors aimed at it */
+                assert_ptr_equal(bg_model_tensor(m, 0)->data, bg_model_params(m));
+            }
+            bg_stage_destroy(st);
+            bg_test_model_destroy(m);
+            free(copy);
+            free(b.off);
+        }
+        assert_memory_equal(g[0], g[1], np * sizeof(float));
+        free(g[0]);
+        free(g[1]);
+    }
+}
+
 /* The MLP's fc -> gelu runs fused (bias in the GELU's pass both ways,
  * models/layer.c) when the backend has the fused kernels: the same gradients
  * bitwise as the backend without them (NULL slots: the two layers apart),
@@ -1147,6 +1252,7 @@ int main(void)
         cmocka_unit_test(test_stage_misuse),
         cmocka_unit_test(test_tie_shape_message),
         cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_layer_begin),
         cmocka_unit_test(test_fused_bias_gelu),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_safetensors),
