@@ -142,7 +142,17 @@ typedef struct bg_executor_params {
     uint64_t data_seed;          /**< the host's data seed: the executor does not use it, but every rank
                                       of the job must have the same (compared when the executor is created,
                                       with the other settings; a host without one leaves 0) */
+    int offload;                 /**< what lives outside the backend's memory (docs/offload.md), BG_OFFLOAD_* bits:
+                                      OPTIMIZER the optimizer state (--zero 1|2: each replica's shard) in host
+                                      memory or in files under offload_dir, not counted against device_mem
+                                      (backends whose buffers are host memory: the cpu backend); ACTIVATIONS
+                                      and PARAMS are refused (not built); 0: none */
+    const char *offload_dir;     /**< with offload: files there (memory-mapped, unlinked at once, a full disk
+                                      an error at create), created when missing; NULL or "": host memory */
 } bg_executor_params_t;
+
+/** Bits of bg_executor_params_t.offload. */
+enum { BG_OFFLOAD_OPTIMIZER = 1, BG_OFFLOAD_ACTIVATIONS = 2, BG_OFFLOAD_PARAMS = 4 };
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
 #define BG_EXECUTOR_PARAMS_INIT                                                                            \
@@ -152,7 +162,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0 }
+      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .offload = 0, .offload_dir = NULL }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {
