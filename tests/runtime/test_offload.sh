@@ -12,6 +12,11 @@
 #   35.8 MiB in one process fails under --device-mem 24M without offload and
 #   trains within it with --offload optimizer; each rank's measured peak
 #   equals the executor's prediction (pp 1, pp 2, dp 2 --zero 2: within 5%).
+# - The planner: nothing fits 1 device of 30 MiB, and the message says that
+#   offloading would (--offload auto); with --offload auto and room to spare
+#   nothing is offloaded; 2 devices of 14 MiB get a plan that offloads, shows
+#   the offloaded bytes, and trains under --device-mem 14M with rank 0's peak
+#   within 5% of the plan's prediction.
 # - Files: the --offload-dir is empty during and after a run (each file is
 #   unlinked once mapped), also after the job is SIGKILLed.
 # - Bad input: a full disk (RLIMIT_FSIZE, and the full-disk test hook), a
@@ -64,6 +69,21 @@ for lay in "--pp 2" "--dp 2 --zero 2" "--dp 2 --zero 1"; do
   else bad "$lay memory run: $(tail -3 "$T/m.log")"; fi
 done
 
+# the planner: offloading counted, chosen when nothing fits otherwise, suggested when not allowed
+PM="--model gpt --layers 8 --d-model 128 --heads 4 --seq 64 --batch 8"
+expect 1 "with the optimizer state offloaded these devices fit (--offload auto)" plan $PM --devices 1 --mem 30M
+"$B" plan $PM --devices 2 --mem 64M --offload auto --json "$T/big.json" >/dev/null 2>&1 && ! grep -q '"offload"' "$T/big.json" &&
+  ok "--offload auto with room to spare: no offload" || bad "--offload auto with room: $(grep offload "$T/big.json")"
+if "$B" plan $PM --devices 2 --mem 14M --offload auto --json "$T/p.json" >"$T/p.o" 2>&1 && grep -q '"offload": "optimizer"' "$T/p.json" &&
+   grep -q "optimizer state offloaded (host memory or --offload-dir, outside the budgets above): stage 0" "$T/p.o"; then
+  ok "2 devices of 14 MiB: the plan offloads the optimizer state and shows it"
+  timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/p.json" --steps 2 --threads 1 --device-mem 14M >"$T/pt.log" 2>&1 &&
+    awk '/^plan .*rank 0 peak/ { for (i = 1; i <= NF; i++) { if ($i == "peak") m = $(i + 1); if ($i == "predicted" && $(i + 1) + 0 > 0) p = $(i + 1) }
+         found = 1 } END { if (!found || m > 1.05 * p || m < 0.95 * p) exit 1 }' "$T/pt.log" &&
+    ok "brigade train --plan under --device-mem 14M: $(grep '^plan .*rank 0 peak' "$T/pt.log" | sed 's/.*; //')" ||
+    bad "train --plan: $(tail -3 "$T/pt.log")"
+else bad "plan with --offload auto: $(tail -3 "$T/p.o")"; fi
+
 # files are gone even when the job is killed (unlinked as soon as mapped)
 mkdir -p "$T/kd"
 "$B" train "${A[@]}" --steps 100000 --offload optimizer --offload-dir "$T/kd" --metrics "$T/k.jsonl" >/dev/null 2>&1 &
@@ -94,4 +114,4 @@ expect 1 "--offload-dir $OD without --offload" train "${S[@]}" --offload-dir "$O
 expect 2 '--offload must be one of optimizer, activations or params, got "optimiser" (did you mean optimizer?)' train "${S[@]}" --offload optimiser
 expect 1 "--offload params: the parameters are offloaded with --zero 3" train "${S[@]}" --offload optimizer,params
 expect 1 "--offload activations: offloading stashed activations is not built" train "${S[@]}" --offload activations
-finish 30
+finish 34
