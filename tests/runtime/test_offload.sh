@@ -2,8 +2,9 @@
 # tests/runtime/test_offload.sh: --offload optimizer (docs/offload.md).
 # - The weights of no offload, bitwise (the same AdamW kernel on the same
 #   elements in the same order; only where the state lives changes), in host
-#   memory and in files under --offload-dir: pp 1, pp 2, dp 2 with --zero 1
-#   and --zero 2 (each against the same layout without offload), SGD.
+#   memory and in files under --offload-dir: pp 1, pp 2 (1F1B, ZB-H1,
+#   interleaved), tp 2, dp 2 with --zero 1 and --zero 2 (each against the
+#   same layout without offload), SGD.
 # - Checkpoints: the step-5 checkpoint with offload holds the tensors of the
 #   one without, optimizer state included (bitwise); resumed with offload off
 #   (and a checkpoint without offload resumed with it on) to step 10, the
@@ -27,7 +28,8 @@ GPT="--model gpt --layers 4 --d-model 32 --heads 2 --seq 16 --batch 8 --microbat
 OD="$T/od"
 
 # equivalence: no offload / host memory / files, per layout
-for lay in "1:--pp 1" "2:--pp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 2" "2:--pp 2 --schedule zb-h1"; do
+for lay in "1:--pp 1" "2:--pp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 2" "2:--pp 2 --schedule zb-h1" \
+  "2:--pp 2 --schedule interleaved --chunks 2" "2:--tp 2"; do
   n=${lay%%:*}; args=${lay#*:}; tag=$(echo "$args" | tr -dc 'a-z0-9')
   train_save "n_$tag" $n $GPT $args || continue
   train_save "h_$tag" $n $GPT $args --offload optimizer && same "$T/n_$tag" "$T/h_$tag" "$args: --offload optimizer (host) = none"
@@ -114,4 +116,8 @@ expect 1 "--offload-dir $OD without --offload" train "${S[@]}" --offload-dir "$O
 expect 2 '--offload must be one of optimizer, activations or params, got "optimiser" (did you mean optimizer?)' train "${S[@]}" --offload optimiser
 expect 1 "--offload params: the parameters are offloaded with --zero 3" train "${S[@]}" --offload optimizer,params
 expect 1 "--offload activations: offloading stashed activations is not built" train "${S[@]}" --offload activations
-finish 34
+timeout 60 "$B" launch -n 2 -- "$B" train "${S[@]}" --ps 1 --offload optimizer >"$T/ps.o" 2>&1 &&
+  bad "--ps with --offload trained" ||
+  { grep -q "offload optimizer with --ps: the servers hold the optimizer state" "$T/ps.o" && ok "--ps with --offload refused" ||
+    bad "--ps with --offload: $(tail -2 "$T/ps.o")"; }
+finish 40
