@@ -149,6 +149,22 @@ void bg__offload_prefetch(bg__offload_t *o)
             (void)madvise(o->blocks[i].ptr, o->blocks[i].mapped, MADV_WILLNEED);
 }
 
+bg_status_t bg__offload_evict(bg__offload_t *o)
+{
+    for (int i = 0; o && i < o->nblocks; i++) {
+        block_t *b = &o->blocks[i];
+        if (!b->mapped)
+            continue;
+        if (msync(b->ptr, b->mapped, MS_SYNC) != 0)
+            return bg_error(BG_ERR_IO, "--offload-dir %s: writing back %zu bytes of optimizer state: %s", o->dir,
+                            b->mapped, strerror(errno));
+#ifdef MADV_PAGEOUT
+        (void)madvise(b->ptr, b->mapped, MADV_PAGEOUT); /* advice: a kernel may keep some pages */
+#endif
+    }
+    return BG_OK;
+}
+
 size_t bg__offload_bytes(const bg__offload_t *o) { return o ? o->bytes : 0; }
 size_t bg__offload_peak(const bg__offload_t *o) { return o ? o->peak : 0; }
 

@@ -21,6 +21,10 @@ bg_optim_store_t bg__offload_optim_store(bg__offload_t *o);
 /* Ask the kernel to read every file-backed allocation in ahead (no-op in
  * host memory): the backward runs while the state comes back from disk. */
 void bg__offload_prefetch(bg__offload_t *o);
+/* Write the file-backed allocations back and drop their pages from memory
+ * (msync, MADV_PAGEOUT; no-op in host memory): what a machine short of
+ * memory does to them, for measuring the read-ahead (BRIGADE_OFFLOAD_EVICT). */
+bg_status_t bg__offload_evict(bg__offload_t *o);
 /* Bytes held now and at most so far. */
 size_t bg__offload_bytes(const bg__offload_t *o);
 size_t bg__offload_peak(const bg__offload_t *o);

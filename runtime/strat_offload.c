@@ -16,6 +16,7 @@
  *
  * It must not touch the interpreter's slots or the reductions. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/check.h"
 #include "runtime/exec_impl.h"
@@ -25,7 +26,18 @@ typedef struct {
     bg__offload_t *store;
     bg_optim_store_t ops;
     int64_t prefetched; /* the step whose read-ahead was asked */
+    int prefetch, evict; /* BRIGADE_OFFLOAD_PREFETCH, BRIGADE_OFFLOAD_EVICT */
 } offload_t;
+
+/* on|off of a BRIGADE_OFFLOAD_* setting, naming it when it is neither. */
+static bg_status_t on_off(const char *name, int *on_p)
+{
+    const char *v = bg_config_str(name);
+    if (!v || (strcmp(v, "on") && strcmp(v, "off")))
+        return bg_error(BG_ERR_INVALID, "%s=%s: expected on or off", name, v ? v : "");
+    *on_p = !strcmp(v, "on");
+    return BG_OK;
+}
 
 static int offload_active(const exec_t *x) { return (x->p.offload & BG_OFFLOAD_OPTIMIZER) != 0; }
 
@@ -38,8 +50,13 @@ static bg_status_t offload_setup(exec_t *x, void **self_p)
     if (x->lay.servers > 0)
         return bg_error(BG_ERR_INVALID, "--offload optimizer with --ps: the servers hold the optimizer state; "
                                         "leave --offload out");
+    int prefetch = 1, evict = 0;
+    BG_CHECK(on_off("BRIGADE_OFFLOAD_PREFETCH", &prefetch));
+    BG_CHECK(on_off("BRIGADE_OFFLOAD_EVICT", &evict));
     offload_t *o = calloc(1, sizeof(*o));
     BG_ALLOC_CHECK(o, sizeof(*o), "offload strategy");
+    o->prefetch = prefetch;
+    o->evict = evict;
     bg_status_t st = bg__offload_create(x->p.offload_dir, &o->store);
     if (st != BG_OK) {
         free(o);
@@ -59,12 +76,20 @@ static bg_status_t offload_chunk_made(exec_t *x, void *self, chunk_t *ch)
     return bg_model_set_optim_store(ch->model, &o->ops);
 }
 
+/* BRIGADE_OFFLOAD_EVICT: the state leaves memory before the step (benchmarks). */
+static bg_status_t offload_step_begin(exec_t *x, void *self)
+{
+    (void)x;
+    offload_t *o = self;
+    return o->evict ? bg__offload_evict(o->store) : BG_OK;
+}
+
 /* The last microbatch's first backward on this rank: read the state ahead
  * while the backwards run (files only; host memory is there already). */
 static bg_status_t offload_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
 {
     offload_t *o = self;
-    if (mb == ch->mb_last && kind != BG_OP_FORWARD && o->prefetched != x->step) {
+    if (o->prefetch && mb == ch->mb_last && kind != BG_OP_FORWARD && o->prefetched != x->step) {
         o->prefetched = x->step;
         bg__offload_prefetch(o->store);
     }
@@ -100,6 +125,7 @@ const bg__strategy_ops_t bg__strategy_offload = {
     .active = offload_active,
     .setup = offload_setup,
     .chunk_made = offload_chunk_made,
+    .step_begin = offload_step_begin,
     .before_compute = offload_before_compute,
     .memory = offload_memory,
     .destroy = offload_destroy,

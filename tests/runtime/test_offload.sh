@@ -26,6 +26,9 @@ for lay in "1:--pp 1" "2:--pp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 2" "2:--pp
   train_save "f_$tag" $n $GPT $args --offload optimizer --offload-dir "$OD" &&
     same "$T/n_$tag" "$T/f_$tag" "$args: --offload optimizer --offload-dir = none"
 done
+# the state written back and dropped from memory before every step, read back from the files (bench/offload.sh)
+BRIGADE_OFFLOAD_EVICT=on train_save ev_pp1 1 $GPT --pp 1 --offload optimizer --offload-dir "$OD" &&
+  same "$T/n_pp1" "$T/ev_pp1" "the state evicted to disk every step (BRIGADE_OFFLOAD_EVICT=on) = none"
 left=$(ls -A "$OD" 2>/dev/null | wc -l)
 [ -d "$OD" ] && [ "$left" = 0 ] && ok "--offload-dir created and left empty" || bad "--offload-dir holds $left entries"
 
@@ -41,4 +44,4 @@ train_save full 2 $G10 &&
 train_save zck 2 $GPT --dp 2 --zero 2 --checkpoint-dir "$T/cz" --offload optimizer &&
   train_save zres 2 $G10 --checkpoint-dir "$T/cz" --resume && near "$T/full" "$T/zres" "dp 2 --zero 2 offloaded checkpoint resumed at pp 2 without offload"
 
-finish 14
+finish 15
