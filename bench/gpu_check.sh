@@ -6,12 +6,14 @@
 #   1. build (Release, CUDA on, warnings allowed: another compiler's warning
 #      must not end the check) in build-gpu/
 #   2. the conformance test: every op on the cuda backend against the CPU
-#      (fp32 tolerances; GEMM again with tf32 and bf16 tensor cores), then
+#      (fp32 tolerances; GEMM again with tf32 and bf16 tensor cores, attention
+#      again on tensor cores), then
 #      again under compute-sanitizer's memcheck where it is installed
 #   3. cuBLAS GEMM TFLOP/s, fp32 / TF32 / bf16 (bench/cublas_gemm)
 #   4. one GPT block (d_model 2048, 16 heads, seq 2048, microbatch 4) forward +
 #      backward through `brigade profile --backend cuda`, with GEMMs in fp32
-#      and in bf16 tensor cores (BRIGADE_CUDA_GEMM) on fp32 storage, and with
+#      and in bf16 tensor cores (BRIGADE_CUDA_GEMM) on fp32 storage (attention
+#      on tensor cores, then again on CUDA cores: BRIGADE_CUDA_ATTN), and with
 #      --precision bf16 (bf16 activations in the block, bf16 GEMMs), as MFU
 #      against the bf16 dense peak below
 #   5. the 8-block GPT trained 50 steps on cuda and on cpu, losses side by side
@@ -22,6 +24,14 @@
 #      (checks the events' ordering on a device; says nothing of overlap),
 #      on the staged path (BRIGADE_STAGING=always) even where a CUDA-aware UCX
 #      is linked; skipped, saying so, when the GPU's compute mode is exclusive
+#   7. the group collectives on device buffers (runtime/devcoll.h), two
+#      processes on the one GPU through the staging provider: tp = 2, tp = 2
+#      with --sequence-parallel, and dp = 2 with --zero 2, each within relative
+#      L2 1e-5 of one process (as test_tp and test_zero hold on the CPU), the
+#      provider read from the log
+#   8. the NCCL provider (BRIGADE_COLL=nccl): tp = 2 and --zero 2 within
+#      relative L2 1e-5 of one process where the machine has two GPUs or more
+#      (NCCL refuses two ranks on one GPU: skipped, saying so, on one)
 # A check whose log holds a CUDA error the backend reported fails, whatever
 # its exit status.
 # Prints a table; also writes it to $OUT/gpu_check.md when OUT is set (the
@@ -29,7 +39,7 @@
 #
 #   bash bench/gpu_check.sh            from the repository root
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PEAK_BF16_TFLOPS=${PEAK_BF16_TFLOPS:-989} # H200 SXM, dense bf16 (NVIDIA's datasheet; 1979 is with sparsity)
 J=$(nproc)
 BUILD=build-gpu
@@ -96,11 +106,14 @@ else
 fi
 
 step "GPT block d_model 2048 seq 2048"
-# fp32 and bf16 GEMMs on fp32 storage, then --precision bf16 (bf16 activations in the blocks, bf16 GEMMs)
-for math in fp32 bf16 bf16-storage; do
+# fp32 and bf16 GEMMs on fp32 storage (attention on tensor cores with bf16
+# GEMMs, BRIGADE_CUDA_ATTN=auto; bf16-simt: on CUDA cores), then --precision
+# bf16 (bf16 activations in the blocks, bf16 GEMMs)
+for math in fp32 bf16 bf16-simt bf16-storage; do
     j=$BUILD/block_$math.json
-    gm=${math%-storage}; prec=fp32; [ "$math" = bf16-storage ] && prec=bf16
-    if BRIGADE_CUDA_GEMM=$gm timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
+    gm=${math%-storage}; gm=${gm%-simt}; prec=fp32; [ "$math" = bf16-storage ] && prec=bf16
+    attn=auto; [ "$math" = bf16-simt ] && attn=simt
+    if BRIGADE_CUDA_ATTN=$attn BRIGADE_CUDA_GEMM=$gm timeout 90 "$B" profile --backend cuda --layers 1 --d-model 2048 --heads 16 \
         --seq 2048 --vocab 256 --microbatch-size 4 --precision "$prec" --json "$j" >"$BUILD/block_$math.log" 2>&1 &&
         ! cuda_err "$BUILD/block_$math.log"; then
         python3 - "$j" "$math" "$PEAK_BF16_TFLOPS" <<'EOF' | tee -a "$REPORT.tmp"
@@ -111,6 +124,7 @@ fl = blk["fwd_flops"] + blk["bwd_flops"]
 s = blk["fwd_s"] + blk["bwd_s"]
 tf = fl / s / 1e12
 st = "bf16 activations" if sys.argv[2].endswith("storage") else "fp32 storage"
+st += ", attention on CUDA cores" if sys.argv[2].endswith("simt") else ""
 print(f"| GPT block fwd+bwd, GEMM {sys.argv[2].split('-')[0]} ({st}) | {s*1e3:.1f} ms, {tf:.1f} TFLOP/s, "
       f"MFU {100*tf/float(sys.argv[3]):.1f}% of {sys.argv[3]} bf16 |")
 EOF
@@ -146,37 +160,43 @@ for x, y in zip(a, b):
 EOF
 fi
 
-step "transfers on the copy stream: pp = 2 and dp = 2, two processes on one GPU"
+step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2 (two processes on one GPU), NCCL"
 case $mode in *Exclusive*)
     say "| staged transfers (two processes on one GPU) | skipped: compute mode $mode admits one process |"
     mv "$REPORT.tmp" "$REPORT"; step "done: $fails failure(s); table in $REPORT"; [ $fails -eq 0 ]; exit ;;
 esac
 export BRIGADE_STAGING=always # the staged path, also where a CUDA-aware UCX would take device buffers directly
 small=(--layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 4 --steps 10 --threads 1 --quiet)
-# name  ranks  tolerance (bitwise | l2:X)  args
-for c in "one 1 - " "pp2tie 2 bitwise --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 --dp 2" \
-         "pp2bf16 2 bitwise --pp 2 --schedule 1f1b --precision bf16"; do
-    read -r name n tol args <<<"$c"
+ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+nccl=(); [ "$ngpu" -ge 2 ] && nccl=("nccl_tp2 2 l2:1e-5 nccl --tp 2" "nccl_zero2 2 l2:1e-5 nccl --dp 2 --zero 2")
+# name  ranks  tolerance (bitwise | l2:X)  BRIGADE_COLL  args
+for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 auto --dp 2" \
+         "pp2bf16 2 bitwise auto --pp 2 --schedule 1f1b --precision bf16" "tp2 2 l2:1e-5 auto --tp 2" \
+         "tp2sp 2 l2:1e-5 auto --tp 2 --sequence-parallel" "zero2 2 l2:1e-5 auto --dp 2 --zero 2" "${nccl[@]}"; do
+    read -r name n tol coll args <<<"$c"
     ref=$BUILD/staged_one
     [ "$name" = pp2tie ] && ref=$BUILD/staged_onetie
     [ "$name" = pp2bf16 ] && ref=$BUILD/staged_onebf16
     if [ "$name" = one ]; then # the references: one process, with and without tied embeddings
-        timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
+        if ! { timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
             timeout 60 "$B" train --backend cuda "${small[@]}" --tie-embeddings --save "$BUILD/staged_onetie" \
                 >"$BUILD/staged_onetie.log" 2>&1 &&
             timeout 60 "$B" train --backend cuda "${small[@]}" --precision bf16 --save "$BUILD/staged_onebf16" \
-                >"$BUILD/staged_onebf16.log" 2>&1 ||
-            { say "| staged reference (one process on cuda) | FAIL ($BUILD/staged_one*.log) |"; fails=$((fails + 1)); break; }
+                >"$BUILD/staged_onebf16.log" 2>&1; }; then
+            say "| staged reference (one process on cuda) | FAIL ($BUILD/staged_one*.log) |"; fails=$((fails + 1)); break
+        fi
         continue
     fi
     # shellcheck disable=SC2086
-    if BRIGADE_LOG=info BRIGADE_TIMEOUT=60 timeout 120 "$B" launch -n "$n" -- "$B" train --backend cuda "${small[@]}" \
-        $args --save "$BUILD/staged_$name" >"$BUILD/staged_$name.log" 2>&1; then
+    if BRIGADE_COLL=$coll BRIGADE_LOG=info BRIGADE_TIMEOUT=60 timeout 120 "$B" launch -n "$n" -- "$B" train \
+        --backend cuda "${small[@]}" $args --save "$BUILD/staged_$name" >"$BUILD/staged_$name.log" 2>&1 &&
+        ! cuda_err "$BUILD/staged_$name.log"; then
         late=$(grep -o "[0-9]* of them later than queued" "$BUILD/staged_$name.log" | awk '{s += $1} END {print s + 0}')
         if [ "$tol" = bitwise ]; then v=$("$B" compare "$ref" "$BUILD/staged_$name"); else
             v=$("$B" compare "$ref" "$BUILD/staged_$name" --rel-l2 "${tol#l2:}"); fi
         rc=$?
-        say "| staged $name on cuda vs one process ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies |"
+        prov=$(grep -m1 -o "group (2 members): [a-z]*" "$BUILD/staged_$name.log" | sed 's/.*: //')
+        say "| staged $name on cuda vs one process ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies${prov:+; collectives: $prov} |"
         [ $rc = 0 ] || fails=$((fails + 1))
     else
         tail -5 "$BUILD/staged_$name.log"
@@ -184,6 +204,8 @@ for c in "one 1 - " "pp2tie 2 bitwise --pp 2 --schedule 1f1b --tie-embeddings" "
         fails=$((fails + 1))
     fi
 done
+
+[ "$ngpu" -ge 2 ] || say "| NCCL provider (BRIGADE_COLL=nccl) | skipped: $ngpu GPU (NCCL needs one per rank); $("$B" info | grep -m1 '^  nccl' | sed 's/^ *//') |"
 
 mv "$REPORT.tmp" "$REPORT"
 step "done: $fails failure(s); table in $REPORT"

@@ -37,6 +37,7 @@ typedef struct bg_backend_entry {
  *   FUSED   optional: NULL, the layers run the unfused pair
  *   LLAMA   optional: NULL, the RMSNorm, SwiGLU and rotary attention layers refuse the backend
  *   STATUS  optional: NULL, the backend's ops cannot fail
+ *   COLL    optional: NULL, no collective library queues on the backend's stream (NCCL: cuda only)
  * destroy is optional too (NULL: impl needs no freeing). */
 #define BG__BACKEND_HOST_OPS(X)                                                                                    \
     X(alloc) X(free) X(to_host) X(from_host) X(synchronize) X(copy) X(gemm) X(gemm_strided_batched) X(sum)         \
@@ -57,10 +58,11 @@ typedef struct bg_backend_entry {
     X(rmsnorm_forward) X(rmsnorm_backward_input) X(rmsnorm_backward_weight) X(swiglu_forward) X(swiglu_backward)  \
     X(rope) X(gqa_expand) X(gqa_reduce)
 #define BG__BACKEND_STATUS_OPS(X) X(error)
+#define BG__BACKEND_COLL_OPS(X) X(native_stream)
 /* every function slot */
 #define BG__BACKEND_OPS(X)                                                                                         \
     X(destroy) BG__BACKEND_HOST_OPS(X) BG__BACKEND_KERNEL_OPS(X) BG__BACKEND_EVENT_OPS(X) BG__BACKEND_MEMORY_OPS(X) \
-    BG__BACKEND_FUSED_OPS(X) BG__BACKEND_LLAMA_OPS(X) BG__BACKEND_STATUS_OPS(X)
+    BG__BACKEND_FUSED_OPS(X) BG__BACKEND_LLAMA_OPS(X) BG__BACKEND_STATUS_OPS(X) BG__BACKEND_COLL_OPS(X)
 
 /* BG_OK when ops can run in this build: its size is this build's
  * sizeof(bg_backend_ops_t) or more (a table built against an older header,

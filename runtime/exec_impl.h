@@ -21,6 +21,7 @@
 #include "core/fiber.h"
 #include "runtime/emulate.h"
 #include "schedule/layout.h"
+#include "runtime/devcoll.h"
 #include "runtime/staging.h"
 #include "runtime/tp.h"
 #include "runtime/trace.h"
@@ -147,6 +148,7 @@ struct bg_executor {
     bg_comm_t *comm;
     int own_comm;
     bg_group_t *dp_group, *world_group; /* dp_group: NULL when the replicas do not reduce among themselves */
+    bg__dcoll_t *dp_coll; /* dp_group's collectives on the backend's buffers (runtime/devcoll.h); NULL with it */
     bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
     bg_layout_t lay;        /* who holds what: degrees, this rank's coordinates, stage placement */
     bg_backend_t *be;

@@ -214,6 +214,7 @@ static void exec_free(exec_t *x)
     for (int v = 0; x->chunks && v < x->V; v++)
         free_chunk(&x->chunks[v]);
     free(x->chunks);
+    bg__dcoll_destroy(x->dp_coll);
     bg_group_destroy(x->dp_group);
     bg_group_destroy(x->world_group);
     if (x->stg.transfers)
@@ -473,11 +474,14 @@ static bg_status_t connect(exec_t *x)
         bg_log(BG_LOG_INFO, "executor", "rank %d: UCX %s; sends and receives of device buffers %s", x->lay.rank,
                bg_transport_ucx_version(),
                x->stg.direct ? "hand the buffer to UCX (reductions staged)" : "staged through host memory");
-    if (x->stg.on && (x->p.tp > 1 || (x->p.zero > 0 && x->p.dp > 1)))
-        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: %s with buffers staged through the host is not built yet "
-                        "(the tensor group's sums and ZeRO's collectives take host buffers only)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.tp > 1 ? "--tp > 1" : "--zero > 0");
-    return BG_OK;
+    /* the strategies' collectives on the backend's buffers, a provider per group (logged) */
+    if (x->dp_group)
+        BG_CHECK(bg__dcoll_create(&x->stg, x->dp_group, "data-parallel", x->lay.rank, &x->dp_coll));
+    if (x->stg.on && x->p.zero > 2 && x->p.dp > 1) /* ZeRO levels 1 and 2 go through dp_coll; a higher one not yet */
+        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --zero %d with buffers staged through the host is not "
+                        "built yet (its collectives take host buffers only; --zero 1 and 2 run)",
+                        x->p.backend ? x->p.backend : "cpu", x->p.zero);
+    return bg__tp_bind(x->tp, &x->stg, x->lay.rank);
 }
 
 /* The batch buffers and this rank's chunks, then the strategies' ready hooks. */
@@ -785,8 +789,12 @@ void bg_executor_info(bg_executor_t *x, bg_executor_info_t *info_p)
     i.predicted_act_bytes = x->predicted_act_bytes;
     size_t optim = x->params, grads = x->params * sizeof(float); /* optimizer elements, gradient bytes */
     BG__EACH_STRATEGY(x, s) if (s->ops->memory) s->ops->memory(x, s->self, &optim, &grads);
+    /* a backend that queues work keeps the last stage's per-microbatch losses until the step's end (add_loss:
+     * tensor rank 0's, not under emulation) */
+    size_t losses = x->has_last && !x->em && x->lay.me.tp == 0 && x->be->ops->event_record
+                        ? (size_t)x->M * x->per_mb_floats * sizeof(float) : 0;
     i.predicted_bytes = x->params * sizeof(float) + grads + optim * bg_optim_state_bytes(x->p.optim.kind) +
-                        x->predicted_act_bytes;
+                        x->predicted_act_bytes + losses;
     i.zero = x->p.zero;
     i.predicted_stashed = x->predicted_stashed;
     i.peak_stashed = x->peak_stashed;

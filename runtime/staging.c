@@ -10,7 +10,7 @@
 #include "brigade/core.h"
 #include "core/check.h"
 
-typedef enum { XF_SEND, XF_RECV, XF_REDUCE } xf_kind_t;
+typedef enum { XF_SEND, XF_RECV, XF_COLL } xf_kind_t;
 
 struct bg__xfer {
     bg__staging_t *sg; /* NULL: direct (one request on the caller's buffer) */
@@ -30,6 +30,10 @@ struct bg__xfer {
     int peer;
     uint32_t tag;
     bg_reduce_op_t op;
+    bg__coll_kind_t ck; /* a collective's kind */
+    size_t count;       /* its count (bg__xcoll) */
+    const char *src;    /* a collective's input on the backend (copied to host + src_off, src_bytes) */
+    size_t src_off, src_bytes, dst_off; /* its result: host + dst_off, bytes, copied to dev */
     bg_event_t *prod;  /* compute stream: after the producer (send, reduction) or the buffer's earlier users (receive) */
     bg_event_t *back;  /* copy stream: after the last host-to-device copy (receive, reduction); NULL: none queued */
     int joined;        /* the compute stream waits for back */
@@ -238,22 +242,26 @@ static void host_hold(bg__staging_t *sg, void *p, size_t bytes, bg_event_t *ev)
 
 /* ------------------------------------------------------------- transfers */
 
-static bg_status_t xf_new(bg__staging_t *sg, xf_kind_t kind, void *buf, size_t bytes, int n, bg__xfer_t **x_p)
+/* A transfer of bytes (a collective: host_bytes of host block) on buf. A
+ * point-to-point one, or a collective that only moves bytes (bytes_only),
+ * is direct where the staging is (on the device buffer itself, in chunks). */
+static bg_status_t xf_new(bg__staging_t *sg, xf_kind_t kind, void *buf, size_t bytes, size_t host_bytes, int n,
+                          int bytes_only, bg__xfer_t **x_p)
 {
     bg__xfer_t *x = calloc(1, sizeof(*x) + (size_t)n * (sizeof(bg_request_t *) + sizeof(bg_event_t *)));
     BG_ALLOC_CHECK(x, sizeof(*x), "a transfer");
     x->rq = (bg_request_t **)(x + 1);
     x->ev = (bg_event_t **)(x->rq + n);
-    int direct = sg->on && sg->direct && kind != XF_REDUCE; /* on the device buffer itself, in chunks */
+    int direct = sg->on && sg->direct && (kind != XF_COLL || bytes_only);
     x->sg = sg->on ? sg : NULL;
     x->pg = sg;
     x->kind = kind;
     x->dev = buf;
     x->bytes = bytes;
-    x->chunk = kind == XF_REDUCE ? (bytes ? bytes : 1) : sg->chunk;
+    x->chunk = kind == XF_COLL ? (bytes ? bytes : 1) : sg->chunk;
     x->n = n;
     x->started = n; /* the streams' path says otherwise */
-    if (x->sg && !direct && !(x->host = host_take(sg, bytes))) {
+    if (x->sg && !direct && !(x->host = host_take(sg, host_bytes))) {
         free(x);
         return BG_ERR_NOMEM;
     }
@@ -292,6 +300,45 @@ static int copies_queued(const bg__xfer_t *x) { return x->pg && x->pg->async && 
 /* A staging transfer that hands the backend's buffer to the transport (no host block). */
 static int direct(const bg__xfer_t *x) { return x->sg && !x->host; }
 
+/* The transport's collective of kind ck: in place on buf, or from send to recv (bg__coll_kind_t). */
+static bg_status_t coll_start(bg_group_t *g, bg__coll_kind_t ck, float *buf, const float *send, float *recv,
+                              size_t count, bg_reduce_op_t op, bg_request_t **rq_p)
+{
+    switch (ck) {
+    case BG__COLL_ALLREDUCE:
+        return bg_group_iallreduce(g, buf, count, BG_F32, op, rq_p);
+    case BG__COLL_REDUCE_SCATTER_INPLACE:
+        return bg_group_ireduce_scatter_inplace(g, buf, count, BG_F32, op, rq_p);
+    case BG__COLL_ALLGATHER_CHUNKS:
+        return bg_group_iallgather_chunks(g, buf, count, BG_F32, rq_p);
+    case BG__COLL_ALLGATHER:
+        return bg_group_iallgather(g, send, recv, count, BG_F32, rq_p);
+    case BG__COLL_REDUCE_SCATTER:
+        return bg_group_ireduce_scatter(g, send, recv, count, BG_F32, op, rq_p);
+    }
+    return bg_error(BG_ERR_INVALID, "staging: unknown collective %d", (int)ck);
+}
+
+/* A send's chunk i, or a collective's input: where its device-to-host copy goes, from where, how long. */
+static void out_copy(const bg__xfer_t *x, int i, char **dst_p, const char **src_p, size_t *len_p)
+{
+    size_t off = (size_t)i * x->chunk;
+    if (x->kind == XF_COLL)
+        *dst_p = x->host + x->src_off, *src_p = x->src, *len_p = x->src_bytes;
+    else
+        *dst_p = x->host + off, *src_p = x->dev + off, *len_p = chunk_len(x, i);
+}
+
+/* A receive's chunk i, or a collective's result: where its host-to-device copy goes, from where, how long. */
+static void in_copy(const bg__xfer_t *x, int i, char **dst_p, const char **src_p, size_t *len_p)
+{
+    size_t off = (size_t)i * x->chunk;
+    if (x->kind == XF_COLL)
+        *dst_p = x->dev, *src_p = x->host + x->dst_off, *len_p = x->bytes;
+    else
+        *dst_p = x->dev + off, *src_p = x->host + off, *len_p = chunk_len(x, i);
+}
+
 /* Request i of a staging transfer: a chunk of a send or receive, on the host copy (staged) or on dev
  * (direct); the reduction, on the host copy. */
 static bg_status_t start(bg__xfer_t *x, int i)
@@ -301,7 +348,8 @@ static bg_status_t start(bg__xfer_t *x, int i)
         return bg_isend(x->comm, x->peer, x->tag, p, chunk_len(x, i), &x->rq[i]);
     if (x->kind == XF_RECV)
         return bg_irecv(x->comm, x->peer, x->tag, p, chunk_len(x, i), &x->rq[i]);
-    return bg_group_iallreduce(x->group, (float *)x->host, x->bytes / sizeof(float), BG_F32, x->op, &x->rq[0]);
+    return coll_start(x->group, x->ck, (float *)p, (float *)(p + x->src_off), (float *)(p + x->dst_off), x->count,
+                      x->op, &x->rq[0]);
 }
 
 /* The event request i starts after: its chunk's copy (staged), or the one event of a direct transfer. */
@@ -361,9 +409,11 @@ static bg_status_t queue_out(bg__xfer_t *x)
         for (int i = 0; i < x->n; i++) {
             if (!(x->ev[i] = ev_take(sg)))
                 return BG_ERR_NOMEM; /* the copies queued are joined by bg__xfree */
-            size_t off = (size_t)i * x->chunk;
-            be->ops->to_host_async(be, x->host + off, x->dev + off, chunk_len(x, i), i == 0 ? x->prod : NULL,
-                                   x->ev[i]);
+            char *dst;
+            const char *src;
+            size_t len;
+            out_copy(x, i, &dst, &src, &len);
+            be->ops->to_host_async(be, dst, src, len, i == 0 ? x->prod : NULL, x->ev[i]);
         }
     }
     x->started = 0;
@@ -383,7 +433,7 @@ bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, c
                       bg__xfer_t **x_p)
 {
     bg__xfer_t *x;
-    BG_CHECK(xf_new(sg, XF_SEND, (void *)buf, bytes, chunks_of(sg, bytes), &x));
+    BG_CHECK(xf_new(sg, XF_SEND, (void *)buf, bytes, bytes, chunks_of(sg, bytes), 1, &x));
     bg_backend_t *be = sg->be;
     bg_status_t st = BG_OK;
     x->comm = c, x->peer = peer, x->tag = tag;
@@ -393,9 +443,12 @@ bg_status_t bg__xsend(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, c
         if (direct(x))
             be->ops->synchronize(be); /* the kernels that wrote dev */
         for (int i = 0; i < x->n && st == BG_OK; i++) {
-            size_t off = (size_t)i * x->chunk, len = chunk_len(x, i);
+            char *dst;
+            const char *src;
+            size_t len;
+            out_copy(x, i, &dst, &src, &len);
             if (x->host) /* chunk i is copied while chunk i-1 is on the wire */
-                be->ops->to_host(be, x->host + off, x->dev + off, len);
+                be->ops->to_host(be, dst, src, len);
             if (x->sg)
                 st = start(x, i);
             else
@@ -415,7 +468,7 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
                       bg__xfer_t **x_p)
 {
     bg__xfer_t *x;
-    BG_CHECK(xf_new(sg, XF_RECV, buf, bytes, chunks_of(sg, bytes), &x));
+    BG_CHECK(xf_new(sg, XF_RECV, buf, bytes, bytes, chunks_of(sg, bytes), 1, &x));
     bg_status_t st = BG_OK;
     x->comm = c, x->peer = peer, x->tag = tag;
     if (direct(x)) { /* posted on dev once its earlier users are done */
@@ -442,27 +495,87 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
     return BG_OK;
 }
 
-bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
-                           bg__xfer_t **x_p)
+bg_status_t bg__xcoll(bg__staging_t *sg, bg_group_t *g, bg__coll_kind_t ck, const float *send, float *recv,
+                      size_t count, bg_reduce_op_t op, bg__xfer_t **x_p)
 {
+    int n = bg_group_size(g), me = bg_group_rank(g);
+    if (n < 1 || me < 0)
+        return bg_error(BG_ERR_INVALID, "staging: a collective on a group this rank is not a member of");
+    size_t in = count, out = count; /* floats read from the caller, written back */
+    if (ck == BG__COLL_ALLGATHER)
+        out = count * (size_t)n;
+    else if (ck == BG__COLL_REDUCE_SCATTER)
+        in = count * (size_t)n;
+    int inplace = ck != BG__COLL_ALLGATHER && ck != BG__COLL_REDUCE_SCATTER;
+    /* the host block: the whole buffer (in place), recv with send's slot in it (allgather), or send then
+     * recv (reduce-scatter); one collective, as on host buffers: the same algorithm and summation order */
+    size_t host = ck == BG__COLL_REDUCE_SCATTER ? in + out : out;
     bg__xfer_t *x;
-    size_t bytes = count * sizeof(float);
-    /* one collective, as the direct path: the same algorithm and summation order */
-    BG_CHECK(xf_new(sg, XF_REDUCE, buf, bytes, 1, &x));
+    BG_CHECK(xf_new(sg, XF_COLL, recv, out * sizeof(float), host * sizeof(float), 1,
+                    ck == BG__COLL_ALLGATHER_CHUNKS, &x));
+    x->group = g, x->op = op, x->ck = ck, x->count = count;
+    x->src = (const char *)(inplace ? recv : send);
+    x->src_bytes = in * sizeof(float);
+    x->src_off = ck == BG__COLL_ALLGATHER ? (size_t)me * count * sizeof(float) : 0;
+    x->dst_off = ck == BG__COLL_REDUCE_SCATTER ? in * sizeof(float) : 0;
     bg_status_t st;
-    x->group = g, x->op = op;
     if (async(x)) {
         st = queue_out(x);
-    } else {
+    } else if (x->host) {
+        sg->be->ops->to_host(sg->be, x->host + x->src_off, x->src, x->src_bytes);
+        st = start(x, 0);
+    } else { /* host buffers (or direct: the transport reads the device buffer after the kernels that wrote it) */
         if (x->sg)
-            sg->be->ops->to_host(sg->be, x->host, x->dev, bytes);
-        st = bg_group_iallreduce(g, x->sg ? (float *)x->host : buf, count, BG_F32, op, &x->rq[0]);
+            sg->be->ops->synchronize(sg->be);
+        st = coll_start(g, ck, recv, send, recv, count, op, &x->rq[0]);
     }
     if (st != BG_OK) {
         x->failed = 1;
         bg__xfree(x);
         return st;
     }
+    *x_p = x;
+    return BG_OK;
+}
+
+bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
+                           bg__xfer_t **x_p)
+{
+    return bg__xcoll(sg, g, BG__COLL_ALLREDUCE, NULL, buf, count, op, x_p);
+}
+
+bg_status_t bg__xbcast(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, int root)
+{
+    if (!sg->on)
+        return bg_group_bcast(g, buf, count, BG_F32, root);
+    /* blocking: the collectives queued before it start first (every member starts them in one order) */
+    while (sg->head) {
+        bg__staging_progress(sg);
+        if (sg->head)
+            sched_yield();
+    }
+    bg_backend_t *be = sg->be;
+    be->ops->synchronize(be); /* the kernels that wrote buf */
+    if (sg->direct)
+        return bg_group_bcast(g, buf, count, BG_F32, root);
+    size_t bytes = count * sizeof(float);
+    void *h = host_take(sg, bytes);
+    if (!h)
+        return BG_ERR_NOMEM;
+    be->ops->to_host(be, h, buf, bytes);
+    bg_status_t st = bg_group_bcast(g, h, count, BG_F32, root);
+    if (st == BG_OK)
+        be->ops->from_host(be, buf, h, bytes);
+    host_give(sg, h, bytes);
+    return st;
+}
+
+bg_status_t bg__xdone(bg__staging_t *sg, bg__xfer_t **x_p)
+{
+    bg__xfer_t *x = calloc(1, sizeof(*x));
+    BG_ALLOC_CHECK(x, sizeof(*x), "a transfer");
+    x->pg = sg;
+    x->kind = XF_COLL; /* no request: complete (landed = n = 0) */
     *x_p = x;
     return BG_OK;
 }
@@ -479,7 +592,7 @@ bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
     }
     x->rq = (bg_request_t **)(x + 1);
     x->pg = sg;
-    x->kind = XF_REDUCE; /* direct: x->sg NULL, nothing lands */
+    x->kind = XF_COLL; /* direct: x->sg NULL, nothing lands */
     x->n = x->started = 1;
     x->rq[0] = rq;
     *x_p = x;
@@ -487,23 +600,28 @@ bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p)
 }
 
 /* Request i completed: its data go to the device. With streams the copy is
- * queued on the copy stream (the first behind prod) and, after the last, the
- * compute stream waits for it: the host does not. */
+ * queued on the copy stream (the first behind prod) and records back, so
+ * that back always marks the latest copy queued (one copy stream: it covers
+ * the earlier ones), also when the transfer is freed before its last chunk
+ * landed (a cancelled receive: bg__xfree holds the host block and joins the
+ * compute stream on back); after the last, the compute stream waits for it:
+ * the host does not. */
 static bg_status_t land(bg__xfer_t *x, int i)
 {
     if (x->host && x->kind != XF_SEND) {
         bg_backend_t *be = x->sg->be;
-        size_t off = (size_t)i * x->chunk;
+        char *dst;
+        const char *src;
+        size_t len;
+        in_copy(x, i, &dst, &src, &len);
         if (!async(x)) {
-            be->ops->from_host(be, x->dev + off, x->host + off, chunk_len(x, i));
+            be->ops->from_host(be, dst, src, len);
         } else {
-            bg_event_t *done = NULL;
-            if (i == x->n - 1 && !(done = x->back = ev_take(x->sg)))
+            if (!x->back && !(x->back = ev_take(x->sg)))
                 return BG_ERR_NOMEM;
-            be->ops->from_host_async(be, x->dev + off, x->host + off, chunk_len(x, i), i == 0 ? x->prod : NULL,
-                                     done);
-            if (done) {
-                be->ops->stream_wait(be, done);
+            be->ops->from_host_async(be, dst, src, len, i == 0 ? x->prod : NULL, x->back);
+            if (i == x->n - 1) {
+                be->ops->stream_wait(be, x->back);
                 x->joined = 1;
             }
         }

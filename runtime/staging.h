@@ -7,9 +7,11 @@
  * copies chunk i+1; a receive posts one receive
  * per chunk (equal tags match in order) and copies each chunk to the device as
  * it lands; a reduction copies the buffer out, reduces it on the host and
- * copies it back. BRIGADE_STAGING=always sends host buffers through the same
- * path (tests); BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise
- * those of the direct path: the bytes and the reduction are the same.
+ * copies it back, and so does every group collective of runtime/devcoll.h
+ * (bg__xcoll: the input out, the transport's collective, the result back).
+ * BRIGADE_STAGING=always sends host buffers through the same path (tests);
+ * BRIGADE_STAGE_CHUNK_KB sets the chunk. Results are bitwise those of the
+ * direct path: the bytes and the reduction are the same.
  *
  * Where the transport reads device memory itself (bg_comm_device_memory: a
  * CUDA-aware UCX), sends and receives skip the host ("direct"): the same
@@ -42,6 +44,16 @@
 #include "brigade/transport.h"
 
 typedef struct bg__xfer bg__xfer_t; /* a transfer: one transport request, or a staged set of them */
+
+/* The group collectives on backend buffers (bg__xcoll; fp32), as the
+ * transport's of the same names (brigade/transport.h). */
+typedef enum {
+    BG__COLL_ALLREDUCE,              /* buf (count) reduced in place on every member */
+    BG__COLL_REDUCE_SCATTER_INPLACE, /* buf (count): member i's chunk (bg_group_chunk) reduced in place */
+    BG__COLL_ALLGATHER_CHUNKS,       /* buf (count): member i's chunk gathered to every member */
+    BG__COLL_ALLGATHER,              /* send (count) to recv (count x size), member i's at i count */
+    BG__COLL_REDUCE_SCATTER,         /* send (count x size) reduced, member i's count to recv (count) */
+} bg__coll_kind_t;
 
 /* Host staging of one executor: the decision and a cache of host blocks (so
  * that steady-state steps allocate no pinned memory). */
@@ -91,12 +103,23 @@ bg_status_t bg__xrecv(bg__staging_t *sg, bg_comm_t *c, int peer, uint32_t tag, v
                       bg__xfer_t **x_p);
 bg_status_t bg__xallreduce(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, bg_reduce_op_t op,
                            bg__xfer_t **x_p);
+/* A collective of kind ck on backend buffers (in place: recv, send unused): staged, the input is copied
+ * to a host block (behind an event, with streams), the transport's collective runs on it (the same
+ * algorithm and summation order as on host buffers: bitwise the same result) and the result is copied
+ * back to recv as a reduction's is; direct, a collective that only moves bytes (allgather in chunks)
+ * hands recv to the transport, the others are staged. Buffers stay valid until the transfer is freed. */
+bg_status_t bg__xcoll(bg__staging_t *sg, bg_group_t *g, bg__coll_kind_t ck, const float *send, float *recv,
+                      size_t count, bg_reduce_op_t op, bg__xfer_t **x_p);
+/* Broadcast of buf (count) from member root, blocking: the collectives queued before start first. */
+bg_status_t bg__xbcast(bg__staging_t *sg, bg_group_t *g, float *buf, size_t count, int root);
 /* Starts the queued requests whose copies have completed; never blocks.
  * Called by every function here; the executor calls it between instructions
  * so that sends leave while it computes. */
 void bg__staging_progress(bg__staging_t *sg);
 /* A transfer of a request started elsewhere on a host buffer (NULL: *x_p = NULL). */
 bg_status_t bg__xwrap(bg__staging_t *sg, bg_request_t *rq, bg__xfer_t **x_p);
+/* A transfer complete at once (work ordered on the backend's stream instead: NCCL). */
+bg_status_t bg__xdone(bg__staging_t *sg, bg__xfer_t **x_p);
 /* *done_p = 1 once complete (a receive's or reduction's data are in buf). */
 bg_status_t bg__xtest(bg__xfer_t *x, int *done_p);
 bg_status_t bg__xwait(bg__xfer_t *x);

@@ -14,8 +14,8 @@ static bg_status_t dp_reduce(exec_t *x, void *self, chunk_t *ch, int b)
 {
     (void)self;
     bg__bucket_t *bk = &ch->buckets[b];
-    BG_CHECK(bg__xallreduce(&x->stg, x->dp_group, bg_model_grads(ch->model) + bk->off, bk->count, BG_REDUCE_SUM,
-                            &bk->req));
+    BG_CHECK(bg__dcoll_start(x->dp_coll, BG__COLL_ALLREDUCE, NULL, bg_model_grads(ch->model) + bk->off, bk->count,
+                             BG_REDUCE_SUM, &bk->req));
     bg__exec_trace_bucket(x, ch, b);
     return BG_OK;
 }

@@ -58,7 +58,7 @@ static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
     BG_ALLOC_CHECK(zb, sizeof(*zb), "zero buckets");
     for (int b = 0; b < ch->nbuckets; b++)
         zb[b] = (bg__zero_bucket_t){ch->buckets[b].lo, ch->buckets[b].hi, ch->buckets[b].off, ch->buckets[b].count};
-    bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_group, zb, ch->nbuckets, x->p.optim.kind,
+    bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_coll, zb, ch->nbuckets, x->p.optim.kind,
                                      &Z->z[ch - x->chunks]);
     free(zb);
     return st;
@@ -108,12 +108,10 @@ static bg_status_t zero_layer_done(exec_t *x, void *self, chunk_t *ch, int layer
     return zero_call(x, of(self, x, ch), ch, mb, ZERO_LAYER_DONE, layer);
 }
 
-/* Host buffers only (refused with staging at create). */
+/* On the backend's buffers through the data-parallel group's collectives (x->dp_coll). */
 static bg_status_t zero_reduce(exec_t *x, void *self, chunk_t *ch, int b)
 {
-    bg_request_t *rq = NULL;
-    BG_CHECK(bg__zero_reduce(of(self, x, ch), b, &rq));
-    BG_CHECK(bg__xwrap(&x->stg, rq, &ch->buckets[b].req));
+    BG_CHECK(bg__zero_reduce(of(self, x, ch), b, &ch->buckets[b].req));
     bg__exec_trace_bucket(x, ch, b);
     return BG_OK;
 }

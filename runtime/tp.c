@@ -3,7 +3,9 @@
  * layout) as the bg_tp_comm_t its model's layers call. Its sums and gathers
  * are the transport's group collectives, whose results are bitwise equal on
  * every member (docs/transport.md), so replicated tensors stay replicated.
- * The layers themselves live in models/tp_layers.c.
+ * The layers themselves live in models/tp_layers.c. The collectives go
+ * through runtime/devcoll.h on the buffers of the executor's backend (bound
+ * by bg__tp_bind; host buffers until then), device memory included.
  *
  * The group exists twice over the same ranks, one per lane of the
  * executor's coroutine pair (core/fiber.h; BRIGADE_TP_OVERLAP=microbatch):
@@ -21,11 +23,13 @@
 #include "core/check.h"
 #include "core/fiber.h"
 #include "brigade/executor.h"
+#include "runtime/devcoll.h"
 #include "runtime/tp.h"
 
 struct bg_tp_group {
     bg_tp_comm_t c;
     bg_group_t *g[2]; /* lane 0 (and outside a pair), lane 1 */
+    bg__dcoll_t *dc[2]; /* their collectives on backend buffers */
     bg_trace_t *trace;   /* NULL: no trace events */
     const int64_t *step; /* steps done (the events' step is the next) */
     double spent;        /* seconds in the blocking collectives and the waits (bg_tp_group_seconds) */
@@ -42,22 +46,22 @@ static void account(bg__tp_t *t, const char *what, double t0)
         bg__trace_event(t->trace, what, -1, -1, t0, t1, (int)*t->step + 1);
 }
 
-static bg_group_t *lane_group(bg__tp_t *t) { return t->g[bg__pair_lane()]; }
+static bg__dcoll_t *lane_coll(bg__tp_t *t) { return t->dc[bg__pair_lane()]; }
 
 /* Wait for @p req and free it; inside a coroutine pair, the other lane runs
  * while it is not complete. */
-static bg_status_t pair_wait(bg_request_t *req)
+static bg_status_t pair_wait(bg__xfer_t *req)
 {
     bg_status_t st = BG_OK;
     for (int done = 0, idle = 0;;) {
-        if ((st = bg_test(req, &done)) != BG_OK || done)
+        if ((st = bg__xtest(req, &done)) != BG_OK || done)
             break;
         if (!bg__pair_wait_turn(&idle)) {
-            st = bg_wait(req);
+            st = bg__xwait(req);
             break;
         }
     }
-    bg_request_free(req);
+    bg__xfree(req);
     return st;
 }
 
@@ -69,19 +73,10 @@ static bg_status_t tp_blocking(bg__tp_t *t, tp_coll_t kind, const float *send, f
                                const char *what)
 {
     double t0 = bg_now();
-    bg_request_t *r;
-    bg_status_t st;
-    switch (kind) {
-    case TP_ALLREDUCE:
-        st = bg_group_iallreduce(lane_group(t), recv, count, BG_F32, BG_REDUCE_SUM, &r);
-        break;
-    case TP_ALLGATHER:
-        st = bg_group_iallgather(lane_group(t), send, recv, count, BG_F32, &r);
-        break;
-    default:
-        st = bg_group_ireduce_scatter(lane_group(t), send, recv, count, BG_F32, BG_REDUCE_SUM, &r);
-        break;
-    }
+    bg__xfer_t *r;
+    static const bg__coll_kind_t ck[] = {[TP_ALLREDUCE] = BG__COLL_ALLREDUCE, [TP_ALLGATHER] = BG__COLL_ALLGATHER,
+                                         [TP_REDUCE_SCATTER] = BG__COLL_REDUCE_SCATTER};
+    bg_status_t st = bg__dcoll_start(lane_coll(t), ck[kind], send, recv, count, BG_REDUCE_SUM, &r);
     if (st == BG_OK)
         st = pair_wait(r);
     account(t, what, t0);
@@ -106,9 +101,10 @@ static bg_status_t tp_reduce_scatter(void *arg, const float *send, float *recv, 
 static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void **req_p)
 {
     bg__tp_t *t = arg;
-    bg_request_t *r;
+    bg__xfer_t *r;
     /* count divides into size equal chunks: member i's is [i count, (i+1) count) (bg_group_chunk) */
-    BG_CHECK(bg_group_ireduce_scatter_inplace(lane_group(t), buf, count * (size_t)t->c.size, BG_F32, BG_REDUCE_SUM, &r));
+    BG_CHECK(bg__dcoll_start(lane_coll(t), BG__COLL_REDUCE_SCATTER_INPLACE, NULL, buf, count * (size_t)t->c.size,
+                             BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -116,8 +112,9 @@ static bg_status_t tp_ireduce_scatter(void *arg, float *buf, size_t count, void 
 static bg_status_t tp_iallgather(void *arg, float *buf, size_t count, void **req_p)
 {
     bg__tp_t *t = arg;
-    bg_request_t *r;
-    BG_CHECK(bg_group_iallgather_chunks(lane_group(t), buf, count * (size_t)t->c.size, BG_F32, &r));
+    bg__xfer_t *r;
+    BG_CHECK(bg__dcoll_start(lane_coll(t), BG__COLL_ALLGATHER_CHUNKS, NULL, buf, count * (size_t)t->c.size,
+                             BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -125,8 +122,8 @@ static bg_status_t tp_iallgather(void *arg, float *buf, size_t count, void **req
 static bg_status_t tp_iallreduce(void *arg, float *buf, size_t count, void **req_p)
 {
     bg__tp_t *t = arg;
-    bg_request_t *r;
-    BG_CHECK(bg_group_iallreduce(lane_group(t), buf, count, BG_F32, BG_REDUCE_SUM, &r));
+    bg__xfer_t *r;
+    BG_CHECK(bg__dcoll_start(lane_coll(t), BG__COLL_ALLREDUCE, NULL, buf, count, BG_REDUCE_SUM, &r));
     *req_p = r;
     return BG_OK;
 }
@@ -139,6 +136,20 @@ static bg_status_t tp_wait(void *arg, void *req)
     bg_status_t st = pair_wait(req);
     account(t, "tp_wait", t0);
     return st;
+}
+
+bg_status_t bg__tp_bind(bg__tp_t *t, bg__staging_t *sg, int log_rank)
+{
+    if (!t)
+        return BG_OK;
+    for (int l = 0; l < 2; l++) {
+        bg__dcoll_t *dc;
+        BG_CHECK(bg__dcoll_create(sg, t->g[l], l ? "tensor-parallel (second lane)" : "tensor-parallel", log_rank,
+                                  &dc));
+        bg__dcoll_destroy(t->dc[l]);
+        t->dc[l] = dc;
+    }
+    return BG_OK;
 }
 
 void bg__tp_set_trace(bg__tp_t *t, bg_trace_t *trace, const int64_t *step)
@@ -184,6 +195,8 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
     if (st == BG_OK)
         st = bg_group_create(comm, tp, ranks, &t->g[1]);
     free(ranks);
+    if (st == BG_OK)
+        st = bg__tp_bind(t, NULL, -1); /* host buffers until the executor's backend binds them */
     if (st == BG_OK) {
         t->c = (bg_tp_comm_t){.size = tp, .rank = bg_group_rank(t->g[0]), .allreduce = tp_allreduce,
                               .allgather = tp_allgather, .arg = t, .iallreduce = tp_iallreduce, .wait = tp_wait,
@@ -192,6 +205,8 @@ bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int fi
         st = bg_model_desc_set_tp(desc, &t->c);
     }
     if (st != BG_OK) {
+        bg__dcoll_destroy(t->dc[0]);
+        bg__dcoll_destroy(t->dc[1]);
         bg_group_destroy(t->g[0]);
         bg_group_destroy(t->g[1]);
         free(t);
@@ -207,6 +222,8 @@ void bg__tp_destroy(bg__tp_t *t, bg_model_desc_t *desc)
         return;
     if (bg_model_desc_tp(desc) == &t->c)
         bg_model_desc_set_tp(desc, NULL);
+    bg__dcoll_destroy(t->dc[0]);
+    bg__dcoll_destroy(t->dc[1]);
     bg_group_destroy(t->g[0]);
     bg_group_destroy(t->g[1]);
     free(t);

@@ -5,6 +5,7 @@
 
 #include "brigade/model.h"
 #include "brigade/transport.h"
+#include "runtime/staging.h"
 #include "runtime/trace.h"
 
 typedef struct bg_tp_group bg__tp_t; /* the public bg_tp_group_t (executor.h) */
@@ -17,6 +18,9 @@ bg_status_t bg__tp_check_params(const bg_model_desc_t *desc, int tp);
 /* The tensor group of world ranks [first, first + tp) and bind @p desc to it
  * (bg_model_desc_set_tp). tp = 1: *tp_p = NULL, nothing bound. */
 bg_status_t bg__tp_create(bg_comm_t *comm, bg_model_desc_t *desc, int tp, int first, bg__tp_t **tp_p);
+/* The group's collectives on the buffers of sg's backend (runtime/devcoll.h; NULL: host buffers), each
+ * lane's provider logged for log_rank. NULL tp: a no-op. */
+bg_status_t bg__tp_bind(bg__tp_t *tp, bg__staging_t *sg, int log_rank);
 /* Record every collective of the group in @p trace (NULL: none) at step *step + 1. */
 void bg__tp_set_trace(bg__tp_t *tp, bg_trace_t *trace, const int64_t *step);
 /* Unbind desc and free the group (NULL is a no-op). */

@@ -333,7 +333,7 @@ static bg_status_t metrics_open(const bg_train_config_t *c, bg_executor_t *x)
  * every line, so a file a job appended to across restarts on other worlds (brigade launch --elastic)
  * shows where it changed. */
 static bg_status_t metrics_write(const char *path, int rank, const int layout[3], const bg_step_result_t *r,
-                                 float lr, double val_loss, double val_ms)
+                                 size_t predicted, float lr, double val_loss, double val_ms)
 {
     char line[900], gnorm[32] = "null", ps[256] = "", val[128] = ""; /* JSON has no NaN or infinity */
     if (!isnan(val_loss))
@@ -354,11 +354,11 @@ static bg_status_t metrics_write(const char *path, int rank, const int layout[3]
 #endif
     int len = snprintf(line, sizeof(line),
                        "{\"rank\": %d, \"step\": %lld, \"loss\": %.6f, \"tokens_per_s\": %.1f, \"step_ms\": %.3f, "
-                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"heap_bytes\": %s, "
-                       "\"grad_norm\": %s, \"lr\": %.9g, \"world\": %d, \"pp\": %d, \"dp\": %d%s%s}\n",
+                       "\"bubble\": %.4f, \"bytes_sent\": %llu, \"peak_bytes\": %zu, \"predicted_bytes\": %zu, "
+                       "\"heap_bytes\": %s, \"grad_norm\": %s, \"lr\": %.9g, \"world\": %d, \"pp\": %d, \"dp\": %d%s%s}\n",
                        rank, (long long)r->step, r->loss, r->tokens_per_s, r->step_ms, r->bubble,
-                       (unsigned long long)r->bytes_sent, r->peak_bytes, heap, gnorm, (double)lr, layout[0], layout[1],
-                       layout[2], ps, val);
+                       (unsigned long long)r->bytes_sent, r->peak_bytes, predicted, heap, gnorm, (double)lr, layout[0],
+                       layout[1], layout[2], ps, val);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len) {
         bg_status_t st = bg_error(BG_ERR_IO, "cannot write metrics file %s: %s", path, strerror(errno));
@@ -387,7 +387,9 @@ static bg_status_t report_step(bg_executor_t *x, const bg_train_config_t *c, bg_
     }
     if (c->metrics_path) {
         int layout[3] = {bg_comm_size(bg_executor_comm(x)), c->pp > 0 ? c->pp : 1, c->dp > 0 ? c->dp : 1};
-        BG_CHECK(metrics_write(c->metrics_path, rank, layout, r, lr, vl, vms));
+        bg_executor_info_t info;
+        bg_executor_info(x, &info);
+        BG_CHECK(metrics_write(c->metrics_path, rank, layout, r, info.predicted_bytes, lr, vl, vms));
     }
     return BG_OK;
 }
@@ -660,6 +662,9 @@ bg_status_t bg_train(const bg_train_config_t *cfg_in, bg_train_result_t *result_
     }
     bg_executor_info(x, &info);
     result_from_info(&info, &res);
+    if (info.predicted_bytes && res.peak_bytes > info.predicted_bytes) /* the memory model missed a buffer */
+        bg_log(BG_LOG_WARN, "train", "rank %d: the allocator's peak, %zu bytes, is above the predicted %zu (by %zu)",
+               info.rank, res.peak_bytes, info.predicted_bytes, res.peak_bytes - info.predicted_bytes);
     BG_CHECK_GOTO(gather_ranks(x, &info, &res, c.ps > 0), st, out);
     if (c.save_dir && !res.stopped && c.ps > 0) /* the servers write; workers may have died */
         BG_CHECK_GOTO(bg_executor_save_weights(x, c.save_dir), st, out);

@@ -49,13 +49,14 @@ struct bg__zero {
     bg_model_t *m;
     bg_backend_t *be;
     bg_group_t *dp;
+    bg__dcoll_t *dc; /* dp's collectives on the backend's buffers (runtime/devcoll.h) */
     int D, me;
     bg__zero_bucket_t *buckets;
     int *whole;      /* per bucket: all-reduced (holds a tied tensor) */
-    bg_request_t **ag; /* per bucket: the parameters' all-gather in flight */
+    bg__xfer_t **ag; /* per bucket: the parameters' all-gather in flight */
     /* level 2 */
     float **buf;       /* per bucket: its gradients (NULL: none now) */
-    bg_request_t **rs; /* per bucket: the reduce-scatter of a microbatch's gradients in flight */
+    bg__xfer_t **rs; /* per bucket: the reduce-scatter of a microbatch's gradients in flight */
     size_t *soff;      /* per bucket: where its owned chunk starts in the shard */
     int64_t *rs_seq;   /* per bucket: when its reduce-scatter started (oldest first when waiting) */
     char *folded;      /* per bucket: its shard chunk holds this step's sum so far (else: the next fold copies) */
@@ -164,13 +165,13 @@ static bg_status_t bucket_buffer(bg__zero_t *z, int b)
 }
 
 /* Wait for rq, counting it in z->waits when it was not complete yet (bg__zero_waits). */
-static bg_status_t counted_wait(bg__zero_t *z, bg_request_t *rq)
+static bg_status_t counted_wait(bg__zero_t *z, bg__xfer_t *rq)
 {
     int done = 0;
-    bg_status_t st = bg_test(rq, &done);
+    bg_status_t st = bg__xtest(rq, &done);
     if (st == BG_OK && !done) {
         z->waits++;
-        st = bg_wait(rq);
+        st = bg__xwait(rq);
     }
     return st;
 }
@@ -179,7 +180,7 @@ static bg_status_t counted_wait(bg__zero_t *z, bg_request_t *rq)
 static bg_status_t fold(bg__zero_t *z, int b)
 {
     bg_status_t st = counted_wait(z, z->rs[b]);
-    bg_request_free(z->rs[b]);
+    bg__xfree(z->rs[b]);
     z->rs[b] = NULL;
     if (st != BG_OK)
         return st;
@@ -202,7 +203,7 @@ static bg_status_t reap(bg__zero_t *z)
     for (int b = 0; b < z->nbuckets; b++) {
         int done = 0;
         if (z->rs[b]) {
-            BG_CHECK(bg_test(z->rs[b], &done));
+            BG_CHECK(bg__xtest(z->rs[b], &done));
             if (done)
                 BG_CHECK(fold(z, b));
         }
@@ -243,7 +244,8 @@ bg_status_t bg__zero_layer_done(bg__zero_t *z, int layer)
     for (int b = 0; b < z->nbuckets; b++) {
         if (z->buckets[b].lo != layer || z->whole[b] || !z->buf[b])
             continue;
-        BG_CHECK(bg_group_ireduce_scatter_inplace(z->dp, z->buf[b], z->buckets[b].count, BG_F32, BG_REDUCE_SUM, &z->rs[b]));
+        BG_CHECK(bg__dcoll_start(z->dc, BG__COLL_REDUCE_SCATTER_INPLACE, NULL, z->buf[b], z->buckets[b].count,
+                                 BG_REDUCE_SUM, &z->rs[b]));
         z->rs_seq[b] = z->seq++;
     }
     BG_CHECK(reap(z));
@@ -261,7 +263,7 @@ static const float *piece_grad(bg__zero_t *z, int k)
     return z->sg + pc->soff;
 }
 
-bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
+bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
                             bg_optim_kind_t kind, bg__zero_t **z_p)
 {
     if (bg_model_optim_state(m, 0))
@@ -272,9 +274,10 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__
     z->level = level;
     z->m = m;
     z->be = bg_model_backend(m);
-    z->dp = dp;
-    z->D = bg_group_size(dp);
-    z->me = bg_group_rank(dp);
+    z->dc = dc;
+    z->dp = bg__dcoll_group(dc);
+    z->D = bg_group_size(z->dp);
+    z->me = bg_group_rank(z->dp);
     z->kind = kind;
     z->nbuckets = nbuckets;
     z->buckets = calloc((size_t)nbuckets + 1, sizeof(*z->buckets));
@@ -341,8 +344,8 @@ err:
 void bg__zero_cancel(bg__zero_t *z)
 {
     for (int b = 0; z && b < z->nbuckets; b++) {
-        bg_request_free(z->ag[b]);
-        bg_request_free(z->rs[b]);
+        bg__xfree(z->ag[b]);
+        bg__xfree(z->rs[b]);
         z->ag[b] = z->rs[b] = NULL;
     }
 }
@@ -409,7 +412,7 @@ size_t bg__zero_grad_bytes(const bg__zero_t *z)
     return (z->owned + whole + inflight) * sizeof(float);
 }
 
-bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
+bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg__xfer_t **req_p)
 {
     if (z->level >= 2 && !z->whole[b]) {
         *req_p = NULL; /* reduced microbatch by microbatch (bg__zero_layer_done) */
@@ -420,9 +423,8 @@ bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p)
         *req_p = NULL;
         return BG_OK;
     }
-    if (z->whole[b])
-        return bg_group_iallreduce(z->dp, buf, z->buckets[b].count, BG_F32, BG_REDUCE_SUM, req_p);
-    return bg_group_ireduce_scatter_inplace(z->dp, buf, z->buckets[b].count, BG_F32, BG_REDUCE_SUM, req_p);
+    return bg__dcoll_start(z->dc, z->whole[b] ? BG__COLL_ALLREDUCE : BG__COLL_REDUCE_SCATTER_INPLACE, NULL, buf,
+                           z->buckets[b].count, BG_REDUCE_SUM, req_p);
 }
 
 bg_status_t bg__zero_begin_step(bg__zero_t *z)
@@ -450,7 +452,8 @@ static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
 {
     if (!z->buckets[b].count || z->D == 1)
         return BG_OK;
-    return bg_group_iallgather_chunks(z->dp, flat + z->buckets[b].off, z->buckets[b].count, BG_F32, &z->ag[b]);
+    return bg__dcoll_start(z->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, flat + z->buckets[b].off, z->buckets[b].count,
+                           BG_REDUCE_SUM, &z->ag[b]);
 }
 
 static bg_status_t start_gathers(bg__zero_t *z, float *flat)
@@ -496,7 +499,7 @@ bg_status_t bg__zero_settle(bg__zero_t *z)
         if (!z->ag[b])
             continue;
         bg_status_t s2 = counted_wait(z, z->ag[b]);
-        bg_request_free(z->ag[b]);
+        bg__xfree(z->ag[b]);
         z->ag[b] = NULL;
         if (st == BG_OK)
             st = s2;

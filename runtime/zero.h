@@ -5,6 +5,7 @@
 
 #include "brigade/model.h"
 #include "brigade/transport.h"
+#include "runtime/devcoll.h"
 
 typedef struct bg__zero bg__zero_t;
 
@@ -15,18 +16,19 @@ typedef struct bg__zero_bucket {
     size_t off, count;
 } bg__zero_bucket_t;
 
-/* Sharded state of model @p m over data-parallel group @p dp (level 1 or 2):
+/* Sharded state of model @p m over the data-parallel group of @p dc (level 1 or 2; its collectives on the
+ * backend's buffers, runtime/devcoll.h):
  * this replica owns chunk dp_rank of every bucket (bg_group_chunk) and holds
  * the optimizer state of those elements only. The model's own optimizer
  * state must be absent. */
-bg_status_t bg__zero_create(int level, bg_model_t *m, bg_group_t *dp, const bg__zero_bucket_t *buckets, int nbuckets,
+bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
                             bg_optim_kind_t kind, bg__zero_t **z_p);
 void bg__zero_destroy(bg__zero_t *z);
 /* Start the data-parallel reduction of bucket b: a reduce-scatter, or an
  * all-reduce when the bucket holds a tied tensor (whose a + b needs the whole
  * reduced gradient). Either way the sums are those of the all-reduce of
  * --zero 0, bit for bit. */
-bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg_request_t **req_p);
+bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg__xfer_t **req_p);
 /* At the start of a step (level 2: the shard and whole buckets zeroed). */
 bg_status_t bg__zero_begin_step(bg__zero_t *z);
 /* Level 2: before a backward that writes weight gradients, from @p layer

@@ -165,6 +165,19 @@ static bg_status_t bg__emit(bg_schedule_t *s, int r, int kind, int mb, int st)
     return BG_OK;
 }
 
+/* gradients reduced and parameters updated once per chunk, after everything */
+static bg_status_t bg__tail(bg_schedule_t *s)
+{
+    for (int r = 0; r < s->p; r++)
+        for (int k = 0; k < 2; k++)
+            for (int c = 0; c < s->v; c++) {
+                bg_sched_op_t op = {k ? BG_OP_OPTIMIZER_STEP : BG_OP_REDUCE_GRADS, -1, c,
+                                    s->chunk_stage[r * s->v + c], -1, -1};
+                BG_CHECK(bg__schedule_push(s, r, &op));
+            }
+    return BG_OK;
+}
+
 /* Run the policy as a list scheduler under the costs, appending the program
  * to s. BG_ERR_DEADLOCK (no message) when a fixed order cannot run. */
 bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost)
@@ -345,19 +358,7 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
     for (int r = 0; r < p; r++)
         if (busy[r] > pol->makespan)
             pol->makespan = busy[r];
-    /* gradients reduced and parameters updated once per chunk, after everything */
-    for (int r = 0; r < p; r++) {
-        for (int c = 0; c < v; c++) {
-            int sg = s->chunk_stage[r * v + c];
-            bg_sched_op_t op = {BG_OP_REDUCE_GRADS, -1, c, sg, -1, -1};
-            BG_CHECK_GOTO(bg__schedule_push(s, r, &op), st, out);
-        }
-        for (int c = 0; c < v; c++) {
-            int sg = s->chunk_stage[r * v + c];
-            bg_sched_op_t op = {BG_OP_OPTIMIZER_STEP, -1, c, sg, -1, -1};
-            BG_CHECK_GOTO(bg__schedule_push(s, r, &op), st, out);
-        }
-    }
+    st = bg__tail(s);
 out:
     free(g.nf), free(g.nb), free(g.nw), free(g.f_end), free(g.b_end);
     free(g.mb_end), free(g.first), free(g.d_in);
@@ -380,6 +381,18 @@ static void bg__seq_of(const bg_schedule_t *from, int r, int *q, int *n)
             o->kind == BG_OP_BACKWARD_WEIGHT)
             bg__push(q, n, o->kind, o->stage, o->microbatch);
     }
+}
+
+bg_status_t bg__run_as_listed(bg_schedule_t *s, const bg_schedule_t *from)
+{
+    for (int r = 0; r < s->p; r++)
+        for (size_t i = 0; i < from->nops[r]; i++) {
+            const bg_sched_op_t *o = &from->ops[r][i];
+            if (o->kind == BG_OP_FORWARD || o->kind == BG_OP_BACKWARD || o->kind == BG_OP_BACKWARD_INPUT ||
+                o->kind == BG_OP_BACKWARD_WEIGHT)
+                BG_CHECK(bg__emit(s, r, o->kind, o->microbatch, o->stage));
+        }
+    return bg__tail(s);
 }
 
 /* run a fixed order (from build, or the compute order of the program from);

@@ -50,6 +50,11 @@ bg_status_t bg__run(bg_schedule_t *s, bg__policy_t *pol, const bg__costs_t *cost
  * BG_ERR_DEADLOCK when it cannot run for this p, m */
 bg_status_t bg__run_seq(bg_schedule_t *s, bg__policy_t *pol, bg__seq_fn build, const bg_schedule_t *from,
                         const bg__costs_t *cost);
+/* The compute order of @p from as listed, each instruction with its receive
+ * just before it and its send just after it (no timing: the order alone), on
+ * s, then the reductions and optimizer steps: for an order the list scheduler
+ * cannot follow (a stage's backwards out of microbatch order). */
+bg_status_t bg__run_as_listed(bg_schedule_t *s, const bg_schedule_t *from);
 /* append the triple (kind, stage, mb) to q */
 void bg__push(int *q, int *n, int kind, int stage, int mb);
 /* per-stage costs (per chunk) and link delays from the simulator's inputs

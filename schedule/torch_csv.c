@@ -12,9 +12,11 @@
  * Owns: the text both ways, the stage map read from which row holds a stage
  * (a rank's chunks in increasing stage order), and turning a compute order
  * into a program (the list scheduler in gen_list.c inserts the transfers).
- * Must not: change an order it reads: one that brigade cannot run as given
- * (a stage's backwards out of microbatch order, or a deadlock) is refused
- * with the reason. */
+ * Must not: change an order it reads, but for the weight gradients, which
+ * bg_schedule_order_weights puts in microbatch order (a full backward out of
+ * that order splits into its input half, where it was, and its weight half);
+ * one that brigade cannot run (a stage's forwards out of microbatch order, a
+ * missing or repeated action, or a deadlock) is refused with the reason. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -202,32 +204,59 @@ static bg_status_t bg__tcsv_layout(const bg__tact_t *a, size_t n, int p, int *v_
     return st;
 }
 
-/* every stage: forwards, backwards (full or input) and weight gradients each
- * in microbatch order, each microbatch once */
+/* every stage: forwards in microbatch order, each microbatch's forward,
+ * backward (full or input) and weight gradient once (backwards in any order:
+ * bg_schedule_order_weights then puts the weight gradients in order) */
 static bg_status_t bg__tcsv_orders(const bg__tact_t *a, size_t n, int S, int m)
 {
-    int *next = calloc((size_t)S * 3, sizeof(int));
-    BG_ALLOC_CHECK(next, sizeof(int) * (size_t)S * 3, "torch CSV check");
+    int *cnt = calloc((size_t)S * 3, sizeof(int));
+    unsigned char *seen = calloc((size_t)S * (size_t)m * 3, 1);
+    if (!cnt || !seen) {
+        free(cnt), free(seen);
+        return bg_error(BG_ERR_NOMEM, "torch CSV check: %d stages x %d microbatches", S, m);
+    }
+    static const char *const what[3] = {"forward", "backward", "weight gradient"};
     bg_status_t st = BG_OK;
     for (size_t i = 0; i < n && st == BG_OK; i++) {
         int k = a[i].kind == BG_OP_FORWARD ? 0 : a[i].kind == BG_OP_BACKWARD_WEIGHT ? 2 : 1;
-        int *want = &next[a[i].stage * 3 + k];
-        if (a[i].kind == BG_OP_BACKWARD) /* a full backward is its weight gradient too */
-            next[a[i].stage * 3 + 2]++;
-        if (a[i].mb != (*want)++)
-            st = bg_error(BG_ERR_INVALID, "torch CSV: rank %d runs the %s of stage %d for microbatch %d where "
-                          "microbatch %d is next; brigade runs each stage's %s in microbatch order (weight "
-                          "gradients add up in microbatch order, for the same bits as one process)",
-                          a[i].rank, k == 0 ? "forward" : k == 1 ? "backward" : "weight gradient", a[i].stage,
-                          a[i].mb, *want - 1, k == 0 ? "forwards" : k == 1 ? "backwards" : "weight gradients");
+        for (int j = k; j <= (a[i].kind == BG_OP_BACKWARD ? 2 : k) && st == BG_OK; j++) { /* B: its W too */
+            unsigned char *once = &seen[((size_t)a[i].stage * m + a[i].mb) * 3 + j];
+            if (j == 0 && a[i].mb != cnt[a[i].stage * 3])
+                st = bg_error(BG_ERR_INVALID, "torch CSV: rank %d runs the forward of stage %d for microbatch %d "
+                              "where microbatch %d is next; brigade runs each stage's forwards in microbatch order",
+                              a[i].rank, a[i].stage, a[i].mb, cnt[a[i].stage * 3]);
+            else if (*once)
+                st = bg_error(BG_ERR_INVALID, "torch CSV: rank %d runs the %s of stage %d for microbatch %d twice",
+                              a[i].rank, what[j], a[i].stage, a[i].mb);
+            *once = 1;
+            cnt[a[i].stage * 3 + j]++;
+        }
     }
     for (int i = 0; i < S && st == BG_OK; i++)
         for (int k = 0; k < 3 && st == BG_OK; k++)
-            if (next[i * 3 + k] != m)
-                st = bg_error(BG_ERR_INVALID, "torch CSV: stage %d has %d %s for %d microbatches", i, next[i * 3 + k],
-                              k == 0 ? "forwards" : k == 1 ? "backwards" : "weight gradients", m);
-    free(next);
+            if (cnt[i * 3 + k] != m)
+                st = bg_error(BG_ERR_INVALID, "torch CSV: stage %d has %d %ss for %d microbatches", i, cnt[i * 3 + k],
+                              what[k], m);
+    free(cnt), free(seen);
     return st;
+}
+
+/* every stage's backwards (full or input) and weight gradients in microbatch order */
+static int bg__tcsv_backwards_in_order(const bg_schedule_t *from)
+{
+    int *next = malloc(sizeof(int) * (size_t)from->nstages * 2), in_order = next != NULL;
+    for (int i = 0; in_order && i < from->nstages; i++)
+        next[2 * i] = next[2 * i + 1] = bg__mb_first(from, i);
+    for (int r = 0; in_order && r < from->p; r++)
+        for (size_t i = 0; in_order && i < from->nops[r]; i++) {
+            const bg_sched_op_t *o = &from->ops[r][i];
+            if (o->kind == BG_OP_BACKWARD || o->kind == BG_OP_BACKWARD_INPUT || o->kind == BG_OP_BACKWARD_WEIGHT)
+                in_order = o->microbatch == next[2 * o->stage + (o->kind == BG_OP_BACKWARD_WEIGHT)]++;
+            if (o->kind == BG_OP_BACKWARD)
+                next[2 * o->stage + 1]++;
+        }
+    free(next);
+    return in_order;
 }
 
 bg_status_t bg_schedule_from_torch_csv(const char *text, bg_schedule_t **sched_p)
@@ -251,6 +280,12 @@ bg_status_t bg_schedule_from_torch_csv(const char *text, bg_schedule_t **sched_p
         bg_sched_op_t o = {a[i].kind, a[i].mb, from->stage_chunk[a[i].stage], a[i].stage, -1, -1};
         st = bg_schedule_append(from, a[i].rank, &o);
     }
+    int moved = 0;
+    if (st == BG_OK)
+        st = bg_schedule_order_weights(from, &moved);
+    if (st == BG_OK && moved)
+        bg_log(BG_LOG_INFO, "schedule", "torch CSV: %d weight gradients run after the one of the microbatch before "
+               "them (weight gradients add up in microbatch order)", moved);
     if (st == BG_OK)
         st = bg__schedule_alloc("custom", BG_SCHED_CUSTOM, p, m, v, map, &s);
     if (st == BG_OK)
@@ -261,11 +296,18 @@ bg_status_t bg_schedule_from_torch_csv(const char *text, bg_schedule_t **sched_p
         if (!pol.window || !pol.cap || !pol.peak)
             st = bg_error(BG_ERR_NOMEM, "torch CSV: %d ranks", p);
     }
-    if (st == BG_OK) { /* the order as given, its transfers placed around it */
+    if (st == BG_OK && bg__tcsv_backwards_in_order(from)) { /* the order as given, its transfers placed around it */
         st = bg__run_seq(s, &pol, NULL, from, &unit);
         if (st == BG_ERR_DEADLOCK)
             st = bg_error(BG_ERR_DEADLOCK, "torch CSV: the order cannot run: every rank waits for an action "
                           "another rank lists later (p=%d, m=%d, %d stages per rank)", p, m, v);
+    } else if (st == BG_OK) { /* the list scheduler follows backwards in order only: each transfer at its op */
+        st = bg__run_as_listed(s, from);
+        if (st == BG_OK && (st = bg_schedule_validate(s)) != BG_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", bg_last_error());
+            st = bg_error(st, "torch CSV: the order cannot run: %s", msg);
+        }
     }
     free(a), free(map), free(unit.f);
     free(pol.window), free(pol.cap), free(pol.peak);

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 #include <functional>
 #include <ucontext.h>
 
@@ -41,6 +42,7 @@ static inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __shared__ static /* block-shared: blocks run one at a time */
 using std::max;
@@ -117,6 +119,99 @@ static float bg_emu_shfl(float v, unsigned src)
 }
 static float __shfl_sync(unsigned mask, float v, int src) { return bg_emu_shfl(v, (unsigned)src); }
 static float __shfl_xor_sync(unsigned mask, float v, int m) { return bg_emu_shfl(v, (threadIdx.x % 32) ^ (unsigned)m); }
+
+static void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    (void)mask;
+    bg_emu_warp_barrier();
+}
+
+/* nvcuda::wmma for tf32 (m16n16k8, fp32 accumulation): every thread of the
+ * warp holds the whole tile (the hardware spreads it over the lanes in an
+ * order the API leaves unspecified, so kernels may only apply the same
+ * operation to every element) and does the whole product; the products add
+ * in k order in float. Loads and stores are warp-collective, as on the
+ * device: each starts with a barrier of the warp, so no lane stores a tile
+ * before every lane has loaded what it loads before that store. Operands are rounded to tf32 as __float_to_tf32 does
+ * (to nearest, ties away: 10 bits of mantissa kept). */
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+}
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K> struct bg_emu_dims;
+template <int M, int N, int K> struct bg_emu_dims<matrix_a, M, N, K> { enum { R = M, C = K }; };
+template <int M, int N, int K> struct bg_emu_dims<matrix_b, M, N, K> { enum { R = K, C = N }; };
+template <int M, int N, int K> struct bg_emu_dims<accumulator, M, N, K> { enum { R = M, C = N }; };
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    enum { rows = bg_emu_dims<Use, M, N, K>::R, cols = bg_emu_dims<Use, M, N, K>::C, num_elements = rows * cols };
+    float x[num_elements]; /* row-major */
+};
+template <class L> static inline int bg_emu_col_major(L *) { return 0; }
+static inline int bg_emu_col_major(col_major *) { return 1; }
+template <class Use, int M, int N, int K, class T, class L>
+static void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const float *p, unsigned ldm)
+{
+    typedef fragment<Use, M, N, K, T, L> F;
+    int cm = bg_emu_col_major((L *)0);
+    bg_emu_warp_barrier();
+    for (int r = 0; r < F::rows; r++)
+        for (int c = 0; c < F::cols; c++)
+            f.x[r * F::cols + c] = cm ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
+}
+template <int M, int N, int K>
+static void load_matrix_sync(fragment<accumulator, M, N, K, float> &f, const float *p, unsigned ldm, layout_t l)
+{
+    bg_emu_warp_barrier();
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++)
+            f.x[r * N + c] = l == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
+}
+template <int M, int N, int K>
+static void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, float> &f, unsigned ldm, layout_t l)
+{
+    bg_emu_warp_barrier();
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++)
+            (l == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]) = f.x[r * N + c];
+}
+template <class F> static void fill_fragment(F &f, float v)
+{
+    for (int i = 0; i < F::num_elements; i++)
+        f.x[i] = v;
+}
+template <int M, int N, int K, class LA, class LB>
+static void mma_sync(fragment<accumulator, M, N, K, float> &d, const fragment<matrix_a, M, N, K, precision::tf32, LA> &a,
+                     const fragment<matrix_b, M, N, K, precision::tf32, LB> &b,
+                     const fragment<accumulator, M, N, K, float> &c)
+{
+    float t[M * N];
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float s = c.x[i * N + j];
+            for (int k = 0; k < K; k++)
+                s += a.x[i * K + k] * b.x[k * N + j];
+            t[i * N + j] = s;
+        }
+    memcpy(d.x, t, sizeof t);
+}
+static inline float __float_to_tf32(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) /* finite: round the 13 dropped bits to nearest, ties away */
+        u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+} // namespace wmma
+} // namespace nvcuda
 
 /* one block: every fiber runs until it finishes or waits on a barrier not yet
  * complete; waiting fibers resume once their barrier's generation moved on */
@@ -199,5 +294,7 @@ template <class F> static void bg_emu_launch(dim3 grid, dim3 block, size_t smem,
 #define BG_CU_STREAM(be) ((cudaStream_t)0)
 /* the test program defines its own (a CUDA build links the real one too) */
 #define bg__cu_check bg_emu_check
+#define bg__cu_attention_tc_default bg_emu_attention_tc_default
+#define bg__cu_colsum_scratch bg_emu_colsum_scratch
 
 #endif

@@ -10,7 +10,8 @@ int bg_cmd_info(int argc, char **argv)
 {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: brigade info\n  prints the version, the compiled-in backends (whether each device backend\n"
-               "  can start here, how its buffers travel between ranks), the CPU, the BLAS and its kernels,\n"
+               "  can start here, how its buffers travel between ranks), the providers of the group collectives\n"
+               "  on backend buffers (and which each backend's groups use), the CPU, the BLAS and its kernels,\n"
                "  which library (OpenBLAS or oneDNN) runs each GEMM layout, and every BRIGADE_* variable\n");
         return 0;
     }
@@ -35,6 +36,8 @@ int bg_cmd_info(int argc, char **argv)
         printf("\n%s: device buffers between ranks: %s\n", *n, bg_executor_device_transport());
     }
     printf("transport: UCX %s\n", bg_transport_ucx_version());
+    printf("collectives on backend buffers (BRIGADE_COLL=%s), providers:\n%s\n", bg_config_str("BRIGADE_COLL"),
+           bg_executor_collective_providers());
     bg_cpu_info_t cpu;
     bg_cpu_info(&cpu);
     printf("cpu: %s family %d model %d \"%s\":%s%s%s%s, fp32 FMA vectors %d bits\n", cpu.vendor, cpu.family,

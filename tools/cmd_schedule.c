@@ -462,6 +462,14 @@ static int cmd_main(int argc, char **argv, bg_sim_params_t *spp)
         bg_status_t st = from_torch ? bg_schedule_from_torch_csv_file(from, &s) : bg_schedule_from_json_file(from, &s);
         if (st != BG_OK)
             return bg_cli_status(CMD, st);
+        int moved = 0; /* what a run does too (bg_schedule_load_program); the torch reader already did it */
+        if ((st = bg_schedule_order_weights(s, &moved)) != BG_OK) {
+            bg_schedule_free(s);
+            return bg_cli_status(CMD, st);
+        }
+        if (moved)
+            printf("note: %d weight gradients run after the one of the microbatch before them, not where %s "
+                   "places them (weight gradients add up in microbatch order); simulated as they run\n", moved, from);
         int rc = fwd ? forward_only(&s) : 0;
         if (!rc)
             rc = bg_cli_schedule_run(s, spp, text, tflags, json_out, svg_out);

@@ -188,7 +188,9 @@ typedef struct bg_backend_ops {
 
     /* ---- streams and events (appended last; optional, all or none) ----
      * A backend that queues work has a compute stream (every kernel above, in
-     * call order) and a copy stream. An event marks a point of a stream; it
+     * call order) and copy streams: the copies of one direction run in the
+     * order queued (the two directions may overlap: order between them only
+     * through events). An event marks a point of a stream; it
      * may be recorded again at any time (waits queued on an earlier
      * recording keep that point). Host buffers of the two copies come from
      * host_alloc. Slots NULL (the CPU backend): the staging layer
@@ -274,6 +276,12 @@ typedef struct bg_backend_ops {
     /** The largest attention head size attention_forward/backward accept; 0: any. A layer with larger
      *  heads is refused at its first forward, before any weight changes. */
     int attention_max_head;
+
+    /* ---- collective libraries (appended last, as the slots above; optional) ---- */
+    /** The compute stream as the device runtime's handle (cuda: its cudaStream_t), with the backend's device
+     *  made current for the calling thread, for a collective library that queues on it (NCCL:
+     *  runtime/devcoll.c). NULL: none (the CPU). */
+    void *(*native_stream)(bg_backend_t *be);
 } bg_backend_ops_t;
 /** The first two fields of a table's initializer, its size and name; the slots follow, designated:
  *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`

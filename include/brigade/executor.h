@@ -331,6 +331,11 @@ double bg_tp_group_seconds(const bg_tp_group_t *group);
  *  buffers of sends and receives directly where it reports CUDA memory at
  *  run time), else staged through pinned host memory in chunks. */
 const char *bg_executor_device_transport(void);
+/** The providers of the group collectives on backend buffers (tensor-parallel, data-parallel and ZeRO
+ *  groups: host, staging, direct, nccl), whether each can run here (nccl: whether libnccl.so.2 loads, its
+ *  version) and which one each backend's groups would use; lines of text for brigade info. The executor
+ *  logs the provider of each of its groups (BRIGADE_LOG=info). */
+const char *bg_executor_collective_providers(void);
 
 #ifdef __cplusplus
 }

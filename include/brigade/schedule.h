@@ -331,16 +331,32 @@ bg_status_t bg_schedule_from_json(const char *json, bg_schedule_t **sched_p);
  *  model copies is refused). Reading takes p from the rows, the stages a rank
  *  holds (its chunks in increasing stage order) from its cells, m from the
  *  microbatches, skips torch's SEND/RECV/UNSHARD/RESHARD actions and places
- *  brigade's own transfers around the compute order, which it keeps as given;
- *  an order brigade cannot run (a stage's backwards out of microbatch order,
- *  a missing action, a deadlock) is refused with the reason. The _file forms
+ *  brigade's own transfers around the compute order, which it keeps as given
+ *  but for the weight gradients (bg_schedule_order_weights: torch's
+ *  LoopedBFS runs its backwards last microbatch first); an order brigade
+ *  cannot run (a stage's forwards out of microbatch order, a missing or
+ *  repeated action, a deadlock) is refused with the reason. The _file forms
  *  write a file whole or not at all, and read a file. */
 bg_status_t bg_schedule_to_torch_csv(const bg_schedule_t *sched, char **csv_p);
 bg_status_t bg_schedule_to_torch_csv_file(const bg_schedule_t *sched, const char *path);
 bg_status_t bg_schedule_from_torch_csv(const char *csv, bg_schedule_t **sched_p);
 bg_status_t bg_schedule_from_torch_csv_file(const char *path, bg_schedule_t **sched_p);
 bg_status_t bg_schedule_from_json_file(const char *path, bg_schedule_t **sched_p);
-/** A program to run: read @p path (bg_schedule_from_json_file), prove it
+/** Put every stage's weight gradients in microbatch order, the order their
+ *  sums need for the bits of one process (a program may run a stage's
+ *  backwards in any order; torch's LoopedBFS runs them last microbatch
+ *  first). A weight gradient whose turn has not come (an earlier
+ *  microbatch's has not run) moves to just after the one before it; a full
+ *  backward in that place is split: its input half (and so its send) stays,
+ *  its weight half moves. The moved weight gradient's stash (the layers'
+ *  inputs and output gradients) is held until it runs: the simulator and the
+ *  memory model judge the program as rewritten, which is what runs. A
+ *  program in order is unchanged (the generators' always are). @p moved_p
+ *  (may be NULL): how many moved. BG_ERR_INVALID when a waiting weight
+ *  gradient's predecessor is missing. */
+bg_status_t bg_schedule_order_weights(bg_schedule_t *sched, int *moved_p);
+/** A program to run: read @p path (bg_schedule_from_json_file), put its
+ *  weight gradients in microbatch order (bg_schedule_order_weights), prove it
  *  correct (bg_schedule_validate) and check it is for @p ranks pipeline
  *  ranks and @p microbatches microbatches, and, when @p chunks > 0, that many
  *  chunks per rank. Errors name the file: the reader's or the validator's

@@ -3,12 +3,13 @@
  * GEMM (cuBLAS) and the host side of sum/sumsq; every kernel and its launch
  * live in cuda_kernels.cu.
  *
- * Two streams per instance. The compute stream carries every kernel, cuBLAS
+ * Three streams per instance. The compute stream carries every kernel, cuBLAS
  * call and synchronous copy, so ops run in the order they are called, as on
  * the CPU; to_host, sum and sumsq wait for it; from_host returns once the
- * data are in pinned memory. The copy stream carries the asynchronous copies
- * between device and pinned host memory of the staging layer
- * (to_host_async / from_host_async), ordered against the compute stream by
+ * data are in pinned memory. Two copy streams, one per direction, carry the
+ * asynchronous copies between device and pinned host memory of the staging
+ * layer (to_host_async on one, from_host_async on the other, so a send's
+ * copies and a receive's overlap), ordered against the compute stream by
  * events only (cudaEventRecord, cudaStreamWaitEvent): the host never waits
  * for either stream there. An event is a cudaEvent_t (timing disabled) cast
  * to bg_event_t *.
@@ -263,7 +264,7 @@ static void bg__cu_copy_async(bg_backend_t *be, void *dst, const void *src, size
                               bg_event_t *done, cudaMemcpyKind kind)
 {
     bg__cu_use(be);
-    cudaStream_t cs = bg__cu(be)->copy;
+    cudaStream_t cs = kind == cudaMemcpyDeviceToHost ? bg__cu(be)->copy : bg__cu(be)->copy_in;
     if (after)
         bg__cu_check(be, cudaStreamWaitEvent(cs, bg__cu_ev(after), 0), "cudaStreamWaitEvent (copy)");
     if (bytes)
@@ -379,6 +380,8 @@ static void bg__cu_destroy(bg_backend_t *be)
     bg__cu_use(be);
     if (impl->copy)
         cudaStreamSynchronize(impl->copy);
+    if (impl->copy_in)
+        cudaStreamSynchronize(impl->copy_in);
     if (impl->stream)
         cudaStreamSynchronize(impl->stream);
     bg__pool_destroy(&impl->pool);
@@ -392,15 +395,22 @@ static void bg__cu_destroy(bg_backend_t *be)
         cudaFree(impl->red);
     if (impl->red_host)
         cudaFreeHost(impl->red_host);
+    if (impl->colsum)
+        cudaFree(impl->colsum);
     if (impl->blas)
         cublasDestroy(impl->blas);
     if (impl->copy)
         cudaStreamDestroy(impl->copy);
+    if (impl->copy_in)
+        cudaStreamDestroy(impl->copy_in);
     if (impl->stream)
         cudaStreamDestroy(impl->stream);
     free(impl);
     be->impl = NULL;
 }
+
+/* The compute stream for NCCL (runtime/devcoll.c); bg__cu_stream makes the device current. */
+static void *bg__cu_native_stream(bg_backend_t *be) { return (void *)bg__cu_stream(be); }
 
 /* every slot is bg__cu_<slot> (kernels/backend_impl.h's lists) but the fused bias + GELU, which stays NULL
  * (the layers then run the pair) */
@@ -416,6 +426,7 @@ static bg_backend_ops_t bg__cu_make_ops(void)
     BG__BACKEND_MEMORY_OPS(BG__CU_SLOT)
     BG__BACKEND_LLAMA_OPS(BG__CU_SLOT)
     BG__BACKEND_STATUS_OPS(BG__CU_SLOT)
+    BG__BACKEND_COLL_OPS(BG__CU_SLOT)
 #undef BG__CU_SLOT
     o.destroy = bg__cu_destroy;
     o.device_buffers = 1;
@@ -435,6 +446,14 @@ static const bg_backend_ops_t bg__cu_ops = bg__cu_make_ops();
         }                                                                                                  \
     } while (0)
 
+int bg__cu_attention_tc_default(bg_backend_t *be) { return bg__cu(be)->gemm_math != 0; }
+
+double *bg__cu_colsum_scratch(bg_backend_t *be, size_t *cap_p)
+{
+    *cap_p = BG_CUDA_COLSUM_DOUBLES;
+    return bg__cu(be)->colsum;
+}
+
 extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
     int dev = params ? params->device : 0, count = 0, math = 0;
@@ -449,6 +468,9 @@ extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_
         math = 2;
     else
         return bg_error(BG_ERR_INVALID, "BRIGADE_CUDA_GEMM must be fp32, tf32 or bf16, got \"%s\"", gm);
+    const char *attn = bg_config_str("BRIGADE_CUDA_ATTN"); /* read again per call (tests switch it) */
+    if (strcmp(attn, "auto") && strcmp(attn, "tc") && strcmp(attn, "simt"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_CUDA_ATTN must be auto, tc or simt, got \"%s\"", attn);
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
@@ -476,12 +498,14 @@ extern "C" bg_status_t bg__cuda_backend_init(bg_backend_t *be, const bg_backend_
     impl->total_mem = prop.totalGlobalMem;
     BG_CU_INIT(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     BG_CU_INIT(cudaStreamCreateWithFlags(&impl->copy, cudaStreamNonBlocking), "cudaStreamCreate (copy)");
+    BG_CU_INIT(cudaStreamCreateWithFlags(&impl->copy_in, cudaStreamNonBlocking), "cudaStreamCreate (copy in)");
     for (int i = 0; i < 2; i++) {
         BG_CU_INIT(cudaMallocHost(&impl->stage[i], BG_CUDA_STAGE_BYTES), "cudaMallocHost (staging)");
         BG_CU_INIT(cudaEventCreateWithFlags(&impl->stage_ev[i], cudaEventDisableTiming), "cudaEventCreate");
     }
     BG_CU_INIT(cudaMalloc((void **)&impl->red, (BG_CUDA_RED_BLOCKS + 1) * sizeof(double)), "cudaMalloc (sum)");
     BG_CU_INIT(cudaMallocHost((void **)&impl->red_host, sizeof(double)), "cudaMallocHost (sum)");
+    BG_CU_INIT(cudaMalloc((void **)&impl->colsum, BG_CUDA_COLSUM_DOUBLES * sizeof(double)), "cudaMalloc (row sums)");
     cublasStatus_t bs = cublasCreate(&impl->blas);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         impl->blas = NULL;

@@ -28,13 +28,16 @@
 /* blocks of the deterministic sum/sumsq reduction (a fixed grid) */
 #define BG_CUDA_RED_BLOCKS 256
 #define BG_CUDA_THREADS 256
+/* scratch of the row reductions' slices (4 MiB: 32 slices of 8192 columns, two sums) */
+#define BG_CUDA_COLSUM_DOUBLES ((size_t)1 << 19)
 /* the largest attention head size the kernels take (ops.attention_max_head) */
 #define BG_CUDA_ATT_MAX_HS 256
 
 typedef struct bg_cuda_impl {
     int device;
     cudaStream_t stream;  /* the compute stream: every kernel, cuBLAS call and synchronous copy */
-    cudaStream_t copy;    /* the copy stream: to_host_async / from_host_async (the staging of transfers) */
+    cudaStream_t copy;    /* the device-to-host copy stream: to_host_async (the staging of transfers) */
+    cudaStream_t copy_in; /* the host-to-device copy stream: from_host_async */
     cublasHandle_t blas;
     int gemm_math;        /* BRIGADE_CUDA_GEMM: 0 fp32 (cublasSgemm), else the compute type below */
     cublasComputeType_t gemm_compute;
@@ -43,6 +46,7 @@ typedef struct bg_cuda_impl {
     cudaEvent_t stage_ev[2];
     int stage_next;
     double *red;          /* device: BG_CUDA_RED_BLOCKS partial sums + the total */
+    double *colsum;       /* device: BG_CUDA_COLSUM_DOUBLES, the row reductions' per-slice sums */
     double *red_host;     /* pinned: the total */
     cudaError_t first_error; /* the first error seen: sticky (bg__cu_error) */
     char error_msg[320];      /* which op, and the error's text */
@@ -68,6 +72,14 @@ static inline cudaStream_t bg__cu_stream(bg_backend_t *be)
     return bg__cu(be)->stream;
 }
 
+/* Attention on tensor cores unless BRIGADE_CUDA_ATTN says (tc | simt): yes
+ * when the backend's GEMMs run on them (BRIGADE_CUDA_GEMM tf32 or bf16). */
+int bg__cu_attention_tc_default(bg_backend_t *be);
+/* Device scratch of the row reductions' per-slice sums (cuda_kernels.cu,
+ * bias / LayerNorm / RMSNorm weight backward) and of the embedding
+ * backward's row lists, *cap_p doubles; NULL: none (one slice, no lists).
+ * Used by one op at a time on the compute stream. */
+double *bg__cu_colsum_scratch(bg_backend_t *be, size_t *cap_p);
 /* Records (and logs, the first time) a failed CUDA call or launch. */
 void bg__cu_check(bg_backend_t *be, cudaError_t e, const char *what);
 #define BG_CU_LAUNCHED(be, what) bg__cu_check((be), cudaGetLastError(), (what))

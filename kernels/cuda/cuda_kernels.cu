@@ -237,11 +237,26 @@ __global__ void bg__k_bias_fwd(float *out, const float *bias, int N, int C)
     BG_CU_FOR(i, (size_t)N * C) out[i] += bias[i % C];
 }
 
-/* Reductions over rows: one block per 32 columns, lane = column; warp w sums
- * rows w, w + 8, w + 16, ... in double, then warp 0 adds the 8 warps' sums in
- * warp order: a fixed order that depends on N only. */
+/* Reductions over rows: a block per 32 columns (lane = column) and per slice
+ * of BG_COL_SLICE rows; warp w sums the slice's rows w, w + 8, w + 16, ... in
+ * double, then warp 0 adds the 8 warps' sums in warp order. With one slice
+ * that is the column's total; with several, each slice's total goes to the
+ * scratch (bg__cu_colsum_scratch) and a second kernel adds the slices in
+ * order: a fixed order that depends on N and C only. Slices give the grid
+ * enough blocks when C is small (768 columns: 24 blocks without them). */
 #define BG_COL_WARPS (BG_CUDA_THREADS / 32)
 #define BG_COL_GRID(C) (((C) + 31) / 32)
+#define BG_COL_SLICE 512
+
+/* slices for N rows of C columns whose nsum sums each need a double per slice */
+static int bg__col_slices(bg_backend_t *be, int N, int C, int nsum, double **scratch_p)
+{
+    size_t cap = 0;
+    *scratch_p = bg__cu_colsum_scratch(be, &cap);
+    size_t want = ((size_t)N + BG_COL_SLICE - 1) / BG_COL_SLICE, fit = cap / ((size_t)nsum * (size_t)C);
+    size_t sl = want < fit ? want : fit;
+    return sl > 1 && *scratch_p ? (int)sl : 1;
+}
 
 /* the block's total of v for this lane's column, valid in warp 0; sh holds
  * BG_CUDA_THREADS doubles and may be reused after the call */
@@ -258,17 +273,54 @@ __device__ double bg__col_combine(double v, double *sh)
     return t;
 }
 
-__global__ void bg__k_colsum(float *dst, const float *src, int N, int C)
+/* rows [lo, hi) of slice blockIdx.y (of gridDim.y slices of n rows) */
+__device__ __forceinline__ void bg__col_rows(int n, int *lo, int *hi)
+{
+    int per = (n + (int)gridDim.y - 1) / (int)gridDim.y;
+    *lo = (int)blockIdx.y * per;
+    *hi = min(n, *lo + per);
+}
+
+/* column c's sum: added to dst (one slice) or written to part[slice * C + c] */
+__device__ __forceinline__ void bg__col_out(float *dst, double *part, double v, int c, int C)
+{
+    if (gridDim.y == 1)
+        dst[c] += (float)v;
+    else
+        part[(size_t)blockIdx.y * C + c] = v;
+}
+
+/* dst[c] += the slices' sums of column c, slices in order (k: which of the sums) */
+__global__ void bg__k_col_final(float *dst, const double *part, int slices, int C, int k)
+{
+    BG_CU_FOR(c, (size_t)C)
+    {
+        double t = 0.0;
+        for (int s = 0; s < slices; s++)
+            t += part[((size_t)k * slices + s) * C + c];
+        dst[c] += (float)t;
+    }
+}
+
+__global__ void bg__k_colsum(float *dst, double *part, const float *src, int N, int C)
 {
     __shared__ double sh[BG_CUDA_THREADS];
-    int c = blockIdx.x * 32 + (threadIdx.x & 31);
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lo, hi;
+    bg__col_rows(N, &lo, &hi);
     double s = 0.0;
     if (c < C)
-        for (int n = threadIdx.x >> 5; n < N; n += BG_COL_WARPS)
+        for (int n = lo + (threadIdx.x >> 5); n < hi; n += BG_COL_WARPS)
             s += src[(size_t)n * C + c];
     s = bg__col_combine(s, sh);
     if (threadIdx.x < 32 && c < C)
-        dst[c] += (float)s;
+        bg__col_out(dst, part, s, c, C);
+}
+
+/* the slices' sums of the k-th of a reduction's outputs into dst (several slices) */
+static void bg__col_finish(bg_backend_t *be, float *dst, const double *part, int slices, int C, int k)
+{
+    if (slices > 1 && dst)
+        BG_CU_LAUNCH1(bg__k_col_final, (size_t)C, dst, part, slices, C, k);
 }
 
 void bg__cu_bias_forward(bg_backend_t *be, float *out, const float *bias, int N, int C)
@@ -281,9 +333,12 @@ void bg__cu_bias_backward(bg_backend_t *be, float *dbias, const float *dout, int
 {
     if (C <= 0)
         return;
-    BG_CU_LAUNCH(bg__k_colsum, BG_COL_GRID(C), BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
-                 dbias, dout, N, C);
+    double *part;
+    int sl = bg__col_slices(be, N, C, 1, &part);
+    BG_CU_LAUNCH(bg__k_colsum, dim3(BG_COL_GRID(C), sl), BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
+                 dbias, part, dout, N, C);
     BG_CU_LAUNCHED(be, "bg__k_colsum");
+    bg__col_finish(be, dbias, part, sl, C, 0);
 }
 
 /* ----------------------------------------------------------- activations */
@@ -386,14 +441,16 @@ __global__ void bg__k_ln_bwd_in(float *din, const float *dout, const float *in, 
     }
 }
 
-__global__ void bg__k_ln_bwd_w(float *dw, float *db, const float *dout, const float *in, const float *mean,
-                               const float *rstd, int N, int C)
+/* the sums for dw at part[0 .. slices*C), for db after them */
+__global__ void bg__k_ln_bwd_w(float *dw, float *db, double *part, const float *dout, const float *in,
+                               const float *mean, const float *rstd, int N, int C)
 {
     __shared__ double sh[BG_CUDA_THREADS];
-    int c = blockIdx.x * 32 + (threadIdx.x & 31);
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lo, hi;
+    bg__col_rows(N, &lo, &hi);
     double aw = 0.0, ab = 0.0;
     if (c < C)
-        for (int n = threadIdx.x >> 5; n < N; n += BG_COL_WARPS) {
+        for (int n = lo + (threadIdx.x >> 5); n < hi; n += BG_COL_WARPS) {
             float dy = dout[(size_t)n * C + c];
             float norm = (in[(size_t)n * C + c] - mean[n]) * rstd[n];
             aw += (double)(dy * norm);
@@ -404,9 +461,9 @@ __global__ void bg__k_ln_bwd_w(float *dw, float *db, const float *dout, const fl
     if (threadIdx.x >= 32 || c >= C)
         return;
     if (dw)
-        dw[c] += (float)aw;
+        bg__col_out(dw, part, aw, c, C);
     if (db)
-        db[c] += (float)ab;
+        bg__col_out(db, part ? part + (size_t)gridDim.y * C : part, ab, c, C);
 }
 
 void bg__cu_layernorm_forward(bg_backend_t *be, float *out, float *mean, float *rstd, const float *in,
@@ -424,9 +481,13 @@ void bg__cu_layernorm_backward_weight(bg_backend_t *be, float *dweight, float *d
 {
     if (C <= 0)
         return;
-    BG_CU_LAUNCH(bg__k_ln_bwd_w, BG_COL_GRID(C), BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
-                 dweight, dbias, dout, in, mean, rstd, N, C);
+    double *part;
+    int sl = bg__col_slices(be, N, C, 2, &part);
+    BG_CU_LAUNCH(bg__k_ln_bwd_w, dim3(BG_COL_GRID(C), sl), BG_CUDA_THREADS, 0, BG_CU_STREAM(be),
+                 dweight, dbias, part, dout, in, mean, rstd, N, C);
     BG_CU_LAUNCHED(be, "bg__k_ln_bwd_w");
+    bg__col_finish(be, dweight, part, sl, C, 0);
+    bg__col_finish(be, dbias, part, sl, C, 1);
 }
 
 /* --------------------------------------------------------------- softmax */
@@ -571,6 +632,85 @@ __global__ void bg__k_emb_bwd_wte(float *dwte, const float *dout, const int32_t 
             dwte[(size_t)t * C + c] += dout[(size_t)r * C + c];
     }
 }
+/* The same sums from row lists: the rows of each of BG_EMB_LISTS token
+ * buckets (token mod BG_EMB_LISTS) listed in row order (one warp per bucket
+ * counts, then lists them after an order-keeping compaction), and thread
+ * (c, bucket) adds only its bucket's rows: the same order per token, so the
+ * same bits, with every thread walking rows / BG_EMB_LISTS rows on average
+ * instead of all of them. */
+#define BG_EMB_LISTS 256
+__device__ __forceinline__ int bg__emb_list(int32_t t) { return (int)((uint32_t)t % BG_EMB_LISTS); }
+__global__ void bg__k_emb_count(int *counts, const int32_t *tokens, int rows)
+{
+    int b = blockIdx.x, lane = threadIdx.x, n = 0;
+    for (int r = lane; r < rows; r += 32)
+        n += bg__emb_list(tokens[r]) == b;
+    float t = bg__warp_sum((float)n); /* exact: rows < 2^24 (the launcher checks) */
+    if (lane == 0)
+        counts[b] = (int)t;
+}
+__global__ void bg__k_emb_offsets(int *off, const int *counts)
+{
+    if (threadIdx.x != 0)
+        return;
+    off[0] = 0;
+    for (int b = 0; b < BG_EMB_LISTS; b++)
+        off[b + 1] = off[b] + counts[b];
+}
+__global__ void bg__k_emb_lists(int *list, const int *off, const int32_t *tokens, int rows)
+{
+    int b = blockIdx.x, lane = threadIdx.x, at = off[b];
+    for (int r0 = 0; r0 < rows; r0 += 32) {
+        int r = r0 + lane, f = r < rows && bg__emb_list(tokens[r]) == b;
+        float x = (float)f; /* inclusive prefix count over the lanes */
+        for (int o = 1; o < 32; o <<= 1) {
+            float y = __shfl_sync(BG_CU_FULL, x, lane >= o ? lane - o : 0);
+            if (lane >= o)
+                x += y;
+        }
+        int total = (int)__shfl_sync(BG_CU_FULL, x, 31);
+        if (f)
+            list[at + (int)x - 1] = r;
+        at += total;
+    }
+}
+__global__ void bg__k_emb_bwd_lists(float *dwte, const float *dout, const int32_t *tokens, const int *list,
+                                    const int *off, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+    if (c >= C)
+        return;
+    for (int k = off[b]; k < off[b + 1]; k++) {
+        int r = list[k];
+        dwte[(size_t)tokens[r] * C + c] += dout[(size_t)r * C + c];
+    }
+}
+
+/* dwte through the row lists when the scratch holds them (else the
+ * bucket-per-thread kernel above) */
+static void bg__emb_bwd_wte(bg_backend_t *be, float *dwte, const float *dout, const int32_t *tokens, int rows, int C)
+{
+    size_t cap = 0;
+    int *sc = (int *)bg__cu_colsum_scratch(be, &cap), *counts = sc, *off = sc + BG_EMB_LISTS;
+    int *list = off + BG_EMB_LISTS + 1;
+    if (!sc || (size_t)rows + 2 * BG_EMB_LISTS + 1 > 2 * cap || rows >= 1 << 24) {
+        dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_BUCKETS);
+        BG_CU_LAUNCH(bg__k_emb_bwd_wte, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens, rows, C);
+        BG_CU_LAUNCHED(be, "bg__k_emb_bwd_wte");
+        return;
+    }
+    BG_CU_LAUNCH(bg__k_emb_count, BG_EMB_LISTS, 32, 0, BG_CU_STREAM(be), counts, tokens, rows);
+    BG_CU_LAUNCHED(be, "bg__k_emb_count");
+    BG_CU_LAUNCH(bg__k_emb_offsets, 1, 32, 0, BG_CU_STREAM(be), off, (const int *)counts);
+    BG_CU_LAUNCHED(be, "bg__k_emb_offsets");
+    BG_CU_LAUNCH(bg__k_emb_lists, BG_EMB_LISTS, 32, 0, BG_CU_STREAM(be), list, (const int *)off, tokens, rows);
+    BG_CU_LAUNCHED(be, "bg__k_emb_lists");
+    dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_LISTS);
+    BG_CU_LAUNCH(bg__k_emb_bwd_lists, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens,
+                 (const int *)list, (const int *)off, C);
+    BG_CU_LAUNCHED(be, "bg__k_emb_bwd_lists");
+}
+
 /* dwpe: thread per (t, c), batch rows in order */
 __global__ void bg__k_emb_bwd_wpe(float *dwpe, const float *dout, int B, int T, int C)
 {
@@ -595,11 +735,8 @@ void bg__cu_embedding_backward(bg_backend_t *be, float *dwte, float *dwpe, const
 {
     if (B <= 0 || T <= 0 || C <= 0)
         return;
-    if (dwte) {
-        dim3 grid((C + BG_CUDA_THREADS - 1) / BG_CUDA_THREADS, BG_EMB_BUCKETS);
-        BG_CU_LAUNCH(bg__k_emb_bwd_wte, grid, BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dwte, dout, tokens, B * T, C);
-        BG_CU_LAUNCHED(be, "bg__k_emb_bwd_wte");
-    }
+    if (dwte)
+        bg__emb_bwd_wte(be, dwte, dout, tokens, B * T, C);
     if (dwpe) {
         size_t n = (size_t)T * C;
         BG_CU_LAUNCH1(bg__k_emb_bwd_wpe, n, dwpe, dout, B, T, C);
@@ -905,12 +1042,19 @@ static int bg__att_r(bg_backend_t *be, int hs)
     return hs <= 32 ? 1 : hs <= 64 ? 2 : hs <= 128 ? 4 : 8;
 }
 
+/* the tensor-core kernels: their own file */
+#include "kernels/cuda/cuda_attention_tc.cuh"
+
 void bg__cu_attention_forward(bg_backend_t *be, float *out, float *lse, const float *qkv, int B, int T, int NH,
                               int hs)
 {
     int R = bg__att_r(be, hs), BH = B * NH;
     if (!R || T <= 0 || BH <= 0)
         return;
+    if (bg__att_tc(be, hs)) {
+        bg__att_tc_forward(be, out, lse, qkv, B, T, NH, hs);
+        return;
+    }
     float scale = 1.0f / sqrtf((float)hs);
     size_t sm = bg__att_smem_fwd(hs);
 #define BG_ATT_FWD(RR) bg__att_launch(be, bg__k_att_fwd<RR>, "attention forward", T, BH, sm, out, lse, qkv, T, NH, hs, scale)
@@ -929,6 +1073,10 @@ void bg__cu_attention_backward(bg_backend_t *be, float *dqkv, float *dvec, const
     int R = bg__att_r(be, hs), BH = B * NH;
     if (!R || T <= 0 || BH <= 0)
         return;
+    if (bg__att_tc(be, hs)) {
+        bg__att_tc_backward(be, dqkv, dvec, dout, qkv, out, lse, B, T, NH, hs);
+        return;
+    }
     float scale = 1.0f / sqrtf((float)hs);
     size_t s1 = bg__att_smem_dq(hs), s2 = bg__att_smem_dkv(hs);
 #define BG_ATT_BWD(RR)                                                                                          \

@@ -39,17 +39,19 @@ __global__ void bg__k_rms_bwd_in(float *din, const float *dout, const float *in,
         din[off + c] = r * (w[c] * dy[c] - x[c] * r * m);
 }
 
-__global__ void bg__k_rms_bwd_w(float *dw, const float *dout, const float *in, const float *rstd, int N, int C)
+__global__ void bg__k_rms_bwd_w(float *dw, double *part, const float *dout, const float *in, const float *rstd, int N,
+                                int C)
 {
     __shared__ double sh[BG_CUDA_THREADS];
-    int c = blockIdx.x * 32 + (threadIdx.x & 31);
+    int c = blockIdx.x * 32 + (threadIdx.x & 31), lo, hi;
+    bg__col_rows(N, &lo, &hi);
     double a = 0.0;
     if (c < C)
-        for (int n = threadIdx.x >> 5; n < N; n += BG_COL_WARPS)
+        for (int n = lo + (threadIdx.x >> 5); n < hi; n += BG_COL_WARPS)
             a += (double)(dout[(size_t)n * C + c] * (in[(size_t)n * C + c] * rstd[n]));
     a = bg__col_combine(a, sh);
     if (threadIdx.x < 32 && c < C)
-        dw[c] += (float)a;
+        bg__col_out(dw, part, a, c, C);
 }
 
 void bg__cu_rmsnorm_forward(bg_backend_t *be, float *out, float *rstd, const float *in, const float *weight, float eps,
@@ -67,8 +69,12 @@ void bg__cu_rmsnorm_backward_weight(bg_backend_t *be, float *dweight, const floa
 {
     if (C <= 0)
         return;
-    BG_CU_LAUNCH(bg__k_rms_bwd_w, BG_COL_GRID(C), BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dweight, dout, in, rstd, N, C);
+    double *part;
+    int sl = bg__col_slices(be, N, C, 1, &part);
+    BG_CU_LAUNCH(bg__k_rms_bwd_w, dim3(BG_COL_GRID(C), sl), BG_CUDA_THREADS, 0, BG_CU_STREAM(be), dweight, part, dout,
+                 in, rstd, N, C);
     BG_CU_LAUNCHED(be, "bg__k_rms_bwd_w");
+    bg__col_finish(be, dweight, part, sl, C, 0);
 }
 
 /* ----------------------------------------------------------------- SwiGLU */

@@ -34,6 +34,23 @@ void bg_emu_check(bg_backend_t *be, cudaError_t e, const char *what) /* bg__cu_c
 
 extern "C" int bg_test_cuda_emu_errors(void) { return bg__emu_errors; }
 
+/* bg__cu_colsum_scratch, renamed by bg_cuda_emu.h: host memory stands for the device's */
+double *bg_emu_colsum_scratch(bg_backend_t *be, size_t *cap_p)
+{
+    static double scratch[BG_CUDA_COLSUM_DOUBLES];
+    (void)be;
+    *cap_p = BG_CUDA_COLSUM_DOUBLES;
+    return scratch;
+}
+
+/* bg__cu_attention_tc_default, renamed by bg_cuda_emu.h: the emulated backend
+ * has no GEMM setting, so BRIGADE_CUDA_ATTN alone chooses */
+int bg_emu_attention_tc_default(bg_backend_t *be)
+{
+    (void)be;
+    return 0;
+}
+
 /* the host side of cuda_backend.cu's sum/sumsq and GEMM, minus the runtime */
 static double bg__emu_reduce(bg_backend_t *be, const float *x, size_t n, int sq)
 {

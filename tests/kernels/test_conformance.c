@@ -25,7 +25,7 @@
  * random values (an op that assigns instead is caught), and compares every
  * output by the normalised error max|got - ref| / max|ref| against the case's
  * tolerance (NaN where the reference is finite is an infinite error). Sizes are
- * odd and span several tiles (attention T > 32, head sizes 24, 64, 160). */
+ * odd and span several tiles (attention T > 32, head sizes 24, 64, 128, 160). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -310,6 +310,18 @@ static void c_ln_bwd_w(run_t *r)
     float *d = in(r, N_ * C_), *x = in(r, N_ * C_), *m = in(r, N_), *s = in_k(r, N_, POSITIVE);
     OPS->layernorm_backward_weight(BE, acc(r, C_), acc(r, C_), d, x, m, s, N_, C_);
 }
+/* rows enough for several of the CUDA reductions' row slices (512 rows each) */
+enum { NS_ = 1201 };
+static void c_bias_bwd_tall(run_t *r)
+{
+    float *d = in(r, NS_ * C_);
+    OPS->bias_backward(BE, acc(r, C_), d, NS_, C_);
+}
+static void c_ln_bwd_w_tall(run_t *r)
+{
+    float *d = in(r, NS_ * C_), *x = in(r, NS_ * C_), *m = in(r, NS_), *s = in_k(r, NS_, POSITIVE);
+    OPS->layernorm_backward_weight(BE, acc(r, C_), acc(r, C_), d, x, m, s, NS_, C_);
+}
 static void c_softmax_fwd(run_t *r)
 {
     float *x = in_k(r, N_ * C_, WIDE);
@@ -373,6 +385,13 @@ static void c_emb_bwd(run_t *r)
     float *d = in(r, B_ * TT_ * C_);
     OPS->embedding_backward(BE, acc(r, EV_ * C_), acc(r, TT_ * C_), d, t, B_, TT_, C_);
 }
+/* 135 rows over 700 tokens: several tokens per bucket of the CUDA kernel's row lists (token mod 256) */
+static void c_emb_bwd_wide(run_t *r)
+{
+    int32_t *t = tokens(r, 3 * 45, 700);
+    float *d = in(r, 3 * 45 * C_);
+    OPS->embedding_backward(BE, acc(r, 700 * C_), NULL, d, t, 3, 45, C_);
+}
 enum { LB = 2, LT = 7, LNH = 3, LHS = 5, LC = LNH * LHS, LN = LB * LT * LC };
 static void c_qkv_split(run_t *r)
 {
@@ -413,9 +432,11 @@ static void att_bwd(run_t *r, int B, int T, int NH, int hs)
 static void c_att_fwd24(run_t *r) { att_fwd(r, 2, 45, 3, 24); }
 static void c_att_fwd64(run_t *r) { att_fwd(r, 1, 70, 2, 64); }
 static void c_att_fwd160(run_t *r) { att_fwd(r, 1, 33, 1, 160); }
+static void c_att_fwd128(run_t *r) { att_fwd(r, 1, 97, 1, 128); }
 static void c_att_bwd24(run_t *r) { att_bwd(r, 2, 45, 3, 24); }
 static void c_att_bwd64(run_t *r) { att_bwd(r, 1, 70, 2, 64); }
 static void c_att_bwd160(run_t *r) { att_bwd(r, 1, 33, 1, 160); }
+static void c_att_bwd128(run_t *r) { att_bwd(r, 1, 97, 1, 128); }
 
 /* the Llama-style kernels: RMSNorm, SwiGLU, RoPE (3 groups of 2 query heads + key, hs 10, from position 5;
  * and its inverse in place), the grouped-query layout both ways */
@@ -433,6 +454,11 @@ static void c_rms_bwd_w(run_t *r)
 {
     float *d = in(r, N_ * C_), *x = in(r, N_ * C_), *s = in_k(r, N_, POSITIVE);
     OPS->rmsnorm_backward_weight(BE, acc(r, C_), d, x, s, N_, C_);
+}
+static void c_rms_bwd_w_tall(run_t *r)
+{
+    float *d = in(r, NS_ * C_), *x = in(r, NS_ * C_), *s = in_k(r, NS_, POSITIVE);
+    OPS->rmsnorm_backward_weight(BE, acc(r, C_), d, x, s, NS_, C_);
 }
 static void c_swiglu_fwd(run_t *r)
 {
@@ -517,6 +543,7 @@ static const case_t cases[] = {
     {"gemm_strided_batched", c_gemm_batched, 1e-5},
     {"bias_forward", c_bias_fwd, 0},
     {"bias_backward", c_bias_bwd, 1e-6},
+    {"bias_backward 1201 rows", c_bias_bwd_tall, 1e-6},
     {"gelu_forward", c_gelu_fwd, 2e-6},
     {"gelu_backward", c_gelu_bwd, 2e-6},
     {"bias_gelu_forward (or bias_forward + gelu_forward)", c_bias_gelu_fwd, 2e-6},
@@ -526,6 +553,7 @@ static const case_t cases[] = {
     {"layernorm_forward", c_ln_fwd, 1e-5},
     {"layernorm_backward_input", c_ln_bwd_in, 1e-5},
     {"layernorm_backward_weight", c_ln_bwd_w, 1e-6},
+    {"layernorm_backward_weight 1201 rows", c_ln_bwd_w_tall, 1e-6},
     {"softmax_forward", c_softmax_fwd, 1e-5},
     {"softmax_backward", c_softmax_bwd, 1e-5},
     {"causal_softmax_forward", c_causal_fwd, 1e-5},
@@ -537,6 +565,7 @@ static const case_t cases[] = {
     {"embedding_forward", c_emb_fwd, 0},
     {"embedding_forward (no wpe)", c_emb_fwd_nopos, 0},
     {"embedding_backward", c_emb_bwd, 1e-6},
+    {"embedding_backward 700 tokens, no wpe", c_emb_bwd_wide, 1e-6},
     {"qkv_split", c_qkv_split, 0},
     {"qkv_merge", c_qkv_merge, 0},
     {"heads_merge", c_heads_merge, 0},
@@ -544,12 +573,15 @@ static const case_t cases[] = {
     {"attention_forward hs 24", c_att_fwd24, 2e-5},
     {"attention_forward hs 64", c_att_fwd64, 2e-5},
     {"attention_forward hs 160", c_att_fwd160, 2e-5},
+    {"attention_forward hs 128", c_att_fwd128, 2e-5},
     {"attention_backward hs 24", c_att_bwd24, 5e-5},
     {"attention_backward hs 64", c_att_bwd64, 5e-5},
     {"attention_backward hs 160", c_att_bwd160, 5e-5},
+    {"attention_backward hs 128", c_att_bwd128, 5e-5},
     {"rmsnorm_forward", c_rms_fwd, 1e-5},
     {"rmsnorm_backward_input", c_rms_bwd_in, 1e-5},
     {"rmsnorm_backward_weight", c_rms_bwd_w, 1e-6},
+    {"rmsnorm_backward_weight 1201 rows", c_rms_bwd_w_tall, 1e-6},
     {"swiglu_forward", c_swiglu_fwd, 2e-6},
     {"swiglu_backward", c_swiglu_bwd, 2e-6},
     {"rope", c_rope, 1e-6},
@@ -637,6 +669,48 @@ static int conform(bg_backend_t *ref, bg_backend_t *cand, double tol_scale, uint
         free_result(&a);
         free_result(&b);
     }
+    return failed;
+}
+
+/* Attention on tensor cores (BRIGADE_CUDA_ATTN=tc: tf32 operands) against
+ * the CPU at the tf32 GEMMs' tolerance, and taken where it should be: at
+ * head size 64 its output differs from the CUDA-core kernels' (tf32
+ * rounding), at 160 (above its limit) it is theirs, bitwise. */
+static int attention_tc(bg_backend_t *ref, bg_backend_t *cand, uint64_t seed, int verbose)
+{
+    setenv("BRIGADE_CUDA_ATTN", "tc", 1);
+    int failed = conform(ref, cand, 300.0, seed, verbose, "attention");
+    static const int hs[2] = {64, 160};
+    for (int k = 0; k < 2; k++) {
+        const int B = 2, T = 37, NH = 2, C = NH * hs[k];
+        size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+        float *qkv = bg_backend_alloc(cand, nq * 4, "qkv"), *o[2], *lse = bg_backend_alloc(cand, nl * 4, "lse");
+        float *h = malloc(nq * 4), *got[2] = {malloc(no * 4), malloc(no * 4)};
+        uint64_t st = seed ^ 0x7c;
+        for (size_t i = 0; i < nq; i++)
+            h[i] = (float)((st = st * 6364136223846793005ull + 1442695040888963407ull) >> 40) / (1 << 24) - 0.5f;
+        cand->ops->from_host(cand, qkv, h, nq * 4);
+        for (int tc = 0; tc < 2; tc++) {
+            setenv("BRIGADE_CUDA_ATTN", tc ? "tc" : "simt", 1);
+            o[tc] = bg_backend_alloc(cand, no * 4, "out");
+            cand->ops->attention_forward(cand, o[tc], lse, qkv, B, T, NH, hs[k]);
+            cand->ops->to_host(cand, got[tc], o[tc], no * 4);
+            bg_backend_free(cand, o[tc]);
+        }
+        int same = !memcmp(got[0], got[1], no * 4), want_same = hs[k] > 128;
+        if (same != want_same) {
+            printf("  attention hs %d: the tensor-core path %s\n", hs[k],
+                   want_same ? "differs from the CUDA-core kernels above its head-size limit"
+                             : "gives the CUDA-core kernels' bits (was it taken?)");
+            failed++;
+        } else if (verbose) {
+            printf("  attention hs %d: tensor cores %s\n", hs[k], want_same ? "not used (above 128)" : "used");
+        }
+        bg_backend_free(cand, qkv), bg_backend_free(cand, lse);
+        free(h), free(got[0]), free(got[1]);
+    }
+    unsetenv("BRIGADE_CUDA_ATTN");
+    printf("%s attention on tensor cores (tf32) against cpu: %d failed\n", cand->ops->name, failed);
     return failed;
 }
 
@@ -736,6 +810,7 @@ int main(int argc, char **argv)
             die("%s", bg_last_error());
         int failed = conform(ref, emu, 1.0, seed, verbose, NULL) + bg_test_cuda_emu_errors();
         printf("cuda kernels (emulated on the CPU) against cpu: %d failed\n", failed);
+        failed += attention_tc(ref, emu, seed, verbose);
         bg_backend_destroy(emu);
         bg_backend_destroy(ref);
         return failed ? 1 : 0;
@@ -785,6 +860,9 @@ int main(int argc, char **argv)
             bg_backend_destroy(m);
         }
         unsetenv("BRIGADE_CUDA_GEMM");
+        bg_backend_t *m = make(name, 0, 0);
+        failed += attention_tc(ref, m, seed, verbose);
+        bg_backend_destroy(m);
     }
     bg_backend_destroy(ref);
     return failed ? 1 : 0;

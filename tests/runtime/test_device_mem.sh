@@ -4,7 +4,8 @@
 # 35.8 MiB in one process fails there under a 24 MiB cap, naming the buffer
 # and the bytes, and trains at pp 2 (and tp 2) within it, to the weights of
 # the uncapped single process; each rank's measured peak equals the
-# prediction and stays under its cap; a per-rank list caps each rank on its own.
+# prediction and stays under its cap (the summary, and the metrics JSON at tp 2
+# on cpu-async); a per-rank list caps each rank on its own.
 . "$(dirname "$0")/../lib/harness.sh"
 A=(--layers 8 --d-model 128 --heads 4 --seq 64 --batch 8 --microbatches 4 --steps 3 --threads 1)
 CAP=25165824 # 24M
@@ -25,6 +26,22 @@ if timeout 120 "$B" launch -n 2 -- "$B" train "${A[@]}" --pp 2 --split 5,6 --dev
         ok "peak = prediction <= cap on both ranks: $(grep -A2 '^rank' "$T/sum.log" | tr -s ' ' | tr '\n' ';')" ||
         bad "summary: $(cat "$T/sum.log")"
 else bad "pp 2 summary run failed: $(tail -3 "$T/sum.log")"; fi
+
+# the metrics JSON's predicted_bytes and peak_bytes: equal on every rank at the last step, under the cap,
+# also at tp 2 on cpu-async (a backend that queues work: the last stage's per-microbatch losses are counted)
+if timeout 120 "$B" launch -n 2 -- "$B" train "${A[@]}" --tp 2 --backend cpu-async --device-mem 24M --quiet \
+     --metrics "$T/tpa.jsonl" >"$T/tpa.log" 2>&1 &&
+   v=$(python3 - "$T/tpa.jsonl" $CAP <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"peak_bytes"' in l]
+last = {r["rank"]: r for r in rows if r["step"] == max(x["step"] for x in rows)}
+assert sorted(last) == [0, 1], last.keys()
+for k, r in sorted(last.items()):
+    assert r["peak_bytes"] == r["predicted_bytes"] <= int(sys.argv[2]), (k, r["peak_bytes"], r["predicted_bytes"])
+print(", ".join(f"rank {k}: {r['peak_bytes']}" for k, r in sorted(last.items())))
+PY
+); then ok "tp 2 on cpu-async: metrics peak_bytes = predicted_bytes <= cap ($v)"; else
+    bad "tp 2 on cpu-async, metrics: ${v:-$(tail -3 "$T/tpa.log")}"; fi
 
 # one cap per rank: rank 1 (18.6 MiB at this split) under 16M fails, naming it; rank 0 keeps 24M
 if timeout 120 "$B" launch -n 2 -- "$B" train "${A[@]}" --pp 2 --split 5,6 --device-mem 24M,16M >"$T/pr.log" 2>&1; then

@@ -48,6 +48,54 @@ timeout 120 "$B" launch -n 2 -- "$B" train ${GPT/--microbatches 4/--microbatches
   >"$T/gptdp.log" 2>&1 || { bad "gpt dp 2 reference"; cat "$T/gptdp.log"; }
 rand gptdp "$GPT" dualpipe 2 0 10
 
+# Weight gradients out of microbatch order run in it: torch's LoopedBFS
+# (backwards last microbatch first, written from torch's ScheduleLoopedBFS)
+# read from its CSV, and a ZB-H1 program with two Ws swapped, both train
+# bitwise equal to one process; the input halves stay where listed.
+ooo() { # NAME PROGRAM: trained at pp 2, compared with one process
+  local out="$T/$1"
+  if ! timeout 120 "$B" launch -n 2 -- "$B" train $GPT --pp 2 --schedule-json "$2" --quiet --save "$out" >"$out.log" 2>&1; then
+    bad "$1: training failed"; grep -v WARN "$out.log" | tail -5; return
+  fi
+  local verdict
+  if verdict=$("$B" compare "$T/gpt" "$out"); then ok "$1 :: $verdict"; else bad "$1 :: $verdict"; fi
+}
+python3 - "$T/lbfs.csv" <<'PY'
+import sys
+p, v, m = 2, 2, 4
+rows = []
+for r in range(p):  # torch's ScheduleLoopedBFS._calculate_single_rank_operations
+    stages = range(r, p * v, p)
+    ops = [""] * r + [f"{s}F{mb}" for s in stages for mb in range(m)] + [""] * (2 * (p - 1 - r))
+    ops += [f"{s}B{mb}" for s in reversed(stages) for mb in reversed(range(m))]
+    rows.append(",".join(ops))
+open(sys.argv[1], "w").write("\n".join(rows) + "\n")
+PY
+"$B" schedule --from-torch-csv "$T/lbfs.csv" --json "$T/lbfs.json" --text >"$T/lbfs.out" 2>&1 ||
+  bad "LoopedBFS from torch's CSV: $(cat "$T/lbfs.out")"
+grep -q "^rank 0 | F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 b3.1 b2.1 b1.1 B0.1 W1.1 W2.1 W3.1 b3.0 b2.0 b1.0 B0.0 W1.0 W2.0 W3.0$" \
+  "$T/lbfs.out" && ok "LoopedBFS: input halves where listed, weight halves in microbatch order" ||
+  bad "LoopedBFS order: $(cat "$T/lbfs.out")"
+ooo lbfs "$T/lbfs.json"
+"$B" schedule --schedule zb-h1 --stages 2 --microbatches 4 --json "$T/zbh1_2.json" --no-text >/dev/null
+python3 - "$T/zbh1_2.json" "$T/wswap.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+def swap(ops):  # the first W whose successor's B comes before it: swap the two Ws
+    pos = lambda kind, mb: next(k for k, o in enumerate(ops) if o["kind"] == kind and o["microbatch"] == mb)
+    for mb in range(3):
+        i, j = pos("backward_weight", mb), pos("backward_weight", mb + 1)
+        if pos("backward_input", mb + 1) < i:
+            ops[i], ops[j] = ops[j], ops[i]
+            return True
+if not any(swap(r["ops"]) for r in d["ranks"]):
+    sys.exit("no two Ws to swap")
+json.dump(d, open(sys.argv[2], "w"))
+PY
+"$B" schedule --from-json "$T/wswap.json" --no-text >"$T/wswap.out" 2>&1 && grep -q "^note: 1 weight gradients run after" "$T/wswap.out" &&
+  ok "swapped Ws: brigade schedule says one moved" || bad "swapped Ws: $(cat "$T/wswap.out")"
+ooo wswap "$T/wswap.json"
+
 "$B" schedule --schedule zbv --stages 2 --microbatches 4 --json "$T/zbv2.json" --no-text >/dev/null
 "$B" schedule --schedule zb-h1 --stages 4 --microbatches 4 --json "$T/zbh1.json" --no-text >/dev/null
 "$B" schedule --schedule zbv --stages 4 --microbatches 4 --json "$T/zbv4.json" --no-text >/dev/null

@@ -21,6 +21,11 @@
 # Direct (BRIGADE_STAGING=direct, the path of a CUDA-aware UCX): sends and
 # receives on the buffers themselves behind the backend's events, reductions
 # staged, on cpu-async: bitwise the direct path's weights.
+# Group collectives (runtime/devcoll.h): --tp 2 with and without
+# --sequence-parallel, --zero 1 and 2, and tp 2 x dp 2 with ZeRO 2 and SP, on
+# cpu-async through the staging and direct providers (and staged without
+# streams on cpu, with BRIGADE_TP_OVERLAP=microbatch): bitwise the cpu
+# backend's weights; BRIGADE_COLL=nccl without a cuda backend is refused.
 . "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
 
@@ -33,6 +38,12 @@ run() {
        "$B" launch -n "$n" -- "$B" train "$@" --quiet --save "$T/$name" >"$T/$name.log" 2>&1; then
     bad "$name: launch -n $n train $* (BRIGADE_STAGING=$mode)"; grep -v WARN "$T/$name.log" | tail -5; return 1
   fi
+}
+
+# bitwise REF RUN LABEL: RUN's weights are REF's, bit for bit (a pass, with the verdict), else a failure
+bitwise() {
+  local verdict
+  if verdict=$("$B" compare "$1" "$2"); then pass=$((pass + 1)); echo "ok   $3 :: $verdict"; else bad "$3 :: $verdict"; fi
 }
 
 # case NAME N ARGS...: staged vs direct, same ranks and arguments (STAGED_ARGS: more for the staged run)
@@ -49,12 +60,7 @@ case_() {
   nt=$(sed -E 's/.*staged ([0-9]+) transfers \(([0-9]+) chunks.*/\1/' <<<"$line")
   nc=$(sed -E 's/.*staged ([0-9]+) transfers \(([0-9]+) chunks.*/\2/' <<<"$line")
   if [ "$nc" -le "$nt" ] && [ "${name#async_}" != dp2 ]; then bad "$name: $nc chunks for $nt transfers: nothing was split"; return; fi
-  local verdict
-  if verdict=$("$B" compare "$T/$name.direct" "$T/$name.staged"); then
-    pass=$((pass + 1)); echo "ok   $name :: $line :: $verdict"
-  else
-    bad "$name :: $verdict"
-  fi
+  bitwise "$T/$name.direct" "$T/$name.staged" "$name :: $line"
 }
 
 case_ pp2 2 $GPT --pp 2 --schedule 1f1b
@@ -97,17 +103,53 @@ dcase() {
   local line
   line=$(grep -m1 -o "handed [1-9][0-9]* transfers ([0-9]* bytes)" "$T/$name.log")
   if [ -z "$line" ]; then bad "$name: nothing was handed to the transport directly"; return; fi
-  local verdict
-  if verdict=$("$B" compare "$T/$ref.direct" "$T/$name"); then
-    pass=$((pass + 1)); echo "ok   $name :: $line :: $verdict"
-  else
-    bad "$name :: $verdict"
-  fi
+  bitwise "$T/$ref.direct" "$T/$name" "$name :: $line"
 }
 dcase direct_pp2 pp2 2 $GPT --pp 2 --schedule 1f1b
 dcase direct_pp2dp2 pp2dp2 4 $GPT --pp 2 --dp 2 --schedule zb-h1
 dcase direct_ps1pp2 ps1pp2 5 $PS --ps 1 --pp 2 --schedule 1f1b
 dcase direct_dualpipe async_dualpipe 2 $GPT --pp 2 --schedule dualpipe
+
+# the strategies' group collectives on backend buffers (runtime/devcoll.h): tensor parallelism with and
+# without sequence parallelism, ZeRO 1 and 2, and both groups at once, on cpu-async through the staging
+# provider (always: every collective's input copied out behind an event, the transport's collective on
+# the host copy, the result copied back) and the direct one (gathers on the buffer itself, reductions
+# staged), and on the cpu backend staged without streams (with BRIGADE_TP_OVERLAP=microbatch's two lanes):
+# bitwise the cpu backend's weights; the log names each group's provider, and staged (handed) transfers
+# counted where there is no point-to-point traffic prove the collectives took that path
+# ccase NAME REF N MODE PROVIDER ARGS...: REF (run once per ARGS) is the cpu backend's run
+ccase() {
+  local name=$1 ref=$2 n=$3 mode=$4 prov=$5; shift 5
+  [ -d "$T/$ref" ] || run "$ref" "$n" auto "$@" || return
+  run "$name" "$n" "$mode" "$@" ${CARGS:---backend cpu-async} || return
+  if ! grep -q "collectives of the .* group ($([ "$n" = 4 ] && echo 2 || echo "$n") members): $prov" "$T/$name.log"; then
+    bad "$name: no group logged the $prov provider: $(grep 'collectives of' "$T/$name.log" | head -2)"; return
+  fi
+  local moved
+  moved=$(grep -m1 -o "\(staged\|handed\) [1-9][0-9]* transfers" "$T/$name.log")
+  if [ -z "$moved" ]; then bad "$name: no collective went through the staging layer"; return; fi
+  bitwise "$T/$ref" "$T/$name" "$name ($prov) :: $moved"
+}
+TP="$GPT --tp 2"
+ccase coll_tp2 ref_tp2 2 always staging $TP
+ccase coll_tp2_direct ref_tp2 2 direct direct $TP
+ccase coll_sp2 ref_sp2 2 always staging $TP --sequence-parallel
+CARGS="--backend cpu" BRIGADE_TP_OVERLAP=microbatch ccase coll_sp2_sync ref_sp2 2 always staging $TP --sequence-parallel
+ccase coll_sp2_direct ref_sp2 2 direct direct $TP --sequence-parallel
+ccase coll_zero1 ref_zero1 2 always staging $GPT --dp 2 --zero 1
+ccase coll_zero1_direct ref_zero1 2 direct direct $GPT --dp 2 --zero 1
+ccase coll_zero2 ref_zero2 2 always staging $GPT --dp 2 --zero 2
+ccase coll_zero2_direct ref_zero2 2 direct direct $GPT --dp 2 --zero 2
+ccase coll_3d ref_3d 4 always staging $TP --dp 2 --zero 2 --sequence-parallel
+grep -q "handed [1-9]" "$T/coll_zero2_direct.log" && ok "ZeRO 2's all-gathers handed to the transport directly (direct)" ||
+  bad "coll_zero2_direct: no gather was handed over directly"
+# BRIGADE_COLL: nccl where it cannot run (no cuda stream) and an unknown value: one clear line, non-zero exit
+for v in nccl sometimes; do
+  out=$(BRIGADE_COLL=$v timeout 60 "$B" launch -n 2 -- "$B" train $TP --steps 1 --quiet 2>&1); rc=$?
+  want='BRIGADE_COLL=nccl on backend cpu: the backend has no device stream NCCL can queue on'
+  [ $v = sometimes ] && want='BRIGADE_COLL="sometimes": expected auto or nccl'
+  if [ $rc -ne 0 ] && grep -qF "$want" <<<"$out"; then pass=$((pass + 1)); echo "ok   BRIGADE_COLL=$v refused"; else bad "BRIGADE_COLL=$v: rc $rc: $out"; fi
+done
 
 # a backend that queues work sums the last stage's losses at the step's end
 # (runtime/executor.c, loss_dev): the same losses as summing each microbatch at once
@@ -176,4 +218,4 @@ fi
 out=$(BRIGADE_STAGING=sometimes "$B" train $GPT --steps 1 --quiet 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q 'BRIGADE_STAGING="sometimes"' <<<"$out"; then pass=$((pass + 1)); else bad "BRIGADE_STAGING=sometimes: rc $rc: $out"; fi
 
-finish 31
+finish 44

@@ -4,7 +4,8 @@
  * (device buffers handed to the transport, gated by events), and that a host
  * block a host-to-device copy still reads is not handed out again before
  * the copy completes (a backend whose compute stream does not wait, so the
- * copy is still in flight when the transfer is freed). */
+ * copy is still in flight when the transfer is freed), also for a receive
+ * cancelled after some of its chunks landed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -134,6 +135,119 @@ static void test_held_block(void **state)
     unsetenv("BRIGADE_STAGE_CHUNK_KB");
 }
 
+/* A receive freed (cancelled) after some of its chunks landed: their
+ * host-to-device copies still read the host block, so it must not be handed
+ * out again before they complete. The sender is a synchronous staging on
+ * the CPU backend (its chunks leave at once); the receiver's compute stream
+ * does not wait (its copies are in flight when it is freed); a staged send
+ * taken right after fills its block with NaN at once (cpu-async), which the
+ * cancelled receive's copies would then write to dev. */
+static void test_cancelled_recv(void **state)
+{
+    (void)state;
+    setenv("BRIGADE_STAGING", "always", 1);
+    setenv("BRIGADE_STAGE_CHUNK_KB", "1", 1);
+    bg_backend_t *be = mkbe("cpu-async"), *cpu = mkbe("cpu");
+    bg_backend_ops_t ops = *be->ops;
+    ops.stream_wait = no_wait;
+    const bg_backend_ops_t *keep = be->ops;
+    be->ops = &ops;
+    bg__staging_t sg, tx_sg;
+    assert_int_equal(bg__staging_init(&sg, be, NULL), BG_OK);
+    assert_int_equal(bg__staging_init(&tx_sg, cpu, NULL), BG_OK);
+    assert_true(sg.async && !tx_sg.async);
+    const size_t n = 1000, part = 512; /* 4 chunks of 1 KiB posted; 2 sent */
+    float *src = bg_backend_alloc(cpu, n * sizeof(float), "src"), *dev = bg_backend_alloc(be, n * sizeof(float), "dev");
+    for (size_t i = 0; i < n; i++)
+        src[i] = (float)i + 0.75f;
+    bg__xfer_t *rx = NULL, *tx = NULL, *rx2 = NULL, *tx2 = NULL;
+    assert_int_equal(bg__xrecv(&sg, comm, 0, 13, dev, n * sizeof(float), &rx), BG_OK);
+    assert_int_equal(bg__xsend(&tx_sg, comm, 0, 13, src, part * sizeof(float), &tx), BG_OK);
+    assert_int_equal(bg__xwait(tx), BG_OK);
+    for (int k = 0; k < 64; k++) { /* lands the two chunks (never all four) */
+        int done = 1;
+        assert_int_equal(bg__xtest(rx, &done), BG_OK);
+        assert_false(done);
+    }
+    bg__xfree(rx); /* cancelled: chunks 2 and 3 never come */
+    /* a staged send of the same size right away: it must not get the block the copies read */
+    float *dev2 = bg_backend_alloc(cpu, n * sizeof(float), "dev2");
+    assert_int_equal(bg__xsend(&sg, comm, 0, 14, src, n * sizeof(float), &tx2), BG_OK);
+    assert_int_equal(bg__xrecv(&tx_sg, comm, 0, 14, dev2, n * sizeof(float), &rx2), BG_OK);
+    assert_int_equal(bg__xwait(tx2), BG_OK);
+    assert_int_equal(bg__xwait(rx2), BG_OK);
+    bg__xfree(tx2);
+    bg__xfree(rx2);
+    bg__xfree(tx);
+    bg__staging_fini(&sg); /* waits for the copies still held */
+    bg__staging_fini(&tx_sg);
+    for (size_t i = 0; i < part; i++)
+        if (dev[i] != src[i])
+            fail_msg("element %zu of the landed chunks: %g, expected %g", i, dev[i], src[i]);
+    assert_memory_equal(dev2, src, n * sizeof(float));
+    be->ops = keep;
+    bg_backend_free(cpu, dev2);
+    bg_backend_free(be, dev);
+    bg_backend_free(cpu, src);
+    bg_backend_destroy(be);
+    bg_backend_destroy(cpu);
+    unsetenv("BRIGADE_STAGING");
+    unsetenv("BRIGADE_STAGE_CHUNK_KB");
+}
+
+/* The group collectives on backend buffers (bg__xcoll, bg__xbcast), on a group of one: every kind
+ * through the synchronous and the streams paths, staged and direct, gives its input back (a result read
+ * before its copy completed is NaN on cpu-async), and the direct path hands over the gather in chunks
+ * only. The members' slots of a larger group are test_staging's (tp 2 with sequence parallelism). */
+static void test_collectives(void **state)
+{
+    (void)state;
+    int me = 0;
+    bg_group_t *g = NULL;
+    assert_int_equal(bg_group_create(comm, 1, &me, &g), BG_OK);
+    const char *modes[] = {"always", "direct"}, *names[] = {"cpu", "cpu-async"};
+    const size_t n = 777;
+    for (int m = 0; m < 2; m++) {
+        for (int k = 0; k < 2; k++) {
+            setenv("BRIGADE_STAGING", modes[m], 1);
+            bg_backend_t *be = mkbe(names[k]);
+            bg__staging_t sg;
+            assert_int_equal(bg__staging_init(&sg, be, comm), BG_OK);
+            float *src = bg_backend_alloc(be, n * sizeof(float), "src");
+            float *dst = bg_backend_alloc(be, n * sizeof(float), "dst");
+            for (bg__coll_kind_t ck = BG__COLL_ALLREDUCE; ck <= BG__COLL_REDUCE_SCATTER; ck++) {
+                for (size_t i = 0; i < n; i++)
+                    src[i] = 0.5f + (float)i + 1000.0f * (float)ck, dst[i] = -7.0f;
+                int inplace = ck != BG__COLL_ALLGATHER && ck != BG__COLL_REDUCE_SCATTER;
+                bg__xfer_t *x = NULL;
+                assert_int_equal(bg__xcoll(&sg, g, ck, inplace ? NULL : src, inplace ? src : dst, n, BG_REDUCE_SUM,
+                                           &x),
+                                 BG_OK);
+                assert_int_equal(bg__xwait(x), BG_OK);
+                bg__xfree(x);
+                const float *out = inplace ? src : dst;
+                for (size_t i = 0; i < n; i++)
+                    if (out[i] != 0.5f + (float)i + 1000.0f * (float)ck)
+                        fail_msg("%s, %s, kind %d, element %zu: %g", modes[m], names[k], (int)ck, i, out[i]);
+            }
+            for (size_t i = 0; i < n; i++)
+                src[i] = (float)i;
+            assert_int_equal(bg__xbcast(&sg, g, src, n, 0), BG_OK);
+            for (size_t i = 0; i < n; i++)
+                assert_true(src[i] == (float)i);
+            /* the direct provider hands the gather in chunks over; the staged one copies every collective */
+            assert_int_equal(sg.direct_transfers, m == 1 ? 1 : 0);
+            assert_int_equal(sg.transfers, m == 1 ? 4 : 5);
+            bg__staging_fini(&sg);
+            bg_backend_free(be, dst);
+            bg_backend_free(be, src);
+            bg_backend_destroy(be);
+        }
+    }
+    unsetenv("BRIGADE_STAGING");
+    bg_group_destroy(g);
+}
+
 /* The streams path and the synchronous one move the same bytes. */
 static void test_equal_paths(void **state)
 {
@@ -241,6 +355,8 @@ int main(void)
         cmocka_unit_test(test_held_block),
         cmocka_unit_test(test_equal_paths),
         cmocka_unit_test(test_direct),
+        cmocka_unit_test(test_cancelled_recv),
+        cmocka_unit_test(test_collectives),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

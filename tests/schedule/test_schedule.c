@@ -185,6 +185,71 @@ static int same_programs(const bg_schedule_t *a, const bg_schedule_t *b)
     return 1;
 }
 
+static void add_op(bg_schedule_t *s, int kind, int mb, int stage)
+{
+    bg_sched_op_t o = {kind, mb, stage, stage, -1, -1}; /* one rank: chunk c holds stage c */
+    assert_int_equal(bg_schedule_append(s, 0, &o), BG_OK);
+}
+
+/* LoopedBFS on one rank (torch's ScheduleLoopedBFS: every stage's forwards,
+ * then the stages' backwards in reverse, last microbatch first): the input
+ * halves stay, the weight halves run in microbatch order right after the
+ * first microbatch's backward; again: nothing moves. A missing predecessor
+ * is named. */
+static void test_order_weights(void **state)
+{
+    (void)state;
+    for (int v = 1; v <= 2; v++) {
+        const int m = 4;
+        bg_schedule_t *s;
+        assert_int_equal(bg_schedule_create("lbfs", 1, m, v, NULL, &s), BG_OK);
+        for (int st = 0; st < v; st++)
+            for (int mb = 0; mb < m; mb++)
+                add_op(s, BG_OP_FORWARD, mb, st);
+        for (int st = v - 1; st >= 0; st--)
+            for (int mb = m - 1; mb >= 0; mb--)
+                add_op(s, BG_OP_BACKWARD, mb, st);
+        for (int k = 0; k < 2; k++)
+            for (int st = 0; st < v; st++)
+                add_op(s, k ? BG_OP_OPTIMIZER_STEP : BG_OP_REDUCE_GRADS, -1, st);
+        assert_int_equal(bg_schedule_validate(s), BG_ERR_INVALID);
+        assert_non_null(strstr(bg_last_error(), "weight gradients add up in microbatch order"));
+        int moved = -1;
+        assert_int_equal(bg_schedule_order_weights(s, &moved), BG_OK);
+        assert_int_equal(moved, v * (m - 1)); /* every backward but mb 0's is split */
+        if (bg_schedule_validate(s) != BG_OK)
+            fail_msg("v=%d: %s", v, bg_last_error());
+        size_t n;
+        const bg_sched_op_t *ops = bg_schedule_rank_ops(s, 0, &n);
+        assert_int_equal(n, (size_t)v * m * 2 + (size_t)v * (m - 1) + 2u * v);
+        for (int st = 0; st < v; st++) { /* per stage: b3 b2 b1 B0 W1 W2 W3, contiguous */
+            size_t at = (size_t)v * m + (size_t)(v - 1 - st) * (2 * m - 1);
+            for (int k = 0; k < 2 * m - 1; k++) {
+                int kind = k < m - 1 ? BG_OP_BACKWARD_INPUT : k == m - 1 ? BG_OP_BACKWARD : BG_OP_BACKWARD_WEIGHT;
+                int mb = k < m ? m - 1 - k : k - m + 1;
+                assert_int_equal(ops[at + k].kind, kind);
+                assert_int_equal(ops[at + k].microbatch, mb);
+                assert_int_equal(ops[at + k].stage, st);
+            }
+        }
+        assert_int_equal(bg_schedule_order_weights(s, &moved), BG_OK);
+        assert_int_equal(moved, 0);
+        bg_schedule_free(s);
+    }
+    bg_schedule_t *s;
+    assert_int_equal(bg_schedule_create("gap", 1, 3, 1, NULL, &s), BG_OK);
+    for (int mb = 0; mb < 3; mb++)
+        add_op(s, BG_OP_FORWARD, mb, 0);
+    for (int mb = 0; mb < 3; mb++)
+        add_op(s, BG_OP_BACKWARD_INPUT, mb, 0);
+    add_op(s, BG_OP_BACKWARD_WEIGHT, 1, 0);
+    add_op(s, BG_OP_BACKWARD_WEIGHT, 2, 0);
+    assert_int_equal(bg_schedule_order_weights(s, NULL), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "the weight gradient of microbatch 1 stage 0 waits for that of "
+                                            "microbatch 0, which the program does not have"));
+    bg_schedule_free(s);
+}
+
 static void test_validate_all_generated(void **state)
 {
     (void)state;
@@ -225,6 +290,10 @@ static void test_validate_all_generated(void **state)
                         fail_msg("read back %s p=%d m=%d: %s", bg_schedule_name(s), p, m, bg_last_error());
                     assert_true(same_programs(s, back));
                     assert_int_equal(bg_schedule_kind(back), k);
+                    int moved = -1; /* the generators keep weight gradients in microbatch order */
+                    assert_int_equal(bg_schedule_order_weights(back, &moved), BG_OK);
+                    assert_int_equal(moved, 0);
+                    assert_true(same_programs(s, back));
                     free(js);
                     bg_schedule_free(back);
                     bg_schedule_free(s);
@@ -1067,6 +1136,7 @@ int main(void)
         cmocka_unit_test(test_interleaved_closed_form),
         cmocka_unit_test(test_zero_bubble_closed_forms),
         cmocka_unit_test(test_validate_all_generated),
+        cmocka_unit_test(test_order_weights),
         cmocka_unit_test(test_validator_rejects_wrong_programs),
         cmocka_unit_test(test_forward_only_all_generated),
         cmocka_unit_test(test_validator_forward_only),

@@ -69,8 +69,15 @@ assert a['ranks'] == b['ranks'] and a['stage_map'] == b['stage_map'] if 'stage_m
 done
 
 # what brigade cannot run, one line each
+# backwards out of microbatch order run; their weight halves in order
 printf '0F0,0F1,0B1,0B0\n1F0,1B0,1F1,1B1\n' >"$T/ooo.csv"
-expect_err_line schedule "runs the backward of stage 0 for microbatch 1 where microbatch 0 is next" --from-torch-csv "$T/ooo.csv"
+"$B" schedule --from-torch-csv "$T/ooo.csv" --text >"$T/out" 2>&1 && grep -q "^rank 0 | F0 F1 b1 B0 W1$" "$T/out" &&
+  ok "a backward out of microbatch order: its input half where listed, its weight half after mb 0's" ||
+  fail "out-of-order backward: $(cat "$T/out")"
+printf '0F1,0F0,0B0,0B1\n1F0,1B0,1F1,1B1\n' >"$T/fooo.csv"
+expect_err_line schedule "runs the forward of stage 0 for microbatch 1 where microbatch 0 is next" --from-torch-csv "$T/fooo.csv"
+printf '0F0,0F1,0B1,0B1\n1F0,1B0,1F1,1B1\n' >"$T/twice.csv"
+expect_err_line schedule "runs the backward of stage 0 for microbatch 1 twice" --from-torch-csv "$T/twice.csv"
 printf '0F0,0X0\n' >"$T/bad.csv"
 expect_err_line schedule 'cell 2 "0X0" is not an action' --from-torch-csv "$T/bad.csv"
 printf '0F0,1F0,1B0,0B0\n' >"$T/one.csv"
