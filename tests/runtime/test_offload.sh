@@ -4,7 +4,8 @@
 #   elements in the same order; only where the state lives changes), in files
 #   under --offload-dir: pp 1, pp 2 (1F1B, ZB-H1, interleaved), tp 2, dp 2
 #   with --zero 1 and --zero 2 (each against the same layout without
-#   offload), SGD with momentum (ZB-H1); in host memory at pp 1 and dp 2 --zero 2.
+#   offload), SGD with momentum (ZB-H1), dp 2 --zero 2 through the staging
+#   layer (BRIGADE_STAGING=always); in host memory at pp 1 and dp 2 --zero 2.
 # - Checkpoints: the step-3 checkpoint with offload holds the tensors of the
 #   one without, optimizer state included (bitwise); resumed with offload off
 #   (and a checkpoint without offload resumed with it on) to step 6, the
@@ -26,6 +27,10 @@ for lay in "1:--pp 1" "2:--pp 2" "2:--dp 2 --zero 1" "2:--dp 2 --zero 2" "2:--pp
   train_save "f_$tag" $n $GPT $args --offload optimizer --offload-dir "$OD" &&
     same "$T/n_$tag" "$T/f_$tag" "$args: --offload optimizer --offload-dir = none"
 done
+# ZeRO's collectives through the staging layer (as on a device backend), the shard offloaded
+BRIGADE_STAGING=always train_save st_n 2 $GPT --dp 2 --zero 2 &&
+  BRIGADE_STAGING=always train_save st_o 2 $GPT --dp 2 --zero 2 --offload optimizer --offload-dir "$OD" &&
+  same "$T/st_n" "$T/st_o" "BRIGADE_STAGING=always, dp 2 --zero 2: offloaded = none"
 # the state written back and dropped from memory before every step, read back from the files (bench/offload.sh)
 BRIGADE_OFFLOAD_EVICT=on train_save ev_pp1 1 $GPT --pp 1 --offload optimizer --offload-dir "$OD" &&
   same "$T/n_pp1" "$T/ev_pp1" "the state evicted to disk every step (BRIGADE_OFFLOAD_EVICT=on) = none"
@@ -44,4 +49,4 @@ train_save full 2 $G10 &&
 train_save zck 2 $GPT --dp 2 --zero 2 --checkpoint-dir "$T/cz" --offload optimizer &&
   train_save zres 2 $G10 --checkpoint-dir "$T/cz" --resume && near "$T/full" "$T/zres" "dp 2 --zero 2 offloaded checkpoint resumed at pp 2 without offload"
 
-finish 15
+finish 16
