@@ -63,6 +63,18 @@ bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *
     return BG_OK;
 }
 
+bg_status_t bg__fileio_reserve(int fd, size_t n, const char *path)
+{
+    pthread_once(&fault_once, fault_init);
+    int rc = bg__write_fail_after_bytes >= 0 && (long long)n > bg__write_fail_after_bytes ? ENOSPC
+                                                                                          : posix_fallocate(fd, 0, (off_t)n);
+    if (rc != 0)
+        return bg_error(BG_ERR_IO, "cannot reserve %zu bytes for %s: %s", n, path, strerror(rc));
+    if (bg__write_fail_after_bytes >= 0)
+        bg__write_fail_after_bytes -= (long long)n;
+    return BG_OK;
+}
+
 bg_status_t bg__fileio_fsync_path(const char *path, int is_dir)
 {
     int fd = open(path, (is_dir ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);

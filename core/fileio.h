@@ -28,6 +28,11 @@ bg_status_t bg__fileio_replace_dir(const char *tmpdir, const char *final, const 
 /* Write all n bytes of buf to fd (retrying short writes and EINTR). */
 bg_status_t bg__fileio_write_all(int fd, const void *buf, size_t n, const char *path);
 
+/* Reserve n bytes of disk for fd from offset 0 (posix_fallocate): a full
+ * disk fails now, naming path, instead of a later write or a memory-mapped
+ * store faulting. The full-disk test hook above counts these bytes too. */
+bg_status_t bg__fileio_reserve(int fd, size_t n, const char *path);
+
 /* fsync a file or (is_dir) a directory by path. A file system that cannot
  * sync directories (EINVAL) is not an error. */
 bg_status_t bg__fileio_fsync_path(const char *path, int is_dir);

@@ -21,6 +21,7 @@ struct bg_model {
     float *params, *grads; /* flat (nparams) */
     float *opt_m, *opt_v;  /* optimizer state, allocated on the first step */
     bg_optim_kind_t opt_kind;
+    bg_optim_store_t store; /* alloc NULL: the optimizer state is the backend's */
 };
 
 /* Each tensor from its own generator, seeded by the model's seed and the
@@ -171,8 +172,7 @@ void bg_model_destroy(bg_model_t *m)
     bg__desc_bind(m->desc, m->first, m->last, 0);
     bg_backend_free(m->be, m->params);
     bg_backend_free(m->be, m->grads);
-    bg_backend_free(m->be, m->opt_m);
-    bg_backend_free(m->be, m->opt_v);
+    bg_model_optim_free(m);
     free(m->tensors);
     free(m);
 }
@@ -289,22 +289,48 @@ bg_status_t bg_model_optim_step_range(bg_model_t *m, const bg_optim_config_t *op
     return BG_OK;
 }
 
+bg_status_t bg_model_set_optim_store(bg_model_t *m, const bg_optim_store_t *store)
+{
+    if (m->opt_m)
+        return bg_error(BG_ERR_INVALID, "the optimizer state exists already: set its store before it is allocated");
+    m->store = store ? *store : (bg_optim_store_t){0};
+    return BG_OK;
+}
+
+bg_status_t bg_model_optim_alloc(bg_model_t *m, size_t n, const char *what, float **ptr_p)
+{
+    if (m->store.alloc) {
+        void *p = NULL;
+        BG_CHECK(m->store.alloc(m->store.arg, n * sizeof(float), what, &p));
+        *ptr_p = p;
+        return BG_OK;
+    }
+    float *p = bg_backend_alloc(m->be, n * sizeof(float), what);
+    if (!p)
+        return BG_ERR_NOMEM; /* the allocator recorded what and where */
+    m->be->ops->fill(m->be, p, 0.0f, n);
+    *ptr_p = p;
+    return BG_OK;
+}
+
+void bg_model_optim_release(bg_model_t *m, float *ptr)
+{
+    if (!ptr)
+        return;
+    if (m->store.alloc)
+        m->store.release(m->store.arg, ptr);
+    else
+        bg_backend_free(m->be, ptr);
+}
+
 bg_status_t bg_model_optim_init(bg_model_t *m, bg_optim_kind_t kind)
 {
-    bg_backend_t *be = m->be;
     if (m->opt_m)
         return kind == m->opt_kind ? BG_OK : bg_error(BG_ERR_INVALID, "optimizer state exists for another optimizer");
     m->opt_kind = kind;
-    m->opt_m = bg_backend_alloc(be, m->nparams * sizeof(float), "optimizer state (first moment)");
-    if (!m->opt_m)
-        return BG_ERR_NOMEM;
-    be->ops->fill(be, m->opt_m, 0.0f, m->nparams);
-    if (kind == BG_OPTIM_ADAMW) {
-        m->opt_v = bg_backend_alloc(be, m->nparams * sizeof(float), "optimizer state (second moment)");
-        if (!m->opt_v)
-            return BG_ERR_NOMEM;
-        be->ops->fill(be, m->opt_v, 0.0f, m->nparams);
-    }
+    BG_CHECK(bg_model_optim_alloc(m, m->nparams, "optimizer state (first moment)", &m->opt_m));
+    if (kind == BG_OPTIM_ADAMW)
+        BG_CHECK(bg_model_optim_alloc(m, m->nparams, "optimizer state (second moment)", &m->opt_v));
     return BG_OK;
 }
 
@@ -312,7 +338,7 @@ float *bg_model_optim_state(bg_model_t *m, int which) { return which == 0 ? m->o
 
 void bg_model_optim_free(bg_model_t *m)
 {
-    bg_backend_free(m->be, m->opt_m);
-    bg_backend_free(m->be, m->opt_v);
+    bg_model_optim_release(m, m->opt_m);
+    bg_model_optim_release(m, m->opt_v);
     m->opt_m = m->opt_v = NULL;
 }

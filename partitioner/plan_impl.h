@@ -32,6 +32,7 @@ struct bg_plan {
     char schedule[32];
     int optim;
     int zero; /* sharding stage counted (docs/data_parallel.md) */
+    int offload; /* 1: the optimizer state counted outside the device (docs/offload.md) */
     int sp;   /* sequence parallelism: the tp build's layers are split along the sequence */
     int paired; /* BRIGADE_TP_OVERLAP=microbatch counted (bg_part_problem_t.paired) */
     bg_dtype_t precision; /* the activations' storage the layer sizes count (bg_model_desc_precision) */

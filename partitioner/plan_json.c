@@ -42,6 +42,8 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "optimizer", json_string(p->optim == BG_OPTIM_SGD ? "sgd" : "adamw"));
     if (p->zero)
         json_object_set_new(root, "zero", json_integer(p->zero));
+    if (p->offload)
+        json_object_set_new(root, "offload", json_string("optimizer"));
     if (p->sp)
         json_object_set_new(root, "sequence_parallel", json_true());
     if (p->precision != BG_F32)
@@ -435,6 +437,12 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     long long zero = 0;
     if (json_object_get(root, "zero"))
         BG_CHECK(get_int(root, "$", "zero", 0, 3, &zero));
+    const char *off = NULL;
+    if (json_object_get(root, "offload")) {
+        BG_CHECK(get_str(root, "$", "offload", &off));
+        if (strcmp(off, "optimizer"))
+            return bg_error(BG_ERR_PARSE, "plan: $.offload \"%s\" (expected optimizer)", off);
+    }
     json_t *jsp = json_object_get(root, "sequence_parallel");
     if (jsp && !json_is_boolean(jsp))
         return bg_error(BG_ERR_PARSE, "plan: $.sequence_parallel must be true or false");
@@ -489,6 +497,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
     p->zero = (int)zero;
+    p->offload = off != NULL;
     p->sp = tp > 1 && json_is_true(jsp);
     p->precision = jpr && !strcmp(json_string_value(jpr), "bf16") ? BG_BF16 : BG_F32;
     p->paired = tp > 1 && jov;

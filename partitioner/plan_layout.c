@@ -31,6 +31,7 @@
 typedef struct candidate {
     int pp, dp, m, n;             /* pipeline depth, replicas, microbatches, microbatch size */
     int zero;                     /* sharding stage (0 when dp = 1) */
+    int offload;                  /* 1: the optimizer state is not on the device (--offload optimizer) */
     int paired;                   /* BRIGADE_TP_OVERLAP=microbatch pairs its instructions (bg_plan_paired_for) */
     size_t guard;                 /* the stages' guard bytes after each buffer (bg_layer_profile_t.guard_bytes) */
     bg_schedule_kind_t kind;
@@ -331,10 +332,11 @@ static size_t range_params(const candidate_t *c, int first, int last)
  * state, the sharded ones 1/dp each (--zero 1: the state; 2: also the
  * gradients), rounded up to whole bytes (the partitioner counts integers).
  * Stage 2 also holds its bucket buffers (bg_part_problem_t.bucket_buffers),
- * stage 3 those and its parameter gather buffers (param_buffers). */
-static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero)
+ * stage 3 those and its parameter gather buffers (param_buffers).
+ * Offloaded (--offload optimizer), the state, sharded or not, is not on the device. */
+static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero, int offload)
 {
-    size_t st = bg_optim_state_bytes(optim), d = (size_t)(dp > 1 ? dp : 1);
+    size_t st = offload ? 0 : bg_optim_state_bytes(optim), d = (size_t)(dp > 1 ? dp : 1);
     if (zero == 1 && d > 1)
         return 8 + (st + d - 1) / d;
     if (zero == 2 && d > 1)
@@ -364,7 +366,7 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
     prob.layers = c->layers;
     prob.nstages = c->copies > 1 ? c->Lm : c->S; /* copies: the model stages */
     prob.stages = c->copies > 1 ? c->mspecs : c->specs;
-    prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero);
+    prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero, c->offload);
     prob.guard_bytes = c->guard;
     if (c->copies > 1) /* the executor's buffer for the other copy's gradient, summed before the step */
         prob.bytes_per_param += sizeof(float);
@@ -421,11 +423,12 @@ static void record_shortfall(search_t *s, const bg_layer_profile_t *prof, const 
                      bg_model_desc_sequence_parallel(s->desc) ? " (sequence-parallel)" : "");
         snprintf(s->short_msg, sizeof(s->short_msg),
                  "closest layout pp=%d dp=%d%s %s m=%d (microbatch %d): stage %d on pipeline rank %d "
-                 "(layers %d..%d, %s..%s) needs %s (parameters+gradients+optimizer %s, activations %s%s) but "
+                 "(layers %d..%d, %s..%s) needs %s (parameters+gradients%s %s, activations %s%s) but "
                  "its budget is %s: short by %s; its biggest layer is %s",
                  c->pp, c->dp, tpb, bg_schedule_kind_name(c->kind), c->m, c->n, sf->stage, r,
                  sf->first, sf->last,
                  prof[sf->first].name, prof[sf->last].name, bg__plan_sizestr(a, sizeof(a), (double)sf->need_bytes),
+                 c->offload ? " (optimizer offloaded)" : "+optimizer",
                  bg__plan_sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
                  bg__plan_sizestr(cc, sizeof(cc), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
                  ws && ws->recompute ? ", with recomputation" : "", bg__plan_sizestr(d, sizeof(d), (double)sf->budget_bytes),
@@ -647,6 +650,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(c->kind));
     p->optim = (int)pa->optim;
     p->zero = c->zero;
+    p->offload = c->offload;
     p->sp = s->tp > 1 && bg_model_desc_sequence_parallel(s->desc);
     p->precision = bg_model_desc_precision(s->desc);
     p->paired = c->prob.paired;
@@ -708,15 +712,15 @@ static long long model_stages(bg_schedule_kind_t kind, int chunks, int pp)
  * layers can give it a step within limit (the worst kept, keep_limit), by
  * bg__plan_bound_exceeds. Only for the kinds of one chunk per rank and one
  * chain (stage r on rank r), whose program bg_schedule_generate would make
- * (its checks pass), and not under --zero auto, which tries the next
- * sharding stage when a layout does not fit: a skipped layout's fit is not
- * known. */
+ * (its checks pass), and not under --zero auto or --offload auto, which try
+ * the next sharding stage or offloading when a layout does not fit: a
+ * skipped layout's fit is not known. */
 static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c, const bg_schedule_params_t *sp,
                                         double limit, int *skip_p)
 {
     *skip_p = 0;
     bg_schedule_kind_t kind = c->kind;
-    if (!(limit < INFINITY) || s->pp->zero == BG_PLAN_ZERO_AUTO ||
+    if (!(limit < INFINITY) || s->pp->zero == BG_PLAN_ZERO_AUTO || s->pp->offload == BG_PLAN_OFFLOAD_AUTO ||
         (kind != BG_SCHED_GPIPE && kind != BG_SCHED_1F1B && kind != BG_SCHED_ZB_H1 && kind != BG_SCHED_ZB_H2) ||
         bg__schedule_generate_check(sp) != BG_OK)
         return BG_OK;
@@ -745,9 +749,9 @@ static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c,
  * become the best shortfall. *fits_p (optional) says whether it fit (0 for
  * a layout skipped before its schedule was made: not known). */
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
-                                 bg_schedule_kind_t kind, int zero, int *fits_p)
+                                 bg_schedule_kind_t kind, int zero, int offload, int *fits_p)
 {
-    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp > 1 ? zero : 0, .kind = kind};
+    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp > 1 ? zero : 0, .offload = offload, .kind = kind};
     bg_sim_result_t *res = NULL;
     bg_plan_t *p = NULL;
     bg_status_t st = BG_OK;
@@ -800,16 +804,19 @@ out:
 }
 
 /* A layout at the sharding stage asked for, or (BG_PLAN_ZERO_AUTO) at the
- * lowest that fits: 0, else 1, else 2, else 3 (dp > 1). */
+ * lowest that fits: 0, else 1, else 2, else 3 (dp > 1); at each, the optimizer
+ * state on the device, or offloaded as asked (BG_PLAN_OFFLOAD_AUTO: offloaded
+ * when it does not fit on the device). The first that fits is the layout's. */
 bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                               bg_schedule_kind_t kind, int *fits_p)
 {
-    int want = s->pp->zero;
-    if (want != BG_PLAN_ZERO_AUTO)
-        return evaluate_zero(s, prof, pp, dp, m, n, kind, want, fits_p);
+    int zauto = s->pp->zero == BG_PLAN_ZERO_AUTO, oauto = s->pp->offload == BG_PLAN_OFFLOAD_AUTO;
+    int z0 = zauto ? 0 : s->pp->zero, z1 = zauto ? (dp > 1 ? 3 : 0) : s->pp->zero;
+    int o0 = oauto ? 0 : s->pp->offload, o1 = oauto ? 1 : s->pp->offload;
     int fits = 0;
-    for (int z = 0; z <= (dp > 1 ? 3 : 0) && !fits; z++)
-        BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, &fits));
+    for (int z = z0; z <= z1 && !fits; z++)
+        for (int o = o0; o <= o1 && !fits; o++)
+            BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, &fits));
     if (fits_p)
         *fits_p = fits;
     return BG_OK;

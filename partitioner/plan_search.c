@@ -72,6 +72,8 @@ static bg_status_t check_params(const bg_plan_params_t *p)
         return bg_error(BG_ERR_INVALID, "batch must be >= 1 (got %d)", p->batch);
     if (p->zero != BG_PLAN_ZERO_AUTO && (p->zero < 0 || p->zero > 3))
         return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2, 3 or auto", p->zero);
+    if (p->offload != BG_PLAN_OFFLOAD_AUTO && p->offload != 0 && p->offload != 1)
+        return bg_error(BG_ERR_INVALID, "offload = %d: must be 0, 1 or auto", p->offload);
     if (p->microbatch_size < 0 || p->pp < 0 || p->chunks < 0)
         return bg_error(BG_ERR_INVALID, "microbatch size, pp and chunks must be >= 0");
     if (!(p->flops > 0) || !isfinite(p->flops))
@@ -303,26 +305,45 @@ static bg_status_t no_fit_error(const search_t *sp, const bg_schedule_kind_t *ki
         if (st != BG_OK)
             return st;
     }
+    /* would these devices do with the optimizer state offloaded (when it was counted on them)? */
+    int off_fits = 0;
+    if (pa->offload == 0) {
+        search_t s3 = s;
+        s3.plans = NULL;
+        s3.nplans = s3.cap = 0;
+        bg_plan_params_t p3 = *pa;
+        p3.offload = 1;
+        s3.pp = &p3;
+        st = search_world(&s3, kinds, nk, pa->world, pa->pp, 1, &off_fits);
+        for (int i = 0; i < s3.nplans; i++)
+            bg_plan_free(s3.plans[i]);
+        free(s3.plans);
+        if (st != BG_OK)
+            return st;
+    }
+    const char *off_note = off_fits ? "; with the optimizer state offloaded these devices fit (--offload auto)" : "";
     if (min_dev)
         snprintf(b, sizeof(b), "%d devices of %s", min_dev, bg__plan_sizestr(a, sizeof(a), (double)minmem));
     else
         snprintf(b, sizeof(b), "none up to %d devices of %s%s", 4 * s.L, bg__plan_sizestr(a, sizeof(a), (double)minmem),
-                 pa->allow_recompute ? "" : " (recomputation may help: --recompute)");
+                 pa->allow_recompute ? (pa->offload ? "" : " (offloading the optimizer state may help: --offload auto)")
+                 : pa->offload ? " (recomputation may help: --recompute)"
+                               : " (recomputation or offloading the optimizer state may help: --recompute, --offload auto)");
     if (s.homogeneous_mem && s.min_uniform_budget) {
         char c[32];
         st = bg_error(BG_ERR_NO_FIT,
                       "no layout of %d devices of %s fits; %s. Smallest budget that fits: %llu bytes (%s) per "
-                      "device; smallest device count that fits: %s",
+                      "device; smallest device count that fits: %s%s",
                       pa->world, bg__plan_sizestr(a, sizeof(a), (double)s.mem[0]), s.short_msg,
                       (unsigned long long)s.min_uniform_budget,
-                      bg__plan_sizestr(c, sizeof(c), (double)s.min_uniform_budget), b);
+                      bg__plan_sizestr(c, sizeof(c), (double)s.min_uniform_budget), b, off_note);
     } else {
         char c[32];
         st = bg_error(BG_ERR_NO_FIT,
                       "no layout of these %d devices fits; %s. Every device needs %s more (%llu bytes); smallest "
-                      "device count that fits: %s",
+                      "device count that fits: %s%s",
                       pa->world, s.short_msg, bg__plan_sizestr(c, sizeof(c), (double)s.short_extra),
-                      (unsigned long long)s.short_extra, b);
+                      (unsigned long long)s.short_extra, b, off_note);
     }
     return st;
 }

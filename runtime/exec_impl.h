@@ -76,6 +76,8 @@ typedef struct bg__strategy_ops {
     /* ONE: the floats chunk ch's gradient buckets aim at, given the configured ones
      * (BRIGADE_BUCKET_MB; default: those). Buckets stay whole layers. */
     size_t (*bucket_floats)(exec_t *x, void *self, chunk_t *ch, size_t configured);
+    /* EVERY: chunk ch's model, stage and buckets exist, before its optimizer state (chunk_optim). */
+    bg_status_t (*chunk_made)(exec_t *x, void *self, chunk_t *ch);
     /* ONE: chunk ch's optimizer state (default: the whole model's), after its buckets. */
     bg_status_t (*chunk_optim)(exec_t *x, void *self, chunk_t *ch);
     /* EVERY: every chunk exists (partners, buffers, maps over all chunks). */

@@ -290,6 +290,25 @@ static bg_status_t check_ep(const bg_executor_params_t *p, int ep)
     return BG_OK;
 }
 
+/* What --offload takes (docs/offload.md); the optimizer's backend is checked at setup (strat_offload.c). */
+static bg_status_t check_offload(const bg_executor_params_t *p)
+{
+    if (p->offload & ~(BG_OFFLOAD_OPTIMIZER | BG_OFFLOAD_ACTIVATIONS | BG_OFFLOAD_PARAMS))
+        return bg_error(BG_ERR_INVALID, "offload = %#x: unknown bits (BG_OFFLOAD_OPTIMIZER, _ACTIVATIONS, _PARAMS)",
+                        (unsigned)p->offload);
+    if (p->offload & BG_OFFLOAD_PARAMS)
+        return bg_error(BG_ERR_UNSUPPORTED, "--offload params (the --zero 3 shard of the parameters in host "
+                                            "memory or files) is not built yet; --zero 3 shards them over the "
+                                            "replicas, and offload optimizer is built");
+    if (p->offload & BG_OFFLOAD_ACTIVATIONS)
+        return bg_error(BG_ERR_UNSUPPORTED, "--offload activations: offloading stashed activations is not built; "
+                                            "--recompute frees them instead (offload optimizer is built)");
+    if (p->offload_dir && *p->offload_dir && !p->offload)
+        return bg_error(BG_ERR_INVALID, "--offload-dir %s without --offload: say what to offload (--offload "
+                                        "optimizer)", p->offload_dir);
+    return BG_OK;
+}
+
 static bg_status_t check_params(const bg_executor_params_t *p)
 {
     if (!p->model)
@@ -297,6 +316,8 @@ static bg_status_t check_params(const bg_executor_params_t *p)
     BG_CHECK(bg_model_desc_check(p->model));
     if (p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) && (p->zero < 0 || p->zero > 3))
         return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2 or 3", p->zero);
+    if (p->size >= offsetof(bg_executor_params_t, offload_dir) + sizeof(char *))
+        BG_CHECK(check_offload(p));
     if (p->pp < 1 || p->dp < 1)
         return bg_error(BG_ERR_INVALID, "pp and dp must be >= 1 (got %d, %d)", p->pp, p->dp);
     BG_CHECK(bg__tp_check_params(p->model, p->tp));
@@ -401,6 +422,7 @@ static bg_status_t make_chunk(exec_t *x, chunk_t *ch, int stage)
     BG_CHECK(bg__exec_make_buckets(x, ch));
     ch->tsq = calloc((size_t)bg_model_num_tensors(ch->model) + 1, sizeof(double));
     BG_ALLOC_CHECK(ch->tsq, sizeof(double), "per-tensor gradient norms");
+    BG__EACH_STRATEGY(x, s) if (s->ops->chunk_made) BG_CHECK(s->ops->chunk_made(x, s->self, ch));
     /* optimizer state now, so the activation peak measured later is activations only */
     bg__strategy_t *opt = BG__ONE(x, chunk_optim);
     if (opt)

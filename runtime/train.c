@@ -441,6 +441,8 @@ static void job_params(const bg_train_config_t *c, bg_model_desc_t *desc, train_
     p.ndevice_mem = c->ndevice_mem;
     p.clip_grad = c->clip_grad;
     p.data_seed = c->data_seed;
+    p.offload = c->offload;
+    p.offload_dir = c->offload_dir;
     *p_out = p;
 }
 

@@ -322,20 +322,10 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
     if (level >= 2 && ((pooled && !z->npool) || z->owned + whole + inflight >= bg_model_param_count(m)))
         z->level = level = 1;
     size_t n = z->owned ? z->owned : 1;
-    z->sm = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (first moment)");
-    if (!z->sm) {
-        st = BG_ERR_NOMEM;
-        goto err;
-    }
-    z->be->ops->fill(z->be, z->sm, 0.0f, n);
-    if (kind == BG_OPTIM_ADAMW) {
-        z->sv = bg_backend_alloc(z->be, n * sizeof(float), "optimizer state shard (second moment)");
-        if (!z->sv) {
-            st = BG_ERR_NOMEM;
-            goto err;
-        }
-        z->be->ops->fill(z->be, z->sv, 0.0f, n);
-    }
+    /* zeroed, from the model's optimizer store (--offload optimizer) or its backend */
+    BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (first moment)", &z->sm), st, err);
+    if (kind == BG_OPTIM_ADAMW)
+        BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (second moment)", &z->sv), st, err);
     if (level >= 2) {
         z->sg = bg_backend_alloc(z->be, n * sizeof(float), "gradient shard");
         if (!z->sg) {
@@ -379,8 +369,8 @@ void bg__zero_destroy(bg__zero_t *z)
     bg__zero_cancel(z);
     bg__zparams_destroy(z->zp);
     free(z->toff);
-    bg_backend_free(z->be, z->sm);
-    bg_backend_free(z->be, z->sv);
+    bg_model_optim_release(z->m, z->sm);
+    bg_model_optim_release(z->m, z->sv);
     bg_backend_free(z->be, z->sg);
     for (int b = 0; z->buf && b < z->nbuckets; b++)
         if (z->buf[b]) {

@@ -53,6 +53,9 @@ static void usage(FILE *f)
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
             "  --zero 0|1|2|3|auto  count optimizer state (1), gradients (2) and parameters (3) sharded 1/dp\n"
             "                     (brigade train --zero); auto: per layout the lowest stage that fits (default 0)\n"
+            "  --offload none|optimizer|auto  count the optimizer state (its shard under --zero) outside the\n"
+            "                     device budgets (brigade train --offload optimizer: host memory or files);\n"
+            "                     auto: per layout and stage, only when it does not fit otherwise (default none)\n"
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
@@ -140,7 +143,7 @@ static const char *gib(char *buf, size_t n, double b)
 }
 
 /* calibrated: the layer times were measured (--measure) or the device speed given (--flops) */
-static void print_plan(const bg_plan_t *p, int calibrated)
+static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim)
 {
     char a[32], b[32];
     printf("best plan: pp %d x dp %d x tp %d = %d devices, schedule %s", bg_plan_pp(p), bg_plan_dp(p),
@@ -150,6 +153,8 @@ static void print_plan(const bg_plan_t *p, int calibrated)
     printf(", %d microbatches of %d", bg_plan_microbatches(p), bg_plan_microbatch_size(p));
     if (bg_plan_zero(p))
         printf(", --zero %d", bg_plan_zero(p));
+    if (bg_plan_offload(p))
+        printf(", --offload optimizer");
     printf("\n");
     printf("predicted%s: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n", calibrated ? "" : " (UNCALIBRATED)",
            bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
@@ -173,6 +178,14 @@ static void print_plan(const bg_plan_t *p, int calibrated)
                100.0 * (double)s->predicted_peak_bytes / (double)s->budget_bytes, s->predicted_ms_per_microbatch,
                s->recompute ? "yes" : "no");
     }
+    if (bg_plan_offload(p)) { /* what the budgets above leave out */
+        size_t d = bg_plan_zero(p) ? (size_t)bg_plan_dp(p) : 1;
+        printf("optimizer state offloaded (host memory or --offload-dir, outside the budgets above):");
+        for (int i = 0; i < bg_plan_num_stages(p); i++)
+            printf("%s stage %d %s", i ? "," : "", i,
+                   gib(a, sizeof(a), (double)((bg_plan_stage(p, i)->params * bg_optim_state_bytes(optim) + d - 1) / d)));
+        printf("\n");
+    }
     if (!strcmp(bg_plan_schedule(p), "dualpipe"))
         printf("(dualpipe: two copies of the model; stage k above is copy 0's, chunk 0 of rank k; copy 1's is\n"
                " chunk 1 of rank %d-k: the per-rank memory below counts both)\n", bg_plan_pp(p) - 1);
@@ -192,6 +205,8 @@ static void print_plan(const bg_plan_t *p, int calibrated)
         printf(" --chunks %d", bg_plan_chunks(p));
     if (bg_plan_zero(p))
         printf(" --zero %d", bg_plan_zero(p));
+    if (bg_plan_offload(p))
+        printf(" --offload optimizer");
     printf(" --batch %d --microbatches %d --split ", bg_plan_batch(p), bg_plan_microbatches(p));
     for (int i = 0; i < n && i < 4096; i++)
         printf("%s%d", i ? "," : "", split[i]);
@@ -213,12 +228,14 @@ static void print_top(const bg_plan_set_t *set)
             if (u > worst)
                 worst = u, wr = r;
         }
+        char with[64];
+        snprintf(with, sizeof with, "%s%s%.0d%s", bg_plan_recompute(p) ? " recompute" : "",
+                 bg_plan_zero(p) ? " zero " : "", bg_plan_zero(p), bg_plan_offload(p) ? " offload optimizer" : "");
         printf("%3d %4d %4d %3d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
                bg_plan_dp(p), bg_plan_tp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
                bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
                gib(a, sizeof(a), (double)bg_plan_rank_peak_bytes(p, wr)),
-               gib(b, sizeof(b), (double)bg_plan_rank_budget_bytes(p, wr)), wr,
-               bg_plan_recompute(p) ? " recompute" : "");
+               gib(b, sizeof(b), (double)bg_plan_rank_budget_bytes(p, wr)), wr, with);
     }
 }
 
@@ -382,7 +399,7 @@ int bg_cmd_plan(int argc, char **argv)
     int ntp = 0;
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -396,7 +413,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"help", no_argument, 0, O_HELP},             {"measure", no_argument, 0, O_MEASURE},
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
         {"host-ranks", required_argument, 0, O_HOST_RANKS},
-        {"zero", required_argument, 0, O_ZERO},        {"sequence-parallel", no_argument, 0, O_SP},
+        {"zero", required_argument, 0, O_ZERO},        {"offload", required_argument, 0, O_OFFLOAD},        {"sequence-parallel", no_argument, 0, O_SP},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -470,6 +487,14 @@ int bg_cmd_plan(int argc, char **argv)
         case O_RECOMP:
             pp.allow_recompute = 1;
             break;
+        case O_OFFLOAD: {
+            static const char *const offs[] = {"none", "optimizer", "auto", NULL};
+            int k = bg_cli_choice(CMD, "--offload", optarg, offs);
+            if (k < 0)
+                return 2;
+            pp.offload = k == 2 ? BG_PLAN_OFFLOAD_AUTO : k;
+            break;
+        }
         case O_ZERO: {
             static const char *const zeros[] = {"0", "1", "2", "3", "auto", NULL};
             int k = bg_cli_choice(CMD, "--zero", optarg, zeros);
@@ -621,7 +646,7 @@ int bg_cmd_plan(int argc, char **argv)
                         "(use --measure or --flops)\n");
     if (bg_plan_set_note(set)[0])
         printf("%s\n\n", bg_plan_set_note(set));
-    print_plan(best, do_measure || have_flops);
+    print_plan(best, do_measure || have_flops, pp.optim);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (do_measure && (long)host_ranks * (threads > 1 ? threads : 1) > ncpu)
         /* measured sharing the cores, but how the scheduler interleaves the ranks' waits is not modelled:

@@ -106,6 +106,12 @@ static void usage(FILE *f)
             "                         heterogeneous devices), enforced by its allocator on every backend, the\n"
             "                         CPU's included: an allocation past it fails naming the stage, buffer and\n"
             "                         bytes; the summary prints each rank's peak beside the prediction\n"
+            "  --offload WHAT[,WHAT]  keep outside the backend's memory (not counted against --device-mem):\n"
+            "                         optimizer: the optimizer state (with --zero 1|2 each replica's shard) in\n"
+            "                         host memory, or in files under --offload-dir; the same weights bit for\n"
+            "                         bit (docs/offload.md). activations and params are refused (not built)\n"
+            "  --offload-dir DIR      with --offload: memory-mapped files there (created if missing; a full disk\n"
+            "                         fails at start naming the file and bytes; removed at once, nothing left)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
             "                         ln_f and the head count as one layer each (a GPT of N blocks has N+3).\n"
             "                         Default: as even as possible in layers, which is uneven in FLOPs;\n"
@@ -432,6 +438,26 @@ static int plan_model(const char *cmd, const char *plan_path, const bg_plan_t *p
     return 0;
 }
 
+/* --offload optimizer|activations|params[,...] into BG_OFFLOAD_* bits (the library says what is not built). */
+static int offload_flag(const char *cmd, const char *arg, int *bits_p)
+{
+    static const char *const words[] = {"optimizer", "activations", "params", NULL};
+    char buf[256];
+    if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf)
+        return bg_cli_fail(cmd, "--offload %s: too long", arg);
+    int bits = 0;
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        int k = bg_cli_choice(cmd, "--offload", w, words);
+        if (k < 0)
+            return 2;
+        bits |= k == 0 ? BG_OFFLOAD_OPTIMIZER : k == 1 ? BG_OFFLOAD_ACTIVATIONS : BG_OFFLOAD_PARAMS;
+    }
+    if (!bits)
+        return bg_cli_fail(cmd, "--offload needs optimizer, activations or params");
+    *bits_p = bits;
+    return 0;
+}
+
 int bg_cmd_train(int argc, char **argv)
 {
     const char *cmd = "train";
@@ -453,7 +479,7 @@ int bg_cmd_train(int argc, char **argv)
     enum { O_BATCH = 256, O_MB, O_STEPS,
            O_LR, O_OPT, O_WD, O_DATA, O_DSEED, O_THREADS, O_BACKEND, O_METRICS, O_SAVE, O_QUIET, O_HELP, O_PP, O_DP, O_SCHED, O_CHUNKS, O_SPLIT, O_SEQMIN, O_TRACE, O_CKDIR, O_CKEVERY, O_KEEP, O_RESUME, O_PLAN, O_RECOMP, O_LOGEVERY, O_RESUME_STRICT, O_RESUME_FROM, O_SCHED_JSON, O_ZERO, O_TP, O_CP, O_EMULATE, O_EMULATE_SCALE, O_SP, O_PS, O_STALENESS, O_SEQMULT, O_DEVMEM,
            O_LRSCHED, O_WARMUP, O_MINLR, O_DECAY, O_WSD, O_DFORMAT, O_CLIP,
-           O_EVAL_EVERY, O_EVAL_BATCHES, O_VAL_FRACTION, O_VAL_DATA };
+           O_EVAL_EVERY, O_EVAL_BATCHES, O_VAL_FRACTION, O_VAL_DATA, O_OFFLOAD, O_OFFLOAD_DIR };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"batch", required_argument, 0, O_BATCH},     {"microbatches", required_argument, 0, O_MB},
@@ -480,6 +506,7 @@ int bg_cmd_train(int argc, char **argv)
         {"zero", required_argument, 0, O_ZERO},
         {"ps", required_argument, 0, O_PS},           {"staleness", required_argument, 0, O_STALENESS},
         {"device-mem", required_argument, 0, O_DEVMEM},
+        {"offload", required_argument, 0, O_OFFLOAD}, {"offload-dir", required_argument, 0, O_OFFLOAD_DIR},
         {"lr-schedule", required_argument, 0, O_LRSCHED}, {"warmup", required_argument, 0, O_WARMUP},
         {"min-lr", required_argument, 0, O_MINLR},    {"decay-steps", required_argument, 0, O_DECAY},
         {"wsd-decay", required_argument, 0, O_WSD},   {"data-format", required_argument, 0, O_DFORMAT},
@@ -581,6 +608,11 @@ int bg_cmd_train(int argc, char **argv)
                 devmem[k] = (size_t)devmem64[k];
             c.device_mem = devmem;
             break;
+        case O_OFFLOAD:
+            if (offload_flag(cmd, optarg, &c.offload))
+                return 2;
+            break;
+        case O_OFFLOAD_DIR: c.offload_dir = optarg; break;
         case O_DATA: c.data_path = optarg; break;
         case O_DFORMAT: {
             static const char *const formats[] = {"text", "llmc", "raw16", "raw32", "auto", NULL};
@@ -703,6 +735,8 @@ int bg_cmd_train(int argc, char **argv)
                                     "with brigade plan --zero %d", c.zero, plan_path, pz, c.zero);
         }
         c.zero = bg_plan_zero(plan); /* and its sharding */
+        if (bg_plan_offload(plan)) /* its budgets left the optimizer state out */
+            c.offload |= BG_OFFLOAD_OPTIMIZER;
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;

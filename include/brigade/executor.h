@@ -155,7 +155,17 @@ typedef struct bg_executor_params {
                                       dp x cp. Needs sequence lengths divisible by 2 cp, models whose layers
                                       all support it (GPT's), no ZeRO, no parameter servers, no sequence
                                       parallelism; 1 (or 0 in params of an older size): none */
+    int offload;                 /**< what lives outside the backend's memory (docs/offload.md), BG_OFFLOAD_* bits:
+                                      OPTIMIZER the optimizer state (--zero 1|2: each replica's shard) in host
+                                      memory or in files under offload_dir, not counted against device_mem
+                                      (backends whose buffers are host memory: the cpu backend); ACTIVATIONS
+                                      and PARAMS are refused (not built); 0: none */
+    const char *offload_dir;     /**< with offload: files there (memory-mapped, unlinked at once, a full disk
+                                      an error at create), created when missing; NULL or "": host memory */
 } bg_executor_params_t;
+
+/** Bits of bg_executor_params_t.offload. */
+enum { BG_OFFLOAD_OPTIMIZER = 1, BG_OFFLOAD_ACTIVATIONS = 2, BG_OFFLOAD_PARAMS = 4 };
 
 /** Defaults of bg_executor_params_t: one process, 1F1B, batch 8 in 4 microbatches, AdamW. */
 #define BG_EXECUTOR_PARAMS_INIT                                                                            \
@@ -165,7 +175,7 @@ typedef struct bg_executor_params {
       .backend = NULL, .threads = 0, .comm = NULL, .recompute = 0, .recompute_stages = NULL,                \
       .nrecompute_stages = 0, .trace_path = NULL, .process_wide = 0, .schedule_json = NULL, .zero = 0,       \
       .emulate = NULL, .emulate_scale = 0, .ps = 0, .staleness = 0, .device_mem = NULL,       \
-      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .ep = 1, .cp = 1 }
+      .ndevice_mem = 0, .clip_grad = 0, .data_seed = 0, .ep = 1, .cp = 1, .offload = 0, .offload_dir = NULL }
 
 /** What one step did (the same on every rank except the per-rank fields). */
 typedef struct bg_step_result {

@@ -325,6 +325,25 @@ float *bg_model_optim_state(bg_model_t *m, int which);
 /** Free the optimizer state (the executor's sharded modes keep their own
  *  shard and hold the full state only while saving or loading a checkpoint). */
 void bg_model_optim_free(bg_model_t *m);
+/** Where a model's optimizer state lives instead of its backend's memory
+ *  (--offload optimizer): host memory, or memory-mapped files. alloc sets *ptr_p
+ *  to @p bytes of zeroed memory the backend's optimizer kernels can address
+ *  (host memory: backends whose buffers are host memory only), or fails
+ *  naming @p what (bg_error); release frees what alloc gave. What a store holds is not counted against the backend's cap. */
+typedef struct bg_optim_store {
+    bg_status_t (*alloc)(void *arg, size_t bytes, const char *what, void **ptr_p);
+    void (*release)(void *arg, void *ptr);
+    void *arg; /**< the store's own state, given to both */
+} bg_optim_store_t;
+/** Keep @p m's optimizer state (bg_model_optim_init's, and what a sharding
+ *  strategy allocates with bg_model_optim_alloc) in @p store (copied; NULL:
+ *  the backend's memory again). Only while the model holds no optimizer state. */
+bg_status_t bg_model_set_optim_store(bg_model_t *m, const bg_optim_store_t *store);
+/** @p n zeroed floats of optimizer state from @p m's store (or its backend)
+ *  into *ptr_p; freed by bg_model_optim_release. */
+bg_status_t bg_model_optim_alloc(bg_model_t *m, size_t n, const char *what, float **ptr_p);
+/** Free what bg_model_optim_alloc returned (NULL: nothing). */
+void bg_model_optim_release(bg_model_t *m, float *ptr);
 /** @p hold = 0: free the flat gradient buffer (every tensor's grad becomes
  *  NULL, bg_model_grads returns NULL); 1: allocate it zeroed if absent. */
 bg_status_t bg_model_grads_hold(bg_model_t *m, int hold);

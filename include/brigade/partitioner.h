@@ -289,9 +289,16 @@ typedef struct bg_plan_params {
     const double *layer_opt_s;   /**< measured optimizer step seconds per layer (its parameters, speed 1), or
                                       NULL: 10 FLOP per parameter at flops. A stage's step is the sum over
                                       its layers */
+    int offload;                 /**< the optimizer state (its shard under zero) outside the device budgets
+                                      (brigade train --offload optimizer, docs/offload.md): 0 counted on the
+                                      device; 1 offloaded; BG_PLAN_OFFLOAD_AUTO: per layout and sharding
+                                      stage, offloaded only when it does not fit otherwise. The step time
+                                      counts the same optimizer step either way (the CPU backend's step on
+                                      host-held state) */
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
+#define BG_PLAN_OFFLOAD_AUTO (-1) /**< bg_plan_params_t.offload: choose */
 /** Defaults of bg_plan_params_t: one device, batch 8, everything else searched; AdamW, 1 TFLOP/s devices
  *  on 5 us, 10 GB/s links; the 5 best plans. */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
@@ -299,7 +306,7 @@ typedef struct bg_plan_params {
       .nspeed = 0, .batch = 8, .microbatch_size = 0, .pp = 0, .schedules = NULL, .chunks = 0,                     \
       .optim = BG_OPTIM_ADAMW, .allow_recompute = 0, .flops = 1e12, .link_latency = 5e-6, .link_bandwidth = 10e9,  \
       .layer_fwd_s = NULL, .layer_bwd_s = NULL, .top = 5, .layer_b_s = NULL, .layer_w_s = NULL, .zero = 0,        \
-      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL }
+      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL, .offload = 0 }
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -357,6 +364,7 @@ double bg_plan_tokens_per_s(const bg_plan_t *plan); /**< predicted throughput, t
 int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
 int bg_plan_zero(const bg_plan_t *plan); /**< the sharding stage the plan counted (--zero; 0: none) */
+int bg_plan_offload(const bg_plan_t *plan); /**< 1: the plan counted the optimizer state offloaded (--offload optimizer) */
 /** 1: the plan's tp > 1 model is built with sequence parallelism (bg_model_config_t.sequence_parallel,
  *  its builder's; the plan JSON's "sequence_parallel"), so its activations are counted split */
 int bg_plan_sequence_parallel(const bg_plan_t *plan);

@@ -124,6 +124,8 @@ typedef struct bg_train_config {
                                       data_path) */
     int cp;                      /**< context-parallel degree (bg_executor_params_t.cp): each sequence split
                                       over cp ranks, attention as a ring; 0 or 1: none */
+    int offload;                 /**< BG_OFFLOAD_* bits (bg_executor_params_t.offload); 0: none */
+    const char *offload_dir;     /**< with offload: its files' directory (bg_executor_params_t.offload_dir) */
 } bg_train_config_t;
 
 /** Defaults of bg_train_config_t (what bg_train_config_init() sets): GPT as BG_MODEL_CONFIG_INIT, AdamW
@@ -140,7 +142,8 @@ typedef struct bg_train_config {
       .schedule_json = NULL, .zero = 0, .emulate = NULL, .emulate_scale = 0.0, .ps = 0, .staleness = 0,  \
       .seq_multiple = 0, .device_mem = NULL, .ndevice_mem = 0, .lr_schedule = BG_LR_SCHEDULE_INIT,      \
       .data_format = NULL, .clip_grad = 0.0, .run_config_json = NULL,                                \
-      .eval_every = 0, .eval_batches = 0, .val_fraction = 0.0, .val_path = NULL, .cp = 1 }
+      .eval_every = 0, .eval_batches = 0, .val_fraction = 0.0, .val_path = NULL, .cp = 1, .offload = 0,  \
+      .offload_dir = NULL }
 
 /** Defaults: GPT as BG_MODEL_CONFIG_INIT, AdamW lr 1e-3, batch 8, 4 microbatches, 20 steps. */
 void bg_train_config_init(bg_train_config_t *cfg);

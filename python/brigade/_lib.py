@@ -120,7 +120,8 @@ class ExecutorParams(Structure):
                 ("process_wide", c_int), ("schedule_json", c_char_p), ("zero", c_int),
                 ("emulate", c_char_p), ("emulate_scale", c_double), ("ps", c_int), ("staleness", c_int),
                 ("device_mem", POINTER(c_size_t)), ("ndevice_mem", c_int),
-                ("clip_grad", c_double), ("data_seed", c_uint64), ("ep", c_int), ("cp", c_int)]
+                ("clip_grad", c_double), ("data_seed", c_uint64), ("ep", c_int), ("cp", c_int),
+                ("offload", c_int), ("offload_dir", c_char_p)]
 
 
 class StepResult(Structure):

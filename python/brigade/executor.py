@@ -247,6 +247,22 @@ def _int_array(values, what):
     return (ctypes.c_int * max(len(values), 1))(*values), len(values)
 
 
+_OFFLOAD = {"optimizer": 1, "activations": 2, "params": 4}  # BG_OFFLOAD_* (brigade/executor.h)
+
+
+def _offload_bits(offload):
+    """None, a name or names of _OFFLOAD -> bg_executor_params_t.offload (the library refuses what is not built)."""
+    if offload is None:
+        return 0
+    names = [offload] if isinstance(offload, str) else list(offload)
+    bits = 0
+    for n in names:
+        if n not in _OFFLOAD:
+            raise ValueError("Executor: offload must name %s, got %r" % (", ".join(_OFFLOAD), n))
+        bits |= _OFFLOAD[n]
+    return bits
+
+
 class Executor:
     """Trains a Model on a pipeline x data-parallel x context-parallel x tensor-parallel layout (bg_executor_t;
     world = pp * dp * cp * tp, tp fastest, then cp; tp must be the degree of the model's tensor-parallel layers;
@@ -262,7 +278,7 @@ class Executor:
     def __init__(self, model, *, batches, pp=1, dp=1, tp=1, schedule="1f1b", batch=8, microbatches=4, optimizer="adamw",
                  lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, momentum=0.9, seq=0, seq_len=None,
                  threads=0, backend=None, chunks=0, split=None, recompute=False, recompute_stages=None, trace=None,
-                 process_wide=False, schedule_json=None, zero=0, ep=1, cp=1):
+                 process_wide=False, schedule_json=None, zero=0, ep=1, cp=1, offload=None, offload_dir=None):
         self._handle = None
         if not isinstance(model, Model):
             raise TypeError("Executor: model must be a brigade.Model, got %s" % type(model).__name__)
@@ -284,6 +300,8 @@ class Executor:
         self._backend = encode(backend, "backend")
         self._trace = encode(trace, "trace path")
         self._schedule_json = encode(schedule_json, "schedule_json")
+        self._offload_dir = encode(offload_dir, "offload_dir")
+        offload_bits = _offload_bits(offload)
         self._split, nsplit = _int_array(split, "split")
         self._recompute_stages, nrs = _int_array(recompute_stages, "recompute_stages")
 
@@ -313,6 +331,8 @@ class Executor:
         p.process_wide = int(bool(process_wide))
         p.schedule_json = self._schedule_json
         p.zero = int(zero)
+        p.offload = offload_bits
+        p.offload_dir = self._offload_dir
         x = ctypes.c_void_p()
         st = lib.bg_executor_create(ctypes.byref(p), ctypes.byref(x))
         if st != 0:

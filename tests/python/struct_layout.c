@@ -57,7 +57,7 @@ int main(void)
     F(bg_executor_params_t, ps); F(bg_executor_params_t, staleness);
     F(bg_executor_params_t, device_mem); F(bg_executor_params_t, ndevice_mem);
     F(bg_executor_params_t, clip_grad); F(bg_executor_params_t, data_seed); F(bg_executor_params_t, ep);
-    F(bg_executor_params_t, cp);
+    F(bg_executor_params_t, cp); F(bg_executor_params_t, offload); F(bg_executor_params_t, offload_dir);
 
     S(bg_eval_result_t);
     F(bg_eval_result_t, loss); F(bg_eval_result_t, tokens); F(bg_eval_result_t, eval_ms);

@@ -313,6 +313,22 @@ class Training(unittest.TestCase):
             with self.assertRaisesRegex(bg.BrigadeError, "another model"):
                 ex.resume(ck)
 
+    def test_offload_optimizer(self):
+        """offload="optimizer" (files under offload_dir): the weights of no offload, bitwise; what is not built refused."""
+        outs = []
+        for kw in ({}, {"offload": "optimizer", "offload_dir": os.path.join(self.tmp, "od")}):
+            with self.executor(tiny_features(), feature_batches(), **kw) as ex:
+                for _ in range(3):
+                    ex.step()
+                outs.append(os.path.join(self.tmp, "w%d" % len(outs)))
+                ex.save_weights(outs[-1])
+        self.assertEqual(bg.compare_weights(outs[0], outs[1])["identical"], 8)
+        self.assertEqual(os.listdir(os.path.join(self.tmp, "od")), [])
+        with self.assertRaisesRegex(bg.BrigadeError, "--offload params"):
+            self.executor(tiny_features(), feature_batches(), offload=["optimizer", "params"])
+        with self.assertRaises(ValueError):
+            self.executor(tiny_features(), feature_batches(), offload="optimiser")
+
     def test_wrong_shape_names_the_step(self):
         def batches(rq):
             x, y = feature_batches()(rq)

@@ -1,0 +1,32 @@
+/* runtime/offload.h: the offload store (--offload optimizer): memory outside
+ * the backend's allocator, so outside its cap: host memory, or files under
+ * --offload-dir mapped into memory (a CPU "device" under --device-mem, NVMe
+ * beside a GPU). See runtime/offload.c. Internal to runtime/. */
+#ifndef BG_RUNTIME_OFFLOAD_H
+#define BG_RUNTIME_OFFLOAD_H
+
+#include <stddef.h>
+
+#include "brigade/model.h"
+
+typedef struct bg__offload bg__offload_t;
+
+/* A store in host memory (dir NULL or "") or in files under dir (created
+ * when missing; checked writable now, naming it). */
+bg_status_t bg__offload_create(const char *dir, bg__offload_t **o_p);
+/* Frees what is still allocated (its files are gone already: see offload.c). */
+void bg__offload_destroy(bg__offload_t *o);
+/* The store as a model's optimizer store (bg_model_set_optim_store). */
+bg_optim_store_t bg__offload_optim_store(bg__offload_t *o);
+/* Ask the kernel to read every file-backed allocation in ahead (no-op in
+ * host memory): the backward runs while the state comes back from disk. */
+void bg__offload_prefetch(bg__offload_t *o);
+/* Write the file-backed allocations back and drop their pages from memory
+ * (msync, MADV_PAGEOUT; no-op in host memory): what a machine short of
+ * memory does to them, for measuring the read-ahead (BRIGADE_OFFLOAD_EVICT). */
+bg_status_t bg__offload_evict(bg__offload_t *o);
+/* Bytes held now and at most so far. */
+size_t bg__offload_bytes(const bg__offload_t *o);
+size_t bg__offload_peak(const bg__offload_t *o);
+
+#endif

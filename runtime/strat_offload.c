@@ -1,0 +1,132 @@
+/* runtime/strat_offload.c: --offload optimizer (docs/offload.md). Every
+ * chunk's optimizer state (the model's, or a --zero 1|2 replica's shard,
+ * which runtime/zero.c allocates through the same model store) lives in an
+ * offload store (runtime/offload.c): host memory, or memory-mapped files
+ * under --offload-dir. None of it counts against the backend's cap
+ * (--device-mem), and the executor's prediction leaves it out.
+ *
+ * The optimizer step itself is unchanged: the backend's AdamW/SGD kernel,
+ * bucket by bucket as the reductions finish (bg__exec_optimizer_step, or
+ * ZeRO's), on the same elements in the same order, so the weights are those
+ * of no offload bit for bit. It runs on buffers the host addresses, so this
+ * strategy takes backends whose buffers are host memory (the CPU's); a
+ * device backend is refused at create. With files, the state is read ahead
+ * (madvise) when the last microbatch's backward of a chunk begins, so the
+ * disk reads overlap that backward instead of stalling the update.
+ *
+ * It must not touch the interpreter's slots or the reductions. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "runtime/exec_impl.h"
+#include "runtime/offload.h"
+
+typedef struct {
+    bg__offload_t *store;
+    bg_optim_store_t ops;
+    int64_t prefetched; /* the step whose read-ahead was asked */
+    int prefetch, evict; /* BRIGADE_OFFLOAD_PREFETCH, BRIGADE_OFFLOAD_EVICT */
+} offload_t;
+
+/* on|off of a BRIGADE_OFFLOAD_* setting, naming it when it is neither. */
+static bg_status_t on_off(const char *name, int *on_p)
+{
+    const char *v = bg_config_str(name);
+    if (!v || (strcmp(v, "on") && strcmp(v, "off")))
+        return bg_error(BG_ERR_INVALID, "%s=%s: expected on or off", name, v ? v : "");
+    *on_p = !strcmp(v, "on");
+    return BG_OK;
+}
+
+static int offload_active(const exec_t *x) { return (x->p.offload & BG_OFFLOAD_OPTIMIZER) != 0; }
+
+static bg_status_t offload_setup(exec_t *x, void **self_p)
+{
+    if (x->be->ops->device_buffers)
+        return bg_error(BG_ERR_UNSUPPORTED, "--offload optimizer: backend %s keeps its buffers in device memory; "
+                        "its optimizer step over host-held state is not built (the cpu backend only)",
+                        x->be->ops->name);
+    if (x->lay.servers > 0)
+        return bg_error(BG_ERR_INVALID, "--offload optimizer with --ps: the servers hold the optimizer state; "
+                                        "leave --offload out");
+    int prefetch = 1, evict = 0;
+    BG_CHECK(on_off("BRIGADE_OFFLOAD_PREFETCH", &prefetch));
+    BG_CHECK(on_off("BRIGADE_OFFLOAD_EVICT", &evict));
+    offload_t *o = calloc(1, sizeof(*o));
+    BG_ALLOC_CHECK(o, sizeof(*o), "offload strategy");
+    o->prefetch = prefetch;
+    o->evict = evict;
+    bg_status_t st = bg__offload_create(x->p.offload_dir, &o->store);
+    if (st != BG_OK) {
+        free(o);
+        return st;
+    }
+    o->ops = bg__offload_optim_store(o->store);
+    o->prefetched = -1;
+    *self_p = o;
+    return BG_OK;
+}
+
+/* Before any optimizer state exists (chunk_optim, ZeRO's shard included). */
+static bg_status_t offload_chunk_made(exec_t *x, void *self, chunk_t *ch)
+{
+    (void)x;
+    offload_t *o = self;
+    return bg_model_set_optim_store(ch->model, &o->ops);
+}
+
+/* BRIGADE_OFFLOAD_EVICT: the state leaves memory before the step (benchmarks). */
+static bg_status_t offload_step_begin(exec_t *x, void *self)
+{
+    (void)x;
+    offload_t *o = self;
+    return o->evict ? bg__offload_evict(o->store) : BG_OK;
+}
+
+/* The last microbatch's first backward on this rank: read the state ahead
+ * while the backwards run (files only; host memory is there already). */
+static bg_status_t offload_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
+{
+    offload_t *o = self;
+    if (o->prefetch && mb == ch->mb_last && kind != BG_OP_FORWARD && o->prefetched != x->step) {
+        o->prefetched = x->step;
+        bg__offload_prefetch(o->store);
+    }
+    return BG_OK;
+}
+
+/* Offloaded state is not the backend's memory. */
+static void offload_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+{
+    (void)x, (void)self, (void)grad_bytes;
+    *optim_elems = 0;
+}
+
+/* After ZeRO's destroy (registered before this one): the models' state back, then the store. */
+static void offload_destroy(exec_t *x, void *self)
+{
+    offload_t *o = self;
+    if (!o)
+        return;
+    for (int v = 0; x->chunks && v < x->V; v++)
+        if (x->chunks[v].model) {
+            bg_model_optim_free(x->chunks[v].model);
+            (void)bg_model_set_optim_store(x->chunks[v].model, NULL);
+        }
+    bg_log(BG_LOG_INFO, "offload", "rank %d: %zu bytes of optimizer state at most in %s", x->lay.rank,
+           bg__offload_peak(o->store), x->p.offload_dir && *x->p.offload_dir ? x->p.offload_dir : "host memory");
+    bg__offload_destroy(o->store);
+    free(o);
+}
+
+const bg__strategy_ops_t bg__strategy_offload = {
+    .name = "offload",
+    .active = offload_active,
+    .setup = offload_setup,
+    .chunk_made = offload_chunk_made,
+    .step_begin = offload_step_begin,
+    .before_compute = offload_before_compute,
+    .memory = offload_memory,
+    .destroy = offload_destroy,
+};
