@@ -97,9 +97,9 @@ static bg_status_t offload_before_compute(exec_t *x, void *self, chunk_t *ch, in
 }
 
 /* Offloaded state is not the backend's memory. */
-static void offload_memory(exec_t *x, void *self, size_t *optim_elems, size_t *grad_bytes)
+static void offload_memory(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes)
 {
-    (void)x, (void)self, (void)grad_bytes;
+    (void)x, (void)self, (void)param_bytes, (void)grad_bytes;
     *optim_elems = 0;
 }
 

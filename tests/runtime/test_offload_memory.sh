@@ -78,7 +78,7 @@ touch "$T/afile"
 expect 1 "--offload-dir $T/afile: $T/afile exists and is not a directory" train "${S[@]}" --offload optimizer --offload-dir "$T/afile"
 expect 1 "--offload-dir $OD without --offload" train "${S[@]}" --offload-dir "$OD"
 expect 2 '--offload must be one of optimizer, activations or params, got "optimiser" (did you mean optimizer?)' train "${S[@]}" --offload optimiser
-expect 1 "--offload params: the parameters are offloaded with --zero 3" train "${S[@]}" --offload optimizer,params
+expect 1 "--offload params (the --zero 3 shard of the parameters in host memory or files) is not built yet" train "${S[@]}" --offload optimizer,params
 expect 1 "--offload activations: offloading stashed activations is not built" train "${S[@]}" --offload activations
 timeout 60 "$B" launch -n 2 -- "$B" train "${S[@]}" --ps 1 --offload optimizer >"$T/ps.o" 2>&1 &&
   bad "--ps with --offload trained" ||
