@@ -22,7 +22,7 @@
 
 typedef struct {
     bg_tp_comm_t c;      /* the group as the layers see it */
-    bg_group_t *ep;      /* the P ranks holding every expert between them */
+    bg_group_t *ep[2];   /* the P ranks holding every expert between them: lane 0 (and outside a pair), lane 1 */
     bg_group_t *rep;     /* the dp / P ranks holding the same experts (NULL: P = dp) */
     bg__dcoll_t *rep_coll; /* rep's collectives on the backend's buffers, as dp_coll is dp_group's */
     bg__xfer_t **extra;  /* this step's reductions beyond each bucket's first, waited for before the optimizer */
@@ -35,9 +35,32 @@ typedef struct {
 
 static int ep_active(const exec_t *x) { return x->p.ep > 1; }
 
+/* Wait for @p req and free it; inside the executor's coroutine pair (BRIGADE_TP_OVERLAP=microbatch) the other
+ * lane runs while it is not complete, as a tensor group's sum waits (runtime/tp.c). */
+static bg_status_t ep_wait(bg_request_t *req)
+{
+    bg_status_t st = BG_OK;
+    for (int done = 0, idle = 0;;) {
+        if ((st = bg_test(req, &done)) != BG_OK || done)
+            break;
+        if (!bg__pair_wait_turn(&idle)) {
+            st = bg_wait(req);
+            break;
+        }
+    }
+    bg_request_free(req);
+    return st;
+}
+
+/* The calling lane's group: each lane's exchanges match in order on every member, whichever order the lanes
+ * interleave in. */
+static bg_group_t *lane_group(const ep_t *e) { return e->ep[bg__pair_lane()]; }
+
 static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_t count)
 {
-    return bg_group_allgather(((ep_t *)arg)->ep, send, recv, count, BG_F32);
+    bg_request_t *r;
+    BG_CHECK(bg_group_iallgather(lane_group(arg), send, recv, count, BG_F32, &r));
+    return ep_wait(r);
 }
 
 static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
@@ -47,7 +70,11 @@ static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *send
     for (int d = 0; d < e->c.size; d++)
         *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
     double t0 = bg_now();
-    bg_status_t st = bg_group_alltoallv(e->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
+    bg_request_t *r;
+    bg_status_t st = bg_group_ialltoallv(lane_group(e), send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32,
+                                         &r);
+    if (st == BG_OK)
+        st = ep_wait(r);
     if (e->x->trace)
         bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
     return st;
@@ -65,7 +92,8 @@ static void ep_destroy(exec_t *x, void *self)
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
     bg__dcoll_destroy(e->rep_coll);
-    bg_group_destroy(e->ep);
+    bg_group_destroy(e->ep[0]);
+    bg_group_destroy(e->ep[1]);
     bg_group_destroy(e->rep);
     free(e);
 }
@@ -84,7 +112,9 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     bg__layout_dp_ranks(&x->lay, dp);
     for (int i = 0; i < P; i++)
         r[i] = dp[first + i];
-    bg_status_t st = bg_group_create(x->comm, P, r, &e->ep);
+    bg_status_t st = bg_group_create(x->comm, P, r, &e->ep[0]);
+    if (st == BG_OK) /* lane 1's: created whether or not the executor pairs instructions, the same on every member */
+        st = bg_group_create(x->comm, P, r, &e->ep[1]);
     if (st == BG_OK && D > P) {
         for (int j = 0; j < D / P; j++)
             r[j] = dp[me % P + j * P];
