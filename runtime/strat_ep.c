@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "runtime/devcoll.h"
 #include "runtime/exec_impl.h"
+#include "runtime/tp.h"
 
 #define EP_MAX_EMU 64 /* members of an emulated group at most (the counts live on the stack) */
 
@@ -30,26 +31,19 @@ typedef struct {
     float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
     size_t emu_n;
     uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
-    const exec_t *x;      /* its trace (made after the strategies) and step: each all-to-all is an "ep_a2a" event */
+    exec_t *x;            /* its staging (the all-to-alls' waits), trace (made after the strategies) and step:
+                           * each all-to-all is an "ep_a2a" event */
 } ep_t;
 
 static int ep_active(const exec_t *x) { return x->p.ep > 1; }
 
 /* Wait for @p req and free it; inside the executor's coroutine pair (BRIGADE_TP_OVERLAP=microbatch) the other
  * lane runs while it is not complete, as a tensor group's sum waits (runtime/tp.c). */
-static bg_status_t ep_wait(bg_request_t *req)
+static bg_status_t ep_wait(const ep_t *e, bg_request_t *req)
 {
-    bg_status_t st = BG_OK;
-    for (int done = 0, idle = 0;;) {
-        if ((st = bg_test(req, &done)) != BG_OK || done)
-            break;
-        if (!bg__pair_wait_turn(&idle)) {
-            st = bg_wait(req);
-            break;
-        }
-    }
-    bg_request_free(req);
-    return st;
+    bg__xfer_t *x;
+    BG_CHECK(bg__xwrap(&e->x->stg, req, &x));
+    return bg__tp_pair_wait(x);
 }
 
 /* The calling lane's group: each lane's exchanges match in order on every member, whichever order the lanes
@@ -60,7 +54,7 @@ static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_
 {
     bg_request_t *r;
     BG_CHECK(bg_group_iallgather(lane_group(arg), send, recv, count, BG_F32, &r));
-    return ep_wait(r);
+    return ep_wait(arg, r);
 }
 
 static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
@@ -74,7 +68,7 @@ static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *send
     bg_status_t st = bg_group_ialltoallv(lane_group(e), send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32,
                                          &r);
     if (st == BG_OK)
-        st = ep_wait(r);
+        st = ep_wait(e, r);
     if (e->x->trace)
         bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
     return st;
