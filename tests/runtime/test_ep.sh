@@ -6,7 +6,7 @@
 # way); within 1e-5 relative L2 elsewhere (the holder adds each microbatch's blocks of every member in
 # turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
-# fused backwards, both copies), and DualPipeV's all-to-alls overlapped with the paired microbatch
+# fused backwards, both copies), and 1F1B's and DualPipeV's all-to-alls overlapped with the paired microbatch
 # (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without;
 # the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
 # activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
@@ -73,6 +73,8 @@ a2a() { grep -o "\"tid\":$2,[^}]*\"op\":\"ep_a2a\"" "$T/$1.json" | wc -l; }
 export BRIGADE_TP_OVERLAP=microbatch
 train p2e2dvo 4 $DV --trace "$T/dvo.json" && same "$T/p2e2dv" "$T/p2e2dvo" \
     "pp 2 x ep 2 x dp 2, DualPipeV: all-to-alls overlapped with the paired microbatch = not overlapped, bitwise"
+train p2e2o 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 2 && same "$T/p2e2" "$T/p2e2o" \
+    "pp 2 x ep 2 x dp 2, 1F1B: paired = unpaired, bitwise"
 unset BRIGADE_TP_OVERLAP
 n0=$(($(a2a dv 0) + $(a2a dv 2))) n1=$(($(a2a dvo 0) + $(a2a dvo 2))) l1=$(a2a dvo 2)
 [ "$n0" -gt 0 ] && [ "$n0" = "$n1" ] && [ "$(a2a dv 2)" = 0 ] && [ "$l1" -gt 0 ] &&
@@ -116,4 +118,4 @@ near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
 expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 24
+finish 25
