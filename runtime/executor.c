@@ -567,9 +567,10 @@ static bg_status_t make_chunks(exec_t *x)
 /* BRIGADE_TP_OVERLAP=microbatch: the two lanes, where they are built. */
 static bg_status_t make_pair(exec_t *x)
 {
-    if (x->lay.tp == 1 || BG__ONE(x, step) || strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") != 0)
+    if ((x->lay.tp == 1 && x->p.ep <= 1) || BG__ONE(x, step) ||
+        strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") != 0)
         return BG_OK;
-    const char *no = !bg_plan_paired_for(x->lay.tp, x->p.zero, x->lay.dp) ? "--zero"
+    const char *no = x->p.zero && x->lay.dp > 1 ? "--zero"
                      : x->lay.servers                                      ? "--ps"
                      : x->em                                               ? "--emulate"
                      : x->be->ops->event_record                            ? "a backend that queues work"

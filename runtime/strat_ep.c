@@ -17,12 +17,13 @@
 #include "core/check.h"
 #include "runtime/devcoll.h"
 #include "runtime/exec_impl.h"
+#include "runtime/tp.h"
 
 #define EP_MAX_EMU 64 /* members of an emulated group at most (the counts live on the stack) */
 
 typedef struct {
     bg_tp_comm_t c;      /* the group as the layers see it */
-    bg_group_t *ep;      /* the P ranks holding every expert between them */
+    bg_group_t *ep[2];   /* the P ranks holding every expert between them: lane 0 (and outside a pair), lane 1 */
     bg_group_t *rep;     /* the dp / P ranks holding the same experts (NULL: P = dp) */
     bg__dcoll_t *rep_coll; /* rep's collectives on the backend's buffers, as dp_coll is dp_group's */
     bg__xfer_t **extra;  /* this step's reductions beyond each bucket's first, waited for before the optimizer */
@@ -30,14 +31,30 @@ typedef struct {
     float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
     size_t emu_n;
     uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
-    const exec_t *x;      /* its trace (made after the strategies) and step: each all-to-all is an "ep_a2a" event */
+    exec_t *x;            /* its staging (the all-to-alls' waits), trace (made after the strategies) and step:
+                           * each all-to-all is an "ep_a2a" event */
 } ep_t;
 
 static int ep_active(const exec_t *x) { return x->p.ep > 1; }
 
+/* Wait for @p req and free it; inside the executor's coroutine pair (BRIGADE_TP_OVERLAP=microbatch) the other
+ * lane runs while it is not complete, as a tensor group's sum waits (runtime/tp.c). */
+static bg_status_t ep_wait(const ep_t *e, bg_request_t *req)
+{
+    bg__xfer_t *x;
+    BG_CHECK(bg__xwrap(&e->x->stg, req, &x));
+    return bg__tp_pair_wait(x);
+}
+
+/* The calling lane's group: each lane's exchanges match in order on every member, whichever order the lanes
+ * interleave in. */
+static bg_group_t *lane_group(const ep_t *e) { return e->ep[bg__pair_lane()]; }
+
 static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_t count)
 {
-    return bg_group_allgather(((ep_t *)arg)->ep, send, recv, count, BG_F32);
+    bg_request_t *r;
+    BG_CHECK(bg_group_iallgather(lane_group(arg), send, recv, count, BG_F32, &r));
+    return ep_wait(arg, r);
 }
 
 static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
@@ -47,7 +64,11 @@ static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *send
     for (int d = 0; d < e->c.size; d++)
         *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
     double t0 = bg_now();
-    bg_status_t st = bg_group_alltoallv(e->ep, send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32);
+    bg_request_t *r;
+    bg_status_t st = bg_group_ialltoallv(lane_group(e), send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32,
+                                         &r);
+    if (st == BG_OK)
+        st = ep_wait(e, r);
     if (e->x->trace)
         bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
     return st;
@@ -65,7 +86,8 @@ static void ep_destroy(exec_t *x, void *self)
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
     bg__dcoll_destroy(e->rep_coll);
-    bg_group_destroy(e->ep);
+    bg_group_destroy(e->ep[0]);
+    bg_group_destroy(e->ep[1]);
     bg_group_destroy(e->rep);
     free(e);
 }
@@ -84,7 +106,9 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     bg__layout_dp_ranks(&x->lay, dp);
     for (int i = 0; i < P; i++)
         r[i] = dp[first + i];
-    bg_status_t st = bg_group_create(x->comm, P, r, &e->ep);
+    bg_status_t st = bg_group_create(x->comm, P, r, &e->ep[0]);
+    if (st == BG_OK) /* lane 1's: created whether or not the executor pairs instructions, the same on every member */
+        st = bg_group_create(x->comm, P, r, &e->ep[1]);
     if (st == BG_OK && D > P) {
         for (int j = 0; j < D / P; j++)
             r[j] = dp[me % P + j * P];

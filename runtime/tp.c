@@ -48,9 +48,7 @@ static void account(bg__tp_t *t, const char *what, double t0)
 
 static bg__dcoll_t *lane_coll(bg__tp_t *t) { return t->dc[bg__pair_lane()]; }
 
-/* Wait for @p req and free it; inside a coroutine pair, the other lane runs
- * while it is not complete. */
-static bg_status_t pair_wait(bg__xfer_t *req)
+bg_status_t bg__tp_pair_wait(bg__xfer_t *req)
 {
     bg_status_t st = BG_OK;
     for (int done = 0, idle = 0;;) {
@@ -78,7 +76,7 @@ static bg_status_t tp_blocking(bg__tp_t *t, tp_coll_t kind, const float *send, f
                                          [TP_REDUCE_SCATTER] = BG__COLL_REDUCE_SCATTER};
     bg_status_t st = bg__dcoll_start(lane_coll(t), ck[kind], send, recv, count, BG_REDUCE_SUM, &r);
     if (st == BG_OK)
-        st = pair_wait(r);
+        st = bg__tp_pair_wait(r);
     account(t, what, t0);
     return st;
 }
@@ -133,7 +131,7 @@ static bg_status_t tp_wait(void *arg, void *req)
 {
     bg__tp_t *t = arg;
     double t0 = bg_now();
-    bg_status_t st = pair_wait(req);
+    bg_status_t st = bg__tp_pair_wait(req);
     account(t, "tp_wait", t0);
     return st;
 }

@@ -13,6 +13,9 @@ typedef struct bg_tp_group bg__tp_t; /* the public bg_tp_group_t (executor.h) */
 /* Check before anything is allocated or connected: tp >= 1 and the
  * description's split layers are of degree tp (or it has none and tp = 1:
  * tensor parallelism needs tensor-parallel layers). The message names both. */
+/* Wait for @p req and free it; inside the executor's coroutine pair (core/fiber.h), the other lane runs
+ * while it is not complete (a tensor group's sums, expert parallelism's all-to-alls). */
+bg_status_t bg__tp_pair_wait(bg__xfer_t *req);
 bg_status_t bg__tp_check_params(const bg_model_desc_t *desc, int tp);
 
 /* The tensor group of world ranks [first, first + tp) and bind @p desc to it

@@ -873,8 +873,11 @@ bg_status_t bg_group_ireduce_scatter(bg_group_t *g, const void *sendbuf, void *r
     return bg__coll_start(co, req_p);
 }
 
-bg_status_t bg_group_alltoallv(bg_group_t *g, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
-                               void *recvbuf, const size_t *recvcounts, const size_t *rdispls, bg_dtype_t dtype)
+/* The pairwise all-to-all (bg_group_alltoallv, bg_group_ialltoallv); the own block is copied now, the others are
+ * sent from sendbuf as the steps run. */
+static bg_status_t build_alltoallv(bg_group_t *g, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
+                                   void *recvbuf, const size_t *recvcounts, const size_t *rdispls, bg_dtype_t dtype,
+                                   bg__coll_t **co_p)
 {
     size_t es = bg_dtype_size(dtype);
     if (!g || !sendcounts || !sdispls || !recvcounts || !rdispls || !es || !sendbuf || !recvbuf)
@@ -905,7 +908,27 @@ bg_status_t bg_group_alltoallv(bg_group_t *g, const void *sendbuf, const size_t 
         if (sendcounts[to])
             bg__xf(st, 1, co->ranks[to], (void *)(src + sdispls[to] * es), sendcounts[to] * es);
     }
+    *co_p = co;
+    return BG_OK;
+}
+
+bg_status_t bg_group_alltoallv(bg_group_t *g, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
+                               void *recvbuf, const size_t *recvcounts, const size_t *rdispls, bg_dtype_t dtype)
+{
+    bg__coll_t *co;
+    BG_CHECK(build_alltoallv(g, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, &co));
     return bg__run(co);
+}
+
+bg_status_t bg_group_ialltoallv(bg_group_t *g, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
+                                void *recvbuf, const size_t *recvcounts, const size_t *rdispls, bg_dtype_t dtype,
+                                bg_request_t **req_p)
+{
+    if (!req_p)
+        return bg_error(BG_ERR_INVALID, "bg_group_ialltoallv: NULL request output");
+    bg__coll_t *co;
+    BG_CHECK(build_alltoallv(g, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, &co));
+    return bg__coll_start(co, req_p);
 }
 
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p)

@@ -260,6 +260,12 @@ bg_status_t bg_group_ireduce_scatter(bg_group_t *group, const void *sendbuf, voi
 bg_status_t bg_group_alltoallv(bg_group_t *group, const void *sendbuf, const size_t *sendcounts,
                                const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                                const size_t *rdispls, bg_dtype_t dtype);
+/** Non-blocking bg_group_alltoallv, the same messages: its own block is copied before it returns;
+ *  both buffers (and nothing else: the count arrays are read now) belong to transport until the
+ *  request completes. */
+bg_status_t bg_group_ialltoallv(bg_group_t *group, const void *sendbuf, const size_t *sendcounts,
+                                const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                const size_t *rdispls, bg_dtype_t dtype, bg_request_t **req_p);
 /** Chunk @p i of @p n of a buffer of @p count elements, as the ring
  *  collectives cut it: the first count % n chunks have one element more. */
 void bg_group_chunk(size_t count, int n, int i, size_t *off_p, size_t *len_p);

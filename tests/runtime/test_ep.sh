@@ -6,7 +6,8 @@
 # way); within 1e-5 relative L2 elsewhere (the holder adds each microbatch's blocks of every member in
 # turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
-# fused backwards, both copies);
+# fused backwards, both copies), and 1F1B's and DualPipeV's all-to-alls overlapped with the paired microbatch
+# (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without;
 # the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
 # activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
 # layouts are refused.
@@ -63,8 +64,22 @@ p4e=$(grep -m1 -o '"peak_bytes": [0-9]*' "$T/e4.jsonl" | grep -o '[0-9]*$')
 train p2d2 4 --steps 4 --pp 2 --dp 2 --microbatches 2
 train p2e2 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 2 && near "$T/p2d2" "$T/p2e2" "pp 2 x ep 2 x dp 2, 1F1B"
 train p2d2m4 4 --steps 4 --pp 2 --dp 2 --microbatches 4 --batch 16
-train p2e2dv 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 4 --batch 16 --schedule dualpipev && near "$T/p2d2m4" \
-    "$T/p2e2dv" "pp 2 x ep 2 x dp 2, DualPipeV"
+DV="--steps 4 --pp 2 --dp 2 --ep 2 --microbatches 4 --batch 16 --schedule dualpipev"
+train p2e2dv 4 $DV --trace "$T/dv.json" && near "$T/p2d2m4" "$T/p2e2dv" "pp 2 x ep 2 x dp 2, DualPipeV"
+# BRIGADE_TP_OVERLAP=microbatch: DualPipeV's paired instructions run as two coroutines, each lane's all-to-alls
+# on a group of its own, waited for by handing the thread to the other lane: the same exchanges (the trace's
+# ep_a2a events, counted), some of them inside the second lane, and the weights bitwise those of the run without
+a2a() { grep -o "\"tid\":$2,[^}]*\"op\":\"ep_a2a\"" "$T/$1.json" | wc -l; }
+export BRIGADE_TP_OVERLAP=microbatch
+train p2e2dvo 4 $DV --trace "$T/dvo.json" && same "$T/p2e2dv" "$T/p2e2dvo" \
+    "pp 2 x ep 2 x dp 2, DualPipeV: all-to-alls overlapped with the paired microbatch = not overlapped, bitwise"
+train p2e2o 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 2 && same "$T/p2e2" "$T/p2e2o" \
+    "pp 2 x ep 2 x dp 2, 1F1B: paired = unpaired, bitwise"
+unset BRIGADE_TP_OVERLAP
+n0=$(($(a2a dv 0) + $(a2a dv 2))) n1=$(($(a2a dvo 0) + $(a2a dvo 2))) l1=$(a2a dvo 2)
+[ "$n0" -gt 0 ] && [ "$n0" = "$n1" ] && [ "$(a2a dv 2)" = 0 ] && [ "$l1" -gt 0 ] &&
+    ok "paired: $n1 all-to-alls as unpaired, $l1 of them in the second lane" ||
+    bad "all-to-alls: $n0 unpaired, $n1 paired ($l1 in the second lane)"
 routing p2d2 p2e2 "pp 2 x ep 2: every rank routes as under pp 2 x dp 2"
 
 # the memory model counts the experts' shards and the rows a member receives: peak = prediction, to the byte
@@ -73,6 +88,12 @@ off=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep 
     awk '$2 + 0 != $4 + 0' | head -3)
 [ "$lines" -gt 0 ] && [ -z "$off" ] && ok "peak memory = predicted on every rank and step of ep 4, ep 2 x dp 4, pp 2 x ep 2 ($lines lines)" ||
     bad "peak memory differs from the prediction: $off"
+
+# paired, the prediction counts both lanes' buffers at once: a bound, reached or not as the lanes interleave
+lines=$(grep -c '"peak_bytes"' "$T/p2e2dvo.jsonl")
+off=$(grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' "$T/p2e2dvo.jsonl" | awk '$2 + 0 > $4 + 0' | head -3)
+[ "$lines" -gt 0 ] && [ -z "$off" ] && ok "paired: peak memory <= predicted on every rank and step ($lines lines)" ||
+    bad "paired: peak memory above the prediction: $off"
 
 # --emulate: the stages run no layer; the all-to-alls of the layers' expected sizes still run (bytes_sent counts
 # them): within 30 % of the computing run's bytes (whose routing is not uniform)
@@ -97,4 +118,4 @@ near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
 expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 21
+finish 25

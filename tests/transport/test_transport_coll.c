@@ -536,7 +536,8 @@ static size_t a2a_count(int i, int j, int k) { return (size_t)((i * 7 + j * 3 + 
 /* Element e of what i sends j: unique over (i, j, e) and the round. */
 static int32_t a2a_val(int i, int j, size_t e, int k) { return (int32_t)(k * 1000000 + i * 10000 + j * 100 + (int)e); }
 
-/* One all-to-all round on g: counts exchanged by an alltoallv of one int64 each, then the data; the
+/* One all-to-all round on g: counts exchanged by an alltoallv of one int64 each, then the data (blocking in even
+ * rounds, bg_group_ialltoallv waited for in odd ones); the
  * receive buffer is compared with the blocks every other member's send buffer holds for this one. */
 static int a2a_round(bg_group_t *g, int k)
 {
@@ -557,7 +558,15 @@ static int a2a_round(bg_group_t *g, int k)
     for (int j = 0; j < n; j++)
         for (size_t e = 0; e < sc[j]; e++)
             sb[sd[j] + e] = a2a_val(me, j, e, k);
-    RK_OK(bg_group_alltoallv(g, sb, sc, sd, rb, rc, rd, BG_I32));
+    if (k & 1) { /* odd rounds: the non-blocking one, the same messages */
+        bg_request_t *rq = NULL;
+        RK_OK(bg_group_ialltoallv(g, sb, sc, sd, rb, rc, rd, BG_I32, &rq));
+        bg_status_t ws = bg_wait(rq);
+        bg_request_free(rq);
+        RK_OK(ws);
+    } else {
+        RK_OK(bg_group_alltoallv(g, sb, sc, sd, rb, rc, rd, BG_I32));
+    }
     /* brute force: build every member i's send buffer as it does, take its block for me */
     for (int i = 0; i < n; i++) {
         size_t off = 0, mine = 0;
@@ -599,6 +608,10 @@ static int rank_alltoallv(int rank, int world, void *arg)
     size_t one[4] = {1, 1, 1, 1}, two[4] = {2, 2, 2, 2}, d[4] = {0, 1, 2, 3};
     int32_t x[8] = {0}, y[8];
     RK_CHECK(bg_group_alltoallv(g, x, one, d, y, two, d, BG_I32) == BG_ERR_INVALID, "unequal own counts accepted");
+    bg_request_t *rq = NULL;
+    RK_CHECK(bg_group_ialltoallv(g, x, one, d, y, two, d, BG_I32, &rq) == BG_ERR_INVALID && !rq,
+             "non-blocking: unequal own counts accepted");
+    RK_CHECK(bg_group_ialltoallv(g, x, one, d, y, one, d, BG_I32, NULL) == BG_ERR_INVALID, "NULL request accepted");
     RK_OK(bg_group_barrier(g));
     bg_group_destroy(s);
     bg_group_destroy(g);
