@@ -235,11 +235,14 @@ static int auto_layout(const char *cmd, int pp_auto, int has_plan, bg_train_conf
     int world = 1;
     if (bg_comm_env_world(&world) != BG_OK)
         return bg_cli_fail(cmd, "%s", bg_last_error());
-    int tp = (c->model.tp > 0 ? c->model.tp : 1) * (c->cp > 0 ? c->cp : 1); /* the ranks of one stage's replica */
-    int other = (pp_auto ? (c->dp > 0 ? c->dp : 1) : (c->pp > 0 ? c->pp : 1)) * tp;
+    int cp = c->cp > 0 ? c->cp : 1, tp = c->model.tp > 0 ? c->model.tp : 1; /* a stage replica's ranks: cp x tp */
+    int other = (pp_auto ? (c->dp > 0 ? c->dp : 1) : (c->pp > 0 ? c->pp : 1)) * cp * tp;
+    char cps[24] = "";
+    if (cp > 1)
+        snprintf(cps, sizeof cps, " x cp %d", cp);
     if (world % other)
-        return bg_cli_fail(cmd, "%s: the job has %d rank%s, not a multiple of %s %d x (cp x tp) %d", flag, world,
-                           world == 1 ? "" : "s", pp_auto ? "dp" : "pp", other / tp, tp); /* tp: x cp */
+        return bg_cli_fail(cmd, "%s: the job has %d rank%s, not a multiple of %s %d%s x tp %d", flag, world,
+                           world == 1 ? "" : "s", pp_auto ? "dp" : "pp", other / (cp * tp), cps, tp);
     *(pp_auto ? &c->pp : &c->dp) = world / other;
     return 0;
 }
