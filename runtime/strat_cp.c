@@ -15,6 +15,7 @@
 typedef struct {
     float *buf; /* a step's send and receive blocks (zeros), n floats each */
     size_t n;
+    const bg_cp_comm_t *cp; /* the description's context group (bound by the executor after setup) */
 } cpe_t;
 
 static int cpe_active(const exec_t *x) { return x->p.cp > 1 && x->em; }
@@ -37,8 +38,9 @@ static void cpe_destroy(exec_t *x, void *self)
 }
 
 /* n ring steps of `bytes` in all, each a send to the next member and a receive from the previous. */
-static bg_status_t ring_steps(cpe_t *e, const bg_cp_comm_t *cp, double msgs, double bytes)
+static bg_status_t ring_steps(cpe_t *e, double msgs, double bytes)
 {
+    const bg_cp_comm_t *cp = e->cp;
     int n = (int)(msgs + 0.5);
     if (n < 1)
         return BG_OK;
@@ -58,25 +60,22 @@ static bg_status_t ring_steps(cpe_t *e, const bg_cp_comm_t *cp, double msgs, dou
     return BG_OK;
 }
 
+/* One layer's ring steps before an emulated compute of kind (bg__exec_layer_costs). */
+static bg_status_t emulate_layer(void *self, bg_sched_op_kind_t kind, const bg_tp_cost_t *cost)
+{
+    cpe_t *e = self;
+    return kind == BG_OP_FORWARD ? ring_steps(e, cost->cp_fwd_msgs, cost->cp_fwd_bytes)
+                                 : ring_steps(e, cost->cp_bwd_msgs, cost->cp_bwd_bytes);
+}
+
 /* Before an emulated F, B or b: the chunk's attention layers' ring steps in layer order. */
 static bg_status_t cpe_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
 {
-    const bg_cp_comm_t *cp = bg_model_desc_cp(x->desc);
-    if (kind == BG_OP_BACKWARD_WEIGHT || !cp)
+    cpe_t *e = self;
+    e->cp = bg_model_desc_cp(x->desc);
+    if (kind == BG_OP_BACKWARD_WEIGHT || !e->cp)
         return BG_OK;
-    bg_shape_t s;
-    BG_CHECK(bg__exec_input_shape(x, ch, mb, &s));
-    for (int i = ch->first; i <= ch->last; i++) {
-        const bg_layer_t *l = bg_model_layer(ch->model, i);
-        bg_tp_cost_t cost = {0};
-        bg_layer_tp_cost(l, s, &cost);
-        if (kind == BG_OP_FORWARD)
-            BG_CHECK(ring_steps(self, cp, cost.cp_fwd_msgs, cost.cp_fwd_bytes));
-        else
-            BG_CHECK(ring_steps(self, cp, cost.cp_bwd_msgs, cost.cp_bwd_bytes));
-        BG_CHECK(bg_layer_out_shape(l, s, &s));
-    }
-    return BG_OK;
+    return bg__exec_layer_costs(x, ch, mb, kind, emulate_layer, e);
 }
 
 const bg__strategy_ops_t bg__strategy_cp_emulate = {
