@@ -42,6 +42,17 @@ static void positions(const bg_cp_comm_t *cp, int m, int t_local, int *pos)
 static size_t block_bytes(int n, int t, int c) { return bg__align64((size_t)n * t * 3 * (size_t)c * sizeof(float)); }
 size_t bg__cp_ring_bytes(int n, int t, int c) { return 4 * block_bytes(n, t, c); }
 
+void bg__cp_ring_cost(int size, int n, int t, int c, bg_tp_cost_t *cost)
+{
+    if (size < 2)
+        return;
+    double blk = (double)n * t * 3 * c * sizeof(float); /* what a step sends: the packed qkv, unpadded */
+    cost->cp_fwd_msgs += size - 1;
+    cost->cp_fwd_bytes += (size - 1) * blk;
+    cost->cp_bwd_msgs += 2 * size - 1; /* the blocks again (size - 1) and their gradients (size) */
+    cost->cp_bwd_bytes += (2 * size - 1) * blk;
+}
+
 /* The ring's buffers (at @p ring in the layer's scratch) and position tables of one call. */
 typedef struct {
     float *blk[2], *dblk[2]; /* key/value blocks in flight (B,T,3C); their gradients (backward) */

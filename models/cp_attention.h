@@ -10,12 +10,15 @@
 #define BG_CP_MAX_HEAD 128
 
 /* Mark an attention layer ("attention", models/layers.c; "gqa_attention", models/llama_layers.c) as
- * bound to a context group (its scratch then holds the ring's blocks): bg_model_desc_set_cp calls them
- * on every such leaf. */
-void bg__attention_set_ring(bg_layer_t *l, int on);
-void bg__gqa_set_ring(bg_layer_t *l, int on);
+ * bound to a context group of @p size members (its scratch then holds the ring's blocks, its cost model
+ * counts the ring's steps), or unbound (0): bg_model_desc_set_cp calls them on every such leaf. */
+void bg__attention_set_ring(bg_layer_t *l, int size);
+void bg__gqa_set_ring(bg_layer_t *l, int size);
 /* The ring's buffers in an attention layer's scratch: four blocks of the packed qkv (n, t, 3c). */
 size_t bg__cp_ring_bytes(int n, int t, int c);
+/* The ring's steps and bytes of one attention call over a context group of @p size (< 2: none) into
+ * cost's cp_* fields, as bg__cp_attention_forward/backward send them. */
+void bg__cp_ring_cost(int size, int n, int t, int c, bg_tp_cost_t *cost);
 
 /* The backend has the ring kernels, the head size fits and the positions are two chunks. */
 bg_status_t bg__cp_check(const bg_layer_t *l, const bg_layer_ctx_t *ctx, int hs);

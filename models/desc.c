@@ -373,11 +373,11 @@ static const char *const cp_types[] = {"activation", "linear", "layernorm", "res
 /* The attention leaves, whose scratch holds the ring's blocks once bound. */
 static const struct {
     const char *type;
-    void (*set_ring)(bg_layer_t *l, int on);
+    void (*set_ring)(bg_layer_t *l, int size);
 } cp_rings[] = {{"attention", bg__attention_set_ring}, {"gqa_attention", bg__gqa_set_ring}};
 
 /* The first leaf of l's tree that cannot run under cp (NULL: none); with
- * mark, every attention leaf bound (1) or unbound (0) (its ring's scratch). */
+ * mark >= 0, every attention leaf bound to a group of mark members, or unbound (0) (its ring's scratch). */
 static const bg_layer_t *cp_unsupported(bg_layer_t *l, int mark)
 {
     if (l->nchildren == 0) {
@@ -416,7 +416,7 @@ bg_status_t bg_model_desc_set_cp(bg_model_desc_t *d, const bg_cp_comm_t *cp)
                             bad->ops->type);
     }
     for (int i = 0; i < d->n; i++)
-        cp_unsupported(d->layers[i], 1);
+        cp_unsupported(d->layers[i], cp->size);
     d->cp = cp;
     return BG_OK;
 }

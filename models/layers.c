@@ -195,9 +195,9 @@ bg_status_t bg_layer_token_embedding(const char *name, int vocab, int max_t, int
 
 /* ------------------------------------------------------ attention core */
 
-typedef struct { int c, heads, ring; } attn_t; /* ring: bound to a context group (bg__attention_set_ring) */
+typedef struct { int c, heads, ring; } attn_t; /* ring: its context group's size (bg__attention_set_ring), or 0 */
 
-void bg__attention_set_ring(bg_layer_t *l, int on) { ((attn_t *)l->impl)->ring = on; }
+void bg__attention_set_ring(bg_layer_t *l, int size) { ((attn_t *)l->impl)->ring = size; }
 
 static bg_status_t attn_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_t *out_p)
 {
@@ -216,6 +216,11 @@ static size_t attn_scratch_bytes(const bg_layer_t *l, bg_shape_t in)
     const attn_t *p = l->impl;
     size_t own = bg_attention_scratch_floats(in.n, in.t, p->c, p->heads) * sizeof(float);
     return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in.n, in.t, p->c) : own;
+}
+static void attn_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const attn_t *p = l->impl;
+    bg__cp_ring_cost(p->ring, in.n, in.t, p->c, cost);
 }
 /* The fused kernel visits the T(T+1)/2 causal (query, key) pairs per head:
  * forward q.k and p v (2 hs multiply-adds) and about 5 flops of softmax per
@@ -271,6 +276,7 @@ static const bg_layer_ops_t attn_ops = {
     .out_shape = attn_out_shape,
     .stash_bytes = attn_stash_bytes,
     .scratch_bytes = attn_scratch_bytes,
+    .tp_cost = attn_tp_cost,
     .fwd_flops = attn_fwd_flops,
     .bwd_flops = attn_bwd_flops,
     .forward = attn_forward,

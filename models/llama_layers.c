@@ -143,7 +143,7 @@ bg_status_t bg_layer_swiglu(const char *name, int h, bg_layer_t **layer_p)
  * stash: [qkv (n, t, 3C) rotated and expanded, the attention's input][lse];
  * scratch: forward [rotated grouped input]; backward [dqkv (n, t, 3C)][the
  * attention's scratch]. */
-typedef struct { int heads, kv, hs; float theta; bg__kv_cache_t *cache; int ring; } gqa_t; /* ring: bg__gqa_set_ring */
+typedef struct { int heads, kv, hs; float theta; bg__kv_cache_t *cache; int ring; } gqa_t; /* ring: the context group's size once bound (bg__gqa_set_ring), else 0 */
 
 /* The decode cache (bg__gqa_cache_attach): every position's rotated keys and values so far, per kv head,
  * and the buffers of one position's attention. */
@@ -184,7 +184,13 @@ static size_t gqa_scratch(const bg_layer_t *l, bg_shape_t in)
     return p->ring ? bg__align64(own) + bg__cp_ring_bytes(in.n, in.t, gqa_c(p)) : own;
 }
 
-void bg__gqa_set_ring(bg_layer_t *l, int on) { ((gqa_t *)l->impl)->ring = on; }
+void bg__gqa_set_ring(bg_layer_t *l, int size) { ((gqa_t *)l->impl)->ring = size; }
+
+static void gqa_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
+{
+    const gqa_t *p = l->impl;
+    bg__cp_ring_cost(p->ring, in.n, in.t, gqa_c(p), cost);
+}
 
 /* Under context parallelism: the ring's blocks after the layer's own scratch (gqa_scratch) */
 static void *gqa_ring(const bg_layer_t *l, const bg_layer_ctx_t *ctx)
@@ -308,6 +314,7 @@ static const bg_layer_ops_t gqa_ops = {
     .scratch_bytes = gqa_scratch,
     .fwd_flops = gqa_fwd_flops,
     .bwd_flops = gqa_bwd_flops,
+    .tp_cost = gqa_tp_cost,
     .forward = gqa_forward,
     .backward_input = gqa_backward_input,
     .destroy = gqa_destroy,

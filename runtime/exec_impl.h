@@ -227,6 +227,11 @@ bg_status_t bg__exec_sum_losses(exec_t *x); /* the program's end: the device-kep
 /* exec_ops.c */
 bg_status_t bg__exec_seq_len(exec_t *x, int64_t step, int mb, int *t_p);
 bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p);
+/* fn(arg, kind, cost) for each layer of chunk ch in order, with its cost model (bg_layer_tp_cost) at
+ * microbatch mb's shapes: what an emulating strategy sends before an emulated compute of @p kind. */
+bg_status_t bg__exec_layer_costs(exec_t *x, chunk_t *ch, int mb, bg_sched_op_kind_t kind,
+                                 bg_status_t (*fn)(void *arg, bg_sched_op_kind_t kind, const bg_tp_cost_t *cost),
+                                 void *arg);
 uint32_t bg__exec_tag(const exec_t *x, int grad, int recv_stage, int mb);
 bg_status_t bg__exec_wait_free(bg__xfer_t **rq);
 bg_status_t bg__exec_reap_pending(exec_t *x, int force);

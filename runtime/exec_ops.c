@@ -141,6 +141,22 @@ bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *sha
     return BG_OK;
 }
 
+bg_status_t bg__exec_layer_costs(exec_t *x, chunk_t *ch, int mb, bg_sched_op_kind_t kind,
+                                 bg_status_t (*fn)(void *arg, bg_sched_op_kind_t kind, const bg_tp_cost_t *cost),
+                                 void *arg)
+{
+    bg_shape_t s;
+    BG_CHECK(bg__exec_input_shape(x, ch, mb, &s));
+    for (int i = ch->first; i <= ch->last; i++) {
+        const bg_layer_t *l = bg_model_layer(ch->model, i);
+        bg_tp_cost_t cost = {0};
+        bg_layer_tp_cost(l, s, &cost);
+        BG_CHECK(fn(arg, kind, &cost));
+        BG_CHECK(bg_layer_out_shape(l, s, &s));
+    }
+    return BG_OK;
+}
+
 static bg_status_t begin_slot(exec_t *x, chunk_t *ch, int mb, float **in_p)
 {
     if (ch->begun[mb]) {

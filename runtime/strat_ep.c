@@ -207,24 +207,19 @@ static bg_status_t emulate_exchanges(ep_t *e, double msgs, double bytes)
     return BG_OK;
 }
 
+/* One layer's all-to-alls before an emulated compute of kind (bg__exec_layer_costs). */
+static bg_status_t emulate_layer(void *self, bg_sched_op_kind_t kind, const bg_tp_cost_t *cost)
+{
+    return kind == BG_OP_FORWARD ? emulate_exchanges(self, cost->ep_fwd_msgs, cost->ep_fwd_bytes)
+                                 : emulate_exchanges(self, cost->ep_bwd_msgs, cost->ep_bwd_bytes);
+}
+
 /* --emulate: before an emulated F, B or b, the chunk's MoE layers' all-to-alls in layer order. */
 static bg_status_t ep_before_compute(exec_t *x, void *self, chunk_t *ch, int mb, bg_sched_op_kind_t kind)
 {
     if (!x->em || kind == BG_OP_BACKWARD_WEIGHT)
         return BG_OK;
-    bg_shape_t s;
-    BG_CHECK(bg__exec_input_shape(x, ch, mb, &s));
-    for (int i = ch->first; i <= ch->last; i++) {
-        const bg_layer_t *l = bg_model_layer(ch->model, i);
-        bg_tp_cost_t cost = {0};
-        bg_layer_tp_cost(l, s, &cost);
-        if (kind == BG_OP_FORWARD)
-            BG_CHECK(emulate_exchanges(self, cost.ep_fwd_msgs, cost.ep_fwd_bytes));
-        else
-            BG_CHECK(emulate_exchanges(self, cost.ep_bwd_msgs, cost.ep_bwd_bytes));
-        BG_CHECK(bg_layer_out_shape(l, s, &s));
-    }
-    return BG_OK;
+    return bg__exec_layer_costs(x, ch, mb, kind, emulate_layer, self);
 }
 
 static bg_status_t ep_before_optimizer(exec_t *x, void *self)

@@ -4,7 +4,7 @@
  * The order is the order EVERY hooks run in and ONE hooks are looked for:
  * the gradient's owners (ps, zero, ep, dp: ep's buckets before dp's, the others alone) first, then
  * what happens around them (copies before ties: the copies' sum comes
- * first), then emulation. It must not know what any strategy does. */
+ * first), then emulation (the context ring's emulated steps before the compute's). It must not know what any strategy does. */
 #include <stddef.h>
 #include <string.h>
 
@@ -12,12 +12,13 @@
 #include "runtime/exec_impl.h"
 
 extern const bg__strategy_ops_t bg__strategy_ps_server, bg__strategy_ps_worker, bg__strategy_zero, bg__strategy_ep,
-    bg__strategy_dp, bg__strategy_copies, bg__strategy_ties, bg__strategy_emulate, bg__strategy_offload;
+    bg__strategy_dp, bg__strategy_copies, bg__strategy_ties, bg__strategy_emulate, bg__strategy_offload,
+    bg__strategy_cp_emulate;
 
 const bg__strategy_ops_t *const bg__strategies[] = {
-    &bg__strategy_ps_server, &bg__strategy_ps_worker, &bg__strategy_zero,    &bg__strategy_ep,
-    &bg__strategy_dp,        &bg__strategy_copies,    &bg__strategy_ties,    &bg__strategy_emulate,
-    &bg__strategy_offload,   NULL,
+    &bg__strategy_ps_server, &bg__strategy_ps_worker,   &bg__strategy_zero,    &bg__strategy_ep,
+    &bg__strategy_dp,        &bg__strategy_copies,      &bg__strategy_ties,    &bg__strategy_cp_emulate,
+    &bg__strategy_emulate,   &bg__strategy_offload,     NULL,
 };
 
 bg_status_t bg__strategies_select(exec_t *x)

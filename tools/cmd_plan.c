@@ -46,6 +46,8 @@ static void usage(FILE *f)
             "  --tp N|all         tensor-parallel degree: N only, or every degree dividing the devices\n"
             "                     (default: 1, and when no layout fits at 1 the smallest degree that\n"
             "                     fits, said so)\n"
+            "  --cp N             context-parallel degree: 1 only (the planner places no context groups;\n"
+            "                     brigade train --cp N runs without a plan)\n"
             "  --sequence-parallel  GPT: plan tp > 1 with sequence parallelism (brigade train\n"
             "                     --sequence-parallel): activations between blocks split along the sequence;\n"
             "                     without it, SP is used only where a degree does not fit otherwise\n"
@@ -399,7 +401,7 @@ int bg_cmd_plan(int argc, char **argv)
     int ntp = 0;
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD, O_CP };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -414,6 +416,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
         {"host-ranks", required_argument, 0, O_HOST_RANKS},
         {"zero", required_argument, 0, O_ZERO},        {"offload", required_argument, 0, O_OFFLOAD},        {"sequence-parallel", no_argument, 0, O_SP},
+        {"cp", required_argument, 0, O_CP},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -526,6 +529,13 @@ int bg_cmd_plan(int argc, char **argv)
             host_ranks = (int)v;
             break;
         case O_SP: mc.sequence_parallel = 1; break;
+        case O_CP: /* the planner places no context groups (docs/partitioner.md): cp 1 only */
+            if (bg_cli_int(CMD, "--cp", optarg, 1, 4096, &v))
+                return 2;
+            if (v > 1)
+                return bg_cli_fail(CMD, "--cp %lld is not built: the planner places no context groups (it plans "
+                                   "cp = 1; brigade train --cp %lld runs without a plan)", v, v);
+            break;
         case O_HELP:
         case 'h':
             usage(stdout);

@@ -694,6 +694,11 @@ int bg_cmd_train(int argc, char **argv)
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
+        if (c.cp > 1) { /* the planner places no context groups yet (docs/partitioner.md) */
+            bg_plan_free(plan);
+            return bg_cli_fail(cmd, "%s is a plan for cp 1: --plan with --cp %d is not built (brigade plan places no "
+                               "context groups; run --cp %d without --plan)", plan_path, c.cp, c.cp);
+        }
         if (sequence_parallel && !bg_plan_sequence_parallel(plan)) {
             bg_plan_free(plan);
             return bg_cli_fail(cmd, "%s counted the memory without sequence parallelism: plan with brigade plan "

@@ -161,6 +161,11 @@ typedef struct bg_tp_cost {
                                            (bg_moe_t.ep > 1) sends to the others in its all-to-alls, and their
                                            bytes, expected under uniform routing with nothing dropped */
     double ep_bwd_msgs, ep_bwd_bytes; /**< the same, backward (B; W sends nothing) */
+    double cp_fwd_msgs, cp_fwd_bytes; /**< forward: ring steps each member of an attention layer's context group
+                                           (bound by bg_model_desc_set_cp, cp > 1) sends to the next member, and
+                                           their bytes: cp - 1 blocks of its packed qkv */
+    double cp_bwd_msgs, cp_bwd_bytes; /**< the same, backward (B; W sends nothing): cp - 1 blocks again and cp
+                                           blocks of their gradients */
 } bg_tp_cost_t;
 
 /** Group collectives a layer's backward_input started and left running (bg_layer_backward): at most

@@ -8,9 +8,11 @@
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
 # cp 1 figure from a dp 2 run with the same sequences per rank). A cp 2
 # checkpoint resumes at cp 1 and cp 4 onto the same weights; variable
-# lengths (rounded to multiples of 2 cp) match one process. Refusals:
-# a length not divisible by 2 cp, --tp, --zero, an MoE model, each one line
-# naming what. A Llama (rotary positions) the same as GPT: cp 2 = cp 1.
+# lengths (rounded to multiples of 2 cp) match one process. An emulated
+# pp 2 x cp 2 run (--emulate) sends the computing run's bytes. Refusals:
+# a length not divisible by 2 cp, --tp, --zero, an MoE model, brigade plan
+# --cp 2 and --plan with --cp 2, each one line naming what. A Llama (rotary
+# positions) the same as GPT: cp 2 = cp 1.
 . "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 2 --d-model 32 --heads 4 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
@@ -75,10 +77,34 @@ else
   bad "activation memory does not fall with cp: $(cat "$T/mem1.act") $(cat "$T/mem2.act") $(cat "$T/mem4.act")"
 fi
 
+# --emulate: the stages run no layer; the ring's steps of the real sizes still run, so an emulated run sends
+# the computing run's bytes, per rank and step, exactly (pp 2 x cp 2: a ring on every stage)
+E="--model gpt --layers 4 --d-model 32 --heads 4 --seq 64 --batch 4 --microbatches 2 --threads 1 --steps 2 --pp 2 --cp 2"
+"$B" profile --layers 4 --d-model 32 --heads 4 --seq 64 --json "$T/prof.json" >/dev/null 2>&1 || bad "brigade profile"
+bytes_of() { grep -ho '"rank": [0-9]*, "step": [0-9]*\|"bytes_sent": [0-9]*' "$T/$1.jsonl" | paste - - | sort; }
+if timeout 120 "$B" launch -n 4 -- "$B" train $E --quiet --metrics "$T/real.jsonl" >"$T/real.log" 2>&1 &&
+  timeout 120 "$B" launch -n 4 -- "$B" train $E --quiet --metrics "$T/emu.jsonl" --emulate "$T/prof.json" \
+    >"$T/emu.log" 2>&1; then
+  n=$(bytes_of real | wc -l)
+  [ "$n" -eq 8 ] && [ "$(bytes_of real)" = "$(bytes_of emu)" ] &&
+    ok "emulated pp 2 x cp 2 sends the computing run's bytes on every rank and step: $(bytes_of emu | awk '{print $NF}' | sort -u | tr '\n' ' ')" ||
+    bad "emulated bytes differ: computing $(bytes_of real | tr '\n\t' '; ') emulated $(bytes_of emu | tr '\n\t' '; ')"
+else
+  bad "pp 2 x cp 2 with and without --emulate: $(tail -2 "$T/real.log" "$T/emu.log")"
+fi
+
 # refusals, before anything trains
 expect_train 1 "--cp 4: the sequence length 100 is not divisible by 2 x cp = 8" $GPT --seq 100 --cp 4
 expect_train 1 "--cp 2 with --tp > 1 is not built" $GPT --cp 2 --tp 2
 expect_train 1 "--cp 2 with --zero is not built" $GPT --cp 2 --dp 2 --zero 1
+# the planner places no context groups yet: brigade plan --cp 2, and a plan run with --cp 2, say so
+PM="--layers 2 --d-model 32 --heads 4 --seq 64"
+expect_err_line plan "--cp 2 is not built: the planner places no context groups" $PM --devices 2 --mem 1G --cp 2
+if "$B" plan $PM --devices 2 --mem 1G --cp 1 --json "$T/plan.json" >/dev/null 2>&1; then
+  expect_train 2 "is a plan for cp 1: --plan with --cp 2 is not built" --plan "$T/plan.json" $PM --cp 2 --steps 1
+else
+  bad "brigade plan --cp 1"
+fi
 if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --steps 1 --quiet --cp 2 --experts 4 --top-k 2 >"$T/moe.log" 2>&1; then
   bad "an MoE model trained under --cp 2"
 elif grep -q "layer moe is a moe" "$T/moe.log"; then
