@@ -60,7 +60,7 @@ static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
     for (int b = 0; b < ch->nbuckets; b++)
         zb[b] = (bg__zero_bucket_t){ch->buckets[b].lo, ch->buckets[b].hi, ch->buckets[b].off, ch->buckets[b].count};
     bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_coll, zb, ch->nbuckets, x->p.optim.kind,
-                                     &Z->z[ch - x->chunks]);
+                                     ch->param_store, &Z->z[ch - x->chunks]);
     free(zb);
     BG_CHECK(st);
     if (x->p.zero == 3 && !bg__zero_params_sharded(Z->z[ch - x->chunks]))

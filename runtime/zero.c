@@ -270,7 +270,7 @@ static const float *piece_grad(bg__zero_t *z, int k)
 }
 
 bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
-                            bg_optim_kind_t kind, bg__zero_t **z_p)
+                            bg_optim_kind_t kind, const bg_optim_store_t *pstore, bg__zero_t **z_p)
 {
     if (bg_model_optim_state(m, 0))
         return bg_error(BG_ERR_INTERNAL, "zero: the model already holds its full optimizer state");
@@ -343,7 +343,7 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
                 BG_CHECK_GOTO(bucket_buffer(z, b), st, err);
     }
     if (params) /* last: it frees the flat parameters */
-        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, &z->zp), st, err);
+        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, pstore, &z->zp), st, err);
     *z_p = z;
     return BG_OK;
 err:
