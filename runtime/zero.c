@@ -327,6 +327,7 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
     if (kind == BG_OPTIM_ADAMW)
         BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (second moment)", &z->sv), st, err);
     if (level >= 2) {
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err); /* first: the whole gradients never beside the shard */
         z->sg = bg_backend_alloc(z->be, n * sizeof(float), "gradient shard");
         if (!z->sg) {
             st = BG_ERR_NOMEM;
@@ -337,7 +338,6 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
                 st = BG_ERR_NOMEM;
                 goto err;
             }
-        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err);
         for (int b = 0; b < nbuckets; b++)
             if (z->whole[b] && buckets[b].count)
                 BG_CHECK_GOTO(bucket_buffer(z, b), st, err);

@@ -269,13 +269,13 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bu
         zp->slot[b] = -1;
         o += cl;
     }
-    for (int k = 0; k < npool; k++)
+    zp->whole = 1; /* the model's initial parameters: kept, then the flat buffer freed */
+    BG_CHECK_GOTO(bg__zparams_shard_again(zp), st, err);
+    for (int k = 0; k < npool; k++) /* after: the flat buffer and the gather buffers never together */
         if (!(zp->pool[k] = bg_backend_alloc(zp->be, largest * sizeof(float), "parameter gather buffer"))) {
             st = BG_ERR_NOMEM;
             goto err;
         }
-    zp->whole = 1; /* the model's initial parameters: kept, then the flat buffer freed */
-    BG_CHECK_GOTO(bg__zparams_shard_again(zp), st, err);
     *zp_p = zp;
     return BG_OK;
 err:
