@@ -58,12 +58,15 @@ for i in $(seq 1 "$R"); do
   run none --pp 2 --split 5,6 --recompute
   run zero2 --dp 2 --zero 2 --microbatches 2 # the same global batch: 2 replicas x 2
 done
+peak_table() { # SUMMARY CAP: each rank's high-water mark against the prediction and the cap
+  printf "%5s %10s %10s %10s\n" rank "peak MiB" "pred MiB" "cap MiB"
+  while read -r r peak pred; do
+    printf "%5s %10s %10s %10.2f%s\n" "$r" "$peak" "$pred" "$(awk -v c="$2" 'BEGIN{print c / 1048576}')" \
+      "$(awk -v p="$peak" -v c="$2" 'BEGIN{if (p * 1048576 > c) print "  OVER THE CAP"}')"
+  done <"$1"
+}
 echo "pp 2 --recompute --offload optimizer --offload-dir, under the cap:"
-printf "%5s %10s %10s %10s\n" rank "peak MiB" "pred MiB" "cap MiB"
-while read -r r peak pred; do
-  printf "%5s %10s %10s %10.2f%s\n" "$r" "$peak" "$pred" "$(awk -v c="$cap" 'BEGIN{print c / 1048576}')" \
-    "$(awk -v p="$peak" -v c="$cap" 'BEGIN{if (p * 1048576 > c) print "  OVER THE CAP"}')"
-done <"$T/sum_files"
+peak_table "$T/sum_files" "$cap"
 zero=$(med <"$T/ms_zero2")
 printf "%-46s %10s %8s\n" run "step ms" "vs zero2"
 for n in zero2 none host files; do
@@ -96,10 +99,6 @@ done
 printf "\n16 blocks: full training state (one process, no cap): %s MiB; --device-mem %d bytes (%.2f MiB): full / cap = %.2f\n" \
   "$full3" "$cap3" "$(awk -v c="$cap3" 'BEGIN{print c / 1048576}')" "$(awk -v f="$full3" -v c="$cap3" 'BEGIN{print f * 1048576 / c}')"
 echo "dp 2 --zero 3 --recompute --offload optimizer,params --offload-dir, under the cap:"
-printf "%5s %10s %10s %10s\n" rank "peak MiB" "pred MiB" "cap MiB"
-while read -r r peak pred; do
-  printf "%5s %10s %10s %10.2f%s\n" "$r" "$peak" "$pred" "$(awk -v c="$cap3" 'BEGIN{print c / 1048576}')" \
-    "$(awk -v p="$peak" -v c="$cap3" 'BEGIN{if (p * 1048576 > c) print "  OVER THE CAP"}')"
-done <"$T/sum_z3"
+peak_table "$T/sum_z3" "$cap3"
 a=$(med <"$T/ms_z3"); z=$(med <"$T/ms_z2big")
 printf "step ms: dp 2 --zero 2, no cap %s; dp 2 --zero 3 offloaded, capped %s; ratio %.3f\n" "$z" "$a" "$(awk -v a="$a" -v b="$z" 'BEGIN{print a / b}')"

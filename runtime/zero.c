@@ -326,8 +326,13 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
     BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (first moment)", &z->sm), st, err);
     if (kind == BG_OPTIM_ADAMW)
         BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (second moment)", &z->sv), st, err);
+    /* the parameters sharded (the flat buffer freed) before the gradient shard and buffers exist: never both */
+    if (params)
+        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, pstore, &z->zp), st, err);
+    if (level < 2) /* level 1 (or 2 that fell back to it): the whole gradients (a model made without them) */
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 1), st, err);
     if (level >= 2) {
-        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err); /* first: the whole gradients never beside the shard */
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err); /* whole gradients (a model made with them) freed first */
         z->sg = bg_backend_alloc(z->be, n * sizeof(float), "gradient shard");
         if (!z->sg) {
             st = BG_ERR_NOMEM;
@@ -342,8 +347,6 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
             if (z->whole[b] && buckets[b].count)
                 BG_CHECK_GOTO(bucket_buffer(z, b), st, err);
     }
-    if (params) /* last: it frees the flat parameters */
-        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, pstore, &z->zp), st, err);
     *z_p = z;
     return BG_OK;
 err:

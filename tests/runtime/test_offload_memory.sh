@@ -41,6 +41,14 @@ for lay in "--pp 2" "--dp 2 --zero 2"; do
 done
 
 # the planner: offloading counted, chosen when nothing fits otherwise, suggested when not allowed
+# plan_trained PLAN MEM WHAT: the plan trained on 2 ranks under --device-mem MEM, rank 0's peak within 5% of the plan's
+plan_trained() {
+  timeout 120 "$B" launch -n 2 -- "$B" train --plan "$1" --steps 2 --threads 1 --device-mem "$2" >"$T/pt.log" 2>&1 &&
+    awk '/^plan .*rank 0 peak/ { for (i = 1; i <= NF; i++) { if ($i == "peak") m = $(i + 1); if ($i == "predicted" && $(i + 1) + 0 > 0) p = $(i + 1) }
+         found = 1 } END { if (!found || m > 1.05 * p || m < 0.95 * p) exit 1 }' "$T/pt.log" &&
+    ok "$3 under --device-mem $2: $(grep '^plan .*rank 0 peak' "$T/pt.log" | sed 's/.*; //')" ||
+    bad "$3: $(tail -3 "$T/pt.log")"
+}
 PM="--model gpt --layers 8 --d-model 128 --heads 4 --seq 64 --batch 8"
 expect 1 "with the optimizer state offloaded these devices fit (--offload auto)" plan $PM --devices 1 --mem 30M
 "$B" plan $PM --devices 2 --mem 64M --offload auto --json "$T/big.json" >/dev/null 2>&1 && ! grep -q '"offload"' "$T/big.json" &&
@@ -48,11 +56,7 @@ expect 1 "with the optimizer state offloaded these devices fit (--offload auto)"
 if "$B" plan $PM --devices 2 --mem 14M --offload auto --json "$T/p.json" >"$T/p.o" 2>&1 && grep -q '"offload": "optimizer"' "$T/p.json" &&
    grep -q "optimizer state offloaded (host memory or --offload-dir, outside the budgets above): stage 0" "$T/p.o"; then
   ok "2 devices of 14 MiB: the plan offloads the optimizer state and shows it"
-  timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/p.json" --steps 2 --threads 1 --device-mem 14M >"$T/pt.log" 2>&1 &&
-    awk '/^plan .*rank 0 peak/ { for (i = 1; i <= NF; i++) { if ($i == "peak") m = $(i + 1); if ($i == "predicted" && $(i + 1) + 0 > 0) p = $(i + 1) }
-         found = 1 } END { if (!found || m > 1.05 * p || m < 0.95 * p) exit 1 }' "$T/pt.log" &&
-    ok "brigade train --plan under --device-mem 14M: $(grep '^plan .*rank 0 peak' "$T/pt.log" | sed 's/.*; //')" ||
-    bad "train --plan: $(tail -3 "$T/pt.log")"
+  plan_trained "$T/p.json" 14M "brigade train --plan"
 else bad "plan with --offload auto: $(tail -3 "$T/p.o")"; fi
 
 # --offload params: the --zero 3 shard off the device, counted by the executor and the planner
@@ -67,11 +71,7 @@ awk '/^ +[0-9]+ +[0-9]+ +[0-9]+ / { n++; if ($5 != $NF) bad = 1; p[n] = $5 } END
   bad "--offload params memory: $(peaks "$T/z_optimizer,params.log") vs $(peaks "$T/z_optimizer.log")"
 if "$B" plan $PM --devices 2 --mem 13M --zero 3 --pp 1 --tp 1 --offload optimizer,params --json "$T/pz.json" >"$T/pz.o" 2>&1 &&
    grep -q '"offload": "optimizer,params"' "$T/pz.json" && grep -q "optimizer state and parameter shard offloaded" "$T/pz.o"; then
-  timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/pz.json" --steps 2 --threads 1 --device-mem 13M >"$T/pzt.log" 2>&1 &&
-    awk '/^plan .*rank 0 peak/ { for (i = 1; i <= NF; i++) { if ($i == "peak") m = $(i + 1); if ($i == "predicted" && $(i + 1) + 0 > 0) p = $(i + 1) }
-         found = 1 } END { if (!found || m > 1.05 * p || m < 0.95 * p) exit 1 }' "$T/pzt.log" &&
-    ok "plan --zero 3 --offload optimizer,params, trained under --device-mem 13M: $(grep '^plan .*rank 0 peak' "$T/pzt.log" | sed 's/.*; //')" ||
-    bad "train --plan (offload params): $(tail -3 "$T/pzt.log")"
+  plan_trained "$T/pz.json" 13M "a plan of --zero 3 --offload optimizer,params trained"
 else bad "plan --offload optimizer,params: $(tail -3 "$T/pz.o")"; fi
 
 # files are gone even when the job is killed (unlinked as soon as mapped)
