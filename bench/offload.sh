@@ -9,8 +9,7 @@
 #    the prediction, and full state / cap. Offloading the optimizer state
 #    alone leaves each of 2 pipeline ranks half the parameters and gradients
 #    (8 of AdamW's 16 bytes a parameter, halved), so the ratio stays below 4
-#    (16P / (4P + activations)); 4x and more needs offloaded activations or
-#    parameters (--zero 3), which are not built.
+#    (16P / (4P + activations)); section 5 reaches 4x with --zero 3.
 # 3. The step time of (2) against the same model at dp 2 --zero 2 with no cap
 #    (median over a run's steps, median of R runs, the runs alternating so
 #    they share the machine's noise), and against pp 2 --recompute with the
@@ -22,6 +21,12 @@
 #    (BRIGADE_OFFLOAD_EVICT=on, as on a machine short of memory), without
 #    (BRIGADE_OFFLOAD_PREFETCH=off) and with the read-ahead that starts with
 #    the last microbatch's backward: the fraction of the added time it hides.
+# 5. 4x: a GPT of 16 blocks on 2 ranks at dp 2 --zero 3 --recompute
+#    --offload optimizer,params --offload-dir (buckets of one block:
+#    BRIGADE_BUCKET_MB=1): each rank keeps on the device only its gradient
+#    shard, the gather and bucket buffers and the activations. The cap is the
+#    larger rank's prediction; full state / cap, each rank's high-water mark,
+#    and the step time against the same model at dp 2 --zero 2 with no cap.
 # On the CPU backend there are no explicit transfers: the kernel's page cache
 # moves the files' pages.
 # Usage: bench/offload.sh [BUILD_DIR] [REPEATS]
@@ -53,12 +58,15 @@ for i in $(seq 1 "$R"); do
   run none --pp 2 --split 5,6 --recompute
   run zero2 --dp 2 --zero 2 --microbatches 2 # the same global batch: 2 replicas x 2
 done
+peak_table() { # SUMMARY CAP: each rank's high-water mark against the prediction and the cap
+  printf "%5s %10s %10s %10s\n" rank "peak MiB" "pred MiB" "cap MiB"
+  while read -r r peak pred; do
+    printf "%5s %10s %10s %10.2f%s\n" "$r" "$peak" "$pred" "$(awk -v c="$2" 'BEGIN{print c / 1048576}')" \
+      "$(awk -v p="$peak" -v c="$2" 'BEGIN{if (p * 1048576 > c) print "  OVER THE CAP"}')"
+  done <"$1"
+}
 echo "pp 2 --recompute --offload optimizer --offload-dir, under the cap:"
-printf "%5s %10s %10s %10s\n" rank "peak MiB" "pred MiB" "cap MiB"
-while read -r r peak pred; do
-  printf "%5s %10s %10s %10.2f%s\n" "$r" "$peak" "$pred" "$(awk -v c="$cap" 'BEGIN{print c / 1048576}')" \
-    "$(awk -v p="$peak" -v c="$cap" 'BEGIN{if (p * 1048576 > c) print "  OVER THE CAP"}')"
-done <"$T/sum_files"
+peak_table "$T/sum_files" "$cap"
 zero=$(med <"$T/ms_zero2")
 printf "%-46s %10s %8s\n" run "step ms" "vs zero2"
 for n in zero2 none host files; do
@@ -76,3 +84,21 @@ awk -v f="$(med <"$T/ms_files")" -v h="$(med <"$T/ms_host")" -v n="$(med <"$T/ms
 c=$(med <"$T/ms_cold"); cp=$(med <"$T/ms_coldpre"); w=$(med <"$T/ms_files")
 printf "state evicted every step: %s ms without read-ahead, %s ms with; in the page cache: %s ms\n" "$c" "$cp" "$w"
 awk -v c="$c" -v p="$cp" -v w="$w" 'BEGIN{printf "overlap: the read-ahead hides %.2f of the time the disk adds to a step ((cold - cold with read-ahead) / (cold - warm); the write-back counts as not hidden)\n", (c - p) / (c - w)}'
+
+# 5. 4x: --zero 3 with the optimizer state and the parameter shard offloaded
+MODEL="--model gpt --layers 16 --d-model 256 --heads 4 --seq 32 --batch 4 --microbatches 2 --steps 4 --threads 1"
+"$B" train $MODEL --microbatches 4 --steps 1 --quiet >"$T/one3" 2>&1
+full3=$(grep -o "peak memory [0-9.]* MiB" "$T/one3" | awk '{print $3}')
+Z3="--dp 2 --zero 3 --recompute --offload optimizer,params"
+BRIGADE_BUCKET_MB=1 run probe3 $Z3 --offload-dir "$T/od" --steps 1
+cap3=$(awk '{ if ($3 > m) m = $3 } END { printf "%d", (m + 0.01) * 1048576 }' "$T/sum_probe3")
+for i in $(seq 1 "$R"); do
+  BRIGADE_BUCKET_MB=1 run z3 $Z3 --offload-dir "$T/od" --device-mem "$cap3"
+  run z2big --dp 2 --zero 2
+done
+printf "\n16 blocks: full training state (one process, no cap): %s MiB; --device-mem %d bytes (%.2f MiB): full / cap = %.2f\n" \
+  "$full3" "$cap3" "$(awk -v c="$cap3" 'BEGIN{print c / 1048576}')" "$(awk -v f="$full3" -v c="$cap3" 'BEGIN{print f * 1048576 / c}')"
+echo "dp 2 --zero 3 --recompute --offload optimizer,params --offload-dir, under the cap:"
+peak_table "$T/sum_z3" "$cap3"
+a=$(med <"$T/ms_z3"); z=$(med <"$T/ms_z2big")
+printf "step ms: dp 2 --zero 2, no cap %s; dp 2 --zero 3 offloaded, capped %s; ratio %.3f\n" "$z" "$a" "$(awk -v a="$a" -v b="$z" 'BEGIN{print a / b}')"

@@ -71,11 +71,17 @@ static bg_status_t init_params(bg_model_t *m)
 }
 
 static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
-                                const unsigned char *which, bg_model_t **model_p);
+                                const unsigned char *which, int grads, bg_model_t **model_p);
+
+bg_status_t bg__model_create_gradless(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
+                                      bg_model_t **model_p)
+{
+    return model_create(desc, be, first, last, NULL, 0, model_p);
+}
 
 bg_status_t bg_model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last, bg_model_t **model_p)
 {
-    return model_create(desc, be, first, last, NULL, model_p);
+    return model_create(desc, be, first, last, NULL, 1, model_p);
 }
 
 bg_status_t bg_model_create_tensors(bg_model_desc_t *desc, bg_backend_t *be, const unsigned char *which,
@@ -83,13 +89,13 @@ bg_status_t bg_model_create_tensors(bg_model_desc_t *desc, bg_backend_t *be, con
 {
     if (!which)
         return bg_error(BG_ERR_INVALID, "bg_model_create_tensors: no tensor selection");
-    return model_create(desc, be, -1, -1, which, model_p);
+    return model_create(desc, be, -1, -1, which, 1, model_p);
 }
 
 /* Layers [first, last] (both < 0: all); with `which`, only the tensors i
- * (whole-model order) with which[i] != 0 get buffers. */
+ * (whole-model order) with which[i] != 0 get buffers; grads 0: no gradient buffer. */
 static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
-                                const unsigned char *which, bg_model_t **model_p)
+                                const unsigned char *which, int grads, bg_model_t **model_p)
 {
     bg_status_t st;
     BG_CHECK(bg_model_desc_check(desc));
@@ -135,15 +141,15 @@ static bg_status_t model_create(bg_model_desc_t *desc, bg_backend_t *be, int fir
         st = BG_ERR_NOMEM;
         goto err_free_buffers;
     }
-    m->grads = bg_backend_alloc(be, m->nparams * sizeof(float), "gradients");
-    if (!m->grads) {
+    m->grads = grads ? bg_backend_alloc(be, m->nparams * sizeof(float), "gradients") : NULL;
+    if (grads && !m->grads) {
         st = BG_ERR_NOMEM;
         goto err_free_buffers;
     }
     size_t off = 0;
     for (int i = 0; i < m->ntensors; i++) {
         m->tensors[i].p->data = m->params + off;
-        m->tensors[i].p->grad = m->grads + off;
+        m->tensors[i].p->grad = m->grads ? m->grads + off : NULL;
         off += m->tensors[i].p->numel;
     }
     BG_CHECK_GOTO(init_params(m), st, err_free_buffers);

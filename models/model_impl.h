@@ -34,4 +34,10 @@ bg_status_t bg__desc_json_parse(const char *json, const char *where, struct json
 /* FNV-1a of a string: the per-tensor initialisation seed is seed ^ fnv1a(name). */
 uint64_t bg__fnv1a(const char *s);
 
+/* bg_model_create without the flat gradient buffer (the tensors' grad NULL
+ * until bg_model_grads_hold(m, 1) or a sharding strategy aims them): --zero 2
+ * and 3 never hold the whole gradients, not even while the model is made. */
+bg_status_t bg__model_create_gradless(bg_model_desc_t *desc, bg_backend_t *be, int first, int last,
+                                      bg_model_t **model_p);
+
 #endif

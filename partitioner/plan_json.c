@@ -43,7 +43,7 @@ static json_t *plan_json(const bg_plan_t *p)
     if (p->zero)
         json_object_set_new(root, "zero", json_integer(p->zero));
     if (p->offload)
-        json_object_set_new(root, "offload", json_string("optimizer"));
+        json_object_set_new(root, "offload", json_string(p->offload >= 2 ? "optimizer,params" : "optimizer"));
     if (p->sp)
         json_object_set_new(root, "sequence_parallel", json_true());
     if (p->precision != BG_F32)
@@ -440,8 +440,8 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     const char *off = NULL;
     if (json_object_get(root, "offload")) {
         BG_CHECK(get_str(root, "$", "offload", &off));
-        if (strcmp(off, "optimizer"))
-            return bg_error(BG_ERR_PARSE, "plan: $.offload \"%s\" (expected optimizer)", off);
+        if (strcmp(off, "optimizer") && strcmp(off, "optimizer,params"))
+            return bg_error(BG_ERR_PARSE, "plan: $.offload \"%s\" (expected optimizer or optimizer,params)", off);
     }
     json_t *jsp = json_object_get(root, "sequence_parallel");
     if (jsp && !json_is_boolean(jsp))
@@ -497,7 +497,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
     p->zero = (int)zero;
-    p->offload = off != NULL;
+    p->offload = !off ? 0 : strcmp(off, "optimizer") ? 2 : 1;
     p->sp = tp > 1 && json_is_true(jsp);
     p->precision = jpr && !strcmp(json_string_value(jpr), "bf16") ? BG_BF16 : BG_F32;
     p->paired = tp > 1 && jov;

@@ -333,7 +333,8 @@ static size_t range_params(const candidate_t *c, int first, int last)
  * gradients), rounded up to whole bytes (the partitioner counts integers).
  * Stage 2 also holds its bucket buffers (bg_part_problem_t.bucket_buffers),
  * stage 3 those and its parameter gather buffers (param_buffers).
- * Offloaded (--offload optimizer), the state, sharded or not, is not on the device. */
+ * Offloaded (--offload optimizer), the state, sharded or not, is not on the
+ * device; offload 2 at stage 3 (--offload optimizer,params): nor is the parameter shard. */
 static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero, int offload)
 {
     size_t st = offload ? 0 : bg_optim_state_bytes(optim), d = (size_t)(dp > 1 ? dp : 1);
@@ -342,7 +343,7 @@ static size_t zero_bytes_per_param(bg_optim_kind_t optim, int dp, int zero, int 
     if (zero == 2 && d > 1)
         return 4 + (4 + st + d - 1) / d;
     if (zero == 3 && d > 1)
-        return (8 + st + d - 1) / d;
+        return ((offload >= 2 ? 4 : 8) + st + d - 1) / d;
     return 8 + st;
 }
 
@@ -428,7 +429,7 @@ static void record_shortfall(search_t *s, const bg_layer_profile_t *prof, const 
                  c->pp, c->dp, tpb, bg_schedule_kind_name(c->kind), c->m, c->n, sf->stage, r,
                  sf->first, sf->last,
                  prof[sf->first].name, prof[sf->last].name, bg__plan_sizestr(a, sizeof(a), (double)sf->need_bytes),
-                 c->offload ? " (optimizer offloaded)" : "+optimizer",
+                 c->offload >= 2 ? " (optimizer and parameter shard offloaded)" : c->offload ? " (optimizer offloaded)" : "+optimizer",
                  bg__plan_sizestr(b, sizeof(b), ws ? (double)ws->static_bytes : 0),
                  bg__plan_sizestr(cc, sizeof(cc), ws ? (double)(ws->act_bytes + ws->scratch_bytes) : 0),
                  ws && ws->recompute ? ", with recomputation" : "", bg__plan_sizestr(d, sizeof(d), (double)sf->budget_bytes),
@@ -751,7 +752,8 @@ static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c,
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                                  bg_schedule_kind_t kind, int zero, int offload, int *fits_p)
 {
-    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp > 1 ? zero : 0, .offload = offload, .kind = kind};
+    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp > 1 ? zero : 0, .kind = kind};
+    c.offload = offload >= 2 && c.zero != 3 ? 1 : offload; /* the parameter shard exists at stage 3 only */
     bg_sim_result_t *res = NULL;
     bg_plan_t *p = NULL;
     bg_status_t st = BG_OK;
@@ -812,10 +814,10 @@ bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int p
 {
     int zauto = s->pp->zero == BG_PLAN_ZERO_AUTO, oauto = s->pp->offload == BG_PLAN_OFFLOAD_AUTO;
     int z0 = zauto ? 0 : s->pp->zero, z1 = zauto ? (dp > 1 ? 3 : 0) : s->pp->zero;
-    int o0 = oauto ? 0 : s->pp->offload, o1 = oauto ? 1 : s->pp->offload;
+    int o0 = oauto ? 0 : s->pp->offload;
     int fits = 0;
     for (int z = z0; z <= z1 && !fits; z++)
-        for (int o = o0; o <= o1 && !fits; o++)
+        for (int o = o0; o <= (oauto ? (z == 3 && dp > 1 ? 2 : 1) : s->pp->offload) && !fits; o++)
             BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, &fits));
     if (fits_p)
         *fits_p = fits;

@@ -72,8 +72,11 @@ static bg_status_t check_params(const bg_plan_params_t *p)
         return bg_error(BG_ERR_INVALID, "batch must be >= 1 (got %d)", p->batch);
     if (p->zero != BG_PLAN_ZERO_AUTO && (p->zero < 0 || p->zero > 3))
         return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2, 3 or auto", p->zero);
-    if (p->offload != BG_PLAN_OFFLOAD_AUTO && p->offload != 0 && p->offload != 1)
-        return bg_error(BG_ERR_INVALID, "offload = %d: must be 0, 1 or auto", p->offload);
+    if (p->offload != BG_PLAN_OFFLOAD_AUTO && (p->offload < 0 || p->offload > 2))
+        return bg_error(BG_ERR_INVALID, "offload = %d: must be 0, 1, 2 or auto", p->offload);
+    if (p->offload == 2 && p->zero != 3 && p->zero != BG_PLAN_ZERO_AUTO)
+        return bg_error(BG_ERR_INVALID, "offload params needs zero 3 (or auto): the parameter shard is zero 3's "
+                                        "(got zero %d)", p->zero);
     if (p->microbatch_size < 0 || p->pp < 0 || p->chunks < 0)
         return bg_error(BG_ERR_INVALID, "microbatch size, pp and chunks must be >= 0");
     if (!(p->flops > 0) || !isfinite(p->flops))

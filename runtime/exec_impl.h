@@ -55,6 +55,7 @@ typedef struct chunk {
     double gsq;             /* sum of squares of the chunk's reduced gradients this step (grad_sumsq) */
     double *tsq;            /* per tensor: the sum of squares of its reduced gradient this step */
     int norm_counted;       /* this step's tsq count in the model's norm on this rank (clipping) */
+    const bg_optim_store_t *param_store; /* --zero 3's parameter shard from here (--offload params); NULL: the backend */
 } chunk_t;
 
 typedef struct bg_executor exec_t;

@@ -296,10 +296,10 @@ static bg_status_t check_offload(const bg_executor_params_t *p)
     if (p->offload & ~(BG_OFFLOAD_OPTIMIZER | BG_OFFLOAD_ACTIVATIONS | BG_OFFLOAD_PARAMS))
         return bg_error(BG_ERR_INVALID, "offload = %#x: unknown bits (BG_OFFLOAD_OPTIMIZER, _ACTIVATIONS, _PARAMS)",
                         (unsigned)p->offload);
-    if (p->offload & BG_OFFLOAD_PARAMS)
-        return bg_error(BG_ERR_UNSUPPORTED, "--offload params (the --zero 3 shard of the parameters in host "
-                                            "memory or files) is not built yet; --zero 3 shards them over the "
-                                            "replicas, and offload optimizer is built");
+    int zero = p->size >= offsetof(bg_executor_params_t, zero) + sizeof(int) ? p->zero : 0;
+    if ((p->offload & BG_OFFLOAD_PARAMS) && (zero != 3 || p->dp < 2))
+        return bg_error(BG_ERR_INVALID, "--offload params needs --zero 3 over dp >= 2 (got --zero %d, dp %d): "
+                                        "what it offloads is each replica's shard of the parameters", zero, p->dp);
     if (p->offload & BG_OFFLOAD_ACTIVATIONS)
         return bg_error(BG_ERR_UNSUPPORTED, "--offload activations: offloading stashed activations is not built; "
                                             "--recompute frees them instead (offload optimizer is built)");

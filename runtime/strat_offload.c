@@ -1,9 +1,12 @@
-/* runtime/strat_offload.c: --offload optimizer (docs/offload.md). Every
+/* runtime/strat_offload.c: --offload optimizer|params (docs/offload.md). Every
  * chunk's optimizer state (the model's, or a --zero 1|2 replica's shard,
  * which runtime/zero.c allocates through the same model store) lives in an
  * offload store (runtime/offload.c): host memory, or memory-mapped files
  * under --offload-dir. None of it counts against the backend's cap
  * (--device-mem), and the executor's prediction leaves it out.
+ * --offload params (with --zero 3 over dp >= 2): each chunk's parameter
+ * shard (runtime/zero_params.c) comes from the same store (chunk_t's
+ * param_store); the gathers copy from it into their device buffers.
  *
  * The optimizer step itself is unchanged: the backend's AdamW/SGD kernel,
  * bucket by bucket as the reductions finish (bg__exec_optimizer_step, or
@@ -39,13 +42,13 @@ static bg_status_t on_off(const char *name, int *on_p)
     return BG_OK;
 }
 
-static int offload_active(const exec_t *x) { return (x->p.offload & BG_OFFLOAD_OPTIMIZER) != 0; }
+static int offload_active(const exec_t *x) { return (x->p.offload & (BG_OFFLOAD_OPTIMIZER | BG_OFFLOAD_PARAMS)) != 0; }
 
 static bg_status_t offload_setup(exec_t *x, void **self_p)
 {
     if (x->be->ops->device_buffers)
-        return bg_error(BG_ERR_UNSUPPORTED, "--offload optimizer: backend %s keeps its buffers in device memory; "
-                        "its optimizer step over host-held state is not built (the cpu backend only)",
+        return bg_error(BG_ERR_UNSUPPORTED, "--offload: backend %s keeps its buffers in device memory; "
+                        "its optimizer step and gathers over host-held state are not built (the cpu backend only)",
                         x->be->ops->name);
     if (x->lay.servers > 0)
         return bg_error(BG_ERR_INVALID, "--offload optimizer with --ps: the servers hold the optimizer state; "
@@ -68,12 +71,13 @@ static bg_status_t offload_setup(exec_t *x, void **self_p)
     return BG_OK;
 }
 
-/* Before any optimizer state exists (chunk_optim, ZeRO's shard included). */
+/* Before any optimizer state or parameter shard exists (chunk_optim, ZeRO's included). */
 static bg_status_t offload_chunk_made(exec_t *x, void *self, chunk_t *ch)
 {
-    (void)x;
     offload_t *o = self;
-    return bg_model_set_optim_store(ch->model, &o->ops);
+    if (x->p.offload & BG_OFFLOAD_PARAMS)
+        ch->param_store = &o->ops;
+    return x->p.offload & BG_OFFLOAD_OPTIMIZER ? bg_model_set_optim_store(ch->model, &o->ops) : BG_OK;
 }
 
 /* BRIGADE_OFFLOAD_EVICT: the state leaves memory before the step (benchmarks). */
@@ -96,11 +100,12 @@ static bg_status_t offload_before_compute(exec_t *x, void *self, chunk_t *ch, in
     return BG_OK;
 }
 
-/* Offloaded state is not the backend's memory. */
+/* Offloaded state is not the backend's memory (an offloaded parameter shard is left out by ZeRO's count). */
 static void offload_memory(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes)
 {
-    (void)x, (void)self, (void)param_bytes, (void)grad_bytes;
-    *optim_elems = 0;
+    (void)self, (void)param_bytes, (void)grad_bytes;
+    if (x->p.offload & BG_OFFLOAD_OPTIMIZER)
+        *optim_elems = 0;
 }
 
 /* After ZeRO's destroy (registered before this one): the models' state back, then the store. */
@@ -114,7 +119,7 @@ static void offload_destroy(exec_t *x, void *self)
             bg_model_optim_free(x->chunks[v].model);
             (void)bg_model_set_optim_store(x->chunks[v].model, NULL);
         }
-    bg_log(BG_LOG_INFO, "offload", "rank %d: %zu bytes of optimizer state at most in %s", x->lay.rank,
+    bg_log(BG_LOG_INFO, "offload", "rank %d: %zu bytes of offloaded state at most in %s", x->lay.rank,
            bg__offload_peak(o->store), x->p.offload_dir && *x->p.offload_dir ? x->p.offload_dir : "host memory");
     bg__offload_destroy(o->store);
     free(o);

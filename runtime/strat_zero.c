@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "core/check.h"
+#include "models/model_impl.h"
 #include "runtime/exec_impl.h"
 #include "runtime/zero.h"
 #include "schedule/memory.h"
@@ -40,6 +41,18 @@ static bg_status_t zero_setup(exec_t *x, void **self_p)
     return BG_OK;
 }
 
+/* Levels 2 and 3: the chunk's model made without its whole gradients (each
+ * replica keeps their shard and a few bucket buffers: runtime/zero.c), so
+ * that making it never holds them beside the parameters; level 1: as the
+ * executor makes it. */
+static bg_status_t zero_chunk_model(exec_t *x, void *self, chunk_t *ch)
+{
+    (void)self;
+    BG_CHECK(x->p.zero >= 2 ? bg__model_create_gradless(x->desc, x->be, ch->first, ch->last, &ch->model)
+                            : bg_model_create(x->desc, x->be, ch->first, ch->last, &ch->model));
+    return bg_stage_create(ch->model, x->M, &ch->st);
+}
+
 /* Level 2: buckets sized from the shard (schedule/memory.h), so that their
  * buffers cost less than sharding the gradients saves. */
 static size_t zero_bucket_floats(exec_t *x, void *self, chunk_t *ch, size_t configured)
@@ -60,7 +73,7 @@ static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
     for (int b = 0; b < ch->nbuckets; b++)
         zb[b] = (bg__zero_bucket_t){ch->buckets[b].lo, ch->buckets[b].hi, ch->buckets[b].off, ch->buckets[b].count};
     bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_coll, zb, ch->nbuckets, x->p.optim.kind,
-                                     &Z->z[ch - x->chunks]);
+                                     ch->param_store, &Z->z[ch - x->chunks]);
     free(zb);
     BG_CHECK(st);
     if (x->p.zero == 3 && !bg__zero_params_sharded(Z->z[ch - x->chunks]))
@@ -223,6 +236,7 @@ static void zero_destroy(exec_t *x, void *self)
 
 const bg__strategy_ops_t bg__strategy_zero = {
     .name = "zero",
+    .chunk_model = zero_chunk_model,
     .active = zero_active,
     .setup = zero_setup,
     .bucket_floats = zero_bucket_floats,

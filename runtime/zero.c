@@ -270,7 +270,7 @@ static const float *piece_grad(bg__zero_t *z, int k)
 }
 
 bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
-                            bg_optim_kind_t kind, bg__zero_t **z_p)
+                            bg_optim_kind_t kind, const bg_optim_store_t *pstore, bg__zero_t **z_p)
 {
     if (bg_model_optim_state(m, 0))
         return bg_error(BG_ERR_INTERNAL, "zero: the model already holds its full optimizer state");
@@ -326,7 +326,13 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
     BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (first moment)", &z->sm), st, err);
     if (kind == BG_OPTIM_ADAMW)
         BG_CHECK_GOTO(bg_model_optim_alloc(m, n, "optimizer state shard (second moment)", &z->sv), st, err);
+    /* the parameters sharded (the flat buffer freed) before the gradient shard and buffers exist: never both */
+    if (params)
+        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, pstore, &z->zp), st, err);
+    if (level < 2) /* level 1 (or 2 that fell back to it): the whole gradients (a model made without them) */
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 1), st, err);
     if (level >= 2) {
+        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err); /* whole gradients (a model made with them) freed first */
         z->sg = bg_backend_alloc(z->be, n * sizeof(float), "gradient shard");
         if (!z->sg) {
             st = BG_ERR_NOMEM;
@@ -337,13 +343,10 @@ bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg_
                 st = BG_ERR_NOMEM;
                 goto err;
             }
-        BG_CHECK_GOTO(bg_model_grads_hold(m, 0), st, err);
         for (int b = 0; b < nbuckets; b++)
             if (z->whole[b] && buckets[b].count)
                 BG_CHECK_GOTO(bucket_buffer(z, b), st, err);
     }
-    if (params) /* last: it frees the flat parameters */
-        BG_CHECK_GOTO(bg__zparams_create(m, dc, buckets, nbuckets, &z->zp), st, err);
     *z_p = z;
     return BG_OK;
 err:

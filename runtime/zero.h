@@ -21,9 +21,9 @@ typedef struct bg__zero_bucket {
  * backend's buffers, runtime/devcoll.h):
  * this replica owns chunk dp_rank of every bucket (bg_group_chunk) and holds
  * the optimizer state of those elements only. The model's own optimizer
- * state must be absent. */
+ * state must be absent. Level 3: the parameter shard from pstore (--offload params; NULL: the backend). */
 bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
-                            bg_optim_kind_t kind, bg__zero_t **z_p);
+                            bg_optim_kind_t kind, const bg_optim_store_t *pstore, bg__zero_t **z_p);
 void bg__zero_destroy(bg__zero_t *z);
 /* Start the data-parallel reduction of bucket b: a reduce-scatter, or an
  * all-reduce when the bucket holds a tied tensor (whose a + b needs the whole
@@ -73,9 +73,11 @@ int bg__zero_params_sharded(const bg__zero_t *z);
 /* ---- level 3's parameters (runtime/zero_params.c) ---- */
 typedef struct bg__zparams bg__zparams_t;
 /* The shard of model m's parameters over dc's group, by the buckets' owned chunks (in bucket order); the flat
- * buffer freed. *zp_p = NULL when dp < 2 or no gather buffer fits below what the shard saves. */
+ * buffer freed. *zp_p = NULL when dp < 2 or no gather buffer fits below what the shard saves. The shard
+ * from store (--offload params: host memory or files, not the backend's, and not in bg__zparams_bytes;
+ * NULL: the backend). */
 bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
-                               bg__zparams_t **zp_p);
+                               const bg_optim_store_t *store, bg__zparams_t **zp_p);
 void bg__zparams_destroy(bg__zparams_t *zp);
 void bg__zparams_cancel(bg__zparams_t *zp);
 /* The owned parameters: bucket b's owned chunk at its offset in the shard (that of the optimizer state). */

@@ -19,6 +19,12 @@
  * all-gathers every bucket (collective); the next step's start keeps the
  * owned chunks (they may have been loaded) and frees it.
  *
+ * --offload params: the shard comes from the offload store (host memory or
+ * files under --offload-dir, runtime/offload.c) instead of the backend, so
+ * only the pool counts against the device; a gather copies the owned chunk
+ * from the store into its pool buffer (on the cpu backend, a memcpy from
+ * the store's memory) and all-gathers there, as without offload.
+ *
  * Owns: the shard, the pool and the gathers in flight. Must not know
  * schedules or pipelines (the executor calls it per chunk). */
 #include <stdlib.h>
@@ -41,6 +47,7 @@ struct bg__zparams {
     size_t *soff;        /* per bucket: where its owned chunk starts in the shard */
     size_t owned;
     float *shard;        /* owned parameters */
+    bg_optim_store_t store; /* where the shard lives (alloc NULL: the backend) */
     float *pool[PPOOL];  /* gather buffers (pool_count floats each) */
     size_t pool_count;
     int npool;
@@ -213,7 +220,7 @@ bg_status_t bg__zparams_shard_again(bg__zparams_t *zp)
 }
 
 bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
-                               bg__zparams_t **zp_p)
+                               const bg_optim_store_t *store, bg__zparams_t **zp_p)
 {
     *zp_p = NULL;
     bg_group_t *dp = bg__dcoll_group(dc);
@@ -238,8 +245,16 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bu
     zp->slot = calloc((size_t)nbuckets + 1, sizeof(*zp->slot));
     zp->ag = calloc((size_t)nbuckets + 1, sizeof(*zp->ag));
     zp->used = calloc((size_t)nbuckets + 1, sizeof(*zp->used));
-    zp->shard = bg_backend_alloc(zp->be, (owned ? owned : 1) * sizeof(float), "parameter shard");
     bg_status_t st = BG_OK;
+    size_t sbytes = (owned ? owned : 1) * sizeof(float);
+    if (store && store->alloc) {
+        zp->store = *store;
+        void *s = NULL;
+        BG_CHECK_GOTO(store->alloc(store->arg, sbytes, "parameter shard (--offload params)", &s), st, err);
+        zp->shard = s;
+    } else {
+        zp->shard = bg_backend_alloc(zp->be, sbytes, "parameter shard");
+    }
     if (!zp->buckets || !zp->toff || !zp->soff || !zp->slot || !zp->ag || !zp->used || !zp->shard) {
         st = bg_error(BG_ERR_NOMEM, "zero 3 parameter shard");
         goto err;
@@ -254,13 +269,13 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bu
         zp->slot[b] = -1;
         o += cl;
     }
-    for (int k = 0; k < npool; k++)
+    zp->whole = 1; /* the model's initial parameters: kept, then the flat buffer freed */
+    BG_CHECK_GOTO(bg__zparams_shard_again(zp), st, err);
+    for (int k = 0; k < npool; k++) /* after: the flat buffer and the gather buffers never together */
         if (!(zp->pool[k] = bg_backend_alloc(zp->be, largest * sizeof(float), "parameter gather buffer"))) {
             st = BG_ERR_NOMEM;
             goto err;
         }
-    zp->whole = 1; /* the model's initial parameters: kept, then the flat buffer freed */
-    BG_CHECK_GOTO(bg__zparams_shard_again(zp), st, err);
     *zp_p = zp;
     return BG_OK;
 err:
@@ -275,7 +290,8 @@ int64_t bg__zparams_gathers(const bg__zparams_t *zp) { return zp ? zp->gathers :
 
 size_t bg__zparams_bytes(const bg__zparams_t *zp)
 {
-    return ((zp->owned ? zp->owned : 1) + (size_t)zp->npool * zp->pool_count) * sizeof(float);
+    size_t shard = zp->store.alloc ? 0 : zp->owned ? zp->owned : 1; /* an offloaded shard is not the backend's */
+    return (shard + (size_t)zp->npool * zp->pool_count) * sizeof(float);
 }
 
 void bg__zparams_cancel(bg__zparams_t *zp)
@@ -297,7 +313,10 @@ void bg__zparams_destroy(bg__zparams_t *zp)
             aim(zp, b, NULL);
     for (int k = 0; k < PPOOL; k++)
         bg_backend_free(zp->be, zp->pool[k]);
-    bg_backend_free(zp->be, zp->shard);
+    if (zp->store.alloc)
+        zp->store.release(zp->store.arg, zp->shard);
+    else
+        bg_backend_free(zp->be, zp->shard);
     free(zp->buckets);
     free(zp->toff);
     free(zp->soff);

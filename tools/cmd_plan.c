@@ -55,9 +55,10 @@ static void usage(FILE *f)
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
             "  --zero 0|1|2|3|auto  count optimizer state (1), gradients (2) and parameters (3) sharded 1/dp\n"
             "                     (brigade train --zero); auto: per layout the lowest stage that fits (default 0)\n"
-            "  --offload none|optimizer|auto  count the optimizer state (its shard under --zero) outside the\n"
-            "                     device budgets (brigade train --offload optimizer: host memory or files);\n"
-            "                     auto: per layout and stage, only when it does not fit otherwise (default none)\n"
+            "  --offload none|optimizer|optimizer,params|auto  count the optimizer state (its shard under\n"
+            "                     --zero) outside the device budgets (brigade train --offload optimizer: host\n"
+            "                     memory or files); optimizer,params: at --zero 3 the parameter shard too;\n"
+            "                     auto: per layout and stage, the least that fits (default none)\n"
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
@@ -156,7 +157,7 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
     if (bg_plan_zero(p))
         printf(", --zero %d", bg_plan_zero(p));
     if (bg_plan_offload(p))
-        printf(", --offload optimizer");
+        printf(", --offload %s", bg_plan_offload(p) >= 2 ? "optimizer,params" : "optimizer");
     printf("\n");
     printf("predicted%s: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n", calibrated ? "" : " (UNCALIBRATED)",
            bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
@@ -182,10 +183,12 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
     }
     if (bg_plan_offload(p)) { /* what the budgets above leave out */
         size_t d = bg_plan_zero(p) ? (size_t)bg_plan_dp(p) : 1;
-        printf("optimizer state offloaded (host memory or --offload-dir, outside the budgets above):");
+        size_t per = bg_optim_state_bytes(optim) + (bg_plan_offload(p) >= 2 ? 4 : 0); /* + the parameter shard */
+        printf("%s offloaded (host memory or --offload-dir, outside the budgets above):",
+               bg_plan_offload(p) >= 2 ? "optimizer state and parameter shard" : "optimizer state");
         for (int i = 0; i < bg_plan_num_stages(p); i++)
             printf("%s stage %d %s", i ? "," : "", i,
-                   gib(a, sizeof(a), (double)((bg_plan_stage(p, i)->params * bg_optim_state_bytes(optim) + d - 1) / d)));
+                   gib(a, sizeof(a), (double)((bg_plan_stage(p, i)->params * per + d - 1) / d)));
         printf("\n");
     }
     if (!strcmp(bg_plan_schedule(p), "dualpipe"))
@@ -208,7 +211,7 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
     if (bg_plan_zero(p))
         printf(" --zero %d", bg_plan_zero(p));
     if (bg_plan_offload(p))
-        printf(" --offload optimizer");
+        printf(" --offload %s", bg_plan_offload(p) >= 2 ? "optimizer,params" : "optimizer");
     printf(" --batch %d --microbatches %d --split ", bg_plan_batch(p), bg_plan_microbatches(p));
     for (int i = 0; i < n && i < 4096; i++)
         printf("%s%d", i ? "," : "", split[i]);
@@ -232,7 +235,7 @@ static void print_top(const bg_plan_set_t *set)
         }
         char with[64];
         snprintf(with, sizeof with, "%s%s%.0d%s", bg_plan_recompute(p) ? " recompute" : "",
-                 bg_plan_zero(p) ? " zero " : "", bg_plan_zero(p), bg_plan_offload(p) ? " offload optimizer" : "");
+                 bg_plan_zero(p) ? " zero " : "", bg_plan_zero(p), bg_plan_offload(p) >= 2 ? " offload opt,params" : bg_plan_offload(p) ? " offload optimizer" : "");
         printf("%3d %4d %4d %3d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
                bg_plan_dp(p), bg_plan_tp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
                bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
@@ -491,11 +494,11 @@ int bg_cmd_plan(int argc, char **argv)
             pp.allow_recompute = 1;
             break;
         case O_OFFLOAD: {
-            static const char *const offs[] = {"none", "optimizer", "auto", NULL};
+            static const char *const offs[] = {"none", "optimizer", "auto", "optimizer,params", NULL};
             int k = bg_cli_choice(CMD, "--offload", optarg, offs);
             if (k < 0)
                 return 2;
-            pp.offload = k == 2 ? BG_PLAN_OFFLOAD_AUTO : k;
+            pp.offload = k == 2 ? BG_PLAN_OFFLOAD_AUTO : k == 3 ? 2 : k;
             break;
         }
         case O_ZERO: {

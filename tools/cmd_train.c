@@ -109,7 +109,8 @@ static void usage(FILE *f)
             "  --offload WHAT[,WHAT]  keep outside the backend's memory (not counted against --device-mem):\n"
             "                         optimizer: the optimizer state (with --zero 1|2 each replica's shard) in\n"
             "                         host memory, or in files under --offload-dir; the same weights bit for\n"
-            "                         bit (docs/offload.md). activations and params are refused (not built)\n"
+            "                         bit (docs/offload.md). params (with --zero 3, dp >= 2): each replica's\n"
+            "                         parameter shard there; its gathers read from it. activations: refused\n"
             "  --offload-dir DIR      with --offload: memory-mapped files there (created if missing; a full disk\n"
             "                         fails at start naming the file and bytes; removed at once, nothing left)\n"
             "  --split A,B,...        layers per (virtual) stage, in model order; the embedding, each block,\n"
@@ -743,8 +744,8 @@ int bg_cmd_train(int argc, char **argv)
                                     "with brigade plan --zero %d", c.zero, plan_path, pz, c.zero);
         }
         c.zero = bg_plan_zero(plan); /* and its sharding */
-        if (bg_plan_offload(plan)) /* its budgets left the optimizer state out */
-            c.offload |= BG_OFFLOAD_OPTIMIZER;
+        if (bg_plan_offload(plan)) /* its budgets left the optimizer state out (2: and the parameter shard) */
+            c.offload |= BG_OFFLOAD_OPTIMIZER | (bg_plan_offload(plan) >= 2 ? BG_OFFLOAD_PARAMS : 0);
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;

@@ -291,8 +291,9 @@ typedef struct bg_plan_params {
                                       its layers */
     int offload;                 /**< the optimizer state (its shard under zero) outside the device budgets
                                       (brigade train --offload optimizer, docs/offload.md): 0 counted on the
-                                      device; 1 offloaded; BG_PLAN_OFFLOAD_AUTO: per layout and sharding
-                                      stage, offloaded only when it does not fit otherwise. The step time
+                                      device; 1 offloaded; 2 offloaded and, at zero 3, the parameter shard
+                                      too (--offload optimizer,params); BG_PLAN_OFFLOAD_AUTO: per layout
+                                      and sharding stage, the least offload that fits (2 at zero 3 only). The step time
                                       counts the same optimizer step either way (the CPU backend's step on
                                       host-held state) */
 } bg_plan_params_t;

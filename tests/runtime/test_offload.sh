@@ -11,6 +11,11 @@
 #   (and a checkpoint without offload resumed with it on) to step 6, the
 #   weights of a run that never stopped; a dp 2 --zero 2 offloaded checkpoint
 #   (its shards gathered) resumed at pp 2 within the tolerance of --zero 2.
+# - --offload params: dp 2 --zero 3 with each replica's parameter shard in
+#   files (pp 1, pp 2) and, with the optimizer's, in host memory: the weights
+#   of --zero 3 without offload, bitwise; its step-3 checkpoint is that of no
+#   offload, and resumes across offload on/off to the weights of a run that
+#   never stopped.
 # test_offload_memory.sh: its memory, the planner, its files and bad input.
 . "$(dirname "$0")/../lib/harness.sh"
 GPT="--model gpt --layers 3 --d-model 32 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3 --weight-decay 0.1"
@@ -49,4 +54,23 @@ train_save full 2 $G10 &&
 train_save zck 2 $GPT --dp 2 --zero 2 --checkpoint-dir "$T/cz" --offload optimizer &&
   train_save zres 2 $G10 --checkpoint-dir "$T/cz" --resume && near "$T/full" "$T/zres" "dp 2 --zero 2 offloaded checkpoint resumed at pp 2 without offload"
 
-finish 16
+# --offload params: the --zero 3 shard in the store, the weights of --zero 3 without it
+for lay in "2:--dp 2 --zero 3" "4:--pp 2 --dp 2 --zero 3"; do
+  n=${lay%%:*}; args=${lay#*:}; tag=$(echo "$args" | tr -dc 'a-z0-9')
+  train_save "z3n_$tag" $n $GPT $args &&
+    train_save "z3p_$tag" $n $GPT $args --offload params --offload-dir "$OD" &&
+    same "$T/z3n_$tag" "$T/z3p_$tag" "$args: --offload params --offload-dir = none"
+done
+train_save z3h 2 $GPT --dp 2 --zero 3 --offload optimizer,params &&
+  same "$T/z3n_dp2zero3" "$T/z3h" "dp 2 --zero 3: --offload optimizer,params (host) = none"
+Z3="$GPT --dp 2 --zero 3"
+Z6=${Z3/--steps 3/--steps 6}
+train_save z3c0 2 $Z3 --checkpoint-dir "$T/z0" && train_save z3c1 2 $Z3 --checkpoint-dir "$T/z1" --offload optimizer,params --offload-dir "$OD" &&
+  same "$T/z0/step-00000003" "$T/z1/step-00000003" "--zero 3 step-3 checkpoints with and without --offload optimizer,params"
+train_save z3full 2 $Z6 &&
+  train_save z3r_off 2 $Z6 --checkpoint-dir "$T/z1" --resume && same "$T/z3full" "$T/z3r_off" "--zero 3: offloaded checkpoint resumed without offload" &&
+  train_save z3r_on 2 $Z6 --checkpoint-dir "$T/z0" --resume --offload params && same "$T/z3full" "$T/z3r_on" "--zero 3: checkpoint resumed with --offload params"
+left=$(ls -A "$OD" 2>/dev/null | wc -l)
+[ "$left" = 0 ] && ok "--offload-dir left empty after --offload params" || bad "--offload-dir holds $left entries after --offload params"
+
+finish 23
