@@ -22,6 +22,7 @@
 
 #include "brigade/backend.h"
 #include "brigade/layer.h"
+#include "brigade/model.h"
 
 /* Longest tensor name + 1: a model path (2 * BG_NAME_MAX) behind a
  * checkpoint's "optim.m." prefix. */
