@@ -429,6 +429,13 @@ static void test_recompute(void **s)
     free(g[1]);
 }
 
+/* A microbatch of small_gpt's: 2 sequences of 8 tokens and their targets. */
+static void small_batch(int32_t tok[16], int32_t tgt[16])
+{
+    for (int i = 0; i < 16; i++)
+        tok[i] = (i * 37) % 256, tgt[i] = (i * 11 + 5) % 256;
+}
+
 /* Activation offload (bg_stage_stash_out/_in): between F and B the slot's stash leaves the backend (its
  * current bytes fall by exactly the stash, which is the memory model's per-microbatch stash of a token-input
  * stage), and the fused and the split backward after it give the gradients of a run that kept it, bitwise.
@@ -437,8 +444,7 @@ static void test_stash_offload(void **s)
 {
     (void)s;
     int32_t tok[16], tgt[16];
-    for (int i = 0; i < 16; i++)
-        tok[i] = (i * 37) % 256, tgt[i] = (i * 11 + 5) % 256;
+    small_batch(tok, tgt);
     for (int split = 0; split < 2; split++) {
         float *g[2] = {NULL, NULL};
         size_t np = 0;
@@ -554,8 +560,7 @@ static void test_layer_begin(void **s)
     (void)s;
     bg_model_config_t c = small_gpt();
     int32_t tok[16], tgt[16];
-    for (int i = 0; i < 16; i++)
-        tok[i] = (i * 37) % 256, tgt[i] = (i * 11 + 5) % 256;
+    small_batch(tok, tgt);
     /* mode 0: fused backward, 1: split B and W, 2: recomputation; run 0: reference, run 1: weights by the callback */
     for (int mode = 0; mode < 3; mode++) {
         float *g[2] = {NULL, NULL};
