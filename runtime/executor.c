@@ -572,7 +572,6 @@ static bg_status_t make_pair(exec_t *x)
         return BG_OK;
     const char *no = x->p.zero && x->lay.dp > 1 ? "--zero"
                      : x->lay.servers                                      ? "--ps"
-                     : x->em                                               ? "--emulate"
                      : x->be->ops->event_record                            ? "a backend that queues work"
                                                                            : NULL;
     if (no) { /* each would put collectives of its own inside both lanes, or the lanes' work on one queue */
