@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/runtime/test_cp.sh: context parallelism (--cp) against one process.
 # A GPT at sequence length 256 trained 20 AdamW steps with each sequence split
-# over cp = 2 and 4 ranks (ring attention), and cp 2 with pp 2, with dp 2 and
-# with pp 2 x dp 2 (zb-h1), gives the weights of one process within 1e-5
+# over cp = 2 and 4 ranks (ring attention), and cp 2 with pp 2, with dp 2,
+# with pp 2 x dp 2 (zb-h1), with tp 2 (also with sequence parallelism, and
+# with pp 2), and with dp 2 under ZeRO 1 and 2, gives the weights of one process within 1e-5
 # relative L2 over all tensors, and its loss curve within 1e-5 relative. The
 # activation memory each rank allocates is what it predicts (the summary's
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
@@ -10,9 +11,10 @@
 # checkpoint resumes at cp 1 and cp 4 onto the same weights; variable
 # lengths (rounded to multiples of 2 cp) match one process. An emulated
 # pp 2 x cp 2 run (--emulate) sends the computing run's bytes. Refusals:
-# a length not divisible by 2 cp, --tp, --zero, an MoE model, brigade plan
+# a length not divisible by 2 cp, --ps, an MoE model, brigade plan
 # --cp 2 and --plan with --cp 2, each one line naming what. A Llama (rotary
-# positions) the same as GPT: cp 2 = cp 1.
+# positions) the same as GPT: cp 2 = cp 1 and cp 2 x tp 2 = cp 1. The
+# backward's overlapped dK/dV hops give bitwise the serial order's weights.
 . "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 2 --d-model 32 --heads 4 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
@@ -36,9 +38,18 @@ same_run() {
 run cp1 1
 run cp2 2 --cp 2 && same_run cp2
 run cp4 4 --cp 4 && same_run cp4
+# the backward's ring with each dK/dV hop waited for before the next block computes: bitwise the overlapped run
+BRIGADE_CP_OVERLAP=off train_save cp4_serial 4 $GPT --cp 4 && same "$T/cp4" "$T/cp4_serial" "cp 4: overlapped dK/dV hops = serial"
 run cp2_pp2 4 --cp 2 --pp 2 && same_run cp2_pp2
 run cp2_dp2 4 --cp 2 --dp 2 && same_run cp2_dp2
 run cp2_pp2_dp2 8 --cp 2 --pp 2 --dp 2 --schedule zb-h1 && same_run cp2_pp2_dp2
+# with tensor parallelism (heads split over tp, a ring per tp member), sequence parallelism and pp; with ZeRO
+# (gradients and optimizer state sharded over the dp x cp group that sums them)
+run cp2_tp2 4 --cp 2 --tp 2 && same_run cp2_tp2
+run cp2_tp2_sp 4 --cp 2 --tp 2 --sequence-parallel && same_run cp2_tp2_sp
+run cp2_tp2_pp2 8 --cp 2 --tp 2 --pp 2 && same_run cp2_tp2_pp2
+run cp2_dp2_z1 4 --cp 2 --dp 2 --zero 1 && same_run cp2_dp2_z1
+run cp2_dp2_z2 4 --cp 2 --dp 2 --zero 2 && same_run cp2_dp2_z2
 
 # variable lengths (--seq-min): rounded to multiples of 2 cp, the weights of one process with those lengths
 train_save var1 1 $GPT --seq-min 64 --seq-multiple 4 && train_save var_cp2 2 $GPT --seq-min 64 --cp 2 &&
@@ -46,7 +57,8 @@ train_save var1 1 $GPT --seq-min 64 --seq-multiple 4 && train_save var_cp2 2 $GP
 
 # a Llama (rotary positions at the global positions, grouped-query attention on the ring)
 LLAMA="--model llama --layers 2 --d-model 32 --heads 4 --kv-heads 2 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
-train_save llama1 1 $LLAMA && train_save llama_cp2 2 $LLAMA --cp 2 && near "$T/llama1" "$T/llama_cp2" "Llama cp 2 = cp 1"
+train_save llama1 1 $LLAMA && train_save llama_cp2 2 $LLAMA --cp 2 && near "$T/llama1" "$T/llama_cp2" "Llama cp 2 = cp 1" &&
+  train_save llama_cp2_tp2 4 $LLAMA --cp 2 --tp 2 && near "$T/llama1" "$T/llama_cp2_tp2" "Llama cp 2 x tp 2 = cp 1"
 
 # a cp 2 checkpoint at step 10 resumes at cp 1 and at cp 4 onto the weights of one process's 20 steps
 if train_save ck 2 $GPT --steps 10 --cp 2 --checkpoint-dir "$T/ck2"; then
@@ -95,8 +107,7 @@ fi
 
 # refusals, before anything trains
 expect_train 1 "--cp 4: the sequence length 100 is not divisible by 2 x cp = 8" $GPT --seq 100 --cp 4
-expect_train 1 "--cp 2 with --tp > 1 is not built" $GPT --cp 2 --tp 2
-expect_train 1 "--cp 2 with --zero is not built" $GPT --cp 2 --dp 2 --zero 1
+expect_train 1 "--cp 2 with --ps is not built" $GPT --cp 2 --ps 1
 # the planner places no context groups yet: brigade plan --cp 2, and a plan run with --cp 2, say so
 PM="--layers 2 --d-model 32 --heads 4 --seq 64"
 expect_err_line plan "--cp 2 is not built: the planner places no context groups" $PM --devices 2 --mem 1G --cp 2
