@@ -78,7 +78,7 @@ static void usage(FILE *f)
             "  --cp N                 context-parallel degree (default 1): every sequence split over N ranks\n"
             "                         (2N chunks, rank i holding i and 2N-1-i; --seq divisible by 2N);\n"
             "                         attention as a ring passing key/value blocks; GPT and Llama (not\n"
-            "                         MoE), with --pp and --dp;\n"
+            "                         MoE), with --pp, --dp, --tp and --zero;\n"
             "                         ranks are laid out tp fastest, then cp, dp, pp\n"
             "  --sequence-parallel    GPT with --tp > 1: split the layernorms, residuals and activations\n"
             "                         between blocks along the sequence (--seq divisible by --tp): less\n"

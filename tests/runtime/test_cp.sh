@@ -3,7 +3,7 @@
 # A GPT at sequence length 256 trained 20 AdamW steps with each sequence split
 # over cp = 2 and 4 ranks (ring attention), and cp 2 with pp 2, with dp 2,
 # with pp 2 x dp 2 (zb-h1), with tp 2 (also with sequence parallelism, and
-# with pp 2), and with dp 2 under ZeRO 1 and 2, gives the weights of one process within 1e-5
+# with pp 2), and with dp 2 under ZeRO 1, 2 and 3, gives the weights of one process within 1e-5
 # relative L2 over all tensors, and its loss curve within 1e-5 relative. The
 # activation memory each rank allocates is what it predicts (the summary's
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
@@ -50,6 +50,7 @@ run cp2_tp2_sp 4 --cp 2 --tp 2 --sequence-parallel && same_run cp2_tp2_sp
 run cp2_tp2_pp2 8 --cp 2 --tp 2 --pp 2 && same_run cp2_tp2_pp2
 run cp2_dp2_z1 4 --cp 2 --dp 2 --zero 1 && same_run cp2_dp2_z1
 run cp2_dp2_z2 4 --cp 2 --dp 2 --zero 2 && same_run cp2_dp2_z2
+run cp2_dp2_z3 4 --cp 2 --dp 2 --zero 3 && same_run cp2_dp2_z3
 
 # variable lengths (--seq-min): rounded to multiples of 2 cp, the weights of one process with those lengths
 train_save var1 1 $GPT --seq-min 64 --seq-multiple 4 && train_save var_cp2 2 $GPT --seq-min 64 --cp 2 &&
