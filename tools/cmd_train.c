@@ -695,10 +695,11 @@ int bg_cmd_train(int argc, char **argv)
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
-        if (c.cp > 1) { /* the planner places no context groups yet (docs/partitioner.md) */
+        if (c.cp > 1 && c.cp != bg_plan_cp(plan)) {
+            int pc = bg_plan_cp(plan);
             bg_plan_free(plan);
-            return bg_cli_fail(cmd, "%s is a plan for cp 1: --plan with --cp %d is not built (brigade plan places no "
-                               "context groups; run --cp %d without --plan)", plan_path, c.cp, c.cp);
+            return bg_cli_fail(cmd, "--cp %d, but %s is a plan for cp %d: leave --cp out, or plan again with brigade "
+                               "plan --cp %d", c.cp, plan_path, pc, c.cp);
         }
         if (sequence_parallel && !bg_plan_sequence_parallel(plan)) {
             bg_plan_free(plan);
@@ -725,6 +726,7 @@ int bg_cmd_train(int argc, char **argv)
         }
         c.model.precision = bg_plan_precision(plan);
         c.model.tp = bg_plan_tp(plan);
+        c.cp = bg_plan_cp(plan);
         c.model.sequence_parallel = bg_plan_sequence_parallel(plan);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);

@@ -9,10 +9,12 @@
 # act MiB and act sim columns), and falls with cp (cp 4 < cp 2 < cp 1, the
 # cp 1 figure from a dp 2 run with the same sequences per rank). A cp 2
 # checkpoint resumes at cp 1 and cp 4 onto the same weights; variable
-# lengths (rounded to multiples of 2 cp) match one process. An emulated
+# lengths (rounded to multiples of 2 cp) match one process. brigade plan
+# --cp auto places a context group where cp 1 does not fit, and train --plan
+# runs it at the predicted peak. An emulated
 # pp 2 x cp 2 run (--emulate) sends the computing run's bytes. Refusals:
-# a length not divisible by 2 cp, --ps, an MoE model, brigade plan
-# --cp 2 and --plan with --cp 2, each one line naming what. A Llama (rotary
+# a length not divisible by 2 cp (train and plan), --ps, an MoE model,
+# --plan with another --cp, each one line naming what. A Llama (rotary
 # positions) the same as GPT: cp 2 = cp 1 and cp 2 x tp 2 = cp 1. The
 # backward's overlapped dK/dV hops give bitwise the serial order's weights.
 . "$(dirname "$0")/../lib/harness.sh"
@@ -109,14 +111,28 @@ fi
 # refusals, before anything trains
 expect_train 1 "--cp 4: the sequence length 100 is not divisible by 2 x cp = 8" $GPT --seq 100 --cp 4
 expect_train 1 "--cp 2 with --ps is not built" $GPT --cp 2 --ps 1
-# the planner places no context groups yet: brigade plan --cp 2, and a plan run with --cp 2, say so
-PM="--layers 2 --d-model 32 --heads 4 --seq 64"
-expect_err_line plan "--cp 2 is not built: the planner places no context groups" $PM --devices 2 --mem 1G --cp 2
-if "$B" plan $PM --devices 2 --mem 1G --cp 1 --json "$T/plan.json" >/dev/null 2>&1; then
-  expect_train 2 "is a plan for cp 1: --plan with --cp 2 is not built" --plan "$T/plan.json" $PM --cp 2 --steps 1
+# the planner places context groups: at a 14 MiB cap where no cp 1 layout of 2 devices fits (its error),
+# --cp auto finds cp 2 (said so), and train --plan runs it within the cap, every rank's peak = the prediction
+PM="--model gpt --layers 2 --d-model 32 --heads 4 --seq 1024 --devices 2 --batch 4 --microbatch-size 2 --schedule 1f1b --tp 1 --mem 14M"
+expect_err_line plan "does not fit in memory: no layout of 2 devices of 14.00 MiB fits" $PM
+if "$B" plan $PM --cp auto --json "$T/plan_cp.json" >"$T/plan_cp.o" 2>&1 &&
+   grep -q "cp = 2 is the smallest context-parallel degree that fits" "$T/plan_cp.o" && grep -q '"cp": 2' "$T/plan_cp.json"; then
+  ok "brigade plan --cp auto: $(grep -o 'best plan: [^,]*' "$T/plan_cp.o")"
+  if timeout 120 "$B" launch -n 2 -- "$B" train --plan "$T/plan_cp.json" --steps 2 --threads 1 --quiet >"$T/plan_cp.t" 2>&1; then
+    line=$(grep -m1 "rank 0 peak" "$T/plan_cp.t")
+    # every rank: peak MiB (column 5) = the plan's prediction, below the 14 MiB cap
+    pred=$(sed -nE 's/.*rank 0 peak [0-9.]+ MiB, predicted ([0-9.]+) MiB.*/\1/p' <<<"$line")
+    awk -v p="${pred:-0}" '$1 ~ /^[0-9]+$/ && NF >= 11 { n++; if ($5 != p || $5 >= 14) bad = 1 }
+        END { exit !(n == 2 && !bad && p > 0) }' "$T/plan_cp.t" && grep -q "x cp 2 x" "$T/plan_cp.t" &&
+      ok "train --plan with cp 2 within 14 MiB: $line" || bad "train --plan cp 2: $line $(grep -A2 '^rank' "$T/plan_cp.t")"
+  else
+    bad "train --plan cp 2: $(tail -3 "$T/plan_cp.t")"
+  fi
+  expect_train 2 "--cp 4, but $T/plan_cp.json is a plan for cp 2" --plan "$T/plan_cp.json" --cp 4 --steps 1
 else
-  bad "brigade plan --cp 1"
+  bad "brigade plan --cp auto: $(tail -3 "$T/plan_cp.o")"
 fi
+expect_err_line plan "cp 2: the sequence length 1022 is not divisible by 2 x cp = 4" ${PM/--seq 1024/--seq 1022} --cp 2
 if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --steps 1 --quiet --cp 2 --experts 4 --top-k 2 >"$T/moe.log" 2>&1; then
   bad "an MoE model trained under --cp 2"
 elif grep -q "layer moe is a moe" "$T/moe.log"; then
