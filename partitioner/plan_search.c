@@ -289,6 +289,29 @@ static bg_status_t search_tp_fit(search_t *s, const bg_schedule_kind_t *kinds, i
     return BG_OK;
 }
 
+/* --cp auto when nothing fits at cp 1 (activations too big): the smallest
+ * context-parallel degree dividing the devices and half the sequence that
+ * fits at tensor-parallel degree tp, said in note; none: s back at cp 1. */
+static bg_status_t search_cp_auto(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int seq_whole,
+                                  char *note, size_t cap)
+{
+    int evaluated = s->evaluated, sp_only;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", s->short_msg);
+    for (int k = 2; k <= s->world && s->nplans == 0; k++) {
+        if (s->world % k || seq_whole % (2 * k))
+            continue;
+        s->cp = k, s->seq = seq_whole / k;
+        BG_CHECK(search_tp_fit(s, kinds, nk, tp, &sp_only));
+    }
+    if (s->nplans > 0)
+        snprintf(note, cap, "nothing fits at cp = 1 (%s); cp = %d is the smallest context-parallel degree that fits",
+                 why, s->plans[0]->cp);
+    else
+        s->cp = 1, s->seq = seq_whole, s->evaluated = evaluated;
+    return BG_OK;
+}
+
 /* Nothing fits: the error that says so, with the closest layout (s's
  * shortfall), the smallest budget that fits and the smallest device count
  * (a search of larger worlds of devices like the smallest given). No
@@ -502,22 +525,8 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         snprintf(note, sizeof note, "tp = %d fits only with sequence parallelism (the activations between blocks "
                                     "split along the sequence)", s.plans[0]->tp);
     }
-    if (s.nplans == 0 && cp_auto) { /* activations too big: the smallest context-parallel degree that fits */
-        int evaluated = s.evaluated, k;
-        char why[1024];
-        snprintf(why, sizeof why, "%s", s.short_msg);
-        for (k = 2; k <= pa->world && s.nplans == 0; k++) {
-            if (pa->world % k || seq_whole % (2 * k))
-                continue;
-            s.cp = k, s.seq = seq_whole / k;
-            BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, tp_req ? tp_req : 1, &sp_only), st, out);
-        }
-        if (s.nplans > 0)
-            snprintf(note, sizeof note, "nothing fits at cp = 1 (%s); cp = %d is the smallest context-parallel "
-                                        "degree that fits", why, s.plans[0]->cp);
-        else
-            s.cp = 1, s.seq = seq_whole, s.evaluated = evaluated;
-    }
+    if (s.nplans == 0 && cp_auto)
+        BG_CHECK_GOTO(search_cp_auto(&s, kinds, nk, tp_req ? tp_req : 1, seq_whole, note, sizeof note), st, out);
     if (s.nplans == 0) {
         st = no_fit_error(&s, kinds, nk);
         goto out;
