@@ -729,11 +729,13 @@ void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, 
  * key and value tiles once (bg__att_fwd_head_blk and bg__att_bwd_head_blk with g heads), no copies. */
 typedef struct {
     size_t ld, ldo;
-    int items, par;
+    int items, par, nt;
+    float scale;
 } bg__gqa_dims_t;
-static bg__gqa_dims_t bg__gqa_dims(int B, int T, int G, int g, int hs)
+static bg__gqa_dims_t bg__gqa_dims(bg_backend_t *be, int B, int T, int G, int g, int hs)
 {
-    bg__gqa_dims_t d = {(size_t)G * (g + 2) * hs, (size_t)G * g * hs, B * G, 0};
+    bg__gqa_dims_t d = {(size_t)G * (g + 2) * hs, (size_t)G * g * hs, B * G, 0, bg__cpu_nt(be),
+                        1.0f / sqrtf((float)hs)};
     d.par = d.items > 1 && (size_t)B * G * g * T * T * hs > BG_CPU_PAR_WORK;
     return d;
 }
@@ -751,20 +753,18 @@ static size_t bg__gqa_out(const bg__gqa_dims_t *d, int bi, int G, int g, int T, 
 void BG_ISA_FN(bg__k_gqa_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *grouped, int B,
                                             int T, int G, int g, int hs)
 {
-    int nt = bg__cpu_nt(be);
-    bg__gqa_dims_t d = bg__gqa_dims(B, T, G, g, hs);
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    bg__gqa_dims_t d = bg__gqa_dims(be, B, T, G, g, hs);
+#pragma omp parallel for num_threads(d.nt) if (d.par) schedule(dynamic, 1)
     for (int bi = 0; bi < d.items; bi++) {
         const float *q = grouped + bg__gqa_in(&d, bi, G, g, T, hs), *k = q + (size_t)g * hs, *v = k + hs;
         float *o = out + bg__gqa_out(&d, bi, G, g, T, hs), *lr = lse + (size_t)bi * g * T;
         if (hs <= BG_ATT_BLK_HS) {
-            bg__att_fwd_head_blk(o, lr, q, k, v, d.ld, d.ldo, T, hs, g, scale, NULL, NULL, 0);
+            bg__att_fwd_head_blk(o, lr, q, k, v, d.ld, d.ldo, T, hs, g, d.scale, NULL, NULL, 0);
             continue;
         }
         for (int i = 0; i < g; i++)
             bg__att_fwd_head(o + (size_t)i * hs, lr + (size_t)i * T, q + (size_t)i * hs, k, v, d.ld, d.ldo, T, hs,
-                             scale);
+                             d.scale);
     }
 }
 
@@ -772,22 +772,20 @@ void BG_ISA_FN(bg__k_gqa_attention_backward)(bg_backend_t *be, float *dgrouped, 
                                              const float *grouped, const float *out, const float *lse, int B,
                                              int T, int G, int g, int hs)
 {
-    int nt = bg__cpu_nt(be);
-    bg__gqa_dims_t d = bg__gqa_dims(B, T, G, g, hs);
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for num_threads(nt) if (d.par) schedule(dynamic, 1)
+    bg__gqa_dims_t d = bg__gqa_dims(be, B, T, G, g, hs);
+#pragma omp parallel for num_threads(d.nt) if (d.par) schedule(dynamic, 1)
     for (int bi = 0; bi < d.items; bi++) {
         size_t io = bg__gqa_in(&d, bi, G, g, T, hs), oo = bg__gqa_out(&d, bi, G, g, T, hs), ko = (size_t)g * hs;
         const float *q = grouped + io, *lr = lse + (size_t)bi * g * T;
         float *dq = dgrouped + io, *dv_ = dvec + (size_t)bi * g * T;
         if (hs <= BG_ATT_BLK_HS) {
             bg__att_bwd_head_blk(dq, dq + ko, dq + ko + hs, dv_, dout + oo, out + oo, lr, q, q + ko, q + ko + hs,
-                                 d.ld, d.ldo, T, hs, g, scale, NULL, NULL, 0);
+                                 d.ld, d.ldo, T, hs, g, d.scale, NULL, NULL, 0);
             continue;
         }
         for (int i = 0; i < g; i++) /* dK and dV summed head by head, in order */
             bg__att_bwd_head(dq + (size_t)i * hs, dq + ko, dq + ko + hs, dv_ + (size_t)i * T,
                              dout + oo + (size_t)i * hs, out + oo + (size_t)i * hs, lr + (size_t)i * T,
-                             q + (size_t)i * hs, q + ko, q + ko + hs, d.ld, d.ldo, T, hs, scale, i == 0);
+                             q + (size_t)i * hs, q + ko, q + ko + hs, d.ld, d.ldo, T, hs, d.scale, i == 0);
     }
 }
