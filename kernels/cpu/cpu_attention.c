@@ -2,12 +2,14 @@
  * flash-style: keys and values are visited in tiles of BG_ATT_BK with an
  * online softmax, so no T x T matrix exists, and key tiles wholly above the
  * diagonal are never touched (the masked half is skipped up to one tile per
- * row). Reads q, k, v straight from the packed qkv (B,T,3C) and writes the
- * output in (B,T,C): no layout copies. Owns no memory: the caller passes the
- * per-row logsumexp (kept for the backward) and the backward's scratch.
+ * row). Reads q, k, v straight from the packed qkv (B,T,3C) (grouped-query
+ * attention: from the grouped layout, each group's key and value heads shared
+ * by its query heads) and writes the output in (B,T,C): no layout copies.
+ * Owns no memory: the caller passes the per-row logsumexp (kept for the
+ * backward) and the backward's scratch.
  *
- * Determinism: one (batch, head) pair is one thread's work from start to
- * end, and inside it every sum runs in a fixed order (rows, then key tiles
+ * Determinism: one (batch, head) pair (grouped-query attention: one (batch,
+ * group), its heads in order) is one thread's work from start to end, and inside it every sum runs in a fixed order (rows, then key tiles
  * in order, lanes as cpu_vec.h fixes them), so results are bitwise the same
  * for any thread count. Must not print or exit. */
 #include <math.h>
