@@ -12,9 +12,10 @@
 # A second table does the same for the Llama-style kernels (`brigade bench kernels
 # --llama`, bench/attention_torch.py --llama): per block, forward + backward CPU time
 # (rmsnorm: forward, input and weight gradients; swiglu: forward, backward; rope: forward;
-# gqa_attention: the grouped layout's expansion, the fused attention forward and backward,
-# the reduction; PyTorch: F.rms_norm, F.silu(a) * b, a rotate-half RoPE, SDPA with
-# enable_gqa, through autograd).
+# gqa_attention: the backend's fused grouped-query attention forward and backward where it
+# has them, else the grouped layout's expansion, the fused attention and the reduction;
+# PyTorch: F.rms_norm, F.silu(a) * b, a rotate-half RoPE, and the faster of SDPA with
+# enable_gqa and SDPA on expanded K/V, through autograd).
 #
 # usage: bench/attention_isa.sh [BRIGADE_BINARY]
 #   env: PYTHON (an interpreter that imports torch; default python3), ROUNDS (5),

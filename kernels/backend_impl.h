@@ -61,11 +61,12 @@ typedef struct bg_backend_entry {
 #define BG__BACKEND_STATUS_OPS(X) X(error)
 #define BG__BACKEND_COLL_OPS(X) X(native_stream)
 #define BG__BACKEND_CP_OPS(X) X(attention_block_forward) X(attention_block_backward)
+#define BG__BACKEND_GQA_OPS(X) X(gqa_attention_forward) X(gqa_attention_backward)
 /* every function slot */
 #define BG__BACKEND_OPS(X)                                                                                         \
     X(destroy) BG__BACKEND_HOST_OPS(X) BG__BACKEND_KERNEL_OPS(X) BG__BACKEND_EVENT_OPS(X) BG__BACKEND_MEMORY_OPS(X) \
     BG__BACKEND_FUSED_OPS(X) BG__BACKEND_LLAMA_OPS(X) BG__BACKEND_STATUS_OPS(X) BG__BACKEND_COLL_OPS(X)       \
-    BG__BACKEND_CP_OPS(X)
+    BG__BACKEND_CP_OPS(X) BG__BACKEND_GQA_OPS(X)
 
 /* BG_OK when ops can run in this build: its size is this build's
  * sizeof(bg_backend_ops_t) or more (a table built against an older header,

@@ -262,6 +262,13 @@ static bg_status_t gqa_decode(bg_layer_t *l, const bg_layer_ctx_t *ctx, const fl
     return BG_OK;
 }
 
+/* The backend's fused grouped-query attention (no expanded copy of the keys and values): the stash then holds
+ * the rotated grouped input, not the expanded qkv. Context parallelism's ring takes the expanded layout. */
+static int gqa_fused(const bg_layer_ctx_t *ctx)
+{
+    return !ctx->cp && ctx->be->ops->gqa_attention_forward && ctx->be->ops->gqa_attention_backward;
+}
+
 static bg_status_t gqa_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const float *in, float *out)
 {
     const gqa_t *p = l->impl;
@@ -270,6 +277,11 @@ static bg_status_t gqa_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const f
     BG_CHECK(gqa_need(l, be));
     if (p->cache)
         return gqa_decode(l, ctx, in, out);
+    if (gqa_fused(ctx)) { /* grouped (B,T,Cin) <= the stash's qkv (B,T,3C) */
+        be->ops->rope(be, ctx->stash, in, B, T, p->kv, g + 1, p->hs, p->theta, 0, 0);
+        be->ops->gqa_attention_forward(be, out, gqa_lse(p, ctx), ctx->stash, B, T, p->kv, g, p->hs);
+        return BG_OK;
+    }
     float *rot = ctx->scratch, *qkv = ctx->stash;
     if (ctx->cp)
         bg__cp_rope(ctx, rot, in, gqa_cin(p), p->kv, g + 1, p->hs, p->theta, 0);
@@ -293,6 +305,12 @@ static bg_status_t gqa_backward_input(bg_layer_t *l, const bg_layer_ctx_t *ctx, 
         return BG_OK;
     BG_CHECK(gqa_need(l, be));
     float *dqkv = ctx->scratch, *ascratch = (float *)((char *)ctx->scratch + gqa_qkv_bytes(p, ctx->in));
+    if (gqa_fused(ctx)) {
+        be->ops->gqa_attention_backward(be, din, ascratch, dout, ctx->stash, out, gqa_lse(p, ctx), B, T, p->kv, g,
+                                        p->hs);
+        be->ops->rope(be, din, din, B, T, p->kv, g + 1, p->hs, p->theta, 0, 1);
+        return BG_OK;
+    }
     if (ctx->cp) {
         BG_CHECK(bg__cp_attention_backward(l, ctx, dqkv, ascratch, dout, ctx->stash, out, gqa_lse(p, ctx),
                                            gqa_ring(l, ctx), gqa_c(p), p->heads));

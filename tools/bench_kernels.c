@@ -723,7 +723,8 @@ out:
  * RoPE on the grouped projection (G groups of g query heads, a key head and a
  * value head: the g + 1 first rotated), the grouped layout's expansion and
  * reduction, and the grouped-query attention's forward and backward (expand,
- * the fused causal attention forward and backward, reduce). Medians of wall
+ * the fused causal attention forward and backward, reduce; or the backend's
+ * fused grouped-query attention where it has one, as the layer). Medians of wall
  * and CPU time, as --attention; GB/s of the minimal traffic, GFLOP/s of the
  * attention's causal pairs. MoE's experts are these SwiGLUs between GEMMs. */
 enum { BG_LL_RMS, BG_LL_RMS_BWD_IN, BG_LL_RMS_BWD_W, BG_LL_SWIGLU, BG_LL_SWIGLU_BWD, BG_LL_ROPE, BG_LL_GQA_EXPAND,
@@ -752,6 +753,12 @@ static void bg__ll_call(bg_backend_t *be, const bg__ll_t *s, int op)
     default: { /* grouped in -> qkv (out) -> att -> dqkv (dq, from dout = aux) -> dgrouped (out) */
         int NH = s->G * s->g;
         size_t nws = bg_attention_ws_floats(s->B, s->T, s->C, NH);
+        if (o->gqa_attention_forward) { /* the fused kernels, as the gqa_attention layer calls them */
+            o->gqa_attention_forward(be, s->att, s->ws, s->in, s->B, s->T, s->G, s->g, s->hs);
+            o->gqa_attention_backward(be, s->out, s->ws + nws, s->aux, s->in, s->att, s->ws, s->B, s->T, s->G, s->g,
+                                      s->hs);
+            break;
+        }
         o->gqa_expand(be, s->out, s->in, s->B, s->T, s->G, s->g, s->hs);
         bg_attention_forward(be, s->att, s->ws, s->out, s->B, s->T, s->C, NH);
         bg_attention_backward(be, s->dq, s->ws + nws, s->aux, s->out, s->att, s->ws, s->B, s->T, s->C, NH);

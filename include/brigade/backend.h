@@ -299,6 +299,20 @@ typedef struct bg_backend_ops {
                                      const float *dout, const float *qkv_q, const float *qkv_k, const float *out,
                                      const float *lse, const int *qpos, const int *kpos, int B, int T, int NH,
                                      int hs);
+    /* ---- grouped-query attention on the grouped layout (appended last, as the slots above; optional:
+     *      NULL, the gqa_attention layer expands the layout with gqa_expand and calls attention_forward/
+     *      backward, then gqa_reduce) ---- */
+    /** Causal attention of grouped (B,T, G (g+2) hs) (each group g query heads, one key head, one value
+     *  head, as gqa_expand reads it) into out (B,T, G g hs) (query head h = group j's i-th at h = j g + i)
+     *  and lse (B, G g, T): what gqa_expand then attention_forward give, without the expanded copy (each
+     *  group's key and value heads are read once for its g query heads). */
+    void (*gqa_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *grouped, int B, int T,
+                                  int G, int g, int hs);
+    /** Its backward: dgrouped (B,T, G (g+2) hs) assigned (each key and value head's gradient summed over
+     *  its g query heads in the kernel, in a fixed order); dvec (B, G g, T) is scratch. */
+    void (*gqa_attention_backward)(bg_backend_t *be, float *dgrouped, float *dvec, const float *dout,
+                                   const float *grouped, const float *out, const float *lse, int B, int T, int G,
+                                   int g, int hs);
 } bg_backend_ops_t;
 /** The first two fields of a table's initializer, its size and name; the slots follow, designated:
  *  `static const bg_backend_ops_t ops = {BG_BACKEND_OPS_INIT("mine"), .alloc = mine_alloc, ...};`

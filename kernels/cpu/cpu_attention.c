@@ -2,12 +2,14 @@
  * flash-style: keys and values are visited in tiles of BG_ATT_BK with an
  * online softmax, so no T x T matrix exists, and key tiles wholly above the
  * diagonal are never touched (the masked half is skipped up to one tile per
- * row). Reads q, k, v straight from the packed qkv (B,T,3C) and writes the
- * output in (B,T,C): no layout copies. Owns no memory: the caller passes the
- * per-row logsumexp (kept for the backward) and the backward's scratch.
+ * row). Reads q, k, v straight from the packed qkv (B,T,3C) (grouped-query
+ * attention: from the grouped layout, each group's key and value heads shared
+ * by its query heads) and writes the output in (B,T,C): no layout copies.
+ * Owns no memory: the caller passes the per-row logsumexp (kept for the
+ * backward) and the backward's scratch.
  *
- * Determinism: one (batch, head) pair is one thread's work from start to
- * end, and inside it every sum runs in a fixed order (rows, then key tiles
+ * Determinism: one (batch, head) pair (grouped-query attention: one (batch,
+ * group), its heads in order) is one thread's work from start to end, and inside it every sum runs in a fixed order (rows, then key tiles
  * in order, lanes as cpu_vec.h fixes them), so results are bitwise the same
  * for any thread count. Must not print or exit. */
 #include <math.h>
@@ -353,88 +355,173 @@ static void bg__att_merge(float *orow, float *lse, const float *ob, float inv, f
     *lse = mx + logf(sum);
 }
 
-/* acc 0: o and lse assigned (causal: every row sees a key); 1: merged into
- * what they hold (bg__att_merge). */
+/* Grouped heads: g query heads share one key/value head (grouped-query
+ * attention; g = 1: one head). Head i's queries and outputs sit i * hs floats
+ * after the first head's (in the row of q and of o), its lse and D rows i * T
+ * floats after. A pass keeps BG_ATT_FWD_ROWS rows of output accumulators:
+ * rq rows of each of hn heads (bg__att_rows); every key tile is transposed
+ * once per pass and read by all of them. */
+#define BG_ATT_FWD_ROWS (BG_ATT_BQ * BG_ATT_BLK_HS / 32) /* query rows of a pass, 32-float heads */
+static void bg__att_rows(int g, int HP, int *rq, int *hn)
+{
+    int rows = BG_ATT_BQ * BG_ATT_BLK_HS / HP; /* what oacc holds */
+    *rq = rows / g / BG_ATT_RB * BG_ATT_RB;
+    *rq = *rq > BG_ATT_BQ ? BG_ATT_BQ : *rq < BG_ATT_RB ? BG_ATT_RB : *rq;
+    *hn = rows / *rq < g ? rows / *rq : g;
+}
+
+/* The forward's online-softmax steps of nq query rows (i0.., of one head)
+ * against one prepared key tile (kt transposed, vx rows ldv apart), into
+ * acc (rows HP apart), m and l. */
+static inline __attribute__((always_inline)) void bg__att_fwd_tile(float *acc, float *m, float *l, const float *q,
+                            size_t ld, int i0, int nq, int j0, int nk, const float *kt, const float *vx,
+                            size_t ldv, int hs, int HP, float scale, const int *qpos, const int *kpos)
+{
+    float s[BG_ATT_RB][BG_ATT_BK];
+    for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
+        int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
+        if (!bg__att_sees(qpos, kpos, i0 + r0 + nr - 1, j0))
+            continue; /* the whole tile is above these rows' diagonal */
+        bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs);
+        float *a = acc + (size_t)r0 * HP;
+        for (int r = 0; r < BG_ATT_RB; r++) {
+            int ti = i0 + r0 + (r < nr ? r : nr - 1), i = r0 + r;
+            int nv = bg__att_nvis(qpos, kpos, ti, j0, nk); /* keys j0..j0+nv-1 are visible */
+            if (r >= nr || nv <= 0) {
+                for (int j = 0; j < BG_ATT_BK; j++)
+                    s[r][j] = 0.0f;
+                continue;
+            }
+            float corr = bg__att_online(s[r], &m[i], &l[i], nv, scale);
+            for (int d = 0; d < HP; d++)
+                a[(size_t)r * HP + d] *= corr;
+        }
+        bg__att_pv4(a, (const float(*)[BG_ATT_BK])s, vx, ldv, nk, HP);
+    }
+}
+
+/* g heads sharing k and v. acc 0: o and lse assigned (causal: every row sees
+ * a key); 1: merged into what they hold (bg__att_merge). Each row's result
+ * is the same whatever the pass's size (its key tiles in order). */
 static void bg__att_fwd_head_blk(float *o, float *lse, const float *q, const float *k, const float *v,
-                                 size_t ld, size_t ldo, int T, int hs, float scale, const int *qpos,
+                                 size_t ld, size_t ldo, int T, int hs, int g, float scale, const int *qpos,
                                  const int *kpos, int acc)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vp[BG_ATT_BK * BG_ATT_BLK_HS], oacc[BG_ATT_BQ * BG_ATT_BLK_HS];
-    float s[BG_ATT_RB][BG_ATT_BK], m[BG_ATT_BQ], l[BG_ATT_BQ];
-    for (int i0 = 0; i0 < T; i0 += BG_ATT_BQ) {
-        int nq = T - i0 < BG_ATT_BQ ? T - i0 : BG_ATT_BQ;
-        /* whole blocks of 4 rows; rows past nq are computed on copies of the last and dropped */
-        memset(oacc, 0, (size_t)((nq + BG_ATT_RB - 1) / BG_ATT_RB * BG_ATT_RB) * HP * sizeof(float));
-        for (int i = 0; i < BG_ATT_BQ; i++)
-            m[i] = -INFINITY, l[i] = 0.0f;
-        for (int j0 = 0; j0 < T && bg__att_sees(qpos, kpos, i0 + nq - 1, j0); j0 += BG_ATT_BK) {
-            int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
-            bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
-            /* V's rows are read in place when the head size needs no padding */
-            const float *vx = v + (size_t)j0 * ld;
-            size_t ldv = ld;
-            if (HP != hs)
-                bg__att_pad_rows(vp, vx, ld, nk, hs, HP), vx = vp, ldv = HP;
-            for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
-                int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
-                if (!bg__att_sees(qpos, kpos, i0 + r0 + nr - 1, j0))
-                    continue; /* the whole tile is above these rows' diagonal */
-                bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs);
-                float *acc = oacc + (size_t)r0 * HP;
-                for (int r = 0; r < BG_ATT_RB; r++) {
-                    int ti = i0 + r0 + (r < nr ? r : nr - 1), i = r0 + r;
-                    int nv = bg__att_nvis(qpos, kpos, ti, j0, nk); /* keys j0..j0+nv-1 are visible */
-                    if (r >= nr || nv <= 0) {
-                        for (int j = 0; j < BG_ATT_BK; j++)
-                            s[r][j] = 0.0f;
+    float m[BG_ATT_FWD_ROWS], l[BG_ATT_FWD_ROWS];
+    int rq, hn;
+    bg__att_rows(g, HP, &rq, &hn);
+    for (int h0 = 0; h0 < g; h0 += hn) {
+        int nh = g - h0 < hn ? g - h0 : hn;
+        for (int i0 = 0; i0 < T; i0 += rq) {
+            int nq = T - i0 < rq ? T - i0 : rq;
+            /* whole blocks of 4 rows; rows past nq are computed on copies of the last and dropped */
+            memset(oacc, 0, (size_t)nh * rq * HP * sizeof(float));
+            for (int i = 0; i < nh * rq; i++)
+                m[i] = -INFINITY, l[i] = 0.0f;
+            for (int j0 = 0; j0 < T && bg__att_sees(qpos, kpos, i0 + nq - 1, j0); j0 += BG_ATT_BK) {
+                int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
+                bg__att_transpose(kt, k + (size_t)j0 * ld, ld, nk, hs);
+                /* V's rows are read in place when the head size needs no padding */
+                const float *vx = v + (size_t)j0 * ld;
+                size_t ldv = ld;
+                if (HP != hs)
+                    bg__att_pad_rows(vp, vx, ld, nk, hs, HP), vx = vp, ldv = HP;
+                for (int h = 0; h < nh; h++)
+                    bg__att_fwd_tile(oacc + (size_t)h * rq * HP, m + h * rq, l + h * rq, q + (size_t)(h0 + h) * hs,
+                                     ld, i0, nq, j0, nk, kt, vx, ldv, hs, HP, scale, qpos, kpos);
+            }
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < nq; i++) {
+                    int x = h * rq + i;
+                    float inv = 1.0f / l[x], *orow = o + (size_t)(i0 + i) * ldo + (size_t)(h0 + h) * hs;
+                    float *lr = lse + (size_t)(h0 + h) * T + i0 + i;
+                    if (acc) {
+                        bg__att_merge(orow, lr, oacc + (size_t)x * HP, inv, l[x] > 0 ? m[x] + logf(l[x]) : -INFINITY,
+                                      hs);
                         continue;
                     }
-                    float corr = bg__att_online(s[r], &m[i], &l[i], nv, scale);
-                    for (int d = 0; d < HP; d++)
-                        acc[(size_t)r * HP + d] *= corr;
+                    for (int d = 0; d < hs; d++)
+                        orow[d] = oacc[(size_t)x * HP + d] * inv;
+                    *lr = m[x] + logf(l[x]);
                 }
-                bg__att_pv4(acc, (const float(*)[BG_ATT_BK])s, vx, ldv, nk, HP);
-            }
-        }
-        for (int i = 0; i < nq; i++) {
-            float inv = 1.0f / l[i];
-            float *orow = o + (size_t)(i0 + i) * ldo;
-            if (acc) {
-                bg__att_merge(orow, lse + i0 + i, oacc + (size_t)i * HP, inv, l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY,
-                              hs);
-                continue;
-            }
-            for (int d = 0; d < hs; d++)
-                orow[d] = oacc[(size_t)i * HP + d] * inv;
-            lse[i0 + i] = m[i] + logf(l[i]);
         }
     }
 }
 
-/* The backward of bg__att_bwd_head in blocks of 4 query rows: per key tile,
- * dK and dV of the tile accumulate in local tiles (rows in order, 4 at a
- * time) and are written once; each block's dQ contribution from the tile is
- * summed locally and added to its dQ rows (key tiles in order). */
+/* One head's part of a key tile in the backward: rows rfirst..T of q and dO
+ * (ld and ldo apart) against the prepared tile (kt, vt transposed, kx rows
+ * ldk apart): dK and dV of the tile accumulate in dka and dva (rows in order,
+ * 4 at a time); each block's dQ contribution is summed locally and added to
+ * its dq rows (ld apart). */
+static inline __attribute__((always_inline)) void bg__att_bwd_tile(float *dka, float *dva, float *dq,
+                            const float *dvec, const float *dout, const float *lse, const float *q, size_t ld,
+                            size_t ldo, int rfirst, int T, int j0, int nk, const float *kt, const float *vt,
+                            const float *kx, size_t ldk, int hs, int HP, float scale, const int *qpos,
+                            const int *kpos)
+{
+    float qp[BG_ATT_RB * BG_ATT_BLK_HS], dop[BG_ATT_RB * BG_ATT_BLK_HS], dqa[BG_ATT_RB * BG_ATT_BLK_HS];
+    float p[BG_ATT_RB][BG_ATT_BK], dp[BG_ATT_RB][BG_ATT_BK];
+    const float *xq[BG_ATT_RB], *xdo[BG_ATT_RB];
+    /* with a head size of whole 32-float chunks, rows of q and dO are read in place instead of padded copies */
+    const int direct = HP == hs;
+    for (int r0 = rfirst; r0 < T; r0 += BG_ATT_RB) {
+        int nr = T - r0 < BG_ATT_RB ? T - r0 : BG_ATT_RB;
+        const float *qrow = q + (size_t)r0 * ld, *dorow = dout + (size_t)r0 * ldo;
+        bg__att_s4(p, qrow, ld, nr, kt, hs);
+        bg__att_s4(dp, dorow, ldo, nr, vt, hs);
+        for (int r = 0; r < BG_ATT_RB; r++) {
+            int ti = r0 + r, nv = r < nr ? bg__att_nvis(qpos, kpos, ti, j0, nk) : 0; /* rows past T: none */
+            float li = r < nr ? lse[ti] : 0.0f, di = r < nr ? dvec[ti] : 0.0f;
+            for (int j = 0; j < BG_ATT_BK; j++) {
+                float pj = j < nv ? bg__expf(scale * p[r][j] - li) : 0.0f;
+                p[r][j] = pj;
+                dp[r][j] = pj * (dp[r][j] - di) * scale; /* scale dS */
+            }
+            if (direct) {
+                /* rows past T have weights 0: read row r0 (in bounds) */
+                xq[r] = qrow + (size_t)(r < nr ? r : 0) * ld;
+                xdo[r] = dorow + (size_t)(r < nr ? r : 0) * ldo;
+            } else {
+                for (int d = 0; d < HP; d++) {
+                    qp[r * HP + d] = r < nr && d < hs ? qrow[(size_t)r * ld + d] : 0.0f;
+                    dop[r * HP + d] = r < nr && d < hs ? dorow[(size_t)r * ldo + d] : 0.0f;
+                }
+                xq[r] = qp + r * HP, xdo[r] = dop + r * HP;
+            }
+        }
+        memset(dqa, 0, (size_t)BG_ATT_RB * HP * sizeof(float));
+        bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kx, ldk, nk, HP);
+        bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, xq, nk, HP);
+        bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, xdo, nk, HP);
+        for (int r = 0; r < nr; r++)
+            for (int d = 0; d < hs; d++)
+                dq[(size_t)(r0 + r) * ld + d] += dqa[r * HP + d];
+    }
+}
+
+/* The backward of bg__att_bwd_head in blocks of 4 query rows, for g heads
+ * sharing k and v (as bg__att_fwd_head_blk's; dq's heads as q's): per key
+ * tile, dK and dV of the tile accumulate in local tiles (head by head, rows
+ * in order, 4 at a time: a fixed order) and are written once; each block's
+ * dQ contribution from the tile is summed locally and added to its dQ rows
+ * (key tiles in order). acc: dq, dk and dv accumulated (+=), else assigned. */
 static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, const float *dout,
                                  const float *o, const float *lse, const float *q, const float *k,
-                                 const float *v, size_t ld, size_t ldo, int T, int hs, float scale,
+                                 const float *v, size_t ld, size_t ldo, int T, int hs, int g, float scale,
                                  const int *qpos, const int *kpos, int acc)
 {
     const int HP = bg__att_hp(hs);
     float kt[BG_ATT_BLK_HS * BG_ATT_BK], vt[BG_ATT_BLK_HS * BG_ATT_BK], kp[BG_ATT_BK * BG_ATT_BLK_HS];
     float dka[BG_ATT_BK * BG_ATT_BLK_HS], dva[BG_ATT_BK * BG_ATT_BLK_HS];
-    float qp[BG_ATT_RB * BG_ATT_BLK_HS], dop[BG_ATT_RB * BG_ATT_BLK_HS], dqa[BG_ATT_RB * BG_ATT_BLK_HS];
-    float p[BG_ATT_RB][BG_ATT_BK], dp[BG_ATT_RB][BG_ATT_BK];
-    const float *xq[BG_ATT_RB], *xdo[BG_ATT_RB];
-    /* with a head size of whole 32-float chunks, rows of k, q and dO are read
-     * in place instead of padded copies */
-    const int direct = HP == hs;
-    for (int i = 0; i < T; i++) {
-        dvec[i] = bg__att_dot(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
-        if (!acc)
-            memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
-    }
+    for (int h = 0; h < g; h++)
+        for (int i = 0; i < T; i++) {
+            size_t ro = (size_t)i * ldo + (size_t)h * hs;
+            dvec[(size_t)h * T + i] = bg__att_dot(dout + ro, o + ro, hs);
+            if (!acc)
+                memset(dq + (size_t)i * ld + (size_t)h * hs, 0, (size_t)hs * sizeof(float));
+        }
     for (int j0 = 0; j0 < T; j0 += BG_ATT_BK) {
         int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
         int rfirst = j0; /* the first row that sees the tile */
@@ -445,42 +532,14 @@ static void bg__att_bwd_head_blk(float *dq, float *dk, float *dv, float *dvec, c
         bg__att_transpose(vt, v + (size_t)j0 * ld, ld, nk, hs);
         const float *kx = k + (size_t)j0 * ld;
         size_t ldk = ld;
-        if (!direct)
+        if (HP != hs)
             bg__att_pad_rows(kp, kx, ld, nk, hs, HP), kx = kp, ldk = HP;
         memset(dka, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
         memset(dva, 0, (size_t)BG_ATT_BK * HP * sizeof(float));
-        for (int r0 = rfirst; r0 < T; r0 += BG_ATT_RB) {
-            int nr = T - r0 < BG_ATT_RB ? T - r0 : BG_ATT_RB;
-            const float *qrow = q + (size_t)r0 * ld, *dorow = dout + (size_t)r0 * ldo;
-            bg__att_s4(p, qrow, ld, nr, kt, hs);
-            bg__att_s4(dp, dorow, ldo, nr, vt, hs);
-            for (int r = 0; r < BG_ATT_RB; r++) {
-                int ti = r0 + r, nv = r < nr ? bg__att_nvis(qpos, kpos, ti, j0, nk) : 0; /* rows past T: none */
-                float li = r < nr ? lse[ti] : 0.0f, di = r < nr ? dvec[ti] : 0.0f;
-                for (int j = 0; j < BG_ATT_BK; j++) {
-                    float pj = j < nv ? bg__expf(scale * p[r][j] - li) : 0.0f;
-                    p[r][j] = pj;
-                    dp[r][j] = pj * (dp[r][j] - di) * scale; /* scale dS */
-                }
-                if (direct) {
-                    /* rows past T have weights 0: read row r0 (in bounds) */
-                    xq[r] = qrow + (size_t)(r < nr ? r : 0) * ld;
-                    xdo[r] = dorow + (size_t)(r < nr ? r : 0) * ldo;
-                } else {
-                    for (int d = 0; d < HP; d++) {
-                        qp[r * HP + d] = r < nr && d < hs ? qrow[(size_t)r * ld + d] : 0.0f;
-                        dop[r * HP + d] = r < nr && d < hs ? dorow[(size_t)r * ldo + d] : 0.0f;
-                    }
-                    xq[r] = qp + r * HP, xdo[r] = dop + r * HP;
-                }
-            }
-            memset(dqa, 0, (size_t)BG_ATT_RB * HP * sizeof(float));
-            bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kx, ldk, nk, HP);
-            bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, xq, nk, HP);
-            bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, xdo, nk, HP);
-            for (int r = 0; r < nr; r++)
-                for (int d = 0; d < hs; d++)
-                    dq[(size_t)(r0 + r) * ld + d] += dqa[r * HP + d];
+        for (int h = 0; h < g; h++) {
+            size_t ho = (size_t)h * hs;
+            bg__att_bwd_tile(dka, dva, dq + ho, dvec + (size_t)h * T, dout + ho, lse + (size_t)h * T, q + ho, ld,
+                             ldo, rfirst, T, j0, nk, kt, vt, kx, ldk, hs, HP, scale, qpos, kpos);
         }
         for (int j = 0; j < nk; j++) {
             float *dkr = dk + (size_t)(j0 + j) * ld, *dvr = dv + (size_t)(j0 + j) * ld;
@@ -534,7 +593,7 @@ static void bg__att_fwd_blocks(bg_backend_t *be, float *out, float *lse, const f
     for (int bh = 0; bh < d.BH; bh++) {
         size_t qoff = bg__att_qoff(&d, bh);
         bg__att_fwd_head_blk(out + bg__att_ooff(&d, bh), lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
-                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
+                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, 1, d.scale, qpos, kpos, acc);
     }
 }
 
@@ -576,7 +635,7 @@ void BG_ISA_FN(bg__k_attention_block_forward)(bg_backend_t *be, float *out, floa
  * destination rows of dqkv, zeroed first); dQ rows over key tiles in order. */
 static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const float *dout,
                              const float *o, const float *lse, const float *q, const float *k,
-                             const float *v, size_t ld, size_t ldo, int T, int hs, float scale)
+                             const float *v, size_t ld, size_t ldo, int T, int hs, float scale, int first)
 {
     float ktile[BG_ATT_MAX_TILE], vtile[BG_ATT_MAX_TILE];
     float *kt = hs <= BG_ATT_MAX_HS ? ktile : NULL, *vt = kt ? vtile : NULL;
@@ -584,8 +643,10 @@ static void bg__att_bwd_head(float *dq, float *dk, float *dv, float *dvec, const
     for (int i = 0; i < T; i++) {
         dvec[i] = bg__att_dot(dout + (size_t)i * ldo, o + (size_t)i * ldo, hs);
         memset(dq + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
-        memset(dk + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
-        memset(dv + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
+        if (first) {
+            memset(dk + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
+            memset(dv + (size_t)i * ld, 0, (size_t)hs * sizeof(float));
+        }
     }
     for (int j0 = 0; j0 < T; j0 += BG_ATT_BK) {
         int nk = T - j0 < BG_ATT_BK ? T - j0 : BG_ATT_BK;
@@ -628,7 +689,7 @@ static void bg__att_bwd_blocks(bg_backend_t *be, float *dqkv_q, float *dqkv_k, f
         size_t qoff = bg__att_qoff(&d, bh), ooff = bg__att_ooff(&d, bh);
         bg__att_bwd_head_blk(dqkv_q + qoff, dqkv_k + qoff + C, dqkv_k + qoff + 2 * C, dvec + (size_t)bh * T,
                              dout + ooff, out + ooff, lse + (size_t)bh * T, qkv_q + qoff, qkv_k + qoff + C,
-                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, d.scale, qpos, kpos, acc);
+                             qkv_k + qoff + 2 * C, d.ld, d.ldo, T, hs, 1, d.scale, qpos, kpos, acc);
     }
 }
 
@@ -649,7 +710,7 @@ void BG_ISA_FN(bg__k_attention_backward)(bg_backend_t *be, float *dqkv, float *d
         float *dq = dqkv + qoff;
         const float *q = qkv + qoff;
         bg__att_bwd_head(dq, dq + C, dq + 2 * C, dvec + (size_t)bh * T, dout + ooff, out + ooff,
-                         lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale);
+                         lse + (size_t)bh * T, q, q + C, q + 2 * C, d.ld, d.ldo, T, hs, d.scale, 1);
     }
 }
 
@@ -660,4 +721,73 @@ void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, 
                                                const int *kpos, int B, int T, int NH, int hs)
 {
     bg__att_bwd_blocks(be, dqkv_q, dqkv_k, dvec, dout, qkv_q, qkv_k, out, lse, qpos, kpos, 1, B, T, NH, hs);
+}
+
+/* ------------------------------------------------- grouped-query attention */
+
+/* Grouped-query attention on the grouped layout (backend.h, gqa_attention_forward): rows of grouped are
+ * ld = G (g + 2) hs floats, each group g query heads, its key head and its value head; out (B,T,G g hs),
+ * lse and dvec (B, G g, T). One (batch, group) is one thread's work: its g query heads read the group's
+ * key and value tiles once (bg__att_fwd_head_blk and bg__att_bwd_head_blk with g heads), no copies. */
+typedef struct {
+    size_t ld, ldo;
+    int items, par, nt;
+    float scale;
+} bg__gqa_dims_t;
+static bg__gqa_dims_t bg__gqa_dims(bg_backend_t *be, int B, int T, int G, int g, int hs)
+{
+    bg__gqa_dims_t d = {(size_t)G * (g + 2) * hs, (size_t)G * g * hs, B * G, 0, bg__cpu_nt(be),
+                        1.0f / sqrtf((float)hs)};
+    d.par = d.items > 1 && (size_t)B * G * g * T * T * hs > BG_CPU_PAR_WORK;
+    return d;
+}
+/* item bi = (b, j): its group's first query head in grouped (the key head g hs after, the value head
+ * (g + 1) hs), its first output head in out, its first lse row */
+static size_t bg__gqa_in(const bg__gqa_dims_t *d, int bi, int G, int g, int T, int hs)
+{
+    return (size_t)(bi / G) * T * d->ld + (size_t)(bi % G) * (g + 2) * hs;
+}
+static size_t bg__gqa_out(const bg__gqa_dims_t *d, int bi, int G, int g, int T, int hs)
+{
+    return (size_t)(bi / G) * T * d->ldo + (size_t)(bi % G) * g * hs;
+}
+
+void BG_ISA_FN(bg__k_gqa_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *grouped, int B,
+                                            int T, int G, int g, int hs)
+{
+    bg__gqa_dims_t d = bg__gqa_dims(be, B, T, G, g, hs);
+#pragma omp parallel for num_threads(d.nt) if (d.par) schedule(dynamic, 1)
+    for (int bi = 0; bi < d.items; bi++) {
+        const float *q = grouped + bg__gqa_in(&d, bi, G, g, T, hs), *k = q + (size_t)g * hs, *v = k + hs;
+        float *o = out + bg__gqa_out(&d, bi, G, g, T, hs), *lr = lse + (size_t)bi * g * T;
+        if (hs <= BG_ATT_BLK_HS) {
+            bg__att_fwd_head_blk(o, lr, q, k, v, d.ld, d.ldo, T, hs, g, d.scale, NULL, NULL, 0);
+            continue;
+        }
+        for (int i = 0; i < g; i++)
+            bg__att_fwd_head(o + (size_t)i * hs, lr + (size_t)i * T, q + (size_t)i * hs, k, v, d.ld, d.ldo, T, hs,
+                             d.scale);
+    }
+}
+
+void BG_ISA_FN(bg__k_gqa_attention_backward)(bg_backend_t *be, float *dgrouped, float *dvec, const float *dout,
+                                             const float *grouped, const float *out, const float *lse, int B,
+                                             int T, int G, int g, int hs)
+{
+    bg__gqa_dims_t d = bg__gqa_dims(be, B, T, G, g, hs);
+#pragma omp parallel for num_threads(d.nt) if (d.par) schedule(dynamic, 1)
+    for (int bi = 0; bi < d.items; bi++) {
+        size_t io = bg__gqa_in(&d, bi, G, g, T, hs), oo = bg__gqa_out(&d, bi, G, g, T, hs), ko = (size_t)g * hs;
+        const float *q = grouped + io, *lr = lse + (size_t)bi * g * T;
+        float *dq = dgrouped + io, *dv_ = dvec + (size_t)bi * g * T;
+        if (hs <= BG_ATT_BLK_HS) {
+            bg__att_bwd_head_blk(dq, dq + ko, dq + ko + hs, dv_, dout + oo, out + oo, lr, q, q + ko, q + ko + hs,
+                                 d.ld, d.ldo, T, hs, g, d.scale, NULL, NULL, 0);
+            continue;
+        }
+        for (int i = 0; i < g; i++) /* dK and dV summed head by head, in order */
+            bg__att_bwd_head(dq + (size_t)i * hs, dq + ko, dq + ko + hs, dv_ + (size_t)i * T,
+                             dout + oo + (size_t)i * hs, out + oo + (size_t)i * hs, lr + (size_t)i * T,
+                             q + (size_t)i * hs, q + ko, q + ko + hs, d.ld, d.ldo, T, hs, d.scale, i == 0);
+    }
 }

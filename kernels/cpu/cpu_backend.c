@@ -399,6 +399,7 @@ static const bg_backend_ops_t bg__cpu_ops = {
     BG__BACKEND_FUSED_OPS(BG__CPU_SLOT)
     BG__BACKEND_LLAMA_OPS(BG__CPU_SLOT)
     BG__BACKEND_CP_OPS(BG__CPU_SLOT)
+    BG__BACKEND_GQA_OPS(BG__CPU_SLOT)
     .destroy = bg__cpu_destroy,
 };
 #undef BG__CPU_SLOT

@@ -150,7 +150,12 @@ static inline int bg__cpu_nt(const bg_backend_t *be) { return be->num_threads > 
     X(attention_block_backward, (bg_backend_t *be, float *dqkv_q, float *dqkv_k, float *dvec, const float *dout, \
       const float *qkv_q, const float *qkv_k, const float *out, const float *lse, const int *qpos,               \
       const int *kpos, int B, int T, int NH, int hs),                                                            \
-      (be, dqkv_q, dqkv_k, dvec, dout, qkv_q, qkv_k, out, lse, qpos, kpos, B, T, NH, hs))
+      (be, dqkv_q, dqkv_k, dvec, dout, qkv_q, qkv_k, out, lse, qpos, kpos, B, T, NH, hs))                      \
+    X(gqa_attention_forward, (bg_backend_t *be, float *out, float *lse, const float *grouped, int B, int T,      \
+      int G, int g, int hs), (be, out, lse, grouped, B, T, G, g, hs))                                            \
+    X(gqa_attention_backward, (bg_backend_t *be, float *dgrouped, float *dvec, const float *dout,                \
+      const float *grouped, const float *out, const float *lse, int B, int T, int G, int g, int hs),             \
+      (be, dgrouped, dvec, dout, grouped, out, lse, B, T, G, g, hs))
 
 typedef struct bg__cpu_kernels {
 #define BG__CPU_KFIELD(name, params, args) void(*name) params;
@@ -211,6 +216,11 @@ void BG_ISA_FN(bg__k_attention_block_backward)(bg_backend_t *be, float *dqkv_q, 
                                                const float *dout, const float *qkv_q, const float *qkv_k,
                                                const float *out, const float *lse, const int *qpos,
                                                const int *kpos, int B, int T, int NH, int hs);
+void BG_ISA_FN(bg__k_gqa_attention_forward)(bg_backend_t *be, float *out, float *lse, const float *grouped, int B,
+                                            int T, int G, int g, int hs);
+void BG_ISA_FN(bg__k_gqa_attention_backward)(bg_backend_t *be, float *dgrouped, float *dvec, const float *dout,
+                                             const float *grouped, const float *out, const float *lse, int B,
+                                             int T, int G, int g, int hs);
 #else
 /* The op table's entries (cpu_backend.c): each calls the backend's ISA's kernel. */
 #define BG__CPU_KDECL(name, params, args) void bg__cpu_##name params;

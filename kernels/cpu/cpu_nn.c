@@ -573,6 +573,8 @@ static double bg__k_reduce_block(const float *restrict x, size_t n, int sq)
 #define bg__k_gqa_reduce BG_ISA_FN(bg__k_gqa_reduce)
 #define bg__k_attention_block_forward BG_ISA_FN(bg__k_attention_block_forward)
 #define bg__k_attention_block_backward BG_ISA_FN(bg__k_attention_block_backward)
+#define bg__k_gqa_attention_forward BG_ISA_FN(bg__k_gqa_attention_forward)
+#define bg__k_gqa_attention_backward BG_ISA_FN(bg__k_gqa_attention_backward)
 const bg__cpu_kernels_t BG_ISA_FN(bg__cpu_kernels) = {
 #define BG__CPU_KFILL(name, params, args) .name = bg__k_##name,
     BG_CPU_ISA_KERNELS(BG__CPU_KFILL)

@@ -1326,6 +1326,123 @@ static void test_attention(void **state)
     bg_backend_destroy(be);
 }
 
+/* ------------------------------------------- grouped-query attention */
+
+/* The fused grouped-query attention (gqa_attention_forward/backward) on the grouped layout against the
+ * naive causal attention in double on the expanded layout (each key and value head repeated for its g query
+ * heads, their gradients summed back), and against the backend's own expanded path (gqa_expand, the fused
+ * attention, gqa_reduce): the same bits for the output, the logsumexp and dQ (each row's sums run in the
+ * same order), dK and dV within the tolerance (summed over the group inside the kernel). Shapes: head size
+ * 24 (padded), 64 over 3 key tiles, 128 with 17 heads in a group (the forward's passes split the group),
+ * 160 (the large-head path). The outputs of one run (out, lse, dgrouped of each shape), for the thread-count
+ * and ISA comparisons. */
+static const int gqa_sz[][5] = {{2, 37, 2, 3, 24}, {1, 70, 3, 2, 64}, {1, 9, 1, 17, 128}, {1, 6, 2, 2, 160}};
+static size_t gqa_floats(void)
+{
+    size_t n = 0;
+    for (size_t s = 0; s < NELEM(gqa_sz); s++) {
+        size_t BT = (size_t)gqa_sz[s][0] * gqa_sz[s][1], G = gqa_sz[s][2], g = gqa_sz[s][3], hs = gqa_sz[s][4];
+        n += BT * G * g * hs + BT * G * g + BT * G * (g + 2) * hs;
+    }
+    return n;
+}
+static void gqa_check(bg_backend_t *be, const float *h, const float *x, const float *dy, int B, int T, int G, int g,
+                      int hs)
+{
+    int NH = G * g, C = NH * hs, Cg = G * (g + 2) * hs;
+    size_t BT = (size_t)B * T, btc = BT * C, ng = BT * Cg, nl = BT * NH;
+    /* the expanded layout in double, and the backend's expanded path */
+    double *qd = xmalloc(3 * btc * sizeof(double)), *gd = dcopy(dy, btc), *ro = xmalloc(btc * sizeof(double));
+    double *rd = xmalloc(3 * btc * sizeof(double)), *rg = xmalloc(ng * sizeof(double));
+    for (size_t r = 0; r < BT; r++)
+        for (int j = 0; j < G; j++)
+            for (int i = 0; i < g; i++)
+                for (int d = 0; d < hs; d++) {
+                    const float *grp = x + r * Cg + (size_t)j * (g + 2) * hs;
+                    size_t hd = ((size_t)j * g + i) * hs + d;
+                    qd[r * 3 * C + hd] = grp[(size_t)i * hs + d];
+                    qd[r * 3 * C + C + hd] = grp[(size_t)g * hs + d];
+                    qd[r * 3 * C + 2 * C + hd] = grp[(size_t)(g + 1) * hs + d];
+                }
+    ref_attention(qd, NULL, B, T, C, NH, ro);
+    ref_attention_backward(qd, gd, B, T, C, NH, rd);
+    for (size_t i = 0; i < ng; i++)
+        rg[i] = 0.0;
+    for (size_t r = 0; r < BT; r++)
+        for (int j = 0; j < G; j++)
+            for (int i = 0; i < g; i++)
+                for (int d = 0; d < hs; d++) {
+                    double *grp = rg + r * Cg + (size_t)j * (g + 2) * hs;
+                    size_t hd = ((size_t)j * g + i) * hs + d;
+                    grp[(size_t)i * hs + d] = rd[r * 3 * C + hd];
+                    grp[(size_t)g * hs + d] += rd[r * 3 * C + C + hd];
+                    grp[(size_t)(g + 1) * hs + d] += rd[r * 3 * C + 2 * C + hd];
+                }
+    CHECK_ERR("gqa_attention_forward vs naive attention on the expanded layout", h, ro, btc, TOL_ATT);
+    CHECK_ERR("gqa_attention_backward vs the closed form, summed per group", h + btc + nl, rg, ng, TOL_ATT_BWD);
+    float *dx = up(be, x, ng), *dqkv = up(be, NULL, 3 * btc), *dout = up(be, NULL, btc), *lse = up(be, NULL, nl);
+    float *dg = up(be, dy, btc), *dd = up(be, NULL, 3 * btc), *sc = up(be, NULL, nl), *dgr = up(be, NULL, ng);
+    be->ops->gqa_expand(be, dqkv, dx, B, T, G, g, hs);
+    bg_attention_forward(be, dout, lse, dqkv, B, T, C, NH);
+    bg_attention_backward(be, dd, sc, dg, dqkv, dout, lse, B, T, C, NH);
+    be->ops->gqa_reduce(be, dgr, dd, B, T, G, g, hs);
+    float *eo = down(be, dout, btc), *el = down(be, lse, nl), *eg = down(be, dgr, ng);
+    assert_same_bits("gqa forward vs the expanded path", h, eo, btc);
+    assert_same_bits("gqa lse vs the expanded path", h + btc, el, nl);
+    for (size_t r = 0; r < BT; r++) /* dQ of each group */
+        for (int j = 0; j < G; j++) {
+            size_t o = r * Cg + (size_t)j * (g + 2) * hs;
+            assert_same_bits("gqa dQ vs the expanded path", h + btc + nl + o, eg + o, (size_t)g * hs);
+        }
+    float *bufs[] = {dx, dqkv, dout, lse, dg, dd, sc, dgr};
+    for (size_t i = 0; i < NELEM(bufs); i++)
+        bg_backend_free(be, bufs[i]);
+    free(eo), free(el), free(eg), free(qd), free(gd), free(ro), free(rd), free(rg);
+}
+static float *gqa_run(bg_backend_t *be, int check)
+{
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 29);
+    float *res = xmalloc(gqa_floats() * sizeof(float)), *p = res;
+    for (size_t s = 0; s < NELEM(gqa_sz); s++) {
+        int B = gqa_sz[s][0], T = gqa_sz[s][1], G = gqa_sz[s][2], g = gqa_sz[s][3], hs = gqa_sz[s][4];
+        size_t BT = (size_t)B * T, btc = BT * G * g * hs, nl = BT * G * g, ng = BT * G * (g + 2) * hs;
+        float *x = hrandn(&rng, ng, 1.0), *dy = hrandn(&rng, btc, 1.0), *junk = hrandn(&rng, ng, 1.0);
+        float *dx = up(be, x, ng), *dout = up(be, junk, btc), *lse = up(be, NULL, nl), *sc = up(be, NULL, nl);
+        float *dg = up(be, dy, btc), *dgr = up(be, junk, ng);
+        be->ops->fill(be, lse, NAN, nl); /* every float of lse and the scratch is written before it is read */
+        be->ops->fill(be, sc, NAN, nl);
+        be->ops->gqa_attention_forward(be, dout, lse, dx, B, T, G, g, hs);
+        be->ops->gqa_attention_backward(be, dgr, sc, dg, dx, dout, lse, B, T, G, g, hs);
+        float *parts[] = {dout, lse, dgr};
+        size_t len[] = {btc, nl, ng};
+        for (size_t i = 0; i < NELEM(parts); i++) {
+            float *t = down(be, parts[i], len[i]);
+            memcpy(p + (i ? (i == 1 ? btc : btc + nl) : 0), t, len[i] * sizeof(float));
+            free(t);
+        }
+        if (check)
+            gqa_check(be, p, x, dy, B, T, G, g, hs);
+        p += btc + nl + ng;
+        float *bufs[] = {dx, dout, lse, sc, dg, dgr};
+        for (size_t i = 0; i < NELEM(bufs); i++)
+            bg_backend_free(be, bufs[i]);
+        free(x), free(dy), free(junk);
+    }
+    return res;
+}
+
+static void test_gqa_attention(void **state)
+{
+    (void)state;
+    bg_backend_t *be1 = mkbe(1), *be3 = mkbe(3);
+    assert_non_null(be1->ops->gqa_attention_forward);
+    float *a = gqa_run(be1, 1), *b = gqa_run(be3, 0);
+    assert_same_bits("gqa attention, 1 vs 3 threads", a, b, gqa_floats());
+    free(a), free(b);
+    bg_backend_destroy(be1), bg_backend_destroy(be3);
+}
+
 /* Context parallelism's ring blocks (attention_block_forward/backward): a
  * group of N members simulated in one process, member m holding chunks m and
  * 2N-1-m of every sequence of T = 2N c positions. Each member attends to
@@ -2068,7 +2185,7 @@ static const struct CMUnitTest isa_tests[] = {
     cmocka_unit_test(test_layouts),        cmocka_unit_test(test_reductions),
     cmocka_unit_test(test_attention),      cmocka_unit_test(test_determinism),
     cmocka_unit_test(test_bias_gelu_fused), cmocka_unit_test(test_llama_kernels),
-    cmocka_unit_test(test_attention_block),
+    cmocka_unit_test(test_attention_block), cmocka_unit_test(test_gqa_attention),
 };
 
 int main(void)
@@ -2087,7 +2204,7 @@ int main(void)
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_blas_threads), cmocka_unit_test(test_blas_not_fallback),
         cmocka_unit_test(test_tune_malloc),  cmocka_unit_test(test_convert_bf16),
         cmocka_unit_test(test_gemm_bf16),     cmocka_unit_test(test_bias_gelu_fused),
-        cmocka_unit_test(test_llama_kernels),
+        cmocka_unit_test(test_llama_kernels), cmocka_unit_test(test_gqa_attention),
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),
