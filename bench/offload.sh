@@ -85,6 +85,10 @@ c=$(med <"$T/ms_cold"); cp=$(med <"$T/ms_coldpre"); w=$(med <"$T/ms_files")
 printf "state evicted every step: %s ms without read-ahead, %s ms with; in the page cache: %s ms\n" "$c" "$cp" "$w"
 awk -v c="$c" -v p="$cp" -v w="$w" 'BEGIN{printf "overlap: the read-ahead hides %.2f of the time the disk adds to a step ((cold - cold with read-ahead) / (cold - warm); the write-back counts as not hidden)\n", (c - p) / (c - w)}'
 
+# --zero 3's gather overlap: the share of its parameter gathers' time in flight that no compute waited for
+# (rank 0's line at BRIGADE_LOG=info), of run NAME's last output, into $T/ov_NAME; printed as their median
+gather_overlap() { grep -o "r0 INFO zero\] gather overlap [0-9.]*" "$T/o" | awk '{print $NF}' >>"$T/ov_$1" || true; }
+
 # 5. 4x: --zero 3 with the optimizer state and the parameter shard offloaded
 MODEL="--model gpt --layers 16 --d-model 256 --heads 4 --seq 32 --batch 4 --microbatches 2 --steps 4 --threads 1"
 "$B" train $MODEL --microbatches 4 --steps 1 --quiet >"$T/one3" 2>&1
@@ -93,7 +97,8 @@ Z3="--dp 2 --zero 3 --recompute --offload optimizer,params"
 BRIGADE_BUCKET_MB=1 run probe3 $Z3 --offload-dir "$T/od" --steps 1
 cap3=$(awk '{ if ($3 > m) m = $3 } END { printf "%d", (m + 0.01) * 1048576 }' "$T/sum_probe3")
 for i in $(seq 1 "$R"); do
-  BRIGADE_BUCKET_MB=1 run z3 $Z3 --offload-dir "$T/od" --device-mem "$cap3"
+  BRIGADE_LOG=info BRIGADE_BUCKET_MB=1 run z3 $Z3 --offload-dir "$T/od" --device-mem "$cap3"
+  gather_overlap z3
   run z2big --dp 2 --zero 2
 done
 printf "\n16 blocks: full training state (one process, no cap): %s MiB; --device-mem %d bytes (%.2f MiB): full / cap = %.2f\n" \
@@ -102,3 +107,4 @@ echo "dp 2 --zero 3 --recompute --offload optimizer,params --offload-dir, under 
 peak_table "$T/sum_z3" "$cap3"
 a=$(med <"$T/ms_z3"); z=$(med <"$T/ms_z2big")
 printf "step ms: dp 2 --zero 2, no cap %s; dp 2 --zero 3 offloaded, capped %s; ratio %.3f\n" "$z" "$a" "$(awk -v a="$a" -v b="$z" 'BEGIN{print a / b}')"
+printf "gather overlap of the --zero 3 run (rank 0, median of its runs): %s\n" "$(med <"$T/ov_z3")"

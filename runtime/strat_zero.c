@@ -222,6 +222,23 @@ static void zero_cancel(exec_t *x, void *self)
         bg__zero_cancel(of(self, x, &x->chunks[v]));
 }
 
+/* Level 3: the gathers' overlap with compute over the run, logged per rank (BRIGADE_LOG=info; bench/zero.sh
+ * reads it): the share of their time in flight that no compute waited for. */
+static void zero_finish(exec_t *x, void *self, int broken)
+{
+    double g = 0, e = 0;
+    int any = 0;
+    for (int v = 0; v < x->V && !broken; v++) {
+        double gv, ev;
+        any |= bg__zero_gather_seconds(of(self, x, &x->chunks[v]), &gv, &ev);
+        g += gv;
+        e += ev;
+    }
+    if (any && g > 0)
+        bg_log(BG_LOG_INFO, "zero", "gather overlap %.3f (parameter gathers %.1f ms in flight, %.1f ms of it waited "
+               "for)", 1 - e / g, 1e3 * g, 1e3 * e);
+}
+
 /* Before the stages and models: it aims the models' gradient pointers. */
 static void zero_destroy(exec_t *x, void *self)
 {
@@ -254,5 +271,6 @@ const bg__strategy_ops_t bg__strategy_zero = {
     .state_end = zero_state_end,
     .memory = zero_memory,
     .cancel = zero_cancel,
+    .finish = zero_finish,
     .destroy = zero_destroy,
 };

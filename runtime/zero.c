@@ -399,6 +399,11 @@ void bg__zero_destroy(bg__zero_t *z)
 size_t bg__zero_owned(const bg__zero_t *z) { return z->owned; }
 
 int64_t bg__zero_waits(const bg__zero_t *z) { return z->waits + bg__zparams_waits(z->zp); }
+int bg__zero_gather_seconds(const bg__zero_t *z, double *gather_s, double *exposed_s)
+{
+    bg__zparams_gather_seconds(z ? z->zp : NULL, gather_s, exposed_s);
+    return z && z->zp;
+}
 
 int bg__zero_params_sharded(const bg__zero_t *z) { return z->zp != NULL; }
 

@@ -94,6 +94,10 @@ size_t bg__zparams_bytes(const bg__zparams_t *zp);
 int64_t bg__zparams_waits(const bg__zparams_t *zp);
 /* Gathers started so far (a test counts them). */
 int64_t bg__zparams_gathers(const bg__zparams_t *zp);
+/* The layers' gathers so far (not a materialize's): seconds from each one's start until it was found
+ * complete (polled at every layer's call, so at most a layer late; or waited for), and of those the
+ * seconds a compute blocked waiting. 1 - exposed / gather is the share the computes hid. */
+void bg__zparams_gather_seconds(const bg__zparams_t *zp, double *gather_s, double *exposed_s);
 /* BRIGADE_ZERO_PREFETCH: buckets gathered ahead of the one computing (0..15; default 1). */
 int bg__zero_prefetch(void);
 /* Cancel what is in flight (after a failed step). */
@@ -102,6 +106,9 @@ void bg__zero_cancel(bg__zero_t *z);
  * or an all-gather not yet complete when needed): the executor's trace marks
  * the calls that waited (rs_wait, ag_wait). */
 int64_t bg__zero_waits(const bg__zero_t *z);
+/* Level 3 with sharded parameters: 1 and the layers' gathers' seconds (bg__zparams_gather_seconds);
+ * else 0 and zeros. */
+int bg__zero_gather_seconds(const bg__zero_t *z, double *gather_s, double *exposed_s);
 /* Elements whose optimizer state this replica holds. */
 size_t bg__zero_owned(const bg__zero_t *z);
 /* Collective over the group: the full optimizer state into the model (for a

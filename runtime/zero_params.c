@@ -55,6 +55,9 @@ struct bg__zparams {
     bg__xfer_t **ag;      /* per bucket: its gather in flight */
     int64_t *used;       /* per bucket: when it was last needed (the least recent is dropped first) */
     int64_t clock, waits, gathers;
+    double *issued;      /* per bucket: when its prefetched or demanded gather started (0: a materialize's) */
+    double gather_s;     /* those gathers' time from start to found complete (at a layer's call, or waited for) */
+    double exposed_s;    /* of which the computes waited for (blocked in a wait) */
     int whole;           /* the flat buffer is held and authoritative (materialize) */
 };
 
@@ -75,19 +78,47 @@ static void aim(bg__zparams_t *zp, int b, float *buf)
             bg_model_tensor(zp->m, i)->data = buf ? buf + (zp->toff[i] - lo) : NULL;
 }
 
+/* Bucket b's gather found complete now (blocked since t_wait when t_wait > 0): its time counted. */
+static void gathered(bg__zparams_t *zp, int b, double t_wait)
+{
+    double now = bg_now();
+    if (zp->issued[b] > 0) {
+        zp->gather_s += now - zp->issued[b];
+        zp->exposed_s += t_wait > 0 ? now - t_wait : 0;
+    }
+    zp->issued[b] = 0;
+    bg__xfree(zp->ag[b]);
+    zp->ag[b] = NULL;
+}
+
 static bg_status_t wait_gather(bg__zparams_t *zp, int b)
 {
     if (!zp->ag[b])
         return BG_OK;
     int done = 0;
+    double t_wait = 0;
     bg_status_t st = bg__xtest(zp->ag[b], &done);
     if (st == BG_OK && !done) {
         zp->waits++;
+        t_wait = bg_now();
         st = bg__xwait(zp->ag[b]);
     }
-    bg__xfree(zp->ag[b]);
-    zp->ag[b] = NULL;
+    gathered(zp, b, t_wait);
     return st;
+}
+
+/* The gathers in flight that have completed, taken (their time ends here, not when a compute needs them). */
+static bg_status_t poll_gathers(bg__zparams_t *zp)
+{
+    for (int b = 0; b < zp->nbuckets; b++) {
+        int done = 0;
+        if (zp->ag[b]) {
+            BG_CHECK(bg__xtest(zp->ag[b], &done));
+            if (done)
+                gathered(zp, b, 0);
+        }
+    }
+    return BG_OK;
 }
 
 /* Bucket b's gathered copy dropped (its gather waited for first: the buffer is free after). */
@@ -137,6 +168,7 @@ static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk)
     zp->used[b] = zp->clock++;
     zp->gathers++;
     aim(zp, b, buf);
+    zp->issued[b] = bg_now();
     return zp->D > 1 ? bg__dcoll_start(zp->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, buf, zp->buckets[b].count, BG_REDUCE_SUM,
                                        &zp->ag[b])
                      : BG_OK;
@@ -157,6 +189,7 @@ bg_status_t bg__zparams_layer(bg__zparams_t *zp, int layer, int ascending)
     int b = bucket_of(zp, layer);
     if (b < 0)
         return bg_error(BG_ERR_INTERNAL, "zero 3: layer %d is in no bucket of the chunk", layer);
+    BG_CHECK(poll_gathers(zp));
     /* buckets run from the last layers (bucket 0) down: a forward goes to lower indices */
     int keep[PPOOL], nk = 0;
     for (int q = b; q >= 0 && q < zp->nbuckets && nk < zp->npool; q += ascending ? -1 : 1)
@@ -245,6 +278,7 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bu
     zp->slot = calloc((size_t)nbuckets + 1, sizeof(*zp->slot));
     zp->ag = calloc((size_t)nbuckets + 1, sizeof(*zp->ag));
     zp->used = calloc((size_t)nbuckets + 1, sizeof(*zp->used));
+    zp->issued = calloc((size_t)nbuckets + 1, sizeof(*zp->issued));
     bg_status_t st = BG_OK;
     size_t sbytes = (owned ? owned : 1) * sizeof(float);
     if (store && store->alloc) {
@@ -255,7 +289,7 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bu
     } else {
         zp->shard = bg_backend_alloc(zp->be, sbytes, "parameter shard");
     }
-    if (!zp->buckets || !zp->toff || !zp->soff || !zp->slot || !zp->ag || !zp->used || !zp->shard) {
+    if (!zp->buckets || !zp->toff || !zp->soff || !zp->slot || !zp->ag || !zp->used || !zp->issued || !zp->shard) {
         st = bg_error(BG_ERR_NOMEM, "zero 3 parameter shard");
         goto err;
     }
@@ -287,6 +321,12 @@ size_t bg__zparams_owned_offset(const bg__zparams_t *zp, int b) { return zp->sof
 float *bg__zparams_shard(bg__zparams_t *zp) { return zp->shard; }
 int64_t bg__zparams_waits(const bg__zparams_t *zp) { return zp ? zp->waits : 0; }
 int64_t bg__zparams_gathers(const bg__zparams_t *zp) { return zp ? zp->gathers : 0; }
+
+void bg__zparams_gather_seconds(const bg__zparams_t *zp, double *gather_s, double *exposed_s)
+{
+    *gather_s = zp ? zp->gather_s : 0;
+    *exposed_s = zp ? zp->exposed_s : 0;
+}
 
 size_t bg__zparams_bytes(const bg__zparams_t *zp)
 {
@@ -323,5 +363,6 @@ void bg__zparams_destroy(bg__zparams_t *zp)
     free(zp->slot);
     free(zp->ag);
     free(zp->used);
+    free(zp->issued);
     free(zp);
 }

@@ -23,6 +23,9 @@
 # - Evaluation gathers layer by layer as training does: --eval-every under
 #   --zero 3 prints the validation losses of --zero 2, its peak still the
 #   prediction.
+# - The gather overlap is reported on each rank (BRIGADE_LOG=info): a share in
+#   [0, 1] equal to 1 - waited / in flight of the figures it prints, with the
+#   time waited at most the time in flight; --zero 2 reports none.
 # - DualPipe's copies with --zero 3 are refused in one line.
 . "$(dirname "$0")/../lib/harness.sh"
 GPT="--model gpt --layers 5 --d-model 16 --heads 2 --seq 16 --batch 8 --microbatches 2 --threads 1 --lr 3e-3 --dp 2"
@@ -103,6 +106,18 @@ done
     bad "evaluation --zero 3: $(tr '\n' ' ' <"$T/ev3") vs --zero 2: $(tr '\n' ' ' <"$T/ev2")"
 awk '$1 ~ /^[0-9]+$/ && NF >= 11 { n++; if ($5 != $11) bad = 1 } END { exit bad || n != 2 }' "$T/ev3.o" &&
     ok "evaluating under --zero 3: peak = prediction" || bad "evaluating under --zero 3: $(grep -A2 '^rank' "$T/ev3.o")"
+
+# the gather overlap: one line per rank, consistent with its own figures
+for z in 2 3; do
+    BRIGADE_LOG=info timeout 120 "$B" launch -n 2 -- "$B" train $GPT --steps 2 --zero $z >/dev/null 2>"$T/ov$z.e" ||
+        bad "gather overlap run --zero $z"
+done
+grep "INFO zero\] gather overlap" "$T/ov3.e" | tr '()' '  ' | awk '
+    { n++; ov = $7; g = $10; w = $14; d = ov - (1 - w / g)
+      if (ov < 0 || ov > 1 || g <= 0 || w < 0 || w > g || d * d > (0.001 + 0.1 / g)^2) bad = 1 }
+    END { exit bad || n != 2 }' && ok "--zero 3 gather overlap per rank: $(grep -o 'overlap [0-9.]*' "$T/ov3.e" | tr '\n' ' ')" ||
+    { bad "--zero 3 gather overlap lines"; grep "zero\]" "$T/ov3.e"; }
+! grep -q "gather overlap" "$T/ov2.e" && ok "--zero 2 reports no gather overlap" || bad "--zero 2 reported a gather overlap"
 
 # bad input: DualPipe's two copies sum whole gradients
 timeout 60 "$B" launch -n 4 -- "$B" train $GPT --steps 1 --pp 2 --schedule dualpipe --microbatches 4 --zero 3 >/dev/null 2>"$T/dp.e" &&
