@@ -29,7 +29,13 @@
 #      with --sequence-parallel, and dp = 2 with --zero 2, each within relative
 #      L2 1e-5 of one process (as test_tp and test_zero hold on the CPU), the
 #      provider read from the log
-#   8. the NCCL provider (BRIGADE_COLL=nccl): tp = 2 and --zero 2 within
+#   8. --offload optimizer on the device (docs/offload.md, "Device backends":
+#      the gradients and parameters copied to pinned host memory, the CPU's
+#      AdamW on the host-held state, the parameters copied back), two
+#      processes on the one GPU at dp = 2 --zero 2 against the same run
+#      without offload (step 7's zero2) within relative L2 1e-5, with the
+#      count of host-held updates from the log
+#   9. the NCCL provider (BRIGADE_COLL=nccl): tp = 2 and --zero 2 within
 #      relative L2 1e-5 of one process where the machine has two GPUs or more
 #      (NCCL refuses two ranks on one GPU: skipped, saying so, on one)
 # A check whose log holds a CUDA error the backend reported fails, whatever
@@ -160,7 +166,7 @@ for x, y in zip(a, b):
 EOF
 fi
 
-step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2 (two processes on one GPU), NCCL"
+step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2, zero 2 offloaded (two processes on one GPU), NCCL"
 case $mode in *Exclusive*)
     say "| staged transfers (two processes on one GPU) | skipped: compute mode $mode admits one process |"
     mv "$REPORT.tmp" "$REPORT"; step "done: $fails failure(s); table in $REPORT"; [ $fails -eq 0 ]; exit ;;
@@ -172,11 +178,13 @@ nccl=(); [ "$ngpu" -ge 2 ] && nccl=("nccl_tp2 2 l2:1e-5 nccl --tp 2" "nccl_zero2
 # name  ranks  tolerance (bitwise | l2:X)  BRIGADE_COLL  args
 for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 auto --dp 2" \
          "pp2bf16 2 bitwise auto --pp 2 --schedule 1f1b --precision bf16" "tp2 2 l2:1e-5 auto --tp 2" \
-         "tp2sp 2 l2:1e-5 auto --tp 2 --sequence-parallel" "zero2 2 l2:1e-5 auto --dp 2 --zero 2" "${nccl[@]}"; do
+         "tp2sp 2 l2:1e-5 auto --tp 2 --sequence-parallel" "zero2 2 l2:1e-5 auto --dp 2 --zero 2" \
+         "offzero2 2 l2:1e-5 auto --dp 2 --zero 2 --offload optimizer" "${nccl[@]}"; do
     read -r name n tol coll args <<<"$c"
     ref=$BUILD/staged_one
     [ "$name" = pp2tie ] && ref=$BUILD/staged_onetie
     [ "$name" = pp2bf16 ] && ref=$BUILD/staged_onebf16
+    [ "$name" = offzero2 ] && ref=$BUILD/staged_zero2 # the same run without offload
     if [ "$name" = one ]; then # the references: one process, with and without tied embeddings
         if ! { timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
             timeout 60 "$B" train --backend cuda "${small[@]}" --tie-embeddings --save "$BUILD/staged_onetie" \
@@ -196,7 +204,9 @@ for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-emb
             v=$("$B" compare "$ref" "$BUILD/staged_$name" --rel-l2 "${tol#l2:}"); fi
         rc=$?
         prov=$(grep -m1 -o "group (2 members): [a-z]*" "$BUILD/staged_$name.log" | sed 's/.*: //')
-        say "| staged $name on cuda vs one process ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies${prov:+; collectives: $prov} |"
+        host=$(sed -nE 's/.*host-held step: ([0-9]+) updates.*/\1/p' "$BUILD/staged_$name.log" | awk '{s += $1} END {print s + 0}')
+        [ "$name" = offzero2 ] && [ "$host" = 0 ] && rc=1 v="$v; the host-held step did not run"
+        say "| staged $name on cuda vs $([ "$name" = offzero2 ] && echo "zero2 without offload" || echo "one process") ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies${prov:+; collectives: $prov}$([ "$host" != 0 ] && echo "; $host updates on the host") |"
         [ $rc = 0 ] || fails=$((fails + 1))
     else
         tail -5 "$BUILD/staged_$name.log"

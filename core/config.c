@@ -41,6 +41,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_FUSE", "on", "fuse a linear layer's bias with a following GELU inside a block (forward and backward: one pass each instead of two, the same bits): on|off"},
     {"BRIGADE_OFFLOAD_PREFETCH", "on", "--offload optimizer --offload-dir: read the state ahead (madvise) when the last microbatch's backward of a stage begins, so the disk reads overlap the backward: on|off (off: the optimizer step faults the pages in; to measure the overlap)"},
     {"BRIGADE_OFFLOAD_EVICT", "off", "--offload optimizer --offload-dir, benchmarks only: at each step's start the state's pages are written back and dropped from memory (msync, MADV_PAGEOUT), as on a machine short of memory, so the step reads them from disk: on|off"},
+    {"BRIGADE_OFFLOAD_STEP", "auto", "--offload optimizer: where the optimizer step runs: auto (the backend's kernel on the offloaded state where the backend's buffers are host memory; on a device backend the host-held step: parameters and gradients copied to pinned host memory, the CPU's AdamW there, the parameters copied back)|host (the host-held step on every backend: tests it on cpu-async)"},
     {"BRIGADE_FAULT_WRITE_BYTES", "", "testing only: bytes this process may write to weights and checkpoint files before every further write fails as on a full disk (unset: off)"},
     {"BRIGADE_RESTART_COUNT", "0", "set by brigade launch --max-restarts: how many times the job was restarted (0 on the first attempt)"},
 };

@@ -272,7 +272,6 @@ bg_status_t bg_model_optim_step(bg_model_t *m, const bg_optim_config_t *opt, int
 
 bg_status_t bg_model_optim_step_range(bg_model_t *m, const bg_optim_config_t *opt, int t, size_t lo, size_t count)
 {
-    bg_backend_t *be = m->be;
     if (opt->kind != BG_OPTIM_ADAMW && opt->kind != BG_OPTIM_SGD)
         return bg_error(BG_ERR_INVALID, "unknown optimizer %d", (int)opt->kind);
     if (!m->opt_m) {
@@ -285,13 +284,23 @@ bg_status_t bg_model_optim_step_range(bg_model_t *m, const bg_optim_config_t *op
         size_t off = (size_t)(p->data - m->params);
         if (off < lo || off - lo >= count)
             continue;
-        float wd = p->decay ? opt->weight_decay : 0.0f;
-        if (opt->kind == BG_OPTIM_ADAMW)
-            be->ops->adamw(be, p->data, p->grad, m->opt_m + off, m->opt_v + off, p->numel, opt->lr, opt->beta1,
-                           opt->beta2, opt->eps, wd, t);
-        else
-            be->ops->sgd_momentum(be, p->data, p->grad, m->opt_m + off, p->numel, opt->lr, opt->momentum, wd);
+        BG_CHECK(bg_model_optim_update(m, opt, p->decay ? opt->weight_decay : 0.0f, t, p->data, p->grad,
+                                       m->opt_m + off, m->opt_v ? m->opt_v + off : NULL, p->numel));
     }
+    return BG_OK;
+}
+
+bg_status_t bg_model_optim_update(bg_model_t *m, const bg_optim_config_t *opt, float wd, int t, float *param,
+                                  const float *grad, float *mom, float *var, size_t n)
+{
+    bg_backend_t *be = m->be;
+    if (m->store.step)
+        return m->store.step(m->store.arg, be, opt, wd, t, param, grad, mom, opt->kind == BG_OPTIM_ADAMW ? var : NULL,
+                             n);
+    if (opt->kind == BG_OPTIM_ADAMW)
+        be->ops->adamw(be, param, grad, mom, var, n, opt->lr, opt->beta1, opt->beta2, opt->eps, wd, t);
+    else
+        be->ops->sgd_momentum(be, param, grad, mom, n, opt->lr, opt->momentum, wd);
     return BG_OK;
 }
 

@@ -22,6 +22,7 @@
 #include "core/check.h"
 #include "core/fileio.h"
 #include "runtime/offload.h"
+#include "runtime/staging.h"
 
 typedef struct block {
     void *ptr;
@@ -35,6 +36,12 @@ struct bg__offload {
     int nblocks, cap;
     int seq;   /* file names */
     size_t bytes, peak;
+    /* the host-held step (bg__offload_host_step), made at its first call: */
+    bg_backend_t *dev, *cpu;  /* the buffers' backend; the CPU backend whose AdamW / SGD runs on the host */
+    float *hw, *hg;           /* the fp32 parameters being stepped and their gradients, host_alloc'd (pinned) */
+    size_t hcap;              /* floats of each */
+    bg_event_t *ev_after, *ev_down, *ev_up; /* NULL: the backend has no streams (synchronous copies) */
+    size_t updates;           /* host-held steps made (the log) */
 };
 
 bg_status_t bg__offload_create(const char *dir, bg__offload_t **o_p)
@@ -137,9 +144,75 @@ static void store_release(void *arg, void *ptr)
         }
 }
 
-bg_optim_store_t bg__offload_optim_store(bg__offload_t *o)
+/* The host buffers for n floats (grown; the previous upload done first) and, the first time, the CPU backend
+ * and the events. */
+static bg_status_t host_ready(bg__offload_t *o, bg_backend_t *be, size_t n)
 {
-    return (bg_optim_store_t){.alloc = store_alloc, .release = store_release, .arg = o};
+    if (o->dev && o->dev != be)
+        return bg_error(BG_ERR_INVALID, "offload store: one store serves one backend");
+    const bg_backend_ops_t *d = be->ops;
+    if (!o->dev) {
+        bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+        BG_CHECK(bg_backend_create("cpu", &bp, &o->cpu));
+        o->dev = be;
+        if (d->event_create && (!(o->ev_after = d->event_create(be)) || !(o->ev_down = d->event_create(be)) ||
+                                !(o->ev_up = d->event_create(be))))
+            return bg_error(BG_ERR_NOMEM, "offload store: the events of the host-held optimizer step");
+    }
+    if (n <= o->hcap)
+        return BG_OK;
+    if (o->ev_up)
+        d->event_wait(be, o->ev_up); /* the last upload reads hw */
+    bg__host_free(be, o->hw);
+    bg__host_free(be, o->hg);
+    o->hw = bg__host_alloc(be, n * sizeof(float));
+    o->hg = bg__host_alloc(be, n * sizeof(float));
+    o->hcap = o->hw && o->hg ? n : 0;
+    if (!o->hcap)
+        return bg_error(BG_ERR_NOMEM, "offload store: %zu bytes of host memory for the host-held optimizer step",
+                        2 * n * sizeof(float));
+    return BG_OK;
+}
+
+/* The store's step (bg_optim_store_t.step): param and grad copied to the host (on the copy stream, behind the
+ * compute stream's work so far: their producers), the CPU kernel on them and the host-held state, the
+ * parameters copied back on the copy stream; the compute stream waits for that copy, the host does not. */
+static bg_status_t host_step(void *arg, bg_backend_t *be, const bg_optim_config_t *opt, float wd, int t,
+                             float *param, const float *grad, float *m, float *v, size_t n)
+{
+    bg__offload_t *o = arg;
+    BG_CHECK(host_ready(o, be, n));
+    const bg_backend_ops_t *d = be->ops;
+    size_t bytes = n * sizeof(float);
+    if (o->ev_up) { /* the last upload is before ev_after too: the compute stream waits for it */
+        d->event_record(be, o->ev_after);
+        d->to_host_async(be, o->hg, grad, bytes, o->ev_after, NULL);
+        d->to_host_async(be, o->hw, param, bytes, o->ev_after, o->ev_down); /* one stream, in order */
+        d->event_wait(be, o->ev_down);
+    } else {
+        d->synchronize(be);
+        d->to_host(be, o->hg, grad, bytes);
+        d->to_host(be, o->hw, param, bytes);
+    }
+    bg_backend_t *c = o->cpu;
+    if (opt->kind == BG_OPTIM_ADAMW)
+        c->ops->adamw(c, o->hw, o->hg, m, v, n, opt->lr, opt->beta1, opt->beta2, opt->eps, wd, t);
+    else
+        c->ops->sgd_momentum(c, o->hw, o->hg, m, n, opt->lr, opt->momentum, wd);
+    if (o->ev_up) {
+        d->from_host_async(be, param, o->hw, bytes, NULL, o->ev_up);
+        d->stream_wait(be, o->ev_up);
+    } else {
+        d->from_host(be, param, o->hw, bytes);
+    }
+    o->updates++;
+    return BG_OK;
+}
+
+bg_optim_store_t bg__offload_optim_store(bg__offload_t *o, int host_step_on)
+{
+    return (bg_optim_store_t){
+        .alloc = store_alloc, .release = store_release, .arg = o, .step = host_step_on ? host_step : NULL};
 }
 
 void bg__offload_prefetch(bg__offload_t *o)
@@ -167,6 +240,7 @@ bg_status_t bg__offload_evict(bg__offload_t *o)
 
 size_t bg__offload_bytes(const bg__offload_t *o) { return o ? o->bytes : 0; }
 size_t bg__offload_peak(const bg__offload_t *o) { return o ? o->peak : 0; }
+size_t bg__offload_host_updates(const bg__offload_t *o) { return o ? o->updates : 0; }
 
 void bg__offload_destroy(bg__offload_t *o)
 {
@@ -174,6 +248,18 @@ void bg__offload_destroy(bg__offload_t *o)
         return;
     for (int i = 0; i < o->nblocks; i++)
         block_free(&o->blocks[i]);
+    if (o->dev) {
+        const bg_backend_ops_t *d = o->dev->ops;
+        if (o->ev_up)
+            d->event_wait(o->dev, o->ev_up); /* the last upload reads hw */
+        bg_event_t *evs[3] = {o->ev_after, o->ev_down, o->ev_up};
+        for (int i = 0; i < 3; i++)
+            if (evs[i])
+                d->event_destroy(o->dev, evs[i]);
+        bg__host_free(o->dev, o->hw);
+        bg__host_free(o->dev, o->hg);
+        bg_backend_destroy(o->cpu);
+    }
     free(o->blocks);
     free(o->dir);
     free(o);

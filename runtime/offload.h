@@ -16,8 +16,11 @@ typedef struct bg__offload bg__offload_t;
 bg_status_t bg__offload_create(const char *dir, bg__offload_t **o_p);
 /* Frees what is still allocated (its files are gone already: see offload.c). */
 void bg__offload_destroy(bg__offload_t *o);
-/* The store as a model's optimizer store (bg_model_set_optim_store). */
-bg_optim_store_t bg__offload_optim_store(bg__offload_t *o);
+/* The store as a model's optimizer store (bg_model_set_optim_store). host_step 1: with its step (for buffers
+ * the host may not address: a device backend's): each update copies the parameters and gradients to pinned
+ * host memory on the copy stream, runs the CPU backend's AdamW / SGD there on them and the held state, and
+ * copies the parameters back on the copy stream, the compute stream (not the host) waiting for it. */
+bg_optim_store_t bg__offload_optim_store(bg__offload_t *o, int host_step);
 /* Ask the kernel to read every file-backed allocation in ahead (no-op in
  * host memory): the backward runs while the state comes back from disk. */
 void bg__offload_prefetch(bg__offload_t *o);
@@ -28,5 +31,7 @@ bg_status_t bg__offload_evict(bg__offload_t *o);
 /* Bytes held now and at most so far. */
 size_t bg__offload_bytes(const bg__offload_t *o);
 size_t bg__offload_peak(const bg__offload_t *o);
+/* Updates made by the host-held step so far. */
+size_t bg__offload_host_updates(const bg__offload_t *o);
 
 #endif

@@ -85,13 +85,23 @@ bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be, const bg_comm_
     return BG_OK;
 }
 
-static void host_release(bg__staging_t *sg, void *p)
+void *bg__host_alloc(bg_backend_t *be, size_t bytes)
 {
-    if (sg->be->ops->host_free)
-        sg->be->ops->host_free(sg->be, p);
+    size_t sz = bytes ? bytes : 1;
+    return be->ops->host_alloc ? be->ops->host_alloc(be, sz) : aligned_alloc(64, (sz + 63) & ~(size_t)63);
+}
+
+void bg__host_free(bg_backend_t *be, void *p)
+{
+    if (!p)
+        return;
+    if (be->ops->host_free)
+        be->ops->host_free(be, p);
     else
         free(p);
 }
+
+static void host_release(bg__staging_t *sg, void *p) { bg__host_free(sg->be, p); }
 
 /* ---------------------------------------------------------------- events */
 
@@ -183,10 +193,7 @@ static void *host_take(bg__staging_t *sg, size_t bytes)
     if (p)
         return p;
     size_t sz = bytes ? bytes : 1;
-    if (sg->be->ops->host_alloc)
-        p = sg->be->ops->host_alloc(sg->be, sz);
-    else
-        p = aligned_alloc(64, (sz + 63) & ~(size_t)63);
+    p = bg__host_alloc(sg->be, sz);
     if (!p) {
         bg_error(BG_ERR_NOMEM, "staging transfers through host memory: %zu bytes asked (%zu held)", sz,
                  sg->host_bytes);

@@ -91,6 +91,10 @@ typedef struct bg__staging {
 /* Reads BRIGADE_STAGING and BRIGADE_STAGE_CHUNK_KB; *sg is ready for the calls below. comm (NULL: none)
  * says whether the transport reads device memory itself (bg_comm_device_memory). */
 bg_status_t bg__staging_init(bg__staging_t *sg, bg_backend_t *be, const bg_comm_t *comm);
+/* Host memory for copies to and from be's buffers: its host_alloc (pinned on CUDA), else aligned malloc;
+ * NULL on failure. bg__host_free frees it (NULL: nothing). */
+void *bg__host_alloc(bg_backend_t *be, size_t bytes);
+void bg__host_free(bg_backend_t *be, void *p);
 /* Frees the cached host blocks (every transfer freed first). */
 void bg__staging_fini(bg__staging_t *sg);
 /* How device buffers reach other ranks, for `brigade info` and the log. */

@@ -11,9 +11,13 @@
  * The optimizer step itself is unchanged: the backend's AdamW/SGD kernel,
  * bucket by bucket as the reductions finish (bg__exec_optimizer_step, or
  * ZeRO's), on the same elements in the same order, so the weights are those
- * of no offload bit for bit. It runs on buffers the host addresses, so this
- * strategy takes backends whose buffers are host memory (the CPU's); a
- * device backend is refused at create. With files, the state is read ahead
+ * of no offload bit for bit. On a backend whose buffers the host may not
+ * address (device_buffers: cuda; BRIGADE_OFFLOAD_STEP=host forces it on
+ * cpu-async for tests) the store's step runs instead: each update's
+ * parameters and gradients copied to pinned host memory on the copy stream,
+ * the CPU backend's AdamW/SGD there on the host-held state, the parameters
+ * copied back, the compute stream waiting for them (runtime/offload.c).
+ * --offload params is refused there. With files, the state is read ahead
  * (madvise) when the last microbatch's backward of a chunk begins, so the
  * disk reads overlap that backward instead of stalling the update.
  *
@@ -44,12 +48,26 @@ static bg_status_t on_off(const char *name, int *on_p)
 
 static int offload_active(const exec_t *x) { return (x->p.offload & (BG_OFFLOAD_OPTIMIZER | BG_OFFLOAD_PARAMS)) != 0; }
 
+/* The host-held step (bg__offload_optim_store): on a backend whose buffers the host may not address, or
+ * forced by BRIGADE_OFFLOAD_STEP=host (tests: cpu-async standing in for cuda). */
+static bg_status_t host_step_on(const exec_t *x, int *on_p)
+{
+    const char *v = bg_config_str("BRIGADE_OFFLOAD_STEP");
+    if (v && strcmp(v, "auto") && strcmp(v, "host"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_OFFLOAD_STEP=%s: expected auto or host", v);
+    *on_p = x->be->ops->device_buffers || (v && !strcmp(v, "host"));
+    if (*on_p && (x->p.offload & BG_OFFLOAD_PARAMS))
+        return bg_error(BG_ERR_UNSUPPORTED, "--offload params on backend %s: its buffers are device memory%s and "
+                        "gathering the layers' weights from a host-held shard is not built there; --offload "
+                        "optimizer (with --zero 1|2|3) runs", x->be->ops->name,
+                        x->be->ops->device_buffers ? "" : " (as BRIGADE_OFFLOAD_STEP=host treats them)");
+    return BG_OK;
+}
+
 static bg_status_t offload_setup(exec_t *x, void **self_p)
 {
-    if (x->be->ops->device_buffers)
-        return bg_error(BG_ERR_UNSUPPORTED, "--offload: backend %s keeps its buffers in device memory; "
-                        "its optimizer step and gathers over host-held state are not built (the cpu backend only)",
-                        x->be->ops->name);
+    int host_step = 0;
+    BG_CHECK(host_step_on(x, &host_step));
     if (x->lay.servers > 0)
         return bg_error(BG_ERR_INVALID, "--offload optimizer with --ps: the servers hold the optimizer state; "
                                         "leave --offload out");
@@ -65,7 +83,7 @@ static bg_status_t offload_setup(exec_t *x, void **self_p)
         free(o);
         return st;
     }
-    o->ops = bg__offload_optim_store(o->store);
+    o->ops = bg__offload_optim_store(o->store, host_step);
     o->prefetched = -1;
     *self_p = o;
     return BG_OK;
@@ -108,6 +126,18 @@ static void offload_memory(exec_t *x, void *self, size_t *param_bytes, size_t *o
         *optim_elems = 0;
 }
 
+/* Checkpoints read and write the state through the backend's copies, which on a device backend take device
+ * memory: with the state host-held there, refused (before anything is written). */
+static bg_status_t offload_state_begin(exec_t *x, void *self, int loading)
+{
+    offload_t *o = self;
+    if (o->ops.step && x->be->ops->device_buffers)
+        return bg_error(BG_ERR_UNSUPPORTED, "%s a checkpoint with --offload optimizer on backend %s: its optimizer "
+                        "state is host-held and the checkpoint's copies of it through the backend are not built; "
+                        "train without --offload to checkpoint", loading ? "loading" : "saving", x->be->ops->name);
+    return BG_OK;
+}
+
 /* After ZeRO's destroy (registered before this one): the models' state back, then the store. */
 static void offload_destroy(exec_t *x, void *self)
 {
@@ -121,6 +151,10 @@ static void offload_destroy(exec_t *x, void *self)
         }
     bg_log(BG_LOG_INFO, "offload", "rank %d: %zu bytes of offloaded state at most in %s", x->lay.rank,
            bg__offload_peak(o->store), x->p.offload_dir && *x->p.offload_dir ? x->p.offload_dir : "host memory");
+    if (o->ops.step)
+        bg_log(BG_LOG_INFO, "offload", "rank %d: host-held step: %zu updates on the host (the parameters and "
+               "gradients copied from backend %s and back)", x->lay.rank, bg__offload_host_updates(o->store),
+               x->be->ops->name);
     bg__offload_destroy(o->store);
     free(o);
 }
@@ -133,5 +167,6 @@ const bg__strategy_ops_t bg__strategy_offload = {
     .step_begin = offload_step_begin,
     .before_compute = offload_before_compute,
     .memory = offload_memory,
+    .state_begin = offload_state_begin,
     .destroy = offload_destroy,
 };

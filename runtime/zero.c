@@ -519,11 +519,8 @@ bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *
         const float *g = piece_grad(z, k);
         float *w = params + (z->zp ? pc->soff : pc->off);
         float wd = bg_model_tensor(z->m, pc->tensor)->decay ? opt->weight_decay : 0.0f;
-        if (z->kind == BG_OPTIM_ADAMW)
-            be->ops->adamw(be, w, g, z->sm + pc->soff, z->sv + pc->soff, pc->len, opt->lr, opt->beta1,
-                           opt->beta2, opt->eps, wd, t);
-        else
-            be->ops->sgd_momentum(be, w, g, z->sm + pc->soff, pc->len, opt->lr, opt->momentum, wd);
+        BG_CHECK(bg_model_optim_update(z->m, opt, wd, t, w, g, z->sm + pc->soff,
+                                       z->sv ? z->sv + pc->soff : NULL, pc->len));
     }
     be->ops->synchronize(be); /* the gather reads what the update wrote */
     if (z->zp) { /* level 3: gathered again when a layer of the bucket next computes */

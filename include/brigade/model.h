@@ -334,6 +334,12 @@ typedef struct bg_optim_store {
     bg_status_t (*alloc)(void *arg, size_t bytes, const char *what, void **ptr_p);
     void (*release)(void *arg, void *ptr);
     void *arg; /**< the store's own state, given to both */
+    /** Optional (appended last): the update of @p n elements whose state (@p m, @p v: from alloc; v NULL for
+     *  SGD) is this store's, while @p param and @p grad are @p be's buffers, which the host may not address
+     *  (a device backend): the store copies them out, steps on the host, copies the parameters back.
+     *  NULL: the backend's optimizer kernel on the state where it lives. */
+    bg_status_t (*step)(void *arg, bg_backend_t *be, const bg_optim_config_t *opt, float wd, int t, float *param,
+                        const float *grad, float *m, float *v, size_t n);
 } bg_optim_store_t;
 /** Keep @p m's optimizer state (bg_model_optim_init's, and what a sharding
  *  strategy allocates with bg_model_optim_alloc) in @p store (copied; NULL:
@@ -344,6 +350,11 @@ bg_status_t bg_model_set_optim_store(bg_model_t *m, const bg_optim_store_t *stor
 bg_status_t bg_model_optim_alloc(bg_model_t *m, size_t n, const char *what, float **ptr_p);
 /** Free what bg_model_optim_alloc returned (NULL: nothing). */
 void bg_model_optim_release(bg_model_t *m, float *ptr);
+/** The optimizer's update of @p n elements of @p m's parameters (@p param, @p grad: its backend's buffers) with
+ *  state @p mom, @p var (from bg_model_optim_alloc; var NULL for SGD): the store's step where it has one, else
+ *  the backend's AdamW / SGD kernel. Every optimizer step of a model (its own, a sharding strategy's) goes here. */
+bg_status_t bg_model_optim_update(bg_model_t *m, const bg_optim_config_t *opt, float wd, int t, float *param,
+                                  const float *grad, float *mom, float *var, size_t n);
 /** @p hold = 0: free the flat gradient buffer (every tensor's grad becomes
  *  NULL, bg_model_grads returns NULL); 1: allocate it zeroed if absent. */
 bg_status_t bg_model_grads_hold(bg_model_t *m, int hold);
