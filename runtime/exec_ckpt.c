@@ -29,6 +29,7 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
 {
     x->be->ops->synchronize(x->be);
     BG_CHECK(bg_backend_status(x->be)); /* a device fault: the weights are not the steps' */
+    BG__EACH_STRATEGY(x, s) if (s->ops->state_check) BG_CHECK(s->ops->state_check(x, s->self, 0));
     bg__strategy_t *own = BG__ONE(x, save_checkpoint);
     if (own)
         return own->ops->save_checkpoint(x, own->self, root, keep);
@@ -163,6 +164,7 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
     bg_resume_result_t r;
     memset(&r, 0, sizeof r);
     bg_model_t **models = NULL;
+    BG__EACH_STRATEGY(x, s) if (s->ops->state_check) BG_CHECK(s->ops->state_check(x, s->self, 1));
     BG_CHECK(bg__exec_settle(x));
     /* the full state in the models while loading (a strategy keeps its part after) */
     BG__EACH_STRATEGY(x, s) if (s->ops->state_begin) BG_CHECK(s->ops->state_begin(x, s->self, 1));

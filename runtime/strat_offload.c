@@ -127,8 +127,8 @@ static void offload_memory(exec_t *x, void *self, size_t *param_bytes, size_t *o
 }
 
 /* Checkpoints read and write the state through the backend's copies, which on a device backend take device
- * memory: with the state host-held there, refused (before anything is written). */
-static bg_status_t offload_state_begin(exec_t *x, void *self, int loading)
+ * memory: with the state host-held there, refused before any strategy (ZeRO's gathers) touches it. */
+static bg_status_t offload_state_check(exec_t *x, void *self, int loading)
 {
     offload_t *o = self;
     if (o->ops.step && x->be->ops->device_buffers)
@@ -167,6 +167,6 @@ const bg__strategy_ops_t bg__strategy_offload = {
     .step_begin = offload_step_begin,
     .before_compute = offload_before_compute,
     .memory = offload_memory,
-    .state_begin = offload_state_begin,
+    .state_check = offload_state_check,
     .destroy = offload_destroy,
 };
