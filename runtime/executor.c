@@ -535,10 +535,6 @@ static bg_status_t connect(exec_t *x)
     /* the strategies' collectives on the backend's buffers, a provider per group (logged) */
     if (x->dp_group)
         BG_CHECK(bg__dcoll_create(&x->stg, x->dp_group, "data-parallel", x->lay.rank, &x->dp_coll));
-    if (x->stg.on && x->p.ep > 1) /* the experts' all-to-all is bg_group_alltoallv on the layers' buffers */
-        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ep %d with buffers staged through the host is not built "
-                        "yet (the experts' all-to-all takes host buffers only)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.ep);
     return bg__tp_bind(x->tp, &x->stg, x->lay.rank);
 }
 

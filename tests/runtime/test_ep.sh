@@ -7,7 +7,8 @@
 # turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
 # fused backwards, both copies), and 1F1B's and DualPipeV's all-to-alls overlapped with the paired microbatch
-# (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without;
+# (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without; on cpu-async with BRIGADE_STAGING=always (the
+# all-to-alls staged through host memory) bitwise equal to the cpu backend;
 # the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
 # activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
 # layouts are refused.
@@ -82,6 +83,20 @@ n0=$(($(a2a dv 0) + $(a2a dv 2))) n1=$(($(a2a dvo 0) + $(a2a dvo 2))) l1=$(a2a d
     bad "all-to-alls: $n0 unpaired, $n1 paired ($l1 in the second lane)"
 routing p2d2 p2e2 "pp 2 x ep 2: every rank routes as under pp 2 x dp 2"
 
+# a backend whose buffers are staged through host memory (cpu-async with BRIGADE_STAGING=always, the stand-in
+# for cuda; its copies land late and adversarially): the all-to-alls staged, the weights bitwise the cpu run's
+# and the peak memory still the prediction (the staging's host blocks are not the backend's)
+S="--backend cpu-async"
+BRIGADE_LOG=info BRIGADE_STAGING=always train e2m1s 2 --steps 4 --dp 2 --ep 2 --microbatches 1 $S &&
+    same "$T/e2m1" "$T/e2m1s" "ep 2 x dp 2 on cpu-async, staged through host memory = cpu, bitwise"
+n=$(grep -c "all-to-alls staged through host memory" "$T/e2m1s.log")
+[ "$n" = 2 ] && ok "both ranks staged their all-to-alls" || bad "ranks that staged their all-to-alls: ${n:-0} of 2"
+BRIGADE_STAGING=always BRIGADE_TP_OVERLAP=microbatch train p2e2dvs 4 $DV $S && same "$T/p2e2dv" "$T/p2e2dvs" \
+    "pp 2 x ep 2 x dp 2, DualPipeV, paired, staged on cpu-async = cpu, bitwise"
+off=$(grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' "$T/e2m1s.jsonl" | awk '$2 + 0 != $4 + 0' | head -3)
+[ -s "$T/e2m1s.jsonl" ] && [ -z "$off" ] && ok "staged ep 2: peak memory = predicted on every rank and step" ||
+    bad "staged ep 2: peak memory differs from the prediction: $off"
+
 # the memory model counts the experts' shards and the rows a member receives: peak = prediction, to the byte
 lines=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -c '"peak_bytes"')
 off=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' |
@@ -118,4 +133,4 @@ near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
 expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 25
+finish 29
