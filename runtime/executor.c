@@ -283,10 +283,10 @@ static bg_status_t check_ep(const bg_executor_params_t *p, int ep)
     if (p->dp % ep != 0)
         return bg_error(BG_ERR_INVALID, "ep %d must divide dp %d (an expert-parallel group is ep consecutive "
                                         "data-parallel ranks of a stage)", ep, p->dp);
-    const char *no = p->zero > 0 ? "--zero" : p->ps > 0 ? "--ps" : NULL;
+    const char *no = p->zero > 1 ? "--zero 2 and 3" : p->ps > 0 ? "--ps" : NULL;
     if (no)
         return bg_error(BG_ERR_UNSUPPORTED, "ep %d with %s is not built yet (expert parallelism composes with dp, pp, "
-                                            "every schedule and --emulate)", ep, no);
+                                            "--zero 1, every schedule and --emulate)", ep, no);
     return BG_OK;
 }
 

@@ -155,6 +155,8 @@ static void ep_destroy(exec_t *x, void *self)
     host_free(e, e->host[1]);
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
+    if (x->ep_coll == e->rep_coll)
+        x->ep_coll = NULL;
     bg__dcoll_destroy(e->rep_coll);
     bg_group_destroy(e->ep[0]);
     bg_group_destroy(e->ep[1]);
@@ -193,6 +195,7 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     e->x = x;
     if (st == BG_OK)
         st = bg_model_desc_set_ep(x->desc, &e->c);
+    x->ep_coll = e->rep_coll;
     if (st != BG_OK) {
         ep_destroy(x, e);
         return st;
@@ -232,21 +235,11 @@ static bg_status_t ep_reduce(exec_t *x, void *self, chunk_t *ch, int b)
 {
     ep_t *e = self;
     bg__bucket_t *bk = &ch->buckets[b];
-    const float *g = bg_model_grads(ch->model);
-    size_t lo = bk->off, hi = bk->off + bk->count, run = lo;
-    int kind = -1;
-    for (int i = 0; i < bg_model_num_tensors(ch->model); i++) {
-        const bg_param_t *p = bg_model_tensor(ch->model, i);
-        size_t o = (size_t)(p->grad - g);
-        if (!p->numel || o < lo || o >= hi)
-            continue;
-        if (kind >= 0 && p->split_ep != kind) {
-            BG_CHECK(start_run(e, ch, bk, kind ? e->rep_coll : x->dp_coll, run, o));
-            run = o;
-        }
-        kind = p->split_ep;
+    for (size_t run = bk->off, end; run < bk->off + bk->count; run = end) {
+        int expert;
+        end = bg__exec_bucket_run(ch, b, run, &expert);
+        BG_CHECK(start_run(e, ch, bk, expert ? e->rep_coll : x->dp_coll, run, end));
     }
-    BG_CHECK(start_run(e, ch, bk, kind > 0 ? e->rep_coll : x->dp_coll, run, hi));
     bg__exec_trace_bucket(x, ch, b);
     return BG_OK;
 }
