@@ -74,7 +74,8 @@ static void host_free(const ep_t *e, float *p)
         free(p);
 }
 
-/* The calling lane's host buffer of at least n floats (kept for the next all-to-all). */
+/* The calling lane's host buffer of at least n floats (kept for the next all-to-all; one per lane, though the
+ * executor pairs no instructions on a backend that queues work today). */
 static float *host_rows(ep_t *e, size_t n)
 {
     int lane = bg__pair_lane();

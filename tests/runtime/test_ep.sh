@@ -92,8 +92,8 @@ BRIGADE_LOG=info BRIGADE_STAGING=always train e2m1s 2 --steps 4 --dp 2 --ep 2 --
     same "$T/e2m1" "$T/e2m1s" "ep 2 x dp 2 on cpu-async, staged through host memory = cpu, bitwise"
 n=$(grep -c "all-to-alls staged through host memory" "$T/e2m1s.log")
 [ "$n" = 2 ] && ok "both ranks staged their all-to-alls" || bad "ranks that staged their all-to-alls: ${n:-0} of 2"
-BRIGADE_STAGING=always BRIGADE_TP_OVERLAP=microbatch train p2e2dvs 4 $DV $S && same "$T/p2e2dv" "$T/p2e2dvs" \
-    "pp 2 x ep 2 x dp 2, DualPipeV, paired, staged on cpu-async = cpu, bitwise"
+BRIGADE_STAGING=always train p2e2dvs 4 $DV $S && same "$T/p2e2dv" "$T/p2e2dvs" \
+    "pp 2 x ep 2 x dp 2, DualPipeV, staged on cpu-async = cpu, bitwise"
 off=$(grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' "$T/e2m1s.jsonl" | awk '$2 + 0 != $4 + 0' | head -3)
 [ -s "$T/e2m1s.jsonl" ] && [ -z "$off" ] && ok "staged ep 2: peak memory = predicted on every rank and step" ||
     bad "staged ep 2: peak memory differs from the prediction: $off"
