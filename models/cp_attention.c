@@ -11,11 +11,12 @@
  * of its keys and values accumulating as it goes, back to its owner at the
  * end. The position table of an embedding is read at the global positions.
  *
- * The ring's four block buffers (4 x the packed qkv) are in the layer's
+ * The ring's five block buffers (5 x the packed qkv) are in the layer's
  * scratch, after its own (bg__cp_ring_bytes), so the stage's memory model
  * counts them. Rotary positions (Llama) are those of the global positions. Must not send a byte itself: the group's ring_start/wait do. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/check.h"
 #include "models/cp_attention.h"
@@ -40,7 +41,7 @@ static void positions(const bg_cp_comm_t *cp, int m, int t_local, int *pos)
 
 /* One block: the packed qkv (B,T,3C) of n sequences of t positions. */
 static size_t block_bytes(int n, int t, int c) { return bg__align64((size_t)n * t * 3 * (size_t)c * sizeof(float)); }
-size_t bg__cp_ring_bytes(int n, int t, int c) { return 4 * block_bytes(n, t, c); }
+size_t bg__cp_ring_bytes(int n, int t, int c) { return 5 * block_bytes(n, t, c); }
 
 void bg__cp_ring_cost(int size, int n, int t, int c, bg_tp_cost_t *cost)
 {
@@ -56,6 +57,7 @@ void bg__cp_ring_cost(int size, int n, int t, int c, bg_tp_cost_t *cost)
 /* The ring's buffers (at @p ring in the layer's scratch) and position tables of one call. */
 typedef struct {
     float *blk[2], *dblk[2]; /* key/value blocks in flight (B,T,3C); their gradients (backward) */
+    float *loc;              /* backward, overlapped: a step's own contribution to a block's gradient */
     int *qpos, *kpos;
 } ring_t;
 
@@ -75,6 +77,7 @@ static bg_status_t ring_alloc(const bg_layer_t *l, const bg_layer_ctx_t *ctx, vo
         r->blk[i] = (float *)(at + (size_t)i * blk);
         r->dblk[i] = (float *)(at + (size_t)(2 + i) * blk);
     }
+    r->loc = (float *)(at + 4 * blk);
     r->qpos = malloc((size_t)T * sizeof(int));
     r->kpos = malloc((size_t)T * sizeof(int));
     if (!r->qpos || !r->kpos) {
@@ -142,6 +145,27 @@ bg_status_t bg__cp_attention_forward(const bg_layer_t *l, const bg_layer_ctx_t *
     return st;
 }
 
+/* One backward ring step's kernel: block cur's contribution to its dK/dV summed
+ * into dacc (dQ into dqkv, key tiles in order). */
+static void ring_bwd_block(const bg_layer_ctx_t *ctx, float *dqkv, float *dacc, float *dvec, const float *dout,
+                           const float *qkv, const float *cur, const float *out, const float *lse, const ring_t *r,
+                           int heads, int hs)
+{
+    bg_backend_t *be = ctx->be;
+    be->ops->attention_block_backward(be, dqkv, dacc, dvec, dout, qkv, cur, out, lse, r->qpos, r->kpos, ctx->in.n,
+                                      ctx->in.t, heads, hs);
+}
+
+/* The backward ring. A block's dK/dV accumulator travels with the block:
+ * member m adds its queries' contribution and passes it on, the last hop
+ * bringing each owner its own block's gradient summed over every member.
+ * Overlapped (BRIGADE_CP_OVERLAP=on, the default): step s's contribution is
+ * computed into a block of its own (r.loc, zeroed) while the accumulator of
+ * step s-1 is still in flight, then added to it when it arrives and sent
+ * on. The kernel adds each key row's contribution to the accumulator once
+ * (acc = acc + local, the local sum started from +0), so both orders do the
+ * same additions: the results are bitwise those of the serial order (off),
+ * which accumulates in place and waits for each hop before the next step. */
 bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t *ctx, float *dqkv,
                                       float *dvec, const float *dout, const float *qkv, const float *out,
                                       const float *lse, void *ring, int c, int heads)
@@ -149,6 +173,7 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
     const bg_cp_comm_t *cp = ctx->cp;
     bg_backend_t *be = ctx->be;
     int B = ctx->in.n, T = ctx->in.t, N = cp->size, hs = c / heads;
+    int overlap = strcmp(bg_config_str("BRIGADE_CP_OVERLAP"), "off") != 0;
     size_t floats = (size_t)B * T * 3 * c;
     ring_t r;
     BG_CHECK(bg__cp_check(l, ctx, hs));
@@ -161,21 +186,30 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
     int s = 0;
     for (int src = cp->rank; s < N && st == BG_OK; s++, src = (src + N - 1) % N) {
         float *next = r.blk[s % 2], *dacc = r.dblk[s % 2];
-        if (s < N - 1)
-            st = cp->ring_start(cp->arg, 0, cur, next, floats, &req);
-        if (st != BG_OK)
+        if (s > 0 && (st = ring_wait(cp, &req)) != BG_OK) /* block src arrived */
+            break;
+        if (s < N - 1 && (st = cp->ring_start(cp->arg, 0, cur, next, floats, &req)) != BG_OK)
             break;
         positions(cp, src, T, r.kpos);
-        be->ops->attention_block_backward(be, dqkv, dacc, dvec, dout, qkv, cur, out, lse, r.qpos, r.kpos, B, T,
-                                          heads, hs);
+        if (s > 0 && overlap) { /* the previous accumulator (block src's) travels while this computes */
+            be->ops->fill(be, r.loc, 0.0f, floats);
+            ring_bwd_block(ctx, dqkv, r.loc, dvec, dout, qkv, cur, out, lse, &r, heads, hs);
+            if ((st = ring_wait(cp, &dreq)) != BG_OK)
+                break;
+            be->ops->axpy(be, dacc, 1.0f, r.loc, floats);
+        } else {
+            if ((st = ring_wait(cp, &dreq)) != BG_OK)
+                break;
+            ring_bwd_block(ctx, dqkv, dacc, dvec, dout, qkv, cur, out, lse, &r, heads, hs);
+        }
         /* this block's gradient goes on with it; the next block's arrives with it (the last hop brings
          * this member's own block's, summed over every member) */
         if ((st = cp->ring_start(cp->arg, 1, dacc, r.dblk[(s + 1) % 2], floats, &dreq)) != BG_OK)
             break;
-        if ((st = ring_wait(cp, &req)) != BG_OK || (st = ring_wait(cp, &dreq)) != BG_OK)
-            break;
         cur = next;
     }
+    if (st == BG_OK)
+        st = ring_wait(cp, &dreq);
     if (st == BG_OK) /* q part of the gradient block is 0: its key and value parts into dqkv */
         be->ops->axpy(be, dqkv, 1.0f, r.dblk[N % 2], floats);
     ring_wait(cp, &req);
@@ -195,6 +229,20 @@ bg_status_t bg__cp_rope(const bg_layer_ctx_t *ctx, float *out, const float *in, 
                                bg_cp_position(ctx->cp, k * h, T), inverse);
         }
     return BG_OK;
+}
+
+void bg__cp_pos_table(const bg_layer_ctx_t *ctx, float *y, const float *x, int nseq, int first, int n, int t_local,
+                      int c, int grad)
+{
+    bg_backend_t *be = ctx->be;
+    for (int b = 0; b < nseq; b++)
+        for (int t = 0, len; t < n; t += len) {
+            int p0 = bg_cp_position(ctx->cp, first + t, t_local);
+            for (len = 1; t + len < n && bg_cp_position(ctx->cp, first + t + len, t_local) == p0 + len; len++) {
+            }
+            size_t row = ((size_t)b * n + t) * c, pos = (size_t)p0 * c; /* y += x: table rows at pos */
+            be->ops->axpy(be, y + (grad ? pos : row), 1.0f, x + (grad ? row : pos), (size_t)len * c);
+        }
 }
 
 bg_status_t bg__cp_embedding_forward(const bg_layer_ctx_t *ctx, float *out, const float *wte, const float *wpe,

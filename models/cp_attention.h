@@ -14,7 +14,7 @@
  * counts the ring's steps), or unbound (0): bg_model_desc_set_cp calls them on every such leaf. */
 void bg__attention_set_ring(bg_layer_t *l, int size);
 void bg__gqa_set_ring(bg_layer_t *l, int size);
-/* The ring's buffers in an attention layer's scratch: four blocks of the packed qkv (n, t, 3c). */
+/* The ring's buffers in an attention layer's scratch: five blocks of the packed qkv (n, t, 3c). */
 size_t bg__cp_ring_bytes(int n, int t, int c);
 /* The ring's steps and bytes of one attention call over a context group of @p size (< 2: none) into
  * cost's cp_* fields, as bg__cp_attention_forward/backward send them. */
@@ -35,6 +35,12 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
 /* The backend's rope (rows of cin floats) at this member's global positions, chunk by chunk. */
 bg_status_t bg__cp_rope(const bg_layer_ctx_t *ctx, float *out, const float *in, int cin, int G, int R, int hs,
                        float theta, int inverse);
+/* A position table at this member's global positions, for the rows of its positions [first, first + n)
+ * of t_local (nseq sequences of them, rows of c floats, sequence b's at row b n): grad 0: y (the rows)
+ * += x (the table's rows); grad 1: y (the table's gradient) += x (the rows). Runs of consecutive global
+ * positions in one call each. */
+void bg__cp_pos_table(const bg_layer_ctx_t *ctx, float *y, const float *x, int nseq, int first, int n, int t_local,
+                      int c, int grad);
 /* The embedding with its position table read at this member's global positions. */
 bg_status_t bg__cp_embedding_forward(const bg_layer_ctx_t *ctx, float *out, const float *wte, const float *wpe,
                                      int c);

@@ -365,10 +365,9 @@ const bg_tp_comm_t *bg_model_desc_group_of(const bg_model_desc_t *d, const bg_pa
 }
 /* Leaf types that run under context parallelism: the position-wise ones,
  * and those that read positions and know the group (models/cp_attention.c).
- * Experts (their load balance counts a sequence's tokens) and the
- * tensor-parallel position table do not yet. */
+ * Experts (their load balance counts a sequence's tokens) do not yet. */
 static const char *const cp_types[] = {"activation", "linear", "layernorm", "residual", "rmsnorm", "swiglu",
-                                       "column_linear", "row_linear", "head", "vocab_head", "embedding",
+                                       "column_linear", "row_linear", "head", "vocab_head", "embedding", "vocab_embedding",
                                        "attention", "gqa_attention", NULL};
 /* The attention leaves, whose scratch holds the ring's blocks once bound. */
 static const struct {

@@ -77,7 +77,8 @@ typedef struct slot {
     float *input;
     int32_t *tokens, *targets;
     float loss_scale;
-    char *act;          /* NULL between F and B when recomputing */
+    char *act;          /* NULL between F and B when recomputing, or while offloaded */
+    int offloaded;      /* act's bytes are in the caller's host buffer (bg_stage_stash_out) */
     float *keep_out;    /* recompute: the stage's output, kept while act is dropped */
     float **out;        /* per layer output pointer (into act) */
     char **stash;       /* per layer stash pointer (into act) */
@@ -657,6 +658,18 @@ static void layer_io(bg_stage_t *s, slot_t *sl, int i, int widen_out, const floa
     }
 }
 
+/* Aim the slot's per-layer outputs and stashes into its arena: for each layer [out_i][stash_i]. */
+static void aim_act(bg_stage_t *s, slot_t *sl)
+{
+    char *p = sl->act;
+    for (int i = 0; i < s->nlayers; i++) {
+        sl->out[i] = (float *)p;
+        p += piece(bg_shape_numel(sl->shapes[i + 1]) * out_es(s, i), s->gz);
+        sl->stash[i] = p;
+        p += piece(bg_layer_stash_bytes(s->layers[i], sl->shapes[i]), s->gz);
+    }
+}
+
 /* Allocate the slot's activation arena and run the forward through it; no_backward: the layers' stashes are
  * dropped when it returns (bg_layer_ctx_t.no_backward). */
 static bg_status_t run_forward(bg_stage_t *s, slot_t *sl, int mb, bg_stage_pass_t pass, int no_backward)
@@ -666,13 +679,7 @@ static bg_status_t run_forward(bg_stage_t *s, slot_t *sl, int mb, bg_stage_pass_
     sl->act = stage_alloc(s, sl, total, "activations");
     if (!sl->act)
         return BG_ERR_NOMEM;
-    char *p = sl->act;
-    for (int i = 0; i < s->nlayers; i++) {
-        sl->out[i] = (float *)p;
-        p += piece(bg_shape_numel(sl->shapes[i + 1]) * out_es(s, i), s->gz);
-        sl->stash[i] = p;
-        p += piece(bg_layer_stash_bytes(s->layers[i], sl->shapes[i]), s->gz);
-    }
+    aim_act(s, sl);
     for (int i = 0; i < s->nlayers && !s->emulate; i++) {
         bg_layer_ctx_t c = make_ctx(s, sl, i);
         c.no_backward = no_backward;
@@ -804,6 +811,9 @@ static bg_status_t backward_slot(bg_stage_t *s, int mb, const char *what, slot_t
     slot_t *sl = NULL;
     BG_CHECK(get_slot(s, mb, SLOT_FORWARD, what, &sl));
     BG_CHECK(check_dout(s, sl, mb));
+    if (sl->offloaded)
+        return bg_error(BG_ERR_INVALID, "stage (layers %d..%d): %s of microbatch %d while its stash is offloaded "
+                                        "(bg_stage_stash_in first)", s->first, s->first + s->nlayers - 1, what, mb);
     BG_CHECK(ensure_scratch(s, sl));
     if (!sl->act)
         BG_CHECK(run_forward(s, sl, mb, BG_PASS_RECOMPUTE, 0)); /* recompute */
@@ -932,6 +942,54 @@ bg_status_t bg_stage_set_lane(bg_stage_t *s, int mb, int lane)
                                         "slot that has begun)",
                         s->first, s->first + s->nlayers - 1, lane, mb);
     s->slots[mb].lane = lane;
+    return BG_OK;
+}
+
+size_t bg_stage_stash_bytes(const bg_stage_t *s, int mb)
+{
+    if (mb < 0 || mb >= s->nslots || s->slots[mb].state != SLOT_FORWARD || (!s->slots[mb].act && !s->slots[mb].offloaded))
+        return 0;
+    return act_bytes(s, s->slots[mb].shapes, s->gz);
+}
+
+/* The forwarded slot of microbatch mb whose arena moves (op): its bytes, 0 when it holds none (recomputation). */
+static bg_status_t stash_slot(bg_stage_t *s, int mb, int offloaded, const char *op, slot_t **sl_p, size_t *bytes_p)
+{
+    slot_t *sl = NULL;
+    BG_CHECK(get_slot(s, mb, SLOT_FORWARD, op, &sl));
+    if (sl->offloaded != offloaded)
+        return bg_error(BG_ERR_INVALID, "stage (layers %d..%d): %s of microbatch %d, whose stash is %s", s->first,
+                        s->first + s->nlayers - 1, op, mb, offloaded ? "on the device" : "already offloaded");
+    *sl_p = sl;
+    *bytes_p = bg_stage_stash_bytes(s, mb);
+    return BG_OK;
+}
+
+bg_status_t bg_stage_stash_out(bg_stage_t *s, int mb, void *host)
+{
+    slot_t *sl = NULL;
+    size_t bytes = 0;
+    BG_CHECK(stash_slot(s, mb, 0, "stash_out", &sl, &bytes));
+    if (!bytes)
+        return BG_OK; /* recomputation: nothing is kept between F and B */
+    s->be->ops->to_host(s->be, host, sl->act, bytes);
+    bg_backend_free(s->be, sl->act);
+    sl->act = NULL;
+    sl->offloaded = 1;
+    return BG_OK;
+}
+
+bg_status_t bg_stage_stash_in(bg_stage_t *s, int mb, const void *host)
+{
+    slot_t *sl = NULL;
+    size_t bytes = 0;
+    BG_CHECK(stash_slot(s, mb, 1, "stash_in", &sl, &bytes));
+    sl->act = stage_alloc(s, sl, bytes, "activations (from the offload store)");
+    if (!sl->act)
+        return BG_ERR_NOMEM; /* still offloaded: the host copy is intact */
+    s->be->ops->from_host(s->be, sl->act, host, bytes);
+    aim_act(s, sl);
+    sl->offloaded = 0;
     return BG_OK;
 }
 

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "models/cp_attention.h"
 #include "models/tp_mode.h"
 
 #define ROWS(s) ((s).n * (s).t)
@@ -452,6 +453,10 @@ static bg_status_t vemb_forward(bg_layer_t *l, const bg_layer_ctx_t *ctx, const 
     }
     free(tok);
     BG_CHECK(p->mode->reduce(g, be, rows, out, tmp, B, tl, C));
+    if (ctx->cp && p->pos) { /* the table at this member's global positions (context parallelism) */
+        bg__cp_pos_table(ctx, out, l->params[1].data, B, first, tl, T, C, 0);
+        return BG_OK;
+    }
     for (int b = 0; b < B && p->pos; b++)
         be->ops->axpy(be, out + (size_t)b * tl * C, 1.0f, l->params[1].data + (size_t)first * C, (size_t)tl * C);
     return BG_OK;
@@ -486,6 +491,10 @@ static bg_status_t vemb_backward_weight(bg_layer_t *l, const bg_layer_ctx_t *ctx
             be->ops->axpy(be, l->params[0].grad + (size_t)id * C, 1.0f, d + (size_t)r * C, (size_t)C);
     }
     free(tok);
+    if (ctx->cp && p->pos) {
+        bg__cp_pos_table(ctx, l->params[1].grad, d, B, 0, T, T, C, 1);
+        return BG_OK;
+    }
     for (int b = 0; b < B && p->pos; b++)
         be->ops->axpy(be, l->params[1].grad, 1.0f, d + (size_t)b * T * C, (size_t)T * C);
     return BG_OK;

@@ -79,6 +79,7 @@ int bg_plan_world(const bg_plan_t *p) { return p->world; }
 int bg_plan_pp(const bg_plan_t *p) { return p->pp; }
 int bg_plan_dp(const bg_plan_t *p) { return p->dp; }
 int bg_plan_tp(const bg_plan_t *p) { return p->tp; }
+int bg_plan_cp(const bg_plan_t *p) { return p->cp > 1 ? p->cp : 1; }
 int bg_plan_microbatches(const bg_plan_t *p) { return p->microbatches; }
 int bg_plan_microbatch_size(const bg_plan_t *p) { return p->microbatch_size; }
 int bg_plan_batch(const bg_plan_t *p) { return p->batch; }
@@ -162,9 +163,10 @@ bg_status_t bg__plan_layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, c
     }
     bg_model_desc_t *own; /* a tensor-parallel plan's layers are the tp build's, per device */
     const bg_model_desc_t *dt;
-    BG_CHECK(bg__plan_model_for_tp(d, p->tp, p->sp, &dt, &own));
+    bg_cp_comm_t ring = {.size = bg_plan_cp(p)}; /* a context member's layers, at seq / cp; held by own */
+    BG_CHECK(bg__plan_model_for(d, p->tp, p->sp, &ring, &dt, &own));
     if (!dt) {
-        snprintf(diff, cap, "the plan is for tp %d, which the model has no build for", p->tp);
+        snprintf(diff, cap, "the plan is for tp %d x cp %d, which the model has no build for", p->tp, ring.size);
         return BG_OK;
     }
     bg_layer_profile_t *prof = malloc((size_t)L * sizeof(*prof));
@@ -172,7 +174,7 @@ bg_status_t bg__plan_layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, c
         bg_model_desc_destroy(own);
         return bg_error(BG_ERR_NOMEM, "profile");
     }
-    bg_status_t st = bg_model_profile(dt, p->microbatch_size, p->seq, prof, L, &n);
+    bg_status_t st = bg_model_profile(dt, p->microbatch_size, p->seq / ring.size, prof, L, &n);
     bg_model_desc_destroy(own);
     for (int i = 0; i < L && st == BG_OK && !diff[0]; i++) {
         const bg_layer_profile_t *a = &p->layers[i], *b = &prof[i];

@@ -29,6 +29,7 @@ enum { NCOST = 4 }; /* per layer: forward, backward, collectives, optimizer (pla
 struct bg_plan {
     char *model_json; /* bg_model_desc_to_json text of the model */
     int seq, world, pp, dp, tp, microbatches, microbatch_size, batch, chunks;
+    int cp; /* context-parallel degree: each sequence split over cp ranks (seq is the whole length) */
     char schedule[32];
     int optim;
     int zero; /* sharding stage counted (docs/data_parallel.md) */
@@ -62,9 +63,10 @@ struct bg_plan_set {
 typedef struct search {
     const bg_plan_params_t *pp;
     const bg_model_desc_t *desc; /* pp->model, or its build for tensor-parallel degree tp */
-    int tp;                      /* tensor-parallel degree of this pass: pp x dp groups of tp devices */
+    int tp;                      /* tensor-parallel degree of this pass: pp x dp groups of cp x tp devices */
+    int cp;                      /* context-parallel degree of this pass (desc bound to a group of cp) */
     const bg_plan_layer_times_t *times; /* the times measured at degree tp (pp->tp_times), or NULL */
-    int world, L, seq;
+    int world, L, seq; /* seq: the positions a rank holds (the sequence / cp) */
     int tokens;     /* the model's input is token ids (else features: floats) */
     uint64_t *mem;  /* [world] */
     double *speed;  /* [world] */
@@ -95,6 +97,12 @@ bg_status_t bg__plan_layers_diff(const bg_plan_t *p, const bg_model_desc_t *d, c
 /* plan_search.c: the model built for tensor-parallel degree tp (see there). */
 bg_status_t bg__plan_model_for_tp(const bg_model_desc_t *d, int tp, int sp, const bg_model_desc_t **d_p,
                                   bg_model_desc_t **own_p);
+/* plan_search.c: bg__plan_model_for_tp's build, bound when ring->size > 1 to a context group of that
+ * many members, as each member's layers are (their ring's scratch and steps counted; a build of its own,
+ * rebuilt from the builder, which holds *ring: the caller keeps it until *own_p is destroyed). The ring
+ * runs no step. *d_p = NULL when there is none (no builder, sizes tp does not divide). */
+bg_status_t bg__plan_model_for(const bg_model_desc_t *d, int tp, int sp, bg_cp_comm_t *ring,
+                               const bg_model_desc_t **d_p, bg_model_desc_t **own_p);
 
 /* plan_layout.c: evaluate the layout pp x dp (m microbatches of n sequences,
  * schedule kind) at the sharding stage asked for (s->pp->zero; auto: the

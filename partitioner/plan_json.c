@@ -33,6 +33,8 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "pp", json_integer(p->pp));
     json_object_set_new(root, "dp", json_integer(p->dp));
     json_object_set_new(root, "tp", json_integer(p->tp));
+    if (p->cp > 1) /* absent: 1 */
+        json_object_set_new(root, "cp", json_integer(p->cp));
     json_object_set_new(root, "microbatches", json_integer(p->microbatches));
     json_object_set_new(root, "microbatch_size", json_integer(p->microbatch_size));
     json_object_set_new(root, "batch", json_integer(p->batch));
@@ -416,8 +418,12 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     BG_CHECK(get_int(root, "$", "pp", 1, 1 << 20, &pp));
     BG_CHECK(get_int(root, "$", "dp", 1, 1 << 20, &dp));
     BG_CHECK(get_int(root, "$", "tp", 1, 4096, &tp));
-    if (pp * dp * tp != world)
-        return bg_error(BG_ERR_PARSE, "plan: pp %lld x dp %lld x tp %lld is not world %lld", pp, dp, tp, world);
+    long long cp = 1;
+    if (json_object_get(root, "cp"))
+        BG_CHECK(get_int(root, "$", "cp", 1, 4096, &cp));
+    if (pp * dp * cp * tp != world)
+        return bg_error(BG_ERR_PARSE, "plan: pp %lld x dp %lld x cp %lld x tp %lld is not world %lld", pp, dp, cp, tp,
+                        world);
     BG_CHECK(get_int(root, "$", "microbatches", 1, 1 << 20, &mbs));
     BG_CHECK(get_int(root, "$", "microbatch_size", 1, 1 << 30, &mbsize));
     BG_CHECK(get_int(root, "$", "batch", 1, 1 << 30, &batch));
@@ -425,6 +431,8 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
         return bg_error(BG_ERR_PARSE, "plan: batch %lld is not dp %lld x microbatches %lld x microbatch_size %lld",
                         batch, dp, mbs, mbsize);
     BG_CHECK(get_int(root, "$", "seq", 1, 1 << 30, &seq));
+    if (cp > 1 && seq % (2 * cp))
+        return bg_error(BG_ERR_PARSE, "plan: $.seq %lld is not divisible by 2 x cp = %lld", seq, 2 * cp);
     BG_CHECK(get_int(root, "$", "chunks", 1, 1 << 10, &chunks));
     const char *sched = NULL, *opt = NULL;
     BG_CHECK(get_str(root, "$", "schedule", &sched));
@@ -491,7 +499,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     }
     p->model_json = model_json;
     model_json = NULL;
-    p->world = (int)world, p->pp = (int)pp, p->dp = (int)dp, p->tp = (int)tp;
+    p->world = (int)world, p->pp = (int)pp, p->dp = (int)dp, p->tp = (int)tp, p->cp = (int)cp;
     p->microbatches = (int)mbs, p->microbatch_size = (int)mbsize, p->batch = (int)batch, p->seq = (int)seq;
     p->chunks = (int)chunks;
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));

@@ -148,13 +148,13 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     if (!c->rspeed || !c->rbudget || !c->rows || !c->nrows)
         return bg_error(BG_ERR_NOMEM, "plan candidate");
     bg_layout_t lay; /* the executor's rank layout: device = world rank */
-    bg__layout_init(&lay, pp, dp, 1, s->tp, 0); /* the planner places no context groups: cp = 1 */
+    bg__layout_init(&lay, pp, dp, s->cp, s->tp, 0);
     for (int r = 0; r < pp; r++) {
         c->rspeed[r] = INFINITY;
         c->rbudget[r] = UINT64_MAX;
         for (int d = 0; d < dp; d++)
-            for (int t = 0; t < s->tp; t++) { /* every replica's tensor group: tp devices each */
-                int dev = bg__layout_rank(&lay, r, d, 0, t);
+            for (int k = 0; k < s->cp * s->tp; k++) { /* every replica's context x tensor group */
+                int dev = bg__layout_rank(&lay, r, d, k / s->tp, k % s->tp);
                 if (s->speed[dev] < c->rspeed[r])
                     c->rspeed[r] = s->speed[dev];
                 if (s->mem[dev] < c->rbudget[r])
@@ -239,9 +239,15 @@ static bg_status_t candidate_layers(const search_t *s, const bg_layer_profile_t 
                     (pa->link_bandwidth > 0 ? prof[i].tp.ep_fwd_bytes / pa->link_bandwidth : 0.0);
         double eb = prof[i].tp.ep_bwd_msgs * pa->link_latency +
                     (pa->link_bandwidth > 0 ? prof[i].tp.ep_bwd_bytes / pa->link_bandwidth : 0.0);
-        l->fwd_time += cf + ef;
-        l->bwd_time += cb + eb;
-        c->coll[i] = cf + cb + ef + eb;
+        /* a bound attention layer's context ring (cp > 1): its steps point to point over the link, its
+         * block transfers beside the block kernel, but costed blocking, as the all-to-alls */
+        double rf = prof[i].tp.cp_fwd_msgs * pa->link_latency +
+                    (pa->link_bandwidth > 0 ? prof[i].tp.cp_fwd_bytes / pa->link_bandwidth : 0.0);
+        double rb = prof[i].tp.cp_bwd_msgs * pa->link_latency +
+                    (pa->link_bandwidth > 0 ? prof[i].tp.cp_bwd_bytes / pa->link_bandwidth : 0.0);
+        l->fwd_time += cf + ef + rf;
+        l->bwd_time += cb + eb + rb;
+        c->coll[i] = cf + cb + ef + eb + rf + rb;
     }
     return BG_OK;
 }
@@ -367,11 +373,12 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
     prob.layers = c->layers;
     prob.nstages = c->copies > 1 ? c->Lm : c->S; /* copies: the model stages */
     prob.stages = c->copies > 1 ? c->mspecs : c->specs;
-    prob.bytes_per_param = zero_bytes_per_param(pa->optim, c->dp, c->zero, c->offload);
+    int group = c->dp * s->cp; /* the group that sums the gradients and shards them: dp x cp */
+    prob.bytes_per_param = zero_bytes_per_param(pa->optim, group, c->zero, c->offload);
     prob.guard_bytes = c->guard;
     if (c->copies > 1) /* the executor's buffer for the other copy's gradient, summed before the step */
         prob.bytes_per_param += sizeof(float);
-    if (c->zero >= 2 && c->dp > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
+    if (c->zero >= 2 && group > 1) { /* the executor's buckets and its buffers for them (runtime/zero.c) */
         long long mb = 4, nbuf = 3, pre = 1;
         if (bg_config_int("BRIGADE_BUCKET_MB", &mb) != BG_OK || mb < 0)
             mb = 4;
@@ -379,7 +386,7 @@ static bg_status_t build_problem(const search_t *s, candidate_t *c)
             nbuf = 3;
         prob.bucket_bytes = (size_t)mb * 1048576;
         prob.bucket_buffers = nbuf < 2 ? 2 : nbuf > 16 ? 16 : (int)nbuf;
-        prob.bucket_dp = c->dp;
+        prob.bucket_dp = group;
         if (c->zero == 3 && bg_config_int("BRIGADE_ZERO_PREFETCH", &pre) != BG_OK)
             pre = 1;
         prob.param_buffers = c->zero == 3 ? (pre < 0 ? 0 : pre > 15 ? 15 : (int)pre) + 1 : 0;
@@ -418,9 +425,9 @@ static void record_shortfall(search_t *s, const bg_layer_profile_t *prof, const 
             bg_part_stage_eval(&c->prob, sf->stage, sf->first, sf->last, 1, &ev) != BG_OK)
             ws = NULL;
         int r = bg_schedule_stage_rank(c->sched, sf->stage);
-        char tpb[48] = "";
-        if (s->tp > 1)
-            snprintf(tpb, sizeof tpb, " tp=%d%s", s->tp,
+        char tpb[64] = "";
+        if (s->tp > 1 || s->cp > 1)
+            snprintf(tpb, sizeof tpb, "%s%.0d tp=%d%s", s->cp > 1 ? " cp=" : "", s->cp > 1 ? s->cp : 0, s->tp,
                      bg_model_desc_sequence_parallel(s->desc) ? " (sequence-parallel)" : "");
         snprintf(s->short_msg, sizeof(s->short_msg),
                  "closest layout pp=%d dp=%d%s %s m=%d (microbatch %d): stage %d on pipeline rank %d "
@@ -570,7 +577,7 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
     for (int r = 0; r < c->pp; r++)
         if (c->rspeed[r] < minspeed)
             minspeed = c->rspeed[r];
-    int dp = c->dp;
+    int dp = c->dp * s->cp; /* the reducing group: dp x cp */
     if (dp > 1) /* ring all-reduce of the largest stage's gradients (--zero 2: (m+1)/2 of it; 3: also the
                  * parameters' gathers, two a microbatch at least, each half an all-reduce) */
         simp.reduce_cost = 1e3 * (c->zero == 3 ? (c->m + 1) / 2.0 + c->m : c->zero == 2 ? (c->m + 1) / 2.0 : 1.0) *
@@ -639,8 +646,9 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     bg_plan_t *p = bg__plan_alloc(s->L, c->Lm, c->pp); /* copies > 1: the model stages (copy 0's) */
     if (!p)
         return bg_error(BG_ERR_NOMEM, "plan");
-    p->seq = s->seq;
-    p->world = c->pp * c->dp * s->tp;
+    p->seq = s->seq * s->cp; /* the whole sequence; each context member profiled at its seq / cp */
+    p->cp = s->cp;
+    p->world = c->pp * c->dp * s->cp * s->tp;
     p->pp = c->pp;
     p->dp = c->dp;
     p->tp = s->tp;
@@ -657,7 +665,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->paired = c->prob.paired;
     p->step_ms = bg_sim_step_time(res);
     p->bubble = bg_sim_bubble(res, -1);
-    p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * s->seq / (p->step_ms / 1e3) : 0;
+    p->tokens_per_s = p->step_ms > 0 ? (double)pa->batch * p->seq / (p->step_ms / 1e3) : 0;
     p->flops = pa->flops;
     p->link_latency = pa->link_latency;
     p->link_bandwidth = pa->link_bandwidth;
@@ -752,7 +760,7 @@ static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c,
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                                  bg_schedule_kind_t kind, int zero, int offload, int *fits_p)
 {
-    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp > 1 ? zero : 0, .kind = kind};
+    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp * s->cp > 1 ? zero : 0, .kind = kind};
     c.offload = offload >= 2 && c.zero != 3 ? 1 : offload; /* the parameter shard exists at stage 3 only */
     bg_sim_result_t *res = NULL;
     bg_plan_t *p = NULL;
@@ -813,11 +821,12 @@ bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int p
                               bg_schedule_kind_t kind, int *fits_p)
 {
     int zauto = s->pp->zero == BG_PLAN_ZERO_AUTO, oauto = s->pp->offload == BG_PLAN_OFFLOAD_AUTO;
-    int z0 = zauto ? 0 : s->pp->zero, z1 = zauto ? (dp > 1 ? 3 : 0) : s->pp->zero;
+    int g = dp * s->cp; /* the sharding group */
+    int z0 = zauto ? 0 : s->pp->zero, z1 = zauto ? (g > 1 ? 3 : 0) : s->pp->zero;
     int o0 = oauto ? 0 : s->pp->offload;
     int fits = 0;
     for (int z = z0; z <= z1 && !fits; z++)
-        for (int o = o0; o <= (oauto ? (z == 3 && dp > 1 ? 2 : 1) : s->pp->offload) && !fits; o++)
+        for (int o = o0; o <= (oauto ? (z == 3 && g > 1 ? 2 : 1) : s->pp->offload) && !fits; o++)
             BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, &fits));
     if (fits_p)
         *fits_p = fits;

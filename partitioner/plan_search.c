@@ -193,6 +193,47 @@ bg_status_t bg__plan_model_for_tp(const bg_model_desc_t *d, int tp, int sp, cons
     return BG_OK;
 }
 
+/* The planner's context group: its layers are profiled, never run (a ring step is an error). */
+static bg_status_t plan_ring_start(void *arg, int lane, const float *send, float *recv, size_t count, void **req_p)
+{
+    (void)arg, (void)lane, (void)send, (void)recv, (void)count, (void)req_p;
+    return bg_error(BG_ERR_INTERNAL, "the planner's context group runs no ring step (its model is profiled only)");
+}
+static bg_status_t plan_ring_wait(void *arg, void *req)
+{
+    (void)arg, (void)req;
+    return bg_error(BG_ERR_INTERNAL, "the planner's context group runs no ring step");
+}
+
+bg_status_t bg__plan_model_for(const bg_model_desc_t *d, int tp, int sp, bg_cp_comm_t *ring,
+                               const bg_model_desc_t **d_p, bg_model_desc_t **own_p)
+{
+    BG_CHECK(bg__plan_model_for_tp(d, tp, sp, d_p, own_p));
+    if (ring->size <= 1 || !*d_p)
+        return BG_OK;
+    bg_model_config_t c;
+    if (!*own_p) { /* the caller's description stays unbound: a build of its own */
+        if (bg_model_desc_builder(d, &c) != BG_OK) {
+            *d_p = NULL;
+            return BG_OK;
+        }
+        BG_CHECK(bg_model_build(&c, own_p));
+    }
+    /* member 0's layers: every member's profile is the same */
+    *ring = (bg_cp_comm_t){.size = ring->size, .rank = 0, .ring_start = plan_ring_start, .wait = plan_ring_wait};
+    bg_status_t st = bg_model_desc_set_precision(*own_p, bg_model_desc_precision(d));
+    if (st == BG_OK)
+        st = bg_model_desc_set_cp(*own_p, ring);
+    if (st != BG_OK) {
+        bg_model_desc_destroy(*own_p);
+        *own_p = NULL;
+        *d_p = NULL;
+        return st;
+    }
+    *d_p = *own_p;
+    return BG_OK;
+}
+
 /* The layer times measured at degree tp for a build with (sp = 1) or without
  * sequence parallelism (bg_plan_params_t.tp_times), or NULL. */
 static const bg_plan_layer_times_t *times_for(const bg_plan_params_t *pa, int tp, int sp)
@@ -213,13 +254,16 @@ static bg_status_t search_tp(search_t *s, const bg_schedule_kind_t *kinds, int n
     bg_model_desc_t *own;
     const bg_model_desc_t *d;
     *found_p = 0;
-    BG_CHECK(bg__plan_model_for_tp(s->pp->model, tp, sp, &d, &own));
+    bg_cp_comm_t ring = {.size = s->cp}; /* outlives own, which holds it */
+    if (s->world % (tp * s->cp))
+        return BG_OK;
+    BG_CHECK(bg__plan_model_for(s->pp->model, tp, sp, &ring, &d, &own));
     if (!d)
         return BG_OK;
     s->tp = tp;
     s->desc = d;
     s->times = times_for(s->pp, tp, tp > 1 && bg_model_desc_sequence_parallel(d));
-    bg_status_t st = search_world(s, kinds, nk, s->world / tp, 0, 0, found_p);
+    bg_status_t st = search_world(s, kinds, nk, s->world / (tp * s->cp), 0, 0, found_p);
     s->tp = 1;
     s->times = NULL;
     s->desc = s->pp->model;
@@ -242,6 +286,29 @@ static bg_status_t search_tp_fit(search_t *s, const bg_schedule_kind_t *kinds, i
         return BG_OK;
     BG_CHECK(search_tp(s, kinds, nk, tp, 1, &found));
     *sp_p = s->nplans > before;
+    return BG_OK;
+}
+
+/* --cp auto when nothing fits at cp 1 (activations too big): the smallest
+ * context-parallel degree dividing the devices and half the sequence that
+ * fits at tensor-parallel degree tp, said in note; none: s back at cp 1. */
+static bg_status_t search_cp_auto(search_t *s, const bg_schedule_kind_t *kinds, int nk, int tp, int seq_whole,
+                                  char *note, size_t cap)
+{
+    int evaluated = s->evaluated, sp_only;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", s->short_msg);
+    for (int k = 2; k <= s->world && s->nplans == 0; k++) {
+        if (s->world % k || seq_whole % (2 * k))
+            continue;
+        s->cp = k, s->seq = seq_whole / k;
+        BG_CHECK(search_tp_fit(s, kinds, nk, tp, &sp_only));
+    }
+    if (s->nplans > 0)
+        snprintf(note, cap, "nothing fits at cp = 1 (%s); cp = %d is the smallest context-parallel degree that fits",
+                 why, s->plans[0]->cp);
+    else
+        s->cp = 1, s->seq = seq_whole, s->evaluated = evaluated;
     return BG_OK;
 }
 
@@ -363,6 +430,13 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     s.world = pa->world;
     s.desc = pa->model;
     s.tp = 1;
+    s.cp = 1;
+    /* cp_req: 1 (or 0) only 1; N only N; auto: 1, then the smallest degree that fits */
+    int cp_req = pa->size >= offsetof(bg_plan_params_t, cp) + sizeof(int) ? pa->cp : 1;
+    int cp_auto = cp_req == BG_PLAN_CP_AUTO;
+    cp_req = cp_req == 0 || cp_auto ? 1 : cp_req;
+    if (cp_req < 1 || pa->world % cp_req)
+        return bg_error(BG_ERR_INVALID, "cp %d does not divide %d devices", cp_req, pa->world);
     /* tp_req: 0 every degree; N only N; auto: 1, then the smallest degree that fits */
     int tp_req = pa->size >= offsetof(bg_plan_params_t, tp) + sizeof(int) ? pa->tp : 0, tp_auto = tp_req == 0;
     int deg = bg_model_desc_tp_degree(pa->model);
@@ -378,6 +452,19 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     const bg_model_desc_params_t *mp = bg_model_desc_params(s.desc);
     s.tokens = mp->input == BG_INPUT_TOKENS;
     s.seq = mp->seq_len; /* token models train at their sequence length; features have fixed positions */
+    bg_model_config_t mc;
+    if ((cp_req > 1 || cp_auto) && (!s.tokens || bg_model_desc_builder(pa->model, &mc) != BG_OK))
+        return bg_error(BG_ERR_UNSUPPORTED, "cp %s: context parallelism is planned for builder-made token models "
+                        "(GPT, Llama) only", cp_auto ? "auto" : "> 1");
+    if ((cp_req > 1 || cp_auto) && (pa->layer_fwd_s || (pa->tp_times && pa->ntp_times)))
+        return bg_error(BG_ERR_UNSUPPORTED, "cp %s with measured layer times: they are at the whole sequence "
+                        "(plan context groups from the FLOPs)", cp_auto ? "auto" : "> 1");
+    if (cp_req > 1 && s.seq % (2 * cp_req))
+        return bg_error(BG_ERR_INVALID, "cp %d: the sequence length %d is not divisible by 2 x cp = %d", cp_req, s.seq,
+                        2 * cp_req);
+    int seq_whole = s.seq;
+    s.cp = cp_req;
+    s.seq = seq_whole / cp_req; /* a context member's positions */
     s.L = bg_model_desc_num_layers(s.desc);
     if (pa->pp && (pa->world % pa->pp))
         return bg_error(BG_ERR_INVALID, "--pp %d does not divide %d devices", pa->pp, pa->world);
@@ -409,8 +496,8 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
     int sp_only = 0;
     char note[1400] = "";
     if (tp_req == 0) { /* every degree that divides the devices */
-        for (int t = 1; t <= pa->world; t++)
-            if (pa->world % t == 0)
+        for (int t = 1; t <= pa->world / s.cp; t++)
+            if (pa->world / s.cp % t == 0)
                 BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, t, &sp_only), st, out);
     } else {
         BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, tp_req, &sp_only), st, out);
@@ -424,8 +511,8 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         if (tp_auto) {
             /* a layer too big for one device: the smallest tensor-parallel degree that fits, said so */
             int evaluated = s.evaluated, t;
-            for (t = 2; t <= pa->world && s.nplans == 0; t++)
-                if (pa->world % t == 0)
+            for (t = 2; t <= pa->world / s.cp && s.nplans == 0; t++)
+                if (pa->world / s.cp % t == 0)
                     BG_CHECK_GOTO(search_tp_fit(&s, kinds, nk, t, &sp_only), st, out);
             if (s.nplans > 0)
                 snprintf(note, sizeof note, "nothing fits at tp = 1 (%s); tp = %d%s is the smallest tensor-parallel "
@@ -438,6 +525,8 @@ bg_status_t bg_plan_search(const bg_plan_params_t *pa, bg_plan_set_t **set_p)
         snprintf(note, sizeof note, "tp = %d fits only with sequence parallelism (the activations between blocks "
                                     "split along the sequence)", s.plans[0]->tp);
     }
+    if (s.nplans == 0 && cp_auto)
+        BG_CHECK_GOTO(search_cp_auto(&s, kinds, nk, tp_req ? tp_req : 1, seq_whole, note, sizeof note), st, out);
     if (s.nplans == 0) {
         st = no_fit_error(&s, kinds, nk);
         goto out;

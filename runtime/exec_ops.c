@@ -518,9 +518,9 @@ bg_status_t bg__exec_run_op(exec_t *x, const bg_sched_op_t *o)
  * partitioner's replay pairs the same ones): then neither reads what the other
  * writes, the forward adds no gradient and the backward no loss, so every
  * sum happens in the order it does unpaired and the step is bitwise the
- * same. Lane 0 runs i, then the sends between i and j (whose data i or an
- * earlier instruction made); lane 1 waits for the receives between them,
- * then runs j. A lane whose tensor group's collective (or receive) is not
+ * same. One lane runs i, then the sends between i and j (whose data i or an
+ * earlier instruction made); the other waits for the receives between them,
+ * then runs j (i's lane starts, unless i is a W: below). A lane whose tensor group's collective (or receive) is not
  * complete hands the thread to the other lane (runtime/tp.c), so one
  * microbatch's sums run while the other microbatch computes. The two lanes'
  * slots use the stage's two scratch lanes; each lane's collectives go to a
@@ -588,18 +588,24 @@ bg_status_t bg__exec_run_pair(exec_t *x, size_t i, size_t j)
         L->ops[L->n++] = k;
     }
     job[1].ops[job[1].n++] = j;
+    /* A backward-weight instruction exchanges and receives nothing, so a lane running it never hands the
+     * thread over: when i is one, j's job starts first (as lane 0), and j's exchanges are in flight while i
+     * computes. The two touch nothing of each other's, whichever runs first; each member of a group holds the
+     * same stage and program, so each lane's exchanges still meet on the same group everywhere. */
+    int w = x->ops[i].kind == BG_OP_BACKWARD_WEIGHT;
     bg_status_t st[2];
     char msg[2][256];
-    bg__pair_run(x->pair, lane_run, &job[0], lane_run, &job[1], st, msg);
+    bg__pair_run(x->pair, lane_run, &job[w], lane_run, &job[!w], st, msg);
     double a = job[0].a < job[1].a ? job[0].a : job[1].a, b = job[0].b > job[1].b ? job[0].b : job[1].b;
     if (st[0] == BG_OK && st[1] == BG_OK) {
         x->busy += b - a;
         return BG_OK;
     }
-    int k = st[0] != BG_OK ? 0 : 1;
+    int lane = st[0] != BG_OK ? 0 : 1, k = lane ^ w; /* the lane that failed, and its job */
     const bg_sched_op_t *o = &x->ops[job[k].failed];
-    return bg_error(st[k], "%s of microbatch %d (beside %s of microbatch %d): %s", bg__exec_op_label(o->kind),
-                    o->microbatch, bg__exec_op_label(x->ops[k ? i : j].kind), x->ops[k ? i : j].microbatch, msg[k]);
+    return bg_error(st[lane], "%s of microbatch %d (beside %s of microbatch %d): %s", bg__exec_op_label(o->kind),
+                    o->microbatch, bg__exec_op_label(x->ops[k ? i : j].kind), x->ops[k ? i : j].microbatch,
+                    msg[lane]);
 }
 
 /* The error of instruction @p op that failed with @p st (@p label: name it; NULL: the message, from

@@ -89,11 +89,10 @@ static bg_status_t check_cp(const bg_executor_params_t *p, const bg_model_desc_p
         return BG_OK;
     if (cp < 0)
         return bg_error(BG_ERR_INVALID, "cp must be >= 1 (got %d)", cp);
-    const char *no = p->tp > 1 ? "--tp > 1" : p->ps > 0 ? "--ps" : p->zero > 0 ? "--zero"
-                   : mp->input != BG_INPUT_TOKENS ? "a model of feature inputs" : NULL;
+    const char *no = p->ps > 0 ? "--ps" : mp->input != BG_INPUT_TOKENS ? "a model of feature inputs" : NULL;
     if (no)
         return bg_error(BG_ERR_UNSUPPORTED, "--cp %d with %s is not built (context parallelism composes with --pp, "
-                        "--dp, every schedule and --emulate; docs/executor.md)", cp, no);
+                        "--dp, --tp, --zero, every schedule and --emulate; docs/executor.md)", cp, no);
     int seq = p->data.seq ? p->data.seq : mp->seq_len;
     if (seq % (2 * cp) != 0)
         return bg_error(BG_ERR_INVALID, "--cp %d: the sequence length %d is not divisible by 2 x cp = %d (each "
@@ -568,7 +567,6 @@ static bg_status_t make_pair(exec_t *x)
         return BG_OK;
     const char *no = x->p.zero && x->lay.dp > 1 ? "--zero"
                      : x->lay.servers                                      ? "--ps"
-                     : x->em                                               ? "--emulate"
                      : x->be->ops->event_record                            ? "a backend that queues work"
                                                                            : NULL;
     if (no) { /* each would put collectives of its own inside both lanes, or the lanes' work on one queue */

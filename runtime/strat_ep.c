@@ -34,8 +34,9 @@ typedef struct {
     bg__dcoll_t *rep_coll; /* rep's collectives on the backend's buffers, as dp_coll is dp_group's */
     bg__xfer_t **extra;  /* this step's reductions beyond each bucket's first, waited for before the optimizer */
     int nextra, cap;
-    float *emu;          /* --emulate: the all-to-alls' send and receive buffers (zeros), emu_n floats each */
-    size_t emu_n;
+    float *emu[2];       /* --emulate: each lane's all-to-alls' send and receive buffers (zeros), emu_n floats each
+                          * (a lane's exchange may be in flight while the other's grows its buffers) */
+    size_t emu_n[2];
     uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
     exec_t *x;            /* its staging (the all-to-alls' waits), trace (made after the strategies) and step:
                            * each all-to-all is an "ep_a2a" event */
@@ -136,8 +137,9 @@ static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *send
     for (int d = 0; d < e->c.size; d++)
         *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
     double t0 = bg_now();
-    bg_status_t st = e->x->stg.on ? staged_alltoallv(e, send, sendcounts, sdispls, recv, recvcounts, rdispls)
-                                  : host_alltoallv(e, send, sendcounts, sdispls, recv, recvcounts, rdispls);
+    bg_status_t st = e->x->stg.on && !e->x->em /* --emulate: its own host buffers, no layer runs */
+                         ? staged_alltoallv(e, send, sendcounts, sdispls, recv, recvcounts, rdispls)
+                         : host_alltoallv(e, send, sendcounts, sdispls, recv, recvcounts, rdispls);
     if (e->x->trace)
         bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
     return st;
@@ -151,7 +153,8 @@ static void ep_destroy(exec_t *x, void *self)
     for (int i = 0; i < e->nextra; i++)
         bg__xfree(e->extra[i]);
     free(e->extra);
-    free(e->emu);
+    free(e->emu[0]);
+    free(e->emu[1]);
     host_free(e, e->host[0]);
     host_free(e, e->host[1]);
     if (bg_model_desc_ep(x->desc) == &e->c)
@@ -252,12 +255,13 @@ static bg_status_t emulate_exchanges(ep_t *e, double msgs, double bytes)
     if (n < 1)
         return BG_OK;
     size_t each = (size_t)(bytes / n / (P - 1) / sizeof(float) + 0.5), need = each * (size_t)P;
-    if (need > e->emu_n) {
+    int lane = bg__pair_lane();
+    if (need > e->emu_n[lane]) {
         float *b = calloc(2 * need, sizeof(float));
         if (!b)
             return bg_error(BG_ERR_NOMEM, "emulated all-to-all of %zu floats", need);
-        free(e->emu);
-        e->emu = b, e->emu_n = need;
+        free(e->emu[lane]);
+        e->emu[lane] = b, e->emu_n[lane] = need;
     }
     size_t c[4 * EP_MAX_EMU];
     if (P > EP_MAX_EMU)
@@ -267,7 +271,7 @@ static bg_status_t emulate_exchanges(ep_t *e, double msgs, double bytes)
         c[P + d] = c[3 * P + d] = (size_t)d * each;
     }
     for (int i = 0; i < n; i++)
-        BG_CHECK(ep_alltoallv(e, e->emu, c, c + P, e->emu + e->emu_n, c + 2 * P, c + 3 * P));
+        BG_CHECK(ep_alltoallv(e, e->emu[lane], c, c + P, e->emu[lane] + e->emu_n[lane], c + 2 * P, c + 3 * P));
     return BG_OK;
 }
 

@@ -297,18 +297,15 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int pa
         post_ahead(&r, ops, n, i);
         size_t j = paired ? bg_sched_pair_partner(ops, n, i) : 0;
         if (j) {
-            /* runtime/executor.c run_pair: i starts; at its first wait for the tensor group j starts (a
-             * weight gradient has none: it ends first); i ends (a forward's output gradient buffer is
-             * posted then), its sends leave, and j ends */
+            /* runtime/exec_ops.c bg__exec_run_pair: i starts; at its first wait for the tensor group j
+             * starts (a weight gradient has none: j starts first and i beside it); i ends (a forward's
+             * output gradient buffer is posted then), its sends leave, and j ends */
             post_ahead(&r, ops, n, j);
             BG_CHECK_GOTO(record(&r), st, out);
             op_start(&r, &g, &ops[i]);
-            if (ops[i].kind == BG_OP_BACKWARD_WEIGHT)
-                op_end(&r, &g, &ops[i]);
             op_start(&r, &g, &ops[j]);
             BG_CHECK_GOTO(record(&r), st, out);
-            if (ops[i].kind != BG_OP_BACKWARD_WEIGHT)
-                op_end(&r, &g, &ops[i]);
+            op_end(&r, &g, &ops[i]);
             for (size_t k = i + 1; k < j; k++)
                 op_start(&r, &g, &ops[k]);
             BG_CHECK_GOTO(record(&r), st, out);

@@ -46,8 +46,11 @@ static void usage(FILE *f)
             "  --tp N|all         tensor-parallel degree: N only, or every degree dividing the devices\n"
             "                     (default: 1, and when no layout fits at 1 the smallest degree that\n"
             "                     fits, said so)\n"
-            "  --cp N             context-parallel degree: 1 only (the planner places no context groups;\n"
-            "                     brigade train --cp N runs without a plan)\n"
+            "  --cp N|auto        context-parallel degree (default 1): every sequence split over N devices\n"
+            "                     (pp x dp groups of N x tp; --seq divisible by 2N), each member's layers\n"
+            "                     counted at seq / N with the ring's traffic; auto: 1, and when nothing\n"
+            "                     fits at 1 the smallest degree that fits, said so (GPT and Llama; not\n"
+            "                     with --measure)\n"
             "  --sequence-parallel  GPT: plan tp > 1 with sequence parallelism (brigade train\n"
             "                     --sequence-parallel): activations between blocks split along the sequence;\n"
             "                     without it, SP is used only where a degree does not fit otherwise\n"
@@ -149,7 +152,10 @@ static const char *gib(char *buf, size_t n, double b)
 static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim)
 {
     char a[32], b[32];
-    printf("best plan: pp %d x dp %d x tp %d = %d devices, schedule %s", bg_plan_pp(p), bg_plan_dp(p),
+    char cps[24] = "";
+    if (bg_plan_cp(p) > 1)
+        snprintf(cps, sizeof cps, " x cp %d", bg_plan_cp(p));
+    printf("best plan: pp %d x dp %d%s x tp %d = %d devices, schedule %s", bg_plan_pp(p), bg_plan_dp(p), cps,
            bg_plan_tp(p), bg_plan_world(p), bg_plan_schedule(p));
     if (bg_plan_chunks(p) > 1)
         printf(" (%d chunks per rank)", bg_plan_chunks(p));
@@ -204,6 +210,8 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
     int n = bg_plan_split(p, split, 4096);
     printf("\nrun it: brigade launch -n %d -- brigade train ... --pp %d --dp %d --schedule %s", bg_plan_world(p),
            bg_plan_pp(p), bg_plan_dp(p), bg_plan_schedule(p));
+    if (bg_plan_cp(p) > 1)
+        printf(" --cp %d", bg_plan_cp(p));
     if (bg_plan_tp(p) > 1)
         printf(" --tp %d%s", bg_plan_tp(p), bg_plan_sequence_parallel(p) ? " --sequence-parallel" : "");
     if (bg_plan_chunks(p) > 1 && strcmp(bg_plan_schedule(p), "zbv"))
@@ -234,7 +242,8 @@ static void print_top(const bg_plan_set_t *set)
                 worst = u, wr = r;
         }
         char with[64];
-        snprintf(with, sizeof with, "%s%s%.0d%s", bg_plan_recompute(p) ? " recompute" : "",
+        snprintf(with, sizeof with, "%s%.0d%s%s%.0d%s", bg_plan_cp(p) > 1 ? " cp " : "", bg_plan_cp(p) > 1 ? bg_plan_cp(p) : 0,
+                 bg_plan_recompute(p) ? " recompute" : "",
                  bg_plan_zero(p) ? " zero " : "", bg_plan_zero(p), bg_plan_offload(p) >= 2 ? " offload opt,params" : bg_plan_offload(p) ? " offload optimizer" : "");
         printf("%3d %4d %4d %3d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
                bg_plan_dp(p), bg_plan_tp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
@@ -532,12 +541,14 @@ int bg_cmd_plan(int argc, char **argv)
             host_ranks = (int)v;
             break;
         case O_SP: mc.sequence_parallel = 1; break;
-        case O_CP: /* the planner places no context groups (docs/partitioner.md): cp 1 only */
+        case O_CP:
+            if (!strcmp(optarg, "auto")) {
+                pp.cp = BG_PLAN_CP_AUTO;
+                break;
+            }
             if (bg_cli_int(CMD, "--cp", optarg, 1, 4096, &v))
                 return 2;
-            if (v > 1)
-                return bg_cli_fail(CMD, "--cp %lld is not built: the planner places no context groups (it plans "
-                                   "cp = 1; brigade train --cp %lld runs without a plan)", v, v);
+            pp.cp = (int)v;
             break;
         case O_HELP:
         case 'h':

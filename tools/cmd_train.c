@@ -78,7 +78,7 @@ static void usage(FILE *f)
             "  --cp N                 context-parallel degree (default 1): every sequence split over N ranks\n"
             "                         (2N chunks, rank i holding i and 2N-1-i; --seq divisible by 2N);\n"
             "                         attention as a ring passing key/value blocks; GPT and Llama (not\n"
-            "                         MoE), with --pp and --dp;\n"
+            "                         MoE), with --pp, --dp, --tp and --zero;\n"
             "                         ranks are laid out tp fastest, then cp, dp, pp\n"
             "  --sequence-parallel    GPT with --tp > 1: split the layernorms, residuals and activations\n"
             "                         between blocks along the sequence (--seq divisible by --tp): less\n"
@@ -695,10 +695,11 @@ int bg_cmd_train(int argc, char **argv)
         bg_status_t pst = bg_plan_load(plan_path, &plan);
         if (pst != BG_OK)
             return bg_cli_status(cmd, pst);
-        if (c.cp > 1) { /* the planner places no context groups yet (docs/partitioner.md) */
+        if (c.cp > 1 && c.cp != bg_plan_cp(plan)) {
+            int pc = bg_plan_cp(plan);
             bg_plan_free(plan);
-            return bg_cli_fail(cmd, "%s is a plan for cp 1: --plan with --cp %d is not built (brigade plan places no "
-                               "context groups; run --cp %d without --plan)", plan_path, c.cp, c.cp);
+            return bg_cli_fail(cmd, "--cp %d, but %s is a plan for cp %d: leave --cp out, or plan again with brigade "
+                               "plan --cp %d", c.cp, plan_path, pc, c.cp);
         }
         if (sequence_parallel && !bg_plan_sequence_parallel(plan)) {
             bg_plan_free(plan);
@@ -725,6 +726,7 @@ int bg_cmd_train(int argc, char **argv)
         }
         c.model.precision = bg_plan_precision(plan);
         c.model.tp = bg_plan_tp(plan);
+        c.cp = bg_plan_cp(plan);
         c.model.sequence_parallel = bg_plan_sequence_parallel(plan);
         c.pp = bg_plan_pp(plan);
         c.dp = bg_plan_dp(plan);

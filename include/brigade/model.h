@@ -445,6 +445,18 @@ bg_status_t bg_stage_set_lane(bg_stage_t *s, int mb, int lane);
  *  (from bg_stage_forward) is freed too: nothing may still read or send it. BG_ERR_INVALID if the slot's
  *  fused backward has not run. */
 bg_status_t bg_stage_release(bg_stage_t *s, int mb);
+/** Activation offload: the bytes slot mb keeps on the backend between its forward and its backward (its layers'
+ *  outputs and stashes; not its input, data or incoming gradient), which bg_stage_stash_out moves to host memory;
+ *  0 when the slot is not forwarded or keeps none (recomputation). */
+size_t bg_stage_stash_bytes(const bg_stage_t *s, int mb);
+/** Copies slot mb's stash (bg_stage_stash_bytes bytes) to @p host and frees it on the backend. Only between
+ *  its forward and its backward, and only once nothing reads the output bg_stage_forward returned (its sends
+ *  complete): the output is part of the stash. A backward before bg_stage_stash_in is refused. A no-op when
+ *  the slot keeps no stash (recomputation). BG_ERR_INVALID when the slot is not forwarded or already out. */
+bg_status_t bg_stage_stash_out(bg_stage_t *s, int mb, void *host);
+/** Allocates slot mb's stash on the backend again and copies it back from @p host: its backward (B and W, or
+ *  fused) then reads the bytes its forward wrote. On BG_ERR_NOMEM the slot stays offloaded. */
+bg_status_t bg_stage_stash_in(bg_stage_t *s, int mb, const void *host);
 /** Frees what is left of slot mb (after the fused backward). */
 void bg_stage_end(bg_stage_t *s, int mb);
 /** Memory of one microbatch of input shape `in` on this stage, in bytes, as

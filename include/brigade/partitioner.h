@@ -296,10 +296,18 @@ typedef struct bg_plan_params {
                                       and sharding stage, the least offload that fits (2 at zero 3 only). The step time
                                       counts the same optimizer step either way (the CPU backend's step on
                                       host-held state) */
+    int cp;                      /**< context-parallel degree (docs/executor.md "Context parallelism"): 0 or
+                                      1 = 1; N > 1 = every sequence split over N devices (N divides the
+                                      devices, 2N the sequence; pp x dp groups of N x tp devices, each
+                                      member's layers profiled at seq / N with the ring's scratch and
+                                      steps, the gradients summed and sharded over dp x N);
+                                      BG_PLAN_CP_AUTO: 1, else the smallest degree that fits. A builder-made
+                                      token model (GPT, Llama), without measured layer times */
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
 #define BG_PLAN_OFFLOAD_AUTO (-1) /**< bg_plan_params_t.offload: choose */
+#define BG_PLAN_CP_AUTO (-1) /**< bg_plan_params_t.cp: 1, else the smallest degree that fits */
 /** Defaults of bg_plan_params_t: one device, batch 8, everything else searched; AdamW, 1 TFLOP/s devices
  *  on 5 us, 10 GB/s links; the 5 best plans. */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
@@ -307,7 +315,7 @@ typedef struct bg_plan_params {
       .nspeed = 0, .batch = 8, .microbatch_size = 0, .pp = 0, .schedules = NULL, .chunks = 0,                     \
       .optim = BG_OPTIM_ADAMW, .allow_recompute = 0, .flops = 1e12, .link_latency = 5e-6, .link_bandwidth = 10e9,  \
       .layer_fwd_s = NULL, .layer_bwd_s = NULL, .top = 5, .layer_b_s = NULL, .layer_w_s = NULL, .zero = 0,        \
-      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL, .offload = 0 }
+      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL, .offload = 0, .cp = 0 }
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -353,6 +361,7 @@ int bg_plan_world(const bg_plan_t *plan); /**< devices */
 int bg_plan_pp(const bg_plan_t *plan); /**< pipeline ranks */
 int bg_plan_dp(const bg_plan_t *plan); /**< data-parallel replicas */
 int bg_plan_tp(const bg_plan_t *plan); /**< tensor-parallel degree (1) */
+int bg_plan_cp(const bg_plan_t *plan); /**< context-parallel degree (1): world = pp x dp x cp x tp */
 int bg_plan_microbatches(const bg_plan_t *plan); /**< microbatches per step and replica */
 int bg_plan_microbatch_size(const bg_plan_t *plan); /**< sequences per microbatch */
 int bg_plan_batch(const bg_plan_t *plan); /**< global batch, sequences */

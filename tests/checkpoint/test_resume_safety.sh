@@ -112,7 +112,9 @@ else has "$T/e10b" "manifest.json: optim is 9; expected 0 (no optimizer state), 
 "$B" train $G --steps 1000000 --save "$T/s1" >"$T/o11" 2>"$T/e11" &
 p=$!
 ( for i in $(seq 600); do sleep 0.1; kill -0 $p 2>/dev/null || exit 0; done; kill -KILL $p ) >/dev/null 2>&1 &
-sleep 2; kill -INT $p; wait $p; rc=$?
+# signalled once its handler is installed and it has run a while (a signal before the handler kills it)
+wait_caught 2 60 $p || bad "SIGINT: no handler installed within 60 s"
+sleep 1; kill -INT $p; wait $p; rc=$?
 [ "$rc" = 130 ] && ok "SIGINT: exit 130" || bad "SIGINT: exit $rc"
 n=$(sed -n 's/^interrupted at step \([0-9]*\), nothing saved$/\1/p' "$T/e11")
 [ -n "$n" ] && ok "SIGINT: interrupted at step $n, nothing saved" || { bad "SIGINT message"; cat "$T/e11"; }
@@ -120,7 +122,11 @@ grep -q "trained gpt: .* $n steps (steps 0 -> $n of 1000000, stopped)" "$T/o11" 
 [ ! -e "$T/s1" ] && ok "no --save directory left behind" || bad "--save directory $(ls -la "$T/s1")"
 # SIGTERM with --checkpoint-dir under the launcher: 143, checkpoint of the step reached
 timeout 120 "$B" launch -n 2 -- "$B" train $G --pp 2 --steps 1000000 --checkpoint-dir "$T/c12" >"$T/o12" 2>"$T/e12" &
-p=$!; sleep 3; kill -TERM $(pgrep -P $p) # the launcher itself (timeout(1) would signal its group too)
+p=$!
+# the launcher (timeout(1)'s child; it takes signals from its start) once both its ranks catch SIGTERM
+for i in $(seq 600); do l=$(pgrep -P $p); [ -n "$l" ] && [ "$(pgrep -P "$l" | wc -l)" = 2 ] && break; sleep 0.1; done
+wait_caught 15 60 $(pgrep -P "$l") || bad "SIGTERM: a rank has no handler within 60 s"
+sleep 2; kill -TERM $l # the launcher itself (timeout(1) would signal its group too)
 wait $p; rc=$?
 [ "$rc" = 143 ] && ok "SIGTERM (launcher): exit 143" || { bad "SIGTERM: exit $rc"; cat "$T/e12"; }
 k=$(ls "$T/c12" 2>/dev/null | grep '^step-' | sed 's/step-0*//' | sort -n | tail -1)

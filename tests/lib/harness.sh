@@ -10,7 +10,7 @@
 # the brigade binary ($B, also $BRIGADE), time helpers, the CLI
 # expectations (expect, expect_re, expect_train), training runs compared
 # with `brigade compare` (train_save, same, near), process probes (alive,
-# pstate, wait_files, all_dead, wait_exit) and network-namespace hosts
+# pstate, catches, wait_caught, wait_files, all_dead, wait_exit) and network-namespace hosts
 # (netns_init, netns_hosts, job_start...). It runs nothing when sourced
 # beyond making $T and installing the EXIT trap; it sets `set -u` (every
 # test runs with it) and leaves -e and pipefail to the test.
@@ -119,6 +119,28 @@ alive() {
     kill -0 "$1" 2>/dev/null || return 1
     st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
     [ -n "$st" ] && [ "$st" != Z ]
+}
+# catches PID SIGNUM: 0 if PID has installed a handler for signal SIGNUM
+# (its /proc status SigCgt mask has the bit)
+catches() {
+    local mask
+    mask=$(awk '/^SigCgt:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 1
+    [ -n "$mask" ] && (((0x$mask >> ($2 - 1)) & 1))
+}
+# wait_caught SIGNUM SECONDS PID...: wait until every PID catches SIGNUM (a
+# signal sent earlier would kill a process that has not started yet); 0 if
+# they do within SECONDS, 1 if not
+wait_caught() {
+    local sig=$1 limit_ms=$(($2 * 1000)) t0 p all
+    shift 2
+    t0=$(now_us)
+    while :; do
+        all=1
+        for p in "$@"; do catches "$p" "$sig" || all=0; done
+        [ "$all" = 1 ] && return 0
+        [ "$(ms_since "$t0")" -ge "$limit_ms" ] && return 1
+        sleep 0.05
+    done
 }
 # process state letter (R, S, T, Z...) or empty
 pstate() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1; }

@@ -429,6 +429,106 @@ static void test_recompute(void **s)
     free(g[1]);
 }
 
+/* A microbatch of small_gpt's: 2 sequences of 8 tokens and their targets. */
+static void small_batch(int32_t tok[16], int32_t tgt[16])
+{
+    for (int i = 0; i < 16; i++)
+        tok[i] = (i * 37) % 256, tgt[i] = (i * 11 + 5) % 256;
+}
+
+/* Activation offload (bg_stage_stash_out/_in): between F and B the slot's stash leaves the backend (its
+ * current bytes fall by exactly the stash, which is the memory model's per-microbatch stash of a token-input
+ * stage), and the fused and the split backward after it give the gradients of a run that kept it, bitwise.
+ * Misuse is refused; under recomputation there is nothing to move. */
+static void test_stash_offload(void **s)
+{
+    (void)s;
+    int32_t tok[16], tgt[16];
+    small_batch(tok, tgt);
+    for (int split = 0; split < 2; split++) {
+        float *g[2] = {NULL, NULL};
+        size_t np = 0;
+        for (int off = 0; off < 2; off++) {
+            bg_model_config_t c = small_gpt();
+            bg_model_t *m;
+            bg_stage_t *st;
+            size_t base = bg_backend_memstats(be).current;
+            assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
+            assert_int_equal(bg_stage_create(m, 2, &st), BG_OK);
+            float *in, *out, *din;
+            bg_shape_t os;
+            assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 8, 0}, &in), BG_OK);
+            assert_int_equal(bg_stage_stash_bytes(st, 0), 0); /* not forwarded */
+            assert_int_equal(bg_stage_stash_out(st, 0, tok), BG_ERR_INVALID);
+            assert_int_equal(bg_stage_set_data(st, 0, tok, tgt, 1.0f / 16), BG_OK);
+            assert_int_equal(bg_stage_forward(st, 0, &out, &os), BG_OK);
+            size_t bytes = bg_stage_stash_bytes(st, 0);
+            bg_stage_mem_t mem;
+            assert_int_equal(bg_stage_memory(st, (bg_shape_t){2, 8, 0}, &mem), BG_OK);
+            assert_int_equal(bytes, mem.stash); /* token input: the stash is the outputs and the layers' stashes */
+            void *host = NULL;
+            if (off) {
+                host = malloc(bytes);
+                assert_non_null(host);
+                assert_int_equal(bg_stage_stash_in(st, 0, host), BG_ERR_INVALID); /* not out */
+                size_t cur = bg_backend_memstats(be).current;
+                assert_int_equal(bg_stage_stash_out(st, 0, host), BG_OK);
+                assert_int_equal(cur - bg_backend_memstats(be).current, bytes);
+                assert_int_equal(bg_stage_stash_bytes(st, 0), bytes);
+                assert_int_equal(bg_stage_stash_out(st, 0, host), BG_ERR_INVALID); /* already out */
+                assert_int_equal(bg_stage_backward(st, 0, &din), BG_ERR_INVALID);
+                assert_int_equal(bg_stage_backward_input(st, 0, &din), BG_ERR_INVALID);
+                /* the freed device bytes overwritten: the backward can only read what comes back */
+                void *junk = bg_backend_alloc(be, bytes, "junk"), *ones = malloc(bytes);
+                assert_non_null(junk);
+                assert_non_null(ones);
+                memset(ones, 0xff, bytes);
+                be->ops->from_host(be, junk, ones, bytes);
+                bg_backend_free(be, junk);
+                free(ones);
+                assert_int_equal(bg_stage_stash_in(st, 0, host), BG_OK);
+                assert_int_equal(bg_backend_memstats(be).current, cur);
+            }
+            if (split) {
+                assert_int_equal(bg_stage_backward_input(st, 0, &din), BG_OK);
+                assert_int_equal(bg_stage_backward_weight(st, 0), BG_OK);
+            } else {
+                assert_int_equal(bg_stage_backward(st, 0, &din), BG_OK);
+                bg_stage_end(st, 0);
+            }
+            free(host);
+            np = bg_model_param_count(m);
+            g[off] = malloc(np * sizeof(float));
+            assert_non_null(g[off]);
+            memcpy(g[off], bg_model_grads(m), np * sizeof(float));
+            bg_stage_destroy(st);
+            bg_test_model_destroy(m);
+            assert_int_equal(bg_backend_memstats(be).current, base); /* nothing leaked */
+        }
+        assert_memory_equal(g[0], g[1], np * sizeof(float));
+        free(g[0]);
+        free(g[1]);
+    }
+    /* recomputation keeps no stash between F and B: nothing to move, and the backward recomputes it */
+    bg_model_config_t c = small_gpt();
+    bg_model_t *m;
+    bg_stage_t *st;
+    assert_int_equal(bg_test_model_create(&c, be, -1, -1, &m), BG_OK);
+    assert_int_equal(bg_stage_create(m, 1, &st), BG_OK);
+    bg_stage_set_recompute(st, 1);
+    float *in, *out, *din;
+    bg_shape_t os;
+    assert_int_equal(bg_stage_begin(st, 0, (bg_shape_t){2, 8, 0}, &in), BG_OK);
+    assert_int_equal(bg_stage_set_data(st, 0, tok, tgt, 1.0f / 16), BG_OK);
+    assert_int_equal(bg_stage_forward(st, 0, &out, &os), BG_OK);
+    assert_int_equal(bg_stage_stash_bytes(st, 0), 0);
+    assert_int_equal(bg_stage_stash_out(st, 0, NULL), BG_OK);
+    assert_int_equal(bg_stage_backward(st, 0, &din), BG_OK);
+    bg_stage_end(st, 0);
+    bg_stage_destroy(st);
+    bg_test_model_destroy(m);
+}
+
 /* The layer-begin callback (bg_stage_set_layer_begin) fires before every layer compute of every pass, in the
  * pass's order, and nothing reads a layer's weights before it: with the flat parameter buffer freed
  * (bg_model_params_hold) and only the calling layer's tensors aimed at a copy of them (every other layer's
@@ -460,8 +560,7 @@ static void test_layer_begin(void **s)
     (void)s;
     bg_model_config_t c = small_gpt();
     int32_t tok[16], tgt[16];
-    for (int i = 0; i < 16; i++)
-        tok[i] = (i * 37) % 256, tgt[i] = (i * 11 + 5) % 256;
+    small_batch(tok, tgt);
     /* mode 0: fused backward, 1: split B and W, 2: recomputation; run 0: reference, run 1: weights by the callback */
     for (int mode = 0; mode < 3; mode++) {
         float *g[2] = {NULL, NULL};
@@ -1252,6 +1351,7 @@ int main(void)
         cmocka_unit_test(test_stage_misuse),
         cmocka_unit_test(test_tie_shape_message),
         cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_stash_offload),
         cmocka_unit_test(test_layer_begin),
         cmocka_unit_test(test_fused_bias_gelu),
         cmocka_unit_test(test_data),

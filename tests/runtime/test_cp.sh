@@ -10,9 +10,10 @@
 # checkpoint resumes at cp 1 and cp 4 onto the same weights; variable
 # lengths (rounded to multiples of 2 cp) match one process. An emulated
 # pp 2 x cp 2 run (--emulate) sends the computing run's bytes. Refusals:
-# a length not divisible by 2 cp, --tp, --zero, an MoE model, brigade plan
-# --cp 2 and --plan with --cp 2, each one line naming what. A Llama (rotary
-# positions) the same as GPT: cp 2 = cp 1.
+# a length not divisible by 2 cp, --ps, an MoE model, each one line naming
+# what. (With tp, ZeRO and the planner: test_cp_compose.sh.) A Llama (rotary
+# positions) the same as GPT: cp 2 = cp 1. The backward's overlapped dK/dV
+# hops give bitwise the serial order's weights.
 . "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 2 --d-model 32 --heads 4 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
@@ -36,10 +37,11 @@ same_run() {
 run cp1 1
 run cp2 2 --cp 2 && same_run cp2
 run cp4 4 --cp 4 && same_run cp4
+# the backward's ring with each dK/dV hop waited for before the next block computes: bitwise the overlapped run
+BRIGADE_CP_OVERLAP=off train_save cp4_serial 4 $GPT --cp 4 && same "$T/cp4" "$T/cp4_serial" "cp 4: overlapped dK/dV hops = serial"
 run cp2_pp2 4 --cp 2 --pp 2 && same_run cp2_pp2
 run cp2_dp2 4 --cp 2 --dp 2 && same_run cp2_dp2
 run cp2_pp2_dp2 8 --cp 2 --pp 2 --dp 2 --schedule zb-h1 && same_run cp2_pp2_dp2
-
 # variable lengths (--seq-min): rounded to multiples of 2 cp, the weights of one process with those lengths
 train_save var1 1 $GPT --seq-min 64 --seq-multiple 4 && train_save var_cp2 2 $GPT --seq-min 64 --cp 2 &&
   near "$T/var1" "$T/var_cp2" "variable lengths, cp 2 = cp 1"
@@ -95,16 +97,7 @@ fi
 
 # refusals, before anything trains
 expect_train 1 "--cp 4: the sequence length 100 is not divisible by 2 x cp = 8" $GPT --seq 100 --cp 4
-expect_train 1 "--cp 2 with --tp > 1 is not built" $GPT --cp 2 --tp 2
-expect_train 1 "--cp 2 with --zero is not built" $GPT --cp 2 --dp 2 --zero 1
-# the planner places no context groups yet: brigade plan --cp 2, and a plan run with --cp 2, say so
-PM="--layers 2 --d-model 32 --heads 4 --seq 64"
-expect_err_line plan "--cp 2 is not built: the planner places no context groups" $PM --devices 2 --mem 1G --cp 2
-if "$B" plan $PM --devices 2 --mem 1G --cp 1 --json "$T/plan.json" >/dev/null 2>&1; then
-  expect_train 2 "is a plan for cp 1: --plan with --cp 2 is not built" --plan "$T/plan.json" $PM --cp 2 --steps 1
-else
-  bad "brigade plan --cp 1"
-fi
+expect_train 1 "--cp 2 with --ps is not built" $GPT --cp 2 --ps 1
 if timeout 60 "$B" launch -n 2 -- "$B" train $GPT --steps 1 --quiet --cp 2 --experts 4 --top-k 2 >"$T/moe.log" 2>&1; then
   bad "an MoE model trained under --cp 2"
 elif grep -q "layer moe is a moe" "$T/moe.log"; then

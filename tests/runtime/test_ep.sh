@@ -6,8 +6,9 @@
 # way); within 1e-5 relative L2 elsewhere (the holder adds each microbatch's blocks of every member in
 # turn, the data-parallel sum adds each replica's microbatches first). The routing is the same on every
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
-# fused backwards, both copies), and 1F1B's and DualPipeV's all-to-alls overlapped with the paired microbatch
-# (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without; on cpu-async with BRIGADE_STAGING=always (the
+# fused backwards, both copies) and ZB-V, and 1F1B's, DualPipeV's and ZB-V's all-to-alls overlapped with the
+# paired microbatch (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without; emulated paired runs form the
+# pairs their programs have (1F1B, ZB-V, DualPipeV, DualPipe); on cpu-async with BRIGADE_STAGING=always (the
 # all-to-alls staged through host memory) bitwise equal to the cpu backend;
 # --zero 1 (the experts' optimizer state sharded over the replicas holding them) bitwise --zero 0;
 # the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
@@ -72,11 +73,18 @@ train p2e2dv 4 $DV --trace "$T/dv.json" && near "$T/p2d2m4" "$T/p2e2dv" "pp 2 x 
 # on a group of its own, waited for by handing the thread to the other lane: the same exchanges (the trace's
 # ep_a2a events, counted), some of them inside the second lane, and the weights bitwise those of the run without
 a2a() { grep -o "\"tid\":$2,[^}]*\"op\":\"ep_a2a\"" "$T/$1.json" | wc -l; }
+ZV="--steps 4 --pp 2 --dp 2 --ep 2 --microbatches 4 --batch 16 --schedule zbv"
+train p2e2zv 4 $ZV && near "$T/p2d2m4" "$T/p2e2zv" "pp 2 x ep 2 x dp 2, ZB-V"
 export BRIGADE_TP_OVERLAP=microbatch
 train p2e2dvo 4 $DV --trace "$T/dvo.json" && same "$T/p2e2dv" "$T/p2e2dvo" \
     "pp 2 x ep 2 x dp 2, DualPipeV: all-to-alls overlapped with the paired microbatch = not overlapped, bitwise"
 train p2e2o 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 2 && same "$T/p2e2" "$T/p2e2o" \
     "pp 2 x ep 2 x dp 2, 1F1B: paired = unpaired, bitwise"
+# ZB-V pairs a W with the next forward: the forward's lane starts first (the W's runs second, lane 1)
+train p2e2zvo 4 $ZV --trace "$T/zvo.json" && same "$T/p2e2zv" "$T/p2e2zvo" \
+    "pp 2 x ep 2 x dp 2, ZB-V: paired = unpaired, bitwise"
+w1=$(grep -o '"tid":2,[^}]*"op":"W"' "$T/zvo.json" | wc -l)
+[ "$w1" -gt 0 ] && ok "ZB-V paired: $w1 W instructions in the second lane" || bad "ZB-V paired: no W in the second lane"
 unset BRIGADE_TP_OVERLAP
 n0=$(($(a2a dv 0) + $(a2a dv 2))) n1=$(($(a2a dvo 0) + $(a2a dvo 2))) l1=$(a2a dvo 2)
 [ "$n0" -gt 0 ] && [ "$n0" = "$n1" ] && [ "$(a2a dv 2)" = 0 ] && [ "$l1" -gt 0 ] &&
@@ -144,6 +152,20 @@ re=$(mean_bytes p2e2) em=$(mean_bytes p2e2emu)
     ok "emulated pp 2 x ep 2 x dp 2 sends $em bytes per rank and step, computing $re" ||
     bad "emulated bytes per rank and step ${em:-?}, computing ${re:-?}"
 
+# --emulate pairs too: under each schedule the paired run forms, in its last step, the pairs the pairing rule
+# forms on the unpaired run's compute order (bench/ep_overlap.py --pairs), counted in the second lane
+OV="$(dirname "$0")/../../bench/ep_overlap.py"
+EM="--steps 2 --pp 2 --dp 2 --ep 2 --microbatches 4 --batch 16 --emulate $T/prof.json --emulate-scale 1"
+for s in 1f1b zbv dualpipev dualpipe; do
+    train em_$s 4 $EM --schedule $s --trace "$T/em_$s.json"
+    BRIGADE_TP_OVERLAP=microbatch train emo_$s 4 $EM --schedule $s --trace "$T/emo_$s.json"
+    read -r none want <<<"$(python3 "$OV" "$T/em_$s.jsonl" "$T/em_$s.json" "$s" 4 no --pairs)"
+    read -r got _ <<<"$(python3 "$OV" "$T/emo_$s.jsonl" "$T/emo_$s.json" "$s" 4 yes --pairs)"
+    [ "${none:-x}" = 0 ] && [ "${want:-0}" -gt 0 ] && [ "${got:-x}" = "$want" ] &&
+        ok "emulated $s paired: $got pairs per step, as its program has" ||
+        bad "emulated $s: ${got:-?} pairs formed, the program has ${want:-?} (unpaired formed ${none:-?})"
+done
+
 # checkpoints: whole expert tensors, resumed under another ep
 ck() { timeout 120 "$B" launch -n "$1" -- "$B" train $G --quiet "${@:2}" >"$T/ck.log" 2>&1 || { bad "ck: $*"; tail -3 "$T/ck.log"; }; }
 ck 2 --steps 2 --dp 2 --ep 2 --microbatches 1 --checkpoint-dir "$T/c2"
@@ -157,4 +179,4 @@ expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
 expect 1 "ep 2 with --zero 2 and 3 is not built yet" train $G --ep 2 --dp 2 --zero 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 35
+finish 42
