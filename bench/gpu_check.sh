@@ -28,7 +28,10 @@
 #      processes on the one GPU through the staging provider: tp = 2, tp = 2
 #      with --sequence-parallel, and dp = 2 with --zero 2, each within relative
 #      L2 1e-5 of one process (as test_tp and test_zero hold on the CPU), the
-#      provider read from the log
+#      provider read from the log; and expert parallelism (4 experts, top 2,
+#      every second block): ep 2 x dp 2, its all-to-alls staged through host
+#      memory, within relative L2 1e-5 of one process holding every expert
+#      with the same sequences per microbatch (as test_ep holds on the CPU)
 #   8. --offload optimizer on the device (docs/offload.md, "Device backends":
 #      the gradients and parameters copied to pinned host memory, the CPU's
 #      AdamW on the host-held state, the parameters copied back), two
@@ -166,31 +169,36 @@ for x, y in zip(a, b):
 EOF
 fi
 
-step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2, zero 2 offloaded (two processes on one GPU), NCCL"
+step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2, zero 2 offloaded, ep 2 (two processes on one GPU), NCCL"
 case $mode in *Exclusive*)
     say "| staged transfers (two processes on one GPU) | skipped: compute mode $mode admits one process |"
     mv "$REPORT.tmp" "$REPORT"; step "done: $fails failure(s); table in $REPORT"; [ $fails -eq 0 ]; exit ;;
 esac
 export BRIGADE_STAGING=always # the staged path, also where a CUDA-aware UCX would take device buffers directly
 small=(--layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 4 --steps 10 --threads 1 --quiet)
+moe=(--experts 4 --top-k 2 --moe-every 2 --capacity-factor 1.0) # ep2's model; its reference: staged_onemoe
 ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 nccl=(); [ "$ngpu" -ge 2 ] && nccl=("nccl_tp2 2 l2:1e-5 nccl --tp 2" "nccl_zero2 2 l2:1e-5 nccl --dp 2 --zero 2")
 # name  ranks  tolerance (bitwise | l2:X)  BRIGADE_COLL  args
 for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 auto --dp 2" \
          "pp2bf16 2 bitwise auto --pp 2 --schedule 1f1b --precision bf16" "tp2 2 l2:1e-5 auto --tp 2" \
          "tp2sp 2 l2:1e-5 auto --tp 2 --sequence-parallel" "zero2 2 l2:1e-5 auto --dp 2 --zero 2" \
-         "offzero2 2 l2:1e-5 auto --dp 2 --zero 2 --offload optimizer" "${nccl[@]}"; do
+         "offzero2 2 l2:1e-5 auto --dp 2 --zero 2 --offload optimizer" \
+         "ep2 2 l2:1e-5 auto ${moe[*]} --dp 2 --ep 2 --microbatches 2" "${nccl[@]}"; do
     read -r name n tol coll args <<<"$c"
     ref=$BUILD/staged_one
     [ "$name" = pp2tie ] && ref=$BUILD/staged_onetie
     [ "$name" = pp2bf16 ] && ref=$BUILD/staged_onebf16
     [ "$name" = offzero2 ] && ref=$BUILD/staged_zero2 # the same run without offload
+    [ "$name" = ep2 ] && ref=$BUILD/staged_onemoe
     if [ "$name" = one ]; then # the references: one process, with and without tied embeddings
         if ! { timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
             timeout 60 "$B" train --backend cuda "${small[@]}" --tie-embeddings --save "$BUILD/staged_onetie" \
                 >"$BUILD/staged_onetie.log" 2>&1 &&
             timeout 60 "$B" train --backend cuda "${small[@]}" --precision bf16 --save "$BUILD/staged_onebf16" \
-                >"$BUILD/staged_onebf16.log" 2>&1; }; then
+                >"$BUILD/staged_onebf16.log" 2>&1 &&
+            timeout 60 "$B" train --backend cuda "${small[@]}" "${moe[@]}" --save "$BUILD/staged_onemoe" \
+                >"$BUILD/staged_onemoe.log" 2>&1; }; then
             say "| staged reference (one process on cuda) | FAIL ($BUILD/staged_one*.log) |"; fails=$((fails + 1)); break
         fi
         continue

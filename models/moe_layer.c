@@ -184,7 +184,8 @@ static bg_status_t route(const bg_moe_t *m, bg_backend_t *be, const float *logit
  *      marked ep are empty):
  *      stash [logits (N,E)][U (R,2h)][H (R,h)][Y (A,c)][ep: xr (R,c)][ep: counts (P, E/P)],
  *      wstash [dlogits (N,E)][dU (R,2h)][dY (A,c)][ep: dyr (R,c)],
- *      scratch [xg (N,c); ep: (A,c)][dgate (A)][dH (N,h)][dxg (N,c); ep: (A,c)][ep: yr (R,c)] ---- */
+ *      scratch [xg (N,c); ep: (A,c)][dgate (A)][dH (N,h)][dxg (N,c); ep: (A,c)][ep: yr (R,c)][ep: sendc (E)]
+ *      (sendc: the counts this member sends, so that every all-to-all is on the backend's buffers) ---- */
 
 #define FB(x) bg__align64((size_t)(x) * sizeof(float))
 
@@ -212,7 +213,7 @@ static size_t moe_scratch(const bg_layer_t *l, bg_shape_t in)
     const bg_moe_t *m = &((const moe_t *)l->impl)->m;
     size_t N = (size_t)ROWS(in), A = (size_t)moe_assign(m, in), R = (size_t)moe_rows(m, in);
     size_t xg = moe_ep(m) > 1 ? (A > N ? A : N) : N;
-    return 2 * FB(xg * m->c) + FB(A) + FB(N * m->ffn) + (moe_ep(m) > 1 ? FB(R * m->c) : 0);
+    return 2 * FB(xg * m->c) + FB(A) + FB(N * m->ffn) + (moe_ep(m) > 1 ? FB(R * m->c) + FB(m->experts) : 0);
 }
 /* router 2NEc; per assignment: up 4ch, swiglu 3h, down 2hc, gated sum 2c (the whole capacity counted) */
 static double moe_fwd_flops(const bg_layer_t *l, bg_shape_t in)
@@ -246,7 +247,7 @@ static void moe_tp_cost(const bg_layer_t *l, bg_shape_t in, bg_tp_cost_t *cost)
 typedef struct {
     float *logits, *U, *H, *Y, *xr, *counts; /* stash (xr, counts: ep only) */
     float *dlogits, *dU, *dY, *dyr;          /* wstash (dyr: ep only) */
-    float *xg, *dgate, *dH, *dxg, *yr;       /* scratch (yr: ep only) */
+    float *xg, *dgate, *dH, *dxg, *yr, *sendc; /* scratch (yr, sendc: ep only) */
 } moe_bufs_t;
 
 static moe_bufs_t moe_bufs(const bg_moe_t *m, const bg_layer_ctx_t *ctx)
@@ -277,6 +278,7 @@ static moe_bufs_t moe_bufs(const bg_moe_t *m, const bg_layer_ctx_t *ctx)
     b.dH = (float *)s, s += FB(N * h);
     b.dxg = (float *)s, s += FB(xg * c);
     b.yr = ep ? (float *)s : NULL;
+    b.sendc = ep ? (float *)(s + FB(R * c)) : NULL;
     return b;
 }
 
@@ -381,12 +383,11 @@ static bg_status_t xplan_make(const moe_call_t *k, const bg_tp_comm_t *g, const 
             fc[k->E + e] = (float)r->cnt[e]; /* exact: at most N k < 2^24 */
         for (int d = 0; d < P; d++)
             x->sc[d] = x->rc[d] = (size_t)El, x->sd[d] = x->rd[d] = (size_t)d * El;
-        st = g->alltoallv(g->arg, fc + k->E, x->sc, x->sd, fc, x->rc, x->rd);
-        if (st == BG_OK)
-            k->be->ops->from_host(k->be, k->b.counts, fc, (size_t)k->E * sizeof(float));
-    } else {
-        k->be->ops->to_host(k->be, fc, k->b.counts, (size_t)k->E * sizeof(float));
+        k->be->ops->from_host(k->be, k->b.sendc, fc + k->E, (size_t)k->E * sizeof(float));
+        st = g->alltoallv(g->arg, k->b.sendc, x->sc, x->sd, k->b.counts, x->rc, x->rd);
     }
+    if (st == BG_OK) /* forward: the counts received; backward: the forward's, from the stash */
+        k->be->ops->to_host(k->be, fc, k->b.counts, (size_t)k->E * sizeof(float));
     for (int d = 0; d < P && st == BG_OK; d++) {
         x->toff[d] = r->off[d * El];
         x->to[d] = r->off[(d + 1) * El - 1] + r->cnt[(d + 1) * El - 1] - x->toff[d];

@@ -21,6 +21,25 @@ void bg__exec_trace_bucket(exec_t *x, chunk_t *ch, int b)
     }
 }
 
+size_t bg__exec_bucket_run(const chunk_t *ch, int b, size_t from, int *expert_p)
+{
+    const float *base = bg_model_params(ch->model);
+    size_t hi = ch->buckets[b].off + ch->buckets[b].count;
+    int kind = -1;
+    for (int i = 0; i < bg_model_num_tensors(ch->model); i++) {
+        const bg_param_t *p = bg_model_tensor(ch->model, i);
+        size_t o = (size_t)(p->data - base);
+        if (!p->numel || o < from || o >= hi)
+            continue;
+        if (kind >= 0 && p->split_ep != kind)
+            return o;
+        *expert_p = kind = p->split_ep;
+    }
+    if (kind < 0)
+        *expert_p = 0;
+    return hi;
+}
+
 /* Start the reduction of every bucket whose layers are all >= layer. */
 bg_status_t bg__exec_start_buckets(exec_t *x, chunk_t *ch, int layer)
 {

@@ -155,6 +155,8 @@ struct bg_executor {
     int own_comm;
     bg_group_t *dp_group, *world_group; /* dp_group: NULL when the replicas do not reduce among themselves */
     bg__dcoll_t *dp_coll; /* dp_group's collectives on the backend's buffers (runtime/devcoll.h); NULL with it */
+    bg__dcoll_t *ep_coll; /* under --ep: the collectives of the replicas holding this rank's experts (strat_ep.c),
+                           * over which --zero shards them; NULL: ep = 1, or this replica alone holds them */
     bg__tp_t *tp;           /* the tensor-parallel group (runtime/tp.c; NULL: tp = 1) */
     struct bg__cp *cp;      /* the context-parallel group (runtime/cp.c; NULL: cp = 1) */
     bg_layout_t lay;        /* who holds what: degrees, this rank's coordinates, stage placement */
@@ -254,6 +256,10 @@ int bg__exec_in_norm(exec_t *x, chunk_t *ch, int i);
 double bg__exec_grad_sumsq(exec_t *x, chunk_t *ch);
 bg_status_t bg__exec_optimizer_step(exec_t *x, chunk_t *ch);
 void bg__exec_trace_bucket(exec_t *x, chunk_t *ch, int b);
+/* The end of the run of bucket b's floats from @p from whose tensors are of one kind: an MoE layer's experts,
+ * split over the expert-parallel group (*expert_p = 1: bg_param_t.split_ep), or not (0); the tensors in the
+ * order of their offsets. A bucket's runs: from its off, each from the last one's end, to off + count. */
+size_t bg__exec_bucket_run(const chunk_t *ch, int b, size_t from, int *expert_p);
 /* exec_clip.c */
 bg_status_t bg__exec_clip(exec_t *x);
 bg_status_t bg__exec_update(exec_t *x, chunk_t *ch, float k);

@@ -282,10 +282,10 @@ static bg_status_t check_ep(const bg_executor_params_t *p, int ep)
     if (p->dp % ep != 0)
         return bg_error(BG_ERR_INVALID, "ep %d must divide dp %d (an expert-parallel group is ep consecutive "
                                         "data-parallel ranks of a stage)", ep, p->dp);
-    const char *no = p->zero > 0 ? "--zero" : p->ps > 0 ? "--ps" : NULL;
+    const char *no = p->zero > 1 ? "--zero 2 and 3" : p->ps > 0 ? "--ps" : NULL;
     if (no)
         return bg_error(BG_ERR_UNSUPPORTED, "ep %d with %s is not built yet (expert parallelism composes with dp, pp, "
-                                            "every schedule and --emulate)", ep, no);
+                                            "--zero 1, every schedule and --emulate)", ep, no);
     return BG_OK;
 }
 
@@ -534,10 +534,6 @@ static bg_status_t connect(exec_t *x)
     /* the strategies' collectives on the backend's buffers, a provider per group (logged) */
     if (x->dp_group)
         BG_CHECK(bg__dcoll_create(&x->stg, x->dp_group, "data-parallel", x->lay.rank, &x->dp_coll));
-    if (x->stg.on && x->p.ep > 1) /* the experts' all-to-all is bg_group_alltoallv on the layers' buffers */
-        return bg_error(BG_ERR_UNSUPPORTED, "backend %s: --ep %d with buffers staged through the host is not built "
-                        "yet (the experts' all-to-all takes host buffers only)",
-                        x->p.backend ? x->p.backend : "cpu", x->p.ep);
     return bg__tp_bind(x->tp, &x->stg, x->lay.rank);
 }
 

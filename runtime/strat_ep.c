@@ -10,8 +10,14 @@
  * --emulate the stages run no layer, so this module runs each MoE layer's
  * all-to-alls itself before an emulated forward or backward, with the
  * messages and bytes the layer's cost model expects (bg_layer_tp_cost:
- * uniform routing, nothing dropped). It must not touch the interpreter's
- * slots. */
+ * uniform routing, nothing dropped). On a backend whose buffers the
+ * executor stages (device memory, or BRIGADE_STAGING=always) each all-to-all
+ * is staged through host memory of the calling lane: the send buffer copied
+ * out (to_host, ordered after the compute that wrote it), the transport's
+ * all-to-all on the host copies, each member's received rows copied back
+ * (from_host, ordered before the compute that reads them): the same bytes
+ * in the same places, so bitwise the host run. It must not touch the
+ * interpreter's slots. */
 #include <stdlib.h>
 
 #include "core/check.h"
@@ -34,6 +40,8 @@ typedef struct {
     uint64_t *bytes_sent; /* the step's point-to-point bytes (the executor's): the all-to-alls' pairwise sends */
     exec_t *x;            /* its staging (the all-to-alls' waits), trace (made after the strategies) and step:
                            * each all-to-all is an "ep_a2a" event */
+    float *host[2];       /* staged backends: each lane's host copies of an all-to-all's send and receive rows */
+    size_t host_n[2];     /* their floats */
 } ep_t;
 
 static int ep_active(const exec_t *x) { return x->p.ep > 1; }
@@ -58,6 +66,70 @@ static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_
     return ep_wait(arg, r);
 }
 
+static void host_free(const ep_t *e, float *p)
+{
+    bg_backend_t *be = e->x->be;
+    if (p && be->ops->host_free)
+        be->ops->host_free(be, p);
+    else
+        free(p);
+}
+
+/* The calling lane's host buffer of at least n floats (kept for the next all-to-all; one per lane, though the
+ * executor pairs no instructions on a backend that queues work today). */
+static float *host_rows(ep_t *e, size_t n)
+{
+    int lane = bg__pair_lane();
+    if (n <= e->host_n[lane])
+        return e->host[lane];
+    bg_backend_t *be = e->x->be;
+    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    float *p = be->ops->host_alloc ? be->ops->host_alloc(be, bytes) : aligned_alloc(64, bytes);
+    if (!p) {
+        bg_error(BG_ERR_NOMEM, "expert-parallel all-to-all staged through host memory: %zu bytes", bytes);
+        return NULL;
+    }
+    if (!e->host[0] && !e->host[1])
+        bg_log(BG_LOG_INFO, "executor", "rank %d: the expert-parallel all-to-alls staged through host memory",
+               e->x->lay.rank);
+    host_free(e, e->host[lane]);
+    e->host[lane] = p, e->host_n[lane] = n;
+    return p;
+}
+
+/* The group's all-to-all on host buffers, waited for. */
+static bg_status_t host_alltoallv(ep_t *e, const float *send, const size_t *sc, const size_t *sd, float *recv,
+                                  const size_t *rc, const size_t *rd)
+{
+    bg_request_t *r;
+    BG_CHECK(bg_group_ialltoallv(lane_group(e), send, sc, sd, recv, rc, rd, BG_F32, &r));
+    return ep_wait(e, r);
+}
+
+/* The all-to-all of backend buffers staged through the lane's host buffer: each member's rows out, the
+ * transport's all-to-all on the copies, each member's rows back. */
+static bg_status_t staged_alltoallv(ep_t *e, const float *send, const size_t *sc, const size_t *sd, float *recv,
+                                    const size_t *rc, const size_t *rd)
+{
+    bg_backend_t *be = e->x->be;
+    size_t ns = 0, nr = 0;
+    for (int d = 0; d < e->c.size; d++) {
+        ns = sd[d] + sc[d] > ns ? sd[d] + sc[d] : ns;
+        nr = rd[d] + rc[d] > nr ? rd[d] + rc[d] : nr;
+    }
+    float *hs = host_rows(e, ns + nr), *hr = hs + ns;
+    if (!hs)
+        return BG_ERR_NOMEM;
+    for (int d = 0; d < e->c.size; d++)
+        if (sc[d])
+            be->ops->to_host(be, hs + sd[d], send + sd[d], sc[d] * sizeof(float));
+    BG_CHECK(host_alltoallv(e, hs, sc, sd, hr, rc, rd));
+    for (int d = 0; d < e->c.size; d++)
+        if (rc[d])
+            be->ops->from_host(be, recv + rd[d], hr + rd[d], rc[d] * sizeof(float));
+    return BG_OK;
+}
+
 static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *sendcounts, const size_t *sdispls,
                                 float *recv, const size_t *recvcounts, const size_t *rdispls)
 {
@@ -65,11 +137,9 @@ static bg_status_t ep_alltoallv(void *arg, const float *send, const size_t *send
     for (int d = 0; d < e->c.size; d++)
         *e->bytes_sent += d == e->c.rank ? 0 : sendcounts[d] * sizeof(float);
     double t0 = bg_now();
-    bg_request_t *r;
-    bg_status_t st = bg_group_ialltoallv(lane_group(e), send, sendcounts, sdispls, recv, recvcounts, rdispls, BG_F32,
-                                         &r);
-    if (st == BG_OK)
-        st = ep_wait(e, r);
+    bg_status_t st = e->x->stg.on && !e->x->em /* --emulate: its own host buffers, no layer runs */
+                         ? staged_alltoallv(e, send, sendcounts, sdispls, recv, recvcounts, rdispls)
+                         : host_alltoallv(e, send, sendcounts, sdispls, recv, recvcounts, rdispls);
     if (e->x->trace)
         bg__trace_event(e->x->trace, "ep_a2a", -1, -1, t0, bg_now(), (int)e->x->step + 1);
     return st;
@@ -85,8 +155,12 @@ static void ep_destroy(exec_t *x, void *self)
     free(e->extra);
     free(e->emu[0]);
     free(e->emu[1]);
+    host_free(e, e->host[0]);
+    host_free(e, e->host[1]);
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
+    if (x->ep_coll == e->rep_coll)
+        x->ep_coll = NULL;
     bg__dcoll_destroy(e->rep_coll);
     bg_group_destroy(e->ep[0]);
     bg_group_destroy(e->ep[1]);
@@ -125,6 +199,7 @@ static bg_status_t ep_setup(exec_t *x, void **self_p)
     e->x = x;
     if (st == BG_OK)
         st = bg_model_desc_set_ep(x->desc, &e->c);
+    x->ep_coll = e->rep_coll;
     if (st != BG_OK) {
         ep_destroy(x, e);
         return st;
@@ -164,21 +239,11 @@ static bg_status_t ep_reduce(exec_t *x, void *self, chunk_t *ch, int b)
 {
     ep_t *e = self;
     bg__bucket_t *bk = &ch->buckets[b];
-    const float *g = bg_model_grads(ch->model);
-    size_t lo = bk->off, hi = bk->off + bk->count, run = lo;
-    int kind = -1;
-    for (int i = 0; i < bg_model_num_tensors(ch->model); i++) {
-        const bg_param_t *p = bg_model_tensor(ch->model, i);
-        size_t o = (size_t)(p->grad - g);
-        if (!p->numel || o < lo || o >= hi)
-            continue;
-        if (kind >= 0 && p->split_ep != kind) {
-            BG_CHECK(start_run(e, ch, bk, kind ? e->rep_coll : x->dp_coll, run, o));
-            run = o;
-        }
-        kind = p->split_ep;
+    for (size_t run = bk->off, end; run < bk->off + bk->count; run = end) {
+        int expert;
+        end = bg__exec_bucket_run(ch, b, run, &expert);
+        BG_CHECK(start_run(e, ch, bk, expert ? e->rep_coll : x->dp_coll, run, end));
     }
-    BG_CHECK(start_run(e, ch, bk, kind > 0 ? e->rep_coll : x->dp_coll, run, hi));
     bg__exec_trace_bucket(x, ch, b);
     return BG_OK;
 }

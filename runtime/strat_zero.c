@@ -8,7 +8,12 @@
  * blocked on a collective shows in the trace for its duration: ag_wait (the
  * parameters' all-gathers of the last step, before a forward; level 3: a
  * layer's gather, before its compute) or rs_wait (levels 2 and 3: the
- * backward waiting for a bucket's reduce-scatter). */
+ * backward waiting for a bucket's reduce-scatter). Under expert parallelism
+ * (level 1) each bucket is cut into runs of tensors (bg__exec_bucket_run):
+ * the replicated ones sharded over the data-parallel group, the experts' over
+ * the replicas that hold the same experts (x->ep_coll), each run a bucket of
+ * runtime/zero.c's; the executor's bucket waits for its first run's
+ * reduction, this file for the others'. */
 #include <stdlib.h>
 
 #include "core/check.h"
@@ -18,7 +23,9 @@
 #include "schedule/memory.h"
 
 typedef struct zero_state {
-    bg__zero_t **z; /* per chunk */
+    bg__zero_t **z;     /* per chunk */
+    int **first;        /* per chunk: executor bucket b is runtime/zero.c's buckets [first[b], first[b + 1]) */
+    bg__xfer_t ***more; /* per chunk, per zero bucket: its reduction when not its executor bucket's first */
 } zero_state_t;
 
 static int zero_active(const exec_t *x) { return x->p.zero > 0; } /* 0 when dp = 1 (bg_executor_create) */
@@ -33,11 +40,11 @@ static bg_status_t zero_setup(exec_t *x, void **self_p)
     zero_state_t *Z = calloc(1, sizeof(*Z));
     BG_ALLOC_CHECK(Z, sizeof(*Z), "zero state");
     Z->z = calloc((size_t)x->V, sizeof(*Z->z));
-    if (!Z->z) {
-        free(Z);
+    Z->first = calloc((size_t)x->V, sizeof(*Z->first));
+    Z->more = calloc((size_t)x->V, sizeof(*Z->more));
+    *self_p = Z; /* freed by zero_destroy */
+    if (!Z->z || !Z->first || !Z->more)
         return bg_error(BG_ERR_NOMEM, "zero state");
-    }
-    *self_p = Z;
     return BG_OK;
 }
 
@@ -64,16 +71,52 @@ static size_t zero_bucket_floats(exec_t *x, void *self, chunk_t *ch, size_t conf
                                    bg__zero_buffers());
 }
 
+/* The zero buckets of the chunk's buckets (*n_p of them; first[b]: bucket b's first): one each, or under
+ * expert parallelism one per run of tensors, each over its group. */
+static bg_status_t zero_buckets(exec_t *x, chunk_t *ch, int *first, bg__zero_bucket_t **zb_p, int *n_p)
+{
+    int n = 0, cap = ch->nbuckets + 1;
+    bg__zero_bucket_t *zb = calloc((size_t)cap, sizeof(*zb));
+    BG_ALLOC_CHECK(zb, sizeof(*zb), "zero buckets");
+    for (int b = 0; b < ch->nbuckets; b++) {
+        const bg__bucket_t *bk = &ch->buckets[b];
+        first[b] = n;
+        size_t run = bk->off, end = bk->off + bk->count;
+        do { /* an empty bucket: one empty zero bucket */
+            int expert = 0;
+            if (x->p.ep > 1 && bk->count)
+                end = bg__exec_bucket_run(ch, b, run, &expert);
+            if (n + 1 == cap) {
+                bg__zero_bucket_t *g = realloc(zb, 2 * (size_t)cap * sizeof(*zb));
+                if (!g) {
+                    free(zb);
+                    return bg_error(BG_ERR_NOMEM, "zero buckets");
+                }
+                zb = g, cap *= 2;
+            }
+            zb[n++] = (bg__zero_bucket_t){bk->lo, bk->hi, run, end - run, expert ? x->ep_coll : x->dp_coll};
+            run = end;
+        } while (run < bk->off + bk->count);
+    }
+    first[ch->nbuckets] = n;
+    *zb_p = zb;
+    *n_p = n;
+    return BG_OK;
+}
+
 /* The chunk's sharded optimizer state over its buckets. */
 static bg_status_t zero_chunk_optim(exec_t *x, void *self, chunk_t *ch)
 {
     zero_state_t *Z = self;
-    bg__zero_bucket_t *zb = calloc((size_t)ch->nbuckets + 1, sizeof(*zb));
-    BG_ALLOC_CHECK(zb, sizeof(*zb), "zero buckets");
-    for (int b = 0; b < ch->nbuckets; b++)
-        zb[b] = (bg__zero_bucket_t){ch->buckets[b].lo, ch->buckets[b].hi, ch->buckets[b].off, ch->buckets[b].count};
-    bg_status_t st = bg__zero_create(x->p.zero, ch->model, x->dp_coll, zb, ch->nbuckets, x->p.optim.kind,
-                                     ch->param_store, &Z->z[ch - x->chunks]);
+    int v = (int)(ch - x->chunks), n = 0;
+    bg__zero_bucket_t *zb = NULL;
+    Z->first[v] = calloc((size_t)ch->nbuckets + 1, sizeof(int));
+    BG_ALLOC_CHECK(Z->first[v], sizeof(int), "zero buckets");
+    BG_CHECK(zero_buckets(x, ch, Z->first[v], &zb, &n));
+    Z->more[v] = calloc((size_t)n + 1, sizeof(*Z->more[v]));
+    bg_status_t st = Z->more[v] ? bg__zero_create(x->p.zero, ch->model, x->dp_coll, zb, n, x->p.optim.kind,
+                                                  ch->param_store, &Z->z[v])
+                                : bg_error(BG_ERR_NOMEM, "zero buckets");
     free(zb);
     BG_CHECK(st);
     if (x->p.zero == 3 && !bg__zero_params_sharded(Z->z[ch - x->chunks]))
@@ -137,12 +180,28 @@ static bg_status_t zero_layer_done(exec_t *x, void *self, chunk_t *ch, int layer
     return zero_call(x, of(self, x, ch), ch, mb, ZERO_LAYER_DONE, layer);
 }
 
-/* On the backend's buffers through the data-parallel group's collectives (x->dp_coll). */
+/* On the backend's buffers through each zero bucket's group's collectives (x->dp_coll; experts: x->ep_coll). */
 static bg_status_t zero_reduce(exec_t *x, void *self, chunk_t *ch, int b)
 {
-    BG_CHECK(bg__zero_reduce(of(self, x, ch), b, &ch->buckets[b].req));
+    zero_state_t *Z = self;
+    int v = (int)(ch - x->chunks), *first = Z->first[v];
+    BG_CHECK(bg__zero_reduce(Z->z[v], first[b], &ch->buckets[b].req));
+    for (int r = first[b] + 1; r < first[b + 1]; r++)
+        BG_CHECK(bg__zero_reduce(Z->z[v], r, &Z->more[v][r]));
     bg__exec_trace_bucket(x, ch, b);
     return BG_OK;
+}
+
+/* Wait for executor bucket b's reductions: the executor's (its first run's), then the other runs'. */
+static bg_status_t wait_bucket(exec_t *x, zero_state_t *Z, chunk_t *ch, int b)
+{
+    int v = (int)(ch - x->chunks);
+    bg_status_t st = bg__exec_wait_bucket(x, ch, b);
+    for (int r = Z->first[v][b] + 1; r < Z->first[v][b + 1]; r++) {
+        bg_status_t s2 = bg__exec_wait_free(&Z->more[v][r]);
+        st = st == BG_OK ? s2 : st;
+    }
+    return st;
 }
 
 /* The default optimizer step's order (bg__exec_optimizer_step), on the
@@ -156,11 +215,14 @@ static bg_status_t zero_optimizer(exec_t *x, void *self, chunk_t *ch)
     int nt = bg_model_num_tensors(ch->model), t = (int)x->step + 1;
     for (int i = 0; i < nt; i++)
         ch->tsq[i] = 0;
+    const int *first = ((zero_state_t *)self)->first[ch - x->chunks];
     for (int b = 0; b < ch->nbuckets; b++) {
-        BG_CHECK(bg__exec_wait_bucket(x, ch, b));
-        BG_CHECK(bg__zero_bucket_done(z, b, norm ? ch->tsq : NULL));
-        if (!x->em && !(x->p.clip_grad > 0)) /* clipping: after every stage's norm (zero_update) */
-            BG_CHECK(bg__zero_bucket_step(z, b, &x->p.optim, t));
+        BG_CHECK(wait_bucket(x, self, ch, b));
+        for (int r = first[b]; r < first[b + 1]; r++) {
+            BG_CHECK(bg__zero_bucket_done(z, r, norm ? ch->tsq : NULL));
+            if (!x->em && !(x->p.clip_grad > 0)) /* clipping: after every stage's norm (zero_update) */
+                BG_CHECK(bg__zero_bucket_step(z, r, &x->p.optim, t));
+        }
     }
     ch->norm_counted = norm;
     ch->gsq = norm ? bg__exec_grad_sumsq(x, ch) : 0;
@@ -171,10 +233,11 @@ static bg_status_t zero_optimizer(exec_t *x, void *self, chunk_t *ch)
 static bg_status_t zero_update(exec_t *x, void *self, chunk_t *ch, float k)
 {
     bg__zero_t *z = of(self, x, ch);
-    for (int b = 0; b < ch->nbuckets && !x->em; b++) {
+    int nz = ((zero_state_t *)self)->first[ch - x->chunks][ch->nbuckets];
+    for (int r = 0; r < nz && !x->em; r++) {
         if (k < 1)
-            bg__zero_bucket_scale(z, b, k);
-        BG_CHECK(bg__zero_bucket_step(z, b, &x->p.optim, (int)x->step + 1));
+            bg__zero_bucket_scale(z, r, k);
+        BG_CHECK(bg__zero_bucket_step(z, r, &x->p.optim, (int)x->step + 1));
     }
     return BG_OK;
 }
@@ -218,8 +281,14 @@ static void zero_memory(exec_t *x, void *self, size_t *param_bytes, size_t *opti
 
 static void zero_cancel(exec_t *x, void *self)
 {
-    for (int v = 0; v < x->V; v++)
+    zero_state_t *Z = self;
+    for (int v = 0; v < x->V; v++) {
+        for (int r = 0; Z->more[v] && r < Z->first[v][x->chunks[v].nbuckets]; r++) {
+            bg__xfree(Z->more[v][r]);
+            Z->more[v][r] = NULL;
+        }
         bg__zero_cancel(of(self, x, &x->chunks[v]));
+    }
 }
 
 /* Level 3: the gathers' overlap with compute over the run, logged per rank (BRIGADE_LOG=info; bench/zero.sh
@@ -245,9 +314,16 @@ static void zero_destroy(exec_t *x, void *self)
     zero_state_t *Z = self;
     if (!Z)
         return;
-    for (int v = 0; v < x->V; v++)
+    for (int v = 0; v < x->V && Z->z; v++) {
         bg__zero_destroy(Z->z[v]);
+        for (int r = 0; Z->more && Z->more[v] && r < Z->first[v][x->chunks[v].nbuckets]; r++)
+            bg__xfree(Z->more[v][r]);
+        free(Z->more ? Z->more[v] : NULL);
+        free(Z->first ? Z->first[v] : NULL);
+    }
     free(Z->z);
+    free(Z->first);
+    free(Z->more);
     free(Z);
 }
 

@@ -94,6 +94,25 @@ static int holds_tie(const bg_model_desc_t *d, int lo, int hi)
     return 0;
 }
 
+/* Bucket b's owned chunk: its offset and length in the bucket (the whole bucket when this replica alone holds
+ * it). */
+static void owned_chunk(const bg__zero_t *z, int b, size_t *co_p, size_t *cl_p)
+{
+    const bg__dcoll_t *dc = z->buckets[b].dc;
+    bg_group_t *g = dc ? bg__dcoll_group(dc) : NULL;
+    bg_group_chunk(z->buckets[b].count, g ? bg_group_size(g) : 1, g ? bg_group_rank(g) : 0, co_p, cl_p);
+}
+
+/* Start collective ck on bucket b's floats at buf over its group (none when this replica alone holds it). */
+static bg_status_t bucket_coll(const bg__zero_t *z, int b, bg__coll_kind_t ck, float *buf, bg__xfer_t **req_p)
+{
+    const bg__dcoll_t *dc = z->buckets[b].dc;
+    *req_p = NULL;
+    if (!dc || bg_group_size(bg__dcoll_group(dc)) == 1 || !z->buckets[b].count)
+        return BG_OK;
+    return bg__dcoll_start(z->buckets[b].dc, ck, NULL, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
+}
+
 /* The owned range of every bucket cut at tensor boundaries (weight decay is per tensor). */
 static bg_status_t make_pieces(bg__zero_t *z)
 {
@@ -108,7 +127,7 @@ static bg_status_t make_pieces(bg__zero_t *z)
     for (int b = 0; b < z->nbuckets; b++) {
         size_t co, cl;
         z->soff[b] = z->owned;
-        bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
+        owned_chunk(z, b, &co, &cl);
         size_t lo = z->buckets[b].off + co, hi = lo + cl;
         for (int i = 0; i < nt && lo < hi; i++) {
             size_t to = z->toff[i], te = to + bg_model_tensor(z->m, i)->numel;
@@ -191,7 +210,7 @@ static bg_status_t fold(bg__zero_t *z, int b)
     if (st != BG_OK)
         return st;
     size_t co, cl;
-    bg_group_chunk(z->buckets[b].count, z->D, z->me, &co, &cl);
+    owned_chunk(z, b, &co, &cl);
     if (z->folded[b]) /* the shard adds the microbatches in the order their backwards ran */
         z->be->ops->residual_forward(z->be, z->sg + z->soff[b], z->sg + z->soff[b], z->buf[b] + co, cl);
     else /* the step's first: a copy, not an addition to zeros (one pass fewer, and no zeroing of the shard) */
@@ -457,8 +476,7 @@ bg_status_t bg__zero_reduce(bg__zero_t *z, int b, bg__xfer_t **req_p)
         *req_p = NULL;
         return BG_OK;
     }
-    return bg__dcoll_start(z->dc, z->whole[b] ? BG__COLL_ALLREDUCE : BG__COLL_REDUCE_SCATTER_INPLACE, NULL, buf,
-                           z->buckets[b].count, BG_REDUCE_SUM, req_p);
+    return bucket_coll(z, b, z->whole[b] ? BG__COLL_ALLREDUCE : BG__COLL_REDUCE_SCATTER_INPLACE, buf, req_p);
 }
 
 bg_status_t bg__zero_begin_step(bg__zero_t *z)
@@ -485,10 +503,7 @@ bg_status_t bg__zero_bucket_done(bg__zero_t *z, int b, double *tsq)
 
 static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
 {
-    if (!z->buckets[b].count || z->D == 1)
-        return BG_OK;
-    return bg__dcoll_start(z->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, flat + z->buckets[b].off, z->buckets[b].count,
-                           BG_REDUCE_SUM, &z->ag[b]);
+    return bucket_coll(z, b, BG__COLL_ALLGATHER_CHUNKS, flat + z->buckets[b].off, &z->ag[b]);
 }
 
 static bg_status_t start_gathers(bg__zero_t *z, float *flat)

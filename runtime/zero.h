@@ -11,15 +11,19 @@
 typedef struct bg__zero bg__zero_t;
 
 /* A gradient bucket of the chunk: layers [lo, hi], floats [off, off + count)
- * of the flat buffers. */
+ * of the flat buffers, sharded over the group of dc (levels 1 and 2; level 3
+ * shards every bucket over bg__zero_create's). Expert parallelism gives the
+ * experts' runs of a bucket buckets of their own, over the replicas that hold
+ * the same experts (NULL: this replica alone holds them, nothing sharded). */
 typedef struct bg__zero_bucket {
     int lo, hi;
     size_t off, count;
+    bg__dcoll_t *dc;
 } bg__zero_bucket_t;
 
 /* Sharded state of model @p m over the data-parallel group of @p dc (level 1, 2 or 3; its collectives on the
- * backend's buffers, runtime/devcoll.h):
- * this replica owns chunk dp_rank of every bucket (bg_group_chunk) and holds
+ * backend's buffers, runtime/devcoll.h), each bucket over its own group (bg__zero_bucket_t.dc):
+ * this replica owns chunk (its rank in the bucket's group) of every bucket (bg_group_chunk) and holds
  * the optimizer state of those elements only. The model's own optimizer
  * state must be absent. Level 3: the parameter shard from pstore (--offload params; NULL: the backend). */
 bg_status_t bg__zero_create(int level, bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,

@@ -114,7 +114,8 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "  --ep N                 MoE: expert-parallel degree (default 1; divides --experts, and --dp in train):\n" \
     "                         each group of N consecutive data-parallel ranks spreads every MoE layer's\n"     \
     "                         experts over its members (E/N each) and exchanges tokens all-to-all; expert\n"  \
-    "                         gradients are summed over the dp/N replicas holding them\n"                    \
+    "                         gradients are summed (--zero 1: their optimizer state sharded) over the\n"     \
+    "                         dp/N replicas holding them; not with --zero 2|3, --ps or --tp\n"              \
     "  --seq N                GPT, Llama: sequence length (default 64)\n"                                      \
     "  --vocab N              GPT, Llama: vocabulary (default 256: bytes)\n"                                   \
     "  --in-features N        MLP: input features (default 32)\n"                                              \

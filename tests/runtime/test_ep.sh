@@ -8,7 +8,9 @@
 # layout (the metrics' moe_dropped and moe_aux, rank by rank); pp 2 with 1F1B and DualPipeV (split and
 # fused backwards, both copies) and ZB-V, and 1F1B's, DualPipeV's and ZB-V's all-to-alls overlapped with the
 # paired microbatch (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without; emulated paired runs form the
-# pairs their programs have (1F1B, ZB-V, DualPipeV, DualPipe);
+# pairs their programs have (1F1B, ZB-V, DualPipeV, DualPipe); on cpu-async with BRIGADE_STAGING=always (the
+# all-to-alls staged through host memory) bitwise equal to the cpu backend;
+# --zero 1 (the experts' optimizer state sharded over the replicas holding them) bitwise --zero 0;
 # the peak memory is the prediction (expert shards, received rows); recomputation, variable lengths and bf16
 # activations compose; --emulate runs the all-to-alls; checkpoints hold whole expert tensors and resume across ep 1, 2 and 4; bad
 # layouts are refused.
@@ -90,6 +92,42 @@ n0=$(($(a2a dv 0) + $(a2a dv 2))) n1=$(($(a2a dvo 0) + $(a2a dvo 2))) l1=$(a2a d
     bad "all-to-alls: $n0 unpaired, $n1 paired ($l1 in the second lane)"
 routing p2d2 p2e2 "pp 2 x ep 2: every rank routes as under pp 2 x dp 2"
 
+# a backend whose buffers are staged through host memory (cpu-async with BRIGADE_STAGING=always, the stand-in
+# for cuda; its copies land late and adversarially): the all-to-alls staged, the weights bitwise the cpu run's
+# and the peak memory still the prediction (the staging's host blocks are not the backend's)
+S="--backend cpu-async"
+BRIGADE_LOG=info BRIGADE_STAGING=always train e2m1s 2 --steps 4 --dp 2 --ep 2 --microbatches 1 $S &&
+    same "$T/e2m1" "$T/e2m1s" "ep 2 x dp 2 on cpu-async, staged through host memory = cpu, bitwise"
+n=$(grep -c "all-to-alls staged through host memory" "$T/e2m1s.log")
+[ "$n" = 2 ] && ok "both ranks staged their all-to-alls" || bad "ranks that staged their all-to-alls: ${n:-0} of 2"
+BRIGADE_STAGING=always train p2e2dvs 4 $DV $S && same "$T/p2e2dv" "$T/p2e2dvs" \
+    "pp 2 x ep 2 x dp 2, DualPipeV, staged on cpu-async = cpu, bitwise"
+off=$(grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' "$T/e2m1s.jsonl" | awk '$2 + 0 != $4 + 0' | head -3)
+[ -s "$T/e2m1s.jsonl" ] && [ -z "$off" ] && ok "staged ep 2: peak memory = predicted on every rank and step" ||
+    bad "staged ep 2: peak memory differs from the prediction: $off"
+
+# --zero 1: the experts' optimizer state sharded over the replicas holding the same experts, the rest over dp;
+# bitwise --zero 0 with the same ep (each run of a bucket reduce-scattered over its group: the owned sums are the
+# all-reduce's, bit for bit); the state holds less, the peak is still the prediction, and a checkpoint resumes
+train z24 4 --steps 4 --dp 4 --ep 2 --microbatches 1 --zero 1 && same "$T/e24" "$T/z24" \
+    "ep 2 x dp 4, --zero 1 = --zero 0, bitwise"
+train z2 2 --steps 4 --dp 2 --ep 2 --microbatches 1 --zero 1 && same "$T/e2m1" "$T/z2" \
+    "ep 2 x dp 2 (experts held once: only the replicated tensors sharded), --zero 1 = --zero 0, bitwise"
+train zp2 4 --steps 4 --pp 2 --dp 2 --ep 2 --microbatches 2 --zero 1 && same "$T/p2e2" "$T/zp2" \
+    "pp 2 x ep 2 x dp 2, --zero 1 = --zero 0, bitwise"
+pz=$(grep -m1 -o '"peak_bytes": [0-9]*' "$T/z24.jsonl" | grep -o '[0-9]*$')
+pe=$(grep -m1 -o '"peak_bytes": [0-9]*' "$T/e24.jsonl" | grep -o '[0-9]*$')
+off=$(cat "$T"/z24.jsonl "$T"/z2.jsonl "$T"/zp2.jsonl | grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' |
+    awk '$2 + 0 != $4 + 0' | head -3)
+[ -n "$pz" ] && [ -n "$pe" ] && [ "$pz" -lt "$pe" ] && [ -z "$off" ] &&
+    ok "ep 2 x dp 4, --zero 1: peak $pz bytes against $pe at --zero 0, = predicted on every rank and step" ||
+    bad "ep 2 x dp 4, --zero 1: peak ${pz:-?} bytes (--zero 0: ${pe:-?}); off the prediction: $off"
+timeout 120 "$B" launch -n 4 -- "$B" train $G --quiet --steps 2 --dp 4 --ep 2 --microbatches 1 --zero 1 \
+    --checkpoint-dir "$T/cz" >"$T/cz.log" 2>&1 || bad "zero 1 checkpoint: $(tail -2 "$T/cz.log")"
+timeout 120 "$B" launch -n 4 -- "$B" train $G --quiet --steps 4 --dp 4 --ep 2 --microbatches 1 --zero 1 \
+    --checkpoint-dir "$T/cz" --resume --save "$T/czr" >"$T/cz.log" 2>&1 || bad "zero 1 resume: $(tail -2 "$T/cz.log")"
+same "$T/z24" "$T/czr" "ep 2 x dp 4, --zero 1: saved at step 2, resumed to step 4 = run through, bitwise"
+
 # the memory model counts the experts' shards and the rows a member receives: peak = prediction, to the byte
 lines=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -c '"peak_bytes"')
 off=$(cat "$T"/e4.jsonl "$T"/e24.jsonl "$T"/p2e2.jsonl "$T"/p2e2dv.jsonl | grep -o '"peak_bytes": [0-9]*, "predicted_bytes": [0-9]*' |
@@ -139,5 +177,6 @@ near "$T/d2" "$T/r14" "saved under ep 1, resumed under ep 4"
 
 expect 2 "ep 3 does not divide experts 4" train $G --ep 3 --steps 1 --quiet
 expect 1 "ep 2 must divide dp 1" train $G --ep 2 --steps 1 --quiet
+expect 1 "ep 2 with --zero 2 and 3 is not built yet" train $G --ep 2 --dp 2 --zero 2 --steps 1 --quiet
 expect 1 "ep = 2 but model gpt has no expert-parallel MoE layers" train ${G/--experts 4/} --ep 2 --steps 1 --quiet
-finish 32
+finish 42
