@@ -22,8 +22,8 @@
 #    (BRIGADE_OFFLOAD_PREFETCH=off) and with the read-ahead that starts with
 #    the last microbatch's backward: the fraction of the added time it hides.
 # 5. 4x: a GPT of 16 blocks on 2 ranks at dp 2 --zero 3 --recompute
-#    --offload optimizer,params --offload-dir (buckets of one block:
-#    BRIGADE_BUCKET_MB=1): each rank keeps on the device only its gradient
+#    --offload optimizer,params --offload-dir (buckets of one block, sized
+#    from the shard by the default rule): each rank keeps on the device only its gradient
 #    shard, the gather and bucket buffers and the activations. The cap is the
 #    larger rank's prediction; full state / cap, each rank's high-water mark,
 #    and the step time against the same model at dp 2 --zero 2 with no cap.
@@ -94,10 +94,10 @@ MODEL="--model gpt --layers 16 --d-model 256 --heads 4 --seq 32 --batch 4 --micr
 "$B" train $MODEL --microbatches 4 --steps 1 --quiet >"$T/one3" 2>&1
 full3=$(grep -o "peak memory [0-9.]* MiB" "$T/one3" | awk '{print $3}')
 Z3="--dp 2 --zero 3 --recompute --offload optimizer,params"
-BRIGADE_BUCKET_MB=1 run probe3 $Z3 --offload-dir "$T/od" --steps 1
+run probe3 $Z3 --offload-dir "$T/od" --steps 1
 cap3=$(awk '{ if ($3 > m) m = $3 } END { printf "%d", (m + 0.01) * 1048576 }' "$T/sum_probe3")
 for i in $(seq 1 "$R"); do
-  BRIGADE_LOG=info BRIGADE_BUCKET_MB=1 run z3 $Z3 --offload-dir "$T/od" --device-mem "$cap3"
+  BRIGADE_LOG=info run z3 $Z3 --offload-dir "$T/od" --device-mem "$cap3"
   gather_overlap z3
   run z2big --dp 2 --zero 2
 done

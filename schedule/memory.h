@@ -32,11 +32,13 @@ static inline int bg__counts_dominate(const bg_part_counts_t *a, const bg_part_c
  * runtime/zero.c; the partitioner counts them): the buffers must never cost
  * more than sharding the gradients saves, (1 - 1/dp) of the stage's
  * gradients. A bucket aims at no more than the stage's parameters /
- * (2 dp buffers) floats (configured: BRIGADE_BUCKET_MB's; buckets stay
- * whole layers, so one may be larger). */
+ * (2 dp (buffers + 2)) floats: the + 2 leaves room for --zero 3's default
+ * two gather buffers of a bucket's size, and --zero 2 and 3 cut the same
+ * buckets, so they sum in the same order (configured: BRIGADE_BUCKET_MB's,
+ * the upper bound; buckets stay whole layers, so one may be larger). */
 static inline size_t bg__zero2_bucket_floats(size_t configured, size_t stage_params, int dp, int buffers)
 {
-    size_t cap = stage_params / (2 * (size_t)dp * (size_t)buffers);
+    size_t cap = stage_params / (2 * (size_t)dp * ((size_t)buffers + 2));
     return configured < cap ? configured : cap;
 }
 

@@ -65,6 +65,8 @@ static void usage(FILE *f)
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
+            "  --choices          at the best layout, every sharding stage x offload x recomputation: its\n"
+            "                     predicted peak, step and whether it fits (shown with --zero/--offload auto)\n"
             "  --json FILE        write the best plan (docs/partitioner.md) for brigade train --plan\n"
             "  --measure          time every layer's forward and backward on this machine (--backend, default\n"
             "                     cpu; --threads N as brigade train) for the microbatch size and plan with those\n"
@@ -254,6 +256,84 @@ static void print_top(const bg_plan_set_t *set)
 }
 
 
+/* The largest per-rank predicted peak of plan p. */
+static uint64_t plan_peak(const bg_plan_t *p)
+{
+    uint64_t m = 0;
+    for (int r = 0; r < bg_plan_pp(p); r++)
+        if (bg_plan_rank_peak_bytes(p, r) > m)
+            m = bg_plan_rank_peak_bytes(p, r);
+    return m;
+}
+
+/* The memory choices at the best plan's layout (its pp, dp, tp, microbatch
+ * size and schedule): each sharding stage (dp > 1), offload (the list the
+ * planner knows: none, optimizer, optimizer+params at stage 3) and
+ * recomputation (when allowed), searched again with that choice fixed: its
+ * largest per-rank predicted peak, predicted step and whether it fits the
+ * smallest budget given. A choice that does not fit is searched without a
+ * budget for its peak; with recomputation allowed it fits or is left "-". */
+static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
+{
+    static const char *const offs[] = {"none", "optimizer", "optimizer,params"};
+    uint64_t cap = pa->mem[0], none = UINT64_MAX / 4;
+    for (int i = 1; i < pa->nmem; i++)
+        if (pa->mem[i] < cap)
+            cap = pa->mem[i];
+    char sched[32], a[32];
+    snprintf(sched, sizeof sched, "%s", bg_plan_schedule(best));
+    printf("\nmemory choices at this layout (pp %d x dp %d x tp %d, %s; peak: the largest rank's predicted):\n",
+           bg_plan_pp(best), bg_plan_dp(best), bg_plan_tp(best), sched);
+    printf("%5s %-17s %9s %14s %12s  %s\n", "zero", "offload", "recompute", "peak bytes", "step ms", "fits");
+    int zmax = bg_plan_dp(best) > 1 ? 3 : 0;
+    for (int z = 0; z <= zmax; z++)
+        for (int o = 0; o <= (z == 3 ? 2 : 1); o++)
+            for (int r = 0; r <= (pa->allow_recompute ? 1 : 0); r++) {
+                bg_plan_params_t q = *pa;
+                q.pp = bg_plan_pp(best);
+                q.tp = bg_plan_tp(best);
+                q.microbatch_size = bg_plan_microbatch_size(best);
+                q.schedules = sched;
+                q.chunks = bg_plan_chunks(best);
+                q.zero = z;
+                q.offload = o;
+                q.top = 1;
+                q.allow_recompute = r;
+                q.mem = &none; /* unbounded: the choice's own peak, without recomputation */
+                q.nmem = 1;
+                bg_plan_set_t *set = NULL;
+                int fits = 0;
+                if (bg_plan_search(&q, &set) != BG_OK) {
+                    bg_plan_set_free(set);
+                    continue; /* no such layout for this choice */
+                }
+                const bg_plan_t *p = bg_plan_set_get(set, 0);
+                fits = plan_peak(p) <= cap;
+                if (!fits && r) { /* recomputation is chosen by the partitioner only under a budget */
+                    bg_plan_set_t *set2 = NULL;
+                    q.mem = pa->mem;
+                    q.nmem = pa->nmem;
+                    if (bg_plan_search(&q, &set2) == BG_OK) {
+                        bg_plan_set_free(set);
+                        set = set2;
+                        p = bg_plan_set_get(set, 0);
+                        fits = 1;
+                    } else {
+                        bg_plan_set_free(set2);
+                        p = NULL;
+                    }
+                }
+                if (p)
+                    printf("%5d %-17s %9s %14llu %12.3f  %s\n", z, offs[o], r ? "allowed" : "no",
+                           (unsigned long long)plan_peak(p), bg_plan_step_ms(p), fits ? "yes" : "no");
+                else
+                    printf("%5d %-17s %9s %14s %12s  no\n", z, offs[o], "allowed", "-", "-");
+                bg_plan_set_free(set);
+            }
+    printf("(budget: %llu bytes (%s) per device, the smallest given)\n", (unsigned long long)cap,
+           gib(a, sizeof a, (double)cap));
+}
+
 static double now_s(void) { return bg_now(); }
 
 /* --measure at tensor-parallel degree tp > 1: the model of `mc` built for tp,
@@ -405,6 +485,7 @@ int bg_cmd_plan(int argc, char **argv)
     static double speed[MAX_DEV];
     int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0, have_flops = 0;
     int host_ranks = 0; /* --host-ranks; 0: all the devices */
+    int show_choices = 0; /* --choices (and --zero auto, --offload auto): the memory choices' table */
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096], mopt[4096];
     enum { MAX_TP_TIMES = 16 };
@@ -413,7 +494,7 @@ int bg_cmd_plan(int argc, char **argv)
     int ntp = 0;
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD, O_CP };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD, O_CP, O_CHOICES };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -428,7 +509,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THREADS},
         {"host-ranks", required_argument, 0, O_HOST_RANKS},
         {"zero", required_argument, 0, O_ZERO},        {"offload", required_argument, 0, O_OFFLOAD},        {"sequence-parallel", no_argument, 0, O_SP},
-        {"cp", required_argument, 0, O_CP},
+        {"cp", required_argument, 0, O_CP},           {"choices", no_argument, 0, O_CHOICES},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -541,6 +622,7 @@ int bg_cmd_plan(int argc, char **argv)
             host_ranks = (int)v;
             break;
         case O_SP: mc.sequence_parallel = 1; break;
+        case O_CHOICES: show_choices = 1; break;
         case O_CP:
             if (!strcmp(optarg, "auto")) {
                 pp.cp = BG_PLAN_CP_AUTO;
@@ -679,6 +761,8 @@ int bg_cmd_plan(int argc, char **argv)
                "them, but how the ranks' waits interleave when they run here is not modelled, so this step time is "
                "no prediction (docs/partitioner.md)\n\n", host_ranks, ncpu);
     print_top(set);
+    if (show_choices || pp.zero == BG_PLAN_ZERO_AUTO || pp.offload == BG_PLAN_OFFLOAD_AUTO)
+        print_choices(&pp, best);
     if (json_path) {
         st = bg_plan_save(best, json_path);
         if (st != BG_OK) {

@@ -65,7 +65,7 @@ order gpt2x32 2 adamw $G --layers 2 --d-model 32 --optimizer adamw
 order gpt6x96 2 sgd $G --layers 6 --d-model 96 $SGD
 order gpt6x64pp2 4 adamw $G --layers 6 --d-model 64 --pp 2 --optimizer adamw
 order gpt6x64tie 2 sgd $G --layers 6 --d-model 64 --tie-embeddings $SGD # tied buckets whole (all-reduced) beside the pool
-order gpt4x64tie 2 eq12 $G --layers 4 --d-model 64 --tie-embeddings $SGD # there they outweigh the saving: --zero 1's gradients
+order gpt4x64tie 2 sgd $G --layers 4 --d-model 64 --tie-embeddings $SGD # tied buckets and buffers of the smaller buckets still below the saving
 order gpt2x64tiepp2 4 "eq12,3=>>==" $G --layers 2 --d-model 64 --tie-embeddings --pp 2 $SGD # the tie's partner gradient counted too
 order gpt1x64 2 "eq12,3===" $G --layers 1 --d-model 64 $SGD # one block outweighs the shard's saving (gradients, parameters)
 finish
