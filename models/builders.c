@@ -53,7 +53,8 @@ static bg_status_t tp_check(const bg_model_config_t *c)
     return BG_OK;
 }
 
-/* The MoE fields: only on token models, and never tensor-parallel. */
+/* The MoE fields: only on token models. Under tp each member runs the whole MoE layer (its router and its
+ * experts whole) on the same tokens; sequence parallelism, which gives each member a slice of them, is refused. */
 static bg_status_t moe_check(const bg_model_config_t *c)
 {
     if (c->experts == 0)
@@ -70,8 +71,9 @@ static bg_status_t moe_check(const bg_model_config_t *c)
                         (double)c->capacity_factor, (double)c->moe_aux_coef);
     if (c->moe_gate != BG_MOE_SOFTMAX && c->moe_gate != BG_MOE_SIGMOID)
         return bg_error(BG_ERR_INVALID, "moe_gate %d is neither softmax nor sigmoid", (int)c->moe_gate);
-    if (c->tp > 1)
-        return bg_error(BG_ERR_INVALID, "tp %d: MoE layers are not tensor-parallel (use --tp 1 with --experts)", c->tp);
+    if (c->tp > 1 && c->sequence_parallel)
+        return bg_error(BG_ERR_UNSUPPORTED, "tp %d with --sequence-parallel: MoE layers under sequence parallelism "
+                                            "are not built (MoE composes with tp without it)", c->tp);
     if (c->ep > 1 && c->experts % c->ep != 0)
         return bg_error(BG_ERR_INVALID, "ep %d does not divide experts %d (each rank of an expert-parallel group holds "
                                         "experts / ep experts)", c->ep, c->experts);
@@ -143,12 +145,13 @@ static const bg_moe_t *block_moe(const bg_model_config_t *c, int i, float std, f
     return m;
 }
 
-/* A GPT block whose MLP is an MoE: attn as bg_layer_attention_block, then mlp = x + moe(ln(x)). */
+/* A GPT block whose MLP is an MoE: attn as bg_layer_tp_attention_block, then mlp = x + moe(ln(x)) (the MoE
+ * whole on every tensor-parallel member, replicated as the LayerNorm is). */
 static bg_status_t gpt_moe_block(const char *name, const bg_model_config_t *c, float std, float proj_std,
                                  const bg_moe_t *m, bg_layer_t **layer_p)
 {
     bg_layer_t *ch[2] = {0}, *mc[2] = {0}, *inner = NULL;
-    bg_status_t st = bg_layer_attention_block("attn", c->d_model, c->heads, std, proj_std, &ch[0]);
+    bg_status_t st = bg_layer_tp_attention_block("attn", c->d_model, c->heads, std, proj_std, c->tp, &ch[0]);
     if (st == BG_OK)
         st = bg_layer_layernorm("ln", c->d_model, &mc[0]);
     if (st == BG_OK)

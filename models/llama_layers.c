@@ -451,9 +451,8 @@ static bg_status_t llama_mlp(const bg_llama_block_t *b, int tp, bg_layer_t **lay
     bg_layer_t *ch[4] = {0};
     bg_status_t st = bg_layer_rmsnorm("norm", b->c, &ch[0]);
     if (b->moe) {
-        if (st == BG_OK)
-            st = tp == 1 ? bg_layer_moe("moe", b->moe, &ch[1])
-                         : bg_error(BG_ERR_INVALID, "llama block: MoE layers are not tensor-parallel (tp %d)", tp);
+        if (st == BG_OK) /* whole on every tensor-parallel member, replicated as the norm is */
+            st = bg_layer_moe("moe", b->moe, &ch[1]);
         return residual_of("mlp", 2, ch, st, layer_p);
     }
     if (st == BG_OK) /* [gate | up]: two blocks, so each member holds the pairs of its slice */

@@ -181,12 +181,13 @@ bg_status_t bg__exec_before_optimizer(exec_t *x)
 /* Does tensor i count in the model's gradient norm? Not when a strategy
  * says so (the second tensor of a tie: both hold a + b, and the model's
  * norm counts a tied tensor once), and a tensor replicated over the tensor
- * group counts once (member 0). */
+ * group counts once (member 0), an expert shard (split over the expert group,
+ * whole on every tensor member) too. */
 int bg__exec_in_norm(exec_t *x, chunk_t *ch, int i)
 {
     bg_param_t *p = bg_model_tensor(ch->model, i);
     BG__EACH_STRATEGY(x, s) if (s->ops->in_norm && !s->ops->in_norm(x, s->self, p)) return 0;
-    return p->numel && (x->lay.me.tp == 0 || bg_param_is_shard(p));
+    return p->numel && (x->lay.me.tp == 0 || (bg_param_is_shard(p) && !p->split_ep));
 }
 
 /* Sum of squares of a chunk's reduced gradients from the per-tensor sums

@@ -3,7 +3,8 @@
 # give one process's weights bitwise (also in bf16, and with an MoE block on a middle stage, whose
 # load-balancing gradient needs the step's loss scale there too); 2 threads give 1 thread's bits; data
 # parallelism within tolerance; the load-balancing loss changes the weights; the MoE fields travel in the
-# model's JSON, so a checkpoint resumes bitwise; tp with experts is refused.
+# model's JSON, so a checkpoint resumes bitwise; tp with sequence parallelism and experts is refused (tp
+# without it: test_ep_tp.sh).
 . "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
 G="--layers 4 --d-model 16 --heads 4 --seq 16 --batch 8 --microbatches 4 --threads 1 --lr 3e-3 --experts 4 --top-k 2"
@@ -32,6 +33,6 @@ train_save ldp2 2 $L --steps 8 --dp 2 --microbatches 2 && near "$T/lref" "$T/ldp
 "$B" train $G --steps 4 --quiet --checkpoint-dir "$T/c1" >/dev/null 2>&1 || bad "moe run to 4"
 "$B" train $G --steps 8 --quiet --checkpoint-dir "$T/c1" --resume --save "$T/r1" >/dev/null 2>&1 || bad "moe resume"
 same "$T/ref" "$T/r1" "moe gpt resumed at 4"
-expect 2 "MoE layers are not tensor-parallel" train $G --tp 2 --steps 1 --quiet
+expect 2 "MoE layers under sequence parallelism are not built" train $G --tp 2 --sequence-parallel --steps 1 --quiet
 expect 2 "top_k 5 must be in 1 .. min(experts 4, 64)" train $G --top-k 5 --steps 1 --quiet
 finish 12
