@@ -104,7 +104,7 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "  --ffn-hidden N         Llama: SwiGLU hidden size (default 8 d-model / 3 rounded up to 64)\n"            \
     "  --rope-theta X         Llama: rotary base (default 10000)\n"                                            \
     "  --experts E            GPT, Llama: MoE blocks of E SwiGLU experts (hidden size as --ffn-hidden; default 0:\n" \
-    "                         dense; tp 1 only; docs/layers.md)\n"                                              \
+    "                         dense; under --tp whole on every member; not with --sequence-parallel)\n"        \
     "  --top-k K              MoE: experts per token (default 2)\n"                                            \
     "  --moe-every N          MoE: every N-th block's MLP is an MoE (default 1: every block)\n"                 \
     "  --capacity-factor F    MoE: an expert takes at most F times its share of a microbatch's tokens, the\n"   \
@@ -115,7 +115,8 @@ int bg_cli_model_option(const char *cmd, int code, const char *arg, bg_model_con
     "                         each group of N consecutive data-parallel ranks spreads every MoE layer's\n"     \
     "                         experts over its members (E/N each) and exchanges tokens all-to-all; expert\n"  \
     "                         gradients are summed (--zero 1: their optimizer state sharded) over the\n"     \
-    "                         dp/N replicas holding them; not with --zero 2|3, --ps or --tp\n"              \
+    "                         dp/N replicas holding them; under --tp a group per tensor index;\n"             \
+    "                         not with --zero 2|3 or --ps\n"                                                   \
     "  --seq N                GPT, Llama: sequence length (default 64)\n"                                      \
     "  --vocab N              GPT, Llama: vocabulary (default 256: bytes)\n"                                   \
     "  --in-features N        MLP: input features (default 32)\n"                                              \
