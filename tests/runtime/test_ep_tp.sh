@@ -5,8 +5,8 @@
 # ep all-to-all runs over the ranks of one tp index. The attention's tensor-parallel sums change the order of
 # additions, so the weights agree within 1e-5 relative L2 after 4 AdamW steps; the routing is the same
 # (moe_dropped of every step, and moe_aux at step 1, on both members of each tensor group, equal to the
-# replica's of the run without tp); the gradient norm counts the replicated MoE tensors once; the peak memory
-# is the prediction; a checkpoint saved under ep 2 x tp 2 resumes under plain dp; sequence parallelism with
+# replica's of the run without tp); the gradient norm counts the replicated MoE tensors once; pipelines (1F1B,
+# DualPipeV, paired or not) compose; the peak memory is the prediction; a checkpoint saved under ep 2 x tp 2 resumes under plain dp; sequence parallelism with
 # MoE is refused.
 . "$(dirname "$0")/../lib/harness.sh"
 G="--layers 4 --d-model 16 --heads 4 --seq 16 --batch 8 --threads 1 --lr 3e-3 --experts 4 --top-k 2 --moe-every 2"
@@ -55,7 +55,17 @@ paste <(echo "$a") <(echo "$b") | awk 'NF == 2 {d = $1 - $2; if (d < 0) d = -d; 
 train lref 1 $L --steps 4 --microbatches 2
 train le2t2 4 $L --steps 4 --dp 2 --ep 2 --tp 2 --microbatches 1
 near "$T/lref" "$T/le2t2" "Llama: ep 2 x tp 2 vs one process"
-peak_is_predicted t2 e2t2 le2t2
+# pipelined: pp 2 x ep 2 x dp 2 x tp 2 (8 ranks), 1F1B and DualPipeV, its all-to-alls and tensor sums overlapped
+# with the paired microbatch (BRIGADE_TP_OVERLAP=microbatch) bitwise equal to it without
+train r16 1 $G --steps 4 --microbatches 4 --batch 16
+train p2 8 $G --steps 4 --pp 2 --dp 2 --ep 2 --tp 2 --microbatches 2 --batch 16
+near "$T/r16" "$T/p2" "pp 2 x ep 2 x dp 2 x tp 2, 1F1B vs one process"
+DV="--steps 4 --pp 2 --dp 2 --ep 2 --tp 2 --microbatches 4 --batch 16 --schedule dualpipev"
+train r16m8 1 $G --steps 4 --microbatches 8 --batch 16
+train dv 8 $G $DV && near "$T/r16m8" "$T/dv" "pp 2 x ep 2 x dp 2 x tp 2, DualPipeV vs one process"
+BRIGADE_TP_OVERLAP=microbatch train dvo 8 $G $DV && same "$T/dv" "$T/dvo" \
+    "pp 2 x ep 2 x dp 2 x tp 2, DualPipeV: overlapped with the paired microbatch = not overlapped, bitwise"
+peak_is_predicted t2 e2t2 le2t2 p2 dv
 
 # a checkpoint saved under ep 2 x tp 2 (the MoE tensors whole, written once) resumed under dp 2
 ck() { timeout 120 "$B" launch -n "$1" -- "$B" train $G --quiet "${@:2}" >"$T/ck.log" 2>&1 || { bad "ck: $*"; tail -3 "$T/ck.log"; }; }
@@ -64,4 +74,4 @@ ck 2 --steps 4 --dp 2 --microbatches 1 --checkpoint-dir "$T/c" --resume --save "
 near "$T/d2" "$T/r" "saved under ep 2 x tp 2, resumed under dp 2"
 
 expect 2 "MoE layers under sequence parallelism are not built" train $G --tp 2 --sequence-parallel --steps 1 --quiet
-finish 9
+finish 12
