@@ -35,7 +35,7 @@ typedef struct {
     long ahead;        /* BRIGADE_OFFLOAD_ACT_AHEAD */
     long at;           /* compute instructions begun this step */
     int mapped;        /* first_bw filled from the program */
-    size_t moved_out, moved_in, peak_host, host; /* counts and host bytes, for the log */
+    size_t moved_out, moved_in, host; /* stashes moved and host bytes held, for the log */
 } offact_t;
 
 static int offact_active(const exec_t *x) { return (x->p.offload & BG_OFFLOAD_ACTIVATIONS) != 0; }
@@ -115,7 +115,7 @@ static bg_status_t output_free(chunk_t *ch, int mb, int *free_p)
     return BG_OK;
 }
 
-static bg_status_t stash_out(exec_t *x, offact_t *o, chunk_t *ch, int mb, act_slot_t *a)
+static bg_status_t stash_out(offact_t *o, chunk_t *ch, int mb, act_slot_t *a)
 {
     size_t bytes = bg_stage_stash_bytes(ch->st, mb);
     if (!bytes) { /* recomputation: nothing kept */
@@ -128,13 +128,10 @@ static bg_status_t stash_out(exec_t *x, offact_t *o, chunk_t *ch, int mb, act_sl
         o->host += bytes - a->cap;
         a->buf = p;
         a->cap = bytes;
-        if (o->host > o->peak_host)
-            o->peak_host = o->host;
     }
     BG_CHECK(bg_stage_stash_out(ch->st, mb, a->buf));
     a->state = ACT_OUT;
     o->moved_out++;
-    (void)x;
     return BG_OK;
 }
 
@@ -164,7 +161,7 @@ static bg_status_t offact_before_compute(exec_t *x, void *self, chunk_t *ch, int
                 int done = 0;
                 BG_CHECK(output_free(c, m, &done));
                 if (done)
-                    BG_CHECK(stash_out(x, o, c, m, a));
+                    BG_CHECK(stash_out(o, c, m, a));
             } else if (a->state == ACT_OUT && a->first_bw >= 0 && a->first_bw <= now + o->ahead)
                 BG_CHECK(stash_in(o, c, m, a));
         }
@@ -184,8 +181,8 @@ static void offact_destroy(exec_t *x, void *self)
     offact_t *o = self;
     if (!o)
         return;
-    bg_log(BG_LOG_INFO, "offload", "rank %d: activations: %zu stashes offloaded, %zu brought back, %zu host bytes",
-           x->lay.rank, o->moved_out, o->moved_in, o->peak_host);
+    bg_log(BG_LOG_INFO, "offload", "rank %d: activations: %zu stashes offloaded, %zu brought back, %zu bytes of host buffers",
+           x->lay.rank, o->moved_out, o->moved_in, o->host);
     for (size_t i = 0; o->slots && i < (size_t)x->V * (size_t)x->M; i++)
         free(o->slots[i].buf);
     free(o->slots);
