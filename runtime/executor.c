@@ -299,9 +299,6 @@ static bg_status_t check_offload(const bg_executor_params_t *p)
     if ((p->offload & BG_OFFLOAD_PARAMS) && (zero != 3 || p->dp < 2))
         return bg_error(BG_ERR_INVALID, "--offload params needs --zero 3 over dp >= 2 (got --zero %d, dp %d): "
                                         "what it offloads is each replica's shard of the parameters", zero, p->dp);
-    if (p->offload & BG_OFFLOAD_ACTIVATIONS)
-        return bg_error(BG_ERR_UNSUPPORTED, "--offload activations: offloading stashed activations is not built; "
-                                            "--recompute frees them instead (offload optimizer is built)");
     if (p->offload_dir && *p->offload_dir && !p->offload)
         return bg_error(BG_ERR_INVALID, "--offload-dir %s without --offload: say what to offload (--offload "
                                         "optimizer)", p->offload_dir);

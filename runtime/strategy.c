@@ -13,12 +13,13 @@
 
 extern const bg__strategy_ops_t bg__strategy_ps_server, bg__strategy_ps_worker, bg__strategy_zero, bg__strategy_ep,
     bg__strategy_dp, bg__strategy_copies, bg__strategy_ties, bg__strategy_emulate, bg__strategy_offload,
-    bg__strategy_cp_emulate;
+    bg__strategy_offact, bg__strategy_cp_emulate;
 
 const bg__strategy_ops_t *const bg__strategies[] = {
     &bg__strategy_ps_server, &bg__strategy_ps_worker,   &bg__strategy_zero,    &bg__strategy_ep,
     &bg__strategy_dp,        &bg__strategy_copies,      &bg__strategy_ties,    &bg__strategy_cp_emulate,
-    &bg__strategy_emulate,   &bg__strategy_offload,     NULL,
+    &bg__strategy_emulate,   &bg__strategy_offload,     &bg__strategy_offact,
+    NULL,
 };
 
 bg_status_t bg__strategies_select(exec_t *x)

@@ -159,7 +159,9 @@ typedef struct bg_executor_params {
                                       OPTIMIZER the optimizer state (--zero 1|2: each replica's shard) in host
                                       memory or in files under offload_dir, not counted against device_mem
                                       (backends whose buffers are host memory: the cpu backend); ACTIVATIONS
-                                      and PARAMS are refused (not built); 0: none */
+                                      each forwarded microbatch's stash in host memory until just before its
+                                      backward (not counted off the device by predicted_act_bytes yet);
+                                      PARAMS (--zero 3) each replica's parameter shard; 0: none */
     const char *offload_dir;     /**< with offload: files there (memory-mapped, unlinked at once, a full disk
                                       an error at create), created when missing; NULL or "": host memory */
 } bg_executor_params_t;

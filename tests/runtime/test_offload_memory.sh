@@ -19,7 +19,7 @@
 #   once mapped, the mappings exist) and after the job is SIGKILLed.
 # - Bad input: a full disk (RLIMIT_FSIZE, and the full-disk test hook), a
 #   path that is not a directory, --offload-dir without --offload, an unknown
-#   word, --offload params without --zero 3, activations (not built), --ps with --offload
+#   word, --offload params without --zero 3, --ps with --offload
 #   fail in one line, nothing left behind.
 . "$(dirname "$0")/../lib/harness.sh"
 OD="$T/od"
@@ -103,9 +103,8 @@ expect 1 "--offload-dir $T/afile: $T/afile exists and is not a directory" train 
 expect 1 "--offload-dir $OD without --offload" train "${S[@]}" --offload-dir "$OD"
 expect 2 '--offload must be one of optimizer, activations or params, got "optimiser" (did you mean optimizer?)' train "${S[@]}" --offload optimiser
 expect 1 "--offload params needs --zero 3 over dp >= 2 (got --zero 0, dp 1)" train "${S[@]}" --offload optimizer,params
-expect 1 "--offload activations: offloading stashed activations is not built" train "${S[@]}" --offload activations
 timeout 60 "$B" launch -n 2 -- "$B" train "${S[@]}" --ps 1 --offload optimizer >"$T/ps.o" 2>&1 &&
   bad "--ps with --offload trained" ||
   { grep -q "offload optimizer with --ps: the servers hold the optimizer state" "$T/ps.o" && ok "--ps with --offload refused" ||
     bad "--ps with --offload: $(tail -2 "$T/ps.o")"; }
-finish 19
+finish 18
