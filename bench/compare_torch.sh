@@ -77,7 +77,7 @@ params() {
        tab && $1 ~ /^[0-9]+$/ {if ($3 == 0) n += $4; next} tab {tab = 0}
        END {if (n) print n}'
 }
-med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+. "$HERE/lib.sh"
 
 echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), family $(grep -m1 'cpu family' /proc/cpuinfo | sed 's/.*: //') model $(grep -m1 '^model\s*:' /proc/cpuinfo | sed 's/.*: //'), $(nproc) CPUs, flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|avx512f|avx512bw|avx512vl|avx512_bf16|amx_tile|amx_bf16)$' | tr '\n' ' ')"
 "$B" info | grep -E "^(blas|cpu|gemm):|version:|kernels:" | sed 's/^/# /'

@@ -35,8 +35,8 @@ BUILD=${1:-build}; R=${2:-3}
 B="$BUILD/brigade"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 MODEL="--model gpt --layers 8 --d-model 256 --heads 4 --seq 32 --batch 4 --microbatches 4 --steps 8 --threads 1"
-med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+. "$(dirname "$0")/lib.sh"
+echo "$(cpu_name), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$B" train $MODEL --steps 2 --quiet >"$T/one" 2>&1
 full=$(grep -o "peak memory [0-9.]* MiB" "$T/one" | awk '{print $3}')
 run() { # NAME ARGS...: one 2-rank run; its median step into $T/ms_NAME, its summary into $T/sum_NAME

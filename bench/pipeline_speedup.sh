@@ -13,7 +13,7 @@ B="$BUILD/brigade"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 # 8 blocks so that the head (on the last stage) is a small part of a stage
 MODEL="--model gpt --layers 8 --d-model 256 --heads 4 --seq 64 --batch 32 --steps 10 --threads 1 --quiet"
-med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+. "$(dirname "$0")/lib.sh"
 tps() { grep -o "[0-9.]* tokens/s" | head -1 | awk '{print $1}'; }
 for i in $(seq 1 "$R"); do
   "$B" train $MODEL --microbatches 16 2>/dev/null | tps >>"$T/one"

@@ -21,11 +21,11 @@ B="$BUILD/brigade"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 MODEL="--model gpt --layers 4 --d-model 128 --heads 4 --seq 64 --batch 8 --microbatches 2 --steps $STEPS --threads 1"
 TOKENS=$((8 * 64))
-med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+. "$(dirname "$0")/lib.sh"
 # name ranks flags
 CONFIGS=("dp2 2 --dp 2" "ps1_k0 3 --ps 1" "ps1_k1 3 --ps 1 --staleness 1" "ps2_k0 4 --ps 2" "ps2_k1 4 --ps 2 --staleness 1"
   "pp2dp2 4 --pp 2 --dp 2" "ps1pp2_k0 5 --ps 1 --pp 2" "ps1pp2_k1 5 --ps 1 --pp 2 --staleness 1")
-echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; GPT 4 x 128, seq 64, batch 8, $STEPS steps, $R runs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$(cpu_name), $(nproc) cores; GPT 4 x 128, seq 64, batch 8, $STEPS steps, $R runs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$R"); do
   for c in "${CONFIGS[@]}"; do
     read -r name n flags <<<"$c"

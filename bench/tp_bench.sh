@@ -22,7 +22,7 @@ T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export BRIGADE_TIMEOUT=120
 M="--model gpt --layers 2 --d-model 256 --heads 8 --seq 64"
 RUN="$M --batch 8 --microbatches 2 --steps 12 --quiet"
-med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+. "$(dirname "$0")/lib.sh"
 ms() { grep -o "median step [0-9.]* ms" | awk '{print $3}'; }
 for i in $(seq 1 "$R"); do
   "$B" train $RUN --threads 1 2>/dev/null | ms >>"$T/t1"

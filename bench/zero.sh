@@ -17,8 +17,8 @@ BUILD=${1:-build}; R=${2:-3}
 B="$BUILD/brigade"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 MODEL="--model gpt --layers 8 --d-model 192 --heads 4 --seq 64 --steps 12 --threads 1"
-med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; buckets of $BRIGADE_BUCKET_MB MiB"
+. "$(dirname "$0")/lib.sh"
+echo "$(cpu_name), $(nproc) cores; buckets of $BRIGADE_BUCKET_MB MiB"
 printf "%3s %5s %10s %10s %12s %8s %8s %8s\n" dp zero "peak MiB" "pred MiB" "step ms" "vs 0" "vs 2" "overlap"
 for dp in 2 4; do
   for i in $(seq 1 "$R"); do
