@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "brigade/executor.h"
+#include "brigade/partitioner.h"
 #include "brigade/schedule.h"
 #include "brigade/train.h"
 #include "core/fiber.h"
@@ -130,6 +131,9 @@ typedef struct bg__strategy_ops {
     void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
     /* ONE: how many ranks of the job write weights (default: replica 0's, world / dp). */
     int (*weights_writers)(exec_t *x, void *self);
+    /* ONE: this rank's slot counts over its program, for the predicted activation bytes, and per row and chunk
+     * the forwarded slots whose stash is off the device (*off_p; NULL: none) (default: bg_part_schedule_counts). */
+    bg_status_t (*act_counts)(exec_t *x, void *self, bg_part_counts_t **rows_p, int **off_p, int *nrows_p);
     /* EVERY: the predicted parameter bytes, optimizer elements and gradient bytes (bg_executor_info), adjusted. */
     void (*memory)(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes);
     /* EVERY: after a failed step: free what is in flight. */
@@ -233,6 +237,7 @@ bg_status_t bg__exec_sum_losses(exec_t *x); /* the program's end: the device-kep
 /* exec_ops.c */
 bg_status_t bg__exec_seq_len(exec_t *x, int64_t step, int mb, int *t_p);
 bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *shape_p);
+bg_status_t bg__exec_shape_at(exec_t *x, chunk_t *ch, int T, bg_shape_t *shape_p); /* at T positions (of the sequence) */
 /* fn(arg, kind, cost) for each layer of chunk ch in order, with its cost model (bg_layer_tp_cost) at
  * microbatch mb's shapes: what an emulating strategy sends before an emulated compute of @p kind. */
 bg_status_t bg__exec_layer_costs(exec_t *x, chunk_t *ch, int mb, bg_sched_op_kind_t kind,

@@ -132,6 +132,11 @@ bg_status_t bg__exec_input_shape(exec_t *x, chunk_t *ch, int mb, bg_shape_t *sha
 {
     int T = 0;
     BG_CHECK(bg__exec_seq_len(x, x->step, mb, &T));
+    return bg__exec_shape_at(x, ch, T, shape_p);
+}
+
+bg_status_t bg__exec_shape_at(exec_t *x, chunk_t *ch, int T, bg_shape_t *shape_p)
+{
     T /= x->lay.cp;
     bg_shape_t s = bg_model_input_shape(ch->model, x->mbn, T);
     /* walk the layers before this stage (descriptors of the full model) */

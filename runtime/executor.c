@@ -104,8 +104,10 @@ static bg_status_t check_cp(const bg_executor_params_t *p, const bg_model_desc_p
  * model for both): the peak over the program's points of the slot counts the
  * planner's replay gives (bg_part_schedule_counts: receives posted ahead,
  * forwards, gradient buffers, backwards, lingering sends, and the paired
- * instructions of BRIGADE_TP_OVERLAP=microbatch) times each chunk's per-slot
- * buffers (bg_stage_memory), plus each stage's scratch. And the simulator's
+ * instructions of BRIGADE_TP_OVERLAP=microbatch; a strategy's act_counts
+ * hook instead, with the stashes it keeps off the device: activation offload)
+ * times each chunk's per-slot buffers (bg_stage_memory), plus each stage's
+ * scratch. And the simulator's
  * peak count of stashed microbatches (F to the last backward piece). */
 static bg_status_t predict_activations(exec_t *x)
 {
@@ -154,20 +156,24 @@ static bg_status_t predict_activations(exec_t *x)
         fixed += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
     }
     bg_part_counts_t *rows = NULL;
-    int nrows = 0;
-    if (st == BG_OK)
+    int nrows = 0, *off = NULL; /* a strategy's stashes off the device (activation offload) */
+    bg__strategy_t *own = BG__ONE(x, act_counts);
+    if (st == BG_OK && own)
+        st = own->ops->act_counts(x, own->self, &rows, &off, &nrows);
+    else if (st == BG_OK)
         st = bg_part_schedule_counts(x->sched, x->lay.me.pp, x->pair != NULL, &rows, &nrows);
     size_t peak = 0;
     for (int k = 0; st == BG_OK && k < nrows; k++) {
         size_t sum = 0;
-        for (int v = 0; v < x->V; v++)
-            sum += bg_part_row_bytes(&rows[(size_t)k * x->V + v], &b[v]);
+        for (size_t i = (size_t)k * x->V, v = 0; v < (size_t)x->V; v++, i++) /* a recomputing stage moves none */
+            sum += bg_part_row_bytes(&rows[i], &b[v]) - (off && !b[v].recompute ? (size_t)off[i] * b[v].layer_act_bytes : 0);
         if (sum > peak)
             peak = sum;
     }
     if (st == BG_OK)
         x->predicted_act_bytes = peak + fixed;
     free(rows);
+    free(off);
     free(b);
     return st;
 }
@@ -563,6 +569,7 @@ static bg_status_t make_pair(exec_t *x)
         strcmp(bg_config_str("BRIGADE_TP_OVERLAP"), "microbatch") != 0)
         return BG_OK;
     const char *no = x->p.zero && x->lay.dp > 1 ? "--zero"
+                     : x->p.offload & BG_OFFLOAD_ACTIVATIONS               ? "--offload activations"
                      : x->lay.servers                                      ? "--ps"
                      : x->be->ops->event_record                            ? "a backend that queues work"
                                                                            : NULL;

@@ -226,6 +226,22 @@ int bg_plan_paired_for(int tp, int zero, int dp);
  *  dominated by another are dropped). malloc'ed; free() it. */
 bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int paired, bg_part_counts_t **rows_p,
                                     int *npoints_p);
+/** bg_part_schedule_counts (unpaired) with activation offload (--offload activations, k = @p ahead, the
+ *  executor's BRIGADE_OFFLOAD_ACT_AHEAD): a forwarded slot's stash leaves the device at the first compute
+ *  instruction after its forward and its activation's send (later where waiting for that send there could
+ *  deadlock) and comes back k compute instructions before its first backward piece (B or the fused backward;
+ *  a split backward's W reads what B brought back); never on a chain's last stage, nor where it would be back
+ *  no later than it left. *off_p: *npoints_p rows of `chunks` entries, entry c the forwarded slots of chunk c
+ *  whose stash is off the device at that point. A row's device bytes on a stage: bg_part_row_bytes minus
+ *  off x layer_act_bytes, unless the stage recomputes (it keeps no stash: nothing moves). Both malloc'ed. */
+bg_status_t bg_part_schedule_counts_offact(const bg_schedule_t *sched, int rank, int ahead,
+                                           bg_part_counts_t **rows_p, int **off_p, int *npoints_p);
+/** The device bytes of chunk @p chunk's stashes on pipeline rank @p rank with activation offload (k = @p
+ *  ahead): the most stashes of it on the device at once over the program (forwarded and not offloaded,
+ *  bg_part_schedule_counts_offact) times @p stash_bytes (a slot's layer_act_bytes: its layers' outputs and
+ *  stashes). Without offload the same count is the most forwarded slots. */
+bg_status_t bg_part_offact_stash_bytes(const bg_schedule_t *sched, int rank, int chunk, int ahead,
+                                       size_t stash_bytes, size_t *bytes_p);
 
 /* ------------------------------------------------------------------------ */
 /* Plans                                                                    */

@@ -22,6 +22,7 @@
 #include "brigade/backend.h"
 #include "brigade/partitioner.h"
 #include "brigade/schedule.h"
+#include "schedule/offact.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void)
@@ -433,6 +434,110 @@ static void test_replay_1f1b(void **state)
             fail_msg("rank %d: peak forwarded %d backward %d lingering %d (with a backward: %d), expected %d, %d, "
                      "%d, %d", r, maxf, maxb, maxl, lingerb, want_f[r], want_b[r], want_l[r], want_lb[r]);
         free(rows);
+    }
+    bg_schedule_free(s);
+}
+
+/* Activation offload's points and stash count, counted by hand on 1F1B, p = 2, m = 4. Rank 0 runs
+ * F0 sa0 F1 sa1 rg0 B0 F2 sa2 rg1 B1 F3 sa3 rg2 B2 rg3 B3: compute instructions 0..7 = F0 F1 B0 F2 B1 F3 B2
+ * B3. A stash leaves at the first compute instruction after its forward and send and comes back k before
+ * its backward, when that is later: k = 0: mb 0 out at F1 (1), in at B0 (2); mb 1 out at B0 (2), in at B1
+ * (4); mb 2 4..6; mb 3 6..7. So at most one stash is on the device at once (F1 holds mb 1's as it
+ * forwards, mb 0's out; B0 mb 0's, mb 1's out; ...), where 1F1B keeps two. k = 1: mb 1 out at B0 (2), in
+ * at F2 (3); mb 2 4..5; mb 0 and 3 never (back no later than they would leave): two at F1, as without
+ * offload. Rank 1, the last stage, moves nothing: one. */
+static void test_offact_1f1b(void **state)
+{
+    (void)state;
+    bg_schedule_params_t sp = BG_SCHEDULE_PARAMS_INIT;
+    sp.kind = BG_SCHED_1F1B, sp.stages = 2, sp.microbatches = 4;
+    bg_schedule_t *s = NULL;
+    assert_int_equal(bg_schedule_generate(&sp, &s), BG_OK);
+    static const bg__offact_slot_t want[2][4] = {{{1, 2}, {2, 4}, {4, 6}, {6, 7}}, {{-1, -1}, {2, 3}, {4, 5}, {-1, -1}}};
+    for (int k = 0; k < 2; k++) {
+        bg__offact_slot_t *pts = NULL;
+        assert_int_equal(bg__offact_points(s, 0, k, &pts), BG_OK);
+        for (int mb = 0; mb < 4; mb++)
+            if (pts[mb].out_at != want[k][mb].out_at || pts[mb].in_at != want[k][mb].in_at)
+                fail_msg("ahead %d, microbatch %d: out at %d, in at %d; expected %d, %d", k, mb, pts[mb].out_at,
+                         pts[mb].in_at, want[k][mb].out_at, want[k][mb].in_at);
+        free(pts);
+        assert_int_equal(bg__offact_points(s, 1, k, &pts), BG_OK);
+        for (int mb = 0; mb < 4; mb++)
+            assert_true(pts[mb].out_at == -1 && pts[mb].in_at == -1);
+        free(pts);
+    }
+    size_t b = 0;
+    assert_int_equal(bg_part_offact_stash_bytes(s, 0, 0, 0, 1000, &b), BG_OK);
+    assert_int_equal(b, 1000);
+    assert_int_equal(bg_part_offact_stash_bytes(s, 0, 0, 1, 1000, &b), BG_OK);
+    assert_int_equal(b, 2000);
+    assert_int_equal(bg_part_offact_stash_bytes(s, 1, 0, 0, 1000, &b), BG_OK);
+    assert_int_equal(b, 1000);
+    /* the same count without offload: the most forwarded slots */
+    bg_part_counts_t *rows = NULL;
+    int n = 0, most = 0;
+    assert_int_equal(bg_part_schedule_counts(s, 0, 0, &rows, &n), BG_OK);
+    for (int i = 0; i < n; i++)
+        most = rows[i].forwarded > most ? rows[i].forwarded : most;
+    free(rows);
+    assert_int_equal(most, 2);
+    assert_int_equal(bg_part_offact_stash_bytes(s, 0, 1, 0, 1000, &b), BG_ERR_INVALID); /* one chunk */
+    assert_int_equal(bg_part_offact_stash_bytes(s, 2, 0, 0, 1000, &b), BG_ERR_INVALID); /* two ranks */
+    bg_schedule_free(s);
+}
+
+/* An out point whose wait for the send would deadlock moves later. Two ranks, two chunks (rank 0 stages 0
+ * and 2, rank 1 stages 1 and 3); stages 1 to 3 forward microbatch 1 first. Rank 1 posts its receive of
+ * stage 0's microbatch 0 at its op 2 (the op after the second-to-last compute before that receive), after
+ * F(1,1), which needs microbatch 1 from stage 0: rank 0 waiting at F(0,1) (compute 1) for microbatch 0's
+ * send would never send it, so that stash leaves at F(2,1) (compute 2), by when rank 1 has posted it, and
+ * is back at B(0,0) (compute 6, k = 0). Stage 0's microbatch 1 leaves there too (rank 1 posts its receive
+ * first thing), until B(0,1) (7); stage 2's microbatch 1 3..5; stage 2's microbatch 0 is back no later
+ * than it would leave (B(2,0) right after): never. Rank 1: stage 1's microbatch 1 1..7, microbatch 0 3..6;
+ * stage 3 ends the chain: never. */
+static void test_offact_deadlock(void **state)
+{
+    (void)state;
+    bg_schedule_t *s = NULL;
+    assert_int_equal(bg_schedule_create("offact", 2, 2, 2, NULL, &s), BG_OK);
+    enum { F = BG_OP_FORWARD, B = BG_OP_BACKWARD, SA = BG_OP_SEND_ACT, RA = BG_OP_RECV_ACT, SG = BG_OP_SEND_GRAD,
+           RG = BG_OP_RECV_GRAD };
+    /* {kind, stage, mb} per rank; chunk = stage / 2, peers by direction */
+    static const int prog[2][20][3] = {
+        {{F, 0, 0}, {SA, 0, 0}, {F, 0, 1}, {SA, 0, 1}, {RA, 2, 1}, {F, 2, 1}, {SA, 2, 1}, {RA, 2, 0}, {F, 2, 0},
+         {SA, 2, 0}, {RG, 2, 0}, {B, 2, 0}, {SG, 2, 0}, {RG, 2, 1}, {B, 2, 1}, {SG, 2, 1}, {RG, 0, 0}, {B, 0, 0},
+         {RG, 0, 1}, {B, 0, 1}},
+        {{RA, 1, 1}, {F, 1, 1}, {SA, 1, 1}, {RA, 3, 1}, {F, 3, 1}, {RA, 1, 0}, {F, 1, 0}, {SA, 1, 0}, {RA, 3, 0},
+         {F, 3, 0}, {B, 3, 0}, {SG, 3, 0}, {B, 3, 1}, {SG, 3, 1}, {RG, 1, 0}, {B, 1, 0}, {SG, 1, 0}, {RG, 1, 1},
+         {B, 1, 1}, {SG, 1, 1}}};
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < 20; i++) {
+            int kind = prog[r][i][0], st = prog[r][i][1];
+            int peer = kind == SA || kind == RG ? st + 1 : kind == RA || kind == SG ? st - 1 : -1;
+            bg_sched_op_t op = {kind, prog[r][i][2], st / 2, st, peer, peer >= 0 ? peer % 2 : -1};
+            assert_int_equal(bg_schedule_append(s, r, &op), BG_OK);
+        }
+        for (int c = 0; c < 2; c++) {
+            bg_sched_op_t red = {BG_OP_REDUCE_GRADS, -1, c, 2 * c + r, -1, -1};
+            bg_sched_op_t opt = {BG_OP_OPTIMIZER_STEP, -1, c, 2 * c + r, -1, -1};
+            assert_int_equal(bg_schedule_append(s, r, &red), BG_OK);
+            assert_int_equal(bg_schedule_append(s, r, &opt), BG_OK);
+        }
+    }
+    if (bg_schedule_validate(s) != BG_OK)
+        fail_msg("the hand-made program: %s", bg_last_error());
+    /* [rank][chunk * 2 + mb] */
+    static const bg__offact_slot_t want[2][4] = {{{2, 6}, {2, 7}, {-1, -1}, {3, 5}},
+                                                 {{3, 6}, {1, 7}, {-1, -1}, {-1, -1}}};
+    for (int r = 0; r < 2; r++) {
+        bg__offact_slot_t *pts = NULL;
+        assert_int_equal(bg__offact_points(s, r, 0, &pts), BG_OK);
+        for (int k = 0; k < 4; k++)
+            if (pts[k].out_at != want[r][k].out_at || pts[k].in_at != want[r][k].in_at)
+                fail_msg("rank %d chunk %d microbatch %d: out at %d, in at %d; expected %d, %d", r, k / 2, k % 2,
+                         pts[k].out_at, pts[k].in_at, want[r][k].out_at, want[r][k].in_at);
+        free(pts);
     }
     bg_schedule_free(s);
 }
@@ -1357,6 +1462,7 @@ int main(void)
         cmocka_unit_test(test_exact_vs_brute_force), cmocka_unit_test(test_memory_closed_form),
         cmocka_unit_test(test_memory_matches_stages), cmocka_unit_test(test_replay_1f1b),
         cmocka_unit_test(test_replay_paired),
+        cmocka_unit_test(test_offact_1f1b),          cmocka_unit_test(test_offact_deadlock),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
         cmocka_unit_test(test_plan_stages_bound),
         cmocka_unit_test(test_plan_tp),              cmocka_unit_test(test_plan_tp_measured),
