@@ -11,6 +11,8 @@
 #   offloaded run; and (the summary's "peak MiB") below that of the same run
 #   without offload where stashes wait for their backward: rank 0 of 1F1B and
 #   ZB-H1 at ahead 0, both ranks of interleaved; never above it.
+# - The prediction as a cap: 1F1B at ahead 0 trains under --device-mem equal to
+#   its predicted peak and fails a byte below it.
 # - --offload-dir: the host buffers are the offload store's files: the same
 #   weights and peaks, the directory empty after the run; a full disk (the
 #   full-disk hook) fails before the first step naming the directory and the
@@ -54,6 +56,20 @@ for lay in "1:--pp 1::" "2:--pp 2:0:0" "2:--pp 2 --schedule zb-h1:0:0" "2:--pp 2
     ok "$args: peak MiB per rank $(peaks "$T/$run.log")(ahead $ahead) < $(peaks "$T/n_$tag.log")without offload (ranks $ranks)" ||
     bad "$args: peak MiB per rank $(peaks "$T/$run.log")with offload vs $(peaks "$T/n_$tag.log")without"
 done
+# the prediction as a cap: 1F1B at ahead 0 fits under --device-mem = its largest predicted peak, not a byte below
+cap=$(sed -n 's/.*"step": 2,.*"predicted_bytes": \([0-9]*\).*/\1/p' "$T/a0_pp2.jsonl" | sort -n | tail -1)
+if [ -n "$cap" ]; then
+  BRIGADE_OFFLOAD_ACT_AHEAD=0 train_save c_pp2 2 $GPT --pp 2 --offload activations --device-mem "$cap" &&
+    ok "--pp 2, ahead 0: trains under --device-mem $cap (the predicted peak)"
+  BRIGADE_OFFLOAD_ACT_AHEAD=0 timeout 60 "$B" launch -n 2 -- "$B" train $GPT --pp 2 --offload activations \
+    --device-mem $((cap - 1)) --quiet >"$T/c1.o" 2>"$T/c1.e"
+  rc=$?
+  [ $rc = 1 ] && grep -q "above the cap of $((cap - 1)) (--device-mem)" "$T/c1.e" &&
+    ok "--pp 2, ahead 0: --device-mem $((cap - 1)) fails: $(grep -o 'would make [0-9]*, above the cap of [0-9]*' "$T/c1.e" | head -1)" ||
+    bad "--pp 2, ahead 0: --device-mem $((cap - 1)): exit $rc: $(tail -3 "$T/c1.e")"
+else
+  bad "--pp 2, ahead 0: no predicted peak in $T/a0_pp2.jsonl"
+fi
 train_save o_pp2 2 $GPT --pp 2 --offload optimizer,activations &&
   same "$T/n_pp2" "$T/o_pp2" "--pp 2 --offload optimizer,activations = none"
 train_save rn_pp2 2 $GPT --pp 2 --recompute && offl ra_pp2 2 --pp 2 --recompute &&
@@ -76,4 +92,4 @@ rc=$?
   bad "full --offload-dir: exit $rc: $(cat "$T/fd.e")"
 
 BRIGADE_OFFLOAD_ACT_AHEAD=-1 expect 1 "BRIGADE_OFFLOAD_ACT_AHEAD=-1: expected 0 to 1000" train $GPT --offload activations
-finish 25
+finish 27
