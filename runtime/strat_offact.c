@@ -95,8 +95,12 @@ static bg_status_t offact_ready(exec_t *x, void *self)
     o->cop = malloc((nops ? nops : 1) * sizeof(*o->cop));
     BG_ALLOC_CHECK(o->cop, nops * sizeof(*o->cop), "activation offload program");
     for (size_t i = 0; i < nops; i++)
-        if (ops[i].kind <= BG_OP_BACKWARD_WEIGHT)
+        if (ops[i].kind <= BG_OP_BACKWARD_WEIGHT) {
+            if (ops[i].chunk < 0 || ops[i].chunk >= x->V || x->chunks[ops[i].chunk].stage != ops[i].stage)
+                return bg_error(BG_ERR_INTERNAL, "rank %d: activation offload: the program's chunk %d of stage %d "
+                                "is not this rank's", x->lay.rank, ops[i].chunk, ops[i].stage);
             o->cop[o->ncomp++] = &ops[i];
+        }
     for (int v = 0; v < x->V; v++) {
         chunk_t *ch = &x->chunks[v];
         size_t bytes = 0;

@@ -42,6 +42,7 @@ typedef struct walk {
     pt_t **pt;       /* [P][V * M] */
     size_t *sends;   /* [2 * S * M]: op index of SEND_ACT (then SEND_GRAD) of (stage, mb) on its rank */
     size_t *posted;  /* [S * M]: op index at which the rank of (stage, mb)'s RECV_ACT posts it */
+    int *first_bw;   /* [S * M]: compute index of (stage, mb)'s first backward piece (B or fused) on its rank */
     size_t *pos;     /* [P]: the op each rank is at */
 } walk_t;
 
@@ -62,6 +63,8 @@ static void index_ops(walk_t *w)
                 w->sends[(size_t)(op->kind == BG_OP_SEND_GRAD) * w->S * w->M + id] = i;
             else if (op->kind == BG_OP_RECV_ACT) /* posted once the window of two computes reaches it */
                 w->posted[id] = c1 == SIZE_MAX ? 0 : c1 + 1;
+            else if ((op->kind == BG_OP_BACKWARD || op->kind == BG_OP_BACKWARD_INPUT) && w->first_bw[id] < 0)
+                w->first_bw[id] = w->cidx[r][i];
             if (is_compute(op->kind)) {
                 c1 = c2;
                 c2 = i;
@@ -82,13 +85,7 @@ static void candidates(walk_t *w, int r, int ahead)
         const bg_sched_op_t *f = &s->ops[r][i];
         if (f->kind != BG_OP_FORWARD || bg__chain_last(s, f->stage))
             continue;
-        int mb = f->microbatch, next = f->stage + 1, b = -1;
-        for (size_t j = i + 1; j < n && b < 0; j++) {
-            const bg_sched_op_t *o = &s->ops[r][j];
-            if (o->stage == f->stage && o->microbatch == mb &&
-                (o->kind == BG_OP_BACKWARD || o->kind == BG_OP_BACKWARD_INPUT))
-                b = w->cidx[r][j];
-        }
+        int mb = f->microbatch, next = f->stage + 1, b = w->first_bw[(size_t)f->stage * w->M + mb];
         size_t from = i; /* the out point comes after this op */
         pt_t p = {-1, -1, -1, 0};
         if (s->stage_rank[next] != r) {
@@ -172,7 +169,7 @@ static void walk(walk_t *w)
 
 bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, bg__offact_slot_t **slots_p)
 {
-    walk_t w = {sched, sched->p, sched->nstages, sched->m, sched->v, NULL, NULL, NULL, NULL, NULL};
+    walk_t w = {sched, sched->p, sched->nstages, sched->m, sched->v, NULL, NULL, NULL, NULL, NULL, NULL};
     if (rank < 0 || rank >= w.P || ahead < 0)
         return bg_error(BG_ERR_INVALID, "activation offload points: rank %d of %d, ahead %d", rank, w.P, ahead);
     size_t SM = (size_t)w.S * w.M, VM = (size_t)w.V * w.M;
@@ -182,8 +179,9 @@ bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, b
     w.pt = calloc((size_t)w.P, sizeof(*w.pt));
     w.sends = malloc((2 * SM + 1) * sizeof(size_t));
     w.posted = malloc((SM + 1) * sizeof(size_t));
+    w.first_bw = malloc((SM + 1) * sizeof(int));
     w.pos = calloc((size_t)w.P, sizeof(size_t));
-    if (!out || !w.cidx || !w.pt || !w.sends || !w.posted || !w.pos)
+    if (!out || !w.cidx || !w.pt || !w.sends || !w.posted || !w.first_bw || !w.pos)
         goto nomem;
     for (int r = 0; r < w.P; r++) {
         w.cidx[r] = malloc((sched->nops[r] + 1) * sizeof(int));
@@ -193,6 +191,7 @@ bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, b
     }
     memset(w.sends, 0xff, 2 * SM * sizeof(size_t));
     memset(w.posted, 0xff, SM * sizeof(size_t));
+    memset(w.first_bw, 0xff, SM * sizeof(int));
     index_ops(&w);
     for (int r = 0; r < w.P; r++)
         candidates(&w, r, ahead);
@@ -209,6 +208,6 @@ done:
         free(w.cidx[r]);
         free(w.pt[r]);
     }
-    free(w.cidx), free(w.pt), free(w.sends), free(w.posted), free(w.pos), free(out);
+    free(w.cidx), free(w.pt), free(w.sends), free(w.posted), free(w.first_bw), free(w.pos), free(out);
     return st;
 }
