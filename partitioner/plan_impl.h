@@ -39,6 +39,8 @@ struct bg_plan {
     bg_dtype_t precision; /* the activations' storage the layer sizes count (bg_model_desc_precision) */
     double step_ms, bubble, tokens_per_s;
     double flops, link_latency, link_bandwidth;
+    double host_bandwidth; /* bg_plan_params_t.host_bandwidth (0: infinite) */
+    double offload_ms;     /* of step_ms, the offload transfers on the rank they cost most (bg_plan_offload_ms) */
     int nlayers;
     bg_layer_profile_t *layers;
     double *cost_ms;  /* [nlayers][NCOST]: the cost model's forward, backward and collectives (of both) per
