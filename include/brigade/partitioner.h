@@ -275,7 +275,8 @@ typedef struct bg_plan_params {
     const double *layer_w_s;     /**< measured backward-weight seconds per layer, or NULL (both or neither;
                                       without them a split backward is B = W = backward / 2) */
     int zero;                    /**< sharding across the dp replicas (docs/data_parallel.md): 0, 1, 2 or 3, or
-                                      BG_PLAN_ZERO_AUTO: per layout, the lowest stage that fits */
+                                      BG_PLAN_ZERO_AUTO: per layout, the fastest stage that fits (the
+                                      lowest, except with offload: a shard moves fewer bytes) */
     int tp;                      /**< tensor-parallel degree: 0 (default) = 1, unless no layout fits at 1
                                       (then the smallest degree that fits, said in bg_plan_set_note); N >= 1 =
                                       only N; BG_PLAN_TP_ALL = every degree dividing the devices. Degrees > 1
@@ -293,9 +294,9 @@ typedef struct bg_plan_params {
                                       (brigade train --offload optimizer, docs/offload.md): 0 counted on the
                                       device; 1 offloaded; 2 offloaded and, at zero 3, the parameter shard
                                       too (--offload optimizer,params); BG_PLAN_OFFLOAD_AUTO: per layout
-                                      and sharding stage, the least offload that fits (2 at zero 3 only). The step time
-                                      counts the same optimizer step either way (the CPU backend's step on
-                                      host-held state) */
+                                      the fastest choice that fits (2 at zero 3 only). The step time counts
+                                      the same optimizer step either way, plus the transfers over
+                                      host_bandwidth */
     int cp;                      /**< context-parallel degree (docs/executor.md "Context parallelism"): 0 or
                                       1 = 1; N > 1 = every sequence split over N devices (N divides the
                                       devices, 2N the sequence; pp x dp groups of N x tp devices, each
