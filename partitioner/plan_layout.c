@@ -516,12 +516,6 @@ static double keep_limit(const search_t *s)
     return s->plans[top - 1]->step_ms;
 }
 
-/* The host link's bandwidth of pa (a field added later: 0, free, for older callers). */
-static double host_bandwidth(const bg_plan_params_t *pa)
-{
-    return pa->size >= offsetof(bg_plan_params_t, host_bandwidth) + sizeof(double) ? pa->host_bandwidth : 0.0;
-}
-
 /* Seconds virtual stage v of an offloaded candidate spends on the host link (docs/offload.md "The
  * planner"), as a device backend's offload moves the bytes: *step_s_p at its optimizer step, *gather_s_p
  * at each gather of its layers' parameters (forward, backward, recomputation). Per element its replica
@@ -533,7 +527,7 @@ static double host_bandwidth(const bg_plan_params_t *pa)
  * shard from the store as they copy it from the backend without offload). */
 static void offload_seconds(const search_t *s, const candidate_t *c, int v, double *step_s_p, double *gather_s_p)
 {
-    double hb = host_bandwidth(s->pp), g = (double)c->dp * s->cp;
+    double hb = s->pp->host_bandwidth, g = (double)c->dp * s->cp;
     double n = (double)range_params(c, c->out[v].first, c->out[v].last) / (c->zero && g > 1 ? g : 1);
     *step_s_p = *gather_s_p = 0;
     if (!c->offload || !(hb > 0))
@@ -712,7 +706,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->flops = pa->flops;
     p->link_latency = pa->link_latency;
     p->link_bandwidth = pa->link_bandwidth;
-    p->host_bandwidth = host_bandwidth(pa);
+    p->host_bandwidth = pa->host_bandwidth;
     p->offload_ms = offload_ms;
     memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
     p->times = s->times ? TIMES_MEASURED_TP : pa->layer_fwd_s ? TIMES_MEASURED : TIMES_FLOPS;
