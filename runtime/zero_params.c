@@ -27,15 +27,20 @@
  * On a backend whose kernels cannot address the store (a store with a step:
  * the host-held optimizer step of runtime/offload.c; cuda, or cpu-async under
  * BRIGADE_OFFLOAD_STEP=host) the owned chunk is uploaded instead: from_host_async on the
- * copy stream, behind an event recorded after the pool buffer's earlier
- * readers, completing the bucket's upload event; the compute stream waits on
- * that event before the all-gather is queued, the host does not. A
- * prefetched bucket's upload is queued at one layer's call and its gather
- * started at the next (at a point of the program, so every replica starts its
- * gathers in the same order), so the upload overlaps the layer in between;
- * a bucket needed at once is uploaded and gathered at once. The host waits
- * for a bucket's upload before its owned chunk is updated (the optimizer
- * steps it on the host where it lives) and before the pool buffer is freed.
+ * copy stream, completing the bucket's upload event; the compute stream waits
+ * on that event before the all-gather is queued, the host does not. The
+ * upload waits for no event: a pool buffer is free only once the host has
+ * synchronized the compute stream past its last reader (start's victim, the
+ * step's update, materialize), so it runs beside the kernels already queued.
+ * With one bucket prefetched (BRIGADE_ZERO_PREFETCH=1) its upload and gather
+ * are queued at once, before the current layer's kernels (which wait for the
+ * upload, 1/D of the bucket, and not for the gather); with two or more, the
+ * furthest bucket's upload is queued at one layer's call and its gather
+ * started at the next, so the upload overlaps the layer in between. Gathers
+ * start at points of the program only, so every replica starts them in the
+ * same order. The host waits for a bucket's upload before its owned chunk is
+ * updated (the optimizer steps it on the host where it lives), before the
+ * pool buffer is freed and before the shard is.
  *
  * Owns: the shard, the pool and the gathers in flight. Must not know
  * schedules or pipelines (the executor calls it per chunk). */
@@ -74,7 +79,6 @@ struct bg__zparams {
     /* a shard the backend's kernels cannot address (host): uploaded on the copy stream */
     int host;            /* 1: the store has a step (runtime/offload.c's host-held step) */
     int nowait;          /* BRIGADE_FAULT_UPLOAD_NOWAIT: the compute stream does not wait for the upload (tests) */
-    bg_event_t *ev_after; /* recorded before each upload: the pool buffer's earlier readers (NULL: no streams) */
     bg_event_t **up;     /* per bucket: its upload's completion (NULL: no streams) */
     char *uploading;     /* per bucket: an upload queued, not yet waited for by the host */
     int *pending;        /* buckets uploaded whose gather starts at the next layer's call, in the order queued */
@@ -186,8 +190,8 @@ static bg_status_t gather(bg__zparams_t *zp, int b)
 }
 
 /* Start gathering bucket b unless it is there or on its way; a buffer taken
- * from the least recently needed bucket not in keep[0..nk). now 0 (a prefetch): with a host-held shard only
- * its upload is queued, its gather starts at the next layer's call (gather_pending). */
+ * from the least recently needed bucket not in keep[0..nk). now 0: with a host-held shard only its upload is
+ * queued, its gather starts at the next layer's call (gather_pending). */
 static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk, int now)
 {
     if (zp->slot[b] >= 0 || !zp->buckets[b].count)
@@ -232,8 +236,7 @@ static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk, int 
         d->from_host(zp->be, buf + co, zp->shard + zp->soff[b], cl * sizeof(float));
         return gather(zp, b);
     }
-    d->event_record(zp->be, zp->ev_after); /* the buffer's earlier readers on the compute stream */
-    d->from_host_async(zp->be, buf + co, zp->shard + zp->soff[b], cl * sizeof(float), zp->ev_after, zp->up[b]);
+    d->from_host_async(zp->be, buf + co, zp->shard + zp->soff[b], cl * sizeof(float), NULL, zp->up[b]);
     zp->uploading[b] = 1;
     if (now)
         return gather(zp, b);
@@ -272,8 +275,8 @@ bg_status_t bg__zparams_layer(bg__zparams_t *zp, int layer, int ascending)
     int keep[PPOOL], nk = 0;
     for (int q = b; q >= 0 && q < zp->nbuckets && nk < zp->npool; q += ascending ? -1 : 1)
         keep[nk++] = q;
-    for (int j = 0; j < nk; j++)
-        BG_CHECK(start(zp, keep[j], keep, nk, j == 0));
+    for (int j = 0; j < nk; j++) /* a host-held shard: the furthest of two or more prefetched gathered next call */
+        BG_CHECK(start(zp, keep[j], keep, nk, j < 2 || j < nk - 1));
     zp->used[b] = zp->clock++;
     return wait_gather(zp, b);
 }
@@ -348,7 +351,7 @@ static bg_status_t upload_events(bg__zparams_t *zp)
         return BG_OK;
     zp->up = calloc((size_t)zp->nbuckets + 1, sizeof(*zp->up));
     zp->uploading = calloc((size_t)zp->nbuckets + 1, 1);
-    if (!zp->up || !zp->uploading || !(zp->ev_after = d->event_create(zp->be)))
+    if (!zp->up || !zp->uploading)
         return bg_error(BG_ERR_NOMEM, "zero 3: the events of the parameter shard's uploads");
     for (int b = 0; b < zp->nbuckets; b++)
         if (!(zp->up[b] = d->event_create(zp->be)))
@@ -471,8 +474,6 @@ void bg__zparams_destroy(bg__zparams_t *zp)
     for (int b = 0; zp->up && b < zp->nbuckets; b++)
         if (zp->up[b])
             zp->be->ops->event_destroy(zp->be, zp->up[b]);
-    if (zp->ev_after)
-        zp->be->ops->event_destroy(zp->be, zp->ev_after);
     free(zp->up);
     free(zp->uploading);
     free(zp->pending);

@@ -7,9 +7,11 @@
 # gather that does not wait for its shard's upload gathers NaN.
 # - The weights of --zero 3 without offload on the same backend, bitwise: pp 1
 #   (transfers in place, staged, and the shard in --offload-dir files), pp 2,
-#   SGD; the updates ran on the host-held shard in place (their count in the log).
+#   SGD, two buckets prefetched; the updates ran on the host-held shard in
+#   place (their count in the log).
 # - Mutation: BRIGADE_FAULT_UPLOAD_NOWAIT=on (the compute stream does not wait
-#   for the uploads) gives weights the comparison rejects.
+#   for the uploads) gives weights the comparison rejects, with one and with
+#   two buckets prefetched.
 # - Peak = prediction per rank, within 5%.
 # - Checkpoints: the step-3 checkpoint equals the one without offload; resumed
 #   across offload on and off to the weights of a run that never stopped.
@@ -32,6 +34,10 @@ for lay in "2:" "4:--pp 2" "2:--optimizer sgd --lr 0.05"; do
     bad "dp 2 --zero 3 $args: no update ran on the host-held shard"
   same "$T/n_$tag" "$T/h_$tag" "dp 2 --zero 3 $args: $OFF, host-held shard = none (cpu-async)"
 done
+# two buckets prefetched (6 layers: three gather buffers fit): the furthest one's upload a layer ahead of its gather
+P2=${GPT/--layers 3/--layers 6}
+BRIGADE_ZERO_PREFETCH=2 train_save n_p2 2 $P2 && BRIGADE_ZERO_PREFETCH=2 train_save h_p2 2 $P2 $OFF &&
+  same "$T/n_p2" "$T/h_p2" "BRIGADE_ZERO_PREFETCH=2, 6 layers: $OFF = none"
 BRIGADE_STAGING=always train_save h_staged 2 $GPT $OFF &&
   same "$T/n_x" "$T/h_staged" "staged transfers: $OFF = none"
 mkdir -p "$T/od"
@@ -39,11 +45,16 @@ train_save h_files 2 $GPT $OFF --offload-dir "$T/od" &&
   same "$T/n_x" "$T/h_files" "$OFF --offload-dir: = none"
 
 # mutation: without the compute stream's wait for the upload the result is wrong, and compare says so
-if BRIGADE_FAULT_UPLOAD_NOWAIT=on timeout 120 "$B" launch -n 2 -- "$B" train $GPT $OFF --quiet --save "$T/mut" \
-     >"$T/mut.log" 2>&1; then
-  if v=$("$B" compare "$T/n_x" "$T/mut"); then bad "the gathers did not wait for the uploads and the weights still agree: $v"
-  else ok "mutation caught (no wait for the uploads): $(echo "$v" | tail -1)"; fi
-else ok "mutation caught (no wait for the uploads): the run failed: $(grep -v WARN "$T/mut.log" | tail -1)"; fi
+# (transfers in place: a gather reads the pool buffer at once, NaN until the late upload lands)
+for mc in "1:n_x:$GPT" "2:n_p2:$P2"; do
+  pf=${mc%%:*}; rest=${mc#*:}; ref=${rest%%:*}; args=${rest#*:}
+  if BRIGADE_ZERO_PREFETCH=$pf BRIGADE_FAULT_UPLOAD_NOWAIT=on timeout 120 "$B" launch -n 2 -- "$B" train $args $OFF \
+       --quiet --save "$T/mut$pf" >"$T/mut$pf.log" 2>&1; then
+    if v=$("$B" compare "$T/$ref" "$T/mut$pf"); then
+      bad "prefetch $pf: the gathers did not wait for the uploads and the weights still agree: $v"
+    else ok "prefetch $pf: mutation caught (no wait for the uploads): $(echo "$v" | tail -1)"; fi
+  else ok "prefetch $pf: mutation caught (no wait for the uploads): the run failed: $(grep -v WARN "$T/mut$pf.log" | tail -1)"; fi
+done
 
 # peak = prediction per rank (summary: $5 peak MiB, $NF predicted MiB)
 if timeout 120 "$B" launch -n 2 -- "$B" train $GPT $OFF >"$T/m.log" 2>&1; then
@@ -72,4 +83,4 @@ elif grep -qF -- "--offload params without optimizer on backend cpu-async" "$T/p
   ok "--offload params without optimizer refused: $(grep -m1 -F -- "--offload params" "$T/p.e")"
 else bad "--offload params without optimizer: $(tail -3 "$T/p.e")"; fi
 
-finish 14
+finish 16
