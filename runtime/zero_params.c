@@ -345,6 +345,8 @@ bg_status_t bg__zparams_shard_again(bg__zparams_t *zp)
 static bg_status_t upload_events(bg__zparams_t *zp)
 {
     const char *nw = bg_config_str("BRIGADE_FAULT_UPLOAD_NOWAIT");
+    if (nw && strcmp(nw, "on") && strcmp(nw, "off"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_FAULT_UPLOAD_NOWAIT=%s: expected on or off", nw);
     zp->nowait = nw && !strcmp(nw, "on");
     const bg_backend_ops_t *d = zp->be->ops;
     if (!zp->host || !d->event_create)
