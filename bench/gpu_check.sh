@@ -37,7 +37,12 @@
 #      AdamW on the host-held state, the parameters copied back), two
 #      processes on the one GPU at dp = 2 --zero 2 against the same run
 #      without offload (step 7's zero2) within relative L2 1e-5, with the
-#      count of host-held updates from the log
+#      count of host-held updates from the log; and --offload
+#      optimizer,params at dp = 2 --zero 3 (the parameter shard in page-locked
+#      host memory, each gather uploading it on the copy stream, the step
+#      updating it in place) against --zero 3 without offload (also checked
+#      against one process) within relative L2 1e-5, with the count of
+#      in-place updates from the log
 #   9. the NCCL provider (BRIGADE_COLL=nccl): tp = 2 and --zero 2 within
 #      relative L2 1e-5 of one process where the machine has two GPUs or more
 #      (NCCL refuses two ranks on one GPU: skipped, saying so, on one)
@@ -169,7 +174,7 @@ for x, y in zip(a, b):
 EOF
 fi
 
-step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2, zero 2 offloaded, ep 2 (two processes on one GPU), NCCL"
+step "transfers on the copy stream and group collectives: pp = 2, dp = 2, tp = 2, zero 2, zero 2 and 3 offloaded, ep 2 (two processes on one GPU), NCCL"
 case $mode in *Exclusive*)
     say "| staged transfers (two processes on one GPU) | skipped: compute mode $mode admits one process |"
     mv "$REPORT.tmp" "$REPORT"; step "done: $fails failure(s); table in $REPORT"; [ $fails -eq 0 ]; exit ;;
@@ -183,13 +188,15 @@ nccl=(); [ "$ngpu" -ge 2 ] && nccl=("nccl_tp2 2 l2:1e-5 nccl --tp 2" "nccl_zero2
 for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-embeddings" "dp2 2 l2:1e-5 auto --dp 2" \
          "pp2bf16 2 bitwise auto --pp 2 --schedule 1f1b --precision bf16" "tp2 2 l2:1e-5 auto --tp 2" \
          "tp2sp 2 l2:1e-5 auto --tp 2 --sequence-parallel" "zero2 2 l2:1e-5 auto --dp 2 --zero 2" \
-         "offzero2 2 l2:1e-5 auto --dp 2 --zero 2 --offload optimizer" \
+         "offzero2 2 l2:1e-5 auto --dp 2 --zero 2 --offload optimizer" "zero3 2 l2:1e-5 auto --dp 2 --zero 3" \
+         "offzero3 2 l2:1e-5 auto --dp 2 --zero 3 --offload optimizer,params" \
          "ep2 2 l2:1e-5 auto ${moe[*]} --dp 2 --ep 2 --microbatches 2" "${nccl[@]}"; do
     read -r name n tol coll args <<<"$c"
     ref=$BUILD/staged_one
     [ "$name" = pp2tie ] && ref=$BUILD/staged_onetie
     [ "$name" = pp2bf16 ] && ref=$BUILD/staged_onebf16
     [ "$name" = offzero2 ] && ref=$BUILD/staged_zero2 # the same run without offload
+    [ "$name" = offzero3 ] && ref=$BUILD/staged_zero3
     [ "$name" = ep2 ] && ref=$BUILD/staged_onemoe
     if [ "$name" = one ]; then # the references: one process, with and without tied embeddings
         if ! { timeout 60 "$B" train --backend cuda "${small[@]}" --save "$BUILD/staged_one" >"$BUILD/staged_one.log" 2>&1 &&
@@ -213,8 +220,10 @@ for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-emb
         rc=$?
         prov=$(grep -m1 -o "group (2 members): [a-z]*" "$BUILD/staged_$name.log" | sed 's/.*: //')
         host=$(sed -nE 's/.*host-held step: ([0-9]+) updates.*/\1/p' "$BUILD/staged_$name.log" | awk '{s += $1} END {print s + 0}')
-        [ "$name" = offzero2 ] && [ "$host" = 0 ] && rc=1 v="$v; the host-held step did not run"
-        say "| staged $name on cuda vs $([ "$name" = offzero2 ] && echo "zero2 without offload" || echo "one process") ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies${prov:+; collectives: $prov}$([ "$host" != 0 ] && echo "; $host updates on the host") |"
+        inpl=$(sed -nE 's/.*host-held step: [0-9]+ updates on the host, ([0-9]+) of them in place.*/\1/p' "$BUILD/staged_$name.log" | awk '{s += $1} END {print s + 0}')
+        case $name in off*) [ "$host" = 0 ] && rc=1 v="$v; the host-held step did not run" ;; esac
+        [ "$name" = offzero3 ] && [ "$inpl" = 0 ] && rc=1 v="$v; no update ran in place on the host-held shard"
+        say "| staged $name on cuda vs $(case $name in off*) echo "${name#off} without offload" ;; *) echo "one process" ;; esac) ($tol) | $([ $rc = 0 ] && echo ok || echo FAIL): $v; $late requests waited for their copies${prov:+; collectives: $prov}$([ "$host" != 0 ] && echo "; $host updates on the host, $inpl in place") |"
         [ $rc = 0 ] || fails=$((fails + 1))
     else
         tail -5 "$BUILD/staged_$name.log"

@@ -105,6 +105,7 @@ int bg_plan_recompute(const bg_plan_t *p)
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)p->optim; }
 int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_offload(const bg_plan_t *p) { return p->offload; }
+double bg_plan_offload_ms(const bg_plan_t *p) { return p->offload_ms; }
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
 bg_dtype_t bg_plan_precision(const bg_plan_t *p) { return p->precision; }
 int bg_plan_paired(const bg_plan_t *p) { return p->paired; }

@@ -39,6 +39,8 @@ struct bg_plan {
     bg_dtype_t precision; /* the activations' storage the layer sizes count (bg_model_desc_precision) */
     double step_ms, bubble, tokens_per_s;
     double flops, link_latency, link_bandwidth;
+    double host_bandwidth; /* bg_plan_params_t.host_bandwidth (0: infinite) */
+    double offload_ms;     /* of step_ms, the offload transfers on the rank they cost most (bg_plan_offload_ms) */
     int nlayers;
     bg_layer_profile_t *layers;
     double *cost_ms;  /* [nlayers][NCOST]: the cost model's forward, backward and collectives (of both) per
@@ -105,8 +107,8 @@ bg_status_t bg__plan_model_for(const bg_model_desc_t *d, int tp, int sp, bg_cp_c
                                const bg_model_desc_t **d_p, bg_model_desc_t **own_p);
 
 /* plan_layout.c: evaluate the layout pp x dp (m microbatches of n sequences,
- * schedule kind) at the sharding stage asked for (s->pp->zero; auto: the
- * lowest that fits); a fitting one joins s->plans, a non-fitting one may
+ * schedule kind) at the sharding stage and offload asked for (s->pp->zero,
+ * s->pp->offload; auto: the fastest that fits); a fitting one joins s->plans, a non-fitting one may
  * become s's best shortfall. *fits_p (optional) says whether it fit. */
 bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                               bg_schedule_kind_t kind, int *fits_p);

@@ -56,8 +56,11 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "predicted_step_ms", json_real(p->step_ms));
     json_object_set_new(root, "predicted_bubble", json_real(p->bubble));
     json_object_set_new(root, "predicted_tokens_per_s", json_real(p->tokens_per_s));
-    json_object_set_new(root, "devices", json_pack("{s:f, s:f, s:f}", "flops", p->flops, "link_latency_s",
-                                                   p->link_latency, "link_bandwidth", p->link_bandwidth));
+    if (p->offload) /* absent: 0 */
+        json_object_set_new(root, "predicted_offload_ms", json_real(p->offload_ms));
+    json_object_set_new(root, "devices", json_pack("{s:f, s:f, s:f, s:f}", "flops", p->flops, "link_latency_s",
+                                                   p->link_latency, "link_bandwidth", p->link_bandwidth,
+                                                   "host_bandwidth", p->host_bandwidth));
     json_object_set_new(root, "layer_times", json_string(times_names[p->times]));
     json_object_set_new(root, "model", model);
     for (int i = 0; i < p->nstages; i++)
@@ -396,7 +399,11 @@ static bg_status_t parse_times_devices(bg_plan_t *p, json_t *root)
             BG_CHECK(get_num(jd, "$.devices", "link_latency_s", &p->link_latency));
         if (json_object_get(jd, "link_bandwidth"))
             BG_CHECK(get_num(jd, "$.devices", "link_bandwidth", &p->link_bandwidth));
+        if (json_object_get(jd, "host_bandwidth")) /* absent: planned before the host link was counted */
+            BG_CHECK(get_num(jd, "$.devices", "host_bandwidth", &p->host_bandwidth));
     }
+    if (json_object_get(root, "predicted_offload_ms"))
+        BG_CHECK(get_num(root, "$", "predicted_offload_ms", &p->offload_ms));
     return BG_OK;
 }
 

@@ -516,7 +516,28 @@ static double keep_limit(const search_t *s)
     return s->plans[top - 1]->step_ms;
 }
 
-static bg_status_t simulate(const search_t *s, const candidate_t *c, double limit, bg_sim_result_t **res_p)
+/* Seconds virtual stage v of an offloaded candidate spends on the host link (docs/offload.md "The
+ * planner"), as a device backend's offload moves the bytes: *step_s_p at its optimizer step, *gather_s_p
+ * at each gather of its layers' parameters (forward, backward, recomputation). Per element its replica
+ * updates (the stage's parameters, their shard under --zero 1..3): --offload optimizer 12 bytes, the
+ * gradient and the parameter down and the parameter back (runtime/offload.c's host step, one copy
+ * stream); optimizer,params 4, the gradient shard down (the shard lives on the host), and every gather
+ * copies the shard in (4 bytes each, runtime/zero_params.c). None is assumed hidden. Both 0 without
+ * offload or with a free link (the CPU backend steps the state where it lives, and its gathers copy the
+ * shard from the store as they copy it from the backend without offload). */
+static void offload_seconds(const search_t *s, const candidate_t *c, int v, double *step_s_p, double *gather_s_p)
+{
+    double hb = s->pp->host_bandwidth, g = (double)c->dp * s->cp;
+    double n = (double)range_params(c, c->out[v].first, c->out[v].last) / (c->zero && g > 1 ? g : 1);
+    *step_s_p = *gather_s_p = 0;
+    if (!c->offload || !(hb > 0))
+        return;
+    *step_s_p = (c->offload >= 2 ? 4.0 : 12.0) * n / hb;
+    *gather_s_p = c->offload >= 2 ? 4.0 * n / hb : 0.0;
+}
+
+static bg_status_t simulate(const search_t *s, const candidate_t *c, double limit, bg_sim_result_t **res_p,
+                            double *offload_ms_p)
 {
     const bg_plan_params_t *pa = s->pp;
     int S = c->S;
@@ -531,6 +552,8 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
     size_t act_msg = 0, grad_msg = 0; /* the largest boundary messages: activation (kept type), gradient (fp32) */
     size_t maxparams = 0;
     double maxopt = 0; /* the slowest stage's optimizer step (measured), seconds */
+    double maxxfer = 0; /* the largest stage's offload transfers at its optimizer step, seconds */
+    *offload_ms_p = 0;
     const double *mb, *mw;
     split_times(s, c->kind, &mb, &mw);
     int measured_bw = mb != NULL;
@@ -546,10 +569,13 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
         }
         if (!measured_bw) /* no measurement of the split: half and half */
             b = w = bw / 2;
-        double spd = c->specs[v].speed;
-        fc[v] = 1e3 * f / spd;
-        bc[v] = 1e3 * (b + (out[v].recompute ? f : 0)) / spd;
+        double spd = c->specs[v].speed, xs, xg;
+        offload_seconds(s, c, v, &xs, &xg); /* the link's, not the device's: not scaled by its speed */
+        fc[v] = 1e3 * (f / spd + xg);
+        bc[v] = 1e3 * ((b + (out[v].recompute ? f : 0)) / spd + (out[v].recompute ? 2 : 1) * xg);
         wc[v] = 1e3 * w / spd;
+        if (xs > maxxfer)
+            maxxfer = xs;
         sb[v] = (double)out[v].stash_per_mb;
         if (v < S - 1 && out[v].dout_bytes > grad_msg)
             grad_msg = out[v].dout_bytes;
@@ -586,6 +612,17 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
                                                           pa->link_bandwidth
                                                     : 0.0));
     simp.optimizer_cost = c->opt_measured ? 1e3 * maxopt : 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
+    simp.optimizer_cost += 1e3 * maxxfer;
+    for (int r = 0; r < c->pp && (maxxfer > 0); r++) { /* what the rank charged most pays: the steps, gathers */
+        double t = c->V * 1e3 * maxxfer, xs, xg;
+        for (int v = 0; v < S; v++)
+            if (bg_schedule_stage_rank(c->sched, v) == r) {
+                offload_seconds(s, c, v, &xs, &xg);
+                t += 1e3 * c->m * (out[v].recompute ? 3 : 2) * xg;
+            }
+        if (t > *offload_ms_p)
+            *offload_ms_p = t;
+    }
     *res_p = NULL;
     if (limit < INFINITY) {
         double bw = simp.bandwidth > 0 ? simp.bandwidth : INFINITY; /* the simulator's delay of a message */
@@ -640,7 +677,7 @@ static void rank_memory(const candidate_t *c, bg_plan_t *p)
 /* Phase 8: the plan record of a fitting, simulated candidate (its model JSON
  * is attached when the search keeps it, see bg_plan_search). */
 static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof, const candidate_t *c,
-                               const bg_sim_result_t *res, bg_plan_t **plan_p)
+                               const bg_sim_result_t *res, double offload_ms, bg_plan_t **plan_p)
 {
     const bg_plan_params_t *pa = s->pp;
     bg_plan_t *p = bg__plan_alloc(s->L, c->Lm, c->pp); /* copies > 1: the model stages (copy 0's) */
@@ -669,6 +706,8 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->flops = pa->flops;
     p->link_latency = pa->link_latency;
     p->link_bandwidth = pa->link_bandwidth;
+    p->host_bandwidth = pa->host_bandwidth;
+    p->offload_ms = offload_ms;
     memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
     p->times = s->times ? TIMES_MEASURED_TP : pa->layer_fwd_s ? TIMES_MEASURED : TIMES_FLOPS;
     for (int i = 0; i < s->L; i++) {
@@ -754,11 +793,14 @@ static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c,
     return BG_OK;
 }
 
-/* Evaluate one layout; a fitting one goes to the list, a non-fitting one may
- * become the best shortfall. *fits_p (optional) says whether it fit (0 for
- * a layout skipped before its schedule was made: not known). */
+/* Evaluate one layout at one sharding stage and offload; a fitting one that
+ * could be among the best comes back in *plan_p with its program in
+ * *sched_p (both the caller's; NULL otherwise), a non-fitting one may become
+ * the best shortfall. *fits_p says whether it fit (0 for a layout skipped
+ * before its schedule was made: not known). */
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
-                                 bg_schedule_kind_t kind, int zero, int offload, int *fits_p)
+                                 bg_schedule_kind_t kind, int zero, int offload, int *fits_p, bg_plan_t **plan_p,
+                                 bg_schedule_t **sched_p)
 {
     candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp * s->cp > 1 ? zero : 0, .kind = kind};
     c.offload = offload >= 2 && c.zero != 3 ? 1 : offload; /* the parameter shard exists at stage 3 only */
@@ -766,8 +808,10 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
     bg_plan_t *p = NULL;
     bg_status_t st = BG_OK;
     int fits = 0;
-    if (fits_p)
-        *fits_p = 0;
+    double offload_ms = 0;
+    *fits_p = 0;
+    *plan_p = NULL;
+    *sched_p = NULL;
     /* more model stages than layers: not a candidate, made or not (the check after generating, done
      * first: the largest schedules are those of the deepest pipelines, often the ones refused here) */
     if (model_stages(kind, s->pp->chunks, pp) > s->L)
@@ -800,35 +844,64 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
     BG_CHECK_GOTO(run_partition(s, prof, &c, &fits), st, out);
     if (!fits)
         goto out;
-    if (fits_p)
-        *fits_p = 1;
-    BG_CHECK_GOTO(simulate(s, &c, limit, &res), st, out);
+    *fits_p = 1;
+    BG_CHECK_GOTO(simulate(s, &c, limit, &res, &offload_ms), st, out);
     if (!res)
         goto out; /* its step is above the worst kept: it would not be kept */
-    BG_CHECK_GOTO(plan_record(s, prof, &c, res, &p), st, out);
-    st = keep_plan(s, p, c.sched);
+    BG_CHECK_GOTO(plan_record(s, prof, &c, res, offload_ms, &p), st, out);
+    *plan_p = p;
+    *sched_p = c.sched;
+    c.sched = NULL;
 out:
     bg_sim_result_free(res);
     candidate_free(&c);
     return st;
 }
 
-/* A layout at the sharding stage asked for, or (BG_PLAN_ZERO_AUTO) at the
- * lowest that fits: 0, else 1, else 2, else 3 (dp > 1); at each, the optimizer
- * state on the device, or offloaded as asked (BG_PLAN_OFFLOAD_AUTO: offloaded
- * when it does not fit on the device). The first that fits is the layout's. */
+/* A layout at the sharding stage and offload asked for, or the fastest of
+ * the choices that fit (BG_PLAN_ZERO_AUTO: stages 0..3, dp > 1;
+ * BG_PLAN_OFFLOAD_AUTO: none, the optimizer state, at stage 3 also the
+ * parameter shard). The cost model prunes: at one stage more offload is
+ * never faster (its transfers only add), so each stage takes the least
+ * offload that fits there; at one offload a higher stage is never faster
+ * (its reductions only grow) except from 0 to 1 with offload, whose
+ * transfers shrink to the shard. So the stages are tried from the lowest up
+ * until one fits with the least offload allowed, without offload or at a
+ * stage >= 1. The fastest fitting one joins the list. */
 bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                               bg_schedule_kind_t kind, int *fits_p)
 {
     int zauto = s->pp->zero == BG_PLAN_ZERO_AUTO, oauto = s->pp->offload == BG_PLAN_OFFLOAD_AUTO;
     int g = dp * s->cp; /* the sharding group */
     int z0 = zauto ? 0 : s->pp->zero, z1 = zauto ? (g > 1 ? 3 : 0) : s->pp->zero;
-    int o0 = oauto ? 0 : s->pp->offload;
-    int fits = 0;
-    for (int z = z0; z <= z1 && !fits; z++)
-        for (int o = o0; o <= (oauto ? (z == 3 && g > 1 ? 2 : 1) : s->pp->offload) && !fits; o++)
-            BG_CHECK(evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, &fits));
+    int o0 = oauto ? 0 : s->pp->offload, any = 0, done = 0;
+    bg_plan_t *best = NULL;
+    bg_schedule_t *best_sched = NULL;
+    bg_status_t st = BG_OK;
+    for (int z = z0; z <= z1 && !done && st == BG_OK; z++) {
+        int fits = 0;
+        for (int o = o0; o <= (oauto ? (z == 3 && g > 1 ? 2 : 1) : s->pp->offload) && !fits && st == BG_OK; o++) {
+            bg_plan_t *p;
+            bg_schedule_t *sched;
+            st = evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, &fits, &p, &sched);
+            if (p && (!best || p->step_ms < best->step_ms)) { /* a tie keeps the lower stage */
+                bg_plan_free(best);
+                bg_schedule_free(best_sched);
+                best = p, best_sched = sched;
+            } else {
+                bg_plan_free(p);
+                bg_schedule_free(sched);
+            }
+            done = fits && o == o0 && (o == 0 || z >= 1 || g < 2);
+        }
+        any |= fits;
+    }
     if (fits_p)
-        *fits_p = fits;
-    return BG_OK;
+        *fits_p = any;
+    if (best && st == BG_OK)
+        st = keep_plan(s, best, best_sched);
+    else
+        bg_plan_free(best);
+    bg_schedule_free(best_sched);
+    return st;
 }

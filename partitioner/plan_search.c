@@ -84,6 +84,9 @@ static bg_status_t check_params(const bg_plan_params_t *p)
     if (!(p->link_latency >= 0) || !(p->link_bandwidth >= 0) || !isfinite(p->link_latency) ||
         !isfinite(p->link_bandwidth))
         return bg_error(BG_ERR_INVALID, "link latency and bandwidth must be finite and >= 0");
+    if (!(p->host_bandwidth >= 0) || !isfinite(p->host_bandwidth))
+        return bg_error(BG_ERR_INVALID, "host bandwidth must be finite and >= 0 (got %g; 0 = infinite)",
+                        p->host_bandwidth);
     if (!p->layer_fwd_s != !p->layer_bwd_s)
         return bg_error(BG_ERR_INVALID, "measured layer times: give forward and backward times both");
     if (p->layer_fwd_s && p->microbatch_size == 0)

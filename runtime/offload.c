@@ -28,6 +28,7 @@ typedef struct block {
     void *ptr;
     size_t bytes;  /* asked */
     size_t mapped; /* mapped (page-rounded; 0: host memory) */
+    int pinned;    /* from the pinning backend's host_alloc (bg__offload_pin) */
 } block_t;
 
 struct bg__offload {
@@ -42,6 +43,8 @@ struct bg__offload {
     size_t hcap;              /* floats of each */
     bg_event_t *ev_after, *ev_down, *ev_up; /* NULL: the backend has no streams (synchronous copies) */
     size_t updates;           /* host-held steps made (the log) */
+    size_t in_place;          /* of which on parameters the store holds (--offload params) */
+    bg_backend_t *pin;        /* host memory from its host_alloc (page-locked on cuda); NULL: posix_memalign */
 };
 
 bg_status_t bg__offload_create(const char *dir, bg__offload_t **o_p)
@@ -110,12 +113,19 @@ static bg_status_t store_alloc(void *arg, size_t bytes, const char *what, void *
         o->cap = cap;
     }
     block_t blk = {.bytes = bytes};
-    if (o->dir)
+    if (o->dir) {
         BG_CHECK(map_file(o, &blk, what));
-    else if (posix_memalign(&blk.ptr, 4096, bytes ? bytes : 1) != 0)
-        return bg_error(BG_ERR_NOMEM, "offload store: %zu bytes of host memory for the %s", bytes, what);
-    else
+    } else {
+        if (o->pin)
+            blk.ptr = bg__host_alloc(o->pin, bytes);
+        else if (posix_memalign(&blk.ptr, 4096, bytes ? bytes : 1) != 0)
+            blk.ptr = NULL;
+        if (!blk.ptr)
+            return bg_error(BG_ERR_NOMEM, "offload store: %zu bytes of %shost memory for the %s", bytes,
+                            o->pin ? "page-locked " : "", what);
         memset(blk.ptr, 0, bytes);
+        blk.pinned = o->pin != NULL;
+    }
     o->blocks[o->nblocks++] = blk;
     o->bytes += bytes;
     if (o->bytes > o->peak)
@@ -124,12 +134,26 @@ static bg_status_t store_alloc(void *arg, size_t bytes, const char *what, void *
     return BG_OK;
 }
 
-static void block_free(block_t *b)
+static void block_free(const bg__offload_t *o, block_t *b)
 {
     if (b->mapped)
         munmap(b->ptr, b->mapped);
+    else if (b->pinned)
+        bg__host_free(o->pin, b->ptr);
     else
         free(b->ptr);
+}
+
+void bg__offload_pin(bg__offload_t *o, bg_backend_t *be) { o->pin = be; }
+
+/* 1 when ptr lies in one of the store's allocations: host memory the host steps in place. */
+static int held(const bg__offload_t *o, const void *ptr)
+{
+    const char *p = ptr;
+    for (int i = 0; i < o->nblocks; i++)
+        if (p >= (const char *)o->blocks[i].ptr && p < (const char *)o->blocks[i].ptr + o->blocks[i].bytes)
+            return 1;
+    return 0;
 }
 
 static void store_release(void *arg, void *ptr)
@@ -138,7 +162,7 @@ static void store_release(void *arg, void *ptr)
     for (int i = 0; i < o->nblocks; i++)
         if (o->blocks[i].ptr == ptr) {
             o->bytes -= o->blocks[i].bytes;
-            block_free(&o->blocks[i]);
+            block_free(o, &o->blocks[i]);
             o->blocks[i] = o->blocks[--o->nblocks];
             return;
         }
@@ -176,7 +200,10 @@ static bg_status_t host_ready(bg__offload_t *o, bg_backend_t *be, size_t n)
 
 /* The store's step (bg_optim_store_t.step): param and grad copied to the host (on the copy stream, behind the
  * compute stream's work so far: their producers), the CPU kernel on them and the host-held state, the
- * parameters copied back on the copy stream; the compute stream waits for that copy, the host does not. */
+ * parameters copied back on the copy stream; the compute stream waits for that copy, the host does not.
+ * Parameters the store holds itself (--offload params: ZeRO-3's shard) are stepped where they are: only the
+ * gradients come down, nothing goes back (the next gather uploads them: runtime/zero_params.c, which has
+ * waited for its own uploads of them before this update). */
 static bg_status_t host_step(void *arg, bg_backend_t *be, const bg_optim_config_t *opt, float wd, int t,
                              float *param, const float *grad, float *m, float *v, size_t n)
 {
@@ -184,21 +211,30 @@ static bg_status_t host_step(void *arg, bg_backend_t *be, const bg_optim_config_
     BG_CHECK(host_ready(o, be, n));
     const bg_backend_ops_t *d = be->ops;
     size_t bytes = n * sizeof(float);
+    int in_place = held(o, param);
+    float *w = in_place ? param : o->hw;
     if (o->ev_up) { /* the last upload is before ev_after too: the compute stream waits for it */
         d->event_record(be, o->ev_after);
-        d->to_host_async(be, o->hg, grad, bytes, o->ev_after, NULL);
-        d->to_host_async(be, o->hw, param, bytes, o->ev_after, o->ev_down); /* one stream, in order */
+        d->to_host_async(be, o->hg, grad, bytes, o->ev_after, in_place ? o->ev_down : NULL);
+        if (!in_place)
+            d->to_host_async(be, o->hw, param, bytes, o->ev_after, o->ev_down); /* one stream, in order */
         d->event_wait(be, o->ev_down);
     } else {
         d->synchronize(be);
         d->to_host(be, o->hg, grad, bytes);
-        d->to_host(be, o->hw, param, bytes);
+        if (!in_place)
+            d->to_host(be, o->hw, param, bytes);
     }
     bg_backend_t *c = o->cpu;
     if (opt->kind == BG_OPTIM_ADAMW)
-        c->ops->adamw(c, o->hw, o->hg, m, v, n, opt->lr, opt->beta1, opt->beta2, opt->eps, wd, t);
+        c->ops->adamw(c, w, o->hg, m, v, n, opt->lr, opt->beta1, opt->beta2, opt->eps, wd, t);
     else
-        c->ops->sgd_momentum(c, o->hw, o->hg, m, n, opt->lr, opt->momentum, wd);
+        c->ops->sgd_momentum(c, w, o->hg, m, n, opt->lr, opt->momentum, wd);
+    if (in_place) {
+        o->updates++;
+        o->in_place++;
+        return BG_OK;
+    }
     if (o->ev_up) {
         d->from_host_async(be, param, o->hw, bytes, NULL, o->ev_up);
         d->stream_wait(be, o->ev_up);
@@ -240,14 +276,18 @@ bg_status_t bg__offload_evict(bg__offload_t *o)
 
 size_t bg__offload_bytes(const bg__offload_t *o) { return o ? o->bytes : 0; }
 size_t bg__offload_peak(const bg__offload_t *o) { return o ? o->peak : 0; }
-size_t bg__offload_host_updates(const bg__offload_t *o) { return o ? o->updates : 0; }
+size_t bg__offload_host_updates(const bg__offload_t *o, size_t *in_place_p)
+{
+    *in_place_p = o ? o->in_place : 0;
+    return o ? o->updates : 0;
+}
 
 void bg__offload_destroy(bg__offload_t *o)
 {
     if (!o)
         return;
     for (int i = 0; i < o->nblocks; i++)
-        block_free(&o->blocks[i]);
+        block_free(o, &o->blocks[i]);
     if (o->dev) {
         const bg_backend_ops_t *d = o->dev->ops;
         if (o->ev_up)

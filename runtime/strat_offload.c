@@ -17,7 +17,11 @@
  * parameters and gradients copied to pinned host memory on the copy stream,
  * the CPU backend's AdamW/SGD there on the host-held state, the parameters
  * copied back, the compute stream waiting for them (runtime/offload.c).
- * --offload params is refused there. With files, the state is read ahead
+ * --offload params there (with --offload optimizer: the shard is stepped on
+ * the host beside its state) keeps the shard in page-locked host memory (or
+ * the files); each gather uploads the owned chunk on the copy stream
+ * (runtime/zero_params.c) and the step updates it in place, only the
+ * gradients copied down. With files, the state is read ahead
  * (madvise) when the last microbatch's backward of a chunk begins, so the
  * disk reads overlap that backward instead of stalling the update.
  *
@@ -56,10 +60,10 @@ static bg_status_t host_step_on(const exec_t *x, int *on_p)
     if (v && strcmp(v, "auto") && strcmp(v, "host"))
         return bg_error(BG_ERR_INVALID, "BRIGADE_OFFLOAD_STEP=%s: expected auto or host", v);
     *on_p = x->be->ops->device_buffers || (v && !strcmp(v, "host"));
-    if (*on_p && (x->p.offload & BG_OFFLOAD_PARAMS))
-        return bg_error(BG_ERR_UNSUPPORTED, "--offload params on backend %s: its buffers are device memory%s and "
-                        "gathering the layers' weights from a host-held shard is not built there; --offload "
-                        "optimizer (with --zero 1|2|3) runs", x->be->ops->name,
+    if (*on_p && (x->p.offload & BG_OFFLOAD_PARAMS) && !(x->p.offload & BG_OFFLOAD_OPTIMIZER))
+        return bg_error(BG_ERR_UNSUPPORTED, "--offload params without optimizer on backend %s: its buffers are "
+                        "device memory%s, so the host-held parameter shard is stepped on the host, where its "
+                        "optimizer state must be too: --offload optimizer,params", x->be->ops->name,
                         x->be->ops->device_buffers ? "" : " (as BRIGADE_OFFLOAD_STEP=host treats them)");
     return BG_OK;
 }
@@ -83,6 +87,8 @@ static bg_status_t offload_setup(exec_t *x, void **self_p)
         free(o);
         return st;
     }
+    if (host_step && (x->p.offload & BG_OFFLOAD_PARAMS))
+        bg__offload_pin(o->store, x->be); /* the shard's uploads from page-locked memory: asynchronous */
     o->ops = bg__offload_optim_store(o->store, host_step);
     o->prefetched = -1;
     *self_p = o;
@@ -151,10 +157,11 @@ static void offload_destroy(exec_t *x, void *self)
         }
     bg_log(BG_LOG_INFO, "offload", "rank %d: %zu bytes of offloaded state at most in %s", x->lay.rank,
            bg__offload_peak(o->store), x->p.offload_dir && *x->p.offload_dir ? x->p.offload_dir : "host memory");
+    size_t in_place = 0, updates = bg__offload_host_updates(o->store, &in_place);
     if (o->ops.step)
-        bg_log(BG_LOG_INFO, "offload", "rank %d: host-held step: %zu updates on the host (the parameters and "
-               "gradients copied from backend %s and back)", x->lay.rank, bg__offload_host_updates(o->store),
-               x->be->ops->name);
+        bg_log(BG_LOG_INFO, "offload", "rank %d: host-held step: %zu updates on the host, %zu of them in place "
+               "on the host-held parameter shard (the gradients copied from backend %s; for the others the "
+               "parameters too, and back)", x->lay.rank, updates, in_place, x->be->ops->name);
     bg__offload_destroy(o->store);
     free(o);
 }

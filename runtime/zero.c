@@ -525,8 +525,11 @@ bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *
     if (opt->kind != z->kind)
         return bg_error(BG_ERR_INVALID, "optimizer changed between steps");
     bg_backend_t *be = z->be;
-    /* the owned parameters: in the flat buffer, or (level 3) at the shard's offsets */
+    /* the owned parameters: in the flat buffer, or (level 3) at the shard's offsets, whose gathered copy is
+     * dropped first (gathered again when a layer of the bucket next computes; an upload reading the
+     * host-held shard is waited for before the host writes it) */
     float *params = z->zp ? bg__zparams_shard(z->zp) : bg_model_params(z->m);
+    bg__zparams_release(z->zp, b);
     for (int k = 0; k < z->npieces; k++) {
         const piece_t *pc = &z->pieces[k];
         if (pc->bucket != b)
@@ -538,11 +541,7 @@ bg_status_t bg__zero_bucket_step(bg__zero_t *z, int b, const bg_optim_config_t *
                                        z->sv ? z->sv + pc->soff : NULL, pc->len));
     }
     be->ops->synchronize(be); /* the gather reads what the update wrote */
-    if (z->zp) { /* level 3: gathered again when a layer of the bucket next computes */
-        bg__zparams_updated(z->zp, b);
-        return BG_OK;
-    }
-    return start_gather(z, b, params);
+    return z->zp ? BG_OK : start_gather(z, b, params);
 }
 
 bg_status_t bg__zero_settle(bg__zero_t *z)

@@ -88,8 +88,9 @@ void bg__zparams_cancel(bg__zparams_t *zp);
 float *bg__zparams_shard(bg__zparams_t *zp);
 /* Before a compute of @p layer: its bucket gathered (waited for), the next ones started. */
 bg_status_t bg__zparams_layer(bg__zparams_t *zp, int layer, int ascending);
-/* Bucket b's owned chunk was updated: its gathered copy dropped. */
-void bg__zparams_updated(bg__zparams_t *zp, int b);
+/* Bucket b's owned chunk is about to be updated: its gathered copy dropped, its upload (a host-held shard's)
+ * waited for. NULL: nothing. */
+void bg__zparams_release(bg__zparams_t *zp, int b);
 /* Collective: the flat buffer held and whole (until bg__zparams_shard_again). */
 bg_status_t bg__zparams_materialize(bg__zparams_t *zp);
 /* The owned chunks taken from the flat buffer (it may have been loaded), the buffer freed. */

@@ -24,6 +24,23 @@
  * only the pool counts against the device; a gather copies the owned chunk
  * from the store into its pool buffer (on the cpu backend, a memcpy from
  * the store's memory) and all-gathers there, as without offload.
+ * On a backend whose kernels cannot address the store (a store with a step:
+ * the host-held optimizer step of runtime/offload.c; cuda, or cpu-async under
+ * BRIGADE_OFFLOAD_STEP=host) the owned chunk is uploaded instead: from_host_async on the
+ * copy stream, completing the bucket's upload event; the compute stream waits
+ * on that event before the all-gather is queued, the host does not. The
+ * upload waits for no event: a pool buffer is free only once the host has
+ * synchronized the compute stream past its last reader (start's victim, the
+ * step's update, materialize), so it runs beside the kernels already queued.
+ * With one bucket prefetched (BRIGADE_ZERO_PREFETCH=1) its upload and gather
+ * are queued at once, before the current layer's kernels (which wait for the
+ * upload, 1/D of the bucket, and not for the gather); with two or more, the
+ * furthest bucket's upload is queued at one layer's call and its gather
+ * started at the next, so the upload overlaps the layer in between. Gathers
+ * start at points of the program only, so every replica starts them in the
+ * same order. The host waits for a bucket's upload before its owned chunk is
+ * updated (the optimizer steps it on the host where it lives), before the
+ * pool buffer is freed and before the shard is.
  *
  * Owns: the shard, the pool and the gathers in flight. Must not know
  * schedules or pipelines (the executor calls it per chunk). */
@@ -59,6 +76,13 @@ struct bg__zparams {
     double gather_s;     /* those gathers' time from start to found complete (at a layer's call, or waited for) */
     double exposed_s;    /* of which the computes waited for (blocked in a wait) */
     int whole;           /* the flat buffer is held and authoritative (materialize) */
+    /* a shard the backend's kernels cannot address (host): uploaded on the copy stream */
+    int host;            /* 1: the store has a step (runtime/offload.c's host-held step) */
+    int nowait;          /* BRIGADE_FAULT_UPLOAD_NOWAIT: the compute stream does not wait for the upload (tests) */
+    bg_event_t **up;     /* per bucket: its upload's completion (NULL: no streams) */
+    char *uploading;     /* per bucket: an upload queued, not yet waited for by the host */
+    int *pending;        /* buckets uploaded whose gather starts at the next layer's call, in the order queued */
+    int npending;
 };
 
 int bg__zero_prefetch(void)
@@ -121,9 +145,32 @@ static bg_status_t poll_gathers(bg__zparams_t *zp)
     return BG_OK;
 }
 
-/* Bucket b's gathered copy dropped (its gather waited for first: the buffer is free after). */
+/* The host waits for bucket b's upload (it reads the shard and writes the pool buffer). */
+static void upload_done(bg__zparams_t *zp, int b)
+{
+    if (zp->uploading && zp->uploading[b]) {
+        zp->be->ops->event_wait(zp->be, zp->up[b]);
+        zp->uploading[b] = 0;
+    }
+}
+
+/* Bucket b taken off the list of gathers to start (its upload waited for: nothing reads the shard after). */
+static void unpend(bg__zparams_t *zp, int b)
+{
+    for (int i = 0; i < zp->npending; i++)
+        if (zp->pending[i] == b) {
+            memmove(zp->pending + i, zp->pending + i + 1, (size_t)(zp->npending - i - 1) * sizeof(int));
+            zp->npending--;
+            break;
+        }
+    upload_done(zp, b);
+}
+
+/* Bucket b's gathered copy dropped (its gather, or its upload when the gather never started, waited for
+ * first: the buffer and the owned chunk are free after). */
 static bg_status_t drop(bg__zparams_t *zp, int b)
 {
+    unpend(zp, b);
     bg_status_t st = wait_gather(zp, b);
     if (zp->slot[b] >= 0)
         aim(zp, b, NULL);
@@ -131,9 +178,21 @@ static bg_status_t drop(bg__zparams_t *zp, int b)
     return st;
 }
 
+/* Start the all-gather of bucket b, whose owned chunk is in its pool buffer or on its way there on the copy
+ * stream (the compute stream, not the host, waits for that upload first). */
+static bg_status_t gather(bg__zparams_t *zp, int b)
+{
+    if (zp->up && !zp->nowait)
+        zp->be->ops->stream_wait(zp->be, zp->up[b]);
+    return zp->D > 1 ? bg__dcoll_start(zp->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, zp->pool[zp->slot[b]],
+                                       zp->buckets[b].count, BG_REDUCE_SUM, &zp->ag[b])
+                     : BG_OK;
+}
+
 /* Start gathering bucket b unless it is there or on its way; a buffer taken
- * from the least recently needed bucket not in keep[0..nk). */
-static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk)
+ * from the least recently needed bucket not in keep[0..nk). now 0: with a host-held shard only its upload is
+ * queued, its gather starts at the next layer's call (gather_pending). */
+static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk, int now)
 {
     if (zp->slot[b] >= 0 || !zp->buckets[b].count)
         return BG_OK;
@@ -162,16 +221,37 @@ static bg_status_t start(bg__zparams_t *zp, int b, const int *keep, int nk)
     size_t co, cl;
     bg_group_chunk(zp->buckets[b].count, zp->D, zp->me, &co, &cl);
     float *buf = zp->pool[k];
-    zp->be->ops->copy(zp->be, buf + co, zp->shard + zp->soff[b], cl);
-    zp->be->ops->synchronize(zp->be); /* the gather reads what the copy wrote */
+    const bg_backend_ops_t *d = zp->be->ops;
     zp->slot[b] = k;
     zp->used[b] = zp->clock++;
     zp->gathers++;
     aim(zp, b, buf);
     zp->issued[b] = bg_now();
-    return zp->D > 1 ? bg__dcoll_start(zp->dc, BG__COLL_ALLGATHER_CHUNKS, NULL, buf, zp->buckets[b].count, BG_REDUCE_SUM,
-                                       &zp->ag[b])
-                     : BG_OK;
+    if (!zp->host) {
+        d->copy(zp->be, buf + co, zp->shard + zp->soff[b], cl);
+        d->synchronize(zp->be); /* the gather reads what the copy wrote */
+        return gather(zp, b);
+    }
+    if (!zp->up) { /* no streams: a copy the host waits for */
+        d->from_host(zp->be, buf + co, zp->shard + zp->soff[b], cl * sizeof(float));
+        return gather(zp, b);
+    }
+    d->from_host_async(zp->be, buf + co, zp->shard + zp->soff[b], cl * sizeof(float), NULL, zp->up[b]);
+    zp->uploading[b] = 1;
+    if (now)
+        return gather(zp, b);
+    zp->pending[zp->npending++] = b; /* gathered at the next layer's call */
+    return BG_OK;
+}
+
+/* The gathers of the buckets uploaded at an earlier call, in the order their uploads were queued. */
+static bg_status_t gather_pending(bg__zparams_t *zp)
+{
+    bg_status_t st = BG_OK;
+    for (int i = 0; i < zp->npending && st == BG_OK; i++)
+        st = gather(zp, zp->pending[i]);
+    zp->npending = 0;
+    return st;
 }
 
 static int bucket_of(const bg__zparams_t *zp, int layer)
@@ -189,34 +269,43 @@ bg_status_t bg__zparams_layer(bg__zparams_t *zp, int layer, int ascending)
     int b = bucket_of(zp, layer);
     if (b < 0)
         return bg_error(BG_ERR_INTERNAL, "zero 3: layer %d is in no bucket of the chunk", layer);
+    BG_CHECK(gather_pending(zp));
     BG_CHECK(poll_gathers(zp));
     /* buckets run from the last layers (bucket 0) down: a forward goes to lower indices */
     int keep[PPOOL], nk = 0;
     for (int q = b; q >= 0 && q < zp->nbuckets && nk < zp->npool; q += ascending ? -1 : 1)
         keep[nk++] = q;
-    for (int j = 0; j < nk; j++)
-        BG_CHECK(start(zp, keep[j], keep, nk));
+    for (int j = 0; j < nk; j++) /* a host-held shard: the furthest of two or more prefetched gathered next call */
+        BG_CHECK(start(zp, keep[j], keep, nk, j < 2 || j < nk - 1));
     zp->used[b] = zp->clock++;
     return wait_gather(zp, b);
 }
 
-void bg__zparams_updated(bg__zparams_t *zp, int b)
+void bg__zparams_release(bg__zparams_t *zp, int b)
 {
     if (zp && !zp->whole)
         (void)drop(zp, b); /* no gather is in flight after a step's backward; an error was reported there */
 }
 
-/* Copy between the shard and the flat buffer (to_flat: the owned chunks into it). */
+/* Copy between the shard and the flat buffer (to_flat: the owned chunks into it); a host-held shard with the
+ * backend's synchronous copies to and from the host (no upload is in flight: every bucket was dropped). */
 static void move(bg__zparams_t *zp, int to_flat)
 {
     float *flat = bg_model_params(zp->m);
+    const bg_backend_ops_t *d = zp->be->ops;
+    d->synchronize(zp->be); /* the flat buffer's writers (a checkpoint's load) */
     for (int b = 0; b < zp->nbuckets; b++) {
         size_t co, cl;
         bg_group_chunk(zp->buckets[b].count, zp->D, zp->me, &co, &cl);
         float *f = flat + zp->buckets[b].off + co, *s = zp->shard + zp->soff[b];
-        zp->be->ops->copy(zp->be, to_flat ? f : s, to_flat ? s : f, cl);
+        if (!zp->host)
+            d->copy(zp->be, to_flat ? f : s, to_flat ? s : f, cl);
+        else if (to_flat)
+            d->from_host(zp->be, f, s, cl * sizeof(float));
+        else
+            d->to_host(zp->be, s, f, cl * sizeof(float));
     }
-    zp->be->ops->synchronize(zp->be);
+    d->synchronize(zp->be);
 }
 
 bg_status_t bg__zparams_materialize(bg__zparams_t *zp)
@@ -252,6 +341,26 @@ bg_status_t bg__zparams_shard_again(bg__zparams_t *zp)
     return bg_model_params_hold(zp->m, 0);
 }
 
+/* A host-held shard on a backend with streams: the events of its uploads; the test knob read. */
+static bg_status_t upload_events(bg__zparams_t *zp)
+{
+    const char *nw = bg_config_str("BRIGADE_FAULT_UPLOAD_NOWAIT");
+    if (nw && strcmp(nw, "on") && strcmp(nw, "off"))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_FAULT_UPLOAD_NOWAIT=%s: expected on or off", nw);
+    zp->nowait = nw && !strcmp(nw, "on");
+    const bg_backend_ops_t *d = zp->be->ops;
+    if (!zp->host || !d->event_create)
+        return BG_OK;
+    zp->up = calloc((size_t)zp->nbuckets + 1, sizeof(*zp->up));
+    zp->uploading = calloc((size_t)zp->nbuckets + 1, 1);
+    if (!zp->up || !zp->uploading)
+        return bg_error(BG_ERR_NOMEM, "zero 3: the events of the parameter shard's uploads");
+    for (int b = 0; b < zp->nbuckets; b++)
+        if (!(zp->up[b] = d->event_create(zp->be)))
+            return bg_error(BG_ERR_NOMEM, "zero 3: the events of the parameter shard's uploads");
+    return BG_OK;
+}
+
 bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bucket_t *buckets, int nbuckets,
                                const bg_optim_store_t *store, bg__zparams_t **zp_p)
 {
@@ -279,17 +388,21 @@ bg_status_t bg__zparams_create(bg_model_t *m, bg__dcoll_t *dc, const bg__zero_bu
     zp->ag = calloc((size_t)nbuckets + 1, sizeof(*zp->ag));
     zp->used = calloc((size_t)nbuckets + 1, sizeof(*zp->used));
     zp->issued = calloc((size_t)nbuckets + 1, sizeof(*zp->issued));
+    zp->pending = calloc((size_t)nbuckets + 1, sizeof(*zp->pending));
     bg_status_t st = BG_OK;
     size_t sbytes = (owned ? owned : 1) * sizeof(float);
     if (store && store->alloc) {
         zp->store = *store;
+        zp->host = store->step != NULL;
+        BG_CHECK_GOTO(upload_events(zp), st, err);
         void *s = NULL;
         BG_CHECK_GOTO(store->alloc(store->arg, sbytes, "parameter shard (--offload params)", &s), st, err);
         zp->shard = s;
     } else {
         zp->shard = bg_backend_alloc(zp->be, sbytes, "parameter shard");
     }
-    if (!zp->buckets || !zp->toff || !zp->soff || !zp->slot || !zp->ag || !zp->used || !zp->issued || !zp->shard) {
+    if (!zp->buckets || !zp->toff || !zp->soff || !zp->slot || !zp->ag || !zp->used || !zp->issued || !zp->pending ||
+        !zp->shard) {
         st = bg_error(BG_ERR_NOMEM, "zero 3 parameter shard");
         goto err;
     }
@@ -339,7 +452,14 @@ void bg__zparams_cancel(bg__zparams_t *zp)
     for (int b = 0; zp && b < zp->nbuckets; b++) {
         bg__xfree(zp->ag[b]);
         zp->ag[b] = NULL;
+        upload_done(zp, b); /* the copy stream no longer reads the shard nor writes the pool */
     }
+    for (int i = 0; zp && i < zp->npending; i++) { /* never gathered: gathered again when next needed */
+        aim(zp, zp->pending[i], NULL);
+        zp->slot[zp->pending[i]] = -1;
+    }
+    if (zp)
+        zp->npending = 0;
 }
 
 /* Before the model: its tensors' data are aimed at the pool or at its own buffer. */
@@ -353,6 +473,12 @@ void bg__zparams_destroy(bg__zparams_t *zp)
             aim(zp, b, NULL);
     for (int k = 0; k < PPOOL; k++)
         bg_backend_free(zp->be, zp->pool[k]);
+    for (int b = 0; zp->up && b < zp->nbuckets; b++)
+        if (zp->up[b])
+            zp->be->ops->event_destroy(zp->be, zp->up[b]);
+    free(zp->up);
+    free(zp->uploading);
+    free(zp->pending);
     if (zp->store.alloc)
         zp->store.release(zp->store.arg, zp->shard);
     else

@@ -38,6 +38,10 @@ static void usage(FILE *f)
             "                     --flops or --measure the predicted times are uncalibrated and say so)\n"
             "  --link-bw SIZE     link bandwidth in bytes per second (default 10G; 0 = infinite)\n"
             "  --link-latency T   per message: 5us, 0.2ms, 1e-6 (seconds) (default 5us)\n"
+            "  --host-bw SIZE     a device's link to its host memory in bytes per second, which offload's\n"
+            "                     transfers take, none assumed hidden (default 25e9 bytes/s, about a PCIe 4.0\n"
+            "                     x16 link's; with --measure on a cpu backend 0; 0 = infinite: the store is\n"
+            "                     the device's own memory, as on the cpu backend)\n"
             "training:\n"
             "  --batch B          global batch in sequences (default 8)\n"
             "  --microbatch-size b  sequences per microbatch per replica (default: searched)\n"
@@ -57,16 +61,19 @@ static void usage(FILE *f)
             "  --chunks V         chunks per rank for interleaved (default: the schedule's)\n"
             "  --optimizer adamw|sgd  (state bytes per parameter: 8 or 4; default adamw)\n"
             "  --zero 0|1|2|3|auto  count optimizer state (1), gradients (2) and parameters (3) sharded 1/dp\n"
-            "                     (brigade train --zero); auto: per layout the lowest stage that fits (default 0)\n"
+            "                     (brigade train --zero); auto: per layout the fastest stage that fits (the\n"
+            "                     lowest, except with offload, whose transfers shrink to the shard) (default 0)\n"
             "  --offload none|optimizer|optimizer,params|auto  count the optimizer state (its shard under\n"
             "                     --zero) outside the device budgets (brigade train --offload optimizer: host\n"
             "                     memory or files); optimizer,params: at --zero 3 the parameter shard too;\n"
-            "                     auto: per layout and stage, the least that fits (default none)\n"
+            "                     auto: per layout, the fastest choice that fits, the transfers counted\n"
+            "                     (--host-bw) (default none)\n"
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
             "  --choices          at the best layout, every sharding stage x offload x recomputation: its\n"
-            "                     predicted peak, step and whether it fits (shown with --zero/--offload auto)\n"
+            "                     predicted peak, step (and of it the offload transfers) and whether it fits\n"
+            "                     (shown with --zero/--offload auto)\n"
             "  --json FILE        write the best plan (docs/partitioner.md) for brigade train --plan\n"
             "  --measure          time every layer's forward and backward on this machine (--backend, default\n"
             "                     cpu; --threads N as brigade train) for the microbatch size and plan with those\n"
@@ -128,6 +135,16 @@ static int parse_time(const char *flag, const char *s, double *out)
     return 0;
 }
 
+/* "10G", "500M" -> bytes per second; "0" -> 0 (infinite) */
+static int parse_bandwidth(const char *flag, const char *s, double *out)
+{
+    uint64_t bw = 0;
+    if ((!s || strcmp(s, "0")) && bg_cli_bytes(CMD, flag, s, &bw))
+        return -1;
+    *out = (double)bw;
+    return 0;
+}
+
 /* --schedule all, or a comma-separated list of schedule names: 0, or 2 after a message */
 static int check_schedules(const char *s)
 {
@@ -171,6 +188,9 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
            bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
            bg_plan_recompute(p) ? "; recomputes activations on the stages marked (not yet run by the executor)"
                                 : "");
+    if (bg_plan_offload(p))
+        printf("  of the step, %.3f ms are the offload's transfers over the host link (none assumed hidden)\n",
+               bg_plan_offload_ms(p));
     if (!calibrated)
         printf("  times assume 1e12 FLOP/s per speed-1 device, not a measurement of this machine, so the\n"
                "  milliseconds (and the balance of compute against the links) may be far off.\n"
@@ -280,11 +300,14 @@ static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
     for (int i = 1; i < pa->nmem; i++)
         if (pa->mem[i] < cap)
             cap = pa->mem[i];
-    char sched[32], a[32];
+    char sched[32], a[32], hbs[32] = "infinite bandwidth";
     snprintf(sched, sizeof sched, "%s", bg_plan_schedule(best));
+    if (pa->host_bandwidth > 0)
+        snprintf(hbs, sizeof hbs, "%.3g bytes/s", pa->host_bandwidth);
     printf("\nmemory choices at this layout (pp %d x dp %d x tp %d, %s; peak: the largest rank's predicted):\n",
            bg_plan_pp(best), bg_plan_dp(best), bg_plan_tp(best), sched);
-    printf("%5s %-17s %9s %14s %12s  %s\n", "zero", "offload", "recompute", "peak bytes", "step ms", "fits");
+    printf("%5s %-17s %9s %14s %12s %12s  %s\n", "zero", "offload", "recompute", "peak bytes", "step ms",
+           "offload ms", "fits");
     int zmax = bg_plan_dp(best) > 1 ? 3 : 0;
     for (int z = 0; z <= zmax; z++)
         for (int o = 0; o <= (z == 3 ? 2 : 1); o++)
@@ -324,14 +347,15 @@ static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
                     }
                 }
                 if (p)
-                    printf("%5d %-17s %9s %14llu %12.3f  %s\n", z, offs[o], r ? "allowed" : "no",
-                           (unsigned long long)plan_peak(p), bg_plan_step_ms(p), fits ? "yes" : "no");
+                    printf("%5d %-17s %9s %14llu %12.3f %12.3f  %s\n", z, offs[o], r ? "allowed" : "no",
+                           (unsigned long long)plan_peak(p), bg_plan_step_ms(p), bg_plan_offload_ms(p),
+                           fits ? "yes" : "no");
                 else
-                    printf("%5d %-17s %9s %14s %12s  no\n", z, offs[o], "allowed", "-", "-");
+                    printf("%5d %-17s %9s %14s %12s %12s  no\n", z, offs[o], "allowed", "-", "-", "-");
                 bg_plan_set_free(set);
             }
-    printf("(budget: %llu bytes (%s) per device, the smallest given)\n", (unsigned long long)cap,
-           gib(a, sizeof a, (double)cap));
+    printf("(budget: %llu bytes (%s) per device, the smallest given; offload ms: of the step, the transfers "
+           "over the host link at %s)\n", (unsigned long long)cap, gib(a, sizeof a, (double)cap), hbs);
 }
 
 static double now_s(void) { return bg_now(); }
@@ -486,6 +510,7 @@ int bg_cmd_plan(int argc, char **argv)
     int nmem = 0, nspeed = 0, have_devices = 0, do_bench = 0, do_measure = 0, threads = 0, have_flops = 0;
     int host_ranks = 0; /* --host-ranks; 0: all the devices */
     int show_choices = 0; /* --choices (and --zero auto, --offload auto): the memory choices' table */
+    int have_host_bw = 0; /* --host-bw given (else 25G, or 0 when --measure times a cpu backend) */
     const char *json_path = NULL, *mem_arg = NULL, *speed_arg = NULL, *backend = "cpu";
     static double mfwd[4096], mbwd[4096], mbs[4096], mws[4096], mopt[4096];
     enum { MAX_TP_TIMES = 16 };
@@ -494,7 +519,7 @@ int bg_cmd_plan(int argc, char **argv)
     int ntp = 0;
     enum { O_DEVICES = 256, O_MEM, O_SPEED,
            O_FLOPS, O_LINKBW, O_LINKLAT, O_BATCH, O_MBS, O_SCHED, O_PP, O_TP, O_CHUNKS, O_OPT, O_RECOMP, O_TOP, O_JSON,
-           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD, O_CP, O_CHOICES };
+           O_BENCH, O_HELP, O_MEASURE, O_BACKEND, O_THREADS, O_ZERO, O_SP, O_HOST_RANKS, O_OFFLOAD, O_CP, O_CHOICES, O_HOSTBW };
     static const struct option opts[] = {
         BG_CLI_MODEL_OPTIONS,
         {"devices", required_argument, 0, O_DEVICES}, {"mem", required_argument, 0, O_MEM},
@@ -510,6 +535,7 @@ int bg_cmd_plan(int argc, char **argv)
         {"host-ranks", required_argument, 0, O_HOST_RANKS},
         {"zero", required_argument, 0, O_ZERO},        {"offload", required_argument, 0, O_OFFLOAD},        {"sequence-parallel", no_argument, 0, O_SP},
         {"cp", required_argument, 0, O_CP},           {"choices", no_argument, 0, O_CHOICES},
+        {"host-bw", required_argument, 0, O_HOSTBW},
         {0, 0, 0, 0}};
     long long v;
     double d;
@@ -552,17 +578,15 @@ int bg_cmd_plan(int argc, char **argv)
             pp.flops = d;
             have_flops = 1;
             break;
-        case O_LINKBW: {
-            if (optarg && !strcmp(optarg, "0")) {
-                pp.link_bandwidth = 0;
-                break;
-            }
-            uint64_t bw;
-            if (bg_cli_bytes(CMD, "--link-bw", optarg, &bw))
+        case O_LINKBW:
+            if (parse_bandwidth("--link-bw", optarg, &pp.link_bandwidth))
                 return 2;
-            pp.link_bandwidth = (double)bw;
             break;
-        }
+        case O_HOSTBW:
+            if (parse_bandwidth("--host-bw", optarg, &pp.host_bandwidth))
+                return 2;
+            have_host_bw = 1;
+            break;
         case O_LINKLAT:
             if (parse_time("--link-latency", optarg, &pp.link_latency))
                 return 2;
@@ -678,6 +702,8 @@ int bg_cmd_plan(int argc, char **argv)
         return bg_cli_fail(CMD, "--host-ranks %d is more than the plan's %d devices", host_ranks, pp.world);
     if (!host_ranks)
         host_ranks = pp.world;
+    if (do_measure && !have_host_bw && !strncmp(backend, "cpu", 3))
+        pp.host_bandwidth = 0; /* the cpu backend's store is its own memory: offload moves nothing */
     if (do_measure && !pp.microbatch_size)
         return bg_cli_fail(CMD, "--measure times one microbatch size: give --microbatch-size");
     bg_model_desc_t *desc = NULL;

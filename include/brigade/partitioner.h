@@ -291,7 +291,8 @@ typedef struct bg_plan_params {
     const double *layer_w_s;     /**< measured backward-weight seconds per layer, or NULL (both or neither;
                                       without them a split backward is B = W = backward / 2) */
     int zero;                    /**< sharding across the dp replicas (docs/data_parallel.md): 0, 1, 2 or 3, or
-                                      BG_PLAN_ZERO_AUTO: per layout, the lowest stage that fits */
+                                      BG_PLAN_ZERO_AUTO: per layout, the fastest stage that fits (the
+                                      lowest, except with offload: a shard moves fewer bytes) */
     int tp;                      /**< tensor-parallel degree: 0 (default) = 1, unless no layout fits at 1
                                       (then the smallest degree that fits, said in bg_plan_set_note); N >= 1 =
                                       only N; BG_PLAN_TP_ALL = every degree dividing the devices. Degrees > 1
@@ -309,9 +310,9 @@ typedef struct bg_plan_params {
                                       (brigade train --offload optimizer, docs/offload.md): 0 counted on the
                                       device; 1 offloaded; 2 offloaded and, at zero 3, the parameter shard
                                       too (--offload optimizer,params); BG_PLAN_OFFLOAD_AUTO: per layout
-                                      and sharding stage, the least offload that fits (2 at zero 3 only). The step time
-                                      counts the same optimizer step either way (the CPU backend's step on
-                                      host-held state) */
+                                      the fastest choice that fits (2 at zero 3 only). The step time counts
+                                      the same optimizer step either way, plus the transfers over
+                                      host_bandwidth */
     int cp;                      /**< context-parallel degree (docs/executor.md "Context parallelism"): 0 or
                                       1 = 1; N > 1 = every sequence split over N devices (N divides the
                                       devices, 2N the sequence; pp x dp groups of N x tp devices, each
@@ -319,19 +320,28 @@ typedef struct bg_plan_params {
                                       steps, the gradients summed and sharded over dp x N);
                                       BG_PLAN_CP_AUTO: 1, else the smallest degree that fits. A builder-made
                                       token model (GPT, Llama), without measured layer times */
+    double host_bandwidth;       /**< bytes per second between a device and its host memory, one copy stream
+                                      (brigade plan --host-bw), 0 = infinite: what an offloaded plan moves over
+                                      it each step is added to its step, none assumed hidden (docs/offload.md
+                                      "The planner"): --offload optimizer 12 bytes per parameter its replica
+                                      updates (gradient and parameter down, parameter up), optimizer,params 4
+                                      (the gradient shard down) plus 4 per shard parameter at every gather.
+                                      0 is the CPU backend's figure (the store is the device's own memory) */
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
 #define BG_PLAN_OFFLOAD_AUTO (-1) /**< bg_plan_params_t.offload: choose */
 #define BG_PLAN_CP_AUTO (-1) /**< bg_plan_params_t.cp: 1, else the smallest degree that fits */
 /** Defaults of bg_plan_params_t: one device, batch 8, everything else searched; AdamW, 1 TFLOP/s devices
- *  on 5 us, 10 GB/s links; the 5 best plans. */
+ *  on 5 us, 10 GB/s links, 25 GB/s to their host (about what a PCIe 4.0 x16 link moves in pinned copies); the 5 best
+ *  plans. */
 #define BG_PLAN_PARAMS_INIT                                                                                        \
     { .size = sizeof(bg_plan_params_t), .model = NULL, .world = 1, .mem = NULL, .nmem = 0, .speed = NULL,          \
       .nspeed = 0, .batch = 8, .microbatch_size = 0, .pp = 0, .schedules = NULL, .chunks = 0,                     \
       .optim = BG_OPTIM_ADAMW, .allow_recompute = 0, .flops = 1e12, .link_latency = 5e-6, .link_bandwidth = 10e9,  \
       .layer_fwd_s = NULL, .layer_bwd_s = NULL, .top = 5, .layer_b_s = NULL, .layer_w_s = NULL, .zero = 0,        \
-      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL, .offload = 0, .cp = 0 }
+      .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL, .offload = 0, .cp = 0,                     \
+      .host_bandwidth = 25e9 }
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -391,6 +401,9 @@ int bg_plan_recompute(const bg_plan_t *plan);  /**< 1 if any stage recomputes */
 bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *plan); /**< the optimizer whose state the plan counted */
 int bg_plan_zero(const bg_plan_t *plan); /**< the sharding stage the plan counted (--zero; 0: none) */
 int bg_plan_offload(const bg_plan_t *plan); /**< 1: the plan counted the optimizer state offloaded (--offload optimizer) */
+/** Of bg_plan_step_ms, the offload transfers over the host link (bg_plan_params_t.host_bandwidth) on the
+ *  pipeline rank they cost most, milliseconds per step; 0 without offload or with a free host link */
+double bg_plan_offload_ms(const bg_plan_t *plan);
 /** 1: the plan's tp > 1 model is built with sequence parallelism (bg_model_config_t.sequence_parallel,
  *  its builder's; the plan JSON's "sequence_parallel"), so its activations are counted split */
 int bg_plan_sequence_parallel(const bg_plan_t *plan);

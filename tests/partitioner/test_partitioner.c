@@ -684,6 +684,59 @@ static void test_plan_smallest_budget(void **state)
     bg_model_desc_destroy(desc);
 }
 
+/* Offload's transfers over the host link (docs/offload.md "The planner"): a
+ * pp 1 x dp 4 plan with the optimizer state offloaded predicts the step of
+ * a free link plus 12 bytes per parameter over the link (the replica updates
+ * every parameter at zero 0), from the model's own profile; the plan read
+ * back from its JSON keeps the figure; a bad bandwidth is refused. */
+static void test_plan_host_link(void **state)
+{
+    (void)state;
+    uint64_t mem = 1ull << 30;
+    bg_model_desc_t *desc;
+    bg_plan_params_t pp = small_gpt(&mem, &desc);
+    pp.pp = 1;
+    pp.tp = 1;
+    pp.offload = 1;
+    pp.schedules = "1f1b";
+    bg_layer_profile_t prof[64];
+    int L = 0;
+    assert_int_equal(bg_model_profile(desc, pp.microbatch_size, bg_model_desc_params(desc)->seq_len, prof, 64, &L),
+                     BG_OK);
+    double P = 0;
+    for (int i = 0; i < L; i++)
+        P += (double)prof[i].params;
+    bg_plan_set_t *free_link = NULL, *slow = NULL;
+    pp.host_bandwidth = 0;
+    assert_int_equal(bg_plan_search(&pp, &free_link), BG_OK);
+    pp.host_bandwidth = 1e8;
+    assert_int_equal(bg_plan_search(&pp, &slow), BG_OK);
+    const bg_plan_t *a = bg_plan_set_get(free_link, 0), *b = bg_plan_set_get(slow, 0);
+    assert_int_equal(bg_plan_offload(b), 1);
+    assert_int_equal(bg_plan_dp(b), 4);
+    assert_int_equal(bg_plan_microbatches(a), bg_plan_microbatches(b));
+    double x = 1e3 * 12.0 * P / 1e8;
+    assert_true(bg_plan_offload_ms(a) == 0);
+    assert_float_equal(bg_plan_offload_ms(b), x, 1e-9 * x);
+    assert_float_equal(bg_plan_step_ms(b), bg_plan_step_ms(a) + x, 1e-9 * bg_plan_step_ms(b));
+    char *text;
+    bg_plan_t *back;
+    assert_int_equal(bg_plan_to_json(b, &text), BG_OK);
+    assert_int_equal(bg_plan_from_json(text, &back), BG_OK);
+    free(text);
+    assert_true(bg_plan_offload_ms(back) == bg_plan_offload_ms(b));
+    bg_plan_free(back);
+    bg_plan_set_t *set = NULL;
+    pp.host_bandwidth = -1;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "host bandwidth"));
+    pp.host_bandwidth = NAN;
+    assert_int_equal(bg_plan_search(&pp, &set), BG_ERR_INVALID);
+    bg_plan_set_free(free_link);
+    bg_plan_set_free(slow);
+    bg_model_desc_destroy(desc);
+}
+
 /* Layouts with more model stages than layers are no candidates, whether or
  * not their schedule is made first (the search refuses them before): for
  * each schedule kind, the layouts evaluated are counted here from the
@@ -1464,7 +1517,7 @@ int main(void)
         cmocka_unit_test(test_replay_paired),
         cmocka_unit_test(test_offact_1f1b),          cmocka_unit_test(test_offact_deadlock),
         cmocka_unit_test(test_no_fit_message),       cmocka_unit_test(test_plan_smallest_budget),
-        cmocka_unit_test(test_plan_stages_bound),
+        cmocka_unit_test(test_plan_stages_bound),    cmocka_unit_test(test_plan_host_link),
         cmocka_unit_test(test_plan_tp),              cmocka_unit_test(test_plan_tp_measured),
         cmocka_unit_test(test_plan_roundtrip),       cmocka_unit_test(test_plan_fixtures),
         cmocka_unit_test(test_plan_user_model),      cmocka_unit_test(test_plan_load_checks_model),
