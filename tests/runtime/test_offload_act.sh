@@ -2,8 +2,8 @@
 # tests/runtime/test_offload_act.sh: --offload activations (docs/offload.md).
 # - The weights of no offload, bitwise (the stash's bytes go to host memory and
 #   come back unchanged before its backward): pp 1 (one stage, the last: nothing
-#   moves), pp 2 with 1F1B, ZB-H1 and interleaved, each at the default
-#   BRIGADE_OFFLOAD_ACT_AHEAD (1) and at 0; with --offload optimizer too; with
+#   moves), pp 2 with 1F1B, ZB-H1 and interleaved, each at
+#   BRIGADE_OFFLOAD_ACT_AHEAD 1 and at the default 0; with --offload optimizer too; with
 #   --recompute (nothing to move).
 # - Each rank's measured peak is exactly its prediction (--metrics: the
 #   allocator's peak_bytes = predicted_bytes, the replay counting each stash off
@@ -45,11 +45,12 @@ for lay in "1:--pp 1::" "2:--pp 2:0:0" "2:--pp 2 --schedule zb-h1:0:0" "2:--pp 2
   IFS=: read -r n args ahead ranks <<<"$lay"
   tag=$(echo "$args" | tr -dc 'a-z0-9')
   train_save "n_$tag" $n $GPT $args || continue
-  offl "a_$tag" $n $args && same "$T/n_$tag" "$T/a_$tag" "$args: --offload activations = none" &&
+  BRIGADE_OFFLOAD_ACT_AHEAD=1 offl "a_$tag" $n $args &&
+    same "$T/n_$tag" "$T/a_$tag" "$args: --offload activations, BRIGADE_OFFLOAD_ACT_AHEAD=1 = none" &&
     exact "a_$tag" $n "$args"
   [ $n = 1 ] && continue
-  BRIGADE_OFFLOAD_ACT_AHEAD=0 offl "a0_$tag" $n $args &&
-    same "$T/n_$tag" "$T/a0_$tag" "$args: --offload activations, BRIGADE_OFFLOAD_ACT_AHEAD=0 = none" &&
+  offl "a0_$tag" $n $args &&
+    same "$T/n_$tag" "$T/a0_$tag" "$args: --offload activations (ahead 0, the default) = none" &&
     exact "a0_$tag" $n "$args, ahead 0"
   [ "$ahead" = 0 ] && run="a0_$tag" || run="a_$tag"
   lower "$T/n_$tag.log" "$T/$run.log" "$ranks" &&
