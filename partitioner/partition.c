@@ -68,9 +68,10 @@ static bg_status_t check_problem(const bg_part_problem_t *p)
         for (int k = 0; k < sp->ncounts; k++) {
             const bg_part_counts_t *n = &sp->counts[k];
             if (n->begun < 0 || n->forwarded < 0 || n->dout < 0 || n->backward < 0 || n->recomputing < 0 ||
-                n->lingering < 0 || n->fused < 0 || n->fused > n->backward)
+                n->lingering < 0 || n->fused < 0 || n->fused > n->backward || n->offloaded < 0 ||
+                n->offloaded > n->forwarded)
                 return bg_error(BG_ERR_INVALID, "stage %d: negative slot count in row %d (or more fused backwards "
-                                "than backwards)", s, k);
+                                "than backwards, or more offloaded stashes than forwarded slots)", s, k);
         }
     }
     for (int i = 0; i < p->nlayers; i++)
@@ -131,8 +132,9 @@ static bg_status_t ctx_init(ctx_t *c, const bg_part_problem_t *p)
     for (int s = 0; s < c->S; s++) {
         size_t maxf = 0, maxr = 0;
         for (int k = 0; k < p->stages[s].ncounts; k++) {
-            if ((size_t)p->stages[s].counts[k].forwarded > maxf)
-                maxf = (size_t)p->stages[s].counts[k].forwarded;
+            const bg_part_counts_t *n = &p->stages[s].counts[k]; /* the stashes on the device */
+            if ((size_t)(n->forwarded - n->offloaded) > maxf)
+                maxf = (size_t)(n->forwarded - n->offloaded);
             if ((size_t)p->stages[s].counts[k].recomputing > maxr)
                 maxr = (size_t)p->stages[s].counts[k].recomputing;
         }

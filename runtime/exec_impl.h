@@ -131,9 +131,9 @@ typedef struct bg__strategy_ops {
     void (*weights_path)(exec_t *x, void *self, int v, const char *dir, char *path, size_t cap);
     /* ONE: how many ranks of the job write weights (default: replica 0's, world / dp). */
     int (*weights_writers)(exec_t *x, void *self);
-    /* ONE: this rank's slot counts over its program, for the predicted activation bytes, and per row and chunk
-     * the forwarded slots whose stash is off the device (*off_p; NULL: none) (default: bg_part_schedule_counts). */
-    bg_status_t (*act_counts)(exec_t *x, void *self, bg_part_counts_t **rows_p, int **off_p, int *nrows_p);
+    /* ONE: this rank's slot counts over its program, for the predicted activation bytes, with the forwarded
+     * slots whose stash is off the device in counts.offloaded (default: bg_part_schedule_counts). */
+    bg_status_t (*act_counts)(exec_t *x, void *self, bg_part_counts_t **rows_p, int *nrows_p);
     /* EVERY: the predicted parameter bytes, optimizer elements and gradient bytes (bg_executor_info), adjusted. */
     void (*memory)(exec_t *x, void *self, size_t *param_bytes, size_t *optim_elems, size_t *grad_bytes);
     /* EVERY: after a failed step: free what is in flight. */

@@ -156,24 +156,23 @@ static bg_status_t predict_activations(exec_t *x)
         fixed += mem.scratch * (x->pair ? 2 : 1); /* kept by the stage once allocated (a lane each, paired) */
     }
     bg_part_counts_t *rows = NULL;
-    int nrows = 0, *off = NULL; /* a strategy's stashes off the device (activation offload) */
-    bg__strategy_t *own = BG__ONE(x, act_counts);
+    int nrows = 0;
+    bg__strategy_t *own = BG__ONE(x, act_counts); /* with a strategy's stashes off the device (activation offload) */
     if (st == BG_OK && own)
-        st = own->ops->act_counts(x, own->self, &rows, &off, &nrows);
+        st = own->ops->act_counts(x, own->self, &rows, &nrows);
     else if (st == BG_OK)
         st = bg_part_schedule_counts(x->sched, x->lay.me.pp, x->pair != NULL, &rows, &nrows);
     size_t peak = 0;
     for (int k = 0; st == BG_OK && k < nrows; k++) {
         size_t sum = 0;
-        for (size_t i = (size_t)k * x->V, v = 0; v < (size_t)x->V; v++, i++) /* a recomputing stage moves none */
-            sum += bg_part_row_bytes(&rows[i], &b[v]) - (off && !b[v].recompute ? (size_t)off[i] * b[v].layer_act_bytes : 0);
+        for (size_t i = (size_t)k * x->V, v = 0; v < (size_t)x->V; v++, i++)
+            sum += bg_part_row_bytes(&rows[i], &b[v]);
         if (sum > peak)
             peak = sum;
     }
     if (st == BG_OK)
         x->predicted_act_bytes = peak + fixed;
     free(rows);
-    free(off);
     free(b);
     return st;
 }

@@ -185,10 +185,10 @@ static bg_status_t offact_before_compute(exec_t *x, void *self, chunk_t *ch, int
 }
 
 /* The replay's counts with the stashes off the device between their points (the executor's prediction). */
-static bg_status_t offact_act_counts(exec_t *x, void *self, bg_part_counts_t **rows_p, int **off_p, int *nrows_p)
+static bg_status_t offact_act_counts(exec_t *x, void *self, bg_part_counts_t **rows_p, int *nrows_p)
 {
     offact_t *o = self;
-    return bg_part_schedule_counts_offact(x->sched, x->lay.me.pp, (int)o->ahead, rows_p, off_p, nrows_p);
+    return bg_part_schedule_counts_offact(x->sched, x->lay.me.pp, (int)o->ahead, rows_p, nrows_p);
 }
 
 static void offact_destroy(exec_t *x, void *self)

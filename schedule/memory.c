@@ -70,19 +70,17 @@ typedef struct pend {
 typedef struct replay {
     int V, M;
     slot_t *slots;           /* [V][M] */
-    bg_part_counts_t *cur;   /* [V] */
-    int *off;                /* [V]: of cur's forwarded slots, those whose stash is off the device (offload) */
+    bg_part_counts_t *cur;   /* [V] (offloaded: activation offload's stashes off the device) */
     bg_part_counts_t *rows;  /* Pareto rows, [cap][V] */
-    int *rows_off;           /* [cap][V]: their off */
     int nrows, cap;
     int dirty;               /* a count rose since the last row: only then can a new peak row appear */
 } replay_t;
 
-/* Row a (with a_off) needs at least row b's bytes: every count, and the stashes on the device, at least b's. */
-static int dominates(const bg_part_counts_t *a, const int *a_off, const bg_part_counts_t *b, const int *b_off, int V)
+/* Row a needs at least row b's bytes on every chunk. */
+static int dominates(const bg_part_counts_t *a, const bg_part_counts_t *b, int V)
 {
     for (int c = 0; c < V; c++)
-        if (!bg__counts_dominate(&a[c], &b[c]) || a[c].forwarded - a_off[c] < b[c].forwarded - b_off[c])
+        if (!bg__counts_dominate(&a[c], &b[c]))
             return 0;
     return 1;
 }
@@ -94,15 +92,13 @@ static bg_status_t record(replay_t *r)
         return BG_OK; /* only counts that fell since the last row: dominated by it */
     r->dirty = 0;
     for (int i = 0; i < r->nrows; i++)
-        if (dominates(&r->rows[(size_t)i * V], &r->rows_off[(size_t)i * V], r->cur, r->off, V))
+        if (dominates(&r->rows[(size_t)i * V], r->cur, V))
             return BG_OK;
     int k = 0;
     for (int i = 0; i < r->nrows; i++)
-        if (!dominates(r->cur, r->off, &r->rows[(size_t)i * V], &r->rows_off[(size_t)i * V], V)) {
-            if (k != i) {
+        if (!dominates(r->cur, &r->rows[(size_t)i * V], V)) {
+            if (k != i)
                 memcpy(&r->rows[(size_t)k * V], &r->rows[(size_t)i * V], (size_t)V * sizeof(bg_part_counts_t));
-                memcpy(&r->rows_off[(size_t)k * V], &r->rows_off[(size_t)i * V], (size_t)V * sizeof(int));
-            }
             k++;
         }
     r->nrows = k;
@@ -111,13 +107,9 @@ static bg_status_t record(replay_t *r)
         bg_part_counts_t *n = realloc(r->rows, (size_t)cap * V * sizeof(*n));
         BG_ALLOC_CHECK(n, (size_t)cap * V * sizeof(*n), "schedule count rows");
         r->rows = n;
-        int *o = realloc(r->rows_off, (size_t)cap * V * sizeof(*o));
-        BG_ALLOC_CHECK(o, (size_t)cap * V * sizeof(*o), "schedule count rows");
-        r->rows_off = o;
         r->cap = cap;
     }
     memcpy(&r->rows[(size_t)r->nrows * V], r->cur, (size_t)V * sizeof(bg_part_counts_t));
-    memcpy(&r->rows_off[(size_t)r->nrows * V], r->off, (size_t)V * sizeof(int));
     r->nrows++;
     return BG_OK;
 }
@@ -133,7 +125,7 @@ static void rp_offact(replay_t *r, const bg__offact_slot_t *pts, int g)
                 const bg__offact_slot_t *p = &pts[(size_t)c * r->M + mb];
                 if ((in ? p->in_at : p->out_at) != g)
                     continue;
-                r->off[c] += in ? -1 : 1;
+                r->cur[c].offloaded += in ? -1 : 1;
                 r->dirty |= in;
             }
 }
@@ -302,23 +294,22 @@ static void post_ahead(replay_t *r, const bg_sched_op_t *ops, size_t n, size_t i
 }
 
 /* The replay of rank's program (bg_part_schedule_counts); pts: activation offload's points of the rank
- * (bg__offact_points; NULL: none), then *off_p gets each row's stashes off the device (NULL: not wanted). */
+ * (bg__offact_points; NULL: none), counted in each row's offloaded. */
 static bg_status_t replay(const bg_schedule_t *sched, int rank, int paired, const bg__offact_slot_t *pts,
-                          bg_part_counts_t **rows_p, int **off_p, int *npoints_p)
+                          bg_part_counts_t **rows_p, int *npoints_p)
 {
     int P = bg_schedule_ranks(sched), V = bg_schedule_chunks(sched), M = bg_schedule_microbatches(sched);
     int S = bg_schedule_stages(sched);
     if (rank < 0 || rank >= P)
         return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, P);
-    replay_t r = {V, M, NULL, NULL, NULL, NULL, NULL, 0, 0, 0};
+    replay_t r = {V, M, NULL, NULL, NULL, 0, 0, 0};
     /* a chain of stages per model copy (dualpipe: 2) */
     prog_t g = {sched, rank, S, S / bg_schedule_copies(sched), M, NULL, 0};
     r.slots = calloc((size_t)V * M, sizeof(slot_t));
     r.cur = calloc((size_t)V, sizeof(bg_part_counts_t));
-    r.off = calloc((size_t)V, sizeof(int));
     g.pend = malloc((size_t)V * M * sizeof(*g.pend) + 1);
     bg_status_t st = BG_OK;
-    if (!r.slots || !r.cur || !r.off || !g.pend) {
+    if (!r.slots || !r.cur || !g.pend) {
         st = bg_error(BG_ERR_NOMEM, "schedule replay");
         goto out;
     }
@@ -368,34 +359,28 @@ static bg_status_t replay(const bg_schedule_t *sched, int rank, int paired, cons
     *rows_p = r.rows;
     *npoints_p = r.nrows;
     r.rows = NULL;
-    if (off_p) {
-        *off_p = r.rows_off;
-        r.rows_off = NULL;
-    }
 out:
     free(g.pend);
     free(r.rows);
-    free(r.rows_off);
     free(r.slots);
     free(r.cur);
-    free(r.off);
     return st;
 }
 
 bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int paired, bg_part_counts_t **rows_p,
                                     int *npoints_p)
 {
-    return replay(sched, rank, paired, NULL, rows_p, NULL, npoints_p);
+    return replay(sched, rank, paired, NULL, rows_p, npoints_p);
 }
 
 bg_status_t bg_part_schedule_counts_offact(const bg_schedule_t *sched, int rank, int ahead,
-                                           bg_part_counts_t **rows_p, int **off_p, int *npoints_p)
+                                           bg_part_counts_t **rows_p, int *npoints_p)
 {
     if (rank < 0 || rank >= bg_schedule_ranks(sched))
         return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, bg_schedule_ranks(sched));
     bg__offact_slot_t *pts = NULL;
     BG_CHECK(bg__offact_points(sched, rank, ahead, &pts));
-    bg_status_t st = replay(sched, rank, 0, pts, rows_p, off_p, npoints_p);
+    bg_status_t st = replay(sched, rank, 0, pts, rows_p, npoints_p);
     free(pts);
     return st;
 }
@@ -407,14 +392,13 @@ bg_status_t bg_part_offact_stash_bytes(const bg_schedule_t *sched, int rank, int
     if (chunk < 0 || chunk >= V)
         return bg_error(BG_ERR_INVALID, "chunk %d out of range [0, %d)", chunk, V);
     bg_part_counts_t *rows = NULL;
-    int *off = NULL, n = 0, most = 0;
-    BG_CHECK(bg_part_schedule_counts_offact(sched, rank, ahead, &rows, &off, &n));
+    int n = 0, most = 0;
+    BG_CHECK(bg_part_schedule_counts_offact(sched, rank, ahead, &rows, &n));
     for (int k = 0; k < n; k++) {
-        int on = rows[(size_t)k * V + chunk].forwarded - off[(size_t)k * V + chunk];
-        most = on > most ? on : most;
+        const bg_part_counts_t *r = &rows[(size_t)k * V + chunk];
+        most = r->forwarded - r->offloaded > most ? r->forwarded - r->offloaded : most;
     }
     free(rows);
-    free(off);
     *bytes_p = (size_t)most * stash_bytes;
     return BG_OK;
 }

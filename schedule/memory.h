@@ -14,17 +14,18 @@
 static inline size_t bg__row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e)
 {
     return (size_t)n->begun * e->input_bytes + (size_t)n->forwarded * (e->data_bytes + e->keep_bytes) +
-           (size_t)(e->recompute ? n->recomputing : n->forwarded) * e->layer_act_bytes +
+           (size_t)(e->recompute ? n->recomputing : n->forwarded - n->offloaded) * e->layer_act_bytes +
            (size_t)n->dout * e->dout_bytes + (size_t)(n->backward - n->fused) * e->bw_bytes +
            (size_t)n->fused * e->fused_bw_bytes + (size_t)n->lingering * e->linger_bytes;
 }
 
-/* Row a needs at least the bytes of row b for every stage (bg_part_counts_dominate). */
+/* Row a needs at least the bytes of row b for every stage (bg_part_counts_dominate): every count, and the
+ * stashes on the device (forwarded less offloaded), at least b's. */
 static inline int bg__counts_dominate(const bg_part_counts_t *a, const bg_part_counts_t *b)
 {
     return a->begun >= b->begun && a->forwarded >= b->forwarded && a->dout >= b->dout && a->fused >= b->fused &&
            a->backward - a->fused >= b->backward - b->fused && a->recomputing >= b->recomputing &&
-           a->lingering >= b->lingering;
+           a->lingering >= b->lingering && a->forwarded - a->offloaded >= b->forwarded - b->offloaded;
 }
 
 /* --zero 2's gradient buckets of a stage, sized from its shard (the

@@ -429,7 +429,7 @@ static int bench(void)
         for (int het = 0; het < 2; het++) {
             int S = counts[ci];
             for (int s = 0; s < S; s++) {
-                cnt[s] = (bg_part_counts_t){S - s, S - s, S - s - 1 > 0 ? S - s - 1 : 0, 1, 2, 0, 0};
+                cnt[s] = (bg_part_counts_t){S - s, S - s, S - s - 1 > 0 ? S - s - 1 : 0, 1, 2, 0, 0, 0};
                 sp[s].speed = het ? (s % 2 ? 0.5 : 1.0) : 1.0;
                 sp[s].budget_bytes = (size_t)(het && s % 2 ? 40.0 : 80.0) * (1ull << 30);
                 sp[s].ncounts = 1;

@@ -94,6 +94,9 @@ typedef struct bg_part_counts {
     int fused;     /**< of `backward`, the slots in a full (fused) backward: they hold the fused buffer
                         (bg_part_stage_t.fused_bw_bytes) even on a stage whose backward is split elsewhere in
                         the program (DualPipe, DualPipeV run both kinds) */
+    int offloaded; /**< of `forwarded`, the slots whose layers' activations are off the device (activation
+                        offload, bg_part_schedule_counts_offact; 0 otherwise); a recomputing stage keeps none
+                        there, so the byte model ignores it on such a stage */
 } bg_part_counts_t;
 
 /** The device of one (virtual) stage and what the schedule keeps on it. */
@@ -231,11 +234,11 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int pa
  *  instruction after its forward and its activation's send (later where waiting for that send there could
  *  deadlock) and comes back k compute instructions before its first backward piece (B or the fused backward;
  *  a split backward's W reads what B brought back); never on a chain's last stage, nor where it would be back
- *  no later than it left. *off_p: *npoints_p rows of `chunks` entries, entry c the forwarded slots of chunk c
- *  whose stash is off the device at that point. A row's device bytes on a stage: bg_part_row_bytes minus
- *  off x layer_act_bytes, unless the stage recomputes (it keeps no stash: nothing moves). Both malloc'ed. */
+ *  no later than it left. Each row's counts.offloaded holds the forwarded slots whose stash is off the device
+ *  at that point (bg_part_row_bytes leaves their layer activations out, unless the stage recomputes: it keeps
+ *  no stash, nothing moves). malloc'ed; free() it. */
 bg_status_t bg_part_schedule_counts_offact(const bg_schedule_t *sched, int rank, int ahead,
-                                           bg_part_counts_t **rows_p, int **off_p, int *npoints_p);
+                                           bg_part_counts_t **rows_p, int *npoints_p);
 /** The device bytes of chunk @p chunk's stashes on pipeline rank @p rank with activation offload (k = @p
  *  ahead): the most stashes of it on the device at once over the program (forwarded and not offloaded,
  *  bg_part_schedule_counts_offact) times @p stash_bytes (a slot's layer_act_bytes: its layers' outputs and

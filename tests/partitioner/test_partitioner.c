@@ -160,6 +160,7 @@ static void random_instance(inst_t *in)
             n->recomputing = rint_(n->backward, n->forwarded + 1);
             n->lingering = rnd() % 4 == 0;
             n->fused = rint_(0, n->backward); /* full backwards among them (DualPipe mixes both kinds) */
+            n->offloaded = rnd() % 3 ? 0 : rint_(0, n->forwarded); /* activation offload's stashes off the device */
         }
         sp->counts = in->counts[s];
     }
@@ -245,7 +246,7 @@ static void test_memory_closed_form(void **state)
         {200, 2048, 640, 700, 128, 2.0, 4.0, 0},
         {300, 4096, 192, 100, 64, 3.0, 6.0, 0},
     };
-    bg_part_counts_t c0[] = {{2, 2, 1, 1, 2, 0, 0}}, c1[] = {{3, 2, 1, 1, 2, 0, 0}, {1, 1, 1, 0, 1, 0, 0}};
+    bg_part_counts_t c0[] = {{2, 2, 1, 1, 2, 0, 0, 0}}, c1[] = {{3, 2, 1, 1, 2, 0, 0, 0}, {1, 1, 1, 0, 1, 0, 0, 0}};
     bg_part_stage_spec_t sp[2] = {{1.0, 1 << 20, 0, 1, c0}, {2.0, 1 << 20, 1, 2, c1}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = 3, p.layers = ly, p.nstages = 2, p.stages = sp;
@@ -290,7 +291,7 @@ static void test_memory_closed_form(void **state)
     /* a lingering slot (its gradient's send issued, not yet complete): its backward buffer, which holds
      * that gradient (the executor releases the rest), only where the input gradient message is at least
      * linger_bytes; stage 0 sends none */
-    bg_part_counts_t l1[] = {{1, 1, 0, 1, 1, 1, 1}};
+    bg_part_counts_t l1[] = {{1, 1, 0, 1, 1, 1, 1, 0}};
     sp[1].counts = l1, sp[1].ncounts = 1, sp[1].split_backward = 0;
     sp[0].counts = l1, sp[0].ncounts = 1;
     size_t fused1 = 2 * al64(256) + (640 - al64(128)); /* layers 1..2: max(in 256, outs) twice, + the largest wstash beyond its output */
@@ -307,7 +308,7 @@ static void test_memory_closed_form(void **state)
     }
     /* a split stage that also runs full backwards (DualPipe, DualPipeV): a slot in one holds the fused buffer,
      * a slot between B and W the split one */
-    bg_part_counts_t f1[] = {{2, 2, 0, 2, 2, 0, 1}};
+    bg_part_counts_t f1[] = {{2, 2, 0, 2, 2, 0, 1, 0}};
     sp[1].counts = f1, sp[1].ncounts = 1, sp[1].split_backward = 1;
     p.linger_bytes = 0;
     assert_int_equal(bg_part_stage_eval(&p, 1, 1, 2, 0, &e), BG_OK);
@@ -332,7 +333,7 @@ static void check_model_ranges(const bg_model_config_t *cfg, int n, int t)
         ly[i] = (bg_part_layer_t){prof[i].params,       prof[i].stash_bytes, prof[i].wstash_bytes,
                                   prof[i].scratch_bytes, prof[i].output_bytes, 1.0, 2.0, prof[i].grad_bytes};
     }
-    bg_part_counts_t one = {1, 1, 1, 1, 1, 0, 0};
+    bg_part_counts_t one = {1, 1, 1, 1, 1, 0, 0, 0};
     bg_part_stage_spec_t sp[2] = {{1.0, (size_t)1 << 40, 0, 1, &one}, {1.0, (size_t)1 << 40, 1, 1, &one}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = L, p.layers = ly, p.nstages = 2, p.stages = sp;
@@ -605,7 +606,7 @@ static void test_no_fit_message(void **state)
     bg_part_layer_t ly[4] = {
         {10, 640, 128, 0, 64, 1, 2, 0}, {1000, 640, 128, 0, 64, 1, 2, 0}, {10, 640, 128, 0, 64, 1, 2, 0},
         {10, 640, 128, 0, 64, 1, 2, 0}};
-    bg_part_counts_t c = {1, 1, 1, 1, 1, 0, 0};
+    bg_part_counts_t c = {1, 1, 1, 1, 1, 0, 0, 0};
     bg_part_stage_spec_t sp[2] = {{1, 4000, 0, 1, &c}, {1, 4000, 0, 1, &c}};
     bg_part_problem_t p = BG_PART_PROBLEM_INIT;
     p.nlayers = 4, p.layers = ly, p.nstages = 2, p.stages = sp;
