@@ -106,6 +106,16 @@ bg_optim_kind_t bg_plan_optimizer(const bg_plan_t *p) { return (bg_optim_kind_t)
 int bg_plan_zero(const bg_plan_t *p) { return p->zero; }
 int bg_plan_offload(const bg_plan_t *p) { return p->offload; }
 double bg_plan_offload_ms(const bg_plan_t *p) { return p->offload_ms; }
+int bg_plan_offload_activations(const bg_plan_t *p) { return p->offact; }
+const char *bg_plan_offload_name(const bg_plan_t *p) { return bg__plan_offload_names[p->offload][p->offact]; }
+const char *bg_plan_offload_choice_name(int offload, int activations)
+{
+    return offload >= 0 && offload <= 2 ? bg__plan_offload_names[offload][activations != 0] : "";
+}
+
+/* [offload][offact]: brigade train's --offload values (plan_json.c reads them back through this table) */
+const char *const bg__plan_offload_names[3][2] = {
+    {"", "activations"}, {"optimizer", "optimizer,activations"}, {"optimizer,params", "optimizer,params,activations"}};
 int bg_plan_sequence_parallel(const bg_plan_t *p) { return p->sp; }
 bg_dtype_t bg_plan_precision(const bg_plan_t *p) { return p->precision; }
 int bg_plan_paired(const bg_plan_t *p) { return p->paired; }

@@ -41,6 +41,7 @@ struct bg_plan {
     double flops, link_latency, link_bandwidth;
     double host_bandwidth; /* bg_plan_params_t.host_bandwidth (0: infinite) */
     double offload_ms;     /* of step_ms, the offload transfers on the rank they cost most (bg_plan_offload_ms) */
+    int offact;            /* 1: activation offload (bg_plan_offload_activations) */
     int nlayers;
     bg_layer_profile_t *layers;
     double *cost_ms;  /* [nlayers][NCOST]: the cost model's forward, backward and collectives (of both) per
@@ -134,5 +135,8 @@ double bg__plan_step_bound(const bg_schedule_t *sched, int m, const double *fc, 
  * schedule: O(L). */
 int bg__plan_bound_exceeds(int L, const double *f, const double *b, const double *w, int full_backward, int pp,
                            int m, double speed, double hop, double limit);
+
+/* brigade train's --offload value of each [offload][offact] (bg_plan_offload_name; "" for none) */
+extern const char *const bg__plan_offload_names[3][2];
 
 #endif

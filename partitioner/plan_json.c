@@ -44,8 +44,8 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "optimizer", json_string(p->optim == BG_OPTIM_SGD ? "sgd" : "adamw"));
     if (p->zero)
         json_object_set_new(root, "zero", json_integer(p->zero));
-    if (p->offload)
-        json_object_set_new(root, "offload", json_string(p->offload >= 2 ? "optimizer,params" : "optimizer"));
+    if (p->offload || p->offact)
+        json_object_set_new(root, "offload", json_string(bg_plan_offload_name(p)));
     if (p->sp)
         json_object_set_new(root, "sequence_parallel", json_true());
     if (p->precision != BG_F32)
@@ -56,7 +56,7 @@ static json_t *plan_json(const bg_plan_t *p)
     json_object_set_new(root, "predicted_step_ms", json_real(p->step_ms));
     json_object_set_new(root, "predicted_bubble", json_real(p->bubble));
     json_object_set_new(root, "predicted_tokens_per_s", json_real(p->tokens_per_s));
-    if (p->offload) /* absent: 0 */
+    if (p->offload || p->offact) /* absent: 0 */
         json_object_set_new(root, "predicted_offload_ms", json_real(p->offload_ms));
     json_object_set_new(root, "devices", json_pack("{s:f, s:f, s:f, s:f}", "flops", p->flops, "link_latency_s",
                                                    p->link_latency, "link_bandwidth", p->link_bandwidth,
@@ -453,10 +453,16 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     if (json_object_get(root, "zero"))
         BG_CHECK(get_int(root, "$", "zero", 0, 3, &zero));
     const char *off = NULL;
+    int offload = 0, offact = 0;
     if (json_object_get(root, "offload")) {
         BG_CHECK(get_str(root, "$", "offload", &off));
-        if (strcmp(off, "optimizer") && strcmp(off, "optimizer,params"))
-            return bg_error(BG_ERR_PARSE, "plan: $.offload \"%s\" (expected optimizer or optimizer,params)", off);
+        int k = 1; /* the table's entries but "" */
+        while (k < 6 && strcmp(off, bg__plan_offload_names[k / 2][k % 2]))
+            k++;
+        if (k == 6)
+            return bg_error(BG_ERR_PARSE, "plan: $.offload \"%s\" (expected optimizer, optimizer,params, "
+                            "activations, optimizer,activations or optimizer,params,activations)", off);
+        offload = k / 2, offact = k % 2;
     }
     json_t *jsp = json_object_get(root, "sequence_parallel");
     if (jsp && !json_is_boolean(jsp))
@@ -512,7 +518,7 @@ static bg_status_t parse_plan(json_t *root, bg_plan_t **plan_p)
     snprintf(p->schedule, sizeof(p->schedule), "%s", bg_schedule_kind_name(kind));
     p->optim = strcmp(opt, "sgd") ? BG_OPTIM_ADAMW : BG_OPTIM_SGD;
     p->zero = (int)zero;
-    p->offload = !off ? 0 : strcmp(off, "optimizer") ? 2 : 1;
+    p->offload = offload, p->offact = offact;
     p->sp = tp > 1 && json_is_true(jsp);
     p->precision = jpr && !strcmp(json_string_value(jpr), "bf16") ? BG_BF16 : BG_F32;
     p->paired = tp > 1 && jov;

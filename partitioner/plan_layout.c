@@ -32,6 +32,7 @@ typedef struct candidate {
     int pp, dp, m, n;             /* pipeline depth, replicas, microbatches, microbatch size */
     int zero;                     /* sharding stage (0 when dp = 1) */
     int offload;                  /* 1: the optimizer state is not on the device (--offload optimizer) */
+    int offact;                   /* 1: stashed activations in host memory between their points (--offload activations) */
     int paired;                   /* BRIGADE_TP_OVERLAP=microbatch pairs its instructions (bg_plan_paired_for) */
     size_t guard;                 /* the stages' guard bytes after each buffer (bg_layer_profile_t.guard_bytes) */
     bg_schedule_kind_t kind;
@@ -164,11 +165,17 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     return BG_OK;
 }
 
-/* Phase 1b: the slot counts each rank's program keeps (bg_part_schedule_counts). */
+/* Phase 1b: the slot counts each rank's program keeps (bg_part_schedule_counts; with activation offload
+ * the stashes off the device too, at the executor's BRIGADE_OFFLOAD_ACT_AHEAD). */
 static bg_status_t candidate_counts(candidate_t *c)
 {
+    long long ahead = 0;
+    if (c->offact && (bg_config_int("BRIGADE_OFFLOAD_ACT_AHEAD", &ahead) != BG_OK || ahead < 0 || ahead > 1000))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_OFFLOAD_ACT_AHEAD=%s: expected 0 to 1000",
+                        bg_config_str("BRIGADE_OFFLOAD_ACT_AHEAD"));
     for (int r = 0; r < c->pp; r++)
-        BG_CHECK(bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
+        BG_CHECK(c->offact ? bg_part_schedule_counts_offact(c->sched, r, (int)ahead, &c->rows[r], &c->nrows[r])
+                           : bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
     return BG_OK;
 }
 
@@ -518,19 +525,26 @@ static double keep_limit(const search_t *s)
 
 /* Seconds virtual stage v of an offloaded candidate spends on the host link (docs/offload.md "The
  * planner"), as a device backend's offload moves the bytes: *step_s_p at its optimizer step, *gather_s_p
- * at each gather of its layers' parameters (forward, backward, recomputation). Per element its replica
+ * at each gather of its layers' parameters (forward, backward, recomputation), *act_s_p each way of one
+ * microbatch's stashed activations (--offload activations: out after its forward, back before its
+ * backward; not on a chain's last stage nor a recomputing one, which keep none off the device). Per element its replica
  * updates (the stage's parameters, their shard under --zero 1..3): --offload optimizer 12 bytes, the
  * gradient and the parameter down and the parameter back (runtime/offload.c's host step, one copy
  * stream); optimizer,params 4, the gradient shard down (the shard lives on the host), and every gather
  * copies the shard in (4 bytes each, runtime/zero_params.c). None is assumed hidden. Both 0 without
  * offload or with a free link (the CPU backend steps the state where it lives, and its gathers copy the
  * shard from the store as they copy it from the backend without offload). */
-static void offload_seconds(const search_t *s, const candidate_t *c, int v, double *step_s_p, double *gather_s_p)
+static void offload_seconds(const search_t *s, const candidate_t *c, int v, double *step_s_p, double *gather_s_p,
+                            double *act_s_p)
 {
     double hb = s->pp->host_bandwidth, g = (double)c->dp * s->cp;
     double n = (double)range_params(c, c->out[v].first, c->out[v].last) / (c->zero && g > 1 ? g : 1);
-    *step_s_p = *gather_s_p = 0;
-    if (!c->offload || !(hb > 0))
+    *step_s_p = *gather_s_p = *act_s_p = 0;
+    if (!(hb > 0))
+        return;
+    if (c->offact && !c->out[v].recompute && v % c->Lm != c->Lm - 1)
+        *act_s_p = (double)c->out[v].layer_act_bytes / hb;
+    if (!c->offload)
         return;
     *step_s_p = (c->offload >= 2 ? 4.0 : 12.0) * n / hb;
     *gather_s_p = c->offload >= 2 ? 4.0 * n / hb : 0.0;
@@ -569,10 +583,10 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
         }
         if (!measured_bw) /* no measurement of the split: half and half */
             b = w = bw / 2;
-        double spd = c->specs[v].speed, xs, xg;
-        offload_seconds(s, c, v, &xs, &xg); /* the link's, not the device's: not scaled by its speed */
-        fc[v] = 1e3 * (f / spd + xg);
-        bc[v] = 1e3 * ((b + (out[v].recompute ? f : 0)) / spd + (out[v].recompute ? 2 : 1) * xg);
+        double spd = c->specs[v].speed, xs, xg, xa;
+        offload_seconds(s, c, v, &xs, &xg, &xa); /* the link's, not the device's: not scaled by its speed */
+        fc[v] = 1e3 * (f / spd + xg + xa);
+        bc[v] = 1e3 * ((b + (out[v].recompute ? f : 0)) / spd + (out[v].recompute ? 2 : 1) * xg + xa);
         wc[v] = 1e3 * w / spd;
         if (xs > maxxfer)
             maxxfer = xs;
@@ -613,12 +627,12 @@ static bg_status_t simulate(const search_t *s, const candidate_t *c, double limi
                                                     : 0.0));
     simp.optimizer_cost = c->opt_measured ? 1e3 * maxopt : 1e3 * 10.0 * (double)maxparams / (pa->flops * minspeed);
     simp.optimizer_cost += 1e3 * maxxfer;
-    for (int r = 0; r < c->pp && (maxxfer > 0); r++) { /* what the rank charged most pays: the steps, gathers */
-        double t = c->V * 1e3 * maxxfer, xs, xg;
+    for (int r = 0; r < c->pp && (c->offload || c->offact); r++) { /* what the rank charged most pays */
+        double t = c->V * 1e3 * maxxfer, xs, xg, xa; /* the steps, gathers, stashes out and back */
         for (int v = 0; v < S; v++)
             if (bg_schedule_stage_rank(c->sched, v) == r) {
-                offload_seconds(s, c, v, &xs, &xg);
-                t += 1e3 * c->m * (out[v].recompute ? 3 : 2) * xg;
+                offload_seconds(s, c, v, &xs, &xg, &xa);
+                t += 1e3 * c->m * ((out[v].recompute ? 3 : 2) * xg + 2 * xa);
             }
         if (t > *offload_ms_p)
             *offload_ms_p = t;
@@ -708,6 +722,7 @@ static bg_status_t plan_record(const search_t *s, const bg_layer_profile_t *prof
     p->link_bandwidth = pa->link_bandwidth;
     p->host_bandwidth = pa->host_bandwidth;
     p->offload_ms = offload_ms;
+    p->offact = c->offact;
     memcpy(p->layers, prof, (size_t)s->L * sizeof(*prof));
     p->times = s->times ? TIMES_MEASURED_TP : pa->layer_fwd_s ? TIMES_MEASURED : TIMES_FLOPS;
     for (int i = 0; i < s->L; i++) {
@@ -799,10 +814,11 @@ static bg_status_t skip_before_schedule(const search_t *s, const candidate_t *c,
  * the best shortfall. *fits_p says whether it fit (0 for a layout skipped
  * before its schedule was made: not known). */
 static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
-                                 bg_schedule_kind_t kind, int zero, int offload, int *fits_p, bg_plan_t **plan_p,
-                                 bg_schedule_t **sched_p)
+                                 bg_schedule_kind_t kind, int zero, int offload, int offact, int *fits_p,
+                                 bg_plan_t **plan_p, bg_schedule_t **sched_p)
 {
-    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp * s->cp > 1 ? zero : 0, .kind = kind};
+    candidate_t c = {.pp = pp, .dp = dp, .m = m, .n = n, .zero = dp * s->cp > 1 ? zero : 0, .kind = kind,
+                     .offact = offact};
     c.offload = offload >= 2 && c.zero != 3 ? 1 : offload; /* the parameter shard exists at stage 3 only */
     bg_sim_result_t *res = NULL;
     bg_plan_t *p = NULL;
@@ -821,7 +837,7 @@ static bg_status_t evaluate_zero(search_t *s, const bg_layer_profile_t *prof, in
     sp.stages = pp;
     sp.microbatches = m;
     sp.chunks = s->pp->chunks;
-    c.paired = bg_plan_paired_for(s->tp, c.zero, c.dp);
+    c.paired = !offact && bg_plan_paired_for(s->tp, c.zero, c.dp); /* activation offload runs unpaired */
     BG_CHECK_GOTO(candidate_devices(s, &c), st, out);
     BG_CHECK_GOTO(candidate_layers(s, prof, &c), st, out);
     double limit = keep_limit(s);
@@ -867,7 +883,11 @@ out:
  * (its reductions only grow) except from 0 to 1 with offload, whose
  * transfers shrink to the shard. So the stages are tried from the lowest up
  * until one fits with the least offload allowed, without offload or at a
- * stage >= 1. The fastest fitting one joins the list. */
+ * stage >= 1. Activation offload (BG_PLAN_OFFLOAD_AUTO in
+ * offload_activations) is tried at each offload where it does not fit
+ * without it, and a fit that needs it goes on to the next offload (its
+ * stashes' transfers may cost more than the optimizer state's). The fastest
+ * fitting one joins the list. */
 bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int pp, int dp, int m, int n,
                               bg_schedule_kind_t kind, int *fits_p)
 {
@@ -875,26 +895,30 @@ bg_status_t bg__plan_evaluate(search_t *s, const bg_layer_profile_t *prof, int p
     int g = dp * s->cp; /* the sharding group */
     int z0 = zauto ? 0 : s->pp->zero, z1 = zauto ? (g > 1 ? 3 : 0) : s->pp->zero;
     int o0 = oauto ? 0 : s->pp->offload, any = 0, done = 0;
+    int aask = s->pp->size >= offsetof(bg_plan_params_t, offload_activations) + sizeof(int) ? s->pp->offload_activations : 0;
+    int a0 = aask == BG_PLAN_OFFLOAD_AUTO ? 0 : aask, a1 = aask == BG_PLAN_OFFLOAD_AUTO ? 1 : aask;
     bg_plan_t *best = NULL;
     bg_schedule_t *best_sched = NULL;
     bg_status_t st = BG_OK;
     for (int z = z0; z <= z1 && !done && st == BG_OK; z++) {
-        int fits = 0;
-        for (int o = o0; o <= (oauto ? (z == 3 && g > 1 ? 2 : 1) : s->pp->offload) && !fits && st == BG_OK; o++) {
-            bg_plan_t *p;
-            bg_schedule_t *sched;
-            st = evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, &fits, &p, &sched);
-            if (p && (!best || p->step_ms < best->step_ms)) { /* a tie keeps the lower stage */
-                bg_plan_free(best);
-                bg_schedule_free(best_sched);
-                best = p, best_sched = sched;
-            } else {
-                bg_plan_free(p);
-                bg_schedule_free(sched);
+        int plain = 0; /* a fit at this stage without more activation offload than asked */
+        for (int o = o0; o <= (oauto ? (z == 3 && g > 1 ? 2 : 1) : s->pp->offload) && !plain && st == BG_OK; o++)
+            for (int a = a0, fits = 0; a <= a1 && !fits && st == BG_OK; a++) {
+                bg_plan_t *p;
+                bg_schedule_t *sched;
+                st = evaluate_zero(s, prof, pp, dp, m, n, kind, z, o, a, &fits, &p, &sched);
+                if (p && (!best || p->step_ms < best->step_ms)) { /* a tie keeps the lower stage */
+                    bg_plan_free(best);
+                    bg_schedule_free(best_sched);
+                    best = p, best_sched = sched;
+                } else {
+                    bg_plan_free(p);
+                    bg_schedule_free(sched);
+                }
+                any |= fits;
+                plain = fits && a == a0;
+                done = plain && o == o0 && (o == 0 || z >= 1 || g < 2);
             }
-            done = fits && o == o0 && (o == 0 || z >= 1 || g < 2);
-        }
-        any |= fits;
     }
     if (fits_p)
         *fits_p = any;

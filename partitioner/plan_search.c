@@ -74,6 +74,9 @@ static bg_status_t check_params(const bg_plan_params_t *p)
         return bg_error(BG_ERR_INVALID, "zero = %d: the sharding stage must be 0, 1, 2, 3 or auto", p->zero);
     if (p->offload != BG_PLAN_OFFLOAD_AUTO && (p->offload < 0 || p->offload > 2))
         return bg_error(BG_ERR_INVALID, "offload = %d: must be 0, 1, 2 or auto", p->offload);
+    int offact = p->size >= offsetof(bg_plan_params_t, offload_activations) + sizeof(int) ? p->offload_activations : 0;
+    if (offact != BG_PLAN_OFFLOAD_AUTO && offact != 0 && offact != 1)
+        return bg_error(BG_ERR_INVALID, "offload_activations = %d: must be 0, 1 or auto", offact);
     if (p->offload == 2 && p->zero != 3 && p->zero != BG_PLAN_ZERO_AUTO)
         return bg_error(BG_ERR_INVALID, "offload params needs zero 3 (or auto): the parameter shard is zero 3's "
                                         "(got zero %d)", p->zero);

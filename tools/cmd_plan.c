@@ -63,11 +63,14 @@ static void usage(FILE *f)
             "  --zero 0|1|2|3|auto  count optimizer state (1), gradients (2) and parameters (3) sharded 1/dp\n"
             "                     (brigade train --zero); auto: per layout the fastest stage that fits (the\n"
             "                     lowest, except with offload, whose transfers shrink to the shard) (default 0)\n"
-            "  --offload none|optimizer|optimizer,params|auto  count the optimizer state (its shard under\n"
-            "                     --zero) outside the device budgets (brigade train --offload optimizer: host\n"
-            "                     memory or files); optimizer,params: at --zero 3 the parameter shard too;\n"
-            "                     auto: per layout, the fastest choice that fits, the transfers counted\n"
-            "                     (--host-bw) (default none)\n"
+            "  --offload WHAT     none, or brigade train's --offload value: optimizer counts the optimizer\n"
+            "                     state (its shard under --zero) outside the device budgets (host memory or\n"
+            "                     files); optimizer,params: at --zero 3 the parameter shard too;\n"
+            "                     activations (alone or after either): the stashed activations off the\n"
+            "                     devices between a microbatch's forward and backward (the replay's points,\n"
+            "                     BRIGADE_OFFLOAD_ACT_AHEAD), each moved out and back over --host-bw; auto:\n"
+            "                     per layout, the fastest choice that fits, the transfers counted, activations\n"
+            "                     only where nothing fits without them (default none)\n"
             "  --recompute        allow activation recomputation where needed to fit\n"
             "output:\n"
             "  --top N            layouts to list (default 5)\n"
@@ -181,14 +184,14 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
     printf(", %d microbatches of %d", bg_plan_microbatches(p), bg_plan_microbatch_size(p));
     if (bg_plan_zero(p))
         printf(", --zero %d", bg_plan_zero(p));
-    if (bg_plan_offload(p))
-        printf(", --offload %s", bg_plan_offload(p) >= 2 ? "optimizer,params" : "optimizer");
+    if (*bg_plan_offload_name(p))
+        printf(", --offload %s", bg_plan_offload_name(p));
     printf("\n");
     printf("predicted%s: step %.3f ms, bubble %.1f %%, %.0f tokens/s%s\n", calibrated ? "" : " (UNCALIBRATED)",
            bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
            bg_plan_recompute(p) ? "; recomputes activations on the stages marked (not yet run by the executor)"
                                 : "");
-    if (bg_plan_offload(p))
+    if (*bg_plan_offload_name(p))
         printf("  of the step, %.3f ms are the offload's transfers over the host link (none assumed hidden)\n",
                bg_plan_offload_ms(p));
     if (!calibrated)
@@ -240,8 +243,8 @@ static void print_plan(const bg_plan_t *p, int calibrated, bg_optim_kind_t optim
         printf(" --chunks %d", bg_plan_chunks(p));
     if (bg_plan_zero(p))
         printf(" --zero %d", bg_plan_zero(p));
-    if (bg_plan_offload(p))
-        printf(" --offload %s", bg_plan_offload(p) >= 2 ? "optimizer,params" : "optimizer");
+    if (*bg_plan_offload_name(p))
+        printf(" --offload %s", bg_plan_offload_name(p));
     printf(" --batch %d --microbatches %d --split ", bg_plan_batch(p), bg_plan_microbatches(p));
     for (int i = 0; i < n && i < 4096; i++)
         printf("%s%d", i ? "," : "", split[i]);
@@ -263,10 +266,11 @@ static void print_top(const bg_plan_set_t *set)
             if (u > worst)
                 worst = u, wr = r;
         }
-        char with[64];
-        snprintf(with, sizeof with, "%s%.0d%s%s%.0d%s", bg_plan_cp(p) > 1 ? " cp " : "", bg_plan_cp(p) > 1 ? bg_plan_cp(p) : 0,
+        char with[112];
+        snprintf(with, sizeof with, "%s%.0d%s%s%.0d%s%s", bg_plan_cp(p) > 1 ? " cp " : "", bg_plan_cp(p) > 1 ? bg_plan_cp(p) : 0,
                  bg_plan_recompute(p) ? " recompute" : "",
-                 bg_plan_zero(p) ? " zero " : "", bg_plan_zero(p), bg_plan_offload(p) >= 2 ? " offload opt,params" : bg_plan_offload(p) ? " offload optimizer" : "");
+                 bg_plan_zero(p) ? " zero " : "", bg_plan_zero(p), *bg_plan_offload_name(p) ? " offload " : "",
+                 bg_plan_offload_name(p));
         printf("%3d %4d %4d %3d %-12s %5d %6d %12.3f %7.1f%% %14.0f  %s / %s (rank %d)%s\n", i + 1, bg_plan_pp(p),
                bg_plan_dp(p), bg_plan_tp(p), bg_plan_schedule(p), bg_plan_microbatches(p), bg_plan_microbatch_size(p),
                bg_plan_step_ms(p), 100.0 * bg_plan_bubble(p), bg_plan_tokens_per_s(p),
@@ -288,14 +292,14 @@ static uint64_t plan_peak(const bg_plan_t *p)
 
 /* The memory choices at the best plan's layout (its pp, dp, tp, microbatch
  * size and schedule): each sharding stage (dp > 1), offload (the list the
- * planner knows: none, optimizer, optimizer+params at stage 3) and
+ * planner knows: none, optimizer, optimizer+params at stage 3, each with
+ * and without the activations where pp > 1) and
  * recomputation (when allowed), searched again with that choice fixed: its
  * largest per-rank predicted peak, predicted step and whether it fits the
  * smallest budget given. A choice that does not fit is searched without a
  * budget for its peak; with recomputation allowed it fits or is left "-". */
 static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
 {
-    static const char *const offs[] = {"none", "optimizer", "optimizer,params"};
     uint64_t cap = pa->mem[0], none = UINT64_MAX / 4;
     for (int i = 1; i < pa->nmem; i++)
         if (pa->mem[i] < cap)
@@ -306,12 +310,14 @@ static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
         snprintf(hbs, sizeof hbs, "%.3g bytes/s", pa->host_bandwidth);
     printf("\nmemory choices at this layout (pp %d x dp %d x tp %d, %s; peak: the largest rank's predicted):\n",
            bg_plan_pp(best), bg_plan_dp(best), bg_plan_tp(best), sched);
-    printf("%5s %-17s %9s %14s %12s %12s  %s\n", "zero", "offload", "recompute", "peak bytes", "step ms",
+    printf("%5s %-28s %9s %14s %12s %12s  %s\n", "zero", "offload", "recompute", "peak bytes", "step ms",
            "offload ms", "fits");
-    int zmax = bg_plan_dp(best) > 1 ? 3 : 0;
+    int zmax = bg_plan_dp(best) > 1 ? 3 : 0, na = bg_plan_pp(best) > 1 ? 2 : 1; /* pp 1 moves no stash */
     for (int z = 0; z <= zmax; z++)
-        for (int o = 0; o <= (z == 3 ? 2 : 1); o++)
+        for (int oa = 0; oa < (z == 3 ? 3 : 2) * na; oa++) /* offload o = oa / na, activations oa % na */
             for (int r = 0; r <= (pa->allow_recompute ? 1 : 0); r++) {
+                int o = oa / na;
+                const char *name = oa ? bg_plan_offload_choice_name(o, oa % na) : "none";
                 bg_plan_params_t q = *pa;
                 q.pp = bg_plan_pp(best);
                 q.tp = bg_plan_tp(best);
@@ -320,6 +326,7 @@ static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
                 q.chunks = bg_plan_chunks(best);
                 q.zero = z;
                 q.offload = o;
+                q.offload_activations = oa % na;
                 q.top = 1;
                 q.allow_recompute = r;
                 q.mem = &none; /* unbounded: the choice's own peak, without recomputation */
@@ -347,11 +354,11 @@ static void print_choices(const bg_plan_params_t *pa, const bg_plan_t *best)
                     }
                 }
                 if (p)
-                    printf("%5d %-17s %9s %14llu %12.3f %12.3f  %s\n", z, offs[o], r ? "allowed" : "no",
+                    printf("%5d %-28s %9s %14llu %12.3f %12.3f  %s\n", z, name, r ? "allowed" : "no",
                            (unsigned long long)plan_peak(p), bg_plan_step_ms(p), bg_plan_offload_ms(p),
                            fits ? "yes" : "no");
                 else
-                    printf("%5d %-17s %9s %14s %12s %12s  no\n", z, offs[o], "allowed", "-", "-", "-");
+                    printf("%5d %-28s %9s %14s %12s %12s  no\n", z, name, "allowed", "-", "-", "-");
                 bg_plan_set_free(set);
             }
     printf("(budget: %llu bytes (%s) per device, the smallest given; offload ms: of the step, the transfers "
@@ -607,12 +614,14 @@ int bg_cmd_plan(int argc, char **argv)
         case O_RECOMP:
             pp.allow_recompute = 1;
             break;
-        case O_OFFLOAD: {
-            static const char *const offs[] = {"none", "optimizer", "auto", "optimizer,params", NULL};
+        case O_OFFLOAD: { /* the table's [offload][activations], then auto: both chosen */
+            static const char *const offs[] = {"none", "activations", "optimizer", "optimizer,activations",
+                                               "optimizer,params", "optimizer,params,activations", "auto", NULL};
             int k = bg_cli_choice(CMD, "--offload", optarg, offs);
             if (k < 0)
                 return 2;
-            pp.offload = k == 2 ? BG_PLAN_OFFLOAD_AUTO : k == 3 ? 2 : k;
+            pp.offload = k == 6 ? BG_PLAN_OFFLOAD_AUTO : k / 2;
+            pp.offload_activations = k == 6 ? BG_PLAN_OFFLOAD_AUTO : k % 2;
             break;
         }
         case O_ZERO: {

@@ -756,6 +756,8 @@ int bg_cmd_train(int argc, char **argv)
         c.zero = bg_plan_zero(plan); /* and its sharding */
         if (bg_plan_offload(plan)) /* its budgets left the optimizer state out (2: and the parameter shard) */
             c.offload |= BG_OFFLOAD_OPTIMIZER | (bg_plan_offload(plan) >= 2 ? BG_OFFLOAD_PARAMS : 0);
+        if (bg_plan_offload_activations(plan)) /* its peaks counted the stashes off the devices */
+            c.offload |= BG_OFFLOAD_ACTIVATIONS;
         c.chunks = bg_plan_chunks(plan);
         c.nsplit = bg_plan_split(plan, split, 4096);
         c.split = split;

@@ -330,6 +330,13 @@ typedef struct bg_plan_params {
                                       updates (gradient and parameter down, parameter up), optimizer,params 4
                                       (the gradient shard down) plus 4 per shard parameter at every gather.
                                       0 is the CPU backend's figure (the store is the device's own memory) */
+    int offload_activations;     /**< activation offload (brigade train --offload activations, docs/offload.md):
+                                      0 no; 1 each stage but a chain's last keeps its stashed activations in
+                                      host memory between their points (bg_part_schedule_counts_offact at
+                                      BRIGADE_OFFLOAD_ACT_AHEAD), each moved out and back over
+                                      host_bandwidth, none of it hidden (the copies block); the layout runs
+                                      unpaired; BG_PLAN_OFFLOAD_AUTO: per layout only where nothing fits
+                                      without it */
 } bg_plan_params_t;
 #define BG_PLAN_ZERO_AUTO (-1) /**< bg_plan_params_t.zero: choose */
 #define BG_PLAN_TP_ALL (-1) /**< bg_plan_params_t.tp: search every tensor-parallel degree */
@@ -344,7 +351,7 @@ typedef struct bg_plan_params {
       .optim = BG_OPTIM_ADAMW, .allow_recompute = 0, .flops = 1e12, .link_latency = 5e-6, .link_bandwidth = 10e9,  \
       .layer_fwd_s = NULL, .layer_bwd_s = NULL, .top = 5, .layer_b_s = NULL, .layer_w_s = NULL, .zero = 0,        \
       .tp = 0, .tp_times = NULL, .ntp_times = 0, .layer_opt_s = NULL, .offload = 0, .cp = 0,                     \
-      .host_bandwidth = 25e9 }
+      .host_bandwidth = 25e9, .offload_activations = 0 }
 
 /** A plan's stage (virtual stage for interleaved/zbv). */
 typedef struct bg_plan_stage {
@@ -407,6 +414,14 @@ int bg_plan_offload(const bg_plan_t *plan); /**< 1: the plan counted the optimiz
 /** Of bg_plan_step_ms, the offload transfers over the host link (bg_plan_params_t.host_bandwidth) on the
  *  pipeline rank they cost most, milliseconds per step; 0 without offload or with a free host link */
 double bg_plan_offload_ms(const bg_plan_t *plan);
+/** 1: the plan keeps the stashed activations in host memory (--offload activations), counted off the
+ *  devices as the executor moves them */
+int bg_plan_offload_activations(const bg_plan_t *plan);
+/** What the plan offloads as brigade train's --offload value ("optimizer", "optimizer,params",
+ *  "activations", "optimizer,activations", "optimizer,params,activations"), "" for nothing */
+const char *bg_plan_offload_name(const bg_plan_t *plan);
+/** The same name for bg_plan_params_t's choice: @p offload 0..2 (else ""), @p activations 0 or 1 */
+const char *bg_plan_offload_choice_name(int offload, int activations);
 /** 1: the plan's tp > 1 model is built with sequence parallelism (bg_model_config_t.sequence_parallel,
  *  its builder's; the plan JSON's "sequence_parallel"), so its activations are counted split */
 int bg_plan_sequence_parallel(const bg_plan_t *plan);

@@ -3,9 +3,11 @@
 # stage, offload and recomputation together (--zero auto --offload auto
 # --recompute) and its table of the memory choices at the chosen layout.
 # - 4 devices of 12 MiB, pp 2 x dp 2: only --zero 3 with the optimizer state
-#   and parameter shard offloaded and recomputation fits (every other row of
-#   the table says no); the plan records the choice and trains under
-#   --device-mem 12M on 4 ranks, each rank's peak = its prediction.
+#   and parameter shard offloaded fits, with recomputation or with the
+#   activations offloaded too (every other row of the table says no); the
+#   plan takes recomputation (no transfers, the faster), records the choice
+#   and trains under --device-mem 12M on 4 ranks, each rank's peak = its
+#   prediction.
 # - With room (14 MiB) several choices fit: the chosen plan's predicted step
 #   is the fastest of the table's fitting rows (the planner's own model,
 #   enumerated by the table).
@@ -20,9 +22,10 @@ grep -q '"zero": 3' "$T/p.json" && grep -q '"offload": "optimizer,params"' "$T/p
   ok "12 MiB: the plan is --zero 3 --offload optimizer,params with recomputation" || bad "12 MiB plan: $(grep -E '"(zero|offload|recompute)"' "$T/p.json" | tr -d '\n')"
 # the table's rows: zero offload recompute peak step fits
 awk '/^memory choices/ { t = 1; next } t && /^ +[0-3] / { print }' "$T/p.o" >"$T/rows"
-[ "$(wc -l <"$T/rows")" = 18 ] && [ "$(grep -c ' yes$' "$T/rows")" = 1 ] &&
-  [ "$(grep ' yes$' "$T/rows" | awk '{print $1, $2, $3}')" = "3 optimizer,params allowed" ] &&
-  ok "12 MiB: of 18 choices only zero 3 optimizer,params with recomputation fits" || bad "12 MiB table: $(cat "$T/rows" | tr '\n' ';')"
+[ "$(wc -l <"$T/rows")" = 36 ] && [ "$(grep ' yes$' "$T/rows" | awk '{print $1, $2, $3}' | tr '\n' ';')" = \
+  "3 optimizer,params allowed;3 optimizer,params,activations no;3 optimizer,params,activations allowed;" ] &&
+  ok "12 MiB: of 36 choices only zero 3 optimizer,params with recomputation or the activations offloaded fits" ||
+  bad "12 MiB table: $(cat "$T/rows" | tr '\n' ';')"
 awk -v cap=12582912 '$NF == "yes" && $4 > cap { exit 1 } $NF == "no" && $4 != "-" && $4 <= cap { exit 1 }' "$T/rows" &&
   ok "12 MiB: every row's verdict agrees with its peak against the budget" || bad "verdicts: $(cat "$T/rows" | tr '\n' ';')"
 if timeout 200 "$B" launch -n 4 -- "$B" train --plan "$T/p.json" --steps 2 --threads 1 --device-mem 12M >"$T/t.log" 2>&1; then
