@@ -95,7 +95,10 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
                                  float *full)
 {
     if (!bg_param_is_shard(p)) {
-        be->ops->to_host(be, full, src, p->numel * sizeof(float));
+        if (be)
+            be->ops->to_host(be, full, src, p->numel * sizeof(float));
+        else
+            memcpy(full, src, p->numel * sizeof(float));
         return BG_OK;
     }
     if (!tp || tp->size != p->split_parts)
@@ -107,7 +110,10 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
     if (!mine || !all) {
         st = bg_error(BG_ERR_NOMEM, "gathering tensor %s", p->name);
     } else {
-        be->ops->to_host(be, mine, src, n * sizeof(float));
+        if (be)
+            be->ops->to_host(be, mine, src, n * sizeof(float));
+        else
+            memcpy(mine, src, n * sizeof(float));
         st = tp->allgather(tp->arg, mine, all, n);
         if (st == BG_OK)
             bg_param_full_from_shards(p, all, full);
