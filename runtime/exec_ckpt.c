@@ -295,6 +295,10 @@ static bg_status_t write_weights(exec_t *x, const char *dir)
             st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
     }
     free(meta);
+    if (st == BG_OK) { /* a device fault in the copies out (the gathers of tensor-parallel shards): not the weights */
+        x->be->ops->synchronize(x->be);
+        st = bg_backend_status(x->be);
+    }
     return st;
 }
 
