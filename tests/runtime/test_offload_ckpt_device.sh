@@ -18,8 +18,8 @@
 export BRIGADE_TIMEOUT=60 BRIGADE_DEVICE_CHECK=on
 GPT="--backend cpu-async --model gpt --layers 3 --d-model 32 --heads 2 --seq 16 --batch 8 --microbatches 4 --threads 1 --lr 3e-3 --weight-decay 0.1"
 
-# resume_case TAG N ARGS_SAVE -- ARGS_RESUME: saved at 3 with ARGS_SAVE, resumed to 6 with ARGS_RESUME,
-# against $T/full_TAG (6 steps of ARGS_RESUME's layout, never stopped)
+# resume_case TAG N REF SAVE_ARGS RESUME_ARGS WHAT: 3 steps with SAVE_ARGS checkpointed, resumed from that
+# step-3 checkpoint to step 6 with RESUME_ARGS, the weights bitwise $T/REF (6 steps that never stopped)
 resume_case() {
   local tag=$1 n=$2 ref=$3 save=$4 res=$5 what=$6
   train_save "s_$tag" "$n" $GPT --steps 3 $save --checkpoint-dir "$T/c_$tag" || return
