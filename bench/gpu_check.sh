@@ -46,6 +46,10 @@
 #   9. the NCCL provider (BRIGADE_COLL=nccl): tp = 2 and --zero 2 within
 #      relative L2 1e-5 of one process where the machine has two GPUs or more
 #      (NCCL refuses two ranks on one GPU: skipped, saying so, on one)
+#  10. a checkpoint of host-held optimizer state (docs/offload.md,
+#      "Checkpoints"): dp = 2 --zero 2 --offload optimizer saved at step 5
+#      and resumed to step 10, against step 8's run that never stopped
+#      (offzero2) within relative L2 1e-5
 # A check whose log holds a CUDA error the backend reported fails, whatever
 # its exit status.
 # Prints a table; also writes it to $OUT/gpu_check.md when OUT is set (the
@@ -231,6 +235,25 @@ for c in "one 1 - auto " "pp2tie 2 bitwise auto --pp 2 --schedule 1f1b --tie-emb
         fails=$((fails + 1))
     fi
 done
+
+# 10. a checkpoint of the host-held state, saved at step 5 and resumed to 10 (the same layout as offzero2)
+half=(--layers 4 --d-model 64 --heads 4 --seq 32 --batch 8 --microbatches 4 --steps 5 --threads 1 --quiet)
+rm -rf "$BUILD/ckoff"
+if BRIGADE_TIMEOUT=60 timeout 120 "$B" launch -n 2 -- "$B" train --backend cuda "${half[@]}" --dp 2 --zero 2 \
+        --offload optimizer --checkpoint-dir "$BUILD/ckoff" >"$BUILD/ckoff_save.log" 2>&1 &&
+    ! cuda_err "$BUILD/ckoff_save.log" &&
+    BRIGADE_TIMEOUT=60 timeout 120 "$B" launch -n 2 -- "$B" train --backend cuda "${small[@]}" --dp 2 --zero 2 \
+        --offload optimizer --checkpoint-dir "$BUILD/ckoff" --resume --save "$BUILD/staged_ckoff" >"$BUILD/ckoff.log" 2>&1 &&
+    ! cuda_err "$BUILD/ckoff.log" && grep -q "resuming from .*step-00000005" "$BUILD/ckoff.log"; then
+    v=$("$B" compare "$BUILD/staged_offzero2" "$BUILD/staged_ckoff" --rel-l2 1e-5)
+    rc=$?
+    say "| checkpoint of --offload optimizer (dp 2 --zero 2) saved at 5, resumed to 10, vs never stopped (l2:1e-5) | $([ $rc = 0 ] && echo ok || echo FAIL): $v |"
+    [ $rc = 0 ] || fails=$((fails + 1))
+else
+    tail -5 "$BUILD/ckoff_save.log" "$BUILD/ckoff.log"
+    say "| checkpoint of --offload optimizer (dp 2 --zero 2) | FAIL ($BUILD/ckoff_save.log, $BUILD/ckoff.log) |"
+    fails=$((fails + 1))
+fi
 
 [ "$ngpu" -ge 2 ] || say "| NCCL provider (BRIGADE_COLL=nccl) | skipped: $ngpu GPU (NCCL needs one per rank); $("$B" info | grep -m1 '^  nccl' | sed 's/^ *//') |"
 

@@ -6,6 +6,7 @@
 #include "kernels/backend_impl.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +237,20 @@ void bg_backend_free(bg_backend_t *be, void *ptr)
     }
     pthread_mutex_unlock(&be->track->lock);
     bg_log(BG_LOG_ERROR, "kernels", "free of a pointer %p not allocated by backend %s", ptr, be->ops->name);
+}
+
+int bg__backend_owns(bg_backend_t *be, const void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p;
+    int in = 0;
+    pthread_mutex_lock(&be->track->lock);
+    for (size_t i = 0; i < be->track->n && !in; i++) {
+        uintptr_t lo = (uintptr_t)be->track->recs[i].ptr;
+        size_t cap = be->track->recs[i].bytes;
+        in = a >= lo && a - lo <= cap && bytes <= cap - (a - lo);
+    }
+    pthread_mutex_unlock(&be->track->lock);
+    return in;
 }
 
 bg_memstats_t bg_backend_memstats(const bg_backend_t *be) { return be->mem; }

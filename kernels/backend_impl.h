@@ -76,6 +76,9 @@ typedef struct bg_backend_entry {
  * bg_backend_create checks every table its backend's init sets. */
 bg_status_t bg__backend_check_ops(const bg_backend_ops_t *ops);
 
+/* 1 when [p, p + bytes) lies inside one live allocation of be (bg_backend_alloc's records). */
+int bg__backend_owns(bg_backend_t *be, const void *p, size_t bytes);
+
 bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *params);
 bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params_t *params);
 #ifdef BG_HAVE_CUDA

@@ -312,6 +312,8 @@ bg_status_t bg_model_set_optim_store(bg_model_t *m, const bg_optim_store_t *stor
     return BG_OK;
 }
 
+int bg_model_optim_on_host(const bg_model_t *m) { return m->store.alloc != NULL; }
+
 bg_status_t bg_model_optim_alloc(bg_model_t *m, size_t n, const char *what, float **ptr_p)
 {
     if (m->store.alloc) {

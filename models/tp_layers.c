@@ -95,7 +95,10 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
                                  float *full)
 {
     if (!bg_param_is_shard(p)) {
-        be->ops->to_host(be, full, src, p->numel * sizeof(float));
+        if (be)
+            be->ops->to_host(be, full, src, p->numel * sizeof(float));
+        else
+            memcpy(full, src, p->numel * sizeof(float));
         return BG_OK;
     }
     if (!tp || tp->size != p->split_parts)
@@ -107,7 +110,10 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
     if (!mine || !all) {
         st = bg_error(BG_ERR_NOMEM, "gathering tensor %s", p->name);
     } else {
-        be->ops->to_host(be, mine, src, n * sizeof(float));
+        if (be)
+            be->ops->to_host(be, mine, src, n * sizeof(float));
+        else
+            memcpy(mine, src, n * sizeof(float));
         st = tp->allgather(tp->arg, mine, all, n);
         if (st == BG_OK)
             bg_param_full_from_shards(p, all, full);
@@ -566,11 +572,16 @@ static bg_status_t vhead_out_shape(const bg_layer_t *l, bg_shape_t in, bg_shape_
     return bg__head_out_shape(l, vhead_full(l->impl, in), out_p);
 }
 static size_t vhead_probs(const bg_layer_t *l, bg_shape_t in) { return bg__head_probs_bytes(l, vhead_full(l->impl, in)); }
+/* The logits (N, V); once they are on the host, the loss's gather of 3 floats a position from each
+ * member, and this member's 3 floats a position before it (the group's collectives take the backend's
+ * buffers): the larger of the two. */
 static size_t vhead_scratch(const bg_layer_t *l, bg_shape_t in)
 {
     const vhead_t *p = l->impl;
     bg_shape_t f = vhead_full(p, in);
-    return (p->mode->seq ? 3 * bg__tp_bytes(f.n, f.t, f.c) : 0) + bg__head_probs_bytes(l, f);
+    size_t logits = bg__head_probs_bytes(l, f);
+    size_t gather = bg__align64((size_t)ROWS(f) * 3 * (size_t)(p->tp + 1) * sizeof(float));
+    return (p->mode->seq ? 3 * bg__tp_bytes(f.n, f.t, f.c) : 0) + (logits > gather ? logits : gather);
 }
 static double vhead_fwd_flops(const bg_layer_t *l, bg_shape_t in) { return bg__head_fwd_flops(l, vhead_full(l->impl, in)); }
 static double vhead_bwd_flops(const bg_layer_t *l, bg_shape_t in) { return bg__head_bwd_flops(l, vhead_full(l->impl, in)); }
@@ -626,10 +637,13 @@ static bg_status_t vhead_loss(bg_layer_t *l, const bg_layer_ctx_t *ctx, const bg
         mine[3 * n + 1] = (float)s;
         mine[3 * n + 2] = t >= 0 && t < V ? x[t] : 0.0f;
     }
-    if (g && tp > 1)
-        BG_CHECK_GOTO(g->allgather(g->arg, mine, all, (size_t)N * 3), st, out);
-    else
+    if (g && tp > 1) { /* through the scratch (the logits are on the host now): the group gathers backend buffers */
+        be->ops->from_host(be, logits, mine, (size_t)N * 3 * sizeof(float));
+        BG_CHECK_GOTO(g->allgather(g->arg, logits, logits + (size_t)N * 3, (size_t)N * 3), st, out);
+        be->ops->to_host(be, all, logits + (size_t)N * 3, (size_t)N * 3 * tp * sizeof(float));
+    } else {
         memcpy(all, mine, (size_t)N * 3 * sizeof(float));
+    }
     for (int n = 0; n < N; n++) {
         float mx = all[3 * n];
         for (int r = 1; r < tp; r++)

@@ -94,7 +94,9 @@ static bg_status_t apply_needs(need_t *nd, int n, int optim)
     for (int i = 0; i < n; i++) {
         bg_model_t *m = nd[i].m;
         float *dst = nd[i].which < 0 ? nd[i].dst : bg_model_optim_state(m, nd[i].which) + nd[i].off;
-        BG_CHECK(bg__st_copy_param(nd[i].src, nd[i].p, bg__st_part(m, nd[i].p), bg_model_backend(m), dst));
+        /* optimizer state a store holds (--offload optimizer) is host memory: written in place */
+        bg_backend_t *be = nd[i].which >= 0 && bg_model_optim_on_host(m) ? NULL : bg_model_backend(m);
+        BG_CHECK(bg__st_copy_param(nd[i].src, nd[i].p, bg__st_part(m, nd[i].p), be, dst));
     }
     return BG_OK;
 }

@@ -86,6 +86,16 @@ static void gathered_free(gathered_t *g)
     memset(g, 0, sizeof *g);
 }
 
+/* Whose copies read tensor kind s (0 the weights, 1/2 the optimizer state) of m: its backend's, or none
+ * (NULL: host memory, read in place) for optimizer state a store holds (--offload optimizer), unless
+ * BRIGADE_FAULT_CKPT_VIA_BACKEND=on (tests: the device checker must catch the backend's copy of it). */
+static bg_backend_t *state_backend(bg_model_t *m, int s)
+{
+    const char *fault = bg_config_str("BRIGADE_FAULT_CKPT_VIA_BACKEND");
+    int via_backend = fault && !strcmp(fault, "on");
+    return s > 0 && bg_model_optim_on_host(m) && !via_backend ? NULL : bg_model_backend(m);
+}
+
 static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathered_t *g)
 {
     const bg_model_desc_t *d = bg_model_desc(models[0]);
@@ -118,7 +128,7 @@ static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathere
                     st = bg_error(BG_ERR_NOMEM, "checkpoint: gathering %s", bg_model_tensor_name(m, t));
                 const float *src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off;
                 if (st == BG_OK)
-                    st = bg_param_gather_full(bg_model_desc_group_of(d, p), bg_model_backend(m), p, src, g->full[i]);
+                    st = bg_param_gather_full(bg_model_desc_group_of(d, p), state_backend(m, s), p, src, g->full[i]);
             }
         }
     }
@@ -155,7 +165,7 @@ static bg_status_t write_rank_file(const char *dir, int rank, int64_t step, bg_m
                          bg_model_tensor_name(m, i));
                 t[nt] = (bg__st_wtensor_t){.name = names[nt], .ndim = p->ndim, .shape = p->shape,
                                           .src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off,
-                                          .be = bg_model_backend(m)};
+                                          .be = state_backend(m, s)};
                 if (g->full && g->full[nt]) {
                     t[nt].shape = g->shape[nt];
                     t[nt].src = g->full[nt];

@@ -242,6 +242,12 @@ bg_status_t bg__dcoll_start(bg__dcoll_t *dc, bg__coll_kind_t ck, const float *se
     return bg__xcoll(dc->sg, dc->g, ck, send, recv, count, op, x_p);
 }
 
+bg_status_t bg__dcoll_start_host(bg__dcoll_t *dc, bg__coll_kind_t ck, const float *send, float *recv, size_t count,
+                                 bg_reduce_op_t op, bg__xfer_t **x_p)
+{
+    return bg__xcoll(&dc->none, dc->g, ck, send, recv, count, op, x_p); /* none: on = 0, nothing staged */
+}
+
 bg_status_t bg__dcoll_bcast(bg__dcoll_t *dc, float *buf, size_t count, int root)
 {
     if (dc->nc)

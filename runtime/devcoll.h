@@ -51,6 +51,10 @@ bg_group_t *bg__dcoll_group(const bg__dcoll_t *dc);
  * recv; buffers valid until the transfer is freed. */
 bg_status_t bg__dcoll_start(bg__dcoll_t *dc, bg__coll_kind_t ck, const float *send, float *recv, size_t count,
                             bg_reduce_op_t op, bg__xfer_t **x_p);
+/* The same collective on host buffers (the transport in place, whatever the group's provider): for
+ * what lives in host memory beside the backend's buffers (a checkpoint's host-held optimizer state). */
+bg_status_t bg__dcoll_start_host(bg__dcoll_t *dc, bg__coll_kind_t ck, const float *send, float *recv, size_t count,
+                                 bg_reduce_op_t op, bg__xfer_t **x_p);
 /* Broadcast of buf (count) from member root; blocking (the host waits). */
 bg_status_t bg__dcoll_bcast(bg__dcoll_t *dc, float *buf, size_t count, int root);
 

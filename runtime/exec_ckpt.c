@@ -60,6 +60,10 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);
     free(models);
+    if (st == BG_OK) { /* a device fault in the gathers or the copies out: the files are not the state */
+        x->be->ops->synchronize(x->be);
+        st = bg_backend_status(x->be);
+    }
     BG__EACH_STRATEGY(x, s) if (s->ops->state_end) s->ops->state_end(x, s->self, 0, st);
     return st;
 }
@@ -215,6 +219,10 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
 out:
     free(models);
     BG__EACH_STRATEGY(x, s) if (s->ops->state_end) s->ops->state_end(x, s->self, 1, st);
+    if (st == BG_OK) { /* a device fault in the copies in: the state is not the checkpoint's */
+        x->be->ops->synchronize(x->be);
+        st = bg_backend_status(x->be);
+    }
     if (st == BG_OK)
         *result_p = r;
     return st;
@@ -287,6 +295,10 @@ static bg_status_t write_weights(exec_t *x, const char *dir)
             st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
     }
     free(meta);
+    if (st == BG_OK) { /* a device fault in the copies out (the gathers of tensor-parallel shards): not the weights */
+        x->be->ops->synchronize(x->be);
+        st = bg_backend_status(x->be);
+    }
     return st;
 }
 

@@ -21,7 +21,10 @@
  * the host beside its state) keeps the shard in page-locked host memory (or
  * the files); each gather uploads the owned chunk on the copy stream
  * (runtime/zero_params.c) and the step updates it in place, only the
- * gradients copied down. With files, the state is read ahead
+ * gradients copied down. Checkpoints read and write the state where it lives
+ * (bg_model_optim_on_host: memcpy, ZeRO's gathers of it on the host, never
+ * the backend's copies or kernels; the parameter shard through materialize's
+ * uploads), so they need nothing here. With files, the state is read ahead
  * (madvise) when the last microbatch's backward of a chunk begins, so the
  * disk reads overlap that backward instead of stalling the update.
  *
@@ -132,18 +135,6 @@ static void offload_memory(exec_t *x, void *self, size_t *param_bytes, size_t *o
         *optim_elems = 0;
 }
 
-/* Checkpoints read and write the state through the backend's copies, which on a device backend take device
- * memory: with the state host-held there, refused before any strategy (ZeRO's gathers) touches it. */
-static bg_status_t offload_state_check(exec_t *x, void *self, int loading)
-{
-    offload_t *o = self;
-    if (o->ops.step && x->be->ops->device_buffers)
-        return bg_error(BG_ERR_UNSUPPORTED, "%s a checkpoint with --offload optimizer on backend %s: its optimizer "
-                        "state is host-held and the checkpoint's copies of it through the backend are not built; "
-                        "train without --offload to checkpoint", loading ? "loading" : "saving", x->be->ops->name);
-    return BG_OK;
-}
-
 /* After ZeRO's destroy (registered before this one): the models' state back, then the store. */
 static void offload_destroy(exec_t *x, void *self)
 {
@@ -174,6 +165,5 @@ const bg__strategy_ops_t bg__strategy_offload = {
     .step_begin = offload_step_begin,
     .before_compute = offload_before_compute,
     .memory = offload_memory,
-    .state_check = offload_state_check,
     .destroy = offload_destroy,
 };

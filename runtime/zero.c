@@ -104,13 +104,22 @@ static void owned_chunk(const bg__zero_t *z, int b, size_t *co_p, size_t *cl_p)
 }
 
 /* Start collective ck on bucket b's floats at buf over its group (none when this replica alone holds it). */
-static bg_status_t bucket_coll(const bg__zero_t *z, int b, bg__coll_kind_t ck, float *buf, bg__xfer_t **req_p)
+/* host: buf is host memory beside the backend's buffers (the transport's collective on it, never the device's). */
+static bg_status_t bucket_coll_on(const bg__zero_t *z, int b, bg__coll_kind_t ck, float *buf, int host,
+                                  bg__xfer_t **req_p)
 {
     const bg__dcoll_t *dc = z->buckets[b].dc;
     *req_p = NULL;
     if (!dc || bg_group_size(bg__dcoll_group(dc)) == 1 || !z->buckets[b].count)
         return BG_OK;
+    if (host)
+        return bg__dcoll_start_host(z->buckets[b].dc, ck, NULL, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
     return bg__dcoll_start(z->buckets[b].dc, ck, NULL, buf, z->buckets[b].count, BG_REDUCE_SUM, req_p);
+}
+
+static bg_status_t bucket_coll(const bg__zero_t *z, int b, bg__coll_kind_t ck, float *buf, bg__xfer_t **req_p)
+{
+    return bucket_coll_on(z, b, ck, buf, 0, req_p);
 }
 
 /* The owned range of every bucket cut at tensor boundaries (weight decay is per tensor). */
@@ -506,10 +515,11 @@ static bg_status_t start_gather(bg__zero_t *z, int b, float *flat)
     return bucket_coll(z, b, BG__COLL_ALLGATHER_CHUNKS, flat + z->buckets[b].off, &z->ag[b]);
 }
 
-static bg_status_t start_gathers(bg__zero_t *z, float *flat)
+/* host: flat is host memory (a store's optimizer state), gathered by the transport in place. */
+static bg_status_t start_gathers(bg__zero_t *z, float *flat, int host)
 {
     for (int b = 0; b < z->nbuckets; b++)
-        BG_CHECK(start_gather(z, b, flat));
+        BG_CHECK(bucket_coll_on(z, b, BG__COLL_ALLGATHER_CHUNKS, flat + z->buckets[b].off, host, &z->ag[b]));
     return BG_OK;
 }
 
@@ -565,17 +575,21 @@ bg_status_t bg__zero_whole(bg__zero_t *z)
     return bg__zparams_materialize(z->zp);
 }
 
-/* Copy between the shard's compact state and the model's flat state. */
+/* Copy between the shard's compact state and the model's flat state: the backend's copies, or memcpy where
+ * both are a store's host memory (--offload optimizer: the model allocates both from its store). */
 static void move_state(bg__zero_t *z, int to_model)
 {
+    int host = bg_model_optim_on_host(z->m);
     for (int which = 0; which < (z->kind == BG_OPTIM_ADAMW ? 2 : 1); which++) {
         float *full = bg_model_optim_state(z->m, which), *sh = which ? z->sv : z->sm;
         for (int k = 0; k < z->npieces; k++) {
             const piece_t *pc = &z->pieces[k];
-            if (to_model)
-                z->be->ops->copy(z->be, full + pc->off, sh + pc->soff, pc->len);
+            float *dst = to_model ? full + pc->off : sh + pc->soff;
+            const float *src = to_model ? sh + pc->soff : full + pc->off;
+            if (host)
+                memcpy(dst, src, pc->len * sizeof(float));
             else
-                z->be->ops->copy(z->be, sh + pc->soff, full + pc->off, pc->len);
+                z->be->ops->copy(z->be, dst, src, pc->len);
         }
     }
     z->be->ops->synchronize(z->be);
@@ -588,12 +602,15 @@ bg_status_t bg__zero_expand_state(bg__zero_t *z)
     return BG_OK;
 }
 
+/* The whole flat state from every replica's owned chunks, bucket by bucket: the backend's collectives, or
+ * the transport's on the host memory itself where a store holds the state (no device kernel, no staging). */
 bg_status_t bg__zero_gather_state(bg__zero_t *z)
 {
     BG_CHECK(bg__zero_whole(z)); /* level 3: the parameters too */
     BG_CHECK(bg__zero_expand_state(z));
+    int host = bg_model_optim_on_host(z->m);
     for (int which = 0; which < (z->kind == BG_OPTIM_ADAMW ? 2 : 1); which++) {
-        BG_CHECK(start_gathers(z, bg_model_optim_state(z->m, which)));
+        BG_CHECK(start_gathers(z, bg_model_optim_state(z->m, which), host));
         BG_CHECK(bg__zero_settle(z));
     }
     return BG_OK;

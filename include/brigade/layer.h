@@ -456,7 +456,8 @@ void bg_param_shard_from_full(const bg_param_t *p, int part, const float *full, 
 /** Host copy of the full tensor from every member's shard, concatenated in member order. */
 void bg_param_full_from_shards(const bg_param_t *p, const float *shards, float *full);
 /** Collective over @p tp: the full tensor (host, bg_param_full_shape elements) from every member's
- *  shard @p src (on @p be, p->numel floats: the weights or a slice of optimizer state shaped like them). */
+ *  shard @p src (on @p be, or host memory when @p be is NULL; p->numel floats: the weights or a slice of
+ *  optimizer state shaped like them). */
 bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const bg_param_t *p, const float *src,
                                  float *full);
 

@@ -345,6 +345,10 @@ typedef struct bg_optim_store {
  *  strategy allocates with bg_model_optim_alloc) in @p store (copied; NULL:
  *  the backend's memory again). Only while the model holds no optimizer state. */
 bg_status_t bg_model_set_optim_store(bg_model_t *m, const bg_optim_store_t *store);
+/** 1 when @p m's optimizer state is a store's (bg_model_set_optim_store): host memory or mapped files,
+ *  which the host reads and writes in place whatever the backend (a checkpoint copies it with memcpy,
+ *  never the backend's copies); 0 when it is the backend's memory. */
+int bg_model_optim_on_host(const bg_model_t *m);
 /** @p n zeroed floats of optimizer state from @p m's store (or its backend)
  *  into *ptr_p; freed by bg_model_optim_release. */
 bg_status_t bg_model_optim_alloc(bg_model_t *m, size_t n, const char *what, float **ptr_p);

@@ -10,8 +10,19 @@
  * writes the data, late. A send started before its device-to-host copy
  * completed sends NaN; a kernel that reads a received buffer before its
  * host-to-device copy completed reads NaN. Events are never freed before the
- * backend (destroy only returns them to the backend's list). Not for speed. */
+ * backend (destroy only returns them to the backend's list). Not for speed.
+ *
+ * BRIGADE_DEVICE_CHECK=on (testing only) makes it stand in for a device
+ * faithfully: it reports device_buffers (so every device-only path runs:
+ * staging, the host-held optimizer step) and the ops that take device
+ * pointers (the device side of the copies to and from the host, synchronous
+ * or not; copy, fill, scale, axpy, sum, sumsq, the optimizer kernels) refuse
+ * a pointer that is not inside one of this backend's live allocations, as a
+ * device would fault on a host address: the op is skipped, the first fault
+ * is logged and kept (the error slot: bg_backend_status fails the step,
+ * the save or the resume that follows), naming the op and the pointer. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,6 +59,7 @@ typedef struct streams {
     bg_event_t *events;
     unsigned long long seq;
     int stop;
+    char fault[400]; /* BRIGADE_DEVICE_CHECK: the first refused op ("": none) */
 } streams_t;
 
 static streams_t *S(bg_backend_t *be) { return bg__cpu_streams(be); }
@@ -72,7 +84,8 @@ static void *copy_worker(void *arg)
             struct timespec ts = {0, (long)(wait * 1e9)};
             nanosleep(&ts, NULL);
         }
-        memcpy(j->dst, j->src, j->bytes);
+        if (j->bytes)
+            memcpy(j->dst, j->src, j->bytes);
         pthread_mutex_lock(&s->lock);
         if (j->done && j->done->done < j->done_seq)
             j->done->done = j->done_seq;
@@ -156,12 +169,14 @@ static void copy_async(bg_backend_t *be, void *dst, const void *src, size_t byte
     if (!j) { /* cannot queue: copy now, after what it must follow */
         if (after)
             event_wait(be, after);
-        memcpy(dst, src, bytes);
+        if (bytes)
+            memcpy(dst, src, bytes);
         if (done)
             event_record(be, done);
         return;
     }
-    memset(dst, 0xff, bytes); /* undefined until done: NaN */
+    if (bytes)
+        memset(dst, 0xff, bytes); /* undefined until done: NaN */
     j->dst = dst;
     j->src = src;
     j->bytes = bytes;
@@ -194,9 +209,123 @@ static void from_host_async(bg_backend_t *be, void *dst, const void *src_host, s
     copy_async(be, dst, src_host, bytes, after, done);
 }
 
-static bg_backend_ops_t bg__cpu_async_ops;
+static bg_backend_ops_t bg__cpu_async_ops, bg__cpu_checked_ops;
 static pthread_once_t bg__cpu_async_once = PTHREAD_ONCE_INIT;
 static const bg_backend_ops_t *bg__cpu_ops_seen;
+
+/* ---- BRIGADE_DEVICE_CHECK ---- */
+
+/* 1 when ptr (bytes) is this backend's memory; else the op is refused: the first refusal kept and logged. */
+static int device_ptr(bg_backend_t *be, const char *op, const char *arg, const void *ptr, size_t bytes)
+{
+    if (bytes == 0 || bg__backend_owns(be, ptr, bytes))
+        return 1;
+    streams_t *s = S(be);
+    pthread_mutex_lock(&s->lock);
+    int first = !s->fault[0];
+    if (first)
+        snprintf(s->fault, sizeof s->fault, "BRIGADE_DEVICE_CHECK: %s refused: its %s %p (%zu bytes) is not in a live "
+                 "allocation of this backend (a host pointer where device memory is expected)", op, arg, ptr, bytes);
+    pthread_mutex_unlock(&s->lock);
+    if (first)
+        bg_log(BG_LOG_ERROR, "kernels", "cpu-async: BRIGADE_DEVICE_CHECK: %s refused: its %s %p (%zu bytes) is not in "
+               "a live allocation of this backend", op, arg, ptr, bytes);
+    return 0;
+}
+
+#define DEV(op, arg, p, bytes) device_ptr(be, op, arg, p, bytes)
+#define F(n) ((n) * sizeof(float))
+
+static bg_status_t checked_error(bg_backend_t *be, char *msg, size_t len)
+{
+    streams_t *s = S(be);
+    pthread_mutex_lock(&s->lock);
+    bg_status_t st = s->fault[0] ? BG_ERR_DEVICE : BG_OK;
+    snprintf(msg, len, "%s", s->fault);
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+static void checked_to_host(bg_backend_t *be, void *dst_host, const void *src, size_t bytes)
+{
+    if (DEV("to_host", "source", src, bytes))
+        bg__cpu_async_ops.to_host(be, dst_host, src, bytes);
+}
+
+static void checked_from_host(bg_backend_t *be, void *dst, const void *src_host, size_t bytes)
+{
+    if (DEV("from_host", "destination", dst, bytes))
+        bg__cpu_async_ops.from_host(be, dst, src_host, bytes);
+}
+
+static void checked_to_host_async(bg_backend_t *be, void *dst_host, const void *src, size_t bytes, bg_event_t *after,
+                                  bg_event_t *done)
+{
+    if (!DEV("to_host_async", "source", src, bytes))
+        src = NULL, bytes = 0; /* the events still complete: a fault, not a hang */
+    copy_async(be, dst_host, src, bytes, after, done);
+}
+
+static void checked_from_host_async(bg_backend_t *be, void *dst, const void *src_host, size_t bytes,
+                                    bg_event_t *after, bg_event_t *done)
+{
+    if (!DEV("from_host_async", "destination", dst, bytes))
+        dst = NULL, bytes = 0;
+    copy_async(be, dst, src_host, bytes, after, done);
+}
+
+static void checked_copy(bg_backend_t *be, float *dst, const float *src, size_t n)
+{
+    if (DEV("copy", "destination", dst, F(n)) && DEV("copy", "source", src, F(n)))
+        bg__cpu_async_ops.copy(be, dst, src, n);
+}
+
+static void checked_fill(bg_backend_t *be, float *x, float value, size_t n)
+{
+    if (DEV("fill", "buffer", x, F(n)))
+        bg__cpu_async_ops.fill(be, x, value, n);
+}
+
+static void checked_scale(bg_backend_t *be, float *x, float alpha, size_t n)
+{
+    if (DEV("scale", "buffer", x, F(n)))
+        bg__cpu_async_ops.scale(be, x, alpha, n);
+}
+
+static void checked_axpy(bg_backend_t *be, float *y, float alpha, const float *x, size_t n)
+{
+    if (DEV("axpy", "y", y, F(n)) && DEV("axpy", "x", x, F(n)))
+        bg__cpu_async_ops.axpy(be, y, alpha, x, n);
+}
+
+static double checked_sum(bg_backend_t *be, const float *x, size_t n)
+{
+    return DEV("sum", "buffer", x, F(n)) ? bg__cpu_async_ops.sum(be, x, n) : 0.0;
+}
+
+static double checked_sumsq(bg_backend_t *be, const float *x, size_t n)
+{
+    return DEV("sumsq", "buffer", x, F(n)) ? bg__cpu_async_ops.sumsq(be, x, n) : 0.0;
+}
+
+static void checked_adamw(bg_backend_t *be, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                          float beta1, float beta2, float eps, float wd, int t)
+{
+    if (DEV("adamw", "parameters", param, F(n)) && DEV("adamw", "gradients", grad, F(n)) &&
+        DEV("adamw", "first moment", m, F(n)) && DEV("adamw", "second moment", v, F(n)))
+        bg__cpu_async_ops.adamw(be, param, grad, m, v, n, lr, beta1, beta2, eps, wd, t);
+}
+
+static void checked_sgd_momentum(bg_backend_t *be, float *param, const float *grad, float *mom, size_t n, float lr,
+                                 float momentum, float wd)
+{
+    if (DEV("sgd_momentum", "parameters", param, F(n)) && DEV("sgd_momentum", "gradients", grad, F(n)) &&
+        DEV("sgd_momentum", "momentum", mom, F(n)))
+        bg__cpu_async_ops.sgd_momentum(be, param, grad, mom, n, lr, momentum, wd);
+}
+
+#undef DEV
+#undef F
 
 /* The CPU's table with the stream slots filled (once: the table is constant). */
 static void make_ops(void)
@@ -206,10 +335,21 @@ static void make_ops(void)
 #define BG__ASYNC_SLOT(slot) bg__cpu_async_ops.slot = slot;
     BG__BACKEND_EVENT_OPS(BG__ASYNC_SLOT) /* this file's functions of the slots' names */
 #undef BG__ASYNC_SLOT
+    bg__cpu_checked_ops = bg__cpu_async_ops;
+    bg__cpu_checked_ops.device_buffers = 1;
+#define BG__CHECKED_SLOT(slot) bg__cpu_checked_ops.slot = checked_##slot;
+    BG__CHECKED_SLOT(error) BG__CHECKED_SLOT(to_host) BG__CHECKED_SLOT(from_host) BG__CHECKED_SLOT(to_host_async)
+    BG__CHECKED_SLOT(from_host_async) BG__CHECKED_SLOT(copy) BG__CHECKED_SLOT(fill) BG__CHECKED_SLOT(scale)
+    BG__CHECKED_SLOT(axpy) BG__CHECKED_SLOT(sum) BG__CHECKED_SLOT(sumsq) BG__CHECKED_SLOT(adamw)
+    BG__CHECKED_SLOT(sgd_momentum)
+#undef BG__CHECKED_SLOT
 }
 
 bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
+    const char *check = bg_config_str("BRIGADE_DEVICE_CHECK");
+    if (!check || (strcmp(check, "on") && strcmp(check, "off")))
+        return bg_error(BG_ERR_INVALID, "BRIGADE_DEVICE_CHECK=%s: expected on or off", check ? check : "");
     BG_CHECK(bg__cpu_backend_init(be, params));
     streams_t *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -228,6 +368,6 @@ bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params
     bg__cpu_set_streams(be, s, streams_destroy);
     bg__cpu_ops_seen = be->ops;
     pthread_once(&bg__cpu_async_once, make_ops);
-    be->ops = &bg__cpu_async_ops;
+    be->ops = strcmp(check, "on") ? &bg__cpu_async_ops : &bg__cpu_checked_ops;
     return BG_OK;
 }

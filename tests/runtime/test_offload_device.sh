@@ -4,7 +4,8 @@
 # store's host-held step, forced on cpu-async (its copy stream fills every
 # asynchronous copy's destination with NaN until the copy runs, late) by
 # BRIGADE_OFFLOAD_STEP=host, the transfers staged as a device's
-# (BRIGADE_STAGING=always).
+# (BRIGADE_STAGING=always), under the device checker (BRIGADE_DEVICE_CHECK=on:
+# any copy or kernel given a host pointer for a device one fails the run).
 # - The weights of no offload on the same backend, bitwise (the same CPU AdamW
 #   on the same elements in the same order, on host copies): pp 1, pp 2, dp 2
 #   with --zero 1 and --zero 2, SGD at pp 2; the host step ran (its count in
@@ -15,7 +16,7 @@
 # - Bad input: BRIGADE_OFFLOAD_STEP=bogus (--offload params there:
 #   test_offload_params_device.sh).
 . "$(dirname "$0")/../lib/harness.sh"
-export BRIGADE_STAGING=always BRIGADE_TIMEOUT=60
+export BRIGADE_STAGING=always BRIGADE_TIMEOUT=60 BRIGADE_DEVICE_CHECK=on
 GPT="--backend cpu-async --model gpt --layers 3 --d-model 32 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3 --weight-decay 0.1"
 
 # host_steps LOG: the updates the host-held step made (summed over ranks)

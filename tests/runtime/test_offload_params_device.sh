@@ -2,11 +2,15 @@
 # tests/runtime/test_offload_params_device.sh: --offload optimizer,params
 # (dp 2 --zero 3) on a backend whose buffers the host may not address
 # (docs/offload.md, "Device backends"), forced on cpu-async by
-# BRIGADE_OFFLOAD_STEP=host. cpu-async's copy stream fills every
-# asynchronous copy's destination with NaN until the copy runs, late, so a
-# gather that does not wait for its shard's upload gathers NaN.
+# BRIGADE_OFFLOAD_STEP=host, under the device checker (BRIGADE_DEVICE_CHECK=on:
+# any copy or kernel given a host pointer for a device one fails the run).
+# cpu-async's copy stream fills every asynchronous copy's destination with NaN
+# until the copy runs, late, so a gather that does not wait for its shard's
+# upload gathers NaN. The gathers read the buffers themselves
+# (BRIGADE_STAGING=direct, as NCCL or a CUDA-aware UCX would; staged, the
+# gather's copy out follows the upload on the one copy stream).
 # - The weights of --zero 3 without offload on the same backend, bitwise: pp 1
-#   (transfers in place, staged, and the shard in --offload-dir files), pp 2,
+#   (transfers direct, staged, and the shard in --offload-dir files), pp 2,
 #   SGD, two buckets prefetched; the updates ran on the host-held shard in
 #   place (their count in the log).
 # - Mutation: BRIGADE_FAULT_UPLOAD_NOWAIT=on (the compute stream does not wait
@@ -17,7 +21,7 @@
 #   across offload on and off to the weights of a run that never stopped.
 # - Bad input: --offload params without optimizer there.
 . "$(dirname "$0")/../lib/harness.sh"
-export BRIGADE_TIMEOUT=60 BRIGADE_OFFLOAD_STEP=host
+export BRIGADE_TIMEOUT=60 BRIGADE_OFFLOAD_STEP=host BRIGADE_DEVICE_CHECK=on BRIGADE_STAGING=direct
 GPT="--backend cpu-async --model gpt --layers 3 --d-model 32 --heads 2 --seq 16 --batch 8 --microbatches 4 --steps 3 --threads 1 --lr 3e-3 --weight-decay 0.1 --dp 2 --zero 3"
 OFF="--offload optimizer,params"
 
@@ -45,7 +49,7 @@ train_save h_files 2 $GPT $OFF --offload-dir "$T/od" &&
   same "$T/n_x" "$T/h_files" "$OFF --offload-dir: = none"
 
 # mutation: without the compute stream's wait for the upload the result is wrong, and compare says so
-# (transfers in place: a gather reads the pool buffer at once, NaN until the late upload lands)
+# (transfers direct: a gather reads the pool buffer at once, NaN until the late upload lands)
 for mc in "1:n_x:$GPT" "2:n_p2:$P2"; do
   pf=${mc%%:*}; rest=${mc#*:}; ref=${rest%%:*}; args=${rest#*:}
   if BRIGADE_ZERO_PREFETCH=$pf BRIGADE_FAULT_UPLOAD_NOWAIT=on timeout 120 "$B" launch -n 2 -- "$B" train $args $OFF \

@@ -5,7 +5,9 @@
  * block a host-to-device copy still reads is not handed out again before
  * the copy completes (a backend whose compute stream does not wait, so the
  * copy is still in flight when the transfer is freed), also for a receive
- * cancelled after some of its chunks landed. */
+ * cancelled after some of its chunks landed; cpu-async's device checker
+ * (BRIGADE_DEVICE_CHECK=on): its own buffers pass, a host pointer or a range
+ * past an allocation's end is refused (the op skipped, the fault named). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -348,6 +350,86 @@ static void test_direct(void **state)
     unsetenv("BRIGADE_STAGE_CHUNK_KB");
 }
 
+/* A fresh checked cpu-async backend with one 64-float allocation. */
+static bg_backend_t *checked(float **dev_p)
+{
+    setenv("BRIGADE_DEVICE_CHECK", "on", 1);
+    bg_backend_t *be = mkbe("cpu-async");
+    unsetenv("BRIGADE_DEVICE_CHECK");
+    *dev_p = bg_backend_alloc(be, 64 * sizeof(float), "test buffer");
+    assert_non_null(*dev_p);
+    return be;
+}
+
+/* The fault is kept (the first one), names the op, the side and the pointer. */
+static void assert_fault(bg_backend_t *be, const char *op, const char *side, const void *ptr)
+{
+    char want[160];
+    assert_int_equal(bg_backend_status(be), BG_ERR_DEVICE);
+    snprintf(want, sizeof want, "BRIGADE_DEVICE_CHECK: %s refused: its %s %p", op, side, ptr);
+    if (!strstr(bg_last_error(), want))
+        fail_msg("expected \"%s\" in: %s", want, bg_last_error());
+}
+
+static void test_device_check(void **state)
+{
+    (void)state;
+    float host[64], *dev;
+    bg__staging_t sg;
+    setenv("BRIGADE_DEVICE_CHECK", "bogus", 1);
+    bg_backend_params_t bp = BG_BACKEND_PARAMS_INIT;
+    bg_backend_t *bad = NULL;
+    assert_int_equal(bg_backend_create("cpu-async", &bp, &bad), BG_ERR_INVALID);
+    assert_non_null(strstr(bg_last_error(), "BRIGADE_DEVICE_CHECK=bogus: expected on or off"));
+    unsetenv("BRIGADE_DEVICE_CHECK");
+    /* its own buffers: every op runs, nothing is refused; device buffers, so the staging is on */
+    bg_backend_t *be = checked(&dev);
+    assert_int_equal(be->ops->device_buffers, 1);
+    setenv("BRIGADE_STAGING", "auto", 1);
+    assert_int_equal(bg__staging_init(&sg, be, comm), BG_OK);
+    assert_int_equal(sg.on, 1);
+    bg__staging_fini(&sg);
+    unsetenv("BRIGADE_STAGING");
+    for (int i = 0; i < 64; i++)
+        host[i] = (float)i;
+    be->ops->from_host(be, dev, host, sizeof host);
+    be->ops->copy(be, dev, dev + 32, 32);
+    be->ops->scale(be, dev + 32, 2.0f, 32);
+    be->ops->to_host(be, host, dev, sizeof host);
+    assert_true(host[0] == 32.0f && host[63] == 126.0f);
+    assert_int_equal(bg_backend_status(be), BG_OK);
+    /* a host pointer as the source of a copy to the host: skipped (host keeps its values), the fault named */
+    float other[4] = {7, 7, 7, 7};
+    be->ops->to_host(be, host, other, sizeof other);
+    assert_true(host[0] == 32.0f);
+    assert_fault(be, "to_host", "source", other);
+    be->ops->fill(be, host, 0.0f, 4); /* a second fault: the first is the one kept */
+    assert_fault(be, "to_host", "source", other);
+    bg_backend_free(be, dev);
+    bg_backend_destroy(be);
+    /* one float past the allocation's end: refused */
+    be = checked(&dev);
+    be->ops->from_host(be, dev + 61, host, 4 * sizeof(float));
+    assert_fault(be, "from_host", "destination", dev + 61);
+    bg_backend_free(be, dev);
+    bg_backend_destroy(be);
+    /* an asynchronous copy refused still completes its event: a fault, never a hang */
+    be = checked(&dev);
+    bg_event_t *ev = be->ops->event_create(be);
+    be->ops->to_host_async(be, host, other, sizeof other, NULL, ev);
+    be->ops->event_wait(be, ev);
+    assert_fault(be, "to_host_async", "source", other);
+    be->ops->event_destroy(be, ev);
+    bg_backend_free(be, dev);
+    bg_backend_destroy(be);
+    /* the optimizer kernels: a host-held first moment refused */
+    be = checked(&dev);
+    be->ops->adamw(be, dev, dev + 16, other, dev + 48, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+    assert_fault(be, "adamw", "first moment", other);
+    bg_backend_free(be, dev);
+    bg_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_direct),
         cmocka_unit_test(test_cancelled_recv),
         cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_device_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
