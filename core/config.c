@@ -17,6 +17,7 @@ static const bg_config_var_t bg__config[] = {
     {"BRIGADE_CPU_ISA", "auto", "vector ISA of the cpu backend's own kernels and of its BLAS (to measure a narrower CPU's speed on a wider one): auto (the widest this CPU supports)|avx512|avx2|default (plain x86-64); an ISA the CPU lacks is an error. The BLAS follows when it is loaded, once per process: OpenBLAS's core (unless OPENBLAS_CORETYPE or BRIGADE_BLAS_CORE names one) and oneDNN's maximum ISA"},
     {"BRIGADE_BLAS_CORE", "auto", "OpenBLAS kernels (when OPENBLAS_CORETYPE is unset): auto (from CPUID features)|openblas (its own detection)|a core name (SkylakeX, Haswell, Zen...)"},
     {"BRIGADE_GEMM", "auto", "CPU GEMM library: auto (oneDNN's sgemm, when libdnnl.so.2 is installed and usable, for A B, A B^T and A^T B with m <= n on AVX-512 CPUs, for every GEMM on AVX2 CPUs (or under BRIGADE_CPU_ISA=avx2) and when OpenBLAS's kernels are narrower than the CPU; OpenBLAS for the rest)|openblas|onednn (every layout; fails when oneDNN cannot be loaded)"},
+    {"BRIGADE_GEMM_TRANSPOSE", "auto", "CPU GEMMs C = A B^T and A^T B: copy the transposed operand (per tile, into the backend's per-thread scratch) and run C = A B: auto (the layouts and ISAs where it measured faster: docs/kernels.md)|on (every such layout)|off"},
     {"BRIGADE_TIMEOUT", "60", "seconds before a pending operation on a silent peer fails"},
     {"BRIGADE_HEARTBEAT_MS", "200", "liveness heartbeat period in milliseconds"},
     {"BRIGADE_RANK", "", "this process's rank in the job"},

@@ -453,6 +453,28 @@ bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
     return bg__dnnl.ok ? bg__dnnl_sgemm_held : NULL;
 }
 
+/* BRIGADE_GEMM_TRANSPOSE: whether A B^T ([0]), A^T B with m <= n ([1]) and
+ * with m > n ([2]) copy their transposed operand (tile by tile, into the
+ * backend's scratch) and run A B instead. auto: where it measured faster, by
+ * the ISA (capped by BRIGADE_CPU_ISA) and the library (dnnl: oneDNN runs the
+ * layout) only, never the thread count (docs/kernels.md's table,
+ * bench/gemm_transpose.sh). */
+static bg_status_t bg__gemm_transposes(const bg_cpu_info_t *cpu, int dnnl, int dnnl_tall, int tr[3])
+{
+    const char *v = bg_config_str("BRIGADE_GEMM_TRANSPOSE");
+    int on = !strcmp(v, "on"), off = !strcmp(v, "off");
+    if (!on && !off && strcmp(v, "auto") != 0)
+        return bg_error(BG_ERR_INVALID, "BRIGADE_GEMM_TRANSPOSE=\"%s\": expected auto, on or off", v);
+    for (int i = 0; i < 3; i++)
+        tr[i] = on;
+    if (on || off)
+        return BG_OK;
+    int avx2_only = cpu->avx2_fma && !cpu->avx512;
+    (void)dnnl_tall;
+    tr[0] = avx2_only && dnnl; /* A B^T: oneDNN's AVX2 NT kernels behind its NN ones */
+    return BG_OK;
+}
+
 bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
 {
     bg_blas_info_t blas;
@@ -492,8 +514,13 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
     int avx2_only = cpu.avx2_fma && !cpu.avx512;
     int ahead = g.onednn && (m_dnnl || cpu.avx512 || avx2_only || blas.fallback);
     int ahead_tall = g.onednn && (m_dnnl || avx2_only || blas.fallback);
-    g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
-    g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
+    g.nn = ahead ? "oneDNN" : "OpenBLAS";
+    int tr[3] = {0, 0, 0};
+    BG_CHECK(bg__gemm_transposes(&cpu, ahead, ahead_tall, tr));
+    g.nt = tr[0] ? (ahead ? "oneDNN after transpose" : "OpenBLAS after transpose") : ahead ? "oneDNN" : "OpenBLAS";
+    g.tn = tr[1] ? (ahead ? "oneDNN after transpose" : "OpenBLAS after transpose") : ahead ? "oneDNN" : "OpenBLAS";
+    g.tn_tall = tr[2] ? (ahead_tall ? "oneDNN after transpose" : "OpenBLAS after transpose")
+                      : ahead_tall ? "oneDNN" : "OpenBLAS";
     const char *bf_impl = NULL, *bf_why = NULL;
     if (bg__cpu_bf16mm_available(&bf_impl, &bf_why))
         g.bf16 = bf_impl;

@@ -163,6 +163,9 @@ typedef struct bg__cpu_kernels {
 #undef BG__CPU_KFIELD
     /* one block of the sum/sumsq reductions: the sum (of squares when sq) in double over cpu_vec.h's lanes */
     double (*reduce_block)(const float *x, size_t n, int sq);
+    /* dst (cols, rows; rows ldd apart) = src (rows, cols; rows lds apart) transposed: the GEMM's
+     * "transpose then A B" operands (cpu_backend.c); a copy, so exact on every ISA */
+    void (*transpose)(float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols);
     /* the ISA this compile's instructions need, from the compiler's own macros (bg_cpu_isa_name's names):
      * the backend checks it against the ISA it asked for */
     const char *isa;
