@@ -32,8 +32,9 @@ typedef struct bg_cpu_impl {
      * created): [0] A B, [1] A B^T, [2] A^T B and A^T B^T with m <= n,
      * [3] the same with m > n; NULL: OpenBLAS */
     bg_dnnl_sgemm_fn dnnl[4];
-    /* the same layouts ([0] unused): 1 = "transpose then A B" (bg_gemm_info's "... after transpose") */
-    int transpose[4];
+    /* the same layouts: "transpose then A B" for products with min(m, n, k) >= transpose_min[i], 0: never
+     * (bg__cpu_gemm_choice; bg_gemm_info's "... after transpose") */
+    int transpose_min[4];
     /* that path's per-thread scratch: scratch_threads blocks of scratch_floats floats, grown by the calling
      * thread before a GEMM's parallel region, freed at destroy; plain malloc, outside the counted device
      * memory, like the BLAS libraries' own packing buffers */
@@ -283,6 +284,11 @@ static float *bg__cpu_gemm_scratch(bg_cpu_impl_t *impl, size_t floats, int nt)
     return p;
 }
 
+size_t bg__cpu_gemm_scratch_floats(const bg_backend_t *be)
+{
+    return ((const bg_cpu_impl_t *)be->impl)->scratch_floats;
+}
+
 static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k,
                                          float alpha, const float *a, int lda, long long stride_a, const float *b,
                                          int ldb, long long stride_b, float beta, float *c, int ldc,
@@ -310,7 +316,8 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
     long long per = (long long)tiles_m * tiles_n, ntask = per * batch;
     long long work = (long long)m * n * k * batch;
     /* transpose then A B: A B^T and A^T B (not A^T B^T), never in bf16 (its tiles convert the operands anyway) */
-    int tr_b = !bf16 && impl->transpose[layout] && !trans_a, tr_a = !bf16 && impl->transpose[layout] && !trans_b;
+    int tmin = impl->transpose_min[layout], mn = m < n ? m : n;
+    int tr = !bf16 && tmin > 0 && (mn < k ? mn : k) >= tmin, tr_b = tr && !trans_a, tr_a = tr && !trans_b;
     size_t scr_floats = tr_b ? (size_t)tn * k : tr_a ? (size_t)tm * k : 0;
     float *scratch = scr_floats ? bg__cpu_gemm_scratch(impl, scr_floats, nt) : NULL;
     if (!scratch)
@@ -471,7 +478,8 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     bg_cpu_isa_t isa; /* BRIGADE_CPU_ISA: a bad value or an ISA the CPU lacks fails here */
     BG_CHECK(bg_cpu_isa(&isa));
     bg_gemm_info_t gemm; /* loads OpenBLAS (and oneDNN) on first use (cpu_blas.c) */
-    BG_CHECK(bg_gemm_info(&gemm));
+    int tr_min[4];
+    BG_CHECK(bg__cpu_gemm_choice(&gemm, tr_min));
     /* the table's own ISA (its compile's macros) is the one asked for: a
      * build whose per-ISA flags went missing fails here, not silently */
     const bg__cpu_kernels_t *k = bg__cpu_kernels_for(isa);
@@ -483,10 +491,10 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     impl->k = k;
     impl->blas = bg__cpu_blas();
     bg_dnnl_sgemm_fn dnnl = bg__cpu_dnnl_sgemm();
-    const char *lib[4] = {gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall}; /* "oneDNN" or "OpenBLAS", "[ after transpose]" */
+    const char *lib[4] = {gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall}; /* "oneDNN" or "OpenBLAS"[ after transpose...] */
     for (int i = 0; i < 4; i++) {
         impl->dnnl[i] = strncmp(lib[i], "oneDNN", 6) ? NULL : dnnl;
-        impl->transpose[i] = strstr(lib[i], " after transpose") != NULL;
+        impl->transpose_min[i] = tr_min[i];
     }
     impl->num_threads = nt;
     const char *bf_impl = NULL, *bf_why = NULL;

@@ -51,6 +51,14 @@ static inline void bg__cpu_release_signals(const sigset_t *old) { pthread_sigmas
  * says why). Loads it on first use. */
 const bg_blas_info_t *bg__cpu_blas(void);
 
+/* bg_gemm_info, and per layout ([0] A B, [1] A B^T, [2] A^T B with m <= n,
+ * [3] m > n) when "transpose then A B" runs (BRIGADE_GEMM_TRANSPOSE): 0
+ * never, else for products with min(m, n, k) >= tr_min_p[i] (cpu_blas.c). */
+bg_status_t bg__cpu_gemm_choice(bg_gemm_info_t *info_p, int tr_min_p[4]);
+
+/* Floats per thread of the backend's "transpose then A B" scratch: 0 until that path first ran (tests). */
+size_t bg__cpu_gemm_scratch_floats(const bg_backend_t *be);
+
 /* oneDNN's dnnl_sgemm itself (cpu_blas.c; NULL when it cannot be used):
  * called from the GEMM tiles, whose OpenMP tasks are held to one thread. */
 bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void);

@@ -26,6 +26,7 @@
 #include "brigade/core.h"
 #include "brigade/cpu.h"
 #include "kernels/backend_impl.h"
+#include "kernels/cpu/cpu_impl.h"
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -2093,10 +2094,13 @@ static void gemm_transpose_is_nn(bg_rng_t *rng, int ta, int m, int n, int k, int
         bg_backend_t *be = mkbe(2);
         float *da = up(be, on || !ta ? a : t, on || !ta ? na : (size_t)m * k);
         float *db = up(be, on || ta ? b : t, on || ta ? nb : (size_t)k * n), *dc = up(be, c0, (size_t)m * n);
-        if (on)
+        if (on) {
             be->ops->gemm(be, ta, !ta, m, n, k, 0.75f, da, lda, db, ldb, 0.5f, dc, n);
-        else
+            assert_true(bg__cpu_gemm_scratch_floats(be) >= (size_t)(ta ? m : n) * k); /* the path ran */
+        } else {
             be->ops->gemm(be, 0, 0, m, n, k, 0.75f, da, ta ? k : lda, db, ta ? ldb : n, 0.5f, dc, n);
+            assert_int_equal(bg__cpu_gemm_scratch_floats(be), 0);
+        }
         out[on] = down(be, dc, (size_t)m * n);
         bg_backend_free(be, da), bg_backend_free(be, db), bg_backend_free(be, dc);
         bg_backend_destroy(be);
@@ -2107,12 +2111,54 @@ static void gemm_transpose_is_nn(bg_rng_t *rng, int ta, int m, int n, int k, int
     free(a), free(b), free(c0), free(t), free(out[0]), free(out[1]);
 }
 
+/* A B^T of a fixed m x n x k product on a 2-thread backend made under BRIGADE_GEMM_TRANSPOSE=mode */
+static float *gemm_nt_under(const char *mode, int m, int n, int k, int *transposed_p)
+{
+    setenv("BRIGADE_GEMM_TRANSPOSE", mode, 1);
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 31);
+    float *a = hrandn(&rng, (size_t)m * k, 1.0), *b = hrandn(&rng, (size_t)n * k, 1.0);
+    float *da = up(be, a, (size_t)m * k), *db = up(be, b, (size_t)n * k), *dc = up(be, NULL, (size_t)m * n);
+    be->ops->gemm(be, 0, 1, m, n, k, 1.0f, da, k, db, k, 0.0f, dc, n);
+    *transposed_p = bg__cpu_gemm_scratch_floats(be) > 0; /* the scratch exists once the path ran */
+    float *c = down(be, dc, (size_t)m * n);
+    bg_backend_free(be, da), bg_backend_free(be, db), bg_backend_free(be, dc);
+    bg_backend_destroy(be);
+    free(a), free(b);
+    return c;
+}
+
+/* auto's shape rule ("... where m, n, k >= 256", AVX2 with oneDNN): a product at the bound runs the
+ * transposed path and gives the bits of BRIGADE_GEMM_TRANSPOSE=on, one below it neither */
+static void gemm_transpose_auto_rule(void)
+{
+    setenv("BRIGADE_GEMM_TRANSPOSE", "auto", 1);
+    bg_gemm_info_t g;
+    assert_int_equal(bg_gemm_info(&g), BG_OK);
+    print_message("BRIGADE_GEMM_TRANSPOSE=auto: A B^T %s, A^T B %s (m > n: %s)\n", g.nt, g.tn, g.tn_tall);
+    if (!strstr(g.nt, "where m, n, k >= 256"))
+        return;
+    static const int sz[][3] = {{256, 300, 256}, {255, 300, 256}, {256, 300, 250}};
+    for (int i = 0; i < 3; i++) {
+        int tr_auto, tr_ref;
+        float *c_auto = gemm_nt_under("auto", sz[i][0], sz[i][1], sz[i][2], &tr_auto);
+        float *c_ref = gemm_nt_under(i == 0 ? "on" : "off", sz[i][0], sz[i][1], sz[i][2], &tr_ref);
+        assert_int_equal(tr_auto, i == 0);
+        assert_int_equal(tr_ref, i == 0);
+        char what[96];
+        snprintf(what, sizeof what, "auto A B^T %dx%dx%d vs %s", sz[i][0], sz[i][1], sz[i][2], i == 0 ? "on" : "off");
+        assert_same_bits(what, c_auto, c_ref, (size_t)sz[i][0] * sz[i][1]);
+        free(c_auto), free(c_ref);
+    }
+}
+
 /* BRIGADE_GEMM_TRANSPOSE=on ("transpose then A B" for A B^T and A^T B, on this
  * run's ISA and GEMM library): bg_gemm_info says so; the GEMM tests (odd
  * shapes, padded leading dimensions, beta 0 and 1, batched strides) pass
  * against the double reference; beta 0.5 at tile-cut shapes; the bits are
- * those of 1 thread on 3, and exactly A B's on the transposed operand. A
- * bad value fails the backend's creation naming it. */
+ * those of 1 thread on 3, and exactly A B's on the transposed operand; auto
+ * follows its shape rule. A bad value fails the backend's creation naming it. */
 static void test_gemm_transpose(void **state)
 {
     (void)state;
@@ -2161,6 +2207,7 @@ static void test_gemm_transpose(void **state)
     gemm_transpose_is_nn(&rng, 0, 100, 120, 77, 3);
     gemm_transpose_is_nn(&rng, 1, 100, 120, 77, 3);
     gemm_transpose_is_nn(&rng, 1, 150, 90, 61, 0);
+    gemm_transpose_auto_rule();
     unsetenv("BRIGADE_GEMM_TRANSPOSE");
 }
 
