@@ -16,26 +16,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu_time.h"
+
 #include "brigade/backend.h"
 #include "brigade/core.h"
 #include "brigade/cpu.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
 
 static double median(double *v, int n)
 {
-    qsort(v, n, sizeof v[0], cmpd);
+    qsort(v, n, sizeof v[0], bench_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -70,10 +60,10 @@ static float *operand(bg_backend_t *be, size_t n, unsigned seed)
 /* calls of one shape on be, `inner` times; the seconds of thread CPU time */
 static double run(bg_backend_t *be, int ta, int tb, int m, int n, int k, float beta, float *const *op, int inner)
 {
-    double t0 = now();
+    double t0 = bench_thread_seconds();
     for (int i = 0; i < inner; i++)
         be->ops->gemm(be, ta, tb, m, n, k, 1.0f, op[0], ta ? m : k, op[1], tb ? k : n, beta, op[2], n);
-    return now() - t0;
+    return bench_thread_seconds() - t0;
 }
 
 int main(int argc, char **argv)

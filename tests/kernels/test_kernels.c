@@ -2051,14 +2051,22 @@ static void test_gemm_onednn(void **state)
 }
 
 /* a BRIGADE_GEMM that names no library: the backend is not created, and says why */
-static void test_gemm_bad_mode(void **state)
+/* var=value set: the cpu backend is not created, and the message names both */
+static void backend_refuses(const char *var, const char *value)
 {
-    (void)state;
-    setenv("BRIGADE_GEMM", "mkl", 1);
+    setenv(var, value, 1);
     bg_backend_t *be = NULL;
     assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_ERR_INVALID);
     assert_null(be);
-    assert_non_null(strstr(bg_last_error(), "BRIGADE_GEMM=\"mkl\""));
+    char want[96];
+    snprintf(want, sizeof want, "%s=\"%s\"", var, value);
+    assert_non_null(strstr(bg_last_error(), want));
+}
+
+static void test_gemm_bad_mode(void **state)
+{
+    (void)state;
+    backend_refuses("BRIGADE_GEMM", "mkl");
 }
 
 static int unset_gemm(void **state)
@@ -2162,11 +2170,7 @@ static void gemm_transpose_auto_rule(void)
 static void test_gemm_transpose(void **state)
 {
     (void)state;
-    setenv("BRIGADE_GEMM_TRANSPOSE", "maybe", 1);
-    bg_backend_t *bad = NULL;
-    assert_int_equal(bg_backend_create("cpu", NULL, &bad), BG_ERR_INVALID);
-    assert_null(bad);
-    assert_non_null(strstr(bg_last_error(), "BRIGADE_GEMM_TRANSPOSE=\"maybe\""));
+    backend_refuses("BRIGADE_GEMM_TRANSPOSE", "maybe");
     bg_gemm_info_t g;
     setenv("BRIGADE_GEMM_TRANSPOSE", "off", 1);
     assert_int_equal(bg_gemm_info(&g), BG_OK);
