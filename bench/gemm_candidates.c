@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cpu_time.h"
+#include "gemm_bench.h"
 
 typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                                float *, int);
@@ -73,19 +73,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "cannot load %s: %s\n", lib, dlerror());
         return 1;
     }
-    /* (rows = microbatch tokens, C = d_model); weights are (c_out, c_in):
-     * forward NT (m rows, n c_out, k c_in), input gradient NN (m rows, n c_in,
-     * k c_out), weight gradient TN (m c_out, n c_in, k rows, beta 1). */
-    struct { const char *name; int ta, tb, m, n, k; float beta; } s[] = {
-        {"d256.qkv.F", 0, 1, 256, 768, 256, 0}, {"d256.fc.F", 0, 1, 256, 1024, 256, 0},
-        {"d256.proj.F", 0, 1, 256, 256, 1024, 0}, {"d256.qkv.dX", 0, 0, 256, 256, 768, 0},
-        {"d256.fc.dX", 0, 0, 256, 256, 1024, 0}, {"d256.qkv.dW", 1, 0, 768, 256, 256, 1},
-        {"d256.fc.dW", 1, 0, 1024, 256, 256, 1}, {"d256.proj.dW", 1, 0, 256, 1024, 256, 1},
-        {"d128.qkv.F", 0, 1, 128, 384, 128, 0}, {"d128.fc.F", 0, 1, 128, 512, 128, 0},
-        {"d128.proj.F", 0, 1, 128, 128, 512, 0}, {"d128.fc.dX", 0, 0, 128, 128, 512, 0},
-        {"d128.fc.dW", 1, 0, 512, 128, 128, 1}, {"square.1024", 0, 0, 1024, 1024, 1024, 0},
-    };
-    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+    const struct bench_gemm_shape *s = bench_gemm_shapes;
+    for (size_t i = 0; i < BENCH_GEMM_SHAPES; i++) {
         int m = s[i].m, n = s[i].n, k = s[i].k, ta = s[i].ta, tb = s[i].tb;
         float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
         for (long j = 0; j < (long)m * k; j++)

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cpu_time.h"
+#include "gemm_bench.h"
 
 #include "brigade/backend.h"
 #include "brigade/core.h"
@@ -85,20 +85,12 @@ int main(int argc, char **argv)
     printf("# ISA %s; off: A B^T %s, A^T B %s (m > n: %s); on: \"... after transpose\"\n", bg_cpu_isa_name(isa),
            strncmp(g.nt, "oneDNN", 6) ? "OpenBLAS" : "oneDNN", strncmp(g.tn, "oneDNN", 6) ? "OpenBLAS" : "oneDNN",
            strncmp(g.tn_tall, "oneDNN", 6) ? "OpenBLAS" : "oneDNN");
-    /* (rows = microbatch tokens, C = d_model); weights (c_out, c_in): forward A B^T (m rows, n c_out, k c_in),
-     * weight gradient A^T B (m c_out, n c_in, k rows, beta 1); attention's A B^T (scores, T x T x hs) */
-    struct { const char *name; int ta, tb, m, n, k; float beta; } s[] = {
-        {"d256.qkv.F", 0, 1, 256, 768, 256, 0},   {"d256.fc.F", 0, 1, 256, 1024, 256, 0},
-        {"d256.proj.F", 0, 1, 256, 256, 1024, 0}, {"d256.attn.F", 0, 1, 256, 256, 256, 0},
-        {"d256.qkv.dW", 1, 0, 768, 256, 256, 1},  {"d256.fc.dW", 1, 0, 1024, 256, 256, 1},
-        {"d256.proj.dW", 1, 0, 256, 1024, 256, 1}, {"d256.attn.dW", 1, 0, 256, 256, 256, 1},
-        {"d128.qkv.F", 0, 1, 128, 384, 128, 0},   {"d128.fc.F", 0, 1, 128, 512, 128, 0},
-        {"d128.proj.F", 0, 1, 128, 128, 512, 0},  {"d128.fc.dW", 1, 0, 512, 128, 128, 1},
-        {"d128.proj.dW", 1, 0, 128, 512, 128, 1},
-    };
+    const struct bench_gemm_shape *s = bench_gemm_shapes;
     printf("%-13s %2s %5s %5s %5s %9s %9s %8s %8s\n", "shape", "op", "m", "n", "k", "off", "on", "on/off",
            "min-max");
-    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+    for (size_t i = 0; i < BENCH_GEMM_SHAPES; i++) {
+        if (s[i].ta == s[i].tb) /* A B (and A^T B^T): never transposed */
+            continue;
         int m = s[i].m, n = s[i].n, k = s[i].k, ta = s[i].ta, tb = s[i].tb;
         float *op[2][3];
         for (int b = 0; b < 2; b++) {
