@@ -127,8 +127,9 @@ typedef struct bg_gemm_info {
     const char *onednn_path;    /**< the file loaded when onednn, else NULL */
     const char *onednn_why;     /**< when not onednn: why (not installed, its threading runtime, ...) */
     const char *nn;             /**< C = A B: "oneDNN" or "OpenBLAS" */
-    const char *nt;             /**< C = A B^T (forward of a linear layer); this and the next two may end in
-                                     " after transpose" (BRIGADE_GEMM_TRANSPOSE): the transposed operand is
+    const char *nt;             /**< C = A B^T (forward of a linear layer); this and the next two may read
+                                     "oneDNN after transpose" (or "... after transpose where m, n, k >= 256":
+                                     only such products; BRIGADE_GEMM_TRANSPOSE): the transposed operand is
                                      copied and the library runs A B */
     const char *tn;             /**< C = A^T B and A^T B^T (weight gradients), m <= n */
     const char *tn_tall;        /**< the same with m > n (more rows than columns) */
