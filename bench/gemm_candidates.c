@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gemm_bench.h"
+
 typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                                float *, int);
 typedef int (*dnnl_sgemm_fn)(char, char, long, long, long, float, const float *, long, const float *, long, float,
@@ -37,18 +39,6 @@ static void gemm(int ta, int tb, int m, int n, int k, const float *a, int lda, c
         dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
 
 int main(int argc, char **argv)
 {
@@ -83,19 +73,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "cannot load %s: %s\n", lib, dlerror());
         return 1;
     }
-    /* (rows = microbatch tokens, C = d_model); weights are (c_out, c_in):
-     * forward NT (m rows, n c_out, k c_in), input gradient NN (m rows, n c_in,
-     * k c_out), weight gradient TN (m c_out, n c_in, k rows, beta 1). */
-    struct { const char *name; int ta, tb, m, n, k; float beta; } s[] = {
-        {"d256.qkv.F", 0, 1, 256, 768, 256, 0}, {"d256.fc.F", 0, 1, 256, 1024, 256, 0},
-        {"d256.proj.F", 0, 1, 256, 256, 1024, 0}, {"d256.qkv.dX", 0, 0, 256, 256, 768, 0},
-        {"d256.fc.dX", 0, 0, 256, 256, 1024, 0}, {"d256.qkv.dW", 1, 0, 768, 256, 256, 1},
-        {"d256.fc.dW", 1, 0, 1024, 256, 256, 1}, {"d256.proj.dW", 1, 0, 256, 1024, 256, 1},
-        {"d128.qkv.F", 0, 1, 128, 384, 128, 0}, {"d128.fc.F", 0, 1, 128, 512, 128, 0},
-        {"d128.proj.F", 0, 1, 128, 128, 512, 0}, {"d128.fc.dX", 0, 0, 128, 128, 512, 0},
-        {"d128.fc.dW", 1, 0, 512, 128, 128, 1}, {"square.1024", 0, 0, 1024, 1024, 1024, 0},
-    };
-    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+    const struct bench_gemm_shape *s = bench_gemm_shapes;
+    for (size_t i = 0; i < BENCH_GEMM_SHAPES; i++) {
         int m = s[i].m, n = s[i].n, k = s[i].k, ta = s[i].ta, tb = s[i].tb;
         float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
         for (long j = 0; j < (long)m * k; j++)
@@ -104,9 +83,9 @@ int main(int argc, char **argv)
             b[j] = (float)((j * 5 % 11) - 5) * 0.01f;
         memset(c, 0, sizeof(float) * m * n);
         int lda = ta ? m : k, ldb = tb ? k : n;
-        double flop = 2.0 * m * n * k, t0 = now();
+        double flop = 2.0 * m * n * k, t0 = bench_thread_seconds();
         int inner = 0;
-        while (now() - t0 < 0.02 || inner < 3) {
+        while (bench_thread_seconds() - t0 < 0.02 || inner < 3) {
             gemm(ta, tb, m, n, k, a, lda, b, ldb, s[i].beta, c, n);
             inner++;
         }
@@ -114,12 +93,12 @@ int main(int argc, char **argv)
         if (reps > 64)
             reps = 64;
         for (int r = 0; r < reps; r++) {
-            t0 = now();
+            t0 = bench_thread_seconds();
             for (int j = 0; j < inner; j++)
                 gemm(ta, tb, m, n, k, a, lda, b, ldb, s[i].beta, c, n);
-            g[r] = flop * inner / (now() - t0) * 1e-9;
+            g[r] = flop * inner / (bench_thread_seconds() - t0) * 1e-9;
         }
-        qsort(g, reps, sizeof g[0], cmpd);
+        qsort(g, reps, sizeof g[0], bench_cmp_double);
         printf("%-13s %c%c %5d %5d %5d %7.1f\n", s[i].name, ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, g[reps / 2]);
         free(a), free(b), free(c);
     }

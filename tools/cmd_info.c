@@ -50,8 +50,9 @@ int bg_cmd_info(int argc, char **argv)
         printf("cpu kernels: none: %s\n", bg_last_error());
     bg_gemm_info_t g;
     int gemm_ok = bg_gemm_info(&g) == BG_OK;
-    int dnnl_all = gemm_ok && !strcmp(g.nn, "oneDNN") && !strcmp(g.nt, "oneDNN") && !strcmp(g.tn, "oneDNN") &&
-                   !strcmp(g.tn_tall, "oneDNN");
+    /* "oneDNN" or "oneDNN after transpose" (BRIGADE_GEMM_TRANSPOSE) */
+    int dnnl_all = gemm_ok && !strncmp(g.nn, "oneDNN", 6) && !strncmp(g.nt, "oneDNN", 6) &&
+                   !strncmp(g.tn, "oneDNN", 6) && !strncmp(g.tn_tall, "oneDNN", 6);
     char gemm_error[512];
     snprintf(gemm_error, sizeof(gemm_error), "%s", gemm_ok ? "" : bg_last_error());
     bg_blas_info_t b;
@@ -73,8 +74,8 @@ int bg_cmd_info(int argc, char **argv)
     if (!gemm_ok)
         printf("gemm: %s\n", gemm_error);
     else
-        printf("gemm: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s); oneDNN: %s%s%s\n", g.nn, g.nt, g.tn,
-               g.tn_tall, g.mode,
+        printf("gemm: A B %s, A B^T %s, A^T B %s (m > n: %s) (BRIGADE_GEMM=%s, BRIGADE_GEMM_TRANSPOSE=%s); "
+               "oneDNN: %s%s%s\n", g.nn, g.nt, g.tn, g.tn_tall, g.mode, bg_config_str("BRIGADE_GEMM_TRANSPOSE"),
                g.onednn ? g.onednn_version : "not used: ", g.onednn ? ", " : "", g.onednn ? g.onednn_path : g.onednn_why);
     if (gemm_ok)
         printf("gemm under --precision bf16: %s%s%s\n", g.bf16 ? "inputs rounded to bf16, fp32 accumulation, oneDNN " : "fp32 (",

@@ -118,7 +118,7 @@ typedef int (*bg_dnnl_sgemm_fn)(char transa, char transb, long long m, long long
                                 long long ldc);
 
 /** Which library runs the CPU backend's GEMMs, per operand layout, under the
- *  current BRIGADE_GEMM (read at each call; a backend reads it when
+ *  current BRIGADE_GEMM and BRIGADE_GEMM_TRANSPOSE (read at each call; a backend reads it when
  *  created). Strings live as long as the process. */
 typedef struct bg_gemm_info {
     const char *mode;           /**< BRIGADE_GEMM: "auto", "openblas" or "onednn" */
@@ -127,7 +127,10 @@ typedef struct bg_gemm_info {
     const char *onednn_path;    /**< the file loaded when onednn, else NULL */
     const char *onednn_why;     /**< when not onednn: why (not installed, its threading runtime, ...) */
     const char *nn;             /**< C = A B: "oneDNN" or "OpenBLAS" */
-    const char *nt;             /**< C = A B^T (forward of a linear layer) */
+    const char *nt;             /**< C = A B^T (forward of a linear layer); this and the next two may read
+                                     "oneDNN after transpose" (or "... after transpose where m, n, k >= 256":
+                                     only such products; BRIGADE_GEMM_TRANSPOSE): the transposed operand is
+                                     copied and the library runs A B */
     const char *tn;             /**< C = A^T B and A^T B^T (weight gradients), m <= n */
     const char *tn_tall;        /**< the same with m > n (more rows than columns) */
     bg_dnnl_sgemm_fn dnnl_sgemm; /**< when onednn: oneDNN's sgemm on the calling thread only, its

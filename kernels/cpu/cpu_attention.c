@@ -30,38 +30,19 @@
 #define BG_ATT_MAX_HS 256
 #define BG_ATT_MAX_TILE (BG_ATT_MAX_HS * BG_ATT_BK)
 
-typedef float bg__v8 __attribute__((vector_size(32), aligned(4), may_alias));
-
 /* kt (hs, BK) = k rows j0..j0+nk of one head, transposed, zero past nk.
- * k rows are ld apart. Whole 8 x 8 blocks go through registers (generic
- * shuffles, GCC's and clang's __builtin_shufflevector: unpack, shufps and a 128-bit lane swap on AVX2 and
- * AVX-512); a scalar loop takes the columns past the last multiple of 8. */
+ * k rows are ld apart. Whole 8 x 8 blocks go through registers (cpu_vec.h's
+ * bg__tr8x8); a scalar loop takes the columns past the last multiple of 8. */
 static inline __attribute__((always_inline)) void bg__att_transpose(float *restrict kt, const float *restrict k,
                             size_t ld, int nk, int hs)
 {
     int d8 = hs & ~7;
     for (int d0 = 0; d0 < d8; d0 += 8)
         for (int j0 = 0; j0 < BG_ATT_BK; j0 += 8) {
-            bg__v8 r[8], t[8], u[8];
+            bg__v8 r[8];
             for (int i = 0; i < 8; i++)
                 r[i] = j0 + i < nk ? *(const bg__v8 *)(k + (size_t)(j0 + i) * ld + d0) : (bg__v8){0};
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-                t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-            }
-            for (int i = 0; i < 8; i += 4)
-                for (int h = 0; h < 2; h++) {
-                    u[i + h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-                    u[i + h + 2] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-                }
-            /* u[0..3] hold columns 0, 2, 1, 3 (low lanes) and 4, 6, 5, 7 (high) of rows 0-3, u[4..7] of rows 4-7 */
-            static const int col[4] = {0, 2, 1, 3};
-            for (int i = 0; i < 4; i++) {
-                *(bg__v8 *)(kt + (size_t)(d0 + col[i]) * BG_ATT_BK + j0) =
-                    __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-                *(bg__v8 *)(kt + (size_t)(d0 + col[i] + 4) * BG_ATT_BK + j0) =
-                    __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-            }
+            bg__tr8x8(kt + (size_t)d0 * BG_ATT_BK + j0, BG_ATT_BK, r);
         }
     for (int d = d8; d < hs; d++) {
         float *row = kt + (size_t)d * BG_ATT_BK;

@@ -32,6 +32,15 @@ typedef struct bg_cpu_impl {
      * created): [0] A B, [1] A B^T, [2] A^T B and A^T B^T with m <= n,
      * [3] the same with m > n; NULL: OpenBLAS */
     bg_dnnl_sgemm_fn dnnl[4];
+    /* the same layouts: "transpose then A B" for products with min(m, n, k) >= transpose_min[i], 0: never
+     * (bg__cpu_gemm_choice; bg_gemm_info's "... after transpose") */
+    int transpose_min[4];
+    /* that path's per-thread scratch: scratch_threads blocks of scratch_floats floats, grown by the calling
+     * thread before a GEMM's parallel region, freed at destroy; plain malloc, outside the counted device
+     * memory, like the BLAS libraries' own packing buffers */
+    float *scratch;
+    size_t scratch_floats;
+    int scratch_threads;
     int num_threads;
     int set_blas_threads; /* bg_backend_params_t.set_blas_threads */
     void *streams;        /* "cpu-async": its emulated copy stream (cpu_async.c); NULL for "cpu" */
@@ -55,6 +64,8 @@ static void bg__cpu_destroy(bg_backend_t *be)
     bg_cpu_impl_t *impl = be->impl;
     if (impl && impl->streams_destroy)
         impl->streams_destroy(impl->streams);
+    if (impl)
+        free(impl->scratch);
     free(be->impl);
     be->impl = NULL;
 }
@@ -243,6 +254,41 @@ static void bg__cpu_scale_c(float *c, int m, int n, int ldc, float beta)
             c[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(size_t)i * ldc + j];
 }
 
+/* "Transpose then A B" (BRIGADE_GEMM_TRANSPOSE): per tile, op(B) = B^T
+ * (A B^T: nn x k of B becomes k x nn) or op(A) = A^T (A^T B: k x mm of A
+ * becomes mm x k) is copied into the thread's scratch by the ISA's transpose
+ * (exact), then one A B call runs. The choice is per layout (bg_gemm_info),
+ * the tiles are unchanged, so a C element is still always computed by the
+ * same call on the same operands: bits independent of the thread count.
+ * Returns the scratch for nt threads of `floats` each, or NULL when it cannot
+ * be allocated (the call then runs the layout directly, and says so once). */
+static float *bg__cpu_gemm_scratch(bg_cpu_impl_t *impl, size_t floats, int nt)
+{
+    if (floats <= impl->scratch_floats && nt <= impl->scratch_threads)
+        return impl->scratch;
+    size_t f = floats > impl->scratch_floats ? floats : impl->scratch_floats;
+    int t = nt > impl->scratch_threads ? nt : impl->scratch_threads;
+    f = (f + 15) & ~(size_t)15; /* each thread's block 64-byte aligned */
+    float *p = NULL;
+    if (posix_memalign((void **)&p, 64, f * (size_t)t * sizeof(float)) != 0) {
+        static int told;
+        if (!told++)
+            bg_log(BG_LOG_WARN, "kernels", "cpu backend: no memory for the GEMM transpose scratch (%zu bytes): "
+                   "the layout runs directly", f * (size_t)t * sizeof(float));
+        return NULL;
+    }
+    free(impl->scratch);
+    impl->scratch = p;
+    impl->scratch_floats = f;
+    impl->scratch_threads = t;
+    return p;
+}
+
+size_t bg__cpu_gemm_scratch_floats(const bg_backend_t *be)
+{
+    return ((const bg_cpu_impl_t *)be->impl)->scratch_floats;
+}
+
 static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int trans_b, int m, int n, int k,
                                          float alpha, const float *a, int lda, long long stride_a, const float *b,
                                          int ldb, long long stride_b, float beta, float *c, int ldc,
@@ -255,20 +301,28 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
             bg__cpu_scale_c(c + i * stride_c, m, n, ldc, beta);
         return;
     }
-    const bg_cpu_impl_t *impl = be->impl;
+    bg_cpu_impl_t *impl = be->impl;
     const bg_blas_info_t *blas = impl->blas;
-    bg_dnnl_sgemm_fn dnnl = impl->dnnl[trans_a ? (m > n ? 3 : 2) : trans_b ? 1 : 0];
+    int layout = trans_a ? (m > n ? 3 : 2) : trans_b ? 1 : 0;
+    bg_dnnl_sgemm_fn dnnl = impl->dnnl[layout];
     /* OpenBLAS's count is checked (and reset when owned) before every GEMM;
      * oneDNN tiles run on the backend's threads, one thread each */
     int nt = bg__cpu_gemm_threads(be), bf16 = impl->bf16;
     if (dnnl || bf16)
         nt = bg__cpu_nt(be);
-    int ta = trans_a ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS, tb = trans_b ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS;
     int tm, tn;
     bg__cpu_gemm_tiles(m, n, batch, &tm, &tn);
     int tiles_m = bg__cdiv(m, tm), tiles_n = bg__cdiv(n, tn);
     long long per = (long long)tiles_m * tiles_n, ntask = per * batch;
     long long work = (long long)m * n * k * batch;
+    /* transpose then A B: A B^T and A^T B (not A^T B^T), never in bf16 (its tiles convert the operands anyway) */
+    int tmin = impl->transpose_min[layout], mn = m < n ? m : n;
+    int tr = !bf16 && tmin > 0 && (mn < k ? mn : k) >= tmin, tr_b = tr && !trans_a, tr_a = tr && !trans_b;
+    size_t scr_floats = tr_b ? (size_t)tn * k : tr_a ? (size_t)tm * k : 0;
+    float *scratch = scr_floats ? bg__cpu_gemm_scratch(impl, scr_floats, nt) : NULL;
+    if (!scratch)
+        tr_a = tr_b = 0;
+    void (*transpose)(float *, size_t, const float *, size_t, int, int) = impl->k->transpose;
 #pragma omp parallel num_threads(nt) if (nt > 1 && ntask > 1 && work > BG_CPU_GEMM_PAR)
     {
         /* oneDNN (OpenMP build) would run a tile on omp_get_max_threads()
@@ -287,13 +341,23 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
             const float *ap = a + bi * stride_a + (trans_a ? (size_t)i0 : (size_t)i0 * lda);
             const float *bp = b + bi * stride_b + (trans_b ? (size_t)j0 * ldb : (size_t)j0);
             float *cp = c + bi * stride_c + (size_t)i0 * ldc + j0;
+            char tac = trans_a ? 'T' : 'N', tbc = trans_b ? 'T' : 'N';
+            int lda_t = lda, ldb_t = ldb;
+            if (tr_a || tr_b) {
+                float *scr = scratch + (size_t)omp_get_thread_num() * impl->scratch_floats;
+                if (tr_b) /* B's rows j0.. (nn x k) -> (k x nn) */
+                    transpose(scr, (size_t)nn, bp, (size_t)ldb, nn, k), bp = scr, ldb_t = nn, tbc = 'N';
+                else /* A's columns i0.. (k x mm) -> (mm x k) */
+                    transpose(scr, (size_t)k, ap, (size_t)lda, k, mm), ap = scr, lda_t = k, tac = 'N';
+            }
             /* a oneDNN error (none is expected: the arguments are BLAS's)
              * falls back to OpenBLAS for the tile, the same for a given shape */
             if (bf16 && bg__cpu_bf16mm(trans_a, trans_b, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc) == 0)
                 continue;
-            if (!dnnl || dnnl(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp,
-                              ldc) != 0)
-                blas->sgemm(BG_CBLAS_ROW_MAJOR, ta, tb, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
+            if (!dnnl || dnnl(tac, tbc, mm, nn, k, alpha, ap, lda_t, bp, ldb_t, beta, cp, ldc) != 0)
+                blas->sgemm(BG_CBLAS_ROW_MAJOR, tac == 'T' ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS,
+                            tbc == 'T' ? BG_CBLAS_TRANS : BG_CBLAS_NO_TRANS, mm, nn, k, alpha, ap, lda_t, bp, ldb_t,
+                            beta, cp, ldc);
         }
     }
 }
@@ -414,7 +478,8 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     bg_cpu_isa_t isa; /* BRIGADE_CPU_ISA: a bad value or an ISA the CPU lacks fails here */
     BG_CHECK(bg_cpu_isa(&isa));
     bg_gemm_info_t gemm; /* loads OpenBLAS (and oneDNN) on first use (cpu_blas.c) */
-    BG_CHECK(bg_gemm_info(&gemm));
+    int tr_min[4];
+    BG_CHECK(bg__cpu_gemm_choice(&gemm, tr_min));
     /* the table's own ISA (its compile's macros) is the one asked for: a
      * build whose per-ISA flags went missing fails here, not silently */
     const bg__cpu_kernels_t *k = bg__cpu_kernels_for(isa);
@@ -426,10 +491,11 @@ bg_status_t bg__cpu_backend_init(bg_backend_t *be, const bg_backend_params_t *pa
     impl->k = k;
     impl->blas = bg__cpu_blas();
     bg_dnnl_sgemm_fn dnnl = bg__cpu_dnnl_sgemm();
-    impl->dnnl[0] = strcmp(gemm.nn, "oneDNN") ? NULL : dnnl;
-    impl->dnnl[1] = strcmp(gemm.nt, "oneDNN") ? NULL : dnnl;
-    impl->dnnl[2] = strcmp(gemm.tn, "oneDNN") ? NULL : dnnl;
-    impl->dnnl[3] = strcmp(gemm.tn_tall, "oneDNN") ? NULL : dnnl;
+    const char *lib[4] = {gemm.nn, gemm.nt, gemm.tn, gemm.tn_tall}; /* "oneDNN" or "OpenBLAS"[ after transpose...] */
+    for (int i = 0; i < 4; i++) {
+        impl->dnnl[i] = strncmp(lib[i], "oneDNN", 6) ? NULL : dnnl;
+        impl->transpose_min[i] = tr_min[i];
+    }
     impl->num_threads = nt;
     const char *bf_impl = NULL, *bf_why = NULL;
     impl->bf16 = params && params->precision == BG_BF16 && bg__cpu_bf16mm_available(&bf_impl, &bf_why);

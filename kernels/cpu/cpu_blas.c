@@ -453,7 +453,45 @@ bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
     return bg__dnnl.ok ? bg__dnnl_sgemm_held : NULL;
 }
 
-bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
+/* BRIGADE_GEMM_TRANSPOSE: whether A B^T ([0]), A^T B with m <= n ([1]) and
+ * with m > n ([2]) copy their transposed operand (tile by tile, into the
+ * backend's scratch) and run A B instead: tr_min[i] 0 never, else from this
+ * min(m, n, k) up. auto: where it measured >= 3% faster (docs/kernels.md,
+ * bench/gemm_transpose.sh, Emerald Rapids, one thread): A B^T under AVX2 with
+ * oneDNN at the d_model-256 GPT's shapes (1.02-1.07, medians of 9 and 15
+ * rounds), not at d_model 128 (0.97-1.02); A^T B gained at one shape only
+ * (1.08 at 1024x256x256, 0.96-0.97 at 256^3); AVX-512 and the default ISA
+ * lost or tied nearly everywhere (0.82-1.03; the default ISA 0.82-0.94). A
+ * function of the ISA, the library and the product's shape only, never of
+ * the thread count or a tile. */
+#define BG__GEMM_TRANSPOSE_MIN 256
+static bg_status_t bg__gemm_transposes(const bg_cpu_info_t *cpu, int dnnl, int tr_min[3])
+{
+    const char *v = bg_config_str("BRIGADE_GEMM_TRANSPOSE");
+    int on = !strcmp(v, "on"), off = !strcmp(v, "off");
+    if (!on && !off && strcmp(v, "auto") != 0)
+        return bg_error(BG_ERR_INVALID, "BRIGADE_GEMM_TRANSPOSE=\"%s\": expected auto, on or off", v);
+    for (int i = 0; i < 3; i++)
+        tr_min[i] = on;
+    if (on || off)
+        return BG_OK;
+    int avx2_only = cpu->avx2_fma && !cpu->avx512;
+    tr_min[0] = avx2_only && dnnl ? BG__GEMM_TRANSPOSE_MIN : 0;
+    return BG_OK;
+}
+
+/* "LIB", "LIB after transpose" or "LIB after transpose where m, n, k >= 256" */
+static const char *bg__gemm_name(int dnnl, int tr_min)
+{
+    _Static_assert(BG__GEMM_TRANSPOSE_MIN == 256, "bg__gemm_name's strings");
+    if (!tr_min)
+        return dnnl ? "oneDNN" : "OpenBLAS";
+    if (tr_min == 1)
+        return dnnl ? "oneDNN after transpose" : "OpenBLAS after transpose";
+    return dnnl ? "oneDNN after transpose where m, n, k >= 256" : "OpenBLAS after transpose where m, n, k >= 256";
+}
+
+bg_status_t bg__cpu_gemm_choice(bg_gemm_info_t *info_p, int tr_min_p[4])
 {
     bg_blas_info_t blas;
     BG_CHECK(bg_blas_info(&blas));
@@ -492,13 +530,25 @@ bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
     int avx2_only = cpu.avx2_fma && !cpu.avx512;
     int ahead = g.onednn && (m_dnnl || cpu.avx512 || avx2_only || blas.fallback);
     int ahead_tall = g.onednn && (m_dnnl || avx2_only || blas.fallback);
-    g.nn = g.nt = g.tn = ahead ? "oneDNN" : "OpenBLAS";
-    g.tn_tall = ahead_tall ? "oneDNN" : "OpenBLAS";
+    g.nn = ahead ? "oneDNN" : "OpenBLAS";
+    int tr[3] = {0, 0, 0};
+    BG_CHECK(bg__gemm_transposes(&cpu, ahead, tr));
+    g.nt = bg__gemm_name(ahead, tr[0]);
+    g.tn = bg__gemm_name(ahead, tr[1]);
+    g.tn_tall = bg__gemm_name(ahead_tall, tr[2]);
     const char *bf_impl = NULL, *bf_why = NULL;
     if (bg__cpu_bf16mm_available(&bf_impl, &bf_why))
         g.bf16 = bf_impl;
     else
         g.bf16_why = bf_why;
     *info_p = g;
+    tr_min_p[0] = 0;
+    memcpy(tr_min_p + 1, tr, sizeof(tr));
     return BG_OK;
+}
+
+bg_status_t bg_gemm_info(bg_gemm_info_t *info_p)
+{
+    int tr_min[4];
+    return bg__cpu_gemm_choice(info_p, tr_min);
 }

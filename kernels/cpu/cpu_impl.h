@@ -51,6 +51,14 @@ static inline void bg__cpu_release_signals(const sigset_t *old) { pthread_sigmas
  * says why). Loads it on first use. */
 const bg_blas_info_t *bg__cpu_blas(void);
 
+/* bg_gemm_info, and per layout ([0] A B, [1] A B^T, [2] A^T B with m <= n,
+ * [3] m > n) when "transpose then A B" runs (BRIGADE_GEMM_TRANSPOSE): 0
+ * never, else for products with min(m, n, k) >= tr_min_p[i] (cpu_blas.c). */
+bg_status_t bg__cpu_gemm_choice(bg_gemm_info_t *info_p, int tr_min_p[4]);
+
+/* Floats per thread of the backend's "transpose then A B" scratch: 0 until that path first ran (tests). */
+size_t bg__cpu_gemm_scratch_floats(const bg_backend_t *be);
+
 /* oneDNN's dnnl_sgemm itself (cpu_blas.c; NULL when it cannot be used):
  * called from the GEMM tiles, whose OpenMP tasks are held to one thread. */
 bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void);
@@ -163,6 +171,9 @@ typedef struct bg__cpu_kernels {
 #undef BG__CPU_KFIELD
     /* one block of the sum/sumsq reductions: the sum (of squares when sq) in double over cpu_vec.h's lanes */
     double (*reduce_block)(const float *x, size_t n, int sq);
+    /* dst (cols, rows; rows ldd apart) = src (rows, cols; rows lds apart) transposed: the GEMM's
+     * "transpose then A B" operands (cpu_backend.c); a copy, so exact on every ISA */
+    void (*transpose)(float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols);
     /* the ISA this compile's instructions need, from the compiler's own macros (bg_cpu_isa_name's names):
      * the backend checks it against the ISA it asked for */
     const char *isa;

@@ -559,6 +559,30 @@ static double bg__k_reduce_block(const float *restrict x, size_t n, int sq)
     return sq ? bg__dot_f(x, x, (int)n) : bg__sum_f(x, (int)n);
 }
 
+/* dst (cols, rows) = src (rows, cols) transposed, 8 x 8 blocks through
+ * registers (cpu_vec.h's bg__tr8x8), scalar loops for the edges past the
+ * last multiple of 8. Blocks of 8 rows walk all columns so that a row of src
+ * is read from one place for 8 blocks' worth of columns. */
+static void bg__k_transpose(float *restrict dst, size_t ldd, const float *restrict src, size_t lds, int rows,
+                            int cols)
+{
+    int r8 = rows & ~7, c8 = cols & ~7;
+    for (int r0 = 0; r0 < r8; r0 += 8) {
+        for (int c0 = 0; c0 < c8; c0 += 8) {
+            bg__v8 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = *(const bg__v8 *)(src + (size_t)(r0 + i) * lds + c0);
+            bg__tr8x8(dst + (size_t)c0 * ldd + r0, ldd, r);
+        }
+        for (int c = c8; c < cols; c++)
+            for (int i = 0; i < 8; i++)
+                dst[(size_t)c * ldd + r0 + i] = src[(size_t)(r0 + i) * lds + c];
+    }
+    for (int r = r8; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+}
+
 /* ----------------------------------------------------------------- table */
 
 #define bg__k_attention_forward BG_ISA_FN(bg__k_attention_forward)
@@ -580,5 +604,6 @@ const bg__cpu_kernels_t BG_ISA_FN(bg__cpu_kernels) = {
     BG_CPU_ISA_KERNELS(BG__CPU_KFILL)
 #undef BG__CPU_KFILL
     .reduce_block = bg__k_reduce_block,
+    .transpose = bg__k_transpose,
     .isa = BG_ISA_COMPILED,
 };

@@ -173,4 +173,31 @@ static inline double bg__exp_shift_sum(float *y, const float *x, float scale, fl
     return bg__lanes_total(acc);
 }
 
+/* 8 x 8 transpose in registers: r[i] holds row i (8 floats); column c of the
+ * block is stored at dst + c * ldd. Generic shuffles (GCC's and clang's
+ * __builtin_shufflevector): unpack, shufps and a 128-bit lane swap on AVX2 and
+ * AVX-512, pairs of SSE shuffles on the default ISA. Pure copies: exact. Used
+ * by attention's transposed key tiles and the GEMM's transposed operands. */
+typedef float bg__v8 __attribute__((vector_size(32), aligned(4), may_alias));
+static inline __attribute__((always_inline)) void bg__tr8x8(float *restrict dst, size_t ldd, const bg__v8 *r)
+{
+    bg__v8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            u[i + h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[i + h + 2] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    /* u[0..3] hold columns 0, 2, 1, 3 (low lanes) and 4, 6, 5, 7 (high) of rows 0-3, u[4..7] of rows 4-7 */
+    static const int col[4] = {0, 2, 1, 3};
+    for (int i = 0; i < 4; i++) {
+        *(bg__v8 *)(dst + (size_t)col[i] * ldd) = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        *(bg__v8 *)(dst + (size_t)(col[i] + 4) * ldd) =
+            __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
 #endif

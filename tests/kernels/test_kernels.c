@@ -26,6 +26,7 @@
 #include "brigade/core.h"
 #include "brigade/cpu.h"
 #include "kernels/backend_impl.h"
+#include "kernels/cpu/cpu_impl.h"
 #include "bg_test_capture.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -2018,6 +2019,7 @@ static void gemm_on_one_thread(void)
 static void gemm_library(const char *mode, const char *name)
 {
     setenv("BRIGADE_GEMM", mode, 1);
+    setenv("BRIGADE_GEMM_TRANSPOSE", "off", 1); /* the layouts as the library runs them (test_gemm_transpose: on) */
     bg_gemm_info_t g;
     if (bg_gemm_info(&g) != BG_OK) {
         print_message("skipped: %s\n", bg_last_error());
@@ -2049,21 +2051,168 @@ static void test_gemm_onednn(void **state)
 }
 
 /* a BRIGADE_GEMM that names no library: the backend is not created, and says why */
-static void test_gemm_bad_mode(void **state)
+/* var=value set: the cpu backend is not created, and the message names both */
+static void backend_refuses(const char *var, const char *value)
 {
-    (void)state;
-    setenv("BRIGADE_GEMM", "mkl", 1);
+    setenv(var, value, 1);
     bg_backend_t *be = NULL;
     assert_int_equal(bg_backend_create("cpu", NULL, &be), BG_ERR_INVALID);
     assert_null(be);
-    assert_non_null(strstr(bg_last_error(), "BRIGADE_GEMM=\"mkl\""));
+    char want[96];
+    snprintf(want, sizeof want, "%s=\"%s\"", var, value);
+    assert_non_null(strstr(bg_last_error(), want));
+}
+
+static void test_gemm_bad_mode(void **state)
+{
+    (void)state;
+    backend_refuses("BRIGADE_GEMM", "mkl");
 }
 
 static int unset_gemm(void **state)
 {
     (void)state;
     unsetenv("BRIGADE_GEMM");
+    unsetenv("BRIGADE_GEMM_TRANSPOSE");
     return 0;
+}
+
+/* host (cols, rows) = x (rows, cols; rows ld apart) transposed */
+static float *host_transpose(const float *x, int rows, int cols, int ld)
+{
+    float *t = xmalloc((size_t)rows * cols * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            t[(size_t)c * rows + r] = x[(size_t)r * ld + c];
+    return t;
+}
+
+/* One tile (edges below 256: not cut): the transposed layout under
+ * BRIGADE_GEMM_TRANSPOSE=on gives exactly the bits of A B on the operand
+ * transposed here (with the layout's library, transposes off): the copy is
+ * exact and the path runs. ta: A^T B (A is k x m), else A B^T (B is n x k). */
+static void gemm_transpose_is_nn(bg_rng_t *rng, int ta, int m, int n, int k, int pad)
+{
+    int lda = (ta ? m : k) + pad, ldb = (ta ? n : k) + pad;
+    size_t na = (size_t)(ta ? k : m) * lda, nb = (size_t)(ta ? k : n) * ldb;
+    float *a = hrandn(rng, na, 1.0), *b = hrandn(rng, nb, 1.0), *c0 = hrandn(rng, (size_t)m * n, 1.0), *out[2];
+    float *t = ta ? host_transpose(a, k, m, lda) : host_transpose(b, n, k, ldb); /* A^T (m x k) or B^T (k x n) */
+    for (int on = 0; on < 2; on++) {
+        setenv("BRIGADE_GEMM_TRANSPOSE", on ? "on" : "off", 1);
+        bg_backend_t *be = mkbe(2);
+        float *da = up(be, on || !ta ? a : t, on || !ta ? na : (size_t)m * k);
+        float *db = up(be, on || ta ? b : t, on || ta ? nb : (size_t)k * n), *dc = up(be, c0, (size_t)m * n);
+        if (on) {
+            be->ops->gemm(be, ta, !ta, m, n, k, 0.75f, da, lda, db, ldb, 0.5f, dc, n);
+            assert_true(bg__cpu_gemm_scratch_floats(be) >= (size_t)(ta ? m : n) * k); /* the path ran */
+        } else {
+            be->ops->gemm(be, 0, 0, m, n, k, 0.75f, da, ta ? k : lda, db, ta ? ldb : n, 0.5f, dc, n);
+            assert_int_equal(bg__cpu_gemm_scratch_floats(be), 0);
+        }
+        out[on] = down(be, dc, (size_t)m * n);
+        bg_backend_free(be, da), bg_backend_free(be, db), bg_backend_free(be, dc);
+        bg_backend_destroy(be);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s %dx%dx%d after transpose vs A B", ta ? "A^T B" : "A B^T", m, n, k);
+    assert_same_bits(what, out[0], out[1], (size_t)m * n);
+    free(a), free(b), free(c0), free(t), free(out[0]), free(out[1]);
+}
+
+/* A B^T of a fixed m x n x k product on a 2-thread backend made under BRIGADE_GEMM_TRANSPOSE=mode */
+static float *gemm_nt_under(const char *mode, int m, int n, int k, int *transposed_p)
+{
+    setenv("BRIGADE_GEMM_TRANSPOSE", mode, 1);
+    bg_backend_t *be = mkbe(2);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 31);
+    float *a = hrandn(&rng, (size_t)m * k, 1.0), *b = hrandn(&rng, (size_t)n * k, 1.0);
+    float *da = up(be, a, (size_t)m * k), *db = up(be, b, (size_t)n * k), *dc = up(be, NULL, (size_t)m * n);
+    be->ops->gemm(be, 0, 1, m, n, k, 1.0f, da, k, db, k, 0.0f, dc, n);
+    *transposed_p = bg__cpu_gemm_scratch_floats(be) > 0; /* the scratch exists once the path ran */
+    float *c = down(be, dc, (size_t)m * n);
+    bg_backend_free(be, da), bg_backend_free(be, db), bg_backend_free(be, dc);
+    bg_backend_destroy(be);
+    free(a), free(b);
+    return c;
+}
+
+/* auto's shape rule ("... where m, n, k >= 256", AVX2 with oneDNN): a product at the bound runs the
+ * transposed path and gives the bits of BRIGADE_GEMM_TRANSPOSE=on, one below it neither */
+static void gemm_transpose_auto_rule(void)
+{
+    setenv("BRIGADE_GEMM_TRANSPOSE", "auto", 1);
+    bg_gemm_info_t g;
+    assert_int_equal(bg_gemm_info(&g), BG_OK);
+    print_message("BRIGADE_GEMM_TRANSPOSE=auto: A B^T %s, A^T B %s (m > n: %s)\n", g.nt, g.tn, g.tn_tall);
+    if (!strstr(g.nt, "where m, n, k >= 256"))
+        return;
+    static const int sz[][3] = {{256, 300, 256}, {255, 300, 256}, {256, 300, 250}};
+    for (int i = 0; i < 3; i++) {
+        int tr_auto, tr_ref;
+        float *c_auto = gemm_nt_under("auto", sz[i][0], sz[i][1], sz[i][2], &tr_auto);
+        float *c_ref = gemm_nt_under(i == 0 ? "on" : "off", sz[i][0], sz[i][1], sz[i][2], &tr_ref);
+        assert_int_equal(tr_auto, i == 0);
+        assert_int_equal(tr_ref, i == 0);
+        char what[96];
+        snprintf(what, sizeof what, "auto A B^T %dx%dx%d vs %s", sz[i][0], sz[i][1], sz[i][2], i == 0 ? "on" : "off");
+        assert_same_bits(what, c_auto, c_ref, (size_t)sz[i][0] * sz[i][1]);
+        free(c_auto), free(c_ref);
+    }
+}
+
+/* BRIGADE_GEMM_TRANSPOSE=on ("transpose then A B" for A B^T and A^T B, on this
+ * run's ISA and GEMM library): bg_gemm_info says so; the GEMM tests (odd
+ * shapes, padded leading dimensions, beta 0 and 1, batched strides) pass
+ * against the double reference; beta 0.5 at tile-cut shapes; the bits are
+ * those of 1 thread on 3, and exactly A B's on the transposed operand; auto
+ * follows its shape rule. A bad value fails the backend's creation naming it. */
+static void test_gemm_transpose(void **state)
+{
+    (void)state;
+    backend_refuses("BRIGADE_GEMM_TRANSPOSE", "maybe");
+    bg_gemm_info_t g;
+    setenv("BRIGADE_GEMM_TRANSPOSE", "off", 1);
+    assert_int_equal(bg_gemm_info(&g), BG_OK);
+    assert_null(strstr(g.nt, "transpose")), assert_null(strstr(g.tn, "transpose"));
+    assert_null(strstr(g.tn_tall, "transpose"));
+    setenv("BRIGADE_GEMM_TRANSPOSE", "on", 1);
+    assert_int_equal(bg_gemm_info(&g), BG_OK);
+    print_message("BRIGADE_GEMM_TRANSPOSE=on: A B %s, A B^T %s, A^T B %s (m > n: %s)\n", g.nn, g.nt, g.tn, g.tn_tall);
+    assert_non_null(strstr(g.nt, " after transpose")), assert_non_null(strstr(g.tn, " after transpose"));
+    assert_non_null(strstr(g.tn_tall, " after transpose"));
+    assert_null(strstr(g.nn, "transpose"));
+    test_gemm(NULL);
+    test_gemm_batched(NULL);
+    bg_rng_t rng;
+    bg_rng_seed(&rng, 29);
+    bg_backend_t *be1 = mkbe(1), *be3 = mkbe(3);
+    static const int sz[][4] = {{0, 1, 261, 300}, {1, 0, 300, 261}, {1, 0, 700, 300}, {0, 1, 1100, 1040}};
+    for (size_t s = 0; s < NELEM(sz); s++) {
+        check_gemm_case(be3, &rng, sz[s][0], sz[s][1], sz[s][2], sz[s][3], 77, 0.5f, 3, 1);
+        check_gemm_case(be3, &rng, sz[s][0], sz[s][1], 131, 67, 45, 0.5f, 5, 3);
+        int ta = sz[s][0], m = sz[s][2], n = sz[s][3], k = 37 + (int)s * 40, lda = (ta ? m : k) + 3,
+            ldb = (ta ? n : k) + 1;
+        size_t na = (size_t)(ta ? k : m) * lda, nb = (size_t)(ta ? k : n) * ldb, nc = (size_t)m * n;
+        float *a = hrandn(&rng, na, 1.0), *b = hrandn(&rng, nb, 1.0), *out[2];
+        bg_backend_t *be[2] = {be1, be3};
+        for (int i = 0; i < 2; i++) {
+            float *da = up(be[i], a, na), *db = up(be[i], b, nb), *dc = up(be[i], NULL, nc);
+            be[i]->ops->gemm(be[i], ta, !ta, m, n, k, 1.0f, da, lda, db, ldb, 0.0f, dc, n);
+            out[i] = down(be[i], dc, nc);
+            bg_backend_free(be[i], da), bg_backend_free(be[i], db), bg_backend_free(be[i], dc);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "after transpose, %dx%dx%d ta=%d: 1 vs 3 threads", m, n, k, ta);
+        assert_same_bits(what, out[0], out[1], nc);
+        free(a), free(b), free(out[0]), free(out[1]);
+    }
+    bg_backend_destroy(be1), bg_backend_destroy(be3);
+    gemm_transpose_is_nn(&rng, 0, 100, 120, 77, 3);
+    gemm_transpose_is_nn(&rng, 1, 100, 120, 77, 3);
+    gemm_transpose_is_nn(&rng, 1, 150, 90, 61, 0);
+    gemm_transpose_auto_rule();
+    unsetenv("BRIGADE_GEMM_TRANSPOSE");
 }
 
 /* BRIGADE_CPU_ISA: a bad value fails the backend's creation naming it; auto
@@ -2178,6 +2327,7 @@ static void test_cpu_isa(void **state)
  * optimizer ops), against their references and across thread counts: run
  * once more under each ISA the CPU executes below its widest. */
 static const struct CMUnitTest isa_tests[] = {
+    cmocka_unit_test_teardown(test_gemm_transpose, unset_gemm),
     cmocka_unit_test(test_gelu_nonfinite), cmocka_unit_test(test_bias),
     cmocka_unit_test(test_activations),    cmocka_unit_test(test_layernorm),
     cmocka_unit_test(test_softmax),        cmocka_unit_test(test_causal_softmax),
@@ -2208,6 +2358,7 @@ int main(void)
         cmocka_unit_test_teardown(test_gemm_openblas, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_onednn, unset_gemm),
         cmocka_unit_test_teardown(test_gemm_bad_mode, unset_gemm),
+        cmocka_unit_test_teardown(test_gemm_transpose, unset_gemm),
         cmocka_unit_test(test_cpu_isa),
     };
     unsetenv("BRIGADE_CPU_ISA"); /* the first run: the CPU's widest ISA */
