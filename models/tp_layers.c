@@ -91,6 +91,10 @@ void bg_param_full_from_shards(const bg_param_t *p, const float *shards, float *
         shard_copy(p, r, full, (float *)shards + (size_t)r * p->numel, 0);
 }
 
+/* The group's collectives work on the buffers of the backend they are bound to (device memory on a
+ * device backend): a shard on backend be is gathered there, into a buffer of be, and only the gathered
+ * shards come to the host; a shard in host memory (be NULL) is gathered on host buffers (a group not
+ * bound to a device backend). */
 bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const bg_param_t *p, const float *src,
                                  float *full)
 {
@@ -104,21 +108,21 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
     if (!tp || tp->size != p->split_parts)
         return bg_error(BG_ERR_INVALID, "tensor %s: a shard of %d without its tensor-parallel group", p->name,
                         p->split_parts);
-    size_t n = p->numel;
-    float *mine = malloc(n * sizeof(float)), *all = malloc(n * (size_t)tp->size * sizeof(float));
+    size_t n = p->numel, bytes = n * (size_t)tp->size * sizeof(float);
+    float *all = malloc(bytes), *dev = be ? bg_backend_alloc(be, bytes, "tensor-parallel gather") : NULL;
     bg_status_t st = BG_OK;
-    if (!mine || !all) {
-        st = bg_error(BG_ERR_NOMEM, "gathering tensor %s", p->name);
+    if (!all || (be && !dev)) {
+        st = bg_error(BG_ERR_NOMEM, "gathering tensor %s (%zu bytes%s)", p->name, bytes, be ? " on the backend" : "");
     } else {
-        if (be)
-            be->ops->to_host(be, mine, src, n * sizeof(float));
-        else
-            memcpy(mine, src, n * sizeof(float));
-        st = tp->allgather(tp->arg, mine, all, n);
+        st = tp->allgather(tp->arg, src, dev ? dev : all, n);
+        if (st == BG_OK && dev)
+            be->ops->to_host(be, all, dev, bytes);
+        if (st == BG_OK && dev)
+            st = bg_backend_status(be); /* a device fault: nothing gathered to write */
         if (st == BG_OK)
             bg_param_full_from_shards(p, all, full);
     }
-    free(mine);
+    bg_backend_free(be, dev);
     free(all);
     return st;
 }

@@ -96,6 +96,25 @@ static bg_backend_t *state_backend(bg_model_t *m, int s)
     return s > 0 && bg_model_optim_on_host(m) && !via_backend ? NULL : bg_model_backend(m);
 }
 
+/* Shard p's tensor kind s (src) gathered whole into full: a collective of p's group g, whose collectives work
+ * on the buffers of m's backend, so a shard the backend does not hold (host-held optimizer state) goes
+ * into a buffer of it first. */
+static bg_status_t gather_one(bg_model_t *m, const bg_tp_comm_t *g, const bg_param_t *p, int s, const float *src,
+                              float *full)
+{
+    bg_backend_t *be = state_backend(m, s), *mb = bg_model_backend(m);
+    if (be || !mb)
+        return bg_param_gather_full(g, be, p, src, full);
+    size_t bytes = p->numel * sizeof(float);
+    float *dev = bg_backend_alloc(mb, bytes, "checkpoint shard");
+    if (!dev) /* the other members time out in the gather, naming this rank */
+        return bg_error(BG_ERR_NOMEM, "checkpoint: %zu bytes on the backend for a shard of %s", bytes, p->name);
+    mb->ops->from_host(mb, dev, src, bytes);
+    bg_status_t st = bg_param_gather_full(g, mb, p, dev, full);
+    bg_backend_free(mb, dev);
+    return st;
+}
+
 static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathered_t *g)
 {
     const bg_model_desc_t *d = bg_model_desc(models[0]);
@@ -128,7 +147,7 @@ static bg_status_t gather_shards(bg_model_t *const *models, int nmodels, gathere
                     st = bg_error(BG_ERR_NOMEM, "checkpoint: gathering %s", bg_model_tensor_name(m, t));
                 const float *src = s == 0 ? p->data : bg_model_optim_state(m, s - 1) + off;
                 if (st == BG_OK)
-                    st = bg_param_gather_full(bg_model_desc_group_of(d, p), state_backend(m, s), p, src, g->full[i]);
+                    st = gather_one(m, bg_model_desc_group_of(d, p), p, s, src, g->full[i]);
             }
         }
     }

@@ -457,7 +457,9 @@ void bg_param_shard_from_full(const bg_param_t *p, int part, const float *full, 
 void bg_param_full_from_shards(const bg_param_t *p, const float *shards, float *full);
 /** Collective over @p tp: the full tensor (host, bg_param_full_shape elements) from every member's
  *  shard @p src (on @p be, or host memory when @p be is NULL; p->numel floats: the weights or a slice of
- *  optimizer state shaped like them). */
+ *  optimizer state shaped like them). With @p be the shards are gathered on its buffers (one of the full
+ *  tensor's size allocated from @p be and freed; the group's collectives must work on them) and copied to
+ *  the host once; a fault of @p be is the result. Without, the group must work on host buffers. */
 bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const bg_param_t *p, const float *src,
                                  float *full);
 

@@ -25,7 +25,9 @@
 # --sequence-parallel, --zero 1 and 2, and tp 2 x dp 2 with ZeRO 2 and SP, on
 # cpu-async through the staging and direct providers (and staged without
 # streams on cpu, with BRIGADE_TP_OVERLAP=microbatch): bitwise the cpu
-# backend's weights; BRIGADE_COLL=nccl without a cuda backend is refused.
+# backend's weights (--tp 2 --sequence-parallel also under the device checker,
+# BRIGADE_DEVICE_CHECK=on, --save included); BRIGADE_COLL=nccl without a cuda
+# backend is refused.
 . "$(dirname "$0")/../lib/harness.sh"
 export BRIGADE_TIMEOUT=60
 
@@ -136,6 +138,8 @@ ccase coll_tp2_direct ref_tp2 2 direct direct $TP
 ccase coll_sp2 ref_sp2 2 always staging $TP --sequence-parallel
 CARGS="--backend cpu" BRIGADE_TP_OVERLAP=microbatch ccase coll_sp2_sync ref_sp2 2 always staging $TP --sequence-parallel
 ccase coll_sp2_direct ref_sp2 2 direct direct $TP --sequence-parallel
+# under the device checker (docs/offload.md): --save's gathers of the shards stay on the backend's buffers
+BRIGADE_DEVICE_CHECK=on ccase coll_sp2_checked ref_sp2 2 always staging $TP --sequence-parallel
 ccase coll_zero1 ref_zero1 2 always staging $GPT --dp 2 --zero 1
 ccase coll_zero1_direct ref_zero1 2 direct direct $GPT --dp 2 --zero 1
 ccase coll_zero2 ref_zero2 2 always staging $GPT --dp 2 --zero 2
