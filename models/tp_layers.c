@@ -92,9 +92,10 @@ void bg_param_full_from_shards(const bg_param_t *p, const float *shards, float *
 }
 
 /* The group's collectives work on the buffers of the backend they are bound to (device memory on a
- * device backend): a shard on backend be is gathered there, into a buffer of be, and only the gathered
- * shards come to the host; a shard in host memory (be NULL) is gathered on host buffers (a group not
- * bound to a device backend). */
+ * device backend): a shard on a device backend be is gathered there, into a buffer of be, and only the
+ * gathered shards come to the host; a shard the host can address (be NULL, or a backend without device
+ * buffers: copied to host memory first, which waits for its queued writers) is gathered on host buffers,
+ * so a run on the CPU holds no more than its own memory while it saves. */
 bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const bg_param_t *p, const float *src,
                                  float *full)
 {
@@ -109,12 +110,18 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
         return bg_error(BG_ERR_INVALID, "tensor %s: a shard of %d without its tensor-parallel group", p->name,
                         p->split_parts);
     size_t n = p->numel, bytes = n * (size_t)tp->size * sizeof(float);
-    float *all = malloc(bytes), *dev = be ? bg_backend_alloc(be, bytes, "tensor-parallel gather") : NULL;
+    int on_dev = be && be->ops->device_buffers;
+    float *all = malloc(bytes), *dev = on_dev ? bg_backend_alloc(be, bytes, "tensor-parallel gather") : NULL;
+    float *mine = on_dev ? NULL : malloc(n * sizeof(float));
     bg_status_t st = BG_OK;
-    if (!all || (be && !dev)) {
-        st = bg_error(BG_ERR_NOMEM, "gathering tensor %s (%zu bytes%s)", p->name, bytes, be ? " on the backend" : "");
+    if (!all || (on_dev && !dev) || (!on_dev && !mine)) {
+        st = bg_error(BG_ERR_NOMEM, "gathering tensor %s (%zu bytes%s)", p->name, bytes, on_dev ? " on the backend" : "");
     } else {
-        st = tp->allgather(tp->arg, src, dev ? dev : all, n);
+        if (!on_dev && be)
+            be->ops->to_host(be, mine, src, n * sizeof(float));
+        else if (!on_dev)
+            memcpy(mine, src, n * sizeof(float));
+        st = tp->allgather(tp->arg, on_dev ? src : mine, on_dev ? dev : all, n);
         if (st == BG_OK && dev)
             be->ops->to_host(be, all, dev, bytes);
         if (st == BG_OK && dev)
@@ -122,7 +129,9 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
         if (st == BG_OK)
             bg_param_full_from_shards(p, all, full);
     }
-    bg_backend_free(be, dev);
+    if (dev)
+        bg_backend_free(be, dev);
+    free(mine);
     free(all);
     return st;
 }

@@ -97,13 +97,13 @@ static bg_backend_t *state_backend(bg_model_t *m, int s)
 }
 
 /* Shard p's tensor kind s (src) gathered whole into full: a collective of p's group g, whose collectives work
- * on the buffers of m's backend, so a shard the backend does not hold (host-held optimizer state) goes
- * into a buffer of it first. */
+ * on the buffers of m's backend, so on a device backend a shard it does not hold (host-held optimizer state)
+ * goes into a buffer of it first. */
 static bg_status_t gather_one(bg_model_t *m, const bg_tp_comm_t *g, const bg_param_t *p, int s, const float *src,
                               float *full)
 {
     bg_backend_t *be = state_backend(m, s), *mb = bg_model_backend(m);
-    if (be || !mb)
+    if (be || !mb || !mb->ops->device_buffers)
         return bg_param_gather_full(g, be, p, src, full);
     size_t bytes = p->numel * sizeof(float);
     float *dev = bg_backend_alloc(mb, bytes, "checkpoint shard");
