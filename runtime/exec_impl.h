@@ -212,6 +212,8 @@ struct bg_executor {
     int numa_node;
     bg__emulate_t *em;      /* --emulate: per-stage times; the stages compute nothing, the optimizer updates nothing */
     bg_pair_t *pair;        /* BRIGADE_TP_OVERLAP=microbatch: two coroutines for paired instructions, else NULL */
+    int pair_j_lane;        /* inside bg__exec_run_pair: 1 + the lane running the pair's second instruction (0: none) */
+    int pair_i_ended;       /* inside bg__exec_run_pair: the pair's first instruction has ended */
     bg__strategy_t strat[16]; /* the active strategies, in registry order */
     int nstrat;
     double clip_norm;       /* with clip_grad: this step's global norm before clipping (exact sum) */

@@ -307,6 +307,17 @@ static bg_status_t add_loss(exec_t *x, chunk_t *ch, int mb)
     return BG_OK;
 }
 
+/* BRIGADE_TP_OVERLAP=microbatch (bg__exec_run_pair): the pair's second instruction, a forward, posts
+ * its output gradient's buffer only once the first has ended, which is the order the memory replay
+ * counts (schedule/memory.c: i ends, then j). Without it the order followed the timing: when i is a
+ * backward-weight its lane starts second, and a forward whose collectives all completed at their first
+ * test ran to its end before it, holding that buffer beside the slot the backward-weight then frees. */
+static void pair_hold(exec_t *x)
+{
+    for (int idle = 0; x->pair_j_lane == bg__pair_lane() + 1 && !x->pair_i_ended && bg__pair_wait_turn(&idle);)
+        ;
+}
+
 /* A forward of a training program (eval 0) or of a forward-only one (eval 1): the same compute; an
  * evaluation's slot stashes nothing for a backward, receives no gradient and ends once its output is
  * handed on: at once (the loss, or the next stage on this rank), or when its send completes (reaped). */
@@ -337,8 +348,10 @@ static bg_status_t forward(exec_t *x, chunk_t *ch, int mb, int eval)
     /* The output gradient's buffer is counted with the stash from here (bg_stage_memory's dout): receive
      * into it now, so that the next stage's send completes when it is made and frees the next stage's
      * backward buffers (a rendezvous send would otherwise hold them until this stage's backward) */
-    if (!eval && !ch->is_last && !ch->next_local)
+    if (!eval && !ch->is_last && !ch->next_local) {
+        pair_hold(x);
         BG_CHECK(post_grad_recv(x, ch, mb));
+    }
     if (!ch->is_last && ch->next_local) {
         /* the next stage is ours: hand the output over now */
         chunk_t *nx = chunk_of_stage(x, ch->stage + 1);
@@ -537,6 +550,7 @@ typedef struct lane_job {
     int n;
     size_t failed;  /* the op that failed */
     double a, b;    /* the compute instruction's start and end */
+    int first;      /* 1: this job runs the pair's first instruction (i) */
 } lane_job_t;
 
 /* Run a lane's instructions; a receive is waited for yielding to the other lane. */
@@ -571,6 +585,8 @@ static bg_status_t lane_run(void *arg)
             L->failed = L->ops[k];
             return st;
         }
+        if (compute && L->first)
+            x->pair_i_ended = 1;
         if (compute)
             L->a = a, L->b = b;
         if (x->trace)
@@ -582,7 +598,7 @@ static bg_status_t lane_run(void *arg)
 /* Run ops i and j (bg_sched_pair_partner) and what lies between them, as two lanes. */
 bg_status_t bg__exec_run_pair(exec_t *x, size_t i, size_t j)
 {
-    lane_job_t job[2] = {{.x = x}, {.x = x}};
+    lane_job_t job[2] = {{.x = x, .first = 1}, {.x = x}};
     job[0].ops[job[0].n++] = i;
     for (size_t k = i + 1; k < j; k++) {
         int send = x->ops[k].kind == BG_OP_SEND_ACT || x->ops[k].kind == BG_OP_SEND_GRAD;
@@ -600,7 +616,10 @@ bg_status_t bg__exec_run_pair(exec_t *x, size_t i, size_t j)
     int w = x->ops[i].kind == BG_OP_BACKWARD_WEIGHT;
     bg_status_t st[2];
     char msg[2][256];
+    x->pair_j_lane = 1 + !w; /* job[1] runs on lane !w (pair_hold) */
+    x->pair_i_ended = 0;
     bg__pair_run(x->pair, lane_run, &job[w], lane_run, &job[!w], st, msg);
+    x->pair_j_lane = 0;
     double a = job[0].a < job[1].a ? job[0].a : job[1].a, b = job[0].b > job[1].b ? job[0].b : job[1].b;
     if (st[0] == BG_OK && st[1] == BG_OK) {
         x->busy += b - a;

@@ -322,7 +322,8 @@ static bg_status_t replay(const bg_schedule_t *sched, int rank, int paired, cons
         if (j) {
             /* runtime/exec_ops.c bg__exec_run_pair: i starts; at its first wait for the tensor group j
              * starts (a weight gradient has none: j starts first and i beside it); i ends (a forward's
-             * output gradient buffer is posted then), its sends leave, and j ends */
+             * output gradient buffer is posted then), its sends leave, and j ends (a forward j posts its
+             * buffer only after i's end: exec_ops.c pair_hold) */
             post_ahead(&r, ops, n, j);
             BG_CHECK_GOTO(record(&r), st, out);
             op_start(&r, &g, &ops[i]);

@@ -720,10 +720,11 @@ int bg_cmd_train(int argc, char **argv)
                                "(both instructions' buffers at once, a second scratch per stage): plan with it set, or run without it", plan_path);
         }
         if (precision_flag && c.model.precision != bg_plan_precision(plan)) {
+            bg_dtype_t planned = bg_plan_precision(plan);
             bg_plan_free(plan);
             return bg_cli_fail(cmd, "%s counted the activations in %s, not --precision %s: plan with brigade plan "
                                "--precision %s, or run it without --precision", plan_path,
-                               bg_dtype_name(bg_plan_precision(plan)), bg_dtype_name(c.model.precision),
+                               bg_dtype_name(planned), bg_dtype_name(c.model.precision),
                                bg_dtype_name(c.model.precision));
         }
         c.model.sequence_parallel = bg_plan_sequence_parallel(plan); /* the flags' model is checked as planned */

@@ -260,12 +260,16 @@ grep -q "counted the activations in bf16, not --precision fp32" <<<"$out" && [ "
 
 # BRIGADE_TP_OVERLAP=microbatch (a forward beside another microbatch's backward, tp 2 x pp 2): the plan
 # counts both instructions' buffers at once and a second scratch, and every rank's peak is again its
-# prediction; a plan made without it refuses to run with it
+# prediction; a plan made without it refuses to run with it. Which lane reaches what first depends on
+# the timing, so 8 steps (the peak is the largest step's): each is a chance for ZB-H1's forward paired
+# with a W (its lane starts first) to reach its end before the W has run, which the executor must not
+# let add a gradient buffer; and a step whose pairs all waited for their receive until the partner had
+# ended holds less than the prediction (a bound: both instructions' buffers at once)
 TPM="--model gpt --layers 4 --d-model 64 --heads 4 --seq 32 --devices 4 --pp 2 --mem 1G --batch 16 --tp 2 --microbatch-size 2"
 for sch in gpipe 1f1b zb-h1 interleaved; do
   ex=; [ $sch = interleaved ] && ex="--chunks 2"
   if BRIGADE_TP_OVERLAP=microbatch timeout 60 "$B" plan $TPM --schedule $sch $ex --json "$T/p_$sch.json" >"$T/out" 2>&1 &&
-     BRIGADE_TP_OVERLAP=microbatch timeout 120 "$B" launch -n 4 -- "$B" train --plan "$T/p_$sch.json" --steps 2 \
+     BRIGADE_TP_OVERLAP=microbatch timeout 120 "$B" launch -n 4 -- "$B" train --plan "$T/p_$sch.json" --steps 8 \
        --threads 1 --quiet --metrics "$T/p_$sch.jsonl" >"$T/run" 2>&1; then
     grep -q '"tp_overlap": "microbatch"' "$T/p_$sch.json" || fail "paired $sch: the plan does not record tp_overlap"
     peaks_match "$T/p_$sch.json" "$T/p_$sch.jsonl" "paired $sch" 2 ||
