@@ -22,6 +22,7 @@
 #include "schedule/generate.h"
 #include "schedule/layout.h"
 #include "schedule/memory.h"
+#include "schedule/offact.h"
 #include "schedule/simulate.h"
 #include "plan_impl.h"
 
@@ -53,6 +54,7 @@ typedef struct candidate {
     bg_part_stage_spec_t *specs;  /* [S] */
     bg_part_problem_t prob;
     bg_part_stage_t *out;         /* [S] the partition */
+    int *moved;                   /* [S] activation offload: the microbatches whose stash a stage moves */
 } candidate_t;
 
 static void candidate_free(candidate_t *c)
@@ -70,6 +72,7 @@ static void candidate_free(candidate_t *c)
     free(c->coll);
     free(c->opt);
     free(c->specs);
+    free(c->moved);
     for (int k = 0; c->mcounts && k < c->Lm; k++)
         free(c->mcounts[k]);
     free(c->mcounts);
@@ -165,18 +168,35 @@ static bg_status_t candidate_devices(const search_t *s, candidate_t *c)
     return BG_OK;
 }
 
-/* Phase 1b: the slot counts each rank's program keeps (bg_part_schedule_counts; with activation offload
- * the stashes off the device too, at the executor's BRIGADE_OFFLOAD_ACT_AHEAD). */
+/* Phase 1b: the slot counts each rank's program keeps (bg_part_schedule_counts). With activation offload,
+ * every rank's points from one walk (at the executor's BRIGADE_OFFLOAD_ACT_AHEAD): the stashes off the
+ * device in the counts, and how many microbatches each stage moves (its transfers). */
 static bg_status_t candidate_counts(candidate_t *c)
 {
-    long long ahead = 0;
-    if (c->offact && (bg_config_int("BRIGADE_OFFLOAD_ACT_AHEAD", &ahead) != BG_OK || ahead < 0 || ahead > 1000))
-        return bg_error(BG_ERR_INVALID, "BRIGADE_OFFLOAD_ACT_AHEAD=%s: expected 0 to 1000",
-                        bg_config_str("BRIGADE_OFFLOAD_ACT_AHEAD"));
-    for (int r = 0; r < c->pp; r++)
-        BG_CHECK(c->offact ? bg_part_schedule_counts_offact(c->sched, r, (int)ahead, &c->rows[r], &c->nrows[r])
-                           : bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
-    return BG_OK;
+    if (!c->offact) {
+        for (int r = 0; r < c->pp; r++)
+            BG_CHECK(bg_part_schedule_counts(c->sched, r, c->paired, &c->rows[r], &c->nrows[r]));
+        return BG_OK;
+    }
+    int ahead;
+    bg__offact_slot_t *pts = NULL;
+    BG_CHECK(bg__offact_ahead(&ahead));
+    BG_CHECK(bg__offact_points_all(c->sched, ahead, &pts));
+    size_t VM = (size_t)c->V * (size_t)c->m;
+    bg_status_t st = BG_OK;
+    c->moved = calloc((size_t)c->S, sizeof(int));
+    if (!c->moved)
+        st = bg_error(BG_ERR_NOMEM, "plan candidate");
+    for (int r = 0; r < c->pp && st == BG_OK; r++)
+        st = bg__part_schedule_counts_at(c->sched, r, pts + (size_t)r * VM, &c->rows[r], &c->nrows[r]);
+    for (int v = 0; v < c->S && st == BG_OK; v++) {
+        const bg__offact_slot_t *p = pts + (size_t)bg_schedule_stage_rank(c->sched, v) * VM +
+                                     (size_t)bg_schedule_stage_chunk(c->sched, v) * (size_t)c->m;
+        for (int mb = 0; mb < c->m; mb++)
+            c->moved[v] += p[mb].out_at >= 0;
+    }
+    free(pts);
+    return st;
 }
 
 /* Seconds of `calls` collectives over a tensor group of tp members putting
@@ -526,8 +546,9 @@ static double keep_limit(const search_t *s)
 /* Seconds virtual stage v of an offloaded candidate spends on the host link (docs/offload.md "The
  * planner"), as a device backend's offload moves the bytes: *step_s_p at its optimizer step, *gather_s_p
  * at each gather of its layers' parameters (forward, backward, recomputation), *act_s_p each way of one
- * microbatch's stashed activations (--offload activations: out after its forward, back before its
- * backward; not on a chain's last stage nor a recomputing one, which keep none off the device). Per element its replica
+ * microbatch's stashed activations, averaged over the microbatches (--offload activations: out after its
+ * forward, back before its backward, for the microbatches whose stash the points move: c->moved; none
+ * on a recomputing stage, which keeps no stash). Per element its replica
  * updates (the stage's parameters, their shard under --zero 1..3): --offload optimizer 12 bytes, the
  * gradient and the parameter down and the parameter back (runtime/offload.c's host step, one copy
  * stream); optimizer,params 4, the gradient shard down (the shard lives on the host), and every gather
@@ -542,8 +563,8 @@ static void offload_seconds(const search_t *s, const candidate_t *c, int v, doub
     *step_s_p = *gather_s_p = *act_s_p = 0;
     if (!(hb > 0))
         return;
-    if (c->offact && !c->out[v].recompute && v % c->Lm != c->Lm - 1)
-        *act_s_p = (double)c->out[v].layer_act_bytes / hb;
+    if (c->offact && !c->out[v].recompute)
+        *act_s_p = (double)c->out[v].layer_act_bytes * c->moved[v] / c->m / hb;
     if (!c->offload)
         return;
     *step_s_p = (c->offload >= 2 ? 4.0 : 12.0) * n / hb;

@@ -27,6 +27,7 @@
 #include "core/check.h"
 #include "runtime/exec_impl.h"
 #include "runtime/offload.h"
+#include "schedule/memory.h"
 #include "schedule/offact.h"
 
 enum { ACT_NONE, ACT_ON, ACT_OUT }; /* a slot's stash this step: not forwarded (or back), on the device, out */
@@ -42,7 +43,7 @@ typedef struct {
     bg__offact_slot_t *pts;    /* V x M: where each moves (schedule/offact.h) */
     const bg_sched_op_t **cop; /* this rank's compute instructions, in order */
     long ncomp;
-    long ahead;                /* BRIGADE_OFFLOAD_ACT_AHEAD */
+    int ahead;                 /* BRIGADE_OFFLOAD_ACT_AHEAD */
     long at;                   /* compute instructions begun this step */
     bg__offload_t *store;
     bg_optim_store_t mem;      /* the store's alloc / release */
@@ -53,14 +54,11 @@ static int offact_active(const exec_t *x) { return (x->p.offload & BG_OFFLOAD_AC
 
 static bg_status_t offact_setup(exec_t *x, void **self_p)
 {
-    long long k = 1;
-    if (bg_config_int("BRIGADE_OFFLOAD_ACT_AHEAD", &k) != BG_OK || k < 0 || k > 1000)
-        return bg_error(BG_ERR_INVALID, "BRIGADE_OFFLOAD_ACT_AHEAD=%s: expected 0 to 1000 (compute instructions "
-                        "ahead of a microbatch's backward its stash comes back)",
-                        bg_config_str("BRIGADE_OFFLOAD_ACT_AHEAD") ? bg_config_str("BRIGADE_OFFLOAD_ACT_AHEAD") : "");
+    int k;
+    BG_CHECK(bg__offact_ahead(&k));
     offact_t *o = calloc(1, sizeof(*o));
     BG_ALLOC_CHECK(o, sizeof(*o), "activation offload");
-    o->ahead = (long)k;
+    o->ahead = k;
     bg_status_t st = bg__offload_create(x->p.offload_dir, &o->store);
     if (st != BG_OK) {
         free(o);
@@ -90,7 +88,7 @@ static bg_status_t offact_ready(exec_t *x, void *self)
     size_t n = (size_t)x->V * (size_t)x->M, nops = 0;
     o->slots = calloc(n ? n : 1, sizeof(*o->slots));
     BG_ALLOC_CHECK(o->slots, n * sizeof(*o->slots), "activation offload slots");
-    BG_CHECK(bg__offact_points(x->sched, x->lay.me.pp, (int)o->ahead, &o->pts));
+    BG_CHECK(bg__offact_points(x->sched, x->lay.me.pp, o->ahead, &o->pts));
     const bg_sched_op_t *ops = bg_schedule_rank_ops(x->sched, x->lay.me.pp, &nops);
     o->cop = malloc((nops ? nops : 1) * sizeof(*o->cop));
     BG_ALLOC_CHECK(o->cop, nops * sizeof(*o->cop), "activation offload program");
@@ -184,11 +182,12 @@ static bg_status_t offact_before_compute(exec_t *x, void *self, chunk_t *ch, int
     return BG_OK;
 }
 
-/* The replay's counts with the stashes off the device between their points (the executor's prediction). */
+/* The replay's counts with the stashes off the device between the points this strategy follows (the
+ * executor's prediction; ready computed them). */
 static bg_status_t offact_act_counts(exec_t *x, void *self, bg_part_counts_t **rows_p, int *nrows_p)
 {
     offact_t *o = self;
-    return bg_part_schedule_counts_offact(x->sched, x->lay.me.pp, (int)o->ahead, rows_p, nrows_p);
+    return bg__part_schedule_counts_at(x->sched, x->lay.me.pp, o->pts, rows_p, nrows_p);
 }
 
 static void offact_destroy(exec_t *x, void *self)

@@ -386,6 +386,14 @@ bg_status_t bg_part_schedule_counts_offact(const bg_schedule_t *sched, int rank,
     return st;
 }
 
+bg_status_t bg__part_schedule_counts_at(const bg_schedule_t *sched, int rank, const bg__offact_slot_t *pts,
+                                        bg_part_counts_t **rows_p, int *npoints_p)
+{
+    if (rank < 0 || rank >= bg_schedule_ranks(sched))
+        return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, bg_schedule_ranks(sched));
+    return replay(sched, rank, 0, pts, rows_p, npoints_p);
+}
+
 bg_status_t bg_part_offact_stash_bytes(const bg_schedule_t *sched, int rank, int chunk, int ahead,
                                        size_t stash_bytes, size_t *bytes_p)
 {

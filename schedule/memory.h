@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "brigade/partitioner.h"
+#include "schedule/offact.h"
 
 static inline size_t bg__row_bytes(const bg_part_counts_t *n, const bg_part_stage_t *e)
 {
@@ -84,5 +85,10 @@ static inline int bg__zero2_bucket_walk(const size_t *params, int first, int las
         }
     return n;
 }
+
+/* bg_part_schedule_counts_offact with rank's points already known (bg__offact_points; NULL: no offload),
+ * for the executor's strategy and the planner, which have them. */
+bg_status_t bg__part_schedule_counts_at(const bg_schedule_t *sched, int rank, const bg__offact_slot_t *pts,
+                                        bg_part_counts_t **rows_p, int *npoints_p);
 
 #endif

@@ -167,14 +167,27 @@ static void walk(walk_t *w)
     }
 }
 
-bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, bg__offact_slot_t **slots_p)
+bg_status_t bg__offact_ahead(int *ahead_p)
+{
+    long long k = 0;
+    if (bg_config_int("BRIGADE_OFFLOAD_ACT_AHEAD", &k) != BG_OK || k < 0 || k > 1000) {
+        const char *v = bg_config_str("BRIGADE_OFFLOAD_ACT_AHEAD");
+        return bg_error(BG_ERR_INVALID, "BRIGADE_OFFLOAD_ACT_AHEAD=%s: expected 0 to 1000 (compute instructions "
+                        "ahead of a microbatch's backward its stash comes back)", v ? v : "");
+    }
+    *ahead_p = (int)k;
+    return BG_OK;
+}
+
+/* rank < 0: every rank's points (P x V x M), else rank's (V x M). */
+static bg_status_t points(const bg_schedule_t *sched, int rank, int ahead, bg__offact_slot_t **slots_p)
 {
     walk_t w = {sched, sched->p, sched->nstages, sched->m, sched->v, NULL, NULL, NULL, NULL, NULL, NULL};
-    if (rank < 0 || rank >= w.P || ahead < 0)
+    if (rank < -1 || rank >= w.P || ahead < 0)
         return bg_error(BG_ERR_INVALID, "activation offload points: rank %d of %d, ahead %d", rank, w.P, ahead);
-    size_t SM = (size_t)w.S * w.M, VM = (size_t)w.V * w.M;
+    size_t SM = (size_t)w.S * w.M, VM = (size_t)w.V * w.M, NR = rank < 0 ? (size_t)w.P : 1;
     bg_status_t st = BG_OK;
-    bg__offact_slot_t *out = malloc((VM ? VM : 1) * sizeof(*out));
+    bg__offact_slot_t *out = malloc((NR * VM > 0 ? NR * VM : 1) * sizeof(*out));
     w.cidx = calloc((size_t)w.P, sizeof(*w.cidx));
     w.pt = calloc((size_t)w.P, sizeof(*w.pt));
     w.sends = malloc((2 * SM + 1) * sizeof(size_t));
@@ -196,8 +209,11 @@ bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, b
     for (int r = 0; r < w.P; r++)
         candidates(&w, r, ahead);
     walk(&w);
-    for (size_t k = 0; k < VM; k++)
-        out[k] = (bg__offact_slot_t){w.pt[rank][k].out_at, w.pt[rank][k].in_at};
+    for (size_t r = 0; r < NR; r++)
+        for (size_t k = 0; k < VM; k++) {
+            const pt_t *p = &w.pt[rank < 0 ? (int)r : rank][k];
+            out[r * VM + k] = (bg__offact_slot_t){p->out_at, p->in_at};
+        }
     *slots_p = out;
     out = NULL;
     goto done;
@@ -210,4 +226,16 @@ done:
     }
     free(w.cidx), free(w.pt), free(w.sends), free(w.posted), free(w.first_bw), free(w.pos), free(out);
     return st;
+}
+
+bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, bg__offact_slot_t **slots_p)
+{
+    if (rank < 0)
+        return bg_error(BG_ERR_INVALID, "activation offload points: rank %d of %d", rank, sched->p);
+    return points(sched, rank, ahead, slots_p);
+}
+
+bg_status_t bg__offact_points_all(const bg_schedule_t *sched, int ahead, bg__offact_slot_t **slots_p)
+{
+    return points(sched, -1, ahead, slots_p);
 }

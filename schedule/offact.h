@@ -26,5 +26,10 @@ typedef struct bg__offact_slot {
  * deadlock (a walk of every rank's program: such a point moves later).
  * *slots_p: V x M entries (chunk c, microbatch mb at c * M + mb), malloc'ed. */
 bg_status_t bg__offact_points(const bg_schedule_t *sched, int rank, int ahead, bg__offact_slot_t **slots_p);
+/* The same for every rank from the one walk: *slots_p holds P x V x M entries, rank r's at r * V * M. */
+bg_status_t bg__offact_points_all(const bg_schedule_t *sched, int ahead, bg__offact_slot_t **slots_p);
+
+/* k: BRIGADE_OFFLOAD_ACT_AHEAD, 0..1000 (else BG_ERR_INVALID naming it), for the strategy and the planner. */
+bg_status_t bg__offact_ahead(int *ahead_p);
 
 #endif
