@@ -110,18 +110,16 @@ bg_status_t bg_param_gather_full(const bg_tp_comm_t *tp, bg_backend_t *be, const
         return bg_error(BG_ERR_INVALID, "tensor %s: a shard of %d without its tensor-parallel group", p->name,
                         p->split_parts);
     size_t n = p->numel, bytes = n * (size_t)tp->size * sizeof(float);
-    int on_dev = be && be->ops->device_buffers;
+    int on_dev = be && be->ops->device_buffers, copy = be && !on_dev; /* copy: to_host waits for its writers */
     float *all = malloc(bytes), *dev = on_dev ? bg_backend_alloc(be, bytes, "tensor-parallel gather") : NULL;
-    float *mine = on_dev ? NULL : malloc(n * sizeof(float));
+    float *mine = copy ? malloc(n * sizeof(float)) : NULL;
     bg_status_t st = BG_OK;
-    if (!all || (on_dev && !dev) || (!on_dev && !mine)) {
+    if (!all || (on_dev && !dev) || (copy && !mine)) {
         st = bg_error(BG_ERR_NOMEM, "gathering tensor %s (%zu bytes%s)", p->name, bytes, on_dev ? " on the backend" : "");
     } else {
-        if (!on_dev && be)
+        if (copy)
             be->ops->to_host(be, mine, src, n * sizeof(float));
-        else if (!on_dev)
-            memcpy(mine, src, n * sizeof(float));
-        st = tp->allgather(tp->arg, on_dev ? src : mine, on_dev ? dev : all, n);
+        st = tp->allgather(tp->arg, copy ? mine : src, on_dev ? dev : all, n);
         if (st == BG_OK && dev)
             be->ops->to_host(be, all, dev, bytes);
         if (st == BG_OK && dev)

@@ -17,19 +17,24 @@
 #include "runtime/checkpoint_impl.h"
 #include "runtime/exec_impl.h"
 
+/* The backend's queued work done, and its first fault if any: state copied in or out under a fault is not
+ * the steps' (nothing of it may be written, or kept as loaded). */
+static bg_status_t device_done(exec_t *x)
+{
+    x->be->ops->synchronize(x->be);
+    return bg_backend_status(x->be);
+}
+
 /* Every chunk's parameters whole (the EVERY hook settle). */
 bg_status_t bg__exec_settle(exec_t *x)
 {
     BG__EACH_STRATEGY(x, s) if (s->ops->settle) BG_CHECK(s->ops->settle(x, s->self));
-    x->be->ops->synchronize(x->be);
-    return bg_backend_status(x->be); /* a device fault: nothing of this state may be written */
+    return device_done(x);
 }
 
 bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int keep)
 {
-    x->be->ops->synchronize(x->be);
-    BG_CHECK(bg_backend_status(x->be)); /* a device fault: the weights are not the steps' */
-    BG__EACH_STRATEGY(x, s) if (s->ops->state_check) BG_CHECK(s->ops->state_check(x, s->self, 0));
+    BG_CHECK(device_done(x)); /* a device fault: the weights are not the steps' */
     bg__strategy_t *own = BG__ONE(x, save_checkpoint);
     if (own)
         return own->ops->save_checkpoint(x, own->self, root, keep);
@@ -60,10 +65,8 @@ bg_status_t bg_executor_save_checkpoint(bg_executor_t *x, const char *root, int 
     p.keep = keep;
     bg_status_t st = bg_checkpoint_save(&p);
     free(models);
-    if (st == BG_OK) { /* a device fault in the gathers or the copies out: the files are not the state */
-        x->be->ops->synchronize(x->be);
-        st = bg_backend_status(x->be);
-    }
+    if (st == BG_OK) /* a device fault in the gathers or the copies out: the files are not the state */
+        st = device_done(x);
     BG__EACH_STRATEGY(x, s) if (s->ops->state_end) s->ops->state_end(x, s->self, 0, st);
     return st;
 }
@@ -168,7 +171,6 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
     bg_resume_result_t r;
     memset(&r, 0, sizeof r);
     bg_model_t **models = NULL;
-    BG__EACH_STRATEGY(x, s) if (s->ops->state_check) BG_CHECK(s->ops->state_check(x, s->self, 1));
     BG_CHECK(bg__exec_settle(x));
     /* the full state in the models while loading (a strategy keeps its part after) */
     BG__EACH_STRATEGY(x, s) if (s->ops->state_begin) BG_CHECK(s->ops->state_begin(x, s->self, 1));
@@ -219,10 +221,8 @@ bg_status_t bg_executor_resume_with(bg_executor_t *x, const bg_resume_params_t *
 out:
     free(models);
     BG__EACH_STRATEGY(x, s) if (s->ops->state_end) s->ops->state_end(x, s->self, 1, st);
-    if (st == BG_OK) { /* a device fault in the copies in: the state is not the checkpoint's */
-        x->be->ops->synchronize(x->be);
-        st = bg_backend_status(x->be);
-    }
+    if (st == BG_OK) /* a device fault in the copies in: the state is not the checkpoint's */
+        st = device_done(x);
     if (st == BG_OK)
         *result_p = r;
     return st;
@@ -295,10 +295,8 @@ static bg_status_t write_weights(exec_t *x, const char *dir)
             st = bg_model_save_safetensors(x->chunks[v].model, path, meta);
     }
     free(meta);
-    if (st == BG_OK) { /* a device fault in the copies out (the gathers of tensor-parallel shards): not the weights */
-        x->be->ops->synchronize(x->be);
-        st = bg_backend_status(x->be);
-    }
+    if (st == BG_OK) /* a device fault in the copies out (the gathers of tensor-parallel shards): not the weights */
+        st = device_done(x);
     return st;
 }
 

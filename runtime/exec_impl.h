@@ -120,9 +120,6 @@ typedef struct bg__strategy_ops {
     bg_status_t (*settle)(exec_t *x, void *self);
     /* ONE: write a checkpoint (default: every chunk's full tensors, bg_checkpoint_save). */
     bg_status_t (*save_checkpoint)(exec_t *x, void *self, const char *root, int keep);
-    /* EVERY: whether a checkpoint may be saved (loading 0) or loaded (1), before any strategy acts on it
-     * (no side effects: a refusal here leaves every buffer as it was). */
-    bg_status_t (*state_check)(exec_t *x, void *self, int loading);
     /* EVERY: before a checkpoint is saved (loading 0) or loaded (1): the full optimizer state in the models. */
     bg_status_t (*state_begin)(exec_t *x, void *self, int loading);
     /* EVERY: after it (st: how it went). */

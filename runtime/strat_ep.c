@@ -23,6 +23,7 @@
 #include "core/check.h"
 #include "runtime/devcoll.h"
 #include "runtime/exec_impl.h"
+#include "runtime/staging.h"
 #include "runtime/tp.h"
 
 #define EP_MAX_EMU 64 /* members of an emulated group at most (the counts live on the stack) */
@@ -66,15 +67,6 @@ static bg_status_t ep_allgather(void *arg, const float *send, float *recv, size_
     return ep_wait(arg, r);
 }
 
-static void host_free(const ep_t *e, float *p)
-{
-    bg_backend_t *be = e->x->be;
-    if (p && be->ops->host_free)
-        be->ops->host_free(be, p);
-    else
-        free(p);
-}
-
 /* The calling lane's host buffer of at least n floats (kept for the next all-to-all; one per lane, though the
  * executor pairs no instructions on a backend that queues work today). */
 static float *host_rows(ep_t *e, size_t n)
@@ -82,9 +74,8 @@ static float *host_rows(ep_t *e, size_t n)
     int lane = bg__pair_lane();
     if (n <= e->host_n[lane])
         return e->host[lane];
-    bg_backend_t *be = e->x->be;
-    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-    float *p = be->ops->host_alloc ? be->ops->host_alloc(be, bytes) : aligned_alloc(64, bytes);
+    size_t bytes = n * sizeof(float);
+    float *p = bg__host_alloc(e->x->be, bytes);
     if (!p) {
         bg_error(BG_ERR_NOMEM, "expert-parallel all-to-all staged through host memory: %zu bytes", bytes);
         return NULL;
@@ -92,7 +83,7 @@ static float *host_rows(ep_t *e, size_t n)
     if (!e->host[0] && !e->host[1])
         bg_log(BG_LOG_INFO, "executor", "rank %d: the expert-parallel all-to-alls staged through host memory",
                e->x->lay.rank);
-    host_free(e, e->host[lane]);
+    bg__host_free(e->x->be, e->host[lane]);
     e->host[lane] = p, e->host_n[lane] = n;
     return p;
 }
@@ -155,8 +146,8 @@ static void ep_destroy(exec_t *x, void *self)
     free(e->extra);
     free(e->emu[0]);
     free(e->emu[1]);
-    host_free(e, e->host[0]);
-    host_free(e, e->host[1]);
+    bg__host_free(e->x->be, e->host[0]);
+    bg__host_free(e->x->be, e->host[1]);
     if (bg_model_desc_ep(x->desc) == &e->c)
         bg_model_desc_set_ep(x->desc, NULL);
     if (x->ep_coll == e->rep_coll)

@@ -227,9 +227,8 @@ static int device_ptr(bg_backend_t *be, const char *op, const char *arg, const v
         snprintf(s->fault, sizeof s->fault, "BRIGADE_DEVICE_CHECK: %s refused: its %s %p (%zu bytes) is not in a live "
                  "allocation of this backend (a host pointer where device memory is expected)", op, arg, ptr, bytes);
     pthread_mutex_unlock(&s->lock);
-    if (first)
-        bg_log(BG_LOG_ERROR, "kernels", "cpu-async: BRIGADE_DEVICE_CHECK: %s refused: its %s %p (%zu bytes) is not in "
-               "a live allocation of this backend", op, arg, ptr, bytes);
+    if (first) /* written once: nothing changes it after */
+        bg_log(BG_LOG_ERROR, "kernels", "cpu-async: %s", s->fault);
     return 0;
 }
 

@@ -465,7 +465,7 @@ bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
  * function of the ISA, the library and the product's shape only, never of
  * the thread count or a tile. */
 #define BG__GEMM_TRANSPOSE_MIN 256
-static bg_status_t bg__gemm_transposes(const bg_cpu_info_t *cpu, int dnnl, int tr_min[3])
+static bg_status_t bg__gemm_transposes(int avx2_only, int dnnl, int tr_min[3])
 {
     const char *v = bg_config_str("BRIGADE_GEMM_TRANSPOSE");
     int on = !strcmp(v, "on"), off = !strcmp(v, "off");
@@ -475,7 +475,6 @@ static bg_status_t bg__gemm_transposes(const bg_cpu_info_t *cpu, int dnnl, int t
         tr_min[i] = on;
     if (on || off)
         return BG_OK;
-    int avx2_only = cpu->avx2_fma && !cpu->avx512;
     tr_min[0] = avx2_only && dnnl ? BG__GEMM_TRANSPOSE_MIN : 0;
     return BG_OK;
 }
@@ -532,7 +531,7 @@ bg_status_t bg__cpu_gemm_choice(bg_gemm_info_t *info_p, int tr_min_p[4])
     int ahead_tall = g.onednn && (m_dnnl || avx2_only || blas.fallback);
     g.nn = ahead ? "oneDNN" : "OpenBLAS";
     int tr[3] = {0, 0, 0};
-    BG_CHECK(bg__gemm_transposes(&cpu, ahead, tr));
+    BG_CHECK(bg__gemm_transposes(avx2_only, ahead, tr));
     g.nt = bg__gemm_name(ahead, tr[0]);
     g.tn = bg__gemm_name(ahead, tr[1]);
     g.tn_tall = bg__gemm_name(ahead_tall, tr[2]);
