@@ -403,7 +403,8 @@ static void test_device_check(void **state)
     be->ops->to_host(be, host, other, sizeof other);
     assert_true(host[0] == 32.0f);
     assert_fault(be, "to_host", "source", other);
-    be->ops->fill(be, host, 0.0f, 4); /* a second fault: the first is the one kept */
+    be->ops->fill(be, host, 0.0f, 4); /* a second fault: skipped (host keeps its values), the first one kept */
+    assert_true(host[0] == 32.0f && host[3] == 35.0f);
     assert_fault(be, "to_host", "source", other);
     bg_backend_free(be, dev);
     bg_backend_destroy(be);
@@ -424,8 +425,13 @@ static void test_device_check(void **state)
     bg_backend_destroy(be);
     /* the optimizer kernels: a host-held first moment refused */
     be = checked(&dev);
+    float before[64], after[64];
+    be->ops->to_host(be, before, dev, sizeof before);
     be->ops->adamw(be, dev, dev + 16, other, dev + 48, 4, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
     assert_fault(be, "adamw", "first moment", other);
+    be->ops->to_host(be, after, dev, sizeof after); /* skipped: the parameters and moments as they were */
+    assert_memory_equal(before, after, sizeof before);
+    assert_true(other[0] == 7.0f && other[3] == 7.0f);
     bg_backend_free(be, dev);
     bg_backend_destroy(be);
 }
