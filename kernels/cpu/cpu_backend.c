@@ -186,6 +186,9 @@ static void bg__cpu_convert(bg_backend_t *be, void *dst, bg_dtype_t dt, const vo
 #define BG_CPU_GEMM_TILE_MAX 1024
 #define BG_CPU_GEMM_TILE_MIN 128
 #define BG_CPU_GEMM_MIN_TASKS 2
+/* source rows per piece of a whole-operand transpose (a multiple of 16: each
+ * 64-byte line of the copy is written by one thread) */
+#define BG_CPU_GEMM_TR_ROWS 64
 /* below this many multiply-adds in total a parallel region does not pay */
 #define BG_CPU_GEMM_PAR ((long long)1 << 18)
 
@@ -257,7 +260,10 @@ static void bg__cpu_scale_c(float *c, int m, int n, int ldc, float beta)
 /* "Transpose then A B" (BRIGADE_GEMM_TRANSPOSE): per tile, op(B) = B^T
  * (A B^T: nn x k of B becomes k x nn) or op(A) = A^T (A^T B: k x mm of A
  * becomes mm x k) is copied into the thread's scratch by the ISA's transpose
- * (exact), then one A B call runs. The choice is per layout (bg_gemm_info),
+ * (exact), then one A B call runs. Where several tiles share those rows (B's
+ * when the product is cut along m, A's when along n) the whole operand is
+ * copied once instead, by all the threads before the tiles, into one shared
+ * block. The choice is per layout (bg_gemm_info),
  * the tiles are unchanged, so a C element is still always computed by the
  * same call on the same operands: bits independent of the thread count.
  * Returns the scratch for nt threads of `floats` each, or NULL when it cannot
@@ -318,10 +324,15 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
     /* transpose then A B: A B^T and A^T B (not A^T B^T), never in bf16 (its tiles convert the operands anyway) */
     int tmin = impl->transpose_min[layout], mn = m < n ? m : n;
     int tr = !bf16 && tmin > 0 && (mn < k ? mn : k) >= tmin, tr_b = tr && !trans_a, tr_a = tr && !trans_b;
-    size_t scr_floats = tr_b ? (size_t)tn * k : tr_a ? (size_t)tm * k : 0;
-    float *scratch = scr_floats ? bg__cpu_gemm_scratch(impl, scr_floats, nt) : NULL;
+    /* whole: the operand is copied once, before the tiles, when several tiles would each
+     * copy the same rows of it (B's rows j0.. are every tile row's; A's columns i0.., every
+     * tile column's): one shared block, n x k or m x k floats; else each tile copies its own
+     * part into its thread's block */
+    int whole = batch == 1 && ((tr_b && tiles_m > 1) || (tr_a && tiles_n > 1));
+    size_t scr_floats = whole ? (size_t)(tr_b ? n : m) * k : tr_b ? (size_t)tn * k : tr_a ? (size_t)tm * k : 0;
+    float *scratch = scr_floats ? bg__cpu_gemm_scratch(impl, scr_floats, whole ? 1 : nt) : NULL;
     if (!scratch)
-        tr_a = tr_b = 0;
+        tr_a = tr_b = whole = 0;
     void (*transpose)(float *, size_t, const float *, size_t, int, int) = impl->k->transpose;
 #pragma omp parallel num_threads(nt) if (nt > 1 && ntask > 1 && work > BG_CPU_GEMM_PAR)
     {
@@ -331,6 +342,15 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
          * nthreads-var is per task) and ends with the region. */
         if (dnnl || bf16)
             omp_set_num_threads(1);
+        if (whole) { /* B (n x k) -> k x n, or A (k x m) -> m x k, in blocks of 64 source rows; a barrier ends it */
+            int rows = tr_b ? n : k, cols = tr_b ? k : m;
+            const float *src = tr_b ? b : a;
+            size_t lds = (size_t)(tr_b ? ldb : lda);
+#pragma omp for schedule(static)
+            for (int r0 = 0; r0 < rows; r0 += BG_CPU_GEMM_TR_ROWS)
+                transpose(scratch + r0, (size_t)rows, src + (size_t)r0 * lds, lds,
+                          rows - r0 < BG_CPU_GEMM_TR_ROWS ? rows - r0 : BG_CPU_GEMM_TR_ROWS, cols);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (long long task = 0; task < ntask; task++) {
             long long bi = task / per, r = task % per;
@@ -343,7 +363,11 @@ static void bg__cpu_gemm_strided_batched(bg_backend_t *be, int trans_a, int tran
             float *cp = c + bi * stride_c + (size_t)i0 * ldc + j0;
             char tac = trans_a ? 'T' : 'N', tbc = trans_b ? 'T' : 'N';
             int lda_t = lda, ldb_t = ldb;
-            if (tr_a || tr_b) {
+            if (whole && tr_b) /* columns j0.. of the k x n copy */
+                bp = scratch + j0, ldb_t = n, tbc = 'N';
+            else if (whole) /* rows i0.. of the m x k copy */
+                ap = scratch + (size_t)i0 * k, lda_t = k, tac = 'N';
+            else if (tr_a || tr_b) {
                 float *scr = scratch + (size_t)omp_get_thread_num() * impl->scratch_floats;
                 if (tr_b) /* B's rows j0.. (nn x k) -> (k x nn) */
                     transpose(scr, (size_t)nn, bp, (size_t)ldb, nn, k), bp = scr, ldb_t = nn, tbc = 'N';

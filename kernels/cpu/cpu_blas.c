@@ -454,16 +454,16 @@ bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
 }
 
 /* BRIGADE_GEMM_TRANSPOSE: whether A B^T ([0]), A^T B with m <= n ([1]) and
- * with m > n ([2]) copy their transposed operand (tile by tile, into the
- * backend's scratch) and run A B instead: tr_min[i] 0 never, else from this
- * min(m, n, k) up. auto: where it measured >= 3% faster (docs/kernels.md,
- * bench/gemm_transpose.sh, Emerald Rapids, one thread): A B^T under AVX2 with
- * oneDNN at the d_model-256 GPT's shapes (1.02-1.07, medians of 9 and 15
- * rounds), not at d_model 128 (0.97-1.02); A^T B gained at one shape only
- * (1.08 at 1024x256x256, 0.96-0.97 at 256^3); AVX-512 and the default ISA
- * lost or tied nearly everywhere (0.82-1.03; the default ISA 0.82-0.94). A
- * function of the ISA, the library and the product's shape only, never of
- * the thread count or a tile. */
+ * with m > n ([2]) copy their transposed operand (into the backend's scratch:
+ * per tile, or once where tiles share it) and run A B instead: tr_min[i] 0
+ * never, else from this min(m, n, k) up. auto: where it measured >= 3% faster
+ * (docs/kernels.md, bench/gemm_transpose.sh, Emerald Rapids, one thread): A
+ * B^T and A^T B under AVX2 with oneDNN at the d_model-256 GPT's shapes
+ * (1.01-1.14, medians of 9 and 15 rounds, the class ahead in both runs), not
+ * at d_model 128 (0.92-1.05); AVX-512 and the default ISA lost or tied nearly
+ * everywhere (0.82-1.03; the default ISA 0.82-0.94). A function of the ISA,
+ * the library and the product's shape only, never of the thread count or a
+ * tile. */
 #define BG__GEMM_TRANSPOSE_MIN 256
 static bg_status_t bg__gemm_transposes(int avx2_only, int dnnl, int tr_min[3])
 {
@@ -475,7 +475,8 @@ static bg_status_t bg__gemm_transposes(int avx2_only, int dnnl, int tr_min[3])
         tr_min[i] = on;
     if (on || off)
         return BG_OK;
-    tr_min[0] = avx2_only && dnnl ? BG__GEMM_TRANSPOSE_MIN : 0;
+    for (int i = 0; i < 3; i++)
+        tr_min[i] = avx2_only && dnnl ? BG__GEMM_TRANSPOSE_MIN : 0;
     return BG_OK;
 }
 

@@ -2087,10 +2087,11 @@ static float *host_transpose(const float *x, int rows, int cols, int ld)
     return t;
 }
 
-/* One tile (edges below 256: not cut): the transposed layout under
- * BRIGADE_GEMM_TRANSPOSE=on gives exactly the bits of A B on the operand
- * transposed here (with the layout's library, transposes off): the copy is
- * exact and the path runs. ta: A^T B (A is k x m), else A B^T (B is n x k). */
+/* The transposed layout under BRIGADE_GEMM_TRANSPOSE=on gives exactly the
+ * bits of A B on the operand transposed here (with the layout's library,
+ * transposes off): the copy is exact and the path runs. One tile (edges below
+ * 256: not cut) or, with pad 0, tiles sharing a whole copy (its leading
+ * dimension is the reference's). ta: A^T B (A is k x m), else A B^T (B is n x k). */
 static void gemm_transpose_is_nn(bg_rng_t *rng, int ta, int m, int n, int k, int pad)
 {
     int lda = (ta ? m : k) + pad, ldb = (ta ? n : k) + pad;
@@ -2187,7 +2188,10 @@ static void test_gemm_transpose(void **state)
     bg_rng_t rng;
     bg_rng_seed(&rng, 29);
     bg_backend_t *be1 = mkbe(1), *be3 = mkbe(3);
-    static const int sz[][4] = {{0, 1, 261, 300}, {1, 0, 300, 261}, {1, 0, 700, 300}, {0, 1, 1100, 1040}};
+    /* {ta, tb, m, n}: tiles cut along n (A B^T: each tile copies its rows of B; A^T B: A copied once for both),
+     * along m (the converse), and both ways (B copied once for all four) */
+    static const int sz[][4] = {{0, 1, 261, 300}, {1, 0, 300, 261}, {1, 0, 700, 300}, {0, 1, 1100, 1040},
+                                {1, 0, 261, 300}};
     for (size_t s = 0; s < NELEM(sz); s++) {
         check_gemm_case(be3, &rng, sz[s][0], sz[s][1], sz[s][2], sz[s][3], 77, 0.5f, 3, 1);
         check_gemm_case(be3, &rng, sz[s][0], sz[s][1], 131, 67, 45, 0.5f, 5, 3);
@@ -2210,6 +2214,9 @@ static void test_gemm_transpose(void **state)
     bg_backend_destroy(be1), bg_backend_destroy(be3);
     gemm_transpose_is_nn(&rng, 0, 100, 120, 77, 3);
     gemm_transpose_is_nn(&rng, 1, 100, 120, 77, 3);
+    /* tiles sharing the copied operand: it is copied once, whole (A B^T cut along m, A^T B along n) */
+    gemm_transpose_is_nn(&rng, 0, 1100, 1040, 45, 0);
+    gemm_transpose_is_nn(&rng, 1, 261, 300, 53, 0);
     /* A^T B with m > n runs the tall layout's library, which may not be A B's (OpenBLAS's on AVX-512 under
      * auto): one library for both, so the comparison is of the copy and not of two libraries */
     setenv("BRIGADE_GEMM", "openblas", 1);
