@@ -231,14 +231,15 @@ typedef float bg__vf __attribute__((vector_size(BG_ATT_VW * 4), aligned(4), may_
 
 static int bg__att_hp(int hs) { return (hs + 31) & ~31; }
 
-/* s[r][0..BK) = q_r . k_j for 4 rows (q_r rows ld apart; rows past nr repeat
- * the last), kt (hs, BK) the transposed key tile */
+/* s[r][0..ncol) = q_r . k_j for 4 rows (q_r rows ld apart; rows past nr
+ * repeat the last), kt (hs, BK) the transposed key tile; ncol a multiple of
+ * BG_ATT_CW up to BK (the columns past it are left as they were) */
 static inline __attribute__((always_inline)) void bg__att_s4(float s[BG_ATT_RB][BG_ATT_BK], const float *q,
-                            size_t ld, int nr, const float *kt, int hs)
+                            size_t ld, int nr, const float *kt, int hs, int ncol)
 {
     const float *q0 = q, *q1 = q + (nr > 1 ? ld : 0), *q2 = q + (nr > 2 ? 2 * ld : 0),
                 *q3 = q + (nr > 3 ? 3 * ld : 0);
-    for (int c = 0; c < BG_ATT_BK; c += BG_ATT_CW) {
+    for (int c = 0; c < ncol; c += BG_ATT_CW) {
         bg__vf a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
         for (int d = 0; d < hs; d++) {
             const float *kr = kt + (size_t)d * BG_ATT_BK + c;
@@ -323,6 +324,16 @@ static inline int bg__att_nvis(const int *qpos, const int *kpos, int ti, int j0,
     return nv;
 }
 
+/* The columns of a 4-row block's scores worth computing: those its last row
+ * sees (the rows below see a prefix of them), rounded up to whole column
+ * groups. On the diagonal tile the first blocks see few keys: at 32-key tiles
+ * and 4-row blocks, the products past them were about a seventh of the
+ * kernel's multiply-adds at T = 128. */
+static inline int bg__att_ncol(int vis)
+{
+    return (vis + BG_ATT_CW - 1) / BG_ATT_CW * BG_ATT_CW;
+}
+
 /* Row i's result of this call (o_b, its log-sum-exp lb; a row that saw no
  * key has lb = -inf) merged into the running (orow, *lse) by log-sum-exp. */
 static void bg__att_merge(float *orow, float *lse, const float *ob, float inv, float lb, int hs)
@@ -359,11 +370,13 @@ static inline __attribute__((always_inline)) void bg__att_fwd_tile(float *acc, f
                             size_t ldv, int hs, int HP, float scale, const int *qpos, const int *kpos)
 {
     float s[BG_ATT_RB][BG_ATT_BK];
+    memset(s, 0, sizeof(s)); /* columns past a block's ncol are read (and not used) by bg__att_online */
     for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
         int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
         if (!bg__att_sees(qpos, kpos, i0 + r0 + nr - 1, j0))
             continue; /* the whole tile is above these rows' diagonal */
-        bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs);
+        int vis = bg__att_nvis(qpos, kpos, i0 + r0 + nr - 1, j0, nk); /* keys j0..j0+vis-1: any row's */
+        bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs, bg__att_ncol(vis));
         float *a = acc + (size_t)r0 * HP;
         for (int r = 0; r < BG_ATT_RB; r++) {
             int ti = i0 + r0 + (r < nr ? r : nr - 1), i = r0 + r;
@@ -377,7 +390,7 @@ static inline __attribute__((always_inline)) void bg__att_fwd_tile(float *acc, f
             for (int d = 0; d < HP; d++)
                 a[(size_t)r * HP + d] *= corr;
         }
-        bg__att_pv4(a, (const float(*)[BG_ATT_BK])s, vx, ldv, nk, HP);
+        bg__att_pv4(a, (const float(*)[BG_ATT_BK])s, vx, ldv, vis, HP);
     }
 }
 
@@ -444,21 +457,23 @@ static inline __attribute__((always_inline)) void bg__att_bwd_tile(float *dka, f
 {
     float qp[BG_ATT_RB * BG_ATT_BLK_HS], dop[BG_ATT_RB * BG_ATT_BLK_HS], dqa[BG_ATT_RB * BG_ATT_BLK_HS];
     float p[BG_ATT_RB][BG_ATT_BK], dp[BG_ATT_RB][BG_ATT_BK];
+    memset(p, 0, sizeof(p)), memset(dp, 0, sizeof(dp)); /* as the forward's s */
     const float *xq[BG_ATT_RB], *xdo[BG_ATT_RB];
     /* with a head size of whole 32-float chunks, rows of q and dO are read in place instead of padded copies */
     const int direct = HP == hs;
     for (int r0 = rfirst; r0 < T; r0 += BG_ATT_RB) {
         int nr = T - r0 < BG_ATT_RB ? T - r0 : BG_ATT_RB;
         const float *qrow = q + (size_t)r0 * ld, *dorow = dout + (size_t)r0 * ldo;
-        bg__att_s4(p, qrow, ld, nr, kt, hs);
-        bg__att_s4(dp, dorow, ldo, nr, vt, hs);
+        int vis = bg__att_nvis(qpos, kpos, r0 + nr - 1, j0, nk), ncol = bg__att_ncol(vis);
+        bg__att_s4(p, qrow, ld, nr, kt, hs, ncol);
+        bg__att_s4(dp, dorow, ldo, nr, vt, hs, ncol);
         for (int r = 0; r < BG_ATT_RB; r++) {
             int ti = r0 + r, nv = r < nr ? bg__att_nvis(qpos, kpos, ti, j0, nk) : 0; /* rows past T: none */
             float li = r < nr ? lse[ti] : 0.0f, di = r < nr ? dvec[ti] : 0.0f;
-            for (int j = 0; j < BG_ATT_BK; j++) {
+            for (int j = 0; j < BG_ATT_BK; j++) { /* past nv (and ncol: not computed) both 0 */
                 float pj = j < nv ? bg__expf(scale * p[r][j] - li) : 0.0f;
                 p[r][j] = pj;
-                dp[r][j] = pj * (dp[r][j] - di) * scale; /* scale dS */
+                dp[r][j] = j < nv ? pj * (dp[r][j] - di) * scale : 0.0f; /* scale dS */
             }
             if (direct) {
                 /* rows past T have weights 0: read row r0 (in bounds) */
@@ -473,9 +488,9 @@ static inline __attribute__((always_inline)) void bg__att_bwd_tile(float *dka, f
             }
         }
         memset(dqa, 0, (size_t)BG_ATT_RB * HP * sizeof(float));
-        bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kx, ldk, nk, HP);
-        bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, xq, nk, HP);
-        bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, xdo, nk, HP);
+        bg__att_pv4(dqa, (const float(*)[BG_ATT_BK])dp, kx, ldk, vis, HP);
+        bg__att_tv4(dka, (const float(*)[BG_ATT_BK])dp, xq, vis, HP);
+        bg__att_tv4(dva, (const float(*)[BG_ATT_BK])p, xdo, vis, HP);
         for (int r = 0; r < nr; r++)
             for (int d = 0; d < hs; d++)
                 dq[(size_t)(r0 + r) * ld + d] += dqa[r * HP + d];
