@@ -460,12 +460,12 @@ bg_dnnl_sgemm_fn bg__cpu_dnnl_sgemm(void)
  * (docs/kernels.md, bench/gemm_transpose.sh, Emerald Rapids, one thread): A
  * B^T and A^T B under AVX2 with oneDNN at the d_model-256 GPT's shapes
  * (1.01-1.14, medians of 9 and 15 rounds, the class ahead in both runs), not
- * at d_model 128 (0.92-1.05); AVX-512 and the default ISA lost or tied nearly
- * everywhere (0.82-1.03; the default ISA 0.82-0.94). A function of the ISA,
- * the library and the product's shape only, never of the thread count or a
- * tile. */
+ * at d_model 128 (0.92-1.05); A B^T under AVX-512 with oneDNN there too (1.00-
+ * 1.11, none behind; its A^T B lost, 0.92-0.94 at three of four shapes); the
+ * default ISA lost everywhere (0.82-0.94). A function of the ISA, the library
+ * and the product's shape only, never of the thread count or a tile. */
 #define BG__GEMM_TRANSPOSE_MIN 256
-static bg_status_t bg__gemm_transposes(int avx2_only, int dnnl, int tr_min[3])
+static bg_status_t bg__gemm_transposes(int avx2_only, int avx512, int dnnl, int tr_min[3])
 {
     const char *v = bg_config_str("BRIGADE_GEMM_TRANSPOSE");
     int on = !strcmp(v, "on"), off = !strcmp(v, "off");
@@ -477,6 +477,8 @@ static bg_status_t bg__gemm_transposes(int avx2_only, int dnnl, int tr_min[3])
         return BG_OK;
     for (int i = 0; i < 3; i++)
         tr_min[i] = avx2_only && dnnl ? BG__GEMM_TRANSPOSE_MIN : 0;
+    if (avx512 && dnnl)
+        tr_min[0] = BG__GEMM_TRANSPOSE_MIN;
     return BG_OK;
 }
 
@@ -532,7 +534,7 @@ bg_status_t bg__cpu_gemm_choice(bg_gemm_info_t *info_p, int tr_min_p[4])
     int ahead_tall = g.onednn && (m_dnnl || avx2_only || blas.fallback);
     g.nn = ahead ? "oneDNN" : "OpenBLAS";
     int tr[3] = {0, 0, 0};
-    BG_CHECK(bg__gemm_transposes(avx2_only, ahead, tr));
+    BG_CHECK(bg__gemm_transposes(avx2_only, cpu.avx512, ahead, tr));
     g.nt = bg__gemm_name(ahead, tr[0]);
     g.tn = bg__gemm_name(ahead, tr[1]);
     g.tn_tall = bg__gemm_name(ahead_tall, tr[2]);
