@@ -116,3 +116,14 @@ bg_status_t bg_config_double(const char *name, double *value_p)
     return bg__config_number(name, NULL, value_p);
 }
 
+bg_status_t bg_config_on(const char *name, int *on_p)
+{
+    const char *v = bg_config_str(name);
+    if (!v)
+        return bg_error(BG_ERR_INTERNAL, "configuration variable %s is not declared", name);
+    if (strcmp(v, "on") && strcmp(v, "off"))
+        return bg_error(BG_ERR_INVALID, "%s=%s: expected on or off", name, v);
+    *on_p = !strcmp(v, "on");
+    return BG_OK;
+}
+

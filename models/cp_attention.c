@@ -173,7 +173,8 @@ bg_status_t bg__cp_attention_backward(const bg_layer_t *l, const bg_layer_ctx_t 
     const bg_cp_comm_t *cp = ctx->cp;
     bg_backend_t *be = ctx->be;
     int B = ctx->in.n, T = ctx->in.t, N = cp->size, hs = c / heads;
-    int overlap = strcmp(bg_config_str("BRIGADE_CP_OVERLAP"), "off") != 0;
+    int overlap = 1;
+    BG_CHECK(bg_config_on("BRIGADE_CP_OVERLAP", &overlap));
     size_t floats = (size_t)B * T * 3 * c;
     ring_t r;
     BG_CHECK(bg__cp_check(l, ctx, hs));

@@ -63,6 +63,8 @@ bg_status_t bg__cp_create(bg_comm_t *comm, bg_model_desc_t *desc, int cp, const 
     *cp_p = NULL;
     if (cp == 1)
         return bg_model_desc_set_cp(desc, NULL);
+    int overlap; /* the attention backward reads it per call: a bad value fails here, before the first step */
+    BG_CHECK(bg_config_on("BRIGADE_CP_OVERLAP", &overlap));
     bg__cp_t *g = calloc(1, sizeof(*g));
     BG_ALLOC_CHECK(g, sizeof(*g), "context-parallel group");
     g->comm = comm;

@@ -43,16 +43,6 @@ typedef struct {
     int prefetch, evict; /* BRIGADE_OFFLOAD_PREFETCH, BRIGADE_OFFLOAD_EVICT */
 } offload_t;
 
-/* on|off of a BRIGADE_OFFLOAD_* setting, naming it when it is neither. */
-static bg_status_t on_off(const char *name, int *on_p)
-{
-    const char *v = bg_config_str(name);
-    if (!v || (strcmp(v, "on") && strcmp(v, "off")))
-        return bg_error(BG_ERR_INVALID, "%s=%s: expected on or off", name, v ? v : "");
-    *on_p = !strcmp(v, "on");
-    return BG_OK;
-}
-
 static int offload_active(const exec_t *x) { return (x->p.offload & (BG_OFFLOAD_OPTIMIZER | BG_OFFLOAD_PARAMS)) != 0; }
 
 /* The host-held step (bg__offload_optim_store): on a backend whose buffers the host may not address, or
@@ -79,8 +69,8 @@ static bg_status_t offload_setup(exec_t *x, void **self_p)
         return bg_error(BG_ERR_INVALID, "--offload optimizer with --ps: the servers hold the optimizer state; "
                                         "leave --offload out");
     int prefetch = 1, evict = 0;
-    BG_CHECK(on_off("BRIGADE_OFFLOAD_PREFETCH", &prefetch));
-    BG_CHECK(on_off("BRIGADE_OFFLOAD_EVICT", &evict));
+    BG_CHECK(bg_config_on("BRIGADE_OFFLOAD_PREFETCH", &prefetch));
+    BG_CHECK(bg_config_on("BRIGADE_OFFLOAD_EVICT", &evict));
     offload_t *o = calloc(1, sizeof(*o));
     BG_ALLOC_CHECK(o, sizeof(*o), "offload strategy");
     o->prefetch = prefetch;

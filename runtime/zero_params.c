@@ -344,10 +344,7 @@ bg_status_t bg__zparams_shard_again(bg__zparams_t *zp)
 /* A host-held shard on a backend with streams: the events of its uploads; the test knob read. */
 static bg_status_t upload_events(bg__zparams_t *zp)
 {
-    const char *nw = bg_config_str("BRIGADE_FAULT_UPLOAD_NOWAIT");
-    if (nw && strcmp(nw, "on") && strcmp(nw, "off"))
-        return bg_error(BG_ERR_INVALID, "BRIGADE_FAULT_UPLOAD_NOWAIT=%s: expected on or off", nw);
-    zp->nowait = nw && !strcmp(nw, "on");
+    BG_CHECK(bg_config_on("BRIGADE_FAULT_UPLOAD_NOWAIT", &zp->nowait));
     const bg_backend_ops_t *d = zp->be->ops;
     if (!zp->host || !d->event_create)
         return BG_OK;

@@ -137,6 +137,9 @@ const char *bg_config_str(const char *name);
 bg_status_t bg_config_int(const char *name, long long *value_p);
 /** Floating-point value; a malformed value is an error naming the variable. */
 bg_status_t bg_config_double(const char *name, double *value_p);
+/** A switch: *on_p = 1 for "on", 0 for "off"; anything else is an error naming
+ *  the variable and its value ("expected on or off"), *on_p left as it was. */
+bg_status_t bg_config_on(const char *name, int *on_p);
 
 /** Deterministic random numbers (xoshiro256**), a small value type. */
 typedef struct bg_rng {

@@ -346,9 +346,8 @@ static void make_ops(void)
 
 bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params_t *params)
 {
-    const char *check = bg_config_str("BRIGADE_DEVICE_CHECK");
-    if (!check || (strcmp(check, "on") && strcmp(check, "off")))
-        return bg_error(BG_ERR_INVALID, "BRIGADE_DEVICE_CHECK=%s: expected on or off", check ? check : "");
+    int check_on = 0;
+    BG_CHECK(bg_config_on("BRIGADE_DEVICE_CHECK", &check_on));
     BG_CHECK(bg__cpu_backend_init(be, params));
     streams_t *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -367,6 +366,6 @@ bg_status_t bg__cpu_async_backend_init(bg_backend_t *be, const bg_backend_params
     bg__cpu_set_streams(be, s, streams_destroy);
     bg__cpu_ops_seen = be->ops;
     pthread_once(&bg__cpu_async_once, make_ops);
-    be->ops = strcmp(check, "on") ? &bg__cpu_async_ops : &bg__cpu_checked_ops;
+    be->ops = check_on ? &bg__cpu_checked_ops : &bg__cpu_async_ops;
     return BG_OK;
 }

@@ -13,7 +13,8 @@
 # a length not divisible by 2 cp, --ps, an MoE model, each one line naming
 # what. (With tp, ZeRO and the planner: test_cp_compose.sh.) A Llama (rotary
 # positions) the same as GPT: cp 2 = cp 1. The backward's overlapped dK/dV
-# hops give bitwise the serial order's weights.
+# hops give bitwise the serial order's weights; a BRIGADE_CP_OVERLAP other than on or
+# off fails before the first step.
 . "$(dirname "$0")/../lib/harness.sh"
 
 GPT="--model gpt --layers 2 --d-model 32 --heads 4 --seq 256 --batch 4 --microbatches 2 --threads 1 --lr 0.001 --steps 20"
@@ -104,5 +105,14 @@ elif grep -q "layer moe is a moe" "$T/moe.log"; then
   ok "MoE refused: $(grep -m1 -o 'context parallelism.*is a moe' "$T/moe.log")"
 else
   bad "MoE under --cp 2: $(tail -3 "$T/moe.log")"
+fi
+# a bad BRIGADE_CP_OVERLAP fails when the context group is made, before the first step, naming it
+if BRIGADE_CP_OVERLAP=maybe timeout 60 "$B" launch -n 2 -- "$B" train $GPT --steps 1 --cp 2 --metrics "$T/badov.jsonl" \
+  >"$T/badov.log" 2>&1; then
+  bad "BRIGADE_CP_OVERLAP=maybe trained"
+elif grep -q 'BRIGADE_CP_OVERLAP=maybe: expected on or off' "$T/badov.log" && ! grep -qs '"step"' "$T/badov.jsonl"; then
+  ok "BRIGADE_CP_OVERLAP=maybe refused before a step: $(grep -m1 -o 'BRIGADE_CP_OVERLAP=maybe: expected on or off' "$T/badov.log")"
+else
+  bad "BRIGADE_CP_OVERLAP=maybe: $(tail -3 "$T/badov.log")"
 fi
 finish
