@@ -377,7 +377,7 @@ bg_status_t bg_part_schedule_counts(const bg_schedule_t *sched, int rank, int pa
 bg_status_t bg_part_schedule_counts_offact(const bg_schedule_t *sched, int rank, int ahead,
                                            bg_part_counts_t **rows_p, int *npoints_p)
 {
-    if (rank < 0 || rank >= bg_schedule_ranks(sched))
+    if (rank < 0 || rank >= bg_schedule_ranks(sched)) /* replay's words, before the points' walk */
         return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, bg_schedule_ranks(sched));
     bg__offact_slot_t *pts = NULL;
     BG_CHECK(bg__offact_points(sched, rank, ahead, &pts));
@@ -389,9 +389,7 @@ bg_status_t bg_part_schedule_counts_offact(const bg_schedule_t *sched, int rank,
 bg_status_t bg__part_schedule_counts_at(const bg_schedule_t *sched, int rank, const bg__offact_slot_t *pts,
                                         bg_part_counts_t **rows_p, int *npoints_p)
 {
-    if (rank < 0 || rank >= bg_schedule_ranks(sched))
-        return bg_error(BG_ERR_INVALID, "rank %d out of range [0, %d)", rank, bg_schedule_ranks(sched));
-    return replay(sched, rank, 0, pts, rows_p, npoints_p);
+    return replay(sched, rank, 0, pts, rows_p, npoints_p); /* it checks the rank */
 }
 
 bg_status_t bg_part_offact_stash_bytes(const bg_schedule_t *sched, int rank, int chunk, int ahead,

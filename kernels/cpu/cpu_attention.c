@@ -373,9 +373,9 @@ static inline __attribute__((always_inline)) void bg__att_fwd_tile(float *acc, f
     memset(s, 0, sizeof(s)); /* columns past a block's ncol are read (and not used) by bg__att_online */
     for (int r0 = 0; r0 < nq; r0 += BG_ATT_RB) {
         int nr = nq - r0 < BG_ATT_RB ? nq - r0 : BG_ATT_RB;
-        if (!bg__att_sees(qpos, kpos, i0 + r0 + nr - 1, j0))
-            continue; /* the whole tile is above these rows' diagonal */
         int vis = bg__att_nvis(qpos, kpos, i0 + r0 + nr - 1, j0, nk); /* keys j0..j0+vis-1: any row's */
+        if (vis <= 0)
+            continue; /* the whole tile is above these rows' diagonal */
         bg__att_s4(s, q + (size_t)(i0 + r0) * ld, ld, nr, kt, hs, bg__att_ncol(vis));
         float *a = acc + (size_t)r0 * HP;
         for (int r = 0; r < BG_ATT_RB; r++) {

@@ -75,9 +75,9 @@ static void bg__k_bias_backward(bg_backend_t *be, float *dbias, const float *dou
  * are 1, or smaller still). 2^u is
  * 2^n p(f), n = u rounded (the 1.5 * 2^23 trick), f = u - n in [-1/2, 1/2]
  * exactly, p Cephes' exp2f polynomial (degree 6, relative error about 1e-7,
- * evaluated in Estrin's order):
- * about 40 instructions for 8 lanes under AVX2 where the exponential of
- * cpu_vec.h and the scaling to its argument took 60. A NaN passes the clamps
+ * evaluated in Estrin's order): under AVX2 the fused forward's loop is 44
+ * instructions for 8 lanes where the exponential of cpu_vec.h and the scaling
+ * to its argument made 51 (the backward's 57 where they made 76). A NaN passes the clamps
  * (the comparisons are false), so both kernels give NaN for it. No
  * contraction and no reassociation (kernels/CMakeLists.txt): the same bits on
  * every ISA. */
@@ -95,8 +95,8 @@ static inline __attribute__((always_inline)) float bg__gelu_sig(float xc, float 
     int32_t ni = bg__bits_from_f(t) - bg__bits_from_f(shifter);
     float f = u - n;
     /* 1 + f q(f), q in Estrin's order: pairs, then f^2 and f^4, a dependency chain of 6 operations
-     * instead of Horner's 12 (the loop is latency-bound: 2.43 -> 2.32 cycles per element forward, 4.22
-     * -> 3.90 backward, in the small program of docs/kernels.md) */
+     * instead of Horner's 12 (the loop is latency-bound: 2.67 -> 2.53 cycles per element forward, 4.82
+     * -> 4.47 backward, in the program of docs/kernels.md) */
     float f2 = f * f, f4 = f2 * f2;
     float qa = 6.931472028550421e-1f + 2.402264791363012e-1f * f;
     float qb = 5.550332471162809e-2f + 9.618437357674640e-3f * f;
